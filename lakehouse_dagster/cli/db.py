@@ -1,0 +1,30 @@
+"""`lakehouse db migrate|status`."""
+
+from __future__ import annotations
+
+from ..store.db import redact
+from ..store.migrations import MIGRATIONS, migrate
+from .common import Result, add_command
+
+
+def register(sub) -> None:
+    db = sub.add_parser("db", help="schema migrations of the project's Postgres")
+    dbsub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    add_command(dbsub, "migrate", _migrate, help="apply pending migrations (idempotent)")
+    add_command(dbsub, "status", _status, help="list migrations and whether each is applied")
+
+
+def _migrate(ctx, args) -> Result:
+    applied = migrate(ctx.conn)
+    text = f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema up to date"
+    return Result({"applied": applied, "database": redact(ctx.dsn)}, text)
+
+
+def _status(ctx, args) -> Result:
+    rows = ctx.conn.execute(
+        "select name, applied_at from lakehouse_migrations order by name"
+    ).fetchall() if ctx.conn.execute("select to_regclass('lakehouse_migrations')").fetchone()[0] else []
+    done = {r[0]: r[1] for r in rows}
+    data = [{"name": n, "applied_at": done.get(n)} for n, _ in MIGRATIONS]
+    text = "\n".join(f"{'applied' if d['applied_at'] else 'pending'}  {d['name']}" for d in data)
+    return Result(data, text)

@@ -1,0 +1,1 @@
+"""Iceberg: catalog, schema mapping with identity columns, the chunked writer, the reader."""

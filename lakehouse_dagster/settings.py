@@ -1,0 +1,100 @@
+"""Every environment variable the project reads, typed, in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from .errors import BadInput
+
+
+def _int(name: str, default: int, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not an integer; set it to a whole number (default {default})") from None
+    if value < minimum:
+        raise BadInput(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not a number (default {default})") from None
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise BadInput(f"{name}={raw!r} is not a boolean; use true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # Postgres holding the app tables, the lakehouse control tables and (by default) the Iceberg catalog.
+    pg_dsn: str | None
+    # Where the embedded Postgres, the local warehouse and DAGSTER_HOME live when nothing else is configured.
+    home: Path
+    catalog_type: str  # "sql" (pyiceberg SqlCatalog on pg_dsn) or "rest"
+    catalog_uri: str | None
+    warehouse: str
+    namespace: str
+    ingest_chunk_rows: int
+    max_concurrent_ingest: int
+    flag_ttl_seconds: float
+    actor: str
+    enable_iceberg_sync: bool
+    wedged_after_seconds: int
+    sensor_max_requests: int
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        home = Path(os.environ.get("LAKEHOUSE_HOME") or Path.cwd() / ".lakehouse").expanduser().resolve()
+        catalog_type = (os.environ.get("LAKEHOUSE_CATALOG_TYPE") or "sql").lower()
+        if catalog_type not in ("sql", "rest"):
+            raise BadInput(f"LAKEHOUSE_CATALOG_TYPE={catalog_type!r} is not supported; use sql or rest")
+        if catalog_type == "rest" and not os.environ.get("LAKEHOUSE_CATALOG_URI"):
+            raise BadInput("LAKEHOUSE_CATALOG_TYPE=rest needs LAKEHOUSE_CATALOG_URI (the REST catalog's URL)")
+        warehouse = os.environ.get("LAKEHOUSE_WAREHOUSE") or (home / "warehouse").as_uri()
+        actor = os.environ.get("LAKEHOUSE_ACTOR") or _os_user()
+        return cls(
+            pg_dsn=os.environ.get("LAKEHOUSE_PG_DSN") or None,
+            home=home,
+            catalog_type=catalog_type,
+            catalog_uri=os.environ.get("LAKEHOUSE_CATALOG_URI") or None,
+            warehouse=warehouse,
+            namespace=os.environ.get("LAKEHOUSE_NAMESPACE") or "lakehouse",
+            ingest_chunk_rows=_int("LAKEHOUSE_INGEST_CHUNK_ROWS", 250_000, minimum=1),
+            max_concurrent_ingest=_int("LAKEHOUSE_MAX_CONCURRENT_INGEST", 4, minimum=1),
+            flag_ttl_seconds=_float("LAKEHOUSE_FLAG_TTL_SECONDS", 10.0),
+            actor=actor,
+            enable_iceberg_sync=_bool("ENABLE_ICEBERG_SYNC", True),
+            wedged_after_seconds=_int("LAKEHOUSE_WEDGED_AFTER_SECONDS", 3600, minimum=1),
+            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
+        )
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+def _os_user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return f"uid:{os.getuid()}"

@@ -1,0 +1,1 @@
+"""Postgres: connections, the embedded default server, migrations and table access."""

@@ -1,0 +1,172 @@
+"""Idempotent migrations: the reference app schema and the lakehouse control tables.
+
+Each migration has a stable name and runs once, under an advisory lock, recorded in
+``lakehouse_migrations``; every statement is also written to be re-runnable on its own.
+"""
+
+from __future__ import annotations
+
+import psycopg
+
+APP_SCHEMA = """
+
+create table if not exists workspaces (
+  id uuid primary key default gen_random_uuid(),
+  name text not null,
+  created_at timestamptz not null default now()
+);
+
+create table if not exists datasets (
+  id uuid primary key default gen_random_uuid(),
+  workspace_id uuid references workspaces(id),
+  name text not null,
+  kind text not null default 'tabular' check (kind in ('tabular', 'manifest')),
+  schema jsonb not null default '[]'::jsonb,
+  row_count bigint,
+  status text not null default 'ready',
+  source jsonb,
+  error text,
+  created_at timestamptz not null default now(),
+  updated_at timestamptz not null default now()
+);
+
+create table if not exists dataset_rows (
+  dataset_id uuid not null references datasets(id) on delete cascade,
+  row_index bigint not null,
+  row_id uuid not null default gen_random_uuid(),
+  created_at timestamptz not null default now(),
+  data jsonb not null,
+  primary key (dataset_id, row_index)
+);
+
+create table if not exists pipelines (
+  id uuid primary key default gen_random_uuid(),
+  workspace_id uuid references workspaces(id),
+  name text not null,
+  spec jsonb not null default '{}'::jsonb
+);
+"""
+
+# Change tracking, O(changed datasets): every write statement on dataset_rows bumps its datasets'
+# rows_version from one global sequence and stamps rows_xid with the writing transaction, so a poller
+# can ask "which datasets changed since snapshot xmin X" through an index instead of scanning rows.
+# rows_rewrite_version moves only when a statement is not a pure append above max_row_index, which is
+# what lets a sync append incrementally when appends are all that happened.
+CHANGE_TRACKING = """
+create sequence if not exists lakehouse_rows_version_seq;
+
+alter table datasets add column if not exists rows_version bigint not null default 0;
+alter table datasets add column if not exists rows_rewrite_version bigint not null default 0;
+alter table datasets add column if not exists rows_xid xid8;
+alter table datasets add column if not exists max_row_index bigint;
+create index if not exists datasets_rows_xid_idx on datasets (rows_xid, id);
+
+create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
+declare v bigint := nextval('lakehouse_rows_version_seq');
+begin
+  update datasets d
+     set rows_version = v,
+         rows_xid = pg_current_xact_id(),
+         rows_rewrite_version = case when d.max_row_index is not null and c.min_idx <= d.max_row_index
+                                     then v else d.rows_rewrite_version end,
+         max_row_index = greatest(coalesce(d.max_row_index, -1), c.max_idx),
+         updated_at = now()
+    from (select dataset_id, min(row_index) as min_idx, max(row_index) as max_idx
+            from lakehouse_new_rows group by dataset_id) c
+   where d.id = c.dataset_id;
+  return null;
+end $$;
+
+create or replace function lakehouse_rows_rewritten() returns trigger language plpgsql as $$
+declare v bigint := nextval('lakehouse_rows_version_seq');
+begin
+  if tg_op = 'UPDATE' then
+    update datasets d
+       set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(), updated_at = now(),
+           max_row_index = greatest(coalesce(d.max_row_index, -1), c.max_idx)
+      from (select dataset_id, max(row_index) as max_idx from lakehouse_new_rows group by dataset_id
+            union all
+            select distinct dataset_id, null::bigint from lakehouse_old_rows) c
+     where d.id = c.dataset_id;
+  elsif tg_op = 'DELETE' then
+    update datasets d
+       set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(), updated_at = now()
+     where d.id in (select distinct dataset_id from lakehouse_old_rows);
+  else  -- TRUNCATE: every dataset may have changed
+    update datasets
+       set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(), updated_at = now();
+  end if;
+  return null;
+end $$;
+
+drop trigger if exists lakehouse_rows_ins on dataset_rows;
+create trigger lakehouse_rows_ins after insert on dataset_rows
+  referencing new table as lakehouse_new_rows
+  for each statement execute function lakehouse_rows_inserted();
+
+drop trigger if exists lakehouse_rows_upd on dataset_rows;
+create trigger lakehouse_rows_upd after update on dataset_rows
+  referencing old table as lakehouse_old_rows new table as lakehouse_new_rows
+  for each statement execute function lakehouse_rows_rewritten();
+
+drop trigger if exists lakehouse_rows_del on dataset_rows;
+create trigger lakehouse_rows_del after delete on dataset_rows
+  referencing old table as lakehouse_old_rows
+  for each statement execute function lakehouse_rows_rewritten();
+
+drop trigger if exists lakehouse_rows_trunc on dataset_rows;
+create trigger lakehouse_rows_trunc after truncate on dataset_rows
+  for each statement execute function lakehouse_rows_rewritten();
+"""
+
+SYNC_LOG = """
+create table if not exists iceberg_sync_log (
+  id bigserial primary key,
+  dataset_id uuid not null,
+  sync_id uuid not null unique,
+  writer text not null default 'sync.full',
+  path text not null default 'mirror' check (path in ('mirror', 'native')),
+  mode text,
+  status text not null check (status in ('running', 'succeeded', 'failed')),
+  rows bigint,
+  bytes bigint,
+  snapshot_id bigint,
+  has_identity boolean not null default false,
+  source_version bigint,
+  max_row_index bigint,
+  run_id text,
+  error text,
+  started_at timestamptz not null default now(),
+  finished_at timestamptz
+);
+create index if not exists iceberg_sync_log_dataset_idx on iceberg_sync_log (dataset_id, finished_at desc nulls last);
+create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (status) where status = 'running';
+"""
+
+# (name, sql). Append new migrations at the end with a new name; never edit a shipped one's meaning.
+MIGRATIONS: list[tuple[str, str]] = [
+    ("001_app_schema", APP_SCHEMA),
+    ("002_change_tracking", CHANGE_TRACKING),
+    ("003_iceberg_sync_log", SYNC_LOG),
+]
+
+_LOCK_KEY = 0x1A4E_0001
+
+
+def migrate(conn: psycopg.Connection) -> list[str]:
+    """Apply pending migrations; returns the names applied now (empty when up to date)."""
+    applied_now: list[str] = []
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        conn.execute(
+            "create table if not exists lakehouse_migrations ("
+            " name text primary key, applied_at timestamptz not null default now())"
+        )
+        done = {r[0] for r in conn.execute("select name from lakehouse_migrations")}
+        for name, sql in MIGRATIONS:
+            if name in done:
+                continue
+            conn.execute(sql)
+            conn.execute("insert into lakehouse_migrations (name) values (%s)", (name,))
+            applied_now.append(name)
+    return applied_now

@@ -1,0 +1,85 @@
+"""Real Postgres for every test: one embedded server per pytest session, a fresh database per test.
+
+Set LAKEHOUSE_TEST_ADMIN_DSN to use an existing server instead (a role that may CREATE DATABASE).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from lakehouse_dagster.settings import Settings
+from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.store.migrations import migrate
+
+TEMPLATE_DB = "lakehouse_test_template"
+
+
+def _with_db(dsn: str, db: str) -> str:
+    # Both URI forms the project produces: postgresql://user:@/db?host=... and postgresql://u:p@h:port/db
+    return re.sub(r"^(postgres(?:ql)?://[^/]*/)([^?]*)", lambda m: m.group(1) + db, dsn, count=1)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn():
+    given = os.environ.get("LAKEHOUSE_TEST_ADMIN_DSN")
+    if given:
+        yield given
+        return
+    from lakehouse_dagster.store.embedded import start_embedded
+
+    root = Path(tempfile.mkdtemp(prefix="lh-pg-"))
+    dsn = start_embedded(root / "pg", keep_running=False, delete_on_exit=True)
+    yield dsn
+
+
+@pytest.fixture(scope="session")
+def template_dsn(pg_admin_dsn):
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'drop database if exists "{TEMPLATE_DB}"')
+        admin.execute(f'create database "{TEMPLATE_DB}"')
+    dsn = _with_db(pg_admin_dsn, TEMPLATE_DB)
+    with connect(dsn) as conn:
+        migrate(conn)
+    return dsn
+
+
+@pytest.fixture
+def dsn(pg_admin_dsn, template_dsn):
+    """A freshly migrated, empty database for this test (cloned from the migrated template)."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')
+    yield _with_db(pg_admin_dsn, name)
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture
+def conn(dsn):
+    c = connect(dsn)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def settings(dsn, tmp_path, monkeypatch) -> Settings:
+    """Settings for this test's database and a warehouse under tmp_path; also exported to the env so
+    subprocesses (the CLI, killed syncs) and Dagster resources see the same configuration."""
+    env = {
+        "LAKEHOUSE_PG_DSN": dsn,
+        "LAKEHOUSE_HOME": str(tmp_path / "home"),
+        "LAKEHOUSE_WAREHOUSE": (tmp_path / "warehouse").as_uri(),
+        "LAKEHOUSE_NAMESPACE": "lakehouse",
+        "LAKEHOUSE_ACTOR": "pytest",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "warehouse").mkdir(exist_ok=True)
+    return Settings.from_env()
