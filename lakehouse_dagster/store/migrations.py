@@ -143,12 +143,28 @@ create index if not exists iceberg_sync_log_dataset_idx on iceberg_sync_log (dat
 create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (status) where status = 'running';
 """
 
+
+
+def _module_sql(module: str) -> str:
+    """Migrations owned by an area live beside its code (``<area>/migration.py``, constant SQL)."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"lakehouse_dagster.{module}.migration").SQL
+    except ModuleNotFoundError:
+        return ""
+
+
 # (name, sql). Append new migrations at the end with a new name; never edit a shipped one's meaning.
+# An entry whose SQL is empty is skipped (not recorded), so an area can land its tables later.
 MIGRATIONS: list[tuple[str, str]] = [
     ("001_app_schema", APP_SCHEMA),
     ("002_change_tracking", CHANGE_TRACKING),
     ("003_iceberg_sync_log", SYNC_LOG),
+    ("004_flags", _module_sql("flags")),
+    ("005_parity", _module_sql("parity")),
 ]
+MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
 _LOCK_KEY = 0x1A4E_0001
 
