@@ -114,6 +114,17 @@ create trigger lakehouse_rows_del after delete on dataset_rows
   referencing old table as lakehouse_old_rows
   for each statement execute function lakehouse_rows_rewritten();
 
+-- A schema change needs a re-sync even when no row changed.
+create or replace function lakehouse_schema_changed() returns trigger language plpgsql as $$
+declare v bigint := nextval('lakehouse_rows_version_seq');
+begin
+  new.rows_version := v; new.rows_rewrite_version := v; new.rows_xid := pg_current_xact_id();
+  return new;
+end $$;
+drop trigger if exists lakehouse_schema_upd on datasets;
+create trigger lakehouse_schema_upd before update of schema on datasets
+  for each row when (old.schema is distinct from new.schema) execute function lakehouse_schema_changed();
+
 drop trigger if exists lakehouse_rows_trunc on dataset_rows;
 create trigger lakehouse_rows_trunc after truncate on dataset_rows
   for each statement execute function lakehouse_rows_rewritten();
@@ -144,6 +155,12 @@ create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (sta
 """
 
 
+def _ingest_functions() -> str:
+    from ..ingest.source import BAD_VALUE_FN, FIND_BAD_ROW_FN
+
+    return BAD_VALUE_FN + FIND_BAD_ROW_FN
+
+
 
 def _module_sql(module: str) -> str:
     """Migrations owned by an area live beside its code (``<area>/migration.py``, constant SQL)."""
@@ -160,7 +177,7 @@ def _module_sql(module: str) -> str:
 MIGRATIONS: list[tuple[str, str]] = [
     ("001_app_schema", APP_SCHEMA),
     ("002_change_tracking", CHANGE_TRACKING),
-    ("003_iceberg_sync_log", SYNC_LOG),
+    ("003_iceberg_sync_log", SYNC_LOG + _ingest_functions()),
     ("004_flags", _module_sql("flags")),
     ("005_parity", _module_sql("parity")),
 ]

@@ -1,0 +1,260 @@
+"""Typed Arrow batches out of dataset_rows, pinned to one Postgres snapshot.
+
+Postgres does the jsonb → typed projection (it is the expensive part, and it runs in the server's own
+process); ADBC streams the result as Arrow record batches without Python objects per value. A second
+connection reads the upper half of the row_index range in parallel, both importing the same exported
+snapshot, so the two halves are one consistent read. Measured on this machine this is the fastest
+path (FIELD-NOTES: ADBC 335k rows/s on one connection, 459k on two; psycopg fetchmany → pyarrow 100–130k).
+
+A value that does not fit its column's declared type raises from inside the query, naming the
+dataset, the row_index, the column and the JSON type (never the value: it may be sensitive).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import uuid
+from typing import Iterator, Sequence
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from ..errors import SyncFailed
+from ..store.datasets import Column
+
+# Raises; declared to return text so it can sit in the ELSE branch of any typed CASE (the cast that
+# follows it is planned but never evaluated).
+BAD_VALUE_FN = """
+create or replace function lakehouse_bad_value(ds uuid, ri bigint, col text, typ text, got text)
+returns text language plpgsql as $$
+begin
+  raise exception using errcode = '22023',
+    message = format('dataset %s row_index %s column %s: expected %s, got a JSON %s', ds, ri, col, typ, got);
+end $$;
+"""
+
+# Finds the first row whose value fails to cast (a number that is not an integer, a date that does not
+# parse...): slow, and only run after the fast query failed, to turn a bare cast error into one that
+# names the row.
+FIND_BAD_ROW_FN = """
+create or replace function lakehouse_find_bad_value(ds uuid, cols jsonb)
+returns table (row_index bigint, col text, typ text, got text) language plpgsql as $$
+declare r record; c jsonb; v jsonb; dummy text;
+begin
+  for r in select d.row_index, d.data from dataset_rows d where d.dataset_id = ds order by d.row_index loop
+    for c in select * from jsonb_array_elements(cols) loop
+      v := r.data -> (c->>'name');
+      continue when v is null or jsonb_typeof(v) = 'null';
+      begin
+        case c->>'type'
+          when 'int64' then dummy := ((r.data->>(c->>'name'))::bigint)::text;
+          when 'float64' then dummy := ((r.data->>(c->>'name'))::float8)::text;
+          when 'timestamp' then dummy := ((r.data->>(c->>'name'))::timestamptz)::text;
+          when 'date' then dummy := ((r.data->>(c->>'name'))::date)::text;
+          else null;
+        end case;
+      exception when others then
+        row_index := r.row_index; col := c->>'name'; typ := c->>'type';
+        got := jsonb_typeof(v) || ' that does not convert (' || sqlerrm || ')';
+        return next; return;
+      end;
+    end loop;
+  end loop;
+end $$;
+"""
+
+_TYPE_OK = {
+    # declared type → (accepted jsonb_typeof, SQL producing the typed value from data->>name / data->name)
+    "string": ("string", "{txt}"),
+    "int64": ("number", "({txt})::bigint"),
+    "float64": ("number", "({txt})::float8"),
+    "boolean": ("boolean", "({js})::boolean"),
+    "timestamp": ("string", "({txt})::timestamptz"),
+    "date": ("string", "({txt})::date"),
+}
+_PG_TYPE = {
+    "string": "text",
+    "int64": "bigint",
+    "float64": "float8",
+    "boolean": "boolean",
+    "timestamp": "timestamptz",
+    "date": "date",
+    "json": "text",
+}
+
+
+def column_expr(col: Column) -> sql.Composable:
+    """The typed value of one column, with a loud error for a value of the wrong JSON type."""
+    name = sql.Literal(col.name)
+    js = sql.SQL("data -> {}").format(name)
+    txt = sql.SQL("data ->> {}").format(name)
+    kind = sql.SQL("coalesce(jsonb_typeof({}), 'null')").format(js)
+    if col.type == "json":
+        return sql.SQL("case {kind} when 'null' then null else ({js})::text end").format(kind=kind, js=js)
+    accepted, template = _TYPE_OK[col.type]
+    value = sql.SQL(template.replace("{txt}", "{t}").replace("{js}", "{j}")).format(t=txt, j=js)
+    bad = sql.SQL("lakehouse_bad_value(dataset_id, row_index, {n}, {typ}, {kind})::{pg}").format(
+        n=name, typ=sql.Literal(col.type), kind=kind, pg=sql.SQL(_PG_TYPE[col.type])
+    )
+    extra = sql.SQL("")
+    if col.type == "float64":  # JSON has no NaN/Infinity: they arrive as strings in a float64 column
+        extra = sql.SQL(" when 'string' then case {t} when 'NaN' then 'NaN'::float8 when 'Infinity' then "
+                        "'Infinity'::float8 when '-Infinity' then '-Infinity'::float8 else {bad} end").format(
+            t=txt, bad=bad
+        )
+    return sql.SQL("case {kind} when 'null' then null when {acc} then {value}{extra} else {bad} end").format(
+        kind=kind, acc=sql.Literal(accepted), value=value, extra=extra, bad=bad
+    )
+
+
+def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | None, hi: int | None) -> sql.Composed:
+    """The typed projection of rows with lo < row_index <= hi (either bound optional)."""
+    items = [
+        sql.SQL("row_index as {}").format(sql.Identifier("__row_index")),
+        sql.SQL("row_id::text as {}").format(sql.Identifier("__row_id")),
+        sql.SQL("created_at as {}").format(sql.Identifier("__created_at")),
+    ]
+    items += [sql.SQL("{} as {}").format(column_expr(c), sql.Identifier(c.name)) for c in columns]
+    where = [sql.SQL("dataset_id = {}").format(sql.Literal(str(dataset_id)))]
+    if lo is not None:
+        where.append(sql.SQL("row_index > {}").format(sql.Literal(lo)))
+    if hi is not None:
+        where.append(sql.SQL("row_index <= {}").format(sql.Literal(hi)))
+    return sql.SQL("select {} from dataset_rows where {}").format(
+        sql.SQL(", ").join(items), sql.SQL(" and ").join(where)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotState:
+    """What the pinned Postgres snapshot says about the dataset."""
+
+    rows_version: int
+    rows_rewrite_version: int
+    max_row_index: int | None
+    min_row_index: int | None
+    schema: list
+    kind: str
+    snapshot_name: str
+
+
+class PinnedSnapshot:
+    """A REPEATABLE READ transaction whose snapshot is exported for the readers; close() ends it."""
+
+    def __init__(self, dsn: str, dataset_id: uuid.UUID):
+        self.conn = psycopg.connect(dsn, autocommit=False)
+        self.conn.execute("set transaction isolation level repeatable read")
+        self.conn.execute("set local timezone to 'UTC'")
+        row = self.conn.execute(
+            "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot() "
+            "from datasets where id = %s",
+            (dataset_id,),
+        ).fetchone()
+        if row is None:
+            self.close()
+            raise SyncFailed(f"dataset {dataset_id} does not exist")
+        self.dataset_id = dataset_id
+        self._row = row
+
+    def state(self, after_row_index: int | None) -> SnapshotState:
+        lo_hi = self.conn.execute(
+            "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s and row_index > %s",
+            (self.dataset_id, -1 if after_row_index is None else after_row_index),
+        ).fetchone()
+        v, rw, mx, schema, kind, snap = self._row
+        return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)
+
+    def count(self) -> int:
+        return self.conn.execute(
+            "select count(*) from dataset_rows where dataset_id = %s", (self.dataset_id,)
+        ).fetchone()[0]
+
+    def close(self) -> None:
+        try:
+            self.conn.rollback()
+        finally:
+            self.conn.close()
+
+
+def ensure_functions(conn: psycopg.Connection) -> None:
+    conn.execute(BAD_VALUE_FN)
+    conn.execute(FIND_BAD_ROW_FN)
+
+
+def _adbc_uri(dsn: str) -> str:
+    return dsn.replace("postgresql+psycopg://", "postgresql://")
+
+
+def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event) -> None:
+    import adbc_driver_postgresql.dbapi as adbc
+
+    try:
+        with adbc.connect(_adbc_uri(dsn), autocommit=True) as conn:
+            cur = conn.cursor()
+            cur.execute("begin isolation level repeatable read")
+            cur.execute("set transaction snapshot '" + snapshot.replace("'", "") + "'")
+            cur.execute("set local timezone to 'UTC'")
+            cur.execute(query)
+            reader = cur.fetch_record_batch()
+            for batch in reader:
+                if stop.is_set():
+                    break
+                if batch.num_rows:
+                    out.put(batch)
+            cur.execute("rollback")
+            cur.close()
+        out.put(None)
+    except BaseException as exc:  # handed to the consumer, which raises it
+        out.put(exc)
+
+
+def read_batches(
+    dsn: str,
+    pinned: PinnedSnapshot,
+    state: SnapshotState,
+    columns: Sequence[Column],
+    *,
+    after_row_index: int | None,
+    readers: int = 2,
+    max_queued: int = 4,
+) -> Iterator[pa.RecordBatch]:
+    """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot.
+
+    At most ``max_queued`` batches wait in memory, so memory stays bounded whatever the dataset size.
+    """
+    if state.max_row_index is None:  # nothing to read
+        return
+    lo = state.min_row_index - 1
+    hi = state.max_row_index
+    n = max(1, min(readers, hi - lo))
+    bounds = [lo + (hi - lo) * i // n for i in range(n)] + [hi]
+    out: queue.Queue = queue.Queue(maxsize=max_queued)
+    stop = threading.Event()
+    threads = []
+    for i in range(n):
+        q = select_query(pinned.dataset_id, columns, bounds[i], bounds[i + 1]).as_string(pinned.conn)
+        t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop), daemon=True)
+        t.start()
+        threads.append(t)
+    done = 0
+    try:
+        while done < n:
+            item = out.get()
+            if item is None:
+                done += 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        stop.set()
+        while any(t.is_alive() for t in threads):  # unblock producers waiting on a full queue
+            try:
+                out.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        for t in threads:
+            t.join()

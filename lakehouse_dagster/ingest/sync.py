@@ -1,0 +1,253 @@
+"""The mirror: one dataset's Postgres rows → its Iceberg table, full or incremental, committed once.
+
+The CLI (`lakehouse sync`), the Dagster asset and the tests all call ``sync_dataset``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import resource
+import time
+import uuid
+
+import psycopg
+from pyiceberg.catalog import Catalog
+
+from ..errors import BadInput, LakehouseError, SyncFailed
+from ..ids import parse_uuid
+from ..iceberg.catalog import load_table_or_none, table_identifier
+from ..iceberg.writer import find_sync_snapshot, table_state, write_arrow
+from ..settings import Settings
+from ..store.datasets import Dataset, get_dataset, parse_schema
+from ..store.db import connect
+from .guards import admission_slot, dataset_lock
+from .source import PinnedSnapshot, read_batches
+
+_log = logging.getLogger(__name__)
+
+MODES = ("auto", "full", "incremental")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncResult:
+    sync_id: uuid.UUID
+    dataset_id: uuid.UUID
+    mode: str  # what ran: full | incremental | noop
+    reason: str  # why that mode
+    rows: int  # rows written by this sync
+    total_rows: int  # rows in the table after it
+    snapshot_id: int | None
+    bytes: int
+    files: int
+    source_version: int
+    seconds: float
+    path: str = "mirror"
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def sync_dataset(
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id: uuid.UUID | str,
+    *,
+    mode: str = "auto",
+    sync_id: uuid.UUID | None = None,
+    writer: str = "sync.full",
+    run_id: str | None = None,
+    readers: int = 2,
+) -> SyncResult:
+    """Mirror one dataset. Serialised per dataset (G3), admission-bounded (G2), fail-loud: a failure
+    records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed."""
+    if mode not in MODES:
+        raise BadInput(f"unknown sync mode {mode!r}; use one of {', '.join(MODES)}")
+    ds_id = parse_uuid(dataset_id, "dataset id")
+    sync_id = sync_id or uuid.uuid4()
+    with connect(dsn) as conn:
+        dataset = get_dataset(conn, ds_id)
+        if dataset.kind != "tabular":
+            raise BadInput(
+                f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
+            )
+        with dataset_lock(conn, ds_id), admission_slot(conn, settings.max_concurrent_ingest):
+            reap_abandoned(conn, catalog, settings, ds_id)
+            _log_start(conn, ds_id, sync_id, writer, run_id)
+            started = time.perf_counter()
+            try:
+                result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started)
+            except BaseException as exc:
+                message = _describe(exc, ds_id, dsn)
+                _log_failed(conn, ds_id, sync_id, message)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                raise SyncFailed(message) from exc
+            _log_succeeded(conn, result)
+            return result
+
+
+def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> SyncResult:
+    pinned = PinnedSnapshot(dsn, ds_id)
+    try:
+        head = pinned.state(None)
+        dataset = _dataset_at(ds_id, head)
+        table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+        current = table_state(table) if table is not None else None
+        columns_now = [{"name": c.name, "type": c.type} for c in dataset.columns]
+        run_mode, reason, after = _choose_mode(mode, head, current, columns_now)
+        if run_mode == "noop":
+            return SyncResult(sync_id, ds_id, "noop", reason, 0, current["row_count"], current["snapshot_id"], 0, 0,
+                              head.rows_version, time.perf_counter() - started)
+        state = pinned.state(after) if after is not None else head
+        batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers)
+        written = write_arrow(
+            catalog, settings, dataset, batches,
+            mode="replace" if run_mode == "full" else "append",
+            sync_id=sync_id,
+            source_version=head.rows_version,
+            max_row_index=head.max_row_index if head.max_row_index is not None else (after if after is not None else -1),
+        )
+    finally:
+        pinned.close()
+    return SyncResult(sync_id, ds_id, run_mode, reason, written.rows, written.total_rows, written.snapshot_id,
+                      written.bytes, written.files, head.rows_version, time.perf_counter() - started)
+
+
+def _dataset_at(ds_id: uuid.UUID, head) -> Dataset:
+    columns = parse_schema(head.schema, f"dataset {ds_id}")
+    return Dataset(ds_id, None, "", head.kind, columns, None, "", head.rows_version, head.rows_rewrite_version,
+                   head.max_row_index)
+
+
+def _choose_mode(mode: str, head, current: dict | None, columns_now: list) -> tuple[str, str, int | None]:
+    """(mode to run, why, row_index to append after). Incremental only when the table is exactly the
+    last mirrored version plus pure appends above its max row index, with an unchanged schema."""
+    if mode == "full":
+        return "full", "full requested", None
+    if current is None or current["snapshot_id"] is None or current["source_version"] < 0:
+        return "full", "first sync of this dataset", None
+    if current["columns"] != columns_now:
+        return "full", "the dataset's schema changed", None
+    if current["source_version"] == head.rows_version:
+        return "noop", "already mirrored at this source version", None
+    if head.rows_rewrite_version > current["source_version"]:
+        return "full", "rows were updated, deleted or inserted below the mirrored max row index", None
+    return "incremental", "only appends since the last mirrored version", current["max_row_index"]
+
+
+_BAD_VALUE = re.compile(r"dataset \S+ row_index \d+ column .*?: expected \w+, got a JSON \w+")
+
+
+def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
+    """A one-line reason that names the dataset and, for a bad value, the row, column and JSON type."""
+    text = str(exc)
+    found = _BAD_VALUE.search(text)
+    if found:
+        return found.group(0)
+    if isinstance(exc, LakehouseError):
+        return text if str(ds_id) in text else f"dataset {ds_id}: {text}"
+    sqlstate = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "diag", None), "sqlstate", None)
+    if (sqlstate and str(sqlstate).startswith("22")) or "invalid input syntax" in text or "out of range" in text:
+        located = _locate_bad_value(dsn, ds_id)
+        if located:
+            return located
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return f"dataset {ds_id}: sync failed: {type(exc).__name__}: {first}"
+
+
+def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:
+    try:
+        with connect(dsn) as conn:
+            cols = conn.execute("select schema from datasets where id = %s", (ds_id,)).fetchone()[0]
+            row = conn.execute("select * from lakehouse_find_bad_value(%s, %s::jsonb)", (ds_id, psycopg.types.json.Jsonb(cols))).fetchone()
+    except Exception:
+        return None
+    if row is None:
+        return None
+    return f"dataset {ds_id} row_index {row[0]} column {row[1]}: expected {row[2]}, got a JSON {row[3]}"
+
+
+def _log_start(conn, ds_id, sync_id, writer, run_id) -> None:
+    conn.execute(
+        """insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, run_id, started_at)
+           values (%s, %s, %s, 'mirror', 'running', %s, now())
+           on conflict (sync_id) do update set status = 'running', error = null, started_at = now(),
+                                               finished_at = null, run_id = excluded.run_id""",
+        (ds_id, sync_id, writer, run_id),
+    )
+
+
+def _log_failed(conn, ds_id, sync_id, message) -> None:
+    with conn.transaction():
+        conn.execute(
+            "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
+            (message, sync_id),
+        )
+        conn.execute(
+            "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s", (message, ds_id)
+        )
+
+
+def _log_succeeded(conn, r: SyncResult) -> None:
+    with conn.transaction():
+        conn.execute(
+            """update iceberg_sync_log
+                  set status = 'succeeded', mode = %s, rows = %s, bytes = %s, snapshot_id = %s,
+                      has_identity = true, source_version = %s, finished_at = now(), error = null
+                where sync_id = %s""",
+            (r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.sync_id),
+        )
+        conn.execute(
+            "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",
+            (r.total_rows, r.dataset_id),
+        )
+
+
+def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Settings, ds_id: uuid.UUID) -> int:
+    """Syncs still 'running' while we hold the dataset lock died with their process. One whose snapshot
+    landed is marked succeeded; the others failed, and their uncommitted files are deleted."""
+    rows = conn.execute(
+        "select sync_id from iceberg_sync_log where dataset_id = %s and status = 'running'", (ds_id,)
+    ).fetchall()
+    if not rows:
+        return 0
+    table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+    for (sid,) in rows:
+        snap = find_sync_snapshot(table, sid) if table is not None else None
+        if snap is not None:
+            conn.execute(
+                "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, has_identity = true, "
+                "finished_at = now(), error = 'process died after its commit; recovered by the next sync' "
+                "where sync_id = %s",
+                (snap, sid),
+            )
+            continue
+        conn.execute(
+            "update iceberg_sync_log set status = 'failed', finished_at = now(), "
+            "error = 'abandoned: the process running this sync died before committing' where sync_id = %s",
+            (sid,),
+        )
+        if table is not None:
+            _delete_files_of(table, sid)
+    return len(rows)
+
+
+def _delete_files_of(table, sync_id: uuid.UUID) -> None:
+    from pyarrow import fs as pafs
+
+    try:
+        filesystem, root = pafs.FileSystem.from_uri(f"{table.location()}/data")
+        prefix = f"lakehouse-{sync_id}-"
+        for info in filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
+            if info.base_name.startswith(prefix):
+                filesystem.delete_file(info.path)
+    except Exception as exc:  # orphan files waste space but never change what the table holds
+        _log.warning("could not remove files of abandoned sync %s: %s", sync_id, exc)
