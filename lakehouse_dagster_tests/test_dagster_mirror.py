@@ -1,0 +1,151 @@
+"""The mirror as Dagster sees it: real runs (materialize) and the poller evaluated on an instance."""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+import pytest
+
+from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.defs.partitions import datasets_partitions
+from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.defs.sensors import mirror_poller
+from lakehouse_dagster.flags import set_override
+from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
+from lakehouse_dagster.ingest.poller import Cursor
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.store import datasets as ds
+
+SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+
+
+@pytest.fixture
+def instance():
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def _tick(instance, dsn, cursor=None):
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    return mirror_poller(ctx)
+
+
+def _datasets(conn, n, rows=3):
+    ws = ds.create_workspace(conn, "w")
+    ids = []
+    for i in range(n):
+        d = ds.create_dataset(conn, ws, f"d{i}", SCHEMA)
+        ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(rows)])
+        ids.append(d)
+    return ws, ids
+
+
+def test_materialize_partition_lands_in_iceberg(conn, dsn, settings, instance):
+    _, (d,) = _datasets(conn, 1, rows=10)
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    result = dg.materialize(
+        [pg_dataset_rows, iceberg_dataset_table],
+        partition_key=str(d),
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+    )
+    assert result.success
+    mats = result.asset_materializations_for_node("iceberg__dataset_table")
+    meta = mats[0].metadata
+    assert meta["rows"].value == 10 and meta["path"].value == "mirror" and meta["mode"].value == "full"
+    for key in ("snapshot_id", "bytes_written", "seconds", "rows_per_s", "peak_rss_mb"):
+        assert key in meta
+    table = load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+    assert str(table.current_snapshot().snapshot_id) == meta["snapshot_id"].value
+    assert sorted(table.scan().to_arrow()["n"].to_pylist()) == list(range(10))
+    # the run's sync is in the sync log, linked to the run
+    assert conn.execute("select status, run_id from iceberg_sync_log where dataset_id = %s", (d,)).fetchone() == (
+        "succeeded", result.run_id)
+
+
+def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance):
+    ws = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws, "bad", SCHEMA)
+    ds.insert_rows(conn, d, [{"n": 1}, {"n": "x"}])
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    result = dg.materialize(
+        [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d),
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False,
+    )
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert "row_index 1 column n: expected int64, got a JSON string" in failure.step_failure_data.error.message
+    assert conn.execute("select status from datasets where id = %s", (d,)).fetchone()[0] == "errored"
+
+
+def test_poller_requests_exactly_the_changed_datasets_and_advances(conn, dsn, settings, instance):
+    ws, ids = _datasets(conn, 3)
+    manifest = ds.create_dataset(conn, ws, "m", [], kind="manifest")
+    conn.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (manifest,))
+    first = _tick(instance, dsn)
+    assert sorted(r.partition_key for r in first.run_requests) == sorted(str(i) for i in ids)
+    assert all(r.run_key.startswith(f"mirror:{r.partition_key}:") for r in first.run_requests)
+    added = first.dynamic_partitions_requests[0].partition_keys
+    assert sorted(added) == sorted(str(i) for i in ids)  # manifest datasets get no partition
+    instance.add_dynamic_partitions(datasets_partitions.name, list(added))
+    c1 = Cursor.loads(first.cursor)
+    assert c1.xid > 0
+
+    # nothing changed: nothing requested, cursor does not move back
+    second = _tick(instance, dsn, first.cursor)
+    assert second.run_requests == [] and Cursor.loads(second.cursor).xid >= c1.xid
+
+    # one dataset mirrored, another changed: only the changed one, with a new run key
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, ids[0])
+    ds.insert_rows(conn, ids[1], [{"n": 99}])
+    third = _tick(instance, dsn, second.cursor)
+    assert [r.partition_key for r in third.run_requests] == [str(ids[1])]
+    assert third.run_requests[0].run_key not in {r.run_key for r in first.run_requests}
+    assert third.dynamic_partitions_requests == []  # already known partition
+    assert Cursor.loads(third.cursor).xid >= Cursor.loads(second.cursor).xid
+
+
+def test_poller_sees_a_transaction_that_commits_after_a_later_one(conn, dsn, settings, instance):
+    _, (a, b) = _datasets(conn, 2, rows=1)
+    start = _tick(instance, dsn).cursor
+    slow = psycopg.connect(dsn)  # opens first, commits last
+    slow.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 100, '{\"n\": 1}')", (a,))
+    ds.insert_rows(conn, b, [{"n": 5}])
+    tick = _tick(instance, dsn, start)
+    assert [r.partition_key for r in tick.run_requests] == [str(b)]
+    slow.commit()
+    slow.close()
+    later = _tick(instance, dsn, tick.cursor)
+    assert str(a) in [r.partition_key for r in later.run_requests]
+
+
+def test_poller_caps_requests_per_tick_and_pages_forward(conn, dsn, settings, instance, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_SENSOR_MAX_REQUESTS", "2")
+    _, ids = _datasets(conn, 5, rows=1)
+    seen, cursor = [], None
+    for _ in range(5):
+        res = _tick(instance, dsn, cursor)
+        assert len(res.run_requests) <= 2
+        seen += [r.partition_key for r in res.run_requests]
+        cursor = res.cursor
+    assert sorted(seen) == sorted(str(i) for i in ids)
+
+
+def test_poller_skips_native_datasets_and_honours_enable_flag(conn, dsn, settings, instance, monkeypatch):
+    _, (a, b) = _datasets(conn, 2)
+    set_override(conn, "write", "sync.full", "iceberg_native", dataset=str(a), actor="pytest", note="test")
+    res = _tick(instance, dsn)
+    assert [r.partition_key for r in res.run_requests] == [str(b)]
+    monkeypatch.setenv("ENABLE_ICEBERG_SYNC", "false")
+    off = _tick(instance, dsn)
+    assert isinstance(off, dg.SkipReason) and "ENABLE_ICEBERG_SYNC" in off.skip_message
+
+
+def test_code_location_loads():
+    from lakehouse_dagster.definitions import defs
+
+    d = defs()
+    assert d.resolve_job_def("mirror_job") is not None
+    keys = {k.to_user_string() for k in d.resolve_asset_graph().get_all_asset_keys()}
+    assert {"postgres/dataset_rows", "iceberg/dataset_table"} <= keys
+    assert d.resolve_sensor_def("mirror_poller") is not None
