@@ -1,0 +1,80 @@
+"""Shared by the benchmarks: a Postgres to run against and a demo-shaped dataset of N rows."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.store.migrations import migrate
+
+# ~10 typed fields of every type, with nulls and unicode, like the demo's largest dataset.
+BENCH_SCHEMA = [
+    {"name": "name", "type": "string"},
+    {"name": "label", "type": "string"},
+    {"name": "qty", "type": "int64"},
+    {"name": "bucket", "type": "int64"},
+    {"name": "price", "type": "float64"},
+    {"name": "ratio", "type": "float64"},
+    {"name": "active", "type": "boolean"},
+    {"name": "seen_at", "type": "timestamp"},
+    {"name": "day", "type": "date"},
+    {"name": "attrs", "type": "json"},
+]
+
+GENERATE = """
+insert into dataset_rows (dataset_id, row_index, data)
+select %(ds)s, g, jsonb_build_object(
+  'name', 'item-' || g,
+  'label', case when g %% 7 = 0 then null else 'ünïcode-' || (g %% 1000) || ' ✓' end,
+  'qty', g * 7,
+  'bucket', case when g %% 5 = 0 then null else g %% 100000 end,
+  'price', g * 0.1,
+  'ratio', case when g %% 11 = 0 then null else (g %% 1000) * 1e-3 end,
+  'active', g %% 2 = 0,
+  'seen_at', to_char(timestamptz '2024-01-01 00:00:00+00' + g * interval '1.5 second',
+                     'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
+  'day', to_char(date '2000-01-01' + (g %% 10000), 'YYYY-MM-DD'),
+  'attrs', jsonb_build_object('a', g %% 10, 'tags', jsonb_build_array('x', g %% 3), 'nested', jsonb_build_object('k', g %% 2)))
+from generate_series(%(lo)s, %(hi)s) g
+"""
+
+
+def admin_dsn() -> str:
+    if os.environ.get("LAKEHOUSE_PG_DSN"):
+        return os.environ["LAKEHOUSE_PG_DSN"]
+    from lakehouse_dagster.store.embedded import start_embedded
+
+    root = Path(tempfile.mkdtemp(prefix="lh-bench-"))
+    return start_embedded(root / "pg", keep_running=False, delete_on_exit=True)
+
+
+def fresh_database(admin: str, name: str) -> str:
+    from lakehouse_dagster_tests.conftest import _with_db  # same URI rewriting the tests use
+
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
+        c.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
+    dsn = _with_db(admin, name)
+    with connect(dsn) as conn:
+        migrate(conn)
+    return dsn
+
+
+def make_dataset(dsn: str, rows: int, name: str = "bench") -> tuple[uuid.UUID, float]:
+    """Create a dataset of ``rows`` rows inside Postgres; returns (id, seconds)."""
+    t = time.perf_counter()
+    with connect(dsn) as conn:
+        ws = ds.create_workspace(conn, "bench")
+        d = ds.create_dataset(conn, ws, name, BENCH_SCHEMA)
+        step = 500_000
+        for lo in range(0, rows, step):
+            conn.execute(GENERATE, {"ds": d, "lo": lo, "hi": min(rows, lo + step) - 1})
+        conn.execute("analyze dataset_rows")
+    return d, time.perf_counter() - t

@@ -1,0 +1,149 @@
+"""Mirror throughput and memory, against baselines measured in the same run.
+
+    .venv/bin/python bench/bench_mirror.py [--rows 2000000] [--scale 1000000,4000000]
+
+Prints, for the same rows:
+  mirror    the project's sync (ADBC typed read on 2 connections → Parquet chunks → one commit)
+  naive     read all rows into one Arrow table, one pyiceberg table.append
+  limit     rows ÷ (seconds to drain COPY (typed select) TO STDOUT + seconds of pyarrow.parquet.write_table)
+and ratios mirror/limit, mirror/naive. Each measurement runs in a fresh child process so its peak
+RSS is its own. --scale repeats the mirror at other sizes to show peak RSS stays flat.
+Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import BENCH_SCHEMA, admin_dsn, fresh_database, make_dataset  # noqa: E402
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
+    from lakehouse_dagster.iceberg.catalog import load_catalog
+    from lakehouse_dagster.settings import Settings
+
+    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, ingest_chunk_rows=chunk,
+                                           namespace=f"bench_{kind}")
+    ds_uuid = uuid.UUID(ds_id)
+    if kind == "mirror":
+        from lakehouse_dagster.ingest.sync import sync_dataset
+
+        t = time.perf_counter()
+        r = sync_dataset(dsn, load_catalog(settings, dsn), settings, ds_uuid, mode="full")
+        return {"seconds": time.perf_counter() - t, "rows": r.rows, "rss_mb": _rss_mb(), "files": r.files}
+    from lakehouse_dagster.ingest.source import select_query
+    from lakehouse_dagster.store.datasets import parse_schema
+    from lakehouse_dagster.store.db import connect
+
+    columns = parse_schema(BENCH_SCHEMA)
+    with connect(dsn) as conn:
+        query = select_query(ds_uuid, columns, None, None).as_string(conn)
+    if kind == "naive":
+        import adbc_driver_postgresql.dbapi as adbc
+
+        from lakehouse_dagster.iceberg.catalog import ensure_namespace, table_identifier
+        from lakehouse_dagster.iceberg.schema import iceberg_schema
+
+        catalog = load_catalog(settings, dsn)
+        t = time.perf_counter()
+        with adbc.connect(dsn) as c:
+            cur = c.cursor()
+            cur.execute(query)
+            data = cur.fetch_arrow_table()
+        ensure_namespace(catalog, settings.namespace)
+        table = catalog.create_table(table_identifier(settings, ds_uuid), schema=iceberg_schema(columns))
+        table.append(data.cast(table.schema().as_arrow()))
+        return {"seconds": time.perf_counter() - t, "rows": data.num_rows, "rss_mb": _rss_mb()}
+    if kind == "limit":
+        import adbc_driver_postgresql.dbapi as adbc
+        import pyarrow.parquet as pq
+
+        with connect(dsn) as conn:
+            t = time.perf_counter()
+            n = 0
+            with conn.cursor().copy("copy (" + query + ") to stdout (format binary)") as copy:
+                for block in copy:
+                    n += len(block)
+            copy_s = time.perf_counter() - t
+        with adbc.connect(dsn) as c:
+            cur = c.cursor()
+            cur.execute(query)
+            data = cur.fetch_arrow_table()
+        out = Path(tempfile.mkdtemp()) / "limit.parquet"
+        t = time.perf_counter()
+        pq.write_table(data, out, compression="zstd")
+        write_s = time.perf_counter() - t
+        return {"seconds": copy_s + write_s, "copy_s": copy_s, "write_s": write_s, "rows": data.num_rows,
+                "copy_bytes": n, "rss_mb": _rss_mb()}
+    raise SystemExit(f"unknown child kind {kind}")
+
+
+def run_child(kind: str, dsn: str, ds_id, warehouse: str, chunk: int) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--dsn", dsn, "--dataset", str(ds_id), "--warehouse", warehouse,
+         "--chunk", str(chunk)],
+        check=True, capture_output=True, text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--chunk", type=int, default=250_000)
+    p.add_argument("--scale", default="", help="comma-separated extra sizes for the mirror's peak-RSS check")
+    p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--child"), p.add_argument("--dsn"), p.add_argument("--dataset"), p.add_argument("--warehouse")
+    a = p.parse_args()
+    if a.child:
+        print(json.dumps(child(a.child, a.dsn, a.dataset, a.warehouse, a.chunk)))
+        return
+
+    admin = admin_dsn()
+    dsn = fresh_database(admin, "bench_mirror")
+    warehouse = Path(tempfile.mkdtemp(prefix="lh-bench-wh-")).as_uri()
+    ds_id, gen_s = make_dataset(dsn, a.rows)
+    print(f"rows: {a.rows:,}  (generated in Postgres in {gen_s:.1f}s)  chunk: {a.chunk:,}")
+    results = {}
+    for kind in ["limit", "mirror"] + ([] if a.skip_naive else ["naive"]):
+        results[kind] = r = run_child(kind, dsn, ds_id, warehouse, a.chunk)
+        extra = f"  (COPY drain {r['copy_s']:.2f}s + parquet write {r['write_s']:.2f}s)" if kind == "limit" else ""
+        print(f"{kind:7s} {r['seconds']:7.2f}s  {a.rows / r['seconds']:>11,.0f} rows/s  peak RSS {r['rss_mb']:7.0f} MB{extra}")
+    m, lim = results["mirror"], results["limit"]
+    print(f"mirror / limit rows/s: {lim['seconds'] / m['seconds']:.2f}x   (target >= 0.7x, aim >= 1.0x)")
+    if "naive" in results:
+        n = results["naive"]
+        print(f"mirror / naive rows/s: {n['seconds'] / m['seconds']:.2f}x   peak RSS mirror/naive: "
+              f"{m['rss_mb'] / n['rss_mb']:.2f}x")
+    sizes = [int(s) for s in a.scale.split(",") if s.strip()]
+    if sizes:
+        rss = {a.rows: m["rss_mb"]}
+        for size in sizes:
+            other = fresh_database(admin, f"bench_mirror_{size}")
+            d2, _ = make_dataset(other, size)
+            r = run_child("mirror", other, d2, Path(tempfile.mkdtemp(prefix="lh-bench-wh-")).as_uri(), a.chunk)
+            rss[size] = r["rss_mb"]
+            print(f"mirror at {size:>9,} rows: {r['seconds']:6.2f}s  {size / r['seconds']:>9,.0f} rows/s  "
+                  f"peak RSS {r['rss_mb']:5.0f} MB")
+        lo, hi = min(rss.values()), max(rss.values())
+        print(f"peak RSS spread across sizes: {(hi - lo) / lo * 100:.0f}% (target within 20%)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    main()
