@@ -1,1 +1,17 @@
+"""Read and write flags: the registry (registry.py), runtime overrides + audit (overrides.py),
+the TTL-cached resolver (resolver.py) and which datasets are native (native.py).
 
+Plain functions over explicit arguments; never imports dagster.
+"""
+
+from .native import native_dataset_ids
+from .overrides import clear_override, history, list_overrides, set_override
+from .registry import READ, READERS, WRITE, WRITERS, get_flag
+from .resolver import FlagResolver, Resolution, invalidate_local
+
+__all__ = [
+    "READ", "WRITE", "READERS", "WRITERS", "get_flag",
+    "FlagResolver", "Resolution", "invalidate_local",
+    "set_override", "clear_override", "list_overrides", "history",
+    "native_dataset_ids",
+]

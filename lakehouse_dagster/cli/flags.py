@@ -1,0 +1,213 @@
+"""`lakehouse flags|write-flags list|set|clear|history` and `lakehouse read` (a reader through the router)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from ..errors import LakehouseError
+from ..flags.overrides import clear_override, history, list_overrides, set_override
+from ..flags.registry import MODES, READ, REGISTRY, WRITE
+from ..flags.resolver import FlagResolver
+from .common import Result, add_command, table
+
+_KIND_WORD = {READ: "reader", WRITE: "writer"}
+
+
+def register(sub) -> None:
+    for command, kind, help_text in (
+        ("flags", READ, "read flags: which engine serves each reader (off < shadow < iceberg < iceberg_only)"),
+        ("write-flags", WRITE, "write flags: where each writer lands (pg < iceberg_native)"),
+    ):
+        p = sub.add_parser(command, help=help_text, description=help_text)
+        actions = p.add_subparsers(dest=f"{command}_action", required=True, metavar="ACTION")
+        word = _KIND_WORD[kind]
+
+        ls = add_command(actions, "list", _list, help="registry defaults, ceilings, classes and every runtime override")
+        ls.add_argument("--dataset", help="also show the effective mode (and why) of every " + word + " for this dataset")
+
+        st = add_command(actions, "set", _set, help="set a runtime override (no scope = global)")
+        st.add_argument("name", help=f"the {word}, e.g. {next(iter(REGISTRY[kind]))}")
+        st.add_argument("mode", help=" < ".join(MODES[kind]))
+        _scope_args(st)
+        st.add_argument("--note", help="why (kept with the override and in the audit)")
+
+        cl = add_command(actions, "clear", _clear, help="drop an override (back to the next scope or the default)")
+        cl.add_argument("name", help=f"the {word}")
+        _scope_args(cl)
+        cl.add_argument("--note", help="why (kept in the audit)")
+
+        hi = add_command(actions, "history", _history, help="the audit of every set and clear, newest first")
+        hi.add_argument("name", nargs="?", help=f"only this {word}")
+        _scope_args(hi)
+        hi.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
+        for p_ in (ls, st, cl, hi):
+            p_.set_defaults(kind=kind, command_name=command)
+
+    rd = add_command(sub, "read", _read, help="exercise a reader through the read router: prints the decision and the rows")
+    rd.add_argument("--reader", required=True, help="the reader whose flag routes the read, e.g. export.stream")
+    rd.add_argument("--dataset", required=True, help="dataset uuid")
+    rd.add_argument("--columns", help="comma-separated columns (default: identity columns + every column)")
+    rd.add_argument("--limit", type=int, default=20, help="at most N rows (default 20)")
+    rd.add_argument("--order-by-row-index", action="store_true", help="order by __row_index (default: engine order)")
+
+
+def _scope_args(p) -> None:
+    p.add_argument("--dataset", help="dataset uuid (most specific scope)")
+    p.add_argument("--workspace", help="workspace uuid")
+
+
+def _where(scope) -> str:
+    return "globally" if scope.scope_id is None else f"for {scope}"
+
+
+def _list(ctx, args) -> Result:
+    kind = args.kind
+    registry = [
+        {
+            "name": f.name,
+            "class": f.consistency,
+            "default": f.default,
+            "ceiling": f.ceiling,
+            "ceiling_reason": f.ceiling_reason,
+            "description": f.description,
+        }
+        for f in REGISTRY[kind].values()
+    ]
+    overrides = [
+        {
+            "name": o.name,
+            "scope": o.scope,
+            "scope_id": o.scope_id,
+            "mode": o.mode,
+            "note": o.note,
+            "set_by": o.set_by,
+            "set_at": o.set_at,
+            "known": o.name in REGISTRY[kind],
+        }
+        for o in list_overrides(ctx.conn, kind)
+    ]
+    data = {"kind": kind, "registry": registry, "overrides": overrides}
+    word = _KIND_WORD[kind]
+    cols = ["name", "class", "default", "ceiling", "ceiling_reason"] if kind == READ else [
+        "name", "default", "ceiling", "ceiling_reason"]
+    text = [f"{word}s (registry)", table(registry, cols), "", "runtime overrides",
+            table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"])]
+    if args.dataset:
+        from ..store.datasets import get_dataset
+
+        ds = get_dataset(ctx.conn, args.dataset)
+        resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
+        effective = [
+            {"name": r.name, "mode": r.mode, "reason": r.reason, "source": r.source, "stored_mode": r.stored_mode}
+            for r in resolver.resolve_all(ds.id, kind)
+        ]
+        data["dataset_id"] = ds.id
+        data["effective"] = effective
+        text += ["", f"effective for dataset {ds.id} ({ds.name})",
+                 table(effective, ["name", "mode", "reason", "source", "stored_mode"])]
+    return Result(data, "\n".join(text))
+
+
+def _set(ctx, args) -> Result:
+    change = set_override(
+        ctx.conn, args.kind, args.name, args.mode,
+        dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+    )
+    text = (
+        f"{change.flag.name}: {change.before or '(no override)'} → {change.after} {_where(change.scope)}"
+        f" (by {ctx.settings.actor}{'; note: ' + change.audit.note if change.audit.note else ''}); "
+        f"other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
+    )
+    return Result(_change_data(change), text)
+
+
+def _clear(ctx, args) -> Result:
+    change = clear_override(
+        ctx.conn, args.kind, args.name,
+        dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+    )
+    if not change.changed:
+        text = f"{change.flag.name}: no override {_where(change.scope)} to clear; nothing changed"
+    else:
+        text = (
+            f"{change.flag.name}: cleared {change.before} {_where(change.scope)} (back to the next scope or the "
+            f"registry default {change.flag.default}); other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
+        )
+    return Result(_change_data(change), text)
+
+
+def _change_data(change) -> dict:
+    return {
+        "kind": change.flag.kind,
+        "name": change.flag.name,
+        "scope": change.scope.scope,
+        "scope_id": change.scope.scope_id,
+        "before": change.before,
+        "after": change.after,
+        "changed": change.changed,
+        "audit_id": change.audit.id if change.audit else None,
+    }
+
+
+def _history(ctx, args) -> Result:
+    entries = history(
+        ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit
+    )
+    data = [
+        {
+            "id": e.id, "at": e.at, "action": e.action, "name": e.name, "scope": e.scope, "scope_id": e.scope_id,
+            "before": e.before_mode, "after": e.after_mode, "actor": e.actor, "note": e.note,
+        }
+        for e in entries
+    ]
+    return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
+
+
+def _read(ctx, args) -> Result:
+    from ..iceberg.reader import load_dataset_table, read_iceberg
+    from ..routing.pg_reader import read_postgres
+    from ..routing.projection import projection_for
+    from ..routing.read_router import resolve_read_source
+    from ..store.datasets import get_dataset
+
+    dataset = get_dataset(ctx.conn, args.dataset)
+    proj = projection_for(dataset, args.columns, limit=args.limit, order_by_row_index=args.order_by_row_index)
+    resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
+    source = resolve_read_source(ctx.conn, resolver, args.reader, dataset.id, logger=_stderr_logger())
+
+    def iceberg(decision):
+        table_ = load_dataset_table(ctx.catalog, ctx.settings, dataset.id)
+        return read_iceberg(table_, proj.columns, limit=proj.limit,
+                            order_by_row_index=proj.order_by_row_index, snapshot_id=decision.snapshot_id)
+
+    try:
+        result = source.run(postgres=lambda d: read_postgres(ctx.conn, dataset, proj), iceberg=iceberg)
+    except LakehouseError:
+        raise
+    except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
+        d = source.decision
+        raise LakehouseError(
+            f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); fix the table or set the reader back to iceberg"
+        ) from exc
+    rows = result.value.to_pylist()
+    decision = result.decision
+    data = {"decision": decision.as_dict(), "fallback_error": result.fallback_error, "rows": rows}
+    lines = [decision.log_line()]
+    if result.fallback_error:
+        lines.append(f"(iceberg read failed → served by PG fallback: {result.fallback_error})")
+    lines += [table(rows, list(proj.columns)), f"({len(rows)} row(s) from {decision.source})"]
+    return Result(data, "\n".join(lines))
+
+
+def _stderr_logger() -> logging.Logger:
+    """The router's log lines on stderr (stdout carries the result, --json stays parseable)."""
+    lg = logging.getLogger("lakehouse_dagster.cli.read")
+    if not lg.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+    return lg

@@ -1,0 +1,162 @@
+"""Flags in the Dagster UI: `flag_state` shows the effective modes; `set_flag` / `clear_flag` change them.
+
+The launchpad config is typed; its values go through the same core functions as
+`lakehouse flags|write-flags set|clear`, so a refusal reads the same and writes nothing.
+"""
+
+
+from enum import Enum
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from ..errors import LakehouseError
+from ..flags.overrides import clear_override, list_overrides, set_override
+from ..flags.registry import MODES, READ, READERS, WRITE, WRITERS
+from ..flags.resolver import FlagResolver
+from ..store.datasets import get_dataset
+from .resources import LakehouseResource
+
+
+class FlagKind(Enum):
+    read = "read"
+    write = "write"
+
+
+_NAMES_HELP = f"readers: {', '.join(READERS)}; writers: {', '.join(WRITERS)}"
+_MODES_HELP = f"read: {' < '.join(MODES[READ])}; write: {' < '.join(MODES[WRITE])}"
+
+
+class FlagStateConfig(dg.Config):
+    dataset_id: Optional[str] = Field(
+        default=None, description="dataset uuid; empty = the global view (global overrides and defaults)"
+    )
+
+
+class SetFlagConfig(dg.Config):
+    kind: FlagKind = FlagKind.read
+    name: str
+    mode: str
+    dataset_id: Optional[str] = None
+    workspace_id: Optional[str] = None
+    note: Optional[str] = None
+
+
+class ClearFlagConfig(dg.Config):
+    kind: FlagKind = FlagKind.read
+    name: str
+    dataset_id: Optional[str] = None
+    workspace_id: Optional[str] = None
+    note: Optional[str] = None
+
+
+def _refuse(exc: LakehouseError) -> dg.Failure:
+    """A refusal fails the step with the CLI's one-line reason; retrying would not help."""
+    return dg.Failure(description=str(exc), allow_retries=False)
+
+
+def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
+    return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
+
+
+@dg.op(description="The effective mode of every reader and writer for a dataset, and every runtime override.")
+def flag_state(context: dg.OpExecutionContext, config: FlagStateConfig, lakehouse: LakehouseResource) -> list[dict]:
+    settings = lakehouse.settings()
+    with lakehouse.connect() as conn:
+        try:
+            ds = get_dataset(conn, config.dataset_id) if config.dataset_id else None
+        except LakehouseError as exc:
+            raise _refuse(exc) from exc
+        resolver = FlagResolver(conn, settings.flag_ttl_seconds)
+        state = [
+            {"kind": r.kind, "name": r.name, "mode": r.mode, "reason": r.reason, "ceiling": r.ceiling,
+             "class": r.consistency or ""}
+            for r in resolver.resolve_all(ds.id if ds else None)
+        ]
+        overrides = list_overrides(conn)
+    where = f"dataset {ds.id} ({ds.name})" if ds else "global view"
+    for s in state:
+        context.log.info(f"{s['kind']} {s['name']}: {s['mode']} ({s['reason']}) [{where}]")
+    rows = "\n".join(
+        f"| {s['kind']} | {s['name']} | {s['class']} | **{s['mode']}** | {s['reason']} | {s['ceiling']} |" for s in state
+    )
+    over = "\n".join(
+        f"| {o.kind} | {o.name} | {o.scope} | {o.scope_id or ''} | {o.mode} | {o.set_by} | {o.note or ''} |"
+        for o in overrides
+    ) or "| | (none) | | | | | |"
+    context.add_output_metadata(
+        {
+            "scope": where,
+            "effective_modes": dg.MetadataValue.md(
+                "| kind | name | class | mode | why | ceiling |\n|---|---|---|---|---|---|\n" + rows
+            ),
+            "overrides": dg.MetadataValue.md(
+                "| kind | name | scope | scope id | mode | set by | note |\n|---|---|---|---|---|---|---|\n" + over
+            ),
+            "native_writers": [s["name"] for s in state if s["mode"] == "iceberg_native"],
+            "iceberg_readers": [s["name"] for s in state if s["mode"] in ("iceberg", "iceberg_only")],
+        }
+    )
+    return state
+
+
+@dg.op(description="Set a read/write flag override, validated exactly like `lakehouse flags|write-flags set`.")
+def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse: LakehouseResource) -> dict:
+    with lakehouse.connect() as conn:
+        try:
+            change = set_override(
+                conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
+                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+            )
+        except LakehouseError as exc:
+            raise _refuse(exc) from exc
+    context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
+    context.add_output_metadata(
+        {"flag": change.flag.name, "scope": str(change.scope), "before": change.before or "(no override)",
+         "after": change.after, "audit_id": change.audit.id}
+    )
+    return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "after": change.after}
+
+
+@dg.op(description="Drop a flag override (back to the next scope or the default), like `... clear`.")
+def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakehouse: LakehouseResource) -> dict:
+    with lakehouse.connect() as conn:
+        try:
+            change = clear_override(
+                conn, config.kind.value, config.name, dataset=config.dataset_id,
+                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+            )
+        except LakehouseError as exc:
+            raise _refuse(exc) from exc
+    msg = f"cleared {change.before}" if change.changed else "no override to clear; nothing changed"
+    context.log.info(f"{change.flag.name} ({change.scope}): {msg}")
+    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg})
+    return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
+
+
+@dg.job(
+    name="flag_state",
+    description=f"List the effective read/write modes (and why) for a dataset. {_NAMES_HELP}",
+    tags={"lakehouse/area": "flags"},
+)
+def flag_state_job():
+    flag_state()
+
+
+@dg.job(
+    name="set_flag",
+    description=f"Set a flag override (runbook step: flip / widen / rollback). {_NAMES_HELP}. Modes — {_MODES_HELP}.",
+    tags={"lakehouse/area": "flags"},
+)
+def set_flag_job():
+    set_flag_op()
+
+
+@dg.job(
+    name="clear_flag",
+    description="Drop a flag override (rollback to the next scope or the registry default).",
+    tags={"lakehouse/area": "flags"},
+)
+def clear_flag_job():
+    clear_flag_op()

@@ -1,0 +1,245 @@
+"""Runtime overrides (global / workspace / dataset) and their append-only audit.
+
+Every set and clear validates everything first (name, mode, ceiling, scope, that the dataset or
+workspace exists) and only then writes the override and its audit row in one transaction, so a
+refusal writes nothing. The CLI and the Dagster jobs both call these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+
+import psycopg
+
+from ..errors import BadInput, NotFound
+from ..ids import parse_uuid
+from .registry import Flag, check_kind, check_mode, get_flag
+from .resolver import invalidate_local
+
+GLOBAL = "global"
+WORKSPACE = "workspace"
+DATASET = "dataset"
+SCOPES = (DATASET, WORKSPACE, GLOBAL)  # most specific first
+
+
+@dataclasses.dataclass(frozen=True)
+class Scope:
+    scope: str
+    scope_id: uuid.UUID | None
+
+    def __str__(self) -> str:
+        return self.scope if self.scope_id is None else f"{self.scope} {self.scope_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Override:
+    kind: str
+    name: str
+    scope: str
+    scope_id: uuid.UUID | None
+    mode: str
+    note: str | None
+    set_by: str
+    set_at: datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditEntry:
+    id: int
+    at: datetime
+    action: str
+    kind: str
+    name: str
+    scope: str
+    scope_id: uuid.UUID | None
+    before_mode: str | None
+    after_mode: str | None
+    note: str | None
+    actor: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """What a set or clear did: the audit row it wrote (None when a clear found nothing to drop)."""
+
+    flag: Flag
+    scope: Scope
+    before: str | None
+    after: str | None
+    audit: AuditEntry | None
+
+    @property
+    def changed(self) -> bool:
+        return self.audit is not None
+
+
+def parse_scope(dataset: object = None, workspace: object = None) -> Scope:
+    """--dataset / --workspace / neither (global); both at once is refused."""
+    if dataset not in (None, "") and workspace not in (None, ""):
+        raise BadInput("give either --dataset or --workspace, not both (no scope = global)")
+    if dataset not in (None, ""):
+        return Scope(DATASET, parse_uuid(dataset, "dataset id"))
+    if workspace not in (None, ""):
+        return Scope(WORKSPACE, parse_uuid(workspace, "workspace id"))
+    return Scope(GLOBAL, None)
+
+
+def _require_target(conn: psycopg.Connection, scope: Scope) -> None:
+    if scope.scope == DATASET:
+        if conn.execute("select 1 from datasets where id = %s", (scope.scope_id,)).fetchone() is None:
+            raise NotFound(f"dataset {scope.scope_id} does not exist; check the id (nothing was changed)")
+    elif scope.scope == WORKSPACE:
+        if conn.execute("select 1 from workspaces where id = %s", (scope.scope_id,)).fetchone() is None:
+            raise NotFound(f"workspace {scope.scope_id} does not exist; check the id (nothing was changed)")
+
+
+def _check_note(note: str | None) -> str | None:
+    if note is None:
+        return None
+    note = note.strip()
+    if len(note) > 1000:
+        raise BadInput(f"--note is {len(note)} characters; keep it under 1000")
+    return note or None
+
+
+def _check_actor(actor: str) -> str:
+    if not actor or not actor.strip():
+        raise BadInput("no actor: set LAKEHOUSE_ACTOR to who is making the change")
+    return actor.strip()
+
+
+_KEY_MATCH = "kind = %s and name = %s and scope = %s and scope_id is not distinct from %s"
+
+_AUDIT_INSERT = (
+    "insert into lakehouse_flag_audit (action, kind, name, scope, scope_id, before_mode, after_mode, note, actor)"
+    " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+    " returning id, at, action, kind, name, scope, scope_id, before_mode, after_mode, note, actor"
+)
+
+
+def _lock_key(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str | None:
+    """Serialise writers of one override key so the audit's `before` is exact; returns the current mode."""
+    key = f"lakehouse_flag:{flag.kind}:{flag.name}:{scope.scope}:{scope.scope_id or ''}"
+    conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
+    row = conn.execute(
+        "select mode from lakehouse_flag_overrides where " + _KEY_MATCH,
+        (flag.kind, flag.name, scope.scope, scope.scope_id),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def set_override(
+    conn: psycopg.Connection,
+    kind: str,
+    name: str,
+    mode: str,
+    *,
+    dataset: object = None,
+    workspace: object = None,
+    note: str | None = None,
+    actor: str,
+) -> Change:
+    """Set (or replace) one override and audit it; refuses bad input before writing anything."""
+    flag = get_flag(kind, name)
+    check_mode(flag, mode)
+    scope = parse_scope(dataset, workspace)
+    note = _check_note(note)
+    actor = _check_actor(actor)
+    _require_target(conn, scope)
+    with conn.transaction():
+        before = _lock_key(conn, flag, scope)
+        conn.execute(
+            "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by, set_at)"
+            " values (%s, %s, %s, %s, %s, %s, %s, now())"
+            " on conflict (kind, name, scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
+            " do update set mode = excluded.mode, note = excluded.note, set_by = excluded.set_by, set_at = now()",
+            (flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor),
+        )
+        row = conn.execute(
+            _AUDIT_INSERT, ("set", flag.kind, flag.name, scope.scope, scope.scope_id, before, mode, note, actor)
+        ).fetchone()
+    invalidate_local()
+    return Change(flag, scope, before, mode, AuditEntry(*row))
+
+
+def clear_override(
+    conn: psycopg.Connection,
+    kind: str,
+    name: str,
+    *,
+    dataset: object = None,
+    workspace: object = None,
+    note: str | None = None,
+    actor: str,
+) -> Change:
+    """Drop one override (back to the next scope or the default). Clearing nothing is a no-op, not audited.
+
+    The dataset/workspace need not exist any more, so an orphaned override can still be cleared.
+    """
+    flag = get_flag(kind, name)
+    scope = parse_scope(dataset, workspace)
+    note = _check_note(note)
+    actor = _check_actor(actor)
+    with conn.transaction():
+        before = _lock_key(conn, flag, scope)
+        if before is None:
+            return Change(flag, scope, None, None, None)
+        conn.execute(
+            "delete from lakehouse_flag_overrides where " + _KEY_MATCH,
+            (flag.kind, flag.name, scope.scope, scope.scope_id),
+        )
+        row = conn.execute(
+            _AUDIT_INSERT, ("clear", flag.kind, flag.name, scope.scope, scope.scope_id, before, None, note, actor)
+        ).fetchone()
+    invalidate_local()
+    return Change(flag, scope, before, None, AuditEntry(*row))
+
+
+def list_overrides(conn: psycopg.Connection, kind: str | None = None) -> list[Override]:
+    """Every runtime override (of one kind, or both), including names the registry no longer knows."""
+    sql = "select kind, name, scope, scope_id, mode, note, set_by, set_at from lakehouse_flag_overrides"
+    params: tuple = ()
+    if kind is not None:
+        sql += " where kind = %s"
+        params = (check_kind(kind),)
+    sql += (
+        " order by kind, name,"
+        " case scope when 'global' then 0 when 'workspace' then 1 else 2 end, scope_id"
+    )
+    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+
+
+def history(
+    conn: psycopg.Connection,
+    kind: str | None = None,
+    name: str | None = None,
+    *,
+    dataset: object = None,
+    workspace: object = None,
+    limit: int = 50,
+) -> list[AuditEntry]:
+    """The audit, newest first, optionally narrowed to one flag and/or one scope."""
+    if limit < 1:
+        raise BadInput(f"--limit {limit} must be at least 1")
+    where, params = [], []
+    if kind is not None:
+        where.append("kind = %s")
+        params.append(check_kind(kind))
+    if name is not None:
+        where.append("name = %s")
+        params.append(get_flag(kind, name).name if kind else name)
+    if dataset not in (None, "") or workspace not in (None, ""):
+        scope = parse_scope(dataset, workspace)
+        where.append("scope = %s and scope_id = %s")
+        params += [scope.scope, scope.scope_id]
+    sql = (
+        "select id, at, action, kind, name, scope, scope_id, before_mode, after_mode, note, actor"
+        " from lakehouse_flag_audit"
+    )
+    if where:
+        sql += " where " + " and ".join(where)
+    sql += " order by id desc limit %s"
+    params.append(limit)
+    return [AuditEntry(*r) for r in conn.execute(sql, params).fetchall()]

@@ -1,0 +1,188 @@
+"""Resolution of a flag for a dataset: precedence, clamp, and an in-process TTL cache.
+
+Precedence: dataset override > workspace override (the dataset's workspace, from `datasets`) >
+global override > registry default; then a stored mode above the ceiling is clamped to it.
+
+Cache: one query per (dataset, TTL) fills every reader and writer of that dataset. An entry
+expires ``ttl`` seconds after the moment its query *started*, so a value is never older than
+the TTL: a flip or rollback made by any process is seen everywhere within the TTL. A set/clear
+made through overrides.py in this process drops every cache in the process at once (and bumps a
+generation, so a fill racing with the flip cannot store the value from before it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+import weakref
+from typing import Callable
+
+import psycopg
+
+from ..ids import parse_uuid
+from .registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
+
+# The reasons a resolution gives, most specific first.
+DATASET_OVERRIDE = "dataset override"
+WORKSPACE_OVERRIDE = "workspace override"
+GLOBAL_OVERRIDE = "global override"
+REGISTRY_DEFAULT = "registry default"
+CLAMPED = "clamped to ceiling"
+
+_REASON_BY_SCOPE = {"dataset": DATASET_OVERRIDE, "workspace": WORKSPACE_OVERRIDE, "global": GLOBAL_OVERRIDE}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolution:
+    """A flag's effective mode and why. Immutable and shared: equal resolutions are one object."""
+
+    kind: str
+    name: str
+    mode: str  # the effective mode, never above the ceiling
+    reason: str  # one of the five reasons above
+    source: str  # where the stored value came from (equals reason unless clamped)
+    stored_mode: str  # the value found before the clamp
+    ceiling: str
+    consistency: str | None
+
+    def describe(self) -> str:
+        if self.reason == CLAMPED:
+            return f"{self.mode} ({CLAMPED}: {self.source} says {self.stored_mode})"
+        return f"{self.mode} ({self.reason})"
+
+
+_interned: dict[tuple, Resolution] = {}
+
+
+def resolve_from(flag: Flag, stored: dict[str, str]) -> Resolution:
+    """Pure precedence + clamp over the overrides found for one flag ({scope: mode})."""
+    for scope in ("dataset", "workspace", "global"):
+        mode = stored.get(scope)
+        if mode is not None:
+            source = _REASON_BY_SCOPE[scope]
+            break
+    else:
+        mode, source = flag.default, REGISTRY_DEFAULT
+    effective, clamped = clamp(flag, mode)
+    key = (flag.kind, flag.name, effective, CLAMPED if clamped else source, source, mode, flag.ceiling, flag.consistency)
+    res = _interned.get(key)
+    if res is None:  # a handful per flag: (stored mode x source), so the cache holds pointers, not copies
+        res = _interned.setdefault(key, Resolution(*key))
+    return res
+
+
+# Every live resolver in this process, so a local set/clear can drop their caches at once.
+_resolvers: "weakref.WeakSet[FlagResolver]" = weakref.WeakSet()
+_generation = [0]
+_generation_lock = threading.Lock()
+
+
+def invalidate_local() -> None:
+    """Called after a set/clear commits: this process sees the change immediately."""
+    with _generation_lock:
+        _generation[0] += 1
+        for r in list(_resolvers):
+            r._cache.clear()
+
+
+_OVERRIDES_FOR_DATASET = """
+select o.kind, o.name, o.scope, o.mode
+  from lakehouse_flag_overrides o
+ where o.scope = 'global'
+    or (o.scope = 'dataset' and o.scope_id = %(ds)s)
+    or (o.scope = 'workspace' and o.scope_id = (select d.workspace_id from datasets d where d.id = %(ds)s))
+"""
+
+_GLOBAL_OVERRIDES = "select kind, name, scope, mode from lakehouse_flag_overrides where scope = 'global'"
+
+
+class FlagResolver:
+    """Resolves flags against one Postgres connection, caching each dataset's flags for ``ttl_seconds``.
+
+    ``conn`` should be autocommit (store.db.connect), so each fill sees the latest committed overrides.
+    Thread-safe: psycopg serialises use of the connection; cache values are immutable and replaced whole.
+    Memory is bounded: past ``max_datasets`` cached datasets, expired entries are dropped, then all.
+    """
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        ttl_seconds: float = 10.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        max_datasets: int = 100_000,
+    ) -> None:
+        self.conn = conn
+        self.ttl = max(0.0, float(ttl_seconds))
+        self._clock = clock
+        self._max = max_datasets
+        # dataset id (None = global) -> (expires at, {(kind, name): Resolution})
+        self._cache: dict[uuid.UUID | None, tuple[float, dict[tuple[str, str], Resolution]]] = {}
+        _resolvers.add(self)
+
+    @classmethod
+    def from_settings(cls, conn: psycopg.Connection, settings) -> "FlagResolver":
+        return cls(conn, settings.flag_ttl_seconds)
+
+    def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
+        """The effective mode of one reader/writer for a dataset (or globally when dataset_id is None)."""
+        if type(dataset_id) is str:
+            dataset_id = parse_uuid(dataset_id, "dataset id")
+        entry = self._cache.get(dataset_id)
+        if entry is not None and entry[0] > self._clock():
+            res = entry[1].get((kind, name))
+            if res is not None:
+                return res
+        get_flag(kind, name)  # an unknown name is refused (BadInput naming the known ones) before any query
+        return self._fill(dataset_id)[(kind, name)]
+
+    def read_mode(self, reader: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
+        return self.resolve(READ, reader, dataset_id)
+
+    def write_mode(self, writer: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
+        return self.resolve(WRITE, writer, dataset_id)
+
+    def resolve_all(self, dataset_id: uuid.UUID | str | None = None, kind: str | None = None) -> list[Resolution]:
+        """Every reader and writer (or one kind) for a dataset, in registry order."""
+        kinds = (check_kind(kind),) if kind else (READ, WRITE)
+        return [self.resolve(k, name, dataset_id) for k in kinds for name in REGISTRY[k]]
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def _load(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
+        if dataset_id is None:
+            rows = self.conn.execute(_GLOBAL_OVERRIDES).fetchall()
+        else:
+            rows = self.conn.execute(_OVERRIDES_FOR_DATASET, {"ds": dataset_id}).fetchall()
+        stored: dict[tuple[str, str], dict[str, str]] = {}
+        for kind, name, scope, mode in rows:
+            stored.setdefault((kind, name), {})[scope] = mode
+        return {
+            (kind, name): resolve_from(flag, stored.get((kind, name), {}))
+            for kind, flags in REGISTRY.items()
+            for name, flag in flags.items()
+        }
+
+    def _fill(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
+        generation = _generation[0]
+        started = self._clock()
+        resolved = self._load(dataset_id)
+        if self.ttl <= 0:
+            return resolved
+        with _generation_lock:
+            # A local set/clear committed while we read: answer with what we read, but do not keep it.
+            if _generation[0] == generation:
+                if len(self._cache) >= self._max:
+                    self._evict()
+                self._cache[dataset_id] = (started + self.ttl, resolved)
+        return resolved
+
+    def _evict(self) -> None:
+        now = self._clock()
+        for key in [k for k, (expires, _) in self._cache.items() if expires <= now]:
+            self._cache.pop(key, None)
+        if len(self._cache) >= self._max:
+            self._cache.clear()

@@ -1,0 +1,45 @@
+"""The Postgres read path: a dataset's rows from dataset_rows, typed like its Iceberg table.
+
+Columns are projected in SQL with the mirror's own typed projection (ingest.source.column_expr), so
+both read paths return the same Arrow schema and the same values; a value of the wrong JSON type
+fails loudly, naming the row and column, exactly as the mirror does.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from ..iceberg.schema import arrow_schema
+from ..ingest.source import column_expr
+from ..store.datasets import Dataset
+from .projection import Projection
+
+_IDENTITY_SQL = {
+    "__row_index": sql.SQL("row_index"),
+    "__row_id": sql.SQL("row_id::text"),
+    "__created_at": sql.SQL("created_at"),
+}
+
+
+def read_postgres(conn: psycopg.Connection, dataset: Dataset, projection: Projection) -> pa.Table:
+    by_name = {c.name: c for c in dataset.columns}
+    exprs = [
+        sql.SQL("{} as {}").format(
+            _IDENTITY_SQL[name] if name in _IDENTITY_SQL else column_expr(by_name[name]), sql.Identifier(name)
+        )
+        for name in projection.columns
+    ]
+    query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(exprs))
+    params: list = [dataset.id]
+    if projection.order_by_row_index:
+        query += sql.SQL(" order by row_index")
+    if projection.limit is not None:
+        query += sql.SQL(" limit %s")
+        params.append(projection.limit)
+    full = arrow_schema(dataset.columns)
+    schema = pa.schema([full.field(n) for n in projection.columns])
+    with conn.cursor() as cur:
+        rows = cur.execute(query, params).fetchall()
+    return pa.Table.from_pylist([dict(zip(projection.columns, r)) for r in rows], schema=schema)

@@ -1,0 +1,176 @@
+"""The read router: which engine serves a reader for a dataset, and the runner that serves it.
+
+- ``off`` / ``shadow`` serve Postgres (shadow is a no-op here: parity is gathered offline by the canary).
+- ``iceberg`` / ``iceberg_only`` serve Iceberg only when the freshness gate passes:
+  EVENTUAL — a succeeded sync with a snapshot exists; STRICT — the latest succeeded sync's
+  source_version covers datasets.rows_version (both read in one statement). Otherwise Postgres.
+  The gate applies to iceberg_only too: with nothing in Iceberg there is nothing to serve.
+- An Iceberg error under ``iceberg`` falls back to Postgres and logs
+  ``[read-router] <reader> ds=<id> iceberg read failed → PG fallback: <error>``;
+  under ``iceberg_only`` it is raised (no fallback).
+
+Every decision is logged with its reason (``reason=iceberg@eventual``, ``reason=pg@no-snapshot``, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from typing import Callable, TypeVar
+
+import psycopg
+
+from ..errors import NotFound
+from ..flags.registry import READ, STRICT
+from ..flags.resolver import FlagResolver, Resolution
+from ..ids import parse_uuid
+
+log = logging.getLogger("lakehouse_dagster.read_router")
+
+T = TypeVar("T")
+
+PG, ICEBERG = "pg", "iceberg"
+
+
+@dataclasses.dataclass(frozen=True)
+class Freshness:
+    rows_version: int  # datasets.rows_version: the current Postgres version of the rows
+    snapshot_id: int | None  # latest succeeded sync's snapshot
+    source_version: int | None  # the PG version that snapshot covers
+
+    @property
+    def has_snapshot(self) -> bool:
+        return self.snapshot_id is not None
+
+    @property
+    def caught_up(self) -> bool:
+        return self.has_snapshot and self.source_version is not None and self.source_version >= self.rows_version
+
+
+_FRESHNESS = """
+select d.rows_version, s.snapshot_id, s.source_version
+  from datasets d
+  left join lateral (
+        select l.snapshot_id, l.source_version
+          from iceberg_sync_log l
+         where l.dataset_id = d.id and l.status = 'succeeded' and l.snapshot_id is not null
+         order by l.finished_at desc nulls last, l.id desc
+         limit 1) s on true
+ where d.id = %s
+"""
+
+
+def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID) -> Freshness:
+    row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"dataset {dataset_id} does not exist (check the id)")
+    return Freshness(*row)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadDecision:
+    reader: str
+    dataset_id: uuid.UUID
+    flag: Resolution
+    source: str  # "pg" | "iceberg"
+    reason: str  # e.g. iceberg@eventual, pg@no-snapshot, pg@lagging, pg@off, pg@shadow, pg@fallback
+    snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
+    freshness: Freshness | None = None
+
+    @property
+    def mode(self) -> str:
+        return self.flag.mode
+
+    @property
+    def fallback_allowed(self) -> bool:
+        return self.flag.mode == "iceberg"
+
+    def log_line(self) -> str:
+        snap = f" snapshot={self.snapshot_id}" if self.source == ICEBERG else ""
+        return (
+            f"[read-router] {self.reader} ds={self.dataset_id} mode={self.flag.describe()} "
+            f"→ {self.source} reason={self.reason}{snap}"
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "reader": self.reader,
+            "dataset_id": str(self.dataset_id),
+            "mode": self.flag.mode,
+            "mode_reason": self.flag.reason,
+            "source": self.source,
+            "reason": self.reason,
+            "snapshot_id": self.snapshot_id,
+        }
+
+
+def decide(reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None) -> ReadDecision:
+    """Pure: the mode and the freshness facts give the source and its reason."""
+    if flag.mode in ("off", "shadow"):
+        return ReadDecision(reader, dataset_id, flag, PG, f"pg@{flag.mode}", None, fresh)
+    assert fresh is not None
+    if not fresh.has_snapshot:
+        return ReadDecision(reader, dataset_id, flag, PG, "pg@no-snapshot", None, fresh)
+    if flag.consistency == STRICT:
+        if not fresh.caught_up:
+            return ReadDecision(reader, dataset_id, flag, PG, "pg@lagging", None, fresh)
+        return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@strict", fresh.snapshot_id, fresh)
+    return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@eventual", fresh.snapshot_id, fresh)
+
+
+@dataclasses.dataclass
+class ReadResult:
+    decision: ReadDecision  # after a fallback: source pg, reason pg@fallback
+    value: object
+    fallback_error: str | None = None
+
+
+class ReadSource:
+    """A routing decision, ready to run a Postgres executor or an Iceberg executor."""
+
+    def __init__(self, decision: ReadDecision, logger: logging.Logger | logging.LoggerAdapter | None = None):
+        self.decision = decision
+        self._log = logger or log
+
+    def run(
+        self,
+        *,
+        postgres: Callable[[ReadDecision], T],
+        iceberg: Callable[[ReadDecision], T],
+    ) -> ReadResult:
+        d = self.decision
+        if d.source == PG:
+            return ReadResult(d, postgres(d))
+        try:
+            return ReadResult(d, iceberg(d))
+        except Exception as exc:
+            error = _one_line(exc)
+            if not d.fallback_allowed:
+                self._log.error(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed (iceberg_only, no fallback): {error}")
+                raise
+            self._log.warning(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed → PG fallback: {error}")
+            fallback = dataclasses.replace(d, source=PG, reason="pg@fallback", snapshot_id=None)
+            return ReadResult(fallback, postgres(fallback), error)
+
+
+def resolve_read_source(
+    conn: psycopg.Connection,
+    flags: FlagResolver,
+    reader: str,
+    dataset_id: uuid.UUID | str,
+    *,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> ReadSource:
+    """Resolve the reader's mode (cached, clamped), apply the freshness gate, log the decision."""
+    dataset_id = parse_uuid(dataset_id, "dataset id")
+    flag = flags.resolve(READ, reader, dataset_id)
+    fresh = freshness(conn, dataset_id)  # also refuses a dataset that does not exist, whatever the mode
+    decision = decide(reader, dataset_id, flag, fresh)
+    (logger or log).info(decision.log_line())
+    return ReadSource(decision, logger)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

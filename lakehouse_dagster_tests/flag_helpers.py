@@ -1,0 +1,36 @@
+"""Helpers shared by the flag and router tests: the real CLI in a subprocess, table snapshots."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def cli(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `lakehouse ...` as users do: a separate process seeing the test's environment."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"lakehouse {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+    return proc
+
+
+def cli_json(*args: str):
+    return json.loads(cli(*args, "--json", check=True).stdout)
+
+
+def flag_tables(conn) -> tuple[list, list]:
+    """Everything in the override and audit tables, for "nothing was written" assertions."""
+    overrides = conn.execute(
+        "select kind, name, scope, scope_id, mode, note, set_by, set_at from lakehouse_flag_overrides"
+        " order by kind, name, scope, scope_id"
+    ).fetchall()
+    audit = conn.execute("select * from lakehouse_flag_audit order by id").fetchall()
+    return overrides, audit
