@@ -2,8 +2,8 @@
 
 The launchpad config is typed; its values go through the same core functions as
 `lakehouse flags|write-flags set|clear`, so a refusal reads the same and writes nothing.
+(No ``from __future__ import annotations`` here: Dagster reads the Config annotations at runtime.)
 """
-
 
 from enum import Enum
 from typing import Optional
@@ -34,21 +34,27 @@ class FlagStateConfig(dg.Config):
     )
 
 
+_KIND = Field(default=FlagKind.read, description="read (lakehouse flags) or write (lakehouse write-flags)")
+_DATASET = Field(default=None, description="dataset uuid (most specific scope); leave both scopes empty for global")
+_WORKSPACE = Field(default=None, description="workspace uuid; not together with dataset_id")
+_NOTE = Field(default=None, description="why (kept with the override and in the audit)")
+
+
 class SetFlagConfig(dg.Config):
-    kind: FlagKind = FlagKind.read
-    name: str
-    mode: str
-    dataset_id: Optional[str] = None
-    workspace_id: Optional[str] = None
-    note: Optional[str] = None
+    kind: FlagKind = _KIND
+    name: str = Field(description=_NAMES_HELP)
+    mode: str = Field(description=_MODES_HELP)
+    dataset_id: Optional[str] = _DATASET
+    workspace_id: Optional[str] = _WORKSPACE
+    note: Optional[str] = _NOTE
 
 
 class ClearFlagConfig(dg.Config):
-    kind: FlagKind = FlagKind.read
-    name: str
-    dataset_id: Optional[str] = None
-    workspace_id: Optional[str] = None
-    note: Optional[str] = None
+    kind: FlagKind = _KIND
+    name: str = Field(description=_NAMES_HELP)
+    dataset_id: Optional[str] = _DATASET
+    workspace_id: Optional[str] = _WORKSPACE
+    note: Optional[str] = _NOTE
 
 
 def _refuse(exc: LakehouseError) -> dg.Failure:
