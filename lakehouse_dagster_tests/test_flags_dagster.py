@@ -33,7 +33,7 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
     set_override(conn, "read", "export.stream", "iceberg", workspace=world["ws"], actor="t")
     set_override(conn, "write", "sync.full", "iceberg_native", dataset=world["d"], note="fase4 canary", actor="t")
     result = _run(flag_state_job, dsn, {"dataset_id": str(world["d"])})
-    state = {(s["kind"], s["name"]): (s["mode"], s["reason"]) for s in result.output_for_node("flag_state")}
+    state = {(s["kind"], s["name"]): (s["mode"], s["reason"]) for s in result.output_for_node("flag_state_op")}
     assert state[("read", "export.stream")] == ("iceberg", "workspace override")
     assert state[("write", "sync.full")] == ("iceberg_native", "dataset override")
     assert state[("read", "graph.kuzu")] == ("off", "registry default")
@@ -44,7 +44,7 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
     assert "fase4 canary" in meta["overrides"].value
 
     glob = _run(flag_state_job, dsn, {})  # no dataset: the global view
-    assert {s["reason"] for s in glob.output_for_node("flag_state")} == {"registry default"}
+    assert {s["reason"] for s in glob.output_for_node("flag_state_op")} == {"registry default"}
 
 
 def test_set_and_clear_jobs_write_override_and_audit(conn, dsn, settings, world):
@@ -97,6 +97,7 @@ def test_code_location_loads_the_flag_jobs(conn, dsn, settings, world):
     from lakehouse_dagster.definitions import defs
 
     loaded = defs()
+    dg.Definitions.validate_loadable(loaded)  # what the webserver does: names unique across the repository
     for name in ("flag_state", "set_flag", "clear_flag"):
         assert loaded.resolve_job_def(name).name == name
     result = loaded.resolve_job_def("set_flag").execute_in_process(

@@ -67,7 +67,7 @@ def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
 
 
 @dg.op(description="The effective mode of every reader and writer for a dataset, and every runtime override.")
-def flag_state(context: dg.OpExecutionContext, config: FlagStateConfig, lakehouse: LakehouseResource) -> list[dict]:
+def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakehouse: LakehouseResource) -> list[dict]:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
         try:
@@ -147,7 +147,7 @@ def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakeh
     tags={"lakehouse/area": "flags"},
 )
 def flag_state_job():
-    flag_state()
+    flag_state_op()
 
 
 @dg.job(
