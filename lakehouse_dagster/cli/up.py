@@ -1,0 +1,413 @@
+"""`lakehouse up`: everything on one machine — Postgres, schema, demo data, Dagster webserver + daemon.
+
+Steps, in order (bad input is refused before the first one, so a refusal writes nothing):
+
+1. Postgres: ``LAKEHOUSE_PG_DSN`` if set, else the embedded server under ``$LAKEHOUSE_HOME/pg``
+   (started here unless it already runs).
+2. ``migrate`` (idempotent), then the demo workspace (idempotent; ``--no-demo`` skips it).
+3. Dagster's own storage: ``DAGSTER_PG_URL`` (or ``LAKEHOUSE_DAGSTER_PG_DSN``) if set, else a database
+   ``dagster`` on the same server (created if missing).
+4. ``DAGSTER_HOME=$LAKEHOUSE_HOME/dagster`` with the project's ``dagster.yaml`` copied in.
+5. ``dagster dev -h HOST -p PORT -w workspace.yaml`` as one supervised child in its own session.
+
+Why ``dagster dev`` rather than ``dagster-webserver`` + ``dagster-daemon run`` side by side: it runs exactly
+those two processes, but behind one shared code server, so the code location (pyiceberg, pyarrow, ...) is
+loaded once instead of twice — it matters on a 2-core machine — and it already shuts both down cleanly
+through its IPC pipes and stops when either dies. We supervise it from the outside: one SIGINT for a clean
+shutdown, SIGKILL to its process group when that takes too long or a second Ctrl-C arrives, the process
+group is swept afterwards (run workers), and Postgres is stopped last if this command started it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from ..errors import BadInput, LakehouseError
+from .common import Result, add_command
+from .demo import positive_int
+from .dsn import conninfo_to_url, dagster_url, display_dsn
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DAGSTER_DB = "dagster"
+# The environment variable dagster.yaml reads its storage URL from.
+DAGSTER_URL_ENV = "DAGSTER_PG_URL"
+CLEAN_SHUTDOWN_SECONDS = 60
+
+
+def register(sub) -> None:
+    p = add_command(
+        sub, "up", _up,
+        help="start everything: Postgres (embedded unless LAKEHOUSE_PG_DSN), schema, demo, Dagster webserver + daemon",
+        description=(
+            "Start the whole stack in the foreground; Ctrl-C stops Dagster and (if started here) the embedded Postgres. "
+            "Data lives under $LAKEHOUSE_HOME (default ./.lakehouse): pg/, dagster/, warehouse/."
+        ),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="loopback address for the Dagster UI (default 127.0.0.1)")
+    p.add_argument("--port", type=port_number, default=3000, help="port of the Dagster UI (default 3000)")
+    p.add_argument("--no-demo", action="store_true", help="do not seed the demo workspace")
+    p.add_argument(
+        "--demo-rows", type=positive_int, default=1_000_000, metavar="N",
+        help="rows of the big demo dataset when it is first seeded (default 1000000)",
+    )
+
+
+def port_number(raw: str) -> int:
+    import argparse
+
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (1-65535)")
+    return value
+
+
+def loopback_host(host: str) -> str:
+    """The UI has no authentication: only loopback addresses are accepted."""
+    if host == "localhost":
+        return host
+    try:
+        ok = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadInput(
+            f"--host {host!r} is not a loopback address; the Dagster UI has no authentication, so it listens on "
+            "127.0.0.1 / ::1 only (reach it from elsewhere through an SSH tunnel or an authenticating proxy)"
+        )
+    return host
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "in use"
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {host}:{port} ({exc.strerror}); pick another with --port") from None
+
+
+def _connect(dsn: str) -> psycopg.Connection:
+    from ..store.db import connect
+
+    try:
+        return connect(dsn, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise LakehouseError(f"cannot connect to Postgres at {display_dsn(dsn)}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def ensure_dagster_database(conn: psycopg.Connection, dsn: str) -> str:
+    """A database ``dagster`` on the server ``conn`` talks to (created if missing); its URL."""
+    exists = conn.execute("select 1 from pg_database where datname = %s", (DAGSTER_DB,)).fetchone()
+    if not exists:
+        try:
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(DAGSTER_DB)))
+        except psycopg.errors.DuplicateDatabase:  # created concurrently: fine
+            pass
+        except psycopg.Error as exc:
+            raise LakehouseError(
+                f"cannot create the database {DAGSTER_DB!r} for Dagster's storage on {display_dsn(dsn)} "
+                f"({_first_line(exc)}); set {DAGSTER_URL_ENV} to a Postgres database Dagster may use"
+            ) from None
+    return dagster_url(dsn, DAGSTER_DB)
+
+
+def dagster_storage_url(conn: psycopg.Connection, dsn: str) -> tuple[str, str]:
+    """(url, where it came from) for dagster.yaml's storage."""
+    for name in (DAGSTER_URL_ENV, "LAKEHOUSE_DAGSTER_PG_DSN"):
+        given = os.environ.get(name)
+        if given:
+            _connect(conninfo_to_url(given, what=name)).close()  # fail now, in one line, not in three processes
+            return dagster_url(given, what=name), name
+    return ensure_dagster_database(conn, dsn), f"database {DAGSTER_DB!r} on the same server"
+
+
+def project_file(name: str) -> Path:
+    path = PROJECT_ROOT / name
+    if not path.is_file():
+        raise LakehouseError(
+            f"{name} not found at {path}; lakehouse up runs from a source checkout (use scripts/start there)"
+        )
+    return path
+
+
+def prepare_dagster_home(home: Path) -> Path:
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(project_file("dagster.yaml"), dagster_home / "dagster.yaml")
+    return dagster_home
+
+
+def _say(msg: str) -> None:
+    print(f"lakehouse up: {msg}", file=sys.stderr, flush=True)
+
+
+def _up(ctx, args) -> Result:
+    # -- refusals first: nothing is written or started before these pass
+    host = loopback_host(args.host)
+    settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
+    workspace_file = project_file("workspace.yaml")
+    project_file("dagster.yaml")
+    check_port_free(host, args.port)
+    for name in (DAGSTER_URL_ENV, "LAKEHOUSE_DAGSTER_PG_DSN"):
+        if os.environ.get(name):
+            conninfo_to_url(os.environ[name], what=name)
+
+    home = settings.home
+    pgdata = home / "pg"
+    started_pg = False
+    embedded = not settings.pg_dsn
+    t_start = time.perf_counter()
+    try:
+        if embedded:
+            from ..store.embedded import start_embedded
+            from .pg import embedded_info
+
+            started_pg = embedded_info(pgdata) is None
+            home.mkdir(parents=True, exist_ok=True)
+            try:
+                dsn = start_embedded(pgdata)
+            except Exception as exc:
+                raise LakehouseError(
+                    f"could not start the embedded Postgres in {pgdata}: {_first_line(exc)} (see {pgdata / 'log'})"
+                ) from None
+            _say(f"embedded Postgres {'started' if started_pg else 'already running'}: {display_dsn(dsn)}")
+        else:
+            dsn = settings.pg_dsn
+            _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
+
+        from ..demo import seed_demo
+        from ..store.migrations import migrate
+
+        with _connect(dsn) as conn:
+            applied = migrate(conn)
+            _say(f"migrations applied: {', '.join(applied)}" if applied else "schema up to date")
+            demo = None
+            if not args.no_demo:
+                _say("seeding the demo workspace (once; the big dataset is generated inside Postgres)...")
+                demo = seed_demo(conn, big_rows=args.demo_rows)
+                if demo["created"]:
+                    big = max(d["rows"] or 0 for d in demo["datasets"])
+                    _say(f"demo workspace seeded in {demo['seconds']:.1f} s ({len(demo['datasets'])} datasets, "
+                         f"largest {big:,} rows)")
+                else:
+                    _say("demo workspace already present")
+            dagster_url, dagster_url_source = dagster_storage_url(conn, dsn)
+        _say(f"Dagster storage: {display_dsn(dagster_url)} ({dagster_url_source})")
+
+        dagster_home = prepare_dagster_home(home)
+        if settings.warehouse.startswith("file://"):
+            Path(urllib.parse.urlparse(settings.warehouse).path).mkdir(parents=True, exist_ok=True)
+
+        env = dict(os.environ)
+        # `dagster dev` is marked superseded by `dg dev` (a separate package); the warning is noise here.
+        env["PYTHONWARNINGS"] = ",".join(
+            w for w in (env.get("PYTHONWARNINGS"), "ignore:Function `dev_command` is superseded") if w
+        )
+        env.update({
+            "LAKEHOUSE_HOME": str(home),
+            "LAKEHOUSE_PG_DSN": dsn,
+            DAGSTER_URL_ENV: dagster_url,
+            "DAGSTER_HOME": str(dagster_home),
+        })
+        url_host = f"[{host}]" if ":" in host else host
+        url = f"http://{url_host}:{args.port}"
+        cmd = [
+            sys.executable, "-m", "dagster", "dev",
+            "-h", host, "-p", str(args.port), "-w", str(workspace_file),
+        ]
+        ready_info = {
+            "event": "ready",
+            "url": url,
+            "lakehouse_home": str(home),
+            "dagster_home": str(dagster_home),
+            "database": display_dsn(dsn),
+            "embedded_postgres": embedded,
+            "dagster_storage": display_dsn(dagster_url),
+            "migrations_applied": applied,
+            "demo": demo,
+        }
+        _say(f"starting Dagster webserver + daemon on {url} (DAGSTER_HOME={dagster_home})")
+        outcome = supervise(cmd, env=env, cwd=dagster_home, ready_url=url, ready_info=ready_info,
+                            as_json=args.json, t_start=t_start)
+    finally:
+        if started_pg:
+            stop_postgres(pgdata)
+    if outcome["requested_stop"]:
+        data = {"event": "stopped", **outcome}
+        if args.json:
+            # `up --json` speaks JSON lines (ready, then stopped): print this one compactly too, as text.
+            args.json = False
+            return Result(data, json.dumps(data))
+        return Result(data, "lakehouse up: stopped")
+    raise LakehouseError(
+        f"Dagster exited unexpectedly with code {outcome['dagster_exit_code']} (its log is above); everything stopped"
+    )
+
+
+def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:
+    """Stop the embedded server of ``pgdata``: ``pg_ctl stop`` (as its system user), else SIGINT to the
+    postmaster (Postgres' own "fast shutdown"), which also works when pg_ctl cannot reach the directory
+    (e.g. a parent directory lost its o+x). True if a running server was stopped."""
+    from ..store.embedded import stop_embedded
+    from .pg import embedded_info
+
+    say = (lambda msg: None) if quiet else _say
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave it half-stopped
+    try:
+        try:
+            if stop_embedded(pgdata):
+                say("embedded Postgres stopped")
+                return True
+        except Exception as exc:
+            say(f"pg_ctl stop failed ({_first_line(exc)}); sending the postmaster a fast-shutdown signal")
+        info = embedded_info(pgdata)
+        if info is None:
+            return False
+        try:
+            os.kill(info.pid, signal.SIGINT)
+            info.process.wait(60)
+            say("embedded Postgres stopped")
+            return True
+        except Exception as exc:
+            say(f"could not stop the embedded Postgres in {pgdata}: {_first_line(exc)} (try: lakehouse pg stop)")
+            return False
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _child_setup() -> None:
+    """In the child, before exec: default signal dispositions, and SIGINT when `lakehouse up` dies.
+
+    A process started in the background by a shell inherits SIGINT as *ignored*, and Python then never raises
+    KeyboardInterrupt: dagster dev would not hear our stop request. Resetting to the default fixes that.
+    PR_SET_PDEATHSIG makes the kernel send SIGINT if `lakehouse up` dies (even by SIGKILL), so Dagster
+    never outlives it.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+
+
+def _load_libc():
+    # Loaded in the parent: nothing should be imported between fork and exec.
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not Linux/glibc: the signal handlers in supervise() still cover Ctrl-C and SIGTERM
+        return None
+
+
+_LIBC = _load_libc() if sys.platform.startswith("linux") else None
+
+
+def _is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/server_info", timeout=2) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def supervise(cmd: list[str], *, env: dict, cwd: Path, ready_url: str, ready_info: dict[str, Any],
+              as_json: bool, t_start: float) -> dict[str, Any]:
+    """Run ``cmd`` in its own session until it exits or we are asked to stop; sweep its process group."""
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, start_new_session=True, preexec_fn=_child_setup,
+        stdout=sys.stderr if as_json else None,  # with --json, stdout carries only our JSON
+    )
+    pgid = proc.pid
+    ready_info = {**ready_info, "dagster_pid": proc.pid}
+    state = {"signals": 0, "first_signal_at": None}
+
+    def on_signal(signum, frame):
+        state["signals"] += 1
+        if state["signals"] == 1:
+            state["first_signal_at"] = time.monotonic()
+            _say(f"{signal.Signals(signum).name}: stopping Dagster (Ctrl-C again to kill it at once)...")
+            try:
+                proc.send_signal(signal.SIGINT)  # dagster dev's clean shutdown of webserver, daemon, code server
+            except ProcessLookupError:
+                pass
+        else:
+            _kill_group(pgid, signal.SIGKILL)
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, on_signal) for s in handled}
+    ready_at = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if ready_at is None and state["signals"] == 0 and _is_ready(ready_url):
+                ready_at = time.perf_counter()
+                seconds = round(ready_at - t_start, 1)
+                if as_json:
+                    print(json.dumps({**ready_info, "seconds_to_ready": seconds}, default=str), flush=True)
+                else:
+                    print(f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}  (Ctrl-C stops everything)",
+                          flush=True)
+            if state["first_signal_at"] is not None and time.monotonic() - state["first_signal_at"] > CLEAN_SHUTDOWN_SECONDS:
+                _say(f"Dagster did not stop within {CLEAN_SHUTDOWN_SECONDS} s; killing it")
+                _kill_group(pgid, signal.SIGKILL)
+                state["first_signal_at"] = float("inf")
+        # Whatever is left in Dagster's process group (run workers, a stuck code server) goes too.
+        if _group_alive(pgid):
+            _kill_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _kill_group(pgid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:  # an exception in this loop: never leave Dagster behind
+            _kill_group(pgid, signal.SIGKILL)
+            proc.wait()
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return {
+        "requested_stop": state["signals"] > 0,
+        "dagster_exit_code": proc.returncode,
+        "seconds_to_ready": None if ready_at is None else round(ready_at - t_start, 1),
+    }
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

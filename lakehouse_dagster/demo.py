@@ -1,0 +1,355 @@
+"""The demo workspace: datasets of several sizes and shapes, seeded into the app tables once.
+
+``seed_demo`` is idempotent: every demo object has a fixed id, and when the demo workspace already exists
+nothing is written. Seeding runs in one transaction, so an interrupted seed leaves nothing behind.
+
+What the demo covers (the mirror, parity and the runbook queries all have something real to chew on):
+
+* ``events`` — the big one (``big_rows``, default 1,000,000), generated inside Postgres with
+  ``generate_series``: every column type; nulls both as JSON ``null`` and as a missing key; unicode
+  (CJK, RTL, emoji, combining marks, quotes, backslashes, control characters, the empty string);
+  timestamps as ISO text with offsets (``Z``, ``+05:30``, ``-08:00``, ``+12:45``, ``-03:30``, pre-1970);
+  floats such as 0.1, 1e-300, 5e-324, 1.7976931348623157e308 and the strings "NaN"/"Infinity"/"-Infinity";
+  int64 extremes; nested json (objects, arrays, scalars, ``{}``, ``[]``).
+* ``customers`` (1,000 rows) and ``orders`` (20,000 rows) — inputs of the pipeline
+  ``customer_orders_rollup`` (``dataset`` nodes): the runbook's step 2b classifies them BLOCKED.
+* ``customer_rollup`` — that pipeline's output (an ``output`` node, not an input: SAFE).
+* ``edge_cases`` — a handful of hand-written rows, one edge per row, and column names with a space and
+  non-ASCII letters.
+* ``empty`` — a tabular dataset with no rows.
+* ``product_images`` — a ``manifest`` dataset (file pointers; the mirror skips it).
+* ``draft_pipeline`` — a pipeline whose ``dataset`` nodes carry malformed ids (the runbook's regex skips them).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from .errors import BadInput
+from .store import datasets as ds
+
+DEMO_NAMESPACE = uuid.UUID("6f1c5d0e-2b7a-4c1e-9a53-1a4e0de30000")
+DEMO_WORKSPACE_ID = uuid.uuid5(DEMO_NAMESPACE, "workspace")
+DEMO_WORKSPACE_NAME = "demo"
+_LOCK_KEY = 0x1A4E_0D30
+
+
+def demo_id(name: str) -> uuid.UUID:
+    """The fixed id of a demo dataset or pipeline (stable across machines and re-seeds)."""
+    return uuid.uuid5(DEMO_NAMESPACE, name)
+
+
+EVENTS_SCHEMA = [
+    {"name": "event_id", "type": "int64"},
+    {"name": "user_name", "type": "string"},
+    {"name": "amount", "type": "float64"},
+    {"name": "is_active", "type": "boolean"},
+    {"name": "occurred_at", "type": "timestamp"},
+    {"name": "event_date", "type": "date"},
+    {"name": "payload", "type": "json"},
+]
+CUSTOMERS_SCHEMA = [
+    {"name": "customer_id", "type": "int64"},
+    {"name": "name", "type": "string"},
+    {"name": "email", "type": "string"},
+    {"name": "country", "type": "string"},
+    {"name": "signup_date", "type": "date"},
+    {"name": "vip", "type": "boolean"},
+    {"name": "lifetime_value", "type": "float64"},
+]
+ORDERS_SCHEMA = [
+    {"name": "order_id", "type": "int64"},
+    {"name": "customer_id", "type": "int64"},
+    {"name": "amount", "type": "float64"},
+    {"name": "status", "type": "string"},
+    {"name": "ordered_at", "type": "timestamp"},
+    {"name": "items", "type": "json"},
+]
+ROLLUP_SCHEMA = [
+    {"name": "country", "type": "string"},
+    {"name": "customers", "type": "int64"},
+    {"name": "revenue", "type": "float64"},
+    {"name": "computed_at", "type": "timestamp"},
+]
+EDGE_SCHEMA = [
+    {"name": "n", "type": "int64"},
+    {"name": "label ünïcode", "type": "string"},
+    {"name": "x", "type": "float64"},
+    {"name": "flag", "type": "boolean"},
+    {"name": "at", "type": "timestamp"},
+    {"name": "day", "type": "date"},
+    {"name": "doc", "type": "json"},
+]
+EMPTY_SCHEMA = [{"name": "id", "type": "int64"}, {"name": "note", "type": "string"}]
+MANIFEST_SCHEMA = [
+    {"name": "uri", "type": "string"},
+    {"name": "bytes", "type": "int64"},
+    {"name": "mime", "type": "string"},
+]
+
+CUSTOMERS_ROWS = 1_000
+ORDERS_ROWS = 20_000
+
+# One edge per row; a missing key and a JSON null are both nulls.
+EDGE_ROWS: list[dict[str, Any]] = [
+    {"n": 0, "label ünïcode": "plain", "x": 0.1, "flag": True, "at": "2024-01-01T00:00:00Z",
+     "day": "2024-01-01", "doc": {"a": 1}},
+    {"n": None, "label ünïcode": None, "x": None, "flag": None, "at": None, "day": None, "doc": None},
+    {},
+    {"n": 9223372036854775807, "label ünïcode": "日本語 🙂 שלום e\u0301", "x": 1e-300, "flag": False,
+     "at": "1969-12-31T23:59:59.999999-01:00", "day": "1969-12-31", "doc": [1, 2.5, None, "x", {"k": []}]},
+    {"n": -9223372036854775808, "label ünïcode": "", "x": "NaN", "at": "2024-02-29T12:30:00.5+05:30",
+     "day": "2024-02-29", "doc": {}},
+    {"n": 1, "label ünïcode": "quote \" backslash \\ tab \t newline \n end", "x": "Infinity",
+     "at": "2038-01-19T03:14:08-08:00", "day": "2038-01-19", "doc": []},
+    {"n": 2, "label ünïcode": "\u00a0nbsp and \u200bzero-width", "x": "-Infinity",
+     "at": "2000-02-29T23:59:59.000001+12:45", "day": "1900-01-01", "doc": "just a string"},
+    {"n": 3, "x": 5e-324, "at": "1970-01-01T00:00:00+00:00", "doc": 42},
+    {"n": 4, "x": 1.7976931348623157e308, "doc": {"deep": {"deeper": {"deepest": [{"ü": None}]}}}},
+    {"n": 5, "x": -0.0, "doc": True},
+    {"n": 6, "x": 123456789.123456789, "doc": {"z": 1, "a": 2, "m": [3, 2, 1]}},
+]
+
+MANIFEST_ROWS = [
+    {"uri": f"s3://demo-bucket/images/{i:04d}.jpg", "bytes": 10_000 + i * 37, "mime": "image/jpeg"}
+    for i in range(5)
+]
+
+# The big dataset, generated inside Postgres: one INSERT ... SELECT over generate_series.
+# Parameters: %(ds)s dataset id, %(n)s row count. Every value is computed from n, so a re-seed on another
+# machine gives the same data (row_id aside, which the table generates).
+_EVENTS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n,
+       timestamptz '2024-01-01 00:00:00+00' + g.n * interval '1 second',
+       case when g.n %% 53 = 0 then o.obj - 'user_name' - 'amount' - 'payload'   -- nulls as missing keys
+            else o.obj end
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+  cross join lateral (
+    select timestamptz '2023-06-01 00:00:00+00' + g.n * interval '37.000123 seconds'
+           - interval '20 days' * (g.n %% 1000 = 7)::int * 1000 as ts,          -- some before 1970
+           (array[0, 330, -480, 60, 765, -210])[1 + (g.n %% 6)::int] as off_min
+  ) t
+  cross join lateral (
+    select jsonb_build_object(
+      'event_id', case g.n %% 50 when 7 then null
+                                 when 11 then 9223372036854775807
+                                 when 12 then -9223372036854775808
+                                 else g.n * 1000003 - 500000000 end,
+      'user_name', case when g.n %% 40 = 5 then null
+                        when g.n %% 3 = 0 then (array['alice', 'Zoë', 'Łukasz', '日本語テキスト', 'שלום',
+                                                      'مرحبا', 'emoji 🙂🚀', E'e\\u0301 combining', '',
+                                                      E'quote " backslash \\\\ tab \\t newline \\n',
+                                                      'Ελληνικά', E'\\u00a0nbsp'])[1 + ((g.n / 3) %% 12)::int]
+                        else 'user_' || g.n end,
+      'amount', case g.n %% 20 when 0 then to_jsonb(0.1)
+                               when 1 then to_jsonb(1e-300::numeric)
+                               when 2 then to_jsonb('NaN'::text)
+                               when 3 then to_jsonb('Infinity'::text)
+                               when 4 then to_jsonb('-Infinity'::text)
+                               when 5 then null
+                               when 6 then to_jsonb(5e-324::numeric)
+                               when 7 then to_jsonb(1.7976931348623157e308::numeric)
+                               when 8 then to_jsonb(-2.5)
+                               when 9 then to_jsonb(0)
+                               else to_jsonb(g.n::float8 / 7) end,
+      'is_active', case when g.n %% 7 = 0 then null else g.n %% 2 = 0 end,
+      'occurred_at', case when g.n %% 31 = 0 then null
+                          when g.n %% 6 = 0 and g.n %% 4 = 0
+                               then to_char(t.ts at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || 'Z'
+                          else to_char((t.ts at time zone 'UTC') + make_interval(mins => t.off_min),
+                                       case when g.n %% 5 = 0 then 'YYYY-MM-DD"T"HH24:MI:SS'
+                                            else 'YYYY-MM-DD"T"HH24:MI:SS.US' end)
+                               || case when t.off_min < 0 then '-' else '+' end
+                               || to_char(abs(t.off_min) / 60, 'FM00') || ':'
+                               || to_char(abs(t.off_min) %% 60, 'FM00') end,
+      'event_date', case when g.n %% 29 = 0 then null
+                         when g.n %% 1000 = 1 then '1969-12-31'
+                         when g.n %% 1000 = 2 then '2024-02-29'
+                         else to_char(date '2024-01-01' + ((g.n %% 3000)::int - 1500), 'YYYY-MM-DD') end,
+      'payload', case g.n %% 9
+                   when 0 then null
+                   when 1 then jsonb_build_object(
+                                 'tags', jsonb_build_array('a', 'b', 'ü'),
+                                 'meta', jsonb_build_object('depth', jsonb_build_object(
+                                           'n', g.n, 'ok', true, 'none', null, 'ratio', g.n::float8 / 3)),
+                                 'label', 'naïve café')
+                   when 2 then jsonb_build_array(1, 2.5, 'x', null, jsonb_build_object('k', 'v'))
+                   when 3 then '{}'::jsonb
+                   when 4 then '[]'::jsonb
+                   when 5 then to_jsonb('plain string'::text)
+                   when 6 then to_jsonb(g.n)
+                   when 7 then 'true'::jsonb
+                   else jsonb_build_object('id', g.n, 'score', round(g.n / 3.0, 4)) end
+    ) as obj
+  ) o
+"""
+
+_CUSTOMERS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n, timestamptz '2023-01-01 00:00:00+00' + g.n * interval '1 hour',
+       jsonb_build_object(
+         'customer_id', g.n + 1,
+         'name', (array['Ada', 'Bjørn', 'Chloé', 'Dmitri', '美咲', 'Ömer', 'Zoë'])[1 + (g.n %% 7)::int]
+                 || ' #' || (g.n + 1),
+         'email', case when g.n %% 11 = 0 then null else 'customer' || (g.n + 1) || '@example.com' end,
+         'country', (array['FR', 'DE', 'JP', 'BR', 'US', 'IN', 'NG', 'NO'])[1 + (g.n %% 8)::int],
+         'signup_date', to_char(date '2020-01-01' + (g.n %% 1461)::int, 'YYYY-MM-DD'),
+         'vip', g.n %% 10 = 0,
+         'lifetime_value', round((g.n * 37 %% 10000) / 3.0, 2))
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+"""
+
+_ORDERS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n, timestamptz '2024-01-01 00:00:00+00' + g.n * interval '90 seconds',
+       jsonb_build_object(
+         'order_id', 100000 + g.n,
+         'customer_id', 1 + (g.n * 7919 %% %(customers)s),
+         'amount', round((5 + (g.n * 13 %% 50000) / 100.0), 2),
+         'status', (array['new', 'paid', 'shipped', 'refunded'])[1 + (g.n %% 4)::int],
+         'ordered_at', to_char(timestamp '2024-01-01 00:00:00' + g.n * interval '90 seconds',
+                               'YYYY-MM-DD"T"HH24:MI:SS') || '+01:00',
+         'items', jsonb_build_array(
+                    jsonb_build_object('sku', 'SKU-' || (g.n %% 97), 'qty', 1 + g.n %% 3),
+                    jsonb_build_object('sku', 'SKU-' || (g.n %% 89), 'qty', 1, 'gift', g.n %% 5 = 0)))
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+"""
+
+_ROLLUP_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, row_number() over (order by c.country) - 1, timestamptz '2024-03-01 00:00:00+00',
+       jsonb_build_object('country', c.country, 'customers', c.customers, 'revenue', c.revenue,
+                          'computed_at', '2024-03-01T00:00:00+00:00')
+  from (select r.data->>'country' as country, count(*) as customers,
+               round(sum((r.data->>'lifetime_value')::numeric), 2) as revenue
+          from dataset_rows r where r.dataset_id = %(src)s group by 1) c
+"""
+
+
+def _pipelines(customers: uuid.UUID, orders: uuid.UUID, rollup: uuid.UUID) -> list[tuple[str, dict]]:
+    return [
+        (
+            "customer_orders_rollup",
+            {
+                "nodes": [
+                    {"id": "in_customers", "type": "dataset", "data": {"datasetId": str(customers)}},
+                    {"id": "in_orders", "type": "dataset", "data": {"datasetId": str(orders)}},
+                    {"id": "join", "type": "sql", "data": {"sql": "select country, count(*) ... group by country"}},
+                    {"id": "out", "type": "output", "data": {"datasetId": str(rollup)}},
+                ],
+                "edges": [
+                    {"source": "in_customers", "target": "join"},
+                    {"source": "in_orders", "target": "join"},
+                    {"source": "join", "target": "out"},
+                ],
+            },
+        ),
+        (
+            "draft_pipeline",
+            {
+                "nodes": [
+                    {"id": "bad", "type": "dataset", "data": {"datasetId": "not-a-uuid"}},
+                    {"id": "unset", "type": "dataset", "data": {}},
+                ],
+                "edges": [],
+            },
+        ),
+    ]
+
+
+def _set_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
+    n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)).fetchone()[0]
+    conn.execute("update datasets set row_count = %s where id = %s", (n, dataset_id))
+    return n
+
+
+def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000) -> dict[str, Any]:
+    """Create the demo workspace once; a second call (or one racing it) writes nothing.
+
+    Returns a summary: ``created`` (False when the demo was already there), the workspace id, each dataset
+    (id, name, kind, rows) and the pipelines, and the seconds spent.
+    """
+    if isinstance(big_rows, bool) or not isinstance(big_rows, int) or big_rows < 1:
+        raise BadInput(f"demo rows must be a positive whole number, got {big_rows!r}")
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    created = False
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        exists = conn.execute("select 1 from workspaces where id = %s", (DEMO_WORKSPACE_ID,)).fetchone()
+        if not exists:
+            created = True
+            ds.create_workspace(conn, DEMO_WORKSPACE_NAME, DEMO_WORKSPACE_ID)
+
+            def make(name: str, schema: list[dict], kind: str = "tabular") -> uuid.UUID:
+                ds_id = ds.create_dataset(conn, DEMO_WORKSPACE_ID, name, schema, kind=kind, dataset_id=demo_id(name))
+                conn.execute(
+                    "update datasets set source = %s where id = %s", (Jsonb({"type": "demo", "seed": name}), ds_id)
+                )
+                return ds_id
+
+            def timed(label: str, sql: str, params: dict) -> None:
+                t0 = time.perf_counter()
+                conn.execute(sql, params)
+                timings[label] = round(time.perf_counter() - t0, 3)
+
+            events = make("events", EVENTS_SCHEMA)
+            timed("events", _EVENTS_SQL, {"ds": events, "n": big_rows})
+            conn.execute("update datasets set row_count = %s where id = %s", (big_rows, events))
+
+            customers = make("customers", CUSTOMERS_SCHEMA)
+            timed("customers", _CUSTOMERS_SQL, {"ds": customers, "n": CUSTOMERS_ROWS})
+            _set_row_count(conn, customers)
+
+            orders = make("orders", ORDERS_SCHEMA)
+            timed("orders", _ORDERS_SQL, {"ds": orders, "n": ORDERS_ROWS, "customers": CUSTOMERS_ROWS})
+            _set_row_count(conn, orders)
+
+            rollup = make("customer_rollup", ROLLUP_SCHEMA)
+            timed("customer_rollup", _ROLLUP_SQL, {"ds": rollup, "src": customers})
+            _set_row_count(conn, rollup)
+
+            edge = make("edge_cases", EDGE_SCHEMA)
+            ds.insert_rows(conn, edge, EDGE_ROWS, start_index=0)
+            _set_row_count(conn, edge)
+
+            make("empty", EMPTY_SCHEMA)
+
+            manifest = make("product_images", MANIFEST_SCHEMA, kind="manifest")
+            ds.insert_rows(conn, manifest, MANIFEST_ROWS, start_index=0)
+            _set_row_count(conn, manifest)
+
+            for name, spec in _pipelines(customers, orders, rollup):
+                conn.execute(
+                    "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
+                    (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
+                )
+    summary = demo_summary(conn)
+    summary["created"] = created
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    if timings:
+        summary["insert_seconds"] = timings
+    return summary
+
+
+def demo_summary(conn: psycopg.Connection) -> dict[str, Any]:
+    """What the demo workspace holds now (row counts from datasets.row_count)."""
+    rows = conn.execute(
+        "select id, name, kind, row_count from datasets where workspace_id = %s order by row_count desc nulls last, name",
+        (DEMO_WORKSPACE_ID,),
+    ).fetchall()
+    pipelines = conn.execute(
+        "select id, name from pipelines where workspace_id = %s order by name", (DEMO_WORKSPACE_ID,)
+    ).fetchall()
+    return {
+        "workspace_id": str(DEMO_WORKSPACE_ID),
+        "present": bool(rows),
+        "datasets": [{"id": str(r[0]), "name": r[1], "kind": r[2], "rows": r[3]} for r in rows],
+        "pipelines": [{"id": str(r[0]), "name": r[1]} for r in pipelines],
+    }

@@ -1,0 +1,424 @@
+"""The project as a user starts it: `lakehouse up` with a fresh LAKEHOUSE_HOME, a real embedded Postgres,
+the real Dagster webserver + daemon, driven through GraphQL; plus dagster.yaml loaded by Dagster on Postgres
+and the refusals of `lakehouse up`.
+
+The stack is started once for the module (the tests below run in file order against it) and every process
+it started is swept at the end, even on failure: the `lakehouse up` process group, every process whose
+DAGSTER_HOME is this test's, and the embedded Postgres.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+
+from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
+from lakehouse_dagster.cli.main import main
+from lakehouse_dagster.cli.pg import embedded_info
+from lakehouse_dagster.cli.up import stop_postgres
+from lakehouse_dagster.demo import demo_id
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_ROWS = 2_000
+LAKEHOUSE = [str(Path(sys.executable).with_name("lakehouse"))]
+if not Path(LAKEHOUSE[0]).exists():  # pragma: no cover - not installed as a console script
+    LAKEHOUSE = [sys.executable, "-m", "lakehouse_dagster.cli.main"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env(home: Path) -> dict[str, str]:
+    """The environment of a fresh machine: none of the project's or Dagster's variables, only LAKEHOUSE_HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_", "PG"))}
+    env["LAKEHOUSE_HOME"] = str(home)
+    return env
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dagster.yaml and workspace.yaml, as Dagster reads them
+
+
+def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypatch):
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus, RunsFilter
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
+    monkeypatch.setenv("DAGSTER_PG_URL", dagster_url(dsn))  # the URL `lakehouse up` exports
+    with dg.DagsterInstance.from_config(str(home)) as inst:
+        assert type(inst.run_storage).__name__ == "PostgresRunStorage"
+        assert type(inst.event_log_storage).__name__ == "PostgresEventLogStorage"
+        assert type(inst.schedule_storage).__name__ == "PostgresScheduleStorage"
+        assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert inst.telemetry_enabled is False
+        assert inst.run_monitoring_enabled and inst.run_monitoring_settings["free_slots_after_run_end_seconds"] > 0
+        limits = inst.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert {"key": "dagster/partition", "limit": 1, "value": {"applyLimitPerUniqueValue": True}} in limits
+
+        # runs round-trip through Postgres, and the queue's own limit logic blocks a second run of a partition
+        def run(partition: str, status: DagsterRunStatus = DagsterRunStatus.NOT_STARTED) -> DagsterRun:
+            return DagsterRun(job_name="mirror_job", run_id=str(uuid.uuid4()), status=status,
+                              tags={"dagster/partition": partition})
+
+        inst.add_run(run("ds-a", DagsterRunStatus.STARTED))
+        in_progress = inst.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
+        assert [r.tags["dagster/partition"] for r in in_progress] == ["ds-a"]
+        counter = TagConcurrencyLimitsCounter(limits, list(in_progress))
+        assert counter.is_blocked(run("ds-a"))
+        assert not counter.is_blocked(run("ds-b"))
+
+        # events and dynamic partitions write through the event log (each store also sends a NOTIFY)
+        inst.report_runless_asset_event(dg.AssetMaterialization(dg.AssetKey(["iceberg", "probe"])))
+        assert inst.get_latest_materialization_event(dg.AssetKey(["iceberg", "probe"])) is not None
+        inst.add_dynamic_partitions("datasets", ["ds-a", "ds-b"])
+        assert sorted(inst.get_dynamic_partitions("datasets")) == ["ds-a", "ds-b"]
+    with psycopg.connect(dsn) as c:  # the tables are in the project's Postgres, not in a local SQLite file
+        assert c.execute("select count(*) from runs").fetchone()[0] == 1
+    assert not list(home.glob("**/*.db"))
+
+    workspace = (ROOT / "workspace.yaml").read_text()
+    assert "module_name: lakehouse_dagster.definitions" in workspace
+
+
+def test_conninfo_to_url_keeps_every_part_and_masks_passwords():
+    from psycopg.conninfo import conninfo_to_dict
+
+    socket_dsn = "postgresql://postgres:@/postgres?host=/tmp/some%20dir/pg"
+    url = conninfo_to_url(socket_dsn, "dagster")
+    assert conninfo_to_dict(url) == {"user": "postgres", "dbname": "dagster", "host": "/tmp/some dir/pg"}
+    kv = "host=db.internal port=6543 user=app password='p@ss w:rd/' dbname=prod sslmode=require"
+    url = conninfo_to_url(kv)
+    assert conninfo_to_dict(url) == conninfo_to_dict(kv)
+    assert dagster_url(kv).startswith("postgresql+psycopg2://app:")
+    assert conninfo_to_dict(conninfo_to_url(dagster_url(kv))) == conninfo_to_dict(kv)  # a driver suffix is accepted
+    assert "p@ss" not in display_dsn(kv) and display_dsn(kv).startswith("postgresql://app:***@db.internal:6543/prod")
+    with pytest.raises(Exception, match="not a valid Postgres DSN") as exc:
+        conninfo_to_url("host=x password=se cret", what="DAGSTER_PG_URL")
+    assert "cret" not in str(exc.value)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `lakehouse up` refuses bad input in one line and writes nothing
+
+
+def _up_refusal(capsys, monkeypatch, home: Path, *argv: str, env: dict | None = None) -> str:
+    monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+    for k in ("LAKEHOUSE_PG_DSN", "DAGSTER_PG_URL", "LAKEHOUSE_DAGSTER_PG_DSN"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in (env or {}).items():
+        monkeypatch.setenv(k, v)
+    try:
+        code = main(["up", *argv])
+    except SystemExit as exc:  # argparse refusals
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1, err
+    assert not home.exists(), "a refusal must not write anything"
+    return err
+
+
+def test_up_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    home = tmp_path / "home"
+    assert "not a loopback address" in _up_refusal(capsys, monkeypatch, home, "--host", "0.0.0.0")
+    assert "--port" in _up_refusal(capsys, monkeypatch, home, "--port", "70000")
+    assert "--demo-rows" in _up_refusal(capsys, monkeypatch, home, "--demo-rows", "0")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert "cannot listen on 127.0.0.1" in _up_refusal(capsys, monkeypatch, home, "--port", str(port))
+    err = _up_refusal(capsys, monkeypatch, home, "--port", str(_free_port()),
+                      env={"DAGSTER_PG_URL": "host=x password=se cret"})
+    assert "DAGSTER_PG_URL is not a valid Postgres DSN" in err and "cret" not in err
+    # an unreachable external Postgres: refused in one line, password never shown, nothing written
+    proc = subprocess.run(
+        [*LAKEHOUSE, "up", "--port", str(_free_port())],
+        env={**_clean_env(home), "LAKEHOUSE_PG_DSN": "postgresql://app:s3cr3t@127.0.0.1:1/appdb"},
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("lakehouse up: error: cannot connect to Postgres at postgresql://app:***@127.0.0.1:1/appdb")
+    assert "s3cr3t" not in proc.stdout + proc.stderr
+    assert not home.exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the real thing
+
+
+class Stack:
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.home = tmp / "home"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stdout_path = tmp / "up.stdout.jsonl"
+        self.stderr_path = tmp / "up.stderr.log"
+        self.ready: dict | None = None
+        with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
+            self.proc = subprocess.Popen(
+                [*LAKEHOUSE, "up", "--json", "--port", str(self.port), "--demo-rows", str(DEMO_ROWS)],
+                env=_clean_env(self.home), cwd=tmp, stdout=out, stderr=err, start_new_session=True,
+            )
+
+    def log_tail(self, n: int = 40) -> str:
+        lines = self.stderr_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines[-n:])
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.stdout_path.read_text().splitlines():
+            if line.startswith("{") and line.endswith("}"):
+                out.append(json.loads(line))
+        return out
+
+    def wait_ready(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready = [e for e in self.events() if e.get("event") == "ready"]
+            if ready:
+                self.ready = ready[0]
+                return self.ready
+            if self.proc.poll() is not None:
+                pytest.fail(f"lakehouse up exited with {self.proc.returncode} before ready:\n{self.log_tail()}")
+            time.sleep(0.5)
+        pytest.fail(f"lakehouse up not ready within {timeout} s:\n{self.log_tail()}")
+
+    def gql(self, query: str, variables: dict | None = None) -> dict:
+        req = urllib.request.Request(
+            self.url + "/graphql",
+            data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                body = json.load(resp)
+        except urllib.error.HTTPError as exc:  # GraphQL errors come back as HTTP 4xx/5xx with a JSON body
+            pytest.fail(f"GraphQL HTTP {exc.code}: {exc.read().decode(errors='replace')[:2000]}")
+        assert not body.get("errors"), body["errors"]
+        return body["data"]
+
+    def dsn(self, db: str = "postgres") -> str:
+        info = embedded_info(self.home / "pg")
+        assert info is not None, "the embedded Postgres is not running"
+        return info.get_uri(database=db)
+
+    def own_processes(self) -> list[psutil.Process]:
+        """Every live process this stack started: `lakehouse up`'s group and anything with our DAGSTER_HOME."""
+        dagster_home = str(self.home / "dagster")
+        found = []
+        for p in psutil.process_iter(["pid"]):
+            try:
+                if p.pid == os.getpid():
+                    continue
+                if os.getpgid(p.pid) == self.proc.pid or p.environ().get("DAGSTER_HOME") == dagster_home:
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        found.append(p)
+            except (psutil.Error, ProcessLookupError, PermissionError):
+                continue
+        return found
+
+    def sweep(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(90)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        for p in self.own_processes():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        stop_postgres(self.home / "pg", quiet=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack():
+    # Not under pytest's tmp_path: a concurrent pytest session re-chmods /tmp/pytest-of-<user> to 0700, and the
+    # embedded server runs as the `pgserver` user, which must be able to reach its data directory.
+    s = Stack(Path(tempfile.mkdtemp(prefix="lh-e2e-")))
+    try:
+        s.wait_ready(timeout=300)
+        yield s
+    finally:
+        s.sweep()
+
+
+WORKSPACE_Q = """
+{ workspaceOrError { __typename
+    ... on Workspace { locationEntries { name loadStatus
+        locationOrLoadError { __typename
+          ... on PythonError { message }
+          ... on RepositoryLocation { name repositories { name jobs { name } sensors { name sensorState { status } } } } } } }
+    ... on PythonError { message } } }
+"""
+DAEMONS_Q = """
+{ instance { daemonHealth { allDaemonStatuses { daemonType required healthy lastHeartbeatErrors { message } } } } }
+"""
+
+
+def _wait(what: str, probe, timeout: float, stack: Stack, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        ok, last = probe()
+        if ok:
+            return last
+        assert stack.proc.poll() is None, f"lakehouse up died while waiting for {what}:\n{stack.log_tail()}"
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}; last seen: {last}\n{stack.log_tail()}")
+
+
+def _location(stack: Stack) -> dict:
+    def probe():
+        ws = stack.gql(WORKSPACE_Q)["workspaceOrError"]
+        assert ws["__typename"] == "Workspace", ws
+        entries = ws["locationEntries"]
+        return bool(entries) and all(e["loadStatus"] == "LOADED" for e in entries), entries
+
+    entries = _wait("the code location to load", probe, 240, stack)
+    assert len(entries) == 1 and entries[0]["name"] == "lakehouse_dagster"
+    loc = entries[0]["locationOrLoadError"]
+    assert loc["__typename"] == "RepositoryLocation", f"code location failed to load: {loc.get('message')}"
+    return loc
+
+
+def test_up_serves_the_ui_with_the_code_location_and_a_healthy_daemon(stack):
+    ready = stack.ready
+    assert ready["url"] == stack.url and ready["embedded_postgres"] is True
+    assert ready["lakehouse_home"] == str(stack.home)
+    assert ready["demo"]["created"] is True
+    assert {d["name"]: d["rows"] for d in ready["demo"]["datasets"]}["events"] == DEMO_ROWS
+    assert (stack.home / "pg" / "PG_VERSION").exists()
+    assert (stack.home / "dagster" / "dagster.yaml").read_text() == (ROOT / "dagster.yaml").read_text()
+    with urllib.request.urlopen(stack.url + "/server_info", timeout=10) as resp:
+        assert resp.status == 200 and "dagster_webserver_version" in json.load(resp)
+
+    loc = _location(stack)
+    assert loc["repositories"], "the code location has no repository"
+
+    def daemons():
+        statuses = stack.gql(DAEMONS_Q)["instance"]["daemonHealth"]["allDaemonStatuses"]
+        required = [d for d in statuses if d["required"]]
+        return bool(required) and all(d["healthy"] for d in required), statuses
+
+    statuses = _wait("every required daemon to be healthy", daemons, 180, stack)
+    kinds = {d["daemonType"] for d in statuses if d["required"]}
+    assert {"SENSOR", "QUEUED_RUN_COORDINATOR", "SCHEDULER"} <= kinds
+    # the daemon's heartbeats and the instance's tables live in the `dagster` database of the same Postgres
+    with psycopg.connect(stack.dsn("dagster")) as c:
+        assert c.execute("select count(*) from daemon_heartbeats").fetchone()[0] >= len(kinds)
+    with psycopg.connect(stack.dsn()) as c:
+        assert c.execute("select count(*) from datasets where workspace_id = %s",
+                         (uuid.UUID(ready["demo"]["workspace_id"]),)).fetchone()[0] == len(ready["demo"]["datasets"])
+
+
+LAUNCH_Q = """
+mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+  ... on LaunchRunSuccess { run { runId } }
+  ... on Error { message } ... on RunConfigValidationInvalid { errors { message } } } }
+"""
+ADD_PARTITION_Q = """
+mutation($r: RepositorySelector!, $p: String!) {
+  addDynamicPartition(repositorySelector: $r, partitionsDefName: "datasets", partitionKey: $p) {
+    __typename ... on Error { message } } }
+"""
+RUNS_Q = """
+query($p: String!) { runsOrError(filter: {tags: [{key: "dagster/partition", value: $p}]}) { __typename
+  ... on Runs { results { runId status startTime endTime tags { key value } } } } }
+"""
+FAILURE_Q = """
+query($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection { events { __typename
+  ... on ExecutionStepFailureEvent { error { message } } ... on RunFailureEvent { message } } } } }
+"""
+TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+
+
+def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
+    loc = _location(stack)
+    repo = loc["repositories"][0]
+    if "mirror_job" not in {j["name"] for j in repo["jobs"]}:
+        pytest.skip("mirror_job is not defined in the code location yet (defs/assets.py)")
+    partition = str(demo_id("events"))
+    selector = {"repositoryLocationName": loc["name"], "repositoryName": repo["name"]}
+    added = stack.gql(ADD_PARTITION_Q, {"r": selector, "p": partition})["addDynamicPartition"]
+    assert added["__typename"] in ("AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"), added
+
+    # Two runs of the same partition queued at once: the run-tag limit in dagster.yaml must run them in turn.
+    launched = []
+    for _ in range(2):
+        res = stack.gql(LAUNCH_Q, {"p": {
+            "selector": {**selector, "jobName": "mirror_job"},
+            "runConfigData": {},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
+        }})["launchRun"]
+        assert res["__typename"] == "LaunchRunSuccess", res
+        launched.append(res["run"]["runId"])
+
+    def runs_done():
+        runs = stack.gql(RUNS_Q, {"p": partition})["runsOrError"]["results"]
+        mine = [r for r in runs if r["runId"] in launched]
+        return len(mine) == 2 and all(r["status"] in TERMINAL for r in mine), runs
+
+    runs = _wait("the two mirror runs to finish", runs_done, 360, stack, interval=3)
+    for r in runs:
+        if r["status"] != "SUCCESS" and r["status"] in TERMINAL:
+            events = stack.gql(FAILURE_Q, {"id": r["runId"]})["logsForRun"].get("events", [])
+            reasons = [e.get("error", {}).get("message") or e.get("message") for e in events
+                       if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")]
+            pytest.fail(f"run {r['runId']} ended {r['status']}: {reasons}")
+    # every run of this partition (ours and any the mirror poller launched) ran alone
+    spans = sorted((r["startTime"], r["endTime"]) for r in runs if r["status"] == "SUCCESS")
+    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+        assert s2 >= e1, f"two runs of partition {partition} overlapped: {spans}"
+
+    with psycopg.connect(stack.dsn()) as c:
+        ok = c.execute(
+            "select count(*), max(rows) from iceberg_sync_log where dataset_id = %s and status = 'succeeded'",
+            (demo_id("events"),),
+        ).fetchone()
+        assert ok[0] >= 1, "no succeeded sync logged for the events dataset"
+        assert c.execute("select row_count from datasets where id = %s", (demo_id("events"),)).fetchone()[0] == DEMO_ROWS
+
+
+def test_ctrl_c_stops_everything(stack):
+    assert stack.own_processes(), "nothing running before Ctrl-C?"
+    os.killpg(stack.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground process group
+    assert stack.proc.wait(120) == 0, stack.log_tail()
+    assert stack.events()[-1]["event"] == "stopped"
+    deadline = time.monotonic() + 15
+    while stack.own_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in stack.own_processes()]
+    assert not left, f"still running after Ctrl-C: {left}"
+    assert embedded_info(stack.home / "pg") is None, "the embedded Postgres was left running"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", stack.port), timeout=2).close()
