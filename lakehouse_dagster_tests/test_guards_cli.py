@@ -94,3 +94,18 @@ def test_cli_sync_json_and_refusals(conn, dsn, settings):
     usage = _cli("sync")
     assert usage.returncode == 2 and "--dataset" in usage.stderr
     assert conn.execute("select count(*) from iceberg_sync_log").fetchone()[0] == 2
+
+
+def test_mirror_refuses_a_dataset_written_iceberg_native(conn, dsn, settings):
+    from lakehouse_dagster.errors import BadInput
+    from lakehouse_dagster.flags import set_override
+
+    d = _dataset(conn, 10)
+    first = sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=str(d), actor="pytest")
+    ds.insert_rows(conn, d, [{"n": 99}])
+    with pytest.raises(BadInput, match="iceberg-native"):
+        sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
+    table = load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+    assert table.current_snapshot().snapshot_id == first.snapshot_id
+    assert conn.execute("select count(*) from iceberg_sync_log where dataset_id = %s", (d,)).fetchone()[0] == 1

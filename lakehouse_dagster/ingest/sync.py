@@ -16,6 +16,7 @@ import psycopg
 from pyiceberg.catalog import Catalog
 
 from ..errors import BadInput, LakehouseError, SyncFailed
+from ..flags.native import native_dataset_ids
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import find_sync_snapshot, table_state, write_arrow
@@ -79,6 +80,14 @@ def sync_dataset(
                 f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
             )
         with dataset_lock(conn, ds_id), admission_slot(conn, settings.max_concurrent_ingest):
+            # Checked under the dataset lock: a writer flipped to iceberg_native makes Iceberg the truth and
+            # Postgres stale, so mirroring would overwrite rows that exist only in Iceberg (split brain).
+            if native_dataset_ids(conn, [ds_id]):
+                raise BadInput(
+                    f"dataset {ds_id} is written iceberg-native (a writer flag resolves to iceberg_native), so "
+                    "Postgres is stale for it and mirroring would overwrite Iceberg-only rows; roll the writer "
+                    "back to pg (lakehouse write-flags set <writer> pg --dataset <uuid>) before mirroring"
+                )
             reap_abandoned(conn, catalog, settings, ds_id)
             _log_start(conn, ds_id, sync_id, writer, run_id)
             started = time.perf_counter()
