@@ -165,6 +165,23 @@ def test_up_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
     assert not home.exists()
 
 
+def test_up_refuses_a_second_stack_on_the_same_home(tmp_path, capsys, monkeypatch):
+    import fcntl
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with open(home / ".lakehouse-up.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `lakehouse up` holds it
+        held.write("4242")
+        held.flush()
+        monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
+        monkeypatch.delenv("LAKEHOUSE_PG_DSN", raising=False)
+        assert main(["up", "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already running" in err and "4242" in err
+    assert sorted(p.name for p in home.iterdir()) == [".lakehouse-up.lock"]  # no pg/, no dagster/
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the real thing
 

@@ -162,6 +162,28 @@ def prepare_dagster_home(home: Path) -> Path:
     return dagster_home
 
 
+def hold_home_lock(home: Path):
+    """One `lakehouse up` per LAKEHOUSE_HOME: two would run two daemons on one Dagster instance."""
+    import fcntl
+
+    home.mkdir(parents=True, exist_ok=True)
+    f = open(home / ".lakehouse-up.lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise BadInput(
+            f"another lakehouse up (pid {holder}) is already running for {home}; stop it first, "
+            "or set LAKEHOUSE_HOME to start a separate stack"
+        ) from None
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
+
+
 def _say(msg: str) -> None:
     print(f"lakehouse up: {msg}", file=sys.stderr, flush=True)
 
@@ -182,13 +204,15 @@ def _up(ctx, args) -> Result:
     started_pg = False
     embedded = not settings.pg_dsn
     t_start = time.perf_counter()
+    if not embedded:
+        _connect(settings.pg_dsn).close()  # unreachable: refused before anything is written
+    lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
     try:
         if embedded:
             from ..store.embedded import start_embedded
             from .pg import embedded_info
 
             started_pg = embedded_info(pgdata) is None
-            home.mkdir(parents=True, exist_ok=True)
             try:
                 dsn = start_embedded(pgdata)
             except Exception as exc:
