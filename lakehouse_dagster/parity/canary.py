@@ -1,0 +1,406 @@
+"""The canary: per dataset, a pinned comparison of Postgres and Iceberg, and its verdict.
+
+Verdicts (runbook Fase 1, step 2):
+  ok           caught up (the snapshot covers the Postgres version read in the same pinned
+               transaction), row counts and digests match (and, with smoke, the value multiset).
+  lagging      the Iceberg snapshot is behind the current Postgres version: not yet caught up. Benign.
+  no-snapshot  never synced: no table, or a table without a snapshot. The flip is inert.
+  MISMATCH     caught up and disagrees → STOP. The differing row indexes (first 100) are in the detail.
+  native       the snapshot was written iceberg-native: Postgres is not authoritative for it; the
+               detail says whether the two still agree (useful right after the first native sync).
+  error        the check could not see the data (a digest failed, a file is missing, the snapshot does
+               not say which version it covers...). Never a pass.
+Summary: the count per verdict, plus ``wedged`` — datasets whose latest sync has been non-succeeded
+(running or failed) for longer than LAKEHOUSE_WEDGED_AFTER_SECONDS.
+
+Pinning and ordering: the Iceberg snapshot is pinned FIRST, then the Postgres transaction starts. The
+mirror only ever records a version it read from committed Postgres data, so a write landing at any
+point makes the Postgres version newer than the snapshot's, which reads as ``lagging``: never a false
+MISMATCH. Both digests, the localisation and the smoke rows then read exactly those two pins.
+
+Exit codes: 0 no MISMATCH and no error; 1 a caught-up dataset mismatches (wins over errors);
+5 an operational error in at least one dataset (verdict ``error``); 2 bad usage; 3 unknown dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from typing import Callable, Iterable, Sequence
+
+import psycopg
+from psycopg.types.json import Jsonb
+from pyiceberg.catalog import Catalog
+
+from ..errors import BadInput, NotFound
+from ..ids import parse_uuid
+from ..settings import Settings
+from . import localise as loc
+from . import smoke as sm
+from .digest import (
+    IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, schema_problems,
+)
+
+log = logging.getLogger("lakehouse_dagster.parity")
+
+OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR = "ok", "lagging", "no-snapshot", "MISMATCH", "native", "error"
+VERDICTS = (OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR)
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 5
+DEFAULT_LIMIT = 20
+
+
+@dataclasses.dataclass
+class Verdict:
+    dataset_id: uuid.UUID
+    dataset: str
+    verdict: str
+    pg_count: int | None = None
+    iceberg_count: int | None = None
+    pg_digest: int | None = None
+    iceberg_digest: int | None = None
+    snapshot_id: int | None = None
+    pg_version: int | None = None
+    iceberg_version: int | None = None
+    smoke: str | None = None
+    mismatched_row_indexes: list[int] = dataclasses.field(default_factory=list)
+    detail: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    wedged: bool = False
+
+    @property
+    def caught_up(self) -> bool:
+        return self.verdict in (OK, MISMATCH)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["dataset_id"] = str(self.dataset_id)
+        # digests are exact integers wider than a JSON double: keep them as decimal strings
+        for k in ("pg_digest", "iceberg_digest"):
+            d[k] = None if d[k] is None else str(d[k])
+        return d
+
+    def summary_line(self) -> str:
+        """One line for people: verdict and the reason."""
+        reason = self.detail.get("reason", "")
+        return f"{self.verdict}: {reason}" if reason else self.verdict
+
+
+@dataclasses.dataclass
+class Hooks:
+    """Test seams (real code paths, no mocks): run between the two pins."""
+
+    after_iceberg_pin: Callable[[], None] | None = None
+
+
+def _latest_sync(conn: psycopg.Connection, dataset_id: uuid.UUID) -> dict | None:
+    row = conn.execute(
+        "select sync_id, status, path, snapshot_id, source_version, started_at, finished_at, error"
+        " from iceberg_sync_log where dataset_id = %s order by started_at desc, id desc limit 1",
+        (dataset_id,),
+    ).fetchone()
+    if row is None:
+        return None
+    keys = ("sync_id", "status", "path", "snapshot_id", "source_version", "started_at", "finished_at", "error")
+    return {k: (str(v) if isinstance(v, (uuid.UUID, dt.datetime)) else v) for k, v in zip(keys, row)}
+
+
+def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -> str | None:
+    row = conn.execute(
+        "select path from iceberg_sync_log where dataset_id = %s and snapshot_id = %s and status = 'succeeded'"
+        " order by started_at desc limit 1",
+        (dataset_id, snapshot_id),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def evaluate(
+    dsn: str, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID | str, *,
+    smoke: bool = False, smoke_max_rows: int = sm.SMOKE_MAX_ROWS, localise: bool = True,
+    hooks: Hooks | None = None,
+) -> Verdict:
+    """The verdict for one dataset (nothing recorded: see ``record``)."""
+    ds_id = parse_uuid(dataset_id, "dataset id")
+    started = time.perf_counter()
+    v = Verdict(ds_id, "", ERROR)
+    try:
+        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks())
+    except (NotFound, BadInput):
+        raise
+    except Exception as exc:  # the check could not see the data: say so, never pass
+        v.verdict = ERROR
+        v.detail["reason"] = _one_line(exc)
+        log.warning("canary ds=%s: error: %s", ds_id, v.detail["reason"])
+    v.seconds = round(time.perf_counter() - started, 3)
+    return v
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks) -> None:
+    pin = pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
+    v.snapshot_id = pin.snapshot_id
+    v.iceberg_version = pin.source_version
+    if hooks.after_iceberg_pin:
+        hooks.after_iceberg_pin()
+    with PinnedPostgres(dsn) as pg:
+        state = pg.state(ds_id)
+        if state is None:
+            raise NotFound(f"dataset {ds_id} does not exist (check the id with: lakehouse datasets)")
+        if state.kind != "tabular":
+            raise BadInput(f"dataset {ds_id} is a {state.kind} dataset (file-backed); the canary checks tabular datasets")
+        v.dataset = state.name
+        v.pg_version = state.rows_version
+        latest = _latest_sync(pg.conn, ds_id)
+        if latest:
+            v.detail["latest_sync"] = latest
+        if not pin.exists or not pin.has_snapshot:
+            v.verdict = NO_SNAPSHOT
+            v.detail["reason"] = (
+                f"no Iceberg table {'.'.join(pin.identifier)}" if not pin.exists else "the Iceberg table has no snapshot"
+            ) + ("" if latest else "; never synced")
+            return
+        v.iceberg_count = pin.total_records
+        native = pin.path == "native" or _sync_path_of(pg.conn, ds_id, pin.snapshot_id) == "native"
+        if not native:
+            if pin.source_version is None:
+                v.verdict = ERROR
+                v.detail["reason"] = (
+                    f"snapshot {pin.snapshot_id} does not say which Postgres version it covers "
+                    "(no lakehouse.source-version in its summary or the table properties)"
+                )
+                return
+            if pin.source_version < state.rows_version:
+                v.verdict = LAGGING
+                v.detail["reason"] = (
+                    f"Iceberg covers Postgres version {pin.source_version}, Postgres is at {state.rows_version}"
+                )
+                return
+            if pin.source_version > state.rows_version:
+                v.verdict = ERROR
+                v.detail["reason"] = (
+                    f"snapshot {pin.snapshot_id} claims Postgres version {pin.source_version}, ahead of the "
+                    f"current {state.rows_version} (restored database? re-run the canary)"
+                )
+                return
+        v.detail["version_from"] = pin.version_from
+        if pin.sync_id is None:
+            v.detail["snapshot_not_from_a_sync"] = True
+        _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise)
+
+
+def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise) -> None:
+    problems = schema_problems(pin, state.columns)
+    if problems:
+        v.verdict = NATIVE if native else MISMATCH
+        v.detail["reason"] = "; ".join(problems)
+        v.detail["schema"] = problems
+        return
+    pg_side = PgSide(pg.conn, state.dataset_id, state.columns)
+    pg_side.self_check()
+    with IcebergSide(pin, state.columns) as ice:
+        if "__row_index" not in ice.present and not ice.empty:
+            v.verdict = NATIVE if native else ERROR
+            v.detail["reason"] = "the Iceberg table has no __row_index column: rows cannot be matched"
+            return
+        missing = [c.name for c in state.columns if c.name not in ice.present]
+        if missing:
+            v.detail["columns_absent_in_iceberg"] = missing
+        pg_lo, pg_hi = pg_side.bounds()
+        ice_lo, ice_hi = ice.bounds()
+        los = [x for x in (pg_lo, ice_lo) if x is not None]
+        his = [x for x in (pg_hi, ice_hi) if x is not None]
+        lo, hi = (min(los), max(his) + 1) if los else (0, 1)
+        try:
+            pg_digest = full_digest(pg_side, lo, hi)
+        except psycopg.DataError as exc:  # SQLSTATE class 22
+            # A value the mirror would have refused sits in a caught-up dataset: it was written behind
+            # the mirror's back. Postgres cannot type it, so Iceberg cannot hold the same value.
+            v.verdict = NATIVE if native else MISMATCH
+            v.detail["reason"] = f"Postgres holds a value that does not fit its declared type: {_one_line(exc)}"
+            return
+        ice_digest = full_digest(ice, lo, hi)
+        v.pg_count, v.pg_digest = pg_digest.value
+        v.iceberg_count, v.iceberg_digest = ice_digest.value
+        v.detail["seconds"] = {"postgres_digest": round(pg_digest.seconds, 3), "iceberg_digest": round(ice_digest.seconds, 3)}
+        agree = pg_digest.value == ice_digest.value
+        if smoke:
+            rows = max(v.pg_count, v.iceberg_count)
+            if rows > smoke_max_rows:
+                v.smoke = "skipped"
+                v.detail["smoke"] = f"skipped: {rows} rows > {smoke_max_rows}"
+            else:
+                result = sm.compare(pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice.present), state.columns)
+                v.smoke = result.outcome
+                v.detail["smoke"] = result.reason or result.outcome
+                if result.differing_row_indexes:
+                    v.detail["smoke_differing_row_indexes"] = result.differing_row_indexes
+        if native:
+            v.verdict = NATIVE
+            v.detail["agrees_with_postgres"] = agree and v.smoke != "differs"
+            v.detail["reason"] = (
+                "written iceberg-native: Postgres is not authoritative for it; "
+                + ("it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres")
+            )
+            return
+        if agree and v.smoke != "differs":
+            v.verdict = OK
+            v.detail["reason"] = f"caught up at version {state.rows_version}; {v.pg_count} rows, digests match"
+            return
+        v.verdict = MISMATCH
+        if not agree:
+            v.detail["reason"] = (
+                f"caught up at version {state.rows_version} but Postgres has {v.pg_count} rows / digest {v.pg_digest}, "
+                f"Iceberg {v.iceberg_count} rows / digest {v.iceberg_digest}"
+            )
+            if v.smoke == "match":
+                v.detail["hint"] = ("the value-level check matches: the difference is in the text form "
+                                    "(e.g. a json column not in Postgres' jsonb text form)")
+        else:
+            v.detail["reason"] = "digests match but the value-level smoke check differs"
+        if localise and not agree:
+            found = loc.localise(pg_side, ice, lo, hi, pg_digest.width, pg_digest.segments, ice_digest.segments)
+            v.mismatched_row_indexes = found.row_indexes
+            v.detail["localisation"] = {
+                "row_indexes": len(found.row_indexes), "truncated": found.truncated,
+                "queries": found.queries, "seconds": round(found.seconds, 3),
+            }
+        elif v.smoke == "differs":
+            v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Recording, wedged syncs, dataset selection, the whole run
+# ---------------------------------------------------------------------------------------------------
+
+
+def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_id: str | None = None) -> int:
+    """Write one verdict to lakehouse_read_parity; returns its id."""
+    detail = json.loads(json.dumps(v.detail, default=str))
+    if v.wedged:
+        detail["wedged"] = True
+    return conn.execute(
+        """insert into lakehouse_read_parity
+             (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
+              pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
+           values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) returning id""",
+        (v.dataset_id, v.verdict, source, v.pg_count, v.iceberg_count, v.pg_digest, v.iceberg_digest,
+         v.snapshot_id, v.pg_version, v.iceberg_version, v.smoke, v.mismatched_row_indexes or None,
+         v.seconds, run_id, Jsonb(detail)),
+    ).fetchone()[0]
+
+
+def latest_verdicts(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] | None = None) -> dict[uuid.UUID, dict]:
+    """The newest recorded verdict per dataset (what the runbook jobs read before a flip)."""
+    query = (
+        "select distinct on (dataset_id) dataset_id, verdict, checked_at, source, snapshot_id, pg_version,"
+        " iceberg_version, mismatched_row_indexes, detail from lakehouse_read_parity"
+    )
+    params: tuple = ()
+    if dataset_ids is not None:
+        query += " where dataset_id = any(%s::uuid[])"
+        params = (list(dataset_ids),)
+    query += " order by dataset_id, checked_at desc, id desc"
+    keys = ("dataset_id", "verdict", "checked_at", "source", "snapshot_id", "pg_version", "iceberg_version",
+            "mismatched_row_indexes", "detail")
+    return {r[0]: dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()}
+
+
+def wedged_syncs(conn: psycopg.Connection, after_seconds: int) -> list[dict]:
+    """Datasets whose latest sync is not succeeded and started more than ``after_seconds`` ago."""
+    rows = conn.execute(
+        """with latest as (
+             select distinct on (dataset_id) dataset_id, sync_id, status, started_at, error
+               from iceberg_sync_log order by dataset_id, started_at desc, id desc)
+           select dataset_id, sync_id, status, started_at, error,
+                  extract(epoch from now() - started_at)::bigint
+             from latest
+            where status <> 'succeeded' and started_at < now() - make_interval(secs => %s)
+            order by started_at""",
+        (after_seconds,),
+    ).fetchall()
+    keys = ("dataset_id", "sync_id", "status", "started_at", "error", "stuck_seconds")
+    return [dict(zip(keys, r)) for r in rows]
+
+
+def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None, limit: int) -> list[uuid.UUID]:
+    """The given datasets (validated: each must exist and be tabular), or a random sample of up to
+    ``limit`` synced tabular datasets (those with at least one succeeded sync)."""
+    if dataset_ids:
+        ids = list(dict.fromkeys(parse_uuid(d, "dataset id") for d in dataset_ids))
+        rows = dict(conn.execute("select id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+        for d in ids:
+            if d not in rows:
+                raise NotFound(f"dataset {d} does not exist (check the id with: lakehouse datasets)")
+            if rows[d] != "tabular":
+                raise BadInput(f"dataset {d} is a {rows[d]} dataset (file-backed); the canary checks tabular datasets")
+        return ids
+    if limit < 1:
+        raise BadInput(f"--limit must be at least 1, got {limit}")
+    rows = conn.execute(
+        """select d.id from datasets d
+            where d.kind = 'tabular'
+              and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
+            order by random() limit %s""",
+        (limit,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+@dataclasses.dataclass
+class CanaryReport:
+    results: list[Verdict]
+    wedged: list[dict]
+    counts: dict[str, int]
+    exit_code: int
+
+    def summary_line(self) -> str:
+        parts = [f"{k}={self.counts.get(k, 0)}" for k in VERDICTS]
+        parts.append(f"wedged={len(self.wedged)}")
+        return "summary: " + " ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {
+            "results": [r.as_dict() for r in self.results],
+            "summary": {**{k: self.counts.get(k, 0) for k in VERDICTS}, "wedged": len(self.wedged)},
+            "wedged": [{k: (str(x) if isinstance(x, (uuid.UUID, dt.datetime)) else x) for k, x in w.items()}
+                       for w in self.wedged],
+            "exit_code": self.exit_code,
+        }
+
+
+def exit_code_for(results: Sequence[Verdict]) -> int:
+    if any(r.verdict == MISMATCH for r in results):
+        return EXIT_MISMATCH
+    if any(r.verdict == ERROR for r in results):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def run_canary(
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, *,
+    dataset_ids: Sequence[str] | None = None, limit: int = DEFAULT_LIMIT, smoke: bool = False,
+    smoke_max_rows: int = sm.SMOKE_MAX_ROWS, source: str = "canary", run_id: str | None = None,
+    on_result: Callable[[Verdict], None] | None = None,
+) -> CanaryReport:
+    """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit)."""
+    ids = select_datasets(conn, dataset_ids, limit)
+    wedged = wedged_syncs(conn, settings.wedged_after_seconds)
+    wedged_ids = {w["dataset_id"] for w in wedged}
+    results = []
+    for ds_id in ids:
+        v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows)
+        v.wedged = ds_id in wedged_ids
+        record(conn, v, source=source, run_id=run_id)
+        log.info("canary ds=%s verdict=%s %s", ds_id, v.verdict, v.detail.get("reason", ""))
+        results.append(v)
+        if on_result:
+            on_result(v)
+    counts = {k: sum(1 for r in results if r.verdict == k) for k in VERDICTS}
+    return CanaryReport(results, wedged, counts, exit_code_for(results))

@@ -1,0 +1,263 @@
+r"""The canonical text of a row — ONE contract, three implementations (Postgres SQL, DuckDB SQL, Python).
+
+Both sides of the parity check hash the same text for the same row, computed from *typed* values
+(Postgres: the jsonb value cast to the column's declared type, exactly as the mirror types it;
+Iceberg: the typed Parquet column), never from jsonb text, so it also holds for tables written
+iceberg-native. Contract version 1:
+
+    row text  = __row_index | __row_id | __created_at | <col 1> | ... | <col n>
+
+    fields joined by "|"; the dataset columns in the order of ``datasets.schema``.
+
+    field rendering, by type:
+      null (SQL NULL, JSON null, missing key, column absent from a file)   \N
+      string, json, __row_id    <UTF-8 byte length>:<text>     e.g. 5:héllo  (json: the Postgres jsonb
+                                                                text of the value, keys sorted the jsonb
+                                                                way, ", " and ": " separators)
+      int64, __row_index        decimal                        e.g. -42
+      float64                   NaN | Infinity | -Infinity, else C printf("% .16e", x + 0.0):
+                                17 significant digits, a space where a non-negative number's sign goes,
+                                -0.0 printed as 0.0 (equal values, equal text)   e.g.  1.0000000000000001e-01
+      boolean                   true | false
+      timestamp, __created_at   microseconds since 1970-01-01T00:00:00Z, decimal (never a zoned text form)
+      date                      days since 1970-01-01, decimal  e.g. -1 for 1969-12-31
+
+    hash    = the first 16 hex digits of md5(UTF-8 bytes of the row text), read as a signed 64-bit
+              two's-complement integer (Postgres: ('x'||substr(md5(t),1,16))::bit(64)::bigint; DuckDB
+              reads the same hex prefix — its md5_number takes the bytes in the other order)
+    digest  = (count of rows, exact sum of the hashes)   — Postgres numeric, DuckDB hugeint, Python int
+
+Why each choice:
+  * The separator cannot be confused with content: every text value carries its byte length, so a
+    "|" inside a string is just content; every other field is drawn from [-0-9a-zA-Z .+] or is \N,
+    and \N cannot be a length-prefixed text (those start with a digit).
+  * Floats: the default text forms differ (Postgres vs DuckDB: 56 vs 56.0, exponent thresholds,
+    Postgres 15 sometimes printing 17 digits where 16 round-trip); fixed 17 significant digits is
+    exact for every float64 and identical in Postgres to_char(x,'9.9999999999999999EEEE'), DuckDB
+    printf('% .16e') and Python format(x, ' .16e'). Non-finite values are spelled out because
+    to_char prints #### for them.
+  * Timestamps as epoch microseconds: text forms depend on the session time zone.
+  * A sum, not a xor: a duplicated row must change the digest (a xor cancels pairs).
+  * __row_index is hashed with the row, so a pair of values swapped between two rows changes the
+    digest, and range digests over __row_index localise a difference (localise.py).
+  * __row_id and __created_at are included: they are data that readers get from Iceberg (the
+    Phase 4 readers key on row id / row_index, exports carry created_at), and the mirror copies them,
+    so a transport bug there must fail parity too. They cost ~15% of the digest time.
+
+Postgres typing (the mirror's contract, ingest/source.py, for every value the mirror accepts):
+string ``data->>c``, int64 ``::int8``, float64 ``::float8`` (accepts the strings NaN/Infinity/-Infinity),
+boolean ``::boolean``, timestamp ``::timestamptz`` (session time zone UTC), date ``::date``,
+json ``nullif(data->c, 'null')::text``. A value the mirror would refuse makes the Postgres digest raise
+(a data exception), which on a caught-up dataset is reported as MISMATCH.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+import uuid
+from typing import Any, Sequence
+
+from psycopg import sql
+
+from ..store.datasets import Column
+
+CONTRACT_VERSION = 1
+NULL = "\\N"
+SEP = "|"
+FLOAT_FORMAT = "9.9999999999999999EEEE"  # Postgres to_char: 17 significant digits, sign slot first
+# What to_char prints for NaN and ±Infinity with FLOAT_FORMAT (checked against the server at run time).
+TO_CHAR_NONFINITE = " #.####################"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH_DATE = dt.date(1970, 1, 1)
+_MAX_CONCAT_ARGS = 90  # Postgres functions take at most 100 arguments: nest concat_ws beyond that
+
+# ---------------------------------------------------------------------------------------------------
+# Python: the reference implementation (tests, triage). Values are typed Python values.
+# ---------------------------------------------------------------------------------------------------
+
+
+def _text(value: str) -> str:
+    return f"{len(value.encode('utf-8'))}:{value}"
+
+
+def canonical_value(value: Any, typ: str) -> str:
+    """One field of the row text, from a typed value (json: its Postgres jsonb text, a str)."""
+    if value is None:
+        return NULL
+    if typ in ("string", "json"):
+        return _text(value)
+    if typ == "int64":
+        return str(int(value))
+    if typ == "float64":
+        x = float(value)
+        if math.isnan(x):
+            return "NaN"
+        if math.isinf(x):
+            return "Infinity" if x > 0 else "-Infinity"
+        return format(x + 0.0, " .16e")
+    if typ == "boolean":
+        return "true" if value else "false"
+    if typ == "timestamp":
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.timezone.utc)
+        return str((value - _EPOCH) // dt.timedelta(microseconds=1))
+    if typ == "date":
+        return str((value - _EPOCH_DATE).days)
+    raise ValueError(f"unknown column type {typ!r}")
+
+
+def canonical_row(
+    row_index: int, row_id: str | uuid.UUID | None, created_at: dt.datetime | None,
+    values: Sequence[Any], columns: Sequence[Column],
+) -> str:
+    fields = [str(int(row_index)), NULL if row_id is None else _text(str(row_id)), canonical_value(created_at, "timestamp")]
+    fields += [canonical_value(v, c.type) for v, c in zip(values, columns, strict=True)]
+    return SEP.join(fields)
+
+
+def row_hash(text: str) -> int:
+    return int.from_bytes(hashlib.md5(text.encode("utf-8")).digest()[:8], "big", signed=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Postgres: expressions over dataset_rows (columns row_index, row_id, created_at, data).
+# ---------------------------------------------------------------------------------------------------
+
+_PG_CAST = {"int64": "int8", "float64": "float8", "boolean": "boolean", "timestamp": "timestamptz", "date": "date"}
+
+
+def pg_typed(col: Column) -> sql.Composable:
+    """The typed value of a column from the row's jsonb (JSON null and a missing key are NULL)."""
+    key = sql.Literal(col.name)
+    if col.type == "string":
+        return sql.SQL("(data ->> {})").format(key)
+    if col.type == "json":
+        return sql.SQL("nullif(data -> {}, 'null'::jsonb)::text").format(key)
+    return sql.SQL("(data ->> {})::{}").format(key, sql.SQL(_PG_CAST[col.type]))
+
+
+def _pg_field(typ: str, v: sql.Composable) -> sql.Composable:
+    if typ in ("string", "json"):
+        body = sql.SQL("octet_length({v})::text || ':' || {v}").format(v=v)
+    elif typ in ("int64", "boolean"):
+        body = sql.SQL("{}::text").format(v)
+    elif typ == "float64":
+        # to_char prints #### for NaN/±Infinity: those fall through to float8's own text (NaN, Infinity,
+        # -Infinity). coalesce stops at the first non-null, so the value is typed once per finite row.
+        body = sql.SQL("nullif(to_char({v} + 0.0::float8, {fmt}), {hashes}), {v}::text").format(
+            v=v, fmt=sql.Literal(FLOAT_FORMAT), hashes=sql.Literal(TO_CHAR_NONFINITE)
+        )
+    elif typ == "timestamp":
+        body = sql.SQL("(extract(epoch from {}) * 1000000)::int8::text").format(v)
+    elif typ == "date":
+        body = sql.SQL("({} - date '1970-01-01')::text").format(v)
+    else:
+        raise ValueError(f"unknown column type {typ!r}")
+    return sql.SQL("coalesce({}, {})").format(body, sql.Literal(NULL))
+
+
+def _concat(parts: list, join) -> Any:
+    """concat_ws over any number of non-null parts (nested past the 100-argument limit)."""
+    while len(parts) > _MAX_CONCAT_ARGS:
+        parts = [join(parts[i : i + _MAX_CONCAT_ARGS]) for i in range(0, len(parts), _MAX_CONCAT_ARGS)]
+    return join(parts)
+
+
+def pg_row_text(columns: Sequence[Column]) -> sql.Composable:
+    parts: list[sql.Composable] = [
+        sql.SQL("row_index::text"),
+        sql.SQL("'36:' || row_id::text"),  # row_id is a non-null uuid: its text is always 36 bytes
+        _pg_field("timestamp", sql.SQL("created_at")),
+    ]
+    parts += [_pg_field(c.type, pg_typed(c)) for c in columns]
+
+    def join(items):
+        return sql.SQL("concat_ws({}, {})").format(sql.Literal(SEP), sql.SQL(", ").join(items))
+
+    return _concat(parts, join)
+
+
+def pg_row_hash(columns: Sequence[Column]) -> sql.Composable:
+    return sql.SQL("('x' || substr(md5({}), 1, 16))::bit(64)::int8").format(pg_row_text(columns))
+
+
+def pg_self_check_sql() -> sql.Composable:
+    """Canonical floats of a few awkward values, to compare with the Python reference at run time."""
+    v = sql.SQL("x")
+    return sql.SQL("select x::text, {} from unnest(%s::float8[]) as u(x)").format(_pg_field("float64", v))
+
+
+SELF_CHECK_FLOATS = ["0.1", "-0.0", "0", "1e-300", "5e-324", "1.7976931348623157e308", "-2.5", "56",
+                     "3.5399581018880077e+17", "NaN", "Infinity", "-Infinity"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# DuckDB: expressions over the Parquet files of an Iceberg snapshot (typed columns).
+# ---------------------------------------------------------------------------------------------------
+
+_DUCK_TYPE = {"string": "VARCHAR", "json": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE",
+              "boolean": "BOOLEAN", "timestamp": "TIMESTAMPTZ", "date": "DATE"}
+
+
+def duck_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def duck_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _duck_field(typ: str, v: str) -> str:
+    if typ in ("string", "json"):
+        body = f"strlen({v})::VARCHAR || ':' || {v}"
+    elif typ == "int64":
+        body = f"{v}::VARCHAR"
+    elif typ == "boolean":
+        body = f"CASE WHEN {v} THEN 'true' WHEN NOT {v} THEN 'false' END"
+    elif typ == "float64":
+        # Map printf's own spelling of the non-finite values rather than testing isnan()/isinf(): DuckDB
+        # folds isnan(x), x != x and x = 'NaN' to FALSE from Parquet min/max statistics, which by the
+        # Parquet spec leave NaN out (seen with duckdb 2.0.0: a NaN row then hashes as " nan").
+        p = f"printf('% .16e', {v} + 0.0)"
+        body = (f"CASE {p} WHEN ' nan' THEN 'NaN' WHEN '-nan' THEN 'NaN' WHEN ' inf' THEN 'Infinity' "
+                f"WHEN '-inf' THEN '-Infinity' ELSE {p} END")
+    elif typ == "timestamp":
+        body = f"epoch_us({v})::VARCHAR"
+    elif typ == "date":
+        body = f"({v} - DATE '1970-01-01')::VARCHAR"
+    else:
+        raise ValueError(f"unknown column type {typ!r}")
+    return f"coalesce({body}, {duck_literal(NULL)})"
+
+
+def duck_typed(col: Column, present: bool) -> str:
+    """The typed column (cast to the declared type), or a typed NULL when no file has it."""
+    if not present:
+        return f"NULL::{_DUCK_TYPE[col.type]}"
+    return f"{duck_ident(col.name)}::{_DUCK_TYPE[col.type]}"
+
+
+def duck_row_text(columns: Sequence[Column], present: set[str]) -> str:
+    parts = [
+        "__row_index::VARCHAR",
+        _duck_field("string", "__row_id::VARCHAR") if "__row_id" in present else duck_literal(NULL),
+        _duck_field("timestamp", "__created_at::TIMESTAMPTZ") if "__created_at" in present else duck_literal(NULL),
+    ]
+    parts += [_duck_field(c.type, duck_typed(c, c.name in present)) for c in columns]
+
+    def join(items):
+        return f"concat_ws({duck_literal(SEP)}, {', '.join(items)})"
+
+    return _concat(parts, join)
+
+
+def duck_row_hash_unsigned(columns: Sequence[Column], present: set[str]) -> str:
+    """The hash as UBIGINT (the same 64 bits as Postgres' signed bigint); sums fix the sign up."""
+    return f"('0x' || substr(md5({duck_row_text(columns, present)}), 1, 16))::UBIGINT"
+
+
+# Signed sum of UBIGINT hashes u: sum(u) - 2^64 * (number of u >= 2^63), exact in HUGEINT.
+DUCK_SIGNED_SUM = "(coalesce(sum(u::HUGEINT), 0) - (count_if(u >= 9223372036854775808)::HUGEINT << 64))"
+DUCK_SIGNED = "(u::HUGEINT - ((CASE WHEN u >= 9223372036854775808 THEN 1 ELSE 0 END)::HUGEINT << 64))"

@@ -1,0 +1,394 @@
+"""The digest, pushed down: Postgres computes its side in SQL, DuckDB computes the Iceberg side over the
+Parquet files of one pinned snapshot. No row becomes a Python object on the way (only per-segment
+aggregates come back, and per-row hashes of small leaf ranges during localisation).
+
+Both sides answer the same three questions about a half-open ``__row_index`` range [lo, hi):
+  * ``segment_digests(lo, hi, width)``: {segment: (count, sum of hashes)} with segment = (row_index - lo) // width
+    (one segment when width covers the range: the plain digest);
+  * ``row_hashes(lo, hi)``: [(row_index, hash)] for a small range (the leaves of localisation);
+  * ``bounds()``: (min, max) row_index.
+Pinning: the Postgres side runs inside one REPEATABLE READ READ ONLY transaction opened by
+``PinnedPostgres`` (the version, the digest and the localisation all see one snapshot); the Iceberg
+side reads the data files listed by one snapshot id (``pin_iceberg``), so a commit landing meanwhile
+changes nothing it reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+import uuid
+from typing import Any, Iterator, Sequence
+from urllib.parse import unquote, urlparse
+
+import psycopg
+from psycopg import sql
+from pyiceberg.catalog import Catalog
+from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
+
+from ..errors import LakehouseError
+from ..iceberg.catalog import load_table_or_none, table_identifier
+from ..settings import Settings
+from ..store.datasets import Column, parse_schema
+from ..store.db import connect
+from . import canonical as cn
+
+# Keys the mirror's writer puts into each snapshot summary and the table properties (iceberg/writer.py).
+SYNC_ID = "lakehouse.sync-id"
+SOURCE_VERSION = "lakehouse.source-version"
+WRITE_PATH = "lakehouse.path"
+
+EXPECTED_ICEBERG_TYPE = {
+    "string": StringType(), "json": StringType(), "int64": LongType(), "float64": DoubleType(),
+    "boolean": BooleanType(), "timestamp": TimestamptzType(), "date": DateType(),
+}
+
+Segments = dict[int, tuple[int, int]]
+
+
+class DigestUnavailable(LakehouseError):
+    """A side's digest could not be computed (the message says which side and why)."""
+
+    exit_code = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Digest:
+    count: int
+    sum: int
+    segments: Segments  # segment → (count, sum), for localisation
+    lo: int  # segment 0 starts here
+    width: int  # rows of __row_index space per segment
+    seconds: float
+
+    @property
+    def value(self) -> tuple[int, int]:
+        return (self.count, self.sum)
+
+
+def segment_plan(lo: int, hi: int, factor: int) -> int:
+    """Width of ``factor`` equal segments covering [lo, hi)."""
+    return max(1, -(-(hi - lo) // factor))
+
+
+def fold(segments: Segments) -> tuple[int, int]:
+    return sum(c for c, _ in segments.values()), sum(s for _, s in segments.values())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Postgres
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PgState:
+    """What the pinned Postgres snapshot says about the dataset."""
+
+    dataset_id: uuid.UUID
+    name: str
+    kind: str
+    columns: tuple[Column, ...]
+    rows_version: int
+
+
+class PinnedPostgres:
+    """One REPEATABLE READ, READ ONLY transaction on its own connection; every query of a dataset's
+    evaluation (version, digest, localisation, smoke rows) runs in it. Use as a context manager."""
+
+    def __init__(self, dsn: str):
+        self.conn = connect(dsn)  # autocommit, session time zone UTC
+        try:
+            self.conn.execute("begin transaction isolation level repeatable read, read only")
+            # Take the snapshot now (the first statement does), before the caller looks at anything else.
+            self.conn.execute("select 1")
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def state(self, dataset_id: uuid.UUID) -> PgState | None:
+        row = self.conn.execute(
+            "select id, name, kind, schema, rows_version from datasets where id = %s", (dataset_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        columns = parse_schema(row[3], f"dataset {row[0]}") if row[2] == "tabular" else ()
+        return PgState(row[0], row[1], row[2], columns, row[4])
+
+    def close(self) -> None:
+        try:
+            if not self.conn.closed:
+                self.conn.execute("rollback")
+        finally:
+            self.conn.close()
+
+    def __enter__(self) -> "PinnedPostgres":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PgSide:
+    """The Postgres side of one dataset, inside a pinned transaction."""
+
+    name = "postgres"
+
+    def __init__(self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]):
+        self.conn = conn
+        self.dataset_id = dataset_id
+        self.columns = tuple(columns)
+        self._hash = cn.pg_row_hash(self.columns)
+
+    def self_check(self) -> None:
+        """The server formats the awkward floats exactly as the contract says (once per evaluation)."""
+        rows = self.conn.execute(cn.pg_self_check_sql(), (cn.SELF_CHECK_FLOATS,)).fetchall()
+        for text, got in rows:
+            want = cn.canonical_value(float(text), "float64")
+            if got != want:
+                raise DigestUnavailable(
+                    f"this Postgres formats float {text} as {got!r}, the canonical text is {want!r}; "
+                    "the digest contract (parity/canonical.py) does not hold on this server"
+                )
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        return self.conn.execute(
+            "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
+        ).fetchone()
+
+    def segment_digests(self, lo: int, hi: int, width: int) -> Segments:
+        query = sql.SQL(
+            "select (row_index - %(lo)s) / %(w)s as seg, count(*), coalesce(sum(h), 0) from ("
+            " select row_index, {h} as h from dataset_rows"
+            " where dataset_id = %(ds)s and row_index >= %(lo)s and row_index < %(hi)s) s group by 1"
+        ).format(h=self._hash)
+        # The planner cannot estimate how few segments there are and would sort every row to group
+        # them; a hash aggregate keeps the parallel scan streaming (local to this transaction).
+        self.conn.execute("set local enable_sort = off")
+        rows = self.conn.execute(query, {"lo": lo, "hi": hi, "w": width, "ds": self.dataset_id}).fetchall()
+        self.conn.execute("set local enable_sort = on")  # (after an error the transaction is over anyway)
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        query = sql.SQL(
+            "select row_index, {h} from dataset_rows where dataset_id = %s and row_index >= %s and row_index < %s"
+        ).format(h=self._hash)
+        return [(int(a), int(b)) for a, b in self.conn.execute(query, (self.dataset_id, lo, hi)).fetchall()]
+
+    def typed_rows(self) -> Iterator[tuple]:
+        """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
+        items = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
+        items += [cn.pg_typed(c) for c in self.columns]
+        query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(items))
+        with self.conn.cursor() as cur:
+            cur.execute(query, (self.dataset_id,))
+            yield from cur
+
+
+# ---------------------------------------------------------------------------------------------------
+# Iceberg
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class IcebergPin:
+    """One snapshot of the dataset's table, pinned: everything later reads exactly these files."""
+
+    identifier: tuple[str, str]
+    table: Any = None  # pyiceberg Table, None when the table does not exist
+    snapshot_id: int | None = None
+    committed_at: dt.datetime | None = None
+    source_version: int | None = None
+    version_from: str | None = None  # "snapshot summary" | "table property"
+    sync_id: str | None = None
+    path: str | None = None  # mirror | native (from the summary or the table property)
+    total_records: int | None = None
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # name → Iceberg type
+    files: list[str] = dataclasses.field(default_factory=list)
+    local: bool = True
+    has_deletes: bool = False
+
+    @property
+    def exists(self) -> bool:
+        return self.table is not None
+
+    @property
+    def has_snapshot(self) -> bool:
+        return self.snapshot_id is not None
+
+
+def _int_or_none(raw: str | None) -> int | None:
+    try:
+        value = int(raw) if raw is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 0 else None
+
+
+def local_path(uri: str) -> str | None:
+    """A local filesystem path for a file:// URI or a bare path; None for remote storage."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return unquote(parsed.path)
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and uri[1:3] == ":\\"):
+        return uri
+    return None
+
+
+def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> IcebergPin:
+    ident = table_identifier(settings, dataset_id)
+    pin = IcebergPin(ident)
+    table = load_table_or_none(catalog, ident)
+    if table is None:
+        return pin
+    pin.table = table
+    snap = table.current_snapshot()
+    if snap is None:
+        return pin
+    pin.snapshot_id = snap.snapshot_id
+    pin.committed_at = dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=dt.timezone.utc)
+    summary = snap.summary.additional_properties if snap.summary is not None else {}
+    props = table.properties
+    pin.sync_id = summary.get(SYNC_ID)
+    # The summary names the version this exact snapshot covers; a snapshot not made by a sync (a
+    # maintenance commit, or a rogue one) inherits the table's durable watermark, set by the last
+    # sync in the same transaction as its data: the table still claims to be at that version.
+    pin.source_version = _int_or_none(summary.get(SOURCE_VERSION))
+    pin.version_from = "snapshot summary" if pin.source_version is not None else None
+    if pin.source_version is None:
+        pin.source_version = _int_or_none(props.get(SOURCE_VERSION))
+        pin.version_from = "table property" if pin.source_version is not None else None
+    pin.path = summary.get(WRITE_PATH) or props.get(WRITE_PATH)
+    pin.total_records = _int_or_none(summary.get("total-records"))
+    schema = table.schemas().get(snap.schema_id) if snap.schema_id is not None else None
+    schema = schema or table.schema()
+    pin.fields = {f.name: f.field_type for f in schema.fields}
+    for task in table.scan(snapshot_id=snap.snapshot_id).plan_files():
+        pin.files.append(task.file.file_path)
+        if task.delete_files:
+            pin.has_deletes = True
+    pin.local = all(local_path(p) is not None for p in pin.files)
+    return pin
+
+
+class IcebergSide:
+    """The Iceberg side of one dataset: DuckDB over the pinned snapshot's Parquet files.
+
+    Columns are read by name (``union_by_name``): a column added after a file was written is NULL in
+    it, as Iceberg reads it. Remote files (s3://...) or delete files go through pyiceberg's Arrow batch
+    reader instead (it resolves deletes and object storage), streamed into DuckDB per query.
+    """
+
+    name = "iceberg"
+
+    def __init__(self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None):
+        import duckdb
+
+        self.pin = pin
+        self.columns = tuple(columns)
+        self.con = duckdb.connect(config={"threads": threads} if threads else {})
+        self._arrow = (not pin.local) or pin.has_deletes
+        self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
+        self.empty = not pin.files
+        self.present = self._present_columns()
+        self._hash = cn.duck_row_hash_unsigned(self.columns, self.present)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "IcebergSide":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _present_columns(self) -> set[str]:
+        wanted = {"__row_index", "__row_id", "__created_at"} | {c.name for c in self.columns}
+        # Only columns of the snapshot's schema count: a name in a file but not in the table is not data.
+        in_table = set(self.pin.fields)
+        if self.empty:
+            return wanted & in_table
+        if self._arrow:
+            return wanted & in_table  # pyiceberg projects the table schema (absent columns as NULL)
+        names = {r[0] for r in self.con.execute("select distinct name from parquet_schema($1)", [self._paths]).fetchall()}
+        return wanted & in_table & names
+
+    def _source(self, lo: int | None = None, hi: int | None = None) -> str:
+        if not self._arrow:
+            return "read_parquet($files, union_by_name = true)"
+        from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+
+        row_filter = AlwaysTrue()
+        if lo is not None:
+            row_filter = And(GreaterThanOrEqual("__row_index", lo), LessThan("__row_index", hi))
+        names = ["__row_index"] + [n for n in ("__row_id", "__created_at") if n in self.present]
+        names += [c.name for c in self.columns if c.name in self.present]
+        reader = self.pin.table.scan(
+            snapshot_id=self.pin.snapshot_id, row_filter=row_filter, selected_fields=tuple(names)
+        ).to_arrow_batch_reader()
+        self.con.register("ice_src", reader)
+        return "ice_src"
+
+    def _params(self, **kw) -> dict:
+        if not self._arrow:
+            kw["files"] = self._paths
+        return kw
+
+    def bounds(self) -> tuple[int | None, int | None]:
+        if self.empty:
+            return (None, None)
+        return self.con.execute(
+            f"select min(__row_index), max(__row_index) from {self._source()}", self._params()
+        ).fetchone()
+
+    def segment_digests(self, lo: int, hi: int, width: int) -> Segments:
+        if self.empty:
+            return {}
+        query = (
+            f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
+            f" select __row_index, {self._hash} as u from {self._source(lo, hi)}"
+            f" where __row_index >= $lo and __row_index < $hi) group by seg"
+        )
+        rows = self.con.execute(query, self._params(lo=lo, hi=hi, w=width)).fetchall()
+        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        if self.empty:
+            return []
+        query = (
+            f"select __row_index, {cn.DUCK_SIGNED} from (select __row_index, {self._hash} as u"
+            f" from {self._source(lo, hi)} where __row_index >= $lo and __row_index < $hi)"
+        )
+        return [(int(a), int(b)) for a, b in self.con.execute(query, self._params(lo=lo, hi=hi)).fetchall()]
+
+    def identity_stats(self) -> dict[str, int]:
+        """Counts behind identity readiness: rows, non-null identity values, distinct __row_index."""
+        if self.empty:
+            return {"rows": 0, "row_index": 0, "row_id": 0, "created_at": 0, "distinct_row_index": 0}
+        rid = "count(__row_id)" if "__row_id" in self.present else "0"
+        cat = "count(__created_at)" if "__created_at" in self.present else "0"
+        row = self.con.execute(
+            f"select count(*), count(__row_index), {rid}, {cat}, count(distinct __row_index) from {self._source()}",
+            self._params(),
+        ).fetchone()
+        return dict(zip(("rows", "row_index", "row_id", "created_at", "distinct_row_index"), map(int, row)))
+
+
+def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
+    """Dataset columns whose Iceberg type is not the contract's (a missing column reads as NULL)."""
+    problems = []
+    for c in columns:
+        have = pin.fields.get(c.name)
+        if have is not None and have != EXPECTED_ICEBERG_TYPE[c.type]:
+            problems.append(f"column {c.name!r} is {have} in Iceberg; the contract maps {c.type} to "
+                            f"{EXPECTED_ICEBERG_TYPE[c.type]}")
+    return problems
+
+
+def full_digest(side, lo: int, hi: int, factor: int = 32) -> Digest:
+    """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once."""
+    t = time.perf_counter()
+    width = segment_plan(lo, hi, factor)
+    segments = side.segment_digests(lo, hi, width)
+    count, total = fold(segments)
+    return Digest(count, total, segments, lo, width, time.perf_counter() - t)

@@ -1,0 +1,100 @@
+"""Snapshot freshness and identity readiness of a dataset's Iceberg table (the asset checks' core).
+
+Both return a plain ``Health`` (passed, description, metadata); defs/checks.py turns it into an
+AssetCheckResult. A table or snapshot that cannot be seen is a failure, never a pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import psycopg
+from pyiceberg.catalog import Catalog
+from pyiceberg.types import LongType, StringType, TimestamptzType
+
+from ..settings import Settings
+from .digest import IcebergSide, pin_iceberg
+
+IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
+DEFAULT_MAX_LAG_SECONDS = 3600
+
+
+@dataclasses.dataclass
+class Health:
+    passed: bool
+    description: str
+    metadata: dict
+
+
+def snapshot_freshness(
+    conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
+    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS,
+) -> Health:
+    """A succeeded sync exists, the table has a snapshot, and Iceberg is either caught up with Postgres
+    or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale)."""
+    pin = pin_iceberg(catalog, settings, dataset_id)
+    row = conn.execute(
+        "select rows_version from datasets where id = %s", (dataset_id,)
+    ).fetchone()
+    pg_version = row[0] if row else None
+    last_ok = conn.execute(
+        "select finished_at, snapshot_id from iceberg_sync_log where dataset_id = %s and status = 'succeeded'"
+        " order by finished_at desc nulls last limit 1",
+        (dataset_id,),
+    ).fetchone()
+    meta = {
+        "snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None,
+        "pg_version": pg_version,
+        "iceberg_version": pin.source_version,
+        "max_lag_seconds": max_lag_seconds,
+        "last_succeeded_sync": last_ok[0].isoformat() if last_ok and last_ok[0] else None,
+    }
+    if not pin.has_snapshot:
+        return Health(False, "no Iceberg snapshot: the dataset was never synced", meta)
+    if last_ok is None:
+        return Health(False, "the table has a snapshot but no sync of this dataset ever succeeded", meta)
+    age = (dt.datetime.now(dt.timezone.utc) - pin.committed_at).total_seconds()
+    meta["snapshot_age_seconds"] = round(age, 1)
+    meta["snapshot_committed_at"] = pin.committed_at.isoformat()
+    if pin.path == "native":
+        meta["caught_up"] = None
+        return Health(True, "written iceberg-native: the snapshot is the truth (no Postgres lag to measure)", meta)
+    caught_up = pin.source_version is not None and pg_version is not None and pin.source_version >= pg_version
+    meta["caught_up"] = caught_up
+    if caught_up:
+        return Health(True, f"caught up with Postgres version {pg_version}", meta)
+    if age <= max_lag_seconds:
+        return Health(True, f"behind Postgres (version {pin.source_version} < {pg_version}) for at most {age:.0f} s, "
+                            f"within the allowed {max_lag_seconds} s", meta)
+    return Health(False, f"behind Postgres (version {pin.source_version} < {pg_version}) and the snapshot is "
+                         f"{age:.0f} s old, more than the allowed {max_lag_seconds} s", meta)
+
+
+def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> Health:
+    """Identity columns present with their contract types, non-null in every row, __row_index unique."""
+    pin = pin_iceberg(catalog, settings, dataset_id)
+    meta: dict = {"snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None}
+    if not pin.has_snapshot:
+        return Health(False, "no Iceberg snapshot: identity cannot be checked", meta)
+    wrong = [f"{name} is {pin.fields.get(name)} (expected {typ})" if name in pin.fields else f"{name} is missing"
+             for name, typ in IDENTITY.items() if pin.fields.get(name) != typ]
+    if wrong:
+        meta["problems"] = wrong
+        return Health(False, "identity columns: " + "; ".join(wrong), meta)
+    with IcebergSide(pin, ()) as side:
+        stats = side.identity_stats()
+    meta.update(stats)
+    problems = []
+    for name, key in (("__row_index", "row_index"), ("__row_id", "row_id"), ("__created_at", "created_at")):
+        nulls = stats["rows"] - stats[key]
+        if nulls:
+            problems.append(f"{nulls} row(s) with a null {name}")
+    dups = stats["row_index"] - stats["distinct_row_index"]
+    if dups:
+        problems.append(f"{dups} duplicated __row_index value(s)")
+    if problems:
+        meta["problems"] = problems
+        return Health(False, "; ".join(problems), meta)
+    return Health(True, f"{stats['rows']} rows, identity columns complete and __row_index unique", meta)

@@ -1,0 +1,404 @@
+"""The canary on a real Postgres and real Iceberg tables written by the real mirror: every verdict
+produced on purpose, exit codes, the parity table, localisation, and a write racing the canary."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from lakehouse_dagster.cli.main import main as cli_main
+from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
+from lakehouse_dagster.iceberg.schema import arrow_schema
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import localise as loc
+from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+
+SCHEMA = [
+    {"name": "s", "type": "string"},
+    {"name": "i", "type": "int64"},
+    {"name": "f", "type": "float64"},
+    {"name": "b", "type": "boolean"},
+    {"name": "ts", "type": "timestamp"},
+    {"name": "d", "type": "date"},
+    {"name": "j", "type": "json"},
+]
+
+
+def rows_for(n: int, start: int = 0) -> list[dict]:
+    out = []
+    for k in range(start, start + n):
+        out.append({
+            "s": None if k % 7 == 3 else f"row {k} ünï|code",
+            "i": None if k % 11 == 5 else k * 1000003 - 7,
+            "f": ["NaN", "Infinity", "-Infinity", 0.1, 1e-300, -0.0][k % 6] if k % 5 == 0 else k / 7,
+            "b": None if k % 13 == 0 else k % 2 == 0,
+            "ts": None if k % 17 == 0 else f"2024-01-0{1 + k % 9}T12:00:{k % 60:02d}.{k % 999999:06d}+05:30",
+            "d": None if k % 19 == 0 else f"19{50 + k % 50}-0{1 + k % 9}-1{k % 10}",
+            "j": None if k % 23 == 0 else {"k": k, "nested": {"z": [1, None, "x"], "a": k % 3 == 0}},
+        })
+    return out
+
+
+def make_dataset(conn, n: int = 20, name: str = "d", schema=SCHEMA, rows=None) -> uuid.UUID:
+    ws = ds.create_workspace(conn, f"ws-{name}")
+    d = ds.create_dataset(conn, ws, name, schema)
+    ds.insert_rows(conn, d, rows if rows is not None else rows_for(n))
+    return d
+
+
+def sync(settings, dsn, d, **kw):
+    return sync_dataset(dsn, load_catalog(settings, dsn), settings, d, **kw)
+
+
+def evaluate(settings, dsn, d, **kw) -> cy.Verdict:
+    return cy.evaluate(dsn, load_catalog(settings, dsn), settings, d, **kw)
+
+
+def table_of(settings, dsn, d):
+    return load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+
+
+def behind_the_mirrors_back(conn, statement: str, params=()) -> None:
+    """Change dataset_rows without bumping rows_version: the mirror (and the version check) cannot see it."""
+    with conn.transaction():
+        conn.execute("alter table dataset_rows disable trigger user")
+        conn.execute(statement, params)
+        conn.execute("alter table dataset_rows enable trigger user")
+
+
+def rogue_overwrite(settings, dsn, d, change) -> None:
+    """Commit a snapshot that was not made by a sync: the table's rows, changed by ``change``."""
+    table = table_of(settings, dsn, d)
+    data = table.scan().to_arrow().sort_by("__row_index")
+    table.overwrite(change(data))
+
+
+def run_cli(*args: str) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli_main(["canary", *args, "--json"])
+    return code, json.loads(out.getvalue())
+
+
+def parity_rows(conn, d):
+    return conn.execute(
+        "select verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id, pg_version,"
+        " iceberg_version, mismatched_row_indexes, detail, smoke from lakehouse_read_parity where dataset_id = %s"
+        " order by id",
+        (d,),
+    ).fetchall()
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_ok_when_caught_up_and_equal_recorded_with_both_digests(conn, dsn, settings):
+    d = make_dataset(conn, 40)
+    r = sync(settings, dsn, d)
+    code, out = run_cli("--dataset", str(d), "--smoke")
+    assert code == 0
+    (res,) = out["results"]
+    assert res["verdict"] == "ok" and res["smoke"] == "match"
+    assert res["pg_count"] == res["iceberg_count"] == 40
+    assert res["pg_digest"] == res["iceberg_digest"] and res["pg_digest"] not in (None, "0")
+    assert res["snapshot_id"] == r.snapshot_id and res["pg_version"] == res["iceberg_version"] == r.source_version
+    assert out["summary"]["ok"] == 1 and out["exit_code"] == 0
+    (row,) = parity_rows(conn, d)
+    assert row[0] == "ok" and row[1] == "canary" and row[2] == row[3] == 40
+    assert row[4] == row[5] == int(res["pg_digest"]) and row[6] == r.snapshot_id and row[7] == row[8] == r.source_version
+    assert row[11] == "match"
+
+
+def test_lagging_when_postgres_moved_on(conn, dsn, settings):
+    d = make_dataset(conn, 10)
+    sync(settings, dsn, d)
+    ds.insert_rows(conn, d, rows_for(3, start=10))
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == "lagging" and v.iceberg_version < v.pg_version
+    assert v.pg_digest is None  # no comparison of different versions
+    sync(settings, dsn, d)  # the mirror catches up
+    assert evaluate(settings, dsn, d).verdict == "ok"
+
+
+def test_no_snapshot_when_never_synced(conn, dsn, settings):
+    d = make_dataset(conn, 5)
+    code, out = run_cli("--dataset", str(d))
+    assert code == 0 and out["results"][0]["verdict"] == "no-snapshot"
+    assert "never synced" in out["results"][0]["detail"]["reason"]
+    assert parity_rows(conn, d)[0][0] == "no-snapshot"
+
+
+def test_mismatch_behind_the_mirrors_back_is_localised_exactly(conn, dsn, settings):
+    d = make_dataset(conn, 300)
+    sync(settings, dsn, d)
+    behind_the_mirrors_back(
+        conn,
+        "update dataset_rows set data = jsonb_set(data, '{i}', '42') where dataset_id = %s and row_index = any(%s)",
+        (d, [7, 250]),
+    )
+    behind_the_mirrors_back(conn, "delete from dataset_rows where dataset_id = %s and row_index = 123", (d,))
+    code, out = run_cli("--dataset", str(d))
+    assert code == 1
+    (res,) = out["results"]
+    assert res["verdict"] == "MISMATCH" and res["pg_count"] == 299 and res["iceberg_count"] == 300
+    assert res["mismatched_row_indexes"] == [7, 123, 250]
+    row = parity_rows(conn, d)[-1]
+    assert row[0] == "MISMATCH" and row[9] == [7, 123, 250] and row[4] != row[5]
+
+
+def test_value_that_does_not_fit_its_type_written_behind_the_mirror_is_a_mismatch(conn, dsn, settings):
+    d = make_dataset(conn, 10)
+    sync(settings, dsn, d)
+    behind_the_mirrors_back(
+        conn, "update dataset_rows set data = jsonb_set(data, '{i}', '\"seven\"') where dataset_id = %s and row_index = 3",
+        (d,),
+    )
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == "MISMATCH" and "does not fit its declared type" in v.detail["reason"]
+
+
+@pytest.mark.parametrize("how", ["changed", "duplicated", "dropped", "swapped"])
+def test_mismatch_from_a_rogue_iceberg_snapshot(conn, dsn, settings, how):
+    d = make_dataset(conn, 50)
+    sync(settings, dsn, d)
+
+    def change(t: pa.Table) -> pa.Table:
+        if how == "changed":
+            col = t.column("i").to_pylist()
+            col[17] = (col[17] or 0) + 1
+            return t.set_column(t.schema.get_field_index("i"), "i", pa.array(col, pa.int64()))
+        if how == "duplicated":
+            return pa.concat_tables([t, t.slice(17, 1)])
+        if how == "dropped":
+            return t.filter(pc.not_equal(t["__row_index"], 17))
+        # swap the string values of rows 17 and 18
+        col = t.column("s").to_pylist()
+        col[17], col[18] = col[18], col[17]
+        return t.set_column(t.schema.get_field_index("s"), "s", pa.array(col, pa.string()))
+
+    rogue_overwrite(settings, dsn, d, change)
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == "MISMATCH", v.detail
+    assert v.detail.get("snapshot_not_from_a_sync") and v.detail["version_from"] == "table property"
+    assert v.mismatched_row_indexes == ([17, 18] if how == "swapped" else [17])
+
+
+def test_json_text_form_difference_is_a_mismatch_that_smoke_explains(conn, dsn, settings):
+    d = make_dataset(conn, 12)
+    sync(settings, dsn, d)
+
+    def respell(t: pa.Table) -> pa.Table:  # same json values, Python's spelling (no space after ':', other order)
+        col = [None if v is None else json.dumps(json.loads(v), separators=(",", ":"), sort_keys=False)
+               for v in t.column("j").to_pylist()]
+        return t.set_column(t.schema.get_field_index("j"), "j", pa.array(col, pa.string()))
+
+    rogue_overwrite(settings, dsn, d, respell)
+    v = evaluate(settings, dsn, d, smoke=True)
+    assert v.verdict == "MISMATCH" and v.smoke == "match" and "text form" in v.detail["hint"]
+
+
+def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings):
+    from lakehouse_dagster.iceberg.writer import write_arrow
+
+    d = make_dataset(conn, 8)
+    sync(settings, dsn, d)
+    dataset = ds.get_dataset(conn, d)
+    batch = pa.RecordBatch.from_pylist(
+        [{"__row_index": 100, "__row_id": str(uuid.uuid4()), "__created_at": dt.datetime.now(dt.timezone.utc),
+          "s": "native row", "i": 1, "f": 1.0, "b": True, "ts": None, "d": None, "j": None}],
+        schema=arrow_schema(dataset.columns),
+    )
+    sync_id = uuid.uuid4()
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, source_version)"
+        " values (%s, %s, 'sync.append', 'native', 'running', %s)",
+        (d, sync_id, dataset.rows_version),
+    )
+    w = write_arrow(load_catalog(settings, dsn), settings, dataset, [batch], mode="append", sync_id=sync_id,
+                    source_version=dataset.rows_version, path="native")
+    conn.execute("update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, finished_at = now()"
+                 " where sync_id = %s", (w.snapshot_id, sync_id))
+    code, out = run_cli("--dataset", str(d))
+    assert code == 0
+    (res,) = out["results"]
+    assert res["verdict"] == "native" and res["detail"]["agrees_with_postgres"] is False
+    assert res["iceberg_count"] == 9 and res["pg_count"] == 8 and not res["mismatched_row_indexes"]
+
+
+def test_error_when_the_snapshot_files_cannot_be_read_exit_5(conn, dsn, settings):
+    d = make_dataset(conn, 5)
+    sync(settings, dsn, d)
+    for task in table_of(settings, dsn, d).scan().plan_files():
+        Path(task.file.file_path.removeprefix("file://")).unlink()
+    code, out = run_cli("--dataset", str(d))
+    assert code == 5 and out["results"][0]["verdict"] == "error"
+    assert parity_rows(conn, d)[-1][0] == "error"
+
+
+def test_mismatch_exit_code_wins_over_error_and_summary_counts(conn, dsn, settings):
+    good = make_dataset(conn, 5, name="good")
+    bad = make_dataset(conn, 5, name="bad")
+    broken = make_dataset(conn, 5, name="broken")
+    never = make_dataset(conn, 5, name="never")
+    for d in (good, bad, broken):
+        sync(settings, dsn, d)
+    behind_the_mirrors_back(conn, "update dataset_rows set data = '{}' where dataset_id = %s and row_index = 0", (bad,))
+    for task in table_of(settings, dsn, broken).scan().plan_files():
+        Path(task.file.file_path.removeprefix("file://")).unlink()
+    code, out = run_cli(*[a for d in (good, bad, broken, never) for a in ("--dataset", str(d))])
+    assert code == 1
+    s = out["summary"]
+    assert (s["ok"], s["MISMATCH"], s["error"], s["no-snapshot"], s["lagging"]) == (1, 1, 1, 1, 0)
+
+
+def test_wedged_syncs_in_the_summary(conn, dsn, settings, monkeypatch):
+    d = make_dataset(conn, 3)
+    sync(settings, dsn, d)
+    # synced 3 hours ago; the sync started 2 hours ago is still 'running' (its process died)
+    conn.execute("update iceberg_sync_log set started_at = now() - interval '3 hours' where dataset_id = %s", (d,))
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, status, started_at)"
+        " values (%s, %s, 'running', now() - interval '2 hours')", (d, uuid.uuid4()),
+    )
+    failed_long_ago = make_dataset(conn, 3, name="failed")
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, status, started_at, error)"
+        " values (%s, %s, 'failed', now() - interval '90 minutes', 'boom')", (failed_long_ago, uuid.uuid4()),
+    )
+    fresh = make_dataset(conn, 3, name="fresh")
+    conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, status) values (%s, %s, 'running')", (fresh, uuid.uuid4()))
+    monkeypatch.setenv("LAKEHOUSE_WEDGED_AFTER_SECONDS", "3600")
+    code, out = run_cli("--dataset", str(d))
+    assert code == 0
+    assert out["summary"]["wedged"] == 2
+    assert [w["dataset_id"] for w in out["wedged"]] == [str(d), str(failed_long_ago)]
+    assert out["results"][0]["wedged"] is True and out["results"][0]["verdict"] == "ok"
+    monkeypatch.setenv("LAKEHOUSE_WEDGED_AFTER_SECONDS", "6000")  # 100 min: only the 2-hour-old one
+    code, out = run_cli("--dataset", str(d))
+    assert out["summary"]["wedged"] == 1 and parity_rows(conn, d)[-1][10]["wedged"] is True
+
+
+def test_sample_of_synced_datasets_and_bad_input(conn, dsn, settings):
+    synced = [make_dataset(conn, 3, name=f"s{i}") for i in range(3)]
+    for d in synced:
+        sync(settings, dsn, d)
+    make_dataset(conn, 3, name="unsynced")
+    code, out = run_cli("--limit", "2")
+    assert code == 0 and len(out["results"]) == 2
+    assert {r["dataset_id"] for r in out["results"]} <= {str(d) for d in synced}
+    code, out = run_cli()
+    assert {r["dataset_id"] for r in out["results"]} == {str(d) for d in synced}
+    assert cli_main(["canary", "--dataset", "not-a-uuid"]) == 2
+    assert cli_main(["canary", "--dataset", str(uuid.uuid4())]) == 3
+    assert cli_main(["canary", "--limit", "0"]) == 2
+
+
+def test_write_racing_the_canary_is_lagging_never_mismatch(conn, dsn, settings):
+    d = make_dataset(conn, 30)
+    sync(settings, dsn, d)
+
+    def write_between_the_pins():
+        with connect(dsn) as other:
+            ds.insert_rows(other, d, rows_for(2, start=30))
+
+    v = evaluate(settings, dsn, d, hooks=cy.Hooks(after_iceberg_pin=write_between_the_pins))
+    assert v.verdict == "lagging"
+    # and a mirror commit landing after the pins changes nothing the pinned evaluation reads
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).verdict == "ok"
+
+
+def test_concurrent_writes_and_syncs_never_give_a_false_mismatch(conn, dsn, settings):
+    d = make_dataset(conn, 200)
+    sync(settings, dsn, d)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer():
+        try:
+            with connect(dsn) as other:
+                k = 200
+                while not stop.is_set():
+                    ds.insert_rows(other, d, rows_for(5, start=k))
+                    k += 5
+                    other.execute("update dataset_rows set data = data || '{\"i\": 1}' where dataset_id = %s"
+                                  " and row_index = %s", (d, k % 100))
+                    sync(settings, dsn, d)
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        verdicts = [evaluate(settings, dsn, d).verdict for _ in range(8)]
+    finally:
+        stop.set()
+        t.join()
+    assert not errors
+    assert set(verdicts) <= {"ok", "lagging"}, verdicts
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).verdict == "ok"
+
+
+def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings):
+    d = make_dataset(conn, 3000)
+    sync(settings, dsn, d)
+    changed = [0, 1234, 1235, 2999]
+    behind_the_mirrors_back(
+        conn, "update dataset_rows set data = data || '{\"s\": \"changed\"}' where dataset_id = %s and row_index = any(%s)",
+        (d, changed),
+    )
+    pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
+    columns = ds.get_dataset(conn, d).columns
+    with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns) as ice:
+        pg_side = PgSide(pg.conn, d, columns)
+        left, right = full_digest(pg_side, 0, 3000, factor=4), full_digest(ice, 0, 3000, factor=4)
+        assert left.value != right.value and left.count == right.count
+        found = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8)
+        assert found.row_indexes == changed and not found.truncated
+        assert found.queries > 8  # several levels of range digests, not one scan
+        few = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8,
+                           limit=2)
+        assert few.row_indexes == [0, 1234] and few.truncated
+
+
+def test_demo_datasets_are_all_ok(conn, dsn, settings):
+    from lakehouse_dagster.demo import seed_demo
+
+    seed_demo(conn, big_rows=2000)
+    tabular = [r[0] for r in conn.execute("select id from datasets where kind = 'tabular'").fetchall()]
+    for d in tabular:
+        sync(settings, dsn, d)
+    report = cy.run_canary(conn, dsn, load_catalog(settings, dsn), settings, limit=100, smoke=True,
+                           smoke_max_rows=25_000)
+    assert report.exit_code == 0
+    assert {r.verdict for r in report.results} == {"ok"}, [(r.dataset, r.detail) for r in report.results if r.verdict != "ok"]
+    assert {r.smoke for r in report.results} == {"match"}
+    assert len(report.results) == len(tabular)
+
+
+def test_console_script_exit_code_and_text(conn, dsn, settings):
+    d = make_dataset(conn, 5)
+    sync(settings, dsn, d)
+    behind_the_mirrors_back(conn, "update dataset_rows set data = '{}' where dataset_id = %s and row_index = 4", (d,))
+    proc = subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "canary", "--dataset", str(d)],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "MISMATCH" in proc.stdout and "differing __row_index: 4" in proc.stdout
+    assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
