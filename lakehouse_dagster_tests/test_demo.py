@@ -12,6 +12,7 @@ from datetime import date, datetime
 from pathlib import Path
 
 import psycopg
+import psycopg.sql
 import pytest
 
 from lakehouse_dagster.cli.main import main
@@ -234,7 +235,7 @@ def test_demo_seed_refuses_an_unmigrated_database(pg_admin_dsn, monkeypatch, cap
 
     name = f"t_empty_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'create database "{name}"')
+        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
     try:
         monkeypatch.setenv("LAKEHOUSE_PG_DSN", _with_db(pg_admin_dsn, name))
         code, out, err = _run(capsys, "demo", "seed", "--rows", "10")
@@ -243,7 +244,7 @@ def test_demo_seed_refuses_an_unmigrated_database(pg_admin_dsn, monkeypatch, cap
             assert c.execute("select count(*) from pg_tables where schemaname = 'public'").fetchone()[0] == 0
     finally:
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(f'drop database if exists "{name}" with (force)')
+            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
 
 
 def test_pg_commands_never_show_a_password_and_refuse_when_external(monkeypatch, tmp_path, capsys):
