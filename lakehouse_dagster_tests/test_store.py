@@ -61,3 +61,20 @@ def test_bad_schema_is_refused(conn):
     with pytest.raises(BadInput, match="reserved"):
         ds.create_dataset(conn, ws, "d", [{"name": "__row_index", "type": "int64"}])
     assert conn.execute("select count(*) from datasets").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://u:s3cret@h:5432/db",
+        "host=h password=s3cret dbname=db",
+        "host=h password='s3 cret' dbname=db",
+        "postgresql://u@h/db?password=s3cret&sslmode=require",
+        "postgresql+psycopg://u:s3cret@h/db",
+    ],
+)
+def test_redact_never_shows_the_password(dsn):
+    from lakehouse_dagster.store.db import redact
+
+    shown = redact(dsn)
+    assert "s3" not in shown and "***" in shown and ("sslmode=require" in shown or "sslmode" not in dsn)

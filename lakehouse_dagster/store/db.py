@@ -44,4 +44,7 @@ def sqlalchemy_url(dsn: str) -> str:
 
 def redact(dsn: str) -> str:
     """A DSN fit for logs and metadata: the password is never shown."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)
+    if "://" in dsn:
+        dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)  # user:password@
+        return re.sub(r"([?&]password=)[^&]*", r"\1***", dsn)  # ?password=
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)  # key=value form
