@@ -376,6 +376,8 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
         few = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8,
                            limit=2)
         assert few.row_indexes == [0, 1234] and few.truncated
+        cold = loc.localise(pg_side, ice, 0, 3000, factor=4, leaf_rows=8)  # computes the first level itself
+        assert cold.row_indexes == changed and cold.queries == found.queries + 1
 
 
 def test_demo_datasets_are_all_ok(conn, dsn, settings):

@@ -42,7 +42,7 @@ from ..settings import Settings
 from . import localise as loc
 from . import smoke as sm
 from .digest import (
-    IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, schema_problems,
+    IcebergSide, PgSide, PinnedPostgres, pin_iceberg, plain_digest, schema_problems,
 )
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -218,14 +218,14 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
         his = [x for x in (pg_hi, ice_hi) if x is not None]
         lo, hi = (min(los), max(his) + 1) if los else (0, 1)
         try:
-            pg_digest = full_digest(pg_side, lo, hi)
+            pg_digest = plain_digest(pg_side)
         except psycopg.DataError as exc:  # SQLSTATE class 22
             # A value the mirror would have refused sits in a caught-up dataset: it was written behind
             # the mirror's back. Postgres cannot type it, so Iceberg cannot hold the same value.
             v.verdict = NATIVE if native else MISMATCH
             v.detail["reason"] = f"Postgres holds a value that does not fit its declared type: {_one_line(exc)}"
             return
-        ice_digest = full_digest(ice, lo, hi)
+        ice_digest = plain_digest(ice)
         v.pg_count, v.pg_digest = pg_digest.value
         v.iceberg_count, v.iceberg_digest = ice_digest.value
         v.detail["seconds"] = {"postgres_digest": round(pg_digest.seconds, 3), "iceberg_digest": round(ice_digest.seconds, 3)}
@@ -265,7 +265,7 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
         else:
             v.detail["reason"] = "digests match but the value-level smoke check differs"
         if localise and not agree:
-            found = loc.localise(pg_side, ice, lo, hi, pg_digest.width, pg_digest.segments, ice_digest.segments)
+            found = loc.localise(pg_side, ice, lo, hi)
             v.mismatched_row_indexes = found.row_indexes
             v.detail["localisation"] = {
                 "row_indexes": len(found.row_indexes), "truncated": found.truncated,

@@ -57,10 +57,10 @@ class DigestUnavailable(LakehouseError):
 class Digest:
     count: int
     sum: int
-    segments: Segments  # segment → (count, sum), for localisation
-    lo: int  # segment 0 starts here
-    width: int  # rows of __row_index space per segment
     seconds: float
+    segments: Segments | None = None  # segment → (count, sum), for localisation (when asked for)
+    lo: int = 0  # segment 0 starts here
+    width: int = 0  # rows of __row_index space per segment
 
     @property
     def value(self) -> tuple[int, int]:
@@ -156,18 +156,25 @@ class PgSide:
             "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
         ).fetchone()
 
-    def segment_digests(self, lo: int, hi: int, width: int) -> Segments:
+    def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
+        """``everything``: [lo, hi) is known to hold every row (the bounds), so no range predicate."""
         query = sql.SQL(
-            "select (row_index - %(lo)s) / %(w)s as seg, count(*), coalesce(sum(h), 0) from ("
-            " select row_index, {h} as h from dataset_rows"
-            " where dataset_id = %(ds)s and row_index >= %(lo)s and row_index < %(hi)s) s group by 1"
-        ).format(h=self._hash)
+            "select (row_index - %(lo)s) / %(w)s as seg, count(*), coalesce(sum({h}), 0) from dataset_rows"
+            " where dataset_id = %(ds)s{rng} group by 1"
+        ).format(h=self._hash, rng=sql.SQL("" if everything else " and row_index >= %(lo)s and row_index < %(hi)s"))
         # The planner cannot estimate how few segments there are and would sort every row to group
         # them; a hash aggregate keeps the parallel scan streaming (local to this transaction).
         self.conn.execute("set local enable_sort = off")
         rows = self.conn.execute(query, {"lo": lo, "hi": hi, "w": width, "ds": self.dataset_id}).fetchall()
         self.conn.execute("set local enable_sort = on")  # (after an error the transaction is over anyway)
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def digest(self) -> tuple[int, int]:
+        """(count, sum) of every row: the canary's main query (no grouping: ~5% cheaper than segments)."""
+        query = sql.SQL("select count(*), coalesce(sum({h}), 0) from dataset_rows where dataset_id = %s").format(
+            h=self._hash)
+        count, total = self.conn.execute(query, (self.dataset_id,)).fetchone()
+        return int(count), int(total)
 
     def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
         query = sql.SQL(
@@ -281,13 +288,16 @@ class IcebergSide:
 
     name = "iceberg"
 
-    def __init__(self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None):
+    def __init__(
+        self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None, via_arrow: bool | None = None
+    ):
         import duckdb
 
         self.pin = pin
         self.columns = tuple(columns)
         self.con = duckdb.connect(config={"threads": threads} if threads else {})
-        self._arrow = (not pin.local) or pin.has_deletes
+        # via_arrow forces (True) or forbids (False) the pyiceberg reader; None picks by the files.
+        self._arrow = ((not pin.local) or pin.has_deletes) if via_arrow is None else via_arrow
         self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
         self.empty = not pin.files
         self.present = self._present_columns()
@@ -341,16 +351,28 @@ class IcebergSide:
             f"select min(__row_index), max(__row_index) from {self._source()}", self._params()
         ).fetchone()
 
-    def segment_digests(self, lo: int, hi: int, width: int) -> Segments:
+    def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         if self.empty:
             return {}
-        query = (
-            f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
-            f" select __row_index, {self._hash} as u from {self._source(lo, hi)}"
-            f" where __row_index >= $lo and __row_index < $hi) group by seg"
-        )
-        rows = self.con.execute(query, self._params(lo=lo, hi=hi, w=width)).fetchall()
+        if everything:
+            query = (f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
+                     f" select __row_index, {self._hash} as u from {self._source()}) group by seg")
+            params = self._params(lo=lo, w=width)
+        else:
+            query = (f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
+                     f" select __row_index, {self._hash} as u from {self._source(lo, hi)}"
+                     f" where __row_index >= $lo and __row_index < $hi) group by seg")
+            params = self._params(lo=lo, hi=hi, w=width)
+        rows = self.con.execute(query, params).fetchall()
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+    def digest(self) -> tuple[int, int]:
+        if self.empty:
+            return (0, 0)
+        count, total = self.con.execute(
+            f"select count(*), {cn.DUCK_SIGNED_SUM} from (select {self._hash} as u from {self._source()})", self._params()
+        ).fetchone()
+        return int(count), int(total)
 
     def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
         if self.empty:
@@ -385,10 +407,18 @@ def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
     return problems
 
 
-def full_digest(side, lo: int, hi: int, factor: int = 32) -> Digest:
-    """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once."""
+def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False) -> Digest:
+    """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once.
+    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds)."""
     t = time.perf_counter()
     width = segment_plan(lo, hi, factor)
-    segments = side.segment_digests(lo, hi, width)
+    segments = side.segment_digests(lo, hi, width, everything=everything)
     count, total = fold(segments)
-    return Digest(count, total, segments, lo, width, time.perf_counter() - t)
+    return Digest(count, total, time.perf_counter() - t, segments, lo, width)
+
+
+def plain_digest(side) -> Digest:
+    """The side's digest of every row, in one ungrouped aggregate (the canary's common path)."""
+    t = time.perf_counter()
+    count, total = side.digest()
+    return Digest(count, total, time.perf_counter() - t)

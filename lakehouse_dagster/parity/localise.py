@@ -30,13 +30,20 @@ class Localisation:
 
 
 def localise(
-    pg, ice, lo: int, hi: int, width: int, pg_segments: Segments, ice_segments: Segments,
+    pg, ice, lo: int, hi: int, width: int | None = None,
+    pg_segments: Segments | None = None, ice_segments: Segments | None = None,
     *, factor: int = FACTOR, leaf_rows: int = LEAF_ROWS, limit: int = LIMIT,
 ) -> Localisation:
-    """Differing row indexes in [lo, hi), starting from both sides' segment digests of that range."""
+    """Differing row indexes in [lo, hi) — every row of both sides lies in it — starting from both
+    sides' segment digests of that range when the caller has them, else computing them first."""
     started = time.perf_counter()
     found: list[int] = []
     state = {"queries": 0, "truncated": False}
+    if pg_segments is None or ice_segments is None or width is None:
+        width = segment_plan(lo, hi, factor)
+        state["queries"] += 1
+        pg_segments = pg.segment_digests(lo, hi, width, everything=True)
+        ice_segments = ice.segment_digests(lo, hi, width, everything=True)
 
     def leaf(a: int, b: int) -> None:
         state["queries"] += 1
