@@ -78,3 +78,35 @@ def test_redact_never_shows_the_password(dsn):
 
     shown = redact(dsn)
     assert "s3" not in shown and "***" in shown and ("sslmode=require" in shown or "sslmode" not in dsn)
+
+
+def test_concurrent_writers_never_move_a_version_backwards(conn, dsn):
+    """A writer that starts while another holds the dataset must end with a larger version than the
+    holder's last statement, even though it started first (a number drawn before the lock would lose)."""
+    import threading
+
+    from lakehouse_dagster.store.db import connect
+
+    ws = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws, "d", SCHEMA)
+    holder = connect(dsn, autocommit=False)
+    waiter = connect(dsn, autocommit=False)
+    holder.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (d,))
+    done = threading.Event()
+
+    def write():
+        waiter.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 1, '{}')", (d,))
+        waiter.commit()
+        done.set()
+
+    t = threading.Thread(target=write)
+    t.start()
+    assert not done.wait(1.0), "the second writer must wait for the datasets row lock"
+    holder.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 2, '{}')", (d,))
+    holder_version = holder.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+    holder.commit()
+    t.join(30)
+    assert done.is_set()
+    assert _version(conn, d)[0] > holder_version
+    holder.close()
+    waiter.close()

@@ -61,9 +61,14 @@ alter table datasets add column if not exists rows_xid xid8;
 alter table datasets add column if not exists max_row_index bigint;
 create index if not exists datasets_rows_xid_idx on datasets (rows_xid, id);
 
+-- The version is drawn only after the datasets rows are locked: a concurrent writer to the same dataset
+-- either committed before (and drew a smaller number) or waits for us (and draws a larger one), so a
+-- dataset's rows_version never moves backwards.
 create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
-declare v bigint := nextval('lakehouse_rows_version_seq');
+declare v bigint;
 begin
+  perform 1 from datasets where id in (select dataset_id from lakehouse_new_rows) order by id for update;
+  v := nextval('lakehouse_rows_version_seq');
   update datasets d
      set rows_version = v,
          rows_xid = pg_current_xact_id(),
@@ -78,8 +83,17 @@ begin
 end $$;
 
 create or replace function lakehouse_rows_rewritten() returns trigger language plpgsql as $$
-declare v bigint := nextval('lakehouse_rows_version_seq');
+declare v bigint;
 begin
+  if tg_op = 'UPDATE' then
+    perform 1 from datasets where id in (select dataset_id from lakehouse_new_rows
+                                         union select dataset_id from lakehouse_old_rows) order by id for update;
+  elsif tg_op = 'DELETE' then
+    perform 1 from datasets where id in (select dataset_id from lakehouse_old_rows) order by id for update;
+  else
+    perform 1 from datasets order by id for update;
+  end if;
+  v := nextval('lakehouse_rows_version_seq');
   if tg_op = 'UPDATE' then
     update datasets d
        set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(), updated_at = now(),
@@ -116,7 +130,7 @@ create trigger lakehouse_rows_del after delete on dataset_rows
 
 -- A schema change needs a re-sync even when no row changed.
 create or replace function lakehouse_schema_changed() returns trigger language plpgsql as $$
-declare v bigint := nextval('lakehouse_rows_version_seq');
+declare v bigint := nextval('lakehouse_rows_version_seq');  -- the row is already locked in a BEFORE trigger
 begin
   new.rows_version := v; new.rows_rewrite_version := v; new.rows_xid := pg_current_xact_id();
   return new;
