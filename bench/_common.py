@@ -40,7 +40,7 @@ select %(ds)s, g, jsonb_build_object(
   'active', g %% 2 = 0,
   'seen_at', to_char(timestamptz '2024-01-01 00:00:00+00' + g * interval '1.5 second',
                      'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'),
-  'day', to_char(date '2000-01-01' + (g %% 10000), 'YYYY-MM-DD'),
+  'day', to_char(date '2000-01-01' + (g %% 10000)::int, 'YYYY-MM-DD'),
   'attrs', jsonb_build_object('a', g %% 10, 'tags', jsonb_build_array('x', g %% 3), 'nested', jsonb_build_object('k', g %% 2)))
 from generate_series(%(lo)s::bigint, %(hi)s::bigint) g
 """
