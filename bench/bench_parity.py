@@ -28,56 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import admin_dsn, fresh_database  # noqa: E402
-
-# Demo-shaped (like the demo's `events` and bench/_common.py): 10 typed columns of every type, with nulls
-# (JSON null and missing keys), unicode, NaN/±Infinity, pre-1970 timestamps and nested json.
-SCHEMA = [
-    {"name": "name", "type": "string"},
-    {"name": "label", "type": "string"},
-    {"name": "qty", "type": "int64"},
-    {"name": "bucket", "type": "int64"},
-    {"name": "price", "type": "float64"},
-    {"name": "ratio", "type": "float64"},
-    {"name": "active", "type": "boolean"},
-    {"name": "seen_at", "type": "timestamp"},
-    {"name": "day", "type": "date"},
-    {"name": "attrs", "type": "json"},
-]
-GENERATE = """
-insert into dataset_rows (dataset_id, row_index, created_at, data)
-select %(ds)s, g, timestamptz '2024-01-01 00:00:00+00' + g * interval '1 second', jsonb_strip_nulls(jsonb_build_object(
-  'name', 'item-' || g,
-  'label', case when g %% 7 = 0 then null else 'ünïcode-' || (g %% 1000) || ' ✓ 日本' end,
-  'qty', g * 7 - 1000000,
-  'bucket', case when g %% 5 = 0 then null else g %% 100000 end,
-  'price', case g %% 1000 when 1 then to_jsonb('NaN'::text) when 2 then to_jsonb('Infinity'::text)
-                          when 3 then to_jsonb('-Infinity'::text) else to_jsonb(g * 0.1) end,
-  'ratio', case when g %% 11 = 0 then null else to_jsonb((g %% 1000)::float8 / 7) end,
-  'active', case when g %% 13 = 0 then null else g %% 2 = 0 end,
-  'seen_at', to_char(timestamptz '1965-01-01 00:00:00+00' + g * interval '1.5 second',
-                     'YYYY-MM-DD"T"HH24:MI:SS.US"+02:00"'),
-  'day', to_char(date '2000-01-01' + (g %% 10000)::int, 'YYYY-MM-DD'),
-  'attrs', case when g %% 9 = 0 then null else jsonb_build_object('a', g %% 10, 'tags', jsonb_build_array('x', g %% 3, null),
-                                                                  'nested', jsonb_build_object('k', g %% 2, 'ü', 'v')) end))
-  || case when g %% 17 = 0 then '{"attrs": null}'::jsonb else '{}'::jsonb end
-from generate_series(%(lo)s::bigint, %(hi)s::bigint) g
-"""
-
-
-def make_dataset(dsn: str, rows: int) -> tuple:
-    from lakehouse_dagster.store import datasets as ds
-    from lakehouse_dagster.store.db import connect
-
-    t = time.perf_counter()
-    with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, "bench")
-        d = ds.create_dataset(conn, ws, "bench_parity", SCHEMA)
-        for lo in range(0, rows, 500_000):
-            conn.execute(GENERATE, {"ds": d, "lo": lo, "hi": min(rows, lo + 500_000) - 1})
-        conn.execute("vacuum analyze dataset_rows")
-    return d, time.perf_counter() - t
-
+from bench._common import admin_dsn, fresh_database, make_dataset  # noqa: E402
 
 def _best(fn, repeat: int) -> tuple[float, object, list[float]]:
     times, out = [], None
