@@ -10,7 +10,6 @@ import uuid
 from datetime import date, datetime
 from typing import Any, Callable
 
-from ..errors import BadInput
 from ..settings import Settings
 
 
@@ -118,7 +117,3 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
 
-
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise BadInput(message)

@@ -58,6 +58,10 @@ IDENTITY_ARROW = [
 ]
 
 
+def iceberg_type(column_type: str) -> IcebergType:
+    return _ICEBERG[column_type]
+
+
 def iceberg_schema(columns: Sequence[Column]) -> Schema:
     fields = [
         NestedField(1, "__row_index", LongType(), required=True),
@@ -76,8 +80,3 @@ def arrow_schema(columns: Sequence[Column]) -> pa.Schema:
 def columns_property(columns: Iterable[Column]) -> str:
     return json.dumps([{"name": c.name, "type": c.type} for c in columns], separators=(",", ":"))
 
-
-def columns_from_property(value: str | None) -> tuple[Column, ...]:
-    if not value:
-        return ()
-    return tuple(Column(e["name"], e["type"]) for e in json.loads(value))

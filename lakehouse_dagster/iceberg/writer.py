@@ -30,9 +30,9 @@ from pyiceberg.table import Table
 
 from ..errors import SyncFailed
 from ..settings import Settings
-from ..store.datasets import Column, Dataset
+from ..store.datasets import Dataset
 from .catalog import ensure_namespace, load_table_or_none, table_identifier
-from .schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema
+from .schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema, iceberg_type
 
 _log = logging.getLogger(__name__)
 
@@ -75,10 +75,7 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset) -> Tabl
                 raise SyncFailed(f"dataset {dataset.id}: cannot create Iceberg table {'.'.join(ident)}: {exc}") from exc
     existing = {f.name: f for f in table.schema().fields}
     missing = [c for c in dataset.columns if c.name not in existing]
-    changed = [
-        c for c in dataset.columns
-        if c.name in existing and existing[c.name].field_type != iceberg_schema([c]).find_field(c.name).field_type
-    ]
+    changed = [c for c in dataset.columns if c.name in existing and existing[c.name].field_type != iceberg_type(c.type)]
     if changed:
         c = changed[0]
         raise SyncFailed(

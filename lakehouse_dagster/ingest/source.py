@@ -67,13 +67,13 @@ end $$;
 """
 
 _TYPE_OK = {
-    # declared type → (accepted jsonb_typeof, SQL producing the typed value from data->>name / data->name)
-    "string": ("string", "{txt}"),
-    "int64": ("number", "({txt})::bigint"),
-    "float64": ("number", "({txt})::float8"),
-    "boolean": ("boolean", "({js})::boolean"),
-    "timestamp": ("string", "({txt})::timestamptz"),
-    "date": ("string", "({txt})::date"),
+    # declared type → (accepted jsonb_typeof, SQL of the typed value from {t} = data->>name, {j} = data->name)
+    "string": ("string", "{t}"),
+    "int64": ("number", "({t})::bigint"),
+    "float64": ("number", "({t})::float8"),
+    "boolean": ("boolean", "({j})::boolean"),
+    "timestamp": ("string", "({t})::timestamptz"),
+    "date": ("string", "({t})::date"),
 }
 _PG_TYPE = {
     "string": "text",
@@ -95,7 +95,7 @@ def column_expr(col: Column) -> sql.Composable:
     if col.type == "json":
         return sql.SQL("case {kind} when 'null' then null else ({js})::text end").format(kind=kind, js=js)
     accepted, template = _TYPE_OK[col.type]
-    value = sql.SQL(template.replace("{txt}", "{t}").replace("{js}", "{j}")).format(t=txt, j=js)
+    value = sql.SQL(template).format(t=txt, j=js)
     bad = sql.SQL("lakehouse_bad_value(dataset_id, row_index, {n}, {typ}, {kind})::{pg}").format(
         n=name, typ=sql.Literal(col.type), kind=kind, pg=sql.SQL(_PG_TYPE[col.type])
     )
@@ -167,21 +167,11 @@ class PinnedSnapshot:
         v, rw, mx, schema, kind, snap = self._row
         return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)
 
-    def count(self) -> int:
-        return self.conn.execute(
-            "select count(*) from dataset_rows where dataset_id = %s", (self.dataset_id,)
-        ).fetchone()[0]
-
     def close(self) -> None:
         try:
             self.conn.rollback()
         finally:
             self.conn.close()
-
-
-def ensure_functions(conn: psycopg.Connection) -> None:
-    conn.execute(BAD_VALUE_FN)
-    conn.execute(FIND_BAD_ROW_FN)
 
 
 def _adbc_uri(dsn: str) -> str:

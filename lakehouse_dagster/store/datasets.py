@@ -95,14 +95,6 @@ def get_dataset(conn: psycopg.Connection, dataset_id: uuid.UUID | str) -> Datase
     return _dataset_from_row(row)
 
 
-def list_datasets(conn: psycopg.Connection, *, kind: str | None = None) -> list[Dataset]:
-    if kind is None:
-        rows = conn.execute(_SELECT_DATASETS + " order by name, id").fetchall()
-    else:
-        rows = conn.execute(_SELECT_DATASETS + " where kind = %s order by name, id", (kind,)).fetchall()
-    return [_dataset_from_row(r) for r in rows]
-
-
 def create_workspace(conn: psycopg.Connection, name: str, workspace_id: uuid.UUID | None = None) -> uuid.UUID:
     ws_id = workspace_id or uuid.uuid4()
     conn.execute("insert into workspaces (id, name) values (%s, %s)", (ws_id, name))
