@@ -4,7 +4,7 @@
 
 On a demo-shaped dataset (bench/_common.py: 10 typed columns of every type, json and nulls) mirrored to
 Iceberg by the real mirror, prints for the same rows:
-  postgres digest   the canary's SQL (count + sum of md5-derived 64-bit hashes, per segment) inside Postgres
+  postgres digest   the canary's SQL (count + sum of 64-bit row hashes, hashtextextended) inside Postgres
   postgres baseline draining COPY (SELECT <typed projection of every column>) TO STDOUT (binary, and text)
   iceberg digest    the canary's DuckDB query over the snapshot's Parquet files
   iceberg baseline  DuckDB sum(length(col::VARCHAR)) over every column of the same files

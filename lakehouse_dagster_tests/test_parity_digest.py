@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import struct
 import uuid
 
 import pyarrow as pa
@@ -17,6 +18,7 @@ from psycopg.types.json import Jsonb
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.parity import canonical as cn
+from lakehouse_dagster.parity import lookup3
 from lakehouse_dagster.parity.digest import (
     IcebergPin, IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, plain_digest,
 )
@@ -181,8 +183,10 @@ AWKWARD_FLOATS = [0.1, 1e-300, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -2.5, 
 
 def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
     want = [cn.canonical_value(x, "float64") for x in AWKWARD_FLOATS]
-    assert want[2] == want[3] == " 0.0000000000000000e+00"  # -0.0 == 0.0: equal values, equal text
-    assert want[0] == " 1.0000000000000001e-01" and want[10:13] == ["NaN", "Infinity", "-Infinity"]
+    assert want[2] == want[3] == "0"  # -0.0 == 0.0: equal values, equal text
+    assert want[0] == "4591870180066957722" == str(0x3FB999999999999A)  # 0.1's IEEE-754 bits
+    assert want[10:13] == ["NaN", str(0x7FF0000000000000), str(-(1 << 52))]
+    assert len(set(want)) == len(want) - 2  # only the zeros (and 5e-324 == 2**-1074) share a text
     v = sql.SQL("x")
     pg = conn.execute(
         sql.SQL("select {} from unnest(%s::float8[]) with ordinality u(x, o) order by o").format(cn._pg_field("float64", v)),
@@ -191,12 +195,14 @@ def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
     assert [r[0] for r in pg] == want
     # DuckDB over a Parquet file whose statistics leave NaN out (the folding trap: see canonical.py)
     path = tmp_path / "f.parquet"
-    pq.write_table(pa.table({"i": list(range(len(AWKWARD_FLOATS))), "x": AWKWARD_FLOATS}), path)
+    # plus NaNs with other bits than Postgres' (sign set, a payload): a NaN is a NaN
+    other_nans = [struct.unpack(">d", struct.pack(">Q", b))[0] for b in (0xFFF8000000000000, 0x7FF0000000000001)]
+    pq.write_table(pa.table({"i": list(range(len(AWKWARD_FLOATS) + 2)), "x": AWKWARD_FLOATS + other_nans}), path)
     import duckdb
 
     con = duckdb.connect()
     got = con.execute(f"select {cn._duck_field('float64', 'x')} from read_parquet($1) order by i", [str(path)]).fetchall()
-    assert [r[0] for r in got] == want
+    assert [r[0] for r in got] == want + ["NaN", "NaN"]
     nan_row = con.execute(f"select {cn._duck_field('float64', 'x')} from read_parquet($1) where i = 10", [str(path)]).fetchall()
     assert nan_row == [("NaN",)]
 
@@ -277,3 +283,50 @@ def test_pyiceberg_reader_path_gives_the_same_digest(conn, dsn, settings):
         want = full_digest(PgSide(pg.conn, d, columns), 0, 50).value
         assert full_digest(arrow, 0, 50).value == want == full_digest(files, 0, 50).value
         assert sorted(arrow.row_hashes(10, 13)) == sorted(files.row_hashes(10, 13)) and len(arrow.row_hashes(10, 13)) == 3
+
+
+# ---------------------------------------------------------------------------------------------------
+# The hash: Postgres' hashtextextended and the compiled lookup3 kernel give the same bits.
+
+
+@hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60),
+                      min_size=1, max_size=30))
+def test_lookup3_kernel_is_postgres_hashtextextended(conn, texts):
+    pg = [r[0] for r in conn.execute(
+        'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
+        (texts,)).fetchall()]
+    assert [lookup3.hash_text(t) for t in texts] == pg
+    # every Arrow layout DuckDB or pyarrow may hand over: 32/64-bit offsets, a slice not starting at 0
+    for typ in (pa.string(), pa.large_string()):
+        arr = pa.array(["pad"] + texts, typ).slice(1)
+        assert lookup3.hash_array(arr).tolist() == pg
+
+
+def test_lookup3_in_duckdb_matches_postgres_and_refuses_null(conn):
+    import duckdb
+
+    texts = ["", "a", "x" * 12, "x" * 13, "héllo ✓", "0|36:" + "e" * 36]
+    pg = [r[0] for r in conn.execute(
+        'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
+        (texts,)).fetchall()]
+    con = duckdb.connect()
+    lookup3.register(con)
+    got = con.execute(f"select {lookup3.DUCK_FUNCTION}(t) from unnest($1) with ordinality u(t, o) order by o",
+                      [texts]).fetchall()
+    assert [r[0] for r in got] == pg
+    # over more rows than one DuckDB vector, in parallel: the same as hashing them one by one
+    many = con.execute(f"select sum({lookup3.DUCK_FUNCTION}(i::VARCHAR)::HUGEINT) from range(50000) t(i)").fetchone()[0]
+    assert many == sum(lookup3.hash_text(str(i)) for i in range(50000))
+    with pytest.raises(duckdb.Error, match="NULL text has no hash"):
+        con.execute(f"select {lookup3.DUCK_FUNCTION}(NULL::VARCHAR)").fetchall()
+
+
+def test_self_check_refuses_a_server_whose_hash_differs(conn, monkeypatch):
+    from lakehouse_dagster.parity.digest import DigestUnavailable
+
+    side = PgSide(conn, uuid.uuid4(), [])
+    side.self_check()
+    monkeypatch.setattr(lookup3, "hash_text", lambda t: 42)  # as if the server's lookup3 were another
+    with pytest.raises(DigestUnavailable, match="hashtextextended differs"):
+        side.self_check()

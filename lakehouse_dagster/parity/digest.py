@@ -33,6 +33,7 @@ from ..settings import Settings
 from ..store.datasets import Column, parse_schema
 from ..store.db import connect
 from . import canonical as cn
+from . import lookup3
 
 # Keys the mirror's writer puts into each snapshot summary and the table properties (iceberg/writer.py).
 SYNC_ID = "lakehouse.sync-id"
@@ -141,7 +142,8 @@ class PgSide:
         self._hash = cn.pg_row_hash(self.columns)
 
     def self_check(self) -> None:
-        """The server formats the awkward floats exactly as the contract says (once per evaluation)."""
+        """The server renders awkward floats and hashes awkward texts exactly as the contract's own
+        implementation does (once per evaluation: a few dozen values)."""
         rows = self.conn.execute(cn.pg_self_check_sql(), (cn.SELF_CHECK_FLOATS,)).fetchall()
         for text, got in rows:
             want = cn.canonical_value(float(text), "float64")
@@ -149,6 +151,15 @@ class PgSide:
                 raise DigestUnavailable(
                     f"this Postgres formats float {text} as {got!r}, the canonical text is {want!r}; "
                     "the digest contract (parity/canonical.py) does not hold on this server"
+                )
+        rows = self.conn.execute(cn.pg_hash_check_sql(), (cn.SELF_CHECK_TEXTS,)).fetchall()
+        for text, got in rows:
+            want = lookup3.hash_text(text)
+            if got != want:
+                raise DigestUnavailable(
+                    f"this Postgres hashes {text!r} to {got}, the contract's lookup3 (parity/lookup3.py) gives "
+                    f"{want}: the server's hashtextextended differs (a big-endian machine or a changed "
+                    "Postgres), so neither side's digest could be compared"
                 )
 
     def bounds(self) -> tuple[int | None, int | None]:
@@ -296,12 +307,13 @@ class IcebergSide:
         self.pin = pin
         self.columns = tuple(columns)
         self.con = duckdb.connect(config={"threads": threads} if threads else {})
+        lookup3.register(self.con)
         # via_arrow forces (True) or forbids (False) the pyiceberg reader; None picks by the files.
         self._arrow = ((not pin.local) or pin.has_deletes) if via_arrow is None else via_arrow
         self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
         self.empty = not pin.files
         self.present = self._present_columns()
-        self._hash = cn.duck_row_hash_unsigned(self.columns, self.present)
+        self._hash = cn.duck_row_hash(self.columns, self.present)
 
     def close(self) -> None:
         self.con.close()
@@ -355,12 +367,12 @@ class IcebergSide:
         if self.empty:
             return {}
         if everything:
-            query = (f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
-                     f" select __row_index, {self._hash} as u from {self._source()}) group by seg")
+            query = (f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
+                     f" select __row_index, {self._hash} as h from {self._source()}) group by seg")
             params = self._params(lo=lo, w=width)
         else:
-            query = (f"select (__row_index - $lo) // $w as seg, count(*), {cn.DUCK_SIGNED_SUM} from ("
-                     f" select __row_index, {self._hash} as u from {self._source(lo, hi)}"
+            query = (f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
+                     f" select __row_index, {self._hash} as h from {self._source(lo, hi)}"
                      f" where __row_index >= $lo and __row_index < $hi) group by seg")
             params = self._params(lo=lo, hi=hi, w=width)
         rows = self.con.execute(query, params).fetchall()
@@ -370,7 +382,7 @@ class IcebergSide:
         if self.empty:
             return (0, 0)
         count, total = self.con.execute(
-            f"select count(*), {cn.DUCK_SIGNED_SUM} from (select {self._hash} as u from {self._source()})", self._params()
+            f"select count(*), coalesce(sum(h::HUGEINT), 0) from (select {self._hash} as h from {self._source()})", self._params()
         ).fetchone()
         return int(count), int(total)
 
@@ -378,7 +390,7 @@ class IcebergSide:
         if self.empty:
             return []
         query = (
-            f"select __row_index, {cn.DUCK_SIGNED} from (select __row_index, {self._hash} as u"
+            f"select __row_index, h from (select __row_index, {self._hash} as h"
             f" from {self._source(lo, hi)} where __row_index >= $lo and __row_index < $hi)"
         )
         return [(int(a), int(b)) for a, b in self.con.execute(query, self._params(lo=lo, hi=hi)).fetchall()]
