@@ -23,6 +23,12 @@ class SyncFailed(LakehouseError):
     exit_code = 4
 
 
+class FlipRefused(LakehouseError):
+    """A flag change would strand consumers or skip a runbook prerequisite (flags/gates.py); nothing written."""
+
+    exit_code = 6
+
+
 class Backpressure(LakehouseError):
     """Admission bound (G2) reached: retry later. The CLI's analogue of the runbook's HTTP 503."""
 

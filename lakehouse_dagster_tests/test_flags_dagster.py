@@ -48,17 +48,17 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
 
 
 def test_set_and_clear_jobs_write_override_and_audit(conn, dsn, settings, world):
-    result = _run(set_flag_job, dsn, {"kind": "write", "name": "sync.full", "mode": "iceberg_native",
-                                      "workspace_id": str(world["ws"]), "note": "fase4 ws"})
-    assert result.output_for_node("set_flag_op")["after"] == "iceberg_native"
+    result = _run(set_flag_job, dsn, {"kind": "read", "name": "export.stream", "mode": "iceberg",
+                                      "workspace_id": str(world["ws"]), "note": "fase1 ws rollout"})
+    assert result.output_for_node("set_flag_op")["after"] == "iceberg"
     (o,) = list_overrides(conn)
     assert (o.kind, o.name, o.scope, o.scope_id, o.mode, o.note) == (
-        "write", "sync.full", "workspace", world["ws"], "iceberg_native", "fase4 ws")
+        "read", "export.stream", "workspace", world["ws"], "iceberg", "fase1 ws rollout")
     assert o.set_by.startswith("pytest (dagster run ")
-    _run(clear_flag_job, dsn, {"kind": "write", "name": "sync.full", "workspace_id": str(world["ws"])})
+    _run(clear_flag_job, dsn, {"kind": "read", "name": "export.stream", "workspace_id": str(world["ws"])})
     assert list_overrides(conn) == []
     assert [(e.action, e.before_mode, e.after_mode) for e in history(conn)] == [
-        ("clear", "iceberg_native", None), ("set", None, "iceberg_native")]
+        ("clear", "iceberg", None), ("set", None, "iceberg")]
 
 
 REFUSED = [
@@ -73,6 +73,9 @@ REFUSED = [
     ({"kind": "read", "name": "sync.full", "mode": "iceberg"}, ["flags", "set", "sync.full", "iceberg"]),
     ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "dataset_id": "123e4567-e89b-12d3-a456-426614174000"},
      ["write-flags", "set", "sync.full", "iceberg_native", "--dataset", "123e4567-e89b-12d3-a456-426614174000"]),
+    # the flip gates (flags/gates.py): a dataset never mirrored, read from Postgres, unchecked
+    ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "workspace_id": "{ws}"},
+     ["write-flags", "set", "sync.full", "iceberg_native", "--workspace", "{ws}"]),
 ]
 
 

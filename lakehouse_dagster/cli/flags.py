@@ -6,7 +6,8 @@ import logging
 import sys
 
 from ..errors import LakehouseError
-from ..flags.overrides import clear_override, history, list_overrides, set_override
+from ..flags.gates import clear_flag, set_flag
+from ..flags.overrides import history, list_overrides
 from ..flags.registry import MODES, READ, REGISTRY, WRITE
 from ..flags.resolver import FlagResolver
 from .common import Result, add_command, table
@@ -110,7 +111,7 @@ def _list(ctx, args) -> Result:
 
 
 def _set(ctx, args) -> Result:
-    change = set_override(
+    change = set_flag(
         ctx.conn, args.kind, args.name, args.mode,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
     )
@@ -123,7 +124,7 @@ def _set(ctx, args) -> Result:
 
 
 def _clear(ctx, args) -> Result:
-    change = clear_override(
+    change = clear_flag(
         ctx.conn, args.kind, args.name,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
     )

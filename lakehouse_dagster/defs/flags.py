@@ -12,7 +12,8 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import LakehouseError
-from ..flags.overrides import clear_override, list_overrides, set_override
+from ..flags.gates import clear_flag, set_flag
+from ..flags.overrides import list_overrides
 from ..flags.registry import MODES, READ, READERS, WRITE, WRITERS
 from ..flags.resolver import FlagResolver
 from ..store.datasets import get_dataset
@@ -111,7 +112,7 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
 def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
         try:
-            change = set_override(
+            change = set_flag(
                 conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
             )
@@ -129,7 +130,7 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
 def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
         try:
-            change = clear_override(
+            change = clear_flag(
                 conn, config.kind.value, config.name, dataset=config.dataset_id,
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import datetime
+from typing import Callable
 
 import psycopg
 
@@ -73,6 +74,10 @@ class Change:
     @property
     def changed(self) -> bool:
         return self.audit is not None
+
+
+# (conn, flag, scope, new mode or None for a clear) → None, or raises to refuse the change.
+Guard = Callable[[psycopg.Connection, Flag, "Scope", "str | None"], None]
 
 
 def parse_scope(dataset: object = None, workspace: object = None) -> Scope:
@@ -140,8 +145,10 @@ def set_override(
     workspace: object = None,
     note: str | None = None,
     actor: str,
+    guard: Guard | None = None,
 ) -> Change:
-    """Set (or replace) one override and audit it; refuses bad input before writing anything."""
+    """Set (or replace) one override and audit it; refuses bad input before writing anything.
+    ``guard(conn, flag, scope, mode)`` runs inside the write's transaction and may refuse (gates.py)."""
     flag = get_flag(kind, name)
     check_mode(flag, mode)
     scope = parse_scope(dataset, workspace)
@@ -149,6 +156,8 @@ def set_override(
     actor = _check_actor(actor)
     _require_target(conn, scope)
     with conn.transaction():
+        if guard is not None:
+            guard(conn, flag, scope, mode)
         before = _lock_key(conn, flag, scope)
         conn.execute(
             "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by, set_at)"
@@ -173,6 +182,7 @@ def clear_override(
     workspace: object = None,
     note: str | None = None,
     actor: str,
+    guard: Guard | None = None,
 ) -> Change:
     """Drop one override (back to the next scope or the default). Clearing nothing is a no-op, not audited.
 
@@ -183,6 +193,8 @@ def clear_override(
     note = _check_note(note)
     actor = _check_actor(actor)
     with conn.transaction():
+        if guard is not None:
+            guard(conn, flag, scope, None)
         before = _lock_key(conn, flag, scope)
         if before is None:
             return Change(flag, scope, None, None, None)

@@ -1,0 +1,224 @@
+"""Flip gates: the operator's set/clear (CLI and Dagster jobs) refuses a change that would strand consumers.
+
+``overrides.set_override`` validates names, modes and scopes; this module adds what the Fase 4
+runbook makes mandatory before a dataset starts being written iceberg-native, and what must not
+happen afterwards. A change is judged by its effect: for every dataset whose effective mode the
+change moves (a dataset, a workspace, or every dataset for a global change; narrower overrides win,
+so a dataset pinned by its own override is not moved), before vs after.
+
+A dataset moving to iceberg_native for a writer must be
+  * tabular (manifest datasets are file-backed, not Iceberg-tabular);
+  * not a pipeline INPUT (F3: the pipeline source CTE reads dataset_rows, which goes empty);
+  * identity-ready: its latest mirror sync succeeded with identity columns (the runbook's query);
+  * caught up: Iceberg covers the current Postgres version (rows not yet mirrored would never be,
+    since the mirror skips native datasets);
+  * read from Iceberg already (prerequisite #1): every reader that Iceberg can serve resolves to
+    iceberg or iceberg_only for it;
+  * parity-checked: its latest recorded verdict is ok (lakehouse_read_parity).
+A reader of a native dataset must not move below iceberg: Postgres no longer receives its rows.
+
+The check and the write run in one transaction under one advisory lock shared by every gated
+change, so two operators cannot each pass a check the other's change invalidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import psycopg
+
+from ..errors import FlipRefused
+from ..store.datasets import pipeline_input_dataset_ids
+from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
+from .registry import FLIPPABLE_WRITERS, READ, READERS, WRITE, Flag, rank
+from .resolver import resolve_from
+
+NATIVE = "iceberg_native"
+_GATE_LOCK = "lakehouse_flag_gates"
+_SHOWN = 20  # blocked datasets listed in a refusal (the count says how many more)
+
+
+@dataclasses.dataclass(frozen=True)
+class Effect:
+    dataset_id: uuid.UUID
+    name: str
+    before: str
+    after: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+    dataset_id: uuid.UUID
+    name: str
+    reasons: tuple[str, ...]
+
+
+def _stored(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
+    stored: dict[str, dict] = {n: {} for n in names}
+    for name, scope, scope_id, mode in conn.execute(
+        "select name, scope, scope_id, mode from lakehouse_flag_overrides where kind = %s and name = any(%s)",
+        (kind, names),
+    ).fetchall():
+        stored[name][(scope, scope_id)] = mode
+    return stored
+
+
+def _resolve(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID) -> str:
+    found = {}
+    for scope, key in ((DATASET, dataset_id), (WORKSPACE, workspace_id), (GLOBAL, None)):
+        if (scope, key) in stored:
+            found[scope] = stored[(scope, key)]
+    return resolve_from(flag, found).mode
+
+
+def _datasets_in(conn: psycopg.Connection, scope: Scope) -> list[tuple]:
+    query = "select id, name, workspace_id, kind from datasets"
+    if scope.scope == DATASET:
+        return conn.execute(query + " where id = %s", (scope.scope_id,)).fetchall()
+    if scope.scope == WORKSPACE:
+        return conn.execute(query + " where workspace_id = %s", (scope.scope_id,)).fetchall()
+    return conn.execute(query).fetchall()
+
+
+def effects(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> tuple[list[Effect], dict]:
+    """What setting ``mode`` (None: clearing) at ``scope`` does to each dataset's effective mode."""
+    stored = _stored(conn, flag.kind, [flag.name])[flag.name]
+    after_stored = dict(stored)
+    key = (scope.scope, scope.scope_id)
+    if mode is None:
+        after_stored.pop(key, None)
+    else:
+        after_stored[key] = mode
+    rows = _datasets_in(conn, scope)
+    out = []
+    for ds_id, name, ws_id, _kind in rows:
+        before, after = _resolve(flag, stored, ds_id, ws_id), _resolve(flag, after_stored, ds_id, ws_id)
+        if before != after:
+            out.append(Effect(ds_id, name, before, after))
+    return out, {r[0]: r for r in rows}
+
+
+def _latest_syncs(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
+    # The runbook's ordering: the newest by finished_at, unfinished (null) last.
+    rows = conn.execute(
+        """select distinct on (l.dataset_id) l.dataset_id, l.status, l.has_identity, l.source_version, d.rows_version
+             from iceberg_sync_log l join datasets d on d.id = l.dataset_id
+            where l.dataset_id = any(%s::uuid[]) and l.path = 'mirror'
+            order by l.dataset_id, l.finished_at desc nulls last, l.id desc""",
+        (ids,),
+    ).fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
+def _latest_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
+    rows = conn.execute(
+        """select distinct on (dataset_id) dataset_id, verdict, checked_at from lakehouse_read_parity
+            where dataset_id = any(%s::uuid[]) order by dataset_id, checked_at desc, id desc""",
+        (ids,),
+    ).fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
+def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict) -> list[Blocked]:
+    """Why each dataset about to be written iceberg-native is not ready (empty: all ready)."""
+    ids = [e.dataset_id for e in moved]
+    if not ids:
+        return []
+    pipeline_inputs = pipeline_input_dataset_ids(conn)
+    syncs = _latest_syncs(conn, ids)
+    verdicts = _latest_verdicts(conn, ids)
+    servable = [r for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
+    reader_overrides = _stored(conn, READ, [r.name for r in servable])
+    blocked = []
+    for e in moved:
+        _, name, ws_id, kind = datasets[e.dataset_id]
+        reasons = []
+        if kind != "tabular":
+            reasons.append(f"a {kind} dataset is file-backed, not Iceberg-tabular")
+        if e.dataset_id in pipeline_inputs:
+            reasons.append("BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3); "
+                           "wait until the pipeline source reads Iceberg")
+        sync = syncs.get(e.dataset_id)
+        if sync is None:
+            reasons.append(f"never mirrored: sync it first (lakehouse sync --dataset {e.dataset_id})")
+        else:
+            status, has_identity, source_version, rows_version = sync
+            if status != "succeeded" or not has_identity:
+                reasons.append(f"not identity-ready: its latest mirror sync is {status}"
+                               f"{'' if has_identity else ' without identity columns'}")
+            elif source_version is None or source_version < rows_version:
+                reasons.append(f"Iceberg is behind Postgres (covers version {source_version}, Postgres is at "
+                               f"{rows_version}): let the mirror catch up, or rows not yet mirrored are lost")
+        on_pg = [f"{r.name} ({m})" for r in servable
+                 if rank(READ, m := _resolve(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")]
+        if on_pg:
+            reasons.append("readers still on Postgres for it: " + ", ".join(on_pg) +
+                           " — read-flip them first (prerequisite #1)")
+        verdict = verdicts.get(e.dataset_id)
+        if verdict is None:
+            reasons.append(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}")
+        elif verdict[0] not in ("ok", "native"):
+            reasons.append(f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
+                           "run the canary until it says ok")
+        if reasons:
+            blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
+    return blocked
+
+
+def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict) -> list[Blocked]:
+    """Datasets written iceberg-native whose reader would go back to Postgres (stale there)."""
+    down = [e for e in moved if rank(READ, e.after) < rank(READ, "iceberg") <= rank(READ, e.before)]
+    if not down:
+        return []
+    writer_overrides = _stored(conn, WRITE, [w.name for w in FLIPPABLE_WRITERS])
+    blocked = []
+    for e in down:
+        ws_id = datasets[e.dataset_id][2]
+        native = [w.name for w in FLIPPABLE_WRITERS if _resolve(w, writer_overrides[w.name], e.dataset_id, ws_id) == NATIVE]
+        if native:
+            blocked.append(Blocked(e.dataset_id, e.name, (
+                f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
+                f"reader on Postgres ({e.after}) would serve stale rows; roll the writer back first "
+                "(write-flags set <writer> pg) and re-run a full sync to repopulate Postgres",)))
+    return blocked
+
+
+def _refusal(flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked]) -> FlipRefused:
+    verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
+    lines = [f"refused: {verb} ({scope}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
+    for b in blocked[:_SHOWN]:
+        lines.append(f"  {b.name} ({b.dataset_id}): " + "; ".join(b.reasons))
+    if len(blocked) > _SHOWN:
+        lines.append(f"  ... and {len(blocked) - _SHOWN} more")
+    if scope.scope != DATASET:
+        lines.append(f"  (a dataset-scoped override keeps one dataset where it is, e.g. "
+                     f"{'write-flags' if flag.kind == WRITE else 'flags'} set {flag.name} "
+                     f"{'pg' if flag.kind == WRITE else 'iceberg'} --dataset <id>)")
+    return FlipRefused("\n".join(lines))
+
+
+def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> list[Effect]:
+    """Raise FlipRefused when the change would strand consumers; returns its effects otherwise."""
+    moved, datasets = effects(conn, flag, scope, mode)
+    if flag.kind == WRITE:
+        blocked = write_flip_blockers(conn, [e for e in moved if e.after == NATIVE], datasets)
+    else:
+        blocked = read_rollback_blockers(conn, moved, datasets)
+    if blocked:
+        raise _refusal(flag, mode, scope, blocked)
+    return moved
+
+
+def _guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
+    conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
+    check_change(conn, flag, scope, mode)
+
+
+def set_flag(conn: psycopg.Connection, kind: str, name: str, mode: str, **kw) -> Change:
+    """``set_override`` behind the flip gates: what the CLI and the Dagster jobs call."""
+    return set_override(conn, kind, name, mode, guard=_guard, **kw)
+
+
+def clear_flag(conn: psycopg.Connection, kind: str, name: str, **kw) -> Change:
+    return clear_override(conn, kind, name, guard=_guard, **kw)
