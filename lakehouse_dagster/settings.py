@@ -60,6 +60,10 @@ class Settings:
     enable_iceberg_sync: bool
     wedged_after_seconds: int
     sensor_max_requests: int
+    # The poller re-requests a dataset whose latest mirror sync failed after this many seconds, doubling
+    # per consecutive failure, at most retry_failed_max times (0 seconds: never).
+    retry_failed_after_seconds: int = 300
+    retry_failed_max: int = 5
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -85,6 +89,8 @@ class Settings:
             enable_iceberg_sync=_bool("ENABLE_ICEBERG_SYNC", True),
             wedged_after_seconds=_int("LAKEHOUSE_WEDGED_AFTER_SECONDS", 3600, minimum=1),
             sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
+            retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
+            retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
         )
 
     def replace(self, **changes) -> "Settings":

@@ -149,3 +149,38 @@ def test_code_location_loads():
     keys = {k.to_user_string() for k in d.resolve_asset_graph().get_all_asset_keys()}
     assert {"postgres/dataset_rows", "iceberg/dataset_table"} <= keys
     assert d.resolve_sensor_def("mirror_poller") is not None
+
+
+def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, dsn, settings, instance, monkeypatch):
+    """A sync that failed is otherwise requested again only when its dataset changes: the sweep retries it."""
+    import time
+
+    from lakehouse_dagster.errors import SyncFailed
+
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "1")
+    _, (good, bad) = _datasets(conn, 2)
+    ds.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: every sync of it fails
+    catalog = load_catalog(settings, dsn)
+    sync_dataset(dsn, catalog, settings, good, mode="full")
+
+    def fail() -> str:
+        with pytest.raises(SyncFailed):
+            sync_dataset(dsn, catalog, settings, bad, mode="full")
+        return str(conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s order by id desc limit 1",
+                                (bad,)).fetchone()[0])
+
+    first_failure = fail()
+    cursor = _tick(instance, dsn).cursor  # the change itself: requested once by the regular path
+    assert _tick(instance, dsn, cursor).run_requests == []  # failed just now: inside the backoff
+    time.sleep(1.1)
+    (req,) = _tick(instance, dsn, cursor).run_requests
+    version = conn.execute("select rows_version from datasets where id = %s", (bad,)).fetchone()[0]
+    assert req.partition_key == str(bad) and req.run_key == f"mirror:{bad}:{version}:retry:{first_failure}"
+    assert req.tags["lakehouse/retry_of"] == first_failure and req.tags["lakehouse/failures"] == "1"
+    fail()  # the retry failed too: two in a row is past LAKEHOUSE_RETRY_FAILED_MAX=1
+    time.sleep(2.1)  # longer than the next backoff (2 s) would be
+    assert _tick(instance, dsn, cursor).run_requests == []
+    # fixing the data is a change: the regular path requests it again
+    conn.execute("update dataset_rows set data = '{\"n\": 5}' where dataset_id = %s and data->>'n' = 'x'", (bad,))
+    assert [r.partition_key for r in _tick(instance, dsn, cursor).run_requests] == [str(bad)]

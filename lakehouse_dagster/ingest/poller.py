@@ -86,3 +86,63 @@ def pending_syncs(
         # the page ends among transactions that may still be open: stay, and let them finish
         nxt = cursor
     return pending, nxt, len(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Retry sweep: a sync that failed (after its in-run retries) is otherwise requested again only when
+# its dataset changes. Datasets whose latest mirror sync failed, still behind, are requested again
+# with a run key naming the failed sync (so each failure buys at most one retry), after a backoff
+# that doubles per consecutive failure, and not after ``max_retries`` failures in a row: a dataset
+# that keeps failing is left to the operator (the canary reports it as wedged/lagging).
+
+_FAILED = """
+select f.dataset_id, f.sync_id, extract(epoch from now() - f.finished_at)::float8, d.rows_version,
+       (select count(*) from iceberg_sync_log x
+         where x.dataset_id = f.dataset_id and x.path = 'mirror' and x.status = 'failed'
+           and x.started_at > coalesce((select max(s.started_at) from iceberg_sync_log s
+                                         where s.dataset_id = f.dataset_id and s.status = 'succeeded'),
+                                       '-infinity'::timestamptz)),
+       (select max(s.source_version) from iceberg_sync_log s
+         where s.dataset_id = f.dataset_id and s.status = 'succeeded')
+  from iceberg_sync_log f join datasets d on d.id = f.dataset_id
+ where f.status = 'failed' and f.path = 'mirror' and d.kind = 'tabular'
+   and f.finished_at > now() - make_interval(secs => %(window)s)
+   and not exists (select 1 from iceberg_sync_log later
+                    where later.dataset_id = f.dataset_id and later.id <> f.id
+                      and (later.started_at, later.id) > (f.started_at, f.id))
+ order by f.finished_at
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry(Pending):
+    failed_sync_id: uuid.UUID | None = None
+    failures: int = 1
+
+    @property
+    def run_key(self) -> str:
+        return f"mirror:{self.dataset_id}:{self.rows_version}:retry:{self.failed_sync_id}"
+
+
+def backoff_seconds(after_seconds: int, failures: int) -> int:
+    return after_seconds * 2 ** max(0, failures - 1)
+
+
+def failed_syncs_to_retry(
+    conn: psycopg.Connection, *, after_seconds: int, max_retries: int, limit: int, exclude_native: bool = True
+) -> list[Retry]:
+    """Datasets whose latest mirror sync failed, still behind Postgres, due for another try."""
+    if after_seconds <= 0 or max_retries <= 0:
+        return []
+    window = backoff_seconds(after_seconds, max_retries) * 2  # older failures are past every backoff
+    due = []
+    for ds_id, sync_id, age, rows_version, failures, mirrored in conn.execute(_FAILED, {"window": window}).fetchall():
+        if mirrored is not None and mirrored >= rows_version:
+            continue  # caught up anyway (the failure was a no-op retry of an older version)
+        if failures > max_retries or age < backoff_seconds(after_seconds, failures):
+            continue
+        due.append(Retry(ds_id, rows_version, sync_id, failures))
+    if exclude_native and due:
+        native = native_dataset_ids(conn, [r.dataset_id for r in due])
+        due = [r for r in due if r.dataset_id not in native]
+    return due[:limit]

@@ -194,6 +194,9 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("003_iceberg_sync_log", SYNC_LOG + _ingest_functions()),
     ("004_flags", _module_sql("flags")),
     ("005_parity", _module_sql("parity")),
+    # The poller's retry sweep looks at recent failed mirror syncs only.
+    ("006_sync_log_failed_idx", "create index if not exists iceberg_sync_log_failed_idx"
+                                " on iceberg_sync_log (finished_at) where status = 'failed';"),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
