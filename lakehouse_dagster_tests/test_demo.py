@@ -17,28 +17,11 @@ import pytest
 
 from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.demo import DEMO_WORKSPACE_ID, EVENTS_SCHEMA, demo_id, seed_demo
+from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.store.datasets import COLUMN_TYPES, pipeline_input_dataset_ids
 from lakehouse_dagster.store.db import connect
 
 BIG = 3_000  # the generator is the same SQL for 1M rows; a few thousand rows reach every branch of it
-
-# Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
-RUNBOOK_SAFE_BLOCKED = """\
-with latest as (
-  select distinct on (dataset_id) dataset_id, status, has_identity
-  from iceberg_sync_log order by dataset_id, finished_at desc nulls last),
-pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec node)
-  select distinct (node->'data'->>'datasetId')::uuid as dataset_id
-  from pipelines, jsonb_array_elements(spec->'nodes') node
-  where node->>'type' = 'dataset'
-    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$')
-select case when p.dataset_id is not null then 'BLOCKED (pipeline input)' else 'SAFE' end as verdict,
-       d.name, d.row_count, d.id
-from latest l
-join datasets d on d.id = l.dataset_id
-left join pin p on p.dataset_id = l.dataset_id
-where l.status = 'succeeded' and l.has_identity
-order by verdict, d.row_count desc nulls last;"""
 
 RUNBOOK = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "000_e6196d64338b6ec4.txt"
 

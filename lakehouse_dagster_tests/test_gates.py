@@ -131,3 +131,42 @@ def test_an_empty_workspace_flips_and_the_core_call_refuses_like_the_cli(conn, s
     d = _dataset(conn, ws, "bare")
     with pytest.raises(FlipRefused, match="never mirrored"):
         set_flag(conn, "write", "cdc.append", "iceberg_native", dataset=d, actor="pytest")
+
+
+def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(conn, dsn, settings, ws):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.flags import write_flip_candidates_job
+    from lakehouse_dagster.defs.resources import LakehouseResource
+
+    from .flag_helpers import cli_json
+
+    ready, synced, piped, never = (_dataset(conn, ws, n, rows) for n, rows in
+                                   (("ready", 5), ("synced", 7), ("piped", 6), ("never", 2)))
+    _ready(conn, dsn, settings, ready)
+    _ready(conn, dsn, settings, piped)
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, synced, mode="full")  # mirrored, nothing else
+    conn.execute("insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
+                 (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})))
+    got = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}
+    assert set(got) == {"ready", "synced", "piped"}  # "never" is not identity-ready: not a candidate at all
+    assert (got["ready"]["verdict"], got["ready"]["ready"], got["ready"]["reasons"]) == ("SAFE", True, [])
+    assert got["synced"]["verdict"] == "SAFE" and not got["synced"]["ready"]
+    assert any("readers still on Postgres" in r for r in got["synced"]["reasons"])
+    assert any("no parity verdict" in r for r in got["synced"]["reasons"])
+    assert got["piped"]["verdict"] == "BLOCKED (pipeline input)" and not got["piped"]["ready"]
+    # "ready" means the gate lets it through; once flipped it is no longer a candidate to flip
+    cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(ready), check=True)
+    again = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}
+    assert again["ready"]["reasons"] == ["already iceberg_native for sync.append"] and not again["ready"]["ready"]
+    assert "row.edit" in cli("write-flags", "candidates", "--writer", "row.edit").stderr  # locked to pg: refused
+    # the same in the Dagster UI, with the table as metadata
+    result = write_flip_candidates_job.execute_in_process(
+        run_config={"ops": {"write_flip_candidates_op": {"config": {"writer": "sync_full"}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+    by_name = {c["name"]: c for c in result.output_for_node("write_flip_candidates_op")}
+    assert by_name["ready"]["ready"] and not by_name["synced"]["ready"]  # sync.full: ready not flipped for it
+    (out,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
+    meta = out.event_specific_data.metadata
+    assert meta["ready_to_flip"].value == 1 and meta["blocked_pipeline_input"].value == 1
+    assert "| SAFE | **yes** | ready |" in meta["candidates"].value

@@ -1,4 +1,4 @@
-"""`lakehouse flags|write-flags list|set|clear|history` and `lakehouse read` (a reader through the router)."""
+"""`lakehouse flags|write-flags list|set|clear|history`, `write-flags candidates`, and `lakehouse read` (a reader through the router)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import sys
 
 from ..errors import LakehouseError
+from ..flags.candidates import write_flip_candidates
 from ..flags.gates import clear_flag, set_flag
 from ..flags.overrides import history, list_overrides
 from ..flags.registry import MODES, READ, REGISTRY, WRITE
@@ -42,7 +43,13 @@ def register(sub) -> None:
         hi.add_argument("name", nargs="?", help=f"only this {word}")
         _scope_args(hi)
         hi.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
-        for p_ in (ls, st, cl, hi):
+        parsers = [ls, st, cl, hi]
+        if kind == WRITE:
+            ca = add_command(actions, "candidates", _candidates,
+                             help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip")
+            ca.add_argument("--writer", default="sync.full", help="the writer to flip (default sync.full)")
+            parsers.append(ca)
+        for p_ in parsers:
             p_.set_defaults(kind=kind, command_name=command)
 
     rd = add_command(sub, "read", _read, help="exercise a reader through the read router: prints the decision and the rows")
@@ -163,6 +170,17 @@ def _history(ctx, args) -> Result:
         for e in entries
     ]
     return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
+
+
+def _candidates(ctx, args) -> Result:
+    found = write_flip_candidates(ctx.conn, args.writer)
+    data = [c.as_dict() for c in found]
+    rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
+    ready = sum(c.ready for c in found)
+    text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
+    text += (f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
+             f"lakehouse write-flags set {args.writer} iceberg_native --dataset <id> --note \"fase4 canary\"")
+    return Result(data, text)
 
 
 def _read(ctx, args) -> Result:

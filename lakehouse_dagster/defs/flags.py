@@ -1,4 +1,5 @@
-"""Flags in the Dagster UI: `flag_state` shows the effective modes; `set_flag` / `clear_flag` change them.
+"""Flags in the Dagster UI: `flag_state` shows the effective modes; `set_flag` / `clear_flag` change them
+(behind the flip gates); `write_flip_candidates` is the writer runbook's step 2b.
 
 The launchpad config is typed; its values go through the same core functions as
 `lakehouse flags|write-flags set|clear`, so a refusal reads the same and writes nothing.
@@ -12,9 +13,10 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import LakehouseError
+from ..flags.candidates import write_flip_candidates
 from ..flags.gates import clear_flag, set_flag
 from ..flags.overrides import list_overrides
-from ..flags.registry import MODES, READ, READERS, WRITE, WRITERS
+from ..flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
 from ..flags.resolver import FlagResolver
 from ..store.datasets import get_dataset
 from .resources import LakehouseResource
@@ -140,6 +142,45 @@ def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakeh
     context.log.info(f"{change.flag.name} ({change.scope}): {msg}")
     context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg})
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
+
+
+FlippableWriter = Enum("FlippableWriter", {w.name.replace(".", "_"): w.name for w in FLIPPABLE_WRITERS})
+
+
+class CandidatesConfig(dg.Config):
+    writer: FlippableWriter = Field(default=FlippableWriter("sync.full"), description="the writer to flip")
+
+
+@dg.op(description="The writer runbook's step 2b (SAFE / BLOCKED) and what each dataset still lacks for a flip.")
+def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesConfig,
+                             lakehouse: LakehouseResource) -> list[dict]:
+    with lakehouse.connect() as conn:
+        try:
+            found = write_flip_candidates(conn, config.writer.value)
+        except LakehouseError as exc:
+            raise _refuse(exc) from exc
+    rows = "\n".join(
+        f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
+        + "; ".join(c.reasons).replace("|", "\\|") + " |" for c in found)
+    context.add_output_metadata({
+        "writer": config.writer.value,
+        "identity_ready": len(found),
+        "ready_to_flip": sum(c.ready for c in found),
+        "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
+        "candidates": dg.MetadataValue.md(
+            "| runbook verdict | ready | name | rows | dataset | still needs |\n|---|---|---|---|---|---|\n" + rows),
+    })
+    return [c.as_dict() for c in found]
+
+
+@dg.job(
+    name="write_flip_candidates",
+    description="Fase 4 step 2b: identity-ready datasets as SAFE / BLOCKED (pipeline input), and which are ready "
+                "to flip now (readers on Iceberg, caught up, parity ok).",
+    tags={"lakehouse/area": "flags"},
+)
+def write_flip_candidates_job():
+    write_flip_candidates_op()
 
 
 @dg.job(

@@ -1,0 +1,86 @@
+"""Write-flip candidate selection (step 2b of the Fase 4 runbook), with what each candidate still lacks.
+
+The runbook classifies identity-ready datasets as SAFE or BLOCKED (pipeline input) with one
+read-only query; it runs here verbatim (test_demo compares it with the runbook character for
+character). SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
+ask that its readers are on Iceberg, that it is caught up and that its parity verdict is ok, so each
+candidate carries the gate's reasons for the chosen writer, and ``ready`` means a
+``write-flags set <writer> iceberg_native --dataset <id>`` would go through now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import psycopg
+
+from .gates import NATIVE, Effect, write_flip_blockers
+from .registry import WRITE, check_mode, get_flag
+from .resolver import resolve_from
+
+# Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
+RUNBOOK_SAFE_BLOCKED = """\
+with latest as (
+  select distinct on (dataset_id) dataset_id, status, has_identity
+  from iceberg_sync_log order by dataset_id, finished_at desc nulls last),
+pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec node)
+  select distinct (node->'data'->>'datasetId')::uuid as dataset_id
+  from pipelines, jsonb_array_elements(spec->'nodes') node
+  where node->>'type' = 'dataset'
+    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$')
+select case when p.dataset_id is not null then 'BLOCKED (pipeline input)' else 'SAFE' end as verdict,
+       d.name, d.row_count, d.id
+from latest l
+join datasets d on d.id = l.dataset_id
+left join pin p on p.dataset_id = l.dataset_id
+where l.status = 'succeeded' and l.has_identity
+order by verdict, d.row_count desc nulls last;"""
+
+SAFE = "SAFE"
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    verdict: str  # the runbook's: SAFE | BLOCKED (pipeline input)
+    name: str
+    row_count: int | None
+    dataset_id: uuid.UUID
+    writer_mode: str  # the writer's effective mode for the dataset now
+    ready: bool  # the flip gates would let the writer go iceberg_native for it now
+    reasons: tuple[str, ...]
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id), "reasons": list(self.reasons)}
+
+
+def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -> list[Candidate]:
+    flag = get_flag(WRITE, writer)
+    check_mode(flag, NATIVE)  # a writer locked to pg has no candidates: say so
+    with conn.cursor() as cur:
+        cur.execute(RUNBOOK_SAFE_BLOCKED.encode())  # bytes: executed exactly as written, no placeholders
+        rows = cur.fetchall()
+    if not rows:
+        return []
+    ids = [r[3] for r in rows]
+    info = {r[0]: r for r in conn.execute(
+        "select id, name, workspace_id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall()}
+    stored: dict[uuid.UUID, dict[str, str]] = {i: {} for i in ids}
+    for scope, scope_id, mode in conn.execute(
+        "select scope, scope_id, mode from lakehouse_flag_overrides where kind = 'write' and name = %s", (writer,)
+    ).fetchall():
+        for i in ids:
+            if scope == "global" or (scope == "dataset" and scope_id == i) or (
+                    scope == "workspace" and scope_id == info[i][2]):
+                stored[i][scope] = mode
+    modes = {i: resolve_from(flag, stored[i]).mode for i in ids}
+    moved = [Effect(i, info[i][1], modes[i], NATIVE) for i in ids if modes[i] != NATIVE]
+    reasons = {b.dataset_id: b.reasons for b in write_flip_blockers(conn, moved, info)}
+    out = []
+    for verdict, name, row_count, ds_id in rows:
+        why = reasons.get(ds_id, ())
+        if modes[ds_id] == NATIVE:
+            why = (f"already {NATIVE} for {writer}",)
+        out.append(Candidate(verdict, name, row_count, ds_id, modes[ds_id], verdict == SAFE and not reasons.get(ds_id)
+                             and modes[ds_id] != NATIVE, tuple(why)))
+    return out
