@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..errors import LakehouseError
 from ..flags.candidates import write_flip_candidates
 from ..flags.gates import clear_flag, set_flag
 from ..flags.overrides import history, list_overrides
@@ -44,6 +43,18 @@ def register(sub) -> None:
         _scope_args(hi)
         hi.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
         parsers = [ls, st, cl, hi]
+        if kind == READ:
+            fl = add_command(actions, "flip", _flip,
+                             help="the read-flip runbook step: canary preflight, gated set, verify through the router")
+            fl.add_argument("name", help="the reader, e.g. export.stream")
+            fl.add_argument("mode", nargs="?", default="iceberg", help="iceberg (default) or iceberg_only")
+            _scope_args(fl)
+            fl.add_argument("--note", help="why (kept with the override and in the audit)")
+            fl.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
+            fl.add_argument("--reuse-minutes", type=int, default=60,
+                            help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
+            fl.add_argument("--max-datasets", type=int, default=500, help="refuse a flip moving more datasets (default 500)")
+            parsers.append(fl)
         if kind == WRITE:
             ca = add_command(actions, "candidates", _candidates,
                              help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip")
@@ -172,6 +183,31 @@ def _history(ctx, args) -> Result:
     return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
 
 
+def _flip(ctx, args) -> Result:
+    from ..rollout import read_flip as rf
+
+    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, args.mode, dataset=args.dataset,
+                       workspace=args.workspace, smoke=not args.no_smoke, reuse_minutes=args.reuse_minutes,
+                       max_datasets=args.max_datasets)
+    checked = [c.as_dict() for c in pre.checked]
+    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
+    lines += [f"skipped: {s}" for s in pre.skipped]
+    if not pre.go:
+        data = {"preflight": checked, "flipped": False}
+        return Result(data, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
+    verified = rf.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger())
+    fell_back = [v for v in verified if v.fallback_error]
+    lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
+                 f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)")
+    lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
+    if fell_back:
+        lines.append(rf.fallback_message(args.name, pre.scope, fell_back))
+    data = {"preflight": checked, "flipped": True, "change": _change_data(change),
+            "verify": [v.as_dict() for v in verified]}
+    return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
+
+
 def _candidates(ctx, args) -> Result:
     found = write_flip_candidates(ctx.conn, args.writer)
     data = [c.as_dict() for c in found]
@@ -184,32 +220,11 @@ def _candidates(ctx, args) -> Result:
 
 
 def _read(ctx, args) -> Result:
-    from ..iceberg.reader import load_dataset_table, read_iceberg
-    from ..routing.pg_reader import read_postgres
-    from ..routing.projection import projection_for
-    from ..routing.read_router import resolve_read_source
-    from ..store.datasets import get_dataset
+    from ..routing.exercise import read_through_router
 
-    dataset = get_dataset(ctx.conn, args.dataset)
-    proj = projection_for(dataset, args.columns, limit=args.limit, order_by_row_index=args.order_by_row_index)
-    resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
-    source = resolve_read_source(ctx.conn, resolver, args.reader, dataset.id, logger=_stderr_logger())
-
-    def iceberg(decision):
-        table_ = load_dataset_table(ctx.catalog, ctx.settings, dataset.id)
-        return read_iceberg(table_, proj.columns, limit=proj.limit,
-                            order_by_row_index=proj.order_by_row_index, snapshot_id=decision.snapshot_id)
-
-    try:
-        result = source.run(postgres=lambda d: read_postgres(ctx.conn, dataset, proj), iceberg=iceberg)
-    except LakehouseError:
-        raise
-    except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
-        d = source.decision
-        raise LakehouseError(
-            f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())}); fix the table or set the reader back to iceberg"
-        ) from exc
+    result, _, proj = read_through_router(
+        ctx.conn, ctx.catalog, ctx.settings, args.reader, args.dataset, columns=args.columns, limit=args.limit,
+        order_by_row_index=args.order_by_row_index, logger=_stderr_logger())
     rows = result.value.to_pylist()
     decision = result.decision
     data = {"decision": decision.as_dict(), "fallback_error": result.fallback_error, "rows": rows}

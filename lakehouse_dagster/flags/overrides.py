@@ -91,7 +91,7 @@ def parse_scope(dataset: object = None, workspace: object = None) -> Scope:
     return Scope(GLOBAL, None)
 
 
-def _require_target(conn: psycopg.Connection, scope: Scope) -> None:
+def require_target(conn: psycopg.Connection, scope: Scope) -> None:
     if scope.scope == DATASET:
         if conn.execute("select 1 from datasets where id = %s", (scope.scope_id,)).fetchone() is None:
             raise NotFound(f"dataset {scope.scope_id} does not exist; check the id (nothing was changed)")
@@ -154,7 +154,7 @@ def set_override(
     scope = parse_scope(dataset, workspace)
     note = _check_note(note)
     actor = _check_actor(actor)
-    _require_target(conn, scope)
+    require_target(conn, scope)
     with conn.transaction():
         if guard is not None:
             guard(conn, flag, scope, mode)

@@ -1,0 +1,185 @@
+"""The reader-flip runbook (Fase 1) as three steps the CLI and the Dagster job both run.
+
+  preflight  the canary (with --smoke) over every dataset the flip would move; a caught-up dataset
+             that disagrees (MISMATCH), or one the canary could not check (error), stops the flip
+             before anything is written. lagging / no-snapshot datasets do not stop it: the
+             freshness gate keeps serving them from Postgres (the flip is inert for them), and the
+             result names them. A recent ok verdict at the dataset's current Postgres version is
+             reused, so widening (dataset → workspace → global) re-checks only what changed.
+  flip       the gated set_flag (flags/gates.py), audited with the operator's note.
+  verify     one read per moved dataset (a sample) through the read router: its reason
+             (iceberg@eventual, iceberg@strict, pg@no-snapshot, ...) and whether an Iceberg read
+             failed and fell back to Postgres — which fails the step with the rollback command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import uuid
+
+import psycopg
+from pyiceberg.catalog import Catalog
+
+from ..errors import BadInput
+from ..flags.gates import effects, set_flag
+from ..flags.overrides import Change, Scope, parse_scope, require_target
+from ..flags.registry import READ, check_mode, get_flag, rank
+from ..flags.resolver import FlagResolver
+from ..parity import canary as cy
+from ..settings import Settings
+
+log = logging.getLogger("lakehouse_dagster.rollout")
+
+STOP_VERDICTS = (cy.MISMATCH, cy.ERROR)
+INERT_VERDICTS = (cy.LAGGING, cy.NO_SNAPSHOT)
+SOURCE = "rollout"
+
+
+@dataclasses.dataclass
+class Checked:
+    dataset_id: uuid.UUID
+    name: str
+    verdict: str
+    reused: bool  # a recorded verdict, not evaluated now
+    detail: str
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+@dataclasses.dataclass
+class Preflight:
+    reader: str
+    mode: str
+    scope: Scope
+    checked: list[Checked]
+    skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
+
+    @property
+    def stopped(self) -> list[Checked]:
+        return [c for c in self.checked if c.verdict in STOP_VERDICTS]
+
+    @property
+    def inert(self) -> list[Checked]:
+        return [c for c in self.checked if c.verdict in INERT_VERDICTS]
+
+    @property
+    def go(self) -> bool:
+        return not self.stopped
+
+    def counts(self) -> dict[str, int]:
+        return {v: sum(c.verdict == v for c in self.checked) for v in cy.VERDICTS}
+
+    def stop_message(self) -> str:
+        lines = [f"STOP: do not flip {self.reader} to {self.mode} ({self.scope}); nothing written. "
+                 f"{len(self.stopped)} dataset(s) failed the canary:"]
+        lines += [f"  {c.name} ({c.dataset_id}): {c.verdict} — {c.detail}" for c in self.stopped[:20]]
+        if len(self.stopped) > 20:
+            lines.append(f"  ... and {len(self.stopped) - 20} more")
+        lines.append("  investigate (lakehouse canary --dataset <id> --json), fix, and run the flip again")
+        return "\n".join(lines)
+
+
+def _check_request(conn: psycopg.Connection, reader: str, mode: str, dataset, workspace):
+    flag = get_flag(READ, reader)
+    check_mode(flag, mode)
+    if rank(READ, mode) < rank(READ, "iceberg"):
+        raise BadInput(f"a read flip raises {reader} to iceberg or iceberg_only, not {mode}; to roll back use "
+                       f"`lakehouse flags set {reader} {mode}` or the set_flag job")
+    scope = parse_scope(dataset, workspace)
+    require_target(conn, scope)
+    return flag, scope
+
+
+def preflight(
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, reader: str, mode: str, *,
+    dataset=None, workspace=None, smoke: bool = True, reuse_minutes: int = 60, max_datasets: int = 500,
+    run_id: str | None = None,
+) -> Preflight:
+    flag, scope = _check_request(conn, reader, mode, dataset, workspace)
+    moved, datasets = effects(conn, flag, scope, mode)
+    if len(moved) > max_datasets:
+        raise BadInput(f"flipping {reader} ({scope}) would move {len(moved)} datasets and the preflight runs the "
+                       f"canary on each; narrow the scope (a workspace) or raise max_datasets above {max_datasets}")
+    tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
+    skipped = [f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
+               for e in moved if datasets[e.dataset_id][3] != "tabular"]
+    reusable = _reusable_verdicts(conn, [e.dataset_id for e in tabular], reuse_minutes)
+    checked = []
+    for e in tabular:
+        if e.dataset_id in reusable:
+            checked.append(Checked(e.dataset_id, e.name, cy.OK, True, reusable[e.dataset_id]))
+            continue
+        v = cy.evaluate(dsn, catalog, settings, e.dataset_id, smoke=smoke)
+        cy.record(conn, v, source=SOURCE, run_id=run_id)
+        detail = str(v.detail.get("reason") or (f"rows {v.pg_count}, digests equal" if v.verdict == cy.OK else ""))
+        if v.mismatched_row_indexes:
+            detail += f"; differing row indexes {v.mismatched_row_indexes[:10]}"
+        checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
+        log.info("read-flip preflight %s ds=%s verdict=%s %s", reader, e.dataset_id, v.verdict, detail)
+    return Preflight(reader, mode, scope, checked, skipped)
+
+
+def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
+    """ok verdicts recorded within ``minutes`` at the dataset's current Postgres version."""
+    if minutes <= 0 or not ids:
+        return {}
+    latest = cy.latest_verdicts(conn, ids)
+    current = dict(conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=minutes)
+    return {
+        i: f"ok at {v['checked_at']:%Y-%m-%d %H:%M:%S} UTC ({v['source']}), Postgres version {v['pg_version']} unchanged"
+        for i, v in latest.items()
+        if v["verdict"] == cy.OK and v["checked_at"] >= since and v["pg_version"] == current.get(i)
+    }
+
+
+def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str) -> Change:
+    if not pre.go:
+        raise BadInput(pre.stop_message())
+    return set_flag(conn, READ, pre.reader, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
+                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor)
+
+
+@dataclasses.dataclass
+class Verified:
+    dataset_id: uuid.UUID
+    source: str
+    reason: str
+    snapshot_id: int | None
+    fallback_error: str | None
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+def verify(
+    conn: psycopg.Connection, catalog: Catalog, settings: Settings, reader: str, dataset_ids: list[uuid.UUID], *,
+    sample: int = 20, logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> list[Verified]:
+    """One read per dataset (up to ``sample``) through the router, with flags resolved afresh (no cache)."""
+    from ..routing.exercise import read_through_router
+
+    resolver = FlagResolver(conn, ttl_seconds=0)
+    out = []
+    for ds_id in dataset_ids[:sample]:
+        result, _, _ = read_through_router(conn, catalog, settings, reader, ds_id, limit=1, resolver=resolver,
+                                           logger=logger)
+        d = result.decision
+        out.append(Verified(ds_id, d.source, d.reason, d.snapshot_id, result.fallback_error))
+    return out
+
+
+def moved_ids(pre: Preflight) -> list[uuid.UUID]:
+    return [c.dataset_id for c in pre.checked]
+
+
+def fallback_message(reader: str, scope: Scope, fell_back: list[Verified]) -> str:
+    where = "" if scope.scope_id is None else f" --{scope.scope} {scope.scope_id}"
+    lines = [f"{reader} is flipped ({scope}) but {len(fell_back)} Iceberg read(s) failed and fell back to Postgres:"]
+    lines += [f"  ds={v.dataset_id}: {v.fallback_error}" for v in fell_back[:20]]
+    lines.append(f"  readers are still served (by Postgres); roll back with: lakehouse flags set {reader} off{where}")
+    return "\n".join(lines)
+

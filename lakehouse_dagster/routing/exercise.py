@@ -1,0 +1,47 @@
+"""One read through the read router, as a reader does it: what `lakehouse read` and the read-flip
+job's verify step run (the runbook's "exercise the reader and confirm the read-router reason")."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import psycopg
+
+from ..errors import LakehouseError
+from ..flags.resolver import FlagResolver
+from ..settings import Settings
+from ..store.datasets import Dataset, get_dataset
+from .projection import Projection, projection_for
+from .read_router import ReadResult, resolve_read_source
+
+
+def read_through_router(
+    conn: psycopg.Connection, catalog, settings: Settings, reader: str, dataset_id: uuid.UUID | str, *,
+    columns: str | None = None, limit: int = 20, order_by_row_index: bool = False,
+    resolver: FlagResolver | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> tuple[ReadResult, Dataset, Projection]:
+    from ..iceberg.reader import load_dataset_table, read_iceberg
+    from .pg_reader import read_postgres
+
+    dataset = get_dataset(conn, dataset_id)
+    proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)
+    resolver = resolver or FlagResolver.from_settings(conn, settings)
+    source = resolve_read_source(conn, resolver, reader, dataset.id, logger=logger)
+
+    def iceberg(decision):
+        table_ = load_dataset_table(catalog, settings, dataset.id)
+        return read_iceberg(table_, proj.columns, limit=proj.limit,
+                            order_by_row_index=proj.order_by_row_index, snapshot_id=decision.snapshot_id)
+
+    try:
+        result = source.run(postgres=lambda d: read_postgres(conn, dataset, proj), iceberg=iceberg)
+    except LakehouseError:
+        raise
+    except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
+        d = source.decision
+        raise LakehouseError(
+            f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
+            f"({type(exc).__name__}: {' '.join(str(exc).split())}); fix the table or set the reader back to iceberg"
+        ) from exc
+    return result, dataset, proj

@@ -1,0 +1,139 @@
+"""The read-flip runbook as a command and a job: canary preflight, gated flip, verify through the router."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.defs.rollout import read_flip_job
+from lakehouse_dagster.flags.overrides import list_overrides, parse_scope, set_override
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.rollout import read_flip as rf
+from lakehouse_dagster.store import datasets as ds
+
+from .flag_helpers import cli, flag_tables
+
+SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}]
+
+
+@pytest.fixture
+def ws(conn):
+    return ds.create_workspace(conn, "ws")
+
+
+def _dataset(conn, dsn, settings, ws, name: str, *, synced: bool = True) -> uuid.UUID:
+    d = ds.create_dataset(conn, ws, name, SCHEMA)
+    ds.insert_rows(conn, d, [{"a": i, "s": f"{name}-{i}"} for i in range(6)])
+    if synced:
+        sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
+    return d
+
+
+def _behind_the_mirrors_back(conn, d: uuid.UUID) -> None:
+    """Change a value without bumping the version: the mirror thinks Iceberg is caught up."""
+    with conn.transaction():
+        conn.execute("alter table dataset_rows disable trigger user")
+        conn.execute("update dataset_rows set data = jsonb_set(data, '{a}', '-1') where dataset_id = %s and row_index = 2",
+                     (d,))
+        conn.execute("alter table dataset_rows enable trigger user")
+
+
+def _flip(*args: str):
+    proc = cli("flags", "flip", *args, "--json")
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else None, proc.stderr
+
+
+def test_flip_one_dataset_checks_flips_and_verifies(conn, dsn, settings, ws):
+    d = _dataset(conn, dsn, settings, ws, "good")
+    code, out, err = _flip("export.stream", "--dataset", str(d), "--note", "fase1 canary")
+    assert code == 0, err
+    assert [(c["verdict"], c["reused"]) for c in out["preflight"]] == [("ok", False)]
+    assert out["flipped"] and out["change"]["after"] == "iceberg"
+    (v,) = out["verify"]
+    assert (v["source"], v["reason"], v["fallback_error"]) == ("iceberg", "iceberg@eventual", None)
+    assert "reason=iceberg@eventual" in err  # the router's own log line
+    (o,) = list_overrides(conn)
+    assert (o.name, o.scope, o.scope_id, o.mode, o.note) == ("export.stream", "dataset", d, "iceberg", "fase1 canary")
+    # the verdict is recorded where the runbook's monitoring looks
+    assert conn.execute("select verdict, source from lakehouse_read_parity where dataset_id = %s", (d,)).fetchall() == [
+        ("ok", "rollout")]
+
+
+def test_a_mismatch_stops_the_flip_before_anything_is_written(conn, dsn, settings, ws):
+    d = _dataset(conn, dsn, settings, ws, "drifted")
+    _behind_the_mirrors_back(conn, d)
+    before = flag_tables(conn)
+    code, out, _ = _flip("graph.kuzu", "--dataset", str(d))
+    assert code == 1 and out["flipped"] is False
+    (c,) = out["preflight"]
+    assert c["verdict"] == "MISMATCH" and "differing row indexes [2]" in c["detail"]
+    assert flag_tables(conn) == before
+    # and a flip is only ever upward: rollback is set/clear
+    proc = cli("flags", "flip", "graph.kuzu", "off", "--dataset", str(d))
+    assert proc.returncode == 2 and "a read flip raises graph.kuzu to iceberg or iceberg_only" in proc.stderr
+
+
+def _run(config: dict, dsn: str):
+    return read_flip_job.execute_in_process(
+        run_config={"ops": {"read_flip_preflight": {"config": config}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+    )
+
+
+def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_datasets_inert(conn, dsn, settings, ws):
+    good = _dataset(conn, dsn, settings, ws, "good")
+    fresh = _dataset(conn, dsn, settings, ws, "unsynced", synced=False)
+    assert _flip("studio.digest", "--dataset", str(good))[0] == 0  # step 3: one dataset first
+    result = _run({"reader": "studio_digest", "workspace_id": str(ws), "note": "fase1 ws rollout"}, dsn)
+    assert result.success
+    pre = result.output_for_node("read_flip_preflight")["preflight"]
+    got = {c.name: (c.verdict, c.reused) for c in pre.checked}
+    # the dataset override already puts "good" on iceberg, so the workspace flip moves only "unsynced"
+    assert got == {"unsynced": ("no-snapshot", False)}
+    verified = {v["dataset_id"]: v["reason"] for v in result.output_for_node("read_flip_verify")}
+    assert verified == {str(fresh): "pg@no-snapshot"}  # inert: Postgres serves until the mirror runs
+    overrides = {(o.scope, o.scope_id): (o.mode, o.note) for o in list_overrides(conn)}
+    assert overrides[("workspace", ws)] == ("iceberg", "fase1 ws rollout")
+    assert overrides[("dataset", good)][0] == "iceberg"
+    # a global flip: a dataset pinned by its own override is not moved; a recent ok verdict is reused
+    ws2 = ds.create_workspace(conn, "ws2")
+    twin = _dataset(conn, dsn, settings, ws2, "twin")
+    assert _flip("graph.kuzu", "--dataset", str(twin))[0] == 0
+    set_override(conn, "read", "graph.kuzu", "off", dataset=twin, actor="pytest")  # (back, by hand)
+    result = _run({"reader": "graph_kuzu", "mode": "iceberg_only", "note": "fase1 global"}, dsn)
+    assert result.success
+    got = {c.name: (c.verdict, c.reused) for c in result.output_for_node("read_flip_preflight")["preflight"].checked}
+    assert got == {"good": ("ok", True), "unsynced": ("no-snapshot", False)}  # "twin" pinned off: not moved
+
+
+def test_job_stops_on_mismatch_and_the_flip_op_never_runs(conn, dsn, settings, ws):
+    _dataset(conn, dsn, settings, ws, "good")
+    bad = _dataset(conn, dsn, settings, ws, "drifted")
+    _behind_the_mirrors_back(conn, bad)
+    before = flag_tables(conn)
+    result = _run({"reader": "export_stream", "workspace_id": str(ws)}, dsn)
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    assert failure.step_key == "read_flip_preflight"
+    message = failure.step_failure_data.user_failure_data.description
+    assert message.startswith("STOP: do not flip export.stream to iceberg") and f"drifted ({bad}): MISMATCH" in message
+    assert {e.step_key for e in result.all_events if e.is_step_success} == set()
+    assert flag_tables(conn) == before
+
+
+def test_verify_reports_a_fallback_with_the_rollback_command(conn, dsn, settings, ws):
+    d = _dataset(conn, dsn, settings, ws, "broken")
+    set_override(conn, "read", "export.stream", "iceberg", dataset=d, actor="pytest")
+    for f in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet"):
+        f.unlink()  # the snapshot's data files are gone: an Iceberg read fails
+    (v,) = rf.verify(conn, load_catalog(settings, dsn), settings, "export.stream", [d])
+    assert v.reason == "pg@fallback" and v.source == "pg" and v.fallback_error
+    scope = parse_scope(d, None)
+    assert f"lakehouse flags set export.stream off --dataset {d}" in rf.fallback_message("export.stream", scope, [v])
