@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 
-def cli(*args: str, check: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, check: bool = False, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run `lakehouse ...` as users do: a separate process seeing the test's environment."""
     proc = subprocess.run(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=120,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"lakehouse {' '.join(args)} exited {proc.returncode}: {proc.stderr}")

@@ -285,3 +285,29 @@ def test_killed_sync_leaves_no_partial_snapshot_and_next_sync_succeeds(conn, dsn
     on_disk = {p.name for p in data_dir}
     first_files = {f for f in on_disk if str(first.sync_id) in f}
     assert on_disk - first_files == referenced
+
+
+def test_writers_racing_to_create_the_namespace_all_succeed(dsn, settings):
+    """Found by the ingest bench: the SqlCatalog's check-then-insert lets a loser fail on the primary key."""
+    import threading
+
+    from lakehouse_dagster.iceberg.catalog import ensure_namespace
+
+    catalogs = [load_catalog(settings.replace(namespace=f"race{i}"), dsn) for i in range(8)]
+    for round_ in range(5):  # the window is small: several rounds, 8 writers released together each time
+        barrier, errors = threading.Barrier(8), []
+
+        def create(catalog, ns=f"race_ns_{round_}"):
+            barrier.wait()
+            try:
+                ensure_namespace(catalog, ns)
+            except Exception as exc:  # noqa: BLE001 - the assertion below names it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=create, args=(c,)) for c in catalogs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert catalogs[0].namespace_exists(f"race_ns_{round_}")

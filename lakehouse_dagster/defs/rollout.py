@@ -105,3 +105,48 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
 )
 def read_flip_job():
     read_flip_verify(read_flip_set(read_flip_preflight()))
+
+
+class IngestBenchConfig(dg.Config):
+    jobs: int = Field(default=8, description="concurrent writer processes, released together")
+    rows: int = Field(default=100_000, description="rows per job")
+    same_dataset: bool = Field(default=False, description="every job writes the same dataset (G3)")
+    namespace: str = Field(default="bench", description="Iceberg namespace of the throwaway bench tables")
+    keep: bool = Field(default=False, description="keep the bench tables and datasets (default: purge them)")
+
+
+@dg.op(description="A burst of concurrent iceberg-native writes; fails unless every non-503 outcome is ok.")
+def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, lakehouse: LakehouseResource) -> dict:
+    from ..rollout import ingest_bench as ib
+
+    settings = lakehouse.settings()
+    actor = _actor(context, lakehouse)
+    try:
+        report = ib.run_ingest_bench(lakehouse.pg_dsn, settings, jobs=config.jobs, rows=config.rows,
+                                     same_dataset=config.same_dataset, namespace=config.namespace, actor=actor)
+    except LakehouseError as exc:
+        raise _refuse(exc) from exc
+    finally:
+        if not config.keep:
+            ib.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
+    rows = "\n".join(f"| {o.job} | {o.status} | {o.rows} | {o.seconds:.2f} | {(o.error or '')[:200].replace('|', '/')} |"
+                     for o in report.outcomes)
+    meta = {"ok": report.count(ib.OK), "503": report.count(ib.BACKPRESSURE), "error": report.count(ib.ERROR),
+            "max_concurrent_ingest": report.max_concurrent_ingest, "seconds": round(report.seconds, 2),
+            "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows)}
+    context.log.info(report.summary_line())
+    if not report.passed:
+        raise dg.Failure(description=report.summary_line() + "".join(f"\n{p}" for p in report.table_problems),
+                         metadata=meta)
+    context.add_output_metadata(meta)
+    return report.as_dict()
+
+
+@dg.job(
+    name="ingest_bench",
+    description="Fase 4 runbook step 2: validate the write guards at a target concurrency (distinct datasets: "
+    "error=0, 503s only above LAKEHOUSE_MAX_CONCURRENT_INGEST; same dataset: error=0). Purges after.",
+    tags={"lakehouse/area": "rollout"},
+)
+def ingest_bench_job():
+    ingest_bench_op()

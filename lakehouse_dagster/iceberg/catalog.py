@@ -14,7 +14,7 @@ from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
 
 from ..settings import Settings
-from ..store.db import sqlalchemy_url
+from ..store.db import connect, sqlalchemy_url
 
 _cache: dict[tuple, Catalog] = {}
 _cache_lock = threading.Lock()
@@ -38,13 +38,21 @@ def _build(settings: Settings, dsn: str) -> Catalog:
         return RestCatalog("lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse)
     from pyiceberg.catalog.sql import SqlCatalog
 
-    return SqlCatalog(
-        "lakehouse",
-        uri=sqlalchemy_url(dsn),
-        warehouse=settings.warehouse,
-        # Keep connections few: every Dagster run process gets its own pool.
-        pool_pre_ping="true",
-    )
+    # SqlCatalog creates its tables on first use with CREATE TABLE IF NOT EXISTS, which two processes
+    # starting together both run: the loser fails on a unique index (found by `lakehouse ingest-bench`).
+    # One advisory lock serialises the creation across processes; afterwards it is a quick no-op.
+    with connect(dsn) as conn:
+        conn.execute("select pg_advisory_lock(hashtextextended('lakehouse_sql_catalog_init', 0))")
+        try:
+            return SqlCatalog(
+                "lakehouse",
+                uri=sqlalchemy_url(dsn),
+                warehouse=settings.warehouse,
+                # Keep connections few: every Dagster run process gets its own pool.
+                pool_pre_ping="true",
+            )
+        finally:
+            conn.execute("select pg_advisory_unlock(hashtextextended('lakehouse_sql_catalog_init', 0))")
 
 
 def table_identifier(settings: Settings, dataset_id: uuid.UUID) -> tuple[str, str]:
@@ -52,10 +60,16 @@ def table_identifier(settings: Settings, dataset_id: uuid.UUID) -> tuple[str, st
 
 
 def ensure_namespace(catalog: Catalog, namespace: str) -> None:
+    """Create the namespace unless it exists. Concurrent writers race here on their first write: the
+    SqlCatalog's check-then-insert lets the loser fail on the primary key (an IntegrityError, not
+    NamespaceAlreadyExistsError — found by `lakehouse ingest-bench`), which is fine once it exists."""
+    from sqlalchemy.exc import IntegrityError
+
     try:
         catalog.create_namespace_if_not_exists(namespace)
-    except NamespaceAlreadyExistsError:  # lost a race with another process: fine
-        pass
+    except (NamespaceAlreadyExistsError, IntegrityError):  # lost a race with another process
+        if not catalog.namespace_exists(namespace):
+            raise
 
 
 def load_table_or_none(catalog: Catalog, identifier: tuple[str, str]) -> Table | None:

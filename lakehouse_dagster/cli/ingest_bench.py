@@ -1,0 +1,41 @@
+"""`lakehouse ingest-bench run|purge`: the writer-flip runbook's concurrency bench (step 2)."""
+
+from __future__ import annotations
+
+from ..rollout import ingest_bench as ib
+from .common import Result, add_command, table
+
+
+def register(sub) -> None:
+    p = sub.add_parser("ingest-bench", help="validate the write guards (G1–G4) at a target concurrency",
+                       description="validate the write guards (G1–G4) at a target concurrency")
+    actions = p.add_subparsers(dest="ingest_bench_action", required=True, metavar="ACTION")
+    run = add_command(actions, "run", _run, help="a burst of concurrent iceberg-native writes into throwaway datasets")
+    run.add_argument("--jobs", type=int, default=8, help="concurrent writer processes (default 8)")
+    run.add_argument("--rows", type=int, default=100_000, help="rows per job (default 100000)")
+    run.add_argument("--same-dataset", action="store_true", help="every job writes the same dataset (G3)")
+    run.add_argument("--namespace", default="bench", help="Iceberg namespace of the bench tables (default bench)")
+    run.add_argument("--keep", action="store_true", help="keep the bench tables and datasets (default: purge them)")
+    pg = add_command(actions, "purge", _purge, help="drop every bench table, dataset and workspace of a namespace")
+    pg.add_argument("--namespace", default="bench")
+
+
+def _run(ctx, args) -> Result:
+    report = ib.run_ingest_bench(ctx.dsn, ctx.settings, jobs=args.jobs, rows=args.rows,
+                                 same_dataset=args.same_dataset, namespace=args.namespace, actor=ctx.settings.actor)
+    data = report.as_dict()
+    if not args.keep:
+        data["purged"] = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+    rows = [{**o, "seconds": round(o["seconds"], 2)} for o in data["outcomes"]]
+    lines = [table(rows, ["job", "status", "rows", "seconds", "snapshot_id", "error"])]
+    lines += [f"table problem: {p}" for p in report.table_problems]
+    lines.append(report.summary_line())
+    lines.append("gate: non-503 errors must be 0; 503s are healthy backpressure (raise "
+                 "LAKEHOUSE_MAX_CONCURRENT_INGEST or let callers retry)")
+    return Result(data, "\n".join(lines), exit_code=0 if report.passed else 1)
+
+
+def _purge(ctx, args) -> Result:
+    out = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+    return Result(out, f"purged namespace {out['namespace']}: {out['tables_dropped']} table(s), "
+                       f"{out['datasets']} dataset(s), {out['workspaces']} workspace(s)")

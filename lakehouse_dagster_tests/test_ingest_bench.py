@@ -1,0 +1,71 @@
+"""The writer runbook's concurrency bench, for real: writer processes released together through a barrier,
+the real write router and native writer, G2 backpressure counted as the runbook's 503s, G3 serialising."""
+
+from __future__ import annotations
+
+import json
+
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.rollout import ingest_bench as ib
+
+from .flag_helpers import cli
+
+
+def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings):
+    report = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=60_000)
+    assert report.count(ib.ERROR) == 0, [o.error for o in report.outcomes]
+    assert report.count(ib.OK) >= 1 and report.count(ib.BACKPRESSURE) >= 1  # G2 refused the jobs past 2
+    assert report.count(ib.OK) + report.count(ib.BACKPRESSURE) == 4
+    assert all("ingest slots are busy" in o.error for o in report.outcomes if o.status == ib.BACKPRESSURE)
+    assert all(o.rows == 60_000 for o in report.outcomes if o.status == ib.OK)
+    assert report.table_problems == [] and report.passed
+    # within the bound: every job writes
+    within = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=3), jobs=3, rows=2_000)
+    assert [o.status for o in within.outcomes] == [ib.OK] * 3 and within.passed
+
+
+def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, settings):
+    report = ib.run_ingest_bench(dsn, settings, jobs=3, rows=5_000, same_dataset=True)
+    assert [o.status for o in report.outcomes] == [ib.OK] * 3, [o.error for o in report.outcomes]  # G3 queues them
+    assert report.table_problems == []  # one snapshot per replace and exactly 5,000 rows: no drop-race
+    assert len({o.snapshot_id for o in report.outcomes}) == 3
+    catalog = load_catalog(settings.replace(namespace="bench"), dsn)
+    assert len(catalog.list_tables("bench")) == 1
+    out = ib.purge(dsn, settings, namespace="bench")
+    assert (out["workspaces"], out["datasets"], out["tables_dropped"]) == (1, 1, 1)
+    assert catalog.list_tables("bench") == []
+    assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
+
+
+def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
+    proc = cli("ingest-bench", "run", "--jobs", "2", "--rows", "1000", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["passed"] and data["counts"] == {"ok": 2, "503": 0, "error": 0}
+    assert data["purged"]["tables_dropped"] == 2
+    for args, message in ((["--jobs", "0"], "--jobs and --rows must be at least 1"),
+                          (["--namespace", "lakehouse"], "is the lakehouse's own namespace")):
+        bad = cli("ingest-bench", "run", *args)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_a_failing_job_fails_the_gate(dsn, settings):
+    """A writer that cannot write (the warehouse is not writable) is an error, not a 503: FAIL."""
+    broken = settings.replace(warehouse="file:///proc/lakehouse-not-writable")
+    report = ib.run_ingest_bench(dsn, broken, jobs=2, rows=10)
+    assert report.count(ib.ERROR) == 2 and not report.passed
+    assert report.summary_line().startswith("FAIL: jobs=2 ok=0 503=0 error=2")
+    assert all("iceberg_native write failed" in o.error for o in report.outcomes)
+
+
+def test_the_dagster_job_runs_the_bench_and_purges(conn, dsn, settings):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.defs.rollout import ingest_bench_job
+
+    result = ingest_bench_job.execute_in_process(
+        run_config={"ops": {"ingest_bench_op": {"config": {"jobs": 2, "rows": 500, "same_dataset": True}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success and result.output_for_node("ingest_bench_op")["counts"] == {"ok": 2, "503": 0, "error": 0}
+    assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
