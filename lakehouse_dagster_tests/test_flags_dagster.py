@@ -101,7 +101,7 @@ def test_code_location_loads_the_flag_jobs(conn, dsn, settings, world):
 
     loaded = defs()
     dg.Definitions.validate_loadable(loaded)  # what the webserver does: names unique across the repository
-    for name in ("flag_state", "set_flag", "clear_flag", "write_flip_candidates", "read_flip", "ingest_bench"):
+    for name in ("flag_state", "set_flag", "clear_flag", "write_flip_candidates", "read_flip", "ingest_bench", "write_flip"):
         assert loaded.resolve_job_def(name).name == name
     result = loaded.resolve_job_def("set_flag").execute_in_process(
         run_config={"ops": {"set_flag_op": {"config": {"name": "graph.kuzu", "mode": "iceberg", "note": "ui"}}}},

@@ -170,3 +170,14 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     meta = out.event_specific_data.metadata
     assert meta["ready_to_flip"].value == 1 and meta["blocked_pipeline_input"].value == 1
     assert "| SAFE | **yes** | ready |" in meta["candidates"].value
+
+
+def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, ws):
+    d = _dataset(conn, ws, "moved-on")
+    _ready(conn, dsn, settings, d)
+    ds.insert_rows(conn, d, [{"a": 99, "s": "late"}])
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d)  # caught up again, but never re-checked
+    err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d))
+    assert "parity was last checked at Postgres version" in err and "Iceberg is behind" not in err
+    run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)])
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)

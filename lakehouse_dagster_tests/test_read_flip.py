@@ -14,7 +14,7 @@ from lakehouse_dagster.defs.rollout import read_flip_job
 from lakehouse_dagster.flags.overrides import list_overrides, parse_scope, set_override
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.rollout import read_flip as rf
+from lakehouse_dagster.rollout import flip as rf
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import cli, flag_tables
@@ -137,3 +137,57 @@ def test_verify_reports_a_fallback_with_the_rollback_command(conn, dsn, settings
     assert v.reason == "pg@fallback" and v.source == "pg" and v.fallback_error
     scope = parse_scope(d, None)
     assert f"lakehouse flags set export.stream off --dataset {d}" in rf.fallback_message("export.stream", scope, [v])
+
+
+# --- the writer flip ---------------------------------------------------------------------------------------
+
+SERVABLE = ["export.stream", "graph.kuzu", "studio.digest", "studio.training_pairs", "studio.preview"]
+
+
+def _read_flipped(conn, d) -> None:
+    for r in SERVABLE:
+        set_override(conn, "read", r, "iceberg", dataset=d, note="fase1", actor="pytest")
+
+
+def test_write_flip_checks_parity_afresh_flips_and_verifies(conn, dsn, settings, ws):
+    d = _dataset(conn, dsn, settings, ws, "ready")
+    _read_flipped(conn, d)  # no canary has run yet: the preflight runs it, the gate then sees a fresh ok
+    proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d), "--note", "fase4 canary", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert [(c["verdict"], c["reused"]) for c in out["preflight"]] == [("ok", False)]
+    (v,) = out["verify"]
+    assert (v["writer_mode"], v["mirror_skips"], v["row_count_matches"], v["problems"]) == (
+        "iceberg_native", True, True, [])
+    assert v["latest_sync"].startswith("succeeded mirror rows=6")
+
+
+def test_write_flip_stops_on_a_mismatch_and_the_gates_still_name_what_is_missing(conn, dsn, settings, ws):
+    drifted = _dataset(conn, dsn, settings, ws, "drifted")
+    _read_flipped(conn, drifted)
+    _behind_the_mirrors_back(conn, drifted)
+    before = flag_tables(conn)
+    proc = cli("write-flags", "flip", "sync.append", "--dataset", str(drifted))
+    assert proc.returncode == 1 and "STOP: do not flip sync.append to iceberg_native" in proc.stdout
+    assert flag_tables(conn) == before
+    unread = _dataset(conn, dsn, settings, ws, "unread")  # parity ok, but its readers are on Postgres
+    proc = cli("write-flags", "flip", "sync.append", "--dataset", str(unread))
+    assert proc.returncode == 6 and "readers still on Postgres for it" in proc.stderr
+    assert flag_tables(conn) == before
+
+
+def test_write_flip_job_for_one_dataset(conn, dsn, settings, ws):
+    from lakehouse_dagster.defs.rollout import write_flip_job
+
+    d = _dataset(conn, dsn, settings, ws, "ready")
+    _read_flipped(conn, d)
+    result = write_flip_job.execute_in_process(
+        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "cdc_append", "dataset_id": str(d),
+                                                                "note": "fase4 canary"}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    (v,) = result.output_for_node("write_flip_verify")
+    assert v["writer_mode"] == "iceberg_native" and v["mirror_skips"] and v["problems"] == []
+    (o,) = [o for o in list_overrides(conn) if o.kind == "write"]
+    assert (o.name, o.scope_id, o.mode, o.note) == ("cdc.append", d, "iceberg_native", "fase4 canary")
+    assert o.set_by.startswith("pytest (dagster run ")

@@ -48,14 +48,14 @@ def register(sub) -> None:
                              help="the read-flip runbook step: canary preflight, gated set, verify through the router")
             fl.add_argument("name", help="the reader, e.g. export.stream")
             fl.add_argument("mode", nargs="?", default="iceberg", help="iceberg (default) or iceberg_only")
-            _scope_args(fl)
-            fl.add_argument("--note", help="why (kept with the override and in the audit)")
-            fl.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
-            fl.add_argument("--reuse-minutes", type=int, default=60,
-                            help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
-            fl.add_argument("--max-datasets", type=int, default=500, help="refuse a flip moving more datasets (default 500)")
+            _flip_args(fl)
             parsers.append(fl)
         if kind == WRITE:
+            wf = add_command(actions, "flip", _wflip,
+                             help="the write-flip runbook step: fresh canary, gated set to iceberg_native, verify")
+            wf.add_argument("name", help="the writer, e.g. sync.full")
+            _flip_args(wf)
+            parsers.append(wf)
             ca = add_command(actions, "candidates", _candidates,
                              help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip")
             ca.add_argument("--writer", default="sync.full", help="the writer to flip (default sync.full)")
@@ -74,6 +74,15 @@ def register(sub) -> None:
 def _scope_args(p) -> None:
     p.add_argument("--dataset", help="dataset uuid (most specific scope)")
     p.add_argument("--workspace", help="workspace uuid")
+
+
+def _flip_args(p) -> None:
+    _scope_args(p)
+    p.add_argument("--note", help="why (kept with the override and in the audit)")
+    p.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
+    p.add_argument("--reuse-minutes", type=int, default=60,
+                   help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
+    p.add_argument("--max-datasets", type=int, default=500, help="refuse a flip moving more datasets (default 500)")
 
 
 def _where(scope) -> str:
@@ -184,7 +193,7 @@ def _history(ctx, args) -> Result:
 
 
 def _flip(ctx, args) -> Result:
-    from ..rollout import read_flip as rf
+    from ..rollout import flip as rf
 
     pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, args.mode, dataset=args.dataset,
                        workspace=args.workspace, smoke=not args.no_smoke, reuse_minutes=args.reuse_minutes,
@@ -206,6 +215,32 @@ def _flip(ctx, args) -> Result:
     data = {"preflight": checked, "flipped": True, "change": _change_data(change),
             "verify": [v.as_dict() for v in verified]}
     return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
+
+
+def _wflip(ctx, args) -> Result:
+    from ..rollout import flip as rf
+
+    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, "iceberg_native", kind=WRITE,
+                       dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
+                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets)
+    checked = [c.as_dict() for c in pre.checked]
+    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
+    lines += [f"skipped: {s}" for s in pre.skipped]
+    if not pre.go:
+        return Result({"preflight": checked, "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
+    verified = rf.verify_write(ctx.conn, args.name, rf.moved_ids(pre))
+    lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
+                 "new writes land in Iceberg only, the mirror skips these datasets")
+    rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
+    lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
+    bad = [v for v in verified if v.problems]
+    if bad:
+        lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
+                     + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))
+    lines.append("after the first native sync: lakehouse canary --smoke --dataset <id> (runbook step 3)")
+    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
+    return Result(data, "\n".join(lines), exit_code=1 if bad else 0)
 
 
 def _candidates(ctx, args) -> Result:

@@ -13,9 +13,9 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import LakehouseError
-from ..flags.registry import READ, READERS, rank
-from ..rollout import read_flip as rf
-from .flags import _actor, _refuse
+from ..flags.registry import READ, READERS, WRITE, rank
+from ..rollout import flip as rf
+from .flags import FlippableWriter, _actor, _refuse
 from .resources import LakehouseResource
 
 FlippableReader = Enum("FlippableReader", {
@@ -27,9 +27,9 @@ class ReadMode(Enum):
     iceberg_only = "iceberg_only"
 
 
-class ReadFlipConfig(dg.Config):
-    reader: FlippableReader = Field(description="the reader to flip (only readers Iceberg can serve)")
-    mode: ReadMode = Field(default=ReadMode.iceberg, description="iceberg keeps the PG fallback; iceberg_only drops it")
+class FlipScopeConfig(dg.Config):
+    """Where a flip applies and how its preflight runs (shared by read_flip and write_flip)."""
+
     dataset_id: Optional[str] = Field(default=None, description="flip for one dataset (runbook step 3)")
     workspace_id: Optional[str] = Field(default=None, description="or a workspace (step 4); neither: global")
     note: Optional[str] = Field(default=None, description="why, kept with the override and in the audit")
@@ -38,13 +38,17 @@ class ReadFlipConfig(dg.Config):
     max_datasets: int = Field(default=500, description="refuse a flip that would move more datasets than this")
 
 
-@dg.op(description="Canary (--smoke) over every dataset the flip would move; MISMATCH or error stops the job.")
-def read_flip_preflight(context: dg.OpExecutionContext, config: ReadFlipConfig, lakehouse: LakehouseResource) -> dict:
+class ReadFlipConfig(FlipScopeConfig):
+    reader: FlippableReader = Field(description="the reader to flip (only readers Iceberg can serve)")
+    mode: ReadMode = Field(default=ReadMode.iceberg, description="iceberg keeps the PG fallback; iceberg_only drops it")
+
+
+def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: str, mode: str) -> dict:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
         try:
-            pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, config.reader.value,
-                               config.mode.value, dataset=config.dataset_id, workspace=config.workspace_id,
+            pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, name, mode, kind=kind,
+                               dataset=config.dataset_id, workspace=config.workspace_id,
                                smoke=config.smoke, reuse_minutes=config.reuse_verdicts_minutes,
                                max_datasets=config.max_datasets, run_id=context.run_id)
         except LakehouseError as exc:
@@ -65,8 +69,12 @@ def read_flip_preflight(context: dg.OpExecutionContext, config: ReadFlipConfig, 
             "datasets": [str(i) for i in rf.moved_ids(pre)], "preflight": pre}
 
 
-@dg.op(description="Set the reader's override behind the flip gates, audited with the run as actor.")
-def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: LakehouseResource) -> dict:
+@dg.op(description="Canary (--smoke) over every dataset the flip would move; MISMATCH or error stops the job.")
+def read_flip_preflight(context: dg.OpExecutionContext, config: ReadFlipConfig, lakehouse: LakehouseResource) -> dict:
+    return _preflight(context, lakehouse, config, READ, config.reader.value, config.mode.value)
+
+
+def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
     pre: rf.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
@@ -78,6 +86,11 @@ def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: La
                                  "before": change.before or "(no override)", "after": change.after,
                                  "audit_id": change.audit.id})
     return preflight
+
+
+@dg.op(description="Set the reader's override behind the flip gates, audited with the run as actor.")
+def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: LakehouseResource) -> dict:
+    return _set(context, preflight, lakehouse)
 
 
 @dg.op(description="One read per moved dataset (a sample of 20) through the read router: reason and fallbacks.")
@@ -150,3 +163,44 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
 )
 def ingest_bench_job():
     ingest_bench_op()
+
+
+
+class WriteFlipConfig(FlipScopeConfig):
+    writer: FlippableWriter = Field(description="the writer to flip to iceberg_native (one writer at a time)")
+
+
+@dg.op(description="Canary (--smoke) over every dataset the flip would move: anything but ok stops the job.")
+def write_flip_preflight(context: dg.OpExecutionContext, config: WriteFlipConfig, lakehouse: LakehouseResource) -> dict:
+    return _preflight(context, lakehouse, config, WRITE, config.writer.value, "iceberg_native")
+
+
+@dg.op(description="Set the writer to iceberg_native behind the flip gates (F3, identity, readers, parity).")
+def write_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: LakehouseResource) -> dict:
+    return _set(context, preflight, lakehouse)
+
+
+@dg.op(description="Step-3 checks per moved dataset: the writer resolves native, the mirror skips it, its last sync.")
+def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
+    pre: rf.Preflight = flipped["preflight"]
+    with lakehouse.connect() as conn:
+        verified = rf.verify_write(conn, pre.reader, rf.moved_ids(pre))
+    bad = [v for v in verified if v.problems]
+    meta = {"verified": len(verified), "problems": len(bad)}
+    if bad:
+        where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
+        raise dg.Failure(description="\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
+            f"roll back with: lakehouse write-flags set {pre.reader} pg{where}"]), metadata=meta)
+    context.log.info("verified; after the first native sync run the canary (--smoke) on these datasets (step 3)")
+    context.add_output_metadata(meta)
+    return [v.as_dict() for v in verified]
+
+
+@dg.job(
+    name="write_flip",
+    description="Fase 4 runbook, steps 3–4: fresh canary (only ok passes), flip ONE writer to iceberg_native for a "
+    "dataset, a workspace or globally (behind the flip gates: F3, identity, caught up, readers on Iceberg), verify.",
+    tags={"lakehouse/area": "rollout"},
+)
+def write_flip_job():
+    write_flip_verify(write_flip_set(write_flip_preflight()))

@@ -14,7 +14,7 @@ A dataset moving to iceberg_native for a writer must be
     since the mirror skips native datasets);
   * read from Iceberg already (prerequisite #1): every reader that Iceberg can serve resolves to
     iceberg or iceberg_only for it;
-  * parity-checked: its latest recorded verdict is ok (lakehouse_read_parity).
+  * parity-checked: its latest recorded verdict is ok, at its current Postgres version.
 A reader of a native dataset must not move below iceberg: Postgres no longer receives its rows.
 
 The check and the write run in one transaction under one advisory lock shared by every gated
@@ -113,8 +113,9 @@ def _latest_syncs(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.U
 
 def _latest_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
     rows = conn.execute(
-        """select distinct on (dataset_id) dataset_id, verdict, checked_at from lakehouse_read_parity
-            where dataset_id = any(%s::uuid[]) order by dataset_id, checked_at desc, id desc""",
+        """select distinct on (p.dataset_id) p.dataset_id, p.verdict, p.checked_at, p.pg_version, d.rows_version
+             from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
+            where p.dataset_id = any(%s::uuid[]) order by p.dataset_id, p.checked_at desc, p.id desc""",
         (ids,),
     ).fetchall()
     return {r[0]: r[1:] for r in rows}
@@ -161,6 +162,9 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
         elif verdict[0] not in ("ok", "native"):
             reasons.append(f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
                            "run the canary until it says ok")
+        elif verdict[0] == "ok" and (verdict[2] is None or verdict[2] < verdict[3]):
+            reasons.append(f"parity was last checked at Postgres version {verdict[2]}, it is now at {verdict[3]}: "
+                           f"run lakehouse canary --smoke --dataset {e.dataset_id} again")
         if reasons:
             blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
     return blocked

@@ -1,4 +1,5 @@
-"""The reader-flip runbook (Fase 1) as three steps the CLI and the Dagster job both run.
+"""The flip runbooks as three steps the CLI and the Dagster jobs both run: reader flip (Fase 1, steps
+2–4) and writer flip (Fase 4, steps 3–4).
 
   preflight  the canary (with --smoke) over every dataset the flip would move; a caught-up dataset
              that disagrees (MISMATCH), or one the canary could not check (error), stops the flip
@@ -10,6 +11,11 @@
   verify     one read per moved dataset (a sample) through the read router: its reason
              (iceberg@eventual, iceberg@strict, pg@no-snapshot, ...) and whether an Iceberg read
              failed and fell back to Postgres — which fails the step with the rollback command.
+
+For a writer the preflight is stricter — only ``ok`` at the dataset's current Postgres version lets a
+dataset go iceberg-native (the flip gates say the same, so the preflight makes the verdict fresh) —
+and verify checks what the runbook's step 3 checks: the writer resolves iceberg_native, the mirror
+now skips the dataset, its latest sync succeeded with the rows datasets.row_count says.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pyiceberg.catalog import Catalog
 from ..errors import BadInput
 from ..flags.gates import effects, set_flag
 from ..flags.overrides import Change, Scope, parse_scope, require_target
-from ..flags.registry import READ, check_mode, get_flag, rank
+from ..flags.registry import READ, WRITE, check_mode, get_flag, rank
 from ..flags.resolver import FlagResolver
 from ..parity import canary as cy
 from ..settings import Settings
@@ -33,6 +39,7 @@ from ..settings import Settings
 log = logging.getLogger("lakehouse_dagster.rollout")
 
 STOP_VERDICTS = (cy.MISMATCH, cy.ERROR)
+WRITE_GO_VERDICTS = (cy.OK, cy.NATIVE)
 INERT_VERDICTS = (cy.LAGGING, cy.NO_SNAPSHOT)
 SOURCE = "rollout"
 
@@ -51,14 +58,17 @@ class Checked:
 
 @dataclasses.dataclass
 class Preflight:
-    reader: str
+    reader: str  # the reader or writer flipped
     mode: str
     scope: Scope
     checked: list[Checked]
     skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
+    kind: str = READ
 
     @property
     def stopped(self) -> list[Checked]:
+        if self.kind == WRITE:
+            return [c for c in self.checked if c.verdict not in WRITE_GO_VERDICTS]
         return [c for c in self.checked if c.verdict in STOP_VERDICTS]
 
     @property
@@ -74,7 +84,7 @@ class Preflight:
 
     def stop_message(self) -> str:
         lines = [f"STOP: do not flip {self.reader} to {self.mode} ({self.scope}); nothing written. "
-                 f"{len(self.stopped)} dataset(s) failed the canary:"]
+                 f"{len(self.stopped)} dataset(s) {'are not ok in' if self.kind == WRITE else 'failed'} the canary:"]
         lines += [f"  {c.name} ({c.dataset_id}): {c.verdict} — {c.detail}" for c in self.stopped[:20]]
         if len(self.stopped) > 20:
             lines.append(f"  ... and {len(self.stopped) - 20} more")
@@ -82,10 +92,13 @@ class Preflight:
         return "\n".join(lines)
 
 
-def _check_request(conn: psycopg.Connection, reader: str, mode: str, dataset, workspace):
-    flag = get_flag(READ, reader)
+def _check_request(conn: psycopg.Connection, kind: str, reader: str, mode: str, dataset, workspace):
+    flag = get_flag(kind, reader)
     check_mode(flag, mode)
-    if rank(READ, mode) < rank(READ, "iceberg"):
+    if kind == WRITE and mode != "iceberg_native":
+        raise BadInput(f"a write flip moves {reader} to iceberg_native, not {mode}; to roll back use "
+                       f"`lakehouse write-flags set {reader} {mode}` or the set_flag job")
+    if kind == READ and rank(READ, mode) < rank(READ, "iceberg"):
         raise BadInput(f"a read flip raises {reader} to iceberg or iceberg_only, not {mode}; to roll back use "
                        f"`lakehouse flags set {reader} {mode}` or the set_flag job")
     scope = parse_scope(dataset, workspace)
@@ -96,9 +109,9 @@ def _check_request(conn: psycopg.Connection, reader: str, mode: str, dataset, wo
 def preflight(
     conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, reader: str, mode: str, *,
     dataset=None, workspace=None, smoke: bool = True, reuse_minutes: int = 60, max_datasets: int = 500,
-    run_id: str | None = None,
+    run_id: str | None = None, kind: str = READ,
 ) -> Preflight:
-    flag, scope = _check_request(conn, reader, mode, dataset, workspace)
+    flag, scope = _check_request(conn, kind, reader, mode, dataset, workspace)
     moved, datasets = effects(conn, flag, scope, mode)
     if len(moved) > max_datasets:
         raise BadInput(f"flipping {reader} ({scope}) would move {len(moved)} datasets and the preflight runs the "
@@ -118,8 +131,8 @@ def preflight(
         if v.mismatched_row_indexes:
             detail += f"; differing row indexes {v.mismatched_row_indexes[:10]}"
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
-        log.info("read-flip preflight %s ds=%s verdict=%s %s", reader, e.dataset_id, v.verdict, detail)
-    return Preflight(reader, mode, scope, checked, skipped)
+        log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, reader, e.dataset_id, v.verdict, detail)
+    return Preflight(reader, mode, scope, checked, skipped, kind)
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
@@ -139,7 +152,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
 def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str) -> Change:
     if not pre.go:
         raise BadInput(pre.stop_message())
-    return set_flag(conn, READ, pre.reader, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
+    return set_flag(conn, pre.kind, pre.reader, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
                     workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor)
 
 
@@ -183,3 +196,47 @@ def fallback_message(reader: str, scope: Scope, fell_back: list[Verified]) -> st
     lines.append(f"  readers are still served (by Postgres); roll back with: lakehouse flags set {reader} off{where}")
     return "\n".join(lines)
 
+
+
+@dataclasses.dataclass
+class WriteVerified:
+    dataset_id: uuid.UUID
+    writer_mode: str
+    mirror_skips: bool
+    latest_sync: str | None  # "<status> <path> rows=<n> snapshot=<id>"
+    row_count_matches: bool | None
+    problems: list[str]
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+def verify_write(conn: psycopg.Connection, writer: str, dataset_ids: list[uuid.UUID], *, sample: int = 20) -> list[WriteVerified]:
+    """The runbook's step-3 checks after a write flip, per dataset (up to ``sample``)."""
+    from ..flags.native import native_dataset_ids
+
+    resolver = FlagResolver(conn, ttl_seconds=0)
+    ids = dataset_ids[:sample]
+    native = native_dataset_ids(conn, ids)
+    out = []
+    for ds_id in ids:
+        mode = resolver.resolve(WRITE, writer, ds_id).mode
+        row = conn.execute(
+            """select l.status, l.path, l.rows, l.snapshot_id, d.row_count from datasets d
+                 left join lateral (select status, path, rows, snapshot_id from iceberg_sync_log
+                                     where dataset_id = d.id order by finished_at desc nulls last, id desc limit 1) l on true
+                where d.id = %s""", (ds_id,)).fetchone()
+        problems = []
+        if mode != "iceberg_native":
+            problems.append(f"{writer} resolves to {mode} for it (a narrower override?)")
+        if ds_id not in native:
+            problems.append("the mirror poller would still sync it")
+        status, path, rows, snapshot_id, row_count = row
+        latest = None if status is None else f"{status} {path} rows={rows} snapshot={snapshot_id}"
+        matches = None if rows is None or row_count is None else rows == row_count
+        if status != "succeeded":
+            problems.append(f"its latest sync is {status or 'missing'}")
+        elif matches is False:
+            problems.append(f"its latest sync wrote {rows} rows but datasets.row_count is {row_count}")
+        out.append(WriteVerified(ds_id, mode, ds_id in native, latest, matches, problems))
+    return out
