@@ -426,6 +426,45 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
         assert c.execute("select row_count from datasets where id = %s", (demo_id("events"),)).fetchone()[0] == DEMO_ROWS
 
 
+def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
+    """The runbook as operators run it: the read_flip job launched through the webserver, run by the daemon."""
+    loc = _location(stack)
+    repo = loc["repositories"][0]
+    selector = {"repositoryLocationName": loc["name"], "repositoryName": repo["name"]}
+    events = str(demo_id("events"))  # mirrored by the test above
+    res = stack.gql(LAUNCH_Q, {"p": {
+        "selector": {**selector, "jobName": "read_flip"},
+        "runConfigData": {"ops": {"read_flip_preflight": {"config": {
+            "reader": "export_stream", "dataset_id": events, "note": "fase1 canary (e2e)"}}}},
+    }})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    run_id = res["run"]["runId"]
+
+    def done():
+        runs = stack.gql(RUNS_Q_BY_ID, {"id": run_id})["runOrError"]
+        return runs["status"] in TERMINAL, runs
+
+    run = _wait("the read_flip run to finish", done, 300, stack, interval=2)
+    if run["status"] != "SUCCESS":
+        events_ = stack.gql(FAILURE_Q, {"id": run_id})["logsForRun"].get("events", [])
+        pytest.fail(f"read_flip ended {run['status']}: "
+                    f"{[e.get('error', {}).get('message') or e.get('message') for e in events_ if 'Failure' in e['__typename']]}")
+    with psycopg.connect(stack.dsn()) as c:
+        mode, note, actor = c.execute(
+            "select mode, note, set_by from lakehouse_flag_overrides where kind = 'read' and name = 'export.stream'"
+            " and scope = 'dataset' and scope_id = %s", (demo_id("events"),)).fetchone()
+        assert (mode, note) == ("iceberg", "fase1 canary (e2e)") and f"(dagster run {run_id[:8]})" in actor
+        # the preflight's verdict: evaluated by this run, or the mirror run's parity check reused (same version)
+        verdict = c.execute("select verdict from lakehouse_read_parity where dataset_id = %s"
+                            " order by checked_at desc, id desc limit 1", (demo_id("events"),)).fetchone()
+        assert verdict == ("ok",)
+
+
+RUNS_Q_BY_ID = """
+query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { runId status } } }
+"""
+
+
 def test_ctrl_c_stops_everything(stack):
     assert stack.own_processes(), "nothing running before Ctrl-C?"
     os.killpg(stack.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground process group
