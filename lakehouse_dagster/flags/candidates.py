@@ -15,9 +15,8 @@ import uuid
 
 import psycopg
 
-from .gates import NATIVE, Effect, write_flip_blockers
+from .gates import NATIVE, Effect, resolve_for, stored_overrides, write_flip_blockers
 from .registry import WRITE, check_mode, get_flag
-from .resolver import resolve_from
 
 # Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\
@@ -65,15 +64,8 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
     ids = [r[3] for r in rows]
     info = {r[0]: r for r in conn.execute(
         "select id, name, workspace_id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall()}
-    stored: dict[uuid.UUID, dict[str, str]] = {i: {} for i in ids}
-    for scope, scope_id, mode in conn.execute(
-        "select scope, scope_id, mode from lakehouse_flag_overrides where kind = 'write' and name = %s", (writer,)
-    ).fetchall():
-        for i in ids:
-            if scope == "global" or (scope == "dataset" and scope_id == i) or (
-                    scope == "workspace" and scope_id == info[i][2]):
-                stored[i][scope] = mode
-    modes = {i: resolve_from(flag, stored[i]).mode for i in ids}
+    stored = stored_overrides(conn, WRITE, [writer])[writer]
+    modes = {i: resolve_for(flag, stored, i, info[i][2]) for i in ids}
     moved = [Effect(i, info[i][1], modes[i], NATIVE) for i in ids if modes[i] != NATIVE]
     reasons = {b.dataset_id: b.reasons for b in write_flip_blockers(conn, moved, info)}
     out = []

@@ -54,7 +54,8 @@ class Blocked:
     reasons: tuple[str, ...]
 
 
-def _stored(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
+def stored_overrides(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
+    """{flag name: {(scope, scope id): mode}}: every override of these flags, read once."""
     stored: dict[str, dict] = {n: {} for n in names}
     for name, scope, scope_id, mode in conn.execute(
         "select name, scope, scope_id, mode from lakehouse_flag_overrides where kind = %s and name = any(%s)",
@@ -64,7 +65,8 @@ def _stored(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, 
     return stored
 
 
-def _resolve(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID) -> str:
+def resolve_for(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID) -> str:
+    """The flag's effective mode for one dataset, from ``stored_overrides`` (the resolver's precedence)."""
     found = {}
     for scope, key in ((DATASET, dataset_id), (WORKSPACE, workspace_id), (GLOBAL, None)):
         if (scope, key) in stored:
@@ -83,7 +85,7 @@ def _datasets_in(conn: psycopg.Connection, scope: Scope) -> list[tuple]:
 
 def effects(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> tuple[list[Effect], dict]:
     """What setting ``mode`` (None: clearing) at ``scope`` does to each dataset's effective mode."""
-    stored = _stored(conn, flag.kind, [flag.name])[flag.name]
+    stored = stored_overrides(conn, flag.kind, [flag.name])[flag.name]
     after_stored = dict(stored)
     key = (scope.scope, scope.scope_id)
     if mode is None:
@@ -93,7 +95,7 @@ def effects(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None
     rows = _datasets_in(conn, scope)
     out = []
     for ds_id, name, ws_id, _kind in rows:
-        before, after = _resolve(flag, stored, ds_id, ws_id), _resolve(flag, after_stored, ds_id, ws_id)
+        before, after = resolve_for(flag, stored, ds_id, ws_id), resolve_for(flag, after_stored, ds_id, ws_id)
         if before != after:
             out.append(Effect(ds_id, name, before, after))
     return out, {r[0]: r for r in rows}
@@ -130,7 +132,7 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
     syncs = _latest_syncs(conn, ids)
     verdicts = _latest_verdicts(conn, ids)
     servable = [r for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
-    reader_overrides = _stored(conn, READ, [r.name for r in servable])
+    reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
     blocked = []
     for e in moved:
         _, name, ws_id, kind = datasets[e.dataset_id]
@@ -152,7 +154,7 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
                 reasons.append(f"Iceberg is behind Postgres (covers version {source_version}, Postgres is at "
                                f"{rows_version}): let the mirror catch up, or rows not yet mirrored are lost")
         on_pg = [f"{r.name} ({m})" for r in servable
-                 if rank(READ, m := _resolve(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")]
+                 if rank(READ, m := resolve_for(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")]
         if on_pg:
             reasons.append("readers still on Postgres for it: " + ", ".join(on_pg) +
                            " — read-flip them first (prerequisite #1)")
@@ -175,11 +177,11 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
     down = [e for e in moved if rank(READ, e.after) < rank(READ, "iceberg") <= rank(READ, e.before)]
     if not down:
         return []
-    writer_overrides = _stored(conn, WRITE, [w.name for w in FLIPPABLE_WRITERS])
+    writer_overrides = stored_overrides(conn, WRITE, [w.name for w in FLIPPABLE_WRITERS])
     blocked = []
     for e in down:
         ws_id = datasets[e.dataset_id][2]
-        native = [w.name for w in FLIPPABLE_WRITERS if _resolve(w, writer_overrides[w.name], e.dataset_id, ws_id) == NATIVE]
+        native = [w.name for w in FLIPPABLE_WRITERS if resolve_for(w, writer_overrides[w.name], e.dataset_id, ws_id) == NATIVE]
         if native:
             blocked.append(Blocked(e.dataset_id, e.name, (
                 f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
