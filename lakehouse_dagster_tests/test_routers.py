@@ -195,6 +195,27 @@ def test_iceberg_only_never_falls_back(conn, dsn, catalog, settings, dataset, ca
     assert "iceberg_only has no PG fallback" in proc.stderr.strip().splitlines()[-1]
 
 
+def test_no_fallback_to_postgres_for_a_dataset_written_iceberg_native(conn, dsn, catalog, settings, dataset, caplog):
+    """Under mode iceberg a failed Iceberg read normally falls back; Postgres is stale for a native dataset."""
+    _mirror(dsn, catalog, settings, dataset)
+    set_override(conn, "read", "studio.digest", "iceberg", dataset=dataset, actor="t")
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, actor="t")
+    _break_table_files(settings, dataset)
+    ex = Executors(conn, catalog, settings, dataset)
+    with caplog.at_level(logging.INFO, logger="lakehouse_dagster.read_router"), pytest.raises(Exception) as info:
+        _route(conn, "studio.digest", dataset, ex)
+    assert not isinstance(info.value, NotFound)
+    assert ex.calls == ["iceberg"]  # Postgres never served
+    assert "PG fallback" not in caplog.text and "written iceberg-native, Postgres is stale, no fallback" in caplog.text
+    proc = cli("read", "--reader", "studio.digest", "--dataset", str(dataset))
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert "the dataset is written iceberg-native, so there is no PG fallback" in proc.stderr
+    # once the writer is rolled back, the fallback is there again
+    set_override(conn, "write", "sync.append", "pg", dataset=dataset, actor="t")
+    result = _route(conn, "studio.digest", dataset, Executors(conn, catalog, settings, dataset))
+    assert result.decision.reason == "pg@fallback"
+
+
 def test_iceberg_only_still_obeys_the_freshness_gate(conn, catalog, settings, dataset):
     set_override(conn, "read", "export.stream", "iceberg_only", actor="t")
     ex = Executors(conn, catalog, settings, dataset)

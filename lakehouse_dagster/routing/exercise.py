@@ -40,8 +40,14 @@ def read_through_router(
         raise
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         d = source.decision
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        if d.native:
+            raise LakehouseError(
+                f"{d.reader} ds={d.dataset_id}: iceberg read failed and the dataset is written iceberg-native, so "
+                f"there is no PG fallback (Postgres is stale for it) ({error}); fix the table"
+            ) from exc
         raise LakehouseError(
             f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
-            f"({type(exc).__name__}: {' '.join(str(exc).split())}); fix the table or set the reader back to iceberg"
+            f"({error}); fix the table or set the reader back to iceberg"
         ) from exc
     return result, dataset, proj

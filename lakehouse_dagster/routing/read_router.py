@@ -7,7 +7,9 @@
   The gate applies to iceberg_only too: with nothing in Iceberg there is nothing to serve.
 - An Iceberg error under ``iceberg`` falls back to Postgres and logs
   ``[read-router] <reader> ds=<id> iceberg read failed → PG fallback: <error>``;
-  under ``iceberg_only`` it is raised (no fallback).
+  under ``iceberg_only`` it is raised (no fallback). Nor is there a fallback for a dataset written
+  iceberg-native (any flippable writer resolves to iceberg_native for it): Postgres no longer receives
+  its rows, so serving them would be a silent split-brain; the error is raised instead.
 
 Every decision is logged with its reason (``reason=iceberg@eventual``, ``reason=pg@no-snapshot``, ...).
 """
@@ -22,7 +24,7 @@ from typing import Callable, TypeVar
 import psycopg
 
 from ..errors import NotFound
-from ..flags.registry import READ, STRICT
+from ..flags.registry import FLIPPABLE_WRITERS, READ, STRICT, WRITE
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
 
@@ -77,6 +79,7 @@ class ReadDecision:
     reason: str  # e.g. iceberg@eventual, pg@no-snapshot, pg@lagging, pg@off, pg@shadow, pg@fallback
     snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
     freshness: Freshness | None = None
+    native: bool = False  # the dataset is written iceberg-native: Postgres is stale for it
 
     @property
     def mode(self) -> str:
@@ -84,7 +87,11 @@ class ReadDecision:
 
     @property
     def fallback_allowed(self) -> bool:
-        return self.flag.mode == "iceberg"
+        return self.flag.mode == "iceberg" and not self.native
+
+    @property
+    def no_fallback_because(self) -> str:
+        return "written iceberg-native, Postgres is stale" if self.native else "iceberg_only"
 
     def log_line(self) -> str:
         snap = f" snapshot={self.snapshot_id}" if self.source == ICEBERG else ""
@@ -105,18 +112,20 @@ class ReadDecision:
         }
 
 
-def decide(reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None) -> ReadDecision:
+def decide(
+    reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None, native: bool = False
+) -> ReadDecision:
     """Pure: the mode and the freshness facts give the source and its reason."""
     if flag.mode in ("off", "shadow"):
-        return ReadDecision(reader, dataset_id, flag, PG, f"pg@{flag.mode}", None, fresh)
+        return ReadDecision(reader, dataset_id, flag, PG, f"pg@{flag.mode}", None, fresh, native)
     assert fresh is not None
     if not fresh.has_snapshot:
-        return ReadDecision(reader, dataset_id, flag, PG, "pg@no-snapshot", None, fresh)
+        return ReadDecision(reader, dataset_id, flag, PG, "pg@no-snapshot", None, fresh, native)
     if flag.consistency == STRICT:
         if not fresh.caught_up:
-            return ReadDecision(reader, dataset_id, flag, PG, "pg@lagging", None, fresh)
-        return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@strict", fresh.snapshot_id, fresh)
-    return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@eventual", fresh.snapshot_id, fresh)
+            return ReadDecision(reader, dataset_id, flag, PG, "pg@lagging", None, fresh, native)
+        return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@strict", fresh.snapshot_id, fresh, native)
+    return ReadDecision(reader, dataset_id, flag, ICEBERG, "iceberg@eventual", fresh.snapshot_id, fresh, native)
 
 
 @dataclasses.dataclass
@@ -147,7 +156,8 @@ class ReadSource:
         except Exception as exc:
             error = _one_line(exc)
             if not d.fallback_allowed:
-                self._log.error(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed (iceberg_only, no fallback): {error}")
+                self._log.error(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed "
+                                f"({d.no_fallback_because}, no fallback): {error}")
                 raise
             self._log.warning(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed → PG fallback: {error}")
             fallback = dataclasses.replace(d, source=PG, reason="pg@fallback", snapshot_id=None)
@@ -166,7 +176,9 @@ def resolve_read_source(
     dataset_id = parse_uuid(dataset_id, "dataset id")
     flag = flags.resolve(READ, reader, dataset_id)
     fresh = freshness(conn, dataset_id)  # also refuses a dataset that does not exist, whatever the mode
-    decision = decide(reader, dataset_id, flag, fresh)
+    # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
+    native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
+    decision = decide(reader, dataset_id, flag, fresh, native)
     (logger or log).info(decision.log_line())
     return ReadSource(decision, logger)
 
