@@ -12,12 +12,12 @@ from .flag_helpers import cli
 
 
 def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings):
-    report = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=60_000)
+    report = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=150_000)
     assert report.count(ib.ERROR) == 0, [o.error for o in report.outcomes]
     assert report.count(ib.OK) >= 1 and report.count(ib.BACKPRESSURE) >= 1  # G2 refused the jobs past 2
     assert report.count(ib.OK) + report.count(ib.BACKPRESSURE) == 4
     assert all("ingest slots are busy" in o.error for o in report.outcomes if o.status == ib.BACKPRESSURE)
-    assert all(o.rows == 60_000 for o in report.outcomes if o.status == ib.OK)
+    assert all(o.rows == 150_000 for o in report.outcomes if o.status == ib.OK)
     assert report.table_problems == [] and report.passed
     # within the bound: every job writes
     within = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=3), jobs=3, rows=2_000)
