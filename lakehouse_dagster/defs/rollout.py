@@ -64,7 +64,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
     if not pre.go:
         raise dg.Failure(description=pre.stop_message(), metadata=meta)
     context.add_output_metadata(meta)
-    return {"reader": pre.reader, "mode": pre.mode, "scope": pre.scope.scope,
+    return {"name": pre.name, "kind": pre.kind, "mode": pre.mode, "scope": pre.scope.scope,
             "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None, "note": config.note,
             "datasets": [str(i) for i in rf.moved_ids(pre)], "preflight": pre}
 
@@ -97,7 +97,7 @@ def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: La
 def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
     pre: rf.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = rf.verify(conn, lakehouse.catalog(), lakehouse.settings(), pre.reader, rf.moved_ids(pre),
+        verified = rf.verify(conn, lakehouse.catalog(), lakehouse.settings(), pre.name, rf.moved_ids(pre),
                              logger=context.log)
     reasons: dict[str, int] = {}
     for v in verified:
@@ -105,7 +105,7 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
     meta = {f"reason {k}": n for k, n in sorted(reasons.items())}
     fell_back = [v for v in verified if v.fallback_error]
     if fell_back:
-        raise dg.Failure(description=rf.fallback_message(pre.reader, pre.scope, fell_back), metadata=meta)
+        raise dg.Failure(description=rf.fallback_message(pre.name, pre.scope, fell_back), metadata=meta)
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
@@ -184,13 +184,13 @@ def write_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: L
 def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
     pre: rf.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = rf.verify_write(conn, pre.reader, rf.moved_ids(pre))
+        verified = rf.verify_write(conn, pre.name, rf.moved_ids(pre))
     bad = [v for v in verified if v.problems]
     meta = {"verified": len(verified), "problems": len(bad)}
     if bad:
         where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
         raise dg.Failure(description="\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
-            f"roll back with: lakehouse write-flags set {pre.reader} pg{where}"]), metadata=meta)
+            f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]), metadata=meta)
     context.log.info("verified; after the first native sync run the canary (--smoke) on these datasets (step 3)")
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]

@@ -58,7 +58,7 @@ class Checked:
 
 @dataclasses.dataclass
 class Preflight:
-    reader: str  # the reader or writer flipped
+    name: str  # the reader or writer flipped
     mode: str
     scope: Scope
     checked: list[Checked]
@@ -83,7 +83,7 @@ class Preflight:
         return {v: sum(c.verdict == v for c in self.checked) for v in cy.VERDICTS}
 
     def stop_message(self) -> str:
-        lines = [f"STOP: do not flip {self.reader} to {self.mode} ({self.scope}); nothing written. "
+        lines = [f"STOP: do not flip {self.name} to {self.mode} ({self.scope}); nothing written. "
                  f"{len(self.stopped)} dataset(s) {'are not ok in' if self.kind == WRITE else 'failed'} the canary:"]
         lines += [f"  {c.name} ({c.dataset_id}): {c.verdict} — {c.detail}" for c in self.stopped[:20]]
         if len(self.stopped) > 20:
@@ -92,29 +92,29 @@ class Preflight:
         return "\n".join(lines)
 
 
-def _check_request(conn: psycopg.Connection, kind: str, reader: str, mode: str, dataset, workspace):
-    flag = get_flag(kind, reader)
+def _check_request(conn: psycopg.Connection, kind: str, name: str, mode: str, dataset, workspace):
+    flag = get_flag(kind, name)
     check_mode(flag, mode)
     if kind == WRITE and mode != "iceberg_native":
-        raise BadInput(f"a write flip moves {reader} to iceberg_native, not {mode}; to roll back use "
-                       f"`lakehouse write-flags set {reader} {mode}` or the set_flag job")
+        raise BadInput(f"a write flip moves {name} to iceberg_native, not {mode}; to roll back use "
+                       f"`lakehouse write-flags set {name} {mode}` or the set_flag job")
     if kind == READ and rank(READ, mode) < rank(READ, "iceberg"):
-        raise BadInput(f"a read flip raises {reader} to iceberg or iceberg_only, not {mode}; to roll back use "
-                       f"`lakehouse flags set {reader} {mode}` or the set_flag job")
+        raise BadInput(f"a read flip raises {name} to iceberg or iceberg_only, not {mode}; to roll back use "
+                       f"`lakehouse flags set {name} {mode}` or the set_flag job")
     scope = parse_scope(dataset, workspace)
     require_target(conn, scope)
     return flag, scope
 
 
 def preflight(
-    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, reader: str, mode: str, *,
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, name: str, mode: str, *,
     dataset=None, workspace=None, smoke: bool = True, reuse_minutes: int = 60, max_datasets: int = 500,
     run_id: str | None = None, kind: str = READ,
 ) -> Preflight:
-    flag, scope = _check_request(conn, kind, reader, mode, dataset, workspace)
+    flag, scope = _check_request(conn, kind, name, mode, dataset, workspace)
     moved, datasets = effects(conn, flag, scope, mode)
     if len(moved) > max_datasets:
-        raise BadInput(f"flipping {reader} ({scope}) would move {len(moved)} datasets and the preflight runs the "
+        raise BadInput(f"flipping {name} ({scope}) would move {len(moved)} datasets and the preflight runs the "
                        f"canary on each; narrow the scope (a workspace) or raise max_datasets above {max_datasets}")
     tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
     skipped = [f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
@@ -131,8 +131,8 @@ def preflight(
         if v.mismatched_row_indexes:
             detail += f"; differing row indexes {v.mismatched_row_indexes[:10]}"
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
-        log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, reader, e.dataset_id, v.verdict, detail)
-    return Preflight(reader, mode, scope, checked, skipped, kind)
+        log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
+    return Preflight(name, mode, scope, checked, skipped, kind)
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
@@ -152,7 +152,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
 def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str) -> Change:
     if not pre.go:
         raise BadInput(pre.stop_message())
-    return set_flag(conn, pre.kind, pre.reader, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
+    return set_flag(conn, pre.kind, pre.name, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
                     workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor)
 
 
