@@ -192,19 +192,28 @@ def _history(ctx, args) -> Result:
     return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
 
 
-def _flip(ctx, args) -> Result:
+def _preflight_and_flip(ctx, args, kind: str, mode: str):
+    """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
     from ..rollout import flip as rf
 
-    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, args.mode, dataset=args.dataset,
-                       workspace=args.workspace, smoke=not args.no_smoke, reuse_minutes=args.reuse_minutes,
-                       max_datasets=args.max_datasets)
+    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, mode, kind=kind,
+                       dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
+                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets)
     checked = [c.as_dict() for c in pre.checked]
     lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
     lines += [f"skipped: {s}" for s in pre.skipped]
     if not pre.go:
-        data = {"preflight": checked, "flipped": False}
-        return Result(data, "\n".join(lines + [pre.stop_message()]), exit_code=1)
-    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
+        stop = Result({"preflight": checked, "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+        return pre, checked, lines, None, stop
+    return pre, checked, lines, rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor), None
+
+
+def _flip(ctx, args) -> Result:
+    from ..rollout import flip as rf
+
+    pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
+    if stop:
+        return stop
     verified = rf.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger())
     fell_back = [v for v in verified if v.fallback_error]
     lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
@@ -220,15 +229,9 @@ def _flip(ctx, args) -> Result:
 def _wflip(ctx, args) -> Result:
     from ..rollout import flip as rf
 
-    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, "iceberg_native", kind=WRITE,
-                       dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
-                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets)
-    checked = [c.as_dict() for c in pre.checked]
-    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
-    lines += [f"skipped: {s}" for s in pre.skipped]
-    if not pre.go:
-        return Result({"preflight": checked, "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
-    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
+    pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
+    if stop:
+        return stop
     verified = rf.verify_write(ctx.conn, args.name, rf.moved_ids(pre))
     lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
                  "new writes land in Iceberg only, the mirror skips these datasets")

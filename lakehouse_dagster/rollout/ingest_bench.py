@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import multiprocessing
+import threading
 import time
 import uuid
 
@@ -106,9 +107,6 @@ def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, wri
     from ..iceberg.catalog import load_catalog
     from ..routing.write_router import native_write, route_write
 
-    import threading
-
-    t = time.perf_counter()
     try:
         conn = connect(dsn)
         catalog = load_catalog(settings, dsn)
