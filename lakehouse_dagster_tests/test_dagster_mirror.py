@@ -170,14 +170,14 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
         return str(conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s order by id desc limit 1",
                                 (bad,)).fetchone()[0])
 
-    first_failure = fail()
+    fail()
     cursor = _tick(instance, dsn).cursor  # the change itself: requested once by the regular path
     assert _tick(instance, dsn, cursor).run_requests == []  # failed just now: inside the backoff
     time.sleep(1.1)
     (req,) = _tick(instance, dsn, cursor).run_requests
     version = conn.execute("select rows_version from datasets where id = %s", (bad,)).fetchone()[0]
-    assert req.partition_key == str(bad) and req.run_key == f"mirror:{bad}:{version}:retry:{first_failure}"
-    assert req.tags["lakehouse/retry_of"] == first_failure and req.tags["lakehouse/failures"] == "1"
+    assert req.partition_key == str(bad) and req.run_key == f"mirror:{bad}:{version}:attempt:2"
+    assert req.tags["lakehouse/attempt"] == "2" and req.tags["lakehouse/source_version"] == str(version)
     fail()  # the retry failed too: two in a row is past LAKEHOUSE_RETRY_FAILED_MAX=1
     time.sleep(2.1)  # longer than the next backoff (2 s) would be
     assert _tick(instance, dsn, cursor).run_requests == []

@@ -26,7 +26,7 @@ def test_migrate_is_idempotent(conn):
 def test_append_bumps_version_but_not_rewrite(conn):
     ws = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws, "d", SCHEMA)
-    assert _version(conn, d)[:3] == (0, 0, None)
+    assert _version(conn, d)[:3] == (0, 0, -1)  # a new dataset is known empty (NULL would mean unknown)
     ds.insert_rows(conn, d, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
     v1, rw1, mx1, xid1 = _version(conn, d)
     assert v1 > 0 and rw1 == 0 and mx1 == 1 and xid1 is not None

@@ -1,13 +1,34 @@
 """The mirror poller: requests a mirror run for every dataset whose Postgres rows moved, and again for
-one whose last sync failed (backoff and cap in ingest/poller.py)."""
+every dataset still behind with no run in flight (backoff, cap and run keys in ingest/poller.py)."""
 
+import uuid
 
 import dagster as dg
 
-from ..ingest.poller import Cursor, failed_syncs_to_retry, pending_syncs
+from ..ingest.poller import Cursor, Retry, plan_tick
 from .assets import mirror_job
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+
+# A run in one of these may still sync its dataset: the sweep does not ask again meanwhile.
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+def mirror_runs_in_flight(instance: dg.DagsterInstance, dataset_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Datasets among ``dataset_ids`` with a mirror_job run queued or running: one query."""
+    if not dataset_ids:
+        return set()
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=mirror_job.name, statuses=IN_FLIGHT,
+                      tags={"dagster/partition": [str(d) for d in dataset_ids]})
+    )
+    return {uuid.UUID(r.dagster_run.tags["dagster/partition"]) for r in records}
 
 
 @dg.sensor(
@@ -20,35 +41,27 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     settings = lakehouse.settings()
     if not settings.enable_iceberg_sync:
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
-    cursor = Cursor.loads(context.cursor)
     with lakehouse.connect() as conn:
-        pending, nxt, scanned = pending_syncs(conn, cursor, limit=settings.sensor_max_requests)
-        asked = {p.dataset_id for p in pending}
-        retries = [r for r in failed_syncs_to_retry(
-            conn, after_seconds=settings.retry_failed_after_seconds, max_retries=settings.retry_failed_max,
-            limit=settings.sensor_max_requests) if r.dataset_id not in asked]
+        tick = plan_tick(
+            conn, Cursor.loads(context.cursor), limit=settings.sensor_max_requests,
+            retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,
+            in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
+        )
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
-    new_keys = sorted({str(p.dataset_id) for p in [*pending, *retries]} - known)
-    requests = [
-        dg.RunRequest(
-            run_key=p.run_key,
-            partition_key=str(p.dataset_id),
-            tags={"lakehouse/source_version": str(p.rows_version)},
-        )
-        for p in pending
-    ] + [
-        dg.RunRequest(
-            run_key=r.run_key,
-            partition_key=str(r.dataset_id),
-            tags={"lakehouse/source_version": str(r.rows_version), "lakehouse/retry_of": str(r.failed_sync_id),
-                  "lakehouse/failures": str(r.failures)},
-        )
-        for r in retries
-    ]
-    context.log.info(f"scanned {scanned} changed datasets, requesting {len(pending)} syncs"
-                     f" and {len(retries)} retries of failed syncs")
+    new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
+    requests = []
+    for p in tick.requests:
+        tags = {"lakehouse/source_version": str(p.rows_version)}
+        if isinstance(p, Retry):
+            tags["lakehouse/attempt"] = str(p.attempt)
+        requests.append(dg.RunRequest(run_key=p.run_key, partition_key=str(p.dataset_id), tags=tags))
+    retries = sum(isinstance(p, Retry) for p in tick.requests)
+    context.log.info(
+        f"scanned {tick.scanned} changed datasets, {tick.behind} behind Postgres; requesting"
+        f" {len(requests) - retries} syncs and {retries} retries ({tick.in_flight} behind with a run in flight)"
+    )
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],
-        cursor=nxt.dumps(),
+        cursor=tick.cursor.dumps(),
     )

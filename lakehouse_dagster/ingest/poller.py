@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
+from typing import Callable
 
 import psycopg
 
@@ -20,9 +21,7 @@ from ..flags.native import native_dataset_ids
 
 _QUERY = """
 select d.id, d.rows_version, d.rows_xid::text::bigint, pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       (select s.source_version from iceberg_sync_log s
-         where s.dataset_id = d.id and s.status = 'succeeded' and s.source_version is not null
-         order by s.finished_at desc nulls last limit 1) as mirrored
+       d.mirrored_version  -- the latest succeeded sync's source version (store/sync_log.py)
   from datasets d
  where d.rows_xid >= %(xid)s::text::xid8
    and (%(after)s::uuid is null or (d.rows_xid, d.id) > (%(xid)s::text::xid8, %(after)s::uuid))
@@ -89,60 +88,130 @@ def pending_syncs(
 
 
 # ---------------------------------------------------------------------------------------------------
-# Retry sweep: a sync that failed (after its in-run retries) is otherwise requested again only when
-# its dataset changes. Datasets whose latest mirror sync failed, still behind, are requested again
-# with a run key naming the failed sync (so each failure buys at most one retry), after a backoff
-# that doubles per consecutive failure, and not after ``max_retries`` failures in a row: a dataset
-# that keeps failing is left to the operator (the canary reports it as wedged/lagging).
+# The sweep: every tabular dataset behind Postgres (no succeeded sync covering its rows_version) is found
+# through a partial index that holds only those (datasets.mirrored_version, kept by the sync log's
+# triggers), whatever stopped the last attempt: a failed sync, a run that died before it logged anything
+# (backpressure retries exhausted, a lock timeout, a catalog that did not load, SIGKILL), or a dataset no
+# trigger ever stamped (adopted, empty). lakehouse_mirror_requests remembers what was asked for: a
+# version never asked for is requested at once (run key mirror:<ds>:<version>, the same as the cursor
+# path's, so the two never double up); a version already asked for is asked again only with no mirror run
+# in flight for it, after a backoff that doubles per attempt, at most ``max_retries`` more times, each
+# with a new run key (mirror:<ds>:<version>:attempt:<n>).
 
-_FAILED = """
-select f.dataset_id, f.sync_id, extract(epoch from now() - f.finished_at)::float8, d.rows_version,
-       (select count(*) from iceberg_sync_log x
-         where x.dataset_id = f.dataset_id and x.path = 'mirror' and x.status = 'failed'
-           and x.started_at > coalesce((select max(s.started_at) from iceberg_sync_log s
-                                         where s.dataset_id = f.dataset_id and s.status = 'succeeded'),
-                                       '-infinity'::timestamptz)),
-       (select max(s.source_version) from iceberg_sync_log s
-         where s.dataset_id = f.dataset_id and s.status = 'succeeded')
-  from iceberg_sync_log f join datasets d on d.id = f.dataset_id
- where f.status = 'failed' and f.path = 'mirror' and d.kind = 'tabular'
-   and f.finished_at > now() - make_interval(secs => %(window)s)
-   and not exists (select 1 from iceberg_sync_log later
-                    where later.dataset_id = f.dataset_id and later.id <> f.id
-                      and (later.started_at, later.id) > (f.started_at, f.id))
- order by f.finished_at
+_BEHIND = """
+select d.id, d.rows_version, r.attempts,
+       case when r.rows_version = d.rows_version then
+         extract(epoch from now() - greatest(r.last_at, (select max(s.finished_at) from iceberg_sync_log s
+                                                          where s.dataset_id = d.id)))::float8 end as idle
+  from datasets d
+  left join lakehouse_mirror_requests r on r.dataset_id = d.id
+ where d.kind = 'tabular' and coalesce(d.mirrored_version, -1) < d.rows_version
+ order by d.rows_version, d.id
 """
 
 
 @dataclasses.dataclass(frozen=True)
 class Retry(Pending):
-    failed_sync_id: uuid.UUID | None = None
-    failures: int = 1
+    attempt: int = 2  # the attempt this request is (the first request of a version is attempt 1)
 
     @property
     def run_key(self) -> str:
-        return f"mirror:{self.dataset_id}:{self.rows_version}:retry:{self.failed_sync_id}"
+        return f"mirror:{self.dataset_id}:{self.rows_version}:attempt:{self.attempt}"
 
 
-def backoff_seconds(after_seconds: int, failures: int) -> int:
-    return after_seconds * 2 ** max(0, failures - 1)
+def backoff_seconds(after_seconds: int, attempts: int) -> int:
+    """The wait after ``attempts`` requests of one version: after_seconds, doubling per attempt."""
+    return after_seconds * 2 ** max(0, attempts - 1)
 
 
-def failed_syncs_to_retry(
+@dataclasses.dataclass(frozen=True)
+class Behind:
+    fresh: list[Pending]  # versions never requested
+    due: list[Retry]  # versions requested before, past their backoff (in-flight runs not yet excluded)
+    behind: int  # tabular datasets behind Postgres, native ones included
+
+
+def datasets_behind(
     conn: psycopg.Connection, *, after_seconds: int, max_retries: int, limit: int, exclude_native: bool = True
-) -> list[Retry]:
-    """Datasets whose latest mirror sync failed, still behind Postgres, due for another try."""
-    if after_seconds <= 0 or max_retries <= 0:
-        return []
-    window = backoff_seconds(after_seconds, max_retries) * 2  # older failures are past every backoff
-    due = []
-    for ds_id, sync_id, age, rows_version, failures, mirrored in conn.execute(_FAILED, {"window": window}).fetchall():
-        if mirrored is not None and mirrored >= rows_version:
-            continue  # caught up anyway (the failure was a no-op retry of an older version)
-        if failures > max_retries or age < backoff_seconds(after_seconds, failures):
-            continue
-        due.append(Retry(ds_id, rows_version, sync_id, failures))
-    if exclude_native and due:
-        native = native_dataset_ids(conn, [r.dataset_id for r in due])
+) -> Behind:
+    """Behind datasets to request now: up to ``limit`` fresh ones, and up to 4×``limit`` due retries (the
+    caller drops those with a run in flight, so it gets more than it may request)."""
+    fresh: list[Pending] = []
+    due: list[Retry] = []
+    rows = conn.execute(_BEHIND).fetchall()
+    retries_on = after_seconds > 0 and max_retries > 0
+    for ds_id, version, attempts, idle in rows:
+        if idle is None:  # never asked for at this version
+            fresh.append(Pending(ds_id, version))
+        elif retries_on and attempts <= max_retries and idle >= backoff_seconds(after_seconds, attempts):
+            due.append(Retry(ds_id, version, attempts + 1))
+    if exclude_native and (fresh or due):
+        native = native_dataset_ids(conn, [p.dataset_id for p in [*fresh, *due]])
+        fresh = [p for p in fresh if p.dataset_id not in native]
         due = [r for r in due if r.dataset_id not in native]
-    return due[:limit]
+    return Behind(fresh[:limit], due[: 4 * limit], len(rows))
+
+
+def record_requests(conn: psycopg.Connection, requests: list[Pending]) -> None:
+    """Remember what was asked for (one statement): the backoff and the attempt count start here."""
+    if not requests:
+        return
+    conn.execute(
+        """insert into lakehouse_mirror_requests (dataset_id, rows_version, attempts, last_at)
+           select * , now() from unnest(%s::uuid[], %s::bigint[], %s::int[])
+           on conflict (dataset_id) do update
+              set rows_version = excluded.rows_version, attempts = excluded.attempts, last_at = now()""",
+        ([p.dataset_id for p in requests], [p.rows_version for p in requests],
+         [p.attempt if isinstance(p, Retry) else 1 for p in requests]),
+    )
+
+
+def record_in_flight(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> None:
+    """A run is still in flight for these: the backoff restarts when it ends (seen at a later tick)."""
+    if dataset_ids:
+        conn.execute("update lakehouse_mirror_requests set last_at = now() where dataset_id = any(%s::uuid[])",
+                     (list(dataset_ids),))
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick:
+    requests: list[Pending]  # fresh versions first, then retries (Retry)
+    cursor: Cursor
+    scanned: int  # changed datasets the cursor query read
+    behind: int  # tabular datasets behind Postgres
+    in_flight: int  # due retries skipped because a run for them is in flight
+
+
+def plan_tick(
+    conn: psycopg.Connection,
+    cursor: Cursor,
+    *,
+    limit: int,
+    retry_after_seconds: int,
+    retry_max: int,
+    in_flight: Callable[[list[uuid.UUID]], set[uuid.UUID]],
+) -> Tick:
+    """One poller tick: the datasets changed since the cursor, then the sweep of every dataset behind.
+    At most ``limit`` fresh requests and ``limit`` retries. ``in_flight`` answers, in one call, which of
+    the given datasets have a mirror run queued or running (the sensor asks the Dagster instance)."""
+    pending, nxt, scanned = pending_syncs(conn, cursor, limit=limit)
+    asked = _requested_versions(conn, [p.dataset_id for p in pending])
+    fresh = [p for p in pending if asked.get(p.dataset_id) != p.rows_version]
+    behind = datasets_behind(conn, after_seconds=retry_after_seconds, max_retries=retry_max, limit=limit)
+    seen = {p.dataset_id for p in fresh}
+    fresh += [p for p in behind.fresh if p.dataset_id not in seen][: max(0, limit - len(fresh))]
+    seen |= {p.dataset_id for p in fresh}
+    due = [r for r in behind.due if r.dataset_id not in seen]
+    busy = in_flight([r.dataset_id for r in due]) if due else set()
+    retries = [r for r in due if r.dataset_id not in busy][:limit]
+    record_requests(conn, [*fresh, *retries])
+    record_in_flight(conn, [r.dataset_id for r in due if r.dataset_id in busy])
+    return Tick([*fresh, *retries], nxt, scanned, behind.behind, len(busy))
+
+
+def _requested_versions(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
+    if not ids:
+        return {}
+    return dict(conn.execute(
+        "select dataset_id, rows_version from lakehouse_mirror_requests where dataset_id = any(%s::uuid[])",
+        (ids,)).fetchall())

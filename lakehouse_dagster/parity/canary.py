@@ -346,7 +346,7 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
     rows = conn.execute(
         """select d.id from datasets d
             where d.kind = 'tabular'
-              and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
+              and exists (select 1 from lakehouse_latest_succeeded_sync(d.id))  -- store/sync_log.py
             order by random() limit %s""",
         (limit,),
     ).fetchall()

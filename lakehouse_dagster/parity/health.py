@@ -15,6 +15,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from ..settings import Settings
+from ..store.sync_log import latest_succeeded
 from .digest import IcebergSide, pin_iceberg
 
 IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
@@ -39,17 +40,13 @@ def snapshot_freshness(
         "select rows_version from datasets where id = %s", (dataset_id,)
     ).fetchone()
     pg_version = row[0] if row else None
-    last_ok = conn.execute(
-        "select finished_at, snapshot_id from iceberg_sync_log where dataset_id = %s and status = 'succeeded'"
-        " order by finished_at desc nulls last limit 1",
-        (dataset_id,),
-    ).fetchone()
+    last_ok = latest_succeeded(conn, dataset_id)
     meta = {
         "snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None,
         "pg_version": pg_version,
         "iceberg_version": pin.source_version,
         "max_lag_seconds": max_lag_seconds,
-        "last_succeeded_sync": last_ok[0].isoformat() if last_ok and last_ok[0] else None,
+        "last_succeeded_sync": last_ok.finished_at.isoformat() if last_ok and last_ok.finished_at else None,
     }
     if not pin.has_snapshot:
         return Health(False, "no Iceberg snapshot: the dataset was never synced", meta)

@@ -53,12 +53,7 @@ class Freshness:
 _FRESHNESS = """
 select d.rows_version, s.snapshot_id, s.source_version
   from datasets d
-  left join lateral (
-        select l.snapshot_id, l.source_version
-          from iceberg_sync_log l
-         where l.dataset_id = d.id and l.status = 'succeeded' and l.snapshot_id is not null
-         order by l.finished_at desc nulls last, l.id desc
-         limit 1) s on true
+  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
  where d.id = %s
 """
 

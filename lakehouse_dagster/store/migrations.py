@@ -169,11 +169,133 @@ create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (sta
 """
 
 
+# Adopting a live database. The app's tables may have only the foundation columns, and their writes
+# must never fail because of us: the change-tracking triggers now write lakehouse-owned columns only
+# (no updated_at), and the columns the project itself reads or writes on app tables are added when
+# missing (nullable or defaulted: an app insert that does not name them still works).
+# max_row_index NULL now means "unknown" (a dataset that had rows before the triggers existed): an
+# insert into such a dataset is never taken for an append, and the max is read from dataset_rows (one
+# backward index probe). New datasets start at -1, known empty. fill_change_tracking() fills the rest.
+ADOPT_APP_TABLES = """
+alter table datasets add column if not exists source jsonb;
+alter table datasets add column if not exists error text;
+alter table datasets add column if not exists created_at timestamptz default now();
+alter table datasets add column if not exists updated_at timestamptz default now();
+alter table workspaces add column if not exists created_at timestamptz default now();
+alter table datasets alter column max_row_index set default -1;
+
+create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
+declare v bigint;
+begin
+  perform 1 from datasets where id in (select dataset_id from lakehouse_new_rows) order by id for update;
+  v := nextval('lakehouse_rows_version_seq');
+  update datasets d
+     set rows_version = v,
+         rows_xid = pg_current_xact_id(),
+         rows_rewrite_version = case when d.max_row_index is null or c.min_idx <= d.max_row_index
+                                     then v else d.rows_rewrite_version end,
+         max_row_index = case when d.max_row_index is null
+                              then (select max(r.row_index) from dataset_rows r where r.dataset_id = d.id)
+                              else greatest(d.max_row_index, c.max_idx) end
+    from (select dataset_id, min(row_index) as min_idx, max(row_index) as max_idx
+            from lakehouse_new_rows group by dataset_id) c
+   where d.id = c.dataset_id;
+  return null;
+end $$;
+
+create or replace function lakehouse_rows_rewritten() returns trigger language plpgsql as $$
+declare v bigint;
+begin
+  if tg_op = 'UPDATE' then
+    perform 1 from datasets where id in (select dataset_id from lakehouse_new_rows
+                                         union select dataset_id from lakehouse_old_rows) order by id for update;
+  elsif tg_op = 'DELETE' then
+    perform 1 from datasets where id in (select dataset_id from lakehouse_old_rows) order by id for update;
+  else
+    perform 1 from datasets order by id for update;
+  end if;
+  v := nextval('lakehouse_rows_version_seq');
+  if tg_op = 'UPDATE' then
+    update datasets d
+       set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(),
+           max_row_index = case when d.max_row_index is null
+                                then (select max(r.row_index) from dataset_rows r where r.dataset_id = d.id)
+                                else greatest(d.max_row_index, c.max_idx) end
+      from (select dataset_id, max(max_idx) as max_idx
+              from (select dataset_id, row_index as max_idx from lakehouse_new_rows
+                    union all
+                    select dataset_id, null::bigint from lakehouse_old_rows) t
+             group by dataset_id) c
+     where d.id = c.dataset_id;
+  elsif tg_op = 'DELETE' then
+    update datasets d
+       set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id()
+     where d.id in (select distinct dataset_id from lakehouse_old_rows);
+  else  -- TRUNCATE: every dataset may have changed
+    update datasets set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id();
+  end if;
+  return null;
+end $$;
+"""
+
+# One batch of the fill (its own transaction) over every dataset once: datasets no trigger ever stamped
+# get a version, the writing transaction and their true max row_index, and a max the pre-007 trigger
+# set too low (it started from -1 for a dataset that already had rows) is raised. ``greatest`` and the
+# row locks (taken in id order, like the triggers) mean a concurrent app write is never undone: its
+# trigger either ran before (we wait for it and keep its larger values) or runs after us.
+_FILL_LOCK = """
+select id from datasets where id > %(after)s order by id limit %(batch)s for update
+"""
+# A new statement, so a new snapshot (READ COMMITTED): max(row_index) sees every row committed before
+# the locks were granted; the version is drawn after them, like the triggers do.
+_FILL_STAMP = """
+update datasets d
+   set max_row_index = greatest(d.max_row_index, m.mx, -1),
+       rows_rewrite_version = case when d.rows_version = 0 then greatest(d.rows_rewrite_version, v.v)
+                                   else d.rows_rewrite_version end,
+       rows_version = case when d.rows_version = 0 then v.v else d.rows_version end,
+       rows_xid = coalesce(d.rows_xid, pg_current_xact_id())
+  from (select x.id, (select max(r.row_index) from dataset_rows r where r.dataset_id = x.id) as mx
+          from unnest(%(ids)s::uuid[]) as x(id)) m,
+       (select nextval('lakehouse_rows_version_seq') as v) v
+ where d.id = m.id
+   and (d.rows_xid is null or d.max_row_index is null or d.max_row_index < m.mx)
+"""
+
+FILL_MARK = "007_change_tracking_filled"
+
+
+def fill_change_tracking(conn: psycopg.Connection, *, batch: int = 1000) -> int:
+    """Stamp change tracking on datasets that predate the triggers, in batches of ``batch`` datasets,
+    each its own transaction. Safe to re-run (it only raises values and stamps what is unstamped); a
+    mark in lakehouse_migrations, written at the end, makes the next ``migrate`` skip it. Returns the
+    number of datasets it changed."""
+    if conn.execute("select 1 from lakehouse_migrations where name = %s", (FILL_MARK,)).fetchone():
+        return 0
+    after, total = "00000000-0000-0000-0000-000000000000", 0
+    while True:
+        with conn.transaction():
+            ids = [r[0] for r in conn.execute(_FILL_LOCK, {"after": after, "batch": batch}).fetchall()]
+            if ids:
+                total += conn.execute(_FILL_STAMP, {"ids": ids}).rowcount
+        if not ids:
+            break
+        after = str(max(ids))
+    conn.execute("insert into lakehouse_migrations (name) values (%s) on conflict do nothing", (FILL_MARK,))
+    return total
+
+
 def _ingest_functions() -> str:
     from ..ingest.source import BAD_VALUE_FN, FIND_BAD_ROW_FN
 
     return BAD_VALUE_FN + FIND_BAD_ROW_FN
 
+
+
+def _store_sql(name: str) -> str:
+    from . import sync_log
+
+    return getattr(sync_log, name)
 
 
 def _module_sql(module: str) -> str:
@@ -197,6 +319,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     # The poller's retry sweep looks at recent failed mirror syncs only.
     ("006_sync_log_failed_idx", "create index if not exists iceberg_sync_log_failed_idx"
                                 " on iceberg_sync_log (finished_at) where status = 'failed';"),
+    # Adopting a live database: missing app columns, triggers that write lakehouse-owned columns only.
+    ("007_adopt_app_tables", ADOPT_APP_TABLES),
+    # The latest succeeded sync (one definition), datasets.mirrored_version and the poller's sweep.
+    ("008_latest_sync_and_sweep", _store_sql("MIGRATION_LATEST") + _store_sql("MIGRATION_MIRRORED")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
@@ -219,4 +345,7 @@ def migrate(conn: psycopg.Connection) -> list[str]:
             conn.execute(sql)
             conn.execute("insert into lakehouse_migrations (name) values (%s)", (name,))
             applied_now.append(name)
+    filled = fill_change_tracking(conn)
+    if filled:
+        applied_now.append(f"{FILL_MARK} ({filled} datasets)")
     return applied_now
