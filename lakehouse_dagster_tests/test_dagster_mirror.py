@@ -184,3 +184,51 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     # fixing the data is a change: the regular path requests it again
     conn.execute("update dataset_rows set data = '{\"n\": 5}' where dataset_id = %s and data->>'n' = 'x'", (bad,))
     assert [r.partition_key for r in _tick(instance, dsn, cursor).run_requests] == [str(bad)]
+
+
+def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(conn, dsn, settings, instance,
+                                                                               monkeypatch):
+    """No failed row exists (the run died before its sync logged anything): the sweep still asks again,
+    never while a mirror run for the dataset is in flight, with a new run key per attempt, and stops once
+    the dataset is caught up."""
+    import time
+
+    from lakehouse_dagster.definitions import defs
+
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "3")
+    _, (d,) = _datasets(conn, 1)
+    version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+    first = _tick(instance, dsn)
+    assert [r.run_key for r in first.run_requests] == [f"mirror:{d}:{version}"]
+
+    # the requested run is in flight (created, then started) and then dies without a trace in the sync log
+    job = defs().resolve_job_def("mirror_job")
+    run = instance.create_run_for_job(job_def=job, tags={"dagster/partition": str(d)},
+                                      status=dg.DagsterRunStatus.NOT_STARTED)
+    time.sleep(1.2)  # past the backoff, but a run is in flight
+    assert _tick(instance, dsn, first.cursor).run_requests == []
+    instance.report_dagster_event(
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=job.name), run.run_id)
+    time.sleep(1.2)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+    assert _tick(instance, dsn, first.cursor).run_requests == []
+    instance.report_run_failed(instance.get_run_by_id(run.run_id))
+    assert conn.execute("select count(*) from iceberg_sync_log").fetchone()[0] == 0
+    # the backoff restarts from the last tick that saw the run in flight
+    assert _tick(instance, dsn, first.cursor).run_requests == []
+    time.sleep(1.2)
+    (again,) = _tick(instance, dsn, first.cursor).run_requests
+    assert again.partition_key == str(d) and again.run_key == f"mirror:{d}:{version}:attempt:2"
+    assert again.tags["lakehouse/attempt"] == "2"
+    # the next attempt waits twice as long, and gets its own run key again
+    time.sleep(1.2)
+    assert _tick(instance, dsn, first.cursor).run_requests == []
+    time.sleep(1.0)
+    (third,) = _tick(instance, dsn, first.cursor).run_requests
+    assert third.run_key == f"mirror:{d}:{version}:attempt:3"
+
+    # caught up: never asked again
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
+    time.sleep(4.2)
+    assert _tick(instance, dsn, first.cursor).run_requests == []
