@@ -242,3 +242,147 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
     assert data_files_on_disk(t) == referenced_files(t)
     assert conn.execute("select status from datasets where id = %s", (d,)).fetchone()[0] == "ready"
     assert _sync(settings, dsn, d).mode == "noop"
+
+
+# --- Dagster: transient failures are retried, bad data is not ------------------------------------------
+
+def _materialize(dsn, d, instance):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
+    from lakehouse_dagster.defs.resources import LakehouseResource
+
+    return dg.materialize(
+        [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d),
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False,
+    )
+
+
+@pytest.fixture
+def instance():
+    import dagster as dg
+
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def test_a_transient_failure_is_retried_by_the_asset_and_the_run_succeeds(conn, dsn, settings, instance, monkeypatch):
+    """An object-store I/O error once (before the commit): the step retries under its RetryPolicy."""
+    from lakehouse_dagster.defs.partitions import datasets_partitions
+
+    d = _make(conn, 50)
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "before-commit:oserror*1")
+    result = _materialize(dsn, d, instance)
+    assert result.success
+    restarts = [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+    assert len(restarts) == 1
+    assert [r[1] for r in _log(conn, d)] == ["succeeded"]  # one sync id per run: attempt 2 reused the row
+    _assert_table_is_whole(settings, dsn, conn, d)
+
+
+def test_bad_data_fails_the_asset_without_retrying(conn, dsn, settings, instance):
+    from lakehouse_dagster.defs.partitions import datasets_partitions
+
+    d = _make(conn, 5)
+    ds.insert_rows(conn, d, [{"n": "x"}])
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    result = _materialize(dsn, d, instance)
+    assert not result.success
+    assert not [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+
+
+# --- the native write path (route_write → write_arrow) ------------------------------------------------
+
+NATIVE_SCRIPT = """
+import sys, uuid
+import pyarrow as pa
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.iceberg.schema import arrow_schema
+from lakehouse_dagster.routing.write_router import native_write, route_write
+from lakehouse_dagster.settings import Settings
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+s = Settings.from_env()
+conn = connect(s.pg_dsn)
+d = ds.get_dataset(conn, sys.argv[1])
+start, count = int(sys.argv[2]), int(sys.argv[3])
+rows = [{"__row_index": start + i, "__row_id": str(uuid.uuid4()), "__created_at": None, "n": start + i, "s": "x"}
+        for i in range(count)]
+batch = pa.RecordBatch.from_pylist(rows, schema=arrow_schema(d.columns))
+route_write(conn, FlagResolver(conn, 0), "sync.append", d.id, pg_write=lambda: None,
+            iceberg_write=native_write(load_catalog(s, s.pg_dsn), s, d, [batch], writer="sync.append"), settings=s)
+"""
+
+
+def _native_dataset(conn):
+    from lakehouse_dagster.flags import set_override
+
+    ws = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws, "native", SCHEMA)
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=d, note="fase4 canary", actor="t")
+    return d
+
+
+def _native(d, start, count, failpoint=None):
+    import subprocess
+    import sys
+
+    from .fault_helpers import cli_env
+
+    return subprocess.run([sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
+                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint))
+
+
+def _native_values(settings, dsn, d):
+    return sorted(_table(settings, dsn, d).scan().to_arrow()["n"].to_pylist())
+
+
+def test_native_write_killed_inside_its_commit_is_settled_by_the_next_native_write(conn, dsn, settings):
+    d = _native_dataset(conn)
+    assert _native(d, 0, 10, "in-commit").returncode == -signal.SIGKILL
+    assert [r[1] for r in _log(conn, d)] == ["running"]
+    done = _native(d, 10, 5)
+    assert done.returncode == 0, done.stderr
+    assert [r[1] for r in _log(conn, d)] == ["succeeded", "succeeded"]  # the killed one's commit had landed
+    assert _native_values(settings, dsn, d) == list(range(15))
+    t = _table(settings, dsn, d)
+    assert data_files_on_disk(t) == referenced_files(t)
+
+
+def test_native_write_killed_before_its_commit_leaves_no_orphans_after_the_next_write(conn, dsn, settings):
+    d = _native_dataset(conn)
+    assert _native(d, 0, 10).returncode == 0
+    assert _native(d, 10, 10, "before-commit").returncode == -signal.SIGKILL
+    assert _native(d, 20, 5).returncode == 0
+    assert [r[1] for r in _log(conn, d)] == ["succeeded", "failed", "succeeded"]
+    assert _native_values(settings, dsn, d) == list(range(10)) + list(range(20, 25))
+    t = _table(settings, dsn, d)
+    assert data_files_on_disk(t) == referenced_files(t)
+
+
+@pytest.mark.parametrize("sig", ["sigint", "sigterm"])
+def test_native_write_interrupted_after_its_commit_is_recorded_as_succeeded(conn, dsn, settings, sig):
+    d = _native_dataset(conn)
+    script = NATIVE_SCRIPT.replace("s = Settings", "import signal\nsignal.signal(signal.SIGTERM, "
+                                   "lambda *a: (_ for _ in ()).throw(SystemExit(143)))\ns = Settings")
+    import subprocess
+    import sys
+
+    from .fault_helpers import cli_env
+
+    proc = subprocess.run([sys.executable, "-c", script, str(d), "0", "10"], capture_output=True, text=True,
+                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"))
+    assert proc.returncode in (-signal.SIGINT, 143), proc.stderr  # uncaught KeyboardInterrupt / SystemExit
+    [(_, status, _, snapshot_id, _)] = _log(conn, d)
+    assert (status, snapshot_id) == ("succeeded", _table(settings, dsn, d).current_snapshot().snapshot_id)
+    assert conn.execute("select status, row_count from datasets where id = %s", (d,)).fetchone() == ("ready", 10)
+
+
+def test_native_write_error_after_the_swap_keeps_its_files(conn, dsn, settings):
+    d = _native_dataset(conn)
+    done = _native(d, 0, 10, "in-commit:oserror")
+    assert done.returncode == 0, done.stderr
+    assert _native_values(settings, dsn, d) == list(range(10))
+    assert [r[1] for r in _log(conn, d)] == ["succeeded"]
