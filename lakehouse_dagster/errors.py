@@ -5,6 +5,7 @@ class LakehouseError(Exception):
     """A refusal or failure with a message fit for an operator: what was wrong and what to do."""
 
     exit_code = 2
+    transient: bool | None = None  # None: decided by the class (errors.is_transient); a retry may help when True
 
 
 class BadInput(LakehouseError):
@@ -33,3 +34,50 @@ class Backpressure(LakehouseError):
     """Admission bound (G2) reached: retry later. The CLI's analogue of the runbook's HTTP 503."""
 
     exit_code = 75  # EX_TEMPFAIL
+    transient = True
+
+
+class CommitOutcomeUnknown(SyncFailed):
+    """A commit was attempted and neither landed nor was refused as far as we can tell (connection lost
+    around the compare-and-swap, a REST CommitStateUnknown). Its files are left in place: the next sync
+    of the dataset, holding the dataset lock, settles it (ingest/reaper.py). Transient."""
+
+    transient = True
+
+
+class GuardLost(SyncFailed):
+    """The session holding a G2/G3 advisory lock died before the commit: another sync may now own the
+    dataset, so this one must not commit. Transient: a retry takes the lock again."""
+
+    transient = True
+
+
+# Why a failure happened decides whether retrying can help. Bad data and bad input cannot be fixed by
+# a retry (they fail at once); connections, object-store I/O, commit conflicts past their retries and
+# lock timeouts can. Unknown errors are not retried: a bug fails loud instead of looping.
+_TRANSIENT_NAMES = {
+    "OperationalError",  # psycopg, SQLAlchemy and ADBC: connection lost, server restart, lock/statement timeout
+    "InterfaceError",  # psycopg / SQLAlchemy: the connection is closed
+    "DisconnectionError",  # SQLAlchemy pool
+    "CommitFailedException",  # pyiceberg: a conflict past every commit retry
+    "CommitStateUnknownException",  # pyiceberg REST
+    "ServerError",  # pyiceberg REST 5xx
+    "ServiceUnavailableError",
+}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying the same operation later may succeed. Follows ``raise ... from`` causes."""
+    seen = 0
+    while exc is not None and seen < 10:
+        flag = getattr(exc, "transient", None)
+        if flag is not None:
+            return bool(flag)
+        if isinstance(exc, LakehouseError):
+            return False  # BadInput, NotFound, a bad value, a schema type change: a retry changes nothing
+        if isinstance(exc, OSError):  # I/O: object store 5xx, network, timeouts (pyarrow's IOError is OSError)
+            return True
+        if any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__, seen + 1
+    return False

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import signal
 
 from ..ids import parse_uuid
 from ..ingest.sync import MODES, peak_rss_mb, sync_dataset
@@ -20,14 +22,29 @@ def _sync(ctx, args) -> Result:
     ids = [parse_uuid(d, "dataset id") for d in args.dataset]  # refuse bad input before touching anything
     results = []
     lines = []
-    for ds in ids:
-        r = sync_dataset(ctx.dsn, ctx.catalog, ctx.settings, ds, mode=args.mode)
-        data = dataclasses.asdict(r)
-        data["rows_per_s"] = round(r.rows_per_s)
-        results.append(data)
-        lines.append(
-            f"{r.dataset_id}: {r.mode} ({r.reason}) — {r.rows} rows written, {r.total_rows} in table, "
-            f"snapshot {r.snapshot_id}, {r.seconds:.2f}s, {r.rows_per_s:,.0f} rows/s"
-        )
+    with _sigterm_interrupts():
+        for ds in ids:
+            r = sync_dataset(ctx.dsn, ctx.catalog, ctx.settings, ds, mode=args.mode)
+            data = dataclasses.asdict(r)
+            data["rows_per_s"] = round(r.rows_per_s)
+            results.append(data)
+            lines.append(
+                f"{r.dataset_id}: {r.mode} ({r.reason}) — {r.rows} rows written, {r.total_rows} in table, "
+                f"snapshot {r.snapshot_id}, {r.seconds:.2f}s, {r.rows_per_s:,.0f} rows/s"
+            )
     lines.append(f"peak RSS {peak_rss_mb():.0f} MB")
     return Result({"syncs": results, "peak_rss_mb": round(peak_rss_mb(), 1)}, "\n".join(lines))
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM (a supervisor or run termination) interrupts like Ctrl-C, so the sync records what is true
+    before the process ends instead of vanishing with a 'running' row."""
+    def _raise(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

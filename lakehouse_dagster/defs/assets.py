@@ -5,7 +5,7 @@ import uuid
 
 import dagster as dg
 
-from ..errors import Backpressure, BadInput, LakehouseError
+from ..errors import Backpressure, LakehouseError, is_transient
 from ..ingest.sync import peak_rss_mb, sync_dataset
 from ..store.datasets import get_dataset
 from .partitions import datasets_partitions
@@ -68,10 +68,11 @@ def iceberg_dataset_table(
         )
     except Backpressure as exc:  # G2: healthy backpressure, come back later
         raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
-    except BadInput as exc:
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    except LakehouseError as exc:  # fail loud: the dataset is errored and nothing was committed
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except LakehouseError as exc:
+        # Fail loud either way; the asset's RetryPolicy retries only what a retry can fix (a connection,
+        # object-store I/O, a commit conflict past its retries, a lost lock); bad data and bad input fail
+        # at once. The retry reuses the sync id, so a commit that landed is found, not repeated.
+        raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
     return dg.MaterializeResult(
         metadata={

@@ -10,13 +10,28 @@ schema change still reads them by id.
 One commit = one snapshot: an overwrite (full) or a fast append (incremental), with the table
 properties that make the watermark durable (source version, max row index, row count) set in the
 same transaction, and the sync id + source version in the snapshot summary.
+
+Commit outcome. Files are deleted only when the commit is known not to have happened: a failure
+before the commit started, a lost compare-and-swap (CommitFailedException), a failed validation
+(ValidationException), or a guard lock lost before the commit (GuardLost). Any other failure around
+the commit (a connection lost after the swap, a REST CommitStateUnknown, an interruption inside the
+call) may have landed: the table is reloaded and searched for the sync id; found, the commit
+happened; not found, the files are left where they are and CommitOutcomeUnknown is raised, so the
+next sync of the dataset decides with the table in hand (ingest/reaper.py). Deleting them instead
+could leave the table pointing at missing files for good.
+
+G4 is ours alone: pyiceberg's own commit retry is switched off per table (commit.retry.num-retries=0),
+because it rebuilds a commit on a newer table state without asking whether this sync still holds its
+dataset lock; our loop re-checks the guard locks (ingest/guards.check_held) before every attempt.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import random
 import time
 import uuid
 from typing import Iterable, Sequence
@@ -24,11 +39,13 @@ from typing import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 
-from ..errors import SyncFailed
+from ..errors import CommitOutcomeUnknown, GuardLost, SyncFailed
+from ..failpoints import failpoint, is_armed
+from ..ingest.guards import check_held
 from ..settings import Settings
 from ..store.datasets import Dataset
 from .catalog import ensure_namespace, load_table_or_none, table_identifier
@@ -42,9 +59,13 @@ MAX_ROW_INDEX = "lakehouse.max-row-index"
 ROW_COUNT = "lakehouse.row-count"
 WRITE_PATH = "lakehouse.path"
 
+COMMIT_RETRIES = "commit.retry.num-retries"
+COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
+
 TABLE_DEFAULTS = {
     "format-version": "2",
     "write.parquet.compression-codec": "zstd",
+    COMMIT_RETRIES: "0",  # see the module docstring: retries are ours, guard-checked
 }
 
 
@@ -56,6 +77,7 @@ class WriteResult:
     files: int
     total_rows: int  # rows in the table after the commit
     committed: bool  # False when the sync's snapshot was already there (a retry) or nothing was written
+    source_version: int | None = None  # the version the snapshot covers (a retry: what attempt 1 wrote)
 
 
 def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset) -> Table:
@@ -82,23 +104,39 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset) -> Tabl
             f"dataset {dataset.id}: column {c.name!r} changed type to {c.type} but the Iceberg table has "
             f"{existing[c.name].field_type}; Iceberg cannot convert it in place — add a new column instead"
         )
-    if missing or table.properties.get(COLUMNS_PROPERTY) != columns_property(dataset.columns):
+    if (missing or table.properties.get(COLUMNS_PROPERTY) != columns_property(dataset.columns)
+            or table.properties.get(COMMIT_RETRIES) != TABLE_DEFAULTS[COMMIT_RETRIES]):
         with table.transaction() as tx:
             if missing:
                 with tx.update_schema() as update:
                     update.union_by_name(iceberg_schema(dataset.columns))
-            tx.set_properties({COLUMNS_PROPERTY: columns_property(dataset.columns)})
+            tx.set_properties({COLUMNS_PROPERTY: columns_property(dataset.columns),
+                               COMMIT_RETRIES: TABLE_DEFAULTS[COMMIT_RETRIES]})
         table = table.refresh()
     return table
 
 
-def find_sync_snapshot(table: Table, sync_id: uuid.UUID) -> int | None:
-    """The snapshot a sync already committed (a retry after a lost response must not append twice)."""
+def sync_snapshot(table: Table, sync_id: uuid.UUID):
+    """The snapshot a sync already committed, or None (a retry after a lost response must not append twice)."""
     wanted = str(sync_id)
     for snap in reversed(table.snapshots()):
         if snap.summary is not None and snap.summary.additional_properties.get(SYNC_ID) == wanted:
-            return snap.snapshot_id
+            return snap
     return None
+
+
+def find_sync_snapshot(table: Table, sync_id: uuid.UUID) -> int | None:
+    snap = sync_snapshot(table, sync_id)
+    return snap.snapshot_id if snap is not None else None
+
+
+def snapshot_source_version(snap) -> int | None:
+    """The source version a snapshot covers (its summary), None when it does not say."""
+    raw = snap.summary.additional_properties.get(SOURCE_VERSION) if snap is not None and snap.summary else None
+    try:
+        return int(raw) if raw is not None and int(raw) >= 0 else None
+    except ValueError:
+        return None
 
 
 def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Schema:
@@ -139,6 +177,8 @@ class _FileRoller:
             self._stream.close()
             self._writer = None
             self._stream = None
+            if len(self.paths) == 1:
+                failpoint("after-first-file")
 
     def write(self, batch: pa.RecordBatch) -> None:
         batch = batch.cast(self.schema)
@@ -180,18 +220,20 @@ def write_arrow(
     chunk_rows: int | None = None,
 ) -> WriteResult:
     """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
-    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them."""
+    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them.
+    A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot."""
     if mode not in ("replace", "append"):
         raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
     table = ensure_table(catalog, settings, dataset)
-    already = find_sync_snapshot(table, sync_id)
+    already = sync_snapshot(table, sync_id)
     if already is not None:
-        return WriteResult(already, 0, 0, 0, _row_count(table), committed=False)
+        return WriteResult(already.snapshot_id, 0, 0, 0, _row_count(table), committed=False,
+                           source_version=snapshot_source_version(already))
 
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
     roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows)
-    try:
+    try:  # nothing can have been committed in here: every failure deletes this write's files
         for batch in batches:
             if batch.schema.names != expected.names:
                 raise SyncFailed(
@@ -204,18 +246,55 @@ def write_arrow(
         nbytes = sum(df.file_size_in_bytes for df in data_files)
         previous_rows = 0 if mode == "replace" else _row_count(table)
         total = previous_rows + roller.rows
+        version = str(source_version if source_version is not None else -1)
         props = {
-            SOURCE_VERSION: str(source_version if source_version is not None else -1),
+            SOURCE_VERSION: version,
             MAX_ROW_INDEX: str(max_row_index if max_row_index is not None else _max_row_index(table, mode)),
             ROW_COUNT: str(total),
             WRITE_PATH: path,
         }
-        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: props[SOURCE_VERSION], WRITE_PATH: path}
-        snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props, sync_id=sync_id)
+        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path}
+        failpoint("before-commit")
     except BaseException:
         roller.delete_all()
         raise
-    return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True)
+    try:
+        snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
+                              sync_id=sync_id)
+    except (CommitFailedException, ValidationException, GuardLost):
+        roller.delete_all()  # known not committed
+        raise
+    except BaseException as exc:
+        landed = _look_for(catalog, table, sync_id)
+        if landed is None or not isinstance(exc, Exception):
+            if landed is None:
+                _log.warning("commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
+                             sync_id, type(exc).__name__, len(roller.paths))
+            if not isinstance(exc, Exception):
+                raise  # an interruption: the caller looks at the table itself
+            raise CommitOutcomeUnknown(
+                f"dataset {dataset.id}: commit outcome unknown for sync {sync_id} ({type(exc).__name__}: "
+                f"{_first_line(exc)}); its files are kept, the next sync of the dataset settles it"
+            ) from exc
+        _log.warning("commit of sync %s raised %s but its snapshot %s is in the table: it landed",
+                     sync_id, type(exc).__name__, landed)
+        snapshot_id = landed
+    return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
+                       source_version=source_version)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:
+    """Reload the table and look for the sync's snapshot; None when absent or the table cannot be read."""
+    try:
+        return find_sync_snapshot(catalog.load_table(table.name()), sync_id)
+    except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+        _log.warning("could not reload %s to settle sync %s: %s", table.name(), sync_id, exc)
+        return None
 
 
 def _row_count(table: Table) -> int:
@@ -233,39 +312,67 @@ def _max_row_index(table: Table, mode: str) -> int:
 
 
 def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID) -> int:
-    """One transaction: properties + one snapshot. pyiceberg retries a lost compare-and-swap itself
-    (G4); past its retries we refresh and look for our own snapshot before giving up."""
-    attempts = 3
-    for attempt in range(attempts):
+    """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
+    table state (a replace re-plans which files it removes) with backoff, after re-checking that this
+    sync still holds its guard locks; past the attempts CommitFailedException propagates (transient)."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        check_held()
+        tx = table.transaction()
+        tx.set_properties(props)
+        snapshot_update = tx.update_snapshot(snapshot_properties=summary)
+        if replace:
+            with snapshot_update.overwrite() as producer:
+                for task in table.scan().plan_files():
+                    producer.delete_data_file(task.file)
+                for df in data_files:
+                    producer.append_data_file(df)
+        else:
+            with snapshot_update.fast_append() as producer:
+                for df in data_files:
+                    producer.append_data_file(df)
         try:
-            tx = table.transaction()
-            tx.set_properties(props)
-            snapshot_update = tx.update_snapshot(snapshot_properties=summary)
-            if replace:
-                with snapshot_update.overwrite() as producer:
-                    for task in table.scan().plan_files():
-                        producer.delete_data_file(task.file)
-                    for df in data_files:
-                        producer.append_data_file(df)
-            else:
-                with snapshot_update.fast_append() as producer:
-                    for df in data_files:
-                        producer.append_data_file(df)
-            tx.commit_transaction()
+            with _commit_failpoints(table):
+                tx.commit_transaction()
             break
         except CommitFailedException:
             table = table.refresh()
             found = find_sync_snapshot(table, sync_id)
             if found is not None:
                 return found
-            if attempt == attempts - 1:
+            if attempt == COMMIT_ATTEMPTS - 1:
                 raise
-            time.sleep(0.2 * (2**attempt))
+            time.sleep(min(5.0, 0.1 * (2**attempt)) * random.uniform(0.5, 1.5))
     table = table.refresh()
     found = find_sync_snapshot(table, sync_id)
     if found is None:
         raise SyncFailed(f"commit of sync {sync_id} reported success but its snapshot is not in the table")
     return found
+
+
+@contextlib.contextmanager
+def _commit_failpoints(table: Table):
+    """Fire 'commit-start' / 'in-commit' inside the catalog's commit call, around its compare-and-swap
+    (only when one of them is armed: otherwise the catalog is left untouched)."""
+    if not (is_armed("commit-start") or is_armed("in-commit")):
+        yield
+        return
+    real = table.catalog
+
+    class _Hooked:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def commit_table(self, *args, **kwargs):
+            failpoint("commit-start")
+            response = real.commit_table(*args, **kwargs)
+            failpoint("in-commit")
+            return response
+
+    table.catalog = _Hooked()
+    try:
+        yield
+    finally:
+        table.catalog = real
 
 
 def table_state(table: Table) -> dict:

@@ -5,20 +5,69 @@ G1 (catalog commits serialised) is the SqlCatalog's compare-and-swap; G4 (commit
 lives in iceberg/writer.py. Here: G3, one ingest per dataset at a time (blocking, queued), and G2, at
 most ``max_concurrent_ingest`` ingests at once (non-blocking: a caller past the bound gets
 Backpressure and retries later — the runbook's healthy 503).
+
+A session lock lasts as long as its session, and a session can die while its process lives on (server
+restart, idle or TCP timeout, pg_terminate_backend). So the locks taken here are remembered for the
+current context and ``check_held`` re-reads pg_locks for them right before a commit (iceberg/writer.py
+calls it): a sync that lost its lock must not commit, since another sync may own the dataset now.
+``guard_connection`` keeps the lock session alive meanwhile (TCP keepalives, no idle timeout).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import uuid
 from typing import Iterator
 
 import psycopg
 
-from ..errors import Backpressure, SyncFailed
+from ..errors import Backpressure, GuardLost, SyncFailed
+from ..store.db import connect
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
 _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
+
+
+# (connection, namespace, key, what) of every guard lock this context holds
+_held: contextvars.ContextVar[tuple] = contextvars.ContextVar("lakehouse_guards_held", default=())
+
+KEEPALIVE = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def guard_connection(dsn: str) -> psycopg.Connection:
+    """A connection fit to hold advisory locks for a whole sync: TCP keepalives (a dead peer is noticed,
+    an idle NAT/firewall entry is kept) and no server-side idle-session timeout."""
+    conn = connect(dsn, **KEEPALIVE)
+    conn.execute("select set_config('idle_session_timeout', '0', false)")
+    return conn
+
+
+@contextlib.contextmanager
+def _remember(conn: psycopg.Connection, ns: int, key: int, what: str) -> Iterator[None]:
+    token = _held.set(_held.get() + ((conn, ns, key, what),))
+    try:
+        yield
+    finally:
+        _held.reset(token)
+
+
+def check_held() -> None:
+    """Raise GuardLost unless every guard lock this context took is still held by its session."""
+    for conn, ns, key, what in _held.get():
+        try:
+            held = conn.execute(
+                "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
+                " and granted and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
+                (ns & 0xFFFFFFFF, key & 0xFFFFFFFF),
+            ).fetchone()[0]
+        except psycopg.Error as exc:
+            raise GuardLost(
+                f"the session holding {what} died ({type(exc).__name__}); not committing — another sync may own "
+                "the dataset now; this sync's files are left to the next sync of the dataset"
+            ) from exc
+        if not held:
+            raise GuardLost(f"{what} is no longer held by this sync's session; not committing")
 
 
 def _dataset_key(dataset_id: uuid.UUID) -> int:
@@ -41,9 +90,20 @@ def dataset_lock(conn: psycopg.Connection, dataset_id: uuid.UUID, *, timeout_s: 
     finally:
         conn.execute("select set_config('lock_timeout', '0', false)")
     try:
-        yield
+        with _remember(conn, _NS_DATASET, key, f"the dataset lock of {dataset_id} (G3)"):
+            yield
     finally:
-        conn.execute("select pg_advisory_unlock(%s, %s)", (_NS_DATASET, key))
+        _unlock(conn, _NS_DATASET, key)
+
+
+def _unlock(conn: psycopg.Connection, ns: int, key: int) -> None:
+    """Release, unless the session is already gone (its locks went with it)."""
+    if conn.closed or conn.broken:
+        return
+    try:
+        conn.execute("select pg_advisory_unlock(%s, %s)", (ns, key))
+    except psycopg.OperationalError:
+        pass  # the session died: nothing is held any more
 
 
 @contextlib.contextmanager
@@ -52,9 +112,10 @@ def admission_slot(conn: psycopg.Connection, max_concurrent: int) -> Iterator[in
     for slot in range(max_concurrent):
         if conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_ADMISSION, slot)).fetchone()[0]:
             try:
-                yield slot
+                with _remember(conn, _NS_ADMISSION, slot, f"ingest slot {slot} (G2)"):
+                    yield slot
             finally:
-                conn.execute("select pg_advisory_unlock(%s, %s)", (_NS_ADMISSION, slot))
+                _unlock(conn, _NS_ADMISSION, slot)
             return
     raise Backpressure(
         f"all {max_concurrent} ingest slots are busy (LAKEHOUSE_MAX_CONCURRENT_INGEST); retry later or raise the bound"

@@ -5,6 +5,7 @@ The CLI (`lakehouse sync`), the Dagster asset and the tests all call ``sync_data
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -15,15 +16,17 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from ..errors import BadInput, LakehouseError, SyncFailed
+from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, LakehouseError, SyncFailed, is_transient
+from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.native import native_dataset_ids
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import find_sync_snapshot, table_state, write_arrow
+from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state, write_arrow
 from ..settings import Settings
 from ..store.datasets import Dataset, get_dataset, parse_schema
 from ..store.db import connect
-from .guards import admission_slot, dataset_lock
+from .guards import admission_slot, dataset_lock, guard_connection
+from .reaper import UNSETTLED, reap_abandoned
 from .source import PinnedSnapshot, read_batches
 
 _log = logging.getLogger(__name__)
@@ -68,12 +71,17 @@ def sync_dataset(
     readers: int = 2,
 ) -> SyncResult:
     """Mirror one dataset. Serialised per dataset (G3), admission-bounded (G2), fail-loud: a failure
-    records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed."""
+    records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed (its
+    ``transient`` says whether a retry may help: errors.is_transient). An interruption (Ctrl-C,
+    SIGTERM, a run termination) is not a data error: the sync is recorded as what the table says
+    (succeeded if its commit landed, else failed 'interrupted'), the dataset status is left alone, and
+    the interruption propagates."""
     if mode not in MODES:
         raise BadInput(f"unknown sync mode {mode!r}; use one of {', '.join(MODES)}")
     ds_id = parse_uuid(dataset_id, "dataset id")
+    validate_failpoints()
     sync_id = sync_id or uuid.uuid4()
-    with connect(dsn) as conn:
+    with guard_connection(dsn) as conn:
         dataset = get_dataset(conn, ds_id)
         if dataset.kind != "tabular":
             raise BadInput(
@@ -94,12 +102,25 @@ def sync_dataset(
             try:
                 result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started)
             except BaseException as exc:
-                message = _describe(exc, ds_id, dsn)
-                _log_failed(conn, ds_id, sync_id, message)
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit, Dagster's interruption
+                    _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
                     raise
-                raise SyncFailed(message) from exc
-            _log_succeeded(conn, result)
+                message = _describe(exc, ds_id, dsn)
+                transient = False if _BAD_VALUE.search(message) else is_transient(exc)
+                _conclude_failed(dsn, conn, ds_id, sync_id, message, exc)
+                err = SyncFailed(message)
+                err.transient = transient
+                raise err from exc
+            try:
+                failpoint("after-commit-before-log")
+                _log_succeeded(conn, result)
+            except BaseException as exc:
+                # Committed but not recorded. An interruption records what the table says; any other error
+                # (the database gone) leaves the row 'running' for the next sync to settle (ingest/reaper.py).
+                if not isinstance(exc, Exception):
+                    _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
+                raise
+            failpoint("after-log")
             return result
 
 
@@ -126,6 +147,15 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
         )
     finally:
         pinned.close()
+    if not written.committed and written.snapshot_id is not None:
+        # A retried step whose first attempt committed: that snapshot covers the version attempt 1 read,
+        # not the head we see now. Record exactly that; if Postgres moved on, the dataset stays behind
+        # and the poller requests it (a new run key for the new version). Syncing the rest here would
+        # need a second snapshot under the same sync id, which retries could not tell apart.
+        version = written.source_version if written.source_version is not None else -1
+        return SyncResult(sync_id, ds_id, "noop",
+                          f"this sync's snapshot had already landed (a retry); it covers version {version}",
+                          0, written.total_rows, written.snapshot_id, 0, 0, version, time.perf_counter() - started)
     return SyncResult(sync_id, ds_id, run_mode, reason, written.rows, written.total_rows, written.snapshot_id,
                       written.bytes, written.files, head.rows_version, time.perf_counter() - started)
 
@@ -194,15 +224,64 @@ def _log_start(conn, ds_id, sync_id, writer, run_id) -> None:
     )
 
 
-def _log_failed(conn, ds_id, sync_id, message) -> None:
+def _bookkeeping_conn(dsn: str, conn: psycopg.Connection):
+    """``conn`` when it can still run a statement, else a fresh connection (the lock session may be the
+    reason we failed: GuardLost, an interruption in the middle of a query on it)."""
+    if not conn.closed and not conn.broken and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return contextlib.nullcontext(conn)
+    return connect(dsn)
+
+
+def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> None:
+    """Record a failed sync. The dataset is marked errored, except when the sync lost its lock (another
+    sync may own the dataset now, and its outcome is the truth). A commit of unknown outcome kept its
+    files: the row is marked unsettled so the next sync settles it (ingest/reaper.py)."""
+    if isinstance(exc, CommitOutcomeUnknown):
+        message = UNSETTLED + message
+    try:
+        with _bookkeeping_conn(dsn, conn) as c:
+            _log_failed(c, ds_id, sync_id, message, errored=not isinstance(exc, GuardLost))
+    except Exception as log_exc:  # noqa: BLE001 - the sync's own error is the one to raise
+        _log.warning("could not record the failure of sync %s: %s", sync_id, log_exc)
+
+
+def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: BaseException) -> None:
+    """The state after an interruption says what is true: the table decides whether the commit landed."""
+    try:
+        table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+        snap = sync_snapshot(table, sync_id) if table is not None else None
+        with _bookkeeping_conn(dsn, conn) as c:
+            if snap is not None:
+                state = table_state(table)
+                total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
+                _log_succeeded(c, SyncResult(
+                    sync_id, ds_id, _snapshot_mode(snap), f"interrupted ({type(exc).__name__}) after its commit landed",
+                    0, total if total is not None else int(snap.summary.additional_properties.get("total-records", 0)),
+                    snap.snapshot_id, 0, 0, snapshot_source_version(snap) or -1, 0.0))
+            else:
+                # Files may be left if the interruption hit inside the commit: the next sync settles them.
+                _log_failed(c, ds_id, sync_id, f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit "
+                            "was seen to land; the next sync of the dataset settles it", errored=False)
+    except Exception as log_exc:  # noqa: BLE001 - the interruption is what propagates
+        _log.warning("could not record the interruption of sync %s: %s", sync_id, log_exc)
+
+
+def _snapshot_mode(snap) -> str:
+    op = getattr(getattr(snap.summary, "operation", None), "value", None)
+    return "incremental" if op == "append" else "full"
+
+
+def _log_failed(conn, ds_id, sync_id, message, *, errored: bool = True) -> None:
     with conn.transaction():
         conn.execute(
             "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
             (message, sync_id),
         )
-        conn.execute(
-            "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s", (message, ds_id)
-        )
+        if errored:
+            conn.execute(
+                "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
+                (message, ds_id),
+            )
 
 
 def _log_succeeded(conn, r: SyncResult) -> None:
@@ -218,45 +297,3 @@ def _log_succeeded(conn, r: SyncResult) -> None:
             "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",
             (r.total_rows, r.dataset_id),
         )
-
-
-def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Settings, ds_id: uuid.UUID) -> int:
-    """Syncs still 'running' while we hold the dataset lock died with their process. One whose snapshot
-    landed is marked succeeded; the others failed, and their uncommitted files are deleted."""
-    rows = conn.execute(
-        "select sync_id from iceberg_sync_log where dataset_id = %s and status = 'running'", (ds_id,)
-    ).fetchall()
-    if not rows:
-        return 0
-    table = load_table_or_none(catalog, table_identifier(settings, ds_id))
-    for (sid,) in rows:
-        snap = find_sync_snapshot(table, sid) if table is not None else None
-        if snap is not None:
-            conn.execute(
-                "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, has_identity = true, "
-                "finished_at = now(), error = 'process died after its commit; recovered by the next sync' "
-                "where sync_id = %s",
-                (snap, sid),
-            )
-            continue
-        conn.execute(
-            "update iceberg_sync_log set status = 'failed', finished_at = now(), "
-            "error = 'abandoned: the process running this sync died before committing' where sync_id = %s",
-            (sid,),
-        )
-        if table is not None:
-            _delete_files_of(table, sid)
-    return len(rows)
-
-
-def _delete_files_of(table, sync_id: uuid.UUID) -> None:
-    from pyarrow import fs as pafs
-
-    try:
-        filesystem, root = pafs.FileSystem.from_uri(f"{table.location()}/data")
-        prefix = f"lakehouse-{sync_id}-"
-        for info in filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-            if info.base_name.startswith(prefix):
-                filesystem.delete_file(info.path)
-    except Exception as exc:  # orphan files waste space but never change what the table holds
-        _log.warning("could not remove files of abandoned sync %s: %s", sync_id, exc)

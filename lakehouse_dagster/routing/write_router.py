@@ -5,6 +5,12 @@
 real chunked writer — runs under an ``iceberg_sync_log`` row (path native). If it fails, the
 sync is recorded failed, the dataset is marked errored and SyncFailed is raised: dataset_rows is
 never written after an Iceberg attempt (no silent split-brain), and the sync retries.
+
+Failure paths follow the mirror's (ingest/sync.py): SyncFailed carries ``transient`` (errors.is_transient);
+a commit of unknown outcome is recorded as unsettled and its files kept; an interruption (Ctrl-C,
+SIGTERM, a run termination) is not a data error — the row says what the table says (succeeded if the
+commit landed) and the dataset is not marked errored; the next native write of the dataset, under the
+dataset lock, settles what a killed one left (ingest/reaper.py) when it knows the catalog.
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 import psycopg
 
-from ..errors import BadInput, NotFound, SyncFailed
+from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, NotFound, SyncFailed, is_transient
+from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.registry import WRITE, get_flag
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
+from ..iceberg.catalog import load_table_or_none, table_identifier
+from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state
 from ..ingest.guards import admission_slot, dataset_lock
+from ..ingest.reaper import UNSETTLED, reap_abandoned
 from ..settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.write_router")
@@ -71,30 +81,36 @@ def route_write(
     iceberg_write: Callable[[uuid.UUID, int], NativeWriteResult],
     settings: Settings | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    catalog: Any = None,
 ) -> WriteOutcome:
     """Run ``pg_write()`` or ``iceberg_write(sync_id, source_version)`` as the writer's mode says.
 
     ``conn`` must be autocommit (store.db.connect): the failure bookkeeping must persist while the error
-    propagates. ``settings`` gives the G2 bound (default: from the environment).
+    propagates. ``settings`` gives the G2 bound (default: from the environment). ``catalog`` (default:
+    the one ``native_write`` carries) lets the write settle abandoned syncs and interruptions.
     """
     lg = logger or log
+    validate_failpoints()
     decision = resolve_write_path(flags, writer, dataset_id)
     lg.info(decision.log_line())
     if not decision.native:
         return WriteOutcome(decision, pg_write())
     settings = settings or Settings.from_env()
-    return _write_native(conn, decision, iceberg_write, settings.max_concurrent_ingest, lg)
+    catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
+    return _write_native(conn, decision, iceberg_write, settings, catalog, lg)
 
 
-def _write_native(conn, decision: WriteDecision, iceberg_write, max_concurrent: int, lg) -> WriteOutcome:
+def _write_native(conn, decision: WriteDecision, iceberg_write, settings: Settings, catalog, lg) -> WriteOutcome:
     # G3 then G2 on this session (advisory locks are re-entrant per session, so a caller that already
     # holds them on the same connection is fine): a concurrent mirror sync of the dataset neither runs
     # beside us nor reaps our 'running' row. Backpressure is raised before anything is recorded.
-    with dataset_lock(conn, decision.dataset_id), admission_slot(conn, max_concurrent):
-        return _write_native_locked(conn, decision, iceberg_write, lg)
+    with dataset_lock(conn, decision.dataset_id), admission_slot(conn, settings.max_concurrent_ingest):
+        if catalog is not None:
+            reap_abandoned(conn, catalog, settings, decision.dataset_id)
+        return _write_native_locked(conn, decision, iceberg_write, settings, catalog, lg)
 
 
-def _write_native_locked(conn, decision: WriteDecision, iceberg_write, lg) -> WriteOutcome:
+def _write_native_locked(conn, decision: WriteDecision, iceberg_write, settings, catalog, lg) -> WriteOutcome:
     ds, sync_id = decision.dataset_id, uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
     # PG is not written on this path, so the snapshot covers the dataset's current rows_version.
@@ -110,15 +126,34 @@ def _write_native_locked(conn, decision: WriteDecision, iceberg_write, lg) -> Wr
     try:
         result = iceberg_write(sync_id, source_version)
     except BaseException as exc:
-        error = " ".join(f"{type(exc).__name__}: {exc}".split())
-        _record_failure(conn, ds, sync_id, error)
-        lg.error(f"iceberg_native write failed: {ds} ({decision.writer}, sync {sync_id}): {error}")
         if not isinstance(exc, Exception):
+            _settle_interrupted(conn, ds, sync_id, catalog, settings, exc, lg)
             raise
-        raise SyncFailed(
+        error = " ".join(f"{type(exc).__name__}: {exc}".split())
+        if isinstance(exc, CommitOutcomeUnknown):
+            error = UNSETTLED + error
+        _record_failure(conn, ds, sync_id, error, errored=not isinstance(exc, GuardLost), lg=lg)
+        lg.error(f"iceberg_native write failed: {ds} ({decision.writer}, sync {sync_id}): {error}")
+        err = SyncFailed(
             f"{decision.writer} ds={ds}: iceberg_native write failed ({error}); the dataset is marked errored and "
             f"nothing was written to dataset_rows — fix the cause and re-run the sync"
-        ) from exc
+        )
+        err.transient = is_transient(exc)
+        raise err from exc
+    try:
+        failpoint("after-commit-before-log")
+        _record_success(conn, ds, sync_id, flag, result)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # committed; record what the table says, then go
+            _settle_interrupted(conn, ds, sync_id, catalog, settings, exc, lg)
+        raise  # any other error leaves the row 'running': the next native write settles it
+    failpoint("after-log")
+    lg.info(f"iceberg_native: {ds} ({int(getattr(result, 'rows', 0) or 0)} rows → snapshot "
+            f"{getattr(result, 'snapshot_id', None)})")
+    return WriteOutcome(decision, result, sync_id)
+
+
+def _record_success(conn, ds, sync_id, flag, result) -> None:
     rows = int(getattr(result, "rows", 0) or 0)
     total = getattr(result, "total_rows", None)  # rows in the table after the commit, when the writer knows
     snapshot_id = getattr(result, "snapshot_id", None)
@@ -135,20 +170,54 @@ def _write_native_locked(conn, decision: WriteDecision, iceberg_write, lg) -> Wr
             " where id = %s",
             (total, flag.iceberg_mode, rows, rows, ds),
         )
-    lg.info(f"iceberg_native: {ds} ({rows} rows → snapshot {snapshot_id})")
-    return WriteOutcome(decision, result, sync_id)
 
 
-def _record_failure(conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, error: str) -> None:
-    with conn.transaction():
-        conn.execute(
-            "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
-            (error, sync_id),
-        )
-        conn.execute(
-            "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
-            (error, dataset_id),
-        )
+def _record_failure(conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, error: str, *,
+                    errored: bool = True, lg=log) -> None:
+    """Mark the sync failed (and the dataset errored, unless the write lost its lock: another writer may
+    own the dataset now). A dead session cannot record anything: the next write settles the row."""
+    try:
+        with conn.transaction():
+            conn.execute(
+                "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
+                (error, sync_id),
+            )
+            if errored:
+                conn.execute(
+                    "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
+                    (error, dataset_id),
+                )
+    except psycopg.Error as exc:
+        lg.warning(f"could not record the failure of native sync {sync_id}: {type(exc).__name__}: {exc}")
+
+
+def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException, lg) -> None:
+    """An interruption is not a data error: the row says what the table says, the dataset keeps its status."""
+    try:
+        table = load_table_or_none(catalog, table_identifier(settings, ds)) if catalog is not None else None
+        snap = sync_snapshot(table, sync_id) if table is not None else None
+        with conn.transaction():
+            if snap is not None:
+                state = table_state(table)
+                total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
+                conn.execute(
+                    "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, rows = %s,"
+                    " source_version = coalesce(%s, source_version), has_identity = true, finished_at = now(),"
+                    " error = %s where sync_id = %s",
+                    (snap.snapshot_id, total, snapshot_source_version(snap),
+                     f"interrupted ({type(exc).__name__}) after its commit landed", sync_id),
+                )
+                if total is not None:
+                    conn.execute("update datasets set status = 'ready', error = null, row_count = %s,"
+                                 " updated_at = now() where id = %s", (total, ds))
+            else:
+                conn.execute(
+                    "update iceberg_sync_log set status = 'failed', finished_at = now(), error = %s where sync_id = %s",
+                    (f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit was seen to land; the next "
+                     "native write of the dataset settles it", sync_id),
+                )
+    except Exception as log_exc:  # noqa: BLE001 - the interruption is what propagates
+        lg.warning(f"could not record the interruption of native sync {sync_id}: {log_exc}")
 
 
 def native_write(
@@ -159,7 +228,7 @@ def native_write(
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
-    from ..iceberg.writer import write_arrow  # the mirror's chunked writer (owned by the ingest area)
+    from ..iceberg.writer import write_arrow
 
     def _write(sync_id: uuid.UUID, source_version: int):
         return write_arrow(
@@ -167,4 +236,5 @@ def native_write(
             path="native",
         )
 
+    _write.catalog = catalog  # route_write settles abandoned and interrupted writes against this catalog
     return _write

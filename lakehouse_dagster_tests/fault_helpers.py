@@ -1,0 +1,80 @@
+"""Shared by the fault tests and the crash harness: run the CLI as a real process, look at files on disk."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from lakehouse_dagster.ingest.guards import _NS_DATASET
+
+
+def cli_env(failpoint: str | None = None, **extra: str) -> dict:
+    env = dict(os.environ)
+    env.pop("LAKEHOUSE_FAILPOINT", None)
+    if failpoint:
+        env["LAKEHOUSE_FAILPOINT"] = failpoint
+    env.update(extra)
+    return env
+
+
+def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`lakehouse sync --dataset <id> --json` in its own process, with a failpoint armed."""
+    return subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
+        capture_output=True, text=True, timeout=timeout,
+        env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
+    )
+
+
+def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
+    )
+
+
+def wait_stopped(pid: int, timeout: float = 60) -> None:
+    """Wait until the process has SIGSTOPped itself (a failpoint armed with :stop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            raise AssertionError(f"process {pid} exited before reaching its failpoint") from None
+        if state == "T":
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} never stopped at its failpoint")
+
+
+def terminate_lock_session(conn, dataset_id: uuid.UUID) -> int:
+    """pg_terminate_backend on the session holding the dataset's G3 lock (a dead session, a live process)."""
+    pids = [r[0] for r in conn.execute(
+        "select pid from pg_locks where locktype = 'advisory' and granted and classid = %s::bigint::oid",
+        (_NS_DATASET,)).fetchall()]
+    assert pids, "nobody holds a dataset lock"
+    for pid in pids:
+        conn.execute("select pg_terminate_backend(%s)", (pid,))
+    return len(pids)
+
+
+def data_files_on_disk(table) -> set[str]:
+    from lakehouse_dagster.parity.digest import local_path
+
+    root = Path(local_path(f"{table.location()}/data"))
+    return {p.name for p in root.glob("*.parquet")} if root.exists() else set()
+
+
+def referenced_files(table, snapshot_id: int | None = None) -> set[str]:
+    """Data files referenced by one snapshot (default: every snapshot the table still lists)."""
+    ids = [snapshot_id] if snapshot_id is not None else [s.snapshot_id for s in table.snapshots()]
+    names: set[str] = set()
+    for sid in ids:
+        for task in table.scan(snapshot_id=sid).plan_files():
+            names.add(task.file.file_path.rsplit("/", 1)[-1])
+    return names
