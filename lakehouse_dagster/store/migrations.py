@@ -2,6 +2,9 @@
 
 Each migration has a stable name and runs once, under an advisory lock, recorded in
 ``lakehouse_migrations``; every statement is also written to be re-runnable on its own.
+They run over app tables that may already exist, hold rows and take the live app's writes (a real
+deployment has them before we arrive): after the DDL, ``migrate`` fills change tracking for the rows
+that predate our triggers, in batches (``fill_change_tracking``).
 """
 
 from __future__ import annotations
