@@ -175,16 +175,16 @@ create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (sta
 # Adopting a live database. The app's tables may have only the foundation columns, and their writes
 # must never fail because of us: the change-tracking triggers now write lakehouse-owned columns only
 # (no updated_at), and the columns the project itself reads or writes on app tables are added when
-# missing (nullable or defaulted: an app insert that does not name them still works).
+# missing (nullable or defaulted: an app insert that does not name them still works). Those are, by a
+# grep of the package: datasets.source, .error, .updated_at; everything else it touches on workspaces,
+# datasets, dataset_rows and pipelines is in the foundation shape.
 # max_row_index NULL now means "unknown" (a dataset that had rows before the triggers existed): an
 # insert into such a dataset is never taken for an append, and the max is read from dataset_rows (one
 # backward index probe). New datasets start at -1, known empty. fill_change_tracking() fills the rest.
 ADOPT_APP_TABLES = """
-alter table datasets add column if not exists source jsonb;
-alter table datasets add column if not exists error text;
-alter table datasets add column if not exists created_at timestamptz default now();
-alter table datasets add column if not exists updated_at timestamptz default now();
-alter table workspaces add column if not exists created_at timestamptz default now();
+alter table datasets add column if not exists source jsonb;  -- the demo's seed marker
+alter table datasets add column if not exists error text;  -- why a sync or native write failed
+alter table datasets add column if not exists updated_at timestamptz default now();  -- set by our writes
 alter table datasets alter column max_row_index set default -1;
 
 create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
