@@ -60,8 +60,9 @@ class Settings:
     enable_iceberg_sync: bool
     wedged_after_seconds: int
     sensor_max_requests: int
-    # The poller re-requests a dataset whose latest mirror sync failed after this many seconds, doubling
-    # per consecutive failure, at most retry_failed_max times (0 seconds: never).
+    # The poller re-requests a dataset still behind Postgres, with no mirror run in flight, this many
+    # seconds after the last request of its version, doubling per attempt, at most retry_failed_max
+    # times per version (0 seconds: never), whatever stopped the last attempt.
     retry_failed_after_seconds: int = 300
     retry_failed_max: int = 5
 

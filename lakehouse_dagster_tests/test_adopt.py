@@ -150,21 +150,26 @@ def test_fill_is_resumable_and_never_lowers_a_concurrent_write(adopted):
         conn.execute("update datasets set max_row_index = null, rows_xid = null, rows_version = 0,"
                      " rows_rewrite_version = 0")
         conn.execute("delete from lakehouse_migrations where name = %s", (FILL_MARK,))
-        app = psycopg.connect(dsn)  # the live app, mid-transaction: its trigger has run and holds the row
-        app.execute(APP_INSERT_ROW, (ids["full"], 50, Jsonb({"n": 50})))
-        app_version = app.execute("select rows_version from datasets where id = %s", (ids["full"],)).fetchone()[0]
+        # the live app, mid-transaction on the dataset the fill reaches last: its trigger ran and holds the row
+        held, free = max(ids["full"], ids["sparse"]), min(ids["full"], ids["sparse"])
+        app = psycopg.connect(dsn)
+        app.execute(APP_INSERT_ROW, (held, 50, Jsonb({"n": 50})))
+        app_version = app.execute("select rows_version from datasets where id = %s", (held,)).fetchone()[0]
         done = {}
-        filler = threading.Thread(target=lambda: done.setdefault("n", fill_change_tracking(connect(dsn), batch=1)))
+        filler = threading.Thread(target=lambda: done.setdefault("n", fill_change_tracking(connect(dsn))))
         filler.start()
         time.sleep(0.5)
         assert filler.is_alive()  # waits for the app's transaction, it does not overwrite it
+        with psycopg.connect(dsn, autocommit=True) as other:  # ... and holds nothing the app needs meanwhile
+            other.execute("set statement_timeout = '5s'")
+            other.execute(APP_INSERT_ROW, (free, 20, Jsonb({"n": 20})))
         app.commit()
         app.close()
         filler.join(30)
-        assert done["n"] == 3  # the three other datasets; the app's trigger had stamped `full`
-        v, rw, mx, stamped = _tracking(conn, ids["full"])
+        assert done["n"] == 3  # the three other datasets; the app's trigger had stamped `held`
+        v, rw, mx, stamped = _tracking(conn, held)
         assert (v, mx, stamped) == (app_version, 50, True)
-        assert _tracking(conn, ids["sparse"])[2:] == (10, True)
+        assert _tracking(conn, free)[2:] == (20, True)
         # re-running changes nothing
         conn.execute("delete from lakehouse_migrations where name = %s", (FILL_MARK,))
         before = conn.execute("select id, rows_version, max_row_index from datasets order by id").fetchall()

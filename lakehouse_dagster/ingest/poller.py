@@ -145,11 +145,23 @@ def datasets_behind(
             fresh.append(Pending(ds_id, version))
         elif retries_on and attempts <= max_retries and idle >= backoff_seconds(after_seconds, attempts):
             due.append(Retry(ds_id, version, attempts + 1))
-    if exclude_native and (fresh or due):
-        native = native_dataset_ids(conn, [p.dataset_id for p in [*fresh, *due]])
-        fresh = [p for p in fresh if p.dataset_id not in native]
-        due = [r for r in due if r.dataset_id not in native]
+    if exclude_native:
+        return Behind(_without_native(conn, fresh, limit), _without_native(conn, due, 4 * limit), len(rows))
     return Behind(fresh[:limit], due[: 4 * limit], len(rows))
+
+
+def _without_native(conn: psycopg.Connection, items: list, want: int) -> list:
+    """The first ``want`` items whose dataset is not written iceberg-native, asking in chunks so that a
+    tick with thousands behind (an adoption) checks about as many datasets as it requests."""
+    out: list = []
+    step = max(4 * want, 1)
+    for i in range(0, len(items), step):
+        chunk = items[i:i + step]
+        native = native_dataset_ids(conn, [p.dataset_id for p in chunk])
+        out += [p for p in chunk if p.dataset_id not in native]
+        if len(out) >= want:
+            break
+    return out[:want]
 
 
 def record_requests(conn: psycopg.Connection, requests: list[Pending]) -> None:

@@ -2,6 +2,9 @@
 
 Each migration has a stable name and runs once, under an advisory lock, recorded in
 ``lakehouse_migrations``; every statement is also written to be re-runnable on its own.
+They run over app tables that may already exist, hold rows and take the live app's writes (a real
+deployment has them before we arrive): after the DDL, ``migrate`` fills change tracking for the rows
+that predate our triggers, in batches (``fill_change_tracking``).
 """
 
 from __future__ import annotations
@@ -172,16 +175,16 @@ create index if not exists iceberg_sync_log_running_idx on iceberg_sync_log (sta
 # Adopting a live database. The app's tables may have only the foundation columns, and their writes
 # must never fail because of us: the change-tracking triggers now write lakehouse-owned columns only
 # (no updated_at), and the columns the project itself reads or writes on app tables are added when
-# missing (nullable or defaulted: an app insert that does not name them still works).
+# missing (nullable or defaulted: an app insert that does not name them still works). Those are, by a
+# grep of the package: datasets.source, .error, .updated_at; everything else it touches on workspaces,
+# datasets, dataset_rows and pipelines is in the foundation shape.
 # max_row_index NULL now means "unknown" (a dataset that had rows before the triggers existed): an
 # insert into such a dataset is never taken for an append, and the max is read from dataset_rows (one
 # backward index probe). New datasets start at -1, known empty. fill_change_tracking() fills the rest.
 ADOPT_APP_TABLES = """
-alter table datasets add column if not exists source jsonb;
-alter table datasets add column if not exists error text;
-alter table datasets add column if not exists created_at timestamptz default now();
-alter table datasets add column if not exists updated_at timestamptz default now();
-alter table workspaces add column if not exists created_at timestamptz default now();
+alter table datasets add column if not exists source jsonb;  -- the demo's seed marker
+alter table datasets add column if not exists error text;  -- why a sync or native write failed
+alter table datasets add column if not exists updated_at timestamptz default now();  -- set by our writes
 alter table datasets alter column max_row_index set default -1;
 
 create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
@@ -241,11 +244,13 @@ end $$;
 # One batch of the fill (its own transaction) over every dataset once: datasets no trigger ever stamped
 # get a version, the writing transaction and their true max row_index, and a max the pre-007 trigger
 # set too low (it started from -1 for a dataset that already had rows) is raised. ``greatest`` and the
-# row locks (taken in id order, like the triggers) mean a concurrent app write is never undone: its
-# trigger either ran before (we wait for it and keep its larger values) or runs after us.
-_FILL_LOCK = """
-select id from datasets where id > %(after)s order by id limit %(batch)s for update
-"""
+# row locks mean a concurrent app write is never undone: its trigger either ran before (we wait for it
+# and keep its larger values) or runs after us. A batch skips the rows the app holds right now (its
+# writes must never queue behind a batch waiting for one of them); those are done afterwards one at a
+# time, each waiting for the app while holding no other lock.
+_FILL_IDS = "select id from datasets where id > %(after)s order by id limit %(batch)s"
+_FILL_LOCK = "select id from datasets where id = any(%(ids)s::uuid[]) order by id for update skip locked"
+_FILL_LOCK_ONE = "select id from datasets where id = %(id)s for update"
 # A new statement, so a new snapshot (READ COMMITTED): max(row_index) sees every row committed before
 # the locks were granted; the version is drawn after them, like the triggers do.
 _FILL_STAMP = """
@@ -272,15 +277,21 @@ def fill_change_tracking(conn: psycopg.Connection, *, batch: int = 1000) -> int:
     number of datasets it changed."""
     if conn.execute("select 1 from lakehouse_migrations where name = %s", (FILL_MARK,)).fetchone():
         return 0
-    after, total = "00000000-0000-0000-0000-000000000000", 0
+    after, total, busy = "00000000-0000-0000-0000-000000000000", 0, []
     while True:
-        with conn.transaction():
-            ids = [r[0] for r in conn.execute(_FILL_LOCK, {"after": after, "batch": batch}).fetchall()]
-            if ids:
-                total += conn.execute(_FILL_STAMP, {"ids": ids}).rowcount
+        ids = [r[0] for r in conn.execute(_FILL_IDS, {"after": after, "batch": batch}).fetchall()]
         if not ids:
             break
-        after = str(max(ids))
+        with conn.transaction():
+            locked = [r[0] for r in conn.execute(_FILL_LOCK, {"ids": ids}).fetchall()]
+            if locked:
+                total += conn.execute(_FILL_STAMP, {"ids": locked}).rowcount
+        busy += sorted(set(ids) - set(locked))
+        after = str(ids[-1])
+    for ds_id in busy:
+        with conn.transaction():
+            if conn.execute(_FILL_LOCK_ONE, {"id": ds_id}).fetchone():
+                total += conn.execute(_FILL_STAMP, {"ids": [ds_id]}).rowcount
     conn.execute("insert into lakehouse_migrations (name) values (%s) on conflict do nothing", (FILL_MARK,))
     return total
 
