@@ -230,3 +230,27 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
         # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
         assert len(leftovers) == (6 + 1 if point == "after-commit" else 1)
+
+
+def test_source_dsn_secret_never_shows_in_errors(conn, dsn, catalog, settings, dataset, monkeypatch):
+    conn.execute("create table public.src (id bigint, name text, n bigint, x float8, ok boolean,"
+                 " at timestamptz, day date, meta jsonb)")
+    conn.execute("insert into public.src (id, n) values (1, 1)")
+    monkeypatch.setenv("SRC_DSN", dsn)
+    spec = set_source(conn, dataset, {"type": "postgres", "table": "public.src", "cursor_column": "id",
+                                      "dsn_env": "SRC_DSN"})
+    assert spec.to_json()["dsn_env"] == "SRC_DSN" and dsn not in json.dumps(spec.to_json())
+    stored = conn.execute("select source::text from datasets where id = %s", (dataset,)).fetchone()[0]
+    assert "postgresql://" not in stored
+    assert ingest(dsn, catalog, settings, conn, dataset, "sync.incremental").rows == 1
+    secret = "postgresql://reader:S3cretPw@127.0.0.1:1/nowhere"
+    monkeypatch.setenv("SRC_DSN", secret)
+    conn.execute("insert into public.src (id, n) values (2, 2)")
+    with pytest.raises(Exception) as info:
+        ingest(dsn, catalog, settings, conn, dataset, "sync.incremental")
+    assert "cannot read it" in str(info.value) and "S3cretPw" not in str(info.value)
+    error = conn.execute("select error from datasets where id = %s", (dataset,)).fetchone()[0]
+    assert "S3cretPw" not in error
+    proc = cli("sources", "set", "--dataset", str(dataset), "--postgres-table", "public.src", "--dsn-env", "SRC_DSN",
+               env={"SRC_DSN": secret})
+    assert proc.returncode == 2 and "cannot connect" in proc.stderr and "S3cretPw" not in proc.stderr
