@@ -99,7 +99,6 @@ BAD_SPECS = {
 def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, case):
     conn.execute("create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
                  " at timestamptz, day date, meta jsonb)")
-    good = {"type": "files", "uri": "/tmp"}
     conn.execute("update datasets set source = %s where id = %s", (json.dumps({"type": "demo", "rows": 5}), dataset))
     before = _stored(conn, dataset)
     args, reason = BAD_SPECS[case]
@@ -109,7 +108,6 @@ def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, datas
     assert "pw@" not in proc.stderr
     assert _stored(conn, dataset) == before
     assert get_source(conn, dataset) is None  # a legacy "demo" source reads as no source
-    del good
 
 
 # --- the jsonb text form --------------------------------------------------------------------------------

@@ -140,7 +140,9 @@ def uuid_texts(n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
 
 
-def _with_identity(batches: Iterable[pa.RecordBatch], start: int, created_at: dt.datetime, counter: dict):
+def _with_identity(batches: Iterable[pa.RecordBatch], created_at: dt.datetime, counter: dict):
+    """Identity columns in front: __row_index from counter["next"] on, a random __row_id, one __created_at
+    for the whole write (as the pg path's now())."""
     for b in batches:
         n = b.num_rows
         if not n:
@@ -268,7 +270,7 @@ def run_writer(
                     return props, summary
 
                 result = write_arrow(catalog, settings, dataset,
-                                     _with_identity(_paused_after_first(batches), start,
+                                     _with_identity(_paused_after_first(batches),
                                                     dt.datetime.now(dt.timezone.utc), counter),
                                      mode="replace" if replace else "append", sync_id=sid,
                                      source_version=source_version, path="native", commit_entries=entries)
