@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_dagster.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
@@ -77,37 +78,58 @@ def test_ingest_without_a_source_says_how_to_set_one(settings, dataset):
 
 
 BAD_SPECS = {
-    "missing path": (["--files", "/nonexistent/dir/x.parquet"], "no such file or directory"),
-    "unknown format": (["--files", "/tmp/x.txt"], "format None is not one of"),
-    "http uri": (["--files", "http://example.com/x.csv"], "only local paths, globs and s3:// URIs"),
-    "bad table name": (["--postgres-table", "public.x; drop table datasets"], "must be schema.table"),
-    "missing table": (["--postgres-table", "public.nope"], "cannot read it"),
-    "missing cursor column": (["--postgres-table", "public.src", "--cursor-column", "nope"], "has no column 'nope'"),
-    "source lacks dataset columns": (["--postgres-query", "select 1 as id"], "lacks dataset"),
-    "not a select": (["--postgres-query", "delete from datasets"], "one SELECT statement"),
-    "cdc op not a dataset column": (["--cdc-table", "public.src", "--position-column", "id", "--op-column", "op"],
-                                    "must be one of dataset"),
-    "cdc without op": (["--cdc-table", "public.src", "--position-column", "id"], "op column"),
-    "dsn var unset": (["--postgres-table", "public.src", "--dsn-env", "LAKEHOUSE_TEST_UNSET_DSN"], "is not set"),
-    "dsn value instead of a name": (["--postgres-table", "public.src", "--dsn-env", "postgresql://u:pw@h/db"],
-                                    "must name an environment variable"),
-    "format with a table": (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+    "missing path": ({"type": "files", "uri": "/nonexistent/dir/x.parquet"}, "no such file or directory"),
+    "missing glob dir": ({"type": "files", "uri": "/nonexistent/*.csv"}, "does not exist"),
+    "unknown format": ({"type": "files", "uri": "/tmp/x.txt"}, "format None is not one of"),
+    "http uri": ({"type": "files", "uri": "http://example.com/x.csv"}, "only local paths, globs and s3:// URIs"),
+    "unknown key": ({"type": "files", "uri": "/tmp", "format": "csv", "password": "x"}, "unknown key(s) password"),
+    "unknown type": ({"type": "kafka", "topic": "t"}, "source type 'kafka' is not supported"),
+    "bad table name": ({"type": "postgres", "table": "public.x; drop table datasets"}, "must be schema.table"),
+    "table and query": ({"type": "postgres", "table": "public.src", "query": "select 1"}, "exactly one of"),
+    "missing table": ({"type": "postgres", "table": "public.nope"}, "cannot read it"),
+    "missing cursor column": ({"type": "postgres", "table": "public.src", "cursor_column": "nope"},
+                              "has no column 'nope'"),
+    "source lacks dataset columns": ({"type": "postgres", "query": "select 1 as id"}, "lacks dataset"),
+    "not a select": ({"type": "postgres", "query": "delete from datasets"}, "one SELECT statement"),
+    "two statements": ({"type": "postgres", "query": "select 1; drop table datasets"}, "one SELECT statement"),
+    "cdc op not a dataset column": ({"type": "cdc", "table": "public.src", "position_column": "id",
+                                     "op_column": "op"}, "must be one of dataset"),
+    "cdc without op": ({"type": "cdc", "table": "public.src", "position_column": "id"}, "op column"),
+    "dsn var unset": ({"type": "postgres", "table": "public.src", "dsn_env": "LAKEHOUSE_TEST_UNSET_DSN"},
+                      "is not set"),
+    "dsn value instead of a name": ({"type": "postgres", "table": "public.src",
+                                     "dsn_env": "postgresql://u:pw@h/db"}, "must name an environment variable"),
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_SPECS))
-def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, case):
+@pytest.fixture
+def src_table(conn):
     conn.execute("create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
                  " at timestamptz, day date, meta jsonb)")
+
+
+@pytest.mark.parametrize("case", list(BAD_SPECS))
+def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, src_table, case):
     conn.execute("update datasets set source = %s where id = %s", (json.dumps({"type": "demo", "rows": 5}), dataset))
     before = _stored(conn, dataset)
-    args, reason = BAD_SPECS[case]
-    proc = cli("sources", "set", "--dataset", str(dataset), *args)
-    assert proc.returncode == 2, proc.stderr
-    assert reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "pw@" not in proc.stderr
+    spec, reason = BAD_SPECS[case]
+    with pytest.raises(BadInput) as info:
+        set_source(conn, dataset, spec, settings=settings)
+    assert reason in str(info.value) and "\n" not in str(info.value) and "pw@" not in str(info.value)
     assert _stored(conn, dataset) == before
     assert get_source(conn, dataset) is None  # a legacy "demo" source reads as no source
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--files", "/nonexistent/x.parquet"], "no such file or directory"),
+    (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+    (["--cdc-table", "public.src", "--position-column", "id", "--cursor-column", "id"], "does not apply"),
+])
+def test_bad_source_spec_through_the_cli_is_one_line_exit_2(conn, settings, dataset, src_table, args, reason):
+    before = _stored(conn, dataset)
+    proc = cli("sources", "set", "--dataset", str(dataset), *args)
+    assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert _stored(conn, dataset) == before
 
 
 # --- the jsonb text form --------------------------------------------------------------------------------
