@@ -38,7 +38,7 @@ from ..ids import parse_uuid
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
-from ..sources.files import SourceValueError, list_files, read_files
+from ..sources.files import SourceError, list_files, read_files
 from ..sources.pgsource import max_mark, read_postgres
 from ..sources.spec import SourceSpec
 from ..sources.stored import get_source
@@ -111,19 +111,10 @@ def _plan(spec: SourceSpec, writer: str, old: dict | None, settings: Settings, d
     def on_mark(value):
         state["mark"] = value
 
-    batches = read_postgres(spec, spec.dsn(dsn), dataset.columns, after, on_mark)
-    return _Read(batches, state)
-
-
-def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[bool, Iterator[pa.RecordBatch]]:
-    """(has rows, the same stream): an incremental read past its mark may find nothing."""
-    for b in batches:
-        if b.num_rows:
-            def chained(first=b):
-                yield first
-                yield from batches
-            return True, chained()
-    return False, iter(())
+    source_dsn = spec.dsn(dsn)
+    # one max() says whether anything is past the mark, so the read itself happens inside the routed write
+    nothing_new = writer != "sync.full" and max_mark(spec, source_dsn, after) is None
+    return _Read(read_postgres(spec, source_dsn, dataset.columns, after, on_mark), state, nothing_new)
 
 
 def uuid_texts(n: int) -> pa.Array:
@@ -219,10 +210,10 @@ def run_writer(
             seq = source_state.next_seq(conn, ds_id, table)
             try:
                 read = _plan(spec, writer, old, settings, dsn, dataset)
-                has_rows, batches = (False, iter(())) if read.nothing_new else _peek(read.batches)
-            except SourceValueError as exc:
+            except SourceError as exc:
                 raise _failed(conn, ds_id, exc) from None
-            if not has_rows and writer != "sync.full" and (spec.type != "files" or read.nothing_new):
+            batches = read.batches
+            if read.nothing_new:
                 return IngestResult(ds_id, writer, path, 0, dataset.row_count, None, None,
                                     source_state.public_cursor(old), decision.flag.describe(),
                                     time.perf_counter() - started, new=False)
@@ -253,7 +244,7 @@ def run_writer(
                                          replace=replace, start_index=start, finish=finish)
                         _pause("after-commit")
                         return rows
-                    except SourceValueError as exc:
+                    except SourceError as exc:
                         raise _failed(conn, ds_id, exc) from None
                     except LakehouseError:
                         raise
@@ -297,7 +288,7 @@ def run_writer(
 def _failed(conn, ds_id: uuid.UUID, exc: BaseException) -> SyncFailed:
     """Mark the dataset errored (fail loud) and say what failed; nothing was committed."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    message = f"dataset {ds_id} {text}" if isinstance(exc, SourceValueError) else f"dataset {ds_id}: ingest failed: {text}"
+    message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
     conn.execute("update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
                  (message, ds_id))
     return SyncFailed(message + "; nothing was committed")

@@ -21,7 +21,7 @@ from ..ingest.source import _adbc_uri
 from ..store.datasets import Column
 from ..store.db import redact
 from .convert import BadValue, convert_batch
-from .files import SourceValueError
+from .files import SourceError
 from .spec import SourceSpec
 
 
@@ -92,11 +92,11 @@ def read_postgres(
     """Typed batches of the rows past ``after``; ``on_mark`` gets the last row's mark after each batch."""
     try:
         yield from _read_postgres(spec, dsn, columns, after, on_mark)
-    except (SourceValueError, GeneratorExit):
+    except (SourceError, GeneratorExit):
         raise
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise SourceValueError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
+        raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
 
 
 def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatch]:
@@ -120,7 +120,7 @@ def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatc
                     typed = convert_batch(batch, columns, text=True)
                 except BadValue as exc:
                     at = f" at {col}={mark_value(batch.column(col)[exc.index].as_py())}" if col else ""
-                    raise SourceValueError(
+                    raise SourceError(
                         f"{where_label(spec)} row {read + exc.index + 1}{at} column {exc.column}: "
                         f"expected {exc.expected}, got {exc.got}"
                     ) from None
@@ -138,14 +138,14 @@ def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatc
 def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
     """The source's highest mark past ``after`` (None: nothing new). One indexed query, no rows read."""
     col = spec.order_column
+    where = sql.SQL("")
+    if after is not None:
+        where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
     try:
-        conn = psycopg.connect(dsn, autocommit=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(sql.SQL("select max({}) from {}{}").format(
+                sql.Identifier(col), relation(spec), where)).fetchone()
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise BadInput(f"{where_label(spec)}: cannot connect ({scrub(first, dsn)})") from None
-    with conn:
-        where = sql.SQL("")
-        if after is not None:
-            where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
-        row = conn.execute(sql.SQL("select max({}) from {}{}").format(sql.Identifier(col), relation(spec), where)).fetchone()
+        raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
     return None if row is None or row[0] is None else mark_value(row[0])
