@@ -209,16 +209,8 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
 # --- kills ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["pg", "native"])
-@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
-def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
-        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
-    src = tmp_path / "src"
-    write_source_file(src / "a.csv", "csv", _records(0, 30))
-    write_source_file(src / "b.csv", "csv", _records(30, 30))
-    set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
-    if mode == "native":
-        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
+    """Run `lakehouse ingest` in its own process and SIGKILL it at ``point`` (see ingest/writers._pause)."""
     marker = tmp_path / "paused"
     env = {**os.environ, "LAKEHOUSE_WRITERS_PAUSE_AT": point, "LAKEHOUSE_WRITERS_PAUSE_FILE": str(marker),
            "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
@@ -231,6 +223,36 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
+    marker.unlink()
+
+
+def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog, settings, dataset, tmp_path):
+    write_source_file(tmp_path / "src" / "a.csv", "csv", _records(0, 20))
+    set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "src"), "format": "csv"})
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    _kill_ingest_at("after-commit", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
+    (sync_id,) = conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s", (dataset,)).fetchone()
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.ingest.writers import run_writer
+
+    r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
+    assert r.rows == 0 and r.total_rows == 20  # not appended twice
+    assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 20)]
+    assert conn.execute("select status, snapshot_id is not null from iceberg_sync_log where sync_id = %s",
+                        (sync_id,)).fetchone() == ("succeeded", True)
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
+def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
+        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
+    src = tmp_path / "src"
+    write_source_file(src / "a.csv", "csv", _records(0, 30))
+    write_source_file(src / "b.csv", "csv", _records(30, 30))
+    set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
+    if mode == "native":
+        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    _kill_ingest_at(point, dataset, tmp_path)
     write_source_file(src / "c.csv", "csv", _records(60, 5))
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
     # after the commit the first run's files count as ingested; mid-write nothing did

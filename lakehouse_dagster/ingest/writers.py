@@ -33,7 +33,7 @@ from ..errors import BadInput, LakehouseError, SyncFailed
 from ..flags.registry import WRITE, get_flag
 from ..flags.resolver import FlagResolver
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import MAX_ROW_INDEX, table_state, write_arrow
+from ..iceberg.writer import MAX_ROW_INDEX, WRITE_PATH, table_state, write_arrow
 from ..ids import parse_uuid
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
@@ -206,6 +206,7 @@ def run_writer(
         with dataset_lock(conn, ds_id):
             reap_abandoned(conn, catalog, settings, ds_id)
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+            total_now = _converge_row_count(conn, ds_id, table)
             old = source_state.current_state(conn, ds_id, table, spec.to_json())
             seq = source_state.next_seq(conn, ds_id, table)
             try:
@@ -214,7 +215,7 @@ def run_writer(
                 raise _failed(conn, ds_id, exc) from None
             batches = read.batches
             if read.nothing_new:
-                return IngestResult(ds_id, writer, path, 0, dataset.row_count, None, None,
+                return IngestResult(ds_id, writer, path, 0, total_now, None, None,
                                     source_state.public_cursor(old), decision.flag.describe(),
                                     time.perf_counter() - started, new=False)
 
@@ -283,6 +284,17 @@ def run_writer(
                 lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {sync_id})")
     return IngestResult(ds_id, writer, path, rows, total, snapshot, sync_id, source_state.public_cursor(state),
                         decision.flag.describe(), time.perf_counter() - started)
+
+
+def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
+    """datasets.row_count after a process died between its native commit and its bookkeeping: when the
+    table's last commit was native, Iceberg is the truth, so the count is taken from it."""
+    if table is not None and table.properties.get(WRITE_PATH) == "native":
+        count = table_state(table)["row_count"]
+        conn.execute("update datasets set row_count = %s, updated_at = now() where id = %s"
+                     " and row_count is distinct from %s", (count, ds_id, count))
+        return count
+    return conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
 
 
 def _failed(conn, ds_id: uuid.UUID, exc: BaseException) -> SyncFailed:
