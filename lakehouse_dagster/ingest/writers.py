@@ -39,7 +39,7 @@ from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
 from ..sources.files import SourceError, list_files, read_files
-from ..sources.pgsource import max_mark, read_postgres
+from ..sources.pgsource import max_mark, read_postgres, scrub
 from ..sources.spec import SourceSpec
 from ..sources.stored import get_source
 from ..store.datasets import Dataset, get_dataset
@@ -250,7 +250,7 @@ def run_writer(
                     except LakehouseError:
                         raise
                     except Exception as exc:
-                        raise _failed(conn, ds_id, exc) from exc
+                        raise _failed(conn, ds_id, exc, dsn) from exc
 
             def iceberg_write(sid: uuid.UUID, source_version: int):
                 counter = {"next": start}
@@ -297,9 +297,11 @@ def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
     return conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
 
 
-def _failed(conn, ds_id: uuid.UUID, exc: BaseException) -> SyncFailed:
+def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) -> SyncFailed:
     """Mark the dataset errored (fail loud) and say what failed; nothing was committed."""
     text = " ".join(str(exc).split()) or type(exc).__name__
+    if dsn:
+        text = scrub(text, dsn)
     message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
     conn.execute("update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
                  (message, ds_id))
