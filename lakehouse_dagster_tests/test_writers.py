@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,17 +15,16 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse_dagster.errors import BadInput, SyncFailed
+from lakehouse_dagster.errors import SyncFailed
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.ingest.writers import pending_source_changes, run_writer
-from lakehouse_dagster.sources import get_source, set_source
+from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.state import STATE_PROPERTY
 from lakehouse_dagster.store import datasets as ds
 
-from .flag_helpers import cli, cli_json
 
 SCHEMA = [
     {"name": "name", "type": "string"},
@@ -92,14 +87,12 @@ def write_source_file(path: Path, fmt: str, records: list[dict]) -> Path:
     elif fmt == "ndjson":
         path.write_text("".join(_json_line(r) + "\n" for r in records))
     else:
-        t = _arrow(records)
         texts = {c: [None if v is None else (str(v).lower() if isinstance(v, bool) else
                                              ("NaN" if isinstance(v, float) and math.isnan(v) else
                                               ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else str(v))))
                      for v in (r[c] for r in records)] for c in CONTENT}
         texts["at"] = [r["at"] for r in records]
         texts["meta"] = [None if r["meta"] is None else json.dumps(r["meta"]) for r in records]
-        del t
         pacsv.write_csv(pa.table({c: pa.array(v, pa.string()) for c, v in texts.items()}), path)
     return path
 
