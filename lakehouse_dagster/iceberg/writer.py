@@ -34,7 +34,7 @@ import logging
 import random
 import time
 import uuid
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -218,10 +218,13 @@ def write_arrow(
     max_row_index: int | None = None,
     path: str = "mirror",
     chunk_rows: int | None = None,
+    commit_entries: Callable[[], tuple[dict, dict]] | None = None,
 ) -> WriteResult:
     """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
     commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them.
-    A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot."""
+    A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot.
+    ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
+    then) — returns extra (table properties, snapshot summary) for the same commit."""
     if mode not in ("replace", "append"):
         raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
     table = ensure_table(catalog, settings, dataset)
@@ -254,6 +257,10 @@ def write_arrow(
             WRITE_PATH: path,
         }
         summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path}
+        if commit_entries is not None:
+            extra_props, extra_summary = commit_entries()
+            props.update(extra_props)
+            summary.update(extra_summary)
         failpoint("before-commit")
     except BaseException:
         roller.delete_all()
