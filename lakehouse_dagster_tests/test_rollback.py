@@ -7,95 +7,26 @@ through the write router and the chunked writer, then rolled back.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import uuid
 
-import pyarrow as pa
 import pytest
 
 from lakehouse_dagster.errors import BadInput
-from lakehouse_dagster.flags import registry as reg
-from lakehouse_dagster.flags.overrides import set_override
-from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.iceberg.schema import arrow_schema
-from lakehouse_dagster.iceberg.writer import write_arrow
+from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.parity.canary import evaluate, run_canary
+from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.rollback.iceberg_only import iceberg_only
-from lakehouse_dagster.routing.write_router import route_write
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import cli
-
-SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}, {"name": "x", "type": "float64"},
-          {"name": "at", "type": "timestamp"}, {"name": "doc", "type": "json"}]
-SERVABLE = [r.name for r in reg.READERS.values() if reg.rank("read", r.ceiling) >= reg.rank("read", "iceberg")]
-T0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
-
-
-def _row(i: int) -> dict:
-    x = [0.1, "NaN", "Infinity", -0.0, 1e-300][i % 5]
-    return {"a": i, "s": f"v{i} ü", "x": x, "at": (T0 + dt.timedelta(seconds=i)).isoformat(),
-            "doc": {"k": i, "z": [1, None]} if i % 2 else None}
-
-
-def _ready_native(conn, dsn, settings, writer: str, rows: int = 6) -> uuid.UUID:
-    """A dataset mirrored, read-flipped, canary ok, and ``writer`` flipped to iceberg_native (gated CLI)."""
-    ws = ds.create_workspace(conn, "ws")
-    d = ds.create_dataset(conn, ws, "orders", SCHEMA)
-    ds.insert_rows(conn, d, [_row(i) for i in range(rows)])
-    catalog = load_catalog(settings, dsn)
-    sync_dataset(dsn, catalog, settings, d, mode="full")
-    for r in SERVABLE:
-        set_override(conn, "read", r, "iceberg", dataset=d, note="fase1", actor="pytest")
-    assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
-    cli("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
-    return d
-
-
-def _native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int) -> int:
-    """A native write through the real write router and chunked writer; returns the snapshot id."""
-    catalog = load_catalog(settings, dsn)
-    dataset = ds.get_dataset(conn, d)
-    schema = arrow_schema(dataset.columns)
-    cols = {c.name: [v.get(c.name) for v in values] for c in dataset.columns}
-    cols["x"] = [float(x) if x is not None else None for x in cols["x"]]
-    cols["at"] = [dt.datetime.fromisoformat(t) for t in cols["at"]]
-    cols["doc"] = [None if v is None else json.dumps(v, separators=(", ", ": ")) for v in cols["doc"]]
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(range(start, start + len(values)), pa.int64()),
-         pa.array([str(uuid.uuid4()) for _ in values]),
-         pa.array([dt.datetime.now(dt.timezone.utc)] * len(values), pa.timestamp("us", tz="UTC"))]
-        + [pa.array(cols[c.name], schema.field(c.name).type) for c in dataset.columns], schema=schema)
-    mode = reg.get_flag("write", writer).iceberg_mode
-
-    def iceberg_write(sync_id, source_version):
-        return write_arrow(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
-                           source_version=source_version, path="native",
-                           max_row_index=start + len(values) - 1)
-
-    out = route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: pytest.fail("pg path"),
-                      iceberg_write=iceberg_write, settings=settings)
-    return out.value.snapshot_id
-
-
-def _table_rows(settings, dsn, d) -> list[dict]:
-    table = load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, d))
-    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["__row_index"])
-    return [{**r, "x": repr(r["x"])} for r in rows]  # NaN != NaN: compare floats by their text
-
-
-def _snapshot(settings, dsn, d) -> int:
-    return load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, d)).current_snapshot().snapshot_id
+from .native_helpers import native_write, ready_native, row, snapshot, table_rows
 
 
 def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn, dsn, settings):
-    d = _ready_native(conn, dsn, settings, "sync.append")
-    _native_write(conn, dsn, settings, d, "sync.append", [_row(i) for i in range(6, 10)], start=6)
-    _native_write(conn, dsn, settings, d, "sync.append", [_row(10)], start=10)
-    snap, before = _snapshot(settings, dsn, d), _table_rows(settings, dsn, d)
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
+    native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
+    snap, before = snapshot(settings, dsn, d), table_rows(settings, dsn, d)
 
     out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
     assert "sync.append rolled back to pg for 1 dataset(s):" in out
@@ -104,21 +35,21 @@ def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn
     assert f"lakehouse ingest --dataset {d} --writer sync.full" in out
 
     # a new pg-path write makes the mirror want to run: it refuses, with the reason and both ways forward
-    ds.insert_rows(conn, d, [_row(99)])
+    ds.insert_rows(conn, d, [row(99)])
     with pytest.raises(BadInput) as refused:
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     msg = str(refused.value)
     assert "\n" not in msg and "5 row(s) in 2 native snapshot(s) exist only in Iceberg" in msg
     assert "write-flags backfill" in msg and "--writer sync.full" in msg
-    assert _snapshot(settings, dsn, d) == snap and _table_rows(settings, dsn, d) == before
+    assert snapshot(settings, dsn, d) == snap and table_rows(settings, dsn, d) == before
     proc = cli("sync", "--dataset", str(d))
     assert proc.returncode == 2 and "exist only in Iceberg" in proc.stderr
 
 
 def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
-    d = _ready_native(conn, dsn, settings, "sync.append")
-    _native_write(conn, dsn, settings, d, "sync.append", [_row(i) for i in range(6, 12)], start=6)
-    before = _table_rows(settings, dsn, d)
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 12)], start=6)
+    before = table_rows(settings, dsn, d)
     catalog = load_catalog(settings, dsn)
     native = evaluate(dsn, catalog, settings, d)
     assert native.verdict == "native" and native.detail["agrees_with_postgres"] is False
@@ -139,7 +70,7 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
 
     r = sync_dataset(dsn, catalog, settings, d)
     assert r.mode in ("noop", "incremental") and r.rows == 0  # a no-op or a pure (empty) append
-    assert _table_rows(settings, dsn, d) == before
+    assert table_rows(settings, dsn, d) == before
     v = evaluate(dsn, catalog, settings, d, smoke=True)
     assert (v.verdict, v.smoke, v.pg_count) == ("ok", "match", 12)
     assert (v.iceberg_digest, v.iceberg_count) == (native.iceberg_digest, native.iceberg_count)
@@ -148,14 +79,14 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
 
 
 def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, dsn, settings):
-    d = _ready_native(conn, dsn, settings, "sync.full", rows=6)
+    d = ready_native(conn, dsn, settings, "sync.full", rows=6)
     # a native sync.full replaces the content: rows 0..3 with new values, fresh identity
-    _native_write(conn, dsn, settings, d, "sync.full", [{**_row(i), "s": f"new {i}"} for i in range(4)], start=0)
-    replaced = _table_rows(settings, dsn, d)
+    native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    replaced = table_rows(settings, dsn, d)
     out = cli("write-flags", "clear", "sync.full", "--dataset", str(d), check=True).stdout
     assert "4 row(s) in 1 native snapshot(s) exist only in Iceberg; a native sync.full replaced the table" in out
     # a pg-path append after the rollback lands at row_index 6, 7 (Postgres' max was 5)
-    ds.insert_rows(conn, d, [_row(50), _row(51)])
+    ds.insert_rows(conn, d, [row(50), row(51)])
 
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     # the 6 stale rows are superseded, the 4 native rows copied; the pg-path rows kept (no collision: not moved)
@@ -172,10 +103,10 @@ def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, 
 
 
 def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(conn, dsn, settings):
-    d = _ready_native(conn, dsn, settings, "sync.append", rows=3)
-    _native_write(conn, dsn, settings, d, "sync.append", [_row(i) for i in range(3, 7)], start=3)  # 3..6
+    d = ready_native(conn, dsn, settings, "sync.append", rows=3)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)  # 3..6
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    ds.insert_rows(conn, d, [_row(70), _row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
+    ds.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["moved"], res["removed"], res["pg_rows"]) == (4, 2, 0, 9)
     got = conn.execute("select row_index, (data->>'a')::int from dataset_rows where dataset_id = %s order by 1",
