@@ -64,6 +64,8 @@ class Settings:
     # per consecutive failure, at most retry_failed_max times (0 seconds: never).
     retry_failed_after_seconds: int = 300
     retry_failed_max: int = 5
+    # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
+    s3_endpoint: str | None = None
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -91,6 +93,7 @@ class Settings:
             sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
+            s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
         )
 
     def replace(self, **changes) -> "Settings":

@@ -62,6 +62,10 @@ def iceberg_type(column_type: str) -> IcebergType:
     return _ICEBERG[column_type]
 
 
+def arrow_type(column_type: str) -> pa.DataType:
+    return _ARROW[column_type]
+
+
 def iceberg_schema(columns: Sequence[Column]) -> Schema:
     fields = [
         NestedField(1, "__row_index", LongType(), required=True),

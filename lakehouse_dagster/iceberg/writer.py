@@ -19,7 +19,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -178,9 +178,12 @@ def write_arrow(
     max_row_index: int | None = None,
     path: str = "mirror",
     chunk_rows: int | None = None,
+    commit_entries: Callable[[], tuple[dict, dict]] | None = None,
 ) -> WriteResult:
     """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
-    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them."""
+    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them.
+    ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
+    then) — returns extra (table properties, snapshot summary) for the same commit."""
     if mode not in ("replace", "append"):
         raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
     table = ensure_table(catalog, settings, dataset)
@@ -211,6 +214,10 @@ def write_arrow(
             WRITE_PATH: path,
         }
         summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: props[SOURCE_VERSION], WRITE_PATH: path}
+        if commit_entries is not None:
+            extra_props, extra_summary = commit_entries()
+            props.update(extra_props)
+            summary.update(extra_summary)
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props, sync_id=sync_id)
     except BaseException:
         roller.delete_all()

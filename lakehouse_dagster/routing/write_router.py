@@ -71,11 +71,13 @@ def route_write(
     iceberg_write: Callable[[uuid.UUID, int], NativeWriteResult],
     settings: Settings | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    sync_id: uuid.UUID | None = None,
 ) -> WriteOutcome:
     """Run ``pg_write()`` or ``iceberg_write(sync_id, source_version)`` as the writer's mode says.
 
     ``conn`` must be autocommit (store.db.connect): the failure bookkeeping must persist while the error
-    propagates. ``settings`` gives the G2 bound (default: from the environment).
+    propagates. ``settings`` gives the G2 bound (default: from the environment). ``sync_id``: a retry
+    passes its first attempt's id, so the native writer finds its own commit instead of appending twice.
     """
     lg = logger or log
     decision = resolve_write_path(flags, writer, dataset_id)
@@ -83,25 +85,26 @@ def route_write(
     if not decision.native:
         return WriteOutcome(decision, pg_write())
     settings = settings or Settings.from_env()
-    return _write_native(conn, decision, iceberg_write, settings.max_concurrent_ingest, lg)
+    return _write_native(conn, decision, iceberg_write, settings.max_concurrent_ingest, lg, sync_id)
 
 
-def _write_native(conn, decision: WriteDecision, iceberg_write, max_concurrent: int, lg) -> WriteOutcome:
+def _write_native(conn, decision: WriteDecision, iceberg_write, max_concurrent: int, lg, sync_id=None) -> WriteOutcome:
     # G3 then G2 on this session (advisory locks are re-entrant per session, so a caller that already
     # holds them on the same connection is fine): a concurrent mirror sync of the dataset neither runs
     # beside us nor reaps our 'running' row. Backpressure is raised before anything is recorded.
     with dataset_lock(conn, decision.dataset_id), admission_slot(conn, max_concurrent):
-        return _write_native_locked(conn, decision, iceberg_write, lg)
+        return _write_native_locked(conn, decision, iceberg_write, lg, sync_id)
 
 
-def _write_native_locked(conn, decision: WriteDecision, iceberg_write, lg) -> WriteOutcome:
-    ds, sync_id = decision.dataset_id, uuid.uuid4()
+def _write_native_locked(conn, decision: WriteDecision, iceberg_write, lg, sync_id=None) -> WriteOutcome:
+    ds, sync_id = decision.dataset_id, sync_id or uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
     # PG is not written on this path, so the snapshot covers the dataset's current rows_version.
     row = conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version)"
         " select id, %s, %s, 'native', %s, 'running', rows_version from datasets where id = %s"
-        " returning source_version",
+        " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
+        " started_at = now() returning source_version",
         (sync_id, decision.writer, flag.iceberg_mode, ds),
     ).fetchone()
     if row is None:

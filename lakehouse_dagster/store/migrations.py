@@ -197,6 +197,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     # The poller's retry sweep looks at recent failed mirror syncs only.
     ("006_sync_log_failed_idx", "create index if not exists iceberg_sync_log_failed_idx"
                                 " on iceberg_sync_log (finished_at) where status = 'failed';"),
+    ("010_sources", _module_sql("sources")),
     ("011_rollback", _module_sql("rollback")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
