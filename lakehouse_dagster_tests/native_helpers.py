@@ -84,3 +84,24 @@ def table_rows(settings, dsn, d) -> list[dict]:
 
 def snapshot(settings, dsn, d) -> int:
     return load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, d)).current_snapshot().snapshot_id
+
+
+def pg_source_table(conn, values: list[dict]) -> str:
+    """A source table in the project's own Postgres holding ``values`` (SCHEMA's columns); its name."""
+    from psycopg import sql
+
+    name = f"src_{uuid.uuid4().hex[:12]}"
+    conn.execute(sql.SQL("create table {} (a bigint, s text, x float8, at timestamptz, doc jsonb)").format(
+        sql.Identifier(name)))
+    add_source_rows(conn, name, values)
+    return f"public.{name}"
+
+
+def add_source_rows(conn, table: str, values: list[dict]) -> None:
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    for v in values:
+        conn.execute(sql.SQL("insert into {} values (%s, %s, %s::float8, %s, %s)").format(
+            sql.Identifier(*table.split("."))),
+            (v["a"], v["s"], str(v["x"]), v["at"], None if v["doc"] is None else Jsonb(v["doc"])))

@@ -12,14 +12,19 @@ import json
 import pytest
 
 from lakehouse_dagster.errors import BadInput
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.parity.canary import evaluate
+from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.parity.canary import evaluate, run_canary
 from lakehouse_dagster.rollback.iceberg_only import iceberg_only
+from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import cli
-from .native_helpers import native_write, ready_native, row, snapshot, table_rows
+from .native_helpers import (SERVABLE, add_source_rows, native_write, pg_source_table, ready_native, row, snapshot,
+                             table_rows)
 
 
 def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn, dsn, settings):
@@ -116,3 +121,39 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
     sync_dataset(dsn, catalog, settings, d)
     v = evaluate(dsn, catalog, settings, d, smoke=True)
     assert (v.verdict, v.iceberg_count) == ("ok", 9)
+
+
+def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, settings):
+    catalog = load_catalog(settings, dsn)
+    ws = ds.create_workspace(conn, "ws")
+    d = ds.create_dataset(conn, ws, "fed", [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"},
+                                           {"name": "x", "type": "float64"}, {"name": "at", "type": "timestamp"},
+                                           {"name": "doc", "type": "json"}])
+    src = pg_source_table(conn, [row(i) for i in range(6)])
+    set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
+
+    def ingest():
+        return run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full")
+
+    assert ingest().path == "pg"
+    sync_dataset(dsn, catalog, settings, d)
+    for r in SERVABLE:
+        set_override(conn, "read", r, "iceberg", dataset=d, actor="pytest")
+    assert run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results[0].verdict == "ok"
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
+    add_source_rows(conn, src, [row(6), row(7)])
+    native = ingest()
+    assert (native.path, native.rows) == ("native", 8)
+
+    out = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True).stdout
+    assert "8 row(s) in 1 native snapshot(s) exist only in Iceberg; a native sync.full replaced the table" in out
+    with pytest.raises(BadInput):
+        sync_dataset(dsn, catalog, settings, d)
+
+    assert ingest().path == "pg"  # repopulates Postgres from the source: the marker is gone
+    assert iceberg_only(conn, catalog, settings, d) is None
+    r = sync_dataset(dsn, catalog, settings, d)
+    assert (r.mode, r.total_rows) == ("full", 8)
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert (v.verdict, v.iceberg_count) == ("ok", 8)
+    assert sorted(x["a"] for x in table_rows(settings, dsn, d)) == list(range(8))

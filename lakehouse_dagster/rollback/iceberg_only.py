@@ -10,10 +10,11 @@ would drop them. Nothing new has to be written to know this — the records alre
   * each snapshot's summary carries ``lakehouse.path`` too, so walking back from the current snapshot
     to the last mirror snapshot counts the native snapshots and the rows they added (a native
     overwrite rewrote everything: then every row of the table counts);
-  * ``lakehouse_pg_reconciled`` (this area's migration) records when Postgres caught up again with a
-    snapshot: a backfill (rollback/backfill.py) or a sync.full on the pg path, which repopulates
-    Postgres from the source. A reconciled current snapshot clears the marker; the next mirror commit
-    (path mirror) makes it moot.
+  * ``lakehouse_pg_reconciled`` (this area's migration) records when Postgres caught up again: a
+    backfill of a snapshot (rollback/backfill.py), or a sync.full on the pg path, which repopulates
+    Postgres from the source — a trigger on the ingest state (sources/state.py) notes it in the same
+    transaction as its rows, with its ``seq``; native snapshots with a lower ingest seq (or, without
+    one, committed before it) are superseded. The next mirror commit (path mirror) makes it all moot.
 
 The walk reads only Iceberg metadata (no data file) and is skipped entirely for a dataset that never had
 a native sync (one indexed query), so the mirror pays nothing for it in the common case.
@@ -32,6 +33,7 @@ from ..errors import BadInput
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import WRITE_PATH
 from ..settings import Settings
+from ..sources.state import SEQ_SUMMARY
 
 NATIVE = "native"
 
@@ -70,9 +72,13 @@ def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
     ).fetchone() is not None
 
 
-def reconciled_snapshots(conn: psycopg.Connection, dataset_id: uuid.UUID) -> set[int]:
-    return {r[0] for r in conn.execute(
-        "select snapshot_id from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)).fetchall()}
+def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:
+    """(snapshots backfilled, the latest pg-path sync.full's ingest seq and time)."""
+    rows = conn.execute("select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s",
+                        (dataset_id,)).fetchall()
+    full = [(seq, at) for how, _, seq, at in rows if how == "pg-full-sync"]
+    return ({snap for how, snap, _, _ in rows if how == "backfill"},
+            max((s for s, _ in full if s is not None), default=None), max((a for _, a in full), default=None))
 
 
 def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
@@ -85,12 +91,17 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
     current = table.current_snapshot() if table is not None else None
     if current is None or table.properties.get(WRITE_PATH) != NATIVE:
         return None
-    done = reconciled_snapshots(conn, dataset_id)
+    backfilled, full_seq, full_at = _reconciled(conn, dataset_id)
+    newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc)
     snapshots, added, replaced, snap = 0, 0, False, current
-    while snap is not None and snap.snapshot_id not in done:
+    while snap is not None and snap.snapshot_id not in backfilled:
         summary = snap.summary.additional_properties if snap.summary is not None else {}
         if summary.get(WRITE_PATH) != NATIVE:
             break  # a mirror snapshot: Postgres held everything up to here
+        seq = summary.get(SEQ_SUMMARY)
+        if (full_seq is not None and seq is not None and full_seq > int(seq)) or (
+                seq is None and full_at is not None and full_at > newest):
+            break  # a later sync.full on the pg path repopulated Postgres from the source
         snapshots += 1
         added += int(summary.get("added-records", 0) or 0)
         if snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
@@ -100,9 +111,7 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
         return None
     total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
     return IcebergOnly(
-        dataset_id, current.snapshot_id, snapshots, total if replaced else added, replaced,
-        dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc),
-    )
+        dataset_id, current.snapshot_id, snapshots, total if replaced else added, replaced, newest)
 
 
 def refuse_mirror_over_iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
