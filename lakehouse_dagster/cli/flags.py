@@ -280,12 +280,22 @@ def _wflip(ctx, args) -> Result:
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
     lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
     bad = [v for v in verified if v.problems]
+    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
     if bad:
         lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
                      + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))
-    lines.append("after the first native sync: lakehouse canary --smoke --dataset <id> (runbook step 3)")
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
-    return Result(data, "\n".join(lines), exit_code=1 if bad else 0)
+        return Result(data, "\n".join(lines), exit_code=1)
+    from ..rollout.first_sync import first_native_syncs, stop_message
+
+    synced = first_native_syncs(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre),
+                                logger=_stderr_logger())
+    data["first_native_sync"] = [f.as_dict() for f in synced]
+    lines.append(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
+    lines.append(table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"]))
+    stop = stop_message(args.name, synced)
+    if stop:
+        lines.append(stop)
+    return Result(data, "\n".join(lines), exit_code=1 if stop else 0)
 
 
 def _candidates(ctx, args) -> Result:
