@@ -177,3 +177,212 @@ def test_files_pg_path_plus_mirror_equals_native_path(conn, dsn, catalog, settin
     assert len({r["__row_id"] for r in b}) == 65 and all(uuid.UUID(r["__row_id"]).version == 4 for r in b)
     meta = next(r["meta"] for r in b if r["meta"] is not None)
     assert meta == '{"a": [1, null, "x"], "bb": {"k": true, "y": 1.5}, "zeta": 1}'  # jsonb's own text form
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+def test_files_append_takes_only_unseen_files_and_full_replaces(conn, dsn, catalog, settings, workspace, tmp_path, mode):
+    src = tmp_path / "src"
+    d = _dataset(conn, workspace)
+    write_source_file(src / "a.parquet", "parquet", _records(0, 10))
+    set_source(conn, d, {"type": "files", "uri": str(src), "format": "parquet"})
+    if mode == "native":
+        native(conn, d, "sync.append")
+        native(conn, d, "sync.full")
+
+    def rows_now():
+        if mode == "native":
+            return content(table_rows(catalog, settings, d))
+        sync_dataset(dsn, catalog, settings, d)
+        return content(table_rows(catalog, settings, d))
+
+    assert pending_source_changes(dsn, settings, d).startswith("files:1:")
+    first = ingest(dsn, catalog, settings, conn, d, "sync.append")
+    assert (first.path, first.rows, first.cursor) == (mode, 10, {"files": 1})
+    assert pending_source_changes(dsn, settings, d) is None
+    again = ingest(dsn, catalog, settings, conn, d, "sync.append")
+    assert (again.new, again.rows) == (False, 0)  # nothing new: nothing written
+    write_source_file(src / "b.parquet", "parquet", _records(10, 5))
+    token = pending_source_changes(dsn, settings, d)
+    assert token.startswith("files:1:") and token == pending_source_changes(dsn, settings, d)  # stable
+    second = ingest(dsn, catalog, settings, conn, d, "sync.append")
+    assert (second.rows, second.total_rows, second.cursor) == (5, 15, {"files": 2})
+    got = rows_now()
+    assert [r[0] for r in got] == list(range(15)) and [r[2] for r in got] == [r["n"] for r in _records(0, 15)]
+    # a file rewritten in place (new size/mtime) is new again; sync.full re-reads everything, from row 0
+    time.sleep(0.01)
+    write_source_file(src / "a.parquet", "parquet", _records(100, 3))
+    full = ingest(dsn, catalog, settings, conn, d, "sync.full")
+    assert (full.rows, full.total_rows) == (8, 8)
+    got = rows_now()
+    assert [r[0] for r in got] == list(range(8))
+    assert [r[2] for r in got] == [r["n"] for r in _records(100, 3) + _records(10, 5)]
+    assert pending_source_changes(dsn, settings, d) is None
+
+
+# --- postgres and cdc sources ---------------------------------------------------------------------------
+
+
+def _source_table(conn, name="public.src_events"):
+    conn.execute(f"""create table {name} (id bigint primary key, name text, n bigint, x numeric, ok boolean,
+                     at timestamptz, day date, meta jsonb, extra text)""")
+
+
+def _insert_source(conn, start, count, name="public.src_events"):
+    for r in _records(start, count):
+        x = r["x"]
+        conn.execute(
+            f"insert into {name} values (%s, %s, %s, %s, %s, %s, %s, %s, 'ignored')",
+            (r["n"], r["name"], r["n"], None if x is None or not math.isfinite(x) else x, r["ok"], r["at"], r["day"],
+             None if r["meta"] is None else json.dumps(r["meta"])),
+        )
+
+
+def _mirror_or_table(dsn, catalog, settings, d, mode):
+    if mode == "pg":
+        sync_dataset(dsn, catalog, settings, d)
+    return table_rows(catalog, settings, d)
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+def test_postgres_incremental_advances_the_cursor_with_the_rows(conn, dsn, catalog, settings, workspace, mode):
+    _source_table(conn)
+    _insert_source(conn, 0, 12)
+    d = _dataset(conn, workspace)
+    spec = set_source(conn, d, {"type": "postgres", "table": "public.src_events", "cursor_column": "id"})
+    assert spec.default_writer == "sync.incremental"
+    if mode == "native":
+        native(conn, d, "sync.incremental")
+    r1 = ingest(dsn, catalog, settings, conn, d, "sync.incremental")
+    assert (r1.path, r1.rows, r1.cursor) == (mode, 12, _records(11, 1)[0]["n"])
+    assert pending_source_changes(dsn, settings, d) is None
+    _insert_source(conn, 12, 4)
+    assert pending_source_changes(dsn, settings, d) == f"mark:{_records(15, 1)[0]['n']}"
+    r2 = ingest(dsn, catalog, settings, conn, d, "sync.incremental")
+    assert (r2.rows, r2.total_rows, r2.cursor) == (4, 16, _records(15, 1)[0]["n"])
+    assert not ingest(dsn, catalog, settings, conn, d, "sync.incremental").new
+    rows = _mirror_or_table(dsn, catalog, settings, d, mode)
+    assert [r["n"] for r in rows] == [r["n"] for r in _records(0, 16)]
+    assert [r["__row_index"] for r in rows] == list(range(16))
+
+
+def test_cursor_is_one_truth_across_a_flip_and_back(conn, dsn, catalog, settings, workspace):
+    _source_table(conn)
+    _insert_source(conn, 0, 5)
+    d = _dataset(conn, workspace)
+    set_source(conn, d, {"type": "postgres", "table": "public.src_events", "cursor_column": "id"})
+    assert ingest(dsn, catalog, settings, conn, d, "sync.incremental").path == "pg"
+    sync_dataset(dsn, catalog, settings, d)  # caught up, as a flip requires
+    native(conn, d, "sync.incremental")
+    _insert_source(conn, 5, 3)
+    r = ingest(dsn, catalog, settings, conn, d, "sync.incremental")
+    assert (r.path, r.rows) == ("native", 3)  # continued from the pg path's cursor: no re-ingest, no skip
+    set_override(conn, "write", "sync.incremental", "pg", dataset=d, note="rollback", actor="t")
+    _insert_source(conn, 8, 2)
+    back = ingest(dsn, catalog, settings, conn, d, "sync.incremental")
+    assert (back.path, back.rows) == ("pg", 2)  # continued from the native cursor
+    # identity never collides: the pg rows continue after the Iceberg-only rows 5..7
+    assert [i for (i,) in conn.execute("select row_index from dataset_rows where dataset_id = %s order by 1",
+                                       (d,))] == [0, 1, 2, 3, 4, 8, 9]
+    assert [x["__row_index"] for x in table_rows(catalog, settings, d)] == list(range(8))
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+def test_cdc_append_takes_changes_past_the_position_as_rows(conn, dsn, catalog, settings, workspace, mode):
+    conn.execute("create table public.changes (lsn bigint primary key, op text, name text, n bigint)")
+    conn.execute("insert into public.changes values (10, 'I', 'a', 1), (20, 'U', 'a', 2), (30, 'D', 'a', null)")
+    d = _dataset(conn, workspace, "cdc", [{"name": "lsn", "type": "int64"}, {"name": "op", "type": "string"},
+                                          {"name": "name", "type": "string"}, {"name": "n", "type": "int64"}])
+    spec = set_source(conn, d, {"type": "cdc", "table": "public.changes", "position_column": "lsn", "op_column": "op"})
+    assert spec.default_writer == "cdc.append"
+    if mode == "native":
+        native(conn, d, "cdc.append")
+    r1 = ingest(dsn, catalog, settings, conn, d, "cdc.append")
+    assert (r1.rows, r1.cursor) == (3, 30)
+    conn.execute("insert into public.changes values (40, 'I', 'b', 7)")
+    assert pending_source_changes(dsn, settings, d) == "mark:40"
+    r2 = ingest(dsn, catalog, settings, conn, d, "cdc.append")
+    assert (r2.rows, r2.total_rows, r2.cursor) == (1, 4, 40)
+    rows = _mirror_or_table(dsn, catalog, settings, d, mode)
+    assert [(r["lsn"], r["op"], r["n"]) for r in rows] == [(10, "I", 1), (20, "U", 2), (30, "D", None), (40, "I", 7)]
+
+
+def test_postgres_source_pg_and_native_paths_agree(conn, dsn, catalog, settings, workspace):
+    _source_table(conn)
+    _insert_source(conn, 0, 30)
+    a, b = _dataset(conn, workspace, "a"), _dataset(conn, workspace, "b")
+    for d in (a, b):
+        set_source(conn, d, {"type": "postgres", "query": "select * from public.src_events where id > 0"})
+    native(conn, b, "sync.full")
+    assert ingest(dsn, catalog, settings, conn, a, "sync.full").path == "pg"
+    sync_dataset(dsn, catalog, settings, a)
+    assert ingest(dsn, catalog, settings, conn, b, "sync.full").path == "native"
+    ra, rb = table_rows(catalog, settings, a), table_rows(catalog, settings, b)
+    assert len(ra) == 29 and content(ra) == content(rb)
+
+
+# --- fail loud ------------------------------------------------------------------------------------------
+
+
+def _everything(conn, catalog, settings, d):
+    table = load_table_or_none(catalog, table_identifier(settings, d))
+    return (
+        conn.execute("select row_index, data from dataset_rows where dataset_id = %s order by 1", (d,)).fetchall(),
+        conn.execute("select seq, state from lakehouse_source_state where dataset_id = %s", (d,)).fetchall(),
+        None if table is None else [s.snapshot_id for s in table.snapshots()],
+        None if table is None else table.properties.get(STATE_PROPERTY),
+    )
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+@pytest.mark.parametrize("fmt", ["parquet", "csv", "ndjson"])
+def test_bad_value_fails_loudly_naming_where_and_commits_nothing(conn, dsn, catalog, settings, workspace, tmp_path,
+                                                                  mode, fmt):
+    src = tmp_path / "src"
+    d = _dataset(conn, workspace)
+    write_source_file(src / f"a.{fmt}", fmt, _records(0, 5))
+    set_source(conn, d, {"type": "files", "uri": str(src), "format": fmt})
+    if mode == "native":
+        native(conn, d, "sync.append")
+    ingest(dsn, catalog, settings, conn, d, "sync.append")
+    before = _everything(conn, catalog, settings, d)
+    bad = src / f"b.{fmt}"
+    if fmt == "parquet":  # a float where the dataset declares int64
+        t = _arrow(_records(5, 4))
+        t = t.set_column(t.schema.get_field_index("n"), "n", pa.array([1.0, 2.0, 3.25, 4.0]))
+        pq.write_table(t, bad)
+        where, got = "row 1", "a double value"
+    elif fmt == "csv":
+        write_source_file(bad, "csv", _records(5, 4))
+        bad.write_text(bad.read_text().replace("7995", "SECRET-79"))
+        where, got = "row 4", "text that is not an integer"
+    else:
+        lines = [_json_line(r) for r in _records(5, 4)]
+        lines[2] = lines[2].replace('"n": 6995', '"n": "SECRET-6995"')
+        bad.write_text("\n".join(lines) + "\n")
+        where, got = "line 3", "a JSON string"
+    with pytest.raises(SyncFailed) as info:
+        ingest(dsn, catalog, settings, conn, d, "sync.append")
+    message = str(info.value)
+    assert f"{d}" in message and f"file {bad} {where} column n: expected int64, got {got}" in message
+    assert "SECRET" not in message and "3.25" not in message
+    assert _everything(conn, catalog, settings, d) == before  # nothing committed, neither Postgres nor Iceberg
+    status, error = conn.execute("select status, error from datasets where id = %s", (d,)).fetchone()
+    assert status == "errored" and "column n" in error
+    if mode == "native":
+        # the first good ingest is the only succeeded sync; none is left running
+        assert conn.execute("select status, count(*) from iceberg_sync_log where dataset_id = %s"
+                            " and status <> 'failed' group by 1", (d,)).fetchall() == [("succeeded", 1)]
+        files = [p.name for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
+        assert len(files) == 1  # the failed attempt's files were removed
+
+
+def test_postgres_bad_value_names_table_and_cursor(conn, dsn, catalog, settings, workspace):
+    conn.execute("create table public.s (id int primary key, n text)")
+    conn.execute("insert into public.s values (1, '5'), (2, '6.5'), (3, '7')")
+    d = _dataset(conn, workspace, "p", [{"name": "n", "type": "int64"}])
+    set_source(conn, d, {"type": "postgres", "table": "public.s", "cursor_column": "id"})
+    native(conn, d, "sync.incremental")
+    with pytest.raises(SyncFailed, match=r"postgres table public.s row 2 at id=2 column n: expected int64") as info:
+        ingest(dsn, catalog, settings, conn, d, "sync.incremental")
+    assert "6.5" not in str(info.value)
+    assert table_rows(catalog, settings, d) == [] and pg_count(conn, d) == 0

@@ -330,6 +330,8 @@ def convert_batch(source: pa.RecordBatch, columns: Sequence[Column], *, text: bo
             arrays.append(pa.nulls(source.num_rows, arrow_type(col.type)))
             continue
         arr = source.column(col.name)
+        if isinstance(arr.type, pa.ExtensionType) or isinstance(arr, pa.ExtensionArray):
+            arr = arr.storage  # e.g. ADBC's opaque numeric/jsonb: their text form
         arrays.append(_text_to(arr.cast(pa.string()), col) if text and pa.types.is_string(arr.type)
                       else _typed_to(arr, col))
     return pa.RecordBatch.from_arrays(arrays, schema=target_schema(columns))
