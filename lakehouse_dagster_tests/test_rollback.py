@@ -157,3 +157,25 @@ def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, 
     v = evaluate(dsn, catalog, settings, d, smoke=True)
     assert (v.verdict, v.iceberg_count) == ("ok", 8)
     assert sorted(x["a"] for x in table_rows(settings, dsn, d)) == list(range(8))
+
+
+def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.defs.rollback import write_rollback_job
+
+    d = ready_native(conn, dsn, settings, "cdc.append", rows=3)
+    native_write(conn, dsn, settings, d, "cdc.append", [row(i) for i in range(3, 5)], start=3)
+    result = write_rollback_job.execute_in_process(
+        run_config={"ops": {"write_rollback_op": {"config": {"writer": "cdc_append", "dataset_id": str(d),
+                                                             "backfill": True, "note": "rollback"}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    out = result.output_for_node("write_rollback_op")
+    assert [(r["iceberg_only_rows"], r["iceberg_only_snapshots"]) for r in out["rolled_back"]] == [(2, 1)]
+    assert [b["copied"] for b in out["backfilled"]] == [2]
+    catalog = load_catalog(settings, dsn)
+    assert iceberg_only(conn, catalog, settings, d) is None
+    sync_dataset(dsn, catalog, settings, d)
+    assert evaluate(dsn, catalog, settings, d).verdict == "ok"
