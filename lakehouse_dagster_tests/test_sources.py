@@ -1,0 +1,232 @@
+"""Sources and the operator surface: the CLI verbs, refusals that write nothing, the jsonb text form, S3
+through a real S3-compatible server (moto), and a writer process SIGKILLed mid-write / after its commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.sources.convert import jsonb_text
+from lakehouse_dagster.sources import get_source, set_source
+from lakehouse_dagster.store import datasets as ds
+
+from .flag_helpers import cli, cli_json
+from .test_writers import SCHEMA, _records, content, ingest, table_rows, write_source_file
+
+
+@pytest.fixture
+def catalog(settings, dsn):
+    return load_catalog(settings, dsn)
+
+
+@pytest.fixture
+def dataset(conn):
+    return ds.create_dataset(conn, ds.create_workspace(conn, "w"), "events", SCHEMA)
+
+
+def _stored(conn, d):
+    return conn.execute("select source, updated_at from datasets where id = %s", (d,)).fetchone()
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+
+
+def test_sources_set_show_and_ingest_through_the_cli(conn, settings, dataset, tmp_path):
+    write_source_file(tmp_path / "in" / "a.ndjson", "ndjson", _records(0, 7))
+    out = cli_json("sources", "set", "--dataset", str(dataset), "--files", str(tmp_path / "in" / "*.ndjson"))
+    assert out["source"] == {"type": "files", "uri": str(tmp_path / "in" / "*.ndjson"), "format": "ndjson"}
+    assert out["default_writer"] == "sync.append"
+    assert cli_json("sources", "show", "--dataset", str(dataset))["cursor"] is None
+    r = cli_json("ingest", "--dataset", str(dataset), "--writer", "sync.append")
+    assert (r["path"], r["rows"], r["snapshot_id"], r["cursor"]) == ("pg", 7, None, {"files": 1}) and r["sync_id"]
+    shown = cli_json("sources", "show", "--dataset", str(dataset))
+    assert shown["cursor"] == {"files": 1} and shown["last_ingest"]["path"] == "pg"
+    sync_dataset(settings.pg_dsn, load_catalog(settings, settings.pg_dsn), settings, dataset)  # caught up first
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    write_source_file(tmp_path / "in" / "b.ndjson", "ndjson", _records(7, 2))
+    r = cli_json("ingest", "--dataset", str(dataset), "--writer", "sync.append")
+    assert (r["path"], r["rows"], r["total_rows"], r["cursor"]) == ("native", 2, 9, {"files": 2}) and r["snapshot_id"]
+    text = cli("ingest", "--dataset", str(dataset), "--writer", "sync.append", check=True).stdout
+    assert "nothing new" in text
+
+
+@pytest.mark.parametrize("writer", ["ingest.stream", "row.edit", "dataset.manifest", "pipeline.output"])
+def test_locked_writer_is_refused_with_its_reason(conn, settings, dataset, tmp_path, writer):
+    write_source_file(tmp_path / "a.parquet", "parquet", _records(0, 3))
+    set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "a.parquet")})
+    proc = cli("ingest", "--dataset", str(dataset), "--writer", writer)
+    assert proc.returncode == 2 and f"writer {writer} is locked to pg (maxMode=pg:" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert conn.execute("select count(*) from dataset_rows").fetchone()[0] == 0
+
+
+def test_ingest_without_a_source_says_how_to_set_one(settings, dataset):
+    proc = cli("ingest", "--dataset", str(dataset), "--writer", "sync.full")
+    assert proc.returncode == 2 and f"set one with: lakehouse sources set --dataset {dataset}" in proc.stderr
+
+
+BAD_SPECS = {
+    "missing path": (["--files", "/nonexistent/dir/x.parquet"], "no such file or directory"),
+    "unknown format": (["--files", "/tmp/x.txt"], "format None is not one of"),
+    "http uri": (["--files", "http://example.com/x.csv"], "only local paths, globs and s3:// URIs"),
+    "bad table name": (["--postgres-table", "public.x; drop table datasets"], "must be schema.table"),
+    "missing table": (["--postgres-table", "public.nope"], "cannot read it"),
+    "missing cursor column": (["--postgres-table", "public.src", "--cursor-column", "nope"], "has no column 'nope'"),
+    "source lacks dataset columns": (["--postgres-query", "select 1 as id"], "lacks dataset"),
+    "not a select": (["--postgres-query", "delete from datasets"], "one SELECT statement"),
+    "cdc op not a dataset column": (["--cdc-table", "public.src", "--position-column", "id", "--op-column", "op"],
+                                    "must be one of dataset"),
+    "cdc without op": (["--cdc-table", "public.src", "--position-column", "id"], "op column"),
+    "dsn var unset": (["--postgres-table", "public.src", "--dsn-env", "LAKEHOUSE_TEST_UNSET_DSN"], "is not set"),
+    "dsn value instead of a name": (["--postgres-table", "public.src", "--dsn-env", "postgresql://u:pw@h/db"],
+                                    "must name an environment variable"),
+    "format with a table": (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPECS))
+def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, case):
+    conn.execute("create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
+                 " at timestamptz, day date, meta jsonb)")
+    good = {"type": "files", "uri": "/tmp"}
+    conn.execute("update datasets set source = %s where id = %s", (json.dumps({"type": "demo", "rows": 5}), dataset))
+    before = _stored(conn, dataset)
+    args, reason = BAD_SPECS[case]
+    proc = cli("sources", "set", "--dataset", str(dataset), *args)
+    assert proc.returncode == 2, proc.stderr
+    assert reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "pw@" not in proc.stderr
+    assert _stored(conn, dataset) == before
+    assert get_source(conn, dataset) is None  # a legacy "demo" source reads as no source
+    del good
+
+
+# --- the jsonb text form --------------------------------------------------------------------------------
+
+JSON_CORPUS = [
+    '{"b": 1, "a": 2, "aa": {"z": [1, 2.50, -0, 1e3, 1.5E-3, -0.0, 12345678901234567890]}}',
+    '{"é": "ü", "e": "\\u00e9", "tab": "a\\tb\\u0001\\n\\"\\\\/", "": null}',
+    '[true, false, null, "x", {"k": {}}, []]',
+    '"just a string"', "3.14159265358979323846", "-1E+2", "0.000", '{"dup": 1, "dup": 2}',
+    '{"emoji": "😀 \\ud83d\\ude00", "ctl": "\\u001f\\u007f"}',
+]
+
+
+def test_jsonb_text_is_postgres_own_form(conn):
+    for text in JSON_CORPUS:
+        want = conn.execute("select %s::jsonb::text", (text,)).fetchone()[0]
+        assert jsonb_text(text) == want, text
+    assert jsonb_text("null") is None
+
+
+# --- S3 -------------------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A real S3 HTTP endpoint on loopback (moto_server)."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+                 "AWS_DEFAULT_REGION": "us-east-1", "LAKEHOUSE_S3_ENDPOINT": endpoint}.items():
+        monkeypatch.setenv(k, v)
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.list_buckets()
+            break
+        except Exception:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError("moto_server did not start")  # never skipped
+            time.sleep(0.2)
+    yield client
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, settings, dataset, tmp_path, s3):
+    from lakehouse_dagster.settings import Settings
+
+    s3.create_bucket(Bucket="landing")
+    for name, start in (("a", 0), ("b", 6)):
+        write_source_file(tmp_path / f"{name}.parquet", "parquet", _records(start, 6))
+        s3.upload_file(str(tmp_path / f"{name}.parquet"), "landing", f"events/{name}.parquet")
+    s3.put_object(Bucket="landing", Key="other/c.parquet", Body=b"not matched")
+    settings = Settings.from_env()
+    set_source(conn, dataset, {"type": "files", "uri": "s3://landing/events/*.parquet"}, settings=settings)
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
+    assert (r.path, r.rows, r.cursor) == ("native", 12, {"files": 2})
+    assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 12)]
+    s3.upload_file(str(tmp_path / "a.parquet"), "landing", "events/c.parquet")
+    assert ingest(dsn, catalog, settings, conn, dataset, "sync.append").rows == 6
+
+
+# --- kills ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
+def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
+        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
+    src = tmp_path / "src"
+    write_source_file(src / "a.csv", "csv", _records(0, 30))
+    write_source_file(src / "b.csv", "csv", _records(30, 30))
+    set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
+    if mode == "native":
+        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    marker = tmp_path / "paused"
+    env = {**os.environ, "LAKEHOUSE_WRITERS_PAUSE_AT": point, "LAKEHOUSE_WRITERS_PAUSE_FILE": str(marker),
+           "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
+    proc = subprocess.Popen([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest", "--dataset", str(dataset),
+                             "--writer", "sync.append"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    write_source_file(src / "c.csv", "csv", _records(60, 5))
+    r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
+    # after the commit the first run's files count as ingested; mid-write nothing did
+    assert r.rows == (5 if point == "after-commit" else 65) and r.total_rows == 65 and r.cursor == {"files": 3}
+    if mode == "pg":
+        sync_dataset(dsn, catalog, settings, dataset)
+    rows = table_rows(catalog, settings, dataset)
+    assert [x["n"] for x in rows] == [x["n"] for x in _records(0, 65)]  # each source row exactly once
+    assert [x["__row_index"] for x in rows] == list(range(65))
+    if mode == "native":
+        assert conn.execute("select count(*) from dataset_rows").fetchone()[0] == 0
+        statuses = sorted(s for (s,) in conn.execute("select status from iceberg_sync_log where dataset_id = %s",
+                                                     (dataset,)))
+        # the killed sync was found by the next one: succeeded if its commit landed, failed otherwise
+        assert statuses == (["succeeded", "succeeded"] if point == "after-commit" else ["failed", "succeeded"])
+        assert conn.execute("select row_count from datasets where id = %s", (dataset,)).fetchone()[0] == 65
+        leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
+        # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
+        assert len(leftovers) == (6 + 1 if point == "after-commit" else 1)
