@@ -17,10 +17,10 @@ from pyiceberg.catalog import Catalog
 
 from ..errors import BadInput, LakehouseError, SyncFailed
 from ..flags.native import native_dataset_ids
+from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import find_sync_snapshot, table_state, write_arrow
-from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
 from ..settings import Settings
 from ..store.datasets import Dataset, get_dataset, parse_schema
 from ..store.db import connect
