@@ -89,7 +89,7 @@ def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, 
     native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
     replaced = table_rows(settings, dsn, d)
     out = cli("write-flags", "clear", "sync.full", "--dataset", str(d), check=True).stdout
-    assert "4 row(s) in 1 native snapshot(s) exist only in Iceberg; a native sync.full replaced the table" in out
+    assert "4 row(s) in 1 native snapshot(s) exist only in Iceberg (a native sync.full replaced the table" in out
     # a pg-path append after the rollback lands at row_index 6, 7 (Postgres' max was 5)
     ds.insert_rows(conn, d, [row(50), row(51)])
 
@@ -146,7 +146,7 @@ def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, 
     assert (native.path, native.rows) == ("native", 8)
 
     out = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True).stdout
-    assert "8 row(s) in 1 native snapshot(s) exist only in Iceberg; a native sync.full replaced the table" in out
+    assert "8 row(s) in 1 native snapshot(s) exist only in Iceberg (a native sync.full replaced the table" in out
     with pytest.raises(BadInput):
         sync_dataset(dsn, catalog, settings, d)
 

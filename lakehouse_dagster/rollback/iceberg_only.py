@@ -50,9 +50,9 @@ class IcebergOnly:
     last_native_at: dt.datetime  # commit time of the newest native snapshot
 
     def describe(self) -> str:
-        how = "; a native sync.full replaced the table, so all of its rows" if self.replaced else ""
-        return (f"{self.rows} row(s) in {self.snapshots} native snapshot(s) exist only in Iceberg"
-                f"{how} (up to snapshot {self.snapshot_id})")
+        how = "a native sync.full replaced the table, so all its rows count; " if self.replaced else ""
+        return (f"{self.rows} row(s) in {self.snapshots} native snapshot(s) exist only in Iceberg "
+                f"({how}up to snapshot {self.snapshot_id})")
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
