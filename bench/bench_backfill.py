@@ -97,7 +97,14 @@ def _make_native(dsn: str, rows: int, warehouse: str) -> str:
         set_override(conn, "write", "sync.full", "iceberg_native", dataset=d, actor="bench")
         dataset = get_dataset(conn, d)
         table = load_table_or_none(catalog, table_identifier(settings, d))
-        batches = table.scan().to_arrow_batch_reader()  # the same rows, written again natively
+        # the same content written again natively, with fresh identity as a sync.full assigns it
+        from lakehouse_dagster.ingest.writers import uuid_texts
+        import pyarrow as pa
+
+        now = pa.scalar(time.time_ns() // 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+        batches = (b.set_column(1, "__row_id", uuid_texts(b.num_rows)).set_column(
+            2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC")))
+            for b in table.scan().to_arrow_batch_reader())
 
         def native(sync_id, version):
             return write_arrow(catalog, settings, dataset, batches, mode="replace", sync_id=sync_id,

@@ -28,6 +28,7 @@ import uuid
 import pyarrow as pa
 from psycopg import sql
 from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from ..errors import BadInput
 from ..flags.native import native_dataset_ids
@@ -79,13 +80,42 @@ def _data_expr(columns: list[Column]) -> sql.Composable:
     return sql.SQL(" || ").join(parts)
 
 
+_BATCH_ROWS = 65_536
+
+
 def _batches(table, snapshot_id: int, names: list[str]) -> pa.RecordBatchReader:
-    """The snapshot's rows as a stream, strings as plain utf8 (what ADBC's COPY maps to text)."""
-    reader = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names)).to_arrow_batch_reader()
-    fields = [pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type)
-                       else f.type) for f in reader.schema]
-    schema = pa.schema(fields)
-    return pa.RecordBatchReader.from_batches(schema, (b.cast(schema) for b in reader))
+    """The snapshot's rows as a stream of ``_BATCH_ROWS``-row batches (strings as utf8, what ADBC's COPY maps
+    to text). The chunked writer's files carry Iceberg field ids and no delete files exist, so each data
+    file is read with pyarrow's batch iterator (memory bounded by a batch; a column added after a file was
+    written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead."""
+    schema_ids = {f.name: f.field_id for f in table.schema().fields}
+    iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
+    tasks = list(iceberg.plan_files())
+    arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
+    target = pa.schema([pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) or
+                                 pa.types.is_string_view(f.type) else f.type) for f in arrow])
+    if any(t.delete_files for t in tasks):
+        reader = iceberg.to_arrow_batch_reader()
+        return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
+
+    def by_file():
+        import pyarrow.parquet as pq
+
+        for task in tasks:
+            with table.io.new_input(task.file.file_path).open() as f:
+                pf = pq.ParquetFile(f)
+                ids = {field.name: (field.metadata or {}).get(b"PARQUET:field_id") for field in pf.schema_arrow}
+                by_id = {int(v): k for k, v in ids.items() if v is not None}
+                for batch in pf.iter_batches(batch_size=_BATCH_ROWS):
+                    cols = []
+                    for field in target:
+                        name = by_id.get(schema_ids[field.name], field.name)
+                        idx = batch.schema.get_field_index(name)
+                        cols.append(batch.column(idx).cast(field.type) if idx >= 0
+                                    else pa.nulls(batch.num_rows, field.type))
+                    yield pa.RecordBatch.from_arrays(cols, schema=target)
+
+    return pa.RecordBatchReader.from_batches(target, by_file())
 
 
 def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str) -> BackfillResult:
