@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from lakehouse_dagster.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
@@ -77,39 +78,58 @@ def test_ingest_without_a_source_says_how_to_set_one(settings, dataset):
 
 
 BAD_SPECS = {
-    "missing path": (["--files", "/nonexistent/dir/x.parquet"], "no such file or directory"),
-    "unknown format": (["--files", "/tmp/x.txt"], "format None is not one of"),
-    "http uri": (["--files", "http://example.com/x.csv"], "only local paths, globs and s3:// URIs"),
-    "bad table name": (["--postgres-table", "public.x; drop table datasets"], "must be schema.table"),
-    "missing table": (["--postgres-table", "public.nope"], "cannot read it"),
-    "missing cursor column": (["--postgres-table", "public.src", "--cursor-column", "nope"], "has no column 'nope'"),
-    "source lacks dataset columns": (["--postgres-query", "select 1 as id"], "lacks dataset"),
-    "not a select": (["--postgres-query", "delete from datasets"], "one SELECT statement"),
-    "cdc op not a dataset column": (["--cdc-table", "public.src", "--position-column", "id", "--op-column", "op"],
-                                    "must be one of dataset"),
-    "cdc without op": (["--cdc-table", "public.src", "--position-column", "id"], "op column"),
-    "dsn var unset": (["--postgres-table", "public.src", "--dsn-env", "LAKEHOUSE_TEST_UNSET_DSN"], "is not set"),
-    "dsn value instead of a name": (["--postgres-table", "public.src", "--dsn-env", "postgresql://u:pw@h/db"],
-                                    "must name an environment variable"),
-    "format with a table": (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+    "missing path": ({"type": "files", "uri": "/nonexistent/dir/x.parquet"}, "no such file or directory"),
+    "missing glob dir": ({"type": "files", "uri": "/nonexistent/*.csv"}, "does not exist"),
+    "unknown format": ({"type": "files", "uri": "/tmp/x.txt"}, "format None is not one of"),
+    "http uri": ({"type": "files", "uri": "http://example.com/x.csv"}, "only local paths, globs and s3:// URIs"),
+    "unknown key": ({"type": "files", "uri": "/tmp", "format": "csv", "password": "x"}, "unknown key(s) password"),
+    "unknown type": ({"type": "kafka", "topic": "t"}, "source type 'kafka' is not supported"),
+    "bad table name": ({"type": "postgres", "table": "public.x; drop table datasets"}, "must be schema.table"),
+    "table and query": ({"type": "postgres", "table": "public.src", "query": "select 1"}, "exactly one of"),
+    "missing table": ({"type": "postgres", "table": "public.nope"}, "cannot read it"),
+    "missing cursor column": ({"type": "postgres", "table": "public.src", "cursor_column": "nope"},
+                              "has no column 'nope'"),
+    "source lacks dataset columns": ({"type": "postgres", "query": "select 1 as id"}, "lacks dataset"),
+    "not a select": ({"type": "postgres", "query": "delete from datasets"}, "one SELECT statement"),
+    "two statements": ({"type": "postgres", "query": "select 1; drop table datasets"}, "one SELECT statement"),
+    "cdc op not a dataset column": ({"type": "cdc", "table": "public.src", "position_column": "id",
+                                     "op_column": "op"}, "must be one of dataset"),
+    "cdc without op": ({"type": "cdc", "table": "public.src", "position_column": "id"}, "op column"),
+    "dsn var unset": ({"type": "postgres", "table": "public.src", "dsn_env": "LAKEHOUSE_TEST_UNSET_DSN"},
+                      "is not set"),
+    "dsn value instead of a name": ({"type": "postgres", "table": "public.src",
+                                     "dsn_env": "postgresql://u:pw@h/db"}, "must name an environment variable"),
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_SPECS))
-def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, case):
+@pytest.fixture
+def src_table(conn):
     conn.execute("create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
                  " at timestamptz, day date, meta jsonb)")
-    good = {"type": "files", "uri": "/tmp"}
+
+
+@pytest.mark.parametrize("case", list(BAD_SPECS))
+def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, dataset, src_table, case):
     conn.execute("update datasets set source = %s where id = %s", (json.dumps({"type": "demo", "rows": 5}), dataset))
     before = _stored(conn, dataset)
-    args, reason = BAD_SPECS[case]
-    proc = cli("sources", "set", "--dataset", str(dataset), *args)
-    assert proc.returncode == 2, proc.stderr
-    assert reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "pw@" not in proc.stderr
+    spec, reason = BAD_SPECS[case]
+    with pytest.raises(BadInput) as info:
+        set_source(conn, dataset, spec, settings=settings)
+    assert reason in str(info.value) and "\n" not in str(info.value) and "pw@" not in str(info.value)
     assert _stored(conn, dataset) == before
     assert get_source(conn, dataset) is None  # a legacy "demo" source reads as no source
-    del good
+
+
+@pytest.mark.parametrize("args,reason", [
+    (["--files", "/nonexistent/x.parquet"], "no such file or directory"),
+    (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+    (["--cdc-table", "public.src", "--position-column", "id", "--cursor-column", "id"], "does not apply"),
+])
+def test_bad_source_spec_through_the_cli_is_one_line_exit_2(conn, settings, dataset, src_table, args, reason):
+    before = _stored(conn, dataset)
+    proc = cli("sources", "set", "--dataset", str(dataset), *args)
+    assert proc.returncode == 2 and reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert _stored(conn, dataset) == before
 
 
 # --- the jsonb text form --------------------------------------------------------------------------------
@@ -189,16 +209,8 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
 # --- kills ----------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["pg", "native"])
-@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
-def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
-        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
-    src = tmp_path / "src"
-    write_source_file(src / "a.csv", "csv", _records(0, 30))
-    write_source_file(src / "b.csv", "csv", _records(30, 30))
-    set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
-    if mode == "native":
-        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
+    """Run `lakehouse ingest` in its own process and SIGKILL it at ``point`` (see ingest/writers._pause)."""
     marker = tmp_path / "paused"
     env = {**os.environ, "LAKEHOUSE_WRITERS_PAUSE_AT": point, "LAKEHOUSE_WRITERS_PAUSE_FILE": str(marker),
            "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
@@ -211,6 +223,36 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
+    marker.unlink()
+
+
+def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog, settings, dataset, tmp_path):
+    write_source_file(tmp_path / "src" / "a.csv", "csv", _records(0, 20))
+    set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "src"), "format": "csv"})
+    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    _kill_ingest_at("after-commit", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
+    (sync_id,) = conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s", (dataset,)).fetchone()
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.ingest.writers import run_writer
+
+    r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
+    assert r.rows == 0 and r.total_rows == 20  # not appended twice
+    assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 20)]
+    assert conn.execute("select status, snapshot_id is not null from iceberg_sync_log where sync_id = %s",
+                        (sync_id,)).fetchone() == ("succeeded", True)
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
+def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
+        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
+    src = tmp_path / "src"
+    write_source_file(src / "a.csv", "csv", _records(0, 30))
+    write_source_file(src / "b.csv", "csv", _records(30, 30))
+    set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
+    if mode == "native":
+        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    _kill_ingest_at(point, dataset, tmp_path)
     write_source_file(src / "c.csv", "csv", _records(60, 5))
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
     # after the commit the first run's files count as ingested; mid-write nothing did
@@ -230,3 +272,27 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
         # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
         assert len(leftovers) == (6 + 1 if point == "after-commit" else 1)
+
+
+def test_source_dsn_secret_never_shows_in_errors(conn, dsn, catalog, settings, dataset, monkeypatch):
+    conn.execute("create table public.src (id bigint, name text, n bigint, x float8, ok boolean,"
+                 " at timestamptz, day date, meta jsonb)")
+    conn.execute("insert into public.src (id, n) values (1, 1)")
+    monkeypatch.setenv("SRC_DSN", dsn)
+    spec = set_source(conn, dataset, {"type": "postgres", "table": "public.src", "cursor_column": "id",
+                                      "dsn_env": "SRC_DSN"})
+    assert spec.to_json()["dsn_env"] == "SRC_DSN" and dsn not in json.dumps(spec.to_json())
+    stored = conn.execute("select source::text from datasets where id = %s", (dataset,)).fetchone()[0]
+    assert "postgresql://" not in stored
+    assert ingest(dsn, catalog, settings, conn, dataset, "sync.incremental").rows == 1
+    secret = "postgresql://reader:S3cretPw@127.0.0.1:1/nowhere"
+    monkeypatch.setenv("SRC_DSN", secret)
+    conn.execute("insert into public.src (id, n) values (2, 2)")
+    with pytest.raises(Exception) as info:
+        ingest(dsn, catalog, settings, conn, dataset, "sync.incremental")
+    assert "cannot read it" in str(info.value) and "S3cretPw" not in str(info.value)
+    error = conn.execute("select error from datasets where id = %s", (dataset,)).fetchone()[0]
+    assert "S3cretPw" not in error
+    proc = cli("sources", "set", "--dataset", str(dataset), "--postgres-table", "public.src", "--dsn-env", "SRC_DSN",
+               env={"SRC_DSN": secret})
+    assert proc.returncode == 2 and "cannot connect" in proc.stderr and "S3cretPw" not in proc.stderr

@@ -63,7 +63,7 @@ def copy_rows(
     if replace:
         statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
     statements.append(sql.SQL(
-        "insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s order by 2"
+        "insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s"
     ).format(ds, sql.Identifier("__row_index"), _data_expr(columns), sql.Identifier(STAGE)))
     rows = 0
     with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: one transaction

@@ -33,13 +33,13 @@ from ..errors import BadInput, LakehouseError, SyncFailed
 from ..flags.registry import WRITE, get_flag
 from ..flags.resolver import FlagResolver
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import MAX_ROW_INDEX, table_state, write_arrow
+from ..iceberg.writer import MAX_ROW_INDEX, WRITE_PATH, table_state, write_arrow
 from ..ids import parse_uuid
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
-from ..sources.files import SourceValueError, list_files, read_files
-from ..sources.pgsource import max_mark, read_postgres
+from ..sources.files import SourceError, list_files, read_files
+from ..sources.pgsource import max_mark, read_postgres, scrub
 from ..sources.spec import SourceSpec
 from ..sources.stored import get_source
 from ..store.datasets import Dataset, get_dataset
@@ -111,19 +111,10 @@ def _plan(spec: SourceSpec, writer: str, old: dict | None, settings: Settings, d
     def on_mark(value):
         state["mark"] = value
 
-    batches = read_postgres(spec, spec.dsn(dsn), dataset.columns, after, on_mark)
-    return _Read(batches, state)
-
-
-def _peek(batches: Iterator[pa.RecordBatch]) -> tuple[bool, Iterator[pa.RecordBatch]]:
-    """(has rows, the same stream): an incremental read past its mark may find nothing."""
-    for b in batches:
-        if b.num_rows:
-            def chained(first=b):
-                yield first
-                yield from batches
-            return True, chained()
-    return False, iter(())
+    source_dsn = spec.dsn(dsn)
+    # one max() says whether anything is past the mark, so the read itself happens inside the routed write
+    nothing_new = writer != "sync.full" and max_mark(spec, source_dsn, after) is None
+    return _Read(read_postgres(spec, source_dsn, dataset.columns, after, on_mark), state, nothing_new)
 
 
 def uuid_texts(n: int) -> pa.Array:
@@ -140,7 +131,9 @@ def uuid_texts(n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
 
 
-def _with_identity(batches: Iterable[pa.RecordBatch], start: int, created_at: dt.datetime, counter: dict):
+def _with_identity(batches: Iterable[pa.RecordBatch], created_at: dt.datetime, counter: dict):
+    """Identity columns in front: __row_index from counter["next"] on, a random __row_id, one __created_at
+    for the whole write (as the pg path's now())."""
     for b in batches:
         n = b.num_rows
         if not n:
@@ -213,15 +206,16 @@ def run_writer(
         with dataset_lock(conn, ds_id):
             reap_abandoned(conn, catalog, settings, ds_id)
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+            total_now = _converge_row_count(conn, ds_id, table)
             old = source_state.current_state(conn, ds_id, table, spec.to_json())
             seq = source_state.next_seq(conn, ds_id, table)
             try:
                 read = _plan(spec, writer, old, settings, dsn, dataset)
-                has_rows, batches = (False, iter(())) if read.nothing_new else _peek(read.batches)
-            except SourceValueError as exc:
+            except SourceError as exc:
                 raise _failed(conn, ds_id, exc) from None
-            if not has_rows and writer != "sync.full" and (spec.type != "files" or read.nothing_new):
-                return IngestResult(ds_id, writer, path, 0, dataset.row_count, None, None,
+            batches = read.batches
+            if read.nothing_new:
+                return IngestResult(ds_id, writer, path, 0, total_now, None, None,
                                     source_state.public_cursor(old), decision.flag.describe(),
                                     time.perf_counter() - started, new=False)
 
@@ -251,12 +245,12 @@ def run_writer(
                                          replace=replace, start_index=start, finish=finish)
                         _pause("after-commit")
                         return rows
-                    except SourceValueError as exc:
+                    except SourceError as exc:
                         raise _failed(conn, ds_id, exc) from None
                     except LakehouseError:
                         raise
                     except Exception as exc:
-                        raise _failed(conn, ds_id, exc) from exc
+                        raise _failed(conn, ds_id, exc, dsn) from exc
 
             def iceberg_write(sid: uuid.UUID, source_version: int):
                 counter = {"next": start}
@@ -268,7 +262,7 @@ def run_writer(
                     return props, summary
 
                 result = write_arrow(catalog, settings, dataset,
-                                     _with_identity(_paused_after_first(batches), start,
+                                     _with_identity(_paused_after_first(batches),
                                                     dt.datetime.now(dt.timezone.utc), counter),
                                      mode="replace" if replace else "append", sync_id=sid,
                                      source_version=source_version, path="native", commit_entries=entries)
@@ -292,10 +286,23 @@ def run_writer(
                         decision.flag.describe(), time.perf_counter() - started)
 
 
-def _failed(conn, ds_id: uuid.UUID, exc: BaseException) -> SyncFailed:
+def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
+    """datasets.row_count after a process died between its native commit and its bookkeeping: when the
+    table's last commit was native, Iceberg is the truth, so the count is taken from it."""
+    if table is not None and table.properties.get(WRITE_PATH) == "native":
+        count = table_state(table)["row_count"]
+        conn.execute("update datasets set row_count = %s, updated_at = now() where id = %s"
+                     " and row_count is distinct from %s", (count, ds_id, count))
+        return count
+    return conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
+
+
+def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) -> SyncFailed:
     """Mark the dataset errored (fail loud) and say what failed; nothing was committed."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    message = f"dataset {ds_id} {text}" if isinstance(exc, SourceValueError) else f"dataset {ds_id}: ingest failed: {text}"
+    if dsn:
+        text = scrub(text, dsn)
+    message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
     conn.execute("update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
                  (message, ds_id))
     return SyncFailed(message + "; nothing was committed")

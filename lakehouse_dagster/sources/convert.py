@@ -19,6 +19,7 @@ import datetime as dt
 import decimal
 import json
 import math
+from json.encoder import encode_basestring
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -53,6 +54,21 @@ def _jsonb_key(key: str) -> tuple[int, bytes]:
     return (len(b), b)  # jsonb orders object keys by length, then bytewise
 
 
+class _Num(str):
+    """A JSON number with a fraction or exponent, kept as its text (numeric keeps the input's digits)."""
+
+    __slots__ = ()
+
+
+def _numeric_text(raw: str) -> str:
+    """What Postgres' numeric prints for a JSON number's text: the digits as written, an exponent applied
+    (1.5e1 → 15, 1e-2 → 0.01), and no negative zero."""
+    text = raw if "e" not in raw and "E" not in raw else format(decimal.Decimal(raw), "f")
+    if text.startswith("-") and not text.strip("-0."):
+        return text[1:]
+    return text
+
+
 def _render(value: Any, out: list[str]) -> None:
     if value is None:
         out.append("null")
@@ -60,6 +76,8 @@ def _render(value: Any, out: list[str]) -> None:
         out.append("true")
     elif value is False:
         out.append("false")
+    elif type(value) is _Num:
+        out.append(_numeric_text(value))
     elif isinstance(value, str):
         if "\x00" in value:
             raise ValueError("a string holding \\u0000 (Postgres jsonb cannot store it)")
@@ -67,7 +85,7 @@ def _render(value: Any, out: list[str]) -> None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("a string holding a lone surrogate (not valid Unicode)") from None
-        out.append(json.dumps(value, ensure_ascii=False))
+        out.append(encode_basestring(value))  # json.dumps(value, ensure_ascii=False), without an encoder per call
     elif isinstance(value, int):
         out.append(str(value))
     elif isinstance(value, decimal.Decimal):
@@ -108,8 +126,8 @@ def _reject_constant(name: str):
 
 
 def loads(text: str) -> Any:
-    """JSON text → Python, numbers kept exact (Decimal) so their jsonb text form can be reproduced."""
-    return json.loads(text, parse_float=decimal.Decimal, parse_constant=_reject_constant)
+    """JSON text → Python; numbers with a fraction or exponent stay text (_Num) so their jsonb form is exact."""
+    return json.loads(text, parse_float=_Num, parse_constant=_reject_constant)
 
 
 def jsonb_text_of(value: Any) -> str | None:
@@ -279,7 +297,7 @@ _JSON_TYPE = {bool: "boolean", str: "string", dict: "object", list: "array", typ
 def _json_type(v: Any) -> str:
     if isinstance(v, bool):
         return "boolean"
-    if isinstance(v, (int, decimal.Decimal, float)):
+    if isinstance(v, (int, _Num, decimal.Decimal, float)):
         return "number"
     return _JSON_TYPE.get(type(v), type(v).__name__)
 
@@ -309,7 +327,7 @@ def _json_values_to(values: list, col: Column) -> pa.Array:
             else:
                 raise BadValue(i, col.name, col.type, "a JSON number that does not convert")
         elif col.type == "float64" and (kind == "number" or (kind == "string" and v in _SPECIAL_FLOATS)):
-            out.append(_SPECIAL_FLOATS[v] if isinstance(v, str) else float(v))
+            out.append(_SPECIAL_FLOATS[v] if kind == "string" else float(v))
         else:
             raise BadValue(i, col.name, col.type, f"a JSON {kind}")
     if col.type in ("timestamp", "date"):

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from ..errors import BadInput
+from ..errors import BadInput, SyncFailed
 from ..settings import Settings
 from ..store.datasets import Column
 from .convert import BadValue, convert_batch, convert_records, loads
@@ -42,8 +42,9 @@ class SourceFile:
         return f"{self.size}:{self.mtime_ns}"
 
 
-class SourceValueError(Exception):
-    """A value that does not fit, located in the source (file + row / table + cursor)."""
+class SourceError(SyncFailed):
+    """A source that cannot be read, or a value in it that does not fit — located (file + row, or table + row
+    and cursor), never showing the value."""
 
 
 def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
@@ -116,14 +117,14 @@ def _one_line(exc: BaseException) -> str:
 def read_files(
     files: Sequence[SourceFile], spec: SourceSpec, settings: Settings, columns: Sequence[Column], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    """Typed batches of every file, in order; SourceValueError names the file and row of a bad value."""
+    """Typed batches of every file, in order; SourceError names the file and row of a bad value."""
     fs, _ = filesystem(spec.uri, settings)
     for f in files:
         yield from _read_one(fs, f, spec.format, columns, batch_rows)
 
 
-def _located(f: SourceFile, first_row: int, what: str, exc: BadValue) -> SourceValueError:
-    return SourceValueError(
+def _located(f: SourceFile, first_row: int, what: str, exc: BadValue) -> SourceError:
+    return SourceError(
         f"file {f.uri} {what} {first_row + exc.index} column {exc.column}: expected {exc.expected}, got {exc.got}"
     )
 
@@ -159,10 +160,10 @@ def _read_one(fs, f: SourceFile, fmt: str, columns: Sequence[Column], batch_rows
                 row += batch.num_rows
         else:
             yield from _read_ndjson(fs, f, columns, min(batch_rows, NDJSON_BATCH))
-    except (SourceValueError, GeneratorExit):
+    except (SourceError, GeneratorExit):
         raise
     except (OSError, pa.ArrowInvalid) as exc:
-        raise SourceValueError(f"file {f.uri}: cannot read it as {fmt} ({_one_line(exc)})") from None
+        raise SourceError(f"file {f.uri}: cannot read it as {fmt} ({_one_line(exc)})") from None
 
 
 def _read_ndjson(fs, f: SourceFile, columns, batch_rows: int) -> Iterator[pa.RecordBatch]:
@@ -176,9 +177,9 @@ def _read_ndjson(fs, f: SourceFile, columns, batch_rows: int) -> Iterator[pa.Rec
             try:
                 obj = loads(line)
             except (json.JSONDecodeError, ValueError):
-                raise SourceValueError(f"file {f.uri} line {number}: not a valid JSON object") from None
+                raise SourceError(f"file {f.uri} line {number}: not a valid JSON object") from None
             if not isinstance(obj, dict):
-                raise SourceValueError(f"file {f.uri} line {number}: a JSON line must be an object")
+                raise SourceError(f"file {f.uri} line {number}: a JSON line must be an object")
             records.append(obj)
             lines.append(number)
             if len(records) >= batch_rows:
@@ -192,6 +193,6 @@ def _ndjson_batch(f, records, lines, columns) -> pa.RecordBatch:
     try:
         return convert_records(records, columns)
     except BadValue as exc:
-        raise SourceValueError(
+        raise SourceError(
             f"file {f.uri} line {lines[exc.index]} column {exc.column}: expected {exc.expected}, got {exc.got}"
         ) from None

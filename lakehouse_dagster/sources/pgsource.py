@@ -19,8 +19,9 @@ from psycopg import sql
 from ..errors import BadInput
 from ..ingest.source import _adbc_uri
 from ..store.datasets import Column
+from ..store.db import redact
 from .convert import BadValue, convert_batch
-from .files import SourceValueError
+from .files import SourceError
 from .spec import SourceSpec
 
 
@@ -59,7 +60,12 @@ def mark_value(value: Any) -> Any:
 
 def source_columns(spec: SourceSpec, dsn: str) -> list[str]:
     """The source's column names (no rows read); BadInput when the table or query is not readable."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    try:
+        conn = psycopg.connect(dsn, autocommit=True)
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise BadInput(f"{where_label(spec)}: cannot connect ({scrub(first, dsn)})") from None
+    with conn:
         try:
             with conn.transaction():
                 conn.execute("set transaction read only")
@@ -70,10 +76,30 @@ def source_columns(spec: SourceSpec, dsn: str) -> list[str]:
             raise BadInput(f"{where_label(spec)}: cannot read it ({first})") from None
 
 
+def scrub(text: str, dsn: str) -> str:
+    """An error's text without the DSN's password (drivers may echo the connection string)."""
+    try:
+        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+    except Exception:
+        password = None
+    text = text.replace(dsn, redact(dsn))
+    return text.replace(password, "***") if password else text
+
+
 def read_postgres(
     spec: SourceSpec, dsn: str, columns: Sequence[Column], after: Any, on_mark: Callable[[Any], None]
 ) -> Iterator[pa.RecordBatch]:
     """Typed batches of the rows past ``after``; ``on_mark`` gets the last row's mark after each batch."""
+    try:
+        yield from _read_postgres(spec, dsn, columns, after, on_mark)
+    except (SourceError, GeneratorExit):
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
+
+
+def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatch]:
     import adbc_driver_postgresql.dbapi as adbc
 
     with psycopg.connect(dsn, autocommit=True) as pconn:
@@ -94,7 +120,7 @@ def read_postgres(
                     typed = convert_batch(batch, columns, text=True)
                 except BadValue as exc:
                     at = f" at {col}={mark_value(batch.column(col)[exc.index].as_py())}" if col else ""
-                    raise SourceValueError(
+                    raise SourceError(
                         f"{where_label(spec)} row {read + exc.index + 1}{at} column {exc.column}: "
                         f"expected {exc.expected}, got {exc.got}"
                     ) from None
@@ -112,9 +138,14 @@ def read_postgres(
 def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
     """The source's highest mark past ``after`` (None: nothing new). One indexed query, no rows read."""
     col = spec.order_column
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        where = sql.SQL("")
-        if after is not None:
-            where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
-        row = conn.execute(sql.SQL("select max({}) from {}{}").format(sql.Identifier(col), relation(spec), where)).fetchone()
+    where = sql.SQL("")
+    if after is not None:
+        where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute(sql.SQL("select max({}) from {}{}").format(
+                sql.Identifier(col), relation(spec), where)).fetchone()
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
     return None if row is None or row[0] is None else mark_value(row[0])

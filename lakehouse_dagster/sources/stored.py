@@ -3,8 +3,6 @@ itself, nothing written on refusal) and get."""
 
 from __future__ import annotations
 
-
-
 import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
