@@ -48,7 +48,12 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
     d = uuid.UUID(ds_id)
     t = time.perf_counter()
     if kind == "backfill":
+        import logging
+
         from lakehouse_dagster.rollback.backfill import backfill
+
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        logging.getLogger("lakehouse_dagster.rollback.backfill").setLevel(logging.DEBUG)
 
         r = backfill(dsn, catalog, settings, d, actor="bench")
         rows = r.copied
@@ -75,6 +80,7 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
 def _run_child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", kind, dsn, ds_id, warehouse],
                          capture_output=True, text=True, check=True)
+    sys.stderr.write(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -120,6 +126,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(child(*sys.argv[2:6])))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--setup":
+        print(json.dumps({"dataset": _make_native(sys.argv[2], int(sys.argv[3]), sys.argv[4])}))
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--scale", default="250000", help="other sizes for the backfill's peak RSS (comma-separated)")
@@ -129,7 +138,11 @@ def main() -> None:
     for n in sizes:
         dsn = fresh_database(admin, f"bench_backfill_{n}")
         warehouse = Path(tempfile.mkdtemp(prefix="lh-bench-bf-")).as_uri()
-        ds_id = _make_native(dsn, n, warehouse)
+        # the set-up runs in a child: Linux keeps a process's peak RSS across exec, so a parent that had
+        # held rows would inflate every measuring child's figure
+        out = subprocess.run([sys.executable, __file__, "--setup", dsn, str(n), warehouse], capture_output=True,
+                             text=True, check=True)
+        ds_id = json.loads(out.stdout.strip().splitlines()[-1])["dataset"]
         limit = _run_child("limit", dsn, ds_id, warehouse)
         bf = _run_child("backfill", dsn, ds_id, warehouse)
         line = {"rows": n, "backfill_s": round(bf["seconds"], 2), "backfill_rows_s": round(n / bf["seconds"]),

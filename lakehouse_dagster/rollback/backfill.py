@@ -22,6 +22,7 @@ mirrored rows, a full sync of identical content.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import uuid
 
@@ -40,6 +41,7 @@ from ..store.datasets import Column, get_dataset
 from ..store.db import connect
 from .iceberg_only import iceberg_only
 
+_log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
 _IDENTITY = ("__row_index", "__row_id", "__created_at")
 _MAX_PAIRS = 45  # jsonb_build_object takes at most 100 arguments: join groups with ||
@@ -165,11 +167,15 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
         cur = conn.cursor()
 
         def one(stmt: sql.Composable):
+            t = time.perf_counter()
             cur.execute(stmt.as_string(pg))
+            _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
             return cur.fetchone()[0]
 
         def run(stmt: sql.Composable) -> None:
+            t = time.perf_counter()
             cur.execute(stmt.as_string(pg))
+            _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
 
         run(sql.SQL("set local timezone to 'UTC'"))
         cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names), mode="create", temporary=True)
