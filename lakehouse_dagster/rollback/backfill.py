@@ -36,6 +36,7 @@ from ..flags.native import native_dataset_ids
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..ids import parse_uuid
 from ..ingest.guards import dataset_lock
+from ..ingest.pg_rows import _data_expr
 from ..settings import Settings
 from ..store.datasets import Column, get_dataset
 from ..store.db import connect
@@ -44,7 +45,6 @@ from .iceberg_only import iceberg_only
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
 _IDENTITY = ("__row_index", "__row_id", "__created_at")
-_MAX_PAIRS = 45  # jsonb_build_object takes at most 100 arguments: join groups with ||
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,26 +60,6 @@ class BackfillResult:
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
-
-
-def _json_value(col: Column) -> sql.Composable:
-    """The jsonb value the mirror's typing (ingest/source.py) reads back as the same typed value."""
-    c = sql.Identifier(col.name)
-    if col.type == "float64":  # JSON has no NaN/±Infinity: the mirror accepts them as these strings
-        return sql.SQL("case when {c} in ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8)"
-                       " then to_jsonb({c}::text) else to_jsonb({c}) end").format(c=c)
-    if col.type == "json":
-        return sql.SQL("{}::jsonb").format(c)
-    return sql.SQL("to_jsonb({})").format(c)  # timestamptz → ISO 8601 with offset (session in UTC), date → ISO
-
-
-def _data_expr(columns: list[Column]) -> sql.Composable:
-    if not columns:
-        return sql.SQL("'{}'::jsonb")
-    groups = [columns[i:i + _MAX_PAIRS] for i in range(0, len(columns), _MAX_PAIRS)]
-    parts = [sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
-        sql.SQL("{}, {}").format(sql.Literal(c.name), _json_value(c)) for c in g)) for g in groups]
-    return sql.SQL(" || ").join(parts)
 
 
 _BATCH_ROWS = 65_536
@@ -181,6 +161,9 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
         cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names), mode="create", temporary=True)
         run(sql.SQL("create index on {t} ((__row_id::uuid))").format(t=tmp))
         run(sql.SQL("analyze {t}").format(t=tmp))
+        # every statement below joins the whole staged snapshot with the dataset's rows: hash joins, not one
+        # index probe per row (the probes would also wade through the rows this transaction deleted)
+        run(sql.SQL("set local enable_nestloop = off"))
         ice_max = int(one(sql.SQL("select coalesce(max(__row_index), -1) from {t}").format(t=tmp)))
         removed = moved = 0
         if found.replaced:  # a native overwrite superseded every older Postgres row it does not hold
@@ -200,9 +183,9 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
                 base=sql.Literal(ice_max), ds=ds))
         copied = int(one(_counted(sql.SQL(
             "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-            " select {ds}::uuid, b.__row_index, b.__row_id::uuid, b.__created_at, {data} from {t} b"
+            " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
             " where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
-            " and r.row_index = b.__row_index)").format(ds=ds, data=_data_expr(columns), t=tmp))))
+            " and r.row_index = s.__row_index)").format(ds=ds, data=_data_expr(columns), t=tmp))))
         run(sql.SQL(
             "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
             " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})").format(
