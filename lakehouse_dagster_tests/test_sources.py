@@ -16,14 +16,16 @@ import pytest
 
 from lakehouse_dagster.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.sources.convert import jsonb_text
+from lakehouse_dagster.ingest.writers import run_writer
 from lakehouse_dagster.sources import get_source, set_source
+from lakehouse_dagster.sources.convert import jsonb_text
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import cli, cli_json
-from .test_writers import SCHEMA, _records, content, ingest, table_rows, write_source_file
+from .test_writers import SCHEMA, _records, ingest, table_rows, write_source_file
 
 
 @pytest.fixture
@@ -232,9 +234,6 @@ def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog,
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
     _kill_ingest_at("after-commit", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
     (sync_id,) = conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s", (dataset,)).fetchone()
-    from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.ingest.writers import run_writer
-
     r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
     assert r.rows == 0 and r.total_rows == 20  # not appended twice
     assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 20)]

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,17 +16,18 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse_dagster.errors import BadInput, SyncFailed
+from lakehouse_dagster.errors import Backpressure, SyncFailed
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.ingest.guards import admission_slot, dataset_lock
 from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.ingest.writers import pending_source_changes, run_writer
-from lakehouse_dagster.sources import get_source, set_source
+from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.state import STATE_PROPERTY
 from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
 
-from .flag_helpers import cli, cli_json
 
 SCHEMA = [
     {"name": "name", "type": "string"},
@@ -92,14 +90,12 @@ def write_source_file(path: Path, fmt: str, records: list[dict]) -> Path:
     elif fmt == "ndjson":
         path.write_text("".join(_json_line(r) + "\n" for r in records))
     else:
-        t = _arrow(records)
         texts = {c: [None if v is None else (str(v).lower() if isinstance(v, bool) else
                                              ("NaN" if isinstance(v, float) and math.isnan(v) else
                                               ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else str(v))))
                      for v in (r[c] for r in records)] for c in CONTENT}
         texts["at"] = [r["at"] for r in records]
         texts["meta"] = [None if r["meta"] is None else json.dumps(r["meta"]) for r in records]
-        del t
         pacsv.write_csv(pa.table({c: pa.array(v, pa.string()) for c, v in texts.items()}), path)
     return path
 
@@ -431,3 +427,39 @@ def test_every_writer_in_both_modes(conn, dsn, catalog, settings, workspace, tmp
         sync_dataset(dsn, catalog, settings, d)
     rows = table_rows(catalog, settings, d)
     assert [(r["__row_index"], r["pos"], r["n"]) for r in rows] == [(i, i, i) for i in range(9)]
+
+
+# --- guards ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["pg", "native"])
+def test_writers_take_the_mirrors_guards(conn, dsn, catalog, settings, workspace, tmp_path, mode):
+    """G2: past the admission bound a writer gets Backpressure at once and writes nothing; G3: a writer waits
+    for the dataset lock another ingest holds."""
+    write_source_file(tmp_path / "src" / "a.parquet", "parquet", _records(0, 4))
+    d = _dataset(conn, workspace)
+    set_source(conn, d, {"type": "files", "uri": str(tmp_path / "src"), "format": "parquet"})
+    if mode == "native":
+        native(conn, d, "sync.append")
+    one_slot = settings.replace(max_concurrent_ingest=1)
+    with connect(dsn) as other, admission_slot(other, 1):
+        with pytest.raises(Backpressure):
+            ingest(dsn, catalog, one_slot, conn, d, "sync.append")
+    assert pg_count(conn, d) == 0 and table_rows(catalog, settings, d) == []
+    done = threading.Event()
+    with connect(dsn) as other, dataset_lock(other, d):
+        def run():
+            with connect(dsn) as own:
+                ingest(dsn, catalog, settings, own, d, "sync.append")
+            done.set()
+
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(1.0)
+        assert not done.is_set()  # waiting for the lock
+    t.join(60)
+    assert done.is_set()
+    if mode == "pg":
+        assert pg_count(conn, d) == 4
+    else:
+        assert len(table_rows(catalog, settings, d)) == 4
