@@ -65,6 +65,8 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 6
 
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    found = iceberg_only(conn, catalog, settings, d)
+    assert (found.rows, found.snapshots, found.replaced, len(found.added_files)) == (6, 1, False, 1)  # only that file
     out = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (out["copied"], out["removed"], out["moved"], out["pg_rows"]) == (6, 0, 0, 12)
     assert iceberg_only(conn, catalog, settings, d) is None

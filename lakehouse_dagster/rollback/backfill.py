@@ -7,8 +7,10 @@ current snapshot, identity preserved (``__row_index``/``__row_id``/``__created_a
 values), so the next mirror is a no-op or a pure append — or, when Postgres had to change below the
 mirrored rows, a full sync of identical content.
 
-  * Streamed: the snapshot's rows go from pyiceberg's batch reader through ADBC's binary COPY into a
-    temporary table (memory bounded by a batch), and Postgres builds the rows from it.
+  * Streamed: the rows go from the data files, batch by batch, through ADBC's binary COPY into a temporary
+    table (memory bounded by a batch), and Postgres builds the rows from it (the pg path's jsonb expression,
+    ingest/pg_rows.py). After native appends only the files those snapshots added are copied (Postgres
+    holds everything below them); after a native overwrite, the whole snapshot.
   * One transaction: the copy, the repairs and the ``lakehouse_pg_reconciled`` record commit together;
     a crash or Ctrl-C leaves Postgres as it was and the marker standing, and a re-run starts over.
   * Under the dataset lock (G3): no mirror or native write of the dataset runs meanwhile. Refused while
@@ -65,18 +67,19 @@ class BackfillResult:
 _BATCH_ROWS = 65_536
 
 
-def _batches(table, snapshot_id: int, names: list[str]) -> pa.RecordBatchReader:
+def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
     """The snapshot's rows as a stream of ``_BATCH_ROWS``-row batches (strings as utf8, what ADBC's COPY maps
     to text). The chunked writer's files carry Iceberg field ids and no delete files exist, so each data
     file is read with pyarrow's batch iterator (memory bounded by a batch; a column added after a file was
-    written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead."""
+    written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead.
+    ``only``: just these data files (those the native appends added)."""
     schema_ids = {f.name: f.field_id for f in table.schema().fields}
     iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
-    tasks = list(iceberg.plan_files())
+    tasks = [t for t in iceberg.plan_files() if only is None or t.file.file_path in only]
     arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
     target = pa.schema([pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) or
                                  pa.types.is_string_view(f.type) else f.type) for f in arrow])
-    if any(t.delete_files for t in tasks):
+    if only is None and any(t.delete_files for t in tasks):
         reader = iceberg.to_arrow_batch_reader()
         return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
 
@@ -141,7 +144,6 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
     in_iceberg = sql.SQL("exists (select 1 from {t} b where b.__row_id::uuid = r.row_id)").format(t=tmp)
-    only_pg = sql.SQL("r.dataset_id = {ds}::uuid and not {inice}").format(ds=ds, inice=in_iceberg)
 
     with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
         cur = conn.cursor()
@@ -158,13 +160,22 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
             _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
 
         run(sql.SQL("set local timezone to 'UTC'"))
-        cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names), mode="create", temporary=True)
+        # an append-only lineage: only the files the native snapshots added (Postgres holds everything
+        # below them); after a native overwrite, the whole snapshot
+        cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names, found.added_files), mode="create",
+                        temporary=True)
         run(sql.SQL("create index on {t} ((__row_id::uuid))").format(t=tmp))
         run(sql.SQL("analyze {t}").format(t=tmp))
         # every statement below joins the whole staged snapshot with the dataset's rows: hash joins, not one
         # index probe per row (the probes would also wade through the rows this transaction deleted)
         run(sql.SQL("set local enable_nestloop = off"))
-        ice_max = int(one(sql.SQL("select coalesce(max(__row_index), -1) from {t}").format(t=tmp)))
+        run(sql.SQL("select coalesce(min(__row_index), 0), coalesce(max(__row_index), -1) from {t}").format(t=tmp))
+        ice_min, ice_max = (int(x) for x in cur.fetchone())
+        # rows only Postgres holds; with only the appended files staged, the rows below them are shared
+        only_pg = sql.SQL("r.dataset_id = {ds}::uuid and not {inice}{above}").format(
+            ds=ds, inice=in_iceberg,
+            above=sql.SQL("") if found.added_files is None else sql.SQL(" and r.row_index >= {}").format(
+                sql.Literal(ice_min)))
         removed = moved = 0
         if found.replaced:  # a native overwrite superseded every older Postgres row it does not hold
             removed = int(one(_counted(sql.SQL(

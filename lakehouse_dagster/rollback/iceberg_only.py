@@ -48,6 +48,7 @@ class IcebergOnly:
     rows: int  # rows those snapshots hold that Postgres lacks
     replaced: bool  # a native overwrite rewrote the table: Postgres' older rows are stale
     last_native_at: dt.datetime  # commit time of the newest native snapshot
+    added_files: tuple[str, ...] | None = None  # data files those snapshots appended (None: replaced, or unknown)
 
     def describe(self) -> str:
         how = "a native sync.full replaced the table, so all its rows count; " if self.replaced else ""
@@ -93,7 +94,7 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
         return None
     backfilled, full_seq, full_at = _reconciled(conn, dataset_id)
     newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc)
-    snapshots, added, replaced, snap = 0, 0, False, current
+    snapshots, added, replaced, snap, files = 0, 0, False, current, []
     while snap is not None and snap.snapshot_id not in backfilled:
         summary = snap.summary.additional_properties if snap.summary is not None else {}
         if summary.get(WRITE_PATH) != NATIVE:
@@ -106,12 +107,32 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
         added += int(summary.get("added-records", 0) or 0)
         if snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
             replaced = True
+        if files is not None and not replaced:
+            files = _added_files(table, snap, files)
         snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
     if snapshots == 0:
         return None
     total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
     return IcebergOnly(
-        dataset_id, current.snapshot_id, snapshots, total if replaced else added, replaced, newest)
+        dataset_id, current.snapshot_id, snapshots, total if replaced else added, replaced, newest,
+        None if replaced or files is None else tuple(files))
+
+
+def _added_files(table, snap, files: list[str]) -> list[str] | None:
+    """The data files ``snap`` appended (what a backfill of an append-only lineage has to copy); None when
+    the manifests cannot be read (the backfill then copies the whole snapshot)."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    try:
+        for manifest in snap.manifests(table.io):
+            if manifest.added_snapshot_id != snap.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snap.snapshot_id:
+                    files.append(entry.data_file.file_path)
+    except Exception:
+        return None
+    return files
 
 
 def refuse_mirror_over_iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
