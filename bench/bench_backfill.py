@@ -1,10 +1,12 @@
 """Backfill throughput and memory (`lakehouse write-flags backfill`), against baselines in the same run.
 
-    .venv/bin/python bench/bench_backfill.py [--rows 1000000] [--scale 250000]
+    .venv/bin/python bench/bench_backfill.py [--rows 1000000] [--scale 250000] [--appended 10000]
 
 Set-up per size: a demo-shaped dataset of N rows in Postgres, mirrored, then rewritten natively (a
 native sync.full of the same N rows through the write router), and the writer rolled back to pg: the
-worst case for a backfill (every Postgres row is superseded, every Iceberg row copied back).
+worst case for a backfill (every Postgres row is superseded, every Iceberg row copied back). With
+--appended M, M rows are appended natively above the N instead (sync.append): the common case, where
+only the files those snapshots added are copied (then backfill/limit compares with moving all N+M rows).
 Prints, for the same rows, each in a fresh child process (its peak RSS is its own):
   backfill  the project's backfill (pyiceberg batch reader → ADBC binary COPY into a temp table →
             delete the stale rows + insert the typed rows as jsonb, one transaction)
@@ -84,8 +86,9 @@ def _run_child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _make_native(dsn: str, rows: int, warehouse: str) -> str:
-    """N rows mirrored, then rewritten natively (sync.full) and the writer rolled back to pg."""
+def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
+    """N rows mirrored, then rewritten natively (sync.full) — or, with ``appended``, that many rows appended
+    natively (sync.append) above them — and the writer rolled back to pg."""
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
@@ -100,7 +103,8 @@ def _make_native(dsn: str, rows: int, warehouse: str) -> str:
     catalog = load_catalog(settings, dsn)
     sync_dataset(dsn, catalog, settings, d, mode="full")
     with connect(dsn) as conn:
-        set_override(conn, "write", "sync.full", "iceberg_native", dataset=d, actor="bench")
+        writer = "sync.append" if appended else "sync.full"
+        set_override(conn, "write", writer, "iceberg_native", dataset=d, actor="bench")
         dataset = get_dataset(conn, d)
         table = load_table_or_none(catalog, table_identifier(settings, d))
         # the same content written again natively, with fresh identity as a sync.full assigns it
@@ -108,17 +112,22 @@ def _make_native(dsn: str, rows: int, warehouse: str) -> str:
         import pyarrow as pa
 
         now = pa.scalar(time.time_ns() // 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-        batches = (b.set_column(1, "__row_id", uuid_texts(b.num_rows)).set_column(
-            2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC")))
-            for b in table.scan().to_arrow_batch_reader())
+        source = table.scan(limit=appended).to_arrow_batch_reader() if appended else table.scan().to_arrow_batch_reader()
+        shift = rows if appended else 0  # appended rows continue above the table's max __row_index
+
+        def fresh(b):
+            b = b.set_column(0, "__row_index", pa.array(range(shift, shift + b.num_rows), pa.int64())) if shift else b
+            return b.set_column(1, "__row_id", uuid_texts(b.num_rows)).set_column(
+                2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC")))
 
         def native(sync_id, version):
-            return write_arrow(catalog, settings, dataset, batches, mode="replace", sync_id=sync_id,
-                               source_version=version, path="native")
+            return write_arrow(catalog, settings, dataset, (fresh(b) for b in source), mode="append" if appended
+                               else "replace", sync_id=sync_id, source_version=version, path="native",
+                               max_row_index=rows + appended - 1 if appended else None)
 
-        route_write(conn, FlagResolver(conn, ttl_seconds=0), "sync.full", d, pg_write=lambda: None,
+        route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: None,
                     iceberg_write=native, settings=settings)
-        set_override(conn, "write", "sync.full", "pg", dataset=d, actor="bench")
+        set_override(conn, "write", writer, "pg", dataset=d, actor="bench")
     return str(d)
 
 
@@ -127,11 +136,13 @@ def main() -> None:
         print(json.dumps(child(*sys.argv[2:6])))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--setup":
-        print(json.dumps({"dataset": _make_native(sys.argv[2], int(sys.argv[3]), sys.argv[4])}))
+        print(json.dumps({"dataset": _make_native(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))}))
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--scale", default="250000", help="other sizes for the backfill's peak RSS (comma-separated)")
+    ap.add_argument("--appended", type=int, default=0,
+                    help="instead of a native rewrite of every row, N rows appended natively above --rows")
     args = ap.parse_args()
     admin = admin_dsn()
     sizes = [args.rows] + [int(s) for s in args.scale.split(",") if s]
@@ -140,19 +151,19 @@ def main() -> None:
         warehouse = Path(tempfile.mkdtemp(prefix="lh-bench-bf-")).as_uri()
         # the set-up runs in a child: Linux keeps a process's peak RSS across exec, so a parent that had
         # held rows would inflate every measuring child's figure
-        out = subprocess.run([sys.executable, __file__, "--setup", dsn, str(n), warehouse], capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, "--setup", dsn, str(n), warehouse, str(args.appended)],
+                             capture_output=True, text=True, check=True)
         ds_id = json.loads(out.stdout.strip().splitlines()[-1])["dataset"]
         limit = _run_child("limit", dsn, ds_id, warehouse)
         bf = _run_child("backfill", dsn, ds_id, warehouse)
-        line = {"rows": n, "backfill_s": round(bf["seconds"], 2), "backfill_rows_s": round(n / bf["seconds"]),
+        line = {"rows": n, "appended": args.appended, "copied": bf["rows"], "backfill_s": round(bf["seconds"], 2), "backfill_rows_s": round(bf["rows"] / bf["seconds"]),
                 "backfill_rss_mb": round(bf["rss_mb"]), "limit_s": round(limit["seconds"], 2),
                 "limit_rss_mb": round(limit["rss_mb"]), "backfill_over_limit_time": round(bf["seconds"] / limit["seconds"], 2)}
         if n == args.rows:
             mirror = _run_child("mirror", dsn, ds_id, warehouse)  # after the backfill: Postgres holds the rows
             line.update({"mirror_s": round(mirror["seconds"], 2), "mirror_rss_mb": round(mirror["rss_mb"]),
                          "backfill_over_mirror_rows_s": round(mirror["seconds"] / bf["seconds"], 2)})
-        assert bf["rows"] == n, bf
+        assert bf["rows"] == (args.appended or n), bf
         print(json.dumps(line), flush=True)
 
 
