@@ -56,6 +56,11 @@ def register(sub) -> None:
             wf.add_argument("name", help="the writer, e.g. sync.full")
             _flip_args(wf)
             parsers.append(wf)
+            bf = add_command(actions, "backfill", _backfill,
+                             help="after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
+                                  "(identity preserved, one transaction), so the mirror may run again")
+            bf.add_argument("--dataset", required=True, help="dataset uuid")
+            parsers.append(bf)
             ca = add_command(actions, "candidates", _candidates,
                              help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip")
             ca.add_argument("--writer", default="sync.full", help="the writer to flip (default sync.full)")
@@ -138,6 +143,7 @@ def _list(ctx, args) -> Result:
 
 
 def _set(ctx, args) -> Result:
+    leaving = _leaving_native(ctx, args, args.mode)
     change = set_flag(
         ctx.conn, args.kind, args.name, args.mode,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
@@ -147,10 +153,46 @@ def _set(ctx, args) -> Result:
         f" (by {ctx.settings.actor}{'; note: ' + change.audit.note if change.audit.note else ''}); "
         f"other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
     )
-    return Result(_change_data(change), text)
+    return _with_rollback(ctx, args, leaving, Result(_change_data(change), text))
+
+
+def _leaving_native(ctx, args, mode):
+    """A writer change: the datasets it moves off iceberg_native (computed before the change)."""
+    if args.kind != WRITE or mode not in (None, "pg"):
+        return []
+    from ..rollback.report import leaving_native
+
+    return leaving_native(ctx.conn, args.name, mode, dataset=args.dataset, workspace=args.workspace)
+
+
+def _with_rollback(ctx, args, leaving, result: Result) -> Result:
+    """Add, per dataset moved back to pg, the rows and snapshots only Iceberg holds and the ways forward."""
+    if not leaving:
+        return result
+    from ..rollback.report import rollback_lines, rolled_back
+
+    rolled = rolled_back(ctx.conn, ctx.catalog, ctx.settings, leaving)
+    result.data["rolled_back"] = [r.as_dict() for r in rolled]
+    result.text = "\n".join([result.text, *rollback_lines(args.name, rolled)])
+    return result
+
+
+def _backfill(ctx, args) -> Result:
+    from ..rollback.backfill import backfill
+
+    r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
+    if r.nothing_to_do:
+        text = f"dataset {r.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
+    else:
+        text = (f"dataset {r.dataset_id}: backfilled from snapshot {r.snapshot_id} in {r.seconds:.2f}s — "
+                f"{r.copied} row(s) copied into dataset_rows (identity preserved), {r.removed} stale row(s) removed, "
+                f"{r.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds {r.pg_rows}; "
+                f"the mirror may run again (lakehouse sync --dataset {r.dataset_id})")
+    return Result(r.as_dict(), text)
 
 
 def _clear(ctx, args) -> Result:
+    leaving = _leaving_native(ctx, args, None)
     change = clear_flag(
         ctx.conn, args.kind, args.name,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
@@ -162,7 +204,7 @@ def _clear(ctx, args) -> Result:
             f"{change.flag.name}: cleared {change.before} {_where(change.scope)} (back to the next scope or the "
             f"registry default {change.flag.default}); other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
         )
-    return Result(_change_data(change), text)
+    return _with_rollback(ctx, args, leaving, Result(_change_data(change), text))
 
 
 def _change_data(change) -> dict:
@@ -238,12 +280,22 @@ def _wflip(ctx, args) -> Result:
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
     lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
     bad = [v for v in verified if v.problems]
+    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
     if bad:
         lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
                      + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))
-    lines.append("after the first native sync: lakehouse canary --smoke --dataset <id> (runbook step 3)")
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
-    return Result(data, "\n".join(lines), exit_code=1 if bad else 0)
+        return Result(data, "\n".join(lines), exit_code=1)
+    from ..rollout.first_sync import first_native_syncs, stop_message
+
+    synced = first_native_syncs(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre),
+                                logger=_stderr_logger())
+    data["first_native_sync"] = [f.as_dict() for f in synced]
+    lines.append(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
+    lines.append(table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"]))
+    stop = stop_message(args.name, synced)
+    if stop:
+        lines.append(stop)
+    return Result(data, "\n".join(lines), exit_code=1 if stop else 0)
 
 
 def _candidates(ctx, args) -> Result:

@@ -6,6 +6,7 @@ still served, by the Postgres fallback) and says how to roll back.
 (No ``from __future__ import annotations`` here: Dagster reads the Config annotations at runtime.)
 """
 
+import uuid
 from enum import Enum
 from typing import Optional
 
@@ -191,16 +192,44 @@ def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: 
         where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
         raise dg.Failure(description="\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
             f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]), metadata=meta)
-    context.log.info("verified; after the first native sync run the canary (--smoke) on these datasets (step 3)")
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
+
+
+@dg.op(description="Step 3: the writer's first native sync per moved dataset, then the canary on it (content "
+                   "columns for sync.full); a MISMATCH or a failed sync stops the job with the rollback command.")
+def write_flip_first_sync(context: dg.OpExecutionContext, flipped: dict, verified: list[dict],
+                          lakehouse: LakehouseResource) -> list[dict]:
+    from ..rollout.first_sync import first_native_syncs, stop_message
+
+    pre: rf.Preflight = flipped["preflight"]
+    ids = [uuid.UUID(v["dataset_id"]) for v in verified]
+    with lakehouse.connect() as conn:
+        try:
+            synced = first_native_syncs(conn, lakehouse.pg_dsn, lakehouse.catalog(), lakehouse.settings(), pre.name,
+                                        ids, run_id=context.run_id, logger=context.log)
+        except LakehouseError as exc:
+            raise _refuse(exc) from exc
+    rows = "\n".join(f"| `{f.dataset_id}` | {f.verdict or '—'} | {f.path or '—'} | {f.rows if f.rows is not None else ''} "
+                     f"| {f.snapshot_id or ''} | {f.detail.replace('|', '/')} |" for f in synced)
+    meta = {**{f"verdict_{k}": sum(f.verdict == k for f in synced) for k in {f.verdict for f in synced if f.verdict}},
+            "no_source": sum(f.verdict is None and not f.problem for f in synced),
+            "first_native_sync": dg.MetadataValue.md(
+                "| dataset | canary | path | rows | snapshot | detail |\n|---|---|---|---|---|---|\n" + rows)}
+    stop = stop_message(pre.name, synced)
+    if stop:
+        raise dg.Failure(description=stop, metadata=meta, allow_retries=False)
+    context.add_output_metadata(meta)
+    return [f.as_dict() for f in synced]
 
 
 @dg.job(
     name="write_flip",
     description="Fase 4 runbook, steps 3–4: fresh canary (only ok passes), flip ONE writer to iceberg_native for a "
-    "dataset, a workspace or globally (behind the flip gates: F3, identity, caught up, readers on Iceberg), verify.",
+    "dataset, a workspace or globally (behind the flip gates: F3, identity, caught up, readers on Iceberg), verify, "
+    "then the writer's first native sync and the canary on it (MISMATCH stops with the rollback command).",
     tags={"lakehouse/area": "rollout"},
 )
 def write_flip_job():
-    write_flip_verify(write_flip_set(write_flip_preflight()))
+    flipped = write_flip_set(write_flip_preflight())
+    write_flip_first_sync(flipped, write_flip_verify(flipped))

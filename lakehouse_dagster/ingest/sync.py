@@ -19,6 +19,7 @@ from pyiceberg.catalog import Catalog
 from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, LakehouseError, SyncFailed, is_transient
 from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.native import native_dataset_ids
+from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state, write_arrow
@@ -96,6 +97,7 @@ def sync_dataset(
                     "Postgres is stale for it and mirroring would overwrite Iceberg-only rows; roll the writer "
                     "back to pg (lakehouse write-flags set <writer> pg --dataset <uuid>) before mirroring"
                 )
+            refuse_mirror_over_iceberg_only(conn, catalog, settings, ds_id)  # rows written natively, then rolled back
             reap_abandoned(conn, catalog, settings, ds_id)
             _log_start(conn, ds_id, sync_id, writer, run_id)
             started = time.perf_counter()

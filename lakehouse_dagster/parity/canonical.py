@@ -182,12 +182,13 @@ def _concat(parts: list, join) -> Any:
     return join(parts)
 
 
-def pg_row_text(columns: Sequence[Column]) -> sql.Composable:
+def pg_row_text(columns: Sequence[Column], *, identity: bool = True) -> sql.Composable:
+    """``identity=False``: the content columns only (a fresh write assigns new identity: first_native.py)."""
     parts: list[sql.Composable] = [
         sql.SQL("row_index::text"),
         sql.SQL("'36:' || row_id::text"),  # row_id is a non-null uuid: its text is always 36 bytes
         _pg_field("timestamp", sql.SQL("created_at")),
-    ]
+    ] if identity else [sql.Literal("")]
     parts += [_pg_field(c.type, pg_typed(c)) for c in columns]
 
     def join(items):
@@ -196,8 +197,8 @@ def pg_row_text(columns: Sequence[Column]) -> sql.Composable:
     return _concat(parts, join)
 
 
-def pg_row_hash(columns: Sequence[Column]) -> sql.Composable:
-    return sql.SQL('hashtextextended(({}) collate "C", 0)').format(pg_row_text(columns))
+def pg_row_hash(columns: Sequence[Column], *, identity: bool = True) -> sql.Composable:
+    return sql.SQL('hashtextextended(({}) collate "C", 0)').format(pg_row_text(columns, identity=identity))
 
 
 def pg_self_check_sql() -> sql.Composable:
@@ -263,12 +264,12 @@ def duck_typed(col: Column, present: bool) -> str:
     return f"{duck_ident(col.name)}::{_DUCK_TYPE[col.type]}"
 
 
-def duck_row_text(columns: Sequence[Column], present: set[str]) -> str:
+def duck_row_text(columns: Sequence[Column], present: set[str], *, identity: bool = True) -> str:
     parts = [
         "__row_index::VARCHAR",
         _duck_field("string", "__row_id::VARCHAR") if "__row_id" in present else duck_literal(NULL),
         _duck_field("timestamp", "__created_at::TIMESTAMPTZ") if "__created_at" in present else duck_literal(NULL),
-    ]
+    ] if identity else [duck_literal("")]
     parts += [_duck_field(c.type, duck_typed(c, c.name in present)) for c in columns]
 
     def join(items):
@@ -277,6 +278,6 @@ def duck_row_text(columns: Sequence[Column], present: set[str]) -> str:
     return _concat(parts, join)
 
 
-def duck_row_hash(columns: Sequence[Column], present: set[str]) -> str:
+def duck_row_hash(columns: Sequence[Column], present: set[str], *, identity: bool = True) -> str:
     """The hash as BIGINT, bit for bit Postgres' (needs ``lookup3.register`` on the connection)."""
-    return f"{lookup3.DUCK_FUNCTION}({duck_row_text(columns, present)})"
+    return f"{lookup3.DUCK_FUNCTION}({duck_row_text(columns, present, identity=identity)})"

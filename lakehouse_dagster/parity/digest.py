@@ -135,11 +135,12 @@ class PgSide:
 
     name = "postgres"
 
-    def __init__(self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]):
+    def __init__(self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *,
+                 identity: bool = True):
         self.conn = conn
         self.dataset_id = dataset_id
         self.columns = tuple(columns)
-        self._hash = cn.pg_row_hash(self.columns)
+        self._hash = cn.pg_row_hash(self.columns, identity=identity)
 
     def self_check(self) -> None:
         """The server renders awkward floats and hashes awkward texts exactly as the contract's own
@@ -300,7 +301,8 @@ class IcebergSide:
     name = "iceberg"
 
     def __init__(
-        self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None, via_arrow: bool | None = None
+        self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None, via_arrow: bool | None = None,
+        identity: bool = True,
     ):
         import duckdb
 
@@ -313,7 +315,7 @@ class IcebergSide:
         self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
         self.empty = not pin.files
         self.present = self._present_columns()
-        self._hash = cn.duck_row_hash(self.columns, self.present)
+        self._hash = cn.duck_row_hash(self.columns, self.present, identity=identity)
 
     def close(self) -> None:
         self.con.close()

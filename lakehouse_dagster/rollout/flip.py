@@ -15,7 +15,8 @@
 For a writer the preflight is stricter — only ``ok`` at the dataset's current Postgres version lets a
 dataset go iceberg-native (the flip gates say the same, so the preflight makes the verdict fresh) —
 and verify checks what the runbook's step 3 checks: the writer resolves iceberg_native, the mirror
-now skips the dataset, its latest sync succeeded with the rows datasets.row_count says.
+now skips the dataset, its latest sync succeeded with the rows datasets.row_count says. Then
+rollout/first_sync.py triggers the writer's first native sync and the canary on it.
 """
 
 from __future__ import annotations

@@ -335,6 +335,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     # The latest succeeded sync (one definition), datasets.mirrored_version and the poller's sweep.
     ("008_latest_sync_and_sweep", _store_sql("MIGRATION_LATEST") + _store_sql("MIGRATION_MIRRORED")),
     ("010_sources", _module_sql("sources")),
+    ("011_rollback", _module_sql("rollback")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 

@@ -1,0 +1,85 @@
+"""After a write flip's gated set: the writer's first native sync, then the canary on it (runbook step 3).
+
+Both the CLI (`lakehouse write-flags flip`) and the `write_flip` job call ``first_native_syncs``. Per
+moved dataset: ``run_writer`` (ingest/writers.py) takes the native path now that the flag says so,
+then ``parity.first_native`` compares the new snapshot with what Postgres held, and the verdict is
+recorded in lakehouse_read_parity. A MISMATCH, a failed sync, or a sync that did not go native stops
+the step with the rollback command; a dataset without a source is named (its first native sync waits
+for one: lakehouse sources set …) and does not stop it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+
+import psycopg
+from pyiceberg.catalog import Catalog
+
+from ..errors import LakehouseError
+from ..flags.resolver import FlagResolver
+from ..parity import canary as cy
+from ..parity.first_native import SOURCE, evaluate_first_native, rollback_command
+from ..settings import Settings
+
+log = logging.getLogger("lakehouse_dagster.rollout")
+
+
+@dataclasses.dataclass
+class FirstSync:
+    dataset_id: uuid.UUID
+    verdict: str | None  # ok | MISMATCH | no-snapshot | error; None when no sync ran
+    path: str | None  # what the sync took: native (expected) or pg
+    rows: int | None
+    snapshot_id: int | None
+    detail: str
+    problem: str | None = None  # why it stops the step (None: fine, or only skipped)
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+def first_native_syncs(
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, writer: str,
+    dataset_ids: list[uuid.UUID], *, run_id: str | None = None, logger=None,
+) -> list[FirstSync]:
+    from ..ingest.writers import run_writer  # the source writers (ingest area)
+    from ..sources import get_source
+
+    lg = logger or log
+    flags = FlagResolver(conn, ttl_seconds=0)  # the flip just happened: no cached resolution
+    out = []
+    for ds_id in dataset_ids:
+        if get_source(conn, ds_id) is None:
+            out.append(FirstSync(ds_id, None, None, None, None, "no source set: its first native sync waits for one "
+                                 f"(lakehouse sources set --dataset {ds_id} ...), then run the canary on it"))
+            continue
+        try:
+            r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg)
+        except LakehouseError as exc:
+            out.append(FirstSync(ds_id, None, None, None, None, str(exc), problem=f"first native sync failed: {exc}"))
+            continue
+        if r.path != "native":
+            out.append(FirstSync(ds_id, None, r.path, r.rows, r.snapshot_id, r.flag_reason,
+                                 problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native"))
+            continue
+        v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
+        cy.record(conn, v, source=SOURCE, run_id=run_id)
+        reason = str(v.detail.get("reason", ""))
+        lg.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
+        out.append(FirstSync(ds_id, v.verdict, r.path, r.rows, r.snapshot_id, reason,
+                             problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}"))
+    return out
+
+
+def stop_message(writer: str, results: list[FirstSync]) -> str | None:
+    """STOP with the rollback command per dataset that did not pass, or None when all passed."""
+    bad = [r for r in results if r.problem]
+    if not bad:
+        return None
+    lines = [f"STOP: {len(bad)} dataset(s) failed the first native sync of {writer}; roll back:"]
+    for r in bad[:20]:
+        lines.append(f"  {r.dataset_id}: {r.problem}")
+        lines.append(f"    {rollback_command(writer, r.dataset_id)}")
+    return "\n".join(lines)

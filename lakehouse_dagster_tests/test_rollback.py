@@ -1,0 +1,183 @@
+"""Rolling a writer back to pg after native writes: nothing dropped, nothing duplicated.
+
+Real Postgres, real Iceberg tables, the real CLI in a subprocess. A dataset is made ready the way the
+runbook does it (mirrored, read-flipped, canary ok), flipped through the gated CLI, written natively
+through the write router and the chunked writer, then rolled back.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lakehouse_dagster.errors import BadInput
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.parity.canary import evaluate, run_canary
+from lakehouse_dagster.rollback.iceberg_only import iceberg_only
+from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.store import datasets as ds
+
+from .flag_helpers import cli
+from .native_helpers import (SERVABLE, add_source_rows, native_write, pg_source_table, ready_native, row, snapshot,
+                             table_rows)
+
+
+def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
+    native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
+    snap, before = snapshot(settings, dsn, d), table_rows(settings, dsn, d)
+
+    out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
+    assert "sync.append rolled back to pg for 1 dataset(s):" in out
+    assert f"orders ({d}): 5 row(s) in 2 native snapshot(s) exist only in Iceberg" in out
+    assert f"lakehouse write-flags backfill --dataset {d}" in out
+    assert f"lakehouse ingest --dataset {d} --writer sync.full" in out
+
+    # a new pg-path write makes the mirror want to run: it refuses, with the reason and both ways forward
+    ds.insert_rows(conn, d, [row(99)])
+    with pytest.raises(BadInput) as refused:
+        sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
+    msg = str(refused.value)
+    assert "\n" not in msg and "5 row(s) in 2 native snapshot(s) exist only in Iceberg" in msg
+    assert "write-flags backfill" in msg and "--writer sync.full" in msg
+    assert snapshot(settings, dsn, d) == snap and table_rows(settings, dsn, d) == before
+    proc = cli("sync", "--dataset", str(d))
+    assert proc.returncode == 2 and "exist only in Iceberg" in proc.stderr
+
+
+def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 12)], start=6)
+    before = table_rows(settings, dsn, d)
+    catalog = load_catalog(settings, dsn)
+    native = evaluate(dsn, catalog, settings, d)
+    assert native.verdict == "native" and native.detail["agrees_with_postgres"] is False
+
+    # refused while the writer is still native; nothing written
+    proc = cli("write-flags", "backfill", "--dataset", str(d))
+    assert proc.returncode == 2 and "roll the writer back first" in proc.stderr
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 6
+
+    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    found = iceberg_only(conn, catalog, settings, d)
+    assert (found.rows, found.snapshots, found.replaced, len(found.added_files)) == (6, 1, False, 1)  # only that file
+    out = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert (out["copied"], out["removed"], out["moved"], out["pg_rows"]) == (6, 0, 0, 12)
+    assert iceberg_only(conn, catalog, settings, d) is None
+    # identity preserved: Postgres rows are the table's rows
+    pg = conn.execute("select row_index, row_id::text, created_at from dataset_rows where dataset_id = %s"
+                      " order by row_index", (d,)).fetchall()
+    assert pg == [(r["__row_index"], r["__row_id"], r["__created_at"]) for r in before]
+
+    r = sync_dataset(dsn, catalog, settings, d)
+    assert r.mode in ("noop", "incremental") and r.rows == 0  # a no-op or a pure (empty) append
+    assert table_rows(settings, dsn, d) == before
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert (v.verdict, v.smoke, v.pg_count) == ("ok", "match", 12)
+    assert (v.iceberg_digest, v.iceberg_count) == (native.iceberg_digest, native.iceberg_count)
+    again = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert again["nothing_to_do"] and again["pg_rows"] == 12
+
+
+def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.full", rows=6)
+    # a native sync.full replaces the content: rows 0..3 with new values, fresh identity
+    native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    replaced = table_rows(settings, dsn, d)
+    out = cli("write-flags", "clear", "sync.full", "--dataset", str(d), check=True).stdout
+    assert "4 row(s) in 1 native snapshot(s) exist only in Iceberg (a native sync.full replaced the table" in out
+    # a pg-path append after the rollback lands at row_index 6, 7 (Postgres' max was 5)
+    ds.insert_rows(conn, d, [row(50), row(51)])
+
+    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    # the 6 stale rows are superseded, the 4 native rows copied; the pg-path rows kept (no collision: not moved)
+    assert (res["removed"], res["copied"], res["pg_rows"]) == (6, 4, 6)
+    pg = conn.execute("select row_index, row_id::text, data->>'s' from dataset_rows where dataset_id = %s"
+                      " order by row_index", (d,)).fetchall()
+    assert pg[:4] == [(r["__row_index"], r["__row_id"], r["s"]) for r in replaced]
+    assert [p[2] for p in pg[4:]] == ["v50 ü", "v51 ü"]
+
+    catalog = load_catalog(settings, dsn)
+    sync_dataset(dsn, catalog, settings, d)
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert (v.verdict, v.smoke, v.iceberg_count) == ("ok", "match", 6)
+
+
+def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.append", rows=3)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)  # 3..6
+    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    ds.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
+    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert (res["copied"], res["moved"], res["removed"], res["pg_rows"]) == (4, 2, 0, 9)
+    got = conn.execute("select row_index, (data->>'a')::int from dataset_rows where dataset_id = %s order by 1",
+                       (d,)).fetchall()
+    assert got == [(i, i) for i in range(7)] + [(7, 70), (8, 71)]
+    catalog = load_catalog(settings, dsn)
+    sync_dataset(dsn, catalog, settings, d)
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert (v.verdict, v.iceberg_count) == ("ok", 9)
+
+
+def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, settings):
+    catalog = load_catalog(settings, dsn)
+    ws = ds.create_workspace(conn, "ws")
+    d = ds.create_dataset(conn, ws, "fed", [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"},
+                                           {"name": "x", "type": "float64"}, {"name": "at", "type": "timestamp"},
+                                           {"name": "doc", "type": "json"}])
+    src = pg_source_table(conn, [row(i) for i in range(6)])
+    set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
+
+    def ingest():
+        return run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full")
+
+    assert ingest().path == "pg"
+    sync_dataset(dsn, catalog, settings, d)
+    for r in SERVABLE:
+        set_override(conn, "read", r, "iceberg", dataset=d, actor="pytest")
+    assert run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results[0].verdict == "ok"
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
+    add_source_rows(conn, src, [row(6), row(7)])
+    native = ingest()
+    assert (native.path, native.rows) == ("native", 8)
+
+    out = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True).stdout
+    assert "8 row(s) in 1 native snapshot(s) exist only in Iceberg (a native sync.full replaced the table" in out
+    with pytest.raises(BadInput):
+        sync_dataset(dsn, catalog, settings, d)
+
+    assert ingest().path == "pg"  # repopulates Postgres from the source: the marker is gone
+    assert iceberg_only(conn, catalog, settings, d) is None
+    r = sync_dataset(dsn, catalog, settings, d)
+    assert (r.mode, r.total_rows) == ("full", 8)
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert (v.verdict, v.iceberg_count) == ("ok", 8)
+    assert sorted(x["a"] for x in table_rows(settings, dsn, d)) == list(range(8))
+
+
+def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.defs.rollback import write_rollback_job
+
+    d = ready_native(conn, dsn, settings, "cdc.append", rows=3)
+    native_write(conn, dsn, settings, d, "cdc.append", [row(i) for i in range(3, 5)], start=3)
+    result = write_rollback_job.execute_in_process(
+        run_config={"ops": {"write_rollback_op": {"config": {"writer": "cdc_append", "dataset_id": str(d),
+                                                             "backfill": True, "note": "rollback"}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+    assert result.success
+    out = result.output_for_node("write_rollback_op")
+    assert [(r["iceberg_only_rows"], r["iceberg_only_snapshots"]) for r in out["rolled_back"]] == [(2, 1)]
+    assert [b["copied"] for b in out["backfilled"]] == [2]
+    catalog = load_catalog(settings, dsn)
+    assert iceberg_only(conn, catalog, settings, d) is None
+    sync_dataset(dsn, catalog, settings, d)
+    assert evaluate(dsn, catalog, settings, d).verdict == "ok"

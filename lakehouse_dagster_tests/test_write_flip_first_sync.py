@@ -1,0 +1,75 @@
+"""The write flip runs the writer's first native sync and the canary on it (runbook step 3), from the CLI
+and from the write_flip job: ok for an unchanged source, MISMATCH (→ rollback command) when the source
+changed under it. Real Postgres source table, real run_writer, real Iceberg, real Dagster run."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import dagster as dg
+
+from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.defs.rollout import write_flip_job
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.store import datasets as ds
+
+from .flag_helpers import cli
+from .native_helpers import SCHEMA, SERVABLE, add_source_rows, pg_source_table, row
+
+
+def _fed(conn, dsn, settings, rows: int = 6) -> tuple[uuid.UUID, str]:
+    """A dataset fed by a Postgres table on the pg path, mirrored, its readers on Iceberg (canary not run:
+    the flip's preflight runs it)."""
+    ws = ds.create_workspace(conn, "ws")
+    d = ds.create_dataset(conn, ws, "fed", SCHEMA)
+    src = pg_source_table(conn, [row(i) for i in range(rows)])
+    set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
+    catalog = load_catalog(settings, dsn)
+    assert run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full").path == "pg"
+    sync_dataset(dsn, catalog, settings, d)
+    for r in SERVABLE:
+        set_override(conn, "read", r, "iceberg", dataset=d, actor="pytest")
+    return d, src
+
+
+def _recorded(conn, d):
+    return conn.execute("select verdict, pg_count, iceberg_count from lakehouse_read_parity where dataset_id = %s"
+                        " and source = 'first-native-sync'", (d,)).fetchall()
+
+
+def test_write_flags_flip_runs_the_first_native_sync_and_its_canary(conn, dsn, settings):
+    d, _ = _fed(conn, dsn, settings)
+    proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (f,) = json.loads(proc.stdout)["first_native_sync"]
+    assert (f["verdict"], f["path"], f["rows"], f["problem"]) == ("ok", "native", 6, None)
+    assert "holds the 6 row(s) Postgres held (content" in f["detail"]
+    assert _recorded(conn, d) == [("ok", 6, 6)]
+    assert f"iceberg_native: {d} (6 rows → snapshot {f['snapshot_id']})" in proc.stderr  # the runbook's log line
+
+
+def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(conn, dsn, settings):
+    d, src = _fed(conn, dsn, settings)
+    add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
+    result = write_flip_job.execute_in_process(
+        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync_full", "dataset_id": str(d)}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False)
+    assert not result.success
+    assert result.output_for_node("write_flip_verify")[0]["problems"] == []
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert failure.step_key == "write_flip_first_sync"
+    text = failure.event_specific_data.error.message
+    assert "canary MISMATCH" in text and "Postgres 6 rows" in text and "Iceberg 7 rows" in text
+    assert f"lakehouse write-flags set sync.full pg --dataset {d}" in text
+    assert "Traceback" not in (failure.event_specific_data.error.cause or "")
+    assert _recorded(conn, d) == [("MISMATCH", 6, 7)]
+    # the rollback it names: Iceberg now holds the 7 rows Postgres lacks
+    proc = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True)
+    assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in proc.stdout
