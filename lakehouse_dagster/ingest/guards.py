@@ -39,7 +39,8 @@ def guard_connection(dsn: str) -> psycopg.Connection:
     """A connection fit to hold advisory locks for a whole sync: TCP keepalives (a dead peer is noticed,
     an idle NAT/firewall entry is kept) and no server-side idle-session timeout."""
     conn = connect(dsn, **KEEPALIVE)
-    conn.execute("select set_config('idle_session_timeout', '0', false)")
+    conn.execute("select case when current_setting('server_version_num')::int >= 140000"
+                 " then set_config('idle_session_timeout', '0', false) end")  # the setting exists from PG 14
     return conn
 
 
