@@ -45,6 +45,12 @@ class CommitOutcomeUnknown(SyncFailed):
     transient = True
 
 
+class LockTimeout(SyncFailed):
+    """Another sync of the dataset held its lock (G3) past the wait. Transient: retry later."""
+
+    transient = True
+
+
 class GuardLost(SyncFailed):
     """The session holding a G2/G3 advisory lock died before the commit: another sync may now own the
     dataset, so this one must not commit. Transient: a retry takes the lock again."""

@@ -178,9 +178,15 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
     with pytest.raises(SyncFailed, match="changed type") as changed:
         _sync(settings, dsn, d)
     assert not changed.value.transient
-    # a lock timeout (another sync holds the dataset lock) is transient too
-    import psycopg
-    assert is_transient(psycopg.errors.LockNotAvailable("lock timeout"))
+    # a lock timeout (another sync holds the dataset lock past the wait) is transient too
+    from lakehouse_dagster.ingest.guards import dataset_lock
+    from lakehouse_dagster.store.db import connect
+
+    with connect(dsn) as other, dataset_lock(other, d):
+        with pytest.raises(SyncFailed, match="held the lock") as timeout:
+            with dataset_lock(conn, d, timeout_s=0.2):
+                pass
+    assert is_transient(timeout.value)
 
 
 # --- interruptions -----------------------------------------------------------------------------------
