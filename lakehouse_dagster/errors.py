@@ -87,3 +87,9 @@ def is_transient(exc: BaseException) -> bool:
             return True
         exc, seen = exc.__cause__, seen + 1
     return False
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none): for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -14,6 +14,9 @@ Iceberg is behind), run one clean sync, then check the oracle:
     source_version <= the dataset's rows_version; the latest succeeded row covers rows_version;
   * datasets.row_count == rows in the table == rows in Postgres, status 'ready';
   * the poller (ingest/poller.pending_syncs) does not request the dataset (it is caught up).
+A ``stop`` cycle freezes the sync at its failpoint instead, terminates its lock session, runs the clean
+sync meanwhile, resumes the frozen one, and checks the oracle once both are done (a live process that
+lost its guard locks must not commit over the other sync).
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
@@ -22,7 +25,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 import random
+import signal
 import time
 import uuid
 
@@ -36,10 +41,12 @@ from lakehouse_dagster.store import datasets as ds
 from lakehouse_dagster.store.datasets import parse_schema
 from lakehouse_dagster.store.db import connect
 
-from .fault_helpers import cli_sync, data_files_on_disk
+from .fault_helpers import cli_sync, cli_sync_popen, data_files_on_disk, terminate_lock_session, wait_stopped
 
 POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "after-commit-before-log", "after-log"]
-ACTIONS = [("kill", 70), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5)]
+# stop: the sync freezes at the failpoint, its lock session is terminated, the clean sync runs meanwhile,
+# then the frozen one resumes (a live process whose guard locks died: it must not commit over the other)
+ACTIONS = [("kill", 64), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5), ("stop", 6)]
 TYPES = ["string", "int64", "float64", "boolean", "json"]
 
 
@@ -199,7 +206,10 @@ class Oracle:
         return bad
 
 
-def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2, progress=None) -> Report:
+def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2, progress=None,
+               actions=None, armed_share: float = 0.85) -> Report:
+    """``actions``: [(action, weight)] to draw from (default ACTIONS)."""
+    actions = actions or ACTIONS
     rng = random.Random(seed)
     report = Report(seed)
     started = time.perf_counter()
@@ -216,29 +226,68 @@ def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2,
             d = rng.choice(ids)
             mutate(conn, rng, d, report)
             spec = None
-            if rng.random() < 0.85:
+            if rng.random() < armed_share:
                 point = rng.choice(POINTS)
-                action = rng.choices([a for a, _ in ACTIONS], weights=[w for _, w in ACTIONS])[0]
+                action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
                 spec = f"{point}:{action}"
                 report.armed[spec] += 1
-            proc = cli_sync(d, spec, chunk_rows=rng.choice([40, 150, 100000]))
-            report.outcomes[proc.returncode] += 1
-            if spec and (proc.returncode in (-9, 130) or "failpoint" in proc.stderr):
-                report.fired[spec] += 1
-            elif proc.returncode not in (0,):
-                report.violations.append(f"cycle {cycle}: sync without a fired failpoint exited "
-                                         f"{proc.returncode}: {proc.stderr.strip()[-300:]}")
-            where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {proc.returncode})"
-            report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
-            try:
-                sync_dataset(dsn, oracle.catalog, settings.replace(ingest_chunk_rows=rng.choice([60, 100000])), d,
-                             readers=1)
-            except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
-                report.violations.append(f"{where}: the clean sync failed: {type(exc).__name__}: {exc}")
+            chunk = rng.choice([40, 150, 100000])
+            clean_settings = settings.replace(ingest_chunk_rows=rng.choice([60, 100000]))
+            if spec and spec.endswith(":stop"):
+                rc, clean_error = _frozen_cycle(conn, dsn, oracle, clean_settings, d, spec, chunk, report)
+                where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                if rc not in (0, 1, 4):
+                    report.violations.append(f"{where}: the resumed sync exited {rc}")
+            else:
+                proc = cli_sync(d, spec, chunk_rows=chunk)
+                rc = proc.returncode
+                report.outcomes[rc] += 1
+                if spec and (rc in (-9, 130) or "failpoint" in proc.stderr):
+                    report.fired[spec] += 1
+                elif rc != 0:
+                    report.violations.append(f"cycle {cycle}: sync without a fired failpoint exited "
+                                             f"{rc}: {proc.stderr.strip()[-300:]}")
+                where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
+                clean_error = _clean_sync(dsn, oracle, clean_settings, d)
+            if clean_error:
+                report.violations.append(f"{where}: the clean sync failed: {clean_error}")
             else:
                 report.violations += [f"{where}: {v}" for v in oracle.after_clean_sync(conn, d)]
             report.cycles += 1
             if progress:
-                progress(cycle, spec, proc.returncode, report)
+                progress(cycle, spec, rc, report)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _clean_sync(dsn, oracle, settings, d) -> str | None:
+    try:
+        sync_dataset(dsn, oracle.catalog, settings, d, readers=1)
+    except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _frozen_cycle(conn, dsn, oracle, settings, d, spec, chunk, report) -> tuple[int, str | None]:
+    """The sync freezes at its failpoint; its lock session dies; the clean sync runs; the frozen one
+    resumes and finishes (or fails) on its own. The oracle then runs with both done."""
+    proc = cli_sync_popen(d, spec, chunk_rows=chunk)
+    clean_error = None
+    try:
+        if wait_stopped(proc, 120, must=False):
+            report.fired[spec] += 1
+            terminate_lock_session(conn, d)
+            clean_error = _clean_sync(dsn, oracle, settings, d)
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.communicate(timeout=120)
+        else:
+            proc.communicate(timeout=120)
+            clean_error = _clean_sync(dsn, oracle, settings, d)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    report.outcomes[proc.returncode] += 1
+    return proc.returncode, clean_error

@@ -38,16 +38,22 @@ def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100
     )
 
 
-def wait_stopped(pid: int, timeout: float = 60) -> None:
-    """Wait until the process has SIGSTOPped itself (a failpoint armed with :stop)."""
+def wait_stopped(proc: subprocess.Popen | int, timeout: float = 60, *, must: bool = True) -> bool:
+    """Wait until the process has SIGSTOPped itself (a failpoint armed with :stop). False when it
+    exited first (the failpoint was not on its path) and ``must`` is off."""
+    pid = proc if isinstance(proc, int) else proc.pid
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
-            raise AssertionError(f"process {pid} exited before reaching its failpoint") from None
+            state = "gone"
         if state == "T":
-            return
+            return True
+        if state in ("Z", "gone") or (not isinstance(proc, int) and proc.poll() is not None):
+            if must:
+                raise AssertionError(f"process {pid} exited before reaching its failpoint")
+            return False
         time.sleep(0.05)
     raise AssertionError(f"process {pid} never stopped at its failpoint")
 

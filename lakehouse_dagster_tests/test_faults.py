@@ -230,7 +230,7 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
     conn.execute("update dataset_rows set data = data || '{\"n\": -7}' where dataset_id = %s and row_index = 5", (d,))
     a = cli_sync_popen(d, f"{point}:stop")
     try:
-        wait_stopped(a.pid)
+        wait_stopped(a)
         terminate_lock_session(conn, d)
         conn.execute("update dataset_rows set data = data || '{\"n\": -8}' where dataset_id = %s and row_index = 6",
                      (d,))
