@@ -37,7 +37,12 @@ def main() -> int:
     from lakehouse_dagster.settings import Settings
     from lakehouse_dagster_tests.crash_harness import run_cycles
 
+    shown = [0]
+
     def progress(cycle, spec, rc, report):
+        for v in report.violations[shown[0]:]:
+            print(f"  VIOLATION {v}", flush=True)
+        shown[0] = len(report.violations)
         if (cycle + 1) % 10 == 0:
             print(f"  cycle {cycle + 1}: {sum(report.fired.values())} failpoints fired, "
                   f"{len(report.violations)} violations", flush=True)
