@@ -22,7 +22,7 @@ def cli_env(failpoint: str | None = None, **extra: str) -> dict:
     return env
 
 
-def _default_sigint() -> None:
+def default_sigint() -> None:
     # A job started in the background inherits SIGINT ignored, and Python then installs no Ctrl-C
     # handler: restore the default so a ':sigint' failpoint interrupts the child as Ctrl-C would.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -32,7 +32,7 @@ def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, time
     """`lakehouse sync --dataset <id> --json` in its own process, with a failpoint armed."""
     return subprocess.run(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        capture_output=True, text=True, timeout=timeout, preexec_fn=_default_sigint,
+        capture_output=True, text=True, timeout=timeout, preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
@@ -40,7 +40,7 @@ def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, time
 def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 

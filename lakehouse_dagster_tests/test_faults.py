@@ -18,8 +18,8 @@ from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.store import datasets as ds
 from lakehouse_dagster.errors import BadInput
 
-from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, referenced_files, terminate_lock_session,
-                            wait_stopped)
+from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, default_sigint, referenced_files,
+                            terminate_lock_session, wait_stopped)
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -338,7 +338,8 @@ def _native(d, start, count, failpoint=None):
     from .fault_helpers import cli_env
 
     return subprocess.run([sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
-                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint))
+                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint),
+                          preexec_fn=default_sigint)
 
 
 def _native_values(settings, dsn, d):
@@ -379,7 +380,7 @@ def test_native_write_interrupted_after_its_commit_is_recorded_as_succeeded(conn
     from .fault_helpers import cli_env
 
     proc = subprocess.run([sys.executable, "-c", script, str(d), "0", "10"], capture_output=True, text=True,
-                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"))
+                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"), preexec_fn=default_sigint)
     assert proc.returncode in (-signal.SIGINT, 143), proc.stderr  # uncaught KeyboardInterrupt / SystemExit
     [(_, status, _, snapshot_id, _)] = _log(conn, d)
     assert (status, snapshot_id) == ("succeeded", _table(settings, dsn, d).current_snapshot().snapshot_id)
