@@ -45,6 +45,12 @@ class CommitOutcomeUnknown(SyncFailed):
     transient = True
 
 
+class LockTimeout(SyncFailed):
+    """Another sync of the dataset held its lock (G3) past the wait. Transient: retry later."""
+
+    transient = True
+
+
 class GuardLost(SyncFailed):
     """The session holding a G2/G3 advisory lock died before the commit: another sync may now own the
     dataset, so this one must not commit. Transient: a retry takes the lock again."""
@@ -81,3 +87,9 @@ def is_transient(exc: BaseException) -> bool:
             return True
         exc, seen = exc.__cause__, seen + 1
     return False
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none): for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

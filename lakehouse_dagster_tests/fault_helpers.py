@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,11 +22,17 @@ def cli_env(failpoint: str | None = None, **extra: str) -> dict:
     return env
 
 
+def default_sigint() -> None:
+    # A job started in the background inherits SIGINT ignored, and Python then installs no Ctrl-C
+    # handler: restore the default so a ':sigint' failpoint interrupts the child as Ctrl-C would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, timeout: float = 120) -> subprocess.CompletedProcess:
     """`lakehouse sync --dataset <id> --json` in its own process, with a failpoint armed."""
     return subprocess.run(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
@@ -33,21 +40,27 @@ def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, time
 def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
 
-def wait_stopped(pid: int, timeout: float = 60) -> None:
-    """Wait until the process has SIGSTOPped itself (a failpoint armed with :stop)."""
+def wait_stopped(proc: subprocess.Popen | int, timeout: float = 60, *, must: bool = True) -> bool:
+    """Wait until the process has SIGSTOPped itself (a failpoint armed with :stop). False when it
+    exited first (the failpoint was not on its path) and ``must`` is off."""
+    pid = proc if isinstance(proc, int) else proc.pid
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
-            raise AssertionError(f"process {pid} exited before reaching its failpoint") from None
+            state = "gone"
         if state == "T":
-            return
+            return True
+        if state in ("Z", "gone") or (not isinstance(proc, int) and proc.poll() is not None):
+            if must:
+                raise AssertionError(f"process {pid} exited before reaching its failpoint")
+            return False
         time.sleep(0.05)
     raise AssertionError(f"process {pid} never stopped at its failpoint")
 

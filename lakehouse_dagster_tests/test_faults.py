@@ -18,8 +18,8 @@ from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.store import datasets as ds
 from lakehouse_dagster.errors import BadInput
 
-from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, referenced_files, terminate_lock_session,
-                            wait_stopped)
+from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, default_sigint, referenced_files,
+                            terminate_lock_session, wait_stopped)
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -178,9 +178,15 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
     with pytest.raises(SyncFailed, match="changed type") as changed:
         _sync(settings, dsn, d)
     assert not changed.value.transient
-    # a lock timeout (another sync holds the dataset lock) is transient too
-    import psycopg
-    assert is_transient(psycopg.errors.LockNotAvailable("lock timeout"))
+    # a lock timeout (another sync holds the dataset lock past the wait) is transient too
+    from lakehouse_dagster.ingest.guards import dataset_lock
+    from lakehouse_dagster.store.db import connect
+
+    with connect(dsn) as other, dataset_lock(other, d):
+        with pytest.raises(SyncFailed, match="held the lock") as timeout:
+            with dataset_lock(conn, d, timeout_s=0.2):
+                pass
+    assert is_transient(timeout.value)
 
 
 # --- interruptions -----------------------------------------------------------------------------------
@@ -224,7 +230,7 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
     conn.execute("update dataset_rows set data = data || '{\"n\": -7}' where dataset_id = %s and row_index = 5", (d,))
     a = cli_sync_popen(d, f"{point}:stop")
     try:
-        wait_stopped(a.pid)
+        wait_stopped(a)
         terminate_lock_session(conn, d)
         conn.execute("update dataset_rows set data = data || '{\"n\": -8}' where dataset_id = %s and row_index = 6",
                      (d,))
@@ -332,7 +338,8 @@ def _native(d, start, count, failpoint=None):
     from .fault_helpers import cli_env
 
     return subprocess.run([sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
-                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint))
+                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint),
+                          preexec_fn=default_sigint)
 
 
 def _native_values(settings, dsn, d):
@@ -373,7 +380,7 @@ def test_native_write_interrupted_after_its_commit_is_recorded_as_succeeded(conn
     from .fault_helpers import cli_env
 
     proc = subprocess.run([sys.executable, "-c", script, str(d), "0", "10"], capture_output=True, text=True,
-                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"))
+                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"), preexec_fn=default_sigint)
     assert proc.returncode in (-signal.SIGINT, 143), proc.stderr  # uncaught KeyboardInterrupt / SystemExit
     [(_, status, _, snapshot_id, _)] = _log(conn, d)
     assert (status, snapshot_id) == ("succeeded", _table(settings, dsn, d).current_snapshot().snapshot_id)

@@ -43,7 +43,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 
-from ..errors import CommitOutcomeUnknown, GuardLost, SyncFailed
+from ..errors import CommitOutcomeUnknown, GuardLost, SyncFailed, first_line
 from ..failpoints import failpoint, is_armed
 from ..ingest.guards import check_held
 from ..settings import Settings
@@ -281,18 +281,13 @@ def write_arrow(
                 raise  # an interruption: the caller looks at the table itself
             raise CommitOutcomeUnknown(
                 f"dataset {dataset.id}: commit outcome unknown for sync {sync_id} ({type(exc).__name__}: "
-                f"{_first_line(exc)}); its files are kept, the next sync of the dataset settles it"
+                f"{first_line(exc)}); its files are kept, the next sync of the dataset settles it"
             ) from exc
         _log.warning("commit of sync %s raised %s but its snapshot %s is in the table: it landed",
                      sync_id, type(exc).__name__, landed)
         snapshot_id = landed
     return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
                        source_version=source_version)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import psycopg
 
-from ..errors import Backpressure, GuardLost, SyncFailed
+from ..errors import Backpressure, GuardLost, LockTimeout
 from ..store.db import connect
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
@@ -39,7 +39,8 @@ def guard_connection(dsn: str) -> psycopg.Connection:
     """A connection fit to hold advisory locks for a whole sync: TCP keepalives (a dead peer is noticed,
     an idle NAT/firewall entry is kept) and no server-side idle-session timeout."""
     conn = connect(dsn, **KEEPALIVE)
-    conn.execute("select set_config('idle_session_timeout', '0', false)")
+    conn.execute("select case when current_setting('server_version_num')::int >= 140000"
+                 " then set_config('idle_session_timeout', '0', false) end")  # the setting exists from PG 14
     return conn
 
 
@@ -83,7 +84,7 @@ def dataset_lock(conn: psycopg.Connection, dataset_id: uuid.UUID, *, timeout_s: 
     try:
         conn.execute("select pg_advisory_lock(%s, %s)", (_NS_DATASET, key))
     except psycopg.errors.LockNotAvailable:
-        raise SyncFailed(
+        raise LockTimeout(
             f"dataset {dataset_id}: another sync of this dataset held the lock for over {timeout_s:.0f}s; "
             "check iceberg_sync_log for a wedged run"
         ) from None

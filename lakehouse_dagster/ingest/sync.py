@@ -16,7 +16,7 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, LakehouseError, SyncFailed, is_transient
+from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, LakehouseError, SyncFailed, first_line, is_transient
 from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.native import native_dataset_ids
 from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
@@ -121,7 +121,13 @@ def sync_dataset(
                 # (the database gone) leaves the row 'running' for the next sync to settle (ingest/reaper.py).
                 if not isinstance(exc, Exception):
                     _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
-                raise
+                    raise
+                err = SyncFailed(
+                    f"dataset {ds_id}: snapshot {result.snapshot_id} was committed but could not be recorded "
+                    f"({type(exc).__name__}: {first_line(exc)}); the next sync of the dataset records it"
+                )
+                err.transient = is_transient(exc)
+                raise err from exc
             failpoint("after-log")
             return result
 
@@ -200,8 +206,7 @@ def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
         located = _locate_bad_value(dsn, ds_id)
         if located:
             return located
-    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-    return f"dataset {ds_id}: sync failed: {type(exc).__name__}: {first}"
+    return f"dataset {ds_id}: sync failed: {type(exc).__name__}: {first_line(exc)}"
 
 
 def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:

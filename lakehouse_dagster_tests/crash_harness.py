@@ -1,0 +1,293 @@
+"""The crash harness: a seeded random schedule of writes to a few datasets, syncs run as real CLI
+processes killed (or interrupted, or failed) at random failpoints, and an oracle after every cycle.
+
+One cycle: mutate one dataset in Postgres (appends, updates, deletes, a schema change, or nothing),
+run `lakehouse sync --dataset <id> --json` with a random failpoint armed (or none), check what must hold
+right away (the table never references a missing file; the poller requests the dataset whenever
+Iceberg is behind), run one clean sync, then check the oracle:
+  * the clean sync succeeds; the canary's verdict is ok (Iceberg equals Postgres: count and digest)
+    and __row_index is unique in the table;
+  * data files on disk == data files referenced by the table's snapshots (no snapshots are expired
+    here, so nothing else may legitimately remain: no orphan of a killed or failed sync survives the
+    next sync), and every file the current snapshot references exists;
+  * iceberg_sync_log: no 'running' row; every succeeded row's snapshot exists in the table and its
+    source_version <= the dataset's rows_version; the latest succeeded row covers rows_version;
+  * datasets.row_count == rows in the table == rows in Postgres, status 'ready';
+  * the poller (ingest/poller.pending_syncs) does not request the dataset (it is caught up).
+A ``stop`` cycle freezes the sync at its failpoint instead, terminates its lock session, runs the clean
+sync meanwhile, resumes the frozen one, and checks the oracle once both are done (a live process that
+lost its guard locks must not commit over the other sync).
+Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import random
+import signal
+import time
+import uuid
+
+from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.ingest.poller import Cursor, pending_syncs
+from lakehouse_dagster.ingest.reaper import files_by_sync
+from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.datasets import parse_schema
+from lakehouse_dagster.store.db import connect
+
+from .fault_helpers import cli_sync, cli_sync_popen, data_files_on_disk, terminate_lock_session, wait_stopped
+
+POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "after-commit-before-log", "after-log"]
+# stop: the sync freezes at the failpoint, its lock session is terminated, the clean sync runs meanwhile,
+# then the frozen one resumes (a live process whose guard locks died: it must not commit over the other)
+ACTIONS = [("kill", 64), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5), ("stop", 6)]
+TYPES = ["string", "int64", "float64", "boolean", "json"]
+
+
+@dataclasses.dataclass
+class Report:
+    seed: int
+    cycles: int = 0
+    armed: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # "point:action" → cycles
+    fired: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # "point:action" → took effect
+    outcomes: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # exit codes
+    ops: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    violations: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def kills_per_failpoint(self) -> dict[str, int]:
+        out: dict[str, int] = collections.Counter()
+        for key, n in self.fired.items():
+            point, action = key.split(":")
+            if action == "kill":
+                out[point] += n
+        return dict(out)
+
+    def as_dict(self) -> dict:
+        return {"seed": self.seed, "cycles": self.cycles, "seconds": round(self.seconds, 1),
+                "kills_per_failpoint": self.kills_per_failpoint(), "fired": dict(self.fired),
+                "armed": dict(self.armed), "exit_codes": dict(self.outcomes), "ops": dict(self.ops),
+                "violations": self.violations}
+
+
+def _value(rng: random.Random, type_: str):
+    if rng.random() < 0.1:
+        return None
+    return {
+        "string": lambda: rng.choice(["", "a", "ünï ✓", "x" * rng.randint(1, 40)]),
+        "int64": lambda: rng.randint(-2**62, 2**62),
+        "float64": lambda: rng.choice([rng.uniform(-1e6, 1e6), 0.0, "NaN", "Infinity", 1e-300]),
+        "boolean": lambda: rng.random() < 0.5,
+        "json": lambda: rng.choice([{"k": rng.randint(0, 9)}, [1, "two", None], "s", 3.5, {}]),
+    }[type_]()
+
+
+def _row(rng, columns) -> dict:
+    return {c["name"]: _value(rng, c["type"]) for c in columns if rng.random() < 0.95}
+
+
+def mutate(conn, rng: random.Random, d: uuid.UUID, report: Report) -> None:
+    """1–3 random writes to the dataset: appends, updates, deletes, a schema change, or nothing."""
+    columns = conn.execute("select schema from datasets where id = %s", (d,)).fetchone()[0]
+    for _ in range(rng.randint(1, 3)):
+        op = rng.choices(["append", "update", "delete", "schema", "none"], weights=[45, 20, 15, 8, 12])[0]
+        report.ops[op] += 1
+        if op == "append":
+            ds.insert_rows(conn, d, [_row(rng, columns) for _ in range(rng.randint(1, 400))])
+        elif op == "update":
+            col = rng.choice(columns)
+            value = json.dumps({col["name"]: _value(rng, col["type"])})
+            conn.execute("update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% %s = %s",
+                         (value, d, rng.randint(2, 20), rng.randint(0, 1)))
+        elif op == "delete":
+            conn.execute("delete from dataset_rows where dataset_id = %s and row_index %% %s = %s",
+                         (d, rng.randint(5, 40), rng.randint(0, 4)))
+        elif op == "schema" and len(columns) < 8:
+            new = {"name": f"c{len(columns)}_{rng.randint(0, 999)}", "type": rng.choice(TYPES)}
+            columns = columns + [new]
+            ds.set_schema(conn, d, columns)
+            value = json.dumps({new["name"]: _value(rng, new["type"])})
+            conn.execute("update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% 3 = 0",
+                         (value, d))
+
+
+class Oracle:
+    """The checks, with a cache of each snapshot's data files (snapshots never change)."""
+
+    def __init__(self, dsn: str, settings):
+        self.dsn, self.settings = dsn, settings
+        self.catalog = load_catalog(settings, dsn)
+        self._files: dict[int, set[str]] = {}
+
+    def _snapshot_files(self, table, snapshot_id: int) -> set[str]:
+        if snapshot_id not in self._files:
+            self._files[snapshot_id] = {t.file.file_path.rsplit("/", 1)[-1]
+                                        for t in table.scan(snapshot_id=snapshot_id).plan_files()}
+        return self._files[snapshot_id]
+
+    def table(self, d):
+        return load_table_or_none(self.catalog, table_identifier(self.settings, d))
+
+    def before_clean_sync(self, conn, d) -> list[str]:
+        bad = []
+        table = self.table(d)
+        snap = table.current_snapshot() if table is not None else None
+        if snap is not None:
+            missing = self._snapshot_files(table, snap.snapshot_id) - data_files_on_disk(table)
+            if missing:
+                bad.append(f"the current snapshot references missing files {sorted(missing)[:3]}")
+        version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+        pin = pin_iceberg(self.catalog, self.settings, d)
+        behind = pin.source_version is None or pin.source_version < version
+        requested = d in {p.dataset_id for p in pending_syncs(conn, Cursor(), limit=1000)[0]}
+        if behind and not requested:
+            bad.append(f"Iceberg is behind (covers {pin.source_version}, Postgres at {version}) but the poller "
+                       "does not request the dataset")
+        return bad
+
+    def after_clean_sync(self, conn, d) -> list[str]:
+        bad = []
+        table = self.table(d)
+        if table is None or table.current_snapshot() is None:
+            return ["no table or no snapshot after a clean sync"]
+        on_disk = data_files_on_disk(table)
+        current = self._snapshot_files(table, table.current_snapshot().snapshot_id)
+        referenced = set().union(*(self._snapshot_files(table, s.snapshot_id) for s in table.snapshots()))
+        if current - on_disk:
+            bad.append(f"the current snapshot references missing files {sorted(current - on_disk)[:3]}")
+        if on_disk - referenced:
+            orphans = sorted(on_disk - referenced)
+            bad.append(f"{len(orphans)} orphan data files after the next sync, e.g. {orphans[:2]}")
+        named = {p.rsplit("/", 1)[-1] for paths in files_by_sync(table).values() for p in paths}
+        unnamed = on_disk - named
+        if unnamed:
+            bad.append(f"data files not named after a sync: {sorted(unnamed)[:2]}")
+
+        v = canary.evaluate(self.dsn, self.catalog, self.settings, d, localise=False)
+        if v.verdict != canary.OK:
+            bad.append(f"canary {v.verdict}: {v.detail.get('reason')} (pg {v.pg_count}/{v.pg_digest}, "
+                       f"iceberg {v.iceberg_count}/{v.iceberg_digest})")
+        pin = pin_iceberg(self.catalog, self.settings, d)
+        columns = parse_schema(conn.execute("select schema from datasets where id = %s", (d,)).fetchone()[0])
+        with IcebergSide(pin, columns, threads=1) as side:
+            stats = side.identity_stats()
+        if stats["rows"] != stats["distinct_row_index"]:
+            bad.append(f"__row_index not unique: {stats['rows']} rows, {stats['distinct_row_index']} distinct")
+
+        version, row_count, status = conn.execute(
+            "select rows_version, row_count, status from datasets where id = %s", (d,)).fetchone()
+        pg_rows = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0]
+        if not (row_count == stats["rows"] == pg_rows):
+            bad.append(f"row counts differ: datasets.row_count {row_count}, Iceberg {stats['rows']}, Postgres {pg_rows}")
+        if status != "ready":
+            bad.append(f"dataset status {status!r} after a clean sync")
+        log = conn.execute("select sync_id, status, source_version, snapshot_id from iceberg_sync_log"
+                           " where dataset_id = %s order by finished_at", (d,)).fetchall()
+        snapshot_ids = {s.snapshot_id for s in table.snapshots()}
+        for sid, st, sv, snap_id in log:
+            if st == "running":
+                bad.append(f"sync {sid} still 'running' after the next sync")
+            if st == "succeeded":
+                if snap_id not in snapshot_ids:
+                    bad.append(f"succeeded sync {sid} names snapshot {snap_id}, not in the table")
+                if sv is None or sv > version:
+                    bad.append(f"succeeded sync {sid} covers version {sv}, Postgres is at {version}")
+        latest = [r for r in log if r[1] == "succeeded"]
+        if not latest or latest[-1][2] != version:
+            bad.append(f"the latest succeeded sync covers {latest[-1][2] if latest else None}, Postgres is at {version}")
+        if d in {p.dataset_id for p in pending_syncs(conn, Cursor(), limit=1000)[0]}:
+            bad.append("the poller still requests a caught-up dataset")
+        return bad
+
+
+def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2, progress=None,
+               actions=None, armed_share: float = 0.85) -> Report:
+    """``actions``: [(action, weight)] to draw from (default ACTIONS)."""
+    actions = actions or ACTIONS
+    rng = random.Random(seed)
+    report = Report(seed)
+    started = time.perf_counter()
+    oracle = Oracle(dsn, settings)
+    with connect(dsn) as conn:
+        ws = ds.create_workspace(conn, f"crash-{seed}")
+        ids = []
+        for i in range(datasets):
+            schema = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+            d = ds.create_dataset(conn, ws, f"crash-{i}", schema)
+            ds.insert_rows(conn, d, [_row(rng, schema) for _ in range(rng.randint(0, 300))])
+            ids.append(d)
+        for cycle in range(cycles):
+            d = rng.choice(ids)
+            mutate(conn, rng, d, report)
+            spec = None
+            if rng.random() < armed_share:
+                point = rng.choice(POINTS)
+                action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
+                spec = f"{point}:{action}"
+                report.armed[spec] += 1
+            chunk = rng.choice([40, 150, 100000])
+            clean_settings = settings.replace(ingest_chunk_rows=rng.choice([60, 100000]))
+            if spec and spec.endswith(":stop"):
+                rc, clean_error = _frozen_cycle(conn, dsn, oracle, clean_settings, d, spec, chunk, report)
+                where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                if rc not in (0, 1, 4):
+                    report.violations.append(f"{where}: the resumed sync exited {rc}")
+            else:
+                proc = cli_sync(d, spec, chunk_rows=chunk)
+                rc = proc.returncode
+                report.outcomes[rc] += 1
+                if spec and (rc in (-9, 130) or "failpoint" in proc.stderr):
+                    report.fired[spec] += 1
+                elif rc != 0:
+                    report.violations.append(f"cycle {cycle}: sync without a fired failpoint exited "
+                                             f"{rc}: {proc.stderr.strip()[-300:]}")
+                where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
+                clean_error = _clean_sync(dsn, oracle, clean_settings, d)
+            if clean_error:
+                report.violations.append(f"{where}: the clean sync failed: {clean_error}")
+            else:
+                report.violations += [f"{where}: {v}" for v in oracle.after_clean_sync(conn, d)]
+            report.cycles += 1
+            if progress:
+                progress(cycle, spec, rc, report)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _clean_sync(dsn, oracle, settings, d) -> str | None:
+    try:
+        sync_dataset(dsn, oracle.catalog, settings, d, readers=1)
+    except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _frozen_cycle(conn, dsn, oracle, settings, d, spec, chunk, report) -> tuple[int, str | None]:
+    """The sync freezes at its failpoint; its lock session dies; the clean sync runs; the frozen one
+    resumes and finishes (or fails) on its own. The oracle then runs with both done."""
+    proc = cli_sync_popen(d, spec, chunk_rows=chunk)
+    clean_error = None
+    try:
+        if wait_stopped(proc, 120, must=False):
+            report.fired[spec] += 1
+            terminate_lock_session(conn, d)
+            clean_error = _clean_sync(dsn, oracle, settings, d)
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.communicate(timeout=120)
+        else:
+            proc.communicate(timeout=120)
+            clean_error = _clean_sync(dsn, oracle, settings, d)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    report.outcomes[proc.returncode] += 1
+    return proc.returncode, clean_error
