@@ -25,9 +25,11 @@ from .errors import BadInput
 
 ENV = "LAKEHOUSE_FAILPOINT"
 
-# Where they are: iceberg/writer.py (both the mirror and the native write path) and the two callers'
-# bookkeeping (ingest/sync.py for the mirror, routing/write_router.py for native writes).
+# Where they are: iceberg/writer.py (both the mirror and the native write path), the two callers'
+# bookkeeping (ingest/sync.py for the mirror, routing/write_router.py for native writes) and the source
+# writers (ingest/writers.py: after the first batch on both paths; after the pg path's commit).
 POINTS = (
+    "after-first-batch",  # a source writer handed its first source batch on (pg path and native path)
     "after-first-file",  # the first Parquet file of a write is closed
     "before-commit",  # every file written, nothing committed yet
     "commit-start",  # inside the catalog's commit call, before its compare-and-swap

@@ -212,27 +212,18 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
 
 
 def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
-    """Run `lakehouse ingest` in its own process and SIGKILL it at ``point`` (see ingest/writers._pause)."""
-    marker = tmp_path / "paused"
-    env = {**os.environ, "LAKEHOUSE_WRITERS_PAUSE_AT": point, "LAKEHOUSE_WRITERS_PAUSE_FILE": str(marker),
-           "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
-    proc = subprocess.Popen([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest", "--dataset", str(dataset),
-                             "--writer", "sync.append"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not marker.exists():
-        assert proc.poll() is None, proc.stderr.read().decode()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    marker.unlink()
+    """Run `lakehouse ingest` in its own process; it SIGKILLs itself at failpoint ``point`` (failpoints.py)."""
+    env = {**os.environ, "LAKEHOUSE_FAILPOINT": f"{point}:kill", "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
+    proc = subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest", "--dataset", str(dataset),
+                           "--writer", "sync.append"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
 
 
 def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog, settings, dataset, tmp_path):
     write_source_file(tmp_path / "src" / "a.csv", "csv", _records(0, 20))
     set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "src"), "format": "csv"})
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
-    _kill_ingest_at("after-commit", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
+    _kill_ingest_at("after-commit-before-log", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
     (sync_id,) = conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s", (dataset,)).fetchone()
     r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
     assert r.rows == 0 and r.total_rows == 20  # not appended twice
@@ -242,7 +233,7 @@ def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog,
 
 
 @pytest.mark.parametrize("mode", ["pg", "native"])
-@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
+@pytest.mark.parametrize("point", ["after-first-batch", "after-commit-before-log"])
 def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
     src = tmp_path / "src"
@@ -255,7 +246,7 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
     write_source_file(src / "c.csv", "csv", _records(60, 5))
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
     # after the commit the first run's files count as ingested; mid-write nothing did
-    assert r.rows == (5 if point == "after-commit" else 65) and r.total_rows == 65 and r.cursor == {"files": 3}
+    assert r.rows == (5 if point == "after-commit-before-log" else 65) and r.total_rows == 65 and r.cursor == {"files": 3}
     if mode == "pg":
         sync_dataset(dsn, catalog, settings, dataset)
     rows = table_rows(catalog, settings, dataset)
@@ -266,11 +257,11 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
         statuses = sorted(s for (s,) in conn.execute("select status from iceberg_sync_log where dataset_id = %s",
                                                      (dataset,)))
         # the killed sync was found by the next one: succeeded if its commit landed, failed otherwise
-        assert statuses == (["succeeded", "succeeded"] if point == "after-commit" else ["failed", "succeeded"])
+        assert statuses == (["succeeded", "succeeded"] if point == "after-commit-before-log" else ["failed", "succeeded"])
         assert conn.execute("select row_count from datasets where id = %s", (dataset,)).fetchone()[0] == 65
         leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
         # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
-        assert len(leftovers) == (6 + 1 if point == "after-commit" else 1)
+        assert len(leftovers) == (6 + 1 if point == "after-commit-before-log" else 1)
 
 
 def test_source_dsn_secret_never_shows_in_errors(conn, dsn, catalog, settings, dataset, monkeypatch):

@@ -18,7 +18,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from ..errors import Backpressure, BadInput, LakehouseError, SyncFailed
+from ..errors import Backpressure, BadInput, LakehouseError, is_transient
 from ..flags.resolver import FlagResolver
 from ..ingest.source_poll import pending_ingests
 from ..ingest.sync import peak_rss_mb
@@ -56,10 +56,11 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
                            writer, sync_id=sync_id, run_id=context.run_id, logger=context.log)
     except Backpressure as exc:  # G2: healthy backpressure, come back later
         raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
-    except SyncFailed as exc:  # fail loud: nothing committed, the dataset is errored; retrying cannot fix data
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
-    except LakehouseError as exc:  # BadInput, FlipRefused, NotFound: the one-line reason, no retry
-        raise dg.Failure(description=str(exc), allow_retries=False) from exc
+    except LakehouseError as exc:
+        # The one-line reason, no stack trace. Like the mirror asset, the RetryPolicy retries only what a retry
+        # can fix (errors.is_transient: a connection, object-store I/O, a lost lock, an unknown commit outcome);
+        # bad data, bad input and refusals fail at once. The retry reuses the sync id.
+        raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
     tags = {"lakehouse/writer": r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
     context.instance.add_run_tags(context.run_id, tags)
     metadata = {

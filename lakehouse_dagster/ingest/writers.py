@@ -30,6 +30,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from ..errors import BadInput, LakehouseError, SyncFailed
+from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.registry import WRITE, get_flag
 from ..flags.resolver import FlagResolver
 from ..iceberg.catalog import load_table_or_none, table_identifier
@@ -149,20 +150,11 @@ def _with_identity(batches: Iterable[pa.RecordBatch], created_at: dt.datetime, c
             names=["__row_index", "__row_id", "__created_at", *b.schema.names])
 
 
-def _pause(point: str) -> None:
-    """A test hook for crash tests: with LAKEHOUSE_WRITERS_PAUSE_AT=<point>, touch LAKEHOUSE_WRITERS_PAUSE_FILE
-    and wait there, so a test can SIGKILL the process at exactly that point."""
-    if os.environ.get("LAKEHOUSE_WRITERS_PAUSE_AT") == point:
-        with open(os.environ["LAKEHOUSE_WRITERS_PAUSE_FILE"], "w") as fh:
-            fh.write(str(os.getpid()))
-        time.sleep(120)
-
-
-def _paused_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _failpoint_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for i, b in enumerate(batches):
         yield b
         if i == 0:
-            _pause("mid-write")
+            failpoint("after-first-batch")
 
 
 def _pg_max_index(conn, ds_id) -> int:
@@ -187,6 +179,7 @@ def run_writer(
     (nothing committed on either path; a native failure also marks the dataset errored)."""
     lg = logger or _log
     check_writer(writer)
+    validate_failpoints()  # an armed typo is refused before anything is written
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
     with connect(dsn) as conn:
@@ -242,9 +235,9 @@ def run_writer(
 
                 with admission_slot(conn, settings.max_concurrent_ingest):
                     try:
-                        rows = copy_rows(dsn, conn, ds_id, dataset.columns, _paused_after_first(batches),
+                        rows = copy_rows(dsn, conn, ds_id, dataset.columns, _failpoint_after_first(batches),
                                          replace=replace, start_index=start, finish=finish)
-                        _pause("after-commit")
+                        failpoint("after-commit-before-log")  # rows and ingest state committed together
                         return rows
                     except SourceError as exc:
                         raise _failed(conn, ds_id, exc) from None
@@ -263,12 +256,11 @@ def run_writer(
                     return props, summary
 
                 result = write_arrow(catalog, settings, dataset,
-                                     _with_identity(_paused_after_first(batches),
+                                     _with_identity(_failpoint_after_first(batches),
                                                     dt.datetime.now(dt.timezone.utc), counter),
                                      mode="replace" if replace else "append", sync_id=sid,
                                      source_version=source_version, path="native", commit_entries=entries)
-                _pause("after-commit")
-                return result
+                return result  # route_write's after-commit-before-log failpoint follows
 
             outcome = route_write(conn, flags, writer, ds_id, pg_write=pg_write, iceberg_write=iceberg_write,
                                   settings=settings, logger=lg, sync_id=sync_id)
