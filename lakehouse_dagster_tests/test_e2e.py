@@ -390,12 +390,15 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
     assert added["__typename"] in ("AddDynamicPartitionSuccess", "DuplicateDynamicPartitionError"), added
 
     # Two runs of the same partition queued at once: the run-tag limit in dagster.yaml must run them in turn.
+    # The demo's own mirror and ingest runs fill the queue at start-up; an operator's run jumps it with
+    # dagster/priority (still one run per partition at a time, which is what this test checks).
     launched = []
     for _ in range(2):
         res = stack.gql(LAUNCH_Q, {"p": {
             "selector": {**selector, "jobName": "mirror_job"},
             "runConfigData": {},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
+            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition},
+                                           {"key": "dagster/priority", "value": "10"}]},
         }})["launchRun"]
         assert res["__typename"] == "LaunchRunSuccess", res
         launched.append(res["run"]["runId"])
@@ -405,7 +408,7 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
         mine = [r for r in runs if r["runId"] in launched]
         return len(mine) == 2 and all(r["status"] in TERMINAL for r in mine), runs
 
-    runs = _wait("the two mirror runs to finish", runs_done, 360, stack, interval=3)
+    runs = _wait("the two mirror runs to finish", runs_done, 600, stack, interval=3)
     for r in runs:
         if r["status"] != "SUCCESS" and r["status"] in TERMINAL:
             events = stack.gql(FAILURE_Q, {"id": r["runId"]})["logsForRun"].get("events", [])
