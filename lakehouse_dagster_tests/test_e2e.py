@@ -439,6 +439,7 @@ def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
         "selector": {**selector, "jobName": "read_flip"},
         "runConfigData": {"ops": {"read_flip_preflight": {"config": {
             "reader": "export_stream", "dataset_id": events, "note": "fase1 canary (e2e)"}}}},
+        "executionMetadata": {"tags": [{"key": "dagster/priority", "value": "10"}]},  # ahead of the demo's runs
     }})["launchRun"]
     assert res["__typename"] == "LaunchRunSuccess", res
     run_id = res["run"]["runId"]
@@ -447,7 +448,7 @@ def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
         runs = stack.gql(RUNS_Q_BY_ID, {"id": run_id})["runOrError"]
         return runs["status"] in TERMINAL, runs
 
-    run = _wait("the read_flip run to finish", done, 300, stack, interval=2)
+    run = _wait("the read_flip run to finish", done, 600, stack, interval=2)
     if run["status"] != "SUCCESS":
         events_ = stack.gql(FAILURE_Q, {"id": run_id})["logsForRun"].get("events", [])
         pytest.fail(f"read_flip ended {run['status']}: "
