@@ -230,14 +230,7 @@ def json_column(arr: pa.Array, col: Column) -> pa.Array:
         arr = arr.dictionary_decode()
     is_text = pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
     if not is_text:
-        values = arr.to_pylist()
-        out = []
-        for i, v in enumerate(values):
-            try:
-                out.append(jsonb_text_of(v))
-            except ValueError as exc:
-                raise BadValue(i, col.name, col.type, str(exc)) from None
-        return pa.array(out, type=pa.string())
+        return _jsonb_texts(arr.to_pylist(), col)
     encoded = pc.dictionary_encode(arr)
     uniques = encoded.dictionary.to_pylist()
     rendered = []
@@ -302,15 +295,20 @@ def _json_type(v: Any) -> str:
     return _JSON_TYPE.get(type(v), type(v).__name__)
 
 
+def _jsonb_texts(values: list, col: Column) -> pa.Array:
+    """Python values → Postgres' jsonb text form, one per value; a value JSON cannot hold is a BadValue."""
+    out = []
+    for i, v in enumerate(values):
+        try:
+            out.append(jsonb_text_of(v))
+        except ValueError as exc:
+            raise BadValue(i, col.name, col.type, str(exc)) from None
+    return pa.array(out, type=pa.string())
+
+
 def _json_values_to(values: list, col: Column) -> pa.Array:
     if col.type == "json":
-        out = []
-        for i, v in enumerate(values):
-            try:
-                out.append(jsonb_text_of(v))
-            except ValueError as exc:
-                raise BadValue(i, col.name, col.type, str(exc)) from None
-        return pa.array(out, type=pa.string())
+        return _jsonb_texts(values, col)
     out = []
     for i, v in enumerate(values):
         if v is None:
