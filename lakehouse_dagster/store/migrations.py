@@ -309,12 +309,13 @@ def _store_sql(name: str) -> str:
     return getattr(sync_log, name)
 
 
-def _module_sql(module: str) -> str:
-    """Migrations owned by an area live beside its code (``<area>/migration.py``, constant SQL)."""
+def _module_sql(module: str, name: str = "SQL") -> str:
+    """Migrations owned by an area live beside its code (``<area>/migration.py``, one constant per
+    migration: ``SQL`` for the area's first, a named constant for each later one)."""
     import importlib
 
     try:
-        return importlib.import_module(f"lakehouse_dagster.{module}.migration").SQL
+        return getattr(importlib.import_module(f"lakehouse_dagster.{module}.migration"), name)
     except ModuleNotFoundError:
         return ""
 
