@@ -67,6 +67,9 @@ class Settings:
     retry_failed_max: int = 5
     # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
     s3_endpoint: str | None = None
+    # A canary that finds a caught-up dataset MISMATCH turns off the readers serving it from Iceberg (and a
+    # first native sync that mismatches turns its writer back to pg), at dataset scope (parity/auto_rollback.py).
+    auto_rollback: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -95,6 +98,7 @@ class Settings:
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
         )
 
     def replace(self, **changes) -> "Settings":

@@ -167,7 +167,8 @@ def test_write_flip_stops_on_a_mismatch_and_the_gates_still_name_what_is_missing
     _read_flipped(conn, drifted)
     _behind_the_mirrors_back(conn, drifted)
     before = flag_tables(conn)
-    proc = cli("write-flags", "flip", "sync.append", "--dataset", str(drifted))
+    # (auto-rollback off: it would turn the drifted dataset's readers off; test_auto_rollback.py covers that)
+    proc = cli("write-flags", "flip", "sync.append", "--dataset", str(drifted), env={"LAKEHOUSE_AUTO_ROLLBACK": "false"})
     assert proc.returncode == 1 and "STOP: do not flip sync.append to iceberg_native" in proc.stdout
     assert flag_tables(conn) == before
     unread = _dataset(conn, dsn, settings, ws, "unread")  # parity ok, but its readers are on Postgres

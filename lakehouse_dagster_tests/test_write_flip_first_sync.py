@@ -67,9 +67,25 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     assert failure.step_key == "write_flip_first_sync"
     text = failure.event_specific_data.error.message
     assert "canary MISMATCH" in text and "Postgres 6 rows" in text and "Iceberg 7 rows" in text
-    assert f"lakehouse write-flags set sync.full pg --dataset {d}" in text
     assert "Traceback" not in (failure.event_specific_data.error.cause or "")
     assert _recorded(conn, d) == [("MISMATCH", 6, 7)]
+    # auto-rollback already sent the writer back to pg (audited with the run id), and the step says what
+    # that leaves: Iceberg holds the 7 rows Postgres lacks, and the two ways forward
+    (audit_id,) = conn.execute("select id from lakehouse_flag_audit where kind = 'write' and after_mode = 'pg' and"
+                               " note = %s", (f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})",)).fetchone()
+    assert f"writer sync.full iceberg_native → pg for fed ({d}) at dataset scope (audit #{audit_id})" in text
+    assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in text
+    assert f"lakehouse write-flags backfill --dataset {d}" in text
+
+
+def test_with_auto_rollback_off_the_stop_names_the_rollback_command(conn, dsn, settings, monkeypatch):
+    d, src = _fed(conn, dsn, settings)
+    add_source_rows(conn, src, [row(6)])
+    monkeypatch.setenv("LAKEHOUSE_AUTO_ROLLBACK", "false")
+    proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d))
+    assert proc.returncode == 1
+    assert f"lakehouse write-flags set sync.full pg --dataset {d}" in proc.stdout
+    assert "AUTO-ROLLBACK OFF (LAKEHOUSE_AUTO_ROLLBACK=false): writer sync.full still iceberg_native" in proc.stdout
     # the rollback it names: Iceberg now holds the 7 rows Postgres lacks
     proc = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True)
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in proc.stdout

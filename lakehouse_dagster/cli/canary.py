@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..parity import canary as cy
+from ..parity.auto_rollback import lines_of
 from ..parity.smoke import SMOKE_MAX_ROWS
 from .common import Result, add_command, table
 
@@ -10,6 +11,8 @@ EPILOG = """verdicts: ok (safe to flip) · lagging (re-run later) · no-snapshot
 MISMATCH (caught up and disagrees: STOP) · native (written iceberg-native; Postgres not authoritative) ·
 error (could not see the data). summary adds wedged: syncs stuck non-succeeded past
 LAKEHOUSE_WEDGED_AFTER_SECONDS. Every verdict is written to lakehouse_read_parity.
+auto-rollback: a MISMATCH turns every reader serving the dataset from Iceberg off at dataset scope
+(audited; LAKEHOUSE_AUTO_ROLLBACK=false: report only).
 exit codes: 0 fine · 1 a caught-up dataset mismatches · 5 an operational error in some dataset ·
 2 bad usage · 3 unknown dataset."""
 
@@ -55,6 +58,9 @@ def _canary(ctx, args) -> Result:
         if r.mismatched_row_indexes:
             more = " (more not shown)" if r.detail.get("localisation", {}).get("truncated") else ""
             lines.append(f"{r.dataset_id}: differing __row_index: {', '.join(map(str, r.mismatched_row_indexes))}{more}")
+    rolled = [r.detail["auto_rollback"] for r in report.results if r.detail.get("auto_rollback")]
+    for r in report.results:
+        lines += lines_of(r)
     for w in report.wedged:
         lines.append(f"wedged: dataset {w['dataset_id']} sync {w['sync_id']} {w['status']} for {w['stuck_seconds']} s"
                      + (f" ({w['error']})" if w.get("error") else ""))
@@ -62,7 +68,8 @@ def _canary(ctx, args) -> Result:
         lines.append("no datasets to check (nothing synced yet? run: lakehouse sync --dataset <uuid>)")
     lines.append(report.summary_line())
     if report.exit_code == cy.EXIT_MISMATCH:
-        lines.append("MISMATCH on a caught-up dataset: STOP, do not flip; investigate the rows above")
+        lines.append("MISMATCH on a caught-up dataset: STOP, do not flip; investigate the rows above"
+                     + (" (auto-rollback: see above)" if rolled else ""))
     elif report.exit_code == cy.EXIT_ERROR:
         lines.append("some datasets could not be checked (verdict error): the canary did not pass them")
-    return Result(report.as_dict(), "\n".join(lines), report.exit_code)
+    return Result({**report.as_dict(), "auto_rollback": rolled}, "\n".join(lines), report.exit_code)

@@ -10,6 +10,7 @@ the recorded verdicts (parity.canary.latest_verdicts) themselves.
 import dagster as dg
 
 from ..parity import canary as cy
+from ..parity.auto_rollback import lines_of
 from ..parity.health import DEFAULT_MAX_LAG_SECONDS, identity_ready as _identity_ready
 from ..parity.health import snapshot_freshness as _snapshot_freshness
 from .partitions import datasets_partitions
@@ -17,6 +18,7 @@ from .resources import LakehouseResource
 
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (defs/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
+AUTO_ROLLBACK_TAG = "lakehouse/auto_rollback"  # added to a run whose parity check rolled readers back
 
 _SEVERITY = {
     cy.OK: dg.AssetCheckSeverity.ERROR,  # (passed)
@@ -60,13 +62,21 @@ def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource)
     with lakehouse.connect() as conn:
         wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
-        cy.record(conn, v, source=source, run_id=context.run.run_id)
+        cy.record(conn, v, source=source, run_id=context.run.run_id, settings=settings)
     context.log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
+    meta, rolled = _meta(v), lines_of(v)
+    for line in rolled:
+        (context.log.error if "AUTO-ROLLBACK" in line else context.log.warning)(line)
+    if rolled:  # what was rolled back, readable in the check's metadata and findable in the runs list
+        meta["auto_rollback"] = dg.MetadataValue.md("\n".join(f"- {line}" for line in rolled))
+        done = [a["flag"] for a in v.detail["auto_rollback"]["rolled_back"]]
+        if done:
+            context.instance.add_run_tags(context.run.run_id, {AUTO_ROLLBACK_TAG: ",".join(done)})
     return dg.AssetCheckResult(
         passed=v.verdict in (cy.OK, cy.NATIVE),
         severity=_SEVERITY[v.verdict],
-        description=f"{v.verdict}: {v.detail.get('reason', '')}",
-        metadata=_meta(v),
+        description=f"{v.verdict}: {v.detail.get('reason', '')}" + "".join(f"\n{line}" for line in rolled),
+        metadata=meta,
     )
 
 

@@ -216,8 +216,14 @@ def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str |
     return moved
 
 
-def _guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
+def lock_gates(conn: psycopg.Connection) -> None:
+    """Take the lock every gated change holds until its transaction ends (re-entrant in one session), so a
+    caller deciding a change from the flags it reads (auto-rollback) decides on what no one else is changing."""
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
+
+
+def _guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
+    lock_gates(conn)
     check_change(conn, flag, scope, mode)
 
 

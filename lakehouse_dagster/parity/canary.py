@@ -280,12 +280,14 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
 # ---------------------------------------------------------------------------------------------------
 
 
-def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_id: str | None = None) -> int:
-    """Write one verdict to lakehouse_read_parity; returns its id."""
+def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_id: str | None = None,
+           settings: Settings | None = None) -> int:
+    """Write one verdict to lakehouse_read_parity; returns its id. Every canary path records here, so a
+    MISMATCH then goes through auto-rollback (parity/auto_rollback.py: ``settings`` or the environment's)."""
     detail = json.loads(json.dumps(v.detail, default=str))
     if v.wedged:
         detail["wedged"] = True
-    return conn.execute(
+    parity_id = conn.execute(
         """insert into lakehouse_read_parity
              (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
               pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
@@ -294,6 +296,12 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
          v.snapshot_id, v.pg_version, v.iceberg_version, v.smoke, v.mismatched_row_indexes or None,
          v.seconds, run_id, Jsonb(detail)),
     ).fetchone()[0]
+    if v.verdict == MISMATCH:
+        from .auto_rollback import after_record
+
+        after_record(conn, v, source=source, run_id=run_id, parity_id=parity_id,
+                     settings=settings or Settings.from_env())
+    return parity_id
 
 
 def latest_verdicts(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] | None = None) -> dict[uuid.UUID, dict]:
@@ -397,7 +405,7 @@ def run_canary(
     for ds_id in ids:
         v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows)
         v.wedged = ds_id in wedged_ids
-        record(conn, v, source=source, run_id=run_id)
+        record(conn, v, source=source, run_id=run_id, settings=settings)
         log.info("canary ds=%s verdict=%s %s", ds_id, v.verdict, v.detail.get("reason", ""))
         results.append(v)
         if on_result:

@@ -4,8 +4,10 @@ Both the CLI (`lakehouse write-flags flip`) and the `write_flip` job call ``firs
 moved dataset: ``run_writer`` (ingest/writers.py) takes the native path now that the flag says so,
 then ``parity.first_native`` compares the new snapshot with what Postgres held, and the verdict is
 recorded in lakehouse_read_parity. A MISMATCH, a failed sync, or a sync that did not go native stops
-the step with the rollback command; a dataset without a source is named (its first native sync waits
-for one: lakehouse sources set …) and does not stop it.
+the step with the rollback command; on a MISMATCH auto-rollback (parity/auto_rollback.py) has already
+set the writer back to pg for the dataset, and the step says so with the rollback report (the rows
+written natively exist only in Iceberg). A dataset without a source is named (its first native sync
+waits for one: lakehouse sources set …) and does not stop it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,10 @@ from pyiceberg.catalog import Catalog
 from ..errors import LakehouseError
 from ..flags.resolver import FlagResolver
 from ..parity import canary as cy
+from ..flags.gates import NATIVE, Effect
+from ..parity.auto_rollback import lines_of
 from ..parity.first_native import SOURCE, evaluate_first_native, rollback_command
+from ..rollback.report import rollback_lines, rolled_back
 from ..settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.rollout")
@@ -35,6 +40,8 @@ class FirstSync:
     snapshot_id: int | None
     detail: str
     problem: str | None = None  # why it stops the step (None: fine, or only skipped)
+    auto_rollback: list[str] = dataclasses.field(default_factory=list)  # what auto-rollback did, for people
+    rolled_back: bool = False  # the writer is back on pg for it (auto-rollback)
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
@@ -65,11 +72,17 @@ def first_native_syncs(
                                  problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native"))
             continue
         v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
-        cy.record(conn, v, source=SOURCE, run_id=run_id)
+        cy.record(conn, v, source=SOURCE, run_id=run_id, settings=settings)  # a MISMATCH: writer back to pg
         reason = str(v.detail.get("reason", ""))
         lg.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
-        out.append(FirstSync(ds_id, v.verdict, r.path, r.rows, r.snapshot_id, reason,
-                             problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}"))
+        f = FirstSync(ds_id, v.verdict, r.path, r.rows, r.snapshot_id, reason,
+                      problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}")
+        f.auto_rollback = lines_of(v)
+        f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
+        if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward
+            report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
+            f.auto_rollback += rollback_lines(writer, report)
+        out.append(f)
     return out
 
 
@@ -81,5 +94,9 @@ def stop_message(writer: str, results: list[FirstSync]) -> str | None:
     lines = [f"STOP: {len(bad)} dataset(s) failed the first native sync of {writer}; roll back:"]
     for r in bad[:20]:
         lines.append(f"  {r.dataset_id}: {r.problem}")
-        lines.append(f"    {rollback_command(writer, r.dataset_id)}")
+        if r.rolled_back:
+            lines += [f"    {line.strip()}" for line in r.auto_rollback]
+        else:
+            lines += [f"    {line}" for line in r.auto_rollback if "AUTO-ROLLBACK" in line]
+            lines.append(f"    {rollback_command(writer, r.dataset_id)}")
     return "\n".join(lines)

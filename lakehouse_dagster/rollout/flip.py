@@ -35,6 +35,7 @@ from ..flags.overrides import Change, Scope, parse_scope, require_target
 from ..flags.registry import READ, WRITE, check_mode, get_flag, rank
 from ..flags.resolver import FlagResolver
 from ..parity import canary as cy
+from ..parity.auto_rollback import lines_of
 from ..settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.rollout")
@@ -127,10 +128,11 @@ def preflight(
             checked.append(Checked(e.dataset_id, e.name, cy.OK, True, reusable[e.dataset_id]))
             continue
         v = cy.evaluate(dsn, catalog, settings, e.dataset_id, smoke=smoke)
-        cy.record(conn, v, source=SOURCE, run_id=run_id)
+        cy.record(conn, v, source=SOURCE, run_id=run_id, settings=settings)
         detail = str(v.detail.get("reason") or (f"rows {v.pg_count}, digests equal" if v.verdict == cy.OK else ""))
         if v.mismatched_row_indexes:
             detail += f"; differing row indexes {v.mismatched_row_indexes[:10]}"
+        detail += "".join(f"; {line}" for line in lines_of(v))
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
         log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
     return Preflight(name, mode, scope, checked, skipped, kind)
