@@ -101,7 +101,8 @@ def test_cli_canary_turns_every_reader_serving_iceberg_off_once(conn, dsn, setti
         assert resolve_read_source(conn, flags, reader, d).decision.reason == "pg@off"
     assert resolve_read_source(conn, flags, "graph.kuzu", other).decision.reason == "iceberg@eventual"
     # what was rolled back is part of the recorded verdict too
-    recorded = conn.execute("select detail -> 'auto_rollback' from lakehouse_read_parity where id = %s", (pid,)).fetchone()[0]
+    recorded = conn.execute("select detail -> 'auto_rollback' from lakehouse_read_parity where id = %s",
+                            (pid,)).fetchone()[0]
     assert sorted(a["flag"] for a in recorded["rolled_back"]) == ["export.stream", "graph.kuzu", "studio.preview"]
 
     # a second canary on the same MISMATCH: still exit 1, nothing more written
@@ -109,7 +110,8 @@ def test_cli_canary_turns_every_reader_serving_iceberg_off_once(conn, dsn, setti
     proc = cli("canary", "--dataset", str(d), "--json")
     assert proc.returncode == 1
     (outcome,) = json.loads(proc.stdout)["auto_rollback"]
-    assert outcome["rolled_back"] == [] and outcome["note"] == f"auto-rollback: MISMATCH (canary, parity {_parity_ids(conn, d)[-1]})"
+    assert outcome["rolled_back"] == []
+    assert outcome["note"] == f"auto-rollback: MISMATCH (canary, parity {_parity_ids(conn, d)[-1]})"
     assert sorted((a["flag"], a["status"]) for a in outcome["actions"]) == [
         ("export.stream", "already"), ("graph.kuzu", "already"), ("studio.preview", "already")]
     assert flag_tables(conn) == before
@@ -154,7 +156,8 @@ def test_parity_check_rolls_back_in_a_real_run(conn, dsn, settings, flipped):
     assert {t for _, _, _, t, _ in _audit_notes(conn, d)} == {note}
     ids = dict(conn.execute("select name, id from lakehouse_flag_audit where note = %s", (note,)).fetchall())
     text = ev.metadata["auto_rollback"].value
-    assert f"reader export.stream iceberg → off for orders ({d}) at dataset scope (audit #{ids['export.stream']})" in text
+    assert (f"reader export.stream iceberg → off for orders ({d}) at dataset scope "
+            f"(audit #{ids['export.stream']})") in text
     assert f"(audit #{ids['graph.kuzu']})" in ev.description
     assert {a["flag"] for a in ev.metadata["detail"].value["auto_rollback"]["rolled_back"]} == set(ids)
     assert tags[AUTO_ROLLBACK_TAG] == "export.stream,graph.kuzu,studio.preview"
@@ -249,7 +252,8 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     assert (kind, name, before, after) == ("write", "sync.full", "iceberg_native", "pg")
     assert FlagResolver(conn, ttl_seconds=0).resolve("write", "sync.full", d).mode == "pg"
     out = proc.stdout
-    assert f"auto-rollback: writer sync.full iceberg_native → pg for fed ({d}) at dataset scope (audit #{audit_id})" in out
+    assert (f"auto-rollback: writer sync.full iceberg_native → pg for fed ({d}) at dataset scope "
+            f"(audit #{audit_id})") in out
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in out  # the rollback report
     assert f"lakehouse write-flags backfill --dataset {d}" in out
     assert f"lakehouse write-flags set sync.full pg --dataset {d}" not in out  # done already: not asked of the operator

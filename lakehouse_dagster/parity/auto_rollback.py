@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 from ..errors import FlipRefused, LakehouseError
 from ..flags.gates import NATIVE, lock_gates, set_flag
-from ..flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE, rank
+from ..flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE
 from ..flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from ..rollback.iceberg_only import ways_forward
 from ..routing.read_router import ICEBERG, decide, freshness
@@ -118,9 +118,6 @@ class Outcome:
             out.append(f"  next: {self.next_steps}")
         return out
 
-    def summary(self) -> str:
-        return "; ".join(self.lines())
-
 
 def lines_of(v) -> list[str]:
     """What auto-rollback did for a recorded verdict, for people (empty: it did not run)."""
@@ -155,10 +152,6 @@ def after_record(
     return out
 
 
-def _servable() -> list:
-    return [r for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
-
-
 def _readers(conn: psycopg.Connection, out: Outcome, actor: str) -> None:
     """Every reader the read router would serve from Iceberg for the dataset → off at dataset scope."""
     ds = out.dataset_id
@@ -168,13 +161,13 @@ def _readers(conn: psycopg.Connection, out: Outcome, actor: str) -> None:
         flags = FlagResolver(conn, ttl_seconds=60)  # a new resolver: its first fill reads the flags now
         fresh = freshness(conn, ds)
         native = any(flags.resolve(WRITE, w.name, ds).mode == NATIVE for w in FLIPPABLE_WRITERS)
-        for reader in _servable():
-            res = flags.resolve(READ, reader.name, ds)
-            if decide(reader.name, ds, res, fresh, native).source != ICEBERG:
-                if res.reason == DATASET_OVERRIDE and res.mode == _READ_OFF:  # rolled back before (or by hand)
-                    out.actions.append(Action(READ, reader.name, res.mode, _READ_OFF, ALREADY))
+        for reader in READERS:  # the router decides who serves Iceberg (a reader whose ceiling is off never does)
+            res = flags.resolve(READ, reader, ds)
+            if decide(reader, ds, res, fresh, native).source != ICEBERG:
+                if res.reason == DATASET_OVERRIDE and res.mode == _READ_OFF != res.ceiling:  # rolled back before
+                    out.actions.append(Action(READ, reader, res.mode, _READ_OFF, ALREADY))
                 continue
-            action = Action(READ, reader.name, res.mode, _READ_OFF, DISABLED)
+            action = Action(READ, reader, res.mode, _READ_OFF, DISABLED)
             out.actions.append(action)
             if out.enabled:
                 _set(conn, action, ds, out.note, actor, native)
@@ -197,7 +190,8 @@ def _writer(conn: psycopg.Connection, out: Outcome, writer: str, actor: str) -> 
         out.actions.append(action)
         if out.enabled:
             _set(conn, action, ds, out.note, actor, True)
-        others = [w.name for w in FLIPPABLE_WRITERS if w.name != writer and flags.resolve(WRITE, w.name, ds).mode == NATIVE]
+        others = [w.name for w in FLIPPABLE_WRITERS
+                  if w.name != writer and flags.resolve(WRITE, w.name, ds).mode == NATIVE]
     invalidate_local()
     if action.status != ROLLED_BACK:
         return
