@@ -15,6 +15,7 @@ Not a test: nothing here gates CI.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -31,6 +32,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args(argv)
+    logging.getLogger("lakehouse_dagster").addHandler(logging.NullHandler())  # the outcome lines, once per repeat
 
     from lakehouse_dagster.flags.overrides import clear_override, set_override
     from lakehouse_dagster.flags.registry import READ, READERS, rank
@@ -79,7 +81,8 @@ def main(argv=None) -> int:
     for k, x in best.items():
         print(f"  {k:<18} {x * 1000:9.1f} ms (best of {args.repeat})")
     print(f"readers rolled back per MISMATCH: {rolled}")
-    print(f"rollback overhead (record + rollback − record, off): {(best['record + rollback'] - best['record, off']) * 1000:.1f} ms")
+    overhead = (best["record + rollback"] - best["record, off"]) * 1000
+    print(f"rollback overhead (record + rollback − record, off): {overhead:.1f} ms")
     print(f"record + rollback / canary: {best['record + rollback'] / best['canary']:.3f}×")
     print(f"record + rollback / record, off: {best['record + rollback'] / best['record, off']:.2f}×")
     return 0
