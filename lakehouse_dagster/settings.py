@@ -67,6 +67,10 @@ class Settings:
     retry_failed_max: int = 5
     # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
     s3_endpoint: str | None = None
+    # A flip widens (dataset → workspace → global) only after the narrower flip held this long without an
+    # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
+    # 0 disables the soak.
+    soak_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -95,6 +99,7 @@ class Settings:
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
         )
 
     def replace(self, **changes) -> "Settings":

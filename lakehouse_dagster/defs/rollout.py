@@ -79,7 +79,8 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
     pre: rf.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
-            change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse))
+            change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse),
+                             soak_seconds=lakehouse.settings().soak_seconds)
         except LakehouseError as exc:
             raise _refuse(exc) from exc
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")

@@ -150,11 +150,13 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     }
 
 
-def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str) -> Change:
+def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str,
+         soak_seconds: int | None = None) -> Change:
     if not pre.go:
         raise BadInput(pre.stop_message())
     return set_flag(conn, pre.kind, pre.name, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
-                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor)
+                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor,
+                    soak_seconds=soak_seconds)
 
 
 @dataclasses.dataclass
