@@ -14,10 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lakehouse_dagster.errors import FlipRefused
+from lakehouse_dagster.errors import BadInput, FlipRefused
 from lakehouse_dagster.flags.gates import check_change, set_flag
 from lakehouse_dagster.flags.overrides import Scope
-from lakehouse_dagster.flags.reader_datasets import remove
+from lakehouse_dagster.flags.reader_datasets import declare, remove
 from lakehouse_dagster.flags.registry import get_flag
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.store import datasets as ds
@@ -49,6 +49,15 @@ def _refused(conn, *args: str) -> str:
     assert proc.returncode == 6, (proc.returncode, proc.stdout, proc.stderr)
     assert flag_tables(conn) == before
     return proc.stderr
+
+
+def _refused_core(conn, kind: str, name: str, mode: str, soak: int = 3600, **scope) -> str:
+    """The same gate called as the Dagster jobs call it: FlipRefused, nothing written."""
+    before = flag_tables(conn)
+    with pytest.raises(FlipRefused) as refused:
+        set_flag(conn, kind, name, mode, soak_seconds=soak, actor="pytest", **scope)
+    assert flag_tables(conn) == before
+    return str(refused.value)
 
 
 def _backdated(conn, kind: str, name: str, mode: str | None, ago: timedelta, *, dataset=None, workspace=None) -> None:
@@ -83,9 +92,9 @@ def _audit_at(conn, name: str, scope_id) -> datetime:
 def test_a_workspace_widen_waits_until_a_dataset_flip_has_soaked(conn, settings, ws, monkeypatch):
     a, _b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
     _soak(monkeypatch, 3600)
-    err = _refused(conn, "flags", "set", "export.stream", "iceberg", "--workspace", str(ws))
+    err = _refused_core(conn, "read", "export.stream", "iceberg", workspace=ws)
     assert "no dataset-scope flip of export.stream to iceberg" in err and "--dataset <id in workspace" in err
-    cli("flags", "set", "export.stream", "iceberg", "--dataset", str(a), "--note", "fase1 canary", check=True)
+    _set(conn, "read", "export.stream", "iceberg", dataset=a, note="fase1 canary")
     err = _refused(conn, "flags", "set", "export.stream", "iceberg", "--workspace", str(ws))
     ends, minutes = _ends_in(err)
     flipped = _audit_at(conn, "export.stream", a)
@@ -94,11 +103,10 @@ def test_a_workspace_widen_waits_until_a_dataset_flip_has_soaked(conn, settings,
     # a flip elsewhere does not count: only flips inside the workspace soak for it
     other = ds.create_workspace(conn, "other")
     _backdated(conn, "read", "export.stream", "iceberg", 2 * HOUR, dataset=_dataset(conn, other, "c"))
-    _refused(conn, "flags", "set", "export.stream", "iceberg", "--workspace", str(ws))
+    _refused_core(conn, "read", "export.stream", "iceberg", workspace=ws)
     # once LAKEHOUSE_SOAK_SECONDS have passed since the dataset flip, the widen goes through
     time.sleep(2)
-    _soak(monkeypatch, 2)
-    cli("flags", "set", "export.stream", "iceberg", "--workspace", str(ws), check=True)
+    _set(conn, "read", "export.stream", "iceberg", workspace=ws, soak=2)
     assert conn.execute("select mode from lakehouse_flag_overrides where scope = 'workspace'").fetchone() == ("iceberg",)
 
 
@@ -154,7 +162,7 @@ def test_a_read_fallback_is_recorded_by_the_router_and_restarts_the_soak(conn, d
     (reader, ds_id, error), = conn.execute("select reader, dataset_id, error from lakehouse_read_fallbacks").fetchall()
     assert (reader, ds_id) == ("studio.digest", a) and error
     _soak(monkeypatch, 3600)
-    err = _refused(conn, "flags", "set", "studio.digest", "iceberg", "--workspace", str(ws))
+    err = _refused_core(conn, "read", "studio.digest", "iceberg", workspace=ws)
     assert "restarted by a read fallback of studio.digest" in err and _ends_in(err)[1] == 60
 
 
@@ -175,7 +183,7 @@ def test_a_global_widen_needs_a_soaked_workspace_flip(conn, settings, ws, monkey
     flag = get_flag("read", "export.stream")
     _backdated(conn, "read", "export.stream", "iceberg", 3 * HOUR, dataset=a)
     _soak(monkeypatch, 3600)
-    err = _refused(conn, "flags", "set", "export.stream", "iceberg")
+    err = _refused_core(conn, "read", "export.stream", "iceberg")
     assert "no workspace-scope flip of export.stream to iceberg inside global" in err
     _backdated(conn, "read", "export.stream", "iceberg", timedelta(minutes=10), workspace=ws)
     err = _refused(conn, "flags", "set", "export.stream", "iceberg", "--note", "fase1 global")
@@ -197,7 +205,7 @@ def test_writers_widen_in_the_runbook_order(conn, dsn, settings, ws, monkeypatch
     err = _refused(conn, "write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws))
     assert "writer order (sync.full → sync.append → sync.incremental / cdc.append): sync.full is still pg" in err
     assert f"lakehouse write-flags set sync.full iceberg_native --workspace {ws}" in err
-    err = _refused(conn, "write-flags", "set", "cdc.append", "iceberg_native", "--workspace", str(ws))
+    err = _refused_core(conn, "write", "cdc.append", "iceberg_native", soak=0, workspace=ws)
     assert "sync.full is still pg" in err and "sync.append is still pg" in err
     # a dataset-scope flip of a later writer does not need the earlier one (its canary step is per dataset)
     _set(conn, "write", "sync.append", "iceberg_native", dataset=a, soak=0)
@@ -207,7 +215,7 @@ def test_writers_widen_in_the_runbook_order(conn, dsn, settings, ws, monkeypatch
     _set(conn, "write", "cdc.append", "iceberg_native", workspace=ws, soak=0)
     # globally, the earlier writers must be native globally, not only in one workspace
     _dataset(conn, ds.create_workspace(conn, "ws2"), "c")
-    err = _refused(conn, "write-flags", "set", "sync.append", "iceberg_native")
+    err = _refused_core(conn, "write", "sync.append", "iceberg_native", soak=0)
     assert "sync.full is still pg globally" in err and "never mirrored" in err
 
 
@@ -279,18 +287,20 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     err = _refused(conn, "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d))
     assert "read from dataset_rows by objects.sync, locked to Postgres" in err
     # a workspace declaration covers every dataset of the workspace, also one created later
-    cli("flags", "readers", "add", "dashboards.aggregate", "--workspace", str(ws), check=True)
+    declare(conn, "dashboards.aggregate", workspace=ws, actor="pytest")
     later = _dataset(conn, ws, "later")
     _ready(conn, dsn, settings, later)
-    err = _refused(conn, "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(later))
+    err = _refused_core(conn, "write", "sync.full", "iceberg_native", soak=0, dataset=later)
     assert f"dashboards.aggregate (declared for its workspace {ws})" in err and "objects.sync" not in err
     listed = cli_json("flags", "readers", "list")
     assert {(r["reader"], r["scope"]) for r in listed} == {("objects.sync", "dataset"), ("dashboards.aggregate", "workspace")}
     # a reader Iceberg can serve is read-flipped, not declared; a declaration needs a scope
-    assert "read-flip it instead" in cli("flags", "readers", "add", "export.stream", "--dataset", str(d)).stderr
-    assert cli("flags", "readers", "add", "objects.sync").returncode == 2
+    with pytest.raises(BadInput, match="read-flip it instead"):
+        declare(conn, "export.stream", dataset=d, actor="pytest")
+    with pytest.raises(BadInput, match="give --dataset <id> or --workspace <id>"):
+        declare(conn, "objects.sync", actor="pytest")
     # once the readers no longer read them, the flips go through
-    cli("flags", "readers", "remove", "objects.sync", "--dataset", str(d), check=True)
+    assert remove(conn, "objects.sync", dataset=d)
     assert remove(conn, "dashboards.aggregate", workspace=ws) and not remove(conn, "dashboards.aggregate", workspace=ws)
     _set(conn, "write", "sync.full", "iceberg_native", dataset=d, soak=0)
     # declaring a reader of a dataset already native records it and says Postgres is stale for it
@@ -298,3 +308,58 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     assert out["native_dataset_ids"] == [str(d)]
     with pytest.raises(FlipRefused, match="pipeline.expectations"):
         set_flag(conn, "write", "sync.append", "iceberg_native", dataset=d, actor="pytest", soak_seconds=0)
+
+
+# --- a widen's preflight canaries a sample ---------------------------------------------------------------
+
+
+def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, dsn, settings, ws):
+    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.parity.canary import run_canary
+    from lakehouse_dagster.rollout import flip as rf
+
+    ids = [_dataset(conn, ws, f"d{i}", rows=3) for i in range(5)]
+    catalog = load_catalog(settings, dsn)
+    for d in ids:
+        sync_dataset(dsn, catalog, settings, d, mode="full")
+    run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d) for d in ids[:4]])  # the fifth has no verdict
+    verdicts = lambda: conn.execute("select count(*) from lakehouse_read_parity").fetchone()[0]  # noqa: E731
+    before = verdicts()
+    pre = rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, smoke=False)
+    fresh = {c.dataset_id for c in pre.checked if not c.reused}
+    assert len(pre.checked) == 5 and ids[4] in fresh and len(fresh) in (2, 3) and pre.go
+    assert verdicts() - before == len(fresh)  # every canary run now is recorded
+    assert pre.coverage() == (
+        f"preflight covered 5 of 5 moved dataset(s): {len(fresh)} canaried now (a random sample of 2 plus every one "
+        f"with no recent ok verdict), {5 - len(fresh)} by a recent ok verdict at their current version")
+    # max_datasets bounds the canaries, not the datasets moved: all five have a recent ok verdict now
+    with pytest.raises(BadInput, match=r"would canary 2 of them \(0 with no recent ok verdict\)"):
+        rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, max_datasets=1)
+    assert rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=0,
+                        max_datasets=0).coverage().startswith("preflight covered 5 of 5 moved dataset(s): 0 canaried now")
+    # the operator sees it: the flip verb prints the coverage line
+    proc = cli("flags", "flip", "export.stream", "--workspace", str(ws), "--sample", "1", "--no-smoke", check=True)
+    assert "preflight covered 5 of 5 moved dataset(s): 1 canaried now (a random sample of 1" in proc.stdout
+
+
+def test_the_read_flip_job_refuses_an_unsoaked_widen_before_it_canaries(conn, dsn, settings, ws, monkeypatch):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.defs.rollout import read_flip_job
+
+    a, _b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
+    _set(conn, "read", "export.stream", "iceberg", dataset=a, soak=0)
+    _soak(monkeypatch, 3600)  # the job's resource reads the environment
+    before, verdicts = flag_tables(conn), conn.execute("select count(*) from lakehouse_read_parity").fetchone()
+    result = read_flip_job.execute_in_process(
+        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export_stream", "workspace_id": str(ws)}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False)
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    message = failure.step_failure_data.user_failure_data.description
+    assert failure.step_key == "read_flip_preflight" and "soak: the narrower flip has not soaked yet" in message
+    assert _ends_in(message)[1] == 60
+    assert flag_tables(conn) == before
+    assert conn.execute("select count(*) from lakehouse_read_parity").fetchone() == verdicts  # no canary ran

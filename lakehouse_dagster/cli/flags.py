@@ -142,7 +142,11 @@ def _flip_args(p) -> None:
     p.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
     p.add_argument("--reuse-minutes", type=int, default=60,
                    help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
-    p.add_argument("--max-datasets", type=int, default=500, help="refuse a flip moving more datasets (default 500)")
+    p.add_argument("--max-datasets", type=int, default=500,
+                   help="refuse a flip whose preflight would canary more datasets (default 500)")
+    p.add_argument("--sample", type=int, default=20,
+                   help="a workspace/global widen canaries this many moved datasets at random afresh, plus every "
+                        "one with no recent ok verdict (default 20)")
 
 
 def _where(scope) -> str:
@@ -297,12 +301,13 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
 
     pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, mode, kind=kind,
                        dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
-                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets)
+                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets, sample=args.sample)
     checked = [c.as_dict() for c in pre.checked]
     lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
     lines += [f"skipped: {s}" for s in pre.skipped]
+    lines.append(pre.coverage())
     if not pre.go:
-        stop = Result({"preflight": checked, "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+        stop = Result({"preflight": checked, "coverage": pre.coverage(), "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
         return pre, checked, lines, None, stop
     change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
     return pre, checked, lines, change, None
@@ -321,7 +326,7 @@ def _flip(ctx, args) -> Result:
     lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
         lines.append(rf.fallback_message(args.name, pre.scope, fell_back))
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change),
+    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change),
             "verify": [v.as_dict() for v in verified]}
     return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
 
@@ -338,7 +343,7 @@ def _wflip(ctx, args) -> Result:
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
     lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
     bad = [v for v in verified if v.problems]
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
+    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
     if bad:
         lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
                      + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))

@@ -294,6 +294,17 @@ def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str |
     return moved
 
 
+def check_widen(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str, *, soak_seconds: int | None = None) -> None:
+    """The widening rules alone (soak, writers' order), so a flip's preflight refuses before it canaries."""
+    from .widen import widen_blockers
+
+    moved, datasets = effects(conn, flag, scope, mode)
+    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds),
+                           now=_db_now(conn))
+    if rules:
+        raise _refusal(flag, mode, scope, [], rules)
+
+
 def _guard_with(soak_seconds: int | None):
     def guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
         conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
