@@ -37,8 +37,8 @@ import psycopg
 from ..errors import FlipRefused
 from ..settings import Settings
 from ..store.datasets import pipeline_input_dataset_ids
-from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
 from .incidents import FALLBACK, MISMATCH, latest_incidents
+from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
 from .reader_datasets import readers_of
 from .registry import FLIPPABLE_WRITERS, READ, READERS, WRITE, Flag, rank
 from .resolver import resolve_from
