@@ -13,7 +13,9 @@ What the demo covers (the mirror, parity and the runbook queries all have someth
   int64 extremes; nested json (objects, arrays, scalars, ``{}``, ``[]``).
 * ``customers`` (1,000 rows) and ``orders`` (20,000 rows) — inputs of the pipeline
   ``customer_orders_rollup`` (``dataset`` nodes): the runbook's step 2b classifies them BLOCKED.
-* ``customer_rollup`` — that pipeline's output (an ``output`` node, not an input: SAFE).
+* ``customer_rollup`` — that pipeline's output (an ``output`` node, not an input: SAFE); a dashboard reads it
+  from ``dataset_rows`` (``dashboards.aggregate``, declared: ``lakehouse flags readers list``), so the flip
+  gates refuse to write it iceberg-native.
 * ``edge_cases`` — a handful of hand-written rows, one edge per row, and column names with a space and
   non-ASCII letters.
 * ``empty`` — a tabular dataset with no rows.
@@ -478,6 +480,10 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
                     "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
                     (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
                 )
+            conn.execute(  # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
+                "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
+                " values ('dashboards.aggregate', 'dataset', %s, 'demo: the rollup dashboard', 'demo')"
+                " on conflict do nothing", (rollup,))
     summary = demo_summary(conn)
     summary["created"] = created
     summary["seconds"] = round(time.perf_counter() - started, 3)

@@ -70,6 +70,10 @@ class Settings:
     # A canary that finds a caught-up dataset MISMATCH turns off the readers serving it from Iceberg (and a
     # first native sync that mismatches turns its writer back to pg), at dataset scope (parity/auto_rollback.py).
     auto_rollback: bool = True
+    # A flip widens (dataset → workspace → global) only after the narrower flip held this long without an
+    # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
+    # 0 disables the soak.
+    soak_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -99,6 +103,7 @@ class Settings:
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
+            soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
         )
 
     def replace(self, **changes) -> "Settings":

@@ -78,6 +78,7 @@ def settings(dsn, tmp_path, monkeypatch) -> Settings:
         "LAKEHOUSE_WAREHOUSE": (tmp_path / "warehouse").as_uri(),
         "LAKEHOUSE_NAMESPACE": "lakehouse",
         "LAKEHOUSE_ACTOR": "pytest",
+        "LAKEHOUSE_SOAK_SECONDS": "0",  # tests about the soak set their own (test_widen_rules.py)
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

@@ -50,6 +50,8 @@ def register(sub) -> None:
             fl.add_argument("mode", nargs="?", default="iceberg", help="iceberg (default) or iceberg_only")
             _flip_args(fl)
             parsers.append(fl)
+        if kind == READ:
+            parsers += _readers_args(actions)
         if kind == WRITE:
             wf = add_command(actions, "flip", _wflip,
                              help="the write-flip runbook step: fresh canary, gated set to iceberg_native, verify")
@@ -76,6 +78,59 @@ def register(sub) -> None:
     rd.add_argument("--order-by-row-index", action="store_true", help="order by __row_index (default: engine order)")
 
 
+def _readers_args(actions) -> list:
+    """`flags readers add|list|remove`: which datasets the Postgres-locked readers read (reader_datasets.py)."""
+    rp = actions.add_parser("readers", help="declare which datasets the readers locked to Postgres read "
+                            "(a write flip of such a dataset is refused)")
+    verbs = rp.add_subparsers(dest="readers_action", required=True, metavar="VERB")
+    add = add_command(verbs, "add", _readers_add, help="declare that a locked reader reads a dataset "
+                      "(or every dataset of a workspace)")
+    add.add_argument("reader", help="objects.sync, dashboards.aggregate, pipeline.expectations, ...")
+    _scope_args(add)
+    add.add_argument("--note", help="why (e.g. which dashboard)")
+    ls = add_command(verbs, "list", _readers_list, help="every declaration")
+    ls.add_argument("reader", nargs="?", help="only this reader")
+    rm = add_command(verbs, "remove", _readers_remove, help="drop a declaration (the reader no longer reads it)")
+    rm.add_argument("reader")
+    _scope_args(rm)
+    return [add, ls, rm]
+
+
+def _readers_add(ctx, args) -> Result:
+    from ..flags.native import native_dataset_ids
+    from ..flags.reader_datasets import declare
+
+    d = declare(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note,
+                actor=ctx.settings.actor)
+    text = (f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "
+            f"{'it' if d.scope == 'dataset' else 'its datasets'} is refused while this stands")
+    ids = [d.scope_id] if d.scope == "dataset" else [r[0] for r in ctx.conn.execute(
+        "select id from datasets where workspace_id = %s", (d.scope_id,))]
+    stale = sorted(native_dataset_ids(ctx.conn, ids), key=str)
+    if stale:  # a fact recorded too late: say so, the gate cannot undo a flip
+        text += (f"\nwarning: {len(stale)} of these dataset(s) are already written iceberg-native, so {d.reader} "
+                 f"reads stale Postgres for them: {', '.join(map(str, stale[:10]))}; roll the writer back "
+                 "(lakehouse write-flags set <writer> pg --dataset <id>) and backfill")
+    return Result({**d.as_dict(), "native_dataset_ids": [str(i) for i in stale]}, text)
+
+
+def _readers_list(ctx, args) -> Result:
+    from ..flags.reader_datasets import declared
+
+    rows = [d.as_dict() for d in declared(ctx.conn, args.reader)]
+    return Result(rows, table(rows, ["reader", "scope", "scope_id", "note", "declared_by", "declared_at"]))
+
+
+def _readers_remove(ctx, args) -> Result:
+    from ..flags.reader_datasets import remove
+
+    scope_txt = f"dataset {args.dataset}" if args.dataset else f"workspace {args.workspace}"
+    gone = remove(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace)
+    text = (f"{args.reader}: declaration for {scope_txt} removed" if gone
+            else f"{args.reader}: no declaration for {scope_txt}; nothing changed")
+    return Result({"reader": args.reader, "removed": gone}, text)
+
+
 def _scope_args(p) -> None:
     p.add_argument("--dataset", help="dataset uuid (most specific scope)")
     p.add_argument("--workspace", help="workspace uuid")
@@ -87,7 +142,11 @@ def _flip_args(p) -> None:
     p.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
     p.add_argument("--reuse-minutes", type=int, default=60,
                    help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
-    p.add_argument("--max-datasets", type=int, default=500, help="refuse a flip moving more datasets (default 500)")
+    p.add_argument("--max-datasets", type=int, default=500,
+                   help="refuse a flip whose preflight would canary more datasets (default 500)")
+    p.add_argument("--sample", type=int, default=20,
+                   help="a workspace/global widen canaries this many moved datasets at random afresh, plus every "
+                        "one with no recent ok verdict (default 20)")
 
 
 def _where(scope) -> str:
@@ -147,6 +206,7 @@ def _set(ctx, args) -> Result:
     change = set_flag(
         ctx.conn, args.kind, args.name, args.mode,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+        soak_seconds=ctx.settings.soak_seconds,
     )
     text = (
         f"{change.flag.name}: {change.before or '(no override)'} → {change.after} {_where(change.scope)}"
@@ -196,6 +256,7 @@ def _clear(ctx, args) -> Result:
     change = clear_flag(
         ctx.conn, args.kind, args.name,
         dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+        soak_seconds=ctx.settings.soak_seconds,
     )
     if not change.changed:
         text = f"{change.flag.name}: no override {_where(change.scope)} to clear; nothing changed"
@@ -240,14 +301,16 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
 
     pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, mode, kind=kind,
                        dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
-                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets)
+                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets, sample=args.sample)
     checked = [c.as_dict() for c in pre.checked]
     lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
     lines += [f"skipped: {s}" for s in pre.skipped]
+    lines.append(pre.coverage())
     if not pre.go:
-        stop = Result({"preflight": checked, "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+        stop = Result({"preflight": checked, "coverage": pre.coverage(), "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
         return pre, checked, lines, None, stop
-    return pre, checked, lines, rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor), None
+    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
+    return pre, checked, lines, change, None
 
 
 def _flip(ctx, args) -> Result:
@@ -263,7 +326,7 @@ def _flip(ctx, args) -> Result:
     lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
         lines.append(rf.fallback_message(args.name, pre.scope, fell_back))
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change),
+    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change),
             "verify": [v.as_dict() for v in verified]}
     return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
 
@@ -280,7 +343,7 @@ def _wflip(ctx, args) -> Result:
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
     lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
     bad = [v for v in verified if v.problems]
-    data = {"preflight": checked, "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
+    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
     if bad:
         lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
                      + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))

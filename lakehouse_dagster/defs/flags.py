@@ -117,6 +117,7 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
             change = set_flag(
                 conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+                soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise _refuse(exc) from exc

@@ -36,7 +36,9 @@ class FlipScopeConfig(dg.Config):
     note: Optional[str] = Field(default=None, description="why, kept with the override and in the audit")
     smoke: bool = Field(default=True, description="the value-level check in the preflight canary (small datasets)")
     reuse_verdicts_minutes: int = Field(default=60, description="reuse ok verdicts this recent at an unchanged version")
-    max_datasets: int = Field(default=500, description="refuse a flip that would move more datasets than this")
+    max_datasets: int = Field(default=500, description="refuse a flip whose preflight would canary more datasets")
+    sample: int = Field(default=20, description="a workspace/global widen canaries this many moved datasets at "
+                                                "random afresh, plus every one with no recent ok verdict")
 
 
 class ReadFlipConfig(FlipScopeConfig):
@@ -51,13 +53,14 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
             pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, name, mode, kind=kind,
                                dataset=config.dataset_id, workspace=config.workspace_id,
                                smoke=config.smoke, reuse_minutes=config.reuse_verdicts_minutes,
-                               max_datasets=config.max_datasets, run_id=context.run_id)
+                               max_datasets=config.max_datasets, sample=config.sample, run_id=context.run_id)
         except LakehouseError as exc:
             raise _refuse(exc) from exc
     rows = "\n".join(f"| {c.verdict} | {'yes' if c.reused else 'no'} | {c.name} | `{c.dataset_id}` | "
                      f"{c.detail.replace('|', '/')} |" for c in pre.checked)
     meta = {**{f"verdict_{k}": v for k, v in pre.counts().items() if v},
             "datasets_moved": len(pre.checked) + len(pre.skipped),
+            "coverage": pre.coverage(),
             "preflight": dg.MetadataValue.md("| verdict | reused | dataset | id | detail |\n|---|---|---|---|---|\n" + rows)}
     for c in pre.inert:
         context.log.warning(f"{c.name} ({c.dataset_id}): {c.verdict} — the flip is inert for it (Postgres serves) "
@@ -79,7 +82,8 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
     pre: rf.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
-            change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse))
+            change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse),
+                             soak_seconds=lakehouse.settings().soak_seconds)
         except LakehouseError as exc:
             raise _refuse(exc) from exc
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")

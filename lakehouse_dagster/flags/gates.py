@@ -13,9 +13,15 @@ A dataset moving to iceberg_native for a writer must be
   * caught up: Iceberg covers the current Postgres version (rows not yet mirrored would never be,
     since the mirror skips native datasets);
   * read from Iceberg already (prerequisite #1): every reader that Iceberg can serve resolves to
-    iceberg or iceberg_only for it;
+    iceberg or iceberg_only for it, and has for LAKEHOUSE_SOAK_SECONDS — since its effective mode for
+    the dataset reached iceberg (the audit of its dataset/workspace/global overrides, replayed) and since
+    the latest MISMATCH or fallback of that reader on it ("read-flip → soak → write-flip");
+  * read by no Postgres-locked reader (objects.sync, dashboards.aggregate, pipeline.expectations...)
+    declared to read it (reader_datasets.py): no read flip can move those off dataset_rows;
   * parity-checked: its latest recorded verdict is ok, at its current Postgres version.
 A reader of a native dataset must not move below iceberg: Postgres no longer receives its rows.
+
+A widen (workspace/global) must also follow the widening rules: soak and the writers' order (widen.py).
 
 The check and the write run in one transaction under one advisory lock shared by every gated
 change, so two operators cannot each pass a check the other's change invalidates.
@@ -29,10 +35,14 @@ import uuid
 import psycopg
 
 from ..errors import FlipRefused
+from ..settings import Settings
 from ..store.datasets import pipeline_input_dataset_ids
+from .incidents import FALLBACK, MISMATCH, latest_incidents
 from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
+from .reader_datasets import readers_of
 from .registry import FLIPPABLE_WRITERS, READ, READERS, WRITE, Flag, rank
 from .resolver import resolve_from
+from .soak import audit_history, effective_since, soak
 
 NATIVE = "iceberg_native"
 _GATE_LOCK = "lakehouse_flag_gates"
@@ -123,16 +133,30 @@ def _latest_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uui
     return {r[0]: r[1:] for r in rows}
 
 
-def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict) -> list[Blocked]:
+def configured_soak(soak_seconds: int | None) -> int:
+    """The soak to apply: the caller's, else LAKEHOUSE_SOAK_SECONDS."""
+    return Settings.from_env().soak_seconds if soak_seconds is None else soak_seconds
+
+
+def _db_now(conn: psycopg.Connection):
+    return conn.execute("select now()").fetchone()[0]
+
+
+def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict, *,
+                        soak_seconds: int | None = None, now=None) -> list[Blocked]:
     """Why each dataset about to be written iceberg-native is not ready (empty: all ready)."""
     ids = [e.dataset_id for e in moved]
     if not ids:
         return []
+    soak_seconds = configured_soak(soak_seconds)
+    now = now or _db_now(conn)
     pipeline_inputs = pipeline_input_dataset_ids(conn)
     syncs = _latest_syncs(conn, ids)
     verdicts = _latest_verdicts(conn, ids)
     servable = [r for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
     reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
+    locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
+    reader_soaks = _reader_soaks(conn, moved, datasets, servable, reader_overrides, soak_seconds, now)
     blocked = []
     for e in moved:
         _, name, ws_id, kind = datasets[e.dataset_id]
@@ -158,6 +182,14 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
         if on_pg:
             reasons.append("readers still on Postgres for it: " + ", ".join(on_pg) +
                            " — read-flip them first (prerequisite #1)")
+        elif reader_soaks.get(e.dataset_id):
+            reasons.append("readers not yet soaked on Iceberg (prerequisite #1: read-flip → soak → write-flip): "
+                           + "; ".join(reader_soaks[e.dataset_id]))
+        if locked.get(e.dataset_id):
+            reasons.append("read from dataset_rows by " + ", ".join(d.describe() for d in locked[e.dataset_id]) +
+                           ", locked to Postgres (no Iceberg read path): Postgres would go stale for it; "
+                           "declared with lakehouse flags readers add — remove the declaration only once it no "
+                           "longer reads this dataset")
         verdict = verdicts.get(e.dataset_id)
         if verdict is None:
             reasons.append(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}")
@@ -170,6 +202,38 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
         if reasons:
             blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
     return blocked
+
+
+def _reader_soaks(conn, moved: list[Effect], datasets: dict, servable: list[Flag], stored: dict,
+                  soak_seconds: int, now) -> dict[uuid.UUID, list[str]]:
+    """{dataset: why its Iceberg-served readers have not soaked}: each reader's effective mode must have been
+    iceberg or above for ``soak_seconds`` (from the audit), with no MISMATCH on the dataset and no fallback of
+    that reader since."""
+    if soak_seconds <= 0:
+        return {}
+    history = audit_history(conn, READ, [r.name for r in servable])
+    earliest = None
+    since: dict[tuple[uuid.UUID, str], object] = {}
+    for e in moved:
+        ws_id = datasets[e.dataset_id][2]
+        for r in servable:
+            if rank(READ, resolve_for(r, stored[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg"):
+                continue  # named as "still on Postgres" instead
+            since[(e.dataset_id, r.name)] = t = effective_since(history[r.name], r, e.dataset_id, ws_id, "iceberg")
+            if t is not None and (earliest is None or t < earliest):
+                earliest = t
+    found = latest_incidents(conn, [e.dataset_id for e in moved], earliest) if earliest else {}
+    out: dict[uuid.UUID, list[str]] = {}
+    for (ds_id, reader), t in since.items():
+        if t is None:
+            out.setdefault(ds_id, []).append(f"{reader}: no audit says when it reached iceberg (written outside "
+                                             "the CLI?): set it again with lakehouse flags set to start its soak")
+            continue
+        relevant = [i for i in found.get(ds_id, []) if i.what == MISMATCH or (i.what == FALLBACK and i.reader == reader)]
+        s = soak(f"{reader} on Iceberg", t, relevant, soak_seconds)
+        if not s.soaked(now):
+            out.setdefault(ds_id, []).append(s.describe(now))
+    return out
 
 
 def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict) -> list[Blocked]:
@@ -190,29 +254,43 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
     return blocked
 
 
-def _refusal(flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked]) -> FlipRefused:
+def _refusal(flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: list[str] = ()) -> FlipRefused:
     verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
-    lines = [f"refused: {verb} ({scope}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
+    if rules:
+        lines = [f"refused: {verb} ({scope}) widens before the runbook's widening rules allow; nothing written:"]
+        lines += [f"  {r}" for r in rules]
+        if blocked:
+            lines.append(f"  and it would move {len(blocked)} dataset(s) that are not ready:")
+    else:
+        lines = [f"refused: {verb} ({scope}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
     for b in blocked[:_SHOWN]:
         lines.append(f"  {b.name} ({b.dataset_id}): " + "; ".join(b.reasons))
     if len(blocked) > _SHOWN:
         lines.append(f"  ... and {len(blocked) - _SHOWN} more")
-    if scope.scope != DATASET:
+    if scope.scope != DATASET and blocked:
         lines.append(f"  (a dataset-scoped override keeps one dataset where it is, e.g. "
                      f"{'write-flags' if flag.kind == WRITE else 'flags'} set {flag.name} "
                      f"{'pg' if flag.kind == WRITE else 'iceberg'} --dataset <id>)")
     return FlipRefused("\n".join(lines))
 
 
-def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> list[Effect]:
-    """Raise FlipRefused when the change would strand consumers; returns its effects otherwise."""
+def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None, *,
+                 soak_seconds: int | None = None) -> list[Effect]:
+    """Raise FlipRefused when the change would strand consumers or widen too early; returns its effects
+    otherwise. ``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS."""
+    from .widen import widen_blockers  # widen.py builds on this module's helpers
+
+    soak_seconds = configured_soak(soak_seconds)
+    now = _db_now(conn)
     moved, datasets = effects(conn, flag, scope, mode)
     if flag.kind == WRITE:
-        blocked = write_flip_blockers(conn, [e for e in moved if e.after == NATIVE], datasets)
+        blocked = write_flip_blockers(conn, [e for e in moved if e.after == NATIVE], datasets,
+                                      soak_seconds=soak_seconds, now=now)
     else:
         blocked = read_rollback_blockers(conn, moved, datasets)
-    if blocked:
-        raise _refusal(flag, mode, scope, blocked)
+    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now)
+    if blocked or rules:
+        raise _refusal(flag, mode, scope, blocked, rules)
     return moved
 
 
@@ -222,15 +300,30 @@ def lock_gates(conn: psycopg.Connection) -> None:
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
 
 
-def _guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
-    lock_gates(conn)
-    check_change(conn, flag, scope, mode)
+def check_widen(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str, *, soak_seconds: int | None = None) -> None:
+    """The widening rules alone (soak, writers' order), so a flip's preflight refuses before it canaries."""
+    from .widen import widen_blockers
+
+    moved, datasets = effects(conn, flag, scope, mode)
+    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds),
+                           now=_db_now(conn))
+    if rules:
+        raise _refusal(flag, mode, scope, [], rules)
 
 
-def set_flag(conn: psycopg.Connection, kind: str, name: str, mode: str, **kw) -> Change:
-    """``set_override`` behind the flip gates: what the CLI and the Dagster jobs call."""
-    return set_override(conn, kind, name, mode, guard=_guard, **kw)
+def _guard_with(soak_seconds: int | None):
+    def guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
+        lock_gates(conn)
+        check_change(conn, flag, scope, mode, soak_seconds=soak_seconds)
+    return guard
 
 
-def clear_flag(conn: psycopg.Connection, kind: str, name: str, **kw) -> Change:
-    return clear_override(conn, kind, name, guard=_guard, **kw)
+def set_flag(conn: psycopg.Connection, kind: str, name: str, mode: str, *, soak_seconds: int | None = None,
+             **kw) -> Change:
+    """``set_override`` behind the flip gates: what the CLI and the Dagster jobs call
+    (``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS)."""
+    return set_override(conn, kind, name, mode, guard=_guard_with(soak_seconds), **kw)
+
+
+def clear_flag(conn: psycopg.Connection, kind: str, name: str, *, soak_seconds: int | None = None, **kw) -> Change:
+    return clear_override(conn, kind, name, guard=_guard_with(soak_seconds), **kw)

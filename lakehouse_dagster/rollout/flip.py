@@ -6,7 +6,10 @@
              before anything is written. lagging / no-snapshot datasets do not stop it: the
              freshness gate keeps serving them from Postgres (the flip is inert for them), and the
              result names them. A recent ok verdict at the dataset's current Postgres version is
-             reused, so widening (dataset → workspace → global) re-checks only what changed.
+             reused, so widening (dataset → workspace → global) re-checks only what changed: a
+             widen canaries a random sample of ``sample`` moved datasets afresh (a recorded ok can
+             go stale on the Iceberg side, e.g. files lost, without Postgres moving) plus every moved
+             dataset with no recent ok verdict, and says how many it covered and how.
   flip       the gated set_flag (flags/gates.py), audited with the operator's note.
   verify     one read per moved dataset (a sample) through the read router: its reason
              (iceberg@eventual, iceberg@strict, pg@no-snapshot, ...) and whether an Iceberg read
@@ -24,14 +27,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import random
 import uuid
 
 import psycopg
 from pyiceberg.catalog import Catalog
 
 from ..errors import BadInput
-from ..flags.gates import effects, set_flag
-from ..flags.overrides import Change, Scope, parse_scope, require_target
+from ..flags.gates import check_widen, effects, set_flag
+from ..flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from ..flags.registry import READ, WRITE, check_mode, get_flag, rank
 from ..flags.resolver import FlagResolver
 from ..parity import canary as cy
@@ -66,6 +70,17 @@ class Preflight:
     checked: list[Checked]
     skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
     kind: str = READ
+    sampled: int = 0  # a widen's random sample canaried afresh (counted in checked)
+
+    def coverage(self) -> str:
+        """How the datasets the flip moves were covered: canaried now, or by a recent recorded ok."""
+        fresh = sum(not c.reused for c in self.checked)
+        moved = len(self.checked) + len(self.skipped)
+        text = f"preflight covered {len(self.checked)} of {moved} moved dataset(s): {fresh} canaried now"
+        if self.sampled:
+            text += f" (a random sample of {self.sampled} plus every one with no recent ok verdict)"
+        return text + f", {len(self.checked) - fresh} by a recent ok verdict at their current version" + (
+            f", {len(self.skipped)} skipped (not Iceberg-tabular)" if self.skipped else "")
 
     @property
     def stopped(self) -> list[Checked]:
@@ -111,17 +126,30 @@ def _check_request(conn: psycopg.Connection, kind: str, name: str, mode: str, da
 def preflight(
     conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, name: str, mode: str, *,
     dataset=None, workspace=None, smoke: bool = True, reuse_minutes: int = 60, max_datasets: int = 500,
-    run_id: str | None = None, kind: str = READ,
+    run_id: str | None = None, kind: str = READ, sample: int = 20,
 ) -> Preflight:
+    """``sample``: for a workspace/global widen, how many moved datasets (at random) are canaried afresh
+    even with a recent ok verdict; ``max_datasets``: refuse when more than this would be canaried."""
+    if sample < 0:
+        raise BadInput(f"--sample {sample} must be 0 or more")
     flag, scope = _check_request(conn, kind, name, mode, dataset, workspace)
+    check_widen(conn, flag, scope, mode, soak_seconds=settings.soak_seconds)  # no canary for a flip refused anyway
     moved, datasets = effects(conn, flag, scope, mode)
-    if len(moved) > max_datasets:
-        raise BadInput(f"flipping {name} ({scope}) would move {len(moved)} datasets and the preflight runs the "
-                       f"canary on each; narrow the scope (a workspace) or raise max_datasets above {max_datasets}")
     tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
     skipped = [f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
                for e in moved if datasets[e.dataset_id][3] != "tabular"]
     reusable = _reusable_verdicts(conn, [e.dataset_id for e in tabular], reuse_minutes)
+    unverified = sum(e.dataset_id not in reusable for e in tabular)
+    spot = set() if scope.scope == DATASET else {
+        e.dataset_id for e in random.sample(tabular, min(sample, len(tabular)))}
+    for i in spot:
+        reusable.pop(i, None)
+    to_canary = sum(e.dataset_id not in reusable for e in tabular)
+    if to_canary > max_datasets:
+        raise BadInput(f"flipping {name} ({scope}) moves {len(moved)} datasets and the preflight would canary "
+                       f"{to_canary} of them ({unverified} with no recent ok verdict); canary them first "
+                       f"(lakehouse canary --smoke --dataset ...), narrow the scope, or raise max_datasets above "
+                       f"{max_datasets}")
     checked = []
     for e in tabular:
         if e.dataset_id in reusable:
@@ -135,7 +163,7 @@ def preflight(
         detail += "".join(f"; {line}" for line in lines_of(v))
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
         log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
-    return Preflight(name, mode, scope, checked, skipped, kind)
+    return Preflight(name, mode, scope, checked, skipped, kind, len(spot))
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
@@ -152,11 +180,13 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     }
 
 
-def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str) -> Change:
+def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str,
+         soak_seconds: int | None = None) -> Change:
     if not pre.go:
         raise BadInput(pre.stop_message())
     return set_flag(conn, pre.kind, pre.name, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
-                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor)
+                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor,
+                    soak_seconds=soak_seconds)
 
 
 @dataclasses.dataclass

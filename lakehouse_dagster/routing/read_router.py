@@ -17,6 +17,7 @@ Every decision is logged with its reason (``reason=iceberg@eventual``, ``reason=
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import uuid
 from typing import Callable, TypeVar
@@ -24,6 +25,7 @@ from typing import Callable, TypeVar
 import psycopg
 
 from ..errors import NotFound
+from ..flags.incidents import record_fallback
 from ..flags.registry import FLIPPABLE_WRITERS, READ, STRICT, WRITE
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
@@ -133,9 +135,11 @@ class ReadResult:
 class ReadSource:
     """A routing decision, ready to run a Postgres executor or an Iceberg executor."""
 
-    def __init__(self, decision: ReadDecision, logger: logging.Logger | logging.LoggerAdapter | None = None):
+    def __init__(self, decision: ReadDecision, logger: logging.Logger | logging.LoggerAdapter | None = None,
+                 on_fallback: Callable[[str, uuid.UUID, str], None] | None = None):
         self.decision = decision
         self._log = logger or log
+        self._on_fallback = on_fallback  # records the fallback (flags/incidents.py): it restarts a soak
 
     def run(
         self,
@@ -155,6 +159,8 @@ class ReadSource:
                                 f"({d.no_fallback_because}, no fallback): {error}")
                 raise
             self._log.warning(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed → PG fallback: {error}")
+            if self._on_fallback is not None:
+                self._on_fallback(d.reader, d.dataset_id, error)
             fallback = dataclasses.replace(d, source=PG, reason="pg@fallback", snapshot_id=None)
             return ReadResult(fallback, postgres(fallback), error)
 
@@ -175,7 +181,7 @@ def resolve_read_source(
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
     decision = decide(reader, dataset_id, flag, fresh, native)
     (logger or log).info(decision.log_line())
-    return ReadSource(decision, logger)
+    return ReadSource(decision, logger, on_fallback=functools.partial(record_fallback, conn))
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,0 +1,75 @@
+"""Incidents: what restarts a soak (flags/widen.py) — a MISMATCH verdict, a failed sync, a read fallback.
+
+MISMATCH verdicts are in lakehouse_read_parity and failed syncs in iceberg_sync_log already; a read
+fallback was only a log line, so the read router records each one here too (``record_fallback``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from datetime import datetime
+
+import psycopg
+
+log = logging.getLogger("lakehouse_dagster.flags")
+
+MISMATCH = "MISMATCH verdict"
+FAILED_SYNC = "failed sync"
+FALLBACK = "read fallback"
+_DETAIL_CHARS = 160
+
+
+@dataclasses.dataclass(frozen=True)
+class Incident:
+    dataset_id: uuid.UUID
+    at: datetime
+    what: str  # MISMATCH | FAILED_SYNC | FALLBACK
+    reader: str | None  # the reader that fell back (FALLBACK only)
+    detail: str
+
+    def describe(self) -> str:
+        who = f" of {self.reader}" if self.reader else ""
+        return f"{self.what}{who} at {self.at:%Y-%m-%d %H:%M:%S} UTC ({self.detail})"
+
+
+def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID, error: str) -> None:
+    """One row per read served by Postgres after an Iceberg error; never fails the read it records."""
+    try:
+        with conn.transaction():  # a savepoint inside the caller's transaction: a failure here leaves it intact
+            conn.execute("insert into lakehouse_read_fallbacks (reader, dataset_id, error) values (%s, %s, %s)",
+                         (reader, dataset_id, error[:1000]))
+    except Exception as exc:  # the read was served; losing its record only makes the soak less strict
+        log.warning("could not record the read fallback of %s ds=%s: %s", reader, dataset_id, type(exc).__name__)
+
+
+_LATEST = """
+select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from (
+  select dataset_id, checked_at as at, %(mismatch)s as what, null::text as reader, 'source ' || source as detail
+    from lakehouse_read_parity
+   where verdict = 'MISMATCH' and dataset_id = any(%(ids)s::uuid[]) and checked_at >= %(since)s
+  union all
+  select dataset_id, coalesce(finished_at, started_at), %(failed)s, null,
+         writer || ' ' || path || ': ' || coalesce(split_part(error, E'\\n', 1), '')
+    from iceberg_sync_log
+   where status = 'failed' and dataset_id = any(%(ids)s::uuid[]) and coalesce(finished_at, started_at) >= %(since)s
+  union all
+  select dataset_id, at, %(fallback)s, reader, split_part(error, E'\\n', 1)
+    from lakehouse_read_fallbacks
+   where dataset_id = any(%(ids)s::uuid[]) and at >= %(since)s
+) i
+order by dataset_id, what, reader, at desc
+"""
+
+
+def latest_incidents(conn: psycopg.Connection, dataset_ids: list[uuid.UUID], since: datetime) -> dict[uuid.UUID, list[Incident]]:
+    """{dataset: the latest incident of each kind (and each reader's latest fallback) at or after ``since``}."""
+    out: dict[uuid.UUID, list[Incident]] = {}
+    if not dataset_ids:
+        return out
+    rows = conn.execute(_LATEST, {"ids": list(dataset_ids), "since": since, "mismatch": MISMATCH,
+                                  "failed": FAILED_SYNC, "fallback": FALLBACK}).fetchall()
+    for ds_id, at, what, reader, detail in rows:
+        out.setdefault(ds_id, []).append(Incident(ds_id, at, what, reader, (detail or "")[:_DETAIL_CHARS]))
+    return out

@@ -1,0 +1,116 @@
+"""Which datasets the Postgres-locked readers read: declared by operators, so a write flip cannot strand them.
+
+Readers whose ceiling is below iceberg (objects.sync, dashboards.aggregate, pipeline.expectations, ...)
+read ``dataset_rows`` and nothing else; once a writer goes iceberg_native for a dataset, Postgres goes
+stale for it, and no read flip can move them. Nothing in the app says which datasets they read, so an
+operator declares it (``lakehouse flags readers add <reader> --dataset <id> | --workspace <id>``); a
+workspace declaration covers every dataset of the workspace, including ones created later. The flip
+gates (gates.py) refuse a write flip of a dataset a declared locked reader reads, naming the reader.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import datetime
+
+import psycopg
+
+from ..errors import BadInput
+from .overrides import DATASET, GLOBAL, WORKSPACE, Scope, _check_actor, _check_note, parse_scope, require_target
+from .registry import READ, READERS, get_flag, rank
+
+
+def locked_readers() -> list[str]:
+    """Readers Iceberg cannot serve (ceiling below iceberg): they stay on dataset_rows whatever their flag."""
+    return [r.name for r in READERS.values() if rank(READ, r.ceiling) < rank(READ, "iceberg")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    reader: str
+    scope: str  # dataset | workspace
+    scope_id: uuid.UUID
+    note: str | None
+    declared_by: str
+    declared_at: datetime
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "scope_id": str(self.scope_id)}
+
+    def describe(self) -> str:
+        via = "" if self.scope == DATASET else f" (declared for its workspace {self.scope_id})"
+        return f"{self.reader}{via}"
+
+
+def _check_reader(name: str) -> str:
+    flag = get_flag(READ, name)
+    if flag.name not in locked_readers():
+        raise BadInput(f"{name} can be served by Iceberg (ceiling {flag.ceiling}): read-flip it instead "
+                       f"(lakehouse flags flip {name}); only readers locked to Postgres are declared here: "
+                       + ", ".join(locked_readers()))
+    return flag.name
+
+
+def _scope(dataset, workspace) -> Scope:
+    scope = parse_scope(dataset, workspace)
+    if scope.scope == GLOBAL:
+        raise BadInput("give --dataset <id> or --workspace <id>: the datasets this reader reads")
+    return scope
+
+
+def declare(conn: psycopg.Connection, reader: str, *, dataset=None, workspace=None, note: str | None = None,
+            actor: str) -> Declared:
+    """Record that ``reader`` reads a dataset (or every dataset of a workspace); re-declaring updates the note."""
+    reader = _check_reader(reader)
+    scope = _scope(dataset, workspace)
+    note, actor = _check_note(note), _check_actor(actor)
+    require_target(conn, scope)
+    row = conn.execute(
+        "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by) values (%s, %s, %s, %s, %s)"
+        " on conflict (reader, scope, scope_id) do update set note = excluded.note, declared_by = excluded.declared_by,"
+        " declared_at = now() returning reader, scope, scope_id, note, declared_by, declared_at",
+        (reader, scope.scope, scope.scope_id, note, actor),
+    ).fetchone()
+    return Declared(*row)
+
+
+def remove(conn: psycopg.Connection, reader: str, *, dataset=None, workspace=None) -> bool:
+    """Drop a declaration (the reader no longer reads it); False when there was none."""
+    reader = get_flag(READ, reader).name
+    scope = _scope(dataset, workspace)
+    return conn.execute("delete from lakehouse_reader_datasets where reader = %s and scope = %s and scope_id = %s",
+                        (reader, scope.scope, scope.scope_id)).rowcount > 0
+
+
+def declared(conn: psycopg.Connection, reader: str | None = None) -> list[Declared]:
+    sql = "select reader, scope, scope_id, note, declared_by, declared_at from lakehouse_reader_datasets"
+    params: tuple = ()
+    if reader is not None:
+        sql += " where reader = %s"
+        params = (get_flag(READ, reader).name,)
+    return [Declared(*r) for r in conn.execute(sql + " order by reader, scope, scope_id", params).fetchall()]
+
+
+def readers_of(conn: psycopg.Connection, datasets: dict[uuid.UUID, uuid.UUID | None]) -> dict[uuid.UUID, list[Declared]]:
+    """{dataset: the locked readers declared to read it}, for {dataset id: its workspace id}, in one query."""
+    if not datasets:
+        return {}
+    rows = conn.execute(
+        "select reader, scope, scope_id, note, declared_by, declared_at from lakehouse_reader_datasets"
+        " where (scope = 'dataset' and scope_id = any(%s::uuid[])) or (scope = 'workspace' and scope_id = any(%s::uuid[]))"
+        " order by reader, scope",
+        (list(datasets), list({w for w in datasets.values() if w is not None})),
+    ).fetchall()
+    by_ws: dict[uuid.UUID, list[Declared]] = {}
+    out: dict[uuid.UUID, list[Declared]] = {}
+    for r in rows:
+        d = Declared(*r)
+        if d.scope == WORKSPACE:
+            by_ws.setdefault(d.scope_id, []).append(d)
+        else:
+            out.setdefault(d.scope_id, []).append(d)
+    for ds_id, ws_id in datasets.items():
+        if ws_id in by_ws:
+            out.setdefault(ds_id, []).extend(by_ws[ws_id])
+    return out

@@ -1,0 +1,180 @@
+"""Widening rules (dataset → workspace → global), as the runbooks order them: soak, then the writers' order.
+
+Definitions (the README says the same):
+
+* A *widen* is a gated set at workspace or global scope that raises at least one dataset's effective
+  mode of the flag from below the new mode M to M, with M at least iceberg (a reader) or iceberg_native
+  (a writer). Lowering, clearing, shadow and dataset-scope flips are never widens.
+* Its *narrower flips* are the flag's overrides one scope down, at M or above: for workspace W, the
+  dataset-scope overrides of datasets in W; for global, the workspace-scope overrides.
+* A narrower flip has *soaked* when ``soak_seconds`` (LAKEHOUSE_SOAK_SECONDS) have passed since it
+  reached M (from the audit) and since the latest incident on its datasets — a MISMATCH verdict, a
+  failed sync, or a read fallback of any reader (flags/incidents.py). Its datasets: the dataset itself;
+  for a workspace override, the workspace's datasets the flag resolves to M or above for.
+* A widen needs at least one soaked narrower flip, and none of its narrower flips may have had an
+  incident within the last ``soak_seconds`` (an incident restarts that flip's soak, and the widen waits
+  for it). ``soak_seconds`` 0 disables these two rules.
+* Writers widen one at a time, in the runbook's order: sync.full, then sync.append, then
+  sync.incremental / cdc.append (in either order). Widening a writer at workspace W (or globally) needs
+  every earlier writer iceberg_native at that scope — resolved for the scope itself: W's override, else
+  the global one — and, with a soak, that earlier widen soaked over the datasets it covers there. A
+  dataset-scope flip of a later writer does not need the earlier one: a dataset is written by its own
+  source's writer, and the runbook's canary step (step 3) is per dataset; the order is about widening.
+
+Prerequisite #1 with soak (a writer flips a dataset only after its readers served Iceberg that long) is
+per dataset and lives with the other write-flip prerequisites in gates.py; it uses soak.py the same way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import psycopg
+
+from .gates import resolve_for, stored_overrides
+from .incidents import latest_incidents
+from .overrides import DATASET, GLOBAL, WORKSPACE, Scope
+from .registry import READ, WRITE, WRITERS, Flag, rank
+from .resolver import resolve_from
+from .soak import Soak, audit_history, key_since, soak
+
+# The runbook's writer order: "start with sync.full, then sync.append, then sync.incremental/cdc.append".
+WRITER_ORDER: tuple[tuple[str, ...], ...] = (("sync.full",), ("sync.append",), ("sync.incremental", "cdc.append"))
+_SHOWN = 5
+
+
+def entry_mode(flag: Flag) -> str:
+    """The lowest mode that moves a dataset off Postgres: where widening rules begin."""
+    return "iceberg" if flag.kind == READ else "iceberg_native"
+
+
+def earlier_writers(name: str) -> list[str]:
+    for i, tier in enumerate(WRITER_ORDER):
+        if name in tier:
+            return [w for t in WRITER_ORDER[:i] for w in t]
+    return []
+
+
+def is_widen(flag: Flag, scope: Scope, mode: str | None, moved) -> bool:
+    if mode is None or scope.scope == DATASET or rank(flag.kind, mode) < rank(flag.kind, entry_mode(flag)):
+        return False
+    return any(rank(flag.kind, e.before) < rank(flag.kind, mode) <= rank(flag.kind, e.after) for e in moved)
+
+
+def _cmd(flag: Flag) -> str:
+    return "lakehouse flags" if flag.kind == READ else "lakehouse write-flags"
+
+
+def _scope_resolve(flag: Flag, stored: dict, scope: Scope) -> tuple[str, tuple[str, uuid.UUID | None] | None]:
+    """The flag's mode for a scope itself (ignoring narrower overrides), and the key that decides it."""
+    keys = [(WORKSPACE, scope.scope_id)] if scope.scope == WORKSPACE else []
+    for key in keys + [(GLOBAL, None)]:
+        if key in stored:
+            return resolve_from(flag, {key[0]: stored[key]}).mode, key
+    return flag.default, None
+
+
+def widen_blockers(
+    conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None, moved, datasets: dict,
+    *, soak_seconds: int, now: datetime,
+) -> list[str]:
+    """Why this change may not widen now (empty: it may, or it is not a widen). ``moved``/``datasets``
+    are gates.effects' output; ``now`` is the database's time."""
+    if not is_widen(flag, scope, mode, moved):
+        return []
+    reasons = []
+    if flag.kind == WRITE:
+        reasons += _order_blockers(conn, flag, scope, soak_seconds, now)
+    if soak_seconds > 0:
+        reasons += _soak_blockers(conn, flag, scope, mode, soak_seconds, now)
+    return reasons
+
+
+def _covered(conn, flag: Flag, stored: dict, scope: Scope, min_mode: str) -> list[uuid.UUID]:
+    """Datasets in ``scope`` the flag resolves to ``min_mode`` or above for."""
+    if scope.scope == DATASET:
+        rows = [(scope.scope_id, conn.execute("select workspace_id from datasets where id = %s",
+                                              (scope.scope_id,)).fetchone()[0])]
+    elif scope.scope == WORKSPACE:
+        rows = conn.execute("select id, workspace_id from datasets where workspace_id = %s", (scope.scope_id,)).fetchall()
+    else:
+        rows = conn.execute("select id, workspace_id from datasets").fetchall()
+    return [d for d, ws in rows if rank(flag.kind, resolve_for(flag, stored, d, ws)) >= rank(flag.kind, min_mode)]
+
+
+def _soak_of(conn, flag: Flag, history, stored: dict, key: tuple, min_mode: str, covered_scope: Scope,
+             soak_seconds: int) -> Soak | None:
+    """The soak of the override ``key`` at ``min_mode`` over the datasets it covers (None: no audit of it)."""
+    since = key_since(history, flag, key[0], key[1], min_mode)
+    if since is None:
+        return None
+    ids = _covered(conn, flag, stored, covered_scope, min_mode)
+    found = latest_incidents(conn, ids, since)
+    where = "globally" if key[0] == GLOBAL else f"at {key[0]} {key[1]}"
+    return soak(f"{flag.name} {min_mode} {where}", since, [i for v in found.values() for i in v], soak_seconds)
+
+
+def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int, now: datetime) -> list[str]:
+    stored = stored_overrides(conn, flag.kind, [flag.name])[flag.name]
+    history = audit_history(conn, flag.kind, [flag.name])[flag.name]
+    if scope.scope == WORKSPACE:
+        in_ws = {r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (scope.scope_id,))}
+        narrower = [k for k, m in stored.items() if k[0] == DATASET and k[1] in in_ws
+                    and rank(flag.kind, m) >= rank(flag.kind, mode)]
+        one_down, example = "dataset", f"--dataset <id in workspace {scope.scope_id}>"
+    else:
+        narrower = [k for k, m in stored.items() if k[0] == WORKSPACE and rank(flag.kind, m) >= rank(flag.kind, mode)]
+        one_down, example = "workspace", "--workspace <id>"
+    if not narrower:
+        return [f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {scope} to have soaked; "
+                f"flip one first ({_cmd(flag)} set {flag.name} {mode} {example}), let it soak "
+                f"{soak_seconds}s (LAKEHOUSE_SOAK_SECONDS) without incident, then widen"]
+    soaks, unexplained = [], []
+    for key in sorted(narrower, key=str):
+        s = _soak_of(conn, flag, history, stored, key, mode, Scope(*key), soak_seconds)
+        (soaks.append(s) if s else unexplained.append(key))
+    window = now - timedelta(seconds=soak_seconds)
+    disturbed = [s for s in soaks if s.incident is not None and s.incident.at > window]
+    if disturbed:
+        lines = [f"soak: {len(disturbed)} narrower flip(s) had an incident within the last {soak_seconds}s; "
+                 "investigate, then widen when their soak ends:"]
+        lines += [f"    {s.describe(now)}" for s in disturbed[:_SHOWN]]
+        return ["\n".join(lines)]
+    if any(s.soaked(now) for s in soaks):
+        return []
+    if not soaks:
+        return [f"soak: no audit says when {flag.name} reached {mode} at " +
+                ", ".join(f"{k[0]} {k[1]}" for k in unexplained[:_SHOWN]) +
+                f" (written outside the CLI?): set it again with {_cmd(flag)} set to start its soak"]
+    first = min(soaks, key=lambda s: s.ends)
+    return [f"soak: the narrower flip has not soaked yet: {first.describe(now)} "
+            f"(LAKEHOUSE_SOAK_SECONDS={soak_seconds})"]
+
+
+def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: datetime) -> list[str]:
+    earlier = earlier_writers(flag.name)
+    if not earlier:
+        return []
+    stored = stored_overrides(conn, WRITE, earlier)
+    history = audit_history(conn, WRITE, earlier) if soak_seconds > 0 else {}
+    where = "globally" if scope.scope == GLOBAL else f"at {scope}"
+    flag_opt = "" if scope.scope == GLOBAL else f" --{scope.scope} {scope.scope_id}"
+    order = " → ".join(" / ".join(t) for t in WRITER_ORDER)
+    reasons = []
+    for name in earlier:
+        e = WRITERS[name]
+        m, key = _scope_resolve(e, stored[name], scope)
+        if m != "iceberg_native":
+            reasons.append(f"writer order ({order}): {name} is still {m} {where}; widen it first "
+                           f"(lakehouse write-flags set {name} iceberg_native{flag_opt}), let it soak, then "
+                           f"{flag.name}")
+            continue
+        if soak_seconds > 0:
+            s = _soak_of(conn, e, history[name], stored[name], key, "iceberg_native", scope, soak_seconds)
+            if s is None:
+                reasons.append(f"writer order: no audit says when {name} reached iceberg_native {where}: set it "
+                               "again with lakehouse write-flags set to start its soak")
+            elif not s.soaked(now):
+                reasons.append(f"writer order: soak between writers — {s.describe(now)}; then {flag.name}")
+    return reasons
