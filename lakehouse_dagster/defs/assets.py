@@ -10,6 +10,7 @@ from ..ingest.sync import peak_rss_mb, sync_dataset
 from ..store.datasets import get_dataset
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+from .tags import name_run, text
 
 PG_ROWS = dg.AssetKey(["postgres", "dataset_rows"])
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])
@@ -30,13 +31,14 @@ class MirrorConfig(dg.Config):
 )
 def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     with lakehouse.connect() as conn:
+        named = name_run(context, conn, context.partition_key)
         ds = get_dataset(conn, context.partition_key)
     return dg.MaterializeResult(
         metadata={
-            "dataset": ds.name,
+            **named,
             "kind": ds.kind,
-            "rows_version": ds.rows_version,
-            "max_row_index": ds.max_row_index if ds.max_row_index is not None else -1,
+            "rows_version": text(ds.rows_version),
+            "max_row_index": text(ds.max_row_index if ds.max_row_index is not None else "unknown"),
             "columns": len(ds.columns),
         },
         data_version=dg.DataVersion(str(ds.rows_version)),
@@ -61,6 +63,8 @@ def iceberg_dataset_table(
     settings = lakehouse.settings()
     # One sync id per run and partition: a retried step finds its own snapshot instead of appending twice.
     sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{context.run_id}:{context.partition_key}")
+    with lakehouse.connect() as conn:
+        named = name_run(context, conn, context.partition_key)
     try:
         r = sync_dataset(
             lakehouse.pg_dsn, lakehouse.catalog(), settings, context.partition_key,
@@ -76,15 +80,16 @@ def iceberg_dataset_table(
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
     return dg.MaterializeResult(
         metadata={
+            **named,
             "path": r.path,
             "mode": r.mode,
             "reason": r.reason,
             "rows": dg.MetadataValue.int(r.rows),
             "total_rows": dg.MetadataValue.int(r.total_rows),
-            "snapshot_id": str(r.snapshot_id),
-            "source_version": r.source_version,
+            "snapshot_id": text(r.snapshot_id),
+            "source_version": text(r.source_version),
             "bytes_written": dg.MetadataValue.int(r.bytes),
-            "files": r.files,
+            "files": dg.MetadataValue.int(r.files),
             "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
             "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
             "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),

@@ -26,6 +26,7 @@ from ..ingest.writers import WRITERS, run_writer
 from .assets import ICEBERG_TABLE, PG_ROWS
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+from .tags import WRITER, datasets_tags, name_run, text
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})
 
@@ -51,6 +52,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
     sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:ingest:{context.run_id}:{ds_id}")
     try:
         with lakehouse.connect() as conn:
+            named = name_run(context, conn, ds_id)
             writer = config.writer.value if config.writer else _default_writer(get_source(conn, ds_id), ds_id)
             r = run_writer(lakehouse.pg_dsn, lakehouse.catalog(), settings, FlagResolver(conn, ttl_seconds=0), ds_id,
                            writer, sync_id=sync_id, run_id=context.run_id, logger=context.log)
@@ -61,9 +63,10 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         # can fix (errors.is_transient: a connection, object-store I/O, a lost lock, an unknown commit outcome);
         # bad data, bad input and refusals fail at once. The retry reuses the sync id.
         raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
-    tags = {"lakehouse/writer": r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
+    tags = {WRITER: r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
     context.instance.add_run_tags(context.run_id, tags)
     metadata = {
+        **named,
         "writer": r.writer,
         "path": r.path,
         "flag_reason": r.flag_reason,
@@ -71,13 +74,13 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         "rows": dg.MetadataValue.int(r.rows),
         "total_rows": dg.MetadataValue.int(r.total_rows if r.total_rows is not None else -1),
         "cursor": dg.MetadataValue.json(r.cursor if isinstance(r.cursor, (dict, list)) else {"cursor": r.cursor}),
-        "sync_id": str(r.sync_id) if r.sync_id else "",
+        "sync_id": text(r.sync_id or ""),
         "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
         "rows_per_s": dg.MetadataValue.float(round(r.rows / r.seconds, 1) if r.seconds > 0 else 0.0),
         "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
     }
     if r.path == "native":
-        metadata["snapshot_id"] = str(r.snapshot_id)
+        metadata["snapshot_id"] = text(r.snapshot_id)
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
     if r.new:
@@ -119,6 +122,8 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     settings = lakehouse.settings()
     found, nxt, visited = pending_ingests(lakehouse.pg_dsn, settings, context.cursor,
                                           limit=settings.sensor_max_requests)
+    with lakehouse.connect() as conn:
+        named = datasets_tags(conn, [p.dataset_id for p in found])
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     new_keys = sorted({str(p.dataset_id) for p in found} - known)
     requests = [
@@ -126,7 +131,8 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             run_key=p.run_key,
             partition_key=str(p.dataset_id),
             run_config={"ops": {"ingest_op": {"config": {"writer": p.writer.replace(".", "_")}}}},
-            tags={"lakehouse/writer": p.writer, "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
+            tags={**named.get(p.dataset_id, {}), WRITER: p.writer,
+                  "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
                   "lakehouse/flag_reason": p.reason[:200], "lakehouse/source_news": p.token[:200]},
         )
         for p in found

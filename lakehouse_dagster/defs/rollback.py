@@ -15,6 +15,7 @@ from ..rollback.backfill import backfill
 from ..rollback.report import leaving_native, rollback_lines, rolled_back
 from .flags import FlippableWriter, _actor, _refuse
 from .resources import LakehouseResource
+from .tags import flag_tags, tag_run
 
 
 class WriteRollbackConfig(dg.Config):
@@ -32,6 +33,7 @@ def write_rollback_op(context: dg.OpExecutionContext, config: WriteRollbackConfi
     writer = config.writer.value
     settings, catalog = lakehouse.settings(), lakehouse.catalog()
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, "write", writer, config.dataset_id, config.workspace_id))
         try:
             moved = leaving_native(conn, writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id)
             change = set_flag(conn, "write", writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id,

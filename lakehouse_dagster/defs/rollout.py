@@ -18,6 +18,7 @@ from ..flags.registry import READ, READERS, WRITE, rank
 from ..rollout import flip as rf
 from .flags import FlippableWriter, _actor, _refuse
 from .resources import LakehouseResource
+from .tags import flag_tags, tag_run, text
 
 FlippableReader = Enum("FlippableReader", {
     r.name.replace(".", "_"): r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")})
@@ -47,6 +48,7 @@ class ReadFlipConfig(FlipScopeConfig):
 def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: str, mode: str) -> dict:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, kind, name, config.dataset_id, config.workspace_id))
         try:
             pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, name, mode, kind=kind,
                                dataset=config.dataset_id, workspace=config.workspace_id,
@@ -85,7 +87,7 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
     context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope),
                                  "before": change.before or "(no override)", "after": change.after,
-                                 "audit_id": change.audit.id})
+                                 "audit_id": text(change.audit.id)})
     return preflight
 
 
