@@ -19,6 +19,7 @@ from ..flags.overrides import list_overrides, narrower_overrides, remaining_line
 from ..flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
 from ..flags.resolver import FlagResolver
 from ..store.datasets import get_dataset
+from .refusals import refuse
 from .resources import LakehouseResource
 from .tags import WRITER, dataset_tags, flag_tags, tag_run, text
 
@@ -61,11 +62,6 @@ class ClearFlagConfig(dg.Config):
     note: Optional[str] = _NOTE
 
 
-def _refuse(exc: LakehouseError) -> dg.Failure:
-    """A refusal fails the step with the CLI's one-line reason; retrying would not help."""
-    return dg.Failure(description=str(exc), allow_retries=False)
-
-
 def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
     return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
 
@@ -78,7 +74,7 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
         try:
             ds = get_dataset(conn, config.dataset_id) if config.dataset_id else None
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
         resolver = FlagResolver(conn, settings.flag_ttl_seconds)
         state = [
             {"kind": r.kind, "name": r.name, "mode": r.mode, "reason": r.reason, "ceiling": r.ceiling,
@@ -122,7 +118,7 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
             )
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
     context.add_output_metadata(
         {"flag": change.flag.name, "scope": str(change.scope), "before": change.before or "(no override)",
@@ -141,7 +137,7 @@ def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakeh
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
             )
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
         remaining = remaining_lines(conn, change.flag, narrower_overrides(conn, config.kind.value, change.flag.name,
                                                                           change.scope))
     msg = f"cleared {change.before}" if change.changed else "no override to clear; nothing changed"
@@ -168,7 +164,7 @@ def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesC
         try:
             found = write_flip_candidates(conn, config.writer.value)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     rows = "\n".join(
         f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
         + "; ".join(c.reasons).replace("|", "\\|") + " |" for c in found)

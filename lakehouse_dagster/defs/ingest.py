@@ -18,13 +18,14 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from ..errors import Backpressure, BadInput, LakehouseError, is_transient
+from ..errors import BadInput
 from ..flags.resolver import FlagResolver
 from ..ingest.source_poll import pending_ingests
 from ..ingest.sync import peak_rss_mb
 from ..ingest.writers import WRITERS, run_writer
 from .assets import ICEBERG_TABLE, PG_ROWS
 from .partitions import datasets_partitions
+from .refusals import fail_step
 from .resources import LakehouseResource
 from .tags import WRITER, datasets_tags, name_run, text
 
@@ -41,7 +42,6 @@ class IngestConfig(dg.Config):
     description="Run a source writer for the partition's dataset through the write router: pg (dataset_rows; the "
                 "mirror poller then mirrors it) or iceberg_native (straight to the Iceberg table).",
     pool="iceberg_ingest",
-    retry_policy=dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS),
 )
 def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: LakehouseResource) -> dict:
     from ..sources import get_source
@@ -56,13 +56,11 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
             writer = config.writer.value if config.writer else _default_writer(get_source(conn, ds_id), ds_id)
             r = run_writer(lakehouse.pg_dsn, lakehouse.catalog(), settings, FlagResolver(conn, ttl_seconds=0), ds_id,
                            writer, sync_id=sync_id, run_id=context.run_id, logger=context.log)
-    except Backpressure as exc:  # G2: healthy backpressure, come back later
-        raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
-    except LakehouseError as exc:
-        # The one-line reason, no stack trace. Like the mirror asset, the RetryPolicy retries only what a retry
-        # can fix (errors.is_transient: a connection, object-store I/O, a lost lock, an unknown commit outcome);
-        # bad data, bad input and refusals fail at once. The retry reuses the sync id.
-        raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
+    except Exception as exc:
+        # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
+        # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
+        # fail at once with the one-line reason and no stack trace. The retry reuses the sync id.
+        fail_step(context, exc)
     tags = {WRITER: r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
     context.instance.add_run_tags(context.run_id, tags)
     metadata = {

@@ -1,11 +1,11 @@
 """Run tags and metadata that name a dataset in the Dagster UI, built in one place.
 
 Partition keys are dataset uuids, operators know dataset names: every run the mirror, ingest, canary, flag and
-rollout jobs start carries ``lakehouse/dataset`` (id), ``lakehouse/dataset_name``, ``lakehouse/workspace`` and,
-for flag/rollout jobs, ``lakehouse/reader`` or ``lakehouse/writer`` and ``lakehouse/scope`` (``dataset:<id>``,
-``workspace:<id>``, ``global``), so the runs list filters by them; every materialization and check result carries
-``dataset_name``. Identifiers and versions are text metadata: Dagster plots an asset's numeric metadata over time,
-and a partitioned asset would draw the ids of different datasets as one series.
+rollout jobs start carries ``lakehouse/dataset`` (id) and ``lakehouse/dataset_name``, and a flag or rollout run
+``lakehouse/reader`` or ``lakehouse/writer`` and ``lakehouse/scope`` (``dataset:<id>``, ``workspace:<id>``,
+``global``), so the runs list filters by them; every materialization and check result carries ``dataset_name`` and
+``dataset_id``. Identifiers and versions are text metadata: Dagster plots an asset's numeric metadata over time, and
+a partitioned asset would draw the ids of different datasets as one series.
 
 A job's ``tags`` cannot see its run config, so a launchpad job tags its own run from its config when its op starts
 (``tag_run``); sensors and schedules put the tags on their RunRequests.
@@ -21,7 +21,6 @@ import psycopg
 
 DATASET = "lakehouse/dataset"
 DATASET_NAME = "lakehouse/dataset_name"
-WORKSPACE = "lakehouse/workspace"
 READER = "lakehouse/reader"
 WRITER = "lakehouse/writer"
 SCOPE = "lakehouse/scope"
@@ -40,26 +39,15 @@ def _uuid(raw: object) -> uuid.UUID | None:
 
 
 def datasets_tags(conn: psycopg.Connection, dataset_ids: Iterable[object]) -> dict[uuid.UUID, dict[str, str]]:
-    """The dataset tags of many datasets in one query (a sensor tick); an unknown id gets its id tag only."""
+    """The dataset tags of many datasets in one query (a sensor tick); an unknown id gets its id tag only.
+    (No workspace tag: the runs list shows every tag of a run, and the scope tag names it for flag runs.)"""
     ids = {i for i in (_uuid(d) for d in dataset_ids) if i is not None}
-    found = {
-        r[0]: (r[1], r[2])
-        for r in conn.execute("select id, name, workspace_id from datasets where id = any(%s)", (list(ids),))
-    } if ids else {}
-    out: dict[uuid.UUID, dict[str, str]] = {}
-    for i in ids:
-        tags = {DATASET: str(i)}
-        if i in found:
-            name, ws = found[i]
-            tags[DATASET_NAME] = _value(name)
-            if ws is not None:
-                tags[WORKSPACE] = str(ws)
-        out[i] = tags
-    return out
+    found = dict(conn.execute("select id, name from datasets where id = any(%s)", (list(ids),)).fetchall()) if ids else {}
+    return {i: {DATASET: str(i), **({DATASET_NAME: _value(found[i])} if i in found else {})} for i in ids}
 
 
 def dataset_tags(conn: psycopg.Connection, dataset_id: object) -> dict[str, str]:
-    """``lakehouse/dataset``, ``lakehouse/dataset_name``, ``lakehouse/workspace``; a malformed id is tagged as given
+    """``lakehouse/dataset`` and ``lakehouse/dataset_name``; a malformed id is tagged as given
     (the op then refuses it), so even a refused run can be found by what the operator typed."""
     i = _uuid(dataset_id)
     if i is None:
@@ -68,15 +56,13 @@ def dataset_tags(conn: psycopg.Connection, dataset_id: object) -> dict[str, str]
 
 
 def dataset_metadata(conn: psycopg.Connection, dataset_id: object) -> dict[str, dg.MetadataValue]:
-    """``dataset_name`` / ``dataset_id`` / ``workspace_id`` as text metadata for a materialization or check result."""
+    """``dataset_name`` / ``dataset_id`` as text metadata for a materialization or check result."""
     return _metadata(dataset_tags(conn, dataset_id), dataset_id)
 
 
 def _metadata(tags: Mapping[str, str], dataset_id: object) -> dict[str, dg.MetadataValue]:
     meta = {"dataset_name": dg.MetadataValue.text(tags.get(DATASET_NAME, "(unknown dataset)")),
             "dataset_id": dg.MetadataValue.text(tags.get(DATASET, str(dataset_id)))}
-    if WORKSPACE in tags:
-        meta["workspace_id"] = dg.MetadataValue.text(tags[WORKSPACE])
     return meta
 
 
@@ -105,8 +91,6 @@ def flag_tags(conn: psycopg.Connection, kind: str, name: str | None, dataset: ob
         tags[READER if kind == "read" else WRITER] = _value(name)
     if dataset not in (None, ""):
         tags.update(dataset_tags(conn, dataset))
-    elif workspace not in (None, ""):
-        tags[WORKSPACE] = _value(str(workspace).strip())
     return tags
 
 
@@ -124,7 +108,7 @@ def ids_as_text(metadata: Mapping[str, object]) -> dict[str, object]:
 def tag_run(context, tags: Mapping[str, str]) -> None:
     """Add the tags this run lacks (a launchpad run, a materialization started from the UI); a sensor's run
     already has them and is left alone."""
-    run_tags = context.run.tags
-    missing = {k: v for k, v in tags.items() if run_tags.get(k) != v}
+    run = context.run  # (an asset check's context has no run_id of its own)
+    missing = {k: v for k, v in tags.items() if run.tags.get(k) != v}
     if missing:
-        context.instance.add_run_tags(context.run_id, missing)
+        context.instance.add_run_tags(run.run_id, missing)
