@@ -276,6 +276,16 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
     assert all(not Path(f"/proc/{pid}").exists() for pid in frozen)
 
 
+def test_bad_input_to_the_cli_is_one_line_and_no_traceback(conn, dsn, settings, world):
+    for args, code in ((["ingest-bench", "run", "--jobs", "0"], 2), (["sync", "--dataset", "nope"], 2),
+                       (["flags", "set", "export.stream", "iceberg_onyl"], 2),
+                       (["read", "--reader", "export.stream", "--dataset", str(uuid.uuid4())], 3)):
+        proc = cli(*args)
+        assert proc.returncode == code, (args, proc.stderr)
+        (line,) = proc.stderr.strip().splitlines()  # (the bench purges nothing it did not make, and says nothing)
+        assert line.startswith(f"lakehouse {args[0]}: error: ") and "Traceback" not in proc.stderr
+
+
 def _stopped_descendants(root: int) -> list[int]:
     """Processes under ``root`` in state T (stopped), from /proc."""
     parent, state = {}, {}
