@@ -55,15 +55,10 @@ def dataset_tags(conn: psycopg.Connection, dataset_id: object) -> dict[str, str]
     return datasets_tags(conn, [i])[i]
 
 
-def dataset_metadata(conn: psycopg.Connection, dataset_id: object) -> dict[str, dg.MetadataValue]:
-    """``dataset_name`` / ``dataset_id`` as text metadata for a materialization or check result."""
-    return _metadata(dataset_tags(conn, dataset_id), dataset_id)
-
-
 def _metadata(tags: Mapping[str, str], dataset_id: object) -> dict[str, dg.MetadataValue]:
-    meta = {"dataset_name": dg.MetadataValue.text(tags.get(DATASET_NAME, "(unknown dataset)")),
+    """``dataset_name`` / ``dataset_id`` as text metadata for a materialization or check result."""
+    return {"dataset_name": dg.MetadataValue.text(tags.get(DATASET_NAME, "(unknown dataset)")),
             "dataset_id": dg.MetadataValue.text(tags.get(DATASET, str(dataset_id)))}
-    return meta
 
 
 def name_run(context, conn: psycopg.Connection, dataset_id: object) -> dict[str, dg.MetadataValue]:
