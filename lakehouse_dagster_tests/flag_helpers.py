@@ -34,3 +34,11 @@ def flag_tables(conn) -> tuple[list, list]:
     ).fetchall()
     audit = conn.execute("select * from lakehouse_flag_audit order by id").fetchall()
     return overrides, audit
+
+
+def refusal(failure_event) -> str:
+    """The reason a refused Dagster step shows (defs/refusals.py: the cause of the step's error, no stack)."""
+    error = failure_event.step_failure_data.error
+    prefix = "lakehouse_dagster.defs.refusals.Refused: "
+    assert error.cause is not None and error.cause.message.startswith(prefix), error.to_string()
+    return error.cause.message[len(prefix):].rstrip("\n")

@@ -74,7 +74,7 @@ def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance)
     )
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
-    assert "row_index 1 column n: expected int64, got a JSON string" in failure.step_failure_data.error.message
+    assert "row_index 1 column n: expected int64, got a JSON string" in failure.step_failure_data.error_display_string
     assert conn.execute("select status from datasets where id = %s", (d,)).fetchone()[0] == "errored"
 
 

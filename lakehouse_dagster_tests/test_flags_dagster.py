@@ -10,7 +10,7 @@ from lakehouse_dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags.overrides import history, list_overrides, set_override
 from lakehouse_dagster.store import datasets as ds
 
-from .flag_helpers import cli, flag_tables
+from .flag_helpers import cli, flag_tables, refusal
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_set_flag_job_refuses_exactly_like_the_cli(conn, dsn, settings, world, c
     result = _run(set_flag_job, dsn, config, raise_on_error=False)
     assert not result.success
     (failure,) = result.get_step_failure_events()
-    description = failure.step_failure_data.user_failure_data.description
+    description = refusal(failure)
     proc = cli(*cli_args)
     assert proc.returncode != 0
     assert proc.stderr.strip() == f"lakehouse {cli_args[0]}: error: {description}"

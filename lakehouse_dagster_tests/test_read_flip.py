@@ -17,7 +17,7 @@ from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.rollout import flip as rf
 from lakehouse_dagster.store import datasets as ds
 
-from .flag_helpers import cli, flag_tables
+from .flag_helpers import cli, flag_tables, refusal
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -123,7 +123,7 @@ def test_job_stops_on_mismatch_and_the_flip_op_never_runs(conn, dsn, settings, w
     assert not result.success
     (failure,) = result.get_step_failure_events()
     assert failure.step_key == "read_flip_preflight"
-    message = failure.step_failure_data.user_failure_data.description
+    message = refusal(failure)
     assert message.startswith("STOP: do not flip export.stream to iceberg") and f"drifted ({bad}): MISMATCH" in message
     assert {e.step_key for e in result.all_events if e.is_step_success} == set()
     assert flag_tables(conn) == before

@@ -1,4 +1,4 @@
-"""`lakehouse datasets`: what is there, with its mirror state (ids to paste into other commands)."""
+"""`lakehouse datasets`: what is there, with its workspace and mirror state (ids to paste into other commands)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,39 @@ from .common import Result, add_command, table
 
 
 def register(sub) -> None:
-    add_command(sub, "datasets", _list, help="list datasets with their Postgres version and last sync")
+    add_command(sub, "datasets", _list, help="list datasets with their workspace, Postgres version and last sync")
 
 
 def _list(ctx, args) -> Result:
     rows = ctx.conn.execute(
         """
-        select d.id, d.name, d.kind, d.row_count, d.status, d.rows_version, l.status, l.source_version, l.finished_at
+        select d.id, d.name, d.kind, d.row_count, d.status, d.rows_version, l.status, l.source_version, l.finished_at,
+               w.name, d.workspace_id
           from datasets d
+          left join workspaces w on w.id = d.workspace_id
           left join lateral (select status, source_version, finished_at from iceberg_sync_log s
                               where s.dataset_id = d.id order by s.started_at desc limit 1) l on true
-         order by d.name, d.id
+         order by w.name nulls last, d.workspace_id, d.name, d.id
         """
     ).fetchall()
     data = [
         {"id": r[0], "name": r[1], "kind": r[2], "row_count": r[3], "status": r[4], "rows_version": r[5],
-         "last_sync": r[6], "synced_version": r[7], "synced_at": r[8]}
+         "last_sync": r[6], "synced_version": r[7], "synced_at": r[8], "workspace": r[9], "workspace_id": r[10]}
         for r in rows
     ]
-    text = table(data, ["id", "name", "kind", "row_count", "status", "rows_version", "last_sync", "synced_version"])
-    return Result(data, text)
+    # One block per workspace, headed by its name and id (the --workspace of flags and flips).
+    blocks: dict = {}
+    for d in data:
+        blocks.setdefault((d["workspace"], d["workspace_id"]), []).append(d)
+    text = []
+    for (ws_name, ws_id), items in blocks.items():
+        head = f"workspace {ws_name} ({ws_id})" if ws_id is not None else "no workspace"
+        text += [f"{head}: {len(items)} dataset(s)", _indent(table(items, COLUMNS)), ""]
+    return Result(data, "\n".join(text) if text else "(no datasets)")
+
+
+COLUMNS = ["id", "name", "kind", "row_count", "status", "rows_version", "last_sync", "synced_version"]
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

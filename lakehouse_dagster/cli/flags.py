@@ -7,7 +7,7 @@ import sys
 
 from ..flags.candidates import write_flip_candidates
 from ..flags.gates import clear_flag, set_flag
-from ..flags.overrides import history, list_overrides
+from ..flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
 from ..flags.registry import MODES, READ, REGISTRY, WRITE
 from ..flags.resolver import FlagResolver
 from .common import Result, add_command, table
@@ -265,7 +265,11 @@ def _clear(ctx, args) -> Result:
             f"{change.flag.name}: cleared {change.before} {_where(change.scope)} (back to the next scope or the "
             f"registry default {change.flag.default}); other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
         )
-    return _with_rollback(ctx, args, leaving, Result(_change_data(change), text))
+    left = narrower_overrides(ctx.conn, change.flag.kind, change.flag.name, change.scope)
+    data = {**_change_data(change),
+            "narrower_remaining": [{"scope": o.scope, "scope_id": o.scope_id, "mode": o.mode} for o in left]}
+    text = "\n".join([text, *remaining_lines(ctx.conn, change.flag, left)])
+    return _with_rollback(ctx, args, leaving, Result(data, text))
 
 
 def _change_data(change) -> dict:

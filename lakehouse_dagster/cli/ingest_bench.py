@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import sys
+
+from ..errors import BadInput
 from ..rollout import ingest_bench as ib
 from .common import Result, add_command, table
 
@@ -15,14 +19,28 @@ def register(sub) -> None:
     run.add_argument("--rows", type=int, default=100_000, help="rows per job (default 100000)")
     run.add_argument("--same-dataset", action="store_true", help="every job writes the same dataset (G3)")
     run.add_argument("--namespace", default="bench", help="Iceberg namespace of the bench tables (default bench)")
-    run.add_argument("--keep", action="store_true", help="keep the bench tables and datasets (default: purge them)")
+    run.add_argument("--keep", action="store_true", help="keep the bench tables and datasets (default: purge them, also when "
+                     "interrupted)")
     pg = add_command(actions, "purge", _purge, help="drop every bench table, dataset and workspace of a namespace")
     pg.add_argument("--namespace", default="bench")
 
 
 def _run(ctx, args) -> Result:
-    report = ib.run_ingest_bench(ctx.dsn, ctx.settings, jobs=args.jobs, rows=args.rows,
-                                 same_dataset=args.same_dataset, namespace=args.namespace, actor=ctx.settings.actor)
+    # A SIGTERM (a supervisor, `kill`) interrupts like Ctrl-C: the bench's writers are stopped and, unless --keep,
+    # what it made is purged before the command exits (130, "interrupted").
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        report = ib.run_ingest_bench(ctx.dsn, ctx.settings, jobs=args.jobs, rows=args.rows,
+                                     same_dataset=args.same_dataset, namespace=args.namespace,
+                                     actor=ctx.settings.actor)
+    except BaseException as exc:
+        if not args.keep and not isinstance(exc, BadInput):  # bad input made nothing
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the purge short
+            out = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+            print(_purged_line(out), file=sys.stderr)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     data = report.as_dict()
     if not args.keep:
         data["purged"] = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
@@ -37,5 +55,13 @@ def _run(ctx, args) -> Result:
 
 def _purge(ctx, args) -> Result:
     out = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
-    return Result(out, f"purged namespace {out['namespace']}: {out['tables_dropped']} table(s), "
-                       f"{out['datasets']} dataset(s), {out['workspaces']} workspace(s)")
+    return Result(out, _purged_line(out))
+
+
+def _purged_line(out: dict) -> str:
+    return (f"purged namespace {out['namespace']}: {out['tables_dropped']} table(s), {out['datasets']} dataset(s), "
+            f"{out['workspaces']} workspace(s)")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")

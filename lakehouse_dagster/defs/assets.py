@@ -5,11 +5,12 @@ import uuid
 
 import dagster as dg
 
-from ..errors import Backpressure, LakehouseError, is_transient
 from ..ingest.sync import peak_rss_mb, sync_dataset
 from ..store.datasets import get_dataset
 from .partitions import datasets_partitions
+from .refusals import fail_step
 from .resources import LakehouseResource
+from .tags import name_run, text
 
 PG_ROWS = dg.AssetKey(["postgres", "dataset_rows"])
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])
@@ -30,13 +31,17 @@ class MirrorConfig(dg.Config):
 )
 def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     with lakehouse.connect() as conn:
-        ds = get_dataset(conn, context.partition_key)
+        named = name_run(context, conn, context.partition_key)
+        try:
+            ds = get_dataset(conn, context.partition_key)
+        except Exception as exc:  # a partition whose dataset is gone: the reason, no stack
+            fail_step(context, exc, retry=None)
     return dg.MaterializeResult(
         metadata={
-            "dataset": ds.name,
+            **named,
             "kind": ds.kind,
-            "rows_version": ds.rows_version,
-            "max_row_index": ds.max_row_index if ds.max_row_index is not None else -1,
+            "rows_version": text(ds.rows_version),
+            "max_row_index": text(ds.max_row_index if ds.max_row_index is not None else "unknown"),
             "columns": len(ds.columns),
         },
         data_version=dg.DataVersion(str(ds.rows_version)),
@@ -51,9 +56,6 @@ def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResou
     description="The dataset's Iceberg table, mirrored from Postgres in chunks and committed once.",
     kinds={"iceberg"},
     pool="iceberg_ingest",
-    retry_policy=dg.RetryPolicy(
-        max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
-    ),
 )
 def iceberg_dataset_table(
     context: dg.AssetExecutionContext, config: MirrorConfig, lakehouse: LakehouseResource
@@ -62,29 +64,30 @@ def iceberg_dataset_table(
     # One sync id per run and partition: a retried step finds its own snapshot instead of appending twice.
     sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{context.run_id}:{context.partition_key}")
     try:
+        with lakehouse.connect() as conn:
+            named = name_run(context, conn, context.partition_key)
         r = sync_dataset(
             lakehouse.pg_dsn, lakehouse.catalog(), settings, context.partition_key,
             mode=config.mode, sync_id=sync_id, run_id=context.run_id,
         )
-    except Backpressure as exc:  # G2: healthy backpressure, come back later
-        raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
-    except LakehouseError as exc:
-        # Fail loud either way; the asset's RetryPolicy retries only what a retry can fix (a connection,
-        # object-store I/O, a commit conflict past its retries, a lost lock); bad data and bad input fail
-        # at once. The retry reuses the sync id, so a commit that landed is found, not repeated.
-        raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
+    except Exception as exc:
+        # Fail loud either way: G2 backpressure and what a retry can fix (a connection, object-store I/O, a commit
+        # conflict past its retries, a lost lock) come back later; bad data and bad input fail at once with the
+        # reason and no stack (defs/refusals.py). The retry reuses the sync id: a commit that landed is found.
+        fail_step(context, exc)
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
     return dg.MaterializeResult(
         metadata={
+            **named,
             "path": r.path,
             "mode": r.mode,
             "reason": r.reason,
             "rows": dg.MetadataValue.int(r.rows),
             "total_rows": dg.MetadataValue.int(r.total_rows),
-            "snapshot_id": str(r.snapshot_id),
-            "source_version": r.source_version,
+            "snapshot_id": text(r.snapshot_id),
+            "source_version": text(r.source_version),
             "bytes_written": dg.MetadataValue.int(r.bytes),
-            "files": r.files,
+            "files": dg.MetadataValue.int(r.files),
             "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
             "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
             "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),

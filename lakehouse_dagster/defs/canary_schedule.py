@@ -12,6 +12,7 @@ from ..parity.flipped import flipped_dataset_ids
 from .checks import CANARY_TAG, ICEBERG_TABLE
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+from .tags import datasets_tags
 
 # Checks only: the table is not re-materialized (that is the mirror's job), so a dataset behind its
 # Postgres version reads as lagging rather than being synced first. A checks-only asset job carries no
@@ -36,6 +37,7 @@ PARTITION_TAG = "dagster/partition"
 def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
         flipped = sorted(str(d) for d in flipped_dataset_ids(conn))
+        named = {str(k): v for k, v in datasets_tags(conn, flipped).items()}
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     unknown = [d for d in flipped if d not in known]
     if unknown:  # not yet a partition (the mirror poller adds them): nothing to attach a check result to
@@ -45,7 +47,8 @@ def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: Lak
         return dg.SkipReason("no flipped dataset to check" if not flipped else "no flipped dataset is a partition yet")
     tick = _tick(context)
     return [
-        dg.RunRequest(run_key=f"canary:{d}:{tick}", tags={CANARY_TAG: "schedule", PARTITION_TAG: d})
+        dg.RunRequest(run_key=f"canary:{d}:{tick}",
+                      tags={**named.get(d, {}), CANARY_TAG: "schedule", PARTITION_TAG: d})
         for d in targets
     ]
 

@@ -15,6 +15,7 @@ from ..parity.health import DEFAULT_MAX_LAG_SECONDS, identity_ready as _identity
 from ..parity.health import snapshot_freshness as _snapshot_freshness
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+from .tags import ids_as_text, name_run
 
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (defs/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
@@ -63,8 +64,9 @@ def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource)
         wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
         cy.record(conn, v, source=source, run_id=context.run.run_id, settings=settings)
+        named = name_run(context, conn, context.partition_key)
     context.log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
-    meta, rolled = _meta(v), lines_of(v)
+    meta, rolled = {**named, **ids_as_text(_meta(v))}, lines_of(v)
     for line in rolled:
         (context.log.error if "AUTO-ROLLBACK" in line else context.log.warning)(line)
     if rolled:  # what was rolled back, readable in the check's metadata and findable in the runs list
@@ -99,8 +101,9 @@ def snapshot_freshness(
     with lakehouse.connect() as conn:
         h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key),
                                 config.max_lag_seconds)
+        named = name_run(context, conn, context.partition_key)
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.WARN, description=h.description,
-                               metadata=h.metadata)
+                               metadata={**named, **ids_as_text(h.metadata)})
 
 
 @dg.asset_check(
@@ -113,8 +116,10 @@ def snapshot_freshness(
 )
 def identity_ready(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
     h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key))
+    with lakehouse.connect() as conn:
+        named = name_run(context, conn, context.partition_key)
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.ERROR, description=h.description,
-                               metadata=h.metadata)
+                               metadata={**named, **ids_as_text(h.metadata)})
 
 
 def _uuid(key: str):

@@ -15,11 +15,13 @@ from pydantic import Field
 from ..errors import LakehouseError
 from ..flags.candidates import write_flip_candidates
 from ..flags.gates import clear_flag, set_flag
-from ..flags.overrides import list_overrides
+from ..flags.overrides import list_overrides, narrower_overrides, remaining_lines
 from ..flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
 from ..flags.resolver import FlagResolver
 from ..store.datasets import get_dataset
+from .refusals import refuse
 from .resources import LakehouseResource
+from .tags import WRITER, dataset_tags, flag_tags, tag_run, text
 
 
 class FlagKind(Enum):
@@ -60,11 +62,6 @@ class ClearFlagConfig(dg.Config):
     note: Optional[str] = _NOTE
 
 
-def _refuse(exc: LakehouseError) -> dg.Failure:
-    """A refusal fails the step with the CLI's one-line reason; retrying would not help."""
-    return dg.Failure(description=str(exc), allow_retries=False)
-
-
 def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
     return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
 
@@ -73,10 +70,11 @@ def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
 def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakehouse: LakehouseResource) -> list[dict]:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
+        tag_run(context, dataset_tags(conn, config.dataset_id))
         try:
             ds = get_dataset(conn, config.dataset_id) if config.dataset_id else None
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
         resolver = FlagResolver(conn, settings.flag_ttl_seconds)
         state = [
             {"kind": r.kind, "name": r.name, "mode": r.mode, "reason": r.reason, "ceiling": r.ceiling,
@@ -113,6 +111,7 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
 @dg.op(description="Set a read/write flag override, validated exactly like `lakehouse flags|write-flags set`.")
 def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
         try:
             change = set_flag(
                 conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
@@ -120,11 +119,11 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
                 soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
     context.add_output_metadata(
         {"flag": change.flag.name, "scope": str(change.scope), "before": change.before or "(no override)",
-         "after": change.after, "audit_id": change.audit.id}
+         "after": change.after, "audit_id": text(change.audit.id)}
     )
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "after": change.after}
 
@@ -132,16 +131,22 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
 @dg.op(description="Drop a flag override (back to the next scope or the default), like `... clear`.")
 def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
         try:
             change = clear_flag(
                 conn, config.kind.value, config.name, dataset=config.dataset_id,
                 workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
             )
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
+        remaining = remaining_lines(conn, change.flag, narrower_overrides(conn, config.kind.value, change.flag.name,
+                                                                          change.scope))
     msg = f"cleared {change.before}" if change.changed else "no override to clear; nothing changed"
     context.log.info(f"{change.flag.name} ({change.scope}): {msg}")
-    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg})
+    for line in remaining:
+        context.log.warning(line.strip())
+    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg,
+                                 "narrower_remaining": "\n".join(remaining) or "none"})
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
 
 
@@ -155,11 +160,12 @@ class CandidatesConfig(dg.Config):
 @dg.op(description="The writer runbook's step 2b (SAFE / BLOCKED) and what each dataset still lacks for a flip.")
 def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesConfig,
                              lakehouse: LakehouseResource) -> list[dict]:
+    tag_run(context, {WRITER: config.writer.value})
     with lakehouse.connect() as conn:
         try:
             found = write_flip_candidates(conn, config.writer.value)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     rows = "\n".join(
         f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
         + "; ".join(c.reasons).replace("|", "\\|") + " |" for c in found)

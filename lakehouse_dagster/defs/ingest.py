@@ -18,14 +18,16 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from ..errors import Backpressure, BadInput, LakehouseError, is_transient
+from ..errors import BadInput
 from ..flags.resolver import FlagResolver
 from ..ingest.source_poll import pending_ingests
 from ..ingest.sync import peak_rss_mb
 from ..ingest.writers import WRITERS, run_writer
 from .assets import ICEBERG_TABLE, PG_ROWS
 from .partitions import datasets_partitions
+from .refusals import fail_step
 from .resources import LakehouseResource
+from .tags import WRITER, datasets_tags, name_run, text
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})
 
@@ -40,7 +42,6 @@ class IngestConfig(dg.Config):
     description="Run a source writer for the partition's dataset through the write router: pg (dataset_rows; the "
                 "mirror poller then mirrors it) or iceberg_native (straight to the Iceberg table).",
     pool="iceberg_ingest",
-    retry_policy=dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS),
 )
 def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: LakehouseResource) -> dict:
     from ..sources import get_source
@@ -51,19 +52,19 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
     sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:ingest:{context.run_id}:{ds_id}")
     try:
         with lakehouse.connect() as conn:
+            named = name_run(context, conn, ds_id)
             writer = config.writer.value if config.writer else _default_writer(get_source(conn, ds_id), ds_id)
             r = run_writer(lakehouse.pg_dsn, lakehouse.catalog(), settings, FlagResolver(conn, ttl_seconds=0), ds_id,
                            writer, sync_id=sync_id, run_id=context.run_id, logger=context.log)
-    except Backpressure as exc:  # G2: healthy backpressure, come back later
-        raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
-    except LakehouseError as exc:
-        # The one-line reason, no stack trace. Like the mirror asset, the RetryPolicy retries only what a retry
-        # can fix (errors.is_transient: a connection, object-store I/O, a lost lock, an unknown commit outcome);
-        # bad data, bad input and refusals fail at once. The retry reuses the sync id.
-        raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
-    tags = {"lakehouse/writer": r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
+    except Exception as exc:
+        # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
+        # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
+        # fail at once with the one-line reason and no stack trace. The retry reuses the sync id.
+        fail_step(context, exc)
+    tags = {WRITER: r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
     context.instance.add_run_tags(context.run_id, tags)
     metadata = {
+        **named,
         "writer": r.writer,
         "path": r.path,
         "flag_reason": r.flag_reason,
@@ -71,13 +72,13 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         "rows": dg.MetadataValue.int(r.rows),
         "total_rows": dg.MetadataValue.int(r.total_rows if r.total_rows is not None else -1),
         "cursor": dg.MetadataValue.json(r.cursor if isinstance(r.cursor, (dict, list)) else {"cursor": r.cursor}),
-        "sync_id": str(r.sync_id) if r.sync_id else "",
+        "sync_id": text(r.sync_id or ""),
         "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
         "rows_per_s": dg.MetadataValue.float(round(r.rows / r.seconds, 1) if r.seconds > 0 else 0.0),
         "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
     }
     if r.path == "native":
-        metadata["snapshot_id"] = str(r.snapshot_id)
+        metadata["snapshot_id"] = text(r.snapshot_id)
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
     if r.new:
@@ -119,6 +120,8 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     settings = lakehouse.settings()
     found, nxt, visited = pending_ingests(lakehouse.pg_dsn, settings, context.cursor,
                                           limit=settings.sensor_max_requests)
+    with lakehouse.connect() as conn:
+        named = datasets_tags(conn, [p.dataset_id for p in found])
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     new_keys = sorted({str(p.dataset_id) for p in found} - known)
     requests = [
@@ -126,7 +129,8 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             run_key=p.run_key,
             partition_key=str(p.dataset_id),
             run_config={"ops": {"ingest_op": {"config": {"writer": p.writer.replace(".", "_")}}}},
-            tags={"lakehouse/writer": p.writer, "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
+            tags={**named.get(p.dataset_id, {}), WRITER: p.writer,
+                  "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
                   "lakehouse/flag_reason": p.reason[:200], "lakehouse/source_news": p.token[:200]},
         )
         for p in found

@@ -13,8 +13,10 @@ from ..errors import LakehouseError
 from ..flags.gates import set_flag
 from ..rollback.backfill import backfill
 from ..rollback.report import leaving_native, rollback_lines, rolled_back
-from .flags import FlippableWriter, _actor, _refuse
+from .flags import FlippableWriter, _actor
+from .refusals import refuse
 from .resources import LakehouseResource
+from .tags import flag_tags, tag_run
 
 
 class WriteRollbackConfig(dg.Config):
@@ -32,13 +34,14 @@ def write_rollback_op(context: dg.OpExecutionContext, config: WriteRollbackConfi
     writer = config.writer.value
     settings, catalog = lakehouse.settings(), lakehouse.catalog()
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, "write", writer, config.dataset_id, config.workspace_id))
         try:
             moved = leaving_native(conn, writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id)
             change = set_flag(conn, "write", writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id,
                               note=config.note, actor=_actor(context, lakehouse))
             rolled = rolled_back(conn, catalog, settings, moved)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     for line in rollback_lines(writer, rolled):
         context.log.info(line.strip())
     backfilled = []
@@ -49,7 +52,7 @@ def write_rollback_op(context: dg.OpExecutionContext, config: WriteRollbackConfi
             try:
                 b = backfill(lakehouse.pg_dsn, catalog, settings, r.dataset_id, actor=_actor(context, lakehouse))
             except LakehouseError as exc:
-                raise _refuse(exc) from exc
+                raise refuse(exc) from None
             context.log.info(f"{r.name} ({r.dataset_id}): backfilled {b.copied} row(s) from snapshot {b.snapshot_id}")
             backfilled.append(b.as_dict())
     rows = "\n".join(f"| {r.name} | `{r.dataset_id}` | {r.iceberg_only.rows if r.iceberg_only else 0} | "

@@ -16,8 +16,10 @@ from pydantic import Field
 from ..errors import LakehouseError
 from ..flags.registry import READ, READERS, WRITE, rank
 from ..rollout import flip as rf
-from .flags import FlippableWriter, _actor, _refuse
+from .flags import FlippableWriter, _actor
+from .refusals import refuse, stop
 from .resources import LakehouseResource
+from .tags import flag_tags, tag_run, text
 
 FlippableReader = Enum("FlippableReader", {
     r.name.replace(".", "_"): r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")})
@@ -49,13 +51,14 @@ class ReadFlipConfig(FlipScopeConfig):
 def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: str, mode: str) -> dict:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, kind, name, config.dataset_id, config.workspace_id))
         try:
             pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, name, mode, kind=kind,
                                dataset=config.dataset_id, workspace=config.workspace_id,
                                smoke=config.smoke, reuse_minutes=config.reuse_verdicts_minutes,
                                max_datasets=config.max_datasets, sample=config.sample, run_id=context.run_id)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     rows = "\n".join(f"| {c.verdict} | {'yes' if c.reused else 'no'} | {c.name} | `{c.dataset_id}` | "
                      f"{c.detail.replace('|', '/')} |" for c in pre.checked)
     meta = {**{f"verdict_{k}": v for k, v in pre.counts().items() if v},
@@ -66,7 +69,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
         context.log.warning(f"{c.name} ({c.dataset_id}): {c.verdict} — the flip is inert for it (Postgres serves) "
                             "until the mirror catches up")
     if not pre.go:
-        raise dg.Failure(description=pre.stop_message(), metadata=meta)
+        raise stop(context, pre.stop_message(), meta) from None
     context.add_output_metadata(meta)
     return {"name": pre.name, "kind": pre.kind, "mode": pre.mode, "scope": pre.scope.scope,
             "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None, "note": config.note,
@@ -85,11 +88,11 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
             change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse),
                              soak_seconds=lakehouse.settings().soak_seconds)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
     context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope),
                                  "before": change.before or "(no override)", "after": change.after,
-                                 "audit_id": change.audit.id})
+                                 "audit_id": text(change.audit.id)})
     return preflight
 
 
@@ -110,7 +113,7 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
     meta = {f"reason {k}": n for k, n in sorted(reasons.items())}
     fell_back = [v for v in verified if v.fallback_error]
     if fell_back:
-        raise dg.Failure(description=rf.fallback_message(pre.name, pre.scope, fell_back), metadata=meta)
+        raise stop(context, rf.fallback_message(pre.name, pre.scope, fell_back), meta) from None
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
@@ -143,7 +146,7 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
         report = ib.run_ingest_bench(lakehouse.pg_dsn, settings, jobs=config.jobs, rows=config.rows,
                                      same_dataset=config.same_dataset, namespace=config.namespace, actor=actor)
     except LakehouseError as exc:
-        raise _refuse(exc) from exc
+        raise refuse(exc) from None
     finally:
         if not config.keep:
             ib.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
@@ -154,8 +157,8 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
             "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows)}
     context.log.info(report.summary_line())
     if not report.passed:
-        raise dg.Failure(description=report.summary_line() + "".join(f"\n{p}" for p in report.table_problems),
-                         metadata=meta)
+        raise stop(context, report.summary_line() + "".join(f"\n{p}" for p in report.table_problems),
+                   meta) from None
     context.add_output_metadata(meta)
     return report.as_dict()
 
@@ -194,8 +197,8 @@ def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: 
     meta = {"verified": len(verified), "problems": len(bad)}
     if bad:
         where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
-        raise dg.Failure(description="\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
-            f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]), metadata=meta)
+        raise stop(context, "\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
+            f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]), meta) from None
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
@@ -213,16 +216,16 @@ def write_flip_first_sync(context: dg.OpExecutionContext, flipped: dict, verifie
             synced = first_native_syncs(conn, lakehouse.pg_dsn, lakehouse.catalog(), lakehouse.settings(), pre.name,
                                         ids, run_id=context.run_id, logger=context.log)
         except LakehouseError as exc:
-            raise _refuse(exc) from exc
+            raise refuse(exc) from None
     rows = "\n".join(f"| `{f.dataset_id}` | {f.verdict or '—'} | {f.path or '—'} | {f.rows if f.rows is not None else ''} "
                      f"| {f.snapshot_id or ''} | {f.detail.replace('|', '/')} |" for f in synced)
     meta = {**{f"verdict_{k}": sum(f.verdict == k for f in synced) for k in {f.verdict for f in synced if f.verdict}},
             "no_source": sum(f.verdict is None and not f.problem for f in synced),
             "first_native_sync": dg.MetadataValue.md(
                 "| dataset | canary | path | rows | snapshot | detail |\n|---|---|---|---|---|---|\n" + rows)}
-    stop = stop_message(pre.name, synced)
-    if stop:
-        raise dg.Failure(description=stop, metadata=meta, allow_retries=False)
+    stopped = stop_message(pre.name, synced)
+    if stopped:
+        raise stop(context, stopped, meta) from None
     context.add_output_metadata(meta)
     return [f.as_dict() for f in synced]
 

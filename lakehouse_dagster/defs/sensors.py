@@ -9,6 +9,7 @@ from ..ingest.poller import Cursor, Retry, plan_tick
 from .assets import mirror_job
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
+from .tags import datasets_tags
 
 # A run in one of these may still sync its dataset: the sweep does not ask again meanwhile.
 IN_FLIGHT = [
@@ -47,11 +48,12 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
         )
+        named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
     requests = []
     for p in tick.requests:
-        tags = {"lakehouse/source_version": str(p.rows_version)}
+        tags = {**named.get(p.dataset_id, {}), "lakehouse/source_version": str(p.rows_version)}
         if isinstance(p, Retry):
             tags["lakehouse/attempt"] = str(p.attempt)
         requests.append(dg.RunRequest(run_key=p.run_key, partition_key=str(p.dataset_id), tags=tags))

@@ -255,3 +255,42 @@ def history(
     sql += " order by id desc limit %s"
     params.append(limit)
     return [AuditEntry(*r) for r in conn.execute(sql, params).fetchall()]
+
+
+def narrower_overrides(conn: psycopg.Connection, kind: str, name: str, scope: Scope) -> list[Override]:
+    """The overrides of the same flag that still win over ``scope`` where they apply (the most specific wins):
+    under global, every workspace and dataset override; under a workspace, those of its datasets. What an
+    operator clearing ``scope`` must be told remains."""
+    sql = ("select o.kind, o.name, o.scope, o.scope_id, o.mode, o.note, o.set_by, o.set_at"
+           "  from lakehouse_flag_overrides o where o.kind = %s and o.name = %s")
+    params: tuple = (check_kind(kind), name)
+    if scope.scope == GLOBAL:
+        sql += " and o.scope in ('workspace', 'dataset')"
+    elif scope.scope == WORKSPACE:
+        sql += (" and o.scope = 'dataset'"
+                " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)")
+        params += (scope.scope_id,)
+    else:
+        return []
+    sql += " order by case o.scope when 'workspace' then 0 else 1 end, o.scope_id"
+    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+
+
+def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) -> list[str]:
+    """After a clear: one line per narrower override still in effect (``narrower_overrides``), with the dataset's
+    or workspace's name, and how to clear them — empty when none remain."""
+    if not left:
+        return []
+    ids = [o.scope_id for o in left]
+    names = dict(conn.execute("select id, name from datasets where id = any(%s::uuid[])"
+                              " union all select id, name from workspaces where id = any(%s::uuid[])",
+                              (ids, ids)).fetchall())
+    counts = ", ".join(f"{n} {s} override(s)" for s in (WORKSPACE, DATASET)
+                       if (n := sum(o.scope == s for o in left)))
+    verb = "flags" if flag.kind == "read" else "write-flags"
+    lines = [f"{counts} of {flag.name} remain and still win where they apply:"]
+    lines += [f"  {o.scope} {o.scope_id} ({names.get(o.scope_id, 'gone')}): {o.mode}" for o in left[:50]]
+    if len(left) > 50:
+        lines.append(f"  ... and {len(left) - 50} more (lakehouse {verb} list)")
+    lines.append(f"  clear each with: lakehouse {verb} clear {flag.name} --<scope> <id>")
+    return lines

@@ -136,6 +136,8 @@ def preflight(
     check_widen(conn, flag, scope, mode, soak_seconds=settings.soak_seconds)  # no canary for a flip refused anyway
     moved, datasets = effects(conn, flag, scope, mode)
     tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
+    if not tabular:
+        raise BadInput(nothing_to_flip(kind, name, mode, scope, moved, datasets))
     skipped = [f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
                for e in moved if datasets[e.dataset_id][3] != "tabular"]
     reusable = _reusable_verdicts(conn, [e.dataset_id for e in tabular], reuse_minutes)
@@ -164,6 +166,21 @@ def preflight(
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
         log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
     return Preflight(name, mode, scope, checked, skipped, kind, len(spot))
+
+
+def nothing_to_flip(kind: str, name: str, mode: str, scope: Scope, moved: list, datasets: dict) -> str:
+    """The one-line refusal of a flip that would move no dataset: it would only write an override."""
+    where = "no dataset exists" if scope.scope_id is None else f"{scope} holds no dataset"
+    if not datasets:
+        why = where
+    elif not moved:
+        why = (f"all {len(datasets)} dataset(s) in scope already resolve {name} to {mode} "
+               "(an override at this or a narrower scope)")
+    else:
+        why = f"the {len(moved)} dataset(s) it would move are not Iceberg-tabular (manifest datasets)"
+    verb = "flags" if kind == READ else "write-flags"
+    return (f"nothing to flip: {why}; nothing written (see `lakehouse datasets` and "
+            f"`lakehouse {verb} list --dataset <id>`)")
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:

@@ -155,15 +155,29 @@ def run_ingest_bench(
         # raw override is used on purpose, scoped to the bench workspace only (audited).
         set_override(conn, "write", writer, "iceberg_native", workspace=ws, note="ingest bench", actor=actor)
     ctx = multiprocessing.get_context("spawn")
+    before = set(multiprocessing.active_children())
     with ctx.Manager() as manager, cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         barrier = manager.Barrier(jobs)
         futures = [pool.submit(_job, dsn, bench_settings, j, ids[0 if same_dataset else j], rows, writer, barrier)
                    for j in range(jobs)]
-        outcomes = [f.result() for f in futures]
+        try:
+            outcomes = [f.result() for f in futures]
+        except BaseException:  # Ctrl-C, a SIGTERM turned into an exception, a run termination
+            _stop_writers(before)  # before the pool's exit, which would wait for them
+            raise
     seconds = max(o.seconds for o in outcomes) if outcomes else 0.0  # the burst, from the common start
     problems = _check_tables(dsn, bench_settings, ids, outcomes, rows, same_dataset)
     return BenchReport(jobs, rows, same_dataset, settings.max_concurrent_ingest, namespace, str(ws), outcomes,
                        seconds, problems)
+
+
+def _stop_writers(keep: set) -> None:
+    """Interrupted: kill the bench's writer processes (waiting at the barrier, writing, even frozen) before the
+    caller purges, so nothing writes behind the purge. They are throwaway writers into throwaway tables."""
+    for p in set(multiprocessing.active_children()) - keep:
+        p.kill()
+    for p in set(multiprocessing.active_children()) - keep:
+        p.join(10)
 
 
 def _check_tables(dsn, settings, ids, outcomes, rows, same_dataset) -> list[str]:
@@ -200,16 +214,33 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
             "select id from workspaces where name like %s", (f"{WORKSPACE_PREFIX} {namespace} %",)).fetchall()]
         for ws in workspaces:
             for (ds_id,) in conn.execute("select id from datasets where workspace_id = %s", (ws,)).fetchall():
-                try:
-                    catalog.purge_table(table_identifier(bench_settings, ds_id))
-                    dropped += 1
-                except Exception:  # never written (a 503) or already gone
-                    pass
+                dropped += _purge_table(catalog, bench_settings, table_identifier(bench_settings, ds_id))
                 datasets += 1
             for writer in ("sync.full", "sync.append"):
                 clear_override(conn, "write", writer, workspace=ws, note="ingest bench purge", actor=actor)
             _delete_workspace(conn, ws)
     return {"namespace": namespace, "workspaces": len(workspaces), "datasets": datasets, "tables_dropped": dropped}
+
+
+def _purge_table(catalog, settings: Settings, identifier) -> int:
+    """Drop the table with its files, then its whole location: a writer killed mid-write (an interrupted bench)
+    leaves data files no snapshot references, which ``purge_table`` does not know about. 1 if a table was dropped."""
+    from pyarrow import fs as pafs
+
+    from ..iceberg.catalog import load_table_or_none
+    from ..sources.files import filesystem
+
+    table = load_table_or_none(catalog, identifier)
+    if table is None:  # never written (a 503, or killed before its first file)
+        return 0
+    location = table.location()
+    catalog.purge_table(identifier)
+    try:
+        fs, root = filesystem(location, settings) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
+        fs.delete_dir(root)
+    except FileNotFoundError:
+        pass
+    return 1
 
 
 def _delete_workspace(conn: psycopg.Connection, ws: uuid.UUID) -> None:
