@@ -11,12 +11,8 @@ import uuid
 from typing import Iterable
 
 import psycopg
-from psycopg import sql
-
 from .precedence import effective_sql
 from .registry import FLIPPABLE_WRITERS
-
-NATIVE = "iceberg_native"
 
 
 def native_dataset_ids(
@@ -26,12 +22,12 @@ def native_dataset_ids(
     if not FLIPPABLE_WRITERS:
         return set()
     if dataset_ids is None:
-        datasets, params = sql.SQL("select id, workspace_id from datasets"), []
+        datasets, params = "select id, workspace_id from datasets", []
     else:
         ids = list(dataset_ids)
         if not ids:
             return set()
-        datasets, params = sql.SQL("select id, workspace_id from datasets where id = any(%s::uuid[])"), [ids]
-    effective, args = effective_sql(FLIPPABLE_WRITERS, datasets, params)
-    query = sql.SQL("select distinct e.dataset_id from ({}) e where e.mode = %s").format(effective)
-    return {r[0] for r in conn.execute(query, [*args, NATIVE]).fetchall()}
+        datasets, params = "select id, workspace_id from datasets where id = any(%s::uuid[])", [ids]
+    query, args = effective_sql(FLIPPABLE_WRITERS, datasets, params, select="distinct e.dataset_id",
+                                where="e.mode = 'iceberg_native'")
+    return {r[0] for r in conn.execute(query, args).fetchall()}

@@ -10,6 +10,7 @@ test_after_flip checks on a table of tricky cases that all of them agree.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 from psycopg import sql
@@ -50,14 +51,22 @@ select s.id as dataset_id, s.kind, s.name,
 """
 
 
-def effective_sql(flags: Sequence[Flag], datasets: sql.Composable, datasets_params: Sequence = ()
-                  ) -> tuple[sql.Composed, list]:
-    """(query, params): one row per (dataset, flag) for every dataset ``datasets`` selects (a query
-    yielding ``id, workspace_id``; a null id resolves with global overrides only) and every flag in ``flags``.
+def effective_sql(flags: Sequence[Flag], datasets: str, datasets_params: Sequence = (), *,
+                  select: str = "*", where: str = "true") -> tuple[str, list]:
+    """(query, params): ``select <select> from (<effective modes>) e where <where>``, where the effective
+    modes are one row per (dataset, flag) for every dataset ``datasets`` selects (a constant query yielding
+    ``id, workspace_id``, with ``datasets_params`` for its placeholders; a null id resolves with global
+    overrides only) and every flag in ``flags``.
 
-    Columns: dataset_id, kind, name, mode (clamped), source (a scope or 'default'), stored_mode (before the
-    clamp), mode_rank, default_rank. Use it as a subquery: ``select ... from ({query}) e where ...``.
+    Columns of ``e``: dataset_id, kind, name, mode (clamped), source (a scope or 'default'), stored_mode
+    (before the clamp), mode_rank, default_rank. The registry goes in as literals and the text is rendered
+    once per process, so a caller's query text is constant: psycopg prepares it after a few executions.
     """
+    return _rendered(tuple(flags), datasets, select, where), list(datasets_params)
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered(flags: tuple[Flag, ...], datasets: str, select: str, where: str) -> str:
     alias = {scope: sql.Identifier(f"o_{scope}") for scope in SCOPES}
     joins = []
     for scope in SCOPES:
@@ -65,17 +74,20 @@ def effective_sql(flags: Sequence[Flag], datasets: sql.Composable, datasets_para
         match = sql.SQL("{a}.scope_id = d.{k}").format(a=alias[scope], k=sql.Identifier(key)) if key else sql.SQL("true")
         joins.append(sql.SQL("left join o {a} on {a}.kind = f.kind and {a}.name = f.name and {a}.scope = {s} and {m}")
                      .format(a=alias[scope], s=sql.Literal(scope), m=match))
-    query = sql.SQL(_QUERY).format(
-        flags=sql.SQL(", ").join(sql.SQL("(%s, %s, %s, %s, %s, %s)") for _ in flags),
-        modes=sql.SQL(", ").join(sql.SQL("(%s, %s, %s)") for k in MODES for _ in MODES[k]),
-        datasets=datasets,
-        stored=sql.SQL(", ").join(sql.SQL("{}.mode").format(alias[s]) for s in SCOPES),
-        source=sql.SQL(" ").join(sql.SQL("when {a}.mode is not null then {s}").format(a=alias[s], s=sql.Literal(s))
-                                 for s in SCOPES),
-        default=sql.Literal(DEFAULT),
-        joins=sql.SQL("\n         ").join(joins),
-    )
-    params: list = [v for f in flags for v in (f.kind, f.name, f.default, rank(f.kind, f.default), f.ceiling,
-                                               rank(f.kind, f.ceiling))]
-    params += [v for k, modes in MODES.items() for m in modes for v in (k, m, rank(k, m))]
-    return query, params + list(datasets_params)
+
+    def values(rows):
+        return sql.SQL(", ").join(sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, r))) for r in rows)
+
+    query = sql.SQL("select {select} from ({effective}) e where {where}").format(
+        select=sql.SQL(select), where=sql.SQL(where), effective=sql.SQL(_QUERY).format(
+            flags=values([(f.kind, f.name, f.default, rank(f.kind, f.default), f.ceiling, rank(f.kind, f.ceiling))
+                          for f in flags]),
+            modes=values([(k, m, rank(k, m)) for k, modes in MODES.items() for m in modes]),
+            datasets=sql.SQL(datasets),
+            stored=sql.SQL(", ").join(sql.SQL("{}.mode").format(alias[s]) for s in SCOPES),
+            source=sql.SQL(" ").join(sql.SQL("when {a}.mode is not null then {s}").format(a=alias[s], s=sql.Literal(s))
+                                     for s in SCOPES),
+            default=sql.Literal(DEFAULT),
+            joins=sql.SQL("\n         ").join(joins),
+        ))
+    return query.as_string(None)

@@ -23,8 +23,6 @@ from typing import Callable
 import psycopg
 
 from ..ids import parse_uuid
-from psycopg import sql
-
 from .precedence import DEFAULT, effective_sql, pick
 from .registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
 
@@ -93,8 +91,9 @@ def invalidate_local() -> None:
 
 
 # The one dataset resolved (even one that does not exist: it gets the global overrides and defaults).
-_ONE_DATASET = sql.SQL("select %s::uuid, (select workspace_id from datasets where id = %s)")
-_NO_DATASET = sql.SQL("select null::uuid, null::uuid")
+_ONE_DATASET = "select %s::uuid, (select workspace_id from datasets where id = %s)"
+_NO_DATASET = "select null::uuid, null::uuid"
+_COLUMNS = "e.kind, e.name, e.source, e.stored_mode, e.mode"
 _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
 
 
@@ -154,11 +153,10 @@ class FlagResolver:
 
     def _load(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
         if dataset_id is None:
-            query, params = effective_sql(_ALL_FLAGS, _NO_DATASET)
+            query, params = effective_sql(_ALL_FLAGS, _NO_DATASET, select=_COLUMNS)
         else:
-            query, params = effective_sql(_ALL_FLAGS, _ONE_DATASET, (dataset_id, dataset_id))
-        rows = self.conn.execute(sql.SQL("select kind, name, source, stored_mode, mode from ({}) e").format(query),
-                                 params).fetchall()
+            query, params = effective_sql(_ALL_FLAGS, _ONE_DATASET, (dataset_id, dataset_id), select=_COLUMNS)
+        rows = self.conn.execute(query, params).fetchall()
         return {(kind, name): _resolution(REGISTRY[kind][name], source, stored, mode)
                 for kind, name, source, stored, mode in rows}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import uuid
 
 import psycopg
-from psycopg import sql
 
 # Only datasets some override touches can resolve above their default.
 _TOUCHED = """
@@ -30,6 +29,6 @@ def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     from ..flags.registry import REGISTRY
 
     flags = [f for fs in REGISTRY.values() for f in fs.values()]
-    effective, params = effective_sql(flags, sql.SQL(_TOUCHED))
-    query = sql.SQL("select distinct e.dataset_id from ({}) e where e.mode_rank > e.default_rank").format(effective)
+    query, params = effective_sql(flags, _TOUCHED, select="distinct e.dataset_id",
+                                  where="e.mode_rank > e.default_rank")
     return {r[0] for r in conn.execute(query, params).fetchall()}
