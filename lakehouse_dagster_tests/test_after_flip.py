@@ -84,7 +84,7 @@ def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn,
     assert "never mirrored" in message  # its 4 Postgres rows would never reach Iceberg
     assert "readers still on Postgres for it: export.stream (off)" in message
     assert "no parity verdict recorded" in message
-    assert f"lakehouse write-flags set sync.append pg --dataset {late}" in message
+    assert f"pin it to Postgres (lakehouse write-flags set sync.append pg --dataset {late})" in message
 
     # A brand-new EMPTY dataset there: nothing in Postgres to lose or compare, so only what reads it matters.
     empty = ds.create_dataset(conn, ws, "fresh_events", SCHEMA)

@@ -43,7 +43,7 @@ log = logging.getLogger("lakehouse_dagster.native_guard")
 
 ALREADY_NATIVE = "already native"
 NEW_AND_EMPTY = "new and empty"
-FLIPPING = "flipping"
+FLIPPING = "first native write"
 
 _CLASSIFY = """
 select d.id, d.name, d.workspace_id, d.kind,
@@ -52,7 +52,7 @@ select d.id, d.name, d.workspace_id, d.kind,
              and not exists (select 1 from iceberg_sync_log l
                               where l.dataset_id = d.id and l.path = 'mirror' and l.status = 'succeeded')
             then 'new and empty'
-            else 'flipping' end
+            else 'first native write' end
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
  where d.id = any(%s::uuid[])
@@ -66,6 +66,10 @@ def classify(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict
 
 def native_blockers(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> list[Blocked]:
     """Why each of these datasets must not be written iceberg-native now (empty: all may be)."""
+    return [b for b, _ in _blockers(conn, dataset_ids)]
+
+
+def _blockers(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> list[tuple[Blocked, str]]:
     rows = classify(conn, dataset_ids)
     if not rows:
         return []
@@ -76,8 +80,8 @@ def native_blockers(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) 
         state = rows[b.dataset_id][4]
         reasons = b.reasons if state == FLIPPING else tuple(r for r in b.reasons if not isinstance(r, AtFlip))
         if reasons:
-            out.append(Blocked(b.dataset_id, b.name, reasons))
-    return sorted(out, key=lambda b: (b.name, str(b.dataset_id)))
+            out.append((Blocked(b.dataset_id, b.name, reasons), state))
+    return sorted(out, key=lambda x: (x[0].name, str(x[0].dataset_id)))
 
 
 def unsafe_native_datasets(conn: psycopg.Connection) -> tuple[int, list[Blocked]]:
@@ -86,11 +90,19 @@ def unsafe_native_datasets(conn: psycopg.Connection) -> tuple[int, list[Blocked]
     return len(native), native_blockers(conn, native) if native else []
 
 
-def refusal_text(writer: str, blocked: Blocked) -> str:
-    """The one-line refusal of a native write (the reasons joined, the two ways forward)."""
+def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING) -> str:
+    """The one-line refusal of a native write: the reasons joined, and the ways forward for its state."""
+    pin = f"lakehouse write-flags set {writer} pg --dataset {blocked.dataset_id}"
+    if state == FLIPPING:  # the mirror refuses a dataset while its writer resolves native: pin it to pg first
+        forward = (f"to flip it the runbook's way, pin it to Postgres ({pin}), let the mirror catch up, read-flip "
+                   "and canary it, then clear the pin (the gates check it again)")
+    elif state == NEW_AND_EMPTY:
+        forward = f"fix what the reasons say (e.g. read-flip its readers), or keep it on Postgres: {pin}"
+    else:
+        forward = (f"fix what the reasons say, or roll the writer back ({pin}; rows written natively exist only in "
+                   "Iceberg: lakehouse write-flags backfill)")
     return (f"refused: {writer} would write {blocked.name} ({blocked.dataset_id}) iceberg-native, but it fails "
-            f"the write-flip gates: {'; '.join(blocked.reasons)}; nothing was written — make it ready, or keep it "
-            f"on Postgres: lakehouse write-flags set {writer} pg --dataset {blocked.dataset_id}")
+            f"the write-flip gates ({state}): {'; '.join(blocked.reasons)}; nothing was written — {forward}")
 
 
 def refuse_unsafe_native_write(conn: psycopg.Connection, writer: str, dataset_id: uuid.UUID, *,
@@ -101,10 +113,10 @@ def refuse_unsafe_native_write(conn: psycopg.Connection, writer: str, dataset_id
     Recorded like a failed native write (fail loud): an ``iceberg_sync_log`` row ``failed`` with the refusal
     as its error, the dataset ``errored`` with the same text. Nothing is written to Iceberg or dataset_rows.
     """
-    blocked = native_blockers(conn, [dataset_id])
+    blocked = _blockers(conn, [dataset_id])
     if not blocked:
         return
-    message = refusal_text(writer, blocked[0])
+    message = refusal_text(writer, *blocked[0])
     with conn.transaction():
         conn.execute(
             "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, error,"
