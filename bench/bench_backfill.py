@@ -104,6 +104,13 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
     sync_dataset(dsn, catalog, settings, d, mode="full")
     with connect(dsn) as conn:
         writer = "sync.append" if appended else "sync.full"
+        # what the write router asks before a dataset's first native write: readers on Iceberg, parity ok
+        from lakehouse_dagster.flags.registry import SERVABLE_READERS
+        from lakehouse_dagster.parity.canary import run_canary
+
+        for reader in SERVABLE_READERS:
+            set_override(conn, "read", reader.name, "iceberg", dataset=d, actor="bench")
+        assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
         set_override(conn, "write", writer, "iceberg_native", dataset=d, actor="bench")
         dataset = get_dataset(conn, d)
         table = load_table_or_none(catalog, table_identifier(settings, d))

@@ -30,6 +30,13 @@ class FlipRefused(LakehouseError):
     exit_code = 6
 
 
+class ReadRefused(LakehouseError):
+    """A read nothing can serve truthfully: the dataset is written iceberg-native (Postgres is stale for it)
+    and Iceberg has nothing this reader can read (routing/read_router.py). Nothing was read."""
+
+    exit_code = 6
+
+
 class Backpressure(LakehouseError):
     """Admission bound (G2) reached: retry later. The CLI's analogue of the runbook's HTTP 503."""
 

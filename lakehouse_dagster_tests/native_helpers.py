@@ -41,13 +41,19 @@ def ready_native(conn, dsn, settings, writer: str, rows: int = 6) -> uuid.UUID:
     ws = ds.create_workspace(conn, "ws")
     d = ds.create_dataset(conn, ws, "orders", SCHEMA)
     ds.insert_rows(conn, d, [row(i) for i in range(rows)])
+    runbook_ready(conn, dsn, settings, d)
+    cli("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
+    return d
+
+
+def runbook_ready(conn, dsn, settings, d: uuid.UUID) -> None:
+    """Mirrored, read-flipped (every reader Iceberg can serve), canary ok: what the Fase 4 runbook asks before
+    a write flip, and what the write router asks before a dataset's first native write."""
     catalog = load_catalog(settings, dsn)
     sync_dataset(dsn, catalog, settings, d, mode="full")
     for r in SERVABLE:
         set_override(conn, "read", r, "iceberg", dataset=d, note="fase1", actor="pytest")
     assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
-    cli("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
-    return d
 
 
 def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int) -> int:

@@ -324,9 +324,12 @@ route_write(conn, FlagResolver(conn, 0), "sync.append", d.id, pg_write=lambda: N
 
 def _native_dataset(conn):
     from lakehouse_dagster.flags import set_override
+    from lakehouse_dagster.flags.registry import SERVABLE_READERS
 
     ws = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws, "native", SCHEMA)
+    for r in SERVABLE_READERS:  # new and empty, read-flipped: the write router lets its native writes through
+        set_override(conn, "read", r.name, "iceberg", dataset=d, note="fase1", actor="t")
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=d, note="fase4 canary", actor="t")
     return d
 

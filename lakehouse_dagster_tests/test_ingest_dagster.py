@@ -21,7 +21,7 @@ from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import refusal
-from .native_helpers import SCHEMA, add_source_rows, pg_source_table, row
+from .native_helpers import SCHEMA, add_source_rows, pg_source_table, row, runbook_ready
 
 
 def _fed(conn, ws, name, rows=3, cursor="a"):
@@ -58,6 +58,7 @@ def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_
     assert (tags["lakehouse/write_path"], tags["lakehouse/writer"]) == ("pg", "sync.incremental")
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 3
 
+    runbook_ready(conn, dsn, settings, d)  # mirrored, read-flipped, parity ok: the write router asks it
     set_override(conn, "write", "sync.incremental", "iceberg_native", dataset=d, note="fase4", actor="pytest")
     add_source_rows(conn, src, [row(3), row(4)])
     result = _run(dsn, d, instance, {"writer": "sync_incremental"})

@@ -13,6 +13,7 @@ import pytest
 from lakehouse_dagster.errors import NotFound, SyncFailed
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.iceberg.reader import load_dataset_table, read_iceberg
@@ -304,8 +305,18 @@ FAILURES = {
 }
 
 
+def _new_native_ready(conn):
+    """A new, empty dataset whose readers are on Iceberg: the write router lets its native writes through
+    (nothing in Postgres to lose; prerequisite #1 holds), so the failures below are the writer's own."""
+    d = ds.create_dataset(conn, ds.create_workspace(conn, "w"), "events", SCHEMA)
+    for r in SERVABLE_READERS:
+        set_override(conn, "read", r.name, "iceberg", dataset=d, note="fase1", actor="t")
+    return d
+
+
 @pytest.mark.parametrize("failure", list(FAILURES))
-def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, settings, dataset, failure, caplog):
+def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, settings, failure, caplog):
+    dataset = _new_native_ready(conn)
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="fase4 canary", actor="t")
     d = ds.get_dataset(conn, dataset)
     before = _pg_state(conn, dataset)
@@ -344,7 +355,8 @@ def test_native_write_lands_in_iceberg_and_serves_strict_reads(conn, dsn, catalo
     dataset = ds.create_dataset(conn, ws, "native", SCHEMA)
     d = ds.get_dataset(conn, dataset)
     set_override(conn, "write", "sync.full", "iceberg_native", workspace=ws, note="fase4 ws", actor="t")
-    set_override(conn, "read", "studio.preview", "iceberg", workspace=ws, actor="t")
+    for r in SERVABLE_READERS:  # the workspace read-flipped first (prerequisite #1), as the write router asks
+        set_override(conn, "read", r.name, "iceberg", workspace=ws, actor="t")
     assert native_dataset_ids(conn) == {dataset}  # the mirror poller skips it
 
     outcome = route_write(conn, FlagResolver(conn, 10), "sync.full", dataset,

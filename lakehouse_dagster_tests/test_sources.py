@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dagster.errors import BadInput
-from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.ingest.sync import sync_dataset
@@ -25,7 +24,7 @@ from lakehouse_dagster.sources.convert import jsonb_text
 from lakehouse_dagster.store import datasets as ds
 
 from .flag_helpers import cli, cli_json
-from .test_writers import SCHEMA, _records, ingest, table_rows, write_source_file
+from .test_writers import SCHEMA, _records, canary_ok, ingest, native, table_rows, write_source_file
 
 
 @pytest.fixture
@@ -55,8 +54,10 @@ def test_sources_set_show_and_ingest_through_the_cli(conn, settings, dataset, tm
     assert (r["path"], r["rows"], r["snapshot_id"], r["cursor"]) == ("pg", 7, None, {"files": 1}) and r["sync_id"]
     shown = cli_json("sources", "show", "--dataset", str(dataset))
     assert shown["cursor"] == {"files": 1} and shown["last_ingest"]["path"] == "pg"
-    sync_dataset(settings.pg_dsn, load_catalog(settings, settings.pg_dsn), settings, dataset)  # caught up first
-    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    catalog = load_catalog(settings, settings.pg_dsn)
+    sync_dataset(settings.pg_dsn, catalog, settings, dataset)  # caught up first
+    canary_ok(conn, settings.pg_dsn, catalog, settings, dataset)  # parity ok, then readers and writer flipped
+    native(conn, dataset, "sync.append")
     write_source_file(tmp_path / "in" / "b.ndjson", "ndjson", _records(7, 2))
     r = cli_json("ingest", "--dataset", str(dataset), "--writer", "sync.append")
     assert (r["path"], r["rows"], r["total_rows"], r["cursor"]) == ("native", 2, 9, {"files": 2}) and r["snapshot_id"]
@@ -200,7 +201,7 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
     s3.put_object(Bucket="landing", Key="other/c.parquet", Body=b"not matched")
     settings = Settings.from_env()
     set_source(conn, dataset, {"type": "files", "uri": "s3://landing/events/*.parquet"}, settings=settings)
-    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    native(conn, dataset, "sync.append")
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
     assert (r.path, r.rows, r.cursor) == ("native", 12, {"files": 2})
     assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 12)]
@@ -222,7 +223,7 @@ def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
 def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog, settings, dataset, tmp_path):
     write_source_file(tmp_path / "src" / "a.csv", "csv", _records(0, 20))
     set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "src"), "format": "csv"})
-    set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+    native(conn, dataset, "sync.append")
     _kill_ingest_at("after-commit-before-log", dataset, tmp_path)  # committed, but nobody heard back: outcome unknown
     (sync_id,) = conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s", (dataset,)).fetchone()
     r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
@@ -241,7 +242,7 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
     write_source_file(src / "b.csv", "csv", _records(30, 30))
     set_source(conn, dataset, {"type": "files", "uri": str(src), "format": "csv"})
     if mode == "native":
-        set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="t", actor="t")
+        native(conn, dataset, "sync.append")
     _kill_ingest_at(point, dataset, tmp_path)
     write_source_file(src / "c.csv", "csv", _records(60, 5))
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")

@@ -18,6 +18,7 @@ import pytest
 
 from lakehouse_dagster.errors import Backpressure, SyncFailed
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.ingest.guards import admission_slot, dataset_lock
@@ -115,7 +116,18 @@ def _dataset(conn, ws, name="src", schema=SCHEMA):
 
 
 def native(conn, d, writer):
+    """The writer flipped to iceberg_native for one dataset, its readers on Iceberg first (prerequisite #1: the
+    write router refuses a native write while a reader Iceberg can serve is still on Postgres)."""
+    for r in SERVABLE_READERS:
+        set_override(conn, "read", r.name, "iceberg", dataset=d, note="fase1", actor="t")
     set_override(conn, "write", writer, "iceberg_native", dataset=d, note="test", actor="t")
+
+
+def canary_ok(conn, dsn, catalog, settings, d) -> None:
+    """The runbook's parity gate before a dataset holding Postgres rows is flipped (the write router asks it)."""
+    from lakehouse_dagster.parity.canary import run_canary
+
+    assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
 
 
 def ingest(dsn, catalog, settings, conn, d, writer, **kw):
@@ -268,6 +280,7 @@ def test_cursor_is_one_truth_across_a_flip_and_back(conn, dsn, catalog, settings
     set_source(conn, d, {"type": "postgres", "table": "public.src_events", "cursor_column": "id"})
     assert ingest(dsn, catalog, settings, conn, d, "sync.incremental").path == "pg"
     sync_dataset(dsn, catalog, settings, d)  # caught up, as a flip requires
+    canary_ok(conn, dsn, catalog, settings, d)  # and parity ok at that version
     native(conn, d, "sync.incremental")
     _insert_source(conn, 5, 3)
     r = ingest(dsn, catalog, settings, conn, d, "sync.incremental")

@@ -1,5 +1,6 @@
 """Read and write flags: the registry (registry.py), runtime overrides + audit (overrides.py),
-the TTL-cached resolver (resolver.py) and which datasets are native (native.py).
+precedence and clamp coded once (precedence.py), the TTL-cached resolver (resolver.py) and which
+datasets are native (native.py).
 
 Plain functions over explicit arguments; never imports dagster.
 """

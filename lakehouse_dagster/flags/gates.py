@@ -57,6 +57,15 @@ class Effect:
     after: str
 
 
+class AtFlip(str):
+    """A reason true only at the moment of a dataset's flip (Postgres still authoritative: mirrored, caught
+    up, parity ok at its version). Once Iceberg holds a native snapshot, Postgres is frozen by design and
+    these no longer apply; the other reasons (what reads the dataset, what it is) hold for as long as it
+    is native (routing/native_guard.py)."""
+
+    __slots__ = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Blocked:
     dataset_id: uuid.UUID
@@ -168,23 +177,25 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
                            "wait until the pipeline source reads Iceberg")
         sync = syncs.get(e.dataset_id)
         if sync is None:
-            reasons.append(f"never mirrored: sync it first (lakehouse sync --dataset {e.dataset_id})")
+            reasons.append(AtFlip(f"never mirrored: sync it first (lakehouse sync --dataset {e.dataset_id})"))
         else:
             status, has_identity, source_version, rows_version = sync
             if status != "succeeded" or not has_identity:
-                reasons.append(f"not identity-ready: its latest mirror sync is {status}"
-                               f"{'' if has_identity else ' without identity columns'}")
+                reasons.append(AtFlip(f"not identity-ready: its latest mirror sync is {status}"
+                                      f"{'' if has_identity else ' without identity columns'}"))
             elif source_version is None or source_version < rows_version:
-                reasons.append(f"Iceberg is behind Postgres (covers version {source_version}, Postgres is at "
-                               f"{rows_version}): let the mirror catch up, or rows not yet mirrored are lost")
+                reasons.append(AtFlip(f"Iceberg is behind Postgres (covers version {source_version}, Postgres is "
+                                      f"at {rows_version}): let the mirror catch up, or rows not yet mirrored are lost"))
         on_pg = [f"{r.name} ({m})" for r in servable
                  if rank(READ, m := resolve_for(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")]
         if on_pg:
             reasons.append("readers still on Postgres for it: " + ", ".join(on_pg) +
                            " — read-flip them first (prerequisite #1)")
         elif reader_soaks.get(e.dataset_id):
-            reasons.append("readers not yet soaked on Iceberg (prerequisite #1: read-flip → soak → write-flip): "
-                           + "; ".join(reader_soaks[e.dataset_id]))
+            # a moment-of-flip reason: once a dataset is written natively, a reader re-raised later must not
+            # block its writes for a whole soak (the guard before each native write drops AtFlip reasons)
+            reasons.append(AtFlip("readers not yet soaked on Iceberg (prerequisite #1: read-flip → soak → write-flip): "
+                                  + "; ".join(reader_soaks[e.dataset_id])))
         if locked.get(e.dataset_id):
             reasons.append("read from dataset_rows by " + ", ".join(d.describe() for d in locked[e.dataset_id]) +
                            ", locked to Postgres (no Iceberg read path): Postgres would go stale for it; "
@@ -192,13 +203,13 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
                            "longer reads this dataset")
         verdict = verdicts.get(e.dataset_id)
         if verdict is None:
-            reasons.append(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}")
+            reasons.append(AtFlip(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}"))
         elif verdict[0] not in ("ok", "native"):
-            reasons.append(f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
-                           "run the canary until it says ok")
+            reasons.append(AtFlip(f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
+                                  "run the canary until it says ok"))
         elif verdict[0] == "ok" and (verdict[2] is None or verdict[2] < verdict[3]):
-            reasons.append(f"parity was last checked at Postgres version {verdict[2]}, it is now at {verdict[3]}: "
-                           f"run lakehouse canary --smoke --dataset {e.dataset_id} again")
+            reasons.append(AtFlip(f"parity was last checked at Postgres version {verdict[2]}, it is now at "
+                                  f"{verdict[3]}: run lakehouse canary --smoke --dataset {e.dataset_id} again"))
         if reasons:
             blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
     return blocked

@@ -112,6 +112,8 @@ REGISTRY: dict[str, dict[str, Flag]] = {READ: READERS, WRITE: WRITERS}
 
 # Writers whose ceiling allows the native path: the only ones that can make a dataset native.
 FLIPPABLE_WRITERS = tuple(w for w in WRITERS.values() if w.ceiling == "iceberg_native")
+# Readers Iceberg can serve (ceiling iceberg or above): the ones prerequisite #1 asks to read-flip first.
+SERVABLE_READERS = tuple(r for r in READERS.values() if r.ceiling in ("iceberg", "iceberg_only"))
 
 
 def rank(kind: str, mode: str) -> int:

@@ -1,7 +1,8 @@
 """Resolution of a flag for a dataset: precedence, clamp, and an in-process TTL cache.
 
 Precedence: dataset override > workspace override (the dataset's workspace, from `datasets`) >
-global override > registry default; then a stored mode above the ceiling is clamped to it.
+global override > registry default; then a stored mode above the ceiling is clamped to it. Coded once,
+in precedence.py: the load runs its SQL, ``resolve_from`` its in-memory twin (for the flip gates).
 
 Cache: one query per (dataset, TTL) fills every reader and writer of that dataset. An entry
 expires ``ttl`` seconds after the moment its query *started*, so a value is never older than
@@ -22,6 +23,7 @@ from typing import Callable
 import psycopg
 
 from ..ids import parse_uuid
+from .precedence import DEFAULT, effective_sql, pick
 from .registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
 
 # The reasons a resolution gives, most specific first.
@@ -31,7 +33,8 @@ GLOBAL_OVERRIDE = "global override"
 REGISTRY_DEFAULT = "registry default"
 CLAMPED = "clamped to ceiling"
 
-_REASON_BY_SCOPE = {"dataset": DATASET_OVERRIDE, "workspace": WORKSPACE_OVERRIDE, "global": GLOBAL_OVERRIDE}
+_REASON_BY_SCOPE = {"dataset": DATASET_OVERRIDE, "workspace": WORKSPACE_OVERRIDE, "global": GLOBAL_OVERRIDE,
+                    DEFAULT: REGISTRY_DEFAULT}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,16 +60,16 @@ _interned: dict[tuple, Resolution] = {}
 
 
 def resolve_from(flag: Flag, stored: dict[str, str]) -> Resolution:
-    """Pure precedence + clamp over the overrides found for one flag ({scope: mode})."""
-    for scope in ("dataset", "workspace", "global"):
-        mode = stored.get(scope)
-        if mode is not None:
-            source = _REASON_BY_SCOPE[scope]
-            break
-    else:
-        mode, source = flag.default, REGISTRY_DEFAULT
-    effective, clamped = clamp(flag, mode)
-    key = (flag.kind, flag.name, effective, CLAMPED if clamped else source, source, mode, flag.ceiling, flag.consistency)
+    """Precedence + clamp over overrides held in memory for one flag ({scope: mode}): precedence.pick."""
+    scope, mode = pick(stored, flag.default)
+    return _resolution(flag, scope, mode, clamp(flag, mode)[0])
+
+
+def _resolution(flag: Flag, scope: str, mode: str, effective: str) -> Resolution:
+    """The interned Resolution of a flag whose override at ``scope`` (or the default) says ``mode``."""
+    source = _REASON_BY_SCOPE[scope]
+    key = (flag.kind, flag.name, effective, CLAMPED if effective != mode else source, source, mode, flag.ceiling,
+           flag.consistency)
     res = _interned.get(key)
     if res is None:  # a handful per flag: (stored mode x source), so the cache holds pointers, not copies
         res = _interned.setdefault(key, Resolution(*key))
@@ -87,15 +90,11 @@ def invalidate_local() -> None:
             r._cache.clear()
 
 
-_OVERRIDES_FOR_DATASET = """
-select o.kind, o.name, o.scope, o.mode
-  from lakehouse_flag_overrides o
- where o.scope = 'global'
-    or (o.scope = 'dataset' and o.scope_id = %(ds)s)
-    or (o.scope = 'workspace' and o.scope_id = (select d.workspace_id from datasets d where d.id = %(ds)s))
-"""
-
-_GLOBAL_OVERRIDES = "select kind, name, scope, mode from lakehouse_flag_overrides where scope = 'global'"
+# The one dataset resolved (even one that does not exist: it gets the global overrides and defaults).
+_ONE_DATASET = "select %s::uuid, (select workspace_id from datasets where id = %s)"
+_NO_DATASET = "select null::uuid, null::uuid"
+_COLUMNS = "e.kind, e.name, e.source, e.stored_mode, e.mode"
+_ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
 
 
 class FlagResolver:
@@ -154,17 +153,12 @@ class FlagResolver:
 
     def _load(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
         if dataset_id is None:
-            rows = self.conn.execute(_GLOBAL_OVERRIDES).fetchall()
+            query, params = effective_sql(_ALL_FLAGS, _NO_DATASET, select=_COLUMNS)
         else:
-            rows = self.conn.execute(_OVERRIDES_FOR_DATASET, {"ds": dataset_id}).fetchall()
-        stored: dict[tuple[str, str], dict[str, str]] = {}
-        for kind, name, scope, mode in rows:
-            stored.setdefault((kind, name), {})[scope] = mode
-        return {
-            (kind, name): resolve_from(flag, stored.get((kind, name), {}))
-            for kind, flags in REGISTRY.items()
-            for name, flag in flags.items()
-        }
+            query, params = effective_sql(_ALL_FLAGS, _ONE_DATASET, (dataset_id, dataset_id), select=_COLUMNS)
+        rows = self.conn.execute(query, params).fetchall()
+        return {(kind, name): _resolution(REGISTRY[kind][name], source, stored, mode)
+                for kind, name, source, stored, mode in rows}
 
     def _fill(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
         generation = _generation[0]

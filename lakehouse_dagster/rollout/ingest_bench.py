@@ -26,6 +26,7 @@ import psycopg
 
 from ..errors import Backpressure, BadInput
 from ..flags.overrides import clear_override, set_override
+from ..flags.registry import SERVABLE_READERS
 from ..settings import Settings
 from ..store import datasets as ds
 from ..store.db import connect
@@ -152,7 +153,11 @@ def run_ingest_bench(
         n_datasets = 1 if same_dataset else jobs
         ids = [str(ds.create_dataset(conn, ws, f"bench-{i}", BENCH_SCHEMA)) for i in range(n_datasets)]
         # Throwaway datasets with no readers: the flip gates' prerequisites are about consumers, so the
-        # raw override is used on purpose, scoped to the bench workspace only (audited).
+        # raw override is used on purpose, scoped to the bench workspace only (audited). The workspace is
+        # read-flipped first, as the runbook asks: the write router refuses a native write into a new empty
+        # dataset whose readers are still on Postgres (routing/native_guard.py).
+        for reader in SERVABLE_READERS:
+            set_override(conn, "read", reader.name, "iceberg", workspace=ws, note="ingest bench", actor=actor)
         set_override(conn, "write", writer, "iceberg_native", workspace=ws, note="ingest bench", actor=actor)
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
@@ -218,6 +223,8 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
                 datasets += 1
             for writer in ("sync.full", "sync.append"):
                 clear_override(conn, "write", writer, workspace=ws, note="ingest bench purge", actor=actor)
+            for reader in SERVABLE_READERS:
+                clear_override(conn, "read", reader.name, workspace=ws, note="ingest bench purge", actor=actor)
             _delete_workspace(conn, ws)
     return {"namespace": namespace, "workspaces": len(workspaces), "datasets": datasets, "tables_dropped": dropped}
 

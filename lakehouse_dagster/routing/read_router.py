@@ -10,6 +10,12 @@
   under ``iceberg_only`` it is raised (no fallback). Nor is there a fallback for a dataset written
   iceberg-native (any flippable writer resolves to iceberg_native for it): Postgres no longer receives
   its rows, so serving them would be a silent split-brain; the error is raised instead.
+- Postgres never serves a dataset written iceberg-native, whatever the reader's mode: Iceberg is the
+  truth for it, so "lagging" means nothing (a ``row.edit`` or a schema change moves the Postgres version of
+  a frozen copy). Where the rules above would pick Postgres (``off``/``shadow`` set by hand — the gates
+  forbid it —, no snapshot, lagging) it serves the latest snapshot, reason ``iceberg@native``; with no
+  snapshot at all, or for a reader Iceberg cannot serve (ceiling ``off``), the read is refused with the
+  reason (``ReadRefused``), never served stale.
 
 Every decision is logged with its reason (``reason=iceberg@eventual``, ``reason=pg@no-snapshot``, ...).
 """
@@ -24,9 +30,9 @@ from typing import Callable, TypeVar
 
 import psycopg
 
-from ..errors import NotFound
+from ..errors import NotFound, ReadRefused
 from ..flags.incidents import record_fallback
-from ..flags.registry import FLIPPABLE_WRITERS, READ, STRICT, WRITE
+from ..flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
 
@@ -34,7 +40,8 @@ log = logging.getLogger("lakehouse_dagster.read_router")
 
 T = TypeVar("T")
 
-PG, ICEBERG = "pg", "iceberg"
+PG, ICEBERG, REFUSED = "pg", "iceberg", "refused"
+NATIVE_STALE = "written iceberg-native: Postgres is stale for it"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +79,9 @@ class ReadDecision:
     reader: str
     dataset_id: uuid.UUID
     flag: Resolution
-    source: str  # "pg" | "iceberg"
-    reason: str  # e.g. iceberg@eventual, pg@no-snapshot, pg@lagging, pg@off, pg@shadow, pg@fallback
+    source: str  # "pg" | "iceberg" | "refused"
+    reason: str  # e.g. iceberg@eventual, iceberg@native, pg@no-snapshot, pg@lagging, pg@off, pg@shadow, pg@fallback,
+    # refused@native-no-snapshot, refused@native-not-servable
     snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
     freshness: Freshness | None = None
     native: bool = False  # the dataset is written iceberg-native: Postgres is stale for it
@@ -92,10 +100,24 @@ class ReadDecision:
 
     def log_line(self) -> str:
         snap = f" snapshot={self.snapshot_id}" if self.source == ICEBERG else ""
+        why = f" ({NATIVE_STALE})" if self.reason.endswith("@native") or self.source == REFUSED else ""
         return (
             f"[read-router] {self.reader} ds={self.dataset_id} mode={self.flag.describe()} "
-            f"→ {self.source} reason={self.reason}{snap}"
+            f"→ {self.source} reason={self.reason}{snap}{why}"
         )
+
+    def refusal(self) -> str:
+        """The one-line reason a refused read gives (what is wrong and what to do)."""
+        if self.reason == "refused@native-not-servable":
+            ceiling = READERS[self.reader].ceiling_reason if self.reader in READERS else None
+            why = (f"reader {self.reader} cannot be served by Iceberg (maxMode={self.flag.ceiling}"
+                   f"{': ' + ceiling if ceiling else ''})")
+            todo = ("roll the writer back (lakehouse write-flags set <writer> pg --dataset "
+                    f"{self.dataset_id}) and re-run a full sync to repopulate Postgres")
+        else:
+            why = "Iceberg has no snapshot of it yet"
+            todo = f"run its writer first (lakehouse ingest --dataset {self.dataset_id})"
+        return f"refused: {self.reader} ds={self.dataset_id} is {NATIVE_STALE}, and {why}; nothing was read — {todo}"
 
     def as_dict(self) -> dict:
         return {
@@ -113,6 +135,19 @@ def decide(
     reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None, native: bool = False
 ) -> ReadDecision:
     """Pure: the mode and the freshness facts give the source and its reason."""
+    d = _decide(reader, dataset_id, flag, fresh, native)
+    if not native or d.source == ICEBERG:
+        return d
+    # Written iceberg-native: never Postgres. The latest snapshot is the truth, whatever the mode says.
+    if rank(READ, flag.ceiling) < rank(READ, "iceberg"):
+        return dataclasses.replace(d, source=REFUSED, reason="refused@native-not-servable")
+    if fresh is None or not fresh.has_snapshot:
+        return dataclasses.replace(d, source=REFUSED, reason="refused@native-no-snapshot")
+    return dataclasses.replace(d, source=ICEBERG, reason="iceberg@native", snapshot_id=fresh.snapshot_id)
+
+
+def _decide(reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None,
+            native: bool) -> ReadDecision:
     if flag.mode in ("off", "shadow"):
         return ReadDecision(reader, dataset_id, flag, PG, f"pg@{flag.mode}", None, fresh, native)
     assert fresh is not None
@@ -148,6 +183,8 @@ class ReadSource:
         iceberg: Callable[[ReadDecision], T],
     ) -> ReadResult:
         d = self.decision
+        if d.source == REFUSED:
+            raise ReadRefused(d.refusal())
         if d.source == PG:
             return ReadResult(d, postgres(d))
         try:

@@ -1,9 +1,10 @@
 """The write router: a writer's mode for a dataset (clamped), and fail-loud native writes.
 
 ``pg``: the caller's Postgres write runs (the mirror copies it to Iceberg later).
-``iceberg_native``: the Iceberg write — a callable, so the CLI, the ops and the tests inject the
-real chunked writer — runs under an ``iceberg_sync_log`` row (path native). If it fails, the
-sync is recorded failed, the dataset is marked errored and SyncFailed is raised: dataset_rows is
+``iceberg_native``: refused (FlipRefused, recorded, nothing written) when the dataset fails the write-flip
+gates that still apply to it (native_guard.py); otherwise the Iceberg write — a callable, so the CLI, the
+ops and the tests inject the real chunked writer — runs under an ``iceberg_sync_log`` row (path native).
+If it fails, the sync is recorded failed, the dataset is marked errored and SyncFailed is raised: dataset_rows is
 never written after an Iceberg attempt (no silent split-brain), and the sync retries.
 
 Failure paths follow the mirror's (ingest/sync.py): SyncFailed carries ``transient`` (errors.is_transient);
@@ -31,6 +32,7 @@ from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state
 from ..ingest.guards import admission_slot, dataset_lock
 from ..ingest.reaper import UNSETTLED, reap_abandoned
+from .native_guard import refuse_unsafe_native_write
 from ..settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.write_router")
@@ -97,6 +99,10 @@ def route_write(
     lg.info(decision.log_line())
     if not decision.native:
         return WriteOutcome(decision, pg_write())
+    # The flip gates that still apply to the dataset (native_guard.py): a dataset covered natively after the
+    # flip (a new or moved dataset, a new pipeline input, a reader lowered by hand) is refused, loud.
+    refuse_unsafe_native_write(conn, writer, decision.dataset_id, iceberg_mode=get_flag(WRITE, writer).iceberg_mode,
+                               sync_id=sync_id, logger=lg)
     settings = settings or Settings.from_env()
     catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
     return _write_native(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
