@@ -17,6 +17,7 @@ import json
 import dagster as dg
 
 from ..routing.native_guard import report_key, report_lines, unsafe_native_datasets
+from .refusals import stop
 from .resources import LakehouseResource
 
 REPORT_TAG = "lakehouse/report"
@@ -41,13 +42,8 @@ def native_safety_check(context: dg.OpExecutionContext, lakehouse: LakehouseReso
         return {"native": n_native, "unsafe": 0}
     table = "| dataset | id | reasons |\n|---|---|---|\n" + "\n".join(
         f"| {b.name} | {b.dataset_id} | {'<br>'.join(r.replace('|', '/') for r in b.reasons)} |" for b in blocked)
-    raise dg.Failure(
-        description=_summary(n_native, lines),
-        metadata={"native datasets": dg.MetadataValue.text(str(n_native)),
-                  "unsafe datasets": dg.MetadataValue.text(str(len(blocked))),
-                  "datasets": dg.MetadataValue.md(table)},
-        allow_retries=False,
-    )
+    raise stop(context, _summary(n_native, lines),
+               {"native datasets": str(n_native), "unsafe datasets": str(len(blocked)), "datasets": table}) from None
 
 
 @dg.job(description="Report the datasets written iceberg-native that fail the write-flip gates (launched by the "
