@@ -67,6 +67,8 @@ class Settings:
     retry_failed_max: int = 5
     # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
     s3_endpoint: str | None = None
+    # Digest each Iceberg data file as it is written (parity/maintained.py); off: the next canary does.
+    digest_on_write: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -95,6 +97,7 @@ class Settings:
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", True),
         )
 
     def replace(self, **changes) -> "Settings":

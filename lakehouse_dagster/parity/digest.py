@@ -421,11 +421,12 @@ def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
     return problems
 
 
-def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False) -> Digest:
+def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False, width: int | None = None) -> Digest:
     """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once.
-    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds)."""
+    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds); ``width``:
+    fixed segments (the maintained digests' grid) instead of ``factor`` equal ones."""
     t = time.perf_counter()
-    width = segment_plan(lo, hi, factor)
+    width = width or segment_plan(lo, hi, factor)
     segments = side.segment_digests(lo, hi, width, everything=everything)
     count, total = fold(segments)
     return Digest(count, total, time.perf_counter() - t, segments, lo, width)

@@ -337,6 +337,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("008_latest_sync_and_sweep", _store_sql("MIGRATION_LATEST") + _store_sql("MIGRATION_MIRRORED")),
     ("010_sources", _module_sql("sources")),
     ("011_rollback", _module_sql("rollback")),
+    ("015_parity_digests", _module_sql("parity", "DIGESTS")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
