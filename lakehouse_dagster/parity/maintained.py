@@ -199,6 +199,7 @@ def iceberg_segments(conn: psycopg.Connection, pin, columns: Sequence[Column]) -
     with the snapshot's (min, max) __row_index. ``Unavailable`` when a file has none or deletes exist."""
     if pin.has_deletes:
         raise Unavailable("the snapshot has delete files")
+    _files_in_place(pin)
     stored = load_file_digests(conn, pin_dataset(pin), columns, pin.files)
     missing = [p for p in pin.files if p not in stored]
     if missing:
@@ -214,6 +215,26 @@ def iceberg_segments(conn: psycopg.Connection, pin, columns: Sequence[Column]) -
     if pin.total_records is not None and count != pin.total_records:
         raise Unavailable(f"the file digests count {count} rows, the snapshot says {pin.total_records}")
     return nonzero(segments), lo, hi
+
+
+def _files_in_place(pin) -> None:
+    """Stored digests vouch for files as written: a local file that is gone or not the size its manifest
+    says gets the full digest (which reads it, and fails loudly if it cannot). Remote files are trusted
+    (one request per file would cost more than the manifests)."""
+    import os
+
+    from .digest import local_path
+
+    for path in pin.files:
+        local = local_path(path)
+        if local is None:
+            continue
+        try:
+            size = os.stat(local).st_size
+        except OSError:
+            raise Unavailable(f"data file {path} is missing") from None
+        if pin.sizes.get(path) not in (None, size):
+            raise Unavailable(f"data file {path} is {size} bytes, its manifest says {pin.sizes[path]}")
 
 
 def forget_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
