@@ -273,3 +273,19 @@ def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, d
     assert detail["maintained_prepare"]["postgres"] == "ready"
     assert detail["maintained_prepare"]["iceberg_files_digested"] == 0
     assert second.metadata["pg_count"].value == 43
+
+
+def test_canary_job_full_when_tagged_and_every_nth_scheduled_run(conn, dsn, settings):
+    from lakehouse_dagster.defs.canary_schedule import PARTITION_TAG
+    from lakehouse_dagster.defs.checks import CANARY_TAG, FULL_TAG
+    from lakehouse_dagster_tests.test_parity_dagster import _run_canary_job
+
+    d = make_dataset(conn, 8)
+    sync(settings, dsn, d)
+    scheduled = {PARTITION_TAG: str(d), CANARY_TAG: "schedule"}
+    with dg.DagsterInstance.ephemeral() as instance:
+        ev, _ = _run_canary_job(instance, dsn, d, tags={PARTITION_TAG: str(d), FULL_TAG: "true"})
+        assert ev["parity"].passed and ev["parity"].metadata["detail"].value["digest"] == "full"
+        seen = [_run_canary_job(instance, dsn, d, tags=scheduled)[0]["parity"].metadata["detail"].value["digest"]
+                for _ in range(cy.FULL_EVERY)]
+    assert seen == ["maintained"] * (cy.FULL_EVERY - 1) + ["full"]

@@ -53,8 +53,9 @@ def _meta(v: cy.Verdict) -> dict:
     blocking=True,
     partitions_def=datasets_partitions,
     description="Checksum parity with Postgres: row count + order-independent digest on a pinned Postgres "
-    "transaction and a pinned Iceberg snapshot. ERROR (blocks downstream) on MISMATCH, no-snapshot or error; "
-    "WARN when lagging. Recorded in lakehouse_read_parity.",
+    "transaction and a pinned Iceberg snapshot (the maintained digests when both sides have them; every row "
+    "with run tag lakehouse/canary-full=true and every Nth scheduled run). ERROR (blocks downstream) on "
+    "MISMATCH, no-snapshot or error; WARN when lagging. Recorded in lakehouse_read_parity.",
 )
 def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
     dsn, settings = lakehouse.pg_dsn, lakehouse.settings()

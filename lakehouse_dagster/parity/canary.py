@@ -18,6 +18,15 @@ mirror only ever records a version it read from committed Postgres data, so a wr
 point makes the Postgres version newer than the snapshot's, which reads as ``lagging``: never a false
 MISMATCH. Both digests, the localisation and the smoke rows then read exactly those two pins.
 
+Digests (detail ``digest``): ``maintained`` compares the sums both sides keep up to date
+(parity/maintained.py: per Iceberg data file, per Postgres dataset and segment) at the two pinned
+versions, so an unchanged or appended dataset costs what changed; a maintained disagreement is only
+reported once localisation has found the differing rows themselves (otherwise a sum was stale and the
+full digest decides). ``full`` digests every row on both sides: when a side has no maintained sum
+(``maintained_unavailable`` says why), on request (``full=True``, ``canary --full``) and every
+FULL_EVERY-th scheduled run — the cross-check that also catches writes made with the triggers disabled,
+and drops a maintained sum it finds stale (``maintained_stale``).
+
 Exit codes: 0 no MISMATCH and no error; 1 a caught-up dataset mismatches (wins over errors);
 5 an operational error in at least one dataset (verdict ``error``); 2 bad usage; 3 unknown dataset.
 """
