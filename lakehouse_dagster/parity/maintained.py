@@ -266,7 +266,7 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
         hash_sql = cn.pg_row_hash(columns).as_string(conn)
         with conn.transaction():
             conn.execute(f"set local lock_timeout = {int(lock_timeout_ms)}")
-            cur = conn.execute("select schema from datasets where id = %s for update", (dataset_id,)).fetchone()
+            cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
             if cur is None:
                 raise Unavailable(f"dataset {dataset_id} does not exist")
             from ..store.datasets import parse_schema
