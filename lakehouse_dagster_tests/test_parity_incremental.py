@@ -55,7 +55,7 @@ def spread_rows(conn, d, indexes, start=0):
 def test_mirror_stores_a_digest_per_file_that_equals_the_full_duckdb_digest(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 2, 70_000, 70_001, 200_000, 200_005])
-    settings = settings.replace(ingest_chunk_rows=3)  # several files, segments spanning files
+    settings = settings.replace(ingest_chunk_rows=3, digest_on_write=True)  # several files, segments spanning files
     sync(settings, dsn, d, mode="full")
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
     columns = ds.get_dataset(conn, d).columns
@@ -188,12 +188,12 @@ def test_canary_compares_maintained_sums_and_the_full_redigest_agrees(conn, dsn,
     full = evaluate(settings, dsn, d, full=True)
     assert full.verdict == cy.OK and full.detail["digest"] == "full" and full.detail["maintained_agrees"] is True
     assert (inc.pg_count, inc.pg_digest) == (full.pg_count, full.pg_digest) == (full.iceberg_count, full.iceberg_digest)
-    # an append, mirrored incrementally: the canary digests no old file and reads no Postgres row
+    # an append, mirrored incrementally: the canary digests only the new file and reads no Postgres row
     ds.insert_rows(conn, d, rows_for(10, 500))
     assert sync(settings, dsn, d).mode == "incremental"
     after = evaluate(settings, dsn, d)
     assert after.verdict == cy.OK and after.detail["digest"] == "maintained"
-    assert after.detail["maintained_prepare"]["iceberg_files_digested"] == 0
+    assert after.detail["maintained_prepare"]["iceberg_files_digested"] == 1
     assert after.detail["maintained_prepare"]["postgres"] == "ready"
     assert after.pg_count == inc.pg_count + 10
     assert evaluate(settings, dsn, d, full=True).pg_digest == after.pg_digest
@@ -271,7 +271,7 @@ def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, d
     detail = second.metadata["detail"].value
     assert second.passed and detail["digest"] == "maintained"
     assert detail["maintained_prepare"]["postgres"] == "ready"
-    assert detail["maintained_prepare"]["iceberg_files_digested"] == 0
+    assert detail["maintained_prepare"]["iceberg_files_digested"] == 1  # the appended file only
     assert second.metadata["pg_count"].value == 43
 
 
