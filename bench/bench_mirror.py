@@ -8,6 +8,8 @@ Prints, for the same rows:
   limit     rows ÷ (seconds to drain COPY (typed select) TO STDOUT + seconds of pyarrow.parquet.write_table)
 and ratios mirror/limit, mirror/naive. Each measurement runs in a fresh child process so its peak
 RSS is its own. --scale repeats the mirror at other sizes to show peak RSS stays flat.
+--digest-ab N runs the mirror N more times each with and without the per-file parity digest computed at
+write time (LAKEHOUSE_DIGEST_ON_WRITE, parity/maintained.py), alternating, and prints the best-of ratio.
 Not a test: nothing here gates CI.
 """
 
@@ -93,11 +95,11 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
     raise SystemExit(f"unknown child kind {kind}")
 
 
-def run_child(kind: str, dsn: str, ds_id, warehouse: str, chunk: int) -> dict:
+def run_child(kind: str, dsn: str, ds_id, warehouse: str, chunk: int, env: dict | None = None) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", kind, "--dsn", dsn, "--dataset", str(ds_id), "--warehouse", warehouse,
          "--chunk", str(chunk)],
-        check=True, capture_output=True, text=True,
+        check=True, capture_output=True, text=True, env={**os.environ, **(env or {})},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -108,6 +110,8 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=250_000)
     p.add_argument("--scale", default="", help="comma-separated extra sizes for the mirror's peak-RSS check")
     p.add_argument("--skip-naive", action="store_true")
+    p.add_argument("--digest-ab", type=int, default=0, metavar="N",
+                   help="N extra mirror runs each with and without the write-time file digest")
     p.add_argument("--child"), p.add_argument("--dsn"), p.add_argument("--dataset"), p.add_argument("--warehouse")
     a = p.parse_args()
     if a.child:
@@ -130,6 +134,16 @@ def main() -> None:
         n = results["naive"]
         print(f"mirror / naive rows/s: {n['seconds'] / m['seconds']:.2f}x   peak RSS mirror/naive: "
               f"{m['rss_mb'] / n['rss_mb']:.2f}x")
+    if a.digest_ab:
+        times: dict[str, list[float]] = {"false": [], "true": []}
+        for _ in range(a.digest_ab):
+            for flag in ("false", "true"):  # alternate, so load changes hit both alike
+                r = run_child("mirror", dsn, ds_id, warehouse, a.chunk, env={"LAKEHOUSE_DIGEST_ON_WRITE": flag})
+                times[flag].append(r["seconds"])
+        off, on = min(times["false"]), min(times["true"])
+        print(f"mirror without the write-time digest {off:6.2f}s, with it {on:6.2f}s: {on / off:.3f}x the time "
+              f"(best of {a.digest_ab}; all: off {[round(x, 2) for x in times['false']]}, "
+              f"on {[round(x, 2) for x in times['true']]})")
     sizes = [int(s) for s in a.scale.split(",") if s.strip()]
     if sizes:
         rss = {a.rows: m["rss_mb"]}

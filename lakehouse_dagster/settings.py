@@ -74,6 +74,10 @@ class Settings:
     # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
     # 0 disables the soak.
     soak_seconds: int = 3600
+    # Digest each Iceberg data file as it is written (parity/maintained.py). Off by default: measured at
+    # 1.48x the mirror's time (bench_mirror.py --digest-ab); the first canary or parity check that meets a
+    # file digests it instead (once per file, only the new files after an append).
+    digest_on_write: bool = False
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -104,6 +108,7 @@ class Settings:
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
             soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
+            digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", False),
         )
 
     def replace(self, **changes) -> "Settings":

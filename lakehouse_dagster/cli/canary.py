@@ -33,12 +33,16 @@ def register(sub) -> None:
                    help="also compare the multiset of row values, for datasets up to --smoke-max-rows rows")
     p.add_argument("--smoke-max-rows", type=int, default=SMOKE_MAX_ROWS, metavar="N",
                    help=f"size threshold of the value-level check (default {SMOKE_MAX_ROWS})")
+    p.add_argument("--full", action="store_true",
+                   help="digest every row on both sides (the cross-check) instead of comparing the maintained "
+                        "digests; also catches writes made with the triggers disabled")
 
 
 def _canary(ctx, args) -> Result:
     report = cy.run_canary(
         ctx.conn, ctx.dsn, ctx.catalog, ctx.settings,
         dataset_ids=args.dataset, limit=args.limit, smoke=args.smoke, smoke_max_rows=args.smoke_max_rows,
+        full=args.full,
     )
     rows = []
     for r in report.results:
@@ -51,9 +55,10 @@ def _canary(ctx, args) -> Result:
             "snapshot": r.snapshot_id,
             "pg_version": r.pg_version,
             "smoke": r.smoke,
+            "digest": r.detail.get("digest"),
             "detail": r.detail.get("reason", ""),
         })
-    lines = [table(rows, ["dataset", "name", "verdict", "pg_rows", "iceberg_rows", "snapshot", "pg_version", "smoke", "detail"])]
+    lines = [table(rows, ["dataset", "name", "verdict", "pg_rows", "iceberg_rows", "snapshot", "pg_version", "smoke", "digest", "detail"])]
     for r in report.results:
         if r.mismatched_row_indexes:
             more = " (more not shown)" if r.detail.get("localisation", {}).get("truncated") else ""

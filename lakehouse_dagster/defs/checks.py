@@ -20,6 +20,9 @@ from .tags import ids_as_text, name_run
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (defs/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
 AUTO_ROLLBACK_TAG = "lakehouse/auto_rollback"  # added to a run whose parity check rolled readers back
+# "true": digest every row on both sides instead of comparing the maintained digests (parity/maintained.py);
+# the schedule does so by itself every cy.FULL_EVERY-th run of a dataset.
+FULL_TAG = "lakehouse/canary-full"
 
 _SEVERITY = {
     cy.OK: dg.AssetCheckSeverity.ERROR,  # (passed)
@@ -53,13 +56,18 @@ def _meta(v: cy.Verdict) -> dict:
     blocking=True,
     partitions_def=datasets_partitions,
     description="Checksum parity with Postgres: row count + order-independent digest on a pinned Postgres "
-    "transaction and a pinned Iceberg snapshot. ERROR (blocks downstream) on MISMATCH, no-snapshot or error; "
-    "WARN when lagging. Recorded in lakehouse_read_parity.",
+    "transaction and a pinned Iceberg snapshot (the maintained digests when both sides have them; every row "
+    "with run tag lakehouse/canary-full=true and every Nth scheduled run). ERROR (blocks downstream) on "
+    "MISMATCH, no-snapshot or error; WARN when lagging. Recorded in lakehouse_read_parity.",
 )
 def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
     dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
-    v = cy.evaluate(dsn, lakehouse.catalog(), settings, context.partition_key)
     source = "schedule" if context.run.tags.get(CANARY_TAG) == "schedule" else "check"
+    full = context.run.tags.get(FULL_TAG) == "true"
+    if source == "schedule" and not full:
+        with lakehouse.connect() as conn:
+            full = cy.full_due(conn, _uuid(context.partition_key))
+    v = cy.evaluate(dsn, lakehouse.catalog(), settings, context.partition_key, full=full)
     with lakehouse.connect() as conn:
         wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged

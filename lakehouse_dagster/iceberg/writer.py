@@ -153,7 +153,7 @@ def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Sc
 class _FileRoller:
     """Writes batches into Parquet files of at most ``chunk_rows`` rows each."""
 
-    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int):
+    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None):
         self.table = table
         self.schema = schema
         self.sync_id = sync_id
@@ -163,6 +163,8 @@ class _FileRoller:
         self._writer: pq.ParquetWriter | None = None
         self._stream = None
         self._in_file = 0
+        self.digester = digester  # parity/maintained.py: each file's digest, from the rows in hand
+        self.digests: dict = {}
 
     def _open(self) -> None:
         path = f"{self.table.location()}/data/lakehouse-{self.sync_id}-{len(self.paths):05d}.parquet"
@@ -187,7 +189,12 @@ class _FileRoller:
             if self._writer is None:
                 self._open()
             take = min(batch.num_rows - offset, self.chunk_rows - self._in_file)
-            self._writer.write_batch(batch.slice(offset, take))
+            piece = batch.slice(offset, take)
+            self._writer.write_batch(piece)
+            if self.digester is not None:
+                from ..parity.maintained import FileDigest
+
+                self.digester.add(self.digests.setdefault(self.paths[-1], FileDigest()), piece)
             self._in_file += take
             self.rows += take
             offset += take
@@ -235,7 +242,8 @@ def write_arrow(
 
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
-    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows)
+    digester = _digester(settings, dataset)
+    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows, digester)
     try:  # nothing can have been committed in here: every failure deletes this write's files
         for batch in batches:
             if batch.schema.names != expected.names:
@@ -265,6 +273,9 @@ def write_arrow(
     except BaseException:
         roller.delete_all()
         raise
+    finally:
+        if digester is not None:
+            digester.close()
     try:
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
                               sync_id=sync_id)
@@ -286,8 +297,33 @@ def write_arrow(
         _log.warning("commit of sync %s raised %s but its snapshot %s is in the table: it landed",
                      sync_id, type(exc).__name__, landed)
         snapshot_id = landed
+    _store_digests(settings, dataset, roller.digests)
     return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
                        source_version=source_version)
+
+
+def _digester(settings: Settings, dataset: Dataset):
+    """The per-file digester, when the digests can be stored (a DSN is configured)."""
+    if not settings.pg_dsn or not settings.digest_on_write:
+        return None
+    from ..parity.maintained import FileDigester
+
+    return FileDigester(dataset.columns)
+
+
+def _store_digests(settings: Settings, dataset: Dataset, digests: dict) -> None:
+    """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
+    if not digests:
+        return
+    try:
+        from ..parity.maintained import store_file_digests
+        from ..store.db import connection
+
+        with connection(settings.pg_dsn) as conn:
+            store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
+    except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
+        _log.warning("could not store the digests of %d file(s) of dataset %s: %s", len(digests), dataset.id,
+                     first_line(exc))
 
 
 def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:

@@ -18,12 +18,22 @@ mirror only ever records a version it read from committed Postgres data, so a wr
 point makes the Postgres version newer than the snapshot's, which reads as ``lagging``: never a false
 MISMATCH. Both digests, the localisation and the smoke rows then read exactly those two pins.
 
+Digests (detail ``digest``): ``maintained`` compares the sums both sides keep up to date
+(parity/maintained.py: per Iceberg data file, per Postgres dataset and segment) at the two pinned
+versions, so an unchanged or appended dataset costs what changed; a maintained disagreement is only
+reported once localisation has found the differing rows themselves (otherwise a sum was stale and the
+full digest decides). ``full`` digests every row on both sides: when a side has no maintained sum
+(``maintained_unavailable`` says why), on request (``full=True``, ``canary --full``) and every
+FULL_EVERY-th scheduled run — the cross-check that also catches writes made with the triggers disabled,
+and drops a maintained sum it finds stale (``maintained_stale``).
+
 Exit codes: 0 no MISMATCH and no error; 1 a caught-up dataset mismatches (wins over errors);
 5 an operational error in at least one dataset (verdict ``error``); 2 bad usage; 3 unknown dataset.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -39,11 +49,13 @@ from pyiceberg.catalog import Catalog
 from ..errors import BadInput, NotFound
 from ..ids import parse_uuid
 from ..settings import Settings
+from ..store.datasets import parse_schema
+from ..store.db import connect
 from . import localise as loc
 from . import smoke as sm
-from .digest import (
-    IcebergSide, PgSide, PinnedPostgres, pin_iceberg, plain_digest, schema_problems,
-)
+from . import maintained as mt
+from .digest import IcebergSide, PgSide, PinnedPostgres, fold, full_digest, pin_iceberg, schema_problems
+from .maintained import SEG_BITS, SEG_WIDTH
 
 log = logging.getLogger("lakehouse_dagster.parity")
 
@@ -51,6 +63,7 @@ OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR = "ok", "lagging", "no-snapsho
 VERDICTS = (OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR)
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 5
 DEFAULT_LIMIT = 20
+FULL_EVERY = 8  # the scheduled canary re-digests every row on both sides every Nth run of a dataset
 
 
 @dataclasses.dataclass
@@ -120,22 +133,60 @@ def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: 
 def evaluate(
     dsn: str, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID | str, *,
     smoke: bool = False, smoke_max_rows: int = sm.SMOKE_MAX_ROWS, localise: bool = True,
-    hooks: Hooks | None = None,
+    hooks: Hooks | None = None, full: bool = False,
 ) -> Verdict:
-    """The verdict for one dataset (nothing recorded: see ``record``)."""
+    """The verdict for one dataset (nothing recorded: see ``record``). ``full``: digest every row on
+    both sides (the cross-check) instead of comparing the maintained sums (parity/maintained.py)."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
     v = Verdict(ds_id, "", ERROR)
     try:
-        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks())
+        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks(), full)
     except (NotFound, BadInput):
         raise
     except Exception as exc:  # the check could not see the data: say so, never pass
         v.verdict = ERROR
         v.detail["reason"] = _one_line(exc)
         log.warning("canary ds=%s: error: %s", ds_id, v.detail["reason"])
+    _forget_stale(dsn, v)
     v.seconds = round(time.perf_counter() - started, 3)
     return v
+
+
+def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict) -> None:
+    """Before the Postgres pin (these write): fold many delta rows, register and fill the Postgres side
+    the first time, digest the snapshot's files that have none. A failure only means the full digest."""
+    t = time.perf_counter()
+    try:
+        with connect(dsn) as conn:
+            row = conn.execute("select kind, schema, rows_version from datasets where id = %s", (ds_id,)).fetchone()
+            if row is None or row[0] != "tabular":
+                return
+            if not pin.has_snapshot or pin.source_version is None or pin.source_version < row[2]:
+                return  # lagging (or no snapshot): nothing to compare, nothing worth filling
+            columns = parse_schema(row[1], f"dataset {ds_id}")
+            mt.compact_pg(conn, ds_id)
+            pg_outcome = mt.ensure_pg(conn, ds_id, columns)
+            files = 0 if pin.has_deletes else mt.fill_file_digests(conn, pin, columns)
+        v.detail["maintained_prepare"] = {"postgres": pg_outcome, "iceberg_files_digested": files,
+                                          "seconds": round(time.perf_counter() - t, 3)}
+    except Exception as exc:  # noqa: BLE001 - the full digest decides instead
+        v.detail["maintained_prepare"] = {"error": _one_line(exc)}
+
+
+def _forget_stale(dsn: str, v: Verdict) -> None:
+    """A full re-digest that found a maintained sum stale drops it: the next canary fills it again."""
+    stale = v.detail.get("maintained_stale")
+    if not isinstance(stale, list):
+        return
+    try:
+        with connect(dsn) as conn:
+            if "postgres" in stale:
+                mt.forget_pg(conn, v.dataset_id)
+            if "iceberg" in stale:
+                mt.forget_file_digests(conn, v.dataset_id)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("canary ds=%s: could not drop stale maintained digests: %s", v.dataset_id, _one_line(exc))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,12 +194,15 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks) -> None:
+def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks,
+              full: bool = False) -> None:
     pin = pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
     v.snapshot_id = pin.snapshot_id
     v.iceberg_version = pin.source_version
     if hooks.after_iceberg_pin:
         hooks.after_iceberg_pin()
+    if not full:
+        _prepare_maintained(dsn, pin, ds_id, v)
     with PinnedPostgres(dsn) as pg:
         state = pg.state(ds_id)
         if state is None:
@@ -192,10 +246,11 @@ def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, 
         v.detail["version_from"] = pin.version_from
         if pin.sync_id is None:
             v.detail["snapshot_not_from_a_sync"] = True
-        _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise)
+        _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full)
 
 
-def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise) -> None:
+def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise,
+             full: bool = False) -> None:
     problems = schema_problems(pin, state.columns)
     if problems:
         v.verdict = NATIVE if native else MISMATCH
@@ -204,75 +259,175 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
         return
     pg_side = PgSide(pg.conn, state.dataset_id, state.columns)
     pg_side.self_check()
-    with IcebergSide(pin, state.columns) as ice:
-        if "__row_index" not in ice.present and not ice.empty:
-            v.verdict = NATIVE if native else ERROR
-            v.detail["reason"] = "the Iceberg table has no __row_index column: rows cannot be matched"
-            return
-        missing = [c.name for c in state.columns if c.name not in ice.present]
-        if missing:
-            v.detail["columns_absent_in_iceberg"] = missing
-        pg_lo, pg_hi = pg_side.bounds()
-        ice_lo, ice_hi = ice.bounds()
-        los = [x for x in (pg_lo, ice_lo) if x is not None]
-        his = [x for x in (pg_hi, ice_hi) if x is not None]
-        lo, hi = (min(los), max(his) + 1) if los else (0, 1)
-        try:
-            pg_digest = plain_digest(pg_side)
-        except psycopg.DataError as exc:  # SQLSTATE class 22
-            # A value the mirror would have refused sits in a caught-up dataset: it was written behind
-            # the mirror's back. Postgres cannot type it, so Iceberg cannot hold the same value.
-            v.verdict = NATIVE if native else MISMATCH
-            v.detail["reason"] = f"Postgres holds a value that does not fit its declared type: {_one_line(exc)}"
-            return
-        ice_digest = plain_digest(ice)
-        v.pg_count, v.pg_digest = pg_digest.value
-        v.iceberg_count, v.iceberg_digest = ice_digest.value
-        v.detail["seconds"] = {"postgres_digest": round(pg_digest.seconds, 3), "iceberg_digest": round(ice_digest.seconds, 3)}
-        agree = pg_digest.value == ice_digest.value
+    with contextlib.ExitStack() as stack:
+        sides: dict = {}
+
+        def ice() -> IcebergSide:  # opened only when rows must be read (full digest, smoke, localisation)
+            if "ice" not in sides:
+                sides["ice"] = stack.enter_context(IcebergSide(pin, state.columns))
+            return sides["ice"]
+
+        plan = None if full else _maintained_plan(pg, pin, state, v, pg_side)
+        if plan is None:
+            plan = _full_plan(pg, pin, state, v, pg_side, ice(), native)
+            if plan is None:
+                return
+        v.pg_count, v.pg_digest = fold(plan.pg_segments)
+        v.iceberg_count, v.iceberg_digest = fold(plan.ice_segments)
+        agree = (v.pg_count, v.pg_digest) == (v.iceberg_count, v.iceberg_digest)
         if smoke:
             rows = max(v.pg_count, v.iceberg_count)
             if rows > smoke_max_rows:
                 v.smoke = "skipped"
                 v.detail["smoke"] = f"skipped: {rows} rows > {smoke_max_rows}"
             else:
-                result = sm.compare(pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice.present), state.columns)
+                result = sm.compare(pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice().present), state.columns)
                 v.smoke = result.outcome
                 v.detail["smoke"] = result.reason or result.outcome
                 if result.differing_row_indexes:
                     v.detail["smoke_differing_row_indexes"] = result.differing_row_indexes
-        if native:
-            v.verdict = NATIVE
-            v.detail["agrees_with_postgres"] = agree and v.smoke != "differs"
-            v.detail["reason"] = (
-                "written iceberg-native: Postgres is not authoritative for it; "
-                + ("it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres")
-            )
-            return
-        if agree and v.smoke != "differs":
-            v.verdict = OK
-            v.detail["reason"] = f"caught up at version {state.rows_version}; {v.pg_count} rows, digests match"
-            return
-        v.verdict = MISMATCH
-        if not agree:
-            v.detail["reason"] = (
-                f"caught up at version {state.rows_version} but Postgres has {v.pg_count} rows / digest {v.pg_digest}, "
-                f"Iceberg {v.iceberg_count} rows / digest {v.iceberg_digest}"
-            )
-            if v.smoke == "match":
-                v.detail["hint"] = ("the value-level check matches: the difference is in the text form "
-                                    "(e.g. a json column not in Postgres' jsonb text form)")
-        else:
-            v.detail["reason"] = "digests match but the value-level smoke check differs"
-        if localise and not agree:
-            found = loc.localise(pg_side, ice, lo, hi)
-            v.mismatched_row_indexes = found.row_indexes
-            v.detail["localisation"] = {
-                "row_indexes": len(found.row_indexes), "truncated": found.truncated,
-                "queries": found.queries, "seconds": round(found.seconds, 3),
-            }
-        elif v.smoke == "differs":
-            v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
+        found = None
+        if not agree and (localise or plan.maintained):
+            found = loc.localise(pg_side, ice(), plan.lo, plan.hi, SEG_WIDTH, plan.local(plan.pg_segments),
+                                 plan.local(plan.ice_segments))
+            if plan.maintained and not found.row_indexes:
+                # The maintained sums disagree but the rows of every differing segment match: a sum is
+                # stale (a write with triggers bypassed, a file changed in place). Never a verdict on that.
+                v.detail["maintained_stale"] = True
+                v.detail["maintained_fallback"] = "maintained sums disagree but the rows of the differing segments match"
+                for key in ("seconds",):
+                    v.detail.pop(key, None)
+                _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full=True)
+                return
+    if native:
+        v.verdict = NATIVE
+        v.detail["agrees_with_postgres"] = agree and v.smoke != "differs"
+        v.detail["reason"] = (
+            "written iceberg-native: Postgres is not authoritative for it; "
+            + ("it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres")
+        )
+        return
+    if agree and v.smoke != "differs":
+        v.verdict = OK
+        v.detail["reason"] = f"caught up at version {state.rows_version}; {v.pg_count} rows, digests match"
+        return
+    v.verdict = MISMATCH
+    if not agree:
+        v.detail["reason"] = (
+            f"caught up at version {state.rows_version} but Postgres has {v.pg_count} rows / digest {v.pg_digest}, "
+            f"Iceberg {v.iceberg_count} rows / digest {v.iceberg_digest}"
+        )
+        if v.smoke == "match":
+            v.detail["hint"] = ("the value-level check matches: the difference is in the text form "
+                                "(e.g. a json column not in Postgres' jsonb text form)")
+    else:
+        v.detail["reason"] = "digests match but the value-level smoke check differs"
+    if found is not None:
+        v.mismatched_row_indexes = found.row_indexes
+        v.detail["localisation"] = {
+            "row_indexes": len(found.row_indexes), "truncated": found.truncated,
+            "queries": found.queries, "seconds": round(found.seconds, 3),
+        }
+    elif v.smoke == "differs":
+        v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
+
+
+@dataclasses.dataclass
+class _Plan:
+    """Both sides' per-segment (count, sum) on the fixed grid (absolute segment = __row_index >> SEG_BITS)."""
+
+    maintained: bool
+    pg_segments: dict
+    ice_segments: dict
+    lo: int  # grid-aligned: every row of both sides lies in [lo, hi)
+    hi: int
+
+    def local(self, segments: dict) -> dict:
+        base = self.lo >> SEG_BITS
+        return {seg - base: value for seg, value in segments.items()}
+
+
+def _grid(los, his) -> tuple[int, int]:
+    los = [x for x in los if x is not None]
+    his = [x for x in his if x is not None]
+    lo, hi = (min(los), max(his) + 1) if los else (0, 1)
+    return (lo >> SEG_BITS) << SEG_BITS, hi
+
+
+def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide) -> "_Plan | None":
+    """The maintained sums of both sides at the pinned versions, or None (the reason in the detail)."""
+    t = time.perf_counter()
+    try:
+        if "__row_index" not in pin.fields:
+            raise mt.Unavailable("the Iceberg table has no __row_index column")
+        ice_segments, ice_lo, ice_hi = mt.iceberg_segments(pg.conn, pin, state.columns)
+        pg_segments = mt.pg_segments(pg.conn, state.dataset_id, state.columns)
+    except mt.Unavailable as exc:
+        v.detail["digest"] = "full"
+        v.detail["maintained_unavailable"] = str(exc)
+        return None
+    missing = [c.name for c in state.columns if c.name not in pin.fields]
+    if missing:
+        v.detail["columns_absent_in_iceberg"] = missing
+    pg_lo, pg_hi = (None, None)
+    if fold(pg_segments) != fold(ice_segments):
+        pg_lo, pg_hi = pg_side.bounds()
+    lo, hi = _grid((pg_lo, ice_lo), (pg_hi, ice_hi))
+    v.detail["digest"] = "maintained"
+    v.detail["seconds"] = {"maintained_digests": round(time.perf_counter() - t, 3)}
+    return _Plan(True, pg_segments, ice_segments, lo, hi)
+
+
+def _full_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide, ice: IcebergSide, native: bool) -> "_Plan | None":
+    """Both digests from every row (the cross-check), per segment of the grid; None when a verdict is
+    already decided (no __row_index, an untyped Postgres value)."""
+    v.detail["digest"] = "full"
+    if "__row_index" not in ice.present and not ice.empty:
+        v.verdict = NATIVE if native else ERROR
+        v.detail["reason"] = "the Iceberg table has no __row_index column: rows cannot be matched"
+        return None
+    missing = [c.name for c in state.columns if c.name not in ice.present]
+    if missing:
+        v.detail["columns_absent_in_iceberg"] = missing
+    pg_lo, pg_hi = pg_side.bounds()
+    ice_lo, ice_hi = ice.bounds()
+    lo, hi = _grid((pg_lo, ice_lo), (pg_hi, ice_hi))
+    try:
+        pg_digest = full_digest(pg_side, lo, hi, everything=True, width=SEG_WIDTH)
+    except psycopg.DataError as exc:  # SQLSTATE class 22
+        # A value the mirror would have refused sits in a caught-up dataset: it was written behind
+        # the mirror's back. Postgres cannot type it, so Iceberg cannot hold the same value.
+        v.verdict = NATIVE if native else MISMATCH
+        v.detail["reason"] = f"Postgres holds a value that does not fit its declared type: {_one_line(exc)}"
+        return None
+    ice_digest = full_digest(ice, lo, hi, everything=True, width=SEG_WIDTH)
+    v.detail["seconds"] = {"postgres_digest": round(pg_digest.seconds, 3), "iceberg_digest": round(ice_digest.seconds, 3)}
+    plan = _Plan(False, {}, {}, lo, hi)
+    base = lo >> SEG_BITS
+    plan.pg_segments = mt.nonzero({seg + base: x for seg, x in pg_digest.segments.items()})
+    plan.ice_segments = mt.nonzero({seg + base: x for seg, x in ice_digest.segments.items()})
+    _cross_check(pg, pin, state, v, plan)
+    return plan
+
+
+def _cross_check(pg: PinnedPostgres, pin, state, v: Verdict, plan: _Plan) -> None:
+    """Compare the full digests with the maintained sums of the same pins: a maintained sum that
+    disagrees with its own side's rows is stale (``evaluate`` drops it, so it is filled again)."""
+    stale = []
+    try:
+        if mt.pg_segments(pg.conn, state.dataset_id, state.columns) != plan.pg_segments:
+            stale.append("postgres")
+    except mt.Unavailable:
+        pass
+    try:
+        if mt.iceberg_segments(pg.conn, pin, state.columns)[0] != plan.ice_segments:
+            stale.append("iceberg")
+    except mt.Unavailable:
+        pass
+    if stale:
+        v.detail["maintained_stale"] = stale
+    else:
+        v.detail.setdefault("maintained_agrees", True)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -318,6 +473,17 @@ def latest_verdicts(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] |
     keys = ("dataset_id", "verdict", "checked_at", "source", "snapshot_id", "pg_version", "iceberg_version",
             "mismatched_row_indexes", "detail")
     return {r[0]: dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()}
+
+
+def full_due(conn: psycopg.Connection, dataset_id: uuid.UUID, every: int = FULL_EVERY) -> bool:
+    """The scheduled canary's cross-check: True when none of the dataset's last ``every - 1`` scheduled
+    verdicts digested every row (so every ``every``-th scheduled run does)."""
+    rows = conn.execute(
+        "select detail->>'digest' from lakehouse_read_parity where dataset_id = %s and source = 'schedule'"
+        " order by checked_at desc, id desc limit %s",
+        (dataset_id, every - 1),
+    ).fetchall()
+    return len(rows) >= every - 1 and all(r[0] != "full" for r in rows)
 
 
 def wedged_syncs(conn: psycopg.Connection, after_seconds: int) -> list[dict]:
@@ -395,7 +561,7 @@ def run_canary(
     conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, *,
     dataset_ids: Sequence[str] | None = None, limit: int = DEFAULT_LIMIT, smoke: bool = False,
     smoke_max_rows: int = sm.SMOKE_MAX_ROWS, source: str = "canary", run_id: str | None = None,
-    on_result: Callable[[Verdict], None] | None = None,
+    on_result: Callable[[Verdict], None] | None = None, full: bool = False,
 ) -> CanaryReport:
     """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit)."""
     ids = select_datasets(conn, dataset_ids, limit)
@@ -403,7 +569,7 @@ def run_canary(
     wedged_ids = {w["dataset_id"] for w in wedged}
     results = []
     for ds_id in ids:
-        v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows)
+        v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows, full=full)
         v.wedged = ds_id in wedged_ids
         record(conn, v, source=source, run_id=run_id, settings=settings)
         log.info("canary ds=%s verdict=%s %s", ds_id, v.verdict, v.detail.get("reason", ""))

@@ -224,6 +224,7 @@ class IcebergPin:
     total_records: int | None = None
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # name → Iceberg type
     files: list[str] = dataclasses.field(default_factory=list)
+    sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # path → bytes, as the manifests say
     local: bool = True
     has_deletes: bool = False
 
@@ -284,6 +285,7 @@ def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> 
     pin.fields = {f.name: f.field_type for f in schema.fields}
     for task in table.scan(snapshot_id=snap.snapshot_id).plan_files():
         pin.files.append(task.file.file_path)
+        pin.sizes[task.file.file_path] = task.file.file_size_in_bytes
         if task.delete_files:
             pin.has_deletes = True
     pin.local = all(local_path(p) is not None for p in pin.files)
@@ -421,11 +423,12 @@ def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
     return problems
 
 
-def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False) -> Digest:
+def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False, width: int | None = None) -> Digest:
     """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once.
-    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds)."""
+    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds); ``width``:
+    fixed segments (the maintained digests' grid) instead of ``factor`` equal ones."""
     t = time.perf_counter()
-    width = segment_plan(lo, hi, factor)
+    width = width or segment_plan(lo, hi, factor)
     segments = side.segment_digests(lo, hi, width, everything=everything)
     count, total = fold(segments)
     return Digest(count, total, time.perf_counter() - t, segments, lo, width)

@@ -338,6 +338,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("010_sources", _module_sql("sources")),
     ("011_rollback", _module_sql("rollback")),
     ("012_widen_rules", _module_sql("flags", "WIDEN_RULES")),
+    ("015_parity_digests", _module_sql("parity", "DIGESTS")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 

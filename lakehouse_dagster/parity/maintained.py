@@ -1,0 +1,351 @@
+"""Maintained digests: parity that costs what changed (migration "015_parity_digests").
+
+The digest is a sum of row hashes (canonical.py), so both sides can keep it up to date instead of
+re-reading every row on every canary:
+
+* Iceberg, per data file. Files are immutable, so a file's (count, sum, per-segment sums) is computed
+  once — by the writer while the rows are in hand (``FileDigester.add``), or the first time a canary
+  meets a file without one (``FileDigester.add_file``) — and stored in ``lakehouse_file_digests`` under
+  the contract version and the dataset schema hash it was computed under. A snapshot's digest is the
+  sum over its live data files; a snapshot with delete files has no maintained digest (full digest).
+* Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
+  inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
+  transaction (parity/migration.py). A dataset is maintained once registered and filled (``ensure_pg``).
+
+Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment
+sums and reads rows only in the segments that differ.
+
+What the triggers see and what they cannot: the digest triggers are ENABLE ALWAYS, so a write under
+``session_replication_role = replica`` (which silences change tracking: rows_version does not move)
+still updates the maintained sum, and the canary reports it as a MISMATCH. A write with the triggers
+disabled by DDL (``ALTER TABLE dataset_rows DISABLE TRIGGER``) leaves the maintained sum stale and the
+maintained comparison cannot see it: the full re-digest (``canary --full``, and every ``FULL_EVERY``-th
+scheduled canary) does, and drops the stale sums so they are filled again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import uuid
+from typing import Iterable, Sequence
+
+import psycopg
+import pyarrow as pa
+from psycopg.types.json import Jsonb
+
+from ..store.datasets import Column
+from . import canonical as cn
+from . import lookup3
+
+SEG_BITS = 16
+SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
+COMPACT_AFTER = 64  # delta rows per dataset beyond its segments before a canary folds them
+_FILL_LOCK = 0x1A4E_0015  # advisory lock class: one fill / compaction of a dataset at a time
+
+Segments = dict[int, tuple[int, int]]
+
+
+class Unavailable(Exception):
+    """No maintained digest for this side right now (the message says why): use the full digest."""
+
+
+def schema_hash(columns: Sequence[Column]) -> str:
+    """The dataset columns the canonical text depends on (names, types, order)."""
+    text = json.dumps([[c.name, c.type] for c in columns], separators=(",", ":"))
+    return hashlib.md5(text.encode("utf-8")).hexdigest()
+
+
+def add_segments(into: Segments, more: Segments, sign: int = 1) -> Segments:
+    for seg, (n, s) in more.items():
+        n0, s0 = into.get(seg, (0, 0))
+        into[seg] = (n0 + sign * n, s0 + sign * s)
+    return into
+
+
+def nonzero(segments: Segments) -> Segments:
+    return {k: v for k, v in segments.items() if v != (0, 0)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Iceberg: per data file
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class FileDigest:
+    count: int = 0
+    sum: int = 0
+    min_row_index: int | None = None
+    max_row_index: int | None = None
+    segments: Segments = dataclasses.field(default_factory=dict)
+
+
+class FileDigester:
+    """The canonical row hash of a file's rows (the same DuckDB expression as the Iceberg side of the
+    full digest), folded per segment. One per writer or canary; ``close`` when done."""
+
+    def __init__(self, columns: Sequence[Column], table_fields: Iterable[str] | None = None):
+        import duckdb
+
+        self.columns = tuple(columns)
+        self.table_fields = None if table_fields is None else set(table_fields)
+        self.con = duckdb.connect(config={"threads": 1})
+        lookup3.register(self.con)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def _present(self, names: Iterable[str]) -> set[str]:
+        wanted = {"__row_index", "__row_id", "__created_at"} | {c.name for c in self.columns}
+        present = wanted & set(names)
+        return present if self.table_fields is None else present & self.table_fields
+
+    def _fold(self, into: FileDigest, source: str, present: set[str], params: dict) -> FileDigest:
+        h = cn.duck_row_hash(self.columns, present)
+        rows = self.con.execute(
+            f"select __row_index >> {SEG_BITS} as seg, count(*), coalesce(sum(h::HUGEINT), 0), min(__row_index),"
+            f" max(__row_index) from (select __row_index, {h} as h from {source}) group by seg", params,
+        ).fetchall()
+        for seg, n, s, lo, hi in rows:
+            add_segments(into.segments, {int(seg): (int(n), int(s))})
+            into.count += int(n)
+            into.sum += int(s)
+            into.min_row_index = int(lo) if into.min_row_index is None else min(into.min_row_index, int(lo))
+            into.max_row_index = int(hi) if into.max_row_index is None else max(into.max_row_index, int(hi))
+        return into
+
+    def add(self, into: FileDigest, batch: pa.RecordBatch) -> FileDigest:
+        """Fold the rows of one Arrow batch (as written into the file) into ``into``."""
+        if batch.num_rows == 0:
+            return into
+        self.con.register("lakehouse_batch", pa.Table.from_batches([batch]))
+        try:
+            return self._fold(into, "lakehouse_batch", self._present(batch.schema.names), {})
+        finally:
+            self.con.unregister("lakehouse_batch")
+
+    def add_file(self, path: str) -> FileDigest:
+        """The digest of a local Parquet file (a file the writer did not digest)."""
+        names = [r[0] for r in self.con.execute("select name from parquet_schema($p)", {"p": path}).fetchall()]
+        return self._fold(FileDigest(), "read_parquet($p)", self._present(names), {"p": path})
+
+    def add_remote(self, io, path: str) -> FileDigest:
+        """The digest of a file on object storage, streamed batch by batch through the table's FileIO."""
+        import pyarrow.parquet as pq
+
+        out = FileDigest()
+        with io.new_input(path).open() as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=65536):
+                self.add(out, batch)
+        return out
+
+
+def store_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column],
+                       digests: dict[str, FileDigest], computed_by: str) -> None:
+    sh = schema_hash(columns)
+    with conn.cursor() as cur:
+        cur.executemany(
+            """insert into lakehouse_file_digests (dataset_id, file_path, contract_version, schema_hash, row_count,
+                 digest, min_row_index, max_row_index, segments, computed_by)
+               values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+               on conflict (dataset_id, file_path, contract_version, schema_hash) do nothing""",
+            [(dataset_id, path, cn.CONTRACT_VERSION, sh, d.count, d.sum, d.min_row_index, d.max_row_index,
+              Jsonb({str(k): [n, str(s)] for k, (n, s) in d.segments.items()}), computed_by)
+             for path, d in digests.items()],
+        )
+
+
+def load_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column],
+                      paths: Sequence[str]) -> dict[str, FileDigest]:
+    rows = conn.execute(
+        """select file_path, row_count, digest, min_row_index, max_row_index, segments from lakehouse_file_digests
+            where dataset_id = %s and contract_version = %s and schema_hash = %s and file_path = any(%s)""",
+        (dataset_id, cn.CONTRACT_VERSION, schema_hash(columns), list(paths)),
+    ).fetchall()
+    return {
+        r[0]: FileDigest(int(r[1]), int(r[2]), r[3], r[4], {int(k): (int(v[0]), int(v[1])) for k, v in r[5].items()})
+        for r in rows
+    }
+
+
+def fill_file_digests(conn: psycopg.Connection, pin, columns: Sequence[Column]) -> int:
+    """Compute and store the digest of every live file of the pinned snapshot that has none under
+    the current schema (lazily: once per file). Returns how many were computed."""
+    from .digest import local_path
+
+    missing = [p for p in pin.files if p not in load_file_digests(conn, pin_dataset(pin), columns, pin.files)]
+    if not missing:
+        return 0
+    digester = FileDigester(columns, pin.fields)
+    try:
+        out = {}
+        for path in missing:
+            local = local_path(path)
+            out[path] = digester.add_file(local) if local is not None else digester.add_remote(pin.table.io, path)
+    finally:
+        digester.close()
+    store_file_digests(conn, pin_dataset(pin), columns, out, "lazy")
+    return len(out)
+
+
+def pin_dataset(pin) -> uuid.UUID:
+    return uuid.UUID(pin.identifier[1].removeprefix("ds_"))
+
+
+def iceberg_segments(conn: psycopg.Connection, pin, columns: Sequence[Column]) -> tuple[Segments, int | None, int | None]:
+    """The pinned snapshot's per-segment (count, sum): the sum over its live files' stored digests,
+    with the snapshot's (min, max) __row_index. ``Unavailable`` when a file has none or deletes exist."""
+    if pin.has_deletes:
+        raise Unavailable("the snapshot has delete files")
+    _files_in_place(pin)
+    stored = load_file_digests(conn, pin_dataset(pin), columns, pin.files)
+    missing = [p for p in pin.files if p not in stored]
+    if missing:
+        raise Unavailable(f"{len(missing)} of {len(pin.files)} data file(s) have no digest")
+    segments: Segments = {}
+    lo = hi = None
+    for d in stored.values():
+        add_segments(segments, d.segments)
+        if d.min_row_index is not None:
+            lo = d.min_row_index if lo is None else min(lo, d.min_row_index)
+            hi = d.max_row_index if hi is None else max(hi, d.max_row_index)
+    count = sum(d.count for d in stored.values())
+    if pin.total_records is not None and count != pin.total_records:
+        raise Unavailable(f"the file digests count {count} rows, the snapshot says {pin.total_records}")
+    return nonzero(segments), lo, hi
+
+
+def _files_in_place(pin) -> None:
+    """Stored digests vouch for files as written: a local file that is gone or not the size its manifest
+    says gets the full digest (which reads it, and fails loudly if it cannot). Remote files are trusted
+    (one request per file would cost more than the manifests)."""
+    import os
+
+    from .digest import local_path
+
+    for path in pin.files:
+        local = local_path(path)
+        if local is None:
+            continue
+        try:
+            size = os.stat(local).st_size
+        except OSError:
+            raise Unavailable(f"data file {path} is missing") from None
+        if pin.sizes.get(path) not in (None, size):
+            raise Unavailable(f"data file {path} is {size} bytes, its manifest says {pin.sizes[path]}")
+
+
+def forget_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
+    conn.execute("delete from lakehouse_file_digests where dataset_id = %s", (dataset_id,))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Postgres: maintained by the triggers
+# ---------------------------------------------------------------------------------------------------
+
+
+def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *,
+              lock_timeout_ms: int = 5000) -> str:
+    """Register the dataset for maintained digests and fill its sums, unless that is done already.
+    Returns "ready", "registered+filled" or "filled". ``conn`` is autocommit.
+
+    Registration takes the datasets row lock (as every write's change-tracking trigger does), so each
+    write either committed before it — and is in the fill — or runs its digest trigger after it and
+    writes deltas. The fill is one REPEATABLE READ transaction: it sums the rows of its snapshot and
+    deletes the deltas that snapshot sees (already counted in the rows); deltas of writes that commit
+    after its snapshot stay, so no write is counted twice or lost, and no app write waits for the fill."""
+    sh = schema_hash(columns)
+    row = conn.execute("select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
+                       (dataset_id,)).fetchone()
+    outcome = "filled"
+    if row is not None and row[0] == sh and row[1] == cn.CONTRACT_VERSION and row[2]:
+        return "ready"
+    if row is None or row[0] != sh or row[1] != cn.CONTRACT_VERSION:
+        hash_sql = cn.pg_row_hash(columns).as_string(conn)
+        with conn.transaction():
+            conn.execute(f"set local lock_timeout = {int(lock_timeout_ms)}")
+            cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
+            if cur is None:
+                raise Unavailable(f"dataset {dataset_id} does not exist")
+            from ..store.datasets import parse_schema
+
+            if schema_hash(parse_schema(cur[0])) != sh:
+                raise Unavailable("the dataset's schema changed meanwhile")
+            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
+            conn.execute(
+                """insert into lakehouse_pg_digest_state (dataset_id, contract_version, schema_hash, hash_sql)
+                   values (%s, %s, %s, %s)
+                   on conflict (dataset_id) do update set contract_version = excluded.contract_version,
+                     schema_hash = excluded.schema_hash, hash_sql = excluded.hash_sql, filled = false,
+                     registered_at = now(), filled_at = null""",
+                (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql),
+            )
+        outcome = "registered+filled"
+    conn.execute("begin isolation level repeatable read")
+    try:
+        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
+        state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
+                             (dataset_id,)).fetchone()
+        if state is None or state[0] != sh:
+            raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
+        if not state[1]:
+            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
+            conn.execute(
+                f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+                f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
+                f" where dataset_id = %s group by 2",
+                (dataset_id, dataset_id),
+            )
+            conn.execute("update lakehouse_pg_digest_state set filled = true, filled_at = now() where dataset_id = %s",
+                         (dataset_id,))
+        conn.execute("commit")
+    except BaseException:
+        conn.execute("rollback")
+        raise
+    return outcome
+
+
+def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = COMPACT_AFTER) -> int:
+    """Fold the dataset's delta rows into one per segment when there are many; returns rows removed.
+    Exact under concurrent writes: it deletes and re-adds exactly the rows its DELETE saw."""
+    n = conn.execute(
+        "select count(*) - count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,)
+    ).fetchone()[0]
+    if n < after:
+        return 0
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
+        before = conn.execute(
+            """with gone as (delete from lakehouse_pg_digest_deltas where dataset_id = %(ds)s returning seg, n, s),
+                    kept as (insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)
+                             select %(ds)s, seg, sum(n), sum(s) from gone group by seg
+                             having sum(n) <> 0 or sum(s) <> 0 returning 1)
+               select (select count(*) from gone) - (select count(*) from kept)""",
+            {"ds": dataset_id},
+        ).fetchone()[0]
+    return int(before)
+
+
+def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]) -> Segments:
+    """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
+    state = conn.execute("select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
+                         (dataset_id,)).fetchone()
+    if state is None:
+        raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
+    if state[0] != schema_hash(columns) or state[1] != cn.CONTRACT_VERSION:
+        raise Unavailable("the maintained Postgres digest is for another schema or contract")
+    if not state[2]:
+        raise Unavailable("the maintained Postgres digest is not filled yet")
+    rows = conn.execute(
+        "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg", (dataset_id,)
+    ).fetchall()
+    return nonzero({int(r[0]): (int(r[1]), int(r[2])) for r in rows})
+
+
+def forget_pg(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
+    """Drop a registration found stale (by a full re-digest): the next canary fills it again."""
+    with conn.transaction():
+        conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (dataset_id,))
+        conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
