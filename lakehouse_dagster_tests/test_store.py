@@ -110,3 +110,41 @@ def test_concurrent_writers_never_move_a_version_backwards(conn, dsn):
     assert _version(conn, d)[0] > holder_version
     holder.close()
     waiter.close()
+
+
+def test_two_app_inserts_into_one_dataset_never_deadlock(conn, dsn):
+    """An app statement holds KEY SHARE on the datasets row (its foreign-key check) before the change-tracking
+    trigger locks it; a second writer in the same state must wait, not deadlock (it did with FOR UPDATE)."""
+    import threading
+
+    from lakehouse_dagster.store.db import connect
+
+    ws = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws, "d", SCHEMA)
+    first = connect(dsn, autocommit=False)
+    second = connect(dsn, autocommit=False)
+    # The first writer's FK check has run (KEY SHARE held), its trigger has not yet.
+    first.execute("select 1 from datasets where id = %s for key share", (d,))
+    errors: list[BaseException] = []
+
+    def write():
+        try:
+            second.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 1, '{}')", (d,))
+            second.commit()
+        except BaseException as exc:  # a deadlock is reported to one of the two
+            errors.append(exc)
+            second.rollback()
+
+    t = threading.Thread(target=write)
+    t.start()
+    t.join(2.0)  # past deadlock_timeout (1 s): a deadlock would have been detected by now
+    try:
+        first.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (d,))
+        first.commit()
+    except BaseException as exc:
+        errors.append(exc)
+        first.rollback()
+    t.join(30)
+    assert not errors, errors
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 2
+    assert _version(conn, d)[0] is not None

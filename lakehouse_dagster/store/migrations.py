@@ -241,6 +241,14 @@ begin
 end $$;
 """
 
+# Two app statements inserting into one dataset at once deadlocked: each statement's foreign-key check
+# takes KEY SHARE on the datasets row, then the change-tracking trigger asked FOR UPDATE, which conflicts
+# with the other's KEY SHARE. FOR NO KEY UPDATE (what the trigger's own UPDATE takes anyway) does not
+# conflict with KEY SHARE and still serialises the writers of one dataset (a version never moves back).
+NO_KEY_ROW_LOCKS = ADOPT_APP_TABLES[ADOPT_APP_TABLES.index("create or replace function lakehouse_rows_inserted"):] \
+    .replace("for update;", "for no key update;")
+
+
 # One batch of the fill (its own transaction) over every dataset once: datasets no trigger ever stamped
 # get a version, the writing transaction and their true max row_index, and a max the pre-007 trigger
 # set too low (it started from -1 for a dataset that already had rows) is raised. ``greatest`` and the
@@ -339,6 +347,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("011_rollback", _module_sql("rollback")),
     ("012_widen_rules", _module_sql("flags", "WIDEN_RULES")),
     ("015_parity_digests", _module_sql("parity", "DIGESTS")),
+    # Concurrent app inserts into one dataset must not deadlock on the datasets row (FK KEY SHARE vs FOR UPDATE).
+    ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
