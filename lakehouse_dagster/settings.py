@@ -67,6 +67,10 @@ class Settings:
     retry_failed_max: int = 5
     # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
     s3_endpoint: str | None = None
+    # Datasets per mirror run (mirror_batch_job, one process); 0: one mirror_job run per dataset (the old path).
+    mirror_batch_size: int = 25
+    # Flag changes reach every process through Postgres NOTIFY (the TTL stays the fallback); false: TTL only.
+    flag_listen: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -91,10 +95,12 @@ class Settings:
             actor=actor,
             enable_iceberg_sync=_bool("ENABLE_ICEBERG_SYNC", True),
             wedged_after_seconds=_int("LAKEHOUSE_WEDGED_AFTER_SECONDS", 3600, minimum=1),
-            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
+            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 200, minimum=1),
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
+            flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
         )
 
     def replace(self, **changes) -> "Settings":

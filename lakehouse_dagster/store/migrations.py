@@ -337,6 +337,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("008_latest_sync_and_sweep", _store_sql("MIGRATION_LATEST") + _store_sql("MIGRATION_MIRRORED")),
     ("010_sources", _module_sql("sources")),
     ("011_rollback", _module_sql("rollback")),
+    # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
+    ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
