@@ -1,12 +1,11 @@
 """The dataset's Postgres rows and its Iceberg table, one partition per dataset, with lineage."""
 
 
-import uuid
-
 import dagster as dg
 
 from ..errors import Backpressure, LakehouseError, is_transient
-from ..ingest.sync import peak_rss_mb, sync_dataset
+from ..ingest.batch import run_sync_id
+from ..ingest.sync import SyncResult, peak_rss_mb, sync_dataset
 from ..store.datasets import get_dataset
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
@@ -31,16 +30,36 @@ class MirrorConfig(dg.Config):
 def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     with lakehouse.connect() as conn:
         ds = get_dataset(conn, context.partition_key)
-    return dg.MaterializeResult(
-        metadata={
-            "dataset": ds.name,
-            "kind": ds.kind,
-            "rows_version": ds.rows_version,
-            "max_row_index": ds.max_row_index if ds.max_row_index is not None else -1,
-            "columns": len(ds.columns),
-        },
-        data_version=dg.DataVersion(str(ds.rows_version)),
-    )
+    return dg.MaterializeResult(metadata=pg_rows_metadata(ds), data_version=dg.DataVersion(str(ds.rows_version)))
+
+
+def pg_rows_metadata(ds) -> dict:
+    """What a materialization of postgres/dataset_rows records (the asset and the batch job)."""
+    return {
+        "dataset": ds.name,
+        "kind": ds.kind,
+        "rows_version": ds.rows_version,
+        "max_row_index": ds.max_row_index if ds.max_row_index is not None else -1,
+        "columns": len(ds.columns),
+    }
+
+
+def iceberg_metadata(r: SyncResult) -> dict:
+    """What a materialization of iceberg/dataset_table records (the asset and the batch job)."""
+    return {
+        "path": r.path,
+        "mode": r.mode,
+        "reason": r.reason,
+        "rows": dg.MetadataValue.int(r.rows),
+        "total_rows": dg.MetadataValue.int(r.total_rows),
+        "snapshot_id": str(r.snapshot_id),
+        "source_version": r.source_version,
+        "bytes_written": dg.MetadataValue.int(r.bytes),
+        "files": r.files,
+        "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
+        "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
+        "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
+    }
 
 
 @dg.asset(
@@ -60,7 +79,7 @@ def iceberg_dataset_table(
 ) -> dg.MaterializeResult:
     settings = lakehouse.settings()
     # One sync id per run and partition: a retried step finds its own snapshot instead of appending twice.
-    sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{context.run_id}:{context.partition_key}")
+    sync_id = run_sync_id(context.run_id, context.partition_key)
     try:
         r = sync_dataset(
             lakehouse.pg_dsn, lakehouse.catalog(), settings, context.partition_key,
@@ -74,28 +93,15 @@ def iceberg_dataset_table(
         # at once. The retry reuses the sync id, so a commit that landed is found, not repeated.
         raise dg.Failure(description=str(exc), allow_retries=is_transient(exc)) from exc
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
-    return dg.MaterializeResult(
-        metadata={
-            "path": r.path,
-            "mode": r.mode,
-            "reason": r.reason,
-            "rows": dg.MetadataValue.int(r.rows),
-            "total_rows": dg.MetadataValue.int(r.total_rows),
-            "snapshot_id": str(r.snapshot_id),
-            "source_version": r.source_version,
-            "bytes_written": dg.MetadataValue.int(r.bytes),
-            "files": r.files,
-            "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
-            "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
-            "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
-        },
-        data_version=dg.DataVersion(str(r.source_version)),
-    )
+    return dg.MaterializeResult(metadata=iceberg_metadata(r), data_version=dg.DataVersion(str(r.source_version)))
 
 
 mirror_job = dg.define_asset_job(
     "mirror_job",
     selection=dg.AssetSelection.assets(PG_ROWS, ICEBERG_TABLE),
     partitions_def=datasets_partitions,
-    description="Mirror one dataset partition from Postgres to Iceberg (what the mirror poller launches).",
+    # The steps of a run in one process: a step process would import the code location a second time.
+    executor_def=dg.in_process_executor,
+    description="Mirror one dataset partition from Postgres to Iceberg (by hand from the UI; the mirror poller "
+    "launches mirror_batch_job, or this job per dataset with LAKEHOUSE_MIRROR_BATCH_SIZE=0).",
 )

@@ -54,14 +54,20 @@ def _meta(v: cy.Verdict) -> dict:
     "WARN when lagging. Recorded in lakehouse_read_parity.",
 )
 def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-    dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
-    v = cy.evaluate(dsn, lakehouse.catalog(), settings, context.partition_key)
     source = "schedule" if context.run.tags.get(CANARY_TAG) == "schedule" else "check"
+    return parity_result(lakehouse, context.partition_key, run_id=context.run.run_id, source=source, log=context.log)
+
+
+def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: str, source: str,
+                  log) -> dg.AssetCheckResult:
+    """The parity check of one dataset, recorded in lakehouse_read_parity (the check and the batch job)."""
+    dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
+    v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key)
     with lakehouse.connect() as conn:
         wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
-        cy.record(conn, v, source=source, run_id=context.run.run_id)
-    context.log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
+        cy.record(conn, v, source=source, run_id=run_id)
+    log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
     return dg.AssetCheckResult(
         passed=v.verdict in (cy.OK, cy.NATIVE),
         severity=_SEVERITY[v.verdict],
@@ -86,9 +92,13 @@ class FreshnessConfig(dg.Config):
 def snapshot_freshness(
     context: dg.AssetCheckExecutionContext, config: FreshnessConfig, lakehouse: LakehouseResource
 ) -> dg.AssetCheckResult:
+    return freshness_result(lakehouse, context.partition_key, config.max_lag_seconds)
+
+
+def freshness_result(lakehouse: LakehouseResource, partition_key: str,
+                     max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS) -> dg.AssetCheckResult:
     with lakehouse.connect() as conn:
-        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key),
-                                config.max_lag_seconds)
+        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds)
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.WARN, description=h.description,
                                metadata=h.metadata)
 
@@ -102,7 +112,11 @@ def snapshot_freshness(
     "every row, __row_index unique (runbook: icebergIdentityReady). ERROR.",
 )
 def identity_ready(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-    h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key))
+    return identity_result(lakehouse, context.partition_key)
+
+
+def identity_result(lakehouse: LakehouseResource, partition_key: str) -> dg.AssetCheckResult:
+    h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key))
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.ERROR, description=h.description,
                                metadata=h.metadata)
 
@@ -114,3 +128,21 @@ def _uuid(key: str):
 
 
 PARITY_CHECKS = [parity, snapshot_freshness, identity_ready]
+
+
+def check_evaluations(lakehouse: LakehouseResource, partition_key: str, *, run_id: str,
+                      log) -> list[dg.AssetCheckEvaluation]:
+    """The three checks of one dataset as events an op logs (mirror_batch_job): the same logic and records as
+    the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual."""
+    results = [
+        ("parity", True, parity_result(lakehouse, partition_key, run_id=run_id, source="check", log=log)),
+        ("snapshot_freshness", False, freshness_result(lakehouse, partition_key)),
+        ("identity_ready", True, identity_result(lakehouse, partition_key)),
+    ]
+    return [
+        dg.AssetCheckEvaluation(
+            asset_key=ICEBERG_TABLE, check_name=name, passed=r.passed, metadata=r.metadata, severity=r.severity,
+            description=r.description, blocking=blocking, partition=partition_key,
+        )
+        for name, blocking, r in results
+    ]
