@@ -95,7 +95,7 @@ class Settings:
             actor=actor,
             enable_iceberg_sync=_bool("ENABLE_ICEBERG_SYNC", True),
             wedged_after_seconds=_int("LAKEHOUSE_WEDGED_AFTER_SECONDS", 3600, minimum=1),
-            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 200, minimum=1),
+            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,

@@ -136,6 +136,7 @@ def test_poller_sees_a_transaction_that_commits_after_a_later_one(conn, dsn, set
 
 def test_poller_caps_requests_per_tick_and_pages_forward(conn, dsn, settings, instance, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_SENSOR_MAX_REQUESTS", "2")
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_BATCH_SIZE", "1")  # runs of one dataset: 2 datasets per tick
     _, ids = _datasets(conn, 5, rows=1)
     seen, cursor = [], None
     for _ in range(5):

@@ -72,6 +72,11 @@ def split_batches(items: list, size: int) -> list[list]:
     return out
 
 
+def datasets_per_tick(settings) -> int:
+    """At most LAKEHOUSE_SENSOR_MAX_REQUESTS runs per tick, each of at most LAKEHOUSE_MIRROR_BATCH_SIZE datasets."""
+    return settings.sensor_max_requests * max(1, settings.mirror_batch_size)
+
+
 def requested_datasets(run_requests: list[dg.RunRequest]) -> list[str]:
     """The dataset ids a tick's run requests mirror (batch runs' config, or mirror_job partitions)."""
     out: list[str] = []
@@ -107,7 +112,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
     with lakehouse.connect() as conn:
         tick = plan_tick(
-            conn, Cursor.loads(context.cursor), limit=settings.sensor_max_requests,
+            conn, Cursor.loads(context.cursor), limit=datasets_per_tick(settings),
             retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
         )
