@@ -78,6 +78,10 @@ class Settings:
     # 1.48x the mirror's time (bench_mirror.py --digest-ab); the first canary or parity check that meets a
     # file digests it instead (once per file, only the new files after an append).
     digest_on_write: bool = False
+    # Datasets per mirror run (mirror_batch_job, one process); 0: one mirror_job run per dataset (the old path).
+    mirror_batch_size: int = 25
+    # Flag changes reach every process through Postgres NOTIFY (the TTL stays the fallback); false: TTL only.
+    flag_listen: bool = True
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -109,6 +113,8 @@ class Settings:
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
             soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
             digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", False),
+            mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
+            flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
         )
 
     def replace(self, **changes) -> "Settings":

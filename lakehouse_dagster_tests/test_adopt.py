@@ -89,7 +89,7 @@ def test_adopt_live_tables_then_app_writes_sync_and_poller(adopted, how):
     with dg.DagsterInstance.ephemeral() as instance:
         ctx = dg.build_sensor_context(instance=instance, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
         tick = mirror_poller(ctx)
-    asked = sorted(r.partition_key for r in tick.run_requests)
+    asked = sorted(d for r in tick.run_requests for d in r.run_config["ops"]["mirror_datasets"]["config"]["datasets"])
     assert asked == sorted(str(ids[k]) for k in ("full", "sparse", "empty"))
 
     # the fill ran after the DDL (and said so), stamping every dataset with its true max (-1: known empty)

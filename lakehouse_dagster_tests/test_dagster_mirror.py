@@ -30,6 +30,19 @@ def _tick(instance, dsn, cursor=None):
     return mirror_poller(ctx)
 
 
+class _Res:
+    def __init__(self, run_requests):
+        self.run_requests = run_requests
+
+
+def _asked(res) -> list[str]:
+    """The datasets a tick asked to mirror: those of its mirror_batch_job runs (or mirror_job partitions)."""
+    out = []
+    for r in res.run_requests:
+        out += [r.partition_key] if r.partition_key else r.run_config["ops"]["mirror_datasets"]["config"]["datasets"]
+    return out
+
+
 def _datasets(conn, n, rows=3):
     ws = ds.create_workspace(conn, "w")
     ids = []
@@ -83,8 +96,8 @@ def test_poller_requests_exactly_the_changed_datasets_and_advances(conn, dsn, se
     manifest = ds.create_dataset(conn, ws, "m", [], kind="manifest")
     conn.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (manifest,))
     first = _tick(instance, dsn)
-    assert sorted(r.partition_key for r in first.run_requests) == sorted(str(i) for i in ids)
-    assert all(r.run_key.startswith(f"mirror:{r.partition_key}:") for r in first.run_requests)
+    assert sorted(_asked(first)) == sorted(str(i) for i in ids)
+    assert [r.job_name for r in first.run_requests] == ["mirror_batch_job"]  # one run for the three
     added = first.dynamic_partitions_requests[0].partition_keys
     assert sorted(added) == sorted(str(i) for i in ids)  # manifest datasets get no partition
     instance.add_dynamic_partitions(datasets_partitions.name, list(added))
@@ -99,7 +112,9 @@ def test_poller_requests_exactly_the_changed_datasets_and_advances(conn, dsn, se
     sync_dataset(dsn, load_catalog(settings, dsn), settings, ids[0])
     ds.insert_rows(conn, ids[1], [{"n": 99}])
     third = _tick(instance, dsn, second.cursor)
-    assert [r.partition_key for r in third.run_requests] == [str(ids[1])]
+    assert _asked(third) == [str(ids[1])]
+    version = conn.execute("select rows_version from datasets where id = %s", (ids[1],)).fetchone()[0]
+    assert third.run_requests[0].run_key == f"mirror:{ids[1]}:{version}"  # a lone dataset keeps its own key
     assert third.run_requests[0].run_key not in {r.run_key for r in first.run_requests}
     assert third.dynamic_partitions_requests == []  # already known partition
     assert Cursor.loads(third.cursor).xid >= Cursor.loads(second.cursor).xid
@@ -112,21 +127,22 @@ def test_poller_sees_a_transaction_that_commits_after_a_later_one(conn, dsn, set
     slow.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 100, '{\"n\": 1}')", (a,))
     ds.insert_rows(conn, b, [{"n": 5}])
     tick = _tick(instance, dsn, start)
-    assert [r.partition_key for r in tick.run_requests] == [str(b)]
+    assert _asked(tick) == [str(b)]
     slow.commit()
     slow.close()
     later = _tick(instance, dsn, tick.cursor)
-    assert str(a) in [r.partition_key for r in later.run_requests]
+    assert str(a) in _asked(later)
 
 
 def test_poller_caps_requests_per_tick_and_pages_forward(conn, dsn, settings, instance, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_SENSOR_MAX_REQUESTS", "2")
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_BATCH_SIZE", "1")  # runs of one dataset: 2 datasets per tick
     _, ids = _datasets(conn, 5, rows=1)
     seen, cursor = [], None
     for _ in range(5):
         res = _tick(instance, dsn, cursor)
-        assert len(res.run_requests) <= 2
-        seen += [r.partition_key for r in res.run_requests]
+        assert len(_asked(res)) <= 2
+        seen += _asked(res)
         cursor = res.cursor
     assert sorted(seen) == sorted(str(i) for i in ids)
 
@@ -135,7 +151,7 @@ def test_poller_skips_native_datasets_and_honours_enable_flag(conn, dsn, setting
     _, (a, b) = _datasets(conn, 2)
     set_override(conn, "write", "sync.full", "iceberg_native", dataset=str(a), actor="pytest", note="test")
     res = _tick(instance, dsn)
-    assert [r.partition_key for r in res.run_requests] == [str(b)]
+    assert _asked(res) == [str(b)]
     monkeypatch.setenv("ENABLE_ICEBERG_SYNC", "false")
     off = _tick(instance, dsn)
     assert isinstance(off, dg.SkipReason) and "ENABLE_ICEBERG_SYNC" in off.skip_message
@@ -176,14 +192,14 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     time.sleep(1.1)
     (req,) = _tick(instance, dsn, cursor).run_requests
     version = conn.execute("select rows_version from datasets where id = %s", (bad,)).fetchone()[0]
-    assert req.partition_key == str(bad) and req.run_key == f"mirror:{bad}:{version}:attempt:2"
+    assert _asked(_Res([req])) == [str(bad)] and req.run_key == f"mirror:{bad}:{version}:attempt:2"
     assert req.tags["lakehouse/attempt"] == "2" and req.tags["lakehouse/source_version"] == str(version)
     fail()  # the retry failed too: two in a row is past LAKEHOUSE_RETRY_FAILED_MAX=1
     time.sleep(2.1)  # longer than the next backoff (2 s) would be
     assert _tick(instance, dsn, cursor).run_requests == []
     # fixing the data is a change: the regular path requests it again
     conn.execute("update dataset_rows set data = '{\"n\": 5}' where dataset_id = %s and data->>'n' = 'x'", (bad,))
-    assert [r.partition_key for r in _tick(instance, dsn, cursor).run_requests] == [str(bad)]
+    assert _asked(_tick(instance, dsn, cursor)) == [str(bad)]
 
 
 def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(conn, dsn, settings, instance,
@@ -219,7 +235,7 @@ def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(con
     assert _tick(instance, dsn, first.cursor).run_requests == []
     time.sleep(1.2)
     (again,) = _tick(instance, dsn, first.cursor).run_requests
-    assert again.partition_key == str(d) and again.run_key == f"mirror:{d}:{version}:attempt:2"
+    assert _asked(_Res([again])) == [str(d)] and again.run_key == f"mirror:{d}:{version}:attempt:2"
     assert again.tags["lakehouse/attempt"] == "2"
     # the next attempt waits twice as long, and gets its own run key again
     time.sleep(1.2)

@@ -271,9 +271,10 @@ class Clock:
 
 
 def test_cached_value_holds_until_ttl_then_refreshes(conn, dsn, world):
-    """Another writer's flip (here: a second connection writing the row, as another process would)."""
+    """Another writer's flip (here: a second connection writing the row, as another process would), with the
+    NOTIFY listener off: the TTL fallback (test_freshness.py covers the listener)."""
     clock = Clock()
-    r = FlagResolver(conn, ttl_seconds=10, clock=clock)
+    r = FlagResolver(conn, ttl_seconds=10, clock=clock, listen=False)
     d1 = world["d1"]
     assert r.read_mode("graph.kuzu", d1).mode == "off"  # cached at t=1000
     with connect(dsn) as other:
@@ -307,7 +308,7 @@ _WATCHER = textwrap.dedent(
     from lakehouse_dagster.store.db import connect
 
     dsn, ds, ttl, horizon = sys.argv[1], uuid.UUID(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-    r = FlagResolver(connect(dsn), ttl)
+    r = FlagResolver(connect(dsn), ttl, listen=False)  # the TTL fallback (NOTIFY: test_freshness.py)
     filled_at = time.time()                      # before the filling query starts
     first = r.read_mode("export.stream", ds).mode
     print(json.dumps({"filled_at": filled_at, "mode": first}), flush=True)

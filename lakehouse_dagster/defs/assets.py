@@ -1,11 +1,10 @@
 """The dataset's Postgres rows and its Iceberg table, one partition per dataset, with lineage."""
 
 
-import uuid
-
 import dagster as dg
 
-from ..ingest.sync import peak_rss_mb, sync_dataset
+from ..ingest.batch import run_sync_id
+from ..ingest.sync import SyncResult, peak_rss_mb, sync_dataset
 from ..store.datasets import get_dataset
 from .partitions import datasets_partitions
 from .refusals import fail_step
@@ -36,16 +35,42 @@ def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResou
             ds = get_dataset(conn, context.partition_key)
         except Exception as exc:  # a partition whose dataset is gone: the reason, no stack
             fail_step(context, exc, retry=None)
-    return dg.MaterializeResult(
-        metadata={
-            **named,
-            "kind": ds.kind,
-            "rows_version": text(ds.rows_version),
-            "max_row_index": text(ds.max_row_index if ds.max_row_index is not None else "unknown"),
-            "columns": len(ds.columns),
-        },
-        data_version=dg.DataVersion(str(ds.rows_version)),
-    )
+    return dg.MaterializeResult(metadata={**named, **pg_rows_metadata(ds)}, data_version=dg.DataVersion(str(ds.rows_version)))
+
+
+def dataset_names(ds) -> dict:
+    """The dataset's name and id as text metadata (a partition list of uuids becomes readable)."""
+    return {"dataset_name": text(ds.name), "dataset_id": text(ds.id)}
+
+
+def pg_rows_metadata(ds) -> dict:
+    """What a materialization of postgres/dataset_rows records (the asset and the batch job). Versions are text:
+    Dagster plots numeric metadata across partitions as if it were one series."""
+    return {
+        **dataset_names(ds),
+        "kind": ds.kind,
+        "rows_version": text(ds.rows_version),
+        "max_row_index": text(ds.max_row_index if ds.max_row_index is not None else "unknown"),
+        "columns": len(ds.columns),
+    }
+
+
+def iceberg_metadata(r: SyncResult) -> dict:
+    """What a materialization of iceberg/dataset_table records (the asset and the batch job)."""
+    return {
+        "path": r.path,
+        "mode": r.mode,
+        "reason": r.reason,
+        "rows": dg.MetadataValue.int(r.rows),
+        "total_rows": dg.MetadataValue.int(r.total_rows),
+        "snapshot_id": text(r.snapshot_id),
+        "source_version": text(r.source_version),
+        "bytes_written": dg.MetadataValue.int(r.bytes),
+        "files": dg.MetadataValue.int(r.files),
+        "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
+        "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
+        "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
+    }
 
 
 @dg.asset(
@@ -62,7 +87,7 @@ def iceberg_dataset_table(
 ) -> dg.MaterializeResult:
     settings = lakehouse.settings()
     # One sync id per run and partition: a retried step finds its own snapshot instead of appending twice.
-    sync_id = uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:{context.run_id}:{context.partition_key}")
+    sync_id = run_sync_id(context.run_id, context.partition_key)
     try:
         with lakehouse.connect() as conn:
             named = name_run(context, conn, context.partition_key)
@@ -76,29 +101,16 @@ def iceberg_dataset_table(
         # reason and no stack (defs/refusals.py). The retry reuses the sync id: a commit that landed is found.
         fail_step(context, exc)
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
-    return dg.MaterializeResult(
-        metadata={
-            **named,
-            "path": r.path,
-            "mode": r.mode,
-            "reason": r.reason,
-            "rows": dg.MetadataValue.int(r.rows),
-            "total_rows": dg.MetadataValue.int(r.total_rows),
-            "snapshot_id": text(r.snapshot_id),
-            "source_version": text(r.source_version),
-            "bytes_written": dg.MetadataValue.int(r.bytes),
-            "files": dg.MetadataValue.int(r.files),
-            "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
-            "rows_per_s": dg.MetadataValue.float(round(r.rows_per_s, 1)),
-            "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
-        },
-        data_version=dg.DataVersion(str(r.source_version)),
-    )
+    return dg.MaterializeResult(metadata={**named, **iceberg_metadata(r)},
+                                data_version=dg.DataVersion(str(r.source_version)))
 
 
 mirror_job = dg.define_asset_job(
     "mirror_job",
     selection=dg.AssetSelection.assets(PG_ROWS, ICEBERG_TABLE),
     partitions_def=datasets_partitions,
-    description="Mirror one dataset partition from Postgres to Iceberg (what the mirror poller launches).",
+    # The steps of a run in one process: a step process would import the code location a second time.
+    executor_def=dg.in_process_executor,
+    description="Mirror one dataset partition from Postgres to Iceberg (by hand from the UI; the mirror poller "
+    "launches mirror_batch_job, or this job per dataset with LAKEHOUSE_MIRROR_BATCH_SIZE=0).",
 )

@@ -15,7 +15,7 @@ from ..parity.health import DEFAULT_MAX_LAG_SECONDS, identity_ready as _identity
 from ..parity.health import snapshot_freshness as _snapshot_freshness
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
-from .tags import ids_as_text, name_run
+from .tags import dataset_metadata, ids_as_text, name_run
 
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (defs/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
@@ -61,27 +61,37 @@ def _meta(v: cy.Verdict) -> dict:
     "MISMATCH, no-snapshot or error; WARN when lagging. Recorded in lakehouse_read_parity.",
 )
 def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-    dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
     source = "schedule" if context.run.tags.get(CANARY_TAG) == "schedule" else "check"
-    full = context.run.tags.get(FULL_TAG) == "true"
+    with lakehouse.connect() as conn:
+        named = name_run(context, conn, context.partition_key)
+    return parity_result(lakehouse, context.partition_key, run_id=context.run.run_id, source=source, log=context.log,
+                         full=context.run.tags.get(FULL_TAG) == "true", named=named, instance=context.instance)
+
+
+def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: str, source: str, log,
+                  full: bool = False, named: dict | None = None, instance=None) -> dg.AssetCheckResult:
+    """The parity check of one dataset, recorded in lakehouse_read_parity (the check and the batch job); a MISMATCH
+    rolls back what serves it from Iceberg (parity/auto_rollback.py), said in the metadata and a run tag."""
+    dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
     if source == "schedule" and not full:
         with lakehouse.connect() as conn:
-            full = cy.full_due(conn, _uuid(context.partition_key))
-    v = cy.evaluate(dsn, lakehouse.catalog(), settings, context.partition_key, full=full)
+            full = cy.full_due(conn, _uuid(partition_key))
+    v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full)
     with lakehouse.connect() as conn:
         wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
-        cy.record(conn, v, source=source, run_id=context.run.run_id, settings=settings)
-        named = name_run(context, conn, context.partition_key)
-    context.log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
+        cy.record(conn, v, source=source, run_id=run_id, settings=settings)
+        if named is None:
+            named = dataset_metadata(conn, partition_key)
+    log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
     meta, rolled = {**named, **ids_as_text(_meta(v))}, lines_of(v)
     for line in rolled:
-        (context.log.error if "AUTO-ROLLBACK" in line else context.log.warning)(line)
+        (log.error if "AUTO-ROLLBACK" in line else log.warning)(line)
     if rolled:  # what was rolled back, readable in the check's metadata and findable in the runs list
         meta["auto_rollback"] = dg.MetadataValue.md("\n".join(f"- {line}" for line in rolled))
         done = [a["flag"] for a in v.detail["auto_rollback"]["rolled_back"]]
-        if done:
-            context.instance.add_run_tags(context.run.run_id, {AUTO_ROLLBACK_TAG: ",".join(done)})
+        if done and instance is not None:
+            instance.add_run_tags(run_id, {AUTO_ROLLBACK_TAG: ",".join(done)})
     return dg.AssetCheckResult(
         passed=v.verdict in (cy.OK, cy.NATIVE),
         severity=_SEVERITY[v.verdict],
@@ -107,9 +117,15 @@ def snapshot_freshness(
     context: dg.AssetCheckExecutionContext, config: FreshnessConfig, lakehouse: LakehouseResource
 ) -> dg.AssetCheckResult:
     with lakehouse.connect() as conn:
-        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key),
-                                config.max_lag_seconds)
         named = name_run(context, conn, context.partition_key)
+    return freshness_result(lakehouse, context.partition_key, config.max_lag_seconds, named)
+
+
+def freshness_result(lakehouse: LakehouseResource, partition_key: str,
+                     max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, named: dict | None = None) -> dg.AssetCheckResult:
+    with lakehouse.connect() as conn:
+        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds)
+        named = dataset_metadata(conn, partition_key) if named is None else named
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.WARN, description=h.description,
                                metadata={**named, **ids_as_text(h.metadata)})
 
@@ -123,9 +139,16 @@ def snapshot_freshness(
     "every row, __row_index unique (runbook: icebergIdentityReady). ERROR.",
 )
 def identity_ready(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource) -> dg.AssetCheckResult:
-    h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(context.partition_key))
     with lakehouse.connect() as conn:
         named = name_run(context, conn, context.partition_key)
+    return identity_result(lakehouse, context.partition_key, named)
+
+
+def identity_result(lakehouse: LakehouseResource, partition_key: str, named: dict | None = None) -> dg.AssetCheckResult:
+    h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key))
+    if named is None:
+        with lakehouse.connect() as conn:
+            named = dataset_metadata(conn, partition_key)
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.ERROR, description=h.description,
                                metadata={**named, **ids_as_text(h.metadata)})
 
@@ -137,3 +160,22 @@ def _uuid(key: str):
 
 
 PARITY_CHECKS = [parity, snapshot_freshness, identity_ready]
+
+
+def check_evaluations(lakehouse: LakehouseResource, partition_key: str, *, run_id: str,
+                      log, instance=None) -> list[dg.AssetCheckEvaluation]:
+    """The three checks of one dataset as events an op logs (mirror_batch_job): the same logic and records as
+    the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual."""
+    results = [
+        ("parity", True, parity_result(lakehouse, partition_key, run_id=run_id, source="check", log=log,
+                                               instance=instance)),
+        ("snapshot_freshness", False, freshness_result(lakehouse, partition_key)),
+        ("identity_ready", True, identity_result(lakehouse, partition_key)),
+    ]
+    return [
+        dg.AssetCheckEvaluation(
+            asset_key=ICEBERG_TABLE, check_name=name, passed=r.passed, metadata=r.metadata, severity=r.severity,
+            description=r.description, blocking=blocking, partition=partition_key,
+        )
+        for name, blocking, r in results
+    ]

@@ -69,6 +69,11 @@ def name_run(context, conn: psycopg.Connection, dataset_id: object) -> dict[str,
     return _metadata(tags, dataset_id)
 
 
+def dataset_metadata(conn: psycopg.Connection, dataset_id: object) -> dict[str, dg.MetadataValue]:
+    """The name metadata alone, for a result logged by a run of many datasets (no run tag to add)."""
+    return _metadata(dataset_tags(conn, dataset_id), dataset_id)
+
+
 def scope_value(dataset: object = None, workspace: object = None) -> str:
     """``dataset:<id>`` / ``workspace:<id>`` / ``global``: one tag value per scope, as the operator gave it."""
     if dataset not in (None, ""):

@@ -81,3 +81,19 @@ create table if not exists lakehouse_read_fallbacks (
 );
 create index if not exists lakehouse_read_fallbacks_dataset_idx on lakehouse_read_fallbacks (dataset_id, at desc);
 """
+
+# Migration "016_flag_notify": every committed change of the overrides NOTIFYs channel lakehouse_flags, so each
+# process's FlagResolver drops its cache at once (flags/listen.py); the TTL stays the fallback. Statement-level:
+# one notification per statement, delivered at commit, never one that rolled back; never fails the write.
+FLAG_NOTIFY_CHANNEL = "lakehouse_flags"
+FLAG_NOTIFY = """
+create or replace function lakehouse_flag_overrides_notify() returns trigger language plpgsql as $$
+begin
+  perform pg_notify('lakehouse_flags', tg_op);
+  return null;
+end $$;
+
+drop trigger if exists lakehouse_flag_overrides_notify on lakehouse_flag_overrides;
+create trigger lakehouse_flag_overrides_notify after insert or update or delete or truncate
+  on lakehouse_flag_overrides for each statement execute function lakehouse_flag_overrides_notify();
+"""

@@ -8,7 +8,9 @@ Cache: one query per (dataset, TTL) fills every reader and writer of that datase
 expires ``ttl`` seconds after the moment its query *started*, so a value is never older than
 the TTL: a flip or rollback made by any process is seen everywhere within the TTL. A set/clear
 made through overrides.py in this process drops every cache in the process at once (and bumps a
-generation, so a fill racing with the flip cannot store the value from before it).
+generation, so a fill racing with the flip cannot store the value from before it). A change made
+anywhere else drops the caches within a second too: Postgres NOTIFYs it and a listener thread per
+process passes it on (flags/listen.py); the TTL stays the fallback while that thread is not listening.
 """
 
 from __future__ import annotations
@@ -84,9 +86,14 @@ _generation_lock = threading.Lock()
 
 def invalidate_local() -> None:
     """Called after a set/clear commits: this process sees the change immediately."""
+    _invalidate(list(_resolvers))
+
+
+def _invalidate(resolvers: list) -> None:
+    """Drop these resolvers' caches; the generation bump keeps a fill racing with the change from storing."""
     with _generation_lock:
         _generation[0] += 1
-        for r in list(_resolvers):
+        for r in resolvers:
             r._cache.clear()
 
 
@@ -95,6 +102,16 @@ _ONE_DATASET = "select %s::uuid, (select workspace_id from datasets where id = %
 _NO_DATASET = "select null::uuid, null::uuid"
 _COLUMNS = "e.kind, e.name, e.source, e.stored_mode, e.mode"
 _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
+
+
+def _listen_default() -> bool:
+    from ..errors import BadInput
+    from ..settings import Settings
+
+    try:
+        return Settings.from_env().flag_listen
+    except BadInput:  # another variable is bad: whoever reads it says so; listening is harmless
+        return True
 
 
 class FlagResolver:
@@ -112,6 +129,7 @@ class FlagResolver:
         *,
         clock: Callable[[], float] = time.monotonic,
         max_datasets: int = 100_000,
+        listen: bool | None = None,
     ) -> None:
         self.conn = conn
         self.ttl = max(0.0, float(ttl_seconds))
@@ -120,10 +138,15 @@ class FlagResolver:
         # dataset id (None = global) -> (expires at, {(kind, name): Resolution})
         self._cache: dict[uuid.UUID | None, tuple[float, dict[tuple[str, str], Resolution]]] = {}
         _resolvers.add(self)
+        # NOTIFY-driven invalidation (None: LAKEHOUSE_FLAG_LISTEN, default on); nothing to drop without a cache.
+        if self.ttl > 0 and (_listen_default() if listen is None else listen):
+            from .listen import subscribe
+
+            subscribe(conn, self, _invalidate)
 
     @classmethod
     def from_settings(cls, conn: psycopg.Connection, settings) -> "FlagResolver":
-        return cls(conn, settings.flag_ttl_seconds)
+        return cls(conn, settings.flag_ttl_seconds, listen=settings.flag_listen)
 
     def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
         """The effective mode of one reader/writer for a dataset (or globally when dataset_id is None)."""

@@ -70,13 +70,15 @@ def sync_dataset(
     writer: str = "sync.full",
     run_id: str | None = None,
     readers: int = 2,
+    lock_timeout_s: float = 1800,
 ) -> SyncResult:
     """Mirror one dataset. Serialised per dataset (G3), admission-bounded (G2), fail-loud: a failure
     records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed (its
     ``transient`` says whether a retry may help: errors.is_transient). An interruption (Ctrl-C,
     SIGTERM, a run termination) is not a data error: the sync is recorded as what the table says
     (succeeded if its commit landed, else failed 'interrupted'), the dataset status is left alone, and
-    the interruption propagates."""
+    the interruption propagates. ``lock_timeout_s`` bounds the wait for another sync of the dataset
+    (LockTimeout, transient, nothing logged): a batch uses a short one and comes back to the dataset later."""
     if mode not in MODES:
         raise BadInput(f"unknown sync mode {mode!r}; use one of {', '.join(MODES)}")
     ds_id = parse_uuid(dataset_id, "dataset id")
@@ -88,7 +90,7 @@ def sync_dataset(
             raise BadInput(
                 f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
             )
-        with dataset_lock(conn, ds_id), admission_slot(conn, settings.max_concurrent_ingest):
+        with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s), admission_slot(conn, settings.max_concurrent_ingest):
             # Checked under the dataset lock: a writer flipped to iceberg_native makes Iceberg the truth and
             # Postgres stale, so mirroring would overwrite rows that exist only in Iceberg (split brain).
             if native_dataset_ids(conn, [ds_id]):

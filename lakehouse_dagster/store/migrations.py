@@ -349,6 +349,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("015_parity_digests", _module_sql("parity", "DIGESTS")),
     # Concurrent app inserts into one dataset must not deadlock on the datasets row (FK KEY SHARE vs FOR UPDATE).
     ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
+    # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
+    ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
