@@ -25,6 +25,8 @@ from lakehouse_dagster.ingest.guards import dataset_lock
 from lakehouse_dagster.store import datasets as ds
 from lakehouse_dagster.store.db import connect
 
+from .flag_helpers import refusal
+
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
 
