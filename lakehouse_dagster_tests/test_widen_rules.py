@@ -22,7 +22,7 @@ from lakehouse_dagster.flags.registry import get_flag
 from lakehouse_dagster.iceberg.catalog import load_catalog
 from lakehouse_dagster.store import datasets as ds
 
-from .flag_helpers import cli, cli_json, flag_tables
+from .flag_helpers import cli, cli_json, flag_tables, refusal
 from .test_gates import SERVABLE, _dataset, _ready
 
 HOUR = timedelta(hours=1)
@@ -358,7 +358,7 @@ def test_the_read_flip_job_refuses_an_unsoaked_widen_before_it_canaries(conn, ds
         raise_on_error=False)
     assert not result.success
     (failure,) = result.get_step_failure_events()
-    message = failure.step_failure_data.user_failure_data.description
+    message = refusal(failure)
     assert failure.step_key == "read_flip_preflight" and "soak: the narrower flip has not soaked yet" in message
     assert _ends_in(message)[1] == 60
     assert flag_tables(conn) == before

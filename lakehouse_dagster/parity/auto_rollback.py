@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 
 from ..errors import FlipRefused, LakehouseError
 from ..flags.gates import NATIVE, lock_gates, set_flag
-from ..flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE
+from ..flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE, rank
 from ..flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from ..rollback.iceberg_only import ways_forward
 from ..routing.read_router import ICEBERG, decide, freshness
@@ -163,7 +163,9 @@ def _readers(conn: psycopg.Connection, out: Outcome, actor: str) -> None:
         native = any(flags.resolve(WRITE, w.name, ds).mode == NATIVE for w in FLIPPABLE_WRITERS)
         for reader in READERS:  # the router decides who serves Iceberg (a reader whose ceiling is off never does)
             res = flags.resolve(READ, reader, ds)
-            if decide(reader, ds, res, fresh, native).source != ICEBERG:
+            # a reader left below iceberg is served Iceberg only because the dataset is written natively (the
+            # router never serves Postgres then): it was never flipped, there is nothing to roll back
+            if rank(READ, res.mode) < rank(READ, "iceberg") or decide(reader, ds, res, fresh, native).source != ICEBERG:
                 if res.reason == DATASET_OVERRIDE and res.mode == _READ_OFF != res.ceiling:  # rolled back before
                     out.actions.append(Action(READ, reader, res.mode, _READ_OFF, ALREADY))
                 continue
