@@ -265,7 +265,7 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
     if row is None or row[0] != sh or row[1] != cn.CONTRACT_VERSION:
         hash_sql = cn.pg_row_hash(columns).as_string(conn)
         with conn.transaction():
-            conn.execute(f"set local lock_timeout = {int(lock_timeout_ms)}")
+            conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))  # SET LOCAL
             cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
             if cur is None:
                 raise Unavailable(f"dataset {dataset_id} does not exist")
