@@ -14,7 +14,7 @@ import dagster as dg
 from pydantic import Field
 
 from ..errors import LakehouseError
-from ..flags.registry import READ, READERS, WRITE, rank
+from ..flags.registry import READ, SERVABLE_READERS, WRITE
 from ..rollout import flip as rf
 from .flags import FlippableWriter, _actor
 from .refusals import refuse, stop
@@ -22,7 +22,7 @@ from .resources import LakehouseResource
 from .tags import flag_tags, tag_run, text
 
 FlippableReader = Enum("FlippableReader", {
-    r.name.replace(".", "_"): r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")})
+    r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})
 
 
 class ReadMode(Enum):

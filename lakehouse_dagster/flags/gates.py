@@ -40,7 +40,7 @@ from ..store.datasets import pipeline_input_dataset_ids
 from .incidents import FALLBACK, MISMATCH, latest_incidents
 from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
 from .reader_datasets import readers_of
-from .registry import FLIPPABLE_WRITERS, READ, READERS, WRITE, Flag, rank
+from .registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
 from .resolver import resolve_from
 from .soak import audit_history, effective_since, soak
 
@@ -162,7 +162,7 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
     pipeline_inputs = pipeline_input_dataset_ids(conn)
     syncs = _latest_syncs(conn, ids)
     verdicts = _latest_verdicts(conn, ids)
-    servable = [r for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
+    servable = list(SERVABLE_READERS)
     reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
     locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
     reader_soaks = _reader_soaks(conn, moved, datasets, servable, reader_overrides, soak_seconds, now)
