@@ -275,12 +275,12 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
                 raise Unavailable("the dataset's schema changed meanwhile")
             conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
             conn.execute(
-                """insert into lakehouse_pg_digest_state (dataset_id, contract_version, schema_hash, hash_sql)
-                   values (%s, %s, %s, %s)
+                """insert into lakehouse_pg_digest_state (dataset_id, contract_version, schema_hash, hash_sql, hash_fn)
+                   values (%s, %s, %s, %s, lakehouse_digest_fn(%s))
                    on conflict (dataset_id) do update set contract_version = excluded.contract_version,
-                     schema_hash = excluded.schema_hash, hash_sql = excluded.hash_sql, filled = false,
-                     registered_at = now(), filled_at = null""",
-                (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql),
+                     schema_hash = excluded.schema_hash, hash_sql = excluded.hash_sql, hash_fn = excluded.hash_fn,
+                     filled = false, registered_at = now(), filled_at = null""",
+                (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
     conn.execute("begin isolation level repeatable read")

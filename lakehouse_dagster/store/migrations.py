@@ -351,6 +351,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
     # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
     ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
+    # What the live app pays for its writes: the maintained digest without per-statement planning.
+    ("020_app_write_cost", _module_sql("parity", "APP_WRITE_COST")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
