@@ -172,32 +172,36 @@ create trigger lakehouse_digest_schema_upd after update of schema on datasets
 # Migration "020_app_write_cost": what the live app pays for a write to a registered dataset.
 #
 # Measured (bench/bench_app_writes.py), the 015 trigger spent most of a small statement planning its
-# dynamic ``execute format(...)`` of the row hash expression (parse + plan of every typed field on every
-# statement) and in an exception block whose subtransaction wrote the delta rows. Now the row hash lives
-# in one plpgsql function per hash expression, created at registration (``lakehouse_digest_fn``, named by
-# the md5 of the expression, so a name always means one body): its query is planned once per session and
-# reused. The trigger hands it the statement's rows of the dataset as arrays (a short dynamic call)
-# inside an exception block that only reads (no subtransaction XID); the delta rows are written after it
-# by a static insert. A statement of more than DIGEST_ARRAY_ROWS rows of one dataset keeps the 015
-# set-based path (planning is negligible there, and arrays would hold the statement in memory again).
-# What is recorded is unchanged: the same per-segment (count, sum) deltas; a value the hash cannot type
-# (or a missing function) drops the registration in the writing transaction, never fails the app's write.
+# dynamic ``execute format(...)`` of the row hash expression (parse + plan of every typed field, on every
+# statement; the UPDATE form holds the expression twice) and in an exception block whose subtransaction
+# wrote the delta rows. Now the row hash lives in one plpgsql function per hash expression, created at
+# registration (``lakehouse_digest_fn``, named by the md5 of the expression, so a name always means one
+# body): its one query holds the expression once and is planned once per session (a plpgsql function,
+# not SQL: a SQL function would be inlined into the caller and planned again). The trigger hands it the
+# statement's rows of the dataset as one array of signed rows (+1 inserted, -1 deleted) and gets the
+# deltas back as an array (a dynamic call, but of ``select fn($1)``: nothing to plan), inside an exception
+# block that only reads (no subtransaction XID); the delta rows are written after it by a static insert. A statement of more than DIGEST_ARRAY_ROWS rows of one dataset
+# keeps the 015 set-based path (planning is negligible there, and an array would hold the statement's
+# rows in memory again). What is recorded is unchanged: the same per-segment (count, sum) deltas; a
+# value the hash cannot type (or a missing function) drops the registration in the writing transaction,
+# never fails the app's write.
 DIGEST_ARRAY_ROWS = 1000
 
 
-def _digest_event(ids: str, new: bool, old: bool, set_sql: str) -> str:
+def _signed_rows(table: str, sign: int) -> str:
+    return (f"select t.row_index, t.row_id, t.created_at, t.data, {sign} from {table} t"
+            f" where t.dataset_id = r.dataset_id")
+
+
+def _digest_event(ids: str, rows: str, set_sql: str) -> str:
     """The trigger's loop over the registered datasets of one statement (one event's transition tables)."""
-    def rows(table: str, var: str) -> str:
-        return (f"select array_agg(row(t.row_index, t.row_id, t.created_at, t.data)::lakehouse_digest_row) into {var}"
-                f" from (select * from {table} t where t.dataset_id = r.dataset_id limit {DIGEST_ARRAY_ROWS + 1}) t;")
     return f"""
     for r in select s.dataset_id, s.hash_sql, s.hash_fn from lakehouse_pg_digest_state s
               where s.dataset_id in ({ids}) loop
-      news := null; olds := null; deltas := null;
-      {rows('lakehouse_new_rows', 'news') if new else ''}
-      {rows('lakehouse_old_rows', 'olds') if old else ''}
-      if r.hash_fn is null or coalesce(cardinality(news), 0) > {DIGEST_ARRAY_ROWS}
-         or coalesce(cardinality(olds), 0) > {DIGEST_ARRAY_ROWS} then
+      deltas := null;
+      select array_agg(row(t.*)::lakehouse_digest_row) into signed
+        from ({rows} limit {DIGEST_ARRAY_ROWS + 1}) t;
+      if r.hash_fn is null or cardinality(signed) > {DIGEST_ARRAY_ROWS} then
         begin  -- the 015 set-based path
           execute format({set_sql}, r.hash_sql) using r.dataset_id;
         exception when data_exception then
@@ -206,7 +210,7 @@ def _digest_event(ids: str, new: bool, old: bool, set_sql: str) -> str:
         continue;
       end if;
       begin
-        execute format('select array_agg(d) from %I($1, $2) d', r.hash_fn) into deltas using news, olds;
+        execute format('select %I($1)', r.hash_fn) into deltas using signed;
       exception when data_exception or undefined_function then
         delete from lakehouse_pg_digest_state where dataset_id = r.dataset_id;
         continue;
@@ -229,9 +233,10 @@ _SET_UPDATE = ("'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) 
 APP_WRITE_COST = """
 alter table lakehouse_pg_digest_state add column if not exists hash_fn text;
 
--- What the hash reads of a row (not dataset_rows' row type: a live table may have more columns).
+-- What the hash reads of a row (not dataset_rows' row type: a live table may have more columns), and
+-- whether the statement added (+1) or removed (-1) it.
 do $$ begin
-  create type lakehouse_digest_row as (row_index bigint, row_id uuid, created_at timestamptz, data jsonb);
+  create type lakehouse_digest_row as (row_index bigint, row_id uuid, created_at timestamptz, data jsonb, sign int);
 exception when duplicate_object then null;
 end $$;
 do $$ begin
@@ -239,9 +244,9 @@ do $$ begin
 exception when duplicate_object then null;
 end $$;
 
--- The function giving the (seg, count, sum) deltas of arrays of inserted and deleted rows under one row
--- hash expression; created once per expression (under an advisory lock: concurrent registrations of
--- datasets of one schema), returns its name.
+-- The function giving the per-segment (count, sum) deltas of an array of signed rows under one row hash
+-- expression; created once per expression (under an advisory lock: concurrent registrations of datasets
+-- of one schema), returns its name.
 create or replace function lakehouse_digest_fn(p_hash_sql text) returns text language plpgsql as $$
 declare fn text := 'lakehouse_rowdigest_' || md5(p_hash_sql);
 begin
@@ -249,13 +254,11 @@ begin
     perform pg_advisory_xact_lock(437125141, hashtext(fn));
     if to_regproc(fn) is null then
       execute format(
-        'create function %I(new_rows lakehouse_digest_row[], old_rows lakehouse_digest_row[])'
-        ' returns setof lakehouse_digest_delta language plpgsql stable as %L', fn,
-        'begin return query select d.seg, sum(d.n)::bigint, sum(d.s) from ('
-        ' select row_index >> 16 as seg, 1 as n, (' || p_hash_sql || ')::numeric as s from unnest(new_rows)'
-        ' union all'
-        ' select row_index >> 16, -1, -(' || p_hash_sql || ')::numeric from unnest(old_rows)) d'
-        ' group by d.seg having sum(d.n) <> 0 or sum(d.s) <> 0; end');
+        'create function %I(signed lakehouse_digest_row[]) returns lakehouse_digest_delta[]'
+        ' language plpgsql stable as %L', fn,
+        'begin return (select array_agg(row(d.seg, d.n, d.s)::lakehouse_digest_delta) from ('
+        ' select row_index >> 16 as seg, sum(sign)::bigint as n, sum(sign * (' || p_hash_sql || ')::numeric) as s'
+        ' from unnest(signed) group by 1) d where d.n <> 0 or d.s <> 0); end');
     end if;
   end if;
   return fn;
@@ -268,18 +271,20 @@ update lakehouse_pg_digest_state set hash_fn = lakehouse_digest_fn(hash_sql) whe
 create or replace function lakehouse_digest_rows() returns trigger language plpgsql as $$
 declare
   r record;
-  news lakehouse_digest_row[];
-  olds lakehouse_digest_row[];
+  signed lakehouse_digest_row[];
   deltas lakehouse_digest_delta[];
 begin
   if tg_op = 'TRUNCATE' then
     delete from lakehouse_pg_digest_deltas;  -- every dataset is empty now: (0, 0) is right
     return null;
   end if;
-  if tg_op = 'INSERT' then""" + _digest_event("select dataset_id from lakehouse_new_rows", True, False, _SET_INSERT) + """
-  elsif tg_op = 'DELETE' then""" + _digest_event("select dataset_id from lakehouse_old_rows", False, True, _SET_DELETE) + """
-  else""" + _digest_event("select dataset_id from lakehouse_new_rows union all select dataset_id from lakehouse_old_rows",
-                         True, True, _SET_UPDATE) + """
+  if tg_op = 'INSERT' then""" + _digest_event(
+    "select dataset_id from lakehouse_new_rows", _signed_rows("lakehouse_new_rows", 1), _SET_INSERT) + """
+  elsif tg_op = 'DELETE' then""" + _digest_event(
+    "select dataset_id from lakehouse_old_rows", _signed_rows("lakehouse_old_rows", -1), _SET_DELETE) + """
+  else""" + _digest_event(
+    "select dataset_id from lakehouse_new_rows union all select dataset_id from lakehouse_old_rows",
+    _signed_rows("lakehouse_new_rows", 1) + " union all " + _signed_rows("lakehouse_old_rows", -1), _SET_UPDATE) + """
   end if;
   return null;
 end $$;
