@@ -10,8 +10,8 @@ the same run, alternating round by round (the best round of each is kept):
   floor      only an empty plpgsql statement trigger per event with the same transition tables: the fixed
              cost any statement-level change capture pays (the floor under "tracking" and "digest")
   tracking   change tracking only (the digest triggers disabled)
-  before-020 change tracking + the maintained digest as migration 015 shipped it (its function, installed
-             beside the current one under another name): the baseline of migration 020
+  before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
+             functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest (what ships)
 Two clocks: the wall time of a statement as the app sees it, and the CPU time of the Postgres backend
 serving it (/proc/<pid>/schedstat, when the server runs on this machine), which is what the triggers add
@@ -46,22 +46,30 @@ CONFIGS = {
     "bare": (),
     "floor": tuple(f"bench_floor_{e}" for e, _, _ in EVENTS),
     "tracking": TRACKING_TRIGGERS,
-    "before-020": TRACKING_TRIGGERS + tuple(f"bench_015_{e}" for e, _, _ in EVENTS),
+    "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
 }
 
 
 def install_reference_triggers(conn) -> None:
-    """The floor (an empty statement trigger with transition tables) and the 015 digest function, under
-    bench-only names, disabled; ``configure`` enables the ones a configuration needs."""
+    """Under bench-only names, disabled (``configure`` enables what a configuration needs): the floor (an
+    empty statement trigger with transition tables), and the triggers as they were before migration 020
+    (018's change tracking, 015's digest; same firing order: tracking, then digest)."""
     from lakehouse_dagster.parity.migration import DIGESTS
+    from lakehouse_dagster.store.migrations import NO_KEY_ROW_LOCKS
 
-    start = DIGESTS.index("create or replace function lakehouse_digest_rows()")
-    body = DIGESTS[start:DIGESTS.index("end $$;", start) + len("end $$;")]
-    conn.execute(body.replace("lakehouse_digest_rows()", "bench_digest_rows_015()"))
+    def function(text: str, name: str, as_name: str) -> str:
+        start = text.index(f"create or replace function {name}()")
+        return text[start:text.index("end $$;", start) + len("end $$;")].replace(f"{name}()", f"{as_name}()")
+
+    conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_inserted", "bench_rows_inserted_018"))
+    conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_rewritten", "bench_rows_rewritten_018"))
+    conn.execute(function(DIGESTS, "lakehouse_digest_rows", "bench_digest_rows_015"))
     conn.execute("create or replace function bench_floor() returns trigger language plpgsql as $$ begin return null; end $$")
     for e, event, ref in EVENTS:
-        for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_015_{e}", "bench_digest_rows_015")):
+        tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
+        for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_before_1_{e}", tracking),
+                         (f"bench_before_2_{e}", "bench_digest_rows_015")):
             conn.execute(f"create trigger {name} after {event} on dataset_rows referencing {ref}"
                          f" for each statement execute function {fn}()")
 

@@ -1,0 +1,169 @@
+"""Migration 020 (what the live app pays for its writes), on a real Postgres: the one-dataset fast path of
+change tracking and the maintained digest through a per-expression row-hash function must record what
+the 018/015 triggers recorded — statements over a registered and an unregistered dataset, statements too
+large for the array path, a value the hash cannot type, a row-hash function that went missing — and
+a transaction of many small writes must not pile up subtransaction XIDs."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity.migration import DIGEST_ARRAY_ROWS
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
+from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
+
+
+def _state(conn, d):
+    return conn.execute(
+        "select rows_version, rows_rewrite_version, max_row_index from datasets where id = %s", (d,)
+    ).fetchone()
+
+
+def _registered(conn, d) -> bool:
+    return conn.execute("select count(*) from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0] == 1
+
+
+def _register(conn, d) -> None:
+    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+
+
+def _insert_both(conn, a, b, base: int, n: int = 3) -> None:
+    """One statement writing n rows into each of two datasets."""
+    rows = rows_for(2 * n, base)
+    conn.execute(
+        "insert into dataset_rows (dataset_id, row_index, data)"
+        " select u.d, u.i, u.j from unnest(%s::uuid[], %s::bigint[], %s::jsonb[]) as u(d, i, j)",
+        ([a] * n + [b] * n, [base + k for k in range(n)] * 2,
+         [Jsonb(r) for r in rows]),
+    )
+
+
+def test_one_statement_over_a_registered_and_an_unregistered_dataset(conn, dsn):
+    a = make_dataset(conn, 10, name="a")
+    b = make_dataset(conn, 10, name="b")
+    _register(conn, a)
+    va, vb = _state(conn, a), _state(conn, b)
+
+    _insert_both(conn, a, b, 100)  # an append to both: the several-datasets path of change tracking
+    after_a, after_b = _state(conn, a), _state(conn, b)
+    assert after_a[0] == after_b[0] > max(va[0], vb[0])  # one version for the statement, as before
+    assert after_a[1:] == (va[1], 102) and after_b[1:] == (vb[1], 102)  # appends: no rewrite
+    assert pg_maintained(dsn, a) == pg_reference(dsn, a)
+
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"both\"}' where dataset_id = any(%s) and row_index in (1, 101)",
+                 ([a, b],))
+    assert pg_maintained(dsn, a) == pg_reference(dsn, a)
+    ra, rb = _state(conn, a), _state(conn, b)
+    assert ra[0] == ra[1] == rb[0] == rb[1] > after_a[0]  # a rewrite of both
+    conn.execute("delete from dataset_rows where dataset_id = any(%s) and row_index >= 100", ([a, b],))
+    assert pg_maintained(dsn, a) == pg_reference(dsn, a)
+    assert _state(conn, a)[1] > ra[1] and _state(conn, b)[1] > rb[1]
+
+    assert not _registered(conn, b)  # the unregistered dataset got no delta rows
+    assert conn.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (b,)).fetchone()[0] == 0
+
+
+def test_one_dataset_fast_path_records_what_the_018_triggers_recorded(conn):
+    d = make_dataset(conn, 5)
+    v0 = _state(conn, d)
+    ds.insert_rows(conn, d, rows_for(2, 5), start_index=5)  # an append
+    v1 = _state(conn, d)
+    assert v1[0] > v0[0] and v1[1] == v0[1] and v1[2] == 6
+    ds.insert_rows(conn, d, rows_for(1, 9), start_index=2_000)  # a gap is still an append
+    assert _state(conn, d)[1:] == (v0[1], 2_000)
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
+    v2 = _state(conn, d)
+    assert v2[0] == v2[1] > v1[0] and v2[2] == 2_000  # a delete is a rewrite; the max stays (a high-water mark)
+    ds.insert_rows(conn, d, rows_for(1, 20), start_index=1)  # below the max: a rewrite
+    v3 = _state(conn, d)
+    assert v3[0] == v3[1] > v2[0]
+    conn.execute("update dataset_rows set row_index = 5_000 where dataset_id = %s and row_index = 0", (d,))
+    v4 = _state(conn, d)
+    assert v4[0] == v4[1] > v3[0] and v4[2] == 5_000  # an update raises the max to the row it moved
+    conn.execute("update dataset_rows set data = data where dataset_id = %s and row_index = -1", (d,))  # no rows
+    assert _state(conn, d) == v4  # a statement that touched no row changes nothing, as before
+
+
+def test_statements_larger_than_the_array_path_keep_the_sums_exact(conn, dsn):
+    d = make_dataset(conn, 0)
+    _register(conn, d)
+    n = DIGEST_ARRAY_ROWS + 200
+    ds.insert_rows(conn, d, rows_for(n), start_index=65_000)  # crosses a segment boundary
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"big\"}' where dataset_id = %s", (d,))
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"small\"}' where dataset_id = %s and row_index < 65_010", (d,))
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index %% 3 = 0", (d,))
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    assert _registered(conn, d)
+
+
+def test_datasets_of_one_schema_share_one_row_hash_function_and_a_schema_change_gets_another(conn):
+    a = make_dataset(conn, 3, name="a")
+    b = make_dataset(conn, 3, name="b")
+    _register(conn, a)
+    _register(conn, b)
+    fns = [r[0] for r in conn.execute("select hash_fn from lakehouse_pg_digest_state order by dataset_id")]
+    assert len(fns) == 2 and fns[0] == fns[1]
+    assert conn.execute("select to_regproc(%s) is not null", (fns[0],)).fetchone()[0]
+    conn.execute("update datasets set schema = schema || '[{\"name\": \"extra\", \"type\": \"int64\"}]' where id = %s", (b,))
+    _register(conn, b)
+    fb = conn.execute("select hash_fn from lakehouse_pg_digest_state where dataset_id = %s", (b,)).fetchone()[0]
+    assert fb != fns[0] and conn.execute("select to_regproc(%s) is not null", (fb,)).fetchone()[0]
+
+
+def test_a_missing_row_hash_function_drops_the_registration_visibly_never_the_write(conn, dsn, settings):
+    d = make_dataset(conn, 12)
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
+    fn = conn.execute("select hash_fn from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0]
+    conn.execute(f'drop function "{fn}"')  # e.g. an operator's cleanup
+    ds.insert_rows(conn, d, rows_for(2, 12))  # the app's write succeeds
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 14
+    assert not _registered(conn, d)  # dropped in the writing transaction: no stale sum can be read
+    sync(settings, dsn, d)
+    v = evaluate(settings, dsn, d)  # registers again (the function is created again) and fills
+    assert v.verdict == cy.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    assert v.detail["digest"] == "maintained"
+    assert conn.execute("select to_regproc(%s) is not null", (fn,)).fetchone()[0]
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_a_value_the_hash_cannot_type_drops_the_registration_and_the_canary_refills_it(conn, dsn, settings):
+    d = make_dataset(conn, 12)
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
+    ds.insert_rows(conn, d, [{"i": "not a number"}])  # one row, the array path: the write succeeds
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 13
+    assert not _registered(conn, d)
+    with pytest.raises(mt.Unavailable, match="not registered"):  # what makes the canary read every row
+        mt.pg_segments(conn, d, ds.get_dataset(conn, d).columns)
+    conn.execute("""update dataset_rows set data = data || '{"i": 7}' where dataset_id = %s and row_index = 12""", (d,))
+    sync(settings, dsn, d)
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == cy.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    assert v.detail["digest"] == "maintained" and pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn, dsn):
+    """015's exception block wrote the delta rows inside its subtransaction, so every statement on a
+    registered dataset assigned a subtransaction XID; past 64 in one transaction the backend's subxid
+    cache overflows and every snapshot on the server gets slower. The 020 block only reads."""
+    d = make_dataset(conn, 5)
+    _register(conn, d)
+    with connect(dsn, autocommit=False) as c:
+        for k in range(70):
+            ds.insert_rows(c, d, rows_for(1, 100 + k), start_index=100 + k)
+        c.execute("update dataset_rows set data = data || '{\"s\": \"x\"}' where dataset_id = %s and row_index = 101", (d,))
+        c.execute("delete from dataset_rows where dataset_id = %s and row_index = 102", (d,))
+        xids = c.execute("select count(*) from pg_locks where pid = pg_backend_pid() and locktype = 'transactionid'"
+                         ).fetchone()[0]
+        c.commit()
+    assert xids == 1  # the top-level transaction's own XID only
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
