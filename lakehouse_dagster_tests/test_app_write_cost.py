@@ -173,3 +173,18 @@ def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn
         c.commit()
     assert subxids == (0, False)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a_function(conn, dsn):
+    from lakehouse_dagster.parity.migration import APP_WRITE_COST
+
+    d = make_dataset(conn, 5)
+    _register(conn, d)
+    conn.execute("update lakehouse_pg_digest_state set hash_fn = null where dataset_id = %s", (d,))  # as 015 left it
+    ds.insert_rows(conn, d, rows_for(3, 5))  # the set-based path
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
+    assert _registered(conn, d) and pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute(APP_WRITE_COST)  # re-runnable: fills hash_fn for registrations that lack one
+    assert conn.execute("select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0]
+    ds.insert_rows(conn, d, rows_for(2, 8))
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)

@@ -255,7 +255,7 @@ begin
     if to_regproc(fn) is null then
       execute format(
         'create function %I(signed lakehouse_digest_row[]) returns lakehouse_digest_delta[]'
-        ' language plpgsql stable as %L', fn,
+        ' language plpgsql stable set plan_cache_mode = force_generic_plan as %L', fn,
         'begin return (select array_agg(row(d.seg, d.n, d.s)::lakehouse_digest_delta) from ('
         ' select row_index >> 16 as seg, sum(sign)::bigint as n, sum(sign * (' || p_hash_sql || ')::numeric) as s'
         ' from unnest(signed) group by 1) d where d.n <> 0 or d.s <> 0); end');
