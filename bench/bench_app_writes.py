@@ -9,6 +9,8 @@ the same run, alternating round by round (the best round of each is kept):
   bare       every lakehouse trigger disabled (the app's table as it was: primary key and foreign key only)
   floor      only an empty plpgsql statement trigger per event with the same transition tables: the fixed
              cost any statement-level change capture pays (the floor under "tracking" and "digest")
+  hash       only a statement trigger summing the row hash of the statement's rows with a static query
+             (plan cached): the arithmetic the maintained digest cannot avoid, without any of its bookkeeping
   tracking   change tracking only (the digest triggers disabled)
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
@@ -45,16 +47,18 @@ EVENTS = (("ins", "insert", "new table as lakehouse_new_rows"),
 CONFIGS = {
     "bare": (),
     "floor": tuple(f"bench_floor_{e}" for e, _, _ in EVENTS),
+    "hash": tuple(f"bench_hash_{e}" for e, _, _ in EVENTS),
     "tracking": TRACKING_TRIGGERS,
     "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
 }
 
 
-def install_reference_triggers(conn) -> None:
+def install_reference_triggers(conn, hash_sql: str) -> None:
     """Under bench-only names, disabled (``configure`` enables what a configuration needs): the floor (an
-    empty statement trigger with transition tables), and the triggers as they were before migration 020
-    (018's change tracking, 015's digest; same firing order: tracking, then digest)."""
+    empty statement trigger with transition tables), the bare row hash of the statement's rows (static SQL),
+    and the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
+    order: tracking, then digest)."""
     from lakehouse_dagster.parity.migration import DIGESTS
     from lakehouse_dagster.store.migrations import NO_KEY_ROW_LOCKS
 
@@ -66,9 +70,16 @@ def install_reference_triggers(conn) -> None:
     conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_rewritten", "bench_rows_rewritten_018"))
     conn.execute(function(DIGESTS, "lakehouse_digest_rows", "bench_digest_rows_015"))
     conn.execute("create or replace function bench_floor() returns trigger language plpgsql as $$ begin return null; end $$")
+    for e, table in (("ins", "lakehouse_new_rows"), ("del", "lakehouse_old_rows")):
+        conn.execute(f"create or replace function bench_hash_{e}() returns trigger language plpgsql as $$"
+                     f" begin perform sum({hash_sql}) from {table}; return null; end $$")
+    conn.execute(f"create or replace function bench_hash_upd() returns trigger language plpgsql as $$ begin"
+                 f" perform sum({hash_sql}) from lakehouse_new_rows; perform sum({hash_sql}) from lakehouse_old_rows;"
+                 f" return null; end $$")
     for e, event, ref in EVENTS:
         tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
-        for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_before_1_{e}", tracking),
+        for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_hash_{e}", f"bench_hash_{e}"),
+                         (f"bench_before_1_{e}", tracking),
                          (f"bench_before_2_{e}", "bench_digest_rows_015")):
             conn.execute(f"create trigger {name} after {event} on dataset_rows referencing {ref}"
                          f" for each statement execute function {fn}()")
@@ -108,7 +119,8 @@ def main(argv=None) -> int:
           f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
     print("registered + filled:", mt.ensure_pg(conn, ds_id, get_dataset(conn, ds_id).columns), flush=True)
 
-    install_reference_triggers(conn)
+    install_reference_triggers(conn, conn.execute("select hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
+                                                  (ds_id,)).fetchone()[0])
     pid = conn.execute("select pg_backend_pid()").fetchone()[0]
 
     def configure(cfg: str) -> None:
