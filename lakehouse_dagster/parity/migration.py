@@ -251,7 +251,7 @@ create or replace function lakehouse_digest_fn(p_hash_sql text) returns text lan
 declare fn text := 'lakehouse_rowdigest_' || md5(p_hash_sql);
 begin
   if to_regproc(fn) is null then
-    perform pg_advisory_xact_lock(437125141, hashtext(fn));
+    perform pg_advisory_xact_lock(441319456, hashtext(fn));  -- class 0x1A4E_0020, beside the fill's 0x1A4E_0015
     if to_regproc(fn) is null then
       execute format(
         'create function %I(signed lakehouse_digest_row[]) returns lakehouse_digest_delta[]'
