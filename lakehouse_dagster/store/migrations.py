@@ -351,6 +351,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
     # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
     ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
+    # row.edit partial rewrites: the row_index ranges each rewriting statement touched (ingest/migration.py).
+    ("019_row_changes", _module_sql("ingest", "ROW_CHANGES")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
