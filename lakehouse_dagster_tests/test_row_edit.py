@@ -184,3 +184,16 @@ def test_retried_sync_with_the_same_sync_id_is_a_noop(conn, dsn, small):
     assert len(_table(small, dsn, d).snapshots()) == snapshots
     assert _sync(small, dsn, d).mode == "partial"  # a new sync id catches up with the newer edit
     _assert_equal(conn, small, dsn, d)
+
+
+def test_files_without_row_index_bounds_go_full(conn, dsn, small):
+    d = _make(conn)
+    _sync(small, dsn, d)
+    with _table(small, dsn, d).transaction() as tx:  # files written from now on carry no column bounds
+        tx.set_properties({"write.metadata.metrics.default": "counts"})
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"a\"}' where dataset_id = %s and row_index = 10", (d,))
+    assert _sync(small, dsn, d).mode == "partial"  # the old files' bounds are enough to plan it
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"b\"}' where dataset_id = %s and row_index = 11", (d,))
+    result = _sync(small, dsn, d)
+    assert result.mode == "full" and "no __row_index bounds" in result.reason
+    _assert_equal(conn, small, dsn, d)

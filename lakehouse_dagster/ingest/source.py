@@ -135,10 +135,11 @@ def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | Non
 
 
 def reader_parts(state: "SnapshotState", *, ranges: Sequence[tuple[int, int]] | None = None,
-                 readers: int = 2) -> list[list[tuple[int, int]]]:
+                 readers: int = 2, min_rows: int = 1) -> list[list[tuple[int, int]]]:
     """The inclusive row_index ranges each reader reads: ascending and disjoint across readers, about
     equally wide. Without ``ranges``: every row of ``state`` (min..max), split evenly; with: those ranges
-    clipped to it, each read whole by one reader (a rewritten file's range becomes one file, not two)."""
+    clipped to it, each read whole by one reader (a rewritten file's range becomes one file, not two).
+    A reader gets at least ``min_rows`` row indexes (the file size: a small append stays one file)."""
     if state.max_row_index is None:
         return []
     lo, hi = state.min_row_index, state.max_row_index
@@ -147,7 +148,7 @@ def reader_parts(state: "SnapshotState", *, ranges: Sequence[tuple[int, int]] | 
     width = sum(b - a + 1 for a, b in spans)
     if not width:
         return []
-    n = max(1, min(readers, width))
+    n = max(1, min(readers, -(-width // max(1, min_rows))))
     parts: list[list[tuple[int, int]]] = [[] for _ in range(n)]
     done, i = 0, 0  # row indexes assigned so far; reader i takes those up to width*(i+1)//n
     for a, b in spans:

@@ -152,7 +152,8 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
             plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
         state = pinned.state(after) if after is not None else head
-        parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers)
+        parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers,
+                             min_rows=settings.ingest_chunk_rows)
         batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers,
                                parts=parts)
         written = write_arrow(
