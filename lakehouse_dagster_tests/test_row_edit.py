@@ -197,3 +197,28 @@ def test_files_without_row_index_bounds_go_full(conn, dsn, small):
     result = _sync(small, dsn, d)
     assert result.mode == "full" and "no __row_index bounds" in result.reason
     _assert_equal(conn, small, dsn, d)
+
+
+def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn, small, tmp_path):
+    import pyarrow as pa
+    from pyiceberg.exceptions import ValidationException
+
+    from lakehouse_dagster.iceberg.schema import arrow_schema
+    from lakehouse_dagster.iceberg.writer import write_arrow
+
+    d = _make(conn)
+    _sync(small, dsn, d)
+    table = _table(small, dsn, d)
+    stale = next(f for f, lo, hi in file_ranges(table) if lo <= 0 <= hi)
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"z\"}' where dataset_id = %s and row_index = 0", (d,))
+    assert _sync(small, dsn, d).mode == "partial"  # rewrites the file holding row 0: `stale` is gone now
+    before = _table(small, dsn, d).current_snapshot().snapshot_id
+    on_disk = {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")}
+    dataset = ds.get_dataset(conn, d)
+    batch = pa.RecordBatch.from_pylist([{"__row_index": 0, "__row_id": str(uuid.uuid4()), "__created_at": None,
+                                         "n": 0, "s": "again"}], schema=arrow_schema(dataset.columns))
+    with pytest.raises(ValidationException, match="stale snapshot"):
+        write_arrow(load_catalog(small, dsn), small, dataset, [batch], mode="partial", sync_id=uuid.uuid4(),
+                    source_version=0, delete_files=[stale])
+    assert _table(small, dsn, d).current_snapshot().snapshot_id == before
+    assert {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")} == on_disk  # its file was deleted

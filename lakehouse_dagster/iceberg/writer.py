@@ -382,8 +382,10 @@ def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: di
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
             gone = [f.file_path for f in delete_files if f.file_path not in live]
             if gone:
-                raise ValidationException(f"{len(gone)} file(s) to rewrite are no longer in the table "
-                                          f"(first: {gone[0]}); the partial rewrite was planned on a stale snapshot")
+                stale = ValidationException(f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
+                                            f"{gone[0]}); the partial rewrite was planned on a stale snapshot")
+                stale.transient = True  # the next sync plans on the table as it is
+                raise stale
             with snapshot_update.overwrite() as producer:
                 for f in delete_files:
                     producer.delete_data_file(f)
