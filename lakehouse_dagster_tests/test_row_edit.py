@@ -222,3 +222,15 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
                     source_version=0, delete_files=[stale])
     assert _table(small, dsn, d).current_snapshot().snapshot_id == before
     assert {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")} == on_disk  # its file was deleted
+
+
+def test_an_update_that_moves_a_row_index_rewrites_its_old_file_and_appends_it(conn, dsn, small):
+    d = _make(conn)
+    _sync(small, dsn, d)
+    before = _ranges(_table(small, dsn, d))
+    conn.execute("update dataset_rows set row_index = 5000 where dataset_id = %s and row_index = 333", (d,))
+    result = _sync(small, dsn, d)
+    assert result.mode == "partial", result.reason
+    deleted, added = _changes(_table(small, dsn, d), before)
+    assert deleted == _touching(before, 333) and len(added) == 2  # the file without it, and the moved row
+    _assert_equal(conn, small, dsn, d)

@@ -27,7 +27,6 @@ dataset lock; our loop re-checks the guard locks (ingest/guards.check_held) befo
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import dataclasses
 import json
@@ -37,6 +36,7 @@ import time
 import uuid
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
@@ -154,8 +154,8 @@ def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Sc
 
 class _FileRoller:
     """Writes batches into Parquet files of at most ``chunk_rows`` rows each. With ``lanes`` (ascending
-    __row_index lower bounds of the readers after the first: source.reader_parts) a batch goes to the
-    open file of its reader's lane, so interleaved ordered readers still give files of disjoint ranges."""
+    __row_index lower bounds of the ranges read after the first: source.reader_parts) a batch goes to the
+    open file of its range's lane, so interleaved ordered readers still give files of disjoint ranges."""
 
     def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None,
                  lanes: Sequence[int] | None = None):
@@ -188,14 +188,20 @@ class _FileRoller:
             if self._closed == 1:
                 failpoint("after-first-file")
 
-    def _lane(self, batch: pa.RecordBatch) -> int:
-        if not self.lanes or not batch.num_rows:
-            return 0
-        return bisect.bisect_right(self.lanes, batch.column("__row_index")[0].as_py())
-
     def write(self, batch: pa.RecordBatch) -> None:
         batch = batch.cast(self.schema)
-        lane = self._lane(batch)
+        if not self.lanes or not batch.num_rows:
+            self._write_lane(batch, 0)
+            return
+        # A reader's batches come in row_index order but one batch may span several ranges: cut it there.
+        cuts = np.searchsorted(batch.column("__row_index").to_numpy(), self.lanes, side="left")
+        start = 0
+        for lane, cut in enumerate([*cuts.tolist(), batch.num_rows]):
+            if cut > start:
+                self._write_lane(batch.slice(start, cut - start), lane)
+                start = cut
+
+    def _write_lane(self, batch: pa.RecordBatch, lane: int) -> None:
         offset = 0
         while offset < batch.num_rows:
             entry = self._open_files.get(lane) or self._open(lane)

@@ -163,7 +163,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
             source_version=head.rows_version,
             max_row_index=head.max_row_index if head.max_row_index is not None else (after if after is not None else -1),
             delete_files=plan.files if run_mode == "partial" else (),
-            lanes=[part[0][0] for part in parts[1:]],
+            lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
         )
     finally:
         pinned.close()
