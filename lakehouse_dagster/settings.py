@@ -82,6 +82,9 @@ class Settings:
     mirror_batch_size: int = 25
     # Flag changes reach every process through Postgres NOTIFY (the TTL stays the fallback); false: TTL only.
     flag_listen: bool = True
+    # A sync after updates/deletes/inserts below the max rewrites only the Iceberg data files holding the
+    # changed rows when they hold at most this fraction of the table's rows; more, or 0: a full rewrite.
+    partial_max_fraction: float = 0.25
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -115,6 +118,7 @@ class Settings:
             digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", False),
             mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
             flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
+            partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
         )
 
     def replace(self, **changes) -> "Settings":

@@ -36,6 +36,7 @@ import time
 import uuid
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
@@ -58,6 +59,7 @@ SOURCE_VERSION = "lakehouse.source-version"
 MAX_ROW_INDEX = "lakehouse.max-row-index"
 ROW_COUNT = "lakehouse.row-count"
 WRITE_PATH = "lakehouse.path"
+WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summary; a sync reports it)
 
 COMMIT_RETRIES = "commit.retry.num-retries"
 COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
@@ -151,58 +153,74 @@ def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Sc
 
 
 class _FileRoller:
-    """Writes batches into Parquet files of at most ``chunk_rows`` rows each."""
+    """Writes batches into Parquet files of at most ``chunk_rows`` rows each. With ``lanes`` (ascending
+    __row_index lower bounds of the ranges read after the first: source.reader_parts) a batch goes to the
+    open file of its range's lane, so interleaved ordered readers still give files of disjoint ranges."""
 
-    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None):
+    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None,
+                 lanes: Sequence[int] | None = None):
         self.table = table
         self.schema = schema
         self.sync_id = sync_id
         self.chunk_rows = chunk_rows
+        self.lanes = list(lanes or [])
         self.paths: list[str] = []
         self.rows = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._stream = None
-        self._in_file = 0
+        self._open_files: dict[int, list] = {}  # lane -> [ParquetWriter, stream, rows in file, path]
+        self._closed = 0
         self.digester = digester  # parity/maintained.py: each file's digest, from the rows in hand
         self.digests: dict = {}
 
-    def _open(self) -> None:
+    def _open(self, lane: int) -> list:
         path = f"{self.table.location()}/data/lakehouse-{self.sync_id}-{len(self.paths):05d}.parquet"
-        self._stream = self.table.io.new_output(path).create(overwrite=True)
-        self._writer = pq.ParquetWriter(self._stream, self.schema, compression="zstd", write_statistics=True)
+        stream = self.table.io.new_output(path).create(overwrite=True)
+        writer = pq.ParquetWriter(stream, self.schema, compression="zstd", write_statistics=True)
         self.paths.append(path)
-        self._in_file = 0
+        self._open_files[lane] = entry = [writer, stream, 0, path]
+        return entry
 
-    def _close_file(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._stream.close()
-            self._writer = None
-            self._stream = None
-            if len(self.paths) == 1:
+    def _close_file(self, lane: int) -> None:
+        entry = self._open_files.pop(lane, None)
+        if entry is not None:
+            entry[0].close()
+            entry[1].close()
+            self._closed += 1
+            if self._closed == 1:
                 failpoint("after-first-file")
 
     def write(self, batch: pa.RecordBatch) -> None:
         batch = batch.cast(self.schema)
+        if not self.lanes or not batch.num_rows:
+            self._write_lane(batch, 0)
+            return
+        # A reader's batches come in row_index order but one batch may span several ranges: cut it there.
+        cuts = np.searchsorted(batch.column("__row_index").to_numpy(), self.lanes, side="left")
+        start = 0
+        for lane, cut in enumerate([*cuts.tolist(), batch.num_rows]):
+            if cut > start:
+                self._write_lane(batch.slice(start, cut - start), lane)
+                start = cut
+
+    def _write_lane(self, batch: pa.RecordBatch, lane: int) -> None:
         offset = 0
         while offset < batch.num_rows:
-            if self._writer is None:
-                self._open()
-            take = min(batch.num_rows - offset, self.chunk_rows - self._in_file)
+            entry = self._open_files.get(lane) or self._open(lane)
+            take = min(batch.num_rows - offset, self.chunk_rows - entry[2])
             piece = batch.slice(offset, take)
-            self._writer.write_batch(piece)
+            entry[0].write_batch(piece)
             if self.digester is not None:
                 from ..parity.maintained import FileDigest
 
-                self.digester.add(self.digests.setdefault(self.paths[-1], FileDigest()), piece)
-            self._in_file += take
+                self.digester.add(self.digests.setdefault(entry[3], FileDigest()), piece)
+            entry[2] += take
             self.rows += take
             offset += take
-            if self._in_file >= self.chunk_rows:
-                self._close_file()
+            if entry[2] >= self.chunk_rows:
+                self._close_file(lane)
 
     def close(self) -> None:
-        self._close_file()
+        for lane in sorted(self._open_files):
+            self._close_file(lane)
 
     def delete_all(self) -> None:
         self.close()
@@ -226,14 +244,19 @@ def write_arrow(
     path: str = "mirror",
     chunk_rows: int | None = None,
     commit_entries: Callable[[], tuple[dict, dict]] | None = None,
+    delete_files: Sequence = (),
+    lanes: Sequence[int] | None = None,
 ) -> WriteResult:
     """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
-    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them.
+    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them;
+    mode="partial" removes ``delete_files`` (DataFiles of the current snapshot) and adds these rows in the
+    same snapshot (ingest/row_changes.py: the rows of the removed files, as Postgres has them now).
+    ``lanes``: _FileRoller.
     A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot.
     ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
     then) — returns extra (table properties, snapshot summary) for the same commit."""
-    if mode not in ("replace", "append"):
-        raise ValueError(f"mode must be 'replace' or 'append', not {mode!r}")
+    if mode not in ("replace", "append", "partial"):
+        raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
     table = ensure_table(catalog, settings, dataset)
     already = sync_snapshot(table, sync_id)
     if already is not None:
@@ -243,7 +266,7 @@ def write_arrow(
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
     digester = _digester(settings, dataset)
-    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows, digester)
+    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows, digester, lanes)
     try:  # nothing can have been committed in here: every failure deletes this write's files
         for batch in batches:
             if batch.schema.names != expected.names:
@@ -255,7 +278,7 @@ def write_arrow(
         roller.close()
         data_files = [parquet_file_to_data_file(table.io, table.metadata, p) for p in roller.paths]
         nbytes = sum(df.file_size_in_bytes for df in data_files)
-        previous_rows = 0 if mode == "replace" else _row_count(table)
+        previous_rows = 0 if mode == "replace" else _row_count(table) - sum(f.record_count for f in delete_files)
         total = previous_rows + roller.rows
         version = str(source_version if source_version is not None else -1)
         props = {
@@ -264,7 +287,7 @@ def write_arrow(
             ROW_COUNT: str(total),
             WRITE_PATH: path,
         }
-        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path}
+        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path, WRITE_MODE: mode}
         if commit_entries is not None:
             extra_props, extra_summary = commit_entries()
             props.update(extra_props)
@@ -278,7 +301,7 @@ def write_arrow(
             digester.close()
     try:
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
-                              sync_id=sync_id)
+                              sync_id=sync_id, delete_files=delete_files if mode == "partial" else None)
     except (CommitFailedException, ValidationException, GuardLost):
         roller.delete_all()  # known not committed
         raise
@@ -349,16 +372,32 @@ def _max_row_index(table: Table, mode: str) -> int:
     return -1 if mode == "replace" else int(table.properties.get(MAX_ROW_INDEX, -1))
 
 
-def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID) -> int:
+def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID,
+            delete_files: Sequence | None = None) -> int:
     """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
-    sync still holds its guard locks; past the attempts CommitFailedException propagates (transient)."""
+    sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
+    ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still
+    be live (else ValidationException: the plan is stale, nothing is committed)."""
     for attempt in range(COMMIT_ATTEMPTS):
         check_held()
         tx = table.transaction()
         tx.set_properties(props)
         snapshot_update = tx.update_snapshot(snapshot_properties=summary)
-        if replace:
+        if delete_files is not None:
+            live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
+            gone = [f.file_path for f in delete_files if f.file_path not in live]
+            if gone:
+                stale = ValidationException(f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
+                                            f"{gone[0]}); the partial rewrite was planned on a stale snapshot")
+                stale.transient = True  # the next sync plans on the table as it is
+                raise stale
+            with snapshot_update.overwrite() as producer:
+                for f in delete_files:
+                    producer.delete_data_file(f)
+                for df in data_files:
+                    producer.append_data_file(df)
+        elif replace:
             with snapshot_update.overwrite() as producer:
                 for task in table.scan().plan_files():
                     producer.delete_data_file(task.file)

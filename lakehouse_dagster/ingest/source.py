@@ -110,8 +110,11 @@ def column_expr(col: Column) -> sql.Composable:
     )
 
 
-def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | None, hi: int | None) -> sql.Composed:
-    """The typed projection of rows with lo < row_index <= hi (either bound optional)."""
+def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | None, hi: int | None,
+                 ranges: Sequence[tuple[int, int]] | None = None) -> sql.Composed:
+    """The typed projection of rows with lo < row_index <= hi (either bound optional) and, when given,
+    row_index in one of ``ranges`` (inclusive), in row_index order: the writer's files then hold
+    disjoint __row_index ranges, which is what lets a later sync rewrite only some of them."""
     items = [
         sql.SQL("row_index as {}").format(sql.Identifier("__row_index")),
         sql.SQL("row_id::text as {}").format(sql.Identifier("__row_id")),
@@ -123,11 +126,40 @@ def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | Non
         where.append(sql.SQL("row_index > {}").format(sql.Literal(lo)))
     if hi is not None:
         where.append(sql.SQL("row_index <= {}").format(sql.Literal(hi)))
-    return sql.SQL("select {} from dataset_rows where {}").format(
+    if ranges:
+        where.append(sql.SQL("({})").format(sql.SQL(" or ").join(
+            sql.SQL("row_index between {} and {}").format(sql.Literal(a), sql.Literal(b)) for a, b in ranges)))
+    return sql.SQL("select {} from dataset_rows where {} order by row_index").format(
         sql.SQL(", ").join(items), sql.SQL(" and ").join(where)
     )
 
 
+def reader_parts(state: "SnapshotState", *, ranges: Sequence[tuple[int, int]] | None = None,
+                 readers: int = 2, min_rows: int = 1) -> list[list[tuple[int, int]]]:
+    """The inclusive row_index ranges each reader reads: ascending and disjoint across readers, about
+    equally wide. Without ``ranges``: every row of ``state`` (min..max), split evenly; with: those ranges
+    clipped to it, each read whole by one reader (a rewritten file's range becomes one file, not two).
+    A reader gets at least ``min_rows`` row indexes (the file size: a small append stays one file)."""
+    if state.max_row_index is None:
+        return []
+    lo, hi = state.min_row_index, state.max_row_index
+    spans = [(max(a, lo), min(b, hi)) for a, b in (ranges if ranges is not None else [(lo, hi)])]
+    spans = [(a, b) for a, b in sorted(spans) if a <= b]
+    width = sum(b - a + 1 for a, b in spans)
+    if not width:
+        return []
+    n = max(1, min(readers, -(-width // max(1, min_rows))))
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+    done, i = 0, 0  # row indexes assigned so far; reader i takes those up to width*(i+1)//n
+    for a, b in spans:
+        while a <= b:
+            while (i + 1) * width // n <= done:
+                i += 1
+            take = b - a + 1 if ranges is not None else min(b - a + 1, (i + 1) * width // n - done)
+            parts[i].append((a, a + take - 1))
+            a += take
+            done += take
+    return [p for p in parts if p]
 @dataclasses.dataclass(frozen=True)
 class SnapshotState:
     """What the pinned Postgres snapshot says about the dataset."""
@@ -210,28 +242,28 @@ def read_batches(
     after_row_index: int | None,
     readers: int = 2,
     max_queued: int = 4,
+    parts: list[list[tuple[int, int]]] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot.
+    """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot (``state`` was read
+    with it), or of the rows in ``parts`` (reader_parts: one reader each) when given.
 
     At most ``max_queued`` batches wait in memory, so memory stays bounded whatever the dataset size.
     """
-    if state.max_row_index is None:  # nothing to read
+    if parts is None:
+        parts = reader_parts(state, readers=readers)
+    if not parts:  # nothing to read
         return
-    lo = state.min_row_index - 1
-    hi = state.max_row_index
-    n = max(1, min(readers, hi - lo))
-    bounds = [lo + (hi - lo) * i // n for i in range(n)] + [hi]
     out: queue.Queue = queue.Queue(maxsize=max_queued)
     stop = threading.Event()
     threads = []
-    for i in range(n):
-        q = select_query(pinned.dataset_id, columns, bounds[i], bounds[i + 1]).as_string(pinned.conn)
+    for part in parts:
+        q = select_query(pinned.dataset_id, columns, after_row_index, None, part).as_string(pinned.conn)
         t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop), daemon=True)
         t.start()
         threads.append(t)
     done = 0
     try:
-        while done < n:
+        while done < len(parts):
             item = out.get()
             if item is None:
                 done += 1

@@ -22,24 +22,25 @@ from ..flags.native import native_dataset_ids
 from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state, write_arrow
+from ..iceberg.writer import WRITE_MODE, snapshot_source_version, sync_snapshot, table_state, write_arrow
 from ..settings import Settings
 from ..store.datasets import Dataset, get_dataset, parse_schema
 from ..store.db import connect
 from .guards import admission_slot, dataset_lock, guard_connection
 from .reaper import UNSETTLED, reap_abandoned
-from .source import PinnedSnapshot, read_batches
+from .row_changes import PartialPlan, changed_ranges, file_ranges, plan_partial, prune
+from .source import PinnedSnapshot, read_batches, reader_parts
 
 _log = logging.getLogger(__name__)
 
-MODES = ("auto", "full", "incremental")
+MODES = ("auto", "full", "incremental")  # auto may run partial (ingest/row_changes.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class SyncResult:
     sync_id: uuid.UUID
     dataset_id: uuid.UUID
-    mode: str  # what ran: full | incremental | noop
+    mode: str  # what ran: full | incremental | partial | noop
     reason: str  # why that mode
     rows: int  # rows written by this sync
     total_rows: int  # rows in the table after it
@@ -146,14 +147,23 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
         if run_mode == "noop":
             return SyncResult(sync_id, ds_id, "noop", reason, 0, current["row_count"], current["snapshot_id"], 0, 0,
                               head.rows_version, time.perf_counter() - started)
+        plan = None
+        if run_mode == "rewrite":
+            plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
+            run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
         state = pinned.state(after) if after is not None else head
-        batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers)
+        parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers,
+                             min_rows=settings.ingest_chunk_rows)
+        batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers,
+                               parts=parts)
         written = write_arrow(
             catalog, settings, dataset, batches,
-            mode="replace" if run_mode == "full" else "append",
+            mode={"full": "replace", "incremental": "append", "partial": "partial"}[run_mode],
             sync_id=sync_id,
             source_version=head.rows_version,
             max_row_index=head.max_row_index if head.max_row_index is not None else (after if after is not None else -1),
+            delete_files=plan.files if run_mode == "partial" else (),
+            lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
         )
     finally:
         pinned.close()
@@ -188,8 +198,24 @@ def _choose_mode(mode: str, head, current: dict | None, columns_now: list) -> tu
     if current["source_version"] == head.rows_version:
         return "noop", "already mirrored at this source version", None
     if head.rows_rewrite_version > current["source_version"]:
-        return "full", "rows were updated, deleted or inserted below the mirrored max row index", None
+        return "rewrite", "rows were updated, deleted or inserted below the mirrored max row index", None
     return "incremental", "only appends since the last mirrored version", current["max_row_index"]
+
+
+def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, settings: Settings) -> PartialPlan | str:
+    """A partial rewrite when change tracking knows every range rewritten since the mirrored version (read
+    in the pinned snapshot, like the rows) and they sit in few data files; else why the sync goes full."""
+    full = "rows were updated, deleted or inserted below the mirrored max row index"
+    if settings.partial_max_fraction <= 0:
+        return f"{full} (partial rewrites are off: LAKEHOUSE_PARTIAL_MAX_FRACTION=0)"
+    changed = changed_ranges(pinned.conn, ds_id, head.rows_rewrite_version, current["source_version"])
+    if changed is None:
+        return f"{full}; which rows is not known (a TRUNCATE, a schema change or older history)"
+    files = file_ranges(table)
+    if isinstance(files, str):
+        return f"{full}; {files}"
+    return plan_partial(files, changed, current["max_row_index"], head.max_row_index, current["row_count"],
+                        settings.partial_max_fraction)
 
 
 _BAD_VALUE = re.compile(r"dataset \S+ row_index \d+ column .*?: expected \w+, got a JSON \w+")
@@ -276,6 +302,9 @@ def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: Bas
 
 
 def _snapshot_mode(snap) -> str:
+    written = snap.summary.additional_properties.get(WRITE_MODE)
+    if written is not None:
+        return {"replace": "full", "append": "incremental"}.get(written, written)
     op = getattr(getattr(snap.summary, "operation", None), "value", None)
     return "incremental" if op == "append" else "full"
 
@@ -306,3 +335,4 @@ def _log_succeeded(conn, r: SyncResult) -> None:
             "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",
             (r.total_rows, r.dataset_id),
         )
+        prune(conn, r.dataset_id, r.source_version)

@@ -256,18 +256,24 @@ NO_KEY_ROW_LOCKS = ADOPT_APP_TABLES[ADOPT_APP_TABLES.index("create or replace fu
 # lock the datasets row (FOR NO KEY UPDATE), then draw the version, then update — so a version never
 # moves back and the writers of one dataset serialise, deadlock-free; the values written are the 018
 # ones. A statement over several datasets (k > 1), an empty one and TRUNCATE take the 018 body,
-# unchanged below the fast path. MERGE NOTE (branch rowedit, migration 019 also replaces these two
-# functions): keep 019's additions in the 018-path part, and add the same to the one-dataset fast path
-# (the range it has in hand: lo/hi for an insert; for an update/delete the fast path reads only hi/one).
+# unchanged below the fast path. Both paths carry migration 019's row-range records (blocks marked
+# "019: row ranges", ingest/migration.py), written before the datasets update so that prev_version is
+# the dataset's rows_rewrite_version before this statement; a pure append records nothing.
 ONE_DATASET_TRACKING = """
 create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
-declare v bigint; one uuid; lo bigint; hi bigint; k bigint;
+declare v bigint; one uuid; lo bigint; hi bigint; k bigint; mx bigint; prev bigint;
 begin
   select dataset_id, min(row_index), max(row_index), count(*) over ()
     into one, lo, hi, k from lakehouse_new_rows group by dataset_id limit 1;
   if k = 1 then  -- 020 fast path: one dataset
-    perform 1 from datasets where id = one for no key update;
+    select d.max_row_index, d.rows_rewrite_version into mx, prev from datasets d where d.id = one for no key update;
     v := nextval('lakehouse_rows_version_seq');
+    -- 019: row ranges (rows at or below the known max; a pure append, or an unknown max, records nothing).
+    if lo <= mx then
+      insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+      select one, v, n.row_index >> 12, prev, min(n.row_index), max(n.row_index)
+        from lakehouse_new_rows n where n.row_index <= mx group by n.row_index >> 12;
+    end if;
     update datasets d
        set rows_version = v,
            rows_xid = pg_current_xact_id(),
@@ -282,6 +288,12 @@ begin
   -- 018 path
   perform 1 from datasets where id in (select dataset_id from lakehouse_new_rows) order by id for no key update;
   v := nextval('lakehouse_rows_version_seq');
+  -- 019: row ranges
+  insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+  select n.dataset_id, v, n.row_index >> 12, d.rows_rewrite_version, min(n.row_index), max(n.row_index)
+    from lakehouse_new_rows n join datasets d on d.id = n.dataset_id
+   where n.row_index <= d.max_row_index
+   group by n.dataset_id, n.row_index >> 12, d.rows_rewrite_version;
   update datasets d
      set rows_version = v,
          rows_xid = pg_current_xact_id(),
@@ -297,7 +309,7 @@ begin
 end $$;
 
 create or replace function lakehouse_rows_rewritten() returns trigger language plpgsql as $$
-declare v bigint; one uuid; hi bigint; k bigint;
+declare v bigint; one uuid; hi bigint; k bigint; prev bigint;
 begin
   if tg_op = 'UPDATE' then
     select dataset_id, max(idx), count(*) over () into one, hi, k
@@ -309,9 +321,14 @@ begin
     select dataset_id, count(*) over () into one, k from lakehouse_old_rows group by dataset_id limit 1;
   end if;
   if k = 1 then  -- 020 fast path: one dataset
-    perform 1 from datasets where id = one for no key update;
+    select d.rows_rewrite_version into prev from datasets d where d.id = one for no key update;
     v := nextval('lakehouse_rows_version_seq');
     if tg_op = 'UPDATE' then
+      -- 019: row ranges (old and new row_index)
+      insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+      select one, v, t.row_index >> 12, prev, min(t.row_index), max(t.row_index)
+        from (select row_index from lakehouse_new_rows union all select row_index from lakehouse_old_rows) t
+       group by t.row_index >> 12;
       update datasets d
          set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(),
              max_row_index = case when d.max_row_index is null
@@ -319,6 +336,10 @@ begin
                                   else greatest(d.max_row_index, hi) end
        where d.id = one;
     else
+      -- 019: row ranges (old row_index)
+      insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+      select one, v, t.row_index >> 12, prev, min(t.row_index), max(t.row_index)
+        from lakehouse_old_rows t group by t.row_index >> 12;
       update datasets d set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id()
        where d.id = one;
     end if;
@@ -334,6 +355,20 @@ begin
     perform 1 from datasets order by id for no key update;
   end if;
   v := nextval('lakehouse_rows_version_seq');
+  -- 019: row ranges (UPDATE: old and new row_index; DELETE: old; TRUNCATE records nothing: the chain breaks)
+  if tg_op = 'UPDATE' then
+    insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+    select t.dataset_id, v, t.row_index >> 12, d.rows_rewrite_version, min(t.row_index), max(t.row_index)
+      from (select dataset_id, row_index from lakehouse_new_rows
+            union all select dataset_id, row_index from lakehouse_old_rows) t
+      join datasets d on d.id = t.dataset_id
+     group by t.dataset_id, t.row_index >> 12, d.rows_rewrite_version;
+  elsif tg_op = 'DELETE' then
+    insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx, max_idx)
+    select t.dataset_id, v, t.row_index >> 12, d.rows_rewrite_version, min(t.row_index), max(t.row_index)
+      from lakehouse_old_rows t join datasets d on d.id = t.dataset_id
+     group by t.dataset_id, t.row_index >> 12, d.rows_rewrite_version;
+  end if;
   if tg_op = 'UPDATE' then
     update datasets d
        set rows_version = v, rows_rewrite_version = v, rows_xid = pg_current_xact_id(),
@@ -459,7 +494,10 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
     # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
     ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
-    # What the live app pays for its writes: the maintained digest without per-statement planning.
+    # row.edit partial rewrites: the row_index ranges each rewriting statement touched (ingest/migration.py).
+    ("019_row_changes", _module_sql("ingest", "ROW_CHANGES")),
+    # What the live app pays for its writes: the maintained digest without per-statement planning; change
+    # tracking's one-dataset fast path (it carries 019's row ranges).
     ("020_app_write_cost", ONE_DATASET_TRACKING + _module_sql("parity", "APP_WRITE_COST")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
