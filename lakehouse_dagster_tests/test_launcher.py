@@ -169,3 +169,30 @@ def test_a_code_change_reaches_the_next_run_and_a_dead_forkserver_is_replaced(in
         assert poll_for_finished_run(instance, second.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
     assert probe_value(second.run_id) == "second"
     assert WarmRunLauncher.forkserver_pid() not in (None, old)
+
+
+@pytest.fixture
+def forkserver_started_before_env(instance):
+    """The forkserver running before the ``settings`` fixture exports this test's database to the environment."""
+    instance.run_launcher._forkserver_up()
+
+
+def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_started_before_env, instance, conn,
+                                                                  settings):
+    """The real location (lakehouse_dagster.definitions) and its mirror_batch_job over a real dataset: the worker
+    sees the launching process' environment (this test's database and warehouse), not the forkserver's."""
+    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.store import datasets as ds
+
+    ws_id = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws_id, "launched", [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}])
+    ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(50)])
+    job = defs().get_job_def("mirror_batch_job")
+    with _workspace(instance, "lakehouse_dagster.definitions") as ws:
+        run = _launch(instance, ws, job, run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(d)]}}}})
+        done = poll_for_finished_run(instance, run.run_id, timeout=300)
+    assert done.status == dg.DagsterRunStatus.SUCCESS, [r.message for r in instance.all_logs(run.run_id)][-5:]
+    version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+    row = conn.execute("select status, rows, source_version from iceberg_sync_log where dataset_id = %s"
+                       " order by finished_at desc limit 1", (d,)).fetchone()
+    assert row == ("succeeded", 50, version)
