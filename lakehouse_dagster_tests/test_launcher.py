@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -91,7 +92,9 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     # The forkserver holds the third-party imports only, and no thread beyond the native pools their import
     # starts (OpenBLAS, jemalloc: both re-initialise after fork): no more than a bare import of them has.
     cmdline, threads = _forkserver_facts()
-    assert "pyiceberg.table" in cmdline and "lakehouse_dagster" not in cmdline
+    assert "pyiceberg.table" in cmdline
+    # Of ours, only the launcher's numba warm-up: never the code location (defs, ingest, parity...).
+    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.numba_warm"]
     bare = subprocess.run(
         [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
          " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
