@@ -93,8 +93,8 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     # starts (OpenBLAS, jemalloc: both re-initialise after fork): no more than a bare import of them has.
     cmdline, threads = _forkserver_facts()
     assert "pyiceberg.table" in cmdline
-    # Of ours, only the launcher's numba warm-up: never the code location (defs, ingest, parity...).
-    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.numba_warm"]
+    # Of ours, only the launcher's warm-up: never the code location (defs, ingest, parity...).
+    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm"]
     bare = subprocess.run(
         [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
          " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",

@@ -5,7 +5,7 @@ Why: dagster's DefaultRunLauncher asks the code server to start every run in a *
 (multiprocessing "spawn") that imports dagster and the whole code location before the first step: seconds per run,
 most of a small mirror's lag. A fork of a warm process starts in milliseconds. The forkserver never imports
 the code location (defs, ingest, parity, ...): the child imports it after the fork, so a code change is used by the
-next run. Only this package comes into the forkserver, with ``numba_warm`` (numba's compiler initialised once).
+next run. Only this package comes into the forkserver, with ``warm`` (numba's compiler initialised once).
 
 What operators keep from the default launcher: terminate (SIGINT to the worker → the run ends CANCELED; SIGKILL
 after ``terminate_grace_seconds`` if it is stuck), run monitoring (``check_run_worker_health``: a worker that died
@@ -68,8 +68,8 @@ DEFAULT_PRELOAD = [
     "pyiceberg.types",
 ]
 
-# Imported after DEFAULT_PRELOAD when ``warm_numba`` (the launcher's own package comes with it, nothing else of ours).
-NUMBA_WARM = "lakehouse_dagster.launcher.numba_warm"
+# Imported after DEFAULT_PRELOAD when ``warm_up`` (the launcher's own package comes with it, nothing else of ours).
+WARM_UP = "lakehouse_dagster.launcher.warm"
 
 _CTX_LOCK = threading.Lock()
 
@@ -85,11 +85,11 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     """Launches runs in children of a warm forkserver (this machine only); see the module docstring."""
 
     def __init__(self, inst_data: ConfigurableClassData | None = None, preload_modules: list[str] | None = None,
-                 warm_at_start: bool = True, terminate_grace_seconds: float = 30.0, warm_numba: bool = True):
+                 warm_at_start: bool = True, terminate_grace_seconds: float = 30.0, warm_up: bool = True):
         self._inst_data = inst_data
         self.preload_modules = list(DEFAULT_PRELOAD if preload_modules is None else preload_modules)
-        if warm_numba:
-            self.preload_modules.append(NUMBA_WARM)
+        if warm_up:
+            self.preload_modules.append(WARM_UP)
         self.terminate_grace_seconds = float(terminate_grace_seconds)
         self._ctx = None
         self._workers: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -117,8 +117,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                                       description="start the forkserver when the daemon starts, not at the first run"),
             "terminate_grace_seconds": dg.Field(float, is_required=False, default_value=30.0,
                                                 description="SIGKILL a terminated worker still alive after this"),
-            "warm_numba": dg.Field(bool, is_required=False, default_value=True,
-                                   description="initialise numba's compiler in the forkserver (~0.85 s per run)"),
+            "warm_up": dg.Field(bool, is_required=False, default_value=True,
+                                description="numba's compiler initialised once in the forkserver (warm.py)"),
         }
 
     @classmethod
