@@ -58,10 +58,12 @@ def _worker(instance, run_id) -> Worker:
 
 
 def _wait_gone(worker: Worker, timeout=30.0) -> None:
+    """The worker exited and was reaped: no /proc entry left (a zombie keeps one)."""
     deadline = time.monotonic() + timeout
-    while worker.alive() and time.monotonic() < deadline:
+    while Path(f"/proc/{worker.pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not worker.alive(), f"worker {worker.pid} still running"
+    assert not Path(f"/proc/{worker.pid}").exists(), f"worker {worker.pid} still running or not reaped"
+    assert not worker.alive()
 
 
 def _event_types(instance, run_id) -> list[str]:
@@ -88,7 +90,7 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     messages = [r.message for r in instance.all_logs(run.run_id)]
     assert f"Started process for run (pid: {worker.pid})." in messages  # the tagged pid is the run's worker
     assert any(f"Forked run worker (pid {worker.pid})" in m for m in messages)
-    _wait_gone(worker)  # exited and reaped (a zombie counts as alive=False only once its stat says Z/X)
+    _wait_gone(worker)
     # The forkserver holds the third-party imports only, and no thread beyond the native pools their import
     # starts (OpenBLAS, jemalloc: both re-initialise after fork): no more than a bare import of them has.
     cmdline, threads = _forkserver_facts()
@@ -199,3 +201,21 @@ def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_star
     row = conn.execute("select status, rows, source_version from iceberg_sync_log where dataset_id = %s"
                        " order by finished_at desc limit 1", (d,)).fetchone()
     assert row == ("succeeded", 50, version)
+
+
+def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(instance):
+    """The worker would run the daemon's interpreter, not the location's: the launch goes to DefaultRunLauncher,
+    which needs a code server (this in-process location has none), so the launch fails loudly, with both reasons."""
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        (location,) = [e.code_location for e in ws.get_code_location_entries().values()]
+        (repo,) = location.get_repositories().values()
+        remote = repo.get_full_job("ok_job")
+        origin = remote.get_python_origin()
+        other = origin._replace(repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python"))
+        run = instance.create_run_for_job(job_def=launcher_jobs.ok_job, remote_job_origin=remote.get_remote_origin(),
+                                          job_code_origin=other)
+        with pytest.raises(Exception, match="GRPC"):
+            instance.launch_run(run.run_id, ws)
+    messages = [r.message for r in instance.all_logs(run.run_id)]
+    assert any("DefaultRunLauncher" in m and "/opt/other/python" in m for m in messages)
+    assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags  # nothing was forked
