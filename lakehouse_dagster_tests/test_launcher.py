@@ -126,6 +126,19 @@ def test_terminate_cancels_the_run_and_the_worker_is_gone(instance):
     assert not instance.run_launcher.terminate(run.run_id)  # a finished run: nothing to do
 
 
+def test_terminate_right_after_the_launch_still_ends_the_run_canceled(instance):
+    """A run whose worker has not started executing yet: CANCELED at once, and the worker stops before the first
+    step (a SIGINT then would leave the run CANCELING, which dagster's worker turns into FAILURE at start)."""
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.sleep_job)
+        worker = _worker(instance, run.run_id)
+        assert instance.run_launcher.terminate(run.run_id)
+        done = poll_for_finished_run(instance, run.run_id, timeout=60)
+    assert done.status == dg.DagsterRunStatus.CANCELED
+    _wait_gone(worker)
+    assert "STEP_START" not in _event_types(instance, run.run_id)
+
+
 def test_a_sigkilled_worker_is_reported_failed_and_the_monitor_fails_its_run(instance):
     with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
         run = _launch(instance, ws, launcher_jobs.sleep_job)

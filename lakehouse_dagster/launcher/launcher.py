@@ -209,6 +209,13 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             self._instance.report_engine_event(
                 f"The run worker runs on host {worker.host}, not here; cannot terminate it.", run, cls=self.__class__)
             return False
+        if run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING):
+            # Not executing yet: CANCELED now, and the worker finds it so and stops before the first step
+            # ("Not starting execution"); a SIGINT here would leave it CANCELING, which dagster fails at start.
+            self._instance.report_run_canceled(run, message="Run canceled before its worker started executing it.")
+            threading.Thread(target=self._kill_if_stuck, args=(run_id, worker), daemon=True,
+                             name=f"kill-if-stuck-{run_id[:8]}").start()
+            return True
         self._instance.report_run_canceling(run)
         if not worker.alive():
             self._instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) was already gone.")
@@ -224,21 +231,24 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         return True
 
     def _kill_if_stuck(self, run_id: str, worker: Worker) -> None:
-        """A worker that does not end within the grace period (stuck in C code, a lost interrupt) is SIGKILLed and
-        its run marked CANCELED: terminate always ends the run."""
+        """Terminate always ends the run: a worker still alive after the grace period (stuck in C code, a lost
+        interrupt) is SIGKILLed; one that exited without reporting the end (interrupted while still importing) too
+        leaves its run CANCELED here rather than CANCELING until the monitor's cancel timeout."""
         deadline = time.monotonic() + self.terminate_grace_seconds
-        while time.monotonic() < deadline:
-            if not worker.alive():
-                return
+        while worker.alive() and time.monotonic() < deadline:
             time.sleep(0.2)
-        try:
-            os.kill(worker.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if worker.alive():
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            why = f"killed: still running {self.terminate_grace_seconds:g} s after SIGINT"
+        else:
+            time.sleep(0.5)  # a worker that ended the run itself has written it just before exiting
+            why = "exited without ending the run"
         run = self._instance.get_run_by_id(run_id)
         if run and not run.is_finished:
-            self._instance.report_run_canceled(
-                run, message=f"Run worker (pid {worker.pid}) killed: still running {self.terminate_grace_seconds:g} s after SIGINT.")
+            self._instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) {why}.")
 
     @property
     def supports_check_run_worker_health(self) -> bool:
