@@ -25,7 +25,8 @@ from lakehouse_dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = {"module": "lakehouse_dagster.launcher", "class": "WarmRunLauncher", "config": {"terminate_grace_seconds": 10.0}}
+LAUNCHER = {"module": "lakehouse_dagster.launcher", "class": "WarmRunLauncher",
+            "config": {"terminate_grace_seconds": 10.0}}
 
 
 @pytest.fixture
@@ -224,7 +225,8 @@ def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(
         (repo,) = location.get_repositories().values()
         remote = repo.get_full_job("ok_job")
         origin = remote.get_python_origin()
-        other = origin._replace(repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python"))
+        other = origin._replace(
+            repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python"))
         run = instance.create_run_for_job(job_def=launcher_jobs.ok_job, remote_job_origin=remote.get_remote_origin(),
                                           job_code_origin=other)
         with pytest.raises(Exception, match="GRPC"):

@@ -78,7 +78,8 @@ def _in_daemon_process() -> bool:
     """The dagster daemon (``dagster-daemon run`` or ``python -m dagster._daemon`` under ``dagster dev``) is the
     process that launches queued runs: the one worth warming up at start."""
     argv0 = sys.argv[0] if sys.argv else ""
-    return os.path.basename(argv0) == "dagster-daemon" or argv0.endswith(os.path.join("dagster", "_daemon", "__main__.py"))
+    return os.path.basename(argv0) == "dagster-daemon" or argv0.endswith(
+        os.path.join("dagster", "_daemon", "__main__.py"))
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):
@@ -163,8 +164,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         origin = run.job_code_origin
-        if origin is not None and origin.executable_path and os.path.realpath(origin.executable_path) != os.path.realpath(sys.executable):
-            return self._launch_default(context, f"its code location runs another Python ({origin.executable_path})")
+        exe = origin.executable_path if origin is not None else None
+        if exe and os.path.realpath(exe) != os.path.realpath(sys.executable):
+            return self._launch_default(context, f"its code location runs another Python ({exe})")
         self._sweep()
         try:
             self._forkserver_up()
@@ -174,7 +176,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             )
             proc.start()
         except Exception as exc:
-            return self._launch_default(context, f"the warm forkserver could not start a worker ({type(exc).__name__}: {exc})")
+            return self._launch_default(
+                context, f"the warm forkserver could not start a worker ({type(exc).__name__}: {exc})")
         # Not joined at this process' exit (multiprocessing joins its non-daemonic children): a daemon restart
         # must neither wait for runs nor end them; the worker reports its own end to the run storage.
         multiprocessing.process._children.discard(proc)
@@ -189,7 +192,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
 
     def _launch_default(self, context: LaunchRunContext, why: str) -> None:
         self._instance.report_engine_event(
-            f"WarmRunLauncher: launching through the code server (DefaultRunLauncher) because {why}.",
+            f"Launching through the code server (DefaultRunLauncher) because {why}.",
             context.dagster_run, cls=self.__class__,
         )
         self._default().launch_run(context)
