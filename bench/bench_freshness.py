@@ -12,6 +12,11 @@ temporary LAKEHOUSE_HOME on a free port. Then, measured from the commit of a wri
 2. burst: N datasets of ``--rows`` rows created and filled in one transaction → all mirrored (and the median
    dataset), for each N in ``--sizes``.
 
+3. where the seconds of one idle lag go, from the Dagster event log of the run that covered each trial (medians):
+   sensor (write → run enqueued by the poller), queue (→ RUN_STARTING), launch (→ RUN_START, reported by the run's
+   own process), run init (→ the sync's start in iceberg_sync_log), sync (→ its finish); and, outside the lag,
+   the run's tail after the sync (checks, RUN_SUCCESS).
+
 Variants, in the same run: the baseline is the source tree of git ref ``--baseline`` (default ``main``: one
 mirror_job run per dataset), extracted with ``git archive`` and put first on PYTHONPATH; then this tree (batched
 mirror runs). Ratios are baseline / new (>1: the new path is faster). ``--baseline none`` skips it.
@@ -52,6 +57,22 @@ select d.id from datasets d
                   and s.source_version >= d.rows_version)
 """
 
+# The Dagster run that covered a trial: the first mirror run listing the dataset enqueued after the write.
+COVERING_RUN = """
+select r.run_id from runs r join run_tags t on t.run_id = r.run_id and t.key = 'lakehouse/datasets'
+ where t.value like %(pat)s and r.create_timestamp >= (to_timestamp(%(t)s) at time zone 'UTC')
+ order by r.create_timestamp limit 1
+"""
+RUN_EVENTS = """
+select dagster_event_type, extract(epoch from min(timestamp))::float8 from event_logs
+ where run_id = %s and dagster_event_type is not null group by 1
+"""
+COVERING_SYNC = """
+select extract(epoch from started_at)::float8, extract(epoch from finished_at)::float8 from iceberg_sync_log
+ where dataset_id = %s and status = 'succeeded' and source_version >= %s order by finished_at limit 1
+"""
+PHASES = ["sensor", "queue", "launch", "run init", "sync", "after sync (not in the lag)"]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -78,11 +99,13 @@ class Stack:
         self.dsn = ready["database"]  # the embedded server's socket DSN (no password to hide)
         self.seconds_to_ready = ready.get("seconds_to_ready")
         self.conn = psycopg.connect(self.dsn, autocommit=True)
+        self.dagster = psycopg.connect(psycopg.conninfo.make_conninfo(self.dsn, dbname="dagster"), autocommit=True)
         self.ws = uuid.uuid4()
         self.conn.execute("insert into workspaces (id, name) values (%s, 'bench')", (self.ws,))
 
     def stop(self) -> None:
         self.conn.close()
+        self.dagster.close()
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(120)
@@ -102,6 +125,20 @@ class Stack:
             time.sleep(0.05)
         return done
 
+    def breakdown(self, d: uuid.UUID, t_write: float, version: int) -> dict[str, float] | None:
+        """Seconds per phase of the lag of one trial (PHASES), from the covering run's events and sync."""
+        run = self.dagster.execute(COVERING_RUN, {"pat": f"%{d}%", "t": t_write - 0.5}).fetchone()
+        sync = self.conn.execute(COVERING_SYNC, (d, version)).fetchone()
+        if run is None or sync is None:
+            return None
+        ev = dict(self.dagster.execute(RUN_EVENTS, (run[0],)).fetchall())
+        need = ("PIPELINE_ENQUEUED", "PIPELINE_STARTING", "PIPELINE_START", "PIPELINE_SUCCESS")
+        if not all(k in ev for k in need):
+            return None
+        marks = [t_write, ev["PIPELINE_ENQUEUED"], ev["PIPELINE_STARTING"], ev["PIPELINE_START"], sync[0], sync[1],
+                 ev["PIPELINE_SUCCESS"]]
+        return {name: round(b - a, 3) for name, a, b in zip(PHASES, marks, marks[1:])}
+
     def new_datasets(self, n: int, rows: int) -> tuple[list[uuid.UUID], float]:
         ids = [uuid.uuid4() for _ in range(n)]
         with self.conn.transaction():
@@ -119,16 +156,23 @@ def measure(stack: Stack, args, sizes: list[int]) -> dict:
         raise RuntimeError(f"{stack.label}: the first dataset was not mirrored within {args.timeout} s")
     out["first_sync_s"] = first[d]
     time.sleep(5)  # let the checks of that first run finish: the stack is idle before the trials
-    lags, lo = [], args.rows
+    lags, trials, lo = [], [], args.rows
     for i in range(args.trials):
         stack.conn.execute(APPEND, {"id": d, "lo": lo, "n": 10})
-        t0 = time.perf_counter()
+        t0, t_write = time.perf_counter(), time.time()
         lo += 10
         got = stack.wait_covered([d], args.timeout, t0)
         lags.append(got.get(d, float("inf")))
+        version = stack.conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+        trials.append((t_write, version))
         print(f"  [{stack.label}] trial {i + 1}: {lags[-1]:.2f} s", file=sys.stderr, flush=True)
         time.sleep(3 + (i % 5))  # idle between trials, at varying phases of the sensor's interval
     out["lag"] = lags
+    time.sleep(5)  # the last run's tail (checks, RUN_SUCCESS) reaches the event log
+    phases = [stack.breakdown(d, t_write, version) for t_write, version in trials]
+    print(f"  [{stack.label}] lag breakdown per trial: {phases}", file=sys.stderr, flush=True)
+    got = [p for p in phases if p]
+    out["lag_breakdown"] = {k: statistics.median(p[k] for p in got) for k in PHASES} if got else None
     for n in sizes:
         ids, t0 = stack.new_datasets(n, args.rows)
         got = stack.wait_covered(ids, args.timeout, t0)
@@ -196,6 +240,9 @@ def main() -> None:
     row("first sync of a new 1,000-row dataset", lambda r: r["first_sync_s"])
     row(f"10-row append → Iceberg, p50 ({args.trials} trials)", lambda r: statistics.median(r["lag"]))
     row(f"10-row append → Iceberg, p95 ({args.trials} trials)", lambda r: pct(r["lag"], 0.95))
+    for phase in PHASES:
+        row(f"  of which (median): {phase}",
+            lambda r, phase=phase: (r.get("lag_breakdown") or {}).get(phase, "—"))
     for n in sorted({n for _, _, s in variants for n in s}):
         row(f"{n} datasets written at once → all mirrored",
             lambda r, n=n: (r.get(f"burst_{n}") or {}).get("all_s")

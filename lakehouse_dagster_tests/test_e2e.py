@@ -71,6 +71,7 @@ def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypa
         assert type(inst.event_log_storage).__name__ == "PostgresEventLogStorage"
         assert type(inst.schedule_storage).__name__ == "PostgresScheduleStorage"
         assert type(inst.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert type(inst.run_launcher).__name__ == "WarmRunLauncher"  # runs forked from the warm forkserver
         assert inst.telemetry_enabled is False
         assert inst.run_monitoring_enabled and inst.run_monitoring_settings["free_slots_after_run_end_seconds"] > 0
         limits = inst.get_concurrency_config().run_queue_config.tag_concurrency_limits

@@ -1,0 +1,236 @@
+"""WarmRunLauncher: real runs launched through a DagsterInstance configured with it, workers forked from the real
+forkserver, real signals (terminate, SIGKILL) and the run monitoring daemon's own check."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from dagster._core.launcher import WorkerStatus
+from dagster._core.test_utils import in_process_test_workspace, poll_for_event, poll_for_finished_run
+from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+from dagster._daemon.monitoring.run_monitoring import monitor_started_run
+
+from lakehouse_dagster.launcher import WarmRunLauncher
+from lakehouse_dagster.launcher.launcher import WORKER_TAG
+from lakehouse_dagster.launcher.worker_process import Worker, start_time
+from lakehouse_dagster_tests import launcher_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHER = {"module": "lakehouse_dagster.launcher", "class": "WarmRunLauncher",
+            "config": {"terminate_grace_seconds": 10.0}}
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test(overrides={"run_launcher": LAUNCHER}) as inst:
+        assert isinstance(inst.run_launcher, WarmRunLauncher)
+        yield inst
+
+
+def _workspace(instance, module: str):
+    return in_process_test_workspace(instance, LoadableTargetOrigin(
+        executable_path=sys.executable, module_name=module, working_directory=str(ROOT)))
+
+
+def _launch(instance, workspace, job_def: dg.JobDefinition, run_config=None) -> dg.DagsterRun:
+    """Create the run the way the UI / the run queue does (origins from the loaded location) and launch it."""
+    (location,) = [e.code_location for e in workspace.get_code_location_entries().values()]
+    (repo,) = location.get_repositories().values()
+    remote = repo.get_full_job(job_def.name)
+    run = instance.create_run_for_job(job_def=job_def, run_config=run_config,
+                                      remote_job_origin=remote.get_remote_origin(),
+                                      job_code_origin=remote.get_python_origin())
+    return instance.launch_run(run.run_id, workspace)
+
+
+def _worker(instance, run_id) -> Worker:
+    worker = Worker.loads(instance.get_run_by_id(run_id).tags.get(WORKER_TAG))
+    assert worker is not None, "the launch records its worker in a run tag"
+    return worker
+
+
+def _wait_gone(worker: Worker, timeout=30.0) -> None:
+    """The worker exited and was reaped: no /proc entry left (a zombie keeps one)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{worker.pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker.pid}").exists(), f"worker {worker.pid} still running or not reaped"
+    assert not worker.alive()
+
+
+def _event_types(instance, run_id) -> list[str]:
+    return [r.dagster_event.event_type_value for r in instance.all_logs(run_id) if r.dagster_event]
+
+
+def _forkserver_facts() -> tuple[str, int]:
+    pid = WarmRunLauncher.forkserver_pid()
+    assert pid
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("Threads:")))
+    return cmdline, threads
+
+
+def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.ok_job)
+        done = poll_for_finished_run(instance, run.run_id, timeout=120)
+    assert done.status == dg.DagsterRunStatus.SUCCESS
+    types = _event_types(instance, run.run_id)
+    assert {"PIPELINE_START", "STEP_SUCCESS", "PIPELINE_SUCCESS"} <= set(types)
+    worker = _worker(instance, run.run_id)
+    messages = [r.message for r in instance.all_logs(run.run_id)]
+    assert f"Started process for run (pid: {worker.pid})." in messages  # the tagged pid is the run's worker
+    assert any(f"Forked run worker (pid {worker.pid})" in m for m in messages)
+    _wait_gone(worker)
+    # The forkserver holds the third-party imports only, and no thread beyond the native pools their import
+    # starts (OpenBLAS, jemalloc: both re-initialise after fork): no more than a bare import of them has.
+    cmdline, threads = _forkserver_facts()
+    assert "pyiceberg.table" in cmdline
+    # Of ours, only the launcher's warm-up: never the code location (defs, ingest, parity...).
+    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm"]
+    bare = subprocess.run(
+        [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
+         " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
+         *instance.run_launcher.preload_modules], capture_output=True, text=True, check=True)
+    assert threads <= int(bare.stdout)
+
+
+def test_a_failing_run_ends_failure(instance):
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.fail_job)
+        done = poll_for_finished_run(instance, run.run_id, timeout=120)
+    assert done.status == dg.DagsterRunStatus.FAILURE
+    assert "STEP_FAILURE" in _event_types(instance, run.run_id)
+
+
+def test_terminate_cancels_the_run_and_the_worker_is_gone(instance):
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.sleep_job)
+        poll_for_event(instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"',
+                       timeout=120)
+        worker = _worker(instance, run.run_id)
+        assert worker.alive()
+        assert instance.run_launcher.terminate(run.run_id)
+        done = poll_for_finished_run(instance, run.run_id, timeout=60)
+    assert done.status == dg.DagsterRunStatus.CANCELED
+    _wait_gone(worker)
+    assert not instance.run_launcher.terminate(run.run_id)  # a finished run: nothing to do
+
+
+def test_terminate_right_after_the_launch_still_ends_the_run_canceled(instance):
+    """A run whose worker has not started executing yet: CANCELED at once, and the worker stops before the first
+    step (a SIGINT then would leave the run CANCELING, which dagster's worker turns into FAILURE at start)."""
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.sleep_job)
+        worker = _worker(instance, run.run_id)
+        assert instance.run_launcher.terminate(run.run_id)
+        done = poll_for_finished_run(instance, run.run_id, timeout=60)
+    assert done.status == dg.DagsterRunStatus.CANCELED
+    _wait_gone(worker)
+    assert "STEP_START" not in _event_types(instance, run.run_id)
+
+
+def test_a_sigkilled_worker_is_reported_failed_and_the_monitor_fails_its_run(instance):
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.sleep_job)
+        poll_for_event(instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"',
+                       timeout=120)
+        started = instance.get_run_by_id(run.run_id)
+        assert instance.run_launcher.check_run_worker_health(started).status == WorkerStatus.RUNNING
+        worker = _worker(instance, run.run_id)
+        os.kill(worker.pid, signal.SIGKILL)
+        _wait_gone(worker)
+        health = instance.run_launcher.check_run_worker_health(started)
+        assert health.status == WorkerStatus.FAILED and str(worker.pid) in health.msg
+        # A fresh launcher object (a restarted daemon) finds the worker from the run's tag alone.
+        fresh = WarmRunLauncher(warm_at_start=False)
+        fresh.register_instance(instance)
+        assert fresh.check_run_worker_health(started).status == WorkerStatus.FAILED
+        assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED  # left STARTED so far
+        (record,) = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]))
+        monitor_started_run(instance, ws, record, logging.getLogger("test"))
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+
+
+def test_a_code_change_reaches_the_next_run_and_a_dead_forkserver_is_replaced(instance, tmp_path, monkeypatch):
+    probe = tmp_path / "launcher_probe.py"
+    probe.write_text("PROBE_VALUE = 'first'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # the workers get this process' sys.path
+
+    def probe_value(run_id) -> str:
+        (obs,) = [r.dagster_event.event_specific_data.asset_observation for r in instance.all_logs(run_id)
+                  if r.dagster_event and r.dagster_event.event_type_value == "ASSET_OBSERVATION"]
+        return obs.metadata["probe"].value
+
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        first = _launch(instance, ws, launcher_jobs.probe_job)
+        assert poll_for_finished_run(instance, first.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+        assert probe_value(first.run_id) == "first"
+        assert "launcher_probe" not in sys.modules  # only the worker imported it
+
+        probe.write_text("PROBE_VALUE = 'second'\n")
+        old = WarmRunLauncher.forkserver_pid()
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while start_time(old) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = _launch(instance, ws, launcher_jobs.probe_job)
+        assert poll_for_finished_run(instance, second.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+    assert probe_value(second.run_id) == "second"
+    assert WarmRunLauncher.forkserver_pid() not in (None, old)
+
+
+@pytest.fixture
+def forkserver_started_before_env(instance):
+    """The forkserver running before the ``settings`` fixture exports this test's database to the environment."""
+    instance.run_launcher._forkserver_up()
+
+
+def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_started_before_env, instance, conn,
+                                                                  settings):
+    """The real location (lakehouse_dagster.definitions) and its mirror_batch_job over a real dataset: the worker
+    sees the launching process' environment (this test's database and warehouse), not the forkserver's."""
+    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.store import datasets as ds
+
+    ws_id = ds.create_workspace(conn, "w")
+    d = ds.create_dataset(conn, ws_id, "launched", [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}])
+    ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(50)])
+    job = defs().get_job_def("mirror_batch_job")
+    with _workspace(instance, "lakehouse_dagster.definitions") as ws:
+        run = _launch(instance, ws, job, run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(d)]}}}})
+        done = poll_for_finished_run(instance, run.run_id, timeout=300)
+    assert done.status == dg.DagsterRunStatus.SUCCESS, [r.message for r in instance.all_logs(run.run_id)][-5:]
+    version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+    row = conn.execute("select status, rows, source_version from iceberg_sync_log where dataset_id = %s"
+                       " order by finished_at desc limit 1", (d,)).fetchone()
+    assert row == ("succeeded", 50, version)
+
+
+def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(instance):
+    """The worker would run the daemon's interpreter, not the location's: the launch goes to DefaultRunLauncher,
+    which needs a code server (this in-process location has none), so the launch fails loudly, with both reasons."""
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        (location,) = [e.code_location for e in ws.get_code_location_entries().values()]
+        (repo,) = location.get_repositories().values()
+        remote = repo.get_full_job("ok_job")
+        origin = remote.get_python_origin()
+        other = origin._replace(
+            repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python"))
+        run = instance.create_run_for_job(job_def=launcher_jobs.ok_job, remote_job_origin=remote.get_remote_origin(),
+                                          job_code_origin=other)
+        with pytest.raises(Exception, match="GRPC"):
+            instance.launch_run(run.run_id, ws)
+    messages = [r.message for r in instance.all_logs(run.run_id)]
+    assert any("DefaultRunLauncher" in m and "/opt/other/python" in m for m in messages)
+    assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags  # nothing was forked
