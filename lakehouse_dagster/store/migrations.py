@@ -351,6 +351,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("018_no_key_row_locks", NO_KEY_ROW_LOCKS),
     # Flag changes reach every process in under a second (LISTEN/NOTIFY; the TTL stays the fallback).
     ("016_flag_notify", _module_sql("flags", "FLAG_NOTIFY")),
+    # Identity readiness reads only the data files it has not verified yet (per-file facts, issue 11).
+    ("021_file_identity", _module_sql("parity", "FILE_IDENTITY")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
