@@ -168,3 +168,25 @@ def test_the_batch_checks_give_the_verdicts_of_the_checks_that_read_every_row(co
     # parity after the small append compared maintained sums, reading only the new file on the Iceberg side
     detail = evals[(str(good), "parity")].metadata["detail"].value
     assert detail["digest"] == "maintained" and detail["maintained_prepare"]["iceberg_files_digested"] == 1
+
+
+def test_a_small_range_is_read_on_one_connection_and_gives_the_rows_the_split_readers_give(conn, dsn):
+    from lakehouse_dagster.ingest.source import PinnedSnapshot, read_batches
+    from lakehouse_dagster.store.datasets import get_dataset
+
+    d = make_dataset(conn, 40)
+    columns = get_dataset(conn, d).columns
+    got = {}
+    for split in (1, 10_000):  # split readers / the one reader a small range gets
+        pinned = PinnedSnapshot(dsn, d)
+        try:
+            state = pinned.state(None)
+            seen = []
+            batches = read_batches(dsn, pinned, state, columns, after_row_index=None, readers=2, split_min_rows=split)
+            for b in batches:
+                seen.append(b)
+            t = pa.Table.from_batches(seen).sort_by("__row_index")
+            got[split] = [(r["__row_index"], r["__row_id"], r["s"], r["i"]) for r in t.to_pylist()]
+        finally:
+            pinned.close()
+    assert len(got[1]) == 40 and got[1] == got[10_000]

@@ -201,6 +201,9 @@ def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: thr
         out.put(exc)
 
 
+SPLIT_MIN_ROWS = 100_000  # row_index span below which the readers do not split the range
+
+
 def read_batches(
     dsn: str,
     pinned: PinnedSnapshot,
@@ -210,6 +213,7 @@ def read_batches(
     after_row_index: int | None,
     readers: int = 2,
     max_queued: int = 4,
+    split_min_rows: int = SPLIT_MIN_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot.
 
@@ -219,7 +223,9 @@ def read_batches(
         return
     lo = state.min_row_index - 1
     hi = state.max_row_index
-    n = max(1, min(readers, hi - lo))
+    # A small range (an append, a small dataset) is read on one connection: a second one costs its connect
+    # and thread, more than it saves (issue 11: a batch syncs many small appends).
+    n = 1 if hi - lo < split_min_rows else max(1, min(readers, hi - lo))
     bounds = [lo + (hi - lo) * i // n for i in range(n)] + [hi]
     out: queue.Queue = queue.Queue(maxsize=max_queued)
     stop = threading.Event()
