@@ -190,3 +190,16 @@ def test_a_small_range_is_read_on_one_connection_and_gives_the_rows_the_split_re
         finally:
             pinned.close()
     assert len(got[1]) == 40 and got[1] == got[10_000]
+
+
+def test_facts_of_files_a_snapshot_no_longer_holds_are_dropped(conn, dsn, settings):
+    d = make_dataset(conn, 10)
+    sync(settings, dsn, d)
+    assert _identity(settings, dsn, conn, d).passed
+    ds.insert_rows(conn, d, rows_for(3, start=10))
+    sync(settings, dsn, d, mode="full")  # a full sync replaces the file
+    h = _identity(settings, dsn, conn, d)
+    assert h.passed and (h.metadata["files_read"], h.metadata["files_cached"]) == (1, 0)
+    live = {t.file.file_path for t in table_of(settings, dsn, d).scan().plan_files()}
+    stored = {r[0] for r in conn.execute("select file_path from lakehouse_file_identity where dataset_id = %s", (d,))}
+    assert stored == live

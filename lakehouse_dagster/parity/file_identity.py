@@ -141,6 +141,12 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
             raise Unavailable(f"data file {wrong[0]} has {computed[wrong[0]].rows} rows, its manifest says "
                               f"{pin.records[wrong[0]]}")
         store(conn, dataset_id, key, pin.sizes, computed)
+        # The snapshot moved on: facts of files it no longer holds (replaced, or another schema) are dropped.
+        # (A check still reading an older snapshot only computes them again.)
+        conn.execute("delete from lakehouse_file_identity where dataset_id = %s and fields_key = %s"
+                     " and not (file_path = any(%s))", (dataset_id, key, list(pin.files)))
+        conn.execute("delete from lakehouse_file_identity where dataset_id = %s and fields_key <> %s",
+                     (dataset_id, key))
     facts = {**trusted, **computed}
     ranges = sorted((f.min_row_index, f.max_row_index) for f in facts.values() if f.min_row_index is not None)
     for (_, prev_hi), (lo, _) in zip(ranges, ranges[1:]):
