@@ -78,40 +78,32 @@ def store(conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict
 
 
 def compute(paths: Sequence[str], table_fields: set[str]) -> dict[str, FileIdentity]:
-    """The facts of local Parquet files, read in one DuckDB pass over their identity columns only. A column
-    absent from a file (or from the table schema) counts as null in every row, as the full check reads it."""
-    import duckdb
+    """The facts of local Parquet files, each read alone and only its identity columns (one file holds at most
+    a chunk of rows: memory stays bounded by LAKEHOUSE_INGEST_CHUNK_ROWS). A column absent from a file (or from
+    the table schema) counts as null in every row, as the full check reads it."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-    if not paths:
-        return {}
-    con = duckdb.connect(config={"threads": 1})
-    try:
-        in_files = {r[0] for r in con.execute("select distinct name from parquet_schema($p)", {"p": list(paths)})
-                    .fetchall()}
-        present = set(IDENTITY_COLUMNS) & in_files & table_fields
-
-        def count(name: str) -> str:
-            return f"count({name})" if name in present else "0"
-
-        if "__row_index" in present:
-            ri = "count(__row_index), count(distinct __row_index), min(__row_index), max(__row_index)"
-        else:
-            ri = "0, 0, null, null"
-        rows = con.execute(
-            f"select filename, count(*), {ri}, {count('__row_id')}, {count('__created_at')}"
-            " from read_parquet($p, union_by_name = true, filename = true) group by filename", {"p": list(paths)},
-        ).fetchall()
-    finally:
-        con.close()
-    by_path = {r[0]: r for r in rows}
     out = {}
-    for p in paths:
-        r = by_path.get(p)
-        if r is None:  # a file with no rows has no group
-            out[p] = FileIdentity(0, 0, 0, 0, 0, None, None)
-            continue
-        out[p] = FileIdentity(int(r[1]), int(r[2]), int(r[6]), int(r[7]), int(r[3]),
-                              None if r[4] is None else int(r[4]), None if r[5] is None else int(r[5]))
+    for path in paths:
+        pf = pq.ParquetFile(path)
+        names = set(pf.schema_arrow.names) & table_fields
+        cols = [c for c in IDENTITY_COLUMNS if c in names]
+        t = pf.read(columns=cols)
+        rows = pf.metadata.num_rows
+
+        def nonnull(name: str) -> int:
+            return 0 if name not in cols else len(t[name]) - t[name].null_count
+
+        lo = hi = None
+        distinct = 0
+        if "__row_index" in cols and nonnull("__row_index"):
+            ri = t["__row_index"]
+            distinct = pc.count_distinct(ri, mode="only_valid").as_py()
+            mm = pc.min_max(ri)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        out[path] = FileIdentity(rows, nonnull("__row_index"), nonnull("__row_id"), nonnull("__created_at"),
+                                 distinct, lo, hi)
     return out
 
 
