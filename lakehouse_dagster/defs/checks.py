@@ -6,12 +6,14 @@ by declarative automation and op-based jobs are not gated by it (FIELD-NOTES) â€
 the recorded verdicts (parity.canary.latest_verdicts) themselves.
 """
 
+import contextlib
 
 import dagster as dg
 
 from ..parity import canary as cy
 from ..parity.auto_rollback import lines_of
 from ..parity.health import DEFAULT_MAX_LAG_SECONDS, identity_ready as _identity_ready
+from ..parity.digest import pin_iceberg
 from ..parity.health import snapshot_freshness as _snapshot_freshness
 from .partitions import datasets_partitions
 from .resources import LakehouseResource
@@ -69,21 +71,24 @@ def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource)
 
 
 def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: str, source: str, log,
-                  full: bool = False, named: dict | None = None, instance=None) -> dg.AssetCheckResult:
+                  full: bool = False, named: dict | None = None, instance=None, conn=None, pin=None,
+                  wedged: set | None = None, log_verdict: bool = True) -> dg.AssetCheckResult:
     """The parity check of one dataset, recorded in lakehouse_read_parity (the check and the batch job); a MISMATCH
-    rolls back what serves it from Iceberg (parity/auto_rollback.py), said in the metadata and a run tag."""
+    rolls back what serves it from Iceberg (parity/auto_rollback.py), said in the metadata and a run tag. A batch
+    passes its connection, the dataset's Iceberg pin and the wedged datasets it looked up once for all."""
     dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
-    if source == "schedule" and not full:
-        with lakehouse.connect() as conn:
+    with _conn(lakehouse, conn) as conn:
+        if source == "schedule" and not full:
             full = cy.full_due(conn, _uuid(partition_key))
-    v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full)
-    with lakehouse.connect() as conn:
-        wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
+        v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin)
+        if wedged is None:
+            wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
         cy.record(conn, v, source=source, run_id=run_id, settings=settings)
         if named is None:
             named = dataset_metadata(conn, partition_key)
-    log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
+    if log_verdict:  # (a batch logs one line for all: every log line is a stored event)
+        log.info(f"parity ds={v.dataset_id} verdict={v.verdict}: {v.detail.get('reason', '')}")
     meta, rolled = {**named, **ids_as_text(_meta(v))}, lines_of(v)
     for line in rolled:
         (log.error if "AUTO-ROLLBACK" in line else log.warning)(line)
@@ -98,6 +103,11 @@ def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: s
         description=f"{v.verdict}: {v.detail.get('reason', '')}" + "".join(f"\n{line}" for line in rolled),
         metadata=meta,
     )
+
+
+def _conn(lakehouse: LakehouseResource, conn):
+    """The caller's connection (a batch reuses one), else a new one closed after use."""
+    return contextlib.nullcontext(conn) if conn is not None else lakehouse.connect()
 
 
 class FreshnessConfig(dg.Config):
@@ -122,9 +132,11 @@ def snapshot_freshness(
 
 
 def freshness_result(lakehouse: LakehouseResource, partition_key: str,
-                     max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, named: dict | None = None) -> dg.AssetCheckResult:
-    with lakehouse.connect() as conn:
-        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds)
+                     max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, named: dict | None = None, *, conn=None,
+                     pin=None) -> dg.AssetCheckResult:
+    with _conn(lakehouse, conn) as conn:
+        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds,
+                                pin=pin)
         named = dataset_metadata(conn, partition_key) if named is None else named
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.WARN, description=h.description,
                                metadata={**named, **ids_as_text(h.metadata)})
@@ -144,10 +156,11 @@ def identity_ready(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseR
     return identity_result(lakehouse, context.partition_key, named)
 
 
-def identity_result(lakehouse: LakehouseResource, partition_key: str, named: dict | None = None) -> dg.AssetCheckResult:
-    h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key))
-    if named is None:
-        with lakehouse.connect() as conn:
+def identity_result(lakehouse: LakehouseResource, partition_key: str, named: dict | None = None, *, conn=None,
+                    pin=None) -> dg.AssetCheckResult:
+    with _conn(lakehouse, conn) as conn:
+        h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), conn, pin=pin)
+        if named is None:
             named = dataset_metadata(conn, partition_key)
     return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.ERROR, description=h.description,
                                metadata={**named, **ids_as_text(h.metadata)})
@@ -163,15 +176,22 @@ PARITY_CHECKS = [parity, snapshot_freshness, identity_ready]
 
 
 def check_evaluations(lakehouse: LakehouseResource, partition_key: str, *, run_id: str,
-                      log, instance=None) -> list[dg.AssetCheckEvaluation]:
+                      log, instance=None, conn=None, wedged: set | None = None) -> list[dg.AssetCheckEvaluation]:
     """The three checks of one dataset as events an op logs (mirror_batch_job): the same logic and records as
-    the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual."""
-    results = [
-        ("parity", True, parity_result(lakehouse, partition_key, run_id=run_id, source="check", log=log,
-                                               instance=instance)),
-        ("snapshot_freshness", False, freshness_result(lakehouse, partition_key)),
-        ("identity_ready", True, identity_result(lakehouse, partition_key)),
-    ]
+    the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual. The three
+    read one Iceberg pin of the dataset (the table loaded and its files listed once) and, when the batch passes
+    them, its Postgres connection and wedged datasets."""
+    settings = lakehouse.settings()
+    pin = pin_iceberg(lakehouse.catalog(), settings, _uuid(partition_key))
+    with _conn(lakehouse, conn) as conn:
+        named = dataset_metadata(conn, partition_key)
+        results = [
+            ("parity", True, parity_result(lakehouse, partition_key, run_id=run_id, source="check", log=log,
+                                           instance=instance, conn=conn, pin=pin, wedged=wedged, named=named,
+                                           log_verdict=False)),
+            ("snapshot_freshness", False, freshness_result(lakehouse, partition_key, named=named, conn=conn, pin=pin)),
+            ("identity_ready", True, identity_result(lakehouse, partition_key, named, conn=conn, pin=pin)),
+        ]
     return [
         dg.AssetCheckEvaluation(
             asset_key=ICEBERG_TABLE, check_name=name, passed=r.passed, metadata=r.metadata, severity=r.severity,

@@ -11,6 +11,7 @@ fails the run (loudly, after the others have landed); the poller's sweep retries
 import dagster as dg
 
 from ..ingest.batch import Failed, mirror_many
+from ..parity.canary import wedged_syncs
 from ..store.datasets import get_dataset
 from .assets import ICEBERG_TABLE, PG_ROWS, dataset_names, iceberg_metadata, pg_rows_metadata
 from .checks import check_evaluations
@@ -38,26 +39,38 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
     # A generator: each dataset's materializations are recorded as it lands, even if a later one fails.
     catalog, settings = lakehouse.catalog(), lakehouse.settings()
     synced, failed = [], []
-    for item in mirror_many(lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id,
-                            mode=config.mode):
-        if isinstance(item, Failed):
-            context.log.error(f"ds={item.dataset_id} failed: {item.error}")
-            failed.append(item)
-            continue
-        synced.append(item)
-        key, version = str(item.dataset_id), str(item.source_version)
-        with lakehouse.connect() as conn:
+    with lakehouse.connect() as conn:  # one connection for the op's own reads and every dataset's checks
+        for item in mirror_many(lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id,
+                                mode=config.mode):
+            if isinstance(item, Failed):
+                context.log.error(f"ds={item.dataset_id} failed: {item.error}")
+                failed.append(item)
+                continue
+            synced.append(item)
+            key, version = str(item.dataset_id), str(item.source_version)
             ds = get_dataset(conn, item.dataset_id)
-        yield dg.AssetMaterialization(
-            asset_key=PG_ROWS, partition=key, metadata={**pg_rows_metadata(ds), "rows_version": text(item.source_version)},
-            tags={DATA_VERSION_TAG: version})
-        yield dg.AssetMaterialization(asset_key=ICEBERG_TABLE, partition=key,
-                                      metadata={**dataset_names(ds), **iceberg_metadata(item)},
-                                      tags={DATA_VERSION_TAG: version})
-        context.log.info(f"ds={key} {item.mode}: {item.rows} rows → snapshot {item.snapshot_id} ({item.reason})")
-    for r in synced:
-        yield from check_evaluations(lakehouse, str(r.dataset_id), run_id=context.run_id, log=context.log,
-                                     instance=context.instance)
+            yield dg.AssetMaterialization(
+                asset_key=PG_ROWS, partition=key, metadata={**pg_rows_metadata(ds), "rows_version": text(item.source_version)},
+                tags={DATA_VERSION_TAG: version})
+            yield dg.AssetMaterialization(asset_key=ICEBERG_TABLE, partition=key,
+                                          metadata={**dataset_names(ds), **iceberg_metadata(item)},
+                                          tags={DATA_VERSION_TAG: version})
+        # One summary line, not one per dataset: each log line is an event the instance stores (the
+        # materializations above carry each dataset's mode, rows and snapshot).
+        modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
+        context.log.info(f"{len(synced)} of {len(config.datasets)} datasets mirrored ({modes}); checking them")
+        wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}  # once, not per dataset
+        verdicts: dict[str, int] = {}
+        for r in synced:
+            evaluations = check_evaluations(lakehouse, str(r.dataset_id), run_id=context.run_id, log=context.log,
+                                            instance=context.instance, conn=conn, wedged=wedged)
+            for e in evaluations:
+                if not e.passed:
+                    verdicts[e.check_name] = verdicts.get(e.check_name, 0) + 1
+            yield from evaluations
+        if synced:
+            context.log.info(f"checks of {len(synced)} datasets: " + (
+                ", ".join(f"{n} {name} failed" for name, n in verdicts.items()) or "all passed"))
     if failed:
         names = "; ".join(f"{f.dataset_id}: {f.error}" for f in failed[:5])
         raise refuse(f"{len(failed)} of {len(config.datasets)} datasets failed ({names}); the others landed, "

@@ -233,6 +233,9 @@ def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: thr
         out.put(exc)
 
 
+SPLIT_MIN_ROWS = 100_000  # row_index span below which the readers do not split the range
+
+
 def read_batches(
     dsn: str,
     pinned: PinnedSnapshot,
@@ -243,6 +246,7 @@ def read_batches(
     readers: int = 2,
     max_queued: int = 4,
     parts: list[list[tuple[int, int]]] | None = None,
+    split_min_rows: int = SPLIT_MIN_ROWS,
 ) -> Iterator[pa.RecordBatch]:
     """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot (``state`` was read
     with it), or of the rows in ``parts`` (reader_parts: one reader each) when given.
@@ -250,7 +254,9 @@ def read_batches(
     At most ``max_queued`` batches wait in memory, so memory stays bounded whatever the dataset size.
     """
     if parts is None:
-        parts = reader_parts(state, readers=readers)
+        # A small range (an append, a small dataset) is read on one connection: a second one costs its
+        # connect and thread, more than it saves (issue 11: a batch syncs many small appends).
+        parts = reader_parts(state, readers=readers, min_rows=split_min_rows)
     if not parts:  # nothing to read
         return
     out: queue.Queue = queue.Queue(maxsize=max_queued)

@@ -133,15 +133,16 @@ def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: 
 def evaluate(
     dsn: str, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID | str, *,
     smoke: bool = False, smoke_max_rows: int = sm.SMOKE_MAX_ROWS, localise: bool = True,
-    hooks: Hooks | None = None, full: bool = False,
+    hooks: Hooks | None = None, full: bool = False, pin=None,
 ) -> Verdict:
     """The verdict for one dataset (nothing recorded: see ``record``). ``full``: digest every row on
-    both sides (the cross-check) instead of comparing the maintained sums (parity/maintained.py)."""
+    both sides (the cross-check) instead of comparing the maintained sums (parity/maintained.py).
+    ``pin``: the caller's Iceberg pin of the dataset, taken before this call (so still before the Postgres pin)."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
     v = Verdict(ds_id, "", ERROR)
     try:
-        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks(), full)
+        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks(), full, pin)
     except (NotFound, BadInput):
         raise
     except Exception as exc:  # the check could not see the data: say so, never pass
@@ -195,8 +196,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks,
-              full: bool = False) -> None:
-    pin = pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
+              full: bool = False, pin=None) -> None:
+    pin = pin or pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
     v.snapshot_id = pin.snapshot_id
     v.iceberg_version = pin.source_version
     if hooks.after_iceberg_pin:

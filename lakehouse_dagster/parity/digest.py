@@ -225,6 +225,8 @@ class IcebergPin:
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # name → Iceberg type
     files: list[str] = dataclasses.field(default_factory=list)
     sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # path → bytes, as the manifests say
+    records: dict[str, int] = dataclasses.field(default_factory=dict)  # path → rows, as the manifests say
+    schema_id: int | None = None  # the snapshot's schema
     local: bool = True
     has_deletes: bool = False
 
@@ -282,10 +284,12 @@ def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> 
     pin.total_records = _int_or_none(summary.get("total-records"))
     schema = table.schemas().get(snap.schema_id) if snap.schema_id is not None else None
     schema = schema or table.schema()
+    pin.schema_id = schema.schema_id
     pin.fields = {f.name: f.field_type for f in schema.fields}
     for task in table.scan(snapshot_id=snap.snapshot_id).plan_files():
         pin.files.append(task.file.file_path)
         pin.sizes[task.file.file_path] = task.file.file_size_in_bytes
+        pin.records[task.file.file_path] = task.file.record_count
         if task.delete_files:
             pin.has_deletes = True
     pin.local = all(local_path(p) is not None for p in pin.files)

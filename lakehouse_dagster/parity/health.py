@@ -16,7 +16,9 @@ from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from ..settings import Settings
 from ..store.sync_log import latest_succeeded
-from .digest import IcebergSide, pin_iceberg
+from . import file_identity as fi
+from . import maintained as mt
+from .digest import IcebergPin, IcebergSide, pin_iceberg
 
 IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
 DEFAULT_MAX_LAG_SECONDS = 3600
@@ -31,11 +33,12 @@ class Health:
 
 def snapshot_freshness(
     conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
-    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS,
+    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, pin: IcebergPin | None = None,
 ) -> Health:
     """A succeeded sync exists, the table has a snapshot, and Iceberg is either caught up with Postgres
-    or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale)."""
-    pin = pin_iceberg(catalog, settings, dataset_id)
+    or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale).
+    ``pin``: the caller's pin of the table (a batch pins once for the three checks)."""
+    pin = pin or pin_iceberg(catalog, settings, dataset_id)
     row = conn.execute(
         "select rows_version from datasets where id = %s", (dataset_id,)
     ).fetchone()
@@ -69,9 +72,12 @@ def snapshot_freshness(
                          f"{age:.0f} s old, more than the allowed {max_lag_seconds} s", meta)
 
 
-def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> Health:
-    """Identity columns present with their contract types, non-null in every row, __row_index unique."""
-    pin = pin_iceberg(catalog, settings, dataset_id)
+def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
+                   conn: psycopg.Connection | None = None, pin: IcebergPin | None = None) -> Health:
+    """Identity columns present with their contract types, non-null in every row, __row_index unique.
+    With ``conn``, only the data files without stored per-file facts are read (parity/file_identity.py);
+    every row is read when the facts cannot answer (``read`` in the metadata says which and why)."""
+    pin = pin or pin_iceberg(catalog, settings, dataset_id)
     meta: dict = {"snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None}
     if not pin.has_snapshot:
         return Health(False, "no Iceberg snapshot: identity cannot be checked", meta)
@@ -80,8 +86,22 @@ def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) 
     if wrong:
         meta["problems"] = wrong
         return Health(False, "identity columns: " + "; ".join(wrong), meta)
-    with IcebergSide(pin, ()) as side:
-        stats = side.identity_stats()
+    meta["files"] = len(pin.files)
+    stats = None
+    if conn is not None:
+        try:
+            stats, read, cached = fi.snapshot_facts(conn, pin, dataset_id)
+            meta.update(read="new files only", files_read=read, files_cached=cached)
+        except fi.Unavailable as exc:
+            meta["read"] = f"every row: {exc}"
+        except mt.Unavailable as exc:  # a file gone or changed in place: the check cannot see the data
+            meta["problems"] = [str(exc)]
+            return Health(False, f"cannot read the snapshot's data files: {exc}", meta)
+    if stats is None:
+        meta.setdefault("read", "every row")
+        meta["files_read"], meta["files_cached"] = len(pin.files), 0
+        with IcebergSide(pin, ()) as side:
+            stats = side.identity_stats()
     meta.update(stats)
     problems = []
     for name, key in (("__row_index", "row_index"), ("__row_id", "row_id"), ("__created_at", "created_at")):

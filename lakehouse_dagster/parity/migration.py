@@ -29,6 +29,27 @@ create index if not exists lakehouse_read_parity_mismatch_idx on lakehouse_read_
   where verdict = 'MISMATCH';
 """
 
+# Migration "021_file_identity": per-file identity facts (parity/file_identity.py). One row per Iceberg data file
+# and table schema: computed the first time identity readiness meets the file (files are immutable), trusted only
+# for the same path, size and schema (``fields_key``) and the row count its manifest says.
+FILE_IDENTITY = """
+create table if not exists lakehouse_file_identity (
+  dataset_id uuid not null,
+  file_path text not null,
+  file_size bigint not null,
+  fields_key text not null,
+  row_count bigint not null,
+  row_index_nonnull bigint not null,
+  row_id_nonnull bigint not null,
+  created_at_nonnull bigint not null,
+  distinct_row_index bigint not null,
+  min_row_index bigint,
+  max_row_index bigint,
+  computed_at timestamptz not null default now(),
+  primary key (dataset_id, file_path, file_size, fields_key)
+);
+"""
+
 # Migration "015_parity_digests": maintained digests (parity/maintained.py says how they are used).
 #
 # lakehouse_file_digests: one row per Iceberg data file (files are immutable), computed when written or

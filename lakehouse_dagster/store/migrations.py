@@ -499,6 +499,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     # What the live app pays for its writes: the maintained digest without per-statement planning; change
     # tracking's one-dataset fast path (it carries 019's row ranges).
     ("020_app_write_cost", ONE_DATASET_TRACKING + _module_sql("parity", "APP_WRITE_COST")),
+    # Identity readiness reads only the data files it has not verified yet (per-file facts, issue 11).
+    ("021_file_identity", _module_sql("parity", "FILE_IDENTITY")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
