@@ -50,3 +50,15 @@ def probe_job():
 
 
 defs = dg.Definitions(jobs=[ok_job, fail_job, sleep_job, probe_job])
+
+
+def exit_3_unless_definitions_are_preloaded():
+    """Run in a child of the warm forkserver (test_launcher.py): the real location's ``defs()`` returns the
+    Definitions the forkserver built, without building them again."""
+    import sys
+
+    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.launcher import location
+
+    built = defs()
+    sys.exit(0 if built is not None and built is location.preloaded() else 3)

@@ -96,8 +96,9 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     # starts (OpenBLAS, jemalloc: both re-initialise after fork): no more than a bare import of them has.
     cmdline, threads = _forkserver_facts()
     assert "pyiceberg.table" in cmdline
-    # Of ours, only the launcher's warm-up: never the code location (defs, ingest, parity...).
-    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm"]
+    # Of ours, the launcher's warm-up and this project's code location (built once, launcher/location.py).
+    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm",
+                                                               "lakehouse_dagster.launcher.preload_location"]
     bare = subprocess.run(
         [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
          " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
@@ -234,3 +235,71 @@ def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(
     messages = [r.message for r in instance.all_logs(run.run_id)]
     assert any("DefaultRunLauncher" in m and "/opt/other/python" in m for m in messages)
     assert WORKER_TAG not in instance.get_run_by_id(run.run_id).tags  # nothing was forked
+
+
+def test_workers_get_the_code_location_the_forkserver_built_once(instance):
+    """preload_location: a forked worker's ``defs()`` is the forkserver's Definitions (not built again); in this
+    process (like the code server) nothing was preloaded, so it builds them."""
+    from lakehouse_dagster.launcher import location
+
+    instance.run_launcher._forkserver_up()
+    proc = instance.run_launcher._context().Process(target=launcher_jobs.exit_3_unless_definitions_are_preloaded)
+    proc.start()
+    proc.join(120)
+    assert proc.exitcode == 0
+    assert location.preloaded() is None
+
+
+def _touch_later(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    return st.st_atime_ns, st.st_mtime_ns
+
+
+def test_a_changed_code_location_gets_a_new_forkserver_before_the_next_fork(instance):
+    """A file of the package changed after the forkserver loaded it: the next launch starts a new forkserver
+    (which loads the code on disk) and says so; the launch after that uses it as is."""
+    from lakehouse_dagster.launcher import location
+
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        first = _launch(instance, ws, launcher_jobs.ok_job)
+        assert poll_for_finished_run(instance, first.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+        old = WarmRunLauncher.forkserver_pid()
+        target = location.PACKAGE_DIR / "launcher" / "preload_location.py"
+        saved = _touch_later(target)
+        try:
+            second = _launch(instance, ws, launcher_jobs.ok_job)
+            assert poll_for_finished_run(instance, second.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+            new = WarmRunLauncher.forkserver_pid()
+            third = _launch(instance, ws, launcher_jobs.ok_job)
+            assert poll_for_finished_run(instance, third.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+        finally:
+            os.utime(target, ns=saved)
+    assert new not in (None, old) and start_time(old) is None  # the old one stopped
+    said = [r.message for r in instance.all_logs(second.run_id) if "Forked run worker" in r.message]
+    assert len(said) == 1 and "code location preloaded" in said[0] and "a new one was started" in said[0], said
+    assert WarmRunLauncher.forkserver_pid() == new  # unchanged code: no restart
+    assert not any("a new one was started" in r.message for r in instance.all_logs(third.run_id))
+
+
+def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter(instance, monkeypatch):
+    """The race the launcher's check cannot close (a file written between its check and the fork): the worker
+    finds its forkserver's code differs from what the launcher saw and execs ``dagster api execute_run`` (same pid,
+    so the run's worker tag stays true); the run still succeeds and its log says why."""
+    from lakehouse_dagster.launcher import launcher as launcher_module
+    from lakehouse_dagster.launcher import location
+
+    instance.run_launcher._forkserver_up()
+    pid = WarmRunLauncher.forkserver_pid()
+    # The launcher "sees" code on disk that is neither what the forkserver loaded nor a reason to restart it.
+    monkeypatch.setitem(launcher_module._FORKSERVER_CODE, pid, "written-after-the-check")
+    monkeypatch.setattr(location, "fingerprint", lambda root=location.PACKAGE_DIR: "written-after-the-check")
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        run = _launch(instance, ws, launcher_jobs.ok_job)
+        done = poll_for_finished_run(instance, run.run_id, timeout=180)
+    assert done.status == dg.DagsterRunStatus.SUCCESS
+    assert WarmRunLauncher.forkserver_pid() == pid
+    messages = [r.message for r in instance.all_logs(run.run_id)]
+    assert any("starts in a fresh interpreter" in m for m in messages), messages
+    worker = _worker(instance, run.run_id)
+    assert f"Started process for run (pid: {worker.pid})." in messages  # exec kept the pid

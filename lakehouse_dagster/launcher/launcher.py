@@ -3,9 +3,10 @@ third-party modules (dagster, pyiceberg, pyarrow, pandas, numba, ...).
 
 Why: dagster's DefaultRunLauncher asks the code server to start every run in a *fresh* interpreter
 (multiprocessing "spawn") that imports dagster and the whole code location before the first step: seconds per run,
-most of a small mirror's lag. A fork of a warm process starts in milliseconds. The forkserver never imports
-the code location (defs, ingest, parity, ...): the child imports it after the fork, so a code change is used by the
-next run. Only this package comes into the forkserver, with ``warm`` (numba's compiler initialised once).
+most of a small mirror's lag. A fork of a warm process starts in milliseconds. With ``preload_location`` (default)
+the forkserver also builds this project's code location once (location.py: ~1 s of every launch otherwise); before
+each fork the launcher compares the package's files with those the forkserver loaded and starts a new forkserver
+when they changed, so a code change is used by the next run. Other code locations are imported after the fork.
 
 What operators keep from the default launcher: terminate (SIGINT to the worker → the run ends CANCELED; SIGKILL
 after ``terminate_grace_seconds`` if it is stuck), run monitoring (``check_run_worker_health``: a worker that died
@@ -36,6 +37,7 @@ from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLa
 from dagster._core.storage.tags import GRPC_INFO_TAG
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
+from . import location
 from .worker import run_worker
 from .worker_process import Worker
 
@@ -70,8 +72,14 @@ DEFAULT_PRELOAD = [
 
 # Imported after DEFAULT_PRELOAD when ``warm_up`` (the launcher's own package comes with it, nothing else of ours).
 WARM_UP = "lakehouse_dagster.launcher.warm"
+# Imported last when ``preload_location``: this project's code location, built once (location.py).
+PRELOAD_LOCATION = "lakehouse_dagster.launcher.preload_location"
 
 _CTX_LOCK = threading.Lock()
+_FORK_LOCK = threading.Lock()  # forks and a forkserver restart never interleave
+# The forkserver is one per process (multiprocessing's): the code location's files as they were when it was
+# started, by its pid.
+_FORKSERVER_CODE: dict[int, str | None] = {}
 
 
 def _in_daemon_process() -> bool:
@@ -86,11 +94,15 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     """Launches runs in children of a warm forkserver (this machine only); see the module docstring."""
 
     def __init__(self, inst_data: ConfigurableClassData | None = None, preload_modules: list[str] | None = None,
-                 warm_at_start: bool = True, terminate_grace_seconds: float = 30.0, warm_up: bool = True):
+                 warm_at_start: bool = True, terminate_grace_seconds: float = 30.0, warm_up: bool = True,
+                 preload_location: bool = True):
         self._inst_data = inst_data
         self.preload_modules = list(DEFAULT_PRELOAD if preload_modules is None else preload_modules)
         if warm_up:
             self.preload_modules.append(WARM_UP)
+        self.preload_location = bool(preload_location)
+        if self.preload_location:
+            self.preload_modules.append(PRELOAD_LOCATION)
         self.terminate_grace_seconds = float(terminate_grace_seconds)
         self._ctx = None
         self._workers: dict[str, multiprocessing.process.BaseProcess] = {}
@@ -120,6 +132,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                                                 description="SIGKILL a terminated worker still alive after this"),
             "warm_up": dg.Field(bool, is_required=False, default_value=True,
                                 description="numba's compiler initialised once in the forkserver (warm.py)"),
+            "preload_location": dg.Field(bool, is_required=False, default_value=True,
+                                         description="the forkserver builds this project's code location once; a "
+                                         "change of its files starts a new forkserver (location.py)"),
         }
 
     @classmethod
@@ -138,7 +153,30 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def _forkserver_up(self) -> None:
         """Start the forkserver, or start it again if it died (multiprocessing reaps the dead one)."""
         self._context()
+        before = self.forkserver_pid()
+        code = location.fingerprint() if self.preload_location else None  # taken before the forkserver's own
         multiprocessing.forkserver.ensure_running()
+        pid = self.forkserver_pid()
+        if pid != before and pid is not None:
+            _FORKSERVER_CODE.clear()
+            _FORKSERVER_CODE[pid] = code
+
+    def _forkserver_current(self) -> tuple[str | None, str]:
+        """The forkserver up, and holding the code on disk now: (its fingerprint, what was done to get there)."""
+        self._forkserver_up()
+        if not self.preload_location:
+            return None, ""
+        code = location.fingerprint()
+        if code == _FORKSERVER_CODE.get(self.forkserver_pid()):
+            return code, ""
+        started = time.monotonic()
+        try:
+            multiprocessing.forkserver._forkserver._stop()  # its running workers go on (orphans, reaped by init)
+        except (ChildProcessError, OSError):  # already gone
+            pass
+        self._forkserver_up()
+        return code, (f"; the code location had changed since the previous forkserver loaded it, so a new one "
+                      f"was started ({time.monotonic() - started:.1f} s)")
 
     @staticmethod
     def forkserver_pid() -> int | None:
@@ -169,12 +207,14 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             return self._launch_default(context, f"its code location runs another Python ({exe})")
         self._sweep()
         try:
-            self._forkserver_up()
-            proc = self._context().Process(
-                target=run_worker, args=(run.run_id, serialize_value(self._instance.get_ref()), dict(os.environ)),
-                name=f"dagster-run-{run.run_id}",
-            )
-            proc.start()
+            with _FORK_LOCK:
+                code, restarted = self._forkserver_current()
+                proc = self._context().Process(
+                    target=run_worker,
+                    args=(run.run_id, serialize_value(self._instance.get_ref()), dict(os.environ), code),
+                    name=f"dagster-run-{run.run_id}",
+                )
+                proc.start()
         except Exception as exc:
             return self._launch_default(
                 context, f"the warm forkserver could not start a worker ({type(exc).__name__}: {exc})")
@@ -186,7 +226,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         worker = Worker.of(proc.pid)
         self._instance.add_run_tags(run.run_id, {WORKER_TAG: worker.dumps()})
         self._instance.report_engine_event(
-            f"Forked run worker (pid {proc.pid}) from the warm forkserver (pid {self.forkserver_pid()}).", run,
+            f"Forked run worker (pid {proc.pid}) from the warm forkserver (pid {self.forkserver_pid()}"
+            f"{', code location preloaded' if code else ''}){restarted}.", run,
             cls=self.__class__,
         )
 
