@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMED = [
     ("lakehouse_dagster.ingest.batch", "sync_dataset", "sync (all)"),
     ("lakehouse_dagster.ingest.sync", "guard_connection", "sync: connect (guard)"),
+    ("lakehouse_dagster.ingest.guards", "guard_connection", "sync: connect (guard)"),
     ("lakehouse_dagster.ingest.sync", "refuse_mirror_over_iceberg_only", "sync: iceberg_only test"),
     ("lakehouse_dagster.ingest.sync", "reap_abandoned", "sync: reaper"),
     ("lakehouse_dagster.ingest.sync", "_log_start", "sync: log start"),
@@ -49,6 +50,12 @@ TIMED = [
     ("lakehouse_dagster.store.db", "connect", "postgres: connect (psycopg)"),
 ]
 EVENT_WRITES = "dagster: event writes"
+# Counted (and timed) below every caller, whatever the code version: the calls/ds column is the firm part.
+CATALOG_LOADS = "iceberg: catalog.load_table (all callers)"
+PG_CONNECTS = "postgres: psycopg connects (all)"
+ADBC_CONNECTS = "postgres: ADBC reader connects"
+DAGSTER_CONNECTS = "dagster: new storage connections"
+COUNTED = [CATALOG_LOADS, PG_CONNECTS, ADBC_CONNECTS, DAGSTER_CONNECTS]
 
 
 class Timers:
@@ -90,9 +97,31 @@ class Timers:
 
         DagsterInstance.handle_new_event = self.wrap(DagsterInstance.handle_new_event, EVENT_WRITES)
 
+        import adbc_driver_postgresql.dbapi as adbc
+        import psycopg
+        import sqlalchemy
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        SqlCatalog.load_table = self.wrap(SqlCatalog.load_table, CATALOG_LOADS)
+        psycopg.Connection.connect = classmethod(self.wrap(psycopg.Connection.connect.__func__, PG_CONNECTS))
+        psycopg.connect = psycopg.Connection.connect
+        adbc.connect = self.wrap(adbc.connect, ADBC_CONNECTS)
+        dagster_db = urlparse_db(os.environ.get("BENCH_DAGSTER_DB", ""))
+
+        def pool_connect(dbapi_conn, record):  # new DBAPI connections of SQLAlchemy pools to Dagster's database
+            info = getattr(dbapi_conn, "info", None)
+            if getattr(info, "dbname", None) == dagster_db:
+                self.calls[DAGSTER_CONNECTS] = self.calls.get(DAGSTER_CONNECTS, 0) + 1
+
+        sqlalchemy.event.listen(sqlalchemy.pool.Pool, "connect", pool_connect)
+
     def reset(self):
         self.seconds.clear()
         self.calls.clear()
+
+
+def urlparse_db(dsn: str) -> str:
+    return dsn.split("?")[0].rsplit("/", 1)[-1]
 
 
 def _datasets(dsn: str, n: int, rows: int) -> list[str]:
@@ -123,6 +152,7 @@ def child(args) -> dict:
 
     dsn = fresh_database(args.admin, args.db)
     dagster_dsn = fresh_database(args.admin, args.db + "_dagster")
+    os.environ["BENCH_DAGSTER_DB"] = args.db + "_dagster"
     home = Path(tempfile.mkdtemp(prefix="lh-bench-dagster-"))
     from lakehouse_dagster.cli.dsn import dagster_url
 
@@ -209,16 +239,22 @@ def report(n: int, base: dict, cur: dict) -> None:
         print(f"  check verdicts: baseline {json.dumps(b['verdicts'], sort_keys=True)}")
         print(f"                  current  {json.dumps(c['verdicts'], sort_keys=True)}")
         print(f"  {'ms per dataset (inclusive)':44s} {'baseline':>9s} {'current':>9s} {'ratio':>6s}   calls/ds b→c")
-        labels = [label for _, _, label in TIMED] + [EVENT_WRITES]
+        labels = [label for _, _, label in TIMED] + [EVENT_WRITES] + COUNTED
         for label in dict.fromkeys(labels):
             bs, cs = b["seconds"].get(label), c["seconds"].get(label)
-            if bs is None and cs is None:
+            if bs is None and cs is None and label not in COUNTED:
                 continue
             bms = 1000 * (bs or 0) / n
             cms = 1000 * (cs or 0) / n
             ratio = f"{bms / cms:5.1f}x" if cms else "   - "
             calls = f"{b['calls'].get(label, 0) / n:.1f}→{c['calls'].get(label, 0) / n:.1f}"
             print(f"  {label:44s} {bms:9.1f} {cms:9.1f} {ratio}   {calls}")
+        parts = ("sync (all)", "checks (all)", EVENT_WRITES)
+        bt = 1000 * sum(b["seconds"].get(k, 0.0) for k in parts) / n
+        ct = 1000 * sum(c["seconds"].get(k, 0.0) for k in parts) / n
+        print(f"  {'sync + checks + event writes':44s} {bt:9.1f} {ct:9.1f} {bt / ct:5.1f}x" if ct else "")
+        print(f"  {'wall per dataset':44s} {1000 * b['wall'] / n:9.1f} {1000 * c['wall'] / n:9.1f} "
+              f"{b['wall'] / c['wall']:5.1f}x")
 
 
 def main() -> None:

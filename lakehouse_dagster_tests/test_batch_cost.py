@@ -203,3 +203,124 @@ def test_facts_of_files_a_snapshot_no_longer_holds_are_dropped(conn, dsn, settin
     live = {t.file.file_path for t in table_of(settings, dsn, d).scan().plan_files()}
     stored = {r[0] for r in conn.execute("select file_path from lakehouse_file_identity where dataset_id = %s", (d,))}
     assert stored == live
+
+
+@pytest.fixture
+def pg_instance(pg_admin_dsn, tmp_path):
+    """A Dagster instance whose storage is Postgres (dagster-postgres, as dagster.yaml configures), in its own
+    database on the test server."""
+    import json
+    import uuid
+
+    import psycopg
+
+    from lakehouse_dagster.cli.dsn import dagster_url
+    from lakehouse_dagster_tests.conftest import _with_db
+
+    name = f"dg_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
+    (tmp_path / "dagster.yaml").write_text(
+        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
+        "telemetry:\n  enabled: false\n")
+    inst = dg.DagsterInstance.from_config(str(tmp_path))
+    try:
+        yield inst, name
+    finally:
+        inst.dispose()
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
+
+
+class _Counted:
+    """New connections per database (every driver: psycopg, ADBC, and SQLAlchemy pools — pyiceberg's catalog and
+    dagster-postgres' event storage), and Iceberg table loads, counted by wrapping the real calls."""
+
+    def __init__(self, monkeypatch):
+        import adbc_driver_postgresql.dbapi as adbc
+        import psycopg
+        import sqlalchemy
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        self.connects: dict[str, int] = {}
+        self.loads = 0
+        real_pg, real_adbc, real_load = psycopg.Connection.connect.__func__, adbc.connect, SqlCatalog.load_table
+
+        def pg_connect(cls, *a, **kw):
+            conn = real_pg(cls, *a, **kw)
+            self._seen(conn.info.dbname)
+            return conn
+
+        def adbc_connect(uri, *a, **kw):
+            self._seen(uri.split("?")[0].rsplit("/", 1)[-1])
+            return real_adbc(uri, *a, **kw)
+
+        def load_table(catalog, *a, **kw):
+            self.loads += 1
+            return real_load(catalog, *a, **kw)
+
+        def pool_connect(dbapi_conn, record):
+            info = getattr(dbapi_conn, "info", None)
+            self._seen(getattr(info, "dbname", None) or dbapi_conn.get_dsn_parameters()["dbname"])
+
+        monkeypatch.setattr(psycopg.Connection, "connect", classmethod(pg_connect))
+        monkeypatch.setattr(psycopg, "connect", psycopg.Connection.connect)
+        monkeypatch.setattr(adbc, "connect", adbc_connect)
+        monkeypatch.setattr(SqlCatalog, "load_table", load_table)
+        sqlalchemy.event.listen(sqlalchemy.pool.Pool, "connect", pool_connect)
+        self._pool_connect = pool_connect
+
+    def _seen(self, db) -> None:
+        self.connects[db] = self.connects.get(db, 0) + 1
+
+    def close(self) -> None:
+        import sqlalchemy
+
+        sqlalchemy.event.remove(sqlalchemy.pool.Pool, "connect", self._pool_connect)
+
+    def reset(self) -> tuple[dict, int]:
+        out = (dict(self.connects), self.loads)
+        self.connects.clear()
+        self.loads = 0
+        return out
+
+
+def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(conn, dsn, settings, pg_instance,
+                                                                               monkeypatch):
+    """After an append to each dataset, a mirror batch opens its Postgres connections (the lock session, the pinned
+    read, its Arrow reader, the checks', Dagster's event storage) per batch, not per dataset, and loads each table
+    three times: the sync's load, the catalog's compare-and-swap base, and the checks' pin. A batch of 6 datasets
+    is compared with a batch of 2 (the run's own start and end cost the same in both). Every dataset's two
+    materializations and three check evaluations are stored as before."""
+    instance, dagster_db = pg_instance
+    small = [make_dataset(conn, 20, name=f"s{i}") for i in range(2)]
+    large = [make_dataset(conn, 20, name=f"l{i}") for i in range(6)]
+    _, first = _run_batch(instance, dsn, small + large)
+    assert first.success
+    for d in small + large:
+        ds.insert_rows(conn, d, rows_for(4, start=20))
+    counted = _Counted(monkeypatch)
+    try:
+        runs = {}
+        for label, ids in (("small", small), ("large", large)):
+            evals, result = _run_batch(instance, dsn, ids)
+            runs[label] = counted.reset()
+            assert result.success
+            assert len(evals) == 3 * len(ids) and all(e.passed for e in evals.values()), [
+                (k, e.description) for k, e in evals.items() if not e.passed]
+            mats = result.get_asset_materialization_events()
+            assert sorted((m.asset_key.to_user_string(), m.partition) for m in mats) == sorted(
+                (key, str(d)) for d in ids for key in ("iceberg/dataset_table", "postgres/dataset_rows"))
+    finally:
+        counted.close()
+    (small_conns, small_loads), (large_conns, large_loads) = runs["small"], runs["large"]
+    lakehouse_db = conn.info.dbname
+    extra = len(large) - len(small)
+    # per dataset before: ~4 to the project's database (lock session, pinned read, ADBC reader, two in the checks)
+    # and ~15 to Dagster's (three per stored event)
+    assert large_conns.get(lakehouse_db, 0) - small_conns.get(lakehouse_db, 0) < extra, (small_conns, large_conns)
+    assert large_conns.get(dagster_db, 0) - small_conns.get(dagster_db, 0) < extra, (small_conns, large_conns)
+    assert large_loads - small_loads == 3 * extra, (small_loads, large_loads)  # 5 per dataset before
+    # what the runs stored: the materializations and check evaluations of every dataset, in Dagster's Postgres
+    stored = instance.get_event_records(dg.EventRecordsFilter(dg.DagsterEventType.ASSET_CHECK_EVALUATION), limit=1000)
+    assert len(stored) == 3 * len(small + large) * 2

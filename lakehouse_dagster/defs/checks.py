@@ -80,7 +80,7 @@ def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: s
     with _conn(lakehouse, conn) as conn:
         if source == "schedule" and not full:
             full = cy.full_due(conn, _uuid(partition_key))
-        v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin)
+        v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin, conn=conn)
         if wedged is None:
             wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged

@@ -15,6 +15,7 @@ from ..parity.canary import wedged_syncs
 from ..store.datasets import get_dataset
 from .assets import ICEBERG_TABLE, PG_ROWS, dataset_names, iceberg_metadata, pg_rows_metadata
 from .checks import check_evaluations
+from .event_writes import pooled_event_writes
 from .refusals import refuse
 from .resources import LakehouseResource
 from .tags import text
@@ -39,7 +40,9 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
     # A generator: each dataset's materializations are recorded as it lands, even if a later one fails.
     catalog, settings = lakehouse.catalog(), lakehouse.settings()
     synced, failed = [], []
-    with lakehouse.connect() as conn:  # one connection for the op's own reads and every dataset's checks
+    # One connection for the op's own reads and every dataset's checks; Dagster's event storage keeps its
+    # connections while the op logs five events per dataset (defs/event_writes.py).
+    with pooled_event_writes(context.instance), lakehouse.connect() as conn:
         for item in mirror_many(lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id,
                                 mode=config.mode):
             if isinstance(item, Failed):

@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 from ..errors import Backpressure, LakehouseError, is_transient
 from ..ids import parse_uuid
+from ..store.db import IdlePool
 from .sync import SyncResult, sync_dataset
 
 # While others wait in the batch, a dataset another sync is writing is skipped after this long, not waited for.
@@ -51,23 +52,24 @@ def mirror_many(
     Interruptions propagate (each sync records what is true; datasets not reached stay behind Postgres for the
     poller's sweep)."""
     pending = list(dict.fromkeys(parse_uuid(d, "dataset id") for d in dataset_ids))
-    for n in range(1, passes + 1):
-        last = n == passes
-        again: list[uuid.UUID] = []
-        for ds_id in pending:
-            try:
-                r = sync_dataset(
-                    dsn, catalog, settings, ds_id, mode=mode, sync_id=run_sync_id(run_id, ds_id), run_id=run_id,
-                    lock_timeout_s=1800 if last else BUSY_LOCK_WAIT_S,
-                )
-            except LakehouseError as exc:
-                if not last and (isinstance(exc, Backpressure) or is_transient(exc)):
-                    again.append(ds_id)
+    with IdlePool() as pool:  # the pinned read's and the readers' connections, reused from one dataset to the next
+        for n in range(1, passes + 1):
+            last = n == passes
+            again: list[uuid.UUID] = []
+            for ds_id in pending:
+                try:
+                    r = sync_dataset(
+                        dsn, catalog, settings, ds_id, mode=mode, sync_id=run_sync_id(run_id, ds_id), run_id=run_id,
+                        lock_timeout_s=1800 if last else BUSY_LOCK_WAIT_S, pool=pool,
+                    )
+                except LakehouseError as exc:
+                    if not last and (isinstance(exc, Backpressure) or is_transient(exc)):
+                        again.append(ds_id)
+                    else:
+                        yield Failed(ds_id, exc)
                 else:
-                    yield Failed(ds_id, exc)
-            else:
-                yield r
-        if not again:
-            return
-        pending = again
-        sleep(backoff_s * 2 ** (n - 1))
+                    yield r
+            if not again:
+                return
+            pending = again
+            sleep(backoff_s * 2 ** (n - 1))

@@ -23,7 +23,7 @@ from typing import Iterator
 import psycopg
 
 from ..errors import Backpressure, GuardLost, LockTimeout
-from ..store.db import connect
+from ..store.db import close_quietly, connect
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
 _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
@@ -42,6 +42,45 @@ def guard_connection(dsn: str) -> psycopg.Connection:
     conn.execute("select case when current_setting('server_version_num')::int >= 140000"
                  " then set_config('idle_session_timeout', '0', false) end")  # the setting exists from PG 14
     return conn
+
+
+@contextlib.contextmanager
+def pooled_guard_connection(dsn: str, pool=None) -> Iterator[psycopg.Connection]:
+    """``guard_connection``, reused across a batch's syncs when ``pool`` (store.db.IdlePool) is given. It goes
+    back to the pool only after a sync that ended normally, with no transaction open and no advisory lock left
+    on the session (every guard lock was released); otherwise it is closed, as without a pool, and its locks go
+    with it. A pooled connection that no longer answers is replaced before use."""
+    if pool is None:
+        with guard_connection(dsn) as conn:
+            yield conn
+        return
+    key = ("guard", dsn)
+    conn, reused = pool.take_or_open(key, lambda: guard_connection(dsn))
+    if reused:
+        try:
+            conn.execute("select 1")
+        except psycopg.Error:
+            close_quietly(conn)
+            conn = guard_connection(dsn)
+    try:
+        yield conn
+    except BaseException:
+        close_quietly(conn)
+        raise
+    if _lock_free(conn):
+        pool.give(key, conn)
+    else:
+        close_quietly(conn)
+
+
+def _lock_free(conn: psycopg.Connection) -> bool:
+    try:
+        return (not conn.closed and not conn.broken
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                and not conn.execute("select exists(select 1 from pg_locks where locktype = 'advisory'"
+                                     " and pid = pg_backend_pid())").fetchone()[0])
+    except psycopg.Error:
+        return False
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from psycopg import sql
 
 from ..errors import SyncFailed
 from ..store.datasets import Column
+from ..store.db import IdlePool, close_quietly
 
 # Raises; declared to return text so it can sit in the ELSE branch of any typed CASE (the cast that
 # follows it is planned but never evaluated).
@@ -174,11 +175,21 @@ class SnapshotState:
 
 
 class PinnedSnapshot:
-    """A REPEATABLE READ transaction whose snapshot is exported for the readers; close() ends it."""
+    """A REPEATABLE READ transaction whose snapshot is exported for the readers; close() ends it. ``pool``
+    (a mirror batch): its connection is taken from there and given back when it ends clean."""
 
-    def __init__(self, dsn: str, dataset_id: uuid.UUID):
-        self.conn = psycopg.connect(dsn, autocommit=False)
-        self.conn.execute("set transaction isolation level repeatable read")
+    def __init__(self, dsn: str, dataset_id: uuid.UUID, pool: IdlePool | None = None):
+        self._pool, self._key = pool, ("pinned", dsn)
+        self.conn, reused = pool.take_or_open(self._key, lambda: psycopg.connect(dsn, autocommit=False)) \
+            if pool is not None else (psycopg.connect(dsn, autocommit=False), False)
+        try:
+            self.conn.execute("set transaction isolation level repeatable read")
+        except psycopg.OperationalError:
+            if not reused:
+                raise
+            close_quietly(self.conn)  # an idle connection the server closed: one fresh try
+            self.conn = psycopg.connect(dsn, autocommit=False)
+            self.conn.execute("set transaction isolation level repeatable read")
         self.conn.execute("set local timezone to 'UTC'")
         row = self.conn.execute(
             "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot() "
@@ -200,37 +211,73 @@ class PinnedSnapshot:
         return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)
 
     def close(self) -> None:
+        """End the transaction; with a pool, a connection left idle and clean goes back to it."""
         try:
             self.conn.rollback()
-        finally:
+            if self._pool is not None and not self.conn.broken and \
+                    self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                self._pool.give(self._key, self.conn)
+                return
+        except BaseException:
             self.conn.close()
+            raise
+        self.conn.close()
 
 
 def _adbc_uri(dsn: str) -> str:
     return dsn.replace("postgresql+psycopg://", "postgresql://")
 
 
-def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event) -> None:
+def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event,
+                pool: IdlePool | None = None) -> None:
+    """One reader: import the pinned snapshot, stream the query's batches into ``out``, then None (or the
+    exception). With ``pool`` (a mirror batch) the ADBC connection is reused: its connect loads the server's
+    type catalogue, ~85 ms, more than reading a small append. A connection goes back only when the read ran to
+    the end and its transaction was rolled back; a reused one that fails to begin is replaced once."""
     import adbc_driver_postgresql.dbapi as adbc
 
+    uri = _adbc_uri(dsn)
+    key = ("adbc", uri)
+    conn = None
+    clean = False
     try:
-        with adbc.connect(_adbc_uri(dsn), autocommit=True) as conn:
+        conn, reused = pool.take_or_open(key, lambda: adbc.connect(uri, autocommit=True)) if pool is not None \
+            else (adbc.connect(uri, autocommit=True), False)
+        cur = conn.cursor()
+        try:
+            cur.execute("begin isolation level repeatable read")
+        except Exception:
+            if not reused:
+                raise
+            close_quietly(conn)  # the server closed an idle connection (restart, timeout): one fresh try
+            conn = None
+            conn = adbc.connect(uri, autocommit=True)
             cur = conn.cursor()
             cur.execute("begin isolation level repeatable read")
-            cur.execute("set transaction snapshot '" + snapshot.replace("'", "") + "'")
-            cur.execute("set local timezone to 'UTC'")
-            cur.execute(query)
-            reader = cur.fetch_record_batch()
-            for batch in reader:
-                if stop.is_set():
-                    break
-                if batch.num_rows:
-                    out.put(batch)
-            cur.execute("rollback")
-            cur.close()
-        out.put(None)
+        cur.execute("set transaction snapshot '" + snapshot.replace("'", "") + "'")
+        cur.execute("set local timezone to 'UTC'")
+        cur.execute(query)
+        reader = cur.fetch_record_batch()
+        stopped = False
+        for batch in reader:
+            if stop.is_set():
+                stopped = True
+                break
+            if batch.num_rows:
+                out.put(batch)
+        cur.execute("rollback")
+        cur.close()
+        clean = not stopped
     except BaseException as exc:  # handed to the consumer, which raises it
+        if conn is not None:
+            close_quietly(conn)
         out.put(exc)
+        return
+    if pool is not None and clean:
+        pool.give(key, conn)
+    else:
+        close_quietly(conn)
+    out.put(None)
 
 
 SPLIT_MIN_ROWS = 100_000  # row_index span below which the readers do not split the range
@@ -247,11 +294,13 @@ def read_batches(
     max_queued: int = 4,
     parts: list[list[tuple[int, int]]] | None = None,
     split_min_rows: int = SPLIT_MIN_ROWS,
+    pool: IdlePool | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield typed batches of rows above ``after_row_index`` from the pinned snapshot (``state`` was read
     with it), or of the rows in ``parts`` (reader_parts: one reader each) when given.
 
     At most ``max_queued`` batches wait in memory, so memory stays bounded whatever the dataset size.
+    ``pool``: reuse the readers' connections across calls (a mirror batch; see _read_range).
     """
     if parts is None:
         # A small range (an append, a small dataset) is read on one connection: a second one costs its
@@ -264,7 +313,8 @@ def read_batches(
     threads = []
     for part in parts:
         q = select_query(pinned.dataset_id, columns, after_row_index, None, part).as_string(pinned.conn)
-        t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop), daemon=True)
+        t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop, pool),
+                             daemon=True)
         t.start()
         threads.append(t)
     done = 0

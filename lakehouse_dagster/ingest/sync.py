@@ -22,11 +22,11 @@ from ..flags.native import native_dataset_ids
 from ..rollback.iceberg_only import refuse_mirror_over_iceberg_only
 from ..ids import parse_uuid
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import WRITE_MODE, snapshot_source_version, sync_snapshot, table_state, write_arrow
+from ..iceberg.writer import ABSENT, WRITE_MODE, snapshot_source_version, sync_snapshot, table_state, write_arrow
 from ..settings import Settings
 from ..store.datasets import Dataset, get_dataset, parse_schema
-from ..store.db import connect
-from .guards import admission_slot, dataset_lock, guard_connection
+from ..store.db import IdlePool, connect
+from .guards import admission_slot, dataset_lock, pooled_guard_connection
 from .reaper import UNSETTLED, reap_abandoned
 from .row_changes import PartialPlan, changed_ranges, file_ranges, plan_partial, prune
 from .source import PinnedSnapshot, read_batches, reader_parts
@@ -72,6 +72,7 @@ def sync_dataset(
     run_id: str | None = None,
     readers: int = 2,
     lock_timeout_s: float = 1800,
+    pool: IdlePool | None = None,
 ) -> SyncResult:
     """Mirror one dataset. Serialised per dataset (G3), admission-bounded (G2), fail-loud: a failure
     records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed (its
@@ -79,13 +80,14 @@ def sync_dataset(
     SIGTERM, a run termination) is not a data error: the sync is recorded as what the table says
     (succeeded if its commit landed, else failed 'interrupted'), the dataset status is left alone, and
     the interruption propagates. ``lock_timeout_s`` bounds the wait for another sync of the dataset
-    (LockTimeout, transient, nothing logged): a batch uses a short one and comes back to the dataset later."""
+    (LockTimeout, transient, nothing logged): a batch uses a short one and comes back to the dataset later.
+    ``pool``: a batch's idle connections (store.db.IdlePool) the lock session, the pinned read and its readers reuse."""
     if mode not in MODES:
         raise BadInput(f"unknown sync mode {mode!r}; use one of {', '.join(MODES)}")
     ds_id = parse_uuid(dataset_id, "dataset id")
     validate_failpoints()
     sync_id = sync_id or uuid.uuid4()
-    with guard_connection(dsn) as conn:
+    with pooled_guard_connection(dsn, pool) as conn:
         dataset = get_dataset(conn, ds_id)
         if dataset.kind != "tabular":
             raise BadInput(
@@ -105,7 +107,7 @@ def sync_dataset(
             _log_start(conn, ds_id, sync_id, writer, run_id)
             started = time.perf_counter()
             try:
-                result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started)
+                result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool)
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit, Dagster's interruption
                     _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
@@ -135,8 +137,8 @@ def sync_dataset(
             return result
 
 
-def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> SyncResult:
-    pinned = PinnedSnapshot(dsn, ds_id)
+def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool=None) -> SyncResult:
+    pinned = PinnedSnapshot(dsn, ds_id, pool)
     try:
         head = pinned.state(None)
         dataset = _dataset_at(ds_id, head)
@@ -155,7 +157,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
         parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers,
                              min_rows=settings.ingest_chunk_rows)
         batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers,
-                               parts=parts)
+                               parts=parts, pool=pool)
         written = write_arrow(
             catalog, settings, dataset, batches,
             mode={"full": "replace", "incremental": "append", "partial": "partial"}[run_mode],
@@ -164,6 +166,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started) -> S
             max_row_index=head.max_row_index if head.max_row_index is not None else (after if after is not None else -1),
             delete_files=plan.files if run_mode == "partial" else (),
             lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
+            table=table if table is not None else ABSENT,  # loaded once above, under the dataset lock
         )
     finally:
         pinned.close()

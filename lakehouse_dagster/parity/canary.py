@@ -54,7 +54,7 @@ from ..store.db import connect
 from . import localise as loc
 from . import smoke as sm
 from . import maintained as mt
-from .digest import IcebergSide, PgSide, PinnedPostgres, fold, full_digest, pin_iceberg, schema_problems
+from .digest import IcebergSide, PgSide, PinnedPostgres, _idle_autocommit, fold, full_digest, pin_iceberg, schema_problems
 from .maintained import SEG_BITS, SEG_WIDTH
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -133,16 +133,17 @@ def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: 
 def evaluate(
     dsn: str, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID | str, *,
     smoke: bool = False, smoke_max_rows: int = sm.SMOKE_MAX_ROWS, localise: bool = True,
-    hooks: Hooks | None = None, full: bool = False, pin=None,
+    hooks: Hooks | None = None, full: bool = False, pin=None, conn: psycopg.Connection | None = None,
 ) -> Verdict:
     """The verdict for one dataset (nothing recorded: see ``record``). ``full``: digest every row on
     both sides (the cross-check) instead of comparing the maintained sums (parity/maintained.py).
-    ``pin``: the caller's Iceberg pin of the dataset, taken before this call (so still before the Postgres pin)."""
+    ``pin``: the caller's Iceberg pin of the dataset, taken before this call (so still before the Postgres pin).
+    ``conn``: the caller's idle autocommit connection (a batch's), used instead of opening two per dataset."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
     v = Verdict(ds_id, "", ERROR)
     try:
-        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks(), full, pin)
+        _evaluate(dsn, catalog, settings, ds_id, v, smoke, smoke_max_rows, localise, hooks or Hooks(), full, pin, conn)
     except (NotFound, BadInput):
         raise
     except Exception as exc:  # the check could not see the data: say so, never pass
@@ -154,12 +155,13 @@ def evaluate(
     return v
 
 
-def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict) -> None:
+def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psycopg.Connection | None = None) -> None:
     """Before the Postgres pin (these write): fold many delta rows, register and fill the Postgres side
-    the first time, digest the snapshot's files that have none. A failure only means the full digest."""
+    the first time, digest the snapshot's files that have none. A failure only means the full digest.
+    ``conn``: the caller's connection (left open), else one of our own."""
     t = time.perf_counter()
     try:
-        with connect(dsn) as conn:
+        with contextlib.nullcontext(conn) if conn is not None else connect(dsn) as conn:
             row = conn.execute("select kind, schema, rows_version from datasets where id = %s", (ds_id,)).fetchone()
             if row is None or row[0] != "tabular":
                 return
@@ -196,15 +198,17 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks,
-              full: bool = False, pin=None) -> None:
+              full: bool = False, pin=None, conn=None) -> None:
+    if conn is not None and not _idle_autocommit(conn):
+        conn = None  # not fit to lend (in a transaction, broken): our own connections, as without one
     pin = pin or pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
     v.snapshot_id = pin.snapshot_id
     v.iceberg_version = pin.source_version
     if hooks.after_iceberg_pin:
         hooks.after_iceberg_pin()
     if not full:
-        _prepare_maintained(dsn, pin, ds_id, v)
-    with PinnedPostgres(dsn) as pg:
+        _prepare_maintained(dsn, pin, ds_id, v, conn)
+    with PinnedPostgres(dsn, conn) as pg:
         state = pg.state(ds_id)
         if state is None:
             raise NotFound(f"dataset {ds_id} does not exist (check the id with: lakehouse datasets)")

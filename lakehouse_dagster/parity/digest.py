@@ -93,18 +93,26 @@ class PgState:
     rows_version: int
 
 
+def _idle_autocommit(conn: psycopg.Connection) -> bool:
+    return (not conn.closed and not conn.broken and conn.autocommit
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
+
 class PinnedPostgres:
     """One REPEATABLE READ, READ ONLY transaction on its own connection; every query of a dataset's
     evaluation (version, digest, localisation, smoke rows) runs in it. Use as a context manager."""
 
-    def __init__(self, dsn: str):
-        self.conn = connect(dsn)  # autocommit, session time zone UTC
+    def __init__(self, dsn: str, conn: psycopg.Connection | None = None):
+        # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
+        # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
+        self._own = conn is None or not _idle_autocommit(conn)
+        self.conn = connect(dsn) if self._own else conn
         try:
             self.conn.execute("begin transaction isolation level repeatable read, read only")
             # Take the snapshot now (the first statement does), before the caller looks at anything else.
             self.conn.execute("select 1")
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def state(self, dataset_id: uuid.UUID) -> PgState | None:
@@ -121,7 +129,8 @@ class PinnedPostgres:
             if not self.conn.closed:
                 self.conn.execute("rollback")
         finally:
-            self.conn.close()
+            if self._own:
+                self.conn.close()
 
     def __enter__(self) -> "PinnedPostgres":
         return self

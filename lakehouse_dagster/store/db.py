@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psycopg
 
@@ -33,6 +34,64 @@ def connection(dsn: str, *, autocommit: bool = True) -> Iterator[psycopg.Connect
         yield conn
     finally:
         conn.close()
+
+
+class IdlePool:
+    """Connections kept open between uses inside one scope (a mirror batch: ingest/batch.py), so a batch of
+    small syncs pays a connect once, not once per dataset. A user takes one (``take``), and gives it back
+    (``give``) only when it left it idle and clean (no transaction, no pending result); anything else is
+    closed by the user. At most ``keep`` idle connections per key; ``close`` closes them all (end of scope).
+    Thread-safe (the mirror's readers run in threads). Nothing here outlives the scope that made it."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._idle: dict[object, list] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.made = 0  # connections opened through ``take_or_open`` (tests and benchmarks read it)
+
+    def take(self, key: object):
+        with self._lock:
+            idle = self._idle.get(key)
+            return idle.pop() if idle else None
+
+    def take_or_open(self, key: object, open_: Callable[[], object]) -> tuple[object, bool]:
+        """(a connection, whether it was reused)."""
+        got = self.take(key)
+        if got is not None:
+            return got, True
+        with self._lock:
+            self.made += 1
+        return open_(), False
+
+    def give(self, key: object, conn) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if not self._closed and len(idle) < self.keep:
+                idle.append(conn)
+                return
+        close_quietly(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = [c for conns in self._idle.values() for c in conns]
+            self._idle.clear()
+        for c in idle:
+            close_quietly(c)
+
+    def __enter__(self) -> "IdlePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def close_quietly(conn) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - a connection that cannot even close is gone anyway
+        pass
 
 
 def sqlalchemy_url(dsn: str) -> str:
