@@ -29,9 +29,13 @@ def run_worker(run_id: str, serialized_instance_ref: str, environ: dict[str, str
     loaded = preloaded_fingerprint()
     if code_fingerprint is not None and loaded is not None and loaded != code_fingerprint:
         _exec_fresh(run_id, ref)
+    from ..defs.event_writes import pooled_event_writes  # after the fork: code of the location, on disk
+
     # SIGINT (the launcher's terminate) becomes an execution interrupt inside steps: the run ends CANCELED.
+    # The run's events (start, steps, end, and every materialization and check) reuse their Postgres
+    # connections instead of opening ~3 per event (defs/event_writes.py).
     with capture_interrupts():
-        with DagsterInstance.from_ref(ref) as instance:
+        with DagsterInstance.from_ref(ref) as instance, pooled_event_writes(instance):
             code = _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
     sys.stdout.flush()
     sys.stderr.flush()
