@@ -29,9 +29,24 @@ def probe_op(context: dg.OpExecutionContext):
     context.log_event(dg.AssetObservation(asset_key="launcher_probe", metadata={"probe": probe.PROBE_VALUE}))
 
 
+@dg.op
+def chatty_op(context: dg.OpExecutionContext):
+    """Logs CHATTY lines: each is an event the instance stores (test_launcher.py counts their connections)."""
+    for k in range(CHATTY):
+        context.log.info(f"line {k}")
+
+
+CHATTY = 30
+
+
 @dg.job(executor_def=dg.in_process_executor)
 def ok_job():
     ok_op()
+
+
+@dg.job(executor_def=dg.in_process_executor)
+def chatty_job():
+    chatty_op()
 
 
 @dg.job(executor_def=dg.in_process_executor)
@@ -49,7 +64,7 @@ def probe_job():
     probe_op()
 
 
-defs = dg.Definitions(jobs=[ok_job, fail_job, sleep_job, probe_job])
+defs = dg.Definitions(jobs=[ok_job, fail_job, sleep_job, probe_job, chatty_job])
 
 
 def exit_3_unless_definitions_are_preloaded():

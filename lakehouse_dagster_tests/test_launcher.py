@@ -303,3 +303,61 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
     assert any("starts in a fresh interpreter" in m for m in messages), messages
     worker = _worker(instance, run.run_id)
     assert f"Started process for run (pid: {worker.pid})." in messages  # exec kept the pid
+
+
+@pytest.fixture
+def pg_warm_instance(pg_admin_dsn, tmp_path):
+    """The instance `lakehouse up` runs: Dagster storage on Postgres (dagster-postgres) and the warm launcher, in its
+    own database on the test server."""
+    import json
+    import uuid
+
+    import psycopg
+
+    from lakehouse_dagster.cli.dsn import dagster_url
+    from lakehouse_dagster_tests.conftest import _with_db
+
+    name = f"dg_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
+    (tmp_path / "dagster.yaml").write_text(
+        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
+        "run_launcher:\n  module: lakehouse_dagster.launcher\n  class: WarmRunLauncher\n"
+        "telemetry:\n  enabled: false\n")
+    inst = dg.DagsterInstance.from_config(str(tmp_path))
+    try:
+        yield inst, name
+    finally:
+        inst.dispose()
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(
+                psycopg.sql.Identifier(name)))
+
+
+def _sessions(pg_admin_dsn, db: str) -> int:
+    """Connections ever opened to ``db`` (pg_stat_database.sessions: counted when each one ends)."""
+    import psycopg
+
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        return admin.execute("select sessions from pg_stat_database where datname = %s", (db,)).fetchone()[0]
+
+
+def test_a_warm_worker_stores_its_events_on_kept_connections(pg_warm_instance, pg_admin_dsn):
+    """dagster-postgres opens ~3 connections per stored event (NullPool); the warm worker keeps them for the run
+    (defs/event_writes.py): a run that logs CHATTY more events opens fewer than CHATTY more connections, and every
+    event is stored."""
+    instance, db = pg_warm_instance
+    opened = {}
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        for job in (launcher_jobs.ok_job, launcher_jobs.chatty_job):
+            before = _sessions(pg_admin_dsn, db)
+            run = _launch(instance, ws, job)
+            assert poll_for_finished_run(instance, run.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+            _wait_gone(_worker(instance, run.run_id))  # its connections closed, so counted
+            time.sleep(1.0)
+            opened[job.name] = _sessions(pg_admin_dsn, db) - before
+            if job is launcher_jobs.chatty_job:
+                lines = [r.message for r in instance.all_logs(run.run_id) if r.message.startswith("line ")]
+                assert len(lines) == launcher_jobs.CHATTY
+    assert opened["ok_job"] > 0
+    assert opened["chatty_job"] - opened["ok_job"] < launcher_jobs.CHATTY, opened
