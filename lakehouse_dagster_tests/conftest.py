@@ -9,6 +9,7 @@ import os
 import re
 import tempfile
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -84,3 +85,30 @@ def settings(dsn, tmp_path, monkeypatch) -> Settings:
         monkeypatch.setenv(k, v)
     (tmp_path / "warehouse").mkdir(exist_ok=True)
     return Settings.from_env()
+
+
+@contextmanager
+def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
+    """A Dagster instance whose storage is Postgres (dagster-postgres, as dagster.yaml configures), in its own
+    database on the test server (dropped afterwards): yields (instance, database name). ``extra_yaml``: more of
+    the instance's dagster.yaml (a run launcher...)."""
+    import json
+
+    import dagster as dg
+
+    from lakehouse_dagster.cli.dsn import dagster_url
+
+    name = f"dg_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
+    (home / "dagster.yaml").write_text(
+        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
+        f"telemetry:\n  enabled: false\n{extra_yaml}")
+    inst = dg.DagsterInstance.from_config(str(home))
+    try:
+        yield inst, name
+    finally:
+        inst.dispose()
+        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(
+                psycopg.sql.Identifier(name)))

@@ -207,29 +207,10 @@ def test_facts_of_files_a_snapshot_no_longer_holds_are_dropped(conn, dsn, settin
 
 @pytest.fixture
 def pg_instance(pg_admin_dsn, tmp_path):
-    """A Dagster instance whose storage is Postgres (dagster-postgres, as dagster.yaml configures), in its own
-    database on the test server."""
-    import json
-    import uuid
+    from lakehouse_dagster_tests.conftest import pg_dagster_instance
 
-    import psycopg
-
-    from lakehouse_dagster.cli.dsn import dagster_url
-    from lakehouse_dagster_tests.conftest import _with_db
-
-    name = f"dg_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
-    (tmp_path / "dagster.yaml").write_text(
-        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
-        "telemetry:\n  enabled: false\n")
-    inst = dg.DagsterInstance.from_config(str(tmp_path))
-    try:
-        yield inst, name
-    finally:
-        inst.dispose()
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
+    with pg_dagster_instance(pg_admin_dsn, tmp_path) as got:
+        yield got
 
 
 class _Counted:

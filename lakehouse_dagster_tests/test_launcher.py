@@ -307,31 +307,12 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
 
 @pytest.fixture
 def pg_warm_instance(pg_admin_dsn, tmp_path):
-    """The instance `lakehouse up` runs: Dagster storage on Postgres (dagster-postgres) and the warm launcher, in its
-    own database on the test server."""
-    import json
-    import uuid
+    """The instance `lakehouse up` runs: Dagster storage on Postgres and the warm launcher."""
+    from lakehouse_dagster_tests.conftest import pg_dagster_instance
 
-    import psycopg
-
-    from lakehouse_dagster.cli.dsn import dagster_url
-    from lakehouse_dagster_tests.conftest import _with_db
-
-    name = f"dg_{uuid.uuid4().hex[:16]}"
-    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
-    (tmp_path / "dagster.yaml").write_text(
-        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
-        "run_launcher:\n  module: lakehouse_dagster.launcher\n  class: WarmRunLauncher\n"
-        "telemetry:\n  enabled: false\n")
-    inst = dg.DagsterInstance.from_config(str(tmp_path))
-    try:
-        yield inst, name
-    finally:
-        inst.dispose()
-        with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(
-                psycopg.sql.Identifier(name)))
+    with pg_dagster_instance(pg_admin_dsn, tmp_path,
+                             "run_launcher:\n  module: lakehouse_dagster.launcher\n  class: WarmRunLauncher\n") as got:
+        yield got
 
 
 def _sessions(pg_admin_dsn, db: str) -> int:
