@@ -19,13 +19,12 @@ from dagster._core.test_utils import in_process_test_workspace, poll_for_event, 
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
-from lakehouse_dagster.launcher import WarmRunLauncher
-from lakehouse_dagster.launcher.launcher import WORKER_TAG
+from lakehouse_dagster.defs.run_launcher import WORKER_TAG, WarmRunLauncher
 from lakehouse_dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = {"module": "lakehouse_dagster.launcher", "class": "WarmRunLauncher",
+LAUNCHER = {"module": "lakehouse_dagster.defs.run_launcher", "class": "WarmRunLauncher",
             "config": {"terminate_grace_seconds": 10.0}}
 
 
@@ -286,7 +285,7 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
     """The race the launcher's check cannot close (a file written between its check and the fork): the worker
     finds its forkserver's code differs from what the launcher saw and execs ``dagster api execute_run`` (same pid,
     so the run's worker tag stays true); the run still succeeds and its log says why."""
-    from lakehouse_dagster.launcher import launcher as launcher_module
+    from lakehouse_dagster.defs import run_launcher as launcher_module
     from lakehouse_dagster.launcher import location
 
     instance.run_launcher._forkserver_up()
@@ -311,7 +310,7 @@ def pg_warm_instance(pg_admin_dsn, tmp_path):
     from lakehouse_dagster_tests.conftest import pg_dagster_instance
 
     with pg_dagster_instance(pg_admin_dsn, tmp_path,
-                             "run_launcher:\n  module: lakehouse_dagster.launcher\n  class: WarmRunLauncher\n") as got:
+                             "run_launcher:\n  module: lakehouse_dagster.defs.run_launcher\n  class: WarmRunLauncher\n") as got:
         yield got
 
 

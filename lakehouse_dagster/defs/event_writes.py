@@ -6,7 +6,7 @@ new server process. A mirror batch stores five events per dataset (two materiali
 evaluations), so most of an event's cost was connecting (measured: ~15 connections per dataset).
 
 ``pooled_event_writes`` swaps the storage's engine, for the duration of a run in a warm launcher's worker
-(launcher/worker.py) or of the mirror batch op (any launcher, ``materialize``), for one on the same
+(defs/run_worker.py) or of the mirror batch op (any launcher, ``materialize``), for one on the same
 URL that keeps two connections (plus two more under concurrent use) and checks one before use
 (``pool_pre_ping``). What is stored, and where, does not change: the same statements run on the same
 database, in autocommit as before. Anything other than dagster-postgres' storage with its default

@@ -1,5 +1,4 @@
-"""A run launcher that starts each run in a child forked from a warm forkserver (see launcher.py)."""
-
-from .launcher import WarmRunLauncher
-
-__all__ = ["WarmRunLauncher"]
+"""The warm run launcher's plain-Python parts, imported by its forkserver before anything of Dagster's glue: which
+code the forkserver loaded (location.py), which process is a run worker (worker_process.py), the numba warm-up
+(warm.py). The launcher itself and the worker's run body are Dagster glue: defs/run_launcher.py, defs/run_worker.py
+(dagster.yaml: ``module: lakehouse_dagster.defs.run_launcher``)."""

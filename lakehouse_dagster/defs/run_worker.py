@@ -23,13 +23,13 @@ def run_worker(run_id: str, serialized_instance_ref: str, environ: dict[str, str
     from dagster._serdes import deserialize_value
     from dagster._utils.interrupts import capture_interrupts
 
-    from .location import preloaded_fingerprint
+    from ..launcher.location import preloaded_fingerprint
 
     ref = deserialize_value(serialized_instance_ref, InstanceRef)
     loaded = preloaded_fingerprint()
     if code_fingerprint is not None and loaded is not None and loaded != code_fingerprint:
         _exec_fresh(run_id, ref)
-    from ..defs.event_writes import pooled_event_writes  # after the fork: code of the location, on disk
+    from .event_writes import pooled_event_writes  # after the fork: code of the location, on disk
 
     # SIGINT (the launcher's terminate) becomes an execution interrupt inside steps: the run ends CANCELED.
     # The run's events (start, steps, end, and every materialization and check) reuse their Postgres

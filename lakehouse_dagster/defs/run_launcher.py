@@ -37,9 +37,9 @@ from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLa
 from dagster._core.storage.tags import GRPC_INFO_TAG
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
-from . import location
-from .worker import run_worker
-from .worker_process import Worker
+from ..launcher import location
+from ..launcher.worker_process import Worker
+from .run_worker import run_worker
 
 WORKER_TAG = "lakehouse/run_worker"
 
