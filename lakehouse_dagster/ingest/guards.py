@@ -23,7 +23,7 @@ from typing import Iterator
 import psycopg
 
 from ..errors import Backpressure, GuardLost, LockTimeout
-from ..store.db import close_quietly, connect
+from ..store.db import close_quietly, connect, is_idle
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
 _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
@@ -75,8 +75,7 @@ def pooled_guard_connection(dsn: str, pool=None) -> Iterator[psycopg.Connection]
 
 def _lock_free(conn: psycopg.Connection) -> bool:
     try:
-        return (not conn.closed and not conn.broken
-                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        return (is_idle(conn)
                 and not conn.execute("select exists(select 1 from pg_locks where locktype = 'advisory'"
                                      " and pid = pg_backend_pid())").fetchone()[0])
     except psycopg.Error:

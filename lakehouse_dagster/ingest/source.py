@@ -24,7 +24,7 @@ from psycopg import sql
 
 from ..errors import SyncFailed
 from ..store.datasets import Column
-from ..store.db import IdlePool, close_quietly
+from ..store.db import IdlePool, close_quietly, is_idle
 
 # Raises; declared to return text so it can sit in the ELSE branch of any typed CASE (the cast that
 # follows it is planned but never evaluated).
@@ -214,8 +214,7 @@ class PinnedSnapshot:
         """End the transaction; with a pool, a connection left idle and clean goes back to it."""
         try:
             self.conn.rollback()
-            if self._pool is not None and not self.conn.broken and \
-                    self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+            if self._pool is not None and is_idle(self.conn):
                 self._pool.give(self._key, self.conn)
                 return
         except BaseException:

@@ -25,7 +25,7 @@ from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import ABSENT, WRITE_MODE, snapshot_source_version, sync_snapshot, table_state, write_arrow
 from ..settings import Settings
 from ..store.datasets import Dataset, get_dataset, parse_schema
-from ..store.db import IdlePool, connect
+from ..store.db import IdlePool, connect, is_idle
 from .guards import admission_slot, dataset_lock, pooled_guard_connection
 from .reaper import UNSETTLED, reap_abandoned
 from .row_changes import PartialPlan, changed_ranges, file_ranges, plan_partial, prune
@@ -265,7 +265,7 @@ def _log_start(conn, ds_id, sync_id, writer, run_id) -> None:
 def _bookkeeping_conn(dsn: str, conn: psycopg.Connection):
     """``conn`` when it can still run a statement, else a fresh connection (the lock session may be the
     reason we failed: GuardLost, an interruption in the middle of a query on it)."""
-    if not conn.closed and not conn.broken and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+    if is_idle(conn):
         return contextlib.nullcontext(conn)
     return connect(dsn)
 

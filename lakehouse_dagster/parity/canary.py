@@ -54,7 +54,8 @@ from ..store.db import connect
 from . import localise as loc
 from . import smoke as sm
 from . import maintained as mt
-from .digest import IcebergSide, PgSide, PinnedPostgres, _idle_autocommit, fold, full_digest, pin_iceberg, schema_problems
+from .digest import (IcebergSide, PgSide, PinnedPostgres, fold, full_digest, idle_autocommit, pin_iceberg,
+                     schema_problems)
 from .maintained import SEG_BITS, SEG_WIDTH
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -199,7 +200,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks,
               full: bool = False, pin=None, conn=None) -> None:
-    if conn is not None and not _idle_autocommit(conn):
+    if conn is not None and not idle_autocommit(conn):
         conn = None  # not fit to lend (in a transaction, broken): our own connections, as without one
     pin = pin or pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
     v.snapshot_id = pin.snapshot_id

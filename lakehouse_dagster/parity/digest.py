@@ -31,7 +31,7 @@ from ..errors import LakehouseError
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..settings import Settings
 from ..store.datasets import Column, parse_schema
-from ..store.db import connect
+from ..store.db import connect, is_idle
 from . import canonical as cn
 from . import lookup3
 
@@ -93,9 +93,9 @@ class PgState:
     rows_version: int
 
 
-def _idle_autocommit(conn: psycopg.Connection) -> bool:
-    return (not conn.closed and not conn.broken and conn.autocommit
-            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+def idle_autocommit(conn: psycopg.Connection) -> bool:
+    """Fit to lend for a pinned read: idle (store.db.is_idle) and in autocommit."""
+    return is_idle(conn) and conn.autocommit
 
 
 class PinnedPostgres:
@@ -105,7 +105,7 @@ class PinnedPostgres:
     def __init__(self, dsn: str, conn: psycopg.Connection | None = None):
         # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
         # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
-        self._own = conn is None or not _idle_autocommit(conn)
+        self._own = conn is None or not idle_autocommit(conn)
         self.conn = connect(dsn) if self._own else conn
         try:
             self.conn.execute("begin transaction isolation level repeatable read, read only")

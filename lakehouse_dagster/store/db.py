@@ -87,6 +87,11 @@ class IdlePool:
         self.close()
 
 
+def is_idle(conn: psycopg.Connection) -> bool:
+    """Open, not broken, no transaction open: fit to run a statement now, or to be reused or lent."""
+    return not conn.closed and not conn.broken and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
 def close_quietly(conn) -> None:
     try:
         conn.close()
