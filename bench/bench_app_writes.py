@@ -14,7 +14,11 @@ the same run, alternating round by round (the best round of each is kept):
   tracking   change tracking only (the digest triggers disabled)
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
-  digest     change tracking + the maintained digest (what ships)
+  digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
+  wal        change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app pays in capture mode
+             "wal", where the digest is computed after the commit by the WAL consumer (parity/capture.py);
+             that consumer's own time per statement is measured after the rounds and printed separately
+The server runs with wal_level = logical in every configuration (the embedded server always does).
 Two clocks: the wall time of a statement as the app sees it, and the CPU time of the Postgres backend
 serving it (/proc/<pid>/schedstat, when the server runs on this machine), which is what the triggers add
 and moves much less than wall time when other work shares the machine.
@@ -51,6 +55,7 @@ CONFIGS = {
     "tracking": TRACKING_TRIGGERS,
     "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
+    "wal": TRACKING_TRIGGERS,
 }
 
 
@@ -129,6 +134,7 @@ def main(argv=None) -> int:
             for t in CONFIGS[cfg]:  # the digest triggers are ENABLE ALWAYS (migration 015)
                 how = "enable always trigger" if t in DIGEST_TRIGGERS else "enable trigger"
                 conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(how), sql.Identifier(t)))
+            conn.execute("alter table dataset_rows replica identity " + ("full" if cfg == "wal" else "default"))
 
     row = Jsonb(ROW)
     k = args.statements
@@ -175,6 +181,23 @@ def main(argv=None) -> int:
         agree = pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
         deltas = c.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (ds_id,)).fetchone()[0]
 
+    # The WAL consumer: the same statements once more in capture mode "wal", then its catch-up, timed.
+    from lakehouse_dagster.parity import capture
+
+    conn.execute("set synchronous_commit = on")  # the consumer decodes flushed WAL only
+    capture.enable(conn)
+    consumer: dict[str, tuple[float, float | None]] = {}
+    for kind, stmt, params in workloads():
+        for p in params:
+            conn.execute(stmt, p)
+        c0, t = backend_cpu_ns(pid), time.perf_counter()
+        capture.catch_up(conn)
+        consumer[kind] = ((time.perf_counter() - t) / len(params),
+                          None if c0 is None else (backend_cpu_ns(pid) - c0) / 1e9 / len(params))
+    with connect(dsn) as c:
+        wal_agree = pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
+    capture.disable(conn)
+
     kinds = [w[0] for w in workloads()]
     worst = 0.0
     for clock, table in (("wall time per statement (what the app waits)", best),
@@ -187,12 +210,17 @@ def main(argv=None) -> int:
             b = table[("bare", kind)]
             print(f"{kind:16s}" + "".join(f"{table[(c, kind)] * 1000:9.3f} ({table[(c, kind)] / b:5.2f}×)" for c in configs))
         worst = max(worst, max(table[("digest", k)] / table[("bare", k)] for k in kinds))
-    print(f"\nworst digest/bare: {worst:.2f}× (target ≤ 1.3×); maintained sums equal a full digest: {agree}; "
-          f"{deltas} delta rows before compaction")
+        worst_wal = max(table[("wal", k)] / table[("bare", k)] for k in kinds)
+    print("\nthe WAL consumer, after the commit (capture mode wal), per statement: wall ms (its backend's CPU ms)")
+    for kind in kinds:
+        w, c = consumer[kind]
+        print(f"{kind:16s}{w * 1000:9.3f} ({'-' if c is None else f'{c * 1000:.3f}'})")
+    print(f"\nworst digest/bare: {worst:.2f}×, worst wal/bare: {worst_wal:.2f}× (target ≤ 1.3×); maintained sums equal "
+          f"a full digest: triggers {agree}, WAL consumer {wal_agree}; {deltas} delta rows before compaction")
     conn.close()
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
-    return 0 if agree else 1
+    return 0 if agree and wal_agree else 1
 
 
 if __name__ == "__main__":

@@ -109,36 +109,39 @@ def test_triggers_keep_the_sums_through_inserts_updates_deletes(conn, dsn):
     assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "ready"
 
 
+def retried(fn):
+    # Two concurrent inserts into one dataset can deadlock in the change-tracking trigger (each holds
+    # the FK's KEY SHARE lock on the datasets row and then asks FOR UPDATE): Postgres aborts one whole
+    # transaction — its rows and its deltas together — and the writer retries, as the app would.
+    for _ in range(20):
+        try:
+            return fn()
+        except psycopg.errors.DeadlockDetected:
+            continue
+    raise AssertionError("still deadlocking after 20 attempts")
+
+
+def app_writer(dsn, d, k: int, errors: list) -> None:
+    """One app connection: 15 rounds of a 5-row insert, a one-row update and a one-row delete."""
+    try:
+        with connect(dsn) as c:
+            for j in range(15):
+                base = 10_000 + k * 1000 + j * 10
+                retried(lambda: ds.insert_rows(c, d, rows_for(5, base), start_index=base))
+                retried(lambda: c.execute("update dataset_rows set data = data || jsonb_build_object('i', %s::int) "
+                                          "where dataset_id = %s and row_index = %s", (j, d, k * 100 + j)))
+                retried(lambda: c.execute("delete from dataset_rows where dataset_id = %s and row_index = %s",
+                                          (d, base + 4)))
+    except Exception as exc:  # noqa: BLE001
+        errors.append(exc)
+
+
 def test_concurrent_writers_and_a_fill_racing_them_lose_nothing(conn, dsn):
     d = make_dataset(conn, 2000)
     columns = ds.get_dataset(conn, d).columns
     errors = []
 
-    def retried(fn):
-        # Two concurrent inserts into one dataset can deadlock in the change-tracking trigger (each holds
-        # the FK's KEY SHARE lock on the datasets row and then asks FOR UPDATE): Postgres aborts one whole
-        # transaction — its rows and its deltas together — and the writer retries, as the app would.
-        for _ in range(20):
-            try:
-                return fn()
-            except psycopg.errors.DeadlockDetected:
-                continue
-        raise AssertionError("still deadlocking after 20 attempts")
-
-    def writer(k: int):
-        try:
-            with connect(dsn) as c:
-                for j in range(15):
-                    base = 10_000 + k * 1000 + j * 10
-                    retried(lambda: ds.insert_rows(c, d, rows_for(5, base), start_index=base))
-                    retried(lambda: c.execute("update dataset_rows set data = data || jsonb_build_object('i', %s::int) "
-                                              "where dataset_id = %s and row_index = %s", (j, d, k * 100 + j)))
-                    retried(lambda: c.execute("delete from dataset_rows where dataset_id = %s and row_index = %s",
-                                              (d, base + 4)))
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
+    threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(4)]
     for t in threads:
         t.start()
     outcomes = [mt.ensure_pg(conn, d, columns)]  # registration and fill while the writers run

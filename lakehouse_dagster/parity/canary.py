@@ -51,6 +51,7 @@ from ..ids import parse_uuid
 from ..settings import Settings
 from ..store.datasets import parse_schema
 from ..store.db import connect
+from . import capture
 from . import localise as loc
 from . import smoke as sm
 from . import maintained as mt
@@ -169,6 +170,9 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
             if not pin.has_snapshot or pin.source_version is None or pin.source_version < row[2]:
                 return  # lagging (or no snapshot): nothing to compare, nothing worth filling
             columns = parse_schema(row[1], f"dataset {ds_id}")
+            caught_up = capture.catch_up(conn)  # capture mode wal: the sums include every committed write
+            if caught_up.get("transactions"):
+                v.detail["wal_consumer"] = caught_up
             mt.compact_pg(conn, ds_id)
             pg_outcome = mt.ensure_pg(conn, ds_id, columns)
             files = 0 if pin.has_deletes else mt.fill_file_digests(conn, pin, columns)

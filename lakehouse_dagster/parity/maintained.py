@@ -10,7 +10,8 @@ re-reading every row on every canary:
   sum over its live data files; a snapshot with delete files has no maintained digest (full digest).
 * Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
   inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
-  transaction (parity/migration.py). A dataset is maintained once registered and filled (``ensure_pg``).
+  transaction (parity/migration.py) — or, in capture mode "wal", a logical decoding consumer does after
+  the app committed (parity/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
 
 Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment
 sums and reads rows only in the segments that differ.
@@ -301,27 +302,38 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
                 (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
-    conn.execute("begin isolation level repeatable read")
+    # The fill runs under the WAL consumer's lock (parity/capture.py), after a catch-up when a slot exists:
+    # its snapshot then sees every delta the consumer wrote, and the consumer, running after it, applies
+    # only the transactions that stamped a version above the one this snapshot saw (fill_version).
+    from . import capture
+
+    conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
     try:
-        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
-                             (dataset_id,)).fetchone()
-        if state is None or state[0] != sh:
-            raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
-        if not state[1]:
-            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
-            conn.execute(
-                f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-                f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
-                f" where dataset_id = %s group by 2",
-                (dataset_id, dataset_id),
-            )
-            conn.execute("update lakehouse_pg_digest_state set filled = true, filled_at = now() where dataset_id = %s",
-                         (dataset_id,))
-        conn.execute("commit")
-    except BaseException:
-        conn.execute("rollback")
-        raise
+        capture.catch_up(conn)
+        conn.execute("begin isolation level repeatable read")
+        try:
+            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
+            state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
+                                 (dataset_id,)).fetchone()
+            if state is None or state[0] != sh:
+                raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
+            if not state[1]:
+                conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
+                conn.execute(
+                    f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+                    f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
+                    f" where dataset_id = %s group by 2",
+                    (dataset_id, dataset_id),
+                )
+                conn.execute("update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
+                             " fill_version = d.rows_version, applied_version = d.rows_version"
+                             " from datasets d where s.dataset_id = %s and d.id = s.dataset_id", (dataset_id,))
+            conn.execute("commit")
+        except BaseException:
+            conn.execute("rollback")
+            raise
+    finally:
+        conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
     return outcome
 
 
@@ -348,14 +360,20 @@ def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = 
 
 def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]) -> Segments:
     """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
-    state = conn.execute("select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
-                         (dataset_id,)).fetchone()
+    state = conn.execute(
+        "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version,"
+        " coalesce(c.mode = 'wal' or c.applying, false)"
+        " from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id"
+        " left join lakehouse_digest_capture c on true where s.dataset_id = %s", (dataset_id,)).fetchone()
     if state is None:
         raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
     if state[0] != schema_hash(columns) or state[1] != cn.CONTRACT_VERSION:
         raise Unavailable("the maintained Postgres digest is for another schema or contract")
     if not state[2]:
         raise Unavailable("the maintained Postgres digest is not filled yet")
+    if state[5] and state[3] != state[4]:  # capture mode wal: the sums are as of applied_version
+        raise Unavailable(f"the WAL consumer has applied this dataset up to version {state[3]}, "
+                          f"not yet {state[4]} (parity/capture.py)")
     rows = conn.execute(
         "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg", (dataset_id,)
     ).fetchall()

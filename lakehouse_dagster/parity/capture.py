@@ -1,0 +1,402 @@
+"""Where the maintained Postgres digest is computed: in the app's transaction, or after it.
+
+Capture mode "triggers" (the default): statement triggers add and subtract row hashes inside every
+writing transaction (parity/migration.py), which is what an app write pays for (bench_app_writes.py).
+Capture mode "wal": those triggers are disabled and this consumer reads the changes to ``dataset_rows``
+from a logical replication slot (plugin pgoutput, through the SQL interface) after the app committed,
+and writes the same per-segment deltas. It needs ``wal_level = logical`` (the embedded server is started
+with it; a user's server needs a restart) and REPLICA IDENTITY FULL on ``dataset_rows`` (old values of
+updated and deleted rows), set by ``enable``.
+
+Exactly once: the consumer peeks (the slot does not move), applies a chunk of whole transactions and
+records the end LSN of the last one in the same transaction as its deltas, then advances the slot; after
+a crash between the two it skips what it already applied. Registration and the switches are ordered by
+the stream itself: a switch writes a row of ``lakehouse_digest_capture_switch`` in the transaction that
+disables (or enables) the triggers, under the ACCESS EXCLUSIVE lock that ALTER TABLE takes, so every
+write is on exactly one side of it; a fill (maintained.ensure_pg) runs under the consumer's lock after a
+catch-up and records the rows_version its snapshot saw, and the consumer applies a transaction to a
+dataset only when the version that transaction stamped is above it. Change tracking stays in the app's
+transaction, so rows_version still moves with the rows; ``applied_version`` says which version the sums
+include, and the canary compares maintained sums only when it equals the rows_version of its snapshot.
+A change the consumer cannot account for (no version stamped, an old value it was not given, a TRUNCATE,
+a value the hash cannot type) drops that dataset's registration: the canary then uses the full digest
+and fills it again. Nothing here can make a comparison pass that should fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections import defaultdict
+
+import psycopg
+from psycopg import sql
+
+from ..errors import LakehouseError
+from . import pgoutput as po
+
+PUBLICATION = "lakehouse_digest"
+DIGEST_TRIGGERS = ("lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest",
+                   "lakehouse_rows_trunc_digest")
+CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill, in wal mode) at a time
+CHUNK_CHANGES = 20_000  # messages per consumer transaction (a chunk ends at a transaction boundary)
+HASH_BATCH = 1_000  # rows per hash call
+_ROW_COLUMNS = ("dataset_id", "row_index", "row_id", "created_at", "data")
+
+
+class CaptureError(LakehouseError):
+    """Capture mode cannot be switched or the consumer cannot run; the message says why and what to do."""
+
+    exit_code = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    mode: str
+    slot: str | None
+    applied_lsn: str | None
+    applying: bool
+
+
+def state(conn: psycopg.Connection) -> State:
+    row = conn.execute("select mode, slot, applied_lsn::text, applying from lakehouse_digest_capture").fetchone()
+    return State(*row) if row else State("triggers", None, None, False)
+
+
+def status(conn: psycopg.Connection) -> dict:
+    """What an operator asks: the mode, how far behind the consumer is, what the slot holds back."""
+    st = state(conn)
+    out = {"mode": st.mode, "wal_level": conn.execute("show wal_level").fetchone()[0], "slot": st.slot,
+           "applied_lsn": st.applied_lsn, "applying": st.applying}
+    if st.slot:
+        row = conn.execute(
+            "select wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
+            " from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone()
+        if row is None:
+            out["slot_status"] = "missing"
+        else:
+            out.update(slot_status=row[0], behind_bytes=row[1], retained_wal_bytes=row[2])
+    return out
+
+
+def _slot_name(conn: psycopg.Connection) -> str:
+    oid = conn.execute("select oid from pg_database where datname = current_database()").fetchone()[0]
+    return f"lakehouse_digest_{oid}"  # slots are per server; one per database
+
+
+def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
+    """Switch to capture mode "wal" (``conn`` autocommit). Idempotent; refuses with the reason when the
+    server cannot decode (wal_level) or the table cannot be altered."""
+    level = conn.execute("show wal_level").fetchone()[0]
+    if level != "logical":
+        raise CaptureError(f"wal_level is {level!r}: logical decoding needs wal_level = logical "
+                           "(ALTER SYSTEM SET wal_level = logical, then restart the server); nothing was changed")
+    st = state(conn)
+    if st.mode == "wal" and st.slot and _slot_exists(conn, st.slot) and not _triggers_enabled(conn):
+        return {"mode": "wal", "changed": False, **catch_up(conn)}
+    if not conn.execute("select 1 from pg_publication where pubname = %s", (PUBLICATION,)).fetchone():
+        conn.execute(sql.SQL("create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
+                             " with (publish = 'insert, update, delete, truncate')").format(sql.Identifier(PUBLICATION)))
+    slot = st.slot or _slot_name(conn)
+    if not _slot_exists(conn, slot):  # before the switch: the stream then holds the switch row
+        conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    with conn.transaction():
+        conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+        if conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] != "f":
+            conn.execute("alter table dataset_rows replica identity full")
+        for t in DIGEST_TRIGGERS:
+            conn.execute(sql.SQL("alter table dataset_rows disable trigger {}").format(sql.Identifier(t)))
+        if st.mode == "wal":  # again, after the triggers were enabled behind the consumer: sums unknown
+            conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+            conn.execute("delete from lakehouse_pg_digest_deltas")
+            conn.execute("delete from lakehouse_pg_digest_state")
+        conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('wal')")
+        conn.execute("update lakehouse_digest_capture set mode = 'wal', slot = %s,"
+                     " applied_lsn = case when mode = 'wal' then applied_lsn end,"
+                     " applying = (mode = 'wal' and applying), changed_at = now()", (slot,))
+        # What the triggers summed so far is exact up to now (no write runs under this lock).
+        conn.execute("update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
+                     " applied_version = d.rows_version from datasets d where d.id = s.dataset_id")
+    return {"mode": "wal", "changed": True, **catch_up(conn)}
+
+
+def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
+    """Back to capture mode "triggers": the triggers take over in one transaction, the consumer applies
+    what was written before it, then the slot and the publication are dropped (no WAL held back)."""
+    st = state(conn)
+    if st.mode == "wal":
+        with conn.transaction():
+            conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+            for t in DIGEST_TRIGGERS:
+                conn.execute(sql.SQL("alter table dataset_rows enable always trigger {}").format(sql.Identifier(t)))
+            conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('triggers')")
+            conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
+    out = {"mode": "triggers", "changed": st.mode == "wal"}
+    if st.slot and _slot_exists(conn, st.slot):
+        out.update(catch_up(conn))
+        conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
+    conn.execute("update lakehouse_digest_capture set slot = null, applied_lsn = null, applying = false")
+    conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(PUBLICATION)))
+    return out
+
+
+def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
+    return [r[0] for r in conn.execute(
+        "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname = any(%s)"
+        " and tgenabled <> 'D' order by 1", (list(DIGEST_TRIGGERS),))]
+
+
+def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
+    row = conn.execute("select wal_status from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+    if row is not None and row[0] == "lost":
+        raise CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
+                           "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+    return row is not None
+
+
+def repair(conn: psycopg.Connection) -> dict:
+    """After a lost slot: every registration is dropped (its sums may miss writes), a new slot is made and
+    the switch row written again; the next canaries fill the sums afresh."""
+    st = state(conn)
+    if st.mode != "wal":
+        return {"mode": st.mode, "repaired": False}
+    if st.slot and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
+        conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
+    slot = _slot_name(conn)
+    conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+        conn.execute("delete from lakehouse_pg_digest_deltas")
+        dropped = conn.execute("delete from lakehouse_pg_digest_state").rowcount
+        conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('wal')")
+        conn.execute("update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
+                     " changed_at = now()", (slot,))
+    return {"mode": "wal", "repaired": True, "registrations_dropped": dropped, **catch_up(conn)}
+
+
+class _Consumer:
+    """One chunk's worth of decoding state (a consumer transaction)."""
+
+    def __init__(self, conn: psycopg.Connection, applying: bool, applied_lsn: int):
+        self.conn = conn
+        self.applying = applying
+        self.applied_lsn = applied_lsn
+        self.registered: dict[uuid.UUID, tuple[str, int]] = {
+            r[0]: (r[1], r[2] if r[2] is not None else -1) for r in conn.execute(
+                "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
+                " from lakehouse_pg_digest_state")}
+        self.relations: dict[int, po.Relation] = {}
+        self.deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        self.pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)  # rows of applied transactions, to hash
+        self.versions: dict[uuid.UUID, int] = {}
+        self.drops: set[uuid.UUID] = set()
+        self.transactions = self.rows = 0
+        self._begin_tx()
+
+    def _begin_tx(self) -> None:
+        self.skip = False
+        self.tx_pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)
+        self.tx_deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        self.tx_stamps: dict[uuid.UUID, int] = {}
+        self.tx_rows: set[uuid.UUID] = set()
+        self.tx_unknown: set[uuid.UUID] = set()
+        self.tx_marker: str | None = None
+        self.tx_truncate = False
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def feed(self, msg) -> int | None:
+        """Returns the end LSN when a transaction ends."""
+        if isinstance(msg, po.Begin):
+            self._begin_tx()
+        elif isinstance(msg, po.Relation):
+            self.relations[msg.relid] = msg
+        elif isinstance(msg, po.Change):
+            self._change(msg)
+        elif isinstance(msg, po.Truncate):
+            if any(self._table(r) == "dataset_rows" for r in msg.relids):
+                self.tx_truncate = True
+        elif isinstance(msg, po.Commit):
+            self._commit(msg.end_lsn)
+            return msg.end_lsn
+        return None
+
+    def _table(self, relid: int) -> str:
+        rel = self.relations.get(relid)
+        if rel is None:
+            raise po.ProtocolError(f"change for relation {relid} before its Relation message")
+        return rel.name
+
+    def _change(self, msg: po.Change) -> None:
+        rel = self.relations.get(msg.relid)
+        if rel is None:
+            raise po.ProtocolError(f"change for relation {msg.relid} before its Relation message")
+        if rel.name == "datasets":
+            if msg.new is not None:
+                values = dict(zip(rel.columns, msg.new))
+                v = values.get("rows_version")
+                if v is not None and v is not po.UNCHANGED:
+                    ds = uuid.UUID(values["id"])
+                    self.tx_stamps[ds] = max(self.tx_stamps.get(ds, -1), int(v))
+        elif rel.name == "lakehouse_digest_capture_switch":
+            if msg.new is not None:
+                self.tx_marker = dict(zip(rel.columns, msg.new)).get("mode")
+        elif rel.name == "dataset_rows" and self.applying and self.registered:
+            cols = rel.columns
+            old = dict(zip(cols, msg.old)) if msg.old is not None else None
+            new = dict(zip(cols, msg.new)) if msg.new is not None else None
+            if old is not None:
+                self._row(old, -1, full=not msg.old_is_key)
+            if new is not None:
+                if old is not None and not msg.old_is_key:  # an unchanged TOASTed value: the old one
+                    new = {k: (old.get(k) if v is po.UNCHANGED else v) for k, v in new.items()}
+                self._row(new, 1, full=True)
+
+    def _row(self, values: dict, sign: int, full: bool) -> None:
+        raw = values.get("dataset_id")
+        if raw is None or raw is po.UNCHANGED:
+            return
+        ds = uuid.UUID(raw)
+        if ds not in self.registered or ds in self.drops:
+            return
+        self.tx_rows.add(ds)
+        picked = tuple(values.get(c) for c in _ROW_COLUMNS[1:])
+        if not full or any(v is po.UNCHANGED for v in picked):
+            self.tx_unknown.add(ds)  # old values not in the stream (REPLICA IDENTITY not FULL)
+            return
+        pending = self.tx_pending[ds]
+        pending.append((*picked, sign))
+        self.rows += 1
+        if len(pending) >= HASH_BATCH:  # a large transaction: hashed as it comes, kept apart until its commit
+            if not self._hash(ds, self.tx_pending.pop(ds), self.tx_deltas[ds]):
+                self.tx_unknown.add(ds)
+
+    def _hash(self, ds: uuid.UUID, pending: list[tuple], acc: dict[int, list[int]]) -> bool:
+        """Add the per-segment (count, sum) of signed rows into ``acc``; False when a value cannot be typed."""
+        if not pending:
+            return True
+        fn = self.registered[ds][0]
+        cols = list(zip(*pending))
+        try:
+            with self.conn.transaction():  # a savepoint: a value the hash cannot type drops the registration
+                rows = self.conn.execute(sql.SQL(
+                    "select d.seg, d.n, d.s from unnest({}(array(select row(t.r::bigint, t.i::uuid, t.c::timestamptz,"
+                    " t.d::jsonb, t.s)::lakehouse_digest_row from unnest(%b::text[], %b::text[], %b::text[], %b::text[],"
+                    " %b::int[]) t(r, i, c, d, s)))) d").format(sql.Identifier(fn)),
+                    (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]), list(cols[4]))).fetchall()
+        except (psycopg.errors.DataException, psycopg.errors.UndefinedFunction):
+            return False
+        for seg, n, s in rows:
+            cell = acc[int(seg)]
+            cell[0] += int(n)
+            cell[1] += int(s)
+        return True
+
+    def _commit(self, end_lsn: int) -> None:
+        self.transactions += 1
+        if end_lsn <= self.applied_lsn:  # applied by a consumer that crashed before advancing the slot
+            return
+        if self.applying:
+            if self.tx_truncate:  # every dataset emptied: what to subtract is not in the stream
+                self.drops.update(self.registered)
+            for ds in self.tx_rows | set(self.tx_stamps):
+                if ds not in self.registered or ds in self.drops:
+                    continue
+                stamp = self.tx_stamps.get(ds)
+                if ds in self.tx_unknown or (stamp is None and ds in self.tx_rows):
+                    self.drops.add(ds)  # a write the sums cannot account for (no version, no old values)
+                    continue
+                if stamp <= self.registered[ds][1]:
+                    continue  # in the fill already
+                into = self.deltas[ds]
+                for seg, (n, s) in self.tx_deltas.get(ds, {}).items():
+                    cell = into[seg]
+                    cell[0] += n
+                    cell[1] += s
+                rows = self.pending[ds]  # small transactions' rows are hashed together, HASH_BATCH at a time
+                rows.extend(self.tx_pending.get(ds, ()))
+                if len(rows) >= HASH_BATCH and not self._hash(ds, self.pending.pop(ds), into):
+                    self.drops.add(ds)
+                self.versions[ds] = max(self.versions.get(ds, -1), stamp)
+        if self.tx_marker is not None:
+            self.applying = self.tx_marker == "wal"
+        self.applied_lsn = end_lsn
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        conn = self.conn
+        for ds, rows in list(self.pending.items()):
+            if ds not in self.drops and not self._hash(ds, rows, self.deltas[ds]):
+                self.drops.add(ds)
+        for ds in self.drops:
+            conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (ds,))
+            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (ds,))
+        rows = [(ds, seg, n, s) for ds, segs in self.deltas.items() if ds not in self.drops
+                for seg, (n, s) in segs.items() if n or s]
+        if rows:
+            with conn.cursor() as cur:
+                cur.executemany("insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+                                " values (%s, %s, %s, %s::numeric)", [(a, b, c, str(d)) for a, b, c, d in rows])
+        versions = [(ds, v) for ds, v in self.versions.items() if ds not in self.drops]
+        if versions:
+            conn.execute(
+                "update lakehouse_pg_digest_state s set applied_version = greatest(coalesce(s.applied_version, -1), v.v)"
+                " from unnest(%s::uuid[], %s::bigint[]) v(ds, v) where s.dataset_id = v.ds",
+                ([d for d, _ in versions], [v for _, v in versions]))
+        conn.execute("update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s",
+                     (po.lsn_text(self.applied_lsn), self.applying))
+
+
+def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
+    """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
+    fill) already running. Returns what it did; nothing to do in capture mode "triggers"."""
+    st = state(conn)
+    if not st.slot:
+        return {"transactions": 0, "rows": 0}
+    started = time.perf_counter()
+    totals = {"transactions": 0, "rows": 0, "dropped": 0}
+    conn.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
+    try:
+        if not _slot_exists(conn, st.slot):
+            raise CaptureError(f"replication slot {st.slot} is missing: run `lakehouse digest-capture repair`")
+        enabled = _triggers_enabled(conn) if st.mode == "wal" else []
+        if enabled:  # the triggers and the consumer would both count the same writes
+            with conn.transaction():
+                conn.execute("delete from lakehouse_pg_digest_deltas")
+                conn.execute("delete from lakehouse_pg_digest_state")
+            raise CaptureError(f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
+                               "mode is wal: the maintained sums were dropped (canaries use the full digest); run "
+                               "`lakehouse digest-capture wal` to disable them again and resume")
+        # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
+        # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
+        upto = conn.execute("select pg_current_wal_flush_lsn()::text").fetchone()[0]
+        while True:
+            with conn.transaction():
+                st = state(conn)
+                consumer = _Consumer(conn, st.applying, po.lsn_int(st.applied_lsn) if st.applied_lsn else 0)
+                n = 0
+                with conn.cursor(name="lakehouse_digest_capture") as cur:
+                    cur.itersize = 2000
+                    cur.execute("select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
+                                " 'proto_version', '1', 'publication_names', %s)", (st.slot, upto, chunk, PUBLICATION))
+                    for (data,) in cur:
+                        n += 1
+                        consumer.feed(po.parse(bytes(data)))
+                consumer.write()
+            totals["transactions"] += consumer.transactions
+            totals["rows"] += consumer.rows
+            totals["dropped"] += len(consumer.drops)
+            exhausted = n < chunk
+            # Everything that commits before `upto` was returned once the peek is exhausted.
+            target = upto if exhausted else po.lsn_text(consumer.applied_lsn)
+            if consumer.applied_lsn or exhausted:
+                conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (st.slot, target))
+            if exhausted:
+                break
+    finally:
+        conn.execute("select pg_advisory_unlock(%s, %s)", CONSUME_LOCK)
+    totals["seconds"] = round(time.perf_counter() - started, 3)
+    return totals

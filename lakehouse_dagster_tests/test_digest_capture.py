@@ -1,0 +1,254 @@
+"""Capture mode "wal": the maintained Postgres digest computed after the app's transaction, from a
+logical replication slot (parity/capture.py), against a real server with wal_level = logical."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import capture
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
+from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference, spread_rows
+
+
+def digest_triggers_enabled(conn) -> set[str]:
+    return {r[0] for r in conn.execute(
+        "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname like '%%_digest'"
+        " and tgenabled <> 'D'")}
+
+
+def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(conn, dsn):
+    d = make_dataset(conn, 0)
+    spread_rows(conn, d, [0, 1, 65_535, 65_536, 131_072])
+    columns = ds.get_dataset(conn, d).columns
+    assert mt.ensure_pg(conn, d, columns) == "registered+filled"
+    ds.insert_rows(conn, d, rows_for(5, 40), start_index=200)  # counted by the triggers, before the switch
+    out = capture.enable(conn)
+    assert out["mode"] == "wal" and out["changed"] is True
+    assert digest_triggers_enabled(conn) == set()
+    assert conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] == "f"
+    deltas_before = conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0]
+    ds.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # after the switch: no trigger ran
+    assert conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0] == deltas_before
+    with pytest.raises(mt.Unavailable, match="WAL consumer"):  # not applied yet: never a stale comparison
+        pg_maintained(dsn, d)
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"changed\"}' where dataset_id = %s"
+                 " and row_index in (1, 65536, 300010)", (d,))
+    conn.execute("update dataset_rows set row_index = row_index + 7 where dataset_id = %s and row_index = 65535", (d,))
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index >= 300020", (d,))
+    with conn.transaction():  # a rolled back write leaves nothing
+        conn.execute("delete from dataset_rows where dataset_id = %s", (d,))
+        raise psycopg.Rollback()
+    with conn.transaction():  # several statements in one transaction
+        ds.insert_rows(conn, d, rows_for(3, 900), start_index=400_000)
+        conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 400001", (d,))
+    done = capture.catch_up(conn)
+    assert done["transactions"] == 5 and done["rows"] > 0  # the rolled back one is not in the stream
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    assert capture.catch_up(conn)["transactions"] == 0  # exactly once: nothing left, nothing applied twice
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    # back to the triggers: what was written before the switch is applied, then the slot is gone
+    ds.insert_rows(conn, d, rows_for(4, 700), start_index=500_000)
+    off = capture.disable(conn)
+    assert off["mode"] == "triggers" and off["transactions"] >= 1
+    assert digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
+    assert conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
+    ds.insert_rows(conn, d, rows_for(2, 800), start_index=600_000)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_refuses_without_logical_wal_and_changes_nothing(conn, monkeypatch):
+    real = conn.execute
+
+    def execute(query, *a, **kw):
+        if query == "show wal_level":
+            return real("select 'replica'")
+        return real(query, *a, **kw)
+
+    monkeypatch.setattr(conn, "execute", execute)
+    with pytest.raises(capture.CaptureError, match="wal_level is 'replica'.*nothing was changed"):
+        capture.enable(conn)
+    monkeypatch.undo()
+    assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
+
+
+def test_canary_in_wal_mode_compares_maintained_sums_and_agrees_with_a_full_redigest(conn, dsn, settings):
+    d = make_dataset(conn, 0)
+    spread_rows(conn, d, [0, 5, 70_000, 140_000])
+    capture.enable(conn)
+    ds.insert_rows(conn, d, rows_for(40, 7))
+    sync(settings, dsn, d)
+    first = evaluate(settings, dsn, d)
+    assert first.verdict == cy.OK and first.detail["digest"] == "maintained", first.detail
+    assert first.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    ds.insert_rows(conn, d, rows_for(10, 500))  # an append: applied by the canary's catch-up
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"u\"}' where dataset_id = %s and row_index = 70000", (d,))
+    sync(settings, dsn, d)
+    after = evaluate(settings, dsn, d)
+    assert after.verdict == cy.OK and after.detail["digest"] == "maintained", after.detail
+    assert after.detail["wal_consumer"]["transactions"] >= 2
+    assert after.detail["maintained_prepare"]["postgres"] == "ready"
+    full = evaluate(settings, dsn, d, full=True)
+    assert full.verdict == cy.OK and full.detail["maintained_agrees"] is True and full.pg_digest == after.pg_digest
+    # a change the mirror has not seen: the maintained comparison finds it, down to the row
+    with conn.transaction():
+        conn.execute("set local session_replication_role = replica")  # no version stamped: the sums cannot place it
+        conn.execute("update dataset_rows set data = data || '{\"s\": \"drift\"}' where dataset_id = %s and row_index = 5", (d,))
+    drift = evaluate(settings, dsn, d)
+    assert drift.verdict == cy.MISMATCH and drift.mismatched_row_indexes == [5]
+    # the consumer dropped the registration (a write without a version), the canary filled it again from the rows
+    assert drift.detail["wal_consumer"]["dropped"] == 1
+    assert drift.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    capture.disable(conn)
+
+
+def test_concurrent_writers_consumers_and_a_fill_lose_nothing_and_count_nothing_twice(conn, dsn):
+    d = make_dataset(conn, 2000)
+    columns = ds.get_dataset(conn, d).columns
+    capture.enable(conn)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def consumer():
+        try:
+            with connect(dsn) as c:
+                while not stop.is_set():
+                    capture.catch_up(c, chunk=50)  # small chunks: many consumer transactions
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
+    threads.append(threading.Thread(target=consumer))
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    outcome = mt.ensure_pg(conn, d, columns)  # registration and fill while writers and a consumer run
+    for t in threads[:-1]:
+        t.join()
+    stop.set()
+    threads[-1].join()
+    assert not errors, repr(errors[0])
+    assert outcome == "registered+filled"
+    capture.catch_up(conn)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    capture.disable(conn)
+
+
+def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothing_twice(conn, dsn):
+    d = make_dataset(conn, 10)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    ds.insert_rows(conn, d, rows_for(20, 50))
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
+    # A separate process applies the chunk and is killed before pg_replication_slot_advance.
+    code = (
+        "import os, psycopg, signal\n"
+        "from lakehouse_dagster.parity import capture\n"
+        "real = psycopg.Connection.execute\n"
+        "def execute(self, query, *a, **kw):\n"
+        "    if isinstance(query, str) and 'pg_replication_slot_advance' in query:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(self, query, *a, **kw)\n"
+        "psycopg.Connection.execute = execute\n"
+        f"capture.catch_up(psycopg.connect({dsn!r}, autocommit=True))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    slot = capture.state(conn).slot
+    confirmed, applied = conn.execute(
+        "select confirmed_flush_lsn, (select applied_lsn from lakehouse_digest_capture)"
+        " from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+    assert applied > confirmed  # the deltas committed, the slot did not move
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    again = capture.catch_up(conn)  # peeks the same transactions again and skips them
+    assert again["transactions"] >= 2
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    capture.disable(conn)
+
+
+def test_digest_triggers_enabled_behind_the_consumers_back_drop_the_sums_instead_of_counting_twice(conn, dsn, settings):
+    d = make_dataset(conn, 30)
+    capture.enable(conn)
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
+    conn.execute("alter table dataset_rows enable always trigger lakehouse_rows_ins_digest")
+    ds.insert_rows(conn, d, rows_for(3, 900))
+    with pytest.raises(capture.CaptureError, match="re-enabled"):
+        capture.catch_up(conn)
+    assert conn.execute("select count(*) from lakehouse_pg_digest_state").fetchone()[0] == 0
+    sync(settings, dsn, d)
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == cy.OK and v.detail["digest"] == "full"
+    assert "re-enabled" in v.detail["maintained_prepare"]["error"]
+    capture.enable(conn)  # switching again disables them and resumes
+    assert digest_triggers_enabled(conn) == set()
+    assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
+    capture.disable(conn)
+
+
+def test_commits_not_yet_flushed_are_left_for_the_next_catch_up_never_skipped(conn, dsn):
+    d = make_dataset(conn, 10)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    with connect(dsn) as app:
+        app.execute("set synchronous_commit = off")  # commits return before their WAL is flushed
+        for k in range(60):
+            ds.insert_rows(app, d, rows_for(1, 100 + k), start_index=1000 + k)
+            if k % 20 == 19:
+                capture.catch_up(conn)  # may run before the walwriter flushed the last commits
+    time.sleep(1.0)  # wal_writer_delay (200 ms) has passed: everything is flushed now
+    capture.catch_up(conn)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    capture.disable(conn)
+
+
+def test_cli_switches_reports_and_catches_up(conn, dsn, settings, capsys):
+    from lakehouse_dagster.cli.main import main as cli_main
+
+    d = make_dataset(conn, 5)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    assert cli_main(["digest-capture"]) == 0
+    assert "capture mode: triggers (wal_level logical)" in capsys.readouterr().out
+    assert cli_main(["digest-capture", "wal"]) == 0
+    out = capsys.readouterr().out
+    assert "capture mode: wal" in out and "bytes of WAL not consumed" in out
+    ds.insert_rows(conn, d, rows_for(7, 70))
+    assert cli_main(["digest-capture", "catch-up", "--json"]) == 0
+    assert '"transactions": 1' in capsys.readouterr().out
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    assert cli_main(["digest-capture", "triggers"]) == 0
+    assert "capture mode: triggers" in capsys.readouterr().out
+    assert capture.state(conn).slot is None
+
+
+def test_statements_over_two_datasets_large_transactions_and_truncate(conn, dsn):
+    from lakehouse_dagster_tests.test_app_write_cost import _insert_both
+
+    a, b, c = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b"), make_dataset(conn, 5, name="c")
+    for d in (a, b):
+        mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    _insert_both(conn, a, c, 1000)  # a registered and an unregistered dataset in one statement
+    _insert_both(conn, b, a, 2000)
+    with conn.transaction():  # more rows than one hash call takes, in one transaction, plus a small write
+        ds.insert_rows(conn, a, rows_for(capture.HASH_BATCH * 2 + 17, 5000), start_index=10_000)
+        conn.execute("delete from dataset_rows where dataset_id = %s and row_index between 10000 and 10500", (a,))
+        ds.insert_rows(conn, b, rows_for(3, 9000), start_index=20_000)
+    done = capture.catch_up(conn, chunk=100)  # chunks end at transaction boundaries, a transaction is never split
+    assert done["dropped"] == 0
+    for d in (a, b):
+        assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute("truncate dataset_rows")  # what to subtract is not in the stream: every registration dropped
+    assert capture.catch_up(conn)["dropped"] == 2
+    assert conn.execute("select count(*) from lakehouse_pg_digest_state").fetchone()[0] == 0
+    capture.disable(conn)
