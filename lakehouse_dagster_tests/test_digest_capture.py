@@ -252,3 +252,32 @@ def test_statements_over_two_datasets_large_transactions_and_truncate(conn, dsn)
     assert capture.catch_up(conn)["dropped"] == 2
     assert conn.execute("select count(*) from lakehouse_pg_digest_state").fetchone()[0] == 0
     capture.disable(conn)
+
+
+def _consumer_tick(dsn):
+    import dagster as dg
+
+    from lakehouse_dagster.defs.digest_capture import digest_capture_consumer
+    from lakehouse_dagster.defs.resources import LakehouseResource
+
+    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
+                                 resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}) as context:
+        return digest_capture_consumer(context)
+
+
+def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn, dsn):
+    d = make_dataset(conn, 5)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    assert "capture mode triggers" in _consumer_tick(dsn).skip_message
+    capture.enable(conn)
+    ds.insert_rows(conn, d, rows_for(4, 40))
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 0", (d,))
+    tick = _consumer_tick(dsn)
+    assert tick.skip_message.startswith("capture mode wal: applied 2 transaction(s), 5 row change(s)")
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # gone behind our back
+    assert "cannot consume: replication slot" in _consumer_tick(dsn).skip_message
+    out = capture.disable(conn)  # the sums of a missing slot are unknown: dropped, the triggers back on
+    assert out["registrations_dropped"] == 1 and "missing" in out["consumer_error"]
+    assert capture.state(conn).slot is None and not capture.state(conn).applying
+    assert digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)

@@ -134,9 +134,17 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
             conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('triggers')")
             conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
     out = {"mode": "triggers", "changed": st.mode == "wal"}
-    if st.slot and _slot_exists(conn, st.slot):
-        out.update(catch_up(conn))
-        conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
+    if st.slot:
+        try:
+            out.update(catch_up(conn))
+        except CaptureError as exc:  # a lost or missing slot: what it held is unknown, so are the sums
+            with conn.transaction():
+                conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+                conn.execute("delete from lakehouse_pg_digest_deltas")
+                out["registrations_dropped"] = conn.execute("delete from lakehouse_pg_digest_state").rowcount
+            out["consumer_error"] = str(exc)
+        if conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
+            conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
     conn.execute("update lakehouse_digest_capture set slot = null, applied_lsn = null, applying = false")
     conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(PUBLICATION)))
     return out
