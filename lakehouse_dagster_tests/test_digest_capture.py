@@ -281,3 +281,15 @@ def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn,
     assert out["registrations_dropped"] == 1 and "missing" in out["consumer_error"]
     assert capture.state(conn).slot is None and not capture.state(conn).applying
     assert digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
+
+
+def test_replica_identity_reset_behind_its_back_drops_the_sums_instead_of_adding_a_row_twice(conn, dsn):
+    d = make_dataset(conn, 8)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    conn.execute("alter table dataset_rows replica identity default")  # updates now carry no old values
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"x\"}' where dataset_id = %s and row_index = 3", (d,))
+    assert capture.catch_up(conn)["dropped"] == 1
+    with pytest.raises(mt.Unavailable, match="not registered"):
+        pg_maintained(dsn, d)
+    capture.disable(conn)

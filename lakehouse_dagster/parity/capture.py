@@ -196,6 +196,7 @@ class _Consumer:
                 "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
                 " from lakehouse_pg_digest_state")}
         self.relations: dict[int, po.Relation] = {}
+        self._positions: dict[tuple, tuple] = {}
         self.deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
         self.pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)  # rows of applied transactions, to hash
         self.versions: dict[uuid.UUID, int] = {}
@@ -221,6 +222,7 @@ class _Consumer:
             self._begin_tx()
         elif isinstance(msg, po.Relation):
             self.relations[msg.relid] = msg
+            self._positions = {k: v for k, v in self._positions.items() if k[0] != msg.relid}
         elif isinstance(msg, po.Change):
             self._change(msg)
         elif isinstance(msg, po.Truncate):
@@ -243,34 +245,46 @@ class _Consumer:
             raise po.ProtocolError(f"change for relation {msg.relid} before its Relation message")
         if rel.name == "datasets":
             if msg.new is not None:
-                values = dict(zip(rel.columns, msg.new))
-                v = values.get("rows_version")
+                at = self._at(rel, ("id", "rows_version"))
+                v = msg.new[at[1]] if at[1] is not None else None
                 if v is not None and v is not po.UNCHANGED:
-                    ds = uuid.UUID(values["id"])
+                    ds = uuid.UUID(msg.new[at[0]])
                     self.tx_stamps[ds] = max(self.tx_stamps.get(ds, -1), int(v))
         elif rel.name == "lakehouse_digest_capture_switch":
             if msg.new is not None:
-                self.tx_marker = dict(zip(rel.columns, msg.new)).get("mode")
+                self.tx_marker = msg.new[self._at(rel, ("mode",))[0]]
         elif rel.name == "dataset_rows" and self.applying and self.registered:
-            cols = rel.columns
-            old = dict(zip(cols, msg.old)) if msg.old is not None else None
-            new = dict(zip(cols, msg.new)) if msg.new is not None else None
-            if old is not None:
+            at = self._at(rel, _ROW_COLUMNS)
+            old = None
+            if msg.old is not None:
+                old = tuple(None if i is None else msg.old[i] for i in at)
                 self._row(old, -1, full=not msg.old_is_key)
-            if new is not None:
-                if old is not None and not msg.old_is_key:  # an unchanged TOASTed value: the old one
-                    new = {k: (old.get(k) if v is po.UNCHANGED else v) for k, v in new.items()}
+            elif msg.kind == "U":  # REPLICA IDENTITY no longer FULL: what the update replaced is not in the stream
+                self._row(tuple(None if i is None else msg.new[i] for i in at), 1, full=False)
+                return
+            if msg.new is not None:
+                new = tuple(None if i is None else msg.new[i] for i in at)
+                if old is not None and not msg.old_is_key and po.UNCHANGED in new:  # an unchanged TOASTed value
+                    new = tuple(o if v is po.UNCHANGED else v for v, o in zip(new, old))
                 self._row(new, 1, full=True)
 
-    def _row(self, values: dict, sign: int, full: bool) -> None:
-        raw = values.get("dataset_id")
+    def _at(self, rel: po.Relation, names: tuple[str, ...]) -> tuple:
+        """Positions of ``names`` in the relation's columns (None: absent), per relation message."""
+        key = (rel.relid, names)
+        at = self._positions.get(key)
+        if at is None:
+            at = self._positions[key] = tuple(rel.columns.index(n) if n in rel.columns else None for n in names)
+        return at
+
+    def _row(self, values: tuple, sign: int, full: bool) -> None:
+        raw = values[0]
         if raw is None or raw is po.UNCHANGED:
             return
         ds = uuid.UUID(raw)
         if ds not in self.registered or ds in self.drops:
             return
         self.tx_rows.add(ds)
-        picked = tuple(values.get(c) for c in _ROW_COLUMNS[1:])
+        picked = values[1:]
         if not full or any(v is po.UNCHANGED for v in picked):
             self.tx_unknown.add(ds)  # old values not in the stream (REPLICA IDENTITY not FULL)
             return
