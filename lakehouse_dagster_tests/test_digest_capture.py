@@ -21,6 +21,13 @@ from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference, spread_rows
 
 
+@pytest.fixture(autouse=True)
+def _logical_wal(conn):
+    # The embedded test server always has it; a server given by LAKEHOUSE_TEST_ADMIN_DSN may not.
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode wal needs a server with wal_level = logical")
+
+
 def digest_triggers_enabled(conn) -> set[str]:
     return {r[0] for r in conn.execute(
         "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname like '%%_digest'"
