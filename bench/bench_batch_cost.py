@@ -1,6 +1,7 @@
 """Per-dataset cost inside a mirror batch run (issue 11), against main's code measured in the same run.
 
     .venv/bin/python bench/bench_batch_cost.py [--n 25,100,1000] [--rows 1000] [--append 10] [--baseline REV]
+    .venv/bin/python bench/bench_batch_cost.py --compare-capture [--n 100]   # capture mode triggers vs wal
 
 For each N: N datasets of ``--rows`` rows are written, then mirrored by real ``mirror_batch_job`` runs executed in
 process (no daemon, no run start-up: that is the `warm` branch's) in batches of LAKEHOUSE_MIRROR_BATCH_SIZE as
@@ -42,6 +43,7 @@ TIMED = [
     ("lakehouse_dagster.defs.mirror_batch", "check_evaluations", "checks (all)"),
     ("lakehouse_dagster.defs.checks", "parity_result", "check: parity"),
     ("lakehouse_dagster.parity.canary", "_prepare_maintained", "check:   parity prepare maintained"),
+    ("lakehouse_dagster.parity.capture", "catch_up", "check:     WAL consumer catch-up"),
     ("lakehouse_dagster.parity.canary", "_compare", "check:   parity compare"),
     ("lakehouse_dagster.defs.checks", "freshness_result", "check: snapshot_freshness"),
     ("lakehouse_dagster.defs.checks", "identity_result", "check: identity_ready"),
@@ -171,6 +173,12 @@ def child(args) -> dict:
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)
+    if args.capture == "wal":  # the maintained digest computed after the commit (parity/capture.py)
+        from lakehouse_dagster.parity import capture
+        from lakehouse_dagster.store.db import connect
+
+        with connect(dsn) as c:
+            capture.enable(c)
     instance.add_dynamic_partitions(datasets_partitions.name, ids)
     size = Settings.from_env().mirror_batch_size or 25
     timers = Timers()
@@ -194,6 +202,9 @@ def child(args) -> dict:
         out[phase] = {"wall": wall, "failed_runs": failed, "seconds": dict(timers.seconds),
                       "calls": dict(timers.calls), "verdicts": checks}
     instance.dispose()
+    if args.capture == "wal":
+        with connect(dsn) as c:  # drops the slot (it would block dropping the database)
+            capture.disable(c)
     return out
 
 
@@ -218,11 +229,11 @@ def _baseline_tree(rev: str) -> Path:
     return out
 
 
-def run_child(code: Path, admin: str, n: int, rows: int, append: int, db: str) -> dict:
+def run_child(code: Path, admin: str, n: int, rows: int, append: int, db: str, capture: str = "triggers") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
     env.pop("LAKEHOUSE_PG_DSN", None)
     cmd = [sys.executable, __file__, "--child", "--admin", admin, "--db", db, "--n", str(n), "--rows", str(rows),
-           "--append", str(append)]
+           "--append", str(append), "--capture", capture]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"child failed ({code}, n={n}):\n{p.stderr[-4000:]}")
@@ -264,6 +275,10 @@ def main() -> None:
     ap.add_argument("--append", type=int, default=10)
     ap.add_argument("--baseline", default=None, help="git revision of the baseline (default: merge-base with main)")
     ap.add_argument("--only", choices=("baseline", "current"), default=None)
+    ap.add_argument("--capture", choices=("triggers", "wal"), default="triggers",
+                    help="capture mode of the maintained digest for the current code (parity/capture.py)")
+    ap.add_argument("--compare-capture", action="store_true",
+                    help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode wal")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--admin")
     ap.add_argument("--db")
@@ -279,13 +294,21 @@ def main() -> None:
                                           capture_output=True, text=True).stdout.strip()
     base_tree = _baseline_tree(rev)
     admin = admin_dsn()
-    print(f"baseline: {rev[:10]} (git archive), current: {ROOT}; rows/dataset {args.rows}, append {args.append}")
+    if args.compare_capture:
+        print(f"baseline: {ROOT} in capture mode triggers, current: the same in capture mode wal; "
+              f"rows/dataset {args.rows}, append {args.append}")
+    else:
+        print(f"baseline: {rev[:10]} (git archive), current: {ROOT} (capture mode {args.capture}); "
+              f"rows/dataset {args.rows}, append {args.append}")
     for n in (int(x) for x in args.n.split(",")):
         base = cur = None
         if args.only != "current":
-            base = run_child(base_tree, admin, n, args.rows, args.append, f"bench_cost_base_{n}")
+            base = (run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_base_{n}")
+                    if args.compare_capture else
+                    run_child(base_tree, admin, n, args.rows, args.append, f"bench_cost_base_{n}"))
         if args.only != "baseline":
-            cur = run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_cur_{n}")
+            cur = run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_cur_{n}",
+                            "wal" if args.compare_capture else args.capture)
         if base and cur:
             report(n, base, cur)
         else:

@@ -170,7 +170,9 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
             if not pin.has_snapshot or pin.source_version is None or pin.source_version < row[2]:
                 return  # lagging (or no snapshot): nothing to compare, nothing worth filling
             columns = parse_schema(row[1], f"dataset {ds_id}")
-            caught_up = capture.catch_up(conn)  # capture mode wal: the sums include every committed write
+            # Capture mode wal: the sums include every committed write. Always, not only when the dataset's
+            # applied_version lags: a write that stamped no version (replica role) is seen only by decoding.
+            caught_up = capture.catch_up(conn)
             if caught_up.get("transactions"):
                 v.detail["wal_consumer"] = caught_up
             mt.compact_pg(conn, ds_id)
