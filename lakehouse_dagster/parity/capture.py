@@ -104,12 +104,13 @@ def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
         conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
     with conn.transaction():
         conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+        # No consumer or fill mid-way meanwhile; taken before the table lock, in the order a fill takes them.
+        conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         if conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] != "f":
             conn.execute("alter table dataset_rows replica identity full")
         for t in DIGEST_TRIGGERS:
             conn.execute(sql.SQL("alter table dataset_rows disable trigger {}").format(sql.Identifier(t)))
         if st.mode == "wal":  # again, after the triggers were enabled behind the consumer: sums unknown
-            conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
             conn.execute("delete from lakehouse_pg_digest_deltas")
             conn.execute("delete from lakehouse_pg_digest_state")
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('wal')")
@@ -191,10 +192,8 @@ class _Consumer:
         self.conn = conn
         self.applying = applying
         self.applied_lsn = applied_lsn
-        self.registered: dict[uuid.UUID, tuple[str, int]] = {
-            r[0]: (r[1], r[2] if r[2] is not None else -1) for r in conn.execute(
-                "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
-                " from lakehouse_pg_digest_state")}
+        self._registered: dict[uuid.UUID, tuple[str, int]] | None = None
+        self._state_changed = False
         self.relations: dict[int, po.Relation] = {}
         self._positions: dict[tuple, tuple] = {}
         self.deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -203,6 +202,16 @@ class _Consumer:
         self.drops: set[uuid.UUID] = set()
         self.transactions = self.rows = 0
         self._begin_tx()
+
+    @property
+    def registered(self) -> dict[uuid.UUID, tuple[str, int]]:
+        """(row-hash function, fill_version) per registered dataset, read once per chunk when first needed
+        (under the consumer's lock no fill runs, so it cannot change meanwhile)."""
+        if self._registered is None:
+            self._registered = {r[0]: (r[1], r[2] if r[2] is not None else -1) for r in self.conn.execute(
+                "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
+                " from lakehouse_pg_digest_state")}
+        return self._registered
 
     def _begin_tx(self) -> None:
         self.skip = False
@@ -320,7 +329,8 @@ class _Consumer:
         self.transactions += 1
         if end_lsn <= self.applied_lsn:  # applied by a consumer that crashed before advancing the slot
             return
-        if self.applying:
+        if self.applying and (self.tx_rows or self.tx_stamps or self.tx_truncate):
+            self._state_changed = True
             if self.tx_truncate:  # every dataset emptied: what to subtract is not in the stream
                 self.drops.update(self.registered)
             for ds in self.tx_rows | set(self.tx_stamps):
@@ -344,6 +354,7 @@ class _Consumer:
                 self.versions[ds] = max(self.versions.get(ds, -1), stamp)
         if self.tx_marker is not None:
             self.applying = self.tx_marker == "wal"
+            self._state_changed = True
         self.applied_lsn = end_lsn
 
     # -- results --------------------------------------------------------------------------------------
@@ -368,46 +379,56 @@ class _Consumer:
                 "update lakehouse_pg_digest_state s set applied_version = greatest(coalesce(s.applied_version, -1), v.v)"
                 " from unnest(%s::uuid[], %s::bigint[]) v(ds, v) where s.dataset_id = v.ds",
                 ([d for d, _ in versions], [v for _, v in versions]))
-        conn.execute("update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s",
-                     (po.lsn_text(self.applied_lsn), self.applying))
+        if self._state_changed:  # else nothing was applied: nothing a crash before the advance could repeat
+            conn.execute("update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s",
+                         (po.lsn_text(self.applied_lsn), self.applying))
 
 
 def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
     """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
-    fill) already running. Returns what it did; nothing to do in capture mode "triggers"."""
-    st = state(conn)
-    if not st.slot:
+    fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query)."""
+    if not conn.execute("select slot from lakehouse_digest_capture").fetchone()[0]:
         return {"transactions": 0, "rows": 0}
     started = time.perf_counter()
     totals = {"transactions": 0, "rows": 0, "dropped": 0}
     conn.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
     try:
-        if not _slot_exists(conn, st.slot):
-            raise CaptureError(f"replication slot {st.slot} is missing: run `lakehouse digest-capture repair`")
-        enabled = _triggers_enabled(conn) if st.mode == "wal" else []
-        if enabled:  # the triggers and the consumer would both count the same writes
+        # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
+        # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
+        mode, slot, applied, applying, wal_status, enabled, upto = conn.execute(
+            "select c.mode, c.slot, c.applied_lsn::text, c.applying, s.wal_status,"
+            " array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname = any(%s)"
+            "       and tgenabled <> 'D' order by 1), pg_current_wal_flush_lsn()::text"
+            " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
+            (list(DIGEST_TRIGGERS),)).fetchone()
+        if not slot:
+            return {"transactions": 0, "rows": 0}
+        if wal_status is None:
+            raise CaptureError(f"replication slot {slot} is missing: run `lakehouse digest-capture repair`")
+        if wal_status == "lost":
+            raise CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
+                               "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+        if mode == "wal" and enabled:  # the triggers and the consumer would both count the same writes
             with conn.transaction():
                 conn.execute("delete from lakehouse_pg_digest_deltas")
                 conn.execute("delete from lakehouse_pg_digest_state")
             raise CaptureError(f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
                                "mode is wal: the maintained sums were dropped (canaries use the full digest); run "
                                "`lakehouse digest-capture wal` to disable them again and resume")
-        # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
-        # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
-        upto = conn.execute("select pg_current_wal_flush_lsn()::text").fetchone()[0]
+        applied_lsn = po.lsn_int(applied) if applied else 0
         while True:
             with conn.transaction():
-                st = state(conn)
-                consumer = _Consumer(conn, st.applying, po.lsn_int(st.applied_lsn) if st.applied_lsn else 0)
+                consumer = _Consumer(conn, applying, applied_lsn)
                 n = 0
                 with conn.cursor(name="lakehouse_digest_capture") as cur:
                     cur.itersize = 2000
                     cur.execute("select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
-                                " 'proto_version', '1', 'publication_names', %s)", (st.slot, upto, chunk, PUBLICATION))
+                                " 'proto_version', '1', 'publication_names', %s)", (slot, upto, chunk, PUBLICATION))
                     for (data,) in cur:
                         n += 1
                         consumer.feed(po.parse(bytes(data)))
                 consumer.write()
+            applying, applied_lsn = consumer.applying, consumer.applied_lsn
             totals["transactions"] += consumer.transactions
             totals["rows"] += consumer.rows
             totals["dropped"] += len(consumer.drops)
@@ -415,7 +436,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
             # Everything that commits before `upto` was returned once the peek is exhausted.
             target = upto if exhausted else po.lsn_text(consumer.applied_lsn)
             if consumer.applied_lsn or exhausted:
-                conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (st.slot, target))
+                conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
             if exhausted:
                 break
     finally:
