@@ -384,6 +384,18 @@ class _Consumer:
                          (po.lsn_text(self.applied_lsn), self.applying))
 
 
+def _log_running_xacts(conn: psycopg.Connection) -> None:
+    """Every peek decodes from the slot's restart_lsn, which moves only past a running-transactions record that a
+    previous advance confirmed; Postgres logs one every 15 s, so each peek would re-decode up to 15 s of the
+    server's WAL (all databases). Logging one before each catch-up bounds that by the WAL since the previous one
+    (test: four rounds of 320 kB of unrelated WAL leave 1.3 MB to re-decode without, one round's at most with). PostgreSQL 16+, superuser unless granted:
+    otherwise skipped (slower, not wrong)."""
+    try:
+        conn.execute("select pg_log_standby_snapshot()")
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction):
+        pass
+
+
 def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
     """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
     fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query)."""
@@ -393,6 +405,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
     totals = {"transactions": 0, "rows": 0, "dropped": 0}
     conn.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
     try:
+        _log_running_xacts(conn)
         # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
         # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
         mode, slot, applied, applying, wal_status, enabled, upto = conn.execute(
