@@ -317,3 +317,12 @@ def test_each_catch_up_lets_the_slot_release_the_wal_before_the_previous_one(con
         capture.catch_up(conn)
     assert restart_lag() < 400_000  # the WAL since the previous round at most (without: 1.3 MB and growing)
     capture.disable(conn)
+
+
+def test_in_capture_mode_triggers_a_fill_does_not_wait_for_the_consumers_lock(conn, dsn):
+    d = make_dataset(conn, 50)
+    with connect(dsn) as other:  # e.g. another dataset's fill, or a consumer, holding the lock
+        other.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
+        conn.execute("set lock_timeout = '2s'")
+        assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)

@@ -302,39 +302,57 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
                 (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
-    # The fill runs under the WAL consumer's lock (parity/capture.py), after a catch-up when a slot exists:
-    # its snapshot then sees every delta the consumer wrote, and the consumer, running after it, applies
-    # only the transactions that stamped a version above the one this snapshot saw (fill_version).
+    # In capture mode wal the fill runs under the WAL consumer's lock (parity/capture.py), after a catch-up: its
+    # snapshot then sees every delta the consumer wrote, and the consumer, running after it, applies only the
+    # transactions that stamped a version above the one this snapshot saw (fill_version). In capture mode
+    # triggers fills of different datasets run side by side; one whose snapshot sees a switch to wal that
+    # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
+    # what is written before the switch row is the triggers', and fill_version is below what comes after).
     from . import capture
 
-    conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
+    locked = False
     try:
-        capture.catch_up(conn)
-        conn.execute("begin isolation level repeatable read")
-        try:
-            conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-            state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
-                                 (dataset_id,)).fetchone()
-            if state is None or state[0] != sh:
-                raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
-            if not state[1]:
-                conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
-                conn.execute(
-                    f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-                    f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
-                    f" where dataset_id = %s group by 2",
-                    (dataset_id, dataset_id),
-                )
-                conn.execute("update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
-                             " fill_version = d.rows_version, applied_version = d.rows_version"
-                             " from datasets d where s.dataset_id = %s and d.id = s.dataset_id", (dataset_id,))
-            conn.execute("commit")
-        except BaseException:
-            conn.execute("rollback")
-            raise
+        while True:
+            if not locked and conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]:
+                conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
+                locked = True
+                capture.catch_up(conn)
+            if _fill(conn, dataset_id, sh, locked):
+                break
     finally:
-        conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
+        if locked:
+            conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
     return outcome
+
+
+def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool) -> bool:
+    """One REPEATABLE READ fill; False (nothing written) when it must run again under the consumer's lock."""
+    conn.execute("begin isolation level repeatable read")
+    try:
+        conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
+        if not locked and conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]:
+            conn.execute("rollback")
+            return False
+        state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
+                             (dataset_id,)).fetchone()
+        if state is None or state[0] != sh:
+            raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
+        if not state[1]:
+            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
+            conn.execute(
+                f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+                f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
+                f" where dataset_id = %s group by 2",
+                (dataset_id, dataset_id),
+            )
+            conn.execute("update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
+                         " fill_version = d.rows_version, applied_version = d.rows_version"
+                         " from datasets d where s.dataset_id = %s and d.id = s.dataset_id", (dataset_id,))
+        conn.execute("commit")
+        return True
+    except BaseException:
+        conn.execute("rollback")
+        raise
 
 
 def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = COMPACT_AFTER) -> int:
