@@ -326,3 +326,22 @@ def test_in_capture_mode_triggers_a_fill_does_not_wait_for_the_consumers_lock(co
         conn.execute("set lock_timeout = '2s'")
         assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(conn, dsn):
+    d = make_dataset(conn, 3)
+    with connect(dsn, autocommit=False) as app:  # an app transaction that has written and is still open
+        ds.insert_rows(app, d, rows_for(1, 50), start_index=100)
+        with pytest.raises(capture.CaptureError, match="stayed open.*nothing was changed"):
+            capture.enable(conn, lock_timeout_ms=300)
+        assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
+        assert conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
+        app.rollback()
+    capture.enable(conn)
+    with connect(dsn, autocommit=False) as app:
+        ds.insert_rows(app, d, rows_for(1, 50), start_index=100)
+        with pytest.raises(capture.CaptureError, match="still capture mode wal"):
+            capture.disable(conn, lock_timeout_ms=300)
+        assert capture.state(conn).mode == "wal" and digest_triggers_enabled(conn) == set()
+        app.rollback()
+    capture.disable(conn)

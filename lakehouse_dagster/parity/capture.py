@@ -12,8 +12,8 @@ Exactly once: the consumer peeks (the slot does not move), applies a chunk of wh
 records the end LSN of the last one in the same transaction as its deltas, then advances the slot; after
 a crash between the two it skips what it already applied. Registration and the switches are ordered by
 the stream itself: a switch writes a row of ``lakehouse_digest_capture_switch`` in the transaction that
-disables (or enables) the triggers, under the ACCESS EXCLUSIVE lock that ALTER TABLE takes, so every
-write is on exactly one side of it; a fill (maintained.ensure_pg) runs under the consumer's lock after a
+disables (or enables) the triggers, under the lock ALTER TABLE ... TRIGGER takes (SHARE ROW EXCLUSIVE: it
+waits for every writing transaction and holds new ones back), so every write is on exactly one side of it; a fill (maintained.ensure_pg) runs under the consumer's lock after a
 catch-up and records the rows_version its snapshot saw, and the consumer applies a transaction to a
 dataset only when the version that transaction stamped is above it. Change tracking stays in the app's
 transaction, so rows_version still moves with the rows; ``applied_version`` says which version the sums
@@ -100,8 +100,29 @@ def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
         conn.execute(sql.SQL("create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
                              " with (publish = 'insert, update, delete, truncate')").format(sql.Identifier(PUBLICATION)))
     slot = st.slot or _slot_name(conn)
-    if not _slot_exists(conn, slot):  # before the switch: the stream then holds the switch row
+    created = not _slot_exists(conn, slot)
+    try:
+        if created:  # before the switch: the stream then holds the switch row
+            _create_slot(conn, slot, lock_timeout_ms)
+        _switch_to_wal(conn, st, slot, lock_timeout_ms)
+    except psycopg.errors.LockNotAvailable:
+        if created and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (slot,)).fetchone():
+            conn.execute("select pg_drop_replication_slot(%s)", (slot,))  # nothing would consume it
+        raise CaptureError(f"writing transactions stayed open for {lock_timeout_ms / 1000:g} s (the slot and the "
+                           "switch wait for every one; dataset_rows stayed locked): nothing was changed; try again "
+                           "when the app's long transactions are done") from None
+    return {"mode": "wal", "changed": True, **catch_up(conn)}
+
+
+def _create_slot(conn: psycopg.Connection, slot: str, lock_timeout_ms: int) -> None:
+    """Creating a logical slot waits for every transaction that has written to finish (its starting point must
+    be consistent): bounded like the switch's lock, so an app transaction left open cannot hang the command."""
+    with conn.transaction():
+        conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
         conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def _switch_to_wal(conn: psycopg.Connection, st: State, slot: str, lock_timeout_ms: int) -> None:
     with conn.transaction():
         conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
         # No consumer or fill mid-way meanwhile; taken before the table lock, in the order a fill takes them.
@@ -120,7 +141,6 @@ def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
         # What the triggers summed so far is exact up to now (no write runs under this lock).
         conn.execute("update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
                      " applied_version = d.rows_version from datasets d where d.id = s.dataset_id")
-    return {"mode": "wal", "changed": True, **catch_up(conn)}
 
 
 def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
@@ -128,12 +148,17 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
     what was written before it, then the slot and the publication are dropped (no WAL held back)."""
     st = state(conn)
     if st.mode == "wal":
-        with conn.transaction():
-            conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
-            for t in DIGEST_TRIGGERS:
-                conn.execute(sql.SQL("alter table dataset_rows enable always trigger {}").format(sql.Identifier(t)))
-            conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('triggers')")
-            conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
+        try:
+            with conn.transaction():
+                conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+                for t in DIGEST_TRIGGERS:
+                    conn.execute(sql.SQL("alter table dataset_rows enable always trigger {}").format(sql.Identifier(t)))
+                conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('triggers')")
+                conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
+        except psycopg.errors.LockNotAvailable:
+            raise CaptureError(f"dataset_rows stayed locked by other transactions for {lock_timeout_ms / 1000:g} s "
+                               "(the switch needs a brief lock that waits for every writer): still capture mode wal; try again "
+                               "when the app's long transactions are done") from None
     out = {"mode": "triggers", "changed": st.mode == "wal"}
     if st.slot:
         try:
