@@ -345,3 +345,22 @@ def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(
         assert capture.state(conn).mode == "wal" and digest_triggers_enabled(conn) == set()
         app.rollback()
     capture.disable(conn)
+
+
+def test_repair_after_a_lost_slot_drops_the_sums_and_the_next_fill_is_exact(conn, dsn):
+    d = make_dataset(conn, 20)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # as if invalidated
+    ds.insert_rows(conn, d, rows_for(5, 300))  # a write no consumer will ever see
+    with pytest.raises(capture.CaptureError, match="missing.*repair"):
+        capture.catch_up(conn)
+    out = capture.repair(conn)
+    assert out["repaired"] is True and out["registrations_dropped"] == 1
+    with pytest.raises(mt.Unavailable, match="not registered"):
+        pg_maintained(dsn, d)
+    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+    ds.insert_rows(conn, d, rows_for(3, 400))
+    capture.catch_up(conn)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+    capture.disable(conn)

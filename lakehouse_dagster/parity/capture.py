@@ -199,7 +199,12 @@ def repair(conn: psycopg.Connection) -> dict:
     if st.slot and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
         conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
     slot = _slot_name(conn)
-    conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+    try:
+        _create_slot(conn, slot, 10_000)
+    except psycopg.errors.LockNotAvailable:
+        raise CaptureError("writing transactions stayed open for 10 s (a new slot waits for every one): no new "
+                           "slot was made; run `lakehouse digest-capture repair` again when the app's long "
+                           "transactions are done") from None
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         conn.execute("delete from lakehouse_pg_digest_deltas")
