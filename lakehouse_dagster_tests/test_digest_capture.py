@@ -280,7 +280,7 @@ def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn,
     ds.insert_rows(conn, d, rows_for(4, 40))
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 0", (d,))
     tick = _consumer_tick(dsn)
-    assert tick.skip_message.startswith("capture mode wal: applied 2 transaction(s), 5 row change(s)")
+    assert tick.skip_message.startswith("capture mode wal: decoded 2 transaction(s), hashed 5 row change(s)")
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # gone behind our back
     assert "cannot consume: replication slot" in _consumer_tick(dsn).skip_message

@@ -24,6 +24,7 @@ def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: Lake
         except capture.CaptureError as exc:  # said plainly, not as a stack trace
             context.log.warning(str(exc))
             return dg.SkipReason(f"capture mode {st.mode}: cannot consume: {exc}")
-    return dg.SkipReason(f"capture mode {st.mode}: applied {done['transactions']} transaction(s), {done['rows']} row "
-                         f"change(s) in {done['seconds']} s" + (f"; {done['dropped']} registration(s) dropped"
-                                                                 if done.get("dropped") else ""))
+    return dg.SkipReason(f"capture mode {st.mode}: decoded {done['transactions']} transaction(s), hashed {done['rows']} "
+                         f"row change(s) of registered datasets in {done['seconds']} s"
+                         + (f"; {done['dropped']} registration(s) dropped (the next canary refills them)"
+                            if done.get("dropped") else ""))
