@@ -132,8 +132,7 @@ def _switch_to_wal(conn: psycopg.Connection, st: State, slot: str, lock_timeout_
         for t in DIGEST_TRIGGERS:
             conn.execute(sql.SQL("alter table dataset_rows disable trigger {}").format(sql.Identifier(t)))
         if st.mode == "wal":  # again, after the triggers were enabled behind the consumer: sums unknown
-            conn.execute("delete from lakehouse_pg_digest_deltas")
-            conn.execute("delete from lakehouse_pg_digest_state")
+            _drop_all_sums(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('wal')")
         conn.execute("update lakehouse_digest_capture set mode = 'wal', slot = %s,"
                      " applied_lsn = case when mode = 'wal' then applied_lsn end,"
@@ -166,8 +165,7 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
         except CaptureError as exc:  # a lost or missing slot: what it held is unknown, so are the sums
             with conn.transaction():
                 conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
-                conn.execute("delete from lakehouse_pg_digest_deltas")
-                out["registrations_dropped"] = conn.execute("delete from lakehouse_pg_digest_state").rowcount
+                out["registrations_dropped"] = _drop_all_sums(conn)
             out["consumer_error"] = str(exc)
         if conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
             conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
@@ -176,18 +174,31 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
     return out
 
 
+# The digest triggers not disabled on dataset_rows (an array of names).
+_ENABLED_TRIGGERS = ("array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
+                     " and tgname = any(%s) and tgenabled <> 'D' order by 1)")
+
+
 def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
-    return [r[0] for r in conn.execute(
-        "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname = any(%s)"
-        " and tgenabled <> 'D' order by 1", (list(DIGEST_TRIGGERS),))]
+    return conn.execute(f"select {_ENABLED_TRIGGERS}", (list(DIGEST_TRIGGERS),)).fetchone()[0]
+
+
+def _lost(slot: str) -> CaptureError:
+    return CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
+                        "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
 
 
 def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
     row = conn.execute("select wal_status from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
     if row is not None and row[0] == "lost":
-        raise CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
-                           "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+        raise _lost(slot)
     return row is not None
+
+
+def _drop_all_sums(conn: psycopg.Connection) -> int:
+    """Every registration and its deltas (sums that may miss or double-count writes); returns how many."""
+    conn.execute("delete from lakehouse_pg_digest_deltas")
+    return conn.execute("delete from lakehouse_pg_digest_state").rowcount
 
 
 def repair(conn: psycopg.Connection) -> dict:
@@ -207,8 +218,7 @@ def repair(conn: psycopg.Connection) -> dict:
                            "transactions are done") from None
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
-        conn.execute("delete from lakehouse_pg_digest_deltas")
-        dropped = conn.execute("delete from lakehouse_pg_digest_state").rowcount
+        dropped = _drop_all_sums(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values ('wal')")
         conn.execute("update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
                      " changed_at = now()", (slot,))
@@ -244,7 +254,6 @@ class _Consumer:
         return self._registered
 
     def _begin_tx(self) -> None:
-        self.skip = False
         self.tx_pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)
         self.tx_deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
         self.tx_stamps: dict[uuid.UUID, int] = {}
@@ -255,8 +264,7 @@ class _Consumer:
 
     # -- messages -------------------------------------------------------------------------------------
 
-    def feed(self, msg) -> int | None:
-        """Returns the end LSN when a transaction ends."""
+    def feed(self, msg) -> None:
         if isinstance(msg, po.Begin):
             self._begin_tx()
         elif isinstance(msg, po.Relation):
@@ -265,23 +273,19 @@ class _Consumer:
         elif isinstance(msg, po.Change):
             self._change(msg)
         elif isinstance(msg, po.Truncate):
-            if any(self._table(r) == "dataset_rows" for r in msg.relids):
+            if any(self._relation(r).name == "dataset_rows" for r in msg.relids):
                 self.tx_truncate = True
         elif isinstance(msg, po.Commit):
             self._commit(msg.end_lsn)
-            return msg.end_lsn
-        return None
 
-    def _table(self, relid: int) -> str:
+    def _relation(self, relid: int) -> po.Relation:
         rel = self.relations.get(relid)
         if rel is None:
             raise po.ProtocolError(f"change for relation {relid} before its Relation message")
-        return rel.name
+        return rel
 
     def _change(self, msg: po.Change) -> None:
-        rel = self.relations.get(msg.relid)
-        if rel is None:
-            raise po.ProtocolError(f"change for relation {msg.relid} before its Relation message")
+        rel = self._relation(msg.relid)
         if rel.name == "datasets":
             if msg.new is not None:
                 at = self._at(rel, ("id", "rows_version"))
@@ -418,18 +422,23 @@ def _log_running_xacts(conn: psycopg.Connection) -> None:
     """Every peek decodes from the slot's restart_lsn, which moves only past a running-transactions record that a
     previous advance confirmed; Postgres logs one every 15 s, so each peek would re-decode up to 15 s of the
     server's WAL (all databases). Logging one before each catch-up bounds that by the WAL since the previous one
-    (test: four rounds of 320 kB of unrelated WAL leave 1.3 MB to re-decode without, one round's at most with). PostgreSQL 16+, superuser unless granted:
-    otherwise skipped (slower, not wrong)."""
+    (test: four rounds of 320 kB of unrelated WAL leave 1.3 MB to re-decode without, one round's at most with).
+    PostgreSQL 16+, superuser unless granted: otherwise skipped (slower, not wrong)."""
     try:
         conn.execute("select pg_log_standby_snapshot()")
     except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction):
         pass
 
 
+def active(conn: psycopg.Connection) -> bool:
+    """A slot is set: capture mode wal, or a switch back whose last changes are still to apply."""
+    return conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]
+
+
 def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
     """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
     fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query)."""
-    if not conn.execute("select slot from lakehouse_digest_capture").fetchone()[0]:
+    if not active(conn):
         return {"transactions": 0, "rows": 0}
     started = time.perf_counter()
     totals = {"transactions": 0, "rows": 0, "dropped": 0}
@@ -439,9 +448,8 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
         # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
         # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
         mode, slot, applied, applying, wal_status, enabled, upto = conn.execute(
-            "select c.mode, c.slot, c.applied_lsn::text, c.applying, s.wal_status,"
-            " array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname = any(%s)"
-            "       and tgenabled <> 'D' order by 1), pg_current_wal_flush_lsn()::text"
+            f"select c.mode, c.slot, c.applied_lsn::text, c.applying, s.wal_status, {_ENABLED_TRIGGERS},"
+            " pg_current_wal_flush_lsn()::text"
             " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
             (list(DIGEST_TRIGGERS),)).fetchone()
         if not slot:
@@ -449,12 +457,10 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES) -> dict:
         if wal_status is None:
             raise CaptureError(f"replication slot {slot} is missing: run `lakehouse digest-capture repair`")
         if wal_status == "lost":
-            raise CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
-                               "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+            raise _lost(slot)
         if mode == "wal" and enabled:  # the triggers and the consumer would both count the same writes
             with conn.transaction():
-                conn.execute("delete from lakehouse_pg_digest_deltas")
-                conn.execute("delete from lakehouse_pg_digest_state")
+                _drop_all_sums(conn)
             raise CaptureError(f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
                                "mode is wal: the maintained sums were dropped (canaries use the full digest); run "
                                "`lakehouse digest-capture wal` to disable them again and resume")

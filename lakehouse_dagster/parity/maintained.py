@@ -40,7 +40,7 @@ from psycopg.types.json import Jsonb
 
 from ..store.datasets import Column
 from . import canonical as cn
-from . import lookup3
+from . import capture, lookup3
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -308,12 +308,10 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
     # triggers fills of different datasets run side by side; one whose snapshot sees a switch to wal that
     # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
     # what is written before the switch row is the triggers', and fill_version is below what comes after).
-    from . import capture
-
     locked = False
     try:
         while True:
-            if not locked and conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]:
+            if not locked and capture.active(conn):
                 conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
                 locked = True
                 capture.catch_up(conn)
@@ -330,7 +328,7 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
     conn.execute("begin isolation level repeatable read")
     try:
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        if not locked and conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]:
+        if not locked and capture.active(conn):  # read in this fill's snapshot
             conn.execute("rollback")
             return False
         state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",

