@@ -12,6 +12,8 @@ the same run, alternating round by round (the best round of each is kept):
   hash       only a statement trigger summing the row hash of the statement's rows with a static query
              (plan cached): the arithmetic the maintained digest cannot avoid, without any of its bookkeeping
   tracking   change tracking only (the digest triggers disabled)
+  track-020  change tracking as it was before migration 023 (020's functions under other names): the
+             baseline of 023's one-statement append
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
@@ -53,6 +55,7 @@ CONFIGS = {
     "floor": tuple(f"bench_floor_{e}" for e, _, _ in EVENTS),
     "hash": tuple(f"bench_hash_{e}" for e, _, _ in EVENTS),
     "tracking": TRACKING_TRIGGERS,
+    "track-020": tuple(f"bench_track020_{e}" for e, _, _ in EVENTS),
     "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
     "wal": TRACKING_TRIGGERS,
@@ -62,10 +65,10 @@ CONFIGS = {
 def install_reference_triggers(conn, hash_sql: str) -> None:
     """Under bench-only names, disabled (``configure`` enables what a configuration needs): the floor (an
     empty statement trigger with transition tables), the bare row hash of the statement's rows (static SQL),
-    and the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
-    order: tracking, then digest)."""
+    the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
+    order: tracking, then digest), and change tracking as it was before migration 023 (020's)."""
     from lakehouse_dagster.parity.migration import DIGESTS
-    from lakehouse_dagster.store.migrations import NO_KEY_ROW_LOCKS
+    from lakehouse_dagster.store.migrations import NO_KEY_ROW_LOCKS, ONE_DATASET_TRACKING
 
     def function(text: str, name: str, as_name: str) -> str:
         start = text.index(f"create or replace function {name}()")
@@ -74,6 +77,8 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
     conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_inserted", "bench_rows_inserted_018"))
     conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_rewritten", "bench_rows_rewritten_018"))
     conn.execute(function(DIGESTS, "lakehouse_digest_rows", "bench_digest_rows_015"))
+    conn.execute(function(ONE_DATASET_TRACKING, "lakehouse_rows_inserted", "bench_rows_inserted_020"))
+    conn.execute(function(ONE_DATASET_TRACKING, "lakehouse_rows_rewritten", "bench_rows_rewritten_020"))
     conn.execute("create or replace function bench_floor() returns trigger language plpgsql as $$ begin return null; end $$")
     for e, table in (("ins", "lakehouse_new_rows"), ("del", "lakehouse_old_rows")):
         conn.execute(f"create or replace function bench_hash_{e}() returns trigger language plpgsql as $$"
@@ -83,7 +88,9 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
                  f" return null; end $$")
     for e, event, ref in EVENTS:
         tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
+        tracking_020 = "bench_rows_inserted_020" if e == "ins" else "bench_rows_rewritten_020"
         for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_hash_{e}", f"bench_hash_{e}"),
+                         (f"bench_track020_{e}", tracking_020),
                          (f"bench_before_1_{e}", tracking),
                          (f"bench_before_2_{e}", "bench_digest_rows_015")):
             conn.execute(f"create trigger {name} after {event} on dataset_rows referencing {ref}"

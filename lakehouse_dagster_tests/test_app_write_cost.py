@@ -188,3 +188,66 @@ def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a
     assert conn.execute("select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0]
     ds.insert_rows(conn, d, rows_for(2, 8))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def _wait_until_blocked(conn, pid: int, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while conn.execute("select wait_event_type from pg_stat_activity where pid = %s", (pid,)).fetchone()[0] != "Lock":
+        assert time.monotonic() < deadline, "the second writer never waited for the datasets row lock"
+        time.sleep(0.01)
+
+
+def test_an_append_that_waited_for_another_writer_draws_its_version_after_that_commit(conn, dsn):
+    """023's one-statement append draws the version in its SET, before it meets the row lock. A writer
+    that waits there must draw again once the holder commits (else the dataset's rows_version would move
+    back): the holder here draws its own version only after the waiter's first draw."""
+    import threading
+
+    d = make_dataset(conn, 5)
+    with connect(dsn, autocommit=False) as holder, connect(dsn, autocommit=False) as waiter:
+        holder.execute("update datasets set updated_at = now() where id = %s", (d,))  # the app holds the row
+        waiter_pid = waiter.execute("select pg_backend_pid()").fetchone()[0]
+        done = threading.Event()
+
+        def append_above() -> None:
+            ds.insert_rows(waiter, d, rows_for(1, 200), start_index=200)
+            waiter.commit()
+            done.set()
+
+        t = threading.Thread(target=append_above)
+        t.start()
+        _wait_until_blocked(conn, waiter_pid)
+        ds.insert_rows(holder, d, rows_for(1, 100), start_index=100)  # an append too: the fast path
+        held = holder.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+        holder.commit()
+        t.join(10)
+        assert done.is_set()
+    version, rewrite, mx = _state(conn, d)
+    assert version > held  # the later commit carries the later version
+    assert mx == 200 and rewrite == _state(conn, d)[1]
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 7
+
+
+def test_an_append_that_another_writer_turned_into_a_rewrite_takes_the_full_path(conn, dsn):
+    """The waiter's append test is evaluated again on the row the holder committed: rows above its own
+    make it a rewrite (a row-range record, rows_rewrite_version = its version), as the 020 path decides."""
+    import threading
+
+    d = make_dataset(conn, 5)
+    before = _state(conn, d)
+    with connect(dsn, autocommit=False) as holder, connect(dsn, autocommit=False) as waiter:
+        holder.execute("update datasets set updated_at = now() where id = %s", (d,))
+        waiter_pid = waiter.execute("select pg_backend_pid()").fetchone()[0]
+        t = threading.Thread(target=lambda: (ds.insert_rows(waiter, d, rows_for(1, 100), start_index=100), waiter.commit()))
+        t.start()
+        _wait_until_blocked(conn, waiter_pid)
+        ds.insert_rows(holder, d, rows_for(1, 200), start_index=200)
+        held = holder.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+        holder.commit()
+        t.join(10)
+    version, rewrite, mx = _state(conn, d)
+    assert version == rewrite > held > before[0] and mx == 200
+    assert conn.execute("select min_idx, max_idx, prev_version from lakehouse_row_changes where dataset_id = %s"
+                        " and version = %s", (d, version)).fetchall() == [(100, 100, before[1])]

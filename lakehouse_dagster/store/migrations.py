@@ -392,6 +392,30 @@ begin
 end $$;
 """
 
+# Migration 023: the app's most common write, a one-dataset append above the known max_row_index, in ONE
+# statement. Measured (bench/bench_app_writes.py), a one-row insert's change tracking was the trigger's
+# separate lock, version draw and update (three SPI statements on top of reading the transition table); an
+# UPDATE that draws the version in its SET and holds the append test in its WHERE does the same: it takes
+# the same FOR NO KEY UPDATE row lock, and a writer that waits for that lock (another writer of the
+# dataset) re-evaluates the row and its SET after the other commits (EvalPlanQual, READ COMMITTED), so its
+# version is drawn after the other's commit and never moves back; under REPEATABLE READ it fails with a
+# serialisation error, as the explicit lock did. What it writes is the 020 path's for an append (version,
+# writing transaction, max; rows_rewrite_version and the row ranges untouched). Not an append (or an
+# unknown max, or the other writer's commit made it one no more): no row matches, and the 020 path below
+# runs unchanged.
+_FAST_020 = "  if k = 1 then  -- 020 fast path: one dataset\n"
+APPEND_IN_ONE_STATEMENT = ONE_DATASET_TRACKING[:ONE_DATASET_TRACKING.index(
+    "create or replace function lakehouse_rows_rewritten")].replace(_FAST_020, _FAST_020 + """\
+    -- 023: a pure append above the known max (the app's common write) in one statement
+    update datasets d
+       set rows_version = nextval('lakehouse_rows_version_seq'), rows_xid = pg_current_xact_id(), max_row_index = hi
+     where d.id = one and d.max_row_index < lo;
+    if found then
+      return null;
+    end if;
+""", 1)
+assert "023: a pure append" in APPEND_IN_ONE_STATEMENT
+
 # One batch of the fill (its own transaction) over every dataset once: datasets no trigger ever stamped
 # get a version, the writing transaction and their true max row_index, and a max the pre-007 trigger
 # set too low (it started from -1 for a dataset that already had rows) is raised. ``greatest`` and the
@@ -503,6 +527,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("021_file_identity", _module_sql("parity", "FILE_IDENTITY")),
     # The maintained digest can leave the app's transaction: a logical decoding consumer (parity/capture.py).
     ("022_digest_capture", _module_sql("parity", "DIGEST_CAPTURE")),
+    # A one-dataset append's change tracking in one statement (what the live app pays, issue 11).
+    ("023_append_in_one_statement", APPEND_IN_ONE_STATEMENT),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 
