@@ -7,7 +7,7 @@ process leaves no snapshot, only files this module deletes (or the next sync of 
 The files carry Iceberg field ids, so they are native data files: no name mapping, and a later
 schema change still reads them by id.
 
-One commit = one snapshot: an overwrite (full) or a fast append (incremental), with the table
+One commit = one snapshot: an overwrite (full) or a merging append (incremental), with the table
 properties that make the watermark durable (source version, max row index, row count) set in the
 same transaction, and the sync id + source version in the snapshot summary.
 
@@ -64,6 +64,12 @@ WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summar
 
 COMMIT_RETRIES = "commit.retry.num-retries"
 COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
+
+# An incremental sync appends a manifest; without merging, a long-lived mirror's current snapshot lists one
+# per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).
+# Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
+# to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
+MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
 
 TABLE_DEFAULTS = {
     "format-version": "2",
@@ -416,7 +422,7 @@ def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: di
     for attempt in range(COMMIT_ATTEMPTS):
         check_held()
         tx = _Transaction(table)
-        tx.set_properties(props)
+        tx.set_properties({**MERGE_MANIFESTS, **props})
         snapshot_update = tx.update_snapshot(snapshot_properties=summary)
         if delete_files is not None:
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
@@ -438,7 +444,7 @@ def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: di
                 for df in data_files:
                     producer.append_data_file(df)
         else:
-            with snapshot_update.fast_append() as producer:
+            with snapshot_update.merge_append() as producer:
                 for df in data_files:
                     producer.append_data_file(df)
         try:

@@ -1,0 +1,109 @@
+"""A long-lived mirror: what one small sync costs as the Iceberg table's history grows.
+
+    nice .venv/bin/python bench/bench_snapshot_growth.py [--syncs 400] [--rows 1000] [--append 10]
+
+One demo-shaped dataset (bench/_common.py) of --rows rows, mirrored once, then --syncs rounds of an
+--append-row append followed by the sync the mirror runs (incremental append: one commit). Nothing expires
+snapshots, so every round adds one to the table metadata; run twice in the same run, on a fresh dataset each: with manifest
+merging off (one manifest per append, as before) and on (iceberg/writer.py MERGE_MANIFESTS). Prints, per window of rounds, the median sync time, the metadata file's size, the
+snapshots and the manifests of the current snapshot, and the time to plan a scan of the current snapshot (median of 3)
+(what readers, the identity check and the Iceberg-side digest start with); the last window against the
+first, and merging against not, as ratios. Not a test: nothing here gates CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import GENERATE, admin_dsn, fresh_database, make_dataset  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--syncs", type=int, default=400)
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--append", type=int, default=10)
+    ap.add_argument("--window", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    from psycopg import sql
+
+    from lakehouse_dagster.iceberg import writer
+    from lakehouse_dagster.iceberg.catalog import load_catalog
+    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.store.db import connect
+
+    admin = admin_dsn()
+    name = "lakehouse_bench_snapshot_growth"
+    dsn = fresh_database(admin, name)
+    root = Path(tempfile.mkdtemp(prefix="lh-bench-snapshots-"))
+    (root / "warehouse").mkdir()
+    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
+                                           namespace="bench_snapshots", home=root)
+    catalog = load_catalog(settings, dsn)
+    merging = dict(writer.MERGE_MANIFESTS)
+    last: dict[str, tuple[float, float]] = {}
+    for variant in ("merge off", "merge on"):
+        writer.MERGE_MANIFESTS.update(merging if variant == "merge on" else {"commit.manifest-merge.enabled": "false"})
+        last[variant] = rounds(dsn, catalog, settings, args, variant)
+    (s0, p0), (s1, p1) = last["merge off"], last["merge on"]
+    print(f"\nmerge on / off: sync p50 of the last window {s1 / s0:.2f}×, scan planning (mean over the windows) "
+          f"{p1 / p0:.2f}×")
+    with connect(admin) as c:
+        c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+    return 0
+
+
+def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
+    """Mirror a fresh dataset, then --syncs rounds of append + sync; prints the windows, returns the last one's
+    sync p50 and the mean plan time over the windows (merging makes it saw-toothed), in seconds."""
+    from lakehouse_dagster.iceberg.catalog import table_identifier
+    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.store.db import connect
+
+    d, _ = make_dataset(dsn, args.rows)
+    sync_dataset(dsn, catalog, settings, d, mode="full")
+    print(f"\n{variant}: {args.rows:,} rows mirrored; {args.syncs} rounds of a {args.append}-row append + sync "
+          f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
+    print(f"{'rounds':>11s} {'sync p50 ms':>12s} {'plan ms':>8s} {'metadata KB':>12s} {'snapshots':>10s} {'manifests':>10s}")
+    windows: list[tuple[float, float]] = []
+    times: list[float] = []
+    nxt = args.rows
+    with connect(dsn) as conn:
+        for i in range(1, args.syncs + 1):
+            conn.execute(GENERATE, {"ds": d, "lo": nxt, "hi": nxt + args.append - 1})
+            nxt += args.append
+            r = sync_dataset(dsn, catalog, settings, d)
+            assert r.mode == "incremental", r
+            times.append(r.seconds)
+            if i % args.window == 0 or i == args.syncs:
+                table = catalog.load_table(table_identifier(settings, d))
+                plans = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    files = list(table.scan().plan_files())
+                    plans.append(time.perf_counter() - t)
+                plan = statistics.median(plans)
+                snap = table.current_snapshot()
+                manifests = len(snap.manifests(table.io))
+                meta_kb = os.path.getsize(table.metadata_location.removeprefix("file://")) / 1024
+                p50 = statistics.median(times)
+                windows.append((p50, plan))
+                print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:12.1f} {plan * 1000:8.1f} {meta_kb:12.1f} "
+                      f"{len(table.metadata.snapshots):10d} {manifests:10d}   ({len(files)} data files)", flush=True)
+                times = []
+    (s0, p0), (s1, p1) = windows[0], windows[-1]
+    print(f"last window / first: sync {s1 / s0:.2f}×, scan planning {p1 / p0:.2f}×", flush=True)
+    return windows[-1][0], statistics.mean(p for _, p in windows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
