@@ -58,6 +58,18 @@ def admin_dsn() -> str:
     return start_embedded(root / "pg", keep_running=False, delete_on_exit=True)
 
 
+def mirror_settings(dsn: str, namespace: str, **kw):
+    """Settings and catalog for a bench that mirrors: a temporary LAKEHOUSE_HOME with its own warehouse."""
+    from lakehouse_dagster.iceberg.catalog import load_catalog
+    from lakehouse_dagster.settings import Settings
+
+    root = Path(tempfile.mkdtemp(prefix=f"lh-{namespace}-"))
+    (root / "warehouse").mkdir()
+    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
+                                           namespace=namespace, home=root, **kw)
+    return settings, load_catalog(settings, dsn)
+
+
 def fresh_database(admin: str, name: str) -> str:
     from lakehouse_dagster_tests.conftest import _with_db  # same URI rewriting the tests use
 

@@ -17,13 +17,12 @@ import argparse
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import BENCH_SCHEMA, admin_dsn, fresh_database, make_dataset  # noqa: E402
+from bench._common import mirror_settings, BENCH_SCHEMA, admin_dsn, fresh_database, make_dataset  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -35,10 +34,9 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
-    from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
+    from lakehouse_dagster.iceberg.catalog import table_identifier
     from lakehouse_dagster.ingest.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
-    from lakehouse_dagster.settings import Settings
     from lakehouse_dagster.store import datasets as ds
     from lakehouse_dagster.store.db import connect
 
@@ -47,11 +45,7 @@ def main(argv=None) -> int:
     admin = admin_dsn()
     name = "lakehouse_bench_row_edit"
     dsn = fresh_database(admin, name)
-    root = Path(tempfile.mkdtemp(prefix="lh-bench-row-edit-"))
-    (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
-                                           namespace="bench_row_edit", home=root, ingest_chunk_rows=args.chunk)
-    catalog = load_catalog(settings, dsn)
+    settings, catalog = mirror_settings(dsn, "bench_row_edit", ingest_chunk_rows=args.chunk)
     print(f"rows: {n:,} per dataset, {args.chunk:,} rows per file; partial when ≤ "
           f"{settings.partial_max_fraction:.0%} of the rows are in touched files "
           f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)

@@ -17,13 +17,12 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import GENERATE, admin_dsn, fresh_database, make_dataset  # noqa: E402
+from bench._common import mirror_settings, GENERATE, admin_dsn, fresh_database, make_dataset  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -37,18 +36,12 @@ def main(argv=None) -> int:
     from psycopg import sql
 
     from lakehouse_dagster.iceberg import writer
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.settings import Settings
     from lakehouse_dagster.store.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_snapshot_growth"
     dsn = fresh_database(admin, name)
-    root = Path(tempfile.mkdtemp(prefix="lh-bench-snapshots-"))
-    (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
-                                           namespace="bench_snapshots", home=root)
-    catalog = load_catalog(settings, dsn)
+    settings, catalog = mirror_settings(dsn, "bench_snapshots")
     merging = dict(writer.MERGE_MANIFESTS)
     last: dict[str, tuple[float, float]] = {}
     for variant in ("merge off", "merge on"):

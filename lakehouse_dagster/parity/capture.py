@@ -180,7 +180,7 @@ _ENABLED_TRIGGERS = ("array(select tgname from pg_trigger where tgrelid = 'datas
 
 
 def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
-    return conn.execute(f"select {_ENABLED_TRIGGERS}", (list(DIGEST_TRIGGERS),)).fetchone()[0]
+    return conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(DIGEST_TRIGGERS),)).fetchone()[0]
 
 
 def _lost(slot: str) -> CaptureError:
