@@ -3,12 +3,14 @@
     nice .venv/bin/python bench/bench_snapshot_growth.py [--syncs 400] [--rows 1000] [--append 10]
 
 One demo-shaped dataset (bench/_common.py) of --rows rows, mirrored once, then --syncs rounds of an
---append-row append followed by the sync the mirror runs (incremental append: one commit). Nothing expires
-snapshots, so every round adds one to the table metadata; run twice in the same run, on a fresh dataset each: with manifest
-merging off (one manifest per append, as before) and on (iceberg/writer.py MERGE_MANIFESTS). Prints, per window of rounds, the median sync time, the metadata file's size, the
+--append-row append followed by the sync the mirror runs (incremental append: one commit). Three variants in
+the same run, a fresh dataset each: "as before" (one manifest per append, every snapshot and every metadata
+file kept), "merge" (iceberg/writer.py MERGE_MANIFESTS) and "merge + expiry" (also METADATA_FILES and
+expirable_snapshots with LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s, so the bench's minutes show what an
+hour's history does to a hot dataset). Prints, per window of rounds, the median sync time, the metadata file's size, the
 snapshots and the manifests of the current snapshot, and the time to plan a scan of the current snapshot (median of 3)
 (what readers, the identity check and the Iceberg-side digest start with); the last window against the
-first, and merging against not, as ratios. Not a test: nothing here gates CI.
+first, and each variant against "as before", as ratios. Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -42,14 +44,24 @@ def main(argv=None) -> int:
     name = "lakehouse_bench_snapshot_growth"
     dsn = fresh_database(admin, name)
     settings, catalog = mirror_settings(dsn, "bench_snapshots")
-    merging = dict(writer.MERGE_MANIFESTS)
+    merging, metadata_files = dict(writer.MERGE_MANIFESTS), dict(writer.METADATA_FILES)
+    variants = {  # name: (merge manifests, delete old metadata files, snapshots kept past the max age of 0 s)
+        "as before": (False, False, 0),
+        "merge": (True, False, 0),
+        "merge + expiry": (True, True, settings.snapshots_keep),
+    }
     last: dict[str, tuple[float, float]] = {}
-    for variant in ("merge off", "merge on"):
-        writer.MERGE_MANIFESTS.update(merging if variant == "merge on" else {"commit.manifest-merge.enabled": "false"})
-        last[variant] = rounds(dsn, catalog, settings, args, variant)
-    (s0, p0), (s1, p1) = last["merge off"], last["merge on"]
-    print(f"\nmerge on / off: sync p50 of the last window {s1 / s0:.2f}×, scan planning (mean over the windows) "
-          f"{p1 / p0:.2f}×")
+    for variant, (merge, delete_old, keep) in variants.items():
+        writer.MERGE_MANIFESTS.update(merging if merge else {"commit.manifest-merge.enabled": "false"})
+        writer.METADATA_FILES.update(metadata_files if delete_old else
+                                     {"write.metadata.delete-after-commit.enabled": "false"})
+        last[variant] = rounds(dsn, catalog, settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0),
+                               args, variant)
+    s0, p0 = last["as before"]
+    print()
+    for variant, (s1, p1) in last.items():
+        print(f"{variant:>15s} / as before: sync p50 of the last window {s1 / s0:.2f}×, scan planning (mean over the "
+              f"windows) {p1 / p0:.2f}×")
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
     return 0
@@ -66,7 +78,8 @@ def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
     sync_dataset(dsn, catalog, settings, d, mode="full")
     print(f"\n{variant}: {args.rows:,} rows mirrored; {args.syncs} rounds of a {args.append}-row append + sync "
           f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
-    print(f"{'rounds':>11s} {'sync p50 ms':>12s} {'plan ms':>8s} {'metadata KB':>12s} {'snapshots':>10s} {'manifests':>10s}")
+    print(f"{'rounds':>11s} {'sync p50 ms':>12s} {'plan ms':>8s} {'metadata KB':>12s} {'all metadata MB':>16s} "
+          f"{'snapshots':>10s} {'manifests':>10s}")
     windows: list[tuple[float, float]] = []
     times: list[float] = []
     nxt = args.rows
@@ -87,10 +100,12 @@ def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
                 plan = statistics.median(plans)
                 snap = table.current_snapshot()
                 manifests = len(snap.manifests(table.io))
-                meta_kb = os.path.getsize(table.metadata_location.removeprefix("file://")) / 1024
+                meta = Path(table.metadata_location.removeprefix("file://"))
+                meta_kb = meta.stat().st_size / 1024
+                all_mb = sum(f.stat().st_size for f in meta.parent.glob("*.metadata.json")) / 2**20
                 p50 = statistics.median(times)
                 windows.append((p50, plan))
-                print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:12.1f} {plan * 1000:8.1f} {meta_kb:12.1f} "
+                print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:12.1f} {plan * 1000:8.1f} {meta_kb:12.1f} {all_mb:16.1f} "
                       f"{len(table.metadata.snapshots):10d} {manifests:10d}   ({len(files)} data files)", flush=True)
                 times = []
     (s0, p0), (s1, p1) = windows[0], windows[-1]

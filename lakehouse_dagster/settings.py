@@ -85,6 +85,10 @@ class Settings:
     # A sync after updates/deletes/inserts below the max rewrites only the Iceberg data files holding the
     # changed rows when they hold at most this fraction of the table's rows; more, or 0: a full rewrite.
     partial_max_fraction: float = 0.25
+    # A mirror commit removes from the table metadata the snapshots past the newest snapshots_keep that are also
+    # older than snapshots_max_age_seconds (iceberg/writer.py expirable_snapshots); snapshots_keep 0: never.
+    snapshots_keep: int = 100
+    snapshots_max_age_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -119,6 +123,8 @@ class Settings:
             mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
             flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
+            snapshots_keep=_int("LAKEHOUSE_SNAPSHOTS_KEEP", 100),
+            snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
         )
 
     def replace(self, **changes) -> "Settings":

@@ -430,3 +430,52 @@ def test_a_long_lived_mirror_merges_its_manifests_and_stays_exact(conn, dsn, set
     assert added is not None and len(added) == 1 and added[0] in files  # the last append's file, in a merged manifest
     v = evaluate(settings, dsn, d, full=True)
     assert v.verdict == cy.OK, v.detail
+
+
+def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn, settings, monkeypatch):
+    """Past the newest LAKEHOUSE_SNAPSHOTS_KEEP and older than the max age, a mirror commit removes snapshots
+    from the metadata in the same commit; old metadata files go after it (100 kept; 3 here). The table reads the same,
+    the newest snapshots (a reader's choice a moment ago) are all still there, and the canary agrees."""
+    from pathlib import Path
+
+    from lakehouse_dagster.iceberg.writer import METADATA_FILES
+
+    d = make_dataset(conn, 5)
+    keep = 4
+    quick = settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0)
+    monkeypatch.setitem(METADATA_FILES, "write.metadata.previous-versions-max", "3")
+    sync(settings, dsn, d)  # the default settings: kept (younger than an hour)
+    for k in range(6):
+        ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
+        assert sync(settings if k < 3 else quick, dsn, d).mode == "incremental"
+    table = table_of(settings, dsn, d)
+    ids = [s.snapshot_id for s in table.metadata.snapshots]
+    assert len(ids) == keep  # 7 commits, the last three of them expiring down to `keep`
+    assert table.current_snapshot().snapshot_id == ids[-1]
+    assert table.current_snapshot().parent_snapshot_id == ids[-2]  # the newest keep their lineage
+    assert table.snapshot_by_id(ids[0]).parent_snapshot_id is None  # the oldest kept one lost its expired parent
+    assert sum(t.file.record_count for t in table.scan().plan_files()) == 11
+    for snap_id in ids:  # every kept snapshot still reads
+        assert table.scan(snapshot_id=snap_id).to_arrow().num_rows >= 11 - keep
+    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    meta_dir = Path(table.metadata_location.removeprefix("file://")).parent
+    assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
+    assert len(table.metadata.metadata_log) == 3  # previous-versions-max (3 here, 100 by default)
+    assert len(list(meta_dir.glob("*.metadata.json"))) == 4  # the older 4 (of 8: create + 7 commits) deleted
+
+
+def test_the_snapshot_rules(settings):
+    """expirable_snapshots alone: the keep count, the age, the heads of branches and tags."""
+    import types
+
+    from lakehouse_dagster.iceberg.writer import expirable_snapshots
+
+    snaps = [types.SimpleNamespace(snapshot_id=i, timestamp_ms=1000 * i, sequence_number=i) for i in range(1, 11)]
+    md = types.SimpleNamespace(snapshots=snaps, refs={"main": types.SimpleNamespace(snapshot_id=10)})
+    now = 10_000
+    assert expirable_snapshots(md, 3, 0, now) == [1, 2, 3, 4, 5, 6, 7]  # the new head (10), 9 and 8 stay
+    assert expirable_snapshots(md, 3, 5, now) == [1, 2, 3, 4]  # younger than 5 s stay too
+    assert expirable_snapshots(md, 0, 0, now) == []  # keep 0: never
+    assert expirable_snapshots(md, 1, 0, now) == list(range(1, 10))
+    md.refs["tag"] = types.SimpleNamespace(snapshot_id=2)
+    assert expirable_snapshots(md, 3, 0, now) == [1, 3, 4, 5, 6, 7]

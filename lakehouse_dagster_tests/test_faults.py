@@ -120,6 +120,29 @@ def test_unknown_outcome_keeps_the_files_and_the_next_sync_settles_them(conn, ds
     assert row[1] == "failed" and row[4].startswith("abandoned")
 
 
+def test_a_landed_sync_whose_snapshot_was_expired_keeps_its_files_when_settled(conn, dsn, settings):
+    """The reaper settles an unrecorded sync by looking for its snapshot; snapshot expiry (iceberg/writer.py)
+    could remove one that landed. Its files are then still the table's, and deleting them would break the
+    table: the reaper keeps every live file and records the sync as landed."""
+    from lakehouse_dagster.ingest.reaper import fence
+
+    d = _make(conn)
+    _sync(settings, dsn, d)
+    ds.insert_rows(conn, d, [{"n": 500 + i, "s": "x"} for i in range(5)])
+    landed = _sync(settings, dsn, d)
+    assert landed.mode == "incremental"
+    t = fence(_table(settings, dsn, d), "test: the landed snapshot is no longer the head")
+    t.maintenance.expire_snapshots().by_id(landed.snapshot_id).commit()
+    conn.execute("update iceberg_sync_log set status = 'running', snapshot_id = null where sync_id = %s",
+                 (landed.sync_id,))  # as if killed right after its commit, and its snapshot expired since
+
+    _sync(settings, dsn, d)  # the next sync settles it
+    t = _assert_table_is_whole(settings, dsn, conn, d)
+    assert {f for f in data_files_on_disk(t) if str(landed.sync_id) in f}  # its file is kept
+    row = [r for r in _log(conn, d) if r[0] == landed.sync_id][0]
+    assert row[1] == "succeeded" and "expired" in row[4]
+
+
 def test_killed_inside_the_commit_is_recorded_with_the_version_it_covers(conn, dsn, settings):
     d = _make(conn)
     v1 = _version(conn, d)

@@ -14,7 +14,7 @@ import pytest
 from lakehouse_dagster.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
 from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.ingest.writers import run_writer
 from lakehouse_dagster.parity.canary import evaluate, run_canary
@@ -181,3 +181,22 @@ def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
     assert iceberg_only(conn, catalog, settings, d) is None
     sync_dataset(dsn, catalog, settings, d)
     assert evaluate(dsn, catalog, settings, d).verdict == "ok"
+
+
+def test_native_commits_expire_no_snapshot_so_the_iceberg_only_walk_stays_whole(conn, dsn, settings):
+    """Only mirror commits expire snapshots (iceberg/writer.py): the walk back over native snapshots that
+    counts the Iceberg-only rows, and the files a backfill copies, must not lose one, however strict the
+    retention; the next mirror commit, after the backfill, ends the walk at once and may expire."""
+    quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
+    d = ready_native(conn, dsn, settings, "sync.append")
+    for k in range(3):
+        native_write(conn, dsn, quick, d, "sync.append", [row(6 + k)], start=6 + k)
+    catalog = load_catalog(quick, dsn)
+    found = iceberg_only(conn, catalog, quick, d)
+    assert (found.snapshots, found.rows, len(found.added_files)) == (3, 3, 3)
+    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    cli("write-flags", "backfill", "--dataset", str(d), check=True)
+    assert sync_dataset(dsn, catalog, quick, d, mode="full").total_rows == 9
+    table = catalog.load_table(table_identifier(quick, d))
+    assert len(table.metadata.snapshots) == 1  # that mirror commit expired the rest
+    assert evaluate(dsn, catalog, quick, d, full=True).verdict == "ok"

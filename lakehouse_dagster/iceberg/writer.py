@@ -44,6 +44,7 @@ from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from ..errors import CommitOutcomeUnknown, GuardLost, SyncFailed, first_line
 from ..failpoints import failpoint, is_armed
@@ -70,6 +71,28 @@ COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swa
 # Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
 # to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
 MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
+
+# Old metadata files: every commit writes a new one holding the whole history, so without this a long-lived
+# table's metadata directory grows with the square of its commits; Iceberg's own defaults once enabled.
+METADATA_FILES = {"write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "100"}
+
+
+def expirable_snapshots(metadata, keep: int, max_age_seconds: float, now_ms: int) -> list[int]:
+    """The snapshots a mirror commit removes from the table metadata (every snapshot adds ~0.8 KB that each
+    later commit writes and each load parses): those past the newest ``keep`` (``metadata`` is the commit's
+    staged state, its own new snapshot among them) AND older than ``max_age_seconds``, never a branch or tag
+    head; ``keep`` 0: none. Only the
+    metadata goes: data and manifest files stay, so a reader that chose a snapshot before it was expired and
+    holds its table still reads it. Only mirror commits expire (iceberg_only.py walks native snapshots back
+    to the last mirror one, and after a mirror commit that walk ends at once)."""
+    if keep <= 0:
+        return []
+    protected = {ref.snapshot_id for ref in metadata.refs.values()}
+    by_age = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+    cutoff = now_ms - max_age_seconds * 1000
+    return [s.snapshot_id for s in by_age[:max(0, len(by_age) - keep)]
+            if s.timestamp_ms < cutoff and s.snapshot_id not in protected]
+
 
 TABLE_DEFAULTS = {
     "format-version": "2",
@@ -323,7 +346,9 @@ def write_arrow(
             digester.close()
     try:
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
-                              sync_id=sync_id, delete_files=delete_files if mode == "partial" else None)
+                              sync_id=sync_id, delete_files=delete_files if mode == "partial" else None,
+                              expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
+                              if path == "mirror" else None)
     except (CommitFailedException, ValidationException, GuardLost):
         roller.delete_all()  # known not committed
         raise
@@ -413,16 +438,17 @@ class _Transaction(Transaction):
 
 
 def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID,
-            delete_files: Sequence | None = None) -> int:
+            delete_files: Sequence | None = None, expire: tuple[int, float] | None = None) -> int:
     """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
     sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
     ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still
-    be live (else ValidationException: the plan is stale, nothing is committed)."""
+    be live (else ValidationException: the plan is stale, nothing is committed). ``expire``: (keep, max age
+    in seconds) of ``expirable_snapshots``, removed in the same commit."""
     for attempt in range(COMMIT_ATTEMPTS):
         check_held()
         tx = _Transaction(table)
-        tx.set_properties({**MERGE_MANIFESTS, **props})
+        tx.set_properties({**MERGE_MANIFESTS, **METADATA_FILES, **props})
         snapshot_update = tx.update_snapshot(snapshot_properties=summary)
         if delete_files is not None:
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
@@ -447,6 +473,9 @@ def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: di
             with snapshot_update.merge_append() as producer:
                 for df in data_files:
                     producer.append_data_file(df)
+        expired = expirable_snapshots(tx.table_metadata, *expire, now_ms=int(time.time() * 1000)) if expire else []
+        if expired:
+            ExpireSnapshots(tx).by_ids(expired).commit()  # staged in this transaction: one commit
         try:
             with _commit_failpoints(table):
                 tx.commit_transaction()

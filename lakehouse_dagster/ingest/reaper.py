@@ -6,7 +6,8 @@ Which rows: ``running`` rows of the dataset (their process died or lost its lock
 the lock cannot exist while we hold it) and ``failed`` rows whose error starts with ``UNSETTLED`` (a
 sync that gave up without knowing whether its commit landed, and kept its files). Each is settled
 against the table: its snapshot is there → ``succeeded`` (with the source version that snapshot
-covers); not there → ``failed``, and its files are deleted.
+covers); not there → ``failed``, and its files are deleted — unless one of them is a data file of the
+current snapshot (its own snapshot was expired since it landed): ``succeeded``, nothing deleted.
 
 Why deleting is safe although the reaper cannot see the other process. Holding the dataset lock (G3)
 proves only that no *session* holds it; the process whose session died (server restart, timeout,
@@ -60,6 +61,7 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
         return 0
     table = load_table_or_none(catalog, table_identifier(settings, ds_id))
     files: dict[str, list[str]] = {}
+    live: set[str] | None = None  # the current snapshot's data files, when a file of an unresolved sync exists
     if table is not None:
         unresolved = {str(sid) for sid, _ in rows if sync_snapshot(table, sid) is None}
         if unresolved:
@@ -78,13 +80,26 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
                  f"its commit landed but the sync did not record it ({status}); settled by the next sync", sid),
             )
             continue
+        paths = files.get(str(sid), ())
+        if paths and live is None:
+            live = {task.file.file_path for task in table.scan().plan_files()}
+        if any(path in live for path in paths):
+            # Its snapshot is no longer kept (expired: iceberg/writer.py expirable_snapshots) but its files are
+            # the table's: it landed. Never delete a live file.
+            conn.execute(
+                "update iceberg_sync_log set status = 'succeeded', has_identity = true,"
+                " finished_at = coalesce(finished_at, now()), error = %s where sync_id = %s",
+                (f"its commit landed but the sync did not record it ({status}); its snapshot has been expired,"
+                 " its files are in the table; settled by the next sync", sid),
+            )
+            continue
         was = "died before its commit landed" if status == "running" else "its commit did not land"
         conn.execute(
             "update iceberg_sync_log set status = 'failed', finished_at = coalesce(finished_at, now()),"
             " error = %s where sync_id = %s",
             (f"abandoned: the sync {was}; settled by the next sync", sid),
         )
-        for path in files.get(str(sid), ()):
+        for path in paths:
             _delete(table, path)
     return len(rows)
 
