@@ -406,30 +406,38 @@ def test_console_script_exit_code_and_text(conn, dsn, settings):
     assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
 
 
-def test_a_long_lived_mirror_merges_its_manifests_and_stays_exact(conn, dsn, settings):
-    """Every incremental sync appends a manifest; merging keeps the current snapshot's list bounded (a scan
-    plan reads each one), and the merged manifests still hold every file once: the canary's full digest
-    agrees, and the rollback's reading of what one append added still finds that append's file."""
+def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_stays_exact(conn, dsn, settings):
+    """Every incremental sync appends a manifest and a file of its few rows. Manifests merge (a scan plan reads
+    each one); after COMPACT_FILES small appends in a row the next sync rewrites the small files at the top of
+    the table with its new rows in one partial commit. Every row stays exactly once: the canary's full digest
+    agrees, and the rollback's reading of what an append added still finds that append's file."""
     from lakehouse_dagster.iceberg.writer import MERGE_MANIFESTS
+    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
     from lakehouse_dagster.rollback.iceberg_only import _added_files
 
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     merge_at = int(MERGE_MANIFESTS["commit.manifest.min-count-to-merge"])
-    appends = merge_at + 4
-    for k in range(appends):
+    modes = []
+    for k in range(COMPACT_FILES + 4):
         ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
-        assert sync(settings, dsn, d).mode == "incremental"
+        r = sync(settings, dsn, d)
+        modes.append(r.mode)
+        if r.mode == "partial":
+            assert "compacted" in r.reason and r.files == 1, r
+    at = modes.index("partial")  # the first sync's file and the appends' files were all small
+    assert at == COMPACT_FILES - 1 and modes == ["incremental"] * at + ["partial"] + ["incremental"] * (len(modes) - at - 1)
     table = table_of(settings, dsn, d)
-    snap = table.current_snapshot()
-    files = [t.file.file_path for t in table.scan().plan_files()]
-    assert len(files) == len(set(files)) == appends + 1  # every file exactly once
-    assert len(snap.manifests(table.io)) < merge_at < appends + 1  # fewer manifests than appends
-    assert sum(t.file.record_count for t in table.scan().plan_files()) == 5 + appends
-    added = _added_files(table, snap, [])
-    assert added is not None and len(added) == 1 and added[0] in files  # the last append's file, in a merged manifest
+    files = [t.file for t in table.scan().plan_files()]
+    after = len(modes) - at - 1
+    assert len({f.file_path for f in files}) == len(files) == 1 + after  # the compacted file + the appends since
+    assert sorted(f.record_count for f in files) == [1] * after + [5 + at + 1]
+    assert len(table.current_snapshot().manifests(table.io)) < merge_at
+    added = _added_files(table, table.current_snapshot(), [])
+    assert added is not None and len(added) == 1 and added[0] in {f.file_path for f in files}
     v = evaluate(settings, dsn, d, full=True)
     assert v.verdict == cy.OK, v.detail
+    assert v.detail.get("postgres", {}).get("rows", 5 + COMPACT_FILES + 4) == 5 + COMPACT_FILES + 4
 
 
 def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn, settings, monkeypatch):

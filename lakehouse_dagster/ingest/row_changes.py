@@ -115,3 +115,47 @@ def plan_partial(files: list[tuple[object, int, int]], changed: Ranges, mirrored
     return PartialPlan([f[0] for f in touched.values()], read, file_rows,
                        f"rows were updated, deleted or inserted below the max: {len(touched)} of {len(files)} "
                        f"data files rewritten ({file_rows} of {total_rows} rows)")
+
+
+# Compaction: every incremental sync appends a file of just its new rows, so a dataset the app appends to a few
+# rows at a time grows one tiny file per sync, and every scan plan, identity check and digest opens them all.
+# When the newest COMPACT_FILES appends were each small (from snapshot metadata alone: no I/O on the common
+# path), the sync rewrites the run of small files at the top of the table together with its new rows as one
+# partial rewrite (one commit, same rules). Safe only in a sync that would append: no row at or below the
+# mirrored max changed since the mirrored version, so the rows Postgres has in those files' ranges are the
+# rows the files hold. "Small" is below chunk_rows / 16, so a compacted file stops being rewritten once it
+# holds that many rows (each row is rewritten a bounded number of times, and a table keeps at most about
+# COMPACT_FILES small files plus one file per chunk_rows / 16 rows).
+COMPACT_FILES = 16
+
+
+def compaction_due(table: Table, chunk_rows: int) -> bool:
+    """The last COMPACT_FILES snapshots are all appends of fewer than chunk_rows / 16 rows (metadata only)."""
+    small, snap = max(1, chunk_rows // 16), table.current_snapshot()
+    for _ in range(COMPACT_FILES):
+        summary = snap.summary if snap is not None else None
+        if summary is None or summary.operation.value != "append":
+            return False
+        if int(summary.additional_properties.get("added-records", 0) or 0) >= small:
+            return False
+        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
+    return True
+
+
+def plan_compaction(files: list[tuple[object, int, int]], mirrored_max: int, head_max: int | None,
+                    chunk_rows: int) -> PartialPlan | None:
+    """The run of small files at the top of the table (by __row_index) and the range that replaces them with
+    the sync's new rows, or None when fewer than COMPACT_FILES files are small."""
+    small = max(1, chunk_rows // 16)
+    run = []
+    for f in sorted(files, key=lambda f: f[1], reverse=True):
+        if f[0].record_count >= small:
+            break
+        run.append(f)
+    if len(run) < COMPACT_FILES:
+        return None
+    top = head_max if head_max is not None and head_max > mirrored_max else mirrored_max
+    rows = sum(f[0].record_count for f in run)
+    return PartialPlan([f[0] for f in run], [(min(f[1] for f in run), top)], rows,
+                       f"only appends since the last mirrored version; the {len(run)} small data files at the top "
+                       f"of the table ({rows} rows) compacted with them")

@@ -28,7 +28,8 @@ from ..store.datasets import Dataset, get_dataset, parse_schema
 from ..store.db import IdlePool, connect, is_idle
 from .guards import admission_slot, dataset_lock, pooled_guard_connection
 from .reaper import UNSETTLED, reap_abandoned
-from .row_changes import PartialPlan, changed_ranges, file_ranges, plan_partial, prune
+from .row_changes import (PartialPlan, changed_ranges, compaction_due, file_ranges, plan_compaction, plan_partial,
+                          prune)
 from .source import PinnedSnapshot, read_batches, reader_parts
 
 _log = logging.getLogger(__name__)
@@ -153,6 +154,12 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         if run_mode == "rewrite":
             plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
+        elif run_mode == "incremental" and mode == "auto" and compaction_due(table, settings.ingest_chunk_rows):
+            files = file_ranges(table)
+            plan = plan_compaction(files, current["max_row_index"], head.max_row_index,
+                                   settings.ingest_chunk_rows) if not isinstance(files, str) else None
+            if plan is not None:
+                run_mode, reason, after = "partial", plan.reason, None
         state = pinned.state(after) if after is not None else head
         parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers,
                              min_rows=settings.ingest_chunk_rows)
