@@ -81,9 +81,8 @@ def expirable_snapshots(metadata, keep: int, max_age_seconds: float, now_ms: int
     """The snapshots a mirror commit removes from the table metadata (every snapshot adds ~0.8 KB that each
     later commit writes and each load parses): those past the newest ``keep`` (``metadata`` is the commit's
     staged state, its own new snapshot among them) AND older than ``max_age_seconds``, never a branch or tag
-    head; ``keep`` 0: none. Only the
-    metadata goes: data and manifest files stay, so a reader that chose a snapshot before it was expired and
-    holds its table still reads it. Only mirror commits expire (iceberg_only.py walks native snapshots back
+    head; ``keep`` 0: none. Only the metadata goes: data and manifest files stay, so a reader that chose a
+    snapshot before it was expired and holds its table still reads it. Only mirror commits expire (iceberg_only.py walks native snapshots back
     to the last mirror one, and after a mirror commit that walk ends at once)."""
     if keep <= 0:
         return []
