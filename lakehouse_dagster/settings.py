@@ -123,12 +123,24 @@ class Settings:
             mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
             flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
-            snapshots_keep=_int("LAKEHOUSE_SNAPSHOTS_KEEP", 100),
+            snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
         )
 
     def replace(self, **changes) -> "Settings":
         return dataclasses.replace(self, **changes)
+
+
+# Compaction (ingest/row_changes.py) decides from the newest this-many snapshots: expiry keeps at least them.
+SNAPSHOTS_KEEP_MIN = 16
+
+
+def _snapshots_keep() -> int:
+    keep = _int("LAKEHOUSE_SNAPSHOTS_KEEP", 100)
+    if 0 < keep < SNAPSHOTS_KEEP_MIN:
+        raise BadInput(f"LAKEHOUSE_SNAPSHOTS_KEEP={keep} is below {SNAPSHOTS_KEEP_MIN}, the snapshots compaction reads "
+                       f"to decide; set it to 0 (never expire) or {SNAPSHOTS_KEEP_MIN} or more")
+    return keep
 
 
 def _os_user() -> str:

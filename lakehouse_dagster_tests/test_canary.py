@@ -472,9 +472,19 @@ def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn,
     assert len(list(meta_dir.glob("*.metadata.json"))) == 4  # the older 4 (of 8: create + 7 commits) deleted
 
 
-def test_the_snapshot_rules(settings):
-    """expirable_snapshots alone: the keep count, the age, the heads of branches and tags."""
+def test_the_snapshot_rules(settings, monkeypatch):
+    """expirable_snapshots alone: the keep count, the age, the heads of branches and tags; a keep below what
+    compaction reads is refused at start."""
     import types
+
+    from lakehouse_dagster.errors import BadInput
+    from lakehouse_dagster.settings import Settings
+
+    monkeypatch.setenv("LAKEHOUSE_SNAPSHOTS_KEEP", "3")
+    with pytest.raises(BadInput, match="LAKEHOUSE_SNAPSHOTS_KEEP=3 is below 16"):
+        Settings.from_env()
+    monkeypatch.setenv("LAKEHOUSE_SNAPSHOTS_KEEP", "0")
+    assert Settings.from_env().snapshots_keep == 0
 
     from lakehouse_dagster.iceberg.writer import expirable_snapshots
 
@@ -487,3 +497,53 @@ def test_the_snapshot_rules(settings):
     assert expirable_snapshots(md, 1, 0, now) == list(range(1, 10))
     md.refs["tag"] = types.SimpleNamespace(snapshot_id=2)
     assert expirable_snapshots(md, 3, 0, now) == [1, 3, 4, 5, 6, 7]
+
+
+def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(conn, dsn,
+                                                                                                   settings):
+    """After compactions and expiry the small files they replaced and the expired snapshots' manifest lists stay
+    on disk. The sweep finds exactly files no kept snapshot references: never a live one, never a recent one
+    (grace), never one of a sync the reaper has yet to settle; removing them leaves every kept snapshot
+    readable and the canary agreeing. The CLI lists by default and removes with --delete."""
+    import datetime as dt
+    import shutil
+    import uuid as uuidlib
+
+    from lakehouse_dagster.iceberg import orphans as orph
+    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+    from lakehouse_dagster_tests.flag_helpers import cli
+
+    d = make_dataset(conn, 5)
+    quick = settings.replace(snapshots_keep=COMPACT_FILES, snapshots_max_age_seconds=0)  # the least allowed
+    sync(quick, dsn, d)
+    appends = 2 * COMPACT_FILES + 4  # two compactions; the snapshots from before the first one expire
+    modes = []
+    for k in range(appends):
+        ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
+        modes.append(sync(quick, dsn, d).mode)
+    assert modes.count("partial") == 2
+    table = table_of(settings, dsn, d)
+    live = {t.file.file_path for t in table.scan().plan_files()}
+    unsettled = uuidlib.uuid4()  # a sync that wrote a file and has not committed (or been settled) yet
+    stray = f"{table.location()}/data/lakehouse-{unsettled}-00000.parquet"
+    shutil.copy(next(iter(live)).removeprefix("file://"), stray.removeprefix("file://"))
+
+    assert orph.find_orphans(table, grace_seconds=3600, protected_syncs=set()) == []  # all younger than the grace
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    found = orph.find_orphans(table, grace_seconds=0, protected_syncs={str(unsettled)}, now=later)
+    paths = {o.path for o in found}
+    assert not paths & live and stray not in paths and not paths & orph.referenced(table)
+    assert sum(p.endswith(".parquet") for p in paths) >= COMPACT_FILES - 1  # the small files compaction replaced
+    assert any(p.rsplit("/", 1)[-1].startswith("snap-") for p in paths)  # expired snapshots' manifest lists
+    assert orph.find_orphans(table, grace_seconds=0, protected_syncs=set(), now=later)[-1].path == stray
+
+    proc = cli("orphans", "--dataset", str(d), "--grace-seconds", "0")  # lists only
+    assert proc.returncode == 0 and "listed only" in proc.stdout, proc.stderr
+    assert all(__import__("os").path.exists(p.removeprefix("file://")) for p in paths)
+    assert orph.remove(table, found) == len(found)
+    table = table_of(settings, dsn, d)
+    for snap in table.metadata.snapshots:  # every kept snapshot still reads whole
+        assert table.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows >= 5
+    assert sum(t.file.record_count for t in table.scan().plan_files()) == 5 + appends
+    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    assert cli("orphans", "--dataset", "not-a-uuid").returncode == 2

@@ -21,6 +21,8 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.table import Table
 from pyiceberg.types import LongType
 
+from ..settings import SNAPSHOTS_KEEP_MIN
+
 Ranges = list[tuple[int, int]]  # inclusive, ascending, disjoint
 
 
@@ -126,7 +128,7 @@ def plan_partial(files: list[tuple[object, int, int]], changed: Ranges, mirrored
 # rows the files hold. "Small" is below chunk_rows / 16, so a compacted file stops being rewritten once it
 # holds that many rows (each row is rewritten a bounded number of times, and a table keeps at most about
 # COMPACT_FILES small files plus one file per chunk_rows / 16 rows).
-COMPACT_FILES = 16
+COMPACT_FILES = SNAPSHOTS_KEEP_MIN  # expiry keeps at least these snapshots (settings.py)
 
 
 def compaction_due(table: Table, chunk_rows: int) -> bool:

@@ -1,0 +1,89 @@
+"""Files in a table's directory that no kept snapshot references, and their removal (an operator's command).
+
+Snapshot expiry (writer.expirable_snapshots) removes snapshots from the metadata only, and a compaction, partial
+rewrite or overwrite replaces data files without deleting them: both keep whatever a reader that chose a
+snapshot a moment ago still needs. What no kept snapshot references is left on disk; this finds it.
+
+A file is an orphan only when all of these hold, so a sweep never takes what anything may still read or commit:
+  * it is a data file (``data/*.parquet``) or a manifest or manifest list (``metadata/*.avro``) — metadata JSON
+    files are pyiceberg's (write.metadata.delete-after-commit, writer.METADATA_FILES);
+  * no snapshot in the table's current metadata references it (its manifest list, its manifests, the data files
+    it holds), loaded right before the listing;
+  * it was last modified longer ago than the grace period (a sync writes its files before it commits, and a
+    reader holds a snapshot while it reads: both take far less than the default hour);
+  * for a data file named after its sync (``lakehouse-<sync id>-N.parquet``), that sync is not running or
+    unsettled in iceberg_sync_log (the reaper settles those, ingest/reaper.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+
+from pyiceberg.table import Table
+
+_DATA = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    path: str
+    size: int
+    modified: dt.datetime
+
+
+def referenced(table: Table) -> set[str]:
+    """Every manifest list and manifest of every snapshot in the metadata, and every data file one of them holds
+    (a manifest's DELETED entries name files its snapshot no longer has: the snapshot before it lists them as
+    live, if it is kept)."""
+    refs: set[str] = set()
+    seen_manifests: set[str] = set()
+    for snap in table.metadata.snapshots:
+        refs.add(snap.manifest_list)
+        for manifest in snap.manifests(table.io):
+            refs.add(manifest.manifest_path)
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                refs.add(entry.data_file.file_path)
+    return refs
+
+
+def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str],
+                 now: dt.datetime | None = None) -> list[Orphan]:
+    """The table's orphan files (see the module docstring), oldest first."""
+    from pyarrow import fs as pafs
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    cutoff = now - dt.timedelta(seconds=grace_seconds)
+    refs = referenced(table)
+    filesystem, root = pafs.FileSystem.from_uri(table.location())
+    found: list[Orphan] = []
+    for sub, suffix in (("data", ".parquet"), ("metadata", ".avro")):
+        base = f"{table.location()}/{sub}"
+        for info in filesystem.get_file_info(pafs.FileSelector(f"{root}/{sub}", allow_not_found=True)):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
+                continue
+            path = f"{base}/{info.base_name}"
+            modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.timezone.utc)
+            if path in refs or modified > cutoff:
+                continue
+            m = _DATA.match(info.base_name)
+            if m and m.group(1) in protected_syncs:
+                continue
+            found.append(Orphan(path, info.size, modified))
+    return sorted(found, key=lambda o: o.modified)
+
+
+def remove(table: Table, orphans: list[Orphan]) -> int:
+    """Delete them; how many went (a file already gone is not an error)."""
+    removed = 0
+    for o in orphans:
+        try:
+            table.io.delete(o.path)
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
