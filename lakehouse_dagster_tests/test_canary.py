@@ -506,7 +506,10 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     (grace), never one of a sync the reaper has yet to settle; removing them leaves every kept snapshot
     readable and the canary agreeing. The CLI lists by default and removes with --delete."""
     import datetime as dt
+    import json
+    import os
     import shutil
+    import time
     import uuid as uuidlib
 
     from lakehouse_dagster.iceberg import orphans as orph
@@ -537,10 +540,18 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     assert any(p.rsplit("/", 1)[-1].startswith("snap-") for p in paths)  # expired snapshots' manifest lists
     assert orph.find_orphans(table, grace_seconds=0, protected_syncs=set(), now=later)[-1].path == stray
 
-    proc = cli("orphans", "--dataset", str(d), "--grace-seconds", "0")  # lists only
-    assert proc.returncode == 0 and "listed only" in proc.stdout, proc.stderr
-    assert all(__import__("os").path.exists(p.removeprefix("file://")) for p in paths)
-    assert orph.remove(table, found) == len(found)
+    # the CLI: the unsettled sync is the log's ('running'), a plain run only lists, --delete removes
+    conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, started_at)"
+                 " values (%s, %s, 'sync.full', 'mirror', 'running', now())", (d, unsettled))
+    time.sleep(1.1)  # the CLI's clock: every file is older than a grace of 1 s
+    listed = json.loads(cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--json", check=True).stdout)
+    assert set(listed["datasets"][0]["paths"]) == paths and listed["datasets"][0]["removed"] == 0
+    assert all(os.path.exists(p.removeprefix("file://")) for p in paths)  # listing removed nothing
+    deleted = json.loads(cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--delete", "--json",
+                             check=True).stdout)
+    assert deleted["datasets"][0]["removed"] == len(found)
+    assert not any(os.path.exists(p.removeprefix("file://")) for p in paths)
+    assert os.path.exists(stray.removeprefix("file://"))  # the unsettled sync's file: the reaper's
     table = table_of(settings, dsn, d)
     for snap in table.metadata.snapshots:  # every kept snapshot still reads whole
         assert table.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows >= 5

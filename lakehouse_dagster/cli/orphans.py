@@ -6,12 +6,6 @@ from ..errors import BadInput, NotFound
 from ..ids import parse_uuid
 from .common import Result, add_command
 
-# Syncs whose files the reaper settles (ingest/reaper.py): never an orphan sweep's.
-_UNSETTLED = """
-select sync_id::text from iceberg_sync_log
- where dataset_id = %s and (status = 'running' or (status = 'failed' and error like 'unsettled: %%'))
-"""
-
 
 def register(sub) -> None:
     p = add_command(sub, "orphans", _orphans,
@@ -26,6 +20,7 @@ def register(sub) -> None:
 def _orphans(ctx, args) -> Result:
     from ..iceberg import orphans as orph
     from ..iceberg.catalog import load_table_or_none, table_identifier
+    from ..ingest.reaper import unsettled_syncs
 
     ids = [parse_uuid(d, "dataset id") for d in args.dataset]  # refuse bad input before touching anything
     grace = args.grace_seconds if args.grace_seconds is not None else max(3600, ctx.settings.snapshots_max_age_seconds)
@@ -36,7 +31,7 @@ def _orphans(ctx, args) -> Result:
         table = load_table_or_none(ctx.catalog, table_identifier(ctx.settings, ds))
         if table is None:
             raise NotFound(f"dataset {ds} has no Iceberg table (never mirrored); nothing to sweep")
-        protected = {r[0] for r in ctx.conn.execute(_UNSETTLED, (ds,)).fetchall()}
+        protected = unsettled_syncs(ctx.conn, ds)  # the reaper's to settle
         found = orph.find_orphans(table, grace_seconds=grace, protected_syncs=protected)
         removed = orph.remove(table, found) if args.delete else 0
         size = sum(o.size for o in found)

@@ -54,6 +54,11 @@ select sync_id, status from iceberg_sync_log
 """
 
 
+def unsettled_syncs(conn: psycopg.Connection, ds_id: uuid.UUID) -> set[str]:
+    """The dataset's syncs this module has yet to settle (their files are never an orphan sweep's)."""
+    return {str(r[0]) for r in conn.execute(_CANDIDATES, (ds_id, UNSETTLED.replace("_", r"\_") + "%")).fetchall()}
+
+
 def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Settings, ds_id: uuid.UUID) -> int:
     """Settle the dataset's unconcluded syncs (the caller holds the dataset lock); how many there were."""
     rows = conn.execute(_CANDIDATES, (ds_id, UNSETTLED.replace("_", r"\_") + "%")).fetchall()
