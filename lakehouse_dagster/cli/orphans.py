@@ -26,11 +26,12 @@ def _orphans(ctx, args) -> Result:
     grace = args.grace_seconds if args.grace_seconds is not None else max(3600, ctx.settings.snapshots_max_age_seconds)
     if grace < 0:
         raise BadInput(f"--grace-seconds {grace} is negative; give 0 or more")
-    out, lines = [], []
-    for ds in ids:
-        table = load_table_or_none(ctx.catalog, table_identifier(ctx.settings, ds))
+    tables = {ds: load_table_or_none(ctx.catalog, table_identifier(ctx.settings, ds)) for ds in ids}
+    for ds, table in tables.items():  # every dataset checked before any file is removed
         if table is None:
-            raise NotFound(f"dataset {ds} has no Iceberg table (never mirrored); nothing to sweep")
+            raise NotFound(f"dataset {ds} has no Iceberg table (never mirrored); nothing swept")
+    out, lines = [], []
+    for ds, table in tables.items():
         protected = unsettled_syncs(ctx.conn, ds)  # the reaper's to settle
         found = orph.find_orphans(table, grace_seconds=grace, protected_syncs=protected)
         removed = orph.remove(table, found) if args.delete else 0

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 
 from pyiceberg.table import Table
 
-_DATA = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
+from .writer import SYNC_FILE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +69,7 @@ def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str
             modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.timezone.utc)
             if path in refs or modified > cutoff:
                 continue
-            m = _DATA.match(info.base_name)
+            m = SYNC_FILE.match(info.base_name)
             if m and m.group(1) in protected_syncs:
                 continue
             found.append(Orphan(path, info.size, modified))

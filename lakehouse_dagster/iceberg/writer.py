@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import random
+import re
 import time
 import uuid
 from typing import Callable, Iterable, Sequence
@@ -65,6 +66,8 @@ WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summar
 
 COMMIT_RETRIES = "commit.retry.num-retries"
 COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
+# The name of every data file this writer writes (_FileRoller._open): the sync it belongs to, then its number.
+SYNC_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
 
 # An incremental sync appends a manifest; without merging, a long-lived mirror's current snapshot lists one
 # per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).

@@ -29,7 +29,6 @@ into its summary, so freshness and the table's watermark read exactly as before.
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 
@@ -39,14 +38,14 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import COMMIT_ATTEMPTS, SOURCE_VERSION, WRITE_PATH, snapshot_source_version, sync_snapshot
+from ..iceberg.writer import (COMMIT_ATTEMPTS, SOURCE_VERSION, SYNC_FILE, WRITE_PATH, snapshot_source_version,
+                              sync_snapshot)
 from ..settings import Settings
 
 _log = logging.getLogger(__name__)
 
 UNSETTLED = "unsettled: "  # error prefix of a failed sync that kept its files (outcome unknown)
 FENCE = "lakehouse.fence"  # snapshot summary key of a fence (value: why)
-_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
 
 _CANDIDATES = """
 select sync_id, status from iceberg_sync_log
@@ -117,7 +116,7 @@ def files_by_sync(table: Table) -> dict[str, list[str]]:
     try:
         filesystem, root = pafs.FileSystem.from_uri(f"{table.location()}/data")
         for info in filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
-            m = _FILE.match(info.base_name)
+            m = SYNC_FILE.match(info.base_name)
             if m:
                 found.setdefault(m.group(1), []).append(f"{table.location()}/data/{info.base_name}")
     except Exception as exc:  # noqa: BLE001 - orphans waste space but never change what the table holds
