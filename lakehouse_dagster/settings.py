@@ -85,7 +85,7 @@ class Settings:
     # A sync after updates/deletes/inserts below the max rewrites only the Iceberg data files holding the
     # changed rows when they hold at most this fraction of the table's rows; more, or 0: a full rewrite.
     partial_max_fraction: float = 0.25
-    # A mirror commit removes from the table metadata the snapshots past the newest snapshots_keep that are also
+    # A mirror or native commit removes from the table metadata the snapshots past the newest snapshots_keep that are also
     # older than snapshots_max_age_seconds (iceberg/writer.py expirable_snapshots); snapshots_keep 0: never.
     snapshots_keep: int = 100
     snapshots_max_age_seconds: int = 3600

@@ -183,20 +183,66 @@ def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
     assert evaluate(dsn, catalog, settings, d).verdict == "ok"
 
 
-def test_native_commits_expire_no_snapshot_so_the_iceberg_only_walk_stays_whole(conn, dsn, settings):
-    """Only mirror commits expire snapshots (iceberg/writer.py): the walk back over native snapshots that
-    counts the Iceberg-only rows, and the files a backfill copies, must not lose one, however strict the
-    retention; the next mirror commit, after the backfill, ends the walk at once and may expire."""
+def _live_files(table) -> list[tuple[str, int]]:
+    """(path, least __row_index) of every live data file."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType
+
+    fid = table.schema().find_field("__row_index").field_id
+    return sorted((t.file.file_path, from_bytes(LongType(), t.file.lower_bounds[fid]))
+                  for t in table.scan().plan_files())
+
+
+def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whole(conn, dsn, settings):
+    """Native commits expire snapshots like mirror commits (iceberg/writer.py): each carries its run's totals
+    (rollback/iceberg_only.py), so the rows only Iceberg holds and the files a backfill copies are counted
+    whole after the snapshots that added them are gone, through merged manifests; after the backfill, a new
+    native run counts only its own rows though the backfilled snapshot is expired too."""
     quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
     d = ready_native(conn, dsn, settings, "sync.append")
-    for k in range(3):
+    n = 20  # past the manifest merge count (16)
+    for k in range(n):
         native_write(conn, dsn, quick, d, "sync.append", [row(6 + k)], start=6 + k)
     catalog = load_catalog(quick, dsn)
-    found = iceberg_only(conn, catalog, quick, d)
-    assert (found.snapshots, found.rows, len(found.added_files)) == (3, 3, 3)
-    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    cli("write-flags", "backfill", "--dataset", str(d), check=True)
-    assert sync_dataset(dsn, catalog, quick, d, mode="full").total_rows == 9
     table = catalog.load_table(table_identifier(quick, d))
-    assert len(table.metadata.snapshots) == 1  # that mirror commit expired the rest
+    assert len(table.metadata.snapshots) == 1  # every native commit expired the one before
+    assert len(table.current_snapshot().manifests(table.io)) < n  # merged: the run's files are in older manifests
+    found = iceberg_only(conn, catalog, quick, d)
+    native_files = sorted(path for path, low in _live_files(table) if low >= 6)
+    assert len(native_files) == n
+    assert (found.snapshots, found.rows, found.replaced, sorted(found.added_files)) == (n, n, False, native_files)
+    out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
+    assert f"{n} row(s) in {n} native snapshot(s) exist only in Iceberg" in out
+    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert (res["copied"], res["removed"], res["moved"], res["pg_rows"]) == (n, 0, 0, 6 + n)
+    assert iceberg_only(conn, catalog, quick, d) is None
+
+    # the mirror catches up (nothing to write), the canary agrees, the writer goes native again: a new run
+    assert sync_dataset(dsn, catalog, quick, d).rows == 0
+    assert [v.verdict for v in run_canary(conn, dsn, catalog, quick, dataset_ids=[str(d)]).results] == ["ok"]
+    cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    for k in range(3):
+        native_write(conn, dsn, quick, d, "sync.append", [row(6 + n + k)], start=6 + n + k)
+    table = catalog.load_table(table_identifier(quick, d))
+    assert len(table.metadata.snapshots) == 1  # the backfilled snapshot is expired as well
+    found = iceberg_only(conn, catalog, quick, d)
+    newest = sorted(path for path, low in _live_files(table) if low >= 6 + n)
+    assert (found.snapshots, found.rows, sorted(found.added_files)) == (3, 3, newest)
+    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert (res["copied"], res["pg_rows"]) == (3, 9 + n)
+    assert sync_dataset(dsn, catalog, quick, d).total_rows == 9 + n
     assert evaluate(dsn, catalog, quick, d, full=True).verdict == "ok"
+
+
+def test_a_native_replace_run_under_expiry_counts_every_row(conn, dsn, settings):
+    """A native sync.full in the run marks it replaced for good, after its snapshot is expired."""
+    quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
+    d = ready_native(conn, dsn, settings, "sync.full")
+    native_write(conn, dsn, quick, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    native_write(conn, dsn, quick, d, "sync.append", [row(4), row(5), row(6)], start=4)
+    catalog = load_catalog(quick, dsn)
+    assert len(catalog.load_table(table_identifier(quick, d)).metadata.snapshots) == 1
+    found = iceberg_only(conn, catalog, quick, d)
+    assert (found.snapshots, found.rows, found.replaced, found.added_files) == (2, 7, True, None)

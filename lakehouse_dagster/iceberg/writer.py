@@ -85,8 +85,9 @@ def expirable_snapshots(metadata, keep: int, max_age_seconds: float, now_ms: int
     later commit writes and each load parses): those past the newest ``keep`` (``metadata`` is the commit's
     staged state, its own new snapshot among them) AND older than ``max_age_seconds``, never a branch or tag
     head; ``keep`` 0: none. Only the metadata goes: data and manifest files stay, so a reader that chose a
-    snapshot before it was expired and holds its table still reads it. Only mirror commits expire (iceberg_only.py walks native snapshots back
-    to the last mirror one, and after a mirror commit that walk ends at once)."""
+    snapshot before it was expired and holds its table still reads it. A native commit expires only when
+    it carries its run's totals (rollback/iceberg_only.py): the rollback's walk over native snapshots ends
+    at the newest commit that carries them, so it needs none of the snapshots they sum."""
     if keep <= 0:
         return []
     protected = {ref.snapshot_id for ref in metadata.refs.values()}
@@ -289,6 +290,7 @@ def write_arrow(
     path: str = "mirror",
     chunk_rows: int | None = None,
     commit_entries: Callable[[], tuple[dict, dict]] | None = None,
+    native_run: Callable[[Table, int, bool], dict] | None = None,
     delete_files: Sequence = (),
     lanes: Sequence[int] | None = None,
     table: Table | _Absent | None = None,
@@ -301,7 +303,9 @@ def write_arrow(
     here); a commit that lost a compare-and-swap still reloads it (_commit).
     A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot.
     ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
-    then) — returns extra (table properties, snapshot summary) for the same commit."""
+    then) — returns extra (table properties, snapshot summary) for the same commit.
+    ``native_run(table, rows, replaces)`` (a native write: rollback/iceberg_only.native_run) adds the totals
+    of the run of native snapshots the commit extends; with it, a native commit expires snapshots too."""
     if mode not in ("replace", "append", "partial"):
         raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
     table = ensure_table(catalog, settings, dataset, table)
@@ -347,10 +351,11 @@ def write_arrow(
         if digester is not None:
             digester.close()
     try:
+        run = None if native_run is None else (lambda t: native_run(t, roller.rows, mode == "replace"))
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
                               sync_id=sync_id, delete_files=delete_files if mode == "partial" else None,
                               expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
-                              if path == "mirror" else None)
+                              if path == "mirror" or run is not None else None, run_entries=run)
     except (CommitFailedException, ValidationException, GuardLost):
         roller.delete_all()  # known not committed
         raise
@@ -440,18 +445,21 @@ class _Transaction(Transaction):
 
 
 def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID,
-            delete_files: Sequence | None = None, expire: tuple[int, float] | None = None) -> int:
+            delete_files: Sequence | None = None, expire: tuple[int, float] | None = None,
+            run_entries: Callable[[Table], dict] | None = None) -> int:
     """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
     sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
     ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still
     be live (else ValidationException: the plan is stale, nothing is committed). ``expire``: (keep, max age
-    in seconds) of ``expirable_snapshots``, removed in the same commit."""
+    in seconds) of ``expirable_snapshots``, removed in the same commit. ``run_entries(table)``: a native
+    commit's run totals (rollback/iceberg_only.native_run), summed on each attempt's own table state."""
     for attempt in range(COMMIT_ATTEMPTS):
         check_held()
         tx = _Transaction(table)
         tx.set_properties({**MERGE_MANIFESTS, **METADATA_FILES, **props})
-        snapshot_update = tx.update_snapshot(snapshot_properties=summary)
+        snapshot_update = tx.update_snapshot(
+            snapshot_properties=summary if run_entries is None else {**summary, **run_entries(table)})
         if delete_files is not None:
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
             gone = [f.file_path for f in delete_files if f.file_path not in live]

@@ -36,6 +36,7 @@ from ..flags.resolver import FlagResolver
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import MAX_ROW_INDEX, WRITE_PATH, table_state, write_arrow
 from ..ids import parse_uuid
+from ..rollback.iceberg_only import native_run
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
@@ -259,7 +260,8 @@ def run_writer(
                                      _with_identity(_failpoint_after_first(batches),
                                                     dt.datetime.now(dt.timezone.utc), counter),
                                      mode="replace" if replace else "append", sync_id=sid,
-                                     source_version=source_version, path="native", commit_entries=entries)
+                                     source_version=source_version, path="native", commit_entries=entries,
+                                     native_run=native_run(conn, settings, ds_id))
                 return result  # route_write's after-commit-before-log failpoint follows
 
             outcome = route_write(conn, flags, writer, ds_id, pg_write=pg_write, iceberg_write=iceberg_write,

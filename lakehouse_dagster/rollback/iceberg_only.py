@@ -10,6 +10,10 @@ would drop them. Nothing new has to be written to know this — the records alre
   * each snapshot's summary carries ``lakehouse.path`` too, so walking back from the current snapshot
     to the last mirror snapshot counts the native snapshots and the rows they added (a native
     overwrite rewrote everything: then every row of the table counts);
+  * each native commit also carries its run's totals (``RUN_*``: native snapshots, rows added, replaced,
+    and the data sequence number above which the run's files lie), summed on the table state it commits
+    on; the walk ends at the newest snapshot that carries them, so native commits may expire old snapshots
+    like mirror commits (iceberg/writer.py) and the count stays whole;
   * ``lakehouse_pg_reconciled`` (this area's migration) records when Postgres caught up again: a
     backfill of a snapshot (rollback/backfill.py), or a sync.full on the pg path, which repopulates
     Postgres from the source — a trigger on the ingest state (sources/state.py) notes it in the same
@@ -49,6 +53,8 @@ class IcebergOnly:
     replaced: bool  # a native overwrite rewrote the table: Postgres' older rows are stale
     last_native_at: dt.datetime  # commit time of the newest native snapshot
     added_files: tuple[str, ...] | None = None  # data files those snapshots appended (None: replaced, or unknown)
+    after_sequence: int = 0  # Postgres holds every data file of this data sequence number or lower
+    added_records: int = 0  # rows those snapshots added (``rows`` is the table's total after a replace)
 
     def describe(self) -> str:
         how = "a native sync.full replaced the table, so all its rows count; " if self.replaced else ""
@@ -82,9 +88,10 @@ def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[in
             max((s for s, _ in full if s is not None), default=None), max((a for _, a in full), default=None))
 
 
-def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
-                 table=None) -> IcebergOnly | None:
-    """The rows and snapshots only Iceberg holds for the dataset, or None when Postgres has them all."""
+def iceberg_only(conn: psycopg.Connection, catalog: Catalog | None, settings: Settings, dataset_id: uuid.UUID,
+                 table=None, *, with_files: bool = True) -> IcebergOnly | None:
+    """The rows and snapshots only Iceberg holds for the dataset, or None when Postgres has them all.
+    ``with_files`` False: ``added_files`` is left None (what only a backfill reads)."""
     if not _ever_native(conn, dataset_id):
         return None
     if table is None:
@@ -92,9 +99,32 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
     current = table.current_snapshot() if table is not None else None
     if current is None or table.properties.get(WRITE_PATH) != NATIVE:
         return None
-    backfilled, full_seq, full_at = _reconciled(conn, dataset_id)
+    run = _walk(table, current, *_reconciled(conn, dataset_id), with_files=with_files)
+    if run.snapshots == 0:
+        return None
+    total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
+    return IcebergOnly(
+        dataset_id, current.snapshot_id, run.snapshots, total if run.replaced else run.added, run.replaced,
+        dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc),
+        None if run.replaced or run.files is None else tuple(run.files), run.after_sequence, run.added)
+
+
+@dataclasses.dataclass
+class _Run:
+    snapshots: int = 0
+    added: int = 0
+    replaced: bool = False
+    after_sequence: int = 0  # Postgres holds every data file of this data sequence number or lower
+    files: list[str] | None = dataclasses.field(default_factory=list)
+
+
+def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: dt.datetime | None, *,
+          with_files: bool) -> _Run:
+    """From the current snapshot back to the first one Postgres caught up with (a mirror snapshot, a
+    backfilled one, one a pg-path sync.full superseded), or to the first whose carried run totals hold the
+    rest (``RUN_*``: those survive the expiry of the snapshots they sum)."""
     newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc)
-    snapshots, added, replaced, snap, files = 0, 0, False, current, []
+    run, snap = _Run(files=[] if with_files else None), current
     while snap is not None and snap.snapshot_id not in backfilled:
         summary = snap.summary.additional_properties if snap.summary is not None else {}
         if summary.get(WRITE_PATH) != NATIVE:
@@ -103,19 +133,82 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
         if (full_seq is not None and seq is not None and full_seq > int(seq)) or (
                 seq is None and full_at is not None and full_at > newest):
             break  # a later sync.full on the pg path repopulated Postgres from the source
-        snapshots += 1
-        added += int(summary.get("added-records", 0) or 0)
+        carried = _carried(snap)
+        if carried is not None:  # this snapshot's commit summed its run: the walk ends here
+            snapshots, added, replaced, run.after_sequence = carried
+            run.snapshots += snapshots
+            run.added += added
+            run.replaced = run.replaced or replaced
+            run.files = None if run.replaced or not with_files else _files_after(table, current, run.after_sequence)
+            return run
+        run.snapshots += 1
+        run.added += int(summary.get("added-records", 0) or 0)
         if snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
-            replaced = True
-        if files is not None and not replaced:
-            files = _added_files(table, snap, files)
-        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id is not None else None
-    if snapshots == 0:
+            run.replaced = True
+        if run.files is not None and not run.replaced:
+            run.files = _added_files(table, snap, run.files)
+        parent = snap.parent_snapshot_id
+        if parent is None and (snap.sequence_number or 0) > 1:  # not the table's first: its parent was expired
+            raise BadInput(f"table {'.'.join(table.name())}: the parent of native snapshot {snap.snapshot_id} was "
+                           "expired and no later native commit carries the run's totals, so which rows exist only in "
+                           "Iceberg cannot be told; nothing was changed (compare the table with Postgres: "
+                           "lakehouse canary --full)")
+        snap = table.snapshot_by_id(parent) if parent is not None else None
+    run.after_sequence = (snap.sequence_number or 0) if snap is not None else 0
+    return run
+
+
+# What each native commit carries in its snapshot summary (set by iceberg/writer.py through
+# ``native_run``): the totals of its run of native snapshots since Postgres last held everything, so that
+# native commits may expire old snapshots like mirror commits do without losing what a rollback must copy.
+RUN_PARENT = "lakehouse.native-run.parent"  # the parent the totals were summed on (-1: none)
+RUN_SNAPSHOTS = "lakehouse.native-run.snapshots"
+RUN_ROWS = "lakehouse.native-run.added-records"
+RUN_REPLACED = "lakehouse.native-run.replaced"
+RUN_AFTER = "lakehouse.native-run.after-sequence"  # data files above this sequence number are the run's
+
+
+def _carried(snap) -> tuple[int, int, bool, int] | None:
+    """(snapshots, added records, replaced, after-sequence) the snapshot's commit summed, when they were
+    summed on its actual parent (expiring a snapshot clears its children's parent id: pyiceberg's
+    RemoveSnapshotsUpdate)."""
+    summary = snap.summary.additional_properties if snap.summary is not None else {}
+    if RUN_PARENT not in summary or snap.parent_snapshot_id not in (None, int(summary[RUN_PARENT])):
         return None
-    total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
-    return IcebergOnly(
-        dataset_id, current.snapshot_id, snapshots, total if replaced else added, replaced, newest,
-        None if replaced or files is None else tuple(files))
+    return (int(summary[RUN_SNAPSHOTS]), int(summary[RUN_ROWS]), summary[RUN_REPLACED] == "true",
+            int(summary[RUN_AFTER]))
+
+
+def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID):
+    """For iceberg/writer.write_arrow(native_run=...): the run totals a native commit on ``table`` carries,
+    given the rows it adds and whether it replaces the table (computed on the exact state it commits on)."""
+
+    def entries(table, rows: int, replaces: bool) -> dict:
+        current = table.current_snapshot()
+        found = iceberg_only(conn, None, settings, dataset_id, table=table, with_files=False)
+        if found is None:
+            base = _Run(after_sequence=(current.sequence_number or 0) if current is not None else 0)
+        else:
+            base = _Run(found.snapshots, found.added_records, found.replaced, found.after_sequence)
+        return {RUN_PARENT: str(current.snapshot_id if current is not None else -1),
+                RUN_SNAPSHOTS: str(base.snapshots + 1), RUN_ROWS: str(base.added + rows),
+                RUN_REPLACED: "true" if base.replaced or replaces else "false",
+                RUN_AFTER: str(base.after_sequence)}
+
+    return entries
+
+
+def _files_after(table, current, after_sequence: int) -> list[str] | None:
+    """The live data files of ``current`` with a data sequence number above ``after_sequence``: those the
+    run's snapshots added (manifest entries keep it through merging and snapshot expiry); None when the
+    manifests cannot be read (the backfill then copies the whole snapshot)."""
+    try:
+        return [entry.data_file.file_path
+                for manifest in current.manifests(table.io)
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                if (entry.sequence_number or 0) > after_sequence]
+    except Exception:
+        return None
 
 
 def _added_files(table, snap, files: list[str]) -> list[str] | None:

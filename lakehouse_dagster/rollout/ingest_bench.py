@@ -126,7 +126,7 @@ def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, wri
             out = route_write(
                 conn, FlagResolver(conn, 0), writer, dataset.id,
                 pg_write=lambda: (_ for _ in ()).throw(RuntimeError("bench datasets are written iceberg-native")),
-                iceberg_write=native_write(catalog, settings, dataset, batches, writer=writer),
+                iceberg_write=native_write(catalog, settings, dataset, batches, writer=writer, conn=conn),
                 settings=settings,
             )
         except Backpressure as exc:

@@ -232,19 +232,21 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
 
 
 def native_write(
-    catalog, settings, dataset, batches: Iterable, *, writer: str
+    catalog, settings, dataset, batches: Iterable, *, writer: str, conn: psycopg.Connection | None = None
 ) -> Callable[[uuid.UUID, int], NativeWriteResult]:
     """The real native write for ``route_write``: iceberg/writer.py's chunked ``write_arrow``, in the
-    writer's registry mode (sync.full replaces the table, the others append)."""
+    writer's registry mode (sync.full replaces the table, the others append). ``conn`` (route_write's):
+    the commit carries its native run's totals and may expire old snapshots (rollback/iceberg_only.py)."""
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
     from ..iceberg.writer import write_arrow
+    from ..rollback.iceberg_only import native_run
 
     def _write(sync_id: uuid.UUID, source_version: int):
         return write_arrow(
             catalog, settings, dataset, batches, mode=mode, sync_id=sync_id, source_version=source_version,
-            path="native",
+            path="native", native_run=None if conn is None else native_run(conn, settings, dataset.id),
         )
 
     _write.catalog = catalog  # route_write settles abandoned and interrupted writes against this catalog
