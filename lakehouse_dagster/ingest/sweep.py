@@ -1,0 +1,80 @@
+"""The orphan sweep over datasets: what `lakehouse orphans` and the Dagster ``orphan_sweep`` job both run.
+
+iceberg/orphans.py says which files of one table are orphans; this adds what only the sync log knows (the
+syncs the reaper has yet to settle, whose files are spared) and which datasets have a table at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Sequence
+
+import psycopg
+
+from ..errors import BadInput, NotFound
+from ..iceberg import orphans as orph
+from ..iceberg.catalog import load_table_or_none, table_identifier
+from ..ids import parse_uuid
+from ..settings import Settings
+from .reaper import unsettled_syncs
+
+GRACE_MIN_SECONDS = 3600.0  # a sync writes its files before it commits; a reader holds its snapshot while it reads
+
+
+@dataclasses.dataclass(frozen=True)
+class Swept:
+    dataset_id: uuid.UUID
+    orphans: list[orph.Orphan]
+    removed: int
+    grace_seconds: float
+
+    @property
+    def bytes(self) -> int:
+        return sum(o.size for o in self.orphans)
+
+    def as_dict(self) -> dict:
+        return {"dataset_id": str(self.dataset_id), "orphans": len(self.orphans), "bytes": self.bytes,
+                "removed": self.removed, "grace_seconds": self.grace_seconds,
+                "paths": [o.path for o in self.orphans]}
+
+    def line(self, delete: bool) -> str:
+        verb = f"removed {self.removed}" if delete else "listed only (add --delete to remove them)"
+        return (f"{self.dataset_id}: {len(self.orphans)} orphan file(s), {self.bytes:,} bytes, older than "
+                f"{self.grace_seconds:.0f} s; {verb}")
+
+
+def grace(settings: Settings, grace_seconds: float | None) -> float:
+    """The grace period: as given (0 or more), else the snapshot max age, at least an hour."""
+    if grace_seconds is None:
+        return max(GRACE_MIN_SECONDS, settings.snapshots_max_age_seconds)
+    if grace_seconds < 0:
+        raise BadInput(f"grace of {grace_seconds} s is negative; give 0 or more")
+    return float(grace_seconds)
+
+
+def mirrored_dataset_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
+    """Tabular datasets with a succeeded sync (datasets.mirrored_version, kept by the sync log's triggers)."""
+    return [r[0] for r in conn.execute(
+        "select id from datasets where kind = 'tabular' and mirrored_version is not null order by id").fetchall()]
+
+
+def sweep(conn: psycopg.Connection, catalog, settings: Settings, dataset_ids: Sequence | None, *, delete: bool,
+          grace_seconds: float | None = None) -> list[Swept]:
+    """List (``delete``: remove) the orphan files of the datasets' tables. Named datasets must all have a table,
+    checked before any file goes; None: every dataset with a succeeded sync whose table exists."""
+    wait = grace(settings, grace_seconds)
+    if dataset_ids is None:
+        tables = {d: load_table_or_none(catalog, table_identifier(settings, d)) for d in mirrored_dataset_ids(conn)}
+        tables = {d: t for d, t in tables.items() if t is not None}
+    else:
+        ids = [parse_uuid(d, "dataset id") for d in dataset_ids]  # refuse bad input before touching anything
+        tables = {d: load_table_or_none(catalog, table_identifier(settings, d)) for d in ids}
+        for d, table in tables.items():
+            if table is None:
+                raise NotFound(f"dataset {d} has no Iceberg table (never mirrored); nothing swept")
+    out = []
+    for d, table in tables.items():
+        found = orph.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
+        out.append(Swept(d, found, orph.remove(table, found) if delete else 0, wait))
+    return out
