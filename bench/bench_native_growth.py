@@ -5,11 +5,12 @@
 A dataset written iceberg-native (sync.append flipped for a bench workspace, as the ingest bench does), then
 --writes native appends of --append rows through the real write router and chunked writer (route_write →
 write_arrow). Two variants in the same run, a fresh dataset each: "keep all" (the writer as before: a native
-commit expired nothing, because the rollback's walk needed every native snapshot) and "expire" (each native
-commit carries its run's totals, rollback/iceberg_only.native_run, and expires like a mirror commit, with
-LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s so the bench's minutes show what a day's history does). Prints,
-per window of writes, the median write time (the route_write call), the metadata file's size, the snapshots
-kept, and the time of the rollback's count of the rows only Iceberg holds (iceberg_only, median of 3); the last
+commit expired nothing, because the rollback's walk needed every native snapshot, and no file was ever
+compacted) and "expire" (each native commit carries its run's totals, rollback/iceberg_only.native_run, and
+expires like a mirror commit, with LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s so the bench's minutes show
+what a day's history does; small files are compacted, ingest/native_compaction.py). Prints, per window of
+writes, the median write time (the route_write call), the metadata file's size, the snapshots kept, the live
+data files, and the time of the rollback's count of the rows only Iceberg holds (iceberg_only, median of 3); the last
 window against the first, and "expire" against "keep all", as ratios. Not a test: nothing here gates CI.
 """
 
@@ -76,7 +77,7 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
     print(f"\n{variant}: {args.writes} native appends of {args.append} rows (machine: {os.cpu_count()} cores; "
           f"load average {os.getloadavg()[0]:.2f})", flush=True)
     print(f"{'writes':>11s} {'write p50 ms':>13s} {'count ms':>9s} {'metadata KB':>12s} {'snapshots':>10s} "
-          f"{'rows only in Iceberg':>21s}")
+          f"{'data files':>11s} {'rows only in Iceberg':>21s}")
     windows: list[tuple[float, float]] = []
     times: list[float] = []
     for i in range(1, args.writes + 1):
@@ -96,8 +97,9 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
             meta_kb = Path(table.metadata_location.removeprefix("file://")).stat().st_size / 1024
             p50, count = statistics.median(times), statistics.median(counts)
             windows.append((p50, count))
+            files = sum(1 for _ in table.scan().plan_files())
             print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:13.1f} {count * 1000:9.1f} {meta_kb:12.1f} "
-                  f"{len(table.metadata.snapshots):10d} {found.rows:21d}", flush=True)
+                  f"{len(table.metadata.snapshots):10d} {files:11d} {found.rows:21d}", flush=True)
             times = []
     (w0, c0), (w1, c1) = windows[0], windows[-1]
     print(f"last window / first: write {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×", flush=True)

@@ -19,6 +19,7 @@ from lakehouse_dagster.iceberg.schema import arrow_schema
 from lakehouse_dagster.iceberg.writer import write_arrow
 from lakehouse_dagster.ingest.sync import sync_dataset
 from lakehouse_dagster.parity.canary import run_canary
+from lakehouse_dagster.ingest.native_compaction import native_compaction
 from lakehouse_dagster.rollback.iceberg_only import native_run
 from lakehouse_dagster.routing.write_router import route_write
 from lakehouse_dagster.store import datasets as ds
@@ -76,7 +77,8 @@ def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[di
     def iceberg_write(sync_id, source_version):
         return write_arrow(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
                            source_version=source_version, path="native",
-                           max_row_index=start + len(values) - 1, native_run=native_run(conn, settings, d))
+                           max_row_index=start + len(values) - 1, native_run=native_run(conn, settings, d),
+                           compact=native_compaction(settings, dataset) if mode == "append" else None)
 
     out = route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: pytest.fail("pg path"),
                       iceberg_write=iceberg_write, settings=settings)

@@ -246,3 +246,38 @@ def test_a_native_replace_run_under_expiry_counts_every_row(conn, dsn, settings)
     assert len(catalog.load_table(table_identifier(quick, d)).metadata.snapshots) == 1
     found = iceberg_only(conn, catalog, quick, d)
     assert (found.snapshots, found.rows, found.replaced, found.added_files) == (2, 7, True, None)
+
+
+def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_exactly_the_run(conn, dsn, settings):
+    """After 16 small native appends the next one rewrites their files with its own rows in one commit
+    (ingest/native_compaction.py): every row once, identity kept, the pre-flip file untouched; the run's totals
+    count the new rows only, and the backfill copies exactly the native rows."""
+    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+
+    d = ready_native(conn, dsn, settings, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    before = {path for path, _ in _live_files(catalog.load_table(table_identifier(settings, d)))}
+    n = COMPACT_FILES + 4
+    snaps = []
+    for k in range(n):
+        snaps.append(native_write(conn, dsn, settings, d, "sync.append", [row(6 + k)], start=6 + k))
+        if k == COMPACT_FILES - 1:
+            identity = {r["__row_index"]: (r["__row_id"], r["__created_at"]) for r in table_rows(settings, dsn, d)}
+    table = catalog.load_table(table_identifier(settings, d))
+    modes = [table.snapshot_by_id(s).summary.additional_properties["lakehouse.mode"] for s in snaps]
+    assert modes == ["append"] * COMPACT_FILES + ["partial"] + ["append"] * 3  # one compaction, in the 17th write
+    live = _live_files(table)
+    assert len(live) == 1 + 1 + 3 and before <= {p for p, _ in live}  # the mirror's file, the compacted one, 3 new
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(r["__row_index"] for r in rows) == list(range(6 + n))  # every row exactly once
+    assert sorted(r["a"] for r in rows) == list(range(6 + n))
+    assert all(identity[r["__row_index"]] == (r["__row_id"], r["__created_at"]) for r in table_rows(settings, dsn, d)
+               if r["__row_index"] in identity)  # rewritten, not re-identified
+    found = iceberg_only(conn, catalog, settings, d)
+    assert (found.snapshots, found.rows, found.replaced) == (n, n, False)
+    assert sorted(found.added_files) == sorted(p for p, _ in live if p not in before)
+    cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    assert (res["copied"], res["removed"], res["moved"], res["pg_rows"]) == (n, 0, 0, 6 + n)
+    sync_dataset(dsn, catalog, settings, d)
+    assert evaluate(dsn, catalog, settings, d, full=True).verdict == "ok"

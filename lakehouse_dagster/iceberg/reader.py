@@ -77,3 +77,25 @@ def _row_index_threshold(table: Table, limit: int, snapshot_id: int | None):
 
 def _empty(table: Table, columns: Sequence[str]) -> pa.Table:
     return table.scan(selected_fields=tuple(columns), limit=0).to_arrow().select(list(columns))
+
+
+def read_files(table: Table, paths: Sequence[str], target: pa.Schema, batch_rows: int = 65_536):
+    """The rows of these data files (no delete files apply: the chunked writer's tables have none) as
+    ``target``-shaped batches, file by file (memory bounded by a batch). Columns are matched by Iceberg field
+    id, so a renamed column still reads; a column added after a file was written reads as nulls."""
+    import pyarrow.parquet as pq
+
+    schema_ids = {f.name: f.field_id for f in table.schema().fields}
+    for path in paths:
+        with table.io.new_input(path).open() as f:
+            pf = pq.ParquetFile(f)
+            ids = {field.name: (field.metadata or {}).get(b"PARQUET:field_id") for field in pf.schema_arrow}
+            by_id = {int(v): k for k, v in ids.items() if v is not None}
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                cols = []
+                for field in target:
+                    name = by_id.get(schema_ids[field.name], field.name)
+                    idx = batch.schema.get_field_index(name)
+                    cols.append(batch.column(idx).cast(field.type) if idx >= 0
+                                else pa.nulls(batch.num_rows, field.type))
+                yield pa.RecordBatch.from_arrays(cols, schema=target)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import random
@@ -113,6 +114,7 @@ class WriteResult:
     total_rows: int  # rows in the table after the commit
     committed: bool  # False when the sync's snapshot was already there (a retry) or nothing was written
     source_version: int | None = None  # the version the snapshot covers (a retry: what attempt 1 wrote)
+    rewritten: int = 0  # of ``rows``, those of the files a partial rewrite (or a compaction) replaced
 
 
 class _Absent:
@@ -291,6 +293,7 @@ def write_arrow(
     chunk_rows: int | None = None,
     commit_entries: Callable[[], tuple[dict, dict]] | None = None,
     native_run: Callable[[Table, int, bool], dict] | None = None,
+    compact: Callable[[Table], tuple[list, Iterable[pa.RecordBatch]] | None] | None = None,
     delete_files: Sequence = (),
     lanes: Sequence[int] | None = None,
     table: Table | _Absent | None = None,
@@ -305,7 +308,10 @@ def write_arrow(
     ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
     then) — returns extra (table properties, snapshot summary) for the same commit.
     ``native_run(table, rows, replaces)`` (a native write: rollback/iceberg_only.native_run) adds the totals
-    of the run of native snapshots the commit extends; with it, a native commit expires snapshots too."""
+    of the run of native snapshots the commit extends; with it, a native commit expires snapshots too.
+    ``compact(table)`` (an append): None, or (small data files of the table, their rows as batches) to rewrite
+    together with this write's rows in the same commit (mode "partial": the files removed, their rows and the
+    new ones added; ingest/native_compaction.py)."""
     if mode not in ("replace", "append", "partial"):
         raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
     table = ensure_table(catalog, settings, dataset, table)
@@ -313,6 +319,11 @@ def write_arrow(
     if already is not None:
         return WriteResult(already.snapshot_id, 0, 0, 0, _row_count(table), committed=False,
                            source_version=snapshot_source_version(already))
+    plan = compact(table) if compact is not None and mode == "append" else None
+    if plan is not None:
+        delete_files, rows_before = plan
+        mode, batches = "partial", itertools.chain(rows_before, batches)
+    rewritten = sum(f.record_count for f in delete_files) if mode == "partial" else 0
 
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
@@ -351,7 +362,7 @@ def write_arrow(
         if digester is not None:
             digester.close()
     try:
-        run = None if native_run is None else (lambda t: native_run(t, roller.rows, mode == "replace"))
+        run = None if native_run is None else (lambda t: native_run(t, roller.rows - rewritten, mode == "replace"))
         snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
                               sync_id=sync_id, delete_files=delete_files if mode == "partial" else None,
                               expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
@@ -376,7 +387,7 @@ def write_arrow(
         snapshot_id = landed
     _store_digests(settings, dataset, roller.digests)
     return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
-                       source_version=source_version)
+                       source_version=source_version, rewritten=rewritten)
 
 
 def _digester(settings: Settings, dataset: Dataset):

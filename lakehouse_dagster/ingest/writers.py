@@ -37,6 +37,7 @@ from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import MAX_ROW_INDEX, WRITE_PATH, table_state, write_arrow
 from ..ids import parse_uuid
 from ..rollback.iceberg_only import native_run
+from .native_compaction import native_compaction
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
@@ -261,7 +262,8 @@ def run_writer(
                                                     dt.datetime.now(dt.timezone.utc), counter),
                                      mode="replace" if replace else "append", sync_id=sid,
                                      source_version=source_version, path="native", commit_entries=entries,
-                                     native_run=native_run(conn, settings, ds_id))
+                                     native_run=native_run(conn, settings, ds_id),
+                                     compact=None if replace else native_compaction(settings, dataset))
                 return result  # route_write's after-commit-before-log failpoint follows
 
             outcome = route_write(conn, flags, writer, ds_id, pg_write=pg_write, iceberg_write=iceberg_write,
@@ -272,7 +274,7 @@ def run_writer(
                     conn, ds_id, load_table_or_none(catalog, table_identifier(settings, ds_id)))
                 if state:
                     source_state.save_pg_state(conn, ds_id, state)
-                rows, total, snapshot = result.rows, result.total_rows, result.snapshot_id
+                rows, total, snapshot = result.rows - result.rewritten, result.total_rows, result.snapshot_id
             else:
                 rows, snapshot, state = outcome.value, None, written["state"]
                 total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]

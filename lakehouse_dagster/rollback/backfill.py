@@ -36,6 +36,7 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from ..errors import BadInput
 from ..flags.native import native_dataset_ids
 from ..iceberg.catalog import load_table_or_none, table_identifier
+from ..iceberg.reader import read_files
 from ..ids import parse_uuid
 from ..ingest.guards import dataset_lock
 from ..ingest.pg_rows import _data_expr
@@ -73,7 +74,6 @@ def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | 
     file is read with pyarrow's batch iterator (memory bounded by a batch; a column added after a file was
     written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead.
     ``only``: just these data files (those the native appends added)."""
-    schema_ids = {f.name: f.field_id for f in table.schema().fields}
     iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
     tasks = [t for t in iceberg.plan_files() if only is None or t.file.file_path in only]
     arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
@@ -83,24 +83,8 @@ def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | 
         reader = iceberg.to_arrow_batch_reader()
         return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
 
-    def by_file():
-        import pyarrow.parquet as pq
-
-        for task in tasks:
-            with table.io.new_input(task.file.file_path).open() as f:
-                pf = pq.ParquetFile(f)
-                ids = {field.name: (field.metadata or {}).get(b"PARQUET:field_id") for field in pf.schema_arrow}
-                by_id = {int(v): k for k, v in ids.items() if v is not None}
-                for batch in pf.iter_batches(batch_size=_BATCH_ROWS):
-                    cols = []
-                    for field in target:
-                        name = by_id.get(schema_ids[field.name], field.name)
-                        idx = batch.schema.get_field_index(name)
-                        cols.append(batch.column(idx).cast(field.type) if idx >= 0
-                                    else pa.nulls(batch.num_rows, field.type))
-                    yield pa.RecordBatch.from_arrays(cols, schema=target)
-
-    return pa.RecordBatchReader.from_batches(target, by_file())
+    return pa.RecordBatchReader.from_batches(
+        target, read_files(table, [t.file.file_path for t in tasks], target, batch_rows=_BATCH_ROWS))
 
 
 def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str) -> BackfillResult:

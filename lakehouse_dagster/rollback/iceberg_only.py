@@ -133,7 +133,7 @@ def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: d
         if (full_seq is not None and seq is not None and full_seq > int(seq)) or (
                 seq is None and full_at is not None and full_at > newest):
             break  # a later sync.full on the pg path repopulated Postgres from the source
-        carried = _carried(snap)
+        carried = run_totals(snap)
         if carried is not None:  # this snapshot's commit summed its run: the walk ends here
             snapshots, added, replaced, run.after_sequence = carried
             run.snapshots += snapshots
@@ -168,7 +168,7 @@ RUN_REPLACED = "lakehouse.native-run.replaced"
 RUN_AFTER = "lakehouse.native-run.after-sequence"  # data files above this sequence number are the run's
 
 
-def _carried(snap) -> tuple[int, int, bool, int] | None:
+def run_totals(snap) -> tuple[int, int, bool, int] | None:
     """(snapshots, added records, replaced, after-sequence) the snapshot's commit summed, when they were
     summed on its actual parent (expiring a snapshot clears its children's parent id: pyiceberg's
     RemoveSnapshotsUpdate)."""

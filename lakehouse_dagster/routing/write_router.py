@@ -159,8 +159,8 @@ def _write_native_locked(conn, decision: WriteDecision, iceberg_write, settings,
             _settle_interrupted(conn, ds, sync_id, catalog, settings, exc, lg)
         raise  # any other error leaves the row 'running': the next native write settles it
     failpoint("after-log")
-    lg.info(f"iceberg_native: {ds} ({int(getattr(result, 'rows', 0) or 0)} rows → snapshot "
-            f"{getattr(result, 'snapshot_id', None)})")
+    new_rows = int(getattr(result, "rows", 0) or 0) - int(getattr(result, "rewritten", 0) or 0)
+    lg.info(f"iceberg_native: {ds} ({new_rows} rows → snapshot {getattr(result, 'snapshot_id', None)})")
     return WriteOutcome(decision, result, sync_id)
 
 
@@ -241,12 +241,14 @@ def native_write(
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
     from ..iceberg.writer import write_arrow
+    from ..ingest.native_compaction import native_compaction
     from ..rollback.iceberg_only import native_run
 
     def _write(sync_id: uuid.UUID, source_version: int):
         return write_arrow(
             catalog, settings, dataset, batches, mode=mode, sync_id=sync_id, source_version=source_version,
             path="native", native_run=None if conn is None else native_run(conn, settings, dataset.id),
+            compact=None if conn is None or mode != "append" else native_compaction(settings, dataset),
         )
 
     _write.catalog = catalog  # route_write settles abandoned and interrupted writes against this catalog
