@@ -17,6 +17,11 @@ the same run, alternating round by round (the best round of each is kept):
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
+  barrier    only a statement trigger taking a shared transaction-level advisory lock per dataset the statement
+             wrote (one-dataset fast path as the tracking's): what the app would pay if change tracking came
+             from the WAL too, readers pinning behind a per-dataset barrier (the lock in exclusive mode waits for
+             the writers in flight and holds new ones while the consumer catches up) — a measured design
+             point, not a mode the project has (README, known limits)
   wal        change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app pays in capture mode
              "wal", where the digest is computed after the commit by the WAL consumer (parity/capture.py);
              that consumer's own time per statement is measured after the rounds and printed separately
@@ -58,6 +63,7 @@ CONFIGS = {
     "track-020": tuple(f"bench_track020_{e}" for e, _, _ in EVENTS),
     "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
+    "barrier": tuple(f"bench_barrier_{e}" for e, _, _ in EVENTS),
     "wal": TRACKING_TRIGGERS,
 }
 
@@ -86,10 +92,26 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
     conn.execute(f"create or replace function bench_hash_upd() returns trigger language plpgsql as $$ begin"
                  f" perform sum({hash_sql}) from lakehouse_new_rows; perform sum({hash_sql}) from lakehouse_old_rows;"
                  f" return null; end $$")
+    for e, tables in (("ins", ("lakehouse_new_rows",)), ("upd", ("lakehouse_new_rows", "lakehouse_old_rows")),
+                      ("del", ("lakehouse_old_rows",))):
+        rows = " union all ".join(f"select dataset_id from {t}" for t in tables)
+        conn.execute(f"""create or replace function bench_barrier_{e}() returns trigger language plpgsql as $$
+            declare one uuid; k bigint;
+            begin
+              select dataset_id, count(*) over () into one, k from ({rows}) t group by dataset_id limit 1;
+              if k = 1 then
+                perform pg_advisory_xact_lock_shared(hashtextextended(one::text, 0));
+              else
+                perform pg_advisory_xact_lock_shared(hashtextextended(d::text, 0))
+                   from (select distinct dataset_id as d from ({rows}) t order by 1) s;
+              end if;
+              return null;
+            end $$""")
     for e, event, ref in EVENTS:
         tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
         tracking_020 = "bench_rows_inserted_020" if e == "ins" else "bench_rows_rewritten_020"
         for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_hash_{e}", f"bench_hash_{e}"),
+                         (f"bench_barrier_{e}", f"bench_barrier_{e}"),
                          (f"bench_track020_{e}", tracking_020),
                          (f"bench_before_1_{e}", tracking),
                          (f"bench_before_2_{e}", "bench_digest_rows_015")):
