@@ -341,7 +341,8 @@ rows = [{"__row_index": start + i, "__row_id": str(uuid.uuid4()), "__created_at"
         for i in range(count)]
 batch = pa.RecordBatch.from_pylist(rows, schema=arrow_schema(d.columns))
 route_write(conn, FlagResolver(conn, 0), "sync.append", d.id, pg_write=lambda: None,
-            iceberg_write=native_write(load_catalog(s, s.pg_dsn), s, d, [batch], writer="sync.append"), settings=s)
+            iceberg_write=native_write(load_catalog(s, s.pg_dsn), s, d, [batch], writer="sync.append", conn=conn),
+            settings=s)
 """
 
 
@@ -419,3 +420,33 @@ def test_native_write_error_after_the_swap_keeps_its_files(conn, dsn, settings):
     assert done.returncode == 0, done.stderr
     assert _native_values(settings, dsn, d) == list(range(10))
     assert [r[1] for r in _log(conn, d)] == ["succeeded"]
+
+
+@pytest.mark.parametrize("point", ["in-commit", "before-commit"])
+def test_a_compacting_native_write_killed_in_or_before_its_commit_converges(conn, dsn, settings, point):
+    """The 17th small native append compacts the 16 before it in its one commit (ingest/native_compaction.py);
+    killed inside the commit (it landed) or before it (it did not), the next native write settles it: every row
+    exactly once, the log true, no file on disk that no snapshot references."""
+    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+
+    d = _native_dataset(conn)
+    exec(compile(NATIVE_SCRIPT.split("s = Settings.from_env()")[0], "native", "exec"), scope := {})
+    for k in range(COMPACT_FILES):  # in this process: 16 one-row appends
+        scope["sys"].argv = ["-", str(d), str(k), "1"]
+        exec(compile(NATIVE_SCRIPT, "native", "exec"), dict(scope))
+    assert _native(d, COMPACT_FILES, 1, point).returncode == -signal.SIGKILL
+    done = _native(d, COMPACT_FILES + 1, 1)
+    assert done.returncode == 0, done.stderr
+    statuses = [r[1] for r in _log(conn, d)]
+    landed = point == "in-commit"
+    assert statuses == ["succeeded"] * COMPACT_FILES + ["succeeded" if landed else "failed", "succeeded"]
+    values = _native_values(settings, dsn, d)
+    assert values == [v for v in range(COMPACT_FILES + 2) if landed or v != COMPACT_FILES]
+    t = _table(settings, dsn, d)
+    modes = [s.summary.additional_properties.get("lakehouse.mode") for s in t.snapshots()]
+    assert modes.count("partial") == 1 and len(list(t.scan().plan_files())) <= 2  # compacted once, by one of them
+    assert data_files_on_disk(t) == referenced_files(t)
+    from lakehouse_dagster.rollback.iceberg_only import iceberg_only
+
+    found = iceberg_only(conn, load_catalog(settings, dsn), settings, d)  # the reaper's fence kept the run's totals
+    assert (found.rows, found.snapshots, len(found.added_files)) == (len(values), len(values), len(t.scan().plan_files()))

@@ -23,7 +23,8 @@ pg_terminate_backend) may still be running and about to commit. Two things close
      before the fence is visible in the table we settle against, so its files are kept.
 No files of an unresolved sync on disk means no fence is needed: such a writer has not passed its
 pre-commit check, and will fail it. The fence copies the current snapshot's source version and path
-into its summary, so freshness and the table's watermark read exactly as before.
+into its summary, so freshness and the table's watermark read exactly as before, and a native run's
+totals (rollback/iceberg_only.py), so the rollback's count and native compaction go on across it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from pyiceberg.table import Table
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import (COMMIT_ATTEMPTS, SOURCE_VERSION, SYNC_FILE, WRITE_PATH, snapshot_source_version,
                               sync_snapshot)
+from ..rollback.iceberg_only import RUN_KEYS, RUN_PARENT, run_totals
 from ..settings import Settings
 
 _log = logging.getLogger(__name__)
@@ -140,6 +142,9 @@ def fence(table: Table, why: str) -> Table:
             for key in (SOURCE_VERSION, WRITE_PATH):
                 if key in current.summary.additional_properties:
                     summary[key] = current.summary.additional_properties[key]
+            if run_totals(current) is not None:  # a native run's totals go on unchanged (the fence adds nothing)
+                summary.update({k: current.summary.additional_properties[k] for k in RUN_KEYS},
+                               **{RUN_PARENT: str(current.snapshot_id)})
         try:
             tx = table.transaction()
             with tx.update_snapshot(snapshot_properties=summary).fast_append():

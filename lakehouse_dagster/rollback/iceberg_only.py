@@ -166,6 +166,7 @@ RUN_SNAPSHOTS = "lakehouse.native-run.snapshots"
 RUN_ROWS = "lakehouse.native-run.added-records"
 RUN_REPLACED = "lakehouse.native-run.replaced"
 RUN_AFTER = "lakehouse.native-run.after-sequence"  # data files above this sequence number are the run's
+RUN_KEYS = (RUN_SNAPSHOTS, RUN_ROWS, RUN_REPLACED, RUN_AFTER)  # what a fence (ingest/reaper.py) carries on
 
 
 def run_totals(snap) -> tuple[int, int, bool, int] | None:
