@@ -4,6 +4,7 @@ same function as `lakehouse orphans` (ingest/sweep.py), over every dataset with 
 from __future__ import annotations
 
 import os
+import shutil
 import time
 
 import dagster as dg
@@ -42,10 +43,15 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
         sync(quick, dsn, a, mode="full")
     sync(quick, dsn, b, mode="full")
     table = table_of(settings, dsn, a)
+    # a metadata file a commit wrote and then lost the compare-and-swap with: in no metadata log
+    lost = table.metadata_location.rsplit("/", 1)[0] + "/99999-lost-swap.metadata.json"
+    shutil.copy(table.metadata_location.removeprefix("file://"), lost.removeprefix("file://"))
     refs = orph.referenced(table)
+    assert table.metadata_location in refs and lost not in refs
     time.sleep(1.1)  # every file older than a grace of 1 s
     expected = {o.path for o in orph.find_orphans(table, grace_seconds=1, protected_syncs=set())}
     assert len([p for p in expected if p.endswith(".parquet")]) == 2 and not expected & refs
+    assert [p for p in expected if p.endswith(".metadata.json")] == [lost]  # never the current one or its log
 
     listed = _run(instance, dsn, grace_seconds=1)
     assert listed.success

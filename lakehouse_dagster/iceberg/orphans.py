@@ -5,8 +5,10 @@ rewrite or overwrite replaces data files without deleting them: both keep whatev
 snapshot a moment ago still needs. What no kept snapshot references is left on disk; this finds it.
 
 A file is an orphan only when all of these hold, so a sweep never takes what anything may still read or commit:
-  * it is a data file (``data/*.parquet``) or a manifest or manifest list (``metadata/*.avro``) — metadata JSON
-    files are pyiceberg's (write.metadata.delete-after-commit, writer.METADATA_FILES);
+  * it is a data file (``data/*.parquet``), a manifest or manifest list (``metadata/*.avro``), or a metadata
+    file (``metadata/*.metadata.json``) that is neither the current one nor in its metadata log — one a commit
+    wrote and then lost the compare-and-swap with, or was killed before; those in the log are pyiceberg's to
+    delete (write.metadata.delete-after-commit, writer.METADATA_FILES);
   * no snapshot in the table's current metadata references it (its manifest list, its manifests, the data files
     it holds), loaded right before the listing;
   * it was last modified longer ago than the grace period (a sync writes its files before it commits, and a
@@ -33,10 +35,11 @@ class Orphan:
 
 
 def referenced(table: Table) -> set[str]:
-    """Every manifest list and manifest of every snapshot in the metadata, and every data file one of them holds
+    """The current metadata file and those in its log, every manifest list and manifest of every snapshot in the
+    metadata, and every data file one of them holds
     (a manifest's DELETED entries name files its snapshot no longer has: the snapshot before it lists them as
     live, if it is kept)."""
-    refs: set[str] = set()
+    refs: set[str] = {table.metadata_location, *(entry.metadata_file for entry in table.metadata.metadata_log)}
     seen_manifests: set[str] = set()
     for snap in table.metadata.snapshots:
         refs.add(snap.manifest_list)
@@ -60,10 +63,10 @@ def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str
     refs = referenced(table)
     filesystem, root = pafs.FileSystem.from_uri(table.location())
     found: list[Orphan] = []
-    for sub, suffix in (("data", ".parquet"), ("metadata", ".avro")):
+    for sub, suffixes in (("data", (".parquet",)), ("metadata", (".avro", ".metadata.json"))):
         base = f"{table.location()}/{sub}"
         for info in filesystem.get_file_info(pafs.FileSelector(f"{root}/{sub}", allow_not_found=True)):
-            if info.type != pafs.FileType.File or not info.base_name.endswith(suffix):
+            if info.type != pafs.FileType.File or not info.base_name.endswith(suffixes):
                 continue
             path = f"{base}/{info.base_name}"
             modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.timezone.utc)
