@@ -85,6 +85,19 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     bad = _run(instance, dsn, datasets=["not-a-uuid"])
     assert not bad.success
 
+    # one table that cannot be read: the others are still swept, then the run fails naming it
+    meta = table_of(settings, dsn, b).metadata_location.removeprefix("file://")
+    with open(meta, "w") as f:
+        f.write("{ not json")
+    time.sleep(1.1)
+    leftover = {o.path for o in orph.find_orphans(table_of(settings, dsn, a), grace_seconds=1, protected_syncs=set())}
+    assert leftover
+    broken = _run(instance, dsn, grace_seconds=1, delete=True)
+    assert not broken.success
+    [failure] = [e for e in broken.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert f"1 of 2 dataset(s) could not be swept: b ({b})" in failure.event_specific_data.error.cause.message
+    assert not any(os.path.exists(p.removeprefix("file://")) for p in leftover)  # a's were removed all the same
+
 
 def test_the_sweep_schedule_ships_stopped_and_removes_when_turned_on():
     assert orphan_sweep_schedule.default_status == dg.DefaultScheduleStatus.STOPPED

@@ -22,4 +22,5 @@ def _orphans(ctx, args) -> Result:
     swept = sweep(ctx.conn, ctx.catalog, ctx.settings, args.dataset, delete=args.delete,
                   grace_seconds=args.grace_seconds)
     lines = [s.line(args.delete) for s in swept] or ["no dataset has an Iceberg table; nothing swept"]
-    return Result({"datasets": [s.as_dict() for s in swept]}, "\n".join(lines))
+    failed = sum(1 for s in swept if s.error)
+    return Result({"datasets": [s.as_dict() for s in swept]}, "\n".join(lines), exit_code=1 if failed else 0)

@@ -36,11 +36,19 @@ def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, l
         names = dict(conn.execute("select id, name from datasets where id = any(%s)",
                                   ([s.dataset_id for s in swept],)).fetchall())
     for s in swept:
-        if s.orphans:
+        if s.error:
+            context.log.warning(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))
+        elif s.orphans:
             context.log.info(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))
     with_orphans = [s for s in swept if s.orphans]
     rows = "\n".join(f"| {names.get(s.dataset_id, '?')} | `{s.dataset_id}` | {len(s.orphans)} | {s.bytes:,} | "
                      f"{s.removed} |" for s in with_orphans)
+    failed = [s for s in swept if s.error]
+    if failed:  # the others were swept; these need a look
+        context.log.info(f"swept {len(swept) - len(failed)} dataset(s): {sum(len(s.orphans) for s in swept)} orphan "
+                         f"file(s), {sum(s.removed for s in swept)} removed")
+        raise refuse(f"{len(failed)} of {len(swept)} dataset(s) could not be swept: "
+                     + "; ".join(f"{names.get(s.dataset_id, '?')} ({s.dataset_id}): {s.error}" for s in failed[:5]))
     context.add_output_metadata({
         "datasets_swept": len(swept), "datasets_with_orphans": len(with_orphans),
         "orphan_files": sum(len(s.orphans) for s in swept), "bytes": sum(s.bytes for s in swept),

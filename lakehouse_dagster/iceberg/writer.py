@@ -314,6 +314,8 @@ def write_arrow(
     new ones added; ingest/native_compaction.py)."""
     if mode not in ("replace", "append", "partial"):
         raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
+    if compact is not None and native_run is None:  # the rollback's walk would read the rewrite as a replace
+        raise ValueError("compact needs native_run: a compaction commit must carry its native run's totals")
     table = ensure_table(catalog, settings, dataset, table)
     already = sync_snapshot(table, sync_id)
     if already is not None:

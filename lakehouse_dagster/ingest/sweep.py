@@ -12,7 +12,7 @@ from typing import Sequence
 
 import psycopg
 
-from ..errors import BadInput, NotFound
+from ..errors import BadInput, NotFound, first_line
 from ..iceberg import orphans as orph
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..ids import parse_uuid
@@ -28,6 +28,7 @@ class Swept:
     orphans: list[orph.Orphan]
     removed: int
     grace_seconds: float
+    error: str | None = None  # this dataset could not be swept (every other one still was)
 
     @property
     def bytes(self) -> int:
@@ -36,9 +37,11 @@ class Swept:
     def as_dict(self) -> dict:
         return {"dataset_id": str(self.dataset_id), "orphans": len(self.orphans), "bytes": self.bytes,
                 "removed": self.removed, "grace_seconds": self.grace_seconds,
-                "paths": [o.path for o in self.orphans]}
+                "paths": [o.path for o in self.orphans], **({"error": self.error} if self.error else {})}
 
     def line(self, delete: bool) -> str:
+        if self.error:
+            return f"{self.dataset_id}: not swept: {self.error}"
         verb = f"removed {self.removed}" if delete else "listed only (add --delete to remove them)"
         return (f"{self.dataset_id}: {len(self.orphans)} orphan file(s), {self.bytes:,} bytes, older than "
                 f"{self.grace_seconds:.0f} s; {verb}")
@@ -62,11 +65,11 @@ def mirrored_dataset_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
 def sweep(conn: psycopg.Connection, catalog, settings: Settings, dataset_ids: Sequence | None, *, delete: bool,
           grace_seconds: float | None = None) -> list[Swept]:
     """List (``delete``: remove) the orphan files of the datasets' tables. Named datasets must all have a table,
-    checked before any file goes; None: every dataset with a succeeded sync whose table exists."""
+    checked before any file goes; None: every dataset with a succeeded sync whose table exists. A table that
+    fails to sweep is reported in its ``Swept.error`` and the others are still swept (callers fail after)."""
     wait = grace(settings, grace_seconds)
     if dataset_ids is None:
-        tables = {d: load_table_or_none(catalog, table_identifier(settings, d)) for d in mirrored_dataset_ids(conn)}
-        tables = {d: t for d, t in tables.items() if t is not None}
+        tables = {d: None for d in mirrored_dataset_ids(conn)}  # each loaded in its turn (a failure is its own)
     else:
         ids = [parse_uuid(d, "dataset id") for d in dataset_ids]  # refuse bad input before touching anything
         tables = {d: load_table_or_none(catalog, table_identifier(settings, d)) for d in ids}
@@ -75,6 +78,13 @@ def sweep(conn: psycopg.Connection, catalog, settings: Settings, dataset_ids: Se
                 raise NotFound(f"dataset {d} has no Iceberg table (never mirrored); nothing swept")
     out = []
     for d, table in tables.items():
-        found = orph.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
-        out.append(Swept(d, found, orph.remove(table, found) if delete else 0, wait))
+        try:
+            if table is None:
+                table = load_table_or_none(catalog, table_identifier(settings, d))
+            if table is None:
+                continue  # a sync succeeded but the table is gone (dropped by hand): nothing to sweep
+            found = orph.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
+            out.append(Swept(d, found, orph.remove(table, found) if delete else 0, wait))
+        except Exception as exc:  # noqa: BLE001 - one unreadable table must not stop the sweep of the others
+            out.append(Swept(d, [], 0, wait, error=f"{type(exc).__name__}: {first_line(exc)}"))
     return out

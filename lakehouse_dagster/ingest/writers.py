@@ -37,7 +37,6 @@ from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import MAX_ROW_INDEX, WRITE_PATH, table_state, write_arrow
 from ..ids import parse_uuid
 from ..rollback.iceberg_only import native_run
-from .native_compaction import native_compaction
 from ..routing.write_router import resolve_write_path, route_write
 from ..settings import Settings
 from ..sources import state as source_state
@@ -48,6 +47,7 @@ from ..sources.stored import get_source
 from ..store.datasets import Dataset, get_dataset
 from ..store.db import connect
 from .guards import admission_slot, dataset_lock
+from .native_compaction import native_compaction
 from .pg_rows import copy_rows
 from .sync import reap_abandoned
 

@@ -236,7 +236,8 @@ def native_write(
 ) -> Callable[[uuid.UUID, int], NativeWriteResult]:
     """The real native write for ``route_write``: iceberg/writer.py's chunked ``write_arrow``, in the
     writer's registry mode (sync.full replaces the table, the others append). ``conn`` (route_write's):
-    the commit carries its native run's totals and may expire old snapshots (rollback/iceberg_only.py)."""
+    the commit carries its native run's totals and may expire old snapshots (rollback/iceberg_only.py), and
+    an append compacts the run's small files (ingest/native_compaction.py)."""
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
