@@ -58,8 +58,10 @@ def runbook_ready(conn, dsn, settings, d: uuid.UUID) -> None:
     assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
 
 
-def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int) -> int:
-    """A native write through the real write router and chunked writer; returns the snapshot id."""
+def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int,
+                 legacy: bool = False) -> int:
+    """A native write through the real write router and chunked writer; returns the snapshot id. ``legacy``: as
+    written before native commits carried their run's totals (no totals, no expiry, no compaction)."""
     catalog = load_catalog(settings, dsn)
     dataset = ds.get_dataset(conn, d)
     schema = arrow_schema(dataset.columns)
@@ -77,8 +79,9 @@ def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[di
     def iceberg_write(sync_id, source_version):
         return write_arrow(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
                            source_version=source_version, path="native",
-                           max_row_index=start + len(values) - 1, native_run=native_run(conn, settings, d),
-                           compact=native_compaction(settings, dataset) if mode == "append" else None)
+                           max_row_index=start + len(values) - 1,
+                           native_run=None if legacy else native_run(conn, settings, d),
+                           compact=native_compaction(settings, dataset) if mode == "append" and not legacy else None)
 
     out = route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: pytest.fail("pg path"),
                       iceberg_write=iceberg_write, settings=settings)

@@ -281,3 +281,22 @@ def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_
     assert (res["copied"], res["removed"], res["moved"], res["pg_rows"]) == (n, 0, 0, 6 + n)
     sync_dataset(dsn, catalog, settings, d)
     assert evaluate(dsn, catalog, settings, d, full=True).verdict == "ok"
+
+
+def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
+    """The reaper's fence (an empty snapshot) carries a run's totals on, and a fence under a snapshot written
+    without totals (before they existed) is not counted as a native snapshot."""
+    from lakehouse_dagster.ingest.reaper import fence
+
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    catalog = load_catalog(settings, dsn)
+    before = iceberg_only(conn, catalog, settings, d)
+    fence(catalog.load_table(table_identifier(settings, d)), "test")
+    after = iceberg_only(conn, catalog, settings, d)
+    assert (after.snapshots, after.rows, after.added_files) == (before.snapshots, before.rows, before.added_files) == (
+        1, 1, before.added_files)
+    native_write(conn, dsn, settings, d, "sync.append", [row(7)], start=7, legacy=True)
+    fence(catalog.load_table(table_identifier(settings, d)), "test")  # nothing to carry on: the current has no totals
+    found = iceberg_only(conn, catalog, settings, d)
+    assert (found.snapshots, found.rows, len(found.added_files)) == (2, 2, 2)

@@ -61,6 +61,8 @@ def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str
     now = now or dt.datetime.now(dt.timezone.utc)
     cutoff = now - dt.timedelta(seconds=grace_seconds)
     refs = referenced(table)
+    # metadata files by name too (unique per table): the catalog's spelling of their location is not ours
+    metadata_names = {r.rsplit("/", 1)[-1] for r in refs if r.endswith(".metadata.json")}
     filesystem, root = pafs.FileSystem.from_uri(table.location())
     found: list[Orphan] = []
     for sub, suffixes in (("data", (".parquet",)), ("metadata", (".avro", ".metadata.json"))):
@@ -70,7 +72,7 @@ def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str
                 continue
             path = f"{base}/{info.base_name}"
             modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.timezone.utc)
-            if path in refs or modified > cutoff:
+            if path in refs or info.base_name in metadata_names or modified > cutoff:
                 continue
             m = SYNC_FILE.match(info.base_name)
             if m and m.group(1) in protected_syncs:

@@ -74,6 +74,7 @@ SYNC_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
 # per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).
 # Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
 # to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
+FENCE = "lakehouse.fence"  # snapshot summary key of the reaper's fence, an empty snapshot (value: why)
 MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
 
 # Old metadata files: every commit writes a new one holding the whole history, so without this a long-lived

@@ -39,15 +39,14 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import (COMMIT_ATTEMPTS, SOURCE_VERSION, SYNC_FILE, WRITE_PATH, snapshot_source_version,
-                              sync_snapshot)
+from ..iceberg.writer import (COMMIT_ATTEMPTS, FENCE, SOURCE_VERSION, SYNC_FILE, WRITE_PATH,
+                              snapshot_source_version, sync_snapshot)
 from ..rollback.iceberg_only import RUN_KEYS, RUN_PARENT, run_totals
 from ..settings import Settings
 
 _log = logging.getLogger(__name__)
 
 UNSETTLED = "unsettled: "  # error prefix of a failed sync that kept its files (outcome unknown)
-FENCE = "lakehouse.fence"  # snapshot summary key of a fence (value: why)
 
 _CANDIDATES = """
 select sync_id, status from iceberg_sync_log

@@ -35,7 +35,7 @@ from pyiceberg.catalog import Catalog
 
 from ..errors import BadInput
 from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import WRITE_PATH
+from ..iceberg.writer import FENCE, WRITE_PATH
 from ..settings import Settings
 from ..sources.state import SEQ_SUMMARY
 
@@ -141,7 +141,7 @@ def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: d
             run.replaced = run.replaced or replaced
             run.files = None if run.replaced or not with_files else _files_after(table, current, run.after_sequence)
             return run
-        run.snapshots += 1
+        run.snapshots += 0 if FENCE in summary else 1  # the reaper's empty snapshot is no native write
         run.added += int(summary.get("added-records", 0) or 0)
         if snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
             run.replaced = True
