@@ -10,8 +10,9 @@ compacted) and "expire" (each native commit carries its run's totals, rollback/i
 expires like a mirror commit, with LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s so the bench's minutes show
 what a day's history does; small files are compacted, ingest/native_compaction.py). Prints, per window of
 writes, the median write time (the route_write call), the metadata file's size, the snapshots kept, the live
-data files, and the time of the rollback's count of the rows only Iceberg holds (iceberg_only, median of 3); the last
-window against the first, and "expire" against "keep all", as ratios. Not a test: nothing here gates CI.
+data files, and the time of the rollback's count of the rows only Iceberg holds (iceberg_only, median of 3); at the
+end, a full scan of the table (pyiceberg to Arrow, median of 3: what a reader pays); the last window against the first,
+and "expire" against "keep all", as ratios. Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
@@ -56,15 +57,17 @@ def main(argv=None) -> int:
         last = {variant: writes(conn, dsn, catalog, settings, ds.create_dataset(conn, ws, variant, BENCH_SCHEMA),
                                 args, variant, carry=(variant == "expire"))
                 for variant in ("keep all", "expire")}
-    (w0, c0), (w1, c1) = last["keep all"], last["expire"]
-    print(f"\nexpire / keep all, last window: write p50 {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×")
+    (w0, c0, r0), (w1, c1, r1) = last["keep all"], last["expire"]
+    print(f"\nexpire / keep all, last window: write p50 {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×, "
+          f"full scan {r1 / r0:.2f}×")
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
     return 0
 
 
-def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carry: bool) -> tuple[float, float]:
-    """--writes native appends; prints the windows, returns the last one's write p50 and count time (s)."""
+def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carry: bool) -> tuple[float, float, float]:
+    """--writes native appends; prints the windows, returns the last one's write p50, count time and the time of a
+    full scan of the table at the end (s)."""
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.iceberg.catalog import table_identifier
     from lakehouse_dagster.rollback.iceberg_only import iceberg_only
@@ -102,8 +105,16 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
                   f"{len(table.metadata.snapshots):10d} {files:11d} {found.rows:21d}", flush=True)
             times = []
     (w0, c0), (w1, c1) = windows[0], windows[-1]
-    print(f"last window / first: write {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×", flush=True)
-    return w1, c1
+    scans = []
+    for _ in range(3):  # what a reader of the table pays at the end: plan + read every file
+        t = time.perf_counter()
+        rows = table.scan().to_arrow().num_rows
+        scans.append(time.perf_counter() - t)
+    assert rows == args.writes * args.append
+    scan = statistics.median(scans)
+    print(f"last window / first: write {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×; a full scan at the end "
+          f"{scan * 1000:.1f} ms", flush=True)
+    return w1, c1, scan
 
 
 if __name__ == "__main__":
