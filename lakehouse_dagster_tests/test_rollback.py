@@ -300,3 +300,31 @@ def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
     fence(catalog.load_table(table_identifier(settings, d)), "test")  # nothing to carry on: the current has no totals
     found = iceberg_only(conn, catalog, settings, d)
     assert (found.snapshots, found.rows, len(found.added_files)) == (2, 2, 2)
+
+
+def test_a_source_writer_reports_the_rows_its_native_commit_compacted(conn, dsn, settings):
+    """The ingest result (CLI text, JSON, the ingest op's metadata) says when a native append's commit also
+    compacted the run's small files: its rows are the source's new rows, compacted_rows the rewritten ones."""
+    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+
+    from .native_helpers import SCHEMA, runbook_ready
+
+    catalog = load_catalog(settings, dsn)
+    d = ds.create_dataset(conn, ds.create_workspace(conn, "ws"), "fed", SCHEMA)
+    src = pg_source_table(conn, [row(0)])
+    set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": "a", "dsn_env": None})
+
+    def ingest():
+        return run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.append")
+
+    assert ingest().path == "pg"
+    runbook_ready(conn, dsn, settings, d)
+    cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    results = []
+    for k in range(1, COMPACT_FILES + 2):
+        add_source_rows(conn, src, [row(k)])
+        results.append(ingest())
+    assert [(r.path, r.rows) for r in results] == [("native", 1)] * (COMPACT_FILES + 1)
+    assert [r.compacted_rows for r in results] == [0] * COMPACT_FILES + [COMPACT_FILES]
+    assert results[-1].to_json()["compacted_rows"] == COMPACT_FILES and results[-1].total_rows == COMPACT_FILES + 2
+    assert sorted(x["a"] for x in table_rows(settings, dsn, d)) == list(range(COMPACT_FILES + 2))

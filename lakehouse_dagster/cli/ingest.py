@@ -28,4 +28,6 @@ def _ingest(ctx, args) -> Result:
         where = f"snapshot {r.snapshot_id}" if r.path == "native" else "dataset_rows (the mirror carries them on)"
         text = (f"{ds_id}: {r.writer} via {r.path} ({r.flag_reason}) — {r.rows} rows → {where}, "
                 f"{r.total_rows} in total, cursor {r.cursor}, sync {r.sync_id}, {r.seconds:.2f}s")
+        if r.compacted_rows:
+            text += f"; {r.compacted_rows} rows of small files compacted in the same commit"
     return Result(r.to_json(), text)

@@ -79,6 +79,9 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
     }
     if r.path == "native":
         metadata["snapshot_id"] = text(r.snapshot_id)
+        if r.compacted_rows:  # why the commit rewrote more than the source gave
+            metadata["compacted"] = (f"{r.compacted_rows} row(s) of the native run's small files rewritten with the new "
+                                     "rows in the same commit (native compaction)")
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
     if r.new:

@@ -69,6 +69,7 @@ class IngestResult:
     flag_reason: str
     seconds: float
     new: bool = True  # False: the source had nothing new, nothing was written
+    compacted_rows: int = 0  # native: rows of the run's small files rewritten in the same commit (compaction)
 
     def to_json(self) -> dict:
         return {
@@ -76,6 +77,7 @@ class IngestResult:
             "total_rows": self.total_rows, "snapshot_id": self.snapshot_id,
             "sync_id": str(self.sync_id) if self.sync_id else None, "cursor": self.cursor,
             "flag_reason": self.flag_reason, "seconds": round(self.seconds, 3), "new": self.new,
+            "compacted_rows": self.compacted_rows,
         }
 
 
@@ -275,12 +277,13 @@ def run_writer(
                 if state:
                     source_state.save_pg_state(conn, ds_id, state)
                 rows, total, snapshot = result.rows - result.rewritten, result.total_rows, result.snapshot_id
+                compacted = result.rewritten
             else:
-                rows, snapshot, state = outcome.value, None, written["state"]
+                rows, snapshot, state, compacted = outcome.value, None, written["state"], 0
                 total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
                 lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {sync_id})")
     return IngestResult(ds_id, writer, path, rows, total, snapshot, sync_id, source_state.public_cursor(state),
-                        decision.flag.describe(), time.perf_counter() - started)
+                        decision.flag.describe(), time.perf_counter() - started, compacted_rows=compacted)
 
 
 def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
