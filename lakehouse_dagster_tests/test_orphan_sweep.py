@@ -14,6 +14,7 @@ from lakehouse_dagster.defs.orphan_sweep import orphan_sweep_job, orphan_sweep_s
 from lakehouse_dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.iceberg import orphans as orph
 
+from .flag_helpers import cli
 from .test_canary import evaluate, make_dataset, sync, table_of
 
 
@@ -62,6 +63,10 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     assert {x["dataset_id"] for x in out["datasets"]} == {str(a), str(b)} and str(never) not in str(out)
     assert set(next(x for x in out["datasets"] if x["dataset_id"] == str(a))["paths"]) == expected
     assert "| a |" in meta["orphans"] and all(os.path.exists(p.removeprefix("file://")) for p in expected)
+
+    text = cli("orphans", "--grace-seconds", "1", check=True).stdout  # the CLI over all: those with orphans, totals
+    assert f"{a}: {len(expected)} orphan file(s)" in text and f"{b}:" not in text
+    assert f"2 dataset(s) swept: {len(expected)} orphan file(s)" in text and "0 removed" in text
 
     removed = _run(instance, dsn, grace_seconds=1, delete=True)
     assert removed.success and _metadata(removed)["removed"] == len(expected)

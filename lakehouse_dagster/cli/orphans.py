@@ -21,6 +21,12 @@ def _orphans(ctx, args) -> Result:
 
     swept = sweep(ctx.conn, ctx.catalog, ctx.settings, args.dataset, delete=args.delete,
                   grace_seconds=args.grace_seconds)
-    lines = [s.line(args.delete) for s in swept] or ["no dataset has an Iceberg table; nothing swept"]
+    # named datasets: a line each; all of them: only those with orphans or an error, then the totals
+    shown = swept if args.dataset else [s for s in swept if s.orphans or s.error]
+    lines = [s.line(args.delete) for s in shown]
+    if not args.dataset:
+        lines.append(f"{len(swept)} dataset(s) swept: {sum(len(s.orphans) for s in swept)} orphan file(s), "
+                     f"{sum(s.bytes for s in swept):,} bytes, {sum(s.removed for s in swept)} removed"
+                     if swept else "no dataset has an Iceberg table; nothing swept")
     failed = sum(1 for s in swept if s.error)
     return Result({"datasets": [s.as_dict() for s in swept]}, "\n".join(lines), exit_code=1 if failed else 0)
