@@ -20,7 +20,7 @@ from pyiceberg.table import Table
 
 from ..iceberg.reader import read_files
 from ..iceberg.schema import arrow_schema
-from ..rollback.iceberg_only import run_totals
+from ..rollback.iceberg_only import run_files, run_totals
 from ..settings import Settings
 from ..store.datasets import Dataset
 from .row_changes import COMPACT_FILES, compaction_due
@@ -37,10 +37,8 @@ def native_compaction(settings: Settings, dataset: Dataset) -> Callable[[Table],
         totals = run_totals(current)
         if totals is None:  # a commit without run totals: which files are the run's is not known here
             return None
-        after, small = totals[3], max(1, chunk_rows // 16)
-        files = sorted((e.data_file for m in current.manifests(table.io)
-                        for e in m.fetch_manifest_entry(table.io, discard_deleted=True)
-                        if (e.sequence_number or 0) > after and e.data_file.record_count < small),
+        small = max(1, chunk_rows // 16)
+        files = sorted((f for f in run_files(table, current, totals.after_sequence) if f.record_count < small),
                        key=lambda f: f.file_path)
         if len(files) < COMPACT_FILES:
             return None

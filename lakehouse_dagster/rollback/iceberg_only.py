@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from typing import NamedTuple
 
 import psycopg
 from pyiceberg.catalog import Catalog
@@ -169,15 +170,22 @@ RUN_AFTER = "lakehouse.native-run.after-sequence"  # data files above this seque
 RUN_KEYS = (RUN_SNAPSHOTS, RUN_ROWS, RUN_REPLACED, RUN_AFTER)  # what a fence (ingest/reaper.py) carries on
 
 
-def run_totals(snap) -> tuple[int, int, bool, int] | None:
+class RunTotals(NamedTuple):
+    snapshots: int
+    added: int
+    replaced: bool
+    after_sequence: int
+
+
+def run_totals(snap) -> RunTotals | None:
     """(snapshots, added records, replaced, after-sequence) the snapshot's commit summed, when they were
     summed on its actual parent (expiring a snapshot clears its children's parent id: pyiceberg's
     RemoveSnapshotsUpdate)."""
     summary = snap.summary.additional_properties if snap.summary is not None else {}
     if RUN_PARENT not in summary or snap.parent_snapshot_id not in (None, int(summary[RUN_PARENT])):
         return None
-    return (int(summary[RUN_SNAPSHOTS]), int(summary[RUN_ROWS]), summary[RUN_REPLACED] == "true",
-            int(summary[RUN_AFTER]))
+    return RunTotals(int(summary[RUN_SNAPSHOTS]), int(summary[RUN_ROWS]), summary[RUN_REPLACED] == "true",
+                     int(summary[RUN_AFTER]))
 
 
 def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID):
@@ -199,15 +207,19 @@ def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UU
     return entries
 
 
+def run_files(table, current, after_sequence: int) -> list:
+    """The live DataFiles of ``current`` with a data sequence number above ``after_sequence``: those the run's
+    snapshots added (manifest entries keep it through merging and snapshot expiry)."""
+    return [entry.data_file
+            for manifest in current.manifests(table.io)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+            if (entry.sequence_number or 0) > after_sequence]
+
+
 def _files_after(table, current, after_sequence: int) -> list[str] | None:
-    """The live data files of ``current`` with a data sequence number above ``after_sequence``: those the
-    run's snapshots added (manifest entries keep it through merging and snapshot expiry); None when the
-    manifests cannot be read (the backfill then copies the whole snapshot)."""
+    """``run_files``' paths; None when the manifests cannot be read (the backfill then copies the whole snapshot)."""
     try:
-        return [entry.data_file.file_path
-                for manifest in current.manifests(table.io)
-                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-                if (entry.sequence_number or 0) > after_sequence]
+        return [f.file_path for f in run_files(table, current, after_sequence)]
     except Exception:
         return None
 
