@@ -17,14 +17,20 @@ the same run, alternating round by round (the best round of each is kept):
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
-  barrier    only a statement trigger taking a shared transaction-level advisory lock per dataset the statement
-             wrote (one-dataset fast path as the tracking's): what the app would pay if change tracking came
-             from the WAL too, readers pinning behind a per-dataset barrier (the lock in exclusive mode waits for
-             the writers in flight and holds new ones while the consumer catches up) — a measured design
-             point, not a mode the project has (README, known limits)
   wal        change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app pays in capture mode
              "wal", where the digest is computed after the commit by the WAL consumer (parity/capture.py);
              that consumer's own time per statement is measured after the rounds and printed separately
+  wal-tracking  the barrier triggers of migration 024 only (a shared transaction-level advisory lock per
+             dataset the statement wrote), REPLICA IDENTITY FULL: what the app pays in capture mode
+             "wal-tracking", where change tracking and the digest are both written by the WAL consumer and
+             readers pin behind the barrier (parity/barrier.py); the consumer's time is measured after the
+             rounds too
+  barrier    the first form of that trigger, before it shipped (a one-dataset fast path, hashtextextended
+             on the uuid's text), REPLICA IDENTITY DEFAULT: the design point measured in session 9
+  wal-tracking-key  wal-tracking's triggers with REPLICA IDENTITY DEFAULT: what the old row images of
+             REPLICA IDENTITY FULL (for the digest's subtraction) cost the app
+  barrier-row   the same lock from a row-level trigger (no transition tables): cheaper for one row, dearer
+             for many (one trigger call per row); not shipped
 The server runs with wal_level = logical in every configuration (the embedded server always does).
 Two clocks: the wall time of a statement as the app sees it, and the CPU time of the Postgres backend
 serving it (/proc/<pid>/schedstat, when the server runs on this machine), which is what the triggers add
@@ -65,7 +71,11 @@ CONFIGS = {
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
     "barrier": tuple(f"bench_barrier_{e}" for e, _, _ in EVENTS),
     "wal": TRACKING_TRIGGERS,
+    "wal-tracking": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
+    "barrier-row": tuple(f"bench_barrier_row_{e}" for e, _, _ in EVENTS),
+    "wal-tracking-key": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
 }
+FULL_IDENTITY = ("wal", "wal-tracking")
 
 
 def install_reference_triggers(conn, hash_sql: str) -> None:
@@ -107,6 +117,19 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
               end if;
               return null;
             end $$""")
+    conn.execute("""create or replace function bench_barrier_row() returns trigger language plpgsql as $$
+        begin
+          if tg_op <> 'DELETE' then
+            perform pg_advisory_xact_lock_shared(uuid_hash_extended(new.dataset_id, 0));
+          end if;
+          if tg_op <> 'INSERT' and (tg_op = 'DELETE' or old.dataset_id is distinct from new.dataset_id) then
+            perform pg_advisory_xact_lock_shared(uuid_hash_extended(old.dataset_id, 0));
+          end if;
+          return null;
+        end $$""")
+    for e, event, _ in EVENTS:
+        conn.execute(f"create trigger bench_barrier_row_{e} after {event} on dataset_rows"
+                     f" for each row execute function bench_barrier_row()")
     for e, event, ref in EVENTS:
         tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
         tracking_020 = "bench_rows_inserted_020" if e == "ins" else "bench_rows_rewritten_020"
@@ -132,6 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--statements", type=int, default=200, help="statements per kind per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset (bare is always run)")
     args = ap.parse_args(argv)
 
     from psycopg import sql
@@ -160,10 +184,10 @@ def main(argv=None) -> int:
     def configure(cfg: str) -> None:
         with conn.transaction():
             conn.execute("alter table dataset_rows disable trigger user")
-            for t in CONFIGS[cfg]:  # the digest triggers are ENABLE ALWAYS (migration 015)
-                how = "enable always trigger" if t in DIGEST_TRIGGERS else "enable trigger"
+            for t in CONFIGS[cfg]:  # the digest and barrier triggers are ENABLE ALWAYS (migrations 015, 024)
+                how = "enable always trigger" if t in DIGEST_TRIGGERS or "barrier" in t else "enable trigger"
                 conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(how), sql.Identifier(t)))
-            conn.execute("alter table dataset_rows replica identity " + ("full" if cfg == "wal" else "default"))
+            conn.execute("alter table dataset_rows replica identity " + ("full" if cfg in FULL_IDENTITY else "default"))
 
     row = Jsonb(ROW)
     k = args.statements
@@ -188,7 +212,10 @@ def main(argv=None) -> int:
             ("DELETE 100 rows", dele, [(ds_id, b) for b in batches]),
         ]
 
-    configs = tuple(CONFIGS)
+    configs = tuple(dict.fromkeys(["bare", *args.configs.split(",")]))
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown configuration(s) {unknown}; known: {', '.join(CONFIGS)}")
     best: dict[tuple[str, str], float] = {}
     cpu: dict[tuple[str, str], float] = {}
     for rnd in range(args.rounds):
@@ -214,21 +241,23 @@ def main(argv=None) -> int:
     from lakehouse_dagster.parity import capture
 
     conn.execute("set synchronous_commit = on")  # the consumer decodes flushed WAL only
-    capture.enable(conn)
-    consumer: dict[str, tuple[float, float | None]] = {}
-    for kind, stmt, params in workloads():
-        for p in params:
-            conn.execute(stmt, p)
-        c0, t = backend_cpu_ns(pid), time.perf_counter()
-        capture.catch_up(conn)
-        consumer[kind] = ((time.perf_counter() - t) / len(params),
-                          None if c0 is None else (backend_cpu_ns(pid) - c0) / 1e9 / len(params))
-    with connect(dsn) as c:
-        wal_agree = pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
-    capture.disable(conn)
+    consumers: dict[str, dict[str, tuple[float, float | None]]] = {}
+    wal_agree = True
+    for mode in ("wal", "wal-tracking"):
+        capture.enable(conn, tracking=mode == "wal-tracking")
+        consumer = consumers[mode] = {}
+        for kind, stmt, params in workloads():
+            for p in params:
+                conn.execute(stmt, p)
+            c0, t = backend_cpu_ns(pid), time.perf_counter()
+            capture.catch_up(conn)
+            consumer[kind] = ((time.perf_counter() - t) / len(params),
+                              None if c0 is None else (backend_cpu_ns(pid) - c0) / 1e9 / len(params))
+        wal_agree = wal_agree and pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
+        capture.disable(conn)
 
     kinds = [w[0] for w in workloads()]
-    worst = 0.0
+    worst: dict[str, float] = {}
     for clock, table in (("wall time per statement (what the app waits)", best),
                          ("Postgres backend CPU per statement", cpu)):
         if not table:
@@ -238,14 +267,14 @@ def main(argv=None) -> int:
         for kind in kinds:
             b = table[("bare", kind)]
             print(f"{kind:16s}" + "".join(f"{table[(c, kind)] * 1000:9.3f} ({table[(c, kind)] / b:5.2f}×)" for c in configs))
-        worst = max(worst, max(table[("digest", k)] / table[("bare", k)] for k in kinds))
-        worst_wal = max(table[("wal", k)] / table[("bare", k)] for k in kinds)
-    print("\nthe WAL consumer, after the commit (capture mode wal), per statement: wall ms (its backend's CPU ms)")
-    for kind in kinds:
-        w, c = consumer[kind]
-        print(f"{kind:16s}{w * 1000:9.3f} ({'-' if c is None else f'{c * 1000:.3f}'})")
-    print(f"\nworst digest/bare: {worst:.2f}×, worst wal/bare: {worst_wal:.2f}× (target ≤ 1.3×); maintained sums equal "
-          f"a full digest: triggers {agree}, WAL consumer {wal_agree}; {deltas} delta rows before compaction")
+        worst = {c: max(table[(c, k)] / table[("bare", k)] for k in kinds) for c in configs if c != "bare"}
+    for mode, consumer in consumers.items():
+        print(f"\nthe WAL consumer, after the commit (capture mode {mode}), per statement: wall ms (its backend's CPU ms)")
+        for kind in kinds:
+            w, c = consumer[kind]
+            print(f"{kind:16s}{w * 1000:9.3f} ({'-' if c is None else f'{c * 1000:.3f}'})")
+    print("\nworst × bare (the last clock above), target ≤ 1.3×: " + ", ".join(f"{c} {w:.2f}×" for c, w in worst.items()))
+    print(f"maintained sums equal a full digest: triggers {agree}, WAL consumer {wal_agree}; {deltas} delta rows before compaction")
     conn.close()
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))

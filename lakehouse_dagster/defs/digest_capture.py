@@ -10,8 +10,9 @@ from .resources import LakehouseResource
 @dg.sensor(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Capture mode wal: applies the changes the replication slot holds to the maintained Postgres "
-                "digest (what `lakehouse digest-capture catch-up` does). Requests no runs.",
+    description="Capture modes wal and wal-tracking: applies the changes the replication slot holds to the "
+                "maintained Postgres digest (and, in wal-tracking, writes the change tracking), what `lakehouse "
+                "digest-capture catch-up` does. Requests no runs.",
 )
 def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
@@ -26,5 +27,6 @@ def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: Lake
             return dg.SkipReason(f"capture mode {st.mode}: cannot consume: {exc}")
     return dg.SkipReason(f"capture mode {st.mode}: decoded {done['transactions']} transaction(s), hashed {done['rows']} "
                          f"row change(s) of registered datasets in {done['seconds']} s"
+                         + (f"; change tracking written for {done['tracked']} dataset(s)" if done.get("tracked") else "")
                          + (f"; {done['dropped']} registration(s) dropped (the next canary refills them)"
                             if done.get("dropped") else ""))

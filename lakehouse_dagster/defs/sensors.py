@@ -9,6 +9,8 @@ import uuid
 import dagster as dg
 
 from ..ingest.poller import Cursor, Pending, Retry, plan_tick
+from ..parity import barrier
+from ..parity.capture import CaptureError
 from .assets import mirror_job
 from .mirror_batch import DATASETS_TAG, MirrorBatchConfig, mirror_batch_job
 from .partitions import datasets_partitions
@@ -122,6 +124,10 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     if not settings.enable_iceberg_sync:
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
     with lakehouse.connect() as conn:
+        try:  # capture mode wal-tracking: the consumer writes the change tracking this tick reads
+            barrier.catch_up_for_poller(conn)
+        except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
+            context.log.warning(f"change tracking from the WAL not caught up: {exc}")
         tick = plan_tick(
             conn, Cursor.loads(context.cursor), limit=datasets_per_tick(settings),
             retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,

@@ -35,6 +35,7 @@ import uuid
 import psycopg
 
 from ..errors import FlipRefused
+from ..parity import barrier
 from ..settings import Settings
 from ..store.datasets import pipeline_input_dataset_ids
 from .incidents import FALLBACK, MISMATCH, latest_incidents
@@ -160,6 +161,7 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
     soak_seconds = configured_soak(soak_seconds)
     now = now or _db_now(conn)
     pipeline_inputs = pipeline_input_dataset_ids(conn)
+    barrier.settle(conn, ids)  # capture mode wal-tracking: rows_version covers every committed write
     syncs = _latest_syncs(conn, ids)
     verdicts = _latest_verdicts(conn, ids)
     servable = list(SERVABLE_READERS)

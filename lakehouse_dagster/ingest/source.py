@@ -23,6 +23,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from ..errors import SyncFailed
+from ..parity import barrier
 from ..store.datasets import Column
 from ..store.db import IdlePool, close_quietly, is_idle
 
@@ -174,6 +175,10 @@ class SnapshotState:
     snapshot_name: str
 
 
+_PIN = ("select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(),"
+        " (select mode = 'wal-tracking' from lakehouse_digest_capture) from datasets where id = %s")
+
+
 class PinnedSnapshot:
     """A REPEATABLE READ transaction whose snapshot is exported for the readers; close() ends it. ``pool``
     (a mirror batch): its connection is taken from there and given back when it ends clean."""
@@ -191,16 +196,24 @@ class PinnedSnapshot:
             self.conn = psycopg.connect(dsn, autocommit=False)
             self.conn.execute("set transaction isolation level repeatable read")
         self.conn.execute("set local timezone to 'UTC'")
-        row = self.conn.execute(
-            "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot() "
-            "from datasets where id = %s",
-            (dataset_id,),
-        ).fetchone()
+        row = self.conn.execute(_PIN, (dataset_id,)).fetchone()
+        if row is not None and row[-1]:
+            # Capture mode wal-tracking: the tracking is written after the commit. Pin again behind the
+            # dataset's barrier, where it matches the committed rows (parity/barrier.py).
+            self.conn.rollback()
+            try:
+                with psycopg.connect(dsn, autocommit=True) as side, barrier.held(side, [dataset_id], checked=True):
+                    self.conn.execute("set transaction isolation level repeatable read")
+                    self.conn.execute("set local timezone to 'UTC'")
+                    row = self.conn.execute(_PIN, (dataset_id,)).fetchone()
+            except BaseException:
+                self.close()
+                raise
         if row is None:
             self.close()
             raise SyncFailed(f"dataset {dataset_id} does not exist")
         self.dataset_id = dataset_id
-        self._row = row
+        self._row = row[:-1]
 
     def state(self, after_row_index: int | None) -> SnapshotState:
         lo_hi = self.conn.execute(

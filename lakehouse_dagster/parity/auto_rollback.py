@@ -159,7 +159,7 @@ def _readers(conn: psycopg.Connection, out: Outcome, actor: str) -> None:
         if out.enabled:
             lock_gates(conn)  # decide on flags no one else is changing (released at commit)
         flags = FlagResolver(conn, ttl_seconds=60)  # a new resolver: its first fill reads the flags now
-        fresh = freshness(conn, ds)
+        fresh = freshness(conn, ds, exact=True)
         native = any(flags.resolve(WRITE, w.name, ds).mode == NATIVE for w in FLIPPABLE_WRITERS)
         for reader in READERS:  # the router decides who serves Iceberg (a reader whose ceiling is off never does)
             res = flags.resolve(READ, reader, ds)

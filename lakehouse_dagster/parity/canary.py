@@ -215,7 +215,7 @@ def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, 
         hooks.after_iceberg_pin()
     if not full:
         _prepare_maintained(dsn, pin, ds_id, v, conn)
-    with PinnedPostgres(dsn, conn) as pg:
+    with PinnedPostgres(dsn, conn, dataset_id=ds_id) as pg:
         state = pg.state(ds_id)
         if state is None:
             raise NotFound(f"dataset {ds_id} does not exist (check the id with: lakehouse datasets)")

@@ -32,6 +32,7 @@ from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..settings import Settings
 from ..store.datasets import Column, parse_schema
 from ..store.db import connect, is_idle
+from . import barrier
 from . import canonical as cn
 from . import lookup3
 
@@ -102,15 +103,22 @@ class PinnedPostgres:
     """One REPEATABLE READ, READ ONLY transaction on its own connection; every query of a dataset's
     evaluation (version, digest, localisation, smoke rows) runs in it. Use as a context manager."""
 
-    def __init__(self, dsn: str, conn: psycopg.Connection | None = None):
+    def __init__(self, dsn: str, conn: psycopg.Connection | None = None, *, dataset_id: uuid.UUID | None = None):
         # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
         # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
+        # ``dataset_id``: the dataset whose change tracking the caller pairs with its rows; in capture mode
+        # wal-tracking the snapshot is taken behind its barrier (parity/barrier.py).
         self._own = conn is None or not idle_autocommit(conn)
         self.conn = connect(dsn) if self._own else conn
         try:
-            self.conn.execute("begin transaction isolation level repeatable read, read only")
-            # Take the snapshot now (the first statement does), before the caller looks at anything else.
-            self.conn.execute("select 1")
+            while True:
+                with barrier.held(self.conn, [dataset_id] if dataset_id is not None else []) as behind:
+                    self.conn.execute("begin transaction isolation level repeatable read, read only")
+                    # Take the snapshot now (the first statement does), before the caller looks at anything else.
+                    tracked_after_commit = barrier.tracking_after_commit(self.conn)
+                    if behind or dataset_id is None or not tracked_after_commit:
+                        break
+                    self.conn.execute("rollback")  # switched to wal-tracking meanwhile: behind the barrier then
         except BaseException:
             self.close()
             raise

@@ -63,7 +63,7 @@ def evaluate_first_native(
 def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_id, v: cy.Verdict) -> None:
     pin = pin_iceberg(catalog, settings, ds_id)
     v.snapshot_id, v.iceberg_version = pin.snapshot_id, pin.source_version
-    with PinnedPostgres(dsn) as pg:
+    with PinnedPostgres(dsn, dataset_id=ds_id) as pg:
         state = pg.state(ds_id)
         if state is None:
             raise NotFound(f"dataset {ds_id} does not exist (check the id with: lakehouse datasets)")

@@ -16,6 +16,7 @@ from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from ..settings import Settings
 from ..store.sync_log import latest_succeeded
+from . import barrier
 from . import file_identity as fi
 from . import maintained as mt
 from .digest import IcebergPin, IcebergSide, pin_iceberg
@@ -39,6 +40,7 @@ def snapshot_freshness(
     or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale).
     ``pin``: the caller's pin of the table (a batch pins once for the three checks)."""
     pin = pin or pin_iceberg(catalog, settings, dataset_id)
+    barrier.settle(conn, [dataset_id])  # capture mode wal-tracking: the version covers every committed write
     row = conn.execute(
         "select rows_version from datasets where id = %s", (dataset_id,)
     ).fetchone()

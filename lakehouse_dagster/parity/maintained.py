@@ -40,7 +40,7 @@ from psycopg.types.json import Jsonb
 
 from ..store.datasets import Column
 from . import canonical as cn
-from . import capture, lookup3
+from . import barrier, capture, lookup3
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -308,28 +308,32 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
     # triggers fills of different datasets run side by side; one whose snapshot sees a switch to wal that
     # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
     # what is written before the switch row is the triggers', and fill_version is below what comes after).
-    locked = False
-    try:
-        while True:
-            if not locked and capture.active(conn):
+    # In capture mode wal-tracking the consumer also draws the versions, so the fill's snapshot must match them:
+    # it is taken behind the dataset's barrier (parity/barrier.py; the barrier before the consumer's lock, the
+    # order every reader takes them in).
+    while True:
+        with barrier.held(conn, [dataset_id]) as behind:
+            locked = capture.active(conn)
+            if locked:
                 conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
-                locked = True
-                capture.catch_up(conn)
-            if _fill(conn, dataset_id, sh, locked):
-                break
-    finally:
-        if locked:
-            conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
-    return outcome
+            try:
+                if locked:
+                    capture.catch_up(conn)
+                if _fill(conn, dataset_id, sh, locked, behind):
+                    return outcome
+            finally:
+                if locked:
+                    conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
 
 
-def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool) -> bool:
-    """One REPEATABLE READ fill; False (nothing written) when it must run again under the consumer's lock."""
+def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool, behind: bool) -> bool:
+    """One REPEATABLE READ fill; False (nothing written) when it must run again under the consumer's lock (and,
+    in wal-tracking, behind the barrier): a switch committed after the caller looked."""
     conn.execute("begin isolation level repeatable read")
     try:
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        if not locked and capture.active(conn):  # read in this fill's snapshot
-            conn.execute("rollback")
+        if (not locked and capture.active(conn)) or (not behind and barrier.tracking_after_commit(conn)):
+            conn.execute("rollback")  # both read in this fill's snapshot
             return False
         state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
                              (dataset_id,)).fetchone()

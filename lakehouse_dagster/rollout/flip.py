@@ -38,6 +38,7 @@ from ..flags.gates import check_widen, effects, set_flag
 from ..flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from ..flags.registry import READ, WRITE, check_mode, get_flag, rank
 from ..flags.resolver import FlagResolver
+from ..parity import barrier
 from ..parity import canary as cy
 from ..parity.auto_rollback import lines_of
 from ..settings import Settings
@@ -188,6 +189,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     if minutes <= 0 or not ids:
         return {}
     latest = cy.latest_verdicts(conn, ids)
+    barrier.settle(conn, ids)  # capture mode wal-tracking: the current version covers every committed write
     current = dict(conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=minutes)
     return {

@@ -35,6 +35,7 @@ from ..flags.incidents import record_fallback
 from ..flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
+from ..parity import barrier
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -60,18 +61,24 @@ class Freshness:
 
 
 _FRESHNESS = """
-select d.rows_version, s.snapshot_id, s.source_version
+select d.rows_version, s.snapshot_id, s.source_version,
+       (select mode = 'wal-tracking' from lakehouse_digest_capture)  -- parity/barrier.py
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
  where d.id = %s
 """
 
 
-def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID) -> Freshness:
+def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID, *, exact: bool = False) -> Freshness:
+    """``exact``: in capture mode wal-tracking, settle the change tracking first (a STRICT read, a rollback's
+    decision), so that rows_version covers every write committed before the call; one query otherwise."""
     row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
     if row is None:
         raise NotFound(f"dataset {dataset_id} does not exist (check the id)")
-    return Freshness(*row)
+    if exact and row[3]:
+        barrier.settle(conn, [dataset_id])
+        row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
+    return Freshness(*row[:3])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +220,7 @@ def resolve_read_source(
     """Resolve the reader's mode (cached, clamped), apply the freshness gate, log the decision."""
     dataset_id = parse_uuid(dataset_id, "dataset id")
     flag = flags.resolve(READ, reader, dataset_id)
-    fresh = freshness(conn, dataset_id)  # also refuses a dataset that does not exist, whatever the mode
+    fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)  # also refuses a dataset that does not exist, whatever the mode
     # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
     decision = decide(reader, dataset_id, flag, fresh, native)

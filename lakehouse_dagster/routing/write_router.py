@@ -28,6 +28,7 @@ from ..failpoints import failpoint, validate as validate_failpoints
 from ..flags.registry import WRITE, get_flag
 from ..flags.resolver import FlagResolver, Resolution
 from ..ids import parse_uuid
+from ..parity import barrier
 from ..iceberg.catalog import load_table_or_none, table_identifier
 from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state
 from ..ingest.guards import admission_slot, dataset_lock
@@ -123,7 +124,9 @@ def _write_native_locked(conn, decision: WriteDecision, iceberg_write, settings,
                          sync_id=None) -> WriteOutcome:
     ds, sync_id = decision.dataset_id, sync_id or uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
-    # PG is not written on this path, so the snapshot covers the dataset's current rows_version.
+    # PG is not written on this path, so the snapshot covers the dataset's current rows_version (in capture
+    # mode wal-tracking once the consumer has applied every write committed before now).
+    barrier.settle(conn, [ds])
     row = conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version)"
         " select id, %s, %s, 'native', %s, 'running', rows_version from datasets where id = %s"

@@ -529,6 +529,8 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("022_digest_capture", _module_sql("parity", "DIGEST_CAPTURE")),
     # A one-dataset append's change tracking in one statement (what the live app pays, issue 11).
     ("023_append_in_one_statement", APPEND_IN_ONE_STATEMENT),
+    # Change tracking can leave the app's transaction too (capture mode wal-tracking, issue 11).
+    ("024_tracking_capture", _module_sql("parity", "TRACKING_CAPTURE")),
 ]
 MIGRATIONS = [(name, sql) for name, sql in MIGRATIONS if sql.strip()]
 

@@ -1,0 +1,150 @@
+"""Capture mode wal-tracking: change tracking is written after the commit, and stays exact for its readers.
+
+In that mode the app's statement only takes ``pg_advisory_xact_lock_shared(uuid_hash_extended(dataset, 0))``
+per dataset it wrote (migration 024), and the WAL consumer (parity/capture.py) writes rows_version,
+max_row_index, rows_rewrite_version and the row-range records afterwards. A reader that pairs them with the rows
+of a snapshot (the sync's pin, the canary's, the maintained-digest fill) pins inside ``held``: it takes those
+locks exclusive, which waits for the dataset's writers in flight (their locks go at commit) and holds new ones
+(a new writer's rows stay uncommitted until it lets go), flushes the WAL and catches the consumer up. Inside,
+the tracking columns cover exactly the committed rows. A reader deciding from the current version (the flip
+gates, a STRICT read, the freshness check) calls ``settle``: the same, let go at once, so the columns cover
+every write committed before the call — what reading them gives in the other modes.
+
+Deadlock-free by construction: several datasets are taken with try-locks, waiting only while holding none;
+the consumer never waits for a datasets row lock (an app transaction holding one may be waiting on us): when
+one is locked, the barrier lets go and tries again. In capture modes triggers and wal each call is one query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Iterable, Iterator
+
+import psycopg
+
+from . import capture
+
+TIMEOUT_S = 30.0  # how long a reader waits for a dataset's writers before it refuses to read the tracking
+_LOCK = "select pg_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
+_TRY = "select pg_try_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
+_UNLOCK = "select pg_advisory_unlock(uuid_hash_extended(%s::uuid, 0))"
+
+
+class BarrierTimeout(capture.CaptureError):
+    """The dataset's writers kept a transaction open past the timeout: its tracking cannot be read exactly."""
+
+
+def tracking_after_commit(conn: psycopg.Connection) -> bool:
+    row = conn.execute("select mode = 'wal-tracking' from lakehouse_digest_capture").fetchone()
+    return bool(row and row[0])
+
+
+def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> bool:
+    """After it, the tracking of these datasets covers every write committed before the call (True: it had to
+    wait for the consumer; False: the tracking is in the app's transaction). ``conn`` may be in a transaction
+    (READ COMMITTED: its next statements see the result); the work then runs on a second connection."""
+    ids = sorted(set(dataset_ids))
+    if not ids or not tracking_after_commit(conn):
+        return False
+    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with held(conn, ids, timeout_s=timeout_s, checked=True):
+            return True
+    with capture._sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True):
+        return True
+
+
+@contextlib.contextmanager
+def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S,
+         checked: bool = False) -> Iterator[bool]:
+    """Inside, the tracking columns of these datasets match their committed rows, and no write to them commits
+    until exit: pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its session's; a
+    transaction begun inside may stay open past exit). Yields False, holding nothing, outside wal-tracking."""
+    ids = sorted(set(dataset_ids))
+    if not ids or (not checked and not tracking_after_commit(conn)):
+        yield False
+        return
+    deadline = time.monotonic() + timeout_s
+    pause = 0.01
+    while True:
+        _lock_all(conn, ids, deadline)
+        try:
+            capture.force_flush(conn)
+            capture.catch_up(conn, row_lock_wait_s=0.2)
+            break
+        except capture.RowLocked:  # its holder may be an app writer waiting on our barrier: let go, retry
+            _unlock_all(conn, ids)
+            if time.monotonic() >= deadline:
+                raise BarrierTimeout(f"datasets row(s) of {_names(ids)} stayed locked by other transactions for "
+                                     f"{timeout_s:g} s while their change tracking was being applied: not read; "
+                                     "try again when the app's long transactions are done") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        except BaseException:
+            _unlock_all(conn, ids)
+            raise
+    try:
+        yield True
+    finally:
+        _unlock_all(conn, ids)
+
+
+def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -> None:
+    """Every barrier exclusive. Blocking waits happen holding none: an app transaction writing two datasets
+    takes their shared locks in its own statement order, so waiting for one while holding another could close
+    a cycle the app would lose."""
+    while True:
+        got: list[uuid.UUID] = []
+        blocked = None
+        for ds in ids:
+            if conn.execute(_TRY, (ds,)).fetchone()[0]:
+                got.append(ds)
+            else:
+                blocked = ds
+                break
+        if blocked is None:
+            return
+        _unlock_all(conn, got)
+        _wait_for(conn, blocked, deadline)
+        if len(ids) == 1:
+            return  # _wait_for left it held
+        _unlock_all(conn, [blocked])
+
+
+def _wait_for(conn: psycopg.Connection, ds: uuid.UUID, deadline: float) -> None:
+    remaining_ms = int((deadline - time.monotonic()) * 1000)
+    if remaining_ms <= 0:
+        raise BarrierTimeout(f"the app's writers of dataset {ds} kept a transaction open past the barrier's timeout: "
+                             "its change tracking cannot be read exactly now; try again when they are done")
+    previous = conn.execute("select current_setting('lock_timeout')").fetchone()[0]
+    conn.execute("select set_config('lock_timeout', %s, false)", (str(remaining_ms),))
+    try:
+        conn.execute(_LOCK, (ds,))
+    except psycopg.errors.LockNotAvailable:
+        raise BarrierTimeout(f"the app's writers of dataset {ds} kept a transaction open for the barrier's whole "
+                             "timeout: its change tracking cannot be read exactly now; try again when they are "
+                             "done") from None
+    finally:
+        conn.execute("select set_config('lock_timeout', %s, false)", (previous,))
+
+
+def _unlock_all(conn: psycopg.Connection, ids: list[uuid.UUID]) -> None:
+    if conn.closed or not ids:
+        return
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        conn.execute("rollback")  # the block's transaction failed; a session lock outlives it, so end it here
+    for ds in ids:
+        conn.execute(_UNLOCK, (ds,))
+
+
+def _names(ids: list[uuid.UUID]) -> str:
+    return ", ".join(map(str, ids[:3])) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+
+
+def catch_up_for_poller(conn: psycopg.Connection) -> dict | None:
+    """In wal-tracking the poller learns of writes from the consumer: catch it up before a tick (no barrier: a
+    write committing meanwhile is seen by the next tick). None outside that mode."""
+    if not tracking_after_commit(conn):
+        return None
+    return capture.catch_up(conn, row_lock_wait_s=0.2)

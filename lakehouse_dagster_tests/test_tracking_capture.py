@@ -1,0 +1,320 @@
+"""Capture mode "wal-tracking": change tracking written by the WAL consumer after the app's commit, and the
+barrier that keeps it exact for the readers that pair it with rows (parity/capture.py, parity/barrier.py),
+against a real server with wal_level = logical, real syncs and real canaries."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from lakehouse_dagster.ingest.poller import Cursor, pending_syncs
+from lakehouse_dagster.parity import barrier
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import capture
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.store.db import connect
+from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
+from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference
+
+
+@pytest.fixture(autouse=True)
+def _logical_wal(conn):
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode wal-tracking needs a server with wal_level = logical")
+    yield
+    capture.disable(conn)  # the slot is per server: leave none behind
+
+
+def tracking(conn, d) -> tuple:
+    return conn.execute("select rows_version, rows_rewrite_version, max_row_index, rows_xid::text::bigint"
+                        " from datasets where id = %s", (d,)).fetchone()
+
+
+def enabled(conn) -> set[str]:
+    return {r[0] for r in conn.execute("select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
+                                       " and not tgisinternal and tgenabled <> 'D'")}
+
+
+def _steps(conn, d):
+    """The same app writes, one transaction each (a rolled-back one among them)."""
+    def one(statements):
+        def run():
+            with conn.transaction():
+                for q, p in statements:
+                    conn.execute(q, p)
+        return run
+
+    def rolled_back():
+        with conn.transaction():
+            conn.execute("delete from dataset_rows where dataset_id = %s", (d,))
+            raise psycopg.Rollback()
+
+    upd = "update dataset_rows set data = data || '{\"s\": \"u\"}' where dataset_id = %s and row_index = any(%s)"
+    return [
+        lambda: ds.insert_rows(conn, d, rows_for(10, 0), start_index=0),  # a pure append
+        lambda: ds.insert_rows(conn, d, rows_for(10, 10), start_index=10),
+        one([(upd, (d, [5]))]),
+        one([("delete from dataset_rows where dataset_id = %s and row_index = 3", (d,))]),
+        lambda: ds.insert_rows(conn, d, rows_for(1, 3), start_index=3),  # an insert below the max
+        one([("update dataset_rows set row_index = 10000 where dataset_id = %s and row_index = 19", (d,))]),
+        rolled_back,
+        one([("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10001, '{}')", (d,)),
+             (upd, (d, [4, 7]))]),  # an append and an update in one transaction
+        lambda: ds.insert_rows(conn, d, rows_for(5, 20_000), start_index=20_000),
+    ]
+
+
+def _observe(conn, d, before) -> tuple:
+    v, rw, mx, _ = tracking(conn, d)
+    changes = sorted(conn.execute("select bucket, min_idx, max_idx, prev_version = %s from lakehouse_row_changes"
+                                  " where dataset_id = %s and version = %s", (before[1], d, v)).fetchall())
+    return (v != before[0], rw == v, mx, changes)
+
+
+def test_the_consumer_writes_the_change_tracking_the_triggers_would(conn):
+    a, b = make_dataset(conn, 0, name="by-triggers"), make_dataset(conn, 0, name="by-wal")
+    by_triggers = []
+    for step in _steps(conn, a):
+        before = tracking(conn, a)
+        step()
+        by_triggers.append(_observe(conn, a, before))
+
+    out = capture.enable(conn, tracking=True)
+    assert out["mode"] == "wal-tracking" and capture.state(conn).mode == "wal-tracking"
+    assert enabled(conn) >= set(capture.BARRIER_TRIGGERS) and not enabled(conn) & set(capture.TRACKING_TRIGGERS)
+    by_wal = []
+    for step in _steps(conn, b):
+        before = tracking(conn, b)
+        step()
+        assert tracking(conn, b) == before  # out of the app's transaction: nothing written yet
+        capture.catch_up(conn)
+        by_wal.append(_observe(conn, b, before))
+    assert by_wal == by_triggers
+    assert [s[0] for s in by_wal] == [True] * 6 + [False] + [True] * 2  # the rolled back write moved nothing
+    # rows_xid is the consumer's own transaction, which committed after the write: the poller's cursor holds
+    assert tracking(conn, b)[3] > tracking(conn, a)[3]
+
+
+def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending(conn):
+    a, b = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b")
+    capture.enable(conn, tracking=True)
+    va, vb = tracking(conn, a), tracking(conn, b)
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"both\"}' where dataset_id = any(%s) and row_index = 1",
+                 ([a, b],))
+    ds.insert_rows(conn, a, rows_for(3, 100), start_index=100)
+    # not caught up: back to the triggers; the switch applies both under its lock, before the triggers resume
+    out = capture.disable(conn)
+    assert out["mode"] == "triggers" and capture.state(conn).slot is None
+    assert set(capture.TRACKING_TRIGGERS) <= enabled(conn) and not enabled(conn) & set(capture.BARRIER_TRIGGERS)
+    ta, tb = tracking(conn, a), tracking(conn, b)
+    assert ta[0] > va[0] and ta[1] == ta[0] and ta[2] == 102  # the update rewrote, the append raised the max
+    assert tb[0] > vb[0] and tb[1] == tb[0] and tb[2] == 4
+    ds.insert_rows(conn, a, rows_for(1, 200), start_index=200)  # the triggers again: a later version
+    assert tracking(conn, a)[0] > ta[0] and tracking(conn, a)[2] == 200
+
+
+def test_syncs_and_canaries_in_wal_tracking_mirror_exactly(conn, dsn, settings):
+    d = make_dataset(conn, 10)
+    sync(settings, dsn, d)
+    capture.enable(conn, tracking=True)
+    for k in range(4):
+        ds.insert_rows(conn, d, rows_for(100, 10 + 100 * k), start_index=10 + 100 * k)  # the sync catches up
+        r = sync(settings, dsn, d)
+        assert r.mode == "incremental" and r.rows == 100 and r.total_rows == 110 + 100 * k, r
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == cy.OK and v.pg_version == tracking(conn, d)[0], v.detail
+    conn.execute("update dataset_rows set data = data || '{\"s\": \"edit\"}' where dataset_id = %s and row_index = 3", (d,))
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 5", (d,))
+    r = sync(settings, dsn, d)  # the consumer's row-range records: only the first file is rewritten
+    assert r.mode == "partial" and r.total_rows == 409, (r.mode, r.reason)
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == cy.OK, v.detail
+    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    assert pending_syncs(conn, Cursor(), limit=10)[0] == []  # mirrored at its version
+
+
+def test_writers_racing_syncs_and_canaries_never_see_tracking_and_rows_disagree(conn, dsn, settings):
+    d = make_dataset(conn, 2000)
+    sync(settings, dsn, d)
+    capture.enable(conn, tracking=True)
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
+    for t in threads:
+        t.start()
+    verdicts = []  # mostly lagging (the writers outrun the syncs); what matters is that none is a mismatch
+    while any(t.is_alive() for t in threads):
+        sync(settings, dsn, d)
+        verdicts.append(evaluate(settings, dsn, d))
+    for t in threads:
+        t.join()
+    assert not errors, repr(errors[0])
+    sync(settings, dsn, d)
+    final = evaluate(settings, dsn, d, full=True)
+    assert final.verdict == cy.OK, final.detail
+    # while they ran a canary could find Iceberg behind (a write after the sync), never a mismatch
+    assert verdicts and all(v.verdict in (cy.OK, cy.LAGGING) for v in verdicts), \
+        [(v.verdict, v.detail.get("reason")) for v in verdicts if v.verdict not in (cy.OK, cy.LAGGING)]
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def _appender(dsn, d, start: int, n: int, stop: threading.Event, errors: list) -> None:
+    try:
+        with connect(dsn) as c:
+            for i in range(start, start + n):
+                if stop.is_set():
+                    return
+                c.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, %s, '{}')", (d, i))
+    except Exception as exc:  # noqa: BLE001
+        errors.append(exc)
+
+
+def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(conn, dsn):
+    """Appenders race pins; in each pin, the tracking's max_row_index is the max of the rows the snapshot holds.
+    The same loop with the pin taken outside the barrier finds them apart (the test can fail)."""
+    from lakehouse_dagster.ingest.source import PinnedSnapshot
+
+    d = make_dataset(conn, 0)
+    capture.enable(conn, tracking=True)
+    stop, errors = threading.Event(), []
+    threads = [threading.Thread(target=_appender, args=(dsn, d, k * 1_000_000, 100_000, stop, errors)) for k in (1, 2)]
+    for t in threads:
+        t.start()
+    apart = {"barrier": 0, "naive": 0}
+    try:
+        for _ in range(40):
+            pin = PinnedSnapshot(dsn, d)
+            try:
+                tracked = pin._row[2]
+                seen = pin.conn.execute("select max(row_index) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0]
+                apart["barrier"] += tracked != (seen if seen is not None else -1)
+            finally:
+                pin.close()
+            with connect(dsn) as c:  # the same read without the barrier: a consumer catch-up, then a snapshot
+                capture.catch_up(c)
+                c.execute("begin isolation level repeatable read")
+                tracked, seen = c.execute("select max_row_index, (select max(row_index) from dataset_rows"
+                                          " where dataset_id = %s) from datasets where id = %s", (d, d)).fetchone()
+                c.execute("rollback")
+                apart["naive"] += tracked != (seen if seen is not None else -1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, repr(errors[0])
+    assert apart["barrier"] == 0 and apart["naive"] > 0, apart
+
+
+def test_a_fill_racing_writers_in_wal_tracking_counts_every_write_once(conn, dsn):
+    d = make_dataset(conn, 2000)
+    columns = ds.get_dataset(conn, d).columns
+    capture.enable(conn, tracking=True)
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    assert mt.ensure_pg(conn, d, columns) == "registered+filled"
+    for t in threads:
+        t.join()
+    assert not errors, repr(errors[0])
+    capture.catch_up(conn)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_an_app_transaction_holding_its_datasets_row_is_not_the_one_that_gives_way(conn, dsn):
+    """The app locks its datasets row, then writes rows while a reader holds the barrier and the consumer must
+    write that row: the reader lets go and retries; the app's transaction commits, nobody deadlocks."""
+    d = make_dataset(conn, 5)
+    capture.enable(conn, tracking=True)
+    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # tracking still to write for d
+    app = connect(dsn)
+    app.execute("begin")
+    app.execute("update datasets set name = name where id = %s", (d,))  # holds the datasets row
+    settled: list = []
+
+    def reader():
+        with connect(dsn) as c:
+            t = time.perf_counter()
+            settled.append(barrier.settle(c, [d]))
+            settled.append(time.perf_counter() - t)
+
+    r = threading.Thread(target=reader)
+    r.start()
+    time.sleep(0.3)  # the reader holds the barrier and retries the consumer's NOWAIT
+    app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 50, '{}')", (d,))
+    app.execute("commit")  # no deadlock error: the barrier gave way
+    r.join(timeout=20)
+    app.close()
+    assert settled and settled[0] is True
+    v, rw, mx, _ = tracking(conn, d)
+    assert mx == 50  # both writes applied
+
+
+def test_the_barrier_waits_for_writers_in_flight_and_refuses_after_its_timeout(conn, dsn):
+    d = make_dataset(conn, 5)
+    capture.enable(conn, tracking=True)
+    app = connect(dsn)
+    app.execute("begin")
+    app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 70, '{}')", (d,))
+    with pytest.raises(barrier.BarrierTimeout, match="kept a transaction open"):
+        barrier.settle(conn, [d], timeout_s=0.5)
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(barrier.settle(connect(dsn), [d], timeout_s=10)))
+    t.start()
+    time.sleep(0.3)
+    assert not done  # waiting for the app's commit
+    app.execute("commit")
+    app.close()
+    t.join(timeout=10)
+    assert done == [True] and tracking(conn, d)[2] == 70
+
+
+def test_the_poller_sees_writes_once_the_consumer_wrote_their_tracking(conn, dsn, settings):
+    d = make_dataset(conn, 5)
+    sync(settings, dsn, d)
+    capture.enable(conn, tracking=True)
+    cursor = pending_syncs(conn, Cursor(), limit=10)[1]
+    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)
+    assert barrier.catch_up_for_poller(conn)["transactions"] >= 1
+    pending, _, _ = pending_syncs(conn, cursor, limit=10)
+    assert [p.dataset_id for p in pending] == [d]
+
+
+def test_the_barrier_triggers_disabled_behind_its_back_stop_the_consumer_with_the_reason(conn):
+    d = make_dataset(conn, 2)
+    capture.enable(conn, tracking=True)
+    conn.execute("alter table dataset_rows disable trigger lakehouse_rows_barrier_ins")
+    with pytest.raises(capture.CaptureError, match="barrier trigger.*wal-tracking"):
+        capture.catch_up(conn)
+    with pytest.raises(capture.CaptureError, match="barrier trigger"):
+        barrier.settle(conn, [d])
+    assert capture.enable(conn, tracking=True)["changed"] is True  # enabled again
+    assert capture.catch_up(conn)["transactions"] >= 0
+
+
+def test_cli_switches_between_the_three_modes_and_the_consumer_sensor_writes_the_tracking(conn, dsn, settings, capsys):
+    from lakehouse_dagster.cli.main import main as cli_main
+    from lakehouse_dagster_tests.test_digest_capture import _consumer_tick
+
+    d = make_dataset(conn, 5)
+    assert cli_main(["digest-capture", "wal-tracking"]) == 0
+    out = capsys.readouterr().out
+    assert "capture mode: wal-tracking" in out and "change tracking is written by the WAL consumer" in out
+    before = tracking(conn, d)
+    ds.insert_rows(conn, d, rows_for(3, 10), start_index=10)
+    tick = _consumer_tick(dsn).skip_message  # the sensor the daemon runs every 30 s
+    assert "decoded 1 transaction(s)" in tick and "change tracking written for 1 dataset(s)" in tick, tick
+    assert tracking(conn, d)[0] > before[0] and tracking(conn, d)[2] == 12
+    ds.insert_rows(conn, d, rows_for(1, 20), start_index=20)
+    assert cli_main(["digest-capture", "wal"]) == 0  # tracking back in the app's transaction, the digest stays out
+    assert "capture mode: wal (wal_level logical)\n" in capsys.readouterr().out
+    assert tracking(conn, d)[2] == 20  # applied by the switch, under its lock
+    assert set(capture.TRACKING_TRIGGERS) <= enabled(conn) and not enabled(conn) & set(capture.BARRIER_TRIGGERS)
+    ds.insert_rows(conn, d, rows_for(1, 21), start_index=21)
+    assert tracking(conn, d)[2] == 21  # by the trigger, in the transaction
+    assert cli_main(["digest-capture", "triggers"]) == 0
+    assert capture.state(conn).slot is None and not capture.state(conn).tracking
