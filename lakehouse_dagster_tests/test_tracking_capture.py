@@ -260,7 +260,7 @@ def test_the_barrier_waits_for_writers_in_flight_and_refuses_after_its_timeout(c
     app = connect(dsn)
     app.execute("begin")
     app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 70, '{}')", (d,))
-    with pytest.raises(barrier.BarrierTimeout, match="kept a transaction open"):
+    with pytest.raises(barrier.BarrierTimeout, match=f"writers of dataset {d} kept a lock"):
         barrier.settle(conn, [d], timeout_s=0.5)
     done: list = []
     t = threading.Thread(target=lambda: done.append(barrier.settle(connect(dsn), [d], timeout_s=10)))
@@ -318,3 +318,48 @@ def test_cli_switches_between_the_three_modes_and_the_consumer_sensor_writes_the
     assert tracking(conn, d)[2] == 21  # by the trigger, in the transaction
     assert cli_main(["digest-capture", "triggers"]) == 0
     assert capture.state(conn).slot is None and not capture.state(conn).tracking
+
+
+def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_waiting_behind_it(conn, dsn):
+    """The first fill of a large dataset reads every row for seconds under the consumer's lock. Its barrier goes
+    once its snapshot is taken, and a reader of another dataset waits for the consumer's lock holding no barrier:
+    the app's writes to both datasets go through while the fill runs."""
+    d, e = make_dataset(conn, 0, name="big"), make_dataset(conn, 0, name="small")
+    conn.execute("insert into dataset_rows (dataset_id, row_index, data) select %s, i, jsonb_build_object('s', i::text)"
+                 " from generate_series(0, 799999) i", (d,))
+    columns = ds.get_dataset(conn, d).columns
+    capture.enable(conn, tracking=True)
+    filled: dict = {}
+
+    def fill():
+        with connect(dsn) as c:
+            t = time.perf_counter()
+            filled["outcome"] = mt.ensure_pg(c, d, columns)
+            filled["seconds"] = time.perf_counter() - t
+
+    def consumer_lock_held() -> bool:
+        return conn.execute("select count(*) from pg_locks where locktype = 'advisory' and granted"
+                            " and classid = %s and objid = %s", capture.CONSUME_LOCK).fetchone()[0] > 0
+
+    f = threading.Thread(target=fill)
+    f.start()
+    while not consumer_lock_held() and f.is_alive():
+        time.sleep(0.005)
+    time.sleep(0.1)  # the fill is reading
+    waiting: dict = {}
+    r = threading.Thread(target=lambda: waiting.update(settled=barrier.settle(connect(dsn), [e])))
+    r.start()
+    time.sleep(0.05)
+    with connect(dsn) as app:
+        t = time.perf_counter()
+        app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 800000, '{}')", (d,))
+        app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (e,))
+        app_seconds = time.perf_counter() - t
+    still_filling = f.is_alive()
+    f.join()
+    r.join()
+    assert filled["outcome"] == "registered+filled" and waiting == {"settled": True}
+    assert still_filling and app_seconds < 0.25 * filled["seconds"], (app_seconds, filled)
+    capture.catch_up(conn)
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)  # the write after the fill's snapshot counted once
+    assert tracking(conn, d)[2] == 800000 and tracking(conn, e)[2] == 0

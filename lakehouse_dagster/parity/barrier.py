@@ -10,9 +10,11 @@ the tracking columns cover exactly the committed rows. A reader deciding from th
 gates, a STRICT read, the freshness check) calls ``settle``: the same, let go at once, so the columns cover
 every write committed before the call — what reading them gives in the other modes.
 
-Deadlock-free by construction: several datasets are taken with try-locks, waiting only while holding none;
-the consumer never waits for a datasets row lock (an app transaction holding one may be waiting on us): when
-one is locked, the barrier lets go and tries again. In capture modes triggers and wal each call is one query.
+Deadlock-free by construction: the consumer's lock is taken first, waiting while holding nothing; several
+datasets are taken with try-locks, waiting for one only while holding no other; the consumer never waits for a
+datasets row lock (an app transaction holding one may be waiting on our barrier): when one is locked, the
+barrier lets go of everything and tries again. A fill lets its dataset's writers go once its snapshot is taken.
+In capture modes triggers and wal each call is one query.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ TIMEOUT_S = 30.0  # how long a reader waits for a dataset's writers before it re
 _LOCK = "select pg_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _TRY = "select pg_try_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _UNLOCK = "select pg_advisory_unlock(uuid_hash_extended(%s::uuid, 0))"
+_CONSUME = "select pg_advisory_lock(%s, %s)"
 
 
 class BarrierTimeout(capture.CaptureError):
@@ -55,26 +58,52 @@ def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeou
         return True
 
 
+class Barrier:
+    """What ``held`` yields: true when the reader is behind the barrier. ``let_go`` releases the datasets'
+    writers early, once the caller's snapshot is taken (a fill that reads for seconds)."""
+
+    def __init__(self, conn: psycopg.Connection | None, ids: list[uuid.UUID]):
+        self._conn, self._ids = conn, ids
+
+    def __bool__(self) -> bool:
+        return self._conn is not None
+
+    def let_go(self) -> None:
+        if self._conn is not None and self._ids:
+            _unlock_all(self._conn, self._ids)
+            self._ids = []
+
+
 @contextlib.contextmanager
 def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S,
-         checked: bool = False) -> Iterator[bool]:
+         checked: bool = False) -> Iterator[Barrier]:
     """Inside, the tracking columns of these datasets match their committed rows, and no write to them commits
-    until exit: pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its session's; a
-    transaction begun inside may stay open past exit). Yields False, holding nothing, outside wal-tracking."""
+    until exit (or ``let_go``): pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its
+    session's; a transaction begun inside may stay open past exit). Yields a false Barrier, holding nothing,
+    outside wal-tracking.
+
+    Lock order: the consumer's lock first, waited for holding nothing (a fill or a long catch-up holds it for
+    seconds, and the app's writers must not wait that long behind our barrier), then the barriers."""
     ids = sorted(set(dataset_ids))
     if not ids or (not checked and not tracking_after_commit(conn)):
-        yield False
+        yield Barrier(None, [])
         return
     deadline = time.monotonic() + timeout_s
     pause = 0.01
     while True:
-        _lock_all(conn, ids, deadline)
+        _wait_for(conn, _CONSUME, capture.CONSUME_LOCK, deadline, "the WAL consumer (or a digest fill)")
+        try:
+            _lock_all(conn, ids, deadline)
+        except BaseException:
+            _unlock_consumer(conn)
+            raise
         try:
             capture.force_flush(conn)
             capture.catch_up(conn, row_lock_wait_s=0.2)
             break
         except capture.RowLocked:  # its holder may be an app writer waiting on our barrier: let go, retry
             _unlock_all(conn, ids)
+            _unlock_consumer(conn)
             if time.monotonic() >= deadline:
                 raise BarrierTimeout(f"datasets row(s) of {_names(ids)} stayed locked by other transactions for "
                                      f"{timeout_s:g} s while their change tracking was being applied: not read; "
@@ -83,11 +112,14 @@ def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_
             pause = min(pause * 2, 0.5)
         except BaseException:
             _unlock_all(conn, ids)
+            _unlock_consumer(conn)
             raise
+    b = Barrier(conn, ids)
     try:
-        yield True
+        yield b
     finally:
-        _unlock_all(conn, ids)
+        b.let_go()
+        _unlock_consumer(conn)
 
 
 def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -> None:
@@ -106,27 +138,35 @@ def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -
         if blocked is None:
             return
         _unlock_all(conn, got)
-        _wait_for(conn, blocked, deadline)
+        _wait_for(conn, _LOCK, (blocked,), deadline, f"the app's writers of dataset {blocked}")
         if len(ids) == 1:
             return  # _wait_for left it held
         _unlock_all(conn, [blocked])
 
 
-def _wait_for(conn: psycopg.Connection, ds: uuid.UUID, deadline: float) -> None:
+def _wait_for(conn: psycopg.Connection, query: str, params: tuple, deadline: float, holder: str) -> None:
+    """Take a session lock, waiting at most until ``deadline``."""
     remaining_ms = int((deadline - time.monotonic()) * 1000)
+    refusal = BarrierTimeout(f"{holder} kept a lock for the barrier's whole timeout: the change tracking cannot be "
+                             "read exactly now; try again when the app's long transactions are done")
     if remaining_ms <= 0:
-        raise BarrierTimeout(f"the app's writers of dataset {ds} kept a transaction open past the barrier's timeout: "
-                             "its change tracking cannot be read exactly now; try again when they are done")
+        raise refusal
     previous = conn.execute("select current_setting('lock_timeout')").fetchone()[0]
     conn.execute("select set_config('lock_timeout', %s, false)", (str(remaining_ms),))
     try:
-        conn.execute(_LOCK, (ds,))
+        conn.execute(query, params)
     except psycopg.errors.LockNotAvailable:
-        raise BarrierTimeout(f"the app's writers of dataset {ds} kept a transaction open for the barrier's whole "
-                             "timeout: its change tracking cannot be read exactly now; try again when they are "
-                             "done") from None
+        raise refusal from None
     finally:
         conn.execute("select set_config('lock_timeout', %s, false)", (previous,))
+
+
+def _unlock_consumer(conn: psycopg.Connection) -> None:
+    if conn.closed:
+        return
+    if conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        conn.execute("rollback")
+    conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
 
 
 def _unlock_all(conn: psycopg.Connection, ids: list[uuid.UUID]) -> None:

@@ -309,8 +309,8 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
     # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
     # what is written before the switch row is the triggers', and fill_version is below what comes after).
     # In capture mode wal-tracking the consumer also draws the versions, so the fill's snapshot must match them:
-    # it is taken behind the dataset's barrier (parity/barrier.py; the barrier before the consumer's lock, the
-    # order every reader takes them in).
+    # it is taken behind the dataset's barrier (parity/barrier.py), which lets the writers go once it is taken;
+    # the consumer's lock stays held to the end, as in capture mode wal.
     while True:
         with barrier.held(conn, [dataset_id]) as behind:
             locked = capture.active(conn)
@@ -326,7 +326,7 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
                     conn.execute("select pg_advisory_unlock(%s, %s)", capture.CONSUME_LOCK)
 
 
-def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool, behind: bool) -> bool:
+def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool, behind: barrier.Barrier) -> bool:
     """One REPEATABLE READ fill; False (nothing written) when it must run again under the consumer's lock (and,
     in wal-tracking, behind the barrier): a switch committed after the caller looked."""
     conn.execute("begin isolation level repeatable read")
@@ -335,6 +335,7 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
         if (not locked and capture.active(conn)) or (not behind and barrier.tracking_after_commit(conn)):
             conn.execute("rollback")  # both read in this fill's snapshot
             return False
+        behind.let_go()  # the snapshot is taken: the dataset's writers need not wait for the sums
         state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
                              (dataset_id,)).fetchone()
         if state is None or state[0] != sh:
