@@ -363,3 +363,70 @@ def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_wa
     capture.catch_up(conn)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)  # the write after the fill's snapshot counted once
     assert tracking(conn, d)[2] == 800000 and tracking(conn, e)[2] == 0
+
+
+@pytest.mark.parametrize("kill_at", ["update datasets d set rows_version", "pg_replication_slot_advance"])
+def test_a_consumer_killed_before_or_after_its_commit_writes_the_tracking_exactly_once(conn, dsn, kill_at):
+    import signal
+    import subprocess
+    import sys
+
+    d = make_dataset(conn, 10)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn, tracking=True)
+    before = tracking(conn, d)
+    ds.insert_rows(conn, d, rows_for(20, 50), start_index=50)
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
+    code = (
+        "import os, psycopg, signal\n"
+        "from lakehouse_dagster.parity import capture\n"
+        "real = psycopg.Connection.execute\n"
+        "def execute(self, query, *a, **kw):\n"
+        f"    if isinstance(query, str) and {kill_at!r} in query:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(self, query, *a, **kw)\n"
+        "psycopg.Connection.execute = execute\n"
+        f"capture.catch_up(psycopg.connect({dsn!r}, autocommit=True))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    after_kill = tracking(conn, d)
+    committed = kill_at == "pg_replication_slot_advance"
+    assert (after_kill[0] > before[0]) is committed  # killed before its commit: nothing written
+    capture.catch_up(conn)  # the same transactions again: applied now, or skipped as already applied
+    v, rw, mx, _ = tracking(conn, d)
+    assert (v == after_kill[0]) is committed and rw == v and mx == 69
+    assert conn.execute("select array_agg(min_idx || '-' || max_idx) from lakehouse_row_changes where dataset_id = %s",
+                        (d,)).fetchone()[0] == ["0-2"]  # the delete's range, recorded once
+    assert capture.catch_up(conn)["tracked"] == 0 and tracking(conn, d)[0] == v
+    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
+
+
+def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_not_for_ever(conn, dsn):
+    import signal
+    import subprocess
+    import sys
+
+    d = make_dataset(conn, 5)
+    capture.enable(conn, tracking=True)
+    code = (
+        "import os, signal, psycopg, uuid\n"
+        "from lakehouse_dagster.parity import barrier\n"
+        f"c = psycopg.connect({dsn!r}, autocommit=True)\n"
+        f"with barrier.held(c, [uuid.UUID({str(d)!r})], dedicated=True):\n"
+        "    print('held', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"  # frozen: a GC pause, a swapped-out process
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"held", proc.stderr.read().decode()[-2000:]
+        with connect(dsn) as app:
+            t = time.perf_counter()
+            app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10, '{}')", (d,))
+            waited = time.perf_counter() - t
+        # the server ended the frozen session after HOLD_IDLE_TIMEOUT_MS idle, which released the barrier
+        assert barrier.HOLD_IDLE_TIMEOUT_MS / 1000 - 0.5 < waited < barrier.HOLD_IDLE_TIMEOUT_MS / 1000 + 5, waited
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert barrier.settle(conn, [d]) is True and tracking(conn, d)[2] == 10

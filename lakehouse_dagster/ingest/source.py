@@ -202,7 +202,8 @@ class PinnedSnapshot:
             # dataset's barrier, where it matches the committed rows (parity/barrier.py).
             self.conn.rollback()
             try:
-                with psycopg.connect(dsn, autocommit=True) as side, barrier.held(side, [dataset_id], checked=True):
+                with psycopg.connect(dsn, autocommit=True) as side, barrier.held(side, [dataset_id], checked=True,
+                                                                                       dedicated=True):
                     self.conn.execute("set transaction isolation level repeatable read")
                     self.conn.execute("set local timezone to 'UTC'")
                     row = self.conn.execute(_PIN, (dataset_id,)).fetchone()

@@ -29,6 +29,9 @@ import psycopg
 from . import capture
 
 TIMEOUT_S = 30.0  # how long a reader waits for a dataset's writers before it refuses to read the tracking
+# A reader frozen while it holds a barrier (SIGSTOP, swapped out, a debugger) must not hold the app's writes for
+# ever: while holding, its session is ended by the server after this long idle, which releases every lock.
+HOLD_IDLE_TIMEOUT_MS = 5_000
 _LOCK = "select pg_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _TRY = "select pg_try_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _UNLOCK = "select pg_advisory_unlock(uuid_hash_extended(%s::uuid, 0))"
@@ -54,7 +57,7 @@ def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeou
     if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         with held(conn, ids, timeout_s=timeout_s, checked=True):
             return True
-    with capture._sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True):
+    with capture._sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True, dedicated=True):
         return True
 
 
@@ -76,11 +79,13 @@ class Barrier:
 
 @contextlib.contextmanager
 def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S,
-         checked: bool = False) -> Iterator[Barrier]:
+         checked: bool = False, dedicated: bool = False) -> Iterator[Barrier]:
     """Inside, the tracking columns of these datasets match their committed rows, and no write to them commits
     until exit (or ``let_go``): pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its
     session's; a transaction begun inside may stay open past exit). Yields a false Barrier, holding nothing,
-    outside wal-tracking.
+    outside wal-tracking. ``dedicated``: ``conn`` holds the barrier and does nothing else (the snapshot is
+    taken on another connection) and is closed after: its idle timeout stays bounded through the block (a
+    caller that pins on ``conn`` itself bounds its own transaction, see maintained._fill).
 
     Lock order: the consumer's lock first, waited for holding nothing (a fill or a long catch-up holds it for
     seconds, and the app's writers must not wait that long behind our barrier), then the barriers."""
@@ -88,7 +93,22 @@ def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_
     if not ids or (not checked and not tracking_after_commit(conn)):
         yield Barrier(None, [])
         return
-    deadline = time.monotonic() + timeout_s
+    idle = _bound_idle(conn)
+    try:
+        _take(conn, ids, time.monotonic() + timeout_s, timeout_s)
+    finally:
+        if not dedicated:  # before the block: a setting restored inside a transaction that rolls back comes back
+            _restore_idle(conn, idle)
+    b = Barrier(conn, ids)
+    try:
+        yield b
+    finally:
+        b.let_go()
+        _unlock_consumer(conn)
+
+
+def _take(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float, timeout_s: float) -> None:
+    """The consumer's lock and every barrier, the consumer caught up; on failure nothing is held."""
     pause = 0.01
     while True:
         _wait_for(conn, _CONSUME, capture.CONSUME_LOCK, deadline, "the WAL consumer (or a digest fill)")
@@ -100,7 +120,7 @@ def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_
         try:
             capture.force_flush(conn)
             capture.catch_up(conn, row_lock_wait_s=0.2)
-            break
+            return
         except capture.RowLocked:  # its holder may be an app writer waiting on our barrier: let go, retry
             _unlock_all(conn, ids)
             _unlock_consumer(conn)
@@ -114,12 +134,6 @@ def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_
             _unlock_all(conn, ids)
             _unlock_consumer(conn)
             raise
-    b = Barrier(conn, ids)
-    try:
-        yield b
-    finally:
-        b.let_go()
-        _unlock_consumer(conn)
 
 
 def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -> None:
@@ -159,6 +173,25 @@ def _wait_for(conn: psycopg.Connection, query: str, params: tuple, deadline: flo
         raise refusal from None
     finally:
         conn.execute("select set_config('lock_timeout', %s, false)", (previous,))
+
+
+def _bound_idle(conn: psycopg.Connection) -> dict:
+    """Bound the session's idle time while it holds (autocommit: ended by the server after it, its locks
+    released); returns what to restore."""
+    try:
+        previous = conn.execute("select current_setting('idle_session_timeout')").fetchone()[0]
+    except psycopg.errors.UndefinedObject:  # PostgreSQL 14+
+        return {}
+    conn.execute("select set_config('idle_session_timeout', %s, false)", (str(HOLD_IDLE_TIMEOUT_MS),))
+    return {"idle_session_timeout": previous}
+
+
+def _restore_idle(conn: psycopg.Connection, previous: dict | None) -> None:
+    if not previous or conn.closed or conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        return
+    for name, value in previous.items():
+        conn.execute("select set_config(%s, %s, false)", (name, value))
+    previous.clear()
 
 
 def _unlock_consumer(conn: psycopg.Connection) -> None:

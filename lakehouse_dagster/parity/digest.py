@@ -15,6 +15,7 @@ changes nothing it reads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import time
@@ -111,14 +112,19 @@ class PinnedPostgres:
         self._own = conn is None or not idle_autocommit(conn)
         self.conn = connect(dsn) if self._own else conn
         try:
+            behind = False
             while True:
-                with barrier.held(self.conn, [dataset_id] if dataset_id is not None else []) as behind:
+                with (connect(dsn) if behind else contextlib.nullcontext()) as side, \
+                        (barrier.held(side, [dataset_id], checked=True, dedicated=True) if behind
+                         else contextlib.nullcontext()):
                     self.conn.execute("begin transaction isolation level repeatable read, read only")
                     # Take the snapshot now (the first statement does), before the caller looks at anything else.
                     tracked_after_commit = barrier.tracking_after_commit(self.conn)
                     if behind or dataset_id is None or not tracked_after_commit:
                         break
-                    self.conn.execute("rollback")  # switched to wal-tracking meanwhile: behind the barrier then
+                    # Capture mode wal-tracking: pin again while a connection of ours holds the barrier.
+                    self.conn.execute("rollback")
+                    behind = True
         except BaseException:
             self.close()
             raise

@@ -331,11 +331,17 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
     in wal-tracking, behind the barrier): a switch committed after the caller looked."""
     conn.execute("begin isolation level repeatable read")
     try:
+        if behind:  # frozen while it holds the barrier, the session is ended by the server (parity/barrier.py)
+            idle = conn.execute("select current_setting('idle_in_transaction_session_timeout'),"
+                                " set_config('idle_in_transaction_session_timeout', %s, true)",
+                                (str(barrier.HOLD_IDLE_TIMEOUT_MS),)).fetchone()[0]
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
         if (not locked and capture.active(conn)) or (not behind and barrier.tracking_after_commit(conn)):
             conn.execute("rollback")  # both read in this fill's snapshot
             return False
-        behind.let_go()  # the snapshot is taken: the dataset's writers need not wait for the sums
+        if behind:  # the snapshot is taken: the dataset's writers need not wait for the sums
+            behind.let_go()
+            conn.execute("select set_config('idle_in_transaction_session_timeout', %s, true)", (idle,))
         state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
                              (dataset_id,)).fetchone()
         if state is None or state[0] != sh:
