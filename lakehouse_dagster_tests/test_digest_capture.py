@@ -151,19 +151,14 @@ def test_concurrent_writers_consumers_and_a_fill_lose_nothing_and_count_nothing_
     capture.disable(conn)
 
 
-def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothing_twice(conn, dsn):
-    d = make_dataset(conn, 10)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
-    capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(20, 50))
-    conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
-    # A separate process applies the chunk and is killed before pg_replication_slot_advance.
+def consumer_killed_at(dsn: str, needle: str) -> None:
+    """A catch-up in a process of its own, SIGKILLed when it is about to run a query containing ``needle``."""
     code = (
         "import os, psycopg, signal\n"
         "from lakehouse_dagster.parity import capture\n"
         "real = psycopg.Connection.execute\n"
         "def execute(self, query, *a, **kw):\n"
-        "    if isinstance(query, str) and 'pg_replication_slot_advance' in query:\n"
+        f"    if isinstance(query, str) and {needle!r} in query:\n"
         "        os.kill(os.getpid(), signal.SIGKILL)\n"
         "    return real(self, query, *a, **kw)\n"
         "psycopg.Connection.execute = execute\n"
@@ -171,6 +166,16 @@ def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothi
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+
+
+def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothing_twice(conn, dsn):
+    d = make_dataset(conn, 10)
+    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    capture.enable(conn)
+    ds.insert_rows(conn, d, rows_for(20, 50))
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
+    # A separate process applies the chunk and is killed before pg_replication_slot_advance.
+    consumer_killed_at(dsn, "pg_replication_slot_advance")
     slot = capture.state(conn).slot
     confirmed, applied = conn.execute(
         "select confirmed_flush_lsn, (select applied_lsn from lakehouse_digest_capture)"

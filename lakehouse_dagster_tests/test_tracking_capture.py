@@ -367,9 +367,7 @@ def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_wa
 
 @pytest.mark.parametrize("kill_at", ["update datasets d set rows_version", "pg_replication_slot_advance"])
 def test_a_consumer_killed_before_or_after_its_commit_writes_the_tracking_exactly_once(conn, dsn, kill_at):
-    import signal
-    import subprocess
-    import sys
+    from lakehouse_dagster_tests.test_digest_capture import consumer_killed_at
 
     d = make_dataset(conn, 10)
     mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
@@ -377,19 +375,7 @@ def test_a_consumer_killed_before_or_after_its_commit_writes_the_tracking_exactl
     before = tracking(conn, d)
     ds.insert_rows(conn, d, rows_for(20, 50), start_index=50)
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
-    code = (
-        "import os, psycopg, signal\n"
-        "from lakehouse_dagster.parity import capture\n"
-        "real = psycopg.Connection.execute\n"
-        "def execute(self, query, *a, **kw):\n"
-        f"    if isinstance(query, str) and {kill_at!r} in query:\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return real(self, query, *a, **kw)\n"
-        "psycopg.Connection.execute = execute\n"
-        f"capture.catch_up(psycopg.connect({dsn!r}, autocommit=True))\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    consumer_killed_at(dsn, kill_at)
     after_kill = tracking(conn, d)
     committed = kill_at == "pg_replication_slot_advance"
     assert (after_kill[0] > before[0]) is committed  # killed before its commit: nothing written
