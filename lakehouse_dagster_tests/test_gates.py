@@ -181,3 +181,24 @@ def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, 
     assert "parity was last checked at Postgres version" in err and "Iceberg is behind" not in err
     run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)])
     cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
+
+
+def test_in_capture_mode_wal_tracking_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(conn, dsn,
+                                                                                                     settings, ws):
+    """The late row's version exists only in the WAL until the consumer writes it: the gate settles first."""
+    from lakehouse_dagster.parity import capture
+
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode wal-tracking needs wal_level = logical")
+    behind = _dataset(conn, ws, "behind-in-the-wal")
+    _ready(conn, dsn, settings, behind)
+    capture.enable(conn, tracking=True)
+    try:
+        ds.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
+        stale = conn.execute("select rows_version from datasets where id = %s", (behind,)).fetchone()[0]
+        err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(behind))
+        assert "Iceberg is behind Postgres" in err and "let the mirror catch up" in err
+        assert conn.execute("select rows_version from datasets where id = %s", (behind,)).fetchone()[0] > stale
+        assert native_dataset_ids(conn) == set()
+    finally:
+        capture.disable(conn)

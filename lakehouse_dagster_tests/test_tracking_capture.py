@@ -416,3 +416,19 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert barrier.settle(conn, [d]) is True and tracking(conn, d)[2] == 10
+
+
+def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(conn, dsn, settings):
+    """The flip gates decide inside a transaction: settle then works on a second connection, and the gate's
+    next statement (READ COMMITTED) sees the version the consumer wrote."""
+    from lakehouse_dagster.flags import gates
+
+    d = make_dataset(conn, 5)
+    sync(settings, dsn, d)
+    capture.enable(conn, tracking=True)
+    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # not mirrored: a flip must see it as behind
+    with conn.transaction():
+        assert barrier.settle(conn, [d]) is True
+        synced = gates._latest_syncs(conn, [d])[d]
+    status, _, source_version, rows_version = synced
+    assert status == "succeeded" and source_version < rows_version == tracking(conn, d)[0]
