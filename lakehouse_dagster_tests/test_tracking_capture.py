@@ -432,3 +432,31 @@ def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(c
         synced = gates._latest_syncs(conn, [d])[d]
     status, _, source_version, rows_version = synced
     assert status == "succeeded" and source_version < rows_version == tracking(conn, d)[0]
+
+
+def test_repair_after_a_lost_slot_marks_every_dataset_changed_and_the_next_sync_is_full(conn, dsn, settings):
+    """The lost WAL held tracking nobody wrote: which datasets it changed is unknown, so all of them are."""
+    d = make_dataset(conn, 20)
+    sync(settings, dsn, d)
+    capture.enable(conn, tracking=True)
+    conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # as if invalidated
+    ds.insert_rows(conn, d, rows_for(5, 300), start_index=300)  # a write no consumer will ever see
+    with pytest.raises(capture.CaptureError, match="missing.*repair"):
+        barrier.settle(conn, [d])  # no reader reads a guess
+    before = tracking(conn, d)
+    out = capture.repair(conn)
+    assert out["repaired"] is True and out["datasets_marked_changed"] >= 1
+    v, rw, mx, _ = tracking(conn, d)
+    assert v > before[0] and rw == v and mx is None  # a rewrite of unknown extent
+    r = sync(settings, dsn, d)
+    assert r.mode == "full" and r.total_rows == 25, (r.mode, r.reason)
+    assert evaluate(settings, dsn, d).verdict == cy.OK
+    # lost again, and this time the operator switches back instead of repairing: the same rule
+    conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))
+    ds.insert_rows(conn, d, rows_for(1, 400), start_index=400)
+    before = tracking(conn, d)
+    out = capture.disable(conn)
+    assert out["mode"] == "triggers" and "consumer_error" in out
+    v, rw, mx, _ = tracking(conn, d)
+    assert v > before[0] and rw == v and mx is None
+    assert sync(settings, dsn, d).total_rows == 26

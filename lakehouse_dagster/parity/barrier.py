@@ -57,7 +57,7 @@ def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeou
     if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         with held(conn, ids, timeout_s=timeout_s, checked=True):
             return True
-    with capture._sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True, dedicated=True):
+    with capture.sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True, dedicated=True):
         return True
 
 

@@ -49,7 +49,6 @@ from . import pgoutput as po
 PUBLICATION = "lakehouse_digest"
 DIGEST_TRIGGERS = ("lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest",
                    "lakehouse_rows_trunc_digest")
-MODES = ("triggers", "wal", "wal-tracking")
 TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del")  # TRUNCATE's stays on
 BARRIER_TRIGGERS = ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del")
 CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill, in wal mode) at a time
@@ -153,7 +152,12 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
         if st.mode == "wal-tracking" and target != "wal-tracking":
             # The writes before this lock are tracked by the consumer only: apply every one now, before the
             # triggers take over (a version drawn by the consumer after theirs would hide a rewrite).
-            _catch_up_beside(conn)
+            try:
+                _catch_up_beside(conn)
+            except CaptureError as exc:
+                if isinstance(exc, RowLocked):
+                    raise
+                _mark_all_changed(conn)  # a lost or missing slot: what it held is unknown
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         again = st.mode != "triggers" and bool(_triggers_enabled(conn))
         if target != "triggers":
@@ -185,7 +189,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
                          " applied_version = d.rows_version from datasets d where d.id = s.dataset_id")
 
 
-def _sibling(conn: psycopg.Connection) -> psycopg.Connection:
+def sibling(conn: psycopg.Connection) -> psycopg.Connection:
     """A second autocommit connection to the same database (``conn`` is inside a transaction)."""
     params = conn.info.get_parameters()
     if conn.info.password:
@@ -195,7 +199,7 @@ def _sibling(conn: psycopg.Connection) -> psycopg.Connection:
 
 def _catch_up_beside(conn: psycopg.Connection) -> None:
     """Apply everything committed before now on a second connection, while ``conn`` holds its lock."""
-    with _sibling(conn) as other:
+    with sibling(conn) as other:
         force_flush(other)
         catch_up(other)
 
@@ -217,7 +221,7 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
             _switch(conn, st, st.slot, "triggers", lock_timeout_ms)
         except psycopg.errors.LockNotAvailable:
             raise CaptureError(f"dataset_rows stayed locked by other transactions for {lock_timeout_ms / 1000:g} s "
-                               "(the switch needs a brief lock that waits for every writer): still capture mode wal; try again "
+                               f"(the switch needs a brief lock that waits for every writer): still capture mode {st.mode}; try again "
                                "when the app's long transactions are done") from None
     out = {"mode": "triggers", "changed": st.mode != "triggers"}
     if st.slot:
@@ -264,6 +268,14 @@ def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
     return row is not None
 
 
+def _mark_all_changed(conn: psycopg.Connection) -> int:
+    """Lost WAL held change tracking nobody wrote: which datasets it changed is unknown, so every one has
+    changed (a new version, a rewrite, an unknown max), as after a TRUNCATE: each syncs in full once."""
+    v = conn.execute("select nextval('lakehouse_rows_version_seq')").fetchone()[0]
+    return conn.execute("update datasets set rows_version = %s, rows_rewrite_version = %s,"
+                        " rows_xid = pg_current_xact_id(), max_row_index = null", (v, v)).rowcount
+
+
 def _drop_all_sums(conn: psycopg.Connection) -> int:
     """Every registration and its deltas (sums that may miss or double-count writes); returns how many."""
     conn.execute("delete from lakehouse_pg_digest_deltas")
@@ -274,7 +286,7 @@ def repair(conn: psycopg.Connection) -> dict:
     """After a lost slot: every registration is dropped (its sums may miss writes), a new slot is made and
     the switch row written again; the next canaries fill the sums afresh."""
     st = state(conn)
-    if st.mode != "wal":
+    if st.mode == "triggers":
         return {"mode": st.mode, "repaired": False}
     if st.slot and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
         conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
@@ -290,12 +302,7 @@ def repair(conn: psycopg.Connection) -> dict:
         dropped = _drop_all_sums(conn)
         out = {}
         if st.mode == "wal-tracking" or st.tracking:
-            # The lost WAL held change tracking nobody wrote: which datasets changed is unknown, so every one
-            # has (a new version, a rewrite, an unknown max), as after a TRUNCATE: each syncs in full once.
-            v = conn.execute("select nextval('lakehouse_rows_version_seq')").fetchone()[0]
-            out["datasets_marked_changed"] = conn.execute(
-                "update datasets set rows_version = %s, rows_rewrite_version = %s, rows_xid = pg_current_xact_id(),"
-                " max_row_index = null", (v, v)).rowcount
+            out["datasets_marked_changed"] = _mark_all_changed(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (st.mode,))
         conn.execute("update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
                      " tracking = false, changed_at = now()", (slot,))
