@@ -175,8 +175,8 @@ class SnapshotState:
     snapshot_name: str
 
 
-_PIN = ("select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(),"
-        " (select mode = 'wal-tracking' from lakehouse_digest_capture) from datasets where id = %s")
+_PIN = ("select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(), "
+        + barrier.IN_WAL_TRACKING + " from datasets where id = %s")
 
 
 class PinnedSnapshot:
@@ -202,8 +202,7 @@ class PinnedSnapshot:
             # dataset's barrier, where it matches the committed rows (parity/barrier.py).
             self.conn.rollback()
             try:
-                with psycopg.connect(dsn, autocommit=True) as side, barrier.held(side, [dataset_id], checked=True,
-                                                                                       dedicated=True):
+                with barrier.held_elsewhere(dsn, [dataset_id]):
                     self.conn.execute("set transaction isolation level repeatable read")
                     self.conn.execute("set local timezone to 'UTC'")
                     row = self.conn.execute(_PIN, (dataset_id,)).fetchone()

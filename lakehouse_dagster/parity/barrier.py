@@ -42,9 +42,22 @@ class BarrierTimeout(capture.CaptureError):
     """The dataset's writers kept a transaction open past the timeout: its tracking cannot be read exactly."""
 
 
+# The one test of the mode, as an SQL expression: readers put it in a query they run anyway (a pin, the
+# freshness check), so the other capture modes pay nothing for it.
+IN_WAL_TRACKING = "(select mode = 'wal-tracking' from lakehouse_digest_capture)"
+
+
 def tracking_after_commit(conn: psycopg.Connection) -> bool:
-    row = conn.execute("select mode = 'wal-tracking' from lakehouse_digest_capture").fetchone()
-    return bool(row and row[0])
+    return bool(conn.execute("select " + IN_WAL_TRACKING).fetchone()[0])
+
+
+@contextlib.contextmanager
+def held_elsewhere(dsn: str, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> Iterator[Barrier]:
+    """``held`` on a connection of its own, closed after: the caller pins on its connection meanwhile. Only
+    called in wal-tracking (the caller read the mode in its own snapshot)."""
+    with psycopg.connect(dsn, autocommit=True) as holder, \
+            held(holder, dataset_ids, timeout_s=timeout_s, checked=True, dedicated=True) as b:
+        yield b
 
 
 def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> bool:

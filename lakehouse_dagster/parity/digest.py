@@ -114,9 +114,7 @@ class PinnedPostgres:
         try:
             behind = False
             while True:
-                with (connect(dsn) if behind else contextlib.nullcontext()) as side, \
-                        (barrier.held(side, [dataset_id], checked=True, dedicated=True) if behind
-                         else contextlib.nullcontext()):
+                with barrier.held_elsewhere(dsn, [dataset_id]) if behind else contextlib.nullcontext():
                     self.conn.execute("begin transaction isolation level repeatable read, read only")
                     # Take the snapshot now (the first statement does), before the caller looks at anything else.
                     tracked_after_commit = barrier.tracking_after_commit(self.conn)

@@ -317,7 +317,7 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
             if locked:
                 conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
             try:
-                if locked:
+                if locked and not behind:  # behind the barrier, held() has just caught the consumer up
                     capture.catch_up(conn)
                 if _fill(conn, dataset_id, sh, locked, behind):
                     return outcome

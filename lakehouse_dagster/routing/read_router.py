@@ -60,9 +60,8 @@ class Freshness:
         return self.has_snapshot and self.source_version is not None and self.source_version >= self.rows_version
 
 
-_FRESHNESS = """
-select d.rows_version, s.snapshot_id, s.source_version,
-       (select mode = 'wal-tracking' from lakehouse_digest_capture)  -- parity/barrier.py
+_FRESHNESS = f"""
+select d.rows_version, s.snapshot_id, s.source_version, {barrier.IN_WAL_TRACKING}
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
  where d.id = %s
@@ -220,7 +219,8 @@ def resolve_read_source(
     """Resolve the reader's mode (cached, clamped), apply the freshness gate, log the decision."""
     dataset_id = parse_uuid(dataset_id, "dataset id")
     flag = flags.resolve(READ, reader, dataset_id)
-    fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)  # also refuses a dataset that does not exist, whatever the mode
+    # also refuses a dataset that does not exist, whatever the mode; a STRICT read settles wal-tracking's tracking
+    fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)
     # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
     decision = decide(reader, dataset_id, flag, fresh, native)
