@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psycopg
 
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
-from lakehouse_dagster.store.migrations import migrate
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.schema.migrate import migrate
 
 # Demo-shaped (like the demo's `events`): 10 typed columns of every type, with nulls
 # (JSON null and missing keys), unicode, NaN/±Infinity, pre-1970 timestamps and nested json.
@@ -52,7 +52,7 @@ from generate_series(%(lo)s::bigint, %(hi)s::bigint) g
 def admin_dsn() -> str:
     if os.environ.get("LAKEHOUSE_PG_DSN"):
         return os.environ["LAKEHOUSE_PG_DSN"]
-    from lakehouse_dagster.store.embedded import start_embedded
+    from lakehouse_dagster.core.embedded import start_embedded
 
     root = Path(tempfile.mkdtemp(prefix="lh-bench-"))
     return start_embedded(root / "pg", keep_running=False, delete_on_exit=True)
@@ -60,8 +60,8 @@ def admin_dsn() -> str:
 
 def mirror_settings(dsn: str, namespace: str, **kw):
     """Settings and catalog for a bench that mirrors: a temporary LAKEHOUSE_HOME with its own warehouse."""
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.core.settings import Settings
 
     root = Path(tempfile.mkdtemp(prefix=f"lh-{namespace}-"))
     (root / "warehouse").mkdir()

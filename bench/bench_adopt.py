@@ -36,15 +36,15 @@ import dagster as dg  # noqa: E402
 import psycopg  # noqa: E402
 
 from bench._common import admin_dsn  # noqa: E402
-from lakehouse_dagster.defs.partitions import datasets_partitions  # noqa: E402
-from lakehouse_dagster.defs.resources import LakehouseResource  # noqa: E402
-from lakehouse_dagster.defs.sensors import mirror_poller, requested_datasets  # noqa: E402
-from lakehouse_dagster.iceberg.catalog import load_catalog  # noqa: E402
-from lakehouse_dagster.ingest.poller import _BEHIND  # noqa: E402
-from lakehouse_dagster.ingest.sync import sync_dataset  # noqa: E402
-from lakehouse_dagster.settings import Settings  # noqa: E402
-from lakehouse_dagster.store.db import connect  # noqa: E402
-from lakehouse_dagster.store.migrations import FILL_MARK, fill_change_tracking, migrate  # noqa: E402
+from lakehouse_dagster.dagster.partitions import datasets_partitions  # noqa: E402
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, requested_datasets  # noqa: E402
+from lakehouse_dagster.lake.catalog import load_catalog  # noqa: E402
+from lakehouse_dagster.mirror.poller import _BEHIND  # noqa: E402
+from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402
+from lakehouse_dagster.core.settings import Settings  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate  # noqa: E402
 from lakehouse_dagster_tests.conftest import _with_db  # noqa: E402
 from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, FOUNDATION_SQL  # noqa: E402
 

@@ -18,12 +18,12 @@ the same run, alternating round by round (the best round of each is kept):
              functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
   wal        change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app pays in capture mode
-             "wal", where the digest is computed after the commit by the WAL consumer (parity/capture.py);
+             "wal", where the digest is computed after the commit by the WAL consumer (tracking/capture.py);
              that consumer's own time per statement is measured after the rounds and printed separately
   wal-tracking  the barrier triggers of migration 024 only (a shared transaction-level advisory lock per
              dataset the statement wrote), REPLICA IDENTITY FULL: what the app pays in capture mode
              "wal-tracking", where change tracking and the digest are both written by the WAL consumer and
-             readers pin behind the barrier (parity/barrier.py); the consumer's time is measured after the
+             readers pin behind the barrier (tracking/barrier.py); the consumer's time is measured after the
              rounds too
   barrier    the first form of that trigger, before it shipped (a one-dataset fast path, hashtextextended
              on the uuid's text), REPLICA IDENTITY DEFAULT: the design point measured in session 9
@@ -83,8 +83,8 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
     empty statement trigger with transition tables), the bare row hash of the statement's rows (static SQL),
     the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
     order: tracking, then digest), and change tracking as it was before migration 023 (020's)."""
-    from lakehouse_dagster.parity.migration import DIGESTS
-    from lakehouse_dagster.store.migrations import NO_KEY_ROW_LOCKS, ONE_DATASET_TRACKING
+    from lakehouse_dagster.schema.parity_sql import DIGESTS
+    from lakehouse_dagster.schema.migrate import NO_KEY_ROW_LOCKS, ONE_DATASET_TRACKING
 
     def function(text: str, name: str, as_name: str) -> str:
         start = text.index(f"create or replace function {name}()")
@@ -162,8 +162,8 @@ def main(argv=None) -> int:
     from psycopg.types.json import Jsonb
 
     from lakehouse_dagster.parity import maintained as mt
-    from lakehouse_dagster.store.datasets import get_dataset
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.tracking.datasets import get_dataset
+    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_app_writes"
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
         deltas = c.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (ds_id,)).fetchone()[0]
 
     # The WAL consumer: the same statements once more in capture mode "wal", then its catch-up, timed.
-    from lakehouse_dagster.parity import capture
+    from lakehouse_dagster.tracking import capture
 
     conn.execute("set synchronous_commit = on")  # the consumer decodes flushed WAL only
     consumers: dict[str, dict[str, tuple[float, float | None]]] = {}

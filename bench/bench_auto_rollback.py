@@ -36,11 +36,12 @@ def main(argv=None) -> int:
 
     from lakehouse_dagster.flags.overrides import clear_override, set_override
     from lakehouse_dagster.flags.registry import READ, READERS, rank
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
-    from lakehouse_dagster.settings import Settings
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.runbooks import auto_rollback
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.core.db import connect
 
     dsn = fresh_database(admin_dsn(), "lakehouse_bench_auto_rollback")
     root = Path(tempfile.mkdtemp(prefix="lh-bench-autorb-"))
@@ -68,10 +69,10 @@ def main(argv=None) -> int:
             times["canary"].append(time.perf_counter() - t)
             assert v.verdict == cy.MISMATCH, v.detail
             t = time.perf_counter()
-            cy.record(conn, v, settings=settings.replace(auto_rollback=False))
+            auto_rollback.record_and_roll_back(conn, v, settings=settings.replace(auto_rollback=False))
             times["record, off"].append(time.perf_counter() - t)
             t = time.perf_counter()
-            cy.record(conn, v, settings=settings)
+            auto_rollback.record_and_roll_back(conn, v, settings=settings)
             times["record + rollback"].append(time.perf_counter() - t)
             rolled = len(v.detail["auto_rollback"]["rolled_back"])
             assert rolled == len(readers), v.detail["auto_rollback"]

@@ -37,13 +37,13 @@ def _rss_mb() -> float:
 
 
 def _settings(dsn: str, warehouse: str):
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.core.settings import Settings
 
     return Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace="bench_backfill")
 
 
 def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
-    from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
+    from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 
     settings = _settings(dsn, warehouse)
     catalog = load_catalog(settings, dsn)
@@ -52,18 +52,18 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
     if kind == "backfill":
         import logging
 
-        from lakehouse_dagster.rollback.backfill import backfill
+        from lakehouse_dagster.runbooks.backfill import backfill
 
         logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-        logging.getLogger("lakehouse_dagster.rollback.backfill").setLevel(logging.DEBUG)
+        logging.getLogger("lakehouse_dagster.runbooks.backfill").setLevel(logging.DEBUG)
 
         r = backfill(dsn, catalog, settings, d, actor="bench")
         rows = r.copied
     elif kind == "limit":
         import adbc_driver_postgresql.dbapi as adbc
 
-        from lakehouse_dagster.ingest.source import _adbc_uri
-        from lakehouse_dagster.rollback.backfill import _batches
+        from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+        from lakehouse_dagster.runbooks.backfill import _batches
 
         table = load_table_or_none(catalog, table_identifier(settings, d))
         names = [f.name for f in table.schema().fields]
@@ -73,7 +73,7 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
                                    mode="create", temporary=True)
             conn.rollback()
     else:
-        from lakehouse_dagster.ingest.sync import sync_dataset
+        from lakehouse_dagster.mirror.sync import sync_dataset
 
         rows = sync_dataset(dsn, catalog, settings, d, mode="full").rows
     return {"seconds": time.perf_counter() - t, "rows": rows, "rss_mb": _rss_mb()}
@@ -91,12 +91,12 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
     natively (sync.append) above them — and the writer rolled back to pg."""
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-    from lakehouse_dagster.iceberg.writer import write_arrow
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+    from lakehouse_dagster.parity.maintained import write_digested
+    from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.routing.write_router import route_write
-    from lakehouse_dagster.store.datasets import get_dataset
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.tracking.datasets import get_dataset
+    from lakehouse_dagster.core.db import connect
 
     d, _ = make_dataset(dsn, rows)
     settings = _settings(dsn, warehouse)
@@ -106,7 +106,7 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
         writer = "sync.append" if appended else "sync.full"
         # what the write router asks before a dataset's first native write: readers on Iceberg, parity ok
         from lakehouse_dagster.flags.registry import SERVABLE_READERS
-        from lakehouse_dagster.parity.canary import run_canary
+        from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 
         for reader in SERVABLE_READERS:
             set_override(conn, "read", reader.name, "iceberg", dataset=d, actor="bench")
@@ -115,7 +115,7 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
         dataset = get_dataset(conn, d)
         table = load_table_or_none(catalog, table_identifier(settings, d))
         # the same content written again natively, with fresh identity as a sync.full assigns it
-        from lakehouse_dagster.ingest.writers import uuid_texts
+        from lakehouse_dagster.sources.writers import uuid_texts
         import pyarrow as pa
 
         now = pa.scalar(time.time_ns() // 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
@@ -128,7 +128,7 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
                 2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC")))
 
         def native(sync_id, version):
-            return write_arrow(catalog, settings, dataset, (fresh(b) for b in source), mode="append" if appended
+            return write_digested(catalog, settings, dataset, (fresh(b) for b in source), mode="append" if appended
                                else "replace", sync_id=sync_id, source_version=version, path="native",
                                max_row_index=rows + appended - 1 if appended else None)
 

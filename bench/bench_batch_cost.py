@@ -30,26 +30,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # (module, attribute, label): timed where the caller looks them up. Missing ones (other code) are skipped.
 TIMED = [
-    ("lakehouse_dagster.ingest.batch", "sync_dataset", "sync (all)"),
-    ("lakehouse_dagster.ingest.sync", "guard_connection", "sync: connect (guard)"),
-    ("lakehouse_dagster.ingest.guards", "guard_connection", "sync: connect (guard)"),
-    ("lakehouse_dagster.ingest.sync", "refuse_mirror_over_iceberg_only", "sync: iceberg_only test"),
-    ("lakehouse_dagster.ingest.sync", "reap_abandoned", "sync: reaper"),
-    ("lakehouse_dagster.ingest.sync", "_log_start", "sync: log start"),
-    ("lakehouse_dagster.ingest.sync", "_mirror", "sync: read+write+commit"),
-    ("lakehouse_dagster.ingest.sync", "write_arrow", "sync:   write+commit"),
-    ("lakehouse_dagster.ingest.sync", "_log_succeeded", "sync: log succeeded"),
-    ("lakehouse_dagster.defs.mirror_batch", "get_dataset", "op: dataset row for metadata"),
-    ("lakehouse_dagster.defs.mirror_batch", "check_evaluations", "checks (all)"),
-    ("lakehouse_dagster.defs.checks", "parity_result", "check: parity"),
+    ("lakehouse_dagster.mirror.batch", "sync_dataset", "sync (all)"),
+    ("lakehouse_dagster.mirror.sync", "guard_connection", "sync: connect (guard)"),
+    ("lakehouse_dagster.core.guards", "guard_connection", "sync: connect (guard)"),
+    ("lakehouse_dagster.mirror.sync", "refuse_mirror_over_iceberg_only", "sync: iceberg_only test"),
+    ("lakehouse_dagster.mirror.sync", "reap_abandoned", "sync: reaper"),
+    ("lakehouse_dagster.mirror.sync", "_log_start", "sync: log start"),
+    ("lakehouse_dagster.mirror.sync", "_mirror", "sync: read+write+commit"),
+    ("lakehouse_dagster.mirror.sync", "write_digested", "sync:   write+commit"),
+    ("lakehouse_dagster.mirror.sync", "_log_succeeded", "sync: log succeeded"),
+    ("lakehouse_dagster.dagster.defs.mirror.mirror_batch", "get_dataset", "op: dataset row for metadata"),
+    ("lakehouse_dagster.dagster.defs.mirror.mirror_batch", "check_evaluations", "checks (all)"),
+    ("lakehouse_dagster.dagster.defs.parity.checks", "parity_result", "check: parity"),
     ("lakehouse_dagster.parity.canary", "_prepare_maintained", "check:   parity prepare maintained"),
-    ("lakehouse_dagster.parity.capture", "catch_up", "check:     WAL consumer catch-up"),
+    ("lakehouse_dagster.tracking.capture", "catch_up", "check:     WAL consumer catch-up"),
     ("lakehouse_dagster.parity.canary", "_compare", "check:   parity compare"),
-    ("lakehouse_dagster.defs.checks", "freshness_result", "check: snapshot_freshness"),
-    ("lakehouse_dagster.defs.checks", "identity_result", "check: identity_ready"),
+    ("lakehouse_dagster.dagster.defs.parity.checks", "freshness_result", "check: snapshot_freshness"),
+    ("lakehouse_dagster.dagster.defs.parity.checks", "identity_result", "check: identity_ready"),
     ("lakehouse_dagster.parity.digest", "pin_iceberg", "iceberg: pin (load table + plan files)"),
-    ("lakehouse_dagster.iceberg.catalog", "load_table_or_none", "iceberg: load table"),
-    ("lakehouse_dagster.store.db", "connect", "postgres: connect (psycopg)"),
+    ("lakehouse_dagster.lake.catalog", "load_table_or_none", "iceberg: load table"),
+    ("lakehouse_dagster.core.db", "connect", "postgres: connect (psycopg)"),
 ]
 EVENT_WRITES = "dagster: event writes"
 # Counted (and timed) below every caller, whatever the code version: the calls/ds column is the firm part.
@@ -128,8 +128,8 @@ def urlparse_db(dsn: str) -> str:
 
 def _datasets(dsn: str, n: int, rows: int) -> list[str]:
     from bench._common import BENCH_SCHEMA, GENERATE
-    from lakehouse_dagster.store import datasets as ds
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.core.db import connect
 
     with connect(dsn) as conn:
         ws = ds.create_workspace(conn, "bench")
@@ -142,7 +142,7 @@ def _datasets(dsn: str, n: int, rows: int) -> list[str]:
 
 def _append(dsn: str, ids: list[str], rows: int, append: int) -> None:
     from bench._common import GENERATE
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     with connect(dsn) as conn:
         for d in ids:
@@ -166,16 +166,16 @@ def child(args) -> dict:
 
     import dagster as dg
 
-    from lakehouse_dagster.defs.mirror_batch import mirror_batch_job
-    from lakehouse_dagster.defs.partitions import datasets_partitions
-    from lakehouse_dagster.defs.resources import LakehouseResource
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
+    from lakehouse_dagster.dagster.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.core.settings import Settings
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)
-    if args.capture == "wal":  # the maintained digest computed after the commit (parity/capture.py)
-        from lakehouse_dagster.parity import capture
-        from lakehouse_dagster.store.db import connect
+    if args.capture == "wal":  # the maintained digest computed after the commit (tracking/capture.py)
+        from lakehouse_dagster.tracking import capture
+        from lakehouse_dagster.core.db import connect
 
         with connect(dsn) as c:
             capture.enable(c)
@@ -276,7 +276,7 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, help="git revision of the baseline (default: merge-base with main)")
     ap.add_argument("--only", choices=("baseline", "current"), default=None)
     ap.add_argument("--capture", choices=("triggers", "wal"), default="triggers",
-                    help="capture mode of the maintained digest for the current code (parity/capture.py)")
+                    help="capture mode of the maintained digest for the current code (tracking/capture.py)")
     ap.add_argument("--compare-capture", action="store_true",
                     help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode wal")
     ap.add_argument("--child", action="store_true")

@@ -34,7 +34,7 @@ def main() -> int:
         "LAKEHOUSE_PG_DSN": dsn, "LAKEHOUSE_HOME": str(home / "home"),
         "LAKEHOUSE_WAREHOUSE": (home / "warehouse").as_uri(), "LAKEHOUSE_NAMESPACE": "lakehouse",
     })
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster_tests.crash_harness import run_cycles
 
     shown = [0]

@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lakehouse_dagster.flags.overrides import set_override  # noqa: E402
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS  # noqa: E402
 from lakehouse_dagster.flags.resolver import FlagResolver  # noqa: E402
-from lakehouse_dagster.store import datasets as ds  # noqa: E402
-from lakehouse_dagster.store.db import connect  # noqa: E402
-from lakehouse_dagster.store.embedded import start_embedded  # noqa: E402
-from lakehouse_dagster.store.migrations import migrate  # noqa: E402
+from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
+from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
 
 TARGET = 200_000
 

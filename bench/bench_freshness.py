@@ -122,7 +122,7 @@ class Stack:
         """In capture mode wal-tracking the write's version exists once the consumer wrote it."""
         if self.capture:
             sys.path.insert(0, str(ROOT))
-            from lakehouse_dagster.parity import capture
+            from lakehouse_dagster.tracking import capture
 
             capture.catch_up(self.conn)
 

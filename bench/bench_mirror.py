@@ -36,21 +36,21 @@ def _rss_mb() -> float:
 
 
 def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.core.settings import Settings
 
     settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, ingest_chunk_rows=chunk,
                                            namespace=f"bench_{kind}")
     ds_uuid = uuid.UUID(ds_id)
     if kind == "mirror":
-        from lakehouse_dagster.ingest.sync import sync_dataset
+        from lakehouse_dagster.mirror.sync import sync_dataset
 
         t = time.perf_counter()
         r = sync_dataset(dsn, load_catalog(settings, dsn), settings, ds_uuid, mode="full")
         return {"seconds": time.perf_counter() - t, "rows": r.rows, "rss_mb": _rss_mb(), "files": r.files}
-    from lakehouse_dagster.ingest.source import select_query
-    from lakehouse_dagster.store.datasets import parse_schema
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.mirror.pinned_read import select_query
+    from lakehouse_dagster.tracking.datasets import parse_schema
+    from lakehouse_dagster.core.db import connect
 
     columns = parse_schema(BENCH_SCHEMA)
     with connect(dsn) as conn:
@@ -58,8 +58,8 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
     if kind == "naive":
         import adbc_driver_postgresql.dbapi as adbc
 
-        from lakehouse_dagster.iceberg.catalog import ensure_namespace, table_identifier
-        from lakehouse_dagster.iceberg.schema import iceberg_schema
+        from lakehouse_dagster.lake.catalog import ensure_namespace, table_identifier
+        from lakehouse_dagster.lake.schema import iceberg_schema
 
         catalog = load_catalog(settings, dsn)
         t = time.perf_counter()

@@ -8,7 +8,7 @@ write_arrow). Two variants in the same run, a fresh dataset each: "keep all" (th
 commit expired nothing, because the rollback's walk needed every native snapshot, and no file was ever
 compacted) and "expire" (each native commit carries its run's totals, rollback/iceberg_only.native_run, and
 expires like a mirror commit, with LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s so the bench's minutes show
-what a day's history does; small files are compacted, ingest/native_compaction.py). Prints, per window of
+what a day's history does; small files are compacted, routing/native_compaction.py). Prints, per window of
 writes, the median write time (the route_write call), the metadata file's size, the snapshots kept, the live
 data files, and the time of the rollback's count of the rows only Iceberg holds (iceberg_only, median of 3); at the
 end, a full scan of the table (pyiceberg to Arrow, median of 3: what a reader pays); the last window against the first,
@@ -40,9 +40,9 @@ def main(argv=None) -> int:
 
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.registry import SERVABLE_READERS
-    from lakehouse_dagster.rollout.ingest_bench import BENCH_SCHEMA
-    from lakehouse_dagster.store import datasets as ds
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.runbooks.ingest_bench import BENCH_SCHEMA
+    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_native_growth"
@@ -69,11 +69,11 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
     """--writes native appends; prints the windows, returns the last one's write p50, count time and the time of a
     full scan of the table at the end (s)."""
     from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.iceberg.catalog import table_identifier
-    from lakehouse_dagster.rollback.iceberg_only import iceberg_only
-    from lakehouse_dagster.rollout.ingest_bench import _batches
+    from lakehouse_dagster.lake.catalog import table_identifier
+    from lakehouse_dagster.mirror.native_run import iceberg_only
+    from lakehouse_dagster.runbooks.ingest_bench import _batches
     from lakehouse_dagster.routing.write_router import native_write, route_write
-    from lakehouse_dagster.store import datasets as ds
+    from lakehouse_dagster.tracking import datasets as ds
 
     dataset = ds.get_dataset(conn, dataset_id)
     flags = FlagResolver(conn, ttl_seconds=0)

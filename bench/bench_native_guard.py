@@ -33,10 +33,10 @@ from lakehouse_dagster.flags.registry import REGISTRY, SERVABLE_READERS  # noqa:
 from lakehouse_dagster.flags.resolver import FlagResolver, resolve_from  # noqa: E402
 from lakehouse_dagster.routing.native_guard import native_blockers, unsafe_native_datasets  # noqa: E402
 from lakehouse_dagster.routing.read_router import freshness  # noqa: E402
-from lakehouse_dagster.store import datasets as ds  # noqa: E402
-from lakehouse_dagster.store.db import connect  # noqa: E402
-from lakehouse_dagster.store.embedded import start_embedded  # noqa: E402
-from lakehouse_dagster.store.migrations import migrate  # noqa: E402
+from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
+from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
 
 # The resolver's load before precedence.py: the dataset's overrides, then precedence in Python.
 _OLD_LOAD = """

@@ -49,15 +49,15 @@ def main(argv=None) -> int:
     import duckdb
     from psycopg import sql
 
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.parity import canonical as cn
     from lakehouse_dagster.parity import localise as loc
     from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, pin_iceberg, plain_digest
-    from lakehouse_dagster.settings import Settings
-    from lakehouse_dagster.store.datasets import get_dataset
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.tracking.datasets import get_dataset
+    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     admin = admin_dsn()

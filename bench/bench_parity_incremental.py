@@ -41,12 +41,12 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.parity.digest import PgSide, PinnedPostgres, plain_digest
-    from lakehouse_dagster.settings import Settings
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     admin = admin_dsn()

@@ -34,11 +34,11 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
-    from lakehouse_dagster.iceberg.catalog import table_identifier
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.lake.catalog import table_identifier
+    from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
-    from lakehouse_dagster.store import datasets as ds
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     rnd = random.Random(args.seed)

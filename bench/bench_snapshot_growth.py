@@ -5,10 +5,10 @@
 One demo-shaped dataset (bench/_common.py) of --rows rows, mirrored once, then --syncs rounds of an
 --append-row append followed by the sync the mirror runs (incremental append: one commit). Three variants in
 the same run, a fresh dataset each: "as before" (one manifest and one data file per append, every snapshot
-and every metadata file kept), "merge" (iceberg/writer.py MERGE_MANIFESTS), "merge + expiry" (also
+and every metadata file kept), "merge" (lake/writer.py MERGE_MANIFESTS), "merge + expiry" (also
 METADATA_FILES and expirable_snapshots with LAKEHOUSE_SNAPSHOTS_KEEP and a max age of 0 s, so the bench's
 minutes show what an hour's history does to a hot dataset) and "all" (also the compaction of small appended
-files, ingest/row_changes.py). Prints, per window of rounds, the median sync time, the metadata file's size, the
+files, tracking/row_changes.py). Prints, per window of rounds, the median sync time, the metadata file's size, the
 snapshots and the manifests of the current snapshot, and the time to plan a scan of the current snapshot (median of 3)
 (what readers, the identity check and the Iceberg-side digest start with); the last window against the
 first, and each variant against "as before", as ratios. Not a test: nothing here gates CI.
@@ -38,9 +38,9 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
-    from lakehouse_dagster.iceberg import writer
-    from lakehouse_dagster.ingest import row_changes
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.lake import writer
+    from lakehouse_dagster.tracking import row_changes
+    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_snapshot_growth"
@@ -75,9 +75,9 @@ def main(argv=None) -> int:
 def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
     """Mirror a fresh dataset, then --syncs rounds of append + sync; prints the windows, returns the last one's
     sync p50 and the mean plan time over the windows (merging makes it saw-toothed), in seconds."""
-    from lakehouse_dagster.iceberg.catalog import table_identifier
-    from lakehouse_dagster.ingest.sync import sync_dataset
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.lake.catalog import table_identifier
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.core.db import connect
 
     d, _ = make_dataset(dsn, args.rows)
     sync_dataset(dsn, catalog, settings, d, mode="full")

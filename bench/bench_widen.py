@@ -22,13 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lakehouse_dagster.errors import FlipRefused  # noqa: E402
+from lakehouse_dagster.core.errors import FlipRefused  # noqa: E402
 from lakehouse_dagster.flags.gates import check_change  # noqa: E402
 from lakehouse_dagster.flags.overrides import Scope  # noqa: E402
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, get_flag, rank  # noqa: E402
-from lakehouse_dagster.store.db import connect  # noqa: E402
-from lakehouse_dagster.store.embedded import start_embedded  # noqa: E402
-from lakehouse_dagster.store.migrations import migrate  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
+from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
 
 SERVABLE = [r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
 

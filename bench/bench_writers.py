@@ -60,7 +60,7 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     if kind == "rowcopy":
         import psycopg
 
-        from lakehouse_dagster.store import datasets as ds
+        from lakehouse_dagster.tracking import datasets as ds
 
         with psycopg.connect(dsn, autocommit=True) as conn:
             d = ds.create_dataset(conn, None, "bench-rowcopy", BENCH_SCHEMA)
@@ -78,7 +78,7 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     if kind == "typed":
         import adbc_driver_postgresql.dbapi as adbc
 
-        from lakehouse_dagster.ingest.source import _adbc_uri
+        from lakehouse_dagster.mirror.pinned_read import _adbc_uri
 
         rows = 0
         with adbc.connect(_adbc_uri(dsn)) as conn:
@@ -92,12 +92,12 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
         return {"seconds": time.perf_counter() - t, "rows": rows, "rss_mb": _rss_mb()}
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.iceberg.catalog import load_catalog
-    from lakehouse_dagster.ingest.writers import run_writer
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.sources.writers import run_writer
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.sources import set_source
-    from lakehouse_dagster.store import datasets as ds
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.core.db import connect
 
     settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace=f"bench_{kind}")
     with connect(dsn) as conn:
@@ -138,9 +138,9 @@ def _export(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
     import adbc_driver_postgresql.dbapi as adbc
     import pyarrow.parquet as pq
 
-    from lakehouse_dagster.ingest.source import _adbc_uri, select_query
-    from lakehouse_dagster.store.datasets import parse_schema
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.mirror.pinned_read import _adbc_uri, select_query
+    from lakehouse_dagster.tracking.datasets import parse_schema
+    from lakehouse_dagster.core.db import connect
 
     with connect(dsn) as conn:
         q = select_query(ds_id, parse_schema(BENCH_SCHEMA), None, None).as_string(conn)

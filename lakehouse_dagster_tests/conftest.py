@@ -15,9 +15,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lakehouse_dagster.settings import Settings
-from lakehouse_dagster.store.db import connect
-from lakehouse_dagster.store.migrations import migrate
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.schema.migrate import migrate
 
 TEMPLATE_DB = "lakehouse_test_template"
 
@@ -33,7 +33,7 @@ def pg_admin_dsn():
     if given:
         yield given
         return
-    from lakehouse_dagster.store.embedded import start_embedded
+    from lakehouse_dagster.core.embedded import start_embedded
 
     root = Path(tempfile.mkdtemp(prefix="lh-pg-"))
     dsn = start_embedded(root / "pg", keep_running=False, delete_on_exit=True)
@@ -59,7 +59,7 @@ def dsn(pg_admin_dsn, template_dsn):
         admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')
     yield _with_db(pg_admin_dsn, name)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        # A test that left capture mode "wal" on (parity/capture.py) leaves a slot, which blocks the drop.
+        # A test that left capture mode "wal" on (tracking/capture.py) leaves a slot, which blocks the drop.
         admin.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots where database = %s", (name,))
         admin.execute(f'drop database if exists "{name}" with (force)')
 

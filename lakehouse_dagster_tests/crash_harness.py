@@ -31,15 +31,15 @@ import signal
 import time
 import uuid
 
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.ingest.poller import Cursor, pending_syncs
-from lakehouse_dagster.ingest.reaper import files_by_sync
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
+from lakehouse_dagster.mirror.reaper import files_by_sync
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.datasets import parse_schema
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking.datasets import parse_schema
+from lakehouse_dagster.core.db import connect
 
 from .fault_helpers import cli_sync, cli_sync_popen, data_files_on_disk, terminate_lock_session, wait_stopped
 

@@ -10,7 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lakehouse_dagster.ingest.guards import _NS_DATASET
+from lakehouse_dagster.core.guards import _NS_DATASET
 
 
 def cli_env(failpoint: str | None = None, **extra: str) -> dict:

@@ -72,7 +72,7 @@ def exit_3_unless_definitions_are_preloaded():
     Definitions the forkserver built, without building them again."""
     import sys
 
-    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.dagster.definitions import defs
     from lakehouse_dagster.launcher import location
 
     built = defs()

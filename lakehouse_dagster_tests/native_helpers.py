@@ -14,15 +14,15 @@ import pytest
 from lakehouse_dagster.flags import registry as reg
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.iceberg.schema import arrow_schema
-from lakehouse_dagster.iceberg.writer import write_arrow
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.parity.canary import run_canary
-from lakehouse_dagster.ingest.native_compaction import native_compaction
-from lakehouse_dagster.rollback.iceberg_only import native_run
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+from lakehouse_dagster.routing.native_compaction import native_compaction
+from lakehouse_dagster.mirror.native_run import native_run
 from lakehouse_dagster.routing.write_router import route_write
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli
 
@@ -77,7 +77,7 @@ def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[di
     mode = reg.get_flag("write", writer).iceberg_mode
 
     def iceberg_write(sync_id, source_version):
-        return write_arrow(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
+        return write_digested(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
                            source_version=source_version, path="native",
                            max_row_index=start + len(values) - 1,
                            native_run=None if legacy else native_run(conn, settings, d),

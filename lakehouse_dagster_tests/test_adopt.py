@@ -18,12 +18,12 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.sensors import mirror_poller
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.settings import Settings
-from lakehouse_dagster.store.db import connect
-from lakehouse_dagster.store.migrations import FILL_MARK, fill_change_tracking, migrate
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate
 from lakehouse_dagster_tests.conftest import _with_db
 from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, app_dataset, app_workspace, create_foundation
 

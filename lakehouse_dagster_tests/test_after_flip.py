@@ -14,17 +14,17 @@ import dagster as dg
 import pytest
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.errors import FlipRefused, ReadRefused
+from lakehouse_dagster.core.errors import FlipRefused, ReadRefused
 from lakehouse_dagster.flags import registry as reg
-from lakehouse_dagster.flags.gates import resolve_for, stored_overrides
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.iceberg.reader import load_dataset_table, read_iceberg
-from lakehouse_dagster.parity.flipped import flipped_dataset_ids
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.routing.read_router import resolve_read_source
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, refusal
 from .native_helpers import SCHEMA, SERVABLE, native_write, ready_native, row
@@ -121,8 +121,8 @@ def test_a_pipeline_or_a_lowered_reader_on_a_native_dataset_refuses_its_next_nat
 
 
 def _tick(dsn, cursor=None):
-    from lakehouse_dagster.defs.native_safety import native_safety
-    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), cursor=cursor,
                                  resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}) as context:
@@ -131,8 +131,8 @@ def _tick(dsn, cursor=None):
 
 
 def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings):
-    from lakehouse_dagster.defs.native_safety import native_safety_report
-    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety_report
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     result, _ = _tick(dsn)
     assert isinstance(result, dg.SkipReason) and result.skip_message == "no dataset is written iceberg-native"
@@ -163,7 +163,7 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, raise_on_error=False, instance=instance)
     assert not run.success
     failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
-    reason = refusal(failure)  # the reason, no stack (defs/refusals.py)
+    reason = refusal(failure)  # the reason, no stack (dagster/refusals.py)
     assert reason.startswith("2 of 2 dataset(s)") and f"moved_in ({moved})" in reason
     logged = "\n".join(e.user_message for e in instance.all_logs(run.run_id))
     assert "| orders |" in logged and "| moved_in |" in logged  # the table, in the run's log

@@ -11,9 +11,9 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.parity.migration import DIGEST_ARRAY_ROWS
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.schema.parity_sql import DIGEST_ARRAY_ROWS
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
 
@@ -176,7 +176,7 @@ def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn
 
 
 def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a_function(conn, dsn):
-    from lakehouse_dagster.parity.migration import APP_WRITE_COST
+    from lakehouse_dagster.schema.parity_sql import APP_WRITE_COST
 
     d = make_dataset(conn, 5)
     _register(conn, d)

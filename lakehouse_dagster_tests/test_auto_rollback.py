@@ -13,16 +13,17 @@ import uuid
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs.canary_schedule import PARTITION_TAG
-from lakehouse_dagster.defs.checks import AUTO_ROLLBACK_TAG, parity
+from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG
+from lakehouse_dagster.dagster.defs.parity.checks import AUTO_ROLLBACK_TAG, parity
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.overrides import history, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.routing.read_router import resolve_read_source
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import cli, flag_tables
 from .test_canary import behind_the_mirrors_back, rows_for, sync
@@ -137,7 +138,7 @@ def test_no_reader_on_iceberg_means_nothing_written(conn, dsn, settings, ws):
     set_override(conn, "read", "studio.digest", "shadow", dataset=d, actor="pytest")  # shadow serves Postgres
     _diverge(conn, d)
     before = flag_tables(conn)
-    report = cy.run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)])
+    report = auto_rollback.run_canary_and_roll_back(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)])
     assert report.exit_code == cy.EXIT_MISMATCH
     assert report.results[0].detail["auto_rollback"]["actions"] == []
     assert flag_tables(conn) == before
@@ -216,7 +217,7 @@ def test_an_operator_change_holding_the_gate_lock_is_waited_for_not_doubled(conn
 
     def canary():
         with connect(dsn) as c:
-            done["report"] = cy.run_canary(c, dsn, catalog, settings, dataset_ids=[str(d)], run_id="race")
+            done["report"] = auto_rollback.run_canary_and_roll_back(c, dsn, catalog, settings, dataset_ids=[str(d)], run_id="race")
 
     with connect(dsn) as operator:
         with operator.transaction():
@@ -263,10 +264,10 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     assert v.verdict == "native"
     assert all(FlagResolver(conn, ttl_seconds=0).resolve("read", r, d).mode == "iceberg"
                for r in ("export.stream", "graph.kuzu"))
-    from lakehouse_dagster.parity.first_native import evaluate_first_native
+    from lakehouse_dagster.runbooks.first_native_canary import evaluate_first_native
 
     again = evaluate_first_native(dsn, load_catalog(settings, dsn), settings, d, "sync.full")
     assert again.verdict == "MISMATCH"
-    cy.record(conn, again, source="first-native-sync", run_id="again", settings=settings)
+    auto_rollback.record_and_roll_back(conn, again, source="first-native-sync", run_id="again", settings=settings)
     assert again.detail["auto_rollback"]["actions"][0]["status"] == "already"
     assert flag_tables(conn) == before

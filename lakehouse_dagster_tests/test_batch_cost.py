@@ -9,12 +9,12 @@ import pyarrow as pa
 import pytest
 from pyiceberg.types import StringType
 
-from lakehouse_dagster.defs.mirror_batch import mirror_batch_job
-from lakehouse_dagster.defs.partitions import datasets_partitions
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity.health import identity_ready
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import make_dataset, rogue_overwrite, rows_for, sync, table_of
 
 
@@ -171,8 +171,8 @@ def test_the_batch_checks_give_the_verdicts_of_the_checks_that_read_every_row(co
 
 
 def test_a_small_range_is_read_on_one_connection_and_gives_the_rows_the_split_readers_give(conn, dsn):
-    from lakehouse_dagster.ingest.source import PinnedSnapshot, read_batches
-    from lakehouse_dagster.store.datasets import get_dataset
+    from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches
+    from lakehouse_dagster.tracking.datasets import get_dataset
 
     d = make_dataset(conn, 40)
     columns = get_dataset(conn, d).columns

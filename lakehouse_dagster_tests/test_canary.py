@@ -17,14 +17,15 @@ import pyarrow.compute as pc
 import pytest
 
 from lakehouse_dagster.cli.main import main as cli_main
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.iceberg.schema import arrow_schema
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 from lakehouse_dagster.parity import localise as loc
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 SCHEMA = [
     {"name": "s", "type": "string"},
@@ -214,7 +215,7 @@ def test_json_text_form_difference_is_a_mismatch_that_smoke_explains(conn, dsn, 
 
 
 def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings):
-    from lakehouse_dagster.iceberg.writer import write_arrow
+    from lakehouse_dagster.parity.maintained import write_digested
 
     d = make_dataset(conn, 8)
     sync(settings, dsn, d)
@@ -230,7 +231,7 @@ def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings)
         " values (%s, %s, 'sync.append', 'native', 'running', %s)",
         (d, sync_id, dataset.rows_version),
     )
-    w = write_arrow(load_catalog(settings, dsn), settings, dataset, [batch], mode="append", sync_id=sync_id,
+    w = write_digested(load_catalog(settings, dsn), settings, dataset, [batch], mode="append", sync_id=sync_id,
                     source_version=dataset.rows_version, path="native")
     conn.execute("update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, finished_at = now()"
                  " where sync_id = %s", (w.snapshot_id, sync_id))
@@ -381,13 +382,13 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
 
 
 def test_demo_datasets_are_all_ok(conn, dsn, settings):
-    from lakehouse_dagster.demo import seed_demo
+    from lakehouse_dagster.demo.workspace import seed_demo
 
     seed_demo(conn, big_rows=2000)
     tabular = [r[0] for r in conn.execute("select id from datasets where kind = 'tabular'").fetchall()]
     for d in tabular:
         sync(settings, dsn, d)
-    report = cy.run_canary(conn, dsn, load_catalog(settings, dsn), settings, limit=100, smoke=True,
+    report = run_canary_and_roll_back(conn, dsn, load_catalog(settings, dsn), settings, limit=100, smoke=True,
                            smoke_max_rows=25_000)
     assert report.exit_code == 0
     assert {r.verdict for r in report.results} == {"ok"}, [(r.dataset, r.detail) for r in report.results if r.verdict != "ok"]
@@ -411,9 +412,9 @@ def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_s
     each one); after COMPACT_FILES small appends in a row the next sync rewrites the small files at the top of
     the table with its new rows in one partial commit. Every row stays exactly once: the canary's full digest
     agrees, and the rollback's reading of what an append added still finds that append's file."""
-    from lakehouse_dagster.iceberg.writer import MERGE_MANIFESTS
-    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
-    from lakehouse_dagster.rollback.iceberg_only import _added_files
+    from lakehouse_dagster.lake.writer import MERGE_MANIFESTS
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
+    from lakehouse_dagster.mirror.native_run import _added_files
 
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
@@ -445,7 +446,7 @@ def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn,
     the newest snapshots (a reader's choice a moment ago) are all still there, and the canary agrees."""
     from pathlib import Path
 
-    from lakehouse_dagster.iceberg.writer import METADATA_FILES
+    from lakehouse_dagster.lake.writer import METADATA_FILES
 
     d = make_dataset(conn, 5)
     keep = 4
@@ -476,8 +477,8 @@ def test_the_snapshot_rules(settings, monkeypatch):
     compaction reads is refused at start."""
     import types
 
-    from lakehouse_dagster.errors import BadInput
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.core.errors import BadInput
+    from lakehouse_dagster.core.settings import Settings
 
     monkeypatch.setenv("LAKEHOUSE_SNAPSHOTS_KEEP", "3")
     with pytest.raises(BadInput, match="LAKEHOUSE_SNAPSHOTS_KEEP=3 is below 16"):
@@ -485,7 +486,7 @@ def test_the_snapshot_rules(settings, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_SNAPSHOTS_KEEP", "0")
     assert Settings.from_env().snapshots_keep == 0
 
-    from lakehouse_dagster.iceberg.writer import expirable_snapshots
+    from lakehouse_dagster.lake.writer import expirable_snapshots
 
     snaps = [types.SimpleNamespace(snapshot_id=i, timestamp_ms=1000 * i, sequence_number=i) for i in range(1, 11)]
     md = types.SimpleNamespace(snapshots=snaps, refs={"main": types.SimpleNamespace(snapshot_id=10)})
@@ -511,8 +512,8 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     import time
     import uuid as uuidlib
 
-    from lakehouse_dagster.iceberg import orphans as orph
-    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+    from lakehouse_dagster.lake import orphans as orph
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
     from lakehouse_dagster_tests.flag_helpers import cli
 
     d = make_dataset(conn, 5)

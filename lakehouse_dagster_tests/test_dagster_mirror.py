@@ -6,15 +6,15 @@ import dagster as dg
 import psycopg
 import pytest
 
-from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
-from lakehouse_dagster.defs.partitions import datasets_partitions
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.sensors import mirror_poller
+from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.flags import set_override
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.poller import Cursor
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.poller import Cursor
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets as ds
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -158,7 +158,7 @@ def test_poller_skips_native_datasets_and_honours_enable_flag(conn, dsn, setting
 
 
 def test_code_location_loads():
-    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.dagster.definitions import defs
 
     d = defs()
     assert d.resolve_job_def("mirror_job") is not None
@@ -171,7 +171,7 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     """A sync that failed is otherwise requested again only when its dataset changes: the sweep retries it."""
     import time
 
-    from lakehouse_dagster.errors import SyncFailed
+    from lakehouse_dagster.core.errors import SyncFailed
 
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "1")
@@ -209,7 +209,7 @@ def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(con
     the dataset is caught up."""
     import time
 
-    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.dagster.definitions import defs
 
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "3")

@@ -16,10 +16,10 @@ import psycopg.sql
 import pytest
 
 from lakehouse_dagster.cli.main import main
-from lakehouse_dagster.demo import DEMO_WORKSPACE_ID, EVENTS_SCHEMA, demo_id, seed_demo
+from lakehouse_dagster.demo.workspace import DEMO_WORKSPACE_ID, EVENTS_SCHEMA, demo_id, seed_demo
 from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
-from lakehouse_dagster.store.datasets import COLUMN_TYPES, pipeline_input_dataset_ids
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking.datasets import COLUMN_TYPES, pipeline_input_dataset_ids
+from lakehouse_dagster.core.db import connect
 
 BIG = 3_000  # the generator is the same SQL for 1M rows; a few thousand rows reach every branch of it
 

@@ -1,5 +1,5 @@
 """Capture mode "wal": the maintained Postgres digest computed after the app's transaction, from a
-logical replication slot (parity/capture.py), against a real server with wal_level = logical."""
+logical replication slot (tracking/capture.py), against a real server with wal_level = logical."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import psycopg
 import pytest
 
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import capture
+from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference, spread_rows
 
@@ -269,8 +269,8 @@ def test_statements_over_two_datasets_large_transactions_and_truncate(conn, dsn)
 def _consumer_tick(dsn):
     import dagster as dg
 
-    from lakehouse_dagster.defs.digest_capture import digest_capture_consumer
-    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.mirror.digest_capture import digest_capture_consumer
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
                                  resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}) as context:

@@ -31,7 +31,7 @@ from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.cli.up import stop_postgres
-from lakehouse_dagster.demo import demo_id
+from lakehouse_dagster.demo.workspace import demo_id
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_ROWS = 2_000
@@ -99,7 +99,7 @@ def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypa
     assert not list(home.glob("**/*.db"))
 
     workspace = (ROOT / "workspace.yaml").read_text()
-    assert "module_name: lakehouse_dagster.definitions" in workspace
+    assert "module_name: lakehouse_dagster.dagster.definitions" in workspace
 
 
 def test_conninfo_to_url_keeps_every_part_and_masks_passwords():
@@ -384,7 +384,7 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
     loc = _location(stack)
     repo = loc["repositories"][0]
     if "mirror_job" not in {j["name"] for j in repo["jobs"]}:
-        pytest.skip("mirror_job is not defined in the code location yet (defs/assets.py)")
+        pytest.skip("mirror_job is not defined in the code location yet (dagster/defs/mirror/assets.py)")
     partition = str(demo_id("events"))
     selector = {"repositoryLocationName": loc["name"], "repositoryName": repo["name"]}
     added = stack.gql(ADD_PARTITION_Q, {"r": selector, "p": partition})["addDynamicPartition"]

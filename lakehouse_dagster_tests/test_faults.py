@@ -10,13 +10,13 @@ import uuid
 
 import pytest
 
-from lakehouse_dagster.errors import CommitOutcomeUnknown, SyncFailed, is_transient
-from lakehouse_dagster.failpoints import parse
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.poller import Cursor, pending_syncs
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.errors import BadInput
+from lakehouse_dagster.core.errors import CommitOutcomeUnknown, SyncFailed, is_transient
+from lakehouse_dagster.core.failpoints import parse
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.errors import BadInput
 
 from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, default_sigint, referenced_files,
                             terminate_lock_session, wait_stopped)
@@ -121,10 +121,10 @@ def test_unknown_outcome_keeps_the_files_and_the_next_sync_settles_them(conn, ds
 
 
 def test_a_landed_sync_whose_snapshot_was_expired_keeps_its_files_when_settled(conn, dsn, settings):
-    """The reaper settles an unrecorded sync by looking for its snapshot; snapshot expiry (iceberg/writer.py)
+    """The reaper settles an unrecorded sync by looking for its snapshot; snapshot expiry (lake/writer.py)
     could remove one that landed. Its files are then still the table's, and deleting them would break the
     table: the reaper keeps every live file and records the sync as landed."""
-    from lakehouse_dagster.ingest.reaper import fence
+    from lakehouse_dagster.mirror.reaper import fence
 
     d = _make(conn)
     _sync(settings, dsn, d)
@@ -202,8 +202,8 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
         _sync(settings, dsn, d)
     assert not changed.value.transient
     # a lock timeout (another sync holds the dataset lock past the wait) is transient too
-    from lakehouse_dagster.ingest.guards import dataset_lock
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.guards import dataset_lock
+    from lakehouse_dagster.core.db import connect
 
     with connect(dsn) as other, dataset_lock(other, d):
         with pytest.raises(SyncFailed, match="held the lock") as timeout:
@@ -278,8 +278,8 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
 def _materialize(dsn, d, instance):
     import dagster as dg
 
-    from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
-    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     return dg.materialize(
         [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d),
@@ -297,7 +297,7 @@ def instance():
 
 def test_a_transient_failure_is_retried_by_the_asset_and_the_run_succeeds(conn, dsn, settings, instance, monkeypatch):
     """An object-store I/O error once (before the commit): the step retries under its RetryPolicy."""
-    from lakehouse_dagster.defs.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.partitions import datasets_partitions
 
     d = _make(conn, 50)
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
@@ -311,7 +311,7 @@ def test_a_transient_failure_is_retried_by_the_asset_and_the_run_succeeds(conn, 
 
 
 def test_bad_data_fails_the_asset_without_retrying(conn, dsn, settings, instance):
-    from lakehouse_dagster.defs.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.partitions import datasets_partitions
 
     d = _make(conn, 5)
     ds.insert_rows(conn, d, [{"n": "x"}])
@@ -327,12 +327,12 @@ NATIVE_SCRIPT = """
 import sys, uuid
 import pyarrow as pa
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.iceberg.schema import arrow_schema
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.routing.write_router import native_write, route_write
-from lakehouse_dagster.settings import Settings
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 s = Settings.from_env()
 conn = connect(s.pg_dsn)
 d = ds.get_dataset(conn, sys.argv[1])
@@ -424,10 +424,10 @@ def test_native_write_error_after_the_swap_keeps_its_files(conn, dsn, settings):
 
 @pytest.mark.parametrize("point", ["in-commit", "before-commit"])
 def test_a_compacting_native_write_killed_in_or_before_its_commit_converges(conn, dsn, settings, point):
-    """The 17th small native append compacts the 16 before it in its one commit (ingest/native_compaction.py);
+    """The 17th small native append compacts the 16 before it in its one commit (routing/native_compaction.py);
     killed inside the commit (it landed) or before it (it did not), the next native write settles it: every row
     exactly once, the log true, no file on disk that no snapshot references."""
-    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
 
     d = _native_dataset(conn)
     exec(compile(NATIVE_SCRIPT.split("s = Settings.from_env()")[0], "native", "exec"), scope := {})
@@ -446,7 +446,7 @@ def test_a_compacting_native_write_killed_in_or_before_its_commit_converges(conn
     modes = [s.summary.additional_properties.get("lakehouse.mode") for s in t.snapshots()]
     assert modes.count("partial") == 1 and len(list(t.scan().plan_files())) <= 2  # compacted once, by one of them
     assert data_files_on_disk(t) == referenced_files(t)
-    from lakehouse_dagster.rollback.iceberg_only import iceberg_only
+    from lakehouse_dagster.mirror.native_run import iceberg_only
 
     found = iceberg_only(conn, load_catalog(settings, dsn), settings, d)  # the reaper's fence kept the run's totals
     assert (found.rows, found.snapshots, len(found.added_files)) == (len(values), len(values), len(t.scan().plan_files()))

@@ -3,9 +3,9 @@ the appending writers. Real Postgres, real Iceberg, real digests in both engines
 
 from __future__ import annotations
 
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity.canary import evaluate
-from lakehouse_dagster.parity.first_native import evaluate_first_native
+from lakehouse_dagster.runbooks.first_native_canary import evaluate_first_native
 
 from .native_helpers import native_write, ready_native, row
 

@@ -12,13 +12,13 @@ import uuid
 import psycopg
 import pytest
 
-from lakehouse_dagster.errors import BadInput, NotFound
+from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.flags import registry as reg
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import clear_override, history, list_overrides, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import cli, cli_json, flag_tables
 
@@ -305,7 +305,7 @@ _WATCHER = textwrap.dedent(
     """
     import json, sys, time, uuid
     from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     dsn, ds, ttl, horizon = sys.argv[1], uuid.UUID(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
     r = FlagResolver(connect(dsn), ttl, listen=False)  # the TTL fallback (NOTIFY: test_freshness.py)

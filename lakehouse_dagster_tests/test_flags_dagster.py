@@ -5,10 +5,10 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs.flags import clear_flag_job, flag_state_job, set_flag_job
-from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.flags.flags import clear_flag_job, flag_state_job, set_flag_job
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags.overrides import history, list_overrides, set_override
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, flag_tables, refusal
 
@@ -97,7 +97,7 @@ def test_set_flag_job_refuses_exactly_like_the_cli(conn, dsn, settings, world, c
 
 def test_code_location_loads_the_flag_jobs(conn, dsn, settings, world):
     """The Definitions the webserver loads carry the jobs, with the lakehouse resource bound from the env."""
-    from lakehouse_dagster.definitions import defs
+    from lakehouse_dagster.dagster.definitions import defs
 
     loaded = defs()
     dg.Definitions.validate_loadable(loaded)  # what the webserver does: names unique across the repository

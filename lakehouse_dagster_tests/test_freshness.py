@@ -13,17 +13,17 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs.assets import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.defs.mirror_batch import DATASETS_TAG, mirror_batch_job
-from lakehouse_dagster.defs.partitions import datasets_partitions
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.sensors import mirror_poller, mirror_runs_in_flight, split_batches
+from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, mirror_batch_job
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, mirror_runs_in_flight, split_batches
 from lakehouse_dagster.flags import set_override
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.batch import mirror_many
-from lakehouse_dagster.ingest.guards import dataset_lock
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.batch import mirror_many
+from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import refusal
 
@@ -210,7 +210,7 @@ _WATCHER = textwrap.dedent(
     """
     import json, sys, time, uuid
     from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     dsn, ds, changes = sys.argv[1], uuid.UUID(sys.argv[2]), int(sys.argv[3])
     r = FlagResolver(connect(dsn), 60.0)  # a TTL far beyond the bound asserted: only NOTIFY can explain it

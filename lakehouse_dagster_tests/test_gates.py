@@ -12,14 +12,14 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.flags import registry as reg
-from lakehouse_dagster.errors import FlipRefused
+from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.parity.canary import run_canary
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, flag_tables
 
@@ -136,8 +136,8 @@ def test_an_empty_workspace_flips_and_the_core_call_refuses_like_the_cli(conn, s
 def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(conn, dsn, settings, ws):
     import dagster as dg
 
-    from lakehouse_dagster.defs.flags import write_flip_candidates_job
-    from lakehouse_dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.flags.flags import write_flip_candidates_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     from .flag_helpers import cli_json
 
@@ -186,7 +186,7 @@ def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, 
 def test_in_capture_mode_wal_tracking_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(conn, dsn,
                                                                                                      settings, ws):
     """The late row's version exists only in the WAL until the consumer writes it: the gate settles first."""
-    from lakehouse_dagster.parity import capture
+    from lakehouse_dagster.tracking import capture
 
     if conn.execute("show wal_level").fetchone()[0] != "logical":
         pytest.skip("capture mode wal-tracking needs wal_level = logical")

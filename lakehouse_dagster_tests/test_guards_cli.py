@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 
-from lakehouse_dagster.errors import Backpressure
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.guards import admission_slot, dataset_lock
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.core.errors import Backpressure
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 SCHEMA = [{"name": "n", "type": "int64"}]
 
@@ -97,7 +97,7 @@ def test_cli_sync_json_and_refusals(conn, dsn, settings):
 
 
 def test_mirror_refuses_a_dataset_written_iceberg_native(conn, dsn, settings):
-    from lakehouse_dagster.errors import BadInput
+    from lakehouse_dagster.core.errors import BadInput
     from lakehouse_dagster.flags import set_override
 
     d = _dataset(conn, 10)

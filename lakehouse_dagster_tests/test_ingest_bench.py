@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.rollout import ingest_bench as ib
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.runbooks import ingest_bench as ib
 
 from .flag_helpers import cli
 
@@ -61,8 +61,8 @@ def test_a_failing_job_fails_the_gate(dsn, settings):
 def test_the_dagster_job_runs_the_bench_and_purges(conn, dsn, settings):
     import dagster as dg
 
-    from lakehouse_dagster.defs.resources import LakehouseResource
-    from lakehouse_dagster.defs.rollout import ingest_bench_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.rollout import ingest_bench_job
 
     result = ingest_bench_job.execute_in_process(
         run_config={"ops": {"ingest_bench_op": {"config": {"jobs": 2, "rows": 500, "same_dataset": True}}}},

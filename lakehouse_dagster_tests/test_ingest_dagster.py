@@ -10,15 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.defs.assets import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.defs.ingest import ingest_job, source_poller
-from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.sources.ingest import ingest_job, source_poller
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import refusal
 from .native_helpers import SCHEMA, add_source_rows, pg_source_table, row, runbook_ready
@@ -78,7 +78,7 @@ def test_a_refused_ingest_fails_the_step_with_the_one_line_reason(conn, dsn, set
     result = _run(dsn, bare, dg.DagsterInstance.ephemeral())
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    reason = refusal(failure)  # the step's error shows this one line and no stack (defs/refusals.py)
+    reason = refusal(failure)  # the step's error shows this one line and no stack (dagster/refusals.py)
     assert f"dataset {bare} has no source; set one with: lakehouse sources set --dataset {bare}" in reason
     assert "\n" not in reason.strip()
     assert not [e for e in result.all_events if e.event_type_value == "STEP_RESTARTED"]

@@ -19,12 +19,12 @@ from dagster._core.test_utils import in_process_test_workspace, poll_for_event, 
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
-from lakehouse_dagster.defs.run_launcher import WORKER_TAG, WarmRunLauncher
+from lakehouse_dagster.launcher.run_launcher import WORKER_TAG, WarmRunLauncher
 from lakehouse_dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = {"module": "lakehouse_dagster.defs.run_launcher", "class": "WarmRunLauncher",
+LAUNCHER = {"module": "lakehouse_dagster.launcher.run_launcher", "class": "WarmRunLauncher",
             "config": {"terminate_grace_seconds": 10.0}}
 
 
@@ -97,7 +97,7 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     assert "pyiceberg.table" in cmdline
     # Of ours, the launcher's warm-up and this project's code location (built once, launcher/location.py).
     assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm",
-                                                               "lakehouse_dagster.launcher.preload_location"]
+                                                               "lakehouse_dagster.dagster.preload_location"]
     bare = subprocess.run(
         [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
          " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
@@ -198,16 +198,16 @@ def forkserver_started_before_env(instance):
 
 def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_started_before_env, instance, conn,
                                                                   settings):
-    """The real location (lakehouse_dagster.definitions) and its mirror_batch_job over a real dataset: the worker
+    """The real location (lakehouse_dagster.dagster.definitions) and its mirror_batch_job over a real dataset: the worker
     sees the launching process' environment (this test's database and warehouse), not the forkserver's."""
-    from lakehouse_dagster.definitions import defs
-    from lakehouse_dagster.store import datasets as ds
+    from lakehouse_dagster.dagster.definitions import defs
+    from lakehouse_dagster.tracking import datasets as ds
 
     ws_id = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws_id, "launched", [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}])
     ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(50)])
     job = defs().get_job_def("mirror_batch_job")
-    with _workspace(instance, "lakehouse_dagster.definitions") as ws:
+    with _workspace(instance, "lakehouse_dagster.dagster.definitions") as ws:
         run = _launch(instance, ws, job, run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(d)]}}}})
         done = poll_for_finished_run(instance, run.run_id, timeout=300)
     assert done.status == dg.DagsterRunStatus.SUCCESS, [r.message for r in instance.all_logs(run.run_id)][-5:]
@@ -264,7 +264,7 @@ def test_a_changed_code_location_gets_a_new_forkserver_before_the_next_fork(inst
         first = _launch(instance, ws, launcher_jobs.ok_job)
         assert poll_for_finished_run(instance, first.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
         old = WarmRunLauncher.forkserver_pid()
-        target = location.PACKAGE_DIR / "launcher" / "preload_location.py"
+        target = location.PACKAGE_DIR / "dagster" / "preload_location.py"
         saved = _touch_later(target)
         try:
             second = _launch(instance, ws, launcher_jobs.ok_job)
@@ -285,7 +285,7 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
     """The race the launcher's check cannot close (a file written between its check and the fork): the worker
     finds its forkserver's code differs from what the launcher saw and execs ``dagster api execute_run`` (same pid,
     so the run's worker tag stays true); the run still succeeds and its log says why."""
-    from lakehouse_dagster.defs import run_launcher as launcher_module
+    from lakehouse_dagster.launcher import run_launcher as launcher_module
     from lakehouse_dagster.launcher import location
 
     instance.run_launcher._forkserver_up()
@@ -310,7 +310,7 @@ def pg_warm_instance(pg_admin_dsn, tmp_path):
     from lakehouse_dagster_tests.conftest import pg_dagster_instance
 
     with pg_dagster_instance(pg_admin_dsn, tmp_path,
-                             "run_launcher:\n  module: lakehouse_dagster.defs.run_launcher\n  class: WarmRunLauncher\n") as got:
+                             "run_launcher:\n  module: lakehouse_dagster.launcher.run_launcher\n  class: WarmRunLauncher\n") as got:
         yield got
 
 
@@ -324,7 +324,7 @@ def _sessions(pg_admin_dsn, db: str) -> int:
 
 def test_a_warm_worker_stores_its_events_on_kept_connections(pg_warm_instance, pg_admin_dsn):
     """dagster-postgres opens ~3 connections per stored event (NullPool); the warm worker keeps them for the run
-    (defs/event_writes.py): a run that logs CHATTY more events opens fewer than CHATTY more connections, and every
+    (launcher/event_writes.py): a run that logs CHATTY more events opens fewer than CHATTY more connections, and every
     event is stored."""
     instance, db = pg_warm_instance
     opened = {}

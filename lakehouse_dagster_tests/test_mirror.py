@@ -15,10 +15,10 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from lakehouse_dagster.errors import BadInput, SyncFailed
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.core.errors import BadInput, SyncFailed
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets as ds
 
 ALL_TYPES = [
     {"name": "s", "type": "string"},
@@ -238,10 +238,10 @@ def test_chunks_bound_file_size(conn, dsn, settings):
 
 KILL_SCRIPT = r"""
 import os, sys, time, uuid
-import lakehouse_dagster.iceberg.writer as w
-from lakehouse_dagster.settings import Settings
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
+import lakehouse_dagster.lake.writer as w
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
 orig = w._FileRoller.write
 def slow(self, batch):
     orig(self, batch)
@@ -291,7 +291,7 @@ def test_writers_racing_to_create_the_namespace_all_succeed(dsn, settings):
     """Found by the ingest bench: the SqlCatalog's check-then-insert lets a loser fail on the primary key."""
     import threading
 
-    from lakehouse_dagster.iceberg.catalog import ensure_namespace
+    from lakehouse_dagster.lake.catalog import ensure_namespace
 
     catalogs = [load_catalog(settings.replace(namespace=f"race{i}"), dsn) for i in range(8)]
     for round_ in range(5):  # the window is small: several rounds, 8 writers released together each time

@@ -15,17 +15,17 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs import tags as T
-from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
-from lakehouse_dagster.defs.flags import clear_flag_job, set_flag_job
-from lakehouse_dagster.defs.ingest import source_poller
-from lakehouse_dagster.defs.partitions import datasets_partitions
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.sensors import mirror_poller
+from lakehouse_dagster.dagster import tags as T
+from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.dagster.defs.flags.flags import clear_flag_job, set_flag_job
+from lakehouse_dagster.dagster.defs.sources.ingest import source_poller
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.flags.overrides import list_overrides, set_override
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, cli_json, flag_tables, refusal
 from .native_helpers import SCHEMA as FED_SCHEMA
@@ -84,7 +84,7 @@ def test_a_mirror_run_carries_the_dataset_name_in_tags_and_metadata_with_ids_as_
 
 
 def test_check_results_name_the_dataset(conn, dsn, settings, instance, world):
-    from lakehouse_dagster.defs.checks import PARITY_CHECKS
+    from lakehouse_dagster.dagster.defs.parity.checks import PARITY_CHECKS
 
     d = world["d"]
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])

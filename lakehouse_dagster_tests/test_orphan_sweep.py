@@ -1,5 +1,5 @@
 """The orphan sweep as a Dagster job (a real in-process run on an ephemeral instance) and its schedule: the
-same function as `lakehouse orphans` (ingest/sweep.py), over every dataset with a succeeded sync by default."""
+same function as `lakehouse orphans` (mirror/sweep.py), over every dataset with a succeeded sync by default."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs.orphan_sweep import orphan_sweep_job, orphan_sweep_schedule
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.iceberg import orphans as orph
+from lakehouse_dagster.dagster.defs.mirror.orphan_sweep import orphan_sweep_job, orphan_sweep_schedule
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.lake import orphans as orph
 
 from .flag_helpers import cli
 from .test_canary import evaluate, make_dataset, sync, table_of

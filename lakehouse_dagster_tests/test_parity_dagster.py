@@ -13,15 +13,15 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from lakehouse_dagster.defs.assets import iceberg_dataset_table, pg_dataset_rows
-from lakehouse_dagster.defs.canary_schedule import PARTITION_TAG, parity_canary_job, parity_canary_schedule
-from lakehouse_dagster.defs.checks import ICEBERG_TABLE, identity_ready, parity, snapshot_freshness
-from lakehouse_dagster.defs.partitions import datasets_partitions
-from lakehouse_dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG, parity_canary_job, parity_canary_schedule
+from lakehouse_dagster.dagster.defs.parity.checks import ICEBERG_TABLE, identity_ready, parity, snapshot_freshness
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity.flipped import flipped_dataset_ids
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
+from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import behind_the_mirrors_back, make_dataset, rogue_overwrite, sync
 
 DOWNSTREAM = dg.AssetKey(["readers", "export_stream"])
@@ -197,7 +197,7 @@ def test_code_location_loads_with_the_checks_and_schedule(dsn):
     """In a fresh process, as the code server loads it (Dagster keeps global load state per process)."""
     script = """
 import json
-from lakehouse_dagster.definitions import defs
+from lakehouse_dagster.dagster.definitions import defs
 d = defs()
 table = ('iceberg', 'dataset_table')
 checks = sorted(k.name for k in d.resolve_asset_graph().asset_check_keys if tuple(k.asset_key.path) == table)

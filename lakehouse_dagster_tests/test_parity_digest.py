@@ -15,15 +15,13 @@ from hypothesis import HealthCheck, event, given, note, settings as hsettings, s
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canonical as cn
 from lakehouse_dagster.parity import lookup3
-from lakehouse_dagster.parity.digest import (
-    IcebergPin, IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, plain_digest,
-)
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.datasets import Column
+from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, plain_digest
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking.datasets import Column
 
 TYPES = ["string", "int64", "float64", "boolean", "timestamp", "date", "json"]
 MISSING = object()

@@ -11,12 +11,13 @@ import threading
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.iceberg.catalog import load_catalog
+from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.parity import maintained as mt
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import (
     SCHEMA, behind_the_mirrors_back, evaluate, make_dataset, rows_for, sync,
 )
@@ -253,7 +254,7 @@ def test_scheduled_canary_does_a_full_redigest_every_nth_run(conn, dsn, settings
     for _ in range(2 * cy.FULL_EVERY):
         full = cy.full_due(conn, d)
         v = evaluate(settings, dsn, d, full=full)
-        cy.record(conn, v, source="schedule")
+        auto_rollback.record_and_roll_back(conn, v, source="schedule")
         digests.append(v.detail["digest"])
     assert digests.count("full") == 2 and digests[cy.FULL_EVERY - 1] == "full"
 
@@ -263,7 +264,7 @@ def test_scheduled_canary_does_a_full_redigest_every_nth_run(conn, dsn, settings
 
 def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, dsn, settings):
     from lakehouse_dagster_tests.test_parity_dagster import _evaluations, _materialize
-    from lakehouse_dagster.defs.checks import parity
+    from lakehouse_dagster.dagster.defs.parity.checks import parity
 
     d = make_dataset(conn, 40)
     with dg.DagsterInstance.ephemeral() as instance:
@@ -279,8 +280,8 @@ def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, d
 
 
 def test_canary_job_full_when_tagged_and_every_nth_scheduled_run(conn, dsn, settings):
-    from lakehouse_dagster.defs.canary_schedule import PARTITION_TAG
-    from lakehouse_dagster.defs.checks import CANARY_TAG, FULL_TAG
+    from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG
+    from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, FULL_TAG
     from lakehouse_dagster_tests.test_parity_dagster import _run_canary_job
 
     d = make_dataset(conn, 8)

@@ -9,13 +9,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.rollout import read_flip_job
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job
 from lakehouse_dagster.flags.overrides import list_overrides, parse_scope, set_override
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.rollout import flip as rf
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.runbooks import flip as rf
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, flag_tables, refusal
 
@@ -179,7 +179,7 @@ def test_write_flip_stops_on_a_mismatch_and_the_gates_still_name_what_is_missing
 
 
 def test_write_flip_job_for_one_dataset(conn, dsn, settings, ws):
-    from lakehouse_dagster.defs.rollout import write_flip_job
+    from lakehouse_dagster.dagster.defs.runbooks.rollout import write_flip_job
 
     d = _dataset(conn, dsn, settings, ws, "ready")
     _read_flipped(conn, d)

@@ -11,16 +11,17 @@ import json
 
 import pytest
 
-from lakehouse_dagster.errors import BadInput
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.ingest.writers import run_writer
-from lakehouse_dagster.parity.canary import evaluate, run_canary
-from lakehouse_dagster.rollback.iceberg_only import iceberg_only
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.sources.writers import run_writer
+from lakehouse_dagster.parity.canary import evaluate
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli
 from .native_helpers import (SERVABLE, add_source_rows, native_write, pg_source_table, ready_native, row, snapshot,
@@ -164,8 +165,8 @@ def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, 
 def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
     import dagster as dg
 
-    from lakehouse_dagster.defs.resources import LakehouseResource
-    from lakehouse_dagster.defs.rollback import write_rollback_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.rollback import write_rollback_job
 
     d = ready_native(conn, dsn, settings, "cdc.append", rows=3)
     native_write(conn, dsn, settings, d, "cdc.append", [row(i) for i in range(3, 5)], start=3)
@@ -194,8 +195,8 @@ def _live_files(table) -> list[tuple[str, int]]:
 
 
 def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whole(conn, dsn, settings):
-    """Native commits expire snapshots like mirror commits (iceberg/writer.py): each carries its run's totals
-    (rollback/iceberg_only.py), so the rows only Iceberg holds and the files a backfill copies are counted
+    """Native commits expire snapshots like mirror commits (lake/writer.py): each carries its run's totals
+    (mirror/native_run.py), so the rows only Iceberg holds and the files a backfill copies are counted
     whole after the snapshots that added them are gone, through merged manifests; after the backfill, a new
     native run counts only its own rows though the backfilled snapshot is expired too."""
     quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
@@ -250,9 +251,9 @@ def test_a_native_replace_run_under_expiry_counts_every_row(conn, dsn, settings)
 
 def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_exactly_the_run(conn, dsn, settings):
     """After 16 small native appends the next one rewrites their files with its own rows in one commit
-    (ingest/native_compaction.py): every row once, identity kept, the pre-flip file untouched; the run's totals
+    (routing/native_compaction.py): every row once, identity kept, the pre-flip file untouched; the run's totals
     count the new rows only, and the backfill copies exactly the native rows."""
-    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
 
     d = ready_native(conn, dsn, settings, "sync.append")
     catalog = load_catalog(settings, dsn)
@@ -286,7 +287,7 @@ def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_
 def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
     """The reaper's fence (an empty snapshot) carries a run's totals on, and a fence under a snapshot written
     without totals (before they existed) is not counted as a native snapshot."""
-    from lakehouse_dagster.ingest.reaper import fence
+    from lakehouse_dagster.mirror.reaper import fence
 
     d = ready_native(conn, dsn, settings, "sync.append")
     native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
@@ -305,7 +306,7 @@ def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
 def test_a_source_writer_reports_the_rows_its_native_commit_compacted(conn, dsn, settings):
     """The ingest result (CLI text, JSON, the ingest op's metadata) says when a native append's commit also
     compacted the run's small files: its rows are the source's new rows, compacted_rows the rewritten ones."""
-    from lakehouse_dagster.ingest.row_changes import COMPACT_FILES
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
 
     from .native_helpers import SCHEMA, runbook_ready
 

@@ -10,20 +10,20 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lakehouse_dagster.errors import NotFound, SyncFailed
+from lakehouse_dagster.core.errors import NotFound, SyncFailed
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.iceberg.reader import load_dataset_table, read_iceberg
-from lakehouse_dagster.iceberg.schema import arrow_schema
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import projection_for
 from lakehouse_dagster.routing.read_router import resolve_read_source
 from lakehouse_dagster.routing.write_router import native_write, route_write
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, cli_json
 

@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 
-from lakehouse_dagster.iceberg.catalog import load_catalog, table_identifier
-from lakehouse_dagster.ingest.row_changes import file_ranges
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.tracking.row_changes import file_ranges
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 ROWS = 1000
@@ -141,9 +141,9 @@ def test_large_change_truncate_or_unknown_history_go_full(conn, dsn, small):
 
 KILL_BEFORE_COMMIT = r"""
 import sys
-from lakehouse_dagster.settings import Settings
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
 s = Settings.from_env().replace(ingest_chunk_rows=100)
 sync_dataset(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1])
 """
@@ -203,8 +203,8 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
     import pyarrow as pa
     from pyiceberg.exceptions import ValidationException
 
-    from lakehouse_dagster.iceberg.schema import arrow_schema
-    from lakehouse_dagster.iceberg.writer import write_arrow
+    from lakehouse_dagster.lake.schema import arrow_schema
+    from lakehouse_dagster.parity.maintained import write_digested
 
     d = _make(conn)
     _sync(small, dsn, d)
@@ -218,7 +218,7 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
     batch = pa.RecordBatch.from_pylist([{"__row_index": 0, "__row_id": str(uuid.uuid4()), "__created_at": None,
                                          "n": 0, "s": "again"}], schema=arrow_schema(dataset.columns))
     with pytest.raises(ValidationException, match="stale snapshot"):
-        write_arrow(load_catalog(small, dsn), small, dataset, [batch], mode="partial", sync_id=uuid.uuid4(),
+        write_digested(load_catalog(small, dsn), small, dataset, [batch], mode="partial", sync_id=uuid.uuid4(),
                     source_version=0, delete_files=[stale])
     assert _table(small, dsn, d).current_snapshot().snapshot_id == before
     assert {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")} == on_disk  # its file was deleted

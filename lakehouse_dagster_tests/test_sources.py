@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse_dagster.errors import BadInput
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import get_source, set_source
 from lakehouse_dagster.sources.convert import jsonb_text
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, cli_json
 from .test_writers import SCHEMA, _records, canary_ok, ingest, native, table_rows, write_source_file
@@ -192,7 +192,7 @@ def s3(monkeypatch):
 
 
 def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, settings, dataset, tmp_path, s3):
-    from lakehouse_dagster.settings import Settings
+    from lakehouse_dagster.core.settings import Settings
 
     s3.create_bucket(Bucket="landing")
     for name, start in (("a", 0), ("b", 6)):
@@ -213,7 +213,7 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
 
 
 def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
-    """Run `lakehouse ingest` in its own process; it SIGKILLs itself at failpoint ``point`` (failpoints.py)."""
+    """Run `lakehouse ingest` in its own process; it SIGKILLs itself at failpoint ``point`` (core/failpoints.py)."""
     env = {**os.environ, "LAKEHOUSE_FAILPOINT": f"{point}:kill", "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
     proc = subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest", "--dataset", str(dataset),
                            "--writer", "sync.append"], env=env, capture_output=True, text=True, timeout=120)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lakehouse_dagster.errors import BadInput
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.migrations import migrate
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.schema.migrate import migrate
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}]
 
@@ -74,7 +74,7 @@ def test_bad_schema_is_refused(conn):
     ],
 )
 def test_redact_never_shows_the_password(dsn):
-    from lakehouse_dagster.store.db import redact
+    from lakehouse_dagster.core.db import redact
 
     shown = redact(dsn)
     assert "s3" not in shown and "***" in shown and ("sslmode=require" in shown or "sslmode" not in dsn)
@@ -85,7 +85,7 @@ def test_concurrent_writers_never_move_a_version_backwards(conn, dsn):
     holder's last statement, even though it started first (a number drawn before the lock would lose)."""
     import threading
 
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     ws = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws, "d", SCHEMA)
@@ -117,7 +117,7 @@ def test_two_app_inserts_into_one_dataset_never_deadlock(conn, dsn):
     trigger locks it; a second writer in the same state must wait, not deadlock (it did with FOR UPDATE)."""
     import threading
 
-    from lakehouse_dagster.store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     ws = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws, "d", SCHEMA)

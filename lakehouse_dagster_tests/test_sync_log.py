@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.sync_log import latest_succeeded
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking.sync_log import latest_succeeded
 
 SCHEMA = [{"name": "n", "type": "int64"}]
 

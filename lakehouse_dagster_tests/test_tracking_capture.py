@@ -1,5 +1,5 @@
 """Capture mode "wal-tracking": change tracking written by the WAL consumer after the app's commit, and the
-barrier that keeps it exact for the readers that pair it with rows (parity/capture.py, parity/barrier.py),
+barrier that keeps it exact for the readers that pair it with rows (tracking/capture.py, tracking/barrier.py),
 against a real server with wal_level = logical, real syncs and real canaries."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import time
 import psycopg
 import pytest
 
-from lakehouse_dagster.ingest.poller import Cursor, pending_syncs
-from lakehouse_dagster.parity import barrier
+from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
+from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import capture
+from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference
 
@@ -175,7 +175,7 @@ def _appender(dsn, d, start: int, n: int, stop: threading.Event, errors: list) -
 def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(conn, dsn):
     """Appenders race pins; in each pin, the tracking's max_row_index is the max of the rows the snapshot holds.
     The same loop with the pin taken outside the barrier finds them apart (the test can fail)."""
-    from lakehouse_dagster.ingest.source import PinnedSnapshot
+    from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot
 
     d = make_dataset(conn, 0)
     capture.enable(conn, tracking=True)

@@ -14,13 +14,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lakehouse_dagster.errors import BadInput, FlipRefused
+from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.flags.gates import check_change, set_flag
 from lakehouse_dagster.flags.overrides import Scope
 from lakehouse_dagster.flags.reader_datasets import declare, remove
 from lakehouse_dagster.flags.registry import get_flag
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, cli_json, flag_tables, refusal
 from .test_gates import SERVABLE, _dataset, _ready
@@ -146,7 +146,7 @@ def test_an_incident_on_the_soaked_datasets_restarts_the_soak(conn, settings, ws
 
 
 def test_a_read_fallback_is_recorded_by_the_router_and_restarts_the_soak(conn, dsn, settings, ws, monkeypatch):
-    from lakehouse_dagster.ingest.sync import sync_dataset
+    from lakehouse_dagster.mirror.sync import sync_dataset
 
     a, _b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
     catalog = load_catalog(settings, dsn)
@@ -170,7 +170,7 @@ def _data_files(catalog, settings, dataset_id):
     from pathlib import Path
     from urllib.parse import urlparse
 
-    from lakehouse_dagster.iceberg.catalog import table_identifier
+    from lakehouse_dagster.lake.catalog import table_identifier
 
     table = catalog.load_table(table_identifier(settings, dataset_id))
     files = [Path(urlparse(t.file.file_path).path) for t in table.scan().plan_files()]
@@ -314,9 +314,9 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
 
 
 def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, dsn, settings, ws):
-    from lakehouse_dagster.ingest.sync import sync_dataset
-    from lakehouse_dagster.parity.canary import run_canary
-    from lakehouse_dagster.rollout import flip as rf
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+    from lakehouse_dagster.runbooks import flip as rf
 
     ids = [_dataset(conn, ws, f"d{i}", rows=3) for i in range(5)]
     catalog = load_catalog(settings, dsn)
@@ -345,8 +345,8 @@ def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, 
 def test_the_read_flip_job_refuses_an_unsoaked_widen_before_it_canaries(conn, dsn, settings, ws, monkeypatch):
     import dagster as dg
 
-    from lakehouse_dagster.defs.resources import LakehouseResource
-    from lakehouse_dagster.defs.rollout import read_flip_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job
 
     a, _b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
     _set(conn, "read", "export.stream", "iceberg", dataset=a, soak=0)

@@ -9,15 +9,15 @@ import uuid
 
 import dagster as dg
 
-from lakehouse_dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.defs.rollout import write_flip_job
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.runbooks.rollout import write_flip_job
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.ingest.writers import run_writer
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.store import datasets as ds
+from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, refusal
 from .native_helpers import SCHEMA, SERVABLE, add_source_rows, pg_source_table, row
@@ -65,7 +65,7 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     assert result.output_for_node("write_flip_verify")[0]["problems"] == []
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_key == "write_flip_first_sync"
-    text = refusal(failure)  # the reason the step shows, without a stack (defs/refusals.py)
+    text = refusal(failure)  # the reason the step shows, without a stack (dagster/refusals.py)
     assert "canary MISMATCH" in text and "Postgres 6 rows" in text and "Iceberg 7 rows" in text
     assert not failure.event_specific_data.error.cause.stack
     assert _recorded(conn, d) == [("MISMATCH", 6, 7)]

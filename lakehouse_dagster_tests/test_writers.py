@@ -16,18 +16,18 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from lakehouse_dagster.errors import Backpressure, SyncFailed
+from lakehouse_dagster.core.errors import Backpressure, SyncFailed
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.iceberg.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.ingest.guards import admission_slot, dataset_lock
-from lakehouse_dagster.ingest.sync import sync_dataset
-from lakehouse_dagster.ingest.writers import pending_source_changes, run_writer
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.sources.state import STATE_PROPERTY
-from lakehouse_dagster.store import datasets as ds
-from lakehouse_dagster.store.db import connect
+from lakehouse_dagster.tracking.ingest_state import STATE_PROPERTY
+from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.core.db import connect
 
 
 SCHEMA = [
@@ -125,7 +125,7 @@ def native(conn, d, writer):
 
 def canary_ok(conn, dsn, catalog, settings, d) -> None:
     """The runbook's parity gate before a dataset holding Postgres rows is flipped (the write router asks it)."""
-    from lakehouse_dagster.parity.canary import run_canary
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 
     assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
 

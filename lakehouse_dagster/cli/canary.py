@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from ..parity import canary as cy
-from ..parity.auto_rollback import lines_of
-from ..parity.smoke import SMOKE_MAX_ROWS
-from .common import Result, add_command, table
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.runbooks import auto_rollback
+from lakehouse_dagster.runbooks.auto_rollback import lines_of
+from lakehouse_dagster.parity.smoke import SMOKE_MAX_ROWS
+from lakehouse_dagster.cli.common import Result, add_command, table
 
 EPILOG = """verdicts: ok (safe to flip) · lagging (re-run later) · no-snapshot (never synced; flip is inert) ·
 MISMATCH (caught up and disagrees: STOP) · native (written iceberg-native; Postgres not authoritative) ·
@@ -39,7 +40,7 @@ def register(sub) -> None:
 
 
 def _canary(ctx, args) -> Result:
-    report = cy.run_canary(
+    report = auto_rollback.run_canary_and_roll_back(
         ctx.conn, ctx.dsn, ctx.catalog, ctx.settings,
         dataset_ids=args.dataset, limit=args.limit, smoke=args.smoke, smoke_max_rows=args.smoke_max_rows,
         full=args.full,

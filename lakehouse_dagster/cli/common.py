@@ -10,7 +10,7 @@ import uuid
 from datetime import date, datetime
 from typing import Any, Callable
 
-from ..settings import Settings
+from lakehouse_dagster.core.settings import Settings
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -61,7 +61,7 @@ class Context:
     @property
     def dsn(self) -> str:
         if self._dsn is None:
-            from ..store.db import resolve_dsn
+            from lakehouse_dagster.core.db import resolve_dsn
 
             self._dsn = resolve_dsn(self.settings)
         return self._dsn
@@ -69,7 +69,7 @@ class Context:
     @property
     def conn(self):
         if self._conn is None:
-            from ..store.db import connect
+            from lakehouse_dagster.core.db import connect
 
             self._conn = connect(self.dsn)
         return self._conn
@@ -77,7 +77,7 @@ class Context:
     @property
     def catalog(self):
         if self._catalog is None:
-            from ..iceberg.catalog import load_catalog
+            from lakehouse_dagster.lake.catalog import load_catalog
 
             self._catalog = load_catalog(self.settings, self.dsn)
         return self._catalog

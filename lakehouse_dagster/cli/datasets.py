@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import Result, add_command, table
+from lakehouse_dagster.cli.common import Result, add_command, table
 
 
 def register(sub) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..store.db import redact
-from ..store.migrations import MIGRATIONS, migrate
-from .common import Result, add_command
+from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.schema.migrate import MIGRATIONS, migrate
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:

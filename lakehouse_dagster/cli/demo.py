@@ -1,10 +1,10 @@
-"""`lakehouse demo seed|status`: the demo workspace (idempotent; see lakehouse_dagster/demo.py)."""
+"""`lakehouse demo seed|status`: the demo workspace (idempotent; see lakehouse_dagster/demo/workspace.py)."""
 
 from __future__ import annotations
 
-from ..demo import demo_summary, seed_demo
-from ..errors import BadInput
-from .common import Result, add_command
+from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def positive_int(raw: str) -> int:

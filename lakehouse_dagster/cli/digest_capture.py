@@ -1,9 +1,9 @@
-"""`lakehouse digest-capture`: where the maintained Postgres digest is computed (parity/capture.py)."""
+"""`lakehouse digest-capture`: where the maintained Postgres digest is computed (tracking/capture.py)."""
 
 from __future__ import annotations
 
-from ..parity import capture
-from .common import Result, add_command
+from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.cli.common import Result, add_command
 
 EPILOG = """modes: triggers (default; the app's writing transaction adds the row hashes) · wal (a logical
 replication slot; the canaries apply the changes after the commit, so the app pays only change tracking) ·

@@ -11,8 +11,8 @@ import urllib.parse
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ..errors import BadInput
-from ..store.db import redact
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.db import redact
 
 
 def conninfo_to_url(dsn: str, dbname: str | None = None, *, what: str = "the DSN") -> str:

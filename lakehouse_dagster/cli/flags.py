@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 
-from ..flags.candidates import write_flip_candidates
-from ..flags.gates import clear_flag, set_flag
-from ..flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
-from ..flags.registry import MODES, READ, REGISTRY, WRITE
-from ..flags.resolver import FlagResolver
-from .common import Result, add_command, table
+from lakehouse_dagster.flags.candidates import write_flip_candidates
+from lakehouse_dagster.flags.gates import clear_flag, set_flag
+from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
+from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.cli.common import Result, add_command, table
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
 
@@ -97,8 +97,8 @@ def _readers_args(actions) -> list:
 
 
 def _readers_add(ctx, args) -> Result:
-    from ..flags.native import native_dataset_ids
-    from ..flags.reader_datasets import declare
+    from lakehouse_dagster.flags.native import native_dataset_ids
+    from lakehouse_dagster.flags.reader_datasets import declare
 
     d = declare(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note,
                 actor=ctx.settings.actor)
@@ -115,14 +115,14 @@ def _readers_add(ctx, args) -> Result:
 
 
 def _readers_list(ctx, args) -> Result:
-    from ..flags.reader_datasets import declared
+    from lakehouse_dagster.flags.reader_datasets import declared
 
     rows = [d.as_dict() for d in declared(ctx.conn, args.reader)]
     return Result(rows, table(rows, ["reader", "scope", "scope_id", "note", "declared_by", "declared_at"]))
 
 
 def _readers_remove(ctx, args) -> Result:
-    from ..flags.reader_datasets import remove
+    from lakehouse_dagster.flags.reader_datasets import remove
 
     scope_txt = f"dataset {args.dataset}" if args.dataset else f"workspace {args.workspace}"
     gone = remove(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace)
@@ -186,7 +186,7 @@ def _list(ctx, args) -> Result:
     text = [f"{word}s (registry)", table(registry, cols), "", "runtime overrides",
             table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"])]
     if args.dataset:
-        from ..store.datasets import get_dataset
+        from lakehouse_dagster.tracking.datasets import get_dataset
 
         ds = get_dataset(ctx.conn, args.dataset)
         resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
@@ -220,7 +220,7 @@ def _leaving_native(ctx, args, mode):
     """A writer change: the datasets it moves off iceberg_native (computed before the change)."""
     if args.kind != WRITE or mode not in (None, "pg"):
         return []
-    from ..rollback.report import leaving_native
+    from lakehouse_dagster.runbooks.rollback_report import leaving_native
 
     return leaving_native(ctx.conn, args.name, mode, dataset=args.dataset, workspace=args.workspace)
 
@@ -229,7 +229,7 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
     """Add, per dataset moved back to pg, the rows and snapshots only Iceberg holds and the ways forward."""
     if not leaving:
         return result
-    from ..rollback.report import rollback_lines, rolled_back
+    from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
 
     rolled = rolled_back(ctx.conn, ctx.catalog, ctx.settings, leaving)
     result.data["rolled_back"] = [r.as_dict() for r in rolled]
@@ -238,7 +238,7 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
 
 
 def _backfill(ctx, args) -> Result:
-    from ..rollback.backfill import backfill
+    from lakehouse_dagster.runbooks.backfill import backfill
 
     r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
     if r.nothing_to_do:
@@ -301,7 +301,7 @@ def _history(ctx, args) -> Result:
 
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
-    from ..rollout import flip as rf
+    from lakehouse_dagster.runbooks import flip as rf
 
     pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, mode, kind=kind,
                        dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
@@ -318,7 +318,7 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
 
 
 def _flip(ctx, args) -> Result:
-    from ..rollout import flip as rf
+    from lakehouse_dagster.runbooks import flip as rf
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
     if stop:
@@ -336,7 +336,7 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
-    from ..rollout import flip as rf
+    from lakehouse_dagster.runbooks import flip as rf
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
     if stop:
@@ -352,7 +352,7 @@ def _wflip(ctx, args) -> Result:
         lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
                      + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))
         return Result(data, "\n".join(lines), exit_code=1)
-    from ..rollout.first_sync import first_native_syncs, stop_message
+    from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
     synced = first_native_syncs(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre),
                                 logger=_stderr_logger())
@@ -377,7 +377,7 @@ def _candidates(ctx, args) -> Result:
 
 
 def _read(ctx, args) -> Result:
-    from ..routing.exercise import read_through_router
+    from lakehouse_dagster.routing.exercise import read_through_router
 
     result, _, proj = read_through_router(
         ctx.conn, ctx.catalog, ctx.settings, args.reader, args.dataset, columns=args.columns, limit=args.limit,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from ..ids import parse_uuid
-from .common import Result, add_command
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:
-    from ..ingest.writers import WRITERS
+    from lakehouse_dagster.sources.writers import WRITERS
 
     p = add_command(sub, "ingest", _ingest, help="run a source writer (pg path or iceberg-native, as its flag says)")
     p.add_argument("--dataset", required=True, metavar="UUID")
@@ -15,8 +15,8 @@ def register(sub) -> None:
 
 
 def _ingest(ctx, args) -> Result:
-    from ..flags.resolver import FlagResolver
-    from ..ingest.writers import check_writer, run_writer
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.sources.writers import check_writer, run_writer
 
     check_writer(args.writer)  # refuse a locked or unknown writer before touching anything
     ds_id = parse_uuid(args.dataset, "dataset id")

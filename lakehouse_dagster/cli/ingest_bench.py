@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 import sys
 
-from ..errors import BadInput
-from ..rollout import ingest_bench as ib
-from .common import Result, add_command, table
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.runbooks import ingest_bench as ib
+from lakehouse_dagster.cli.common import Result, add_command, table
 
 
 def register(sub) -> None:

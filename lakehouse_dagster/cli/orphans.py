@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import Result, add_command
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 
 def _orphans(ctx, args) -> Result:
-    from ..ingest.sweep import sweep
+    from lakehouse_dagster.mirror.sweep import sweep
 
     swept = sweep(ctx.conn, ctx.catalog, ctx.settings, args.dataset, delete=args.delete,
                   grace_seconds=args.grace_seconds)

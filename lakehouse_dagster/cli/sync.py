@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import signal
 
-from ..ids import parse_uuid
-from ..ingest.sync import MODES, peak_rss_mb, sync_dataset
-from .common import Result, add_command
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.mirror.sync import MODES, peak_rss_mb, sync_dataset
+from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:

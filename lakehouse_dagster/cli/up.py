@@ -38,10 +38,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from ..errors import BadInput, LakehouseError
-from .common import Result, add_command
-from .demo import positive_int
-from .dsn import conninfo_to_url, dagster_url, display_dsn
+from lakehouse_dagster.core.errors import BadInput, LakehouseError
+from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.cli.demo import positive_int
+from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER_DB = "dagster"
@@ -107,7 +107,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _connect(dsn: str) -> psycopg.Connection:
-    from ..store.db import connect
+    from lakehouse_dagster.core.db import connect
 
     try:
         return connect(dsn, connect_timeout=10)
@@ -209,8 +209,8 @@ def _up(ctx, args) -> Result:
     lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
     try:
         if embedded:
-            from ..store.embedded import start_embedded
-            from .pg import embedded_info
+            from lakehouse_dagster.core.embedded import start_embedded
+            from lakehouse_dagster.cli.pg import embedded_info
 
             started_pg = embedded_info(pgdata) is None
             try:
@@ -224,8 +224,8 @@ def _up(ctx, args) -> Result:
             dsn = settings.pg_dsn
             _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
 
-        from ..demo import seed_demo
-        from ..store.migrations import migrate
+        from lakehouse_dagster.demo.workspace import seed_demo
+        from lakehouse_dagster.schema.migrate import migrate
 
         with _connect(dsn) as conn:
             applied = migrate(conn)
@@ -297,8 +297,8 @@ def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:
     """Stop the embedded server of ``pgdata``: ``pg_ctl stop`` (as its system user), else SIGINT to the
     postmaster (Postgres' own "fast shutdown"), which also works when pg_ctl cannot reach the directory
     (e.g. a parent directory lost its o+x). True if a running server was stopped."""
-    from ..store.embedded import stop_embedded
-    from .pg import embedded_info
+    from lakehouse_dagster.core.embedded import stop_embedded
+    from lakehouse_dagster.cli.pg import embedded_info
 
     say = (lambda msg: None) if quiet else _say
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave it half-stopped

@@ -5,10 +5,10 @@ datasets are native (native.py).
 Plain functions over explicit arguments; never imports dagster.
 """
 
-from .native import native_dataset_ids
-from .overrides import clear_override, history, list_overrides, set_override
-from .registry import READ, READERS, WRITE, WRITERS, get_flag
-from .resolver import FlagResolver, Resolution, invalidate_local
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.overrides import clear_override, history, list_overrides, set_override
+from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS, get_flag
+from lakehouse_dagster.flags.resolver import FlagResolver, Resolution, invalidate_local
 
 __all__ = [
     "READ", "WRITE", "READERS", "WRITERS", "get_flag",

@@ -15,8 +15,9 @@ import uuid
 
 import psycopg
 
-from .gates import NATIVE, Effect, resolve_for, stored_overrides, write_flip_blockers
-from .registry import WRITE, check_mode, get_flag
+from lakehouse_dagster.flags.gates import NATIVE, Effect, write_flip_blockers
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.flags.registry import WRITE, check_mode, get_flag
 
 # Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\

@@ -34,16 +34,18 @@ import uuid
 
 import psycopg
 
-from ..errors import FlipRefused
-from ..parity import barrier
-from ..settings import Settings
-from ..store.datasets import pipeline_input_dataset_ids
-from .incidents import FALLBACK, MISMATCH, latest_incidents
-from .overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
-from .reader_datasets import readers_of
-from .registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
-from .resolver import resolve_from
-from .soak import audit_history, effective_since, soak
+from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
+from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
+from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
+from lakehouse_dagster.flags.reader_datasets import readers_of
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
+from lakehouse_dagster.flags.resolver import resolve_from
+from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.flags.widen import widen_blockers
 
 NATIVE = "iceberg_native"
 _GATE_LOCK = "lakehouse_flag_gates"
@@ -72,26 +74,6 @@ class Blocked:
     dataset_id: uuid.UUID
     name: str
     reasons: tuple[str, ...]
-
-
-def stored_overrides(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
-    """{flag name: {(scope, scope id): mode}}: every override of these flags, read once."""
-    stored: dict[str, dict] = {n: {} for n in names}
-    for name, scope, scope_id, mode in conn.execute(
-        "select name, scope, scope_id, mode from lakehouse_flag_overrides where kind = %s and name = any(%s)",
-        (kind, names),
-    ).fetchall():
-        stored[name][(scope, scope_id)] = mode
-    return stored
-
-
-def resolve_for(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID) -> str:
-    """The flag's effective mode for one dataset, from ``stored_overrides`` (the resolver's precedence)."""
-    found = {}
-    for scope, key in ((DATASET, dataset_id), (WORKSPACE, workspace_id), (GLOBAL, None)):
-        if (scope, key) in stored:
-            found[scope] = stored[(scope, key)]
-    return resolve_from(flag, found).mode
 
 
 def _datasets_in(conn: psycopg.Connection, scope: Scope) -> list[tuple]:
@@ -291,7 +273,6 @@ def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str |
                  soak_seconds: int | None = None) -> list[Effect]:
     """Raise FlipRefused when the change would strand consumers or widen too early; returns its effects
     otherwise. ``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS."""
-    from .widen import widen_blockers  # widen.py builds on this module's helpers
 
     soak_seconds = configured_soak(soak_seconds)
     now = _db_now(conn)
@@ -315,7 +296,6 @@ def lock_gates(conn: psycopg.Connection) -> None:
 
 def check_widen(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str, *, soak_seconds: int | None = None) -> None:
     """The widening rules alone (soak, writers' order), so a flip's preflight refuses before it canaries."""
-    from .widen import widen_blockers
 
     moved, datasets = effects(conn, flag, scope, mode)
     rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds),

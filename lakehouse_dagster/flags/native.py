@@ -11,8 +11,8 @@ import uuid
 from typing import Iterable
 
 import psycopg
-from .precedence import effective_sql
-from .registry import FLIPPABLE_WRITERS
+from lakehouse_dagster.flags.precedence import effective_sql
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS
 
 
 def native_dataset_ids(

@@ -14,10 +14,10 @@ from typing import Callable
 
 import psycopg
 
-from ..errors import BadInput, NotFound
-from ..ids import parse_uuid
-from .registry import Flag, check_kind, check_mode, get_flag
-from .resolver import invalidate_local
+from lakehouse_dagster.core.errors import BadInput, NotFound
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.flags.registry import Flag, check_kind, check_mode, get_flag
+from lakehouse_dagster.flags.resolver import invalidate_local
 
 GLOBAL = "global"
 WORKSPACE = "workspace"

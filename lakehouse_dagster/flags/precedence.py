@@ -3,7 +3,7 @@
 
 ``effective_sql`` is the one definition every reader of flags from Postgres goes through: the resolver's
 load (flags/resolver.py), which datasets are native (flags/native.py), which are flipped
-(parity/flipped.py). ``pick`` is the same walk over ``SCOPES`` for overrides held in memory — the flip
+(flags/flipped.py). ``pick`` is the same walk over ``SCOPES`` for overrides held in memory — the flip
 gates judge a change before writing it, over the overrides as they would be (resolver.resolve_from).
 test_after_flip checks on a table of tricky cases that all of them agree.
 """
@@ -15,7 +15,7 @@ from typing import Sequence
 
 from psycopg import sql
 
-from .registry import MODES, Flag, rank
+from lakehouse_dagster.flags.registry import MODES, Flag, rank
 
 SCOPES = ("dataset", "workspace", "global")  # most specific first
 DEFAULT = "default"  # the source when no override applies: the registry default

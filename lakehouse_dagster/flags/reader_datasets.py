@@ -16,9 +16,9 @@ from datetime import datetime
 
 import psycopg
 
-from ..errors import BadInput
-from .overrides import DATASET, GLOBAL, WORKSPACE, Scope, _check_actor, _check_note, parse_scope, require_target
-from .registry import READ, READERS, get_flag, rank
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope, _check_actor, _check_note, parse_scope, require_target
+from lakehouse_dagster.flags.registry import READ, READERS, get_flag, rank
 
 
 def locked_readers() -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import BadInput
+from lakehouse_dagster.core.errors import BadInput
 
 READ = "read"
 WRITE = "write"

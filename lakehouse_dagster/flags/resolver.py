@@ -24,9 +24,9 @@ from typing import Callable
 
 import psycopg
 
-from ..ids import parse_uuid
-from .precedence import DEFAULT, effective_sql, pick
-from .registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.flags.precedence import DEFAULT, effective_sql, pick
+from lakehouse_dagster.flags.registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
 
 # The reasons a resolution gives, most specific first.
 DATASET_OVERRIDE = "dataset override"
@@ -105,8 +105,8 @@ _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
 
 
 def _listen_default() -> bool:
-    from ..errors import BadInput
-    from ..settings import Settings
+    from lakehouse_dagster.core.errors import BadInput
+    from lakehouse_dagster.core.settings import Settings
 
     try:
         return Settings.from_env().flag_listen
@@ -140,7 +140,7 @@ class FlagResolver:
         _resolvers.add(self)
         # NOTIFY-driven invalidation (None: LAKEHOUSE_FLAG_LISTEN, default on); nothing to drop without a cache.
         if self.ttl > 0 and (_listen_default() if listen is None else listen):
-            from .listen import subscribe
+            from lakehouse_dagster.flags.listen import subscribe
 
             subscribe(conn, self, _invalidate)
 

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from .incidents import Incident
-from .registry import Flag, rank
-from .resolver import resolve_from
+from lakehouse_dagster.flags.incidents import Incident
+from lakehouse_dagster.flags.registry import Flag, rank
+from lakehouse_dagster.flags.resolver import resolve_from
 
 # (scope, scope id) → [(audit id, at, mode after: None for a clear)], oldest first
 KeyHistory = dict[tuple[str, uuid.UUID | None], list[tuple[int, datetime, str | None]]]

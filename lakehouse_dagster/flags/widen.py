@@ -32,12 +32,12 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from .gates import resolve_for, stored_overrides
-from .incidents import latest_incidents
-from .overrides import DATASET, GLOBAL, WORKSPACE, Scope
-from .registry import READ, WRITE, WRITERS, Flag, rank
-from .resolver import resolve_from
-from .soak import Soak, audit_history, key_since, soak
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.flags.incidents import latest_incidents
+from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
+from lakehouse_dagster.flags.registry import READ, WRITE, WRITERS, Flag, rank
+from lakehouse_dagster.flags.resolver import resolve_from
+from lakehouse_dagster.flags.soak import Soak, audit_history, key_since, soak
 
 # The runbook's writer order: "start with sync.full, then sync.append, then sync.incremental/cdc.append".
 WRITER_ORDER: tuple[tuple[str, ...], ...] = (("sync.full",), ("sync.append",), ("sync.incremental", "cdc.append"))

@@ -1,4 +1,3 @@
-"""The warm run launcher's plain-Python parts, imported by its forkserver before anything of Dagster's glue: which
-code the forkserver loaded (location.py), which process is a run worker (worker_process.py), the numba warm-up
-(warm.py). The launcher itself and the worker's run body are Dagster glue: defs/run_launcher.py, defs/run_worker.py
-(dagster.yaml: ``module: lakehouse_dagster.defs.run_launcher``)."""
+"""The warm run launcher, an instance plugin (dagster.yaml: ``module: lakehouse_dagster.launcher.run_launcher``): each
+run in a child forked from a forkserver that already imported the heavy modules. Plain-Python parts: which code the
+forkserver loaded (location.py), which process is a run worker (worker_process.py), the numba warm-up (warm.py)."""

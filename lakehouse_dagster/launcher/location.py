@@ -1,4 +1,4 @@
-"""The code location (lakehouse_dagster.definitions) loaded once in the warm forkserver, so a forked run worker
+"""The code location (lakehouse_dagster.dagster.definitions) loaded once in the warm forkserver, so a forked run worker
 finds its Definitions already built instead of importing ~100 modules and scanning defs/ (≈1 s idle of each
 launch, issue 11).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lakehouse_dagster/
 
@@ -41,15 +41,14 @@ def fingerprint(root: Path = PACKAGE_DIR) -> str:
     return h.hexdigest()
 
 
-def preload() -> None:
-    """In the forkserver: import the code location and build its Definitions. Never raises (a broken code
-    location must not take the forkserver down; the run that loads it then fails with the real error)."""
+def preload(import_build: Callable[[], Callable[[], Any]]) -> None:
+    """In the forkserver: import the code location (``import_build`` returns its builder) and build its
+    Definitions. Never raises (a broken code location must not take the forkserver down; the run that loads it
+    then fails with the real error). The builder is handed in: the launcher sits below the Dagster glue."""
     global _fingerprint, _definitions, _error
     _fingerprint = fingerprint()
     try:
-        from lakehouse_dagster.definitions import build
-
-        defs = build()
+        defs = import_build()()
         defs.get_repository_def()  # resolved once here too (jobs, asset graph)
         _definitions = defs
     except BaseException as exc:  # noqa: BLE001 - recorded, and the worker builds from disk instead

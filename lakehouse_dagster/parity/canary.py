@@ -46,18 +46,17 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
-from ..errors import BadInput, NotFound
-from ..ids import parse_uuid
-from ..settings import Settings
-from ..store.datasets import parse_schema
-from ..store.db import connect
-from . import capture
-from . import localise as loc
-from . import smoke as sm
-from . import maintained as mt
-from .digest import (IcebergSide, PgSide, PinnedPostgres, fold, full_digest, idle_autocommit, pin_iceberg,
-                     schema_problems)
-from .maintained import SEG_BITS, SEG_WIDTH
+from lakehouse_dagster.core.errors import BadInput, NotFound
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import parse_schema
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.parity import localise as loc
+from lakehouse_dagster.parity import smoke as sm
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, fold, full_digest, idle_autocommit, pin_iceberg, schema_problems
+from lakehouse_dagster.parity.maintained import SEG_BITS, SEG_WIDTH
 
 log = logging.getLogger("lakehouse_dagster.parity")
 
@@ -447,10 +446,9 @@ def _cross_check(pg: PinnedPostgres, pin, state, v: Verdict, plan: _Plan) -> Non
 # ---------------------------------------------------------------------------------------------------
 
 
-def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_id: str | None = None,
-           settings: Settings | None = None) -> int:
-    """Write one verdict to lakehouse_read_parity; returns its id. Every canary path records here, so a
-    MISMATCH then goes through auto-rollback (parity/auto_rollback.py: ``settings`` or the environment's)."""
+def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_id: str | None = None) -> int:
+    """Write one verdict to lakehouse_read_parity; returns its id. Recording only: what a MISMATCH sets off
+    (auto-rollback) is the caller's, through runbooks/auto_rollback.py (``record_and_roll_back``)."""
     detail = json.loads(json.dumps(v.detail, default=str))
     if v.wedged:
         detail["wedged"] = True
@@ -463,11 +461,6 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
          v.snapshot_id, v.pg_version, v.iceberg_version, v.smoke, v.mismatched_row_indexes or None,
          v.seconds, run_id, Jsonb(detail)),
     ).fetchone()[0]
-    if v.verdict == MISMATCH:
-        from .auto_rollback import after_record
-
-        after_record(conn, v, source=source, run_id=run_id, parity_id=parity_id,
-                     settings=settings or Settings.from_env())
     return parity_id
 
 
@@ -532,7 +525,7 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
     rows = conn.execute(
         """select d.id from datasets d
             where d.kind = 'tabular'
-              and exists (select 1 from lakehouse_latest_succeeded_sync(d.id))  -- store/sync_log.py
+              and exists (select 1 from lakehouse_latest_succeeded_sync(d.id))  -- tracking/sync_log.py
             order by random() limit %s""",
         (limit,),
     ).fetchall()
@@ -574,8 +567,11 @@ def run_canary(
     dataset_ids: Sequence[str] | None = None, limit: int = DEFAULT_LIMIT, smoke: bool = False,
     smoke_max_rows: int = sm.SMOKE_MAX_ROWS, source: str = "canary", run_id: str | None = None,
     on_result: Callable[[Verdict], None] | None = None, full: bool = False,
+    on_recorded: Callable[[Verdict, int], None] | None = None,
 ) -> CanaryReport:
-    """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit)."""
+    """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit).
+    ``on_recorded(verdict, parity_id)`` runs right after each record, before the next dataset is compared:
+    the caller's reaction to a verdict (runbooks/auto_rollback.py's ``run_canary_and_roll_back``)."""
     ids = select_datasets(conn, dataset_ids, limit)
     wedged = wedged_syncs(conn, settings.wedged_after_seconds)
     wedged_ids = {w["dataset_id"] for w in wedged}
@@ -583,7 +579,9 @@ def run_canary(
     for ds_id in ids:
         v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows, full=full)
         v.wedged = ds_id in wedged_ids
-        record(conn, v, source=source, run_id=run_id, settings=settings)
+        parity_id = record(conn, v, source=source, run_id=run_id)
+        if on_recorded:
+            on_recorded(v, parity_id)
         log.info("canary ds=%s verdict=%s %s", ds_id, v.verdict, v.detail.get("reason", ""))
         results.append(v)
         if on_result:

@@ -55,7 +55,7 @@ Why each choice:
     Phase 4 readers key on row id / row_index, exports carry created_at), and the mirror copies them,
     so a transport bug there must fail parity too. They cost ~15% of the digest time.
 
-Postgres typing (the mirror's contract, ingest/source.py, for every value the mirror accepts):
+Postgres typing (the mirror's contract, mirror/pinned_read.py, for every value the mirror accepts):
 string ``data->>c``, int64 ``::int8``, float64 ``::float8`` (accepts the strings NaN/Infinity/-Infinity),
 boolean ``::boolean``, timestamp ``::timestamptz`` (session time zone UTC), date ``::date``,
 json ``nullif(data->c, 'null')::text``. A value the mirror would refuse makes the Postgres digest raise
@@ -73,8 +73,8 @@ from typing import Any, Sequence
 
 from psycopg import sql
 
-from ..store.datasets import Column
-from . import lookup3
+from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.parity import lookup3
 
 CONTRACT_VERSION = 2
 NULL = "\\N"

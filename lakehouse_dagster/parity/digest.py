@@ -28,16 +28,16 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
-from ..errors import LakehouseError
-from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..settings import Settings
-from ..store.datasets import Column, parse_schema
-from ..store.db import connect, is_idle
-from . import barrier
-from . import canonical as cn
-from . import lookup3
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Column, parse_schema
+from lakehouse_dagster.core.db import connect, is_idle
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.parity import canonical as cn
+from lakehouse_dagster.parity import lookup3
 
-# Keys the mirror's writer puts into each snapshot summary and the table properties (iceberg/writer.py).
+# Keys the mirror's writer puts into each snapshot summary and the table properties (lake/writer.py).
 SYNC_ID = "lakehouse.sync-id"
 SOURCE_VERSION = "lakehouse.source-version"
 WRITE_PATH = "lakehouse.path"
@@ -108,7 +108,7 @@ class PinnedPostgres:
         # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
         # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
         # ``dataset_id``: the dataset whose change tracking the caller pairs with its rows; in capture mode
-        # wal-tracking the snapshot is taken behind its barrier (parity/barrier.py).
+        # wal-tracking the snapshot is taken behind its barrier (tracking/barrier.py).
         self._own = conn is None or not idle_autocommit(conn)
         self.conn = connect(dsn) if self._own else conn
         try:

@@ -112,8 +112,8 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
     pinned snapshot, computing and storing the facts of its files that have none. ``Unavailable`` when the
     per-file facts cannot answer (read every row instead); ``maintained.Unavailable`` from the in-place test
     when a local file is gone or not its manifest's size."""
-    from .digest import local_path
-    from .maintained import _files_in_place
+    from lakehouse_dagster.parity.digest import local_path
+    from lakehouse_dagster.parity.maintained import _files_in_place
 
     if pin.has_deletes:
         raise Unavailable("the snapshot has delete files")

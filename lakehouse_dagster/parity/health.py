@@ -1,6 +1,6 @@
 """Snapshot freshness and identity readiness of a dataset's Iceberg table (the asset checks' core).
 
-Both return a plain ``Health`` (passed, description, metadata); defs/checks.py turns it into an
+Both return a plain ``Health`` (passed, description, metadata); dagster/defs/parity/checks.py turns it into an
 AssetCheckResult. A table or snapshot that cannot be seen is a failure, never a pass.
 """
 
@@ -14,12 +14,12 @@ import psycopg
 from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
-from ..settings import Settings
-from ..store.sync_log import latest_succeeded
-from . import barrier
-from . import file_identity as fi
-from . import maintained as mt
-from .digest import IcebergPin, IcebergSide, pin_iceberg
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.sync_log import latest_succeeded
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.parity import file_identity as fi
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, pin_iceberg
 
 IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
 DEFAULT_MAX_LAG_SECONDS = 3600

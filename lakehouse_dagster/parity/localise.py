@@ -14,7 +14,7 @@ import collections
 import dataclasses
 import time
 
-from .digest import Segments, segment_plan
+from lakehouse_dagster.parity.digest import Segments, segment_plan
 
 FACTOR = 32
 LEAF_ROWS = 4096

@@ -10,8 +10,8 @@ re-reading every row on every canary:
   sum over its live data files; a snapshot with delete files has no maintained digest (full digest).
 * Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
   inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
-  transaction (parity/migration.py) — or, in capture mode "wal", a logical decoding consumer does after
-  the app committed (parity/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
+  transaction (schema/parity_sql.py) — or, in capture mode "wal", a logical decoding consumer does after
+  the app committed (tracking/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
 
 Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment
 sums and reads rows only in the segments that differ.
@@ -32,15 +32,21 @@ import json
 import os
 import threading
 import uuid
+import logging
 from typing import Iterable, Sequence
 
 import psycopg
 import pyarrow as pa
 from psycopg.types.json import Jsonb
 
-from ..store.datasets import Column
-from . import canonical as cn
-from . import barrier, capture, lookup3
+from lakehouse_dagster.core.db import connection
+from lakehouse_dagster.core.errors import first_line
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.writer import WriteResult, write_arrow
+from lakehouse_dagster.tracking.datasets import Column, Dataset
+from lakehouse_dagster.parity import canonical as cn
+from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.parity import lookup3
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -116,6 +122,10 @@ class FileDigester:
     def close(self) -> None:
         self.con = None
 
+    def empty(self) -> FileDigest:
+        """A new file's digest, before any of its rows (the writer asks for one per file it opens)."""
+        return FileDigest()
+
     def _present(self, names: Iterable[str]) -> set[str]:
         wanted = {"__row_index", "__row_id", "__created_at"} | {c.name for c in self.columns}
         present = wanted & set(names)
@@ -176,6 +186,35 @@ def store_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns:
         )
 
 
+_log = logging.getLogger(__name__)
+
+
+def write_digested(catalog, settings: Settings, dataset: Dataset, batches, **kwargs) -> WriteResult:
+    """lake.writer.write_arrow, each written file digested from the rows in hand and the digests stored after the
+    commit (when a DSN is configured and LAKEHOUSE_DIGEST_ON_WRITE holds): what every writer of a table calls, so
+    the next canary reads those files' digests instead of the files."""
+    digester = FileDigester(dataset.columns) if settings.pg_dsn and settings.digest_on_write else None
+    try:
+        result = write_arrow(catalog, settings, dataset, batches, digester=digester, **kwargs)
+    finally:
+        if digester is not None:
+            digester.close()
+    _store_written(settings, dataset, result.file_digests)
+    return result
+
+
+def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
+    """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
+    if not digests:
+        return
+    try:
+        with connection(settings.pg_dsn) as conn:
+            store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
+    except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
+        _log.warning("could not store the digests of %d file(s) of dataset %s: %s", len(digests), dataset.id,
+                     first_line(exc))
+
+
 def load_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column],
                       paths: Sequence[str]) -> dict[str, FileDigest]:
     rows = conn.execute(
@@ -192,7 +231,7 @@ def load_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: 
 def fill_file_digests(conn: psycopg.Connection, pin, columns: Sequence[Column]) -> int:
     """Compute and store the digest of every live file of the pinned snapshot that has none under
     the current schema (lazily: once per file). Returns how many were computed."""
-    from .digest import local_path
+    from lakehouse_dagster.parity.digest import local_path
 
     missing = [p for p in pin.files if p not in load_file_digests(conn, pin_dataset(pin), columns, pin.files)]
     if not missing:
@@ -242,7 +281,7 @@ def _files_in_place(pin) -> None:
     (one request per file would cost more than the manifests)."""
     import os
 
-    from .digest import local_path
+    from lakehouse_dagster.parity.digest import local_path
 
     for path in pin.files:
         local = local_path(path)
@@ -288,7 +327,7 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
             cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
             if cur is None:
                 raise Unavailable(f"dataset {dataset_id} does not exist")
-            from ..store.datasets import parse_schema
+            from lakehouse_dagster.tracking.datasets import parse_schema
 
             if schema_hash(parse_schema(cur[0])) != sh:
                 raise Unavailable("the dataset's schema changed meanwhile")
@@ -302,14 +341,14 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
                 (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
-    # In capture mode wal the fill runs under the WAL consumer's lock (parity/capture.py), after a catch-up: its
+    # In capture mode wal the fill runs under the WAL consumer's lock (tracking/capture.py), after a catch-up: its
     # snapshot then sees every delta the consumer wrote, and the consumer, running after it, applies only the
     # transactions that stamped a version above the one this snapshot saw (fill_version). In capture mode
     # triggers fills of different datasets run side by side; one whose snapshot sees a switch to wal that
     # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
     # what is written before the switch row is the triggers', and fill_version is below what comes after).
     # In capture mode wal-tracking the consumer also draws the versions, so the fill's snapshot must match them:
-    # it is taken behind the dataset's barrier (parity/barrier.py), which lets the writers go once it is taken;
+    # it is taken behind the dataset's barrier (tracking/barrier.py), which lets the writers go once it is taken;
     # the consumer's lock stays held to the end, as in capture mode wal.
     while True:
         with barrier.held(conn, [dataset_id]) as behind:
@@ -331,7 +370,7 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
     in wal-tracking, behind the barrier): a switch committed after the caller looked."""
     conn.execute("begin isolation level repeatable read")
     try:
-        if behind:  # frozen while it holds the barrier, the session is ended by the server (parity/barrier.py)
+        if behind:  # frozen while it holds the barrier, the session is ended by the server (tracking/barrier.py)
             idle = conn.execute("select current_setting('idle_in_transaction_session_timeout'),"
                                 " set_config('idle_in_transaction_session_timeout', %s, true)",
                                 (str(barrier.HOLD_IDLE_TIMEOUT_MS),)).fetchone()[0]
@@ -400,7 +439,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
         raise Unavailable("the maintained Postgres digest is not filled yet")
     if state[5] and state[3] != state[4]:  # capture mode wal: the sums are as of applied_version
         raise Unavailable(f"the WAL consumer has applied this dataset up to version {state[3]}, "
-                          f"not yet {state[4]} (parity/capture.py)")
+                          f"not yet {state[4]} (tracking/capture.py)")
     rows = conn.execute(
         "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg", (dataset_id,)
     ).fetchall()

@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any, Iterable, Sequence
 
-from ..store.datasets import Column
+from lakehouse_dagster.tracking.datasets import Column
 
 SMOKE_MAX_ROWS = 10_000
 

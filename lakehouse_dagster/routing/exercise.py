@@ -8,12 +8,12 @@ import uuid
 
 import psycopg
 
-from ..errors import LakehouseError
-from ..flags.resolver import FlagResolver
-from ..settings import Settings
-from ..store.datasets import Dataset, get_dataset
-from .projection import Projection, projection_for
-from .read_router import ReadResult, resolve_read_source
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
+from lakehouse_dagster.routing.projection import Projection, projection_for
+from lakehouse_dagster.routing.read_router import ReadResult, resolve_read_source
 
 
 def read_through_router(
@@ -21,8 +21,8 @@ def read_through_router(
     columns: str | None = None, limit: int = 20, order_by_row_index: bool = False,
     resolver: FlagResolver | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> tuple[ReadResult, Dataset, Projection]:
-    from ..iceberg.reader import load_dataset_table, read_iceberg
-    from .pg_reader import read_postgres
+    from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+    from lakehouse_dagster.routing.pg_reader import read_postgres
 
     dataset = get_dataset(conn, dataset_id)
     proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)

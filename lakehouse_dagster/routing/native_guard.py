@@ -35,9 +35,9 @@ from typing import Iterable
 
 import psycopg
 
-from ..errors import FlipRefused
-from ..flags.gates import NATIVE, AtFlip, Blocked, Effect, write_flip_blockers
-from ..flags.native import native_dataset_ids
+from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.flags.gates import NATIVE, AtFlip, Blocked, Effect, write_flip_blockers
+from lakehouse_dagster.flags.native import native_dataset_ids
 
 log = logging.getLogger("lakehouse_dagster.native_guard")
 
@@ -54,7 +54,7 @@ select d.id, d.name, d.workspace_id, d.kind,
             then 'new and empty'
             else 'first native write' end
   from datasets d
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
+  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
  where d.id = any(%s::uuid[])
 """
 

@@ -11,10 +11,10 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from ..iceberg.schema import arrow_schema
-from ..ingest.source import column_expr
-from ..store.datasets import Dataset
-from .projection import Projection
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.mirror.pinned_read import column_expr
+from lakehouse_dagster.tracking.datasets import Dataset
+from lakehouse_dagster.routing.projection import Projection
 
 _IDENTITY_SQL = {
     "__row_index": sql.SQL("row_index"),

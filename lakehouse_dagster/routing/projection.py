@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from ..errors import BadInput
-from ..store.datasets import IDENTITY_COLUMNS, Dataset
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.tracking.datasets import IDENTITY_COLUMNS, Dataset
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,12 +30,12 @@ from typing import Callable, TypeVar
 
 import psycopg
 
-from ..errors import NotFound, ReadRefused
-from ..flags.incidents import record_fallback
-from ..flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
-from ..flags.resolver import FlagResolver, Resolution
-from ..ids import parse_uuid
-from ..parity import barrier
+from lakehouse_dagster.core.errors import NotFound, ReadRefused
+from lakehouse_dagster.flags.incidents import record_fallback
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
+from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -63,7 +63,7 @@ class Freshness:
 _FRESHNESS = f"""
 select d.rows_version, s.snapshot_id, s.source_version, {barrier.IN_WAL_TRACKING}
   from datasets d
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- store/sync_log.py
+  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
  where d.id = %s
 """
 

@@ -7,11 +7,11 @@ ops and the tests inject the real chunked writer — runs under an ``iceberg_syn
 If it fails, the sync is recorded failed, the dataset is marked errored and SyncFailed is raised: dataset_rows is
 never written after an Iceberg attempt (no silent split-brain), and the sync retries.
 
-Failure paths follow the mirror's (ingest/sync.py): SyncFailed carries ``transient`` (errors.is_transient);
+Failure paths follow the mirror's (mirror/sync.py): SyncFailed carries ``transient`` (errors.is_transient);
 a commit of unknown outcome is recorded as unsettled and its files kept; an interruption (Ctrl-C,
 SIGTERM, a run termination) is not a data error — the row says what the table says (succeeded if the
 commit landed) and the dataset is not marked errored; the next native write of the dataset, under the
-dataset lock, settles what a killed one left (ingest/reaper.py) when it knows the catalog.
+dataset lock, settles what a killed one left (mirror/reaper.py) when it knows the catalog.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 import psycopg
 
-from ..errors import BadInput, CommitOutcomeUnknown, GuardLost, NotFound, SyncFailed, is_transient
-from ..failpoints import failpoint, validate as validate_failpoints
-from ..flags.registry import WRITE, get_flag
-from ..flags.resolver import FlagResolver, Resolution
-from ..ids import parse_uuid
-from ..parity import barrier
-from ..iceberg.catalog import load_table_or_none, table_identifier
-from ..iceberg.writer import snapshot_source_version, sync_snapshot, table_state
-from ..ingest.guards import admission_slot, dataset_lock
-from ..ingest.reaper import UNSETTLED, reap_abandoned
-from .native_guard import refuse_unsafe_native_write
-from ..settings import Settings
+from lakehouse_dagster.core.errors import BadInput, CommitOutcomeUnknown, GuardLost, NotFound, SyncFailed, is_transient
+from lakehouse_dagster.core.failpoints import failpoint, validate as validate_failpoints
+from lakehouse_dagster.flags.registry import WRITE, get_flag
+from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.writer import snapshot_source_version, sync_snapshot, table_state
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
+from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
+from lakehouse_dagster.core.settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.write_router")
 
@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 
 class NativeWriteResult(Protocol):
-    """What iceberg/writer.py's WriteResult provides."""
+    """What lake/writer.py's WriteResult provides."""
 
     snapshot_id: int | None
     rows: int
@@ -237,19 +237,19 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
 def native_write(
     catalog, settings, dataset, batches: Iterable, *, writer: str, conn: psycopg.Connection | None = None
 ) -> Callable[[uuid.UUID, int], NativeWriteResult]:
-    """The real native write for ``route_write``: iceberg/writer.py's chunked ``write_arrow``, in the
+    """The real native write for ``route_write``: lake/writer.py's chunked ``write_arrow``, in the
     writer's registry mode (sync.full replaces the table, the others append). ``conn`` (route_write's):
-    the commit carries its native run's totals and may expire old snapshots (rollback/iceberg_only.py), and
-    an append compacts the run's small files (ingest/native_compaction.py)."""
+    the commit carries its native run's totals and may expire old snapshots (mirror/native_run.py), and
+    an append compacts the run's small files (routing/native_compaction.py)."""
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
-    from ..iceberg.writer import write_arrow
-    from ..ingest.native_compaction import native_compaction
-    from ..rollback.iceberg_only import native_run
+    from lakehouse_dagster.parity.maintained import write_digested
+    from lakehouse_dagster.routing.native_compaction import native_compaction
+    from lakehouse_dagster.mirror.native_run import native_run
 
     def _write(sync_id: uuid.UUID, source_version: int):
-        return write_arrow(
+        return write_digested(
             catalog, settings, dataset, batches, mode=mode, sync_id=sync_id, source_version=source_version,
             path="native", native_run=None if conn is None else native_run(conn, settings, dataset.id),
             compact=None if conn is None or mode != "append" else native_compaction(settings, dataset),

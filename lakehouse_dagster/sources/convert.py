@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..iceberg.schema import arrow_type
-from ..store.datasets import Column
+from lakehouse_dagster.lake.schema import arrow_type
+from lakehouse_dagster.tracking.datasets import Column
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INT_TEXT = r"^[+-]?[0-9]+$"

@@ -20,11 +20,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from ..errors import BadInput, SyncFailed
-from ..settings import Settings
-from ..store.datasets import Column
-from .convert import BadValue, convert_batch, convert_records, loads
-from .spec import SourceSpec
+from lakehouse_dagster.core.errors import BadInput, SyncFailed
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.sources.convert import BadValue, convert_batch, convert_records, loads
+from lakehouse_dagster.sources.spec import SourceSpec
 
 _MAGIC = set("*?[")
 NDJSON_BATCH = 20_000  # lines parsed into Python objects at once (their memory is ~1 KB a row)

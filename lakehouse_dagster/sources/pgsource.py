@@ -16,13 +16,13 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from ..errors import BadInput
-from ..ingest.source import _adbc_uri
-from ..store.datasets import Column
-from ..store.db import redact
-from .convert import BadValue, convert_batch
-from .files import SourceError
-from .spec import SourceSpec
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.sources.convert import BadValue, convert_batch
+from lakehouse_dagster.sources.files import SourceError
+from lakehouse_dagster.sources.spec import SourceSpec
 
 
 def relation(spec: SourceSpec) -> sql.Composable:

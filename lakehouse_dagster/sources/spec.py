@@ -15,7 +15,7 @@ import dataclasses
 import os
 import re
 
-from ..errors import BadInput
+from lakehouse_dagster.core.errors import BadInput
 
 FORMATS = ("parquet", "csv", "ndjson")
 TYPES = ("files", "postgres", "cdc")

@@ -7,10 +7,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from ..errors import BadInput
-from ..settings import Settings
-from ..store.datasets import Dataset, get_dataset
-from .spec import SourceSpec, parse_source, stored_source
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
+from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
 
 
 def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
@@ -36,7 +36,7 @@ def set_source(conn: psycopg.Connection, dataset_id, spec_dict: dict, *, setting
 
 
 def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
-    from .files import check_location, filesystem
+    from lakehouse_dagster.sources.files import check_location, filesystem
 
     files = check_location(spec, settings)
     if files and spec.format == "parquet":
@@ -53,7 +53,7 @@ def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
 
 
 def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> None:
-    from .pgsource import source_columns, where_label
+    from lakehouse_dagster.sources.pgsource import source_columns, where_label
 
     if spec.dsn_env:
         names = source_columns(spec, spec.dsn(""))
@@ -83,7 +83,7 @@ def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> N
 
 
 def _relation(spec: SourceSpec):
-    from .pgsource import relation
+    from lakehouse_dagster.sources.pgsource import relation
 
     return relation(spec)
 

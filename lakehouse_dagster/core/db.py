@@ -1,0 +1,114 @@
+"""Connections to the project's Postgres."""
+
+from __future__ import annotations
+
+import re
+import threading
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import psycopg
+
+from lakehouse_dagster.core.settings import Settings
+
+
+def resolve_dsn(settings: Settings) -> str:
+    """The configured DSN, or the embedded server's (started on demand) when none is configured."""
+    if settings.pg_dsn:
+        return settings.pg_dsn
+    from lakehouse_dagster.core.embedded import start_embedded
+
+    return start_embedded(settings.home / "pg")
+
+
+def connect(dsn: str, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    conn.execute("set timezone to 'UTC'")
+    return conn
+
+
+@contextmanager
+def connection(dsn: str, *, autocommit: bool = True) -> Iterator[psycopg.Connection]:
+    conn = connect(dsn, autocommit=autocommit)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+class IdlePool:
+    """Connections kept open between uses inside one scope (a mirror batch: mirror/batch.py), so a batch of
+    small syncs pays a connect once, not once per dataset. A user takes one (``take``), and gives it back
+    (``give``) only when it left it idle and clean (no transaction, no pending result); anything else is
+    closed by the user. At most ``keep`` idle connections per key; ``close`` closes them all (end of scope).
+    Thread-safe (the mirror's readers run in threads). Nothing here outlives the scope that made it."""
+
+    def __init__(self, keep: int = 2):
+        self.keep = keep
+        self._idle: dict[object, list] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.made = 0  # connections opened through ``take_or_open`` (tests and benchmarks read it)
+
+    def take(self, key: object):
+        with self._lock:
+            idle = self._idle.get(key)
+            return idle.pop() if idle else None
+
+    def take_or_open(self, key: object, open_: Callable[[], object]) -> tuple[object, bool]:
+        """(a connection, whether it was reused)."""
+        got = self.take(key)
+        if got is not None:
+            return got, True
+        with self._lock:
+            self.made += 1
+        return open_(), False
+
+    def give(self, key: object, conn) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if not self._closed and len(idle) < self.keep:
+                idle.append(conn)
+                return
+        close_quietly(conn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle = [c for conns in self._idle.values() for c in conns]
+            self._idle.clear()
+        for c in idle:
+            close_quietly(c)
+
+    def __enter__(self) -> "IdlePool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def is_idle(conn: psycopg.Connection) -> bool:
+    """Open, not broken, no transaction open: fit to run a statement now, or to be reused or lent."""
+    return not conn.closed and not conn.broken and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def close_quietly(conn) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - a connection that cannot even close is gone anyway
+        pass
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """The same DSN for SQLAlchemy (pyiceberg's SqlCatalog) with the psycopg 3 driver."""
+    if dsn.startswith("postgresql+"):
+        return dsn
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", dsn)
+
+
+def redact(dsn: str) -> str:
+    """A DSN fit for logs and metadata: the password is never shown."""
+    if "://" in dsn:
+        dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)  # user:password@
+        return re.sub(r"([?&]password=)[^&]*", r"\1***", dsn)  # ?password=
+    return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)  # key=value form

@@ -1,0 +1,102 @@
+"""One exception family, so the CLI and the ops can print a one-line reason and pick an exit code."""
+
+
+class LakehouseError(Exception):
+    """A refusal or failure with a message fit for an operator: what was wrong and what to do."""
+
+    exit_code = 2
+    transient: bool | None = None  # None: decided by the class (errors.is_transient); a retry may help when True
+
+
+class BadInput(LakehouseError):
+    """The caller asked for something invalid (unknown name, malformed uuid, mode above ceiling...)."""
+
+    exit_code = 2
+
+
+class NotFound(LakehouseError):
+    exit_code = 3
+
+
+class SyncFailed(LakehouseError):
+    """A sync failed loudly; nothing was committed."""
+
+    exit_code = 4
+
+
+class FlipRefused(LakehouseError):
+    """A flag change would strand consumers or skip a runbook prerequisite (flags/gates.py); nothing written."""
+
+    exit_code = 6
+
+
+class ReadRefused(LakehouseError):
+    """A read nothing can serve truthfully: the dataset is written iceberg-native (Postgres is stale for it)
+    and Iceberg has nothing this reader can read (routing/read_router.py). Nothing was read."""
+
+    exit_code = 6
+
+
+class Backpressure(LakehouseError):
+    """Admission bound (G2) reached: retry later. The CLI's analogue of the runbook's HTTP 503."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    transient = True
+
+
+class CommitOutcomeUnknown(SyncFailed):
+    """A commit was attempted and neither landed nor was refused as far as we can tell (connection lost
+    around the compare-and-swap, a REST CommitStateUnknown). Its files are left in place: the next sync
+    of the dataset, holding the dataset lock, settles it (mirror/reaper.py). Transient."""
+
+    transient = True
+
+
+class LockTimeout(SyncFailed):
+    """Another sync of the dataset held its lock (G3) past the wait. Transient: retry later."""
+
+    transient = True
+
+
+class GuardLost(SyncFailed):
+    """The session holding a G2/G3 advisory lock died before the commit: another sync may now own the
+    dataset, so this one must not commit. Transient: a retry takes the lock again."""
+
+    transient = True
+
+
+# Why a failure happened decides whether retrying can help. Bad data and bad input cannot be fixed by
+# a retry (they fail at once); connections, object-store I/O, commit conflicts past their retries and
+# lock timeouts can. Unknown errors are not retried: a bug fails loud instead of looping.
+_TRANSIENT_NAMES = {
+    "OperationalError",  # psycopg, SQLAlchemy and ADBC: connection lost, server restart, lock/statement timeout
+    "InterfaceError",  # psycopg / SQLAlchemy: the connection is closed
+    "DisconnectionError",  # SQLAlchemy pool
+    "CommitFailedException",  # pyiceberg: a conflict past every commit retry
+    "CommitStateUnknownException",  # pyiceberg REST
+    "ServerError",  # pyiceberg REST 5xx
+    "ServiceUnavailableError",
+}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying the same operation later may succeed. Follows ``raise ... from`` causes."""
+    seen = 0
+    while exc is not None and seen < 10:
+        flag = getattr(exc, "transient", None)
+        if flag is not None:
+            return bool(flag)
+        if isinstance(exc, LakehouseError):
+            return False  # BadInput, NotFound, a bad value, a schema type change: a retry changes nothing
+        if isinstance(exc, OSError):  # I/O: object store 5xx, network, timeouts (pyarrow's IOError is OSError)
+            return True
+        if any(t.__name__ in _TRANSIENT_NAMES for t in type(exc).__mro__):
+            return True
+        exc, seen = exc.__cause__, seen + 1
+    return False
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when it has none): for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

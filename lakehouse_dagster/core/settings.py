@@ -1,0 +1,152 @@
+"""Every environment variable the project reads, typed, in one place."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from lakehouse_dagster.core.errors import BadInput
+
+
+def _int(name: str, default: int, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not an integer; set it to a whole number (default {default})") from None
+    if value < minimum:
+        raise BadInput(f"{name}={value} is below the minimum {minimum}")
+    return value
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not a number (default {default})") from None
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise BadInput(f"{name}={raw!r} is not a boolean; use true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    # Postgres holding the app tables, the lakehouse control tables and (by default) the Iceberg catalog.
+    pg_dsn: str | None
+    # Where the embedded Postgres, the local warehouse and DAGSTER_HOME live when nothing else is configured.
+    home: Path
+    catalog_type: str  # "sql" (pyiceberg SqlCatalog on pg_dsn) or "rest"
+    catalog_uri: str | None
+    warehouse: str
+    namespace: str
+    ingest_chunk_rows: int
+    max_concurrent_ingest: int
+    flag_ttl_seconds: float
+    actor: str
+    enable_iceberg_sync: bool
+    wedged_after_seconds: int
+    sensor_max_requests: int
+    # The poller re-requests a dataset still behind Postgres, with no mirror run in flight, this many
+    # seconds after the last request of its version, doubling per attempt, at most retry_failed_max
+    # times per version (0 seconds: never), whatever stopped the last attempt.
+    retry_failed_after_seconds: int = 300
+    retry_failed_max: int = 5
+    # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
+    s3_endpoint: str | None = None
+    # A canary that finds a caught-up dataset MISMATCH turns off the readers serving it from Iceberg (and a
+    # first native sync that mismatches turns its writer back to pg), at dataset scope (runbooks/auto_rollback.py).
+    auto_rollback: bool = True
+    # A flip widens (dataset → workspace → global) only after the narrower flip held this long without an
+    # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
+    # 0 disables the soak.
+    soak_seconds: int = 3600
+    # Digest each Iceberg data file as it is written (parity/maintained.py). Off by default: measured at
+    # 1.48x the mirror's time (bench_mirror.py --digest-ab); the first canary or parity check that meets a
+    # file digests it instead (once per file, only the new files after an append).
+    digest_on_write: bool = False
+    # Datasets per mirror run (mirror_batch_job, one process); 0: one mirror_job run per dataset (the old path).
+    mirror_batch_size: int = 25
+    # Flag changes reach every process through Postgres NOTIFY (the TTL stays the fallback); false: TTL only.
+    flag_listen: bool = True
+    # A sync after updates/deletes/inserts below the max rewrites only the Iceberg data files holding the
+    # changed rows when they hold at most this fraction of the table's rows; more, or 0: a full rewrite.
+    partial_max_fraction: float = 0.25
+    # A mirror or native commit removes from the table metadata the snapshots past the newest snapshots_keep that are also
+    # older than snapshots_max_age_seconds (lake/writer.py expirable_snapshots); snapshots_keep 0: never.
+    snapshots_keep: int = 100
+    snapshots_max_age_seconds: int = 3600
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        home = Path(os.environ.get("LAKEHOUSE_HOME") or Path.cwd() / ".lakehouse").expanduser().resolve()
+        catalog_type = (os.environ.get("LAKEHOUSE_CATALOG_TYPE") or "sql").lower()
+        if catalog_type not in ("sql", "rest"):
+            raise BadInput(f"LAKEHOUSE_CATALOG_TYPE={catalog_type!r} is not supported; use sql or rest")
+        if catalog_type == "rest" and not os.environ.get("LAKEHOUSE_CATALOG_URI"):
+            raise BadInput("LAKEHOUSE_CATALOG_TYPE=rest needs LAKEHOUSE_CATALOG_URI (the REST catalog's URL)")
+        warehouse = os.environ.get("LAKEHOUSE_WAREHOUSE") or (home / "warehouse").as_uri()
+        actor = os.environ.get("LAKEHOUSE_ACTOR") or _os_user()
+        return cls(
+            pg_dsn=os.environ.get("LAKEHOUSE_PG_DSN") or None,
+            home=home,
+            catalog_type=catalog_type,
+            catalog_uri=os.environ.get("LAKEHOUSE_CATALOG_URI") or None,
+            warehouse=warehouse,
+            namespace=os.environ.get("LAKEHOUSE_NAMESPACE") or "lakehouse",
+            ingest_chunk_rows=_int("LAKEHOUSE_INGEST_CHUNK_ROWS", 250_000, minimum=1),
+            max_concurrent_ingest=_int("LAKEHOUSE_MAX_CONCURRENT_INGEST", 4, minimum=1),
+            flag_ttl_seconds=_float("LAKEHOUSE_FLAG_TTL_SECONDS", 10.0),
+            actor=actor,
+            enable_iceberg_sync=_bool("ENABLE_ICEBERG_SYNC", True),
+            wedged_after_seconds=_int("LAKEHOUSE_WEDGED_AFTER_SECONDS", 3600, minimum=1),
+            sensor_max_requests=_int("LAKEHOUSE_SENSOR_MAX_REQUESTS", 25, minimum=1),
+            retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
+            retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
+            s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
+            soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
+            digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", False),
+            mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
+            flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),
+            partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
+            snapshots_keep=_snapshots_keep(),
+            snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
+        )
+
+    def replace(self, **changes) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+# Compaction (tracking/row_changes.py) decides from the newest this-many snapshots: expiry keeps at least them.
+SNAPSHOTS_KEEP_MIN = 16
+
+
+def _snapshots_keep() -> int:
+    keep = _int("LAKEHOUSE_SNAPSHOTS_KEEP", 100)
+    if 0 < keep < SNAPSHOTS_KEEP_MIN:
+        raise BadInput(f"LAKEHOUSE_SNAPSHOTS_KEEP={keep} is below {SNAPSHOTS_KEEP_MIN}, the snapshots compaction reads "
+                       f"to decide; set it to 0 (never expire) or {SNAPSHOTS_KEEP_MIN} or more")
+    return keep
+
+
+def _os_user() -> str:
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        return f"uid:{os.getuid()}"

@@ -1,0 +1,217 @@
+"""Flags in the Dagster UI: `flag_state` shows the effective modes; `set_flag` / `clear_flag` change them
+(behind the flip gates); `write_flip_candidates` is the writer runbook's step 2b.
+
+The launchpad config is typed; its values go through the same core functions as
+`lakehouse flags|write-flags set|clear`, so a refusal reads the same and writes nothing.
+(No ``from __future__ import annotations`` here: Dagster reads the Config annotations at runtime.)
+"""
+
+from enum import Enum
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.flags.candidates import write_flip_candidates
+from lakehouse_dagster.flags.gates import clear_flag, set_flag
+from lakehouse_dagster.flags.overrides import list_overrides, narrower_overrides, remaining_lines
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.tracking.datasets import get_dataset
+from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.tags import WRITER, dataset_tags, flag_tags, tag_run, text
+
+
+class FlagKind(Enum):
+    read = "read"
+    write = "write"
+
+
+_NAMES_HELP = f"readers: {', '.join(READERS)}; writers: {', '.join(WRITERS)}"
+_MODES_HELP = f"read: {' < '.join(MODES[READ])}; write: {' < '.join(MODES[WRITE])}"
+
+
+class FlagStateConfig(dg.Config):
+    dataset_id: Optional[str] = Field(
+        default=None, description="dataset uuid; empty = the global view (global overrides and defaults)"
+    )
+
+
+_KIND = Field(default=FlagKind.read, description="read (lakehouse flags) or write (lakehouse write-flags)")
+_DATASET = Field(default=None, description="dataset uuid (most specific scope); leave both scopes empty for global")
+_WORKSPACE = Field(default=None, description="workspace uuid; not together with dataset_id")
+_NOTE = Field(default=None, description="why (kept with the override and in the audit)")
+
+
+class SetFlagConfig(dg.Config):
+    kind: FlagKind = _KIND
+    name: str = Field(description=_NAMES_HELP)
+    mode: str = Field(description=_MODES_HELP)
+    dataset_id: Optional[str] = _DATASET
+    workspace_id: Optional[str] = _WORKSPACE
+    note: Optional[str] = _NOTE
+
+
+class ClearFlagConfig(dg.Config):
+    kind: FlagKind = _KIND
+    name: str = Field(description=_NAMES_HELP)
+    dataset_id: Optional[str] = _DATASET
+    workspace_id: Optional[str] = _WORKSPACE
+    note: Optional[str] = _NOTE
+
+
+def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
+    return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
+
+
+@dg.op(description="The effective mode of every reader and writer for a dataset, and every runtime override.")
+def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakehouse: LakehouseResource) -> list[dict]:
+    settings = lakehouse.settings()
+    with lakehouse.connect() as conn:
+        tag_run(context, dataset_tags(conn, config.dataset_id))
+        try:
+            ds = get_dataset(conn, config.dataset_id) if config.dataset_id else None
+        except LakehouseError as exc:
+            raise refuse(exc) from None
+        resolver = FlagResolver(conn, settings.flag_ttl_seconds)
+        state = [
+            {"kind": r.kind, "name": r.name, "mode": r.mode, "reason": r.reason, "ceiling": r.ceiling,
+             "class": r.consistency or ""}
+            for r in resolver.resolve_all(ds.id if ds else None)
+        ]
+        overrides = list_overrides(conn)
+    where = f"dataset {ds.id} ({ds.name})" if ds else "global view"
+    for s in state:
+        context.log.info(f"{s['kind']} {s['name']}: {s['mode']} ({s['reason']}) [{where}]")
+    rows = "\n".join(
+        f"| {s['kind']} | {s['name']} | {s['class']} | **{s['mode']}** | {s['reason']} | {s['ceiling']} |" for s in state
+    )
+    over = "\n".join(
+        f"| {o.kind} | {o.name} | {o.scope} | {o.scope_id or ''} | {o.mode} | {o.set_by} | {o.note or ''} |"
+        for o in overrides
+    ) or "| | (none) | | | | | |"
+    context.add_output_metadata(
+        {
+            "scope": where,
+            "effective_modes": dg.MetadataValue.md(
+                "| kind | name | class | mode | why | ceiling |\n|---|---|---|---|---|---|\n" + rows
+            ),
+            "overrides": dg.MetadataValue.md(
+                "| kind | name | scope | scope id | mode | set by | note |\n|---|---|---|---|---|---|---|\n" + over
+            ),
+            "native_writers": [s["name"] for s in state if s["mode"] == "iceberg_native"],
+            "iceberg_readers": [s["name"] for s in state if s["mode"] in ("iceberg", "iceberg_only")],
+        }
+    )
+    return state
+
+
+@dg.op(description="Set a read/write flag override, validated exactly like `lakehouse flags|write-flags set`.")
+def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse: LakehouseResource) -> dict:
+    with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
+        try:
+            change = set_flag(
+                conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
+                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+                soak_seconds=lakehouse.settings().soak_seconds,
+            )
+        except LakehouseError as exc:
+            raise refuse(exc) from None
+    context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
+    context.add_output_metadata(
+        {"flag": change.flag.name, "scope": str(change.scope), "before": change.before or "(no override)",
+         "after": change.after, "audit_id": text(change.audit.id)}
+    )
+    return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "after": change.after}
+
+
+@dg.op(description="Drop a flag override (back to the next scope or the default), like `... clear`.")
+def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakehouse: LakehouseResource) -> dict:
+    with lakehouse.connect() as conn:
+        tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
+        try:
+            change = clear_flag(
+                conn, config.kind.value, config.name, dataset=config.dataset_id,
+                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+            )
+        except LakehouseError as exc:
+            raise refuse(exc) from None
+        remaining = remaining_lines(conn, change.flag, narrower_overrides(conn, config.kind.value, change.flag.name,
+                                                                          change.scope))
+    msg = f"cleared {change.before}" if change.changed else "no override to clear; nothing changed"
+    context.log.info(f"{change.flag.name} ({change.scope}): {msg}")
+    for line in remaining:
+        context.log.warning(line.strip())
+    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg,
+                                 "narrower_remaining": "\n".join(remaining) or "none"})
+    return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
+
+
+FlippableWriter = Enum("FlippableWriter", {w.name.replace(".", "_"): w.name for w in FLIPPABLE_WRITERS})
+
+
+class CandidatesConfig(dg.Config):
+    writer: FlippableWriter = Field(default=FlippableWriter("sync.full"), description="the writer to flip")
+
+
+@dg.op(description="The writer runbook's step 2b (SAFE / BLOCKED) and what each dataset still lacks for a flip.")
+def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesConfig,
+                             lakehouse: LakehouseResource) -> list[dict]:
+    tag_run(context, {WRITER: config.writer.value})
+    with lakehouse.connect() as conn:
+        try:
+            found = write_flip_candidates(conn, config.writer.value)
+        except LakehouseError as exc:
+            raise refuse(exc) from None
+    rows = "\n".join(
+        f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
+        + "; ".join(c.reasons).replace("|", "\\|") + " |" for c in found)
+    context.add_output_metadata({
+        "writer": config.writer.value,
+        "identity_ready": len(found),
+        "ready_to_flip": sum(c.ready for c in found),
+        "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
+        "candidates": dg.MetadataValue.md(
+            "| runbook verdict | ready | name | rows | dataset | still needs |\n|---|---|---|---|---|---|\n" + rows),
+    })
+    return [c.as_dict() for c in found]
+
+
+@dg.job(
+    name="write_flip_candidates",
+    description="Fase 4 step 2b: identity-ready datasets as SAFE / BLOCKED (pipeline input), and which are ready "
+                "to flip now (readers on Iceberg, caught up, parity ok).",
+    tags={"lakehouse/area": "flags"},
+)
+def write_flip_candidates_job():
+    write_flip_candidates_op()
+
+
+@dg.job(
+    name="flag_state",
+    description=f"List the effective read/write modes (and why) for a dataset. {_NAMES_HELP}",
+    tags={"lakehouse/area": "flags"},
+)
+def flag_state_job():
+    flag_state_op()
+
+
+@dg.job(
+    name="set_flag",
+    description=f"Set a flag override (runbook step: flip / widen / rollback). {_NAMES_HELP}. Modes — {_MODES_HELP}.",
+    tags={"lakehouse/area": "flags"},
+)
+def set_flag_job():
+    set_flag_op()
+
+
+@dg.job(
+    name="clear_flag",
+    description="Drop a flag override (rollback to the next scope or the registry default).",
+    tags={"lakehouse/area": "flags"},
+)
+def clear_flag_job():
+    clear_flag_op()

@@ -1,0 +1,150 @@
+"""The mirror poller: requests a mirror of every dataset whose Postgres rows moved, and again of every dataset
+still behind with no run in flight (backoff, cap and per-dataset run keys in mirror/poller.py). The datasets of
+one tick go to a few mirror_batch_job runs (LAKEHOUSE_MIRROR_BATCH_SIZE each), or to one mirror_job run each
+when that is 0."""
+
+import hashlib
+import uuid
+
+import dagster as dg
+
+from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking.capture import CaptureError
+from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, MirrorBatchConfig, mirror_batch_job
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.tags import DATASET_NAME, datasets_tags
+
+DATASET_NAMES_TAG = "lakehouse/dataset_names"  # a batch run: its datasets' names (display; filter by one-dataset runs)
+
+# A run in one of these may still sync its dataset: the sweep does not ask again meanwhile.
+IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+    dg.DagsterRunStatus.CANCELING,
+]
+
+
+def mirror_runs_in_flight(instance: dg.DagsterInstance, dataset_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Datasets among ``dataset_ids`` with a mirror run queued or running: a mirror_job run of their partition,
+    or a mirror_batch_job run listing them (tag lakehouse/datasets). Two queries; batch runs in flight are few."""
+    if not dataset_ids:
+        return set()
+    want = {str(d) for d in dataset_ids}
+    records = instance.get_run_records(
+        dg.RunsFilter(job_name=mirror_job.name, statuses=IN_FLIGHT, tags={"dagster/partition": sorted(want)})
+    )
+    busy = {r.dagster_run.tags["dagster/partition"] for r in records}
+    for r in instance.get_run_records(dg.RunsFilter(job_name=mirror_batch_job.name, statuses=IN_FLIGHT)):
+        busy |= want.intersection(r.dagster_run.tags.get(DATASETS_TAG, "").split(","))
+    return {uuid.UUID(d) for d in busy & want}
+
+
+def mirror_tags(items: list[Pending], named: dict | None = None) -> dict[str, str]:
+    """The run tags of a mirror request (one place: the batch and the per-dataset path). A run of one dataset
+    carries its id and name (dagster/tags.py, filterable in the runs list); a batch lists its ids and names."""
+    named = named or {}
+    tags = {DATASETS_TAG: ",".join(str(p.dataset_id) for p in items)}
+    if len(items) > 1:
+        names = [named.get(p.dataset_id, {}).get(DATASET_NAME, str(p.dataset_id)) for p in items]
+        tags[DATASET_NAMES_TAG] = ",".join(names)[:255]
+    if len(items) == 1:
+        tags.update(named.get(items[0].dataset_id, {}))
+        tags["lakehouse/source_version"] = str(items[0].rows_version)
+        if isinstance(items[0], Retry):
+            tags["lakehouse/attempt"] = str(items[0].attempt)
+    return tags
+
+
+def batch_run_key(items: list[Pending]) -> str:
+    """A lone dataset keeps its own key (mirror:<ds>:<version>[:attempt:<n>]); a batch's key is a digest of its
+    datasets' keys, so it too changes with every version and attempt (a run key deduplicates forever)."""
+    if len(items) == 1:
+        return items[0].run_key
+    digest = hashlib.sha256("\n".join(sorted(p.run_key for p in items)).encode()).hexdigest()[:24]
+    return f"mirror-batch:{len(items)}:{digest}"
+
+
+def split_batches(items: list, size: int) -> list[list]:
+    """Near-equal batches of at most ``size`` (30 → 15 + 15, not 25 + 5: the runs finish together)."""
+    if not items:
+        return []
+    n = -(-len(items) // size)
+    base, extra = divmod(len(items), n)
+    out, i = [], 0
+    for k in range(n):
+        step = base + (1 if k < extra else 0)
+        out.append(items[i:i + step])
+        i += step
+    return out
+
+
+def datasets_per_tick(settings) -> int:
+    """At most LAKEHOUSE_SENSOR_MAX_REQUESTS runs per tick, each of at most LAKEHOUSE_MIRROR_BATCH_SIZE datasets."""
+    return settings.sensor_max_requests * max(1, settings.mirror_batch_size)
+
+
+def requested_datasets(run_requests: list[dg.RunRequest]) -> list[str]:
+    """The dataset ids a tick's run requests mirror (batch runs' config, or mirror_job partitions)."""
+    out: list[str] = []
+    for r in run_requests:
+        out += [r.partition_key] if r.partition_key else r.run_config["ops"]["mirror_datasets"]["config"]["datasets"]
+    return out
+
+
+def mirror_run_requests(items: list[Pending], batch_size: int, named: dict | None = None) -> list[dg.RunRequest]:
+    if batch_size <= 0:  # one mirror_job run per dataset partition (the path before batches)
+        return [dg.RunRequest(job_name=mirror_job.name, run_key=p.run_key, partition_key=str(p.dataset_id),
+                              tags=mirror_tags([p], named)) for p in items]
+    return [
+        dg.RunRequest(
+            job_name=mirror_batch_job.name, run_key=batch_run_key(b), tags=mirror_tags(b, named),
+            run_config=dg.RunConfig(ops={"mirror_datasets": MirrorBatchConfig(
+                datasets=[str(p.dataset_id) for p in b])}),
+        )
+        for b in split_batches(items, batch_size)
+    ]
+
+
+@dg.sensor(
+    jobs=[mirror_batch_job, mirror_job],
+    # The daemon evaluates sensors at most every 5 s (MIN_INTERVAL_LOOP_TIME): ask for every loop. Not 5: the
+    # interval is measured from the previous tick's start, which lags its loop's start, so with 5 every other
+    # loop found 4.9x s elapsed and skipped (ticks 10 s apart, measured in job_ticks).
+    minimum_interval_seconds=1,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="PG → Iceberg mirror poller (ENABLE_ICEBERG_SYNC); skips manifest and iceberg-native datasets.",
+)
+def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+    settings = lakehouse.settings()
+    if not settings.enable_iceberg_sync:
+        return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
+    with lakehouse.connect() as conn:
+        try:  # capture mode wal-tracking: the consumer writes the change tracking this tick reads
+            barrier.catch_up_for_poller(conn)
+        except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
+            context.log.warning(f"change tracking from the WAL not caught up: {exc}")
+        tick = plan_tick(
+            conn, Cursor.loads(context.cursor), limit=datasets_per_tick(settings),
+            retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,
+            in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
+        )
+        named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
+    known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
+    new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
+    requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
+    retries = sum(isinstance(p, Retry) for p in tick.requests)
+    context.log.info(
+        f"scanned {tick.scanned} changed datasets, {tick.behind} behind Postgres; requesting"
+        f" {len(tick.requests) - retries} syncs and {retries} retries in {len(requests)} runs"
+        f" ({tick.in_flight} behind with a run in flight)"
+    )
+    return dg.SensorResult(
+        run_requests=requests,
+        dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],
+        cursor=tick.cursor.dumps(),
+    )

@@ -1,0 +1,509 @@
+"""The demo workspace: datasets of several sizes and shapes, seeded into the app tables once.
+
+``seed_demo`` is idempotent: every demo object has a fixed id, and when the demo workspace already exists
+nothing is written. Seeding runs in one transaction, so an interrupted seed leaves nothing behind.
+
+What the demo covers (the mirror, parity and the runbook queries all have something real to chew on):
+
+* ``events`` — the big one (``big_rows``, default 1,000,000), generated inside Postgres with
+  ``generate_series``: every column type; nulls both as JSON ``null`` and as a missing key; unicode
+  (CJK, RTL, emoji, combining marks, quotes, backslashes, control characters, the empty string);
+  timestamps as ISO text with offsets (``Z``, ``+05:30``, ``-08:00``, ``+12:45``, ``-03:30``, pre-1970);
+  floats such as 0.1, 1e-300, 5e-324, 1.7976931348623157e308 and the strings "NaN"/"Infinity"/"-Infinity";
+  int64 extremes; nested json (objects, arrays, scalars, ``{}``, ``[]``).
+* ``customers`` (1,000 rows) and ``orders`` (20,000 rows) — inputs of the pipeline
+  ``customer_orders_rollup`` (``dataset`` nodes): the runbook's step 2b classifies them BLOCKED.
+* ``customer_rollup`` — that pipeline's output (an ``output`` node, not an input: SAFE); a dashboard reads it
+  from ``dataset_rows`` (``dashboards.aggregate``, declared: ``lakehouse flags readers list``), so the flip
+  gates refuse to write it iceberg-native.
+* ``edge_cases`` — a handful of hand-written rows, one edge per row, and column names with a space and
+  non-ASCII letters.
+* ``empty`` — a tabular dataset with no rows.
+* ``product_images`` — a ``manifest`` dataset (file pointers; the mirror skips it).
+* ``draft_pipeline`` — a pipeline whose ``dataset`` nodes carry malformed ids (the runbook's regex skips them).
+
+Datasets fed by a source (sources/), for the writer runbook end to end; they start empty and the
+``source_poller`` sensor ingests them on the pg path within a tick (or ``lakehouse ingest``):
+
+* ``web_clicks`` — a ``files`` source: ``$LAKEHOUSE_HOME/demo/web_clicks/*.parquet``, two Parquet files
+  generated at seed time (default writer sync.append: a file dropped there later is ingested once).
+* ``web_clicks_csv`` — the CSV files of the same directory (``*.csv``), same columns.
+* ``crm_accounts`` — a ``postgres`` source: the table ``lakehouse_demo.crm_accounts`` in the project's own
+  Postgres, no cursor column (default writer sync.full: the runbook's first writer to flip).
+* ``inventory_changes`` — a ``cdc`` source: the change table ``lakehouse_demo.inventory_cdc`` (position
+  ``lsn``, operation ``op``; default writer cdc.append).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.tracking import datasets as ds
+
+DEMO_NAMESPACE = uuid.UUID("6f1c5d0e-2b7a-4c1e-9a53-1a4e0de30000")
+DEMO_WORKSPACE_ID = uuid.uuid5(DEMO_NAMESPACE, "workspace")
+DEMO_WORKSPACE_NAME = "demo"
+_LOCK_KEY = 0x1A4E_0D30
+
+
+def demo_id(name: str) -> uuid.UUID:
+    """The fixed id of a demo dataset or pipeline (stable across machines and re-seeds)."""
+    return uuid.uuid5(DEMO_NAMESPACE, name)
+
+
+EVENTS_SCHEMA = [
+    {"name": "event_id", "type": "int64"},
+    {"name": "user_name", "type": "string"},
+    {"name": "amount", "type": "float64"},
+    {"name": "is_active", "type": "boolean"},
+    {"name": "occurred_at", "type": "timestamp"},
+    {"name": "event_date", "type": "date"},
+    {"name": "payload", "type": "json"},
+]
+CUSTOMERS_SCHEMA = [
+    {"name": "customer_id", "type": "int64"},
+    {"name": "name", "type": "string"},
+    {"name": "email", "type": "string"},
+    {"name": "country", "type": "string"},
+    {"name": "signup_date", "type": "date"},
+    {"name": "vip", "type": "boolean"},
+    {"name": "lifetime_value", "type": "float64"},
+]
+ORDERS_SCHEMA = [
+    {"name": "order_id", "type": "int64"},
+    {"name": "customer_id", "type": "int64"},
+    {"name": "amount", "type": "float64"},
+    {"name": "status", "type": "string"},
+    {"name": "ordered_at", "type": "timestamp"},
+    {"name": "items", "type": "json"},
+]
+ROLLUP_SCHEMA = [
+    {"name": "country", "type": "string"},
+    {"name": "customers", "type": "int64"},
+    {"name": "revenue", "type": "float64"},
+    {"name": "computed_at", "type": "timestamp"},
+]
+EDGE_SCHEMA = [
+    {"name": "n", "type": "int64"},
+    {"name": "label ünïcode", "type": "string"},
+    {"name": "x", "type": "float64"},
+    {"name": "flag", "type": "boolean"},
+    {"name": "at", "type": "timestamp"},
+    {"name": "day", "type": "date"},
+    {"name": "doc", "type": "json"},
+]
+EMPTY_SCHEMA = [{"name": "id", "type": "int64"}, {"name": "note", "type": "string"}]
+MANIFEST_SCHEMA = [
+    {"name": "uri", "type": "string"},
+    {"name": "bytes", "type": "int64"},
+    {"name": "mime", "type": "string"},
+]
+
+CUSTOMERS_ROWS = 1_000
+ORDERS_ROWS = 20_000
+
+# One edge per row; a missing key and a JSON null are both nulls.
+EDGE_ROWS: list[dict[str, Any]] = [
+    {"n": 0, "label ünïcode": "plain", "x": 0.1, "flag": True, "at": "2024-01-01T00:00:00Z",
+     "day": "2024-01-01", "doc": {"a": 1}},
+    {"n": None, "label ünïcode": None, "x": None, "flag": None, "at": None, "day": None, "doc": None},
+    {},
+    {"n": 9223372036854775807, "label ünïcode": "日本語 🙂 שלום e\u0301", "x": 1e-300, "flag": False,
+     "at": "1969-12-31T23:59:59.999999-01:00", "day": "1969-12-31", "doc": [1, 2.5, None, "x", {"k": []}]},
+    {"n": -9223372036854775808, "label ünïcode": "", "x": "NaN", "at": "2024-02-29T12:30:00.5+05:30",
+     "day": "2024-02-29", "doc": {}},
+    {"n": 1, "label ünïcode": "quote \" backslash \\ tab \t newline \n end", "x": "Infinity",
+     "at": "2038-01-19T03:14:08-08:00", "day": "2038-01-19", "doc": []},
+    {"n": 2, "label ünïcode": "\u00a0nbsp and \u200bzero-width", "x": "-Infinity",
+     "at": "2000-02-29T23:59:59.000001+12:45", "day": "1900-01-01", "doc": "just a string"},
+    {"n": 3, "x": 5e-324, "at": "1970-01-01T00:00:00+00:00", "doc": 42},
+    {"n": 4, "x": 1.7976931348623157e308, "doc": {"deep": {"deeper": {"deepest": [{"ü": None}]}}}},
+    {"n": 5, "x": -0.0, "doc": True},
+    {"n": 6, "x": 123456789.123456789, "doc": {"z": 1, "a": 2, "m": [3, 2, 1]}},
+]
+
+MANIFEST_ROWS = [
+    {"uri": f"s3://demo-bucket/images/{i:04d}.jpg", "bytes": 10_000 + i * 37, "mime": "image/jpeg"}
+    for i in range(5)
+]
+
+# The big dataset, generated inside Postgres: one INSERT ... SELECT over generate_series.
+# Parameters: %(ds)s dataset id, %(n)s row count. Every value is computed from n, so a re-seed on another
+# machine gives the same data (row_id aside, which the table generates).
+_EVENTS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n,
+       timestamptz '2024-01-01 00:00:00+00' + g.n * interval '1 second',
+       case when g.n %% 53 = 0 then o.obj - 'user_name' - 'amount' - 'payload'   -- nulls as missing keys
+            else o.obj end
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+  cross join lateral (
+    select timestamptz '2023-06-01 00:00:00+00' + g.n * interval '37.000123 seconds'
+           - interval '20 days' * (g.n %% 1000 = 7)::int * 1000 as ts,          -- some before 1970
+           (array[0, 330, -480, 60, 765, -210])[1 + (g.n %% 6)::int] as off_min
+  ) t
+  cross join lateral (
+    select jsonb_build_object(
+      'event_id', case g.n %% 50 when 7 then null
+                                 when 11 then 9223372036854775807
+                                 when 12 then -9223372036854775808
+                                 else g.n * 1000003 - 500000000 end,
+      'user_name', case when g.n %% 40 = 5 then null
+                        when g.n %% 3 = 0 then (array['alice', 'Zoë', 'Łukasz', '日本語テキスト', 'שלום',
+                                                      'مرحبا', 'emoji 🙂🚀', E'e\\u0301 combining', '',
+                                                      E'quote " backslash \\\\ tab \\t newline \\n',
+                                                      'Ελληνικά', E'\\u00a0nbsp'])[1 + ((g.n / 3) %% 12)::int]
+                        else 'user_' || g.n end,
+      'amount', case g.n %% 20 when 0 then to_jsonb(0.1)
+                               when 1 then to_jsonb(1e-300::numeric)
+                               when 2 then to_jsonb('NaN'::text)
+                               when 3 then to_jsonb('Infinity'::text)
+                               when 4 then to_jsonb('-Infinity'::text)
+                               when 5 then null
+                               when 6 then to_jsonb(5e-324::numeric)
+                               when 7 then to_jsonb(1.7976931348623157e308::numeric)
+                               when 8 then to_jsonb(-2.5)
+                               when 9 then to_jsonb(0)
+                               else to_jsonb(g.n::float8 / 7) end,
+      'is_active', case when g.n %% 7 = 0 then null else g.n %% 2 = 0 end,
+      'occurred_at', case when g.n %% 31 = 0 then null
+                          when g.n %% 6 = 0 and g.n %% 4 = 0
+                               then to_char(t.ts at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US') || 'Z'
+                          else to_char((t.ts at time zone 'UTC') + make_interval(mins => t.off_min),
+                                       case when g.n %% 5 = 0 then 'YYYY-MM-DD"T"HH24:MI:SS'
+                                            else 'YYYY-MM-DD"T"HH24:MI:SS.US' end)
+                               || case when t.off_min < 0 then '-' else '+' end
+                               || to_char(abs(t.off_min) / 60, 'FM00') || ':'
+                               || to_char(abs(t.off_min) %% 60, 'FM00') end,
+      'event_date', case when g.n %% 29 = 0 then null
+                         when g.n %% 1000 = 1 then '1969-12-31'
+                         when g.n %% 1000 = 2 then '2024-02-29'
+                         else to_char(date '2024-01-01' + ((g.n %% 3000)::int - 1500), 'YYYY-MM-DD') end,
+      'payload', case g.n %% 9
+                   when 0 then null
+                   when 1 then jsonb_build_object(
+                                 'tags', jsonb_build_array('a', 'b', 'ü'),
+                                 'meta', jsonb_build_object('depth', jsonb_build_object(
+                                           'n', g.n, 'ok', true, 'none', null, 'ratio', g.n::float8 / 3)),
+                                 'label', 'naïve café')
+                   when 2 then jsonb_build_array(1, 2.5, 'x', null, jsonb_build_object('k', 'v'))
+                   when 3 then '{}'::jsonb
+                   when 4 then '[]'::jsonb
+                   when 5 then to_jsonb('plain string'::text)
+                   when 6 then to_jsonb(g.n)
+                   when 7 then 'true'::jsonb
+                   else jsonb_build_object('id', g.n, 'score', round(g.n / 3.0, 4)) end
+    ) as obj
+  ) o
+"""
+
+_CUSTOMERS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n, timestamptz '2023-01-01 00:00:00+00' + g.n * interval '1 hour',
+       jsonb_build_object(
+         'customer_id', g.n + 1,
+         'name', (array['Ada', 'Bjørn', 'Chloé', 'Dmitri', '美咲', 'Ömer', 'Zoë'])[1 + (g.n %% 7)::int]
+                 || ' #' || (g.n + 1),
+         'email', case when g.n %% 11 = 0 then null else 'customer' || (g.n + 1) || '@example.com' end,
+         'country', (array['FR', 'DE', 'JP', 'BR', 'US', 'IN', 'NG', 'NO'])[1 + (g.n %% 8)::int],
+         'signup_date', to_char(date '2020-01-01' + (g.n %% 1461)::int, 'YYYY-MM-DD'),
+         'vip', g.n %% 10 = 0,
+         'lifetime_value', round((g.n * 37 %% 10000) / 3.0, 2))
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+"""
+
+_ORDERS_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, g.n, timestamptz '2024-01-01 00:00:00+00' + g.n * interval '90 seconds',
+       jsonb_build_object(
+         'order_id', 100000 + g.n,
+         'customer_id', 1 + (g.n * 7919 %% %(customers)s),
+         'amount', round((5 + (g.n * 13 %% 50000) / 100.0), 2),
+         'status', (array['new', 'paid', 'shipped', 'refunded'])[1 + (g.n %% 4)::int],
+         'ordered_at', to_char(timestamp '2024-01-01 00:00:00' + g.n * interval '90 seconds',
+                               'YYYY-MM-DD"T"HH24:MI:SS') || '+01:00',
+         'items', jsonb_build_array(
+                    jsonb_build_object('sku', 'SKU-' || (g.n %% 97), 'qty', 1 + g.n %% 3),
+                    jsonb_build_object('sku', 'SKU-' || (g.n %% 89), 'qty', 1, 'gift', g.n %% 5 = 0)))
+  from generate_series(0::bigint, %(n)s::bigint - 1) as g(n)
+"""
+
+_ROLLUP_SQL = """
+insert into dataset_rows (dataset_id, row_index, created_at, data)
+select %(ds)s, row_number() over (order by c.country) - 1, timestamptz '2024-03-01 00:00:00+00',
+       jsonb_build_object('country', c.country, 'customers', c.customers, 'revenue', c.revenue,
+                          'computed_at', '2024-03-01T00:00:00+00:00')
+  from (select r.data->>'country' as country, count(*) as customers,
+               round(sum((r.data->>'lifetime_value')::numeric), 2) as revenue
+          from dataset_rows r where r.dataset_id = %(src)s group by 1) c
+"""
+
+
+def _pipelines(customers: uuid.UUID, orders: uuid.UUID, rollup: uuid.UUID) -> list[tuple[str, dict]]:
+    return [
+        (
+            "customer_orders_rollup",
+            {
+                "nodes": [
+                    {"id": "in_customers", "type": "dataset", "data": {"datasetId": str(customers)}},
+                    {"id": "in_orders", "type": "dataset", "data": {"datasetId": str(orders)}},
+                    {"id": "join", "type": "sql", "data": {"sql": "select country, count(*) ... group by country"}},
+                    {"id": "out", "type": "output", "data": {"datasetId": str(rollup)}},
+                ],
+                "edges": [
+                    {"source": "in_customers", "target": "join"},
+                    {"source": "in_orders", "target": "join"},
+                    {"source": "join", "target": "out"},
+                ],
+            },
+        ),
+        (
+            "draft_pipeline",
+            {
+                "nodes": [
+                    {"id": "bad", "type": "dataset", "data": {"datasetId": "not-a-uuid"}},
+                    {"id": "unset", "type": "dataset", "data": {}},
+                ],
+                "edges": [],
+            },
+        ),
+    ]
+
+
+CLICKS_SCHEMA = [
+    {"name": "click_id", "type": "int64"},
+    {"name": "user_name", "type": "string"},
+    {"name": "url", "type": "string"},
+    {"name": "clicked_at", "type": "timestamp"},
+    {"name": "duration_ms", "type": "float64"},
+    {"name": "converted", "type": "boolean"},
+    {"name": "attrs", "type": "json"},
+]
+ACCOUNTS_SCHEMA = [
+    {"name": "account_id", "type": "int64"},
+    {"name": "name", "type": "string"},
+    {"name": "country", "type": "string"},
+    {"name": "arr", "type": "float64"},
+    {"name": "active", "type": "boolean"},
+    {"name": "signed_up", "type": "date"},
+    {"name": "profile", "type": "json"},
+]
+INVENTORY_SCHEMA = [
+    {"name": "lsn", "type": "int64"},
+    {"name": "op", "type": "string"},
+    {"name": "sku", "type": "string"},
+    {"name": "qty", "type": "int64"},
+    {"name": "changed_at", "type": "timestamp"},
+]
+CLICKS_FILES, CLICKS_ROWS_PER_FILE = 2, 5_000
+ACCOUNTS_ROWS, INVENTORY_ROWS = 2_000, 3_000
+SOURCE_SCHEMA = "lakehouse_demo"
+
+# The two source tables in the project's own Postgres (constant SQL: no identifier comes from input).
+_SOURCE_TABLES_SQL = """
+create schema if not exists lakehouse_demo;
+create table if not exists lakehouse_demo.crm_accounts (
+  account_id bigint primary key, name text, country text, arr float8, active boolean, signed_up date, profile jsonb);
+insert into lakehouse_demo.crm_accounts
+select g.n, (array['Acme', 'Björk AB', '株式会社 Demo', 'Zoë & Co', 'O''Neil Ltd'])[1 + (g.n %% 5)::int] || ' ' || g.n,
+       (array['FR', 'DE', 'JP', 'BR', 'US', 'NO'])[1 + (g.n %% 6)::int],
+       case when g.n %% 97 = 0 then null else round((g.n * 7919 %% 100000) / 7.0, 2) end,
+       g.n %% 4 <> 0, date '2019-01-01' + (g.n %% 2000)::int,
+       case when g.n %% 3 = 0 then null else jsonb_build_object('tier', g.n %% 3, 'tags', jsonb_build_array('a', 'ü')) end
+  from generate_series(1::bigint, %(accounts)s::bigint) as g(n)
+on conflict do nothing;
+create table if not exists lakehouse_demo.inventory_cdc (
+  lsn bigint primary key, op text not null, sku text, qty bigint, changed_at timestamptz);
+insert into lakehouse_demo.inventory_cdc
+select g.n, (array['insert', 'update', 'update', 'delete'])[1 + (g.n %% 4)::int], 'SKU-' || (g.n %% 250),
+       case when g.n %% 4 = 3 then null else (g.n * 31) %% 500 end,
+       timestamptz '2024-05-01 00:00:00+00' + g.n * interval '17 seconds'
+  from generate_series(1::bigint, %(changes)s::bigint) as g(n)
+on conflict do nothing;
+"""
+
+
+def _click_batch(start: int, n: int):
+    """Deterministic click rows (typed Arrow): every column type, nulls, unicode, NaN."""
+    import pyarrow as pa
+
+    base = dt.datetime(2024, 6, 1, tzinfo=dt.timezone.utc)
+    ids = range(start, start + n)
+    return pa.table({
+        "click_id": pa.array(list(ids), pa.int64()),
+        "user_name": pa.array([None if i % 41 == 0 else ["ana", "Zoë", "日本", "o'neil", ""][i % 5] + str(i % 300)
+                               for i in ids]),
+        "url": pa.array([f"/p/{i % 97}?q=caf%C3%A9" for i in ids]),
+        "clicked_at": pa.array([base + dt.timedelta(seconds=7 * i) for i in ids], pa.timestamp("us", tz="UTC")),
+        "duration_ms": pa.array([float("nan") if i % 53 == 0 else None if i % 29 == 0 else i % 9000 / 3 for i in ids],
+                                pa.float64()),
+        "converted": pa.array([None if i % 31 == 0 else i % 7 == 0 for i in ids], pa.bool_()),
+        "attrs": pa.array([None if i % 4 == 0 else f'{{"ab": "{"ab"[i % 2]}", "n": {i % 10}}}' for i in ids]),
+    })
+
+
+def _as_csv_text(table):
+    """CSV cells as a person would write them: ISO timestamps, true/false, NaN (not pyarrow's nan)."""
+    import math
+
+    import pyarrow as pa
+
+    def cell(v):
+        if v is None:
+            return None
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float) and math.isnan(v):
+            return "NaN"
+        if isinstance(v, dt.datetime):
+            return v.isoformat()
+        return str(v)
+
+    return pa.table({name: pa.array([cell(v) for v in table.column(name).to_pylist()], pa.string())
+                     for name in table.column_names})
+
+
+def write_click_files(directory: Path) -> list[Path]:
+    """The file-backed demo sources: Parquet files and a CSV file (same columns) in one directory."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(CLICKS_FILES):
+        path = directory / f"part-{i:05d}.parquet"
+        pq.write_table(_click_batch(i * CLICKS_ROWS_PER_FILE, CLICKS_ROWS_PER_FILE), path)
+        out.append(path)
+    path = directory / "part-00000.csv"
+    pacsv.write_csv(_as_csv_text(_click_batch(CLICKS_FILES * CLICKS_ROWS_PER_FILE, CLICKS_ROWS_PER_FILE)), path)
+    out.append(path)
+    return out
+
+
+def _seed_sources(conn: psycopg.Connection, make, home: Path) -> None:
+    from lakehouse_dagster.sources import set_source
+
+    for statement in filter(str.strip, _SOURCE_TABLES_SQL.split(";\n")):
+        conn.execute(statement, {"accounts": ACCOUNTS_ROWS, "changes": INVENTORY_ROWS} if "%(" in statement else None)
+    directory = home / "demo" / "web_clicks"
+    write_click_files(directory)
+    # make() stores the legacy {"type": "demo"} marker; set_source validates and replaces it.
+    set_source(conn, make("web_clicks", CLICKS_SCHEMA),
+               {"type": "files", "uri": str(directory / "*.parquet"), "format": "parquet"})
+    set_source(conn, make("web_clicks_csv", CLICKS_SCHEMA),
+               {"type": "files", "uri": str(directory / "*.csv"), "format": "csv"})
+    set_source(conn, make("crm_accounts", ACCOUNTS_SCHEMA),
+               {"type": "postgres", "table": f"{SOURCE_SCHEMA}.crm_accounts", "cursor_column": None, "dsn_env": None})
+    set_source(conn, make("inventory_changes", INVENTORY_SCHEMA),
+               {"type": "cdc", "table": f"{SOURCE_SCHEMA}.inventory_cdc", "position_column": "lsn", "op_column": "op",
+                "dsn_env": None})
+
+
+def _set_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
+    n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)).fetchone()[0]
+    conn.execute("update datasets set row_count = %s where id = %s", (n, dataset_id))
+    return n
+
+
+def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path | None = None) -> dict[str, Any]:
+    """Create the demo workspace once; a second call (or one racing it) writes nothing.
+
+    Returns a summary: ``created`` (False when the demo was already there), the workspace id, each dataset
+    (id, name, kind, rows) and the pipelines, and the seconds spent.
+    """
+    if isinstance(big_rows, bool) or not isinstance(big_rows, int) or big_rows < 1:
+        raise BadInput(f"demo rows must be a positive whole number, got {big_rows!r}")
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    created = False
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        exists = conn.execute("select 1 from workspaces where id = %s", (DEMO_WORKSPACE_ID,)).fetchone()
+        if not exists:
+            created = True
+            ds.create_workspace(conn, DEMO_WORKSPACE_NAME, DEMO_WORKSPACE_ID)
+
+            def make(name: str, schema: list[dict], kind: str = "tabular") -> uuid.UUID:
+                ds_id = ds.create_dataset(conn, DEMO_WORKSPACE_ID, name, schema, kind=kind, dataset_id=demo_id(name))
+                conn.execute(
+                    "update datasets set source = %s where id = %s", (Jsonb({"type": "demo", "seed": name}), ds_id)
+                )
+                return ds_id
+
+            def timed(label: str, sql: str, params: dict) -> None:
+                t0 = time.perf_counter()
+                conn.execute(sql, params)
+                timings[label] = round(time.perf_counter() - t0, 3)
+
+            events = make("events", EVENTS_SCHEMA)
+            timed("events", _EVENTS_SQL, {"ds": events, "n": big_rows})
+            conn.execute("update datasets set row_count = %s where id = %s", (big_rows, events))
+
+            customers = make("customers", CUSTOMERS_SCHEMA)
+            timed("customers", _CUSTOMERS_SQL, {"ds": customers, "n": CUSTOMERS_ROWS})
+            _set_row_count(conn, customers)
+
+            orders = make("orders", ORDERS_SCHEMA)
+            timed("orders", _ORDERS_SQL, {"ds": orders, "n": ORDERS_ROWS, "customers": CUSTOMERS_ROWS})
+            _set_row_count(conn, orders)
+
+            rollup = make("customer_rollup", ROLLUP_SCHEMA)
+            timed("customer_rollup", _ROLLUP_SQL, {"ds": rollup, "src": customers})
+            _set_row_count(conn, rollup)
+
+            edge = make("edge_cases", EDGE_SCHEMA)
+            ds.insert_rows(conn, edge, EDGE_ROWS, start_index=0)
+            _set_row_count(conn, edge)
+
+            make("empty", EMPTY_SCHEMA)
+
+            manifest = make("product_images", MANIFEST_SCHEMA, kind="manifest")
+            ds.insert_rows(conn, manifest, MANIFEST_ROWS, start_index=0)
+            _set_row_count(conn, manifest)
+
+            if home is None:
+                from lakehouse_dagster.core.settings import Settings
+
+                home = Settings.from_env().home
+            _seed_sources(conn, make, home)
+
+            for name, spec in _pipelines(customers, orders, rollup):
+                conn.execute(
+                    "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
+                    (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
+                )
+            conn.execute(  # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
+                "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
+                " values ('dashboards.aggregate', 'dataset', %s, 'demo: the rollup dashboard', 'demo')"
+                " on conflict do nothing", (rollup,))
+    summary = demo_summary(conn)
+    summary["created"] = created
+    summary["seconds"] = round(time.perf_counter() - started, 3)
+    if timings:
+        summary["insert_seconds"] = timings
+    return summary
+
+
+def demo_summary(conn: psycopg.Connection) -> dict[str, Any]:
+    """What the demo workspace holds now (row counts from datasets.row_count)."""
+    rows = conn.execute(
+        "select id, name, kind, row_count from datasets where workspace_id = %s order by row_count desc nulls last, name",
+        (DEMO_WORKSPACE_ID,),
+    ).fetchall()
+    pipelines = conn.execute(
+        "select id, name from pipelines where workspace_id = %s order by name", (DEMO_WORKSPACE_ID,)
+    ).fetchall()
+    return {
+        "workspace_id": str(DEMO_WORKSPACE_ID),
+        "present": bool(rows),
+        "datasets": [{"id": str(r[0]), "name": r[1], "kind": r[2], "rows": r[3]} for r in rows],
+        "pipelines": [{"id": str(r[0]), "name": r[1]} for r in pipelines],
+    }

@@ -1,0 +1,34 @@
+"""Which datasets are flipped: any reader or writer whose effective mode is above its registry default.
+
+One query, uncached (the schedule must see a flip at once), through the flags' one precedence definition
+(flags/precedence.py) with its clamp (a stored mode above the ceiling counts as the ceiling, so a
+hand-written row cannot make a PG-locked writer look flipped).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+# Only datasets some override touches can resolve above their default.
+_TOUCHED = """
+select id, workspace_id from datasets
+ where kind = 'tabular'
+   and (exists (select 1 from lakehouse_flag_overrides where scope = 'global')
+        or id in (select scope_id from lakehouse_flag_overrides where scope = 'dataset')
+        or workspace_id in (select scope_id from lakehouse_flag_overrides where scope = 'workspace'))
+"""
+
+
+def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
+    """Tabular datasets with at least one read or write flag resolving above its registry default."""
+    if conn.execute("select to_regclass('lakehouse_flag_overrides')").fetchone()[0] is None:
+        return set()
+    from lakehouse_dagster.flags.precedence import effective_sql  # the flags area's precedence (one place)
+    from lakehouse_dagster.flags.registry import REGISTRY
+
+    flags = [f for fs in REGISTRY.values() for f in fs.values()]
+    query, params = effective_sql(flags, _TOUCHED, select="distinct e.dataset_id",
+                                  where="e.mode_rank > e.default_rank")
+    return {r[0] for r in conn.execute(query, params).fetchall()}

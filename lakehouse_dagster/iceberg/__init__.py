@@ -1,1 +1,0 @@
-"""Iceberg: catalog, schema mapping with identity columns, the chunked writer, the reader."""

@@ -1,1 +1,0 @@
-"""Ingest: reading Postgres rows as typed Arrow, the sync (mirror) and its guards."""

@@ -1,0 +1,531 @@
+"""The chunked Iceberg writer: Parquet files streamed chunk by chunk, then ONE commit.
+
+Rows arrive as Arrow record batches and go straight into a ParquetWriter (pyarrow's writer is faster
+than pyiceberg's own and its files smaller — FIELD-NOTES); a file is closed every
+``chunk_rows`` rows. Nothing is committed until every file is written, so a failure or a killed
+process leaves no snapshot, only files this module deletes (or the next sync of the dataset does).
+The files carry Iceberg field ids, so they are native data files: no name mapping, and a later
+schema change still reads them by id.
+
+One commit = one snapshot: an overwrite (full) or a merging append (incremental), with the table
+properties that make the watermark durable (source version, max row index, row count) set in the
+same transaction, and the sync id + source version in the snapshot summary.
+
+Commit outcome. Files are deleted only when the commit is known not to have happened: a failure
+before the commit started, a lost compare-and-swap (CommitFailedException), a failed validation
+(ValidationException), or a guard lock lost before the commit (GuardLost). Any other failure around
+the commit (a connection lost after the swap, a REST CommitStateUnknown, an interruption inside the
+call) may have landed: the table is reloaded and searched for the sync id; found, the commit
+happened; not found, the files are left where they are and CommitOutcomeUnknown is raised, so the
+next sync of the dataset decides with the table in hand (mirror/reaper.py). Deleting them instead
+could leave the table pointing at missing files for good.
+
+G4 is ours alone: pyiceberg's own commit retry is switched off per table (commit.retry.num-retries=0),
+because it rebuilds a commit on a newer table state without asking whether this sync still holds its
+dataset lock; our loop re-checks the guard locks (ingest/guards.check_held) before every attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import random
+import re
+import time
+import uuid
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.io.pyarrow import parquet_file_to_data_file
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+from lakehouse_dagster.core.errors import CommitOutcomeUnknown, GuardLost, SyncFailed, first_line
+from lakehouse_dagster.core.failpoints import failpoint, is_armed
+from lakehouse_dagster.core.guards import check_held
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Dataset
+from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema, iceberg_type
+
+_log = logging.getLogger(__name__)
+
+SYNC_ID = "lakehouse.sync-id"
+SOURCE_VERSION = "lakehouse.source-version"
+MAX_ROW_INDEX = "lakehouse.max-row-index"
+ROW_COUNT = "lakehouse.row-count"
+WRITE_PATH = "lakehouse.path"
+WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summary; a sync reports it)
+
+COMMIT_RETRIES = "commit.retry.num-retries"
+COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
+# The name of every data file this writer writes (_FileRoller._open): the sync it belongs to, then its number.
+SYNC_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
+
+# An incremental sync appends a manifest; without merging, a long-lived mirror's current snapshot lists one
+# per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).
+# Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
+# to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
+FENCE = "lakehouse.fence"  # snapshot summary key of the reaper's fence, an empty snapshot (value: why)
+MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
+
+# Old metadata files: every commit writes a new one holding the whole history, so without this a long-lived
+# table's metadata directory grows with the square of its commits; Iceberg's own defaults once enabled.
+METADATA_FILES = {"write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "100"}
+
+
+def expirable_snapshots(metadata, keep: int, max_age_seconds: float, now_ms: int) -> list[int]:
+    """The snapshots a mirror commit removes from the table metadata (every snapshot adds ~0.8 KB that each
+    later commit writes and each load parses): those past the newest ``keep`` (``metadata`` is the commit's
+    staged state, its own new snapshot among them) AND older than ``max_age_seconds``, never a branch or tag
+    head; ``keep`` 0: none. Only the metadata goes: data and manifest files stay, so a reader that chose a
+    snapshot before it was expired and holds its table still reads it. A native commit expires only when
+    it carries its run's totals (mirror/native_run.py): the rollback's walk over native snapshots ends
+    at the newest commit that carries them, so it needs none of the snapshots they sum."""
+    if keep <= 0:
+        return []
+    protected = {ref.snapshot_id for ref in metadata.refs.values()}
+    by_age = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+    cutoff = now_ms - max_age_seconds * 1000
+    return [s.snapshot_id for s in by_age[:max(0, len(by_age) - keep)]
+            if s.timestamp_ms < cutoff and s.snapshot_id not in protected]
+
+
+TABLE_DEFAULTS = {
+    "format-version": "2",
+    "write.parquet.compression-codec": "zstd",
+    COMMIT_RETRIES: "0",  # see the module docstring: retries are ours, guard-checked
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteResult:
+    snapshot_id: int | None
+    rows: int  # rows written by this call
+    bytes: int
+    files: int
+    total_rows: int  # rows in the table after the commit
+    committed: bool  # False when the sync's snapshot was already there (a retry) or nothing was written
+    source_version: int | None = None  # the version the snapshot covers (a retry: what attempt 1 wrote)
+    rewritten: int = 0  # of ``rows``, those of the files a partial rewrite (or a compaction) replaced
+    # What the caller's ``digester`` folded per written file (data file path -> its digest); the caller stores it
+    # (parity/maintained.py: write_digested).
+    file_digests: dict = dataclasses.field(default_factory=dict)
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()  # ensure_table/write_arrow ``table=ABSENT``: the caller just loaded it and found no table
+
+
+def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: Table | _Absent | None = None) -> Table:
+    """Create the dataset's table, or evolve it to the dataset's current schema (new columns added,
+    removed ones kept, nullable). A type change that Iceberg cannot promote is refused loudly. ``table``: the
+    caller's load of it (the sync loaded it to choose its mode, under the dataset lock; ABSENT: there was
+    none), not loaded again; None: loaded here."""
+    ident = table_identifier(settings, dataset.id)
+    if table is None:
+        table = load_table_or_none(catalog, ident)
+    elif table is ABSENT:
+        table = None
+    if table is None:
+        ensure_namespace(catalog, settings.namespace)
+        props = dict(TABLE_DEFAULTS)
+        props[COLUMNS_PROPERTY] = columns_property(dataset.columns)
+        try:
+            return catalog.create_table(ident, schema=iceberg_schema(dataset.columns), properties=props)
+        except Exception as exc:  # lost a creation race with another process
+            table = load_table_or_none(catalog, ident)
+            if table is None:
+                raise SyncFailed(f"dataset {dataset.id}: cannot create Iceberg table {'.'.join(ident)}: {exc}") from exc
+    existing = {f.name: f for f in table.schema().fields}
+    missing = [c for c in dataset.columns if c.name not in existing]
+    changed = [c for c in dataset.columns if c.name in existing and existing[c.name].field_type != iceberg_type(c.type)]
+    if changed:
+        c = changed[0]
+        raise SyncFailed(
+            f"dataset {dataset.id}: column {c.name!r} changed type to {c.type} but the Iceberg table has "
+            f"{existing[c.name].field_type}; Iceberg cannot convert it in place — add a new column instead"
+        )
+    if (missing or table.properties.get(COLUMNS_PROPERTY) != columns_property(dataset.columns)
+            or table.properties.get(COMMIT_RETRIES) != TABLE_DEFAULTS[COMMIT_RETRIES]):
+        with table.transaction() as tx:
+            if missing:
+                with tx.update_schema() as update:
+                    update.union_by_name(iceberg_schema(dataset.columns))
+            tx.set_properties({COLUMNS_PROPERTY: columns_property(dataset.columns),
+                               COMMIT_RETRIES: TABLE_DEFAULTS[COMMIT_RETRIES]})
+        table = table.refresh()
+    return table
+
+
+def sync_snapshot(table: Table, sync_id: uuid.UUID):
+    """The snapshot a sync already committed, or None (a retry after a lost response must not append twice)."""
+    wanted = str(sync_id)
+    for snap in reversed(table.snapshots()):
+        if snap.summary is not None and snap.summary.additional_properties.get(SYNC_ID) == wanted:
+            return snap
+    return None
+
+
+def find_sync_snapshot(table: Table, sync_id: uuid.UUID) -> int | None:
+    snap = sync_snapshot(table, sync_id)
+    return snap.snapshot_id if snap is not None else None
+
+
+def snapshot_source_version(snap) -> int | None:
+    """The source version a snapshot covers (its summary), None when it does not say."""
+    raw = snap.summary.additional_properties.get(SOURCE_VERSION) if snap is not None and snap.summary else None
+    try:
+        return int(raw) if raw is not None and int(raw) >= 0 else None
+    except ValueError:
+        return None
+
+
+def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Schema:
+    ids = {f.name: f.field_id for f in table.schema().fields}
+    fields = []
+    for name in names:
+        f = source.field(name)
+        fields.append(
+            pa.field(name, f.type, nullable=(name != "__row_index"), metadata={b"PARQUET:field_id": str(ids[name]).encode()})
+        )
+    return pa.schema(fields)
+
+
+class _FileRoller:
+    """Writes batches into Parquet files of at most ``chunk_rows`` rows each. With ``lanes`` (ascending
+    __row_index lower bounds of the ranges read after the first: source.reader_parts) a batch goes to the
+    open file of its range's lane, so interleaved ordered readers still give files of disjoint ranges."""
+
+    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None,
+                 lanes: Sequence[int] | None = None):
+        self.table = table
+        self.schema = schema
+        self.sync_id = sync_id
+        self.chunk_rows = chunk_rows
+        self.lanes = list(lanes or [])
+        self.paths: list[str] = []
+        self.rows = 0
+        self._open_files: dict[int, list] = {}  # lane -> [ParquetWriter, stream, rows in file, path]
+        self._closed = 0
+        self.digester = digester  # the caller's (parity/maintained.py): each file's digest, from the rows in hand
+        self.digests: dict = {}
+
+    def _open(self, lane: int) -> list:
+        path = f"{self.table.location()}/data/lakehouse-{self.sync_id}-{len(self.paths):05d}.parquet"
+        stream = self.table.io.new_output(path).create(overwrite=True)
+        writer = pq.ParquetWriter(stream, self.schema, compression="zstd", write_statistics=True)
+        self.paths.append(path)
+        self._open_files[lane] = entry = [writer, stream, 0, path]
+        return entry
+
+    def _close_file(self, lane: int) -> None:
+        entry = self._open_files.pop(lane, None)
+        if entry is not None:
+            entry[0].close()
+            entry[1].close()
+            self._closed += 1
+            if self._closed == 1:
+                failpoint("after-first-file")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        batch = batch.cast(self.schema)
+        if not self.lanes or not batch.num_rows:
+            self._write_lane(batch, 0)
+            return
+        # A reader's batches come in row_index order but one batch may span several ranges: cut it there.
+        cuts = np.searchsorted(batch.column("__row_index").to_numpy(), self.lanes, side="left")
+        start = 0
+        for lane, cut in enumerate([*cuts.tolist(), batch.num_rows]):
+            if cut > start:
+                self._write_lane(batch.slice(start, cut - start), lane)
+                start = cut
+
+    def _write_lane(self, batch: pa.RecordBatch, lane: int) -> None:
+        offset = 0
+        while offset < batch.num_rows:
+            entry = self._open_files.get(lane) or self._open(lane)
+            take = min(batch.num_rows - offset, self.chunk_rows - entry[2])
+            piece = batch.slice(offset, take)
+            entry[0].write_batch(piece)
+            if self.digester is not None:
+                self.digester.add(self.digests.setdefault(entry[3], self.digester.empty()), piece)
+            entry[2] += take
+            self.rows += take
+            offset += take
+            if entry[2] >= self.chunk_rows:
+                self._close_file(lane)
+
+    def close(self) -> None:
+        for lane in sorted(self._open_files):
+            self._close_file(lane)
+
+    def delete_all(self) -> None:
+        self.close()
+        for path in self.paths:
+            try:
+                self.table.io.delete(path)
+            except Exception as exc:  # leave it; the next sync's cleanup retries
+                _log.warning("could not delete abandoned file %s: %s", path, exc)
+
+
+def write_arrow(
+    catalog: Catalog,
+    settings: Settings,
+    dataset: Dataset,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    mode: str,
+    sync_id: uuid.UUID,
+    source_version: int | None,
+    max_row_index: int | None = None,
+    path: str = "mirror",
+    chunk_rows: int | None = None,
+    commit_entries: Callable[[], tuple[dict, dict]] | None = None,
+    native_run: Callable[[Table, int, bool], dict] | None = None,
+    compact: Callable[[Table], tuple[list, Iterable[pa.RecordBatch]] | None] | None = None,
+    delete_files: Sequence = (),
+    lanes: Sequence[int] | None = None,
+    table: Table | _Absent | None = None,
+    digester: Any = None,
+) -> WriteResult:
+    """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
+    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them;
+    mode="partial" removes ``delete_files`` (DataFiles of the current snapshot) and adds these rows in the
+    same snapshot (tracking/row_changes.py: the rows of the removed files, as Postgres has them now).
+    ``digester`` (the caller's; parity/maintained.py): folds each written file's rows into a digest, returned in
+    ``WriteResult.file_digests`` for the caller to store. ``lanes``: _FileRoller. ``table``: the caller's load of the table, or ABSENT (ensure_table; None: loaded
+    here); a commit that lost a compare-and-swap still reloads it (_commit).
+    A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot.
+    ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
+    then) — returns extra (table properties, snapshot summary) for the same commit.
+    ``native_run(table, rows, replaces)`` (a native write: rollback/iceberg_only.native_run) adds the totals
+    of the run of native snapshots the commit extends; with it, a native commit expires snapshots too.
+    ``compact(table)`` (an append): None, or (small data files of the table, their rows as batches) to rewrite
+    together with this write's rows in the same commit (mode "partial": the files removed, their rows and the
+    new ones added; routing/native_compaction.py)."""
+    if mode not in ("replace", "append", "partial"):
+        raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
+    if compact is not None and native_run is None:  # the rollback's walk would read the rewrite as a replace
+        raise ValueError("compact needs native_run: a compaction commit must carry its native run's totals")
+    table = ensure_table(catalog, settings, dataset, table)
+    already = sync_snapshot(table, sync_id)
+    if already is not None:
+        return WriteResult(already.snapshot_id, 0, 0, 0, _row_count(table), committed=False,
+                           source_version=snapshot_source_version(already))
+    plan = compact(table) if compact is not None and mode == "append" else None
+    if plan is not None:
+        delete_files, rows_before = plan
+        mode, batches = "partial", itertools.chain(rows_before, batches)
+    rewritten = sum(f.record_count for f in delete_files) if mode == "partial" else 0
+
+    expected = arrow_schema(dataset.columns)
+    file_schema = _file_schema(table, expected.names, expected)
+    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows, digester, lanes)
+    try:  # nothing can have been committed in here: every failure deletes this write's files
+        for batch in batches:
+            if batch.schema.names != expected.names:
+                raise SyncFailed(
+                    f"dataset {dataset.id}: batch columns {batch.schema.names} do not match the schema "
+                    f"{expected.names}"
+                )
+            roller.write(batch)
+        roller.close()
+        data_files = [parquet_file_to_data_file(table.io, table.metadata, p) for p in roller.paths]
+        nbytes = sum(df.file_size_in_bytes for df in data_files)
+        previous_rows = 0 if mode == "replace" else _row_count(table) - sum(f.record_count for f in delete_files)
+        total = previous_rows + roller.rows
+        version = str(source_version if source_version is not None else -1)
+        props = {
+            SOURCE_VERSION: version,
+            MAX_ROW_INDEX: str(max_row_index if max_row_index is not None else _max_row_index(table, mode)),
+            ROW_COUNT: str(total),
+            WRITE_PATH: path,
+        }
+        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path, WRITE_MODE: mode}
+        if commit_entries is not None:
+            extra_props, extra_summary = commit_entries()
+            props.update(extra_props)
+            summary.update(extra_summary)
+        failpoint("before-commit")
+    except BaseException:
+        roller.delete_all()
+        raise
+    try:
+        run = None if native_run is None else (lambda t: native_run(t, roller.rows - rewritten, mode == "replace"))
+        snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
+                              sync_id=sync_id, delete_files=delete_files if mode == "partial" else None,
+                              expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
+                              if path == "mirror" or run is not None else None, run_entries=run)
+    except (CommitFailedException, ValidationException, GuardLost):
+        roller.delete_all()  # known not committed
+        raise
+    except BaseException as exc:
+        landed = _look_for(catalog, table, sync_id)
+        if landed is None or not isinstance(exc, Exception):
+            if landed is None:
+                _log.warning("commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
+                             sync_id, type(exc).__name__, len(roller.paths))
+            if not isinstance(exc, Exception):
+                raise  # an interruption: the caller looks at the table itself
+            raise CommitOutcomeUnknown(
+                f"dataset {dataset.id}: commit outcome unknown for sync {sync_id} ({type(exc).__name__}: "
+                f"{first_line(exc)}); its files are kept, the next sync of the dataset settles it"
+            ) from exc
+        _log.warning("commit of sync %s raised %s but its snapshot %s is in the table: it landed",
+                     sync_id, type(exc).__name__, landed)
+        snapshot_id = landed
+    return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
+                       source_version=source_version, rewritten=rewritten, file_digests=roller.digests)
+
+
+def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:
+    """Reload the table and look for the sync's snapshot; None when absent or the table cannot be read."""
+    try:
+        return find_sync_snapshot(catalog.load_table(table.name()), sync_id)
+    except Exception as exc:  # noqa: BLE001 - unknown stays unknown
+        _log.warning("could not reload %s to settle sync %s: %s", table.name(), sync_id, exc)
+        return None
+
+
+def _row_count(table: Table) -> int:
+    raw = table.properties.get(ROW_COUNT)
+    if raw is not None:
+        return int(raw)
+    snap = table.current_snapshot()
+    if snap is None or snap.summary is None:
+        return 0
+    return int(snap.summary.additional_properties.get("total-records", 0))
+
+
+def _max_row_index(table: Table, mode: str) -> int:
+    return -1 if mode == "replace" else int(table.properties.get(MAX_ROW_INDEX, -1))
+
+
+class _Transaction(Transaction):
+    """pyiceberg's Transaction, with ``table_metadata`` computed once per staged state instead of on every
+    access: pyiceberg rebuilds it (the updates applied to the base, then a deep copy of the whole metadata,
+    every snapshot included) each time, and one fast append reads it about 14 times (~40% of a small commit).
+    The value depends only on the base metadata and the staged updates, and pyiceberg treats it as read-only
+    (frozen models, containers copied on update), so the same object is handed out until either changes."""
+
+    _memo: tuple | None = None
+
+    @property
+    def table_metadata(self):
+        memo = self._memo
+        if memo is None or memo[0] is not self._table.metadata or memo[1] is not self._updates:
+            memo = self._memo = (self._table.metadata, self._updates,
+                                 update_table_metadata(self._table.metadata, self._updates))
+        return memo[2]
+
+
+def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID,
+            delete_files: Sequence | None = None, expire: tuple[int, float] | None = None,
+            run_entries: Callable[[Table], dict] | None = None) -> int:
+    """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
+    table state (a replace re-plans which files it removes) with backoff, after re-checking that this
+    sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
+    ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still
+    be live (else ValidationException: the plan is stale, nothing is committed). ``expire``: (keep, max age
+    in seconds) of ``expirable_snapshots``, removed in the same commit. ``run_entries(table)``: a native
+    commit's run totals (rollback/iceberg_only.native_run), summed on each attempt's own table state."""
+    for attempt in range(COMMIT_ATTEMPTS):
+        check_held()
+        tx = _Transaction(table)
+        tx.set_properties({**MERGE_MANIFESTS, **METADATA_FILES, **props})
+        snapshot_update = tx.update_snapshot(
+            snapshot_properties=summary if run_entries is None else {**summary, **run_entries(table)})
+        if delete_files is not None:
+            live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
+            gone = [f.file_path for f in delete_files if f.file_path not in live]
+            if gone:
+                stale = ValidationException(f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
+                                            f"{gone[0]}); the partial rewrite was planned on a stale snapshot")
+                stale.transient = True  # the next sync plans on the table as it is
+                raise stale
+            with snapshot_update.overwrite() as producer:
+                for f in delete_files:
+                    producer.delete_data_file(f)
+                for df in data_files:
+                    producer.append_data_file(df)
+        elif replace:
+            with snapshot_update.overwrite() as producer:
+                for task in table.scan().plan_files():
+                    producer.delete_data_file(task.file)
+                for df in data_files:
+                    producer.append_data_file(df)
+        else:
+            with snapshot_update.merge_append() as producer:
+                for df in data_files:
+                    producer.append_data_file(df)
+        expired = expirable_snapshots(tx.table_metadata, *expire, now_ms=int(time.time() * 1000)) if expire else []
+        if expired:
+            ExpireSnapshots(tx).by_ids(expired).commit()  # staged in this transaction: one commit
+        try:
+            with _commit_failpoints(table):
+                tx.commit_transaction()
+            break
+        except CommitFailedException:
+            table = table.refresh()
+            found = find_sync_snapshot(table, sync_id)
+            if found is not None:
+                return found
+            if attempt == COMMIT_ATTEMPTS - 1:
+                raise
+            time.sleep(min(5.0, 0.1 * (2**attempt)) * random.uniform(0.5, 1.5))
+    # The commit left ``table`` at the metadata it swapped in (pyiceberg's _do_commit): no reload needed to see it.
+    found = find_sync_snapshot(table, sync_id)
+    if found is None:
+        raise SyncFailed(f"commit of sync {sync_id} reported success but its snapshot is not in the table")
+    return found
+
+
+@contextlib.contextmanager
+def _commit_failpoints(table: Table):
+    """Fire 'commit-start' / 'in-commit' inside the catalog's commit call, around its compare-and-swap
+    (only when one of them is armed: otherwise the catalog is left untouched)."""
+    if not (is_armed("commit-start") or is_armed("in-commit")):
+        yield
+        return
+    real = table.catalog
+
+    class _Hooked:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def commit_table(self, *args, **kwargs):
+            failpoint("commit-start")
+            response = real.commit_table(*args, **kwargs)
+            failpoint("in-commit")
+            return response
+
+    table.catalog = _Hooked()
+    try:
+        yield
+    finally:
+        table.catalog = real
+
+
+def table_state(table: Table) -> dict:
+    """The durable watermark of a table (what the last commit covered)."""
+    snap = table.current_snapshot()
+    return {
+        "snapshot_id": snap.snapshot_id if snap else None,
+        "source_version": int(table.properties.get(SOURCE_VERSION, -1)),
+        "max_row_index": int(table.properties.get(MAX_ROW_INDEX, -1)),
+        "row_count": _row_count(table),
+        "columns": json.loads(table.properties.get(COLUMNS_PROPERTY, "[]")),
+    }

@@ -1,0 +1,192 @@
+"""`lakehouse write-flags backfill`: copy the rows only Iceberg holds back into dataset_rows.
+
+After a writer is rolled back to pg, Postgres lacks what was written natively (mirror/native_run.py)
+and the mirror refuses to overwrite the table. The backfill makes Postgres hold every row of the table's
+current snapshot, identity preserved (``__row_index``/``__row_id``/``__created_at`` become
+``row_index``/``row_id``/``created_at``; typed values become the jsonb the mirror types back to the same
+values), so the next mirror is a no-op or a pure append — or, when Postgres had to change below the
+mirrored rows, a full sync of identical content.
+
+  * Streamed: the rows go from the data files, batch by batch, through ADBC's binary COPY into a temporary
+    table (memory bounded by a batch), and Postgres builds the rows from it (the pg path's jsonb expression,
+    sources/pg_rows.py). After native appends only the files those snapshots added are copied (Postgres
+    holds everything below them); after a native overwrite, the whole snapshot.
+  * One transaction: the copy, the repairs and the ``lakehouse_pg_reconciled`` record commit together;
+    a crash or Ctrl-C leaves Postgres as it was and the marker standing, and a re-run starts over.
+  * Under the dataset lock (G3): no mirror or native write of the dataset runs meanwhile. Refused while
+    a writer of the dataset still resolves iceberg_native (Postgres would go stale again at once).
+  * Two repairs so that nothing is dropped or duplicated: after a native sync.full (an overwrite),
+    Postgres rows older than the newest native commit that the table no longer holds were superseded
+    by it and are removed; rows written on the pg path after the rollback that are not in Iceberg keep
+    their order but move above the table's max ``__row_index`` when they would collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+
+import pyarrow as pa
+from psycopg import sql
+from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.reader import read_files
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.sources.pg_rows import _data_expr
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking.datasets import Column, get_dataset
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.mirror.native_run import iceberg_only
+
+_log = logging.getLogger(__name__)
+_TMP = "lakehouse_backfill_rows"
+_IDENTITY = ("__row_index", "__row_id", "__created_at")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackfillResult:
+    dataset_id: uuid.UUID
+    snapshot_id: int | None
+    copied: int  # Iceberg rows inserted into dataset_rows
+    removed: int  # stale Postgres rows a native overwrite had superseded
+    moved: int  # pg-path rows written after the rollback, moved above the table's max __row_index
+    pg_rows: int  # rows in dataset_rows afterwards
+    seconds: float
+    nothing_to_do: bool = False
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+_BATCH_ROWS = 65_536
+
+
+def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
+    """The snapshot's rows as a stream of ``_BATCH_ROWS``-row batches (strings as utf8, what ADBC's COPY maps
+    to text). The chunked writer's files carry Iceberg field ids and no delete files exist, so each data
+    file is read with pyarrow's batch iterator (memory bounded by a batch; a column added after a file was
+    written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead.
+    ``only``: just these data files (those the native appends added)."""
+    iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
+    tasks = [t for t in iceberg.plan_files() if only is None or t.file.file_path in only]
+    arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
+    target = pa.schema([pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) or
+                                 pa.types.is_string_view(f.type) else f.type) for f in arrow])
+    if only is None and any(t.delete_files for t in tasks):
+        reader = iceberg.to_arrow_batch_reader()
+        return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
+
+    return pa.RecordBatchReader.from_batches(
+        target, read_files(table, [t.file.file_path for t in tasks], target, batch_rows=_BATCH_ROWS))
+
+
+def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str) -> BackfillResult:
+    """Make dataset_rows hold every row of the table's current snapshot (see the module docstring)."""
+    ds_id = parse_uuid(dataset_id, "dataset id")
+    started = time.perf_counter()
+    with connect(dsn) as conn:
+        dataset = get_dataset(conn, ds_id)
+        if dataset.kind != "tabular":
+            raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; only tabular datasets have Iceberg rows")
+        with dataset_lock(conn, ds_id):
+            if native_dataset_ids(conn, [ds_id]):
+                raise BadInput(f"dataset {ds_id} is still written iceberg-native (a writer flag resolves to "
+                               "iceberg_native): roll the writer back first (lakehouse write-flags set <writer> pg "
+                               f"--dataset {ds_id}), then backfill; nothing was written")
+            table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+            found = iceberg_only(conn, catalog, settings, ds_id, table=table)
+            if found is None:
+                n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()[0]
+                return BackfillResult(ds_id, None, 0, 0, 0, n, time.perf_counter() - started, nothing_to_do=True)
+            present = {f.name for f in table.schema().fields}
+            columns = [c for c in dataset.columns if c.name in present]
+            names = [*(n for n in _IDENTITY if n in present), *(c.name for c in columns)]
+            copied, removed, moved = _copy_and_apply(conn, dsn, table, ds_id, columns, names, found, actor)
+            n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()[0]
+    return BackfillResult(ds_id, found.snapshot_id, copied, removed, moved, n, time.perf_counter() - started)
+
+
+def _counted(stmt: sql.Composable) -> sql.Composable:
+    """A data-changing statement as a query returning how many rows it changed (any driver, exactly)."""
+    return sql.SQL("with changed as ({} returning 1) select count(*) from changed").format(stmt)
+
+
+def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column], names: list[str], found,
+                    actor: str) -> tuple[int, int, int]:
+    """The copy and every repair in ONE Postgres transaction, on an ADBC session (binary COPY from Arrow).
+    Statements are composed with psycopg.sql and rendered by ``pg`` (identifiers and literals quoted)."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+
+    tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
+    in_iceberg = sql.SQL("exists (select 1 from {t} b where b.__row_id::uuid = r.row_id)").format(t=tmp)
+
+    with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
+        cur = conn.cursor()
+
+        def one(stmt: sql.Composable):
+            t = time.perf_counter()
+            cur.execute(stmt.as_string(pg))
+            _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
+            return cur.fetchone()[0]
+
+        def run(stmt: sql.Composable) -> None:
+            t = time.perf_counter()
+            cur.execute(stmt.as_string(pg))
+            _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
+
+        run(sql.SQL("set local timezone to 'UTC'"))
+        # an append-only lineage: only the files the native snapshots added (Postgres holds everything
+        # below them); after a native overwrite, the whole snapshot
+        cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names, found.added_files), mode="create",
+                        temporary=True)
+        run(sql.SQL("create index on {t} ((__row_id::uuid))").format(t=tmp))
+        run(sql.SQL("analyze {t}").format(t=tmp))
+        # every statement below joins the whole staged snapshot with the dataset's rows: hash joins, not one
+        # index probe per row (the probes would also wade through the rows this transaction deleted)
+        run(sql.SQL("set local enable_nestloop = off"))
+        run(sql.SQL("select coalesce(min(__row_index), 0), coalesce(max(__row_index), -1) from {t}").format(t=tmp))
+        ice_min, ice_max = (int(x) for x in cur.fetchone())
+        # rows only Postgres holds; with only the appended files staged, the rows below them are shared
+        only_pg = sql.SQL("r.dataset_id = {ds}::uuid and not {inice}{above}").format(
+            ds=ds, inice=in_iceberg,
+            above=sql.SQL("") if found.added_files is None else sql.SQL(" and r.row_index >= {}").format(
+                sql.Literal(ice_min)))
+        removed = moved = 0
+        if found.replaced:  # a native overwrite superseded every older Postgres row it does not hold
+            removed = int(one(_counted(sql.SQL(
+                "delete from dataset_rows r where {only_pg} and r.created_at <= {at}::timestamptz").format(
+                only_pg=only_pg, at=sql.Literal(found.last_native_at.isoformat())))))
+        extra_min = one(sql.SQL("select min(r.row_index) from dataset_rows r where {}").format(only_pg))
+        if extra_min is not None and int(extra_min) <= ice_max:
+            # rows written on the pg path after the rollback: park them below zero, then renumber them in
+            # their order above the table's max __row_index (two steps: the primary key is checked per row)
+            moved = int(one(_counted(sql.SQL(
+                "update dataset_rows r set row_index = -1 - r.row_index where {}").format(only_pg))))
+            run(sql.SQL(
+                "update dataset_rows r set row_index = {base} + n.rn from (select row_index, row_number() over"
+                " (order by row_index desc) as rn from dataset_rows where dataset_id = {ds}::uuid and row_index < 0) n"
+                " where r.dataset_id = {ds}::uuid and r.row_index = n.row_index").format(
+                base=sql.Literal(ice_max), ds=ds))
+        copied = int(one(_counted(sql.SQL(
+            "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
+            " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
+            " where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
+            " and r.row_index = s.__row_index)").format(ds=ds, data=_data_expr(columns), t=tmp))))
+        run(sql.SQL(
+            "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
+            " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})").format(
+            ds=ds, snap=sql.Literal(found.snapshot_id), c=sql.Literal(copied), r=sql.Literal(removed),
+            m=sql.Literal(moved), actor=sql.Literal(actor)))
+        run(sql.SQL("update datasets set row_count = (select count(*) from dataset_rows where dataset_id = {ds}::uuid),"
+                    " status = 'ready', error = null, updated_at = now() where id = {ds}::uuid").format(ds=ds))
+        conn.commit()
+    return copied, removed, moved

@@ -1,0 +1,103 @@
+"""After a write flip's gated set: the writer's first native sync, then the canary on it (runbook step 3).
+
+Both the CLI (`lakehouse write-flags flip`) and the `write_flip` job call ``first_native_syncs``. Per
+moved dataset: ``run_writer`` (sources/writers.py) takes the native path now that the flag says so,
+then ``parity.first_native`` compares the new snapshot with what Postgres held, and the verdict is
+recorded in lakehouse_read_parity. A MISMATCH, a failed sync, or a sync that did not go native stops
+the step with the rollback command; on a MISMATCH auto-rollback (runbooks/auto_rollback.py) has already
+set the writer back to pg for the dataset, and the step says so with the rollback report (the rows
+written natively exist only in Iceberg). A dataset without a source is named (its first native sync
+waits for one: lakehouse sources set …) and does not stop it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+
+import psycopg
+from pyiceberg.catalog import Catalog
+
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.runbooks import auto_rollback
+from lakehouse_dagster.flags.gates import NATIVE, Effect
+from lakehouse_dagster.runbooks.auto_rollback import lines_of
+from lakehouse_dagster.runbooks.first_native_canary import SOURCE, evaluate_first_native, rollback_command
+from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
+from lakehouse_dagster.core.settings import Settings
+
+log = logging.getLogger("lakehouse_dagster.runbooks")
+
+
+@dataclasses.dataclass
+class FirstSync:
+    dataset_id: uuid.UUID
+    verdict: str | None  # ok | MISMATCH | no-snapshot | error; None when no sync ran
+    path: str | None  # what the sync took: native (expected) or pg
+    rows: int | None
+    snapshot_id: int | None
+    detail: str
+    problem: str | None = None  # why it stops the step (None: fine, or only skipped)
+    auto_rollback: list[str] = dataclasses.field(default_factory=list)  # what auto-rollback did, for people
+    rolled_back: bool = False  # the writer is back on pg for it (auto-rollback)
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+
+def first_native_syncs(
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, writer: str,
+    dataset_ids: list[uuid.UUID], *, run_id: str | None = None, logger=None,
+) -> list[FirstSync]:
+    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
+    from lakehouse_dagster.sources import get_source
+
+    lg = logger or log
+    flags = FlagResolver(conn, ttl_seconds=0)  # the flip just happened: no cached resolution
+    out = []
+    for ds_id in dataset_ids:
+        if get_source(conn, ds_id) is None:
+            out.append(FirstSync(ds_id, None, None, None, None, "no source set: its first native sync waits for one "
+                                 f"(lakehouse sources set --dataset {ds_id} ...), then run the canary on it"))
+            continue
+        try:
+            r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg)
+        except LakehouseError as exc:
+            out.append(FirstSync(ds_id, None, None, None, None, str(exc), problem=f"first native sync failed: {exc}"))
+            continue
+        if r.path != "native":
+            out.append(FirstSync(ds_id, None, r.path, r.rows, r.snapshot_id, r.flag_reason,
+                                 problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native"))
+            continue
+        v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
+        auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)  # a MISMATCH: writer back to pg
+        reason = str(v.detail.get("reason", ""))
+        lg.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
+        f = FirstSync(ds_id, v.verdict, r.path, r.rows, r.snapshot_id, reason,
+                      problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}")
+        f.auto_rollback = lines_of(v)
+        f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
+        if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward
+            report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
+            f.auto_rollback += rollback_lines(writer, report)
+        out.append(f)
+    return out
+
+
+def stop_message(writer: str, results: list[FirstSync]) -> str | None:
+    """STOP with the rollback command per dataset that did not pass, or None when all passed."""
+    bad = [r for r in results if r.problem]
+    if not bad:
+        return None
+    lines = [f"STOP: {len(bad)} dataset(s) failed the first native sync of {writer}; roll back:"]
+    for r in bad[:20]:
+        lines.append(f"  {r.dataset_id}: {r.problem}")
+        if r.rolled_back:
+            lines += [f"    {line.strip()}" for line in r.auto_rollback]
+        else:
+            lines += [f"    {line}" for line in r.auto_rollback if "AUTO-ROLLBACK" in line]
+            lines.append(f"    {rollback_command(writer, r.dataset_id)}")
+    return "\n".join(lines)

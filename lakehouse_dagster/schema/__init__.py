@@ -1,0 +1,1 @@
+"""The project's Postgres schema: the migration runner and the migrations it applies."""

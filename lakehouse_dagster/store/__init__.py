@@ -1,1 +1,0 @@
-"""Postgres: connections, the embedded default server, migrations and table access."""

@@ -1,0 +1,698 @@
+"""Where the maintained Postgres digest is computed: in the app's transaction, or after it.
+
+Capture mode "triggers" (the default): statement triggers add and subtract row hashes inside every
+writing transaction (schema/parity_sql.py), which is what an app write pays for (bench_app_writes.py).
+Capture mode "wal": those triggers are disabled and this consumer reads the changes to ``dataset_rows``
+from a logical replication slot (plugin pgoutput, through the SQL interface) after the app committed,
+and writes the same per-segment deltas. It needs ``wal_level = logical`` (the embedded server is started
+with it; a user's server needs a restart) and REPLICA IDENTITY FULL on ``dataset_rows`` (old values of
+updated and deleted rows), set by ``enable``.
+
+Exactly once: the consumer peeks (the slot does not move), applies a chunk of whole transactions and
+records the end LSN of the last one in the same transaction as its deltas, then advances the slot; after
+a crash between the two it skips what it already applied. Registration and the switches are ordered by
+the stream itself: a switch writes a row of ``lakehouse_digest_capture_switch`` in the transaction that
+disables (or enables) the triggers, under the lock ALTER TABLE ... TRIGGER takes (SHARE ROW EXCLUSIVE: it
+waits for every writing transaction and holds new ones back), so every write is on exactly one side of it; a fill (maintained.ensure_pg) runs under the consumer's lock after a
+catch-up and records the rows_version its snapshot saw, and the consumer applies a transaction to a
+dataset only when the version that transaction stamped is above it. Change tracking stays in the app's
+transaction, so rows_version still moves with the rows; ``applied_version`` says which version the sums
+include, and the canary compares maintained sums only when it equals the rows_version of its snapshot.
+A change the consumer cannot account for (no version stamped, an old value it was not given, a TRUNCATE,
+a value the hash cannot type) drops that dataset's registration: the canary then uses the full digest
+and fills it again. Nothing here can make a comparison pass that should fail.
+
+Capture mode "wal-tracking" moves change tracking out of the app's transaction as well (issue 11: a one-row
+statement then pays ~1.2x, not ~1.7-2x). The app's statement trigger only takes a shared advisory lock per
+dataset it wrote (tracking/barrier.py); this consumer writes, per chunk of transactions and dataset, what the
+tracking triggers would have: a new rows_version (drawn here, in commit order), rows_xid (its own
+transaction: the poller's cursor stays valid), max_row_index, rows_rewrite_version and the row-range records.
+A reader that pairs the tracking with rows settles first (barrier.held): it waits for the dataset's writers in
+flight, holds new ones and catches this consumer up. While in that mode the consumer never waits for a
+datasets row lock (NOWAIT, retried): an app transaction holding one may be waiting on a reader's barrier,
+and the reader on this consumer. TRUNCATE keeps its in-transaction trigger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections import defaultdict
+
+import psycopg
+from psycopg import sql
+
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.tracking import pgoutput as po
+
+PUBLICATION = "lakehouse_digest"
+DIGEST_TRIGGERS = ("lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest",
+                   "lakehouse_rows_trunc_digest")
+TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del")  # TRUNCATE's stays on
+BARRIER_TRIGGERS = ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del")
+CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill, in wal mode) at a time
+CHUNK_CHANGES = 20_000  # messages per consumer transaction (a chunk ends at a transaction boundary)
+HASH_BATCH = 1_000  # rows per hash call
+_ROW_COLUMNS = ("dataset_id", "row_index", "row_id", "created_at", "data")
+
+
+class CaptureError(LakehouseError):
+    """Capture mode cannot be switched or the consumer cannot run; the message says why and what to do."""
+
+    exit_code = 5
+
+
+class RowLocked(CaptureError):
+    """Capture mode wal-tracking: a datasets row the consumer must write stayed locked by another transaction."""
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    mode: str
+    slot: str | None
+    applied_lsn: str | None
+    applying: bool
+    tracking: bool = False  # the consumer has passed a switch to wal-tracking: it writes change tracking
+
+
+def state(conn: psycopg.Connection) -> State:
+    row = conn.execute("select mode, slot, applied_lsn::text, applying, tracking from lakehouse_digest_capture").fetchone()
+    return State(*row) if row else State("triggers", None, None, False)
+
+
+def status(conn: psycopg.Connection) -> dict:
+    """What an operator asks: the mode, how far behind the consumer is, what the slot holds back."""
+    st = state(conn)
+    out = {"mode": st.mode, "wal_level": conn.execute("show wal_level").fetchone()[0], "slot": st.slot,
+           "applied_lsn": st.applied_lsn, "applying": st.applying, "tracking": st.tracking}
+    if st.slot:
+        row = conn.execute(
+            "select wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
+            " from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone()
+        if row is None:
+            out["slot_status"] = "missing"
+        else:
+            out.update(slot_status=row[0], behind_bytes=row[1], retained_wal_bytes=row[2])
+    return out
+
+
+def _slot_name(conn: psycopg.Connection) -> str:
+    oid = conn.execute("select oid from pg_database where datname = current_database()").fetchone()[0]
+    return f"lakehouse_digest_{oid}"  # slots are per server; one per database
+
+
+def enable(conn: psycopg.Connection, *, tracking: bool = False, lock_timeout_ms: int = 10_000) -> dict:
+    """Switch to capture mode "wal", or "wal-tracking" with ``tracking`` (``conn`` autocommit). Idempotent;
+    refuses with the reason when the server cannot decode (wal_level) or the table cannot be altered."""
+    level = conn.execute("show wal_level").fetchone()[0]
+    if level != "logical":
+        raise CaptureError(f"wal_level is {level!r}: logical decoding needs wal_level = logical "
+                           "(ALTER SYSTEM SET wal_level = logical, then restart the server); nothing was changed")
+    target = "wal-tracking" if tracking else "wal"
+    st = state(conn)
+    if st.mode == target and st.slot and _slot_exists(conn, st.slot) and not _triggers_enabled(conn) \
+            and _tracking_triggers_as(conn, target):
+        return {"mode": target, "changed": False, **catch_up(conn)}
+    if not conn.execute("select 1 from pg_publication where pubname = %s", (PUBLICATION,)).fetchone():
+        conn.execute(sql.SQL("create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
+                             " with (publish = 'insert, update, delete, truncate')").format(sql.Identifier(PUBLICATION)))
+    slot = st.slot or _slot_name(conn)
+    created = not _slot_exists(conn, slot)
+    try:
+        if created:  # before the switch: the stream then holds the switch row
+            _create_slot(conn, slot, lock_timeout_ms)
+        _switch(conn, st, slot, target, lock_timeout_ms)
+    except psycopg.errors.LockNotAvailable:
+        if created and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (slot,)).fetchone():
+            conn.execute("select pg_drop_replication_slot(%s)", (slot,))  # nothing would consume it
+        raise CaptureError(f"writing transactions stayed open for {lock_timeout_ms / 1000:g} s (the slot and the "
+                           "switch wait for every one; dataset_rows stayed locked): nothing was changed; try again "
+                           "when the app's long transactions are done") from None
+    return {"mode": target, "changed": True, **catch_up(conn)}
+
+
+def _create_slot(conn: psycopg.Connection, slot: str, lock_timeout_ms: int) -> None:
+    """Creating a logical slot waits for every transaction that has written to finish (its starting point must
+    be consistent): bounded like the switch's lock, so an app transaction left open cannot hang the command."""
+    with conn.transaction():
+        conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+        conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+
+
+def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_timeout_ms: int) -> None:
+    """One transaction under the lock ALTER TABLE ... TRIGGER takes on dataset_rows (SHARE ROW EXCLUSIVE: it
+    waits for every writing transaction and holds new ones), so every write is on one side of the switch row."""
+    with conn.transaction():
+        conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
+        # The table first, then the consumer's lock: an app writer in flight may wait on a reader's barrier,
+        # and that reader on the consumer's lock (tracking/barrier.py); holding it while we wait would close a cycle.
+        conn.execute("lock table dataset_rows in share row exclusive mode")
+        if st.mode == "wal-tracking" and target != "wal-tracking":
+            # The writes before this lock are tracked by the consumer only: apply every one now, before the
+            # triggers take over (a version drawn by the consumer after theirs would hide a rewrite).
+            try:
+                _catch_up_beside(conn)
+            except CaptureError as exc:
+                if isinstance(exc, RowLocked):
+                    raise
+                _mark_all_changed(conn)  # a lost or missing slot: what it held is unknown
+        conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+        again = st.mode != "triggers" and bool(_triggers_enabled(conn))
+        if target != "triggers":
+            if conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] != "f":
+                conn.execute("alter table dataset_rows replica identity full")
+        digest_how = "enable always trigger" if target == "triggers" else "disable trigger"
+        for t in DIGEST_TRIGGERS:
+            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(digest_how), sql.Identifier(t)))
+        tracked_here = target == "wal-tracking"
+        for t in TRACKING_TRIGGERS:
+            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(
+                sql.SQL("disable trigger" if tracked_here else "enable trigger"), sql.Identifier(t)))
+        for t in BARRIER_TRIGGERS:
+            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(
+                sql.SQL("enable always trigger" if tracked_here else "disable trigger"), sql.Identifier(t)))
+        if again:  # the digest triggers were enabled behind the consumer: the sums are unknown
+            _drop_all_sums(conn)
+        conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (target,))
+        if target == "triggers":
+            conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
+            return
+        conn.execute("update lakehouse_digest_capture set mode = %s, slot = %s,"
+                     " applied_lsn = case when mode <> 'triggers' then applied_lsn end,"
+                     " applying = (mode <> 'triggers' and applying),"
+                     " tracking = (mode <> 'triggers' and tracking), changed_at = now()", (target, slot))
+        if st.mode == "triggers":
+            # What the triggers summed so far is exact up to now (no write runs under this lock).
+            conn.execute("update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
+                         " applied_version = d.rows_version from datasets d where d.id = s.dataset_id")
+
+
+def sibling(conn: psycopg.Connection) -> psycopg.Connection:
+    """A second autocommit connection to the same database (``conn`` is inside a transaction)."""
+    params = conn.info.get_parameters()
+    if conn.info.password:
+        params["password"] = conn.info.password
+    return psycopg.connect(**params, autocommit=True)
+
+
+def _catch_up_beside(conn: psycopg.Connection) -> None:
+    """Apply everything committed before now on a second connection, while ``conn`` holds its lock."""
+    with sibling(conn) as other:
+        force_flush(other)
+        catch_up(other)
+
+
+def force_flush(conn: psycopg.Connection) -> None:
+    """Flush the WAL up to now: decoding reads flushed WAL only, and a commit made with synchronous_commit =
+    off may not be flushed yet (a transactional message makes this commit write, and so flush, WAL)."""
+    with conn.transaction():
+        conn.execute("select set_config('synchronous_commit', 'on', true)")
+        conn.execute("select pg_logical_emit_message(true, 'lakehouse_barrier', '')")
+
+
+def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
+    """Back to capture mode "triggers": the triggers take over in one transaction, the consumer applies
+    what was written before it, then the slot and the publication are dropped (no WAL held back)."""
+    st = state(conn)
+    if st.mode != "triggers":
+        try:
+            _switch(conn, st, st.slot, "triggers", lock_timeout_ms)
+        except psycopg.errors.LockNotAvailable:
+            raise CaptureError(f"dataset_rows stayed locked by other transactions for {lock_timeout_ms / 1000:g} s "
+                               f"(the switch needs a brief lock that waits for every writer): still capture mode {st.mode}; try again "
+                               "when the app's long transactions are done") from None
+    out = {"mode": "triggers", "changed": st.mode != "triggers"}
+    if st.slot:
+        try:
+            out.update(catch_up(conn))
+        except CaptureError as exc:  # a lost or missing slot: what it held is unknown, so are the sums
+            with conn.transaction():
+                conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+                out["registrations_dropped"] = _drop_all_sums(conn)
+            out["consumer_error"] = str(exc)
+        if conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
+            conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
+    conn.execute("update lakehouse_digest_capture set slot = null, applied_lsn = null, applying = false, tracking = false")
+    conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(PUBLICATION)))
+    return out
+
+
+# The digest triggers not disabled on dataset_rows (an array of names).
+_ENABLED_TRIGGERS = ("array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
+                     " and tgname = any(%s) and tgenabled <> 'D' order by 1)")
+
+
+def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
+    return conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(DIGEST_TRIGGERS),)).fetchone()[0]
+
+
+def _tracking_triggers_as(conn: psycopg.Connection, mode: str) -> bool:
+    """Change tracking's triggers as ``mode`` has them: in the app's transaction, or only the barrier."""
+    on = set(conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS),
+                          (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)).fetchone()[0])
+    want = set(BARRIER_TRIGGERS) if mode == "wal-tracking" else set(TRACKING_TRIGGERS)
+    return on == want
+
+
+def _lost(slot: str) -> CaptureError:
+    return CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
+                        "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+
+
+def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
+    row = conn.execute("select wal_status from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+    if row is not None and row[0] == "lost":
+        raise _lost(slot)
+    return row is not None
+
+
+def _mark_all_changed(conn: psycopg.Connection) -> int:
+    """Lost WAL held change tracking nobody wrote: which datasets it changed is unknown, so every one has
+    changed (a new version, a rewrite, an unknown max), as after a TRUNCATE: each syncs in full once."""
+    v = conn.execute("select nextval('lakehouse_rows_version_seq')").fetchone()[0]
+    return conn.execute("update datasets set rows_version = %s, rows_rewrite_version = %s,"
+                        " rows_xid = pg_current_xact_id(), max_row_index = null", (v, v)).rowcount
+
+
+def _drop_all_sums(conn: psycopg.Connection) -> int:
+    """Every registration and its deltas (sums that may miss or double-count writes); returns how many."""
+    conn.execute("delete from lakehouse_pg_digest_deltas")
+    return conn.execute("delete from lakehouse_pg_digest_state").rowcount
+
+
+def repair(conn: psycopg.Connection) -> dict:
+    """After a lost slot: every registration is dropped (its sums may miss writes), a new slot is made and
+    the switch row written again; the next canaries fill the sums afresh."""
+    st = state(conn)
+    if st.mode == "triggers":
+        return {"mode": st.mode, "repaired": False}
+    if st.slot and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
+        conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
+    slot = _slot_name(conn)
+    try:
+        _create_slot(conn, slot, 10_000)
+    except psycopg.errors.LockNotAvailable:
+        raise CaptureError("writing transactions stayed open for 10 s (a new slot waits for every one): no new "
+                           "slot was made; run `lakehouse digest-capture repair` again when the app's long "
+                           "transactions are done") from None
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
+        dropped = _drop_all_sums(conn)
+        out = {}
+        if st.mode == "wal-tracking" or st.tracking:
+            out["datasets_marked_changed"] = _mark_all_changed(conn)
+        conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (st.mode,))
+        conn.execute("update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
+                     " tracking = false, changed_at = now()", (slot,))
+    return {"mode": st.mode, "repaired": True, "registrations_dropped": dropped, **out, **catch_up(conn)}
+
+
+class _Consumer:
+    """One chunk's worth of decoding state (a consumer transaction)."""
+
+    def __init__(self, conn: psycopg.Connection, applying: bool, applied_lsn: int, tracking: bool = False):
+        self.conn = conn
+        self.applying = applying
+        self.tracking = tracking
+        self.applied_lsn = applied_lsn
+        self.track: dict[uuid.UUID, _Track] = defaultdict(_Track)  # change tracking to write, per dataset
+        self.tracked_digests: set[uuid.UUID] = set()  # digests applied at the version this chunk draws
+        self._registered: dict[uuid.UUID, tuple[str, int]] | None = None
+        self._state_changed = False
+        self.relations: dict[int, po.Relation] = {}
+        self._positions: dict[tuple, tuple] = {}
+        self.deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        self.pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)  # rows of applied transactions, to hash
+        self.versions: dict[uuid.UUID, int] = {}
+        self.drops: set[uuid.UUID] = set()
+        self.transactions = self.rows = 0
+        self._begin_tx()
+
+    @property
+    def registered(self) -> dict[uuid.UUID, tuple[str, int]]:
+        """(row-hash function, fill_version) per registered dataset, read once per chunk when first needed
+        (under the consumer's lock no fill runs, so it cannot change meanwhile)."""
+        if self._registered is None:
+            self._registered = {r[0]: (r[1], r[2] if r[2] is not None else -1) for r in self.conn.execute(
+                "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
+                " from lakehouse_pg_digest_state")}
+        return self._registered
+
+    def _begin_tx(self) -> None:
+        self.tx_pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)
+        self.tx_deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+        self.tx_stamps: dict[uuid.UUID, int] = {}
+        self.tx_rows: set[uuid.UUID] = set()
+        self.tx_unknown: set[uuid.UUID] = set()
+        self.tx_marker: str | None = None
+        self.tx_truncate = False
+        self.tx_track: dict[uuid.UUID, _Track] = defaultdict(_Track)
+
+    # -- messages -------------------------------------------------------------------------------------
+
+    def feed(self, msg) -> None:
+        if isinstance(msg, po.Begin):
+            self._begin_tx()
+        elif isinstance(msg, po.Relation):
+            self.relations[msg.relid] = msg
+            self._positions = {k: v for k, v in self._positions.items() if k[0] != msg.relid}
+        elif isinstance(msg, po.Change):
+            self._change(msg)
+        elif isinstance(msg, po.Truncate):
+            if any(self._relation(r).name == "dataset_rows" for r in msg.relids):
+                self.tx_truncate = True
+        elif isinstance(msg, po.Commit):
+            self._commit(msg.end_lsn)
+
+    def _relation(self, relid: int) -> po.Relation:
+        rel = self.relations.get(relid)
+        if rel is None:
+            raise po.ProtocolError(f"change for relation {relid} before its Relation message")
+        return rel
+
+    def _change(self, msg: po.Change) -> None:
+        rel = self._relation(msg.relid)
+        if rel.name == "datasets":
+            if msg.new is not None and not self.tracking:  # wal-tracking: the versions are drawn here
+                at = self._at(rel, ("id", "rows_version"))
+                v = msg.new[at[1]] if at[1] is not None else None
+                if v is not None and v is not po.UNCHANGED:
+                    ds = uuid.UUID(msg.new[at[0]])
+                    self.tx_stamps[ds] = max(self.tx_stamps.get(ds, -1), int(v))
+        elif rel.name == "lakehouse_digest_capture_switch":
+            if msg.new is not None:
+                self.tx_marker = msg.new[self._at(rel, ("mode",))[0]]
+        elif rel.name == "dataset_rows" and self.tracking:
+            self._track(rel, msg)
+        if rel.name == "dataset_rows" and self.applying and self.registered:
+            at = self._at(rel, _ROW_COLUMNS)
+            old = None
+            if msg.old is not None:
+                old = tuple(None if i is None else msg.old[i] for i in at)
+                self._row(old, -1, full=not msg.old_is_key)
+            elif msg.kind == "U":  # REPLICA IDENTITY no longer FULL: what the update replaced is not in the stream
+                self._row(tuple(None if i is None else msg.new[i] for i in at), 1, full=False)
+                return
+            if msg.new is not None:
+                new = tuple(None if i is None else msg.new[i] for i in at)
+                if old is not None and not msg.old_is_key and po.UNCHANGED in new:  # an unchanged TOASTed value
+                    new = tuple(o if v is po.UNCHANGED else v for v, o in zip(new, old))
+                self._row(new, 1, full=True)
+
+    def _track(self, rel: po.Relation, msg: po.Change) -> None:
+        """What the tracking triggers read from the transition tables: the row_index of new rows, of old ones."""
+        at = self._at(rel, ("dataset_id", "row_index"))
+        if at[0] is None or at[1] is None:
+            raise po.ProtocolError("dataset_rows without dataset_id or row_index in the stream")
+        if msg.old is not None:  # a delete, an update that moved the key, or any update under REPLICA IDENTITY FULL
+            t = self.tx_track[uuid.UUID(msg.old[at[0]])]
+            t.changed.append(int(msg.old[at[1]]))
+            t.rewrite = True
+        if msg.new is not None:
+            t = self.tx_track[uuid.UUID(msg.new[at[0]])]
+            if msg.kind == "I":
+                t.ins.append(int(msg.new[at[1]]))
+            else:
+                t.changed.append(int(msg.new[at[1]]))
+                t.grow.append(int(msg.new[at[1]]))
+                t.rewrite = True
+
+    def _at(self, rel: po.Relation, names: tuple[str, ...]) -> tuple:
+        """Positions of ``names`` in the relation's columns (None: absent), per relation message."""
+        key = (rel.relid, names)
+        at = self._positions.get(key)
+        if at is None:
+            at = self._positions[key] = tuple(rel.columns.index(n) if n in rel.columns else None for n in names)
+        return at
+
+    def _row(self, values: tuple, sign: int, full: bool) -> None:
+        raw = values[0]
+        if raw is None or raw is po.UNCHANGED:
+            return
+        ds = uuid.UUID(raw)
+        if ds not in self.registered or ds in self.drops:
+            return
+        self.tx_rows.add(ds)
+        picked = values[1:]
+        if not full or any(v is po.UNCHANGED for v in picked):
+            self.tx_unknown.add(ds)  # old values not in the stream (REPLICA IDENTITY not FULL)
+            return
+        pending = self.tx_pending[ds]
+        pending.append((*picked, sign))
+        self.rows += 1
+        if len(pending) >= HASH_BATCH:  # a large transaction: hashed as it comes, kept apart until its commit
+            if not self._hash(ds, self.tx_pending.pop(ds), self.tx_deltas[ds]):
+                self.tx_unknown.add(ds)
+
+    def _hash(self, ds: uuid.UUID, pending: list[tuple], acc: dict[int, list[int]]) -> bool:
+        """Add the per-segment (count, sum) of signed rows into ``acc``; False when a value cannot be typed."""
+        if not pending:
+            return True
+        fn = self.registered[ds][0]
+        cols = list(zip(*pending))
+        try:
+            with self.conn.transaction():  # a savepoint: a value the hash cannot type drops the registration
+                rows = self.conn.execute(sql.SQL(
+                    "select d.seg, d.n, d.s from unnest({}(array(select row(t.r::bigint, t.i::uuid, t.c::timestamptz,"
+                    " t.d::jsonb, t.s)::lakehouse_digest_row from unnest(%b::text[], %b::text[], %b::text[], %b::text[],"
+                    " %b::int[]) t(r, i, c, d, s)))) d").format(sql.Identifier(fn)),
+                    (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]), list(cols[4]))).fetchall()
+        except (psycopg.errors.DataException, psycopg.errors.UndefinedFunction):
+            return False
+        for seg, n, s in rows:
+            cell = acc[int(seg)]
+            cell[0] += int(n)
+            cell[1] += int(s)
+        return True
+
+    def _commit(self, end_lsn: int) -> None:
+        self.transactions += 1
+        if end_lsn <= self.applied_lsn:  # applied by a consumer that crashed before advancing the slot
+            return
+        for ds, t in self.tx_track.items():
+            self.track[ds].merge(t)
+        if self.applying and (self.tx_rows or self.tx_stamps or self.tx_truncate):
+            self._state_changed = True
+            if self.tx_truncate:  # every dataset emptied: what to subtract is not in the stream
+                self.drops.update(self.registered)
+            for ds in self.tx_rows | set(self.tx_stamps):
+                if ds not in self.registered or ds in self.drops:
+                    continue
+                stamp = self.tx_stamps.get(ds)
+                if ds in self.tx_track:  # wal-tracking: no fill saw it (fills settle first); drawn in write()
+                    stamp = _DRAWN_HERE
+                if ds in self.tx_unknown or (stamp is None and ds in self.tx_rows):
+                    self.drops.add(ds)  # a write the sums cannot account for (no version, no old values)
+                    continue
+                if stamp is not _DRAWN_HERE and stamp <= self.registered[ds][1]:
+                    continue  # in the fill already
+                into = self.deltas[ds]
+                for seg, (n, s) in self.tx_deltas.get(ds, {}).items():
+                    cell = into[seg]
+                    cell[0] += n
+                    cell[1] += s
+                rows = self.pending[ds]  # small transactions' rows are hashed together, HASH_BATCH at a time
+                rows.extend(self.tx_pending.get(ds, ()))
+                if len(rows) >= HASH_BATCH and not self._hash(ds, self.pending.pop(ds), into):
+                    self.drops.add(ds)
+                if stamp is _DRAWN_HERE:
+                    self.tracked_digests.add(ds)
+                else:
+                    self.versions[ds] = max(self.versions.get(ds, -1), stamp)
+        if self.tx_track:
+            self._state_changed = True
+        if self.tx_marker is not None:
+            self.applying = self.tx_marker in ("wal", "wal-tracking")
+            self.tracking = self.tx_marker == "wal-tracking"
+            self._state_changed = True
+        self.applied_lsn = end_lsn
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def write(self) -> None:
+        conn = self.conn
+        for ds, v in self._write_tracking().items():
+            if ds in self.tracked_digests:
+                self.versions[ds] = max(self.versions.get(ds, -1), v)
+        for ds, rows in list(self.pending.items()):
+            if ds not in self.drops and not self._hash(ds, rows, self.deltas[ds]):
+                self.drops.add(ds)
+        for ds in self.drops:
+            conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (ds,))
+            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (ds,))
+        rows = [(ds, seg, n, s) for ds, segs in self.deltas.items() if ds not in self.drops
+                for seg, (n, s) in segs.items() if n or s]
+        if rows:
+            with conn.cursor() as cur:
+                cur.executemany("insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+                                " values (%s, %s, %s, %s::numeric)", [(a, b, c, str(d)) for a, b, c, d in rows])
+        versions = [(ds, v) for ds, v in self.versions.items() if ds not in self.drops]
+        if versions:
+            conn.execute(
+                "update lakehouse_pg_digest_state s set applied_version = greatest(coalesce(s.applied_version, -1), v.v)"
+                " from unnest(%s::uuid[], %s::bigint[]) v(ds, v) where s.dataset_id = v.ds",
+                ([d for d, _ in versions], [v for _, v in versions]))
+        if self._state_changed:  # else nothing was applied: nothing a crash before the advance could repeat
+            conn.execute("update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s, tracking = %s",
+                         (po.lsn_text(self.applied_lsn), self.applying, self.tracking))
+
+    def _write_tracking(self) -> dict[uuid.UUID, int]:
+        """The chunk's change tracking, per dataset, as the triggers would have written it over the same
+        transactions (no reader saw a state between them: readers settle before they pin). Returns the
+        version drawn per dataset. NOWAIT on the datasets rows (module docstring): RowLocked."""
+        if not self.track:
+            return {}
+        conn = self.conn
+        ids = sorted(self.track)
+        try:
+            rows = conn.execute("select id, max_row_index, rows_rewrite_version from datasets where id = any(%s::uuid[])"
+                                " order by id for no key update nowait", (ids,)).fetchall()
+        except psycopg.errors.LockNotAvailable:
+            raise RowLocked("a datasets row the WAL consumer must write is locked by another transaction") from None
+        if not rows:
+            return {}
+        versions = [r[0] for r in conn.execute("select nextval('lakehouse_rows_version_seq') from generate_series(1, %s)",
+                                               (len(rows),))]
+        unknown = [r[0] for r in rows if r[1] is None]
+        true_max = dict(conn.execute("select dataset_id, max(row_index) from dataset_rows where dataset_id = any(%s::uuid[])"
+                                     " group by dataset_id", (unknown,)).fetchall()) if unknown else {}
+        out: dict[uuid.UUID, int] = {}
+        upd, changes = [], []
+        for (ds, mx, prev), v in zip(rows, sorted(versions)):
+            t = self.track[ds]
+            below = [i for i in t.ins if mx is not None and i <= mx]  # an insert at or below the max rewrites
+            rewrite = mx is None or t.rewrite or bool(below)
+            buckets: dict[int, list[int]] = {}
+            for i in below + t.changed:
+                b = buckets.setdefault(i >> 12, [i, i])
+                b[0], b[1] = min(b[0], i), max(b[1], i)
+            changes += [(ds, v, b, prev, lo, hi) for b, (lo, hi) in buckets.items()]
+            new_max = true_max.get(ds) if mx is None else max([mx, *t.ins, *t.grow])
+            upd.append((ds, v, rewrite, new_max))
+            out[ds] = v
+        if changes:
+            with conn.cursor() as cur:
+                cur.executemany("insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
+                                " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing", changes)
+        conn.execute(
+            "update datasets d set rows_version = u.v, rows_xid = pg_current_xact_id(), max_row_index = u.mx,"
+            " rows_rewrite_version = case when u.rw then u.v else d.rows_rewrite_version end"
+            " from unnest(%s::uuid[], %s::bigint[], %s::bool[], %s::bigint[]) u(id, v, rw, mx) where d.id = u.id",
+            ([u[0] for u in upd], [u[1] for u in upd], [u[2] for u in upd], [u[3] for u in upd]))
+        return out
+
+
+_DRAWN_HERE = object()  # a transaction's digest version is the one the consumer draws for its chunk
+
+
+class _Track:
+    """One dataset's change tracking over a transaction (or a chunk of them)."""
+
+    __slots__ = ("ins", "changed", "grow", "rewrite")
+
+    def __init__(self):
+        self.ins: list[int] = []  # row_index of inserted rows
+        self.changed: list[int] = []  # row_index of updated (old and new) and deleted rows
+        self.grow: list[int] = []  # row_index of updated rows' new versions (they may raise the max)
+        self.rewrite = False  # an update or a delete
+
+    def merge(self, other: "_Track") -> None:
+        self.ins += other.ins
+        self.changed += other.changed
+        self.grow += other.grow
+        self.rewrite = self.rewrite or other.rewrite
+
+
+def _log_running_xacts(conn: psycopg.Connection) -> None:
+    """Every peek decodes from the slot's restart_lsn, which moves only past a running-transactions record that a
+    previous advance confirmed; Postgres logs one every 15 s, so each peek would re-decode up to 15 s of the
+    server's WAL (all databases). Logging one before each catch-up bounds that by the WAL since the previous one
+    (test: four rounds of 320 kB of unrelated WAL leave 1.3 MB to re-decode without, one round's at most with).
+    PostgreSQL 16+, superuser unless granted: otherwise skipped (slower, not wrong)."""
+    try:
+        conn.execute("select pg_log_standby_snapshot()")
+    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction):
+        pass
+
+
+def active(conn: psycopg.Connection) -> bool:
+    """A slot is set: capture mode wal, or a switch back whose last changes are still to apply."""
+    return conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]
+
+
+def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_wait_s: float = 2.0) -> dict:
+    """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
+    fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query).
+    ``row_lock_wait_s``: in wal-tracking, how long a chunk is retried while a datasets row it must write stays
+    locked (then RowLocked; nothing of that chunk applied)."""
+    if not active(conn):
+        return {"transactions": 0, "rows": 0}
+    started = time.perf_counter()
+    totals = {"transactions": 0, "rows": 0, "dropped": 0, "tracked": 0}
+    conn.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
+    try:
+        _log_running_xacts(conn)
+        # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
+        # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
+        mode, slot, applied, applying, tracking, wal_status, enabled, barrier_on, upto = conn.execute(
+            f"select c.mode, c.slot, c.applied_lsn::text, c.applying, c.tracking, s.wal_status, {_ENABLED_TRIGGERS},"
+            f" {_ENABLED_TRIGGERS}, pg_current_wal_flush_lsn()::text"
+            " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
+            (list(DIGEST_TRIGGERS), list(BARRIER_TRIGGERS))).fetchone()
+        if not slot:
+            return {"transactions": 0, "rows": 0}
+        if wal_status is None:
+            raise CaptureError(f"replication slot {slot} is missing: run `lakehouse digest-capture repair`")
+        if wal_status == "lost":
+            raise _lost(slot)
+        if mode == "wal-tracking" and len(barrier_on) < len(BARRIER_TRIGGERS):
+            raise CaptureError(f"barrier trigger(s) {', '.join(sorted(set(BARRIER_TRIGGERS) - set(barrier_on)))} were "
+                               "disabled on dataset_rows while capture mode is wal-tracking: readers cannot wait for "
+                               "the app's writers; run `lakehouse digest-capture wal-tracking` to enable them again")
+        if mode != "triggers" and enabled:  # the triggers and the consumer would both count the same writes
+            with conn.transaction():
+                _drop_all_sums(conn)
+            raise CaptureError(f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
+                               f"mode is {mode}: the maintained sums were dropped (canaries use the full digest); run "
+                               f"`lakehouse digest-capture {mode}` to disable them again and resume")
+        applied_lsn = po.lsn_int(applied) if applied else 0
+        waited_until = None
+        while True:
+            try:
+                with conn.transaction():
+                    consumer = _Consumer(conn, applying, applied_lsn, tracking)
+                    n = 0
+                    with conn.cursor(name="lakehouse_digest_capture") as cur:
+                        cur.itersize = 2000
+                        cur.execute("select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
+                                    " 'proto_version', '1', 'publication_names', %s)", (slot, upto, chunk, PUBLICATION))
+                        for (data,) in cur:
+                            n += 1
+                            consumer.feed(po.parse(bytes(data)))
+                    consumer.write()
+            except RowLocked as exc:  # rolled back: nothing of the chunk applied; the same chunk again shortly
+                waited_until = waited_until or time.monotonic() + row_lock_wait_s
+                if time.monotonic() >= waited_until:
+                    raise RowLocked(f"{exc} for {row_lock_wait_s:g} s: its change tracking is not applied yet "
+                                    "(retried at the next catch-up)") from None
+                time.sleep(0.02)
+                continue
+            waited_until = None
+            applying, applied_lsn, tracking = consumer.applying, consumer.applied_lsn, consumer.tracking
+            totals["transactions"] += consumer.transactions
+            totals["rows"] += consumer.rows
+            totals["dropped"] += len(consumer.drops)
+            totals["tracked"] += len(consumer.track)
+            exhausted = n < chunk
+            # Everything that commits before `upto` was returned once the peek is exhausted.
+            target = upto if exhausted else po.lsn_text(consumer.applied_lsn)
+            if consumer.applied_lsn or exhausted:
+                conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
+            if exhausted:
+                break
+    finally:
+        conn.execute("select pg_advisory_unlock(%s, %s)", CONSUME_LOCK)
+    totals["seconds"] = round(time.perf_counter() - started, 3)
+    return totals

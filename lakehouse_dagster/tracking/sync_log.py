@@ -1,0 +1,40 @@
+"""The sync log's one definition of "the latest succeeded sync" of a dataset, and what hangs off it.
+
+``lakehouse_latest_succeeded_sync(dataset_id)`` is a SQL function (inlined by the planner, so it uses
+the partial index below): SQL callers join it laterally, Python callers go through
+``latest_succeeded``. ``datasets.mirrored_version`` is that sync's source version, kept by triggers on
+iceberg_sync_log, so "which datasets are behind Postgres" is one partial-index scan over the few that
+are (see mirror/poller.py), not a probe of the log per dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import psycopg
+
+# SQL callers: ``left join lateral lakehouse_latest_succeeded_sync(d.id) s on true``.
+LATEST_SUCCEEDED_FN = "lakehouse_latest_succeeded_sync"  # created by schema/sync_log_sql.py
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SucceededSync:
+    sync_id: uuid.UUID
+    path: str
+    snapshot_id: int | None
+    source_version: int | None
+    has_identity: bool
+    rows: int | None
+    finished_at: dt.datetime | None
+
+
+def latest_succeeded(conn: psycopg.Connection, dataset_id: uuid.UUID) -> SucceededSync | None:
+    row = conn.execute(
+        "select sync_id, path, snapshot_id, source_version, has_identity, rows, finished_at"
+        " from lakehouse_latest_succeeded_sync(%s)",
+        (dataset_id,),
+    ).fetchone()
+    return SucceededSync(*row) if row else None
