@@ -10,9 +10,9 @@ from pathlib import Path
 
 import psycopg
 
-from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.tracking import datasets as ds
 
 # Demo-shaped (like the demo's `events`): 10 typed columns of every type, with nulls
 # (JSON null and missing keys), unicode, NaN/±Infinity, pre-1970 timestamps and nested json.
@@ -60,13 +60,14 @@ def admin_dsn() -> str:
 
 def mirror_settings(dsn: str, namespace: str, **kw):
     """Settings and catalog for a bench that mirrors: a temporary LAKEHOUSE_HOME with its own warehouse."""
-    from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
 
     root = Path(tempfile.mkdtemp(prefix=f"lh-{namespace}-"))
     (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
-                                           namespace=namespace, home=root, **kw)
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace=namespace, home=root, **kw
+    )
     return settings, load_catalog(settings, dsn)
 
 

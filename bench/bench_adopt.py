@@ -36,14 +36,14 @@ import dagster as dg  # noqa: E402
 import psycopg  # noqa: E402
 
 from bench._common import admin_dsn  # noqa: E402
-from lakehouse_dagster.dagster.partitions import datasets_partitions  # noqa: E402
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.settings import Settings  # noqa: E402
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, requested_datasets  # noqa: E402
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
+from lakehouse_dagster.dagster.partitions import datasets_partitions  # noqa: E402
 from lakehouse_dagster.lake.catalog import load_catalog  # noqa: E402
 from lakehouse_dagster.mirror.poller import _BEHIND  # noqa: E402
 from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402
-from lakehouse_dagster.core.settings import Settings  # noqa: E402
-from lakehouse_dagster.core.db import connect  # noqa: E402
 from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate  # noqa: E402
 from lakehouse_dagster_tests.conftest import _with_db  # noqa: E402
 from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, FOUNDATION_SQL  # noqa: E402
@@ -80,8 +80,9 @@ def _best(fn, repeat: int = 5) -> float:
 
 
 def _tick(instance, dsn, cursor):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                  resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
     t = time.perf_counter()
     res = mirror_poller(ctx)
     dt = time.perf_counter() - t
@@ -125,9 +126,15 @@ def main() -> int:
     dsn = _with_db(admin, name)
     home = Path(tempfile.mkdtemp(prefix="lh-bench-adopt-"))
     (home / "warehouse").mkdir()
-    os.environ.update({"LAKEHOUSE_PG_DSN": dsn, "LAKEHOUSE_HOME": str(home / "home"),
-                       "LAKEHOUSE_WAREHOUSE": (home / "warehouse").as_uri(), "LAKEHOUSE_NAMESPACE": "lakehouse",
-                       "LAKEHOUSE_ACTOR": "bench"})
+    os.environ.update(
+        {
+            "LAKEHOUSE_PG_DSN": dsn,
+            "LAKEHOUSE_HOME": str(home / "home"),
+            "LAKEHOUSE_WAREHOUSE": (home / "warehouse").as_uri(),
+            "LAKEHOUSE_NAMESPACE": "lakehouse",
+            "LAKEHOUSE_ACTOR": "bench",
+        }
+    )
     try:
         with connect(dsn) as conn:
             conn.execute(FOUNDATION_SQL)
@@ -138,8 +145,10 @@ def main() -> int:
             conn.execute("vacuum analyze")
             seeded = time.perf_counter() - t
             total_rows = conn.execute("select count(*) from dataset_rows").fetchone()[0]
-            print(f"foundation-shape tables: {n:,} datasets, {total_rows:,} rows "
-                  f"(every {args.empty_every}th empty), seeded in {seeded:.2f} s")
+            print(
+                f"foundation-shape tables: {n:,} datasets, {total_rows:,} rows "
+                f"(every {args.empty_every}th empty), seeded in {seeded:.2f} s"
+            )
 
             # 1. migrate + fill
             baseline = _best(lambda: conn.execute("update datasets set status = status"), 3)
@@ -147,30 +156,36 @@ def main() -> int:
             applied = migrate(conn)
             t_migrate = time.perf_counter() - t
             assert any(a.startswith(FILL_MARK) for a in applied), applied
-            conn.execute("update datasets set max_row_index = null, rows_xid = null, rows_version = 0,"
-                         " rows_rewrite_version = 0")
+            conn.execute(
+                "update datasets set max_row_index = null, rows_xid = null, rows_version = 0, rows_rewrite_version = 0"
+            )
             conn.execute("delete from lakehouse_migrations where name = %s", (FILL_MARK,))
             t = time.perf_counter()
             filled = fill_change_tracking(conn)
             t_fill = time.perf_counter() - t
             conn.execute("vacuum analyze datasets")
-            print(f"migrate (DDL + fill): {t_migrate:.2f} s; the fill alone: {t_fill:.2f} s for {filled:,} datasets"
-                  f" ({t_fill / n * 1e6:.0f} µs each) = {t_fill / baseline:.1f}× one UPDATE of every datasets row"
-                  f" ({baseline * 1000:.0f} ms, baseline)")
+            print(
+                f"migrate (DDL + fill): {t_migrate:.2f} s; the fill alone: {t_fill:.2f} s for {filled:,} datasets"
+                f" ({t_fill / n * 1e6:.0f} µs each) = {t_fill / baseline:.1f}× one UPDATE of every datasets row"
+                f" ({baseline * 1000:.0f} ms, baseline)"
+            )
 
         # 2. ticks until every dataset is requested
         for cap in [int(c) for c in args.caps.split(",")]:
             ticks, times = ticks_until_all_requested(dsn, n, cap)
-            print(f"cap {cap} runs: {ticks} ticks until all {n:,} requested; per tick median {statistics.median(times) * 1000:.0f} ms,"
-                  f" max {max(times) * 1000:.0f} ms, total {sum(times):.1f} s; at the sensor's 5 s interval"
-                  f" that is {ticks * 5 + sum(times):.0f} s of wall time")
+            print(
+                f"cap {cap} runs: {ticks} ticks until all {n:,} requested; per tick median {statistics.median(times) * 1000:.0f} ms,"
+                f" max {max(times) * 1000:.0f} ms, total {sum(times):.1f} s; at the sensor's 5 s interval"
+                f" that is {ticks * 5 + sum(times):.0f} s of wall time"
+            )
 
         # 3. mirror a sample, extrapolate
         settings = Settings.from_env()
         catalog = load_catalog(settings, dsn)
         with connect(dsn) as conn:
-            sample = [r[0] for r in conn.execute(
-                "select id from datasets order by id limit %s", (args.sample,)).fetchall()]
+            sample = [
+                r[0] for r in conn.execute("select id from datasets order by id limit %s", (args.sample,)).fetchall()
+            ]
         t = time.perf_counter()
         per = []
         for d in sample:
@@ -178,9 +193,11 @@ def main() -> int:
             sync_dataset(dsn, catalog, settings, d)
             per.append(time.perf_counter() - t1)
         t_sync = time.perf_counter() - t
-        print(f"mirror: {len(sample)} first syncs (sync_dataset, sequential) in {t_sync:.1f} s, median "
-              f"{statistics.median(per) * 1000:.0f} ms each; extrapolated to {n:,}: {t_sync / len(sample) * n / 60:.0f} min"
-              f" on one process (a sample, not measured end to end)")
+        print(
+            f"mirror: {len(sample)} first syncs (sync_dataset, sequential) in {t_sync:.1f} s, median "
+            f"{statistics.median(per) * 1000:.0f} ms each; extrapolated to {n:,}: {t_sync / len(sample) * n / 60:.0f} min"
+            f" on one process (a sample, not measured end to end)"
+        )
 
         # 4. the steady state: everything caught up, then --changed datasets change
         with connect(dsn) as conn:
@@ -194,8 +211,12 @@ def main() -> int:
                 res, _ = _tick(instance, dsn, None)
                 cursor = res.cursor
                 idle = [_tick(instance, dsn, cursor)[1] for _ in range(5)]
-                changed = [r[0] for r in conn.execute(
-                    "select id from datasets order by random() limit %s", (args.changed,)).fetchall()]
+                changed = [
+                    r[0]
+                    for r in conn.execute(
+                        "select id from datasets order by random() limit %s", (args.changed,)
+                    ).fetchall()
+                ]
                 for d in changed:
                     conn.execute(APP_INSERT_ROW, (d, 1000, psycopg.types.json.Jsonb({"n": 1})))
                 res, t_changed = _tick(instance, dsn, cursor)
@@ -204,10 +225,14 @@ def main() -> int:
             q_scan = _best(lambda: conn.execute(BEHIND_WITHOUT_COLUMN).fetchall())
             plan = " ".join(r[0] for r in conn.execute("explain " + BEHIND_WITH_INDEX))
             uses = "uses datasets_mirror_behind_idx" if "datasets_mirror_behind_idx" in plan else "NO INDEX: " + plan
-            print(f"tick with {args.changed} of {n:,} changed: {t_changed * 1000:.0f} ms vs idle tick "
-                  f"{min(idle) * 1000:.0f} ms (baseline) = {t_changed / min(idle):.1f}×")
-            print(f"the sweep's behind query ({uses}), {args.changed} behind: {q_idx * 1000:.2f} ms vs "
-                  f"{q_scan * 1000:.1f} ms for latest-succeeded-sync per dataset (baseline) = {q_idx / q_scan:.3f}×")
+            print(
+                f"tick with {args.changed} of {n:,} changed: {t_changed * 1000:.0f} ms vs idle tick "
+                f"{min(idle) * 1000:.0f} ms (baseline) = {t_changed / min(idle):.1f}×"
+            )
+            print(
+                f"the sweep's behind query ({uses}), {args.changed} behind: {q_idx * 1000:.2f} ms vs "
+                f"{q_scan * 1000:.1f} ms for latest-succeeded-sync per dataset (baseline) = {q_idx / q_scan:.3f}×"
+            )
     finally:
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))

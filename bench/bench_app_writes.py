@@ -52,15 +52,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import admin_dsn, fresh_database, make_dataset  # noqa: E402
 
-ROW = {"name": "item-x", "label": "ünïcode ✓ 日本", "qty": 42, "bucket": 7, "price": 1.25, "ratio": 0.5,
-       "active": True, "seen_at": "2024-05-01T10:00:00.123456+02:00", "day": "2024-05-01",
-       "attrs": {"a": 1, "tags": ["x", 2, None], "nested": {"k": 0, "ü": "v"}}}
-DIGEST_TRIGGERS = ("lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest",
-                   "lakehouse_rows_trunc_digest")
+ROW = {
+    "name": "item-x",
+    "label": "ünïcode ✓ 日本",
+    "qty": 42,
+    "bucket": 7,
+    "price": 1.25,
+    "ratio": 0.5,
+    "active": True,
+    "seen_at": "2024-05-01T10:00:00.123456+02:00",
+    "day": "2024-05-01",
+    "attrs": {"a": 1, "tags": ["x", 2, None], "nested": {"k": 0, "ü": "v"}},
+}
+DIGEST_TRIGGERS = (
+    "lakehouse_rows_ins_digest",
+    "lakehouse_rows_upd_digest",
+    "lakehouse_rows_del_digest",
+    "lakehouse_rows_trunc_digest",
+)
 TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del", "lakehouse_rows_trunc")
-EVENTS = (("ins", "insert", "new table as lakehouse_new_rows"),
-          ("upd", "update", "old table as lakehouse_old_rows new table as lakehouse_new_rows"),
-          ("del", "delete", "old table as lakehouse_old_rows"))
+EVENTS = (
+    ("ins", "insert", "new table as lakehouse_new_rows"),
+    ("upd", "update", "old table as lakehouse_old_rows new table as lakehouse_new_rows"),
+    ("del", "delete", "old table as lakehouse_old_rows"),
+)
 CONFIGS = {
     "bare": (),
     "floor": tuple(f"bench_floor_{e}" for e, _, _ in EVENTS),
@@ -83,27 +98,36 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
     empty statement trigger with transition tables), the bare row hash of the statement's rows (static SQL),
     the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
     order: tracking, then digest), and change tracking as it was before migration 023 (020's)."""
-    from lakehouse_dagster.schema.parity_sql import DIGESTS
     from lakehouse_dagster.schema.migrate import NO_KEY_ROW_LOCKS, ONE_DATASET_TRACKING
+    from lakehouse_dagster.schema.parity_sql import DIGESTS
 
     def function(text: str, name: str, as_name: str) -> str:
         start = text.index(f"create or replace function {name}()")
-        return text[start:text.index("end $$;", start) + len("end $$;")].replace(f"{name}()", f"{as_name}()")
+        return text[start : text.index("end $$;", start) + len("end $$;")].replace(f"{name}()", f"{as_name}()")
 
     conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_inserted", "bench_rows_inserted_018"))
     conn.execute(function(NO_KEY_ROW_LOCKS, "lakehouse_rows_rewritten", "bench_rows_rewritten_018"))
     conn.execute(function(DIGESTS, "lakehouse_digest_rows", "bench_digest_rows_015"))
     conn.execute(function(ONE_DATASET_TRACKING, "lakehouse_rows_inserted", "bench_rows_inserted_020"))
     conn.execute(function(ONE_DATASET_TRACKING, "lakehouse_rows_rewritten", "bench_rows_rewritten_020"))
-    conn.execute("create or replace function bench_floor() returns trigger language plpgsql as $$ begin return null; end $$")
+    conn.execute(
+        "create or replace function bench_floor() returns trigger language plpgsql as $$ begin return null; end $$"
+    )
     for e, table in (("ins", "lakehouse_new_rows"), ("del", "lakehouse_old_rows")):
-        conn.execute(f"create or replace function bench_hash_{e}() returns trigger language plpgsql as $$"
-                     f" begin perform sum({hash_sql}) from {table}; return null; end $$")
-    conn.execute(f"create or replace function bench_hash_upd() returns trigger language plpgsql as $$ begin"
-                 f" perform sum({hash_sql}) from lakehouse_new_rows; perform sum({hash_sql}) from lakehouse_old_rows;"
-                 f" return null; end $$")
-    for e, tables in (("ins", ("lakehouse_new_rows",)), ("upd", ("lakehouse_new_rows", "lakehouse_old_rows")),
-                      ("del", ("lakehouse_old_rows",))):
+        conn.execute(
+            f"create or replace function bench_hash_{e}() returns trigger language plpgsql as $$"
+            f" begin perform sum({hash_sql}) from {table}; return null; end $$"
+        )
+    conn.execute(
+        f"create or replace function bench_hash_upd() returns trigger language plpgsql as $$ begin"
+        f" perform sum({hash_sql}) from lakehouse_new_rows; perform sum({hash_sql}) from lakehouse_old_rows;"
+        f" return null; end $$"
+    )
+    for e, tables in (
+        ("ins", ("lakehouse_new_rows",)),
+        ("upd", ("lakehouse_new_rows", "lakehouse_old_rows")),
+        ("del", ("lakehouse_old_rows",)),
+    ):
         rows = " union all ".join(f"select dataset_id from {t}" for t in tables)
         conn.execute(f"""create or replace function bench_barrier_{e}() returns trigger language plpgsql as $$
             declare one uuid; k bigint;
@@ -128,18 +152,25 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
           return null;
         end $$""")
     for e, event, _ in EVENTS:
-        conn.execute(f"create trigger bench_barrier_row_{e} after {event} on dataset_rows"
-                     f" for each row execute function bench_barrier_row()")
+        conn.execute(
+            f"create trigger bench_barrier_row_{e} after {event} on dataset_rows"
+            f" for each row execute function bench_barrier_row()"
+        )
     for e, event, ref in EVENTS:
         tracking = "bench_rows_inserted_018" if e == "ins" else "bench_rows_rewritten_018"
         tracking_020 = "bench_rows_inserted_020" if e == "ins" else "bench_rows_rewritten_020"
-        for name, fn in ((f"bench_floor_{e}", "bench_floor"), (f"bench_hash_{e}", f"bench_hash_{e}"),
-                         (f"bench_barrier_{e}", f"bench_barrier_{e}"),
-                         (f"bench_track020_{e}", tracking_020),
-                         (f"bench_before_1_{e}", tracking),
-                         (f"bench_before_2_{e}", "bench_digest_rows_015")):
-            conn.execute(f"create trigger {name} after {event} on dataset_rows referencing {ref}"
-                         f" for each statement execute function {fn}()")
+        for name, fn in (
+            (f"bench_floor_{e}", "bench_floor"),
+            (f"bench_hash_{e}", f"bench_hash_{e}"),
+            (f"bench_barrier_{e}", f"bench_barrier_{e}"),
+            (f"bench_track020_{e}", tracking_020),
+            (f"bench_before_1_{e}", tracking),
+            (f"bench_before_2_{e}", "bench_digest_rows_015"),
+        ):
+            conn.execute(
+                f"create trigger {name} after {event} on dataset_rows referencing {ref}"
+                f" for each statement execute function {fn}()"
+            )
 
 
 def backend_cpu_ns(pid: int) -> int | None:
@@ -161,9 +192,9 @@ def main(argv=None) -> int:
     from psycopg import sql
     from psycopg.types.json import Jsonb
 
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.parity import maintained as mt
     from lakehouse_dagster.tracking.datasets import get_dataset
-    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_app_writes"
@@ -173,12 +204,17 @@ def main(argv=None) -> int:
     # Commit latency (a WAL flush per statement) is the same for all three and only adds noise on a shared
     # machine: the triggers' cost is CPU inside the statement.
     conn.execute("set synchronous_commit = off")
-    print(f"rows: {args.rows:,}; {args.statements} statements per kind per round, {args.rounds} rounds "
-          f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
+    print(
+        f"rows: {args.rows:,}; {args.statements} statements per kind per round, {args.rounds} rounds "
+        f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
     print("registered + filled:", mt.ensure_pg(conn, ds_id, get_dataset(conn, ds_id).columns), flush=True)
 
-    install_reference_triggers(conn, conn.execute("select hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
-                                                  (ds_id,)).fetchone()[0])
+    install_reference_triggers(
+        conn,
+        conn.execute("select hash_sql from lakehouse_pg_digest_state where dataset_id = %s", (ds_id,)).fetchone()[0],
+    )
     pid = conn.execute("select pg_backend_pid()").fetchone()[0]
 
     def configure(cfg: str) -> None:
@@ -200,8 +236,10 @@ def main(argv=None) -> int:
         singles = [base + i for i in range(k)]
         batches = [[base + 100_000 + i * 100 + j for j in range(100)] for i in range(k // 10)]
         ins = "insert into dataset_rows (dataset_id, row_index, data) select %s, i, %s from unnest(%s::bigint[]) i"
-        upd = ("update dataset_rows set data = data || jsonb_build_object('qty', row_index %% 1000)"
-               " where dataset_id = %s and row_index = any(%s::bigint[])")
+        upd = (
+            "update dataset_rows set data = data || jsonb_build_object('qty', row_index %% 1000)"
+            " where dataset_id = %s and row_index = any(%s::bigint[])"
+        )
         dele = "delete from dataset_rows where dataset_id = %s and row_index = any(%s::bigint[])"
         return [
             ("INSERT 1 row", ins, [(ds_id, row, [i]) for i in singles]),
@@ -219,7 +257,7 @@ def main(argv=None) -> int:
     best: dict[tuple[str, str], float] = {}
     cpu: dict[tuple[str, str], float] = {}
     for rnd in range(args.rounds):
-        for cfg in (configs if rnd % 2 == 0 else configs[::-1]):
+        for cfg in configs if rnd % 2 == 0 else configs[::-1]:
             configure(cfg)
             for kind, stmt, params in workloads():
                 c0, t = backend_cpu_ns(pid), time.perf_counter()
@@ -235,7 +273,9 @@ def main(argv=None) -> int:
         from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
 
         agree = pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
-        deltas = c.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (ds_id,)).fetchone()[0]
+        deltas = c.execute(
+            "select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (ds_id,)
+        ).fetchone()[0]
 
     # The WAL consumer: the same statements once more in capture mode "wal", then its catch-up, timed.
     from lakehouse_dagster.tracking import capture
@@ -251,30 +291,43 @@ def main(argv=None) -> int:
                 conn.execute(stmt, p)
             c0, t = backend_cpu_ns(pid), time.perf_counter()
             capture.catch_up(conn)
-            consumer[kind] = ((time.perf_counter() - t) / len(params),
-                              None if c0 is None else (backend_cpu_ns(pid) - c0) / 1e9 / len(params))
+            consumer[kind] = (
+                (time.perf_counter() - t) / len(params),
+                None if c0 is None else (backend_cpu_ns(pid) - c0) / 1e9 / len(params),
+            )
         wal_agree = wal_agree and pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
         capture.disable(conn)
 
     kinds = [w[0] for w in workloads()]
     worst: dict[str, float] = {}
-    for clock, table in (("wall time per statement (what the app waits)", best),
-                         ("Postgres backend CPU per statement", cpu)):
+    for clock, table in (
+        ("wall time per statement (what the app waits)", best),
+        ("Postgres backend CPU per statement", cpu),
+    ):
         if not table:
             continue
         print(f"\n{clock}, ms; in brackets × bare")
         print(f"{'statement':16s}" + "".join(f"{c:>18s}" for c in configs))
         for kind in kinds:
             b = table[("bare", kind)]
-            print(f"{kind:16s}" + "".join(f"{table[(c, kind)] * 1000:9.3f} ({table[(c, kind)] / b:5.2f}×)" for c in configs))
+            print(
+                f"{kind:16s}"
+                + "".join(f"{table[(c, kind)] * 1000:9.3f} ({table[(c, kind)] / b:5.2f}×)" for c in configs)
+            )
         worst = {c: max(table[(c, k)] / table[("bare", k)] for k in kinds) for c in configs if c != "bare"}
     for mode, consumer in consumers.items():
-        print(f"\nthe WAL consumer, after the commit (capture mode {mode}), per statement: wall ms (its backend's CPU ms)")
+        print(
+            f"\nthe WAL consumer, after the commit (capture mode {mode}), per statement: wall ms (its backend's CPU ms)"
+        )
         for kind in kinds:
             w, c = consumer[kind]
             print(f"{kind:16s}{w * 1000:9.3f} ({'-' if c is None else f'{c * 1000:.3f}'})")
-    print("\nworst × bare (the last clock above), target ≤ 1.3×: " + ", ".join(f"{c} {w:.2f}×" for c, w in worst.items()))
-    print(f"maintained sums equal a full digest: triggers {agree}, WAL consumer {wal_agree}; {deltas} delta rows before compaction")
+    print(
+        "\nworst × bare (the last clock above), target ≤ 1.3×: " + ", ".join(f"{c} {w:.2f}×" for c, w in worst.items())
+    )
+    print(
+        f"maintained sums equal a full digest: triggers {agree}, WAL consumer {wal_agree}; {deltas} delta rows before compaction"
+    )
     conn.close()
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))

@@ -34,20 +34,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("lakehouse_dagster").addHandler(logging.NullHandler())  # the outcome lines, once per repeat
 
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.flags.overrides import clear_override, set_override
     from lakehouse_dagster.flags.registry import READ, READERS, rank
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.runbooks import auto_rollback
-    from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster.core.db import connect
 
     dsn = fresh_database(admin_dsn(), "lakehouse_bench_auto_rollback")
     root = Path(tempfile.mkdtemp(prefix="lh-bench-autorb-"))
     (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
-                                           namespace="bench_autorb", home=root, actor="bench")
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_autorb", home=root, actor="bench"
+    )
     catalog = load_catalog(settings, dsn)
     print(f"rows: {args.rows:,}  (machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
     d, _ = make_dataset(dsn, args.rows)
@@ -57,8 +58,9 @@ def main(argv=None) -> int:
     with connect(dsn) as conn:
         with conn.transaction():  # one row changed, the version untouched: the dataset stays caught up
             conn.execute("alter table dataset_rows disable trigger user")
-            conn.execute("update dataset_rows set data = data || '{\"qty\": 1}' where dataset_id = %s and row_index = 7",
-                         (d,))
+            conn.execute(
+                "update dataset_rows set data = data || '{\"qty\": 1}' where dataset_id = %s and row_index = 7", (d,)
+            )
             conn.execute("alter table dataset_rows enable trigger user")
         rolled = 0
         for _ in range(args.repeat):

@@ -69,8 +69,12 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
         names = [f.name for f in table.schema().fields]
         with adbc.connect(_adbc_uri(dsn)) as conn:
             cur = conn.cursor()
-            rows = cur.adbc_ingest("bench_limit", _batches(table, table.current_snapshot().snapshot_id, names),
-                                   mode="create", temporary=True)
+            rows = cur.adbc_ingest(
+                "bench_limit",
+                _batches(table, table.current_snapshot().snapshot_id, names),
+                mode="create",
+                temporary=True,
+            )
             conn.rollback()
     else:
         from lakehouse_dagster.mirror.sync import sync_dataset
@@ -80,8 +84,9 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
 
 
 def _run_child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, dsn, ds_id, warehouse],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, dsn, ds_id, warehouse], capture_output=True, text=True, check=True
+    )
     sys.stderr.write(out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -89,14 +94,14 @@ def _run_child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
 def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
     """N rows mirrored, then rewritten natively (sync.full) — or, with ``appended``, that many rows appended
     natively (sync.append) above them — and the writer rolled back to pg."""
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
-    from lakehouse_dagster.parity.maintained import write_digested
     from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.parity.maintained import write_digested
     from lakehouse_dagster.routing.write_router import route_write
     from lakehouse_dagster.tracking.datasets import get_dataset
-    from lakehouse_dagster.core.db import connect
 
     d, _ = make_dataset(dsn, rows)
     settings = _settings(dsn, warehouse)
@@ -115,25 +120,44 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
         dataset = get_dataset(conn, d)
         table = load_table_or_none(catalog, table_identifier(settings, d))
         # the same content written again natively, with fresh identity as a sync.full assigns it
-        from lakehouse_dagster.sources.writers import uuid_texts
         import pyarrow as pa
 
+        from lakehouse_dagster.sources.writers import uuid_texts
+
         now = pa.scalar(time.time_ns() // 1000, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
-        source = table.scan(limit=appended).to_arrow_batch_reader() if appended else table.scan().to_arrow_batch_reader()
+        source = (
+            table.scan(limit=appended).to_arrow_batch_reader() if appended else table.scan().to_arrow_batch_reader()
+        )
         shift = rows if appended else 0  # appended rows continue above the table's max __row_index
 
         def fresh(b):
             b = b.set_column(0, "__row_index", pa.array(range(shift, shift + b.num_rows), pa.int64())) if shift else b
             return b.set_column(1, "__row_id", uuid_texts(b.num_rows)).set_column(
-                2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC")))
+                2, "__created_at", pa.array([now.as_py()] * b.num_rows, pa.timestamp("us", tz="UTC"))
+            )
 
         def native(sync_id, version):
-            return write_digested(catalog, settings, dataset, (fresh(b) for b in source), mode="append" if appended
-                               else "replace", sync_id=sync_id, source_version=version, path="native",
-                               max_row_index=rows + appended - 1 if appended else None)
+            return write_digested(
+                catalog,
+                settings,
+                dataset,
+                (fresh(b) for b in source),
+                mode="append" if appended else "replace",
+                sync_id=sync_id,
+                source_version=version,
+                path="native",
+                max_row_index=rows + appended - 1 if appended else None,
+            )
 
-        route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: None,
-                    iceberg_write=native, settings=settings)
+        route_write(
+            conn,
+            FlagResolver(conn, ttl_seconds=0),
+            writer,
+            d,
+            pg_write=lambda: None,
+            iceberg_write=native,
+            settings=settings,
+        )
         set_override(conn, "write", writer, "pg", dataset=d, actor="bench")
     return str(d)
 
@@ -148,8 +172,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--scale", default="250000", help="other sizes for the backfill's peak RSS (comma-separated)")
-    ap.add_argument("--appended", type=int, default=0,
-                    help="instead of a native rewrite of every row, N rows appended natively above --rows")
+    ap.add_argument(
+        "--appended",
+        type=int,
+        default=0,
+        help="instead of a native rewrite of every row, N rows appended natively above --rows",
+    )
     args = ap.parse_args()
     admin = admin_dsn()
     sizes = [args.rows] + [int(s) for s in args.scale.split(",") if s]
@@ -158,18 +186,35 @@ def main() -> None:
         warehouse = Path(tempfile.mkdtemp(prefix="lh-bench-bf-")).as_uri()
         # the set-up runs in a child: Linux keeps a process's peak RSS across exec, so a parent that had
         # held rows would inflate every measuring child's figure
-        out = subprocess.run([sys.executable, __file__, "--setup", dsn, str(n), warehouse, str(args.appended)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--setup", dsn, str(n), warehouse, str(args.appended)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         ds_id = json.loads(out.stdout.strip().splitlines()[-1])["dataset"]
         limit = _run_child("limit", dsn, ds_id, warehouse)
         bf = _run_child("backfill", dsn, ds_id, warehouse)
-        line = {"rows": n, "appended": args.appended, "copied": bf["rows"], "backfill_s": round(bf["seconds"], 2), "backfill_rows_s": round(bf["rows"] / bf["seconds"]),
-                "backfill_rss_mb": round(bf["rss_mb"]), "limit_s": round(limit["seconds"], 2),
-                "limit_rss_mb": round(limit["rss_mb"]), "backfill_over_limit_time": round(bf["seconds"] / limit["seconds"], 2)}
+        line = {
+            "rows": n,
+            "appended": args.appended,
+            "copied": bf["rows"],
+            "backfill_s": round(bf["seconds"], 2),
+            "backfill_rows_s": round(bf["rows"] / bf["seconds"]),
+            "backfill_rss_mb": round(bf["rss_mb"]),
+            "limit_s": round(limit["seconds"], 2),
+            "limit_rss_mb": round(limit["rss_mb"]),
+            "backfill_over_limit_time": round(bf["seconds"] / limit["seconds"], 2),
+        }
         if n == args.rows:
             mirror = _run_child("mirror", dsn, ds_id, warehouse)  # after the backfill: Postgres holds the rows
-            line.update({"mirror_s": round(mirror["seconds"], 2), "mirror_rss_mb": round(mirror["rss_mb"]),
-                         "backfill_over_mirror_rows_s": round(mirror["seconds"] / bf["seconds"], 2)})
+            line.update(
+                {
+                    "mirror_s": round(mirror["seconds"], 2),
+                    "mirror_rss_mb": round(mirror["rss_mb"]),
+                    "backfill_over_mirror_rows_s": round(mirror["seconds"] / bf["seconds"], 2),
+                }
+            )
         assert bf["rows"] == (args.appended or n), bf
         print(json.dumps(line), flush=True)
 

@@ -128,8 +128,8 @@ def urlparse_db(dsn: str) -> str:
 
 def _datasets(dsn: str, n: int, rows: int) -> list[str]:
     from bench._common import BENCH_SCHEMA, GENERATE
-    from lakehouse_dagster.tracking import datasets as ds
     from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.tracking import datasets as ds
 
     with connect(dsn) as conn:
         ws = ds.create_workspace(conn, "bench")
@@ -160,22 +160,23 @@ def child(args) -> dict:
 
     (home / "dagster.yaml").write_text(
         f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(dagster_dsn))}\n"
-        "telemetry:\n  enabled: false\n")
+        "telemetry:\n  enabled: false\n"
+    )
     os.environ["LAKEHOUSE_WAREHOUSE"] = Path(tempfile.mkdtemp(prefix="lh-bench-wh-")).as_uri()
     os.environ["LAKEHOUSE_PG_DSN"] = dsn
 
     import dagster as dg
 
-    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
-    from lakehouse_dagster.dagster.partitions import datasets_partitions
-    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
     from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.partitions import datasets_partitions
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)
     if args.capture == "wal":  # the maintained digest computed after the commit (tracking/capture.py)
-        from lakehouse_dagster.tracking import capture
         from lakehouse_dagster.core.db import connect
+        from lakehouse_dagster.tracking import capture
 
         with connect(dsn) as c:
             capture.enable(c)
@@ -192,15 +193,23 @@ def child(args) -> dict:
         failed = 0
         t = time.perf_counter()
         for i in range(0, len(ids), size):
-            batch = ids[i:i + size]
+            batch = ids[i : i + size]
             r = mirror_batch_job.execute_in_process(
                 run_config={"ops": {"mirror_datasets": {"config": {"datasets": batch}}}},
-                resources=resources, instance=instance, raise_on_error=False)
+                resources=resources,
+                instance=instance,
+                raise_on_error=False,
+            )
             failed += 0 if r.success else 1
         wall = time.perf_counter() - t
         checks = _verdicts(instance, ids)
-        out[phase] = {"wall": wall, "failed_runs": failed, "seconds": dict(timers.seconds),
-                      "calls": dict(timers.calls), "verdicts": checks}
+        out[phase] = {
+            "wall": wall,
+            "failed_runs": failed,
+            "seconds": dict(timers.seconds),
+            "calls": dict(timers.calls),
+            "verdicts": checks,
+        }
     instance.dispose()
     if args.capture == "wal":
         with connect(dsn) as c:  # drops the slot (it would block dropping the database)
@@ -223,8 +232,9 @@ def _verdicts(instance, ids: list[str]) -> dict:
 
 def _baseline_tree(rev: str) -> Path:
     out = Path(tempfile.mkdtemp(prefix="lh-bench-base-"))
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "lakehouse_dagster"], check=True,
-                             capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "lakehouse_dagster"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
     return out
 
@@ -232,8 +242,23 @@ def _baseline_tree(rev: str) -> Path:
 def run_child(code: Path, admin: str, n: int, rows: int, append: int, db: str, capture: str = "triggers") -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), str(ROOT)])}
     env.pop("LAKEHOUSE_PG_DSN", None)
-    cmd = [sys.executable, __file__, "--child", "--admin", admin, "--db", db, "--n", str(n), "--rows", str(rows),
-           "--append", str(append), "--capture", capture]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        "--admin",
+        admin,
+        "--db",
+        db,
+        "--n",
+        str(n),
+        "--rows",
+        str(rows),
+        "--append",
+        str(append),
+        "--capture",
+        capture,
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"child failed ({code}, n={n}):\n{p.stderr[-4000:]}")
@@ -244,8 +269,10 @@ def report(n: int, base: dict, cur: dict) -> None:
     for phase in ("first", "append"):
         b, c = base[phase], cur[phase]
         print(f"\n== N={n} datasets, {phase} sync ==")
-        print(f"  wall: baseline {b['wall']:.1f} s ({n / b['wall']:.2f} datasets/s), current {c['wall']:.1f} s "
-              f"({n / c['wall']:.2f} datasets/s); baseline/current = {b['wall'] / c['wall']:.2f}x")
+        print(
+            f"  wall: baseline {b['wall']:.1f} s ({n / b['wall']:.2f} datasets/s), current {c['wall']:.1f} s "
+            f"({n / c['wall']:.2f} datasets/s); baseline/current = {b['wall'] / c['wall']:.2f}x"
+        )
         print(f"  failed runs: baseline {b['failed_runs']}, current {c['failed_runs']}")
         print(f"  check verdicts: baseline {json.dumps(b['verdicts'], sort_keys=True)}")
         print(f"                  current  {json.dumps(c['verdicts'], sort_keys=True)}")
@@ -264,8 +291,10 @@ def report(n: int, base: dict, cur: dict) -> None:
         bt = 1000 * sum(b["seconds"].get(k, 0.0) for k in parts) / n
         ct = 1000 * sum(c["seconds"].get(k, 0.0) for k in parts) / n
         print(f"  {'sync + checks + event writes':44s} {bt:9.1f} {ct:9.1f} {bt / ct:5.1f}x" if ct else "")
-        print(f"  {'wall per dataset':44s} {1000 * b['wall'] / n:9.1f} {1000 * c['wall'] / n:9.1f} "
-              f"{b['wall'] / c['wall']:5.1f}x")
+        print(
+            f"  {'wall per dataset':44s} {1000 * b['wall'] / n:9.1f} {1000 * c['wall'] / n:9.1f} "
+            f"{b['wall'] / c['wall']:5.1f}x"
+        )
 
 
 def main() -> None:
@@ -275,10 +304,17 @@ def main() -> None:
     ap.add_argument("--append", type=int, default=10)
     ap.add_argument("--baseline", default=None, help="git revision of the baseline (default: merge-base with main)")
     ap.add_argument("--only", choices=("baseline", "current"), default=None)
-    ap.add_argument("--capture", choices=("triggers", "wal"), default="triggers",
-                    help="capture mode of the maintained digest for the current code (tracking/capture.py)")
-    ap.add_argument("--compare-capture", action="store_true",
-                    help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode wal")
+    ap.add_argument(
+        "--capture",
+        choices=("triggers", "wal"),
+        default="triggers",
+        help="capture mode of the maintained digest for the current code (tracking/capture.py)",
+    )
+    ap.add_argument(
+        "--compare-capture",
+        action="store_true",
+        help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode wal",
+    )
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--admin")
     ap.add_argument("--db")
@@ -290,25 +326,42 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from bench._common import admin_dsn
 
-    rev = args.baseline or subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True,
-                                          capture_output=True, text=True).stdout.strip()
+    rev = (
+        args.baseline
+        or subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], check=True, capture_output=True, text=True
+        ).stdout.strip()
+    )
     base_tree = _baseline_tree(rev)
     admin = admin_dsn()
     if args.compare_capture:
-        print(f"baseline: {ROOT} in capture mode triggers, current: the same in capture mode wal; "
-              f"rows/dataset {args.rows}, append {args.append}")
+        print(
+            f"baseline: {ROOT} in capture mode triggers, current: the same in capture mode wal; "
+            f"rows/dataset {args.rows}, append {args.append}"
+        )
     else:
-        print(f"baseline: {rev[:10]} (git archive), current: {ROOT} (capture mode {args.capture}); "
-              f"rows/dataset {args.rows}, append {args.append}")
+        print(
+            f"baseline: {rev[:10]} (git archive), current: {ROOT} (capture mode {args.capture}); "
+            f"rows/dataset {args.rows}, append {args.append}"
+        )
     for n in (int(x) for x in args.n.split(",")):
         base = cur = None
         if args.only != "current":
-            base = (run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_base_{n}")
-                    if args.compare_capture else
-                    run_child(base_tree, admin, n, args.rows, args.append, f"bench_cost_base_{n}"))
+            base = (
+                run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_base_{n}")
+                if args.compare_capture
+                else run_child(base_tree, admin, n, args.rows, args.append, f"bench_cost_base_{n}")
+            )
         if args.only != "baseline":
-            cur = run_child(ROOT, admin, n, args.rows, args.append, f"bench_cost_cur_{n}",
-                            "wal" if args.compare_capture else args.capture)
+            cur = run_child(
+                ROOT,
+                admin,
+                n,
+                args.rows,
+                args.append,
+                f"bench_cost_cur_{n}",
+                "wal" if args.compare_capture else args.capture,
+            )
         if base and cur:
             report(n, base, cur)
         else:

@@ -30,22 +30,29 @@ def main() -> int:
     dsn = fresh_database(admin_dsn(), "bench_crash")
     home = Path(tempfile.mkdtemp(prefix="lh-crash-"))
     (home / "warehouse").mkdir()
-    os.environ.update({  # the killed syncs are CLI processes: they read the same configuration
-        "LAKEHOUSE_PG_DSN": dsn, "LAKEHOUSE_HOME": str(home / "home"),
-        "LAKEHOUSE_WAREHOUSE": (home / "warehouse").as_uri(), "LAKEHOUSE_NAMESPACE": "lakehouse",
-    })
+    os.environ.update(
+        {  # the killed syncs are CLI processes: they read the same configuration
+            "LAKEHOUSE_PG_DSN": dsn,
+            "LAKEHOUSE_HOME": str(home / "home"),
+            "LAKEHOUSE_WAREHOUSE": (home / "warehouse").as_uri(),
+            "LAKEHOUSE_NAMESPACE": "lakehouse",
+        }
+    )
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster_tests.crash_harness import run_cycles
 
     shown = [0]
 
     def progress(cycle, spec, rc, report):
-        for v in report.violations[shown[0]:]:
+        for v in report.violations[shown[0] :]:
             print(f"  VIOLATION {v}", flush=True)
         shown[0] = len(report.violations)
         if (cycle + 1) % 10 == 0:
-            print(f"  cycle {cycle + 1}: {sum(report.fired.values())} failpoints fired, "
-                  f"{len(report.violations)} violations", flush=True)
+            print(
+                f"  cycle {cycle + 1}: {sum(report.fired.values())} failpoints fired, "
+                f"{len(report.violations)} violations",
+                flush=True,
+            )
 
     report = run_cycles(dsn, Settings.from_env(), seed=a.seed, cycles=a.cycles, datasets=a.datasets, progress=progress)
     print(f"seed {report.seed}  cycles {report.cycles}  datasets {a.datasets}  {report.seconds:.0f}s")

@@ -19,13 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.flags.overrides import set_override  # noqa: E402
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS  # noqa: E402
 from lakehouse_dagster.flags.resolver import FlagResolver  # noqa: E402
-from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
-from lakehouse_dagster.core.db import connect  # noqa: E402
-from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
+from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
 
 TARGET = 200_000
 
@@ -33,8 +33,10 @@ TARGET = 200_000
 def _seed(conn, n_datasets: int) -> list:
     workspaces = [ds.create_workspace(conn, f"ws{i}") for i in range(10)]
     with conn.transaction():
-        datasets = [ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
-                    for i in range(n_datasets)]
+        datasets = [
+            ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
+            for i in range(n_datasets)
+        ]
     set_override(conn, READ, "export.stream", "iceberg", note="bench global", actor="bench")
     for ws in workspaces[:5]:
         set_override(conn, READ, "graph.kuzu", "iceberg", workspace=ws, actor="bench")
@@ -98,7 +100,9 @@ def main() -> int:
     rate = args.lookups / t_cached
     base_rate = args.lookups / t_dict
     print(f"datasets: {args.datasets}, lookups: {args.lookups}, best of {args.repeat}")
-    print(f"cold fill: {args.datasets / cold:,.0f} datasets/s ({cold / args.datasets * 1e3:.2f} ms per dataset, one query each)")
+    print(
+        f"cold fill: {args.datasets / cold:,.0f} datasets/s ({cold / args.datasets * 1e3:.2f} ms per dataset, one query each)"
+    )
     print(f"cached resolutions: {rate:,.0f}/s ({t_cached / args.lookups * 1e6:.2f} us each)")
     print(f"baseline dict lookup: {base_rate:,.0f}/s ({t_dict / args.lookups * 1e6:.2f} us each)")
     print(f"ratio: a cached resolution costs {t_cached / t_dict:.1f}x one dict lookup")

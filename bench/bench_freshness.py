@@ -102,8 +102,22 @@ class Stack:
         env.update({"LAKEHOUSE_HOME": str(self.home), "PYTHONPATH": str(src), "LAKEHOUSE_ACTOR": "bench"})
         self.log = open(self.home / "up.log", "w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "lakehouse_dagster.cli.main", "up", "--no-demo", "--port", str(free_port()),
-             "--json"], cwd=src, env=env, stdout=subprocess.PIPE, stderr=self.log, text=True)
+            [
+                sys.executable,
+                "-m",
+                "lakehouse_dagster.cli.main",
+                "up",
+                "--no-demo",
+                "--port",
+                str(free_port()),
+                "--json",
+            ],
+            cwd=src,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
         line = self.proc.stdout.readline()
         if not line:
             raise RuntimeError(f"{label}: lakehouse up exited; see {self.home / 'up.log'}")
@@ -115,8 +129,14 @@ class Stack:
         self.ws = uuid.uuid4()
         self.conn.execute("insert into workspaces (id, name) values (%s, 'bench')", (self.ws,))
         if capture:
-            subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "digest-capture", capture], cwd=src,
-                           env={**env, "LAKEHOUSE_PG_DSN": self.dsn}, check=True, stdout=self.log, stderr=self.log)
+            subprocess.run(
+                [sys.executable, "-m", "lakehouse_dagster.cli.main", "digest-capture", capture],
+                cwd=src,
+                env={**env, "LAKEHOUSE_PG_DSN": self.dsn},
+                check=True,
+                stdout=self.log,
+                stderr=self.log,
+            )
 
     def written(self) -> None:
         """In capture mode wal-tracking the write's version exists once the consumer wrote it."""
@@ -159,8 +179,16 @@ class Stack:
         tick = self.dagster.execute(COVERING_TICK, {"pat": f"%{run[0]}%"}).fetchone()
         if not all(k in ev for k in need) or tick is None or tick[0] is None:
             return None
-        marks = [t_write, tick[0], ev["PIPELINE_ENQUEUED"], ev["PIPELINE_STARTING"], ev["PIPELINE_START"], sync[0],
-                 sync[1], ev["PIPELINE_SUCCESS"]]
+        marks = [
+            t_write,
+            tick[0],
+            ev["PIPELINE_ENQUEUED"],
+            ev["PIPELINE_STARTING"],
+            ev["PIPELINE_START"],
+            sync[0],
+            sync[1],
+            ev["PIPELINE_SUCCESS"],
+        ]
         return {name: round(b - a, 3) for name, a, b in zip(PHASES, marks, marks[1:])}
 
     def new_datasets(self, n: int, rows: int) -> tuple[list[uuid.UUID], float]:
@@ -209,8 +237,11 @@ def measure(stack: Stack, args, sizes: list[int]) -> dict:
         got = stack.wait_covered(ids, args.timeout, t0)
         times = sorted(got.values())
         out[f"burst_{n}"] = {
-            "mirrored": len(got), "of": n, "all_s": max(times) if len(got) == n else None,
-            "median_s": times[len(times) // 2] if times else None, "timeout_s": args.timeout,
+            "mirrored": len(got),
+            "of": n,
+            "all_s": max(times) if len(got) == n else None,
+            "median_s": times[len(times) // 2] if times else None,
+            "timeout_s": args.timeout,
         }
         print(f"  [{stack.label}] burst {n}: {out[f'burst_{n}']}", file=sys.stderr, flush=True)
         time.sleep(10)
@@ -244,7 +275,9 @@ def main() -> None:
     if args.wal_tracking:
         variants.append(("wal-tracking", ROOT, sizes))
     if args.baseline != "none":
-        variants.append(("baseline", baseline_tree(args.baseline), [int(x) for x in args.baseline_sizes.split(",") if x]))
+        variants.append(
+            ("baseline", baseline_tree(args.baseline), [int(x) for x in args.baseline_sizes.split(",") if x])
+        )
     results = {}
     for label, src, vsizes in variants:
         print(f"starting the stack: {label} ({src})", file=sys.stderr, flush=True)
@@ -275,12 +308,15 @@ def main() -> None:
     row(f"10-row append → Iceberg, p50 ({args.trials} trials)", lambda r: statistics.median(r["lag"]))
     row(f"10-row append → Iceberg, p95 ({args.trials} trials)", lambda r: pct(r["lag"], 0.95))
     for phase in PHASES:
-        row(f"  of which (median): {phase}",
-            lambda r, phase=phase: (r.get("lag_breakdown") or {}).get(phase, "—"))
+        row(f"  of which (median): {phase}", lambda r, phase=phase: (r.get("lag_breakdown") or {}).get(phase, "—"))
     for n in sorted({n for _, _, s in variants for n in s}):
-        row(f"{n} datasets written at once → all mirrored",
-            lambda r, n=n: (r.get(f"burst_{n}") or {}).get("all_s")
-            or (f"{r[f'burst_{n}']['mirrored']}/{n} in {args.timeout:.0f} s" if f"burst_{n}" in r else "not run"))
+        row(
+            f"{n} datasets written at once → all mirrored",
+            lambda r, n=n: (
+                (r.get(f"burst_{n}") or {}).get("all_s")
+                or (f"{r[f'burst_{n}']['mirrored']}/{n} in {args.timeout:.0f} s" if f"burst_{n}" in r else "not run")
+            ),
+        )
         row(f"{n} datasets: median dataset", lambda r, n=n: (r.get(f"burst_{n}") or {}).get("median_s") or "—")
 
 

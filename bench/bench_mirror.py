@@ -36,11 +36,12 @@ def _rss_mb() -> float:
 
 
 def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
-    from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
 
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, ingest_chunk_rows=chunk,
-                                           namespace=f"bench_{kind}")
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, warehouse=warehouse, ingest_chunk_rows=chunk, namespace=f"bench_{kind}"
+    )
     ds_uuid = uuid.UUID(ds_id)
     if kind == "mirror":
         from lakehouse_dagster.mirror.sync import sync_dataset
@@ -48,9 +49,9 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
         t = time.perf_counter()
         r = sync_dataset(dsn, load_catalog(settings, dsn), settings, ds_uuid, mode="full")
         return {"seconds": time.perf_counter() - t, "rows": r.rows, "rss_mb": _rss_mb(), "files": r.files}
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.mirror.pinned_read import select_query
     from lakehouse_dagster.tracking.datasets import parse_schema
-    from lakehouse_dagster.core.db import connect
 
     columns = parse_schema(BENCH_SCHEMA)
     with connect(dsn) as conn:
@@ -90,16 +91,37 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
         t = time.perf_counter()
         pq.write_table(data, out, compression="zstd")
         write_s = time.perf_counter() - t
-        return {"seconds": copy_s + write_s, "copy_s": copy_s, "write_s": write_s, "rows": data.num_rows,
-                "copy_bytes": n, "rss_mb": _rss_mb()}
+        return {
+            "seconds": copy_s + write_s,
+            "copy_s": copy_s,
+            "write_s": write_s,
+            "rows": data.num_rows,
+            "copy_bytes": n,
+            "rss_mb": _rss_mb(),
+        }
     raise SystemExit(f"unknown child kind {kind}")
 
 
 def run_child(kind: str, dsn: str, ds_id, warehouse: str, chunk: int, env: dict | None = None) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--dsn", dsn, "--dataset", str(ds_id), "--warehouse", warehouse,
-         "--chunk", str(chunk)],
-        check=True, capture_output=True, text=True, env={**os.environ, **(env or {})},
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            kind,
+            "--dsn",
+            dsn,
+            "--dataset",
+            str(ds_id),
+            "--warehouse",
+            warehouse,
+            "--chunk",
+            str(chunk),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -110,8 +132,13 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=250_000)
     p.add_argument("--scale", default="", help="comma-separated extra sizes for the mirror's peak-RSS check")
     p.add_argument("--skip-naive", action="store_true")
-    p.add_argument("--digest-ab", type=int, default=0, metavar="N",
-                   help="N extra mirror runs each with and without the write-time file digest")
+    p.add_argument(
+        "--digest-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N extra mirror runs each with and without the write-time file digest",
+    )
     p.add_argument("--child"), p.add_argument("--dsn"), p.add_argument("--dataset"), p.add_argument("--warehouse")
     a = p.parse_args()
     if a.child:
@@ -127,13 +154,17 @@ def main() -> None:
     for kind in ["limit", "mirror"] + ([] if a.skip_naive else ["naive"]):
         results[kind] = r = run_child(kind, dsn, ds_id, warehouse, a.chunk)
         extra = f"  (COPY drain {r['copy_s']:.2f}s + parquet write {r['write_s']:.2f}s)" if kind == "limit" else ""
-        print(f"{kind:7s} {r['seconds']:7.2f}s  {a.rows / r['seconds']:>11,.0f} rows/s  peak RSS {r['rss_mb']:7.0f} MB{extra}")
+        print(
+            f"{kind:7s} {r['seconds']:7.2f}s  {a.rows / r['seconds']:>11,.0f} rows/s  peak RSS {r['rss_mb']:7.0f} MB{extra}"
+        )
     m, lim = results["mirror"], results["limit"]
     print(f"mirror / limit rows/s: {lim['seconds'] / m['seconds']:.2f}x   (target >= 0.7x, aim >= 1.0x)")
     if "naive" in results:
         n = results["naive"]
-        print(f"mirror / naive rows/s: {n['seconds'] / m['seconds']:.2f}x   peak RSS mirror/naive: "
-              f"{m['rss_mb'] / n['rss_mb']:.2f}x")
+        print(
+            f"mirror / naive rows/s: {n['seconds'] / m['seconds']:.2f}x   peak RSS mirror/naive: "
+            f"{m['rss_mb'] / n['rss_mb']:.2f}x"
+        )
     if a.digest_ab:
         times: dict[str, list[float]] = {"false": [], "true": []}
         for _ in range(a.digest_ab):
@@ -141,9 +172,11 @@ def main() -> None:
                 r = run_child("mirror", dsn, ds_id, warehouse, a.chunk, env={"LAKEHOUSE_DIGEST_ON_WRITE": flag})
                 times[flag].append(r["seconds"])
         off, on = min(times["false"]), min(times["true"])
-        print(f"mirror without the write-time digest {off:6.2f}s, with it {on:6.2f}s: {on / off:.3f}x the time "
-              f"(best of {a.digest_ab}; all: off {[round(x, 2) for x in times['false']]}, "
-              f"on {[round(x, 2) for x in times['true']]})")
+        print(
+            f"mirror without the write-time digest {off:6.2f}s, with it {on:6.2f}s: {on / off:.3f}x the time "
+            f"(best of {a.digest_ab}; all: off {[round(x, 2) for x in times['false']]}, "
+            f"on {[round(x, 2) for x in times['true']]})"
+        )
     sizes = [int(s) for s in a.scale.split(",") if s.strip()]
     if sizes:
         rss = {a.rows: m["rss_mb"]}
@@ -152,8 +185,10 @@ def main() -> None:
             d2, _ = make_dataset(other, size)
             r = run_child("mirror", other, d2, Path(tempfile.mkdtemp(prefix="lh-bench-wh-")).as_uri(), a.chunk)
             rss[size] = r["rss_mb"]
-            print(f"mirror at {size:>9,} rows: {r['seconds']:6.2f}s  {size / r['seconds']:>9,.0f} rows/s  "
-                  f"peak RSS {r['rss_mb']:5.0f} MB")
+            print(
+                f"mirror at {size:>9,} rows: {r['seconds']:6.2f}s  {size / r['seconds']:>9,.0f} rows/s  "
+                f"peak RSS {r['rss_mb']:5.0f} MB"
+            )
         lo, hi = min(rss.values()), max(rss.values())
         print(f"peak RSS spread across sizes: {(hi - lo) / lo * 100:.0f}% (target within 20%)")
 

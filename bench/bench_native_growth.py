@@ -38,11 +38,11 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.registry import SERVABLE_READERS
     from lakehouse_dagster.runbooks.ingest_bench import BENCH_SCHEMA
     from lakehouse_dagster.tracking import datasets as ds
-    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_native_growth"
@@ -54,12 +54,24 @@ def main(argv=None) -> int:
         for reader in SERVABLE_READERS:
             set_override(conn, "read", reader.name, "iceberg", workspace=ws, note="bench", actor="bench")
         set_override(conn, "write", "sync.append", "iceberg_native", workspace=ws, note="bench", actor="bench")
-        last = {variant: writes(conn, dsn, catalog, settings, ds.create_dataset(conn, ws, variant, BENCH_SCHEMA),
-                                args, variant, carry=(variant == "expire"))
-                for variant in ("keep all", "expire")}
+        last = {
+            variant: writes(
+                conn,
+                dsn,
+                catalog,
+                settings,
+                ds.create_dataset(conn, ws, variant, BENCH_SCHEMA),
+                args,
+                variant,
+                carry=(variant == "expire"),
+            )
+            for variant in ("keep all", "expire")
+        }
     (w0, c0, r0), (w1, c1, r1) = last["keep all"], last["expire"]
-    print(f"\nexpire / keep all, last window: write p50 {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×, "
-          f"full scan {r1 / r0:.2f}×")
+    print(
+        f"\nexpire / keep all, last window: write p50 {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×, "
+        f"full scan {r1 / r0:.2f}×"
+    )
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
     return 0
@@ -71,23 +83,41 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.lake.catalog import table_identifier
     from lakehouse_dagster.mirror.native_run import iceberg_only
-    from lakehouse_dagster.runbooks.ingest_bench import _batches
     from lakehouse_dagster.routing.write_router import native_write, route_write
+    from lakehouse_dagster.runbooks.ingest_bench import _batches
     from lakehouse_dagster.tracking import datasets as ds
 
     dataset = ds.get_dataset(conn, dataset_id)
     flags = FlagResolver(conn, ttl_seconds=0)
-    print(f"\n{variant}: {args.writes} native appends of {args.append} rows (machine: {os.cpu_count()} cores; "
-          f"load average {os.getloadavg()[0]:.2f})", flush=True)
-    print(f"{'writes':>11s} {'write p50 ms':>13s} {'count ms':>9s} {'metadata KB':>12s} {'snapshots':>10s} "
-          f"{'data files':>11s} {'rows only in Iceberg':>21s}")
+    print(
+        f"\n{variant}: {args.writes} native appends of {args.append} rows (machine: {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+    print(
+        f"{'writes':>11s} {'write p50 ms':>13s} {'count ms':>9s} {'metadata KB':>12s} {'snapshots':>10s} "
+        f"{'data files':>11s} {'rows only in Iceberg':>21s}"
+    )
     windows: list[tuple[float, float]] = []
     times: list[float] = []
     for i in range(1, args.writes + 1):
         t = time.perf_counter()
-        route_write(conn, flags, "sync.append", dataset_id, pg_write=lambda: None, settings=settings,
-                    iceberg_write=native_write(catalog, settings, dataset, _batches(dataset, args.append, i),
-                                               writer="sync.append", conn=conn if carry else None))
+        route_write(
+            conn,
+            flags,
+            "sync.append",
+            dataset_id,
+            pg_write=lambda: None,
+            settings=settings,
+            iceberg_write=native_write(
+                catalog,
+                settings,
+                dataset,
+                _batches(dataset, args.append, i),
+                writer="sync.append",
+                conn=conn if carry else None,
+            ),
+        )
         times.append(time.perf_counter() - t)
         if i % args.window == 0 or i == args.writes:
             table = catalog.load_table(table_identifier(settings, dataset_id))
@@ -101,8 +131,11 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
             p50, count = statistics.median(times), statistics.median(counts)
             windows.append((p50, count))
             files = sum(1 for _ in table.scan().plan_files())
-            print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:13.1f} {count * 1000:9.1f} {meta_kb:12.1f} "
-                  f"{len(table.metadata.snapshots):10d} {files:11d} {found.rows:21d}", flush=True)
+            print(
+                f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:13.1f} {count * 1000:9.1f} {meta_kb:12.1f} "
+                f"{len(table.metadata.snapshots):10d} {files:11d} {found.rows:21d}",
+                flush=True,
+            )
             times = []
     (w0, c0), (w1, c1) = windows[0], windows[-1]
     scans = []
@@ -112,8 +145,11 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
         scans.append(time.perf_counter() - t)
     assert rows == args.writes * args.append
     scan = statistics.median(scans)
-    print(f"last window / first: write {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×; a full scan at the end "
-          f"{scan * 1000:.1f} ms", flush=True)
+    print(
+        f"last window / first: write {w1 / w0:.2f}×, rollback count {c1 / c0:.2f}×; a full scan at the end "
+        f"{scan * 1000:.1f} ms",
+        flush=True,
+    )
     return w1, c1, scan
 
 

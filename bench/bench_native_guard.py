@@ -28,15 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psycopg.types.json import Jsonb  # noqa: E402
 
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.flags.overrides import set_override  # noqa: E402
 from lakehouse_dagster.flags.registry import REGISTRY, SERVABLE_READERS  # noqa: E402
 from lakehouse_dagster.flags.resolver import FlagResolver, resolve_from  # noqa: E402
 from lakehouse_dagster.routing.native_guard import native_blockers, unsafe_native_datasets  # noqa: E402
 from lakehouse_dagster.routing.read_router import freshness  # noqa: E402
-from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
-from lakehouse_dagster.core.db import connect  # noqa: E402
-from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
+from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
 
 # The resolver's load before precedence.py: the dataset's overrides, then precedence in Python.
 _OLD_LOAD = """
@@ -58,18 +58,34 @@ def _old_load(conn, dataset_id):
 def _seed(conn, n_datasets: int, n_pipelines: int) -> list[uuid.UUID]:
     workspaces = [ds.create_workspace(conn, f"ws{i}") for i in range(10)]
     with conn.transaction():
-        datasets = [ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
-                    for i in range(n_datasets)]
+        datasets = [
+            ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
+            for i in range(n_datasets)
+        ]
         conn.execute(
             "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, has_identity,"
             " source_version, snapshot_id, finished_at)"
             " select d, gen_random_uuid(), 'sync.full', 'native', 'replace', 'succeeded', true, 0, 1, now()"
-            " from unnest(%s::uuid[]) d", ([d for i, d in enumerate(datasets) if i % 10 < 5],))
+            " from unnest(%s::uuid[]) d",
+            ([d for i, d in enumerate(datasets) if i % 10 < 5],),
+        )
         for p in range(n_pipelines):  # pipelines reading datasets outside the native workspaces
             src = datasets[(p * 10 + 7) % n_datasets]
-            conn.execute("insert into pipelines (workspace_id, name, spec) values (%s, %s, %s)",
-                         (workspaces[7], f"p{p}", Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(src)}},
-                                                                   {"type": "sql", "data": {"q": "select 1"}}]})))
+            conn.execute(
+                "insert into pipelines (workspace_id, name, spec) values (%s, %s, %s)",
+                (
+                    workspaces[7],
+                    f"p{p}",
+                    Jsonb(
+                        {
+                            "nodes": [
+                                {"type": "dataset", "data": {"datasetId": str(src)}},
+                                {"type": "sql", "data": {"q": "select 1"}},
+                            ]
+                        }
+                    ),
+                ),
+            )
     for ws in workspaces[:5]:
         for r in SERVABLE_READERS:
             set_override(conn, "read", r.name, "iceberg", workspace=ws, actor="bench")
@@ -103,24 +119,37 @@ def main() -> int:
         conn.execute("analyze")
         assert native_blockers(conn, native[:1]) == [], "the seeded native datasets must pass"
         resolver = FlagResolver(conn, 0)
-        m = _interleaved_ms({
-            "guard": lambda d: native_blockers(conn, [d]),
-            "fresh": lambda d: freshness(conn, d),
-            "fill": lambda d: resolver._load(d),
-            "old_fill": lambda d: _old_load(conn, d),
-        }, native, args.repeat)
+        m = _interleaved_ms(
+            {
+                "guard": lambda d: native_blockers(conn, [d]),
+                "fresh": lambda d: freshness(conn, d),
+                "fill": lambda d: resolver._load(d),
+                "old_fill": lambda d: _old_load(conn, d),
+            },
+            native,
+            args.repeat,
+        )
         assert all(resolver._load(d) == _old_load(conn, d) for d in native[:50]), "the two loads disagree"
-        tick = _interleaved_ms({"tick": lambda _: unsafe_native_datasets(conn), "fresh": lambda d: freshness(conn, d)},
-                               native, max(5, args.repeat // 20))
+        tick = _interleaved_ms(
+            {"tick": lambda _: unsafe_native_datasets(conn), "fresh": lambda d: freshness(conn, d)},
+            native,
+            max(5, args.repeat // 20),
+        )
     guard, fresh, fill, old_fill = m["guard"], m["fresh"], m["fill"], m["old_fill"]
     print(f"{args.datasets} datasets ({len(native)} native), {args.pipelines} pipelines; medians of {args.repeat}")
-    print(f"write-router guard (one native write)  {guard:8.2f} ms   {guard / fresh:5.1f}x one freshness query "
-          f"({fresh:.2f} ms)")
-    print(f"flag-cache fill via precedence.py      {fill:8.2f} ms   {fill / old_fill:5.2f}x the old load "
-          f"({old_fill:.2f} ms)")
-    print(f"native_safety sensor evaluation        {tick['tick']:8.2f} ms   {tick['tick'] / tick['fresh']:5.1f}x one "
-          f"freshness query "
-          f"({len(native)} native datasets)")
+    print(
+        f"write-router guard (one native write)  {guard:8.2f} ms   {guard / fresh:5.1f}x one freshness query "
+        f"({fresh:.2f} ms)"
+    )
+    print(
+        f"flag-cache fill via precedence.py      {fill:8.2f} ms   {fill / old_fill:5.2f}x the old load "
+        f"({old_fill:.2f} ms)"
+    )
+    print(
+        f"native_safety sensor evaluation        {tick['tick']:8.2f} ms   {tick['tick'] / tick['fresh']:5.1f}x one "
+        f"freshness query "
+        f"({len(native)} native datasets)"
+    )
     return 0
 
 

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import admin_dsn, fresh_database, make_dataset  # noqa: E402
 
+
 def _best(fn, repeat: int) -> tuple[float, object, list[float]]:
     times, out = [], None
     for _ in range(repeat):
@@ -49,23 +50,24 @@ def main(argv=None) -> int:
     import duckdb
     from psycopg import sql
 
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.parity import canonical as cn
     from lakehouse_dagster.parity import localise as loc
     from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, pin_iceberg, plain_digest
-    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.tracking.datasets import get_dataset
-    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     admin = admin_dsn()
     dsn = fresh_database(admin, "lakehouse_bench_parity")
     root = Path(tempfile.mkdtemp(prefix="lh-bench-parity-"))
     (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_parity",
-                                           home=root)
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_parity", home=root
+    )
     catalog = load_catalog(settings, dsn)
     print(f"rows: {n:,}  (machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
 
@@ -73,7 +75,9 @@ def main(argv=None) -> int:
     print(f"generated in Postgres: {gen_s:.1f} s", flush=True)
     t = time.perf_counter()
     r = sync_dataset(dsn, catalog, settings, ds_id, mode="full")
-    print(f"mirrored to Iceberg: {time.perf_counter() - t:.1f} s, {r.files} file(s), snapshot {r.snapshot_id}", flush=True)
+    print(
+        f"mirrored to Iceberg: {time.perf_counter() - t:.1f} s, {r.files} file(s), snapshot {r.snapshot_id}", flush=True
+    )
 
     with connect(dsn) as conn:
         columns = get_dataset(conn, ds_id).columns
@@ -85,17 +89,21 @@ def main(argv=None) -> int:
     # --- Postgres: typed COPY drain vs the digest ------------------------------------------------
     typed = [sql.SQL("row_index"), sql.SQL("row_id"), sql.SQL("created_at")] + [cn.pg_typed(c) for c in columns]
     select = sql.SQL("select {} from dataset_rows where dataset_id = {}").format(
-        sql.SQL(", ").join(typed), sql.Literal(str(ds_id)))
+        sql.SQL(", ").join(typed), sql.Literal(str(ds_id))
+    )
 
     def copy_drain(fmt: str):
         def run():
             with connect(dsn) as c, c.cursor() as cur:
-                q = sql.SQL("copy ({}) to stdout {}").format(select, sql.SQL("(format binary)" if fmt == "binary" else ""))
+                q = sql.SQL("copy ({}) to stdout {}").format(
+                    select, sql.SQL("(format binary)" if fmt == "binary" else "")
+                )
                 nbytes = 0
                 with cur.copy(q) as cp:
                     for block in cp:
                         nbytes += len(block)
                 return nbytes
+
         return run
 
     def pg_digest():
@@ -103,10 +111,13 @@ def main(argv=None) -> int:
             return plain_digest(PgSide(pg.conn, ds_id, columns))
 
     with PinnedPostgres(dsn) as pg:  # is the digest parallel inside the pinned REPEATABLE READ transaction?
-        side = PgSide(pg.conn, ds_id, columns)
+        PgSide(pg.conn, ds_id, columns)  # built as the digest builds it (its session settings)
         plan = pg.conn.execute(
             sql.SQL("explain select count(*), sum({}) from dataset_rows where dataset_id = %s").format(
-                cn.pg_row_hash(columns)), (ds_id,)).fetchall()
+                cn.pg_row_hash(columns)
+            ),
+            (ds_id,),
+        ).fetchall()
         planned = [line[0].strip() for line in plan if "Workers Planned" in line[0]]
     figures["postgres_plan_workers"] = planned[0] if planned else "no parallel workers"
 
@@ -127,8 +138,11 @@ def main(argv=None) -> int:
     # --- Iceberg: DuckDB read-every-column baseline vs the digest --------------------------------
     paths = [p.removeprefix("file://") for p in pin.files]
     names = ["__row_index", "__row_id", "__created_at"] + [c.name for c in columns]
-    baseline_sql = "select " + ", ".join(f"sum(length({cn.duck_ident(x)}::VARCHAR))" for x in names) + \
-        " from read_parquet($files, union_by_name = true)"
+    baseline_sql = (
+        "select "
+        + ", ".join(f"sum(length({cn.duck_ident(x)}::VARCHAR))" for x in names)
+        + " from read_parquet($files, union_by_name = true)"
+    )
     con = duckdb.connect()
 
     def duck_baseline():
@@ -155,8 +169,10 @@ def main(argv=None) -> int:
     changed = random.Random(4).randrange(n)
     with connect(dsn) as conn, conn.transaction():
         conn.execute("alter table dataset_rows disable trigger user")
-        conn.execute("update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
-                     (ds_id, changed))
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
+            (ds_id, changed),
+        )
         conn.execute("alter table dataset_rows enable trigger user")
     t = time.perf_counter()
     verdict = cy.evaluate(dsn, catalog, settings, ds_id)
@@ -179,25 +195,39 @@ def main(argv=None) -> int:
 
     rate = lambda s: f"{n / s / 1000:,.0f}k rows/s"  # noqa: E731
     print()
-    print(f"Postgres {version}, max_parallel_workers_per_gather={workers} (digest plan: {figures['postgres_plan_workers']});"
-          f" best of {args.repeat}")
+    print(
+        f"Postgres {version}, max_parallel_workers_per_gather={workers} (digest plan: {figures['postgres_plan_workers']});"
+        f" best of {args.repeat}"
+    )
     print(f"  baseline COPY typed → STDOUT binary  {min(copy_bin):7.2f} s  {rate(min(copy_bin))}")
     print(f"  baseline COPY typed → STDOUT text    {min(copy_text):7.2f} s  {rate(min(copy_text))}")
-    print(f"  digest (the canary's SQL)            {min(pg_d):7.2f} s  {rate(min(pg_d))}"
-          f"   = {figures['postgres_digest_over_copy']:.2f} × the faster COPY's time (target ≤ 1.0)")
+    print(
+        f"  digest (the canary's SQL)            {min(pg_d):7.2f} s  {rate(min(pg_d))}"
+        f"   = {figures['postgres_digest_over_copy']:.2f} × the faster COPY's time (target ≤ 1.0)"
+    )
     print("DuckDB over the snapshot's Parquet files")
     print(f"  baseline sum(length(col::VARCHAR))   {min(duck_b):7.2f} s  {rate(min(duck_b))}")
-    print(f"  digest (the canary's query)          {min(ice_d):7.2f} s  {rate(min(ice_d))}"
-          f"   = {figures['iceberg_digest_rows_per_s_over_baseline']:.2f} × the baseline's rows/s (target ≥ 0.5)")
+    print(
+        f"  digest (the canary's query)          {min(ice_d):7.2f} s  {rate(min(ice_d))}"
+        f"   = {figures['iceberg_digest_rows_per_s_over_baseline']:.2f} × the baseline's rows/s (target ≥ 0.5)"
+    )
     print(f"digests agree: {figures['digests_agree']}  (count {pg_value[0]:,}, sum {pg_value[1]})")
     print(f"one row changed behind the mirror's back (row_index {changed}):")
-    print(f"  canary evaluate (pins, both digests, bisection): {canary_s:.2f} s → {verdict.verdict} {verdict.mismatched_row_indexes}")
-    print(f"  localisation from scratch (both digests, then segments + bisection): {from_scratch_s:.2f} s (target < 10 s)")
-    print(f"  of which the bisection after the digests disagree: {found.seconds:.2f} s, {found.queries} range "
-          f"queries per side → {found.row_indexes}")
-    print(f"times per run: copy binary {[round(x, 2) for x in copy_bin]}, copy text {[round(x, 2) for x in copy_text]}, "
-          f"pg digest {[round(x, 2) for x in pg_d]}, duck baseline {[round(x, 2) for x in duck_b]}, "
-          f"duck digest {[round(x, 2) for x in ice_d]}")
+    print(
+        f"  canary evaluate (pins, both digests, bisection): {canary_s:.2f} s → {verdict.verdict} {verdict.mismatched_row_indexes}"
+    )
+    print(
+        f"  localisation from scratch (both digests, then segments + bisection): {from_scratch_s:.2f} s (target < 10 s)"
+    )
+    print(
+        f"  of which the bisection after the digests disagree: {found.seconds:.2f} s, {found.queries} range "
+        f"queries per side → {found.row_indexes}"
+    )
+    print(
+        f"times per run: copy binary {[round(x, 2) for x in copy_bin]}, copy text {[round(x, 2) for x in copy_text]}, "
+        f"pg digest {[round(x, 2) for x in pg_d]}, duck baseline {[round(x, 2) for x in duck_b]}, "
+        f"duck digest {[round(x, 2) for x in ice_d]}"
+    )
     if args.json:
         print(json.dumps(figures, indent=2))
     with connect(admin) as c:

@@ -41,12 +41,12 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.parity.digest import PgSide, PinnedPostgres, plain_digest
-    from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     admin = admin_dsn()
@@ -54,8 +54,9 @@ def main(argv=None) -> int:
     dsn = fresh_database(admin, name)
     root = Path(tempfile.mkdtemp(prefix="lh-bench-parity-inc-"))
     (root / "warehouse").mkdir()
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(),
-                                           namespace="bench_parity_inc", home=root)
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_parity_inc", home=root
+    )
     catalog = load_catalog(settings, dsn)
     print(f"rows: {n:,}  (machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
     ds_id, gen_s = make_dataset(dsn, n)
@@ -79,8 +80,11 @@ def main(argv=None) -> int:
     base = min(pg_full() for _ in range(args.repeat))
     print(f"baseline: one full Postgres digest {base:.2f} s", flush=True)
     first_s, first = canary()
-    print(f"first canary (registers + fills the Postgres digest): {first_s:.2f} s → {first.verdict}, "
-          f"{first.detail.get('digest')}, prepare {first.detail.get('maintained_prepare')}", flush=True)
+    print(
+        f"first canary (registers + fills the Postgres digest): {first_s:.2f} s → {first.verdict}, "
+        f"{first.detail.get('digest')}, prepare {first.detail.get('maintained_prepare')}",
+        flush=True,
+    )
 
     rows = []
 
@@ -92,10 +96,13 @@ def main(argv=None) -> int:
             last = v
         ok = check(last)
         rows.append((label, best, best / base, target, last, ok))
-        print(f"{label:48s} {best:7.3f} s  {best / base:6.3f} × baseline"
-              + (f"  (target ≤ {target})" if target else "")
-              + f"  → {last.verdict} [{last.detail.get('digest')}] {last.mismatched_row_indexes[:5]}"
-              + ("" if ok else "  UNEXPECTED"), flush=True)
+        print(
+            f"{label:48s} {best:7.3f} s  {best / base:6.3f} × baseline"
+            + (f"  (target ≤ {target})" if target else "")
+            + f"  → {last.verdict} [{last.detail.get('digest')}] {last.mismatched_row_indexes[:5]}"
+            + ("" if ok else "  UNEXPECTED"),
+            flush=True,
+        )
         return last
 
     measure("canary, unchanged", 0.1, lambda v: v.verdict == cy.OK and v.detail["digest"] == "maintained")
@@ -105,38 +112,65 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     r = sync_dataset(dsn, catalog, settings, ds_id)
     print(f"1,000 rows appended; mirror {r.mode}: {time.perf_counter() - t:.2f} s", flush=True)
-    measure("canary after a 1,000-row append", 0.1,
-            lambda v: v.verdict == cy.OK and v.detail["digest"] == "maintained"
-            and v.detail["maintained_prepare"]["iceberg_files_digested"] <= 1)
-    measure("full cross-check (canary --full), unchanged", None,
-            lambda v: v.verdict == cy.OK and v.detail.get("maintained_agrees") is True, full=True)
+    measure(
+        "canary after a 1,000-row append",
+        0.1,
+        lambda v: (
+            v.verdict == cy.OK
+            and v.detail["digest"] == "maintained"
+            and v.detail["maintained_prepare"]["iceberg_files_digested"] <= 1
+        ),
+    )
+    measure(
+        "full cross-check (canary --full), unchanged",
+        None,
+        lambda v: v.verdict == cy.OK and v.detail.get("maintained_agrees") is True,
+        full=True,
+    )
 
     rng = random.Random(11)
     changed = rng.randrange(n)
     with connect(dsn) as conn, conn.transaction():
         conn.execute("set local session_replication_role = replica")
-        conn.execute("update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
-                     (ds_id, changed))
-    measure(f"localise 1 row (replica-role write), maintained", 2.0,
-            lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed])
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
+            (ds_id, changed),
+        )
+    measure(
+        "localise 1 row (replica-role write), maintained",
+        2.0,
+        lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed],
+    )
     with connect(dsn) as conn, conn.transaction():  # put it back the same way
         conn.execute("set local session_replication_role = replica")
-        conn.execute("update dataset_rows set data = jsonb_set(data, '{qty}', to_jsonb(%s::bigint * 7 - 1000000))"
-                     " where dataset_id = %s and row_index = %s", (changed, ds_id, changed))
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{qty}', to_jsonb(%s::bigint * 7 - 1000000))"
+            " where dataset_id = %s and row_index = %s",
+            (changed, ds_id, changed),
+        )
     changed2 = rng.randrange(n)
     with connect(dsn) as conn, conn.transaction():
         conn.execute("alter table dataset_rows disable trigger user")
-        conn.execute("update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
-                     (ds_id, changed2))
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{qty}', '-1') where dataset_id = %s and row_index = %s",
+            (ds_id, changed2),
+        )
         conn.execute("alter table dataset_rows enable trigger user")
     hidden_s, hidden = canary()
-    print(f"{'(triggers disabled) maintained canary':48s} {hidden_s:7.3f} s  → {hidden.verdict}: the maintained "
-          "sum cannot see it", flush=True)
+    print(
+        f"{'(triggers disabled) maintained canary':48s} {hidden_s:7.3f} s  → {hidden.verdict}: the maintained "
+        "sum cannot see it",
+        flush=True,
+    )
     # one run only: the full canary drops the stale Postgres sums it finds
     rows_before = args.repeat
     args.repeat = 1
-    measure("localise 1 row (triggers disabled), full", 2.0,
-            lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed2], full=True)
+    measure(
+        "localise 1 row (triggers disabled), full",
+        2.0,
+        lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed2],
+        full=True,
+    )
     args.repeat = rows_before
 
     with connect(admin) as c:

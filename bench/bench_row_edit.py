@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import mirror_settings, BENCH_SCHEMA, admin_dsn, fresh_database, make_dataset  # noqa: E402
+from bench._common import BENCH_SCHEMA, admin_dsn, fresh_database, make_dataset, mirror_settings  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -34,11 +34,11 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.lake.catalog import table_identifier
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity import canary as cy
     from lakehouse_dagster.tracking import datasets as ds
-    from lakehouse_dagster.core.db import connect
 
     n = args.rows
     rnd = random.Random(args.seed)
@@ -46,16 +46,23 @@ def main(argv=None) -> int:
     name = "lakehouse_bench_row_edit"
     dsn = fresh_database(admin, name)
     settings, catalog = mirror_settings(dsn, "bench_row_edit", ingest_chunk_rows=args.chunk)
-    print(f"rows: {n:,} per dataset, {args.chunk:,} rows per file; partial when ≤ "
-          f"{settings.partial_max_fraction:.0%} of the rows are in touched files "
-          f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
+    print(
+        f"rows: {n:,} per dataset, {args.chunk:,} rows per file; partial when ≤ "
+        f"{settings.partial_max_fraction:.0%} of the rows are in touched files "
+        f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
     a, gen_s = make_dataset(dsn, n, "a")
     with connect(dsn) as conn:  # B: a copy of A (faster than generating it again)
         t = time.perf_counter()
-        b = ds.create_dataset(conn, conn.execute("select workspace_id from datasets where id = %s", (a,)).fetchone()[0],
-                              "b", BENCH_SCHEMA)
-        conn.execute("insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-                     " select %s, row_index, row_id, created_at, data from dataset_rows where dataset_id = %s", (b, a))
+        b = ds.create_dataset(
+            conn, conn.execute("select workspace_id from datasets where id = %s", (a,)).fetchone()[0], "b", BENCH_SCHEMA
+        )
+        conn.execute(
+            "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
+            " select %s, row_index, row_id, created_at, data from dataset_rows where dataset_id = %s",
+            (b, a),
+        )
         conn.execute("vacuum analyze dataset_rows")
         gen_s += time.perf_counter() - t
     print(f"generated in Postgres: {gen_s:.1f} s", flush=True)
@@ -64,8 +71,10 @@ def main(argv=None) -> int:
         r = sync_dataset(dsn, catalog, settings, d, mode="full")
         print(f"mirrored {'A' if d == a else 'B'}: {time.perf_counter() - t:.1f} s, {r.files} file(s)", flush=True)
 
-    upd = ("update dataset_rows set data = data || jsonb_build_object('qty', -1)"
-           " where dataset_id = %s and row_index = any(%s)")
+    upd = (
+        "update dataset_rows set data = data || jsonb_build_object('qty', -1)"
+        " where dataset_id = %s and row_index = any(%s)"
+    )
     dele = "delete from dataset_rows where dataset_id = %s and row_index = any(%s)"
     start = rnd.randrange(n - 10)
     start2 = rnd.randrange(n - 10)
@@ -88,8 +97,10 @@ def main(argv=None) -> int:
             full_s = time.perf_counter() - t
             snap = catalog.load_table(table_identifier(settings, a)).current_snapshot().summary
             files = f"-{snap.get('deleted-data-files', '0')}+{snap.get('added-data-files', '0')}"
-            print(f"{label:28s} {ra.mode:>9s} {files:>9s} {auto_s:7.2f}s {full_s:7.2f}s  {auto_s / full_s:8.3f}×",
-                  flush=True)
+            print(
+                f"{label:28s} {ra.mode:>9s} {files:>9s} {auto_s:7.2f}s {full_s:7.2f}s  {auto_s / full_s:8.3f}×",
+                flush=True,
+            )
     v = cy.evaluate(dsn, catalog, settings, a, full=True)
     print(f"\ncanary (full digest) on A after every edit: {v.verdict}", flush=True)
     with connect(admin) as c:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import mirror_settings, GENERATE, admin_dsn, fresh_database, make_dataset  # noqa: E402
+from bench._common import GENERATE, admin_dsn, fresh_database, make_dataset, mirror_settings  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -38,9 +38,9 @@ def main(argv=None) -> int:
 
     from psycopg import sql
 
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.lake import writer
     from lakehouse_dagster.tracking import row_changes
-    from lakehouse_dagster.core.db import connect
 
     admin = admin_dsn()
     name = "lakehouse_bench_snapshot_growth"
@@ -57,16 +57,20 @@ def main(argv=None) -> int:
     last: dict[str, tuple[float, float]] = {}
     for variant, (merge, delete_old, keep, compact) in variants.items():
         writer.MERGE_MANIFESTS.update(merging if merge else {"commit.manifest-merge.enabled": "false"})
-        writer.METADATA_FILES.update(metadata_files if delete_old else
-                                     {"write.metadata.delete-after-commit.enabled": "false"})
+        writer.METADATA_FILES.update(
+            metadata_files if delete_old else {"write.metadata.delete-after-commit.enabled": "false"}
+        )
         row_changes.COMPACT_FILES = compact_files if compact else 10**9
-        last[variant] = rounds(dsn, catalog, settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0),
-                               args, variant)
+        last[variant] = rounds(
+            dsn, catalog, settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0), args, variant
+        )
     s0, p0 = last["as before"]
     print()
     for variant, (s1, p1) in last.items():
-        print(f"{variant:>15s} / as before: sync p50 of the last window {s1 / s0:.2f}×, scan planning (mean over the "
-              f"windows) {p1 / p0:.2f}×")
+        print(
+            f"{variant:>15s} / as before: sync p50 of the last window {s1 / s0:.2f}×, scan planning (mean over the "
+            f"windows) {p1 / p0:.2f}×"
+        )
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
     return 0
@@ -75,16 +79,21 @@ def main(argv=None) -> int:
 def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
     """Mirror a fresh dataset, then --syncs rounds of append + sync; prints the windows, returns the last one's
     sync p50 and the mean plan time over the windows (merging makes it saw-toothed), in seconds."""
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.lake.catalog import table_identifier
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.core.db import connect
 
     d, _ = make_dataset(dsn, args.rows)
     sync_dataset(dsn, catalog, settings, d, mode="full")
-    print(f"\n{variant}: {args.rows:,} rows mirrored; {args.syncs} rounds of a {args.append}-row append + sync "
-          f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
-    print(f"{'rounds':>11s} {'sync p50 ms':>12s} {'plan ms':>8s} {'metadata KB':>12s} {'all metadata MB':>16s} "
-          f"{'snapshots':>10s} {'manifests':>10s}")
+    print(
+        f"\n{variant}: {args.rows:,} rows mirrored; {args.syncs} rounds of a {args.append}-row append + sync "
+        f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+    print(
+        f"{'rounds':>11s} {'sync p50 ms':>12s} {'plan ms':>8s} {'metadata KB':>12s} {'all metadata MB':>16s} "
+        f"{'snapshots':>10s} {'manifests':>10s}"
+    )
     windows: list[tuple[float, float]] = []
     times: list[float] = []
     nxt = args.rows
@@ -110,8 +119,11 @@ def rounds(dsn, catalog, settings, args, variant: str) -> tuple[float, float]:
                 all_mb = sum(f.stat().st_size for f in meta.parent.glob("*.metadata.json")) / 2**20
                 p50 = statistics.median(times)
                 windows.append((p50, plan))
-                print(f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:12.1f} {plan * 1000:8.1f} {meta_kb:12.1f} {all_mb:16.1f} "
-                      f"{len(table.metadata.snapshots):10d} {manifests:10d}   ({len(files)} data files)", flush=True)
+                print(
+                    f"{i - len(times) + 1:5d}-{i:<5d} {p50 * 1000:12.1f} {plan * 1000:8.1f} {meta_kb:12.1f} {all_mb:16.1f} "
+                    f"{len(table.metadata.snapshots):10d} {manifests:10d}   ({len(files)} data files)",
+                    flush=True,
+                )
                 times = []
     (s0, p0), (s1, p1) = windows[0], windows[-1]
     print(f"last window / first: sync {s1 / s0:.2f}×, scan planning {p1 / p0:.2f}×", flush=True)

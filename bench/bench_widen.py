@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.core.errors import FlipRefused  # noqa: E402
 from lakehouse_dagster.flags.gates import check_change  # noqa: E402
 from lakehouse_dagster.flags.overrides import Scope  # noqa: E402
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, get_flag, rank  # noqa: E402
-from lakehouse_dagster.core.db import connect  # noqa: E402
-from lakehouse_dagster.core.embedded import start_embedded  # noqa: E402
 from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
 
 SERVABLE = [r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "iceberg")]
@@ -35,9 +35,14 @@ SERVABLE = [r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(RE
 
 def _seed(conn, n: int) -> None:
     with conn.transaction():
-        conn.execute("insert into workspaces (id, name) select gen_random_uuid(), 'ws' || g from generate_series(1, 20) g")
-        conn.execute("insert into datasets (workspace_id, name) select w.id, 'd' || g from generate_series(1, %s) g"
-                     " join (select id, row_number() over () - 1 as i from workspaces) w on w.i = g %% 20", (n,))
+        conn.execute(
+            "insert into workspaces (id, name) select gen_random_uuid(), 'ws' || g from generate_series(1, 20) g"
+        )
+        conn.execute(
+            "insert into datasets (workspace_id, name) select w.id, 'd' || g from generate_series(1, %s) g"
+            " join (select id, row_number() over () - 1 as i from workspaces) w on w.i = g %% 20",
+            (n,),
+        )
         for name in SERVABLE:  # workspace flips, audited, 2 hours ago; one dataset flip per workspace 3 hours ago
             for sql in (
                 "insert into lakehouse_flag_audit (at, action, kind, name, scope, scope_id, after_mode, actor)"
@@ -52,14 +57,20 @@ def _seed(conn, n: int) -> None:
                 conn.execute(sql, {"n": name})
         # graph.kuzu goes on to iceberg_only in half the workspaces (90 minutes ago): a global iceberg_only
         # widen moves the other half and has 10 narrower flips to soak
-        conn.execute("insert into lakehouse_flag_audit (at, action, kind, name, scope, scope_id, before_mode,"
-                     " after_mode, actor) select now() - interval '90 minutes', 'set', 'read', 'graph.kuzu',"
-                     " 'workspace', id, 'iceberg', 'iceberg_only', 'bench' from workspaces order by id limit 10")
-        conn.execute("update lakehouse_flag_overrides o set mode = 'iceberg_only' from (select id from workspaces"
-                     " order by id limit 10) w where o.name = 'graph.kuzu' and o.scope = 'workspace' and o.scope_id = w.id")
-        conn.execute("insert into lakehouse_read_fallbacks (reader, dataset_id, error, at)"
-                     " select 'export.stream', id, 'IOError: bench', now() - interval '30 minutes'"
-                     " from datasets where hashtext(id::text) % 10 = 0")
+        conn.execute(
+            "insert into lakehouse_flag_audit (at, action, kind, name, scope, scope_id, before_mode,"
+            " after_mode, actor) select now() - interval '90 minutes', 'set', 'read', 'graph.kuzu',"
+            " 'workspace', id, 'iceberg', 'iceberg_only', 'bench' from workspaces order by id limit 10"
+        )
+        conn.execute(
+            "update lakehouse_flag_overrides o set mode = 'iceberg_only' from (select id from workspaces"
+            " order by id limit 10) w where o.name = 'graph.kuzu' and o.scope = 'workspace' and o.scope_id = w.id"
+        )
+        conn.execute(
+            "insert into lakehouse_read_fallbacks (reader, dataset_id, error, at)"
+            " select 'export.stream', id, 'IOError: bench', now() - interval '30 minutes'"
+            " from datasets where hashtext(id::text) % 10 = 0"
+        )
 
 
 def _once(fn) -> float:
@@ -99,8 +110,11 @@ def main() -> int:
         print(f"{args.datasets} datasets in 20 workspaces; best of {args.repeat * 2}, alternating")
         print(f"{'check':48} {'soak off':>10} {'soak on':>10} {'ratio':>7}")
         for label, flag, mode in cases:
-            off, on = _pair(lambda: check_change(conn, flag, Scope("global", None), mode, soak_seconds=0),
-                            lambda: check_change(conn, flag, Scope("global", None), mode, soak_seconds=3600), args.repeat)
+            off, on = _pair(
+                lambda: check_change(conn, flag, Scope("global", None), mode, soak_seconds=0),
+                lambda: check_change(conn, flag, Scope("global", None), mode, soak_seconds=3600),
+                args.repeat,
+            )
             print(f"{label:48} {off:9.3f}s {on:9.3f}s {on / off:6.2f}x")
     return 0
 

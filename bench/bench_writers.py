@@ -67,11 +67,15 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
             rows = 0
             t = time.perf_counter()
             with conn.transaction():
-                with conn.cursor().copy("copy dataset_rows (dataset_id, row_index, data) from stdin (format csv)") as cp:
+                with conn.cursor().copy(
+                    "copy dataset_rows (dataset_id, row_index, data) from stdin (format csv)"
+                ) as cp:
                     for k in range(len(files)):  # the rendered rows once per 1M-row file, each with its own indexes
                         with open(Path(src).parent / "rows.csv", "rb") as fh:
                             while lines := fh.readlines(8 << 20):
-                                block = b"".join(lines).replace(b"@DS@", str(d).encode()).replace(b"@K@", str(k).encode())
+                                block = (
+                                    b"".join(lines).replace(b"@DS@", str(d).encode()).replace(b"@K@", str(k).encode())
+                                )
                                 cp.write(block)
                                 rows += len(lines)
             return {"seconds": time.perf_counter() - t, "rows": rows, "rss_mb": _rss_mb()}
@@ -84,20 +88,20 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
         with adbc.connect(_adbc_uri(dsn)) as conn:
             cur = conn.cursor()
             cur.execute("drop table if exists bench_copy")
-            for i, f in enumerate(files):
+            for f in files:
                 for b in pq.ParquetFile(f).iter_batches(batch_size=131_072):
                     cur.adbc_ingest("bench_copy", b, mode="create_append")
                     rows += b.num_rows
             conn.commit()
         return {"seconds": time.perf_counter() - t, "rows": rows, "rss_mb": _rss_mb()}
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.lake.catalog import load_catalog
-    from lakehouse_dagster.sources.writers import run_writer
-    from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.sources import set_source
+    from lakehouse_dagster.sources.writers import run_writer
     from lakehouse_dagster.tracking import datasets as ds
-    from lakehouse_dagster.core.db import connect
 
     settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace=f"bench_{kind}")
     with connect(dsn) as conn:
@@ -118,8 +122,12 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
 
 
 def _run(kind: str, dsn: str, src: Path, warehouse: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, dsn, str(src), warehouse],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", kind, dsn, str(src), warehouse],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -138,9 +146,9 @@ def _export(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
     import adbc_driver_postgresql.dbapi as adbc
     import pyarrow.parquet as pq
 
+    from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.mirror.pinned_read import _adbc_uri, select_query
     from lakehouse_dagster.tracking.datasets import parse_schema
-    from lakehouse_dagster.core.db import connect
 
     with connect(dsn) as conn:
         q = select_query(ds_id, parse_schema(BENCH_SCHEMA), None, None).as_string(conn)
@@ -155,7 +163,9 @@ def _export(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
 
         with pq.ParquetWriter(path, pa.schema(content), compression="zstd") as w:
             for b in reader:
-                w.write_batch(pa.RecordBatch.from_arrays([b.column(f.name) for f in content], schema=pa.schema(content)))
+                w.write_batch(
+                    pa.RecordBatch.from_arrays([b.column(f.name) for f in content], schema=pa.schema(content))
+                )
 
 
 def _render_rows(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
@@ -163,8 +173,10 @@ def _render_rows(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
     import psycopg
 
     with psycopg.connect(dsn) as conn, open(path, "wb") as fh:
-        q = ("copy (select '@DS@', '@K@' || lpad(row_index::text, 7, '0'), data from dataset_rows"
-             " where dataset_id = %s order by row_index) to stdout (format csv)")
+        q = (
+            "copy (select '@DS@', '@K@' || lpad(row_index::text, 7, '0'), data from dataset_rows"
+            " where dataset_id = %s order by row_index) to stdout (format csv)"
+        )
         with conn.cursor().copy(psycopg.sql.SQL(q.replace("%s", "{}")).format(psycopg.sql.Literal(str(ds_id)))) as cp:
             for chunk in cp:
                 fh.write(chunk)
@@ -191,8 +203,11 @@ def main() -> None:
         r = _run(kind, dsn, src, warehouse)
         r["rows_per_s"] = r["rows"] / r["seconds"]
         results[kind] = r
-        print(f"{kind:7s} {r['rows']:>10,} rows {r['seconds']:7.2f}s {r['rows_per_s']:>12,.0f} rows/s "
-              f"peak RSS {r['rss_mb']:6.0f} MB", flush=True)
+        print(
+            f"{kind:7s} {r['rows']:>10,} rows {r['seconds']:7.2f}s {r['rows_per_s']:>12,.0f} rows/s "
+            f"peak RSS {r['rss_mb']:6.0f} MB",
+            flush=True,
+        )
     print(f"native / pq   = {results['native']['rows_per_s'] / results['pq']['rows_per_s']:.2f}x (target >= 0.6x)")
     print(f"pg / rowcopy  = {results['pg']['rows_per_s'] / results['rowcopy']['rows_per_s']:.2f}x (target >= 0.6x)")
     print(f"pg / typed    = {results['pg']['rows_per_s'] / results['typed']['rows_per_s']:.2f}x (context)")
@@ -201,8 +216,11 @@ def main() -> None:
     for n in sizes:
         r = _run("native", dsn, _source(base, one, n // FILE_ROWS), warehouse)
         rss.append(r["rss_mb"])
-        print(f"native {n:>10,} rows {r['seconds']:7.2f}s {r['rows'] / r['seconds']:>12,.0f} rows/s "
-              f"peak RSS {r['rss_mb']:6.0f} MB", flush=True)
+        print(
+            f"native {n:>10,} rows {r['seconds']:7.2f}s {r['rows'] / r['seconds']:>12,.0f} rows/s "
+            f"peak RSS {r['rss_mb']:6.0f} MB",
+            flush=True,
+        )
     if rss:
         print(f"peak RSS max/min across sizes = {max(rss) / min(rss):.2f}x (target <= 1.20x)")
     shutil.rmtree(base, ignore_errors=True)

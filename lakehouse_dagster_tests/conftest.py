@@ -15,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.schema.migrate import migrate
 
 TEMPLATE_DB = "lakehouse_test_template"
@@ -60,7 +60,9 @@ def dsn(pg_admin_dsn, template_dsn):
     yield _with_db(pg_admin_dsn, name)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         # A test that left capture mode "wal" on (tracking/capture.py) leaves a slot, which blocks the drop.
-        admin.execute("select pg_drop_replication_slot(slot_name) from pg_replication_slots where database = %s", (name,))
+        admin.execute(
+            "select pg_drop_replication_slot(slot_name) from pg_replication_slots where database = %s", (name,)
+        )
         admin.execute(f'drop database if exists "{name}" with (force)')
 
 
@@ -105,12 +107,14 @@ def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
         admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
     (home / "dagster.yaml").write_text(
         f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
-        f"telemetry:\n  enabled: false\n{extra_yaml}")
+        f"telemetry:\n  enabled: false\n{extra_yaml}"
+    )
     inst = dg.DagsterInstance.from_config(str(home))
     try:
         yield inst, name
     finally:
         inst.dispose()
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(
-                psycopg.sql.Identifier(name)))
+            admin.execute(
+                psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name))
+            )

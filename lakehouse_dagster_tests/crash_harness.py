@@ -31,6 +31,7 @@ import signal
 import time
 import uuid
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.mirror.reaper import files_by_sync
@@ -39,7 +40,6 @@ from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.tracking.datasets import parse_schema
-from lakehouse_dagster.core.db import connect
 
 from .fault_helpers import cli_sync, cli_sync_popen, data_files_on_disk, terminate_lock_session, wait_stopped
 
@@ -70,10 +70,17 @@ class Report:
         return dict(out)
 
     def as_dict(self) -> dict:
-        return {"seed": self.seed, "cycles": self.cycles, "seconds": round(self.seconds, 1),
-                "kills_per_failpoint": self.kills_per_failpoint(), "fired": dict(self.fired),
-                "armed": dict(self.armed), "exit_codes": dict(self.outcomes), "ops": dict(self.ops),
-                "violations": self.violations}
+        return {
+            "seed": self.seed,
+            "cycles": self.cycles,
+            "seconds": round(self.seconds, 1),
+            "kills_per_failpoint": self.kills_per_failpoint(),
+            "fired": dict(self.fired),
+            "armed": dict(self.armed),
+            "exit_codes": dict(self.outcomes),
+            "ops": dict(self.ops),
+            "violations": self.violations,
+        }
 
 
 def _value(rng: random.Random, type_: str):
@@ -81,7 +88,7 @@ def _value(rng: random.Random, type_: str):
         return None
     return {
         "string": lambda: rng.choice(["", "a", "ünï ✓", "x" * rng.randint(1, 40)]),
-        "int64": lambda: rng.randint(-2**62, 2**62),
+        "int64": lambda: rng.randint(-(2**62), 2**62),
         "float64": lambda: rng.choice([rng.uniform(-1e6, 1e6), 0.0, "NaN", "Infinity", 1e-300]),
         "boolean": lambda: rng.random() < 0.5,
         "json": lambda: rng.choice([{"k": rng.randint(0, 9)}, [1, "two", None], "s", 3.5, {}]),
@@ -103,18 +110,24 @@ def mutate(conn, rng: random.Random, d: uuid.UUID, report: Report) -> None:
         elif op == "update":
             col = rng.choice(columns)
             value = json.dumps({col["name"]: _value(rng, col["type"])})
-            conn.execute("update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% %s = %s",
-                         (value, d, rng.randint(2, 20), rng.randint(0, 1)))
+            conn.execute(
+                "update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% %s = %s",
+                (value, d, rng.randint(2, 20), rng.randint(0, 1)),
+            )
         elif op == "delete":
-            conn.execute("delete from dataset_rows where dataset_id = %s and row_index %% %s = %s",
-                         (d, rng.randint(5, 40), rng.randint(0, 4)))
+            conn.execute(
+                "delete from dataset_rows where dataset_id = %s and row_index %% %s = %s",
+                (d, rng.randint(5, 40), rng.randint(0, 4)),
+            )
         elif op == "schema" and len(columns) < 8:
             new = {"name": f"c{len(columns)}_{rng.randint(0, 999)}", "type": rng.choice(TYPES)}
             columns = columns + [new]
             ds.set_schema(conn, d, columns)
             value = json.dumps({new["name"]: _value(rng, new["type"])})
-            conn.execute("update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% 3 = 0",
-                         (value, d))
+            conn.execute(
+                "update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% 3 = 0",
+                (value, d),
+            )
 
 
 class Oracle:
@@ -127,8 +140,9 @@ class Oracle:
 
     def _snapshot_files(self, table, snapshot_id: int) -> set[str]:
         if snapshot_id not in self._files:
-            self._files[snapshot_id] = {t.file.file_path.rsplit("/", 1)[-1]
-                                        for t in table.scan(snapshot_id=snapshot_id).plan_files()}
+            self._files[snapshot_id] = {
+                t.file.file_path.rsplit("/", 1)[-1] for t in table.scan(snapshot_id=snapshot_id).plan_files()
+            }
         return self._files[snapshot_id]
 
     def table(self, d):
@@ -147,8 +161,10 @@ class Oracle:
         behind = pin.source_version is None or pin.source_version < version
         requested = d in {p.dataset_id for p in pending_syncs(conn, Cursor(), limit=1000)[0]}
         if behind and not requested:
-            bad.append(f"Iceberg is behind (covers {pin.source_version}, Postgres at {version}) but the poller "
-                       "does not request the dataset")
+            bad.append(
+                f"Iceberg is behind (covers {pin.source_version}, Postgres at {version}) but the poller "
+                "does not request the dataset"
+            )
         return bad
 
     def after_clean_sync(self, conn, d) -> list[str]:
@@ -171,8 +187,10 @@ class Oracle:
 
         v = canary.evaluate(self.dsn, self.catalog, self.settings, d, localise=False)
         if v.verdict != canary.OK:
-            bad.append(f"canary {v.verdict}: {v.detail.get('reason')} (pg {v.pg_count}/{v.pg_digest}, "
-                       f"iceberg {v.iceberg_count}/{v.iceberg_digest})")
+            bad.append(
+                f"canary {v.verdict}: {v.detail.get('reason')} (pg {v.pg_count}/{v.pg_digest}, "
+                f"iceberg {v.iceberg_count}/{v.iceberg_digest})"
+            )
         pin = pin_iceberg(self.catalog, self.settings, d)
         columns = parse_schema(conn.execute("select schema from datasets where id = %s", (d,)).fetchone()[0])
         with IcebergSide(pin, columns, threads=1) as side:
@@ -181,14 +199,20 @@ class Oracle:
             bad.append(f"__row_index not unique: {stats['rows']} rows, {stats['distinct_row_index']} distinct")
 
         version, row_count, status = conn.execute(
-            "select rows_version, row_count, status from datasets where id = %s", (d,)).fetchone()
+            "select rows_version, row_count, status from datasets where id = %s", (d,)
+        ).fetchone()
         pg_rows = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0]
         if not (row_count == stats["rows"] == pg_rows):
-            bad.append(f"row counts differ: datasets.row_count {row_count}, Iceberg {stats['rows']}, Postgres {pg_rows}")
+            bad.append(
+                f"row counts differ: datasets.row_count {row_count}, Iceberg {stats['rows']}, Postgres {pg_rows}"
+            )
         if status != "ready":
             bad.append(f"dataset status {status!r} after a clean sync")
-        log = conn.execute("select sync_id, status, source_version, snapshot_id from iceberg_sync_log"
-                           " where dataset_id = %s order by finished_at", (d,)).fetchall()
+        log = conn.execute(
+            "select sync_id, status, source_version, snapshot_id from iceberg_sync_log"
+            " where dataset_id = %s order by finished_at",
+            (d,),
+        ).fetchall()
         snapshot_ids = {s.snapshot_id for s in table.snapshots()}
         for sid, st, sv, snap_id in log:
             if st == "running":
@@ -200,14 +224,25 @@ class Oracle:
                     bad.append(f"succeeded sync {sid} covers version {sv}, Postgres is at {version}")
         latest = [r for r in log if r[1] == "succeeded"]
         if not latest or latest[-1][2] != version:
-            bad.append(f"the latest succeeded sync covers {latest[-1][2] if latest else None}, Postgres is at {version}")
+            bad.append(
+                f"the latest succeeded sync covers {latest[-1][2] if latest else None}, Postgres is at {version}"
+            )
         if d in {p.dataset_id for p in pending_syncs(conn, Cursor(), limit=1000)[0]}:
             bad.append("the poller still requests a caught-up dataset")
         return bad
 
 
-def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2, progress=None,
-               actions=None, armed_share: float = 0.85) -> Report:
+def run_cycles(
+    dsn: str,
+    settings,
+    *,
+    seed: int,
+    cycles: int,
+    datasets: int = 2,
+    progress=None,
+    actions=None,
+    armed_share: float = 0.85,
+) -> Report:
     """``actions``: [(action, weight)] to draw from (default ACTIONS)."""
     actions = actions or ACTIONS
     rng = random.Random(seed)
@@ -245,8 +280,9 @@ def run_cycles(dsn: str, settings, *, seed: int, cycles: int, datasets: int = 2,
                 if spec and (rc in (-9, 130) or "failpoint" in proc.stderr):
                     report.fired[spec] += 1
                 elif rc != 0:
-                    report.violations.append(f"cycle {cycle}: sync without a fired failpoint exited "
-                                             f"{rc}: {proc.stderr.strip()[-300:]}")
+                    report.violations.append(
+                        f"cycle {cycle}: sync without a fired failpoint exited {rc}: {proc.stderr.strip()[-300:]}"
+                    )
                 where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
                 report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
                 clean_error = _clean_sync(dsn, oracle, clean_settings, d)

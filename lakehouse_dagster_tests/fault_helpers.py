@@ -28,11 +28,16 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, timeout: float = 120) -> subprocess.CompletedProcess:
+def cli_sync(
+    ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """`lakehouse sync --dataset <id> --json` in its own process, with a failpoint armed."""
     return subprocess.run(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        capture_output=True, text=True, timeout=timeout, preexec_fn=default_sigint,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
@@ -40,7 +45,10 @@ def cli_sync(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, time
 def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
         env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
@@ -67,9 +75,13 @@ def wait_stopped(proc: subprocess.Popen | int, timeout: float = 60, *, must: boo
 
 def terminate_lock_session(conn, dataset_id: uuid.UUID) -> int:
     """pg_terminate_backend on the session holding the dataset's G3 lock (a dead session, a live process)."""
-    pids = [r[0] for r in conn.execute(
-        "select pid from pg_locks where locktype = 'advisory' and granted and classid = %s::bigint::oid",
-        (_NS_DATASET,)).fetchall()]
+    pids = [
+        r[0]
+        for r in conn.execute(
+            "select pid from pg_locks where locktype = 'advisory' and granted and classid = %s::bigint::oid",
+            (_NS_DATASET,),
+        ).fetchall()
+    ]
     assert pids, "nobody holds a dataset lock"
     for pid in pids:
         conn.execute("select pg_terminate_backend(%s)", (pid,))

@@ -41,4 +41,4 @@ def refusal(failure_event) -> str:
     error = failure_event.step_failure_data.error
     prefix = "lakehouse_dagster.dagster.refusals.Refused: "
     assert error.cause is not None and error.cause.message.startswith(prefix), error.to_string()
-    return error.cause.message[len(prefix):].rstrip("\n")
+    return error.cause.message[len(prefix) :].rstrip("\n")

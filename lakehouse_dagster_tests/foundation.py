@@ -18,8 +18,10 @@ create table pipelines (id uuid, workspace_id uuid, name text, spec jsonb);
 """
 
 # How the live app writes a row: every foundation column named, nothing else.
-APP_INSERT_ROW = ("insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-                  " values (%s, %s, gen_random_uuid(), now(), %s)")
+APP_INSERT_ROW = (
+    "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
+    " values (%s, %s, gen_random_uuid(), now(), %s)"
+)
 
 
 def create_foundation(conn: psycopg.Connection) -> None:
@@ -32,8 +34,16 @@ def app_workspace(conn: psycopg.Connection, name: str) -> uuid.UUID:
     return ws
 
 
-def app_dataset(conn: psycopg.Connection, ws: uuid.UUID, name: str, schema: list, *, kind: str = "tabular",
-                rows: int | list[int] = 0, row=lambda i: {"n": i, "s": f"r{i}"}) -> uuid.UUID:
+def app_dataset(
+    conn: psycopg.Connection,
+    ws: uuid.UUID,
+    name: str,
+    schema: list,
+    *,
+    kind: str = "tabular",
+    rows: int | list[int] = 0,
+    row=lambda i: {"n": i, "s": f"r{i}"},
+) -> uuid.UUID:
     """A dataset as the app creates it, with rows at the given row_index values (or 0..rows-1), inserted
     by one set-based statement per dataset."""
     d = uuid.uuid4()

@@ -16,26 +16,36 @@ from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
-from lakehouse_dagster.parity.maintained import write_digested
-from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
-from lakehouse_dagster.routing.native_compaction import native_compaction
 from lakehouse_dagster.mirror.native_run import native_run
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.routing.native_compaction import native_compaction
 from lakehouse_dagster.routing.write_router import route_write
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli
 
-SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}, {"name": "x", "type": "float64"},
-          {"name": "at", "type": "timestamp"}, {"name": "doc", "type": "json"}]
+SCHEMA = [
+    {"name": "a", "type": "int64"},
+    {"name": "s", "type": "string"},
+    {"name": "x", "type": "float64"},
+    {"name": "at", "type": "timestamp"},
+    {"name": "doc", "type": "json"},
+]
 SERVABLE = [r.name for r in reg.READERS.values() if reg.rank("read", r.ceiling) >= reg.rank("read", "iceberg")]
-T0 = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
 def row(i: int) -> dict:
     x = [0.1, "NaN", "Infinity", -0.0, 1e-300][i % 5]
-    return {"a": i, "s": f"v{i} ü", "x": x, "at": (T0 + dt.timedelta(seconds=i)).isoformat(),
-            "doc": {"k": i, "z": [1, None]} if i % 2 else None}
+    return {
+        "a": i,
+        "s": f"v{i} ü",
+        "x": x,
+        "at": (T0 + dt.timedelta(seconds=i)).isoformat(),
+        "doc": {"k": i, "z": [1, None]} if i % 2 else None,
+    }
 
 
 def ready_native(conn, dsn, settings, writer: str, rows: int = 6) -> uuid.UUID:
@@ -58,8 +68,9 @@ def runbook_ready(conn, dsn, settings, d: uuid.UUID) -> None:
     assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
 
 
-def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int,
-                 legacy: bool = False) -> int:
+def native_write(
+    conn, dsn, settings, d: uuid.UUID, writer: str, values: list[dict], *, start: int, legacy: bool = False
+) -> int:
     """A native write through the real write router and chunked writer; returns the snapshot id. ``legacy``: as
     written before native commits carried their run's totals (no totals, no expiry, no compaction)."""
     catalog = load_catalog(settings, dsn)
@@ -70,21 +81,40 @@ def native_write(conn, dsn, settings, d: uuid.UUID, writer: str, values: list[di
     cols["at"] = [dt.datetime.fromisoformat(t) for t in cols["at"]]
     cols["doc"] = [None if v is None else json.dumps(v, separators=(", ", ": ")) for v in cols["doc"]]
     batch = pa.RecordBatch.from_arrays(
-        [pa.array(range(start, start + len(values)), pa.int64()),
-         pa.array([str(uuid.uuid4()) for _ in values]),
-         pa.array([dt.datetime.now(dt.timezone.utc)] * len(values), pa.timestamp("us", tz="UTC"))]
-        + [pa.array(cols[c.name], schema.field(c.name).type) for c in dataset.columns], schema=schema)
+        [
+            pa.array(range(start, start + len(values)), pa.int64()),
+            pa.array([str(uuid.uuid4()) for _ in values]),
+            pa.array([dt.datetime.now(dt.UTC)] * len(values), pa.timestamp("us", tz="UTC")),
+        ]
+        + [pa.array(cols[c.name], schema.field(c.name).type) for c in dataset.columns],
+        schema=schema,
+    )
     mode = reg.get_flag("write", writer).iceberg_mode
 
     def iceberg_write(sync_id, source_version):
-        return write_digested(catalog, settings, dataset, [batch], mode=mode, sync_id=sync_id,
-                           source_version=source_version, path="native",
-                           max_row_index=start + len(values) - 1,
-                           native_run=None if legacy else native_run(conn, settings, d),
-                           compact=native_compaction(settings, dataset) if mode == "append" and not legacy else None)
+        return write_digested(
+            catalog,
+            settings,
+            dataset,
+            [batch],
+            mode=mode,
+            sync_id=sync_id,
+            source_version=source_version,
+            path="native",
+            max_row_index=start + len(values) - 1,
+            native_run=None if legacy else native_run(conn, settings, d),
+            compact=native_compaction(settings, dataset) if mode == "append" and not legacy else None,
+        )
 
-    out = route_write(conn, FlagResolver(conn, ttl_seconds=0), writer, d, pg_write=lambda: pytest.fail("pg path"),
-                      iceberg_write=iceberg_write, settings=settings)
+    out = route_write(
+        conn,
+        FlagResolver(conn, ttl_seconds=0),
+        writer,
+        d,
+        pg_write=lambda: pytest.fail("pg path"),
+        iceberg_write=iceberg_write,
+        settings=settings,
+    )
     return out.value.snapshot_id
 
 
@@ -103,8 +133,9 @@ def pg_source_table(conn, values: list[dict]) -> str:
     from psycopg import sql
 
     name = f"src_{uuid.uuid4().hex[:12]}"
-    conn.execute(sql.SQL("create table {} (a bigint, s text, x float8, at timestamptz, doc jsonb)").format(
-        sql.Identifier(name)))
+    conn.execute(
+        sql.SQL("create table {} (a bigint, s text, x float8, at timestamptz, doc jsonb)").format(sql.Identifier(name))
+    )
     add_source_rows(conn, name, values)
     return f"public.{name}"
 
@@ -114,6 +145,7 @@ def add_source_rows(conn, table: str, values: list[dict]) -> None:
     from psycopg.types.json import Jsonb
 
     for v in values:
-        conn.execute(sql.SQL("insert into {} values (%s, %s, %s::float8, %s, %s)").format(
-            sql.Identifier(*table.split("."))),
-            (v["a"], v["s"], str(v["x"]), v["at"], None if v["doc"] is None else Jsonb(v["doc"])))
+        conn.execute(
+            sql.SQL("insert into {} values (%s, %s, %s::float8, %s, %s)").format(sql.Identifier(*table.split("."))),
+            (v["a"], v["s"], str(v["x"]), v["at"], None if v["doc"] is None else Jsonb(v["doc"])),
+        )

@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
-from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate
 from lakehouse_dagster_tests.conftest import _with_db
 from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, app_dataset, app_workspace, create_foundation
@@ -31,8 +31,13 @@ SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", *args], capture_output=True,
-                          text=True, env=dict(os.environ), timeout=180)
+    return subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=180,
+    )
 
 
 @pytest.fixture
@@ -51,11 +56,17 @@ def adopted(pg_admin_dsn, tmp_path, monkeypatch):
             "empty": app_dataset(conn, ws, "empty", SCHEMA),
             "files": app_dataset(conn, ws, "files", [], kind="manifest", rows=3, row=lambda i: {"uri": f"s3://b/{i}"}),
         }
-        conn.execute("insert into pipelines (id, workspace_id, name, spec) values (%s, %s, 'p', %s)",
-                     (uuid.uuid4(), ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(ids["full"])}}]})))
-    env = {"LAKEHOUSE_PG_DSN": dsn, "LAKEHOUSE_HOME": str(tmp_path / "home"),
-           "LAKEHOUSE_WAREHOUSE": (tmp_path / "warehouse").as_uri(), "LAKEHOUSE_NAMESPACE": "lakehouse",
-           "LAKEHOUSE_ACTOR": "pytest"}
+        conn.execute(
+            "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, 'p', %s)",
+            (uuid.uuid4(), ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(ids["full"])}}]})),
+        )
+    env = {
+        "LAKEHOUSE_PG_DSN": dsn,
+        "LAKEHOUSE_HOME": str(tmp_path / "home"),
+        "LAKEHOUSE_WAREHOUSE": (tmp_path / "warehouse").as_uri(),
+        "LAKEHOUSE_NAMESPACE": "lakehouse",
+        "LAKEHOUSE_ACTOR": "pytest",
+    }
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     (tmp_path / "warehouse").mkdir()
@@ -65,8 +76,10 @@ def adopted(pg_admin_dsn, tmp_path, monkeypatch):
 
 
 def _tracking(conn, d):
-    return conn.execute("select rows_version, rows_rewrite_version, max_row_index, rows_xid is not null"
-                        " from datasets where id = %s", (d,)).fetchone()
+    return conn.execute(
+        "select rows_version, rows_rewrite_version, max_row_index, rows_xid is not null from datasets where id = %s",
+        (d,),
+    ).fetchone()
 
 
 def _migrate(how: str, dsn: str) -> str:
@@ -106,15 +119,19 @@ def test_adopt_live_tables_then_app_writes_sync_and_poller(adopted, how):
     conn.execute(APP_INSERT_ROW, (ids["sparse"], 11, Jsonb({"n": 11})))  # above the max: an append
     v2, rw2, mx2, _ = _tracking(conn, ids["sparse"])
     assert v2 > v1 and rw2 == rw1 and mx2 == 11
-    conn.execute("update dataset_rows set data = %s where dataset_id = %s and row_index = 0",
-                 (Jsonb({"n": 100, "s": "upd"}), ids["full"]))
+    conn.execute(
+        "update dataset_rows set data = %s where dataset_id = %s and row_index = 0",
+        (Jsonb({"n": 100, "s": "upd"}), ids["full"]),
+    )
     vf1, rwf1, _, _ = _tracking(conn, ids["full"])
     assert rwf1 == vf1 > 0
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 9", (ids["full"],))
     vf2, rwf2, _, _ = _tracking(conn, ids["full"])
     assert rwf2 == vf2 > vf1
-    conn.execute("update datasets set schema = %s where id = %s", (Jsonb(SCHEMA + [{"name": "x", "type": "string"}]),
-                                                                   ids["empty"]))  # the app's own update
+    conn.execute(
+        "update datasets set schema = %s where id = %s",
+        (Jsonb(SCHEMA + [{"name": "x", "type": "string"}]), ids["empty"]),
+    )  # the app's own update
 
     # (b) `lakehouse sync` of an adopted dataset: a correct table, a succeeded log row, no traceback
     out = _cli("sync", "--dataset", str(ids["full"]), "--json")
@@ -124,10 +141,12 @@ def test_adopt_live_tables_then_app_writes_sync_and_poller(adopted, how):
     table = load_catalog(settings, dsn).load_table(table_identifier(settings, ids["full"]))
     got = sorted(zip(*table.scan().to_arrow().select(["__row_index", "n"]).to_pydict().values()))
     assert got == [(0, 100)] + [(i, i) for i in range(1, 9)]
-    assert conn.execute("select status, source_version, error from iceberg_sync_log where dataset_id = %s",
-                        (ids["full"],)).fetchall() == [("succeeded", vf2, None)]
-    assert conn.execute("select row_count, status, mirrored_version from datasets where id = %s",
-                        (ids["full"],)).fetchone() == (9, "ready", vf2)
+    assert conn.execute(
+        "select status, source_version, error from iceberg_sync_log where dataset_id = %s", (ids["full"],)
+    ).fetchall() == [("succeeded", vf2, None)]
+    assert conn.execute(
+        "select row_count, status, mirrored_version from datasets where id = %s", (ids["full"],)
+    ).fetchone() == (9, "ready", vf2)
     conn.close()
 
 
@@ -147,8 +166,9 @@ def test_fill_is_resumable_and_never_lowers_a_concurrent_write(adopted):
     with connect(dsn) as conn:
         migrate(conn)
         # back to the state before the fill (as if it was interrupted), and forget it ran
-        conn.execute("update datasets set max_row_index = null, rows_xid = null, rows_version = 0,"
-                     " rows_rewrite_version = 0")
+        conn.execute(
+            "update datasets set max_row_index = null, rows_xid = null, rows_version = 0, rows_rewrite_version = 0"
+        )
         conn.execute("delete from lakehouse_migrations where name = %s", (FILL_MARK,))
         # the live app, mid-transaction on the dataset the fill reaches last: its trigger ran and holds the row
         held, free = max(ids["full"], ids["sparse"]), min(ids["full"], ids["sparse"])

@@ -8,21 +8,19 @@ writer into real Iceberg tables, the real mirror and canary, a real Dagster sens
 
 from __future__ import annotations
 
-import uuid
-
 import dagster as dg
 import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused, ReadRefused
 from lakehouse_dagster.flags import registry as reg
-from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
-from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.routing.read_router import resolve_read_source
 from lakehouse_dagster.tracking import datasets as ds
 
@@ -37,8 +35,9 @@ def _snapshots(settings, dsn, d) -> int | None:
 
 
 def _pg_rows(conn, d) -> list:
-    return conn.execute("select row_index, row_id, data from dataset_rows where dataset_id = %s order by row_index",
-                        (d,)).fetchall()
+    return conn.execute(
+        "select row_index, row_id, data from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
 
 
 def _refused_write(conn, dsn, settings, d, writer, *, start: int = 0) -> str:
@@ -49,8 +48,9 @@ def _refused_write(conn, dsn, settings, d, writer, *, start: int = 0) -> str:
     message = str(info.value)
     assert "\n" not in message and message.startswith(f"refused: {writer} would write")
     assert (_snapshots(settings, dsn, d), _pg_rows(conn, d)) == before  # nothing in Iceberg, nothing in PG
-    log = conn.execute("select writer, path, status, error from iceberg_sync_log where dataset_id = %s"
-                       " order by id desc limit 1", (d,)).fetchone()
+    log = conn.execute(
+        "select writer, path, status, error from iceberg_sync_log where dataset_id = %s order by id desc limit 1", (d,)
+    ).fetchone()
     assert log == (writer, "native", "failed", message)  # the sync log says refused, and why
     assert conn.execute("select status, error from datasets where id = %s", (d,)).fetchone() == ("errored", message)
     return message
@@ -58,21 +58,27 @@ def _refused_write(conn, dsn, settings, d, writer, *, start: int = 0) -> str:
 
 def _row_edit(conn, d) -> None:
     """What the PG-locked row.edit writer does: a point update in dataset_rows (its version moves)."""
-    assert conn.execute("update dataset_rows set data = data || '{\"s\": \"edited\"}'::jsonb"
-                        " where dataset_id = %s and row_index = 0", (d,)).rowcount == 1
+    assert (
+        conn.execute(
+            'update dataset_rows set data = data || \'{"s": "edited"}\'::jsonb where dataset_id = %s and row_index = 0',
+            (d,),
+        ).rowcount
+        == 1
+    )
 
 
 def _add_pipeline(conn, ws, d) -> None:
-    conn.execute("insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
-                 (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(d)}}]})))
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
+        (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(d)}}]})),
+    )
 
 
 def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn, dsn, settings):
     ready = ready_native(conn, dsn, settings, "sync.append")
     ws = ds.get_dataset(conn, ready).workspace_id
     # the operator widens the writer to the workspace (gated: only `ready` is in it, already native)
-    cli("write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws), "--note", "fase4 ws",
-        check=True)
+    cli("write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws), "--note", "fase4 ws", check=True)
     native_write(conn, dsn, settings, ready, "sync.append", [row(i) for i in range(6, 8)], start=6)
 
     # Later, a dataset with Postgres rows is created in that workspace: covered natively, never judged.
@@ -95,7 +101,10 @@ def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn,
     native_write(conn, dsn, settings, empty, "sync.append", [row(i) for i in range(3)], start=0)
     assert _snapshots(settings, dsn, empty) == 1 and _pg_rows(conn, empty) == []
     assert conn.execute("select status, error, row_count from datasets where id = %s", (empty,)).fetchone() == (
-        "ready", None, 3)
+        "ready",
+        None,
+        3,
+    )
 
 
 def test_a_pipeline_or_a_lowered_reader_on_a_native_dataset_refuses_its_next_native_write(conn, dsn, settings):
@@ -121,18 +130,19 @@ def test_a_pipeline_or_a_lowered_reader_on_a_native_dataset_refuses_its_next_nat
 
 
 def _tick(dsn, cursor=None):
-    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety
     from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety
 
-    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(), cursor=cursor,
-                                 resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}) as context:
+    with dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    ) as context:
         result = native_safety(context)
         return result, context.cursor
 
 
 def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings):
-    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety_report
     from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.native_safety import native_safety_report
 
     result, _ = _tick(dsn)
     assert isinstance(result, dg.SkipReason) and result.skip_message == "no dataset is written iceberg-native"
@@ -160,7 +170,8 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
     # The report run the sensor asks for: a real Dagster run that fails, naming them.
     instance = dg.DagsterInstance.ephemeral()
     run = native_safety_report.execute_in_process(
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, raise_on_error=False, instance=instance)
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, raise_on_error=False, instance=instance
+    )
     assert not run.success
     failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
     reason = refusal(failure)  # the reason, no stack (dagster/refusals.py)
@@ -179,8 +190,9 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
     d = ready_native(conn, dsn, settings, "sync.full")
     native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(50, 53)], start=0)
     catalog = load_catalog(settings, dsn)
-    native_rows = read_iceberg(load_dataset_table(catalog, settings, d), ["a"], limit=None,
-                               order_by_row_index=True).to_pylist()
+    native_rows = read_iceberg(
+        load_dataset_table(catalog, settings, d), ["a"], limit=None, order_by_row_index=True
+    ).to_pylist()
     assert native_rows == [{"a": 50}, {"a": 51}, {"a": 52}]
     # Postgres moves on by itself: a row.edit and a schema change bump its version (Iceberg does not follow).
     _row_edit(conn, d)
@@ -189,8 +201,11 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
     for reader in reg.READERS.values():
         for mode in reg.READ_MODES:  # hand-written rows: any mode, even above the ceiling or below iceberg
             conn.execute("delete from lakehouse_flag_overrides where kind = 'read' and name = %s", (reader.name,))
-            conn.execute("insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
-                         " values ('read', %s, 'dataset', %s, %s, 'psql')", (reader.name, d, mode))
+            conn.execute(
+                "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
+                " values ('read', %s, 'dataset', %s, %s, 'psql')",
+                (reader.name, d, mode),
+            )
             source = resolve_read_source(conn, FlagResolver(conn, 0), reader.name, d)
 
             def pg(_decision):
@@ -229,17 +244,20 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     manifest = ds.create_dataset(conn, w2, "files", [], kind="manifest")
 
     def put(kind, name, scope, scope_id, mode):  # hand-written, like psql: may exceed a ceiling
-        conn.execute("insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
-                     " values (%s, %s, %s, %s, %s, 'psql')", (kind, name, scope, scope_id, mode))
+        conn.execute(
+            "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
+            " values (%s, %s, %s, %s, %s, 'psql')",
+            (kind, name, scope, scope_id, mode),
+        )
 
     put("read", "export.stream", "global", None, "iceberg")
-    put("read", "export.stream", "workspace", w1, "off")        # workspace beats global ...
+    put("read", "export.stream", "workspace", w1, "off")  # workspace beats global ...
     put("read", "export.stream", "dataset", d1, "iceberg_only")  # ... dataset beats workspace
     put("read", "studio.digest", "global", None, "iceberg_only")  # above its ceiling (iceberg): clamped
     put("read", "dashboards.aggregate", "dataset", d2, "iceberg")  # ceiling off: clamped to the default
     put("write", "row.edit", "workspace", w1, "iceberg_native")  # PG-locked writer: clamped to pg
     put("write", "sync.full", "global", None, "iceberg_native")
-    put("write", "sync.full", "workspace", w2, "pg")             # a workspace pinned back
+    put("write", "sync.full", "workspace", w2, "pg")  # a workspace pinned back
     put("write", "sync.append", "dataset", d3, "iceberg_native")  # ... and one dataset of it flipped anyway
     put("write", "cdc.append", "workspace", w1, "iceberg_native")
     put("write", "cdc.append", "dataset", d2, "pg")
@@ -256,33 +274,48 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
             python[(d, f.kind, f.name)] = mode
 
     # The spec, case by case (what the runbooks say precedence and the ceiling mean).
-    assert [python[(d, "read", "export.stream")] for d in (d1, d2, d3, orphan)] == ["iceberg_only", "off", "iceberg",
-                                                                                   "iceberg"]
+    assert [python[(d, "read", "export.stream")] for d in (d1, d2, d3, orphan)] == [
+        "iceberg_only",
+        "off",
+        "iceberg",
+        "iceberg",
+    ]
     assert {python[(d, "read", "studio.digest")] for d in datasets} == {"iceberg"}
     assert resolver.resolve("read", "studio.digest", d1).reason == "clamped to ceiling"
     assert python[(d2, "read", "dashboards.aggregate")] == "off"
     assert {python[(d, "write", "row.edit")] for d in datasets} == {"pg"}
     assert [python[(d, "write", "sync.full")] for d in (d1, d2, d3, orphan)] == ["iceberg_native"] * 2 + [
-        "pg", "iceberg_native"]
+        "pg",
+        "iceberg_native",
+    ]
     assert python[(d3, "write", "sync.append")] == "iceberg_native"
     assert [python[(d, "write", "cdc.append")] for d in (d1, d2)] == ["iceberg_native", "pg"]
     assert resolver.resolve("read", "export.stream", None).mode == "iceberg"  # no dataset: global only
 
     # The SQL users: which datasets are native (mirror poller), which are flipped (canary schedule: tabular).
-    native = {d for d in datasets if any(python[(d, "write", w.name)] == "iceberg_native"
-                                         for w in reg.FLIPPABLE_WRITERS)}
+    native = {
+        d for d in datasets if any(python[(d, "write", w.name)] == "iceberg_native" for w in reg.FLIPPABLE_WRITERS)
+    }
     assert native == {d1, d2, orphan, d3}  # d3: its own sync.append; d2: cdc.append pinned, sync.full global
     assert native_dataset_ids(conn) == native
     assert native_dataset_ids(conn, [d3, manifest]) == {d3}
 
     def flipped():
-        return {d for d in datasets if d != manifest and any(
-            reg.rank(f.kind, resolver.resolve(f.kind, f.name, d).mode) > reg.rank(f.kind, f.default) for f in flags)}
+        return {
+            d
+            for d in datasets
+            if d != manifest
+            and any(
+                reg.rank(f.kind, resolver.resolve(f.kind, f.name, d).mode) > reg.rank(f.kind, f.default) for f in flags
+            )
+        }
 
     assert flipped_dataset_ids(conn) == flipped() == {d1, d2, d3, orphan}
     # Only clamped rows left: a hand-written mode above the ceiling never makes a dataset look flipped.
-    conn.execute("delete from lakehouse_flag_overrides where name <> all(%s)",
-                 (["studio.digest", "dashboards.aggregate", "row.edit"],))
+    conn.execute(
+        "delete from lakehouse_flag_overrides where name <> all(%s)",
+        (["studio.digest", "dashboards.aggregate", "row.edit"],),
+    )
     conn.execute("delete from lakehouse_flag_overrides where name = 'studio.digest'")
     assert flipped_dataset_ids(conn) == flipped() == set()
     put("read", "studio.digest", "dataset", d2, "iceberg_only")  # clamped to iceberg: above off, so flipped

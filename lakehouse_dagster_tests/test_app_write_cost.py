@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
 from lakehouse_dagster.schema.parity_sql import DIGEST_ARRAY_ROWS
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
 
@@ -38,8 +38,7 @@ def _insert_both(conn, a, b, base: int, n: int = 3) -> None:
     conn.execute(
         "insert into dataset_rows (dataset_id, row_index, data)"
         " select u.d, u.i, u.j from unnest(%s::uuid[], %s::bigint[], %s::jsonb[]) as u(d, i, j)",
-        ([a] * n + [b] * n, [base + k for k in range(n)] * 2,
-         [Jsonb(r) for r in rows]),
+        ([a] * n + [b] * n, [base + k for k in range(n)] * 2, [Jsonb(r) for r in rows]),
     )
 
 
@@ -55,8 +54,10 @@ def test_one_statement_over_a_registered_and_an_unregistered_dataset(conn, dsn):
     assert after_a[1:] == (va[1], 102) and after_b[1:] == (vb[1], 102)  # appends: no rewrite
     assert pg_maintained(dsn, a) == pg_reference(dsn, a)
 
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"both\"}' where dataset_id = any(%s) and row_index in (1, 101)",
-                 ([a, b],))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "both"}\' where dataset_id = any(%s) and row_index in (1, 101)',
+        ([a, b],),
+    )
     assert pg_maintained(dsn, a) == pg_reference(dsn, a)
     ra, rb = _state(conn, a), _state(conn, b)
     assert ra[0] == ra[1] == rb[0] == rb[1] > after_a[0]  # a rewrite of both
@@ -65,7 +66,9 @@ def test_one_statement_over_a_registered_and_an_unregistered_dataset(conn, dsn):
     assert _state(conn, a)[1] > ra[1] and _state(conn, b)[1] > rb[1]
 
     assert not _registered(conn, b)  # the unregistered dataset got no delta rows
-    assert conn.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (b,)).fetchone()[0] == 0
+    assert (
+        conn.execute("select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (b,)).fetchone()[0] == 0
+    )
 
 
 def test_one_dataset_fast_path_records_what_the_018_triggers_recorded(conn):
@@ -95,9 +98,11 @@ def test_statements_larger_than_the_array_path_keep_the_sums_exact(conn, dsn):
     n = DIGEST_ARRAY_ROWS + 200
     ds.insert_rows(conn, d, rows_for(n), start_index=65_000)  # crosses a segment boundary
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"big\"}' where dataset_id = %s", (d,))
+    conn.execute('update dataset_rows set data = data || \'{"s": "big"}\' where dataset_id = %s', (d,))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"small\"}' where dataset_id = %s and row_index < 65_010", (d,))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "small"}\' where dataset_id = %s and row_index < 65_010', (d,)
+    )
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index %% 3 = 0", (d,))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
@@ -112,7 +117,7 @@ def test_datasets_of_one_schema_share_one_row_hash_function_and_a_schema_change_
     fns = [r[0] for r in conn.execute("select hash_fn from lakehouse_pg_digest_state order by dataset_id")]
     assert len(fns) == 2 and fns[0] == fns[1]
     assert conn.execute("select to_regproc(%s) is not null", (fns[0],)).fetchone()[0]
-    conn.execute("update datasets set schema = schema || '[{\"name\": \"extra\", \"type\": \"int64\"}]' where id = %s", (b,))
+    conn.execute('update datasets set schema = schema || \'[{"name": "extra", "type": "int64"}]\' where id = %s', (b,))
     _register(conn, b)
     fb = conn.execute("select hash_fn from lakehouse_pg_digest_state where dataset_id = %s", (b,)).fetchone()[0]
     assert fb != fns[0] and conn.execute("select to_regproc(%s) is not null", (fb,)).fetchone()[0]
@@ -163,7 +168,9 @@ def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn
     with connect(dsn, autocommit=False) as c:
         for k in range(70):
             ds.insert_rows(c, d, rows_for(1, 100 + k), start_index=100 + k)
-        c.execute("update dataset_rows set data = data || '{\"s\": \"x\"}' where dataset_id = %s and row_index = 101", (d,))
+        c.execute(
+            'update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 101', (d,)
+        )
         c.execute("delete from dataset_rows where dataset_id = %s and row_index = 102", (d,))
         c.execute("select pg_stat_clear_snapshot()")
         subxids = c.execute(
@@ -185,7 +192,9 @@ def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
     assert _registered(conn, d) and pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute(APP_WRITE_COST)  # re-runnable: fills hash_fn for registrations that lack one
-    assert conn.execute("select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0]
+    assert conn.execute(
+        "select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)
+    ).fetchone()[0]
     ds.insert_rows(conn, d, rows_for(2, 8))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
@@ -240,7 +249,9 @@ def test_an_append_that_another_writer_turned_into_a_rewrite_takes_the_full_path
     with connect(dsn, autocommit=False) as holder, connect(dsn, autocommit=False) as waiter:
         holder.execute("update datasets set updated_at = now() where id = %s", (d,))
         waiter_pid = waiter.execute("select pg_backend_pid()").fetchone()[0]
-        t = threading.Thread(target=lambda: (ds.insert_rows(waiter, d, rows_for(1, 100), start_index=100), waiter.commit()))
+        t = threading.Thread(
+            target=lambda: (ds.insert_rows(waiter, d, rows_for(1, 100), start_index=100), waiter.commit())
+        )
         t.start()
         _wait_until_blocked(conn, waiter_pid)
         ds.insert_rows(holder, d, rows_for(1, 200), start_index=200)
@@ -249,5 +260,7 @@ def test_an_append_that_another_writer_turned_into_a_rewrite_takes_the_full_path
         t.join(10)
     version, rewrite, mx = _state(conn, d)
     assert version == rewrite > held > before[0] and mx == 200
-    assert conn.execute("select min_idx, max_idx, prev_version from lakehouse_row_changes where dataset_id = %s"
-                        " and version = %s", (d, version)).fetchall() == [(100, 100, before[1])]
+    assert conn.execute(
+        "select min_idx, max_idx, prev_version from lakehouse_row_changes where dataset_id = %s and version = %s",
+        (d, version),
+    ).fetchall() == [(100, 100, before[1])]

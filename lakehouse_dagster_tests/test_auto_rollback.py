@@ -13,6 +13,7 @@ import uuid
 import dagster as dg
 import pytest
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG
 from lakehouse_dagster.dagster.defs.parity.checks import AUTO_ROLLBACK_TAG, parity
 from lakehouse_dagster.flags.gates import set_flag
@@ -20,10 +21,9 @@ from lakehouse_dagster.flags.overrides import history, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.routing.read_router import resolve_read_source
+from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import cli, flag_tables
 from .test_canary import behind_the_mirrors_back, rows_for, sync
@@ -33,8 +33,9 @@ TAMPER = "update dataset_rows set data = jsonb_set(data, '{i}', '42') where data
 
 
 def _dataset(conn, settings, dsn, ws, name: str, n: int = 12) -> uuid.UUID:
-    d = ds.create_dataset(conn, ws, name, [{"name": "s", "type": "string"}, {"name": "i", "type": "int64"},
-                                           {"name": "j", "type": "json"}])
+    d = ds.create_dataset(
+        conn, ws, name, [{"name": "s", "type": "string"}, {"name": "i", "type": "int64"}, {"name": "j", "type": "json"}]
+    )
     ds.insert_rows(conn, d, [{k: r[k] for k in ("s", "i", "j")} for r in rows_for(n)])
     sync(settings, dsn, d)
     return d
@@ -47,20 +48,31 @@ def _diverge(conn, d) -> None:
 
 
 def _dataset_overrides(conn, d) -> dict[str, tuple[str, str]]:
-    return {name: (mode, note) for name, mode, note in conn.execute(
-        "select name, mode, note from lakehouse_flag_overrides where kind = 'read' and scope = 'dataset'"
-        " and scope_id = %s", (d,)).fetchall()}
+    return {
+        name: (mode, note)
+        for name, mode, note in conn.execute(
+            "select name, mode, note from lakehouse_flag_overrides where kind = 'read' and scope = 'dataset'"
+            " and scope_id = %s",
+            (d,),
+        ).fetchall()
+    }
 
 
 def _audit_notes(conn, d) -> list[tuple]:
-    return conn.execute("select name, before_mode, after_mode, note, actor from lakehouse_flag_audit"
-                        " where scope = 'dataset' and scope_id = %s and note like 'auto-rollback:%%' order by id",
-                        (d,)).fetchall()
+    return conn.execute(
+        "select name, before_mode, after_mode, note, actor from lakehouse_flag_audit"
+        " where scope = 'dataset' and scope_id = %s and note like 'auto-rollback:%%' order by id",
+        (d,),
+    ).fetchall()
 
 
 def _parity_ids(conn, d) -> list[int]:
-    return [r[0] for r in conn.execute("select id from lakehouse_read_parity where dataset_id = %s and"
-                                       " verdict = 'MISMATCH' order by id", (d,)).fetchall()]
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from lakehouse_read_parity where dataset_id = %s and verdict = 'MISMATCH' order by id", (d,)
+        ).fetchall()
+    ]
 
 
 @pytest.fixture
@@ -88,22 +100,26 @@ def test_cli_canary_turns_every_reader_serving_iceberg_off_once(conn, dsn, setti
     note = f"auto-rollback: MISMATCH (canary, parity {pid})"
     audit = _audit_notes(conn, d)
     assert [(n, b, a, t) for n, b, a, t, _ in audit] == [
-        ("export.stream", "iceberg", "off", note), ("graph.kuzu", None, "off", note),
-        ("studio.preview", None, "off", note)]
+        ("export.stream", "iceberg", "off", note),
+        ("graph.kuzu", None, "off", note),
+        ("studio.preview", None, "off", note),
+    ]
     assert {actor for *_, actor in audit} == {"pytest (auto-rollback)"}
     assert _dataset_overrides(conn, d) == {r: ("off", note) for r in ("export.stream", "graph.kuzu", "studio.preview")}
     ids = {n: i for n, i in conn.execute("select name, id from lakehouse_flag_audit where note = %s", (note,))}
     for reader, before in (("export.stream", "iceberg"), ("graph.kuzu", "iceberg_only"), ("studio.preview", "iceberg")):
-        assert (f"auto-rollback: reader {reader} {before} → off for orders ({d}) at dataset scope "
-                f"(audit #{ids[reader]})") in proc.stdout
+        assert (
+            f"auto-rollback: reader {reader} {before} → off for orders ({d}) at dataset scope (audit #{ids[reader]})"
+        ) in proc.stdout
     # the read router serves Postgres for it now; the neighbour still reads Iceberg through the workspace scope
     flags = FlagResolver(conn, ttl_seconds=0)
     for reader in ("export.stream", "graph.kuzu", "studio.preview"):
         assert resolve_read_source(conn, flags, reader, d).decision.reason == "pg@off"
     assert resolve_read_source(conn, flags, "graph.kuzu", other).decision.reason == "iceberg@eventual"
     # what was rolled back is part of the recorded verdict too
-    recorded = conn.execute("select detail -> 'auto_rollback' from lakehouse_read_parity where id = %s",
-                            (pid,)).fetchone()[0]
+    recorded = conn.execute(
+        "select detail -> 'auto_rollback' from lakehouse_read_parity where id = %s", (pid,)
+    ).fetchone()[0]
     assert sorted(a["flag"] for a in recorded["rolled_back"]) == ["export.stream", "graph.kuzu", "studio.preview"]
 
     # a second canary on the same MISMATCH: still exit 1, nothing more written
@@ -114,7 +130,10 @@ def test_cli_canary_turns_every_reader_serving_iceberg_off_once(conn, dsn, setti
     assert outcome["rolled_back"] == []
     assert outcome["note"] == f"auto-rollback: MISMATCH (canary, parity {_parity_ids(conn, d)[-1]})"
     assert sorted((a["flag"], a["status"]) for a in outcome["actions"]) == [
-        ("export.stream", "already"), ("graph.kuzu", "already"), ("studio.preview", "already")]
+        ("export.stream", "already"),
+        ("graph.kuzu", "already"),
+        ("studio.preview", "already"),
+    ]
     assert flag_tables(conn) == before
 
 
@@ -125,8 +144,10 @@ def test_auto_rollback_off_only_reports(conn, dsn, settings, flipped):
     proc = cli("canary", "--dataset", str(d), env={"LAKEHOUSE_AUTO_ROLLBACK": "false"})
     assert proc.returncode == 1
     assert flag_tables(conn) == before
-    assert (f"AUTO-ROLLBACK OFF (LAKEHOUSE_AUTO_ROLLBACK=false): reader export.stream still iceberg for orders ({d}); "
-            f"roll back by hand: lakehouse flags set export.stream off --dataset {d}") in proc.stdout
+    assert (
+        f"AUTO-ROLLBACK OFF (LAKEHOUSE_AUTO_ROLLBACK=false): reader export.stream still iceberg for orders ({d}); "
+        f"roll back by hand: lakehouse flags set export.stream off --dataset {d}"
+    ) in proc.stdout
     assert resolve_read_source(conn, FlagResolver(conn, ttl_seconds=0), "export.stream", d).decision.source == "iceberg"
     proc = cli("canary", "--dataset", str(d), env={"LAKEHOUSE_AUTO_ROLLBACK": "maybe"})
     assert proc.returncode == 2 and "LAKEHOUSE_AUTO_ROLLBACK='maybe' is not a boolean" in proc.stderr
@@ -138,7 +159,9 @@ def test_no_reader_on_iceberg_means_nothing_written(conn, dsn, settings, ws):
     set_override(conn, "read", "studio.digest", "shadow", dataset=d, actor="pytest")  # shadow serves Postgres
     _diverge(conn, d)
     before = flag_tables(conn)
-    report = auto_rollback.run_canary_and_roll_back(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)])
+    report = auto_rollback.run_canary_and_roll_back(
+        conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)]
+    )
     assert report.exit_code == cy.EXIT_MISMATCH
     assert report.results[0].detail["auto_rollback"]["actions"] == []
     assert flag_tables(conn) == before
@@ -157,8 +180,9 @@ def test_parity_check_rolls_back_in_a_real_run(conn, dsn, settings, flipped):
     assert {t for _, _, _, t, _ in _audit_notes(conn, d)} == {note}
     ids = dict(conn.execute("select name, id from lakehouse_flag_audit where note = %s", (note,)).fetchall())
     text = ev.metadata["auto_rollback"].value
-    assert (f"reader export.stream iceberg → off for orders ({d}) at dataset scope "
-            f"(audit #{ids['export.stream']})") in text
+    assert (
+        f"reader export.stream iceberg → off for orders ({d}) at dataset scope (audit #{ids['export.stream']})"
+    ) in text
     assert f"(audit #{ids['graph.kuzu']})" in ev.description
     assert {a["flag"] for a in ev.metadata["detail"].value["auto_rollback"]["rolled_back"]} == set(ids)
     assert tags[AUTO_ROLLBACK_TAG] == "export.stream,graph.kuzu,studio.preview"
@@ -217,7 +241,9 @@ def test_an_operator_change_holding_the_gate_lock_is_waited_for_not_doubled(conn
 
     def canary():
         with connect(dsn) as c:
-            done["report"] = auto_rollback.run_canary_and_roll_back(c, dsn, catalog, settings, dataset_ids=[str(d)], run_id="race")
+            done["report"] = auto_rollback.run_canary_and_roll_back(
+                c, dsn, catalog, settings, dataset_ids=[str(d)], run_id="race"
+            )
 
     with connect(dsn) as operator:
         with operator.transaction():
@@ -233,7 +259,9 @@ def test_an_operator_change_holding_the_gate_lock_is_waited_for_not_doubled(conn
     statuses = {a["flag"]: a["status"] for a in outcome["actions"]}
     assert statuses == {"export.stream": "already", "graph.kuzu": "rolled-back", "studio.preview": "rolled-back"}
     assert [(e.note, e.actor) for e in history(conn, "read", "export.stream", dataset=d)] == [
-        ("operator rollback", "oncall"), ("fase1 canary", "pytest")]
+        ("operator rollback", "oncall"),
+        ("fase1 canary", "pytest"),
+    ]
 
 
 def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, settings):
@@ -244,17 +272,22 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
     proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    (pid,) = conn.execute("select id from lakehouse_read_parity where dataset_id = %s and source = 'first-native-sync'"
-                          " and verdict = 'MISMATCH'", (d,)).fetchone()
+    (pid,) = conn.execute(
+        "select id from lakehouse_read_parity where dataset_id = %s and source = 'first-native-sync'"
+        " and verdict = 'MISMATCH'",
+        (d,),
+    ).fetchone()
     note = f"auto-rollback: MISMATCH (first-native-sync, parity {pid})"
-    audit = conn.execute("select id, kind, name, before_mode, after_mode from lakehouse_flag_audit where note = %s",
-                         (note,)).fetchall()
-    (audit_id, kind, name, before, after), = audit
+    audit = conn.execute(
+        "select id, kind, name, before_mode, after_mode from lakehouse_flag_audit where note = %s", (note,)
+    ).fetchall()
+    ((audit_id, kind, name, before, after),) = audit
     assert (kind, name, before, after) == ("write", "sync.full", "iceberg_native", "pg")
     assert FlagResolver(conn, ttl_seconds=0).resolve("write", "sync.full", d).mode == "pg"
     out = proc.stdout
-    assert (f"auto-rollback: writer sync.full iceberg_native → pg for fed ({d}) at dataset scope "
-            f"(audit #{audit_id})") in out
+    assert (
+        f"auto-rollback: writer sync.full iceberg_native → pg for fed ({d}) at dataset scope (audit #{audit_id})"
+    ) in out
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in out  # the rollback report
     assert f"lakehouse write-flags backfill --dataset {d}" in out
     assert f"lakehouse write-flags set sync.full pg --dataset {d}" not in out  # done already: not asked of the operator
@@ -262,8 +295,10 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     before = flag_tables(conn)
     v = cy.evaluate(dsn, load_catalog(settings, dsn), settings, d)
     assert v.verdict == "native"
-    assert all(FlagResolver(conn, ttl_seconds=0).resolve("read", r, d).mode == "iceberg"
-               for r in ("export.stream", "graph.kuzu"))
+    assert all(
+        FlagResolver(conn, ttl_seconds=0).resolve("read", r, d).mode == "iceberg"
+        for r in ("export.stream", "graph.kuzu")
+    )
     from lakehouse_dagster.runbooks.first_native_canary import evaluate_first_native
 
     again = evaluate_first_native(dsn, load_catalog(settings, dsn), settings, d, "sync.full")

@@ -10,8 +10,8 @@ import pytest
 from pyiceberg.types import StringType
 
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
-from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity.health import identity_ready
 from lakehouse_dagster.tracking import datasets as ds
@@ -61,8 +61,9 @@ def test_identity_after_an_append_reads_only_the_new_file(conn, dsn, settings):
     # the same verdict and counts as reading every row
     full = _identity(settings, dsn, conn, d, cached=False)
     assert full.passed and full.metadata["files_read"] == 2
-    assert {k: again.metadata[k] for k in ("rows", "row_index", "row_id", "created_at", "distinct_row_index")} == \
-        {k: full.metadata[k] for k in ("rows", "row_index", "row_id", "created_at", "distinct_row_index")}
+    assert {k: again.metadata[k] for k in ("rows", "row_index", "row_id", "created_at", "distinct_row_index")} == {
+        k: full.metadata[k] for k in ("rows", "row_index", "row_id", "created_at", "distinct_row_index")
+    }
 
 
 def test_identity_fails_on_a_duplicated_row_index_appended_behind_the_back(conn, dsn, settings):
@@ -81,8 +82,14 @@ def test_identity_fails_on_a_duplicate_inside_a_new_file_above_the_max(conn, dsn
     sync(settings, dsn, d)
     assert _identity(settings, dsn, conn, d).passed
     # two rows with the same new __row_index, above every verified one: only the new file's own facts show it
-    _append_behind_the_back(settings, dsn, d, lambda t: t.set_column(
-        t.schema.get_field_index("__row_index"), "__row_index", pa.array([500, 500], pa.int64())))
+    _append_behind_the_back(
+        settings,
+        dsn,
+        d,
+        lambda t: t.set_column(
+            t.schema.get_field_index("__row_index"), "__row_index", pa.array([500, 500], pa.int64())
+        ),
+    )
     h = _identity(settings, dsn, conn, d)
     assert not h.passed and "1 duplicated __row_index" in h.description
     assert (h.metadata["read"], h.metadata["files_read"], h.metadata["files_cached"]) == ("new files only", 1, 1)
@@ -92,9 +99,14 @@ def test_identity_fails_on_a_null_identity_value_appended_behind_the_back(conn, 
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
     assert _identity(settings, dsn, conn, d).passed
-    _append_behind_the_back(settings, dsn, d, lambda t: t.set_column(
-        t.schema.get_field_index("__row_index"), "__row_index", pa.array([900, 901], pa.int64())).set_column(
-        t.schema.get_field_index("__row_id"), "__row_id", pa.array([None, "x"], pa.string())))
+    _append_behind_the_back(
+        settings,
+        dsn,
+        d,
+        lambda t: t.set_column(
+            t.schema.get_field_index("__row_index"), "__row_index", pa.array([900, 901], pa.int64())
+        ).set_column(t.schema.get_field_index("__row_id"), "__row_id", pa.array([None, "x"], pa.string())),
+    )
     h = _identity(settings, dsn, conn, d)
     assert not h.passed and "1 row(s) with a null __row_id" in h.description
     assert h.metadata["files_read"] == 1
@@ -143,7 +155,10 @@ def _run_batch(instance, dsn, ids):
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d) for d in ids])
     result = mirror_batch_job.execute_in_process(
         run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(d) for d in ids]}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False)
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+        raise_on_error=False,
+    )
     return {(e.partition, e.check_name): e for e in result.get_asset_check_evaluations()}, result
 
 
@@ -266,8 +281,9 @@ class _Counted:
         return out
 
 
-def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(conn, dsn, settings, pg_instance,
-                                                                               monkeypatch):
+def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(
+    conn, dsn, settings, pg_instance, monkeypatch
+):
     """After an append to each dataset, a mirror batch opens its Postgres connections (the lock session, the pinned
     read, its Arrow reader, the checks', Dagster's event storage) per batch, not per dataset, and loads each table
     three times: the sync's load, the catalog's compare-and-swap base, and the checks' pin. A batch of 6 datasets
@@ -288,10 +304,12 @@ def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(c
             runs[label] = counted.reset()
             assert result.success
             assert len(evals) == 3 * len(ids) and all(e.passed for e in evals.values()), [
-                (k, e.description) for k, e in evals.items() if not e.passed]
+                (k, e.description) for k, e in evals.items() if not e.passed
+            ]
             mats = result.get_asset_materialization_events()
             assert sorted((m.asset_key.to_user_string(), m.partition) for m in mats) == sorted(
-                (key, str(d)) for d in ids for key in ("iceberg/dataset_table", "postgres/dataset_rows"))
+                (key, str(d)) for d in ids for key in ("iceberg/dataset_table", "postgres/dataset_rows")
+            )
     finally:
         counted.close()
     (small_conns, small_loads), (large_conns, large_loads) = runs["small"], runs["large"]

@@ -17,15 +17,15 @@ import pyarrow.compute as pc
 import pytest
 
 from lakehouse_dagster.cli.main import main as cli_main
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 from lakehouse_dagster.parity import localise as loc
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
 SCHEMA = [
     {"name": "s", "type": "string"},
@@ -41,15 +41,17 @@ SCHEMA = [
 def rows_for(n: int, start: int = 0) -> list[dict]:
     out = []
     for k in range(start, start + n):
-        out.append({
-            "s": None if k % 7 == 3 else f"row {k} ünï|code",
-            "i": None if k % 11 == 5 else k * 1000003 - 7,
-            "f": ["NaN", "Infinity", "-Infinity", 0.1, 1e-300, -0.0][k % 6] if k % 5 == 0 else k / 7,
-            "b": None if k % 13 == 0 else k % 2 == 0,
-            "ts": None if k % 17 == 0 else f"2024-01-0{1 + k % 9}T12:00:{k % 60:02d}.{k % 999999:06d}+05:30",
-            "d": None if k % 19 == 0 else f"19{50 + k % 50}-0{1 + k % 9}-1{k % 10}",
-            "j": None if k % 23 == 0 else {"k": k, "nested": {"z": [1, None, "x"], "a": k % 3 == 0}},
-        })
+        out.append(
+            {
+                "s": None if k % 7 == 3 else f"row {k} ünï|code",
+                "i": None if k % 11 == 5 else k * 1000003 - 7,
+                "f": ["NaN", "Infinity", "-Infinity", 0.1, 1e-300, -0.0][k % 6] if k % 5 == 0 else k / 7,
+                "b": None if k % 13 == 0 else k % 2 == 0,
+                "ts": None if k % 17 == 0 else f"2024-01-0{1 + k % 9}T12:00:{k % 60:02d}.{k % 999999:06d}+05:30",
+                "d": None if k % 19 == 0 else f"19{50 + k % 50}-0{1 + k % 9}-1{k % 10}",
+                "j": None if k % 23 == 0 else {"k": k, "nested": {"z": [1, None, "x"], "a": k % 3 == 0}},
+            }
+        )
     return out
 
 
@@ -122,7 +124,9 @@ def test_ok_when_caught_up_and_equal_recorded_with_both_digests(conn, dsn, setti
     assert out["summary"]["ok"] == 1 and out["exit_code"] == 0
     (row,) = parity_rows(conn, d)
     assert row[0] == "ok" and row[1] == "canary" and row[2] == row[3] == 40
-    assert row[4] == row[5] == int(res["pg_digest"]) and row[6] == r.snapshot_id and row[7] == row[8] == r.source_version
+    assert (
+        row[4] == row[5] == int(res["pg_digest"]) and row[6] == r.snapshot_id and row[7] == row[8] == r.source_version
+    )
     assert row[11] == "match"
 
 
@@ -167,7 +171,8 @@ def test_value_that_does_not_fit_its_type_written_behind_the_mirror_is_a_mismatc
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
     behind_the_mirrors_back(
-        conn, "update dataset_rows set data = jsonb_set(data, '{i}', '\"seven\"') where dataset_id = %s and row_index = 3",
+        conn,
+        "update dataset_rows set data = jsonb_set(data, '{i}', '\"seven\"') where dataset_id = %s and row_index = 3",
         (d,),
     )
     v = evaluate(settings, dsn, d)
@@ -205,8 +210,10 @@ def test_json_text_form_difference_is_a_mismatch_that_smoke_explains(conn, dsn, 
     sync(settings, dsn, d)
 
     def respell(t: pa.Table) -> pa.Table:  # same json values, Python's spelling (no space after ':', other order)
-        col = [None if v is None else json.dumps(json.loads(v), separators=(",", ":"), sort_keys=False)
-               for v in t.column("j").to_pylist()]
+        col = [
+            None if v is None else json.dumps(json.loads(v), separators=(",", ":"), sort_keys=False)
+            for v in t.column("j").to_pylist()
+        ]
         return t.set_column(t.schema.get_field_index("j"), "j", pa.array(col, pa.string()))
 
     rogue_overwrite(settings, dsn, d, respell)
@@ -221,8 +228,20 @@ def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings)
     sync(settings, dsn, d)
     dataset = ds.get_dataset(conn, d)
     batch = pa.RecordBatch.from_pylist(
-        [{"__row_index": 100, "__row_id": str(uuid.uuid4()), "__created_at": dt.datetime.now(dt.timezone.utc),
-          "s": "native row", "i": 1, "f": 1.0, "b": True, "ts": None, "d": None, "j": None}],
+        [
+            {
+                "__row_index": 100,
+                "__row_id": str(uuid.uuid4()),
+                "__created_at": dt.datetime.now(dt.UTC),
+                "s": "native row",
+                "i": 1,
+                "f": 1.0,
+                "b": True,
+                "ts": None,
+                "d": None,
+                "j": None,
+            }
+        ],
         schema=arrow_schema(dataset.columns),
     )
     sync_id = uuid.uuid4()
@@ -231,10 +250,20 @@ def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings)
         " values (%s, %s, 'sync.append', 'native', 'running', %s)",
         (d, sync_id, dataset.rows_version),
     )
-    w = write_digested(load_catalog(settings, dsn), settings, dataset, [batch], mode="append", sync_id=sync_id,
-                    source_version=dataset.rows_version, path="native")
-    conn.execute("update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, finished_at = now()"
-                 " where sync_id = %s", (w.snapshot_id, sync_id))
+    w = write_digested(
+        load_catalog(settings, dsn),
+        settings,
+        dataset,
+        [batch],
+        mode="append",
+        sync_id=sync_id,
+        source_version=dataset.rows_version,
+        path="native",
+    )
+    conn.execute(
+        "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, finished_at = now() where sync_id = %s",
+        (w.snapshot_id, sync_id),
+    )
     code, out = run_cli("--dataset", str(d))
     assert code == 0
     (res,) = out["results"]
@@ -275,15 +304,19 @@ def test_wedged_syncs_in_the_summary(conn, dsn, settings, monkeypatch):
     conn.execute("update iceberg_sync_log set started_at = now() - interval '3 hours' where dataset_id = %s", (d,))
     conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, status, started_at)"
-        " values (%s, %s, 'running', now() - interval '2 hours')", (d, uuid.uuid4()),
+        " values (%s, %s, 'running', now() - interval '2 hours')",
+        (d, uuid.uuid4()),
     )
     failed_long_ago = make_dataset(conn, 3, name="failed")
     conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, status, started_at, error)"
-        " values (%s, %s, 'failed', now() - interval '90 minutes', 'boom')", (failed_long_ago, uuid.uuid4()),
+        " values (%s, %s, 'failed', now() - interval '90 minutes', 'boom')",
+        (failed_long_ago, uuid.uuid4()),
     )
     fresh = make_dataset(conn, 3, name="fresh")
-    conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, status) values (%s, %s, 'running')", (fresh, uuid.uuid4()))
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, status) values (%s, %s, 'running')", (fresh, uuid.uuid4())
+    )
     monkeypatch.setenv("LAKEHOUSE_WEDGED_AFTER_SECONDS", "3600")
     code, out = run_cli("--dataset", str(d))
     assert code == 0
@@ -338,8 +371,10 @@ def test_concurrent_writes_and_syncs_never_give_a_false_mismatch(conn, dsn, sett
                 while not stop.is_set():
                     ds.insert_rows(other, d, rows_for(5, start=k))
                     k += 5
-                    other.execute("update dataset_rows set data = data || '{\"i\": 1}' where dataset_id = %s"
-                                  " and row_index = %s", (d, k % 100))
+                    other.execute(
+                        "update dataset_rows set data = data || '{\"i\": 1}' where dataset_id = %s and row_index = %s",
+                        (d, k % 100),
+                    )
                     sync(settings, dsn, d)
         except BaseException as exc:
             errors.append(exc)
@@ -362,7 +397,8 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
     sync(settings, dsn, d)
     changed = [0, 1234, 1235, 2999]
     behind_the_mirrors_back(
-        conn, "update dataset_rows set data = data || '{\"s\": \"changed\"}' where dataset_id = %s and row_index = any(%s)",
+        conn,
+        'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s and row_index = any(%s)',
         (d, changed),
     )
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
@@ -374,8 +410,9 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
         found = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8)
         assert found.row_indexes == changed and not found.truncated
         assert found.queries > 8  # several levels of range digests, not one scan
-        few = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8,
-                           limit=2)
+        few = loc.localise(
+            pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8, limit=2
+        )
         assert few.row_indexes == [0, 1234] and few.truncated
         cold = loc.localise(pg_side, ice, 0, 3000, factor=4, leaf_rows=8)  # computes the first level itself
         assert cold.row_indexes == changed and cold.queries == found.queries + 1
@@ -388,10 +425,13 @@ def test_demo_datasets_are_all_ok(conn, dsn, settings):
     tabular = [r[0] for r in conn.execute("select id from datasets where kind = 'tabular'").fetchall()]
     for d in tabular:
         sync(settings, dsn, d)
-    report = run_canary_and_roll_back(conn, dsn, load_catalog(settings, dsn), settings, limit=100, smoke=True,
-                           smoke_max_rows=25_000)
+    report = run_canary_and_roll_back(
+        conn, dsn, load_catalog(settings, dsn), settings, limit=100, smoke=True, smoke_max_rows=25_000
+    )
     assert report.exit_code == 0
-    assert {r.verdict for r in report.results} == {"ok"}, [(r.dataset, r.detail) for r in report.results if r.verdict != "ok"]
+    assert {r.verdict for r in report.results} == {"ok"}, [
+        (r.dataset, r.detail) for r in report.results if r.verdict != "ok"
+    ]
     assert {r.smoke for r in report.results} == {"match"}
     assert len(report.results) == len(tabular)
 
@@ -400,8 +440,13 @@ def test_console_script_exit_code_and_text(conn, dsn, settings):
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     behind_the_mirrors_back(conn, "update dataset_rows set data = '{}' where dataset_id = %s and row_index = 4", (d,))
-    proc = subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "canary", "--dataset", str(d)],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "canary", "--dataset", str(d)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "MISMATCH" in proc.stdout and "differing __row_index: 4" in proc.stdout
     assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
@@ -413,8 +458,8 @@ def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_s
     the table with its new rows in one partial commit. Every row stays exactly once: the canary's full digest
     agrees, and the rollback's reading of what an append added still finds that append's file."""
     from lakehouse_dagster.lake.writer import MERGE_MANIFESTS
-    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
     from lakehouse_dagster.mirror.native_run import _added_files
+    from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
 
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
@@ -427,7 +472,9 @@ def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_s
         if r.mode == "partial":
             assert "compacted" in r.reason and r.files == 1, r
     at = modes.index("partial")  # the first sync's file and the appends' files were all small
-    assert at == COMPACT_FILES - 1 and modes == ["incremental"] * at + ["partial"] + ["incremental"] * (len(modes) - at - 1)
+    assert at == COMPACT_FILES - 1 and modes == ["incremental"] * at + ["partial"] + ["incremental"] * (
+        len(modes) - at - 1
+    )
     table = table_of(settings, dsn, d)
     files = [t.file for t in table.scan().plan_files()]
     after = len(modes) - at - 1
@@ -499,8 +546,7 @@ def test_the_snapshot_rules(settings, monkeypatch):
     assert expirable_snapshots(md, 3, 0, now) == [1, 3, 4, 5, 6, 7]
 
 
-def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(conn, dsn,
-                                                                                                   settings):
+def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(conn, dsn, settings):
     """After compactions and expiry the small files they replaced and the expired snapshots' manifest lists stay
     on disk. The sweep finds exactly files no kept snapshot references: never a live one, never a recent one
     (grace), never one of a sync the reaper has yet to settle; removing them leaves every kept snapshot
@@ -532,7 +578,7 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     shutil.copy(next(iter(live)).removeprefix("file://"), stray.removeprefix("file://"))
 
     assert orph.find_orphans(table, grace_seconds=3600, protected_syncs=set()) == []  # all younger than the grace
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
     found = orph.find_orphans(table, grace_seconds=0, protected_syncs={str(unsettled)}, now=later)
     paths = {o.path for o in found}
     assert not paths & live and stray not in paths and not paths & orph.referenced(table)
@@ -541,14 +587,18 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     assert orph.find_orphans(table, grace_seconds=0, protected_syncs=set(), now=later)[-1].path == stray
 
     # the CLI: the unsettled sync is the log's ('running'), a plain run only lists, --delete removes
-    conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, started_at)"
-                 " values (%s, %s, 'sync.full', 'mirror', 'running', now())", (d, unsettled))
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, started_at)"
+        " values (%s, %s, 'sync.full', 'mirror', 'running', now())",
+        (d, unsettled),
+    )
     time.sleep(1.1)  # the CLI's clock: every file is older than a grace of 1 s
     listed = json.loads(cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--json", check=True).stdout)
     assert set(listed["datasets"][0]["paths"]) == paths and listed["datasets"][0]["removed"] == 0
     assert all(os.path.exists(p.removeprefix("file://")) for p in paths)  # listing removed nothing
-    deleted = json.loads(cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--delete", "--json",
-                             check=True).stdout)
+    deleted = json.loads(
+        cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--delete", "--json", check=True).stdout
+    )
     assert deleted["datasets"][0]["removed"] == len(found)
     assert not any(os.path.exists(p.removeprefix("file://")) for p in paths)
     assert os.path.exists(stray.removeprefix("file://"))  # the unsettled sync's file: the reaper's

@@ -7,9 +7,9 @@ import psycopg
 import pytest
 
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor
@@ -26,7 +26,9 @@ def instance():
 
 
 def _tick(instance, dsn, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
     return mirror_poller(ctx)
 
 
@@ -73,7 +75,9 @@ def test_materialize_partition_lands_in_iceberg(conn, dsn, settings, instance):
     assert sorted(table.scan().to_arrow()["n"].to_pylist()) == list(range(10))
     # the run's sync is in the sync log, linked to the run
     assert conn.execute("select status, run_id from iceberg_sync_log where dataset_id = %s", (d,)).fetchone() == (
-        "succeeded", result.run_id)
+        "succeeded",
+        result.run_id,
+    )
 
 
 def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance):
@@ -82,8 +86,11 @@ def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance)
     ds.insert_rows(conn, d, [{"n": 1}, {"n": "x"}])
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
     result = dg.materialize(
-        [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d),
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False,
+        [pg_dataset_rows, iceberg_dataset_table],
+        partition_key=str(d),
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+        raise_on_error=False,
     )
     assert not result.success
     failure = [e for e in result.all_events if e.is_step_failure][0]
@@ -183,8 +190,11 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     def fail() -> str:
         with pytest.raises(SyncFailed):
             sync_dataset(dsn, catalog, settings, bad, mode="full")
-        return str(conn.execute("select sync_id from iceberg_sync_log where dataset_id = %s order by id desc limit 1",
-                                (bad,)).fetchone()[0])
+        return str(
+            conn.execute(
+                "select sync_id from iceberg_sync_log where dataset_id = %s order by id desc limit 1", (bad,)
+            ).fetchone()[0]
+        )
 
     fail()
     cursor = _tick(instance, dsn).cursor  # the change itself: requested once by the regular path
@@ -202,8 +212,9 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     assert _asked(_tick(instance, dsn, cursor)) == [str(bad)]
 
 
-def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(conn, dsn, settings, instance,
-                                                                               monkeypatch):
+def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(
+    conn, dsn, settings, instance, monkeypatch
+):
     """No failed row exists (the run died before its sync logged anything): the sweep still asks again,
     never while a mirror run for the dataset is in flight, with a new run key per attempt, and stops once
     the dataset is caught up."""
@@ -220,12 +231,14 @@ def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(con
 
     # the requested run is in flight (created, then started) and then dies without a trace in the sync log
     job = defs().resolve_job_def("mirror_job")
-    run = instance.create_run_for_job(job_def=job, tags={"dagster/partition": str(d)},
-                                      status=dg.DagsterRunStatus.NOT_STARTED)
+    run = instance.create_run_for_job(
+        job_def=job, tags={"dagster/partition": str(d)}, status=dg.DagsterRunStatus.NOT_STARTED
+    )
     time.sleep(1.2)  # past the backoff, but a run is in flight
     assert _tick(instance, dsn, first.cursor).run_requests == []
     instance.report_dagster_event(
-        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=job.name), run.run_id)
+        dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=job.name), run.run_id
+    )
     time.sleep(1.2)
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
     assert _tick(instance, dsn, first.cursor).run_requests == []

@@ -16,10 +16,10 @@ import psycopg.sql
 import pytest
 
 from lakehouse_dagster.cli.main import main
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.demo.workspace import DEMO_WORKSPACE_ID, EVENTS_SCHEMA, demo_id, seed_demo
 from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.tracking.datasets import COLUMN_TYPES, pipeline_input_dataset_ids
-from lakehouse_dagster.core.db import connect
 
 BIG = 3_000  # the generator is the same SQL for 1M rows; a few thousand rows reach every branch of it
 
@@ -68,7 +68,8 @@ def test_demo_covers_every_type_null_unicode_and_pipeline_input(conn):
     # datasets.row_count tells the truth for every demo dataset
     for d_id, rc, n in conn.execute(
         "select d.id, d.row_count, (select count(*) from dataset_rows r where r.dataset_id = d.id)"
-        " from datasets d where d.workspace_id = %s", (DEMO_WORKSPACE_ID,)
+        " from datasets d where d.workspace_id = %s",
+        (DEMO_WORKSPACE_ID,),
     ):
         assert rc == n, d_id
 
@@ -98,33 +99,75 @@ def test_demo_covers_every_type_null_unicode_and_pipeline_input(conn):
     assert one("select count(*) from dataset_rows where dataset_id = %(ds)s and data->'amount' = 'null'::jsonb") > 0
     assert one("select count(*) from dataset_rows where dataset_id = %(ds)s and not data ? 'amount'") > 0
     # unicode beyond the BMP, CJK, RTL, combining marks, control characters and the empty string
-    names = {r[0] for r in conn.execute(
-        "select distinct data->>'user_name' from dataset_rows where dataset_id = %(ds)s", {"ds": ev})}
-    assert {"日本語テキスト", "שלום", "emoji 🙂🚀", "e\u0301 combining", "", 'quote " backslash \\ tab \t newline \n'} <= names
+    names = {
+        r[0]
+        for r in conn.execute(
+            "select distinct data->>'user_name' from dataset_rows where dataset_id = %(ds)s", {"ds": ev}
+        )
+    }
+    assert {
+        "日本語テキスト",
+        "שלום",
+        "emoji 🙂🚀",
+        "e\u0301 combining",
+        "",
+        'quote " backslash \\ tab \t newline \n',
+    } <= names
     # timestamps: ISO text with offsets (and Z), several zones, some before 1970; all parse in Postgres too
-    offsets = {r[0] for r in conn.execute(
-        "select distinct substring(data->>'occurred_at' from '(Z|[+-][0-9]{2}:[0-9]{2})$')"
-        "  from dataset_rows where dataset_id = %(ds)s and data->>'occurred_at' is not null", {"ds": ev})}
+    offsets = {
+        r[0]
+        for r in conn.execute(
+            "select distinct substring(data->>'occurred_at' from '(Z|[+-][0-9]{2}:[0-9]{2})$')"
+            "  from dataset_rows where dataset_id = %(ds)s and data->>'occurred_at' is not null",
+            {"ds": ev},
+        )
+    }
     assert {"Z", "+00:00", "+05:30", "-08:00", "+12:45", "-03:30"} <= offsets
-    assert one("select min((data->>'occurred_at')::timestamptz) < '1970-01-01' from dataset_rows"
-               " where dataset_id = %(ds)s") is True
+    assert (
+        one(
+            "select min((data->>'occurred_at')::timestamptz) < '1970-01-01' from dataset_rows where dataset_id = %(ds)s"
+        )
+        is True
+    )
     # floats: 0.1, 1e-300, subnormal, max, and the words; every value converts to float8 in Postgres
-    floats = [r[0] for r in conn.execute(
-        "select (data->>'amount')::float8 from dataset_rows where dataset_id = %(ds)s and jsonb_typeof(data->'amount')"
-        " in ('number', 'string')", {"ds": ev})]
+    floats = [
+        r[0]
+        for r in conn.execute(
+            "select (data->>'amount')::float8 from dataset_rows where dataset_id = %(ds)s and jsonb_typeof(data->'amount')"
+            " in ('number', 'string')",
+            {"ds": ev},
+        )
+    ]
     for expected in (0.1, 1e-300, 5e-324, 1.7976931348623157e308, -2.5, math.inf, -math.inf):
         assert expected in floats, expected
     assert any(math.isnan(f) for f in floats)
-    assert {9223372036854775807, -9223372036854775808} <= {r[0] for r in conn.execute(
-        "select (data->>'event_id')::bigint from dataset_rows where dataset_id = %(ds)s", {"ds": ev})}
+    assert {9223372036854775807, -9223372036854775808} <= {
+        r[0]
+        for r in conn.execute(
+            "select (data->>'event_id')::bigint from dataset_rows where dataset_id = %(ds)s", {"ds": ev}
+        )
+    }
     # nested json of every JSON kind
-    kinds = {r[0] for r in conn.execute(
-        "select distinct jsonb_typeof(data->'payload') from dataset_rows where dataset_id = %(ds)s", {"ds": ev})}
+    kinds = {
+        r[0]
+        for r in conn.execute(
+            "select distinct jsonb_typeof(data->'payload') from dataset_rows where dataset_id = %(ds)s", {"ds": ev}
+        )
+    }
     assert kinds == {"object", "array", "string", "number", "boolean", "null", None}
-    assert one("select count(*) from dataset_rows where dataset_id = %(ds)s"
-               " and data #> '{payload,meta,depth,n}' is not null") > 0
-    assert one("select count(*) from dataset_rows where dataset_id = %(ds)s and (data->>'event_date')::date"
-               " = '2024-02-29'") > 0
+    assert (
+        one(
+            "select count(*) from dataset_rows where dataset_id = %(ds)s"
+            " and data #> '{payload,meta,depth,n}' is not null"
+        )
+        > 0
+    )
+    assert (
+        one(
+            "select count(*) from dataset_rows where dataset_id = %(ds)s and (data->>'event_date')::date = '2024-02-29'"
+        )
+        > 0
+    )
 
     # pipeline inputs: the two `dataset` nodes; the output node and the malformed ids are not inputs
     assert pipeline_input_dataset_ids(conn) == {demo_id("customers"), demo_id("orders")}
@@ -227,7 +270,9 @@ def test_demo_seed_refuses_an_unmigrated_database(pg_admin_dsn, monkeypatch, cap
             assert c.execute("select count(*) from pg_tables where schemaname = 'public'").fetchone()[0] == 0
     finally:
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-            admin.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
+            admin.execute(
+                psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name))
+            )
 
 
 def test_pg_commands_never_show_a_password_and_refuse_when_external(monkeypatch, tmp_path, capsys):

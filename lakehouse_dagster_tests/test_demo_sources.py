@@ -3,13 +3,20 @@ in the project's own Postgres, each with its source set — and each ingests for
 
 from __future__ import annotations
 
-from lakehouse_dagster.demo.workspace import ACCOUNTS_ROWS, CLICKS_FILES, CLICKS_ROWS_PER_FILE, INVENTORY_ROWS, demo_id, seed_demo
+from lakehouse_dagster.demo.workspace import (
+    ACCOUNTS_ROWS,
+    CLICKS_FILES,
+    CLICKS_ROWS_PER_FILE,
+    INVENTORY_ROWS,
+    demo_id,
+    seed_demo,
+)
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
 from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.sources import get_source
+from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
 
 EXPECTED = {  # name → (source type, default writer, rows after the first ingest)
     "web_clicks": ("files", "sync.append", CLICKS_FILES * CLICKS_ROWS_PER_FILE),

@@ -12,11 +12,11 @@ import time
 import psycopg
 import pytest
 
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.tracking import capture
-from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference, spread_rows
 
@@ -29,9 +29,13 @@ def _logical_wal(conn):
 
 
 def digest_triggers_enabled(conn) -> set[str]:
-    return {r[0] for r in conn.execute(
-        "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname like '%%_digest'"
-        " and tgenabled <> 'D'")}
+    return {
+        r[0]
+        for r in conn.execute(
+            "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass and tgname like '%%_digest'"
+            " and tgenabled <> 'D'"
+        )
+    }
 
 
 def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(conn, dsn):
@@ -49,8 +53,11 @@ def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(
     assert conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0] == deltas_before
     with pytest.raises(mt.Unavailable, match="WAL consumer"):  # not applied yet: never a stale comparison
         pg_maintained(dsn, d)
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"changed\"}' where dataset_id = %s"
-                 " and row_index in (1, 65536, 300010)", (d,))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s'
+        " and row_index in (1, 65536, 300010)",
+        (d,),
+    )
     conn.execute("update dataset_rows set row_index = row_index + 7 where dataset_id = %s and row_index = 65535", (d,))
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index >= 300020", (d,))
     with conn.transaction():  # a rolled back write leaves nothing
@@ -69,7 +76,9 @@ def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(
     off = capture.disable(conn)
     assert off["mode"] == "triggers" and off["transactions"] >= 1
     assert digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
-    assert conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
+    assert (
+        conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
+    )
     ds.insert_rows(conn, d, rows_for(2, 800), start_index=600_000)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
@@ -99,7 +108,9 @@ def test_canary_in_wal_mode_compares_maintained_sums_and_agrees_with_a_full_redi
     assert first.verdict == cy.OK and first.detail["digest"] == "maintained", first.detail
     assert first.detail["maintained_prepare"]["postgres"] == "registered+filled"
     ds.insert_rows(conn, d, rows_for(10, 500))  # an append: applied by the canary's catch-up
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"u\"}' where dataset_id = %s and row_index = 70000", (d,))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "u"}\' where dataset_id = %s and row_index = 70000', (d,)
+    )
     sync(settings, dsn, d)
     after = evaluate(settings, dsn, d)
     assert after.verdict == cy.OK and after.detail["digest"] == "maintained", after.detail
@@ -110,7 +121,9 @@ def test_canary_in_wal_mode_compares_maintained_sums_and_agrees_with_a_full_redi
     # a change the mirror has not seen: the maintained comparison finds it, down to the row
     with conn.transaction():
         conn.execute("set local session_replication_role = replica")  # no version stamped: the sums cannot place it
-        conn.execute("update dataset_rows set data = data || '{\"s\": \"drift\"}' where dataset_id = %s and row_index = 5", (d,))
+        conn.execute(
+            'update dataset_rows set data = data || \'{"s": "drift"}\' where dataset_id = %s and row_index = 5', (d,)
+        )
     drift = evaluate(settings, dsn, d)
     assert drift.verdict == cy.MISMATCH and drift.mismatched_row_indexes == [5]
     # the consumer dropped the registration (a write without a version), the canary filled it again from the rows
@@ -179,7 +192,9 @@ def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothi
     slot = capture.state(conn).slot
     confirmed, applied = conn.execute(
         "select confirmed_flush_lsn, (select applied_lsn from lakehouse_digest_capture)"
-        " from pg_replication_slots where slot_name = %s", (slot,)).fetchone()
+        " from pg_replication_slots where slot_name = %s",
+        (slot,),
+    ).fetchone()
     assert applied > confirmed  # the deltas committed, the slot did not move
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     again = capture.catch_up(conn)  # peeks the same transactions again and skips them
@@ -272,8 +287,9 @@ def _consumer_tick(dsn):
     from lakehouse_dagster.dagster.defs.mirror.digest_capture import digest_capture_consumer
     from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
-    with dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral(),
-                                 resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}) as context:
+    with dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    ) as context:
         return digest_capture_consumer(context)
 
 
@@ -300,7 +316,7 @@ def test_replica_identity_reset_behind_its_back_drops_the_sums_instead_of_adding
     mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
     capture.enable(conn)
     conn.execute("alter table dataset_rows replica identity default")  # updates now carry no old values
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"x\"}' where dataset_id = %s and row_index = 3", (d,))
+    conn.execute('update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 3', (d,))
     assert capture.catch_up(conn)["dropped"] == 1
     with pytest.raises(mt.Unavailable, match="not registered"):
         pg_maintained(dsn, d)
@@ -313,8 +329,11 @@ def test_each_catch_up_lets_the_slot_release_the_wal_before_the_previous_one(con
     conn.execute("create table noise (i int, t text)")  # WAL of a table outside the publication
 
     def restart_lag() -> int:
-        return conn.execute("select pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint from pg_replication_slots"
-                            " where slot_name = %s", (slot,)).fetchone()[0]
+        return conn.execute(
+            "select pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint from pg_replication_slots"
+            " where slot_name = %s",
+            (slot,),
+        ).fetchone()[0]
 
     for _ in range(4):  # ~320 kB of WAL per round; without a running-transactions record per catch-up the
         conn.execute("insert into noise select g, repeat('x', 100) from generate_series(1, 2000) g")  # lag grows
@@ -340,7 +359,10 @@ def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(
         with pytest.raises(capture.CaptureError, match="stayed open.*nothing was changed"):
             capture.enable(conn, lock_timeout_ms=300)
         assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
-        assert conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
+        assert (
+            conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0]
+            == 0
+        )
         app.rollback()
     capture.enable(conn)
     with connect(dsn, autocommit=False) as app:

@@ -79,8 +79,9 @@ def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypa
 
         # runs round-trip through Postgres, and the queue's own limit logic blocks a second run of a partition
         def run(partition: str, status: DagsterRunStatus = DagsterRunStatus.NOT_STARTED) -> DagsterRun:
-            return DagsterRun(job_name="mirror_job", run_id=str(uuid.uuid4()), status=status,
-                              tags={"dagster/partition": partition})
+            return DagsterRun(
+                job_name="mirror_job", run_id=str(uuid.uuid4()), status=status, tags={"dagster/partition": partition}
+            )
 
         inst.add_run(run("ds-a", DagsterRunStatus.STARTED))
         in_progress = inst.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
@@ -150,14 +151,17 @@ def test_up_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
         busy.listen()
         port = busy.getsockname()[1]
         assert "cannot listen on 127.0.0.1" in _up_refusal(capsys, monkeypatch, home, "--port", str(port))
-    err = _up_refusal(capsys, monkeypatch, home, "--port", str(_free_port()),
-                      env={"DAGSTER_PG_URL": "host=x password=se cret"})
+    err = _up_refusal(
+        capsys, monkeypatch, home, "--port", str(_free_port()), env={"DAGSTER_PG_URL": "host=x password=se cret"}
+    )
     assert "DAGSTER_PG_URL is not a valid Postgres DSN" in err and "cret" not in err
     # an unreachable external Postgres: refused in one line, password never shown, nothing written
     proc = subprocess.run(
         [*LAKEHOUSE, "up", "--port", str(_free_port())],
         env={**_clean_env(home), "LAKEHOUSE_PG_DSN": "postgresql://app:s3cr3t@127.0.0.1:1/appdb"},
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -199,7 +203,11 @@ class Stack:
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(
                 [*LAKEHOUSE, "up", "--json", "--port", str(self.port), "--demo-rows", str(DEMO_ROWS)],
-                env=_clean_env(self.home), cwd=tmp, stdout=out, stderr=err, start_new_session=True,
+                env=_clean_env(self.home),
+                cwd=tmp,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
             )
 
     def log_tail(self, n: int = 40) -> str:
@@ -355,8 +363,9 @@ def test_up_serves_the_ui_with_the_code_location_and_a_healthy_daemon(stack):
     with psycopg.connect(stack.dsn("dagster")) as c:
         assert c.execute("select count(*) from daemon_heartbeats").fetchone()[0] >= len(kinds)
     with psycopg.connect(stack.dsn()) as c:
-        assert c.execute("select count(*) from datasets where workspace_id = %s",
-                         (uuid.UUID(ready["demo"]["workspace_id"]),)).fetchone()[0] == len(ready["demo"]["datasets"])
+        assert c.execute(
+            "select count(*) from datasets where workspace_id = %s", (uuid.UUID(ready["demo"]["workspace_id"]),)
+        ).fetchone()[0] == len(ready["demo"]["datasets"])
 
 
 LAUNCH_Q = """
@@ -395,12 +404,21 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
     # dagster/priority (still one run per partition at a time, which is what this test checks).
     launched = []
     for _ in range(2):
-        res = stack.gql(LAUNCH_Q, {"p": {
-            "selector": {**selector, "jobName": "mirror_job"},
-            "runConfigData": {},
-            "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition},
-                                           {"key": "dagster/priority", "value": "10"}]},
-        }})["launchRun"]
+        res = stack.gql(
+            LAUNCH_Q,
+            {
+                "p": {
+                    "selector": {**selector, "jobName": "mirror_job"},
+                    "runConfigData": {},
+                    "executionMetadata": {
+                        "tags": [
+                            {"key": "dagster/partition", "value": partition},
+                            {"key": "dagster/priority", "value": "10"},
+                        ]
+                    },
+                }
+            },
+        )["launchRun"]
         assert res["__typename"] == "LaunchRunSuccess", res
         launched.append(res["run"]["runId"])
 
@@ -413,12 +431,15 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
     for r in runs:
         if r["status"] != "SUCCESS" and r["status"] in TERMINAL:
             events = stack.gql(FAILURE_Q, {"id": r["runId"]})["logsForRun"].get("events", [])
-            reasons = [e.get("error", {}).get("message") or e.get("message") for e in events
-                       if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")]
+            reasons = [
+                e.get("error", {}).get("message") or e.get("message")
+                for e in events
+                if e["__typename"] in ("ExecutionStepFailureEvent", "RunFailureEvent")
+            ]
             pytest.fail(f"run {r['runId']} ended {r['status']}: {reasons}")
     # every run of this partition (ours and any the mirror poller launched) ran alone
     spans = sorted((r["startTime"], r["endTime"]) for r in runs if r["status"] == "SUCCESS")
-    for (s1, e1), (s2, e2) in zip(spans, spans[1:]):
+    for (_s1, e1), (s2, _e2) in zip(spans, spans[1:]):
         assert s2 >= e1, f"two runs of partition {partition} overlapped: {spans}"
 
     with psycopg.connect(stack.dsn()) as c:
@@ -427,7 +448,9 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
             (demo_id("events"),),
         ).fetchone()
         assert ok[0] >= 1, "no succeeded sync logged for the events dataset"
-        assert c.execute("select row_count from datasets where id = %s", (demo_id("events"),)).fetchone()[0] == DEMO_ROWS
+        assert (
+            c.execute("select row_count from datasets where id = %s", (demo_id("events"),)).fetchone()[0] == DEMO_ROWS
+        )
 
 
 def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
@@ -436,12 +459,22 @@ def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
     repo = loc["repositories"][0]
     selector = {"repositoryLocationName": loc["name"], "repositoryName": repo["name"]}
     events = str(demo_id("events"))  # mirrored by the test above
-    res = stack.gql(LAUNCH_Q, {"p": {
-        "selector": {**selector, "jobName": "read_flip"},
-        "runConfigData": {"ops": {"read_flip_preflight": {"config": {
-            "reader": "export_stream", "dataset_id": events, "note": "fase1 canary (e2e)"}}}},
-        "executionMetadata": {"tags": [{"key": "dagster/priority", "value": "10"}]},  # ahead of the demo's runs
-    }})["launchRun"]
+    res = stack.gql(
+        LAUNCH_Q,
+        {
+            "p": {
+                "selector": {**selector, "jobName": "read_flip"},
+                "runConfigData": {
+                    "ops": {
+                        "read_flip_preflight": {
+                            "config": {"reader": "export_stream", "dataset_id": events, "note": "fase1 canary (e2e)"}
+                        }
+                    }
+                },
+                "executionMetadata": {"tags": [{"key": "dagster/priority", "value": "10"}]},  # ahead of the demo's runs
+            }
+        },
+    )["launchRun"]
     assert res["__typename"] == "LaunchRunSuccess", res
     run_id = res["run"]["runId"]
 
@@ -452,16 +485,22 @@ def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
     run = _wait("the read_flip run to finish", done, 600, stack, interval=2)
     if run["status"] != "SUCCESS":
         events_ = stack.gql(FAILURE_Q, {"id": run_id})["logsForRun"].get("events", [])
-        pytest.fail(f"read_flip ended {run['status']}: "
-                    f"{[e.get('error', {}).get('message') or e.get('message') for e in events_ if 'Failure' in e['__typename']]}")
+        pytest.fail(
+            f"read_flip ended {run['status']}: "
+            f"{[e.get('error', {}).get('message') or e.get('message') for e in events_ if 'Failure' in e['__typename']]}"
+        )
     with psycopg.connect(stack.dsn()) as c:
         mode, note, actor = c.execute(
             "select mode, note, set_by from lakehouse_flag_overrides where kind = 'read' and name = 'export.stream'"
-            " and scope = 'dataset' and scope_id = %s", (demo_id("events"),)).fetchone()
+            " and scope = 'dataset' and scope_id = %s",
+            (demo_id("events"),),
+        ).fetchone()
         assert (mode, note) == ("iceberg", "fase1 canary (e2e)") and f"(dagster run {run_id[:8]})" in actor
         # the preflight's verdict: evaluated by this run, or the mirror run's parity check reused (same version)
-        verdict = c.execute("select verdict from lakehouse_read_parity where dataset_id = %s"
-                            " order by checked_at desc, id desc limit 1", (demo_id("events"),)).fetchone()
+        verdict = c.execute(
+            "select verdict from lakehouse_read_parity where dataset_id = %s order by checked_at desc, id desc limit 1",
+            (demo_id("events"),),
+        ).fetchone()
         assert verdict == ("ok",)
 
 

@@ -3,23 +3,28 @@ Postgres, real Iceberg tables, real processes killed or stopped at named failpoi
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import uuid
 
 import pytest
 
-from lakehouse_dagster.core.errors import CommitOutcomeUnknown, SyncFailed, is_transient
+from lakehouse_dagster.core.errors import BadInput, CommitOutcomeUnknown, SyncFailed, is_transient
 from lakehouse_dagster.core.failpoints import parse
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.errors import BadInput
 
-from .fault_helpers import (cli_sync, cli_sync_popen, data_files_on_disk, default_sigint, referenced_files,
-                            terminate_lock_session, wait_stopped)
+from .fault_helpers import (
+    cli_sync,
+    cli_sync_popen,
+    data_files_on_disk,
+    default_sigint,
+    referenced_files,
+    terminate_lock_session,
+    wait_stopped,
+)
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -44,8 +49,9 @@ def _version(conn, d):
 
 
 def _pg_values(conn, d):
-    return sorted(r[0] for r in conn.execute(
-        "select (data->>'n')::bigint from dataset_rows where dataset_id = %s", (d,)))
+    return sorted(
+        r[0] for r in conn.execute("select (data->>'n')::bigint from dataset_rows where dataset_id = %s", (d,))
+    )
 
 
 def _assert_table_is_whole(settings, dsn, conn, d):
@@ -59,10 +65,13 @@ def _assert_table_is_whole(settings, dsn, conn, d):
 def _log(conn, d):
     return conn.execute(
         "select sync_id, status, source_version, snapshot_id, error from iceberg_sync_log where dataset_id = %s"
-        " order by started_at", (d,)).fetchall()
+        " order by started_at",
+        (d,),
+    ).fetchall()
 
 
 # --- failpoints --------------------------------------------------------------------------------------
+
 
 def test_failpoint_spec_is_checked_when_armed():
     assert parse("before-commit, in-commit:raise*2") == {"before-commit": ("kill", None), "in-commit": ("raise", 2)}
@@ -80,6 +89,7 @@ def test_cli_refuses_an_unknown_failpoint_in_one_line(conn, dsn, settings):
 
 
 # --- commit outcome ----------------------------------------------------------------------------------
+
 
 def test_error_after_the_compare_and_swap_keeps_the_files_and_the_sync_succeeds(conn, dsn, settings, monkeypatch):
     """A connection lost after the swap: the old writer deleted the files the table now references."""
@@ -133,8 +143,9 @@ def test_a_landed_sync_whose_snapshot_was_expired_keeps_its_files_when_settled(c
     assert landed.mode == "incremental"
     t = fence(_table(settings, dsn, d), "test: the landed snapshot is no longer the head")
     t.maintenance.expire_snapshots().by_id(landed.snapshot_id).commit()
-    conn.execute("update iceberg_sync_log set status = 'running', snapshot_id = null where sync_id = %s",
-                 (landed.sync_id,))  # as if killed right after its commit, and its snapshot expired since
+    conn.execute(
+        "update iceberg_sync_log set status = 'running', snapshot_id = null where sync_id = %s", (landed.sync_id,)
+    )  # as if killed right after its commit, and its snapshot expired since
 
     _sync(settings, dsn, d)  # the next sync settles it
     t = _assert_table_is_whole(settings, dsn, conn, d)
@@ -182,6 +193,7 @@ def test_a_retry_that_finds_its_own_snapshot_records_the_version_that_snapshot_c
 
 # --- transient or not --------------------------------------------------------------------------------
 
+
 def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypatch):
     d = _make(conn, 50)
     monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "before-commit:oserror")
@@ -202,8 +214,8 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
         _sync(settings, dsn, d)
     assert not changed.value.transient
     # a lock timeout (another sync holds the dataset lock past the wait) is transient too
-    from lakehouse_dagster.core.guards import dataset_lock
     from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.guards import dataset_lock
 
     with connect(dsn) as other, dataset_lock(other, d):
         with pytest.raises(SyncFailed, match="held the lock") as timeout:
@@ -213,6 +225,7 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
 
 
 # --- interruptions -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("sig", ["sigint", "sigterm"])
 def test_interrupted_after_the_commit_is_recorded_as_succeeded(conn, dsn, settings, sig):
@@ -243,6 +256,7 @@ def test_interrupted_before_the_commit_is_not_a_data_error(conn, dsn, settings):
 
 # --- guard locks -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("point", ["before-commit", "commit-start"])
 def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, dsn, settings, point):
     """A's lock session dies while A is frozen just before (or inside, before the swap of) its commit;
@@ -255,8 +269,9 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
     try:
         wait_stopped(a)
         terminate_lock_session(conn, d)
-        conn.execute("update dataset_rows set data = data || '{\"n\": -8}' where dataset_id = %s and row_index = 6",
-                     (d,))
+        conn.execute(
+            "update dataset_rows set data = data || '{\"n\": -8}' where dataset_id = %s and row_index = 6", (d,)
+        )
         b = _sync(settings, dsn, d)
         assert b.mode == "full"
         os.kill(a.pid, signal.SIGCONT)
@@ -275,6 +290,7 @@ def test_a_sync_whose_lock_session_died_never_commits_over_the_next_sync(conn, d
 
 # --- Dagster: transient failures are retried, bad data is not ------------------------------------------
 
+
 def _materialize(dsn, d, instance):
     import dagster as dg
 
@@ -282,8 +298,11 @@ def _materialize(dsn, d, instance):
     from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     return dg.materialize(
-        [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d),
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False,
+        [pg_dataset_rows, iceberg_dataset_table],
+        partition_key=str(d),
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+        raise_on_error=False,
     )
 
 
@@ -364,9 +383,14 @@ def _native(d, start, count, failpoint=None):
 
     from .fault_helpers import cli_env
 
-    return subprocess.run([sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
-                          capture_output=True, text=True, timeout=120, env=cli_env(failpoint),
-                          preexec_fn=default_sigint)
+    return subprocess.run(
+        [sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(failpoint),
+        preexec_fn=default_sigint,
+    )
 
 
 def _native_values(settings, dsn, d):
@@ -399,15 +423,23 @@ def test_native_write_killed_before_its_commit_leaves_no_orphans_after_the_next_
 @pytest.mark.parametrize("sig", ["sigint", "sigterm"])
 def test_native_write_interrupted_after_its_commit_is_recorded_as_succeeded(conn, dsn, settings, sig):
     d = _native_dataset(conn)
-    script = NATIVE_SCRIPT.replace("s = Settings", "import signal\nsignal.signal(signal.SIGTERM, "
-                                   "lambda *a: (_ for _ in ()).throw(SystemExit(143)))\ns = Settings")
+    script = NATIVE_SCRIPT.replace(
+        "s = Settings",
+        "import signal\nsignal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(SystemExit(143)))\ns = Settings",
+    )
     import subprocess
     import sys
 
     from .fault_helpers import cli_env
 
-    proc = subprocess.run([sys.executable, "-c", script, str(d), "0", "10"], capture_output=True, text=True,
-                          timeout=120, env=cli_env(f"after-commit-before-log:{sig}"), preexec_fn=default_sigint)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(d), "0", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(f"after-commit-before-log:{sig}"),
+        preexec_fn=default_sigint,
+    )
     assert proc.returncode in (-signal.SIGINT, 143), proc.stderr  # uncaught KeyboardInterrupt / SystemExit
     [(_, status, _, snapshot_id, _)] = _log(conn, d)
     assert (status, snapshot_id) == ("succeeded", _table(settings, dsn, d).current_snapshot().snapshot_id)
@@ -449,4 +481,8 @@ def test_a_compacting_native_write_killed_in_or_before_its_commit_converges(conn
     from lakehouse_dagster.mirror.native_run import iceberg_only
 
     found = iceberg_only(conn, load_catalog(settings, dsn), settings, d)  # the reaper's fence kept the run's totals
-    assert (found.rows, found.snapshots, len(found.added_files)) == (len(values), len(values), len(t.scan().plan_files()))
+    assert (found.rows, found.snapshots, len(found.added_files)) == (
+        len(values),
+        len(values),
+        len(t.scan().plan_files()),
+    )

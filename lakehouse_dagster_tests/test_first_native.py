@@ -25,8 +25,9 @@ def test_a_full_rewrite_of_the_same_rows_in_another_order_is_ok_on_content(conn,
 def test_a_changed_or_duplicated_row_is_a_mismatch(conn, dsn, settings):
     d = ready_native(conn, dsn, settings, "sync.full", rows=5)
     catalog = load_catalog(settings, dsn)
-    native_write(conn, dsn, settings, d, "sync.full", [row(0), row(1), {**row(2), "s": "changed"}, row(3), row(4)],
-                 start=0)
+    native_write(
+        conn, dsn, settings, d, "sync.full", [row(0), row(1), {**row(2), "s": "changed"}, row(3), row(4)], start=0
+    )
     v = evaluate_first_native(dsn, catalog, settings, d, "sync.full")
     assert v.verdict == "MISMATCH" and v.pg_count == v.iceberg_count == 5
     assert "differs from what Postgres held (content)" in v.detail["reason"]

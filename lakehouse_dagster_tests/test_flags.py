@@ -12,13 +12,13 @@ import uuid
 import psycopg
 import pytest
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.flags import registry as reg
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import clear_override, history, list_overrides, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import cli, cli_json, flag_tables
 
@@ -42,8 +42,12 @@ def world(conn):
 
 
 def test_registry_names_every_runbook_reader_and_writer():
-    eventual = {"export.stream": "iceberg_only", "graph.kuzu": "iceberg_only",
-                "studio.digest": "iceberg", "studio.training_pairs": "iceberg"}
+    eventual = {
+        "export.stream": "iceberg_only",
+        "graph.kuzu": "iceberg_only",
+        "studio.digest": "iceberg",
+        "studio.training_pairs": "iceberg",
+    }
     for name, ceiling in eventual.items():
         f = reg.READERS[name]
         assert (f.consistency, f.ceiling, f.default) == (reg.EVENTUAL, ceiling, "off")
@@ -77,16 +81,25 @@ def test_precedence_dataset_over_workspace_over_global_over_default(conn, world)
 
     set_override(conn, "read", "export.stream", "iceberg", workspace=ws1, actor="t")
     assert _modes(r, "export.stream", d1, d2, d3) == [
-        ("iceberg", "workspace override"), ("iceberg", "workspace override"), ("shadow", "global override")]
+        ("iceberg", "workspace override"),
+        ("iceberg", "workspace override"),
+        ("shadow", "global override"),
+    ]
 
     set_override(conn, "read", "export.stream", "off", dataset=d1, actor="t")  # rollback one dataset
     set_override(conn, "read", "export.stream", "iceberg_only", dataset=d3, actor="t")
     assert _modes(r, "export.stream", d1, d2, d3) == [
-        ("off", "dataset override"), ("iceberg", "workspace override"), ("iceberg_only", "dataset override")]
+        ("off", "dataset override"),
+        ("iceberg", "workspace override"),
+        ("iceberg_only", "dataset override"),
+    ]
     # A wider flip still respects the narrower overrides.
     set_override(conn, "read", "export.stream", "iceberg_only", actor="t")
     assert _modes(r, "export.stream", d1, d2, d3) == [
-        ("off", "dataset override"), ("iceberg", "workspace override"), ("iceberg_only", "dataset override")]
+        ("off", "dataset override"),
+        ("iceberg", "workspace override"),
+        ("iceberg_only", "dataset override"),
+    ]
     # Other readers and the writers are untouched.
     assert r.read_mode("graph.kuzu", d1).reason == "registry default"
     assert r.write_mode("sync.full", d1).mode == "pg"
@@ -97,7 +110,10 @@ def test_precedence_dataset_over_workspace_over_global_over_default(conn, world)
     assert _modes(r, "export.stream", d1, d2) == [("iceberg_only", "global override")] * 2
     clear_override(conn, "read", "export.stream", actor="t")
     assert _modes(r, "export.stream", d1, d2, d3) == [
-        ("off", "registry default"), ("off", "registry default"), ("iceberg_only", "dataset override")]
+        ("off", "registry default"),
+        ("off", "registry default"),
+        ("iceberg_only", "dataset override"),
+    ]
 
 
 def test_workspace_is_looked_up_from_datasets(conn, world):
@@ -125,8 +141,15 @@ def test_hand_written_row_above_ceiling_is_clamped(conn, world):
     r = FlagResolver(conn, 60)
     digest = r.read_mode("studio.digest", d1)
     assert (digest.mode, digest.reason, digest.source, digest.stored_mode) == (
-        "iceberg", "clamped to ceiling", "dataset override", "iceberg_only")
-    assert (r.read_mode("objects.sync", d1).mode, r.read_mode("objects.sync", d1).reason) == ("off", "clamped to ceiling")
+        "iceberg",
+        "clamped to ceiling",
+        "dataset override",
+        "iceberg_only",
+    )
+    assert (r.read_mode("objects.sync", d1).mode, r.read_mode("objects.sync", d1).reason) == (
+        "off",
+        "clamped to ceiling",
+    )
     edit = r.write_mode("row.edit", d1)
     assert (edit.mode, edit.reason) == ("pg", "clamped to ceiling")
     # A locked writer never makes a dataset native, however its row reads.
@@ -157,10 +180,16 @@ REFUSALS = [
     (["flags", "set", "objects.sync", "shadow"], "above the ceiling of objects.sync (maxMode=off)"),
     (["write-flags", "set", "row.edit", "iceberg_native"], "above the ceiling of row.edit (maxMode=pg)"),
     (["write-flags", "set", "ingest.stream", "iceberg_native"], "above the ceiling of ingest.stream"),
-    (["flags", "set", "export.stream", "iceberg", "--dataset", "not-a-uuid"], "dataset id 'not-a-uuid' is not a valid UUID"),
+    (
+        ["flags", "set", "export.stream", "iceberg", "--dataset", "not-a-uuid"],
+        "dataset id 'not-a-uuid' is not a valid UUID",
+    ),
     (["flags", "set", "export.stream", "iceberg", "--workspace", "12345"], "workspace id '12345' is not a valid UUID"),
     (["flags", "set", "export.stream", "iceberg", "--dataset", _NO_SUCH], f"dataset {_NO_SUCH} does not exist"),
-    (["write-flags", "set", "sync.full", "iceberg_native", "--workspace", _NO_SUCH], f"workspace {_NO_SUCH} does not exist"),
+    (
+        ["write-flags", "set", "sync.full", "iceberg_native", "--workspace", _NO_SUCH],
+        f"workspace {_NO_SUCH} does not exist",
+    ),
     (["flags", "set", "export.stream", "iceberg", "--dataset", "{d1}", "--workspace", "{ws1}"], "not both"),
     (["flags", "clear", "export.streem"], "unknown reader 'export.streem'"),
     (["flags", "clear", "export.stream", "--dataset", "{d1}", "--workspace", "{ws1}"], "not both"),
@@ -210,20 +239,29 @@ def test_every_set_and_clear_is_audited(conn, settings, world):
     out = cli("flags", "clear", "export.stream", "--dataset", d1, "--note", "rollback", check=True).stdout
     assert "cleared iceberg_only" in out
     entries = cli_json("flags", "history")
-    assert [(e["action"], e["scope"], e["scope_id"], e["before"], e["after"], e["note"], e["actor"]) for e in entries] == [
+    assert [
+        (e["action"], e["scope"], e["scope_id"], e["before"], e["after"], e["note"], e["actor"]) for e in entries
+    ] == [
         ("clear", "dataset", d1, "iceberg_only", None, "rollback", "pytest"),
         ("set", "global", None, None, "iceberg", "fase1 global", "pytest"),
         ("set", "dataset", d1, "iceberg", "iceberg_only", "no-fallback", "pytest"),
         ("set", "dataset", d1, None, "iceberg", "fase1 canary", "pytest"),
     ]
-    assert [e["action"] for e in cli_json("flags", "history", "export.stream", "--dataset", d1)] == ["clear", "set", "set"]
+    assert [e["action"] for e in cli_json("flags", "history", "export.stream", "--dataset", d1)] == [
+        "clear",
+        "set",
+        "set",
+    ]
     assert cli_json("write-flags", "history") == []
     # The override keeps who set it, when and why.
     (o,) = list_overrides(conn, "read")
     assert (o.scope, o.mode, o.note, o.set_by) == ("global", "iceberg", "fase1 global", "pytest")
     # Append-only, even for the table's owner.
-    for stmt in ("update lakehouse_flag_audit set actor = 'x'", "delete from lakehouse_flag_audit",
-                 "truncate lakehouse_flag_audit"):
+    for stmt in (
+        "update lakehouse_flag_audit set actor = 'x'",
+        "delete from lakehouse_flag_audit",
+        "truncate lakehouse_flag_audit",
+    ):
         with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
             conn.execute(stmt)
     assert len(history(conn)) == 4
@@ -251,7 +289,8 @@ def test_list_shows_registry_overrides_and_effective_modes(conn, settings, world
     assert set(reg_rows) == set(reg.WRITERS)
     assert reg_rows["row.edit"]["ceiling"] == "pg" and "Karma" in reg_rows["row.edit"]["ceiling_reason"]
     assert [(o["name"], o["scope"], o["mode"], o["note"], o["set_by"]) for o in data["overrides"]] == [
-        ("sync.full", "workspace", "iceberg_native", "fase4 ws", "pytest")]
+        ("sync.full", "workspace", "iceberg_native", "fase4 ws", "pytest")
+    ]
     eff = {e["name"]: (e["mode"], e["reason"]) for e in data["effective"]}
     assert eff["sync.full"] == ("iceberg_native", "workspace override")
     assert eff["sync.append"] == ("pg", "registry default")
@@ -328,7 +367,9 @@ def test_flip_reaches_another_process_within_ttl_never_before(conn, dsn, setting
     d1 = world["d1"]
     watcher = subprocess.Popen(
         [sys.executable, "-c", _WATCHER, dsn, str(d1), str(ttl), str(ttl + 2.0)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         start = json.loads(watcher.stdout.readline())

@@ -39,7 +39,10 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
     assert state[("read", "graph.kuzu")] == ("off", "registry default")
     (mat,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     meta = mat.event_specific_data.metadata
-    assert "| read | export.stream | EVENTUAL | **iceberg** | workspace override | iceberg_only |" in meta["effective_modes"].value
+    assert (
+        "| read | export.stream | EVENTUAL | **iceberg** | workspace override | iceberg_only |"
+        in meta["effective_modes"].value
+    )
     assert meta["native_writers"].value == ["sync.full"]
     assert "fase4 canary" in meta["overrides"].value
 
@@ -48,34 +51,68 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
 
 
 def test_set_and_clear_jobs_write_override_and_audit(conn, dsn, settings, world):
-    result = _run(set_flag_job, dsn, {"kind": "read", "name": "export.stream", "mode": "iceberg",
-                                      "workspace_id": str(world["ws"]), "note": "fase1 ws rollout"})
+    result = _run(
+        set_flag_job,
+        dsn,
+        {
+            "kind": "read",
+            "name": "export.stream",
+            "mode": "iceberg",
+            "workspace_id": str(world["ws"]),
+            "note": "fase1 ws rollout",
+        },
+    )
     assert result.output_for_node("set_flag_op")["after"] == "iceberg"
     (o,) = list_overrides(conn)
     assert (o.kind, o.name, o.scope, o.scope_id, o.mode, o.note) == (
-        "read", "export.stream", "workspace", world["ws"], "iceberg", "fase1 ws rollout")
+        "read",
+        "export.stream",
+        "workspace",
+        world["ws"],
+        "iceberg",
+        "fase1 ws rollout",
+    )
     assert o.set_by.startswith("pytest (dagster run ")
     _run(clear_flag_job, dsn, {"kind": "read", "name": "export.stream", "workspace_id": str(world["ws"])})
     assert list_overrides(conn) == []
     assert [(e.action, e.before_mode, e.after_mode) for e in history(conn)] == [
-        ("clear", "iceberg", None), ("set", None, "iceberg")]
+        ("clear", "iceberg", None),
+        ("set", None, "iceberg"),
+    ]
 
 
 REFUSED = [
-    ({"kind": "read", "name": "studio.digest", "mode": "iceberg_only"},
-     ["flags", "set", "studio.digest", "iceberg_only"]),
-    ({"kind": "write", "name": "row.edit", "mode": "iceberg_native"},
-     ["write-flags", "set", "row.edit", "iceberg_native"]),
-    ({"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "nope"},
-     ["flags", "set", "export.stream", "iceberg", "--dataset", "nope"]),
-    ({"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "{d}", "workspace_id": "{ws}"},
-     ["flags", "set", "export.stream", "iceberg", "--dataset", "{d}", "--workspace", "{ws}"]),
+    (
+        {"kind": "read", "name": "studio.digest", "mode": "iceberg_only"},
+        ["flags", "set", "studio.digest", "iceberg_only"],
+    ),
+    (
+        {"kind": "write", "name": "row.edit", "mode": "iceberg_native"},
+        ["write-flags", "set", "row.edit", "iceberg_native"],
+    ),
+    (
+        {"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "nope"},
+        ["flags", "set", "export.stream", "iceberg", "--dataset", "nope"],
+    ),
+    (
+        {"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "{d}", "workspace_id": "{ws}"},
+        ["flags", "set", "export.stream", "iceberg", "--dataset", "{d}", "--workspace", "{ws}"],
+    ),
     ({"kind": "read", "name": "sync.full", "mode": "iceberg"}, ["flags", "set", "sync.full", "iceberg"]),
-    ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "dataset_id": "123e4567-e89b-12d3-a456-426614174000"},
-     ["write-flags", "set", "sync.full", "iceberg_native", "--dataset", "123e4567-e89b-12d3-a456-426614174000"]),
+    (
+        {
+            "kind": "write",
+            "name": "sync.full",
+            "mode": "iceberg_native",
+            "dataset_id": "123e4567-e89b-12d3-a456-426614174000",
+        },
+        ["write-flags", "set", "sync.full", "iceberg_native", "--dataset", "123e4567-e89b-12d3-a456-426614174000"],
+    ),
     # the flip gates (flags/gates.py): a dataset never mirrored, read from Postgres, unchecked
-    ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "workspace_id": "{ws}"},
-     ["write-flags", "set", "sync.full", "iceberg_native", "--workspace", "{ws}"]),
+    (
+        {"kind": "write", "name": "sync.full", "mode": "iceberg_native", "workspace_id": "{ws}"},
+        ["write-flags", "set", "sync.full", "iceberg_native", "--workspace", "{ws}"],
+    ),
 ]
 
 
@@ -101,7 +138,15 @@ def test_code_location_loads_the_flag_jobs(conn, dsn, settings, world):
 
     loaded = defs()
     dg.Definitions.validate_loadable(loaded)  # what the webserver does: names unique across the repository
-    for name in ("flag_state", "set_flag", "clear_flag", "write_flip_candidates", "read_flip", "ingest_bench", "write_flip"):
+    for name in (
+        "flag_state",
+        "set_flag",
+        "clear_flag",
+        "write_flip_candidates",
+        "read_flip",
+        "ingest_bench",
+        "write_flip",
+    ):
         assert loaded.resolve_job_def(name).name == name
     result = loaded.resolve_job_def("set_flag").execute_in_process(
         run_config={"ops": {"set_flag_op": {"config": {"name": "graph.kuzu", "mode": "iceberg", "note": "ui"}}}},

@@ -13,17 +13,17 @@ import time
 import dagster as dg
 import pytest
 
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, mirror_batch_job
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, mirror_runs_in_flight, split_batches
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.batch import mirror_many
-from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
 from .flag_helpers import refusal
 
@@ -47,8 +47,9 @@ def _datasets(conn, n, rows=5):
 
 
 def _tick(instance, dsn, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                  resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
     res = mirror_poller(ctx)
     for req in res.dynamic_partitions_requests:  # what the daemon does with the tick's partition requests
         instance.add_dynamic_partitions(datasets_partitions.name, list(req.partition_keys))
@@ -59,8 +60,11 @@ def _launch(instance, dsn, req):
     """Execute a run request of the poller as the daemon would: its job, config and tags (in this process)."""
     assert req.job_name == mirror_batch_job.name
     return mirror_batch_job.execute_in_process(
-        run_config=req.run_config, tags=req.tags, instance=instance,
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, raise_on_error=False,
+        run_config=req.run_config,
+        tags=req.tags,
+        instance=instance,
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        raise_on_error=False,
     )
 
 
@@ -69,8 +73,11 @@ def _batch_datasets(req) -> list[str]:
 
 
 def _materialized(result, key) -> dict[str, dict]:
-    mats = [e.event_specific_data.materialization for e in result.all_events
-            if e.event_type_value == "ASSET_MATERIALIZATION"]
+    mats = [
+        e.event_specific_data.materialization
+        for e in result.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
     return {m.partition: m.metadata for m in mats if m.asset_key == key}
 
 
@@ -96,8 +103,9 @@ def test_one_run_mirrors_several_datasets_each_partition_materialized_and_checke
         assert str(table.current_snapshot().snapshot_id) == meta["snapshot_id"].value
         assert sorted(table.scan().to_arrow()["n"].to_pylist()) == list(range(7))
     # one run did it all, and the sync log says so
-    assert conn.execute("select count(*), count(distinct run_id), min(run_id) from iceberg_sync_log"
-                        " where status = 'succeeded'").fetchone() == (3, 1, result.run_id)
+    assert conn.execute(
+        "select count(*), count(distinct run_id), min(run_id) from iceberg_sync_log where status = 'succeeded'"
+    ).fetchone() == (3, 1, result.run_id)
 
     # the asset checks ran per partition and are recorded like the asset checks' own
     evals = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
@@ -106,8 +114,13 @@ def test_one_run_mirrors_several_datasets_each_partition_materialized_and_checke
         by_check.setdefault(ev.check_name, set()).add(ev.partition)
         assert ev.passed, (ev.check_name, ev.description)
     assert by_check == {name: {str(d) for d in ids} for name in ("parity", "snapshot_freshness", "identity_ready")}
-    assert conn.execute("select count(*) from lakehouse_read_parity where verdict = 'ok' and source = 'check'"
-                        " and run_id = %s", (result.run_id,)).fetchone()[0] == 3
+    assert (
+        conn.execute(
+            "select count(*) from lakehouse_read_parity where verdict = 'ok' and source = 'check' and run_id = %s",
+            (result.run_id,),
+        ).fetchone()[0]
+        == 3
+    )
 
     # caught up: the next tick asks for nothing
     assert _tick(instance, dsn, tick.cursor).run_requests == []
@@ -138,8 +151,9 @@ def test_a_dataset_failing_in_a_batch_is_retried_alone(conn, dsn, settings, inst
     assert again.run_key == f"mirror:{bad}:{version}:attempt:2" and again.tags["lakehouse/attempt"] == "2"
 
     # while a batch run listing it is in flight, it is not asked for again
-    run = instance.create_run_for_job(job_def=mirror_batch_job, run_config=again.run_config, tags=again.tags,
-                                      status=dg.DagsterRunStatus.NOT_STARTED)
+    run = instance.create_run_for_job(
+        job_def=mirror_batch_job, run_config=again.run_config, tags=again.tags, status=dg.DagsterRunStatus.NOT_STARTED
+    )
     assert mirror_runs_in_flight(instance, [bad, good1]) == {bad}
     time.sleep(2.2)  # past the next backoff (2 s)
     assert _tick(instance, dsn, tick.cursor).run_requests == []
@@ -147,8 +161,9 @@ def test_a_dataset_failing_in_a_batch_is_retried_alone(conn, dsn, settings, inst
     assert mirror_runs_in_flight(instance, [bad]) == set()
 
 
-def test_a_transient_failure_is_retried_in_the_batch_without_redoing_the_others(conn, dsn, settings, instance,
-                                                                                monkeypatch):
+def test_a_transient_failure_is_retried_in_the_batch_without_redoing_the_others(
+    conn, dsn, settings, instance, monkeypatch
+):
     ids = _datasets(conn, 3)
     monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "before-commit:oserror*1")  # the first sync's commit fails once
     (req,) = _tick(instance, dsn).run_requests
@@ -232,8 +247,9 @@ _WATCHER = textwrap.dedent(
 
 def test_a_flip_reaches_another_process_in_under_a_second_and_survives_a_dropped_listener(conn, dsn, settings):
     (d,) = _datasets(conn, 1, rows=1)
-    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER, dsn, str(d), "2"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER, dsn, str(d), "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert json.loads(watcher.stdout.readline()) == {"event": "ready", "mode": "off"}
         _wait_for_listener(conn)
@@ -244,9 +260,10 @@ def test_a_flip_reaches_another_process_in_under_a_second_and_survives_a_dropped
         assert seen["mode"] == "iceberg"
 
         # the listener's connection dies: it reconnects on its own, and the next flip is fast again
-        killed = conn.execute("select count(pg_terminate_backend(pid)) from pg_stat_activity"
-                              " where application_name = 'lakehouse-flag-listener' and datname = current_database()"
-                              ).fetchone()[0]
+        killed = conn.execute(
+            "select count(pg_terminate_backend(pid)) from pg_stat_activity"
+            " where application_name = 'lakehouse-flag-listener' and datname = current_database()"
+        ).fetchone()[0]
         assert killed == 1
         _wait_for_listener(conn)
         flipped_at = time.time()
@@ -257,8 +274,10 @@ def test_a_flip_reaches_another_process_in_under_a_second_and_survives_a_dropped
     finally:
         watcher.wait(timeout=60)
     assert watcher.returncode == 0, watcher.stderr.read()
-    print(f"flag flip seen by another process after {first * 1000:.0f} ms; after a dropped listener "
-          f"{second * 1000:.0f} ms; slowest resolve {seen['worst_resolve_s'] * 1000:.1f} ms (TTL 60 s)")
+    print(
+        f"flag flip seen by another process after {first * 1000:.0f} ms; after a dropped listener "
+        f"{second * 1000:.0f} ms; slowest resolve {seen['worst_resolve_s'] * 1000:.1f} ms (TTL 60 s)"
+    )
     assert first < 3.0 and second < 3.0
     assert seen["worst_resolve_s"] < 1.0  # a resolve never waited for the listener
 
@@ -266,8 +285,10 @@ def test_a_flip_reaches_another_process_in_under_a_second_and_survives_a_dropped
 def _wait_for_listener(conn, timeout=30.0) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if conn.execute("select count(*) from pg_stat_activity where application_name = 'lakehouse-flag-listener'"
-                        " and datname = current_database() and wait_event = 'ClientRead'").fetchone()[0]:
+        if conn.execute(
+            "select count(*) from pg_stat_activity where application_name = 'lakehouse-flag-listener'"
+            " and datname = current_database() and wait_event = 'ClientRead'"
+        ).fetchone()[0]:
             time.sleep(0.2)  # LISTEN is issued right after connecting
             return
         time.sleep(0.05)

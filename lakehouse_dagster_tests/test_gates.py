@@ -11,8 +11,8 @@ import uuid
 import pytest
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.flags import registry as reg
 from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.flags import registry as reg
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
@@ -86,10 +86,13 @@ def test_each_prerequisite_is_named(conn, dsn, settings, ws):
     # F3: a pipeline input stays blocked however ready it is
     piped = _dataset(conn, ws, "piped")
     _ready(conn, dsn, settings, piped)
-    conn.execute("insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
-                 (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})))
-    assert "BLOCKED (pipeline input)" in _refused("write-flags", "set", "sync.append", "iceberg_native",
-                                                 "--dataset", str(piped))
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
+        (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})),
+    )
+    assert "BLOCKED (pipeline input)" in _refused(
+        "write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(piped)
+    )
     # one reader left on Postgres
     half = _dataset(conn, ws, "half")
     _ready(conn, dsn, settings, half, readers=[r for r in SERVABLE if r != "studio.preview"])
@@ -104,10 +107,12 @@ def test_each_prerequisite_is_named(conn, dsn, settings, ws):
     # a parity verdict that is not ok
     bad = _dataset(conn, ws, "bad")
     _ready(conn, dsn, settings, bad)
-    conn.execute("insert into lakehouse_read_parity (dataset_id, verdict, source) values (%s, 'MISMATCH', 'canary')",
-                 (bad,))
-    assert "latest parity verdict is MISMATCH" in _refused("write-flags", "set", "sync.full", "iceberg_native",
-                                                          "--dataset", str(bad))
+    conn.execute(
+        "insert into lakehouse_read_parity (dataset_id, verdict, source) values (%s, 'MISMATCH', 'canary')", (bad,)
+    )
+    assert "latest parity verdict is MISMATCH" in _refused(
+        "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(bad)
+    )
 
 
 def test_a_global_flip_lists_only_the_datasets_it_would_move(conn, dsn, settings, ws):
@@ -141,13 +146,16 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
 
     from .flag_helpers import cli_json
 
-    ready, synced, piped, never = (_dataset(conn, ws, n, rows) for n, rows in
-                                   (("ready", 5), ("synced", 7), ("piped", 6), ("never", 2)))
+    ready, synced, piped, never = (
+        _dataset(conn, ws, n, rows) for n, rows in (("ready", 5), ("synced", 7), ("piped", 6), ("never", 2))
+    )
     _ready(conn, dsn, settings, ready)
     _ready(conn, dsn, settings, piped)
     sync_dataset(dsn, load_catalog(settings, dsn), settings, synced, mode="full")  # mirrored, nothing else
-    conn.execute("insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
-                 (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})))
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
+        (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})),
+    )
     got = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}
     assert set(got) == {"ready", "synced", "piped"}  # "never" is not identity-ready: not a candidate at all
     assert (got["ready"]["verdict"], got["ready"]["ready"], got["ready"]["reasons"]) == ("SAFE", True, [])
@@ -163,7 +171,9 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     # the same in the Dagster UI, with the table as metadata
     result = write_flip_candidates_job.execute_in_process(
         run_config={"ops": {"write_flip_candidates_op": {"config": {"writer": "sync_full"}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     by_name = {c["name"]: c for c in result.output_for_node("write_flip_candidates_op")}
     assert by_name["ready"]["ready"] and not by_name["synced"]["ready"]  # sync.full: ready not flipped for it
     (out,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
@@ -183,8 +193,9 @@ def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, 
     cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
 
 
-def test_in_capture_mode_wal_tracking_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(conn, dsn,
-                                                                                                     settings, ws):
+def test_in_capture_mode_wal_tracking_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(
+    conn, dsn, settings, ws
+):
     """The late row's version exists only in the WAL until the consumer writes it: the gate settles first."""
     from lakehouse_dagster.tracking import capture
 

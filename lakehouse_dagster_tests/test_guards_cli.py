@@ -11,12 +11,12 @@ import uuid
 
 import pytest
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure
-from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
 SCHEMA = [{"name": "n", "type": "int64"}]
 
@@ -74,8 +74,13 @@ def test_concurrent_full_syncs_of_one_dataset_both_succeed(conn, dsn, settings):
 
 
 def _cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", *args], capture_output=True, text=True,
-                          env=env or dict(os.environ), timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=env or dict(os.environ),
+        timeout=120,
+    )
 
 
 def test_cli_sync_json_and_refusals(conn, dsn, settings):

@@ -43,8 +43,10 @@ def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
     data = json.loads(proc.stdout)
     assert data["passed"] and data["counts"] == {"ok": 2, "503": 0, "error": 0}
     assert data["purged"]["tables_dropped"] == 2
-    for args, message in ((["--jobs", "0"], "--jobs and --rows must be at least 1"),
-                          (["--namespace", "lakehouse"], "is the lakehouse's own namespace")):
+    for args, message in (
+        (["--jobs", "0"], "--jobs and --rows must be at least 1"),
+        (["--namespace", "lakehouse"], "is the lakehouse's own namespace"),
+    ):
         bad = cli("ingest-bench", "run", *args)
         assert bad.returncode == 2 and message in bad.stderr
 
@@ -66,6 +68,8 @@ def test_the_dagster_job_runs_the_bench_and_purges(conn, dsn, settings):
 
     result = ingest_bench_job.execute_in_process(
         run_config={"ops": {"ingest_bench_op": {"config": {"jobs": 2, "rows": 500, "same_dataset": True}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     assert result.success and result.output_for_node("ingest_bench_op")["counts"] == {"ok": 2, "503": 0, "error": 0}
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0

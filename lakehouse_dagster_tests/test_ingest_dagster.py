@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.defs.sources.ingest import ingest_job, source_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.sources.ingest import ingest_job, source_poller
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import refusal
@@ -34,13 +34,20 @@ def _fed(conn, ws, name, rows=3, cursor="a"):
 def _run(dsn, d, instance, config=None):
     instance.add_dynamic_partitions("datasets", [str(d)])
     return ingest_job.execute_in_process(
-        run_config={"ops": {"ingest_op": {"config": config or {}}}}, partition_key=str(d), instance=instance,
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, raise_on_error=False)
+        run_config={"ops": {"ingest_op": {"config": config or {}}}},
+        partition_key=str(d),
+        instance=instance,
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        raise_on_error=False,
+    )
 
 
 def _materialized(result):
-    return [e.event_specific_data.materialization for e in result.all_events
-            if e.event_type_value == "ASSET_MATERIALIZATION"]
+    return [
+        e.event_specific_data.materialization
+        for e in result.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    ]
 
 
 def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_metadata_and_tags(conn, dsn, settings):
@@ -85,7 +92,9 @@ def test_a_refused_ingest_fails_the_step_with_the_one_line_reason(conn, dsn, set
 
 
 def _tick(dsn, instance, cursor=None):
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
     return source_poller(ctx)
 
 

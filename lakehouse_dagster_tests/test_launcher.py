@@ -24,8 +24,11 @@ from lakehouse_dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = {"module": "lakehouse_dagster.launcher.run_launcher", "class": "WarmRunLauncher",
-            "config": {"terminate_grace_seconds": 10.0}}
+LAUNCHER = {
+    "module": "lakehouse_dagster.launcher.run_launcher",
+    "class": "WarmRunLauncher",
+    "config": {"terminate_grace_seconds": 10.0},
+}
 
 
 @pytest.fixture
@@ -36,8 +39,9 @@ def instance():
 
 
 def _workspace(instance, module: str):
-    return in_process_test_workspace(instance, LoadableTargetOrigin(
-        executable_path=sys.executable, module_name=module, working_directory=str(ROOT)))
+    return in_process_test_workspace(
+        instance, LoadableTargetOrigin(executable_path=sys.executable, module_name=module, working_directory=str(ROOT))
+    )
 
 
 def _launch(instance, workspace, job_def: dg.JobDefinition, run_config=None) -> dg.DagsterRun:
@@ -45,9 +49,12 @@ def _launch(instance, workspace, job_def: dg.JobDefinition, run_config=None) -> 
     (location,) = [e.code_location for e in workspace.get_code_location_entries().values()]
     (repo,) = location.get_repositories().values()
     remote = repo.get_full_job(job_def.name)
-    run = instance.create_run_for_job(job_def=job_def, run_config=run_config,
-                                      remote_job_origin=remote.get_remote_origin(),
-                                      job_code_origin=remote.get_python_origin())
+    run = instance.create_run_for_job(
+        job_def=job_def,
+        run_config=run_config,
+        remote_job_origin=remote.get_remote_origin(),
+        job_code_origin=remote.get_python_origin(),
+    )
     return instance.launch_run(run.run_id, workspace)
 
 
@@ -74,8 +81,13 @@ def _forkserver_facts() -> tuple[str, int]:
     pid = WarmRunLauncher.forkserver_pid()
     assert pid
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    threads = int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                       if line.startswith("Threads:")))
+    threads = int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("Threads:")
+        )
+    )
     return cmdline, threads
 
 
@@ -96,12 +108,22 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     cmdline, threads = _forkserver_facts()
     assert "pyiceberg.table" in cmdline
     # Of ours, the launcher's warm-up and this project's code location (built once, launcher/location.py).
-    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == ["lakehouse_dagster.launcher.warm",
-                                                               "lakehouse_dagster.dagster.preload_location"]
+    assert re.findall(r"lakehouse_dagster[\w.]*", cmdline) == [
+        "lakehouse_dagster.launcher.warm",
+        "lakehouse_dagster.dagster.preload_location",
+    ]
     bare = subprocess.run(
-        [sys.executable, "-c", "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
-         " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
-         *instance.run_launcher.preload_modules], capture_output=True, text=True, check=True)
+        [
+            sys.executable,
+            "-c",
+            "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]];"
+            " print(open('/proc/self/status').read().split('Threads:')[1].split()[0])",
+            *instance.run_launcher.preload_modules,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert threads <= int(bare.stdout)
 
 
@@ -116,8 +138,9 @@ def test_a_failing_run_ends_failure(instance):
 def test_terminate_cancels_the_run_and_the_worker_is_gone(instance):
     with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
         run = _launch(instance, ws, launcher_jobs.sleep_job)
-        poll_for_event(instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"',
-                       timeout=120)
+        poll_for_event(
+            instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"', timeout=120
+        )
         worker = _worker(instance, run.run_id)
         assert worker.alive()
         assert instance.run_launcher.terminate(run.run_id)
@@ -143,8 +166,9 @@ def test_terminate_right_after_the_launch_still_ends_the_run_canceled(instance):
 def test_a_sigkilled_worker_is_reported_failed_and_the_monitor_fails_its_run(instance):
     with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
         run = _launch(instance, ws, launcher_jobs.sleep_job)
-        poll_for_event(instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"',
-                       timeout=120)
+        poll_for_event(
+            instance, run.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"', timeout=120
+        )
         started = instance.get_run_by_id(run.run_id)
         assert instance.run_launcher.check_run_worker_health(started).status == WorkerStatus.RUNNING
         worker = _worker(instance, run.run_id)
@@ -168,8 +192,11 @@ def test_a_code_change_reaches_the_next_run_and_a_dead_forkserver_is_replaced(in
     monkeypatch.syspath_prepend(str(tmp_path))  # the workers get this process' sys.path
 
     def probe_value(run_id) -> str:
-        (obs,) = [r.dagster_event.event_specific_data.asset_observation for r in instance.all_logs(run_id)
-                  if r.dagster_event and r.dagster_event.event_type_value == "ASSET_OBSERVATION"]
+        (obs,) = [
+            r.dagster_event.event_specific_data.asset_observation
+            for r in instance.all_logs(run_id)
+            if r.dagster_event and r.dagster_event.event_type_value == "ASSET_OBSERVATION"
+        ]
         return obs.metadata["probe"].value
 
     with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
@@ -196,8 +223,9 @@ def forkserver_started_before_env(instance):
     instance.run_launcher._forkserver_up()
 
 
-def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_started_before_env, instance, conn,
-                                                                  settings):
+def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(
+    forkserver_started_before_env, instance, conn, settings
+):
     """The real location (lakehouse_dagster.dagster.definitions) and its mirror_batch_job over a real dataset: the worker
     sees the launching process' environment (this test's database and warehouse), not the forkserver's."""
     from lakehouse_dagster.dagster.definitions import defs
@@ -212,8 +240,11 @@ def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(forkserver_star
         done = poll_for_finished_run(instance, run.run_id, timeout=300)
     assert done.status == dg.DagsterRunStatus.SUCCESS, [r.message for r in instance.all_logs(run.run_id)][-5:]
     version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
-    row = conn.execute("select status, rows, source_version from iceberg_sync_log where dataset_id = %s"
-                       " order by finished_at desc limit 1", (d,)).fetchone()
+    row = conn.execute(
+        "select status, rows, source_version from iceberg_sync_log where dataset_id = %s"
+        " order by finished_at desc limit 1",
+        (d,),
+    ).fetchone()
     assert row == ("succeeded", 50, version)
 
 
@@ -226,9 +257,11 @@ def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(
         remote = repo.get_full_job("ok_job")
         origin = remote.get_python_origin()
         other = origin._replace(
-            repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python"))
-        run = instance.create_run_for_job(job_def=launcher_jobs.ok_job, remote_job_origin=remote.get_remote_origin(),
-                                          job_code_origin=other)
+            repository_origin=origin.repository_origin._replace(executable_path="/opt/other/python")
+        )
+        run = instance.create_run_for_job(
+            job_def=launcher_jobs.ok_job, remote_job_origin=remote.get_remote_origin(), job_code_origin=other
+        )
         with pytest.raises(Exception, match="GRPC"):
             instance.launch_run(run.run_id, ws)
     messages = [r.message for r in instance.all_logs(run.run_id)]
@@ -285,8 +318,8 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
     """The race the launcher's check cannot close (a file written between its check and the fork): the worker
     finds its forkserver's code differs from what the launcher saw and execs ``dagster api execute_run`` (same pid,
     so the run's worker tag stays true); the run still succeeds and its log says why."""
-    from lakehouse_dagster.launcher import run_launcher as launcher_module
     from lakehouse_dagster.launcher import location
+    from lakehouse_dagster.launcher import run_launcher as launcher_module
 
     instance.run_launcher._forkserver_up()
     pid = WarmRunLauncher.forkserver_pid()
@@ -309,8 +342,11 @@ def pg_warm_instance(pg_admin_dsn, tmp_path):
     """The instance `lakehouse up` runs: Dagster storage on Postgres and the warm launcher."""
     from lakehouse_dagster_tests.conftest import pg_dagster_instance
 
-    with pg_dagster_instance(pg_admin_dsn, tmp_path,
-                             "run_launcher:\n  module: lakehouse_dagster.launcher.run_launcher\n  class: WarmRunLauncher\n") as got:
+    with pg_dagster_instance(
+        pg_admin_dsn,
+        tmp_path,
+        "run_launcher:\n  module: lakehouse_dagster.launcher.run_launcher\n  class: WarmRunLauncher\n",
+    ) as got:
         yield got
 
 

@@ -9,10 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
-import pyarrow as pa
 import pytest
 
 from lakehouse_dagster.core.errors import BadInput, SyncFailed
@@ -31,14 +29,35 @@ ALL_TYPES = [
 ]
 
 ROWS = [
-    {"s": "plain", "i": 1, "f": 0.1, "b": True, "ts": "2024-03-10T12:34:56.123456+02:00", "d": "2024-02-29",
-     "j": {"b": [1, 2, {"z": None}], "a": "x"}},
-    {"s": "ünïcödé ✓ 🦆 \u4e2d\u6587", "i": -9223372036854775808, "f": 1e-300, "b": False,
-     "ts": "1970-01-01T00:00:00Z", "d": "1900-01-01", "j": [1, "two", 3.5]},
+    {
+        "s": "plain",
+        "i": 1,
+        "f": 0.1,
+        "b": True,
+        "ts": "2024-03-10T12:34:56.123456+02:00",
+        "d": "2024-02-29",
+        "j": {"b": [1, 2, {"z": None}], "a": "x"},
+    },
+    {
+        "s": "ünïcödé ✓ 🦆 \u4e2d\u6587",
+        "i": -9223372036854775808,
+        "f": 1e-300,
+        "b": False,
+        "ts": "1970-01-01T00:00:00Z",
+        "d": "1900-01-01",
+        "j": [1, "two", 3.5],
+    },
     {"s": None, "i": None, "f": None, "b": None, "ts": None, "d": None, "j": None},
     {},  # every key missing
-    {"s": "", "i": 9223372036854775807, "f": -0.0, "b": True, "ts": "2038-01-19T03:14:07.999999-05:30",
-     "d": "9999-12-31", "j": {"nested": {"deep": {"deeper": [True, False, None]}}}},
+    {
+        "s": "",
+        "i": 9223372036854775807,
+        "f": -0.0,
+        "b": True,
+        "ts": "2038-01-19T03:14:07.999999-05:30",
+        "d": "9999-12-31",
+        "j": {"nested": {"deep": {"deeper": [True, False, None]}}},
+    },
     {"s": "specials", "i": 0, "f": "NaN", "j": "just a string"},
     {"s": "inf", "f": "Infinity"},
     {"s": "-inf", "f": "-Infinity", "j": 12345678901234567890},
@@ -67,7 +86,7 @@ def _expected_float(v):
 
 
 def _ts(v):
-    return None if v is None else dt.datetime.fromisoformat(v.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
+    return None if v is None else dt.datetime.fromisoformat(v.replace("Z", "+00:00")).astimezone(dt.UTC)
 
 
 def test_every_type_round_trips_exactly(conn, dsn, settings):
@@ -75,11 +94,14 @@ def test_every_type_round_trips_exactly(conn, dsn, settings):
     result = _sync(settings, dsn, d)
     assert (result.mode, result.rows, result.total_rows) == ("full", len(ROWS), len(ROWS))
     got = _table(settings, dsn, d).scan().to_arrow().sort_by("__row_index").to_pylist()
-    pg_json = {r[0]: r[1] for r in conn.execute(
-        "select row_index, (data->'j')::text from dataset_rows where dataset_id = %s", (d,))}
+    pg_json = {
+        r[0]: r[1]
+        for r in conn.execute("select row_index, (data->'j')::text from dataset_rows where dataset_id = %s", (d,))
+    }
     # jsonb numbers are numeric, which has no negative zero: the source itself holds -0.0 as 0.0
-    pg_float = {r[0]: r[1] for r in conn.execute(
-        "select row_index, data->>'f' from dataset_rows where dataset_id = %s", (d,))}
+    pg_float = {
+        r[0]: r[1] for r in conn.execute("select row_index, data->>'f' from dataset_rows where dataset_id = %s", (d,))
+    }
     assert pg_float[4] == "0.0"
     assert [g["__row_index"] for g in got] == list(range(len(ROWS)))
     for g, src in zip(got, ROWS):
@@ -89,8 +111,13 @@ def test_every_type_round_trips_exactly(conn, dsn, settings):
         if isinstance(f, float) and math.isnan(f):
             assert math.isnan(g["f"])
         else:
-            f = None if f is None else _expected_float(float(pg_float[g["__row_index"]]) if not isinstance(f, float)
-                                                       or not math.isinf(f) else f)
+            f = (
+                None
+                if f is None
+                else _expected_float(
+                    float(pg_float[g["__row_index"]]) if not isinstance(f, float) or not math.isinf(f) else f
+                )
+            )
             assert g["f"] == f and (f is None or math.copysign(1, g["f"]) == math.copysign(1, f))
         assert g["b"] == src.get("b")
         assert g["ts"] == _ts(src.get("ts"))
@@ -106,7 +133,8 @@ def test_every_type_round_trips_exactly(conn, dsn, settings):
     assert row == (len(ROWS), "ready")
     log = conn.execute(
         "select status, rows, snapshot_id, has_identity, source_version, path from iceberg_sync_log where dataset_id = %s",
-        (d,)).fetchall()
+        (d,),
+    ).fetchall()
     version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
     assert log == [("succeeded", len(ROWS), result.snapshot_id, True, version, "mirror")]
 
@@ -145,11 +173,14 @@ def test_incremental_appends_only_new_rows_and_full_replaces(conn, dsn, settings
 
 
 def test_schema_evolution_adds_columns_and_keeps_removed_ones(conn, dsn, settings):
-    d = _make(conn, [{"name": "a", "type": "int64"}, {"name": "old", "type": "string"}],
-              [{"a": 1, "old": "x"}, {"a": 2, "old": "y"}])
+    d = _make(
+        conn,
+        [{"name": "a", "type": "int64"}, {"name": "old", "type": "string"}],
+        [{"a": 1, "old": "x"}, {"a": 2, "old": "y"}],
+    )
     _sync(settings, dsn, d)
     ds.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "new", "type": "json"}])
-    conn.execute("update dataset_rows set data = data || '{\"new\": {\"k\": 1}}' where dataset_id = %s", (d,))
+    conn.execute('update dataset_rows set data = data || \'{"new": {"k": 1}}\' where dataset_id = %s', (d,))
     result = _sync(settings, dsn, d)
     assert result.mode == "full"
     t = _table(settings, dsn, d)
@@ -186,8 +217,10 @@ def test_bad_row_fails_loudly_and_commits_nothing(conn, dsn, settings, schema, b
     with pytest.raises(SyncFailed) as err:
         _sync(settings, dsn, d)
     assert message in str(err.value) and str(d) in str(err.value)
-    assert load_catalog(settings, dsn).table_exists(table_identifier(settings, d)) is False or \
-        _table(settings, dsn, d).current_snapshot() is None
+    assert (
+        load_catalog(settings, dsn).table_exists(table_identifier(settings, d)) is False
+        or _table(settings, dsn, d).current_snapshot() is None
+    )
     status, error = conn.execute("select status, error from datasets where id = %s", (d,)).fetchone()
     assert status == "errored" and message in error
     log = conn.execute("select status, error, snapshot_id from iceberg_sync_log where dataset_id = %s", (d,)).fetchall()
@@ -258,8 +291,9 @@ def test_killed_sync_leaves_no_partial_snapshot_and_next_sync_succeeds(conn, dsn
     d = _make(conn, [{"name": "n", "type": "int64"}], [{"n": i} for i in range(5000)])
     first = _sync(settings, dsn, d)
     conn.execute("update dataset_rows set data = '{\"n\": -5}' where dataset_id = %s and row_index = 0", (d,))
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(d)], stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, str(d)], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    )
     try:
         line = proc.stdout.readline()
         assert "WROTE" in line, "the child never reached the middle of its sync"
@@ -270,12 +304,17 @@ def test_killed_sync_leaves_no_partial_snapshot_and_next_sync_succeeds(conn, dsn
             proc.kill()
     t = _table(settings, dsn, d)
     assert t.current_snapshot().snapshot_id == first.snapshot_id  # no partial snapshot
-    assert conn.execute("select count(*) from iceberg_sync_log where dataset_id = %s and status = 'running'",
-                        (d,)).fetchone()[0] == 1
+    assert (
+        conn.execute(
+            "select count(*) from iceberg_sync_log where dataset_id = %s and status = 'running'", (d,)
+        ).fetchone()[0]
+        == 1
+    )
     result = _sync(settings, dsn, d)
     assert result.mode == "full" and result.total_rows == 5000
-    statuses = dict(conn.execute("select status, count(*) from iceberg_sync_log where dataset_id = %s group by 1",
-                                 (d,)).fetchall())
+    statuses = dict(
+        conn.execute("select status, count(*) from iceberg_sync_log where dataset_id = %s group by 1", (d,)).fetchall()
+    )
     assert statuses == {"succeeded": 2, "failed": 1}
     t = t.refresh()
     assert sorted(t.scan().to_arrow()["n"].to_pylist())[0] == -5

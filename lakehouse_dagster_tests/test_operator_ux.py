@@ -3,7 +3,6 @@ the CLI's wording and exit codes, and an interrupted ingest bench that cleans up
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,13 +15,13 @@ import dagster as dg
 import pytest
 
 from lakehouse_dagster.dagster import tags as T
-from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
 from lakehouse_dagster.dagster.defs.flags.flags import clear_flag_job, set_flag_job
+from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.sources.ingest import source_poller
 from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
-from lakehouse_dagster.flags.overrides import list_overrides, set_override
+from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.tracking import datasets as ds
@@ -54,19 +53,25 @@ def _resources(dsn):
 
 def _run(job, dsn, instance, config: dict):
     op_name = next(iter(job.graph.node_dict))
-    return job.execute_in_process(run_config={"ops": {op_name: {"config": config}}}, resources=_resources(dsn),
-                                  instance=instance, raise_on_error=False)
+    return job.execute_in_process(
+        run_config={"ops": {op_name: {"config": config}}},
+        resources=_resources(dsn),
+        instance=instance,
+        raise_on_error=False,
+    )
 
 
 # --- names on runs, materializations and check results ---------------------------------------------------------
 
 
-def test_a_mirror_run_carries_the_dataset_name_in_tags_and_metadata_with_ids_as_text(conn, dsn, settings, instance,
-                                                                                     world):
+def test_a_mirror_run_carries_the_dataset_name_in_tags_and_metadata_with_ids_as_text(
+    conn, dsn, settings, instance, world
+):
     d = world["d"]
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
-    result = dg.materialize([pg_dataset_rows, iceberg_dataset_table], partition_key=str(d), resources=_resources(dsn),
-                            instance=instance)
+    result = dg.materialize(
+        [pg_dataset_rows, iceberg_dataset_table], partition_key=str(d), resources=_resources(dsn), instance=instance
+    )
     assert result.success
     tags = instance.get_run_by_id(result.run_id).tags
     assert (tags[T.DATASET], tags[T.DATASET_NAME]) == (str(d), "orders_2026")
@@ -88,8 +93,12 @@ def test_check_results_name_the_dataset(conn, dsn, settings, instance, world):
 
     d = world["d"]
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
-    result = dg.materialize([pg_dataset_rows, iceberg_dataset_table, *PARITY_CHECKS], partition_key=str(d),
-                            resources=_resources(dsn), instance=instance)
+    result = dg.materialize(
+        [pg_dataset_rows, iceberg_dataset_table, *PARITY_CHECKS],
+        partition_key=str(d),
+        resources=_resources(dsn),
+        instance=instance,
+    )
     evaluations = result.get_asset_check_evaluations()
     assert {e.check_name for e in evaluations} == {"parity", "snapshot_freshness", "identity_ready"}
     for e in evaluations:
@@ -105,21 +114,33 @@ def test_sensor_run_requests_carry_dataset_tags(conn, dsn, settings, instance, w
     assert (req.tags[T.DATASET], req.tags[T.DATASET_NAME]) == (str(world["d"]), "orders_2026")
 
     fed = ds.create_dataset(conn, world["ws"], "crm feed", FED_SCHEMA)
-    set_source(conn, fed, {"type": "postgres", "table": pg_source_table(conn, [row(0)]), "cursor_column": "a",
-                           "dsn_env": None})
+    set_source(
+        conn, fed, {"type": "postgres", "table": pg_source_table(conn, [row(0)]), "cursor_column": "a", "dsn_env": None}
+    )
     ingest = source_poller(dg.build_sensor_context(instance=instance, resources=_resources(dsn)))
     (req,) = ingest.run_requests
     assert (req.tags[T.DATASET], req.tags[T.DATASET_NAME], req.tags[T.WRITER]) == (
-        str(fed), "crm feed", "sync.incremental")
+        str(fed),
+        "crm feed",
+        "sync.incremental",
+    )
 
 
 def test_a_flag_job_run_is_tagged_from_its_config_even_when_refused(conn, dsn, settings, instance, world):
-    ok = _run(set_flag_job, dsn, instance, {"kind": "read", "name": "export.stream", "mode": "shadow",
-                                             "dataset_id": str(world["d"])})
+    ok = _run(
+        set_flag_job,
+        dsn,
+        instance,
+        {"kind": "read", "name": "export.stream", "mode": "shadow", "dataset_id": str(world["d"])},
+    )
     assert ok.success
     tags = instance.get_run_by_id(ok.run_id).tags
     assert (tags[T.READER], tags[T.SCOPE], tags[T.DATASET], tags[T.DATASET_NAME]) == (
-        "export.stream", f"dataset:{world['d']}", str(world["d"]), "orders_2026")
+        "export.stream",
+        f"dataset:{world['d']}",
+        str(world["d"]),
+        "orders_2026",
+    )
     assert T.WRITER not in tags
 
     refused = _run(clear_flag_job, dsn, instance, {"kind": "write", "name": "sync.full", "workspace_id": "nope"})
@@ -134,14 +155,18 @@ def test_a_flag_job_run_is_tagged_from_its_config_even_when_refused(conn, dsn, s
 # --- refusals: the one-line reason, no stack trace --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("config,reason", [
-    ({"kind": "read", "name": "export.stream", "mode": "iceberg_onyl"}, "iceberg_onyl"),
-    ({"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "nope"}, "is not a valid UUID"),
-    # a gate: the workspace's dataset was never mirrored
-    ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "workspace_id": "{ws}"}, "refused"),
-])
-def test_a_refusal_fails_the_step_with_the_reason_and_no_stack_trace(conn, dsn, settings, instance, world, config,
-                                                                       reason):
+@pytest.mark.parametrize(
+    "config,reason",
+    [
+        ({"kind": "read", "name": "export.stream", "mode": "iceberg_onyl"}, "iceberg_onyl"),
+        ({"kind": "read", "name": "export.stream", "mode": "iceberg", "dataset_id": "nope"}, "is not a valid UUID"),
+        # a gate: the workspace's dataset was never mirrored
+        ({"kind": "write", "name": "sync.full", "mode": "iceberg_native", "workspace_id": "{ws}"}, "refused"),
+    ],
+)
+def test_a_refusal_fails_the_step_with_the_reason_and_no_stack_trace(
+    conn, dsn, settings, instance, world, config, reason
+):
     config = {k: v.format(ws=world["ws"]) for k, v in config.items()}
     before = flag_tables(conn)
     result = _run(set_flag_job, dsn, instance, config)
@@ -227,7 +252,9 @@ def test_a_flip_that_moves_no_dataset_writes_nothing_and_exits_non_zero(conn, ds
         set_override(conn, "read", name, "iceberg", dataset=world["d"], actor="t")
         before = flag_tables(conn)
         proc = cli(verb, "flip", name, "--workspace", str(world["ws"]))
-        assert proc.returncode == 2 and "all 1 dataset(s) in scope already resolve export.stream to iceberg" in proc.stderr
+        assert (
+            proc.returncode == 2 and "all 1 dataset(s) in scope already resolve export.stream to iceberg" in proc.stderr
+        )
         assert flag_tables(conn) == before
 
 
@@ -243,7 +270,9 @@ def test_datasets_lists_each_workspace_with_name_and_id(conn, dsn, settings, wor
     assert "orders_2026" in lines[sales + 2] and str(world["d"]) in lines[sales + 2]
     data = cli_json("datasets")
     assert {(r["name"], r["workspace"], r["workspace_id"]) for r in data} == {
-        ("campaigns", "marketing", str(ws2)), ("orders_2026", "sales", str(world["ws"]))}
+        ("campaigns", "marketing", str(ws2)),
+        ("orders_2026", "sales", str(world["ws"])),
+    }
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -251,8 +280,13 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
     """The writers freeze before their commit (a failpoint), the parent is interrupted: it stops them and purges
     the bench workspace, datasets, tables and their uncommitted files, then exits 130 without a traceback."""
     env = {**os.environ, "LAKEHOUSE_FAILPOINT": "before-commit:stop"}
-    proc = subprocess.Popen([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest-bench", "run", "--jobs", "2",
-                             "--rows", "2000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest-bench", "run", "--jobs", "2", "--rows", "2000"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while len(_stopped_descendants(proc.pid)) < 2:  # both writers wrote their files and froze
@@ -277,9 +311,12 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
 
 
 def test_bad_input_to_the_cli_is_one_line_and_no_traceback(conn, dsn, settings, world):
-    for args, code in ((["ingest-bench", "run", "--jobs", "0"], 2), (["sync", "--dataset", "nope"], 2),
-                       (["flags", "set", "export.stream", "iceberg_onyl"], 2),
-                       (["read", "--reader", "export.stream", "--dataset", str(uuid.uuid4())], 3)):
+    for args, code in (
+        (["ingest-bench", "run", "--jobs", "0"], 2),
+        (["sync", "--dataset", "nope"], 2),
+        (["flags", "set", "export.stream", "iceberg_onyl"], 2),
+        (["read", "--reader", "export.stream", "--dataset", str(uuid.uuid4())], 3),
+    ):
         proc = cli(*args)
         assert proc.returncode == code, (args, proc.stderr)
         (line,) = proc.stderr.strip().splitlines()  # (the bench purges nothing it did not make, and says nothing)

@@ -27,7 +27,10 @@ def instance():
 def _run(instance, dsn, **config):
     return orphan_sweep_job.execute_in_process(
         run_config={"ops": {"orphan_sweep_op": {"config": config}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=instance, raise_on_error=False)
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+        raise_on_error=False,
+    )
 
 
 def _metadata(result) -> dict:
@@ -35,8 +38,7 @@ def _metadata(result) -> dict:
     return {k: v.value for k, v in event.event_specific_data.metadata.items()}
 
 
-def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_dataset(conn, dsn, settings,
-                                                                                        instance):
+def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_dataset(conn, dsn, settings, instance):
     quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
     a, b = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b")
     never = make_dataset(conn, 5, name="never")  # no sync: no table, not swept
@@ -58,7 +60,11 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     assert listed.success
     meta = _metadata(listed)
     assert (meta["datasets_swept"], meta["datasets_with_orphans"], meta["orphan_files"], meta["removed"]) == (
-        2, 1, len(expected), 0)
+        2,
+        1,
+        len(expected),
+        0,
+    )
     out = listed.output_for_node("orphan_sweep_op")
     assert {x["dataset_id"] for x in out["datasets"]} == {str(a), str(b)} and str(never) not in str(out)
     assert set(next(x for x in out["datasets"] if x["dataset_id"] == str(a))["paths"]) == expected
@@ -73,7 +79,9 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     assert not any(os.path.exists(p.removeprefix("file://")) for p in expected)
     table = table_of(settings, dsn, a)
     assert table.scan().to_arrow().num_rows == 5
-    assert evaluate(settings, dsn, a, full=True).verdict == "ok" and evaluate(settings, dsn, b, full=True).verdict == "ok"
+    assert (
+        evaluate(settings, dsn, a, full=True).verdict == "ok" and evaluate(settings, dsn, b, full=True).verdict == "ok"
+    )
     assert _metadata(_run(instance, dsn, grace_seconds=1))["orphan_files"] == 0  # nothing left
 
     # the default grace (an hour) spares every file just written

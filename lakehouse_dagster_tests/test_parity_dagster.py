@@ -14,13 +14,17 @@ import pyarrow as pa
 import pytest
 
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
-from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG, parity_canary_job, parity_canary_schedule
+from lakehouse_dagster.dagster.defs.parity.canary_schedule import (
+    PARTITION_TAG,
+    parity_canary_job,
+    parity_canary_schedule,
+)
 from lakehouse_dagster.dagster.defs.parity.checks import ICEBERG_TABLE, identity_ready, parity, snapshot_freshness
-from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
-from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
+from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import behind_the_mirrors_back, make_dataset, rogue_overwrite, sync
 
@@ -87,7 +91,9 @@ def test_blocking_parity_check_stops_downstream_in_the_same_run(conn, dsn, setti
     d = make_dataset(conn, 25)
     sync(settings, dsn, d)
     behind_the_mirrors_back(
-        conn, "update dataset_rows set data = data || '{\"s\": \"tampered\"}' where dataset_id = %s and row_index = 11", (d,)
+        conn,
+        'update dataset_rows set data = data || \'{"s": "tampered"}\' where dataset_id = %s and row_index = 11',
+        (d,),
     )
     result = _materialize(instance, dsn, d, checks=(parity,))
     ev = _evaluations(result)
@@ -97,7 +103,9 @@ def test_blocking_parity_check_stops_downstream_in_the_same_run(conn, dsn, setti
     materialized = _materialized(result)
     assert ICEBERG_TABLE in materialized  # the mirror ran (a no-op: the version did not move)
     assert DOWNSTREAM not in materialized  # ...and the blocking check kept the reader from running
-    assert conn.execute("select verdict from lakehouse_read_parity where dataset_id = %s", (d,)).fetchone() == ("MISMATCH",)
+    assert conn.execute("select verdict from lakehouse_read_parity where dataset_id = %s", (d,)).fetchone() == (
+        "MISMATCH",
+    )
 
 
 def test_identity_check_blocks_on_duplicated_row_index(conn, dsn, settings, instance):
@@ -133,8 +141,14 @@ def _run_canary_job(instance, dsn, d, run_config=None, tags=None):
 def test_freshness_and_what_a_check_that_cannot_see_says(conn, dsn, settings, instance):
     never = make_dataset(conn, 3, name="never")
     ev, _ = _run_canary_job(instance, dsn, never)
-    assert {k: e.passed for k, e in ev.items()} == {"parity": False, "snapshot_freshness": False, "identity_ready": False}
-    assert ev["parity"].metadata["verdict"].value == "no-snapshot" and ev["parity"].severity == dg.AssetCheckSeverity.ERROR
+    assert {k: e.passed for k, e in ev.items()} == {
+        "parity": False,
+        "snapshot_freshness": False,
+        "identity_ready": False,
+    }
+    assert (
+        ev["parity"].metadata["verdict"].value == "no-snapshot" and ev["parity"].severity == dg.AssetCheckSeverity.ERROR
+    )
     assert ev["snapshot_freshness"].severity == dg.AssetCheckSeverity.WARN
 
     d = make_dataset(conn, 5)
@@ -164,14 +178,18 @@ def test_schedule_checks_exactly_the_flipped_datasets(conn, dsn, settings, persi
     set_override(conn, "write", "sync.full", "iceberg_native", workspace=ws, note="fase4 ws", actor="pytest")
     set_override(conn, "read", "studio.digest", "off", dataset=plain, note="explicitly at default", actor="pytest")
     # a hand-written row above a PG-locked writer's ceiling clamps to pg: not a flip
-    conn.execute("insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
-                 " values ('write', 'row.edit', 'dataset', %s, 'iceberg_native', 'hand')", (locked,))
+    conn.execute(
+        "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
+        " values ('write', 'row.edit', 'dataset', %s, 'iceberg_native', 'hand')",
+        (locked,),
+    )
     assert flipped_dataset_ids(conn) == {read_flipped, ws_flipped}
 
     instance.add_dynamic_partitions(datasets_partitions.name, [str(read_flipped), str(locked), str(plain)])
-    tick = datetime.datetime(2026, 1, 1, 12, 30, tzinfo=datetime.timezone.utc)
-    ctx = dg.build_schedule_context(instance=instance, scheduled_execution_time=tick,
-                                    resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    tick = datetime.datetime(2026, 1, 1, 12, 30, tzinfo=datetime.UTC)
+    ctx = dg.build_schedule_context(
+        instance=instance, scheduled_execution_time=tick, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
     requests = parity_canary_schedule(ctx)
     # ws_flipped is not a partition yet (the mirror poller adds partitions): nothing to attach results to
     assert [r.tags[PARTITION_TAG] for r in requests] == [str(read_flipped)]
@@ -180,8 +198,9 @@ def test_schedule_checks_exactly_the_flipped_datasets(conn, dsn, settings, persi
 
     ev, result = _run_canary_job(instance, dsn, read_flipped, tags=requests[0].tags)
     assert result.success and ev["parity"].passed and ev["parity"].partition == str(read_flipped)
-    assert conn.execute("select verdict, source, run_id from lakehouse_read_parity where dataset_id = %s",
-                        (read_flipped,)).fetchall() == [("ok", "schedule", result.run_id)]
+    assert conn.execute(
+        "select verdict, source, run_id from lakehouse_read_parity where dataset_id = %s", (read_flipped,)
+    ).fetchall() == [("ok", "schedule", result.run_id)]
     latest = cy.latest_verdicts(conn, [read_flipped, plain])
     assert latest[read_flipped]["verdict"] == "ok" and plain not in latest
 
@@ -210,8 +229,13 @@ print(json.dumps({
     'mirror_checks': sorted(k.name for k in mirror.asset_layer.asset_graph.asset_check_keys),
 }))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "LAKEHOUSE_PG_DSN": dsn})
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LAKEHOUSE_PG_DSN": dsn},
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["checks"] == ["identity_ready", "parity", "snapshot_freshness"]

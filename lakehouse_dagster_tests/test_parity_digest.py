@@ -11,7 +11,9 @@ import uuid
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, event, given, note, settings as hsettings, strategies as st
+from hypothesis import HealthCheck, event, given, note
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -19,7 +21,15 @@ from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canonical as cn
 from lakehouse_dagster.parity import lookup3
-from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg, plain_digest
+from lakehouse_dagster.parity.digest import (
+    IcebergPin,
+    IcebergSide,
+    PgSide,
+    PinnedPostgres,
+    full_digest,
+    pin_iceberg,
+    plain_digest,
+)
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.tracking.datasets import Column
 
@@ -49,7 +59,8 @@ VALUE = {  # each type's values as they arrive in dataset_rows.data (JSON)
     "float64": st.floats().map(_json_float),
     "boolean": st.booleans(),
     "timestamp": st.datetimes(dt.datetime(1900, 1, 1), dt.datetime(2200, 1, 1), timezones=offsets).map(
-        lambda t: t.isoformat()),
+        lambda t: t.isoformat()
+    ),
     "date": st.dates(dt.date(1, 1, 1), dt.date(9999, 12, 31)).map(lambda d: d.isoformat()),
     "json": json_values,
 }
@@ -84,9 +95,13 @@ def _different(value, typ: str):
     if typ == "boolean":
         return True if value is None else not value
     if typ == "timestamp":
-        return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) if value is None else value + dt.timedelta(microseconds=1)
+        return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) if value is None else value + dt.timedelta(microseconds=1)
     if typ == "date":
-        return dt.date(1970, 1, 1) if value is None else (value - dt.timedelta(days=1) if value.year == 9999 else value + dt.timedelta(days=1))
+        return (
+            dt.date(1970, 1, 1)
+            if value is None
+            else (value - dt.timedelta(days=1) if value.year == 9999 else value + dt.timedelta(days=1))
+        )
     if typ == "string":
         return "" if value is None else value + "x"
     return "0" if value is None else "[" + value + "]"  # json text
@@ -101,7 +116,9 @@ def _iceberg_digest_of(rows: list[dict], arrow_schema: pa.Schema, fields, column
         return full_digest(side, lo, hi).value
 
 
-@hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@hsettings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=datasets(), pick=st.data())
 def test_property_identical_data_same_digest_any_change_differs(conn, dsn, settings, tmp_path, data, pick):
     schema, rows, pair = data
@@ -124,7 +141,9 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
     table = pin.table.scan(snapshot_id=pin.snapshot_id).to_arrow().sort_by("__row_index")
     iceberg_rows = table.to_pylist()
     reference = sum(
-        cn.row_hash(cn.canonical_row(r["__row_index"], r["__row_id"], r["__created_at"], [r[c.name] for c in columns], columns))
+        cn.row_hash(
+            cn.canonical_row(r["__row_index"], r["__row_id"], r["__created_at"], [r[c.name] for c in columns], columns)
+        )
         for r in iceberg_rows
     )
     assert (len(iceberg_rows), reference) == pg_digest.value
@@ -139,7 +158,7 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
     changed[r][c.name] = _different(changed[r][c.name], c.type)
     assert _iceberg_digest_of(changed, table.schema, fields, columns, tmp_path / "changed.parquet") != base
     # one dropped row ⇒ different
-    dropped = iceberg_rows[:r] + iceberg_rows[r + 1:]
+    dropped = iceberg_rows[:r] + iceberg_rows[r + 1 :]
     assert _iceberg_digest_of(dropped, table.schema, fields, columns, tmp_path / "dropped.parquet") != base
     # one duplicated row ⇒ different (a xor would cancel it; the sum does not)
     duplicated = iceberg_rows + [iceberg_rows[r]]
@@ -147,7 +166,9 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
     # one swapped pair of values between two columns of one row ⇒ different (when the values differ)
     a, b = pair
     typ = next(col.type for col in columns if col.name == a)
-    swappable = [i for i, x in enumerate(iceberg_rows) if cn.canonical_value(x[a], typ) != cn.canonical_value(x[b], typ)]
+    swappable = [
+        i for i, x in enumerate(iceberg_rows) if cn.canonical_value(x[a], typ) != cn.canonical_value(x[b], typ)
+    ]
     if swappable:
         event("swap tested")
         i = swappable[0]
@@ -168,15 +189,37 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
 
 def _json_example(typ: str):
     """A non-null JSON value of the type (dropping a present key or adding this one changes the row)."""
-    return {"string": "zz", "int64": 7, "float64": 0.5, "boolean": True, "timestamp": "2001-02-03T04:05:06Z",
-            "date": "2001-02-03", "json": {"q": 1}}[typ]
+    return {
+        "string": "zz",
+        "int64": 7,
+        "float64": 0.5,
+        "boolean": True,
+        "timestamp": "2001-02-03T04:05:06Z",
+        "date": "2001-02-03",
+        "json": {"q": 1},
+    }[typ]
 
 
 # ---------------------------------------------------------------------------------------------------
 
 
-AWKWARD_FLOATS = [0.1, 1e-300, -0.0, 0.0, 5e-324, 1.7976931348623157e308, -2.5, 56.0, 3.5399581018880077e17,
-                  123456789.123456789, math.nan, math.inf, -math.inf, 2.0**-1074, -(2.0**1023)]
+AWKWARD_FLOATS = [
+    0.1,
+    1e-300,
+    -0.0,
+    0.0,
+    5e-324,
+    1.7976931348623157e308,
+    -2.5,
+    56.0,
+    3.5399581018880077e17,
+    123456789.123456789,
+    math.nan,
+    math.inf,
+    -math.inf,
+    2.0**-1074,
+    -(2.0**1023),
+]
 
 
 def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
@@ -187,7 +230,9 @@ def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
     assert len(set(want)) == len(want) - 2  # only the zeros (and 5e-324 == 2**-1074) share a text
     v = sql.SQL("x")
     pg = conn.execute(
-        sql.SQL("select {} from unnest(%s::float8[]) with ordinality u(x, o) order by o").format(cn._pg_field("float64", v)),
+        sql.SQL("select {} from unnest(%s::float8[]) with ordinality u(x, o) order by o").format(
+            cn._pg_field("float64", v)
+        ),
         ([str(x) if not math.isfinite(x) else repr(x) for x in AWKWARD_FLOATS],),
     ).fetchall()
     assert [r[0] for r in pg] == want
@@ -199,9 +244,13 @@ def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
     import duckdb
 
     con = duckdb.connect()
-    got = con.execute(f"select {cn._duck_field('float64', 'x')} from read_parquet($1) order by i", [str(path)]).fetchall()
+    got = con.execute(
+        f"select {cn._duck_field('float64', 'x')} from read_parquet($1) order by i", [str(path)]
+    ).fetchall()
     assert [r[0] for r in got] == want + ["NaN", "NaN"]
-    nan_row = con.execute(f"select {cn._duck_field('float64', 'x')} from read_parquet($1) where i = 10", [str(path)]).fetchall()
+    nan_row = con.execute(
+        f"select {cn._duck_field('float64', 'x')} from read_parquet($1) where i = 10", [str(path)]
+    ).fetchall()
     assert nan_row == [("NaN",)]
 
 
@@ -224,8 +273,11 @@ def test_invalid_json_text_in_iceberg_is_marked_in_duckdb(tmp_path):
 
     path = tmp_path / "j.parquet"
     pq.write_table(pa.table({"i": [0, 1, 2], "j": ['"p', '{"a": [1, "x|y"]}', None]}), path)
-    got = duckdb.connect().execute(
-        f"select {cn._duck_field('json', 'j')} from read_parquet($1) order by i", [str(path)]).fetchall()
+    got = (
+        duckdb.connect()
+        .execute(f"select {cn._duck_field('json', 'j')} from read_parquet($1) order by i", [str(path)])
+        .fetchall()
+    )
     assert [r[0] for r in got] == ['!2:"p', '{"a": [1, "x|y"]}', cn.NULL]
 
 
@@ -233,8 +285,14 @@ def test_many_columns_nest_past_the_postgres_argument_limit(conn, dsn, settings)
     schema = [{"name": f"c{i}", "type": ["int64", "string", "float64"][i % 3]} for i in range(150)]
     ws = ds.create_workspace(conn, "w")
     d = ds.create_dataset(conn, ws, "wide", schema)
-    ds.insert_rows(conn, d, [{f"c{i}": (k * i if i % 3 == 0 else (f"v{k}" if i % 3 == 1 else k / 3)) for i in range(150)}
-                             for k in range(5)])
+    ds.insert_rows(
+        conn,
+        d,
+        [
+            {f"c{i}": (k * i if i % 3 == 0 else (f"v{k}" if i % 3 == 1 else k / 3)) for i in range(150)}
+            for k in range(5)
+        ],
+    )
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     columns = ds.get_dataset(conn, d).columns
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
@@ -277,10 +335,16 @@ def test_pyiceberg_reader_path_gives_the_same_digest(conn, dsn, settings):
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     columns = ds.get_dataset(conn, d).columns
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
-    with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns, via_arrow=True) as arrow, IcebergSide(pin, columns) as files:
+    with (
+        PinnedPostgres(dsn) as pg,
+        IcebergSide(pin, columns, via_arrow=True) as arrow,
+        IcebergSide(pin, columns) as files,
+    ):
         want = full_digest(PgSide(pg.conn, d, columns), 0, 50).value
         assert full_digest(arrow, 0, 50).value == want == full_digest(files, 0, 50).value
-        assert sorted(arrow.row_hashes(10, 13)) == sorted(files.row_hashes(10, 13)) and len(arrow.row_hashes(10, 13)) == 3
+        assert (
+            sorted(arrow.row_hashes(10, 13)) == sorted(files.row_hashes(10, 13)) and len(arrow.row_hashes(10, 13)) == 3
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -288,12 +352,19 @@ def test_pyiceberg_reader_path_gives_the_same_digest(conn, dsn, settings):
 
 
 @hsettings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(texts=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60),
-                      min_size=1, max_size=30))
+@given(
+    texts=st.lists(
+        st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60), min_size=1, max_size=30
+    )
+)
 def test_lookup3_kernel_is_postgres_hashtextextended(conn, texts):
-    pg = [r[0] for r in conn.execute(
-        'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
-        (texts,)).fetchall()]
+    pg = [
+        r[0]
+        for r in conn.execute(
+            'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
+            (texts,),
+        ).fetchall()
+    ]
     assert [lookup3.hash_text(t) for t in texts] == pg
     # every Arrow layout DuckDB or pyarrow may hand over: 32/64-bit offsets, a slice not starting at 0
     for typ in (pa.string(), pa.large_string()):
@@ -305,13 +376,18 @@ def test_lookup3_in_duckdb_matches_postgres_and_refuses_null(conn):
     import duckdb
 
     texts = ["", "a", "x" * 12, "x" * 13, "héllo ✓", "0|36:" + "e" * 36]
-    pg = [r[0] for r in conn.execute(
-        'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
-        (texts,)).fetchall()]
+    pg = [
+        r[0]
+        for r in conn.execute(
+            'select hashtextextended(t collate "C", 0) from unnest(%s::text[]) with ordinality u(t, o) order by o',
+            (texts,),
+        ).fetchall()
+    ]
     con = duckdb.connect()
     lookup3.register(con)
-    got = con.execute(f"select {lookup3.DUCK_FUNCTION}(t) from unnest($1) with ordinality u(t, o) order by o",
-                      [texts]).fetchall()
+    got = con.execute(
+        f"select {lookup3.DUCK_FUNCTION}(t) from unnest($1) with ordinality u(t, o) order by o", [texts]
+    ).fetchall()
     assert [r[0] for r in got] == pg
     # over more rows than one DuckDB vector, in parallel: the same as hashing them one by one
     many = con.execute(f"select sum({lookup3.DUCK_FUNCTION}(i::VARCHAR)::HUGEINT) from range(50000) t(i)").fetchone()[0]

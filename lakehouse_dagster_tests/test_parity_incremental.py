@@ -11,15 +11,19 @@ import threading
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.parity import maintained as mt
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
+from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 from lakehouse_dagster_tests.test_canary import (
-    SCHEMA, behind_the_mirrors_back, evaluate, make_dataset, rows_for, sync,
+    behind_the_mirrors_back,
+    evaluate,
+    make_dataset,
+    rows_for,
+    sync,
 )
 
 
@@ -62,7 +66,9 @@ def test_mirror_stores_a_digest_per_file_that_equals_the_full_duckdb_digest(conn
     columns = ds.get_dataset(conn, d).columns
     stored = mt.load_file_digests(conn, d, columns, pin.files)
     assert set(stored) == set(pin.files) and len(pin.files) == 3
-    assert {r[0] for r in conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,))} == {"write"}
+    assert {
+        r[0] for r in conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,))
+    } == {"write"}
     segments, lo, hi = mt.iceberg_segments(conn, pin, columns)
     assert (lo, hi) == (0, 200_005)
     with IcebergSide(pin, columns) as ice:
@@ -78,7 +84,9 @@ def test_files_without_a_digest_are_digested_lazily_once(conn, dsn, settings):
     v = evaluate(settings, dsn, d)
     assert v.verdict == cy.OK and v.detail["digest"] == "maintained"
     assert v.detail["maintained_prepare"]["iceberg_files_digested"] == 1
-    assert conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,)).fetchall() == [("lazy",)]
+    assert conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,)).fetchall() == [
+        ("lazy",)
+    ]
     again = evaluate(settings, dsn, d)
     assert again.verdict == cy.OK and again.detail["maintained_prepare"]["iceberg_files_digested"] == 0
     assert again.detail["maintained_prepare"]["postgres"] == "ready"
@@ -94,7 +102,10 @@ def test_triggers_keep_the_sums_through_inserts_updates_deletes(conn, dsn):
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     ds.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # one multi-row statement, a new segment
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"changed\"}' where dataset_id = %s and row_index in (1, 65536, 300010)", (d,))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s and row_index in (1, 65536, 300010)',
+        (d,),
+    )
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute("update dataset_rows set row_index = row_index + 7 where dataset_id = %s and row_index = 65535", (d,))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
@@ -129,10 +140,18 @@ def app_writer(dsn, d, k: int, errors: list) -> None:
             for j in range(15):
                 base = 10_000 + k * 1000 + j * 10
                 retried(lambda: ds.insert_rows(c, d, rows_for(5, base), start_index=base))
-                retried(lambda: c.execute("update dataset_rows set data = data || jsonb_build_object('i', %s::int) "
-                                          "where dataset_id = %s and row_index = %s", (j, d, k * 100 + j)))
-                retried(lambda: c.execute("delete from dataset_rows where dataset_id = %s and row_index = %s",
-                                          (d, base + 4)))
+                retried(
+                    lambda: c.execute(
+                        "update dataset_rows set data = data || jsonb_build_object('i', %s::int) "
+                        "where dataset_id = %s and row_index = %s",
+                        (j, d, k * 100 + j),
+                    )
+                )
+                retried(
+                    lambda: c.execute(
+                        "delete from dataset_rows where dataset_id = %s and row_index = %s", (d, base + 4)
+                    )
+                )
     except Exception as exc:  # noqa: BLE001
         errors.append(exc)
 
@@ -153,8 +172,9 @@ def test_concurrent_writers_and_a_fill_racing_them_lose_nothing(conn, dsn):
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     removed = mt.compact_pg(conn, d, after=1)
     assert removed > 0
-    assert conn.execute("select count(*) = count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s",
-                        (d,)).fetchone()[0]
+    assert conn.execute(
+        "select count(*) = count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (d,)
+    ).fetchone()[0]
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
@@ -170,7 +190,7 @@ def test_a_schema_change_drops_the_registration_and_the_file_digests_are_not_reu
     d = make_dataset(conn, 12)
     sync(settings, dsn, d)
     assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
-    conn.execute("update datasets set schema = schema || '[{\"name\": \"extra\", \"type\": \"int64\"}]' where id = %s", (d,))
+    conn.execute('update datasets set schema = schema || \'[{"name": "extra", "type": "int64"}]\' where id = %s', (d,))
     assert conn.execute("select count(*) from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0] == 0
     sync(settings, dsn, d)
     v = evaluate(settings, dsn, d)
@@ -211,7 +231,10 @@ def test_replica_role_write_moves_no_version_but_the_maintained_sum_catches_it(c
     version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
     with conn.transaction():
         conn.execute("set local session_replication_role = replica")
-        conn.execute("update dataset_rows set data = data || '{\"s\": \"drift\"}' where dataset_id = %s and row_index = 70001", (d,))
+        conn.execute(
+            'update dataset_rows set data = data || \'{"s": "drift"}\' where dataset_id = %s and row_index = 70001',
+            (d,),
+        )
     assert conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0] == version
     v = evaluate(settings, dsn, d)
     assert v.verdict == cy.MISMATCH and v.detail["digest"] == "maintained"
@@ -223,7 +246,9 @@ def test_disabled_triggers_hide_a_change_from_the_maintained_sum_the_full_cross_
     d = make_dataset(conn, 30)
     sync(settings, dsn, d)
     assert evaluate(settings, dsn, d).verdict == cy.OK
-    behind_the_mirrors_back(conn, "update dataset_rows set data = data || '{\"s\": \"x\"}' where dataset_id = %s and row_index = 17", (d,))
+    behind_the_mirrors_back(
+        conn, 'update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 17', (d,)
+    )
     hidden = evaluate(settings, dsn, d)
     # Honest limit: with the triggers disabled by DDL the maintained Postgres sum is stale.
     assert hidden.verdict == cy.OK and hidden.detail["digest"] == "maintained"
@@ -233,7 +258,9 @@ def test_disabled_triggers_hide_a_change_from_the_maintained_sum_the_full_cross_
     # the stale sums were dropped: the next (maintained) canary fills them again from the rows
     again = evaluate(settings, dsn, d)
     assert again.detail["maintained_prepare"]["postgres"] == "registered+filled"
-    assert again.verdict == cy.MISMATCH and again.detail["digest"] == "maintained" and again.mismatched_row_indexes == [17]
+    assert (
+        again.verdict == cy.MISMATCH and again.detail["digest"] == "maintained" and again.mismatched_row_indexes == [17]
+    )
 
 
 def test_stale_maintained_sums_never_give_a_verdict(conn, dsn, settings):
@@ -263,8 +290,8 @@ def test_scheduled_canary_does_a_full_redigest_every_nth_run(conn, dsn, settings
 
 
 def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, dsn, settings):
-    from lakehouse_dagster_tests.test_parity_dagster import _evaluations, _materialize
     from lakehouse_dagster.dagster.defs.parity.checks import parity
+    from lakehouse_dagster_tests.test_parity_dagster import _evaluations, _materialize
 
     d = make_dataset(conn, 40)
     with dg.DagsterInstance.ephemeral() as instance:
@@ -290,6 +317,8 @@ def test_canary_job_full_when_tagged_and_every_nth_scheduled_run(conn, dsn, sett
     with dg.DagsterInstance.ephemeral() as instance:
         ev, _ = _run_canary_job(instance, dsn, d, tags={PARTITION_TAG: str(d), FULL_TAG: "true"})
         assert ev["parity"].passed and ev["parity"].metadata["detail"].value["digest"] == "full"
-        seen = [_run_canary_job(instance, dsn, d, tags=scheduled)[0]["parity"].metadata["detail"].value["digest"]
-                for _ in range(cy.FULL_EVERY)]
+        seen = [
+            _run_canary_job(instance, dsn, d, tags=scheduled)[0]["parity"].metadata["detail"].value["digest"]
+            for _ in range(cy.FULL_EVERY)
+        ]
     assert seen == ["maintained"] * (cy.FULL_EVERY - 1) + ["full"]

@@ -39,8 +39,9 @@ def _behind_the_mirrors_back(conn, d: uuid.UUID) -> None:
     """Change a value without bumping the version: the mirror thinks Iceberg is caught up."""
     with conn.transaction():
         conn.execute("alter table dataset_rows disable trigger user")
-        conn.execute("update dataset_rows set data = jsonb_set(data, '{a}', '-1') where dataset_id = %s and row_index = 2",
-                     (d,))
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{a}', '-1') where dataset_id = %s and row_index = 2", (d,)
+        )
         conn.execute("alter table dataset_rows enable trigger user")
 
 
@@ -62,7 +63,8 @@ def test_flip_one_dataset_checks_flips_and_verifies(conn, dsn, settings, ws):
     assert (o.name, o.scope, o.scope_id, o.mode, o.note) == ("export.stream", "dataset", d, "iceberg", "fase1 canary")
     # the verdict is recorded where the runbook's monitoring looks
     assert conn.execute("select verdict, source from lakehouse_read_parity where dataset_id = %s", (d,)).fetchall() == [
-        ("ok", "rollout")]
+        ("ok", "rollout")
+    ]
 
 
 def test_a_mismatch_stops_the_flip_before_anything_is_written(conn, dsn, settings, ws):
@@ -83,7 +85,8 @@ def _run(config: dict, dsn: str):
     return read_flip_job.execute_in_process(
         run_config={"ops": {"read_flip_preflight": {"config": config}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
-        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False,
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
     )
 
 
@@ -159,7 +162,11 @@ def test_write_flip_checks_parity_afresh_flips_and_verifies(conn, dsn, settings,
     assert [(c["verdict"], c["reused"]) for c in out["preflight"]] == [("ok", False)]
     (v,) = out["verify"]
     assert (v["writer_mode"], v["mirror_skips"], v["row_count_matches"], v["problems"]) == (
-        "iceberg_native", True, True, [])
+        "iceberg_native",
+        True,
+        True,
+        [],
+    )
     assert v["latest_sync"].startswith("succeeded mirror rows=6")
 
 
@@ -169,7 +176,9 @@ def test_write_flip_stops_on_a_mismatch_and_the_gates_still_name_what_is_missing
     _behind_the_mirrors_back(conn, drifted)
     before = flag_tables(conn)
     # (auto-rollback off: it would turn the drifted dataset's readers off; test_auto_rollback.py covers that)
-    proc = cli("write-flags", "flip", "sync.append", "--dataset", str(drifted), env={"LAKEHOUSE_AUTO_ROLLBACK": "false"})
+    proc = cli(
+        "write-flags", "flip", "sync.append", "--dataset", str(drifted), env={"LAKEHOUSE_AUTO_ROLLBACK": "false"}
+    )
     assert proc.returncode == 1 and "STOP: do not flip sync.append to iceberg_native" in proc.stdout
     assert flag_tables(conn) == before
     unread = _dataset(conn, dsn, settings, ws, "unread")  # parity ok, but its readers are on Postgres
@@ -184,9 +193,16 @@ def test_write_flip_job_for_one_dataset(conn, dsn, settings, ws):
     d = _dataset(conn, dsn, settings, ws, "ready")
     _read_flipped(conn, d)
     result = write_flip_job.execute_in_process(
-        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "cdc_append", "dataset_id": str(d),
-                                                                "note": "fase4 canary"}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+        run_config={
+            "ops": {
+                "write_flip_preflight": {
+                    "config": {"writer": "cdc_append", "dataset_id": str(d), "note": "fase4 canary"}
+                }
+            }
+        },
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     assert result.success
     (v,) = result.output_for_node("write_flip_verify")
     assert v["writer_mode"] == "iceberg_native" and v["mirror_skips"] and v["problems"] == []

@@ -15,17 +15,25 @@ from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
-from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli
-from .native_helpers import (SERVABLE, add_source_rows, native_write, pg_source_table, ready_native, row, snapshot,
-                             table_rows)
+from .native_helpers import (
+    SERVABLE,
+    add_source_rows,
+    native_write,
+    pg_source_table,
+    ready_native,
+    row,
+    snapshot,
+    table_rows,
+)
 
 
 def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn, dsn, settings):
@@ -72,8 +80,9 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
     assert (out["copied"], out["removed"], out["moved"], out["pg_rows"]) == (6, 0, 0, 12)
     assert iceberg_only(conn, catalog, settings, d) is None
     # identity preserved: Postgres rows are the table's rows
-    pg = conn.execute("select row_index, row_id::text, created_at from dataset_rows where dataset_id = %s"
-                      " order by row_index", (d,)).fetchall()
+    pg = conn.execute(
+        "select row_index, row_id::text, created_at from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
     assert pg == [(r["__row_index"], r["__row_id"], r["__created_at"]) for r in before]
 
     r = sync_dataset(dsn, catalog, settings, d)
@@ -99,8 +108,9 @@ def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, 
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     # the 6 stale rows are superseded, the 4 native rows copied; the pg-path rows kept (no collision: not moved)
     assert (res["removed"], res["copied"], res["pg_rows"]) == (6, 4, 6)
-    pg = conn.execute("select row_index, row_id::text, data->>'s' from dataset_rows where dataset_id = %s"
-                      " order by row_index", (d,)).fetchall()
+    pg = conn.execute(
+        "select row_index, row_id::text, data->>'s' from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
     assert pg[:4] == [(r["__row_index"], r["__row_id"], r["s"]) for r in replaced]
     assert [p[2] for p in pg[4:]] == ["v50 ü", "v51 ü"]
 
@@ -117,8 +127,9 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
     ds.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["moved"], res["removed"], res["pg_rows"]) == (4, 2, 0, 9)
-    got = conn.execute("select row_index, (data->>'a')::int from dataset_rows where dataset_id = %s order by 1",
-                       (d,)).fetchall()
+    got = conn.execute(
+        "select row_index, (data->>'a')::int from dataset_rows where dataset_id = %s order by 1", (d,)
+    ).fetchall()
     assert got == [(i, i) for i in range(7)] + [(7, 70), (8, 71)]
     catalog = load_catalog(settings, dsn)
     sync_dataset(dsn, catalog, settings, d)
@@ -129,9 +140,18 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
 def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, settings):
     catalog = load_catalog(settings, dsn)
     ws = ds.create_workspace(conn, "ws")
-    d = ds.create_dataset(conn, ws, "fed", [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"},
-                                           {"name": "x", "type": "float64"}, {"name": "at", "type": "timestamp"},
-                                           {"name": "doc", "type": "json"}])
+    d = ds.create_dataset(
+        conn,
+        ws,
+        "fed",
+        [
+            {"name": "a", "type": "int64"},
+            {"name": "s", "type": "string"},
+            {"name": "x", "type": "float64"},
+            {"name": "at", "type": "timestamp"},
+            {"name": "doc", "type": "json"},
+        ],
+    )
     src = pg_source_table(conn, [row(i) for i in range(6)])
     set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
 
@@ -171,9 +191,16 @@ def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
     d = ready_native(conn, dsn, settings, "cdc.append", rows=3)
     native_write(conn, dsn, settings, d, "cdc.append", [row(i) for i in range(3, 5)], start=3)
     result = write_rollback_job.execute_in_process(
-        run_config={"ops": {"write_rollback_op": {"config": {"writer": "cdc_append", "dataset_id": str(d),
-                                                             "backfill": True, "note": "rollback"}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral())
+        run_config={
+            "ops": {
+                "write_rollback_op": {
+                    "config": {"writer": "cdc_append", "dataset_id": str(d), "backfill": True, "note": "rollback"}
+                }
+            }
+        },
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
     assert result.success
     out = result.output_for_node("write_rollback_op")
     assert [(r["iceberg_only_rows"], r["iceberg_only_snapshots"]) for r in out["rolled_back"]] == [(2, 1)]
@@ -190,8 +217,9 @@ def _live_files(table) -> list[tuple[str, int]]:
     from pyiceberg.types import LongType
 
     fid = table.schema().find_field("__row_index").field_id
-    return sorted((t.file.file_path, from_bytes(LongType(), t.file.lower_bounds[fid]))
-                  for t in table.scan().plan_files())
+    return sorted(
+        (t.file.file_path, from_bytes(LongType(), t.file.lower_bounds[fid])) for t in table.scan().plan_files()
+    )
 
 
 def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whole(conn, dsn, settings):
@@ -272,8 +300,11 @@ def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_
     rows = table.scan().to_arrow().to_pylist()
     assert sorted(r["__row_index"] for r in rows) == list(range(6 + n))  # every row exactly once
     assert sorted(r["a"] for r in rows) == list(range(6 + n))
-    assert all(identity[r["__row_index"]] == (r["__row_id"], r["__created_at"]) for r in table_rows(settings, dsn, d)
-               if r["__row_index"] in identity)  # rewritten, not re-identified
+    assert all(
+        identity[r["__row_index"]] == (r["__row_id"], r["__created_at"])
+        for r in table_rows(settings, dsn, d)
+        if r["__row_index"] in identity
+    )  # rewritten, not re-identified
     found = iceberg_only(conn, catalog, settings, d)
     assert (found.snapshots, found.rows, found.replaced) == (n, n, False)
     assert sorted(found.added_files) == sorted(p for p, _ in live if p not in before)
@@ -295,8 +326,11 @@ def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
     before = iceberg_only(conn, catalog, settings, d)
     fence(catalog.load_table(table_identifier(settings, d)), "test")
     after = iceberg_only(conn, catalog, settings, d)
-    assert (after.snapshots, after.rows, after.added_files) == (before.snapshots, before.rows, before.added_files) == (
-        1, 1, before.added_files)
+    assert (
+        (after.snapshots, after.rows, after.added_files)
+        == (before.snapshots, before.rows, before.added_files)
+        == (1, 1, before.added_files)
+    )
     native_write(conn, dsn, settings, d, "sync.append", [row(7)], start=7, legacy=True)
     fence(catalog.load_table(table_identifier(settings, d)), "test")  # nothing to carry on: the current has no totals
     found = iceberg_only(conn, catalog, settings, d)

@@ -40,8 +40,15 @@ SCHEMA = [
 
 def _rows(start, count):
     return [
-        {"name": f"row {i}", "n": i, "x": i / 4, "ok": i % 2 == 0, "at": f"2024-01-01T00:00:{i % 60:02d}+01:00",
-         "day": "2024-02-29", "meta": {"k": i, "tags": ["a", None]}}
+        {
+            "name": f"row {i}",
+            "n": i,
+            "x": i / 4,
+            "ok": i % 2 == 0,
+            "at": f"2024-01-01T00:00:{i % 60:02d}+01:00",
+            "day": "2024-02-29",
+            "meta": {"k": i, "tags": ["a", None]},
+        }
         for i in range(start, start + count)
     ]
 
@@ -79,8 +86,13 @@ class Executors:
     def iceberg(self, decision):
         self.calls.append("iceberg")
         table = load_dataset_table(self.catalog, self.settings, self.dataset.id)
-        return read_iceberg(table, self.proj.columns, limit=self.proj.limit,
-                            order_by_row_index=self.proj.order_by_row_index, snapshot_id=decision.snapshot_id)
+        return read_iceberg(
+            table,
+            self.proj.columns,
+            limit=self.proj.limit,
+            order_by_row_index=self.proj.order_by_row_index,
+            snapshot_id=decision.snapshot_id,
+        )
 
 
 def _route(conn, reader, d, ex):
@@ -134,7 +146,10 @@ def test_eventual_gate_needs_a_succeeded_snapshot_and_tolerates_lag(conn, dsn, c
         result = _route(conn, "export.stream", dataset, ex)
     assert ex.calls == ["iceberg"]
     assert (result.decision.source, result.decision.reason, result.decision.snapshot_id) == (
-        "iceberg", "iceberg@eventual", synced.snapshot_id)
+        "iceberg",
+        "iceberg@eventual",
+        synced.snapshot_id,
+    )
     assert f"reason=iceberg@eventual snapshot={synced.snapshot_id}" in caplog.text
     assert result.value.equals(read_postgres(conn, ex.dataset, ex.proj))  # same rows, same types
 
@@ -174,8 +189,19 @@ def test_iceberg_error_falls_back_to_postgres_with_the_log_line(conn, dsn, catal
     assert "\n" not in warning.getMessage()
 
     # The same through the command an operator runs.
-    proc = cli("read", "--reader", "studio.digest", "--dataset", str(dataset), "--columns", "n,name", "--limit", "3",
-               "--order-by-row-index", check=True)
+    proc = cli(
+        "read",
+        "--reader",
+        "studio.digest",
+        "--dataset",
+        str(dataset),
+        "--columns",
+        "n,name",
+        "--limit",
+        "3",
+        "--order-by-row-index",
+        check=True,
+    )
     assert f"[read-router] studio.digest ds={dataset} iceberg read failed → PG fallback: " in proc.stderr
     assert "reason=pg@fallback" in proc.stdout and "row 2" in proc.stdout and "(3 row(s) from pg)" in proc.stdout
 
@@ -233,7 +259,10 @@ def test_clamped_reader_stays_on_postgres(conn, dsn, catalog, settings, dataset)
     ex = Executors(conn, catalog, settings, dataset)
     result = _route(conn, "dashboards.aggregate", dataset, ex)
     assert (result.decision.mode, result.decision.flag.reason, result.decision.reason) == (
-        "off", "clamped to ceiling", "pg@off")
+        "off",
+        "clamped to ceiling",
+        "pg@off",
+    )
 
 
 def test_unknown_dataset_and_column_are_refused(conn, settings, dataset):
@@ -248,8 +277,18 @@ def test_unknown_dataset_and_column_are_refused(conn, settings, dataset):
 def test_read_command_serves_iceberg_with_projection_and_limit(conn, dsn, catalog, settings, dataset):
     _mirror(dsn, catalog, settings, dataset)
     cli("flags", "set", "export.stream", "iceberg", "--dataset", str(dataset), "--note", "fase1 canary", check=True)
-    out = cli_json("read", "--reader", "export.stream", "--dataset", str(dataset), "--columns", "__row_index,n,meta",
-                   "--limit", "4", "--order-by-row-index")
+    out = cli_json(
+        "read",
+        "--reader",
+        "export.stream",
+        "--dataset",
+        str(dataset),
+        "--columns",
+        "__row_index,n,meta",
+        "--limit",
+        "4",
+        "--order-by-row-index",
+    )
     assert out["decision"]["source"] == "iceberg" and out["decision"]["reason"] == "iceberg@eventual"
     assert out["decision"]["mode_reason"] == "dataset override"
     assert out["rows"] == [{"__row_index": i, "n": i, "meta": f'{{"k": {i}, "tags": ["a", null]}}'} for i in range(4)]
@@ -278,14 +317,24 @@ def test_ordered_limited_iceberg_read_matches_postgres_across_files(conn, dsn, c
 def _pg_state(conn, d):
     return conn.execute(
         "select (select count(*) from dataset_rows where dataset_id = %s), rows_version, max_row_index"
-        " from datasets where id = %s", (d, d)).fetchone()
+        " from datasets where id = %s",
+        (d, d),
+    ).fetchone()
 
 
 def _batch(d, start, count, *, bad=False):
     schema = arrow_schema(d.columns)
-    rows = [{"__row_index": start + i, "__row_id": str(uuid.uuid4()), "__created_at": None,
-             **{c.name: None for c in d.columns}, "name": f"native {start + i}", "n": start + i}
-            for i in range(count)]
+    rows = [
+        {
+            "__row_index": start + i,
+            "__row_id": str(uuid.uuid4()),
+            "__created_at": None,
+            **{c.name: None for c in d.columns},
+            "name": f"native {start + i}",
+            "n": start + i,
+        }
+        for i in range(count)
+    ]
     batch = pa.RecordBatch.from_pylist(rows, schema=schema)
     if bad:  # a batch that does not fit the dataset's schema: a column missing
         batch = batch.drop_columns(["meta"])
@@ -301,7 +350,9 @@ FAILURES = {
     "batch missing a column": lambda d, settings, dsn: (_batch(d, 0, 3, bad=True), load_catalog(settings, dsn)),
     "value of the wrong type": lambda d, settings, dsn: (_bad_types_batch(d), load_catalog(settings, dsn)),
     "warehouse not writable": lambda d, settings, dsn: (
-        _batch(d, 0, 3), load_catalog(settings.replace(warehouse="file:///proc/lakehouse-not-writable"), dsn)),
+        _batch(d, 0, 3),
+        load_catalog(settings.replace(warehouse="file:///proc/lakehouse-not-writable"), dsn),
+    ),
 }
 
 
@@ -328,15 +379,23 @@ def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, s
         return ds.insert_rows(conn, dataset, _rows(100, 1))
 
     with caplog.at_level(logging.INFO), pytest.raises(SyncFailed, match="iceberg_native write failed") as info:
-        route_write(conn, FlagResolver(conn, 10), "sync.append", dataset, pg_write=pg_write,
-                    iceberg_write=native_write(catalog, settings, d, [batch], writer="sync.append"), settings=settings)
+        route_write(
+            conn,
+            FlagResolver(conn, 10),
+            "sync.append",
+            dataset,
+            pg_write=pg_write,
+            iceberg_write=native_write(catalog, settings, d, [batch], writer="sync.append"),
+            settings=settings,
+        )
     assert "nothing was written to dataset_rows" in str(info.value)
     assert pg_calls == [] and _pg_state(conn, dataset) == before
     status, error = conn.execute("select status, error from datasets where id = %s", (dataset,)).fetchone()
     assert status == "errored" and error
     (log,) = conn.execute(
         "select writer, path, status, error, finished_at, snapshot_id from iceberg_sync_log where dataset_id = %s",
-        (dataset,)).fetchall()
+        (dataset,),
+    ).fetchall()
     assert log[:3] == ("sync.append", "native", "failed") and log[3] == error and log[4] is not None and log[5] is None
     assert f"iceberg_native write failed: {dataset}" in caplog.text
     table = load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, dataset))
@@ -344,8 +403,9 @@ def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, s
 
     # The retry (here with a good batch and the right warehouse) succeeds and clears the error.
     good = native_write(load_catalog(settings, dsn), settings, d, [_batch(d, 0, 3)], writer="sync.append")
-    outcome = route_write(conn, FlagResolver(conn, 10), "sync.append", dataset, pg_write=pg_write,
-                          iceberg_write=good, settings=settings)
+    outcome = route_write(
+        conn, FlagResolver(conn, 10), "sync.append", dataset, pg_write=pg_write, iceberg_write=good, settings=settings
+    )
     assert outcome.value.rows == 3 and pg_calls == [] and _pg_state(conn, dataset) == before
     assert conn.execute("select status, error from datasets where id = %s", (dataset,)).fetchone() == ("ready", None)
 
@@ -359,15 +419,23 @@ def test_native_write_lands_in_iceberg_and_serves_strict_reads(conn, dsn, catalo
         set_override(conn, "read", r.name, "iceberg", workspace=ws, actor="t")
     assert native_dataset_ids(conn) == {dataset}  # the mirror poller skips it
 
-    outcome = route_write(conn, FlagResolver(conn, 10), "sync.full", dataset,
-                          pg_write=lambda: pytest.fail("pg path taken"),
-                          iceberg_write=native_write(catalog, settings, d, [_batch(d, 0, 4), _batch(d, 4, 4)],
-                                                     writer="sync.full"), settings=settings)
+    outcome = route_write(
+        conn,
+        FlagResolver(conn, 10),
+        "sync.full",
+        dataset,
+        pg_write=lambda: pytest.fail("pg path taken"),
+        iceberg_write=native_write(catalog, settings, d, [_batch(d, 0, 4), _batch(d, 4, 4)], writer="sync.full"),
+        settings=settings,
+    )
     assert outcome.decision.native and outcome.value.rows == 8
     table = load_dataset_table(catalog, settings, dataset)
     assert table.current_snapshot().snapshot_id == outcome.value.snapshot_id
-    log = conn.execute("select path, mode, status, rows, snapshot_id, source_version, has_identity from iceberg_sync_log"
-                       " where sync_id = %s", (outcome.sync_id,)).fetchone()
+    log = conn.execute(
+        "select path, mode, status, rows, snapshot_id, source_version, has_identity from iceberg_sync_log"
+        " where sync_id = %s",
+        (outcome.sync_id,),
+    ).fetchone()
     assert log == ("native", "replace", "succeeded", 8, outcome.value.snapshot_id, d.rows_version, True)
     assert conn.execute("select row_count, status from datasets where id = %s", (dataset,)).fetchone() == (8, "ready")
     assert _pg_state(conn, dataset)[0] == 0  # dataset_rows never written
@@ -384,8 +452,13 @@ def test_pg_mode_and_clamped_writers_write_postgres(conn, dataset):
         " values ('write', 'row.edit', 'global', 'iceberg_native', 'psql')"
     )
     for writer, reason in (("sync.full", "registry default"), ("row.edit", "clamped to ceiling")):
-        outcome = route_write(conn, FlagResolver(conn, 0), writer, dataset,
-                              pg_write=lambda: ds.insert_rows(conn, dataset, _rows(1000, 2)),
-                              iceberg_write=lambda sync_id, version: pytest.fail("native path taken"))
+        outcome = route_write(
+            conn,
+            FlagResolver(conn, 0),
+            writer,
+            dataset,
+            pg_write=lambda: ds.insert_rows(conn, dataset, _rows(1000, 2)),
+            iceberg_write=lambda sync_id, version: pytest.fail("native path taken"),
+        )
         assert (outcome.decision.flag.mode, outcome.decision.flag.reason, outcome.value) == ("pg", reason, 2)
     assert conn.execute("select count(*) from iceberg_sync_log").fetchone()[0] == 0

@@ -18,9 +18,9 @@ from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import get_source, set_source
 from lakehouse_dagster.sources.convert import jsonb_text
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, cli_json
@@ -90,25 +90,32 @@ BAD_SPECS = {
     "bad table name": ({"type": "postgres", "table": "public.x; drop table datasets"}, "must be schema.table"),
     "table and query": ({"type": "postgres", "table": "public.src", "query": "select 1"}, "exactly one of"),
     "missing table": ({"type": "postgres", "table": "public.nope"}, "cannot read it"),
-    "missing cursor column": ({"type": "postgres", "table": "public.src", "cursor_column": "nope"},
-                              "has no column 'nope'"),
+    "missing cursor column": (
+        {"type": "postgres", "table": "public.src", "cursor_column": "nope"},
+        "has no column 'nope'",
+    ),
     "source lacks dataset columns": ({"type": "postgres", "query": "select 1 as id"}, "lacks dataset"),
     "not a select": ({"type": "postgres", "query": "delete from datasets"}, "one SELECT statement"),
     "two statements": ({"type": "postgres", "query": "select 1; drop table datasets"}, "one SELECT statement"),
-    "cdc op not a dataset column": ({"type": "cdc", "table": "public.src", "position_column": "id",
-                                     "op_column": "op"}, "must be one of dataset"),
+    "cdc op not a dataset column": (
+        {"type": "cdc", "table": "public.src", "position_column": "id", "op_column": "op"},
+        "must be one of dataset",
+    ),
     "cdc without op": ({"type": "cdc", "table": "public.src", "position_column": "id"}, "op column"),
-    "dsn var unset": ({"type": "postgres", "table": "public.src", "dsn_env": "LAKEHOUSE_TEST_UNSET_DSN"},
-                      "is not set"),
-    "dsn value instead of a name": ({"type": "postgres", "table": "public.src",
-                                     "dsn_env": "postgresql://u:pw@h/db"}, "must name an environment variable"),
+    "dsn var unset": ({"type": "postgres", "table": "public.src", "dsn_env": "LAKEHOUSE_TEST_UNSET_DSN"}, "is not set"),
+    "dsn value instead of a name": (
+        {"type": "postgres", "table": "public.src", "dsn_env": "postgresql://u:pw@h/db"},
+        "must name an environment variable",
+    ),
 }
 
 
 @pytest.fixture
 def src_table(conn):
-    conn.execute("create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
-                 " at timestamptz, day date, meta jsonb)")
+    conn.execute(
+        "create table public.src (id bigint, op text, name text, n bigint, x float8, ok boolean,"
+        " at timestamptz, day date, meta jsonb)"
+    )
 
 
 @pytest.mark.parametrize("case", list(BAD_SPECS))
@@ -123,11 +130,14 @@ def test_bad_source_spec_is_refused_and_nothing_is_written(conn, settings, datas
     assert get_source(conn, dataset) is None  # a legacy "demo" source reads as no source
 
 
-@pytest.mark.parametrize("args,reason", [
-    (["--files", "/nonexistent/x.parquet"], "no such file or directory"),
-    (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
-    (["--cdc-table", "public.src", "--position-column", "id", "--cursor-column", "id"], "does not apply"),
-])
+@pytest.mark.parametrize(
+    "args,reason",
+    [
+        (["--files", "/nonexistent/x.parquet"], "no such file or directory"),
+        (["--postgres-table", "public.src", "--format", "csv"], "--format applies to --files"),
+        (["--cdc-table", "public.src", "--position-column", "id", "--cursor-column", "id"], "does not apply"),
+    ],
+)
 def test_bad_source_spec_through_the_cli_is_one_line_exit_2(conn, settings, dataset, src_table, args, reason):
     before = _stored(conn, dataset)
     proc = cli("sources", "set", "--dataset", str(dataset), *args)
@@ -141,7 +151,11 @@ JSON_CORPUS = [
     '{"b": 1, "a": 2, "aa": {"z": [1, 2.50, -0, 1e3, 1.5E-3, -0.0, 12345678901234567890]}}',
     '{"é": "ü", "e": "\\u00e9", "tab": "a\\tb\\u0001\\n\\"\\\\/", "": null}',
     '[true, false, null, "x", {"k": {}}, []]',
-    '"just a string"', "3.14159265358979323846", "-1E+2", "0.000", '{"dup": 1, "dup": 2}',
+    '"just a string"',
+    "3.14159265358979323846",
+    "-1E+2",
+    "0.000",
+    '{"dup": 1, "dup": 2}',
     '{"emoji": "😀 \\ud83d\\ude00", "ctl": "\\u001f\\u007f"}',
 ]
 
@@ -167,11 +181,17 @@ def s3(monkeypatch):
     """A real S3 HTTP endpoint on loopback (moto_server)."""
     port = _free_port()
     exe = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
-                 "AWS_DEFAULT_REGION": "us-east-1", "LAKEHOUSE_S3_ENDPOINT": endpoint}.items():
+    for k, v in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "LAKEHOUSE_S3_ENDPOINT": endpoint,
+    }.items():
         monkeypatch.setenv(k, v)
     import boto3
 
@@ -184,7 +204,7 @@ def s3(monkeypatch):
         except Exception:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                raise AssertionError("moto_server did not start")  # never skipped
+                raise AssertionError("moto_server did not start") from None  # never skipped
             time.sleep(0.2)
     yield client
     proc.terminate()
@@ -215,8 +235,22 @@ def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, s
 def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
     """Run `lakehouse ingest` in its own process; it SIGKILLs itself at failpoint ``point`` (core/failpoints.py)."""
     env = {**os.environ, "LAKEHOUSE_FAILPOINT": f"{point}:kill", "LAKEHOUSE_INGEST_CHUNK_ROWS": "10"}
-    proc = subprocess.run([sys.executable, "-m", "lakehouse_dagster.cli.main", "ingest", "--dataset", str(dataset),
-                           "--writer", "sync.append"], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lakehouse_dagster.cli.main",
+            "ingest",
+            "--dataset",
+            str(dataset),
+            "--writer",
+            "sync.append",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
 
 
@@ -229,14 +263,16 @@ def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog,
     r = run_writer(dsn, catalog, settings, FlagResolver(conn, 0), dataset, "sync.append", sync_id=sync_id)
     assert r.rows == 0 and r.total_rows == 20  # not appended twice
     assert [x["n"] for x in table_rows(catalog, settings, dataset)] == [x["n"] for x in _records(0, 20)]
-    assert conn.execute("select status, snapshot_id is not null from iceberg_sync_log where sync_id = %s",
-                        (sync_id,)).fetchone() == ("succeeded", True)
+    assert conn.execute(
+        "select status, snapshot_id is not null from iceberg_sync_log where sync_id = %s", (sync_id,)
+    ).fetchone() == ("succeeded", True)
 
 
 @pytest.mark.parametrize("mode", ["pg", "native"])
 @pytest.mark.parametrize("point", ["after-first-batch", "after-commit-before-log"])
 def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
-        conn, dsn, catalog, settings, dataset, tmp_path, mode, point):
+    conn, dsn, catalog, settings, dataset, tmp_path, mode, point
+):
     src = tmp_path / "src"
     write_source_file(src / "a.csv", "csv", _records(0, 30))
     write_source_file(src / "b.csv", "csv", _records(30, 30))
@@ -247,7 +283,9 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
     write_source_file(src / "c.csv", "csv", _records(60, 5))
     r = ingest(dsn, catalog, settings, conn, dataset, "sync.append")
     # after the commit the first run's files count as ingested; mid-write nothing did
-    assert r.rows == (5 if point == "after-commit-before-log" else 65) and r.total_rows == 65 and r.cursor == {"files": 3}
+    assert (
+        r.rows == (5 if point == "after-commit-before-log" else 65) and r.total_rows == 65 and r.cursor == {"files": 3}
+    )
     if mode == "pg":
         sync_dataset(dsn, catalog, settings, dataset)
     rows = table_rows(catalog, settings, dataset)
@@ -255,10 +293,13 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
     assert [x["__row_index"] for x in rows] == list(range(65))
     if mode == "native":
         assert conn.execute("select count(*) from dataset_rows").fetchone()[0] == 0
-        statuses = sorted(s for (s,) in conn.execute("select status from iceberg_sync_log where dataset_id = %s",
-                                                     (dataset,)))
+        statuses = sorted(
+            s for (s,) in conn.execute("select status from iceberg_sync_log where dataset_id = %s", (dataset,))
+        )
         # the killed sync was found by the next one: succeeded if its commit landed, failed otherwise
-        assert statuses == (["succeeded", "succeeded"] if point == "after-commit-before-log" else ["failed", "succeeded"])
+        assert statuses == (
+            ["succeeded", "succeeded"] if point == "after-commit-before-log" else ["failed", "succeeded"]
+        )
         assert conn.execute("select row_count from datasets where id = %s", (dataset,)).fetchone()[0] == 65
         leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
         # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
@@ -266,12 +307,15 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
 
 
 def test_source_dsn_secret_never_shows_in_errors(conn, dsn, catalog, settings, dataset, monkeypatch):
-    conn.execute("create table public.src (id bigint, name text, n bigint, x float8, ok boolean,"
-                 " at timestamptz, day date, meta jsonb)")
+    conn.execute(
+        "create table public.src (id bigint, name text, n bigint, x float8, ok boolean,"
+        " at timestamptz, day date, meta jsonb)"
+    )
     conn.execute("insert into public.src (id, n) values (1, 1)")
     monkeypatch.setenv("SRC_DSN", dsn)
-    spec = set_source(conn, dataset, {"type": "postgres", "table": "public.src", "cursor_column": "id",
-                                      "dsn_env": "SRC_DSN"})
+    spec = set_source(
+        conn, dataset, {"type": "postgres", "table": "public.src", "cursor_column": "id", "dsn_env": "SRC_DSN"}
+    )
     assert spec.to_json()["dsn_env"] == "SRC_DSN" and dsn not in json.dumps(spec.to_json())
     stored = conn.execute("select source::text from datasets where id = %s", (dataset,)).fetchone()[0]
     assert "postgresql://" not in stored
@@ -284,6 +328,15 @@ def test_source_dsn_secret_never_shows_in_errors(conn, dsn, catalog, settings, d
     assert "cannot read it" in str(info.value) and "S3cretPw" not in str(info.value)
     error = conn.execute("select error from datasets where id = %s", (dataset,)).fetchone()[0]
     assert "S3cretPw" not in error
-    proc = cli("sources", "set", "--dataset", str(dataset), "--postgres-table", "public.src", "--dsn-env", "SRC_DSN",
-               env={"SRC_DSN": secret})
+    proc = cli(
+        "sources",
+        "set",
+        "--dataset",
+        str(dataset),
+        "--postgres-table",
+        "public.src",
+        "--dsn-env",
+        "SRC_DSN",
+        env={"SRC_DSN": secret},
+    )
     assert proc.returncode == 2 and "cannot connect" in proc.stderr and "S3cretPw" not in proc.stderr

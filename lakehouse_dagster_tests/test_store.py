@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.tracking import datasets as ds
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}]
 

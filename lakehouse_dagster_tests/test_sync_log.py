@@ -12,9 +12,11 @@ SCHEMA = [{"name": "n", "type": "int64"}]
 
 def _log(conn, d, status, version, finished):
     sid = uuid.uuid4()
-    conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, status, source_version, snapshot_id, finished_at)"
-                 " values (%s, %s, %s, %s, %s, now() + make_interval(secs => %s))",
-                 (d, sid, status, version, version * 10 if status == "succeeded" else None, finished))
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, status, source_version, snapshot_id, finished_at)"
+        " values (%s, %s, %s, %s, %s, now() + make_interval(secs => %s))",
+        (d, sid, status, version, version * 10 if status == "succeeded" else None, finished),
+    )
     return sid
 
 
@@ -48,9 +50,17 @@ def test_behind_index_holds_only_datasets_behind(conn):
     version = conn.execute("select rows_version from datasets where id = %s", (ids[0],)).fetchone()[0]
     _log(conn, ids[0], "succeeded", version, 1)
     conn.execute("set enable_seqscan = off")
-    plan = "\n".join(r[0] for r in conn.execute(
-        "explain select id from datasets where kind = 'tabular' and coalesce(mirrored_version, -1) < rows_version"))
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            "explain select id from datasets where kind = 'tabular' and coalesce(mirrored_version, -1) < rows_version"
+        )
+    )
     assert "datasets_mirror_behind_idx" in plan
-    behind = {r[0] for r in conn.execute(
-        "select id from datasets where kind = 'tabular' and coalesce(mirrored_version, -1) < rows_version")}
+    behind = {
+        r[0]
+        for r in conn.execute(
+            "select id from datasets where kind = 'tabular' and coalesce(mirrored_version, -1) < rows_version"
+        )
+    }
     assert behind == set(ids[1:])

@@ -10,13 +10,12 @@ import time
 import psycopg
 import pytest
 
-from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
-from lakehouse_dagster.tracking import barrier
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.tracking import capture
-from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
+from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference
 
@@ -30,22 +29,31 @@ def _logical_wal(conn):
 
 
 def tracking(conn, d) -> tuple:
-    return conn.execute("select rows_version, rows_rewrite_version, max_row_index, rows_xid::text::bigint"
-                        " from datasets where id = %s", (d,)).fetchone()
+    return conn.execute(
+        "select rows_version, rows_rewrite_version, max_row_index, rows_xid::text::bigint from datasets where id = %s",
+        (d,),
+    ).fetchone()
 
 
 def enabled(conn) -> set[str]:
-    return {r[0] for r in conn.execute("select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
-                                       " and not tgisinternal and tgenabled <> 'D'")}
+    return {
+        r[0]
+        for r in conn.execute(
+            "select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
+            " and not tgisinternal and tgenabled <> 'D'"
+        )
+    }
 
 
 def _steps(conn, d):
     """The same app writes, one transaction each (a rolled-back one among them)."""
+
     def one(statements):
         def run():
             with conn.transaction():
                 for q, p in statements:
                     conn.execute(q, p)
+
         return run
 
     def rolled_back():
@@ -53,7 +61,7 @@ def _steps(conn, d):
             conn.execute("delete from dataset_rows where dataset_id = %s", (d,))
             raise psycopg.Rollback()
 
-    upd = "update dataset_rows set data = data || '{\"s\": \"u\"}' where dataset_id = %s and row_index = any(%s)"
+    upd = 'update dataset_rows set data = data || \'{"s": "u"}\' where dataset_id = %s and row_index = any(%s)'
     return [
         lambda: ds.insert_rows(conn, d, rows_for(10, 0), start_index=0),  # a pure append
         lambda: ds.insert_rows(conn, d, rows_for(10, 10), start_index=10),
@@ -62,16 +70,25 @@ def _steps(conn, d):
         lambda: ds.insert_rows(conn, d, rows_for(1, 3), start_index=3),  # an insert below the max
         one([("update dataset_rows set row_index = 10000 where dataset_id = %s and row_index = 19", (d,))]),
         rolled_back,
-        one([("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10001, '{}')", (d,)),
-             (upd, (d, [4, 7]))]),  # an append and an update in one transaction
+        one(
+            [
+                ("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10001, '{}')", (d,)),
+                (upd, (d, [4, 7])),
+            ]
+        ),  # an append and an update in one transaction
         lambda: ds.insert_rows(conn, d, rows_for(5, 20_000), start_index=20_000),
     ]
 
 
 def _observe(conn, d, before) -> tuple:
     v, rw, mx, _ = tracking(conn, d)
-    changes = sorted(conn.execute("select bucket, min_idx, max_idx, prev_version = %s from lakehouse_row_changes"
-                                  " where dataset_id = %s and version = %s", (before[1], d, v)).fetchall())
+    changes = sorted(
+        conn.execute(
+            "select bucket, min_idx, max_idx, prev_version = %s from lakehouse_row_changes"
+            " where dataset_id = %s and version = %s",
+            (before[1], d, v),
+        ).fetchall()
+    )
     return (v != before[0], rw == v, mx, changes)
 
 
@@ -103,8 +120,10 @@ def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending
     a, b = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b")
     capture.enable(conn, tracking=True)
     va, vb = tracking(conn, a), tracking(conn, b)
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"both\"}' where dataset_id = any(%s) and row_index = 1",
-                 ([a, b],))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "both"}\' where dataset_id = any(%s) and row_index = 1',
+        ([a, b],),
+    )
     ds.insert_rows(conn, a, rows_for(3, 100), start_index=100)
     # not caught up: back to the triggers; the switch applies both under its lock, before the triggers resume
     out = capture.disable(conn)
@@ -127,7 +146,9 @@ def test_syncs_and_canaries_in_wal_tracking_mirror_exactly(conn, dsn, settings):
         assert r.mode == "incremental" and r.rows == 100 and r.total_rows == 110 + 100 * k, r
     v = evaluate(settings, dsn, d)
     assert v.verdict == cy.OK and v.pg_version == tracking(conn, d)[0], v.detail
-    conn.execute("update dataset_rows set data = data || '{\"s\": \"edit\"}' where dataset_id = %s and row_index = 3", (d,))
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "edit"}\' where dataset_id = %s and row_index = 3', (d,)
+    )
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 5", (d,))
     r = sync(settings, dsn, d)  # the consumer's row-range records: only the first file is rewritten
     assert r.mode == "partial" and r.total_rows == 409, (r.mode, r.reason)
@@ -156,8 +177,9 @@ def test_writers_racing_syncs_and_canaries_never_see_tracking_and_rows_disagree(
     final = evaluate(settings, dsn, d, full=True)
     assert final.verdict == cy.OK, final.detail
     # while they ran a canary could find Iceberg behind (a write after the sync), never a mismatch
-    assert verdicts and all(v.verdict in (cy.OK, cy.LAGGING) for v in verdicts), \
-        [(v.verdict, v.detail.get("reason")) for v in verdicts if v.verdict not in (cy.OK, cy.LAGGING)]
+    assert verdicts and all(v.verdict in (cy.OK, cy.LAGGING) for v in verdicts), [
+        (v.verdict, v.detail.get("reason")) for v in verdicts if v.verdict not in (cy.OK, cy.LAGGING)
+    ]
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
@@ -189,15 +211,20 @@ def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(c
             pin = PinnedSnapshot(dsn, d)
             try:
                 tracked = pin._row[2]
-                seen = pin.conn.execute("select max(row_index) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0]
+                seen = pin.conn.execute(
+                    "select max(row_index) from dataset_rows where dataset_id = %s", (d,)
+                ).fetchone()[0]
                 apart["barrier"] += tracked != (seen if seen is not None else -1)
             finally:
                 pin.close()
             with connect(dsn) as c:  # the same read without the barrier: a consumer catch-up, then a snapshot
                 capture.catch_up(c)
                 c.execute("begin isolation level repeatable read")
-                tracked, seen = c.execute("select max_row_index, (select max(row_index) from dataset_rows"
-                                          " where dataset_id = %s) from datasets where id = %s", (d, d)).fetchone()
+                tracked, seen = c.execute(
+                    "select max_row_index, (select max(row_index) from dataset_rows"
+                    " where dataset_id = %s) from datasets where id = %s",
+                    (d, d),
+                ).fetchone()
                 c.execute("rollback")
                 apart["naive"] += tracked != (seen if seen is not None else -1)
     finally:
@@ -325,8 +352,11 @@ def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_wa
     once its snapshot is taken, and a reader of another dataset waits for the consumer's lock holding no barrier:
     the app's writes to both datasets go through while the fill runs."""
     d, e = make_dataset(conn, 0, name="big"), make_dataset(conn, 0, name="small")
-    conn.execute("insert into dataset_rows (dataset_id, row_index, data) select %s, i, jsonb_build_object('s', i::text)"
-                 " from generate_series(0, 799999) i", (d,))
+    conn.execute(
+        "insert into dataset_rows (dataset_id, row_index, data) select %s, i, jsonb_build_object('s', i::text)"
+        " from generate_series(0, 799999) i",
+        (d,),
+    )
     columns = ds.get_dataset(conn, d).columns
     capture.enable(conn, tracking=True)
     filled: dict = {}
@@ -338,8 +368,13 @@ def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_wa
             filled["seconds"] = time.perf_counter() - t
 
     def consumer_lock_held() -> bool:
-        return conn.execute("select count(*) from pg_locks where locktype = 'advisory' and granted"
-                            " and classid = %s and objid = %s", capture.CONSUME_LOCK).fetchone()[0] > 0
+        return (
+            conn.execute(
+                "select count(*) from pg_locks where locktype = 'advisory' and granted and classid = %s and objid = %s",
+                capture.CONSUME_LOCK,
+            ).fetchone()[0]
+            > 0
+        )
 
     f = threading.Thread(target=fill)
     f.start()
@@ -382,8 +417,9 @@ def test_a_consumer_killed_before_or_after_its_commit_writes_the_tracking_exactl
     capture.catch_up(conn)  # the same transactions again: applied now, or skipped as already applied
     v, rw, mx, _ = tracking(conn, d)
     assert (v == after_kill[0]) is committed and rw == v and mx == 69
-    assert conn.execute("select array_agg(min_idx || '-' || max_idx) from lakehouse_row_changes where dataset_id = %s",
-                        (d,)).fetchone()[0] == ["0-2"]  # the delete's range, recorded once
+    assert conn.execute(
+        "select array_agg(min_idx || '-' || max_idx) from lakehouse_row_changes where dataset_id = %s", (d,)
+    ).fetchone()[0] == ["0-2"]  # the delete's range, recorded once
     assert capture.catch_up(conn)["tracked"] == 0 and tracking(conn, d)[0] == v
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -68,22 +68,28 @@ def _backdated(conn, kind: str, name: str, mode: str | None, ago: timedelta, *, 
     before = conn.execute("select mode from lakehouse_flag_overrides where " + match, key).fetchone()
     conn.execute("delete from lakehouse_flag_overrides where " + match, key)
     if mode is not None:
-        conn.execute("insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by, set_at)"
-                     " values (%s, %s, %s, %s, %s, 'pytest', now() - %s)", (*key, mode, ago))
-    conn.execute("insert into lakehouse_flag_audit (at, action, kind, name, scope, scope_id, before_mode, after_mode,"
-                 " actor) values (now() - %s, %s, %s, %s, %s, %s, %s, %s, 'pytest')",
-                 (ago, "set" if mode else "clear", *key, before[0] if before else None, mode))
+        conn.execute(
+            "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by, set_at)"
+            " values (%s, %s, %s, %s, %s, 'pytest', now() - %s)",
+            (*key, mode, ago),
+        )
+    conn.execute(
+        "insert into lakehouse_flag_audit (at, action, kind, name, scope, scope_id, before_mode, after_mode,"
+        " actor) values (now() - %s, %s, %s, %s, %s, %s, %s, %s, 'pytest')",
+        (ago, "set" if mode else "clear", *key, before[0] if before else None, mode),
+    )
 
 
 def _ends_in(message: str) -> tuple[datetime, int]:
     m = re.search(r"ends at (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) UTC \(in (\d+) min\)", message)
     assert m, message
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc), int(m.group(2))
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC), int(m.group(2))
 
 
 def _audit_at(conn, name: str, scope_id) -> datetime:
-    return conn.execute("select max(at) from lakehouse_flag_audit where name = %s and scope_id = %s",
-                        (name, scope_id)).fetchone()[0]
+    return conn.execute(
+        "select max(at) from lakehouse_flag_audit where name = %s and scope_id = %s", (name, scope_id)
+    ).fetchone()[0]
 
 
 # --- soak before a widen ----------------------------------------------------------------------------
@@ -107,7 +113,9 @@ def test_a_workspace_widen_waits_until_a_dataset_flip_has_soaked(conn, settings,
     # once LAKEHOUSE_SOAK_SECONDS have passed since the dataset flip, the widen goes through
     time.sleep(2)
     _set(conn, "read", "export.stream", "iceberg", workspace=ws, soak=2)
-    assert conn.execute("select mode from lakehouse_flag_overrides where scope = 'workspace'").fetchone() == ("iceberg",)
+    assert conn.execute("select mode from lakehouse_flag_overrides where scope = 'workspace'").fetchone() == (
+        "iceberg",
+    )
 
 
 def test_iceberg_only_widens_only_after_iceberg_only_soaked_narrower(conn, settings, ws, monkeypatch):
@@ -117,7 +125,8 @@ def test_iceberg_only_widens_only_after_iceberg_only_soaked_narrower(conn, setti
     _set(conn, "read", "graph.kuzu", "iceberg", workspace=ws)
     # iceberg soaked, iceberg_only (no fallback) has not been tried on any dataset of the workspace
     assert "no dataset-scope flip of graph.kuzu to iceberg_only" in _refused(
-        conn, "flags", "set", "graph.kuzu", "iceberg_only", "--workspace", str(ws))
+        conn, "flags", "set", "graph.kuzu", "iceberg_only", "--workspace", str(ws)
+    )
     # lowering, shadow and dataset-scope flips are never widens
     _set(conn, "read", "graph.kuzu", "iceberg_only", dataset=a)
     _set(conn, "read", "studio.digest", "shadow", workspace=ws)
@@ -131,12 +140,18 @@ def test_an_incident_on_the_soaked_datasets_restarts_the_soak(conn, settings, ws
     flag, scope = get_flag("read", "export.stream"), Scope("workspace", ws)
     check_change(conn, flag, scope, "iceberg", soak_seconds=3600)  # soaked: would pass (check_change writes nothing)
     if incident == "MISMATCH":
-        conn.execute("insert into lakehouse_read_parity (dataset_id, verdict, source, checked_at)"
-                     " values (%s, 'MISMATCH', 'canary', now() - interval '10 minutes')", (a,))
+        conn.execute(
+            "insert into lakehouse_read_parity (dataset_id, verdict, source, checked_at)"
+            " values (%s, 'MISMATCH', 'canary', now() - interval '10 minutes')",
+            (a,),
+        )
     else:
-        conn.execute("insert into iceberg_sync_log (dataset_id, sync_id, status, error, started_at, finished_at)"
-                     " values (%s, %s, 'failed', 'disk full', now() - interval '11 minutes',"
-                     " now() - interval '10 minutes')", (a, uuid.uuid4()))
+        conn.execute(
+            "insert into iceberg_sync_log (dataset_id, sync_id, status, error, started_at, finished_at)"
+            " values (%s, %s, 'failed', 'disk full', now() - interval '11 minutes',"
+            " now() - interval '10 minutes')",
+            (a, uuid.uuid4()),
+        )
     _soak(monkeypatch, 3600)
     err = _refused(conn, "flags", "set", "export.stream", "iceberg", "--workspace", str(ws))
     assert f"restarted by a {incident}" in err and "had an incident within the last 3600s" in err
@@ -159,7 +174,9 @@ def test_a_read_fallback_is_recorded_by_the_router_and_restarts_the_soak(conn, d
         path.unlink()
     proc = cli("read", "--reader", "studio.digest", "--dataset", str(a), "--limit", "2", check=True)
     assert "PG fallback" in proc.stderr
-    (reader, ds_id, error), = conn.execute("select reader, dataset_id, error from lakehouse_read_fallbacks").fetchall()
+    ((reader, ds_id, error),) = conn.execute(
+        "select reader, dataset_id, error from lakehouse_read_fallbacks"
+    ).fetchall()
     assert (reader, ds_id) == ("studio.digest", a) and error
     _soak(monkeypatch, 3600)
     err = _refused_core(conn, "read", "studio.digest", "iceberg", workspace=ws)
@@ -267,8 +284,11 @@ def test_the_reader_soak_follows_the_effective_mode_through_every_scope(conn, ds
     assert "graph.kuzu on Iceberg" not in str(refused.value)
     check_change(conn, flag, scope, "iceberg_native", soak_seconds=1200)
     # a fallback of a reader on the dataset restarts that reader's soak, and only its own
-    conn.execute("insert into lakehouse_read_fallbacks (reader, dataset_id, error, at)"
-                 " values ('graph.kuzu', %s, 'IOError: gone', now() - interval '1 minute')", (d,))
+    conn.execute(
+        "insert into lakehouse_read_fallbacks (reader, dataset_id, error, at)"
+        " values ('graph.kuzu', %s, 'IOError: gone', now() - interval '1 minute')",
+        (d,),
+    )
     with pytest.raises(FlipRefused) as refused:
         check_change(conn, flag, scope, "iceberg_native", soak_seconds=1200)
     msg = str(refused.value)
@@ -293,7 +313,10 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     err = _refused_core(conn, "write", "sync.full", "iceberg_native", soak=0, dataset=later)
     assert f"dashboards.aggregate (declared for its workspace {ws})" in err and "objects.sync" not in err
     listed = cli_json("flags", "readers", "list")
-    assert {(r["reader"], r["scope"]) for r in listed} == {("objects.sync", "dataset"), ("dashboards.aggregate", "workspace")}
+    assert {(r["reader"], r["scope"]) for r in listed} == {
+        ("objects.sync", "dataset"),
+        ("dashboards.aggregate", "workspace"),
+    }
     # a reader Iceberg can serve is read-flipped, not declared; a declaration needs a scope
     with pytest.raises(BadInput, match="read-flip it instead"):
         declare(conn, "export.stream", dataset=d, actor="pytest")
@@ -315,8 +338,8 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
 
 def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, dsn, settings, ws):
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
     from lakehouse_dagster.runbooks import flip as rf
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 
     ids = [_dataset(conn, ws, f"d{i}", rows=3) for i in range(5)]
     catalog = load_catalog(settings, dsn)
@@ -331,12 +354,16 @@ def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, 
     assert verdicts() - before == len(fresh)  # every canary run now is recorded
     assert pre.coverage() == (
         f"preflight covered 5 of 5 moved dataset(s): {len(fresh)} canaried now (a random sample of 2 plus every one "
-        f"with no recent ok verdict), {5 - len(fresh)} by a recent ok verdict at their current version")
+        f"with no recent ok verdict), {5 - len(fresh)} by a recent ok verdict at their current version"
+    )
     # max_datasets bounds the canaries, not the datasets moved: all five have a recent ok verdict now
     with pytest.raises(BadInput, match=r"would canary 2 of them \(0 with no recent ok verdict\)"):
         rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, max_datasets=1)
-    assert rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=0,
-                        max_datasets=0).coverage().startswith("preflight covered 5 of 5 moved dataset(s): 0 canaried now")
+    assert (
+        rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=0, max_datasets=0)
+        .coverage()
+        .startswith("preflight covered 5 of 5 moved dataset(s): 0 canaried now")
+    )
     # the operator sees it: the flip verb prints the coverage line
     proc = cli("flags", "flip", "export.stream", "--workspace", str(ws), "--sample", "1", "--no-smoke", check=True)
     assert "preflight covered 5 of 5 moved dataset(s): 1 canaried now (a random sample of 1" in proc.stdout
@@ -354,8 +381,10 @@ def test_the_read_flip_job_refuses_an_unsoaked_widen_before_it_canaries(conn, ds
     before, verdicts = flag_tables(conn), conn.execute("select count(*) from lakehouse_read_parity").fetchone()
     result = read_flip_job.execute_in_process(
         run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export_stream", "workspace_id": str(ws)}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral(),
-        raise_on_error=False)
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     assert not result.success
     (failure,) = result.get_step_failure_events()
     message = refusal(failure)

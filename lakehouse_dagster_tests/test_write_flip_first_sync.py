@@ -15,8 +15,8 @@ from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.tracking import datasets as ds
 
 from .flag_helpers import cli, refusal
@@ -39,8 +39,11 @@ def _fed(conn, dsn, settings, rows: int = 6) -> tuple[uuid.UUID, str]:
 
 
 def _recorded(conn, d):
-    return conn.execute("select verdict, pg_count, iceberg_count from lakehouse_read_parity where dataset_id = %s"
-                        " and source = 'first-native-sync'", (d,)).fetchall()
+    return conn.execute(
+        "select verdict, pg_count, iceberg_count from lakehouse_read_parity where dataset_id = %s"
+        " and source = 'first-native-sync'",
+        (d,),
+    ).fetchall()
 
 
 def test_write_flags_flip_runs_the_first_native_sync_and_its_canary(conn, dsn, settings):
@@ -59,8 +62,10 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
     result = write_flip_job.execute_in_process(
         run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync_full", "dataset_id": str(d)}}}},
-        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}, instance=dg.DagsterInstance.ephemeral(),
-        raise_on_error=False)
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=dg.DagsterInstance.ephemeral(),
+        raise_on_error=False,
+    )
     assert not result.success
     assert result.output_for_node("write_flip_verify")[0]["problems"] == []
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -71,8 +76,10 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     assert _recorded(conn, d) == [("MISMATCH", 6, 7)]
     # auto-rollback already sent the writer back to pg (audited with the run id), and the step says what
     # that leaves: Iceberg holds the 7 rows Postgres lacks, and the two ways forward
-    (audit_id,) = conn.execute("select id from lakehouse_flag_audit where kind = 'write' and after_mode = 'pg' and"
-                               " note = %s", (f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})",)).fetchone()
+    (audit_id,) = conn.execute(
+        "select id from lakehouse_flag_audit where kind = 'write' and after_mode = 'pg' and note = %s",
+        (f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})",),
+    ).fetchone()
     assert f"writer sync.full iceberg_native → pg for fed ({d}) at dataset scope (audit #{audit_id})" in text
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in text
     assert f"lakehouse write-flags backfill --dataset {d}" in text

@@ -16,19 +16,18 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, SyncFailed
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.tracking.ingest_state import STATE_PROPERTY
+from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
-
+from lakehouse_dagster.tracking.ingest_state import STATE_PROPERTY
 
 SCHEMA = [
     {"name": "name", "type": "string"},
@@ -48,15 +47,17 @@ def _records(start: int, count: int) -> list[dict]:
     are not in jsonb order, numbers with trailing zeros."""
     out = []
     for i in range(start, start + count):
-        out.append({
-            "name": None if i % 7 == 3 else f"ünï {i} ✓ \"q\"\\",
-            "n": i * 1000 - 5,
-            "x": SPECIAL[i % 3] if i % 5 == 1 else (None if i % 5 == 2 else i / 8),
-            "ok": None if i % 6 == 0 else i % 2 == 0,
-            "at": f"19{60 + i % 30}-03-04T05:06:07.{i:06d}+02:00",
-            "day": f"2000-01-{1 + i % 28:02d}",
-            "meta": None if i % 4 == 0 else {"zeta": i, "a": [1, None, "x"], "bb": {"y": 1.50, "k": True}},
-        })
+        out.append(
+            {
+                "name": None if i % 7 == 3 else f'ünï {i} ✓ "q"\\',
+                "n": i * 1000 - 5,
+                "x": SPECIAL[i % 3] if i % 5 == 1 else (None if i % 5 == 2 else i / 8),
+                "ok": None if i % 6 == 0 else i % 2 == 0,
+                "at": f"19{60 + i % 30}-03-04T05:06:07.{i:06d}+02:00",
+                "day": f"2000-01-{1 + i % 28:02d}",
+                "meta": None if i % 4 == 0 else {"zeta": i, "a": [1, None, "x"], "bb": {"y": 1.50, "k": True}},
+            }
+        )
     return out
 
 
@@ -81,6 +82,7 @@ def _json_line(r: dict) -> str:
         if isinstance(v, float) and not math.isfinite(v):
             return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
         return v
+
     return json.dumps({k: enc(v) for k, v in r.items()})
 
 
@@ -91,10 +93,23 @@ def write_source_file(path: Path, fmt: str, records: list[dict]) -> Path:
     elif fmt == "ndjson":
         path.write_text("".join(_json_line(r) + "\n" for r in records))
     else:
-        texts = {c: [None if v is None else (str(v).lower() if isinstance(v, bool) else
-                                             ("NaN" if isinstance(v, float) and math.isnan(v) else
-                                              ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else str(v))))
-                     for v in (r[c] for r in records)] for c in CONTENT}
+        texts = {
+            c: [
+                None
+                if v is None
+                else (
+                    str(v).lower()
+                    if isinstance(v, bool)
+                    else (
+                        "NaN"
+                        if isinstance(v, float) and math.isnan(v)
+                        else ("Infinity" if v == math.inf else "-Infinity" if v == -math.inf else str(v))
+                    )
+                )
+                for v in (r[c] for r in records)
+            ]
+            for c in CONTENT
+        }
         texts["at"] = [r["at"] for r in records]
         texts["meta"] = [None if r["meta"] is None else json.dumps(r["meta"]) for r in records]
         pacsv.write_csv(pa.table({c: pa.array(v, pa.string()) for c, v in texts.items()}), path)
@@ -144,8 +159,10 @@ def table_rows(catalog, settings, d) -> list[dict]:
 
 def content(rows: list[dict]) -> list[tuple]:
     """__row_index + the content columns, with NaN made comparable."""
+
     def norm(v):
         return "NaN" if isinstance(v, float) and math.isnan(v) else v
+
     return [tuple(norm(r.get(c)) for c in ["__row_index", *CONTENT]) for r in rows]
 
 
@@ -174,8 +191,9 @@ def test_files_pg_path_plus_mirror_equals_native_path(conn, dsn, catalog, settin
     r_native = ingest(dsn, catalog, settings, conn, via_native, "sync.append")
     assert (r_native.path, r_native.rows, r_native.total_rows) == ("native", 65, 65) and r_native.snapshot_id
     assert pg_count(conn, via_native) == 0  # dataset_rows untouched
-    log = conn.execute("select path, status, rows, snapshot_id from iceberg_sync_log where dataset_id = %s",
-                       (via_native,)).fetchall()
+    log = conn.execute(
+        "select path, status, rows, snapshot_id from iceberg_sync_log where dataset_id = %s", (via_native,)
+    ).fetchall()
     assert log == [("native", "succeeded", 65, r_native.snapshot_id)]
     assert conn.execute("select row_count from datasets where id = %s", (via_native,)).fetchone()[0] == 65
 
@@ -188,7 +206,9 @@ def test_files_pg_path_plus_mirror_equals_native_path(conn, dsn, catalog, settin
 
 
 @pytest.mark.parametrize("mode", ["pg", "native"])
-def test_files_append_takes_only_unseen_files_and_full_replaces(conn, dsn, catalog, settings, workspace, tmp_path, mode):
+def test_files_append_takes_only_unseen_files_and_full_replaces(
+    conn, dsn, catalog, settings, workspace, tmp_path, mode
+):
     src = tmp_path / "src"
     d = _dataset(conn, workspace)
     write_source_file(src / "a.parquet", "parquet", _records(0, 10))
@@ -240,8 +260,16 @@ def _insert_source(conn, start, count, name="public.src_events"):
         x = r["x"]
         conn.execute(
             f"insert into {name} values (%s, %s, %s, %s, %s, %s, %s, %s, 'ignored')",
-            (r["n"], r["name"], r["n"], None if x is None or not math.isfinite(x) else x, r["ok"], r["at"], r["day"],
-             None if r["meta"] is None else json.dumps(r["meta"])),
+            (
+                r["n"],
+                r["name"],
+                r["n"],
+                None if x is None or not math.isfinite(x) else x,
+                r["ok"],
+                r["at"],
+                r["day"],
+                None if r["meta"] is None else json.dumps(r["meta"]),
+            ),
         )
 
 
@@ -290,8 +318,9 @@ def test_cursor_is_one_truth_across_a_flip_and_back(conn, dsn, catalog, settings
     back = ingest(dsn, catalog, settings, conn, d, "sync.incremental")
     assert (back.path, back.rows) == ("pg", 2)  # continued from the native cursor
     # identity never collides: the pg rows continue after the Iceberg-only rows 5..7
-    assert [i for (i,) in conn.execute("select row_index from dataset_rows where dataset_id = %s order by 1",
-                                       (d,))] == [0, 1, 2, 3, 4, 8, 9]
+    assert [
+        i for (i,) in conn.execute("select row_index from dataset_rows where dataset_id = %s order by 1", (d,))
+    ] == [0, 1, 2, 3, 4, 8, 9]
     assert [x["__row_index"] for x in table_rows(catalog, settings, d)] == list(range(8))
 
 
@@ -299,8 +328,17 @@ def test_cursor_is_one_truth_across_a_flip_and_back(conn, dsn, catalog, settings
 def test_cdc_append_takes_changes_past_the_position_as_rows(conn, dsn, catalog, settings, workspace, mode):
     conn.execute("create table public.changes (lsn bigint primary key, op text, name text, n bigint)")
     conn.execute("insert into public.changes values (10, 'I', 'a', 1), (20, 'U', 'a', 2), (30, 'D', 'a', null)")
-    d = _dataset(conn, workspace, "cdc", [{"name": "lsn", "type": "int64"}, {"name": "op", "type": "string"},
-                                          {"name": "name", "type": "string"}, {"name": "n", "type": "int64"}])
+    d = _dataset(
+        conn,
+        workspace,
+        "cdc",
+        [
+            {"name": "lsn", "type": "int64"},
+            {"name": "op", "type": "string"},
+            {"name": "name", "type": "string"},
+            {"name": "n", "type": "int64"},
+        ],
+    )
     spec = set_source(conn, d, {"type": "cdc", "table": "public.changes", "position_column": "lsn", "op_column": "op"})
     assert spec.default_writer == "cdc.append"
     if mode == "native":
@@ -344,8 +382,9 @@ def _everything(conn, catalog, settings, d):
 
 @pytest.mark.parametrize("mode", ["pg", "native"])
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "ndjson"])
-def test_bad_value_fails_loudly_naming_where_and_commits_nothing(conn, dsn, catalog, settings, workspace, tmp_path,
-                                                                  mode, fmt):
+def test_bad_value_fails_loudly_naming_where_and_commits_nothing(
+    conn, dsn, catalog, settings, workspace, tmp_path, mode, fmt
+):
     src = tmp_path / "src"
     d = _dataset(conn, workspace)
     write_source_file(src / f"a.{fmt}", fmt, _records(0, 5))
@@ -379,8 +418,9 @@ def test_bad_value_fails_loudly_naming_where_and_commits_nothing(conn, dsn, cata
     assert status == "errored" and "column n" in error
     if mode == "native":
         # the good ingest succeeded, the bad one is recorded failed with the same one-line reason
-        log = conn.execute("select status, error from iceberg_sync_log where dataset_id = %s order by started_at",
-                           (d,)).fetchall()
+        log = conn.execute(
+            "select status, error from iceberg_sync_log where dataset_id = %s order by started_at", (d,)
+        ).fetchall()
         assert [x[0] for x in log] == ["succeeded", "failed"] and "column n: expected int64" in log[1][1]
         files = [p.name for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
         assert len(files) == 1  # the failed attempt's files were removed
@@ -400,8 +440,15 @@ def test_postgres_bad_value_names_table_and_cursor(conn, dsn, catalog, settings,
 
 # --- every writer, both modes, each source type ---------------------------------------------------------
 
-CASES = [("files", "sync.full"), ("files", "sync.append"), ("postgres", "sync.full"), ("postgres", "sync.append"),
-         ("postgres", "sync.incremental"), ("cdc", "sync.full"), ("cdc", "cdc.append")]
+CASES = [
+    ("files", "sync.full"),
+    ("files", "sync.append"),
+    ("postgres", "sync.full"),
+    ("postgres", "sync.append"),
+    ("postgres", "sync.incremental"),
+    ("cdc", "sync.full"),
+    ("cdc", "cdc.append"),
+]
 
 
 @pytest.mark.parametrize("mode", ["pg", "native"])
@@ -412,10 +459,14 @@ def test_every_writer_in_both_modes(conn, dsn, catalog, settings, workspace, tmp
 
     def add(lo, hi):
         if source == "files":
-            pq.write_table(pa.table({"pos": list(range(lo, hi)), "op": ["I"] * (hi - lo), "n": list(range(lo, hi))}),
-                           tmp_path / "src" / f"part-{lo:04d}.parquet")
+            pq.write_table(
+                pa.table({"pos": list(range(lo, hi)), "op": ["I"] * (hi - lo), "n": list(range(lo, hi))}),
+                tmp_path / "src" / f"part-{lo:04d}.parquet",
+            )
         else:
-            conn.execute("insert into public.feed select g, 'I', g from generate_series(%s::bigint, %s::bigint) g", (lo, hi - 1))
+            conn.execute(
+                "insert into public.feed select g, 'I', g from generate_series(%s::bigint, %s::bigint) g", (lo, hi - 1)
+            )
 
     if source == "files":
         (tmp_path / "src").mkdir()
@@ -424,8 +475,11 @@ def test_every_writer_in_both_modes(conn, dsn, catalog, settings, workspace, tmp
     else:
         conn.execute("create table public.feed (pos bigint primary key, op text, n bigint)")
         add(0, 6)
-        spec = ({"type": "cdc", "table": "public.feed", "position_column": "pos", "op_column": "op"}
-                if source == "cdc" else {"type": "postgres", "table": "public.feed", "cursor_column": "pos"})
+        spec = (
+            {"type": "cdc", "table": "public.feed", "position_column": "pos", "op_column": "op"}
+            if source == "cdc"
+            else {"type": "postgres", "table": "public.feed", "cursor_column": "pos"}
+        )
     set_source(conn, d, spec)
     if mode == "native":
         native(conn, d, writer)
@@ -461,6 +515,7 @@ def test_writers_take_the_mirrors_guards(conn, dsn, catalog, settings, workspace
     assert pg_count(conn, d) == 0 and table_rows(catalog, settings, d) == []
     done = threading.Event()
     with connect(dsn) as other, dataset_lock(other, d):
+
         def run():
             with connect(dsn) as own:
                 ingest(dsn, catalog, settings, own, d, "sync.append")

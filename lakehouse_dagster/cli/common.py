@@ -7,8 +7,9 @@ import dataclasses
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import date, datetime
-from typing import Any, Callable
+from typing import Any
 
 from lakehouse_dagster.core.settings import Settings
 
@@ -27,7 +28,7 @@ def json_parent() -> ArgumentParser:
 
 
 def add_command(
-    sub: argparse._SubParsersAction, name: str, func: Callable[["Context", argparse.Namespace], "Result"], **kw
+    sub: argparse._SubParsersAction, name: str, func: Callable[[Context, argparse.Namespace], Result], **kw
 ) -> ArgumentParser:
     p = sub.add_parser(name, parents=[json_parent()], **kw)
     p.set_defaults(func=func)
@@ -116,4 +117,3 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
-

@@ -22,8 +22,19 @@ def _list(ctx, args) -> Result:
         """
     ).fetchall()
     data = [
-        {"id": r[0], "name": r[1], "kind": r[2], "row_count": r[3], "status": r[4], "rows_version": r[5],
-         "last_sync": r[6], "synced_version": r[7], "synced_at": r[8], "workspace": r[9], "workspace_id": r[10]}
+        {
+            "id": r[0],
+            "name": r[1],
+            "kind": r[2],
+            "row_count": r[3],
+            "status": r[4],
+            "rows_version": r[5],
+            "last_sync": r[6],
+            "synced_version": r[7],
+            "synced_at": r[8],
+            "workspace": r[9],
+            "workspace_id": r[10],
+        }
         for r in rows
     ]
     # One block per workspace, headed by its name and id (the --workspace of flags and flips).

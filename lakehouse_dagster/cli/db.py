@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import redact
 from lakehouse_dagster.schema.migrate import MIGRATIONS, migrate
-from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:
@@ -21,9 +21,11 @@ def _migrate(ctx, args) -> Result:
 
 
 def _status(ctx, args) -> Result:
-    rows = ctx.conn.execute(
-        "select name, applied_at from lakehouse_migrations order by name"
-    ).fetchall() if ctx.conn.execute("select to_regclass('lakehouse_migrations')").fetchone()[0] else []
+    rows = (
+        ctx.conn.execute("select name, applied_at from lakehouse_migrations order by name").fetchall()
+        if ctx.conn.execute("select to_regclass('lakehouse_migrations')").fetchone()[0]
+        else []
+    )
     done = {r[0]: r[1] for r in rows}
     data = [{"name": n, "applied_at": done.get(n)} for n, _ in MIGRATIONS]
     text = "\n".join(f"{'applied' if d['applied_at'] else 'pending'}  {d['name']}" for d in data)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
-from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
 
 
 def positive_int(raw: str) -> int:
@@ -25,7 +25,10 @@ def register(sub) -> None:
     demosub = demo.add_subparsers(dest="demo_command", required=True, metavar="ACTION")
     p = add_command(demosub, "seed", _seed, help="create the demo workspace once (does nothing if it exists)")
     p.add_argument(
-        "--rows", type=positive_int, default=1_000_000, metavar="N",
+        "--rows",
+        type=positive_int,
+        default=1_000_000,
+        metavar="N",
         help="rows of the big 'events' dataset, generated inside Postgres (default 1000000)",
     )
     add_command(demosub, "status", _status, help="list the demo datasets and pipelines")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.tracking import capture
 
 EPILOG = """modes: triggers (default; the app's writing transaction adds the row hashes) · wal (a logical
 replication slot; the canaries apply the changes after the commit, so the app pays only change tracking) ·
@@ -16,13 +16,23 @@ exit codes: 0 done · 5 refused or could not run (the message says why; nothing 
 
 
 def register(sub) -> None:
-    p = add_command(sub, "digest-capture", _run, help="show or switch where the maintained Postgres digest is computed",
-                    description="Capture mode of the maintained Postgres digest: in the app's transaction "
-                    "(triggers) or after it, from the WAL (wal).", epilog=EPILOG)
-    p.add_argument("action", nargs="?", default="status", choices=("status", "wal", "wal-tracking", "triggers", "catch-up",
-                                                                 "repair"),
-                   help="status (default) · wal / wal-tracking / triggers: switch · catch-up: apply what the slot holds · "
-                        "repair: a new slot after the old one lost WAL (drops the maintained sums)")
+    p = add_command(
+        sub,
+        "digest-capture",
+        _run,
+        help="show or switch where the maintained Postgres digest is computed",
+        description="Capture mode of the maintained Postgres digest: in the app's transaction "
+        "(triggers) or after it, from the WAL (wal).",
+        epilog=EPILOG,
+    )
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="status",
+        choices=("status", "wal", "wal-tracking", "triggers", "catch-up", "repair"),
+        help="status (default) · wal / wal-tracking / triggers: switch · catch-up: apply what the slot holds · "
+        "repair: a new slot after the old one lost WAL (drops the maintained sums)",
+    )
 
 
 def _run(ctx, args) -> Result:
@@ -38,11 +48,15 @@ def _run(ctx, args) -> Result:
     else:
         done = {}
     st = capture.status(conn)
-    lines = [f"capture mode: {st['mode']} (wal_level {st['wal_level']})"
-             + ("; change tracking is written by the WAL consumer" if st["mode"] == "wal-tracking" else "")]
+    lines = [
+        f"capture mode: {st['mode']} (wal_level {st['wal_level']})"
+        + ("; change tracking is written by the WAL consumer" if st["mode"] == "wal-tracking" else "")
+    ]
     if done:
         lines.append("done: " + ", ".join(f"{k} {v}" for k, v in done.items()))
     if st.get("slot"):
-        lines.append(f"slot {st['slot']}: {st.get('slot_status')}, {st.get('behind_bytes', '?')} bytes of WAL not "
-                     f"consumed, {st.get('retained_wal_bytes', '?')} bytes retained")
+        lines.append(
+            f"slot {st['slot']}: {st.get('slot_status')}, {st.get('behind_bytes', '?')} bytes of WAL not "
+            f"consumed, {st.get('retained_wal_bytes', '?')} bytes retained"
+        )
     return Result({**st, "done": done}, "\n".join(lines))

@@ -11,8 +11,8 @@ import urllib.parse
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.core.errors import BadInput
 
 
 def conninfo_to_url(dsn: str, dbname: str | None = None, *, what: str = "the DSN") -> str:
@@ -64,7 +64,7 @@ def dagster_url(dsn: str, dbname: str | None = None, *, what: str = "the DSN") -
     event dagster-postgres 0.29 stores runs ``NOTIFY run_events, :notify_id``, and Postgres refuses a
     parameter there ("syntax error at or near $1"). psycopg2 interpolates on the client, so it works.
     """
-    return "postgresql+psycopg2" + conninfo_to_url(dsn, dbname, what=what)[len("postgresql"):]
+    return "postgresql+psycopg2" + conninfo_to_url(dsn, dbname, what=what)[len("postgresql") :]
 
 
 def _strip_driver(dsn: str) -> str:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import sys
 
+from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
 from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.cli.common import Result, add_command, table
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
 
@@ -25,7 +25,9 @@ def register(sub) -> None:
         word = _KIND_WORD[kind]
 
         ls = add_command(actions, "list", _list, help="registry defaults, ceilings, classes and every runtime override")
-        ls.add_argument("--dataset", help="also show the effective mode (and why) of every " + word + " for this dataset")
+        ls.add_argument(
+            "--dataset", help="also show the effective mode (and why) of every " + word + " for this dataset"
+        )
 
         st = add_command(actions, "set", _set, help="set a runtime override (no scope = global)")
         st.add_argument("name", help=f"the {word}, e.g. {next(iter(REGISTRY[kind]))}")
@@ -44,8 +46,12 @@ def register(sub) -> None:
         hi.add_argument("--limit", type=int, default=50, help="at most this many entries (default 50)")
         parsers = [ls, st, cl, hi]
         if kind == READ:
-            fl = add_command(actions, "flip", _flip,
-                             help="the read-flip runbook step: canary preflight, gated set, verify through the router")
+            fl = add_command(
+                actions,
+                "flip",
+                _flip,
+                help="the read-flip runbook step: canary preflight, gated set, verify through the router",
+            )
             fl.add_argument("name", help="the reader, e.g. export.stream")
             fl.add_argument("mode", nargs="?", default="iceberg", help="iceberg (default) or iceberg_only")
             _flip_args(fl)
@@ -53,24 +59,38 @@ def register(sub) -> None:
         if kind == READ:
             parsers += _readers_args(actions)
         if kind == WRITE:
-            wf = add_command(actions, "flip", _wflip,
-                             help="the write-flip runbook step: fresh canary, gated set to iceberg_native, verify")
+            wf = add_command(
+                actions,
+                "flip",
+                _wflip,
+                help="the write-flip runbook step: fresh canary, gated set to iceberg_native, verify",
+            )
             wf.add_argument("name", help="the writer, e.g. sync.full")
             _flip_args(wf)
             parsers.append(wf)
-            bf = add_command(actions, "backfill", _backfill,
-                             help="after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
-                                  "(identity preserved, one transaction), so the mirror may run again")
+            bf = add_command(
+                actions,
+                "backfill",
+                _backfill,
+                help="after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
+                "(identity preserved, one transaction), so the mirror may run again",
+            )
             bf.add_argument("--dataset", required=True, help="dataset uuid")
             parsers.append(bf)
-            ca = add_command(actions, "candidates", _candidates,
-                             help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip")
+            ca = add_command(
+                actions,
+                "candidates",
+                _candidates,
+                help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip",
+            )
             ca.add_argument("--writer", default="sync.full", help="the writer to flip (default sync.full)")
             parsers.append(ca)
         for p_ in parsers:
             p_.set_defaults(kind=kind, command_name=command)
 
-    rd = add_command(sub, "read", _read, help="exercise a reader through the read router: prints the decision and the rows")
+    rd = add_command(
+        sub, "read", _read, help="exercise a reader through the read router: prints the decision and the rows"
+    )
     rd.add_argument("--reader", required=True, help="the reader whose flag routes the read, e.g. export.stream")
     rd.add_argument("--dataset", required=True, help="dataset uuid")
     rd.add_argument("--columns", help="comma-separated columns (default: identity columns + every column)")
@@ -80,11 +100,17 @@ def register(sub) -> None:
 
 def _readers_args(actions) -> list:
     """`flags readers add|list|remove`: which datasets the Postgres-locked readers read (reader_datasets.py)."""
-    rp = actions.add_parser("readers", help="declare which datasets the readers locked to Postgres read "
-                            "(a write flip of such a dataset is refused)")
+    rp = actions.add_parser(
+        "readers",
+        help="declare which datasets the readers locked to Postgres read (a write flip of such a dataset is refused)",
+    )
     verbs = rp.add_subparsers(dest="readers_action", required=True, metavar="VERB")
-    add = add_command(verbs, "add", _readers_add, help="declare that a locked reader reads a dataset "
-                      "(or every dataset of a workspace)")
+    add = add_command(
+        verbs,
+        "add",
+        _readers_add,
+        help="declare that a locked reader reads a dataset (or every dataset of a workspace)",
+    )
     add.add_argument("reader", help="objects.sync, dashboards.aggregate, pipeline.expectations, ...")
     _scope_args(add)
     add.add_argument("--note", help="why (e.g. which dashboard)")
@@ -100,17 +126,25 @@ def _readers_add(ctx, args) -> Result:
     from lakehouse_dagster.flags.native import native_dataset_ids
     from lakehouse_dagster.flags.reader_datasets import declare
 
-    d = declare(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note,
-                actor=ctx.settings.actor)
-    text = (f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "
-            f"{'it' if d.scope == 'dataset' else 'its datasets'} is refused while this stands")
-    ids = [d.scope_id] if d.scope == "dataset" else [r[0] for r in ctx.conn.execute(
-        "select id from datasets where workspace_id = %s", (d.scope_id,))]
+    d = declare(
+        ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor
+    )
+    text = (
+        f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "
+        f"{'it' if d.scope == 'dataset' else 'its datasets'} is refused while this stands"
+    )
+    ids = (
+        [d.scope_id]
+        if d.scope == "dataset"
+        else [r[0] for r in ctx.conn.execute("select id from datasets where workspace_id = %s", (d.scope_id,))]
+    )
     stale = sorted(native_dataset_ids(ctx.conn, ids), key=str)
     if stale:  # a fact recorded too late: say so, the gate cannot undo a flip
-        text += (f"\nwarning: {len(stale)} of these dataset(s) are already written iceberg-native, so {d.reader} "
-                 f"reads stale Postgres for them: {', '.join(map(str, stale[:10]))}; roll the writer back "
-                 "(lakehouse write-flags set <writer> pg --dataset <id>) and backfill")
+        text += (
+            f"\nwarning: {len(stale)} of these dataset(s) are already written iceberg-native, so {d.reader} "
+            f"reads stale Postgres for them: {', '.join(map(str, stale[:10]))}; roll the writer back "
+            "(lakehouse write-flags set <writer> pg --dataset <id>) and backfill"
+        )
     return Result({**d.as_dict(), "native_dataset_ids": [str(i) for i in stale]}, text)
 
 
@@ -126,8 +160,11 @@ def _readers_remove(ctx, args) -> Result:
 
     scope_txt = f"dataset {args.dataset}" if args.dataset else f"workspace {args.workspace}"
     gone = remove(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace)
-    text = (f"{args.reader}: declaration for {scope_txt} removed" if gone
-            else f"{args.reader}: no declaration for {scope_txt}; nothing changed")
+    text = (
+        f"{args.reader}: declaration for {scope_txt} removed"
+        if gone
+        else f"{args.reader}: no declaration for {scope_txt}; nothing changed"
+    )
     return Result({"reader": args.reader, "removed": gone}, text)
 
 
@@ -140,13 +177,25 @@ def _flip_args(p) -> None:
     _scope_args(p)
     p.add_argument("--note", help="why (kept with the override and in the audit)")
     p.add_argument("--no-smoke", action="store_true", help="skip the value-level check in the preflight canary")
-    p.add_argument("--reuse-minutes", type=int, default=60,
-                   help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)")
-    p.add_argument("--max-datasets", type=int, default=500,
-                   help="refuse a flip whose preflight would canary more datasets (default 500)")
-    p.add_argument("--sample", type=int, default=20,
-                   help="a workspace/global widen canaries this many moved datasets at random afresh, plus every "
-                        "one with no recent ok verdict (default 20)")
+    p.add_argument(
+        "--reuse-minutes",
+        type=int,
+        default=60,
+        help="reuse ok verdicts this recent at an unchanged Postgres version (default 60; 0: never)",
+    )
+    p.add_argument(
+        "--max-datasets",
+        type=int,
+        default=500,
+        help="refuse a flip whose preflight would canary more datasets (default 500)",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=20,
+        help="a workspace/global widen canaries this many moved datasets at random afresh, plus every "
+        "one with no recent ok verdict (default 20)",
+    )
 
 
 def _where(scope) -> str:
@@ -181,10 +230,18 @@ def _list(ctx, args) -> Result:
     ]
     data = {"kind": kind, "registry": registry, "overrides": overrides}
     word = _KIND_WORD[kind]
-    cols = ["name", "class", "default", "ceiling", "ceiling_reason"] if kind == READ else [
-        "name", "default", "ceiling", "ceiling_reason"]
-    text = [f"{word}s (registry)", table(registry, cols), "", "runtime overrides",
-            table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"])]
+    cols = (
+        ["name", "class", "default", "ceiling", "ceiling_reason"]
+        if kind == READ
+        else ["name", "default", "ceiling", "ceiling_reason"]
+    )
+    text = [
+        f"{word}s (registry)",
+        table(registry, cols),
+        "",
+        "runtime overrides",
+        table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"]),
+    ]
     if args.dataset:
         from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -196,16 +253,25 @@ def _list(ctx, args) -> Result:
         ]
         data["dataset_id"] = ds.id
         data["effective"] = effective
-        text += ["", f"effective for dataset {ds.id} ({ds.name})",
-                 table(effective, ["name", "mode", "reason", "source", "stored_mode"])]
+        text += [
+            "",
+            f"effective for dataset {ds.id} ({ds.name})",
+            table(effective, ["name", "mode", "reason", "source", "stored_mode"]),
+        ]
     return Result(data, "\n".join(text))
 
 
 def _set(ctx, args) -> Result:
     leaving = _leaving_native(ctx, args, args.mode)
     change = set_flag(
-        ctx.conn, args.kind, args.name, args.mode,
-        dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+        ctx.conn,
+        args.kind,
+        args.name,
+        args.mode,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        note=args.note,
+        actor=ctx.settings.actor,
         soak_seconds=ctx.settings.soak_seconds,
     )
     text = (
@@ -244,18 +310,25 @@ def _backfill(ctx, args) -> Result:
     if r.nothing_to_do:
         text = f"dataset {r.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
     else:
-        text = (f"dataset {r.dataset_id}: backfilled from snapshot {r.snapshot_id} in {r.seconds:.2f}s — "
-                f"{r.copied} row(s) copied into dataset_rows (identity preserved), {r.removed} stale row(s) removed, "
-                f"{r.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds {r.pg_rows}; "
-                f"the mirror may run again (lakehouse sync --dataset {r.dataset_id})")
+        text = (
+            f"dataset {r.dataset_id}: backfilled from snapshot {r.snapshot_id} in {r.seconds:.2f}s — "
+            f"{r.copied} row(s) copied into dataset_rows (identity preserved), {r.removed} stale row(s) removed, "
+            f"{r.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds {r.pg_rows}; "
+            f"the mirror may run again (lakehouse sync --dataset {r.dataset_id})"
+        )
     return Result(r.as_dict(), text)
 
 
 def _clear(ctx, args) -> Result:
     leaving = _leaving_native(ctx, args, None)
     change = clear_flag(
-        ctx.conn, args.kind, args.name,
-        dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor,
+        ctx.conn,
+        args.kind,
+        args.name,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        note=args.note,
+        actor=ctx.settings.actor,
         soak_seconds=ctx.settings.soak_seconds,
     )
     if not change.changed:
@@ -266,8 +339,10 @@ def _clear(ctx, args) -> Result:
             f"registry default {change.flag.default}); other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
         )
     left = narrower_overrides(ctx.conn, change.flag.kind, change.flag.name, change.scope)
-    data = {**_change_data(change),
-            "narrower_remaining": [{"scope": o.scope, "scope_id": o.scope_id, "mode": o.mode} for o in left]}
+    data = {
+        **_change_data(change),
+        "narrower_remaining": [{"scope": o.scope, "scope_id": o.scope_id, "mode": o.mode} for o in left],
+    }
     text = "\n".join([text, *remaining_lines(ctx.conn, change.flag, left)])
     return _with_rollback(ctx, args, leaving, Result(data, text))
 
@@ -286,13 +361,19 @@ def _change_data(change) -> dict:
 
 
 def _history(ctx, args) -> Result:
-    entries = history(
-        ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit
-    )
+    entries = history(ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit)
     data = [
         {
-            "id": e.id, "at": e.at, "action": e.action, "name": e.name, "scope": e.scope, "scope_id": e.scope_id,
-            "before": e.before_mode, "after": e.after_mode, "actor": e.actor, "note": e.note,
+            "id": e.id,
+            "at": e.at,
+            "action": e.action,
+            "name": e.name,
+            "scope": e.scope,
+            "scope_id": e.scope_id,
+            "before": e.before_mode,
+            "after": e.after_mode,
+            "actor": e.actor,
+            "note": e.note,
         }
         for e in entries
     ]
@@ -303,15 +384,31 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
     from lakehouse_dagster.runbooks import flip as rf
 
-    pre = rf.preflight(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, mode, kind=kind,
-                       dataset=args.dataset, workspace=args.workspace, smoke=not args.no_smoke,
-                       reuse_minutes=args.reuse_minutes, max_datasets=args.max_datasets, sample=args.sample)
+    pre = rf.preflight(
+        ctx.conn,
+        ctx.dsn,
+        ctx.catalog,
+        ctx.settings,
+        args.name,
+        mode,
+        kind=kind,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        smoke=not args.no_smoke,
+        reuse_minutes=args.reuse_minutes,
+        max_datasets=args.max_datasets,
+        sample=args.sample,
+    )
     checked = [c.as_dict() for c in pre.checked]
     lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
     lines += [f"skipped: {s}" for s in pre.skipped]
     lines.append(pre.coverage())
     if not pre.go:
-        stop = Result({"preflight": checked, "coverage": pre.coverage(), "flipped": False}, "\n".join(lines + [pre.stop_message()]), exit_code=1)
+        stop = Result(
+            {"preflight": checked, "coverage": pre.coverage(), "flipped": False},
+            "\n".join(lines + [pre.stop_message()]),
+            exit_code=1,
+        )
         return pre, checked, lines, None, stop
     change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
     return pre, checked, lines, change, None
@@ -325,13 +422,20 @@ def _flip(ctx, args) -> Result:
         return stop
     verified = rf.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger())
     fell_back = [v for v in verified if v.fallback_error]
-    lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
-                 f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)")
+    lines.append(
+        f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
+        f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)"
+    )
     lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
         lines.append(rf.fallback_message(args.name, pre.scope, fell_back))
-    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change),
-            "verify": [v.as_dict() for v in verified]}
+    data = {
+        "preflight": checked,
+        "coverage": pre.coverage(),
+        "flipped": True,
+        "change": _change_data(change),
+        "verify": [v.as_dict() for v in verified],
+    }
     return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
 
 
@@ -342,23 +446,38 @@ def _wflip(ctx, args) -> Result:
     if stop:
         return stop
     verified = rf.verify_write(ctx.conn, args.name, rf.moved_ids(pre))
-    lines.append(f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
-                 "new writes land in Iceberg only, the mirror skips these datasets")
+    lines.append(
+        f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
+        "new writes land in Iceberg only, the mirror skips these datasets"
+    )
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
-    lines.append(table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"]))
+    lines.append(
+        table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"])
+    )
     bad = [v for v in verified if v.problems]
-    data = {"preflight": checked, "coverage": pre.coverage(), "flipped": True, "change": _change_data(change), "verify": [v.as_dict() for v in verified]}
+    data = {
+        "preflight": checked,
+        "coverage": pre.coverage(),
+        "flipped": True,
+        "change": _change_data(change),
+        "verify": [v.as_dict() for v in verified],
+    }
     if bad:
-        lines.append(f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
-                     + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"))
+        lines.append(
+            f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
+            + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}")
+        )
         return Result(data, "\n".join(lines), exit_code=1)
     from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
-    synced = first_native_syncs(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre),
-                                logger=_stderr_logger())
+    synced = first_native_syncs(
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger()
+    )
     data["first_native_sync"] = [f.as_dict() for f in synced]
     lines.append(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
-    lines.append(table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"]))
+    lines.append(
+        table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"])
+    )
     stop = stop_message(args.name, synced)
     if stop:
         lines.append(stop)
@@ -371,8 +490,10 @@ def _candidates(ctx, args) -> Result:
     rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
     ready = sum(c.ready for c in found)
     text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
-    text += (f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
-             f"lakehouse write-flags set {args.writer} iceberg_native --dataset <id> --note \"fase4 canary\"")
+    text += (
+        f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
+        f'lakehouse write-flags set {args.writer} iceberg_native --dataset <id> --note "fase4 canary"'
+    )
     return Result(data, text)
 
 
@@ -380,8 +501,16 @@ def _read(ctx, args) -> Result:
     from lakehouse_dagster.routing.exercise import read_through_router
 
     result, _, proj = read_through_router(
-        ctx.conn, ctx.catalog, ctx.settings, args.reader, args.dataset, columns=args.columns, limit=args.limit,
-        order_by_row_index=args.order_by_row_index, logger=_stderr_logger())
+        ctx.conn,
+        ctx.catalog,
+        ctx.settings,
+        args.reader,
+        args.dataset,
+        columns=args.columns,
+        limit=args.limit,
+        order_by_row_index=args.order_by_row_index,
+        logger=_stderr_logger(),
+    )
     rows = result.value.to_pylist()
     decision = result.decision
     data = {"decision": decision.as_dict(), "fallback_error": result.fallback_error, "rows": rows}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.core.ids import parse_uuid
 
 
 def register(sub) -> None:
@@ -20,14 +20,17 @@ def _ingest(ctx, args) -> Result:
 
     check_writer(args.writer)  # refuse a locked or unknown writer before touching anything
     ds_id = parse_uuid(args.dataset, "dataset id")
-    r = run_writer(ctx.dsn, ctx.catalog, ctx.settings, FlagResolver(ctx.conn, ctx.settings.flag_ttl_seconds),
-                   ds_id, args.writer)
+    r = run_writer(
+        ctx.dsn, ctx.catalog, ctx.settings, FlagResolver(ctx.conn, ctx.settings.flag_ttl_seconds), ds_id, args.writer
+    )
     if not r.new:
         text = f"{ds_id}: {r.writer} found nothing new in the source; nothing written (cursor {r.cursor})"
     else:
         where = f"snapshot {r.snapshot_id}" if r.path == "native" else "dataset_rows (the mirror carries them on)"
-        text = (f"{ds_id}: {r.writer} via {r.path} ({r.flag_reason}) — {r.rows} rows → {where}, "
-                f"{r.total_rows} in total, cursor {r.cursor}, sync {r.sync_id}, {r.seconds:.2f}s")
+        text = (
+            f"{ds_id}: {r.writer} via {r.path} ({r.flag_reason}) — {r.rows} rows → {where}, "
+            f"{r.total_rows} in total, cursor {r.cursor}, sync {r.sync_id}, {r.seconds:.2f}s"
+        )
         if r.compacted_rows:
             text += f"; {r.compacted_rows} rows of small files compacted in the same commit"
     return Result(r.to_json(), text)

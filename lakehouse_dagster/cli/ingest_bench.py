@@ -5,22 +5,28 @@ from __future__ import annotations
 import signal
 import sys
 
+from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.runbooks import ingest_bench as ib
-from lakehouse_dagster.cli.common import Result, add_command, table
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ingest-bench", help="validate the write guards (G1–G4) at a target concurrency",
-                       description="validate the write guards (G1–G4) at a target concurrency")
+    p = sub.add_parser(
+        "ingest-bench",
+        help="validate the write guards (G1–G4) at a target concurrency",
+        description="validate the write guards (G1–G4) at a target concurrency",
+    )
     actions = p.add_subparsers(dest="ingest_bench_action", required=True, metavar="ACTION")
     run = add_command(actions, "run", _run, help="a burst of concurrent iceberg-native writes into throwaway datasets")
     run.add_argument("--jobs", type=int, default=8, help="concurrent writer processes (default 8)")
     run.add_argument("--rows", type=int, default=100_000, help="rows per job (default 100000)")
     run.add_argument("--same-dataset", action="store_true", help="every job writes the same dataset (G3)")
     run.add_argument("--namespace", default="bench", help="Iceberg namespace of the bench tables (default bench)")
-    run.add_argument("--keep", action="store_true", help="keep the bench tables and datasets (default: purge them, also when "
-                     "interrupted)")
+    run.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the bench tables and datasets (default: purge them, also when interrupted)",
+    )
     pg = add_command(actions, "purge", _purge, help="drop every bench table, dataset and workspace of a namespace")
     pg.add_argument("--namespace", default="bench")
 
@@ -30,9 +36,15 @@ def _run(ctx, args) -> Result:
     # what it made is purged before the command exits (130, "interrupted").
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report = ib.run_ingest_bench(ctx.dsn, ctx.settings, jobs=args.jobs, rows=args.rows,
-                                     same_dataset=args.same_dataset, namespace=args.namespace,
-                                     actor=ctx.settings.actor)
+        report = ib.run_ingest_bench(
+            ctx.dsn,
+            ctx.settings,
+            jobs=args.jobs,
+            rows=args.rows,
+            same_dataset=args.same_dataset,
+            namespace=args.namespace,
+            actor=ctx.settings.actor,
+        )
     except BaseException as exc:
         if not args.keep and not isinstance(exc, BadInput):  # bad input made nothing
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the purge short
@@ -48,8 +60,10 @@ def _run(ctx, args) -> Result:
     lines = [table(rows, ["job", "status", "rows", "seconds", "snapshot_id", "error"])]
     lines += [f"table problem: {p}" for p in report.table_problems]
     lines.append(report.summary_line())
-    lines.append("gate: non-503 errors must be 0; 503s are healthy backpressure (raise "
-                 "LAKEHOUSE_MAX_CONCURRENT_INGEST or let callers retry)")
+    lines.append(
+        "gate: non-503 errors must be 0; 503s are healthy backpressure (raise "
+        "LAKEHOUSE_MAX_CONCURRENT_INGEST or let callers retry)"
+    )
     return Result(data, "\n".join(lines), exit_code=0 if report.passed else 1)
 
 
@@ -59,8 +73,10 @@ def _purge(ctx, args) -> Result:
 
 
 def _purged_line(out: dict) -> str:
-    return (f"purged namespace {out['namespace']}: {out['tables_dropped']} table(s), {out['datasets']} dataset(s), "
-            f"{out['workspaces']} workspace(s)")
+    return (
+        f"purged namespace {out['namespace']}: {out['tables_dropped']} table(s), {out['datasets']} dataset(s), "
+        f"{out['workspaces']} workspace(s)"
+    )
 
 
 def _interrupt(signum, frame):

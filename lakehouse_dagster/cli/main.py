@@ -10,8 +10,8 @@ import importlib
 import pkgutil
 import sys
 
-from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
+from lakehouse_dagster.core.errors import LakehouseError
 
 
 def build_parser() -> ArgumentParser:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lakehouse_dagster.core.errors import BadInput, LakehouseError
-from lakehouse_dagster.cli.dsn import display_dsn
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.cli.dsn import display_dsn
+from lakehouse_dagster.core.errors import BadInput, LakehouseError
 
 
 def register(sub) -> None:
@@ -58,10 +58,14 @@ def _start(ctx, args) -> Result:
     try:
         dsn = start_embedded(pgdata)
     except Exception as exc:  # initdb/pg_ctl failures: one line, the server log has the rest
-        raise LakehouseError(f"could not start the embedded Postgres in {pgdata}: {exc} (see {pgdata / 'log'})") from None
+        raise LakehouseError(
+            f"could not start the embedded Postgres in {pgdata}: {exc} (see {pgdata / 'log'})"
+        ) from None
     data = {"running": True, "started": not was_running, "pgdata": str(pgdata), "dsn": display_dsn(dsn)}
     verb = "already running" if was_running else "started"
-    return Result(data, f"embedded Postgres {verb}: {display_dsn(dsn)}\ndata: {pgdata}  (stop it with: lakehouse pg stop)")
+    return Result(
+        data, f"embedded Postgres {verb}: {display_dsn(dsn)}\ndata: {pgdata}  (stop it with: lakehouse pg stop)"
+    )
 
 
 def _stop(ctx, args) -> Result:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.cli.common import ArgumentParser, Result, json_parent
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.cli.common import ArgumentParser, Result, json_parent
 
 
 def register(sub) -> None:
@@ -21,8 +21,11 @@ def register(sub) -> None:
     s.add_argument("--cursor-column", metavar="COL", help="postgres: column whose max is stored (incremental)")
     s.add_argument("--position-column", metavar="COL", help="cdc: strictly increasing position (LSN, sequence)")
     s.add_argument("--op-column", metavar="COL", help="cdc: the operation column")
-    s.add_argument("--dsn-env", metavar="VAR", help="environment variable holding the source's DSN "
-                   "(default: the project's Postgres); only the name is stored")
+    s.add_argument(
+        "--dsn-env",
+        metavar="VAR",
+        help="environment variable holding the source's DSN (default: the project's Postgres); only the name is stored",
+    )
     s.set_defaults(func=_set)
     sh = verbs.add_parser("show", parents=[json_parent()], help="a dataset's source and its ingest state")
     sh.add_argument("--dataset", required=True, metavar="UUID")
@@ -40,8 +43,13 @@ def _spec(args) -> dict:
     if args.cdc_table is not None:
         if args.cursor_column:
             raise BadInput("--cursor-column does not apply to --cdc-table (use --position-column)")
-        return {"type": "cdc", "table": args.cdc_table, "position_column": args.position_column,
-                "op_column": args.op_column, "dsn_env": args.dsn_env}
+        return {
+            "type": "cdc",
+            "table": args.cdc_table,
+            "position_column": args.position_column,
+            "op_column": args.op_column,
+            "dsn_env": args.dsn_env,
+        }
     if args.position_column or args.op_column:
         raise BadInput("--position-column/--op-column apply to --cdc-table only")
     where = {"table": args.postgres_table} if args.postgres_table is not None else {"query": args.postgres_query}
@@ -54,8 +62,12 @@ def _set(ctx, args) -> Result:
     from lakehouse_dagster.sources import set_source
 
     spec = set_source(ctx.conn, ds_id, spec_dict, settings=ctx.settings)
-    data = {"dataset_id": str(ds_id), "source": spec.to_json(), "default_writer": spec.default_writer,
-            "writers": list(spec.writers)}
+    data = {
+        "dataset_id": str(ds_id),
+        "source": spec.to_json(),
+        "default_writer": spec.default_writer,
+        "writers": list(spec.writers),
+    }
     return Result(data, f"{ds_id}: source set to {spec.describe()}; default writer {spec.default_writer}")
 
 
@@ -67,13 +79,23 @@ def _show(ctx, args) -> Result:
 
     spec = get_source(ctx.conn, ds_id)
     if spec is None:
-        return Result({"dataset_id": str(ds_id), "source": None},
-                      f"{ds_id}: no source (set one with: lakehouse sources set --dataset {ds_id} ...)")
+        return Result(
+            {"dataset_id": str(ds_id), "source": None},
+            f"{ds_id}: no source (set one with: lakehouse sources set --dataset {ds_id} ...)",
+        )
     table = load_table_or_none(ctx.catalog, table_identifier(ctx.settings, ds_id))
     state = current_state(ctx.conn, ds_id, table, spec.to_json())
     last = None if not state else {k: state.get(k) for k in ("seq", "sync_id", "path", "writer")}
-    data = {"dataset_id": str(ds_id), "source": spec.to_json(), "default_writer": spec.default_writer,
-            "writers": list(spec.writers), "cursor": public_cursor(state), "last_ingest": last}
-    text = (f"{ds_id}: {spec.describe()}\n  default writer {spec.default_writer}; cursor {data['cursor']}; "
-            f"last ingest {last or 'never'}")
+    data = {
+        "dataset_id": str(ds_id),
+        "source": spec.to_json(),
+        "default_writer": spec.default_writer,
+        "writers": list(spec.writers),
+        "cursor": public_cursor(state),
+        "last_ingest": last,
+    }
+    text = (
+        f"{ds_id}: {spec.describe()}\n  default writer {spec.default_writer}; cursor {data['cursor']}; "
+        f"last ingest {last or 'never'}"
+    )
     return Result(data, text)

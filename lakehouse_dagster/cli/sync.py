@@ -6,16 +6,20 @@ import contextlib
 import dataclasses
 import signal
 
+from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.mirror.sync import MODES, peak_rss_mb, sync_dataset
-from lakehouse_dagster.cli.common import Result, add_command
 
 
 def register(sub) -> None:
     p = add_command(sub, "sync", _sync, help="mirror datasets' Postgres rows into their Iceberg tables")
     p.add_argument("--dataset", action="append", required=True, metavar="UUID", help="dataset id (repeatable)")
-    p.add_argument("--mode", choices=MODES, default="auto",
-                   help="auto: incremental when only appends happened, else full (default)")
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="auto",
+        help="auto: incremental when only appends happened, else full (default)",
+    )
 
 
 def _sync(ctx, args) -> Result:
@@ -40,6 +44,7 @@ def _sync(ctx, args) -> Result:
 def _sigterm_interrupts():
     """SIGTERM (a supervisor or run termination) interrupts like Ctrl-C, so the sync records what is true
     before the process ends instead of vanishing with a 'running' row."""
+
     def _raise(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 

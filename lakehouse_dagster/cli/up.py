@@ -38,10 +38,10 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from lakehouse_dagster.core.errors import BadInput, LakehouseError
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.cli.demo import positive_int
 from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
+from lakehouse_dagster.core.errors import BadInput, LakehouseError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER_DB = "dagster"
@@ -52,7 +52,9 @@ CLEAN_SHUTDOWN_SECONDS = 60
 
 def register(sub) -> None:
     p = add_command(
-        sub, "up", _up,
+        sub,
+        "up",
+        _up,
         help="start everything: Postgres (embedded unless LAKEHOUSE_PG_DSN), schema, demo, Dagster webserver + daemon",
         description=(
             "Start the whole stack in the foreground; Ctrl-C stops Dagster and (if started here) the embedded Postgres. "
@@ -63,7 +65,10 @@ def register(sub) -> None:
     p.add_argument("--port", type=port_number, default=3000, help="port of the Dagster UI (default 3000)")
     p.add_argument("--no-demo", action="store_true", help="do not seed the demo workspace")
     p.add_argument(
-        "--demo-rows", type=positive_int, default=1_000_000, metavar="N",
+        "--demo-rows",
+        type=positive_int,
+        default=1_000_000,
+        metavar="N",
         help="rows of the big demo dataset when it is first seeded (default 1000000)",
     )
 
@@ -209,8 +214,8 @@ def _up(ctx, args) -> Result:
     lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
     try:
         if embedded:
-            from lakehouse_dagster.core.embedded import start_embedded
             from lakehouse_dagster.cli.pg import embedded_info
+            from lakehouse_dagster.core.embedded import start_embedded
 
             started_pg = embedded_info(pgdata) is None
             try:
@@ -236,8 +241,10 @@ def _up(ctx, args) -> Result:
                 demo = seed_demo(conn, big_rows=args.demo_rows)
                 if demo["created"]:
                     big = max(d["rows"] or 0 for d in demo["datasets"])
-                    _say(f"demo workspace seeded in {demo['seconds']:.1f} s ({len(demo['datasets'])} datasets, "
-                         f"largest {big:,} rows)")
+                    _say(
+                        f"demo workspace seeded in {demo['seconds']:.1f} s ({len(demo['datasets'])} datasets, "
+                        f"largest {big:,} rows)"
+                    )
                 else:
                     _say("demo workspace already present")
             dagster_url, dagster_url_source = dagster_storage_url(conn, dsn)
@@ -252,17 +259,27 @@ def _up(ctx, args) -> Result:
         env["PYTHONWARNINGS"] = ",".join(
             w for w in (env.get("PYTHONWARNINGS"), "ignore:Function `dev_command` is superseded") if w
         )
-        env.update({
-            "LAKEHOUSE_HOME": str(home),
-            "LAKEHOUSE_PG_DSN": dsn,
-            DAGSTER_URL_ENV: dagster_url,
-            "DAGSTER_HOME": str(dagster_home),
-        })
+        env.update(
+            {
+                "LAKEHOUSE_HOME": str(home),
+                "LAKEHOUSE_PG_DSN": dsn,
+                DAGSTER_URL_ENV: dagster_url,
+                "DAGSTER_HOME": str(dagster_home),
+            }
+        )
         url_host = f"[{host}]" if ":" in host else host
         url = f"http://{url_host}:{args.port}"
         cmd = [
-            sys.executable, "-m", "dagster", "dev",
-            "-h", host, "-p", str(args.port), "-w", str(workspace_file),
+            sys.executable,
+            "-m",
+            "dagster",
+            "dev",
+            "-h",
+            host,
+            "-p",
+            str(args.port),
+            "-w",
+            str(workspace_file),
         ]
         ready_info = {
             "event": "ready",
@@ -276,8 +293,9 @@ def _up(ctx, args) -> Result:
             "demo": demo,
         }
         _say(f"starting Dagster webserver + daemon on {url} (DAGSTER_HOME={dagster_home})")
-        outcome = supervise(cmd, env=env, cwd=dagster_home, ready_url=url, ready_info=ready_info,
-                            as_json=args.json, t_start=t_start)
+        outcome = supervise(
+            cmd, env=env, cwd=dagster_home, ready_url=url, ready_info=ready_info, as_json=args.json, t_start=t_start
+        )
     finally:
         if started_pg:
             stop_postgres(pgdata)
@@ -297,8 +315,8 @@ def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:
     """Stop the embedded server of ``pgdata``: ``pg_ctl stop`` (as its system user), else SIGINT to the
     postmaster (Postgres' own "fast shutdown"), which also works when pg_ctl cannot reach the directory
     (e.g. a parent directory lost its o+x). True if a running server was stopped."""
-    from lakehouse_dagster.core.embedded import stop_embedded
     from lakehouse_dagster.cli.pg import embedded_info
+    from lakehouse_dagster.core.embedded import stop_embedded
 
     say = (lambda msg: None) if quiet else _say
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave it half-stopped
@@ -369,11 +387,16 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def supervise(cmd: list[str], *, env: dict, cwd: Path, ready_url: str, ready_info: dict[str, Any],
-              as_json: bool, t_start: float) -> dict[str, Any]:
+def supervise(
+    cmd: list[str], *, env: dict, cwd: Path, ready_url: str, ready_info: dict[str, Any], as_json: bool, t_start: float
+) -> dict[str, Any]:
     """Run ``cmd`` in its own session until it exits or we are asked to stop; sweep its process group."""
     proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, start_new_session=True, preexec_fn=_child_setup,
+        cmd,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+        preexec_fn=_child_setup,
         stdout=sys.stderr if as_json else None,  # with --json, stdout carries only our JSON
     )
     pgid = proc.pid
@@ -404,9 +427,14 @@ def supervise(cmd: list[str], *, env: dict, cwd: Path, ready_url: str, ready_inf
                 if as_json:
                     print(json.dumps({**ready_info, "seconds_to_ready": seconds}, default=str), flush=True)
                 else:
-                    print(f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}  (Ctrl-C stops everything)",
-                          flush=True)
-            if state["first_signal_at"] is not None and time.monotonic() - state["first_signal_at"] > CLEAN_SHUTDOWN_SECONDS:
+                    print(
+                        f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}  (Ctrl-C stops everything)",
+                        flush=True,
+                    )
+            if (
+                state["first_signal_at"] is not None
+                and time.monotonic() - state["first_signal_at"] > CLEAN_SHUTDOWN_SECONDS
+            ):
                 _say(f"Dagster did not stop within {CLEAN_SHUTDOWN_SECONDS} s; killing it")
                 _kill_group(pgid, signal.SIGKILL)
                 state["first_signal_at"] = float("inf")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import psycopg
 
@@ -80,7 +80,7 @@ class IdlePool:
         for c in idle:
             close_quietly(c)
 
-    def __enter__(self) -> "IdlePool":
+    def __enter__(self) -> IdlePool:
         return self
 
     def __exit__(self, *exc) -> None:

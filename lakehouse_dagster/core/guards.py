@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import uuid
-from typing import Iterator
+from collections.abc import Iterator
 
 import psycopg
 
-from lakehouse_dagster.core.errors import Backpressure, GuardLost, LockTimeout
 from lakehouse_dagster.core.db import close_quietly, connect, is_idle
+from lakehouse_dagster.core.errors import Backpressure, GuardLost, LockTimeout
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
 _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
@@ -39,8 +39,10 @@ def guard_connection(dsn: str) -> psycopg.Connection:
     """A connection fit to hold advisory locks for a whole sync: TCP keepalives (a dead peer is noticed,
     an idle NAT/firewall entry is kept) and no server-side idle-session timeout."""
     conn = connect(dsn, **KEEPALIVE)
-    conn.execute("select case when current_setting('server_version_num')::int >= 140000"
-                 " then set_config('idle_session_timeout', '0', false) end")  # the setting exists from PG 14
+    conn.execute(
+        "select case when current_setting('server_version_num')::int >= 140000"
+        " then set_config('idle_session_timeout', '0', false) end"
+    )  # the setting exists from PG 14
     return conn
 
 
@@ -75,9 +77,12 @@ def pooled_guard_connection(dsn: str, pool=None) -> Iterator[psycopg.Connection]
 
 def _lock_free(conn: psycopg.Connection) -> bool:
     try:
-        return (is_idle(conn)
-                and not conn.execute("select exists(select 1 from pg_locks where locktype = 'advisory'"
-                                     " and pid = pg_backend_pid())").fetchone()[0])
+        return (
+            is_idle(conn)
+            and not conn.execute(
+                "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())"
+            ).fetchone()[0]
+        )
     except psycopg.Error:
         return False
 

@@ -91,7 +91,7 @@ class Settings:
     snapshots_max_age_seconds: int = 3600
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         home = Path(os.environ.get("LAKEHOUSE_HOME") or Path.cwd() / ".lakehouse").expanduser().resolve()
         catalog_type = (os.environ.get("LAKEHOUSE_CATALOG_TYPE") or "sql").lower()
         if catalog_type not in ("sql", "rest"):
@@ -127,7 +127,7 @@ class Settings:
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
         )
 
-    def replace(self, **changes) -> "Settings":
+    def replace(self, **changes) -> Settings:
         return dataclasses.replace(self, **changes)
 
 
@@ -138,8 +138,10 @@ SNAPSHOTS_KEEP_MIN = 16
 def _snapshots_keep() -> int:
     keep = _int("LAKEHOUSE_SNAPSHOTS_KEEP", 100)
     if 0 < keep < SNAPSHOTS_KEEP_MIN:
-        raise BadInput(f"LAKEHOUSE_SNAPSHOTS_KEEP={keep} is below {SNAPSHOTS_KEEP_MIN}, the snapshots compaction reads "
-                       f"to decide; set it to 0 (never expire) or {SNAPSHOTS_KEEP_MIN} or more")
+        raise BadInput(
+            f"LAKEHOUSE_SNAPSHOTS_KEEP={keep} is below {SNAPSHOTS_KEEP_MIN}, the snapshots compaction reads "
+            f"to decide; set it to 0 (never expire) or {SNAPSHOTS_KEEP_MIN} or more"
+        )
     return keep
 
 

@@ -22,7 +22,6 @@ import dagster as dg
 
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, is_transient
 
-
 # The retry schedule of the steps that retry (the mirror asset, the ingest op): 5 s, doubling, with jitter, 3 times.
 RETRY = dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
@@ -50,8 +49,9 @@ def fail_step(context, exc: BaseException, retry: dg.RetryPolicy | None = RETRY)
     if isinstance(exc, Backpressure):  # G2: the runbook's healthy 503
         raise dg.RetryRequested(max_retries=10, seconds_to_wait=30) from exc
     if retry is not None and is_transient(exc):
-        raise dg.RetryRequested(max_retries=retry.max_retries,
-                                seconds_to_wait=retry.calculate_delay(context.retry_number + 1)) from exc
+        raise dg.RetryRequested(
+            max_retries=retry.max_retries, seconds_to_wait=retry.calculate_delay(context.retry_number + 1)
+        ) from exc
     if isinstance(exc, LakehouseError):
         raise refuse(exc) from None
     raise exc
@@ -61,6 +61,7 @@ def stop(context, message: str, metadata: dict | None = None) -> Refused:
     """A STOP with its evidence: the metadata (tables, counts) goes to the run's log first, since a refusal carries
     text only; raise the result ``from None``."""
     if metadata:
-        context.log.info("\n".join(f"{k}: {v.value if isinstance(v, dg.MetadataValue) else v}"
-                                   for k, v in metadata.items()))
+        context.log.info(
+            "\n".join(f"{k}: {v.value if isinstance(v, dg.MetadataValue) else v}" for k, v in metadata.items())
+        )
     return Refused(message)

@@ -14,7 +14,7 @@ A job's ``tags`` cannot see its run config, so a launchpad job tags its own run 
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import dagster as dg
 import psycopg
@@ -42,7 +42,9 @@ def datasets_tags(conn: psycopg.Connection, dataset_ids: Iterable[object]) -> di
     """The dataset tags of many datasets in one query (a sensor tick); an unknown id gets its id tag only.
     (No workspace tag: the runs list shows every tag of a run, and the scope tag names it for flag runs.)"""
     ids = {i for i in (_uuid(d) for d in dataset_ids) if i is not None}
-    found = dict(conn.execute("select id, name from datasets where id = any(%s)", (list(ids),)).fetchall()) if ids else {}
+    found = (
+        dict(conn.execute("select id, name from datasets where id = any(%s)", (list(ids),)).fetchall()) if ids else {}
+    )
     return {i: {DATASET: str(i), **({DATASET_NAME: _value(found[i])} if i in found else {})} for i in ids}
 
 
@@ -57,8 +59,10 @@ def dataset_tags(conn: psycopg.Connection, dataset_id: object) -> dict[str, str]
 
 def _metadata(tags: Mapping[str, str], dataset_id: object) -> dict[str, dg.MetadataValue]:
     """``dataset_name`` / ``dataset_id`` as text metadata for a materialization or check result."""
-    return {"dataset_name": dg.MetadataValue.text(tags.get(DATASET_NAME, "(unknown dataset)")),
-            "dataset_id": dg.MetadataValue.text(tags.get(DATASET, str(dataset_id)))}
+    return {
+        "dataset_name": dg.MetadataValue.text(tags.get(DATASET_NAME, "(unknown dataset)")),
+        "dataset_id": dg.MetadataValue.text(tags.get(DATASET, str(dataset_id))),
+    }
 
 
 def name_run(context, conn: psycopg.Connection, dataset_id: object) -> dict[str, dg.MetadataValue]:
@@ -83,8 +87,9 @@ def scope_value(dataset: object = None, workspace: object = None) -> str:
     return "global"
 
 
-def flag_tags(conn: psycopg.Connection, kind: str, name: str | None, dataset: object = None,
-              workspace: object = None) -> dict[str, str]:
+def flag_tags(
+    conn: psycopg.Connection, kind: str, name: str | None, dataset: object = None, workspace: object = None
+) -> dict[str, str]:
     """A flag or rollout run: the reader/writer, the scope, and the dataset (with its name) when it is one."""
     tags = {SCOPE: scope_value(dataset, workspace)}
     if name:
@@ -101,8 +106,10 @@ def text(value: object) -> dg.MetadataValue:
 
 def ids_as_text(metadata: Mapping[str, object]) -> dict[str, object]:
     """Core results' metadata with identifiers and versions (keys ending in ``_id`` or ``_version``) as text."""
-    return {k: text(v) if (k.endswith("_id") or k.endswith("_version")) and not isinstance(v, dg.MetadataValue)
-            else v for k, v in metadata.items()}
+    return {
+        k: text(v) if (k.endswith("_id") or k.endswith("_version")) and not isinstance(v, dg.MetadataValue) else v
+        for k, v in metadata.items()
+    }
 
 
 def tag_run(context, tags: Mapping[str, str]) -> None:

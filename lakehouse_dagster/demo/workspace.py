@@ -112,18 +112,50 @@ ORDERS_ROWS = 20_000
 
 # One edge per row; a missing key and a JSON null are both nulls.
 EDGE_ROWS: list[dict[str, Any]] = [
-    {"n": 0, "label ünïcode": "plain", "x": 0.1, "flag": True, "at": "2024-01-01T00:00:00Z",
-     "day": "2024-01-01", "doc": {"a": 1}},
+    {
+        "n": 0,
+        "label ünïcode": "plain",
+        "x": 0.1,
+        "flag": True,
+        "at": "2024-01-01T00:00:00Z",
+        "day": "2024-01-01",
+        "doc": {"a": 1},
+    },
     {"n": None, "label ünïcode": None, "x": None, "flag": None, "at": None, "day": None, "doc": None},
     {},
-    {"n": 9223372036854775807, "label ünïcode": "日本語 🙂 שלום e\u0301", "x": 1e-300, "flag": False,
-     "at": "1969-12-31T23:59:59.999999-01:00", "day": "1969-12-31", "doc": [1, 2.5, None, "x", {"k": []}]},
-    {"n": -9223372036854775808, "label ünïcode": "", "x": "NaN", "at": "2024-02-29T12:30:00.5+05:30",
-     "day": "2024-02-29", "doc": {}},
-    {"n": 1, "label ünïcode": "quote \" backslash \\ tab \t newline \n end", "x": "Infinity",
-     "at": "2038-01-19T03:14:08-08:00", "day": "2038-01-19", "doc": []},
-    {"n": 2, "label ünïcode": "\u00a0nbsp and \u200bzero-width", "x": "-Infinity",
-     "at": "2000-02-29T23:59:59.000001+12:45", "day": "1900-01-01", "doc": "just a string"},
+    {
+        "n": 9223372036854775807,
+        "label ünïcode": "日本語 🙂 שלום e\u0301",
+        "x": 1e-300,
+        "flag": False,
+        "at": "1969-12-31T23:59:59.999999-01:00",
+        "day": "1969-12-31",
+        "doc": [1, 2.5, None, "x", {"k": []}],
+    },
+    {
+        "n": -9223372036854775808,
+        "label ünïcode": "",
+        "x": "NaN",
+        "at": "2024-02-29T12:30:00.5+05:30",
+        "day": "2024-02-29",
+        "doc": {},
+    },
+    {
+        "n": 1,
+        "label ünïcode": 'quote " backslash \\ tab \t newline \n end',
+        "x": "Infinity",
+        "at": "2038-01-19T03:14:08-08:00",
+        "day": "2038-01-19",
+        "doc": [],
+    },
+    {
+        "n": 2,
+        "label ünïcode": "\u00a0nbsp and \u200bzero-width",
+        "x": "-Infinity",
+        "at": "2000-02-29T23:59:59.000001+12:45",
+        "day": "1900-01-01",
+        "doc": "just a string",
+    },
     {"n": 3, "x": 5e-324, "at": "1970-01-01T00:00:00+00:00", "doc": 42},
     {"n": 4, "x": 1.7976931348623157e308, "doc": {"deep": {"deeper": {"deepest": [{"ü": None}]}}}},
     {"n": 5, "x": -0.0, "doc": True},
@@ -131,8 +163,7 @@ EDGE_ROWS: list[dict[str, Any]] = [
 ]
 
 MANIFEST_ROWS = [
-    {"uri": f"s3://demo-bucket/images/{i:04d}.jpg", "bytes": 10_000 + i * 37, "mime": "image/jpeg"}
-    for i in range(5)
+    {"uri": f"s3://demo-bucket/images/{i:04d}.jpg", "bytes": 10_000 + i * 37, "mime": "image/jpeg"} for i in range(5)
 ]
 
 # The big dataset, generated inside Postgres: one INSERT ... SELECT over generate_series.
@@ -335,19 +366,23 @@ def _click_batch(start: int, n: int):
     """Deterministic click rows (typed Arrow): every column type, nulls, unicode, NaN."""
     import pyarrow as pa
 
-    base = dt.datetime(2024, 6, 1, tzinfo=dt.timezone.utc)
+    base = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
     ids = range(start, start + n)
-    return pa.table({
-        "click_id": pa.array(list(ids), pa.int64()),
-        "user_name": pa.array([None if i % 41 == 0 else ["ana", "Zoë", "日本", "o'neil", ""][i % 5] + str(i % 300)
-                               for i in ids]),
-        "url": pa.array([f"/p/{i % 97}?q=caf%C3%A9" for i in ids]),
-        "clicked_at": pa.array([base + dt.timedelta(seconds=7 * i) for i in ids], pa.timestamp("us", tz="UTC")),
-        "duration_ms": pa.array([float("nan") if i % 53 == 0 else None if i % 29 == 0 else i % 9000 / 3 for i in ids],
-                                pa.float64()),
-        "converted": pa.array([None if i % 31 == 0 else i % 7 == 0 for i in ids], pa.bool_()),
-        "attrs": pa.array([None if i % 4 == 0 else f'{{"ab": "{"ab"[i % 2]}", "n": {i % 10}}}' for i in ids]),
-    })
+    return pa.table(
+        {
+            "click_id": pa.array(list(ids), pa.int64()),
+            "user_name": pa.array(
+                [None if i % 41 == 0 else ["ana", "Zoë", "日本", "o'neil", ""][i % 5] + str(i % 300) for i in ids]
+            ),
+            "url": pa.array([f"/p/{i % 97}?q=caf%C3%A9" for i in ids]),
+            "clicked_at": pa.array([base + dt.timedelta(seconds=7 * i) for i in ids], pa.timestamp("us", tz="UTC")),
+            "duration_ms": pa.array(
+                [float("nan") if i % 53 == 0 else None if i % 29 == 0 else i % 9000 / 3 for i in ids], pa.float64()
+            ),
+            "converted": pa.array([None if i % 31 == 0 else i % 7 == 0 for i in ids], pa.bool_()),
+            "attrs": pa.array([None if i % 4 == 0 else f'{{"ab": "{"ab"[i % 2]}", "n": {i % 10}}}' for i in ids]),
+        }
+    )
 
 
 def _as_csv_text(table):
@@ -367,8 +402,9 @@ def _as_csv_text(table):
             return v.isoformat()
         return str(v)
 
-    return pa.table({name: pa.array([cell(v) for v in table.column(name).to_pylist()], pa.string())
-                     for name in table.column_names})
+    return pa.table(
+        {name: pa.array([cell(v) for v in table.column(name).to_pylist()], pa.string()) for name in table.column_names}
+    )
 
 
 def write_click_files(directory: Path) -> list[Path]:
@@ -396,15 +432,30 @@ def _seed_sources(conn: psycopg.Connection, make, home: Path) -> None:
     directory = home / "demo" / "web_clicks"
     write_click_files(directory)
     # make() stores the legacy {"type": "demo"} marker; set_source validates and replaces it.
-    set_source(conn, make("web_clicks", CLICKS_SCHEMA),
-               {"type": "files", "uri": str(directory / "*.parquet"), "format": "parquet"})
-    set_source(conn, make("web_clicks_csv", CLICKS_SCHEMA),
-               {"type": "files", "uri": str(directory / "*.csv"), "format": "csv"})
-    set_source(conn, make("crm_accounts", ACCOUNTS_SCHEMA),
-               {"type": "postgres", "table": f"{SOURCE_SCHEMA}.crm_accounts", "cursor_column": None, "dsn_env": None})
-    set_source(conn, make("inventory_changes", INVENTORY_SCHEMA),
-               {"type": "cdc", "table": f"{SOURCE_SCHEMA}.inventory_cdc", "position_column": "lsn", "op_column": "op",
-                "dsn_env": None})
+    set_source(
+        conn,
+        make("web_clicks", CLICKS_SCHEMA),
+        {"type": "files", "uri": str(directory / "*.parquet"), "format": "parquet"},
+    )
+    set_source(
+        conn, make("web_clicks_csv", CLICKS_SCHEMA), {"type": "files", "uri": str(directory / "*.csv"), "format": "csv"}
+    )
+    set_source(
+        conn,
+        make("crm_accounts", ACCOUNTS_SCHEMA),
+        {"type": "postgres", "table": f"{SOURCE_SCHEMA}.crm_accounts", "cursor_column": None, "dsn_env": None},
+    )
+    set_source(
+        conn,
+        make("inventory_changes", INVENTORY_SCHEMA),
+        {
+            "type": "cdc",
+            "table": f"{SOURCE_SCHEMA}.inventory_cdc",
+            "position_column": "lsn",
+            "op_column": "op",
+            "dsn_env": None,
+        },
+    )
 
 
 def _set_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
@@ -483,7 +534,9 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             conn.execute(  # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
                 "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
                 " values ('dashboards.aggregate', 'dataset', %s, 'demo: the rollup dashboard', 'demo')"
-                " on conflict do nothing", (rollup,))
+                " on conflict do nothing",
+                (rollup,),
+            )
     summary = demo_summary(conn)
     summary["created"] = created
     summary["seconds"] = round(time.perf_counter() - started, 3)

@@ -11,8 +11,17 @@ from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS, get_
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution, invalidate_local
 
 __all__ = [
-    "READ", "WRITE", "READERS", "WRITERS", "get_flag",
-    "FlagResolver", "Resolution", "invalidate_local",
-    "set_override", "clear_override", "list_overrides", "history",
+    "READ",
+    "WRITE",
+    "READERS",
+    "WRITERS",
+    "get_flag",
+    "FlagResolver",
+    "Resolution",
+    "invalidate_local",
+    "set_override",
+    "clear_override",
+    "list_overrides",
+    "history",
     "native_dataset_ids",
 ]

@@ -16,8 +16,8 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.flags.gates import NATIVE, Effect, write_flip_blockers
-from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.registry import WRITE, check_mode, get_flag
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 
 # Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\
@@ -63,8 +63,12 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
     if not rows:
         return []
     ids = [r[3] for r in rows]
-    info = {r[0]: r for r in conn.execute(
-        "select id, name, workspace_id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall()}
+    info = {
+        r[0]: r
+        for r in conn.execute(
+            "select id, name, workspace_id, kind from datasets where id = any(%s::uuid[])", (ids,)
+        ).fetchall()
+    }
     stored = stored_overrides(conn, WRITE, [writer])[writer]
     modes = {i: resolve_for(flag, stored, i, info[i][2]) for i in ids}
     moved = [Effect(i, info[i][1], modes[i], NATIVE) for i in ids if modes[i] != NATIVE]
@@ -74,6 +78,15 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
         why = reasons.get(ds_id, ())
         if modes[ds_id] == NATIVE:
             why = (f"already {NATIVE} for {writer}",)
-        out.append(Candidate(verdict, name, row_count, ds_id, modes[ds_id], verdict == SAFE and not reasons.get(ds_id)
-                             and modes[ds_id] != NATIVE, tuple(why)))
+        out.append(
+            Candidate(
+                verdict,
+                name,
+                row_count,
+                ds_id,
+                modes[ds_id],
+                verdict == SAFE and not reasons.get(ds_id) and modes[ds_id] != NATIVE,
+                tuple(why),
+            )
+        )
     return out

@@ -29,6 +29,5 @@ def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     from lakehouse_dagster.flags.registry import REGISTRY
 
     flags = [f for fs in REGISTRY.values() for f in fs.values()]
-    query, params = effective_sql(flags, _TOUCHED, select="distinct e.dataset_id",
-                                  where="e.mode_rank > e.default_rank")
+    query, params = effective_sql(flags, _TOUCHED, select="distinct e.dataset_id", where="e.mode_rank > e.default_rank")
     return {r[0] for r in conn.execute(query, params).fetchall()}

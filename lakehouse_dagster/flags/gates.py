@@ -35,17 +35,16 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.core.errors import FlipRefused
-from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
-from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Change, Scope, clear_override, set_override
+from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.reader_datasets import readers_of
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
-from lakehouse_dagster.flags.resolver import resolve_from
 from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import widen_blockers
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 NATIVE = "iceberg_native"
 _GATE_LOCK = "lakehouse_flag_gates"
@@ -134,8 +133,9 @@ def _db_now(conn: psycopg.Connection):
     return conn.execute("select now()").fetchone()[0]
 
 
-def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets: dict, *,
-                        soak_seconds: int | None = None, now=None) -> list[Blocked]:
+def write_flip_blockers(
+    conn: psycopg.Connection, moved: list[Effect], datasets: dict, *, soak_seconds: int | None = None, now=None
+) -> list[Blocked]:
     """Why each dataset about to be written iceberg-native is not ready (empty: all ready)."""
     ids = [e.dataset_id for e in moved]
     if not ids:
@@ -157,50 +157,80 @@ def write_flip_blockers(conn: psycopg.Connection, moved: list[Effect], datasets:
         if kind != "tabular":
             reasons.append(f"a {kind} dataset is file-backed, not Iceberg-tabular")
         if e.dataset_id in pipeline_inputs:
-            reasons.append("BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3); "
-                           "wait until the pipeline source reads Iceberg")
+            reasons.append(
+                "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3); "
+                "wait until the pipeline source reads Iceberg"
+            )
         sync = syncs.get(e.dataset_id)
         if sync is None:
             reasons.append(AtFlip(f"never mirrored: sync it first (lakehouse sync --dataset {e.dataset_id})"))
         else:
             status, has_identity, source_version, rows_version = sync
             if status != "succeeded" or not has_identity:
-                reasons.append(AtFlip(f"not identity-ready: its latest mirror sync is {status}"
-                                      f"{'' if has_identity else ' without identity columns'}"))
+                reasons.append(
+                    AtFlip(
+                        f"not identity-ready: its latest mirror sync is {status}"
+                        f"{'' if has_identity else ' without identity columns'}"
+                    )
+                )
             elif source_version is None or source_version < rows_version:
-                reasons.append(AtFlip(f"Iceberg is behind Postgres (covers version {source_version}, Postgres is "
-                                      f"at {rows_version}): let the mirror catch up, or rows not yet mirrored are lost"))
-        on_pg = [f"{r.name} ({m})" for r in servable
-                 if rank(READ, m := resolve_for(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")]
+                reasons.append(
+                    AtFlip(
+                        f"Iceberg is behind Postgres (covers version {source_version}, Postgres is "
+                        f"at {rows_version}): let the mirror catch up, or rows not yet mirrored are lost"
+                    )
+                )
+        on_pg = [
+            f"{r.name} ({m})"
+            for r in servable
+            if rank(READ, m := resolve_for(r, reader_overrides[r.name], e.dataset_id, ws_id)) < rank(READ, "iceberg")
+        ]
         if on_pg:
-            reasons.append("readers still on Postgres for it: " + ", ".join(on_pg) +
-                           " — read-flip them first (prerequisite #1)")
+            reasons.append(
+                "readers still on Postgres for it: " + ", ".join(on_pg) + " — read-flip them first (prerequisite #1)"
+            )
         elif reader_soaks.get(e.dataset_id):
             # a moment-of-flip reason: once a dataset is written natively, a reader re-raised later must not
             # block its writes for a whole soak (the guard before each native write drops AtFlip reasons)
-            reasons.append(AtFlip("readers not yet soaked on Iceberg (prerequisite #1: read-flip → soak → write-flip): "
-                                  + "; ".join(reader_soaks[e.dataset_id])))
+            reasons.append(
+                AtFlip(
+                    "readers not yet soaked on Iceberg (prerequisite #1: read-flip → soak → write-flip): "
+                    + "; ".join(reader_soaks[e.dataset_id])
+                )
+            )
         if locked.get(e.dataset_id):
-            reasons.append("read from dataset_rows by " + ", ".join(d.describe() for d in locked[e.dataset_id]) +
-                           ", locked to Postgres (no Iceberg read path): Postgres would go stale for it; "
-                           "declared with lakehouse flags readers add — remove the declaration only once it no "
-                           "longer reads this dataset")
+            reasons.append(
+                "read from dataset_rows by "
+                + ", ".join(d.describe() for d in locked[e.dataset_id])
+                + ", locked to Postgres (no Iceberg read path): Postgres would go stale for it; "
+                "declared with lakehouse flags readers add — remove the declaration only once it no "
+                "longer reads this dataset"
+            )
         verdict = verdicts.get(e.dataset_id)
         if verdict is None:
             reasons.append(AtFlip(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}"))
         elif verdict[0] not in ("ok", "native"):
-            reasons.append(AtFlip(f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
-                                  "run the canary until it says ok"))
+            reasons.append(
+                AtFlip(
+                    f"latest parity verdict is {verdict[0]} ({verdict[1]:%Y-%m-%d %H:%M:%S} UTC): "
+                    "run the canary until it says ok"
+                )
+            )
         elif verdict[0] == "ok" and (verdict[2] is None or verdict[2] < verdict[3]):
-            reasons.append(AtFlip(f"parity was last checked at Postgres version {verdict[2]}, it is now at "
-                                  f"{verdict[3]}: run lakehouse canary --smoke --dataset {e.dataset_id} again"))
+            reasons.append(
+                AtFlip(
+                    f"parity was last checked at Postgres version {verdict[2]}, it is now at "
+                    f"{verdict[3]}: run lakehouse canary --smoke --dataset {e.dataset_id} again"
+                )
+            )
         if reasons:
             blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
     return blocked
 
 
-def _reader_soaks(conn, moved: list[Effect], datasets: dict, servable: list[Flag], stored: dict,
-                  soak_seconds: int, now) -> dict[uuid.UUID, list[str]]:
+def _reader_soaks(
+    conn, moved: list[Effect], datasets: dict, servable: list[Flag], stored: dict, soak_seconds: int, now
+) -> dict[uuid.UUID, list[str]]:
     """{dataset: why its Iceberg-served readers have not soaked}: each reader's effective mode must have been
     iceberg or above for ``soak_seconds`` (from the audit), with no MISMATCH on the dataset and no fallback of
     that reader since."""
@@ -221,10 +251,14 @@ def _reader_soaks(conn, moved: list[Effect], datasets: dict, servable: list[Flag
     out: dict[uuid.UUID, list[str]] = {}
     for (ds_id, reader), t in since.items():
         if t is None:
-            out.setdefault(ds_id, []).append(f"{reader}: no audit says when it reached iceberg (written outside "
-                                             "the CLI?): set it again with lakehouse flags set to start its soak")
+            out.setdefault(ds_id, []).append(
+                f"{reader}: no audit says when it reached iceberg (written outside "
+                "the CLI?): set it again with lakehouse flags set to start its soak"
+            )
             continue
-        relevant = [i for i in found.get(ds_id, []) if i.what == MISMATCH or (i.what == FALLBACK and i.reader == reader)]
+        relevant = [
+            i for i in found.get(ds_id, []) if i.what == MISMATCH or (i.what == FALLBACK and i.reader == reader)
+        ]
         s = soak(f"{reader} on Iceberg", t, relevant, soak_seconds)
         if not s.soaked(now):
             out.setdefault(ds_id, []).append(s.describe(now))
@@ -240,12 +274,21 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
     blocked = []
     for e in down:
         ws_id = datasets[e.dataset_id][2]
-        native = [w.name for w in FLIPPABLE_WRITERS if resolve_for(w, writer_overrides[w.name], e.dataset_id, ws_id) == NATIVE]
+        native = [
+            w.name for w in FLIPPABLE_WRITERS if resolve_for(w, writer_overrides[w.name], e.dataset_id, ws_id) == NATIVE
+        ]
         if native:
-            blocked.append(Blocked(e.dataset_id, e.name, (
-                f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
-                f"reader on Postgres ({e.after}) would serve stale rows; roll the writer back first "
-                "(write-flags set <writer> pg) and re-run a full sync to repopulate Postgres",)))
+            blocked.append(
+                Blocked(
+                    e.dataset_id,
+                    e.name,
+                    (
+                        f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
+                        f"reader on Postgres ({e.after}) would serve stale rows; roll the writer back first "
+                        "(write-flags set <writer> pg) and re-run a full sync to repopulate Postgres",
+                    ),
+                )
+            )
     return blocked
 
 
@@ -263,14 +306,17 @@ def _refusal(flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked],
     if len(blocked) > _SHOWN:
         lines.append(f"  ... and {len(blocked) - _SHOWN} more")
     if scope.scope != DATASET and blocked:
-        lines.append(f"  (a dataset-scoped override keeps one dataset where it is, e.g. "
-                     f"{'write-flags' if flag.kind == WRITE else 'flags'} set {flag.name} "
-                     f"{'pg' if flag.kind == WRITE else 'iceberg'} --dataset <id>)")
+        lines.append(
+            f"  (a dataset-scoped override keeps one dataset where it is, e.g. "
+            f"{'write-flags' if flag.kind == WRITE else 'flags'} set {flag.name} "
+            f"{'pg' if flag.kind == WRITE else 'iceberg'} --dataset <id>)"
+        )
     return FlipRefused("\n".join(lines))
 
 
-def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None, *,
-                 soak_seconds: int | None = None) -> list[Effect]:
+def check_change(
+    conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None, *, soak_seconds: int | None = None
+) -> list[Effect]:
     """Raise FlipRefused when the change would strand consumers or widen too early; returns its effects
     otherwise. ``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS."""
 
@@ -278,8 +324,9 @@ def check_change(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str |
     now = _db_now(conn)
     moved, datasets = effects(conn, flag, scope, mode)
     if flag.kind == WRITE:
-        blocked = write_flip_blockers(conn, [e for e in moved if e.after == NATIVE], datasets,
-                                      soak_seconds=soak_seconds, now=now)
+        blocked = write_flip_blockers(
+            conn, [e for e in moved if e.after == NATIVE], datasets, soak_seconds=soak_seconds, now=now
+        )
     else:
         blocked = read_rollback_blockers(conn, moved, datasets)
     rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now)
@@ -294,12 +341,15 @@ def lock_gates(conn: psycopg.Connection) -> None:
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
 
 
-def check_widen(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str, *, soak_seconds: int | None = None) -> None:
+def check_widen(
+    conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str, *, soak_seconds: int | None = None
+) -> None:
     """The widening rules alone (soak, writers' order), so a flip's preflight refuses before it canaries."""
 
     moved, datasets = effects(conn, flag, scope, mode)
-    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds),
-                           now=_db_now(conn))
+    rules = widen_blockers(
+        conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds), now=_db_now(conn)
+    )
     if rules:
         raise _refusal(flag, mode, scope, [], rules)
 
@@ -308,11 +358,13 @@ def _guard_with(soak_seconds: int | None):
     def guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
         lock_gates(conn)
         check_change(conn, flag, scope, mode, soak_seconds=soak_seconds)
+
     return guard
 
 
-def set_flag(conn: psycopg.Connection, kind: str, name: str, mode: str, *, soak_seconds: int | None = None,
-             **kw) -> Change:
+def set_flag(
+    conn: psycopg.Connection, kind: str, name: str, mode: str, *, soak_seconds: int | None = None, **kw
+) -> Change:
     """``set_override`` behind the flip gates: what the CLI and the Dagster jobs call
     (``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS)."""
     return set_override(conn, kind, name, mode, guard=_guard_with(soak_seconds), **kw)

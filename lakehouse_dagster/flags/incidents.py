@@ -38,8 +38,10 @@ def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID
     """One row per read served by Postgres after an Iceberg error; never fails the read it records."""
     try:
         with conn.transaction():  # a savepoint inside the caller's transaction: a failure here leaves it intact
-            conn.execute("insert into lakehouse_read_fallbacks (reader, dataset_id, error) values (%s, %s, %s)",
-                         (reader, dataset_id, error[:1000]))
+            conn.execute(
+                "insert into lakehouse_read_fallbacks (reader, dataset_id, error) values (%s, %s, %s)",
+                (reader, dataset_id, error[:1000]),
+            )
     except Exception as exc:  # the read was served; losing its record only makes the soak less strict
         log.warning("could not record the read fallback of %s ds=%s: %s", reader, dataset_id, type(exc).__name__)
 
@@ -63,13 +65,17 @@ order by dataset_id, what, reader, at desc
 """
 
 
-def latest_incidents(conn: psycopg.Connection, dataset_ids: list[uuid.UUID], since: datetime) -> dict[uuid.UUID, list[Incident]]:
+def latest_incidents(
+    conn: psycopg.Connection, dataset_ids: list[uuid.UUID], since: datetime
+) -> dict[uuid.UUID, list[Incident]]:
     """{dataset: the latest incident of each kind (and each reader's latest fallback) at or after ``since``}."""
     out: dict[uuid.UUID, list[Incident]] = {}
     if not dataset_ids:
         return out
-    rows = conn.execute(_LATEST, {"ids": list(dataset_ids), "since": since, "mismatch": MISMATCH,
-                                  "failed": FAILED_SYNC, "fallback": FALLBACK}).fetchall()
+    rows = conn.execute(
+        _LATEST,
+        {"ids": list(dataset_ids), "since": since, "mismatch": MISMATCH, "failed": FAILED_SYNC, "fallback": FALLBACK},
+    ).fetchall()
     for ds_id, at, what, reader, detail in rows:
         out.setdefault(ds_id, []).append(Incident(ds_id, at, what, reader, (detail or "")[:_DETAIL_CHARS]))
     return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -30,7 +30,7 @@ class Listener:
     def __init__(self, conninfo: str, on_change: Callable[[list], None]) -> None:
         self._conninfo = conninfo
         self._on_change = on_change
-        self.subscribers: "weakref.WeakSet" = weakref.WeakSet()
+        self.subscribers: weakref.WeakSet = weakref.WeakSet()
         self.pid = os.getpid()
         self.listening = threading.Event()  # set while LISTEN is active
         self.notifications = 0
@@ -58,8 +58,14 @@ class Listener:
         while self._wanted():
             try:
                 with psycopg.connect(
-                    self._conninfo, autocommit=True, connect_timeout=5, application_name=APPLICATION_NAME,
-                    keepalives=1, keepalives_idle=5, keepalives_interval=2, keepalives_count=3,
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name=APPLICATION_NAME,
+                    keepalives=1,
+                    keepalives_idle=5,
+                    keepalives_interval=2,
+                    keepalives_count=3,
                 ) as conn:
                     conn.execute(sql.SQL("listen {}").format(sql.Identifier(FLAG_NOTIFY_CHANNEL)))
                     self.connections += 1

@@ -8,16 +8,15 @@ locked to PG clamp to pg, so they never count.
 from __future__ import annotations
 
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import psycopg
+
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS
 
 
-def native_dataset_ids(
-    conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] | None = None
-) -> set[uuid.UUID]:
+def native_dataset_ids(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] | None = None) -> set[uuid.UUID]:
     """Datasets (all, or among ``dataset_ids``) where any flip-able writer resolves to iceberg_native."""
     if not FLIPPABLE_WRITERS:
         return set()
@@ -28,6 +27,7 @@ def native_dataset_ids(
         if not ids:
             return set()
         datasets, params = "select id, workspace_id from datasets where id = any(%s::uuid[])", [ids]
-    query, args = effective_sql(FLIPPABLE_WRITERS, datasets, params, select="distinct e.dataset_id",
-                                where="e.mode = 'iceberg_native'")
+    query, args = effective_sql(
+        FLIPPABLE_WRITERS, datasets, params, select="distinct e.dataset_id", where="e.mode = 'iceberg_native'"
+    )
     return {r[0] for r in conn.execute(query, args).fetchall()}

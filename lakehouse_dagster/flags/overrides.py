@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Callable
 
 import psycopg
 
@@ -216,10 +216,7 @@ def list_overrides(conn: psycopg.Connection, kind: str | None = None) -> list[Ov
     if kind is not None:
         sql += " where kind = %s"
         params = (check_kind(kind),)
-    sql += (
-        " order by kind, name,"
-        " case scope when 'global' then 0 when 'workspace' then 1 else 2 end, scope_id"
-    )
+    sql += " order by kind, name, case scope when 'global' then 0 when 'workspace' then 1 else 2 end, scope_id"
     return [Override(*r) for r in conn.execute(sql, params).fetchall()]
 
 
@@ -261,14 +258,18 @@ def narrower_overrides(conn: psycopg.Connection, kind: str, name: str, scope: Sc
     """The overrides of the same flag that still win over ``scope`` where they apply (the most specific wins):
     under global, every workspace and dataset override; under a workspace, those of its datasets. What an
     operator clearing ``scope`` must be told remains."""
-    sql = ("select o.kind, o.name, o.scope, o.scope_id, o.mode, o.note, o.set_by, o.set_at"
-           "  from lakehouse_flag_overrides o where o.kind = %s and o.name = %s")
+    sql = (
+        "select o.kind, o.name, o.scope, o.scope_id, o.mode, o.note, o.set_by, o.set_at"
+        "  from lakehouse_flag_overrides o where o.kind = %s and o.name = %s"
+    )
     params: tuple = (check_kind(kind), name)
     if scope.scope == GLOBAL:
         sql += " and o.scope in ('workspace', 'dataset')"
     elif scope.scope == WORKSPACE:
-        sql += (" and o.scope = 'dataset'"
-                " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)")
+        sql += (
+            " and o.scope = 'dataset'"
+            " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)"
+        )
         params += (scope.scope_id,)
     else:
         return []
@@ -282,11 +283,14 @@ def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) 
     if not left:
         return []
     ids = [o.scope_id for o in left]
-    names = dict(conn.execute("select id, name from datasets where id = any(%s::uuid[])"
-                              " union all select id, name from workspaces where id = any(%s::uuid[])",
-                              (ids, ids)).fetchall())
-    counts = ", ".join(f"{n} {s} override(s)" for s in (WORKSPACE, DATASET)
-                       if (n := sum(o.scope == s for o in left)))
+    names = dict(
+        conn.execute(
+            "select id, name from datasets where id = any(%s::uuid[])"
+            " union all select id, name from workspaces where id = any(%s::uuid[])",
+            (ids, ids),
+        ).fetchall()
+    )
+    counts = ", ".join(f"{n} {s} override(s)" for s in (WORKSPACE, DATASET) if (n := sum(o.scope == s for o in left)))
     verb = "flags" if flag.kind == "read" else "write-flags"
     lines = [f"{counts} of {flag.name} remain and still win where they apply:"]
     lines += [f"  {o.scope} {o.scope_id} ({names.get(o.scope_id, 'gone')}): {o.mode}" for o in left[:50]]

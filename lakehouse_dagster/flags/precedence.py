@@ -11,7 +11,7 @@ test_after_flip checks on a table of tricky cases that all of them agree.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 from psycopg import sql
 
@@ -51,8 +51,9 @@ select s.id as dataset_id, s.kind, s.name,
 """
 
 
-def effective_sql(flags: Sequence[Flag], datasets: str, datasets_params: Sequence = (), *,
-                  select: str = "*", where: str = "true") -> tuple[str, list]:
+def effective_sql(
+    flags: Sequence[Flag], datasets: str, datasets_params: Sequence = (), *, select: str = "*", where: str = "true"
+) -> tuple[str, list]:
     """(query, params): ``select <select> from (<effective modes>) e where <where>``, where the effective
     modes are one row per (dataset, flag) for every dataset ``datasets`` selects (a constant query yielding
     ``id, workspace_id``, with ``datasets_params`` for its placeholders; a null id resolves with global
@@ -71,23 +72,36 @@ def _rendered(flags: tuple[Flag, ...], datasets: str, select: str, where: str) -
     joins = []
     for scope in SCOPES:
         key = _SCOPE_KEY[scope]
-        match = sql.SQL("{a}.scope_id = d.{k}").format(a=alias[scope], k=sql.Identifier(key)) if key else sql.SQL("true")
-        joins.append(sql.SQL("left join o {a} on {a}.kind = f.kind and {a}.name = f.name and {a}.scope = {s} and {m}")
-                     .format(a=alias[scope], s=sql.Literal(scope), m=match))
+        match = (
+            sql.SQL("{a}.scope_id = d.{k}").format(a=alias[scope], k=sql.Identifier(key)) if key else sql.SQL("true")
+        )
+        joins.append(
+            sql.SQL("left join o {a} on {a}.kind = f.kind and {a}.name = f.name and {a}.scope = {s} and {m}").format(
+                a=alias[scope], s=sql.Literal(scope), m=match
+            )
+        )
 
     def values(rows):
         return sql.SQL(", ").join(sql.SQL("({})").format(sql.SQL(", ").join(map(sql.Literal, r))) for r in rows)
 
     query = sql.SQL("select {select} from ({effective}) e where {where}").format(
-        select=sql.SQL(select), where=sql.SQL(where), effective=sql.SQL(_QUERY).format(
-            flags=values([(f.kind, f.name, f.default, rank(f.kind, f.default), f.ceiling, rank(f.kind, f.ceiling))
-                          for f in flags]),
+        select=sql.SQL(select),
+        where=sql.SQL(where),
+        effective=sql.SQL(_QUERY).format(
+            flags=values(
+                [
+                    (f.kind, f.name, f.default, rank(f.kind, f.default), f.ceiling, rank(f.kind, f.ceiling))
+                    for f in flags
+                ]
+            ),
             modes=values([(k, m, rank(k, m)) for k, modes in MODES.items() for m in modes]),
             datasets=sql.SQL(datasets),
             stored=sql.SQL(", ").join(sql.SQL("{}.mode").format(alias[s]) for s in SCOPES),
-            source=sql.SQL(" ").join(sql.SQL("when {a}.mode is not null then {s}").format(a=alias[s], s=sql.Literal(s))
-                                     for s in SCOPES),
+            source=sql.SQL(" ").join(
+                sql.SQL("when {a}.mode is not null then {s}").format(a=alias[s], s=sql.Literal(s)) for s in SCOPES
+            ),
             default=sql.Literal(DEFAULT),
             joins=sql.SQL("\n         ").join(joins),
-        ))
+        ),
+    )
     return query.as_string(None)

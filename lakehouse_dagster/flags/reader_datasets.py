@@ -17,7 +17,16 @@ from datetime import datetime
 import psycopg
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope, _check_actor, _check_note, parse_scope, require_target
+from lakehouse_dagster.flags.overrides import (
+    DATASET,
+    GLOBAL,
+    WORKSPACE,
+    Scope,
+    _check_actor,
+    _check_note,
+    parse_scope,
+    require_target,
+)
 from lakehouse_dagster.flags.registry import READ, READERS, get_flag, rank
 
 
@@ -46,9 +55,11 @@ class Declared:
 def _check_reader(name: str) -> str:
     flag = get_flag(READ, name)
     if flag.name not in locked_readers():
-        raise BadInput(f"{name} can be served by Iceberg (ceiling {flag.ceiling}): read-flip it instead "
-                       f"(lakehouse flags flip {name}); only readers locked to Postgres are declared here: "
-                       + ", ".join(locked_readers()))
+        raise BadInput(
+            f"{name} can be served by Iceberg (ceiling {flag.ceiling}): read-flip it instead "
+            f"(lakehouse flags flip {name}); only readers locked to Postgres are declared here: "
+            + ", ".join(locked_readers())
+        )
     return flag.name
 
 
@@ -59,8 +70,9 @@ def _scope(dataset, workspace) -> Scope:
     return scope
 
 
-def declare(conn: psycopg.Connection, reader: str, *, dataset=None, workspace=None, note: str | None = None,
-            actor: str) -> Declared:
+def declare(
+    conn: psycopg.Connection, reader: str, *, dataset=None, workspace=None, note: str | None = None, actor: str
+) -> Declared:
     """Record that ``reader`` reads a dataset (or every dataset of a workspace); re-declaring updates the note."""
     reader = _check_reader(reader)
     scope = _scope(dataset, workspace)
@@ -79,8 +91,13 @@ def remove(conn: psycopg.Connection, reader: str, *, dataset=None, workspace=Non
     """Drop a declaration (the reader no longer reads it); False when there was none."""
     reader = get_flag(READ, reader).name
     scope = _scope(dataset, workspace)
-    return conn.execute("delete from lakehouse_reader_datasets where reader = %s and scope = %s and scope_id = %s",
-                        (reader, scope.scope, scope.scope_id)).rowcount > 0
+    return (
+        conn.execute(
+            "delete from lakehouse_reader_datasets where reader = %s and scope = %s and scope_id = %s",
+            (reader, scope.scope, scope.scope_id),
+        ).rowcount
+        > 0
+    )
 
 
 def declared(conn: psycopg.Connection, reader: str | None = None) -> list[Declared]:
@@ -92,7 +109,9 @@ def declared(conn: psycopg.Connection, reader: str | None = None) -> list[Declar
     return [Declared(*r) for r in conn.execute(sql + " order by reader, scope, scope_id", params).fetchall()]
 
 
-def readers_of(conn: psycopg.Connection, datasets: dict[uuid.UUID, uuid.UUID | None]) -> dict[uuid.UUID, list[Declared]]:
+def readers_of(
+    conn: psycopg.Connection, datasets: dict[uuid.UUID, uuid.UUID | None]
+) -> dict[uuid.UUID, list[Declared]]:
     """{dataset: the locked readers declared to read it}, for {dataset id: its workspace id}, in one query."""
     if not datasets:
         return {}

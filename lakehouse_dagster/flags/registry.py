@@ -66,29 +66,72 @@ READERS: dict[str, Flag] = {
     f.name: f
     for f in (
         # Fase 1: EVENTUAL readers with a complete Iceberg executor.
-        _reader("export.stream", EVENTUAL, "iceberg_only",
-                "dataset export; Iceberg scan order is unspecified unless ordered by __row_index"),
+        _reader(
+            "export.stream",
+            EVENTUAL,
+            "iceberg_only",
+            "dataset export; Iceberg scan order is unspecified unless ordered by __row_index",
+        ),
         _reader("graph.kuzu", EVENTUAL, "iceberg_only", "graph hydration (bulk load, order-independent)"),
-        _reader("studio.digest", EVENTUAL, "iceberg",
-                "approximate sampler for dataset profiles", "samplers keep the PG fallback: it costs nothing"),
-        _reader("studio.training_pairs", EVENTUAL, "iceberg",
-                "approximate sampler for training pairs", "samplers keep the PG fallback: it costs nothing"),
+        _reader(
+            "studio.digest",
+            EVENTUAL,
+            "iceberg",
+            "approximate sampler for dataset profiles",
+            "samplers keep the PG fallback: it costs nothing",
+        ),
+        _reader(
+            "studio.training_pairs",
+            EVENTUAL,
+            "iceberg",
+            "approximate sampler for training pairs",
+            "samplers keep the PG fallback: it costs nothing",
+        ),
         # Not servable by Iceberg today: ceiling off, reason recorded.
-        _reader("objects.sync", EVENTUAL, "off", "object sync by row id",
-                f"needs id/row_index addressing (Phase 4); {_NOT_SERVABLE}"),
-        _reader("dashboards.aggregate", EVENTUAL, "off", "dashboard aggregates",
-                f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}"),
-        _reader("pipeline.expectations", STRICT, "off", "pipeline expectation checks",
-                f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}"),
-        _reader("sdk.files.list", EVENTUAL, "off", "SDK file listing",
-                "file-backed/manifest datasets are not Iceberg-tabular"),
-        _reader("mediaset.item", STRICT, "off", "media set item lookup",
-                "file-backed/manifest datasets are not Iceberg-tabular"),
+        _reader(
+            "objects.sync",
+            EVENTUAL,
+            "off",
+            "object sync by row id",
+            f"needs id/row_index addressing (Phase 4); {_NOT_SERVABLE}",
+        ),
+        _reader(
+            "dashboards.aggregate",
+            EVENTUAL,
+            "off",
+            "dashboard aggregates",
+            f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}",
+        ),
+        _reader(
+            "pipeline.expectations",
+            STRICT,
+            "off",
+            "pipeline expectation checks",
+            f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}",
+        ),
+        _reader(
+            "sdk.files.list",
+            EVENTUAL,
+            "off",
+            "SDK file listing",
+            "file-backed/manifest datasets are not Iceberg-tabular",
+        ),
+        _reader(
+            "mediaset.item",
+            STRICT,
+            "off",
+            "media set item lookup",
+            "file-backed/manifest datasets are not Iceberg-tabular",
+        ),
         # STRICT interactive reader of this project: serves Iceberg only when caught up with Postgres.
-        _reader("studio.preview", STRICT, "iceberg",
-                "interactive dataset preview (projection + limit); must show the latest write, so it reads "
-                "Iceberg only when the snapshot covers the current Postgres version",
-                "interactive: keeps the PG fallback"),
+        _reader(
+            "studio.preview",
+            STRICT,
+            "iceberg",
+            "interactive dataset preview (projection + limit); must show the latest write, so it reads "
+            "Iceberg only when the snapshot covers the current Postgres version",
+            "interactive: keeps the PG fallback",
+        ),
     )
 }
 
@@ -99,10 +142,14 @@ WRITERS: dict[str, Flag] = {
         _writer("sync.append", "iceberg_native", "append", "append-only source sync"),
         _writer("sync.incremental", "iceberg_native", "append", "incremental source sync (new rows since the cursor)"),
         _writer("cdc.append", "iceberg_native", "append", "change-data-capture append"),
-        _writer("ingest.stream", "pg", None, "streaming ingest",
-                "streaming transaction: rows commit statement by statement into dataset_rows"),
-        _writer("row.edit", "pg", None, "single-row edits",
-                "point DELETE/UPDATE has no Iceberg primitive (Karma)"),
+        _writer(
+            "ingest.stream",
+            "pg",
+            None,
+            "streaming ingest",
+            "streaming transaction: rows commit statement by statement into dataset_rows",
+        ),
+        _writer("row.edit", "pg", None, "single-row edits", "point DELETE/UPDATE has no Iceberg primitive (Karma)"),
         _writer("dataset.manifest", "pg", None, "manifest datasets", "file-backed pointers, not Iceberg-tabular"),
         _writer("pipeline.output", "pg", None, "pipeline outputs", "written by Karma compute in Postgres"),
     )
@@ -134,7 +181,11 @@ def get_flag(kind: str, name: str) -> Flag:
         return flag
     what = "reader" if kind == READ else "writer"
     other = WRITE if kind == READ else READ
-    hint = f" ({name} is a {'writer' if kind == READ else 'reader'}: use {COMMAND[other]})" if name in REGISTRY[other] else ""
+    hint = (
+        f" ({name} is a {'writer' if kind == READ else 'reader'}: use {COMMAND[other]})"
+        if name in REGISTRY[other]
+        else ""
+    )
     raise BadInput(f"unknown {what} {name!r}{hint}; known {what}s: {', '.join(REGISTRY[kind])}")
 
 

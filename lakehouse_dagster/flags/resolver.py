@@ -20,7 +20,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -35,8 +35,12 @@ GLOBAL_OVERRIDE = "global override"
 REGISTRY_DEFAULT = "registry default"
 CLAMPED = "clamped to ceiling"
 
-_REASON_BY_SCOPE = {"dataset": DATASET_OVERRIDE, "workspace": WORKSPACE_OVERRIDE, "global": GLOBAL_OVERRIDE,
-                    DEFAULT: REGISTRY_DEFAULT}
+_REASON_BY_SCOPE = {
+    "dataset": DATASET_OVERRIDE,
+    "workspace": WORKSPACE_OVERRIDE,
+    "global": GLOBAL_OVERRIDE,
+    DEFAULT: REGISTRY_DEFAULT,
+}
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,8 +74,16 @@ def resolve_from(flag: Flag, stored: dict[str, str]) -> Resolution:
 def _resolution(flag: Flag, scope: str, mode: str, effective: str) -> Resolution:
     """The interned Resolution of a flag whose override at ``scope`` (or the default) says ``mode``."""
     source = _REASON_BY_SCOPE[scope]
-    key = (flag.kind, flag.name, effective, CLAMPED if effective != mode else source, source, mode, flag.ceiling,
-           flag.consistency)
+    key = (
+        flag.kind,
+        flag.name,
+        effective,
+        CLAMPED if effective != mode else source,
+        source,
+        mode,
+        flag.ceiling,
+        flag.consistency,
+    )
     res = _interned.get(key)
     if res is None:  # a handful per flag: (stored mode x source), so the cache holds pointers, not copies
         res = _interned.setdefault(key, Resolution(*key))
@@ -79,7 +91,7 @@ def _resolution(flag: Flag, scope: str, mode: str, effective: str) -> Resolution
 
 
 # Every live resolver in this process, so a local set/clear can drop their caches at once.
-_resolvers: "weakref.WeakSet[FlagResolver]" = weakref.WeakSet()
+_resolvers: weakref.WeakSet[FlagResolver] = weakref.WeakSet()
 _generation = [0]
 _generation_lock = threading.Lock()
 
@@ -145,7 +157,7 @@ class FlagResolver:
             subscribe(conn, self, _invalidate)
 
     @classmethod
-    def from_settings(cls, conn: psycopg.Connection, settings) -> "FlagResolver":
+    def from_settings(cls, conn: psycopg.Connection, settings) -> FlagResolver:
         return cls(conn, settings.flag_ttl_seconds, listen=settings.flag_listen)
 
     def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
@@ -180,8 +192,10 @@ class FlagResolver:
         else:
             query, params = effective_sql(_ALL_FLAGS, _ONE_DATASET, (dataset_id, dataset_id), select=_COLUMNS)
         rows = self.conn.execute(query, params).fetchall()
-        return {(kind, name): _resolution(REGISTRY[kind][name], source, stored, mode)
-                for kind, name, source, stored, mode in rows}
+        return {
+            (kind, name): _resolution(REGISTRY[kind][name], source, stored, mode)
+            for kind, name, source, stored, mode in rows
+        }
 
     def _fill(self, dataset_id: uuid.UUID | None) -> dict[tuple[str, str], Resolution]:
         generation = _generation[0]

@@ -28,7 +28,8 @@ def audit_history(conn: psycopg.Connection, kind: str, names: list[str]) -> dict
     out: dict[str, KeyHistory] = {n: {} for n in names}
     for id_, at, name, scope, scope_id, after in conn.execute(
         "select id, at, name, scope, scope_id, after_mode from lakehouse_flag_audit"
-        " where kind = %s and name = any(%s) order by id", (kind, names)
+        " where kind = %s and name = any(%s) order by id",
+        (kind, names),
     ).fetchall():
         out[name].setdefault((scope, scope_id), []).append((id_, at, after))
     return out
@@ -45,13 +46,16 @@ def _held_since(steps, flag: Flag, min_mode: str) -> datetime | None:
     return since
 
 
-def key_since(history: KeyHistory, flag: Flag, scope: str, scope_id: uuid.UUID | None, min_mode: str) -> datetime | None:
+def key_since(
+    history: KeyHistory, flag: Flag, scope: str, scope_id: uuid.UUID | None, min_mode: str
+) -> datetime | None:
     """Since when the override (scope, scope id) has stood at ``min_mode`` or above, by the audit."""
     return _held_since([(at, mode) for _, at, mode in history.get((scope, scope_id), [])], flag, min_mode)
 
 
-def effective_since(history: KeyHistory, flag: Flag, dataset_id: uuid.UUID, workspace_id: uuid.UUID | None,
-                    min_mode: str) -> datetime | None:
+def effective_since(
+    history: KeyHistory, flag: Flag, dataset_id: uuid.UUID, workspace_id: uuid.UUID | None, min_mode: str
+) -> datetime | None:
     """Since when the flag's effective mode for one dataset has been ``min_mode`` or above: the audit of its
     dataset, workspace and global overrides replayed in order through the resolver's precedence."""
     keys = {("dataset", dataset_id): "dataset", ("workspace", workspace_id): "workspace", ("global", None): "global"}
@@ -79,8 +83,7 @@ class Soak:
 
     def describe(self, now: datetime) -> str:
         restarted = f", restarted by a {self.incident.describe()}" if self.incident else ""
-        return (f"{self.what} since {self.since:%Y-%m-%d %H:%M:%S} UTC{restarted}: its soak "
-                f"{until(self.ends, now)}")
+        return f"{self.what} since {self.since:%Y-%m-%d %H:%M:%S} UTC{restarted}: its soak {until(self.ends, now)}"
 
 
 def soak(what: str, since: datetime, incidents: list[Incident], soak_seconds: int) -> Soak:

@@ -12,7 +12,9 @@ from lakehouse_dagster.flags.registry import Flag
 from lakehouse_dagster.flags.resolver import resolve_from
 
 
-def stored_overrides(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
+def stored_overrides(
+    conn: psycopg.Connection, kind: str, names: list[str]
+) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
     """{flag name: {(scope, scope id): mode}}: every override of these flags, read once."""
     stored: dict[str, dict] = {n: {} for n in names}
     for name, scope, scope_id, mode in conn.execute(

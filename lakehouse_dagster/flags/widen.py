@@ -32,12 +32,12 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.incidents import latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
 from lakehouse_dagster.flags.registry import READ, WRITE, WRITERS, Flag, rank
 from lakehouse_dagster.flags.resolver import resolve_from
 from lakehouse_dagster.flags.soak import Soak, audit_history, key_since, soak
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 
 # The runbook's writer order: "start with sync.full, then sync.append, then sync.incremental/cdc.append".
 WRITER_ORDER: tuple[tuple[str, ...], ...] = (("sync.full",), ("sync.append",), ("sync.incremental", "cdc.append"))
@@ -76,8 +76,15 @@ def _scope_resolve(flag: Flag, stored: dict, scope: Scope) -> tuple[str, tuple[s
 
 
 def widen_blockers(
-    conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None, moved, datasets: dict,
-    *, soak_seconds: int, now: datetime,
+    conn: psycopg.Connection,
+    flag: Flag,
+    scope: Scope,
+    mode: str | None,
+    moved,
+    datasets: dict,
+    *,
+    soak_seconds: int,
+    now: datetime,
 ) -> list[str]:
     """Why this change may not widen now (empty: it may, or it is not a widen). ``moved``/``datasets``
     are gates.effects' output; ``now`` is the database's time."""
@@ -94,17 +101,24 @@ def widen_blockers(
 def _covered(conn, flag: Flag, stored: dict, scope: Scope, min_mode: str) -> list[uuid.UUID]:
     """Datasets in ``scope`` the flag resolves to ``min_mode`` or above for."""
     if scope.scope == DATASET:
-        rows = [(scope.scope_id, conn.execute("select workspace_id from datasets where id = %s",
-                                              (scope.scope_id,)).fetchone()[0])]
+        rows = [
+            (
+                scope.scope_id,
+                conn.execute("select workspace_id from datasets where id = %s", (scope.scope_id,)).fetchone()[0],
+            )
+        ]
     elif scope.scope == WORKSPACE:
-        rows = conn.execute("select id, workspace_id from datasets where workspace_id = %s", (scope.scope_id,)).fetchall()
+        rows = conn.execute(
+            "select id, workspace_id from datasets where workspace_id = %s", (scope.scope_id,)
+        ).fetchall()
     else:
         rows = conn.execute("select id, workspace_id from datasets").fetchall()
     return [d for d, ws in rows if rank(flag.kind, resolve_for(flag, stored, d, ws)) >= rank(flag.kind, min_mode)]
 
 
-def _soak_of(conn, flag: Flag, history, stored: dict, key: tuple, min_mode: str, covered_scope: Scope,
-             soak_seconds: int) -> Soak | None:
+def _soak_of(
+    conn, flag: Flag, history, stored: dict, key: tuple, min_mode: str, covered_scope: Scope, soak_seconds: int
+) -> Soak | None:
     """The soak of the override ``key`` at ``min_mode`` over the datasets it covers (None: no audit of it)."""
     since = key_since(history, flag, key[0], key[1], min_mode)
     if since is None:
@@ -120,16 +134,21 @@ def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int,
     history = audit_history(conn, flag.kind, [flag.name])[flag.name]
     if scope.scope == WORKSPACE:
         in_ws = {r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (scope.scope_id,))}
-        narrower = [k for k, m in stored.items() if k[0] == DATASET and k[1] in in_ws
-                    and rank(flag.kind, m) >= rank(flag.kind, mode)]
+        narrower = [
+            k
+            for k, m in stored.items()
+            if k[0] == DATASET and k[1] in in_ws and rank(flag.kind, m) >= rank(flag.kind, mode)
+        ]
         one_down, example = "dataset", f"--dataset <id in workspace {scope.scope_id}>"
     else:
         narrower = [k for k, m in stored.items() if k[0] == WORKSPACE and rank(flag.kind, m) >= rank(flag.kind, mode)]
         one_down, example = "workspace", "--workspace <id>"
     if not narrower:
-        return [f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {scope} to have soaked; "
-                f"flip one first ({_cmd(flag)} set {flag.name} {mode} {example}), let it soak "
-                f"{soak_seconds}s (LAKEHOUSE_SOAK_SECONDS) without incident, then widen"]
+        return [
+            f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {scope} to have soaked; "
+            f"flip one first ({_cmd(flag)} set {flag.name} {mode} {example}), let it soak "
+            f"{soak_seconds}s (LAKEHOUSE_SOAK_SECONDS) without incident, then widen"
+        ]
     soaks, unexplained = [], []
     for key in sorted(narrower, key=str):
         s = _soak_of(conn, flag, history, stored, key, mode, Scope(*key), soak_seconds)
@@ -137,19 +156,24 @@ def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int,
     window = now - timedelta(seconds=soak_seconds)
     disturbed = [s for s in soaks if s.incident is not None and s.incident.at > window]
     if disturbed:
-        lines = [f"soak: {len(disturbed)} narrower flip(s) had an incident within the last {soak_seconds}s; "
-                 "investigate, then widen when their soak ends:"]
+        lines = [
+            f"soak: {len(disturbed)} narrower flip(s) had an incident within the last {soak_seconds}s; "
+            "investigate, then widen when their soak ends:"
+        ]
         lines += [f"    {s.describe(now)}" for s in disturbed[:_SHOWN]]
         return ["\n".join(lines)]
     if any(s.soaked(now) for s in soaks):
         return []
     if not soaks:
-        return [f"soak: no audit says when {flag.name} reached {mode} at " +
-                ", ".join(f"{k[0]} {k[1]}" for k in unexplained[:_SHOWN]) +
-                f" (written outside the CLI?): set it again with {_cmd(flag)} set to start its soak"]
+        return [
+            f"soak: no audit says when {flag.name} reached {mode} at "
+            + ", ".join(f"{k[0]} {k[1]}" for k in unexplained[:_SHOWN])
+            + f" (written outside the CLI?): set it again with {_cmd(flag)} set to start its soak"
+        ]
     first = min(soaks, key=lambda s: s.ends)
-    return [f"soak: the narrower flip has not soaked yet: {first.describe(now)} "
-            f"(LAKEHOUSE_SOAK_SECONDS={soak_seconds})"]
+    return [
+        f"soak: the narrower flip has not soaked yet: {first.describe(now)} (LAKEHOUSE_SOAK_SECONDS={soak_seconds})"
+    ]
 
 
 def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: datetime) -> list[str]:
@@ -166,15 +190,19 @@ def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: date
         e = WRITERS[name]
         m, key = _scope_resolve(e, stored[name], scope)
         if m != "iceberg_native":
-            reasons.append(f"writer order ({order}): {name} is still {m} {where}; widen it first "
-                           f"(lakehouse write-flags set {name} iceberg_native{flag_opt}), let it soak, then "
-                           f"{flag.name}")
+            reasons.append(
+                f"writer order ({order}): {name} is still {m} {where}; widen it first "
+                f"(lakehouse write-flags set {name} iceberg_native{flag_opt}), let it soak, then "
+                f"{flag.name}"
+            )
             continue
         if soak_seconds > 0:
             s = _soak_of(conn, e, history[name], stored[name], key, "iceberg_native", scope, soak_seconds)
             if s is None:
-                reasons.append(f"writer order: no audit says when {name} reached iceberg_native {where}: set it "
-                               "again with lakehouse write-flags set to start its soak")
+                reasons.append(
+                    f"writer order: no audit says when {name} reached iceberg_native {where}: set it "
+                    "again with lakehouse write-flags set to start its soak"
+                )
             elif not s.soaked(now):
                 reasons.append(f"writer order: soak between writers — {s.describe(now)}; then {flag.name}")
     return reasons

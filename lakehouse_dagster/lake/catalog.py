@@ -13,8 +13,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
 
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.core.db import connect, sqlalchemy_url
+from lakehouse_dagster.core.settings import Settings
 
 _cache: dict[tuple, Catalog] = {}
 _cache_lock = threading.Lock()

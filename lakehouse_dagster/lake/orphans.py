@@ -53,12 +53,13 @@ def referenced(table: Table) -> set[str]:
     return refs
 
 
-def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str],
-                 now: dt.datetime | None = None) -> list[Orphan]:
+def find_orphans(
+    table: Table, *, grace_seconds: float, protected_syncs: set[str], now: dt.datetime | None = None
+) -> list[Orphan]:
     """The table's orphan files (see the module docstring), oldest first."""
     from pyarrow import fs as pafs
 
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(seconds=grace_seconds)
     refs = referenced(table)
     # metadata files by name too (unique per table): the catalog's spelling of their location is not ours
@@ -71,7 +72,7 @@ def find_orphans(table: Table, *, grace_seconds: float, protected_syncs: set[str
             if info.type != pafs.FileType.File or not info.base_name.endswith(suffixes):
                 continue
             path = f"{base}/{info.base_name}"
-            modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.timezone.utc)
+            modified = info.mtime if info.mtime.tzinfo else info.mtime.replace(tzinfo=dt.UTC)
             if path in refs or info.base_name in metadata_names or modified > cutoff:
                 continue
             m = SYNC_FILE.match(info.base_name)

@@ -9,7 +9,7 @@ stats), then keeps the ``limit`` smallest. Tables with delete files fall back to
 from __future__ import annotations
 
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -96,6 +96,7 @@ def read_files(table: Table, paths: Sequence[str], target: pa.Schema, batch_rows
                 for field in target:
                     name = by_id.get(schema_ids[field.name], field.name)
                     idx = batch.schema.get_field_index(name)
-                    cols.append(batch.column(idx).cast(field.type) if idx >= 0
-                                else pa.nulls(batch.num_rows, field.type))
+                    cols.append(
+                        batch.column(idx).cast(field.type) if idx >= 0 else pa.nulls(batch.num_rows, field.type)
+                    )
                 yield pa.RecordBatch.from_arrays(cols, schema=target)

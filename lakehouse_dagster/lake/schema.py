@@ -12,7 +12,7 @@ The dataset's column types are kept in the table property ``lakehouse.columns`` 
 from __future__ import annotations
 
 import json
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 from pyiceberg.schema import Schema
@@ -83,4 +83,3 @@ def arrow_schema(columns: Sequence[Column]) -> pa.Schema:
 
 def columns_property(columns: Iterable[Column]) -> str:
     return json.dumps([{"name": c.name, "type": c.type} for c in columns], separators=(",", ":"))
-

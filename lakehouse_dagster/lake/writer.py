@@ -36,7 +36,8 @@ import random
 import re
 import time
 import uuid
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,9 +53,9 @@ from lakehouse_dagster.core.errors import CommitOutcomeUnknown, GuardLost, SyncF
 from lakehouse_dagster.core.failpoints import failpoint, is_armed
 from lakehouse_dagster.core.guards import check_held
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Dataset
 from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema, iceberg_type
+from lakehouse_dagster.tracking.datasets import Dataset
 
 _log = logging.getLogger(__name__)
 
@@ -95,8 +96,11 @@ def expirable_snapshots(metadata, keep: int, max_age_seconds: float, now_ms: int
     protected = {ref.snapshot_id for ref in metadata.refs.values()}
     by_age = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
     cutoff = now_ms - max_age_seconds * 1000
-    return [s.snapshot_id for s in by_age[:max(0, len(by_age) - keep)]
-            if s.timestamp_ms < cutoff and s.snapshot_id not in protected]
+    return [
+        s.snapshot_id
+        for s in by_age[: max(0, len(by_age) - keep)]
+        if s.timestamp_ms < cutoff and s.snapshot_id not in protected
+    ]
 
 
 TABLE_DEFAULTS = {
@@ -158,14 +162,18 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: 
             f"dataset {dataset.id}: column {c.name!r} changed type to {c.type} but the Iceberg table has "
             f"{existing[c.name].field_type}; Iceberg cannot convert it in place — add a new column instead"
         )
-    if (missing or table.properties.get(COLUMNS_PROPERTY) != columns_property(dataset.columns)
-            or table.properties.get(COMMIT_RETRIES) != TABLE_DEFAULTS[COMMIT_RETRIES]):
+    if (
+        missing
+        or table.properties.get(COLUMNS_PROPERTY) != columns_property(dataset.columns)
+        or table.properties.get(COMMIT_RETRIES) != TABLE_DEFAULTS[COMMIT_RETRIES]
+    ):
         with table.transaction() as tx:
             if missing:
                 with tx.update_schema() as update:
                     update.union_by_name(iceberg_schema(dataset.columns))
-            tx.set_properties({COLUMNS_PROPERTY: columns_property(dataset.columns),
-                               COMMIT_RETRIES: TABLE_DEFAULTS[COMMIT_RETRIES]})
+            tx.set_properties(
+                {COLUMNS_PROPERTY: columns_property(dataset.columns), COMMIT_RETRIES: TABLE_DEFAULTS[COMMIT_RETRIES]}
+            )
         table = table.refresh()
     return table
 
@@ -199,7 +207,9 @@ def _file_schema(table: Table, names: Sequence[str], source: pa.Schema) -> pa.Sc
     for name in names:
         f = source.field(name)
         fields.append(
-            pa.field(name, f.type, nullable=(name != "__row_index"), metadata={b"PARQUET:field_id": str(ids[name]).encode()})
+            pa.field(
+                name, f.type, nullable=(name != "__row_index"), metadata={b"PARQUET:field_id": str(ids[name]).encode()}
+            )
         )
     return pa.schema(fields)
 
@@ -209,8 +219,15 @@ class _FileRoller:
     __row_index lower bounds of the ranges read after the first: source.reader_parts) a batch goes to the
     open file of its range's lane, so interleaved ordered readers still give files of disjoint ranges."""
 
-    def __init__(self, table: Table, schema: pa.Schema, sync_id: uuid.UUID, chunk_rows: int, digester=None,
-                 lanes: Sequence[int] | None = None):
+    def __init__(
+        self,
+        table: Table,
+        schema: pa.Schema,
+        sync_id: uuid.UUID,
+        chunk_rows: int,
+        digester=None,
+        lanes: Sequence[int] | None = None,
+    ):
         self.table = table
         self.schema = schema
         self.sync_id = sync_id
@@ -323,8 +340,15 @@ def write_arrow(
     table = ensure_table(catalog, settings, dataset, table)
     already = sync_snapshot(table, sync_id)
     if already is not None:
-        return WriteResult(already.snapshot_id, 0, 0, 0, _row_count(table), committed=False,
-                           source_version=snapshot_source_version(already))
+        return WriteResult(
+            already.snapshot_id,
+            0,
+            0,
+            0,
+            _row_count(table),
+            committed=False,
+            source_version=snapshot_source_version(already),
+        )
     plan = compact(table) if compact is not None and mode == "append" else None
     if plan is not None:
         delete_files, rows_before = plan
@@ -338,8 +362,7 @@ def write_arrow(
         for batch in batches:
             if batch.schema.names != expected.names:
                 raise SyncFailed(
-                    f"dataset {dataset.id}: batch columns {batch.schema.names} do not match the schema "
-                    f"{expected.names}"
+                    f"dataset {dataset.id}: batch columns {batch.schema.names} do not match the schema {expected.names}"
                 )
             roller.write(batch)
         roller.close()
@@ -365,10 +388,19 @@ def write_arrow(
         raise
     try:
         run = None if native_run is None else (lambda t: native_run(t, roller.rows - rewritten, mode == "replace"))
-        snapshot_id = _commit(table, data_files, replace=(mode == "replace"), summary=summary, props=props,
-                              sync_id=sync_id, delete_files=delete_files if mode == "partial" else None,
-                              expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
-                              if path == "mirror" or run is not None else None, run_entries=run)
+        snapshot_id = _commit(
+            table,
+            data_files,
+            replace=(mode == "replace"),
+            summary=summary,
+            props=props,
+            sync_id=sync_id,
+            delete_files=delete_files if mode == "partial" else None,
+            expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
+            if path == "mirror" or run is not None
+            else None,
+            run_entries=run,
+        )
     except (CommitFailedException, ValidationException, GuardLost):
         roller.delete_all()  # known not committed
         raise
@@ -376,19 +408,36 @@ def write_arrow(
         landed = _look_for(catalog, table, sync_id)
         if landed is None or not isinstance(exc, Exception):
             if landed is None:
-                _log.warning("commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
-                             sync_id, type(exc).__name__, len(roller.paths))
+                _log.warning(
+                    "commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
+                    sync_id,
+                    type(exc).__name__,
+                    len(roller.paths),
+                )
             if not isinstance(exc, Exception):
                 raise  # an interruption: the caller looks at the table itself
             raise CommitOutcomeUnknown(
                 f"dataset {dataset.id}: commit outcome unknown for sync {sync_id} ({type(exc).__name__}: "
                 f"{first_line(exc)}); its files are kept, the next sync of the dataset settles it"
             ) from exc
-        _log.warning("commit of sync %s raised %s but its snapshot %s is in the table: it landed",
-                     sync_id, type(exc).__name__, landed)
+        _log.warning(
+            "commit of sync %s raised %s but its snapshot %s is in the table: it landed",
+            sync_id,
+            type(exc).__name__,
+            landed,
+        )
         snapshot_id = landed
-    return WriteResult(snapshot_id, roller.rows, nbytes, len(data_files), total, committed=True,
-                       source_version=source_version, rewritten=rewritten, file_digests=roller.digests)
+    return WriteResult(
+        snapshot_id,
+        roller.rows,
+        nbytes,
+        len(data_files),
+        total,
+        committed=True,
+        source_version=source_version,
+        rewritten=rewritten,
+        file_digests=roller.digests,
+    )
 
 
 def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:
@@ -427,14 +476,26 @@ class _Transaction(Transaction):
     def table_metadata(self):
         memo = self._memo
         if memo is None or memo[0] is not self._table.metadata or memo[1] is not self._updates:
-            memo = self._memo = (self._table.metadata, self._updates,
-                                 update_table_metadata(self._table.metadata, self._updates))
+            memo = self._memo = (
+                self._table.metadata,
+                self._updates,
+                update_table_metadata(self._table.metadata, self._updates),
+            )
         return memo[2]
 
 
-def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: dict, sync_id: uuid.UUID,
-            delete_files: Sequence | None = None, expire: tuple[int, float] | None = None,
-            run_entries: Callable[[Table], dict] | None = None) -> int:
+def _commit(
+    table: Table,
+    data_files,
+    *,
+    replace: bool,
+    summary: dict,
+    props: dict,
+    sync_id: uuid.UUID,
+    delete_files: Sequence | None = None,
+    expire: tuple[int, float] | None = None,
+    run_entries: Callable[[Table], dict] | None = None,
+) -> int:
     """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
     sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
@@ -447,13 +508,16 @@ def _commit(table: Table, data_files, *, replace: bool, summary: dict, props: di
         tx = _Transaction(table)
         tx.set_properties({**MERGE_MANIFESTS, **METADATA_FILES, **props})
         snapshot_update = tx.update_snapshot(
-            snapshot_properties=summary if run_entries is None else {**summary, **run_entries(table)})
+            snapshot_properties=summary if run_entries is None else {**summary, **run_entries(table)}
+        )
         if delete_files is not None:
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()
             gone = [f.file_path for f in delete_files if f.file_path not in live]
             if gone:
-                stale = ValidationException(f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
-                                            f"{gone[0]}); the partial rewrite was planned on a stale snapshot")
+                stale = ValidationException(
+                    f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
+                    f"{gone[0]}); the partial rewrite was planned on a stale snapshot"
+                )
                 stale.transient = True  # the next sync plans on the table as it is
                 raise stale
             with snapshot_update.overwrite() as producer:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 _log = logging.getLogger(__name__)
 
@@ -38,8 +38,9 @@ def pooled_event_writes(instance) -> Iterator[bool]:
 
     # Two kept: storing a materialization checks out a second connection while it holds the first (its asset index
     # transaction asks whether a table exists); with one, that second connection was opened and closed every time.
-    pooled = sqlalchemy.create_engine(engine.url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=2,
-                                      pool_pre_ping=True)
+    pooled = sqlalchemy.create_engine(
+        engine.url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=2, pool_pre_ping=True
+    )
     storage._engine = pooled
     try:
         yield True

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lakehouse_dagster/
 

@@ -38,8 +38,8 @@ from dagster._core.storage.tags import GRPC_INFO_TAG
 from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
 from lakehouse_dagster.launcher import location
-from lakehouse_dagster.launcher.worker_process import Worker
 from lakehouse_dagster.launcher.run_worker import run_worker
+from lakehouse_dagster.launcher.worker_process import Worker
 
 WORKER_TAG = "lakehouse/run_worker"
 
@@ -87,15 +87,22 @@ def _in_daemon_process() -> bool:
     process that launches queued runs: the one worth warming up at start."""
     argv0 = sys.argv[0] if sys.argv else ""
     return os.path.basename(argv0) == "dagster-daemon" or argv0.endswith(
-        os.path.join("dagster", "_daemon", "__main__.py"))
+        os.path.join("dagster", "_daemon", "__main__.py")
+    )
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):
     """Launches runs in children of a warm forkserver (this machine only); see the module docstring."""
 
-    def __init__(self, inst_data: ConfigurableClassData | None = None, preload_modules: list[str] | None = None,
-                 warm_at_start: bool = True, terminate_grace_seconds: float = 30.0, warm_up: bool = True,
-                 preload_location: bool = True):
+    def __init__(
+        self,
+        inst_data: ConfigurableClassData | None = None,
+        preload_modules: list[str] | None = None,
+        warm_at_start: bool = True,
+        terminate_grace_seconds: float = 30.0,
+        warm_up: bool = True,
+        preload_location: bool = True,
+    ):
         self._inst_data = inst_data
         self.preload_modules = list(DEFAULT_PRELOAD if preload_modules is None else preload_modules)
         if warm_up:
@@ -124,17 +131,34 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     @classmethod
     def config_type(cls) -> dict:
         return {
-            "preload_modules": dg.Field([str], is_required=False,
-                                        description="modules the forkserver imports once (third-party only)"),
-            "warm_at_start": dg.Field(bool, is_required=False, default_value=True,
-                                      description="start the forkserver when the daemon starts, not at the first run"),
-            "terminate_grace_seconds": dg.Field(float, is_required=False, default_value=30.0,
-                                                description="SIGKILL a terminated worker still alive after this"),
-            "warm_up": dg.Field(bool, is_required=False, default_value=True,
-                                description="numba's compiler initialised once in the forkserver (warm.py)"),
-            "preload_location": dg.Field(bool, is_required=False, default_value=True,
-                                         description="the forkserver builds this project's code location once; a "
-                                         "change of its files starts a new forkserver (location.py)"),
+            "preload_modules": dg.Field(
+                [str], is_required=False, description="modules the forkserver imports once (third-party only)"
+            ),
+            "warm_at_start": dg.Field(
+                bool,
+                is_required=False,
+                default_value=True,
+                description="start the forkserver when the daemon starts, not at the first run",
+            ),
+            "terminate_grace_seconds": dg.Field(
+                float,
+                is_required=False,
+                default_value=30.0,
+                description="SIGKILL a terminated worker still alive after this",
+            ),
+            "warm_up": dg.Field(
+                bool,
+                is_required=False,
+                default_value=True,
+                description="numba's compiler initialised once in the forkserver (warm.py)",
+            ),
+            "preload_location": dg.Field(
+                bool,
+                is_required=False,
+                default_value=True,
+                description="the forkserver builds this project's code location once; a "
+                "change of its files starts a new forkserver (location.py)",
+            ),
         }
 
     @classmethod
@@ -175,8 +199,10 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         except (ChildProcessError, OSError):  # already gone
             pass
         self._forkserver_up()
-        return code, (f"; the code location had changed since the previous forkserver loaded it, so a new one "
-                      f"was started ({time.monotonic() - started:.1f} s)")
+        return code, (
+            f"; the code location had changed since the previous forkserver loaded it, so a new one "
+            f"was started ({time.monotonic() - started:.1f} s)"
+        )
 
     @staticmethod
     def forkserver_pid() -> int | None:
@@ -217,7 +243,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 proc.start()
         except Exception as exc:
             return self._launch_default(
-                context, f"the warm forkserver could not start a worker ({type(exc).__name__}: {exc})")
+                context, f"the warm forkserver could not start a worker ({type(exc).__name__}: {exc})"
+            )
         # Not joined at this process' exit (multiprocessing joins its non-daemonic children): a daemon restart
         # must neither wait for runs nor end them; the worker reports its own end to the run storage.
         multiprocessing.process._children.discard(proc)
@@ -227,14 +254,16 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         self._instance.add_run_tags(run.run_id, {WORKER_TAG: worker.dumps()})
         self._instance.report_engine_event(
             f"Forked run worker (pid {proc.pid}) from the warm forkserver (pid {self.forkserver_pid()}"
-            f"{', code location preloaded' if code else ''}){restarted}.", run,
+            f"{', code location preloaded' if code else ''}){restarted}.",
+            run,
             cls=self.__class__,
         )
 
     def _launch_default(self, context: LaunchRunContext, why: str) -> None:
         self._instance.report_engine_event(
             f"Launching through the code server (DefaultRunLauncher) because {why}.",
-            context.dagster_run, cls=self.__class__,
+            context.dagster_run,
+            cls=self.__class__,
         )
         self._default().launch_run(context)
 
@@ -246,32 +275,35 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if worker is None:
             if GRPC_INFO_TAG in run.tags:  # launched by the fallback
                 return self._default().terminate(run_id)
-            self._instance.report_engine_event("No run worker recorded for this run; nothing to terminate.", run,
-                                               cls=self.__class__)
+            self._instance.report_engine_event(
+                "No run worker recorded for this run; nothing to terminate.", run, cls=self.__class__
+            )
             return False
         if not worker.local:
             self._instance.report_engine_event(
-                f"The run worker runs on host {worker.host}, not here; cannot terminate it.", run, cls=self.__class__)
+                f"The run worker runs on host {worker.host}, not here; cannot terminate it.", run, cls=self.__class__
+            )
             return False
         if run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING):
             # Not executing yet: CANCELED now, and the worker finds it so and stops before the first step
             # ("Not starting execution"); a SIGINT here would leave it CANCELING, which dagster fails at start.
             self._instance.report_run_canceled(run, message="Run canceled before its worker started executing it.")
-            threading.Thread(target=self._kill_if_stuck, args=(run_id, worker), daemon=True,
-                             name=f"kill-if-stuck-{run_id[:8]}").start()
+            threading.Thread(
+                target=self._kill_if_stuck, args=(run_id, worker), daemon=True, name=f"kill-if-stuck-{run_id[:8]}"
+            ).start()
             return True
         self._instance.report_run_canceling(run)
         if not worker.alive():
             self._instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) was already gone.")
             return True
-        self._instance.report_engine_event(f"Sending SIGINT to run worker (pid {worker.pid}).", run,
-                                           cls=self.__class__)
+        self._instance.report_engine_event(f"Sending SIGINT to run worker (pid {worker.pid}).", run, cls=self.__class__)
         try:
             os.kill(worker.pid, signal.SIGINT)
         except ProcessLookupError:
             pass
-        threading.Thread(target=self._kill_if_stuck, args=(run_id, worker), daemon=True,
-                         name=f"kill-if-stuck-{run_id[:8]}").start()
+        threading.Thread(
+            target=self._kill_if_stuck, args=(run_id, worker), daemon=True, name=f"kill-if-stuck-{run_id[:8]}"
+        ).start()
         return True
 
     def _kill_if_stuck(self, run_id: str, worker: Worker) -> None:
@@ -318,7 +350,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             proc = self._workers.get(run.run_id)
         code = f" with exit code {proc.exitcode}" if proc is not None and proc.exitcode is not None else ""
         return CheckRunHealthResult(
-            WorkerStatus.FAILED, f"run worker (pid {worker.pid}) exited{code} before the run finished",
+            WorkerStatus.FAILED,
+            f"run worker (pid {worker.pid}) exited{code} before the run finished",
             run_worker_id=str(worker.pid),
         )
 

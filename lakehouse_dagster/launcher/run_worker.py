@@ -10,8 +10,9 @@ import os
 import sys
 
 
-def run_worker(run_id: str, serialized_instance_ref: str, environ: dict[str, str],
-               code_fingerprint: str | None = None) -> None:
+def run_worker(
+    run_id: str, serialized_instance_ref: str, environ: dict[str, str], code_fingerprint: str | None = None
+) -> None:
     """``environ``: the launching process' environment at launch time (the forkserver's dates from its start),
     as a fresh worker of the default launcher would inherit it from the code server. ``code_fingerprint``: the
     code location's files as the launcher saw them just before the fork (None: no preload to check)."""
@@ -29,7 +30,9 @@ def run_worker(run_id: str, serialized_instance_ref: str, environ: dict[str, str
     loaded = preloaded_fingerprint()
     if code_fingerprint is not None and loaded is not None and loaded != code_fingerprint:
         _exec_fresh(run_id, ref)
-    from lakehouse_dagster.launcher.event_writes import pooled_event_writes  # after the fork: code of the location, on disk
+    from lakehouse_dagster.launcher.event_writes import (
+        pooled_event_writes,
+    )  # after the fork: code of the location, on disk
 
     # SIGINT (the launcher's terminate) becomes an execution interrupt inside steps: the run ends CANCELED.
     # The run's events (start, steps, end, and every materialization and check) reuse their Postgres
@@ -53,9 +56,12 @@ def _exec_fresh(run_id: str, ref) -> None:
         run = instance.get_run_by_id(run_id)
         instance.report_engine_event(
             "The code location changed on disk after the warm forkserver loaded it: this run starts in a fresh "
-            "interpreter instead (the next launch starts a new forkserver).", run)
-        args = ExecuteRunArgs(job_origin=run.job_code_origin, run_id=run_id, instance_ref=ref,
-                              set_exit_code_on_failure=True)
+            "interpreter instead (the next launch starts a new forkserver).",
+            run,
+        )
+        args = ExecuteRunArgs(
+            job_origin=run.job_code_origin, run_id=run_id, instance_ref=ref, set_exit_code_on_failure=True
+        )
     # This interpreter: the launcher forks only for locations that run it (launcher.py, executable_path).
     cmd = [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)]
     sys.stdout.flush()

@@ -19,7 +19,7 @@ def start_time(pid: int) -> int | None:
     except OSError:  # no /proc (not Linux): the pid alone identifies it
         return -1 if _pid_exists(pid) else None
     # comm (field 2) may hold spaces and parentheses: the fields after it start after the last ')'.
-    rest = stat[stat.rindex(")") + 2:].split()
+    rest = stat[stat.rindex(")") + 2 :].split()
     if rest[0] in ("Z", "X"):  # exited, not yet reaped: not running
         return None
     return int(rest[19])
@@ -44,14 +44,14 @@ class Worker:
     start: int | None
 
     @classmethod
-    def of(cls, pid: int) -> "Worker":
+    def of(cls, pid: int) -> Worker:
         return cls(socket.gethostname(), pid, start_time(pid))
 
     def dumps(self) -> str:
         return json.dumps({"host": self.host, "pid": self.pid, "start": self.start})
 
     @classmethod
-    def loads(cls, raw: str | None) -> "Worker | None":
+    def loads(cls, raw: str | None) -> Worker | None:
         if not raw:
             return None
         try:

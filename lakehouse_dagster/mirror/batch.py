@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from typing import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+from lakehouse_dagster.core.db import IdlePool
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, is_transient
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.db import IdlePool
 from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
 
 # While others wait in the batch, a dataset another sync is writing is skipped after this long, not waited for.
@@ -59,8 +59,15 @@ def mirror_many(
             for ds_id in pending:
                 try:
                     r = sync_dataset(
-                        dsn, catalog, settings, ds_id, mode=mode, sync_id=run_sync_id(run_id, ds_id), run_id=run_id,
-                        lock_timeout_s=1800 if last else BUSY_LOCK_WAIT_S, pool=pool,
+                        dsn,
+                        catalog,
+                        settings,
+                        ds_id,
+                        mode=mode,
+                        sync_id=run_sync_id(run_id, ds_id),
+                        run_id=run_id,
+                        lock_timeout_s=1800 if last else BUSY_LOCK_WAIT_S,
+                        pool=pool,
                     )
                 except LakehouseError as exc:
                     if not last and (isinstance(exc, Backpressure) or is_transient(exc)):

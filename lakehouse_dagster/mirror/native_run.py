@@ -35,9 +35,9 @@ import psycopg
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import FENCE, WRITE_PATH
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
 
 NATIVE = "native"
@@ -59,8 +59,10 @@ class IcebergOnly:
 
     def describe(self) -> str:
         how = "a native sync.full replaced the table, so all its rows count; " if self.replaced else ""
-        return (f"{self.rows} row(s) in {self.snapshots} native snapshot(s) exist only in Iceberg "
-                f"({how}up to snapshot {self.snapshot_id})")
+        return (
+            f"{self.rows} row(s) in {self.snapshots} native snapshot(s) exist only in Iceberg "
+            f"({how}up to snapshot {self.snapshot_id})"
+        )
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -70,27 +72,43 @@ class IcebergOnly:
 
 
 def ways_forward(dataset_id: uuid.UUID) -> str:
-    return (f"either copy them into Postgres (lakehouse write-flags backfill --dataset {dataset_id}) or repopulate "
-            f"Postgres from the source (lakehouse ingest --dataset {dataset_id} --writer sync.full, on the pg path)")
+    return (
+        f"either copy them into Postgres (lakehouse write-flags backfill --dataset {dataset_id}) or repopulate "
+        f"Postgres from the source (lakehouse ingest --dataset {dataset_id} --writer sync.full, on the pg path)"
+    )
 
 
 def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
-    return conn.execute(
-        "select 1 from iceberg_sync_log where dataset_id = %s and path = 'native' limit 1", (dataset_id,)
-    ).fetchone() is not None
+    return (
+        conn.execute(
+            "select 1 from iceberg_sync_log where dataset_id = %s and path = 'native' limit 1", (dataset_id,)
+        ).fetchone()
+        is not None
+    )
 
 
 def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:
     """(snapshots backfilled, the latest pg-path sync.full's ingest seq and time)."""
-    rows = conn.execute("select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s",
-                        (dataset_id,)).fetchall()
+    rows = conn.execute(
+        "select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)
+    ).fetchall()
     full = [(seq, at) for how, _, seq, at in rows if how == "pg-full-sync"]
-    return ({snap for how, snap, _, _ in rows if how == "backfill"},
-            max((s for s, _ in full if s is not None), default=None), max((a for _, a in full), default=None))
+    return (
+        {snap for how, snap, _, _ in rows if how == "backfill"},
+        max((s for s, _ in full if s is not None), default=None),
+        max((a for _, a in full), default=None),
+    )
 
 
-def iceberg_only(conn: psycopg.Connection, catalog: Catalog | None, settings: Settings, dataset_id: uuid.UUID,
-                 table=None, *, with_files: bool = True) -> IcebergOnly | None:
+def iceberg_only(
+    conn: psycopg.Connection,
+    catalog: Catalog | None,
+    settings: Settings,
+    dataset_id: uuid.UUID,
+    table=None,
+    *,
+    with_files: bool = True,
+) -> IcebergOnly | None:
     """The rows and snapshots only Iceberg holds for the dataset, or None when Postgres has them all.
     ``with_files`` False: ``added_files`` is left None (what only a backfill reads)."""
     if not _ever_native(conn, dataset_id):
@@ -105,9 +123,16 @@ def iceberg_only(conn: psycopg.Connection, catalog: Catalog | None, settings: Se
         return None
     total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
     return IcebergOnly(
-        dataset_id, current.snapshot_id, run.snapshots, total if run.replaced else run.added, run.replaced,
-        dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc),
-        None if run.replaced or run.files is None else tuple(run.files), run.after_sequence, run.added)
+        dataset_id,
+        current.snapshot_id,
+        run.snapshots,
+        total if run.replaced else run.added,
+        run.replaced,
+        dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.UTC),
+        None if run.replaced or run.files is None else tuple(run.files),
+        run.after_sequence,
+        run.added,
+    )
 
 
 @dataclasses.dataclass
@@ -119,12 +144,13 @@ class _Run:
     files: list[str] | None = dataclasses.field(default_factory=list)
 
 
-def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: dt.datetime | None, *,
-          with_files: bool) -> _Run:
+def _walk(
+    table, current, backfilled: set[int], full_seq: int | None, full_at: dt.datetime | None, *, with_files: bool
+) -> _Run:
     """From the current snapshot back to the first one Postgres caught up with (a mirror snapshot, a
     backfilled one, one a pg-path sync.full superseded), or to the first whose carried run totals hold the
     rest (``RUN_*``: those survive the expiry of the snapshots they sum)."""
-    newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.timezone.utc)
+    newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.UTC)
     run, snap = _Run(files=[] if with_files else None), current
     while snap is not None and snap.snapshot_id not in backfilled:
         summary = snap.summary.additional_properties if snap.summary is not None else {}
@@ -132,7 +158,8 @@ def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: d
             break  # a mirror snapshot: Postgres held everything up to here
         seq = summary.get(SEQ_SUMMARY)
         if (full_seq is not None and seq is not None and full_seq > int(seq)) or (
-                seq is None and full_at is not None and full_at > newest):
+            seq is None and full_at is not None and full_at > newest
+        ):
             break  # a later sync.full on the pg path repopulated Postgres from the source
         carried = run_totals(snap)
         if carried is not None:  # this snapshot's commit summed its run: the walk ends here
@@ -150,10 +177,12 @@ def _walk(table, current, backfilled: set[int], full_seq: int | None, full_at: d
             run.files = _added_files(table, snap, run.files)
         parent = snap.parent_snapshot_id
         if parent is None and (snap.sequence_number or 0) > 1:  # not the table's first: its parent was expired
-            raise BadInput(f"table {'.'.join(table.name())}: the parent of native snapshot {snap.snapshot_id} was "
-                           "expired and no later native commit carries the run's totals, so which rows exist only in "
-                           "Iceberg cannot be told; nothing was changed (compare the table with Postgres: "
-                           "lakehouse canary --full)")
+            raise BadInput(
+                f"table {'.'.join(table.name())}: the parent of native snapshot {snap.snapshot_id} was "
+                "expired and no later native commit carries the run's totals, so which rows exist only in "
+                "Iceberg cannot be told; nothing was changed (compare the table with Postgres: "
+                "lakehouse canary --full)"
+            )
         snap = table.snapshot_by_id(parent) if parent is not None else None
     run.after_sequence = (snap.sequence_number or 0) if snap is not None else 0
     return run
@@ -184,8 +213,9 @@ def run_totals(snap) -> RunTotals | None:
     summary = snap.summary.additional_properties if snap.summary is not None else {}
     if RUN_PARENT not in summary or snap.parent_snapshot_id not in (None, int(summary[RUN_PARENT])):
         return None
-    return RunTotals(int(summary[RUN_SNAPSHOTS]), int(summary[RUN_ROWS]), summary[RUN_REPLACED] == "true",
-                     int(summary[RUN_AFTER]))
+    return RunTotals(
+        int(summary[RUN_SNAPSHOTS]), int(summary[RUN_ROWS]), summary[RUN_REPLACED] == "true", int(summary[RUN_AFTER])
+    )
 
 
 def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID):
@@ -199,10 +229,13 @@ def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UU
             base = _Run(after_sequence=(current.sequence_number or 0) if current is not None else 0)
         else:
             base = _Run(found.snapshots, found.added_records, found.replaced, found.after_sequence)
-        return {RUN_PARENT: str(current.snapshot_id if current is not None else -1),
-                RUN_SNAPSHOTS: str(base.snapshots + 1), RUN_ROWS: str(base.added + rows),
-                RUN_REPLACED: "true" if base.replaced or replaces else "false",
-                RUN_AFTER: str(base.after_sequence)}
+        return {
+            RUN_PARENT: str(current.snapshot_id if current is not None else -1),
+            RUN_SNAPSHOTS: str(base.snapshots + 1),
+            RUN_ROWS: str(base.added + rows),
+            RUN_REPLACED: "true" if base.replaced or replaces else "false",
+            RUN_AFTER: str(base.after_sequence),
+        }
 
     return entries
 
@@ -210,10 +243,12 @@ def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UU
 def run_files(table, current, after_sequence: int) -> list:
     """The live DataFiles of ``current`` with a data sequence number above ``after_sequence``: those the run's
     snapshots added (manifest entries keep it through merging and snapshot expiry)."""
-    return [entry.data_file
-            for manifest in current.manifests(table.io)
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-            if (entry.sequence_number or 0) > after_sequence]
+    return [
+        entry.data_file
+        for manifest in current.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        if (entry.sequence_number or 0) > after_sequence
+    ]
 
 
 def _files_after(table, current, after_sequence: int) -> list[str] | None:
@@ -241,10 +276,13 @@ def _added_files(table, snap, files: list[str]) -> list[str] | None:
     return files
 
 
-def refuse_mirror_over_iceberg_only(conn: psycopg.Connection, catalog: Catalog, settings: Settings,
-                                    dataset_id: uuid.UUID) -> None:
+def refuse_mirror_over_iceberg_only(
+    conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID
+) -> None:
     """The mirror's check (mirror/sync.py, under the dataset lock): never overwrite Iceberg-only rows."""
     found = iceberg_only(conn, catalog, settings, dataset_id)
     if found is not None:
-        raise BadInput(f"dataset {dataset_id}: {found.describe()}, so mirroring Postgres over the table would drop "
-                       f"them; {ways_forward(dataset_id)}")
+        raise BadInput(
+            f"dataset {dataset_id}: {found.describe()}, so mirroring Postgres over the table would drop "
+            f"them; {ways_forward(dataset_id)}"
+        )

@@ -16,16 +16,16 @@ import dataclasses
 import queue
 import threading
 import uuid
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakehouse_dagster.core.db import IdlePool, close_quietly, is_idle
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column
-from lakehouse_dagster.core.db import IdlePool, close_quietly, is_idle
 
 _TYPE_OK = {
     # declared type → (accepted jsonb_typeof, SQL of the typed value from {t} = data->>name, {j} = data->name)
@@ -62,17 +62,22 @@ def column_expr(col: Column) -> sql.Composable:
     )
     extra = sql.SQL("")
     if col.type == "float64":  # JSON has no NaN/Infinity: they arrive as strings in a float64 column
-        extra = sql.SQL(" when 'string' then case {t} when 'NaN' then 'NaN'::float8 when 'Infinity' then "
-                        "'Infinity'::float8 when '-Infinity' then '-Infinity'::float8 else {bad} end").format(
-            t=txt, bad=bad
-        )
+        extra = sql.SQL(
+            " when 'string' then case {t} when 'NaN' then 'NaN'::float8 when 'Infinity' then "
+            "'Infinity'::float8 when '-Infinity' then '-Infinity'::float8 else {bad} end"
+        ).format(t=txt, bad=bad)
     return sql.SQL("case {kind} when 'null' then null when {acc} then {value}{extra} else {bad} end").format(
         kind=kind, acc=sql.Literal(accepted), value=value, extra=extra, bad=bad
     )
 
 
-def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | None, hi: int | None,
-                 ranges: Sequence[tuple[int, int]] | None = None) -> sql.Composed:
+def select_query(
+    dataset_id: uuid.UUID,
+    columns: Sequence[Column],
+    lo: int | None,
+    hi: int | None,
+    ranges: Sequence[tuple[int, int]] | None = None,
+) -> sql.Composed:
     """The typed projection of rows with lo < row_index <= hi (either bound optional) and, when given,
     row_index in one of ``ranges`` (inclusive), in row_index order: the writer's files then hold
     disjoint __row_index ranges, which is what lets a later sync rewrite only some of them."""
@@ -88,15 +93,21 @@ def select_query(dataset_id: uuid.UUID, columns: Sequence[Column], lo: int | Non
     if hi is not None:
         where.append(sql.SQL("row_index <= {}").format(sql.Literal(hi)))
     if ranges:
-        where.append(sql.SQL("({})").format(sql.SQL(" or ").join(
-            sql.SQL("row_index between {} and {}").format(sql.Literal(a), sql.Literal(b)) for a, b in ranges)))
+        where.append(
+            sql.SQL("({})").format(
+                sql.SQL(" or ").join(
+                    sql.SQL("row_index between {} and {}").format(sql.Literal(a), sql.Literal(b)) for a, b in ranges
+                )
+            )
+        )
     return sql.SQL("select {} from dataset_rows where {} order by row_index").format(
         sql.SQL(", ").join(items), sql.SQL(" and ").join(where)
     )
 
 
-def reader_parts(state: "SnapshotState", *, ranges: Sequence[tuple[int, int]] | None = None,
-                 readers: int = 2, min_rows: int = 1) -> list[list[tuple[int, int]]]:
+def reader_parts(
+    state: SnapshotState, *, ranges: Sequence[tuple[int, int]] | None = None, readers: int = 2, min_rows: int = 1
+) -> list[list[tuple[int, int]]]:
     """The inclusive row_index ranges each reader reads: ascending and disjoint across readers, about
     equally wide. Without ``ranges``: every row of ``state`` (min..max), split evenly; with: those ranges
     clipped to it, each read whole by one reader (a rewritten file's range becomes one file, not two).
@@ -121,6 +132,8 @@ def reader_parts(state: "SnapshotState", *, ranges: Sequence[tuple[int, int]] | 
             a += take
             done += take
     return [p for p in parts if p]
+
+
 @dataclasses.dataclass(frozen=True)
 class SnapshotState:
     """What the pinned Postgres snapshot says about the dataset."""
@@ -134,8 +147,11 @@ class SnapshotState:
     snapshot_name: str
 
 
-_PIN = ("select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(), "
-        + barrier.IN_WAL_TRACKING + " from datasets where id = %s")
+_PIN = (
+    "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(), "
+    + barrier.IN_WAL_TRACKING
+    + " from datasets where id = %s"
+)
 
 
 class PinnedSnapshot:
@@ -144,8 +160,11 @@ class PinnedSnapshot:
 
     def __init__(self, dsn: str, dataset_id: uuid.UUID, pool: IdlePool | None = None):
         self._pool, self._key = pool, ("pinned", dsn)
-        self.conn, reused = pool.take_or_open(self._key, lambda: psycopg.connect(dsn, autocommit=False)) \
-            if pool is not None else (psycopg.connect(dsn, autocommit=False), False)
+        self.conn, reused = (
+            pool.take_or_open(self._key, lambda: psycopg.connect(dsn, autocommit=False))
+            if pool is not None
+            else (psycopg.connect(dsn, autocommit=False), False)
+        )
         try:
             self.conn.execute("set transaction isolation level repeatable read")
         except psycopg.OperationalError:
@@ -199,8 +218,9 @@ def _adbc_uri(dsn: str) -> str:
     return dsn.replace("postgresql+psycopg://", "postgresql://")
 
 
-def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event,
-                pool: IdlePool | None = None) -> None:
+def _read_range(
+    dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event, pool: IdlePool | None = None
+) -> None:
     """One reader: import the pinned snapshot, stream the query's batches into ``out``, then None (or the
     exception). With ``pool`` (a mirror batch) the ADBC connection is reused: its connect loads the server's
     type catalogue, ~85 ms, more than reading a small append. A connection goes back only when the read ran to
@@ -212,8 +232,11 @@ def _read_range(dsn: str, snapshot: str, query: str, out: queue.Queue, stop: thr
     conn = None
     clean = False
     try:
-        conn, reused = pool.take_or_open(key, lambda: adbc.connect(uri, autocommit=True)) if pool is not None \
+        conn, reused = (
+            pool.take_or_open(key, lambda: adbc.connect(uri, autocommit=True))
+            if pool is not None
             else (adbc.connect(uri, autocommit=True), False)
+        )
         cur = conn.cursor()
         try:
             cur.execute("begin isolation level repeatable read")
@@ -284,8 +307,7 @@ def read_batches(
     threads = []
     for part in parts:
         q = select_query(pinned.dataset_id, columns, after_row_index, None, part).as_string(pinned.conn)
-        t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop, pool),
-                             daemon=True)
+        t = threading.Thread(target=_read_range, args=(dsn, state.snapshot_name, q, out, stop, pool), daemon=True)
         t.start()
         threads.append(t)
     done = 0

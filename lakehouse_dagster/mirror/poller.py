@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import psycopg
 
@@ -40,7 +40,7 @@ class Cursor:
         return json.dumps({"xid": self.xid, "after_id": str(self.after_id) if self.after_id else None})
 
     @classmethod
-    def loads(cls, raw: str | None) -> "Cursor":
+    def loads(cls, raw: str | None) -> Cursor:
         if not raw:
             return cls()
         data = json.loads(raw)
@@ -64,14 +64,14 @@ def pending_syncs(
     """(datasets to sync, next cursor, datasets scanned). Datasets already mirrored at their current
     version are dropped, and so are datasets whose writers are iceberg-native (Postgres is stale
     for them by design)."""
-    rows = conn.execute(
-        _QUERY, {"xid": str(cursor.xid), "after": cursor.after_id, "limit": limit + 1}
-    ).fetchall()
+    rows = conn.execute(_QUERY, {"xid": str(cursor.xid), "after": cursor.after_id, "limit": limit + 1}).fetchall()
     truncated = len(rows) > limit
     rows = rows[:limit]
-    xmin = rows[0][3] if rows else conn.execute(
-        "select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"
-    ).fetchone()[0]
+    xmin = (
+        rows[0][3]
+        if rows
+        else conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+    )
     pending = [Pending(r[0], r[1]) for r in rows if r[4] is None or r[4] < r[1]]
     if exclude_native and pending:
         native = native_dataset_ids(conn, [p.dataset_id for p in pending])
@@ -156,7 +156,7 @@ def _without_native(conn: psycopg.Connection, items: list, want: int) -> list:
     out: list = []
     step = max(4 * want, 1)
     for i in range(0, len(items), step):
-        chunk = items[i:i + step]
+        chunk = items[i : i + step]
         native = native_dataset_ids(conn, [p.dataset_id for p in chunk])
         out += [p for p in chunk if p.dataset_id not in native]
         if len(out) >= want:
@@ -173,16 +173,21 @@ def record_requests(conn: psycopg.Connection, requests: list[Pending]) -> None:
            select * , now() from unnest(%s::uuid[], %s::bigint[], %s::int[])
            on conflict (dataset_id) do update
               set rows_version = excluded.rows_version, attempts = excluded.attempts, last_at = now()""",
-        ([p.dataset_id for p in requests], [p.rows_version for p in requests],
-         [p.attempt if isinstance(p, Retry) else 1 for p in requests]),
+        (
+            [p.dataset_id for p in requests],
+            [p.rows_version for p in requests],
+            [p.attempt if isinstance(p, Retry) else 1 for p in requests],
+        ),
     )
 
 
 def record_in_flight(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> None:
     """A run is still in flight for these: the backoff restarts when it ends (seen at a later tick)."""
     if dataset_ids:
-        conn.execute("update lakehouse_mirror_requests set last_at = now() where dataset_id = any(%s::uuid[])",
-                     (list(dataset_ids),))
+        conn.execute(
+            "update lakehouse_mirror_requests set last_at = now() where dataset_id = any(%s::uuid[])",
+            (list(dataset_ids),),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +229,8 @@ def plan_tick(
 def _requested_versions(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, int]:
     if not ids:
         return {}
-    return dict(conn.execute(
-        "select dataset_id, rows_version from lakehouse_mirror_requests where dataset_id = any(%s::uuid[])",
-        (ids,)).fetchall())
+    return dict(
+        conn.execute(
+            "select dataset_id, rows_version from lakehouse_mirror_requests where dataset_id = any(%s::uuid[])", (ids,)
+        ).fetchall()
+    )

@@ -38,10 +38,18 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
-from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import COMMIT_ATTEMPTS, FENCE, SOURCE_VERSION, SYNC_FILE, WRITE_PATH, snapshot_source_version, sync_snapshot
-from lakehouse_dagster.mirror.native_run import RUN_KEYS, RUN_PARENT, run_totals
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.writer import (
+    COMMIT_ATTEMPTS,
+    FENCE,
+    SOURCE_VERSION,
+    SYNC_FILE,
+    WRITE_PATH,
+    snapshot_source_version,
+    sync_snapshot,
+)
+from lakehouse_dagster.mirror.native_run import RUN_KEYS, RUN_PARENT, run_totals
 
 _log = logging.getLogger(__name__)
 
@@ -80,8 +88,13 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
                 "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, source_version = %s,"
                 " rows = coalesce(%s, rows), has_identity = true, finished_at = coalesce(finished_at, now()),"
                 " error = %s where sync_id = %s",
-                (snap.snapshot_id, snapshot_source_version(snap), int(total) if total is not None else None,
-                 f"its commit landed but the sync did not record it ({status}); settled by the next sync", sid),
+                (
+                    snap.snapshot_id,
+                    snapshot_source_version(snap),
+                    int(total) if total is not None else None,
+                    f"its commit landed but the sync did not record it ({status}); settled by the next sync",
+                    sid,
+                ),
             )
             continue
         paths = files.get(str(sid), ())
@@ -93,8 +106,11 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
             conn.execute(
                 "update iceberg_sync_log set status = 'succeeded', has_identity = true,"
                 " finished_at = coalesce(finished_at, now()), error = %s where sync_id = %s",
-                (f"its commit landed but the sync did not record it ({status}); its snapshot has been expired,"
-                 " its files are in the table; settled by the next sync", sid),
+                (
+                    f"its commit landed but the sync did not record it ({status}); its snapshot has been expired,"
+                    " its files are in the table; settled by the next sync",
+                    sid,
+                ),
             )
             continue
         was = "died before its commit landed" if status == "running" else "its commit did not land"
@@ -141,8 +157,10 @@ def fence(table: Table, why: str) -> Table:
                 if key in current.summary.additional_properties:
                     summary[key] = current.summary.additional_properties[key]
             if run_totals(current) is not None:  # a native run's totals go on unchanged (the fence adds nothing)
-                summary.update({k: current.summary.additional_properties[k] for k in RUN_KEYS},
-                               **{RUN_PARENT: str(current.snapshot_id)})
+                summary.update(
+                    {k: current.summary.additional_properties[k] for k in RUN_KEYS},
+                    **{RUN_PARENT: str(current.snapshot_id)},
+                )
         try:
             tx = table.transaction()
             with tx.update_snapshot(snapshot_properties=summary).fast_append():

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import psycopg
 
 from lakehouse_dagster.core.errors import BadInput, NotFound, first_line
-from lakehouse_dagster.lake import orphans as orph
-from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake import orphans as orph
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.reaper import unsettled_syncs
 
 GRACE_MIN_SECONDS = 3600.0  # a sync writes its files before it commits; a reader holds its snapshot while it reads
@@ -35,16 +35,24 @@ class Swept:
         return sum(o.size for o in self.orphans)
 
     def as_dict(self) -> dict:
-        return {"dataset_id": str(self.dataset_id), "orphans": len(self.orphans), "bytes": self.bytes,
-                "removed": self.removed, "grace_seconds": self.grace_seconds,
-                "paths": [o.path for o in self.orphans], **({"error": self.error} if self.error else {})}
+        return {
+            "dataset_id": str(self.dataset_id),
+            "orphans": len(self.orphans),
+            "bytes": self.bytes,
+            "removed": self.removed,
+            "grace_seconds": self.grace_seconds,
+            "paths": [o.path for o in self.orphans],
+            **({"error": self.error} if self.error else {}),
+        }
 
     def line(self, delete: bool) -> str:
         if self.error:
             return f"{self.dataset_id}: not swept: {self.error}"
         verb = f"removed {self.removed}" if delete else "listed only (add --delete to remove them)"
-        return (f"{self.dataset_id}: {len(self.orphans)} orphan file(s), {self.bytes:,} bytes, older than "
-                f"{self.grace_seconds:.0f} s; {verb}")
+        return (
+            f"{self.dataset_id}: {len(self.orphans)} orphan file(s), {self.bytes:,} bytes, older than "
+            f"{self.grace_seconds:.0f} s; {verb}"
+        )
 
 
 def grace(settings: Settings, grace_seconds: float | None) -> float:
@@ -58,12 +66,23 @@ def grace(settings: Settings, grace_seconds: float | None) -> float:
 
 def mirrored_dataset_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
     """Tabular datasets with a succeeded sync (datasets.mirrored_version, kept by the sync log's triggers)."""
-    return [r[0] for r in conn.execute(
-        "select id from datasets where kind = 'tabular' and mirrored_version is not null order by id").fetchall()]
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from datasets where kind = 'tabular' and mirrored_version is not null order by id"
+        ).fetchall()
+    ]
 
 
-def sweep(conn: psycopg.Connection, catalog, settings: Settings, dataset_ids: Sequence | None, *, delete: bool,
-          grace_seconds: float | None = None) -> list[Swept]:
+def sweep(
+    conn: psycopg.Connection,
+    catalog,
+    settings: Settings,
+    dataset_ids: Sequence | None,
+    *,
+    delete: bool,
+    grace_seconds: float | None = None,
+) -> list[Swept]:
     """List (``delete``: remove) the orphan files of the datasets' tables. Named datasets must all have a table,
     checked before any file goes; None: every dataset with a succeeded sync whose table exists. A table that
     fails to sweep is reported in its ``Swept.error`` and the others are still swept (callers fail after)."""

@@ -16,21 +16,38 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.errors import BadInput, CommitOutcomeUnknown, GuardLost, LakehouseError, SyncFailed, first_line, is_transient
-from lakehouse_dagster.core.failpoints import failpoint, validate as validate_failpoints
-from lakehouse_dagster.flags.native import native_dataset_ids
-from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
+from lakehouse_dagster.core.db import IdlePool, connect, is_idle
+from lakehouse_dagster.core.errors import (
+    BadInput,
+    CommitOutcomeUnknown,
+    GuardLost,
+    LakehouseError,
+    SyncFailed,
+    first_line,
+    is_transient,
+)
+from lakehouse_dagster.core.failpoints import failpoint
+from lakehouse_dagster.core.failpoints import validate as validate_failpoints
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock, pooled_guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import ABSENT, WRITE_MODE, snapshot_source_version, sync_snapshot, table_state
-from lakehouse_dagster.parity.maintained import write_digested
-from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
-from lakehouse_dagster.core.db import IdlePool, connect, is_idle
-from lakehouse_dagster.core.guards import admission_slot, dataset_lock, pooled_guard_connection
-from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
-from lakehouse_dagster.tracking.row_changes import PartialPlan, changed_ranges, compaction_due, file_ranges, plan_compaction, plan_partial, prune
+from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
+from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
+from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
+from lakehouse_dagster.tracking.row_changes import (
+    PartialPlan,
+    changed_ranges,
+    compaction_due,
+    file_ranges,
+    plan_compaction,
+    plan_partial,
+    prune,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -148,29 +165,53 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         columns_now = [{"name": c.name, "type": c.type} for c in dataset.columns]
         run_mode, reason, after = _choose_mode(mode, head, current, columns_now)
         if run_mode == "noop":
-            return SyncResult(sync_id, ds_id, "noop", reason, 0, current["row_count"], current["snapshot_id"], 0, 0,
-                              head.rows_version, time.perf_counter() - started)
+            return SyncResult(
+                sync_id,
+                ds_id,
+                "noop",
+                reason,
+                0,
+                current["row_count"],
+                current["snapshot_id"],
+                0,
+                0,
+                head.rows_version,
+                time.perf_counter() - started,
+            )
         plan = None
         if run_mode == "rewrite":
             plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
         elif run_mode == "incremental" and mode == "auto" and compaction_due(table, settings.ingest_chunk_rows):
             files = file_ranges(table)
-            plan = plan_compaction(files, current["max_row_index"], head.max_row_index,
-                                   settings.ingest_chunk_rows) if not isinstance(files, str) else None
+            plan = (
+                plan_compaction(files, current["max_row_index"], head.max_row_index, settings.ingest_chunk_rows)
+                if not isinstance(files, str)
+                else None
+            )
             if plan is not None:
                 run_mode, reason, after = "partial", plan.reason, None
         state = pinned.state(after) if after is not None else head
-        parts = reader_parts(state, ranges=plan.read if run_mode == "partial" else None, readers=readers,
-                             min_rows=settings.ingest_chunk_rows)
-        batches = read_batches(dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers,
-                               parts=parts, pool=pool)
+        parts = reader_parts(
+            state,
+            ranges=plan.read if run_mode == "partial" else None,
+            readers=readers,
+            min_rows=settings.ingest_chunk_rows,
+        )
+        batches = read_batches(
+            dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers, parts=parts, pool=pool
+        )
         written = write_digested(
-            catalog, settings, dataset, batches,
+            catalog,
+            settings,
+            dataset,
+            batches,
             mode={"full": "replace", "incremental": "append", "partial": "partial"}[run_mode],
             sync_id=sync_id,
             source_version=head.rows_version,
-            max_row_index=head.max_row_index if head.max_row_index is not None else (after if after is not None else -1),
+            max_row_index=head.max_row_index
+            if head.max_row_index is not None
+            else (after if after is not None else -1),
             delete_files=plan.files if run_mode == "partial" else (),
             lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
             table=table if table is not None else ABSENT,  # loaded once above, under the dataset lock
@@ -183,17 +224,39 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         # and the poller requests it (a new run key for the new version). Syncing the rest here would
         # need a second snapshot under the same sync id, which retries could not tell apart.
         version = written.source_version if written.source_version is not None else -1
-        return SyncResult(sync_id, ds_id, "noop",
-                          f"this sync's snapshot had already landed (a retry); it covers version {version}",
-                          0, written.total_rows, written.snapshot_id, 0, 0, version, time.perf_counter() - started)
-    return SyncResult(sync_id, ds_id, run_mode, reason, written.rows, written.total_rows, written.snapshot_id,
-                      written.bytes, written.files, head.rows_version, time.perf_counter() - started)
+        return SyncResult(
+            sync_id,
+            ds_id,
+            "noop",
+            f"this sync's snapshot had already landed (a retry); it covers version {version}",
+            0,
+            written.total_rows,
+            written.snapshot_id,
+            0,
+            0,
+            version,
+            time.perf_counter() - started,
+        )
+    return SyncResult(
+        sync_id,
+        ds_id,
+        run_mode,
+        reason,
+        written.rows,
+        written.total_rows,
+        written.snapshot_id,
+        written.bytes,
+        written.files,
+        head.rows_version,
+        time.perf_counter() - started,
+    )
 
 
 def _dataset_at(ds_id: uuid.UUID, head) -> Dataset:
     columns = parse_schema(head.schema, f"dataset {ds_id}")
-    return Dataset(ds_id, None, "", head.kind, columns, None, "", head.rows_version, head.rows_rewrite_version,
-                   head.max_row_index)
+    return Dataset(
+        ds_id, None, "", head.kind, columns, None, "", head.rows_version, head.rows_rewrite_version, head.max_row_index
+    )
 
 
 def _choose_mode(mode: str, head, current: dict | None, columns_now: list) -> tuple[str, str, int | None]:
@@ -224,8 +287,14 @@ def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, set
     files = file_ranges(table)
     if isinstance(files, str):
         return f"{full}; {files}"
-    return plan_partial(files, changed, current["max_row_index"], head.max_row_index, current["row_count"],
-                        settings.partial_max_fraction)
+    return plan_partial(
+        files,
+        changed,
+        current["max_row_index"],
+        head.max_row_index,
+        current["row_count"],
+        settings.partial_max_fraction,
+    )
 
 
 _BAD_VALUE = re.compile(r"dataset \S+ row_index \d+ column .*?: expected \w+, got a JSON \w+")
@@ -251,7 +320,9 @@ def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:
     try:
         with connect(dsn) as conn:
             cols = conn.execute("select schema from datasets where id = %s", (ds_id,)).fetchone()[0]
-            row = conn.execute("select * from lakehouse_find_bad_value(%s, %s::jsonb)", (ds_id, psycopg.types.json.Jsonb(cols))).fetchone()
+            row = conn.execute(
+                "select * from lakehouse_find_bad_value(%s, %s::jsonb)", (ds_id, psycopg.types.json.Jsonb(cols))
+            ).fetchone()
     except Exception:
         return None
     if row is None:
@@ -299,14 +370,32 @@ def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: Bas
             if snap is not None:
                 state = table_state(table)
                 total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
-                _log_succeeded(c, SyncResult(
-                    sync_id, ds_id, _snapshot_mode(snap), f"interrupted ({type(exc).__name__}) after its commit landed",
-                    0, total if total is not None else int(snap.summary.additional_properties.get("total-records", 0)),
-                    snap.snapshot_id, 0, 0, snapshot_source_version(snap) or -1, 0.0))
+                _log_succeeded(
+                    c,
+                    SyncResult(
+                        sync_id,
+                        ds_id,
+                        _snapshot_mode(snap),
+                        f"interrupted ({type(exc).__name__}) after its commit landed",
+                        0,
+                        total if total is not None else int(snap.summary.additional_properties.get("total-records", 0)),
+                        snap.snapshot_id,
+                        0,
+                        0,
+                        snapshot_source_version(snap) or -1,
+                        0.0,
+                    ),
+                )
             else:
                 # Files may be left if the interruption hit inside the commit: the next sync settles them.
-                _log_failed(c, ds_id, sync_id, f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit "
-                            "was seen to land; the next sync of the dataset settles it", errored=False)
+                _log_failed(
+                    c,
+                    ds_id,
+                    sync_id,
+                    f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit "
+                    "was seen to land; the next sync of the dataset settles it",
+                    errored=False,
+                )
     except Exception as log_exc:  # noqa: BLE001 - the interruption is what propagates
         _log.warning("could not record the interruption of sync %s: %s", sync_id, log_exc)
 

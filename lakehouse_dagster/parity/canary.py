@@ -40,23 +40,32 @@ import json
 import logging
 import time
 import uuid
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import parse_schema
-from lakehouse_dagster.core.db import connect
-from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.parity import localise as loc
-from lakehouse_dagster.parity import smoke as sm
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, fold, full_digest, idle_autocommit, pin_iceberg, schema_problems
+from lakehouse_dagster.parity import smoke as sm
+from lakehouse_dagster.parity.digest import (
+    IcebergSide,
+    PgSide,
+    PinnedPostgres,
+    fold,
+    full_digest,
+    idle_autocommit,
+    pin_iceberg,
+    schema_problems,
+)
 from lakehouse_dagster.parity.maintained import SEG_BITS, SEG_WIDTH
+from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking.datasets import parse_schema
 
 log = logging.getLogger("lakehouse_dagster.parity")
 
@@ -132,9 +141,18 @@ def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: 
 
 
 def evaluate(
-    dsn: str, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID | str, *,
-    smoke: bool = False, smoke_max_rows: int = sm.SMOKE_MAX_ROWS, localise: bool = True,
-    hooks: Hooks | None = None, full: bool = False, pin=None, conn: psycopg.Connection | None = None,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id: uuid.UUID | str,
+    *,
+    smoke: bool = False,
+    smoke_max_rows: int = sm.SMOKE_MAX_ROWS,
+    localise: bool = True,
+    hooks: Hooks | None = None,
+    full: bool = False,
+    pin=None,
+    conn: psycopg.Connection | None = None,
 ) -> Verdict:
     """The verdict for one dataset (nothing recorded: see ``record``). ``full``: digest every row on
     both sides (the cross-check) instead of comparing the maintained sums (parity/maintained.py).
@@ -177,8 +195,11 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
             mt.compact_pg(conn, ds_id)
             pg_outcome = mt.ensure_pg(conn, ds_id, columns)
             files = 0 if pin.has_deletes else mt.fill_file_digests(conn, pin, columns)
-        v.detail["maintained_prepare"] = {"postgres": pg_outcome, "iceberg_files_digested": files,
-                                          "seconds": round(time.perf_counter() - t, 3)}
+        v.detail["maintained_prepare"] = {
+            "postgres": pg_outcome,
+            "iceberg_files_digested": files,
+            "seconds": round(time.perf_counter() - t, 3),
+        }
     except Exception as exc:  # noqa: BLE001 - the full digest decides instead
         v.detail["maintained_prepare"] = {"error": _one_line(exc)}
 
@@ -203,8 +224,20 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, localise, hooks: Hooks,
-              full: bool = False, pin=None, conn=None) -> None:
+def _evaluate(
+    dsn,
+    catalog,
+    settings,
+    ds_id,
+    v: Verdict,
+    smoke,
+    smoke_max_rows,
+    localise,
+    hooks: Hooks,
+    full: bool = False,
+    pin=None,
+    conn=None,
+) -> None:
     if conn is not None and not idle_autocommit(conn):
         conn = None  # not fit to lend (in a transaction, broken): our own connections, as without one
     pin = pin or pin_iceberg(catalog, settings, ds_id)  # FIRST: see the module docstring
@@ -219,7 +252,9 @@ def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, 
         if state is None:
             raise NotFound(f"dataset {ds_id} does not exist (check the id with: lakehouse datasets)")
         if state.kind != "tabular":
-            raise BadInput(f"dataset {ds_id} is a {state.kind} dataset (file-backed); the canary checks tabular datasets")
+            raise BadInput(
+                f"dataset {ds_id} is a {state.kind} dataset (file-backed); the canary checks tabular datasets"
+            )
         v.dataset = state.name
         v.pg_version = state.rows_version
         latest = _latest_sync(pg.conn, ds_id)
@@ -228,7 +263,9 @@ def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, 
         if not pin.exists or not pin.has_snapshot:
             v.verdict = NO_SNAPSHOT
             v.detail["reason"] = (
-                f"no Iceberg table {'.'.join(pin.identifier)}" if not pin.exists else "the Iceberg table has no snapshot"
+                f"no Iceberg table {'.'.join(pin.identifier)}"
+                if not pin.exists
+                else "the Iceberg table has no snapshot"
             ) + ("" if latest else "; never synced")
             return
         v.iceberg_count = pin.total_records
@@ -260,8 +297,9 @@ def _evaluate(dsn, catalog, settings, ds_id, v: Verdict, smoke, smoke_max_rows, 
         _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full)
 
 
-def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise,
-             full: bool = False) -> None:
+def _compare(
+    pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise, full: bool = False
+) -> None:
     problems = schema_problems(pin, state.columns)
     if problems:
         v.verdict = NATIVE if native else MISMATCH
@@ -292,20 +330,25 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
                 v.smoke = "skipped"
                 v.detail["smoke"] = f"skipped: {rows} rows > {smoke_max_rows}"
             else:
-                result = sm.compare(pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice().present), state.columns)
+                result = sm.compare(
+                    pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice().present), state.columns
+                )
                 v.smoke = result.outcome
                 v.detail["smoke"] = result.reason or result.outcome
                 if result.differing_row_indexes:
                     v.detail["smoke_differing_row_indexes"] = result.differing_row_indexes
         found = None
         if not agree and (localise or plan.maintained):
-            found = loc.localise(pg_side, ice(), plan.lo, plan.hi, SEG_WIDTH, plan.local(plan.pg_segments),
-                                 plan.local(plan.ice_segments))
+            found = loc.localise(
+                pg_side, ice(), plan.lo, plan.hi, SEG_WIDTH, plan.local(plan.pg_segments), plan.local(plan.ice_segments)
+            )
             if plan.maintained and not found.row_indexes:
                 # The maintained sums disagree but the rows of every differing segment match: a sum is
                 # stale (a write with triggers bypassed, a file changed in place). Never a verdict on that.
                 v.detail["maintained_stale"] = True
-                v.detail["maintained_fallback"] = "maintained sums disagree but the rows of the differing segments match"
+                v.detail["maintained_fallback"] = (
+                    "maintained sums disagree but the rows of the differing segments match"
+                )
                 for key in ("seconds",):
                     v.detail.pop(key, None)
                 _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full=True)
@@ -313,9 +356,8 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
     if native:
         v.verdict = NATIVE
         v.detail["agrees_with_postgres"] = agree and v.smoke != "differs"
-        v.detail["reason"] = (
-            "written iceberg-native: Postgres is not authoritative for it; "
-            + ("it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres")
+        v.detail["reason"] = "written iceberg-native: Postgres is not authoritative for it; " + (
+            "it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres"
         )
         return
     if agree and v.smoke != "differs":
@@ -329,15 +371,19 @@ def _compare(pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, sm
             f"Iceberg {v.iceberg_count} rows / digest {v.iceberg_digest}"
         )
         if v.smoke == "match":
-            v.detail["hint"] = ("the value-level check matches: the difference is in the text form "
-                                "(e.g. a json column not in Postgres' jsonb text form)")
+            v.detail["hint"] = (
+                "the value-level check matches: the difference is in the text form "
+                "(e.g. a json column not in Postgres' jsonb text form)"
+            )
     else:
         v.detail["reason"] = "digests match but the value-level smoke check differs"
     if found is not None:
         v.mismatched_row_indexes = found.row_indexes
         v.detail["localisation"] = {
-            "row_indexes": len(found.row_indexes), "truncated": found.truncated,
-            "queries": found.queries, "seconds": round(found.seconds, 3),
+            "row_indexes": len(found.row_indexes),
+            "truncated": found.truncated,
+            "queries": found.queries,
+            "seconds": round(found.seconds, 3),
         }
     elif v.smoke == "differs":
         v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
@@ -365,7 +411,7 @@ def _grid(los, his) -> tuple[int, int]:
     return (lo >> SEG_BITS) << SEG_BITS, hi
 
 
-def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide) -> "_Plan | None":
+def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide) -> _Plan | None:
     """The maintained sums of both sides at the pinned versions, or None (the reason in the detail)."""
     t = time.perf_counter()
     try:
@@ -389,7 +435,9 @@ def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide
     return _Plan(True, pg_segments, ice_segments, lo, hi)
 
 
-def _full_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide, ice: IcebergSide, native: bool) -> "_Plan | None":
+def _full_plan(
+    pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide, ice: IcebergSide, native: bool
+) -> _Plan | None:
     """Both digests from every row (the cross-check), per segment of the grid; None when a verdict is
     already decided (no __row_index, an untyped Postgres value)."""
     v.detail["digest"] = "full"
@@ -412,7 +460,10 @@ def _full_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide, ice:
         v.detail["reason"] = f"Postgres holds a value that does not fit its declared type: {_one_line(exc)}"
         return None
     ice_digest = full_digest(ice, lo, hi, everything=True, width=SEG_WIDTH)
-    v.detail["seconds"] = {"postgres_digest": round(pg_digest.seconds, 3), "iceberg_digest": round(ice_digest.seconds, 3)}
+    v.detail["seconds"] = {
+        "postgres_digest": round(pg_digest.seconds, 3),
+        "iceberg_digest": round(ice_digest.seconds, 3),
+    }
     plan = _Plan(False, {}, {}, lo, hi)
     base = lo >> SEG_BITS
     plan.pg_segments = mt.nonzero({seg + base: x for seg, x in pg_digest.segments.items()})
@@ -457,9 +508,23 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
              (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
               pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
            values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) returning id""",
-        (v.dataset_id, v.verdict, source, v.pg_count, v.iceberg_count, v.pg_digest, v.iceberg_digest,
-         v.snapshot_id, v.pg_version, v.iceberg_version, v.smoke, v.mismatched_row_indexes or None,
-         v.seconds, run_id, Jsonb(detail)),
+        (
+            v.dataset_id,
+            v.verdict,
+            source,
+            v.pg_count,
+            v.iceberg_count,
+            v.pg_digest,
+            v.iceberg_digest,
+            v.snapshot_id,
+            v.pg_version,
+            v.iceberg_version,
+            v.smoke,
+            v.mismatched_row_indexes or None,
+            v.seconds,
+            run_id,
+            Jsonb(detail),
+        ),
     ).fetchone()[0]
     return parity_id
 
@@ -475,8 +540,17 @@ def latest_verdicts(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] |
         query += " where dataset_id = any(%s::uuid[])"
         params = (list(dataset_ids),)
     query += " order by dataset_id, checked_at desc, id desc"
-    keys = ("dataset_id", "verdict", "checked_at", "source", "snapshot_id", "pg_version", "iceberg_version",
-            "mismatched_row_indexes", "detail")
+    keys = (
+        "dataset_id",
+        "verdict",
+        "checked_at",
+        "source",
+        "snapshot_id",
+        "pg_version",
+        "iceberg_version",
+        "mismatched_row_indexes",
+        "detail",
+    )
     return {r[0]: dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()}
 
 
@@ -548,8 +622,10 @@ class CanaryReport:
         return {
             "results": [r.as_dict() for r in self.results],
             "summary": {**{k: self.counts.get(k, 0) for k in VERDICTS}, "wedged": len(self.wedged)},
-            "wedged": [{k: (str(x) if isinstance(x, (uuid.UUID, dt.datetime)) else x) for k, x in w.items()}
-                       for w in self.wedged],
+            "wedged": [
+                {k: (str(x) if isinstance(x, (uuid.UUID, dt.datetime)) else x) for k, x in w.items()}
+                for w in self.wedged
+            ],
             "exit_code": self.exit_code,
         }
 
@@ -563,10 +639,19 @@ def exit_code_for(results: Sequence[Verdict]) -> int:
 
 
 def run_canary(
-    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, *,
-    dataset_ids: Sequence[str] | None = None, limit: int = DEFAULT_LIMIT, smoke: bool = False,
-    smoke_max_rows: int = sm.SMOKE_MAX_ROWS, source: str = "canary", run_id: str | None = None,
-    on_result: Callable[[Verdict], None] | None = None, full: bool = False,
+    conn: psycopg.Connection,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    *,
+    dataset_ids: Sequence[str] | None = None,
+    limit: int = DEFAULT_LIMIT,
+    smoke: bool = False,
+    smoke_max_rows: int = sm.SMOKE_MAX_ROWS,
+    source: str = "canary",
+    run_id: str | None = None,
+    on_result: Callable[[Verdict], None] | None = None,
+    full: bool = False,
     on_recorded: Callable[[Verdict, int], None] | None = None,
 ) -> CanaryReport:
     """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit).

@@ -69,12 +69,13 @@ import json
 import math
 import struct
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from psycopg import sql
 
-from lakehouse_dagster.tracking.datasets import Column
 from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.tracking.datasets import Column
 
 CONTRACT_VERSION = 2
 NULL = "\\N"
@@ -82,7 +83,7 @@ SEP = "|"
 # A float64's bits b (signed int64) are a NaN's exactly when (b & _ABS_MASK) > _INF_BITS.
 _ABS_MASK = (1 << 63) - 1
 _INF_BITS = 0x7FF0000000000000
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _EPOCH_DATE = dt.date(1970, 1, 1)
 _MAX_CONCAT_ARGS = 90  # Postgres functions take at most 100 arguments: nest concat_ws beyond that
 
@@ -118,7 +119,7 @@ def canonical_value(value: Any, typ: str) -> str:
         return "true" if value else "false"
     if typ == "timestamp":
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
         return str((value - _EPOCH) // dt.timedelta(microseconds=1))
     if typ == "date":
         return str((value - _EPOCH_DATE).days)
@@ -126,10 +127,17 @@ def canonical_value(value: Any, typ: str) -> str:
 
 
 def canonical_row(
-    row_index: int, row_id: str | uuid.UUID | None, created_at: dt.datetime | None,
-    values: Sequence[Any], columns: Sequence[Column],
+    row_index: int,
+    row_id: str | uuid.UUID | None,
+    created_at: dt.datetime | None,
+    values: Sequence[Any],
+    columns: Sequence[Column],
 ) -> str:
-    fields = [str(int(row_index)), NULL if row_id is None else _text(str(row_id)), canonical_value(created_at, "timestamp")]
+    fields = [
+        str(int(row_index)),
+        NULL if row_id is None else _text(str(row_id)),
+        canonical_value(created_at, "timestamp"),
+    ]
     fields += [canonical_value(v, c.type) for v, c in zip(values, columns, strict=True)]
     return SEP.join(fields)
 
@@ -165,7 +173,8 @@ def _pg_field(typ: str, v: sql.Composable) -> sql.Composable:
     elif typ == "float64":
         b = sql.SQL("('x' || encode(float8send({} + 0.0::float8), 'hex'))::bit(64)::int8").format(v)
         body = sql.SQL("case when ({b} & {m}) > {inf} then 'NaN' else {b}::text end").format(
-            b=b, m=sql.Literal(_ABS_MASK), inf=sql.Literal(_INF_BITS))
+            b=b, m=sql.Literal(_ABS_MASK), inf=sql.Literal(_INF_BITS)
+        )
     elif typ == "timestamp":
         body = sql.SQL("(extract(epoch from {}) * 1000000)::int8::text").format(v)
     elif typ == "date":
@@ -184,11 +193,15 @@ def _concat(parts: list, join) -> Any:
 
 def pg_row_text(columns: Sequence[Column], *, identity: bool = True) -> sql.Composable:
     """``identity=False``: the content columns only (a fresh write assigns new identity: first_native.py)."""
-    parts: list[sql.Composable] = [
-        sql.SQL("row_index::text"),
-        sql.SQL("'36:' || row_id::text"),  # row_id is a non-null uuid: its text is always 36 bytes
-        _pg_field("timestamp", sql.SQL("created_at")),
-    ] if identity else [sql.Literal("")]
+    parts: list[sql.Composable] = (
+        [
+            sql.SQL("row_index::text"),
+            sql.SQL("'36:' || row_id::text"),  # row_id is a non-null uuid: its text is always 36 bytes
+            _pg_field("timestamp", sql.SQL("created_at")),
+        ]
+        if identity
+        else [sql.Literal("")]
+    )
     parts += [_pg_field(c.type, pg_typed(c)) for c in columns]
 
     def join(items):
@@ -214,16 +227,35 @@ def pg_hash_check_sql() -> sql.Composable:
 # Every tail length 0..11 around one and two 12-byte blocks, multi-byte UTF-8, bytes ≥ 0x80 in each lane.
 SELF_CHECK_TEXTS = ["x" * n for n in range(26)] + ["héllo wörld ✓ 日本", "ÿ" * 13, "0|36:" + "f" * 36 + "|\\N"]
 
-SELF_CHECK_FLOATS = ["0.1", "-0.0", "0", "1e-300", "5e-324", "1.7976931348623157e308", "-2.5", "56",
-                     "3.5399581018880077e+17", "NaN", "Infinity", "-Infinity"]
+SELF_CHECK_FLOATS = [
+    "0.1",
+    "-0.0",
+    "0",
+    "1e-300",
+    "5e-324",
+    "1.7976931348623157e308",
+    "-2.5",
+    "56",
+    "3.5399581018880077e+17",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+]
 
 
 # ---------------------------------------------------------------------------------------------------
 # DuckDB: expressions over the Parquet files of an Iceberg snapshot (typed columns).
 # ---------------------------------------------------------------------------------------------------
 
-_DUCK_TYPE = {"string": "VARCHAR", "json": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE",
-              "boolean": "BOOLEAN", "timestamp": "TIMESTAMPTZ", "date": "DATE"}
+_DUCK_TYPE = {
+    "string": "VARCHAR",
+    "json": "VARCHAR",
+    "int64": "BIGINT",
+    "float64": "DOUBLE",
+    "boolean": "BOOLEAN",
+    "timestamp": "TIMESTAMPTZ",
+    "date": "DATE",
+}
 
 
 def duck_ident(name: str) -> str:
@@ -265,11 +297,15 @@ def duck_typed(col: Column, present: bool) -> str:
 
 
 def duck_row_text(columns: Sequence[Column], present: set[str], *, identity: bool = True) -> str:
-    parts = [
-        "__row_index::VARCHAR",
-        _duck_field("string", "__row_id::VARCHAR") if "__row_id" in present else duck_literal(NULL),
-        _duck_field("timestamp", "__created_at::TIMESTAMPTZ") if "__created_at" in present else duck_literal(NULL),
-    ] if identity else [duck_literal("")]
+    parts = (
+        [
+            "__row_index::VARCHAR",
+            _duck_field("string", "__row_id::VARCHAR") if "__row_id" in present else duck_literal(NULL),
+            _duck_field("timestamp", "__created_at::TIMESTAMPTZ") if "__created_at" in present else duck_literal(NULL),
+        ]
+        if identity
+        else [duck_literal("")]
+    )
     parts += [_duck_field(c.type, duck_typed(c, c.name in present)) for c in columns]
 
     def join(items):

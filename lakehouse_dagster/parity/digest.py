@@ -20,7 +20,8 @@ import dataclasses
 import datetime as dt
 import time
 import uuid
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import psycopg
@@ -28,14 +29,14 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
-from lakehouse_dagster.core.errors import LakehouseError
-from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Column, parse_schema
 from lakehouse_dagster.core.db import connect, is_idle
-from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.parity import canonical as cn
 from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
 # Keys the mirror's writer puts into each snapshot summary and the table properties (lake/writer.py).
 SYNC_ID = "lakehouse.sync-id"
@@ -43,8 +44,13 @@ SOURCE_VERSION = "lakehouse.source-version"
 WRITE_PATH = "lakehouse.path"
 
 EXPECTED_ICEBERG_TYPE = {
-    "string": StringType(), "json": StringType(), "int64": LongType(), "float64": DoubleType(),
-    "boolean": BooleanType(), "timestamp": TimestamptzType(), "date": DateType(),
+    "string": StringType(),
+    "json": StringType(),
+    "int64": LongType(),
+    "float64": DoubleType(),
+    "boolean": BooleanType(),
+    "timestamp": TimestamptzType(),
+    "date": DateType(),
 }
 
 Segments = dict[int, tuple[int, int]]
@@ -144,7 +150,7 @@ class PinnedPostgres:
             if self._own:
                 self.conn.close()
 
-    def __enter__(self) -> "PinnedPostgres":
+    def __enter__(self) -> PinnedPostgres:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -156,8 +162,9 @@ class PgSide:
 
     name = "postgres"
 
-    def __init__(self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *,
-                 identity: bool = True):
+    def __init__(
+        self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *, identity: bool = True
+    ):
         self.conn = conn
         self.dataset_id = dataset_id
         self.columns = tuple(columns)
@@ -205,7 +212,8 @@ class PgSide:
     def digest(self) -> tuple[int, int]:
         """(count, sum) of every row: the canary's main query (no grouping: ~5% cheaper than segments)."""
         query = sql.SQL("select count(*), coalesce(sum({h}), 0) from dataset_rows where dataset_id = %s").format(
-            h=self._hash)
+            h=self._hash
+        )
         count, total = self.conn.execute(query, (self.dataset_id,)).fetchone()
         return int(count), int(total)
 
@@ -289,7 +297,7 @@ def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> 
     if snap is None:
         return pin
     pin.snapshot_id = snap.snapshot_id
-    pin.committed_at = dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=dt.timezone.utc)
+    pin.committed_at = dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=dt.UTC)
     summary = snap.summary.additional_properties if snap.summary is not None else {}
     props = table.properties
     pin.sync_id = summary.get(SYNC_ID)
@@ -328,7 +336,12 @@ class IcebergSide:
     name = "iceberg"
 
     def __init__(
-        self, pin: IcebergPin, columns: Sequence[Column], *, threads: int | None = None, via_arrow: bool | None = None,
+        self,
+        pin: IcebergPin,
+        columns: Sequence[Column],
+        *,
+        threads: int | None = None,
+        via_arrow: bool | None = None,
         identity: bool = True,
     ):
         import duckdb
@@ -347,7 +360,7 @@ class IcebergSide:
     def close(self) -> None:
         self.con.close()
 
-    def __enter__(self) -> "IcebergSide":
+    def __enter__(self) -> IcebergSide:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -361,7 +374,9 @@ class IcebergSide:
             return wanted & in_table
         if self._arrow:
             return wanted & in_table  # pyiceberg projects the table schema (absent columns as NULL)
-        names = {r[0] for r in self.con.execute("select distinct name from parquet_schema($1)", [self._paths]).fetchall()}
+        names = {
+            r[0] for r in self.con.execute("select distinct name from parquet_schema($1)", [self._paths]).fetchall()
+        }
         return wanted & in_table & names
 
     def _source(self, lo: int | None = None, hi: int | None = None) -> str:
@@ -396,13 +411,17 @@ class IcebergSide:
         if self.empty:
             return {}
         if everything:
-            query = (f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
-                     f" select __row_index, {self._hash} as h from {self._source()}) group by seg")
+            query = (
+                f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
+                f" select __row_index, {self._hash} as h from {self._source()}) group by seg"
+            )
             params = self._params(lo=lo, w=width)
         else:
-            query = (f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
-                     f" select __row_index, {self._hash} as h from {self._source(lo, hi)}"
-                     f" where __row_index >= $lo and __row_index < $hi) group by seg")
+            query = (
+                f"select (__row_index - $lo) // $w as seg, count(*), coalesce(sum(h::HUGEINT), 0) from ("
+                f" select __row_index, {self._hash} as h from {self._source(lo, hi)}"
+                f" where __row_index >= $lo and __row_index < $hi) group by seg"
+            )
             params = self._params(lo=lo, hi=hi, w=width)
         rows = self.con.execute(query, params).fetchall()
         return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
@@ -411,7 +430,8 @@ class IcebergSide:
         if self.empty:
             return (0, 0)
         count, total = self.con.execute(
-            f"select count(*), coalesce(sum(h::HUGEINT), 0) from (select {self._hash} as h from {self._source()})", self._params()
+            f"select count(*), coalesce(sum(h::HUGEINT), 0) from (select {self._hash} as h from {self._source()})",
+            self._params(),
         ).fetchone()
         return int(count), int(total)
 
@@ -443,12 +463,15 @@ def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
     for c in columns:
         have = pin.fields.get(c.name)
         if have is not None and have != EXPECTED_ICEBERG_TYPE[c.type]:
-            problems.append(f"column {c.name!r} is {have} in Iceberg; the contract maps {c.type} to "
-                            f"{EXPECTED_ICEBERG_TYPE[c.type]}")
+            problems.append(
+                f"column {c.name!r} is {have} in Iceberg; the contract maps {c.type} to {EXPECTED_ICEBERG_TYPE[c.type]}"
+            )
     return problems
 
 
-def full_digest(side, lo: int, hi: int, factor: int = 32, *, everything: bool = False, width: int | None = None) -> Digest:
+def full_digest(
+    side, lo: int, hi: int, factor: int = 32, *, everything: bool = False, width: int | None = None
+) -> Digest:
     """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once.
     ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds); ``width``:
     fixed segments (the maintained digests' grid) instead of ``factor`` equal ones."""

@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import psycopg
 
@@ -44,8 +44,9 @@ class FileIdentity:
 def fields_key(table, schema_id: int | None) -> str:
     """The schema a fact was computed under: its id and the identity fields' ids, names and types."""
     schema = (table.schemas().get(schema_id) if schema_id is not None else None) or table.schema()
-    spec = [schema.schema_id] + [[f.field_id, f.name, str(f.field_type)] for f in schema.fields
-                                 if f.name in IDENTITY_COLUMNS]
+    spec = [schema.schema_id] + [
+        [f.field_id, f.name, str(f.field_type)] for f in schema.fields if f.name in IDENTITY_COLUMNS
+    ]
     return hashlib.md5(json.dumps(spec).encode("utf-8")).hexdigest()
 
 
@@ -59,8 +60,9 @@ def load(conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict[
     return {r[0]: FileIdentity(*map(int, r[2:7]), r[7], r[8]) for r in rows if sizes.get(r[0]) == r[1]}
 
 
-def store(conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict[str, int],
-          facts: dict[str, FileIdentity]) -> None:
+def store(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict[str, int], facts: dict[str, FileIdentity]
+) -> None:
     with conn.cursor() as cur:
         cur.executemany(
             """insert into lakehouse_file_identity (dataset_id, file_path, file_size, fields_key, row_count,
@@ -72,8 +74,22 @@ def store(conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict
                  row_id_nonnull = excluded.row_id_nonnull, created_at_nonnull = excluded.created_at_nonnull,
                  distinct_row_index = excluded.distinct_row_index, min_row_index = excluded.min_row_index,
                  max_row_index = excluded.max_row_index, computed_at = now()""",
-            [(dataset_id, p, sizes[p], key, f.rows, f.row_index, f.row_id, f.created_at, f.distinct_row_index,
-              f.min_row_index, f.max_row_index) for p, f in facts.items()],
+            [
+                (
+                    dataset_id,
+                    p,
+                    sizes[p],
+                    key,
+                    f.rows,
+                    f.row_index,
+                    f.row_id,
+                    f.created_at,
+                    f.distinct_row_index,
+                    f.min_row_index,
+                    f.max_row_index,
+                )
+                for p, f in facts.items()
+            ],
         )
 
 
@@ -102,8 +118,9 @@ def compute(paths: Sequence[str], table_fields: set[str]) -> dict[str, FileIdent
             distinct = pc.count_distinct(ri, mode="only_valid").as_py()
             mm = pc.min_max(ri)
             lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        out[path] = FileIdentity(rows, nonnull("__row_index"), nonnull("__row_id"), nonnull("__created_at"),
-                                 distinct, lo, hi)
+        out[path] = FileIdentity(
+            rows, nonnull("__row_index"), nonnull("__row_id"), nonnull("__created_at"), distinct, lo, hi
+        )
     return out
 
 
@@ -130,15 +147,20 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
         computed = {local[lp]: f for lp, f in compute(list(local), set(pin.fields)).items()}
         wrong = [p for p, f in computed.items() if pin.records.get(p) not in (None, f.rows)]
         if wrong:
-            raise Unavailable(f"data file {wrong[0]} has {computed[wrong[0]].rows} rows, its manifest says "
-                              f"{pin.records[wrong[0]]}")
+            raise Unavailable(
+                f"data file {wrong[0]} has {computed[wrong[0]].rows} rows, its manifest says {pin.records[wrong[0]]}"
+            )
         store(conn, dataset_id, key, pin.sizes, computed)
         # The snapshot moved on: facts of files it no longer holds (replaced, or another schema) are dropped.
         # (A check still reading an older snapshot only computes them again.)
-        conn.execute("delete from lakehouse_file_identity where dataset_id = %s and fields_key = %s"
-                     " and not (file_path = any(%s))", (dataset_id, key, list(pin.files)))
-        conn.execute("delete from lakehouse_file_identity where dataset_id = %s and fields_key <> %s",
-                     (dataset_id, key))
+        conn.execute(
+            "delete from lakehouse_file_identity where dataset_id = %s and fields_key = %s"
+            " and not (file_path = any(%s))",
+            (dataset_id, key, list(pin.files)),
+        )
+        conn.execute(
+            "delete from lakehouse_file_identity where dataset_id = %s and fields_key <> %s", (dataset_id, key)
+        )
     facts = {**trusted, **computed}
     ranges = sorted((f.min_row_index, f.max_row_index) for f in facts.values() if f.min_row_index is not None)
     for (_, prev_hi), (lo, _) in zip(ranges, ranges[1:]):

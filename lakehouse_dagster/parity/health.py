@@ -15,11 +15,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.sync_log import latest_succeeded
-from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.parity import file_identity as fi
 from lakehouse_dagster.parity import maintained as mt
 from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, pin_iceberg
+from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking.sync_log import latest_succeeded
 
 IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
 DEFAULT_MAX_LAG_SECONDS = 3600
@@ -33,17 +33,19 @@ class Health:
 
 
 def snapshot_freshness(
-    conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
-    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, pin: IcebergPin | None = None,
+    conn: psycopg.Connection,
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id: uuid.UUID,
+    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS,
+    pin: IcebergPin | None = None,
 ) -> Health:
     """A succeeded sync exists, the table has a snapshot, and Iceberg is either caught up with Postgres
     or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale).
     ``pin``: the caller's pin of the table (a batch pins once for the three checks)."""
     pin = pin or pin_iceberg(catalog, settings, dataset_id)
     barrier.settle(conn, [dataset_id])  # capture mode wal-tracking: the version covers every committed write
-    row = conn.execute(
-        "select rows_version from datasets where id = %s", (dataset_id,)
-    ).fetchone()
+    row = conn.execute("select rows_version from datasets where id = %s", (dataset_id,)).fetchone()
     pg_version = row[0] if row else None
     last_ok = latest_succeeded(conn, dataset_id)
     meta = {
@@ -57,7 +59,7 @@ def snapshot_freshness(
         return Health(False, "no Iceberg snapshot: the dataset was never synced", meta)
     if last_ok is None:
         return Health(False, "the table has a snapshot but no sync of this dataset ever succeeded", meta)
-    age = (dt.datetime.now(dt.timezone.utc) - pin.committed_at).total_seconds()
+    age = (dt.datetime.now(dt.UTC) - pin.committed_at).total_seconds()
     meta["snapshot_age_seconds"] = round(age, 1)
     meta["snapshot_committed_at"] = pin.committed_at.isoformat()
     if pin.path == "native":
@@ -68,14 +70,27 @@ def snapshot_freshness(
     if caught_up:
         return Health(True, f"caught up with Postgres version {pg_version}", meta)
     if age <= max_lag_seconds:
-        return Health(True, f"behind Postgres (version {pin.source_version} < {pg_version}) for at most {age:.0f} s, "
-                            f"within the allowed {max_lag_seconds} s", meta)
-    return Health(False, f"behind Postgres (version {pin.source_version} < {pg_version}) and the snapshot is "
-                         f"{age:.0f} s old, more than the allowed {max_lag_seconds} s", meta)
+        return Health(
+            True,
+            f"behind Postgres (version {pin.source_version} < {pg_version}) for at most {age:.0f} s, "
+            f"within the allowed {max_lag_seconds} s",
+            meta,
+        )
+    return Health(
+        False,
+        f"behind Postgres (version {pin.source_version} < {pg_version}) and the snapshot is "
+        f"{age:.0f} s old, more than the allowed {max_lag_seconds} s",
+        meta,
+    )
 
 
-def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
-                   conn: psycopg.Connection | None = None, pin: IcebergPin | None = None) -> Health:
+def identity_ready(
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id: uuid.UUID,
+    conn: psycopg.Connection | None = None,
+    pin: IcebergPin | None = None,
+) -> Health:
     """Identity columns present with their contract types, non-null in every row, __row_index unique.
     With ``conn``, only the data files without stored per-file facts are read (parity/file_identity.py);
     every row is read when the facts cannot answer (``read`` in the metadata says which and why)."""
@@ -83,8 +98,11 @@ def identity_ready(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID,
     meta: dict = {"snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None}
     if not pin.has_snapshot:
         return Health(False, "no Iceberg snapshot: identity cannot be checked", meta)
-    wrong = [f"{name} is {pin.fields.get(name)} (expected {typ})" if name in pin.fields else f"{name} is missing"
-             for name, typ in IDENTITY.items() if pin.fields.get(name) != typ]
+    wrong = [
+        f"{name} is {pin.fields.get(name)} (expected {typ})" if name in pin.fields else f"{name} is missing"
+        for name, typ in IDENTITY.items()
+        if pin.fields.get(name) != typ
+    ]
     if wrong:
         meta["problems"] = wrong
         return Health(False, "identity columns: " + "; ".join(wrong), meta)

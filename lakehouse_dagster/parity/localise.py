@@ -30,9 +30,17 @@ class Localisation:
 
 
 def localise(
-    pg, ice, lo: int, hi: int, width: int | None = None,
-    pg_segments: Segments | None = None, ice_segments: Segments | None = None,
-    *, factor: int = FACTOR, leaf_rows: int = LEAF_ROWS, limit: int = LIMIT,
+    pg,
+    ice,
+    lo: int,
+    hi: int,
+    width: int | None = None,
+    pg_segments: Segments | None = None,
+    ice_segments: Segments | None = None,
+    *,
+    factor: int = FACTOR,
+    leaf_rows: int = LEAF_ROWS,
+    limit: int = LIMIT,
 ) -> Localisation:
     """Differing row indexes in [lo, hi) — every row of both sides lies in it — starting from both
     sides' segment digests of that range when the caller has them, else computing them first."""

@@ -30,8 +30,12 @@ def _rot(x, k):
 
 @njit(inline="always")
 def _word(d, i):  # four bytes, little-endian (what Postgres reads on the machines it hashes for us)
-    return uint32(d[i]) | (uint32(d[i + 1]) << uint32(8)) | (uint32(d[i + 2]) << uint32(16)) | (
-        uint32(d[i + 3]) << uint32(24))
+    return (
+        uint32(d[i])
+        | (uint32(d[i + 1]) << uint32(8))
+        | (uint32(d[i + 2]) << uint32(16))
+        | (uint32(d[i + 3]) << uint32(24))
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -44,12 +48,24 @@ def _hash_bytes(d, i, n):
         a = uint32(a + _word(d, i))
         b = uint32(b + _word(d, i + 4))
         c = uint32(c + _word(d, i + 8))
-        a = uint32(a - c); a ^= _rot(c, 4); c = uint32(c + b)  # noqa: E702
-        b = uint32(b - a); b ^= _rot(a, 6); a = uint32(a + c)  # noqa: E702
-        c = uint32(c - b); c ^= _rot(b, 8); b = uint32(b + a)  # noqa: E702
-        a = uint32(a - c); a ^= _rot(c, 16); c = uint32(c + b)  # noqa: E702
-        b = uint32(b - a); b ^= _rot(a, 19); a = uint32(a + c)  # noqa: E702
-        c = uint32(c - b); c ^= _rot(b, 4); b = uint32(b + a)  # noqa: E702
+        a = uint32(a - c)
+        a ^= _rot(c, 4)
+        c = uint32(c + b)  # noqa: E702
+        b = uint32(b - a)
+        b ^= _rot(a, 6)
+        a = uint32(a + c)  # noqa: E702
+        c = uint32(c - b)
+        c ^= _rot(b, 8)
+        b = uint32(b + a)  # noqa: E702
+        a = uint32(a - c)
+        a ^= _rot(c, 16)
+        c = uint32(c + b)  # noqa: E702
+        b = uint32(b - a)
+        b ^= _rot(a, 19)
+        a = uint32(a + c)  # noqa: E702
+        c = uint32(c - b)
+        c ^= _rot(b, 4)
+        b = uint32(b + a)  # noqa: E702
         i += 12
         n -= 12
     # the last 0..11 bytes (the lowest byte of c is reserved for the length)
@@ -75,13 +91,20 @@ def _hash_bytes(d, i, n):
         a = uint32(a + (uint32(d[i + 1]) << uint32(8)))
     if n >= 1:
         a = uint32(a + uint32(d[i]))
-    c ^= b; c = uint32(c - _rot(b, 14))  # noqa: E702
-    a ^= c; a = uint32(a - _rot(c, 11))  # noqa: E702
-    b ^= a; b = uint32(b - _rot(a, 25))  # noqa: E702
-    c ^= b; c = uint32(c - _rot(b, 16))  # noqa: E702
-    a ^= c; a = uint32(a - _rot(c, 4))  # noqa: E702
-    b ^= a; b = uint32(b - _rot(a, 14))  # noqa: E702
-    c ^= b; c = uint32(c - _rot(b, 24))  # noqa: E702
+    c ^= b
+    c = uint32(c - _rot(b, 14))  # noqa: E702
+    a ^= c
+    a = uint32(a - _rot(c, 11))  # noqa: E702
+    b ^= a
+    b = uint32(b - _rot(a, 25))  # noqa: E702
+    c ^= b
+    c = uint32(c - _rot(b, 16))  # noqa: E702
+    a ^= c
+    a = uint32(a - _rot(c, 4))  # noqa: E702
+    b ^= a
+    b = uint32(b - _rot(a, 14))  # noqa: E702
+    c ^= b
+    c = uint32(c - _rot(b, 24))  # noqa: E702
     return (uint64(b) << uint64(32)) | uint64(c)
 
 
@@ -125,5 +148,12 @@ def register(con) -> None:
     """Make ``lakehouse_hashtext(VARCHAR) -> BIGINT`` callable in this DuckDB connection."""
     import duckdb
 
-    con.create_function(DUCK_FUNCTION, _duck_udf, [duckdb.sqltype("VARCHAR")], duckdb.sqltype("BIGINT"),
-                        type="arrow", null_handling="special", side_effects=False)
+    con.create_function(
+        DUCK_FUNCTION,
+        _duck_udf,
+        [duckdb.sqltype("VARCHAR")],
+        duckdb.sqltype("BIGINT"),
+        type="arrow",
+        null_handling="special",
+        side_effects=False,
+    )

@@ -29,11 +29,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import threading
 import uuid
-import logging
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -43,10 +43,10 @@ from lakehouse_dagster.core.db import connection
 from lakehouse_dagster.core.errors import first_line
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.writer import WriteResult, write_arrow
-from lakehouse_dagster.tracking.datasets import Column, Dataset
 from lakehouse_dagster.parity import canonical as cn
-from lakehouse_dagster.tracking import barrier, capture
 from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.tracking.datasets import Column, Dataset
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -135,7 +135,8 @@ class FileDigester:
         h = cn.duck_row_hash(self.columns, present)
         rows = self.con.execute(
             f"select __row_index >> {SEG_BITS} as seg, count(*), coalesce(sum(h::HUGEINT), 0), min(__row_index),"
-            f" max(__row_index) from (select __row_index, {h} as h from {source}) group by seg", params,
+            f" max(__row_index) from (select __row_index, {h} as h from {source}) group by seg",
+            params,
         ).fetchall()
         for seg, n, s, lo, hi in rows:
             add_segments(into.segments, {int(seg): (int(n), int(s))})
@@ -171,8 +172,13 @@ class FileDigester:
         return out
 
 
-def store_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column],
-                       digests: dict[str, FileDigest], computed_by: str) -> None:
+def store_file_digests(
+    conn: psycopg.Connection,
+    dataset_id: uuid.UUID,
+    columns: Sequence[Column],
+    digests: dict[str, FileDigest],
+    computed_by: str,
+) -> None:
     sh = schema_hash(columns)
     with conn.cursor() as cur:
         cur.executemany(
@@ -180,9 +186,21 @@ def store_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns:
                  digest, min_row_index, max_row_index, segments, computed_by)
                values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                on conflict (dataset_id, file_path, contract_version, schema_hash) do nothing""",
-            [(dataset_id, path, cn.CONTRACT_VERSION, sh, d.count, d.sum, d.min_row_index, d.max_row_index,
-              Jsonb({str(k): [n, str(s)] for k, (n, s) in d.segments.items()}), computed_by)
-             for path, d in digests.items()],
+            [
+                (
+                    dataset_id,
+                    path,
+                    cn.CONTRACT_VERSION,
+                    sh,
+                    d.count,
+                    d.sum,
+                    d.min_row_index,
+                    d.max_row_index,
+                    Jsonb({str(k): [n, str(s)] for k, (n, s) in d.segments.items()}),
+                    computed_by,
+                )
+                for path, d in digests.items()
+            ],
         )
 
 
@@ -211,12 +229,14 @@ def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
         with connection(settings.pg_dsn) as conn:
             store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
     except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
-        _log.warning("could not store the digests of %d file(s) of dataset %s: %s", len(digests), dataset.id,
-                     first_line(exc))
+        _log.warning(
+            "could not store the digests of %d file(s) of dataset %s: %s", len(digests), dataset.id, first_line(exc)
+        )
 
 
-def load_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column],
-                      paths: Sequence[str]) -> dict[str, FileDigest]:
+def load_file_digests(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], paths: Sequence[str]
+) -> dict[str, FileDigest]:
     rows = conn.execute(
         """select file_path, row_count, digest, min_row_index, max_row_index, segments from lakehouse_file_digests
             where dataset_id = %s and contract_version = %s and schema_hash = %s and file_path = any(%s)""",
@@ -252,7 +272,9 @@ def pin_dataset(pin) -> uuid.UUID:
     return uuid.UUID(pin.identifier[1].removeprefix("ds_"))
 
 
-def iceberg_segments(conn: psycopg.Connection, pin, columns: Sequence[Column]) -> tuple[Segments, int | None, int | None]:
+def iceberg_segments(
+    conn: psycopg.Connection, pin, columns: Sequence[Column]
+) -> tuple[Segments, int | None, int | None]:
     """The pinned snapshot's per-segment (count, sum): the sum over its live files' stored digests,
     with the snapshot's (min, max) __row_index. ``Unavailable`` when a file has none or deletes exist."""
     if pin.has_deletes:
@@ -304,8 +326,9 @@ def forget_file_digests(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None
 # ---------------------------------------------------------------------------------------------------
 
 
-def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *,
-              lock_timeout_ms: int = 5000) -> str:
+def ensure_pg(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *, lock_timeout_ms: int = 5000
+) -> str:
     """Register the dataset for maintained digests and fill its sums, unless that is done already.
     Returns "ready", "registered+filled" or "filled". ``conn`` is autocommit.
 
@@ -315,8 +338,10 @@ def ensure_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence
     deletes the deltas that snapshot sees (already counted in the rows); deltas of writes that commit
     after its snapshot stay, so no write is counted twice or lost, and no app write waits for the fill."""
     sh = schema_hash(columns)
-    row = conn.execute("select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
-                       (dataset_id,)).fetchone()
+    row = conn.execute(
+        "select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
+        (dataset_id,),
+    ).fetchone()
     outcome = "filled"
     if row is not None and row[0] == sh and row[1] == cn.CONTRACT_VERSION and row[2]:
         return "ready"
@@ -371,9 +396,11 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
     conn.execute("begin isolation level repeatable read")
     try:
         if behind:  # frozen while it holds the barrier, the session is ended by the server (tracking/barrier.py)
-            idle = conn.execute("select current_setting('idle_in_transaction_session_timeout'),"
-                                " set_config('idle_in_transaction_session_timeout', %s, true)",
-                                (str(barrier.HOLD_IDLE_TIMEOUT_MS),)).fetchone()[0]
+            idle = conn.execute(
+                "select current_setting('idle_in_transaction_session_timeout'),"
+                " set_config('idle_in_transaction_session_timeout', %s, true)",
+                (str(barrier.HOLD_IDLE_TIMEOUT_MS),),
+            ).fetchone()[0]
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
         if (not locked and capture.active(conn)) or (not behind and barrier.tracking_after_commit(conn)):
             conn.execute("rollback")  # both read in this fill's snapshot
@@ -381,8 +408,9 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
         if behind:  # the snapshot is taken: the dataset's writers need not wait for the sums
             behind.let_go()
             conn.execute("select set_config('idle_in_transaction_session_timeout', %s, true)", (idle,))
-        state = conn.execute("select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
-                             (dataset_id,)).fetchone()
+        state = conn.execute(
+            "select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s", (dataset_id,)
+        ).fetchone()
         if state is None or state[0] != sh:
             raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
         if not state[1]:
@@ -393,9 +421,12 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
                 f" where dataset_id = %s group by 2",
                 (dataset_id, dataset_id),
             )
-            conn.execute("update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
-                         " fill_version = d.rows_version, applied_version = d.rows_version"
-                         " from datasets d where s.dataset_id = %s and d.id = s.dataset_id", (dataset_id,))
+            conn.execute(
+                "update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
+                " fill_version = d.rows_version, applied_version = d.rows_version"
+                " from datasets d where s.dataset_id = %s and d.id = s.dataset_id",
+                (dataset_id,),
+            )
         conn.execute("commit")
         return True
     except BaseException:
@@ -430,7 +461,9 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
         "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version,"
         " coalesce(c.mode = 'wal' or c.applying, false)"
         " from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id"
-        " left join lakehouse_digest_capture c on true where s.dataset_id = %s", (dataset_id,)).fetchone()
+        " left join lakehouse_digest_capture c on true where s.dataset_id = %s",
+        (dataset_id,),
+    ).fetchone()
     if state is None:
         raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
     if state[0] != schema_hash(columns) or state[1] != cn.CONTRACT_VERSION:
@@ -438,8 +471,10 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
     if not state[2]:
         raise Unavailable("the maintained Postgres digest is not filled yet")
     if state[5] and state[3] != state[4]:  # capture mode wal: the sums are as of applied_version
-        raise Unavailable(f"the WAL consumer has applied this dataset up to version {state[3]}, "
-                          f"not yet {state[4]} (tracking/capture.py)")
+        raise Unavailable(
+            f"the WAL consumer has applied this dataset up to version {state[3]}, "
+            f"not yet {state[4]} (tracking/capture.py)"
+        )
     rows = conn.execute(
         "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg", (dataset_id,)
     ).fetchall()

@@ -14,7 +14,8 @@ import dataclasses
 import datetime as dt
 import json
 import math
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from lakehouse_dagster.tracking.datasets import Column
 
@@ -59,7 +60,7 @@ def _value(v: Any, typ: str) -> Any:
     if typ == "boolean":
         return ("bool", bool(v))
     if typ == "timestamp" and isinstance(v, dt.datetime):
-        return v if v.tzinfo else v.replace(tzinfo=dt.timezone.utc)
+        return v if v.tzinfo else v.replace(tzinfo=dt.UTC)
     return v
 
 

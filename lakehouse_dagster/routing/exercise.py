@@ -9,17 +9,25 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.core.errors import LakehouseError
-from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
+from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.routing.projection import Projection, projection_for
 from lakehouse_dagster.routing.read_router import ReadResult, resolve_read_source
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 
 def read_through_router(
-    conn: psycopg.Connection, catalog, settings: Settings, reader: str, dataset_id: uuid.UUID | str, *,
-    columns: str | None = None, limit: int = 20, order_by_row_index: bool = False,
-    resolver: FlagResolver | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None,
+    conn: psycopg.Connection,
+    catalog,
+    settings: Settings,
+    reader: str,
+    dataset_id: uuid.UUID | str,
+    *,
+    columns: str | None = None,
+    limit: int = 20,
+    order_by_row_index: bool = False,
+    resolver: FlagResolver | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> tuple[ReadResult, Dataset, Projection]:
     from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
     from lakehouse_dagster.routing.pg_reader import read_postgres
@@ -31,8 +39,13 @@ def read_through_router(
 
     def iceberg(decision):
         table_ = load_dataset_table(catalog, settings, dataset.id)
-        return read_iceberg(table_, proj.columns, limit=proj.limit,
-                            order_by_row_index=proj.order_by_row_index, snapshot_id=decision.snapshot_id)
+        return read_iceberg(
+            table_,
+            proj.columns,
+            limit=proj.limit,
+            order_by_row_index=proj.order_by_row_index,
+            snapshot_id=decision.snapshot_id,
+        )
 
     try:
         result = source.run(postgres=lambda d: read_postgres(conn, dataset, proj), iceberg=iceberg)

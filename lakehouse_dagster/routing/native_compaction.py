@@ -13,20 +13,22 @@ stay exactly the run's. A file stops being rewritten once it holds chunk_rows / 
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 from pyiceberg.table import Table
 
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.reader import read_files
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.native_run import run_files, run_totals
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.tracking.datasets import Dataset
 from lakehouse_dagster.tracking.row_changes import COMPACT_FILES, compaction_due
 
 
-def native_compaction(settings: Settings, dataset: Dataset) -> Callable[[Table], tuple[list, Iterable[pa.RecordBatch]] | None]:
+def native_compaction(
+    settings: Settings, dataset: Dataset
+) -> Callable[[Table], tuple[list, Iterable[pa.RecordBatch]] | None]:
     """For write_arrow(compact=...) on a native append."""
     chunk_rows = settings.ingest_chunk_rows
 
@@ -38,8 +40,10 @@ def native_compaction(settings: Settings, dataset: Dataset) -> Callable[[Table],
         if totals is None:  # a commit without run totals: which files are the run's is not known here
             return None
         small = max(1, chunk_rows // 16)
-        files = sorted((f for f in run_files(table, current, totals.after_sequence) if f.record_count < small),
-                       key=lambda f: f.file_path)
+        files = sorted(
+            (f for f in run_files(table, current, totals.after_sequence) if f.record_count < small),
+            key=lambda f: f.file_path,
+        )
         if len(files) < COMPACT_FILES:
             return None
         return files, read_files(table, [f.file_path for f in files], arrow_schema(dataset.columns))

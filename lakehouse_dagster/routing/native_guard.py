@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import psycopg
 
@@ -94,20 +94,32 @@ def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING) -> str:
     """The one-line refusal of a native write: the reasons joined, and the ways forward for its state."""
     pin = f"lakehouse write-flags set {writer} pg --dataset {blocked.dataset_id}"
     if state == FLIPPING:  # the mirror refuses a dataset while its writer resolves native: pin it to pg first
-        forward = (f"to flip it the runbook's way, pin it to Postgres ({pin}), let the mirror catch up, read-flip "
-                   "and canary it, then clear the pin (the gates check it again)")
+        forward = (
+            f"to flip it the runbook's way, pin it to Postgres ({pin}), let the mirror catch up, read-flip "
+            "and canary it, then clear the pin (the gates check it again)"
+        )
     elif state == NEW_AND_EMPTY:
         forward = f"fix what the reasons say (e.g. read-flip its readers), or keep it on Postgres: {pin}"
     else:
-        forward = (f"fix what the reasons say, or roll the writer back ({pin}; rows written natively exist only in "
-                   "Iceberg: lakehouse write-flags backfill)")
-    return (f"refused: {writer} would write {blocked.name} ({blocked.dataset_id}) iceberg-native, but it fails "
-            f"the write-flip gates ({state}): {'; '.join(blocked.reasons)}; nothing was written — {forward}")
+        forward = (
+            f"fix what the reasons say, or roll the writer back ({pin}; rows written natively exist only in "
+            "Iceberg: lakehouse write-flags backfill)"
+        )
+    return (
+        f"refused: {writer} would write {blocked.name} ({blocked.dataset_id}) iceberg-native, but it fails "
+        f"the write-flip gates ({state}): {'; '.join(blocked.reasons)}; nothing was written — {forward}"
+    )
 
 
-def refuse_unsafe_native_write(conn: psycopg.Connection, writer: str, dataset_id: uuid.UUID, *,
-                               iceberg_mode: str | None, sync_id: uuid.UUID | None = None,
-                               logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
+def refuse_unsafe_native_write(
+    conn: psycopg.Connection,
+    writer: str,
+    dataset_id: uuid.UUID,
+    *,
+    iceberg_mode: str | None,
+    sync_id: uuid.UUID | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> None:
     """Raise FlipRefused, after recording it, when the dataset fails the gates that apply to it.
 
     Recorded like a failed native write (fail loud): an ``iceberg_sync_log`` row ``failed`` with the refusal
@@ -124,8 +136,10 @@ def refuse_unsafe_native_write(conn: psycopg.Connection, writer: str, dataset_id
             " where id = %s on conflict (sync_id) do nothing",  # a retry's earlier row is the reaper's to settle
             (sync_id or uuid.uuid4(), writer, iceberg_mode, message, dataset_id),
         )
-        conn.execute("update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
-                     (message, dataset_id))
+        conn.execute(
+            "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
+            (message, dataset_id),
+        )
     (logger or log).error(f"[write-router] {message}")
     raise FlipRefused(message)
 

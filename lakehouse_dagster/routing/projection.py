@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.tracking.datasets import IDENTITY_COLUMNS, Dataset

@@ -26,15 +26,16 @@ import dataclasses
 import functools
 import logging
 import uuid
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import psycopg
 
 from lakehouse_dagster.core.errors import NotFound, ReadRefused
+from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.incidents import record_fallback
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
-from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.read_router")
@@ -116,10 +117,14 @@ class ReadDecision:
         """The one-line reason a refused read gives (what is wrong and what to do)."""
         if self.reason == "refused@native-not-servable":
             ceiling = READERS[self.reader].ceiling_reason if self.reader in READERS else None
-            why = (f"reader {self.reader} cannot be served by Iceberg (maxMode={self.flag.ceiling}"
-                   f"{': ' + ceiling if ceiling else ''})")
-            todo = ("roll the writer back (lakehouse write-flags set <writer> pg --dataset "
-                    f"{self.dataset_id}) and re-run a full sync to repopulate Postgres")
+            why = (
+                f"reader {self.reader} cannot be served by Iceberg (maxMode={self.flag.ceiling}"
+                f"{': ' + ceiling if ceiling else ''})"
+            )
+            todo = (
+                "roll the writer back (lakehouse write-flags set <writer> pg --dataset "
+                f"{self.dataset_id}) and re-run a full sync to repopulate Postgres"
+            )
         else:
             why = "Iceberg has no snapshot of it yet"
             todo = f"run its writer first (lakehouse ingest --dataset {self.dataset_id})"
@@ -152,8 +157,9 @@ def decide(
     return dataclasses.replace(d, source=ICEBERG, reason="iceberg@native", snapshot_id=fresh.snapshot_id)
 
 
-def _decide(reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None,
-            native: bool) -> ReadDecision:
+def _decide(
+    reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None, native: bool
+) -> ReadDecision:
     if flag.mode in ("off", "shadow"):
         return ReadDecision(reader, dataset_id, flag, PG, f"pg@{flag.mode}", None, fresh, native)
     assert fresh is not None
@@ -176,8 +182,12 @@ class ReadResult:
 class ReadSource:
     """A routing decision, ready to run a Postgres executor or an Iceberg executor."""
 
-    def __init__(self, decision: ReadDecision, logger: logging.Logger | logging.LoggerAdapter | None = None,
-                 on_fallback: Callable[[str, uuid.UUID, str], None] | None = None):
+    def __init__(
+        self,
+        decision: ReadDecision,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+        on_fallback: Callable[[str, uuid.UUID, str], None] | None = None,
+    ):
         self.decision = decision
         self._log = logger or log
         self._on_fallback = on_fallback  # records the fallback (flags/incidents.py): it restarts a soak
@@ -198,8 +208,10 @@ class ReadSource:
         except Exception as exc:
             error = _one_line(exc)
             if not d.fallback_allowed:
-                self._log.error(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed "
-                                f"({d.no_fallback_because}, no fallback): {error}")
+                self._log.error(
+                    f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed "
+                    f"({d.no_fallback_because}, no fallback): {error}"
+                )
                 raise
             self._log.warning(f"[read-router] {d.reader} ds={d.dataset_id} iceberg read failed → PG fallback: {error}")
             if self._on_fallback is not None:

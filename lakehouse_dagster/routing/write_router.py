@@ -19,22 +19,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from typing import Any, Callable, Iterable, Protocol, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 
 from lakehouse_dagster.core.errors import BadInput, CommitOutcomeUnknown, GuardLost, NotFound, SyncFailed, is_transient
-from lakehouse_dagster.core.failpoints import failpoint, validate as validate_failpoints
+from lakehouse_dagster.core.failpoints import failpoint
+from lakehouse_dagster.core.failpoints import validate as validate_failpoints
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
-from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import snapshot_source_version, sync_snapshot, table_state
-from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.write_router")
 
@@ -102,15 +104,17 @@ def route_write(
         return WriteOutcome(decision, pg_write())
     # The flip gates that still apply to the dataset (native_guard.py): a dataset covered natively after the
     # flip (a new or moved dataset, a new pipeline input, a reader lowered by hand) is refused, loud.
-    refuse_unsafe_native_write(conn, writer, decision.dataset_id, iceberg_mode=get_flag(WRITE, writer).iceberg_mode,
-                               sync_id=sync_id, logger=lg)
+    refuse_unsafe_native_write(
+        conn, writer, decision.dataset_id, iceberg_mode=get_flag(WRITE, writer).iceberg_mode, sync_id=sync_id, logger=lg
+    )
     settings = settings or Settings.from_env()
     catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
     return _write_native(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
 
 
-def _write_native(conn, decision: WriteDecision, iceberg_write, settings: Settings, catalog, lg,
-                  sync_id=None) -> WriteOutcome:
+def _write_native(
+    conn, decision: WriteDecision, iceberg_write, settings: Settings, catalog, lg, sync_id=None
+) -> WriteOutcome:
     # G3 then G2 on this session (advisory locks are re-entrant per session, so a caller that already
     # holds them on the same connection is fine): a concurrent mirror sync of the dataset neither runs
     # beside us nor reaps our 'running' row. Backpressure is raised before anything is recorded.
@@ -120,8 +124,9 @@ def _write_native(conn, decision: WriteDecision, iceberg_write, settings: Settin
         return _write_native_locked(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
 
 
-def _write_native_locked(conn, decision: WriteDecision, iceberg_write, settings, catalog, lg,
-                         sync_id=None) -> WriteOutcome:
+def _write_native_locked(
+    conn, decision: WriteDecision, iceberg_write, settings, catalog, lg, sync_id=None
+) -> WriteOutcome:
     ds, sync_id = decision.dataset_id, sync_id or uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
     # PG is not written on this path, so the snapshot covers the dataset's current rows_version (in capture
@@ -186,8 +191,9 @@ def _record_success(conn, ds, sync_id, flag, result) -> None:
         )
 
 
-def _record_failure(conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, error: str, *,
-                    errored: bool = True, lg=log) -> None:
+def _record_failure(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, error: str, *, errored: bool = True, lg=log
+) -> None:
     """Mark the sync failed (and the dataset errored, unless the write lost its lock: another writer may
     own the dataset now). A dead session cannot record anything: the next write settles the row."""
     try:
@@ -218,17 +224,28 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
                     "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, rows = %s,"
                     " source_version = coalesce(%s, source_version), has_identity = true, finished_at = now(),"
                     " error = %s where sync_id = %s",
-                    (snap.snapshot_id, total, snapshot_source_version(snap),
-                     f"interrupted ({type(exc).__name__}) after its commit landed", sync_id),
+                    (
+                        snap.snapshot_id,
+                        total,
+                        snapshot_source_version(snap),
+                        f"interrupted ({type(exc).__name__}) after its commit landed",
+                        sync_id,
+                    ),
                 )
                 if total is not None:
-                    conn.execute("update datasets set status = 'ready', error = null, row_count = %s,"
-                                 " updated_at = now() where id = %s", (total, ds))
+                    conn.execute(
+                        "update datasets set status = 'ready', error = null, row_count = %s,"
+                        " updated_at = now() where id = %s",
+                        (total, ds),
+                    )
             else:
                 conn.execute(
                     "update iceberg_sync_log set status = 'failed', finished_at = now(), error = %s where sync_id = %s",
-                    (f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit was seen to land; the next "
-                     "native write of the dataset settles it", sync_id),
+                    (
+                        f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit was seen to land; the next "
+                        "native write of the dataset settles it",
+                        sync_id,
+                    ),
                 )
     except Exception as log_exc:  # noqa: BLE001 - the interruption is what propagates
         lg.warning(f"could not record the interruption of native sync {sync_id}: {log_exc}")
@@ -244,14 +261,21 @@ def native_write(
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
+    from lakehouse_dagster.mirror.native_run import native_run
     from lakehouse_dagster.parity.maintained import write_digested
     from lakehouse_dagster.routing.native_compaction import native_compaction
-    from lakehouse_dagster.mirror.native_run import native_run
 
     def _write(sync_id: uuid.UUID, source_version: int):
         return write_digested(
-            catalog, settings, dataset, batches, mode=mode, sync_id=sync_id, source_version=source_version,
-            path="native", native_run=None if conn is None else native_run(conn, settings, dataset.id),
+            catalog,
+            settings,
+            dataset,
+            batches,
+            mode=mode,
+            sync_id=sync_id,
+            source_version=source_version,
+            path="native",
+            native_run=None if conn is None else native_run(conn, settings, dataset.id),
             compact=None if conn is None or mode != "append" else native_compaction(settings, dataset),
         )
 

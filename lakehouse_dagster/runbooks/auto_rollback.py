@@ -29,13 +29,13 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused, LakehouseError
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, lock_gates, set_flag
 from lakehouse_dagster.flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE, rank
 from lakehouse_dagster.flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from lakehouse_dagster.mirror.native_run import ways_forward
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.routing.read_router import ICEBERG, decide, freshness
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE as FIRST_NATIVE_SYNC
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -86,8 +86,13 @@ class Outcome:
 
     def as_dict(self) -> dict:
         return {
-            "dataset_id": str(self.dataset_id), "dataset": self.dataset, "source": self.source, "note": self.note,
-            "enabled": self.enabled, "error": self.error, "next_steps": self.next_steps or None,
+            "dataset_id": str(self.dataset_id),
+            "dataset": self.dataset,
+            "source": self.source,
+            "note": self.note,
+            "enabled": self.enabled,
+            "error": self.error,
+            "next_steps": self.next_steps or None,
             "rolled_back": [dataclasses.asdict(a) for a in self.rolled_back],
             "actions": [dataclasses.asdict(a) for a in self.actions],
             "lines": self.lines(),
@@ -100,23 +105,35 @@ class Outcome:
         for a in self.actions:
             what = "reader" if a.kind == READ else "writer"
             if a.status == ROLLED_BACK:
-                out.append(f"auto-rollback: {what} {a.flag} {a.before} → {a.after} for {who} at dataset scope "
-                           f"(audit #{a.audit_id})")
+                out.append(
+                    f"auto-rollback: {what} {a.flag} {a.before} → {a.after} for {who} at dataset scope "
+                    f"(audit #{a.audit_id})"
+                )
             elif a.status == ALREADY:
-                out.append(f"auto-rollback: {what} {a.flag} already {a.before} at dataset scope for {who}; "
-                           "nothing written")
+                out.append(
+                    f"auto-rollback: {what} {a.flag} already {a.before} at dataset scope for {who}; nothing written"
+                )
             elif a.status == REFUSED:
                 out.append(f"AUTO-ROLLBACK REFUSED: {what} {a.flag} stays {a.before} for {who}: {a.detail}")
             else:
-                out.append(f"AUTO-ROLLBACK OFF (LAKEHOUSE_AUTO_ROLLBACK=false): {what} {a.flag} still {a.before} "
-                           f"for {who}; roll back by hand: {a.command(self.dataset_id)}")
+                out.append(
+                    f"AUTO-ROLLBACK OFF (LAKEHOUSE_AUTO_ROLLBACK=false): {what} {a.flag} still {a.before} "
+                    f"for {who}; roll back by hand: {a.command(self.dataset_id)}"
+                )
         if self.error:
-            out.append(f"AUTO-ROLLBACK FAILED for {who}: {self.error}; nothing is claimed rolled back — check "
-                       f"lakehouse flags list --dataset {self.dataset_id}")
+            out.append(
+                f"AUTO-ROLLBACK FAILED for {who}: {self.error}; nothing is claimed rolled back — check "
+                f"lakehouse flags list --dataset {self.dataset_id}"
+            )
         elif not self.actions:
-            out.append(f"auto-rollback: nothing to roll back for {who} "
-                       + ("(its writer is not iceberg_native)" if self.source == FIRST_NATIVE_SYNC
-                          else "(no reader serves it from Iceberg)"))
+            out.append(
+                f"auto-rollback: nothing to roll back for {who} "
+                + (
+                    "(its writer is not iceberg_native)"
+                    if self.source == FIRST_NATIVE_SYNC
+                    else "(no reader serves it from Iceberg)"
+                )
+            )
         if self.next_steps:
             out.append(f"  next: {self.next_steps}")
         return out
@@ -128,14 +145,25 @@ def lines_of(v) -> list[str]:
 
 
 def after_record(
-    conn: psycopg.Connection, v, *, source: str, run_id: str | None, parity_id: int, settings: Settings,
+    conn: psycopg.Connection,
+    v,
+    *,
+    source: str,
+    run_id: str | None,
+    parity_id: int,
+    settings: Settings,
 ) -> Outcome | None:
     """Roll back what serves a MISMATCH verdict just recorded as row ``parity_id``; the outcome goes to
     ``v.detail["auto_rollback"]`` and to that row. ``conn``: autocommit (or the caller's transaction)."""
     if v.verdict != "MISMATCH":
         return None
-    out = Outcome(v.dataset_id, v.dataset, source, NOTE.format(source=source, run=run_id or f"parity {parity_id}"),
-                  settings.auto_rollback)
+    out = Outcome(
+        v.dataset_id,
+        v.dataset,
+        source,
+        NOTE.format(source=source, run=run_id or f"parity {parity_id}"),
+        settings.auto_rollback,
+    )
     actor = f"{settings.actor} (auto-rollback)"
     try:
         if source == FIRST_NATIVE_SYNC and v.detail.get("writer"):
@@ -150,8 +178,11 @@ def after_record(
     for line in out.lines():
         (log.error if out.loud else log.warning)("%s", line)
     v.detail["auto_rollback"] = out.as_dict()
-    conn.execute("update lakehouse_read_parity set detail = detail || jsonb_build_object('auto_rollback', %s::jsonb)"
-                 " where id = %s", (Jsonb(v.detail["auto_rollback"]), parity_id))
+    conn.execute(
+        "update lakehouse_read_parity set detail = detail || jsonb_build_object('auto_rollback', %s::jsonb)"
+        " where id = %s",
+        (Jsonb(v.detail["auto_rollback"]), parity_id),
+    )
     return out
 
 
@@ -195,8 +226,9 @@ def _writer(conn: psycopg.Connection, out: Outcome, writer: str, actor: str) -> 
         out.actions.append(action)
         if out.enabled:
             _set(conn, action, ds, out.note, actor, True)
-        others = [w.name for w in FLIPPABLE_WRITERS
-                  if w.name != writer and flags.resolve(WRITE, w.name, ds).mode == NATIVE]
+        others = [
+            w.name for w in FLIPPABLE_WRITERS if w.name != writer and flags.resolve(WRITE, w.name, ds).mode == NATIVE
+        ]
     invalidate_local()
     if action.status != ROLLED_BACK:
         return
@@ -212,15 +244,19 @@ def _set(conn: psycopg.Connection, action: Action, ds: uuid.UUID, note: str, act
     except FlipRefused as exc:  # nothing written (its savepoint rolled back); say why, loudly
         action.status = REFUSED
         gate = " ".join(str(exc).split())
-        action.detail = (f"the MISMATCH is not a reader problem — the dataset is written iceberg-native, so "
-                         f"Postgres is not authoritative for it; investigate the writer (gate: {gate})"
-                         if native and action.kind == READ else f"the flip gate refuses it: {gate}")
+        action.detail = (
+            f"the MISMATCH is not a reader problem — the dataset is written iceberg-native, so "
+            f"Postgres is not authoritative for it; investigate the writer (gate: {gate})"
+            if native and action.kind == READ
+            else f"the flip gate refuses it: {gate}"
+        )
         return
     action.status, action.audit_id = ROLLED_BACK, change.audit.id if change.audit else None
 
 
-def record_and_roll_back(conn: psycopg.Connection, v, *, source: str = "canary", run_id: str | None = None,
-                         settings: Settings | None = None) -> int:
+def record_and_roll_back(
+    conn: psycopg.Connection, v, *, source: str = "canary", run_id: str | None = None, settings: Settings | None = None
+) -> int:
     """Record a verdict (parity.canary.record), then roll back what serves it when it is a MISMATCH. Every
     runbook, job and command that records a verdict goes through here; returns the verdict's row id."""
     parity_id = cy.record(conn, v, source=source, run_id=run_id)

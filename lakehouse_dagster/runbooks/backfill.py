@@ -33,17 +33,17 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import read_files
-from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.guards import dataset_lock
-from lakehouse_dagster.sources.pg_rows import _data_expr
-from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Column, get_dataset
-from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.sources.pg_rows import _data_expr
+from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
@@ -77,14 +77,21 @@ def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | 
     iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
     tasks = [t for t in iceberg.plan_files() if only is None or t.file.file_path in only]
     arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
-    target = pa.schema([pa.field(f.name, pa.string() if pa.types.is_large_string(f.type) or
-                                 pa.types.is_string_view(f.type) else f.type) for f in arrow])
+    target = pa.schema(
+        [
+            pa.field(
+                f.name, pa.string() if pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type) else f.type
+            )
+            for f in arrow
+        ]
+    )
     if only is None and any(t.delete_files for t in tasks):
         reader = iceberg.to_arrow_batch_reader()
         return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
 
     return pa.RecordBatchReader.from_batches(
-        target, read_files(table, [t.file.file_path for t in tasks], target, batch_rows=_BATCH_ROWS))
+        target, read_files(table, [t.file.file_path for t in tasks], target, batch_rows=_BATCH_ROWS)
+    )
 
 
 def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str) -> BackfillResult:
@@ -97,9 +104,11 @@ def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, acto
             raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; only tabular datasets have Iceberg rows")
         with dataset_lock(conn, ds_id):
             if native_dataset_ids(conn, [ds_id]):
-                raise BadInput(f"dataset {ds_id} is still written iceberg-native (a writer flag resolves to "
-                               "iceberg_native): roll the writer back first (lakehouse write-flags set <writer> pg "
-                               f"--dataset {ds_id}), then backfill; nothing was written")
+                raise BadInput(
+                    f"dataset {ds_id} is still written iceberg-native (a writer flag resolves to "
+                    "iceberg_native): roll the writer back first (lakehouse write-flags set <writer> pg "
+                    f"--dataset {ds_id}), then backfill; nothing was written"
+                )
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             found = iceberg_only(conn, catalog, settings, ds_id, table=table)
             if found is None:
@@ -118,8 +127,9 @@ def _counted(stmt: sql.Composable) -> sql.Composable:
     return sql.SQL("with changed as ({} returning 1) select count(*) from changed").format(stmt)
 
 
-def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column], names: list[str], found,
-                    actor: str) -> tuple[int, int, int]:
+def _copy_and_apply(
+    pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column], names: list[str], found, actor: str
+) -> tuple[int, int, int]:
     """The copy and every repair in ONE Postgres transaction, on an ADBC session (binary COPY from Arrow).
     Statements are composed with psycopg.sql and rendered by ``pg`` (identifiers and literals quoted)."""
     import adbc_driver_postgresql.dbapi as adbc
@@ -146,8 +156,9 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
         run(sql.SQL("set local timezone to 'UTC'"))
         # an append-only lineage: only the files the native snapshots added (Postgres holds everything
         # below them); after a native overwrite, the whole snapshot
-        cur.adbc_ingest(_TMP, _batches(table, found.snapshot_id, names, found.added_files), mode="create",
-                        temporary=True)
+        cur.adbc_ingest(
+            _TMP, _batches(table, found.snapshot_id, names, found.added_files), mode="create", temporary=True
+        )
         run(sql.SQL("create index on {t} ((__row_id::uuid))").format(t=tmp))
         run(sql.SQL("analyze {t}").format(t=tmp))
         # every statement below joins the whole staged snapshot with the dataset's rows: hash joins, not one
@@ -157,36 +168,69 @@ def _copy_and_apply(pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column]
         ice_min, ice_max = (int(x) for x in cur.fetchone())
         # rows only Postgres holds; with only the appended files staged, the rows below them are shared
         only_pg = sql.SQL("r.dataset_id = {ds}::uuid and not {inice}{above}").format(
-            ds=ds, inice=in_iceberg,
-            above=sql.SQL("") if found.added_files is None else sql.SQL(" and r.row_index >= {}").format(
-                sql.Literal(ice_min)))
+            ds=ds,
+            inice=in_iceberg,
+            above=sql.SQL("")
+            if found.added_files is None
+            else sql.SQL(" and r.row_index >= {}").format(sql.Literal(ice_min)),
+        )
         removed = moved = 0
         if found.replaced:  # a native overwrite superseded every older Postgres row it does not hold
-            removed = int(one(_counted(sql.SQL(
-                "delete from dataset_rows r where {only_pg} and r.created_at <= {at}::timestamptz").format(
-                only_pg=only_pg, at=sql.Literal(found.last_native_at.isoformat())))))
+            removed = int(
+                one(
+                    _counted(
+                        sql.SQL(
+                            "delete from dataset_rows r where {only_pg} and r.created_at <= {at}::timestamptz"
+                        ).format(only_pg=only_pg, at=sql.Literal(found.last_native_at.isoformat()))
+                    )
+                )
+            )
         extra_min = one(sql.SQL("select min(r.row_index) from dataset_rows r where {}").format(only_pg))
         if extra_min is not None and int(extra_min) <= ice_max:
             # rows written on the pg path after the rollback: park them below zero, then renumber them in
             # their order above the table's max __row_index (two steps: the primary key is checked per row)
-            moved = int(one(_counted(sql.SQL(
-                "update dataset_rows r set row_index = -1 - r.row_index where {}").format(only_pg))))
-            run(sql.SQL(
-                "update dataset_rows r set row_index = {base} + n.rn from (select row_index, row_number() over"
-                " (order by row_index desc) as rn from dataset_rows where dataset_id = {ds}::uuid and row_index < 0) n"
-                " where r.dataset_id = {ds}::uuid and r.row_index = n.row_index").format(
-                base=sql.Literal(ice_max), ds=ds))
-        copied = int(one(_counted(sql.SQL(
-            "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-            " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
-            " where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
-            " and r.row_index = s.__row_index)").format(ds=ds, data=_data_expr(columns), t=tmp))))
-        run(sql.SQL(
-            "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
-            " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})").format(
-            ds=ds, snap=sql.Literal(found.snapshot_id), c=sql.Literal(copied), r=sql.Literal(removed),
-            m=sql.Literal(moved), actor=sql.Literal(actor)))
-        run(sql.SQL("update datasets set row_count = (select count(*) from dataset_rows where dataset_id = {ds}::uuid),"
-                    " status = 'ready', error = null, updated_at = now() where id = {ds}::uuid").format(ds=ds))
+            moved = int(
+                one(
+                    _counted(sql.SQL("update dataset_rows r set row_index = -1 - r.row_index where {}").format(only_pg))
+                )
+            )
+            run(
+                sql.SQL(
+                    "update dataset_rows r set row_index = {base} + n.rn from (select row_index, row_number() over"
+                    " (order by row_index desc) as rn from dataset_rows where dataset_id = {ds}::uuid and row_index < 0) n"
+                    " where r.dataset_id = {ds}::uuid and r.row_index = n.row_index"
+                ).format(base=sql.Literal(ice_max), ds=ds)
+            )
+        copied = int(
+            one(
+                _counted(
+                    sql.SQL(
+                        "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
+                        " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
+                        " where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
+                        " and r.row_index = s.__row_index)"
+                    ).format(ds=ds, data=_data_expr(columns), t=tmp)
+                )
+            )
+        )
+        run(
+            sql.SQL(
+                "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
+                " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})"
+            ).format(
+                ds=ds,
+                snap=sql.Literal(found.snapshot_id),
+                c=sql.Literal(copied),
+                r=sql.Literal(removed),
+                m=sql.Literal(moved),
+                actor=sql.Literal(actor),
+            )
+        )
+        run(
+            sql.SQL(
+                "update datasets set row_count = (select count(*) from dataset_rows where dataset_id = {ds}::uuid),"
+                " status = 'ready', error = null, updated_at = now() where id = {ds}::uuid"
+            ).format(ds=ds)
+        )
         conn.commit()
     return copied, removed, moved

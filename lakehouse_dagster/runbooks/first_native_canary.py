@@ -29,17 +29,31 @@ import uuid
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import BadInput, NotFound
-from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, fold, pin_iceberg, plain_digest, schema_problems
+from lakehouse_dagster.parity.digest import (
+    IcebergSide,
+    PgSide,
+    PinnedPostgres,
+    fold,
+    pin_iceberg,
+    plain_digest,
+    schema_problems,
+)
 
 SOURCE = "first-native-sync"
 
 
 def evaluate_first_native(
-    dsn: str, catalog: Catalog, settings: Settings, dataset_id, writer: str, *, snapshot_id: int | None = None,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id,
+    writer: str,
+    *,
+    snapshot_id: int | None = None,
 ) -> cy.Verdict:
     """The verdict for the dataset's current snapshot, expected to be ``snapshot_id`` (nothing recorded)."""
     ds_id = parse_uuid(dataset_id, "dataset id")
@@ -47,8 +61,11 @@ def evaluate_first_native(
     started = time.perf_counter()
     v = cy.Verdict(ds_id, "", cy.ERROR)
     v.detail["writer"] = writer
-    v.detail["compare"] = "content columns (identity assigned anew)" if replace else \
-        "rows up to Postgres' max row_index, identity included (rows above it were appended)"
+    v.detail["compare"] = (
+        "content columns (identity assigned anew)"
+        if replace
+        else "rows up to Postgres' max row_index, identity included (rows above it were appended)"
+    )
     try:
         _evaluate(dsn, catalog, settings, ds_id, replace, snapshot_id, v)
     except (NotFound, BadInput):
@@ -75,7 +92,9 @@ def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_
             v.detail["reason"] = "the Iceberg table has no snapshot: the native sync did not commit"
             return
         if snapshot_id is not None and pin.snapshot_id != snapshot_id:
-            v.detail["note"] = f"the table moved on from the first native snapshot {snapshot_id}; checked the current one"
+            v.detail["note"] = (
+                f"the table moved on from the first native snapshot {snapshot_id}; checked the current one"
+            )
         problems = schema_problems(pin, state.columns)
         if problems:
             v.verdict, v.detail["reason"] = cy.MISMATCH, "; ".join(problems)
@@ -98,13 +117,17 @@ def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_
         (v.pg_count, v.pg_digest), (v.iceberg_count, v.iceberg_digest) = pg_d, ice_d
         if pg_d == ice_d:
             v.verdict = cy.OK
-            v.detail["reason"] = (f"first native snapshot {pin.snapshot_id} holds the {pg_d[0]} row(s) Postgres held "
-                                  f"({scope}: counts and digests match)")
+            v.detail["reason"] = (
+                f"first native snapshot {pin.snapshot_id} holds the {pg_d[0]} row(s) Postgres held "
+                f"({scope}: counts and digests match)"
+            )
         else:
             v.verdict = cy.MISMATCH
-            v.detail["reason"] = (f"first native snapshot {pin.snapshot_id} differs from what Postgres held ({scope}): "
-                                  f"Postgres {pg_d[0]} rows / digest {pg_d[1]}, Iceberg {ice_d[0]} rows / digest "
-                                  f"{ice_d[1]}")
+            v.detail["reason"] = (
+                f"first native snapshot {pin.snapshot_id} differs from what Postgres held ({scope}): "
+                f"Postgres {pg_d[0]} rows / digest {pg_d[1]}, Iceberg {ice_d[0]} rows / digest "
+                f"{ice_d[1]}"
+            )
 
 
 def rollback_command(writer: str, dataset_id: uuid.UUID) -> str:

@@ -20,14 +20,14 @@ import psycopg
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.gates import NATIVE, Effect
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.runbooks import auto_rollback
-from lakehouse_dagster.flags.gates import NATIVE, Effect
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE, evaluate_first_native, rollback_command
 from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
-from lakehouse_dagster.core.settings import Settings
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -49,19 +49,35 @@ class FirstSync:
 
 
 def first_native_syncs(
-    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, writer: str,
-    dataset_ids: list[uuid.UUID], *, run_id: str | None = None, logger=None,
+    conn: psycopg.Connection,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    writer: str,
+    dataset_ids: list[uuid.UUID],
+    *,
+    run_id: str | None = None,
+    logger=None,
 ) -> list[FirstSync]:
-    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
     from lakehouse_dagster.sources import get_source
+    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
 
     lg = logger or log
     flags = FlagResolver(conn, ttl_seconds=0)  # the flip just happened: no cached resolution
     out = []
     for ds_id in dataset_ids:
         if get_source(conn, ds_id) is None:
-            out.append(FirstSync(ds_id, None, None, None, None, "no source set: its first native sync waits for one "
-                                 f"(lakehouse sources set --dataset {ds_id} ...), then run the canary on it"))
+            out.append(
+                FirstSync(
+                    ds_id,
+                    None,
+                    None,
+                    None,
+                    None,
+                    "no source set: its first native sync waits for one "
+                    f"(lakehouse sources set --dataset {ds_id} ...), then run the canary on it",
+                )
+            )
             continue
         try:
             r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg)
@@ -69,15 +85,33 @@ def first_native_syncs(
             out.append(FirstSync(ds_id, None, None, None, None, str(exc), problem=f"first native sync failed: {exc}"))
             continue
         if r.path != "native":
-            out.append(FirstSync(ds_id, None, r.path, r.rows, r.snapshot_id, r.flag_reason,
-                                 problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native"))
+            out.append(
+                FirstSync(
+                    ds_id,
+                    None,
+                    r.path,
+                    r.rows,
+                    r.snapshot_id,
+                    r.flag_reason,
+                    problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native",
+                )
+            )
             continue
         v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
-        auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)  # a MISMATCH: writer back to pg
+        auto_rollback.record_and_roll_back(
+            conn, v, source=SOURCE, run_id=run_id, settings=settings
+        )  # a MISMATCH: writer back to pg
         reason = str(v.detail.get("reason", ""))
         lg.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
-        f = FirstSync(ds_id, v.verdict, r.path, r.rows, r.snapshot_id, reason,
-                      problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}")
+        f = FirstSync(
+            ds_id,
+            v.verdict,
+            r.path,
+            r.rows,
+            r.snapshot_id,
+            reason,
+            problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}",
+        )
         f.auto_rollback = lines_of(v)
         f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
         if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward

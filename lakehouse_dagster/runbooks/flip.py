@@ -34,15 +34,15 @@ import psycopg
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import check_widen, effects, set_flag
 from lakehouse_dagster.flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from lakehouse_dagster.flags.registry import READ, WRITE, check_mode, get_flag, rank
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -81,8 +81,11 @@ class Preflight:
         text = f"preflight covered {len(self.checked)} of {moved} moved dataset(s): {fresh} canaried now"
         if self.sampled:
             text += f" (a random sample of {self.sampled} plus every one with no recent ok verdict)"
-        return text + f", {len(self.checked) - fresh} by a recent ok verdict at their current version" + (
-            f", {len(self.skipped)} skipped (not Iceberg-tabular)" if self.skipped else "")
+        return (
+            text
+            + f", {len(self.checked) - fresh} by a recent ok verdict at their current version"
+            + (f", {len(self.skipped)} skipped (not Iceberg-tabular)" if self.skipped else "")
+        )
 
     @property
     def stopped(self) -> list[Checked]:
@@ -102,8 +105,10 @@ class Preflight:
         return {v: sum(c.verdict == v for c in self.checked) for v in cy.VERDICTS}
 
     def stop_message(self) -> str:
-        lines = [f"STOP: do not flip {self.name} to {self.mode} ({self.scope}); nothing written. "
-                 f"{len(self.stopped)} dataset(s) {'are not ok in' if self.kind == WRITE else 'failed'} the canary:"]
+        lines = [
+            f"STOP: do not flip {self.name} to {self.mode} ({self.scope}); nothing written. "
+            f"{len(self.stopped)} dataset(s) {'are not ok in' if self.kind == WRITE else 'failed'} the canary:"
+        ]
         lines += [f"  {c.name} ({c.dataset_id}): {c.verdict} — {c.detail}" for c in self.stopped[:20]]
         if len(self.stopped) > 20:
             lines.append(f"  ... and {len(self.stopped) - 20} more")
@@ -115,20 +120,36 @@ def _check_request(conn: psycopg.Connection, kind: str, name: str, mode: str, da
     flag = get_flag(kind, name)
     check_mode(flag, mode)
     if kind == WRITE and mode != "iceberg_native":
-        raise BadInput(f"a write flip moves {name} to iceberg_native, not {mode}; to roll back use "
-                       f"`lakehouse write-flags set {name} {mode}` or the set_flag job")
+        raise BadInput(
+            f"a write flip moves {name} to iceberg_native, not {mode}; to roll back use "
+            f"`lakehouse write-flags set {name} {mode}` or the set_flag job"
+        )
     if kind == READ and rank(READ, mode) < rank(READ, "iceberg"):
-        raise BadInput(f"a read flip raises {name} to iceberg or iceberg_only, not {mode}; to roll back use "
-                       f"`lakehouse flags set {name} {mode}` or the set_flag job")
+        raise BadInput(
+            f"a read flip raises {name} to iceberg or iceberg_only, not {mode}; to roll back use "
+            f"`lakehouse flags set {name} {mode}` or the set_flag job"
+        )
     scope = parse_scope(dataset, workspace)
     require_target(conn, scope)
     return flag, scope
 
 
 def preflight(
-    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, name: str, mode: str, *,
-    dataset=None, workspace=None, smoke: bool = True, reuse_minutes: int = 60, max_datasets: int = 500,
-    run_id: str | None = None, kind: str = READ, sample: int = 20,
+    conn: psycopg.Connection,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    name: str,
+    mode: str,
+    *,
+    dataset=None,
+    workspace=None,
+    smoke: bool = True,
+    reuse_minutes: int = 60,
+    max_datasets: int = 500,
+    run_id: str | None = None,
+    kind: str = READ,
+    sample: int = 20,
 ) -> Preflight:
     """``sample``: for a workspace/global widen, how many moved datasets (at random) are canaried afresh
     even with a recent ok verdict; ``max_datasets``: refuse when more than this would be canaried."""
@@ -140,20 +161,26 @@ def preflight(
     tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
     if not tabular:
         raise BadInput(nothing_to_flip(kind, name, mode, scope, moved, datasets))
-    skipped = [f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
-               for e in moved if datasets[e.dataset_id][3] != "tabular"]
+    skipped = [
+        f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
+        for e in moved
+        if datasets[e.dataset_id][3] != "tabular"
+    ]
     reusable = _reusable_verdicts(conn, [e.dataset_id for e in tabular], reuse_minutes)
     unverified = sum(e.dataset_id not in reusable for e in tabular)
-    spot = set() if scope.scope == DATASET else {
-        e.dataset_id for e in random.sample(tabular, min(sample, len(tabular)))}
+    spot = (
+        set() if scope.scope == DATASET else {e.dataset_id for e in random.sample(tabular, min(sample, len(tabular)))}
+    )
     for i in spot:
         reusable.pop(i, None)
     to_canary = sum(e.dataset_id not in reusable for e in tabular)
     if to_canary > max_datasets:
-        raise BadInput(f"flipping {name} ({scope}) moves {len(moved)} datasets and the preflight would canary "
-                       f"{to_canary} of them ({unverified} with no recent ok verdict); canary them first "
-                       f"(lakehouse canary --smoke --dataset ...), narrow the scope, or raise max_datasets above "
-                       f"{max_datasets}")
+        raise BadInput(
+            f"flipping {name} ({scope}) moves {len(moved)} datasets and the preflight would canary "
+            f"{to_canary} of them ({unverified} with no recent ok verdict); canary them first "
+            f"(lakehouse canary --smoke --dataset ...), narrow the scope, or raise max_datasets above "
+            f"{max_datasets}"
+        )
     checked = []
     for e in tabular:
         if e.dataset_id in reusable:
@@ -176,13 +203,16 @@ def nothing_to_flip(kind: str, name: str, mode: str, scope: Scope, moved: list, 
     if not datasets:
         why = where
     elif not moved:
-        why = (f"all {len(datasets)} dataset(s) in scope already resolve {name} to {mode} "
-               "(an override at this or a narrower scope)")
+        why = (
+            f"all {len(datasets)} dataset(s) in scope already resolve {name} to {mode} "
+            "(an override at this or a narrower scope)"
+        )
     else:
         why = f"the {len(moved)} dataset(s) it would move are not Iceberg-tabular (manifest datasets)"
     verb = "flags" if kind == READ else "write-flags"
-    return (f"nothing to flip: {why}; nothing written (see `lakehouse datasets` and "
-            f"`lakehouse {verb} list --dataset <id>`)")
+    return (
+        f"nothing to flip: {why}; nothing written (see `lakehouse datasets` and `lakehouse {verb} list --dataset <id>`)"
+    )
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
@@ -192,7 +222,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     latest = cy.latest_verdicts(conn, ids)
     barrier.settle(conn, ids)  # capture mode wal-tracking: the current version covers every committed write
     current = dict(conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
-    since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=minutes)
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
     return {
         i: f"ok at {v['checked_at']:%Y-%m-%d %H:%M:%S} UTC ({v['source']}), Postgres version {v['pg_version']} unchanged"
         for i, v in latest.items()
@@ -200,13 +230,22 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     }
 
 
-def flip(conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str,
-         soak_seconds: int | None = None) -> Change:
+def flip(
+    conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str, soak_seconds: int | None = None
+) -> Change:
     if not pre.go:
         raise BadInput(pre.stop_message())
-    return set_flag(conn, pre.kind, pre.name, pre.mode, dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
-                    workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None, note=note, actor=actor,
-                    soak_seconds=soak_seconds)
+    return set_flag(
+        conn,
+        pre.kind,
+        pre.name,
+        pre.mode,
+        dataset=pre.scope.scope_id if pre.scope.scope == "dataset" else None,
+        workspace=pre.scope.scope_id if pre.scope.scope == "workspace" else None,
+        note=note,
+        actor=actor,
+        soak_seconds=soak_seconds,
+    )
 
 
 @dataclasses.dataclass
@@ -222,8 +261,14 @@ class Verified:
 
 
 def verify(
-    conn: psycopg.Connection, catalog: Catalog, settings: Settings, reader: str, dataset_ids: list[uuid.UUID], *,
-    sample: int = 20, logger: logging.Logger | logging.LoggerAdapter | None = None,
+    conn: psycopg.Connection,
+    catalog: Catalog,
+    settings: Settings,
+    reader: str,
+    dataset_ids: list[uuid.UUID],
+    *,
+    sample: int = 20,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> list[Verified]:
     """One read per dataset (up to ``sample``) through the router, with flags resolved afresh (no cache)."""
     from lakehouse_dagster.routing.exercise import read_through_router
@@ -231,8 +276,9 @@ def verify(
     resolver = FlagResolver(conn, ttl_seconds=0)
     out = []
     for ds_id in dataset_ids[:sample]:
-        result, _, _ = read_through_router(conn, catalog, settings, reader, ds_id, limit=1, resolver=resolver,
-                                           logger=logger)
+        result, _, _ = read_through_router(
+            conn, catalog, settings, reader, ds_id, limit=1, resolver=resolver, logger=logger
+        )
         d = result.decision
         out.append(Verified(ds_id, d.source, d.reason, d.snapshot_id, result.fallback_error))
     return out
@@ -250,7 +296,6 @@ def fallback_message(reader: str, scope: Scope, fell_back: list[Verified]) -> st
     return "\n".join(lines)
 
 
-
 @dataclasses.dataclass
 class WriteVerified:
     dataset_id: uuid.UUID
@@ -264,7 +309,9 @@ class WriteVerified:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
 
 
-def verify_write(conn: psycopg.Connection, writer: str, dataset_ids: list[uuid.UUID], *, sample: int = 20) -> list[WriteVerified]:
+def verify_write(
+    conn: psycopg.Connection, writer: str, dataset_ids: list[uuid.UUID], *, sample: int = 20
+) -> list[WriteVerified]:
     """The runbook's step-3 checks after a write flip, per dataset (up to ``sample``)."""
     from lakehouse_dagster.flags.native import native_dataset_ids
 
@@ -278,7 +325,9 @@ def verify_write(conn: psycopg.Connection, writer: str, dataset_ids: list[uuid.U
             """select l.status, l.path, l.rows, l.snapshot_id, d.row_count from datasets d
                  left join lateral (select status, path, rows, snapshot_id from iceberg_sync_log
                                      where dataset_id = d.id order by finished_at desc nulls last, id desc limit 1) l on true
-                where d.id = %s""", (ds_id,)).fetchone()
+                where d.id = %s""",
+            (ds_id,),
+        ).fetchone()
         problems = []
         if mode != "iceberg_native":
             problems.append(f"{writer} resolves to {mode} for it (a narrower override?)")

@@ -24,15 +24,19 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, BadInput
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.overrides import clear_override, set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.tracking import datasets as ds
-from lakehouse_dagster.core.db import connect
 
-BENCH_SCHEMA = [{"name": "n", "type": "int64"}, {"name": "label", "type": "string"},
-                {"name": "x", "type": "float64"}, {"name": "at", "type": "timestamp"}]
+BENCH_SCHEMA = [
+    {"name": "n", "type": "int64"},
+    {"name": "label", "type": "string"},
+    {"name": "x", "type": "float64"},
+    {"name": "at", "type": "timestamp"},
+]
 WORKSPACE_PREFIX = "lakehouse-ingest-bench"
 OK, BACKPRESSURE, ERROR = "ok", "503", "error"
 
@@ -71,14 +75,19 @@ class BenchReport:
         written = sum(o.rows for o in self.outcomes if o.status == OK)
         rate = f", {written / self.seconds:,.0f} rows/s" if self.seconds > 0 else ""
         verdict = "PASS" if self.passed else "FAIL"
-        return (f"{verdict}: jobs={self.jobs} ok={self.count(OK)} 503={self.count(BACKPRESSURE)} "
-                f"error={self.count(ERROR)} (max_concurrent_ingest={self.max_concurrent_ingest}"
-                f"{', same dataset' if self.same_dataset else ''}) in {self.seconds:.1f} s{rate}")
+        return (
+            f"{verdict}: jobs={self.jobs} ok={self.count(OK)} 503={self.count(BACKPRESSURE)} "
+            f"error={self.count(ERROR)} (max_concurrent_ingest={self.max_concurrent_ingest}"
+            f"{', same dataset' if self.same_dataset else ''}) in {self.seconds:.1f} s{rate}"
+        )
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if k != "outcomes"},
-                "outcomes": [dataclasses.asdict(o) for o in self.outcomes],
-                "counts": {s: self.count(s) for s in (OK, BACKPRESSURE, ERROR)}, "passed": self.passed}
+        return {
+            **{k: v for k, v in dataclasses.asdict(self).items() if k != "outcomes"},
+            "outcomes": [dataclasses.asdict(o) for o in self.outcomes],
+            "counts": {s: self.count(s) for s in (OK, BACKPRESSURE, ERROR)},
+            "passed": self.passed,
+        }
 
 
 def _batches(dataset, rows: int, job: int, chunk: int = 50_000):
@@ -91,15 +100,18 @@ def _batches(dataset, rows: int, job: int, chunk: int = 50_000):
     for lo in range(0, rows, chunk):
         n = min(chunk, rows - lo)
         idx = pa.array(range(lo, lo + n), pa.int64())
-        yield pa.RecordBatch.from_arrays([
-            idx,
-            pa.array([str(uuid.uuid4()) for _ in range(n)], pa.string()),
-            pa.array([start_ts + i for i in range(lo, lo + n)], pa.timestamp("us", tz="UTC")),
-            idx,
-            pa.array([f"job {job} row {i}" for i in range(lo, lo + n)], pa.string()),
-            pa.array([i / 7 for i in range(lo, lo + n)], pa.float64()),
-            pa.array([start_ts + 1000 * i for i in range(lo, lo + n)], pa.timestamp("us", tz="UTC")),
-        ], schema=schema)
+        yield pa.RecordBatch.from_arrays(
+            [
+                idx,
+                pa.array([str(uuid.uuid4()) for _ in range(n)], pa.string()),
+                pa.array([start_ts + i for i in range(lo, lo + n)], pa.timestamp("us", tz="UTC")),
+                idx,
+                pa.array([f"job {job} row {i}" for i in range(lo, lo + n)], pa.string()),
+                pa.array([i / 7 for i in range(lo, lo + n)], pa.float64()),
+                pa.array([start_ts + 1000 * i for i in range(lo, lo + n)], pa.timestamp("us", tz="UTC")),
+            ],
+            schema=schema,
+        )
 
 
 def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, writer: str, barrier) -> JobOutcome:
@@ -124,7 +136,10 @@ def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, wri
         t = time.perf_counter()
         try:
             out = route_write(
-                conn, FlagResolver(conn, 0), writer, dataset.id,
+                conn,
+                FlagResolver(conn, 0),
+                writer,
+                dataset.id,
                 pg_write=lambda: (_ for _ in ()).throw(RuntimeError("bench datasets are written iceberg-native")),
                 iceberg_write=native_write(catalog, settings, dataset, batches, writer=writer, conn=conn),
                 settings=settings,
@@ -137,19 +152,28 @@ def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, wri
 
 
 def run_ingest_bench(
-    dsn: str, settings: Settings, *, jobs: int, rows: int, same_dataset: bool = False, namespace: str = "bench",
+    dsn: str,
+    settings: Settings,
+    *,
+    jobs: int,
+    rows: int,
+    same_dataset: bool = False,
+    namespace: str = "bench",
     actor: str = "ingest-bench",
 ) -> BenchReport:
     if jobs < 1 or rows < 1:
         raise BadInput(f"--jobs and --rows must be at least 1 (got jobs={jobs}, rows={rows})")
     if namespace == settings.namespace:
-        raise BadInput(f"--namespace {namespace} is the lakehouse's own namespace; the bench writes throwaway "
-                       "tables and purges them: give it its own (default bench)")
+        raise BadInput(
+            f"--namespace {namespace} is the lakehouse's own namespace; the bench writes throwaway "
+            "tables and purges them: give it its own (default bench)"
+        )
     bench_settings = settings.replace(namespace=namespace)
     writer = "sync.full" if same_dataset else "sync.append"
     with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, f"{WORKSPACE_PREFIX} {namespace} {time.strftime('%Y-%m-%dT%H:%M:%S')} "
-                                       f"{uuid.uuid4().hex[:6]}")
+        ws = ds.create_workspace(
+            conn, f"{WORKSPACE_PREFIX} {namespace} {time.strftime('%Y-%m-%dT%H:%M:%S')} {uuid.uuid4().hex[:6]}"
+        )
         n_datasets = 1 if same_dataset else jobs
         ids = [str(ds.create_dataset(conn, ws, f"bench-{i}", BENCH_SCHEMA)) for i in range(n_datasets)]
         # Throwaway datasets with no readers: the flip gates' prerequisites are about consumers, so the
@@ -163,8 +187,10 @@ def run_ingest_bench(
     before = set(multiprocessing.active_children())
     with ctx.Manager() as manager, cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
         barrier = manager.Barrier(jobs)
-        futures = [pool.submit(_job, dsn, bench_settings, j, ids[0 if same_dataset else j], rows, writer, barrier)
-                   for j in range(jobs)]
+        futures = [
+            pool.submit(_job, dsn, bench_settings, j, ids[0 if same_dataset else j], rows, writer, barrier)
+            for j in range(jobs)
+        ]
         try:
             outcomes = [f.result() for f in futures]
         except BaseException:  # Ctrl-C, a SIGTERM turned into an exception, a run termination
@@ -172,8 +198,9 @@ def run_ingest_bench(
             raise
     seconds = max(o.seconds for o in outcomes) if outcomes else 0.0  # the burst, from the common start
     problems = _check_tables(dsn, bench_settings, ids, outcomes, rows, same_dataset)
-    return BenchReport(jobs, rows, same_dataset, settings.max_concurrent_ingest, namespace, str(ws), outcomes,
-                       seconds, problems)
+    return BenchReport(
+        jobs, rows, same_dataset, settings.max_concurrent_ingest, namespace, str(ws), outcomes, seconds, problems
+    )
 
 
 def _stop_writers(keep: set) -> None:
@@ -215,8 +242,12 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
     catalog = load_catalog(bench_settings, dsn)
     dropped = datasets = 0
     with connect(dsn) as conn:
-        workspaces = [r[0] for r in conn.execute(
-            "select id from workspaces where name like %s", (f"{WORKSPACE_PREFIX} {namespace} %",)).fetchall()]
+        workspaces = [
+            r[0]
+            for r in conn.execute(
+                "select id from workspaces where name like %s", (f"{WORKSPACE_PREFIX} {namespace} %",)
+            ).fetchall()
+        ]
         for ws in workspaces:
             for (ds_id,) in conn.execute("select id from datasets where workspace_id = %s", (ws,)).fetchall():
                 dropped += _purge_table(catalog, bench_settings, table_identifier(bench_settings, ds_id))
@@ -243,7 +274,9 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
     location = table.location()
     catalog.purge_table(identifier)
     try:
-        fs, root = filesystem(location, settings) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
+        fs, root = (
+            filesystem(location, settings) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
+        )
         fs.delete_dir(root)
     except FileNotFoundError:
         pass

@@ -12,7 +12,13 @@ from __future__ import annotations
 import psycopg
 
 from lakehouse_dagster.schema import (
-    flags_sql, mirror_sql, parity_sql, rollback_sql, row_changes_sql, sources_sql, sync_log_sql,
+    flags_sql,
+    mirror_sql,
+    parity_sql,
+    rollback_sql,
+    row_changes_sql,
+    sources_sql,
+    sync_log_sql,
 )
 
 APP_SCHEMA = """
@@ -249,8 +255,9 @@ end $$;
 # takes KEY SHARE on the datasets row, then the change-tracking trigger asked FOR UPDATE, which conflicts
 # with the other's KEY SHARE. FOR NO KEY UPDATE (what the trigger's own UPDATE takes anyway) does not
 # conflict with KEY SHARE and still serialises the writers of one dataset (a version never moves back).
-NO_KEY_ROW_LOCKS = ADOPT_APP_TABLES[ADOPT_APP_TABLES.index("create or replace function lakehouse_rows_inserted"):] \
-    .replace("for update;", "for no key update;")
+NO_KEY_ROW_LOCKS = ADOPT_APP_TABLES[
+    ADOPT_APP_TABLES.index("create or replace function lakehouse_rows_inserted") :
+].replace("for update;", "for no key update;")
 
 
 # Migration 020 (what the live app pays for its writes). Almost every app statement writes one dataset.
@@ -408,8 +415,12 @@ end $$;
 # unknown max, or the other writer's commit made it one no more): no row matches, and the 020 path below
 # runs unchanged.
 _FAST_020 = "  if k = 1 then  -- 020 fast path: one dataset\n"
-APPEND_IN_ONE_STATEMENT = ONE_DATASET_TRACKING[:ONE_DATASET_TRACKING.index(
-    "create or replace function lakehouse_rows_rewritten")].replace(_FAST_020, _FAST_020 + """\
+APPEND_IN_ONE_STATEMENT = ONE_DATASET_TRACKING[
+    : ONE_DATASET_TRACKING.index("create or replace function lakehouse_rows_rewritten")
+].replace(
+    _FAST_020,
+    _FAST_020
+    + """\
     -- 023: a pure append above the known max (the app's common write) in one statement
     update datasets d
        set rows_version = nextval('lakehouse_rows_version_seq'), rows_xid = pg_current_xact_id(), max_row_index = hi
@@ -417,7 +428,9 @@ APPEND_IN_ONE_STATEMENT = ONE_DATASET_TRACKING[:ONE_DATASET_TRACKING.index(
     if found then
       return null;
     end if;
-""", 1)
+""",
+    1,
+)
 assert "023: a pure append" in APPEND_IN_ONE_STATEMENT
 
 # One batch of the fill (its own transaction) over every dataset once: datasets no trigger ever stamped
@@ -483,8 +496,11 @@ MIGRATIONS: list[tuple[str, str]] = [
     ("004_flags", flags_sql.SQL),
     ("005_parity", parity_sql.SQL),
     # The poller's retry sweep looks at recent failed mirror syncs only.
-    ("006_sync_log_failed_idx", "create index if not exists iceberg_sync_log_failed_idx"
-                                " on iceberg_sync_log (finished_at) where status = 'failed';"),
+    (
+        "006_sync_log_failed_idx",
+        "create index if not exists iceberg_sync_log_failed_idx"
+        " on iceberg_sync_log (finished_at) where status = 'failed';",
+    ),
     # Adopting a live database: missing app columns, triggers that write lakehouse-owned columns only.
     ("007_adopt_app_tables", ADOPT_APP_TABLES),
     # The latest succeeded sync (one definition), datasets.mirrored_version and the poller's sweep.

@@ -210,8 +210,9 @@ DIGEST_ARRAY_ROWS = 1000
 
 
 def _signed_rows(table: str, sign: int) -> str:
-    return (f"select t.row_index, t.row_id, t.created_at, t.data, {sign} from {table} t"
-            f" where t.dataset_id = r.dataset_id")
+    return (
+        f"select t.row_index, t.row_id, t.created_at, t.data, {sign} from {table} t where t.dataset_id = r.dataset_id"
+    )
 
 
 def _digest_event(ids: str, rows: str, set_sql: str) -> str:
@@ -241,17 +242,24 @@ def _digest_event(ids: str, rows: str, set_sql: str) -> str:
     end loop;"""
 
 
-_SET_INSERT = ("'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-               " select $1, row_index >> 16, count(*), sum(%s) from lakehouse_new_rows where dataset_id = $1 group by 2'")
-_SET_DELETE = ("'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-               " select $1, row_index >> 16, -count(*), -sum(%s) from lakehouse_old_rows where dataset_id = $1 group by 2'")
-_SET_UPDATE = ("'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) select $1, seg, sum(n), sum(s) from ("
-               " select row_index >> 16 as seg, 1 as n, (%1$s)::numeric as s from lakehouse_new_rows where dataset_id = $1"
-               " union all"
-               " select row_index >> 16, -1, -(%1$s)::numeric from lakehouse_old_rows where dataset_id = $1) d"
-               " group by seg having sum(n) <> 0 or sum(s) <> 0'")
+_SET_INSERT = (
+    "'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+    " select $1, row_index >> 16, count(*), sum(%s) from lakehouse_new_rows where dataset_id = $1 group by 2'"
+)
+_SET_DELETE = (
+    "'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
+    " select $1, row_index >> 16, -count(*), -sum(%s) from lakehouse_old_rows where dataset_id = $1 group by 2'"
+)
+_SET_UPDATE = (
+    "'insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) select $1, seg, sum(n), sum(s) from ("
+    " select row_index >> 16 as seg, 1 as n, (%1$s)::numeric as s from lakehouse_new_rows where dataset_id = $1"
+    " union all"
+    " select row_index >> 16, -1, -(%1$s)::numeric from lakehouse_old_rows where dataset_id = $1) d"
+    " group by seg having sum(n) <> 0 or sum(s) <> 0'"
+)
 
-APP_WRITE_COST = """
+APP_WRITE_COST = (
+    """
 alter table lakehouse_pg_digest_state add column if not exists hash_fn text;
 
 -- What the hash reads of a row (not dataset_rows' row type: a live table may have more columns), and
@@ -299,17 +307,24 @@ begin
     delete from lakehouse_pg_digest_deltas;  -- every dataset is empty now: (0, 0) is right
     return null;
   end if;
-  if tg_op = 'INSERT' then""" + _digest_event(
-    "select dataset_id from lakehouse_new_rows", _signed_rows("lakehouse_new_rows", 1), _SET_INSERT) + """
-  elsif tg_op = 'DELETE' then""" + _digest_event(
-    "select dataset_id from lakehouse_old_rows", _signed_rows("lakehouse_old_rows", -1), _SET_DELETE) + """
-  else""" + _digest_event(
-    "select dataset_id from lakehouse_new_rows union all select dataset_id from lakehouse_old_rows",
-    _signed_rows("lakehouse_new_rows", 1) + " union all " + _signed_rows("lakehouse_old_rows", -1), _SET_UPDATE) + """
+  if tg_op = 'INSERT' then"""
+    + _digest_event("select dataset_id from lakehouse_new_rows", _signed_rows("lakehouse_new_rows", 1), _SET_INSERT)
+    + """
+  elsif tg_op = 'DELETE' then"""
+    + _digest_event("select dataset_id from lakehouse_old_rows", _signed_rows("lakehouse_old_rows", -1), _SET_DELETE)
+    + """
+  else"""
+    + _digest_event(
+        "select dataset_id from lakehouse_new_rows union all select dataset_id from lakehouse_old_rows",
+        _signed_rows("lakehouse_new_rows", 1) + " union all " + _signed_rows("lakehouse_old_rows", -1),
+        _SET_UPDATE,
+    )
+    + """
   end if;
   return null;
 end $$;
 """
+)
 
 # The maintained digest out of the app's transaction (tracking/capture.py): with capture mode "wal" the digest
 # triggers are disabled and a consumer of a logical replication slot (pgoutput, read through the SQL

@@ -19,8 +19,9 @@ import datetime as dt
 import decimal
 import json
 import math
+from collections.abc import Sequence
 from json.encoder import encode_basestring
-from typing import Any, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -183,7 +184,7 @@ def _parse_each(arr: pa.Array, col: Column, parse, target: pa.DataType) -> pa.Ar
 
 def _timestamp(s: str) -> dt.datetime:
     value = dt.datetime.fromisoformat(s)
-    return value.replace(tzinfo=dt.timezone.utc) if value.tzinfo is None else value.astimezone(dt.timezone.utc)
+    return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
 def _text_to(arr: pa.Array, col: Column) -> pa.Array:
@@ -348,8 +349,9 @@ def convert_batch(source: pa.RecordBatch, columns: Sequence[Column], *, text: bo
         arr = source.column(col.name)
         if isinstance(arr.type, pa.ExtensionType) or isinstance(arr, pa.ExtensionArray):
             arr = arr.storage  # e.g. ADBC's opaque numeric/jsonb: their text form
-        arrays.append(_text_to(arr.cast(pa.string()), col) if text and pa.types.is_string(arr.type)
-                      else _typed_to(arr, col))
+        arrays.append(
+            _text_to(arr.cast(pa.string()), col) if text and pa.types.is_string(arr.type) else _typed_to(arr, col)
+        )
     return pa.RecordBatch.from_arrays(arrays, schema=target_schema(columns))
 
 

@@ -12,7 +12,7 @@ import fnmatch
 import io
 import json
 import os
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -22,9 +22,9 @@ from pyarrow import fs as pafs
 
 from lakehouse_dagster.core.errors import BadInput, SyncFailed
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Column
 from lakehouse_dagster.sources.convert import BadValue, convert_batch, convert_records, loads
 from lakehouse_dagster.sources.spec import SourceSpec
+from lakehouse_dagster.tracking.datasets import Column
 
 _MAGIC = set("*?[")
 NDJSON_BATCH = 20_000  # lines parsed into Python objects at once (their memory is ~1 KB a row)
@@ -53,12 +53,14 @@ def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
     if uri.startswith("s3://"):
         kwargs = {}
         if settings.s3_endpoint:
-            parsed = urlparse(settings.s3_endpoint if "://" in settings.s3_endpoint else "https://" + settings.s3_endpoint)
+            parsed = urlparse(
+                settings.s3_endpoint if "://" in settings.s3_endpoint else "https://" + settings.s3_endpoint
+            )
             kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region:
             kwargs["region"] = region
-        return pafs.S3FileSystem(**kwargs), uri[len("s3://"):]
+        return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
 
 
@@ -77,19 +79,26 @@ def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
             if info.type == pafs.FileType.File:
                 infos = [info]
             elif info.type == pafs.FileType.Directory or spec.uri.startswith("s3://"):
-                infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-                         if i.type == pafs.FileType.File]
+                infos = [
+                    i
+                    for i in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+                    if i.type == pafs.FileType.File
+                ]
             else:
                 infos = []
         else:
             base = "/".join(parts[:magic_at]) or "/"
-            infos = [i for i in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-                     if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)]
+            infos = [
+                i
+                for i in fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+                if i.type == pafs.FileType.File and fnmatch.fnmatchcase(i.path, path)
+            ]
     except OSError as exc:
         raise BadInput(f"files source {spec.uri}: cannot list it ({_one_line(exc)})") from None
     out = [
-        SourceFile(_display(spec.uri, i.path), i.path, int(i.size or 0),
-                   int(i.mtime_ns or 0) if i.mtime_ns is not None else 0)
+        SourceFile(
+            _display(spec.uri, i.path), i.path, int(i.size or 0), int(i.mtime_ns or 0) if i.mtime_ns is not None else 0
+        )
         for i in infos
         if not os.path.basename(i.path).startswith((".", "_"))  # hidden / _SUCCESS markers
     ]
@@ -147,8 +156,11 @@ def _read_one(fs, f: SourceFile, fmt: str, columns: Sequence[Column], batch_rows
                 fs.open_input_stream(f.path),
                 read_options=pacsv.ReadOptions(block_size=4 << 20),
                 convert_options=pacsv.ConvertOptions(
-                    column_types={n: pa.string() for n in names}, include_columns=names,
-                    include_missing_columns=True, null_values=[""], strings_can_be_null=True,
+                    column_types={n: pa.string() for n in names},
+                    include_columns=names,
+                    include_missing_columns=True,
+                    null_values=[""],
+                    strings_can_be_null=True,
                     quoted_strings_can_be_null=False,
                 ),
             )

@@ -11,19 +11,24 @@ state (tracking/ingest_state.py) is saved before the commit. A killed process co
 from __future__ import annotations
 
 import uuid
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.tracking.datasets import Column
 from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+from lakehouse_dagster.tracking.datasets import Column
 
 STAGE = "lakehouse_ingest_stage"
 _PG_TYPE = {
-    "string": "text", "int64": "bigint", "float64": "double precision", "boolean": "boolean",
-    "timestamp": "timestamptz", "date": "date", "json": "text",
+    "string": "text",
+    "int64": "bigint",
+    "float64": "double precision",
+    "boolean": "boolean",
+    "timestamp": "timestamptz",
+    "date": "date",
+    "json": "text",
 }
 
 
@@ -32,7 +37,7 @@ def _data_expr(columns: Sequence[Column]) -> sql.Composable:
     groups = []
     for i in range(0, len(columns), 50):
         pairs = []
-        for c in columns[i:i + 50]:
+        for c in columns[i : i + 50]:
             value = sql.SQL("s.{}::jsonb" if c.type == "json" else "s.{}").format(sql.Identifier(c.name))
             pairs.append(sql.SQL("{}, {}").format(sql.Literal(c.name), value))
         groups.append(sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(pairs)))
@@ -57,14 +62,17 @@ def copy_rows(
     stage_cols = [sql.SQL("{} bigint").format(sql.Identifier("__row_index"))]
     stage_cols += [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(_PG_TYPE[c.type])) for c in columns]
     create = sql.SQL("create temporary table {} ({}) on commit drop").format(
-        sql.Identifier(STAGE), sql.SQL(", ").join(stage_cols))
+        sql.Identifier(STAGE), sql.SQL(", ").join(stage_cols)
+    )
     ds = sql.Literal(str(dataset_id))
     statements = []
     if replace:
         statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
-    statements.append(sql.SQL(
-        "insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s"
-    ).format(ds, sql.Identifier("__row_index"), _data_expr(columns), sql.Identifier(STAGE)))
+    statements.append(
+        sql.SQL("insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s").format(
+            ds, sql.Identifier("__row_index"), _data_expr(columns), sql.Identifier(STAGE)
+        )
+    )
     rows = 0
     with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: one transaction
         cur = conn.cursor()

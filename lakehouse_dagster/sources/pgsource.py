@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
+from lakehouse_dagster.core.db import redact
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.mirror.pinned_read import _adbc_uri
-from lakehouse_dagster.tracking.datasets import Column
-from lakehouse_dagster.core.db import redact
 from lakehouse_dagster.sources.convert import BadValue, convert_batch
 from lakehouse_dagster.sources.files import SourceError
 from lakehouse_dagster.sources.spec import SourceSpec
+from lakehouse_dagster.tracking.datasets import Column
 
 
 def relation(spec: SourceSpec) -> sql.Composable:
@@ -143,8 +144,9 @@ def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
         where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            row = conn.execute(sql.SQL("select max({}) from {}{}").format(
-                sql.Identifier(col), relation(spec), where)).fetchone()
+            row = conn.execute(
+                sql.SQL("select max({}) from {}{}").format(sql.Identifier(col), relation(spec), where)
+            ).fetchone()
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None

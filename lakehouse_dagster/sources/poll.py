@@ -16,12 +16,12 @@ import dataclasses
 import time
 import uuid
 
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.spec import TYPES
-from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.sources.writers import pending_source_changes
 
 _NIL = uuid.UUID(int=0)
@@ -41,13 +41,22 @@ class PendingIngest:
 
 
 def _page(conn, after: uuid.UUID, size: int) -> list[uuid.UUID]:
-    return [r[0] for r in conn.execute(
-        "select id from datasets where kind = 'tabular' and source->>'type' = any(%s) and id > %s order by id limit %s",
-        (list(TYPES), after, size)).fetchall()]
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from datasets where kind = 'tabular' and source->>'type' = any(%s) and id > %s order by id limit %s",
+            (list(TYPES), after, size),
+        ).fetchall()
+    ]
 
 
 def pending_ingests(
-    dsn: str, settings: Settings, cursor: str | None, *, limit: int, budget_s: float = 20.0,
+    dsn: str,
+    settings: Settings,
+    cursor: str | None,
+    *,
+    limit: int,
+    budget_s: float = 20.0,
 ) -> tuple[list[PendingIngest], str | None, int]:
     """(requests, next cursor, datasets visited). ``cursor``: the last dataset id visited (None: from the start)."""
     started = time.monotonic()

@@ -81,8 +81,13 @@ class SourceSpec:
             out = {"type": "postgres"}
             out.update({"table": self.table} if self.table else {"query": self.query})
             return {**out, "cursor_column": self.cursor_column, "dsn_env": self.dsn_env}
-        return {"type": "cdc", "table": self.table, "position_column": self.position_column,
-                "op_column": self.op_column, "dsn_env": self.dsn_env}
+        return {
+            "type": "cdc",
+            "table": self.table,
+            "position_column": self.position_column,
+            "op_column": self.op_column,
+            "dsn_env": self.dsn_env,
+        }
 
     def dsn(self, project_dsn: str) -> str:
         """The source's DSN: the named variable's value, or the project's own Postgres."""
@@ -90,8 +95,10 @@ class SourceSpec:
             return project_dsn
         value = os.environ.get(self.dsn_env)
         if not value:
-            raise BadInput(f"source DSN variable {self.dsn_env} is not set in this environment; export it "
-                           "(the DSN itself is never stored) or set the source with another --dsn-env")
+            raise BadInput(
+                f"source DSN variable {self.dsn_env} is not set in this environment; export it "
+                "(the DSN itself is never stored) or set the source with another --dsn-env"
+            )
         return value
 
 
@@ -145,8 +152,10 @@ def parse_source(raw: dict) -> SourceSpec:
         raise BadInput(f"source type {kind!r} is not supported; use one of {', '.join(TYPES)}")
     unknown = sorted(set(raw) - _KEYS[kind])
     if unknown:
-        raise BadInput(f"source: unknown key(s) {', '.join(unknown)} for a {kind} source "
-                       f"(allowed: {', '.join(sorted(_KEYS[kind]))})")
+        raise BadInput(
+            f"source: unknown key(s) {', '.join(unknown)} for a {kind} source "
+            f"(allowed: {', '.join(sorted(_KEYS[kind]))})"
+        )
     if kind == "files":
         uri = _str(raw, "uri", "the file path, glob or s3:// URI")
         if "://" in uri and not uri.startswith("s3://"):
@@ -155,8 +164,10 @@ def parse_source(raw: dict) -> SourceSpec:
             raise BadInput(f"source: uri {uri!r} names no bucket (s3://bucket/prefix/...)")
         fmt = raw.get("format") or infer_format(uri)
         if fmt not in FORMATS:
-            raise BadInput(f"source: format {fmt!r} is not one of {', '.join(FORMATS)} "
-                           "(give --format when the extension does not say)")
+            raise BadInput(
+                f"source: format {fmt!r} is not one of {', '.join(FORMATS)} "
+                "(give --format when the extension does not say)"
+            )
         return SourceSpec("files", uri=uri, format=fmt)
     dsn_env = _dsn_env(raw)
     if kind == "postgres":
@@ -169,8 +180,13 @@ def parse_source(raw: dict) -> SourceSpec:
             if not re.match(r"^\s*(select|with|values|table)\b", query, re.I) or ";" in query.rstrip().rstrip(";"):
                 raise BadInput("source: query must be one SELECT statement (it runs read-only on the source)")
             query = query.rstrip().rstrip(";")
-        return SourceSpec("postgres", table=_table(raw) if has_table else None, query=query,
-                          cursor_column=_ident(raw, "cursor_column", required=False), dsn_env=dsn_env)
+        return SourceSpec(
+            "postgres",
+            table=_table(raw) if has_table else None,
+            query=query,
+            cursor_column=_ident(raw, "cursor_column", required=False),
+            dsn_env=dsn_env,
+        )
     position = _ident(raw, "position_column", required=True)
     op = _ident(raw, "op_column", required=True)
     if position == op:

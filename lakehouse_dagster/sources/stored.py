@@ -9,8 +9,8 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 
 def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
@@ -19,7 +19,9 @@ def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
     return stored_source(raw)
 
 
-def set_source(conn: psycopg.Connection, dataset_id, spec_dict: dict, *, settings: Settings | None = None) -> SourceSpec:
+def set_source(
+    conn: psycopg.Connection, dataset_id, spec_dict: dict, *, settings: Settings | None = None
+) -> SourceSpec:
     """Validate ``spec_dict`` against the dataset and what it points at, then store it."""
     spec = parse_source(spec_dict)
     d = get_dataset(conn, dataset_id)
@@ -48,8 +50,10 @@ def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
         except Exception as exc:
             raise BadInput(f"files source {spec.uri}: {files[0].uri} is not a readable Parquet file ({exc})") from None
         if not names & {c.name for c in d.columns}:
-            raise BadInput(f"files source {spec.uri}: {files[0].uri} has none of dataset {d.id}'s columns "
-                           f"({', '.join(c.name for c in d.columns)})")
+            raise BadInput(
+                f"files source {spec.uri}: {files[0].uri} has none of dataset {d.id}'s columns "
+                f"({', '.join(c.name for c in d.columns)})"
+            )
 
 
 def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> None:
@@ -68,23 +72,26 @@ def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> N
     for key in ("cursor_column", "position_column", "op_column"):
         col = getattr(spec, key)
         if col and col not in names:
-            raise BadInput(f"{where_label(spec)} has no column {col!r} (the {key.replace('_', ' ')}); "
-                           f"it has {', '.join(names)}")
+            raise BadInput(
+                f"{where_label(spec)} has no column {col!r} (the {key.replace('_', ' ')}); it has {', '.join(names)}"
+            )
     missing = [c.name for c in d.columns if c.name not in names]
     if missing:
-        raise BadInput(f"{where_label(spec)} lacks dataset {d.id}'s column(s) {', '.join(missing)}; "
-                       "select them (alias in a query) or change the dataset's schema")
+        raise BadInput(
+            f"{where_label(spec)} lacks dataset {d.id}'s column(s) {', '.join(missing)}; "
+            "select them (alias in a query) or change the dataset's schema"
+        )
     if spec.type == "cdc":
         declared = {c.name for c in d.columns}
         for col in (spec.op_column, spec.position_column):
             if col not in declared:
-                raise BadInput(f"cdc source: column {col!r} must be one of dataset {d.id}'s columns "
-                               "(the operation and position are stored with each change row)")
+                raise BadInput(
+                    f"cdc source: column {col!r} must be one of dataset {d.id}'s columns "
+                    "(the operation and position are stored with each change row)"
+                )
 
 
 def _relation(spec: SourceSpec):
     from lakehouse_dagster.sources.pgsource import relation
 
     return relation(spec)
-
-

@@ -23,34 +23,36 @@ import logging
 import os
 import time
 import uuid
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from psycopg import sql
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, LakehouseError, SyncFailed
-from lakehouse_dagster.core.failpoints import failpoint, validate as validate_failpoints
+from lakehouse_dagster.core.failpoints import failpoint
+from lakehouse_dagster.core.failpoints import validate as validate_failpoints
+from lakehouse_dagster.core.guards import admission_slot, dataset_lock
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, WRITE_PATH, table_state
-from lakehouse_dagster.parity.maintained import write_digested
-from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.mirror.native_run import native_run
+from lakehouse_dagster.mirror.sync import reap_abandoned
+from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.routing.native_compaction import native_compaction
 from lakehouse_dagster.routing.write_router import resolve_write_path, route_write
-from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking import ingest_state as source_state
 from lakehouse_dagster.sources.files import SourceError, list_files, read_files
+from lakehouse_dagster.sources.pg_rows import copy_rows
 from lakehouse_dagster.sources.pgsource import max_mark, read_postgres, scrub
 from lakehouse_dagster.sources.spec import SourceSpec
 from lakehouse_dagster.sources.stored import get_source
+from lakehouse_dagster.tracking import ingest_state as source_state
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
-from lakehouse_dagster.core.db import connect
-from lakehouse_dagster.core.guards import admission_slot, dataset_lock
-from lakehouse_dagster.routing.native_compaction import native_compaction
-from lakehouse_dagster.sources.pg_rows import copy_rows
-from lakehouse_dagster.mirror.sync import reap_abandoned
 
 _log = logging.getLogger("lakehouse_dagster.writers")
 
@@ -74,10 +76,17 @@ class IngestResult:
 
     def to_json(self) -> dict:
         return {
-            "dataset_id": str(self.dataset_id), "writer": self.writer, "path": self.path, "rows": self.rows,
-            "total_rows": self.total_rows, "snapshot_id": self.snapshot_id,
-            "sync_id": str(self.sync_id) if self.sync_id else None, "cursor": self.cursor,
-            "flag_reason": self.flag_reason, "seconds": round(self.seconds, 3), "new": self.new,
+            "dataset_id": str(self.dataset_id),
+            "writer": self.writer,
+            "path": self.path,
+            "rows": self.rows,
+            "total_rows": self.total_rows,
+            "snapshot_id": self.snapshot_id,
+            "sync_id": str(self.sync_id) if self.sync_id else None,
+            "cursor": self.cursor,
+            "flag_reason": self.flag_reason,
+            "seconds": round(self.seconds, 3),
+            "new": self.new,
             "compacted_rows": self.compacted_rows,
         }
 
@@ -107,8 +116,11 @@ def _plan(spec: SourceSpec, writer: str, old: dict | None, settings: Settings, d
         files = list_files(spec, settings)
         seen = dict(old.get("files") or {}) if old else {}
         todo = files if writer == "sync.full" else [f for f in files if seen.get(f.uri) != f.fingerprint]
-        state_files = {f.uri: f.fingerprint for f in files} if writer == "sync.full" else {
-            **seen, **{f.uri: f.fingerprint for f in todo}}
+        state_files = (
+            {f.uri: f.fingerprint for f in files}
+            if writer == "sync.full"
+            else {**seen, **{f.uri: f.fingerprint for f in todo}}
+        )
         batches = read_files(todo, spec, settings, dataset.columns, settings.ingest_chunk_rows)
         return _Read(batches, {"files": state_files, "mark": None}, nothing_new=not todo and writer != "sync.full")
     after = None if writer == "sync.full" or not old else old.get("mark")
@@ -131,8 +143,13 @@ def uuid_texts(n: int) -> pa.Array:
     raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
     hexed = np.frombuffer(raw.tobytes().hex().encode(), dtype="S1").reshape(n, 32)
     out = np.full((n, 36), b"-", dtype="S1")
-    for src, dst in ((slice(0, 8), slice(0, 8)), (slice(8, 12), slice(9, 13)), (slice(12, 16), slice(14, 18)),
-                     (slice(16, 20), slice(19, 23)), (slice(20, 32), slice(24, 36))):
+    for src, dst in (
+        (slice(0, 8), slice(0, 8)),
+        (slice(8, 12), slice(9, 13)),
+        (slice(12, 16), slice(14, 18)),
+        (slice(16, 20), slice(19, 23)),
+        (slice(20, 32), slice(24, 36)),
+    ):
         out[:, dst] = hexed[:, src]
     offsets = np.arange(0, 36 * n + 1, 36, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
@@ -148,11 +165,13 @@ def _with_identity(batches: Iterable[pa.RecordBatch], created_at: dt.datetime, c
         first = counter["next"]
         index = pa.array(np.arange(first, first + n, dtype=np.int64))
         created = pa.array(np.full(n, int(created_at.timestamp() * 1_000_000), dtype=np.int64)).cast(
-            pa.timestamp("us", tz="UTC"))
+            pa.timestamp("us", tz="UTC")
+        )
         counter["next"] = first + n
         yield pa.RecordBatch.from_arrays(
             [index, uuid_texts(n), created, *b.columns],
-            names=["__row_index", "__row_id", "__created_at", *b.schema.names])
+            names=["__row_index", "__row_id", "__created_at", *b.schema.names],
+        )
 
 
 def _failpoint_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -163,8 +182,9 @@ def _failpoint_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Rec
 
 
 def _pg_max_index(conn, ds_id) -> int:
-    return conn.execute("select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s",
-                        (ds_id,)).fetchone()[0]
+    return conn.execute(
+        "select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)
+    ).fetchone()[0]
 
 
 def run_writer(
@@ -193,12 +213,16 @@ def run_writer(
             raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; source writers write tabular datasets")
         spec = get_source(conn, ds_id)
         if spec is None:
-            raise BadInput(f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
-                           "(--files <path|glob|s3-uri> | --postgres-table <schema.table> | --postgres-query <sql> "
-                           "| --cdc-table <schema.table> ...)")
+            raise BadInput(
+                f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
+                "(--files <path|glob|s3-uri> | --postgres-table <schema.table> | --postgres-query <sql> "
+                "| --cdc-table <schema.table> ...)"
+            )
         if writer not in spec.writers:
-            raise BadInput(f"writer {writer} cannot run on dataset {ds_id}'s source ({spec.describe()}); "
-                           f"it takes {', '.join(spec.writers)}")
+            raise BadInput(
+                f"writer {writer} cannot run on dataset {ds_id}'s source ({spec.describe()}); "
+                f"it takes {', '.join(spec.writers)}"
+            )
         decision = resolve_write_path(flags, writer, ds_id)
         path = "native" if decision.native else "pg"
         sync_id = sync_id or uuid.uuid4()
@@ -214,34 +238,68 @@ def run_writer(
                 raise _failed(conn, ds_id, exc) from None
             batches = read.batches
             if read.nothing_new:
-                return IngestResult(ds_id, writer, path, 0, total_now, None, None,
-                                    source_state.public_cursor(old), decision.flag.describe(),
-                                    time.perf_counter() - started, new=False)
+                return IngestResult(
+                    ds_id,
+                    writer,
+                    path,
+                    0,
+                    total_now,
+                    None,
+                    None,
+                    source_state.public_cursor(old),
+                    decision.flag.describe(),
+                    time.perf_counter() - started,
+                    new=False,
+                )
 
             def new_state() -> dict:
-                return {"seq": seq, "sync_id": str(sync_id), "path": path, "writer": writer,
-                        "source": spec.to_json(), "mark": read.state["mark"], "files": read.state["files"]}
+                return {
+                    "seq": seq,
+                    "sync_id": str(sync_id),
+                    "path": path,
+                    "writer": writer,
+                    "source": spec.to_json(),
+                    "mark": read.state["mark"],
+                    "files": read.state["files"],
+                }
 
             replace = writer == "sync.full"
-            start = 0 if replace else 1 + max(_pg_max_index(conn, ds_id),
-                                              table_state(table)["max_row_index"] if table is not None else -1)
+            start = (
+                0
+                if replace
+                else 1
+                + max(_pg_max_index(conn, ds_id), table_state(table)["max_row_index"] if table is not None else -1)
+            )
             written: dict = {}
 
             def pg_write() -> int:
                 def finish(rows: int):
                     written["state"] = new_state()
-                    count = (sql.SQL("{}").format(sql.Literal(rows)) if replace else
-                             sql.SQL("coalesce(row_count, 0) + {}").format(sql.Literal(rows)))
+                    count = (
+                        sql.SQL("{}").format(sql.Literal(rows))
+                        if replace
+                        else sql.SQL("coalesce(row_count, 0) + {}").format(sql.Literal(rows))
+                    )
                     return [
                         source_state.save_statement(ds_id, written["state"]),
-                        sql.SQL("update datasets set row_count = {}, status = 'ready', error = null, updated_at = now()"
-                                " where id = {}::uuid").format(count, sql.Literal(str(ds_id))),
+                        sql.SQL(
+                            "update datasets set row_count = {}, status = 'ready', error = null, updated_at = now()"
+                            " where id = {}::uuid"
+                        ).format(count, sql.Literal(str(ds_id))),
                     ]
 
                 with admission_slot(conn, settings.max_concurrent_ingest):
                     try:
-                        rows = copy_rows(dsn, conn, ds_id, dataset.columns, _failpoint_after_first(batches),
-                                         replace=replace, start_index=start, finish=finish)
+                        rows = copy_rows(
+                            dsn,
+                            conn,
+                            ds_id,
+                            dataset.columns,
+                            _failpoint_after_first(batches),
+                            replace=replace,
+                            start_index=start,
+                            finish=finish,
+                        )
                         failpoint("after-commit-before-log")  # rows and ingest state committed together
                         return rows
                     except SourceError as exc:
@@ -260,21 +318,37 @@ def run_writer(
                     props[MAX_ROW_INDEX] = str(counter["next"] - 1)
                     return props, summary
 
-                result = write_digested(catalog, settings, dataset,
-                                     _with_identity(_failpoint_after_first(batches),
-                                                    dt.datetime.now(dt.timezone.utc), counter),
-                                     mode="replace" if replace else "append", sync_id=sid,
-                                     source_version=source_version, path="native", commit_entries=entries,
-                                     native_run=native_run(conn, settings, ds_id),
-                                     compact=None if replace else native_compaction(settings, dataset))
+                result = write_digested(
+                    catalog,
+                    settings,
+                    dataset,
+                    _with_identity(_failpoint_after_first(batches), dt.datetime.now(dt.UTC), counter),
+                    mode="replace" if replace else "append",
+                    sync_id=sid,
+                    source_version=source_version,
+                    path="native",
+                    commit_entries=entries,
+                    native_run=native_run(conn, settings, ds_id),
+                    compact=None if replace else native_compaction(settings, dataset),
+                )
                 return result  # route_write's after-commit-before-log failpoint follows
 
-            outcome = route_write(conn, flags, writer, ds_id, pg_write=pg_write, iceberg_write=iceberg_write,
-                                  settings=settings, logger=lg, sync_id=sync_id)
+            outcome = route_write(
+                conn,
+                flags,
+                writer,
+                ds_id,
+                pg_write=pg_write,
+                iceberg_write=iceberg_write,
+                settings=settings,
+                logger=lg,
+                sync_id=sync_id,
+            )
             if decision.native:
                 result = outcome.value
                 state = written.get("state") or source_state.current_state(
-                    conn, ds_id, load_table_or_none(catalog, table_identifier(settings, ds_id)))
+                    conn, ds_id, load_table_or_none(catalog, table_identifier(settings, ds_id))
+                )
                 if state:
                     source_state.save_pg_state(conn, ds_id, state)
                 rows, total, snapshot = result.rows - result.rewritten, result.total_rows, result.snapshot_id
@@ -283,8 +357,19 @@ def run_writer(
                 rows, snapshot, state, compacted = outcome.value, None, written["state"], 0
                 total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
                 lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {sync_id})")
-    return IngestResult(ds_id, writer, path, rows, total, snapshot, sync_id, source_state.public_cursor(state),
-                        decision.flag.describe(), time.perf_counter() - started, compacted_rows=compacted)
+    return IngestResult(
+        ds_id,
+        writer,
+        path,
+        rows,
+        total,
+        snapshot,
+        sync_id,
+        source_state.public_cursor(state),
+        decision.flag.describe(),
+        time.perf_counter() - started,
+        compacted_rows=compacted,
+    )
 
 
 def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
@@ -292,8 +377,10 @@ def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
     table's last commit was native, Iceberg is the truth, so the count is taken from it."""
     if table is not None and table.properties.get(WRITE_PATH) == "native":
         count = table_state(table)["row_count"]
-        conn.execute("update datasets set row_count = %s, updated_at = now() where id = %s"
-                     " and row_count is distinct from %s", (count, ds_id, count))
+        conn.execute(
+            "update datasets set row_count = %s, updated_at = now() where id = %s and row_count is distinct from %s",
+            (count, ds_id, count),
+        )
         return count
     return conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
 
@@ -304,8 +391,9 @@ def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) 
     if dsn:
         text = scrub(text, dsn)
     message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
-    conn.execute("update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
-                 (message, ds_id))
+    conn.execute(
+        "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s", (message, ds_id)
+    )
     return SyncFailed(message + "; nothing was committed")
 
 

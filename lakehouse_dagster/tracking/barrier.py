@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import psycopg
 
@@ -55,8 +55,10 @@ def tracking_after_commit(conn: psycopg.Connection) -> bool:
 def held_elsewhere(dsn: str, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> Iterator[Barrier]:
     """``held`` on a connection of its own, closed after: the caller pins on its connection meanwhile. Only
     called in wal-tracking (the caller read the mode in its own snapshot)."""
-    with psycopg.connect(dsn, autocommit=True) as holder, \
-            held(holder, dataset_ids, timeout_s=timeout_s, checked=True, dedicated=True) as b:
+    with (
+        psycopg.connect(dsn, autocommit=True) as holder,
+        held(holder, dataset_ids, timeout_s=timeout_s, checked=True, dedicated=True) as b,
+    ):
         yield b
 
 
@@ -91,8 +93,14 @@ class Barrier:
 
 
 @contextlib.contextmanager
-def held(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S,
-         checked: bool = False, dedicated: bool = False) -> Iterator[Barrier]:
+def held(
+    conn: psycopg.Connection,
+    dataset_ids: Iterable[uuid.UUID],
+    *,
+    timeout_s: float = TIMEOUT_S,
+    checked: bool = False,
+    dedicated: bool = False,
+) -> Iterator[Barrier]:
     """Inside, the tracking columns of these datasets match their committed rows, and no write to them commits
     until exit (or ``let_go``): pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its
     session's; a transaction begun inside may stay open past exit). Yields a false Barrier, holding nothing,
@@ -138,9 +146,11 @@ def _take(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float, timeo
             _unlock_all(conn, ids)
             _unlock_consumer(conn)
             if time.monotonic() >= deadline:
-                raise BarrierTimeout(f"datasets row(s) of {_names(ids)} stayed locked by other transactions for "
-                                     f"{timeout_s:g} s while their change tracking was being applied: not read; "
-                                     "try again when the app's long transactions are done") from None
+                raise BarrierTimeout(
+                    f"datasets row(s) of {_names(ids)} stayed locked by other transactions for "
+                    f"{timeout_s:g} s while their change tracking was being applied: not read; "
+                    "try again when the app's long transactions are done"
+                ) from None
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
         except BaseException:
@@ -174,8 +184,10 @@ def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -
 def _wait_for(conn: psycopg.Connection, query: str, params: tuple, deadline: float, holder: str) -> None:
     """Take a session lock, waiting at most until ``deadline``."""
     remaining_ms = int((deadline - time.monotonic()) * 1000)
-    refusal = BarrierTimeout(f"{holder} kept a lock for the barrier's whole timeout: the change tracking cannot be "
-                             "read exactly now; try again when the app's long transactions are done")
+    refusal = BarrierTimeout(
+        f"{holder} kept a lock for the barrier's whole timeout: the change tracking cannot be "
+        "read exactly now; try again when the app's long transactions are done"
+    )
     if remaining_ms <= 0:
         raise refusal
     previous = conn.execute("select current_setting('lock_timeout')").fetchone()[0]

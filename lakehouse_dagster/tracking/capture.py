@@ -47,8 +47,12 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.tracking import pgoutput as po
 
 PUBLICATION = "lakehouse_digest"
-DIGEST_TRIGGERS = ("lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest",
-                   "lakehouse_rows_trunc_digest")
+DIGEST_TRIGGERS = (
+    "lakehouse_rows_ins_digest",
+    "lakehouse_rows_upd_digest",
+    "lakehouse_rows_del_digest",
+    "lakehouse_rows_trunc_digest",
+)
 TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del")  # TRUNCATE's stays on
 BARRIER_TRIGGERS = ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del")
 CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill, in wal mode) at a time
@@ -77,20 +81,30 @@ class State:
 
 
 def state(conn: psycopg.Connection) -> State:
-    row = conn.execute("select mode, slot, applied_lsn::text, applying, tracking from lakehouse_digest_capture").fetchone()
+    row = conn.execute(
+        "select mode, slot, applied_lsn::text, applying, tracking from lakehouse_digest_capture"
+    ).fetchone()
     return State(*row) if row else State("triggers", None, None, False)
 
 
 def status(conn: psycopg.Connection) -> dict:
     """What an operator asks: the mode, how far behind the consumer is, what the slot holds back."""
     st = state(conn)
-    out = {"mode": st.mode, "wal_level": conn.execute("show wal_level").fetchone()[0], "slot": st.slot,
-           "applied_lsn": st.applied_lsn, "applying": st.applying, "tracking": st.tracking}
+    out = {
+        "mode": st.mode,
+        "wal_level": conn.execute("show wal_level").fetchone()[0],
+        "slot": st.slot,
+        "applied_lsn": st.applied_lsn,
+        "applying": st.applying,
+        "tracking": st.tracking,
+    }
     if st.slot:
         row = conn.execute(
             "select wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,"
             " pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint"
-            " from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone()
+            " from pg_replication_slots where slot_name = %s",
+            (st.slot,),
+        ).fetchone()
         if row is None:
             out["slot_status"] = "missing"
         else:
@@ -108,16 +122,27 @@ def enable(conn: psycopg.Connection, *, tracking: bool = False, lock_timeout_ms:
     refuses with the reason when the server cannot decode (wal_level) or the table cannot be altered."""
     level = conn.execute("show wal_level").fetchone()[0]
     if level != "logical":
-        raise CaptureError(f"wal_level is {level!r}: logical decoding needs wal_level = logical "
-                           "(ALTER SYSTEM SET wal_level = logical, then restart the server); nothing was changed")
+        raise CaptureError(
+            f"wal_level is {level!r}: logical decoding needs wal_level = logical "
+            "(ALTER SYSTEM SET wal_level = logical, then restart the server); nothing was changed"
+        )
     target = "wal-tracking" if tracking else "wal"
     st = state(conn)
-    if st.mode == target and st.slot and _slot_exists(conn, st.slot) and not _triggers_enabled(conn) \
-            and _tracking_triggers_as(conn, target):
+    if (
+        st.mode == target
+        and st.slot
+        and _slot_exists(conn, st.slot)
+        and not _triggers_enabled(conn)
+        and _tracking_triggers_as(conn, target)
+    ):
         return {"mode": target, "changed": False, **catch_up(conn)}
     if not conn.execute("select 1 from pg_publication where pubname = %s", (PUBLICATION,)).fetchone():
-        conn.execute(sql.SQL("create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
-                             " with (publish = 'insert, update, delete, truncate')").format(sql.Identifier(PUBLICATION)))
+        conn.execute(
+            sql.SQL(
+                "create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
+                " with (publish = 'insert, update, delete, truncate')"
+            ).format(sql.Identifier(PUBLICATION))
+        )
     slot = st.slot or _slot_name(conn)
     created = not _slot_exists(conn, slot)
     try:
@@ -127,9 +152,11 @@ def enable(conn: psycopg.Connection, *, tracking: bool = False, lock_timeout_ms:
     except psycopg.errors.LockNotAvailable:
         if created and conn.execute("select 1 from pg_replication_slots where slot_name = %s", (slot,)).fetchone():
             conn.execute("select pg_drop_replication_slot(%s)", (slot,))  # nothing would consume it
-        raise CaptureError(f"writing transactions stayed open for {lock_timeout_ms / 1000:g} s (the slot and the "
-                           "switch wait for every one; dataset_rows stayed locked): nothing was changed; try again "
-                           "when the app's long transactions are done") from None
+        raise CaptureError(
+            f"writing transactions stayed open for {lock_timeout_ms / 1000:g} s (the slot and the "
+            "switch wait for every one; dataset_rows stayed locked): nothing was changed; try again "
+            "when the app's long transactions are done"
+        ) from None
     return {"mode": target, "changed": True, **catch_up(conn)}
 
 
@@ -161,32 +188,46 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         again = st.mode != "triggers" and bool(_triggers_enabled(conn))
         if target != "triggers":
-            if conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] != "f":
+            if (
+                conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0]
+                != "f"
+            ):
                 conn.execute("alter table dataset_rows replica identity full")
         digest_how = "enable always trigger" if target == "triggers" else "disable trigger"
         for t in DIGEST_TRIGGERS:
             conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(digest_how), sql.Identifier(t)))
         tracked_here = target == "wal-tracking"
         for t in TRACKING_TRIGGERS:
-            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(
-                sql.SQL("disable trigger" if tracked_here else "enable trigger"), sql.Identifier(t)))
+            conn.execute(
+                sql.SQL("alter table dataset_rows {} {}").format(
+                    sql.SQL("disable trigger" if tracked_here else "enable trigger"), sql.Identifier(t)
+                )
+            )
         for t in BARRIER_TRIGGERS:
-            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(
-                sql.SQL("enable always trigger" if tracked_here else "disable trigger"), sql.Identifier(t)))
+            conn.execute(
+                sql.SQL("alter table dataset_rows {} {}").format(
+                    sql.SQL("enable always trigger" if tracked_here else "disable trigger"), sql.Identifier(t)
+                )
+            )
         if again:  # the digest triggers were enabled behind the consumer: the sums are unknown
             _drop_all_sums(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (target,))
         if target == "triggers":
             conn.execute("update lakehouse_digest_capture set mode = 'triggers', changed_at = now()")
             return
-        conn.execute("update lakehouse_digest_capture set mode = %s, slot = %s,"
-                     " applied_lsn = case when mode <> 'triggers' then applied_lsn end,"
-                     " applying = (mode <> 'triggers' and applying),"
-                     " tracking = (mode <> 'triggers' and tracking), changed_at = now()", (target, slot))
+        conn.execute(
+            "update lakehouse_digest_capture set mode = %s, slot = %s,"
+            " applied_lsn = case when mode <> 'triggers' then applied_lsn end,"
+            " applying = (mode <> 'triggers' and applying),"
+            " tracking = (mode <> 'triggers' and tracking), changed_at = now()",
+            (target, slot),
+        )
         if st.mode == "triggers":
             # What the triggers summed so far is exact up to now (no write runs under this lock).
-            conn.execute("update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
-                         " applied_version = d.rows_version from datasets d where d.id = s.dataset_id")
+            conn.execute(
+                "update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
+                " applied_version = d.rows_version from datasets d where d.id = s.dataset_id"
+            )
 
 
 def sibling(conn: psycopg.Connection) -> psycopg.Connection:
@@ -220,9 +261,11 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
         try:
             _switch(conn, st, st.slot, "triggers", lock_timeout_ms)
         except psycopg.errors.LockNotAvailable:
-            raise CaptureError(f"dataset_rows stayed locked by other transactions for {lock_timeout_ms / 1000:g} s "
-                               f"(the switch needs a brief lock that waits for every writer): still capture mode {st.mode}; try again "
-                               "when the app's long transactions are done") from None
+            raise CaptureError(
+                f"dataset_rows stayed locked by other transactions for {lock_timeout_ms / 1000:g} s "
+                f"(the switch needs a brief lock that waits for every writer): still capture mode {st.mode}; try again "
+                "when the app's long transactions are done"
+            ) from None
     out = {"mode": "triggers", "changed": st.mode != "triggers"}
     if st.slot:
         try:
@@ -234,14 +277,18 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
             out["consumer_error"] = str(exc)
         if conn.execute("select 1 from pg_replication_slots where slot_name = %s", (st.slot,)).fetchone():
             conn.execute("select pg_drop_replication_slot(%s)", (st.slot,))
-    conn.execute("update lakehouse_digest_capture set slot = null, applied_lsn = null, applying = false, tracking = false")
+    conn.execute(
+        "update lakehouse_digest_capture set slot = null, applied_lsn = null, applying = false, tracking = false"
+    )
     conn.execute(sql.SQL("drop publication if exists {}").format(sql.Identifier(PUBLICATION)))
     return out
 
 
 # The digest triggers not disabled on dataset_rows (an array of names).
-_ENABLED_TRIGGERS = ("array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
-                     " and tgname = any(%s) and tgenabled <> 'D' order by 1)")
+_ENABLED_TRIGGERS = (
+    "array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
+    " and tgname = any(%s) and tgenabled <> 'D' order by 1)"
+)
 
 
 def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
@@ -250,15 +297,20 @@ def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
 
 def _tracking_triggers_as(conn: psycopg.Connection, mode: str) -> bool:
     """Change tracking's triggers as ``mode`` has them: in the app's transaction, or only the barrier."""
-    on = set(conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS),
-                          (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)).fetchone()[0])
+    on = set(
+        conn.execute(
+            sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)
+        ).fetchone()[0]
+    )
     want = set(BARRIER_TRIGGERS) if mode == "wal-tracking" else set(TRACKING_TRIGGERS)
     return on == want
 
 
 def _lost(slot: str) -> CaptureError:
-    return CaptureError(f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
-                        "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)")
+    return CaptureError(
+        f"replication slot {slot} lost WAL it had not decoded (max_slot_wal_keep_size): "
+        "run `lakehouse digest-capture repair` (drops the maintained sums; canaries refill them)"
+    )
 
 
 def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
@@ -272,8 +324,11 @@ def _mark_all_changed(conn: psycopg.Connection) -> int:
     """Lost WAL held change tracking nobody wrote: which datasets it changed is unknown, so every one has
     changed (a new version, a rewrite, an unknown max), as after a TRUNCATE: each syncs in full once."""
     v = conn.execute("select nextval('lakehouse_rows_version_seq')").fetchone()[0]
-    return conn.execute("update datasets set rows_version = %s, rows_rewrite_version = %s,"
-                        " rows_xid = pg_current_xact_id(), max_row_index = null", (v, v)).rowcount
+    return conn.execute(
+        "update datasets set rows_version = %s, rows_rewrite_version = %s,"
+        " rows_xid = pg_current_xact_id(), max_row_index = null",
+        (v, v),
+    ).rowcount
 
 
 def _drop_all_sums(conn: psycopg.Connection) -> int:
@@ -294,9 +349,11 @@ def repair(conn: psycopg.Connection) -> dict:
     try:
         _create_slot(conn, slot, 10_000)
     except psycopg.errors.LockNotAvailable:
-        raise CaptureError("writing transactions stayed open for 10 s (a new slot waits for every one): no new "
-                           "slot was made; run `lakehouse digest-capture repair` again when the app's long "
-                           "transactions are done") from None
+        raise CaptureError(
+            "writing transactions stayed open for 10 s (a new slot waits for every one): no new "
+            "slot was made; run `lakehouse digest-capture repair` again when the app's long "
+            "transactions are done"
+        ) from None
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         dropped = _drop_all_sums(conn)
@@ -304,8 +361,11 @@ def repair(conn: psycopg.Connection) -> dict:
         if st.mode == "wal-tracking" or st.tracking:
             out["datasets_marked_changed"] = _mark_all_changed(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (st.mode,))
-        conn.execute("update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
-                     " tracking = false, changed_at = now()", (slot,))
+        conn.execute(
+            "update lakehouse_digest_capture set slot = %s, applied_lsn = null, applying = false,"
+            " tracking = false, changed_at = now()",
+            (slot,),
+        )
     return {"mode": st.mode, "repaired": True, "registrations_dropped": dropped, **out, **catch_up(conn)}
 
 
@@ -335,9 +395,13 @@ class _Consumer:
         """(row-hash function, fill_version) per registered dataset, read once per chunk when first needed
         (under the consumer's lock no fill runs, so it cannot change meanwhile)."""
         if self._registered is None:
-            self._registered = {r[0]: (r[1], r[2] if r[2] is not None else -1) for r in self.conn.execute(
-                "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
-                " from lakehouse_pg_digest_state")}
+            self._registered = {
+                r[0]: (r[1], r[2] if r[2] is not None else -1)
+                for r in self.conn.execute(
+                    "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
+                    " from lakehouse_pg_digest_state"
+                )
+            }
         return self._registered
 
     def _begin_tx(self) -> None:
@@ -454,11 +518,14 @@ class _Consumer:
         cols = list(zip(*pending))
         try:
             with self.conn.transaction():  # a savepoint: a value the hash cannot type drops the registration
-                rows = self.conn.execute(sql.SQL(
-                    "select d.seg, d.n, d.s from unnest({}(array(select row(t.r::bigint, t.i::uuid, t.c::timestamptz,"
-                    " t.d::jsonb, t.s)::lakehouse_digest_row from unnest(%b::text[], %b::text[], %b::text[], %b::text[],"
-                    " %b::int[]) t(r, i, c, d, s)))) d").format(sql.Identifier(fn)),
-                    (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]), list(cols[4]))).fetchall()
+                rows = self.conn.execute(
+                    sql.SQL(
+                        "select d.seg, d.n, d.s from unnest({}(array(select row(t.r::bigint, t.i::uuid, t.c::timestamptz,"
+                        " t.d::jsonb, t.s)::lakehouse_digest_row from unnest(%b::text[], %b::text[], %b::text[], %b::text[],"
+                        " %b::int[]) t(r, i, c, d, s)))) d"
+                    ).format(sql.Identifier(fn)),
+                    (list(cols[0]), list(cols[1]), list(cols[2]), list(cols[3]), list(cols[4])),
+                ).fetchall()
         except (psycopg.errors.DataException, psycopg.errors.UndefinedFunction):
             return False
         for seg, n, s in rows:
@@ -522,21 +589,31 @@ class _Consumer:
         for ds in self.drops:
             conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (ds,))
             conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (ds,))
-        rows = [(ds, seg, n, s) for ds, segs in self.deltas.items() if ds not in self.drops
-                for seg, (n, s) in segs.items() if n or s]
+        rows = [
+            (ds, seg, n, s)
+            for ds, segs in self.deltas.items()
+            if ds not in self.drops
+            for seg, (n, s) in segs.items()
+            if n or s
+        ]
         if rows:
             with conn.cursor() as cur:
-                cur.executemany("insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-                                " values (%s, %s, %s, %s::numeric)", [(a, b, c, str(d)) for a, b, c, d in rows])
+                cur.executemany(
+                    "insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) values (%s, %s, %s, %s::numeric)",
+                    [(a, b, c, str(d)) for a, b, c, d in rows],
+                )
         versions = [(ds, v) for ds, v in self.versions.items() if ds not in self.drops]
         if versions:
             conn.execute(
                 "update lakehouse_pg_digest_state s set applied_version = greatest(coalesce(s.applied_version, -1), v.v)"
                 " from unnest(%s::uuid[], %s::bigint[]) v(ds, v) where s.dataset_id = v.ds",
-                ([d for d, _ in versions], [v for _, v in versions]))
+                ([d for d, _ in versions], [v for _, v in versions]),
+            )
         if self._state_changed:  # else nothing was applied: nothing a crash before the advance could repeat
-            conn.execute("update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s, tracking = %s",
-                         (po.lsn_text(self.applied_lsn), self.applying, self.tracking))
+            conn.execute(
+                "update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s, tracking = %s",
+                (po.lsn_text(self.applied_lsn), self.applying, self.tracking),
+            )
 
     def _write_tracking(self) -> dict[uuid.UUID, int]:
         """The chunk's change tracking, per dataset, as the triggers would have written it over the same
@@ -547,17 +624,33 @@ class _Consumer:
         conn = self.conn
         ids = sorted(self.track)
         try:
-            rows = conn.execute("select id, max_row_index, rows_rewrite_version from datasets where id = any(%s::uuid[])"
-                                " order by id for no key update nowait", (ids,)).fetchall()
+            rows = conn.execute(
+                "select id, max_row_index, rows_rewrite_version from datasets where id = any(%s::uuid[])"
+                " order by id for no key update nowait",
+                (ids,),
+            ).fetchall()
         except psycopg.errors.LockNotAvailable:
             raise RowLocked("a datasets row the WAL consumer must write is locked by another transaction") from None
         if not rows:
             return {}
-        versions = [r[0] for r in conn.execute("select nextval('lakehouse_rows_version_seq') from generate_series(1, %s)",
-                                               (len(rows),))]
+        versions = [
+            r[0]
+            for r in conn.execute(
+                "select nextval('lakehouse_rows_version_seq') from generate_series(1, %s)", (len(rows),)
+            )
+        ]
         unknown = [r[0] for r in rows if r[1] is None]
-        true_max = dict(conn.execute("select dataset_id, max(row_index) from dataset_rows where dataset_id = any(%s::uuid[])"
-                                     " group by dataset_id", (unknown,)).fetchall()) if unknown else {}
+        true_max = (
+            dict(
+                conn.execute(
+                    "select dataset_id, max(row_index) from dataset_rows where dataset_id = any(%s::uuid[])"
+                    " group by dataset_id",
+                    (unknown,),
+                ).fetchall()
+            )
+            if unknown
+            else {}
+        )
         out: dict[uuid.UUID, int] = {}
         upd, changes = [], []
         for (ds, mx, prev), v in zip(rows, sorted(versions)):
@@ -574,13 +667,17 @@ class _Consumer:
             out[ds] = v
         if changes:
             with conn.cursor() as cur:
-                cur.executemany("insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
-                                " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing", changes)
+                cur.executemany(
+                    "insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
+                    " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing",
+                    changes,
+                )
         conn.execute(
             "update datasets d set rows_version = u.v, rows_xid = pg_current_xact_id(), max_row_index = u.mx,"
             " rows_rewrite_version = case when u.rw then u.v else d.rows_rewrite_version end"
             " from unnest(%s::uuid[], %s::bigint[], %s::bool[], %s::bigint[]) u(id, v, rw, mx) where d.id = u.id",
-            ([u[0] for u in upd], [u[1] for u in upd], [u[2] for u in upd], [u[3] for u in upd]))
+            ([u[0] for u in upd], [u[1] for u in upd], [u[2] for u in upd], [u[3] for u in upd]),
+        )
         return out
 
 
@@ -598,7 +695,7 @@ class _Track:
         self.grow: list[int] = []  # row_index of updated rows' new versions (they may raise the max)
         self.rewrite = False  # an update or a delete
 
-    def merge(self, other: "_Track") -> None:
+    def merge(self, other: _Track) -> None:
         self.ins += other.ins
         self.changed += other.changed
         self.grow += other.grow
@@ -640,7 +737,8 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
             f"select c.mode, c.slot, c.applied_lsn::text, c.applying, c.tracking, s.wal_status, {_ENABLED_TRIGGERS},"
             f" {_ENABLED_TRIGGERS}, pg_current_wal_flush_lsn()::text"
             " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
-            (list(DIGEST_TRIGGERS), list(BARRIER_TRIGGERS))).fetchone()
+            (list(DIGEST_TRIGGERS), list(BARRIER_TRIGGERS)),
+        ).fetchone()
         if not slot:
             return {"transactions": 0, "rows": 0}
         if wal_status is None:
@@ -648,15 +746,19 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
         if wal_status == "lost":
             raise _lost(slot)
         if mode == "wal-tracking" and len(barrier_on) < len(BARRIER_TRIGGERS):
-            raise CaptureError(f"barrier trigger(s) {', '.join(sorted(set(BARRIER_TRIGGERS) - set(barrier_on)))} were "
-                               "disabled on dataset_rows while capture mode is wal-tracking: readers cannot wait for "
-                               "the app's writers; run `lakehouse digest-capture wal-tracking` to enable them again")
+            raise CaptureError(
+                f"barrier trigger(s) {', '.join(sorted(set(BARRIER_TRIGGERS) - set(barrier_on)))} were "
+                "disabled on dataset_rows while capture mode is wal-tracking: readers cannot wait for "
+                "the app's writers; run `lakehouse digest-capture wal-tracking` to enable them again"
+            )
         if mode != "triggers" and enabled:  # the triggers and the consumer would both count the same writes
             with conn.transaction():
                 _drop_all_sums(conn)
-            raise CaptureError(f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
-                               f"mode is {mode}: the maintained sums were dropped (canaries use the full digest); run "
-                               f"`lakehouse digest-capture {mode}` to disable them again and resume")
+            raise CaptureError(
+                f"digest trigger(s) {', '.join(enabled)} were re-enabled on dataset_rows while capture "
+                f"mode is {mode}: the maintained sums were dropped (canaries use the full digest); run "
+                f"`lakehouse digest-capture {mode}` to disable them again and resume"
+            )
         applied_lsn = po.lsn_int(applied) if applied else 0
         waited_until = None
         while True:
@@ -666,8 +768,11 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
                     n = 0
                     with conn.cursor(name="lakehouse_digest_capture") as cur:
                         cur.itersize = 2000
-                        cur.execute("select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
-                                    " 'proto_version', '1', 'publication_names', %s)", (slot, upto, chunk, PUBLICATION))
+                        cur.execute(
+                            "select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
+                            " 'proto_version', '1', 'publication_names', %s)",
+                            (slot, upto, chunk, PUBLICATION),
+                        )
                         for (data,) in cur:
                             n += 1
                             consumer.feed(po.parse(bytes(data)))
@@ -675,8 +780,10 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
             except RowLocked as exc:  # rolled back: nothing of the chunk applied; the same chunk again shortly
                 waited_until = waited_until or time.monotonic() + row_lock_wait_s
                 if time.monotonic() >= waited_until:
-                    raise RowLocked(f"{exc} for {row_lock_wait_s:g} s: its change tracking is not applied yet "
-                                    "(retried at the next catch-up)") from None
+                    raise RowLocked(
+                        f"{exc} for {row_lock_wait_s:g} s: its change tracking is not applied yet "
+                        "(retried at the next catch-up)"
+                    ) from None
                 time.sleep(0.02)
                 continue
             waited_until = None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb

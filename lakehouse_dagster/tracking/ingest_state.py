@@ -68,8 +68,19 @@ def save_statement(dataset_id: uuid.UUID, state: dict) -> sql.Composed:
               set seq = excluded.seq, state = excluded.state, sync_id = excluded.sync_id, path = excluded.path,
                   writer = excluded.writer, written_at = excluded.written_at
             where lakehouse_source_state.seq <= excluded.seq"""
-    ).format(*(sql.Literal(v) for v in (str(dataset_id), int(state["seq"]), json.dumps(state), str(state["sync_id"]),
-                                         state["path"], state["writer"])))
+    ).format(
+        *(
+            sql.Literal(v)
+            for v in (
+                str(dataset_id),
+                int(state["seq"]),
+                json.dumps(state),
+                str(state["sync_id"]),
+                state["path"],
+                state["writer"],
+            )
+        )
+    )
 
 
 def save_pg_state(conn: psycopg.Connection, dataset_id: uuid.UUID, state: dict) -> None:

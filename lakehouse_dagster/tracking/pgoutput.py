@@ -73,12 +73,12 @@ def _tuple(buf: bytes, at: int) -> tuple[tuple, int]:
     at += 2
     values: list = []
     for _ in range(n):
-        kind = buf[at:at + 1]
+        kind = buf[at : at + 1]
         at += 1
         if kind == b"t":
             (size,) = _I32.unpack_from(buf, at)
             at += 4
-            values.append(buf[at:at + size].decode())
+            values.append(buf[at : at + size].decode())
             at += size
         elif kind == b"n":
             values.append(None)
@@ -119,10 +119,10 @@ def parse(buf: bytes):
     if kind == b"U":
         (relid,) = _U32.unpack_from(buf, 1)
         at, old, is_key = 5, None, False
-        if buf[at:at + 1] in (b"K", b"O"):
-            is_key = buf[at:at + 1] == b"K"
+        if buf[at : at + 1] in (b"K", b"O"):
+            is_key = buf[at : at + 1] == b"K"
             old, at = _tuple(buf, at + 1)
-        if buf[at:at + 1] != b"N":
+        if buf[at : at + 1] != b"N":
             raise ProtocolError("update without a new tuple")
         new, _ = _tuple(buf, at + 1)
         return Change("U", relid, old, is_key, new)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 import psycopg
 from pyiceberg.conversions import from_bytes
@@ -46,8 +46,9 @@ def merge(ranges: Sequence[tuple[int, int]]) -> Ranges:
     return out
 
 
-def changed_ranges(conn: psycopg.Connection, dataset_id: uuid.UUID, rewrite_version: int,
-                   mirrored_version: int) -> Ranges | None:
+def changed_ranges(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, rewrite_version: int, mirrored_version: int
+) -> Ranges | None:
     """Every row_index range rewritten after ``mirrored_version`` up to ``rewrite_version`` (the dataset's
     rows_rewrite_version, read in the same snapshot as ``conn``), or None when a link of the chain is
     missing (TRUNCATE, schema change, writes that predate migration 019)."""
@@ -72,8 +73,9 @@ def changed_ranges(conn: psycopg.Connection, dataset_id: uuid.UUID, rewrite_vers
 
 def prune(conn: psycopg.Connection, dataset_id: uuid.UUID, mirrored_version: int) -> None:
     """Records at or below the mirrored version are never read again."""
-    conn.execute("delete from lakehouse_row_changes where dataset_id = %s and version <= %s",
-                  (dataset_id, mirrored_version))
+    conn.execute(
+        "delete from lakehouse_row_changes where dataset_id = %s and version <= %s", (dataset_id, mirrored_version)
+    )
 
 
 def file_ranges(table: Table) -> list[tuple[object, int, int]] | str:
@@ -97,8 +99,14 @@ def _meets(ranges: Ranges, lo: int, hi: int) -> bool:
     return i >= 0 and ranges[i][1] >= lo
 
 
-def plan_partial(files: list[tuple[object, int, int]], changed: Ranges, mirrored_max: int, head_max: int | None,
-                 total_rows: int, max_fraction: float) -> PartialPlan | str:
+def plan_partial(
+    files: list[tuple[object, int, int]],
+    changed: Ranges,
+    mirrored_max: int,
+    head_max: int | None,
+    total_rows: int,
+    max_fraction: float,
+) -> PartialPlan | str:
     """The files to rewrite and the ranges to read, or why a full rewrite is the better choice."""
     read = merge(changed)
     touched: dict[str, tuple[object, int, int]] = {}
@@ -112,11 +120,17 @@ def plan_partial(files: list[tuple[object, int, int]], changed: Ranges, mirrored
         read = merge(read + [(mirrored_max + 1, head_max)])
     file_rows = sum(f[0].record_count for f in touched.values())
     if total_rows and file_rows > max_fraction * total_rows:
-        return (f"rows were rewritten in {len(touched)} of {len(files)} data files holding {file_rows} of "
-                f"{total_rows} rows (over {max_fraction:.0%}): full rewrite")
-    return PartialPlan([f[0] for f in touched.values()], read, file_rows,
-                       f"rows were updated, deleted or inserted below the max: {len(touched)} of {len(files)} "
-                       f"data files rewritten ({file_rows} of {total_rows} rows)")
+        return (
+            f"rows were rewritten in {len(touched)} of {len(files)} data files holding {file_rows} of "
+            f"{total_rows} rows (over {max_fraction:.0%}): full rewrite"
+        )
+    return PartialPlan(
+        [f[0] for f in touched.values()],
+        read,
+        file_rows,
+        f"rows were updated, deleted or inserted below the max: {len(touched)} of {len(files)} "
+        f"data files rewritten ({file_rows} of {total_rows} rows)",
+    )
 
 
 # Compaction: every incremental sync appends a file of just its new rows, so a dataset the app appends to a few
@@ -144,8 +158,9 @@ def compaction_due(table: Table, chunk_rows: int) -> bool:
     return True
 
 
-def plan_compaction(files: list[tuple[object, int, int]], mirrored_max: int, head_max: int | None,
-                    chunk_rows: int) -> PartialPlan | None:
+def plan_compaction(
+    files: list[tuple[object, int, int]], mirrored_max: int, head_max: int | None, chunk_rows: int
+) -> PartialPlan | None:
     """The run of small files at the top of the table (by __row_index) and the range that replaces them with
     the sync's new rows, or None when fewer than COMPACT_FILES files are small."""
     small = max(1, chunk_rows // 16)
@@ -158,6 +173,10 @@ def plan_compaction(files: list[tuple[object, int, int]], mirrored_max: int, hea
         return None
     top = head_max if head_max is not None and head_max > mirrored_max else mirrored_max
     rows = sum(f[0].record_count for f in run)
-    return PartialPlan([f[0] for f in run], [(min(f[1] for f in run), top)], rows,
-                       f"only appends since the last mirrored version; the {len(run)} small data files at the top "
-                       f"of the table ({rows} rows) compacted with them")
+    return PartialPlan(
+        [f[0] for f in run],
+        [(min(f[1] for f in run), top)],
+        rows,
+        f"only appends since the last mirrored version; the {len(run)} small data files at the top "
+        f"of the table ({rows} rows) compacted with them",
+    )

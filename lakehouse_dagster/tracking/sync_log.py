@@ -19,7 +19,6 @@ import psycopg
 LATEST_SUCCEEDED_FN = "lakehouse_latest_succeeded_sync"  # created by schema/sync_log_sql.py
 
 
-
 @dataclasses.dataclass(frozen=True)
 class SucceededSync:
     sync_id: uuid.UUID

@@ -1,12 +1,11 @@
 """The one resource every op, asset, check and sensor uses to reach Postgres and the catalog."""
 
-
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
 
 
 class LakehouseResource(dg.ConfigurableResource):

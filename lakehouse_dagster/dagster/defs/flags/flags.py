@@ -13,15 +13,15 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.tags import WRITER, dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import list_overrides, narrower_overrides, remaining_lines
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.tracking.datasets import get_dataset
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import WRITER, dataset_tags, flag_tags, tag_run, text
 
 
 class FlagKind(Enum):
@@ -77,8 +77,14 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
             raise refuse(exc) from None
         resolver = FlagResolver(conn, settings.flag_ttl_seconds)
         state = [
-            {"kind": r.kind, "name": r.name, "mode": r.mode, "reason": r.reason, "ceiling": r.ceiling,
-             "class": r.consistency or ""}
+            {
+                "kind": r.kind,
+                "name": r.name,
+                "mode": r.mode,
+                "reason": r.reason,
+                "ceiling": r.ceiling,
+                "class": r.consistency or "",
+            }
             for r in resolver.resolve_all(ds.id if ds else None)
         ]
         overrides = list_overrides(conn)
@@ -86,12 +92,16 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
     for s in state:
         context.log.info(f"{s['kind']} {s['name']}: {s['mode']} ({s['reason']}) [{where}]")
     rows = "\n".join(
-        f"| {s['kind']} | {s['name']} | {s['class']} | **{s['mode']}** | {s['reason']} | {s['ceiling']} |" for s in state
+        f"| {s['kind']} | {s['name']} | {s['class']} | **{s['mode']}** | {s['reason']} | {s['ceiling']} |"
+        for s in state
     )
-    over = "\n".join(
-        f"| {o.kind} | {o.name} | {o.scope} | {o.scope_id or ''} | {o.mode} | {o.set_by} | {o.note or ''} |"
-        for o in overrides
-    ) or "| | (none) | | | | | |"
+    over = (
+        "\n".join(
+            f"| {o.kind} | {o.name} | {o.scope} | {o.scope_id or ''} | {o.mode} | {o.set_by} | {o.note or ''} |"
+            for o in overrides
+        )
+        or "| | (none) | | | | | |"
+    )
     context.add_output_metadata(
         {
             "scope": where,
@@ -114,16 +124,27 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
         tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
         try:
             change = set_flag(
-                conn, config.kind.value, config.name, config.mode, dataset=config.dataset_id,
-                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+                conn,
+                config.kind.value,
+                config.name,
+                config.mode,
+                dataset=config.dataset_id,
+                workspace=config.workspace_id,
+                note=config.note,
+                actor=_actor(context, lakehouse),
                 soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
     context.add_output_metadata(
-        {"flag": change.flag.name, "scope": str(change.scope), "before": change.before or "(no override)",
-         "after": change.after, "audit_id": text(change.audit.id)}
+        {
+            "flag": change.flag.name,
+            "scope": str(change.scope),
+            "before": change.before or "(no override)",
+            "after": change.after,
+            "audit_id": text(change.audit.id),
+        }
     )
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "after": change.after}
 
@@ -134,19 +155,31 @@ def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakeh
         tag_run(context, flag_tags(conn, config.kind.value, config.name, config.dataset_id, config.workspace_id))
         try:
             change = clear_flag(
-                conn, config.kind.value, config.name, dataset=config.dataset_id,
-                workspace=config.workspace_id, note=config.note, actor=_actor(context, lakehouse),
+                conn,
+                config.kind.value,
+                config.name,
+                dataset=config.dataset_id,
+                workspace=config.workspace_id,
+                note=config.note,
+                actor=_actor(context, lakehouse),
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-        remaining = remaining_lines(conn, change.flag, narrower_overrides(conn, config.kind.value, change.flag.name,
-                                                                          change.scope))
+        remaining = remaining_lines(
+            conn, change.flag, narrower_overrides(conn, config.kind.value, change.flag.name, change.scope)
+        )
     msg = f"cleared {change.before}" if change.changed else "no override to clear; nothing changed"
     context.log.info(f"{change.flag.name} ({change.scope}): {msg}")
     for line in remaining:
         context.log.warning(line.strip())
-    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope), "result": msg,
-                                 "narrower_remaining": "\n".join(remaining) or "none"})
+    context.add_output_metadata(
+        {
+            "flag": change.flag.name,
+            "scope": str(change.scope),
+            "result": msg,
+            "narrower_remaining": "\n".join(remaining) or "none",
+        }
+    )
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
 
 
@@ -158,8 +191,9 @@ class CandidatesConfig(dg.Config):
 
 
 @dg.op(description="The writer runbook's step 2b (SAFE / BLOCKED) and what each dataset still lacks for a flip.")
-def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesConfig,
-                             lakehouse: LakehouseResource) -> list[dict]:
+def write_flip_candidates_op(
+    context: dg.OpExecutionContext, config: CandidatesConfig, lakehouse: LakehouseResource
+) -> list[dict]:
     tag_run(context, {WRITER: config.writer.value})
     with lakehouse.connect() as conn:
         try:
@@ -168,22 +202,28 @@ def write_flip_candidates_op(context: dg.OpExecutionContext, config: CandidatesC
             raise refuse(exc) from None
     rows = "\n".join(
         f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
-        + "; ".join(c.reasons).replace("|", "\\|") + " |" for c in found)
-    context.add_output_metadata({
-        "writer": config.writer.value,
-        "identity_ready": len(found),
-        "ready_to_flip": sum(c.ready for c in found),
-        "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
-        "candidates": dg.MetadataValue.md(
-            "| runbook verdict | ready | name | rows | dataset | still needs |\n|---|---|---|---|---|---|\n" + rows),
-    })
+        + "; ".join(c.reasons).replace("|", "\\|")
+        + " |"
+        for c in found
+    )
+    context.add_output_metadata(
+        {
+            "writer": config.writer.value,
+            "identity_ready": len(found),
+            "ready_to_flip": sum(c.ready for c in found),
+            "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
+            "candidates": dg.MetadataValue.md(
+                "| runbook verdict | ready | name | rows | dataset | still needs |\n|---|---|---|---|---|---|\n" + rows
+            ),
+        }
+    )
     return [c.as_dict() for c in found]
 
 
 @dg.job(
     name="write_flip_candidates",
     description="Fase 4 step 2b: identity-ready datasets as SAFE / BLOCKED (pipeline input), and which are ready "
-                "to flip now (readers on Iceberg, caught up, parity ok).",
+    "to flip now (readers on Iceberg, caught up, parity ok).",
     tags={"lakehouse/area": "flags"},
 )
 def write_flip_candidates_job():

@@ -1,15 +1,14 @@
 """The dataset's Postgres rows and its Iceberg table, one partition per dataset, with lineage."""
 
-
 import dagster as dg
 
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.refusals import fail_step
+from lakehouse_dagster.dagster.tags import name_run, text
 from lakehouse_dagster.mirror.batch import run_sync_id
 from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
 from lakehouse_dagster.tracking.datasets import get_dataset
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.refusals import fail_step
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import name_run, text
 
 PG_ROWS = dg.AssetKey(["postgres", "dataset_rows"])
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])
@@ -35,7 +34,9 @@ def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResou
             ds = get_dataset(conn, context.partition_key)
         except Exception as exc:  # a partition whose dataset is gone: the reason, no stack
             fail_step(context, exc, retry=None)
-    return dg.MaterializeResult(metadata={**named, **pg_rows_metadata(ds)}, data_version=dg.DataVersion(str(ds.rows_version)))
+    return dg.MaterializeResult(
+        metadata={**named, **pg_rows_metadata(ds)}, data_version=dg.DataVersion(str(ds.rows_version))
+    )
 
 
 def dataset_names(ds) -> dict:
@@ -92,8 +93,13 @@ def iceberg_dataset_table(
         with lakehouse.connect() as conn:
             named = name_run(context, conn, context.partition_key)
         r = sync_dataset(
-            lakehouse.pg_dsn, lakehouse.catalog(), settings, context.partition_key,
-            mode=config.mode, sync_id=sync_id, run_id=context.run_id,
+            lakehouse.pg_dsn,
+            lakehouse.catalog(),
+            settings,
+            context.partition_key,
+            mode=config.mode,
+            sync_id=sync_id,
+            run_id=context.run_id,
         )
     except Exception as exc:
         # Fail loud either way: G2 backpressure and what a retry can fix (a connection, object-store I/O, a commit
@@ -101,8 +107,9 @@ def iceberg_dataset_table(
         # reason and no stack (dagster/refusals.py). The retry reuses the sync id: a commit that landed is found.
         fail_step(context, exc)
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
-    return dg.MaterializeResult(metadata={**named, **iceberg_metadata(r)},
-                                data_version=dg.DataVersion(str(r.source_version)))
+    return dg.MaterializeResult(
+        metadata={**named, **iceberg_metadata(r)}, data_version=dg.DataVersion(str(r.source_version))
+    )
 
 
 mirror_job = dg.define_asset_job(

@@ -3,30 +3,32 @@ slot never holds much WAL back even when no canary runs. In capture mode trigger
 
 import dagster as dg
 
-from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.tracking import capture
 
 
 @dg.sensor(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Capture modes wal and wal-tracking: applies the changes the replication slot holds to the "
-                "maintained Postgres digest (and, in wal-tracking, writes the change tracking), what `lakehouse "
-                "digest-capture catch-up` does. Requests no runs.",
+    "maintained Postgres digest (and, in wal-tracking, writes the change tracking), what `lakehouse "
+    "digest-capture catch-up` does. Requests no runs.",
 )
 def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
         st = capture.state(conn)
         if not st.slot:
-            return dg.SkipReason(f"capture mode {st.mode}: the digest is computed in the writing transaction; "
-                                 "nothing to consume")
+            return dg.SkipReason(
+                f"capture mode {st.mode}: the digest is computed in the writing transaction; nothing to consume"
+            )
         try:
             done = capture.catch_up(conn)
         except capture.CaptureError as exc:  # said plainly, not as a stack trace
             context.log.warning(str(exc))
             return dg.SkipReason(f"capture mode {st.mode}: cannot consume: {exc}")
-    return dg.SkipReason(f"capture mode {st.mode}: decoded {done['transactions']} transaction(s), hashed {done['rows']} "
-                         f"row change(s) of registered datasets in {done['seconds']} s"
-                         + (f"; change tracking written for {done['tracked']} dataset(s)" if done.get("tracked") else "")
-                         + (f"; {done['dropped']} registration(s) dropped (the next canary refills them)"
-                            if done.get("dropped") else ""))
+    return dg.SkipReason(
+        f"capture mode {st.mode}: decoded {done['transactions']} transaction(s), hashed {done['rows']} "
+        f"row change(s) of registered datasets in {done['seconds']} s"
+        + (f"; change tracking written for {done['tracked']} dataset(s)" if done.get("tracked") else "")
+        + (f"; {done['dropped']} registration(s) dropped (the next canary refills them)" if done.get("dropped") else "")
+    )

@@ -10,15 +10,21 @@ fails the run (loudly, after the others have landed); the poller's sweep retries
 
 import dagster as dg
 
+from lakehouse_dagster.dagster.defs.mirror.assets import (
+    ICEBERG_TABLE,
+    PG_ROWS,
+    dataset_names,
+    iceberg_metadata,
+    pg_rows_metadata,
+)
+from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.tags import text
+from lakehouse_dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.tracking.datasets import get_dataset
-from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS, dataset_names, iceberg_metadata, pg_rows_metadata
-from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
-from lakehouse_dagster.launcher.event_writes import pooled_event_writes
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import text
 
 DATASETS_TAG = "lakehouse/datasets"  # comma-separated dataset ids of a batch run (the poller's in-flight test)
 DATA_VERSION_TAG = "dagster/data_version"
@@ -43,8 +49,9 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
     # One connection for the op's own reads and every dataset's checks; Dagster's event storage keeps its
     # connections while the op logs five events per dataset (launcher/event_writes.py).
     with pooled_event_writes(context.instance), lakehouse.connect() as conn:
-        for item in mirror_many(lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id,
-                                mode=config.mode):
+        for item in mirror_many(
+            lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id, mode=config.mode
+        ):
             if isinstance(item, Failed):
                 context.log.error(f"ds={item.dataset_id} failed: {item.error}")
                 failed.append(item)
@@ -53,11 +60,17 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             key, version = str(item.dataset_id), str(item.source_version)
             ds = get_dataset(conn, item.dataset_id)
             yield dg.AssetMaterialization(
-                asset_key=PG_ROWS, partition=key, metadata={**pg_rows_metadata(ds), "rows_version": text(item.source_version)},
-                tags={DATA_VERSION_TAG: version})
-            yield dg.AssetMaterialization(asset_key=ICEBERG_TABLE, partition=key,
-                                          metadata={**dataset_names(ds), **iceberg_metadata(item)},
-                                          tags={DATA_VERSION_TAG: version})
+                asset_key=PG_ROWS,
+                partition=key,
+                metadata={**pg_rows_metadata(ds), "rows_version": text(item.source_version)},
+                tags={DATA_VERSION_TAG: version},
+            )
+            yield dg.AssetMaterialization(
+                asset_key=ICEBERG_TABLE,
+                partition=key,
+                metadata={**dataset_names(ds), **iceberg_metadata(item)},
+                tags={DATA_VERSION_TAG: version},
+            )
         # One summary line, not one per dataset: each log line is an event the instance stores (the
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
@@ -65,19 +78,30 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}  # once, not per dataset
         verdicts: dict[str, int] = {}
         for r in synced:
-            evaluations = check_evaluations(lakehouse, str(r.dataset_id), run_id=context.run_id, log=context.log,
-                                            instance=context.instance, conn=conn, wedged=wedged)
+            evaluations = check_evaluations(
+                lakehouse,
+                str(r.dataset_id),
+                run_id=context.run_id,
+                log=context.log,
+                instance=context.instance,
+                conn=conn,
+                wedged=wedged,
+            )
             for e in evaluations:
                 if not e.passed:
                     verdicts[e.check_name] = verdicts.get(e.check_name, 0) + 1
             yield from evaluations
         if synced:
-            context.log.info(f"checks of {len(synced)} datasets: " + (
-                ", ".join(f"{n} {name} failed" for name, n in verdicts.items()) or "all passed"))
+            context.log.info(
+                f"checks of {len(synced)} datasets: "
+                + (", ".join(f"{n} {name} failed" for name, n in verdicts.items()) or "all passed")
+            )
     if failed:
         names = "; ".join(f"{f.dataset_id}: {f.error}" for f in failed[:5])
-        raise refuse(f"{len(failed)} of {len(config.datasets)} datasets failed ({names}); the others landed, "
-                     "and the mirror poller retries the failed ones") from None
+        raise refuse(
+            f"{len(failed)} of {len(config.datasets)} datasets failed ({names}); the others landed, "
+            "and the mirror poller retries the failed ones"
+        ) from None
 
 
 @dg.job(

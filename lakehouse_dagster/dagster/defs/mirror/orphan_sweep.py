@@ -5,66 +5,91 @@ the first listing (delete off) looks right. (No ``from __future__ import annotat
 annotations at runtime.)
 """
 
-from typing import List, Optional
+from typing import Optional
 
 import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
-from lakehouse_dagster.mirror.sweep import sweep
-from lakehouse_dagster.dagster.refusals import refuse
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.mirror.sweep import sweep
 
 
 class OrphanSweepConfig(dg.Config):
-    datasets: List[str] = Field(default_factory=list,
-                                description="dataset ids to sweep; empty: every dataset with a succeeded sync")
+    datasets: list[str] = Field(
+        default_factory=list, description="dataset ids to sweep; empty: every dataset with a succeeded sync"
+    )
     delete: bool = Field(default=False, description="remove the orphan files (default: only list them)")
     grace_seconds: Optional[float] = Field(
-        default=None, description="spare files modified in the last S seconds (default "
-                                  "LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, at least 3600)")
+        default=None,
+        description="spare files modified in the last S seconds (default "
+        "LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, at least 3600)",
+    )
 
 
 @dg.op(description="List (or remove) the files of the datasets' Iceberg tables that no kept snapshot references.")
 def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
         try:
-            swept = sweep(conn, lakehouse.catalog(), lakehouse.settings(), config.datasets or None,
-                          delete=config.delete, grace_seconds=config.grace_seconds)
+            swept = sweep(
+                conn,
+                lakehouse.catalog(),
+                lakehouse.settings(),
+                config.datasets or None,
+                delete=config.delete,
+                grace_seconds=config.grace_seconds,
+            )
         except LakehouseError as exc:
             raise refuse(exc) from None
-        names = dict(conn.execute("select id, name from datasets where id = any(%s)",
-                                  ([s.dataset_id for s in swept],)).fetchall())
+        names = dict(
+            conn.execute(
+                "select id, name from datasets where id = any(%s)", ([s.dataset_id for s in swept],)
+            ).fetchall()
+        )
     for s in swept:
         if s.error:
             context.log.warning(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))
         elif s.orphans:
             context.log.info(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))
     with_orphans = [s for s in swept if s.orphans]
-    rows = "\n".join(f"| {names.get(s.dataset_id, '?')} | `{s.dataset_id}` | {len(s.orphans)} | {s.bytes:,} | "
-                     f"{s.removed} |" for s in with_orphans)
+    rows = "\n".join(
+        f"| {names.get(s.dataset_id, '?')} | `{s.dataset_id}` | {len(s.orphans)} | {s.bytes:,} | {s.removed} |"
+        for s in with_orphans
+    )
     failed = [s for s in swept if s.error]
     if failed:  # the others were swept; these need a look
-        context.log.info(f"swept {len(swept) - len(failed)} dataset(s): {sum(len(s.orphans) for s in swept)} orphan "
-                         f"file(s), {sum(s.removed for s in swept)} removed")
-        raise refuse(f"{len(failed)} of {len(swept)} dataset(s) could not be swept: "
-                     + "; ".join(f"{names.get(s.dataset_id, '?')} ({s.dataset_id}): {s.error}" for s in failed[:5]))
-    context.add_output_metadata({
-        "datasets_swept": len(swept), "datasets_with_orphans": len(with_orphans),
-        "orphan_files": sum(len(s.orphans) for s in swept), "bytes": sum(s.bytes for s in swept),
-        "removed": sum(s.removed for s in swept), "delete": config.delete,
-        "grace_seconds": swept[0].grace_seconds if swept else None,
-        "orphans": dg.MetadataValue.md("| dataset | id | orphan files | bytes | removed |\n|---|---|---|---|---|\n"
-                                       + (rows or "| (none) | | 0 | 0 | 0 |")),
-    })
+        context.log.info(
+            f"swept {len(swept) - len(failed)} dataset(s): {sum(len(s.orphans) for s in swept)} orphan "
+            f"file(s), {sum(s.removed for s in swept)} removed"
+        )
+        raise refuse(
+            f"{len(failed)} of {len(swept)} dataset(s) could not be swept: "
+            + "; ".join(f"{names.get(s.dataset_id, '?')} ({s.dataset_id}): {s.error}" for s in failed[:5])
+        )
+    context.add_output_metadata(
+        {
+            "datasets_swept": len(swept),
+            "datasets_with_orphans": len(with_orphans),
+            "orphan_files": sum(len(s.orphans) for s in swept),
+            "bytes": sum(s.bytes for s in swept),
+            "removed": sum(s.removed for s in swept),
+            "delete": config.delete,
+            "grace_seconds": swept[0].grace_seconds if swept else None,
+            "orphans": dg.MetadataValue.md(
+                "| dataset | id | orphan files | bytes | removed |\n|---|---|---|---|---|\n"
+                + (rows or "| (none) | | 0 | 0 | 0 |")
+            ),
+        }
+    )
     return {"datasets": [s.as_dict() for s in swept]}
 
 
 @dg.job(
     name="orphan_sweep",
     description="Remove (delete: true) or list the files of the datasets' Iceberg tables that no kept snapshot "
-                "references: what snapshot expiry, compaction and partial rewrites leave on disk. Spares files "
-                "younger than the grace period and the files of syncs the reaper has yet to settle.",
+    "references: what snapshot expiry, compaction and partial rewrites leave on disk. Spares files "
+    "younger than the grace period and the files of syncs the reaper has yet to settle.",
     tags={"lakehouse/area": "maintenance"},
 )
 def orphan_sweep_job():
@@ -78,5 +103,5 @@ orphan_sweep_schedule = dg.ScheduleDefinition(
     default_status=dg.DefaultScheduleStatus.STOPPED,
     run_config={"ops": {"orphan_sweep_op": {"config": {"delete": True}}}},
     description="Daily at 03:17: remove the orphan files of every dataset with a succeeded sync (grace: the "
-                "snapshot max age, at least an hour). Stopped until an operator turns it on.",
+    "snapshot max age, at least an hour). Stopped until an operator turns it on.",
 )

@@ -8,14 +8,14 @@ import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, MirrorBatchConfig, mirror_batch_job
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.tags import DATASET_NAME, datasets_tags
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
-from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
-from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, MirrorBatchConfig, mirror_batch_job
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import DATASET_NAME, datasets_tags
 
 DATASET_NAMES_TAG = "lakehouse/dataset_names"  # a batch run: its datasets' names (display; filter by one-dataset runs)
 
@@ -78,7 +78,7 @@ def split_batches(items: list, size: int) -> list[list]:
     out, i = [], 0
     for k in range(n):
         step = base + (1 if k < extra else 0)
-        out.append(items[i:i + step])
+        out.append(items[i : i + step])
         i += step
     return out
 
@@ -98,13 +98,23 @@ def requested_datasets(run_requests: list[dg.RunRequest]) -> list[str]:
 
 def mirror_run_requests(items: list[Pending], batch_size: int, named: dict | None = None) -> list[dg.RunRequest]:
     if batch_size <= 0:  # one mirror_job run per dataset partition (the path before batches)
-        return [dg.RunRequest(job_name=mirror_job.name, run_key=p.run_key, partition_key=str(p.dataset_id),
-                              tags=mirror_tags([p], named)) for p in items]
+        return [
+            dg.RunRequest(
+                job_name=mirror_job.name,
+                run_key=p.run_key,
+                partition_key=str(p.dataset_id),
+                tags=mirror_tags([p], named),
+            )
+            for p in items
+        ]
     return [
         dg.RunRequest(
-            job_name=mirror_batch_job.name, run_key=batch_run_key(b), tags=mirror_tags(b, named),
-            run_config=dg.RunConfig(ops={"mirror_datasets": MirrorBatchConfig(
-                datasets=[str(p.dataset_id) for p in b])}),
+            job_name=mirror_batch_job.name,
+            run_key=batch_run_key(b),
+            tags=mirror_tags(b, named),
+            run_config=dg.RunConfig(
+                ops={"mirror_datasets": MirrorBatchConfig(datasets=[str(p.dataset_id) for p in b])}
+            ),
         )
         for b in split_batches(items, batch_size)
     ]
@@ -129,8 +139,11 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
             context.log.warning(f"change tracking from the WAL not caught up: {exc}")
         tick = plan_tick(
-            conn, Cursor.loads(context.cursor), limit=datasets_per_tick(settings),
-            retry_after_seconds=settings.retry_failed_after_seconds, retry_max=settings.retry_failed_max,
+            conn,
+            Cursor.loads(context.cursor),
+            limit=datasets_per_tick(settings),
+            retry_after_seconds=settings.retry_failed_after_seconds,
+            retry_max=settings.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
         )
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests])

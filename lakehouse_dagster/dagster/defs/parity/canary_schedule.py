@@ -3,16 +3,15 @@ registry default), one run per dataset partition. Each run records its verdict i
 lakehouse_read_parity (source=schedule) and emits the asset check results on the Iceberg table asset.
 """
 
-
 import datetime
 
 import dagster as dg
 
-from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, ICEBERG_TABLE
-from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.tags import datasets_tags
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 
 # Checks only: the table is not re-materialized (that is the mirror's job), so a dataset behind its
 # Postgres version reads as lagging rather than being synced first. A checks-only asset job carries no
@@ -47,8 +46,7 @@ def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: Lak
         return dg.SkipReason("no flipped dataset to check" if not flipped else "no flipped dataset is a partition yet")
     tick = _tick(context)
     return [
-        dg.RunRequest(run_key=f"canary:{d}:{tick}",
-                      tags={**named.get(d, {}), CANARY_TAG: "schedule", PARTITION_TAG: d})
+        dg.RunRequest(run_key=f"canary:{d}:{tick}", tags={**named.get(d, {}), CANARY_TAG: "schedule", PARTITION_TAG: d})
         for d in targets
     ]
 
@@ -59,4 +57,4 @@ def _tick(context: dg.ScheduleEvaluationContext) -> str:
         when = context.scheduled_execution_time
     except Exception:  # not set outside a daemon tick
         when = None
-    return (when or datetime.datetime.now(datetime.timezone.utc)).isoformat()
+    return (when or datetime.datetime.now(datetime.UTC)).isoformat()

@@ -10,16 +10,16 @@ import contextlib
 
 import dagster as dg
 
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
 from lakehouse_dagster.parity import canary as cy
-
+from lakehouse_dagster.parity.digest import pin_iceberg
+from lakehouse_dagster.parity.health import DEFAULT_MAX_LAG_SECONDS
+from lakehouse_dagster.parity.health import identity_ready as _identity_ready
+from lakehouse_dagster.parity.health import snapshot_freshness as _snapshot_freshness
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
-from lakehouse_dagster.parity.health import DEFAULT_MAX_LAG_SECONDS, identity_ready as _identity_ready
-from lakehouse_dagster.parity.digest import pin_iceberg
-from lakehouse_dagster.parity.health import snapshot_freshness as _snapshot_freshness
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
 
 ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (dagster/defs/mirror/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
@@ -68,13 +68,33 @@ def parity(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseResource)
     source = "schedule" if context.run.tags.get(CANARY_TAG) == "schedule" else "check"
     with lakehouse.connect() as conn:
         named = name_run(context, conn, context.partition_key)
-    return parity_result(lakehouse, context.partition_key, run_id=context.run.run_id, source=source, log=context.log,
-                         full=context.run.tags.get(FULL_TAG) == "true", named=named, instance=context.instance)
+    return parity_result(
+        lakehouse,
+        context.partition_key,
+        run_id=context.run.run_id,
+        source=source,
+        log=context.log,
+        full=context.run.tags.get(FULL_TAG) == "true",
+        named=named,
+        instance=context.instance,
+    )
 
 
-def parity_result(lakehouse: LakehouseResource, partition_key: str, *, run_id: str, source: str, log,
-                  full: bool = False, named: dict | None = None, instance=None, conn=None, pin=None,
-                  wedged: set | None = None, log_verdict: bool = True) -> dg.AssetCheckResult:
+def parity_result(
+    lakehouse: LakehouseResource,
+    partition_key: str,
+    *,
+    run_id: str,
+    source: str,
+    log,
+    full: bool = False,
+    named: dict | None = None,
+    instance=None,
+    conn=None,
+    pin=None,
+    wedged: set | None = None,
+    log_verdict: bool = True,
+) -> dg.AssetCheckResult:
     """The parity check of one dataset, recorded in lakehouse_read_parity (the check and the batch job); a MISMATCH
     rolls back what serves it from Iceberg (runbooks/auto_rollback.py), said in the metadata and a run tag. A batch
     passes its connection, the dataset's Iceberg pin and the wedged datasets it looked up once for all."""
@@ -133,15 +153,26 @@ def snapshot_freshness(
     return freshness_result(lakehouse, context.partition_key, config.max_lag_seconds, named)
 
 
-def freshness_result(lakehouse: LakehouseResource, partition_key: str,
-                     max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS, named: dict | None = None, *, conn=None,
-                     pin=None) -> dg.AssetCheckResult:
+def freshness_result(
+    lakehouse: LakehouseResource,
+    partition_key: str,
+    max_lag_seconds: int = DEFAULT_MAX_LAG_SECONDS,
+    named: dict | None = None,
+    *,
+    conn=None,
+    pin=None,
+) -> dg.AssetCheckResult:
     with _conn(lakehouse, conn) as conn:
-        h = _snapshot_freshness(conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds,
-                                pin=pin)
+        h = _snapshot_freshness(
+            conn, lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), max_lag_seconds, pin=pin
+        )
         named = dataset_metadata(conn, partition_key) if named is None else named
-    return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.WARN, description=h.description,
-                               metadata={**named, **ids_as_text(h.metadata)})
+    return dg.AssetCheckResult(
+        passed=h.passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=h.description,
+        metadata={**named, **ids_as_text(h.metadata)},
+    )
 
 
 @dg.asset_check(
@@ -158,14 +189,19 @@ def identity_ready(context: dg.AssetCheckExecutionContext, lakehouse: LakehouseR
     return identity_result(lakehouse, context.partition_key, named)
 
 
-def identity_result(lakehouse: LakehouseResource, partition_key: str, named: dict | None = None, *, conn=None,
-                    pin=None) -> dg.AssetCheckResult:
+def identity_result(
+    lakehouse: LakehouseResource, partition_key: str, named: dict | None = None, *, conn=None, pin=None
+) -> dg.AssetCheckResult:
     with _conn(lakehouse, conn) as conn:
         h = _identity_ready(lakehouse.catalog(), lakehouse.settings(), _uuid(partition_key), conn, pin=pin)
         if named is None:
             named = dataset_metadata(conn, partition_key)
-    return dg.AssetCheckResult(passed=h.passed, severity=dg.AssetCheckSeverity.ERROR, description=h.description,
-                               metadata={**named, **ids_as_text(h.metadata)})
+    return dg.AssetCheckResult(
+        passed=h.passed,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=h.description,
+        metadata={**named, **ids_as_text(h.metadata)},
+    )
 
 
 def _uuid(key: str):
@@ -177,8 +213,16 @@ def _uuid(key: str):
 PARITY_CHECKS = [parity, snapshot_freshness, identity_ready]
 
 
-def check_evaluations(lakehouse: LakehouseResource, partition_key: str, *, run_id: str,
-                      log, instance=None, conn=None, wedged: set | None = None) -> list[dg.AssetCheckEvaluation]:
+def check_evaluations(
+    lakehouse: LakehouseResource,
+    partition_key: str,
+    *,
+    run_id: str,
+    log,
+    instance=None,
+    conn=None,
+    wedged: set | None = None,
+) -> list[dg.AssetCheckEvaluation]:
     """The three checks of one dataset as events an op logs (mirror_batch_job): the same logic and records as
     the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual. The three
     read one Iceberg pin of the dataset (the table loaded and its files listed once) and, when the batch passes
@@ -188,16 +232,36 @@ def check_evaluations(lakehouse: LakehouseResource, partition_key: str, *, run_i
     with _conn(lakehouse, conn) as conn:
         named = dataset_metadata(conn, partition_key)
         results = [
-            ("parity", True, parity_result(lakehouse, partition_key, run_id=run_id, source="check", log=log,
-                                           instance=instance, conn=conn, pin=pin, wedged=wedged, named=named,
-                                           log_verdict=False)),
+            (
+                "parity",
+                True,
+                parity_result(
+                    lakehouse,
+                    partition_key,
+                    run_id=run_id,
+                    source="check",
+                    log=log,
+                    instance=instance,
+                    conn=conn,
+                    pin=pin,
+                    wedged=wedged,
+                    named=named,
+                    log_verdict=False,
+                ),
+            ),
             ("snapshot_freshness", False, freshness_result(lakehouse, partition_key, named=named, conn=conn, pin=pin)),
             ("identity_ready", True, identity_result(lakehouse, partition_key, named, conn=conn, pin=pin)),
         ]
     return [
         dg.AssetCheckEvaluation(
-            asset_key=ICEBERG_TABLE, check_name=name, passed=r.passed, metadata=r.metadata, severity=r.severity,
-            description=r.description, blocking=blocking, partition=partition_key,
+            asset_key=ICEBERG_TABLE,
+            check_name=name,
+            passed=r.passed,
+            metadata=r.metadata,
+            severity=r.severity,
+            description=r.description,
+            blocking=blocking,
+            partition=partition_key,
         )
         for name, blocking, r in results
     ]

@@ -16,9 +16,9 @@ import json
 
 import dagster as dg
 
-from lakehouse_dagster.routing.native_guard import report_key, report_lines, unsafe_native_datasets
-from lakehouse_dagster.dagster.refusals import stop
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import stop
+from lakehouse_dagster.routing.native_guard import report_key, report_lines, unsafe_native_datasets
 
 REPORT_TAG = "lakehouse/report"
 _SHOWN = 20  # datasets named in a tick message or a failure description (the count says how many more)
@@ -26,8 +26,10 @@ _SHOWN = 20  # datasets named in a tick message or a failure description (the co
 
 def _summary(n_native: int, lines: list[str]) -> str:
     shown = "; ".join(lines[:_SHOWN]) + (f"; ... and {len(lines) - _SHOWN} more" if len(lines) > _SHOWN else "")
-    return (f"{len(lines)} of {n_native} dataset(s) written iceberg-native fail the write-flip gates (their native "
-            f"writes are refused): {shown}")
+    return (
+        f"{len(lines)} of {n_native} dataset(s) written iceberg-native fail the write-flip gates (their native "
+        f"writes are refused): {shown}"
+    )
 
 
 @dg.op(description="List every dataset written iceberg-native that fails the write-flip gates; fails if any.")
@@ -41,14 +43,20 @@ def native_safety_check(context: dg.OpExecutionContext, lakehouse: LakehouseReso
         context.log.info(f"all {n_native} dataset(s) written iceberg-native pass the write-flip gates")
         return {"native": n_native, "unsafe": 0}
     table = "| dataset | id | reasons |\n|---|---|---|\n" + "\n".join(
-        f"| {b.name} | {b.dataset_id} | {'<br>'.join(r.replace('|', '/') for r in b.reasons)} |" for b in blocked)
-    raise stop(context, _summary(n_native, lines),
-               {"native datasets": str(n_native), "unsafe datasets": str(len(blocked)), "datasets": table}) from None
+        f"| {b.name} | {b.dataset_id} | {'<br>'.join(r.replace('|', '/') for r in b.reasons)} |" for b in blocked
+    )
+    raise stop(
+        context,
+        _summary(n_native, lines),
+        {"native datasets": str(n_native), "unsafe datasets": str(len(blocked)), "datasets": table},
+    ) from None
 
 
-@dg.job(description="Report the datasets written iceberg-native that fail the write-flip gates (launched by the "
-                    "native_safety sensor; launch it by hand any time).",
-        tags={REPORT_TAG: "native_safety"})
+@dg.job(
+    description="Report the datasets written iceberg-native that fail the write-flip gates (launched by the "
+    "native_safety sensor; launch it by hand any time).",
+    tags={REPORT_TAG: "native_safety"},
+)
 def native_safety_report():
     native_safety_check()
 
@@ -58,7 +66,7 @@ def native_safety_report():
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Datasets written iceberg-native that fail the write-flip gates (a dataset added to a native "
-                "scope, a new pipeline input, a reader lowered by hand): their native writes are refused.",
+    "scope, a new pipeline input, a reader lowered by hand): their native writes are refused.",
 )
 def native_safety(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
@@ -67,8 +75,11 @@ def native_safety(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     if not blocked:
         if last.get("key"):  # resolved: the same datasets failing again later are reported again
             context.update_cursor(json.dumps({**last, "key": None}))
-        return dg.SkipReason(f"all {n_native} dataset(s) written iceberg-native pass the write-flip gates"
-                             if n_native else "no dataset is written iceberg-native")
+        return dg.SkipReason(
+            f"all {n_native} dataset(s) written iceberg-native pass the write-flip gates"
+            if n_native
+            else "no dataset is written iceberg-native"
+        )
     lines = report_lines(blocked)
     key = report_key(blocked)
     if last.get("key") == key:

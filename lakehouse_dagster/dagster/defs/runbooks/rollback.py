@@ -10,13 +10,13 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.tags import flag_tags, tag_run
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.runbooks.rollback_report import leaving_native, rollback_lines, rolled_back
-from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import flag_tags, tag_run
 
 
 class WriteRollbackConfig(dg.Config):
@@ -24,21 +24,36 @@ class WriteRollbackConfig(dg.Config):
     dataset_id: Optional[str] = Field(default=None, description="roll back for one dataset")
     workspace_id: Optional[str] = Field(default=None, description="or a workspace; neither: global")
     note: Optional[str] = Field(default=None, description="why, kept with the override and in the audit")
-    backfill: bool = Field(default=False, description="then copy the rows only Iceberg holds into dataset_rows "
-                                                      "(otherwise the mirror refuses those datasets until a backfill "
-                                                      "or a sync.full on the pg path)")
+    backfill: bool = Field(
+        default=False,
+        description="then copy the rows only Iceberg holds into dataset_rows "
+        "(otherwise the mirror refuses those datasets until a backfill "
+        "or a sync.full on the pg path)",
+    )
 
 
-@dg.op(description="Set the writer to pg, report the rows/snapshots only Iceberg holds per dataset, optionally backfill.")
-def write_rollback_op(context: dg.OpExecutionContext, config: WriteRollbackConfig, lakehouse: LakehouseResource) -> dict:
+@dg.op(
+    description="Set the writer to pg, report the rows/snapshots only Iceberg holds per dataset, optionally backfill."
+)
+def write_rollback_op(
+    context: dg.OpExecutionContext, config: WriteRollbackConfig, lakehouse: LakehouseResource
+) -> dict:
     writer = config.writer.value
     settings, catalog = lakehouse.settings(), lakehouse.catalog()
     with lakehouse.connect() as conn:
         tag_run(context, flag_tags(conn, "write", writer, config.dataset_id, config.workspace_id))
         try:
             moved = leaving_native(conn, writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id)
-            change = set_flag(conn, "write", writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id,
-                              note=config.note, actor=_actor(context, lakehouse))
+            change = set_flag(
+                conn,
+                "write",
+                writer,
+                "pg",
+                dataset=config.dataset_id,
+                workspace=config.workspace_id,
+                note=config.note,
+                actor=_actor(context, lakehouse),
+            )
             rolled = rolled_back(conn, catalog, settings, moved)
         except LakehouseError as exc:
             raise refuse(exc) from None
@@ -55,21 +70,31 @@ def write_rollback_op(context: dg.OpExecutionContext, config: WriteRollbackConfi
                 raise refuse(exc) from None
             context.log.info(f"{r.name} ({r.dataset_id}): backfilled {b.copied} row(s) from snapshot {b.snapshot_id}")
             backfilled.append(b.as_dict())
-    rows = "\n".join(f"| {r.name} | `{r.dataset_id}` | {r.iceberg_only.rows if r.iceberg_only else 0} | "
-                     f"{r.iceberg_only.snapshots if r.iceberg_only else 0} |" for r in rolled)
-    context.add_output_metadata({
-        "flag": writer, "scope": str(change.scope), "before": change.before or "(no override)", "after": change.after,
-        "datasets_moved": len(rolled), "backfilled": len(backfilled),
-        "iceberg_only": dg.MetadataValue.md("| dataset | id | rows only in Iceberg | native snapshots |\n"
-                                            "|---|---|---|---|\n" + rows),
-    })
+    rows = "\n".join(
+        f"| {r.name} | `{r.dataset_id}` | {r.iceberg_only.rows if r.iceberg_only else 0} | "
+        f"{r.iceberg_only.snapshots if r.iceberg_only else 0} |"
+        for r in rolled
+    )
+    context.add_output_metadata(
+        {
+            "flag": writer,
+            "scope": str(change.scope),
+            "before": change.before or "(no override)",
+            "after": change.after,
+            "datasets_moved": len(rolled),
+            "backfilled": len(backfilled),
+            "iceberg_only": dg.MetadataValue.md(
+                "| dataset | id | rows only in Iceberg | native snapshots |\n|---|---|---|---|\n" + rows
+            ),
+        }
+    )
     return {"rolled_back": [r.as_dict() for r in rolled], "backfilled": backfilled}
 
 
 @dg.job(
     name="write_rollback",
     description="Fase 4 rollback: a writer back to pg for a dataset, a workspace or globally; reports what only "
-                "Iceberg holds (the mirror refuses to overwrite it) and optionally backfills it into Postgres.",
+    "Iceberg holds (the mirror refuses to overwrite it) and optionally backfills it into Postgres.",
     tags={"lakehouse/area": "rollout"},
 )
 def write_rollback_job():

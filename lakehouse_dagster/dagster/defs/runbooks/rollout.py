@@ -14,15 +14,14 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.refusals import refuse, stop
+from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip as rf
-from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
-from lakehouse_dagster.dagster.refusals import refuse, stop
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 
-FlippableReader = Enum("FlippableReader", {
-    r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})
+FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})
 
 
 class ReadMode(Enum):
@@ -39,8 +38,11 @@ class FlipScopeConfig(dg.Config):
     smoke: bool = Field(default=True, description="the value-level check in the preflight canary (small datasets)")
     reuse_verdicts_minutes: int = Field(default=60, description="reuse ok verdicts this recent at an unchanged version")
     max_datasets: int = Field(default=500, description="refuse a flip whose preflight would canary more datasets")
-    sample: int = Field(default=20, description="a workspace/global widen canaries this many moved datasets at "
-                                                "random afresh, plus every one with no recent ok verdict")
+    sample: int = Field(
+        default=20,
+        description="a workspace/global widen canaries this many moved datasets at "
+        "random afresh, plus every one with no recent ok verdict",
+    )
 
 
 class ReadFlipConfig(FlipScopeConfig):
@@ -53,27 +55,54 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
     with lakehouse.connect() as conn:
         tag_run(context, flag_tags(conn, kind, name, config.dataset_id, config.workspace_id))
         try:
-            pre = rf.preflight(conn, lakehouse.pg_dsn, lakehouse.catalog(), settings, name, mode, kind=kind,
-                               dataset=config.dataset_id, workspace=config.workspace_id,
-                               smoke=config.smoke, reuse_minutes=config.reuse_verdicts_minutes,
-                               max_datasets=config.max_datasets, sample=config.sample, run_id=context.run_id)
+            pre = rf.preflight(
+                conn,
+                lakehouse.pg_dsn,
+                lakehouse.catalog(),
+                settings,
+                name,
+                mode,
+                kind=kind,
+                dataset=config.dataset_id,
+                workspace=config.workspace_id,
+                smoke=config.smoke,
+                reuse_minutes=config.reuse_verdicts_minutes,
+                max_datasets=config.max_datasets,
+                sample=config.sample,
+                run_id=context.run_id,
+            )
         except LakehouseError as exc:
             raise refuse(exc) from None
-    rows = "\n".join(f"| {c.verdict} | {'yes' if c.reused else 'no'} | {c.name} | `{c.dataset_id}` | "
-                     f"{c.detail.replace('|', '/')} |" for c in pre.checked)
-    meta = {**{f"verdict_{k}": v for k, v in pre.counts().items() if v},
-            "datasets_moved": len(pre.checked) + len(pre.skipped),
-            "coverage": pre.coverage(),
-            "preflight": dg.MetadataValue.md("| verdict | reused | dataset | id | detail |\n|---|---|---|---|---|\n" + rows)}
+    rows = "\n".join(
+        f"| {c.verdict} | {'yes' if c.reused else 'no'} | {c.name} | `{c.dataset_id}` | {c.detail.replace('|', '/')} |"
+        for c in pre.checked
+    )
+    meta = {
+        **{f"verdict_{k}": v for k, v in pre.counts().items() if v},
+        "datasets_moved": len(pre.checked) + len(pre.skipped),
+        "coverage": pre.coverage(),
+        "preflight": dg.MetadataValue.md(
+            "| verdict | reused | dataset | id | detail |\n|---|---|---|---|---|\n" + rows
+        ),
+    }
     for c in pre.inert:
-        context.log.warning(f"{c.name} ({c.dataset_id}): {c.verdict} — the flip is inert for it (Postgres serves) "
-                            "until the mirror catches up")
+        context.log.warning(
+            f"{c.name} ({c.dataset_id}): {c.verdict} — the flip is inert for it (Postgres serves) "
+            "until the mirror catches up"
+        )
     if not pre.go:
         raise stop(context, pre.stop_message(), meta) from None
     context.add_output_metadata(meta)
-    return {"name": pre.name, "kind": pre.kind, "mode": pre.mode, "scope": pre.scope.scope,
-            "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None, "note": config.note,
-            "datasets": [str(i) for i in rf.moved_ids(pre)], "preflight": pre}
+    return {
+        "name": pre.name,
+        "kind": pre.kind,
+        "mode": pre.mode,
+        "scope": pre.scope.scope,
+        "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None,
+        "note": config.note,
+        "datasets": [str(i) for i in rf.moved_ids(pre)],
+        "preflight": pre,
+    }
 
 
 @dg.op(description="Canary (--smoke) over every dataset the flip would move; MISMATCH or error stops the job.")
@@ -85,14 +114,25 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
     pre: rf.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
-            change = rf.flip(conn, pre, note=preflight["note"], actor=_actor(context, lakehouse),
-                             soak_seconds=lakehouse.settings().soak_seconds)
+            change = rf.flip(
+                conn,
+                pre,
+                note=preflight["note"],
+                actor=_actor(context, lakehouse),
+                soak_seconds=lakehouse.settings().soak_seconds,
+            )
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
-    context.add_output_metadata({"flag": change.flag.name, "scope": str(change.scope),
-                                 "before": change.before or "(no override)", "after": change.after,
-                                 "audit_id": text(change.audit.id)})
+    context.add_output_metadata(
+        {
+            "flag": change.flag.name,
+            "scope": str(change.scope),
+            "before": change.before or "(no override)",
+            "after": change.after,
+            "audit_id": text(change.audit.id),
+        }
+    )
     return preflight
 
 
@@ -105,8 +145,9 @@ def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: La
 def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
     pre: rf.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = rf.verify(conn, lakehouse.catalog(), lakehouse.settings(), pre.name, rf.moved_ids(pre),
-                             logger=context.log)
+        verified = rf.verify(
+            conn, lakehouse.catalog(), lakehouse.settings(), pre.name, rf.moved_ids(pre), logger=context.log
+        )
     reasons: dict[str, int] = {}
     for v in verified:
         reasons[v.reason] = reasons.get(v.reason, 0) + 1
@@ -143,22 +184,35 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
     settings = lakehouse.settings()
     actor = _actor(context, lakehouse)
     try:
-        report = ib.run_ingest_bench(lakehouse.pg_dsn, settings, jobs=config.jobs, rows=config.rows,
-                                     same_dataset=config.same_dataset, namespace=config.namespace, actor=actor)
+        report = ib.run_ingest_bench(
+            lakehouse.pg_dsn,
+            settings,
+            jobs=config.jobs,
+            rows=config.rows,
+            same_dataset=config.same_dataset,
+            namespace=config.namespace,
+            actor=actor,
+        )
     except LakehouseError as exc:
         raise refuse(exc) from None
     finally:
         if not config.keep:
             ib.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
-    rows = "\n".join(f"| {o.job} | {o.status} | {o.rows} | {o.seconds:.2f} | {(o.error or '')[:200].replace('|', '/')} |"
-                     for o in report.outcomes)
-    meta = {"ok": report.count(ib.OK), "503": report.count(ib.BACKPRESSURE), "error": report.count(ib.ERROR),
-            "max_concurrent_ingest": report.max_concurrent_ingest, "seconds": round(report.seconds, 2),
-            "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows)}
+    rows = "\n".join(
+        f"| {o.job} | {o.status} | {o.rows} | {o.seconds:.2f} | {(o.error or '')[:200].replace('|', '/')} |"
+        for o in report.outcomes
+    )
+    meta = {
+        "ok": report.count(ib.OK),
+        "503": report.count(ib.BACKPRESSURE),
+        "error": report.count(ib.ERROR),
+        "max_concurrent_ingest": report.max_concurrent_ingest,
+        "seconds": round(report.seconds, 2),
+        "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows),
+    }
     context.log.info(report.summary_line())
     if not report.passed:
-        raise stop(context, report.summary_line() + "".join(f"\n{p}" for p in report.table_problems),
-                   meta) from None
+        raise stop(context, report.summary_line() + "".join(f"\n{p}" for p in report.table_problems), meta) from None
     context.add_output_metadata(meta)
     return report.as_dict()
 
@@ -171,7 +225,6 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
 )
 def ingest_bench_job():
     ingest_bench_op()
-
 
 
 class WriteFlipConfig(FlipScopeConfig):
@@ -197,32 +250,55 @@ def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: 
     meta = {"verified": len(verified), "problems": len(bad)}
     if bad:
         where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
-        raise stop(context, "\n".join([f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]] + [
-            f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]), meta) from None
+        raise stop(
+            context,
+            "\n".join(
+                [f"ds={v.dataset_id}: {'; '.join(v.problems)}" for v in bad[:20]]
+                + [f"roll back with: lakehouse write-flags set {pre.name} pg{where}"]
+            ),
+            meta,
+        ) from None
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
 
-@dg.op(description="Step 3: the writer's first native sync per moved dataset, then the canary on it (content "
-                   "columns for sync.full); a MISMATCH or a failed sync stops the job with the rollback command.")
-def write_flip_first_sync(context: dg.OpExecutionContext, flipped: dict, verified: list[dict],
-                          lakehouse: LakehouseResource) -> list[dict]:
+@dg.op(
+    description="Step 3: the writer's first native sync per moved dataset, then the canary on it (content "
+    "columns for sync.full); a MISMATCH or a failed sync stops the job with the rollback command."
+)
+def write_flip_first_sync(
+    context: dg.OpExecutionContext, flipped: dict, verified: list[dict], lakehouse: LakehouseResource
+) -> list[dict]:
     from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
     pre: rf.Preflight = flipped["preflight"]
     ids = [uuid.UUID(v["dataset_id"]) for v in verified]
     with lakehouse.connect() as conn:
         try:
-            synced = first_native_syncs(conn, lakehouse.pg_dsn, lakehouse.catalog(), lakehouse.settings(), pre.name,
-                                        ids, run_id=context.run_id, logger=context.log)
+            synced = first_native_syncs(
+                conn,
+                lakehouse.pg_dsn,
+                lakehouse.catalog(),
+                lakehouse.settings(),
+                pre.name,
+                ids,
+                run_id=context.run_id,
+                logger=context.log,
+            )
         except LakehouseError as exc:
             raise refuse(exc) from None
-    rows = "\n".join(f"| `{f.dataset_id}` | {f.verdict or '—'} | {f.path or '—'} | {f.rows if f.rows is not None else ''} "
-                     f"| {f.snapshot_id or ''} | {f.detail.replace('|', '/')} |" for f in synced)
-    meta = {**{f"verdict_{k}": sum(f.verdict == k for f in synced) for k in {f.verdict for f in synced if f.verdict}},
-            "no_source": sum(f.verdict is None and not f.problem for f in synced),
-            "first_native_sync": dg.MetadataValue.md(
-                "| dataset | canary | path | rows | snapshot | detail |\n|---|---|---|---|---|---|\n" + rows)}
+    rows = "\n".join(
+        f"| `{f.dataset_id}` | {f.verdict or '—'} | {f.path or '—'} | {f.rows if f.rows is not None else ''} "
+        f"| {f.snapshot_id or ''} | {f.detail.replace('|', '/')} |"
+        for f in synced
+    )
+    meta = {
+        **{f"verdict_{k}": sum(f.verdict == k for f in synced) for k in {f.verdict for f in synced if f.verdict}},
+        "no_source": sum(f.verdict is None and not f.problem for f in synced),
+        "first_native_sync": dg.MetadataValue.md(
+            "| dataset | canary | path | rows | snapshot | detail |\n|---|---|---|---|---|---|\n" + rows
+        ),
+    }
     stopped = stop_message(pre.name, synced)
     if stopped:
         raise stop(context, stopped, meta) from None

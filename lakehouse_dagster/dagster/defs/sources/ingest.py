@@ -19,28 +19,30 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.sources.poll import pending_ingests
-from lakehouse_dagster.mirror.sync import peak_rss_mb
-from lakehouse_dagster.sources.writers import WRITERS, run_writer
 from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.refusals import fail_step
-from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.tags import WRITER, datasets_tags, name_run, text
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.mirror.sync import peak_rss_mb
+from lakehouse_dagster.sources.poll import pending_ingests
+from lakehouse_dagster.sources.writers import WRITERS, run_writer
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})
 
 
 class IngestConfig(dg.Config):
     writer: Optional[SourceWriter] = Field(
-        default=None, description="the writer to run; empty = the source's default (files: sync.append, postgres "
-                                  "with a cursor: sync.incremental, without: sync.full, cdc: cdc.append)")
+        default=None,
+        description="the writer to run; empty = the source's default (files: sync.append, postgres "
+        "with a cursor: sync.incremental, without: sync.full, cdc: cdc.append)",
+    )
 
 
 @dg.op(
     description="Run a source writer for the partition's dataset through the write router: pg (dataset_rows; the "
-                "mirror poller then mirrors it) or iceberg_native (straight to the Iceberg table).",
+    "mirror poller then mirrors it) or iceberg_native (straight to the Iceberg table).",
     pool="iceberg_ingest",
 )
 def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: LakehouseResource) -> dict:
@@ -54,8 +56,17 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         with lakehouse.connect() as conn:
             named = name_run(context, conn, ds_id)
             writer = config.writer.value if config.writer else _default_writer(get_source(conn, ds_id), ds_id)
-            r = run_writer(lakehouse.pg_dsn, lakehouse.catalog(), settings, FlagResolver(conn, ttl_seconds=0), ds_id,
-                           writer, sync_id=sync_id, run_id=context.run_id, logger=context.log)
+            r = run_writer(
+                lakehouse.pg_dsn,
+                lakehouse.catalog(),
+                settings,
+                FlagResolver(conn, ttl_seconds=0),
+                ds_id,
+                writer,
+                sync_id=sync_id,
+                run_id=context.run_id,
+                logger=context.log,
+            )
     except Exception as exc:
         # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
         # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
@@ -80,14 +91,21 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
     if r.path == "native":
         metadata["snapshot_id"] = text(r.snapshot_id)
         if r.compacted_rows:  # why the commit rewrote more than the source gave
-            metadata["compacted"] = (f"{r.compacted_rows} row(s) of the native run's small files rewritten with the new "
-                                     "rows in the same commit (native compaction)")
+            metadata["compacted"] = (
+                f"{r.compacted_rows} row(s) of the native run's small files rewritten with the new "
+                "rows in the same commit (native compaction)"
+            )
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
     if r.new:
-        context.log_event(dg.AssetMaterialization(
-            asset_key=ICEBERG_TABLE if r.path == "native" else PG_ROWS, partition=ds_id, metadata=metadata,
-            description=f"{r.writer} → {r.path} ({r.flag_reason})"))
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=ICEBERG_TABLE if r.path == "native" else PG_ROWS,
+                partition=ds_id,
+                metadata=metadata,
+                description=f"{r.writer} → {r.path} ({r.flag_reason})",
+            )
+        )
     else:
         context.log.info(f"{r.writer}: the source has nothing new for {ds_id}; nothing written")
     context.add_output_metadata(metadata)
@@ -96,8 +114,10 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
 
 def _default_writer(spec, ds_id: str) -> str:
     if spec is None:
-        raise BadInput(f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
-                             "(--files ... | --postgres-table ... | --postgres-query ... | --cdc-table ...)")
+        raise BadInput(
+            f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
+            "(--files ... | --postgres-table ... | --postgres-query ... | --cdc-table ...)"
+        )
     return spec.default_writer
 
 
@@ -105,7 +125,7 @@ def _default_writer(spec, ds_id: str) -> str:
     name="ingest_job",
     partitions_def=datasets_partitions,
     description="Ingest one dataset partition from its source with a source writer (sync.full, sync.append, "
-                "sync.incremental, cdc.append) on the path its write flag says: pg or iceberg_native.",
+    "sync.incremental, cdc.append) on the path its write flag says: pg or iceberg_native.",
     tags={"lakehouse/area": "ingest"},
 )
 def ingest_job():
@@ -117,12 +137,13 @@ def ingest_job():
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Requests an ingest run for each dataset whose source has new files / rows / changes "
-                "(run key names what is new), at most LAKEHOUSE_SENSOR_MAX_REQUESTS per tick.",
+    "(run key names what is new), at most LAKEHOUSE_SENSOR_MAX_REQUESTS per tick.",
 )
 def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
-    found, nxt, visited = pending_ingests(lakehouse.pg_dsn, settings, context.cursor,
-                                          limit=settings.sensor_max_requests)
+    found, nxt, visited = pending_ingests(
+        lakehouse.pg_dsn, settings, context.cursor, limit=settings.sensor_max_requests
+    )
     with lakehouse.connect() as conn:
         named = datasets_tags(conn, [p.dataset_id for p in found])
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
@@ -132,9 +153,13 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             run_key=p.run_key,
             partition_key=str(p.dataset_id),
             run_config={"ops": {"ingest_op": {"config": {"writer": p.writer.replace(".", "_")}}}},
-            tags={**named.get(p.dataset_id, {}), WRITER: p.writer,
-                  "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
-                  "lakehouse/flag_reason": p.reason[:200], "lakehouse/source_news": p.token[:200]},
+            tags={
+                **named.get(p.dataset_id, {}),
+                WRITER: p.writer,
+                "lakehouse/write_path": "native" if p.mode == "iceberg_native" else "pg",
+                "lakehouse/flag_reason": p.reason[:200],
+                "lakehouse/source_news": p.token[:200],
+            },
         )
         for p in found
     ]
