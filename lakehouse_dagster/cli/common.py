@@ -94,7 +94,7 @@ def _default(o: Any) -> Any:
     if isinstance(o, (datetime, date)):
         return o.isoformat()
     if dataclasses.is_dataclass(o):
-        return dataclasses.asdict(o)
+        return dataclasses.asdict(o)  # type: ignore[arg-type]  # an instance: _default is only handed values
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -22,7 +23,7 @@ def conninfo_to_url(dsn: str, dbname: str | None = None, *, what: str = "the DSN
     socket directory goes in the ``host`` query parameter.
     """
     try:
-        params = conninfo_to_dict(_strip_driver(dsn))
+        params: dict[str, Any] = conninfo_to_dict(_strip_driver(dsn))
     except psycopg.ProgrammingError:
         # libpq's message can quote a piece of the string, which may be a password: say nothing of its content
         raise BadInput(

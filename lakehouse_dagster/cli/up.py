@@ -401,7 +401,7 @@ def supervise(
     )
     pgid = proc.pid
     ready_info = {**ready_info, "dagster_pid": proc.pid}
-    state = {"signals": 0, "first_signal_at": None}
+    state: dict[str, float | None] = {"signals": 0, "first_signal_at": None}
 
     def on_signal(signum, frame):
         state["signals"] += 1

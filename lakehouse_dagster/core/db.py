@@ -6,6 +6,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 
@@ -55,7 +56,7 @@ class IdlePool:
             idle = self._idle.get(key)
             return idle.pop() if idle else None
 
-    def take_or_open(self, key: object, open_: Callable[[], object]) -> tuple[object, bool]:
+    def take_or_open(self, key: object, open_: Callable[[], Any]) -> tuple[Any, bool]:
         """(a connection, whether it was reused)."""
         got = self.take(key)
         if got is not None:

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 
@@ -32,7 +33,7 @@ _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
 # (connection, namespace, key, what) of every guard lock this context holds
 _held: contextvars.ContextVar[tuple] = contextvars.ContextVar("lakehouse_guards_held", default=())
 
-KEEPALIVE = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+KEEPALIVE: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
 
 def guard_connection(dsn: str) -> psycopg.Connection:

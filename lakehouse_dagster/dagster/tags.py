@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import dagster as dg
 import psycopg
@@ -42,7 +43,7 @@ def datasets_tags(conn: psycopg.Connection, dataset_ids: Iterable[object]) -> di
     """The dataset tags of many datasets in one query (a sensor tick); an unknown id gets its id tag only.
     (No workspace tag: the runs list shows every tag of a run, and the scope tag names it for flag runs.)"""
     ids = {i for i in (_uuid(d) for d in dataset_ids) if i is not None}
-    found = (
+    found: dict = (
         dict(conn.execute("select id, name from datasets where id = any(%s)", (list(ids),)).fetchall()) if ids else {}
     )
     return {i: {DATASET: str(i), **({DATASET_NAME: _value(found[i])} if i in found else {})} for i in ids}
@@ -104,7 +105,7 @@ def text(value: object) -> dg.MetadataValue:
     return dg.MetadataValue.text("" if value is None else str(value))
 
 
-def ids_as_text(metadata: Mapping[str, object]) -> dict[str, object]:
+def ids_as_text(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """Core results' metadata with identifiers and versions (keys ending in ``_id`` or ``_version``) as text."""
     return {
         k: text(v) if (k.endswith("_id") or k.endswith("_version")) and not isinstance(v, dg.MetadataValue) else v

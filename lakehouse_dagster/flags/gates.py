@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -238,7 +240,7 @@ def _reader_soaks(
         return {}
     history = audit_history(conn, READ, [r.name for r in servable])
     earliest = None
-    since: dict[tuple[uuid.UUID, str], object] = {}
+    since: dict[tuple[uuid.UUID, str], Any] = {}
     for e in moved:
         ws_id = datasets[e.dataset_id][2]
         for r in servable:
@@ -292,7 +294,9 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
     return blocked
 
 
-def _refusal(flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: list[str] = ()) -> FlipRefused:
+def _refusal(
+    flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: Sequence[str] = ()
+) -> FlipRefused:
     verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
     if rules:
         lines = [f"refused: {verb} ({scope}) widens before the runbook's widening rules allow; nothing written:"]

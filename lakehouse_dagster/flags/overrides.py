@@ -11,6 +11,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import psycopg
 
@@ -232,7 +233,8 @@ def history(
     """The audit, newest first, optionally narrowed to one flag and/or one scope."""
     if limit < 1:
         raise BadInput(f"--limit {limit} must be at least 1")
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if kind is not None:
         where.append("kind = %s")
         params.append(check_kind(kind))
@@ -283,7 +285,7 @@ def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) 
     if not left:
         return []
     ids = [o.scope_id for o in left]
-    names = dict(
+    names: dict = dict(
         conn.execute(
             "select id, name from datasets where id = any(%s::uuid[])"
             " union all select id, name from workspaces where id = any(%s::uuid[])",

@@ -162,15 +162,14 @@ class FlagResolver:
 
     def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
         """The effective mode of one reader/writer for a dataset (or globally when dataset_id is None)."""
-        if type(dataset_id) is str:
-            dataset_id = parse_uuid(dataset_id, "dataset id")
-        entry = self._cache.get(dataset_id)
+        ds_id = parse_uuid(dataset_id, "dataset id") if isinstance(dataset_id, str) else dataset_id
+        entry = self._cache.get(ds_id)
         if entry is not None and entry[0] > self._clock():
             res = entry[1].get((kind, name))
             if res is not None:
                 return res
         get_flag(kind, name)  # an unknown name is refused (BadInput naming the known ones) before any query
-        return self._fill(dataset_id)[(kind, name)]
+        return self._fill(ds_id)[(kind, name)]
 
     def read_mode(self, reader: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
         return self.resolve(READ, reader, dataset_id)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -61,7 +62,7 @@ def read_iceberg(
 def _row_index_threshold(table: Table, limit: int, snapshot_id: int | None):
     """``__row_index <= T`` covering at least ``limit`` rows, from file stats; AlwaysTrue when unknown."""
     field_id = table.schema().find_field(ROW_INDEX).field_id
-    bounds: list[tuple[int, int]] = []
+    bounds: list[tuple[Any, int]] = []
     for task in table.scan(selected_fields=(ROW_INDEX,), snapshot_id=snapshot_id).plan_files():
         upper = (task.file.upper_bounds or {}).get(field_id)
         if task.delete_files or upper is None:
@@ -71,7 +72,7 @@ def _row_index_threshold(table: Table, limit: int, snapshot_id: int | None):
     for upper, count in sorted(bounds):
         rows += count
         if rows >= limit:
-            return LessThanOrEqual(ROW_INDEX, upper)
+            return LessThanOrEqual(ROW_INDEX, upper)  # type: ignore[call-arg, arg-type]  # (term, literal), as pyiceberg takes them
     return AlwaysTrue()
 
 

@@ -60,7 +60,7 @@ def column_expr(col: Column) -> sql.Composable:
     bad = sql.SQL("lakehouse_bad_value(dataset_id, row_index, {n}, {typ}, {kind})::{pg}").format(
         n=name, typ=sql.Literal(col.type), kind=kind, pg=sql.SQL(_PG_TYPE[col.type])
     )
-    extra = sql.SQL("")
+    extra: sql.Composable = sql.SQL("")
     if col.type == "float64":  # JSON has no NaN/Infinity: they arrive as strings in a float64 column
         extra = sql.SQL(
             " when 'string' then case {t} when 'NaN' then 'NaN'::float8 when 'Infinity' then "
@@ -160,6 +160,7 @@ class PinnedSnapshot:
 
     def __init__(self, dsn: str, dataset_id: uuid.UUID, pool: IdlePool | None = None):
         self._pool, self._key = pool, ("pinned", dsn)
+        self.conn: psycopg.Connection
         self.conn, reused = (
             pool.take_or_open(self._key, lambda: psycopg.connect(dsn, autocommit=False))
             if pool is not None

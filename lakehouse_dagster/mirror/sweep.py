@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 
 import psycopg
+from pyiceberg.table import Table
 
 from lakehouse_dagster.core.errors import BadInput, NotFound, first_line
 from lakehouse_dagster.core.ids import parse_uuid
@@ -88,7 +89,9 @@ def sweep(
     fails to sweep is reported in its ``Swept.error`` and the others are still swept (callers fail after)."""
     wait = grace(settings, grace_seconds)
     if dataset_ids is None:
-        tables = {d: None for d in mirrored_dataset_ids(conn)}  # each loaded in its turn (a failure is its own)
+        tables: dict[uuid.UUID, Table | None] = {
+            d: None for d in mirrored_dataset_ids(conn)
+        }  # each loaded in its turn (a failure is its own)
     else:
         ids = [parse_uuid(d, "dataset id") for d in dataset_ids]  # refuse bad input before touching anything
         tables = {d: load_table_or_none(catalog, table_identifier(settings, d)) for d in ids}

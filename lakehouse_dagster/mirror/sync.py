@@ -12,6 +12,7 @@ import re
 import resource
 import time
 import uuid
+from typing import Any
 
 import psycopg
 from pyiceberg.catalog import Catalog
@@ -178,7 +179,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
                 head.rows_version,
                 time.perf_counter() - started,
             )
-        plan = None
+        plan: Any = None  # PartialPlan when run_mode becomes "partial"; a reason (str) when it cannot
         if run_mode == "rewrite":
             plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)

@@ -587,7 +587,7 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
     ``limit`` synced tabular datasets (those with at least one succeeded sync)."""
     if dataset_ids:
         ids = list(dict.fromkeys(parse_uuid(d, "dataset id") for d in dataset_ids))
-        rows = dict(conn.execute("select id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+        rows: dict = dict(conn.execute("select id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
         for d in ids:
             if d not in rows:
                 raise NotFound(f"dataset {d} does not exist (check the id with: lakehouse datasets)")
@@ -596,14 +596,14 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
         return ids
     if limit < 1:
         raise BadInput(f"--limit must be at least 1, got {limit}")
-    rows = conn.execute(
+    synced = conn.execute(
         """select d.id from datasets d
             where d.kind = 'tabular'
               and exists (select 1 from lakehouse_latest_succeeded_sync(d.id))  -- tracking/sync_log.py
             order by random() limit %s""",
         (limit,),
     ).fetchall()
-    return [r[0] for r in rows]
+    return [r[0] for r in synced]
 
 
 @dataclasses.dataclass

@@ -164,6 +164,7 @@ def pg_typed(col: Column) -> sql.Composable:
 
 
 def _pg_field(typ: str, v: sql.Composable) -> sql.Composable:
+    body: sql.Composable
     if typ == "string":
         body = sql.SQL("octet_length({v})::text || ':' || {v}").format(v=v)
     elif typ == "json":
@@ -214,13 +215,13 @@ def pg_row_hash(columns: Sequence[Column], *, identity: bool = True) -> sql.Comp
     return sql.SQL('hashtextextended(({}) collate "C", 0)').format(pg_row_text(columns, identity=identity))
 
 
-def pg_self_check_sql() -> sql.Composable:
+def pg_self_check_sql() -> sql.Composed:
     """Canonical floats of a few awkward values, to compare with the Python reference at run time."""
     v = sql.SQL("x")
     return sql.SQL("select x::text, {} from unnest(%s::float8[]) as u(x)").format(_pg_field("float64", v))
 
 
-def pg_hash_check_sql() -> sql.Composable:
+def pg_hash_check_sql() -> sql.SQL:
     return sql.SQL('select t, hashtextextended(t collate "C", 0) from unnest(%s::text[]) as u(t)')
 
 

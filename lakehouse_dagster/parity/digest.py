@@ -183,11 +183,11 @@ class PgSide:
                 )
         rows = self.conn.execute(cn.pg_hash_check_sql(), (cn.SELF_CHECK_TEXTS,)).fetchall()
         for text, got in rows:
-            want = lookup3.hash_text(text)
-            if got != want:
+            want_hash = lookup3.hash_text(text)
+            if got != want_hash:
                 raise DigestUnavailable(
                     f"this Postgres hashes {text!r} to {got}, the contract's lookup3 (parity/lookup3.py) gives "
-                    f"{want}: the server's hashtextextended differs (a big-endian machine or a changed "
+                    f"{want_hash}: the server's hashtextextended differs (a big-endian machine or a changed "
                     "Postgres), so neither side's digest could be compared"
                 )
 
@@ -225,7 +225,7 @@ class PgSide:
 
     def typed_rows(self) -> Iterator[tuple]:
         """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
-        items = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
+        items: list[sql.Composable] = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
         items += [cn.pg_typed(c) for c in self.columns]
         query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(items))
         with self.conn.cursor() as cur:
@@ -386,7 +386,8 @@ class IcebergSide:
 
         row_filter = AlwaysTrue()
         if lo is not None:
-            row_filter = And(GreaterThanOrEqual("__row_index", lo), LessThan("__row_index", hi))
+            # pyiceberg's expressions take (term, literal) positionally; its stubs declare keyword fields only
+            row_filter = And(GreaterThanOrEqual("__row_index", lo), LessThan("__row_index", hi))  # type: ignore[call-arg, arg-type, assignment]
         names = ["__row_index"] + [n for n in ("__row_id", "__created_at") if n in self.present]
         names += [c.name for c in self.columns if c.name in self.present]
         reader = self.pin.table.scan(

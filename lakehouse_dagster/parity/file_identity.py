@@ -57,7 +57,11 @@ def load(conn: psycopg.Connection, dataset_id: uuid.UUID, key: str, sizes: dict[
              from lakehouse_file_identity where dataset_id = %s and fields_key = %s and file_path = any(%s)""",
         (dataset_id, key, list(sizes)),
     ).fetchall()
-    return {r[0]: FileIdentity(*map(int, r[2:7]), r[7], r[8]) for r in rows if sizes.get(r[0]) == r[1]}
+    return {
+        r[0]: FileIdentity(*(int(v) for v in r[2:7]), r[7], r[8])  # type: ignore[call-arg]  # five counts, then the bounds
+        for r in rows
+        if sizes.get(r[0]) == r[1]
+    }
 
 
 def store(

@@ -81,4 +81,4 @@ def localise(
                 visit(sa, sb, w2, pg.segment_digests(sa, sb, w2), ice.segment_digests(sa, sb, w2))
 
     visit(lo, hi, width, pg_segments, ice_segments)
-    return Localisation(found, state["truncated"], state["queries"], time.perf_counter() - started)
+    return Localisation(found, bool(state["truncated"]), state["queries"], time.perf_counter() - started)

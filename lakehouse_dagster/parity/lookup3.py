@@ -16,6 +16,8 @@ Postgres is called with ``COLLATE "C"`` so the bytes are hashed whatever the dat
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 from numba import njit, uint32, uint64
@@ -121,7 +123,7 @@ def hash_array(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if arr.null_count:
         raise ValueError("hashtext: a NULL text has no hash (the canonical row text is never NULL)")
     if arr.type == pa.string() or arr.type == pa.binary():
-        offset_type = np.int32
+        offset_type: Any = np.int32
     elif arr.type == pa.large_string() or arr.type == pa.large_binary():
         offset_type = np.int64
     else:

@@ -27,7 +27,7 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -175,7 +175,7 @@ def _decide(
 @dataclasses.dataclass
 class ReadResult:
     decision: ReadDecision  # after a fallback: source pg, reason pg@fallback
-    value: object
+    value: Any  # what the runner returned (an Arrow table for the read endpoint)
     fallback_error: str | None = None
 
 

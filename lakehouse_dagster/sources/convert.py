@@ -170,7 +170,7 @@ def _check_text(arr: pa.Array, col: Column, pattern: str, what: str) -> None:
 
 def _parse_each(arr: pa.Array, col: Column, parse, target: pa.DataType) -> pa.Array:
     """Per-value fallback for text the vectorised cast refuses: finds the row that does not parse."""
-    values = []
+    values: list = []
     for i, s in enumerate(arr.to_pylist()):
         if s is None:
             values.append(None)
@@ -310,7 +310,7 @@ def _jsonb_texts(values: list, col: Column) -> pa.Array:
 def _json_values_to(values: list, col: Column) -> pa.Array:
     if col.type == "json":
         return _jsonb_texts(values, col)
-    out = []
+    out: list = []
     for i, v in enumerate(values):
         if v is None:
             out.append(None)

@@ -51,7 +51,7 @@ def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the path inside it. s3:// takes the standard AWS variables and, for an
     S3-compatible store, LAKEHOUSE_S3_ENDPOINT."""
     if uri.startswith("s3://"):
-        kwargs = {}
+        kwargs: dict = {}
         if settings.s3_endpoint:
             parsed = urlparse(
                 settings.s3_endpoint if "://" in settings.s3_endpoint else "https://" + settings.s3_endpoint

@@ -65,7 +65,7 @@ def copy_rows(
         sql.Identifier(STAGE), sql.SQL(", ").join(stage_cols)
     )
     ds = sql.Literal(str(dataset_id))
-    statements = []
+    statements: list[sql.Composable] = []
     if replace:
         statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
     statements.append(

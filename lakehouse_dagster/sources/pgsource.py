@@ -80,7 +80,7 @@ def source_columns(spec: SourceSpec, dsn: str) -> list[str]:
 def scrub(text: str, dsn: str) -> str:
     """An error's text without the DSN's password (drivers may echo the connection string)."""
     try:
-        password = psycopg.conninfo.conninfo_to_dict(dsn).get("password")
+        password = str(psycopg.conninfo.conninfo_to_dict(dsn).get("password") or "") or None
     except Exception:
         password = None
     text = text.replace(dsn, redact(dsn))
@@ -139,7 +139,7 @@ def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatc
 def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
     """The source's highest mark past ``after`` (None: nothing new). One indexed query, no rows read."""
     col = spec.order_column
-    where = sql.SQL("")
+    where: sql.Composable = sql.SQL("")
     if after is not None:
         where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
     try:

@@ -39,6 +39,7 @@ import dataclasses
 import time
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -232,7 +233,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
 
 def sibling(conn: psycopg.Connection) -> psycopg.Connection:
     """A second autocommit connection to the same database (``conn`` is inside a transaction)."""
-    params = conn.info.get_parameters()
+    params: dict[str, Any] = dict(conn.info.get_parameters())
     if conn.info.password:
         params["password"] = conn.info.password
     return psycopg.connect(**params, autocommit=True)
@@ -547,7 +548,7 @@ class _Consumer:
             for ds in self.tx_rows | set(self.tx_stamps):
                 if ds not in self.registered or ds in self.drops:
                     continue
-                stamp = self.tx_stamps.get(ds)
+                stamp: Any = self.tx_stamps.get(ds)  # a version, None, or _DRAWN_HERE
                 if ds in self.tx_track:  # wal-tracking: no fill saw it (fills settle first); drawn in write()
                     stamp = _DRAWN_HERE
                 if ds in self.tx_unknown or (stamp is None and ds in self.tx_rows):
@@ -640,7 +641,7 @@ class _Consumer:
             )
         ]
         unknown = [r[0] for r in rows if r[1] is None]
-        true_max = (
+        true_max: dict = (
             dict(
                 conn.execute(
                     "select dataset_id, max(row_index) from dataset_rows where dataset_id = any(%s::uuid[])"
@@ -727,7 +728,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
     if not active(conn):
         return {"transactions": 0, "rows": 0}
     started = time.perf_counter()
-    totals = {"transactions": 0, "rows": 0, "dropped": 0, "tracked": 0}
+    totals: dict[str, float] = {"transactions": 0, "rows": 0, "dropped": 0, "tracked": 0}
     conn.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
     try:
         _log_running_xacts(conn)

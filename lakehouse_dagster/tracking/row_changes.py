@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import psycopg
 from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.types import LongType
 
@@ -78,11 +79,11 @@ def prune(conn: psycopg.Connection, dataset_id: uuid.UUID, mirrored_version: int
     )
 
 
-def file_ranges(table: Table) -> list[tuple[object, int, int]] | str:
+def file_ranges(table: Table) -> list[tuple[DataFile, int, int]] | str:
     """(DataFile, lower, upper __row_index) of every live file, or why that is not known (a file without
     bounds for the column, delete files)."""
     field = table.schema().find_field("__row_index")
-    out = []
+    out: list[tuple[DataFile, int, int]] = []
     for task in table.scan().plan_files():
         if task.delete_files:
             return "the table has delete files"
@@ -90,7 +91,7 @@ def file_ranges(table: Table) -> list[tuple[object, int, int]] | str:
         hi = (task.file.upper_bounds or {}).get(field.field_id)
         if lo is None or hi is None or (task.file.null_value_counts or {}).get(field.field_id):
             return f"data file {task.file.file_path.rsplit('/', 1)[-1]} has no __row_index bounds"
-        out.append((task.file, from_bytes(LongType(), lo), from_bytes(LongType(), hi)))
+        out.append((task.file, int(from_bytes(LongType(), lo)), int(from_bytes(LongType(), hi))))
     return out
 
 
@@ -100,7 +101,7 @@ def _meets(ranges: Ranges, lo: int, hi: int) -> bool:
 
 
 def plan_partial(
-    files: list[tuple[object, int, int]],
+    files: list[tuple[DataFile, int, int]],
     changed: Ranges,
     mirrored_max: int,
     head_max: int | None,
@@ -109,7 +110,7 @@ def plan_partial(
 ) -> PartialPlan | str:
     """The files to rewrite and the ranges to read, or why a full rewrite is the better choice."""
     read = merge(changed)
-    touched: dict[str, tuple[object, int, int]] = {}
+    touched: dict[str, tuple[DataFile, int, int]] = {}
     while True:  # close under overlap: a file meeting the read ranges is rewritten, its range read whole
         new = [f for f in files if f[0].file_path not in touched and _meets(read, f[1], f[2])]
         if not new:
@@ -159,7 +160,7 @@ def compaction_due(table: Table, chunk_rows: int) -> bool:
 
 
 def plan_compaction(
-    files: list[tuple[object, int, int]], mirrored_max: int, head_max: int | None, chunk_rows: int
+    files: list[tuple[DataFile, int, int]], mirrored_max: int, head_max: int | None, chunk_rows: int
 ) -> PartialPlan | None:
     """The run of small files at the top of the table (by __row_index) and the range that replaces them with
     the sync's new rows, or None when fewer than COMPACT_FILES files are small."""

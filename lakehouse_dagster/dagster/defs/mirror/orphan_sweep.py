@@ -42,7 +42,7 @@ def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, l
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-        names = dict(
+        names: dict = dict(
             conn.execute(
                 "select id, name from datasets where id = any(%s)", ([s.dataset_id for s in swept],)
             ).fetchall()

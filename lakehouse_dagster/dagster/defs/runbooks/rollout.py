@@ -21,7 +21,7 @@ from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip as rf
 
-FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})
+FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
 
 
 class ReadMode(Enum):

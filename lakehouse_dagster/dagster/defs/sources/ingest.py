@@ -13,7 +13,7 @@ at runtime.)
 
 import uuid
 from enum import Enum
-from typing import Optional
+from typing import Any, Optional
 
 import dagster as dg
 from pydantic import Field
@@ -29,7 +29,7 @@ from lakehouse_dagster.mirror.sync import peak_rss_mb
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.writers import WRITERS, run_writer
 
-SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})
+SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
 
 
 class IngestConfig(dg.Config):
@@ -74,7 +74,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         fail_step(context, exc)
     tags = {WRITER: r.writer, "lakehouse/write_path": r.path, "lakehouse/flag_reason": r.flag_reason[:200]}
     context.instance.add_run_tags(context.run_id, tags)
-    metadata = {
+    metadata: dict[str, Any] = {
         **named,
         "writer": r.writer,
         "path": r.path,
