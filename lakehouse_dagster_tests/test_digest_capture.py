@@ -168,7 +168,7 @@ def consumer_killed_at(dsn: str, needle: str) -> None:
     """A catch-up in a process of its own, SIGKILLed when it is about to run a query containing ``needle``."""
     code = (
         "import os, psycopg, signal\n"
-        "from lakehouse_dagster.parity import capture\n"
+        "from lakehouse_dagster.tracking import capture\n"
         "real = psycopg.Connection.execute\n"
         "def execute(self, query, *a, **kw):\n"
         f"    if isinstance(query, str) and {needle!r} in query:\n"

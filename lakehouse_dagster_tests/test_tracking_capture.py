@@ -433,7 +433,7 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
     capture.enable(conn, tracking=True)
     code = (
         "import os, signal, psycopg, uuid\n"
-        "from lakehouse_dagster.parity import barrier\n"
+        "from lakehouse_dagster.tracking import barrier\n"
         f"c = psycopg.connect({dsn!r}, autocommit=True)\n"
         f"with barrier.held(c, [uuid.UUID({str(d)!r})], dedicated=True):\n"
         "    print('held', flush=True)\n"
