@@ -5,11 +5,15 @@ apply everything once, and re-applying the current functions leaves every trigge
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -298,6 +302,38 @@ def test_two_processes_migrating_at_once_apply_every_migration_once(empty_dsn, h
             len(everything) + 1,
             len(everything) + 1,
         )
+
+
+def test_two_cli_processes_migrating_at_once_apply_every_migration_once(empty_dsn, tmp_path):
+    """`lakehouse db migrate` twice at once (both held at the lock until both wait, so they really overlap)."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "LAKEHOUSE_PG_DSN": empty_dsn, "LAKEHOUSE_HOME": str(tmp_path)}
+    holder = connect(empty_dsn)
+    holder.execute("select pg_advisory_lock(%s)", (LOCK_KEY,))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "lakehouse_dagster.cli.main", "db", "migrate"],
+            cwd=repo,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while _waiting_for_the_lock(empty_dsn) < 2 and time.monotonic() < deadline:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.1)
+    assert _waiting_for_the_lock(empty_dsn) == 2
+    holder.execute("select pg_advisory_unlock(%s)", (LOCK_KEY,))
+    holder.close()
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    everything = ", ".join(m.name for m in load_migrations())
+    assert sorted(o for o, _ in outs) == sorted(
+        ["schema up to date\n", f"applied {len(load_migrations())} migration(s): {everything}\n"]
+    )
 
 
 def _triggers(conn) -> list[tuple]:

@@ -235,10 +235,10 @@ def apply_functions(conn: psycopg.Connection, functions: list[Function] | None =
     names = [f.name for f in functions]
     changed: list[str] = []
     with conn.transaction() as tx:
-        before = dict(conn.execute(_DEFINITIONS, (names,)).fetchall())
+        before: dict[str, str] = dict(conn.execute(_DEFINITIONS, (names,)).fetchall())
         for f in functions:
             conn.execute(f.sql)
-        after = dict(conn.execute(_DEFINITIONS, (names,)).fetchall())
+        after: dict[str, str] = dict(conn.execute(_DEFINITIONS, (names,)).fetchall())
         changed = [n for n in names if before.get(n) != after.get(n)]
         if not changed:
             raise psycopg.Rollback(tx)
