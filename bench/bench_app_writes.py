@@ -98,8 +98,11 @@ def install_reference_triggers(conn, hash_sql: str) -> None:
     empty statement trigger with transition tables), the bare row hash of the statement's rows (static SQL),
     the triggers as they were before migration 020 (018's change tracking, 015's digest; same firing
     order: tracking, then digest), and change tracking as it was before migration 023 (020's)."""
-    from lakehouse_dagster.schema.migrate import NO_KEY_ROW_LOCKS, ONE_DATASET_TRACKING
-    from lakehouse_dagster.schema.parity_sql import DIGESTS
+    from lakehouse_dagster.schema.migrate import migration_sql
+
+    NO_KEY_ROW_LOCKS = migration_sql("018_no_key_row_locks")
+    ONE_DATASET_TRACKING = migration_sql("020_app_write_cost")
+    DIGESTS = migration_sql("015_parity_digests")
 
     def function(text: str, name: str, as_name: str) -> str:
         start = text.index(f"create or replace function {name}()")

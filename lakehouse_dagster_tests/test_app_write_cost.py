@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.schema.parity_sql import DIGEST_ARRAY_ROWS
+from lakehouse_dagster.schema.names import DIGEST_ARRAY_ROWS
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
@@ -183,7 +183,7 @@ def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn
 
 
 def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a_function(conn, dsn):
-    from lakehouse_dagster.schema.parity_sql import APP_WRITE_COST
+    from lakehouse_dagster.schema.migrate import apply_functions, migration_sql
 
     d = make_dataset(conn, 5)
     _register(conn, d)
@@ -191,7 +191,8 @@ def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a
     ds.insert_rows(conn, d, rows_for(3, 5))  # the set-based path
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
     assert _registered(conn, d) and pg_maintained(dsn, d) == pg_reference(dsn, d)
-    conn.execute(APP_WRITE_COST)  # re-runnable: fills hash_fn for registrations that lack one
+    conn.execute(migration_sql("020_app_write_cost"))  # re-runnable: fills hash_fn for registrations that lack one
+    apply_functions(conn)  # and the current change tracking again (020 defines an older one)
     assert conn.execute(
         "select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)
     ).fetchone()[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import redact
-from lakehouse_dagster.schema.migrate import MIGRATIONS, migrate
+from lakehouse_dagster.schema.migrate import load_migrations, migrate
 
 
 def register(sub) -> None:
@@ -27,6 +27,6 @@ def _status(ctx, args) -> Result:
         else []
     )
     done = {r[0]: r[1] for r in rows}
-    data = [{"name": n, "applied_at": done.get(n)} for n, _ in MIGRATIONS]
+    data = [{"name": n, "applied_at": done.get(n)} for n in [m.name for m in load_migrations()]]
     text = "\n".join(f"{'applied' if d['applied_at'] else 'pending'}  {d['name']}" for d in data)
     return Result(data, text)

@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from lakehouse_dagster.schema.flags_sql import FLAG_NOTIFY_CHANNEL
+from lakehouse_dagster.schema.names import FLAG_NOTIFY_CHANNEL
 
 APPLICATION_NAME = "lakehouse-flag-listener"
 MAX_BACKOFF_S = 10.0

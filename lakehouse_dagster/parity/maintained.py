@@ -10,7 +10,7 @@ re-reading every row on every canary:
   sum over its live data files; a snapshot with delete files has no maintained digest (full digest).
 * Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
   inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
-  transaction (schema/parity_sql.py) — or, in capture mode "wal", a logical decoding consumer does after
+  transaction (schema/functions/lakehouse_digest_rows.sql) — or, in capture mode "wal", a logical decoding consumer does after
   the app committed (tracking/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
 
 Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment

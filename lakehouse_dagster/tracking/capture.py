@@ -1,7 +1,8 @@
 """Where the maintained Postgres digest is computed: in the app's transaction, or after it.
 
 Capture mode "triggers" (the default): statement triggers add and subtract row hashes inside every
-writing transaction (schema/parity_sql.py), which is what an app write pays for (bench_app_writes.py).
+writing transaction (schema/functions/lakehouse_digest_rows.sql), which is what an app write pays for
+(bench_app_writes.py).
 Capture mode "wal": those triggers are disabled and this consumer reads the changes to ``dataset_rows``
 from a logical replication slot (plugin pgoutput, through the SQL interface) after the app committed,
 and writes the same per-segment deltas. It needs ``wal_level = logical`` (the embedded server is started

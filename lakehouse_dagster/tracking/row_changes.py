@@ -1,7 +1,7 @@
 """Partial rewrites after a small ``row.edit``: which Iceberg data files hold the changed rows.
 
 Change tracking records, per rewriting statement, the row_index ranges it touched (migration
-"019_row_changes", schema/row_changes_sql.py) as a chain ``version → prev_version``. Read under the sync's
+"019_row_changes", schema/migrations/README.md) as a chain ``version → prev_version``. Read under the sync's
 pinned Postgres snapshot, the chain from the dataset's ``rows_rewrite_version`` down to the mirrored
 version gives every range changed since; a missing link means the history is unknown and the sync goes
 full. The data files to rewrite are those whose [lower, upper] __row_index bounds (manifest metrics)

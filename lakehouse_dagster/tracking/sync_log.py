@@ -15,8 +15,9 @@ import uuid
 
 import psycopg
 
-# SQL callers: ``left join lateral lakehouse_latest_succeeded_sync(d.id) s on true``.
-LATEST_SUCCEEDED_FN = "lakehouse_latest_succeeded_sync"  # created by schema/sync_log_sql.py
+# SQL callers: ``left join lateral lakehouse_latest_succeeded_sync(d.id) s on true``
+# (schema/functions/lakehouse_latest_succeeded_sync.sql).
+from lakehouse_dagster.schema.names import LATEST_SUCCEEDED_FN  # noqa: F401  (its SQL callers name it)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,4 @@
-"""Tables of the rollback area (migration "011_rollback"): when Postgres caught up with Iceberg again.
 
-Idempotent on its own: every statement can re-run over existing objects. Runs after "010_sources"
-(lakehouse_source_state, which its trigger watches).
-"""
-
-SQL = """
 -- One row per reconciliation of Postgres with Iceberg after native writes (rollback/iceberg_only.py):
 --   backfill      rows of snapshot `snapshot_id` copied into dataset_rows (rollback/backfill.py);
 --   pg-full-sync  a sync.full on the pg path repopulated dataset_rows from the source (ingest state `seq`),
@@ -35,4 +29,3 @@ end $$;
 drop trigger if exists lakehouse_source_state_full_sync on lakehouse_source_state;
 create trigger lakehouse_source_state_full_sync after insert or update on lakehouse_source_state
   for each row execute function lakehouse_note_pg_full_sync();
-"""

@@ -1,7 +1,4 @@
-"""The sync log's latest succeeded sync and datasets.mirrored_version (migration "008_latest_sync_and_sweep");
-tracking/sync_log.py reads them."""
 
-MIGRATION_LATEST = """
 create index if not exists iceberg_sync_log_succeeded_idx
   on iceberg_sync_log (dataset_id, finished_at desc nulls last, id desc) where status = 'succeeded';
 
@@ -13,12 +10,7 @@ language sql stable as $$
    order by l.finished_at desc nulls last, l.id desc
    limit 1
 $$;
-"""
 
-# datasets.mirrored_version: lakehouse-owned, NULL = never mirrored. Kept by the sync log's own triggers,
-# so every writer of the log (mirror, native path, the reaper, other branches' code) keeps it true.
-# The partial index holds exactly the tabular datasets behind Postgres: the poller's sweep reads it.
-MIGRATION_MIRRORED = """
 alter table datasets add column if not exists mirrored_version bigint;
 
 create or replace function lakehouse_sync_log_mirrored() returns trigger language plpgsql as $$
@@ -51,4 +43,3 @@ create table if not exists lakehouse_mirror_requests (
   attempts int not null,
   last_at timestamptz not null default now()
 );
-"""

@@ -1,21 +1,8 @@
-"""SQL functions of the mirror's typed read (migration "003_iceberg_sync_log"): a value that does not fit the
-dataset's schema is named by row and column instead of failing as a bare cast error."""
-
-# Raises; declared to return text so it can sit in the ELSE branch of any typed CASE (the cast that
-# follows it is planned but never evaluated).
-BAD_VALUE_FN = """
-create or replace function lakehouse_bad_value(ds uuid, ri bigint, col text, typ text, got text)
-returns text language plpgsql as $$
-begin
-  raise exception using errcode = '22023',
-    message = format('dataset %s row_index %s column %s: expected %s, got a JSON %s', ds, ri, col, typ, got);
-end $$;
-"""
-
-# Finds the first row whose value fails to cast (a number that is not an integer, a date that does not
-# parse...): slow, and only run after the fast query failed, to turn a bare cast error into one that
-# names the row.
-FIND_BAD_ROW_FN = """
+-- lakehouse_find_bad_value: the current definition (defined by migration 003_iceberg_sync_log).
+-- Re-applied by every migrate after the numbered migrations (create or replace: triggers and their
+-- enabled state are untouched). Change a body here, never in a shipped migration.
+--
+-- The first row whose value fails to cast (mirror/sync.py, after the fast query failed): slow, only to name it.
 create or replace function lakehouse_find_bad_value(ds uuid, cols jsonb)
 returns table (row_index bigint, col text, typ text, got text) language plpgsql as $$
 declare r record; c jsonb; v jsonb; dummy text;
@@ -40,4 +27,3 @@ begin
     end loop;
   end loop;
 end $$;
-"""

@@ -1,0 +1,12 @@
+-- lakehouse_bad_value: the current definition (defined by migration 003_iceberg_sync_log).
+-- Re-applied by every migrate after the numbered migrations (create or replace: triggers and their
+-- enabled state are untouched). Change a body here, never in a shipped migration.
+--
+-- Raises, naming the row and column of a value that does not fit the dataset's schema (mirror/pinned_read.py);
+-- declared to return text so it can sit in the ELSE branch of any typed CASE.
+create or replace function lakehouse_bad_value(ds uuid, ri bigint, col text, typ text, got text)
+returns text language plpgsql as $$
+begin
+  raise exception using errcode = '22023',
+    message = format('dataset %s row_index %s column %s: expected %s, got a JSON %s', ds, ri, col, typ, got);
+end $$;

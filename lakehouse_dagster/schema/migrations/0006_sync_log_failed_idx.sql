@@ -1,0 +1,1 @@
+create index if not exists iceberg_sync_log_failed_idx on iceberg_sync_log (finished_at) where status = 'failed';
