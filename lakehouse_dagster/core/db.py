@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from lakehouse_dagster.core.embedded import start_embedded
 from lakehouse_dagster.core.settings import Settings
 
 
@@ -17,7 +18,6 @@ def resolve_dsn(settings: Settings) -> str:
     """The configured DSN, or the embedded server's (started on demand) when none is configured."""
     if settings.pg_dsn:
         return settings.pg_dsn
-    from lakehouse_dagster.core.embedded import start_embedded
 
     return start_embedded(settings.home / "pg")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import os
 from pathlib import Path
 
@@ -147,8 +148,6 @@ def _snapshots_keep() -> int:
 
 def _os_user() -> str:
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:  # no passwd entry in some containers
         return f"uid:{os.getuid()}"

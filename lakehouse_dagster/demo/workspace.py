@@ -37,15 +37,21 @@ Datasets fed by a source (sources/), for the writer runbook end to end; they sta
 from __future__ import annotations
 
 import datetime as dt
+import math
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.tracking import datasets as ds
 
 DEMO_NAMESPACE = uuid.UUID("6f1c5d0e-2b7a-4c1e-9a53-1a4e0de30000")
@@ -364,7 +370,6 @@ on conflict do nothing;
 
 def _click_batch(start: int, n: int):
     """Deterministic click rows (typed Arrow): every column type, nulls, unicode, NaN."""
-    import pyarrow as pa
 
     base = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
     ids = range(start, start + n)
@@ -387,9 +392,6 @@ def _click_batch(start: int, n: int):
 
 def _as_csv_text(table):
     """CSV cells as a person would write them: ISO timestamps, true/false, NaN (not pyarrow's nan)."""
-    import math
-
-    import pyarrow as pa
 
     def cell(v):
         if v is None:
@@ -409,8 +411,6 @@ def _as_csv_text(table):
 
 def write_click_files(directory: Path) -> list[Path]:
     """The file-backed demo sources: Parquet files and a CSV file (same columns) in one directory."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
 
     directory.mkdir(parents=True, exist_ok=True)
     out = []
@@ -425,7 +425,6 @@ def write_click_files(directory: Path) -> list[Path]:
 
 
 def _seed_sources(conn: psycopg.Connection, make, home: Path) -> None:
-    from lakehouse_dagster.sources import set_source
 
     for statement in filter(str.strip, _SOURCE_TABLES_SQL.split(";\n")):
         conn.execute(statement, {"accounts": ACCOUNTS_ROWS, "changes": INVENTORY_ROWS} if "%(" in statement else None)
@@ -521,8 +520,6 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             _set_row_count(conn, manifest)
 
             if home is None:
-                from lakehouse_dagster.core.settings import Settings
-
                 home = Settings.from_env().home
             _seed_sources(conn, make, home)
 

@@ -11,6 +11,8 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.flags.registry import REGISTRY
+
 # Only datasets some override touches can resolve above their default.
 _TOUCHED = """
 select id, workspace_id from datasets
@@ -26,7 +28,6 @@ def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     if conn.execute("select to_regclass('lakehouse_flag_overrides')").fetchone()[0] is None:
         return set()
     from lakehouse_dagster.flags.precedence import effective_sql  # the flags area's precedence (one place)
-    from lakehouse_dagster.flags.registry import REGISTRY
 
     flags = [f for fs in REGISTRY.values() for f in fs.values()]
     query, params = effective_sql(flags, _TOUCHED, select="distinct e.dataset_id", where="e.mode_rank > e.default_rank")

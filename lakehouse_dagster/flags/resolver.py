@@ -24,7 +24,10 @@ from collections.abc import Callable
 
 import psycopg
 
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.listen import subscribe
 from lakehouse_dagster.flags.precedence import DEFAULT, effective_sql, pick
 from lakehouse_dagster.flags.registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
 
@@ -117,8 +120,6 @@ _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
 
 
 def _listen_default() -> bool:
-    from lakehouse_dagster.core.errors import BadInput
-    from lakehouse_dagster.core.settings import Settings
 
     try:
         return Settings.from_env().flag_listen
@@ -152,8 +153,6 @@ class FlagResolver:
         _resolvers.add(self)
         # NOTIFY-driven invalidation (None: LAKEHOUSE_FLAG_LISTEN, default on); nothing to drop without a cache.
         if self.ttl > 0 and (_listen_default() if listen is None else listen):
-            from lakehouse_dagster.flags.listen import subscribe
-
             subscribe(conn, self, _invalidate)
 
     @classmethod

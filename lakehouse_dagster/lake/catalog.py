@@ -33,10 +33,12 @@ def load_catalog(settings: Settings, dsn: str) -> Catalog:
 
 def _build(settings: Settings, dsn: str) -> Catalog:
     if settings.catalog_type == "rest":
-        from pyiceberg.catalog.rest import RestCatalog
+        from pyiceberg.catalog.rest import RestCatalog  # lazy: only a REST catalog needs it
 
         return RestCatalog("lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse)
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog.sql import (
+        SqlCatalog,  # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
+    )
 
     # SqlCatalog creates its tables on first use with CREATE TABLE IF NOT EXISTS, which two processes
     # starting together both run: the loser fails on a unique index (found by `lakehouse ingest-bench`).
@@ -63,7 +65,7 @@ def ensure_namespace(catalog: Catalog, namespace: str) -> None:
     """Create the namespace unless it exists. Concurrent writers race here on their first write: the
     SqlCatalog's check-then-insert lets the loser fail on the primary key (an IntegrityError, not
     NamespaceAlreadyExistsError — found by `lakehouse ingest-bench`), which is fine once it exists."""
-    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.exc import IntegrityError  # lazy: with the SQL catalog above
 
     try:
         catalog.create_namespace_if_not_exists(namespace)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 
+from pyarrow import fs as pafs
 from pyiceberg.table import Table
 
 from lakehouse_dagster.lake.writer import SYNC_FILE
@@ -57,7 +58,6 @@ def find_orphans(
     table: Table, *, grace_seconds: float, protected_syncs: set[str], now: dt.datetime | None = None
 ) -> list[Orphan]:
     """The table's orphan files (see the module docstring), oldest first."""
-    from pyarrow import fs as pafs
 
     now = now or dt.datetime.now(dt.UTC)
     cutoff = now - dt.timedelta(seconds=grace_seconds)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue, LessThanOrEqual
@@ -84,7 +85,6 @@ def read_files(table: Table, paths: Sequence[str], target: pa.Schema, batch_rows
     """The rows of these data files (no delete files apply: the chunked writer's tables have none) as
     ``target``-shaped batches, file by file (memory bounded by a batch). Columns are matched by Iceberg field
     id, so a renamed column still reads; a column added after a file was written reads as nulls."""
-    import pyarrow.parquet as pq
 
     schema_ids = {f.name: f.field_id for f in table.schema().fields}
     for path in paths:

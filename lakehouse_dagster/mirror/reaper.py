@@ -34,6 +34,7 @@ import time
 import uuid
 
 import psycopg
+from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
@@ -126,7 +127,6 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
 
 def files_by_sync(table: Table) -> dict[str, list[str]]:
     """{sync id: data file paths} of the files our writer named after their sync in the table's data dir."""
-    from pyarrow import fs as pafs
 
     found: dict[str, list[str]] = {}
     try:

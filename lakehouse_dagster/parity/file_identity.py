@@ -22,6 +22,11 @@ import uuid
 from collections.abc import Sequence
 
 import psycopg
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lakehouse_dagster.parity.digest import local_path
+from lakehouse_dagster.parity.maintained import _files_in_place
 
 IDENTITY_COLUMNS = ("__row_index", "__row_id", "__created_at")
 
@@ -101,8 +106,6 @@ def compute(paths: Sequence[str], table_fields: set[str]) -> dict[str, FileIdent
     """The facts of local Parquet files, each read alone and only its identity columns (one file holds at most
     a chunk of rows: memory stays bounded by LAKEHOUSE_INGEST_CHUNK_ROWS). A column absent from a file (or from
     the table schema) counts as null in every row, as the full check reads it."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     out = {}
     for path in paths:
@@ -133,8 +136,6 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
     pinned snapshot, computing and storing the facts of its files that have none. ``Unavailable`` when the
     per-file facts cannot answer (read every row instead); ``maintained.Unavailable`` from the in-place test
     when a local file is gone or not its manifest's size."""
-    from lakehouse_dagster.parity.digest import local_path
-    from lakehouse_dagster.parity.maintained import _files_in_place
 
     if pin.has_deletes:
         raise Unavailable("the snapshot has delete files")

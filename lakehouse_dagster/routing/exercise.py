@@ -11,6 +11,8 @@ import psycopg
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import Projection, projection_for
 from lakehouse_dagster.routing.read_router import ReadResult, resolve_read_source
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
@@ -29,8 +31,6 @@ def read_through_router(
     resolver: FlagResolver | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> tuple[ReadResult, Dataset, Projection]:
-    from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
-    from lakehouse_dagster.routing.pg_reader import read_postgres
 
     dataset = get_dataset(conn, dataset_id)
     proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)

@@ -29,6 +29,7 @@ Cost: one query classifies the datasets, then the gates' few set-based queries (
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Iterable
@@ -151,6 +152,5 @@ def report_lines(blocked: list[Blocked]) -> list[str]:
 
 def report_key(blocked: list[Blocked]) -> str:
     """A short stable digest of what is unsafe and why: a new report only when it changes."""
-    import hashlib
 
     return hashlib.sha256("\n".join(report_lines(blocked)).encode()).hexdigest()[:16]

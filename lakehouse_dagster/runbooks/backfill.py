@@ -42,6 +42,7 @@ from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import read_files
 from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.mirror.pinned_read import _adbc_uri
 from lakehouse_dagster.sources.pg_rows import _data_expr
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
@@ -132,9 +133,7 @@ def _copy_and_apply(
 ) -> tuple[int, int, int]:
     """The copy and every repair in ONE Postgres transaction, on an ADBC session (binary COPY from Arrow).
     Statements are composed with psycopg.sql and rendered by ``pg`` (identifiers and literals quoted)."""
-    import adbc_driver_postgresql.dbapi as adbc
-
-    from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+    import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a backfill runs
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
     in_iceberg = sql.SQL("exists (select 1 from {t} b where b.__row_id::uuid = r.row_id)").format(t=tmp)

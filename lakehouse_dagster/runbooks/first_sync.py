@@ -28,6 +28,7 @@ from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE, evaluate_first_native, rollback_command
 from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
+from lakehouse_dagster.sources import get_source
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -59,7 +60,6 @@ def first_native_syncs(
     run_id: str | None = None,
     logger=None,
 ) -> list[FirstSync]:
-    from lakehouse_dagster.sources import get_source
     from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
 
     lg = logger or log

@@ -23,12 +23,19 @@ import time
 import uuid
 
 import psycopg
+import pyarrow as pa
+from pyarrow import fs as pafs
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.overrides import clear_override, set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
+from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.routing.write_router import native_write, route_write
+from lakehouse_dagster.sources.files import filesystem
 from lakehouse_dagster.tracking import datasets as ds
 
 BENCH_SCHEMA = [
@@ -91,9 +98,6 @@ class BenchReport:
 
 
 def _batches(dataset, rows: int, job: int, chunk: int = 50_000):
-    import pyarrow as pa
-
-    from lakehouse_dagster.lake.schema import arrow_schema
 
     schema = arrow_schema(dataset.columns)
     start_ts = 1_700_000_000_000_000
@@ -116,9 +120,6 @@ def _batches(dataset, rows: int, job: int, chunk: int = 50_000):
 
 def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, writer: str, barrier) -> JobOutcome:
     """One writer process: set up, wait until every job is ready, then write through the write router."""
-    from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.lake.catalog import load_catalog
-    from lakehouse_dagster.routing.write_router import native_write, route_write
 
     try:
         conn = connect(dsn)
@@ -213,7 +214,6 @@ def _stop_writers(keep: set) -> None:
 
 
 def _check_tables(dsn, settings, ids, outcomes, rows, same_dataset) -> list[str]:
-    from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 
     catalog = load_catalog(settings, dsn)
     problems = []
@@ -236,7 +236,6 @@ def _check_tables(dsn, settings, ids, outcomes, rows, same_dataset) -> list[str]
 
 def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str = "ingest-bench") -> dict:
     """Drop every bench workspace's tables (in ``namespace``), datasets and the workspace itself."""
-    from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 
     bench_settings = settings.replace(namespace=namespace)
     catalog = load_catalog(bench_settings, dsn)
@@ -263,10 +262,6 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
 def _purge_table(catalog, settings: Settings, identifier) -> int:
     """Drop the table with its files, then its whole location: a writer killed mid-write (an interrupted bench)
     leaves data files no snapshot references, which ``purge_table`` does not know about. 1 if a table was dropped."""
-    from pyarrow import fs as pafs
-
-    from lakehouse_dagster.lake.catalog import load_table_or_none
-    from lakehouse_dagster.sources.files import filesystem
 
     table = load_table_or_none(catalog, identifier)
     if table is None:  # never written (a 503, or killed before its first file)

@@ -101,7 +101,7 @@ def read_postgres(
 
 
 def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatch]:
-    import adbc_driver_postgresql.dbapi as adbc
+    import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a Postgres source is read
 
     with psycopg.connect(dsn, autocommit=True) as pconn:
         query = read_query(spec, after, pconn)

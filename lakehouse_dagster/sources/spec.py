@@ -12,6 +12,7 @@ DSN itself is never stored, printed or logged. Other ``type`` values (the demo's
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 
@@ -199,8 +200,6 @@ def stored_source(raw) -> SourceSpec | None:
     if raw is None:
         return None
     if isinstance(raw, str):
-        import json
-
         raw = json.loads(raw)
     if not isinstance(raw, dict) or raw.get("type") not in TYPES:
         return None

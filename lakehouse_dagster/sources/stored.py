@@ -4,11 +4,14 @@ itself, nothing written on refusal) and get."""
 from __future__ import annotations
 
 import psycopg
+import pyarrow.parquet as pq
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.sources.files import check_location, filesystem
+from lakehouse_dagster.sources.pgsource import relation, source_columns, where_label
 from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
@@ -38,12 +41,9 @@ def set_source(
 
 
 def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
-    from lakehouse_dagster.sources.files import check_location, filesystem
 
     files = check_location(spec, settings)
     if files and spec.format == "parquet":
-        import pyarrow.parquet as pq
-
         fs, _ = filesystem(spec.uri, settings)
         try:
             names = set(pq.ParquetFile(fs.open_input_file(files[0].path)).schema_arrow.names)
@@ -57,7 +57,6 @@ def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
 
 
 def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> None:
-    from lakehouse_dagster.sources.pgsource import source_columns, where_label
 
     if spec.dsn_env:
         names = source_columns(spec, spec.dsn(""))
@@ -92,6 +91,5 @@ def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> N
 
 
 def _relation(spec: SourceSpec):
-    from lakehouse_dagster.sources.pgsource import relation
 
     return relation(spec)

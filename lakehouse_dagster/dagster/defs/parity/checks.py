@@ -10,6 +10,7 @@ import contextlib
 
 import dagster as dg
 
+from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
@@ -205,7 +206,6 @@ def identity_result(
 
 
 def _uuid(key: str):
-    from lakehouse_dagster.core.ids import parse_uuid
 
     return parse_uuid(key, "partition key (dataset id)")
 

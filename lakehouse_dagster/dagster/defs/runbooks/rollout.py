@@ -20,6 +20,8 @@ from lakehouse_dagster.dagster.refusals import refuse, stop
 from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip as rf
+from lakehouse_dagster.runbooks import ingest_bench as ib
+from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
 FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
 
@@ -179,7 +181,6 @@ class IngestBenchConfig(dg.Config):
 
 @dg.op(description="A burst of concurrent iceberg-native writes; fails unless every non-503 outcome is ok.")
 def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, lakehouse: LakehouseResource) -> dict:
-    from lakehouse_dagster.runbooks import ingest_bench as ib
 
     settings = lakehouse.settings()
     actor = _actor(context, lakehouse)
@@ -269,7 +270,6 @@ def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: 
 def write_flip_first_sync(
     context: dg.OpExecutionContext, flipped: dict, verified: list[dict], lakehouse: LakehouseResource
 ) -> list[dict]:
-    from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
     pre: rf.Preflight = flipped["preflight"]
     ids = [uuid.UUID(v["dataset_id"]) for v in verified]

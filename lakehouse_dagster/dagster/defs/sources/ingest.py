@@ -26,6 +26,7 @@ from lakehouse_dagster.dagster.refusals import fail_step
 from lakehouse_dagster.dagster.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.mirror.sync import peak_rss_mb
+from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.writers import WRITERS, run_writer
 
@@ -46,7 +47,6 @@ class IngestConfig(dg.Config):
     pool="iceberg_ingest",
 )
 def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: LakehouseResource) -> dict:
-    from lakehouse_dagster.sources import get_source
 
     settings = lakehouse.settings()
     ds_id = context.partition_key
