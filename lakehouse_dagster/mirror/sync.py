@@ -228,6 +228,11 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         )
     finally:
         pinned.close()
+    return _written_result(sync_id, ds_id, run_mode, reason, written, head.rows_version, started)
+
+
+def _written_result(sync_id, ds_id, run_mode: str, reason: str, written, head_version: int, started) -> SyncResult:
+    """What a mirror sync that reached the writer reports (``written``: lake/writer.WriteResult)."""
     if not written.committed and written.snapshot_id is not None:
         # A retried step whose first attempt committed: that snapshot covers the version attempt 1 read,
         # not the head we see now. Record exactly that; if Postgres moved on, the dataset stays behind
@@ -257,7 +262,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         written.snapshot_id,
         written.bytes,
         written.files,
-        head.rows_version,
+        head_version,
         time.perf_counter() - started,
     )
 
