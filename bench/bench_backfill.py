@@ -98,6 +98,7 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.resolver import FlagResolver
     from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+    from lakehouse_dagster.lake.writer import TableWrite
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.parity.maintained import write_digested
     from lakehouse_dagster.routing.write_router import route_write
@@ -142,11 +143,13 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
                 settings,
                 dataset,
                 (fresh(b) for b in source),
-                mode="append" if appended else "replace",
-                sync_id=sync_id,
-                source_version=version,
-                path="native",
-                max_row_index=rows + appended - 1 if appended else None,
+                TableWrite(
+                    "append" if appended else "replace",
+                    sync_id,
+                    version,
+                    path="native",
+                    max_row_index=rows + appended - 1 if appended else None,
+                ),
             )
 
         route_write(

@@ -16,10 +16,10 @@ from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
-from lakehouse_dagster.mirror.native_run import native_run
+from lakehouse_dagster.lake.writer import TableWrite
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity.maintained import write_digested
-from lakehouse_dagster.routing.native_compaction import native_compaction
+from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.routing.write_router import route_write
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.tracking import datasets as ds
@@ -92,19 +92,10 @@ def native_write(
     mode = reg.get_flag("write", writer).iceberg_mode
 
     def iceberg_write(sync_id, source_version):
-        return write_digested(
-            catalog,
-            settings,
-            dataset,
-            [batch],
-            mode=mode,
-            sync_id=sync_id,
-            source_version=source_version,
-            path="native",
-            max_row_index=start + len(values) - 1,
-            native_run=None if legacy else native_run(conn, settings, d),
-            compact=native_compaction(settings, dataset) if mode == "append" and not legacy else None,
-        )
+        plan = TableWrite(mode, sync_id, source_version, path="native", max_row_index=start + len(values) - 1)
+        if legacy:
+            return write_digested(catalog, settings, dataset, [batch], plan)
+        return write_native_table(catalog, settings, dataset, [batch], plan, conn=conn)
 
     out = route_write(
         conn,

@@ -222,6 +222,7 @@ def test_json_text_form_difference_is_a_mismatch_that_smoke_explains(conn, dsn, 
 
 
 def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings):
+    from lakehouse_dagster.lake.writer import TableWrite
     from lakehouse_dagster.parity.maintained import write_digested
 
     d = make_dataset(conn, 8)
@@ -255,10 +256,7 @@ def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings)
         settings,
         dataset,
         [batch],
-        mode="append",
-        sync_id=sync_id,
-        source_version=dataset.rows_version,
-        path="native",
+        TableWrite("append", sync_id, dataset.rows_version, path="native"),
     )
     conn.execute(
         "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, finished_at = now() where sync_id = %s",

@@ -228,6 +228,7 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
     from pyiceberg.exceptions import ValidationException
 
     from lakehouse_dagster.lake.schema import arrow_schema
+    from lakehouse_dagster.lake.writer import TableWrite
     from lakehouse_dagster.parity.maintained import write_digested
 
     d = _make(conn)
@@ -249,10 +250,7 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
             small,
             dataset,
             [batch],
-            mode="partial",
-            sync_id=uuid.uuid4(),
-            source_version=0,
-            delete_files=[stale],
+            TableWrite("partial", uuid.uuid4(), 0, delete_files=[stale]),
         )
     assert _table(small, dsn, d).current_snapshot().snapshot_id == before
     assert {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")} == on_disk  # its file was deleted

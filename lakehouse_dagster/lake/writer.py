@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import logging
 import random
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -298,47 +297,90 @@ class _FileRoller:
                 _log.warning("could not delete abandoned file %s: %s", path, exc)
 
 
+@dataclasses.dataclass(frozen=True)
+class CommitEntries:
+    """Table properties and snapshot-summary entries a commit records besides the writer's own. A source writer
+    knows them only once its rows are read (its cursor, its highest __row_index): its batch generator returns
+    them (``write_arrow``)."""
+
+    props: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    summary: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TableWrite:
+    """What one ``write_arrow`` call commits, decided by the caller before the first row is written.
+
+    ``mode``: "replace" makes the table hold exactly the rows written; "append" adds them; "partial" removes
+    ``delete_files`` (DataFiles of the current snapshot) and adds the rows in the same snapshot (the mirror's
+    rewrite, tracking/row_changes.py; a native compaction, routing/native_table.py). ``sync_id`` names the
+    commit (a retry finds it); ``source_version`` is the version the snapshot covers; ``path`` "mirror" or
+    "native" (every commit records it, mirror/native_run.py). ``max_row_index``: the table's highest
+    __row_index after the commit (None: the table's until now, -1 for a replace). ``chunk_rows``: rows per data
+    file (None: settings.ingest_chunk_rows). ``lanes``: _FileRoller."""
+
+    mode: str
+    sync_id: uuid.UUID
+    source_version: int | None
+    path: str = "mirror"
+    max_row_index: int | None = None
+    chunk_rows: int | None = None
+    delete_files: Sequence = ()
+    lanes: Sequence[int] | None = None
+
+    def __post_init__(self):
+        if self.mode not in ("replace", "append", "partial"):
+            raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {self.mode!r}")
+
+    @property
+    def replaces(self) -> bool:
+        return self.mode == "replace"
+
+    @property
+    def rewritten(self) -> int:
+        """Rows of the files a partial commit removes (their rows are among the rows it writes)."""
+        return sum(f.record_count for f in self.delete_files) if self.mode == "partial" else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Staged:
+    """Every file of a write, closed and described, and what its commit records; nothing committed yet."""
+
+    data_files: list
+    nbytes: int
+    total_rows: int  # rows in the table after the commit
+    props: dict
+    summary: dict
+
+
 def write_arrow(
     catalog: Catalog,
     settings: Settings,
     dataset: Dataset,
     batches: Iterable[pa.RecordBatch],
+    plan: TableWrite,
     *,
-    mode: str,
-    sync_id: uuid.UUID,
-    source_version: int | None,
-    max_row_index: int | None = None,
-    path: str = "mirror",
-    chunk_rows: int | None = None,
-    commit_entries: Callable[[], tuple[dict, dict]] | None = None,
-    native_run: Callable[[Table, int, bool], dict] | None = None,
-    compact: Callable[[Table], tuple[list, Iterable[pa.RecordBatch]] | None] | None = None,
-    delete_files: Sequence = (),
-    lanes: Sequence[int] | None = None,
     table: Table | _Absent | None = None,
     digester: Any = None,
+    native_run: Callable[[Table, int, bool], dict] | None = None,
 ) -> WriteResult:
-    """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and
-    commit once. mode="replace" makes the table hold exactly these rows; mode="append" adds them;
-    mode="partial" removes ``delete_files`` (DataFiles of the current snapshot) and adds these rows in the
-    same snapshot (tracking/row_changes.py: the rows of the removed files, as Postgres has them now).
-    ``digester`` (the caller's; parity/maintained.py): folds each written file's rows into a digest, returned in
-    ``WriteResult.file_digests`` for the caller to store. ``lanes``: _FileRoller. ``table``: the caller's load of the table, or ABSENT (ensure_table; None: loaded
-    here); a commit that lost a compare-and-swap still reloads it (_commit).
-    A sync id whose snapshot is already in the table (a retry) writes nothing and reports that snapshot.
-    ``commit_entries()`` — called once every batch is written (a source writer's cursor is known only
-    then) — returns extra (table properties, snapshot summary) for the same commit.
-    ``native_run(table, rows, replaces)`` (a native write: rollback/iceberg_only.native_run) adds the totals
-    of the run of native snapshots the commit extends; with it, a native commit expires snapshots too.
-    ``compact(table)`` (an append): None, or (small data files of the table, their rows as batches) to rewrite
-    together with this write's rows in the same commit (mode "partial": the files removed, their rows and the
-    new ones added; routing/native_compaction.py)."""
-    if mode not in ("replace", "append", "partial"):
-        raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {mode!r}")
-    if compact is not None and native_run is None:  # the rollback's walk would read the rewrite as a replace
-        raise ValueError("compact needs native_run: a compaction commit must carry its native run's totals")
+    """Write ``batches`` (laid out as ``arrow_schema(dataset.columns)``) into the dataset's table and commit
+    once, as ``plan`` says. A sync id whose snapshot is already in the table (a retry) writes nothing and
+    reports that snapshot. ``batches`` may be a generator that returns a ``CommitEntries``: what the same
+    commit also records, known once every row is read (a source writer's ingest state, sources/writers.py).
+    ``table``: the caller's load of the table, or ABSENT (ensure_table; None: loaded here); a commit that lost
+    a compare-and-swap still reloads it (_commit). ``digester`` (the caller's; parity/maintained.py): folds each
+    written file's rows into a digest, returned in ``WriteResult.file_digests`` for the caller to store.
+
+    ``native_run(table, rows, replaces)`` (a native write: mirror/native_run.native_run) is the one callback:
+    the totals of the run of native snapshots the commit extends depend on the exact table state each attempt
+    of the commit's compare-and-swap retry commits on, so they are summed inside that loop (_commit); with it,
+    a native commit expires snapshots too. A native partial commit (a compaction) must carry them: the
+    rollback's walk would read the rewrite as a replace."""
+    if plan.mode == "partial" and plan.path == "native" and native_run is None:
+        raise ValueError("a native partial commit needs native_run: a compaction must carry its native run's totals")
     table = ensure_table(catalog, settings, dataset, table)
-    already = sync_snapshot(table, sync_id)
+    already = sync_snapshot(table, plan.sync_id)
     if already is not None:
         return WriteResult(
             already.snapshot_id,
@@ -349,95 +391,119 @@ def write_arrow(
             committed=False,
             source_version=snapshot_source_version(already),
         )
-    plan = compact(table) if compact is not None and mode == "append" else None
-    if plan is not None:
-        delete_files, rows_before = plan
-        mode, batches = "partial", itertools.chain(rows_before, batches)
-    rewritten = sum(f.record_count for f in delete_files) if mode == "partial" else 0
-
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
-    roller = _FileRoller(table, file_schema, sync_id, chunk_rows or settings.ingest_chunk_rows, digester, lanes)
+    chunk_rows = plan.chunk_rows or settings.ingest_chunk_rows
+    roller = _FileRoller(table, file_schema, plan.sync_id, chunk_rows, digester, plan.lanes)
     try:  # nothing can have been committed in here: every failure deletes this write's files
-        for batch in batches:
-            if batch.schema.names != expected.names:
-                raise SyncFailed(
-                    f"dataset {dataset.id}: batch columns {batch.schema.names} do not match the schema {expected.names}"
-                )
-            roller.write(batch)
-        roller.close()
-        data_files = [parquet_file_to_data_file(table.io, table.metadata, p) for p in roller.paths]
-        nbytes = sum(df.file_size_in_bytes for df in data_files)
-        previous_rows = 0 if mode == "replace" else _row_count(table) - sum(f.record_count for f in delete_files)
-        total = previous_rows + roller.rows
-        version = str(source_version if source_version is not None else -1)
-        props = {
-            SOURCE_VERSION: version,
-            MAX_ROW_INDEX: str(max_row_index if max_row_index is not None else _max_row_index(table, mode)),
-            ROW_COUNT: str(total),
-            WRITE_PATH: path,
-        }
-        summary = {SYNC_ID: str(sync_id), SOURCE_VERSION: version, WRITE_PATH: path, WRITE_MODE: mode}
-        if commit_entries is not None:
-            extra_props, extra_summary = commit_entries()
-            props.update(extra_props)
-            summary.update(extra_summary)
-        failpoint("before-commit")
+        staged = _stage(table, dataset, batches, plan, roller, expected.names)
     except BaseException:
         roller.delete_all()
         raise
+    snapshot_id = _commit_or_settle(catalog, settings, dataset, table, plan, staged, roller, native_run)
+    return WriteResult(
+        snapshot_id,
+        roller.rows,
+        staged.nbytes,
+        len(staged.data_files),
+        staged.total_rows,
+        committed=True,
+        source_version=plan.source_version,
+        rewritten=plan.rewritten,
+        file_digests=roller.digests,
+    )
+
+
+def _write_batches(batches: Iterable[pa.RecordBatch], roller: _FileRoller, names: list, dataset_id) -> Any:
+    """Every batch into the roller; returns what a generator of batches returned (None for any other iterable)."""
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration as done:
+            return done.value
+        if batch.schema.names != names:
+            raise SyncFailed(
+                f"dataset {dataset_id}: batch columns {batch.schema.names} do not match the schema {names}"
+            )
+        roller.write(batch)
+
+
+def _stage(
+    table: Table, dataset: Dataset, batches: Iterable[pa.RecordBatch], plan: TableWrite, roller: _FileRoller, names
+) -> _Staged:
+    """The rows into closed data files, and the properties and summary their commit records (with the
+    ``CommitEntries`` the batches returned); fires 'before-commit'. Commits nothing: the caller deletes the
+    files on any failure."""
+    late = _write_batches(batches, roller, names, dataset.id)
+    roller.close()
+    data_files = [parquet_file_to_data_file(table.io, table.metadata, p) for p in roller.paths]
+    previous_rows = 0 if plan.replaces else _row_count(table) - sum(f.record_count for f in plan.delete_files)
+    total = previous_rows + roller.rows
+    version = str(plan.source_version if plan.source_version is not None else -1)
+    max_row_index = plan.max_row_index if plan.max_row_index is not None else _max_row_index(table, plan.mode)
+    props = {SOURCE_VERSION: version, MAX_ROW_INDEX: str(max_row_index), ROW_COUNT: str(total), WRITE_PATH: plan.path}
+    summary = {SYNC_ID: str(plan.sync_id), SOURCE_VERSION: version, WRITE_PATH: plan.path, WRITE_MODE: plan.mode}
+    if isinstance(late, CommitEntries):
+        props.update(late.props)
+        summary.update(late.summary)
+    failpoint("before-commit")
+    return _Staged(data_files, sum(df.file_size_in_bytes for df in data_files), total, props, summary)
+
+
+def _commit_or_settle(
+    catalog: Catalog,
+    settings: Settings,
+    dataset: Dataset,
+    table: Table,
+    plan: TableWrite,
+    staged: _Staged,
+    roller: _FileRoller,
+    native_run: Callable[[Table, int, bool], dict] | None,
+) -> int:
+    """The commit (_commit), and what its failure means (the module docstring's commit outcome): known not
+    committed, the files are deleted; otherwise the table is searched for the sync id — found, it landed;
+    not found, the files are kept and CommitOutcomeUnknown is raised (an interruption propagates as is)."""
+    run = None if native_run is None else (lambda t: native_run(t, roller.rows - plan.rewritten, plan.replaces))
+    expire = (settings.snapshots_keep, settings.snapshots_max_age_seconds)
     try:
-        run = None if native_run is None else (lambda t: native_run(t, roller.rows - rewritten, mode == "replace"))
-        snapshot_id = _commit(
+        return _commit(
             table,
-            data_files,
-            replace=(mode == "replace"),
-            summary=summary,
-            props=props,
-            sync_id=sync_id,
-            delete_files=delete_files if mode == "partial" else None,
-            expire=(settings.snapshots_keep, settings.snapshots_max_age_seconds)
-            if path == "mirror" or run is not None
-            else None,
+            staged.data_files,
+            replace=plan.replaces,
+            summary=staged.summary,
+            props=staged.props,
+            sync_id=plan.sync_id,
+            delete_files=plan.delete_files if plan.mode == "partial" else None,
+            expire=expire if plan.path == "mirror" or run is not None else None,
             run_entries=run,
         )
     except (CommitFailedException, ValidationException, GuardLost):
         roller.delete_all()  # known not committed
         raise
     except BaseException as exc:
-        landed = _look_for(catalog, table, sync_id)
+        landed = _look_for(catalog, table, plan.sync_id)
         if landed is None or not isinstance(exc, Exception):
             if landed is None:
                 _log.warning(
                     "commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
-                    sync_id,
+                    plan.sync_id,
                     type(exc).__name__,
                     len(roller.paths),
                 )
             if not isinstance(exc, Exception):
                 raise  # an interruption: the caller looks at the table itself
             raise CommitOutcomeUnknown(
-                f"dataset {dataset.id}: commit outcome unknown for sync {sync_id} ({type(exc).__name__}: "
+                f"dataset {dataset.id}: commit outcome unknown for sync {plan.sync_id} ({type(exc).__name__}: "
                 f"{first_line(exc)}); its files are kept, the next sync of the dataset settles it"
             ) from exc
         _log.warning(
             "commit of sync %s raised %s but its snapshot %s is in the table: it landed",
-            sync_id,
+            plan.sync_id,
             type(exc).__name__,
             landed,
         )
-        snapshot_id = landed
-    return WriteResult(
-        snapshot_id,
-        roller.rows,
-        nbytes,
-        len(data_files),
-        total,
-        committed=True,
-        source_version=source_version,
-        rewritten=rewritten,
-        file_digests=roller.digests,
-    )
+        return landed
 
 
 def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:

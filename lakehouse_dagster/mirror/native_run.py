@@ -219,8 +219,9 @@ def run_totals(snap) -> RunTotals | None:
 
 
 def native_run(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID):
-    """For iceberg/writer.write_arrow(native_run=...): the run totals a native commit on ``table`` carries,
-    given the rows it adds and whether it replaces the table (computed on the exact state it commits on)."""
+    """For lake/writer.write_arrow(native_run=...): the run totals a native commit on ``table`` carries, given the
+    rows it adds and whether it replaces the table. A callback, not a value: it is computed on the exact table
+    state each attempt of the commit's compare-and-swap retry commits on."""
 
     def entries(table, rows: int, replaces: bool) -> dict:
         current = table.current_snapshot()

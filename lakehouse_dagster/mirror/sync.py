@@ -34,7 +34,14 @@ from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import ABSENT, WRITE_MODE, snapshot_source_version, sync_snapshot, table_state
+from lakehouse_dagster.lake.writer import (
+    ABSENT,
+    WRITE_MODE,
+    TableWrite,
+    snapshot_source_version,
+    sync_snapshot,
+    table_state,
+)
 from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
@@ -202,23 +209,31 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         batches = read_batches(
             dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers, parts=parts, pool=pool
         )
-        written = write_digested(
-            catalog,
-            settings,
-            dataset,
-            batches,
-            mode={"full": "replace", "incremental": "append", "partial": "partial"}[run_mode],
-            sync_id=sync_id,
-            source_version=head.rows_version,
+        commit = TableWrite(
+            {"full": "replace", "incremental": "append", "partial": "partial"}[run_mode],
+            sync_id,
+            head.rows_version,
             max_row_index=head.max_row_index
             if head.max_row_index is not None
             else (after if after is not None else -1),
             delete_files=plan.files if run_mode == "partial" else (),
             lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
+        )
+        written = write_digested(
+            catalog,
+            settings,
+            dataset,
+            batches,
+            commit,
             table=table if table is not None else ABSENT,  # loaded once above, under the dataset lock
         )
     finally:
         pinned.close()
+    return _written_result(sync_id, ds_id, run_mode, reason, written, head.rows_version, started)
+
+
+def _written_result(sync_id, ds_id, run_mode: str, reason: str, written, head_version: int, started) -> SyncResult:
+    """What a mirror sync that reached the writer reports (``written``: lake/writer.WriteResult)."""
     if not written.committed and written.snapshot_id is not None:
         # A retried step whose first attempt committed: that snapshot covers the version attempt 1 read,
         # not the head we see now. Record exactly that; if Postgres moved on, the dataset stays behind
@@ -248,7 +263,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         written.snapshot_id,
         written.bytes,
         written.files,
-        head.rows_version,
+        head_version,
         time.perf_counter() - started,
     )
 

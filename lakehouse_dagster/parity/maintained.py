@@ -42,7 +42,7 @@ from psycopg.types.json import Jsonb
 from lakehouse_dagster.core.db import connection
 from lakehouse_dagster.core.errors import first_line
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.lake.writer import WriteResult, write_arrow
+from lakehouse_dagster.lake.writer import TableWrite, WriteResult, write_arrow
 from lakehouse_dagster.parity import canonical as cn
 from lakehouse_dagster.parity import lookup3
 from lakehouse_dagster.tracking import barrier, capture
@@ -207,13 +207,17 @@ def store_file_digests(
 _log = logging.getLogger(__name__)
 
 
-def write_digested(catalog, settings: Settings, dataset: Dataset, batches, **kwargs) -> WriteResult:
-    """lake.writer.write_arrow, each written file digested from the rows in hand and the digests stored after the
-    commit (when a DSN is configured and LAKEHOUSE_DIGEST_ON_WRITE holds): what every writer of a table calls, so
-    the next canary reads those files' digests instead of the files."""
+def write_digested(
+    catalog, settings: Settings, dataset: Dataset, batches, plan: TableWrite, *, table=None, native_run=None
+) -> WriteResult:
+    """lake.writer.write_arrow (``plan``, ``table``, ``native_run`` as there), each written file digested from the
+    rows in hand and the digests stored after the commit (when a DSN is configured and LAKEHOUSE_DIGEST_ON_WRITE
+    holds): what every writer of a table calls, so the next canary reads those files' digests instead of the files."""
     digester = FileDigester(dataset.columns) if settings.pg_dsn and settings.digest_on_write else None
     try:
-        result = write_arrow(catalog, settings, dataset, batches, digester=digester, **kwargs)
+        result = write_arrow(
+            catalog, settings, dataset, batches, plan, table=table, digester=digester, native_run=native_run
+        )
     finally:
         if digester is not None:
             digester.close()

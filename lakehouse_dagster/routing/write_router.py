@@ -33,9 +33,11 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import snapshot_source_version, sync_snapshot, table_state
+from lakehouse_dagster.lake.writer import TableWrite, snapshot_source_version, sync_snapshot, table_state
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
+from lakehouse_dagster.parity.maintained import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
+from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.write_router")
@@ -102,13 +104,36 @@ def route_write(
     lg.info(decision.log_line())
     if not decision.native:
         return WriteOutcome(decision, pg_write())
+    catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
+    return route_native(conn, decision, iceberg_write, settings=settings, logger=lg, catalog=catalog, sync_id=sync_id)
+
+
+def route_native(
+    conn: psycopg.Connection,
+    decision: WriteDecision,
+    iceberg_write: Callable[[uuid.UUID, int], NativeWriteResult],
+    *,
+    settings: Settings | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    catalog: Any = None,
+    sync_id: uuid.UUID | None = None,
+) -> WriteOutcome:
+    """route_write's native half, for a caller that resolved (and logged) ``decision`` itself and planned its
+    write on it (sources/writers.py): the flip gates, then ``iceberg_write(sync_id, source_version)`` under
+    G3 + G2 and its ``iceberg_sync_log`` row, fail-loud. Arguments as route_write's (``catalog``: None does
+    not default to the one ``iceberg_write`` carries)."""
+    lg = logger or log
     # The flip gates that still apply to the dataset (native_guard.py): a dataset covered natively after the
     # flip (a new or moved dataset, a new pipeline input, a reader lowered by hand) is refused, loud.
     refuse_unsafe_native_write(
-        conn, writer, decision.dataset_id, iceberg_mode=get_flag(WRITE, writer).iceberg_mode, sync_id=sync_id, logger=lg
+        conn,
+        decision.writer,
+        decision.dataset_id,
+        iceberg_mode=get_flag(WRITE, decision.writer).iceberg_mode,
+        sync_id=sync_id,
+        logger=lg,
     )
     settings = settings or Settings.from_env()
-    catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
     return _write_native(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
 
 
@@ -251,33 +276,33 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
         lg.warning(f"could not record the interruption of native sync {sync_id}: {log_exc}")
 
 
+@dataclasses.dataclass(frozen=True)
+class NativeWrite:
+    """The real native write for ``route_write`` (``iceberg_write``): ``batches`` through lake/writer.py's chunked
+    writer in ``mode``. With ``conn`` (route_write's) the commit carries its native run's totals and may expire
+    old snapshots, and an append compacts the run's small files (routing/native_table.py). ``catalog``: what
+    route_write settles abandoned and interrupted writes against."""
+
+    catalog: Any
+    settings: Settings
+    dataset: Any
+    batches: Iterable
+    mode: str
+    conn: psycopg.Connection | None = None
+
+    def __call__(self, sync_id: uuid.UUID, source_version: int) -> NativeWriteResult:
+        plan = TableWrite(self.mode, sync_id, source_version, path="native")
+        if self.conn is None:
+            return write_digested(self.catalog, self.settings, self.dataset, self.batches, plan)
+        return write_native_table(self.catalog, self.settings, self.dataset, self.batches, plan, conn=self.conn)
+
+
 def native_write(
     catalog, settings, dataset, batches: Iterable, *, writer: str, conn: psycopg.Connection | None = None
-) -> Callable[[uuid.UUID, int], NativeWriteResult]:
-    """The real native write for ``route_write``: lake/writer.py's chunked ``write_arrow``, in the
-    writer's registry mode (sync.full replaces the table, the others append). ``conn`` (route_write's):
-    the commit carries its native run's totals and may expire old snapshots (mirror/native_run.py), and
-    an append compacts the run's small files (routing/native_compaction.py)."""
+) -> NativeWrite:
+    """The real native write for ``route_write`` in the writer's registry mode (sync.full replaces the table,
+    the others append): NativeWrite."""
     mode = get_flag(WRITE, writer).iceberg_mode
     if mode is None:
         raise BadInput(f"writer {writer} is locked to pg; it has no native write")
-    from lakehouse_dagster.mirror.native_run import native_run
-    from lakehouse_dagster.parity.maintained import write_digested
-    from lakehouse_dagster.routing.native_compaction import native_compaction
-
-    def _write(sync_id: uuid.UUID, source_version: int):
-        return write_digested(
-            catalog,
-            settings,
-            dataset,
-            batches,
-            mode=mode,
-            sync_id=sync_id,
-            source_version=source_version,
-            path="native",
-            native_run=None if conn is None else native_run(conn, settings, dataset.id),
-            compact=None if conn is None or mode != "append" else native_compaction(settings, dataset),
-        )
-
-    _write.catalog = catalog  # route_write settles abandoned and interrupted writes against this catalog
-    return _write
+    return NativeWrite(catalog, settings, dataset, batches, mode, conn)

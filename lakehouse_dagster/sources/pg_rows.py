@@ -5,13 +5,15 @@ typed columns, then one INSERT … SELECT turns the staged rows into ``dataset_r
 row_id and created_at by their defaults, data = the typed values as jsonb: Postgres itself writes the
 jsonb, so what the mirror projects back out is exactly the typed value — NaN/±Infinity become the strings
 the mirror accepts). A replace deletes the dataset's rows first, in the same transaction; the ingest
-state (tracking/ingest_state.py) is saved before the commit. A killed process commits nothing.
+state (tracking/ingest_state.py) is saved before the commit (``rows_transaction``: copy the rows, then execute
+what commits with them). A killed process commits nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -44,19 +46,51 @@ def _data_expr(columns: Sequence[Column]) -> sql.Composable:
     return sql.SQL(" || ").join(groups) if groups else sql.SQL("'{}'::jsonb")
 
 
-def copy_rows(
-    dsn: str,
-    render: psycopg.Connection,
-    dataset_id: uuid.UUID,
-    columns: Sequence[Column],
-    batches: Iterable[pa.RecordBatch],
-    *,
-    replace: bool,
-    start_index: int,
-    finish: Callable[[int], Iterable[sql.Composable]],
-) -> int:
-    """Write ``batches`` (typed, the dataset's columns) as rows ``start_index``…; ``finish(rows)`` returns the
-    statements (ingest state, row count) that commit with them. ``render`` only renders SQL literals."""
+class RowsTransaction:
+    """One open ADBC transaction writing one dataset's rows (``rows_transaction``): ``copy`` once, then
+    ``execute`` what commits with them."""
+
+    def __init__(
+        self, cur, render: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], replace: bool
+    ):
+        self._cur, self._render = cur, render
+        self._dataset_id, self._columns, self._replace = dataset_id, tuple(columns), replace
+
+    def copy(self, batches: Iterable[pa.RecordBatch], *, start_index: int) -> int:
+        """Stage ``batches`` (typed, the dataset's columns) as rows ``start_index``…, then move them into
+        ``dataset_rows`` (a replace deletes the dataset's rows first). Returns the rows written."""
+        rows = 0
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            index = pa.array(range(start_index + rows, start_index + rows + batch.num_rows), type=pa.int64())
+            staged = pa.RecordBatch.from_arrays([index, *batch.columns], names=["__row_index", *batch.schema.names])
+            self._cur.adbc_ingest(STAGE, staged, mode="append", temporary=True)
+            rows += batch.num_rows
+        ds = sql.Literal(str(self._dataset_id))
+        statements: list[sql.Composable] = []
+        if self._replace:
+            statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
+        statements.append(
+            sql.SQL(
+                "insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s"
+            ).format(ds, sql.Identifier("__row_index"), _data_expr(self._columns), sql.Identifier(STAGE))
+        )
+        self.execute(statements)
+        return rows
+
+    def execute(self, statements: Iterable[sql.Composable]) -> None:
+        """Statements that commit with the rows (the ingest state, the row count)."""
+        for stmt in statements:
+            self._cur.execute(stmt.as_string(self._render))
+
+
+@contextlib.contextmanager
+def rows_transaction(
+    dsn: str, render: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *, replace: bool
+) -> Iterator[RowsTransaction]:
+    """ONE transaction on its own ADBC connection, committed when the block ends, rolled back if it raises (a
+    killed process commits nothing). ``render`` only renders SQL literals."""
     import adbc_driver_postgresql.dbapi as adbc
 
     stage_cols = [sql.SQL("{} bigint").format(sql.Identifier("__row_index"))]
@@ -64,32 +98,12 @@ def copy_rows(
     create = sql.SQL("create temporary table {} ({}) on commit drop").format(
         sql.Identifier(STAGE), sql.SQL(", ").join(stage_cols)
     )
-    ds = sql.Literal(str(dataset_id))
-    statements: list[sql.Composable] = []
-    if replace:
-        statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
-    statements.append(
-        sql.SQL("insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s").format(
-            ds, sql.Identifier("__row_index"), _data_expr(columns), sql.Identifier(STAGE)
-        )
-    )
-    rows = 0
     with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: one transaction
         cur = conn.cursor()
         try:
             cur.execute("set local timezone to 'UTC'")
             cur.execute(create.as_string(render))
-            for batch in batches:
-                if not batch.num_rows:
-                    continue
-                index = pa.array(range(start_index + rows, start_index + rows + batch.num_rows), type=pa.int64())
-                staged = pa.RecordBatch.from_arrays([index, *batch.columns], names=["__row_index", *batch.schema.names])
-                cur.adbc_ingest(STAGE, staged, mode="append", temporary=True)
-                rows += batch.num_rows
-            for stmt in statements:
-                cur.execute(stmt.as_string(render))
-            for stmt in finish(rows):
-                cur.execute(stmt.as_string(render))
+            yield RowsTransaction(cur, render, dataset_id, columns, replace)
             conn.commit()
         except BaseException:
             try:
@@ -99,4 +113,3 @@ def copy_rows(
             raise
         finally:
             cur.close()
-    return rows

@@ -1,29 +1,34 @@
-"""The source writers: sync.full, sync.append, sync.incremental, cdc.append — each a ``route_write``.
+"""The source writers: sync.full, sync.append, sync.incremental, cdc.append — each a routed write.
 
-``run_writer`` reads the dataset's source (sources/) past its stored state, converts the values to the
-dataset's declared types (sources/convert.py, the mirror's strictness) and, as the writer's flag says:
+``run_writer`` builds one ``WritePlan`` under the dataset lock — what to read past the dataset's stored state
+(sources/), the row indexes, the sync id, the ingest state the commit also records — and runs it on the
+path the writer's flag says (resolved once), converting the values to the dataset's declared types
+(sources/convert.py, the mirror's strictness) as it reads:
 
-* pg: COPYs the rows into ``dataset_rows`` with the new ingest state in one transaction (sources/pg_rows.py);
-  the mirror carries them to Iceberg as before;
-* iceberg_native: writes them straight into the dataset's Iceberg table (iceberg/writer.write_arrow:
-  Parquet per chunk, one commit) with the ingest state and sync id in that same commit; ``dataset_rows``
-  is untouched, and route_write keeps ``iceberg_sync_log`` / ``datasets`` and fails loud.
+* pg (``write_to_postgres``): COPYs the rows into ``dataset_rows`` with the new ingest state in one
+  transaction (sources/pg_rows.py); the mirror carries them to Iceberg as before;
+* iceberg_native (``write_to_iceberg``): writes them straight into the dataset's Iceberg table
+  (routing/native_table.py over lake/writer.write_arrow: Parquet per chunk, one commit) with the ingest state
+  and sync id in that same commit; ``dataset_rows`` is untouched, and the write router's native half
+  (route_native) keeps ``iceberg_sync_log`` / ``datasets`` and fails loud.
 
-Identity is assigned the same way on both paths: ``row_index`` continues from the highest index either
-store holds (0 for sync.full), so rows written on one path never collide with rows of the other after a
-flip or a rollback. G3 (dataset lock) is held for the whole run, G2 (admission slot) around the write.
+Both return an ``IngestResult``. Identity is assigned the same way on both paths: ``row_index`` continues
+from the highest index either store holds (0 for sync.full), so rows written on one path never collide with
+rows of the other after a flip or a rollback. G3 (dataset lock) is held for the whole run, G2 (admission
+slot) around the write.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,14 +45,12 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, WRITE_PATH, table_state
-from lakehouse_dagster.mirror.native_run import native_run
+from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, WRITE_PATH, CommitEntries, TableWrite, table_state
 from lakehouse_dagster.mirror.sync import reap_abandoned
-from lakehouse_dagster.parity.maintained import write_digested
-from lakehouse_dagster.routing.native_compaction import native_compaction
-from lakehouse_dagster.routing.write_router import resolve_write_path, route_write
+from lakehouse_dagster.routing.native_table import write_native_table
+from lakehouse_dagster.routing.write_router import WriteDecision, resolve_write_path, route_native
 from lakehouse_dagster.sources.files import SourceError, list_files, read_files
-from lakehouse_dagster.sources.pg_rows import copy_rows
+from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.sources.pgsource import max_mark, read_postgres, scrub
 from lakehouse_dagster.sources.spec import SourceSpec
 from lakehouse_dagster.sources.stored import get_source
@@ -102,37 +105,121 @@ def check_writer(writer: str) -> None:
     )
 
 
-@dataclasses.dataclass
-class _Read:
-    """What one run reads and the state it leaves."""
+@dataclasses.dataclass(frozen=True)
+class WritePlan:
+    """One run of a source writer, decided once under the dataset lock (G3) before a row is read; the two
+    paths (``write_to_postgres``, ``write_to_iceberg``) run it as it is.
 
-    batches: Iterator[pa.RecordBatch]
-    state: dict  # filled in once the batches are consumed (mark) — see finish()
+    What to read: ``files`` (a files source: those to read) or the rows past ``after`` (a Postgres source: its
+    cursor / CDC position; None: from the start). ``start_index``: the first __row_index written (0 for
+    sync.full; else one above the highest either store holds). ``seq``, ``sync_id`` and ``files_seen`` go into
+    the ingest state the commit also records (``state``); ``nothing_new``: the source has nothing past the
+    stored state (nothing is written); ``old_cursor``: the cursor before this run."""
+
+    dataset: Dataset
+    spec: SourceSpec
+    decision: WriteDecision
+    sync_id: uuid.UUID
+    seq: int
+    start_index: int
+    after: Any = None
+    files: tuple = ()
+    files_seen: dict | None = None
     nothing_new: bool = False
+    old_cursor: Any = None
+
+    @property
+    def writer(self) -> str:
+        return self.decision.writer
+
+    @property
+    def path(self) -> str:
+        return "native" if self.decision.native else "pg"
+
+    @property
+    def replace(self) -> bool:
+        return self.writer == "sync.full"
+
+    def state(self, mark: Any) -> dict:
+        """The ingest state this run leaves (tracking/ingest_state.py), once its read reached ``mark``."""
+        return {
+            "seq": self.seq,
+            "sync_id": str(self.sync_id),
+            "path": self.path,
+            "writer": self.writer,
+            "source": self.spec.to_json(),
+            "mark": mark,
+            "files": self.files_seen,
+        }
+
+    def result(self, rows: int, total: int | None, snapshot_id: int | None, cursor: Any, **kw) -> IngestResult:
+        """What the run reports (``seconds`` is run_writer's; ``kw``: IngestResult's other fields)."""
+        fields = {"sync_id": self.sync_id, **kw}
+        return IngestResult(
+            self.dataset.id,
+            self.writer,
+            self.path,
+            rows,
+            total,
+            snapshot_id,
+            cursor=cursor,
+            flag_reason=self.decision.flag.describe(),
+            seconds=0.0,
+            **fields,
+        )
 
 
-def _plan(spec: SourceSpec, writer: str, old: dict | None, settings: Settings, dsn: str, dataset: Dataset) -> _Read:
+def plan_write(
+    conn, settings: Settings, dsn: str, dataset: Dataset, spec: SourceSpec, decision: WriteDecision, table, sync_id
+) -> WritePlan:
+    """The run's plan from the stored ingest state (the newer of its two copies) and the source: which files are
+    new, or whether any row is past the cursor (one max(), so the read itself happens inside the routed write).
+    ``table``: the dataset's Iceberg table as loaded under the dataset lock, or None. SourceError when the source
+    cannot be listed or asked."""
+    ds_id, writer = dataset.id, decision.writer
+    old = source_state.current_state(conn, ds_id, table, spec.to_json())
+    seq = source_state.next_seq(conn, ds_id, table)
+    replace = writer == "sync.full"
+    plan = WritePlan(dataset, spec, decision, sync_id, seq, 0, old_cursor=source_state.public_cursor(old))
     if spec.type == "files":
         files = list_files(spec, settings)
         seen = dict(old.get("files") or {}) if old else {}
-        todo = files if writer == "sync.full" else [f for f in files if seen.get(f.uri) != f.fingerprint]
-        state_files = (
-            {f.uri: f.fingerprint for f in files}
-            if writer == "sync.full"
-            else {**seen, **{f.uri: f.fingerprint for f in todo}}
+        todo = files if replace else [f for f in files if seen.get(f.uri) != f.fingerprint]
+        files_seen = (
+            {f.uri: f.fingerprint for f in files} if replace else {**seen, **{f.uri: f.fingerprint for f in todo}}
         )
-        batches = read_files(todo, spec, settings, dataset.columns, settings.ingest_chunk_rows)
-        return _Read(batches, {"files": state_files, "mark": None}, nothing_new=not todo and writer != "sync.full")
-    after = None if writer == "sync.full" or not old else old.get("mark")
-    state = {"mark": after, "files": None}
+        plan = dataclasses.replace(plan, files=tuple(todo), files_seen=files_seen, nothing_new=not todo and not replace)
+    else:
+        after = None if replace or not old else old.get("mark")
+        nothing_new = not replace and max_mark(spec, spec.dsn(dsn), after) is None
+        plan = dataclasses.replace(plan, after=after, nothing_new=nothing_new)
+    if plan.nothing_new or replace:
+        return plan
+    pg_max = conn.execute(
+        "select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)
+    ).fetchone()[0]
+    iceberg_max = table_state(table)["max_row_index"] if table is not None else -1
+    return dataclasses.replace(plan, start_index=1 + max(pg_max, iceberg_max))
 
-    def on_mark(value):
-        state["mark"] = value
 
-    source_dsn = spec.dsn(dsn)
-    # one max() says whether anything is past the mark, so the read itself happens inside the routed write
-    nothing_new = writer != "sync.full" and max_mark(spec, source_dsn, after) is None
-    return _Read(read_postgres(spec, source_dsn, dataset.columns, after, on_mark), state, nothing_new)
+class _SourceRead:
+    """The typed batches of one run's read of its source (iterated once); ``mark`` is the cursor / position the
+    read has reached (a Postgres source; the plan's ``after`` until a batch moves it)."""
+
+    def __init__(self, plan: WritePlan, settings: Settings, dsn: str):
+        self.plan, self.settings, self.dsn = plan, settings, dsn
+        self.mark = plan.after
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        plan = self.plan
+        if plan.spec.type == "files":
+            batch_rows = self.settings.ingest_chunk_rows
+            yield from read_files(plan.files, plan.spec, self.settings, plan.dataset.columns, batch_rows)
+        else:
+            yield from read_postgres(plan.spec, plan.spec.dsn(self.dsn), plan.dataset.columns, plan.after, self._moved)
+
+    def _moved(self, mark: Any) -> None:
+        self.mark = mark
 
 
 def uuid_texts(n: int) -> pa.Array:
@@ -155,23 +242,15 @@ def uuid_texts(n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(out.tobytes())])
 
 
-def _with_identity(batches: Iterable[pa.RecordBatch], created_at: dt.datetime, counter: dict):
-    """Identity columns in front: __row_index from counter["next"] on, a random __row_id, one __created_at
-    for the whole write (as the pg path's now())."""
-    for b in batches:
-        n = b.num_rows
-        if not n:
-            continue
-        first = counter["next"]
-        index = pa.array(np.arange(first, first + n, dtype=np.int64))
-        created = pa.array(np.full(n, int(created_at.timestamp() * 1_000_000), dtype=np.int64)).cast(
-            pa.timestamp("us", tz="UTC")
-        )
-        counter["next"] = first + n
-        yield pa.RecordBatch.from_arrays(
-            [index, uuid_texts(n), created, *b.columns],
-            names=["__row_index", "__row_id", "__created_at", *b.schema.names],
-        )
+def _with_identity(batch: pa.RecordBatch, first: int, created_us: int) -> pa.RecordBatch:
+    """Identity columns in front: __row_index from ``first`` on, a random __row_id, __created_at (µs)."""
+    n = batch.num_rows
+    index = pa.array(np.arange(first, first + n, dtype=np.int64))
+    created = pa.array(np.full(n, created_us, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC"))
+    return pa.RecordBatch.from_arrays(
+        [index, uuid_texts(n), created, *batch.columns],
+        names=["__row_index", "__row_id", "__created_at", *batch.schema.names],
+    )
 
 
 def _failpoint_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -181,10 +260,91 @@ def _failpoint_after_first(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Rec
             failpoint("after-first-batch")
 
 
-def _pg_max_index(conn, ds_id) -> int:
-    return conn.execute(
-        "select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)
-    ).fetchone()[0]
+def _native_rows(
+    plan: WritePlan, read: _SourceRead, created_at: dt.datetime
+) -> Generator[pa.RecordBatch, None, CommitEntries]:
+    """The source's batches with identity (__row_index from ``plan.start_index`` on, one __created_at for the
+    whole write, as the pg path's now()); returns what their commit also records (lake/writer.write_arrow),
+    known only once every row is read: the ingest state (with the cursor reached) and the highest __row_index."""
+    next_index = plan.start_index
+    created_us = int(created_at.timestamp() * 1_000_000)
+    for b in _failpoint_after_first(read):
+        if b.num_rows:
+            yield _with_identity(b, next_index, created_us)
+            next_index += b.num_rows
+    props, summary = source_state.commit_entries(plan.state(read.mark))
+    return CommitEntries({**props, MAX_ROW_INDEX: str(next_index - 1)}, summary)
+
+
+def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -> IngestResult:
+    """The pg path: the rows COPYed into ``dataset_rows`` with the ingest state and the row count in one
+    transaction (sources/pg_rows.py), under an admission slot (G2). A failure marks the dataset errored and
+    raises SyncFailed (nothing committed); the mirror carries the rows to Iceberg later."""
+    ds_id = plan.dataset.id
+    lg.info(plan.decision.log_line())  # as route_write logs it on either path
+    read = _SourceRead(plan, settings, dsn)
+    with admission_slot(conn, settings.max_concurrent_ingest):
+        try:
+            with rows_transaction(dsn, conn, ds_id, plan.dataset.columns, replace=plan.replace) as tx:
+                rows = tx.copy(_failpoint_after_first(read), start_index=plan.start_index)
+                state = plan.state(read.mark)
+                count = (
+                    sql.SQL("{}").format(sql.Literal(rows))
+                    if plan.replace
+                    else sql.SQL("coalesce(row_count, 0) + {}").format(sql.Literal(rows))
+                )
+                tx.execute(
+                    [
+                        source_state.save_statement(ds_id, state),
+                        sql.SQL(
+                            "update datasets set row_count = {}, status = 'ready', error = null, updated_at = now()"
+                            " where id = {}::uuid"
+                        ).format(count, sql.Literal(str(ds_id))),
+                    ]
+                )
+            failpoint("after-commit-before-log")  # rows and ingest state committed together
+        except SourceError as exc:
+            raise _failed(conn, ds_id, exc) from None
+        except LakehouseError:
+            raise
+        except Exception as exc:
+            raise _failed(conn, ds_id, exc, dsn) from exc
+    total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
+    lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {plan.sync_id})")
+    return plan.result(rows, total, None, source_state.public_cursor(state))
+
+
+def write_to_iceberg(plan: WritePlan, conn, catalog, settings: Settings, dsn: str, lg) -> IngestResult:
+    """The native path: the rows straight into the dataset's Iceberg table, with the ingest state and sync id in
+    that same commit (routing/native_table.py: the run's totals, a compaction of its small files), through the
+    write router's native half (route_native: flip gates, G3 + G2, ``iceberg_sync_log``, fail-loud). Then the
+    state is copied into Postgres for cheap readers (tracking/ingest_state.py). A retry whose snapshot had
+    landed reports the state the table holds."""
+    ds_id = plan.dataset.id
+    lg.info(plan.decision.log_line())  # as route_write logs it on either path
+    read = _SourceRead(plan, settings, dsn)
+    commit = functools.partial(_commit_natively, plan, read, conn, catalog, settings)
+    # catalog None: abandoned syncs were settled above, under this lock; an interruption is settled by the next run
+    result = route_native(conn, plan.decision, commit, settings=settings, logger=lg, sync_id=plan.sync_id).value
+    if result.committed:
+        state = plan.state(read.mark)
+    else:
+        state = source_state.current_state(conn, ds_id, load_table_or_none(catalog, table_identifier(settings, ds_id)))
+    if state:
+        source_state.save_pg_state(conn, ds_id, state)
+    rows = result.rows - result.rewritten
+    cursor = source_state.public_cursor(state)
+    return plan.result(rows, result.total_rows, result.snapshot_id, cursor, compacted_rows=result.rewritten)
+
+
+def _commit_natively(plan: WritePlan, read: _SourceRead, conn, catalog, settings: Settings, sync_id, source_version):
+    """route_native's ``iceberg_write(sync_id, source_version)``: the source version is known only once the
+    router has recorded the sync (route_write's after-commit-before-log failpoint follows)."""
+    rows = _native_rows(plan, read, dt.datetime.now(dt.UTC))
+    mode = "replace" if plan.replace else "append"
+    return write_native_table(
+        catalog, settings, plan.dataset, rows, TableWrite(mode, sync_id, source_version, path="native"), conn=conn
+    )
 
 
 def run_writer(
@@ -208,168 +368,43 @@ def run_writer(
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
     with connect(dsn) as conn:
-        dataset = get_dataset(conn, ds_id)
-        if dataset.kind != "tabular":
-            raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; source writers write tabular datasets")
-        spec = get_source(conn, ds_id)
-        if spec is None:
-            raise BadInput(
-                f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
-                "(--files <path|glob|s3-uri> | --postgres-table <schema.table> | --postgres-query <sql> "
-                "| --cdc-table <schema.table> ...)"
-            )
-        if writer not in spec.writers:
-            raise BadInput(
-                f"writer {writer} cannot run on dataset {ds_id}'s source ({spec.describe()}); "
-                f"it takes {', '.join(spec.writers)}"
-            )
-        decision = resolve_write_path(flags, writer, ds_id)
-        path = "native" if decision.native else "pg"
-        sync_id = sync_id or uuid.uuid4()
+        dataset, spec = _dataset_and_source(conn, ds_id, writer)
+        decision = resolve_write_path(flags, writer, ds_id)  # once: the path planned is the path written
         with dataset_lock(conn, ds_id):
             reap_abandoned(conn, catalog, settings, ds_id)
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             total_now = _converge_row_count(conn, ds_id, table)
-            old = source_state.current_state(conn, ds_id, table, spec.to_json())
-            seq = source_state.next_seq(conn, ds_id, table)
             try:
-                read = _plan(spec, writer, old, settings, dsn, dataset)
+                plan = plan_write(conn, settings, dsn, dataset, spec, decision, table, sync_id or uuid.uuid4())
             except SourceError as exc:
                 raise _failed(conn, ds_id, exc) from None
-            batches = read.batches
-            if read.nothing_new:
-                return IngestResult(
-                    ds_id,
-                    writer,
-                    path,
-                    0,
-                    total_now,
-                    None,
-                    None,
-                    source_state.public_cursor(old),
-                    decision.flag.describe(),
-                    time.perf_counter() - started,
-                    new=False,
-                )
-
-            def new_state() -> dict:
-                return {
-                    "seq": seq,
-                    "sync_id": str(sync_id),
-                    "path": path,
-                    "writer": writer,
-                    "source": spec.to_json(),
-                    "mark": read.state["mark"],
-                    "files": read.state["files"],
-                }
-
-            replace = writer == "sync.full"
-            start = (
-                0
-                if replace
-                else 1
-                + max(_pg_max_index(conn, ds_id), table_state(table)["max_row_index"] if table is not None else -1)
-            )
-            written: dict = {}
-
-            def pg_write() -> int:
-                def finish(rows: int):
-                    written["state"] = new_state()
-                    count = (
-                        sql.SQL("{}").format(sql.Literal(rows))
-                        if replace
-                        else sql.SQL("coalesce(row_count, 0) + {}").format(sql.Literal(rows))
-                    )
-                    return [
-                        source_state.save_statement(ds_id, written["state"]),
-                        sql.SQL(
-                            "update datasets set row_count = {}, status = 'ready', error = null, updated_at = now()"
-                            " where id = {}::uuid"
-                        ).format(count, sql.Literal(str(ds_id))),
-                    ]
-
-                with admission_slot(conn, settings.max_concurrent_ingest):
-                    try:
-                        rows = copy_rows(
-                            dsn,
-                            conn,
-                            ds_id,
-                            dataset.columns,
-                            _failpoint_after_first(batches),
-                            replace=replace,
-                            start_index=start,
-                            finish=finish,
-                        )
-                        failpoint("after-commit-before-log")  # rows and ingest state committed together
-                        return rows
-                    except SourceError as exc:
-                        raise _failed(conn, ds_id, exc) from None
-                    except LakehouseError:
-                        raise
-                    except Exception as exc:
-                        raise _failed(conn, ds_id, exc, dsn) from exc
-
-            def iceberg_write(sid: uuid.UUID, source_version: int):
-                counter = {"next": start}
-
-                def entries():
-                    written["state"] = new_state()
-                    props, summary = source_state.commit_entries(written["state"])
-                    props[MAX_ROW_INDEX] = str(counter["next"] - 1)
-                    return props, summary
-
-                result = write_digested(
-                    catalog,
-                    settings,
-                    dataset,
-                    _with_identity(_failpoint_after_first(batches), dt.datetime.now(dt.UTC), counter),
-                    mode="replace" if replace else "append",
-                    sync_id=sid,
-                    source_version=source_version,
-                    path="native",
-                    commit_entries=entries,
-                    native_run=native_run(conn, settings, ds_id),
-                    compact=None if replace else native_compaction(settings, dataset),
-                )
-                return result  # route_write's after-commit-before-log failpoint follows
-
-            outcome = route_write(
-                conn,
-                flags,
-                writer,
-                ds_id,
-                pg_write=pg_write,
-                iceberg_write=iceberg_write,
-                settings=settings,
-                logger=lg,
-                sync_id=sync_id,
-            )
-            if decision.native:
-                result = outcome.value
-                state = written.get("state") or source_state.current_state(
-                    conn, ds_id, load_table_or_none(catalog, table_identifier(settings, ds_id))
-                )
-                if state:
-                    source_state.save_pg_state(conn, ds_id, state)
-                rows, total, snapshot = result.rows - result.rewritten, result.total_rows, result.snapshot_id
-                compacted = result.rewritten
+            if plan.nothing_new:
+                result = plan.result(0, total_now, None, plan.old_cursor, sync_id=None, new=False)
+            elif decision.native:
+                result = write_to_iceberg(plan, conn, catalog, settings, dsn, lg)
             else:
-                rows, snapshot, state, compacted = outcome.value, None, written["state"], 0
-                total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
-                lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {sync_id})")
-    return IngestResult(
-        ds_id,
-        writer,
-        path,
-        rows,
-        total,
-        snapshot,
-        sync_id,
-        source_state.public_cursor(state),
-        decision.flag.describe(),
-        time.perf_counter() - started,
-        compacted_rows=compacted,
-    )
+                result = write_to_postgres(plan, conn, settings, dsn, lg)
+    return dataclasses.replace(result, seconds=time.perf_counter() - started)
+
+
+def _dataset_and_source(conn, ds_id: uuid.UUID, writer: str) -> tuple[Dataset, SourceSpec]:
+    """The tabular dataset and its source, which must take ``writer``; BadInput naming how to fix it."""
+    dataset = get_dataset(conn, ds_id)
+    if dataset.kind != "tabular":
+        raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; source writers write tabular datasets")
+    spec = get_source(conn, ds_id)
+    if spec is None:
+        raise BadInput(
+            f"dataset {ds_id} has no source; set one with: lakehouse sources set --dataset {ds_id} "
+            "(--files <path|glob|s3-uri> | --postgres-table <schema.table> | --postgres-query <sql> "
+            "| --cdc-table <schema.table> ...)"
+        )
+    if writer not in spec.writers:
+        raise BadInput(
+            f"writer {writer} cannot run on dataset {ds_id}'s source ({spec.describe()}); "
+            f"it takes {', '.join(spec.writers)}"
+        )
+    return dataset, spec
 
 
 def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
