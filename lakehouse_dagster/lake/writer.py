@@ -140,7 +140,7 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: 
     ident = table_identifier(settings, dataset.id)
     if table is None:
         table = load_table_or_none(catalog, ident)
-    elif table is ABSENT:
+    elif isinstance(table, _Absent):
         table = None
     if table is None:
         ensure_namespace(catalog, settings.namespace)
@@ -584,7 +584,7 @@ def _commit(
                     f"{len(gone)} file(s) to rewrite are no longer in the table (first: "
                     f"{gone[0]}); the partial rewrite was planned on a stale snapshot"
                 )
-                stale.transient = True  # the next sync plans on the table as it is
+                stale.transient = True  # type: ignore[attr-defined]  # the next sync plans on the table as it is
                 raise stale
             with snapshot_update.overwrite() as producer:
                 for f in delete_files:
@@ -642,7 +642,7 @@ def _commit_failpoints(table: Table):
             failpoint("in-commit")
             return response
 
-    table.catalog = _Hooked()
+    table.catalog = _Hooked()  # type: ignore[assignment]  # duck-types the catalog: every other name passes through
     try:
         yield
     finally:

@@ -48,8 +48,11 @@ T = TypeVar("T")
 class NativeWriteResult(Protocol):
     """What lake/writer.py's WriteResult provides."""
 
-    snapshot_id: int | None
-    rows: int
+    @property
+    def snapshot_id(self) -> int | None: ...
+
+    @property
+    def rows(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
