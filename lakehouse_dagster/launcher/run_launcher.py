@@ -35,15 +35,20 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_dagster.core import private_apis
+from lakehouse_dagster.core.private_apis import (  # what a launcher plugin is built from: Dagster keeps it private
+    GRPC_INFO_TAG,
+    CheckRunHealthResult,
+    ConfigurableClass,
+    ConfigurableClassData,
+    LaunchRunContext,
+    RunLauncher,
+    WorkerStatus,
+)
 from lakehouse_dagster.launcher import location
 from lakehouse_dagster.launcher.run_worker import run_worker
 from lakehouse_dagster.launcher.worker_process import Worker
 
 WORKER_TAG = "lakehouse/run_worker"
-
-# RunLauncher, LaunchRunContext, CheckRunHealthResult, WorkerStatus, ConfigurableClass(Data), GRPC_INFO_TAG: Dagster
-# keeps what a launcher plugin is built from private (core/private_apis.py).
-_launcher_api = private_apis.dagster_launcher_api()
 
 # Imported once by the forkserver. Third-party only: never lakehouse_dagster (a code change must reach the next
 # run). Modules a run imports anyway (DagsterInstance on Postgres, the catalog, Parquet, the parity kernel's numba).
@@ -88,12 +93,12 @@ def _in_daemon_process() -> bool:
     return private_apis.dagster_is_daemon(sys.argv[0] if sys.argv else "")
 
 
-class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass):
+class WarmRunLauncher(RunLauncher, ConfigurableClass):
     """Launches runs in children of a warm forkserver (this machine only); see the module docstring."""
 
     def __init__(
         self,
-        inst_data: _launcher_api.ConfigurableClassData | None = None,
+        inst_data: ConfigurableClassData | None = None,
         preload_modules: list[str] | None = None,
         warm_at_start: bool = True,
         terminate_grace_seconds: float = 30.0,
@@ -122,7 +127,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
 
     # --- ConfigurableClass ------------------------------------------------------------------------------------
     @property
-    def inst_data(self) -> _launcher_api.ConfigurableClassData | None:
+    def inst_data(self) -> ConfigurableClassData | None:
         return self._inst_data
 
     @classmethod
@@ -159,7 +164,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
         }
 
     @classmethod
-    def from_config_value(cls, inst_data: _launcher_api.ConfigurableClassData, config_value: Mapping[str, Any]):
+    def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]):
         return cls(inst_data=inst_data, **config_value)
 
     @property
@@ -222,7 +227,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
         return self._fallback
 
     # --- RunLauncher ------------------------------------------------------------------------------------------
-    def launch_run(self, context: _launcher_api.LaunchRunContext) -> None:
+    def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         origin = run.job_code_origin
         exe = origin.executable_path if origin is not None else None
@@ -256,7 +261,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
             cls=self.__class__,
         )
 
-    def _launch_default(self, context: _launcher_api.LaunchRunContext, why: str) -> None:
+    def _launch_default(self, context: LaunchRunContext, why: str) -> None:
         self._registered_instance.report_engine_event(
             f"Launching through the code server (DefaultRunLauncher) because {why}.",
             context.dagster_run,
@@ -270,7 +275,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
             return False
         worker = Worker.loads(run.tags.get(WORKER_TAG))
         if worker is None:
-            if _launcher_api.GRPC_INFO_TAG in run.tags:  # launched by the fallback
+            if GRPC_INFO_TAG in run.tags:  # launched by the fallback
                 return self._default().terminate(run_id)
             self._registered_instance.report_engine_event(
                 "No run worker recorded for this run; nothing to terminate.", run, cls=self.__class__
@@ -333,7 +338,7 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
     def supports_check_run_worker_health(self) -> bool:
         return True
 
-    def check_run_worker_health(self, run: dg.DagsterRun) -> _launcher_api.CheckRunHealthResult:
+    def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
         self._sweep()
         if _in_daemon_process():
             try:
@@ -343,19 +348,17 @@ class WarmRunLauncher(_launcher_api.RunLauncher, _launcher_api.ConfigurableClass
         worker = Worker.loads(run.tags.get(WORKER_TAG))
         if worker is None or not worker.local:
             # Launched by the fallback (the code server owns it) or elsewhere: not ours to judge.
-            return _launcher_api.CheckRunHealthResult(
-                _launcher_api.WorkerStatus.RUNNING, "run worker not started by this launcher here"
-            )
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker not started by this launcher here")
         if worker.alive():
-            return _launcher_api.CheckRunHealthResult(_launcher_api.WorkerStatus.RUNNING, run_worker_id=str(worker.pid))
+            return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=str(worker.pid))
         fresh = self._registered_instance.get_run_by_id(run.run_id)
         if fresh is not None and fresh.status == dg.DagsterRunStatus.SUCCESS:
-            return _launcher_api.CheckRunHealthResult(_launcher_api.WorkerStatus.SUCCESS, run_worker_id=str(worker.pid))
+            return CheckRunHealthResult(WorkerStatus.SUCCESS, run_worker_id=str(worker.pid))
         with self._lock:
             proc = self._workers.get(run.run_id)
         code = f" with exit code {proc.exitcode}" if proc is not None and proc.exitcode is not None else ""
-        return _launcher_api.CheckRunHealthResult(
-            _launcher_api.WorkerStatus.FAILED,
+        return CheckRunHealthResult(
+            WorkerStatus.FAILED,
             f"run worker (pid {worker.pid}) exited{code} before the run finished",
             run_worker_id=str(worker.pid),
         )
