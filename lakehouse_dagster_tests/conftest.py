@@ -20,6 +20,7 @@ from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.testing.pg import with_db
 
 TEMPLATE_DB = "lakehouse_test_template"
+_with_db = with_db  # the name tests imported from here before lakehouse_dagster.testing.pg
 
 
 @pytest.fixture(scope="session")
