@@ -72,12 +72,12 @@ def mirror_settings(dsn: str, namespace: str, **kw):
 
 
 def fresh_database(admin: str, name: str) -> str:
-    from lakehouse_dagster_tests.conftest import _with_db  # same URI rewriting the tests use
+    from lakehouse_dagster.testing.pg import with_db  # same URI rewriting the tests use
 
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name)))
         c.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
-    dsn = _with_db(admin, name)
+    dsn = with_db(admin, name)
     with connect(dsn) as conn:
         migrate(conn)
     return dsn

@@ -45,8 +45,8 @@ from lakehouse_dagster.lake.catalog import load_catalog  # noqa: E402
 from lakehouse_dagster.mirror.poller import _BEHIND  # noqa: E402
 from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402
 from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate  # noqa: E402
-from lakehouse_dagster_tests.conftest import _with_db  # noqa: E402
-from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, FOUNDATION_SQL  # noqa: E402
+from lakehouse_dagster.testing.foundation import APP_INSERT_ROW, FOUNDATION_SQL  # noqa: E402
+from lakehouse_dagster.testing.pg import with_db  # noqa: E402
 
 SCHEMA = '[{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]'
 
@@ -123,7 +123,7 @@ def main() -> int:
     name = f"bench_adopt_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin, autocommit=True) as c:
         c.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
-    dsn = _with_db(admin, name)
+    dsn = with_db(admin, name)
     home = Path(tempfile.mkdtemp(prefix="lh-bench-adopt-"))
     (home / "warehouse").mkdir()
     os.environ.update(

@@ -273,7 +273,7 @@ def main(argv=None) -> int:
                     cpu[(cfg, kind)] = min(cpu.get((cfg, kind), per_cpu), per_cpu)
     configure("digest")
     with connect(dsn) as c:  # the shipped configuration kept the sums right all along
-        from lakehouse_dagster_tests.test_parity_incremental import pg_maintained, pg_reference
+        from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 
         agree = pg_maintained(dsn, ds_id) == pg_reference(dsn, ds_id)
         deltas = c.execute(

@@ -2,7 +2,7 @@
 
 `nice .venv/bin/python bench/bench_crash.py --cycles 200 --seed 7` prints the cycles, the failpoints
 armed and fired (kills per failpoint), the sync exit codes, the write mix, the violations (must be 0)
-and the seed, then one JSON line. What each cycle checks: lakehouse_dagster_tests/crash_harness.py.
+and the seed, then one JSON line. What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
 Not a timing benchmark: seconds are printed for planning only.
 """
 
@@ -39,7 +39,7 @@ def main() -> int:
         }
     )
     from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster_tests.crash_harness import run_cycles
+    from lakehouse_dagster.testing.crash_harness import run_cycles
 
     shown = [0]
 

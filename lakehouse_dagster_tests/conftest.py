@@ -6,7 +6,6 @@ Set LAKEHOUSE_TEST_ADMIN_DSN to use an existing server instead (a role that may 
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 import uuid
 from contextlib import contextmanager
@@ -18,13 +17,10 @@ import pytest
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.testing.pg import with_db
 
 TEMPLATE_DB = "lakehouse_test_template"
-
-
-def _with_db(dsn: str, db: str) -> str:
-    # Both URI forms the project produces: postgresql://user:@/db?host=... and postgresql://u:p@h:port/db
-    return re.sub(r"^(postgres(?:ql)?://[^/]*/)([^?]*)", lambda m: m.group(1) + db, dsn, count=1)
+_with_db = with_db  # the name tests imported from here before lakehouse_dagster.testing.pg
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +41,7 @@ def template_dsn(pg_admin_dsn):
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(f'drop database if exists "{TEMPLATE_DB}"')
         admin.execute(f'create database "{TEMPLATE_DB}"')
-    dsn = _with_db(pg_admin_dsn, TEMPLATE_DB)
+    dsn = with_db(pg_admin_dsn, TEMPLATE_DB)
     with connect(dsn) as conn:
         migrate(conn)
     return dsn
@@ -57,7 +53,7 @@ def dsn(pg_admin_dsn, template_dsn):
     name = f"t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')
-    yield _with_db(pg_admin_dsn, name)
+    yield with_db(pg_admin_dsn, name)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         # A test that left capture mode "wal" on (tracking/capture.py) leaves a slot, which blocks the drop.
         admin.execute(
@@ -106,7 +102,7 @@ def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
     (home / "dagster.yaml").write_text(
-        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(_with_db(pg_admin_dsn, name)))}\n"
+        f"storage:\n  postgres:\n    postgres_url: {json.dumps(dagster_url(with_db(pg_admin_dsn, name)))}\n"
         f"telemetry:\n  enabled: false\n{extra_yaml}"
     )
     inst = dg.DagsterInstance.from_config(str(home))

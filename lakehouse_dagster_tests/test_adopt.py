@@ -24,8 +24,8 @@ from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate
-from lakehouse_dagster_tests.conftest import _with_db
-from lakehouse_dagster_tests.foundation import APP_INSERT_ROW, app_dataset, app_workspace, create_foundation
+from lakehouse_dagster.testing.foundation import APP_INSERT_ROW, app_dataset, app_workspace, create_foundation
+from lakehouse_dagster.testing.pg import with_db
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -46,7 +46,7 @@ def adopted(pg_admin_dsn, tmp_path, monkeypatch):
     name = f"a_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
-    dsn = _with_db(pg_admin_dsn, name)
+    dsn = with_db(pg_admin_dsn, name)
     with connect(dsn) as conn:
         create_foundation(conn)
         ws = app_workspace(conn, "live")

@@ -1,5 +1,5 @@
 """The crash harness, short and seeded for CI: 8 cycles, ~40 s on the 2-core machine (each cycle starts a
-CLI process: 3-6 s of imports depending on load). crash_harness.py says what every cycle checks.
+CLI process: 3-6 s of imports depending on load). lakehouse_dagster/testing/crash_harness.py says what every cycle checks.
 
 LAKEHOUSE_CRASH_CYCLES / LAKEHOUSE_CRASH_SEED run it longer or with another seed; bench/bench_crash.py
 runs >= 200 cycles and prints the figures.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .crash_harness import run_cycles
+from lakehouse_dagster.testing.crash_harness import run_cycles
 
 
 def test_seeded_crash_schedule_converges_with_no_violation(dsn, settings):

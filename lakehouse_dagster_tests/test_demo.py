@@ -257,16 +257,16 @@ def test_demo_seed_cli_json_and_refusals(settings, conn, capsys):
 
 
 def test_demo_seed_refuses_an_unmigrated_database(pg_admin_dsn, monkeypatch, capsys):
-    from lakehouse_dagster_tests.conftest import _with_db
+    from lakehouse_dagster.testing.pg import with_db
 
     name = f"t_empty_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(name)))
     try:
-        monkeypatch.setenv("LAKEHOUSE_PG_DSN", _with_db(pg_admin_dsn, name))
+        monkeypatch.setenv("LAKEHOUSE_PG_DSN", with_db(pg_admin_dsn, name))
         code, out, err = _run(capsys, "demo", "seed", "--rows", "10")
         assert code == 2 and err.count("\n") == 1 and "lakehouse db migrate" in err
-        with psycopg.connect(_with_db(pg_admin_dsn, name)) as c:
+        with psycopg.connect(with_db(pg_admin_dsn, name)) as c:
             assert c.execute("select count(*) from pg_tables where schemaname = 'public'").fetchone()[0] == 0
     finally:
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:

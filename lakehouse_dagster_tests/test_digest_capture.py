@@ -15,10 +15,11 @@ import pytest
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
-from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference, spread_rows
+from lakehouse_dagster_tests.test_parity_incremental import app_writer, spread_rows
 
 
 @pytest.fixture(autouse=True)

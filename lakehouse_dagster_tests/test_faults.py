@@ -14,9 +14,7 @@ from lakehouse_dagster.core.failpoints import parse
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.tracking import datasets as ds
-
-from .fault_helpers import (
+from lakehouse_dagster.testing.faults import (
     cli_sync,
     cli_sync_popen,
     data_files_on_disk,
@@ -25,6 +23,7 @@ from .fault_helpers import (
     terminate_lock_session,
     wait_stopped,
 )
+from lakehouse_dagster.tracking import datasets as ds
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -381,7 +380,7 @@ def _native(d, start, count, failpoint=None):
     import subprocess
     import sys
 
-    from .fault_helpers import cli_env
+    from lakehouse_dagster.testing.faults import cli_env
 
     return subprocess.run(
         [sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
@@ -430,7 +429,7 @@ def test_native_write_interrupted_after_its_commit_is_recorded_as_succeeded(conn
     import subprocess
     import sys
 
-    from .fault_helpers import cli_env
+    from lakehouse_dagster.testing.faults import cli_env
 
     proc = subprocess.run(
         [sys.executable, "-c", script, str(d), "0", "10"],

@@ -15,8 +15,10 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
+from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
 from lakehouse_dagster.runbooks import auto_rollback
+from lakehouse_dagster.testing.parity import grid_digest as _grid_digest
+from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import (
     behind_the_mirrors_back,
@@ -25,26 +27,6 @@ from lakehouse_dagster_tests.test_canary import (
     rows_for,
     sync,
 )
-
-
-def _grid_digest(side, lo: int, hi: int) -> dict:
-    """Per-segment digest on the maintained grid, computed from every row (the reference)."""
-    lo = (lo >> mt.SEG_BITS) << mt.SEG_BITS
-    d = full_digest(side, lo, hi, everything=True, width=mt.SEG_WIDTH)
-    return mt.nonzero({seg + (lo >> mt.SEG_BITS): v for seg, v in d.segments.items()})
-
-
-def pg_reference(dsn, d) -> dict:
-    with PinnedPostgres(dsn) as pg:
-        state = pg.state(d)
-        side = PgSide(pg.conn, d, state.columns)
-        lo, hi = side.bounds()
-        return {} if lo is None else _grid_digest(side, lo, hi + 1)
-
-
-def pg_maintained(dsn, d) -> dict:
-    with PinnedPostgres(dsn) as pg:
-        return mt.pg_segments(pg.conn, d, pg.state(d).columns)
 
 
 def spread_rows(conn, d, indexes, start=0):

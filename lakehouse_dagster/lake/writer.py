@@ -48,6 +48,7 @@ from pyiceberg.table import Table, Transaction
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
+from lakehouse_dagster.core import private_apis
 from lakehouse_dagster.core.errors import CommitOutcomeUnknown, GuardLost, SyncFailed, first_line
 from lakehouse_dagster.core.failpoints import failpoint, is_armed
 from lakehouse_dagster.core.guards import check_held
@@ -540,13 +541,10 @@ class _Transaction(Transaction):
 
     @property
     def table_metadata(self):
+        base, updates = private_apis.pyiceberg_staged_state(self)  # pyiceberg keeps both private
         memo = self._memo
-        if memo is None or memo[0] is not self._table.metadata or memo[1] is not self._updates:
-            memo = self._memo = (
-                self._table.metadata,
-                self._updates,
-                update_table_metadata(self._table.metadata, self._updates),
-            )
+        if memo is None or memo[0] is not base or memo[1] is not updates:
+            memo = self._memo = (base, updates, update_table_metadata(base, updates))
         return memo[2]
 
 

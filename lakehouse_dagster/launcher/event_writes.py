@@ -11,8 +11,8 @@ URL that keeps two connections (plus two more under concurrent use) and checks o
 (``pool_pre_ping``). What is stored, and where, does not change: the same statements run on the same
 database, in autocommit as before. Anything other than dagster-postgres' storage with its default
 NullPool engine (the webserver's pooled engine, a token-auth provider, SQLite, an ephemeral instance) is
-left as it is. dagster-postgres keeps its engine in the private ``_engine`` attribute: a Dagster upgrade
-must re-run test_batch_cost.py, which checks both that the events are stored and that the connections
+left as it is. dagster-postgres keeps its engine in the private ``_engine`` attribute (reached through
+core/private_apis.py, which refuses an untested dagster-postgres): a Dagster upgrade must re-run test_batch_cost.py, which checks both that the events are stored and that the connections
 are not opened per event.
 """
 
@@ -22,6 +22,8 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
+from lakehouse_dagster.core import private_apis
+
 _log = logging.getLogger(__name__)
 
 
@@ -30,7 +32,7 @@ def pooled_event_writes(instance) -> Iterator[bool]:
     """Within the block, the instance's Postgres event storage reuses its connections; yields whether it
     does (False: left as it was)."""
     storage = getattr(instance, "event_log_storage", None)
-    engine = getattr(storage, "_engine", None)
+    engine = private_apis.event_log_engine(storage)
     if not _swappable(storage, engine):
         yield False
         return
@@ -41,12 +43,12 @@ def pooled_event_writes(instance) -> Iterator[bool]:
     pooled = sqlalchemy.create_engine(
         engine.url, isolation_level="AUTOCOMMIT", pool_size=2, max_overflow=2, pool_pre_ping=True
     )
-    storage._engine = pooled
+    private_apis.set_event_log_engine(storage, pooled)
     try:
         yield True
     finally:
-        if storage._engine is pooled:
-            storage._engine = engine
+        if private_apis.event_log_engine(storage) is pooled:
+            private_apis.set_event_log_engine(storage, engine)
         pooled.dispose()
 
 
@@ -61,5 +63,5 @@ def _swappable(storage, engine) -> bool:
         isinstance(storage, PostgresEventLogStorage)
         and isinstance(engine, Engine)
         and isinstance(engine.pool, NullPool)
-        and getattr(storage, "_token_provider", None) is None  # token auth hooks connect: not copied
+        and private_apis.event_log_token_provider(storage) is None  # token auth hooks connect: not copied
     )

@@ -33,10 +33,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
-from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, RunLauncher, WorkerStatus
-from dagster._core.storage.tags import GRPC_INFO_TAG
-from dagster._serdes import ConfigurableClass, ConfigurableClassData, serialize_value
 
+from lakehouse_dagster.core import private_apis
+from lakehouse_dagster.core.private_apis import (  # what a launcher plugin is built from: Dagster keeps it private
+    GRPC_INFO_TAG,
+    CheckRunHealthResult,
+    ConfigurableClass,
+    ConfigurableClassData,
+    LaunchRunContext,
+    RunLauncher,
+    WorkerStatus,
+)
 from lakehouse_dagster.launcher import location
 from lakehouse_dagster.launcher.run_worker import run_worker
 from lakehouse_dagster.launcher.worker_process import Worker
@@ -47,9 +54,7 @@ WORKER_TAG = "lakehouse/run_worker"
 # run). Modules a run imports anyway (DagsterInstance on Postgres, the catalog, Parquet, the parity kernel's numba).
 DEFAULT_PRELOAD = [
     "dagster",
-    "dagster._cli.api",
-    "dagster._core.execution.api",
-    "dagster._core.execution.plan.execute_plan",
+    *private_apis.dagster_run_modules(),
     "dagster_postgres",
     "psycopg",
     "psycopg.types.json",
@@ -85,10 +90,7 @@ _FORKSERVER_CODE: dict[int, str | None] = {}
 def _in_daemon_process() -> bool:
     """The dagster daemon (``dagster-daemon run`` or ``python -m dagster._daemon`` under ``dagster dev``) is the
     process that launches queued runs: the one worth warming up at start."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    return os.path.basename(argv0) == "dagster-daemon" or argv0.endswith(
-        os.path.join("dagster", "_daemon", "__main__.py")
-    )
+    return private_apis.dagster_is_daemon(sys.argv[0] if sys.argv else "")
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):
@@ -165,6 +167,11 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]):
         return cls(inst_data=inst_data, **config_value)
 
+    @property
+    def _registered_instance(self) -> dg.DagsterInstance:
+        """The instance this launcher was registered with (Dagster keeps it in a private attribute)."""
+        return private_apis.dagster_registered_instance(self)
+
     # --- the forkserver ---------------------------------------------------------------------------------------
     def _context(self):
         with _CTX_LOCK:
@@ -194,10 +201,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if code == _FORKSERVER_CODE.get(self.forkserver_pid()):
             return code, ""
         started = time.monotonic()
-        try:
-            multiprocessing.forkserver._forkserver._stop()  # its running workers go on (orphans, reaped by init)
-        except (ChildProcessError, OSError):  # already gone
-            pass
+        private_apis.stop_forkserver()  # its running workers go on (orphans, reaped by init)
         self._forkserver_up()
         return code, (
             f"; the code location had changed since the previous forkserver loaded it, so a new one "
@@ -206,7 +210,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
 
     @staticmethod
     def forkserver_pid() -> int | None:
-        return multiprocessing.forkserver._forkserver._forkserver_pid
+        return private_apis.forkserver_pid()
 
     def _sweep(self) -> None:
         """Forget workers that exited (closing their sentinel pipes); their parent, the forkserver, reaped them."""
@@ -217,11 +221,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                     del self._workers[run_id]
 
     def _default(self):
-        from dagster._core.launcher.default_run_launcher import DefaultRunLauncher
-
         if self._fallback is None:
-            self._fallback = DefaultRunLauncher()
-            self._fallback.register_instance(self._instance)
+            self._fallback = dg.DefaultRunLauncher()
+            self._fallback.register_instance(self._registered_instance)
         return self._fallback
 
     # --- RunLauncher ------------------------------------------------------------------------------------------
@@ -237,7 +239,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 code, restarted = self._forkserver_current()
                 proc = self._context().Process(
                     target=run_worker,
-                    args=(run.run_id, serialize_value(self._instance.get_ref()), dict(os.environ), code),
+                    args=(run.run_id, dg.serialize_value(self._registered_instance.get_ref()), dict(os.environ), code),
                     name=f"dagster-run-{run.run_id}",
                 )
                 proc.start()
@@ -247,12 +249,12 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             )
         # Not joined at this process' exit (multiprocessing joins its non-daemonic children): a daemon restart
         # must neither wait for runs nor end them; the worker reports its own end to the run storage.
-        multiprocessing.process._children.discard(proc)
+        private_apis.do_not_join_at_exit(proc)
         with self._lock:
             self._workers[run.run_id] = proc
         worker = Worker.of(proc.pid)
-        self._instance.add_run_tags(run.run_id, {WORKER_TAG: worker.dumps()})
-        self._instance.report_engine_event(
+        self._registered_instance.add_run_tags(run.run_id, {WORKER_TAG: worker.dumps()})
+        self._registered_instance.report_engine_event(
             f"Forked run worker (pid {proc.pid}) from the warm forkserver (pid {self.forkserver_pid()}"
             f"{', code location preloaded' if code else ''}){restarted}.",
             run,
@@ -260,7 +262,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         )
 
     def _launch_default(self, context: LaunchRunContext, why: str) -> None:
-        self._instance.report_engine_event(
+        self._registered_instance.report_engine_event(
             f"Launching through the code server (DefaultRunLauncher) because {why}.",
             context.dagster_run,
             cls=self.__class__,
@@ -268,35 +270,41 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         self._default().launch_run(context)
 
     def terminate(self, run_id: str) -> bool:
-        run = self._instance.get_run_by_id(run_id)
+        run = self._registered_instance.get_run_by_id(run_id)
         if not run or run.is_finished:
             return False
         worker = Worker.loads(run.tags.get(WORKER_TAG))
         if worker is None:
             if GRPC_INFO_TAG in run.tags:  # launched by the fallback
                 return self._default().terminate(run_id)
-            self._instance.report_engine_event(
+            self._registered_instance.report_engine_event(
                 "No run worker recorded for this run; nothing to terminate.", run, cls=self.__class__
             )
             return False
         if not worker.local:
-            self._instance.report_engine_event(
+            self._registered_instance.report_engine_event(
                 f"The run worker runs on host {worker.host}, not here; cannot terminate it.", run, cls=self.__class__
             )
             return False
         if run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING):
             # Not executing yet: CANCELED now, and the worker finds it so and stops before the first step
             # ("Not starting execution"); a SIGINT here would leave it CANCELING, which dagster fails at start.
-            self._instance.report_run_canceled(run, message="Run canceled before its worker started executing it.")
+            self._registered_instance.report_run_canceled(
+                run, message="Run canceled before its worker started executing it."
+            )
             threading.Thread(
                 target=self._kill_if_stuck, args=(run_id, worker), daemon=True, name=f"kill-if-stuck-{run_id[:8]}"
             ).start()
             return True
-        self._instance.report_run_canceling(run)
+        self._registered_instance.report_run_canceling(run)
         if not worker.alive():
-            self._instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) was already gone.")
+            self._registered_instance.report_run_canceled(
+                run, message=f"Run worker (pid {worker.pid}) was already gone."
+            )
             return True
-        self._instance.report_engine_event(f"Sending SIGINT to run worker (pid {worker.pid}).", run, cls=self.__class__)
+        self._registered_instance.report_engine_event(
+            f"Sending SIGINT to run worker (pid {worker.pid}).", run, cls=self.__class__
+        )
         try:
             os.kill(worker.pid, signal.SIGINT)
         except ProcessLookupError:
@@ -322,9 +330,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         else:
             time.sleep(0.5)  # a worker that ended the run itself has written it just before exiting
             why = "exited without ending the run"
-        run = self._instance.get_run_by_id(run_id)
+        run = self._registered_instance.get_run_by_id(run_id)
         if run and not run.is_finished:
-            self._instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) {why}.")
+            self._registered_instance.report_run_canceled(run, message=f"Run worker (pid {worker.pid}) {why}.")
 
     @property
     def supports_check_run_worker_health(self) -> bool:
@@ -343,7 +351,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
             return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker not started by this launcher here")
         if worker.alive():
             return CheckRunHealthResult(WorkerStatus.RUNNING, run_worker_id=str(worker.pid))
-        fresh = self._instance.get_run_by_id(run.run_id)
+        fresh = self._registered_instance.get_run_by_id(run.run_id)
         if fresh is not None and fresh.status == dg.DagsterRunStatus.SUCCESS:
             return CheckRunHealthResult(WorkerStatus.SUCCESS, run_worker_id=str(worker.pid))
         with self._lock:

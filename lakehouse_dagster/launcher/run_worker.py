@@ -18,15 +18,12 @@ def run_worker(
     code location's files as the launcher saw them just before the fork (None: no preload to check)."""
     os.environ.clear()
     os.environ.update(environ)
-    from dagster._cli.api import _execute_run_command_body
-    from dagster._core.instance import DagsterInstance
-    from dagster._core.instance.ref import InstanceRef
-    from dagster._serdes import deserialize_value
-    from dagster._utils.interrupts import capture_interrupts
+    from dagster import DagsterInstance
 
+    from lakehouse_dagster.core import private_apis
     from lakehouse_dagster.launcher.location import preloaded_fingerprint
 
-    ref = deserialize_value(serialized_instance_ref, InstanceRef)
+    ref = private_apis.dagster_instance_ref(serialized_instance_ref)
     loaded = preloaded_fingerprint()
     if code_fingerprint is not None and loaded is not None and loaded != code_fingerprint:
         _exec_fresh(run_id, ref)
@@ -37,9 +34,9 @@ def run_worker(
     # SIGINT (the launcher's terminate) becomes an execution interrupt inside steps: the run ends CANCELED.
     # The run's events (start, steps, end, and every materialization and check) reuse their Postgres
     # connections instead of opening ~3 per event (launcher/event_writes.py).
-    with capture_interrupts():
+    with private_apis.dagster_capture_interrupts():
         with DagsterInstance.from_ref(ref) as instance, pooled_event_writes(instance):
-            code = _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
+            code = private_apis.dagster_execute_run(run_id, instance)
     sys.stdout.flush()
     sys.stderr.flush()
     if code:
@@ -48,9 +45,9 @@ def run_worker(
 
 def _exec_fresh(run_id: str, ref) -> None:
     """Replace this process (same pid, so the run's worker tag stays true) by ``dagster api execute_run``."""
-    from dagster._core.instance import DagsterInstance
-    from dagster._grpc.types import ExecuteRunArgs
-    from dagster._serdes import serialize_value
+    from dagster import DagsterInstance
+
+    from lakehouse_dagster.core import private_apis
 
     with DagsterInstance.from_ref(ref) as instance:
         run = instance.get_run_by_id(run_id)
@@ -59,11 +56,8 @@ def _exec_fresh(run_id: str, ref) -> None:
             "interpreter instead (the next launch starts a new forkserver).",
             run,
         )
-        args = ExecuteRunArgs(
-            job_origin=run.job_code_origin, run_id=run_id, instance_ref=ref, set_exit_code_on_failure=True
-        )
     # This interpreter: the launcher forks only for locations that run it (launcher.py, executable_path).
-    cmd = [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)]
+    cmd = private_apis.dagster_execute_run_argv(run.job_code_origin, run_id, ref)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, cmd)

@@ -38,10 +38,15 @@ from lakehouse_dagster.mirror.reaper import files_by_sync
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
+from lakehouse_dagster.testing.faults import (
+    cli_sync,
+    cli_sync_popen,
+    data_files_on_disk,
+    terminate_lock_session,
+    wait_stopped,
+)
 from lakehouse_dagster.tracking import datasets as ds
 from lakehouse_dagster.tracking.datasets import parse_schema
-
-from .fault_helpers import cli_sync, cli_sync_popen, data_files_on_disk, terminate_lock_session, wait_stopped
 
 POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "after-commit-before-log", "after-log"]
 # stop: the sync freezes at the failpoint, its lock session is terminated, the clean sync runs meanwhile,

@@ -1,0 +1,27 @@
+"""The reference the maintained digests (parity/maintained.py) are held to: per-segment digests of Postgres
+computed from every row, beside the sums the triggers maintain."""
+
+from __future__ import annotations
+
+from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity.digest import PgSide, PinnedPostgres, full_digest
+
+
+def grid_digest(side, lo: int, hi: int) -> dict:
+    """Per-segment digest on the maintained grid, computed from every row (the reference)."""
+    lo = (lo >> mt.SEG_BITS) << mt.SEG_BITS
+    d = full_digest(side, lo, hi, everything=True, width=mt.SEG_WIDTH)
+    return mt.nonzero({seg + (lo >> mt.SEG_BITS): v for seg, v in d.segments.items()})
+
+
+def pg_reference(dsn, d) -> dict:
+    with PinnedPostgres(dsn) as pg:
+        state = pg.state(d)
+        side = PgSide(pg.conn, d, state.columns)
+        lo, hi = side.bounds()
+        return {} if lo is None else grid_digest(side, lo, hi + 1)
+
+
+def pg_maintained(dsn, d) -> dict:
+    with PinnedPostgres(dsn) as pg:
+        return mt.pg_segments(pg.conn, d, pg.state(d).columns)
