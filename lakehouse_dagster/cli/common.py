@@ -68,7 +68,9 @@ class Context:
     @property
     def dsn(self) -> str:
         if self._dsn is None:
-            from lakehouse_dagster.core.db import resolve_dsn
+            from lakehouse_dagster.core.db import (
+                resolve_dsn,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
             self._dsn = resolve_dsn(self.settings)
         return self._dsn
@@ -76,7 +78,9 @@ class Context:
     @property
     def conn(self):
         if self._conn is None:
-            from lakehouse_dagster.core.db import connect
+            from lakehouse_dagster.core.db import (
+                connect,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
             self._conn = connect(self.dsn)
         return self._conn
@@ -84,7 +88,9 @@ class Context:
     @property
     def catalog(self):
         if self._catalog is None:
-            from lakehouse_dagster.lake.catalog import load_catalog
+            from lakehouse_dagster.lake.catalog import (
+                load_catalog,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
             self._catalog = load_catalog(self.settings, self.dsn)
         return self._catalog

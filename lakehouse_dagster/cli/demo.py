@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
@@ -9,7 +11,6 @@ from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
 
 def positive_int(raw: str) -> int:
     """argparse type: a whole number >= 1 (underscores allowed: 1_000_000)."""
-    import argparse
 
     try:
         value = int(raw.replace("_", ""))

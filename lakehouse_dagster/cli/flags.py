@@ -123,8 +123,12 @@ def _readers_args(actions) -> list:
 
 
 def _readers_add(ctx, args) -> Result:
-    from lakehouse_dagster.flags.native import native_dataset_ids
-    from lakehouse_dagster.flags.reader_datasets import declare
+    from lakehouse_dagster.flags.native import (
+        native_dataset_ids,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.flags.reader_datasets import (
+        declare,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     d = declare(
         ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor
@@ -149,14 +153,18 @@ def _readers_add(ctx, args) -> Result:
 
 
 def _readers_list(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reader_datasets import declared
+    from lakehouse_dagster.flags.reader_datasets import (
+        declared,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     rows = [d.as_dict() for d in declared(ctx.conn, args.reader)]
     return Result(rows, table(rows, ["reader", "scope", "scope_id", "note", "declared_by", "declared_at"]))
 
 
 def _readers_remove(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reader_datasets import remove
+    from lakehouse_dagster.flags.reader_datasets import (
+        remove,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     scope_txt = f"dataset {args.dataset}" if args.dataset else f"workspace {args.workspace}"
     gone = remove(ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace)
@@ -243,7 +251,9 @@ def _list(ctx, args) -> Result:
         table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"]),
     ]
     if args.dataset:
-        from lakehouse_dagster.tracking.datasets import get_dataset
+        from lakehouse_dagster.tracking.datasets import (
+            get_dataset,
+        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
         ds = get_dataset(ctx.conn, args.dataset)
         resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
@@ -286,7 +296,9 @@ def _leaving_native(ctx, args, mode):
     """A writer change: the datasets it moves off iceberg_native (computed before the change)."""
     if args.kind != WRITE or mode not in (None, "pg"):
         return []
-    from lakehouse_dagster.runbooks.rollback_report import leaving_native
+    from lakehouse_dagster.runbooks.rollback_report import (
+        leaving_native,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     return leaving_native(ctx.conn, args.name, mode, dataset=args.dataset, workspace=args.workspace)
 
@@ -295,7 +307,10 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
     """Add, per dataset moved back to pg, the rows and snapshots only Iceberg holds and the ways forward."""
     if not leaving:
         return result
-    from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
+    from lakehouse_dagster.runbooks.rollback_report import (
+        rollback_lines,
+        rolled_back,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     rolled = rolled_back(ctx.conn, ctx.catalog, ctx.settings, leaving)
     result.data["rolled_back"] = [r.as_dict() for r in rolled]
@@ -304,7 +319,9 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
 
 
 def _backfill(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks.backfill import backfill
+    from lakehouse_dagster.runbooks.backfill import (
+        backfill,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
     if r.nothing_to_do:
@@ -382,7 +399,9 @@ def _history(ctx, args) -> Result:
 
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
-    from lakehouse_dagster.runbooks import flip as rf
+    from lakehouse_dagster.runbooks import (
+        flip as rf,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre = rf.preflight(
         ctx.conn,
@@ -415,7 +434,9 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
 
 
 def _flip(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import flip as rf
+    from lakehouse_dagster.runbooks import (
+        flip as rf,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
     if stop:
@@ -440,7 +461,9 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import flip as rf
+    from lakehouse_dagster.runbooks import (
+        flip as rf,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
     if stop:
@@ -468,7 +491,10 @@ def _wflip(ctx, args) -> Result:
             + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}")
         )
         return Result(data, "\n".join(lines), exit_code=1)
-    from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
+    from lakehouse_dagster.runbooks.first_sync import (
+        first_native_syncs,
+        stop_message,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     synced = first_native_syncs(
         ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger()
@@ -498,7 +524,9 @@ def _candidates(ctx, args) -> Result:
 
 
 def _read(ctx, args) -> Result:
-    from lakehouse_dagster.routing.exercise import read_through_router
+    from lakehouse_dagster.routing.exercise import (
+        read_through_router,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     result, _, proj = read_through_router(
         ctx.conn,

@@ -7,7 +7,9 @@ from lakehouse_dagster.core.ids import parse_uuid
 
 
 def register(sub) -> None:
-    from lakehouse_dagster.sources.writers import WRITERS
+    from lakehouse_dagster.sources.writers import (
+        WRITERS,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     p = add_command(sub, "ingest", _ingest, help="run a source writer (pg path or iceberg-native, as its flag says)")
     p.add_argument("--dataset", required=True, metavar="UUID")
@@ -15,8 +17,13 @@ def register(sub) -> None:
 
 
 def _ingest(ctx, args) -> Result:
-    from lakehouse_dagster.flags.resolver import FlagResolver
-    from lakehouse_dagster.sources.writers import check_writer, run_writer
+    from lakehouse_dagster.flags.resolver import (
+        FlagResolver,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.sources.writers import (
+        check_writer,
+        run_writer,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     check_writer(args.writer)  # refuse a locked or unknown writer before touching anything
     ds_id = parse_uuid(args.dataset, "dataset id")

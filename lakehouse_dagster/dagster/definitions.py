@@ -13,7 +13,9 @@ def build() -> dg.Definitions:
 def defs() -> dg.Definitions:
     # A run worker forked from the warm forkserver gets the Definitions it built from this very code
     # (launcher/location.py); the code server and everything else build them here.
-    from lakehouse_dagster.launcher.location import preloaded
+    from lakehouse_dagster.launcher.location import (
+        preloaded,
+    )  # lazy: the launcher's preload slot, read only when the location is built
 
     defs = preloaded()
     return defs if defs is not None else build()

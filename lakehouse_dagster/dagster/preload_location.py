@@ -6,7 +6,9 @@ from lakehouse_dagster.launcher.location import preload
 
 def _import_build():
     # imported inside preload's guard: a broken code location is recorded, not raised in the forkserver
-    from lakehouse_dagster.dagster.definitions import build
+    from lakehouse_dagster.dagster.definitions import (
+        build,
+    )  # lazy: inside preload's guard: a broken location is recorded, not raised
 
     return build
 

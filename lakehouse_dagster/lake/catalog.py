@@ -36,9 +36,8 @@ def _build(settings: Settings, dsn: str) -> Catalog:
         from pyiceberg.catalog.rest import RestCatalog  # lazy: only a REST catalog needs it
 
         return RestCatalog("lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse)
-    from pyiceberg.catalog.sql import (
-        SqlCatalog,  # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
-    )
+    # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
+    from pyiceberg.catalog.sql import SqlCatalog  # lazy: see above
 
     # SqlCatalog creates its tables on first use with CREATE TABLE IF NOT EXISTS, which two processes
     # starting together both run: the loser fails on a unique index (found by `lakehouse ingest-bench`).

@@ -36,7 +36,7 @@ def pooled_event_writes(instance) -> Iterator[bool]:
     if not _swappable(storage, engine):
         yield False
         return
-    import sqlalchemy
+    import sqlalchemy  # lazy: Dagster's storage classes only in a run worker, after the fork
 
     # Two kept: storing a materialization checks out a second connection while it holds the first (its asset index
     # transaction asks whether a table exists); with one, that second connection was opened and closed every time.
@@ -54,9 +54,11 @@ def pooled_event_writes(instance) -> Iterator[bool]:
 
 def _swappable(storage, engine) -> bool:
     try:
-        from dagster_postgres.event_log.event_log import PostgresEventLogStorage
-        from sqlalchemy.engine import Engine
-        from sqlalchemy.pool import NullPool
+        from dagster_postgres.event_log.event_log import (
+            PostgresEventLogStorage,
+        )  # lazy: Dagster's storage classes only in a run worker, after the fork
+        from sqlalchemy.engine import Engine  # lazy: Dagster's storage classes only in a run worker, after the fork
+        from sqlalchemy.pool import NullPool  # lazy: Dagster's storage classes only in a run worker, after the fork
     except ImportError:
         return False
     return (

@@ -18,10 +18,16 @@ def run_worker(
     code location's files as the launcher saw them just before the fork (None: no preload to check)."""
     os.environ.clear()
     os.environ.update(environ)
-    from dagster import DagsterInstance
+    from dagster import (
+        DagsterInstance,
+    )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
-    from lakehouse_dagster.core import private_apis
-    from lakehouse_dagster.launcher.location import preloaded_fingerprint
+    from lakehouse_dagster.core import (
+        private_apis,
+    )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
+    from lakehouse_dagster.launcher.location import (
+        preloaded_fingerprint,
+    )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
     ref = private_apis.dagster_instance_ref(serialized_instance_ref)
     loaded = preloaded_fingerprint()
@@ -45,9 +51,13 @@ def run_worker(
 
 def _exec_fresh(run_id: str, ref) -> None:
     """Replace this process (same pid, so the run's worker tag stays true) by ``dagster api execute_run``."""
-    from dagster import DagsterInstance
+    from dagster import (
+        DagsterInstance,
+    )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
-    from lakehouse_dagster.core import private_apis
+    from lakehouse_dagster.core import (
+        private_apis,
+    )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
     with DagsterInstance.from_ref(ref) as instance:
         run = instance.get_run_by_id(run_id)

@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 import psycopg
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import ManifestEntryStatus
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
@@ -263,7 +264,6 @@ def _files_after(table, current, after_sequence: int) -> list[str] | None:
 def _added_files(table, snap, files: list[str]) -> list[str] | None:
     """The data files ``snap`` appended (what a backfill of an append-only lineage has to copy); None when
     the manifests cannot be read (the backfill then copies the whole snapshot)."""
-    from pyiceberg.manifest import ManifestEntryStatus
 
     try:
         for manifest in snap.manifests(table.io):

@@ -91,7 +91,7 @@ def rows_transaction(
 ) -> Iterator[RowsTransaction]:
     """ONE transaction on its own ADBC connection, committed when the block ends, rolled back if it raises (a
     killed process commits nothing). ``render`` only renders SQL literals."""
-    import adbc_driver_postgresql.dbapi as adbc
+    import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where the pg path writes
 
     stage_cols = [sql.SQL("{} bigint").format(sql.Identifier("__row_index"))]
     stage_cols += [sql.SQL("{} {}").format(sql.Identifier(c.name), sql.SQL(_PG_TYPE[c.type])) for c in columns]

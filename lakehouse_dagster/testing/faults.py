@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 from lakehouse_dagster.core.guards import _NS_DATASET
+from lakehouse_dagster.parity.digest import local_path
 
 
 def cli_env(failpoint: str | None = None, **extra: str) -> dict:
@@ -89,7 +90,6 @@ def terminate_lock_session(conn, dataset_id: uuid.UUID) -> int:
 
 
 def data_files_on_disk(table) -> set[str]:
-    from lakehouse_dagster.parity.digest import local_path
 
     root = Path(local_path(f"{table.location()}/data"))
     return {p.name for p in root.glob("*.parquet")} if root.exists() else set()
