@@ -12,7 +12,7 @@ import psycopg
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.schema.migrate import migrate
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 # Demo-shaped (like the demo's `events`): 10 typed columns of every type, with nulls
 # (JSON null and missing keys), unicode, NaN/±Infinity, pre-1970 timestamps and nested json.
@@ -87,8 +87,8 @@ def make_dataset(dsn: str, rows: int, name: str = "bench") -> tuple[uuid.UUID, f
     """Create a dataset of ``rows`` rows inside Postgres; returns (id, seconds)."""
     t = time.perf_counter()
     with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, "bench")
-        d = ds.create_dataset(conn, ws, name, BENCH_SCHEMA)
+        ws = datasets.create_workspace(conn, "bench")
+        d = datasets.create_dataset(conn, ws, name, BENCH_SCHEMA)
         step = 500_000
         for lo in range(0, rows, step):
             conn.execute(GENERATE, {"ds": d, "lo": lo, "hi": min(rows, lo + step) - 1})

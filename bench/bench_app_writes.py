@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     from psycopg.types.json import Jsonb
 
     from lakehouse_dagster.core.db import connect
-    from lakehouse_dagster.parity import maintained as mt
+    from lakehouse_dagster.parity import maintained
     from lakehouse_dagster.tracking.datasets import get_dataset
 
     admin = admin_dsn()
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
         flush=True,
     )
-    print("registered + filled:", mt.ensure_pg(conn, ds_id, get_dataset(conn, ds_id).columns), flush=True)
+    print("registered + filled:", maintained.ensure_pg(conn, ds_id, get_dataset(conn, ds_id).columns), flush=True)
 
     install_reference_triggers(
         conn,

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from lakehouse_dagster.flags.registry import READ, READERS, rank
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.parity import canary as cy
+    from lakehouse_dagster.parity import canary
     from lakehouse_dagster.runbooks import auto_rollback
 
     dsn = fresh_database(admin_dsn(), "lakehouse_bench_auto_rollback")
@@ -67,9 +67,9 @@ def main(argv=None) -> int:
             for r in readers:
                 set_override(conn, READ, r, "iceberg", dataset=d, actor="bench")
             t = time.perf_counter()
-            v = cy.evaluate(dsn, catalog, settings, d)
+            v = canary.evaluate(dsn, catalog, settings, d)
             times["canary"].append(time.perf_counter() - t)
-            assert v.verdict == cy.MISMATCH, v.detail
+            assert v.verdict == canary.MISMATCH, v.detail
             t = time.perf_counter()
             auto_rollback.record_and_roll_back(conn, v, settings=settings.replace(auto_rollback=False))
             times["record, off"].append(time.perf_counter() - t)

@@ -129,11 +129,11 @@ def urlparse_db(dsn: str) -> str:
 def _datasets(dsn: str, n: int, rows: int) -> list[str]:
     from bench._common import BENCH_SCHEMA, GENERATE
     from lakehouse_dagster.core.db import connect
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.tracking import datasets
 
     with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, "bench")
-        ids = [ds.create_dataset(conn, ws, f"b{i}", BENCH_SCHEMA) for i in range(n)]
+        ws = datasets.create_workspace(conn, "bench")
+        ids = [datasets.create_dataset(conn, ws, f"b{i}", BENCH_SCHEMA) for i in range(n)]
         for d in ids:
             conn.execute(GENERATE, {"ds": d, "lo": 0, "hi": rows - 1})
         conn.execute("vacuum analyze dataset_rows")

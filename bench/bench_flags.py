@@ -25,16 +25,16 @@ from lakehouse_dagster.flags.overrides import set_override  # noqa: E402
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS  # noqa: E402
 from lakehouse_dagster.flags.resolver import FlagResolver  # noqa: E402
 from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
-from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
+from lakehouse_dagster.tracking import datasets as app_tables  # noqa: E402
 
 TARGET = 200_000
 
 
 def _seed(conn, n_datasets: int) -> list:
-    workspaces = [ds.create_workspace(conn, f"ws{i}") for i in range(10)]
+    workspaces = [app_tables.create_workspace(conn, f"ws{i}") for i in range(10)]
     with conn.transaction():
         datasets = [
-            ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
+            app_tables.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
             for i in range(n_datasets)
         ]
     set_override(conn, READ, "export.stream", "iceberg", note="bench global", actor="bench")

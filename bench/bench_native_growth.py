@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     from lakehouse_dagster.flags.overrides import set_override
     from lakehouse_dagster.flags.registry import SERVABLE_READERS
     from lakehouse_dagster.runbooks.ingest_bench import BENCH_SCHEMA
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.tracking import datasets
 
     admin = admin_dsn()
     name = "lakehouse_bench_native_growth"
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     settings, catalog = mirror_settings(dsn, "bench_native")
     settings = settings.replace(snapshots_max_age_seconds=0)
     with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, "native-growth")
+        ws = datasets.create_workspace(conn, "native-growth")
         for reader in SERVABLE_READERS:
             set_override(conn, "read", reader.name, "iceberg", workspace=ws, note="bench", actor="bench")
         set_override(conn, "write", "sync.append", "iceberg_native", workspace=ws, note="bench", actor="bench")
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                 dsn,
                 catalog,
                 settings,
-                ds.create_dataset(conn, ws, variant, BENCH_SCHEMA),
+                datasets.create_dataset(conn, ws, variant, BENCH_SCHEMA),
                 args,
                 variant,
                 carry=(variant == "expire"),
@@ -85,9 +85,9 @@ def writes(conn, dsn, catalog, settings, dataset_id, args, variant: str, *, carr
     from lakehouse_dagster.mirror.native_run import iceberg_only
     from lakehouse_dagster.routing.write_router import native_write, route_write
     from lakehouse_dagster.runbooks.ingest_bench import _batches
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.tracking import datasets
 
-    dataset = ds.get_dataset(conn, dataset_id)
+    dataset = datasets.get_dataset(conn, dataset_id)
     flags = FlagResolver(conn, ttl_seconds=0)
     print(
         f"\n{variant}: {args.writes} native appends of {args.append} rows (machine: {os.cpu_count()} cores; "

@@ -36,7 +36,7 @@ from lakehouse_dagster.flags.resolver import FlagResolver, resolve_from  # noqa:
 from lakehouse_dagster.routing.native_guard import native_blockers, unsafe_native_datasets  # noqa: E402
 from lakehouse_dagster.routing.read_router import freshness  # noqa: E402
 from lakehouse_dagster.schema.migrate import migrate  # noqa: E402
-from lakehouse_dagster.tracking import datasets as ds  # noqa: E402
+from lakehouse_dagster.tracking import datasets as app_tables  # noqa: E402
 
 # The resolver's load before precedence.py: the dataset's overrides, then precedence in Python.
 _OLD_LOAD = """
@@ -56,10 +56,10 @@ def _old_load(conn, dataset_id):
 
 
 def _seed(conn, n_datasets: int, n_pipelines: int) -> list[uuid.UUID]:
-    workspaces = [ds.create_workspace(conn, f"ws{i}") for i in range(10)]
+    workspaces = [app_tables.create_workspace(conn, f"ws{i}") for i in range(10)]
     with conn.transaction():
         datasets = [
-            ds.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
+            app_tables.create_dataset(conn, workspaces[i % 10], f"d{i}", [{"name": "a", "type": "int64"}])
             for i in range(n_datasets)
         ]
         conn.execute(

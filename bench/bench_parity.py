@@ -54,9 +54,7 @@ def main(argv=None) -> int:
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.parity import canary as cy
-    from lakehouse_dagster.parity import canonical as cn
-    from lakehouse_dagster.parity import localise as loc
+    from lakehouse_dagster.parity import canary, canonical, localise
     from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, pin_iceberg, plain_digest
     from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -87,7 +85,7 @@ def main(argv=None) -> int:
     figures: dict = {"rows": n, "postgres": version, "max_parallel_workers_per_gather": int(workers)}
 
     # --- Postgres: typed COPY drain vs the digest ------------------------------------------------
-    typed = [sql.SQL("row_index"), sql.SQL("row_id"), sql.SQL("created_at")] + [cn.pg_typed(c) for c in columns]
+    typed = [sql.SQL("row_index"), sql.SQL("row_id"), sql.SQL("created_at")] + [canonical.pg_typed(c) for c in columns]
     select = sql.SQL("select {} from dataset_rows where dataset_id = {}").format(
         sql.SQL(", ").join(typed), sql.Literal(str(ds_id))
     )
@@ -114,7 +112,7 @@ def main(argv=None) -> int:
         PgSide(pg.conn, ds_id, columns)  # built as the digest builds it (its session settings)
         plan = pg.conn.execute(
             sql.SQL("explain select count(*), sum({}) from dataset_rows where dataset_id = %s").format(
-                cn.pg_row_hash(columns)
+                canonical.pg_row_hash(columns)
             ),
             (ds_id,),
         ).fetchall()
@@ -140,7 +138,7 @@ def main(argv=None) -> int:
     names = ["__row_index", "__row_id", "__created_at"] + [c.name for c in columns]
     baseline_sql = (
         "select "
-        + ", ".join(f"sum(length({cn.duck_ident(x)}::VARCHAR))" for x in names)
+        + ", ".join(f"sum(length({canonical.duck_ident(x)}::VARCHAR))" for x in names)
         + " from read_parquet($files, union_by_name = true)"
     )
     con = duckdb.connect()
@@ -175,14 +173,14 @@ def main(argv=None) -> int:
         )
         conn.execute("alter table dataset_rows enable trigger user")
     t = time.perf_counter()
-    verdict = cy.evaluate(dsn, catalog, settings, ds_id)
+    verdict = canary.evaluate(dsn, catalog, settings, ds_id)
     canary_s = time.perf_counter() - t
     with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns) as ice:
         pg_side = PgSide(pg.conn, ds_id, columns)
         t = time.perf_counter()
         left, right = plain_digest(pg_side), plain_digest(ice)
         assert left.value != right.value
-        found = loc.localise(pg_side, ice, 0, n)
+        found = localise.localise(pg_side, ice, 0, n)
         from_scratch_s = time.perf_counter() - t
     figures["changed_row_index"] = changed
     figures["canary_verdict"] = verdict.verdict

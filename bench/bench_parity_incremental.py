@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.parity import canary as cy
+    from lakehouse_dagster.parity import canary as canary_checks
     from lakehouse_dagster.parity.digest import PgSide, PinnedPostgres, plain_digest
 
     n = args.rows
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
 
     def canary(**kw):
         t0 = time.perf_counter()
-        v = cy.evaluate(dsn, catalog, settings, ds_id, **kw)
+        v = canary_checks.evaluate(dsn, catalog, settings, ds_id, **kw)
         return time.perf_counter() - t0, v
 
     base = min(pg_full() for _ in range(args.repeat))
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         )
         return last
 
-    measure("canary, unchanged", 0.1, lambda v: v.verdict == cy.OK and v.detail["digest"] == "maintained")
+    measure("canary, unchanged", 0.1, lambda v: v.verdict == canary_checks.OK and v.detail["digest"] == "maintained")
 
     with connect(dsn) as conn:
         conn.execute(GENERATE, {"ds": ds_id, "lo": n, "hi": n + 999})
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         "canary after a 1,000-row append",
         0.1,
         lambda v: (
-            v.verdict == cy.OK
+            v.verdict == canary_checks.OK
             and v.detail["digest"] == "maintained"
             and v.detail["maintained_prepare"]["iceberg_files_digested"] <= 1
         ),
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     measure(
         "full cross-check (canary --full), unchanged",
         None,
-        lambda v: v.verdict == cy.OK and v.detail.get("maintained_agrees") is True,
+        lambda v: v.verdict == canary_checks.OK and v.detail.get("maintained_agrees") is True,
         full=True,
     )
 
@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     measure(
         "localise 1 row (replica-role write), maintained",
         2.0,
-        lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed],
+        lambda v: v.verdict == canary_checks.MISMATCH and v.mismatched_row_indexes == [changed],
     )
     with connect(dsn) as conn, conn.transaction():  # put it back the same way
         conn.execute("set local session_replication_role = replica")
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     measure(
         "localise 1 row (triggers disabled), full",
         2.0,
-        lambda v: v.verdict == cy.MISMATCH and v.mismatched_row_indexes == [changed2],
+        lambda v: v.verdict == canary_checks.MISMATCH and v.mismatched_row_indexes == [changed2],
         full=True,
     )
     args.repeat = rows_before

@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.lake.catalog import table_identifier
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.parity import canary as cy
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.parity import canary
+    from lakehouse_dagster.tracking import datasets
 
     n = args.rows
     rnd = random.Random(args.seed)
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     a, gen_s = make_dataset(dsn, n, "a")
     with connect(dsn) as conn:  # B: a copy of A (faster than generating it again)
         t = time.perf_counter()
-        b = ds.create_dataset(
+        b = datasets.create_dataset(
             conn, conn.execute("select workspace_id from datasets where id = %s", (a,)).fetchone()[0], "b", BENCH_SCHEMA
         )
         conn.execute(
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                 f"{label:28s} {ra.mode:>9s} {files:>9s} {auto_s:7.2f}s {full_s:7.2f}s  {auto_s / full_s:8.3f}×",
                 flush=True,
             )
-    v = cy.evaluate(dsn, catalog, settings, a, full=True)
+    v = canary.evaluate(dsn, catalog, settings, a, full=True)
     print(f"\ncanary (full digest) on A after every edit: {v.verdict}", flush=True)
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))

@@ -60,10 +60,10 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     if kind == "rowcopy":
         import psycopg
 
-        from lakehouse_dagster.tracking import datasets as ds
+        from lakehouse_dagster.tracking import datasets
 
         with psycopg.connect(dsn, autocommit=True) as conn:
-            d = ds.create_dataset(conn, None, "bench-rowcopy", BENCH_SCHEMA)
+            d = datasets.create_dataset(conn, None, "bench-rowcopy", BENCH_SCHEMA)
             rows = 0
             t = time.perf_counter()
             with conn.transaction():
@@ -101,11 +101,11 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     from lakehouse_dagster.lake.catalog import load_catalog
     from lakehouse_dagster.sources import set_source
     from lakehouse_dagster.sources.writers import run_writer
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.tracking import datasets
 
     settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace=f"bench_{kind}")
     with connect(dsn) as conn:
-        d = ds.create_dataset(conn, None, f"bench-{kind}", BENCH_SCHEMA)
+        d = datasets.create_dataset(conn, None, f"bench-{kind}", BENCH_SCHEMA)
         set_source(conn, d, {"type": "files", "uri": f"{src}/*.parquet", "format": "parquet"}, settings=settings)
         if kind == "native":  # read-flipped first: the write router refuses a new dataset's readers on Postgres
             from lakehouse_dagster.flags.registry import SERVABLE_READERS

@@ -11,7 +11,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from lakehouse_dagster.flags import registry as reg
+from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
@@ -22,7 +22,7 @@ from lakehouse_dagster.parity.maintained import write_digested
 from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.routing.write_router import route_write
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli
 
@@ -33,7 +33,9 @@ SCHEMA = [
     {"name": "at", "type": "timestamp"},
     {"name": "doc", "type": "json"},
 ]
-SERVABLE = [r.name for r in reg.READERS.values() if reg.rank("read", r.ceiling) >= reg.rank("read", "iceberg")]
+SERVABLE = [
+    r.name for r in registry.READERS.values() if registry.rank("read", r.ceiling) >= registry.rank("read", "iceberg")
+]
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
@@ -50,9 +52,9 @@ def row(i: int) -> dict:
 
 def ready_native(conn, dsn, settings, writer: str, rows: int = 6) -> uuid.UUID:
     """A dataset mirrored, read-flipped, canary ok, and ``writer`` flipped to iceberg_native (gated CLI)."""
-    ws = ds.create_workspace(conn, "ws")
-    d = ds.create_dataset(conn, ws, "orders", SCHEMA)
-    ds.insert_rows(conn, d, [row(i) for i in range(rows)])
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(rows)])
     runbook_ready(conn, dsn, settings, d)
     cli("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
     return d
@@ -74,7 +76,7 @@ def native_write(
     """A native write through the real write router and chunked writer; returns the snapshot id. ``legacy``: as
     written before native commits carried their run's totals (no totals, no expiry, no compaction)."""
     catalog = load_catalog(settings, dsn)
-    dataset = ds.get_dataset(conn, d)
+    dataset = datasets.get_dataset(conn, d)
     schema = arrow_schema(dataset.columns)
     cols = {c.name: [v.get(c.name) for v in values] for c in dataset.columns}
     cols["x"] = [float(x) if x is not None else None for x in cols["x"]]
@@ -89,7 +91,7 @@ def native_write(
         + [pa.array(cols[c.name], schema.field(c.name).type) for c in dataset.columns],
         schema=schema,
     )
-    mode = reg.get_flag("write", writer).iceberg_mode
+    mode = registry.get_flag("write", writer).iceberg_mode
 
     def iceberg_write(sync_id, source_version):
         plan = TableWrite(mode, sync_id, source_version, path="native", max_row_index=start + len(values) - 1)

@@ -13,7 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused, ReadRefused
-from lakehouse_dagster.flags import registry as reg
+from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
@@ -22,7 +22,7 @@ from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
 from lakehouse_dagster.routing.read_router import resolve_read_source
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets as app_tables
 
 from .flag_helpers import cli, refusal
 from .native_helpers import SCHEMA, SERVABLE, native_write, ready_native, row
@@ -76,14 +76,14 @@ def _add_pipeline(conn, ws, d) -> None:
 
 def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn, dsn, settings):
     ready = ready_native(conn, dsn, settings, "sync.append")
-    ws = ds.get_dataset(conn, ready).workspace_id
+    ws = app_tables.get_dataset(conn, ready).workspace_id
     # the operator widens the writer to the workspace (gated: only `ready` is in it, already native)
     cli("write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws), "--note", "fase4 ws", check=True)
     native_write(conn, dsn, settings, ready, "sync.append", [row(i) for i in range(6, 8)], start=6)
 
     # Later, a dataset with Postgres rows is created in that workspace: covered natively, never judged.
-    late = ds.create_dataset(conn, ws, "late_orders", SCHEMA)
-    ds.insert_rows(conn, late, [row(i) for i in range(4)])
+    late = app_tables.create_dataset(conn, ws, "late_orders", SCHEMA)
+    app_tables.insert_rows(conn, late, [row(i) for i in range(4)])
     assert native_dataset_ids(conn, [late]) == {late}
     message = _refused_write(conn, dsn, settings, late, "sync.append", start=4)
     assert f"late_orders ({late})" in message
@@ -93,7 +93,7 @@ def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn,
     assert f"pin it to Postgres (lakehouse write-flags set sync.append pg --dataset {late})" in message
 
     # A brand-new EMPTY dataset there: nothing in Postgres to lose or compare, so only what reads it matters.
-    empty = ds.create_dataset(conn, ws, "fresh_events", SCHEMA)
+    empty = app_tables.create_dataset(conn, ws, "fresh_events", SCHEMA)
     message = _refused_write(conn, dsn, settings, empty, "sync.append")
     assert "readers still on Postgres" in message and "never mirrored" not in message and "parity" not in message
     for r in SERVABLE:  # read-flipped (prerequisite #1): now its first native write goes through
@@ -109,7 +109,7 @@ def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn,
 
 def test_a_pipeline_or_a_lowered_reader_on_a_native_dataset_refuses_its_next_native_write(conn, dsn, settings):
     d = ready_native(conn, dsn, settings, "sync.append")
-    ws = ds.get_dataset(conn, d).workspace_id
+    ws = app_tables.get_dataset(conn, d).workspace_id
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
     # Postgres is frozen for a native dataset: a row.edit (PG-locked writer) moves its version, which must not
     # block native writes (Iceberg is the truth; "behind Postgres" and parity at its version mean nothing).
@@ -147,15 +147,15 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
     result, _ = _tick(dsn)
     assert isinstance(result, dg.SkipReason) and result.skip_message == "no dataset is written iceberg-native"
     piped = ready_native(conn, dsn, settings, "sync.full")
-    ws = ds.get_dataset(conn, piped).workspace_id
+    ws = app_tables.get_dataset(conn, piped).workspace_id
     native_write(conn, dsn, settings, piped, "sync.full", [row(i) for i in range(3)], start=0)
     result, _ = _tick(dsn)
     assert isinstance(result, dg.SkipReason) and "all 1 dataset(s) written iceberg-native pass" in result.skip_message
 
     _add_pipeline(conn, ws, piped)
     set_override(conn, "write", "cdc.append", "iceberg_native", workspace=ws, note="by hand", actor="pytest")
-    moved = ds.create_dataset(conn, ds.create_workspace(conn, "other"), "moved_in", SCHEMA)
-    ds.insert_rows(conn, moved, [row(i) for i in range(2)])
+    moved = app_tables.create_dataset(conn, app_tables.create_workspace(conn, "other"), "moved_in", SCHEMA)
+    app_tables.insert_rows(conn, moved, [row(i) for i in range(2)])
     conn.execute("update datasets set workspace_id = %s where id = %s", (ws, moved))  # a dataset moved in
 
     result, cursor = _tick(dsn)
@@ -196,10 +196,10 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
     assert native_rows == [{"a": 50}, {"a": 51}, {"a": 52}]
     # Postgres moves on by itself: a row.edit and a schema change bump its version (Iceberg does not follow).
     _row_edit(conn, d)
-    ds.set_schema(conn, d, SCHEMA + [{"name": "extra", "type": "string"}])
+    app_tables.set_schema(conn, d, SCHEMA + [{"name": "extra", "type": "string"}])
     served = []
-    for reader in reg.READERS.values():
-        for mode in reg.READ_MODES:  # hand-written rows: any mode, even above the ceiling or below iceberg
+    for reader in registry.READERS.values():
+        for mode in registry.READ_MODES:  # hand-written rows: any mode, even above the ceiling or below iceberg
             conn.execute("delete from lakehouse_flag_overrides where kind = 'read' and name = %s", (reader.name,))
             conn.execute(
                 "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by)"
@@ -215,7 +215,7 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
                 table = load_dataset_table(catalog, settings, d)
                 return read_iceberg(table, ["a"], limit=None, order_by_row_index=True, snapshot_id=decision.snapshot_id)
 
-            if reg.rank("read", reader.ceiling) < reg.rank("read", "iceberg"):
+            if registry.rank("read", reader.ceiling) < registry.rank("read", "iceberg"):
                 with pytest.raises(ReadRefused, match="cannot be served by Iceberg"):
                     source.run(postgres=pg, iceberg=iceberg)
                 continue
@@ -227,7 +227,7 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
     assert ("export.stream", "iceberg", "iceberg@eventual") in served
 
     # A dataset covered natively with no snapshot at all: refused with the reason, through the real CLI too.
-    empty = ds.create_dataset(conn, ds.get_dataset(conn, d).workspace_id, "no_snapshot_yet", SCHEMA)
+    empty = app_tables.create_dataset(conn, app_tables.get_dataset(conn, d).workspace_id, "no_snapshot_yet", SCHEMA)
     set_override(conn, "write", "sync.full", "iceberg_native", dataset=empty, actor="pytest")
     proc = cli("read", "--reader", "export.stream", "--dataset", str(empty))
     assert proc.returncode == 6 and proc.stdout == ""
@@ -238,10 +238,10 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
 
 
 def test_flag_precedence_is_the_same_for_every_user(conn):
-    w1, w2 = ds.create_workspace(conn, "w1"), ds.create_workspace(conn, "w2")
-    d1, d2, d3 = (ds.create_dataset(conn, w, n, SCHEMA) for w, n in ((w1, "d1"), (w1, "d2"), (w2, "d3")))
-    orphan = ds.create_dataset(conn, None, "orphan", SCHEMA)  # no workspace: only global overrides reach it
-    manifest = ds.create_dataset(conn, w2, "files", [], kind="manifest")
+    w1, w2 = app_tables.create_workspace(conn, "w1"), app_tables.create_workspace(conn, "w2")
+    d1, d2, d3 = (app_tables.create_dataset(conn, w, n, SCHEMA) for w, n in ((w1, "d1"), (w1, "d2"), (w2, "d3")))
+    orphan = app_tables.create_dataset(conn, None, "orphan", SCHEMA)  # no workspace: only global overrides reach it
+    manifest = app_tables.create_dataset(conn, w2, "files", [], kind="manifest")
 
     def put(kind, name, scope, scope_id, mode):  # hand-written, like psql: may exceed a ceiling
         conn.execute(
@@ -264,7 +264,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
 
     resolver = FlagResolver(conn, 0)
     datasets = {d1: w1, d2: w1, d3: w2, orphan: None, manifest: w2}
-    flags = [f for fs in reg.REGISTRY.values() for f in fs.values()]
+    flags = [f for fs in registry.REGISTRY.values() for f in fs.values()]
     python = {}
     for f in flags:
         stored = stored_overrides(conn, f.kind, [f.name])[f.name]
@@ -294,7 +294,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
 
     # The SQL users: which datasets are native (mirror poller), which are flipped (canary schedule: tabular).
     native = {
-        d for d in datasets if any(python[(d, "write", w.name)] == "iceberg_native" for w in reg.FLIPPABLE_WRITERS)
+        d for d in datasets if any(python[(d, "write", w.name)] == "iceberg_native" for w in registry.FLIPPABLE_WRITERS)
     }
     assert native == {d1, d2, orphan, d3}  # d3: its own sync.append; d2: cdc.append pinned, sync.full global
     assert native_dataset_ids(conn) == native
@@ -306,7 +306,8 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
             for d in datasets
             if d != manifest
             and any(
-                reg.rank(f.kind, resolver.resolve(f.kind, f.name, d).mode) > reg.rank(f.kind, f.default) for f in flags
+                registry.rank(f.kind, resolver.resolve(f.kind, f.name, d).mode) > registry.rank(f.kind, f.default)
+                for f in flags
             )
         }
 

@@ -10,11 +10,10 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.db import connect
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import canary, maintained
 from lakehouse_dagster.schema.names import DIGEST_ARRAY_ROWS
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 
 
@@ -29,7 +28,7 @@ def _registered(conn, d) -> bool:
 
 
 def _register(conn, d) -> None:
-    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+    assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "registered+filled"
 
 
 def _insert_both(conn, a, b, base: int, n: int = 3) -> None:
@@ -74,15 +73,15 @@ def test_one_statement_over_a_registered_and_an_unregistered_dataset(conn, dsn):
 def test_one_dataset_fast_path_records_what_the_018_triggers_recorded(conn):
     d = make_dataset(conn, 5)
     v0 = _state(conn, d)
-    ds.insert_rows(conn, d, rows_for(2, 5), start_index=5)  # an append
+    datasets.insert_rows(conn, d, rows_for(2, 5), start_index=5)  # an append
     v1 = _state(conn, d)
     assert v1[0] > v0[0] and v1[1] == v0[1] and v1[2] == 6
-    ds.insert_rows(conn, d, rows_for(1, 9), start_index=2_000)  # a gap is still an append
+    datasets.insert_rows(conn, d, rows_for(1, 9), start_index=2_000)  # a gap is still an append
     assert _state(conn, d)[1:] == (v0[1], 2_000)
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
     v2 = _state(conn, d)
     assert v2[0] == v2[1] > v1[0] and v2[2] == 2_000  # a delete is a rewrite; the max stays (a high-water mark)
-    ds.insert_rows(conn, d, rows_for(1, 20), start_index=1)  # below the max: a rewrite
+    datasets.insert_rows(conn, d, rows_for(1, 20), start_index=1)  # below the max: a rewrite
     v3 = _state(conn, d)
     assert v3[0] == v3[1] > v2[0]
     conn.execute("update dataset_rows set row_index = 5_000 where dataset_id = %s and row_index = 0", (d,))
@@ -96,7 +95,7 @@ def test_statements_larger_than_the_array_path_keep_the_sums_exact(conn, dsn):
     d = make_dataset(conn, 0)
     _register(conn, d)
     n = DIGEST_ARRAY_ROWS + 200
-    ds.insert_rows(conn, d, rows_for(n), start_index=65_000)  # crosses a segment boundary
+    datasets.insert_rows(conn, d, rows_for(n), start_index=65_000)  # crosses a segment boundary
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute('update dataset_rows set data = data || \'{"s": "big"}\' where dataset_id = %s', (d,))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
@@ -129,12 +128,12 @@ def test_a_missing_row_hash_function_drops_the_registration_visibly_never_the_wr
     assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
     fn = conn.execute("select hash_fn from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0]
     conn.execute(f'drop function "{fn}"')  # e.g. an operator's cleanup
-    ds.insert_rows(conn, d, rows_for(2, 12))  # the app's write succeeds
+    datasets.insert_rows(conn, d, rows_for(2, 12))  # the app's write succeeds
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 14
     assert not _registered(conn, d)  # dropped in the writing transaction: no stale sum can be read
     sync(settings, dsn, d)
     v = evaluate(settings, dsn, d)  # registers again (the function is created again) and fills
-    assert v.verdict == cy.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    assert v.verdict == canary.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
     assert v.detail["digest"] == "maintained"
     assert conn.execute("select to_regproc(%s) is not null", (fn,)).fetchone()[0]
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
@@ -144,15 +143,15 @@ def test_a_value_the_hash_cannot_type_drops_the_registration_and_the_canary_refi
     d = make_dataset(conn, 12)
     sync(settings, dsn, d)
     assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
-    ds.insert_rows(conn, d, [{"i": "not a number"}])  # one row, the array path: the write succeeds
+    datasets.insert_rows(conn, d, [{"i": "not a number"}])  # one row, the array path: the write succeeds
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 13
     assert not _registered(conn, d)
-    with pytest.raises(mt.Unavailable, match="not registered"):  # what makes the canary read every row
-        mt.pg_segments(conn, d, ds.get_dataset(conn, d).columns)
+    with pytest.raises(maintained.Unavailable, match="not registered"):  # what makes the canary read every row
+        maintained.pg_segments(conn, d, datasets.get_dataset(conn, d).columns)
     conn.execute("""update dataset_rows set data = data || '{"i": 7}' where dataset_id = %s and row_index = 12""", (d,))
     sync(settings, dsn, d)
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    assert v.verdict == canary.OK and v.detail["maintained_prepare"]["postgres"] == "registered+filled"
     assert v.detail["digest"] == "maintained" and pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
@@ -167,7 +166,7 @@ def test_many_small_writes_in_one_transaction_assign_no_subtransaction_xids(conn
     _register(conn, d)
     with connect(dsn, autocommit=False) as c:
         for k in range(70):
-            ds.insert_rows(c, d, rows_for(1, 100 + k), start_index=100 + k)
+            datasets.insert_rows(c, d, rows_for(1, 100 + k), start_index=100 + k)
         c.execute(
             'update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 101', (d,)
         )
@@ -188,7 +187,7 @@ def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a
     d = make_dataset(conn, 5)
     _register(conn, d)
     conn.execute("update lakehouse_pg_digest_state set hash_fn = null where dataset_id = %s", (d,))  # as 015 left it
-    ds.insert_rows(conn, d, rows_for(3, 5))  # the set-based path
+    datasets.insert_rows(conn, d, rows_for(3, 5))  # the set-based path
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (d,))
     assert _registered(conn, d) and pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute(migration_sql("020_app_write_cost"))  # re-runnable: fills hash_fn for registrations that lack one
@@ -196,7 +195,7 @@ def test_a_registration_from_before_020_stays_exact_and_the_migration_gives_it_a
     assert conn.execute(
         "select hash_fn is not null from lakehouse_pg_digest_state where dataset_id = %s", (d,)
     ).fetchone()[0]
-    ds.insert_rows(conn, d, rows_for(2, 8))
+    datasets.insert_rows(conn, d, rows_for(2, 8))
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
@@ -222,14 +221,14 @@ def test_an_append_that_waited_for_another_writer_draws_its_version_after_that_c
         done = threading.Event()
 
         def append_above() -> None:
-            ds.insert_rows(waiter, d, rows_for(1, 200), start_index=200)
+            datasets.insert_rows(waiter, d, rows_for(1, 200), start_index=200)
             waiter.commit()
             done.set()
 
         t = threading.Thread(target=append_above)
         t.start()
         _wait_until_blocked(conn, waiter_pid)
-        ds.insert_rows(holder, d, rows_for(1, 100), start_index=100)  # an append too: the fast path
+        datasets.insert_rows(holder, d, rows_for(1, 100), start_index=100)  # an append too: the fast path
         held = holder.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
         holder.commit()
         t.join(10)
@@ -251,11 +250,11 @@ def test_an_append_that_another_writer_turned_into_a_rewrite_takes_the_full_path
         holder.execute("update datasets set updated_at = now() where id = %s", (d,))
         waiter_pid = waiter.execute("select pg_backend_pid()").fetchone()[0]
         t = threading.Thread(
-            target=lambda: (ds.insert_rows(waiter, d, rows_for(1, 100), start_index=100), waiter.commit())
+            target=lambda: (datasets.insert_rows(waiter, d, rows_for(1, 100), start_index=100), waiter.commit())
         )
         t.start()
         _wait_until_blocked(conn, waiter_pid)
-        ds.insert_rows(holder, d, rows_for(1, 200), start_index=200)
+        datasets.insert_rows(holder, d, rows_for(1, 200), start_index=200)
         held = holder.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
         holder.commit()
         t.join(10)

@@ -20,10 +20,10 @@ from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.overrides import history, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary as canary_checks
 from lakehouse_dagster.routing.read_router import resolve_read_source
 from lakehouse_dagster.runbooks import auto_rollback
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, flag_tables
 from .test_canary import behind_the_mirrors_back, rows_for, sync
@@ -33,10 +33,10 @@ TAMPER = "update dataset_rows set data = jsonb_set(data, '{i}', '42') where data
 
 
 def _dataset(conn, settings, dsn, ws, name: str, n: int = 12) -> uuid.UUID:
-    d = ds.create_dataset(
+    d = datasets.create_dataset(
         conn, ws, name, [{"name": "s", "type": "string"}, {"name": "i", "type": "int64"}, {"name": "j", "type": "json"}]
     )
-    ds.insert_rows(conn, d, [{k: r[k] for k in ("s", "i", "j")} for r in rows_for(n)])
+    datasets.insert_rows(conn, d, [{k: r[k] for k in ("s", "i", "j")} for r in rows_for(n)])
     sync(settings, dsn, d)
     return d
 
@@ -77,7 +77,7 @@ def _parity_ids(conn, d) -> list[int]:
 
 @pytest.fixture
 def ws(conn):
-    return ds.create_workspace(conn, "ws")
+    return datasets.create_workspace(conn, "ws")
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_no_reader_on_iceberg_means_nothing_written(conn, dsn, settings, ws):
     report = auto_rollback.run_canary_and_roll_back(
         conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)]
     )
-    assert report.exit_code == cy.EXIT_MISMATCH
+    assert report.exit_code == canary_checks.EXIT_MISMATCH
     assert report.results[0].detail["auto_rollback"]["actions"] == []
     assert flag_tables(conn) == before
 
@@ -293,7 +293,7 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     assert f"lakehouse write-flags set sync.full pg --dataset {d}" not in out  # done already: not asked of the operator
     # the readers stay on Iceberg (it holds the rows Postgres lacks); a second record of it changes nothing
     before = flag_tables(conn)
-    v = cy.evaluate(dsn, load_catalog(settings, dsn), settings, d)
+    v = canary_checks.evaluate(dsn, load_catalog(settings, dsn), settings, d)
     assert v.verdict == "native"
     assert all(
         FlagResolver(conn, ttl_seconds=0).resolve("read", r, d).mode == "iceberg"

@@ -14,7 +14,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity.health import identity_ready
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.test_canary import make_dataset, rogue_overwrite, rows_for, sync, table_of
 
 
@@ -48,7 +48,7 @@ def test_identity_after_an_append_reads_only_the_new_file(conn, dsn, settings):
     assert first.metadata["files_read"] == _live_files(settings, dsn, d) == 1
     assert first.metadata["files_cached"] == 0 and first.metadata["rows"] == 30
 
-    ds.insert_rows(conn, d, rows_for(5, start=30))
+    datasets.insert_rows(conn, d, rows_for(5, start=30))
     assert sync(settings, dsn, d).mode == "incremental"
     after = _identity(settings, dsn, conn, d)
     assert after.passed, after.description
@@ -169,7 +169,7 @@ def test_the_batch_checks_give_the_verdicts_of_the_checks_that_read_every_row(co
     assert all(e.passed for e in evals.values()) and len(evals) == 6
     # after an append to both and a duplicate written behind the mirror's back into one
     for d in (good, dup):
-        ds.insert_rows(conn, d, rows_for(3, start=12))
+        datasets.insert_rows(conn, d, rows_for(3, start=12))
     _append_behind_the_back(settings, dsn, dup, lambda t: t.slice(0, 1))
     evals, result = _run_batch(instance, dsn, [good, dup])
     for d in (good, dup):
@@ -211,7 +211,7 @@ def test_facts_of_files_a_snapshot_no_longer_holds_are_dropped(conn, dsn, settin
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
     assert _identity(settings, dsn, conn, d).passed
-    ds.insert_rows(conn, d, rows_for(3, start=10))
+    datasets.insert_rows(conn, d, rows_for(3, start=10))
     sync(settings, dsn, d, mode="full")  # a full sync replaces the file
     h = _identity(settings, dsn, conn, d)
     assert h.passed and (h.metadata["files_read"], h.metadata["files_cached"]) == (1, 0)
@@ -295,7 +295,7 @@ def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(
     _, first = _run_batch(instance, dsn, small + large)
     assert first.success
     for d in small + large:
-        ds.insert_rows(conn, d, rows_for(4, start=20))
+        datasets.insert_rows(conn, d, rows_for(4, start=20))
     counted = _Counted(monkeypatch)
     try:
         runs = {}

@@ -21,11 +21,10 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import localise as loc
+from lakehouse_dagster.parity import canary, localise
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [
     {"name": "s", "type": "string"},
@@ -56,9 +55,9 @@ def rows_for(n: int, start: int = 0) -> list[dict]:
 
 
 def make_dataset(conn, n: int = 20, name: str = "d", schema=SCHEMA, rows=None) -> uuid.UUID:
-    ws = ds.create_workspace(conn, f"ws-{name}")
-    d = ds.create_dataset(conn, ws, name, schema)
-    ds.insert_rows(conn, d, rows if rows is not None else rows_for(n))
+    ws = datasets.create_workspace(conn, f"ws-{name}")
+    d = datasets.create_dataset(conn, ws, name, schema)
+    datasets.insert_rows(conn, d, rows if rows is not None else rows_for(n))
     return d
 
 
@@ -66,8 +65,8 @@ def sync(settings, dsn, d, **kw):
     return sync_dataset(dsn, load_catalog(settings, dsn), settings, d, **kw)
 
 
-def evaluate(settings, dsn, d, **kw) -> cy.Verdict:
-    return cy.evaluate(dsn, load_catalog(settings, dsn), settings, d, **kw)
+def evaluate(settings, dsn, d, **kw) -> canary.Verdict:
+    return canary.evaluate(dsn, load_catalog(settings, dsn), settings, d, **kw)
 
 
 def table_of(settings, dsn, d):
@@ -133,7 +132,7 @@ def test_ok_when_caught_up_and_equal_recorded_with_both_digests(conn, dsn, setti
 def test_lagging_when_postgres_moved_on(conn, dsn, settings):
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
-    ds.insert_rows(conn, d, rows_for(3, start=10))
+    datasets.insert_rows(conn, d, rows_for(3, start=10))
     v = evaluate(settings, dsn, d)
     assert v.verdict == "lagging" and v.iceberg_version < v.pg_version
     assert v.pg_digest is None  # no comparison of different versions
@@ -227,7 +226,7 @@ def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings)
 
     d = make_dataset(conn, 8)
     sync(settings, dsn, d)
-    dataset = ds.get_dataset(conn, d)
+    dataset = datasets.get_dataset(conn, d)
     batch = pa.RecordBatch.from_pylist(
         [
             {
@@ -347,9 +346,9 @@ def test_write_racing_the_canary_is_lagging_never_mismatch(conn, dsn, settings):
 
     def write_between_the_pins():
         with connect(dsn) as other:
-            ds.insert_rows(other, d, rows_for(2, start=30))
+            datasets.insert_rows(other, d, rows_for(2, start=30))
 
-    v = evaluate(settings, dsn, d, hooks=cy.Hooks(after_iceberg_pin=write_between_the_pins))
+    v = evaluate(settings, dsn, d, hooks=canary.Hooks(after_iceberg_pin=write_between_the_pins))
     assert v.verdict == "lagging"
     # and a mirror commit landing after the pins changes nothing the pinned evaluation reads
     sync(settings, dsn, d)
@@ -367,7 +366,7 @@ def test_concurrent_writes_and_syncs_never_give_a_false_mismatch(conn, dsn, sett
             with connect(dsn) as other:
                 k = 200
                 while not stop.is_set():
-                    ds.insert_rows(other, d, rows_for(5, start=k))
+                    datasets.insert_rows(other, d, rows_for(5, start=k))
                     k += 5
                     other.execute(
                         "update dataset_rows set data = data || '{\"i\": 1}' where dataset_id = %s and row_index = %s",
@@ -400,19 +399,21 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
         (d, changed),
     )
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
+    columns = datasets.get_dataset(conn, d).columns
     with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns) as ice:
         pg_side = PgSide(pg.conn, d, columns)
         left, right = full_digest(pg_side, 0, 3000, factor=4), full_digest(ice, 0, 3000, factor=4)
         assert left.value != right.value and left.count == right.count
-        found = loc.localise(pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8)
+        found = localise.localise(
+            pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8
+        )
         assert found.row_indexes == changed and not found.truncated
         assert found.queries > 8  # several levels of range digests, not one scan
-        few = loc.localise(
+        few = localise.localise(
             pg_side, ice, 0, 3000, left.width, left.segments, right.segments, factor=4, leaf_rows=8, limit=2
         )
         assert few.row_indexes == [0, 1234] and few.truncated
-        cold = loc.localise(pg_side, ice, 0, 3000, factor=4, leaf_rows=8)  # computes the first level itself
+        cold = localise.localise(pg_side, ice, 0, 3000, factor=4, leaf_rows=8)  # computes the first level itself
         assert cold.row_indexes == changed and cold.queries == found.queries + 1
 
 
@@ -464,7 +465,7 @@ def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_s
     merge_at = int(MERGE_MANIFESTS["commit.manifest.min-count-to-merge"])
     modes = []
     for k in range(COMPACT_FILES + 4):
-        ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
+        datasets.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
         r = sync(settings, dsn, d)
         modes.append(r.mode)
         if r.mode == "partial":
@@ -482,7 +483,7 @@ def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_s
     added = _added_files(table, table.current_snapshot(), [])
     assert added is not None and len(added) == 1 and added[0] in {f.file_path for f in files}
     v = evaluate(settings, dsn, d, full=True)
-    assert v.verdict == cy.OK, v.detail
+    assert v.verdict == canary.OK, v.detail
 
 
 def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn, settings, monkeypatch):
@@ -499,7 +500,7 @@ def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn,
     monkeypatch.setitem(METADATA_FILES, "write.metadata.previous-versions-max", "3")
     sync(settings, dsn, d)  # the default settings: kept (younger than an hour)
     for k in range(6):
-        ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
+        datasets.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
         assert sync(settings if k < 3 else quick, dsn, d).mode == "incremental"
     table = table_of(settings, dsn, d)
     ids = [s.snapshot_id for s in table.metadata.snapshots]
@@ -510,7 +511,7 @@ def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn,
     assert sum(t.file.record_count for t in table.scan().plan_files()) == 11
     for snap_id in ids:  # every kept snapshot still reads
         assert table.scan(snapshot_id=snap_id).to_arrow().num_rows >= 11 - keep
-    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    assert evaluate(settings, dsn, d, full=True).verdict == canary.OK
     meta_dir = Path(table.metadata_location.removeprefix("file://")).parent
     assert table.properties["write.metadata.delete-after-commit.enabled"] == "true"
     assert len(table.metadata.metadata_log) == 3  # previous-versions-max (3 here, 100 by default)
@@ -556,7 +557,7 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     import time
     import uuid as uuidlib
 
-    from lakehouse_dagster.lake import orphans as orph
+    from lakehouse_dagster.lake import orphans
     from lakehouse_dagster.tracking.row_changes import COMPACT_FILES
     from lakehouse_dagster_tests.flag_helpers import cli
 
@@ -566,7 +567,7 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     appends = 2 * COMPACT_FILES + 4  # two compactions; the snapshots from before the first one expire
     modes = []
     for k in range(appends):
-        ds.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
+        datasets.insert_rows(conn, d, rows_for(1, 5 + k), start_index=5 + k)
         modes.append(sync(quick, dsn, d).mode)
     assert modes.count("partial") == 2
     table = table_of(settings, dsn, d)
@@ -575,14 +576,14 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     stray = f"{table.location()}/data/lakehouse-{unsettled}-00000.parquet"
     shutil.copy(next(iter(live)).removeprefix("file://"), stray.removeprefix("file://"))
 
-    assert orph.find_orphans(table, grace_seconds=3600, protected_syncs=set()) == []  # all younger than the grace
+    assert orphans.find_orphans(table, grace_seconds=3600, protected_syncs=set()) == []  # all younger than the grace
     later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
-    found = orph.find_orphans(table, grace_seconds=0, protected_syncs={str(unsettled)}, now=later)
+    found = orphans.find_orphans(table, grace_seconds=0, protected_syncs={str(unsettled)}, now=later)
     paths = {o.path for o in found}
-    assert not paths & live and stray not in paths and not paths & orph.referenced(table)
+    assert not paths & live and stray not in paths and not paths & orphans.referenced(table)
     assert sum(p.endswith(".parquet") for p in paths) >= COMPACT_FILES - 1  # the small files compaction replaced
     assert any(p.rsplit("/", 1)[-1].startswith("snap-") for p in paths)  # expired snapshots' manifest lists
-    assert orph.find_orphans(table, grace_seconds=0, protected_syncs=set(), now=later)[-1].path == stray
+    assert orphans.find_orphans(table, grace_seconds=0, protected_syncs=set(), now=later)[-1].path == stray
 
     # the CLI: the unsettled sync is the log's ('running'), a plain run only lists, --delete removes
     conn.execute(
@@ -604,5 +605,5 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     for snap in table.metadata.snapshots:  # every kept snapshot still reads whole
         assert table.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows >= 5
     assert sum(t.file.record_count for t in table.scan().plan_files()) == 5 + appends
-    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    assert evaluate(settings, dsn, d, full=True).verdict == canary.OK
     assert cli("orphans", "--dataset", "not-a-uuid").returncode == 2

@@ -14,7 +14,7 @@ from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -46,11 +46,11 @@ def _asked(res) -> list[str]:
 
 
 def _datasets(conn, n, rows=3):
-    ws = ds.create_workspace(conn, "w")
+    ws = datasets.create_workspace(conn, "w")
     ids = []
     for i in range(n):
-        d = ds.create_dataset(conn, ws, f"d{i}", SCHEMA)
-        ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(rows)])
+        d = datasets.create_dataset(conn, ws, f"d{i}", SCHEMA)
+        datasets.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(rows)])
         ids.append(d)
     return ws, ids
 
@@ -81,9 +81,9 @@ def test_materialize_partition_lands_in_iceberg(conn, dsn, settings, instance):
 
 
 def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "bad", SCHEMA)
-    ds.insert_rows(conn, d, [{"n": 1}, {"n": "x"}])
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "bad", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": 1}, {"n": "x"}])
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
     result = dg.materialize(
         [pg_dataset_rows, iceberg_dataset_table],
@@ -100,7 +100,7 @@ def test_materialize_bad_row_fails_the_run_loudly(conn, dsn, settings, instance)
 
 def test_poller_requests_exactly_the_changed_datasets_and_advances(conn, dsn, settings, instance):
     ws, ids = _datasets(conn, 3)
-    manifest = ds.create_dataset(conn, ws, "m", [], kind="manifest")
+    manifest = datasets.create_dataset(conn, ws, "m", [], kind="manifest")
     conn.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (manifest,))
     first = _tick(instance, dsn)
     assert sorted(_asked(first)) == sorted(str(i) for i in ids)
@@ -117,7 +117,7 @@ def test_poller_requests_exactly_the_changed_datasets_and_advances(conn, dsn, se
 
     # one dataset mirrored, another changed: only the changed one, with a new run key
     sync_dataset(dsn, load_catalog(settings, dsn), settings, ids[0])
-    ds.insert_rows(conn, ids[1], [{"n": 99}])
+    datasets.insert_rows(conn, ids[1], [{"n": 99}])
     third = _tick(instance, dsn, second.cursor)
     assert _asked(third) == [str(ids[1])]
     version = conn.execute("select rows_version from datasets where id = %s", (ids[1],)).fetchone()[0]
@@ -132,7 +132,7 @@ def test_poller_sees_a_transaction_that_commits_after_a_later_one(conn, dsn, set
     start = _tick(instance, dsn).cursor
     slow = psycopg.connect(dsn)  # opens first, commits last
     slow.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 100, '{\"n\": 1}')", (a,))
-    ds.insert_rows(conn, b, [{"n": 5}])
+    datasets.insert_rows(conn, b, [{"n": 5}])
     tick = _tick(instance, dsn, start)
     assert _asked(tick) == [str(b)]
     slow.commit()
@@ -183,7 +183,7 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "1")
     _, (good, bad) = _datasets(conn, 2)
-    ds.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: every sync of it fails
+    datasets.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: every sync of it fails
     catalog = load_catalog(settings, dsn)
     sync_dataset(dsn, catalog, settings, good, mode="full")
 

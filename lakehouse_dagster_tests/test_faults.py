@@ -23,15 +23,15 @@ from lakehouse_dagster.testing.faults import (
     terminate_lock_session,
     wait_stopped,
 )
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
 
 def _make(conn, rows=500):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
-    ds.insert_rows(conn, d, [{"n": i, "s": f"r{i}"} for i in range(rows)])
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": i, "s": f"r{i}"} for i in range(rows)])
     return d
 
 
@@ -137,7 +137,7 @@ def test_a_landed_sync_whose_snapshot_was_expired_keeps_its_files_when_settled(c
 
     d = _make(conn)
     _sync(settings, dsn, d)
-    ds.insert_rows(conn, d, [{"n": 500 + i, "s": "x"} for i in range(5)])
+    datasets.insert_rows(conn, d, [{"n": 500 + i, "s": "x"} for i in range(5)])
     landed = _sync(settings, dsn, d)
     assert landed.mode == "incremental"
     t = fence(_table(settings, dsn, d), "test: the landed snapshot is no longer the head")
@@ -159,7 +159,7 @@ def test_killed_inside_the_commit_is_recorded_with_the_version_it_covers(conn, d
     proc = cli_sync(d, "in-commit")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     killed_id = _log(conn, d)[0][0]
-    ds.insert_rows(conn, d, [{"n": 1000 + i} for i in range(20)])
+    datasets.insert_rows(conn, d, [{"n": 1000 + i} for i in range(20)])
     result = _sync(settings, dsn, d)
     assert result.mode == "incremental" and result.total_rows == 520
     killed = [r for r in _log(conn, d) if r[0] == killed_id][0]
@@ -178,7 +178,7 @@ def test_a_retry_that_finds_its_own_snapshot_records_the_version_that_snapshot_c
     with pytest.raises(Exception, match="failpoint after-commit-before-log fired"):
         _sync(settings, dsn, d, sync_id=sync_id)
     monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
-    ds.insert_rows(conn, d, [{"n": 1000}])
+    datasets.insert_rows(conn, d, [{"n": 1000}])
     v2 = _version(conn, d)
     retry = _sync(settings, dsn, d, sync_id=sync_id)
     assert retry.source_version == v1 and retry.rows == 0
@@ -204,11 +204,11 @@ def test_failures_are_classified_transient_or_not(conn, dsn, settings, monkeypat
         _sync(settings, dsn, d)
     assert not bug.value.transient
     monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
-    ds.insert_rows(conn, d, [{"n": "not a number"}])
+    datasets.insert_rows(conn, d, [{"n": "not a number"}])
     with pytest.raises(SyncFailed) as bad:
         _sync(settings, dsn, d)
     assert "expected int64, got a JSON string" in str(bad.value) and not bad.value.transient
-    ds.set_schema(conn, d, [{"name": "n", "type": "string"}])
+    datasets.set_schema(conn, d, [{"name": "n", "type": "string"}])
     with pytest.raises(SyncFailed, match="changed type") as changed:
         _sync(settings, dsn, d)
     assert not changed.value.transient
@@ -332,7 +332,7 @@ def test_bad_data_fails_the_asset_without_retrying(conn, dsn, settings, instance
     from lakehouse_dagster.dagster.partitions import datasets_partitions
 
     d = _make(conn, 5)
-    ds.insert_rows(conn, d, [{"n": "x"}])
+    datasets.insert_rows(conn, d, [{"n": "x"}])
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
     result = _materialize(dsn, d, instance)
     assert not result.success
@@ -349,7 +349,7 @@ from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.routing.write_router import native_write, route_write
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.core.db import connect
 s = Settings.from_env()
 conn = connect(s.pg_dsn)
@@ -368,8 +368,8 @@ def _native_dataset(conn):
     from lakehouse_dagster.flags import set_override
     from lakehouse_dagster.flags.registry import SERVABLE_READERS
 
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "native", SCHEMA)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "native", SCHEMA)
     for r in SERVABLE_READERS:  # new and empty, read-flipped: the write router lets its native writes through
         set_override(conn, "read", r.name, "iceberg", dataset=d, note="fase1", actor="t")
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=d, note="fase4 canary", actor="t")

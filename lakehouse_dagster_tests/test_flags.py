@@ -14,11 +14,11 @@ import pytest
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
-from lakehouse_dagster.flags import registry as reg
+from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import clear_override, history, list_overrides, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets as app_tables
 
 from .flag_helpers import cli, cli_json, flag_tables
 
@@ -28,13 +28,13 @@ SCHEMA = [{"name": "a", "type": "int64"}]
 @pytest.fixture
 def world(conn):
     """Two workspaces; ws1 holds d1 and d2, ws2 holds d3."""
-    ws1, ws2 = ds.create_workspace(conn, "ws1"), ds.create_workspace(conn, "ws2")
+    ws1, ws2 = app_tables.create_workspace(conn, "ws1"), app_tables.create_workspace(conn, "ws2")
     return {
         "ws1": ws1,
         "ws2": ws2,
-        "d1": ds.create_dataset(conn, ws1, "d1", SCHEMA),
-        "d2": ds.create_dataset(conn, ws1, "d2", SCHEMA),
-        "d3": ds.create_dataset(conn, ws2, "d3", SCHEMA),
+        "d1": app_tables.create_dataset(conn, ws1, "d1", SCHEMA),
+        "d2": app_tables.create_dataset(conn, ws1, "d2", SCHEMA),
+        "d3": app_tables.create_dataset(conn, ws2, "d3", SCHEMA),
     }
 
 
@@ -49,18 +49,18 @@ def test_registry_names_every_runbook_reader_and_writer():
         "studio.training_pairs": "iceberg",
     }
     for name, ceiling in eventual.items():
-        f = reg.READERS[name]
-        assert (f.consistency, f.ceiling, f.default) == (reg.EVENTUAL, ceiling, "off")
+        f = registry.READERS[name]
+        assert (f.consistency, f.ceiling, f.default) == (registry.EVENTUAL, ceiling, "off")
     for name in ("objects.sync", "dashboards.aggregate", "pipeline.expectations", "sdk.files.list", "mediaset.item"):
-        f = reg.READERS[name]
+        f = registry.READERS[name]
         assert f.ceiling == "off" and f.ceiling_reason
-    assert any(f.consistency == reg.STRICT and f.ceiling != "off" for f in reg.READERS.values())
+    assert any(f.consistency == registry.STRICT and f.ceiling != "off" for f in registry.READERS.values())
     for name in ("sync.full", "sync.append", "sync.incremental", "cdc.append"):
-        assert (reg.WRITERS[name].ceiling, reg.WRITERS[name].default) == ("iceberg_native", "pg")
+        assert (registry.WRITERS[name].ceiling, registry.WRITERS[name].default) == ("iceberg_native", "pg")
     for name in ("ingest.stream", "row.edit", "dataset.manifest", "pipeline.output"):
-        assert reg.WRITERS[name].ceiling == "pg" and reg.WRITERS[name].ceiling_reason
-    assert reg.READ_MODES == ("off", "shadow", "iceberg", "iceberg_only")
-    assert reg.WRITE_MODES == ("pg", "iceberg_native")
+        assert registry.WRITERS[name].ceiling == "pg" and registry.WRITERS[name].ceiling_reason
+    assert registry.READ_MODES == ("off", "shadow", "iceberg", "iceberg_only")
+    assert registry.WRITE_MODES == ("pg", "iceberg_native")
 
 
 # --- precedence --------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_list_shows_registry_overrides_and_effective_modes(conn, settings, world
     set_override(conn, "write", "sync.full", "iceberg_native", workspace=world["ws1"], note="fase4 ws", actor="pytest")
     data = cli_json("write-flags", "list", "--dataset", str(world["d2"]))
     reg_rows = {r["name"]: r for r in data["registry"]}
-    assert set(reg_rows) == set(reg.WRITERS)
+    assert set(reg_rows) == set(registry.WRITERS)
     assert reg_rows["row.edit"]["ceiling"] == "pg" and "Karma" in reg_rows["row.edit"]["ceiling_reason"]
     assert [(o["name"], o["scope"], o["mode"], o["note"], o["set_by"]) for o in data["overrides"]] == [
         ("sync.full", "workspace", "iceberg_native", "fase4 ws", "pytest")
@@ -413,5 +413,5 @@ def test_native_dataset_ids_follows_precedence_in_one_query(conn, world):
     # It agrees with the resolver for every dataset.
     r = FlagResolver(conn, 0)
     for d in (d1, d2, d3):
-        is_native = any(r.write_mode(w.name, d).mode == "iceberg_native" for w in reg.FLIPPABLE_WRITERS)
+        is_native = any(r.write_mode(w.name, d).mode == "iceberg_native" for w in registry.FLIPPABLE_WRITERS)
         assert is_native == (d in native_dataset_ids(conn))

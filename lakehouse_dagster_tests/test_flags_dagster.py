@@ -8,15 +8,15 @@ import pytest
 from lakehouse_dagster.dagster.defs.flags.flags import clear_flag_job, flag_state_job, set_flag_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags.overrides import history, list_overrides, set_override
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, flag_tables, refusal
 
 
 @pytest.fixture
 def world(conn):
-    ws = ds.create_workspace(conn, "ws")
-    return {"ws": ws, "d": ds.create_dataset(conn, ws, "d", [{"name": "a", "type": "int64"}])}
+    ws = datasets.create_workspace(conn, "ws")
+    return {"ws": ws, "d": datasets.create_dataset(conn, ws, "d", [{"name": "a", "type": "int64"}])}
 
 
 def _run(job, dsn, config: dict, *, raise_on_error=True):

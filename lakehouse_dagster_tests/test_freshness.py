@@ -23,7 +23,7 @@ from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.batch import mirror_many
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import refusal
 
@@ -37,11 +37,11 @@ def instance():
 
 
 def _datasets(conn, n, rows=5):
-    ws = ds.create_workspace(conn, "w")
+    ws = datasets.create_workspace(conn, "w")
     ids = []
     for i in range(n):
-        d = ds.create_dataset(conn, ws, f"d{i}", SCHEMA)
-        ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(rows)])
+        d = datasets.create_dataset(conn, ws, f"d{i}", SCHEMA)
+        datasets.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(rows)])
         ids.append(d)
     return ids
 
@@ -129,7 +129,7 @@ def test_one_run_mirrors_several_datasets_each_partition_materialized_and_checke
 def test_a_dataset_failing_in_a_batch_is_retried_alone(conn, dsn, settings, instance, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
     good1, bad, good2 = _datasets(conn, 3)
-    ds.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: the sync of this one fails
+    datasets.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: the sync of this one fails
     tick = _tick(instance, dsn)
     (req,) = tick.run_requests
     result = _launch(instance, dsn, req)

@@ -16,15 +16,15 @@ from lakehouse_dagster.core.errors import Backpressure
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "n", "type": "int64"}]
 
 
 def _dataset(conn, rows=1000):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
-    ds.insert_rows(conn, d, [{"n": i} for i in range(rows)])
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": i} for i in range(rows)])
     return d
 
 
@@ -108,7 +108,7 @@ def test_mirror_refuses_a_dataset_written_iceberg_native(conn, dsn, settings):
     d = _dataset(conn, 10)
     first = sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=str(d), actor="pytest")
-    ds.insert_rows(conn, d, [{"n": 99}])
+    datasets.insert_rows(conn, d, [{"n": 99}])
     with pytest.raises(BadInput, match="iceberg-native"):
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
     table = load_catalog(settings, dsn).load_table(table_identifier(settings, d))

@@ -6,32 +6,36 @@ from __future__ import annotations
 import json
 
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.runbooks import ingest_bench as ib
+from lakehouse_dagster.runbooks import ingest_bench
 
 from .flag_helpers import cli
 
 
 def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings):
-    report = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=150_000)
-    assert report.count(ib.ERROR) == 0, [o.error for o in report.outcomes]
-    assert report.count(ib.OK) >= 1 and report.count(ib.BACKPRESSURE) >= 1  # G2 refused the jobs past 2
-    assert report.count(ib.OK) + report.count(ib.BACKPRESSURE) == 4
-    assert all("ingest slots are busy" in o.error for o in report.outcomes if o.status == ib.BACKPRESSURE)
-    assert all(o.rows == 150_000 for o in report.outcomes if o.status == ib.OK)
+    report = ingest_bench.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=150_000)
+    assert report.count(ingest_bench.ERROR) == 0, [o.error for o in report.outcomes]
+    assert (
+        report.count(ingest_bench.OK) >= 1 and report.count(ingest_bench.BACKPRESSURE) >= 1
+    )  # G2 refused the jobs past 2
+    assert report.count(ingest_bench.OK) + report.count(ingest_bench.BACKPRESSURE) == 4
+    assert all("ingest slots are busy" in o.error for o in report.outcomes if o.status == ingest_bench.BACKPRESSURE)
+    assert all(o.rows == 150_000 for o in report.outcomes if o.status == ingest_bench.OK)
     assert report.table_problems == [] and report.passed
     # within the bound: every job writes
-    within = ib.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=3), jobs=3, rows=2_000)
-    assert [o.status for o in within.outcomes] == [ib.OK] * 3 and within.passed
+    within = ingest_bench.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=3), jobs=3, rows=2_000)
+    assert [o.status for o in within.outcomes] == [ingest_bench.OK] * 3 and within.passed
 
 
 def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, settings):
-    report = ib.run_ingest_bench(dsn, settings, jobs=3, rows=5_000, same_dataset=True)
-    assert [o.status for o in report.outcomes] == [ib.OK] * 3, [o.error for o in report.outcomes]  # G3 queues them
+    report = ingest_bench.run_ingest_bench(dsn, settings, jobs=3, rows=5_000, same_dataset=True)
+    assert [o.status for o in report.outcomes] == [ingest_bench.OK] * 3, [
+        o.error for o in report.outcomes
+    ]  # G3 queues them
     assert report.table_problems == []  # one snapshot per replace and exactly 5,000 rows: no drop-race
     assert len({o.snapshot_id for o in report.outcomes}) == 3
     catalog = load_catalog(settings.replace(namespace="bench"), dsn)
     assert len(catalog.list_tables("bench")) == 1
-    out = ib.purge(dsn, settings, namespace="bench")
+    out = ingest_bench.purge(dsn, settings, namespace="bench")
     assert (out["workspaces"], out["datasets"], out["tables_dropped"]) == (1, 1, 1)
     assert catalog.list_tables("bench") == []
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
@@ -54,8 +58,8 @@ def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
 def test_a_failing_job_fails_the_gate(dsn, settings):
     """A writer that cannot write (the warehouse is not writable) is an error, not a 503: FAIL."""
     broken = settings.replace(warehouse="file:///proc/lakehouse-not-writable")
-    report = ib.run_ingest_bench(dsn, broken, jobs=2, rows=10)
-    assert report.count(ib.ERROR) == 2 and not report.passed
+    report = ingest_bench.run_ingest_bench(dsn, broken, jobs=2, rows=10)
+    assert report.count(ingest_bench.ERROR) == 2 and not report.passed
     assert report.summary_line().startswith("FAIL: jobs=2 ok=0 503=0 error=2")
     assert all("iceberg_native write failed" in o.error for o in report.outcomes)
 

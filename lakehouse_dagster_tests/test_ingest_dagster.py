@@ -18,14 +18,14 @@ from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.writers import run_writer
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import refusal
 from .native_helpers import SCHEMA, add_source_rows, pg_source_table, row, runbook_ready
 
 
 def _fed(conn, ws, name, rows=3, cursor="a"):
-    d = ds.create_dataset(conn, ws, name, SCHEMA)
+    d = datasets.create_dataset(conn, ws, name, SCHEMA)
     src = pg_source_table(conn, [row(i) for i in range(rows)])
     set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": cursor, "dsn_env": None})
     return d, src
@@ -51,7 +51,7 @@ def _materialized(result):
 
 
 def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_metadata_and_tags(conn, dsn, settings):
-    ws = ds.create_workspace(conn, "ws")
+    ws = datasets.create_workspace(conn, "ws")
     d, src = _fed(conn, ws, "fed")
     instance = dg.DagsterInstance.ephemeral()
     result = _run(dsn, d, instance)  # the source's default writer: sync.incremental (a cursor column)
@@ -80,8 +80,8 @@ def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_
 
 
 def test_a_refused_ingest_fails_the_step_with_the_one_line_reason(conn, dsn, settings):
-    ws = ds.create_workspace(conn, "ws")
-    bare = ds.create_dataset(conn, ws, "bare", SCHEMA)
+    ws = datasets.create_workspace(conn, "ws")
+    bare = datasets.create_dataset(conn, ws, "bare", SCHEMA)
     result = _run(dsn, bare, dg.DagsterInstance.ephemeral())
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
@@ -99,18 +99,18 @@ def _tick(dsn, instance, cursor=None):
 
 
 def test_the_source_poller_requests_exactly_the_datasets_with_something_new(conn, dsn, settings, tmp_path, monkeypatch):
-    ws = ds.create_workspace(conn, "ws")
+    ws = datasets.create_workspace(conn, "ws")
     catalog = load_catalog(settings, dsn)
     news, news_src = _fed(conn, ws, "news")
     quiet, _ = _fed(conn, ws, "quiet")
     run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), quiet, "sync.incremental")  # up to date
-    files = ds.create_dataset(conn, ws, "files", [{"name": "a", "type": "int64"}])
+    files = datasets.create_dataset(conn, ws, "files", [{"name": "a", "type": "int64"}])
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"a": pa.array([1, 2], pa.int64())}), tmp_path / "in" / "part-0.parquet")
     set_source(conn, files, {"type": "files", "uri": str(tmp_path / "in" / "*.parquet"), "format": "parquet"})
-    legacy = ds.create_dataset(conn, ws, "legacy", SCHEMA)
+    legacy = datasets.create_dataset(conn, ws, "legacy", SCHEMA)
     conn.execute("update datasets set source = %s where id = %s", (Jsonb({"type": "demo", "seed": "x"}), legacy))
-    ds.create_dataset(conn, ws, "no source", SCHEMA)
+    datasets.create_dataset(conn, ws, "no source", SCHEMA)
 
     instance = dg.DagsterInstance.ephemeral()
     result = _tick(dsn, instance)

@@ -229,11 +229,13 @@ def test_mirror_batch_job_of_the_code_location_mirrors_a_dataset(
     """The real location (lakehouse_dagster.dagster.definitions) and its mirror_batch_job over a real dataset: the worker
     sees the launching process' environment (this test's database and warehouse), not the forkserver's."""
     from lakehouse_dagster.dagster.definitions import defs
-    from lakehouse_dagster.tracking import datasets as ds
+    from lakehouse_dagster.tracking import datasets
 
-    ws_id = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws_id, "launched", [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}])
-    ds.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(50)])
+    ws_id = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(
+        conn, ws_id, "launched", [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+    )
+    datasets.insert_rows(conn, d, [{"n": k, "s": str(k)} for k in range(50)])
     job = defs().get_job_def("mirror_batch_job")
     with _workspace(instance, "lakehouse_dagster.dagster.definitions") as ws:
         run = _launch(instance, ws, job, run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(d)]}}}})

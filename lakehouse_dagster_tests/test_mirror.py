@@ -16,7 +16,7 @@ import pytest
 from lakehouse_dagster.core.errors import BadInput, SyncFailed
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 ALL_TYPES = [
     {"name": "s", "type": "string"},
@@ -71,9 +71,9 @@ def _table(settings, dsn, ds_id):
 
 
 def _make(conn, schema=ALL_TYPES, rows=ROWS, name="d"):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, name, schema)
-    ds.insert_rows(conn, d, rows)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, name, schema)
+    datasets.insert_rows(conn, d, rows)
     return d
 
 
@@ -152,7 +152,7 @@ def test_incremental_appends_only_new_rows_and_full_replaces(conn, dsn, settings
     schema = [{"name": "n", "type": "int64"}]
     d = _make(conn, schema, [{"n": i} for i in range(100)])
     _sync(settings, dsn, d)
-    ds.insert_rows(conn, d, [{"n": i} for i in range(100, 150)])
+    datasets.insert_rows(conn, d, [{"n": i} for i in range(100, 150)])
     inc = _sync(settings, dsn, d)
     assert (inc.mode, inc.rows, inc.total_rows) == ("incremental", 50, 150)
     t = _table(settings, dsn, d)
@@ -179,7 +179,7 @@ def test_schema_evolution_adds_columns_and_keeps_removed_ones(conn, dsn, setting
         [{"a": 1, "old": "x"}, {"a": 2, "old": "y"}],
     )
     _sync(settings, dsn, d)
-    ds.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "new", "type": "json"}])
+    datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "new", "type": "json"}])
     conn.execute('update dataset_rows set data = data || \'{"new": {"k": 1}}\' where dataset_id = %s', (d,))
     result = _sync(settings, dsn, d)
     assert result.mode == "full"
@@ -194,7 +194,7 @@ def test_schema_evolution_adds_columns_and_keeps_removed_ones(conn, dsn, setting
 def test_schema_change_alone_triggers_resync(conn, dsn, settings):
     d = _make(conn, [{"name": "a", "type": "int64"}], [{"a": 1, "b": "hidden"}])
     _sync(settings, dsn, d)
-    ds.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}])
+    datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}])
     result = _sync(settings, dsn, d)
     assert result.mode == "full"
     assert _table(settings, dsn, d).scan().to_arrow()["b"].to_pylist() == ["hidden"]
@@ -232,7 +232,7 @@ def test_bad_row_fails_loudly_and_commits_nothing(conn, dsn, settings, schema, b
 def test_bad_row_after_a_good_sync_keeps_the_old_snapshot(conn, dsn, settings):
     d = _make(conn, [{"name": "n", "type": "int64"}], [{"n": 1}])
     first = _sync(settings, dsn, d)
-    ds.insert_rows(conn, d, [{"n": "oops"}])
+    datasets.insert_rows(conn, d, [{"n": "oops"}])
     with pytest.raises(SyncFailed, match="row_index 1 column n"):
         _sync(settings, dsn, d)
     t = _table(settings, dsn, d)
@@ -241,8 +241,8 @@ def test_bad_row_after_a_good_sync_keeps_the_old_snapshot(conn, dsn, settings):
 
 
 def test_refusals(conn, dsn, settings):
-    ws = ds.create_workspace(conn, "w")
-    m = ds.create_dataset(conn, ws, "m", [], kind="manifest")
+    ws = datasets.create_workspace(conn, "w")
+    m = datasets.create_dataset(conn, ws, "m", [], kind="manifest")
     with pytest.raises(BadInput, match="manifest"):
         _sync(settings, dsn, m)
     with pytest.raises(BadInput, match="not a valid UUID"):

@@ -24,7 +24,7 @@ from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, cli_json, flag_tables, refusal
 from .native_helpers import SCHEMA as FED_SCHEMA
@@ -41,9 +41,9 @@ def instance():
 
 @pytest.fixture
 def world(conn):
-    ws = ds.create_workspace(conn, "sales")
-    d = ds.create_dataset(conn, ws, "orders_2026", SCHEMA)
-    ds.insert_rows(conn, d, [{"n": i, "s": str(i)} for i in range(5)])
+    ws = datasets.create_workspace(conn, "sales")
+    d = datasets.create_dataset(conn, ws, "orders_2026", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": i, "s": str(i)} for i in range(5)])
     return {"ws": ws, "d": d}
 
 
@@ -113,7 +113,7 @@ def test_sensor_run_requests_carry_dataset_tags(conn, dsn, settings, instance, w
     (req,) = mirror.run_requests
     assert (req.tags[T.DATASET], req.tags[T.DATASET_NAME]) == (str(world["d"]), "orders_2026")
 
-    fed = ds.create_dataset(conn, world["ws"], "crm feed", FED_SCHEMA)
+    fed = datasets.create_dataset(conn, world["ws"], "crm feed", FED_SCHEMA)
     set_source(
         conn, fed, {"type": "postgres", "table": pg_source_table(conn, [row(0)]), "cursor_column": "a", "dsn_env": None}
     )
@@ -204,8 +204,8 @@ def _ui_text(data) -> str:
 
 
 def test_clear_names_the_narrower_overrides_that_remain(conn, dsn, settings, world):
-    ws2 = ds.create_workspace(conn, "ops")
-    others = [ds.create_dataset(conn, world["ws"], f"d{i}", SCHEMA) for i in range(2)]
+    ws2 = datasets.create_workspace(conn, "ops")
+    others = [datasets.create_dataset(conn, world["ws"], f"d{i}", SCHEMA) for i in range(2)]
     set_override(conn, "read", "export.stream", "shadow", actor="t")
     set_override(conn, "read", "export.stream", "off", workspace=ws2, actor="t")
     for d in [world["d"], *others]:
@@ -239,7 +239,7 @@ def test_write_flags_clear_names_the_remaining_dataset_overrides(conn, dsn, sett
 
 @pytest.mark.parametrize("verb,name", [("flags", "export.stream"), ("write-flags", "sync.full")])
 def test_a_flip_that_moves_no_dataset_writes_nothing_and_exits_non_zero(conn, dsn, settings, world, verb, name):
-    empty = ds.create_workspace(conn, "empty")
+    empty = datasets.create_workspace(conn, "empty")
     before = flag_tables(conn)
     proc = cli(verb, "flip", name, "--workspace", str(empty))
     assert proc.returncode == 2
@@ -259,8 +259,8 @@ def test_a_flip_that_moves_no_dataset_writes_nothing_and_exits_non_zero(conn, ds
 
 
 def test_datasets_lists_each_workspace_with_name_and_id(conn, dsn, settings, world):
-    ws2 = ds.create_workspace(conn, "marketing")
-    ds.create_dataset(conn, ws2, "campaigns", SCHEMA)
+    ws2 = datasets.create_workspace(conn, "marketing")
+    datasets.create_dataset(conn, ws2, "campaigns", SCHEMA)
     proc = cli("datasets")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

@@ -12,7 +12,7 @@ import pytest
 
 from lakehouse_dagster.dagster.defs.mirror.orphan_sweep import orphan_sweep_job, orphan_sweep_schedule
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.lake import orphans as orph
+from lakehouse_dagster.lake import orphans
 
 from .flag_helpers import cli
 from .test_canary import evaluate, make_dataset, sync, table_of
@@ -49,10 +49,10 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     # a metadata file a commit wrote and then lost the compare-and-swap with: in no metadata log
     lost = table.metadata_location.rsplit("/", 1)[0] + "/99999-lost-swap.metadata.json"
     shutil.copy(table.metadata_location.removeprefix("file://"), lost.removeprefix("file://"))
-    refs = orph.referenced(table)
+    refs = orphans.referenced(table)
     assert table.metadata_location in refs and lost not in refs
     time.sleep(1.1)  # every file older than a grace of 1 s
-    expected = {o.path for o in orph.find_orphans(table, grace_seconds=1, protected_syncs=set())}
+    expected = {o.path for o in orphans.find_orphans(table, grace_seconds=1, protected_syncs=set())}
     assert len([p for p in expected if p.endswith(".parquet")]) == 2 and not expected & refs
     assert [p for p in expected if p.endswith(".metadata.json")] == [lost]  # never the current one or its log
 
@@ -94,7 +94,7 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     [failure] = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
     message = failure.event_specific_data.error.cause.message
     assert f"dataset {never} has no Iceberg table" in message and failure.event_specific_data.error.cause.stack == []
-    assert {o.path for o in orph.find_orphans(table_of(settings, dsn, a), grace_seconds=0, protected_syncs=set())}
+    assert {o.path for o in orphans.find_orphans(table_of(settings, dsn, a), grace_seconds=0, protected_syncs=set())}
     bad = _run(instance, dsn, datasets=["not-a-uuid"])
     assert not bad.success
 
@@ -103,7 +103,9 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     with open(meta, "w") as f:
         f.write("{ not json")
     time.sleep(1.1)
-    leftover = {o.path for o in orph.find_orphans(table_of(settings, dsn, a), grace_seconds=1, protected_syncs=set())}
+    leftover = {
+        o.path for o in orphans.find_orphans(table_of(settings, dsn, a), grace_seconds=1, protected_syncs=set())
+    }
     assert leftover
     broken = _run(instance, dsn, grace_seconds=1, delete=True)
     assert not broken.success

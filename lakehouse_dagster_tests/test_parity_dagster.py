@@ -24,8 +24,8 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.test_canary import behind_the_mirrors_back, make_dataset, rogue_overwrite, sync
 
 DOWNSTREAM = dg.AssetKey(["readers", "export_stream"])
@@ -155,7 +155,7 @@ def test_freshness_and_what_a_check_that_cannot_see_says(conn, dsn, settings, in
     sync(settings, dsn, d)
     ev, _ = _run_canary_job(instance, dsn, d)
     assert all(e.passed for e in ev.values()), {k: e.description for k, e in ev.items()}
-    ds.insert_rows(conn, d, [{"s": "late"}])  # Postgres moves on; the snapshot is now behind
+    datasets.insert_rows(conn, d, [{"s": "late"}])  # Postgres moves on; the snapshot is now behind
     strict = {"ops": {"iceberg__dataset_table_snapshot_freshness": {"config": {"max_lag_seconds": 0}}}}
     ev, _ = _run_canary_job(instance, dsn, d, run_config=strict)
     assert not ev["snapshot_freshness"].passed and "behind Postgres" in ev["snapshot_freshness"].description
@@ -174,7 +174,7 @@ def test_schedule_checks_exactly_the_flipped_datasets(conn, dsn, settings, persi
     for d in (read_flipped, ws_flipped, locked, plain):
         sync(settings, dsn, d)
     set_override(conn, "read", "export.stream", "iceberg", dataset=read_flipped, note="fase1 canary", actor="pytest")
-    ws = ds.get_dataset(conn, ws_flipped).workspace_id
+    ws = datasets.get_dataset(conn, ws_flipped).workspace_id
     set_override(conn, "write", "sync.full", "iceberg_native", workspace=ws, note="fase4 ws", actor="pytest")
     set_override(conn, "read", "studio.digest", "off", dataset=plain, note="explicitly at default", actor="pytest")
     # a hand-written row above a PG-locked writer's ceiling clamps to pg: not a flip
@@ -201,7 +201,7 @@ def test_schedule_checks_exactly_the_flipped_datasets(conn, dsn, settings, persi
     assert conn.execute(
         "select verdict, source, run_id from lakehouse_read_parity where dataset_id = %s", (read_flipped,)
     ).fetchall() == [("ok", "schedule", result.run_id)]
-    latest = cy.latest_verdicts(conn, [read_flipped, plain])
+    latest = canary.latest_verdicts(conn, [read_flipped, plain])
     assert latest[read_flipped]["verdict"] == "ok" and plain not in latest
 
 

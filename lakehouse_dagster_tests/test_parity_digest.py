@@ -19,8 +19,7 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.parity import canonical as cn
-from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import (
     IcebergPin,
     IcebergSide,
@@ -30,7 +29,7 @@ from lakehouse_dagster.parity.digest import (
     pin_iceberg,
     plain_digest,
 )
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import Column
 
 TYPES = ["string", "int64", "float64", "boolean", "timestamp", "date", "json"]
@@ -122,12 +121,12 @@ def _iceberg_digest_of(rows: list[dict], arrow_schema: pa.Schema, fields, column
 @given(data=datasets(), pick=st.data())
 def test_property_identical_data_same_digest_any_change_differs(conn, dsn, settings, tmp_path, data, pick):
     schema, rows, pair = data
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, f"p-{uuid.uuid4().hex[:8]}", schema)
-    ds.insert_rows(conn, d, rows)
+    ws = app_tables.create_workspace(conn, "w")
+    d = app_tables.create_dataset(conn, ws, f"p-{uuid.uuid4().hex[:8]}", schema)
+    app_tables.insert_rows(conn, d, rows)
     note(f"schema={schema} rows={rows}")
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
+    columns = app_tables.get_dataset(conn, d).columns
     hi = len(rows)
 
     # identical data ⇒ identical digest, on both engines and in the Python reference
@@ -141,8 +140,10 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
     table = pin.table.scan(snapshot_id=pin.snapshot_id).to_arrow().sort_by("__row_index")
     iceberg_rows = table.to_pylist()
     reference = sum(
-        cn.row_hash(
-            cn.canonical_row(r["__row_index"], r["__row_id"], r["__created_at"], [r[c.name] for c in columns], columns)
+        canonical.row_hash(
+            canonical.canonical_row(
+                r["__row_index"], r["__row_id"], r["__created_at"], [r[c.name] for c in columns], columns
+            )
         )
         for r in iceberg_rows
     )
@@ -167,7 +168,9 @@ def test_property_identical_data_same_digest_any_change_differs(conn, dsn, setti
     a, b = pair
     typ = next(col.type for col in columns if col.name == a)
     swappable = [
-        i for i, x in enumerate(iceberg_rows) if cn.canonical_value(x[a], typ) != cn.canonical_value(x[b], typ)
+        i
+        for i, x in enumerate(iceberg_rows)
+        if canonical.canonical_value(x[a], typ) != canonical.canonical_value(x[b], typ)
     ]
     if swappable:
         event("swap tested")
@@ -223,7 +226,7 @@ AWKWARD_FLOATS = [
 
 
 def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
-    want = [cn.canonical_value(x, "float64") for x in AWKWARD_FLOATS]
+    want = [canonical.canonical_value(x, "float64") for x in AWKWARD_FLOATS]
     assert want[2] == want[3] == "0"  # -0.0 == 0.0: equal values, equal text
     assert want[0] == "4591870180066957722" == str(0x3FB999999999999A)  # 0.1's IEEE-754 bits
     assert want[10:13] == ["NaN", str(0x7FF0000000000000), str(-(1 << 52))]
@@ -231,7 +234,7 @@ def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
     v = sql.SQL("x")
     pg = conn.execute(
         sql.SQL("select {} from unnest(%s::float8[]) with ordinality u(x, o) order by o").format(
-            cn._pg_field("float64", v)
+            canonical._pg_field("float64", v)
         ),
         ([str(x) if not math.isfinite(x) else repr(x) for x in AWKWARD_FLOATS],),
     ).fetchall()
@@ -245,27 +248,29 @@ def test_float_text_is_identical_in_postgres_duckdb_and_python(conn, tmp_path):
 
     con = duckdb.connect()
     got = con.execute(
-        f"select {cn._duck_field('float64', 'x')} from read_parquet($1) order by i", [str(path)]
+        f"select {canonical._duck_field('float64', 'x')} from read_parquet($1) order by i", [str(path)]
     ).fetchall()
     assert [r[0] for r in got] == want + ["NaN", "NaN"]
     nan_row = con.execute(
-        f"select {cn._duck_field('float64', 'x')} from read_parquet($1) where i = 10", [str(path)]
+        f"select {canonical._duck_field('float64', 'x')} from read_parquet($1) where i = 10", [str(path)]
     ).fetchall()
     assert nan_row == [("NaN",)]
 
 
 def test_text_fields_cannot_be_confused_with_separators():
     cols = [Column("a", "string"), Column("b", "string")]
-    one = cn.canonical_row(0, None, None, ["x|1:y", None], cols)
-    two = cn.canonical_row(0, None, None, ["x", "y|\\N"], cols)
-    three = cn.canonical_row(0, None, None, ["x|", "y"], cols)
+    one = canonical.canonical_row(0, None, None, ["x|1:y", None], cols)
+    two = canonical.canonical_row(0, None, None, ["x", "y|\\N"], cols)
+    three = canonical.canonical_row(0, None, None, ["x|", "y"], cols)
     assert len({one, two, three}) == 3
-    assert cn.canonical_row(0, None, None, ["", None], cols) != cn.canonical_row(0, None, None, [None, ""], cols)
+    assert canonical.canonical_row(0, None, None, ["", None], cols) != canonical.canonical_row(
+        0, None, None, [None, ""], cols
+    )
     # json is unprefixed (valid JSON delimits itself); texts that are not JSON cannot borrow a "|"
     js = [Column("a", "json"), Column("b", "json")]
-    postgres = cn.canonical_row(0, None, None, ['"p|q"', "2"], js)
+    postgres = canonical.canonical_row(0, None, None, ['"p|q"', "2"], js)
     assert postgres.endswith('|"p|q"|2')
-    assert cn.canonical_row(0, None, None, ['"p', 'q"|2'], js) != postgres
+    assert canonical.canonical_row(0, None, None, ['"p', 'q"|2'], js) != postgres
 
 
 def test_invalid_json_text_in_iceberg_is_marked_in_duckdb(tmp_path):
@@ -275,17 +280,17 @@ def test_invalid_json_text_in_iceberg_is_marked_in_duckdb(tmp_path):
     pq.write_table(pa.table({"i": [0, 1, 2], "j": ['"p', '{"a": [1, "x|y"]}', None]}), path)
     got = (
         duckdb.connect()
-        .execute(f"select {cn._duck_field('json', 'j')} from read_parquet($1) order by i", [str(path)])
+        .execute(f"select {canonical._duck_field('json', 'j')} from read_parquet($1) order by i", [str(path)])
         .fetchall()
     )
-    assert [r[0] for r in got] == ['!2:"p', '{"a": [1, "x|y"]}', cn.NULL]
+    assert [r[0] for r in got] == ['!2:"p', '{"a": [1, "x|y"]}', canonical.NULL]
 
 
 def test_many_columns_nest_past_the_postgres_argument_limit(conn, dsn, settings):
     schema = [{"name": f"c{i}", "type": ["int64", "string", "float64"][i % 3]} for i in range(150)]
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "wide", schema)
-    ds.insert_rows(
+    ws = app_tables.create_workspace(conn, "w")
+    d = app_tables.create_dataset(conn, ws, "wide", schema)
+    app_tables.insert_rows(
         conn,
         d,
         [
@@ -294,7 +299,7 @@ def test_many_columns_nest_past_the_postgres_argument_limit(conn, dsn, settings)
         ],
     )
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
+    columns = app_tables.get_dataset(conn, d).columns
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
     with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns) as ice:
         assert full_digest(PgSide(pg.conn, d, columns), 0, 5).value == full_digest(ice, 0, 5).value
@@ -302,11 +307,13 @@ def test_many_columns_nest_past_the_postgres_argument_limit(conn, dsn, settings)
 
 def test_a_column_absent_from_older_files_reads_as_null(conn, dsn, settings, tmp_path):
     """Iceberg reads a column added after a file was written as NULL; so does the digest (by name)."""
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "evolving", [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}])
-    ds.insert_rows(conn, d, [{"a": 1}, {"a": 2, "b": "two"}])
+    ws = app_tables.create_workspace(conn, "w")
+    d = app_tables.create_dataset(
+        conn, ws, "evolving", [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}]
+    )
+    app_tables.insert_rows(conn, d, [{"a": 1}, {"a": 2, "b": "two"}])
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
+    columns = app_tables.get_dataset(conn, d).columns
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
     rows = pin.table.scan().to_arrow().sort_by("__row_index").to_pylist()
     old = tmp_path / "old.parquet"  # row 0 written before column b existed
@@ -328,12 +335,14 @@ def test_server_self_check_passes(conn):
 
 def test_pyiceberg_reader_path_gives_the_same_digest(conn, dsn, settings):
     """Remote files (s3://) or delete files go through pyiceberg's Arrow reader into DuckDB: same digest."""
-    ws = ds.create_workspace(conn, "w")
+    ws = app_tables.create_workspace(conn, "w")
     schema = [{"name": "s", "type": "string"}, {"name": "f", "type": "float64"}, {"name": "j", "type": "json"}]
-    d = ds.create_dataset(conn, ws, "arrow", schema)
-    ds.insert_rows(conn, d, [{"s": f"r{k}", "f": "NaN" if k == 3 else k / 3, "j": {"k": [k, None]}} for k in range(50)])
+    d = app_tables.create_dataset(conn, ws, "arrow", schema)
+    app_tables.insert_rows(
+        conn, d, [{"s": f"r{k}", "f": "NaN" if k == 3 else k / 3, "j": {"k": [k, None]}} for k in range(50)]
+    )
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
+    columns = app_tables.get_dataset(conn, d).columns
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
     with (
         PinnedPostgres(dsn) as pg,

@@ -13,13 +13,12 @@ import psycopg
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import canary, maintained
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.testing.parity import grid_digest as _grid_digest
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.test_canary import (
     behind_the_mirrors_back,
     evaluate,
@@ -33,7 +32,7 @@ def spread_rows(conn, d, indexes, start=0):
     """Rows at chosen row indexes (several segments of the grid)."""
     rows = rows_for(len(indexes), start)
     for idx, row in zip(indexes, rows):
-        ds.insert_rows(conn, d, [row], start_index=idx)
+        datasets.insert_rows(conn, d, [row], start_index=idx)
 
 
 # --- Iceberg: per data file ------------------------------------------------------------------------
@@ -45,13 +44,13 @@ def test_mirror_stores_a_digest_per_file_that_equals_the_full_duckdb_digest(conn
     settings = settings.replace(ingest_chunk_rows=3, digest_on_write=True)  # several files, segments spanning files
     sync(settings, dsn, d, mode="full")
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
-    columns = ds.get_dataset(conn, d).columns
-    stored = mt.load_file_digests(conn, d, columns, pin.files)
+    columns = datasets.get_dataset(conn, d).columns
+    stored = maintained.load_file_digests(conn, d, columns, pin.files)
     assert set(stored) == set(pin.files) and len(pin.files) == 3
     assert {
         r[0] for r in conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,))
     } == {"write"}
-    segments, lo, hi = mt.iceberg_segments(conn, pin, columns)
+    segments, lo, hi = maintained.iceberg_segments(conn, pin, columns)
     assert (lo, hi) == (0, 200_005)
     with IcebergSide(pin, columns) as ice:
         assert segments == _grid_digest(ice, 0, 200_006)
@@ -64,13 +63,13 @@ def test_files_without_a_digest_are_digested_lazily_once(conn, dsn, settings):
     sync(settings.replace(digest_on_write=False), dsn, d, mode="full")
     assert conn.execute("select count(*) from lakehouse_file_digests where dataset_id = %s", (d,)).fetchone()[0] == 0
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.detail["digest"] == "maintained"
+    assert v.verdict == canary.OK and v.detail["digest"] == "maintained"
     assert v.detail["maintained_prepare"]["iceberg_files_digested"] == 1
     assert conn.execute("select computed_by from lakehouse_file_digests where dataset_id = %s", (d,)).fetchall() == [
         ("lazy",)
     ]
     again = evaluate(settings, dsn, d)
-    assert again.verdict == cy.OK and again.detail["maintained_prepare"]["iceberg_files_digested"] == 0
+    assert again.verdict == canary.OK and again.detail["maintained_prepare"]["iceberg_files_digested"] == 0
     assert again.detail["maintained_prepare"]["postgres"] == "ready"
 
 
@@ -80,9 +79,9 @@ def test_files_without_a_digest_are_digested_lazily_once(conn, dsn, settings):
 def test_triggers_keep_the_sums_through_inserts_updates_deletes(conn, dsn):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 65_535, 65_536, 131_072])
-    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+    assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "registered+filled"
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    ds.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # one multi-row statement, a new segment
+    datasets.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # one multi-row statement, a new segment
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s and row_index in (1, 65536, 300010)',
@@ -100,7 +99,7 @@ def test_triggers_keep_the_sums_through_inserts_updates_deletes(conn, dsn):
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute("delete from dataset_rows where dataset_id = %s", (d,))
     assert pg_maintained(dsn, d) == {} == pg_reference(dsn, d)
-    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "ready"
+    assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "ready"
 
 
 def retried(fn):
@@ -121,7 +120,7 @@ def app_writer(dsn, d, k: int, errors: list) -> None:
         with connect(dsn) as c:
             for j in range(15):
                 base = 10_000 + k * 1000 + j * 10
-                retried(lambda: ds.insert_rows(c, d, rows_for(5, base), start_index=base))
+                retried(lambda: datasets.insert_rows(c, d, rows_for(5, base), start_index=base))
                 retried(
                     lambda: c.execute(
                         "update dataset_rows set data = data || jsonb_build_object('i', %s::int) "
@@ -140,19 +139,19 @@ def app_writer(dsn, d, k: int, errors: list) -> None:
 
 def test_concurrent_writers_and_a_fill_racing_them_lose_nothing(conn, dsn):
     d = make_dataset(conn, 2000)
-    columns = ds.get_dataset(conn, d).columns
+    columns = datasets.get_dataset(conn, d).columns
     errors = []
 
     threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(4)]
     for t in threads:
         t.start()
-    outcomes = [mt.ensure_pg(conn, d, columns)]  # registration and fill while the writers run
+    outcomes = [maintained.ensure_pg(conn, d, columns)]  # registration and fill while the writers run
     for t in threads:
         t.join()
     assert not errors, str(errors[0])
     assert outcomes == ["registered+filled"]
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    removed = mt.compact_pg(conn, d, after=1)
+    removed = maintained.compact_pg(conn, d, after=1)
     assert removed > 0
     assert conn.execute(
         "select count(*) = count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (d,)
@@ -162,8 +161,8 @@ def test_concurrent_writers_and_a_fill_racing_them_lose_nothing(conn, dsn):
 
 def test_a_value_the_hash_cannot_type_never_fails_the_app_write_and_drops_the_registration(conn, dsn):
     d = make_dataset(conn, 5)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
-    ds.insert_rows(conn, d, [{"i": "not a number"}])  # the app's write succeeds
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
+    datasets.insert_rows(conn, d, [{"i": "not a number"}])  # the app's write succeeds
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 6
     assert conn.execute("select count(*) from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0] == 0
 
@@ -176,7 +175,7 @@ def test_a_schema_change_drops_the_registration_and_the_file_digests_are_not_reu
     assert conn.execute("select count(*) from lakehouse_pg_digest_state where dataset_id = %s", (d,)).fetchone()[0] == 0
     sync(settings, dsn, d)
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.detail["digest"] == "maintained"
+    assert v.verdict == canary.OK and v.detail["digest"] == "maintained"
     hashes = {r[0] for r in conn.execute("select schema_hash from lakehouse_file_digests where dataset_id = %s", (d,))}
     assert len(hashes) == 2  # the old schema's digests are kept apart, never summed under the new one
 
@@ -187,18 +186,18 @@ def test_a_schema_change_drops_the_registration_and_the_file_digests_are_not_reu
 def test_canary_compares_maintained_sums_and_the_full_redigest_agrees(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 5, 70_000, 140_000])
-    ds.insert_rows(conn, d, rows_for(40, 7))
+    datasets.insert_rows(conn, d, rows_for(40, 7))
     sync(settings, dsn, d)
     inc = evaluate(settings, dsn, d)
-    assert inc.verdict == cy.OK and inc.detail["digest"] == "maintained", inc.detail
+    assert inc.verdict == canary.OK and inc.detail["digest"] == "maintained", inc.detail
     full = evaluate(settings, dsn, d, full=True)
-    assert full.verdict == cy.OK and full.detail["digest"] == "full" and full.detail["maintained_agrees"] is True
+    assert full.verdict == canary.OK and full.detail["digest"] == "full" and full.detail["maintained_agrees"] is True
     assert (inc.pg_count, inc.pg_digest) == (full.pg_count, full.pg_digest) == (full.iceberg_count, full.iceberg_digest)
     # an append, mirrored incrementally: the canary digests only the new file and reads no Postgres row
-    ds.insert_rows(conn, d, rows_for(10, 500))
+    datasets.insert_rows(conn, d, rows_for(10, 500))
     assert sync(settings, dsn, d).mode == "incremental"
     after = evaluate(settings, dsn, d)
-    assert after.verdict == cy.OK and after.detail["digest"] == "maintained"
+    assert after.verdict == canary.OK and after.detail["digest"] == "maintained"
     assert after.detail["maintained_prepare"]["iceberg_files_digested"] == 1
     assert after.detail["maintained_prepare"]["postgres"] == "ready"
     assert after.pg_count == inc.pg_count + 10
@@ -209,7 +208,7 @@ def test_replica_role_write_moves_no_version_but_the_maintained_sum_catches_it(c
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 2, 70_000, 70_001])
     sync(settings, dsn, d)
-    assert evaluate(settings, dsn, d).verdict == cy.OK
+    assert evaluate(settings, dsn, d).verdict == canary.OK
     version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
     with conn.transaction():
         conn.execute("set local session_replication_role = replica")
@@ -219,7 +218,7 @@ def test_replica_role_write_moves_no_version_but_the_maintained_sum_catches_it(c
         )
     assert conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0] == version
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.MISMATCH and v.detail["digest"] == "maintained"
+    assert v.verdict == canary.MISMATCH and v.detail["digest"] == "maintained"
     assert v.mismatched_row_indexes == [70_001]
     assert v.detail["localisation"]["queries"] == 1  # straight to the one differing segment's rows
 
@@ -227,21 +226,23 @@ def test_replica_role_write_moves_no_version_but_the_maintained_sum_catches_it(c
 def test_disabled_triggers_hide_a_change_from_the_maintained_sum_the_full_cross_check_catches_it(conn, dsn, settings):
     d = make_dataset(conn, 30)
     sync(settings, dsn, d)
-    assert evaluate(settings, dsn, d).verdict == cy.OK
+    assert evaluate(settings, dsn, d).verdict == canary.OK
     behind_the_mirrors_back(
         conn, 'update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 17', (d,)
     )
     hidden = evaluate(settings, dsn, d)
     # Honest limit: with the triggers disabled by DDL the maintained Postgres sum is stale.
-    assert hidden.verdict == cy.OK and hidden.detail["digest"] == "maintained"
+    assert hidden.verdict == canary.OK and hidden.detail["digest"] == "maintained"
     caught = evaluate(settings, dsn, d, full=True)
-    assert caught.verdict == cy.MISMATCH and caught.mismatched_row_indexes == [17]
+    assert caught.verdict == canary.MISMATCH and caught.mismatched_row_indexes == [17]
     assert caught.detail["maintained_stale"] == ["postgres"]
     # the stale sums were dropped: the next (maintained) canary fills them again from the rows
     again = evaluate(settings, dsn, d)
     assert again.detail["maintained_prepare"]["postgres"] == "registered+filled"
     assert (
-        again.verdict == cy.MISMATCH and again.detail["digest"] == "maintained" and again.mismatched_row_indexes == [17]
+        again.verdict == canary.MISMATCH
+        and again.detail["digest"] == "maintained"
+        and again.mismatched_row_indexes == [17]
     )
 
 
@@ -249,10 +250,10 @@ def test_stale_maintained_sums_never_give_a_verdict(conn, dsn, settings):
     """Maintained sums that disagree while the rows agree (a stale sum) fall back to the full digest."""
     d = make_dataset(conn, 20)
     sync(settings, dsn, d)
-    assert evaluate(settings, dsn, d).verdict == cy.OK
+    assert evaluate(settings, dsn, d).verdict == canary.OK
     conn.execute("insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) values (%s, 0, 0, 12345)", (d,))
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.detail["digest"] == "full" and v.detail["maintained_stale"] == ["postgres"]
+    assert v.verdict == canary.OK and v.detail["digest"] == "full" and v.detail["maintained_stale"] == ["postgres"]
     assert evaluate(settings, dsn, d).detail["maintained_prepare"]["postgres"] == "registered+filled"
 
 
@@ -260,12 +261,12 @@ def test_scheduled_canary_does_a_full_redigest_every_nth_run(conn, dsn, settings
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     digests = []
-    for _ in range(2 * cy.FULL_EVERY):
-        full = cy.full_due(conn, d)
+    for _ in range(2 * canary.FULL_EVERY):
+        full = canary.full_due(conn, d)
         v = evaluate(settings, dsn, d, full=full)
         auto_rollback.record_and_roll_back(conn, v, source="schedule")
         digests.append(v.detail["digest"])
-    assert digests.count("full") == 2 and digests[cy.FULL_EVERY - 1] == "full"
+    assert digests.count("full") == 2 and digests[canary.FULL_EVERY - 1] == "full"
 
 
 # --- the mirror's parity check ---------------------------------------------------------------------
@@ -279,7 +280,7 @@ def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, d
     with dg.DagsterInstance.ephemeral() as instance:
         first = _evaluations(_materialize(instance, dsn, d, checks=(parity,)))["parity"]
         assert first.passed and first.metadata["detail"].value["digest"] == "maintained"
-        ds.insert_rows(conn, d, rows_for(3, 900))
+        datasets.insert_rows(conn, d, rows_for(3, 900))
         second = _evaluations(_materialize(instance, dsn, d, checks=(parity,)))["parity"]
     detail = second.metadata["detail"].value
     assert second.passed and detail["digest"] == "maintained"
@@ -301,6 +302,6 @@ def test_canary_job_full_when_tagged_and_every_nth_scheduled_run(conn, dsn, sett
         assert ev["parity"].passed and ev["parity"].metadata["detail"].value["digest"] == "full"
         seen = [
             _run_canary_job(instance, dsn, d, tags=scheduled)[0]["parity"].metadata["detail"].value["digest"]
-            for _ in range(cy.FULL_EVERY)
+            for _ in range(canary.FULL_EVERY)
         ]
-    assert seen == ["maintained"] * (cy.FULL_EVERY - 1) + ["full"]
+    assert seen == ["maintained"] * (canary.FULL_EVERY - 1) + ["full"]

@@ -14,8 +14,8 @@ from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job
 from lakehouse_dagster.flags.overrides import list_overrides, parse_scope, set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.runbooks import flip as rf
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.runbooks import flip
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, flag_tables, refusal
 
@@ -24,12 +24,12 @@ SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}]
 
 @pytest.fixture
 def ws(conn):
-    return ds.create_workspace(conn, "ws")
+    return datasets.create_workspace(conn, "ws")
 
 
 def _dataset(conn, dsn, settings, ws, name: str, *, synced: bool = True) -> uuid.UUID:
-    d = ds.create_dataset(conn, ws, name, SCHEMA)
-    ds.insert_rows(conn, d, [{"a": i, "s": f"{name}-{i}"} for i in range(6)])
+    d = datasets.create_dataset(conn, ws, name, SCHEMA)
+    datasets.insert_rows(conn, d, [{"a": i, "s": f"{name}-{i}"} for i in range(6)])
     if synced:
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
     return d
@@ -107,7 +107,7 @@ def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_d
     assert overrides[("dataset", good)][0] == "iceberg"
     # a global flip: a dataset pinned by its own override is not moved; a recent ok verdict is reused
     # (sample 0: no spot check of recorded verdicts, test_widen_rules.py covers the sample)
-    ws2 = ds.create_workspace(conn, "ws2")
+    ws2 = datasets.create_workspace(conn, "ws2")
     twin = _dataset(conn, dsn, settings, ws2, "twin")
     assert _flip("graph.kuzu", "--dataset", str(twin))[0] == 0
     set_override(conn, "read", "graph.kuzu", "off", dataset=twin, actor="pytest")  # (back, by hand)
@@ -137,10 +137,10 @@ def test_verify_reports_a_fallback_with_the_rollback_command(conn, dsn, settings
     set_override(conn, "read", "export.stream", "iceberg", dataset=d, actor="pytest")
     for f in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet"):
         f.unlink()  # the snapshot's data files are gone: an Iceberg read fails
-    (v,) = rf.verify(conn, load_catalog(settings, dsn), settings, "export.stream", [d])
+    (v,) = flip.verify(conn, load_catalog(settings, dsn), settings, "export.stream", [d])
     assert v.reason == "pg@fallback" and v.source == "pg" and v.fallback_error
     scope = parse_scope(d, None)
-    assert f"lakehouse flags set export.stream off --dataset {d}" in rf.fallback_message("export.stream", scope, [v])
+    assert f"lakehouse flags set export.stream off --dataset {d}" in flip.fallback_message("export.stream", scope, [v])
 
 
 # --- the writer flip ---------------------------------------------------------------------------------------

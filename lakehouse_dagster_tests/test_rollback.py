@@ -21,7 +21,7 @@ from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.writers import run_writer
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli
 from .native_helpers import (
@@ -49,7 +49,7 @@ def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn
     assert f"lakehouse ingest --dataset {d} --writer sync.full" in out
 
     # a new pg-path write makes the mirror want to run: it refuses, with the reason and both ways forward
-    ds.insert_rows(conn, d, [row(99)])
+    datasets.insert_rows(conn, d, [row(99)])
     with pytest.raises(BadInput) as refused:
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     msg = str(refused.value)
@@ -103,7 +103,7 @@ def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, 
     out = cli("write-flags", "clear", "sync.full", "--dataset", str(d), check=True).stdout
     assert "4 row(s) in 1 native snapshot(s) exist only in Iceberg (a native sync.full replaced the table" in out
     # a pg-path append after the rollback lands at row_index 6, 7 (Postgres' max was 5)
-    ds.insert_rows(conn, d, [row(50), row(51)])
+    datasets.insert_rows(conn, d, [row(50), row(51)])
 
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     # the 6 stale rows are superseded, the 4 native rows copied; the pg-path rows kept (no collision: not moved)
@@ -124,7 +124,7 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
     d = ready_native(conn, dsn, settings, "sync.append", rows=3)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)  # 3..6
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    ds.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
+    datasets.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
     res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["moved"], res["removed"], res["pg_rows"]) == (4, 2, 0, 9)
     got = conn.execute(
@@ -139,8 +139,8 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
 
 def test_a_pg_full_sync_after_the_rollback_lets_the_mirror_run_again(conn, dsn, settings):
     catalog = load_catalog(settings, dsn)
-    ws = ds.create_workspace(conn, "ws")
-    d = ds.create_dataset(
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(
         conn,
         ws,
         "fed",
@@ -345,7 +345,7 @@ def test_a_source_writer_reports_the_rows_its_native_commit_compacted(conn, dsn,
     from .native_helpers import SCHEMA, runbook_ready
 
     catalog = load_catalog(settings, dsn)
-    d = ds.create_dataset(conn, ds.create_workspace(conn, "ws"), "fed", SCHEMA)
+    d = datasets.create_dataset(conn, datasets.create_workspace(conn, "ws"), "fed", SCHEMA)
     src = pg_source_table(conn, [row(0)])
     set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": "a", "dsn_env": None})
 

@@ -23,7 +23,7 @@ from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import projection_for
 from lakehouse_dagster.routing.read_router import resolve_read_source
 from lakehouse_dagster.routing.write_router import native_write, route_write
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, cli_json
 
@@ -60,9 +60,9 @@ def catalog(settings, dsn):
 
 @pytest.fixture
 def dataset(conn):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "events", SCHEMA)
-    ds.insert_rows(conn, d, _rows(0, 10))
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "events", SCHEMA)
+    datasets.insert_rows(conn, d, _rows(0, 10))
     return d
 
 
@@ -75,7 +75,7 @@ class Executors:
 
     def __init__(self, conn, catalog, settings, dataset_id, columns=None, limit=None, order=True):
         self.conn, self.catalog, self.settings = conn, catalog, settings
-        self.dataset = ds.get_dataset(conn, dataset_id)
+        self.dataset = datasets.get_dataset(conn, dataset_id)
         self.proj = projection_for(self.dataset, columns, limit=limit, order_by_row_index=order)
         self.calls: list[str] = []
 
@@ -153,7 +153,7 @@ def test_eventual_gate_needs_a_succeeded_snapshot_and_tolerates_lag(conn, dsn, c
     assert f"reason=iceberg@eventual snapshot={synced.snapshot_id}" in caplog.text
     assert result.value.equals(read_postgres(conn, ex.dataset, ex.proj))  # same rows, same types
 
-    ds.insert_rows(conn, dataset, _rows(10, 5))  # PG moves ahead: EVENTUAL keeps serving the snapshot
+    datasets.insert_rows(conn, dataset, _rows(10, 5))  # PG moves ahead: EVENTUAL keeps serving the snapshot
     result = _route(conn, "export.stream", dataset, ex)
     assert result.decision.reason == "iceberg@eventual" and result.value.num_rows == 10
 
@@ -164,7 +164,7 @@ def test_strict_gate_serves_iceberg_only_when_caught_up(conn, dsn, catalog, sett
     assert _route(conn, "studio.preview", dataset, ex).decision.reason == "pg@no-snapshot"
     _mirror(dsn, catalog, settings, dataset)
     assert _route(conn, "studio.preview", dataset, ex).decision.reason == "iceberg@strict"
-    ds.insert_rows(conn, dataset, _rows(10, 1))
+    datasets.insert_rows(conn, dataset, _rows(10, 1))
     result = _route(conn, "studio.preview", dataset, ex)
     assert (result.decision.reason, result.value.num_rows) == ("pg@lagging", 11)  # the latest write is visible
     _mirror(dsn, catalog, settings, dataset)
@@ -298,11 +298,11 @@ def test_ordered_limited_iceberg_read_matches_postgres_across_files(conn, dsn, c
     """Several data files (one per sync); the ordered read prunes by __row_index bounds and still agrees."""
     _mirror(dsn, catalog, settings, dataset)
     for start in (10, 25, 40):
-        ds.insert_rows(conn, dataset, _rows(start, 15))
+        datasets.insert_rows(conn, dataset, _rows(start, 15))
         _mirror(dsn, catalog, settings, dataset)
     table = load_dataset_table(catalog, settings, dataset)
     assert len(list(table.scan().plan_files())) >= 4
-    d = ds.get_dataset(conn, dataset)
+    d = datasets.get_dataset(conn, dataset)
     for columns, limit in ((None, 7), (["name", "x"], 12), (["at", "day", "ok"], 55), (None, None), (["n"], 0)):
         proj = projection_for(d, columns, limit=limit, order_by_row_index=True)
         got = read_iceberg(table, proj.columns, limit=limit, order_by_row_index=True)
@@ -359,7 +359,7 @@ FAILURES = {
 def _new_native_ready(conn):
     """A new, empty dataset whose readers are on Iceberg: the write router lets its native writes through
     (nothing in Postgres to lose; prerequisite #1 holds), so the failures below are the writer's own."""
-    d = ds.create_dataset(conn, ds.create_workspace(conn, "w"), "events", SCHEMA)
+    d = datasets.create_dataset(conn, datasets.create_workspace(conn, "w"), "events", SCHEMA)
     for r in SERVABLE_READERS:
         set_override(conn, "read", r.name, "iceberg", dataset=d, note="fase1", actor="t")
     return d
@@ -369,14 +369,14 @@ def _new_native_ready(conn):
 def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, settings, failure, caplog):
     dataset = _new_native_ready(conn)
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=dataset, note="fase4 canary", actor="t")
-    d = ds.get_dataset(conn, dataset)
+    d = datasets.get_dataset(conn, dataset)
     before = _pg_state(conn, dataset)
     batch, catalog = FAILURES[failure](d, settings, dsn)
     pg_calls = []
 
     def pg_write():
         pg_calls.append(1)
-        return ds.insert_rows(conn, dataset, _rows(100, 1))
+        return datasets.insert_rows(conn, dataset, _rows(100, 1))
 
     with caplog.at_level(logging.INFO), pytest.raises(SyncFailed, match="iceberg_native write failed") as info:
         route_write(
@@ -411,9 +411,9 @@ def test_failed_native_write_is_loud_and_never_touches_dataset_rows(conn, dsn, s
 
 
 def test_native_write_lands_in_iceberg_and_serves_strict_reads(conn, dsn, catalog, settings):
-    ws = ds.create_workspace(conn, "w")
-    dataset = ds.create_dataset(conn, ws, "native", SCHEMA)
-    d = ds.get_dataset(conn, dataset)
+    ws = datasets.create_workspace(conn, "w")
+    dataset = datasets.create_dataset(conn, ws, "native", SCHEMA)
+    d = datasets.get_dataset(conn, dataset)
     set_override(conn, "write", "sync.full", "iceberg_native", workspace=ws, note="fase4 ws", actor="t")
     for r in SERVABLE_READERS:  # the workspace read-flipped first (prerequisite #1), as the write router asks
         set_override(conn, "read", r.name, "iceberg", workspace=ws, actor="t")
@@ -457,7 +457,7 @@ def test_pg_mode_and_clamped_writers_write_postgres(conn, dataset):
             FlagResolver(conn, 0),
             writer,
             dataset,
-            pg_write=lambda: ds.insert_rows(conn, dataset, _rows(1000, 2)),
+            pg_write=lambda: datasets.insert_rows(conn, dataset, _rows(1000, 2)),
             iceberg_write=lambda sync_id, version: pytest.fail("native path taken"),
         )
         assert (outcome.decision.flag.mode, outcome.decision.flag.reason, outcome.value) == ("pg", reason, 2)

@@ -12,8 +12,8 @@ import pytest
 
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.tracking.row_changes import file_ranges
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
@@ -27,9 +27,9 @@ def small(settings):
 
 
 def _make(conn):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "edit", SCHEMA)
-    ds.insert_rows(conn, d, [{"n": i, "s": f"row-{i}"} for i in range(ROWS)])
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "edit", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": i, "s": f"row-{i}"} for i in range(ROWS)])
     return d
 
 
@@ -54,8 +54,8 @@ def _assert_equal(conn, settings, dsn, d):
     t = _table(settings, dsn, d).scan(selected_fields=("__row_index", "n", "s")).to_arrow().sort_by("__row_index")
     assert list(zip(t["__row_index"].to_pylist(), t["n"].to_pylist(), t["s"].to_pylist())) == [tuple(r) for r in pg]
     catalog = load_catalog(settings, dsn)
-    assert cy.evaluate(dsn, catalog, settings, d, smoke=True).verdict == "ok"
-    assert cy.evaluate(dsn, catalog, settings, d, full=True).verdict == "ok"
+    assert canary.evaluate(dsn, catalog, settings, d, smoke=True).verdict == "ok"
+    assert canary.evaluate(dsn, catalog, settings, d, full=True).verdict == "ok"
     assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == len(pg)
 
 
@@ -112,8 +112,8 @@ def test_insert_below_max_and_append_in_one_partial_sync(conn, dsn, small):
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 420", (d,))
     _sync(small, dsn, d)
     before = _ranges(_table(small, dsn, d))
-    ds.insert_rows(conn, d, [{"n": 4200, "s": "back"}], start_index=420)  # below the max: a rewrite
-    ds.insert_rows(conn, d, [{"n": 5000 + i, "s": "tail"} for i in range(30)])  # a pure append
+    datasets.insert_rows(conn, d, [{"n": 4200, "s": "back"}], start_index=420)  # below the max: a rewrite
+    datasets.insert_rows(conn, d, [{"n": 5000 + i, "s": "tail"} for i in range(30)])  # a pure append
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 910', (d,)
     )
@@ -149,7 +149,7 @@ def test_large_change_truncate_or_unknown_history_go_full(conn, dsn, small):
     _assert_equal(conn, small, dsn, d)
 
     conn.execute("truncate dataset_rows")
-    ds.insert_rows(conn, d, [{"n": i, "s": "again"} for i in range(50)])
+    datasets.insert_rows(conn, d, [{"n": i, "s": "again"} for i in range(50)])
     truncated = _sync(small, dsn, d)
     assert truncated.mode == "full" and truncated.total_rows == 50
     _assert_equal(conn, small, dsn, d)
@@ -239,7 +239,7 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
     assert _sync(small, dsn, d).mode == "partial"  # rewrites the file holding row 0: `stale` is gone now
     before = _table(small, dsn, d).current_snapshot().snapshot_id
     on_disk = {p.name for p in (tmp_path / "warehouse").rglob("*.parquet")}
-    dataset = ds.get_dataset(conn, d)
+    dataset = datasets.get_dataset(conn, d)
     batch = pa.RecordBatch.from_pylist(
         [{"__row_index": 0, "__row_id": str(uuid.uuid4()), "__created_at": None, "n": 0, "s": "again"}],
         schema=arrow_schema(dataset.columns),

@@ -21,7 +21,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.sources import get_source, set_source
 from lakehouse_dagster.sources.convert import jsonb_text
 from lakehouse_dagster.sources.writers import run_writer
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, cli_json
 from .test_writers import SCHEMA, _records, canary_ok, ingest, native, table_rows, write_source_file
@@ -34,7 +34,7 @@ def catalog(settings, dsn):
 
 @pytest.fixture
 def dataset(conn):
-    return ds.create_dataset(conn, ds.create_workspace(conn, "w"), "events", SCHEMA)
+    return datasets.create_dataset(conn, datasets.create_workspace(conn, "w"), "events", SCHEMA)
 
 
 def _stored(conn, d):

@@ -6,7 +6,7 @@ import pytest
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.schema.migrate import migrate
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}]
 
@@ -24,23 +24,23 @@ def test_migrate_is_idempotent(conn):
 
 
 def test_append_bumps_version_but_not_rewrite(conn):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
     assert _version(conn, d)[:3] == (0, 0, -1)  # a new dataset is known empty (NULL would mean unknown)
-    ds.insert_rows(conn, d, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
+    datasets.insert_rows(conn, d, [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}])
     v1, rw1, mx1, xid1 = _version(conn, d)
     assert v1 > 0 and rw1 == 0 and mx1 == 1 and xid1 is not None
-    ds.insert_rows(conn, d, [{"a": 3, "b": "z"}])
+    datasets.insert_rows(conn, d, [{"a": 3, "b": "z"}])
     v2, rw2, mx2, _ = _version(conn, d)
     assert v2 > v1 and rw2 == 0 and mx2 == 2
 
 
 def test_update_delete_and_backfill_count_as_rewrites(conn):
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
-    other = ds.create_dataset(conn, ws, "other", SCHEMA)
-    ds.insert_rows(conn, d, [{"a": i} for i in range(5)])
-    ds.insert_rows(conn, other, [{"a": 1}])
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    other = datasets.create_dataset(conn, ws, "other", SCHEMA)
+    datasets.insert_rows(conn, d, [{"a": i} for i in range(5)])
+    datasets.insert_rows(conn, other, [{"a": 1}])
     before_other = _version(conn, other)
     conn.execute("update dataset_rows set data = '{\"a\": 9}' where dataset_id = %s and row_index = 2", (d,))
     v, rw, _, _ = _version(conn, d)
@@ -48,18 +48,18 @@ def test_update_delete_and_backfill_count_as_rewrites(conn):
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 4", (d,))
     v2, rw2, mx, _ = _version(conn, d)
     assert rw2 == v2 > v and mx == 4
-    ds.insert_rows(conn, d, [{"a": 4}], start_index=4)  # fills a hole below max_row_index: not an append
+    datasets.insert_rows(conn, d, [{"a": 4}], start_index=4)  # fills a hole below max_row_index: not an append
     v3, rw3, _, _ = _version(conn, d)
     assert rw3 == v3 > v2
     assert _version(conn, other) == before_other  # untouched dataset did not move
 
 
 def test_bad_schema_is_refused(conn):
-    ws = ds.create_workspace(conn, "w")
+    ws = datasets.create_workspace(conn, "w")
     with pytest.raises(BadInput, match="type 'decimal'"):
-        ds.create_dataset(conn, ws, "d", [{"name": "x", "type": "decimal"}])
+        datasets.create_dataset(conn, ws, "d", [{"name": "x", "type": "decimal"}])
     with pytest.raises(BadInput, match="reserved"):
-        ds.create_dataset(conn, ws, "d", [{"name": "__row_index", "type": "int64"}])
+        datasets.create_dataset(conn, ws, "d", [{"name": "__row_index", "type": "int64"}])
     assert conn.execute("select count(*) from datasets").fetchone()[0] == 0
 
 
@@ -87,8 +87,8 @@ def test_concurrent_writers_never_move_a_version_backwards(conn, dsn):
 
     from lakehouse_dagster.core.db import connect
 
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
     holder = connect(dsn, autocommit=False)
     waiter = connect(dsn, autocommit=False)
     holder.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (d,))
@@ -119,8 +119,8 @@ def test_two_app_inserts_into_one_dataset_never_deadlock(conn, dsn):
 
     from lakehouse_dagster.core.db import connect
 
-    ws = ds.create_workspace(conn, "w")
-    d = ds.create_dataset(conn, ws, "d", SCHEMA)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
     first = connect(dsn, autocommit=False)
     second = connect(dsn, autocommit=False)
     # The first writer's FK check has run (KEY SHARE held), its trigger has not yet.

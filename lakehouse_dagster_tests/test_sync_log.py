@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.tracking.sync_log import latest_succeeded
 
 SCHEMA = [{"name": "n", "type": "int64"}]
@@ -25,8 +25,8 @@ def _mirrored(conn, d):
 
 
 def test_latest_succeeded_and_mirrored_version_follow_the_log(conn):
-    ws = ds.create_workspace(conn, "w")
-    d, other = ds.create_dataset(conn, ws, "d", SCHEMA), ds.create_dataset(conn, ws, "o", SCHEMA)
+    ws = datasets.create_workspace(conn, "w")
+    d, other = datasets.create_dataset(conn, ws, "d", SCHEMA), datasets.create_dataset(conn, ws, "o", SCHEMA)
     assert latest_succeeded(conn, d) is None and _mirrored(conn, d) is None
     _log(conn, d, "succeeded", 3, 1)
     second = _log(conn, d, "succeeded", 5, 2)
@@ -43,10 +43,10 @@ def test_latest_succeeded_and_mirrored_version_follow_the_log(conn):
 
 
 def test_behind_index_holds_only_datasets_behind(conn):
-    ws = ds.create_workspace(conn, "w")
-    ids = [ds.create_dataset(conn, ws, f"d{i}", SCHEMA) for i in range(3)]
+    ws = datasets.create_workspace(conn, "w")
+    ids = [datasets.create_dataset(conn, ws, f"d{i}", SCHEMA) for i in range(3)]
     for d in ids:
-        ds.insert_rows(conn, d, [{"n": 1}])
+        datasets.insert_rows(conn, d, [{"n": 1}])
     version = conn.execute("select rows_version from datasets where id = %s", (ids[0],)).fetchone()[0]
     _log(conn, ids[0], "succeeded", version, 1)
     conn.execute("set enable_seqscan = off")

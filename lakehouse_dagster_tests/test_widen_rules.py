@@ -20,7 +20,7 @@ from lakehouse_dagster.flags.overrides import Scope
 from lakehouse_dagster.flags.reader_datasets import declare, remove
 from lakehouse_dagster.flags.registry import get_flag
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, cli_json, flag_tables, refusal
 from .test_gates import SERVABLE, _dataset, _ready
@@ -30,7 +30,7 @@ HOUR = timedelta(hours=1)
 
 @pytest.fixture
 def ws(conn):
-    return ds.create_workspace(conn, "ws")
+    return datasets.create_workspace(conn, "ws")
 
 
 def _set(conn, kind: str, name: str, mode: str, *, soak: int = 3600, **kw):
@@ -107,7 +107,7 @@ def test_a_workspace_widen_waits_until_a_dataset_flip_has_soaked(conn, settings,
     assert ends == (flipped + HOUR).replace(microsecond=0) and minutes == 60, err
     assert f"export.stream iceberg at dataset {a}" in err
     # a flip elsewhere does not count: only flips inside the workspace soak for it
-    other = ds.create_workspace(conn, "other")
+    other = datasets.create_workspace(conn, "other")
     _backdated(conn, "read", "export.stream", "iceberg", 2 * HOUR, dataset=_dataset(conn, other, "c"))
     _refused_core(conn, "read", "export.stream", "iceberg", workspace=ws)
     # once LAKEHOUSE_SOAK_SECONDS have passed since the dataset flip, the widen goes through
@@ -196,7 +196,7 @@ def _data_files(catalog, settings, dataset_id):
 
 
 def test_a_global_widen_needs_a_soaked_workspace_flip(conn, settings, ws, monkeypatch):
-    a, _b = _dataset(conn, ws, "a"), _dataset(conn, ds.create_workspace(conn, "ws2"), "b")
+    a, _b = _dataset(conn, ws, "a"), _dataset(conn, datasets.create_workspace(conn, "ws2"), "b")
     flag = get_flag("read", "export.stream")
     _backdated(conn, "read", "export.stream", "iceberg", 3 * HOUR, dataset=a)
     _soak(monkeypatch, 3600)
@@ -231,7 +231,7 @@ def test_writers_widen_in_the_runbook_order(conn, dsn, settings, ws, monkeypatch
     # sync.incremental and cdc.append share the last step: either goes once both earlier writers are there
     _set(conn, "write", "cdc.append", "iceberg_native", workspace=ws, soak=0)
     # globally, the earlier writers must be native globally, not only in one workspace
-    _dataset(conn, ds.create_workspace(conn, "ws2"), "c")
+    _dataset(conn, datasets.create_workspace(conn, "ws2"), "c")
     err = _refused_core(conn, "write", "sync.append", "iceberg_native", soak=0)
     assert "sync.full is still pg globally" in err and "never mirrored" in err
 
@@ -338,7 +338,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
 
 def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, dsn, settings, ws):
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.runbooks import flip as rf
+    from lakehouse_dagster.runbooks import flip
     from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 
     ids = [_dataset(conn, ws, f"d{i}", rows=3) for i in range(5)]
@@ -348,7 +348,7 @@ def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, 
     run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d) for d in ids[:4]])  # the fifth has no verdict
     verdicts = lambda: conn.execute("select count(*) from lakehouse_read_parity").fetchone()[0]  # noqa: E731
     before = verdicts()
-    pre = rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, smoke=False)
+    pre = flip.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, smoke=False)
     fresh = {c.dataset_id for c in pre.checked if not c.reused}
     assert len(pre.checked) == 5 and ids[4] in fresh and len(fresh) in (2, 3) and pre.go
     assert verdicts() - before == len(fresh)  # every canary run now is recorded
@@ -358,9 +358,9 @@ def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, 
     )
     # max_datasets bounds the canaries, not the datasets moved: all five have a recent ok verdict now
     with pytest.raises(BadInput, match=r"would canary 2 of them \(0 with no recent ok verdict\)"):
-        rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, max_datasets=1)
+        flip.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=2, max_datasets=1)
     assert (
-        rf.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=0, max_datasets=0)
+        flip.preflight(conn, dsn, catalog, settings, "export.stream", "iceberg", workspace=ws, sample=0, max_datasets=0)
         .coverage()
         .startswith("preflight covered 5 of 5 moved dataset(s): 0 canaried now")
     )

@@ -17,7 +17,7 @@ from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.writers import run_writer
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, refusal
 from .native_helpers import SCHEMA, SERVABLE, add_source_rows, pg_source_table, row
@@ -26,8 +26,8 @@ from .native_helpers import SCHEMA, SERVABLE, add_source_rows, pg_source_table, 
 def _fed(conn, dsn, settings, rows: int = 6) -> tuple[uuid.UUID, str]:
     """A dataset fed by a Postgres table on the pg path, mirrored, its readers on Iceberg (canary not run:
     the flip's preflight runs it)."""
-    ws = ds.create_workspace(conn, "ws")
-    d = ds.create_dataset(conn, ws, "fed", SCHEMA)
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "fed", SCHEMA)
     src = pg_source_table(conn, [row(i) for i in range(rows)])
     set_source(conn, d, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
     catalog = load_catalog(settings, dsn)

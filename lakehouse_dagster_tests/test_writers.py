@@ -26,7 +26,7 @@ from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, tab
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.sources.writers import pending_source_changes, run_writer
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.tracking.ingest_state import STATE_PROPERTY
 
 SCHEMA = [
@@ -123,11 +123,11 @@ def catalog(settings, dsn):
 
 @pytest.fixture
 def workspace(conn):
-    return ds.create_workspace(conn, "w")
+    return datasets.create_workspace(conn, "w")
 
 
 def _dataset(conn, ws, name="src", schema=SCHEMA):
-    return ds.create_dataset(conn, ws, name, schema)
+    return datasets.create_dataset(conn, ws, name, schema)
 
 
 def native(conn, d, writer):

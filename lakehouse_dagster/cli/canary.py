@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.smoke import SMOKE_MAX_ROWS
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
@@ -38,9 +38,9 @@ def register(sub) -> None:
     p.add_argument(
         "--limit",
         type=int,
-        default=cy.DEFAULT_LIMIT,
+        default=canary.DEFAULT_LIMIT,
         metavar="N",
-        help=f"sample size when no --dataset is given (default {cy.DEFAULT_LIMIT})",
+        help=f"sample size when no --dataset is given (default {canary.DEFAULT_LIMIT})",
     )
     p.add_argument(
         "--smoke",
@@ -124,11 +124,11 @@ def _canary(ctx, args) -> Result:
     if not report.results:
         lines.append("no datasets to check (nothing synced yet? run: lakehouse sync --dataset <uuid>)")
     lines.append(report.summary_line())
-    if report.exit_code == cy.EXIT_MISMATCH:
+    if report.exit_code == canary.EXIT_MISMATCH:
         lines.append(
             "MISMATCH on a caught-up dataset: STOP, do not flip; investigate the rows above"
             + (" (auto-rollback: see above)" if rolled else "")
         )
-    elif report.exit_code == cy.EXIT_ERROR:
+    elif report.exit_code == canary.EXIT_ERROR:
         lines.append("some datasets could not be checked (verdict error): the canary did not pass them")
     return Result({**report.as_dict(), "auto_rollback": rolled}, "\n".join(lines), report.exit_code)

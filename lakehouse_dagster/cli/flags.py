@@ -400,10 +400,10 @@ def _history(ctx, args) -> Result:
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
     from lakehouse_dagster.runbooks import (
-        flip as rf,
+        flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    pre = rf.preflight(
+    pre = flip.preflight(
         ctx.conn,
         ctx.dsn,
         ctx.catalog,
@@ -429,19 +429,19 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
             exit_code=1,
         )
         return pre, checked, lines, None, stop
-    change = rf.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
+    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
     return pre, checked, lines, change, None
 
 
 def _flip(ctx, args) -> Result:
     from lakehouse_dagster.runbooks import (
-        flip as rf,
+        flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
     if stop:
         return stop
-    verified = rf.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger())
+    verified = flip.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger())
     fell_back = [v for v in verified if v.fallback_error]
     lines.append(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
@@ -449,7 +449,7 @@ def _flip(ctx, args) -> Result:
     )
     lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
-        lines.append(rf.fallback_message(args.name, pre.scope, fell_back))
+        lines.append(flip.fallback_message(args.name, pre.scope, fell_back))
     data = {
         "preflight": checked,
         "coverage": pre.coverage(),
@@ -462,13 +462,13 @@ def _flip(ctx, args) -> Result:
 
 def _wflip(ctx, args) -> Result:
     from lakehouse_dagster.runbooks import (
-        flip as rf,
+        flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
     if stop:
         return stop
-    verified = rf.verify_write(ctx.conn, args.name, rf.moved_ids(pre))
+    verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
     lines.append(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
         "new writes land in Iceberg only, the mirror skips these datasets"
@@ -497,7 +497,7 @@ def _wflip(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     synced = first_native_syncs(
-        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, rf.moved_ids(pre), logger=_stderr_logger()
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger()
     )
     data["first_native_sync"] = [f.as_dict() for f in synced]
     lines.append(f"first native sync of {args.name}, then the canary on it (runbook step 3):")

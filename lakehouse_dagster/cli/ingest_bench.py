@@ -7,7 +7,7 @@ import sys
 
 from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.runbooks import ingest_bench as ib
+from lakehouse_dagster.runbooks import ingest_bench
 
 
 def register(sub) -> None:
@@ -36,7 +36,7 @@ def _run(ctx, args) -> Result:
     # what it made is purged before the command exits (130, "interrupted").
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        report = ib.run_ingest_bench(
+        report = ingest_bench.run_ingest_bench(
             ctx.dsn,
             ctx.settings,
             jobs=args.jobs,
@@ -48,14 +48,14 @@ def _run(ctx, args) -> Result:
     except BaseException as exc:
         if not args.keep and not isinstance(exc, BadInput):  # bad input made nothing
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the purge short
-            out = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+            out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
             print(_purged_line(out), file=sys.stderr)
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
     data = report.as_dict()
     if not args.keep:
-        data["purged"] = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+        data["purged"] = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
     rows = [{**o, "seconds": round(o["seconds"], 2)} for o in data["outcomes"]]
     lines = [table(rows, ["job", "status", "rows", "seconds", "snapshot_id", "error"])]
     lines += [f"table problem: {p}" for p in report.table_problems]
@@ -68,7 +68,7 @@ def _run(ctx, args) -> Result:
 
 
 def _purge(ctx, args) -> Result:
-    out = ib.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+    out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
     return Result(out, _purged_line(out))
 
 

@@ -52,7 +52,7 @@ from psycopg.types.json import Jsonb
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources import set_source
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 DEMO_NAMESPACE = uuid.UUID("6f1c5d0e-2b7a-4c1e-9a53-1a4e0de30000")
 DEMO_WORKSPACE_ID = uuid.uuid5(DEMO_NAMESPACE, "workspace")
@@ -479,10 +479,12 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
         exists = conn.execute("select 1 from workspaces where id = %s", (DEMO_WORKSPACE_ID,)).fetchone()
         if not exists:
             created = True
-            ds.create_workspace(conn, DEMO_WORKSPACE_NAME, DEMO_WORKSPACE_ID)
+            datasets.create_workspace(conn, DEMO_WORKSPACE_NAME, DEMO_WORKSPACE_ID)
 
             def make(name: str, schema: list[dict], kind: str = "tabular") -> uuid.UUID:
-                ds_id = ds.create_dataset(conn, DEMO_WORKSPACE_ID, name, schema, kind=kind, dataset_id=demo_id(name))
+                ds_id = datasets.create_dataset(
+                    conn, DEMO_WORKSPACE_ID, name, schema, kind=kind, dataset_id=demo_id(name)
+                )
                 conn.execute(
                     "update datasets set source = %s where id = %s", (Jsonb({"type": "demo", "seed": name}), ds_id)
                 )
@@ -510,13 +512,13 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             _set_row_count(conn, rollup)
 
             edge = make("edge_cases", EDGE_SCHEMA)
-            ds.insert_rows(conn, edge, EDGE_ROWS, start_index=0)
+            datasets.insert_rows(conn, edge, EDGE_ROWS, start_index=0)
             _set_row_count(conn, edge)
 
             make("empty", EMPTY_SCHEMA)
 
             manifest = make("product_images", MANIFEST_SCHEMA, kind="manifest")
-            ds.insert_rows(conn, manifest, MANIFEST_ROWS, start_index=0)
+            datasets.insert_rows(conn, manifest, MANIFEST_ROWS, start_index=0)
             _set_row_count(conn, manifest)
 
             if home is None:

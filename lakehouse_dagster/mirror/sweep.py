@@ -16,7 +16,7 @@ from pyiceberg.table import Table
 from lakehouse_dagster.core.errors import BadInput, NotFound, first_line
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.lake import orphans as orph
+from lakehouse_dagster.lake import orphans as orphan_files
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.reaper import unsettled_syncs
 
@@ -26,7 +26,7 @@ GRACE_MIN_SECONDS = 3600.0  # a sync writes its files before it commits; a reade
 @dataclasses.dataclass(frozen=True)
 class Swept:
     dataset_id: uuid.UUID
-    orphans: list[orph.Orphan]
+    orphans: list[orphan_files.Orphan]
     removed: int
     grace_seconds: float
     error: str | None = None  # this dataset could not be swept (every other one still was)
@@ -105,8 +105,8 @@ def sweep(
                 table = load_table_or_none(catalog, table_identifier(settings, d))
             if table is None:
                 continue  # a sync succeeded but the table is gone (dropped by hand): nothing to sweep
-            found = orph.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
-            out.append(Swept(d, found, orph.remove(table, found) if delete else 0, wait))
+            found = orphan_files.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
+            out.append(Swept(d, found, orphan_files.remove(table, found) if delete else 0, wait))
         except Exception as exc:  # noqa: BLE001 - one unreadable table must not stop the sweep of the others
             out.append(Swept(d, [], 0, wait, error=f"{type(exc).__name__}: {first_line(exc)}"))
     return out

@@ -34,7 +34,7 @@ from lakehouse_dagster.flags.gates import NATIVE, lock_gates, set_flag
 from lakehouse_dagster.flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE, rank
 from lakehouse_dagster.flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from lakehouse_dagster.mirror.native_run import ways_forward
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.read_router import ICEBERG, decide, freshness
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE as FIRST_NATIVE_SYNC
 
@@ -259,7 +259,7 @@ def record_and_roll_back(
 ) -> int:
     """Record a verdict (parity.canary.record), then roll back what serves it when it is a MISMATCH. Every
     runbook, job and command that records a verdict goes through here; returns the verdict's row id."""
-    parity_id = cy.record(conn, v, source=source, run_id=run_id)
+    parity_id = canary.record(conn, v, source=source, run_id=run_id)
     after_record(conn, v, source=source, run_id=run_id, parity_id=parity_id, settings=settings or Settings.from_env())
     return parity_id
 
@@ -271,4 +271,4 @@ def run_canary_and_roll_back(conn: psycopg.Connection, dsn: str, catalog, settin
     def roll_back(v, parity_id: int) -> None:
         after_record(conn, v, source=source, run_id=run_id, parity_id=parity_id, settings=settings)
 
-    return cy.run_canary(conn, dsn, catalog, settings, on_recorded=roll_back, **kwargs)
+    return canary.run_canary(conn, dsn, catalog, settings, on_recorded=roll_back, **kwargs)

@@ -32,7 +32,7 @@ from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import (
     IcebergSide,
     PgSide,
@@ -54,12 +54,12 @@ def evaluate_first_native(
     writer: str,
     *,
     snapshot_id: int | None = None,
-) -> cy.Verdict:
+) -> canary.Verdict:
     """The verdict for the dataset's current snapshot, expected to be ``snapshot_id`` (nothing recorded)."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     replace = get_flag(WRITE, writer).iceberg_mode == "replace"
     started = time.perf_counter()
-    v = cy.Verdict(ds_id, "", cy.ERROR)
+    v = canary.Verdict(ds_id, "", canary.ERROR)
     v.detail["writer"] = writer
     v.detail["compare"] = (
         "content columns (identity assigned anew)"
@@ -71,13 +71,13 @@ def evaluate_first_native(
     except (NotFound, BadInput):
         raise
     except Exception as exc:  # the check could not see the data: never a pass
-        v.verdict = cy.ERROR
-        v.detail["reason"] = cy._one_line(exc)
+        v.verdict = canary.ERROR
+        v.detail["reason"] = canary._one_line(exc)
     v.seconds = round(time.perf_counter() - started, 3)
     return v
 
 
-def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_id, v: cy.Verdict) -> None:
+def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_id, v: canary.Verdict) -> None:
     pin = pin_iceberg(catalog, settings, ds_id)
     v.snapshot_id, v.iceberg_version = pin.snapshot_id, pin.source_version
     with PinnedPostgres(dsn, dataset_id=ds_id) as pg:
@@ -88,7 +88,7 @@ def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_
             raise BadInput(f"dataset {ds_id} is a {state.kind} dataset; the canary checks tabular datasets")
         v.dataset, v.pg_version = state.name, state.rows_version
         if not pin.has_snapshot:
-            v.verdict = cy.NO_SNAPSHOT
+            v.verdict = canary.NO_SNAPSHOT
             v.detail["reason"] = "the Iceberg table has no snapshot: the native sync did not commit"
             return
         if snapshot_id is not None and pin.snapshot_id != snapshot_id:
@@ -97,7 +97,7 @@ def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_
             )
         problems = schema_problems(pin, state.columns)
         if problems:
-            v.verdict, v.detail["reason"] = cy.MISMATCH, "; ".join(problems)
+            v.verdict, v.detail["reason"] = canary.MISMATCH, "; ".join(problems)
             return
         pg_side = PgSide(pg.conn, ds_id, state.columns, identity=not replace)
         pg_side.self_check()
@@ -116,13 +116,13 @@ def _evaluate(dsn, catalog, settings, ds_id: uuid.UUID, replace: bool, snapshot_
                 scope = f"row_index {lo}..{hi}"
         (v.pg_count, v.pg_digest), (v.iceberg_count, v.iceberg_digest) = pg_d, ice_d
         if pg_d == ice_d:
-            v.verdict = cy.OK
+            v.verdict = canary.OK
             v.detail["reason"] = (
                 f"first native snapshot {pin.snapshot_id} holds the {pg_d[0]} row(s) Postgres held "
                 f"({scope}: counts and digests match)"
             )
         else:
-            v.verdict = cy.MISMATCH
+            v.verdict = canary.MISMATCH
             v.detail["reason"] = (
                 f"first native snapshot {pin.snapshot_id} differs from what Postgres held ({scope}): "
                 f"Postgres {pg_d[0]} rows / digest {pg_d[1]}, Iceberg {ice_d[0]} rows / digest "

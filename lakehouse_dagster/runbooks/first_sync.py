@@ -23,7 +23,7 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE, evaluate_first_native, rollback_command
@@ -110,7 +110,7 @@ def first_native_syncs(
             r.rows,
             r.snapshot_id,
             reason,
-            problem=None if v.verdict == cy.OK else f"canary {v.verdict}: {reason}",
+            problem=None if v.verdict == canary.OK else f"canary {v.verdict}: {reason}",
         )
         f.auto_rollback = lines_of(v)
         f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))

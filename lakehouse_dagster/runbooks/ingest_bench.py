@@ -36,7 +36,7 @@ from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, tab
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.routing.write_router import native_write, route_write
 from lakehouse_dagster.sources.files import filesystem
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets as app_tables
 
 BENCH_SCHEMA = [
     {"name": "n", "type": "int64"},
@@ -124,7 +124,7 @@ def _job(dsn: str, settings: Settings, job: int, dataset_id: str, rows: int, wri
     try:
         conn = connect(dsn)
         catalog = load_catalog(settings, dsn)
-        dataset = ds.get_dataset(conn, dataset_id)
+        dataset = app_tables.get_dataset(conn, dataset_id)
         batches = _batches(dataset, rows, job)
     except Exception as exc:  # release the others: nobody waits for a job that cannot start
         barrier.abort()
@@ -172,11 +172,11 @@ def run_ingest_bench(
     bench_settings = settings.replace(namespace=namespace)
     writer = "sync.full" if same_dataset else "sync.append"
     with connect(dsn) as conn:
-        ws = ds.create_workspace(
+        ws = app_tables.create_workspace(
             conn, f"{WORKSPACE_PREFIX} {namespace} {time.strftime('%Y-%m-%dT%H:%M:%S')} {uuid.uuid4().hex[:6]}"
         )
         n_datasets = 1 if same_dataset else jobs
-        ids = [str(ds.create_dataset(conn, ws, f"bench-{i}", BENCH_SCHEMA)) for i in range(n_datasets)]
+        ids = [str(app_tables.create_dataset(conn, ws, f"bench-{i}", BENCH_SCHEMA)) for i in range(n_datasets)]
         # Throwaway datasets with no readers: the flip gates' prerequisites are about consumers, so the
         # raw override is used on purpose, scoped to the bench workspace only (audited). The workspace is
         # read-flipped first, as the runbook asks: the write router refuses a native write into a new empty

@@ -45,7 +45,7 @@ from lakehouse_dagster.testing.faults import (
     terminate_lock_session,
     wait_stopped,
 )
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import parse_schema
 
 POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "after-commit-before-log", "after-log"]
@@ -111,7 +111,7 @@ def mutate(conn, rng: random.Random, d: uuid.UUID, report: Report) -> None:
         op = rng.choices(["append", "update", "delete", "schema", "none"], weights=[45, 20, 15, 8, 12])[0]
         report.ops[op] += 1
         if op == "append":
-            ds.insert_rows(conn, d, [_row(rng, columns) for _ in range(rng.randint(1, 400))])
+            app_tables.insert_rows(conn, d, [_row(rng, columns) for _ in range(rng.randint(1, 400))])
         elif op == "update":
             col = rng.choice(columns)
             value = json.dumps({col["name"]: _value(rng, col["type"])})
@@ -127,7 +127,7 @@ def mutate(conn, rng: random.Random, d: uuid.UUID, report: Report) -> None:
         elif op == "schema" and len(columns) < 8:
             new = {"name": f"c{len(columns)}_{rng.randint(0, 999)}", "type": rng.choice(TYPES)}
             columns = columns + [new]
-            ds.set_schema(conn, d, columns)
+            app_tables.set_schema(conn, d, columns)
             value = json.dumps({new["name"]: _value(rng, new["type"])})
             conn.execute(
                 "update dataset_rows set data = data || %s::jsonb where dataset_id = %s and row_index %% 3 = 0",
@@ -255,12 +255,12 @@ def run_cycles(
     started = time.perf_counter()
     oracle = Oracle(dsn, settings)
     with connect(dsn) as conn:
-        ws = ds.create_workspace(conn, f"crash-{seed}")
+        ws = app_tables.create_workspace(conn, f"crash-{seed}")
         ids = []
         for i in range(datasets):
             schema = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
-            d = ds.create_dataset(conn, ws, f"crash-{i}", schema)
-            ds.insert_rows(conn, d, [_row(rng, schema) for _ in range(rng.randint(0, 300))])
+            d = app_tables.create_dataset(conn, ws, f"crash-{i}", schema)
+            app_tables.insert_rows(conn, d, [_row(rng, schema) for _ in range(rng.randint(0, 300))])
             ids.append(d)
         for cycle in range(cycles):
             d = rng.choice(ids)

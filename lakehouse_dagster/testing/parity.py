@@ -3,15 +3,15 @@ computed from every row, beside the sums the triggers maintain."""
 
 from __future__ import annotations
 
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import maintained
 from lakehouse_dagster.parity.digest import PgSide, PinnedPostgres, full_digest
 
 
 def grid_digest(side, lo: int, hi: int) -> dict:
     """Per-segment digest on the maintained grid, computed from every row (the reference)."""
-    lo = (lo >> mt.SEG_BITS) << mt.SEG_BITS
-    d = full_digest(side, lo, hi, everything=True, width=mt.SEG_WIDTH)
-    return mt.nonzero({seg + (lo >> mt.SEG_BITS): v for seg, v in d.segments.items()})
+    lo = (lo >> maintained.SEG_BITS) << maintained.SEG_BITS
+    d = full_digest(side, lo, hi, everything=True, width=maintained.SEG_WIDTH)
+    return maintained.nonzero({seg + (lo >> maintained.SEG_BITS): v for seg, v in d.segments.items()})
 
 
 def pg_reference(dsn, d) -> dict:
@@ -24,4 +24,4 @@ def pg_reference(dsn, d) -> dict:
 
 def pg_maintained(dsn, d) -> dict:
     with PinnedPostgres(dsn) as pg:
-        return mt.pg_segments(pg.conn, d, pg.state(d).columns)
+        return maintained.pg_segments(pg.conn, d, pg.state(d).columns)

@@ -14,7 +14,7 @@ from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import pin_iceberg
 from lakehouse_dagster.parity.health import DEFAULT_MAX_LAG_SECONDS
 from lakehouse_dagster.parity.health import identity_ready as _identity_ready
@@ -30,16 +30,16 @@ AUTO_ROLLBACK_TAG = "lakehouse/auto_rollback"  # added to a run whose parity che
 FULL_TAG = "lakehouse/canary-full"
 
 _SEVERITY = {
-    cy.OK: dg.AssetCheckSeverity.ERROR,  # (passed)
-    cy.NATIVE: dg.AssetCheckSeverity.ERROR,  # (passed: Postgres is not authoritative)
-    cy.LAGGING: dg.AssetCheckSeverity.WARN,  # a write landed after the sync: benign, not blocking
-    cy.NO_SNAPSHOT: dg.AssetCheckSeverity.ERROR,  # cannot see the data: never a pass
-    cy.MISMATCH: dg.AssetCheckSeverity.ERROR,
-    cy.ERROR: dg.AssetCheckSeverity.ERROR,
+    canary.OK: dg.AssetCheckSeverity.ERROR,  # (passed)
+    canary.NATIVE: dg.AssetCheckSeverity.ERROR,  # (passed: Postgres is not authoritative)
+    canary.LAGGING: dg.AssetCheckSeverity.WARN,  # a write landed after the sync: benign, not blocking
+    canary.NO_SNAPSHOT: dg.AssetCheckSeverity.ERROR,  # cannot see the data: never a pass
+    canary.MISMATCH: dg.AssetCheckSeverity.ERROR,
+    canary.ERROR: dg.AssetCheckSeverity.ERROR,
 }
 
 
-def _meta(v: cy.Verdict) -> dict:
+def _meta(v: canary.Verdict) -> dict:
     return {
         "verdict": v.verdict,
         "pg_count": v.pg_count,
@@ -102,10 +102,10 @@ def parity_result(
     dsn, settings = lakehouse.pg_dsn, lakehouse.settings()
     with _conn(lakehouse, conn) as conn:
         if source == "schedule" and not full:
-            full = cy.full_due(conn, _uuid(partition_key))
-        v = cy.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin, conn=conn)
+            full = canary.full_due(conn, _uuid(partition_key))
+        v = canary.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin, conn=conn)
         if wedged is None:
-            wedged = {w["dataset_id"] for w in cy.wedged_syncs(conn, settings.wedged_after_seconds)}
+            wedged = {w["dataset_id"] for w in canary.wedged_syncs(conn, settings.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
         auto_rollback.record_and_roll_back(conn, v, source=source, run_id=run_id, settings=settings)
         if named is None:
@@ -121,7 +121,7 @@ def parity_result(
         if done and instance is not None:
             instance.add_run_tags(run_id, {AUTO_ROLLBACK_TAG: ",".join(done)})
     return dg.AssetCheckResult(
-        passed=v.verdict in (cy.OK, cy.NATIVE),
+        passed=v.verdict in (canary.OK, canary.NATIVE),
         severity=_SEVERITY[v.verdict],
         description=f"{v.verdict}: {v.detail.get('reason', '')}" + "".join(f"\n{line}" for line in rolled),
         metadata=meta,

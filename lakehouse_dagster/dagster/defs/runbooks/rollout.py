@@ -19,8 +19,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse, stop
 from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
-from lakehouse_dagster.runbooks import flip as rf
-from lakehouse_dagster.runbooks import ingest_bench as ib
+from lakehouse_dagster.runbooks import flip, ingest_bench
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
 FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
@@ -57,7 +56,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
     with lakehouse.connect() as conn:
         tag_run(context, flag_tags(conn, kind, name, config.dataset_id, config.workspace_id))
         try:
-            pre = rf.preflight(
+            pre = flip.preflight(
                 conn,
                 lakehouse.pg_dsn,
                 lakehouse.catalog(),
@@ -102,7 +101,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
         "scope": pre.scope.scope,
         "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None,
         "note": config.note,
-        "datasets": [str(i) for i in rf.moved_ids(pre)],
+        "datasets": [str(i) for i in flip.moved_ids(pre)],
         "preflight": pre,
     }
 
@@ -113,10 +112,10 @@ def read_flip_preflight(context: dg.OpExecutionContext, config: ReadFlipConfig, 
 
 
 def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
-    pre: rf.Preflight = preflight["preflight"]
+    pre: flip.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
-            change = rf.flip(
+            change = flip.flip(
                 conn,
                 pre,
                 note=preflight["note"],
@@ -145,10 +144,10 @@ def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: La
 
 @dg.op(description="One read per moved dataset (a sample of 20) through the read router: reason and fallbacks.")
 def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
-    pre: rf.Preflight = flipped["preflight"]
+    pre: flip.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = rf.verify(
-            conn, lakehouse.catalog(), lakehouse.settings(), pre.name, rf.moved_ids(pre), logger=context.log
+        verified = flip.verify(
+            conn, lakehouse.catalog(), lakehouse.settings(), pre.name, flip.moved_ids(pre), logger=context.log
         )
     reasons: dict[str, int] = {}
     for v in verified:
@@ -156,7 +155,7 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
     meta = {f"reason {k}": n for k, n in sorted(reasons.items())}
     fell_back = [v for v in verified if v.fallback_error]
     if fell_back:
-        raise stop(context, rf.fallback_message(pre.name, pre.scope, fell_back), meta) from None
+        raise stop(context, flip.fallback_message(pre.name, pre.scope, fell_back), meta) from None
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
@@ -185,7 +184,7 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
     settings = lakehouse.settings()
     actor = _actor(context, lakehouse)
     try:
-        report = ib.run_ingest_bench(
+        report = ingest_bench.run_ingest_bench(
             lakehouse.pg_dsn,
             settings,
             jobs=config.jobs,
@@ -198,15 +197,15 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
         raise refuse(exc) from None
     finally:
         if not config.keep:
-            ib.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
+            ingest_bench.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
     rows = "\n".join(
         f"| {o.job} | {o.status} | {o.rows} | {o.seconds:.2f} | {(o.error or '')[:200].replace('|', '/')} |"
         for o in report.outcomes
     )
     meta = {
-        "ok": report.count(ib.OK),
-        "503": report.count(ib.BACKPRESSURE),
-        "error": report.count(ib.ERROR),
+        "ok": report.count(ingest_bench.OK),
+        "503": report.count(ingest_bench.BACKPRESSURE),
+        "error": report.count(ingest_bench.ERROR),
         "max_concurrent_ingest": report.max_concurrent_ingest,
         "seconds": round(report.seconds, 2),
         "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows),
@@ -244,9 +243,9 @@ def write_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: L
 
 @dg.op(description="Step-3 checks per moved dataset: the writer resolves native, the mirror skips it, its last sync.")
 def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
-    pre: rf.Preflight = flipped["preflight"]
+    pre: flip.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = rf.verify_write(conn, pre.name, rf.moved_ids(pre))
+        verified = flip.verify_write(conn, pre.name, flip.moved_ids(pre))
     bad = [v for v in verified if v.problems]
     meta = {"verified": len(verified), "problems": len(bad)}
     if bad:
@@ -271,7 +270,7 @@ def write_flip_first_sync(
     context: dg.OpExecutionContext, flipped: dict, verified: list[dict], lakehouse: LakehouseResource
 ) -> list[dict]:
 
-    pre: rf.Preflight = flipped["preflight"]
+    pre: flip.Preflight = flipped["preflight"]
     ids = [uuid.UUID(v["dataset_id"]) for v in verified]
     with lakehouse.connect() as conn:
         try:
