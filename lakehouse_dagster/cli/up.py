@@ -231,10 +231,13 @@ def _up(ctx, args) -> Result:
 
         from lakehouse_dagster.demo.workspace import seed_demo
         from lakehouse_dagster.schema.migrate import migrate
+        from lakehouse_dagster.tracking import capture
 
         with _connect(dsn) as conn:
             applied = migrate(conn)
             _say(f"migrations applied: {', '.join(applied)}" if applied else "schema up to date")
+            for note in capture.upgrade_from_previous_release(conn):  # tracking/capture.py
+                _say(note)
             demo = None
             if not args.no_demo:
                 _say("seeding the demo workspace (once; the big dataset is generated inside Postgres)...")
