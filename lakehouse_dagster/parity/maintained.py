@@ -381,7 +381,7 @@ def ensure_pg(
             if locked:
                 conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
             try:
-                if locked and not behind:  # behind the barrier, held() has just caught the consumer up
+                if locked and not behind:  # behind the barrier the consumer has just been caught up
                     capture.catch_up(conn)
                 if _fill(conn, dataset_id, sh, locked, behind):
                     return outcome

@@ -620,7 +620,7 @@ class _Consumer:
 
     def _write_tracking(self) -> dict[uuid.UUID, int]:
         """The chunk's change tracking, per dataset, as the triggers would have written it over the same
-        transactions (no reader saw a state between them: readers settle before they pin). Returns the
+        transactions (no reader saw a state between them: readers wait behind the barrier before they pin). Returns the
         version drawn per dataset. NOWAIT on the datasets rows (module docstring): RowLocked."""
         if not self.track:
             return {}
