@@ -17,17 +17,17 @@ the same run, alternating round by round (the best round of each is kept):
   before-020 change tracking + the maintained digest as they were before migration 020 (018's and 015's
              functions, installed beside the current ones under other names): the baseline of 020
   digest     change tracking + the maintained digest in the app's transaction (capture mode "triggers")
-  wal        change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app pays in capture mode
-             "wal", where the digest is computed after the commit by the WAL consumer (tracking/capture.py);
-             that consumer's own time per statement is measured after the rounds and printed separately
-  wal-tracking  the barrier triggers of migration 024 only (a shared transaction-level advisory lock per
+  tracking-full  change tracking only, REPLICA IDENTITY FULL on dataset_rows: what the app paid in the
+             previous release's capture mode "wal" (the digest after the commit, tracking in the transaction;
+             removed since), kept as the reference for what moving the tracking out saves
+  after-commit  the barrier triggers of migration 024 only (a shared transaction-level advisory lock per
              dataset the statement wrote), REPLICA IDENTITY FULL: what the app pays in capture mode
-             "wal-tracking", where change tracking and the digest are both written by the WAL consumer and
-             readers pin behind the barrier (tracking/barrier.py); the consumer's time is measured after the
-             rounds too
+             "after-commit", where change tracking and the digest are both written by the WAL consumer
+             (tracking/capture.py) and readers pin behind the barrier (tracking/barrier.py); that consumer's
+             own time per statement is measured after the rounds and printed separately
   barrier    the first form of that trigger, before it shipped (a one-dataset fast path, hashtextextended
              on the uuid's text), REPLICA IDENTITY DEFAULT: the design point measured in session 9
-  wal-tracking-key  wal-tracking's triggers with REPLICA IDENTITY DEFAULT: what the old row images of
+  after-commit-key  after-commit's triggers with REPLICA IDENTITY DEFAULT: what the old row images of
              REPLICA IDENTITY FULL (for the digest's subtraction) cost the app
   barrier-row   the same lock from a row-level trigger (no transition tables): cheaper for one row, dearer
              for many (one trigger call per row); not shipped
@@ -85,12 +85,12 @@ CONFIGS = {
     "before-020": tuple(f"bench_before_{i}_{e}" for e, _, _ in EVENTS for i in (1, 2)),
     "digest": TRACKING_TRIGGERS + DIGEST_TRIGGERS,
     "barrier": tuple(f"bench_barrier_{e}" for e, _, _ in EVENTS),
-    "wal": TRACKING_TRIGGERS,
-    "wal-tracking": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
+    "tracking-full": TRACKING_TRIGGERS,
+    "after-commit": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
     "barrier-row": tuple(f"bench_barrier_row_{e}" for e, _, _ in EVENTS),
-    "wal-tracking-key": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
+    "after-commit-key": ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"),
 }
-FULL_IDENTITY = ("wal", "wal-tracking")
+FULL_IDENTITY = ("tracking-full", "after-commit")
 
 
 def install_reference_triggers(conn, hash_sql: str) -> None:
@@ -280,14 +280,14 @@ def main(argv=None) -> int:
             "select count(*) from lakehouse_pg_digest_deltas where dataset_id = %s", (ds_id,)
         ).fetchone()[0]
 
-    # The WAL consumer: the same statements once more in capture mode "wal", then its catch-up, timed.
+    # The WAL consumer: the same statements once more in capture mode "after-commit", then its catch-up, timed.
     from lakehouse_dagster.tracking import capture
 
     conn.execute("set synchronous_commit = on")  # the consumer decodes flushed WAL only
     consumers: dict[str, dict[str, tuple[float, float | None]]] = {}
     wal_agree = True
-    for mode in ("wal", "wal-tracking"):
-        capture.enable(conn, tracking=mode == "wal-tracking")
+    for mode in (capture.AFTER_COMMIT,):
+        capture.enable(conn)
         consumer = consumers[mode] = {}
         for kind, stmt, params in workloads():
             for p in params:

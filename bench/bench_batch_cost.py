@@ -1,7 +1,7 @@
 """Per-dataset cost inside a mirror batch run (issue 11), against main's code measured in the same run.
 
     .venv/bin/python bench/bench_batch_cost.py [--n 25,100,1000] [--rows 1000] [--append 10] [--baseline REV]
-    .venv/bin/python bench/bench_batch_cost.py --compare-capture [--n 100]   # capture mode triggers vs wal
+    .venv/bin/python bench/bench_batch_cost.py --compare-capture [--n 100]   # capture mode triggers vs after-commit
 
 For each N: N datasets of ``--rows`` rows are written, then mirrored by real ``mirror_batch_job`` runs executed in
 process (no daemon, no run start-up: that is the `warm` branch's) in batches of LAKEHOUSE_MIRROR_BATCH_SIZE as
@@ -174,7 +174,7 @@ def child(args) -> dict:
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)
-    if args.capture == "wal":  # the maintained digest computed after the commit (tracking/capture.py)
+    if args.capture == "after-commit":  # tracking and the digest written after the commit (tracking/capture.py)
         from lakehouse_dagster.core.db import connect
         from lakehouse_dagster.tracking import capture
 
@@ -211,7 +211,7 @@ def child(args) -> dict:
             "verdicts": checks,
         }
     instance.dispose()
-    if args.capture == "wal":
+    if args.capture == "after-commit":
         with connect(dsn) as c:  # drops the slot (it would block dropping the database)
             capture.disable(c)
     return out
@@ -306,14 +306,14 @@ def main() -> None:
     ap.add_argument("--only", choices=("baseline", "current"), default=None)
     ap.add_argument(
         "--capture",
-        choices=("triggers", "wal"),
+        choices=("triggers", "after-commit"),
         default="triggers",
         help="capture mode of the maintained digest for the current code (tracking/capture.py)",
     )
     ap.add_argument(
         "--compare-capture",
         action="store_true",
-        help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode wal",
+        help="baseline = this checkout in capture mode triggers, current = this checkout in capture mode after-commit",
     )
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--admin")
@@ -336,7 +336,7 @@ def main() -> None:
     admin = admin_dsn()
     if args.compare_capture:
         print(
-            f"baseline: {ROOT} in capture mode triggers, current: the same in capture mode wal; "
+            f"baseline: {ROOT} in capture mode triggers, current: the same in capture mode after-commit; "
             f"rows/dataset {args.rows}, append {args.append}"
         )
     else:
@@ -360,7 +360,7 @@ def main() -> None:
                 args.rows,
                 args.append,
                 f"bench_cost_cur_{n}",
-                "wal" if args.compare_capture else args.capture,
+                "after-commit" if args.compare_capture else args.capture,
             )
         if base and cur:
             report(n, base, cur)

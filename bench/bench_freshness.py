@@ -2,7 +2,7 @@
 
     nice .venv/bin/python bench/bench_freshness.py [--trials 10] [--sizes 10,100] [--rows 1000]
                                                    [--baseline main] [--baseline-sizes 10] [--timeout 300]
-                                                   [--wal-tracking]
+                                                   [--after-commit]
 
 For each variant the stack is started exactly as ``lakehouse up --no-demo`` starts it (that command itself, as a
 subprocess: embedded Postgres, migrations, Dagster webserver + daemon with the variant's dagster.yaml) in a
@@ -22,7 +22,7 @@ temporary LAKEHOUSE_HOME on a free port. Then, measured from the commit of a wri
 Variants, in the same run: the baseline is the source tree of git ref ``--baseline`` (default ``main``: one
 mirror_job run per dataset), extracted with ``git archive`` and put first on PYTHONPATH; then this tree (batched
 mirror runs). Ratios are baseline / new (>1: the new path is faster). ``--baseline none`` skips it.
-``--wal-tracking`` adds this tree once more in capture mode wal-tracking (``lakehouse digest-capture wal-tracking``
+``--after-commit`` adds this tree once more in capture mode after-commit (``lakehouse digest-capture after-commit``
 after the stack is up): change tracking is written by the WAL consumer, which the poller catches up before each
 tick. There a write's version is known only once the consumer has written it, so after each write the bench
 catches the consumer up itself before it waits for the covering sync (that time counts in the lag).
@@ -139,7 +139,7 @@ class Stack:
             )
 
     def written(self) -> None:
-        """In capture mode wal-tracking the write's version exists once the consumer wrote it."""
+        """In capture mode after-commit the write's version exists once the consumer wrote it."""
         if self.capture:
             sys.path.insert(0, str(ROOT))
             from lakehouse_dagster.tracking import capture
@@ -268,12 +268,12 @@ def main() -> None:
     p.add_argument("--baseline", default="main", help="git ref of the baseline tree, or none")
     p.add_argument("--baseline-sizes", default="10")
     p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--wal-tracking", action="store_true", help="also this tree in capture mode wal-tracking")
+    p.add_argument("--after-commit", action="store_true", help="also this tree in capture mode after-commit")
     args = p.parse_args()
     sizes = [int(x) for x in args.sizes.split(",") if x]
     variants = [("new", ROOT, sizes)]  # first: on a shared machine the cheaper figures come in first
-    if args.wal_tracking:
-        variants.append(("wal-tracking", ROOT, sizes))
+    if args.after_commit:
+        variants.append(("after-commit", ROOT, sizes))
     if args.baseline != "none":
         variants.append(
             ("baseline", baseline_tree(args.baseline), [int(x) for x in args.baseline_sizes.split(",") if x])
@@ -281,13 +281,13 @@ def main() -> None:
     results = {}
     for label, src, vsizes in variants:
         print(f"starting the stack: {label} ({src})", file=sys.stderr, flush=True)
-        stack = Stack(src, label, "wal-tracking" if label == "wal-tracking" else None)
+        stack = Stack(src, label, "after-commit" if label == "after-commit" else None)
         try:
             results[label] = measure(stack, args, vsizes)
         finally:
             stack.stop()
         print(json.dumps({label: results[label]}), flush=True)
-    results = {k: results[k] for k in ("baseline", "new", "wal-tracking") if k in results}
+    results = {k: results[k] for k in ("baseline", "new", "after-commit") if k in results}
     print(json.dumps(results, indent=1))
     print()
     print("| | " + " | ".join(results) + (" | ratio (baseline / new) |" if "baseline" in results else " |"))

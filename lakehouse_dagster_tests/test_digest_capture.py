@@ -1,5 +1,6 @@
-"""Capture mode "wal": the maintained Postgres digest computed after the app's transaction, from a
-logical replication slot (tracking/capture.py), against a real server with wal_level = logical."""
+"""The WAL consumer's maintained Postgres digest in capture mode "after-commit": computed after the app's
+transaction, from a logical replication slot (tracking/capture.py), against a real server with wal_level =
+logical. (The change tracking it writes in that mode, and the barrier: test_tracking_capture.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ import psycopg
 import pytest
 
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.parity import canary as cy
 from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity.digest import PinnedPostgres
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.tracking import datasets as ds
@@ -26,7 +29,7 @@ from lakehouse_dagster_tests.test_parity_incremental import app_writer, spread_r
 def _logical_wal(conn):
     # The embedded test server always has it; a server given by LAKEHOUSE_TEST_ADMIN_DSN may not.
     if conn.execute("show wal_level").fetchone()[0] != "logical":
-        pytest.skip("capture mode wal needs a server with wal_level = logical")
+        pytest.skip("capture mode after-commit needs a server with wal_level = logical")
 
 
 def digest_triggers_enabled(conn) -> set[str]:
@@ -39,21 +42,22 @@ def digest_triggers_enabled(conn) -> set[str]:
     }
 
 
-def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(conn, dsn):
+def test_switching_to_after_commit_moves_the_hashing_out_of_the_app_transaction_and_back(conn, dsn):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 65_535, 65_536, 131_072])
     columns = ds.get_dataset(conn, d).columns
     assert mt.ensure_pg(conn, d, columns) == "registered+filled"
     ds.insert_rows(conn, d, rows_for(5, 40), start_index=200)  # counted by the triggers, before the switch
     out = capture.enable(conn)
-    assert out["mode"] == "wal" and out["changed"] is True
+    assert out["mode"] == "after-commit" and out["changed"] is True
     assert digest_triggers_enabled(conn) == set()
     assert conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] == "f"
     deltas_before = conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0]
     ds.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # after the switch: no trigger ran
     assert conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0] == deltas_before
-    with pytest.raises(mt.Unavailable, match="WAL consumer"):  # not applied yet: never a stale comparison
-        pg_maintained(dsn, d)
+    # not applied yet: the canary's pin waits behind the barrier and catches the consumer up, never stale
+    with PinnedPostgres(dsn, dataset_id=d) as pg:
+        assert mt.pg_segments(pg.conn, d, columns) == pg_reference(dsn, d)
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s'
         " and row_index in (1, 65536, 300010)",
@@ -68,9 +72,12 @@ def test_switching_to_wal_moves_the_hashing_out_of_the_app_transaction_and_back(
         ds.insert_rows(conn, d, rows_for(3, 900), start_index=400_000)
         conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 400001", (d,))
     done = capture.catch_up(conn)
-    assert done["transactions"] == 5 and done["rows"] > 0  # the rolled back one is not in the stream
+    # four app transactions and the consumer's own (it wrote the tracking the pin caught up); the rolled back
+    # one is not in the stream
+    assert done["transactions"] == 5 and done["rows"] > 0
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
-    assert capture.catch_up(conn)["transactions"] == 0  # exactly once: nothing left, nothing applied twice
+    again = capture.catch_up(conn)  # exactly once: nothing left, nothing applied twice (what it decodes is
+    assert again["rows"] == 0 and again["tracked"] == 0  # the consumer's own write of the tracking)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     # back to the triggers: what was written before the switch is applied, then the slot is gone
     ds.insert_rows(conn, d, rows_for(4, 700), start_index=500_000)
@@ -99,7 +106,7 @@ def test_refuses_without_logical_wal_and_changes_nothing(conn, monkeypatch):
     assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
 
 
-def test_canary_in_wal_mode_compares_maintained_sums_and_agrees_with_a_full_redigest(conn, dsn, settings):
+def test_canary_in_after_commit_compares_maintained_sums_and_agrees_with_a_full_redigest(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 5, 70_000, 140_000])
     capture.enable(conn)
@@ -121,15 +128,17 @@ def test_canary_in_wal_mode_compares_maintained_sums_and_agrees_with_a_full_redi
     assert full.verdict == cy.OK and full.detail["maintained_agrees"] is True and full.pg_digest == after.pg_digest
     # a change the mirror has not seen: the maintained comparison finds it, down to the row
     with conn.transaction():
-        conn.execute("set local session_replication_role = replica")  # no version stamped: the sums cannot place it
+        conn.execute("set local session_replication_role = replica")  # silences triggers, not the WAL
         conn.execute(
             'update dataset_rows set data = data || \'{"s": "drift"}\' where dataset_id = %s and row_index = 5', (d,)
         )
+    # tracked from the WAL all the same: a new version the mirror has not seen, never a silent drift
     drift = evaluate(settings, dsn, d)
-    assert drift.verdict == cy.MISMATCH and drift.mismatched_row_indexes == [5]
-    # the consumer dropped the registration (a write without a version), the canary filled it again from the rows
-    assert drift.detail["wal_consumer"]["dropped"] == 1
-    assert drift.detail["maintained_prepare"]["postgres"] == "registered+filled"
+    assert drift.verdict == cy.LAGGING, drift.detail
+    sync(settings, dsn, d)
+    again = evaluate(settings, dsn, d)
+    assert again.verdict == cy.OK and again.detail["digest"] == "maintained", again.detail
+    assert again.detail["maintained_prepare"]["postgres"] == "ready"
     capture.disable(conn)
 
 
@@ -214,12 +223,11 @@ def test_digest_triggers_enabled_behind_the_consumers_back_drop_the_sums_instead
     with pytest.raises(capture.CaptureError, match="re-enabled"):
         capture.catch_up(conn)
     assert conn.execute("select count(*) from lakehouse_pg_digest_state").fetchone()[0] == 0
-    sync(settings, dsn, d)
-    v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.detail["digest"] == "full"
-    assert "re-enabled" in v.detail["maintained_prepare"]["error"]
+    with pytest.raises(SyncFailed, match="re-enabled"):  # no reader pairs rows with tracking it cannot trust
+        sync(settings, dsn, d)
     capture.enable(conn)  # switching again disables them and resumes
     assert digest_triggers_enabled(conn) == set()
+    sync(settings, dsn, d)
     assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
     capture.disable(conn)
 
@@ -247,9 +255,9 @@ def test_cli_switches_reports_and_catches_up(conn, dsn, settings, capsys):
     mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
     assert cli_main(["digest-capture"]) == 0
     assert "capture mode: triggers (wal_level logical)" in capsys.readouterr().out
-    assert cli_main(["digest-capture", "wal"]) == 0
+    assert cli_main(["digest-capture", "after-commit"]) == 0
     out = capsys.readouterr().out
-    assert "capture mode: wal" in out and "bytes of WAL not consumed" in out
+    assert "capture mode: after-commit" in out and "bytes of WAL not consumed" in out
     ds.insert_rows(conn, d, rows_for(7, 70))
     assert cli_main(["digest-capture", "catch-up", "--json"]) == 0
     assert '"transactions": 1' in capsys.readouterr().out
@@ -302,7 +310,7 @@ def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn,
     ds.insert_rows(conn, d, rows_for(4, 40))
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 0", (d,))
     tick = _consumer_tick(dsn)
-    assert tick.skip_message.startswith("capture mode wal: decoded 2 transaction(s), hashed 5 row change(s)")
+    assert tick.skip_message.startswith("capture mode after-commit: decoded 2 transaction(s), hashed 5 row change(s)")
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # gone behind our back
     assert "cannot consume: replication slot" in _consumer_tick(dsn).skip_message
@@ -368,9 +376,9 @@ def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(
     capture.enable(conn)
     with connect(dsn, autocommit=False) as app:
         ds.insert_rows(app, d, rows_for(1, 50), start_index=100)
-        with pytest.raises(capture.CaptureError, match="still capture mode wal"):
+        with pytest.raises(capture.CaptureError, match="still capture mode after-commit"):
             capture.disable(conn, lock_timeout_ms=300)
-        assert capture.state(conn).mode == "wal" and digest_triggers_enabled(conn) == set()
+        assert capture.state(conn).mode == "after-commit" and digest_triggers_enabled(conn) == set()
         app.rollback()
     capture.disable(conn)
 

@@ -193,17 +193,17 @@ def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, 
     cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
 
 
-def test_in_capture_mode_wal_tracking_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(
+def test_in_capture_mode_after_commit_a_write_the_consumer_has_not_tracked_yet_still_blocks_the_flip(
     conn, dsn, settings, ws
 ):
     """The late row's version exists only in the WAL until the consumer writes it: the gate settles first."""
     from lakehouse_dagster.tracking import capture
 
     if conn.execute("show wal_level").fetchone()[0] != "logical":
-        pytest.skip("capture mode wal-tracking needs wal_level = logical")
+        pytest.skip("capture mode after-commit needs wal_level = logical")
     behind = _dataset(conn, ws, "behind-in-the-wal")
     _ready(conn, dsn, settings, behind)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     try:
         ds.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
         stale = conn.execute("select rows_version from datasets where id = %s", (behind,)).fetchone()[0]

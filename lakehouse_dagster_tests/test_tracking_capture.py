@@ -1,4 +1,4 @@
-"""Capture mode "wal-tracking": change tracking written by the WAL consumer after the app's commit, and the
+"""Capture mode "after-commit": change tracking written by the WAL consumer after the app's commit, and the
 barrier that keeps it exact for the readers that pair it with rows (tracking/capture.py, tracking/barrier.py),
 against a real server with wal_level = logical, real syncs and real canaries."""
 
@@ -24,9 +24,15 @@ from lakehouse_dagster_tests.test_parity_incremental import app_writer
 @pytest.fixture(autouse=True)
 def _logical_wal(conn):
     if conn.execute("show wal_level").fetchone()[0] != "logical":
-        pytest.skip("capture mode wal-tracking needs a server with wal_level = logical")
+        pytest.skip("capture mode after-commit needs a server with wal_level = logical")
     yield
     capture.disable(conn)  # the slot is per server: leave none behind
+
+
+def settle(c, ids, **kw) -> bool:
+    """What the readers that decide from the current version do: True when it had to wait for the consumer."""
+    with barrier.read_tracking_consistently(c, ids, **kw) as behind:
+        return bool(behind)
 
 
 def tracking(conn, d) -> tuple:
@@ -101,8 +107,8 @@ def test_the_consumer_writes_the_change_tracking_the_triggers_would(conn):
         step()
         by_triggers.append(_observe(conn, a, before))
 
-    out = capture.enable(conn, tracking=True)
-    assert out["mode"] == "wal-tracking" and capture.state(conn).mode == "wal-tracking"
+    out = capture.enable(conn)
+    assert out["mode"] == "after-commit" and capture.state(conn).mode == "after-commit"
     assert enabled(conn) >= set(capture.BARRIER_TRIGGERS) and not enabled(conn) & set(capture.TRACKING_TRIGGERS)
     by_wal = []
     for step in _steps(conn, b):
@@ -119,7 +125,7 @@ def test_the_consumer_writes_the_change_tracking_the_triggers_would(conn):
 
 def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending(conn):
     a, b = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b")
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     va, vb = tracking(conn, a), tracking(conn, b)
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "both"}\' where dataset_id = any(%s) and row_index = 1',
@@ -137,10 +143,10 @@ def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending
     assert tracking(conn, a)[0] > ta[0] and tracking(conn, a)[2] == 200
 
 
-def test_syncs_and_canaries_in_wal_tracking_mirror_exactly(conn, dsn, settings):
+def test_syncs_and_canaries_in_after_commit_mirror_exactly(conn, dsn, settings):
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     for k in range(4):
         ds.insert_rows(conn, d, rows_for(100, 10 + 100 * k), start_index=10 + 100 * k)  # the sync catches up
         r = sync(settings, dsn, d)
@@ -162,7 +168,7 @@ def test_syncs_and_canaries_in_wal_tracking_mirror_exactly(conn, dsn, settings):
 def test_writers_racing_syncs_and_canaries_never_see_tracking_and_rows_disagree(conn, dsn, settings):
     d = make_dataset(conn, 2000)
     sync(settings, dsn, d)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     errors: list[BaseException] = []
     threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
     for t in threads:
@@ -201,7 +207,7 @@ def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(c
     from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot
 
     d = make_dataset(conn, 0)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     stop, errors = threading.Event(), []
     threads = [threading.Thread(target=_appender, args=(dsn, d, k * 1_000_000, 100_000, stop, errors)) for k in (1, 2)]
     for t in threads:
@@ -236,10 +242,10 @@ def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(c
     assert apart["barrier"] == 0 and apart["naive"] > 0, apart
 
 
-def test_a_fill_racing_writers_in_wal_tracking_counts_every_write_once(conn, dsn):
+def test_a_fill_racing_writers_in_after_commit_counts_every_write_once(conn, dsn):
     d = make_dataset(conn, 2000)
     columns = ds.get_dataset(conn, d).columns
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     errors: list[BaseException] = []
     threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
     for t in threads:
@@ -257,7 +263,7 @@ def test_an_app_transaction_holding_its_datasets_row_is_not_the_one_that_gives_w
     """The app locks its datasets row, then writes rows while a reader holds the barrier and the consumer must
     write that row: the reader lets go and retries; the app's transaction commits, nobody deadlocks."""
     d = make_dataset(conn, 5)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # tracking still to write for d
     app = connect(dsn)
     app.execute("begin")
@@ -267,7 +273,7 @@ def test_an_app_transaction_holding_its_datasets_row_is_not_the_one_that_gives_w
     def reader():
         with connect(dsn) as c:
             t = time.perf_counter()
-            settled.append(barrier.settle(c, [d]))
+            settled.append(settle(c, [d]))
             settled.append(time.perf_counter() - t)
 
     r = threading.Thread(target=reader)
@@ -284,14 +290,14 @@ def test_an_app_transaction_holding_its_datasets_row_is_not_the_one_that_gives_w
 
 def test_the_barrier_waits_for_writers_in_flight_and_refuses_after_its_timeout(conn, dsn):
     d = make_dataset(conn, 5)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     app = connect(dsn)
     app.execute("begin")
     app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 70, '{}')", (d,))
     with pytest.raises(barrier.BarrierTimeout, match=f"writers of dataset {d} kept a lock"):
-        barrier.settle(conn, [d], timeout_s=0.5)
+        settle(conn, [d], timeout_s=0.5)
     done: list = []
-    t = threading.Thread(target=lambda: done.append(barrier.settle(connect(dsn), [d], timeout_s=10)))
+    t = threading.Thread(target=lambda: done.append(settle(connect(dsn), [d], timeout_s=10)))
     t.start()
     time.sleep(0.3)
     assert not done  # waiting for the app's commit
@@ -304,125 +310,52 @@ def test_the_barrier_waits_for_writers_in_flight_and_refuses_after_its_timeout(c
 def test_the_poller_sees_writes_once_the_consumer_wrote_their_tracking(conn, dsn, settings):
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     cursor = pending_syncs(conn, Cursor(), limit=10)[1]
     ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)
-    assert barrier.catch_up_for_poller(conn)["transactions"] >= 1
+    assert barrier.catch_up_without_waiting(conn)["transactions"] >= 1
     pending, _, _ = pending_syncs(conn, cursor, limit=10)
     assert [p.dataset_id for p in pending] == [d]
 
 
 def test_the_barrier_triggers_disabled_behind_its_back_stop_the_consumer_with_the_reason(conn):
     d = make_dataset(conn, 2)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     conn.execute("alter table dataset_rows disable trigger lakehouse_rows_barrier_ins")
-    with pytest.raises(capture.CaptureError, match="barrier trigger.*wal-tracking"):
+    with pytest.raises(capture.CaptureError, match="barrier trigger.*after-commit"):
         capture.catch_up(conn)
     with pytest.raises(capture.CaptureError, match="barrier trigger"):
-        barrier.settle(conn, [d])
-    assert capture.enable(conn, tracking=True)["changed"] is True  # enabled again
+        settle(conn, [d])
+    assert capture.enable(conn)["changed"] is True  # enabled again
     assert capture.catch_up(conn)["transactions"] >= 0
 
 
-def test_cli_switches_between_the_three_modes_and_the_consumer_sensor_writes_the_tracking(conn, dsn, settings, capsys):
+def test_cli_switches_between_the_two_modes_and_the_consumer_sensor_writes_the_tracking(conn, dsn, settings, capsys):
     from lakehouse_dagster.cli.main import main as cli_main
     from lakehouse_dagster_tests.test_digest_capture import _consumer_tick
 
     d = make_dataset(conn, 5)
-    assert cli_main(["digest-capture", "wal-tracking"]) == 0
-    out = capsys.readouterr().out
-    assert "capture mode: wal-tracking" in out and "change tracking is written by the WAL consumer" in out
+    assert cli_main(["digest-capture", "wal-tracking"]) == 0  # the previous release's word: an operator's script
+    out, err = capsys.readouterr()
+    assert "capture mode: after-commit" in out and "written by the WAL consumer after the commit" in out
+    assert err == "lakehouse digest-capture: note: wal-tracking was renamed after-commit\n"
+    assert cli_main(["digest-capture", "after-commit"]) == 0  # idempotent
+    assert "capture mode: after-commit" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # the third mode is gone
+        cli_main(["digest-capture", "wal"])
+    assert "invalid choice: 'wal'" in capsys.readouterr().err
     before = tracking(conn, d)
     ds.insert_rows(conn, d, rows_for(3, 10), start_index=10)
     tick = _consumer_tick(dsn).skip_message  # the sensor the daemon runs every 30 s
     assert "decoded 1 transaction(s)" in tick and "change tracking written for 1 dataset(s)" in tick, tick
     assert tracking(conn, d)[0] > before[0] and tracking(conn, d)[2] == 12
     ds.insert_rows(conn, d, rows_for(1, 20), start_index=20)
-    assert cli_main(["digest-capture", "wal"]) == 0  # tracking back in the app's transaction, the digest stays out
-    assert "capture mode: wal (wal_level logical)\n" in capsys.readouterr().out
+    assert cli_main(["digest-capture", "triggers"]) == 0  # tracking back in the app's transaction
+    assert "capture mode: triggers (wal_level logical)\n" in capsys.readouterr().out
     assert tracking(conn, d)[2] == 20  # applied by the switch, under its lock
     assert set(capture.TRACKING_TRIGGERS) <= enabled(conn) and not enabled(conn) & set(capture.BARRIER_TRIGGERS)
     ds.insert_rows(conn, d, rows_for(1, 21), start_index=21)
     assert tracking(conn, d)[2] == 21  # by the trigger, in the transaction
-    assert cli_main(["digest-capture", "triggers"]) == 0
-    assert capture.state(conn).slot is None and not capture.state(conn).tracking
-
-
-def test_a_long_fill_holds_neither_its_datasets_writers_nor_those_of_a_reader_waiting_behind_it(conn, dsn):
-    """The first fill of a large dataset reads every row for seconds under the consumer's lock. Its barrier goes
-    once its snapshot is taken, and a reader of another dataset waits for the consumer's lock holding no barrier:
-    the app's writes to both datasets go through while the fill runs."""
-    d, e = make_dataset(conn, 0, name="big"), make_dataset(conn, 0, name="small")
-    conn.execute(
-        "insert into dataset_rows (dataset_id, row_index, data) select %s, i, jsonb_build_object('s', i::text)"
-        " from generate_series(0, 799999) i",
-        (d,),
-    )
-    columns = ds.get_dataset(conn, d).columns
-    capture.enable(conn, tracking=True)
-    filled: dict = {}
-
-    def fill():
-        with connect(dsn) as c:
-            t = time.perf_counter()
-            filled["outcome"] = mt.ensure_pg(c, d, columns)
-            filled["seconds"] = time.perf_counter() - t
-
-    def consumer_lock_held() -> bool:
-        return (
-            conn.execute(
-                "select count(*) from pg_locks where locktype = 'advisory' and granted and classid = %s and objid = %s",
-                capture.CONSUME_LOCK,
-            ).fetchone()[0]
-            > 0
-        )
-
-    f = threading.Thread(target=fill)
-    f.start()
-    while not consumer_lock_held() and f.is_alive():
-        time.sleep(0.005)
-    time.sleep(0.1)  # the fill is reading
-    waiting: dict = {}
-    r = threading.Thread(target=lambda: waiting.update(settled=barrier.settle(connect(dsn), [e])))
-    r.start()
-    time.sleep(0.05)
-    with connect(dsn) as app:
-        t = time.perf_counter()
-        app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 800000, '{}')", (d,))
-        app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 0, '{}')", (e,))
-        app_seconds = time.perf_counter() - t
-    still_filling = f.is_alive()
-    f.join()
-    r.join()
-    assert filled["outcome"] == "registered+filled" and waiting == {"settled": True}
-    assert still_filling and app_seconds < 0.25 * filled["seconds"], (app_seconds, filled)
-    capture.catch_up(conn)
-    assert pg_maintained(dsn, d) == pg_reference(dsn, d)  # the write after the fill's snapshot counted once
-    assert tracking(conn, d)[2] == 800000 and tracking(conn, e)[2] == 0
-
-
-@pytest.mark.parametrize("kill_at", ["update datasets d set rows_version", "pg_replication_slot_advance"])
-def test_a_consumer_killed_before_or_after_its_commit_writes_the_tracking_exactly_once(conn, dsn, kill_at):
-    from lakehouse_dagster_tests.test_digest_capture import consumer_killed_at
-
-    d = make_dataset(conn, 10)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
-    capture.enable(conn, tracking=True)
-    before = tracking(conn, d)
-    ds.insert_rows(conn, d, rows_for(20, 50), start_index=50)
-    conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
-    consumer_killed_at(dsn, kill_at)
-    after_kill = tracking(conn, d)
-    committed = kill_at == "pg_replication_slot_advance"
-    assert (after_kill[0] > before[0]) is committed  # killed before its commit: nothing written
-    capture.catch_up(conn)  # the same transactions again: applied now, or skipped as already applied
-    v, rw, mx, _ = tracking(conn, d)
-    assert (v == after_kill[0]) is committed and rw == v and mx == 69
-    assert conn.execute(
-        "select array_agg(min_idx || '-' || max_idx) from lakehouse_row_changes where dataset_id = %s", (d,)
-    ).fetchone()[0] == ["0-2"]  # the delete's range, recorded once
-    assert capture.catch_up(conn)["tracked"] == 0 and tracking(conn, d)[0] == v
-    assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
 def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_not_for_ever(conn, dsn):
@@ -431,12 +364,12 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
     import sys
 
     d = make_dataset(conn, 5)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     code = (
         "import os, signal, psycopg, uuid\n"
         "from lakehouse_dagster.tracking import barrier\n"
         f"c = psycopg.connect({dsn!r}, autocommit=True)\n"
-        f"with barrier.held(c, [uuid.UUID({str(d)!r})], dedicated=True):\n"
+        f"with barrier.read_tracking_consistently(c, [uuid.UUID({str(d)!r})], on_own_connection=True):\n"
         "    print('held', flush=True)\n"
         "    os.kill(os.getpid(), signal.SIGSTOP)\n"  # frozen: a GC pause, a swapped-out process
     )
@@ -452,7 +385,7 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert barrier.settle(conn, [d]) is True and tracking(conn, d)[2] == 10
+    assert settle(conn, [d]) is True and tracking(conn, d)[2] == 10
 
 
 def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(conn, dsn, settings):
@@ -462,10 +395,10 @@ def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(c
 
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # not mirrored: a flip must see it as behind
     with conn.transaction():
-        assert barrier.settle(conn, [d]) is True
+        assert settle(conn, [d]) is True
         synced = gates._latest_syncs(conn, [d])[d]
     status, _, source_version, rows_version = synced
     assert status == "succeeded" and source_version < rows_version == tracking(conn, d)[0]
@@ -475,11 +408,11 @@ def test_repair_after_a_lost_slot_marks_every_dataset_changed_and_the_next_sync_
     """The lost WAL held tracking nobody wrote: which datasets it changed is unknown, so all of them are."""
     d = make_dataset(conn, 20)
     sync(settings, dsn, d)
-    capture.enable(conn, tracking=True)
+    capture.enable(conn)
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # as if invalidated
     ds.insert_rows(conn, d, rows_for(5, 300), start_index=300)  # a write no consumer will ever see
     with pytest.raises(capture.CaptureError, match="missing.*repair"):
-        barrier.settle(conn, [d])  # no reader reads a guess
+        settle(conn, [d])  # no reader reads a guess
     before = tracking(conn, d)
     out = capture.repair(conn)
     assert out["repaired"] is True and out["datasets_marked_changed"] >= 1

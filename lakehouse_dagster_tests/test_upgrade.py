@@ -1,7 +1,8 @@
 """Upgrade in place from the previous release: a database built, seeded, mirrored, checked and flagged by the
 previous release's own code (extracted from git and run in a subprocess) is migrated by this tree's
-`lakehouse db migrate`. Nothing is lost, nothing is re-applied, the schema is the one a fresh database gets, and
-the mirror, the canary and the flags keep working — in each capture mode the previous release had."""
+`lakehouse db migrate`, while the app writes. Nothing is lost, nothing is re-applied, the schema is the one a fresh
+database gets, and the mirror, the canary and the flags keep working — from each capture mode the previous release
+had, moved to one of this release's two (triggers, after-commit) with the reason printed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -195,9 +198,59 @@ def _customer(i: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("capture_mode", ["triggers", "wal", "wal-tracking"])
+# The previous release's mode, and what this tree's migrate makes of it (tracking/capture.py,
+# upgrade_from_previous_release): wal-tracking is renamed; wal goes to after-commit when its slot and consumer
+# are healthy, else to triggers; each with its reason printed once.
+UPGRADES = {
+    "triggers": ("triggers", None),
+    "wal-tracking": ("after-commit", "capture mode wal-tracking is now named after-commit (the same mode"),
+    "wal": (
+        "after-commit",
+        "capture mode wal was removed in this release: moved to after-commit, because its"
+        " replication slot and WAL consumer are healthy",
+    ),
+    "wal, its slot lost": (
+        "triggers",
+        "capture mode wal was removed in this release: moved to triggers, because"
+        " its WAL consumer cannot run: replication slot",
+    ),
+}
+
+
+class _live_app:
+    """The app appending one row at a time on its own connection while migrate runs."""
+
+    def __init__(self, dsn: str, dataset_id):
+        self.dsn, self.dataset_id, self.written, self.errors = dsn, dataset_id, 0, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            with connect(self.dsn) as app:
+                while not self.stop.is_set():
+                    _app_insert(app, self.dataset_id, [_customer(1000 + self.written)])
+                    self.written += 1
+                    time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001
+            self.errors.append(exc)
+
+    def __enter__(self):
+        self.thread.start()
+        while not self.written and not self.errors:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(timeout=60)
+
+
+@pytest.mark.parametrize("capture_mode", list(UPGRADES))
 def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_dsn, tmp_path, capture_mode):
     old, new = previous_release, REPO
+    old_mode = capture_mode.split(",")[0]
+    upgraded_mode, why = UPGRADES[capture_mode]
     with _database(pg_admin_dsn) as dsn, _database(pg_admin_dsn) as fresh_dsn:
         env = {
             "LAKEHOUSE_PG_DSN": dsn,
@@ -210,8 +263,8 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
         }
         (tmp_path / "warehouse").mkdir()
         conn = connect(dsn)
-        if capture_mode != "triggers" and conn.execute("show wal_level").fetchone()[0] != "logical":
-            pytest.skip(f"capture mode {capture_mode} needs a server with wal_level = logical")
+        if old_mode != "triggers" and conn.execute("show wal_level").fetchone()[0] != "logical":
+            pytest.skip(f"capture mode {old_mode} needs a server with wal_level = logical")
 
         # --- the previous release builds, seeds, mirrors, checks and flags the database
         out = _run(old, env, "db", "migrate").stdout
@@ -219,8 +272,8 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
         seeded = _json(old, env, "demo", "seed", "--rows", "3000")
         ids = {d["name"]: d["id"] for d in seeded["datasets"]}
         customers, events = ids["customers"], ids["events"]
-        if capture_mode != "triggers":
-            assert f"capture mode: {capture_mode}" in _run(old, env, "digest-capture", capture_mode).stdout
+        if old_mode != "triggers":
+            assert f"capture mode: {old_mode}" in _run(old, env, "digest-capture", old_mode).stdout
         synced = _json(old, env, "sync", "--dataset", customers, "--dataset", events)["syncs"]
         assert [(s["mode"], s["total_rows"] > 0) for s in synced] == [("full", True), ("full", True)], synced
         verdicts = _json(old, env, "canary", "--dataset", customers)
@@ -228,18 +281,38 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
         _run(old, env, "flags", "set", "export.stream", "iceberg", "--dataset", customers, "--note", "old release")
         _run(old, env, "flags", "set", "studio.digest", "shadow")  # a global one too
         _app_insert(conn, customers, [_customer(i) for i in range(3)])  # a write the old release never mirrored
+        if capture_mode == "wal, its slot lost":  # invalidated past max_slot_wal_keep_size, or dropped by hand
+            conn.execute(
+                "select pg_drop_replication_slot(slot_name) from pg_replication_slots"
+                " where database = current_database()"
+            )
         before = _facts(conn)
         assert FILL_MARK in before["migrations"] and len(before["migrations"]) == 21
-        assert before["capture"][0][0] == capture_mode
+        assert before["capture"][0][0] == old_mode
 
-        # --- this tree's migrate: recognises everything, applies nothing, loses nothing
-        applied = _json(new, env, "db", "migrate")["applied"]
-        # no numbered migration again (a function whose body changed after this release would be re-applied:
-        # functions/<name>.sql; today there is none)
-        assert [a for a in applied if not a.startswith("functions/")] == [], applied
-        assert _facts(conn) == before
-        assert _run(new, env, "db", "migrate").stdout == "schema up to date\n"  # idempotent
-        assert _facts(conn) == before
+        # --- this tree's migrate, the app writing all along: applies the one new migration, moves the capture
+        # mode to one of the two this tree has and says why, loses nothing
+        with _live_app(dsn, events) as app:
+            done = _json(new, env, "db", "migrate")
+        assert not app.errors, repr(app.errors[0])
+        assert [a for a in done["applied"] if not a.startswith("functions/")] == ["025_capture_after_commit"], done
+        notes = done.get("capture_mode", [])
+        assert (why is None and notes == []) or (len(notes) == 1 and notes[0].startswith(why)), notes
+        if old_mode == "wal":  # the command to go the other way is in the message
+            other = "triggers" if upgraded_mode == "after-commit" else "after-commit"
+            assert f"lakehouse digest-capture {other}" in notes[0], notes
+        after = _facts(conn)
+        assert after["capture"][0][0] == upgraded_mode
+        assert after["migrations"] == sorted([*before["migrations"], "025_capture_after_commit"])
+        _same_data(before, after, app.written, events, sums_dropped=old_mode == "wal")
+        assert _triggers_as(after, upgraded_mode)
+        if upgraded_mode == "triggers":
+            assert after["slots"] == [] and after["capture"][0][1] is None  # no WAL held back
+        else:
+            assert len(after["slots"]) == 1 and after["capture"][0][2] is True  # the consumer writes the tracking
+        settled = _facts(conn)
+        assert _run(new, env, "db", "migrate").stdout == "schema up to date\n"  # idempotent: nothing said again
+        assert _facts(conn) == settled
         status = _json(new, env, "db", "status")
         assert all(s["applied_at"] for s in status) and len(status) == len(load_migrations())
 
@@ -271,5 +344,43 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
             "export.stream": "iceberg",
             "studio.digest": "shadow",
         }
-        assert _json(new, env, "digest-capture")["mode"] == capture_mode
+        assert _json(new, env, "digest-capture")["mode"] == upgraded_mode
+        pg_rows = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (events,)).fetchone()[0]
+        synced = _json(new, env, "sync", "--dataset", events)["syncs"]  # the rows the live app wrote meanwhile
+        assert synced[0]["total_rows"] == pg_rows, synced
+        verdicts = _json(new, env, "canary", "--dataset", events)
+        assert [r["verdict"] for r in verdicts["results"]] == ["ok"], verdicts
         conn.close()
+
+
+def _same_data(before: dict, after: dict, written: int, live, *, sums_dropped: bool) -> None:
+    """Nothing lost: every row, sync, verdict, flag, trigger (but dataset_rows's, the capture mode's) and
+    dataset's tracking as before, but for the rows the live app wrote meanwhile into dataset ``live`` (one
+    migration more recorded; the maintained sums of mode wal dropped: the next canaries fill them again)."""
+    counts = dict(before["counts"], dataset_rows=before["counts"]["dataset_rows"] + written)
+    counts["lakehouse_migrations"] += 1
+    if sums_dropped:
+        counts["lakehouse_pg_digest_state"] = 0
+    assert after["counts"] == counts
+    assert after["flags"] == before["flags"]
+    assert [t for t in after["triggers"] if t[0] != "dataset_rows"] == [
+        t for t in before["triggers"] if t[0] != "dataset_rows"
+    ]
+    assert [d[0] for d in after["datasets"]] == [d[0] for d in before["datasets"]]
+    for b, a in zip(before["datasets"], after["datasets"]):
+        if str(a[0]) == str(live):
+            assert a[1] >= b[1] and a[2] >= b[2], (b, a)  # moved on, never back
+        else:
+            assert a == b
+
+
+def _triggers_as(facts: dict, mode: str) -> bool:
+    """dataset_rows's triggers as the mode has them: change tracking and the digest in the transaction, or only
+    the barrier."""
+    on = {t for rel, t, state in facts["triggers"] if rel == "dataset_rows" and state != "D"}
+    tracking = {"lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del"}
+    digest = {"lakehouse_rows_ins_digest", "lakehouse_rows_upd_digest", "lakehouse_rows_del_digest"}
+    barrier = {"lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del"}
+    if mode == "triggers":
+        return tracking | digest <= on and not on & barrier
+    return barrier <= on and not on & (tracking | digest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import redact
 from lakehouse_dagster.schema.migrate import load_migrations, migrate
+from lakehouse_dagster.tracking import capture
 
 
 def register(sub) -> None:
@@ -16,8 +17,14 @@ def register(sub) -> None:
 
 def _migrate(ctx, args) -> Result:
     applied = migrate(ctx.conn)
+    # A database the previous release left in a capture mode it no longer has (tracking/capture.py).
+    notes = capture.upgrade_from_previous_release(ctx.conn)
     text = f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema up to date"
-    return Result({"applied": applied, "database": redact(ctx.dsn)}, text)
+    text = "\n".join([text, *notes])
+    data = {"applied": applied, "database": redact(ctx.dsn)}
+    if notes:
+        data["capture_mode"] = notes
+    return Result(data, text)
 
 
 def _status(ctx, args) -> Result:

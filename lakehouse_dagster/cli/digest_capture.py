@@ -1,17 +1,21 @@
-"""`lakehouse digest-capture`: where the maintained Postgres digest is computed (tracking/capture.py)."""
+"""`lakehouse digest-capture`: where change tracking and the maintained Postgres digest are written
+(tracking/capture.py)."""
 
 from __future__ import annotations
+
+import sys
 
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.tracking import capture
 
-EPILOG = """modes: triggers (default; the app's writing transaction adds the row hashes) · wal (a logical
-replication slot; the canaries apply the changes after the commit, so the app pays only change tracking) ·
-wal-tracking (change tracking after the commit too: the app's statement only takes a shared lock per dataset,
-and readers that pair the tracking with rows wait behind it while they catch the consumer up).
-wal needs wal_level = logical (the embedded server has it) and sets REPLICA IDENTITY FULL on dataset_rows.
-The slot holds WAL back until a canary, a mirror run's checks or `catch-up` consumes it: bound it with
-max_slot_wal_keep_size (the embedded server: 2GB); a slot invalidated past it needs `repair`.
+EPILOG = """modes: triggers (default; the app's writing transaction writes the change tracking and adds the row
+hashes) · after-commit (the WAL consumer writes both after the app commits: the app's statement only takes a
+shared lock per dataset, and readers of the change tracking wait behind it while they catch the consumer up).
+after-commit needs wal_level = logical (the embedded server has it) and sets REPLICA IDENTITY FULL on
+dataset_rows. The slot holds WAL back until a reader, a canary, the consumer sensor or `catch-up` consumes it:
+bound it with max_slot_wal_keep_size (the embedded server: 2GB); a slot invalidated past it needs `repair`.
+after-commit was called wal-tracking (still accepted); the previous release's mode wal is gone (`lakehouse db
+migrate` moved a database left in it, and said why).
 exit codes: 0 done · 5 refused or could not run (the message says why; nothing was changed)."""
 
 
@@ -20,37 +24,45 @@ def register(sub) -> None:
         sub,
         "digest-capture",
         _run,
-        help="show or switch where the maintained Postgres digest is computed",
-        description="Capture mode of the maintained Postgres digest: in the app's transaction "
-        "(triggers) or after it, from the WAL (wal).",
+        help="show or switch where change tracking and the maintained Postgres digest are written",
+        description="Capture mode: change tracking and the maintained Postgres digest written in the app's "
+        "transaction (triggers) or after it, by the WAL consumer (after-commit).",
         epilog=EPILOG,
     )
     p.add_argument(
         "action",
         nargs="?",
         default="status",
-        choices=("status", "wal", "wal-tracking", "triggers", "catch-up", "repair"),
-        help="status (default) · wal / wal-tracking / triggers: switch · catch-up: apply what the slot holds · "
+        choices=("status", capture.AFTER_COMMIT, capture.TRIGGERS, "catch-up", "repair", *capture.RENAMED),
+        help="status (default) · after-commit / triggers: switch · catch-up: apply what the slot holds · "
         "repair: a new slot after the old one lost WAL (drops the maintained sums)",
     )
 
 
 def _run(ctx, args) -> Result:
     conn = ctx.conn
-    if args.action in ("wal", "wal-tracking"):
-        done = capture.enable(conn, tracking=args.action == "wal-tracking")
-    elif args.action == "triggers":
+    action = args.action
+    if action in capture.RENAMED:  # an operator's script keeps working
+        action = capture.RENAMED[action]
+        print(f"lakehouse digest-capture: note: {args.action} was renamed {action}", file=sys.stderr)
+    if action == capture.AFTER_COMMIT:
+        done = capture.enable(conn)
+    elif action == capture.TRIGGERS:
         done = capture.disable(conn)
-    elif args.action == "catch-up":
+    elif action == "catch-up":
         done = capture.catch_up(conn)
-    elif args.action == "repair":
+    elif action == "repair":
         done = capture.repair(conn)
     else:
         done = {}
     st = capture.status(conn)
     lines = [
         f"capture mode: {st['mode']} (wal_level {st['wal_level']})"
-        + ("; change tracking is written by the WAL consumer" if st["mode"] == "wal-tracking" else "")
+        + (
+            "; change tracking and the digest are written by the WAL consumer after the commit"
+            if st["mode"] == capture.AFTER_COMMIT
+            else ""
+        )
     ]
     if done:
         lines.append("done: " + ", ".join(f"{k} {v}" for k, v in done.items()))

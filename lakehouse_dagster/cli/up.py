@@ -236,16 +236,16 @@ def _up(ctx, args) -> Result:
             dsn = settings.pg_dsn
             _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
 
-        from lakehouse_dagster.demo.workspace import (
-            seed_demo,
-        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-        from lakehouse_dagster.schema.migrate import (
-            migrate,
-        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+        # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+        from lakehouse_dagster.demo.workspace import seed_demo  # lazy: see above
+        from lakehouse_dagster.schema.migrate import migrate  # lazy: see above
+        from lakehouse_dagster.tracking import capture  # lazy: see above
 
         with _connect(dsn) as conn:
             applied = migrate(conn)
             _say(f"migrations applied: {', '.join(applied)}" if applied else "schema up to date")
+            for note in capture.upgrade_from_previous_release(conn):  # tracking/capture.py
+                _say(note)
             demo = None
             if not args.no_demo:
                 _say("seeding the demo workspace (once; the big dataset is generated inside Postgres)...")

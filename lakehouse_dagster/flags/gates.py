@@ -145,9 +145,9 @@ def write_flip_blockers(
     soak_seconds = configured_soak(soak_seconds)
     now = now or _db_now(conn)
     pipeline_inputs = pipeline_input_dataset_ids(conn)
-    barrier.settle(conn, ids)  # capture mode wal-tracking: rows_version covers every committed write
-    syncs = _latest_syncs(conn, ids)
-    verdicts = _latest_verdicts(conn, ids)
+    with barrier.read_tracking_consistently(conn, ids):  # after-commit: rows_version covers every committed write
+        syncs = _latest_syncs(conn, ids)
+        verdicts = _latest_verdicts(conn, ids)
     servable = list(SERVABLE_READERS)
     reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
     locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})

@@ -149,7 +149,7 @@ class SnapshotState:
 
 _PIN = (
     "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(), "
-    + barrier.IN_WAL_TRACKING
+    + barrier.MODE_IS_AFTER_COMMIT
     + " from datasets where id = %s"
 )
 
@@ -177,11 +177,11 @@ class PinnedSnapshot:
         self.conn.execute("set local timezone to 'UTC'")
         row = self.conn.execute(_PIN, (dataset_id,)).fetchone()
         if row is not None and row[-1]:
-            # Capture mode wal-tracking: the tracking is written after the commit. Pin again behind the
+            # Capture mode after-commit: the tracking is written after the commit. Pin again behind the
             # dataset's barrier, where it matches the committed rows (tracking/barrier.py).
             self.conn.rollback()
             try:
-                with barrier.held_elsewhere(dsn, [dataset_id]):
+                with barrier.read_tracking_consistently(self.conn, [dataset_id], on_own_connection=True):
                     self.conn.execute("set transaction isolation level repeatable read")
                     self.conn.execute("set local timezone to 'UTC'")
                     row = self.conn.execute(_PIN, (dataset_id,)).fetchone()

@@ -187,8 +187,8 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
             if not pin.has_snapshot or pin.source_version is None or pin.source_version < row[2]:
                 return  # lagging (or no snapshot): nothing to compare, nothing worth filling
             columns = parse_schema(row[1], f"dataset {ds_id}")
-            # Capture mode wal: the sums include every committed write. Always, not only when the dataset's
-            # applied_version lags: a write that stamped no version (replica role) is seen only by decoding.
+            # Capture mode after-commit: the sums include every write the consumer applied. Always, not only
+            # when the dataset's applied_version lags: a write under the replica role is seen only by decoding.
             caught_up = capture.catch_up(conn)
             if caught_up.get("transactions"):
                 v.detail["wal_consumer"] = caught_up

@@ -114,19 +114,23 @@ class PinnedPostgres:
         # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
         # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
         # ``dataset_id``: the dataset whose change tracking the caller pairs with its rows; in capture mode
-        # wal-tracking the snapshot is taken behind its barrier (tracking/barrier.py).
+        # after-commit the snapshot is taken behind its barrier (tracking/barrier.py).
         self._own = conn is None or not idle_autocommit(conn)
         self.conn = connect(dsn) if self._own else conn
         try:
             behind = False
             while True:
-                with barrier.held_elsewhere(dsn, [dataset_id]) if behind else contextlib.nullcontext():
+                with (
+                    barrier.read_tracking_consistently(self.conn, [dataset_id], on_own_connection=True)
+                    if behind
+                    else contextlib.nullcontext()
+                ):
                     self.conn.execute("begin transaction isolation level repeatable read, read only")
                     # Take the snapshot now (the first statement does), before the caller looks at anything else.
-                    tracked_after_commit = barrier.tracking_after_commit(self.conn)
+                    tracked_after_commit = barrier.mode_is_after_commit(self.conn)
                     if behind or dataset_id is None or not tracked_after_commit:
                         break
-                    # Capture mode wal-tracking: pin again while a connection of ours holds the barrier.
+                    # Capture mode after-commit: pin again while a connection of ours holds the barrier.
                     self.conn.execute("rollback")
                     behind = True
         except BaseException:

@@ -44,8 +44,8 @@ def snapshot_freshness(
     or its snapshot is not older than ``max_lag_seconds`` (a behind snapshot older than that is stale).
     ``pin``: the caller's pin of the table (a batch pins once for the three checks)."""
     pin = pin or pin_iceberg(catalog, settings, dataset_id)
-    barrier.settle(conn, [dataset_id])  # capture mode wal-tracking: the version covers every committed write
-    row = conn.execute("select rows_version from datasets where id = %s", (dataset_id,)).fetchone()
+    with barrier.read_tracking_consistently(conn, [dataset_id]):  # after-commit: it covers every committed write
+        row = conn.execute("select rows_version from datasets where id = %s", (dataset_id,)).fetchone()
     pg_version = row[0] if row else None
     last_ok = latest_succeeded(conn, dataset_id)
     meta = {

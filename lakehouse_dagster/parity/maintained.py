@@ -10,8 +10,8 @@ re-reading every row on every canary:
   sum over its live data files; a snapshot with delete files has no maintained digest (full digest).
 * Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
   inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
-  transaction (schema/functions/lakehouse_digest_rows.sql) — or, in capture mode "wal", a logical decoding consumer does after
-  the app committed (tracking/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
+  transaction (schema/functions/lakehouse_digest_rows.sql) — or, in capture mode "after-commit", a logical decoding
+  consumer does after the app committed (tracking/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
 
 Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment
 sums and reads rows only in the segments that differ.
@@ -370,22 +370,22 @@ def ensure_pg(
                 (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
-    # In capture mode wal the fill runs under the WAL consumer's lock (tracking/capture.py), after a catch-up: its
-    # snapshot then sees every delta the consumer wrote, and the consumer, running after it, applies only the
-    # transactions that stamped a version above the one this snapshot saw (fill_version). In capture mode
-    # triggers fills of different datasets run side by side; one whose snapshot sees a switch to wal that
-    # committed after it looked starts again under the lock (a switch committed after its snapshot is safe:
-    # what is written before the switch row is the triggers', and fill_version is below what comes after).
-    # In capture mode wal-tracking the consumer also draws the versions, so the fill's snapshot must match them:
-    # it is taken behind the dataset's barrier (tracking/barrier.py), which lets the writers go once it is taken;
-    # the consumer's lock stays held to the end, as in capture mode wal.
+    # In capture mode after-commit the fill runs under the WAL consumer's lock (tracking/capture.py), behind the
+    # dataset's barrier (tracking/barrier.py), after a catch-up: its snapshot then sees every delta the consumer
+    # wrote and the versions it drew, and the consumer, running after it, applies only what it draws a later
+    # version for. The barrier lets the writers go once the snapshot is taken; the consumer's lock stays held
+    # to the end. In capture mode triggers fills of different datasets run side by side; one whose snapshot sees
+    # a switch to after-commit that committed after it looked starts again behind the barrier (a switch
+    # committed after its snapshot is safe: what is written before the switch row is the triggers'). While a
+    # switch back to triggers still has changes to apply (a slot is set), the fill runs under the consumer's
+    # lock after a catch-up.
     while True:
-        with barrier.held(conn, [dataset_id]) as behind:
+        with barrier.read_tracking_consistently(conn, [dataset_id]) as behind:
             locked = capture.active(conn)
             if locked:
                 conn.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
             try:
-                if locked and not behind:  # behind the barrier, held() has just caught the consumer up
+                if locked and not behind:  # behind the barrier the consumer has just been caught up
                     capture.catch_up(conn)
                 if _fill(conn, dataset_id, sh, locked, behind):
                     return outcome
@@ -396,7 +396,7 @@ def ensure_pg(
 
 def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool, behind: barrier.Barrier) -> bool:
     """One REPEATABLE READ fill; False (nothing written) when it must run again under the consumer's lock (and,
-    in wal-tracking, behind the barrier): a switch committed after the caller looked."""
+    in after-commit, behind the barrier): a switch committed after the caller looked."""
     conn.execute("begin isolation level repeatable read")
     try:
         if behind:  # frozen while it holds the barrier, the session is ended by the server (tracking/barrier.py)
@@ -406,7 +406,7 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
                 (str(barrier.HOLD_IDLE_TIMEOUT_MS),),
             ).fetchone()[0]
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        if (not locked and capture.active(conn)) or (not behind and barrier.tracking_after_commit(conn)):
+        if (not locked and capture.active(conn)) or (not behind and barrier.mode_is_after_commit(conn)):
             conn.execute("rollback")  # both read in this fill's snapshot
             return False
         if behind:  # the snapshot is taken: the dataset's writers need not wait for the sums
@@ -463,7 +463,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
     """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
     state = conn.execute(
         "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version,"
-        " coalesce(c.mode = 'wal' or c.applying, false)"
+        " coalesce(c.applying, false)"
         " from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id"
         " left join lakehouse_digest_capture c on true where s.dataset_id = %s",
         (dataset_id,),
@@ -474,7 +474,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
         raise Unavailable("the maintained Postgres digest is for another schema or contract")
     if not state[2]:
         raise Unavailable("the maintained Postgres digest is not filled yet")
-    if state[5] and state[3] != state[4]:  # capture mode wal: the sums are as of applied_version
+    if state[5] and state[3] != state[4]:  # the WAL consumer's sums are as of applied_version
         raise Unavailable(
             f"the WAL consumer has applied this dataset up to version {state[3]}, "
             f"not yet {state[4]} (tracking/capture.py)"

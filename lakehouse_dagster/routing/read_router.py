@@ -62,7 +62,7 @@ class Freshness:
 
 
 _FRESHNESS = f"""
-select d.rows_version, s.snapshot_id, s.source_version, {barrier.IN_WAL_TRACKING}
+select d.rows_version, s.snapshot_id, s.source_version, {barrier.MODE_IS_AFTER_COMMIT}
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
  where d.id = %s
@@ -70,14 +70,14 @@ select d.rows_version, s.snapshot_id, s.source_version, {barrier.IN_WAL_TRACKING
 
 
 def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID, *, exact: bool = False) -> Freshness:
-    """``exact``: in capture mode wal-tracking, settle the change tracking first (a STRICT read, a rollback's
-    decision), so that rows_version covers every write committed before the call; one query otherwise."""
+    """``exact``: in capture mode after-commit, read behind the barrier (a STRICT read, a rollback's decision), so
+    that rows_version covers every write committed before the call; one query otherwise."""
     row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
     if row is None:
         raise NotFound(f"dataset {dataset_id} does not exist (check the id)")
     if exact and row[3]:
-        barrier.settle(conn, [dataset_id])
-        row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
+        with barrier.read_tracking_consistently(conn, [dataset_id]):
+            row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
     return Freshness(*row[:3])
 
 
@@ -231,7 +231,7 @@ def resolve_read_source(
     """Resolve the reader's mode (cached, clamped), apply the freshness gate, log the decision."""
     dataset_id = parse_uuid(dataset_id, "dataset id")
     flag = flags.resolve(READ, reader, dataset_id)
-    # also refuses a dataset that does not exist, whatever the mode; a STRICT read settles wal-tracking's tracking
+    # also refuses a dataset that does not exist, whatever the mode; a STRICT read waits for after-commit's tracking
     fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)
     # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)

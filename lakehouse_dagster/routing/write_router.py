@@ -158,8 +158,10 @@ def _write_native_locked(
     ds, sync_id = decision.dataset_id, sync_id or uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
     # PG is not written on this path, so the snapshot covers the dataset's current rows_version (in capture
-    # mode wal-tracking once the consumer has applied every write committed before now).
-    barrier.settle(conn, [ds])
+    # mode after-commit once the consumer has applied every write committed before now). The insert below may
+    # write the datasets row (the sync log's triggers): never behind the barrier, so it lets go first.
+    with barrier.read_tracking_consistently(conn, [ds]) as tracking:
+        tracking.let_go()
     row = conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version)"
         " select id, %s, %s, 'native', %s, 'running', rows_version from datasets where id = %s"

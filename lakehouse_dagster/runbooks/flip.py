@@ -220,10 +220,10 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     if minutes <= 0 or not ids:
         return {}
     latest = cy.latest_verdicts(conn, ids)
-    barrier.settle(conn, ids)  # capture mode wal-tracking: the current version covers every committed write
-    current: dict = dict(
-        conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
-    )
+    with barrier.read_tracking_consistently(conn, ids):  # after-commit: the version covers every committed write
+        current: dict = dict(
+            conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
+        )
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
     return {
         i: f"ok at {v['checked_at']:%Y-%m-%d %H:%M:%S} UTC ({v['source']}), Postgres version {v['pg_version']} unchanged"

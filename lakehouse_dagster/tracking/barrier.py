@@ -1,20 +1,24 @@
-"""Capture mode wal-tracking: change tracking is written after the commit, and stays exact for its readers.
+"""Capture mode after-commit: change tracking is written after the commit, and stays exact for its readers.
 
 In that mode the app's statement only takes ``pg_advisory_xact_lock_shared(uuid_hash_extended(dataset, 0))``
 per dataset it wrote (migration 024), and the WAL consumer (tracking/capture.py) writes rows_version,
-max_row_index, rows_rewrite_version and the row-range records afterwards. A reader that pairs them with the rows
-of a snapshot (the sync's pin, the canary's, the maintained-digest fill) pins inside ``held``: it takes those
-locks exclusive, which waits for the dataset's writers in flight (their locks go at commit) and holds new ones
-(a new writer's rows stay uncommitted until it lets go), flushes the WAL and catches the consumer up. Inside,
-the tracking columns cover exactly the committed rows. A reader deciding from the current version (the flip
-gates, a STRICT read, the freshness check) calls ``settle``: the same, let go at once, so the columns cover
-every write committed before the call — what reading them gives in the other modes.
+max_row_index, rows_rewrite_version and the row-range records afterwards. Every reader of those columns goes
+through ``read_tracking_consistently``: on entry it waits for the dataset's writers in flight (their locks go at
+commit) and holds new ones (a new writer's rows stay uncommitted until it lets go), flushes the WAL and catches
+the consumer up (``_wait_for_writers_and_catch_up``). Inside, the tracking columns cover exactly the committed
+rows: a reader that pairs them with the rows of a snapshot (the sync's pin, the canary's, the maintained-digest
+fill) pins inside; a reader deciding from the current version (the flip gates, a STRICT read, the freshness
+check, a native write's recorded source version) reads inside, or lets go first (``Barrier.let_go``) when what it
+does next may write a datasets row. The poller, which needs no exact answer (a write committing meanwhile is
+seen by the next tick), calls ``catch_up_without_waiting``. In capture mode triggers each call is one query and
+holds nothing.
 
 Deadlock-free by construction: the consumer's lock is taken first, waiting while holding nothing; several
 datasets are taken with try-locks, waiting for one only while holding no other; the consumer never waits for a
 datasets row lock (an app transaction holding one may be waiting on our barrier): when one is locked, the
-barrier lets go of everything and tries again. A fill lets its dataset's writers go once its snapshot is taken.
-In capture modes triggers and wal each call is one query.
+barrier lets go of everything and tries again. Nothing that may write a datasets row runs behind the barrier
+(an app transaction may hold that row while it waits for our barrier). A fill lets its dataset's writers go once
+its snapshot is taken. A reader frozen behind the barrier is ended by the server (``HOLD_IDLE_TIMEOUT_MS``).
 """
 
 from __future__ import annotations
@@ -43,42 +47,18 @@ class BarrierTimeout(capture.CaptureError):
 
 
 # The one test of the mode, as an SQL expression: readers put it in a query they run anyway (a pin, the
-# freshness check), so the other capture modes pay nothing for it.
-IN_WAL_TRACKING = "(select mode = 'wal-tracking' from lakehouse_digest_capture)"
+# freshness check), so capture mode triggers pays nothing for it.
+MODE_IS_AFTER_COMMIT = "(select mode = 'after-commit' from lakehouse_digest_capture)"
 
 
-def tracking_after_commit(conn: psycopg.Connection) -> bool:
-    return bool(conn.execute("select " + IN_WAL_TRACKING).fetchone()[0])
-
-
-@contextlib.contextmanager
-def held_elsewhere(dsn: str, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> Iterator[Barrier]:
-    """``held`` on a connection of its own, closed after: the caller pins on its connection meanwhile. Only
-    called in wal-tracking (the caller read the mode in its own snapshot)."""
-    with (
-        psycopg.connect(dsn, autocommit=True) as holder,
-        held(holder, dataset_ids, timeout_s=timeout_s, checked=True, dedicated=True) as b,
-    ):
-        yield b
-
-
-def settle(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], *, timeout_s: float = TIMEOUT_S) -> bool:
-    """After it, the tracking of these datasets covers every write committed before the call (True: it had to
-    wait for the consumer; False: the tracking is in the app's transaction). ``conn`` may be in a transaction
-    (READ COMMITTED: its next statements see the result); the work then runs on a second connection."""
-    ids = sorted(set(dataset_ids))
-    if not ids or not tracking_after_commit(conn):
-        return False
-    if conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-        with held(conn, ids, timeout_s=timeout_s, checked=True):
-            return True
-    with capture.sibling(conn) as other, held(other, ids, timeout_s=timeout_s, checked=True, dedicated=True):
-        return True
+def mode_is_after_commit(conn: psycopg.Connection) -> bool:
+    return bool(conn.execute("select " + MODE_IS_AFTER_COMMIT).fetchone()[0])
 
 
 class Barrier:
-    """What ``held`` yields: true when the reader is behind the barrier. ``let_go`` releases the datasets'
-    writers early, once the caller's snapshot is taken (a fill that reads for seconds)."""
+    """What ``read_tracking_consistently`` yields: true when the reader is behind the barrier. ``let_go``
+    releases the datasets' writers early, once the caller's snapshot is taken (a fill that reads for seconds) or
+    before it writes a datasets row."""
 
     def __init__(self, conn: psycopg.Connection | None, ids: list[uuid.UUID]):
         self._conn, self._ids = conn, ids
@@ -93,30 +73,60 @@ class Barrier:
 
 
 @contextlib.contextmanager
-def held(
+def read_tracking_consistently(
     conn: psycopg.Connection,
-    dataset_ids: Iterable[uuid.UUID],
+    dataset_ids: Iterable[uuid.UUID | None],
     *,
+    on_own_connection: bool = False,
     timeout_s: float = TIMEOUT_S,
-    checked: bool = False,
-    dedicated: bool = False,
 ) -> Iterator[Barrier]:
-    """Inside, the tracking columns of these datasets match their committed rows, and no write to them commits
-    until exit (or ``let_go``): pin a snapshot here. ``conn``: autocommit and idle on entry (the locks are its
-    session's; a transaction begun inside may stay open past exit). Yields a false Barrier, holding nothing,
-    outside wal-tracking. ``dedicated``: ``conn`` holds the barrier and does nothing else (the snapshot is
-    taken on another connection) and is closed after: its idle timeout stays bounded through the block (a
-    caller that pins on ``conn`` itself bounds its own transaction, see maintained._fill).
+    """Inside, the tracking columns of these datasets match their committed rows (every write committed before
+    entry is in them), and no write to them commits until exit (or ``Barrier.let_go``): read them, or pin a
+    snapshot, here. Outside capture mode after-commit: one query, nothing held, a false Barrier.
+
+    Where the barrier is held: on ``conn`` itself when it is autocommit and idle (its session's locks; a
+    transaction begun inside may stay open past exit: bound its idle time yourself, see maintained._fill);
+    otherwise, or with ``on_own_connection`` (the caller pins on ``conn`` inside: a connection of ours must hold
+    it, with its idle time bounded through the block; the mode is read there too, nothing runs on ``conn``), on a
+    connection of its own, closed at exit.
+    ``conn`` in a transaction: READ COMMITTED sees the caught-up tracking in its next statements."""
+    ids = sorted({d for d in dataset_ids if d is not None})
+    if not ids or (not on_own_connection and not mode_is_after_commit(conn)):
+        yield Barrier(None, [])
+        return
+    idle_here = conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    if idle_here and not on_own_connection:
+        with _held(conn, ids, timeout_s=timeout_s, dedicated=False) as b:
+            yield b
+        return
+    with capture.sibling(conn) as holder:
+        # on_own_connection: the mode is read there, so that ``conn`` (idle, e.g. about to begin a REPEATABLE
+        # READ pin) runs nothing before the caller's first statement.
+        if on_own_connection and not mode_is_after_commit(holder):
+            yield Barrier(None, [])
+            return
+        with _held(holder, ids, timeout_s=timeout_s, dedicated=True) as b:
+            yield b
+
+
+def catch_up_without_waiting(conn: psycopg.Connection) -> dict | None:
+    """The poller's: in capture mode after-commit it learns of writes from the consumer, so catch it up before a
+    tick, waiting for no writer (a write committing meanwhile is seen by the next tick). None in triggers."""
+    if not mode_is_after_commit(conn):
+        return None
+    return capture.catch_up(conn, row_lock_wait_s=0.2)
+
+
+@contextlib.contextmanager
+def _held(conn: psycopg.Connection, ids: list[uuid.UUID], *, timeout_s: float, dedicated: bool) -> Iterator[Barrier]:
+    """The barrier on ``conn`` (autocommit, idle on entry). ``dedicated``: ``conn`` holds it and does nothing
+    else, and is closed after: its idle timeout stays bounded through the block.
 
     Lock order: the consumer's lock first, waited for holding nothing (a fill or a long catch-up holds it for
     seconds, and the app's writers must not wait that long behind our barrier), then the barriers."""
-    ids = sorted(set(dataset_ids))
-    if not ids or (not checked and not tracking_after_commit(conn)):
-        yield Barrier(None, [])
-        return
     idle = _bound_idle(conn)
     try:
-        _take(conn, ids, time.monotonic() + timeout_s, timeout_s)
+        _wait_for_writers_and_catch_up(conn, ids, time.monotonic() + timeout_s, timeout_s)
     finally:
         if not dedicated:  # before the block: a setting restored inside a transaction that rolls back comes back
             _restore_idle(conn, idle)
@@ -128,7 +138,9 @@ def held(
         _unlock_consumer(conn)
 
 
-def _take(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float, timeout_s: float) -> None:
+def _wait_for_writers_and_catch_up(
+    conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float, timeout_s: float
+) -> None:
     """The consumer's lock and every barrier, the consumer caught up; on failure nothing is held."""
     pause = 0.01
     while True:
@@ -238,11 +250,3 @@ def _unlock_all(conn: psycopg.Connection, ids: list[uuid.UUID]) -> None:
 
 def _names(ids: list[uuid.UUID]) -> str:
     return ", ".join(map(str, ids[:3])) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
-
-
-def catch_up_for_poller(conn: psycopg.Connection) -> dict | None:
-    """In wal-tracking the poller learns of writes from the consumer: catch it up before a tick (no barrier: a
-    write committing meanwhile is seen by the next tick). None outside that mode."""
-    if not tracking_after_commit(conn):
-        return None
-    return capture.catch_up(conn, row_lock_wait_s=0.2)

@@ -1,37 +1,41 @@
-"""Where the maintained Postgres digest is computed: in the app's transaction, or after it.
+"""Capture modes: where change tracking and the maintained Postgres digest are written.
 
-Capture mode "triggers" (the default): statement triggers add and subtract row hashes inside every
-writing transaction (schema/functions/lakehouse_digest_rows.sql), which is what an app write pays for
-(bench_app_writes.py).
-Capture mode "wal": those triggers are disabled and this consumer reads the changes to ``dataset_rows``
-from a logical replication slot (plugin pgoutput, through the SQL interface) after the app committed,
-and writes the same per-segment deltas. It needs ``wal_level = logical`` (the embedded server is started
-with it; a user's server needs a restart) and REPLICA IDENTITY FULL on ``dataset_rows`` (old values of
-updated and deleted rows), set by ``enable``.
+Capture mode "triggers" (the default): statement triggers write both inside every writing transaction: change
+tracking (rows_version, rows_xid, max_row_index, rows_rewrite_version, the row-range records) and the row
+hashes added and subtracted per segment (schema/functions/lakehouse_digest_rows.sql). That is what an app write
+pays for (bench_app_writes.py).
 
-Exactly once: the consumer peeks (the slot does not move), applies a chunk of whole transactions and
-records the end LSN of the last one in the same transaction as its deltas, then advances the slot; after
-a crash between the two it skips what it already applied. Registration and the switches are ordered by
-the stream itself: a switch writes a row of ``lakehouse_digest_capture_switch`` in the transaction that
-disables (or enables) the triggers, under the lock ALTER TABLE ... TRIGGER takes (SHARE ROW EXCLUSIVE: it
-waits for every writing transaction and holds new ones back), so every write is on exactly one side of it; a fill (maintained.ensure_pg) runs under the consumer's lock after a
-catch-up and records the rows_version its snapshot saw, and the consumer applies a transaction to a
-dataset only when the version that transaction stamped is above it. Change tracking stays in the app's
-transaction, so rows_version still moves with the rows; ``applied_version`` says which version the sums
-include, and the canary compares maintained sums only when it equals the rows_version of its snapshot.
-A change the consumer cannot account for (no version stamped, an old value it was not given, a TRUNCATE,
-a value the hash cannot type) drops that dataset's registration: the canary then uses the full digest
-and fills it again. Nothing here can make a comparison pass that should fail.
+Capture mode "after-commit": both are written by this module's WAL consumer after the app committed (issue 11:
+a one-row statement then pays ~1.2x, not ~1.7-2x). The app's statement trigger only takes a shared advisory
+lock per dataset it wrote (tracking/barrier.py). The consumer reads the changes to ``dataset_rows`` from a
+logical replication slot (plugin pgoutput, through the SQL interface) and writes, per chunk of transactions and
+dataset, what the triggers would have: a new rows_version (drawn here, in commit order), rows_xid (its own
+transaction: the poller's cursor stays valid), max_row_index, rows_rewrite_version, the row-range records and
+the per-segment deltas of the maintained digest. It needs ``wal_level = logical`` (the embedded server is
+started with it; a user's server needs a restart) and REPLICA IDENTITY FULL on ``dataset_rows`` (old values of
+updated and deleted rows), set by ``enable``. A reader that pairs the tracking with rows, or decides from the
+current version, goes through ``barrier.read_tracking_consistently``: it waits for the dataset's writers in
+flight, holds new ones and catches this consumer up. The consumer never waits for a datasets row lock (NOWAIT,
+retried): an app transaction holding one may be waiting on a reader's barrier, and the reader on this consumer.
+TRUNCATE keeps its in-transaction trigger.
 
-Capture mode "wal-tracking" moves change tracking out of the app's transaction as well (issue 11: a one-row
-statement then pays ~1.2x, not ~1.7-2x). The app's statement trigger only takes a shared advisory lock per
-dataset it wrote (tracking/barrier.py); this consumer writes, per chunk of transactions and dataset, what the
-tracking triggers would have: a new rows_version (drawn here, in commit order), rows_xid (its own
-transaction: the poller's cursor stays valid), max_row_index, rows_rewrite_version and the row-range records.
-A reader that pairs the tracking with rows settles first (barrier.held): it waits for the dataset's writers in
-flight, holds new ones and catches this consumer up. While in that mode the consumer never waits for a
-datasets row lock (NOWAIT, retried): an app transaction holding one may be waiting on a reader's barrier,
-and the reader on this consumer. TRUNCATE keeps its in-transaction trigger.
+Exactly once: the consumer peeks (the slot does not move), applies a chunk of whole transactions and records the
+end LSN of the last one in the same transaction as what it wrote, then advances the slot; after a crash between
+the two it skips what it already applied. The switches are ordered by the stream itself: a switch writes a row
+of ``lakehouse_digest_capture_switch`` in the transaction that disables (or enables) the triggers, under the
+lock ALTER TABLE ... TRIGGER takes (SHARE ROW EXCLUSIVE: it waits for every writing transaction and holds new
+ones back), so every write is on exactly one side of it. A fill (maintained.ensure_pg) takes its snapshot behind
+the dataset's barrier, after a catch-up, under the consumer's lock, and records the rows_version it saw; the
+consumer applies to it only what it draws a later version for. ``applied_version`` says which version the sums
+include, and the canary compares maintained sums only when it equals the rows_version of its snapshot. A change
+the consumer cannot account for (an old value it was not given, a TRUNCATE, a value the hash cannot type) drops
+that dataset's registration: the canary then uses the full digest and fills it again. Nothing here can make a
+comparison pass that should fail.
+
+The previous release had a third mode, "wal" (the digest after the commit, change tracking still in the app's
+transaction): it needed everything after-commit needs and still cost one-row writes 1.6-2.0x. It is gone; a
+database left in it is moved to one of the two by ``upgrade_from_previous_release`` (``lakehouse db migrate``).
+after-commit was called "wal-tracking" (migration 025 renames the stored mode; the CLI accepts the old word).
 """
 
 from __future__ import annotations
@@ -57,7 +61,12 @@ DIGEST_TRIGGERS = (
 )
 TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del")  # TRUNCATE's stays on
 BARRIER_TRIGGERS = ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del")
-CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill, in wal mode) at a time
+CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill behind it) at a time
+TRIGGERS = "triggers"
+AFTER_COMMIT = "after-commit"
+MODES = (TRIGGERS, AFTER_COMMIT)
+RENAMED = {"wal-tracking": AFTER_COMMIT}  # the previous release's name for it (CLI, stream markers)
+LEGACY_WAL = "wal"  # the previous release's third mode: only ever read, to move a database out of it
 CHUNK_CHANGES = 20_000  # messages per consumer transaction (a chunk ends at a transaction boundary)
 HASH_BATCH = 1_000  # rows per hash call
 _ROW_COLUMNS = ("dataset_id", "row_index", "row_id", "created_at", "data")
@@ -70,7 +79,7 @@ class CaptureError(LakehouseError):
 
 
 class RowLocked(CaptureError):
-    """Capture mode wal-tracking: a datasets row the consumer must write stayed locked by another transaction."""
+    """Capture mode after-commit: a datasets row the consumer must write stayed locked by another transaction."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +88,7 @@ class State:
     slot: str | None
     applied_lsn: str | None
     applying: bool
-    tracking: bool = False  # the consumer has passed a switch to wal-tracking: it writes change tracking
+    tracking: bool = False  # the consumer has passed a switch to after-commit: it writes change tracking
 
 
 def state(conn: psycopg.Connection) -> State:
@@ -119,16 +128,16 @@ def _slot_name(conn: psycopg.Connection) -> str:
     return f"lakehouse_digest_{oid}"  # slots are per server; one per database
 
 
-def enable(conn: psycopg.Connection, *, tracking: bool = False, lock_timeout_ms: int = 10_000) -> dict:
-    """Switch to capture mode "wal", or "wal-tracking" with ``tracking`` (``conn`` autocommit). Idempotent;
-    refuses with the reason when the server cannot decode (wal_level) or the table cannot be altered."""
+def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
+    """Switch to capture mode "after-commit" (``conn`` autocommit). Idempotent; refuses with the reason when the
+    server cannot decode (wal_level) or the table cannot be altered."""
     level = conn.execute("show wal_level").fetchone()[0]
     if level != "logical":
         raise CaptureError(
             f"wal_level is {level!r}: logical decoding needs wal_level = logical "
             "(ALTER SYSTEM SET wal_level = logical, then restart the server); nothing was changed"
         )
-    target = "wal-tracking" if tracking else "wal"
+    target = AFTER_COMMIT
     st = state(conn)
     if (
         st.mode == target
@@ -178,7 +187,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
         # The table first, then the consumer's lock: an app writer in flight may wait on a reader's barrier,
         # and that reader on the consumer's lock (tracking/barrier.py); holding it while we wait would close a cycle.
         conn.execute("lock table dataset_rows in share row exclusive mode")
-        if st.mode == "wal-tracking" and target != "wal-tracking":
+        if st.mode == AFTER_COMMIT and target != AFTER_COMMIT:
             # The writes before this lock are tracked by the consumer only: apply every one now, before the
             # triggers take over (a version drawn by the consumer after theirs would hide a rewrite).
             try:
@@ -188,7 +197,11 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
                     raise
                 _mark_all_changed(conn)  # a lost or missing slot: what it held is unknown
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
-        again = st.mode != "triggers" and bool(_triggers_enabled(conn))
+        again = st.mode != TRIGGERS and bool(_triggers_enabled(conn))
+        # The previous release's mode wal: its sums were placed by the versions the app's transactions stamped,
+        # which this consumer no longer reads; what the slot still holds of it cannot be applied, so every
+        # registration goes (the next canaries fill them again from the rows).
+        again = again or st.mode == LEGACY_WAL
         if target != "triggers":
             if (
                 conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0]
@@ -198,7 +211,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
         digest_how = "enable always trigger" if target == "triggers" else "disable trigger"
         for t in DIGEST_TRIGGERS:
             conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(digest_how), sql.Identifier(t)))
-        tracked_here = target == "wal-tracking"
+        tracked_here = target == AFTER_COMMIT
         for t in TRACKING_TRIGGERS:
             conn.execute(
                 sql.SQL("alter table dataset_rows {} {}").format(
@@ -304,7 +317,7 @@ def _tracking_triggers_as(conn: psycopg.Connection, mode: str) -> bool:
             sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)
         ).fetchone()[0]
     )
-    want = set(BARRIER_TRIGGERS) if mode == "wal-tracking" else set(TRACKING_TRIGGERS)
+    want = set(BARRIER_TRIGGERS) if mode == AFTER_COMMIT else set(TRACKING_TRIGGERS)
     return on == want
 
 
@@ -360,7 +373,7 @@ def repair(conn: psycopg.Connection) -> dict:
         conn.execute("select pg_advisory_xact_lock(%s, %s)", CONSUME_LOCK)
         dropped = _drop_all_sums(conn)
         out = {}
-        if st.mode == "wal-tracking" or st.tracking:
+        if st.mode == AFTER_COMMIT or st.tracking:
             out["datasets_marked_changed"] = _mark_all_changed(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (st.mode,))
         conn.execute(
@@ -409,7 +422,6 @@ class _Consumer:
     def _begin_tx(self) -> None:
         self.tx_pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)
         self.tx_deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-        self.tx_stamps: dict[uuid.UUID, int] = {}
         self.tx_rows: set[uuid.UUID] = set()
         self.tx_unknown: set[uuid.UUID] = set()
         self.tx_marker: str | None = None
@@ -440,14 +452,7 @@ class _Consumer:
 
     def _change(self, msg: po.Change) -> None:
         rel = self._relation(msg.relid)
-        if rel.name == "datasets":
-            if msg.new is not None and not self.tracking:  # wal-tracking: the versions are drawn here
-                at = self._at(rel, ("id", "rows_version"))
-                v = msg.new[at[1]] if at[1] is not None else None
-                if v is not None and v is not po.UNCHANGED:
-                    ds = uuid.UUID(msg.new[at[0]])
-                    self.tx_stamps[ds] = max(self.tx_stamps.get(ds, -1), int(v))
-        elif rel.name == "lakehouse_digest_capture_switch":
+        if rel.name == "lakehouse_digest_capture_switch":
             if msg.new is not None:
                 self.tx_marker = msg.new[self._at(rel, ("mode",))[0]]
         elif rel.name == "dataset_rows" and self.tracking:
@@ -542,21 +547,19 @@ class _Consumer:
             return
         for ds, t in self.tx_track.items():
             self.track[ds].merge(t)
-        if self.applying and (self.tx_rows or self.tx_stamps or self.tx_truncate):
+        if self.applying and (self.tx_rows or self.tx_truncate):
             self._state_changed = True
             if self.tx_truncate:  # every dataset emptied: what to subtract is not in the stream
                 self.drops.update(self.registered)
-            for ds in self.tx_rows | set(self.tx_stamps):
+            for ds in self.tx_rows:
                 if ds not in self.registered or ds in self.drops:
                     continue
-                stamp: Any = self.tx_stamps.get(ds)  # a version, None, or _DRAWN_HERE
-                if ds in self.tx_track:  # wal-tracking: no fill saw it (fills settle first); drawn in write()
-                    stamp = _DRAWN_HERE
-                if ds in self.tx_unknown or (stamp is None and ds in self.tx_rows):
+                # Not tracked here: a write of the previous release's mode wal, before its switch row (its sums
+                # were placed by versions the app stamped, which this consumer does not read). No fill saw a
+                # tracked one (fills take their snapshot behind the barrier): its version is drawn in write().
+                if ds in self.tx_unknown or ds not in self.tx_track:
                     self.drops.add(ds)  # a write the sums cannot account for (no version, no old values)
                     continue
-                if stamp is not _DRAWN_HERE and stamp <= self.registered[ds][1]:
-                    continue  # in the fill already
                 into = self.deltas[ds]
                 for seg, (n, s) in self.tx_deltas.get(ds, {}).items():
                     cell = into[seg]
@@ -566,15 +569,13 @@ class _Consumer:
                 rows.extend(self.tx_pending.get(ds, ()))
                 if len(rows) >= HASH_BATCH and not self._hash(ds, self.pending.pop(ds), into):
                     self.drops.add(ds)
-                if stamp is _DRAWN_HERE:
-                    self.tracked_digests.add(ds)
-                else:
-                    self.versions[ds] = max(self.versions.get(ds, -1), stamp)
+                self.tracked_digests.add(ds)
         if self.tx_track:
             self._state_changed = True
         if self.tx_marker is not None:
-            self.applying = self.tx_marker in ("wal", "wal-tracking")
-            self.tracking = self.tx_marker == "wal-tracking"
+            marker = RENAMED.get(self.tx_marker, self.tx_marker)  # a switch row the previous release wrote
+            self.applying = marker != TRIGGERS
+            self.tracking = marker == AFTER_COMMIT
             self._state_changed = True
         self.applied_lsn = end_lsn
 
@@ -619,7 +620,7 @@ class _Consumer:
 
     def _write_tracking(self) -> dict[uuid.UUID, int]:
         """The chunk's change tracking, per dataset, as the triggers would have written it over the same
-        transactions (no reader saw a state between them: readers settle before they pin). Returns the
+        transactions (no reader saw a state between them: readers wait behind the barrier before they pin). Returns the
         version drawn per dataset. NOWAIT on the datasets rows (module docstring): RowLocked."""
         if not self.track:
             return {}
@@ -683,9 +684,6 @@ class _Consumer:
         return out
 
 
-_DRAWN_HERE = object()  # a transaction's digest version is the one the consumer draws for its chunk
-
-
 class _Track:
     """One dataset's change tracking over a transaction (or a chunk of them)."""
 
@@ -717,14 +715,14 @@ def _log_running_xacts(conn: psycopg.Connection) -> None:
 
 
 def active(conn: psycopg.Connection) -> bool:
-    """A slot is set: capture mode wal, or a switch back whose last changes are still to apply."""
+    """A slot is set: capture mode after-commit, or a switch back whose last changes are still to apply."""
     return conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]
 
 
 def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_wait_s: float = 2.0) -> dict:
     """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
     fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query).
-    ``row_lock_wait_s``: in wal-tracking, how long a chunk is retried while a datasets row it must write stays
+    ``row_lock_wait_s``: in after-commit, how long a chunk is retried while a datasets row it must write stays
     locked (then RowLocked; nothing of that chunk applied)."""
     if not active(conn):
         return {"transactions": 0, "rows": 0}
@@ -747,11 +745,11 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
             raise CaptureError(f"replication slot {slot} is missing: run `lakehouse digest-capture repair`")
         if wal_status == "lost":
             raise _lost(slot)
-        if mode == "wal-tracking" and len(barrier_on) < len(BARRIER_TRIGGERS):
+        if mode == AFTER_COMMIT and len(barrier_on) < len(BARRIER_TRIGGERS):
             raise CaptureError(
                 f"barrier trigger(s) {', '.join(sorted(set(BARRIER_TRIGGERS) - set(barrier_on)))} were "
-                "disabled on dataset_rows while capture mode is wal-tracking: readers cannot wait for "
-                "the app's writers; run `lakehouse digest-capture wal-tracking` to enable them again"
+                "disabled on dataset_rows while capture mode is after-commit: readers cannot wait for "
+                "the app's writers; run `lakehouse digest-capture after-commit` to enable them again"
             )
         if mode != "triggers" and enabled:  # the triggers and the consumer would both count the same writes
             with conn.transaction():
@@ -805,3 +803,76 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
         conn.execute("select pg_advisory_unlock(%s, %s)", CONSUME_LOCK)
     totals["seconds"] = round(time.perf_counter() - started, 3)
     return totals
+
+
+# -- the upgrade from the previous release ------------------------------------------------------------------
+
+
+def upgrade_from_previous_release(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> list[str]:
+    """What ``lakehouse db migrate`` does after the numbered migrations: a database the previous release left in
+    capture mode wal is moved to after-commit when its slot and consumer are healthy (the operator took work out
+    of the app's transaction; after-commit does that for change tracking too, with the same requirements), else
+    to triggers; the reason is returned, to be printed. Also returns, once, the note migration 025 left when it
+    renamed wal-tracking. ``conn`` autocommit. Idempotent (nothing to say the second time); under migrate's
+    lock, so two migrating processes do it once. A live app keeps writing: the switch is ``_switch``'s (a brief
+    table lock that waits for every writer), and when that lock cannot be had the database stays in wal (still
+    read correctly: its change tracking is in the app's transaction) and this raises: migrate again."""
+    from lakehouse_dagster.schema.migrate import LOCK_KEY
+
+    notes: list[str] = []
+    conn.execute("select pg_advisory_lock(%s)", (LOCK_KEY,))
+    try:
+        if conn.execute("select to_regclass('lakehouse_digest_capture')").fetchone()[0] is None:
+            return notes
+        if state(conn).mode == LEGACY_WAL:
+            notes.append(_leave_wal(conn, lock_timeout_ms))
+        with conn.transaction():
+            row = conn.execute(
+                "select upgrade_note from lakehouse_digest_capture where upgrade_note is not null for update"
+            ).fetchone()
+            if row is not None:
+                conn.execute("update lakehouse_digest_capture set upgrade_note = null")
+                notes.insert(0, row[0])
+    finally:
+        conn.execute("select pg_advisory_unlock(%s)", (LOCK_KEY,))
+    return notes
+
+
+def _leave_wal(conn: psycopg.Connection, lock_timeout_ms: int) -> str:
+    gone = "capture mode wal was removed in this release"
+    unhealthy = _wal_consumer_unhealthy(conn)
+    try:
+        if unhealthy is None:
+            done = enable(conn, lock_timeout_ms=lock_timeout_ms)
+            return (
+                f"{gone}: moved to after-commit, because its replication slot and WAL consumer are healthy (caught"
+                " up) and after-commit takes change tracking out of the app's transaction as well as the digest,"
+                " with the same requirements (wal_level = logical, the slot); the maintained sums were dropped"
+                f" (the next canaries fill them again); {done.get('transactions', 0)} transaction(s) applied."
+                " To go back: lakehouse digest-capture triggers"
+            )
+        disable(conn, lock_timeout_ms=lock_timeout_ms)
+        return (
+            f"{gone}: moved to triggers, because {unhealthy}; the maintained sums were dropped (the next canaries"
+            " fill them again). To take change tracking and the digest out of the app's transaction once that is"
+            " fixed: lakehouse digest-capture after-commit"
+        )
+    except CaptureError as exc:
+        raise CaptureError(
+            f"{gone} and this database is still in it: {exc}; run `lakehouse db migrate` again"
+        ) from None
+
+
+def _wal_consumer_unhealthy(conn: psycopg.Connection) -> str | None:
+    """Why the slot or its consumer cannot carry capture mode after-commit (None: they can): a catch-up is
+    run, which also leaves little for the switch to apply."""
+    level = conn.execute("show wal_level").fetchone()[0]
+    if level != "logical":
+        return f"wal_level is {level!r} (logical decoding needs wal_level = logical)"
+    if not state(conn).slot:
+        return "no replication slot is recorded for it"
+    try:
+        catch_up(conn)
+    except CaptureError as exc:
+        return f"its WAL consumer cannot run: {exc}"
+    return None

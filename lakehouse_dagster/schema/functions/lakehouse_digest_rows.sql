@@ -3,7 +3,7 @@
 -- enabled state are untouched). Change a body here, never in a shipped migration.
 --
 -- The maintained Postgres digest (triggers lakehouse_rows_{ins,upd,del,trunc}_digest, ENABLE ALWAYS; disabled
--- in capture modes wal and wal-tracking by tracking/capture.py, which this file never touches). Fires after the
+-- in capture mode after-commit by tracking/capture.py, which this file never touches). Fires after the
 -- change-tracking triggers of the same event (name order), which hold the datasets row lock until commit.
 -- 020: the row hash lives in one plpgsql function per hash expression (lakehouse_digest_fn); the statement's
 -- rows of a registered dataset go to it as one array of signed rows. More than DIGEST_ARRAY_ROWS rows

@@ -1,5 +1,6 @@
-"""The WAL consumer of the maintained digest on a timer (tracking/capture.py), so that in capture mode wal the
-slot never holds much WAL back even when no canary runs. In capture mode triggers a tick is one query."""
+"""The WAL consumer on a timer (tracking/capture.py), so that in capture mode after-commit the slot never holds
+much WAL back, and the change tracking never lags far, even when no reader catches it up. In capture mode
+triggers a tick is one query."""
 
 import dagster as dg
 
@@ -10,9 +11,8 @@ from lakehouse_dagster.tracking import capture
 @dg.sensor(
     minimum_interval_seconds=30,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Capture modes wal and wal-tracking: applies the changes the replication slot holds to the "
-    "maintained Postgres digest (and, in wal-tracking, writes the change tracking), what `lakehouse "
-    "digest-capture catch-up` does. Requests no runs.",
+    description="Capture mode after-commit: writes the change tracking and the maintained Postgres digest of "
+    "the changes the replication slot holds, what `lakehouse digest-capture catch-up` does. Requests no runs.",
 )
 def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:

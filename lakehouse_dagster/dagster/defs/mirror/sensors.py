@@ -134,8 +134,8 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     if not settings.enable_iceberg_sync:
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
     with lakehouse.connect() as conn:
-        try:  # capture mode wal-tracking: the consumer writes the change tracking this tick reads
-            barrier.catch_up_for_poller(conn)
+        try:  # capture mode after-commit: the consumer writes the change tracking this tick reads
+            barrier.catch_up_without_waiting(conn)
         except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
             context.log.warning(f"change tracking from the WAL not caught up: {exc}")
         tick = plan_tick(
