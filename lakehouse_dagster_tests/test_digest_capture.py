@@ -15,12 +15,10 @@ import pytest
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import SyncFailed
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import canary, maintained
 from lakehouse_dagster.parity.digest import PinnedPostgres
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
-from lakehouse_dagster.tracking import capture
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import capture, datasets
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer, spread_rows
 
@@ -45,19 +43,19 @@ def digest_triggers_enabled(conn) -> set[str]:
 def test_switching_to_after_commit_moves_the_hashing_out_of_the_app_transaction_and_back(conn, dsn):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 65_535, 65_536, 131_072])
-    columns = ds.get_dataset(conn, d).columns
-    assert mt.ensure_pg(conn, d, columns) == "registered+filled"
-    ds.insert_rows(conn, d, rows_for(5, 40), start_index=200)  # counted by the triggers, before the switch
+    columns = datasets.get_dataset(conn, d).columns
+    assert maintained.ensure_pg(conn, d, columns) == "registered+filled"
+    datasets.insert_rows(conn, d, rows_for(5, 40), start_index=200)  # counted by the triggers, before the switch
     out = capture.enable(conn)
     assert out["mode"] == "after-commit" and out["changed"] is True
     assert digest_triggers_enabled(conn) == set()
     assert conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0] == "f"
     deltas_before = conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0]
-    ds.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # after the switch: no trigger ran
+    datasets.insert_rows(conn, d, rows_for(50, 100), start_index=300_000)  # after the switch: no trigger ran
     assert conn.execute("select count(*) from lakehouse_pg_digest_deltas").fetchone()[0] == deltas_before
     # not applied yet: the canary's pin waits behind the barrier and catches the consumer up, never stale
     with PinnedPostgres(dsn, dataset_id=d) as pg:
-        assert mt.pg_segments(pg.conn, d, columns) == pg_reference(dsn, d)
+        assert maintained.pg_segments(pg.conn, d, columns) == pg_reference(dsn, d)
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "changed"}\' where dataset_id = %s'
         " and row_index in (1, 65536, 300010)",
@@ -69,7 +67,7 @@ def test_switching_to_after_commit_moves_the_hashing_out_of_the_app_transaction_
         conn.execute("delete from dataset_rows where dataset_id = %s", (d,))
         raise psycopg.Rollback()
     with conn.transaction():  # several statements in one transaction
-        ds.insert_rows(conn, d, rows_for(3, 900), start_index=400_000)
+        datasets.insert_rows(conn, d, rows_for(3, 900), start_index=400_000)
         conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 400001", (d,))
     done = capture.catch_up(conn)
     # four app transactions and the consumer's own (it wrote the tracking the pin caught up); the rolled back
@@ -80,14 +78,14 @@ def test_switching_to_after_commit_moves_the_hashing_out_of_the_app_transaction_
     assert again["rows"] == 0 and again["tracked"] == 0  # the consumer's own write of the tracking)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     # back to the triggers: what was written before the switch is applied, then the slot is gone
-    ds.insert_rows(conn, d, rows_for(4, 700), start_index=500_000)
+    datasets.insert_rows(conn, d, rows_for(4, 700), start_index=500_000)
     off = capture.disable(conn)
     assert off["mode"] == "triggers" and off["transactions"] >= 1
     assert digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
     assert (
         conn.execute("select count(*) from pg_replication_slots where database = current_database()").fetchone()[0] == 0
     )
-    ds.insert_rows(conn, d, rows_for(2, 800), start_index=600_000)
+    datasets.insert_rows(conn, d, rows_for(2, 800), start_index=600_000)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
@@ -110,22 +108,22 @@ def test_canary_in_after_commit_compares_maintained_sums_and_agrees_with_a_full_
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 5, 70_000, 140_000])
     capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(40, 7))
+    datasets.insert_rows(conn, d, rows_for(40, 7))
     sync(settings, dsn, d)
     first = evaluate(settings, dsn, d)
-    assert first.verdict == cy.OK and first.detail["digest"] == "maintained", first.detail
+    assert first.verdict == canary.OK and first.detail["digest"] == "maintained", first.detail
     assert first.detail["maintained_prepare"]["postgres"] == "registered+filled"
-    ds.insert_rows(conn, d, rows_for(10, 500))  # an append: applied by the canary's catch-up
+    datasets.insert_rows(conn, d, rows_for(10, 500))  # an append: applied by the canary's catch-up
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "u"}\' where dataset_id = %s and row_index = 70000', (d,)
     )
     sync(settings, dsn, d)
     after = evaluate(settings, dsn, d)
-    assert after.verdict == cy.OK and after.detail["digest"] == "maintained", after.detail
+    assert after.verdict == canary.OK and after.detail["digest"] == "maintained", after.detail
     assert after.detail["wal_consumer"]["transactions"] >= 2
     assert after.detail["maintained_prepare"]["postgres"] == "ready"
     full = evaluate(settings, dsn, d, full=True)
-    assert full.verdict == cy.OK and full.detail["maintained_agrees"] is True and full.pg_digest == after.pg_digest
+    assert full.verdict == canary.OK and full.detail["maintained_agrees"] is True and full.pg_digest == after.pg_digest
     # a change the mirror has not seen: the maintained comparison finds it, down to the row
     with conn.transaction():
         conn.execute("set local session_replication_role = replica")  # silences triggers, not the WAL
@@ -134,17 +132,17 @@ def test_canary_in_after_commit_compares_maintained_sums_and_agrees_with_a_full_
         )
     # tracked from the WAL all the same: a new version the mirror has not seen, never a silent drift
     drift = evaluate(settings, dsn, d)
-    assert drift.verdict == cy.LAGGING, drift.detail
+    assert drift.verdict == canary.LAGGING, drift.detail
     sync(settings, dsn, d)
     again = evaluate(settings, dsn, d)
-    assert again.verdict == cy.OK and again.detail["digest"] == "maintained", again.detail
+    assert again.verdict == canary.OK and again.detail["digest"] == "maintained", again.detail
     assert again.detail["maintained_prepare"]["postgres"] == "ready"
     capture.disable(conn)
 
 
 def test_concurrent_writers_consumers_and_a_fill_lose_nothing_and_count_nothing_twice(conn, dsn):
     d = make_dataset(conn, 2000)
-    columns = ds.get_dataset(conn, d).columns
+    columns = datasets.get_dataset(conn, d).columns
     capture.enable(conn)
     errors: list[BaseException] = []
     stop = threading.Event()
@@ -162,7 +160,7 @@ def test_concurrent_writers_consumers_and_a_fill_lose_nothing_and_count_nothing_
     for t in threads:
         t.start()
     time.sleep(0.3)
-    outcome = mt.ensure_pg(conn, d, columns)  # registration and fill while writers and a consumer run
+    outcome = maintained.ensure_pg(conn, d, columns)  # registration and fill while writers and a consumer run
     for t in threads[:-1]:
         t.join()
     stop.set()
@@ -193,9 +191,9 @@ def consumer_killed_at(dsn: str, needle: str) -> None:
 
 def test_a_consumer_killed_between_its_commit_and_the_slot_advance_applies_nothing_twice(conn, dsn):
     d = make_dataset(conn, 10)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(20, 50))
+    datasets.insert_rows(conn, d, rows_for(20, 50))
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index < 3", (d,))
     # A separate process applies the chunk and is killed before pg_replication_slot_advance.
     consumer_killed_at(dsn, "pg_replication_slot_advance")
@@ -219,7 +217,7 @@ def test_digest_triggers_enabled_behind_the_consumers_back_drop_the_sums_instead
     sync(settings, dsn, d)
     assert evaluate(settings, dsn, d).detail["digest"] == "maintained"
     conn.execute("alter table dataset_rows enable always trigger lakehouse_rows_ins_digest")
-    ds.insert_rows(conn, d, rows_for(3, 900))
+    datasets.insert_rows(conn, d, rows_for(3, 900))
     with pytest.raises(capture.CaptureError, match="re-enabled"):
         capture.catch_up(conn)
     assert conn.execute("select count(*) from lakehouse_pg_digest_state").fetchone()[0] == 0
@@ -234,12 +232,12 @@ def test_digest_triggers_enabled_behind_the_consumers_back_drop_the_sums_instead
 
 def test_commits_not_yet_flushed_are_left_for_the_next_catch_up_never_skipped(conn, dsn):
     d = make_dataset(conn, 10)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     capture.enable(conn)
     with connect(dsn) as app:
         app.execute("set synchronous_commit = off")  # commits return before their WAL is flushed
         for k in range(60):
-            ds.insert_rows(app, d, rows_for(1, 100 + k), start_index=1000 + k)
+            datasets.insert_rows(app, d, rows_for(1, 100 + k), start_index=1000 + k)
             if k % 20 == 19:
                 capture.catch_up(conn)  # may run before the walwriter flushed the last commits
     time.sleep(1.0)  # wal_writer_delay (200 ms) has passed: everything is flushed now
@@ -252,13 +250,13 @@ def test_cli_switches_reports_and_catches_up(conn, dsn, settings, capsys):
     from lakehouse_dagster.cli.main import main as cli_main
 
     d = make_dataset(conn, 5)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     assert cli_main(["digest-capture"]) == 0
     assert "capture mode: triggers (wal_level logical)" in capsys.readouterr().out
     assert cli_main(["digest-capture", "after-commit"]) == 0
     out = capsys.readouterr().out
     assert "capture mode: after-commit" in out and "bytes of WAL not consumed" in out
-    ds.insert_rows(conn, d, rows_for(7, 70))
+    datasets.insert_rows(conn, d, rows_for(7, 70))
     assert cli_main(["digest-capture", "catch-up", "--json"]) == 0
     assert '"transactions": 1' in capsys.readouterr().out
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
@@ -272,14 +270,14 @@ def test_statements_over_two_datasets_large_transactions_and_truncate(conn, dsn)
 
     a, b, c = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b"), make_dataset(conn, 5, name="c")
     for d in (a, b):
-        mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+        maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     capture.enable(conn)
     _insert_both(conn, a, c, 1000)  # a registered and an unregistered dataset in one statement
     _insert_both(conn, b, a, 2000)
     with conn.transaction():  # more rows than one hash call takes, in one transaction, plus a small write
-        ds.insert_rows(conn, a, rows_for(capture.HASH_BATCH * 2 + 17, 5000), start_index=10_000)
+        datasets.insert_rows(conn, a, rows_for(capture.HASH_BATCH * 2 + 17, 5000), start_index=10_000)
         conn.execute("delete from dataset_rows where dataset_id = %s and row_index between 10000 and 10500", (a,))
-        ds.insert_rows(conn, b, rows_for(3, 9000), start_index=20_000)
+        datasets.insert_rows(conn, b, rows_for(3, 9000), start_index=20_000)
     done = capture.catch_up(conn, chunk=100)  # chunks end at transaction boundaries, a transaction is never split
     assert done["dropped"] == 0
     for d in (a, b):
@@ -304,10 +302,10 @@ def _consumer_tick(dsn):
 
 def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn, dsn):
     d = make_dataset(conn, 5)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     assert "capture mode triggers" in _consumer_tick(dsn).skip_message
     capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(4, 40))
+    datasets.insert_rows(conn, d, rows_for(4, 40))
     conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 0", (d,))
     tick = _consumer_tick(dsn)
     assert tick.skip_message.startswith("capture mode after-commit: decoded 2 transaction(s), hashed 5 row change(s)")
@@ -322,12 +320,12 @@ def test_the_consumer_sensor_keeps_the_slot_drained_and_says_why_it_cannot(conn,
 
 def test_replica_identity_reset_behind_its_back_drops_the_sums_instead_of_adding_a_row_twice(conn, dsn):
     d = make_dataset(conn, 8)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     capture.enable(conn)
     conn.execute("alter table dataset_rows replica identity default")  # updates now carry no old values
     conn.execute('update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 3', (d,))
     assert capture.catch_up(conn)["dropped"] == 1
-    with pytest.raises(mt.Unavailable, match="not registered"):
+    with pytest.raises(maintained.Unavailable, match="not registered"):
         pg_maintained(dsn, d)
     capture.disable(conn)
 
@@ -357,14 +355,14 @@ def test_in_capture_mode_triggers_a_fill_does_not_wait_for_the_consumers_lock(co
     with connect(dsn) as other:  # e.g. another dataset's fill, or a consumer, holding the lock
         other.execute("select pg_advisory_lock(%s, %s)", capture.CONSUME_LOCK)
         conn.execute("set lock_timeout = '2s'")
-        assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
+        assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "registered+filled"
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
 
 def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(conn, dsn):
     d = make_dataset(conn, 3)
     with connect(dsn, autocommit=False) as app:  # an app transaction that has written and is still open
-        ds.insert_rows(app, d, rows_for(1, 50), start_index=100)
+        datasets.insert_rows(app, d, rows_for(1, 50), start_index=100)
         with pytest.raises(capture.CaptureError, match="stayed open.*nothing was changed"):
             capture.enable(conn, lock_timeout_ms=300)
         assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
@@ -375,7 +373,7 @@ def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(
         app.rollback()
     capture.enable(conn)
     with connect(dsn, autocommit=False) as app:
-        ds.insert_rows(app, d, rows_for(1, 50), start_index=100)
+        datasets.insert_rows(app, d, rows_for(1, 50), start_index=100)
         with pytest.raises(capture.CaptureError, match="still capture mode after-commit"):
             capture.disable(conn, lock_timeout_ms=300)
         assert capture.state(conn).mode == "after-commit" and digest_triggers_enabled(conn) == set()
@@ -385,18 +383,18 @@ def test_a_switch_that_cannot_lock_the_table_changes_nothing_and_leaves_no_slot(
 
 def test_repair_after_a_lost_slot_drops_the_sums_and_the_next_fill_is_exact(conn, dsn):
     d = make_dataset(conn, 20)
-    mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns)
+    maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns)
     capture.enable(conn)
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # as if invalidated
-    ds.insert_rows(conn, d, rows_for(5, 300))  # a write no consumer will ever see
+    datasets.insert_rows(conn, d, rows_for(5, 300))  # a write no consumer will ever see
     with pytest.raises(capture.CaptureError, match="missing.*repair"):
         capture.catch_up(conn)
     out = capture.repair(conn)
     assert out["repaired"] is True and out["registrations_dropped"] == 1
-    with pytest.raises(mt.Unavailable, match="not registered"):
+    with pytest.raises(maintained.Unavailable, match="not registered"):
         pg_maintained(dsn, d)
-    assert mt.ensure_pg(conn, d, ds.get_dataset(conn, d).columns) == "registered+filled"
-    ds.insert_rows(conn, d, rows_for(3, 400))
+    assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "registered+filled"
+    datasets.insert_rows(conn, d, rows_for(3, 400))
     capture.catch_up(conn)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     capture.disable(conn)

@@ -12,24 +12,26 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused
-from lakehouse_dagster.flags import registry as reg
+from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, flag_tables
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}]
-SERVABLE = [r.name for r in reg.READERS.values() if reg.rank("read", r.ceiling) >= reg.rank("read", "iceberg")]
+SERVABLE = [
+    r.name for r in registry.READERS.values() if registry.rank("read", r.ceiling) >= registry.rank("read", "iceberg")
+]
 
 
 def _dataset(conn, ws, name: str, rows: int = 5) -> uuid.UUID:
-    d = ds.create_dataset(conn, ws, name, SCHEMA)
-    ds.insert_rows(conn, d, [{"a": i, "s": f"v{i}"} for i in range(rows)])
+    d = datasets.create_dataset(conn, ws, name, SCHEMA)
+    datasets.insert_rows(conn, d, [{"a": i, "s": f"v{i}"} for i in range(rows)])
     return d
 
 
@@ -45,7 +47,7 @@ def _ready(conn, dsn, settings, d: uuid.UUID, *, readers=SERVABLE) -> None:
 
 @pytest.fixture
 def ws(conn):
-    return ds.create_workspace(conn, "ws")
+    return datasets.create_workspace(conn, "ws")
 
 
 def _refused(*args: str) -> str:
@@ -101,7 +103,7 @@ def test_each_prerequisite_is_named(conn, dsn, settings, ws):
     # rows written after the last sync: the mirror would never carry them over
     behind = _dataset(conn, ws, "behind")
     _ready(conn, dsn, settings, behind)
-    ds.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
+    datasets.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
     err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(behind))
     assert "Iceberg is behind Postgres" in err and "let the mirror catch up" in err
     # a parity verdict that is not ok
@@ -130,7 +132,7 @@ def test_a_global_flip_lists_only_the_datasets_it_would_move(conn, dsn, settings
 
 
 def test_an_empty_workspace_flips_and_the_core_call_refuses_like_the_cli(conn, settings, ws):
-    empty = ds.create_workspace(conn, "empty")
+    empty = datasets.create_workspace(conn, "empty")
     change = set_flag(conn, "write", "sync.full", "iceberg_native", workspace=empty, actor="pytest")
     assert change.after == "iceberg_native"
     d = _dataset(conn, ws, "bare")
@@ -185,7 +187,7 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
 def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, ws):
     d = _dataset(conn, ws, "moved-on")
     _ready(conn, dsn, settings, d)
-    ds.insert_rows(conn, d, [{"a": 99, "s": "late"}])
+    datasets.insert_rows(conn, d, [{"a": 99, "s": "late"}])
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)  # caught up again, but never re-checked
     err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d))
     assert "parity was last checked at Postgres version" in err and "Iceberg is behind" not in err
@@ -205,7 +207,7 @@ def test_in_capture_mode_after_commit_a_write_the_consumer_has_not_tracked_yet_s
     _ready(conn, dsn, settings, behind)
     capture.enable(conn)
     try:
-        ds.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
+        datasets.insert_rows(conn, behind, [{"a": 99, "s": "late"}])
         stale = conn.execute("select rows_version from datasets where id = %s", (behind,)).fetchone()[0]
         err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(behind))
         assert "Iceberg is behind Postgres" in err and "let the mirror catch up" in err

@@ -12,11 +12,9 @@ import pytest
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
-from lakehouse_dagster.parity import canary as cy
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import canary, maintained
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
-from lakehouse_dagster.tracking import barrier, capture
-from lakehouse_dagster.tracking import datasets as ds
+from lakehouse_dagster.tracking import barrier, capture, datasets
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
 from lakehouse_dagster_tests.test_parity_incremental import app_writer
 
@@ -70,11 +68,11 @@ def _steps(conn, d):
 
     upd = 'update dataset_rows set data = data || \'{"s": "u"}\' where dataset_id = %s and row_index = any(%s)'
     return [
-        lambda: ds.insert_rows(conn, d, rows_for(10, 0), start_index=0),  # a pure append
-        lambda: ds.insert_rows(conn, d, rows_for(10, 10), start_index=10),
+        lambda: datasets.insert_rows(conn, d, rows_for(10, 0), start_index=0),  # a pure append
+        lambda: datasets.insert_rows(conn, d, rows_for(10, 10), start_index=10),
         one([(upd, (d, [5]))]),
         one([("delete from dataset_rows where dataset_id = %s and row_index = 3", (d,))]),
-        lambda: ds.insert_rows(conn, d, rows_for(1, 3), start_index=3),  # an insert below the max
+        lambda: datasets.insert_rows(conn, d, rows_for(1, 3), start_index=3),  # an insert below the max
         one([("update dataset_rows set row_index = 10000 where dataset_id = %s and row_index = 19", (d,))]),
         rolled_back,
         one(
@@ -83,7 +81,7 @@ def _steps(conn, d):
                 (upd, (d, [4, 7])),
             ]
         ),  # an append and an update in one transaction
-        lambda: ds.insert_rows(conn, d, rows_for(5, 20_000), start_index=20_000),
+        lambda: datasets.insert_rows(conn, d, rows_for(5, 20_000), start_index=20_000),
     ]
 
 
@@ -131,7 +129,7 @@ def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending
         'update dataset_rows set data = data || \'{"s": "both"}\' where dataset_id = any(%s) and row_index = 1',
         ([a, b],),
     )
-    ds.insert_rows(conn, a, rows_for(3, 100), start_index=100)
+    datasets.insert_rows(conn, a, rows_for(3, 100), start_index=100)
     # not caught up: back to the triggers; the switch applies both under its lock, before the triggers resume
     out = capture.disable(conn)
     assert out["mode"] == "triggers" and capture.state(conn).slot is None
@@ -139,7 +137,7 @@ def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending
     ta, tb = tracking(conn, a), tracking(conn, b)
     assert ta[0] > va[0] and ta[1] == ta[0] and ta[2] == 102  # the update rewrote, the append raised the max
     assert tb[0] > vb[0] and tb[1] == tb[0] and tb[2] == 4
-    ds.insert_rows(conn, a, rows_for(1, 200), start_index=200)  # the triggers again: a later version
+    datasets.insert_rows(conn, a, rows_for(1, 200), start_index=200)  # the triggers again: a later version
     assert tracking(conn, a)[0] > ta[0] and tracking(conn, a)[2] == 200
 
 
@@ -148,11 +146,11 @@ def test_syncs_and_canaries_in_after_commit_mirror_exactly(conn, dsn, settings):
     sync(settings, dsn, d)
     capture.enable(conn)
     for k in range(4):
-        ds.insert_rows(conn, d, rows_for(100, 10 + 100 * k), start_index=10 + 100 * k)  # the sync catches up
+        datasets.insert_rows(conn, d, rows_for(100, 10 + 100 * k), start_index=10 + 100 * k)  # the sync catches up
         r = sync(settings, dsn, d)
         assert r.mode == "incremental" and r.rows == 100 and r.total_rows == 110 + 100 * k, r
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK and v.pg_version == tracking(conn, d)[0], v.detail
+    assert v.verdict == canary.OK and v.pg_version == tracking(conn, d)[0], v.detail
     conn.execute(
         'update dataset_rows set data = data || \'{"s": "edit"}\' where dataset_id = %s and row_index = 3', (d,)
     )
@@ -160,8 +158,8 @@ def test_syncs_and_canaries_in_after_commit_mirror_exactly(conn, dsn, settings):
     r = sync(settings, dsn, d)  # the consumer's row-range records: only the first file is rewritten
     assert r.mode == "partial" and r.total_rows == 409, (r.mode, r.reason)
     v = evaluate(settings, dsn, d)
-    assert v.verdict == cy.OK, v.detail
-    assert evaluate(settings, dsn, d, full=True).verdict == cy.OK
+    assert v.verdict == canary.OK, v.detail
+    assert evaluate(settings, dsn, d, full=True).verdict == canary.OK
     assert pending_syncs(conn, Cursor(), limit=10)[0] == []  # mirrored at its version
 
 
@@ -182,10 +180,10 @@ def test_writers_racing_syncs_and_canaries_never_see_tracking_and_rows_disagree(
     assert not errors, repr(errors[0])
     sync(settings, dsn, d)
     final = evaluate(settings, dsn, d, full=True)
-    assert final.verdict == cy.OK, final.detail
+    assert final.verdict == canary.OK, final.detail
     # while they ran a canary could find Iceberg behind (a write after the sync), never a mismatch
-    assert verdicts and all(v.verdict in (cy.OK, cy.LAGGING) for v in verdicts), [
-        (v.verdict, v.detail.get("reason")) for v in verdicts if v.verdict not in (cy.OK, cy.LAGGING)
+    assert verdicts and all(v.verdict in (canary.OK, canary.LAGGING) for v in verdicts), [
+        (v.verdict, v.detail.get("reason")) for v in verdicts if v.verdict not in (canary.OK, canary.LAGGING)
     ]
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
 
@@ -244,14 +242,14 @@ def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(c
 
 def test_a_fill_racing_writers_in_after_commit_counts_every_write_once(conn, dsn):
     d = make_dataset(conn, 2000)
-    columns = ds.get_dataset(conn, d).columns
+    columns = datasets.get_dataset(conn, d).columns
     capture.enable(conn)
     errors: list[BaseException] = []
     threads = [threading.Thread(target=app_writer, args=(dsn, d, k, errors)) for k in range(3)]
     for t in threads:
         t.start()
     time.sleep(0.2)
-    assert mt.ensure_pg(conn, d, columns) == "registered+filled"
+    assert maintained.ensure_pg(conn, d, columns) == "registered+filled"
     for t in threads:
         t.join()
     assert not errors, repr(errors[0])
@@ -264,7 +262,7 @@ def test_an_app_transaction_holding_its_datasets_row_is_not_the_one_that_gives_w
     write that row: the reader lets go and retries; the app's transaction commits, nobody deadlocks."""
     d = make_dataset(conn, 5)
     capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # tracking still to write for d
+    datasets.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # tracking still to write for d
     app = connect(dsn)
     app.execute("begin")
     app.execute("update datasets set name = name where id = %s", (d,))  # holds the datasets row
@@ -312,7 +310,7 @@ def test_the_poller_sees_writes_once_the_consumer_wrote_their_tracking(conn, dsn
     sync(settings, dsn, d)
     capture.enable(conn)
     cursor = pending_syncs(conn, Cursor(), limit=10)[1]
-    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)
+    datasets.insert_rows(conn, d, rows_for(2, 10), start_index=10)
     assert barrier.catch_up_without_waiting(conn)["transactions"] >= 1
     pending, _, _ = pending_syncs(conn, cursor, limit=10)
     assert [p.dataset_id for p in pending] == [d]
@@ -345,16 +343,16 @@ def test_cli_switches_between_the_two_modes_and_the_consumer_sensor_writes_the_t
         cli_main(["digest-capture", "wal"])
     assert "invalid choice: 'wal'" in capsys.readouterr().err
     before = tracking(conn, d)
-    ds.insert_rows(conn, d, rows_for(3, 10), start_index=10)
+    datasets.insert_rows(conn, d, rows_for(3, 10), start_index=10)
     tick = _consumer_tick(dsn).skip_message  # the sensor the daemon runs every 30 s
     assert "decoded 1 transaction(s)" in tick and "change tracking written for 1 dataset(s)" in tick, tick
     assert tracking(conn, d)[0] > before[0] and tracking(conn, d)[2] == 12
-    ds.insert_rows(conn, d, rows_for(1, 20), start_index=20)
+    datasets.insert_rows(conn, d, rows_for(1, 20), start_index=20)
     assert cli_main(["digest-capture", "triggers"]) == 0  # tracking back in the app's transaction
     assert "capture mode: triggers (wal_level logical)\n" in capsys.readouterr().out
     assert tracking(conn, d)[2] == 20  # applied by the switch, under its lock
     assert set(capture.TRACKING_TRIGGERS) <= enabled(conn) and not enabled(conn) & set(capture.BARRIER_TRIGGERS)
-    ds.insert_rows(conn, d, rows_for(1, 21), start_index=21)
+    datasets.insert_rows(conn, d, rows_for(1, 21), start_index=21)
     assert tracking(conn, d)[2] == 21  # by the trigger, in the transaction
 
 
@@ -396,7 +394,7 @@ def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(c
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     capture.enable(conn)
-    ds.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # not mirrored: a flip must see it as behind
+    datasets.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # not mirrored: a flip must see it as behind
     with conn.transaction():
         assert settle(conn, [d]) is True
         synced = gates._latest_syncs(conn, [d])[d]
@@ -410,7 +408,7 @@ def test_repair_after_a_lost_slot_marks_every_dataset_changed_and_the_next_sync_
     sync(settings, dsn, d)
     capture.enable(conn)
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))  # as if invalidated
-    ds.insert_rows(conn, d, rows_for(5, 300), start_index=300)  # a write no consumer will ever see
+    datasets.insert_rows(conn, d, rows_for(5, 300), start_index=300)  # a write no consumer will ever see
     with pytest.raises(capture.CaptureError, match="missing.*repair"):
         settle(conn, [d])  # no reader reads a guess
     before = tracking(conn, d)
@@ -420,10 +418,10 @@ def test_repair_after_a_lost_slot_marks_every_dataset_changed_and_the_next_sync_
     assert v > before[0] and rw == v and mx is None  # a rewrite of unknown extent
     r = sync(settings, dsn, d)
     assert r.mode == "full" and r.total_rows == 25, (r.mode, r.reason)
-    assert evaluate(settings, dsn, d).verdict == cy.OK
+    assert evaluate(settings, dsn, d).verdict == canary.OK
     # lost again, and this time the operator switches back instead of repairing: the same rule
     conn.execute("select pg_drop_replication_slot(%s)", (capture.state(conn).slot,))
-    ds.insert_rows(conn, d, rows_for(1, 400), start_index=400)
+    datasets.insert_rows(conn, d, rows_for(1, 400), start_index=400)
     before = tracking(conn, d)
     out = capture.disable(conn)
     assert out["mode"] == "triggers" and "consumer_error" in out

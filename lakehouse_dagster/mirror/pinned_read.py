@@ -226,7 +226,7 @@ def _read_range(
     exception). With ``pool`` (a mirror batch) the ADBC connection is reused: its connect loads the server's
     type catalogue, ~85 ms, more than reading a small append. A connection goes back only when the read ran to
     the end and its transaction was rolled back; a reused one that fails to begin is replaced once."""
-    import adbc_driver_postgresql.dbapi as adbc
+    import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where rows are read
 
     uri = _adbc_uri(dsn)
     key = ("adbc", uri)

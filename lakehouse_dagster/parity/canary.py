@@ -50,9 +50,9 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.parity import localise as loc
-from lakehouse_dagster.parity import maintained as mt
-from lakehouse_dagster.parity import smoke as sm
+from lakehouse_dagster.parity import localise as localisation
+from lakehouse_dagster.parity import maintained as maintained_digests
+from lakehouse_dagster.parity import smoke as smoke_check
 from lakehouse_dagster.parity.digest import (
     IcebergSide,
     PgSide,
@@ -147,7 +147,7 @@ def evaluate(
     dataset_id: uuid.UUID | str,
     *,
     smoke: bool = False,
-    smoke_max_rows: int = sm.SMOKE_MAX_ROWS,
+    smoke_max_rows: int = smoke_check.SMOKE_MAX_ROWS,
     localise: bool = True,
     hooks: Hooks | None = None,
     full: bool = False,
@@ -192,9 +192,9 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
             caught_up = capture.catch_up(conn)
             if caught_up.get("transactions"):
                 v.detail["wal_consumer"] = caught_up
-            mt.compact_pg(conn, ds_id)
-            pg_outcome = mt.ensure_pg(conn, ds_id, columns)
-            files = 0 if pin.has_deletes else mt.fill_file_digests(conn, pin, columns)
+            maintained_digests.compact_pg(conn, ds_id)
+            pg_outcome = maintained_digests.ensure_pg(conn, ds_id, columns)
+            files = 0 if pin.has_deletes else maintained_digests.fill_file_digests(conn, pin, columns)
         v.detail["maintained_prepare"] = {
             "postgres": pg_outcome,
             "iceberg_files_digested": files,
@@ -212,9 +212,9 @@ def _forget_stale(dsn: str, v: Verdict) -> None:
     try:
         with connect(dsn) as conn:
             if "postgres" in stale:
-                mt.forget_pg(conn, v.dataset_id)
+                maintained_digests.forget_pg(conn, v.dataset_id)
             if "iceberg" in stale:
-                mt.forget_file_digests(conn, v.dataset_id)
+                maintained_digests.forget_file_digests(conn, v.dataset_id)
     except Exception as exc:  # noqa: BLE001
         log.warning("canary ds=%s: could not drop stale maintained digests: %s", v.dataset_id, _one_line(exc))
 
@@ -330,8 +330,8 @@ def _compare(
                 v.smoke = "skipped"
                 v.detail["smoke"] = f"skipped: {rows} rows > {smoke_max_rows}"
             else:
-                result = sm.compare(
-                    pg_side.typed_rows(), sm.iceberg_rows(pin, state.columns, ice().present), state.columns
+                result = smoke_check.compare(
+                    pg_side.typed_rows(), smoke_check.iceberg_rows(pin, state.columns, ice().present), state.columns
                 )
                 v.smoke = result.outcome
                 v.detail["smoke"] = result.reason or result.outcome
@@ -339,7 +339,7 @@ def _compare(
                     v.detail["smoke_differing_row_indexes"] = result.differing_row_indexes
         found = None
         if not agree and (localise or plan.maintained):
-            found = loc.localise(
+            found = localisation.localise(
                 pg_side, ice(), plan.lo, plan.hi, SEG_WIDTH, plan.local(plan.pg_segments), plan.local(plan.ice_segments)
             )
             if plan.maintained and not found.row_indexes:
@@ -416,10 +416,10 @@ def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide
     t = time.perf_counter()
     try:
         if "__row_index" not in pin.fields:
-            raise mt.Unavailable("the Iceberg table has no __row_index column")
-        ice_segments, ice_lo, ice_hi = mt.iceberg_segments(pg.conn, pin, state.columns)
-        pg_segments = mt.pg_segments(pg.conn, state.dataset_id, state.columns)
-    except mt.Unavailable as exc:
+            raise maintained_digests.Unavailable("the Iceberg table has no __row_index column")
+        ice_segments, ice_lo, ice_hi = maintained_digests.iceberg_segments(pg.conn, pin, state.columns)
+        pg_segments = maintained_digests.pg_segments(pg.conn, state.dataset_id, state.columns)
+    except maintained_digests.Unavailable as exc:
         v.detail["digest"] = "full"
         v.detail["maintained_unavailable"] = str(exc)
         return None
@@ -466,8 +466,8 @@ def _full_plan(
     }
     plan = _Plan(False, {}, {}, lo, hi)
     base = lo >> SEG_BITS
-    plan.pg_segments = mt.nonzero({seg + base: x for seg, x in pg_digest.segments.items()})
-    plan.ice_segments = mt.nonzero({seg + base: x for seg, x in ice_digest.segments.items()})
+    plan.pg_segments = maintained_digests.nonzero({seg + base: x for seg, x in pg_digest.segments.items()})
+    plan.ice_segments = maintained_digests.nonzero({seg + base: x for seg, x in ice_digest.segments.items()})
     _cross_check(pg, pin, state, v, plan)
     return plan
 
@@ -477,14 +477,14 @@ def _cross_check(pg: PinnedPostgres, pin, state, v: Verdict, plan: _Plan) -> Non
     disagrees with its own side's rows is stale (``evaluate`` drops it, so it is filled again)."""
     stale = []
     try:
-        if mt.pg_segments(pg.conn, state.dataset_id, state.columns) != plan.pg_segments:
+        if maintained_digests.pg_segments(pg.conn, state.dataset_id, state.columns) != plan.pg_segments:
             stale.append("postgres")
-    except mt.Unavailable:
+    except maintained_digests.Unavailable:
         pass
     try:
-        if mt.iceberg_segments(pg.conn, pin, state.columns)[0] != plan.ice_segments:
+        if maintained_digests.iceberg_segments(pg.conn, pin, state.columns)[0] != plan.ice_segments:
             stale.append("iceberg")
-    except mt.Unavailable:
+    except maintained_digests.Unavailable:
         pass
     if stale:
         v.detail["maintained_stale"] = stale
@@ -647,7 +647,7 @@ def run_canary(
     dataset_ids: Sequence[str] | None = None,
     limit: int = DEFAULT_LIMIT,
     smoke: bool = False,
-    smoke_max_rows: int = sm.SMOKE_MAX_ROWS,
+    smoke_max_rows: int = smoke_check.SMOKE_MAX_ROWS,
     source: str = "canary",
     run_id: str | None = None,
     on_result: Callable[[Verdict], None] | None = None,

@@ -27,14 +27,14 @@ from urllib.parse import unquote, urlparse
 import psycopg
 from psycopg import sql
 from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
 from lakehouse_dagster.core.db import connect, is_idle
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.parity import canonical as cn
-from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
@@ -172,20 +172,20 @@ class PgSide:
         self.conn = conn
         self.dataset_id = dataset_id
         self.columns = tuple(columns)
-        self._hash = cn.pg_row_hash(self.columns, identity=identity)
+        self._hash = canonical.pg_row_hash(self.columns, identity=identity)
 
     def self_check(self) -> None:
         """The server renders awkward floats and hashes awkward texts exactly as the contract's own
         implementation does (once per evaluation: a few dozen values)."""
-        rows = self.conn.execute(cn.pg_self_check_sql(), (cn.SELF_CHECK_FLOATS,)).fetchall()
+        rows = self.conn.execute(canonical.pg_self_check_sql(), (canonical.SELF_CHECK_FLOATS,)).fetchall()
         for text, got in rows:
-            want = cn.canonical_value(float(text), "float64")
+            want = canonical.canonical_value(float(text), "float64")
             if got != want:
                 raise DigestUnavailable(
                     f"this Postgres formats float {text} as {got!r}, the canonical text is {want!r}; "
                     "the digest contract (parity/canonical.py) does not hold on this server"
                 )
-        rows = self.conn.execute(cn.pg_hash_check_sql(), (cn.SELF_CHECK_TEXTS,)).fetchall()
+        rows = self.conn.execute(canonical.pg_hash_check_sql(), (canonical.SELF_CHECK_TEXTS,)).fetchall()
         for text, got in rows:
             want_hash = lookup3.hash_text(text)
             if got != want_hash:
@@ -230,7 +230,7 @@ class PgSide:
     def typed_rows(self) -> Iterator[tuple]:
         """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
         items: list[sql.Composable] = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
-        items += [cn.pg_typed(c) for c in self.columns]
+        items += [canonical.pg_typed(c) for c in self.columns]
         query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(items))
         with self.conn.cursor() as cur:
             cur.execute(query, (self.dataset_id,))
@@ -348,7 +348,7 @@ class IcebergSide:
         via_arrow: bool | None = None,
         identity: bool = True,
     ):
-        import duckdb
+        import duckdb  # lazy: DuckDB (~0.3 s to import) only where a digest runs
 
         self.pin = pin
         self.columns = tuple(columns)
@@ -359,7 +359,7 @@ class IcebergSide:
         self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
         self.empty = not pin.files
         self.present = self._present_columns()
-        self._hash = cn.duck_row_hash(self.columns, self.present, identity=identity)
+        self._hash = canonical.duck_row_hash(self.columns, self.present, identity=identity)
 
     def close(self) -> None:
         self.con.close()
@@ -386,7 +386,6 @@ class IcebergSide:
     def _source(self, lo: int | None = None, hi: int | None = None) -> str:
         if not self._arrow:
             return "read_parquet($files, union_by_name = true)"
-        from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 
         row_filter = AlwaysTrue()
         if lo is not None:

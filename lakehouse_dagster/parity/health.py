@@ -15,8 +15,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.parity import file_identity as fi
-from lakehouse_dagster.parity import maintained as mt
+from lakehouse_dagster.parity import file_identity, maintained
 from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, pin_iceberg
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.sync_log import latest_succeeded
@@ -110,11 +109,11 @@ def identity_ready(
     stats = None
     if conn is not None:
         try:
-            stats, read, cached = fi.snapshot_facts(conn, pin, dataset_id)
+            stats, read, cached = file_identity.snapshot_facts(conn, pin, dataset_id)
             meta.update(read="new files only", files_read=read, files_cached=cached)
-        except fi.Unavailable as exc:
+        except file_identity.Unavailable as exc:
             meta["read"] = f"every row: {exc}"
-        except mt.Unavailable as exc:  # a file gone or changed in place: the check cannot see the data
+        except maintained.Unavailable as exc:  # a file gone or changed in place: the check cannot see the data
             meta["problems"] = [str(exc)]
             return Health(False, f"cannot read the snapshot's data files: {exc}", meta)
     if stats is None:

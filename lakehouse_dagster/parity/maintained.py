@@ -37,16 +37,17 @@ from collections.abc import Iterable, Sequence
 
 import psycopg
 import pyarrow as pa
+import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.db import connection
 from lakehouse_dagster.core.errors import first_line
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.writer import TableWrite, WriteResult, write_arrow
-from lakehouse_dagster.parity import canonical as cn
-from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.parity import canonical, lookup3
+from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.tracking import barrier, capture
-from lakehouse_dagster.tracking.datasets import Column, Dataset
+from lakehouse_dagster.tracking.datasets import Column, Dataset, parse_schema
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -99,7 +100,7 @@ def _digest_connection():
     in-memory database, the hash UDF registered) costs 40-120 ms and closing it ~15 ms, more than digesting a
     small file, and a mirror batch digests one new file per dataset. The digests keep no state in it (a batch is
     registered and unregistered around its query), so reuse changes no result."""
-    import duckdb
+    import duckdb  # lazy: DuckDB (~0.3 s to import) only where a digest runs
 
     con = getattr(_duck, "con", None)
     if con is None or _duck.pid != os.getpid():  # a forked child must not use its parent's database
@@ -132,7 +133,7 @@ class FileDigester:
         return present if self.table_fields is None else present & self.table_fields
 
     def _fold(self, into: FileDigest, source: str, present: set[str], params: dict) -> FileDigest:
-        h = cn.duck_row_hash(self.columns, present)
+        h = canonical.duck_row_hash(self.columns, present)
         rows = self.con.execute(
             f"select __row_index >> {SEG_BITS} as seg, count(*), coalesce(sum(h::HUGEINT), 0), min(__row_index),"
             f" max(__row_index) from (select __row_index, {h} as h from {source}) group by seg",
@@ -163,7 +164,6 @@ class FileDigester:
 
     def add_remote(self, io, path: str) -> FileDigest:
         """The digest of a file on object storage, streamed batch by batch through the table's FileIO."""
-        import pyarrow.parquet as pq
 
         out = FileDigest()
         with io.new_input(path).open() as f:
@@ -190,7 +190,7 @@ def store_file_digests(
                 (
                     dataset_id,
                     path,
-                    cn.CONTRACT_VERSION,
+                    canonical.CONTRACT_VERSION,
                     sh,
                     d.count,
                     d.sum,
@@ -244,7 +244,7 @@ def load_file_digests(
     rows = conn.execute(
         """select file_path, row_count, digest, min_row_index, max_row_index, segments from lakehouse_file_digests
             where dataset_id = %s and contract_version = %s and schema_hash = %s and file_path = any(%s)""",
-        (dataset_id, cn.CONTRACT_VERSION, schema_hash(columns), list(paths)),
+        (dataset_id, canonical.CONTRACT_VERSION, schema_hash(columns), list(paths)),
     ).fetchall()
     return {
         r[0]: FileDigest(int(r[1]), int(r[2]), r[3], r[4], {int(k): (int(v[0]), int(v[1])) for k, v in r[5].items()})
@@ -255,7 +255,6 @@ def load_file_digests(
 def fill_file_digests(conn: psycopg.Connection, pin, columns: Sequence[Column]) -> int:
     """Compute and store the digest of every live file of the pinned snapshot that has none under
     the current schema (lazily: once per file). Returns how many were computed."""
-    from lakehouse_dagster.parity.digest import local_path
 
     missing = [p for p in pin.files if p not in load_file_digests(conn, pin_dataset(pin), columns, pin.files)]
     if not missing:
@@ -305,9 +304,6 @@ def _files_in_place(pin) -> None:
     """Stored digests vouch for files as written: a local file that is gone or not the size its manifest
     says gets the full digest (which reads it, and fails loudly if it cannot). Remote files are trusted
     (one request per file would cost more than the manifests)."""
-    import os
-
-    from lakehouse_dagster.parity.digest import local_path
 
     for path in pin.files:
         local = local_path(path)
@@ -347,16 +343,15 @@ def ensure_pg(
         (dataset_id,),
     ).fetchone()
     outcome = "filled"
-    if row is not None and row[0] == sh and row[1] == cn.CONTRACT_VERSION and row[2]:
+    if row is not None and row[0] == sh and row[1] == canonical.CONTRACT_VERSION and row[2]:
         return "ready"
-    if row is None or row[0] != sh or row[1] != cn.CONTRACT_VERSION:
-        hash_sql = cn.pg_row_hash(columns).as_string(conn)
+    if row is None or row[0] != sh or row[1] != canonical.CONTRACT_VERSION:
+        hash_sql = canonical.pg_row_hash(columns).as_string(conn)
         with conn.transaction():
             conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))  # SET LOCAL
             cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
             if cur is None:
                 raise Unavailable(f"dataset {dataset_id} does not exist")
-            from lakehouse_dagster.tracking.datasets import parse_schema
 
             if schema_hash(parse_schema(cur[0])) != sh:
                 raise Unavailable("the dataset's schema changed meanwhile")
@@ -367,7 +362,7 @@ def ensure_pg(
                    on conflict (dataset_id) do update set contract_version = excluded.contract_version,
                      schema_hash = excluded.schema_hash, hash_sql = excluded.hash_sql, hash_fn = excluded.hash_fn,
                      filled = false, registered_at = now(), filled_at = null""",
-                (dataset_id, cn.CONTRACT_VERSION, sh, hash_sql, hash_sql),
+                (dataset_id, canonical.CONTRACT_VERSION, sh, hash_sql, hash_sql),
             )
         outcome = "registered+filled"
     # In capture mode after-commit the fill runs under the WAL consumer's lock (tracking/capture.py), behind the
@@ -470,7 +465,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
     ).fetchone()
     if state is None:
         raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
-    if state[0] != schema_hash(columns) or state[1] != cn.CONTRACT_VERSION:
+    if state[0] != schema_hash(columns) or state[1] != canonical.CONTRACT_VERSION:
         raise Unavailable("the maintained Postgres digest is for another schema or contract")
     if not state[2]:
         raise Unavailable("the maintained Postgres digest is not filled yet")

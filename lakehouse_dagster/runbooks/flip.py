@@ -36,19 +36,21 @@ from pyiceberg.catalog import Catalog
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import check_widen, effects, set_flag
+from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from lakehouse_dagster.flags.registry import READ, WRITE, check_mode, get_flag, rank
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.parity import canary as cy
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.routing.exercise import read_through_router
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.tracking import barrier
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
-STOP_VERDICTS = (cy.MISMATCH, cy.ERROR)
-WRITE_GO_VERDICTS = (cy.OK, cy.NATIVE)
-INERT_VERDICTS = (cy.LAGGING, cy.NO_SNAPSHOT)
+STOP_VERDICTS = (canary.MISMATCH, canary.ERROR)
+WRITE_GO_VERDICTS = (canary.OK, canary.NATIVE)
+INERT_VERDICTS = (canary.LAGGING, canary.NO_SNAPSHOT)
 SOURCE = "rollout"
 
 
@@ -102,7 +104,7 @@ class Preflight:
         return not self.stopped
 
     def counts(self) -> dict[str, int]:
-        return {v: sum(c.verdict == v for c in self.checked) for v in cy.VERDICTS}
+        return {v: sum(c.verdict == v for c in self.checked) for v in canary.VERDICTS}
 
     def stop_message(self) -> str:
         lines = [
@@ -184,11 +186,11 @@ def preflight(
     checked = []
     for e in tabular:
         if e.dataset_id in reusable:
-            checked.append(Checked(e.dataset_id, e.name, cy.OK, True, reusable[e.dataset_id]))
+            checked.append(Checked(e.dataset_id, e.name, canary.OK, True, reusable[e.dataset_id]))
             continue
-        v = cy.evaluate(dsn, catalog, settings, e.dataset_id, smoke=smoke)
+        v = canary.evaluate(dsn, catalog, settings, e.dataset_id, smoke=smoke)
         auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)
-        detail = str(v.detail.get("reason") or (f"rows {v.pg_count}, digests equal" if v.verdict == cy.OK else ""))
+        detail = str(v.detail.get("reason") or (f"rows {v.pg_count}, digests equal" if v.verdict == canary.OK else ""))
         if v.mismatched_row_indexes:
             detail += f"; differing row indexes {v.mismatched_row_indexes[:10]}"
         detail += "".join(f"; {line}" for line in lines_of(v))
@@ -219,7 +221,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     """ok verdicts recorded within ``minutes`` at the dataset's current Postgres version."""
     if minutes <= 0 or not ids:
         return {}
-    latest = cy.latest_verdicts(conn, ids)
+    latest = canary.latest_verdicts(conn, ids)
     with barrier.read_tracking_consistently(conn, ids):  # after-commit: the version covers every committed write
         current: dict = dict(
             conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
@@ -228,7 +230,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
     return {
         i: f"ok at {v['checked_at']:%Y-%m-%d %H:%M:%S} UTC ({v['source']}), Postgres version {v['pg_version']} unchanged"
         for i, v in latest.items()
-        if v["verdict"] == cy.OK and v["checked_at"] >= since and v["pg_version"] == current.get(i)
+        if v["verdict"] == canary.OK and v["checked_at"] >= since and v["pg_version"] == current.get(i)
     }
 
 
@@ -273,7 +275,6 @@ def verify(
     logger: logging.Logger | logging.LoggerAdapter | None = None,
 ) -> list[Verified]:
     """One read per dataset (up to ``sample``) through the router, with flags resolved afresh (no cache)."""
-    from lakehouse_dagster.routing.exercise import read_through_router
 
     resolver = FlagResolver(conn, ttl_seconds=0)
     out = []
@@ -315,7 +316,6 @@ def verify_write(
     conn: psycopg.Connection, writer: str, dataset_ids: list[uuid.UUID], *, sample: int = 20
 ) -> list[WriteVerified]:
     """The runbook's step-3 checks after a write flip, per dataset (up to ``sample``)."""
-    from lakehouse_dagster.flags.native import native_dataset_ids
 
     resolver = FlagResolver(conn, ttl_seconds=0)
     ids = dataset_ids[:sample]

@@ -50,7 +50,8 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.core.errors import LakehouseError
-from lakehouse_dagster.tracking import pgoutput as po
+from lakehouse_dagster.schema.migrate import LOCK_KEY
+from lakehouse_dagster.tracking import pgoutput
 
 PUBLICATION = "lakehouse_digest"
 DIGEST_TRIGGERS = (
@@ -396,7 +397,7 @@ class _Consumer:
         self.tracked_digests: set[uuid.UUID] = set()  # digests applied at the version this chunk draws
         self._registered: dict[uuid.UUID, tuple[str, int]] | None = None
         self._state_changed = False
-        self.relations: dict[int, po.Relation] = {}
+        self.relations: dict[int, pgoutput.Relation] = {}
         self._positions: dict[tuple, tuple] = {}
         self.deltas: dict[uuid.UUID, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
         self.pending: dict[uuid.UUID, list[tuple]] = defaultdict(list)  # rows of applied transactions, to hash
@@ -431,26 +432,26 @@ class _Consumer:
     # -- messages -------------------------------------------------------------------------------------
 
     def feed(self, msg) -> None:
-        if isinstance(msg, po.Begin):
+        if isinstance(msg, pgoutput.Begin):
             self._begin_tx()
-        elif isinstance(msg, po.Relation):
+        elif isinstance(msg, pgoutput.Relation):
             self.relations[msg.relid] = msg
             self._positions = {k: v for k, v in self._positions.items() if k[0] != msg.relid}
-        elif isinstance(msg, po.Change):
+        elif isinstance(msg, pgoutput.Change):
             self._change(msg)
-        elif isinstance(msg, po.Truncate):
+        elif isinstance(msg, pgoutput.Truncate):
             if any(self._relation(r).name == "dataset_rows" for r in msg.relids):
                 self.tx_truncate = True
-        elif isinstance(msg, po.Commit):
+        elif isinstance(msg, pgoutput.Commit):
             self._commit(msg.end_lsn)
 
-    def _relation(self, relid: int) -> po.Relation:
+    def _relation(self, relid: int) -> pgoutput.Relation:
         rel = self.relations.get(relid)
         if rel is None:
-            raise po.ProtocolError(f"change for relation {relid} before its Relation message")
+            raise pgoutput.ProtocolError(f"change for relation {relid} before its Relation message")
         return rel
 
-    def _change(self, msg: po.Change) -> None:
+    def _change(self, msg: pgoutput.Change) -> None:
         rel = self._relation(msg.relid)
         if rel.name == "lakehouse_digest_capture_switch":
             if msg.new is not None:
@@ -468,15 +469,15 @@ class _Consumer:
                 return
             if msg.new is not None:
                 new = tuple(None if i is None else msg.new[i] for i in at)
-                if old is not None and not msg.old_is_key and po.UNCHANGED in new:  # an unchanged TOASTed value
-                    new = tuple(o if v is po.UNCHANGED else v for v, o in zip(new, old))
+                if old is not None and not msg.old_is_key and pgoutput.UNCHANGED in new:  # an unchanged TOASTed value
+                    new = tuple(o if v is pgoutput.UNCHANGED else v for v, o in zip(new, old))
                 self._row(new, 1, full=True)
 
-    def _track(self, rel: po.Relation, msg: po.Change) -> None:
+    def _track(self, rel: pgoutput.Relation, msg: pgoutput.Change) -> None:
         """What the tracking triggers read from the transition tables: the row_index of new rows, of old ones."""
         at = self._at(rel, ("dataset_id", "row_index"))
         if at[0] is None or at[1] is None:
-            raise po.ProtocolError("dataset_rows without dataset_id or row_index in the stream")
+            raise pgoutput.ProtocolError("dataset_rows without dataset_id or row_index in the stream")
         if msg.old is not None:  # a delete, an update that moved the key, or any update under REPLICA IDENTITY FULL
             t = self.tx_track[uuid.UUID(msg.old[at[0]])]
             t.changed.append(int(msg.old[at[1]]))
@@ -490,7 +491,7 @@ class _Consumer:
                 t.grow.append(int(msg.new[at[1]]))
                 t.rewrite = True
 
-    def _at(self, rel: po.Relation, names: tuple[str, ...]) -> tuple:
+    def _at(self, rel: pgoutput.Relation, names: tuple[str, ...]) -> tuple:
         """Positions of ``names`` in the relation's columns (None: absent), per relation message."""
         key = (rel.relid, names)
         at = self._positions.get(key)
@@ -500,14 +501,14 @@ class _Consumer:
 
     def _row(self, values: tuple, sign: int, full: bool) -> None:
         raw = values[0]
-        if raw is None or raw is po.UNCHANGED:
+        if raw is None or raw is pgoutput.UNCHANGED:
             return
         ds = uuid.UUID(raw)
         if ds not in self.registered or ds in self.drops:
             return
         self.tx_rows.add(ds)
         picked = values[1:]
-        if not full or any(v is po.UNCHANGED for v in picked):
+        if not full or any(v is pgoutput.UNCHANGED for v in picked):
             self.tx_unknown.add(ds)  # old values not in the stream (REPLICA IDENTITY not FULL)
             return
         pending = self.tx_pending[ds]
@@ -615,7 +616,7 @@ class _Consumer:
         if self._state_changed:  # else nothing was applied: nothing a crash before the advance could repeat
             conn.execute(
                 "update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s, tracking = %s",
-                (po.lsn_text(self.applied_lsn), self.applying, self.tracking),
+                (pgoutput.lsn_text(self.applied_lsn), self.applying, self.tracking),
             )
 
     def _write_tracking(self) -> dict[uuid.UUID, int]:
@@ -759,7 +760,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
                 f"mode is {mode}: the maintained sums were dropped (canaries use the full digest); run "
                 f"`lakehouse digest-capture {mode}` to disable them again and resume"
             )
-        applied_lsn = po.lsn_int(applied) if applied else 0
+        applied_lsn = pgoutput.lsn_int(applied) if applied else 0
         waited_until = None
         while True:
             try:
@@ -775,7 +776,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
                         )
                         for (data,) in cur:
                             n += 1
-                            consumer.feed(po.parse(bytes(data)))
+                            consumer.feed(pgoutput.parse(bytes(data)))
                     consumer.write()
             except RowLocked as exc:  # rolled back: nothing of the chunk applied; the same chunk again shortly
                 waited_until = waited_until or time.monotonic() + row_lock_wait_s
@@ -794,7 +795,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
             totals["tracked"] += len(consumer.track)
             exhausted = n < chunk
             # Everything that commits before `upto` was returned once the peek is exhausted.
-            target = upto if exhausted else po.lsn_text(consumer.applied_lsn)
+            target = upto if exhausted else pgoutput.lsn_text(consumer.applied_lsn)
             if consumer.applied_lsn or exhausted:
                 conn.execute("select pg_replication_slot_advance(%s, %s::pg_lsn)", (slot, target))
             if exhausted:
@@ -817,7 +818,6 @@ def upgrade_from_previous_release(conn: psycopg.Connection, *, lock_timeout_ms: 
     lock, so two migrating processes do it once. A live app keeps writing: the switch is ``_switch``'s (a brief
     table lock that waits for every writer), and when that lock cannot be had the database stays in wal (still
     read correctly: its change tracking is in the app's transaction) and this raises: migrate again."""
-    from lakehouse_dagster.schema.migrate import LOCK_KEY
 
     notes: list[str] = []
     conn.execute("select pg_advisory_lock(%s)", (LOCK_KEY,))
