@@ -353,7 +353,7 @@ from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.core.db import connect
 s = Settings.from_env()
 conn = connect(s.pg_dsn)
-d = ds.get_dataset(conn, sys.argv[1])
+d = datasets.get_dataset(conn, sys.argv[1])
 start, count = int(sys.argv[2]), int(sys.argv[3])
 rows = [{"__row_index": start + i, "__row_id": str(uuid.uuid4()), "__created_at": None, "n": start + i, "s": "x"}
         for i in range(count)]
