@@ -47,3 +47,15 @@ def test_the_package_never_imports_lakehouse_dagster_tests():
         )
     ]
     assert not found, found
+
+
+def test_a_function_over_80_lines_says_why_in_its_docstring():
+    long = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > 80
+        and "Long on purpose" not in (ast.get_docstring(node) or "")
+    ]
+    assert not long, "functions over 80 lines without 'Long on purpose: <why>' in their docstring:\n" + "\n".join(long)

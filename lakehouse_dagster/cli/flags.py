@@ -16,6 +16,7 @@ _KIND_WORD = {READ: "reader", WRITE: "writer"}
 
 
 def register(sub) -> None:
+    """Long on purpose: the argparse table of the flags and write-flags verbs, one block per verb."""
     for command, kind, help_text in (
         ("flags", READ, "read flags: which engine serves each reader (off < shadow < iceberg < iceberg_only)"),
         ("write-flags", WRITE, "write flags: where each writer lands (pg < iceberg_native)"),

@@ -198,6 +198,7 @@ def _say(msg: str) -> None:
 
 def _up(ctx, args) -> Result:
     # -- refusals first: nothing is written or started before these pass
+    """Long on purpose: the start-up sequence (Postgres, schema, demo, Dagster, the ready line, the shutdown) reads top to bottom in the order an operator sees it, each step's failure message beside it."""
     host = loopback_host(args.host)
     settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
     workspace_file = project_file("workspace.yaml")

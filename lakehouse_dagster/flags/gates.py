@@ -138,7 +138,8 @@ def _db_now(conn: psycopg.Connection):
 def write_flip_blockers(
     conn: psycopg.Connection, moved: list[Effect], datasets: dict, *, soak_seconds: int | None = None, now=None
 ) -> list[Blocked]:
-    """Why each dataset about to be written iceberg-native is not ready (empty: all ready)."""
+    """Why each dataset about to be written iceberg-native is not ready (empty: all ready).
+    Long on purpose: one pass over the moved datasets applying every gate of the write flip in the runbook's order, each gate's reason beside its query."""
     ids = [e.dataset_id for e in moved]
     if not ids:
         return []

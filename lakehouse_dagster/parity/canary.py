@@ -300,6 +300,8 @@ def _evaluate(
 def _compare(
     pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise, full: bool = False
 ) -> None:
+    """Long on purpose: one pinned comparison, read top to bottom in the order its verdict is decided (digests,
+    smoke, localisation, the cross-check), each step beside the detail it records."""
     problems = schema_problems(pin, state.columns)
     if problems:
         v.verdict = NATIVE if native else MISMATCH

@@ -132,7 +132,8 @@ def _copy_and_apply(
     pg, dsn: str, table, ds_id: uuid.UUID, columns: list[Column], names: list[str], found, actor: str
 ) -> tuple[int, int, int]:
     """The copy and every repair in ONE Postgres transaction, on an ADBC session (binary COPY from Arrow).
-    Statements are composed with psycopg.sql and rendered by ``pg`` (identifiers and literals quoted)."""
+    Statements are composed with psycopg.sql and rendered by ``pg`` (identifiers and literals quoted).
+    Long on purpose: everything that must commit together is in this one transaction, in order; split, the transaction boundary would hide between functions."""
     import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a backfill runs
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))

@@ -724,7 +724,8 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
     """Apply every change committed (and flushed) before now (``conn`` autocommit, idle). Waits for a consumer (or
     fill) already running. Returns what it did; nothing to do in capture mode "triggers" (one query).
     ``row_lock_wait_s``: in after-commit, how long a chunk is retried while a datasets row it must write stays
-    locked (then RowLocked; nothing of that chunk applied)."""
+    locked (then RowLocked; nothing of that chunk applied).
+    Long on purpose: the consumer's loop (peek, apply, advance the slot) holds its lock and its crash-safety order in one place."""
     if not active(conn):
         return {"transactions": 0, "rows": 0}
     started = time.perf_counter()
