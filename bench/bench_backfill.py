@@ -100,7 +100,7 @@ def _make_native(dsn: str, rows: int, warehouse: str, appended: int = 0) -> str:
     from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
     from lakehouse_dagster.lake.writer import TableWrite
     from lakehouse_dagster.mirror.sync import sync_dataset
-    from lakehouse_dagster.parity.maintained import write_digested
+    from lakehouse_dagster.parity.write_digests import write_digested
     from lakehouse_dagster.routing.write_router import route_write
     from lakehouse_dagster.tracking.datasets import get_dataset
 

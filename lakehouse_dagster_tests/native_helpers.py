@@ -18,7 +18,7 @@ from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, tab
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.lake.writer import TableWrite
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.routing.write_router import route_write
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary

@@ -222,7 +222,7 @@ def test_json_text_form_difference_is_a_mismatch_that_smoke_explains(conn, dsn, 
 
 def test_native_snapshot_is_reported_as_native_not_mismatch(conn, dsn, settings):
     from lakehouse_dagster.lake.writer import TableWrite
-    from lakehouse_dagster.parity.maintained import write_digested
+    from lakehouse_dagster.parity.write_digests import write_digested
 
     d = make_dataset(conn, 8)
     sync(settings, dsn, d)

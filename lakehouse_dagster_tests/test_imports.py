@@ -4,6 +4,8 @@ inside a function is for an optional or heavy dependency only, and says why on i
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lakehouse_dagster"
@@ -59,3 +61,14 @@ def test_a_function_over_80_lines_says_why_in_its_docstring():
         and "Long on purpose" not in (ast.get_docstring(node) or "")
     ]
     assert not long, "functions over 80 lines without 'Long on purpose: <why>' in their docstring:\n" + "\n".join(long)
+
+
+def test_the_write_paths_load_no_digest_machinery_unless_asked():
+    """numba's hash kernel and DuckDB cost a mirror ~55 MB of peak memory: only digests pay for them."""
+    code = (
+        "import sys\n"
+        "import lakehouse_dagster.mirror.sync, lakehouse_dagster.sources.writers, lakehouse_dagster.routing.write_router\n"
+        "print(sorted(m for m in ('numba', 'duckdb', 'dagster') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

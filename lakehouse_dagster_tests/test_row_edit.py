@@ -229,7 +229,7 @@ def test_a_partial_commit_planned_on_a_stale_snapshot_commits_nothing(conn, dsn,
 
     from lakehouse_dagster.lake.schema import arrow_schema
     from lakehouse_dagster.lake.writer import TableWrite
-    from lakehouse_dagster.parity.maintained import write_digested
+    from lakehouse_dagster.parity.write_digests import write_digested
 
     d = _make(conn)
     _sync(small, dsn, d)

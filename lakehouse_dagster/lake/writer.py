@@ -121,7 +121,7 @@ class WriteResult:
     source_version: int | None = None  # the version the snapshot covers (a retry: what attempt 1 wrote)
     rewritten: int = 0  # of ``rows``, those of the files a partial rewrite (or a compaction) replaced
     # What the caller's ``digester`` folded per written file (data file path -> its digest); the caller stores it
-    # (parity/maintained.py: write_digested).
+    # (parity/write_digests.py: write_digested).
     file_digests: dict = dataclasses.field(default_factory=dict)
 
 

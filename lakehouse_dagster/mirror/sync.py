@@ -45,7 +45,7 @@ from lakehouse_dagster.lake.writer import (
 from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
-from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
 from lakehouse_dagster.tracking.row_changes import (
     PartialPlan,

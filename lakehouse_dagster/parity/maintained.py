@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import threading
 import uuid
@@ -40,14 +39,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.core.db import connection
-from lakehouse_dagster.core.errors import first_line
-from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.lake.writer import TableWrite, WriteResult, write_arrow
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.tracking import barrier, capture
-from lakehouse_dagster.tracking.datasets import Column, Dataset, parse_schema
+from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -201,40 +196,6 @@ def store_file_digests(
                 )
                 for path, d in digests.items()
             ],
-        )
-
-
-_log = logging.getLogger(__name__)
-
-
-def write_digested(
-    catalog, settings: Settings, dataset: Dataset, batches, plan: TableWrite, *, table=None, native_run=None
-) -> WriteResult:
-    """lake.writer.write_arrow (``plan``, ``table``, ``native_run`` as there), each written file digested from the
-    rows in hand and the digests stored after the commit (when a DSN is configured and LAKEHOUSE_DIGEST_ON_WRITE
-    holds): what every writer of a table calls, so the next canary reads those files' digests instead of the files."""
-    digester = FileDigester(dataset.columns) if settings.pg_dsn and settings.digest_on_write else None
-    try:
-        result = write_arrow(
-            catalog, settings, dataset, batches, plan, table=table, digester=digester, native_run=native_run
-        )
-    finally:
-        if digester is not None:
-            digester.close()
-    _store_written(settings, dataset, result.file_digests)
-    return result
-
-
-def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
-    """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
-    if not digests:
-        return
-    try:
-        with connection(settings.pg_dsn) as conn:
-            store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
-    except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
-        _log.warning(
-            "could not store the digests of %d file(s) of dataset %s: %s", len(digests), dataset.id, first_line(exc)
         )
 
 

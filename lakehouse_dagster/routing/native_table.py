@@ -1,4 +1,4 @@
-"""A native commit onto a dataset's table: the chunked writer (parity/maintained.write_digested over
+"""A native commit onto a dataset's table: the chunked writer (parity/write_digests.write_digested over
 lake/writer.write_arrow) with what every native commit carries.
 
 * The totals of its run of native snapshots (mirror/native_run.py), summed on the table state each attempt
@@ -23,7 +23,7 @@ import pyarrow as pa
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.writer import TableWrite, WriteResult, ensure_table, sync_snapshot
 from lakehouse_dagster.mirror.native_run import native_run
-from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_compaction import plan_native_compaction
 from lakehouse_dagster.tracking.datasets import Dataset
 

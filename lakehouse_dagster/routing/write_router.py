@@ -35,7 +35,7 @@ from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import TableWrite, snapshot_source_version, sync_snapshot, table_state
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
-from lakehouse_dagster.parity.maintained import write_digested
+from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
 from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.tracking import barrier
