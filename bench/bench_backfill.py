@@ -62,12 +62,12 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:
     elif kind == "limit":
         import adbc_driver_postgresql.dbapi as adbc
 
-        from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+        from lakehouse_dagster.core.db import adbc_uri
         from lakehouse_dagster.runbooks.backfill import _batches
 
         table = load_table_or_none(catalog, table_identifier(settings, d))
         names = [f.name for f in table.schema().fields]
-        with adbc.connect(_adbc_uri(dsn)) as conn:
+        with adbc.connect(adbc_uri(dsn)) as conn:
             cur = conn.cursor()
             rows = cur.adbc_ingest(
                 "bench_limit",

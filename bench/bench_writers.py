@@ -82,10 +82,10 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     if kind == "typed":
         import adbc_driver_postgresql.dbapi as adbc
 
-        from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+        from lakehouse_dagster.core.db import adbc_uri
 
         rows = 0
-        with adbc.connect(_adbc_uri(dsn)) as conn:
+        with adbc.connect(adbc_uri(dsn)) as conn:
             cur = conn.cursor()
             cur.execute("drop table if exists bench_copy")
             for f in files:
@@ -146,13 +146,13 @@ def _export(dsn: str, ds_id: uuid.UUID, path: Path) -> None:
     import adbc_driver_postgresql.dbapi as adbc
     import pyarrow.parquet as pq
 
-    from lakehouse_dagster.core.db import connect
-    from lakehouse_dagster.mirror.pinned_read import _adbc_uri, select_query
+    from lakehouse_dagster.core.db import adbc_uri, connect
+    from lakehouse_dagster.mirror.pinned_read import select_query
     from lakehouse_dagster.tracking.datasets import parse_schema
 
     with connect(dsn) as conn:
         q = select_query(ds_id, parse_schema(BENCH_SCHEMA), None, None).as_string(conn)
-    with adbc.connect(_adbc_uri(dsn), autocommit=True) as conn:
+    with adbc.connect(adbc_uri(dsn), autocommit=True) as conn:
         cur = conn.cursor()
         cur.execute("set timezone to 'UTC'")
         cur.execute(q)

@@ -113,3 +113,8 @@ def redact(dsn: str) -> str:
         dsn = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", dsn)  # user:password@
         return re.sub(r"([?&]password=)[^&]*", r"\1***", dsn)  # ?password=
     return re.sub(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", r"\1***", dsn)  # key=value form
+
+
+def adbc_uri(dsn: str) -> str:
+    """The DSN as the ADBC Postgres driver takes it (libpq's URI form, without SQLAlchemy's driver suffix)."""
+    return dsn.replace("postgresql+psycopg://", "postgresql://")

@@ -22,7 +22,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import IdlePool, close_quietly, is_idle
+from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, is_idle
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column
@@ -215,10 +215,6 @@ class PinnedSnapshot:
         self.conn.close()
 
 
-def _adbc_uri(dsn: str) -> str:
-    return dsn.replace("postgresql+psycopg://", "postgresql://")
-
-
 def _read_range(
     dsn: str, snapshot: str, query: str, out: queue.Queue, stop: threading.Event, pool: IdlePool | None = None
 ) -> None:
@@ -228,7 +224,7 @@ def _read_range(
     the end and its transaction was rolled back; a reused one that fails to begin is replaced once."""
     import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where rows are read
 
-    uri = _adbc_uri(dsn)
+    uri = adbc_uri(dsn)
     key = ("adbc", uri)
     conn = None
     clean = False

@@ -33,7 +33,7 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.db import adbc_uri, connect
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
@@ -42,7 +42,6 @@ from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import read_files
 from lakehouse_dagster.mirror.native_run import iceberg_only
-from lakehouse_dagster.mirror.pinned_read import _adbc_uri
 from lakehouse_dagster.sources.pg_rows import _data_expr
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
@@ -139,7 +138,7 @@ def _copy_and_apply(
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
     in_iceberg = sql.SQL("exists (select 1 from {t} b where b.__row_id::uuid = r.row_id)").format(t=tmp)
 
-    with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
+    with adbc.connect(adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
         cur = conn.cursor()
 
         def one(stmt: sql.Composable):

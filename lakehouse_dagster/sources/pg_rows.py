@@ -19,7 +19,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.mirror.pinned_read import _adbc_uri
+from lakehouse_dagster.core.db import adbc_uri
 from lakehouse_dagster.tracking.datasets import Column
 
 STAGE = "lakehouse_ingest_stage"
@@ -98,7 +98,7 @@ def rows_transaction(
     create = sql.SQL("create temporary table {} ({}) on commit drop").format(
         sql.Identifier(STAGE), sql.SQL(", ").join(stage_cols)
     )
-    with adbc.connect(_adbc_uri(dsn)) as conn:  # not autocommit: one transaction
+    with adbc.connect(adbc_uri(dsn)) as conn:  # not autocommit: one transaction
         cur = conn.cursor()
         try:
             cur.execute("set local timezone to 'UTC'")

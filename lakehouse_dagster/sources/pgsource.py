@@ -17,9 +17,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.core.db import adbc_uri, redact
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.mirror.pinned_read import _adbc_uri
 from lakehouse_dagster.sources.convert import BadValue, convert_batch
 from lakehouse_dagster.sources.files import SourceError
 from lakehouse_dagster.sources.spec import SourceSpec
@@ -107,7 +106,7 @@ def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatc
         query = read_query(spec, after, pconn)
     col = spec.order_column
     read = 0
-    with adbc.connect(_adbc_uri(dsn), autocommit=True) as conn:
+    with adbc.connect(adbc_uri(dsn), autocommit=True) as conn:
         cur = conn.cursor()
         try:
             cur.execute("begin isolation level repeatable read read only")
