@@ -65,3 +65,24 @@ def stop(context, message: str, metadata: dict | None = None) -> Refused:
             "\n".join(f"{k}: {v.value if isinstance(v, dg.MetadataValue) else v}" for k, v in metadata.items())
         )
     return Refused(message)
+
+
+def check_errors_line(evaluations, total: int) -> str | None:
+    """One line naming every dataset whose check ended ERROR in a batch run (mirror or canary), or None when none
+    did: the run fails with it after the other datasets have landed, so a MISMATCH never hides in a green run."""
+    failed: dict[str, list[str]] = {}
+    for e in evaluations:
+        if e.passed or e.severity != dg.AssetCheckSeverity.ERROR:
+            continue
+        meta = e.metadata or {}
+        name = meta.get("dataset_name")
+        name = getattr(name, "value", name) or "(unknown dataset)"
+        failed.setdefault(f"{name} ({e.partition})", []).append(e.check_name)
+    if not failed:
+        return None
+    shown = "; ".join(f"{ds}: {', '.join(checks)}" for ds, checks in list(failed.items())[:10])
+    more = f"; … and {len(failed) - 10} more" if len(failed) > 10 else ""
+    return (
+        f"{len(failed)} of {total} dataset(s) failed a blocking check: {shown}{more}. "
+        "Each check's result on the dataset's partition says why; the other datasets landed"
+    )

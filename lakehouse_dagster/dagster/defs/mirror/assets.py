@@ -3,15 +3,13 @@
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.refusals import fail_step
 from lakehouse_dagster.dagster.tags import name_run, text
 from lakehouse_dagster.mirror.batch import run_sync_id
 from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
 from lakehouse_dagster.tracking.datasets import get_dataset
-
-PG_ROWS = dg.AssetKey(["postgres", "dataset_rows"])
-ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])
 
 
 class MirrorConfig(dg.Config):

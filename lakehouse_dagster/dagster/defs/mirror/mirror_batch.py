@@ -5,21 +5,21 @@ mirrors a list of datasets (mirror/batch.py) and keeps the asset's partitions tr
 logs a materialization of its `postgres/dataset_rows` and `iceberg/dataset_table` partitions with the same
 metadata as mirror_job, at once, and after the syncs the three asset checks of each mirrored dataset are evaluated
 and logged against its partition (recorded in lakehouse_read_parity as the asset checks are). A dataset that fails
-fails the run (loudly, after the others have landed); the poller's sweep retries it alone.
+fails the run (loudly, after the others have landed); the poller's sweep retries it alone. A blocking check that ends
+ERROR (a parity MISMATCH, identity not ready) fails the run too, naming the datasets, after every dataset landed.
 """
 
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.mirror.assets import (
-    ICEBERG_TABLE,
-    PG_ROWS,
     dataset_names,
     iceberg_metadata,
     pg_rows_metadata,
 )
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.tags import text
 from lakehouse_dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
@@ -77,6 +77,7 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         context.log.info(f"{len(synced)} of {len(config.datasets)} datasets mirrored ({modes}); checking them")
         wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}  # once, not per dataset
         verdicts: dict[str, int] = {}
+        logged: list[dg.AssetCheckEvaluation] = []
         for r in synced:
             evaluations = check_evaluations(
                 lakehouse,
@@ -90,18 +91,25 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             for e in evaluations:
                 if not e.passed:
                     verdicts[e.check_name] = verdicts.get(e.check_name, 0) + 1
+            logged += evaluations
             yield from evaluations
         if synced:
             context.log.info(
                 f"checks of {len(synced)} datasets: "
                 + (", ".join(f"{n} {name} failed" for name, n in verdicts.items()) or "all passed")
             )
+    problems = []
     if failed:
         names = "; ".join(f"{f.dataset_id}: {f.error}" for f in failed[:5])
-        raise refuse(
+        problems.append(
             f"{len(failed)} of {len(config.datasets)} datasets failed ({names}); the others landed, "
             "and the mirror poller retries the failed ones"
-        ) from None
+        )
+    checks_line = check_errors_line(logged, len(synced))
+    if checks_line:
+        problems.append(checks_line)
+    if problems:
+        raise refuse("\n".join(problems)) from None
 
 
 @dg.job(

@@ -7,8 +7,9 @@ import datetime
 
 import dagster as dg
 
-from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, ICEBERG_TABLE
+from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.tags import datasets_tags
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids

@@ -12,6 +12,7 @@ import dagster as dg
 
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
 from lakehouse_dagster.parity import canary
@@ -22,7 +23,6 @@ from lakehouse_dagster.parity.health import snapshot_freshness as _snapshot_fres
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 
-ICEBERG_TABLE = dg.AssetKey(["iceberg", "dataset_table"])  # the mirror's asset (dagster/defs/mirror/assets.py), by key
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
 AUTO_ROLLBACK_TAG = "lakehouse/auto_rollback"  # added to a run whose parity check rolled readers back
 # "true": digest every row on both sides instead of comparing the maintained digests (parity/maintained.py);

@@ -19,8 +19,8 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.refusals import fail_step
 from lakehouse_dagster.dagster.tags import WRITER, datasets_tags, name_run, text

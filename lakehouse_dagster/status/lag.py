@@ -1,0 +1,57 @@
+"""The one definition of "behind the mirror" and of a dataset's lag, for the overview, the alerts and the metrics.
+
+A tabular dataset is behind when Postgres moved past the version its latest succeeded sync covers
+(``datasets.mirrored_version < rows_version``: one partial-index scan over the few that are, the mirror
+poller's own test). Datasets written iceberg-native are not behind: the mirror skips them and Iceberg is their
+truth. Its lag is how old the Iceberg side's view is: seconds since its latest succeeded sync finished, the
+snapshot age ``parity.health.snapshot_freshness`` judges; a dataset never synced has no lag (None) and is
+listed as never synced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import psycopg
+
+from lakehouse_dagster.flags.native import native_dataset_ids
+
+_BEHIND = """
+select d.id, d.name, d.workspace_id, d.rows_version, d.mirrored_version, s.finished_at,
+       extract(epoch from now() - s.finished_at)::float8 as lag
+  from datasets d
+  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
+ where d.kind = 'tabular' and coalesce(d.mirrored_version, -1) < d.rows_version
+ order by s.finished_at nulls first, d.id
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Behind:
+    dataset_id: uuid.UUID
+    name: str
+    workspace_id: uuid.UUID | None
+    rows_version: int
+    mirrored_version: int | None  # None: never synced
+    last_synced_at: dt.datetime | None
+    lag_seconds: float | None  # None: never synced
+
+    @property
+    def never_synced(self) -> bool:
+        return self.last_synced_at is None
+
+
+def behind_datasets(conn: psycopg.Connection) -> list[Behind]:
+    """Every tabular dataset behind the mirror (native ones left out), never-synced first, then the oldest view
+    first; two queries whatever the number of datasets."""
+    rows = [Behind(*r) for r in conn.execute(_BEHIND).fetchall()]
+    native = native_dataset_ids(conn, [b.dataset_id for b in rows]) if rows else set()
+    return [b for b in rows if b.dataset_id not in native]
+
+
+def lagging_past(behind: list[Behind], threshold_seconds: float) -> list[Behind]:
+    """The behind datasets whose lag exceeds ``threshold_seconds`` (never-synced ones are not lagging: they have no
+    view to be late; the overview lists them as never synced)."""
+    return [b for b in behind if b.lag_seconds is not None and b.lag_seconds > threshold_seconds]
