@@ -87,6 +87,8 @@ def _seed(conn, dsn, settings) -> dict[str, uuid.UUID]:
     _set(conn, "read", "export.stream", "iceberg", workspace=beta)
     _set(conn, "read", "graph.kuzu", "iceberg_only", workspace=beta)
     _set(conn, "read", "graph.kuzu", "off", dataset=ds["ws_b"])
+    # a flip of a dataset never mirrored is inert (the freshness gate serves Postgres): it stays on postgres
+    _set(conn, "read", "export.stream", "iceberg", dataset=ds["pg_only"])
     # native: the runbook's way (every servable reader on iceberg, canary ok), then sync.full iceberg_native
     for r in READERS:
         _set(conn, "read", r, "iceberg", dataset=ds["native"])
@@ -157,7 +159,7 @@ def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, 
     for stages in ov.flag_stages.values():
         assert sum(stages.values()) == sql["datasets"]
     assert sum(ov.dataset_stages.values()) == sql["datasets"]
-    # never mirrored: pg_only and empty, for every reader and writer
+    # never mirrored: pg_only (export.stream flipped for it, inert) and empty, for every reader and writer
     for (kind, name), stages in ov.flag_stages.items():
         assert stages["postgres"] == sql["datasets"] - sql["mirrored"] == 2, (kind, name)
     assert ov.flag_stages[("read", "export.stream")] == {

@@ -72,33 +72,56 @@ def _data_version(instance, key, partition) -> str | None:
     return record.event_log_entry.tags.get("dagster/data_version") if record else None
 
 
+def _reported(instance, partition):
+    """The runless materializations of postgres/dataset_rows recorded for a partition, newest first."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=PG_ROWS, asset_partitions=[partition]), limit=20
+    ).records
+    return [r for r in records if r.run_id == ""]
+
+
 def test_the_pollers_report_marks_the_partition_behind_until_the_mirror_lands(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     d = _dataset(conn, ws, "orders")
     key = str(d)
     with dg.DagsterInstance.ephemeral() as instance:
         first = _daemon_tick(mirror_poller, instance, dsn)
-        (reported,) = first.asset_events
+        (reported,) = _reported(instance, key)  # recorded by the tick itself, no run
         version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
-        assert isinstance(reported, dg.AssetMaterialization) and reported.asset_key == PG_ROWS
-        assert reported.partition == key and reported.tags["dagster/data_version"] == str(version)
-        assert reported.metadata["dataset_name"].value == "orders"
+        assert reported.event_log_entry.tags["dagster/data_version"] == str(version)
+        assert reported.asset_materialization.metadata["dataset_name"].value == "orders"
         assert _launch(instance, dsn, first.run_requests[0]).success
         assert _stale(instance, ICEBERG_TABLE, key) == "FRESH"
         assert _data_version(instance, PG_ROWS, key) == _data_version(instance, ICEBERG_TABLE, key) == str(version)
 
         datasets.insert_rows(conn, d, [{"n": 9, "s": "late"}])  # Postgres moves on; no run has happened yet
+        runs = len(instance.get_runs())
         second = _daemon_tick(mirror_poller, instance, dsn, first.cursor)
         new_version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
-        assert _data_version(instance, PG_ROWS, key) == str(new_version)  # reported, runless
+        assert len(_reported(instance, key)) == 2 and len(instance.get_runs()) == runs
+        assert _data_version(instance, PG_ROWS, key) == str(new_version)  # recorded, runless
         assert _data_version(instance, ICEBERG_TABLE, key) == str(version)  # the Iceberg side is behind ...
         assert _stale(instance, ICEBERG_TABLE, key) == "STALE"  # ... and the UI says so, no run needed
-        # a tick with nothing new reports nothing
-        assert _daemon_tick(mirror_poller, instance, dsn, second.cursor).asset_events == []
+        _daemon_tick(mirror_poller, instance, dsn, second.cursor)  # a tick with nothing new records nothing
+        assert len(_reported(instance, key)) == 2
 
         assert _launch(instance, dsn, second.run_requests[0]).success  # the mirror lands
         assert _data_version(instance, ICEBERG_TABLE, key) == str(new_version)
         assert _stale(instance, ICEBERG_TABLE, key) == "FRESH"
+
+
+def test_the_pollers_reports_are_stored_for_every_changed_dataset_on_postgres_storage(
+    conn, dsn, settings, pg_admin_dsn, tmp_path
+):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}", rows=1) for i in range(30)]
+    with pg_dagster_instance(pg_admin_dsn, tmp_path) as (instance, _):
+        _daemon_tick(mirror_poller, instance, dsn)
+        versions = dict(conn.execute("select id, rows_version from datasets").fetchall())
+        for d in ids:
+            (r,) = _reported(instance, str(d))
+            assert r.event_log_entry.tags["dagster/data_version"] == str(versions[d])
+            assert _data_version(instance, PG_ROWS, str(d)) == str(versions[d])
 
 
 def test_the_iceberg_asset_carries_a_time_window_freshness_policy():

@@ -247,6 +247,43 @@ def dagster_report_check_result(instance, evaluation) -> str:
     return run_id
 
 
+def dagster_report_runless_materializations(instance, materializations: list) -> None:
+    """Store asset materializations that belong to no run — what ``report_runless_asset_event`` stores for each (run
+    id and job name "") — in one batch write, the way ``handle_new_event`` stores a batch
+    (``event_log_storage.store_event_batch``). One at a time, dagster-postgres opens connections for every event:
+    100 took 36–46× the batch's time (5.9–6.3 s against 0.13–0.18 s under load, docs/overview.md)."""
+    import logging  # lazy: only with the Dagster parts below
+    import time  # lazy: only with the Dagster parts below
+
+    import dagster as dg  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+    from dagster._core.events import (
+        StepMaterializationData,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+
+    if not materializations:
+        return
+    now = time.time()
+    instance.event_log_storage.store_event_batch(
+        [
+            dg.EventLogEntry(
+                user_message="",
+                level=logging.INFO,
+                job_name="",
+                run_id="",
+                error_info=None,
+                timestamp=now,
+                step_key=None,
+                dagster_event=dg.DagsterEvent(
+                    event_type_value=dg.DagsterEventType.ASSET_MATERIALIZATION.value,
+                    event_specific_data=StepMaterializationData(m),
+                    job_name="",
+                ),
+            )
+            for m in materializations
+        ]
+    )
+
+
 def dagster_capture_interrupts():
     """Within the block, SIGINT becomes an execution interrupt inside steps (the run ends CANCELED)."""
     from dagster._utils.interrupts import (

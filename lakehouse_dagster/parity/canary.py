@@ -556,6 +556,20 @@ def latest_verdicts(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] |
     return {r[0]: dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()}
 
 
+def latest_verdict_reasons(conn: psycopg.Connection) -> dict[uuid.UUID, tuple[str, dt.datetime, str, str | None]]:
+    """{dataset: (verdict, checked_at, source, reason)} of every tabular dataset's newest recorded verdict (the one
+    ``latest_verdicts`` returns: by checked_at, then id). One index probe per dataset, so the cost follows the
+    datasets, not the verdicts' history (~60 ms at 10,000 datasets of 20 verdicts each; the migration overview)."""
+    rows = conn.execute(
+        """select d.id, p.verdict, p.checked_at, p.source, p.detail->>'reason'
+             from datasets d
+             cross join lateral (select verdict, checked_at, source, detail from lakehouse_read_parity p
+                                  where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
+            where d.kind = 'tabular'"""
+    ).fetchall()
+    return {r[0]: r[1:] for r in rows}
+
+
 def full_due(conn: psycopg.Connection, dataset_id: uuid.UUID, every: int = FULL_EVERY) -> bool:
     """The scheduled canary's cross-check: True when none of the dataset's last ``every - 1`` scheduled
     verdicts digested every row (so every ``every``-th scheduled run does)."""

@@ -4,9 +4,9 @@ is behind the mirror, and the datasets that need an operator (the Dagster asset 
 
 Stages, per flag and dataset (a flag's stages add up to the number of tabular datasets):
 
-* reader: ``iceberg_only`` (effective mode iceberg_only), ``reads_iceberg`` (mode iceberg: the read router serves
-  Iceberg once the freshness gate passes, else Postgres), otherwise ``mirrored`` when Iceberg has a succeeded
-  snapshot of it, else ``postgres``;
+* reader: ``postgres`` while Iceberg has no succeeded snapshot of the dataset (whatever the flag: the freshness gate
+  serves Postgres, the flip is inert), then ``iceberg_only`` (effective mode iceberg_only), ``reads_iceberg`` (mode
+  iceberg: Iceberg when the gate passes, Postgres as fallback) or ``mirrored`` (off or shadow);
 * writer: ``native`` (mode iceberg_native), ``blocked`` (step 2b of the Fase 4 runbook says BLOCKED (pipeline
   input), F3), otherwise ``mirrored`` or ``postgres`` as for readers.
 
@@ -61,18 +61,20 @@ _TABULAR = "select id, workspace_id from datasets where kind = 'tabular'"
 _EFFECTIVE, _ = effective_sql(FLAGS, _TABULAR, select="e.dataset_id, e.kind, e.name, e.mode")
 _STAGES = f"""
 with e as ({_EFFECTIVE}),
-     m as (select d.id, exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
-                        as mirrored
-             from datasets d where d.kind = 'tabular'),
+     m as materialized (select d.id, exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
+                        as mirrored, b.id is not null as blocked
+             from datasets d left join unnest(%(blocked)s::uuid[]) b(id) on b.id = d.id
+            where d.kind = 'tabular'),
      s as (
        select e.dataset_id, e.kind, e.name,
               case when e.kind = 'write' then
                      case when e.mode = 'iceberg_native' then 'native'
-                          when e.dataset_id = any(%(blocked)s::uuid[]) then 'blocked'
+                          when m.blocked then 'blocked'
                           when m.mirrored then 'mirrored' else 'postgres' end
+                   when not m.mirrored then 'postgres'
                    when e.mode = 'iceberg_only' then 'iceberg_only'
                    when e.mode = 'iceberg' then 'reads_iceberg'
-                   when m.mirrored then 'mirrored' else 'postgres' end as stage
+                   else 'mirrored' end as stage
          from e join m on m.id = e.dataset_id)
 select kind, name, stage, count(*) from s group by kind, name, stage
 union all
@@ -190,20 +192,17 @@ def compute_overview(conn: psycopg.Connection, settings) -> Overview:
             found.setdefault(ds_id, {})[problem] = reason
 
     verdicts = dict.fromkeys(VERDICTS, 0)
-    latest = canary.latest_verdicts(conn)
-    for ds_id, v in latest.items():
-        if ds_id not in tabular:
-            continue
-        verdicts[v["verdict"]] += 1
-        reason = (v["detail"] or {}).get("reason", "")
-        when = f"{v['checked_at']:%Y-%m-%d %H:%M:%S} UTC"
-        if v["verdict"] == canary.MISMATCH:
+    latest = canary.latest_verdict_reasons(conn)
+    for ds_id, (verdict, checked_at, source, reason) in latest.items():
+        verdicts[verdict] += 1
+        when = f"{checked_at:%Y-%m-%d %H:%M:%S} UTC"
+        if verdict == canary.MISMATCH:
             note(
-                ds_id, MISMATCH, f"parity MISMATCH at {when} ({v['source']}): {reason}; STOP: do not flip, investigate"
+                ds_id, MISMATCH, f"parity MISMATCH at {when} ({source}): {reason or ''}; STOP: do not flip, investigate"
             )
-        elif v["verdict"] == canary.ERROR:
-            note(ds_id, CHECK_ERROR, f"the parity check could not see the data at {when}: {reason}")
-    verdicts[UNCHECKED] = len(tabular) - sum(1 for d in latest if d in tabular)
+        elif verdict == canary.ERROR:
+            note(ds_id, CHECK_ERROR, f"the parity check could not see the data at {when}: {reason or ''}")
+    verdicts[UNCHECKED] = len(tabular) - len(latest)
 
     wedged = [w for w in canary.wedged_syncs(conn, settings.wedged_after_seconds) if w["dataset_id"] in tabular]
     for w in wedged:

@@ -3,17 +3,21 @@ still behind with no run in flight (backoff, cap and per-dataset run keys in mir
 one tick go to a few mirror_batch_job runs (LAKEHOUSE_MIRROR_BATCH_SIZE each), or to one mirror_job run each
 when that is 0.
 
-Each dataset version the tick sees for the first time is also reported as a runless materialization of its
+Each dataset version the tick sees for the first time is also recorded as a runless materialization of its
 postgres/dataset_rows partition, its rows_version as data version (the app wrote those rows, outside Dagster): the UI
-shows the dataset's iceberg/dataset_table partition as stale from that moment until a mirror of it lands, with no run
-needed. Not an observation: Dagster 1.13 reads observations for staleness only on observable (source) assets
-(``CachingInstanceQueryer._get_latest_materialization_or_observation_record``), and this asset is materializable."""
+shows the dataset's iceberg/dataset_table partition as stale ("Unsynced") from that moment until a mirror of it
+lands, with no run needed. Not an observation: Dagster 1.13 reads observations for staleness only on observable
+(source) assets (``CachingInstanceQueryer._get_latest_materialization_or_observation_record``), and this asset is
+materializable. Stored by the tick itself in one batch write (core/private_apis.py), not returned as
+``SensorResult(asset_events=...)``: the daemon stores those one at a time before it submits the tick's runs, ~40×
+slower for 100 datasets on Postgres storage, and the mirror's runs would wait for it."""
 
 import hashlib
 import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.core.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     DATA_VERSION_TAG,
@@ -134,7 +138,7 @@ def mirror_run_requests(items: list[Pending], batch_size: int, named: dict | Non
 
 def changed_materializations(items: list[Pending], named: dict | None = None) -> list[dg.AssetMaterialization]:
     """A runless materialization of postgres/dataset_rows per dataset version seen for the first time (a retry's
-    version was reported when first asked for), its data version the rows_version: Dagster then shows the dataset's
+    version was recorded when first asked for), its data version the rows_version: Dagster then shows the dataset's
     Iceberg partition as stale until the mirror's materialization of that version lands."""
     named = named or {}
     out = []
@@ -185,6 +189,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
         )
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
+    dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
     requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
@@ -198,5 +203,4 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         run_requests=requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],
         cursor=tick.cursor.dumps(),
-        asset_events=changed_materializations(tick.requests, named),
     )
