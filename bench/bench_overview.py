@@ -4,9 +4,10 @@
 
 A throwaway embedded Postgres (deleted on exit; or LAKEHOUSE_PG_DSN as admin) gets, per size N, a migrated database
 with N datasets over 20 workspaces in a realistic mix: every dataset mirrored ``--history`` times (the sync log and
-the parity table keep their history), 1% behind the mirror (half of them lagging), 1% never synced, 0.5% wedged,
-0.1% MISMATCH, readers flipped globally (export.stream), per workspace (graph.kuzu iceberg_only on a quarter of
-them) and per dataset (studio.digest on 10%), sync.full native on 5% and pipelines reading 2%. Then, best of
+the parity table keep their history), 1% behind the mirror (half of them lagging), 1% never synced, 0.2% wedged,
+an old failure of 10%, 0.1% MISMATCH, readers flipped globally (export.stream), per workspace (graph.kuzu
+iceberg_only on a quarter of them) and per dataset (studio.digest on 10%), sync.full native on 5% and pipelines
+reading 2%. Then, best of
 ``--repeat``: ``compute_overview`` against a baseline measured in the same run on the same database — reading every
 dataset's row once (``select id, name, workspace_id, rows_version from datasets``), the floor of anything that
 looks at every dataset — with the number of statements each sent (psycopg's ``Cursor.execute`` counted), which must
@@ -53,9 +54,15 @@ select d.id, case when h = %(history)s and right(d.name, 3) = '777' then 'MISMAT
 update datasets set rows_version = rows_version + 1 where right(name, 2) = '50';
 update iceberg_sync_log l set finished_at = finished_at - interval '1 day', started_at = started_at - interval '1 day'
   from datasets d where d.id = l.dataset_id and right(d.name, 3) in ('050', '250', '450', '650', '850');
--- 0.5%% wedged: a sync running for two hours
+-- 0.2%% wedged: their latest sync running for two hours (their history a day older)
+update iceberg_sync_log l set finished_at = finished_at - interval '1 day', started_at = started_at - interval '1 day'
+  from datasets d where d.id = l.dataset_id and right(d.name, 3) in ('123', '623');
 insert into iceberg_sync_log (dataset_id, sync_id, status, started_at)
 select id, gen_random_uuid(), 'running', now() - interval '2 hours' from datasets where right(name, 3) in ('123', '623');
+-- an old failure of 10%% of the datasets, retried and succeeded since (the log keeps it)
+insert into iceberg_sync_log (dataset_id, sync_id, status, started_at, finished_at, error)
+select id, gen_random_uuid(), 'failed', now() - interval '3 days', now() - interval '3 days', 'bench'
+  from datasets where right(name, 1) = '9';
 -- pipelines reading 2%% of the datasets as input
 insert into pipelines (workspace_id, name, spec)
 select d.workspace_id, 'p' || d.name,

@@ -21,13 +21,14 @@ from lakehouse_dagster.dagster.defs.status.overview import (
     partition_page,
 )
 from lakehouse_dagster.dagster.keys import MIGRATION_OVERVIEW
+from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.status import lag
-from lakehouse_dagster.status.overview import compute_overview
+from lakehouse_dagster.status.overview import compute_overview, runbook_blocked
 from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli
@@ -179,6 +180,10 @@ def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, 
     assert ov.flag_stages[("write", "cdc.append")] == {"postgres": 2, "mirrored": 9, "blocked": 1, "native": 0}
     assert ov.dataset_stages == {"postgres": 2, "mirrored": 5, "reads_iceberg": 3, "native": 2}
     assert ov.blocked == 1 and ov.native == 2 and ov.native_unsafe == 1
+    # blocked is what the runbook's own step-2b query says, asked per pipeline input
+    with conn.cursor() as cur:
+        cur.execute(RUNBOOK_SAFE_BLOCKED.encode())
+        assert runbook_blocked(conn) == {r[3] for r in cur.fetchall() if r[0] == "BLOCKED (pipeline input)"}
 
     verdicts = {k: v for k, v in ov.verdicts.items() if v}
     assert verdicts == {**sql["verdicts"], "unchecked": sql["datasets"] - sum(sql["verdicts"].values())}

@@ -95,6 +95,12 @@ def test_the_pollers_report_marks_the_partition_behind_until_the_mirror_lands(co
         assert _data_version(instance, PG_ROWS, key) == _data_version(instance, ICEBERG_TABLE, key) == str(version)
 
         datasets.insert_rows(conn, d, [{"n": 9, "s": "late"}])  # Postgres moves on; no run has happened yet
+        # why a materialization and not an observation: Dagster reads observations for staleness only on observable
+        # source assets, and postgres/dataset_rows is materializable (an observation leaves the partition fresh)
+        instance.report_runless_asset_event(
+            dg.AssetObservation(PG_ROWS, partition=key, tags={"dagster/data_version": "observed"})
+        )
+        assert _stale(instance, ICEBERG_TABLE, key) == "FRESH"
         runs = len(instance.get_runs())
         second = _daemon_tick(mirror_poller, instance, dsn, first.cursor)
         new_version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
