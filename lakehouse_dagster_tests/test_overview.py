@@ -311,3 +311,21 @@ def test_lag_behind_lagging_and_flipped_freshness(conn, dsn, settings, threshold
     ff = lag.flipped_freshness(conn, threshold)
     assert [b.dataset_id for b in ff.lagging] == ([behind] if threshold < 1000 else [])
     assert ff.settled == ({caught_up, native} if threshold < 1000 else {caught_up, native, behind})
+
+
+def test_the_code_location_has_the_overview_its_refreshes_and_the_freshness_timer():
+    from lakehouse_dagster.dagster.definitions import defs
+
+    d = defs()
+    keys = {k.to_user_string() for k in d.resolve_asset_graph().get_all_asset_keys()}
+    assert "lakehouse/migration_overview" in keys
+    assert d.resolve_job_def("migration_overview_job") is not None
+    assert d.resolve_schedule_def("migration_overview_schedule").cron_schedule == "*/5 * * * *"
+    for sensor in (
+        "migration_overview_after_rollout",
+        "migration_overview_after_failed_rollout",
+        "flipped_freshness_checks",
+    ):
+        assert d.resolve_sensor_def(sensor) is not None
+    jobs = {j.name for j in d.resolve_all_job_defs()}
+    assert set(ROLLOUT_JOBS) <= jobs  # the rollout jobs the refresh names exist under those names

@@ -30,6 +30,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
@@ -192,7 +193,7 @@ def stage_counts(
     return datasets, flags
 
 
-def compute_overview(conn: psycopg.Connection, settings) -> Overview:
+def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     """The overview now. ``settings``: wedged_after_seconds and lagging_after_seconds.
     Long on purpose: each source (stages, verdicts, wedged, behind, native-unsafe, blocked) is read once and folded
     into the counts and the attention list beside it, so what makes a dataset need attention reads top to bottom."""
@@ -218,7 +219,7 @@ def compute_overview(conn: psycopg.Connection, settings) -> Overview:
             )
         elif verdict == canary.ERROR:
             note(ds_id, CHECK_ERROR, f"the parity check could not see the data at {when}: {reason or ''}")
-    verdicts[UNCHECKED] = len(tabular) - len(latest)
+    verdicts[UNCHECKED] = max(0, len(tabular) - len(latest))
 
     wedged = [w for w in canary.wedged_syncs(conn, settings.wedged_after_seconds) if w["dataset_id"] in tabular]
     for w in wedged:
@@ -338,10 +339,10 @@ def text_lines(ov: Overview) -> list[str]:
         f"written iceberg-native: {ov.native} ({ov.native_unsafe} failing the write-flip gates)",
         "",
     ]
-    width = max(len(f"{k} {n}") for k, n in ov.flag_stages)
+    width = max(len(f"reader {name}") for _, name in ov.flag_stages)
     for (kind, name), stages in ov.flag_stages.items():
         what = "reader" if kind == READ else "writer"
-        lines.append(f"{what} {name}".ljust(width + 1) + "  " + "  ".join(f"{s}={n}" for s, n in stages.items()))
+        lines.append(f"{what} {name}".ljust(width) + "  " + "  ".join(f"{s}={n}" for s, n in stages.items()))
     lines.append("")
     if not ov.attention_total:
         lines.append("nothing needs attention")

@@ -27,6 +27,7 @@ from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.tags import dataset_metadata
 from lakehouse_dagster.status.lag import flipped_freshness
 
 CHECK = "snapshot_freshness"
@@ -55,12 +56,23 @@ def due(instance: dg.DagsterInstance, lakehouse: LakehouseResource, limit: int =
 
 
 def evaluations(lakehouse: LakehouseResource, keys: list[str]) -> list[dg.AssetCheckEvaluation]:
-    """The check of each dataset as a runless evaluation on its partition (one connection for all of them)."""
+    """The check of each dataset as a runless evaluation on its partition (one connection for all of them). A
+    dataset whose check cannot see the data (its table does not load...) fails with the reason, never passes, and
+    does not stop the others."""
     max_lag = lakehouse.settings().lagging_after_seconds
     out = []
     with lakehouse.connect() as conn:
         for key in keys:
-            r = freshness_result(lakehouse, str(uuid.UUID(key)), max_lag, conn=conn)
+            try:
+                r = freshness_result(lakehouse, str(uuid.UUID(key)), max_lag, conn=conn)
+            except Exception as exc:  # noqa: BLE001 - said on the partition, the others go on
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                r = dg.AssetCheckResult(
+                    passed=False,
+                    severity=dg.AssetCheckSeverity.WARN,
+                    description=f"the freshness check could not see the data: {type(exc).__name__}: {reason}",
+                    metadata=dataset_metadata(conn, key),
+                )
             out.append(
                 dg.AssetCheckEvaluation(
                     asset_key=ICEBERG_TABLE,
@@ -68,7 +80,7 @@ def evaluations(lakehouse: LakehouseResource, keys: list[str]) -> list[dg.AssetC
                     passed=r.passed,
                     severity=r.severity,
                     description=r.description,
-                    metadata={**r.metadata, "evaluated_by": dg.MetadataValue.text("flipped_freshness sensor")},
+                    metadata={**r.metadata, "evaluated_by": dg.MetadataValue.text("flipped_freshness_checks sensor")},
                     partition=key,
                 )
             )
