@@ -90,6 +90,12 @@ class Settings:
     # older than snapshots_max_age_seconds (lake/writer.py expirable_snapshots); snapshots_keep 0: never.
     snapshots_keep: int = 100
     snapshots_max_age_seconds: int = 3600
+    # A dataset behind the mirror whose latest succeeded sync finished longer ago than this is lagging (status/lag.py):
+    # listed by the migration overview, and a flipped one's snapshot_freshness check fails without a run.
+    lagging_after_seconds: int = 3600
+    # The freshness policy of iceberg/dataset_table: red when no partition was materialized for this long (Dagster
+    # evaluates it per asset, not per partition); 0: no policy.
+    mirror_freshness_seconds: int = 86400
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -126,6 +132,8 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
+            lagging_after_seconds=_int("LAKEHOUSE_LAGGING_AFTER_SECONDS", 3600, minimum=1),
+            mirror_freshness_seconds=mirror_freshness_seconds(),
         )
 
     def replace(self, **changes) -> Settings:
@@ -144,6 +152,18 @@ def _snapshots_keep() -> int:
             f"to decide; set it to 0 (never expire) or {SNAPSHOTS_KEEP_MIN} or more"
         )
     return keep
+
+
+def mirror_freshness_seconds() -> int:
+    """LAKEHOUSE_MIRROR_FRESHNESS_SECONDS alone: the Iceberg asset's freshness policy is built when the code location
+    loads, and a bad value elsewhere must not stop it from loading."""
+    seconds = _int("LAKEHOUSE_MIRROR_FRESHNESS_SECONDS", 86400)
+    if 0 < seconds < 60:
+        raise BadInput(
+            f"LAKEHOUSE_MIRROR_FRESHNESS_SECONDS={seconds} is below 60 (Dagster's freshness windows are at least a "
+            "minute); set 0 (no policy) or 60 or more"
+        )
+    return seconds
 
 
 def _os_user() -> str:

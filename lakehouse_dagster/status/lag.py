@@ -16,6 +16,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 
 _BEHIND = """
@@ -55,3 +56,23 @@ def lagging_past(behind: list[Behind], threshold_seconds: float) -> list[Behind]
     """The behind datasets whose lag exceeds ``threshold_seconds`` (never-synced ones are not lagging: they have no
     view to be late; the overview lists them as never synced)."""
     return [b for b in behind if b.lag_seconds is not None and b.lag_seconds > threshold_seconds]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlippedFreshness:
+    """The flipped datasets (a flag above its default: readers may be served from Iceberg) by their freshness."""
+
+    lagging: list[Behind]  # behind, lag past the threshold: oldest view first
+    settled: set[uuid.UUID]  # caught up, native, or behind within the threshold: the freshness check passes
+
+
+def flipped_freshness(conn: psycopg.Connection, threshold_seconds: float) -> FlippedFreshness:
+    """Where each flipped dataset stands against the lag threshold (never-synced ones are in neither list: their
+    check fails for another reason, no snapshot, that no timer changes). Three queries."""
+    flipped = flipped_dataset_ids(conn)
+    if not flipped:
+        return FlippedFreshness([], set())
+    behind = [b for b in behind_datasets(conn) if b.dataset_id in flipped]
+    lagging = lagging_past(behind, threshold_seconds)
+    unsettled = {b.dataset_id for b in lagging} | {b.dataset_id for b in behind if b.never_synced}
+    return FlippedFreshness(lagging, flipped - unsettled)

@@ -1,7 +1,18 @@
-"""The dataset's Postgres rows and its Iceberg table, one partition per dataset, with lineage."""
+"""The dataset's Postgres rows and its Iceberg table, one partition per dataset, with lineage.
+
+The Iceberg table asset carries a freshness policy (LAKEHOUSE_MIRROR_FRESHNESS_SECONDS). Dagster 1.13 evaluates it per
+asset, not per partition: its daemon compares the newest materialization of *any* partition with the window
+(``TimeWindowFreshnessPolicyEvaluator`` reads ``AssetRecord.last_materialization`` of the asset key). So it turns red
+when the mirror landed nothing at all for that long — a stopped mirror over a database that keeps changing, or a
+database that stopped changing. Per dataset, the poller's observations mark a partition behind and the
+flipped_freshness_checks sensor fails its snapshot_freshness check (docs/overview.md).
+"""
+
+import datetime as dt
 
 import dagster as dg
 
+from lakehouse_dagster.core.settings import mirror_freshness_seconds
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.partitions import datasets_partitions
@@ -72,6 +83,14 @@ def iceberg_metadata(r: SyncResult) -> dict:
     }
 
 
+def mirror_freshness_policy(seconds: int) -> dg.FreshnessPolicy | None:
+    """Fail when no partition landed for ``seconds``, warn at a quarter of it (when that is a minute or more)."""
+    if seconds <= 0:
+        return None
+    warn = dt.timedelta(seconds=seconds // 4) if seconds // 4 >= 60 else None
+    return dg.FreshnessPolicy.time_window(fail_window=dt.timedelta(seconds=seconds), warn_window=warn)
+
+
 @dg.asset(
     key=ICEBERG_TABLE,
     deps=[PG_ROWS],
@@ -80,6 +99,7 @@ def iceberg_metadata(r: SyncResult) -> dict:
     description="The dataset's Iceberg table, mirrored from Postgres in chunks and committed once.",
     kinds={"iceberg"},
     pool="iceberg_ingest",
+    freshness_policy=mirror_freshness_policy(mirror_freshness_seconds()),
 )
 def iceberg_dataset_table(
     context: dg.AssetExecutionContext, config: MirrorConfig, lakehouse: LakehouseResource

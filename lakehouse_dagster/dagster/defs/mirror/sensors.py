@@ -1,18 +1,34 @@
 """The mirror poller: requests a mirror of every dataset whose Postgres rows moved, and again of every dataset
 still behind with no run in flight (backoff, cap and per-dataset run keys in mirror/poller.py). The datasets of
 one tick go to a few mirror_batch_job runs (LAKEHOUSE_MIRROR_BATCH_SIZE each), or to one mirror_job run each
-when that is 0."""
+when that is 0.
+
+Each dataset version the tick sees for the first time is also recorded as a runless materialization of its
+postgres/dataset_rows partition, its rows_version as data version (the app wrote those rows, outside Dagster): the UI
+shows the dataset's iceberg/dataset_table partition as stale ("Unsynced") from that moment until a mirror of it
+lands, with no run needed. Not an observation: Dagster 1.13 reads observations for staleness only on observable
+(source) assets (``CachingInstanceQueryer._get_latest_materialization_or_observation_record``), and this asset is
+materializable. Stored by the tick itself in one batch write (core/private_apis.py), not returned as
+``SensorResult(asset_events=...)``: the daemon stores those one at a time before it submits the tick's runs, ~40×
+slower for 100 datasets on Postgres storage, and the mirror's runs would wait for it."""
 
 import hashlib
 import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.core.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
-from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, MirrorBatchConfig, mirror_batch_job
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
+    DATA_VERSION_TAG,
+    DATASETS_TAG,
+    MirrorBatchConfig,
+    mirror_batch_job,
+)
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import PG_ROWS
 from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import DATASET_NAME, datasets_tags
+from lakehouse_dagster.dagster.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
@@ -120,6 +136,32 @@ def mirror_run_requests(items: list[Pending], batch_size: int, named: dict | Non
     ]
 
 
+def changed_materializations(items: list[Pending], named: dict | None = None) -> list[dg.AssetMaterialization]:
+    """A runless materialization of postgres/dataset_rows per dataset version seen for the first time (a retry's
+    version was recorded when first asked for), its data version the rows_version: Dagster then shows the dataset's
+    Iceberg partition as stale until the mirror's materialization of that version lands."""
+    named = named or {}
+    out = []
+    for p in items:
+        if isinstance(p, Retry):
+            continue
+        tags = named.get(p.dataset_id, {})
+        out.append(
+            dg.AssetMaterialization(
+                asset_key=PG_ROWS,
+                partition=str(p.dataset_id),
+                tags={DATA_VERSION_TAG: str(p.rows_version)},
+                description="Postgres rows changed (seen by the mirror poller; written by the app, not by a run)",
+                metadata={
+                    "dataset_name": text(tags.get(DATASET_NAME, "(unknown dataset)")),
+                    "dataset_id": text(tags.get(DATASET, p.dataset_id)),
+                    "rows_version": text(p.rows_version),
+                },
+            )
+        )
+    return out
+
+
 @dg.sensor(
     jobs=[mirror_batch_job, mirror_job],
     # The daemon evaluates sensors at most every 5 s (MIN_INTERVAL_LOOP_TIME): ask for every loop. Not 5: the
@@ -147,6 +189,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
         )
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
+    dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
     known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
     new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
     requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)

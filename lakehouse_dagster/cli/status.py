@@ -1,0 +1,26 @@
+"""`lakehouse status`: the migration overview (the same computation as the Dagster asset lakehouse/migration_overview)."""
+
+from __future__ import annotations
+
+from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.status.overview import compute_overview, text_lines
+
+EPILOG = """stages per reader: postgres (not mirrored) · mirrored · reads_iceberg (mode iceberg) · iceberg_only;
+per writer: postgres · mirrored · blocked (F3: a pipeline input, step 2b) · native (iceberg_native).
+needs attention: MISMATCH · native-unsafe (native but failing the write-flip gates) · check error · wedged ·
+lagging (behind, latest sync older than LAKEHOUSE_LAGGING_AFTER_SECONDS) · blocked. Exit code 0: read-only."""
+
+
+def register(sub) -> None:
+    add_command(
+        sub,
+        "status",
+        _status,
+        help="the migration as it is: datasets per stage for each reader and writer, verdicts, lag, what needs attention",
+        epilog=EPILOG,
+    )
+
+
+def _status(ctx, args) -> Result:
+    ov = compute_overview(ctx.conn, ctx.settings)
+    return Result(ov.as_dict(), "\n".join(text_lines(ov)))

@@ -1,0 +1,153 @@
+"""The migration overview asset ``lakehouse/migration_overview``: the counts of status/overview.py as numeric metadata
+(Dagster plots each across materializations: the migration's progress over time) and the datasets that need attention
+as a table, with a link to each one's partition page. Refreshed every 5 minutes and after every rollout job.
+
+Dagster renders a table's cells as plain text (ui-core ``MetadataEntry.tsx``: ``record[column]?.toString()``), so the
+partition pages are also given as a markdown list of links (``attention_links``), which the UI renders clickable.
+"""
+
+import dagster as dg
+
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
+from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.status.overview import Overview, compute_overview
+
+# The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
+ROLLOUT_JOBS = ("read_flip", "write_flip", "write_rollback", "set_flag", "clear_flag")
+
+ATTENTION_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("dataset", "string", description="the dataset's name"),
+        dg.TableColumn("workspace", "string", description="its workspace's name (or id)"),
+        dg.TableColumn("problem", "string", description="the most urgent of its problems"),
+        dg.TableColumn("reason", "string", description="why, for each of its problems"),
+        dg.TableColumn("dataset_id", "string", description="the partition key of its assets"),
+        dg.TableColumn("partition_page", "string", description="its page in this UI (links: attention_links)"),
+    ]
+)
+
+
+def partition_page(dataset_id: object) -> str:
+    """The UI's page of a dataset's partition of iceberg/dataset_table, relative to the UI's root (the form the
+    UI's own partition tags link to: ``?view=partitions&partition=<key>``)."""
+    return f"/assets/{ICEBERG_TABLE.to_user_string()}?view=partitions&partition={dataset_id}"
+
+
+def _md(text: object) -> str:
+    """Text safe inside a markdown link label or list item."""
+    return "".join("\\" + c if c in "[]()*_`|\\<>#" else c for c in str(text))
+
+
+def overview_metadata(ov: Overview) -> dict:
+    """Every count as a number (present in every materialization, zeros included, so each plot is one continuous
+    series), then the attention table and its links. Long key names read as the plots' titles."""
+    meta: dict = {"datasets": dg.MetadataValue.int(ov.datasets)}
+    meta.update({f"stage/{stage}": dg.MetadataValue.int(n) for stage, n in ov.dataset_stages.items()})
+    meta["stage/blocked"] = dg.MetadataValue.int(ov.blocked)
+    for (kind, name), stages in ov.flag_stages.items():
+        what = "reader" if kind == READ else "writer"
+        meta.update({f"{what}/{name}/{stage}": dg.MetadataValue.int(n) for stage, n in stages.items()})
+    meta.update({f"verdict/{v}": dg.MetadataValue.int(n) for v, n in ov.verdicts.items()})
+    meta["wedged"] = dg.MetadataValue.int(ov.wedged)
+    meta["behind"] = dg.MetadataValue.int(ov.behind)
+    meta["never_synced"] = dg.MetadataValue.int(ov.never_synced)
+    meta["lagging"] = dg.MetadataValue.int(ov.lagging)
+    meta["max_lag_seconds"] = dg.MetadataValue.float(float(ov.max_lag_seconds or 0.0))  # 0: nothing behind
+    meta["lag_threshold_seconds"] = dg.MetadataValue.int(ov.lag_threshold_seconds)
+    meta["native"] = dg.MetadataValue.int(ov.native)
+    meta["native_unsafe"] = dg.MetadataValue.int(ov.native_unsafe)
+    meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})
+    meta["attention_total"] = dg.MetadataValue.int(ov.attention_total)
+    meta["attention"] = dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "dataset": a.name,
+                    "workspace": a.workspace or (str(a.workspace_id) if a.workspace_id else ""),
+                    "problem": ", ".join(a.problems),
+                    "reason": a.reason,
+                    "dataset_id": str(a.dataset_id),
+                    "partition_page": partition_page(a.dataset_id),
+                }
+            )
+            for a in ov.attention
+        ],
+        schema=ATTENTION_SCHEMA,
+    )
+    links = [
+        f"- [{_md(a.name)}]({partition_page(a.dataset_id)}) ({_md(a.workspace or a.workspace_id or 'no workspace')})"
+        f": {_md(', '.join(a.problems))}"
+        for a in ov.attention
+    ]
+    more = ov.attention_total - len(ov.attention)
+    if more:
+        links.append(f"- … and {more} more (`lakehouse status --json` lists every count; fix these first)")
+    meta["attention_links"] = dg.MetadataValue.md("\n".join(links) if links else "nothing needs attention")
+    meta["seconds"] = dg.MetadataValue.float(ov.seconds)
+    return meta
+
+
+@dg.asset(
+    key=MIGRATION_OVERVIEW,
+    group_name="lakehouse",
+    kinds={"postgres"},
+    description="The migration as it is: per reader and writer how many datasets are on Postgres, mirrored, read "
+    "from Iceberg (iceberg, iceberg_only), written iceberg-native or blocked (F3); the latest verdicts, wedged "
+    "syncs, what is behind the mirror and the largest lag (numeric metadata: see the Plots tab), and the "
+    "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked).",
+)
+def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
+    with lakehouse.connect() as conn:
+        ov = compute_overview(conn, lakehouse.settings())
+    st = ov.dataset_stages
+    context.log.info(
+        f"{ov.datasets} datasets: {st['postgres']} Postgres, {st['mirrored']} mirrored, {st['reads_iceberg']} "
+        f"read from Iceberg, {st['native']} native, {ov.blocked} blocked; {ov.attention_total} need attention "
+        f"({ov.seconds:.2f} s)"
+    )
+    return dg.MaterializeResult(metadata=overview_metadata(ov))
+
+
+migration_overview_job = dg.define_asset_job(
+    "migration_overview_job",
+    selection=dg.AssetSelection.assets(MIGRATION_OVERVIEW),
+    executor_def=dg.in_process_executor,
+    description="Refresh lakehouse/migration_overview (the schedule does every 5 minutes; a rollout job's end too).",
+)
+
+migration_overview_schedule = dg.ScheduleDefinition(
+    name="migration_overview_schedule",
+    job=migration_overview_job,
+    cron_schedule="*/5 * * * *",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Every 5 minutes: the migration overview, so its plots follow lag and verdicts between rollouts.",
+)
+
+
+def refresh_after(context: dg.RunStatusSensorContext):
+    """A refresh of the overview once a rollout job's run has ended (one per run: its id is the run key)."""
+    run = context.dagster_run
+    if run.job_name not in ROLLOUT_JOBS:
+        return dg.SkipReason(f"{run.job_name} is not a rollout job")
+    return dg.RunRequest(run_key=f"overview-after:{run.run_id}", tags={"lakehouse/after_run": run.run_id})
+
+
+@dg.run_status_sensor(
+    run_status=dg.DagsterRunStatus.SUCCESS,
+    request_job=migration_overview_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=f"Refresh the migration overview when a rollout job succeeds ({', '.join(ROLLOUT_JOBS)}).",
+)
+def migration_overview_after_rollout(context: dg.RunStatusSensorContext):
+    return refresh_after(context)
+
+
+@dg.run_failure_sensor(
+    request_job=migration_overview_job,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Refresh the migration overview when a rollout job fails (a flag may have changed before the "
+    "step that failed).",
+)
+def migration_overview_after_failed_rollout(context: dg.RunFailureSensorContext):
+    return refresh_after(context)

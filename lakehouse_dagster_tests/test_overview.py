@@ -1,0 +1,331 @@
+"""The migration overview (status/overview.py, status/lag.py) on a seeded mix of stages: its counts equal direct SQL
+counts, its attention list names exactly the datasets that need an operator, and the Dagster asset records the
+counts as numeric metadata; `lakehouse status` prints the same computation."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import dagster as dg
+import pytest
+from psycopg.types.json import Jsonb
+
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.status.overview import (
+    ROLLOUT_JOBS,
+    migration_overview,
+    migration_overview_after_rollout,
+    migration_overview_job,
+    partition_page,
+)
+from lakehouse_dagster.dagster.keys import MIGRATION_OVERVIEW
+from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.status import lag
+from lakehouse_dagster.status.overview import compute_overview, runbook_blocked
+from lakehouse_dagster.tracking import datasets
+
+from .flag_helpers import cli
+
+SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+READERS = [r.name for r in SERVABLE_READERS]
+
+
+def _dataset(conn, ws, name, rows=3, kind="tabular"):
+    d = datasets.create_dataset(conn, ws, name, SCHEMA, kind=kind)
+    if rows:
+        datasets.insert_rows(conn, d, [{"n": i, "s": f"{name}-{i}"} for i in range(rows)])
+    return d
+
+
+def _sync(settings, dsn, d):
+    return sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
+
+
+def _canary(settings, dsn, conn, d):
+    v = canary.evaluate(dsn, load_catalog(settings, dsn), settings, d)
+    canary.record(conn, v, source="canary")
+    return v.verdict
+
+
+def _set(conn, kind, name, mode, **scope):
+    set_override(conn, kind, name, mode, note="test", actor="pytest", **scope)
+
+
+def _seed(conn, dsn, settings) -> dict[str, uuid.UUID]:
+    """One dataset per stage and problem (names say which), over two workspaces."""
+    alpha = datasets.create_workspace(conn, "alpha")
+    beta = datasets.create_workspace(conn, "beta")
+    ds = {
+        "pg_only": _dataset(conn, alpha, "pg_only"),
+        "mirrored": _dataset(conn, alpha, "mirrored"),
+        "read_flipped": _dataset(conn, alpha, "read_flipped"),
+        "ws_a": _dataset(conn, beta, "ws_a"),
+        "ws_b": _dataset(conn, beta, "ws_b"),
+        "native": _dataset(conn, alpha, "native"),
+        "native_unsafe": _dataset(conn, alpha, "native_unsafe"),
+        "blocked": _dataset(conn, alpha, "blocked"),
+        "mismatch": _dataset(conn, alpha, "mismatch"),
+        "wedged": _dataset(conn, alpha, "wedged"),
+        "lagging": _dataset(conn, alpha, "lagging"),
+        "empty": _dataset(conn, alpha, "empty", rows=0),
+    }
+    datasets.create_dataset(conn, alpha, "files", SCHEMA, kind="manifest")  # file-backed: not in the overview
+    for name in ("mirrored", "read_flipped", "ws_a", "ws_b", "native", "native_unsafe", "blocked", "mismatch"):
+        _sync(settings, dsn, ds[name])
+    _sync(settings, dsn, ds["wedged"])
+    _sync(settings, dsn, ds["lagging"])
+    assert _canary(settings, dsn, conn, ds["mirrored"]) == "ok"
+    # reads on Iceberg at dataset scope, and at workspace scope (beta: iceberg for export.stream, iceberg_only for
+    # graph.kuzu), with a dataset override narrowing one of them back (most specific wins)
+    _set(conn, "read", "export.stream", "iceberg", dataset=ds["read_flipped"])
+    _set(conn, "read", "export.stream", "iceberg", workspace=beta)
+    _set(conn, "read", "graph.kuzu", "iceberg_only", workspace=beta)
+    _set(conn, "read", "graph.kuzu", "off", dataset=ds["ws_b"])
+    # a flip of a dataset never mirrored is inert (the freshness gate serves Postgres): it stays on postgres
+    _set(conn, "read", "export.stream", "iceberg", dataset=ds["pg_only"])
+    # native: the runbook's way (every servable reader on iceberg, canary ok), then sync.full iceberg_native
+    for r in READERS:
+        _set(conn, "read", r, "iceberg", dataset=ds["native"])
+    assert _canary(settings, dsn, conn, ds["native"]) == "ok"
+    _set(conn, "write", "sync.full", "iceberg_native", dataset=ds["native"])
+    # native but unsafe: a writer set native by hand (ungated) while its readers are still on Postgres
+    _set(conn, "write", "sync.append", "iceberg_native", dataset=ds["native_unsafe"])
+    # blocked (F3): a pipeline reads it as input
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
+        (alpha, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(ds["blocked"])}}]})),
+    )
+    # MISMATCH: a row changed with the triggers bypassed, then the canary
+    with conn.transaction():
+        conn.execute("alter table dataset_rows disable trigger user")
+        conn.execute("update dataset_rows set data = '{}' where dataset_id = %s and row_index = 1", (ds["mismatch"],))
+        conn.execute("alter table dataset_rows enable trigger user")
+    assert _canary(settings, dsn, conn, ds["mismatch"]) == "MISMATCH"
+    # wedged: its latest sync has been running for two hours (its process died)
+    conn.execute(
+        "update iceberg_sync_log set started_at = now() - interval '3 hours' where dataset_id = %s", (ds["wedged"],)
+    )
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, status, started_at) values (%s, %s, 'running', %s)",
+        (ds["wedged"], uuid.uuid4(), dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)),
+    )
+    # lagging: synced two hours ago, written since
+    conn.execute(
+        "update iceberg_sync_log set finished_at = now() - interval '2 hours' where dataset_id = %s", (ds["lagging"],)
+    )
+    datasets.insert_rows(conn, ds["lagging"], [{"n": 9, "s": "late"}])
+    return ds
+
+
+def _sql_counts(conn) -> dict:
+    """What the overview must say, counted straight from the tables (no code of the project)."""
+    one = lambda q: conn.execute(q).fetchone()[0]  # noqa: E731
+    return {
+        "datasets": one("select count(*) from datasets where kind = 'tabular'"),
+        "mirrored": one(
+            "select count(*) from datasets d where kind = 'tabular' and exists"
+            " (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')"
+        ),
+        "verdicts": dict(
+            conn.execute(
+                "select verdict, count(*) from (select distinct on (p.dataset_id) p.verdict from lakehouse_read_parity p"
+                " join datasets d on d.id = p.dataset_id and d.kind = 'tabular'"
+                " order by p.dataset_id, p.checked_at desc, p.id desc) v group by verdict"
+            ).fetchall()
+        ),
+        "behind": one(
+            "select count(*) from datasets where kind = 'tabular' and coalesce(mirrored_version, -1) < rows_version"
+        ),
+        "never_synced": one(
+            "select count(*) from datasets d where kind = 'tabular' and not exists"
+            " (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')"
+        ),
+    }
+
+
+def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, dsn, settings):
+    ds = _seed(conn, dsn, settings)
+    ov = compute_overview(conn, settings)
+    sql = _sql_counts(conn)
+
+    assert ov.datasets == sql["datasets"] == 12
+    # every flag's stages add up to the tabular datasets
+    for stages in ov.flag_stages.values():
+        assert sum(stages.values()) == sql["datasets"]
+    assert sum(ov.dataset_stages.values()) == sql["datasets"]
+    # never mirrored: pg_only (export.stream flipped for it, inert) and empty, for every reader and writer
+    for (kind, name), stages in ov.flag_stages.items():
+        assert stages["postgres"] == sql["datasets"] - sql["mirrored"] == 2, (kind, name)
+    assert ov.flag_stages[("read", "export.stream")] == {
+        "postgres": 2,
+        "mirrored": 6,  # mirrored, native_unsafe, blocked, mismatch, wedged, lagging
+        "reads_iceberg": 4,  # read_flipped (dataset scope), ws_a and ws_b (workspace beta), native
+        "iceberg_only": 0,
+    }
+    assert ov.flag_stages[("read", "graph.kuzu")] == {
+        "postgres": 2,
+        "mirrored": 8,  # ... and read_flipped, and ws_b (its dataset override wins over beta's iceberg_only)
+        "reads_iceberg": 1,  # native
+        "iceberg_only": 1,  # ws_a (workspace scope)
+    }
+    assert ov.flag_stages[("write", "sync.full")] == {"postgres": 2, "mirrored": 8, "blocked": 1, "native": 1}
+    assert ov.flag_stages[("write", "sync.append")] == {"postgres": 2, "mirrored": 8, "blocked": 1, "native": 1}
+    assert ov.flag_stages[("write", "cdc.append")] == {"postgres": 2, "mirrored": 9, "blocked": 1, "native": 0}
+    assert ov.dataset_stages == {"postgres": 2, "mirrored": 5, "reads_iceberg": 3, "native": 2}
+    assert ov.blocked == 1 and ov.native == 2 and ov.native_unsafe == 1
+    # blocked is what the runbook's own step-2b query says, asked per pipeline input
+    with conn.cursor() as cur:
+        cur.execute(RUNBOOK_SAFE_BLOCKED.encode())
+        assert runbook_blocked(conn) == {r[3] for r in cur.fetchall() if r[0] == "BLOCKED (pipeline input)"}
+
+    verdicts = {k: v for k, v in ov.verdicts.items() if v}
+    assert verdicts == {**sql["verdicts"], "unchecked": sql["datasets"] - sum(sql["verdicts"].values())}
+    assert verdicts == {"ok": 2, "MISMATCH": 1, "unchecked": 9}
+    assert ov.wedged == 1
+    assert ov.behind == sql["behind"] == 3  # lagging, and the never-synced pg_only and empty
+    assert ov.never_synced == sql["never_synced"] == 2
+    assert ov.lagging == 1 and 7100 < ov.max_lag_seconds < 7300
+
+    # exactly the datasets that need an operator, most urgent first, with their workspace and why
+    listed = {a.name: a for a in ov.attention}
+    assert [a.name for a in ov.attention] == ["mismatch", "native_unsafe", "wedged", "lagging", "blocked"]
+    assert ov.attention_total == 5
+    assert ov.problems == {
+        "MISMATCH": 1,
+        "native-unsafe": 1,
+        "check error": 0,
+        "wedged": 1,
+        "lagging": 1,
+        "blocked": 1,
+    }
+    assert all(a.workspace == "alpha" for a in ov.attention)
+    assert listed["mismatch"].dataset_id == ds["mismatch"] and "STOP" in listed["mismatch"].reason
+    assert "readers still on Postgres" in listed["native_unsafe"].reason
+    assert "running since" in listed["wedged"].reason
+    assert "past 3600 s" in listed["lagging"].reason
+    assert listed["blocked"].reason.startswith("BLOCKED (pipeline input): nightly reads it from dataset_rows (F3)")
+    assert partition_page(ds["blocked"]) == f"/assets/iceberg/dataset_table?view=partitions&partition={ds['blocked']}"
+
+    # `lakehouse status` prints the same computation
+    out = json.loads(cli("status", "--json", check=True).stdout)
+    assert out["dataset_stages"] == ov.dataset_stages and out["verdicts"] == ov.verdicts
+    assert [a["name"] for a in out["attention"]] == [a.name for a in ov.attention]
+    text = cli("status", check=True).stdout
+    assert (
+        "12 tabular dataset(s): 2 on Postgres only, 5 mirrored, 3 read from Iceberg, 2 written iceberg-native" in text
+    )
+    assert f"mismatch ({ds['mismatch']}) workspace alpha" in text
+
+
+def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_table(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "alpha")
+    ok = _dataset(conn, ws, "ok")
+    late = _dataset(conn, ws, "late")
+    _sync(settings, dsn, ok)
+    _sync(settings, dsn, late)
+    conn.execute("update iceberg_sync_log set finished_at = now() - interval '2 hours' where dataset_id = %s", (late,))
+    datasets.insert_rows(conn, late, [{"n": 9, "s": "x"}])
+    _set(conn, "read", "export.stream", "iceberg", dataset=ok)
+    with dg.DagsterInstance.ephemeral() as instance:
+        resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}
+        assert dg.materialize([migration_overview], instance=instance, resources=resources).success
+        datasets.insert_rows(conn, ok, [{"n": 9, "s": "x"}])  # now behind too (within the threshold)
+        assert dg.materialize([migration_overview], instance=instance, resources=resources).success
+        records = instance.fetch_materializations(MIGRATION_OVERVIEW, limit=10).records
+    first, second = (r.asset_materialization.metadata for r in reversed(records))
+    for meta in (first, second):  # numeric, so the UI plots each key as one series over materializations
+        for key in ("datasets", "stage/mirrored", "reader/export.stream/reads_iceberg", "verdict/unchecked", "behind"):
+            assert isinstance(meta[key], dg.IntMetadataValue), key
+        assert isinstance(meta["max_lag_seconds"], dg.FloatMetadataValue)
+        assert meta["datasets"].value == 2 and meta["reader/export.stream/reads_iceberg"].value == 1
+        assert meta["writer/sync.full/mirrored"].value == 2 and meta["lagging"].value == 1
+        assert meta["attention/lagging"].value == 1 and meta["attention_total"].value == 1
+        table = meta["attention"]
+        assert isinstance(table, dg.TableMetadataValue)
+        assert [c.name for c in table.schema.columns][:3] == ["dataset", "workspace", "problem"]
+        (rec,) = table.records
+        assert rec.data["dataset"] == "late" and rec.data["workspace"] == "alpha" and rec.data["problem"] == "lagging"
+        assert rec.data["partition_page"] == f"/assets/iceberg/dataset_table?view=partitions&partition={late}"
+        assert (
+            f"[late](/assets/iceberg/dataset_table?view=partitions&partition={late})" in meta["attention_links"].value
+        )
+    assert (first["behind"].value, second["behind"].value) == (1, 2)
+    keys = {f"reader/{r}/{s}" for r in READERS for s in ("postgres", "mirrored", "reads_iceberg", "iceberg_only")}
+    keys |= {f"writer/{w.name}/{s}" for w in FLIPPABLE_WRITERS for s in ("postgres", "mirrored", "blocked", "native")}
+    assert keys <= set(first) and keys <= set(second)
+
+
+def test_a_rollout_job_run_refreshes_the_overview():
+    @dg.op
+    def step():
+        return 1
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        for job_name, wanted in [("write_flip", True), ("mirror_batch_job", False)]:
+            job = dg.JobDefinition(graph_def=dg.GraphDefinition(name=job_name, node_defs=[step]))
+            result = job.execute_in_process(instance=instance)
+            ctx = dg.build_run_status_sensor_context(
+                sensor_name=migration_overview_after_rollout.name,
+                dagster_instance=instance,
+                dagster_run=result.dagster_run,
+                dagster_event=next(e for e in result.all_events if e.event_type == dg.DagsterEventType.RUN_SUCCESS),
+            )
+            request = migration_overview_after_rollout(ctx)
+            if wanted:
+                assert isinstance(request, dg.RunRequest) and request.run_key == f"overview-after:{result.run_id}"
+            else:
+                assert isinstance(request, dg.SkipReason)
+    assert "write_flip" in ROLLOUT_JOBS
+    assert migration_overview_after_rollout.job_name == migration_overview_job.name
+
+
+@pytest.mark.parametrize("threshold", [60, 10_000])
+def test_lag_behind_lagging_and_flipped_freshness(conn, dsn, settings, threshold):
+    ws = datasets.create_workspace(conn, "w")
+    caught_up, behind, never, native = (_dataset(conn, ws, n) for n in ("caught_up", "behind", "never", "native"))
+    for d in (caught_up, behind, native):
+        _sync(settings, dsn, d)
+    conn.execute("update iceberg_sync_log set finished_at = now() - interval '1000 seconds'")
+    datasets.insert_rows(conn, behind, [{"n": 9, "s": "x"}])
+    datasets.insert_rows(conn, native, [{"n": 9, "s": "x"}])  # a row.edit of a native dataset: not behind
+    _set(conn, "write", "sync.full", "iceberg_native", dataset=native)
+
+    found = {b.dataset_id: b for b in lag.behind_datasets(conn)}
+    assert set(found) == {behind, never}
+    assert found[never].never_synced and found[never].lag_seconds is None and found[never].mirrored_version is None
+    assert not found[behind].never_synced and 990 < found[behind].lag_seconds < 1100
+    assert [b.dataset_id for b in lag.behind_datasets(conn)] == [never, behind]  # never synced first, then oldest
+    lagging = lag.lagging_past(list(found.values()), threshold)
+    assert [b.dataset_id for b in lagging] == ([behind] if threshold < 1000 else [])
+
+    # only native is flipped so far (its writer is above its default): settled, whatever its Postgres version
+    assert lag.flipped_freshness(conn, threshold) == lag.FlippedFreshness([], {native})
+    _set(conn, "read", "export.stream", "iceberg", workspace=ws)
+    ff = lag.flipped_freshness(conn, threshold)
+    assert [b.dataset_id for b in ff.lagging] == ([behind] if threshold < 1000 else [])
+    assert ff.settled == ({caught_up, native} if threshold < 1000 else {caught_up, native, behind})
+
+
+def test_the_code_location_has_the_overview_its_refreshes_and_the_freshness_timer():
+    from lakehouse_dagster.dagster.definitions import defs
+
+    d = defs()
+    keys = {k.to_user_string() for k in d.resolve_asset_graph().get_all_asset_keys()}
+    assert "lakehouse/migration_overview" in keys
+    assert d.resolve_job_def("migration_overview_job") is not None
+    assert d.resolve_schedule_def("migration_overview_schedule").cron_schedule == "*/5 * * * *"
+    for sensor in (
+        "migration_overview_after_rollout",
+        "migration_overview_after_failed_rollout",
+        "flipped_freshness_checks",
+    ):
+        assert d.resolve_sensor_def(sensor) is not None
+    jobs = {j.name for j in d.resolve_all_job_defs()}
+    assert set(ROLLOUT_JOBS) <= jobs  # the rollout jobs the refresh names exist under those names
