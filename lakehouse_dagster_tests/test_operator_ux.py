@@ -178,18 +178,21 @@ def test_a_refusal_fails_the_step_with_the_reason_and_no_stack_trace(
     data = failure.step_failure_data
     # what the UI's log row shows (error message, then each cause, each with its stack when it has one) and what
     # the console prints (error_display_string): the reason, and not one stack frame
-    for shown in (_ui_text(data), data.error_display_string):
-        assert reason in shown
+    run_failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+    shown_run = _ui_text(run_failure.event_specific_data.error, None)  # RUN_FAILURE: no error source, every stack
+    for shown in (_ui_text(data.error, data.error_source), data.error_display_string, shown_run):
+        assert reason in shown and "Refused: " in shown
         assert "Stack Trace" not in shown and 'File "' not in shown and "Traceback" not in shown, shown
-    assert data.error.cause.stack == [] and data.error_source.value == "USER_CODE_ERROR"  # the UI hides the outer stack
+    assert data.error.stack == [] and data.error.cause is None
     assert flag_tables(conn) == before
 
 
-def _ui_text(data) -> str:
-    """The failure row of the run's log as the Dagster 1.13 UI renders it (ui-core LogsRowStructuredContent,
-    FailureContent): the message; the stack unless a USER_CODE_ERROR with a cause; each cause with its stack."""
-    error, text = data.error, data.error.message
-    if error.stack and not (data.error_source.value == "USER_CODE_ERROR" and error.cause):
+def _ui_text(error, error_source) -> str:
+    """A failure row of the run's log as the Dagster 1.13 UI renders it (ui-core LogsRowStructuredContent,
+    FailureContent): the message; the stack unless a USER_CODE_ERROR with a cause; each cause with its stack. The
+    RUN_FAILURE row is rendered the same way with no error source."""
+    text = error.message
+    if error.stack and not (error_source is not None and error_source.value == "USER_CODE_ERROR" and error.cause):
         text += "\nStack Trace:\n" + "".join(error.stack)
     cause = error.cause
     while cause is not None:
