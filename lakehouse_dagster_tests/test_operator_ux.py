@@ -247,17 +247,20 @@ def test_a_flip_that_moves_no_dataset_writes_nothing_and_exits_non_zero(conn, ds
     proc = cli(verb, "flip", name, "--workspace", str(empty))
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"lakehouse {verb}: error: nothing to flip: workspace {empty} holds no dataset;")
+    assert line.startswith(f"lakehouse {verb}: error: nothing to flip: workspace empty ({empty}) holds no dataset;")
     assert "nothing written" in line and proc.stdout == ""
     assert flag_tables(conn) == before
 
-    if verb == "flags":  # every dataset already on the mode by its own override: nothing moves either
+    if verb == "flags":  # the workspace itself already at the mode, and its one dataset too: nothing moves
         set_override(conn, "read", name, "iceberg", dataset=world["d"], actor="t")
+        set_override(conn, "read", name, "iceberg", workspace=world["ws"], actor="t")
         before = flag_tables(conn)
         proc = cli(verb, "flip", name, "--workspace", str(world["ws"]))
+        assert proc.returncode == 2, proc.stderr
         assert (
-            proc.returncode == 2 and "all 1 dataset(s) in scope already resolve export.stream to iceberg" in proc.stderr
-        )
+            f"of the 1 dataset(s) in workspace sales ({world['ws']}), 1 already resolve export.stream to iceberg "
+            f"or above, and workspace sales ({world['ws']}) itself already resolves it to iceberg"
+        ) in proc.stderr
         assert flag_tables(conn) == before
 
 
@@ -308,8 +311,9 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
     assert "interrupted" in err and "Traceback" not in err
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
     assert conn.execute("select count(*) from datasets").fetchone()[0] == 0
-    assert load_catalog(settings.replace(namespace="bench"), dsn).list_tables("bench") == []
-    assert [p for p in warehouse.rglob("*") if p.is_file()] == []
+    # nothing is left behind: no table, no namespace, not even an empty warehouse/bench directory
+    assert ("bench",) not in load_catalog(settings.replace(namespace="bench"), dsn).list_namespaces()
+    assert list(warehouse.rglob("*")) == []
     assert all(not Path(f"/proc/{pid}").exists() for pid in frozen)
 
 

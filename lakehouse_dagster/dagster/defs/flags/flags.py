@@ -132,7 +132,6 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
                 workspace=config.workspace_id,
                 note=config.note,
                 actor=_actor(context, lakehouse),
-                soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None

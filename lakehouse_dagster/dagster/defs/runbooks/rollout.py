@@ -120,7 +120,6 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
                 pre,
                 note=preflight["note"],
                 actor=_actor(context, lakehouse),
-                soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
