@@ -386,16 +386,7 @@ def _backfill(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
-    if r.nothing_to_do:
-        text = f"dataset {r.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
-    else:
-        text = (
-            f"dataset {r.dataset_id}: backfilled from snapshot {r.snapshot_id} in {r.seconds:.2f}s — "
-            f"{r.copied} row(s) copied into dataset_rows (identity preserved), {r.removed} stale row(s) removed, "
-            f"{r.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds {r.pg_rows}; "
-            f"the mirror may run again (lakehouse sync --dataset {r.dataset_id})"
-        )
-    return Result(r.as_dict(), text)
+    return Result(r.as_dict(), r.summary())
 
 
 def _clear(ctx, args) -> Result:
