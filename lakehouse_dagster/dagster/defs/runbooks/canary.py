@@ -89,7 +89,7 @@ def canary_op(context: dg.OpExecutionContext, config: CanaryConfig, lakehouse: L
     if not report.results:
         context.log.info("no datasets to check (nothing synced yet? run: lakehouse sync --dataset <uuid>)")
     meta = {
-        **{f"verdict_{k}": sum(r.verdict == k for r in report.results) for k in canary.VERDICTS},
+        **{f"verdict_{k}": n for k in canary.VERDICTS if (n := sum(r.verdict == k for r in report.results))},
         "summary": report.summary_line(),
         "verdicts": verdicts,
     }
