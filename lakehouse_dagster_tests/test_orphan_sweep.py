@@ -68,7 +68,10 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     out = listed.output_for_node("orphan_sweep_op")
     assert {x["dataset_id"] for x in out["datasets"]} == {str(a), str(b)} and str(never) not in str(out)
     assert set(next(x for x in out["datasets"] if x["dataset_id"] == str(a))["paths"]) == expected
-    assert "| a |" in meta["orphans"] and all(os.path.exists(p.removeprefix("file://")) for p in expected)
+    rows = {r.data["name"]: r.data for r in meta["orphans"].records}  # a table (TableMetadataValue), not markdown
+    assert rows["a"]["orphan_files"] == len(expected) and all(
+        os.path.exists(p.removeprefix("file://")) for p in expected
+    )
 
     text = cli("orphans", "--grace-seconds", "1", check=True).stdout  # the CLI over all: those with orphans, totals
     assert f"{a}: {len(expected)} orphan file(s)" in text and f"{b}:" not in text
