@@ -37,8 +37,8 @@ def flag_tables(conn) -> tuple[list, list]:
 
 
 def refusal(failure_event) -> str:
-    """The reason a refused Dagster step shows (dagster/refusals.py: the cause of the step's error, no stack)."""
+    """The reason a refused Dagster step shows (dagster/refusals.py: one message, no stack, no cause)."""
     error = failure_event.step_failure_data.error
-    prefix = "lakehouse_dagster.dagster.refusals.Refused: "
-    assert error.cause is not None and error.cause.message.startswith(prefix), error.to_string()
-    return error.cause.message[len(prefix) :].rstrip("\n")
+    prefix = "Refused: "
+    assert error.message.startswith(prefix) and not error.stack and error.cause is None, error.to_string()
+    return error.message[len(prefix) :].rstrip("\n")

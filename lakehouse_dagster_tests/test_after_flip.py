@@ -77,7 +77,10 @@ def _add_pipeline(conn, ws, d) -> None:
 def test_a_dataset_added_to_a_native_workspace_is_refused_with_the_reasons(conn, dsn, settings):
     ready = ready_native(conn, dsn, settings, "sync.append")
     ws = app_tables.get_dataset(conn, ready).workspace_id
-    # the operator widens the writer to the workspace (gated: only `ready` is in it, already native)
+    # the operator widens the writers to the workspace in the runbook's order (sync.full first; a dataset flip before
+    # its workspace), gated: only `ready` is in it
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(ready), check=True)
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--workspace", str(ws), check=True)
     cli("write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws), "--note", "fase4 ws", check=True)
     native_write(conn, dsn, settings, ready, "sync.append", [row(i) for i in range(6, 8)], start=6)
 

@@ -235,7 +235,8 @@ def test_every_set_and_clear_is_audited(conn, settings, world):
     d1 = str(world["d1"])
     cli("flags", "set", "export.stream", "iceberg", "--dataset", d1, "--note", "fase1 canary", check=True)
     cli("flags", "set", "export.stream", "iceberg_only", "--dataset", d1, "--note", "no-fallback", check=True)
-    cli("flags", "set", "export.stream", "iceberg", "--note", "fase1 global", check=True)
+    ws1 = str(world["ws1"])
+    cli("flags", "set", "export.stream", "iceberg", "--workspace", ws1, "--note", "fase1 ws", check=True)
     out = cli("flags", "clear", "export.stream", "--dataset", d1, "--note", "rollback", check=True).stdout
     assert "cleared iceberg_only" in out
     entries = cli_json("flags", "history")
@@ -243,7 +244,7 @@ def test_every_set_and_clear_is_audited(conn, settings, world):
         (e["action"], e["scope"], e["scope_id"], e["before"], e["after"], e["note"], e["actor"]) for e in entries
     ] == [
         ("clear", "dataset", d1, "iceberg_only", None, "rollback", "pytest"),
-        ("set", "global", None, None, "iceberg", "fase1 global", "pytest"),
+        ("set", "workspace", ws1, None, "iceberg", "fase1 ws", "pytest"),
         ("set", "dataset", d1, "iceberg", "iceberg_only", "no-fallback", "pytest"),
         ("set", "dataset", d1, None, "iceberg", "fase1 canary", "pytest"),
     ]
@@ -255,7 +256,7 @@ def test_every_set_and_clear_is_audited(conn, settings, world):
     assert cli_json("write-flags", "history") == []
     # The override keeps who set it, when and why.
     (o,) = list_overrides(conn, "read")
-    assert (o.scope, o.mode, o.note, o.set_by) == ("global", "iceberg", "fase1 global", "pytest")
+    assert (o.scope, o.mode, o.note, o.set_by) == ("workspace", "iceberg", "fase1 ws", "pytest")
     # Append-only, even for the table's owner.
     for stmt in (
         "update lakehouse_flag_audit set actor = 'x'",

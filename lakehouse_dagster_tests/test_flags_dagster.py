@@ -57,27 +57,27 @@ def test_set_and_clear_jobs_write_override_and_audit(conn, dsn, settings, world)
         {
             "kind": "read",
             "name": "export.stream",
-            "mode": "iceberg",
+            "mode": "shadow",  # not a widen: no dataset flip needed first (the order holds for iceberg and up)
             "workspace_id": str(world["ws"]),
             "note": "fase1 ws rollout",
         },
     )
-    assert result.output_for_node("set_flag_op")["after"] == "iceberg"
+    assert result.output_for_node("set_flag_op")["after"] == "shadow"
     (o,) = list_overrides(conn)
     assert (o.kind, o.name, o.scope, o.scope_id, o.mode, o.note) == (
         "read",
         "export.stream",
         "workspace",
         world["ws"],
-        "iceberg",
+        "shadow",
         "fase1 ws rollout",
     )
     assert o.set_by.startswith("pytest (dagster run ")
     _run(clear_flag_job, dsn, {"kind": "read", "name": "export.stream", "workspace_id": str(world["ws"])})
     assert list_overrides(conn) == []
     assert [(e.action, e.before_mode, e.after_mode) for e in history(conn)] == [
-        ("clear", "iceberg", None),
-        ("set", None, "iceberg"),
+        ("clear", "shadow", None),
+        ("set", None, "shadow"),
     ]
 
 
@@ -149,8 +149,8 @@ def test_code_location_loads_the_flag_jobs(conn, dsn, settings, world):
     ):
         assert loaded.resolve_job_def(name).name == name
     result = loaded.resolve_job_def("set_flag").execute_in_process(
-        run_config={"ops": {"set_flag_op": {"config": {"name": "graph.kuzu", "mode": "iceberg", "note": "ui"}}}},
+        run_config={"ops": {"set_flag_op": {"config": {"name": "graph.kuzu", "mode": "shadow", "note": "ui"}}}},
         instance=dg.DagsterInstance.ephemeral(),
     )
     assert result.success
-    assert [(o.name, o.scope, o.mode) for o in list_overrides(conn)] == [("graph.kuzu", "global", "iceberg")]
+    assert [(o.name, o.scope, o.mode) for o in list_overrides(conn)] == [("graph.kuzu", "global", "shadow")]

@@ -123,8 +123,12 @@ def test_a_global_flip_lists_only_the_datasets_it_would_move(conn, dsn, settings
     err = _refused("write-flags", "set", "sync.full", "iceberg_native", "--note", "fase4 global")
     assert "would move 1 dataset(s)" in err and f"bare ({bare})" in err and f"ready ({ready})" not in err
     assert "write-flags set sync.full pg --dataset <id>" in err
-    # pin the unready dataset where it is (most specific scope wins), then the global flip goes through
+    assert "no workspace-scope flip of sync.full to iceberg_native inside global" in err  # the order, soak 0 or not
+    # pin the unready dataset where it is (most specific scope wins), flip in the runbook's order (dataset →
+    # workspace → global), and the widen goes through around the pinned dataset
     cli("write-flags", "set", "sync.full", "pg", "--dataset", str(bare), check=True)
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(ready), check=True)
+    cli("write-flags", "set", "sync.full", "iceberg_native", "--workspace", str(ws), check=True)
     cli("write-flags", "set", "sync.full", "iceberg_native", "--note", "fase4 global", check=True)
     assert native_dataset_ids(conn) == {ready}
     # clearing the pin would move the unready dataset: refused as well

@@ -4,6 +4,7 @@ the real write router and native writer, G2 backpressure counted as the runbook'
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.runbooks import ingest_bench
@@ -36,8 +37,10 @@ def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, s
     catalog = load_catalog(settings.replace(namespace="bench"), dsn)
     assert len(catalog.list_tables("bench")) == 1
     out = ingest_bench.purge(dsn, settings, namespace="bench")
-    assert (out["workspaces"], out["datasets"], out["tables_dropped"]) == (1, 1, 1)
-    assert catalog.list_tables("bench") == []
+    assert (out["workspaces"], out["datasets"], out["tables_dropped"], out["namespace_dropped"]) == (1, 1, 1, True)
+    # nothing of the bench is left: its namespace and its directory under the warehouse go too
+    assert ("bench",) not in catalog.list_namespaces()
+    assert not (Path(settings.warehouse.removeprefix("file://")) / "bench").exists()
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
 
 

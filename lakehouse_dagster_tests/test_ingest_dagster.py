@@ -138,3 +138,63 @@ def test_the_source_poller_requests_exactly_the_datasets_with_something_new(conn
     assert len(first.run_requests) == len(second.run_requests) == 1
     assert {first.run_requests[0].partition_key, second.run_requests[0].partition_key} == {str(news), str(files)}
     assert uuid.UUID(first.cursor)
+
+
+def _flush_stats(conn) -> None:
+    """Backends report their row counters in batches (within ~10 s when idle): a test asks for it at once."""
+    conn.execute("select pg_stat_force_next_flush()")
+    conn.execute("select 1")  # the forced report happens as the session goes idle after a statement
+
+
+def test_a_cursor_less_table_source_is_polled_by_its_change_counters(conn, dsn, settings, pg_admin_dsn, tmp_path):
+    """Issue 22: rows inserted into a Postgres table source without a cursor column (writer sync.full) were never
+    requested. The poller compares the table's change counters with those the last ingest stored."""
+    from .conftest import pg_dagster_instance
+
+    ws = datasets.create_workspace(conn, "ws")
+    catalog = load_catalog(settings, dsn)
+    crm, src = _fed(conn, ws, "crm_accounts", rows=4, cursor=None)
+    query = datasets.create_dataset(conn, ws, "crm_query", SCHEMA)
+    set_source(conn, query, {"type": "postgres", "query": f"select * from {src}", "dsn_env": None})
+    with pg_dagster_instance(pg_admin_dsn, tmp_path) as (instance, _):
+        first = {r.partition_key: r.run_key for r in _tick(dsn, instance).run_requests}
+        assert first == {str(crm): f"ingest:{crm}:sync.full:initial", str(query): f"ingest:{query}:sync.full:initial"}
+        for d in (crm, query):  # what the requested runs do
+            run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full")
+        _flush_stats(conn)
+        assert _tick(dsn, instance).run_requests == []  # nothing changed: nothing requested
+        assert _tick(dsn, instance).run_requests == []
+
+        add_source_rows(conn, src, [row(i) for i in range(10, 15)])  # 5 rows, as in the issue
+        _flush_stats(conn)
+        asked = {r.partition_key: r for r in _tick(dsn, instance).run_requests}
+        assert set(asked) == {str(crm), str(query)}  # the table by its counters, the query by its rows' digest
+        assert asked[str(crm)].run_key.startswith(f"ingest:{crm}:sync.full:changed:stats:")
+        assert asked[str(query)].run_key.startswith(f"ingest:{query}:sync.full:changed:content:")
+        assert asked[str(crm)].tags["lakehouse/source_news"].startswith("changed:stats:")
+        # the requested run ingests the 9 rows, then the poller is quiet again
+        run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), crm, "sync.full")
+        assert conn.execute("select row_count from datasets where id = %s", (crm,)).fetchone()[0] == 9
+        _flush_stats(conn)
+        assert [r.partition_key for r in _tick(dsn, instance).run_requests] == [str(query)]
+        # a delete and a truncate are changes too (truncate moves no counter: a new file node)
+        run_writer(dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), query, "sync.full")
+        conn.execute(f"truncate {src}")
+        _flush_stats(conn)
+        assert {r.partition_key for r in _tick(dsn, instance).run_requests} == {str(crm), str(query)}
+
+
+def test_sources_set_says_what_polling_costs(conn, dsn, settings, capsys):
+    from lakehouse_dagster.cli.main import main
+
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    src = pg_source_table(conn, [row(0)])
+    for args, said in (
+        (["--postgres-table", src], "the table's row-change counters (pg_stat_all_tables n_tup_ins/upd/del)"),
+        (["--postgres-query", f"select * from {src}"], "every row digested (count + sum of row hashes) per visit"),
+        (["--postgres-table", src, "--cursor-column", "a"], "one max(a) per visit past the stored mark"),
+    ):
+        assert main(["sources", "set", "--dataset", str(d), *args]) == 0
+        out = capsys.readouterr().out
+        assert "polling: " in out and said in out, out

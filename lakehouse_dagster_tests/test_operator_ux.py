@@ -178,18 +178,21 @@ def test_a_refusal_fails_the_step_with_the_reason_and_no_stack_trace(
     data = failure.step_failure_data
     # what the UI's log row shows (error message, then each cause, each with its stack when it has one) and what
     # the console prints (error_display_string): the reason, and not one stack frame
-    for shown in (_ui_text(data), data.error_display_string):
-        assert reason in shown
+    run_failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+    shown_run = _ui_text(run_failure.event_specific_data.error, None)  # RUN_FAILURE: no error source, every stack
+    for shown in (_ui_text(data.error, data.error_source), data.error_display_string, shown_run):
+        assert reason in shown and "Refused: " in shown
         assert "Stack Trace" not in shown and 'File "' not in shown and "Traceback" not in shown, shown
-    assert data.error.cause.stack == [] and data.error_source.value == "USER_CODE_ERROR"  # the UI hides the outer stack
+    assert data.error.stack == [] and data.error.cause is None
     assert flag_tables(conn) == before
 
 
-def _ui_text(data) -> str:
-    """The failure row of the run's log as the Dagster 1.13 UI renders it (ui-core LogsRowStructuredContent,
-    FailureContent): the message; the stack unless a USER_CODE_ERROR with a cause; each cause with its stack."""
-    error, text = data.error, data.error.message
-    if error.stack and not (data.error_source.value == "USER_CODE_ERROR" and error.cause):
+def _ui_text(error, error_source) -> str:
+    """A failure row of the run's log as the Dagster 1.13 UI renders it (ui-core LogsRowStructuredContent,
+    FailureContent): the message; the stack unless a USER_CODE_ERROR with a cause; each cause with its stack. The
+    RUN_FAILURE row is rendered the same way with no error source."""
+    text = error.message
+    if error.stack and not (error_source is not None and error_source.value == "USER_CODE_ERROR" and error.cause):
         text += "\nStack Trace:\n" + "".join(error.stack)
     cause = error.cause
     while cause is not None:
@@ -244,17 +247,20 @@ def test_a_flip_that_moves_no_dataset_writes_nothing_and_exits_non_zero(conn, ds
     proc = cli(verb, "flip", name, "--workspace", str(empty))
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"lakehouse {verb}: error: nothing to flip: workspace {empty} holds no dataset;")
+    assert line.startswith(f"lakehouse {verb}: error: nothing to flip: workspace empty ({empty}) holds no dataset;")
     assert "nothing written" in line and proc.stdout == ""
     assert flag_tables(conn) == before
 
-    if verb == "flags":  # every dataset already on the mode by its own override: nothing moves either
+    if verb == "flags":  # the workspace itself already at the mode, and its one dataset too: nothing moves
         set_override(conn, "read", name, "iceberg", dataset=world["d"], actor="t")
+        set_override(conn, "read", name, "iceberg", workspace=world["ws"], actor="t")
         before = flag_tables(conn)
         proc = cli(verb, "flip", name, "--workspace", str(world["ws"]))
+        assert proc.returncode == 2, proc.stderr
         assert (
-            proc.returncode == 2 and "all 1 dataset(s) in scope already resolve export.stream to iceberg" in proc.stderr
-        )
+            f"of the 1 dataset(s) in workspace sales ({world['ws']}), 1 already resolve export.stream to iceberg "
+            f"or above, and workspace sales ({world['ws']}) itself already resolves it to iceberg"
+        ) in proc.stderr
         assert flag_tables(conn) == before
 
 
@@ -305,8 +311,9 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
     assert "interrupted" in err and "Traceback" not in err
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
     assert conn.execute("select count(*) from datasets").fetchone()[0] == 0
-    assert load_catalog(settings.replace(namespace="bench"), dsn).list_tables("bench") == []
-    assert [p for p in warehouse.rglob("*") if p.is_file()] == []
+    # nothing is left behind: no table, no namespace, not even an empty warehouse/bench directory
+    assert ("bench",) not in load_catalog(settings.replace(namespace="bench"), dsn).list_namespaces()
+    assert list(warehouse.rglob("*")) == []
     assert all(not Path(f"/proc/{pid}").exists() for pid in frozen)
 
 

@@ -111,6 +111,7 @@ def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_d
     twin = _dataset(conn, dsn, settings, ws2, "twin")
     assert _flip("graph.kuzu", "--dataset", str(twin))[0] == 0
     set_override(conn, "read", "graph.kuzu", "off", dataset=twin, actor="pytest")  # (back, by hand)
+    set_override(conn, "read", "graph.kuzu", "iceberg_only", workspace=ws2, actor="pytest")  # the order: a workspace
     result = _run({"reader": "graph_kuzu", "mode": "iceberg_only", "note": "fase1 global", "sample": 0}, dsn)
     assert result.success
     got = {c.name: (c.verdict, c.reused) for c in result.output_for_node("read_flip_preflight")["preflight"].checked}
@@ -118,9 +119,10 @@ def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_d
 
 
 def test_job_stops_on_mismatch_and_the_flip_op_never_runs(conn, dsn, settings, ws):
-    _dataset(conn, dsn, settings, ws, "good")
+    good = _dataset(conn, dsn, settings, ws, "good")
     bad = _dataset(conn, dsn, settings, ws, "drifted")
     _behind_the_mirrors_back(conn, bad)
+    set_override(conn, "read", "export.stream", "iceberg", dataset=good, actor="pytest")  # the order: a dataset first
     before = flag_tables(conn)
     result = _run({"reader": "export_stream", "workspace_id": str(ws)}, dsn)
     assert not result.success

@@ -246,6 +246,10 @@ class _live_app:
         self.thread.join(timeout=60)
 
 
+# The migrations this tree adds to the previous release (in the order they apply).
+NEW_MIGRATIONS = ["025_capture_after_commit", "026_stored_soak"]
+
+
 @pytest.mark.parametrize("capture_mode", list(UPGRADES))
 def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_dsn, tmp_path, capture_mode):
     old, new = previous_release, REPO
@@ -295,7 +299,7 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
         with _live_app(dsn, events) as app:
             done = _json(new, env, "db", "migrate")
         assert not app.errors, repr(app.errors[0])
-        assert [a for a in done["applied"] if not a.startswith("functions/")] == ["025_capture_after_commit"], done
+        assert [a for a in done["applied"] if not a.startswith("functions/")] == NEW_MIGRATIONS, done
         notes = done.get("capture_mode", [])
         assert (why is None and notes == []) or (len(notes) == 1 and notes[0].startswith(why)), notes
         if old_mode == "wal":  # the command to go the other way is in the message
@@ -303,7 +307,7 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
             assert f"lakehouse digest-capture {other}" in notes[0], notes
         after = _facts(conn)
         assert after["capture"][0][0] == upgraded_mode
-        assert after["migrations"] == sorted([*before["migrations"], "025_capture_after_commit"])
+        assert after["migrations"] == sorted([*before["migrations"], *NEW_MIGRATIONS])
         _same_data(before, after, app.written, events, sums_dropped=old_mode == "wal")
         assert _triggers_as(after, upgraded_mode)
         if upgraded_mode == "triggers":
@@ -355,15 +359,16 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
 
 def _same_data(before: dict, after: dict, written: int, live, *, sums_dropped: bool) -> None:
     """Nothing lost: every row, sync, verdict, flag, trigger (but dataset_rows's, the capture mode's) and
-    dataset's tracking as before, but for the rows the live app wrote meanwhile into dataset ``live`` (one
-    migration more recorded; the maintained sums of mode wal dropped: the next canaries fill them again)."""
+    dataset's tracking as before, but for the rows the live app wrote meanwhile into dataset ``live`` (the new
+    migrations recorded; the maintained sums of mode wal dropped: the next canaries fill them again)."""
     counts = dict(before["counts"], dataset_rows=before["counts"]["dataset_rows"] + written)
-    counts["lakehouse_migrations"] += 1
+    counts["lakehouse_migrations"] += len(NEW_MIGRATIONS)
     if sums_dropped:
         counts["lakehouse_pg_digest_state"] = 0
     assert after["counts"] == counts
     assert after["flags"] == before["flags"]
-    assert [t for t in after["triggers"] if t[0] != "dataset_rows"] == [
+    new_tables = {"lakehouse_settings_audit"}  # tables the new migrations create (026_stored_soak): their triggers
+    assert [t for t in after["triggers"] if t[0] != "dataset_rows" and t[0] not in new_tables] == [
         t for t in before["triggers"] if t[0] != "dataset_rows"
     ]
     assert [d[0] for d in after["datasets"]] == [d[0] for d in before["datasets"]]

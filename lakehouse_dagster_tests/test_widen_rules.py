@@ -105,7 +105,7 @@ def test_a_workspace_widen_waits_until_a_dataset_flip_has_soaked(conn, settings,
     ends, minutes = _ends_in(err)
     flipped = _audit_at(conn, "export.stream", a)
     assert ends == (flipped + HOUR).replace(microsecond=0) and minutes == 60, err
-    assert f"export.stream iceberg at dataset {a}" in err
+    assert f"export.stream iceberg at dataset a ({a})" in err  # by name and id
     # a flip elsewhere does not count: only flips inside the workspace soak for it
     other = datasets.create_workspace(conn, "other")
     _backdated(conn, "read", "export.stream", "iceberg", 2 * HOUR, dataset=_dataset(conn, other, "c"))
@@ -204,7 +204,7 @@ def test_a_global_widen_needs_a_soaked_workspace_flip(conn, settings, ws, monkey
     assert "no workspace-scope flip of export.stream to iceberg inside global" in err
     _backdated(conn, "read", "export.stream", "iceberg", timedelta(minutes=10), workspace=ws)
     err = _refused(conn, "flags", "set", "export.stream", "iceberg", "--note", "fase1 global")
-    assert f"export.stream iceberg at workspace {ws}" in err and _ends_in(err)[1] == 50
+    assert f"export.stream iceberg at workspace ws ({ws})" in err and _ends_in(err)[1] == 50
     with pytest.raises(FlipRefused):
         check_change(conn, flag, Scope("global", None), "iceberg", soak_seconds=3600)
     check_change(conn, flag, Scope("global", None), "iceberg", soak_seconds=0)  # 0 disables the soak
@@ -226,9 +226,15 @@ def test_writers_widen_in_the_runbook_order(conn, dsn, settings, ws, monkeypatch
     assert "sync.full is still pg" in err and "sync.append is still pg" in err
     # a dataset-scope flip of a later writer does not need the earlier one (its canary step is per dataset)
     _set(conn, "write", "sync.append", "iceberg_native", dataset=a, soak=0)
+    # with a soak of 0 the order still holds: a dataset flip inside the workspace before the workspace
+    err = _refused_core(conn, "write", "sync.full", "iceberg_native", soak=0, workspace=ws)
+    assert "order (dataset → workspace → global): no dataset-scope flip of sync.full to iceberg_native" in err
+    assert "the soak is 0 s, which drops the waiting, not the order" in err
+    _set(conn, "write", "sync.full", "iceberg_native", dataset=a, soak=0)
     _set(conn, "write", "sync.full", "iceberg_native", workspace=ws, soak=0)
     _set(conn, "write", "sync.append", "iceberg_native", workspace=ws, soak=0)
     # sync.incremental and cdc.append share the last step: either goes once both earlier writers are there
+    _set(conn, "write", "cdc.append", "iceberg_native", dataset=a, soak=0)
     _set(conn, "write", "cdc.append", "iceberg_native", workspace=ws, soak=0)
     # globally, the earlier writers must be native globally, not only in one workspace
     _dataset(conn, datasets.create_workspace(conn, "ws2"), "c")
@@ -247,7 +253,7 @@ def test_the_next_writer_waits_for_the_earlier_writers_soak(conn, dsn, settings,
     _backdated(conn, "write", "sync.append", "iceberg_native", 3 * HOUR, dataset=a)
     _soak(monkeypatch, 3600)
     err = _refused(conn, "write-flags", "set", "sync.append", "iceberg_native", "--workspace", str(ws))
-    assert "soak between writers" in err and f"sync.full iceberg_native at workspace {ws}" in err
+    assert "soak between writers" in err and f"sync.full iceberg_native at workspace ws ({ws})" in err
     assert _ends_in(err)[1] == 40 and "sync.full is still" not in err
     _set(conn, "write", "sync.append", "iceberg_native", workspace=ws, soak=1100)  # 20 minutes > 1100 s
 
@@ -342,6 +348,7 @@ def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, 
     from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 
     ids = [_dataset(conn, ws, f"d{i}", rows=3) for i in range(5)]
+    _set(conn, "read", "export.stream", "iceberg", dataset=_dataset(conn, ws, "first"), soak=0)  # the order: first
     catalog = load_catalog(settings, dsn)
     for d in ids:
         sync_dataset(dsn, catalog, settings, d, mode="full")

@@ -59,6 +59,7 @@ def register(sub) -> None:
             parsers.append(fl)
         if kind == READ:
             parsers += _readers_args(actions)
+            parsers += _soak_args(actions)
         if kind == WRITE:
             wf = add_command(
                 actions,
@@ -121,6 +122,67 @@ def _readers_args(actions) -> list:
     rm.add_argument("reader")
     _scope_args(rm)
     return [add, ls, rm]
+
+
+def _soak_args(actions) -> list:
+    """`flags soak set|show`: the stored soak every process reads (flags/soak_setting.py)."""
+    sp = actions.add_parser(
+        "soak",
+        help="the soak of the widening rules, stored for the CLI and every Dagster process (readers and writers)",
+    )
+    verbs = sp.add_subparsers(dest="soak_action", required=True, metavar="VERB")
+    st = add_command(verbs, "set", _soak_set, help="store the soak in seconds (audited); 0: no waiting, same order")
+    st.add_argument("seconds", help="whole seconds, e.g. 3600; 0 drops the waiting, never the order")
+    st.add_argument("--note", help="why (kept in the audit)")
+    sh = add_command(
+        verbs, "show", _soak_show, help="the soak every process applies now, where it comes from, its audit"
+    )
+    sh.add_argument("--limit", type=int, default=10, help="audit entries shown (default 10)")
+    return [st, sh]
+
+
+def _soak_set(ctx, args) -> Result:
+    from lakehouse_dagster.flags.soak_setting import (
+        set_soak,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    before, after = set_soak(ctx.conn, args.seconds, note=args.note, actor=ctx.settings.actor)
+    was = f"{before.seconds} s" if before else "nothing stored"
+    text = (
+        f"soak: {was} → {after.seconds} s, stored (by {after.set_by}{'; note: ' + after.note if after.note else ''}); "
+        "the CLI and every Dagster process apply it from their next flag change"
+        + (
+            "; 0 drops the waiting, not the order (dataset → workspace → global, writers one at a time)"
+            if after.seconds == 0
+            else ""
+        )
+    )
+    return Result(
+        {"before": before.as_dict() if before else None, "after": after.as_dict()}, text + _env_note(ctx, after)
+    )
+
+
+def _soak_show(ctx, args) -> Result:
+    from lakehouse_dagster.flags.soak_setting import (
+        current_soak,
+        soak_history,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    now = current_soak(ctx.conn, ctx.settings)
+    rows = soak_history(ctx.conn, args.limit)
+    lines = [f"soak: {now.describe()}" + _env_note(ctx, now), "", "audit (newest first)"]
+    lines.append(table(rows, ["at", "before", "after", "actor", "note"]))
+    return Result({"soak": now.as_dict(), "history": rows}, "\n".join(lines))
+
+
+def _env_note(ctx, now) -> str:
+    """LAKEHOUSE_SOAK_SECONDS set in this shell but overruled by the stored value: say it is ignored."""
+    if now.source != "stored" or not ctx.settings.soak_seconds_given or ctx.settings.soak_seconds == now.seconds:
+        return ""
+    return (
+        f"\nnote: LAKEHOUSE_SOAK_SECONDS={ctx.settings.soak_seconds} in this shell is ignored: the stored soak "
+        f"({now.seconds} s) applies to every process"
+    )
 
 
 def _readers_add(ctx, args) -> Result:
@@ -283,7 +345,6 @@ def _set(ctx, args) -> Result:
         workspace=args.workspace,
         note=args.note,
         actor=ctx.settings.actor,
-        soak_seconds=ctx.settings.soak_seconds,
     )
     text = (
         f"{change.flag.name}: {change.before or '(no override)'} → {change.after} {_where(change.scope)}"
@@ -325,16 +386,7 @@ def _backfill(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
-    if r.nothing_to_do:
-        text = f"dataset {r.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
-    else:
-        text = (
-            f"dataset {r.dataset_id}: backfilled from snapshot {r.snapshot_id} in {r.seconds:.2f}s — "
-            f"{r.copied} row(s) copied into dataset_rows (identity preserved), {r.removed} stale row(s) removed, "
-            f"{r.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds {r.pg_rows}; "
-            f"the mirror may run again (lakehouse sync --dataset {r.dataset_id})"
-        )
-    return Result(r.as_dict(), text)
+    return Result(r.as_dict(), r.summary())
 
 
 def _clear(ctx, args) -> Result:
@@ -347,7 +399,6 @@ def _clear(ctx, args) -> Result:
         workspace=args.workspace,
         note=args.note,
         actor=ctx.settings.actor,
-        soak_seconds=ctx.settings.soak_seconds,
     )
     if not change.changed:
         text = f"{change.flag.name}: no override {_where(change.scope)} to clear; nothing changed"
@@ -430,7 +481,7 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
             exit_code=1,
         )
         return pre, checked, lines, None, stop
-    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor, soak_seconds=ctx.settings.soak_seconds)
+    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
     return pre, checked, lines, change, None
 
 
@@ -442,13 +493,16 @@ def _flip(ctx, args) -> Result:
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
     if stop:
         return stop
+    # the runbook's "confirm the read-router logs reason=...": the router's line per read on stderr, the table on stdout
     verified = flip.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger())
     fell_back = [v for v in verified if v.fallback_error]
     lines.append(
-        f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
+        f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
         f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)"
     )
-    lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
+    lines += pre.report.lines()
+    if verified:
+        lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
         lines.append(flip.fallback_message(args.name, pre.scope, fell_back))
     data = {
@@ -456,6 +510,7 @@ def _flip(ctx, args) -> Result:
         "coverage": pre.coverage(),
         "flipped": True,
         "change": _change_data(change),
+        "scope": pre.report.as_dict(),
         "verify": [v.as_dict() for v in verified],
     }
     return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
@@ -471,19 +526,22 @@ def _wflip(ctx, args) -> Result:
         return stop
     verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
     lines.append(
-        f"{args.name}: {change.before or '(no override)'} → {change.after} ({change.scope}); "
-        "new writes land in Iceberg only, the mirror skips these datasets"
+        f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
+        "new writes of the datasets it moves land in Iceberg only, the mirror skips them"
     )
+    lines += pre.report.lines()
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
-    lines.append(
-        table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"])
-    )
+    if rows:
+        lines.append(
+            table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"])
+        )
     bad = [v for v in verified if v.problems]
     data = {
         "preflight": checked,
         "coverage": pre.coverage(),
         "flipped": True,
         "change": _change_data(change),
+        "scope": pre.report.as_dict(),
         "verify": [v.as_dict() for v in verified],
     }
     if bad:
@@ -497,6 +555,8 @@ def _wflip(ctx, args) -> Result:
         stop_message,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
+    if not pre.checked:
+        return Result(data, "\n".join(lines))
     synced = first_native_syncs(
         ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger()
     )
@@ -538,16 +598,27 @@ def _read(ctx, args) -> Result:
         columns=args.columns,
         limit=args.limit,
         order_by_row_index=args.order_by_row_index,
-        logger=_stderr_logger(),
+        logger=_quiet_logger(),  # the decision is printed once, below (stdout); a fallback says why there too
     )
     rows = result.value.to_pylist()
     decision = result.decision
     data = {"decision": decision.as_dict(), "fallback_error": result.fallback_error, "rows": rows}
-    lines = [decision.log_line()]
-    if result.fallback_error:
-        lines.append(f"(iceberg read failed → served by PG fallback: {result.fallback_error})")
-    lines += [table(rows, list(proj.columns)), f"({len(rows)} row(s) from {decision.source})"]
+    # one router line per read: the decision (after a fallback, pg@fallback; the router's warning on stderr says why)
+    lines = [decision.log_line(), table(rows, list(proj.columns)), f"({len(rows)} row(s) from {decision.source})"]
     return Result(data, "\n".join(lines))
+
+
+def _quiet_logger() -> logging.Logger:
+    """For a read whose decision the command prints itself (one router line per read): only the router's warnings
+    and errors (an Iceberg read that failed, and why) reach stderr."""
+    lg = logging.getLogger("lakehouse_dagster.cli.read_warnings")
+    if not lg.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        lg.addHandler(handler)
+        lg.setLevel(logging.WARNING)
+        lg.propagate = False
+    return lg
 
 
 def _stderr_logger() -> logging.Logger:

@@ -62,15 +62,20 @@ def _set(ctx, args) -> Result:
     from lakehouse_dagster.sources import (
         set_source,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.sources.poll import (
+        polling_cost,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     spec = set_source(ctx.conn, ds_id, spec_dict, settings=ctx.settings)
+    cost = polling_cost(spec, ctx.dsn)
     data = {
         "dataset_id": str(ds_id),
         "source": spec.to_json(),
         "default_writer": spec.default_writer,
         "writers": list(spec.writers),
+        "polling": cost,
     }
-    return Result(data, f"{ds_id}: source set to {spec.describe()}; default writer {spec.default_writer}")
+    return Result(data, f"{ds_id}: source set to {spec.describe()}; default writer {spec.default_writer}\n  {cost}")
 
 
 def _show(ctx, args) -> Result:

@@ -259,6 +259,7 @@ def _up(ctx, args) -> Result:
                     )
                 else:
                     _say("demo workspace already present")
+            _seed_soak(conn, settings, demo=demo is not None and embedded)
             dagster_url, dagster_url_source = dagster_storage_url(conn, dsn)
         _say(f"Dagster storage: {display_dsn(dagster_url)} ({dagster_url_source})")
 
@@ -320,6 +321,37 @@ def _up(ctx, args) -> Result:
         return Result(data, "lakehouse up: stopped")
     raise LakehouseError(
         f"Dagster exited unexpectedly with code {outcome['dagster_exit_code']} (its log is above); everything stopped"
+    )
+
+
+def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
+    """Store the soak once, so every process of this stack (the CLI, the webserver, the daemon, each run) applies one
+    value (flags/soak_setting.py): LAKEHOUSE_SOAK_SECONDS when set, else 0 for the demo on the embedded Postgres
+    (the walkthrough widens at once), else the default hour. A stored soak is left as it is."""
+    from lakehouse_dagster.flags.soak_setting import (
+        current_soak,
+        seed_soak,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    if settings.soak_seconds_given or not demo:
+        seconds, why = (
+            settings.soak_seconds,
+            (
+                "LAKEHOUSE_SOAK_SECONDS"
+                if settings.soak_seconds_given
+                else "the default; LAKEHOUSE_SOAK_SECONDS is not set"
+            ),
+        )
+    else:
+        seconds, why = 0, "lowered for the demo: flips widen without waiting, still in the runbooks' order"
+    seeded = seed_soak(conn, seconds, note=f"lakehouse up: {why}", actor=f"{settings.actor} (lakehouse up)")
+    if seeded is None:
+        _say(f"soak: {current_soak(conn, settings).describe()}")
+        return
+    _say(
+        f"soak stored: {seeded.seconds} s ({why}); every process reads it — change it with "
+        "lakehouse flags soak set <seconds>"
+        + (" (a real migration soaks an hour: 3600)" if seeded.seconds == 0 else "")
     )
 
 

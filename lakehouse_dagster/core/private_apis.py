@@ -302,6 +302,23 @@ def dagster_execute_run(run_id: str, instance) -> int:
     return _execute_run_command_body(run_id, instance, lambda _event: None, set_exit_code_on_failure=True)
 
 
+def dagster_step_error(message: str, cls_name: str) -> Exception:
+    """An exception a step raises to fail with exactly one error line, ``message``, and no stack anywhere Dagster
+    shows it: the step's row, the run-level RUN_FAILURE event (built from the first failed step's error) and the
+    console. Dagster forwards the error of a user code process as it was serialised there
+    (``DagsterUserCodeProcessError``: ``serializable_error_info_from_exc_info`` hoists its one error info instead of
+    serialising the raise), and lets it through the op's error boundary unwrapped and unretried (a ``DagsterError``)."""
+    from dagster._core.errors import (
+        DagsterUserCodeProcessError,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+    from dagster._utils.error import (
+        SerializableErrorInfo,
+    )  # lazy: Dagster's parts only for the launcher and the glue (the forbidden contract)
+
+    info = SerializableErrorInfo(message=message, stack=[], cls_name=cls_name)
+    return DagsterUserCodeProcessError(message, user_code_process_error_infos=[info])
+
+
 def dagster_execute_run_argv(job_origin, run_id: str, ref) -> list[str]:
     """The command line of ``dagster api execute_run`` for the run ``run_id`` of ``job_origin`` on the instance
     ``ref``, in this interpreter."""

@@ -73,8 +73,10 @@ class Settings:
     auto_rollback: bool = True
     # A flip widens (dataset → workspace → global) only after the narrower flip held this long without an
     # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
-    # 0 disables the soak.
+    # Only the default: a soak stored in the database (`lakehouse flags soak set`, flags/soak_setting.py) wins in every
+    # process; 0 drops the waiting, never the dataset → workspace → global order.
     soak_seconds: int = 3600
+    soak_seconds_given: bool = False  # LAKEHOUSE_SOAK_SECONDS is set in this process' environment
     # Digest each Iceberg data file as it is written (parity/maintained.py). Off by default: measured at
     # 1.48x the mirror's time (bench_mirror.py --digest-ab); the first canary or parity check that meets a
     # file digests it instead (once per file, only the new files after an append).
@@ -126,6 +128,7 @@ class Settings:
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
             soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
+            soak_seconds_given=bool(os.environ.get("LAKEHOUSE_SOAK_SECONDS")),
             digest_on_write=_bool("LAKEHOUSE_DIGEST_ON_WRITE", False),
             mirror_batch_size=_int("LAKEHOUSE_MIRROR_BATCH_SIZE", 25),
             flag_listen=_bool("LAKEHOUSE_FLAG_LISTEN", True),

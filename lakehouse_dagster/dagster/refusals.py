@@ -2,16 +2,22 @@
 failed bench gate) shows its reason and no Python stack trace; a transient error is retried; anything else (a bug)
 fails loud with its stack.
 
-Why not ``dg.Failure``: Dagster 1.13 serialises a Failure with its own traceback (the framework frames down to the
-``raise``), and the UI prints it under "Stack Trace:" (ui-core ``LogsRowStructuredContent``/``FailureContent``: the
-outer stack is left out only for a ``USER_CODE_ERROR``, which shows its cause's stack instead); so does the console
-(``StepFailureData.error_display_string``). An exception raised by user code is recorded as a ``USER_CODE_ERROR``
-whose cause is that exception, and Dagster reads the cause's stack from its ``__traceback__`` attribute
-(``traceback.TracebackException``), which ``Refused`` reports as empty. The step then reads
-``Error occurred while executing op "...": / Refused: <reason>`` and nothing else, in the UI and the console.
+Where an operator looks, and why an ordinary exception cannot do it in Dagster 1.13:
 
-A ``RetryPolicy`` would retry a ``Refused`` (it retries every exception except a Failure with allow_retries=False), so
-steps that retry do it through ``fail_step``: ``RetryRequested`` for transient errors only (errors.is_transient).
+* the step's row: an exception raised by user code is wrapped in a ``DagsterExecutionStepExecutionError`` whose own
+  stack is Dagster's framework frames; the UI (ui-core ``LogsRowStructuredContent``/``FailureContent``) leaves that
+  outer stack out only for a ``USER_CODE_ERROR`` with a cause; a ``dg.Failure`` is serialised with its traceback and
+  shown under "Stack Trace:";
+* the run-level RUN_FAILURE row: Dagster builds it from the first failed step's error
+  (``DagsterEvent.job_failure(first_step_failure_event=...)``) but without its error source, so the UI prints that
+  outer stack in full, framework frames and all;
+* the console: ``StepFailureData.error_display_string``.
+
+So a refusal is raised as the error Dagster forwards from a user code process as it was serialised there
+(``core.private_apis.dagster_step_error``): one message, ``Refused: <reason>``, no stack and no cause, and since it is
+a ``DagsterError`` the op's error boundary lets it through unwrapped and a ``RetryPolicy`` never retries it. The
+step's row, the RUN_FAILURE row and the console all read ``Refused: <reason>`` and nothing else.
+Steps that retry do it through ``fail_step``: ``RetryRequested`` for transient errors only (errors.is_transient).
 """
 
 from __future__ import annotations
@@ -21,26 +27,22 @@ from typing import NoReturn
 import dagster as dg
 
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, is_transient
+from lakehouse_dagster.core.private_apis import dagster_step_error
 
 # The retry schedule of the steps that retry (the mirror asset, the ingest op): 5 s, doubling, with jitter, 3 times.
 RETRY = dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)
 
-
-class Refused(Exception):
-    """An expected refusal: the reason is the whole message; nothing was written and a retry changes nothing."""
-
-    @property
-    def __traceback__(self):  # what Dagster's error serialiser reads for a cause: no frames to show
-        return None
-
-    @__traceback__.setter
-    def __traceback__(self, _tb) -> None:  # contextlib re-assigns it while unwinding; the interpreter keeps its own
-        pass
+PREFIX = "Refused: "
 
 
-def refuse(exc: BaseException | str) -> Refused:
+def refusal(reason: str) -> Exception:
+    """An expected refusal: the reason is the whole message; a retry changes nothing."""
+    return dagster_step_error(PREFIX + str(reason).rstrip("\n"), "Refused")
+
+
+def refuse(exc: BaseException | str) -> Exception:
     """The refusal to raise ``from None`` (the reason, without the chained core stack)."""
-    return Refused(str(exc))
+    return refusal(str(exc))
 
 
 def fail_step(context, exc: BaseException, retry: dg.RetryPolicy | None = RETRY) -> NoReturn:
@@ -57,14 +59,15 @@ def fail_step(context, exc: BaseException, retry: dg.RetryPolicy | None = RETRY)
     raise exc
 
 
-def stop(context, message: str, metadata: dict | None = None) -> Refused:
-    """A STOP with its evidence: the metadata (tables, counts) goes to the run's log first, since a refusal carries
-    text only; raise the result ``from None``."""
-    if metadata:
+def stop(context, message: str, metadata: dict | None = None) -> Exception:
+    """A STOP with its evidence: the metadata (counts; tables are logged row by row where they are built,
+    dagster/tables.py) goes to the run's log first, since a refusal carries text only; raise the result ``from None``."""
+    shown = {k: v for k, v in (metadata or {}).items() if not isinstance(v, dg.TableMetadataValue)}  # (logged by row)
+    if shown:
         context.log.info(
-            "\n".join(f"{k}: {v.value if isinstance(v, dg.MetadataValue) else v}" for k, v in metadata.items())
+            "\n".join(f"{k}: {v.value if isinstance(v, dg.MetadataValue) else v}" for k, v in shown.items())
         )
-    return Refused(message)
+    return refusal(message)
 
 
 def check_errors_line(evaluations, total: int) -> str | None:

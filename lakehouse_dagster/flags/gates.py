@@ -37,14 +37,14 @@ from typing import Any
 import psycopg
 
 from lakehouse_dagster.core.errors import FlipRefused
-from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.reader_datasets import readers_of
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
 from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
+from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
-from lakehouse_dagster.flags.widen import widen_blockers
+from lakehouse_dagster.flags.widen import place, widen_blockers
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
@@ -126,9 +126,10 @@ def _latest_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uui
     return {r[0]: r[1:] for r in rows}
 
 
-def configured_soak(soak_seconds: int | None) -> int:
-    """The soak to apply: the caller's, else LAKEHOUSE_SOAK_SECONDS."""
-    return Settings.from_env().soak_seconds if soak_seconds is None else soak_seconds
+def configured_soak(conn: psycopg.Connection, soak_seconds: int | None) -> int:
+    """The soak to apply: the caller's (tests, benches), else the stored one, else LAKEHOUSE_SOAK_SECONDS
+    (flags/soak_setting.py: what the CLI and every Dagster process read the same way)."""
+    return current_soak(conn).seconds if soak_seconds is None else soak_seconds
 
 
 def _db_now(conn: psycopg.Connection):
@@ -143,7 +144,7 @@ def write_flip_blockers(
     ids = [e.dataset_id for e in moved]
     if not ids:
         return []
-    soak_seconds = configured_soak(soak_seconds)
+    soak_seconds = configured_soak(conn, soak_seconds)
     now = now or _db_now(conn)
     pipeline_inputs = pipeline_input_dataset_ids(conn)
     with barrier.read_tracking_consistently(conn, ids):  # after-commit: rows_version covers every committed write
@@ -157,8 +158,18 @@ def write_flip_blockers(
     for e in moved:
         _, name, ws_id, kind = datasets[e.dataset_id]
         reasons = []
-        if kind != "tabular":
-            reasons.append(f"a {kind} dataset is file-backed, not Iceberg-tabular")
+        if kind != "tabular":  # the one reason: the writers' other prerequisites do not apply to it (never advice)
+            blocked.append(
+                Blocked(
+                    e.dataset_id,
+                    name,
+                    (
+                        f"a {kind} dataset is file-backed, not Iceberg-tabular: write flips do not apply to it "
+                        "(dataset.manifest writes it, locked to pg)",
+                    ),
+                )
+            )
+            continue
         if e.dataset_id in pipeline_inputs:
             reasons.append(
                 "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3); "
@@ -262,7 +273,7 @@ def _reader_soaks(
         relevant = [
             i for i in found.get(ds_id, []) if i.what == MISMATCH or (i.what == FALLBACK and i.reader == reader)
         ]
-        s = soak(f"{reader} on Iceberg", t, relevant, soak_seconds)
+        s = soak(f"{reader} on Iceberg", t, relevant, soak_seconds, {ds_id: datasets[ds_id][1]})
         if not s.soaked(now):
             out.setdefault(ds_id, []).append(s.describe(now))
     return out
@@ -296,16 +307,17 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
 
 
 def _refusal(
-    flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: Sequence[str] = ()
+    flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: Sequence[str] = (), names=None
 ) -> FlipRefused:
     verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
+    where = place(scope.scope, scope.scope_id, names or {})
     if rules:
-        lines = [f"refused: {verb} ({scope}) widens before the runbook's widening rules allow; nothing written:"]
+        lines = [f"refused: {verb} ({where}) widens before the runbook's widening rules allow; nothing written:"]
         lines += [f"  {r}" for r in rules]
         if blocked:
             lines.append(f"  and it would move {len(blocked)} dataset(s) that are not ready:")
     else:
-        lines = [f"refused: {verb} ({scope}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
+        lines = [f"refused: {verb} ({where}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
     for b in blocked[:_SHOWN]:
         lines.append(f"  {b.name} ({b.dataset_id}): " + "; ".join(b.reasons))
     if len(blocked) > _SHOWN:
@@ -325,19 +337,29 @@ def check_change(
     """Raise FlipRefused when the change would strand consumers or widen too early; returns its effects
     otherwise. ``soak_seconds`` None: LAKEHOUSE_SOAK_SECONDS."""
 
-    soak_seconds = configured_soak(soak_seconds)
+    soak_seconds = configured_soak(conn, soak_seconds)
     now = _db_now(conn)
     moved, datasets = effects(conn, flag, scope, mode)
     if flag.kind == WRITE:
-        blocked = write_flip_blockers(
-            conn, [e for e in moved if e.after == NATIVE], datasets, soak_seconds=soak_seconds, now=now
-        )
+        # a workspace or global write flip leaves manifest datasets out (not applicable); one named alone is refused
+        judged = [
+            e for e in moved if e.after == NATIVE and (scope.scope == DATASET or datasets[e.dataset_id][3] == "tabular")
+        ]
+        blocked = write_flip_blockers(conn, judged, datasets, soak_seconds=soak_seconds, now=now)
     else:
         blocked = read_rollback_blockers(conn, moved, datasets)
-    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now)
+    names = scope_names(conn, datasets)
+    rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now, names=names)
     if blocked or rules:
-        raise _refusal(flag, mode, scope, blocked, rules)
+        raise _refusal(flag, mode, scope, blocked, rules, names)
     return moved
+
+
+def scope_names(conn: psycopg.Connection, datasets: dict) -> dict:
+    """Dataset names (from ``effects``' rows) and every workspace's name, by id: refusals name what they mean."""
+    names = {i: r[1] for i, r in datasets.items()}
+    names.update(dict(conn.execute("select id, name from workspaces").fetchall()))
+    return names
 
 
 def lock_gates(conn: psycopg.Connection) -> None:
@@ -352,11 +374,13 @@ def check_widen(
     """The widening rules alone (soak, writers' order), so a flip's preflight refuses before it canaries."""
 
     moved, datasets = effects(conn, flag, scope, mode)
+    names = scope_names(conn, datasets)
+    soak_seconds = configured_soak(conn, soak_seconds)
     rules = widen_blockers(
-        conn, flag, scope, mode, moved, datasets, soak_seconds=configured_soak(soak_seconds), now=_db_now(conn)
+        conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=_db_now(conn), names=names
     )
     if rules:
-        raise _refusal(flag, mode, scope, [], rules)
+        raise _refusal(flag, mode, scope, [], rules, names)
 
 
 def _guard_with(soak_seconds: int | None):

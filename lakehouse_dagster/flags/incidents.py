@@ -28,10 +28,12 @@ class Incident:
     what: str  # MISMATCH | FAILED_SYNC | FALLBACK
     reader: str | None  # the reader that fell back (FALLBACK only)
     detail: str
+    dataset_name: str | None = None  # filled in by whoever names it (soak.soak)
 
     def describe(self) -> str:
         who = f" of {self.reader}" if self.reader else ""
-        return f"{self.what}{who} at {self.at:%Y-%m-%d %H:%M:%S} UTC ({self.detail})"
+        on = f" on {self.dataset_name} ({self.dataset_id})" if self.dataset_name else f" on dataset {self.dataset_id}"
+        return f"{self.what}{who}{on} at {self.at:%Y-%m-%d %H:%M:%S} UTC ({self.detail})"
 
 
 def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID, error: str) -> None:

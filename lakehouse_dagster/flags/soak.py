@@ -86,10 +86,13 @@ class Soak:
         return f"{self.what} since {self.since:%Y-%m-%d %H:%M:%S} UTC{restarted}: its soak {until(self.ends, now)}"
 
 
-def soak(what: str, since: datetime, incidents: list[Incident], soak_seconds: int) -> Soak:
-    """The soak of something held since ``since``, restarted by the latest of ``incidents`` after it."""
+def soak(what: str, since: datetime, incidents: list[Incident], soak_seconds: int, names: dict | None = None) -> Soak:
+    """The soak of something held since ``since``, restarted by the latest of ``incidents`` after it (``names``:
+    dataset names by id, so the incident names its dataset)."""
     after = [i for i in incidents if i.at >= since]
     latest = max(after, key=lambda i: i.at) if after else None
+    if latest is not None and names:
+        latest = dataclasses.replace(latest, dataset_name=names.get(latest.dataset_id))
     start = max(since, latest.at) if latest else since
     return Soak(what, since, start + timedelta(seconds=soak_seconds), latest)
 

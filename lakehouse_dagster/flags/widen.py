@@ -2,22 +2,26 @@
 
 Definitions (the README says the same):
 
-* A *widen* is a gated set at workspace or global scope that raises at least one dataset's effective
-  mode of the flag from below the new mode M to M, with M at least iceberg (a reader) or iceberg_native
-  (a writer). Lowering, clearing, shadow and dataset-scope flips are never widens.
+* A *widen* is a gated set at workspace or global scope that raises, to the new mode M (at least iceberg for a
+  reader, iceberg_native for a writer), the effective mode of at least one dataset, or the scope's own mode (what
+  datasets created there later get: the runbooks' global step after every workspace is flipped moves no dataset
+  that exists, and is still the widen to global). Lowering, clearing, shadow and dataset-scope flips are never
+  widens.
 * Its *narrower flips* are the flag's overrides one scope down, at M or above: for workspace W, the
   dataset-scope overrides of datasets in W; for global, the workspace-scope overrides.
-* A narrower flip has *soaked* when ``soak_seconds`` (LAKEHOUSE_SOAK_SECONDS) have passed since it
-  reached M (from the audit) and since the latest incident on its datasets — a MISMATCH verdict, a
-  failed sync, or a read fallback of any reader (flags/incidents.py). Its datasets: the dataset itself;
-  for a workspace override, the workspace's datasets the flag resolves to M or above for.
-* A widen needs at least one soaked narrower flip, and none of its narrower flips may have had an
-  incident within the last ``soak_seconds`` (an incident restarts that flip's soak, and the widen waits
-  for it). ``soak_seconds`` 0 disables these two rules.
+* **Order** (whatever the soak): a widen needs at least one narrower flip — a dataset flip inside W before W, a
+  workspace flip before global.
+* **Soak** (``soak_seconds`` > 0, the stored soak: flags/soak_setting.py): one narrower flip must have *soaked* —
+  ``soak_seconds`` have passed since it reached M (from the audit) and since the latest incident on its datasets
+  (a MISMATCH verdict, a failed sync, or a read fallback of any reader: flags/incidents.py; its datasets: the
+  dataset itself, or for a workspace override the workspace's datasets the flag resolves to M or above for) — and
+  none of them may have had an incident within the last ``soak_seconds`` (an incident restarts that flip's soak,
+  and the widen waits for it). A soak of 0 drops the waiting, never the order.
 * Writers widen one at a time, in the runbook's order: sync.full, then sync.append, then
   sync.incremental / cdc.append (in either order). Widening a writer at workspace W (or globally) needs
   every earlier writer iceberg_native at that scope — resolved for the scope itself: W's override, else
-  the global one — and, with a soak, that earlier widen soaked over the datasets it covers there. A
+  the global one — and, with a soak, that earlier widen soaked over the datasets it covers there (the order holds
+  with a soak of 0 too). A
   dataset-scope flip of a later writer does not need the earlier one: a dataset is written by its own
   source's writer, and the runbook's canary step (step 3) is per dataset; the order is about widening.
 
@@ -56,10 +60,18 @@ def earlier_writers(name: str) -> list[str]:
     return []
 
 
-def is_widen(flag: Flag, scope: Scope, mode: str | None, moved) -> bool:
+def is_widen(flag: Flag, scope: Scope, mode: str | None, moved, scope_before: str | None = None) -> bool:
+    """``scope_before``: the scope's own mode before the change (``scope_mode``); a rise of it is a widen too."""
     if mode is None or scope.scope == DATASET or rank(flag.kind, mode) < rank(flag.kind, entry_mode(flag)):
         return False
+    if scope_before is not None and rank(flag.kind, scope_before) < rank(flag.kind, mode):
+        return True
     return any(rank(flag.kind, e.before) < rank(flag.kind, mode) <= rank(flag.kind, e.after) for e in moved)
+
+
+def scope_mode(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str:
+    """The flag's mode for the scope itself (what a dataset created there now gets), ignoring narrower overrides."""
+    return _scope_resolve(flag, stored_overrides(conn, flag.kind, [flag.name])[flag.name], scope)[0]
 
 
 def _cmd(flag: Flag) -> str:
@@ -85,16 +97,19 @@ def widen_blockers(
     *,
     soak_seconds: int,
     now: datetime,
+    names: dict | None = None,
 ) -> list[str]:
     """Why this change may not widen now (empty: it may, or it is not a widen). ``moved``/``datasets``
-    are gates.effects' output; ``now`` is the database's time."""
-    if not is_widen(flag, scope, mode, moved):
+    are gates.effects' output; ``now`` is the database's time; ``names``: dataset and workspace names by id."""
+    # an empty scope has no dataset to flip first: only the datasets it moves make it a widen
+    before = scope_mode(conn, flag, scope) if datasets and scope.scope != DATASET else None
+    if scope.scope == DATASET or not is_widen(flag, scope, mode, moved, before):
         return []
+    assert mode is not None
     reasons = []
     if flag.kind == WRITE:
-        reasons += _order_blockers(conn, flag, scope, soak_seconds, now)
-    if soak_seconds > 0:
-        reasons += _soak_blockers(conn, flag, scope, mode, soak_seconds, now)
+        reasons += _order_blockers(conn, flag, scope, soak_seconds, now, names or {})
+    reasons += _narrower_blockers(conn, flag, scope, mode, soak_seconds, now, names or {})
     return reasons
 
 
@@ -116,8 +131,28 @@ def _covered(conn, flag: Flag, stored: dict, scope: Scope, min_mode: str) -> lis
     return [d for d, ws in rows if rank(flag.kind, resolve_for(flag, stored, d, ws)) >= rank(flag.kind, min_mode)]
 
 
+def place(scope: str, scope_id: uuid.UUID | None, names: dict) -> str:
+    """``workspace sales (<id>)`` / ``dataset orders (<id>)`` / ``global``: a scope as operators know it."""
+    if scope_id is None:
+        return GLOBAL
+    name = names.get(scope_id)
+    return f"{scope} {name} ({scope_id})" if name else f"{scope} {scope_id}"
+
+
+def _at(key: tuple, names: dict) -> str:
+    return "globally" if key[0] == GLOBAL else f"at {place(key[0], key[1], names)}"
+
+
 def _soak_of(
-    conn, flag: Flag, history, stored: dict, key: tuple, min_mode: str, covered_scope: Scope, soak_seconds: int
+    conn,
+    flag: Flag,
+    history,
+    stored: dict,
+    key: tuple,
+    min_mode: str,
+    covered_scope: Scope,
+    soak_seconds: int,
+    names: dict,
 ) -> Soak | None:
     """The soak of the override ``key`` at ``min_mode`` over the datasets it covers (None: no audit of it)."""
     since = key_since(history, flag, key[0], key[1], min_mode)
@@ -125,13 +160,17 @@ def _soak_of(
         return None
     ids = _covered(conn, flag, stored, covered_scope, min_mode)
     found = latest_incidents(conn, ids, since)
-    where = "globally" if key[0] == GLOBAL else f"at {key[0]} {key[1]}"
-    return soak(f"{flag.name} {min_mode} {where}", since, [i for v in found.values() for i in v], soak_seconds)
+    incidents = [i for v in found.values() for i in v]
+    what = f"{flag.name} {min_mode} {_at(key, names)}"
+    return soak(what, since, incidents, soak_seconds, names)
 
 
-def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int, now: datetime) -> list[str]:
+def _narrower_blockers(
+    conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int, now: datetime, names: dict
+) -> list[str]:
+    """The order (a narrower flip first, whatever the soak), then its soak (when the soak is above 0)."""
     stored = stored_overrides(conn, flag.kind, [flag.name])[flag.name]
-    history = audit_history(conn, flag.kind, [flag.name])[flag.name]
+    where = place(scope.scope, scope.scope_id, names)
     if scope.scope == WORKSPACE:
         in_ws = {r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (scope.scope_id,))}
         narrower = [
@@ -144,14 +183,22 @@ def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int,
         narrower = [k for k, m in stored.items() if k[0] == WORKSPACE and rank(flag.kind, m) >= rank(flag.kind, mode)]
         one_down, example = "workspace", "--workspace <id>"
     if not narrower:
+        first = f"flip one first ({_cmd(flag)} set {flag.name} {mode} {example})"
+        if soak_seconds <= 0:
+            return [
+                f"order (dataset → workspace → global): no {one_down}-scope flip of {flag.name} to {mode} inside "
+                f"{where} yet; {first}, then widen (the soak is 0 s, which drops the waiting, not the order)"
+            ]
         return [
-            f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {scope} to have soaked; "
-            f"flip one first ({_cmd(flag)} set {flag.name} {mode} {example}), let it soak "
-            f"{soak_seconds}s (LAKEHOUSE_SOAK_SECONDS) without incident, then widen"
+            f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {where} to have soaked; "
+            f"{first}, let it soak {soak_seconds}s (lakehouse flags soak show) without incident, then widen"
         ]
+    if soak_seconds <= 0:
+        return []
+    history = audit_history(conn, flag.kind, [flag.name])[flag.name]
     soaks, unexplained = [], []
     for key in sorted(narrower, key=str):
-        s = _soak_of(conn, flag, history, stored, key, mode, Scope(*key), soak_seconds)
+        s = _soak_of(conn, flag, history, stored, key, mode, Scope(*key), soak_seconds, names)
         (soaks.append(s) if s else unexplained.append(key))
     window = now - timedelta(seconds=soak_seconds)
     disturbed = [s for s in soaks if s.incident is not None and s.incident.at > window]
@@ -167,22 +214,23 @@ def _soak_blockers(conn, flag: Flag, scope: Scope, mode: str, soak_seconds: int,
     if not soaks:
         return [
             f"soak: no audit says when {flag.name} reached {mode} at "
-            + ", ".join(f"{k[0]} {k[1]}" for k in unexplained[:_SHOWN])
+            + ", ".join(place(k[0], k[1], names) for k in unexplained[:_SHOWN])
             + f" (written outside the CLI?): set it again with {_cmd(flag)} set to start its soak"
         ]
-    first = min(soaks, key=lambda s: s.ends)
+    first_ends = min(soaks, key=lambda s: s.ends)
     return [
-        f"soak: the narrower flip has not soaked yet: {first.describe(now)} (LAKEHOUSE_SOAK_SECONDS={soak_seconds})"
+        f"soak: the narrower flip has not soaked yet: {first_ends.describe(now)} "
+        f"(soak {soak_seconds} s: lakehouse flags soak show)"
     ]
 
 
-def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: datetime) -> list[str]:
+def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: datetime, names: dict) -> list[str]:
     earlier = earlier_writers(flag.name)
     if not earlier:
         return []
     stored = stored_overrides(conn, WRITE, earlier)
     history = audit_history(conn, WRITE, earlier) if soak_seconds > 0 else {}
-    where = "globally" if scope.scope == GLOBAL else f"at {scope}"
+    where = "globally" if scope.scope == GLOBAL else f"at {place(scope.scope, scope.scope_id, names)}"
     flag_opt = "" if scope.scope == GLOBAL else f" --{scope.scope} {scope.scope_id}"
     order = " → ".join(" / ".join(t) for t in WRITER_ORDER)
     reasons = []
@@ -197,7 +245,7 @@ def _order_blockers(conn, flag: Flag, scope: Scope, soak_seconds: int, now: date
             )
             continue
         if soak_seconds > 0:
-            s = _soak_of(conn, e, history[name], stored[name], key, "iceberg_native", scope, soak_seconds)
+            s = _soak_of(conn, e, history[name], stored[name], key, "iceberg_native", scope, soak_seconds, names)
             if s is None:
                 reasons.append(
                     f"writer order: no audit says when {name} reached iceberg_native {where}: set it "

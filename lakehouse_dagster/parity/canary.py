@@ -61,6 +61,7 @@ from lakehouse_dagster.parity.digest import (
     full_digest,
     idle_autocommit,
     pin_iceberg,
+    plain_digest,
     schema_problems,
 )
 from lakehouse_dagster.parity.maintained import SEG_BITS, SEG_WIDTH
@@ -332,8 +333,12 @@ def _compare(
                 v.smoke = "skipped"
                 v.detail["smoke"] = f"skipped: {rows} rows > {smoke_max_rows}"
             else:
+                # a native table holds identity its writer assigned (sync.full: anew): compare the content
                 result = smoke_check.compare(
-                    pg_side.typed_rows(), smoke_check.iceberg_rows(pin, state.columns, ice().present), state.columns
+                    pg_side.typed_rows(),
+                    smoke_check.iceberg_rows(pin, state.columns, ice().present),
+                    state.columns,
+                    identity=not native,
                 )
                 v.smoke = result.outcome
                 v.detail["smoke"] = result.reason or result.outcome
@@ -356,11 +361,7 @@ def _compare(
                 _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full=True)
                 return
     if native:
-        v.verdict = NATIVE
-        v.detail["agrees_with_postgres"] = agree and v.smoke != "differs"
-        v.detail["reason"] = "written iceberg-native: Postgres is not authoritative for it; " + (
-            "it still matches Postgres" if v.detail["agrees_with_postgres"] else "it differs from Postgres"
-        )
+        _native_verdict(pg, pin, state, v, agree)
         return
     if agree and v.smoke != "differs":
         v.verdict = OK
@@ -389,6 +390,36 @@ def _compare(
         }
     elif v.smoke == "differs":
         v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
+
+
+def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> None:
+    """A table written iceberg-native: Postgres is not authoritative, so this only says whether the two still hold the
+    same rows. Identity and all first; else the content columns alone (order-independent digest), since a native
+    sync.full assigns __row_id / __created_at anew and __row_index in the source's order: same content, new
+    identity is what the runbook's step 3 expects, and is said as such."""
+    v.verdict = NATIVE
+    head = "written iceberg-native: Postgres is not authoritative for it; "
+    if agree and v.smoke != "differs":
+        v.detail["agrees_with_postgres"] = True
+        v.detail["reason"] = head + "it still matches Postgres"
+        return
+    pg_side = PgSide(pg.conn, state.dataset_id, state.columns, identity=False)
+    with IcebergSide(pin, state.columns, identity=False) as ice:
+        pg_d, ice_d = plain_digest(pg_side).value, plain_digest(ice).value
+    v.detail["content_digest"] = {"postgres": list(pg_d), "iceberg": list(ice_d)}
+    same = pg_d == ice_d and v.smoke != "differs"
+    v.detail["agrees_with_postgres"] = same
+    v.detail["identity_assigned_anew"] = same
+    if same:
+        v.detail["reason"] = head + (
+            f"its content matches Postgres ({pg_d[0]} rows, content columns); the identity columns (__row_id, "
+            "__created_at, the __row_index order) were assigned anew by the native write, as expected after sync.full"
+        )
+    else:
+        v.detail["reason"] = head + (
+            f"its content differs from Postgres (Postgres {pg_d[0]} rows, Iceberg {ice_d[0]} rows, content "
+            "columns): expected once the native writer wrote rows Postgres no longer receives"
+        )
 
 
 @dataclasses.dataclass

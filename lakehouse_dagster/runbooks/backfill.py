@@ -64,6 +64,17 @@ class BackfillResult:
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
 
+    def summary(self) -> str:
+        """What `lakehouse write-flags backfill` and the backfill job say."""
+        if self.nothing_to_do:
+            return f"dataset {self.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
+        return (
+            f"dataset {self.dataset_id}: backfilled from snapshot {self.snapshot_id} in {self.seconds:.2f}s — "
+            f"{self.copied} row(s) copied into dataset_rows (identity preserved), {self.removed} stale row(s) "
+            f"removed, {self.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds "
+            f"{self.pg_rows}; the mirror may run again (lakehouse sync --dataset {self.dataset_id})"
+        )
+
 
 _BATCH_ROWS = 65_536
 

@@ -35,7 +35,8 @@ from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.gates import check_widen, effects, set_flag
+from lakehouse_dagster.flags.flip_scope import ScopeReport, scope_report
+from lakehouse_dagster.flags.gates import check_widen, set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from lakehouse_dagster.flags.registry import READ, WRITE, check_mode, get_flag, rank
@@ -75,6 +76,7 @@ class Preflight:
     skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
     kind: str = READ
     sampled: int = 0  # a widen's random sample canaried afresh (counted in checked)
+    report: ScopeReport | None = None  # what the flip does to every dataset in its scope (flags/flip_scope.py)
 
     def coverage(self) -> str:
         """How the datasets the flip moves were covered: canaried now, or by a recent recorded ok."""
@@ -158,16 +160,20 @@ def preflight(
     if sample < 0:
         raise BadInput(f"--sample {sample} must be 0 or more")
     flag, scope = _check_request(conn, kind, name, mode, dataset, workspace)
-    check_widen(conn, flag, scope, mode, soak_seconds=settings.soak_seconds)  # no canary for a flip refused anyway
-    moved, datasets = effects(conn, flag, scope, mode)
-    tabular = [e for e in moved if datasets[e.dataset_id][3] == "tabular"]
-    if not tabular:
-        raise BadInput(nothing_to_flip(kind, name, mode, scope, moved, datasets))
-    skipped = [
-        f"{e.name} ({e.dataset_id}): {datasets[e.dataset_id][3]} dataset, not Iceberg-tabular"
-        for e in moved
-        if datasets[e.dataset_id][3] != "tabular"
-    ]
+    report = scope_report(conn, flag, scope, mode)
+    verb = "flags" if kind == READ else "write-flags"
+    if kind == WRITE and scope.scope == DATASET and report.not_applicable:
+        d = report.not_applicable[0]
+        raise BadInput(f"nothing to flip: {d.label()} is {report._not_applicable(d)}; nothing written")
+    if not report.moved and not (report.raises_scope and report.total):
+        raise BadInput(report.nothing_to_flip(verb))
+    check_widen(conn, flag, scope, mode)  # order and the stored soak: no canary for a flip refused anyway
+    tabular = report.moved
+    skipped = (
+        []
+        if kind == WRITE  # outside a write flip: named by the report as not applicable
+        else [f"{d.label()}: {d.kind} dataset, not Iceberg-tabular" for d in report.not_applicable]
+    )
     reusable = _reusable_verdicts(conn, [e.dataset_id for e in tabular], reuse_minutes)
     unverified = sum(e.dataset_id not in reusable for e in tabular)
     spot = (
@@ -178,7 +184,7 @@ def preflight(
     to_canary = sum(e.dataset_id not in reusable for e in tabular)
     if to_canary > max_datasets:
         raise BadInput(
-            f"flipping {name} ({scope}) moves {len(moved)} datasets and the preflight would canary "
+            f"flipping {name} ({report.where}) moves {len(tabular)} datasets and the preflight would canary "
             f"{to_canary} of them ({unverified} with no recent ok verdict); canary them first "
             f"(lakehouse canary --smoke --dataset ...), narrow the scope, or raise max_datasets above "
             f"{max_datasets}"
@@ -196,25 +202,7 @@ def preflight(
         detail += "".join(f"; {line}" for line in lines_of(v))
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
         log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
-    return Preflight(name, mode, scope, checked, skipped, kind, len(spot))
-
-
-def nothing_to_flip(kind: str, name: str, mode: str, scope: Scope, moved: list, datasets: dict) -> str:
-    """The one-line refusal of a flip that would move no dataset: it would only write an override."""
-    where = "no dataset exists" if scope.scope_id is None else f"{scope} holds no dataset"
-    if not datasets:
-        why = where
-    elif not moved:
-        why = (
-            f"all {len(datasets)} dataset(s) in scope already resolve {name} to {mode} "
-            "(an override at this or a narrower scope)"
-        )
-    else:
-        why = f"the {len(moved)} dataset(s) it would move are not Iceberg-tabular (manifest datasets)"
-    verb = "flags" if kind == READ else "write-flags"
-    return (
-        f"nothing to flip: {why}; nothing written (see `lakehouse datasets` and `lakehouse {verb} list --dataset <id>`)"
-    )
+    return Preflight(name, mode, scope, checked, skipped, kind, len(spot), report)
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
@@ -237,6 +225,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
 def flip(
     conn: psycopg.Connection, pre: Preflight, *, note: str | None, actor: str, soak_seconds: int | None = None
 ) -> Change:
+    """The gated set; ``soak_seconds`` None: the stored soak (flags/soak_setting.py), as every caller but tests."""
     if not pre.go:
         raise BadInput(pre.stop_message())
     return set_flag(

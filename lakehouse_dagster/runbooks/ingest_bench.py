@@ -256,7 +256,37 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
             for reader in SERVABLE_READERS:
                 clear_override(conn, "read", reader.name, workspace=ws, note="ingest bench purge", actor=actor)
             _delete_workspace(conn, ws)
-    return {"namespace": namespace, "workspaces": len(workspaces), "datasets": datasets, "tables_dropped": dropped}
+    namespace_dropped = _purge_namespace(catalog, bench_settings, namespace)
+    return {
+        "namespace": namespace,
+        "workspaces": len(workspaces),
+        "datasets": datasets,
+        "tables_dropped": dropped,
+        "namespace_dropped": namespace_dropped,
+    }
+
+
+def _purge_namespace(catalog, settings: Settings, namespace: str) -> bool:
+    """The bench namespace and its directory go too once no table is left in it (tables the bench did not make keep
+    both); True when the namespace was dropped. Nothing of the bench stays behind, not even empty directories."""
+    from pyiceberg.exceptions import NamespaceNotEmptyError, NoSuchNamespaceError  # lazy: the catalog's errors
+
+    try:
+        if catalog.list_tables(namespace):
+            return False
+        catalog.drop_namespace(namespace)
+        dropped = True
+    except (NoSuchNamespaceError, NamespaceNotEmptyError):
+        dropped = False
+    root = f"{settings.warehouse.rstrip('/')}/{namespace}"  # where the catalog put the bench tables
+    try:
+        fs, path = filesystem(root, settings) if root.startswith("s3://") else pafs.FileSystem.from_uri(root)
+        files = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        if not any(f.type == pafs.FileType.File for f in files):
+            fs.delete_dir(path)
+    except OSError:  # gone already, or not ours to list: the tables and datasets are purged all the same
+        pass
+    return dropped
 
 
 def _purge_table(catalog, settings: Settings, identifier) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -150,3 +151,72 @@ def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
     return None if row is None or row[0] is None else mark_value(row[0])
+
+
+# How the source poller sees a change in a Postgres source without a cursor column (sync.full): a fingerprint
+# compared with the one stored by the last ingest (tracking/ingest_state.py, "fingerprint").
+STATS, CONTENT = "table statistics", "content digest"
+
+_STATS_FINGERPRINT = """
+with rels as (  -- the table itself, or a partitioned table's leaf partitions (pg_partition_tree is empty otherwise)
+  select t.relid from pg_partition_tree(%(rel)s::regclass) t where t.isleaf
+  union
+  select c.oid from pg_class c where c.oid = %(rel)s::regclass and c.relkind <> 'p'
+)
+select count(*), coalesce(sum(s.n_tup_ins), 0), coalesce(sum(s.n_tup_upd), 0), coalesce(sum(s.n_tup_del), 0),
+       string_agg(pg_relation_filenode(r.relid)::text, ',' order by r.relid)
+  from rels r
+  left join pg_stat_all_tables s on s.relid = r.relid
+"""
+
+
+def fingerprint_method(spec: SourceSpec, conn: psycopg.Connection) -> str:
+    """STATS for a table (plain, partitioned or materialised) while the server counts row changes; CONTENT for a
+    query, a view or a foreign table (nothing counts their changes)."""
+    if not spec.table or conn.execute("select current_setting('track_counts')::bool").fetchone()[0] is not True:
+        return CONTENT
+    row = conn.execute("select relkind from pg_class where oid = to_regclass(%s)", (_qualified(spec.table),)).fetchone()
+    return STATS if row is not None and row[0] in ("r", "p", "m") else CONTENT
+
+
+def fingerprint(spec: SourceSpec, dsn: str) -> tuple[str, str]:
+    """(a short token that changes whenever the source's rows may have changed, the method). Two ways, by cost:
+
+    * STATS — the table's cumulative row-change counters (``pg_stat_all_tables.n_tup_ins/upd/del``, summed over the
+      partitions) and its file node(s), which TRUNCATE and table rewrites replace: one catalog query, no row read,
+      whatever the table's size. No committed change goes unseen; a few things move it with no change (an aborted
+      write, a statistics reset, VACUUM FULL): a spurious sync.full, never a missed one. Backends report their
+      counters in batches, so a change shows up to ~10 s late on an idle server (60 s at most).
+    * CONTENT — count and an order-independent sum of a 64-bit hash of every row's text: exact, but it reads every
+      row of the query on each visit (O(rows)); the only way for a query or a view.
+    """
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            method = fingerprint_method(spec, conn)
+            if method == STATS:
+                n, ins, upd, dele, nodes = conn.execute(_STATS_FINGERPRINT, {"rel": _qualified(spec.table)}).fetchone()
+                token = f"{n}:{ins}:{upd}:{dele}:{nodes}"
+            else:
+                src = (
+                    sql.SQL("({})").format(sql.SQL(spec.query))
+                    if spec.query
+                    else sql.SQL("(select * from {})").format(relation(spec))
+                )
+                with conn.transaction():
+                    conn.execute("set transaction read only")
+                    row = conn.execute(
+                        sql.SQL("select count(*), coalesce(sum(hashtextextended(s::text, 0)), 0) from {} as s").format(
+                            src
+                        )
+                    ).fetchone()
+                token = f"{row[0]}:{row[1]}"
+    except psycopg.Error as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceError(f"{where_label(spec)}: cannot read it ({scrub(first, dsn)})") from None
+    prefix = "stats" if method == STATS else "content"
+    return f"{prefix}:{hashlib.sha256(token.encode()).hexdigest()[:16]}", method
+
+
+def _qualified(table: str) -> str:
+    """schema.table as a regclass text (each part quoted: exact names, as psycopg's Identifier does)."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in table.split("."))

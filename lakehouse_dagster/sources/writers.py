@@ -51,7 +51,7 @@ from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.routing.write_router import WriteDecision, resolve_write_path, route_native
 from lakehouse_dagster.sources.files import SourceError, list_files, read_files
 from lakehouse_dagster.sources.pg_rows import rows_transaction
-from lakehouse_dagster.sources.pgsource import max_mark, read_postgres, scrub
+from lakehouse_dagster.sources.pgsource import fingerprint, max_mark, read_postgres, scrub
 from lakehouse_dagster.sources.spec import SourceSpec
 from lakehouse_dagster.sources.stored import get_source
 from lakehouse_dagster.tracking import ingest_state as source_state
@@ -127,6 +127,7 @@ class WritePlan:
     files_seen: dict | None = None
     nothing_new: bool = False
     old_cursor: Any = None
+    fingerprint: str | None = None  # a Postgres source without a cursor: what the poller compares (pgsource.py)
 
     @property
     def writer(self) -> str:
@@ -150,6 +151,7 @@ class WritePlan:
             "source": self.spec.to_json(),
             "mark": mark,
             "files": self.files_seen,
+            **({"fingerprint": self.fingerprint} if self.fingerprint else {}),
         }
 
     def result(self, rows: int, total: int | None, snapshot_id: int | None, cursor: Any, **kw) -> IngestResult:
@@ -192,7 +194,10 @@ def plan_write(
     else:
         after = None if replace or not old else old.get("mark")
         nothing_new = not replace and max_mark(spec, spec.dsn(dsn), after) is None
-        plan = dataclasses.replace(plan, after=after, nothing_new=nothing_new)
+        # taken BEFORE the read: a change racing the read shows as a new fingerprint next visit (a second sync.full),
+        # never as one already seen
+        fp = fingerprint(spec, spec.dsn(dsn))[0] if spec.type == "postgres" and not spec.order_column else None
+        plan = dataclasses.replace(plan, after=after, nothing_new=nothing_new, fingerprint=fp)
     if plan.nothing_new or replace:
         return plan
     pg_max = conn.execute(
@@ -434,7 +439,8 @@ def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) 
 
 def pending_source_changes(dsn: str, settings: Settings, dataset_id) -> str | None:
     """A short stable token naming what is new in the dataset's source since its last ingest (for a sensor's
-    run key), or None. Cheap: lists files / asks one max() — never reads rows. It reads the Postgres copy
+    run key), or None. Cheap: lists files / asks one max() / compares a cursor-less table's change counters — never
+    reads rows, but for a cursor-less query or view, whose fingerprint digests every row (sources/pgsource.py). It reads the Postgres copy
     of the ingest state (tracking/ingest_state.py); if a crash lost that copy after a native commit, the token
     names changes already ingested and the run it triggers finds nothing new and writes nothing."""
     ds_id = parse_uuid(dataset_id, "dataset id")
@@ -452,7 +458,10 @@ def pending_source_changes(dsn: str, settings: Settings, dataset_id) -> str | No
             return None
         digest = hashlib.sha256("\n".join(f"{f.uri}\t{f.fingerprint}" for f in new).encode()).hexdigest()[:16]
         return f"files:{len(new)}:{digest}"
-    if not spec.order_column:  # a full-sync source: only "never ingested" is known cheaply
-        return None if state else "initial"
+    if not spec.order_column:  # a full-sync source: its fingerprint against the one the last ingest stored
+        if not state:
+            return "initial"
+        fp, _ = fingerprint(spec, spec.dsn(dsn))
+        return None if state.get("fingerprint") == fp else f"changed:{fp}"
     mark = max_mark(spec, spec.dsn(dsn), (state or {}).get("mark"))
     return None if mark is None else f"mark:{mark}"

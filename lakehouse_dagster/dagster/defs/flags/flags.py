@@ -6,6 +6,7 @@ The launchpad config is typed; its values go through the same core functions as
 (No ``from __future__ import annotations`` here: Dagster reads the Config annotations at runtime.)
 """
 
+import dataclasses
 from enum import Enum
 from typing import Optional
 
@@ -15,6 +16,7 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.tables import logged_table, table
 from lakehouse_dagster.dagster.tags import WRITER, dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
@@ -91,25 +93,38 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
     where = f"dataset {ds.id} ({ds.name})" if ds else "global view"
     for s in state:
         context.log.info(f"{s['kind']} {s['name']}: {s['mode']} ({s['reason']}) [{where}]")
-    rows = "\n".join(
-        f"| {s['kind']} | {s['name']} | {s['class']} | **{s['mode']}** | {s['reason']} | {s['ceiling']} |"
-        for s in state
-    )
-    over = (
-        "\n".join(
-            f"| {o.kind} | {o.name} | {o.scope} | {o.scope_id or ''} | {o.mode} | {o.set_by} | {o.note or ''} |"
-            for o in overrides
-        )
-        or "| | (none) | | | | | |"
-    )
+    over = [
+        {**dataclasses.asdict(o), "scope_id": str(o.scope_id or ""), "note": o.note or "", "set_at": str(o.set_at)}
+        for o in overrides
+    ]
     context.add_output_metadata(
         {
             "scope": where,
-            "effective_modes": dg.MetadataValue.md(
-                "| kind | name | class | mode | why | ceiling |\n|---|---|---|---|---|---|\n" + rows
+            "effective_modes": table(
+                state,
+                [
+                    ("kind", "string"),
+                    ("name", "string"),
+                    ("class", "string"),
+                    ("mode", "string"),
+                    ("reason", "string"),
+                    ("ceiling", "string"),
+                ],
             ),
-            "overrides": dg.MetadataValue.md(
-                "| kind | name | scope | scope id | mode | set by | note |\n|---|---|---|---|---|---|---|\n" + over
+            "overrides": logged_table(
+                context,
+                "override",
+                over,
+                [
+                    ("kind", "string"),
+                    ("name", "string"),
+                    ("scope", "string"),
+                    ("scope_id", "string"),
+                    ("mode", "string"),
+                    ("set_by", "string"),
+                    ("set_at", "string"),
+                    ("note", "string"),
+                ],
             ),
             "native_writers": [s["name"] for s in state if s["mode"] == "iceberg_native"],
             "iceberg_readers": [s["name"] for s in state if s["mode"] in ("iceberg", "iceberg_only")],
@@ -132,7 +147,6 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
                 workspace=config.workspace_id,
                 note=config.note,
                 actor=_actor(context, lakehouse),
-                soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
@@ -200,20 +214,26 @@ def write_flip_candidates_op(
             found = write_flip_candidates(conn, config.writer.value)
         except LakehouseError as exc:
             raise refuse(exc) from None
-    rows = "\n".join(
-        f"| {c.verdict} | {'**yes**' if c.ready else 'no'} | {c.name} | {c.row_count} | `{c.dataset_id}` | "
-        + "; ".join(c.reasons).replace("|", "\\|")
-        + " |"
-        for c in found
-    )
+    rows = [{**c.as_dict(), "still_needs": "; ".join(c.reasons)} for c in found]
     context.add_output_metadata(
         {
             "writer": config.writer.value,
             "identity_ready": len(found),
             "ready_to_flip": sum(c.ready for c in found),
             "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
-            "candidates": dg.MetadataValue.md(
-                "| runbook verdict | ready | name | rows | dataset | still needs |\n|---|---|---|---|---|---|\n" + rows
+            "candidates": logged_table(
+                context,
+                "candidate",
+                rows,
+                [
+                    ("verdict", "string"),
+                    ("ready", "bool"),
+                    ("name", "string"),
+                    ("row_count", "int"),
+                    ("dataset_id", "string"),
+                    ("writer_mode", "string"),
+                    ("still_needs", "string"),
+                ],
             ),
         }
     )

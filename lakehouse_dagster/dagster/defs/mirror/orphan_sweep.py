@@ -13,6 +13,7 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse
+from lakehouse_dagster.dagster.tables import table
 from lakehouse_dagster.mirror.sweep import sweep
 
 
@@ -53,10 +54,16 @@ def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, l
         elif s.orphans:
             context.log.info(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))
     with_orphans = [s for s in swept if s.orphans]
-    rows = "\n".join(
-        f"| {names.get(s.dataset_id, '?')} | `{s.dataset_id}` | {len(s.orphans)} | {s.bytes:,} | {s.removed} |"
+    rows = [
+        {
+            "name": names.get(s.dataset_id, "?"),
+            "dataset_id": str(s.dataset_id),
+            "orphan_files": len(s.orphans),
+            "bytes": s.bytes,
+            "removed": s.removed,
+        }
         for s in with_orphans
-    )
+    ]
     failed = [s for s in swept if s.error]
     if failed:  # the others were swept; these need a look
         context.log.info(
@@ -76,9 +83,15 @@ def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, l
             "removed": sum(s.removed for s in swept),
             "delete": config.delete,
             "grace_seconds": swept[0].grace_seconds if swept else None,
-            "orphans": dg.MetadataValue.md(
-                "| dataset | id | orphan files | bytes | removed |\n|---|---|---|---|---|\n"
-                + (rows or "| (none) | | 0 | 0 | 0 |")
+            "orphans": table(  # (each dataset with orphans was logged above)
+                rows,
+                [
+                    ("name", "string"),
+                    ("dataset_id", "string"),
+                    ("orphan_files", "int"),
+                    ("bytes", "int"),
+                    ("removed", "int"),
+                ],
             ),
         }
     )

@@ -13,7 +13,8 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.tags import flag_tags, tag_run
+from lakehouse_dagster.dagster.tables import table
+from lakehouse_dagster.dagster.tags import dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.runbooks.rollback_report import leaving_native, rollback_lines, rolled_back
@@ -70,11 +71,19 @@ def write_rollback_op(
                 raise refuse(exc) from None
             context.log.info(f"{r.name} ({r.dataset_id}): backfilled {b.copied} row(s) from snapshot {b.snapshot_id}")
             backfilled.append(b.as_dict())
-    rows = "\n".join(
-        f"| {r.name} | `{r.dataset_id}` | {r.iceberg_only.rows if r.iceberg_only else 0} | "
-        f"{r.iceberg_only.snapshots if r.iceberg_only else 0} |"
+    rows = [
+        {
+            "name": r.name,
+            "dataset_id": str(r.dataset_id),
+            "rows_only_in_iceberg": r.iceberg_only.rows if r.iceberg_only else 0,
+            "native_snapshots": r.iceberg_only.snapshots if r.iceberg_only else 0,
+        }
         for r in rolled
-    )
+    ]
+    iceberg_only = table(
+        rows,
+        [("name", "string"), ("dataset_id", "string"), ("rows_only_in_iceberg", "int"), ("native_snapshots", "int")],
+    )  # (rollback_lines logged each dataset above)
     context.add_output_metadata(
         {
             "flag": writer,
@@ -83,9 +92,7 @@ def write_rollback_op(
             "after": change.after,
             "datasets_moved": len(rolled),
             "backfilled": len(backfilled),
-            "iceberg_only": dg.MetadataValue.md(
-                "| dataset | id | rows only in Iceberg | native snapshots |\n|---|---|---|---|\n" + rows
-            ),
+            "iceberg_only": iceberg_only,
         }
     )
     return {"rolled_back": [r.as_dict() for r in rolled], "backfilled": backfilled}
@@ -99,3 +106,48 @@ def write_rollback_op(
 )
 def write_rollback_job():
     write_rollback_op()
+
+
+class BackfillConfig(dg.Config):
+    dataset_id: str = Field(description="the dataset rolled back to pg whose Iceberg-only rows go to dataset_rows")
+
+
+@dg.op(description="`lakehouse write-flags backfill`: copy the rows only Iceberg holds into dataset_rows.")
+def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehouse: LakehouseResource) -> dict:
+    with lakehouse.connect() as conn:
+        tag_run(context, dataset_tags(conn, config.dataset_id))
+    try:
+        r = backfill(
+            lakehouse.pg_dsn,
+            lakehouse.catalog(),
+            lakehouse.settings(),
+            config.dataset_id,
+            actor=_actor(context, lakehouse),
+        )
+    except LakehouseError as exc:
+        raise refuse(exc) from None
+    context.log.info(r.summary())
+    context.add_output_metadata(
+        {
+            "dataset_id": text(r.dataset_id),
+            "snapshot_id": text(r.snapshot_id),
+            "copied": r.copied,
+            "removed": r.removed,
+            "moved": r.moved,
+            "pg_rows": r.pg_rows,
+            "seconds": round(r.seconds, 3),
+            "nothing_to_do": r.nothing_to_do,
+        }
+    )
+    return r.as_dict()
+
+
+@dg.job(
+    name="backfill",
+    description="Fase 4 rollback, after `write-flags set <writer> pg`: copy the rows only Iceberg holds into "
+    "dataset_rows with their identity, in one transaction, so the mirror may run again (`lakehouse write-flags "
+    "backfill`). Refused while a writer of the dataset still resolves to iceberg_native.",
+    tags={"lakehouse/area": "rollout"},
+)
+def backfill_job():
+    backfill_op()

@@ -6,6 +6,7 @@ still served, by the Postgres fallback) and says how to roll back.
 (No ``from __future__ import annotations`` here: Dagster reads the Config annotations at runtime.)
 """
 
+import dataclasses
 import uuid
 from enum import Enum
 from typing import Optional
@@ -17,12 +18,48 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse, stop
+from lakehouse_dagster.dagster.tables import logged_table, table
 from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip, ingest_bench
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
 FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
+
+
+PREFLIGHT_COLUMNS = [
+    ("verdict", "string"),
+    ("reused", "bool"),
+    ("name", "string"),
+    ("dataset_id", "string"),
+    ("detail", "string"),
+]
+SCOPE_COLUMNS = [
+    ("group", "string"),
+    ("name", "string"),
+    ("dataset_id", "string"),
+    ("before", "string"),
+    ("after", "string"),
+    ("decided_by", "string"),
+]
+VERIFY_COLUMNS = [
+    ("dataset_id", "string"),
+    ("source", "string"),
+    ("reason", "string"),
+    ("snapshot_id", "string"),
+    ("fallback_error", "string"),
+]
+
+
+def scope_rows(report) -> list[dict]:
+    """What the flip does to each dataset of its scope (flags/flip_scope.py), one row per dataset."""
+    groups = (
+        ("moves", report.moved),
+        ("pinned", report.pinned),
+        ("already", report.already),
+        ("not applicable", report.not_applicable),
+    )
+    return [{**dataclasses.asdict(d), "group": g, "dataset_id": str(d.dataset_id)} for g, ds in groups for d in ds]
 
 
 class ReadMode(Enum):
@@ -74,17 +111,13 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-    rows = "\n".join(
-        f"| {c.verdict} | {'yes' if c.reused else 'no'} | {c.name} | `{c.dataset_id}` | {c.detail.replace('|', '/')} |"
-        for c in pre.checked
-    )
+    context.log.info(pre.report.counts_line())
     meta = {
         **{f"verdict_{k}": v for k, v in pre.counts().items() if v},
         "datasets_moved": len(pre.checked) + len(pre.skipped),
         "coverage": pre.coverage(),
-        "preflight": dg.MetadataValue.md(
-            "| verdict | reused | dataset | id | detail |\n|---|---|---|---|---|\n" + rows
-        ),
+        "preflight": logged_table(context, "preflight", [c.as_dict() for c in pre.checked], PREFLIGHT_COLUMNS),
+        "scope": logged_table(context, "scope", scope_rows(pre.report), SCOPE_COLUMNS),
     }
     for c in pre.inert:
         context.log.warning(
@@ -120,15 +153,17 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
                 pre,
                 note=preflight["note"],
                 actor=_actor(context, lakehouse),
-                soak_seconds=lakehouse.settings().soak_seconds,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-    context.log.info(f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({change.scope})")
+    context.log.info(
+        f"{change.flag.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
+        + pre.report.counts_line()
+    )
     context.add_output_metadata(
         {
             "flag": change.flag.name,
-            "scope": str(change.scope),
+            "scope": pre.report.where,
             "before": change.before or "(no override)",
             "after": change.after,
             "audit_id": text(change.audit.id),
@@ -152,7 +187,10 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
     reasons: dict[str, int] = {}
     for v in verified:
         reasons[v.reason] = reasons.get(v.reason, 0) + 1
-    meta = {f"reason {k}": n for k, n in sorted(reasons.items())}
+    meta = {
+        **{f"reason {k}": n for k, n in sorted(reasons.items())},
+        "verify": table([v.as_dict() for v in verified], VERIFY_COLUMNS),  # (the router logged each read's line)
+    }
     fell_back = [v for v in verified if v.fallback_error]
     if fell_back:
         raise stop(context, flip.fallback_message(pre.name, pre.scope, fell_back), meta) from None
@@ -198,9 +236,15 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
     finally:
         if not config.keep:
             ingest_bench.purge(lakehouse.pg_dsn, settings, namespace=config.namespace, actor=actor)
-    rows = "\n".join(
-        f"| {o.job} | {o.status} | {o.rows} | {o.seconds:.2f} | {(o.error or '')[:200].replace('|', '/')} |"
-        for o in report.outcomes
+    jobs = logged_table(
+        context,
+        "bench job",
+        [
+            {**dataclasses.asdict(o), "seconds": round(o.seconds, 2), "error": (o.error or "")[:200]}
+            for o in report.outcomes
+        ],
+        [("job", "int"), ("status", "string"), ("rows", "int"), ("seconds", "float"), ("error", "string")],
+        warn=lambda r: r["status"] == ingest_bench.ERROR,
     )
     meta = {
         "ok": report.count(ingest_bench.OK),
@@ -208,7 +252,7 @@ def ingest_bench_op(context: dg.OpExecutionContext, config: IngestBenchConfig, l
         "error": report.count(ingest_bench.ERROR),
         "max_concurrent_ingest": report.max_concurrent_ingest,
         "seconds": round(report.seconds, 2),
-        "jobs": dg.MetadataValue.md("| job | status | rows | seconds | error |\n|---|---|---|---|---|\n" + rows),
+        "jobs": jobs,
     }
     context.log.info(report.summary_line())
     if not report.passed:
@@ -247,7 +291,24 @@ def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: 
     with lakehouse.connect() as conn:
         verified = flip.verify_write(conn, pre.name, flip.moved_ids(pre))
     bad = [v for v in verified if v.problems]
-    meta = {"verified": len(verified), "problems": len(bad)}
+    meta = {
+        "verified": len(verified),
+        "problems": len(bad),
+        "verify": logged_table(
+            context,
+            "verify",
+            [v.as_dict() for v in verified],
+            [
+                ("dataset_id", "string"),
+                ("writer_mode", "string"),
+                ("mirror_skips", "bool"),
+                ("latest_sync", "string"),
+                ("row_count_matches", "bool"),
+                ("problems", "string"),
+            ],
+            warn=lambda r: bool(r["problems"]),
+        ),
+    }
     if bad:
         where = "" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}"
         raise stop(
@@ -286,17 +347,24 @@ def write_flip_first_sync(
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-    rows = "\n".join(
-        f"| `{f.dataset_id}` | {f.verdict or '—'} | {f.path or '—'} | {f.rows if f.rows is not None else ''} "
-        f"| {f.snapshot_id or ''} | {f.detail.replace('|', '/')} |"
-        for f in synced
+    first = logged_table(
+        context,
+        "first native sync",
+        [f.as_dict() for f in synced],
+        [
+            ("dataset_id", "string"),
+            ("verdict", "string"),
+            ("path", "string"),
+            ("rows", "int"),
+            ("snapshot_id", "string"),
+            ("detail", "string"),
+        ],
+        warn=lambda r: bool(r["problem"]),
     )
     meta = {
         **{f"verdict_{k}": sum(f.verdict == k for f in synced) for k in {f.verdict for f in synced if f.verdict}},
         "no_source": sum(f.verdict is None and not f.problem for f in synced),
-        "first_native_sync": dg.MetadataValue.md(
-            "| dataset | canary | path | rows | snapshot | detail |\n|---|---|---|---|---|---|\n" + rows
-        ),
+        "first_native_sync": first,
     }
     stopped = stop_message(pre.name, synced)
     if stopped:
