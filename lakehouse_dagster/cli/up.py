@@ -51,6 +51,7 @@ DAGSTER_DB = "dagster"
 # The environment variable dagster.yaml reads its storage URL from.
 DAGSTER_URL_ENV = "DAGSTER_PG_URL"
 CLEAN_SHUTDOWN_SECONDS = 60
+API_PORT = 3001  # `lakehouse serve` (the live app's ML_RUNNER_URL), beside the UI's 3000
 
 
 def register(sub) -> None:
