@@ -361,11 +361,13 @@ class _ReadStream(Response):
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(body)
-                while not self.done:
+                while True:  # uvicorn answers every receive() after a disconnect at once: leave on the first
                     message = await receive()
-                    if message["type"] == "http.disconnect" and not self.done:
-                        self.cut = ("client_gone", "the client went away")
-                        tg.cancel_scope.cancel()
+                    if message["type"] == "http.disconnect":
+                        if not self.done:
+                            self.cut = ("client_gone", "the client went away")
+                            tg.cancel_scope.cancel()
+                        break
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(stream.close)

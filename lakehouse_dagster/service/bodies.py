@@ -48,7 +48,7 @@ def json_object(raw: bytes, what: str, example: str) -> dict[str, Any]:
     if not raw.strip():
         raise BadInput(f"the {what} request has no body; send a JSON object such as {example}")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadInput(f"the {what} request body is not UTF-8 text; send a JSON object such as {example}") from None
     except json.JSONDecodeError as exc:
