@@ -117,7 +117,7 @@ def test_sigterm_stops_accepting_and_finishes_the_requests_in_flight(dsn, conn, 
             timeout=120,
         ) as resp:
             results["read_status"] = resp.status_code
-            for line in resp.iter_lines():
+            for _line in resp.iter_lines():
                 rows += 1
                 if rows % 10_000 == 0:
                     time.sleep(0.5)  # a slow consumer: the stream is still going when SIGTERM comes
