@@ -232,6 +232,7 @@ async def route(svc: Service, request: Request) -> Response:
         fresh = d.freshness
         out = {
             **d.as_dict(),
+            "snapshot_id": _id_text(d.snapshot_id),
             "consistency": d.flag.consistency,
             "native": d.native,
             "rows_version": fresh.rows_version if fresh else None,
@@ -457,6 +458,7 @@ async def ingest(svc: Service, request: Request) -> Response:
     with anyio.move_on_after(timeout):
         result = await anyio.to_thread.run_sync(work, limiter=svc.ingests, abandon_on_cancel=True)
         body = json.loads(json.dumps(result.to_json(), default=str))
+        body["snapshot_id"] = _id_text(result.snapshot_id)
         if await request.is_disconnected():
             log.info(
                 f"[service] ingest {req.writer} ds={req.dataset_id}: the client went away before the answer; "
@@ -468,6 +470,11 @@ async def ingest(svc: Service, request: Request) -> Response:
         f"ingest {req.writer} of dataset {req.dataset_id} is still running after {timeout:g} s; it goes on and ends "
         "whole (committed or not at all) — retry later: a retry waits for it (G3) and finds nothing new if it landed"
     )
+
+
+def _id_text(snapshot_id: int | None) -> str | None:
+    """Snapshot ids are 63-bit: as text in JSON, so a JavaScript caller does not round them (as in the headers)."""
+    return None if snapshot_id is None else str(snapshot_id)
 
 
 def _outcome(exc: BaseException) -> str:

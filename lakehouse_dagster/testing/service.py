@@ -64,7 +64,8 @@ class ServiceProcess:
         return LakehouseClient(self.url, self.token, **kw)
 
     def log_text(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
