@@ -13,6 +13,7 @@ A refusal raises ``ServiceError`` with the status and the service's one-line rea
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -67,24 +68,44 @@ class ReadStream:
 
 
 class _ResponseFile:
-    """A streaming httpx response as the file object pyarrow's stream reader reads from."""
+    """A streaming httpx response as the file object pyarrow's stream reader reads from. Chunks are kept as they
+    arrive and joined only for the bytes a read asks for (a record batch's body is read whole: one join)."""
 
-    def __init__(self, response: httpx.Response, chunk_bytes: int = 1 << 20):
-        self._chunks = response.iter_raw(chunk_bytes)
-        self._buffer = bytearray()
+    def __init__(self, response: httpx.Response):
+        self._chunks = response.iter_raw()
+        self._pending: collections.deque[memoryview] = collections.deque()
+        self._size = 0
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buffer) < n:
+        while n < 0 or self._size < n:
             chunk = next(self._chunks, None)
             if chunk is None:
                 break
-            self._buffer += chunk
-        if n < 0:
-            n = len(self._buffer)
-        out = bytes(self._buffer[:n])
-        del self._buffer[:n]
-        return out
+            if chunk:
+                self._pending.append(memoryview(chunk))
+                self._size += len(chunk)
+        if n < 0 or n > self._size:
+            n = self._size
+        if self._pending and len(self._pending[0]) >= n:  # the common case for small reads: one slice
+            head = self._pending[0]
+            out = bytes(head[:n])
+            if len(head) == n:
+                self._pending.popleft()
+            else:
+                self._pending[0] = head[n:]
+            self._size -= n
+            return out
+        parts, need = [], n
+        while need:
+            head = self._pending.popleft()
+            if len(head) > need:
+                self._pending.appendleft(head[need:])
+                head = head[:need]
+            parts.append(head)
+            need -= len(head)
+        self._size -= n
+        return b"".join(parts)
 
     def readable(self) -> bool:
         return True
