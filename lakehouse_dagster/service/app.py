@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused
+from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
@@ -35,6 +35,7 @@ from lakehouse_dagster.service.errors import (
     IngestStillRunning,
     PayloadTooLarge,
     RequestTimeout,
+    Unavailable,
     error_response,
     status_of,
 )
@@ -294,7 +295,9 @@ async def read(svc: Service, request: Request) -> Response:
             svc.metrics.read_decisions.labels(refused.reader, refused.reason).inc()
         raise
     if opened is None:
-        raise RequestTimeout(f"the read could not start within {svc.settings.api_timeout_seconds:g} s; retry")
+        raise Unavailable(
+            f"the read could not start within {svc.settings.api_timeout_seconds:g} s (the service is busy); retry"
+        )
     d = opened.decision
     svc.metrics.read_decisions.labels(d.reader, d.reason).inc()
     if opened.fallback_error is not None:
@@ -440,13 +443,16 @@ async def ingest(svc: Service, request: Request) -> Response:
             result = run_writer(db.dsn, db.catalog, svc.settings, db.resolver(), req.dataset_id, req.writer, logger=log)
         except BaseException as exc:
             svc.metrics.ingest(req.writer, _outcome(exc))
-            outcome["error"] = exc
+            if outcome.get("abandoned"):
+                log.warning(
+                    f"[service] ingest {req.writer} ds={req.dataset_id} failed after its request timed out: "
+                    f"{first_line(exc)}"
+                )
             raise
         finally:
             svc.ingests_running.pop(ident, None)
         svc.metrics.ingest(req.writer, "ok")
         svc.metrics.rows_ingested.labels(result.path).inc(result.rows)
-        outcome["result"] = result
         if outcome.get("abandoned"):
             log.info(
                 f"[service] ingest {req.writer} ds={req.dataset_id} finished after its request timed out: "

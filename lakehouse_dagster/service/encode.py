@@ -1,7 +1,7 @@
 """The two bodies a read streams: Arrow IPC stream format (the default) and NDJSON, one record batch at a time.
 
-Arrow: the schema message, one encapsulated message per batch (``RecordBatch.serialize``: no copy of the
-column buffers), the end-of-stream marker — what ``pyarrow.ipc.open_stream`` and apache-arrow's
+Arrow: the schema message, one encapsulated message per batch (``RecordBatch.serialize``: one buffer per batch,
+no Python object per value), the end-of-stream marker — what ``pyarrow.ipc.open_stream`` and apache-arrow's
 ``RecordBatchReader`` read. A stream cut short has no end-of-stream marker and an incomplete chunked body.
 
 NDJSON: one JSON object per row, keys in the projection's order. Timestamps and dates as ISO 8601 text (UTC),

@@ -49,6 +49,8 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
         proj = projection_for(dataset, req.columns, limit=req.limit, order_by_row_index=req.order_by_row_index)
         source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
         batch_rows = db.settings.api_batch_rows
+        if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
+            batch_rows = min(batch_rows, proj.limit)
 
         def postgres(decision: ReadDecision) -> BatchStream:
             nonlocal handed_to_stream
