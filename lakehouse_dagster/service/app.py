@@ -57,6 +57,7 @@ ENDPOINTS = (
     "/lakehouse/flags",
 )
 READ_THREADS, INGEST_THREADS, CONTROL_THREADS = 32, 64, 8
+MAX_OPEN_READS = 64  # streams open at once (a slow client keeps its stream, and a pg one its connection, open)
 SOURCE_HEADER = {"pg": "postgres", "iceberg": "iceberg"}  # X-Lakehouse-Source, as the runbooks' app names them
 
 
@@ -72,6 +73,7 @@ class Service:
         self.ingests = anyio.CapacityLimiter(INGEST_THREADS)
         self.control = anyio.CapacityLimiter(CONTROL_THREADS)
         self.ingests_running: dict[int, str] = {}  # thread id -> "writer ds=<id>", for the shutdown's last word
+        self.open_reads = 0  # read streams opened or opening (the event loop's own count: no lock)
 
     async def start(self) -> None:
         self.db = await anyio.to_thread.run_sync(ServiceDb, self.dsn, self.settings)
@@ -285,16 +287,24 @@ async def read(svc: Service, request: Request) -> Response:
     media = pick_format(request.headers.get("accept"))
     db = svc.db
     assert db is not None
+    if svc.open_reads >= MAX_OPEN_READS:  # each open stream may hold a Postgres connection: bounded
+        raise Unavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
+    svc.open_reads += 1  # given back when the stream ends (_ReadStream), or below when none opens
     try:
         opened = await _abandonable(
             svc.reads, svc.settings.api_timeout_seconds, lambda: open_read(db, req), lambda o: o.stream.close()
         )
     except ReadRefused as exc:
+        svc.open_reads -= 1
         refused = getattr(exc, "decision", None)
         if refused is not None:
             svc.metrics.read_decisions.labels(refused.reader, refused.reason).inc()
         raise
+    except BaseException:
+        svc.open_reads -= 1
+        raise
     if opened is None:
+        svc.open_reads -= 1
         raise Unavailable(
             f"the read could not start within {svc.settings.api_timeout_seconds:g} s (the service is busy); retry"
         )
@@ -375,6 +385,7 @@ class _ReadStream(Response):
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(stream.close)
+                self.svc.open_reads -= 1
                 m.reads_in_flight.dec()
                 m.rows_served.labels(self.opened.decision.source).inc(stream.rows)
                 if self.cut is not None:
