@@ -32,6 +32,7 @@ from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.cli.up import stop_postgres
 from lakehouse_dagster.demo.workspace import demo_id
+from lakehouse_dagster.service.client import LakehouseClient, ServiceError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_ROWS = 2_000
@@ -151,13 +152,27 @@ def test_up_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
         busy.listen()
         port = busy.getsockname()[1]
         assert "cannot listen on 127.0.0.1" in _up_refusal(capsys, monkeypatch, home, "--port", str(port))
+        assert "cannot listen on 127.0.0.1" in _up_refusal(
+            capsys, monkeypatch, home, "--port", str(_free_port()), "--api-port", str(port)
+        )
+    same = _free_port()
+    assert "is the Dagster UI's --port too" in _up_refusal(
+        capsys, monkeypatch, home, "--port", str(same), "--api-port", str(same)
+    )
     err = _up_refusal(
-        capsys, monkeypatch, home, "--port", str(_free_port()), env={"DAGSTER_PG_URL": "host=x password=se cret"}
+        capsys,
+        monkeypatch,
+        home,
+        "--port",
+        str(_free_port()),
+        "--api-port",
+        str(_free_port()),
+        env={"DAGSTER_PG_URL": "host=x password=se cret"},
     )
     assert "DAGSTER_PG_URL is not a valid Postgres DSN" in err and "cret" not in err
     # an unreachable external Postgres: refused in one line, password never shown, nothing written
     proc = subprocess.run(
-        [*LAKEHOUSE, "up", "--port", str(_free_port())],
+        [*LAKEHOUSE, "up", "--port", str(_free_port()), "--api-port", str(_free_port())],
         env={**_clean_env(home), "LAKEHOUSE_PG_DSN": "postgresql://app:s3cr3t@127.0.0.1:1/appdb"},
         capture_output=True,
         text=True,
@@ -181,7 +196,7 @@ def test_up_refuses_a_second_stack_on_the_same_home(tmp_path, capsys, monkeypatc
         held.flush()
         monkeypatch.setenv("LAKEHOUSE_HOME", str(home))
         monkeypatch.delenv("LAKEHOUSE_PG_DSN", raising=False)
-        assert main(["up", "--port", str(_free_port())]) == 2
+        assert main(["up", "--port", str(_free_port()), "--api-port", str(_free_port())]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already running" in err and "4242" in err
     assert sorted(p.name for p in home.iterdir()) == [".lakehouse-up.lock"]  # no pg/, no dagster/
@@ -196,13 +211,15 @@ class Stack:
         self.tmp = tmp
         self.home = tmp / "home"
         self.port = _free_port()
+        self.api_port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.stdout_path = tmp / "up.stdout.jsonl"
         self.stderr_path = tmp / "up.stderr.log"
         self.ready: dict | None = None
         with open(self.stdout_path, "w") as out, open(self.stderr_path, "w") as err:
             self.proc = subprocess.Popen(
-                [*LAKEHOUSE, "up", "--json", "--port", str(self.port), "--demo-rows", str(DEMO_ROWS)],
+                [*LAKEHOUSE, "up", "--json", "--port", str(self.port), "--api-port", str(self.api_port)]
+                + ["--demo-rows", str(DEMO_ROWS)],
                 env=_clean_env(self.home),
                 cwd=tmp,
                 stdout=out,
@@ -368,6 +385,25 @@ def test_up_serves_the_ui_with_the_code_location_and_a_healthy_daemon(stack):
         ).fetchone()[0] == len(ready["demo"]["datasets"])
 
 
+def test_up_serves_the_live_apps_api_with_a_token_kept_owner_only(stack):
+    ready = stack.ready
+    assert ready["api_url"] == f"http://127.0.0.1:{stack.api_port}"
+    token_file = Path(ready["api_token_file"])
+    assert token_file == stack.home / "api-token" and token_file.stat().st_mode & 0o777 == 0o600
+    token = token_file.read_text().strip()
+    assert len(token) >= 32
+    said = stack.stdout_path.read_text() + stack.stderr_path.read_text()
+    assert token not in said and str(token_file) in said  # where it is, never what it is
+    with LakehouseClient(ready["api_url"], token) as client:
+        assert client.ready() == {"status": "ready", "postgres": "ok", "catalog": "ok"}
+        got = client.read("export.stream", demo_id("events"), columns=["event_id"], limit=5, order="row_index")
+        assert got.table.num_rows == 5 and got.source in ("postgres", "iceberg")
+    with LakehouseClient(ready["api_url"], "not-the-token-at-all") as stranger:
+        with pytest.raises(ServiceError) as refused:
+            stranger.route("export.stream", demo_id("events"))
+    assert refused.value.status == 401
+
+
 LAUNCH_Q = """
 mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
   ... on LaunchRunSuccess { run { runId } }
@@ -520,5 +556,6 @@ def test_ctrl_c_stops_everything(stack):
     left = [(p.pid, " ".join(p.cmdline())[:120]) for p in stack.own_processes()]
     assert not left, f"still running after Ctrl-C: {left}"
     assert embedded_info(stack.home / "pg") is None, "the embedded Postgres was left running"
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", stack.port), timeout=2).close()
+    for port in (stack.port, stack.api_port):
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()

@@ -8,7 +8,9 @@ Steps, in order (bad input is refused before the first one, so a refusal writes 
 3. Dagster's own storage: ``DAGSTER_PG_URL`` (or ``LAKEHOUSE_DAGSTER_PG_DSN``) if set, else a database
    ``dagster`` on the same server (created if missing).
 4. ``DAGSTER_HOME=$LAKEHOUSE_HOME/dagster`` with the project's ``dagster.yaml`` copied in.
-5. ``dagster dev -h HOST -p PORT -w workspace.yaml`` as one supervised child in its own session.
+5. ``dagster dev -h HOST -p PORT -w workspace.yaml`` as one supervised child in its own session, and beside it
+   ``lakehouse serve`` on ``--api-port`` (the live app's API, docs/service.md) with the bearer token from
+   ``LAKEHOUSE_API_TOKEN``, or else the one kept in ``$LAKEHOUSE_HOME/api-token`` (made once, owner-only).
 
 Why ``dagster dev`` rather than ``dagster-webserver`` + ``dagster-daemon run`` side by side: it runs exactly
 those two processes, but behind one shared code server, so the code location (pyiceberg, pyarrow, ...) is
@@ -22,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import fcntl
 import ipaddress
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -51,6 +55,7 @@ DAGSTER_DB = "dagster"
 # The environment variable dagster.yaml reads its storage URL from.
 DAGSTER_URL_ENV = "DAGSTER_PG_URL"
 CLEAN_SHUTDOWN_SECONDS = 60
+API_PORT = 3001  # `lakehouse serve` (the live app's ML_RUNNER_URL), beside the UI's 3000
 
 
 def register(sub) -> None:
@@ -66,6 +71,12 @@ def register(sub) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="loopback address for the Dagster UI (default 127.0.0.1)")
     p.add_argument("--port", type=port_number, default=3000, help="port of the Dagster UI (default 3000)")
+    p.add_argument(
+        "--api-port",
+        type=port_number,
+        default=API_PORT,
+        help=f"port of the live app's API, lakehouse serve (default {API_PORT})",
+    )
     p.add_argument("--no-demo", action="store_true", help="do not seed the demo workspace")
     p.add_argument(
         "--demo-rows",
@@ -204,6 +215,9 @@ def _up(ctx, args) -> Result:
     workspace_file = project_file("workspace.yaml")
     project_file("dagster.yaml")
     check_port_free(host, args.port)
+    if args.api_port == args.port:
+        raise BadInput(f"--api-port {args.api_port} is the Dagster UI's --port too; pick another")
+    check_port_free(host, args.api_port)
     for name in (DAGSTER_URL_ENV, "LAKEHOUSE_DAGSTER_PG_DSN"):
         if os.environ.get(name):
             conninfo_to_url(os.environ[name], what=name)
@@ -294,9 +308,16 @@ def _up(ctx, args) -> Result:
             "-w",
             str(workspace_file),
         ]
+        api_url = f"http://{url_host}:{args.api_port}"
+        token, token_file = api_token(home, settings.api_token)
+        serve_cmd = [sys.executable, "-m", "lakehouse_dagster.cli.main", "serve", "--host", host]
+        serve_cmd += ["--port", str(args.api_port)]
+        service = Child("lakehouse serve", serve_cmd, {**env, "LAKEHOUSE_API_TOKEN": token}, api_url + "/healthz")
         ready_info = {
             "event": "ready",
             "url": url,
+            "api_url": api_url,
+            "api_token_file": None if token_file is None else str(token_file),
             "lakehouse_home": str(home),
             "dagster_home": str(dagster_home),
             "database": display_dsn(dsn),
@@ -306,8 +327,17 @@ def _up(ctx, args) -> Result:
             "demo": demo,
         }
         _say(f"starting Dagster webserver + daemon on {url} (DAGSTER_HOME={dagster_home})")
+        where = f"in {token_file} (owner-only)" if token_file else "from LAKEHOUSE_API_TOKEN"
+        _say(f"starting the live app's API on {api_url}: its bearer token is {where}")
         outcome = supervise(
-            cmd, env=env, cwd=dagster_home, ready_url=url, ready_info=ready_info, as_json=args.json, t_start=t_start
+            cmd,
+            env=env,
+            cwd=dagster_home,
+            ready_url=url,
+            ready_info=ready_info,
+            as_json=args.json,
+            t_start=t_start,
+            service=service,
         )
     finally:
         if started_pg:
@@ -319,6 +349,11 @@ def _up(ctx, args) -> Result:
             args.json = False
             return Result(data, json.dumps(data))
         return Result(data, "lakehouse up: stopped")
+    if outcome.get("service_exit_code") is not None and outcome["dagster_exit_code"] is None:
+        raise LakehouseError(
+            f"the live app's API (lakehouse serve) exited unexpectedly with code {outcome['service_exit_code']} "
+            "(its log is above); everything stopped"
+        )
     raise LakehouseError(
         f"Dagster exited unexpectedly with code {outcome['dagster_exit_code']} (its log is above); everything stopped"
     )
@@ -353,6 +388,34 @@ def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
         "lakehouse flags soak set <seconds>"
         + (" (a real migration soaks an hour: 3600)" if seeded.seconds == 0 else "")
     )
+
+
+API_TOKEN_FILE = "api-token"
+
+
+def api_token(home: Path, from_env: str | None) -> tuple[str, Path | None]:
+    """The service's bearer token: LAKEHOUSE_API_TOKEN when set (no file), else the one kept in
+    ``home/api-token``, made once (32 random bytes, URL-safe) with owner-only permissions; a kept file that
+    others can read is narrowed to the owner. Never printed: only where it is."""
+    if from_env:
+        return from_env, None
+    path = home / API_TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
+            _say(f"{path} was readable by others: now owner-only")
+        token = path.read_text().strip()
+        if len(token) >= 16:
+            return token, path
+        raise LakehouseError(
+            f"{path} holds no usable token (under 16 characters); delete it to make a new one"
+        ) from None
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, path
 
 
 def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:
@@ -417,7 +480,7 @@ _LIBC = _load_libc() if sys.platform.startswith("linux") else None
 
 def _is_ready(url: str) -> bool:
     try:
-        with urllib.request.urlopen(url + "/server_info", timeout=2) as resp:
+        with urllib.request.urlopen(url, timeout=2) as resp:
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -433,11 +496,19 @@ def _group_alive(pgid: int) -> bool:
         return True
 
 
-def supervise(
-    cmd: list[str], *, env: dict, cwd: Path, ready_url: str, ready_info: dict[str, Any], as_json: bool, t_start: float
-) -> dict[str, Any]:
-    """Run ``cmd`` in its own session until it exits or we are asked to stop; sweep its process group."""
-    proc = subprocess.Popen(
+@dataclasses.dataclass
+class Child:
+    """A second supervised process beside Dagster (``lakehouse serve``): its command, environment, health URL."""
+
+    name: str
+    cmd: list[str]
+    env: dict
+    ready_url: str
+    proc: subprocess.Popen | None = None
+
+
+def _start(cmd: list[str], env: dict, cwd: Path, as_json: bool) -> subprocess.Popen:
+    return subprocess.Popen(
         cmd,
         env=env,
         cwd=cwd,
@@ -445,61 +516,105 @@ def supervise(
         preexec_fn=_child_setup,
         stdout=sys.stderr if as_json else None,  # with --json, stdout carries only our JSON
     )
-    pgid = proc.pid
+
+
+def supervise(
+    cmd: list[str],
+    *,
+    env: dict,
+    cwd: Path,
+    ready_url: str,
+    ready_info: dict[str, Any],
+    as_json: bool,
+    t_start: float,
+    service: Child | None = None,
+) -> dict[str, Any]:
+    """Run ``cmd`` (Dagster) and ``service`` in their own sessions until one exits or we are asked to stop; then
+    stop the other and sweep both process groups. Long on purpose: the supervision loop — ready line, the two
+    stop signals, the escalation to SIGKILL, the sweep — reads as one sequence."""
+    if service is not None:
+        service.proc = _start(service.cmd, service.env, cwd, as_json)
+    proc = _start(cmd, env, cwd, as_json)
+    children = [proc] + ([service.proc] if service is not None and service.proc is not None else [])
     ready_info = {**ready_info, "dagster_pid": proc.pid}
+    if service is not None and service.proc is not None:
+        ready_info["api_pid"] = service.proc.pid
     state: dict[str, float | None] = {"signals": 0, "first_signal_at": None}
+
+    def stop_children() -> None:
+        for child in children:
+            try:
+                # dagster dev's clean shutdown of webserver, daemon, code server; uvicorn's graceful one
+                child.send_signal(signal.SIGINT if child is proc else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def on_signal(signum, frame):
         state["signals"] += 1
         if state["signals"] == 1:
             state["first_signal_at"] = time.monotonic()
-            _say(f"{signal.Signals(signum).name}: stopping Dagster (Ctrl-C again to kill it at once)...")
-            try:
-                proc.send_signal(signal.SIGINT)  # dagster dev's clean shutdown of webserver, daemon, code server
-            except ProcessLookupError:
-                pass
+            _say(f"{signal.Signals(signum).name}: stopping Dagster and the API (Ctrl-C again to kill them at once)...")
+            stop_children()
         else:
-            _kill_group(pgid, signal.SIGKILL)
+            for child in children:
+                _kill_group(child.pid, signal.SIGKILL)
 
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in handled}
     ready_at = None
+    died_first: subprocess.Popen | None = None
     try:
-        while proc.poll() is None:
+        while any(c.poll() is None for c in children):
             time.sleep(0.5)
-            if ready_at is None and state["signals"] == 0 and _is_ready(ready_url):
+            if died_first is None and state["signals"] == 0:
+                died_first = next((c for c in children if c.poll() is not None), None)
+                if died_first is not None:  # one died on its own: the other goes too
+                    state["first_signal_at"] = time.monotonic()
+                    stop_children()
+            urls = [ready_url + "/server_info"] + ([service.ready_url] if service is not None else [])
+            if ready_at is None and state["signals"] == 0 and died_first is None and all(map(_is_ready, urls)):
                 ready_at = time.perf_counter()
                 seconds = round(ready_at - t_start, 1)
                 if as_json:
                     print(json.dumps({**ready_info, "seconds_to_ready": seconds}, default=str), flush=True)
                 else:
+                    api = ""
+                    if service is not None:
+                        token = ready_info.get("api_token_file") or "LAKEHOUSE_API_TOKEN"
+                        api = f"; the live app's API on {ready_info.get('api_url')} (token: {token})"
                     print(
-                        f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}  (Ctrl-C stops everything)",
+                        f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}{api}  (Ctrl-C stops everything)",
                         flush=True,
                     )
             if (
                 state["first_signal_at"] is not None
                 and time.monotonic() - state["first_signal_at"] > CLEAN_SHUTDOWN_SECONDS
             ):
-                _say(f"Dagster did not stop within {CLEAN_SHUTDOWN_SECONDS} s; killing it")
-                _kill_group(pgid, signal.SIGKILL)
+                _say(f"Dagster and the API did not stop within {CLEAN_SHUTDOWN_SECONDS} s; killing them")
+                for child in children:
+                    _kill_group(child.pid, signal.SIGKILL)
                 state["first_signal_at"] = float("inf")
-        # Whatever is left in Dagster's process group (run workers, a stuck code server) goes too.
-        if _group_alive(pgid):
-            _kill_group(pgid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            _kill_group(pgid, signal.SIGKILL)
+        # Whatever is left in the process groups (run workers, a stuck code server) goes too.
+        for child in children:
+            if _group_alive(child.pid):
+                _kill_group(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while any(_group_alive(c.pid) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for child in children:
+            _kill_group(child.pid, signal.SIGKILL)
     finally:
-        if proc.poll() is None:  # an exception in this loop: never leave Dagster behind
-            _kill_group(pgid, signal.SIGKILL)
-            proc.wait()
+        for child in children:
+            if child.poll() is None:  # an exception in this loop: never leave a child behind
+                _kill_group(child.pid, signal.SIGKILL)
+                child.wait()
         for s, h in previous.items():
             signal.signal(s, h)
+    svc_proc = service.proc if service is not None else None
     return {
         "requested_stop": state["signals"] > 0,
-        "dagster_exit_code": proc.returncode,
+        "dagster_exit_code": proc.returncode if died_first in (None, proc) else None,
+        "service_exit_code": None if svc_proc is None or died_first not in (None, svc_proc) else svc_proc.returncode,
         "seconds_to_ready": None if ready_at is None else round(ready_at - t_start, 1),
     }
 

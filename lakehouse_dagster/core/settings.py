@@ -33,6 +33,12 @@ def _float(name: str, default: float) -> float:
         raise BadInput(f"{name}={raw!r} is not a number (default {default})") from None
 
 
+def _above_zero(name: str, value: float) -> float:
+    if not value > 0:
+        raise BadInput(f"{name}={value} must be above 0")
+    return value
+
+
 def _bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -98,6 +104,14 @@ class Settings:
     # The freshness policy of iceberg/dataset_table: red when no partition was materialized for this long (Dagster
     # evaluates it per asset, not per partition); 0: no policy.
     mirror_freshness_seconds: int = 86400
+    # The HTTP service (`lakehouse serve`, service/): the bearer token every endpoint but /healthz asks for (the
+    # runbooks' ML_RUNNER_TOKEN; None: no auth, refused off loopback); never in a repr, a log or a message.
+    api_token: str | None = dataclasses.field(default=None, repr=False)
+    api_max_body_bytes: int = 65_536  # a request body past this is refused (413) before it is parsed
+    # The longest a request waits without progress: its body, a read's first batch, a stalled client, an
+    # ingest's answer (past it 504; the ingest itself is never cut, it finishes whole on its own).
+    api_timeout_seconds: float = 300.0
+    api_batch_rows: int = 65_536  # rows per streamed record batch: a read's memory is bounded by it
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -137,6 +151,12 @@ class Settings:
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
             lagging_after_seconds=_int("LAKEHOUSE_LAGGING_AFTER_SECONDS", 3600, minimum=1),
             mirror_freshness_seconds=mirror_freshness_seconds(),
+            api_token=os.environ.get("LAKEHOUSE_API_TOKEN") or None,
+            api_max_body_bytes=_int("LAKEHOUSE_API_MAX_BODY_BYTES", 65_536, minimum=256),
+            api_timeout_seconds=_above_zero(
+                "LAKEHOUSE_API_TIMEOUT_SECONDS", _float("LAKEHOUSE_API_TIMEOUT_SECONDS", 300.0)
+            ),
+            api_batch_rows=_int("LAKEHOUSE_API_BATCH_ROWS", 65_536, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

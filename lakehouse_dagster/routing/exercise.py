@@ -14,7 +14,7 @@ from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
 from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import Projection, projection_for
-from lakehouse_dagster.routing.read_router import ReadResult, resolve_read_source
+from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult, resolve_read_source
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 
@@ -52,15 +52,19 @@ def read_through_router(
     except LakehouseError:
         raise
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
-        d = source.decision
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        if d.native:
-            raise LakehouseError(
-                f"{d.reader} ds={d.dataset_id}: iceberg read failed and the dataset is written iceberg-native, so "
-                f"there is no PG fallback (Postgres is stale for it) ({error}); fix the table"
-            ) from exc
-        raise LakehouseError(
-            f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
-            f"({error}); fix the table or set the reader back to iceberg"
-        ) from exc
+        raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
     return result, dataset, proj
+
+
+def no_fallback_message(d: ReadDecision, exc: BaseException) -> str:
+    """Why an Iceberg read that failed was not served by Postgres, and what to do (the CLI's and the service's)."""
+    error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if d.native:
+        return (
+            f"{d.reader} ds={d.dataset_id}: iceberg read failed and the dataset is written iceberg-native, so "
+            f"there is no PG fallback (Postgres is stale for it) ({error}); fix the table"
+        )
+    return (
+        f"{d.reader} ds={d.dataset_id}: iceberg read failed and mode iceberg_only has no PG fallback "
+        f"({error}); fix the table or set the reader back to iceberg"
+    )

@@ -23,7 +23,8 @@ _IDENTITY_SQL = {
 }
 
 
-def read_postgres(conn: psycopg.Connection, dataset: Dataset, projection: Projection) -> pa.Table:
+def postgres_query(dataset: Dataset, projection: Projection) -> tuple[sql.Composed, list]:
+    """The typed projection as SQL and its parameters (the in-process read and the service's stream share it)."""
     by_name = {c.name: c for c in dataset.columns}
     exprs = [
         sql.SQL("{} as {}").format(
@@ -38,8 +39,18 @@ def read_postgres(conn: psycopg.Connection, dataset: Dataset, projection: Projec
     if projection.limit is not None:
         query += sql.SQL(" limit %s")
         params.append(projection.limit)
+    return query, params
+
+
+def projected_schema(dataset: Dataset, projection: Projection) -> pa.Schema:
+    """The Arrow schema of a projected read: the columns asked for, typed as the dataset's Iceberg table."""
     full = arrow_schema(dataset.columns)
-    schema = pa.schema([full.field(n) for n in projection.columns])
+    return pa.schema([full.field(n) for n in projection.columns])
+
+
+def read_postgres(conn: psycopg.Connection, dataset: Dataset, projection: Projection) -> pa.Table:
+    query, params = postgres_query(dataset, projection)
+    schema = projected_schema(dataset, projection)
     with conn.cursor() as cur:
         rows = cur.execute(query, params).fetchall()
     return pa.Table.from_pylist([dict(zip(projection.columns, r)) for r in rows], schema=schema)

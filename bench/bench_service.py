@@ -1,0 +1,273 @@
+"""The HTTP service (`lakehouse serve`) against baselines measured in the same run.
+
+    .venv/bin/python bench/bench_service.py [--rows 2000000] [--scale 1000000,4000000] [--clients 32]
+                                            [--seconds 30] [--demo-rows 200000] [--skip export,rss,load]
+
+export  a full export of a --rows dataset (the demo-shaped generator, bench/_common.py) as an Arrow stream over
+        HTTP through the read router (Iceberg, pinned snapshot), against reading the same snapshot in-process with
+        pyiceberg (``scan().to_arrow()``, and its batch reader) — rows/s and the ratio (target ≥ 0.8×), median of 3
+        alternated runs
+rss     the server's peak RSS (VmHWM) after one full export, a fresh server process per --scale size: flat when
+        memory is bounded by the batch
+load    --clients concurrent clients for --seconds on the demo workspace (seeded with --demo-rows): each loop
+        picks a 1,000-row read (80%: export.stream from Iceberg or studio.digest from Postgres, a random demo
+        dataset) or an ingest (20%: a random sourced demo dataset, its default writer), no retries; p50/p99 per
+        kind and the status codes — the gate is 0 errors other than 503 (G2 at LAKEHOUSE_MAX_CONCURRENT_INGEST=2)
+Not a test: figures go to docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import admin_dsn, fresh_database, make_dataset, mirror_settings  # noqa: E402
+from lakehouse_dagster.core.db import connect  # noqa: E402
+from lakehouse_dagster.flags.overrides import set_override  # noqa: E402
+from lakehouse_dagster.lake.catalog import table_identifier  # noqa: E402
+from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402
+from lakehouse_dagster.testing.service import ServiceProcess, new_token  # noqa: E402
+
+
+def _env(settings, dsn: str, **extra: str) -> dict[str, str]:
+    return {
+        "LAKEHOUSE_PG_DSN": dsn,
+        "LAKEHOUSE_HOME": str(settings.home),
+        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
+        "LAKEHOUSE_NAMESPACE": settings.namespace,
+        **extra,
+    }
+
+
+def _peak_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of ``pid``, or of this process."""
+    if pid is None:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _http_export(server: ServiceProcess, dataset_id, cpu: list | None = None) -> tuple[int, float]:
+    server_cpu, client_cpu = _cpu_seconds(server.proc.pid), _cpu_seconds()
+    t = time.perf_counter()
+    rows = 0
+    with server.client() as client, client.stream("export.stream", dataset_id) as s:
+        assert s.source == "iceberg", s.reason
+        for batch in s:
+            rows += batch.num_rows
+    seconds = time.perf_counter() - t
+    if cpu is not None:
+        cpu.append((_cpu_seconds(server.proc.pid) - server_cpu, _cpu_seconds() - client_cpu))
+    return rows, seconds
+
+
+def _dataset(admin: str, db: str, rows: int, namespace: str):
+    dsn = fresh_database(admin, db)
+    d, gen_s = make_dataset(dsn, rows)
+    settings, catalog = mirror_settings(dsn, namespace)
+    t = time.perf_counter()
+    sync = sync_dataset(dsn, catalog, settings, d)
+    with connect(dsn) as conn:
+        set_override(conn, "read", "export.stream", "iceberg", dataset=d, note="bench", actor="bench")
+    print(f"  {rows:,} rows generated in {gen_s:.1f} s, mirrored in {time.perf_counter() - t:.1f} s", flush=True)
+    return dsn, d, settings, catalog, sync.snapshot_id
+
+
+def bench_export(admin: str, rows: int, log_dir: Path) -> dict:
+    print(f"export: {rows:,} rows", flush=True)
+    dsn, d, settings, catalog, snapshot = _dataset(admin, "lh_bench_service_export", rows, "bench_service")
+    table = catalog.load_table(table_identifier(settings, d))
+    out: dict[str, list] = {"http": [], "to_arrow": [], "batch_reader": []}
+    http_cpu: list[tuple[float, float]] = []
+    arrow_cpu: list[float] = []
+    with ServiceProcess(_env(settings, dsn), log_dir / "export.log", token=new_token()) as server:
+        _http_export(server, d)  # warm: the first read loads the table's metadata
+        for _ in range(3):
+            t, c = time.perf_counter(), _cpu_seconds()
+            n = table.scan(snapshot_id=snapshot).to_arrow().num_rows
+            out["to_arrow"].append(n / (time.perf_counter() - t))
+            arrow_cpu.append(_cpu_seconds() - c)
+            t = time.perf_counter()
+            n = sum(b.num_rows for b in table.scan(snapshot_id=snapshot).to_arrow_batch_reader())
+            out["batch_reader"].append(n / (time.perf_counter() - t))
+            n, s = _http_export(server, d, http_cpu)
+            assert n == rows, (n, rows)
+            out["http"].append(n / s)
+    med = {k: statistics.median(v) for k, v in out.items()}
+    result = {
+        "rows": rows,
+        "http_rows_s": round(med["http"]),
+        "pyiceberg_to_arrow_rows_s": round(med["to_arrow"]),
+        "pyiceberg_batch_reader_rows_s": round(med["batch_reader"]),
+        "ratio_http_to_pyiceberg": round(med["http"] / med["to_arrow"], 2),
+        "runs": {k: [round(x) for x in v] for k, v in out.items()},
+        # CPU seconds per full export: what bounds the ratio when the machine has nothing else to do
+        "cpu_s_http_server": round(statistics.median(c[0] for c in http_cpu), 2),
+        "cpu_s_http_client": round(statistics.median(c[1] for c in http_cpu), 2),
+        "cpu_s_pyiceberg_to_arrow": round(statistics.median(arrow_cpu), 2),
+    }
+    print(
+        f"  HTTP Arrow {med['http']:,.0f} rows/s · in-process pyiceberg to_arrow {med['to_arrow']:,.0f} rows/s "
+        f"(batch reader {med['batch_reader']:,.0f}) → {result['ratio_http_to_pyiceberg']}× (target ≥ 0.8×)",
+        flush=True,
+    )
+    print(
+        f"  CPU per export: HTTP server {result['cpu_s_http_server']} s + client {result['cpu_s_http_client']} s · "
+        f"pyiceberg to_arrow {result['cpu_s_pyiceberg_to_arrow']} s",
+        flush=True,
+    )
+    return result
+
+
+def bench_rss(admin: str, sizes: list[int], log_dir: Path) -> dict:
+    result = {}
+    for rows in sizes:
+        print(f"rss: {rows:,} rows", flush=True)
+        dsn, d, settings, _, _ = _dataset(admin, f"lh_bench_service_rss_{rows}", rows, f"bench_rss_{rows}")
+        with ServiceProcess(_env(settings, dsn), log_dir / f"rss_{rows}.log", token=new_token()) as server:
+            idle = _peak_mb(server.proc.pid)
+            n, s = _http_export(server, d)
+            peak = _peak_mb(server.proc.pid)
+        result[rows] = {"idle_peak_mb": round(idle), "peak_mb": round(peak), "rows_s": round(n / s)}
+        print(f"  server peak RSS {peak:.0f} MB (idle {idle:.0f} MB), {n / s:,.0f} rows/s", flush=True)
+    first, last = result[sizes[0]]["peak_mb"], result[sizes[-1]]["peak_mb"]
+    print(f"  peak {sizes[-1]:,} rows ÷ {sizes[0]:,} rows: {last / first:.2f}×", flush=True)
+    return {str(k): v for k, v in result.items()}
+
+
+def bench_load(admin: str, clients: int, seconds: float, demo_rows: int, log_dir: Path) -> dict:
+    from lakehouse_dagster.demo.workspace import seed_demo
+
+    print(f"load: {clients} clients for {seconds:.0f} s on the demo ({demo_rows:,} rows in events)", flush=True)
+    dsn = fresh_database(admin, "lh_bench_service_load")
+    settings, catalog = mirror_settings(dsn, "bench_load")
+    with connect(dsn) as conn:
+        demo = seed_demo(conn, big_rows=demo_rows, home=settings.home)
+        sourced = [
+            (uuid.UUID(r[0].hex), r[1])
+            for r in conn.execute(
+                "select d.id, s.writer from datasets d cross join lateral (select case source->>'type'"
+                " when 'files' then 'sync.append' when 'cdc' then 'cdc.append' else 'sync.full' end as writer) s"
+                " where d.workspace_id = %s and source ? 'type' and source->>'type' <> 'demo'",
+                (uuid.UUID(demo["workspace_id"]),),
+            ).fetchall()
+        ]
+        set_override(conn, "read", "export.stream", "iceberg", note="bench", actor="bench")
+    tabular = [uuid.UUID(x["id"]) for x in demo["datasets"] if x["kind"] == "tabular" and (x["rows"] or 0) > 0]
+    for d in tabular:
+        sync_dataset(dsn, catalog, settings, d)
+    env = _env(settings, dsn, LAKEHOUSE_MAX_CONCURRENT_INGEST="2")
+    latencies: dict[str, list[float]] = {"read": [], "ingest": []}
+    statuses: dict[str, int] = {}
+    lock = threading.Lock()
+    with ServiceProcess(env, log_dir / "load.log", token=new_token()) as server:
+        stop_at = time.monotonic() + seconds
+
+        def worker(seed: int) -> None:
+            import httpx
+
+            rnd = random.Random(seed)
+            headers = {"Authorization": f"Bearer {server.token}"}
+            with httpx.Client(base_url=server.url, headers=headers, timeout=300) as http:
+                while time.monotonic() < stop_at:
+                    if rnd.random() < 0.8:
+                        kind = "read"
+                        body = {
+                            "reader": rnd.choice(["export.stream", "studio.digest"]),
+                            "dataset_id": str(rnd.choice(tabular)),
+                            "limit": 1000,
+                        }
+                    else:
+                        kind = "ingest"
+                        d, writer = rnd.choice(sourced)
+                        body = {"dataset_id": str(d), "writer": writer}
+                    t = time.perf_counter()
+                    resp = http.post(f"/lakehouse/{kind}", json=body)
+                    took = time.perf_counter() - t
+                    with lock:
+                        key = f"{kind} {resp.status_code}"
+                        statuses[key] = statuses.get(key, 0) + 1
+                        if resp.status_code == 200:
+                            latencies[kind].append(took)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+        t0 = time.perf_counter()
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        wall = time.perf_counter() - t0
+        peak = _peak_mb(server.proc.pid)
+
+    def pct(xs: list[float], q: float) -> float:
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
+
+    errors = {k: v for k, v in statuses.items() if not k.endswith((" 200", " 503"))}
+    result = {
+        "clients": clients,
+        "seconds": round(wall, 1),
+        "statuses": statuses,
+        "errors_other_than_503": sum(errors.values()),
+        "reads_per_s": round(len(latencies["read"]) / wall, 1),
+        "read_p50_ms": round(pct(latencies["read"], 0.5), 1),
+        "read_p99_ms": round(pct(latencies["read"], 0.99), 1),
+        "ingests_per_s": round(len(latencies["ingest"]) / wall, 2),
+        "ingest_p50_ms": round(pct(latencies["ingest"], 0.5), 1),
+        "ingest_p99_ms": round(pct(latencies["ingest"], 0.99), 1),
+        "server_peak_mb": round(peak),
+    }
+    print(
+        f"  reads {result['reads_per_s']}/s p50 {result['read_p50_ms']} ms p99 {result['read_p99_ms']} ms · ingests "
+        f"{result['ingests_per_s']}/s p50 {result['ingest_p50_ms']} ms p99 {result['ingest_p99_ms']} ms · "
+        f"statuses {statuses} · errors other than 503: {result['errors_other_than_503']} · server peak "
+        f"{peak:.0f} MB",
+        flush=True,
+    )
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--scale", default="1000000,4000000")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--demo-rows", type=int, default=200_000)
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: export, rss, load")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    admin = admin_dsn()
+    log_dir = Path(__import__("tempfile").mkdtemp(prefix="lh-bench-service-"))
+    out: dict = {"logs": str(log_dir)}
+    if "export" not in skip:
+        out["export"] = bench_export(admin, args.rows, log_dir)
+    if "rss" not in skip:
+        out["rss"] = bench_rss(admin, [int(x) for x in args.scale.split(",")], log_dir)
+    if "load" not in skip:
+        out["load"] = bench_load(admin, args.clients, args.seconds, args.demo_rows, log_dir)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+// Runs against a live `lakehouse serve` that lakehouse_dagster_tests/test_service_node.py starts and seeds; it
+// passes what to expect in LAKEHOUSE_TEST_EXPECT (JSON). Run by hand: LAKEHOUSE_URL=… LAKEHOUSE_API_TOKEN=…
+// LAKEHOUSE_TEST_EXPECT='{…}' npm test
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { LakehouseClient, LakehouseError } from "../src/index.js";
+
+const url = process.env.LAKEHOUSE_URL;
+const token = process.env.LAKEHOUSE_API_TOKEN;
+const expect = JSON.parse(process.env.LAKEHOUSE_TEST_EXPECT ?? "{}");
+const skip = url ? false : "LAKEHOUSE_URL is not set: no service to test against";
+const client = new LakehouseClient({ url, token });
+
+test("reads Arrow through the router, with its decision", { skip }, async () => {
+  const got = await client.read({ reader: "export.stream", datasetId: expect.iceberg.id, order: "row_index" });
+  assert.equal(got.source, "iceberg");
+  assert.equal(got.reason, "iceberg@eventual");
+  assert.equal(got.snapshotId, expect.iceberg.snapshot_id);
+  assert.equal(got.table.numRows, expect.iceberg.rows);
+  assert.deepEqual(got.table.schema.fields.map((f) => f.name), expect.iceberg.columns);
+  const n = got.table.getChild("n").toArray();
+  assert.equal(Number(n[0]), expect.iceberg.first_n);
+  assert.equal(got.table.getChild("name").get(1), expect.iceberg.second_name);
+});
+
+test("streams record batches one at a time", { skip }, async () => {
+  const open = await client.openRead({ reader: "export.stream", datasetId: expect.iceberg.id, columns: ["n"] });
+  let batches = 0;
+  let rows = 0;
+  for await (const batch of open.batches) {
+    batches += 1;
+    rows += batch.numRows;
+  }
+  assert.equal(rows, expect.iceberg.rows);
+  assert.ok(batches > 1, `expected several batches, got ${batches}`);
+});
+
+test("reads rows as NDJSON from Postgres with a limit", { skip }, async () => {
+  const got = await client.readRows({
+    reader: "export.stream",
+    datasetId: expect.postgres.id,
+    columns: ["n", "name"],
+    limit: 3,
+    order: "row_index",
+  });
+  assert.equal(got.source, "postgres");
+  assert.equal(got.reason, "pg@off");
+  assert.equal(got.snapshotId, null);
+  assert.deepEqual(got.rows, expect.postgres.first_rows);
+});
+
+test("route and flags", { skip }, async () => {
+  const route = await client.route({ reader: "export.stream", datasetId: expect.iceberg.id });
+  assert.equal(route.source, "iceberg");
+  assert.equal(route.snapshot_id, expect.iceberg.snapshot_id);
+  const flags = await client.flags({ datasetId: expect.iceberg.id });
+  const reader = flags.readers.find((r) => r.name === "export.stream");
+  assert.equal(reader.mode, "iceberg");
+  assert.equal(reader.reason, "dataset override");
+  assert.deepEqual(await client.ready(), { status: "ready", postgres: "ok", catalog: "ok" });
+});
+
+test("ingest runs the writer", { skip }, async () => {
+  const result = await client.ingest({ datasetId: expect.ingest.id, writer: "sync.full" });
+  assert.equal(result.path, "pg");
+  assert.equal(result.rows, expect.ingest.rows);
+});
+
+test("refusals carry the status and the one-line reason", { skip }, async () => {
+  await assert.rejects(
+    client.read({ reader: "export.streem", datasetId: expect.iceberg.id }),
+    (err) => err instanceof LakehouseError && err.status === 400 && err.reason.startsWith("unknown reader 'export.streem'"),
+  );
+  await assert.rejects(
+    client.ingest({ datasetId: expect.iceberg.id, writer: "row.edit" }),
+    (err) => err instanceof LakehouseError && err.status === 400 && err.reason.includes("locked to pg"),
+  );
+  const stranger = new LakehouseClient({ url, token: "not-the-token-at-all" });
+  await assert.rejects(stranger.route({ reader: "export.stream", datasetId: expect.iceberg.id }), (err) => {
+    return err instanceof LakehouseError && err.status === 401 && err.reason === "unauthorized";
+  });
+});

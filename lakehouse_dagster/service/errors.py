@@ -1,0 +1,73 @@
+"""Refusals and failures as HTTP answers: a status and ``{"error": "<one line: what was wrong and what to do>"}``.
+
+The status follows the CLI's exit code for the same error (core/errors.py), so the service and the CLI refuse
+alike: bad input 400, not found 404, a flip gate or a refused read 409, backpressure (G2) 503 with
+``Retry-After``, a failed sync 500. A class may name its own ``http_status`` (413, 408, 406, 502, 504). Anything
+else is a bug: 500 with its type only — the stack goes to the service's log, never to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from starlette.responses import JSONResponse
+
+from lakehouse_dagster.core.errors import Backpressure, LakehouseError, first_line, is_transient
+
+log = logging.getLogger("lakehouse_dagster.service")
+
+RETRY_AFTER_SECONDS = 2  # what a 503 asks the caller to wait (G2 frees a slot when an ingest ends)
+_BY_EXIT_CODE = {2: 400, 3: 404, 4: 500, 5: 500, 6: 409, 75: 503}
+
+
+class PayloadTooLarge(LakehouseError):
+    http_status = 413
+
+
+class RequestTimeout(LakehouseError):
+    http_status = 408
+
+
+class IngestStillRunning(LakehouseError):
+    """The answer took longer than the request bound; the ingest goes on and ends whole (committed or not)."""
+
+    http_status = 504
+
+
+class Unavailable(LakehouseError):
+    """Postgres cannot be reached, or the service is shutting down: retry."""
+
+    exit_code = 75
+    http_status = 503
+
+
+def status_of(exc: BaseException) -> int:
+    if isinstance(exc, LakehouseError):
+        return getattr(exc, "http_status", None) or _BY_EXIT_CODE.get(exc.exit_code, 400)
+    if isinstance(exc, psycopg.OperationalError):
+        return 503
+    return 500
+
+
+def error_response(exc: BaseException, where: str = "") -> JSONResponse:
+    """The answer for ``exc``; an unexpected one is logged with its stack here."""
+    if isinstance(psycopg_exc := exc, psycopg.OperationalError):
+        log.warning("%sPostgres is unreachable: %s", where, first_line(psycopg_exc))
+        exc = Unavailable(
+            f"Postgres is unreachable ({type(psycopg_exc).__name__}); retry shortly — GET /readyz says when it is back"
+        )
+    status = status_of(exc)
+    headers = {}
+    if status == 503 or (isinstance(exc, LakehouseError) and is_transient(exc)):
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    if isinstance(exc, LakehouseError):
+        message = " ".join(str(exc).split()) or type(exc).__name__
+    else:
+        log.exception("%sunexpected error", where, exc_info=exc)
+        message = f"internal error ({type(exc).__name__}); the service's log has the details"
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def is_backpressure(exc: BaseException) -> bool:
+    return isinstance(exc, Backpressure)

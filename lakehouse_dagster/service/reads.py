@@ -1,0 +1,81 @@
+"""One routed read, opened for streaming: the read router decides exactly as in-process (routing/read_router.py,
+the same ``resolve_read_source`` and ``ReadSource.run``: freshness gate, fallback under ``iceberg`` logged and
+recorded, none under ``iceberg_only``, a dataset written iceberg-native never from Postgres), and its executors
+return opened, primed streams (service/batches.py) instead of whole tables.
+
+A fallback can only happen before the first byte: ``iceberg_stream`` checks every data file and reads the first
+batch while the router can still choose Postgres. An Iceberg error after that cuts the stream (logged; the
+client sees an incomplete body, never rows from two engines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from lakehouse_dagster.core.errors import LakehouseError, ReadRefused
+from lakehouse_dagster.routing.exercise import no_fallback_message
+from lakehouse_dagster.routing.projection import projection_for
+from lakehouse_dagster.routing.read_router import ICEBERG, ReadDecision, resolve_read_source
+from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postgres_stream
+from lakehouse_dagster.service.bodies import ReadRequest
+from lakehouse_dagster.service.db import ServiceDb
+from lakehouse_dagster.tracking.datasets import get_dataset
+
+log = logging.getLogger("lakehouse_dagster.read_router")  # the router's own logger: one place for its lines
+
+
+class IcebergReadFailed(LakehouseError):
+    """The Iceberg read failed and the decision allowed no Postgres fallback (iceberg_only, or written
+    iceberg-native). Nothing was sent."""
+
+    exit_code = 5
+    http_status = 502
+
+
+@dataclasses.dataclass
+class OpenRead:
+    decision: ReadDecision  # after a fallback: source pg, reason pg@fallback
+    stream: BatchStream
+    fallback_error: str | None
+
+
+def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
+    """Decide and open the read; the caller must ``stream.close()`` it. Blocking: run it off the event loop."""
+    conn = db.take()
+    handed_to_stream = False
+    try:
+        dataset = get_dataset(conn, req.dataset_id)  # NotFound for an unknown dataset
+        proj = projection_for(dataset, req.columns, limit=req.limit, order_by_row_index=req.order_by_row_index)
+        source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
+        batch_rows = db.settings.api_batch_rows
+        if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
+            batch_rows = min(batch_rows, proj.limit)
+
+        def postgres(decision: ReadDecision) -> BatchStream:
+            nonlocal handed_to_stream
+            handed_to_stream = True  # from here the stream gives the connection back when it closes
+            return postgres_stream(conn, dataset, proj, batch_rows, release=lambda: db.give(conn))
+
+        def iceberg(decision: ReadDecision) -> BatchStream:
+            table = db.table(dataset.id, decision.snapshot_id)
+            return iceberg_stream(table, decision.snapshot_id, dataset, proj, batch_rows)
+
+        try:
+            result = source.run(postgres=postgres, iceberg=iceberg)
+        except ReadRefused as exc:
+            exc.decision = source.decision  # type: ignore[attr-defined]  # counted by the caller's metrics
+            raise
+        except LakehouseError:
+            raise
+        except Exception as exc:
+            if source.decision.source == ICEBERG and not handed_to_stream:  # no fallback was allowed
+                raise IcebergReadFailed(no_fallback_message(source.decision, exc)) from exc
+            raise
+    except BaseException:
+        if not handed_to_stream:
+            db.give(conn)
+        raise
+    if result.decision.source == ICEBERG:
+        db.give(conn)  # an Iceberg stream needs no Postgres connection
+    return OpenRead(result.decision, result.value, result.fallback_error)

@@ -1,0 +1,285 @@
+"""The service under faults, each with its own `lakehouse serve` process: SIGTERM with requests in flight (within
+the bound, and past it), the request time bound (a held ingest answers 504 and still lands whole; a slow body 408;
+a reader that stops reading is cut and its read freed), and a Postgres restart (/readyz fails, then the service
+recovers without a restart of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.testing.service import ServiceProcess, new_token
+from lakehouse_dagster.tracking import datasets
+
+SCHEMA = [{"name": "n", "type": "int64"}, {"name": "name", "type": "string"}]
+
+
+def _env(dsn: str, root: Path, **extra: str) -> dict[str, str]:
+    (root / "warehouse").mkdir(exist_ok=True)
+    return {
+        "LAKEHOUSE_PG_DSN": dsn,
+        "LAKEHOUSE_HOME": str(root / "home"),
+        "LAKEHOUSE_WAREHOUSE": (root / "warehouse").as_uri(),
+        "LAKEHOUSE_NAMESPACE": "lakehouse",
+        "LAKEHOUSE_FLAG_TTL_SECONDS": "0",
+        "LAKEHOUSE_SOAK_SECONDS": "0",
+        "LAKEHOUSE_API_BATCH_ROWS": "1000",
+        **extra,
+    }
+
+
+def _sourced(conn, rows: int, slow_seconds: float = 0) -> uuid.UUID:
+    table = f"src_{uuid.uuid4().hex[:10]}"
+    conn.execute(f"create table public.{table} (n bigint primary key, name text)")
+    conn.execute(f"insert into public.{table} select g, 'r' || g from generate_series(1, {rows}) g")
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, table, SCHEMA)
+    query = f"select s.n, s.name from public.{table} s" + (f", pg_sleep({slow_seconds})" if slow_seconds else "")
+    set_source(conn, d, {"type": "postgres", "query": query})
+    return d
+
+
+def _big(conn, rows: int) -> uuid.UUID:
+    ws = datasets.create_workspace(conn, "big")
+    d = datasets.create_dataset(conn, ws, "big", SCHEMA)
+    conn.execute(
+        "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
+        " jsonb_build_object('n', g, 'name', repeat('ü', 150) || g) from generate_series(0, %s) g",
+        (d, rows - 1),
+    )
+    return d
+
+
+def _post(server: ServiceProcess, path: str, body: dict, **kw) -> httpx.Response:
+    return httpx.post(
+        server.url + path, json=body, headers={"Authorization": f"Bearer {server.token}"}, timeout=120, **kw
+    )
+
+
+def _refuses_connections(server: ServiceProcess) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
+        return False
+    except OSError:
+        return True
+
+
+def _wait(predicate, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _sleeping_source(dsn: str) -> bool:
+    with connect(dsn) as c:
+        return c.execute(
+            "select exists(select 1 from pg_stat_activity where query like '%pg_sleep%' and state = 'active'"
+            " and pid <> pg_backend_pid())"
+        ).fetchone()[0]
+
+
+def test_sigterm_stops_accepting_and_finishes_the_requests_in_flight(dsn, conn, tmp_path):
+    d_ingest = _sourced(conn, 25, slow_seconds=3)
+    d_read = _big(conn, 60_000)
+    server = ServiceProcess(
+        _env(dsn, tmp_path), tmp_path / "serve.log", token=new_token(), args=("--graceful-seconds", "60")
+    ).wait_ready()
+    results: dict[str, object] = {}
+
+    def ingest():
+        results["ingest"] = _post(server, "/lakehouse/ingest", {"dataset_id": str(d_ingest), "writer": "sync.full"})
+
+    def slow_read():
+        rows = 0
+        with httpx.stream(
+            "POST",
+            server.url + "/lakehouse/read",
+            json={"reader": "export.stream", "dataset_id": str(d_read), "columns": ["n"]},
+            headers={"Authorization": f"Bearer {server.token}", "Accept": "application/x-ndjson"},
+            timeout=120,
+        ) as resp:
+            results["read_status"] = resp.status_code
+            for _line in resp.iter_lines():
+                rows += 1
+                if rows % 10_000 == 0:
+                    time.sleep(0.5)  # a slow consumer: the stream is still going when SIGTERM comes
+        results["read_rows"] = rows
+
+    threads = [threading.Thread(target=ingest), threading.Thread(target=slow_read)]
+    [t.start() for t in threads]
+    _wait(lambda: _sleeping_source(dsn) and "read_status" in results, "both requests to be in flight")
+    server.proc.send_signal(signal.SIGTERM)
+    _wait(lambda: _refuses_connections(server), "the listening socket to close", timeout=10)
+    assert server.proc.poll() is None  # still finishing what it had
+    [t.join(120) for t in threads]
+    assert server.proc.wait(30) == 0
+    ingest_resp = results["ingest"]
+    assert isinstance(ingest_resp, httpx.Response) and ingest_resp.status_code == 200, ingest_resp
+    assert ingest_resp.json()["rows"] == 25
+    assert results["read_status"] == 200 and results["read_rows"] == 60_000
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d_ingest,)).fetchone()[0] == 25
+    assert "stopped (SIGTERM)" in server.log_text()
+
+
+def test_sigterm_past_the_bound_exits_and_names_the_ingest_it_cut(dsn, conn, tmp_path):
+    d = _sourced(conn, 5)
+    server = ServiceProcess(
+        _env(dsn, tmp_path), tmp_path / "serve.log", token=new_token(), args=("--graceful-seconds", "2")
+    ).wait_ready()
+    with connect(dsn) as holder, dataset_lock(holder, d):  # the ingest waits for G3: it will not end in time
+        t = threading.Thread(
+            target=lambda: _post(server, "/lakehouse/ingest", {"dataset_id": str(d), "writer": "sync.full"})
+        )
+        t.start()
+        _wait(lambda: "ds=" in json.dumps(_locks_waiting(dsn)), "the ingest to wait for the dataset lock")
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(30)
+        took = time.monotonic() - started
+    t.join(30)
+    assert code == 1 and took < 10
+    assert "1 ingest(s) still running past the 2 s bound are cut as by a crash" in server.log_text()
+    assert f"sync.full ds={d}" in server.log_text()
+    # it was waiting for G3: nothing was written or recorded
+    assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 0
+    assert conn.execute("select count(*) from iceberg_sync_log where dataset_id = %s", (d,)).fetchone()[0] == 0
+
+
+def _locks_waiting(dsn: str) -> list:
+    with connect(dsn) as c:
+        waiting = c.execute("select count(*) from pg_locks where locktype = 'advisory' and not granted").fetchone()[0]
+    return ["ds=waiting"] if waiting else []
+
+
+def test_the_request_bound_504_for_a_held_ingest_408_for_a_slow_body_and_a_stalled_reader_cut(dsn, conn, tmp_path):
+    d = _sourced(conn, 7)
+    big = _big(conn, 60_000)
+    server = ServiceProcess(
+        _env(dsn, tmp_path, LAKEHOUSE_API_TIMEOUT_SECONDS="2"), tmp_path / "serve.log", token=new_token()
+    ).wait_ready()
+    try:
+        with connect(dsn) as holder:
+            with dataset_lock(holder, d):
+                t0 = time.monotonic()
+                resp = _post(server, "/lakehouse/ingest", {"dataset_id": str(d), "writer": "sync.full"})
+                assert resp.status_code == 504 and 1.5 < time.monotonic() - t0 < 10
+                assert resp.json()["error"].startswith(f"ingest sync.full of dataset {d} is still running after 2 s")
+            # the lock is free: the ingest goes on by itself and lands whole
+            _wait(
+                lambda: conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == 7,
+                "the held ingest to finish on its own",
+            )
+        assert "finished after its request timed out: 7 rows via pg" in server.log_text()
+
+        with socket.create_connection(("127.0.0.1", server.port)) as s:  # a body that never comes
+            s.sendall(
+                b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                + f"Authorization: Bearer {server.token}\r\n\r\n".encode()
+                + b'{"reader":'
+            )
+            s.settimeout(10)
+            answer = b""
+            while b"}" not in answer:
+                chunk = s.recv(4096)
+                assert chunk, answer
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 2 s" in answer
+
+        s = socket.create_connection(("127.0.0.1", server.port))  # a reader that stops reading
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        raw = json.dumps({"reader": "export.stream", "dataset_id": str(big)}).encode()
+        s.sendall(
+            b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {server.token}\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
+            + raw
+        )
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        _wait(lambda: "the client read nothing for 2 s" in server.log_text(), "the stalled stream to be cut", 20)
+        with connect(dsn) as c:
+            held = c.execute(
+                "select count(*) from pg_stat_activity where application_name = 'lakehouse-serve'"
+                " and (state <> 'idle' or backend_xmin is not null)"
+            ).fetchone()[0]
+        assert held == 0  # freed while the stalled client still holds its socket open
+        s.close()
+    finally:
+        server.stop()
+
+
+def _pg(root: Path, verb: str) -> dict:
+    """`lakehouse pg start|stop` in its own process (as an operator restarts the embedded server)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAKEHOUSE_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "pg", verb, "--json"],
+        env={**env, "LAKEHOUSE_HOME": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def own_postgres():
+    """A Postgres of this test's own, to restart."""
+    root = Path(tempfile.mkdtemp(prefix="lh-restart-"))
+    try:
+        yield _pg(root, "start")["dsn"], root
+    finally:
+        _pg(root, "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_postgres_restart_fails_readyz_then_the_service_recovers_by_itself(own_postgres):
+    dsn, root = own_postgres
+    with connect(dsn) as conn:
+        migrate(conn)
+        d = _big(conn, 500)
+    server = ServiceProcess(_env(dsn, root), root / "serve.log", token=new_token()).wait_ready()
+    try:
+        with server.client(retries=0) as client:
+            assert client.ready()["postgres"] == "ok"
+            assert client.read("export.stream", d).table.num_rows == 500
+            assert _pg(root, "stop")["stopped"] is True
+            down = httpx.get(server.url + "/readyz", headers={"Authorization": f"Bearer {server.token}"}, timeout=30)
+            assert down.status_code == 503 and down.json()["postgres"].startswith("unreachable")
+            assert down.json()["error"].startswith("not ready: postgres unreachable")
+            failed = _post(server, "/lakehouse/read", {"reader": "export.stream", "dataset_id": str(d)})
+            assert failed.status_code == 503 and failed.headers["retry-after"]
+            assert failed.json()["error"].startswith("Postgres is unreachable")
+            assert httpx.get(server.url + "/healthz").status_code == 200  # alive, not ready
+            assert _pg(root, "start")["started"] is True
+            _wait(
+                lambda: (
+                    httpx.get(
+                        server.url + "/readyz", headers={"Authorization": f"Bearer {server.token}"}, timeout=30
+                    ).status_code
+                    == 200
+                ),
+                "readyz after the restart",
+            )
+            assert client.read("export.stream", d, order="row_index").table.column("n").to_pylist() == list(range(500))
+            assert client.route("export.stream", d)["reason"] == "pg@off"
+            assert "lakehouse_status_up 1.0" in client.metrics()
+        assert server.proc.poll() is None  # the same process throughout
+    finally:
+        server.stop()
