@@ -33,6 +33,13 @@ def _float(name: str, default: float) -> float:
         raise BadInput(f"{name}={raw!r} is not a number (default {default})") from None
 
 
+def _fraction(name: str, default: float) -> float:
+    value = _float(name, default)
+    if not 0.0 <= value <= 1.0:
+        raise BadInput(f"{name}={value} is not a fraction; set it from 0 (never) to 1 (every read)")
+    return value
+
+
 def _bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -90,6 +97,13 @@ class Settings:
     # older than snapshots_max_age_seconds (lake/writer.py expirable_snapshots); snapshots_keep 0: never.
     snapshots_keep: int = 100
     snapshots_max_age_seconds: int = 3600
+    # Read mode shadow (routing/shadow.py): the fraction of reads also read from Iceberg and compared, off the
+    # request path, by this many worker threads per process taking a queue this long (full: dropped and counted).
+    shadow_sample: float = 0.1
+    shadow_workers: int = 2
+    shadow_queue: int = 64
+    # How often the rollout_controller sensor advances the rollout plans (dagster/defs/plans/).
+    rollout_tick_seconds: int = 15
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -126,6 +140,10 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
+            shadow_sample=_fraction("LAKEHOUSE_SHADOW_SAMPLE", 0.1),
+            shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
+            shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
+            rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:
