@@ -48,7 +48,10 @@ def seed_mix(conn, dsn, settings, *, unsynced: bool = False) -> Seeded:
     synced dataset. Every tabular one canaried ok (what a reader's candidates need)."""
     ws = datasets.create_workspace(conn, "ws-main")
     ws2 = datasets.create_workspace(conn, "ws-other")
-    tab = {name: dataset(conn, dsn, settings, ws, name, rows) for name, rows in (("small", 3), ("mid", 6), ("big", 12), ("wide", 8))}
+    tab = {
+        name: dataset(conn, dsn, settings, ws, name, rows)
+        for name, rows in (("small", 3), ("mid", 6), ("big", 12), ("wide", 8))
+    }
     tab["elsewhere"] = dataset(conn, dsn, settings, ws2, "elsewhere", 5)
     manifest = datasets.create_dataset(conn, ws, "files", [], kind="manifest")
     late = dataset(conn, dsn, settings, ws, "late", 4, synced=False) if unsynced else None

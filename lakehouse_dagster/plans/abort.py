@@ -84,7 +84,7 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
         change = f"{now_mode or '(no override)'} → {before or '(no override)'}"
         out.restored.append(f"{where}: {change}")
         _mark(conn, p.id, k, f"restored: {change}")
-    reason = f"{note}; {len(out.restored)} flag key(s) restored to their value before the plan"
+    reason = f"{p.reason or 'no reason given'}; {len(out.restored)} flag key(s) restored to their value before the plan"
     if out.refused:
         reason += f"; {len(out.refused)} REFUSED by a gate and left as they are: " + "; ".join(out.refused[:5])
     summary: dict = out.as_dict()

@@ -445,4 +445,6 @@ class _Step:
 
 
 def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0][:500] if (text or "").strip() else ""
+    """A refusal's headline and its first reason (a gate's refusal lists the datasets on the lines below)."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return " ".join(lines[:2])[:500]

@@ -170,20 +170,22 @@ def _datasets(conn: psycopg.Connection) -> tuple[dict[uuid.UUID, tuple], dict[uu
     return {r[0]: r[:4] for r in rows}, {r[0]: r[4] for r in rows}
 
 
-def _moves(flag: Flag, before: dict, after: dict, datasets: dict, scope: str, scope_id) -> tuple[list, list]:
-    moved, skipped = [], []
+def _moves(flag: Flag, before: dict, after: dict, datasets: dict, scope: str, scope_id) -> tuple[list, list, list]:
+    """(tabular moves, the others named, every move as the gates' Effect: the gates judge manifest datasets too)."""
+    moved, skipped, every = [], [], []
     for ds_id, (_, name, ws, kind) in datasets.items():
         if scope == DATASET and ds_id != scope_id or scope == WORKSPACE and ws != scope_id:
             continue
         b, a = resolve_for(flag, before, ds_id, ws), resolve_for(flag, after, ds_id, ws)
         if b == a:
             continue
+        every.append(Effect(ds_id, name, b, a))
         if kind == "tabular":
             moved.append(Move(ds_id, name, b, a))
         else:
             skipped.append(f"{name} ({ds_id}): {kind} dataset, not Iceberg-tabular")
     moved.sort(key=lambda m: (m.name, str(m.dataset_id)))
-    return moved, skipped
+    return moved, skipped, every
 
 
 def reader_candidates(
@@ -288,7 +290,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
         for scope, scope_id, label in keys:
             before = dict(stored)
             after = {**stored, (scope, scope_id): mode}
-            moved, skipped = _moves(flag, before, after, datasets, scope, scope_id)
+            moved, skipped, every = _moves(flag, before, after, datasets, scope, scope_id)
             change = FlagChange(i, scope, scope_id, mode, stored.get((scope, scope_id)), moved, skipped, label)
             if not moved:
                 notes.append(
@@ -296,7 +298,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
                     "skipped, nothing to flip"
                 )
                 continue
-            problems += _gate_problems(conn, flag, change, datasets, settings, stored, where, notes)
+            problems += _gate_problems(conn, flag, change, every, datasets, settings, stored, where, notes)
             stored[(scope, scope_id)] = mode
             changes.append(change)
         moved_count = sum(len(c.moved) for c in changes)
@@ -314,7 +316,15 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
 
 
 def _gate_problems(
-    conn, flag: Flag, change: FlagChange, datasets: dict, settings: Settings, stored: dict, where: str, notes: list
+    conn,
+    flag: Flag,
+    change: FlagChange,
+    every: list[Effect],
+    datasets: dict,
+    settings: Settings,
+    stored: dict,
+    where: str,
+    notes: list,
 ) -> list[str]:
     """Why the gates would refuse this change when its turn comes (empty: they would not, as far as can be
     known now); reasons true only at the moment of a flip become notes."""
@@ -324,8 +334,7 @@ def _gate_problems(
     if change.mode == "shadow":
         return []
     if flag.kind != READ:
-        effects = [Effect(m.dataset_id, m.name, m.before, m.after) for m in change.moved]
-        blocked = write_flip_blockers(conn, effects, datasets, soak_seconds=0)
+        blocked = write_flip_blockers(conn, [e for e in every if e.after == "iceberg_native"], datasets, soak_seconds=0)
         hard = [(b, [r for r in b.reasons if not isinstance(r, AtFlip)]) for b in blocked]
         hard = [(b, rs) for b, rs in hard if rs]
         if hard:
@@ -340,11 +349,10 @@ def _gate_problems(
                 f"{change.command(flag)}: {at_flip} dataset(s) not yet caught up / parity-checked / soaked: "
                 "the flip's own preflight and gates check them again when the stage starts"
             )
-        effects_all = [Effect(m.dataset_id, m.name, m.before, m.after) for m in change.moved]
         order = [
             r
             for r in widen_blockers(
-                conn, flag, scope, change.mode, effects_all, datasets, soak_seconds=0, now=dt.datetime.now(dt.UTC)
+                conn, flag, scope, change.mode, every, datasets, soak_seconds=0, now=dt.datetime.now(dt.UTC)
             )
             if r.startswith("writer order")
         ]
