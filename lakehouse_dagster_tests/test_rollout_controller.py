@@ -193,7 +193,7 @@ def test_pause_holds_the_plan_and_resume_continues_it(conn, dsn, settings, insta
 
 
 def test_a_closed_window_keeps_the_stage_waiting(conn, dsn, settings, instance):
-    s = seed_mix(conn, dsn, settings)
+    seed_mix(conn, dsn, settings)
     now = dt.datetime.now(dt.UTC)
     opens, closes = now + dt.timedelta(hours=2), now + dt.timedelta(hours=3)
     window = f"daily {opens:%H:%M}-{closes:%H:%M} UTC"
@@ -238,3 +238,29 @@ stages:
     assert out.restored is not None and len(out.restored.restored) == 1
     assert not list_overrides(conn)
     assert store.get(conn, plan_id).state == "aborted"
+
+
+def test_a_tick_that_dies_after_its_step_is_written_asks_again_under_the_same_run_key(
+    conn, dsn, settings, instance, monkeypatch
+):
+    s = seed_mix(conn, dsn, settings)
+    plan_id, _ = actions.start(conn, settings, _plan(s, stages=""), actor="pytest")
+    driver = Driver(instance, dsn)
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "rollout-after-step:raise*1")
+    res = driver.tick()  # the step rows commit, then the tick dies before the runs are asked for
+    assert res.run_requests == [] and driver.launched == []
+    steps = store.steps(conn, plan_id)
+    assert [(x.status, x.run_id) for x in steps] == [("requested", None)] * 2
+    assert store.get(conn, plan_id).phase == "flipping"
+    monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
+    again = driver.tick(launch=False).run_requests
+    assert sorted(r.run_key for r in again) == sorted(f"rollout:{plan_id}:{x.step_key}" for x in steps)
+    assert store.steps(conn, plan_id) == steps  # nothing new written: the same steps, asked for again
+    for req in again:
+        driver.launch(req)
+    second = driver.launch(again[0])  # the daemon never launches a run key twice; a re-execution from the UI might
+    assert not second.success  # "nothing to flip": it changed nothing, and the step stays succeeded
+    p = driver.until(conn, plan_id, lambda p: p.state != "active")
+    assert p.state == "finished"
+    audit = plan_audit(conn, plan_id)
+    assert [(a[0], a[3]) for a in audit] == [("set", "dataset"), ("set", "dataset"), ("set", "workspace")]

@@ -229,6 +229,7 @@ def rollout_analysis_op(context: dg.OpExecutionContext, config: AnalysisConfig, 
     description="A rollout stage's analysis run (asked for by the rollout_controller): the canary over the stage's "
     "datasets; the controller decides pass / fail / inconclusive from the recorded verdicts.",
     tags=_TAGS,
+    executor_def=dg.in_process_executor,
 )
 def rollout_analysis_job():
     rollout_analysis_op()
