@@ -32,7 +32,11 @@ def _start_daemon(home: Path, workspace: Path, failpoint: str | None) -> subproc
         env["LAKEHOUSE_FAILPOINT"] = failpoint
     log = open(home / f"daemon-{time.monotonic_ns()}.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [str(DAEMON), "run", "-w", str(workspace)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        [str(DAEMON), "run", "-w", str(workspace)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 

@@ -140,7 +140,9 @@ def test_a_tampered_iceberg_value_is_caught_with_the_row_and_the_plan_aborts(con
     assert (row[2]["__row_index"], row[2]["a"], row[3]["__row_index"], row[3]["a"]) == (2, 2, 2, 999)
     assert row[4] == "1 row(s) only in Postgres, 1 only in Iceberg (of 12 and 12)"
     assert p.state == "aborted"
-    assert p.reason.startswith("stage 1: shadow reads 0.0% consistent over 1 compared read(s), below 100% (1 mismatch(es))")
+    assert p.reason.startswith(
+        "stage 1: shadow reads 0.0% consistent over 1 compared read(s), below 100% (1 mismatch(es))"
+    )
     assert f"first: dataset {big} Postgres" in p.reason and "'a': 999" in p.reason
     assert not list_overrides(conn)  # the global shadow override it set is gone again
 
@@ -150,8 +152,9 @@ def test_a_slow_iceberg_side_never_slows_the_served_read(conn, dsn, settings):
     d = dataset(conn, dsn, settings, ws, "orders", 20)
     set_override(conn, "read", "export.stream", "shadow", actor="pytest")
     pool = ShadowPool(dsn, workers=1, queue_size=2, sample=1.0)
-    _read(conn, settings, dsn, None, "export.stream", d, limit=None)  # warm: caches, catalog engine
-    baseline = min(_read(conn, settings, dsn, ShadowPool(dsn, sample=0.0), "export.stream", d)[1] for _ in range(5))
+    off = ShadowPool(dsn, sample=0.0)  # shadow mode, nothing sampled: the served read alone
+    _read(conn, settings, dsn, off, "export.stream", d, limit=None)  # warm: caches, catalog engine
+    baseline = min(_read(conn, settings, dsn, off, "export.stream", d)[1] for _ in range(5))
     with psycopg.connect(dsn) as blocker:  # the catalog's table locked: every Iceberg-side read waits on it
         blocker.execute("lock table iceberg_tables in access exclusive mode")
         times = [_read(conn, settings, dsn, pool, "export.stream", d, limit=None)[1] for _ in range(10)]

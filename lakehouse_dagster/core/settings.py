@@ -33,8 +33,7 @@ def _float(name: str, default: float) -> float:
         raise BadInput(f"{name}={raw!r} is not a number (default {default})") from None
 
 
-def _fraction(name: str, default: float) -> float:
-    value = _float(name, default)
+def _fraction(name: str, value: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise BadInput(f"{name}={value} is not a fraction; set it from 0 (never) to 1 (every read)")
     return value
@@ -140,7 +139,7 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
-            shadow_sample=_fraction("LAKEHOUSE_SHADOW_SAMPLE", 0.1),
+            shadow_sample=_fraction("LAKEHOUSE_SHADOW_SAMPLE", _float("LAKEHOUSE_SHADOW_SAMPLE", 0.1)),
             shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
             shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
             rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),

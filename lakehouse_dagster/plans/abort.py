@@ -48,7 +48,7 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
     """Restore the plan's keys and mark it aborted (inside the caller's transaction on the plan's row)."""
     touched = {
         (s.config.get("scope"), s.config.get("scope_id") or None)
-        for s in store.steps(conn, p.id, kind="flip")
+        for s in store.steps(conn, p.id, kind="flip", with_moved=False)
         if s.detail is None or not s.detail.startswith("skipped")
     }
     keys = [k for k in store.flag_keys(conn, p.id) if k["restored_at"] is None]

@@ -120,7 +120,7 @@ def abort(
             store.update(conn, p.id, state=ABORTING, reason=why, blocking=None)
             store.event(conn, p.id, store.ABORTING_EVENT, stage=p.stage, severity=store.ERROR, reason=why, actor=actor)
             p = dataclasses.replace(p, state=ABORTING, reason=why)
-        in_flight = [s for s in store.steps(conn, p.id, kind="flip") if s.status == "requested"]
+        in_flight = [s for s in store.steps(conn, p.id, kind="flip", with_moved=False) if s.status == "requested"]
         if in_flight:
             msg = (
                 f"abort requested: {len(in_flight)} flip run(s) of the plan may still be running; the "

@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
-import random
 import uuid
 from collections.abc import Callable
 
@@ -235,7 +234,7 @@ class _Step:
     # -- flipping: the flip runs ---------------------------------------------------------------------------------
 
     def flipping(self, stage: Stage) -> tuple[list[RunAsk], bool]:
-        flips = store.steps(self.conn, self.p.id, self.p.stage, "flip")
+        flips = store.steps(self.conn, self.p.id, self.p.stage, "flip", with_moved=False)
         again, failed = [], []
         for s in flips:
             if s.status != "requested":
@@ -257,37 +256,35 @@ class _Step:
                 + (f": {_first_line(s.detail)}" if s.detail else "")
             )
             return self.aborting(), False
-        pending = [s for s in store.steps(self.conn, self.p.id, self.p.stage, "flip") if s.status == "requested"]
+        pending = [
+            s
+            for s in store.steps(self.conn, self.p.id, self.p.stage, "flip", with_moved=False)
+            if s.status == "requested"
+        ]
         if pending:
             store.set_blocking(self.conn, self.p, f"waiting for {len(pending)} flip run(s) of stage {self.p.stage + 1}")
             return again, False
-        moved = sorted({d for s in flips for d in s.moved}, key=str)
-        store.update_stage(self.conn, self.p.id, self.p.stage, flipped_at=self.now, moved=moved)
+        moved = store.set_stage_moved(self.conn, self.p.id, self.p.stage)
+        store.update_stage(self.conn, self.p.id, self.p.stage, flipped_at=self.now)
         store.update(self.conn, self.p.id, phase=SOAKING, blocking=None)
         store.event(self.conn, self.p.id, store.STAGE_FLIPPED, stage=self.p.stage,
-                    reason=f"stage {self.p.stage + 1} flipped {len(moved)} dataset(s); soaking")  # fmt: skip
-        self.say(f"stage {self.p.stage + 1} flipped {len(moved)} dataset(s)")
+                    reason=f"stage {self.p.stage + 1} flipped {moved} dataset(s); soaking")  # fmt: skip
+        self.say(f"stage {self.p.stage + 1} flipped {moved} dataset(s)")
         return [], True
 
     # -- soaking and analyzing -----------------------------------------------------------------------------------
 
-    def plan_datasets(self) -> list[uuid.UUID]:
-        rows = self.conn.execute(
-            "select distinct unnest(moved) from lakehouse_rollout_steps where plan_id = %s and kind = 'flip'",
-            (self.p.id,),
-        ).fetchall()
-        return [r[0] for r in rows]
-
-    def check_incidents(self, stage: Stage, row: store.StageRow) -> bool:
+    def check_incidents(self, stage: Stage, row: store.StageRow, *, native_safety: bool = False) -> bool:
         """Abort on an incident since the stage flipped; True when it did."""
         found = analysis.incidents(
             self.conn,
+            self.p.id,
             self.plan.kind,
             self.plan.name,
-            self.plan_datasets(),
             row.flipped_at or self.now,
             stage.analysis,
             self.settings.wedged_after_seconds,
+            native_safety=native_safety,
         )
         if found is None:
             return False
@@ -310,8 +307,7 @@ class _Step:
         return [self.ask_analysis(stage, row, 1)], False
 
     def ask_analysis(self, stage: Stage, row: store.StageRow, attempt: int) -> RunAsk:
-        ids = list(row.moved)
-        sample = ids if len(ids) <= stage.analysis.sample else random.sample(ids, stage.analysis.sample)
+        sample = store.stage_sample(self.conn, self.p.id, self.p.stage, stage.analysis.sample)
         key = f"stage{self.p.stage}:analysis:{attempt}"
         params = {
             "plan_id": str(self.p.id),
@@ -341,6 +337,8 @@ class _Step:
             if r.status == IN_FLIGHT:
                 return [], False
             store.finish_step(self.conn, self.p.id, last.step_key, r.status, r.run_id, r.message)
+            if self.plan.kind != READ and self.check_incidents(stage, row, native_safety=True):
+                return self.aborting(), False
             found = analysis.verdicts(self.conn, r.run_id, self.plan.kind, stage.analysis, len(last.moved))
             if r.status == FAILED and found.outcome != analysis.FAIL:  # a MISMATCH fails the run too: that decides
                 found = analysis.Outcome(analysis.INCONCLUSIVE, f"the analysis run {r.run_id[:8]} failed: "
@@ -423,7 +421,9 @@ class _Step:
 
     def aborting(self) -> list[RunAsk]:
         """Wait until no flip run of the plan is in flight, then restore every flag key (plans/abort.py)."""
-        pending = [s for s in store.steps(self.conn, self.p.id, kind="flip") if s.status == "requested"]
+        pending = [
+            s for s in store.steps(self.conn, self.p.id, kind="flip", with_moved=False) if s.status == "requested"
+        ]
         waiting = []
         for s in pending:
             r = self.runs.get(s.step_key)

@@ -74,7 +74,7 @@ class StageRow:
     approved_by: str | None
     approval_note: str | None
     inconclusive_since: dt.datetime | None
-    moved: list[uuid.UUID]
+    moved_count: int  # datasets the stage's flips moved (the ids stay in Postgres: a global stage holds them all)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +267,7 @@ def set_blocking(conn: psycopg.Connection, p: PlanRow, text: str | None) -> None
 def stage_row(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> StageRow:
     row = conn.execute(
         "select plan_id, stage, started_at, flipped_at, passed_at, approved_at, approved_by, approval_note,"
-        " inconclusive_since, moved from lakehouse_rollout_stages where plan_id = %s and stage = %s",
+        " inconclusive_since, cardinality(moved) from lakehouse_rollout_stages where plan_id = %s and stage = %s",
         (plan_id, stage),
     ).fetchone()
     return StageRow(*row)
@@ -278,7 +278,7 @@ def stage_rows(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[StageRow]:
         StageRow(*r)
         for r in conn.execute(
             "select plan_id, stage, started_at, flipped_at, passed_at, approved_at, approved_by, approval_note,"
-            " inconclusive_since, moved from lakehouse_rollout_stages where plan_id = %s order by stage",
+            " inconclusive_since, cardinality(moved) from lakehouse_rollout_stages where plan_id = %s order by stage",
             (plan_id,),
         ).fetchall()
     ]
@@ -286,7 +286,7 @@ def stage_rows(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[StageRow]:
 
 def update_stage(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, **fields: Any) -> None:
     allowed = {"started_at", "flipped_at", "passed_at", "approved_at", "approved_by", "approval_note",
-               "inconclusive_since", "moved"}  # fmt: skip
+               "inconclusive_since"}  # fmt: skip
     assert set(fields) <= allowed, fields
     sets = ", ".join(f"{k} = %s" for k in fields)
     conn.execute(
@@ -295,10 +295,44 @@ def update_stage(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, **fie
     )
 
 
+# Every dataset the plan's flips moved, as a relation ``moved(id)`` for a query's join (never sent to Python).
+MOVED_CTE = (
+    "with moved as (select distinct unnest(s.moved) as id from lakehouse_rollout_steps s"
+    " where s.plan_id = %(plan)s and s.kind = 'flip')"
+)
+
+
+def set_stage_moved(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> int:
+    """The stage's moved datasets: the union of its flips', kept in the stage's row; returns how many."""
+    return conn.execute(
+        "update lakehouse_rollout_stages set moved = (select coalesce(array_agg(distinct d), '{}') from"
+        " lakehouse_rollout_steps s, unnest(s.moved) d where s.plan_id = %(plan)s and s.stage = %(stage)s"
+        " and s.kind = 'flip') where plan_id = %(plan)s and stage = %(stage)s returning cardinality(moved)",
+        {"plan": plan_id, "stage": stage},
+    ).fetchone()[0]
+
+
+def stage_sample(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, n: int) -> list[uuid.UUID]:
+    """Up to ``n`` of the stage's moved datasets, at random (all when fewer)."""
+    rows = conn.execute(
+        "select d from lakehouse_rollout_stages, unnest(moved) d where plan_id = %s and stage = %s"
+        " order by random() limit %s",
+        (plan_id, stage, n),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
 def steps(
-    conn: psycopg.Connection, plan_id: uuid.UUID, stage: int | None = None, kind: str | None = None
+    conn: psycopg.Connection,
+    plan_id: uuid.UUID,
+    stage: int | None = None,
+    kind: str | None = None,
+    *,
+    with_moved: bool = True,
 ) -> list[StepRow]:
-    query = f"select {_STEP_COLUMNS} from lakehouse_rollout_steps where plan_id = %s"
+    """``with_moved`` False: ``moved`` comes back empty (a global flip's holds every dataset id)."""
+    columns = _STEP_COLUMNS if with_moved else _STEP_COLUMNS.replace("moved", "'{}'::uuid[]")
+    query = f"select {columns} from lakehouse_rollout_steps where plan_id = %s"
     params: list[Any] = [plan_id]
     if stage is not None:
         query += " and stage = %s"

@@ -114,5 +114,7 @@ create table if not exists lakehouse_shadow_reads (
 create index if not exists lakehouse_shadow_reads_reader_idx on lakehouse_shadow_reads (reader, at);
 create index if not exists lakehouse_shadow_reads_dataset_idx on lakehouse_shadow_reads (dataset_id, at);
 
--- A plan's analysis reads the verdicts its canary run recorded, by run id.
+-- A plan's analysis reads the verdicts its canary run recorded, by run id, and the read fallbacks since its stage
+-- flipped, by time (the controller looks every tick: recent rows first, then the plan's datasets).
 create index if not exists lakehouse_read_parity_run_idx on lakehouse_read_parity (run_id) where run_id is not null;
+create index if not exists lakehouse_read_fallbacks_at_idx on lakehouse_read_fallbacks (at);
