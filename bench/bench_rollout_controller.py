@@ -94,8 +94,14 @@ def _plans(conn, ids: list[uuid.UUID], count: int) -> dict[uuid.UUID, str]:
         stages = (Stage("global", soak=3600, approval=phase == "waiting"),)  # a writer soaking at i=5
         plan = Plan(kind, name, mode, stages)
         plan_id = uuid.uuid4()
-        change = {"stage": 0, "step_key": "stage0:global:all", "scope": "global", "scope_id": None, "mode": mode,
-                  "before": None}  # fmt: skip
+        change = {
+            "stage": 0,
+            "step_key": "stage0:global:all",
+            "scope": "global",
+            "scope_id": None,
+            "mode": mode,
+            "before": None,
+        }
         rendered = {"stages": [{"changes": [change]}]}
         moved = ids if phase == "soaking" else ids[:500]
         with conn.transaction():
@@ -123,7 +129,7 @@ def _plans(conn, ids: list[uuid.UUID], count: int) -> dict[uuid.UUID, str]:
                         Jsonb({"scope": "global", "scope_id": None}),
                         "requested" if phase == "flipping" else "succeeded",
                         moved,
-                    ),  # fmt: skip
+                    ),
                 )
             if phase == "analyzing":
                 conn.execute(
@@ -158,8 +164,9 @@ def main() -> None:
     parser.add_argument("--plans", type=int, default=10)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    dsn = start_embedded(Path(tempfile.mkdtemp(prefix="lh-bench-rollout-")) / "pg", keep_running=False,
-                         delete_on_exit=True)  # fmt: skip
+    dsn = start_embedded(
+        Path(tempfile.mkdtemp(prefix="lh-bench-rollout-")) / "pg", keep_running=False, delete_on_exit=True
+    )
     os.environ["LAKEHOUSE_SOAK_SECONDS"] = "0"  # (the native-safety check reads the project's soak itself)
     settings = Settings.from_env().replace(pg_dsn=dsn, soak_seconds=0)
     with connect(dsn) as conn:

@@ -55,8 +55,9 @@ def seed_mix(conn, dsn, settings, *, unsynced: bool = False) -> Seeded:
     tab["elsewhere"] = dataset(conn, dsn, settings, ws2, "elsewhere", 5)
     manifest = datasets.create_dataset(conn, ws, "files", [], kind="manifest")
     late = dataset(conn, dsn, settings, ws, "late", 4, synced=False) if unsynced else None
-    canary.run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(i) for i in tab.values()],
-                      smoke=True)  # fmt: skip
+    canary.run_canary(
+        conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(i) for i in tab.values()], smoke=True
+    )
     return Seeded(ws, ws2, tab, manifest, late)
 
 

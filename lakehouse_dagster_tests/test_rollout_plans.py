@@ -46,7 +46,7 @@ stages:
         ("global", 1, False),
     ]
     assert plan.stages[0].count == 2 and str(plan.stages[1].workspaces[0]) == WS
-    assert plan.stages[0].analysis.sample == 20 and plan.stages[0].max_datasets == 500
+    assert plan.stages[0].analysis.sample == 20 and plan.stages[0].max_datasets is None
     writer = load_plan("writer: sync.full\nstages: [{global: true, soak: 10m}]\ndefaults: {approval: true}")
     assert (writer.kind, writer.mode, writer.stages[0].soak, writer.stages[0].approval) == (
         "write",

@@ -33,9 +33,15 @@ def instance():
 def _read(conn, settings, dsn, pool, reader, d, **kw):
     started = time.perf_counter()
     result, _, _ = read_through_router(
-        conn, load_catalog(settings, dsn), settings, reader, d, resolver=FlagResolver(conn, ttl_seconds=0),
-        shadow_pool=pool, **kw,
-    )  # fmt: skip
+        conn,
+        load_catalog(settings, dsn),
+        settings,
+        reader,
+        d,
+        resolver=FlagResolver(conn, ttl_seconds=0),
+        shadow_pool=pool,
+        **kw,
+    )
     return result, time.perf_counter() - started
 
 
@@ -75,8 +81,14 @@ def test_compare_is_order_independent_and_names_the_first_differing_row():
         {"__row_index": 1, "a": 2, "j": None, "f": -0.0},
         {"__row_index": 1, "a": 7, "j": None, "f": 0.0},
     )
-    dup = pa.table({"__row_index": [0, 0, 1, 2], "a": [1, 1, 2, 3], "j": ['{"k": 1}'] * 2 + [None, "[1]"],
-                    "f": [0.1, 0.1, 0.0, None]})  # fmt: skip
+    dup = pa.table(
+        {
+            "__row_index": [0, 0, 1, 2],
+            "a": [1, 1, 2, 3],
+            "j": ['{"k": 1}'] * 2 + [None, "[1]"],
+            "f": [0.1, 0.1, 0.0, None],
+        }
+    )
     assert compare_tables(pg, dup, cols).outcome == "mismatch"  # a duplicated row is a difference (a multiset)
 
 
@@ -120,9 +132,11 @@ def test_a_tampered_iceberg_value_is_caught_with_the_row_and_the_plan_aborts(con
     big = s.tabular["big"]
     pool = ShadowPool(dsn, workers=1, queue_size=100, sample=1.0)
     plan_id, _ = actions.start(
-        conn, settings, "reader: graph.kuzu\nstages:\n  - shadow: true\n    analysis: {min_reads: 5}\n  - global: true\n",
+        conn,
+        settings,
+        "reader: graph.kuzu\nstages:\n  - shadow: true\n    analysis: {min_reads: 5}\n  - global: true\n",
         actor="pytest",
-    )  # fmt: skip
+    )
     driver = Driver(instance, dsn)
 
     def tampered_reads(p):
@@ -165,7 +179,11 @@ def test_a_slow_iceberg_side_never_slows_the_served_read(conn, dsn, settings):
     assert pool.drain(60)
     assert served_while_blocked < max(10 * baseline, 0.5), (served_while_blocked, baseline)
     with connect(dsn) as c:
-        outcomes = dict(c.execute("select outcome, sum(coalesce(pg_rows, 0)) from lakehouse_shadow_reads"
-                                  " where outcome <> 'match' group by outcome").fetchall())  # fmt: skip
+        outcomes = dict(
+            c.execute(
+                "select outcome, sum(coalesce(pg_rows, 0)) from lakehouse_shadow_reads"
+                " where outcome <> 'match' group by outcome"
+            ).fetchall()
+        )
         matched = c.execute("select count(*) from lakehouse_shadow_reads where outcome = 'match'").fetchone()[0]
     assert matched == 10 - pool.counts["dropped"] and outcomes == {"dropped": pool.counts["dropped"]}

@@ -124,7 +124,7 @@ def _status(ctx, args) -> Result:
     if args.id:
         s = status.plan_status(ctx.conn, store.resolve_id(ctx.conn, args.id), soak_seconds=soak, history=args.history)
         return Result(s.as_dict(), "\n".join(s.lines(history=args.history > 0)))
-    found = status.recent_statuses(ctx.conn, soak_seconds=soak, history=args.history)
+    found = status.recent_statuses(ctx.conn, soak_seconds=soak, history=args.history if args.json else 0)
     rows = [
         {
             "id": str(s.id)[:8],

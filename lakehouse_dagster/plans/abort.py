@@ -74,8 +74,9 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
             if before is None:
                 clear_flag(conn, p.kind, p.name, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw)
             else:
-                set_flag(conn, p.kind, p.name, before, note=note, actor=actor, soak_seconds=settings.soak_seconds,
-                         **scope_kw)  # fmt: skip
+                set_flag(
+                    conn, p.kind, p.name, before, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw
+                )
         except FlipRefused as exc:
             text = " ".join(str(exc).split())
             out.refused.append(f"{where}: stays {now_mode}: {text}")
@@ -94,8 +95,9 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
             "--dataset <id> per dataset (or a full sync on the pg path) before Postgres serves them again"
         )
     store.update(conn, p.id, state=ABORTED, blocking=None, ended_at=store.db_now(conn))
-    store.event(conn, p.id, store.ABORTED_EVENT, stage=p.stage, severity=ERROR, reason=reason, actor=actor,
-                detail=summary)  # fmt: skip
+    store.event(
+        conn, p.id, store.ABORTED_EVENT, stage=p.stage, severity=ERROR, reason=reason, actor=actor, detail=summary
+    )
     return out
 
 

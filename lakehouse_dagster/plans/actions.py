@@ -92,8 +92,9 @@ def approve(conn: psycopg.Connection, plan_id: uuid.UUID, *, actor: str, note: s
         now = store.db_now(conn)
         store.update_stage(conn, p.id, p.stage, approved_at=now, approved_by=actor, approval_note=note)
         store.update(conn, p.id, blocking=None)
-        store.event(conn, p.id, store.APPROVED, stage=p.stage, reason=note or f"stage {p.stage + 1} approved",
-                    actor=actor)  # fmt: skip
+        store.event(
+            conn, p.id, store.APPROVED, stage=p.stage, reason=note or f"stage {p.stage + 1} approved", actor=actor
+        )
     return store.get(conn, plan_id)
 
 

@@ -199,16 +199,29 @@ class _Step:
             }
             job = SET_FLAG if stage.kind == SHADOW else READ_FLIP if self.plan.kind == READ else WRITE_FLIP
             if not tabular:  # what the dry-run skipped as well: the flip job would refuse "nothing to flip"
-                store.add_step(self.conn, self.p.id, c["step_key"], self.p.stage, "flip", job, params, [],
-                               status=SUCCEEDED, detail="skipped: moves no Iceberg-tabular dataset")  # fmt: skip
+                store.add_step(
+                    self.conn,
+                    self.p.id,
+                    c["step_key"],
+                    self.p.stage,
+                    "flip",
+                    job,
+                    params,
+                    [],
+                    status=SUCCEEDED,
+                    detail="skipped: moves no Iceberg-tabular dataset",
+                )
                 continue
-            store.record_before(self.conn, self.p.id, self.plan.kind, self.plan.name, scope.scope, scope.scope_id,
-                                c["before"])  # fmt: skip
+            store.record_before(
+                self.conn, self.p.id, self.plan.kind, self.plan.name, scope.scope, scope.scope_id, c["before"]
+            )
             store.add_step(self.conn, self.p.id, c["step_key"], self.p.stage, "flip", job, params, tabular)
             asks.append(RunAsk(self.p.id, c["step_key"], job, params))
-        if total > stage.max_datasets:
-            self.conn.execute("delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and status = "
-                              "'requested'", (self.p.id, self.p.stage))  # fmt: skip
+        if stage.max_datasets is not None and stage.kind != SHADOW and total > stage.max_datasets:
+            self.conn.execute(
+                "delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and status = 'requested'",
+                (self.p.id, self.p.stage),
+            )
             self.pause(
                 f"stage {self.p.stage + 1} would move {total} datasets now, above its max_datasets "
                 f"{stage.max_datasets}; abort, or resume once fewer would move"
@@ -267,8 +280,13 @@ class _Step:
         moved = store.set_stage_moved(self.conn, self.p.id, self.p.stage)
         store.update_stage(self.conn, self.p.id, self.p.stage, flipped_at=self.now)
         store.update(self.conn, self.p.id, phase=SOAKING, blocking=None)
-        store.event(self.conn, self.p.id, store.STAGE_FLIPPED, stage=self.p.stage,
-                    reason=f"stage {self.p.stage + 1} flipped {moved} dataset(s); soaking")  # fmt: skip
+        store.event(
+            self.conn,
+            self.p.id,
+            store.STAGE_FLIPPED,
+            stage=self.p.stage,
+            reason=f"stage {self.p.stage + 1} flipped {moved} dataset(s); soaking",
+        )
         self.say(f"stage {self.p.stage + 1} flipped {moved} dataset(s)")
         return [], True
 
@@ -341,8 +359,10 @@ class _Step:
                 return self.aborting(), False
             found = analysis.verdicts(self.conn, r.run_id, self.plan.kind, stage.analysis, len(last.moved))
             if r.status == FAILED and found.outcome != analysis.FAIL:  # a MISMATCH fails the run too: that decides
-                found = analysis.Outcome(analysis.INCONCLUSIVE, f"the analysis run {r.run_id[:8]} failed: "
-                                         f"{_first_line(r.message or 'no reason recorded')}")  # fmt: skip
+                found = analysis.Outcome(
+                    analysis.INCONCLUSIVE,
+                    f"the analysis run {r.run_id[:8]} failed: {_first_line(r.message or 'no reason recorded')}",
+                )
             return self.decide(stage, row, found, attempt)
         # the last analysis was inconclusive: ask again once retry_every has passed
         assert last.finished_at is not None
@@ -392,13 +412,24 @@ class _Step:
     def pass_stage(self, stage: Stage, found: analysis.Outcome) -> list[RunAsk]:
         n = self.p.stage + 1
         store.update_stage(self.conn, self.p.id, self.p.stage, passed_at=self.now, inconclusive_since=None)
-        store.event(self.conn, self.p.id, store.STAGE_PASSED, stage=self.p.stage,
-                    reason=f"stage {n} ({stage.describe()}) passed: {found.reason}", detail=found.detail)  # fmt: skip
+        store.event(
+            self.conn,
+            self.p.id,
+            store.STAGE_PASSED,
+            stage=self.p.stage,
+            reason=f"stage {n} ({stage.describe()}) passed: {found.reason}",
+            detail=found.detail,
+        )
         self.say(f"stage {n} passed: {found.reason}")
         if n == len(self.plan.stages):
             store.update(self.conn, self.p.id, state=store.FINISHED, phase=WAITING, blocking=None, ended_at=self.now)
-            store.event(self.conn, self.p.id, store.FINISHED_EVENT, stage=self.p.stage,
-                        reason=f"{self.plan.name} is {self.plan.mode} at every stage of the plan")  # fmt: skip
+            store.event(
+                self.conn,
+                self.p.id,
+                store.FINISHED_EVENT,
+                stage=self.p.stage,
+                reason=f"{self.plan.name} is {self.plan.mode} at every stage of the plan",
+            )
             self.say("finished")
         else:
             store.update(self.conn, self.p.id, stage=n, phase=WAITING, blocking=None)
@@ -408,14 +439,28 @@ class _Step:
 
     def pause(self, reason: str) -> None:
         store.update(self.conn, self.p.id, state=store.PAUSED, reason=reason, blocking=reason)
-        store.event(self.conn, self.p.id, store.PAUSED_EVENT, stage=self.p.stage, severity=WARNING, reason=reason,
-                    actor="rollout_controller")  # fmt: skip
+        store.event(
+            self.conn,
+            self.p.id,
+            store.PAUSED_EVENT,
+            stage=self.p.stage,
+            severity=WARNING,
+            reason=reason,
+            actor="rollout_controller",
+        )
         self.say(f"paused: {reason}")
 
     def begin_abort(self, reason: str) -> None:
         store.update(self.conn, self.p.id, state=ABORTING, reason=reason, blocking=None)
-        store.event(self.conn, self.p.id, store.ABORTING_EVENT, stage=self.p.stage, severity=ERROR, reason=reason,
-                    actor="rollout_controller")  # fmt: skip
+        store.event(
+            self.conn,
+            self.p.id,
+            store.ABORTING_EVENT,
+            stage=self.p.stage,
+            severity=ERROR,
+            reason=reason,
+            actor="rollout_controller",
+        )
         self.p = dataclasses.replace(self.p, state=ABORTING, reason=reason)
         self.say(f"aborting: {reason}")
 
@@ -439,8 +484,10 @@ class _Step:
             )
             return []
         restored = restore(self.conn, self.settings, self.p)
-        self.say(f"aborted: {len(restored.restored)} flag key(s) restored" + (
-            f", {len(restored.refused)} refused by a gate" if restored.refused else ""))  # fmt: skip
+        self.say(
+            f"aborted: {len(restored.restored)} flag key(s) restored"
+            + (f", {len(restored.refused)} refused by a gate" if restored.refused else "")
+        )
         return []
 
 

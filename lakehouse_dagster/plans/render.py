@@ -302,7 +302,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
             stored[(scope, scope_id)] = mode
             changes.append(change)
         moved_count = sum(len(c.moved) for c in changes)
-        if moved_count > stage.max_datasets:
+        if stage.max_datasets is not None and stage.kind != SHADOW and moved_count > stage.max_datasets:
             problems.append(
                 f"{where}: moves {moved_count} datasets, above its max_datasets {stage.max_datasets}; "
                 "add a narrower stage first or raise max_datasets"

@@ -33,7 +33,11 @@ def plan_schema() -> dict:
         "soak": {**_DURATION, "description": "held this long before its analysis; at least the project's soak"},
         "approval": {"type": "boolean", "description": "an operator approves before the stage starts"},
         "window": {"type": "string", "description": "e.g. 'weekdays 09:00-17:00 UTC'"},
-        "max_datasets": {"type": "integer", "minimum": 1, "description": "refuse a stage moving more (500)"},
+        "max_datasets": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "refuse a stage moving more (default: no cap)",
+        },
         "ok_within": {**_DURATION, "description": "reader candidates: an ok verdict this recent (24h)"},
         "analysis": analysis,
     }

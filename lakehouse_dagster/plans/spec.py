@@ -51,7 +51,7 @@ class Stage:
     soak: int = 0  # seconds; the effective soak is max(this, the project's soak)
     approval: bool = False  # an operator approves before the stage starts
     window: Window | None = None
-    max_datasets: int = 500  # refuse (pause) a stage that would move more datasets than this
+    max_datasets: int | None = None  # refuse (pause) a stage that would move more datasets; None: no cap
     ok_within: int = 86_400  # datasets: a reader candidate's ok verdict must be this recent (seconds)
     analysis: Analysis = Analysis()
 
@@ -283,7 +283,7 @@ def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | No
         analysis = _analysis(s["analysis"], f"{where}.analysis", errors)
         if analysis is not None:
             fields["analysis"] = analysis
-    if what == DATASETS and fields.get("count") and fields.get("max_datasets", 500) < fields["count"]:
+    if what == DATASETS and fields.get("count") and fields.get("max_datasets", fields["count"]) < fields["count"]:
         errors.add(f"{where}.max_datasets", f"is below datasets: {fields['count']}; raise it or move fewer")
     try:
         return Stage(**fields)

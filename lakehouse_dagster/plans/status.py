@@ -121,8 +121,14 @@ def _status(conn: psycopg.Connection, p: store.PlanRow, soak_seconds: int, histo
     shadow = None
     if stage.kind == SHADOW and row is not None and row.flipped_at is not None:
         c = consistency(conn, p.name, row.flipped_at)
-        shadow = {"compared": c.compared, "matched": c.matched, "rate": c.rate, "skipped": c.skipped,
-                  "first_mismatch": c.first_mismatch, "text": c.describe()}  # fmt: skip
+        shadow = {
+            "compared": c.compared,
+            "matched": c.matched,
+            "rate": c.rate,
+            "skipped": c.skipped,
+            "first_mismatch": c.first_mismatch,
+            "text": c.describe(),
+        }
     return PlanStatus(
         id=p.id,
         kind=p.kind,

@@ -108,7 +108,7 @@ def plan_from_stored(d: dict) -> Plan:
             soak=s["soak"],
             approval=s["approval"],
             window=parse_window(s["window"]) if s.get("window") else None,
-            max_datasets=s["max_datasets"],
+            max_datasets=s.get("max_datasets"),
             ok_within=s["ok_within"],
             analysis=Analysis(**s["analysis"]),
         )
@@ -285,8 +285,15 @@ def stage_rows(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[StageRow]:
 
 
 def update_stage(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, **fields: Any) -> None:
-    allowed = {"started_at", "flipped_at", "passed_at", "approved_at", "approved_by", "approval_note",
-               "inconclusive_since"}  # fmt: skip
+    allowed = {
+        "started_at",
+        "flipped_at",
+        "passed_at",
+        "approved_at",
+        "approved_by",
+        "approval_note",
+        "inconclusive_since",
+    }
     assert set(fields) <= allowed, fields
     sets = ", ".join(f"{k} = %s" for k in fields)
     conn.execute(

@@ -24,8 +24,12 @@ from lakehouse_dagster.plans import controller, store
 from lakehouse_dagster.plans.controller import ANALYSIS, FAILED, IN_FLIGHT, READ_FLIP, SET_FLAG, SUCCEEDED, WRITE_FLIP
 
 _REFUSED = "lakehouse_dagster.dagster.refusals.Refused: "
-_OP = {READ_FLIP: "read_flip_preflight", WRITE_FLIP: "write_flip_preflight", SET_FLAG: "set_flag_op",
-       ANALYSIS: "rollout_analysis_op"}  # fmt: skip
+_OP = {
+    READ_FLIP: "read_flip_preflight",
+    WRITE_FLIP: "write_flip_preflight",
+    SET_FLAG: "set_flag_op",
+    ANALYSIS: "rollout_analysis_op",
+}
 
 
 def _tick_seconds() -> int:
@@ -50,7 +54,9 @@ def run_config(ask: controller.RunAsk) -> dict:
         if ask.job == SET_FLAG:
             config = {"kind": p["kind"], "name": p["name"], "mode": p["mode"], "note": p["note"], **scope}
         else:
-            config = {"note": p["note"], "max_datasets": p["max_datasets"], "sample": p["sample"], **scope}
+            config = {"note": p["note"], "sample": p["sample"], **scope}
+            if p.get("max_datasets") is not None:  # else the flip's own preflight cap (500 canaried)
+                config["max_datasets"] = p["max_datasets"]
             if ask.job == READ_FLIP:
                 config |= {"reader": p["name"].replace(".", "_"), "mode": p["mode"]}
             else:
