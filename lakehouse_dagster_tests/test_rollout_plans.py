@@ -11,6 +11,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.flags.overrides import list_overrides, set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
@@ -19,7 +20,7 @@ from lakehouse_dagster.plans.schema import schema_text
 from lakehouse_dagster.plans.spec import load_plan, parse_duration
 from lakehouse_dagster.plans.window import parse_window
 
-from .flag_helpers import cli, flag_tables
+from .flag_helpers import cli, flag_tables, refusal
 from .rollout_helpers import Driver, plan_audit, seed_mix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,7 +209,15 @@ def _write(tmp_path, text: str, name: str = "plan.yaml") -> str:
     return str(path)
 
 
-def test_the_rollout_verbs(conn, dsn, settings, tmp_path):
+def test_the_rollout_verbs(conn, dsn, settings, tmp_path, capsys):
+    """Two verbs as a real process (the console script a user types), the rest through the same entry point in
+    process (cli.main.main: the same parser, output and exit codes, without a start-up each)."""
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = main(list(args))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
     s = seed_mix(conn, dsn, settings)
     path = _write(
         tmp_path, f"reader: studio.digest\nstages:\n  - datasets: 1\n  - workspace: {s.ws}\n    approval: true\n"
@@ -221,15 +230,17 @@ def test_the_rollout_verbs(conn, dsn, settings, tmp_path):
         "stage 1: datasets: 1 — soak 0s (the larger of the plan's 0s and the project's 0s, LAKEHOUSE_SOAK_SECONDS); "
         "no approval; any time"
     )
-    assert out[2].startswith("  1. flags set studio.digest iceberg --dataset ") and out[2].endswith(
-        "(small): moves 1 dataset(s)"
-    )
+    assert out[2].startswith("  1. flags set studio.digest iceberg --dataset ")
+    assert out[2].endswith("(small): moves 1 dataset(s)")
     assert out[-1] == "dry-run: nothing written"
     assert "approval needed before it" in proc.stdout and "files (" in proc.stdout  # the manifest, named as skipped
-    data = json.loads(cli("rollout", "plan", path, "--json", check=True).stdout)
-    assert [c["label"] for st in data["stages"] for c in st["changes"]] == ["small", "ws-main"]
+    code, text, _ = run("rollout", "plan", path, "--json")
+    assert code == 0 and [c["label"] for st in json.loads(text)["stages"] for c in st["changes"]] == [
+        "small",
+        "ws-main",
+    ]
     # the same plan from flags
-    flags = cli(
+    code, text, _ = run(
         "rollout",
         "plan",
         "--reader",
@@ -239,31 +250,76 @@ def test_the_rollout_verbs(conn, dsn, settings, tmp_path):
         "--stage",
         f"workspace: {s.ws}, approval: true",
     )
-    assert flags.returncode == 0 and flags.stdout.splitlines()[:4] == out[:4]
-    bad = cli(
+    assert code == 0 and text.splitlines()[:4] == out[:4]
+    code, _, err = run(
         "rollout", "plan", _write(tmp_path, "reader: studio.digest\nstages: [{global: yes, soak: 5}]", "bad.yaml")
     )
-    assert bad.returncode == 2 and bad.stderr.strip().endswith(
-        "stages[0].soak: 5 is not a duration; write a duration like 30s, 10m, 1h or 1h30m"
-    )
-    assert cli("rollout", "plan").returncode == 2
+    assert code == 2
+    assert err.strip().endswith("stages[0].soak: 5 is not a duration; write a duration like 30s, 10m, 1h or 1h30m")
+    assert run("rollout", "plan")[0] == 2
 
-    started = json.loads(cli("rollout", "start", path, "--json", check=True).stdout)
-    plan_id = started["plan_id"]
-    again = cli("rollout", "start", path)
-    assert again.returncode == 2 and f"plan {plan_id} for reader studio.digest is still active" in again.stderr
-    table = cli("rollout", "status", check=True).stdout.splitlines()
+    started = cli("rollout", "start", path, "--json", check=True)
+    plan_id = json.loads(started.stdout)["plan_id"]
+    code, _, err = run("rollout", "start", path)
+    assert code == 2 and f"plan {plan_id} for reader studio.digest is still active" in err
+    table = run("rollout", "status")[1].splitlines()
     assert table[0].split() == ["id", "flag", "mode", "state", "stage", "phase", "next"]
     assert table[1].startswith(f"{plan_id[:8]}  studio.digest  iceberg  active  1/2 datasets: 1")
-    st = json.loads(cli("rollout", "status", plan_id[:8], "--json", check=True).stdout)
+    st = json.loads(run("rollout", "status", plan_id[:8], "--json")[1])
     assert (st["state"], st["stage"], st["history"][0]["event"]) == ("active", 1, "started")
-    assert cli("rollout", "pause", plan_id[:8], "--reason", "wait", check=True).stdout.startswith(f"plan {plan_id}: ")
-    refused = cli("rollout", "approve", plan_id[:8])
-    assert refused.returncode == 2 and "is not waiting for an approval (stage 1 is waiting" not in refused.stderr
-    assert "nothing approved" in refused.stderr
-    cli("rollout", "resume", plan_id, check=True)
-    aborted = cli("rollout", "abort", plan_id, "--reason", "changed my mind", check=True).stdout
-    assert aborted.startswith("aborted: 0 flag key(s) restored")  # nothing set yet: nothing to restore
+    code, text, _ = run("rollout", "pause", plan_id[:8], "--reason", "wait")
+    assert code == 0 and text.startswith(f"plan {plan_id}: reader studio.digest → iceberg: paused, stage 1 of 2")
+    code, _, err = run("rollout", "approve", plan_id[:8])
+    assert code == 2 and err.strip().endswith(
+        f"plan {plan_id} is not waiting for an approval (its stage needs no approval); nothing approved"
+    )
+    assert run("rollout", "resume", plan_id)[0] == 0
+    code, text, _ = run("rollout", "abort", plan_id, "--reason", "changed my mind")
+    assert code == 0 and text.startswith("aborted: 0 flag key(s) restored")  # nothing set yet: nothing to restore
     assert store.get(conn, store.resolve_id(conn, plan_id)).state == "aborted"
-    assert cli("rollout", "status", "ffff0000").returncode == 3
-    assert cli("rollout", "abort", plan_id).returncode == 2
+    assert run("rollout", "status", "ffff0000")[0] == 3
+    assert run("rollout", "abort", plan_id)[0] == 2
+
+
+def test_the_rollout_jobs_from_the_launchpad(conn, dsn, settings):
+    """The code location carries a job per verb and the controller; each runs with typed config and refuses like the
+    CLI (the reason, no stack)."""
+    from lakehouse_dagster.dagster.definitions import defs
+
+    loaded = defs()
+    dg.Definitions.validate_loadable(loaded)
+    assert loaded.resolve_sensor_def("rollout_controller") is not None
+    s = seed_mix(conn, dsn, settings)
+    text = f"reader: graph.kuzu\nstages:\n  - datasets: 1\n    approval: true\n  - workspace: {s.ws}\n"
+    instance = dg.DagsterInstance.ephemeral()
+
+    def run(job: str, op: str, config: dict):
+        return loaded.resolve_job_def(job).execute_in_process(
+            run_config={"ops": {op: {"config": config}}}, instance=instance, raise_on_error=False
+        )
+
+    dry = run("rollout_plan", "rollout_plan_op", {"plan": text})
+    assert dry.success and dry.output_for_node("rollout_plan_op")["changes"] == 2
+    assert conn.execute("select count(*) from lakehouse_rollout_plans").fetchone()[0] == 0
+    refused = run("rollout_plan", "rollout_plan_op", {"plan": "reader: graph.kuzu\nstages: [{datasets: 99}]"})
+    assert not refused.success
+    assert refusal(refused.get_step_failure_events()[0]).startswith(
+        "refused: the plan for reader graph.kuzu → iceberg would break a gate; nothing written:\n"
+        "  stages[0].datasets: 99 wanted, 5 candidate(s)"
+    )
+    started = run("rollout_start", "rollout_start_op", {"plan": text})
+    plan_id = started.output_for_node("rollout_start_op")
+    assert store.get(conn, store.resolve_id(conn, plan_id)).created_by.startswith("pytest (dagster run ")
+    Driver(instance, dsn).tick()  # the controller: the first stage waits for its approval
+    approved = run("rollout_approve", "rollout_approve_op", {"plan_id": plan_id[:8], "note": "go"})
+    assert approved.success and approved.output_for_node("rollout_approve_op")["history"] == []
+    st = run("rollout_status", "rollout_status_op", {"plan_id": plan_id}).output_for_node("rollout_status_op")
+    assert [e["event"] for e in st[0]["history"]] == ["started", "approval-needed", "approved"]
+    paused = run("rollout_pause", "rollout_pause_op", {"plan_id": plan_id, "note": "hold"})
+    assert paused.output_for_node("rollout_pause_op")["state"] == "paused"
+    again = run("rollout_pause", "rollout_pause_op", {"plan_id": plan_id})
+    assert refusal(again.get_step_failure_events()[0]) == f"plan {plan_id} is paused, not active; nothing to pause"
+    assert run("rollout_resume", "rollout_resume_op", {"plan_id": plan_id}).success
+    aborted = run("rollout_abort", "rollout_abort_op", {"plan_id": plan_id, "note": "test over"})
+    assert aborted.output_for_node("rollout_abort_op")["state"] == "aborted"
+    assert not list_overrides(conn)
