@@ -264,3 +264,21 @@ def test_a_tick_that_dies_after_its_step_is_written_asks_again_under_the_same_ru
     assert p.state == "finished"
     audit = plan_audit(conn, plan_id)
     assert [(a[0], a[3]) for a in audit] == [("set", "dataset"), ("set", "dataset"), ("set", "workspace")]
+
+
+def test_a_stage_with_nothing_left_to_move_passes_without_a_run(conn, dsn, settings, instance):
+    s = seed_mix(conn, dsn, settings)
+    text = f"reader: studio.training_pairs\nstages:\n  - datasets: 1\n    within: {s.ws2}\n  - workspace: {s.ws2}\n"
+    dry = actions.dry_run(conn, settings, text)
+    assert dry.stages[1].changes == []  # ws2's one tabular dataset is moved by the first stage already
+    assert dry.stages[1].notes == [
+        f"flags set studio.training_pairs iceberg --workspace {s.ws2} moves no Iceberg-tabular dataset (each already "
+        "resolves to iceberg): skipped, nothing to flip"
+    ]
+    plan_id, _ = actions.start(conn, settings, text, actor="pytest")
+    driver = Driver(instance, dsn)
+    p = driver.until(conn, plan_id, lambda p: p.state != "active")
+    assert p.state == "finished"
+    assert [r.job_name for r in driver.launched] == ["read_flip", "rollout_analysis"]
+    passed = [e["reason"] for e in store.events(conn, plan_id) if e["event"] == "stage-passed"]
+    assert passed[1] == f"stage 2 (workspace: {s.ws2}) passed: it moved no Iceberg-tabular dataset"

@@ -322,6 +322,8 @@ class _Step:
             left = format_duration((ends - self.now).total_seconds())
             store.set_blocking(self.conn, self.p, f"soaking until {ends:%Y-%m-%d %H:%M:%S} UTC ({left} left)")
             return [], False
+        if row.moved_count == 0:  # every change was skipped (each dataset already there): nothing to analyse
+            return self.pass_stage(stage, analysis.Outcome(analysis.PASS, "it moved no Iceberg-tabular dataset")), True
         return [self.ask_analysis(stage, row, 1)], False
 
     def ask_analysis(self, stage: Stage, row: store.StageRow, attempt: int) -> RunAsk:

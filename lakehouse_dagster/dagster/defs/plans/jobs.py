@@ -199,6 +199,8 @@ class AnalysisConfig(dg.Config):
 )
 def rollout_analysis_op(context: dg.OpExecutionContext, config: AnalysisConfig, lakehouse: LakehouseResource) -> dict:
     settings = lakehouse.settings()
+    if not config.dataset_ids:  # (the canary would pick a random sample of its own)
+        raise refuse("no dataset to analyse: give the stage's dataset ids (the rollout_controller does)")
     with lakehouse.connect() as conn:
         try:
             report = run_canary_and_roll_back(
