@@ -247,7 +247,7 @@ class _live_app:
 
 
 # The migrations this tree adds to the previous release (in the order they apply).
-NEW_MIGRATIONS = ["025_capture_after_commit", "026_stored_soak"]
+NEW_MIGRATIONS = ["025_capture_after_commit", "026_stored_soak", "027_rollout_plans"]
 
 
 @pytest.mark.parametrize("capture_mode", list(UPGRADES))

@@ -27,7 +27,8 @@ ENV = "LAKEHOUSE_FAILPOINT"
 
 # Where they are: lake/writer.py (both the mirror and the native write path), the two callers'
 # bookkeeping (mirror/sync.py for the mirror, routing/write_router.py for native writes) and the source
-# writers (sources/writers.py: after the first batch on both paths; after the pg path's commit).
+# writers (sources/writers.py: after the first batch on both paths; after the pg path's commit); the rollout
+# controller (plans/controller.py).
 POINTS = (
     "after-first-batch",  # a source writer handed its first source batch on (pg path and native path)
     "after-first-file",  # the first Parquet file of a write is closed
@@ -36,6 +37,7 @@ POINTS = (
     "in-commit",  # inside the catalog's commit call, after its compare-and-swap, before it returns
     "after-commit-before-log",  # committed; iceberg_sync_log / datasets not updated yet
     "after-log",  # committed and recorded
+    "rollout-after-step",  # plans/controller.py: a plan's step rows committed, its runs not yet asked for
 )
 ACTIONS = ("kill", "raise", "oserror", "sigint", "sigterm", "stop")
 

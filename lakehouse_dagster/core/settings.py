@@ -39,6 +39,12 @@ def _above_zero(name: str, value: float) -> float:
     return value
 
 
+def _fraction(name: str, value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise BadInput(f"{name}={value} is not a fraction; set it from 0 (never) to 1 (every read)")
+    return value
+
+
 def _bool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -112,6 +118,13 @@ class Settings:
     # ingest's answer (past it 504; the ingest itself is never cut, it finishes whole on its own).
     api_timeout_seconds: float = 300.0
     api_batch_rows: int = 65_536  # rows per streamed record batch: a read's memory is bounded by it
+    # Read mode shadow (routing/shadow.py): the fraction of reads also read from Iceberg and compared, off the
+    # request path, by this many worker threads per process taking a queue this long (full: dropped and counted).
+    shadow_sample: float = 0.1
+    shadow_workers: int = 2
+    shadow_queue: int = 64
+    # How often the rollout_controller sensor advances the rollout plans (dagster/defs/plans/).
+    rollout_tick_seconds: int = 15
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -157,6 +170,10 @@ class Settings:
                 "LAKEHOUSE_API_TIMEOUT_SECONDS", _float("LAKEHOUSE_API_TIMEOUT_SECONDS", 300.0)
             ),
             api_batch_rows=_int("LAKEHOUSE_API_BATCH_ROWS", 65_536, minimum=1),
+            shadow_sample=_fraction("LAKEHOUSE_SHADOW_SAMPLE", _float("LAKEHOUSE_SHADOW_SAMPLE", 0.1)),
+            shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
+            shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
+            rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

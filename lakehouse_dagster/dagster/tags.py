@@ -25,6 +25,8 @@ DATASET_NAME = "lakehouse/dataset_name"
 READER = "lakehouse/reader"
 WRITER = "lakehouse/writer"
 SCOPE = "lakehouse/scope"
+PLAN = "lakehouse/plan"  # a rollout plan's runs (flips, analyses): filter the runs list by the plan id
+PLAN_STEP = "lakehouse/plan_step"  # which step of the plan (the controller finds its runs by it)
 _MAX_VALUE = 200  # tag values are shown in the runs list: a long dataset name is cut, never refused
 
 
@@ -98,6 +100,11 @@ def flag_tags(
     if dataset not in (None, ""):
         tags.update(dataset_tags(conn, dataset))
     return tags
+
+
+def plan_tags(plan_id: object, step_key: str) -> dict[str, str]:
+    """A rollout plan's run: the plan id and the step (plans/controller.py), found again by them after a restart."""
+    return {PLAN: _value(plan_id), PLAN_STEP: _value(step_key)}
 
 
 def text(value: object) -> dg.MetadataValue:

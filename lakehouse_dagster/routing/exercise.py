@@ -1,5 +1,6 @@
 """One read through the read router, as a reader does it: what `lakehouse read` and the read-flip
-job's verify step run (the runbook's "exercise the reader and confirm the read-router reason")."""
+job's verify step run (the runbook's "exercise the reader and confirm the read-router reason").
+In shadow mode the read is served by Postgres and offered for comparison off the request path (routing/shadow.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import Projection, projection_for
 from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult, resolve_read_source
@@ -30,7 +32,9 @@ def read_through_router(
     order_by_row_index: bool = False,
     resolver: FlagResolver | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    shadow_pool: shadow.ShadowPool | None = None,
 ) -> tuple[ReadResult, Dataset, Projection]:
+    """``shadow_pool``: where a shadow-mode read goes for comparison (default: the process's, from settings)."""
 
     dataset = get_dataset(conn, dataset_id)
     proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)
@@ -53,6 +57,22 @@ def read_through_router(
         raise
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
+    if result.decision.reason == "pg@shadow":
+
+        def shadow_iceberg(snapshot_id: int, row_indexes: list[int] | None):
+            table_ = load_dataset_table(catalog, settings, dataset.id)
+            if row_indexes is not None:
+                return shadow.read_rows(table_, proj.columns, row_indexes, snapshot_id)
+            return read_iceberg(
+                table_,
+                proj.columns,
+                limit=proj.limit,
+                order_by_row_index=proj.order_by_row_index,
+                snapshot_id=snapshot_id,
+            )
+
+        pool = shadow_pool or shadow.pool_for(settings, settings.pg_dsn or conn.info.dsn)
+        shadow.offer_read(pool, result, dataset, proj, shadow_iceberg)
     return result, dataset, proj
 
 

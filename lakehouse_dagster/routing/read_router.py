@@ -1,6 +1,7 @@
 """The read router: which engine serves a reader for a dataset, and the runner that serves it.
 
-- ``off`` / ``shadow`` serve Postgres (shadow is a no-op here: parity is gathered offline by the canary).
+- ``off`` / ``shadow`` serve Postgres. In ``shadow`` a sample of reads is also read from Iceberg and compared off
+  the request path by the caller of the router (routing/shadow.py; ``exercise.read_through_router``).
 - ``iceberg`` / ``iceberg_only`` serve Iceberg only when the freshness gate passes:
   EVENTUAL — a succeeded sync with a snapshot exists; STRICT — the latest succeeded sync's
   source_version covers datasets.rows_version (both read in one statement). Otherwise Postgres.

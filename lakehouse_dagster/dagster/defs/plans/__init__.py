@@ -1,0 +1,1 @@
+"""Rollout plans: the rollout_controller sensor, the rollout_* jobs."""

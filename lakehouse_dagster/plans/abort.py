@@ -1,0 +1,109 @@
+"""Abort: every flag key the plan changed goes back to its value before the plan (an override set again, or cleared
+when there was none), through the gated set/clear of the operator surfaces, audited ``rollout <id> aborted:
+<reason>``. Widest first (global, workspaces, then datasets), so no moment lets a narrower key widen anything.
+
+Idempotent: a key already at its value before the plan is left alone and marked, so an abort interrupted halfway
+(a killed daemon) finishes on the next tick without writing twice. A key the gates refuse to restore (a reader
+of a dataset written iceberg-native may not go back to Postgres) is reported, loudly, and left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import psycopg
+
+from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.gates import clear_flag, set_flag
+from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE
+from lakehouse_dagster.flags.registry import WRITE
+from lakehouse_dagster.flags.stored import stored_overrides
+from lakehouse_dagster.plans import store
+from lakehouse_dagster.plans.store import ABORTED, ERROR, PlanRow
+
+_WIDEST_FIRST = {"global": 0, WORKSPACE: 1, DATASET: 2}
+
+
+@dataclasses.dataclass
+class Restored:
+    restored: list[str] = dataclasses.field(default_factory=list)  # "<scope>: <after> → <before>"
+    unchanged: list[str] = dataclasses.field(default_factory=list)
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def note_for(plan_id: uuid.UUID, reason: str | None) -> str:
+    return f"rollout {plan_id} aborted: {reason or 'no reason given'}"[:1000]
+
+
+def _where(scope: str, scope_id) -> str:
+    return "global" if scope_id is None else f"{scope} {scope_id}"
+
+
+def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restored:
+    """Restore the plan's keys and mark it aborted (inside the caller's transaction on the plan's row)."""
+    touched = {
+        (s.config.get("scope"), s.config.get("scope_id") or None)
+        for s in store.steps(conn, p.id, kind="flip", with_moved=False)
+        if s.detail is None or not s.detail.startswith("skipped")
+    }
+    keys = [k for k in store.flag_keys(conn, p.id) if k["restored_at"] is None]
+    keys.sort(key=lambda k: _WIDEST_FIRST.get(k["scope"], 3))
+    current = stored_overrides(conn, p.kind, [p.name])[p.name]
+    note = note_for(p.id, p.reason)
+    actor = f"{settings.actor} (rollout {p.short})"
+    out = Restored()
+    for k in keys:
+        where = _where(k["scope"], k["scope_id"])
+        key = (k["scope"], str(k["scope_id"]) if k["scope_id"] else None)
+        now_mode = current.get((k["scope"], k["scope_id"]))
+        before = k["before_mode"]
+        if key not in touched or now_mode == before:
+            detail = "not changed by the plan" if key not in touched else f"already {before or '(no override)'}"
+            out.unchanged.append(f"{where}: {detail}")
+            _mark(conn, p.id, k, detail)
+            continue
+        scope_kw = {"dataset": k["scope_id"]} if k["scope"] == DATASET else {}
+        if k["scope"] == WORKSPACE:
+            scope_kw = {"workspace": k["scope_id"]}
+        try:
+            if before is None:
+                clear_flag(conn, p.kind, p.name, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw)
+            else:
+                set_flag(
+                    conn, p.kind, p.name, before, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw
+                )
+        except FlipRefused as exc:
+            text = " ".join(str(exc).split())
+            out.refused.append(f"{where}: stays {now_mode}: {text}")
+            _mark(conn, p.id, k, f"REFUSED: {text}"[:2000])
+            continue
+        change = f"{now_mode or '(no override)'} → {before or '(no override)'}"
+        out.restored.append(f"{where}: {change}")
+        _mark(conn, p.id, k, f"restored: {change}")
+    reason = f"{p.reason or 'no reason given'}; {len(out.restored)} flag key(s) restored to their value before the plan"
+    if out.refused:
+        reason += f"; {len(out.refused)} REFUSED by a gate and left as they are: " + "; ".join(out.refused[:5])
+    summary: dict = out.as_dict()
+    if p.kind == WRITE and out.restored:
+        summary["next"] = (
+            "rows written iceberg-native while the plan ran exist only in Iceberg: lakehouse write-flags backfill "
+            "--dataset <id> per dataset (or a full sync on the pg path) before Postgres serves them again"
+        )
+    store.update(conn, p.id, state=ABORTED, blocking=None, ended_at=store.db_now(conn))
+    store.event(
+        conn, p.id, store.ABORTED_EVENT, stage=p.stage, severity=ERROR, reason=reason, actor=actor, detail=summary
+    )
+    return out
+
+
+def _mark(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, detail: str) -> None:
+    conn.execute(
+        "update lakehouse_rollout_flags set restored_at = now(), restore_detail = %s"
+        " where plan_id = %s and kind = %s and name = %s and scope = %s and scope_id is not distinct from %s",
+        (detail, plan_id, k["kind"], k["name"], k["scope"], k["scope_id"]),
+    )

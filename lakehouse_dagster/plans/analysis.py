@@ -1,0 +1,231 @@
+"""A stage's analysis: what the recorded evidence says about the datasets the plan moved.
+
+Like an Argo Rollouts AnalysisRun, it ends in one of three outcomes:
+  pass          every canaried dataset ok (a writer's: ok or native), no incident above the thresholds;
+  fail          a MISMATCH, a wedged sync, more read fallbacks or failed syncs than allowed, a native-safety
+                finding (writers), a shadow consistency rate below the threshold → the plan aborts;
+  inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, too few shadow reads, a canary
+                run that failed → the stage waits, and pauses after ``pause_after`` (missing data is a decision,
+                never a silent pass).
+Each function only reads; the controller (plans/controller.py) acts on the outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import psycopg
+
+from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.plans.spec import Analysis
+from lakehouse_dagster.plans.store import MOVED_CTE
+from lakehouse_dagster.routing.native_guard import native_blockers
+
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+_SHOWN = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    outcome: str  # pass | fail | inconclusive
+    reason: str
+    detail: dict = dataclasses.field(default_factory=dict)
+
+
+def _names(conn: psycopg.Connection, ids) -> dict[uuid.UUID, str]:
+    ids = list(ids)
+    if not ids:
+        return {}
+    return dict(conn.execute("select id, name from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+
+
+def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
+    names = _names(conn, [i for i, _ in items])
+    shown = [f"{names.get(i, '?')} ({i}): {what}" for i, what in items[:_SHOWN]]
+    return "; ".join(shown) + (f"; and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
+def incidents(
+    conn: psycopg.Connection,
+    plan_id: uuid.UUID,
+    kind: str,
+    name: str,
+    since: dt.datetime,
+    analysis: Analysis,
+    wedged_after_seconds: int,
+    *,
+    native_safety: bool = False,
+) -> Outcome | None:
+    """A fail outcome when something went wrong on the plan's datasets since ``since`` (the stage's flip); None
+    when nothing did. Read every tick of a soaking or analysing stage, so each query starts from what is recent
+    (an index on the time) and joins the plan's moved datasets inside Postgres: the cost follows the incidents,
+    not the datasets moved (bench/bench_rollout_controller.py). ``native_safety`` (a writer plan, once per
+    analysis: it judges every moved dataset, ~1 s at 10,000): the gates that hold after the flip."""
+    args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
+    mismatches = conn.execute(
+        f"""{MOVED_CTE}
+            select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
+              from lakehouse_read_parity p join moved m on m.id = p.dataset_id
+             where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
+             order by p.dataset_id, p.checked_at desc""",
+        args,
+    ).fetchall()
+    if mismatches:
+        items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in mismatches]
+        return Outcome(FAIL, f"MISMATCH on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
+    wedged = conn.execute(
+        f"""{MOVED_CTE}
+            select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
+              from iceberg_sync_log l join moved m on m.id = l.dataset_id
+             where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""",
+        args,
+    ).fetchall()
+    if wedged:
+        items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
+        return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
+    fallbacks = conn.execute(
+        f"""{MOVED_CTE}
+            select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
+              from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
+             where f.at >= %(since)s {"and f.reader = %(reader)s" if kind == READ else ""}
+             group by f.dataset_id""",
+        args,
+    ).fetchall()
+    total = sum(n for _, n, _ in fallbacks)
+    if total > analysis.max_fallbacks:
+        items = [(d, f"{n} fallback(s), e.g. {err[:120]}") for d, n, err in fallbacks]
+        return Outcome(
+            FAIL,
+            f"{total} read fallback(s) since the stage flipped (max_fallbacks {analysis.max_fallbacks}): "
+            + _listing(conn, items),
+        )
+    failed = conn.execute(
+        f"""{MOVED_CTE}
+            select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
+              from iceberg_sync_log l join moved m on m.id = l.dataset_id
+             where l.status = 'failed' and l.finished_at >= %(since)s
+             group by l.dataset_id""",
+        args,
+    ).fetchall()
+    total = sum(n for _, n, _ in failed)
+    if total > analysis.max_failed_syncs:
+        items = [(d, f"{n} failed sync(s), e.g. {err[:120]}") for d, n, err in failed]
+        return Outcome(
+            FAIL,
+            f"{total} failed sync(s) since the stage flipped (max_failed_syncs {analysis.max_failed_syncs}): "
+            + _listing(conn, items),
+        )
+    if native_safety and kind != READ:
+        ids = [r[0] for r in conn.execute(f"{MOVED_CTE} select id from moved", args).fetchall()]
+        unsafe = native_blockers(conn, ids)
+        if unsafe:
+            items = [(b.dataset_id, "; ".join(b.reasons)) for b in unsafe]
+            return Outcome(
+                FAIL, f"native-safety: {len(items)} dataset(s) fail the write-flip gates: {_listing(conn, items)}"
+            )
+    return None
+
+
+def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysis, expected: int) -> Outcome:
+    """The outcome of the verdicts one analysis run (a canary over the stage's datasets) recorded."""
+    rows = conn.execute(
+        "select dataset_id, verdict, coalesce(detail->>'reason', '') from lakehouse_read_parity where run_id = %s",
+        (run_id,),
+    ).fetchall()
+    counts = {v: sum(r[1] == v for r in rows) for v in canary.VERDICTS}
+    detail = {"run_id": run_id, "verdicts": {k: n for k, n in counts.items() if n}, "datasets": len(rows)}
+    if not rows:
+        return Outcome(INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded no verdict (of {expected})", detail)
+    bad = [r for r in rows if r[1] == canary.MISMATCH]
+    if bad:
+        items = [(d, f"MISMATCH {why}"[:160]) for d, _, why in bad]
+        return Outcome(FAIL, f"the canary found MISMATCH on {len(bad)} dataset(s): {_listing(conn, items)}", detail)
+    good = (canary.OK, canary.NATIVE)
+    unsure = [r for r in rows if r[1] not in good]
+    if len(unsure) > analysis.max_inconclusive:
+        items = [(d, f"{v}{': ' + why[:120] if why else ''}") for d, v, why in unsure]
+        return Outcome(
+            INCONCLUSIVE,
+            f"{len(unsure)} dataset(s) not ok (max_inconclusive {analysis.max_inconclusive}): {_listing(conn, items)}",
+            detail,
+        )
+    if len(rows) < expected:
+        return Outcome(
+            INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded {len(rows)} of {expected} verdicts", detail
+        )
+    return Outcome(PASS, f"{counts[canary.OK] + counts[canary.NATIVE]} of {len(rows)} canaried dataset(s) ok", detail)
+
+
+@dataclasses.dataclass(frozen=True)
+class Consistency:
+    """Shadow reads of one reader since a moment: the comparisons at caught-up versions and how many matched."""
+
+    compared: int
+    matched: int
+    skipped: dict[str, int]  # lagging, no-snapshot, not-comparable, error
+    first_mismatch: dict | None
+
+    @property
+    def rate(self) -> float | None:
+        return None if not self.compared else 100.0 * self.matched / self.compared
+
+    def describe(self) -> str:
+        if not self.compared:
+            return "no shadow read compared yet"
+        return f"{self.rate:.1f}% consistent over {self.compared} compared read(s)"
+
+
+def consistency(
+    conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
+) -> Consistency:
+    where = "reader = %s and at >= %s"
+    params: list = [reader, since]
+    if dataset_ids is not None:
+        where += " and dataset_id = any(%s::uuid[])"
+        params.append(dataset_ids)
+    counts: dict = dict(
+        conn.execute(f"select outcome, count(*) from lakehouse_shadow_reads where {where} group by outcome", params)
+    )
+    first = conn.execute(
+        "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
+        f" from lakehouse_shadow_reads where {where} and outcome = 'mismatch' order by id limit 1",
+        params,
+    ).fetchone()
+    mismatch = None
+    if first:
+        keys = ("dataset_id", "at", "pg_version", "snapshot_id", "iceberg_version", "pg_row", "iceberg_row", "detail")
+        mismatch = dict(zip(keys, first))
+    matched, mismatched = counts.pop("match", 0), counts.pop("mismatch", 0)
+    return Consistency(matched + mismatched, matched, counts, mismatch)
+
+
+def shadow(
+    conn: psycopg.Connection, reader: str, since: dt.datetime, analysis: Analysis
+) -> tuple[Outcome | None, Consistency]:
+    """A shadow stage: pass at the rate over at least ``min_reads`` comparisons, fail when the rate can no longer
+    reach ``min_consistency``, None while too few reads were compared."""
+    c = consistency(conn, reader, since)
+    detail = {"compared": c.compared, "matched": c.matched, "skipped": c.skipped, "rate": c.rate}
+    mismatched = c.compared - c.matched
+    if mismatched:
+        m = c.first_mismatch or {}
+        first = (
+            f"; first: dataset {m.get('dataset_id')} Postgres {m.get('pg_row')} vs Iceberg {m.get('iceberg_row')}"
+            if m
+            else ""
+        )
+        best = 100.0 * (max(c.compared, analysis.min_reads) - mismatched) / max(c.compared, analysis.min_reads)
+        if best < analysis.min_consistency:
+            return Outcome(
+                FAIL,
+                f"shadow reads {c.describe()}, below {analysis.min_consistency:g}% ({mismatched} mismatch(es)){first}",
+                {**detail, "first_mismatch": m or None},
+            ), c
+    if c.compared < analysis.min_reads:
+        return None, c
+    if (c.rate or 0.0) >= analysis.min_consistency:
+        return Outcome(PASS, f"shadow reads {c.describe()}", detail), c
+    return Outcome(FAIL, f"shadow reads {c.describe()}, below {analysis.min_consistency:g}%", detail), c

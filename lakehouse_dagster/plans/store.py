@@ -1,0 +1,416 @@
+"""Plan state in Postgres (migration 0026): the plan, its stages, the runs it asked for, the value of every flag key
+before the plan, and its events. Every transition of a plan happens in one transaction holding its row
+(``lock``), so the controller, the CLI and the jobs never act on a plan at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.errors import UniqueViolation
+from psycopg.types.json import Jsonb
+
+from lakehouse_dagster.core.errors import BadInput, NotFound
+from lakehouse_dagster.plans.render import Rendered
+from lakehouse_dagster.plans.spec import Analysis, Plan, Stage
+from lakehouse_dagster.plans.window import parse_window
+
+ACTIVE, PAUSED, ABORTING, ABORTED, FINISHED = "active", "paused", "aborting", "aborted", "finished"
+LIVE = (ACTIVE, PAUSED, ABORTING)
+WAITING, FLIPPING, SOAKING, ANALYZING = "waiting", "flipping", "soaking", "analyzing"
+INFO, WARNING, ERROR = "info", "warning", "error"
+
+# The events an alert sender reads (the alerts sensor, where it exists): each with its severity.
+STARTED, STAGE_STARTED, STAGE_FLIPPED, STAGE_PASSED = "started", "stage-started", "stage-flipped", "stage-passed"
+APPROVAL_NEEDED, APPROVED, PAUSED_EVENT, RESUMED = "approval-needed", "approved", "paused", "resumed"
+ABORTING_EVENT, ABORTED_EVENT, FINISHED_EVENT = "aborting", "aborted", "finished"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRow:
+    id: uuid.UUID
+    kind: str
+    name: str
+    mode: str
+    spec: dict
+    rendered: dict
+    state: str
+    stage: int
+    phase: str
+    reason: str | None
+    blocking: str | None
+    created_by: str
+    created_at: dt.datetime
+    updated_at: dt.datetime
+    ended_at: dt.datetime | None
+
+    @property
+    def plan(self) -> Plan:
+        return plan_from_stored(self.spec)
+
+    @property
+    def short(self) -> str:
+        return str(self.id)[:8]
+
+
+_PLAN_COLUMNS = (
+    "id, kind, name, mode, spec, rendered, state, stage, phase, reason, blocking, created_by, created_at,"
+    " updated_at, ended_at"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageRow:
+    plan_id: uuid.UUID
+    stage: int
+    started_at: dt.datetime | None
+    flipped_at: dt.datetime | None
+    passed_at: dt.datetime | None
+    approved_at: dt.datetime | None
+    approved_by: str | None
+    approval_note: str | None
+    inconclusive_since: dt.datetime | None
+    moved_count: int  # datasets the stage's flips moved (the ids stay in Postgres: a global stage holds them all)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRow:
+    plan_id: uuid.UUID
+    step_key: str
+    stage: int
+    kind: str  # flip | analysis
+    job: str
+    config: dict
+    status: str  # requested | succeeded | failed
+    run_id: str | None
+    moved: list[uuid.UUID]
+    detail: str | None
+    requested_at: dt.datetime
+    finished_at: dt.datetime | None
+
+
+_STEP_COLUMNS = "plan_id, step_key, stage, kind, job, config, status, run_id, moved, detail, requested_at, finished_at"
+
+
+def plan_from_stored(d: dict) -> Plan:
+    """The Plan back from ``Plan.as_dict()`` (durations already in seconds)."""
+
+    def stage(s: dict) -> Stage:
+        return Stage(
+            kind=s["kind"],
+            count=s.get("count"),
+            workspaces=tuple(uuid.UUID(w) for w in s.get("workspaces") or ()),
+            within=uuid.UUID(s["within"]) if s.get("within") else None,
+            soak=s["soak"],
+            approval=s["approval"],
+            window=parse_window(s["window"]) if s.get("window") else None,
+            max_datasets=s.get("max_datasets"),
+            ok_within=s["ok_within"],
+            analysis=Analysis(**s["analysis"]),
+        )
+
+    kind, name = ("read", d["reader"]) if "reader" in d else ("write", d["writer"])
+    return Plan(kind, name, d["mode"], tuple(stage(s) for s in d["stages"]), d.get("note"))
+
+
+def create(conn: psycopg.Connection, plan: Plan, rendered: Rendered, *, source: str | None, actor: str) -> uuid.UUID:
+    """Store a plan that passed ``render`` (one transaction): the plan, its stages, the value before the plan of
+    every flag key it will set, and its ``started`` event. One live plan per reader or writer."""
+    plan_id = uuid.uuid4()
+    try:
+        with conn.transaction():
+            conn.execute(
+                "insert into lakehouse_rollout_plans (id, kind, name, mode, spec, source, rendered, created_by)"
+                " values (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    plan_id,
+                    plan.kind,
+                    plan.name,
+                    plan.mode,
+                    Jsonb(plan.as_dict()),
+                    source,
+                    Jsonb(rendered.as_dict()),
+                    actor,
+                ),
+            )
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "insert into lakehouse_rollout_stages (plan_id, stage) values (%s, %s)",
+                    [(plan_id, i) for i in range(len(plan.stages))],
+                )
+            for c in rendered.changes:
+                record_before(conn, plan_id, plan.kind, plan.name, c.scope, c.scope_id, c.before)
+            event(conn, plan_id, STARTED, stage=0, actor=actor, detail={"changes": len(rendered.changes)})
+    except UniqueViolation:
+        live = conn.execute(
+            "select id, state from lakehouse_rollout_plans where kind = %s and name = %s and state = any(%s)",
+            (plan.kind, plan.name, list(LIVE)),
+        ).fetchone()
+        raise BadInput(
+            f"plan {live[0] if live else '?'} for {plan.flag_word} {plan.name} is still {live[1] if live else 'live'}; "
+            "one plan per reader or writer at a time: let it finish, or abort it (lakehouse rollout abort ID)"
+        ) from None
+    return plan_id
+
+
+def record_before(
+    conn: psycopg.Connection, plan_id: uuid.UUID, kind: str, name: str, scope: str, scope_id, before: str | None
+) -> None:
+    """The key's value before the plan touched it; the first record wins (a later one is the plan's own)."""
+    conn.execute(
+        "insert into lakehouse_rollout_flags (plan_id, kind, name, scope, scope_id, before_mode)"
+        " values (%s, %s, %s, %s, %s, %s) on conflict do nothing",
+        (plan_id, kind, name, scope, scope_id, before),
+    )
+
+
+def event(
+    conn: psycopg.Connection,
+    plan_id: uuid.UUID,
+    what: str,
+    *,
+    stage: int | None = None,
+    severity: str = INFO,
+    reason: str | None = None,
+    actor: str | None = None,
+    detail: dict | None = None,
+) -> int:
+    return conn.execute(
+        "insert into lakehouse_rollout_events (plan_id, stage, event, severity, reason, actor, detail)"
+        " values (%s, %s, %s, %s, %s, %s, %s) returning id",
+        (plan_id, stage, what, severity, reason, actor, Jsonb(detail) if detail is not None else None),
+    ).fetchone()[0]
+
+
+def has_event(conn: psycopg.Connection, plan_id: uuid.UUID, what: str, stage: int) -> bool:
+    return (
+        conn.execute(
+            "select 1 from lakehouse_rollout_events where plan_id = %s and event = %s and stage = %s limit 1",
+            (plan_id, what, stage),
+        ).fetchone()
+        is not None
+    )
+
+
+def resolve_id(conn: psycopg.Connection, raw: str) -> uuid.UUID:
+    """A plan id, or a unique prefix of one (8 characters, as `rollout status` shows them)."""
+    text = str(raw).strip().lower()
+    try:
+        return _exists(conn, uuid.UUID(text))
+    except ValueError:
+        pass
+    if len(text) < 4 or any(ch not in "0123456789abcdef-" for ch in text):
+        raise BadInput(f"{raw!r} is not a plan id; copy it from lakehouse rollout status")
+    rows = conn.execute(
+        "select id from lakehouse_rollout_plans where id::text like %s order by created_at desc limit 2", (text + "%",)
+    ).fetchall()
+    if not rows:
+        raise NotFound(f"no plan has an id starting {text!r}; see lakehouse rollout status")
+    if len(rows) > 1:
+        raise BadInput(f"{text!r} matches more than one plan; give more of the id")
+    return rows[0][0]
+
+
+def _exists(conn: psycopg.Connection, plan_id: uuid.UUID) -> uuid.UUID:
+    if conn.execute("select 1 from lakehouse_rollout_plans where id = %s", (plan_id,)).fetchone() is None:
+        raise NotFound(f"plan {plan_id} does not exist; see lakehouse rollout status")
+    return plan_id
+
+
+def get(conn: psycopg.Connection, plan_id: uuid.UUID) -> PlanRow:
+    row = conn.execute(f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans where id = %s", (plan_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"plan {plan_id} does not exist; see lakehouse rollout status")
+    return PlanRow(*row)
+
+
+def lock(conn: psycopg.Connection, plan_id: uuid.UUID, *, wait: bool = True) -> PlanRow | None:
+    """The plan's row, locked until the caller's transaction ends (None: another holds it and ``wait`` is off)."""
+    row = conn.execute(
+        f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans where id = %s for update"
+        + ("" if wait else " skip locked"),
+        (plan_id,),
+    ).fetchone()
+    return PlanRow(*row) if row else None
+
+
+def plans(conn: psycopg.Connection, states: tuple[str, ...] | None = None, limit: int = 50) -> list[PlanRow]:
+    query = f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans"
+    params: list[Any] = []
+    if states is not None:
+        query += " where state = any(%s)"
+        params.append(list(states))
+    query += " order by created_at desc limit %s"
+    params.append(limit)
+    return [PlanRow(*r) for r in conn.execute(query, params).fetchall()]
+
+
+def update(conn: psycopg.Connection, plan_id: uuid.UUID, **fields: Any) -> None:
+    allowed = {"state", "stage", "phase", "reason", "blocking", "ended_at"}
+    assert set(fields) <= allowed, fields
+    sets = ", ".join(f"{k} = %s" for k in fields)
+    conn.execute(
+        f"update lakehouse_rollout_plans set {sets}, updated_at = now() where id = %s", [*fields.values(), plan_id]
+    )
+
+
+def set_blocking(conn: psycopg.Connection, p: PlanRow, text: str | None) -> None:
+    """What the plan waits for, written only when it changes (a tick that waits writes nothing)."""
+    if p.blocking != text:
+        conn.execute("update lakehouse_rollout_plans set blocking = %s where id = %s", (text, p.id))
+
+
+def stage_row(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> StageRow:
+    row = conn.execute(
+        "select plan_id, stage, started_at, flipped_at, passed_at, approved_at, approved_by, approval_note,"
+        " inconclusive_since, cardinality(moved) from lakehouse_rollout_stages where plan_id = %s and stage = %s",
+        (plan_id, stage),
+    ).fetchone()
+    return StageRow(*row)
+
+
+def stage_rows(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[StageRow]:
+    return [
+        StageRow(*r)
+        for r in conn.execute(
+            "select plan_id, stage, started_at, flipped_at, passed_at, approved_at, approved_by, approval_note,"
+            " inconclusive_since, cardinality(moved) from lakehouse_rollout_stages where plan_id = %s order by stage",
+            (plan_id,),
+        ).fetchall()
+    ]
+
+
+def update_stage(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, **fields: Any) -> None:
+    allowed = {
+        "started_at",
+        "flipped_at",
+        "passed_at",
+        "approved_at",
+        "approved_by",
+        "approval_note",
+        "inconclusive_since",
+    }
+    assert set(fields) <= allowed, fields
+    sets = ", ".join(f"{k} = %s" for k in fields)
+    conn.execute(
+        f"update lakehouse_rollout_stages set {sets} where plan_id = %s and stage = %s",
+        [*fields.values(), plan_id, stage],
+    )
+
+
+# Every dataset the plan's flips moved, as a relation ``moved(id)`` for a query's join (never sent to Python).
+MOVED_CTE = (
+    "with moved as (select distinct unnest(s.moved) as id from lakehouse_rollout_steps s"
+    " where s.plan_id = %(plan)s and s.kind = 'flip')"
+)
+
+
+def set_stage_moved(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> int:
+    """The stage's moved datasets: the union of its flips', kept in the stage's row; returns how many."""
+    return conn.execute(
+        "update lakehouse_rollout_stages set moved = (select coalesce(array_agg(distinct d), '{}') from"
+        " lakehouse_rollout_steps s, unnest(s.moved) d where s.plan_id = %(plan)s and s.stage = %(stage)s"
+        " and s.kind = 'flip') where plan_id = %(plan)s and stage = %(stage)s returning cardinality(moved)",
+        {"plan": plan_id, "stage": stage},
+    ).fetchone()[0]
+
+
+def stage_sample(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, n: int) -> list[uuid.UUID]:
+    """Up to ``n`` of the stage's moved datasets, at random (all when fewer)."""
+    rows = conn.execute(
+        "select d from lakehouse_rollout_stages, unnest(moved) d where plan_id = %s and stage = %s"
+        " order by random() limit %s",
+        (plan_id, stage, n),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def steps(
+    conn: psycopg.Connection,
+    plan_id: uuid.UUID,
+    stage: int | None = None,
+    kind: str | None = None,
+    *,
+    with_moved: bool = True,
+) -> list[StepRow]:
+    """``with_moved`` False: ``moved`` comes back empty (a global flip's holds every dataset id)."""
+    columns = _STEP_COLUMNS if with_moved else _STEP_COLUMNS.replace("moved", "'{}'::uuid[]")
+    query = f"select {columns} from lakehouse_rollout_steps where plan_id = %s"
+    params: list[Any] = [plan_id]
+    if stage is not None:
+        query += " and stage = %s"
+        params.append(stage)
+    if kind is not None:
+        query += " and kind = %s"
+        params.append(kind)
+    query += " order by requested_at, step_key"
+    return [StepRow(*r) for r in conn.execute(query, params).fetchall()]
+
+
+def add_step(
+    conn: psycopg.Connection,
+    plan_id: uuid.UUID,
+    step_key: str,
+    stage: int,
+    kind: str,
+    job: str,
+    config: dict,
+    moved: list[uuid.UUID],
+    *,
+    status: str = "requested",
+    detail: str | None = None,
+) -> None:
+    conn.execute(
+        "insert into lakehouse_rollout_steps (plan_id, step_key, stage, kind, job, config, moved, status, detail,"
+        " finished_at) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, case when %s <> 'requested' then now() end)"
+        " on conflict do nothing",
+        (plan_id, step_key, stage, kind, job, Jsonb(config), moved, status, detail, status),
+    )
+
+
+def finish_step(
+    conn: psycopg.Connection, plan_id: uuid.UUID, step_key: str, status: str, run_id: str | None, detail: str | None
+) -> None:
+    conn.execute(
+        "update lakehouse_rollout_steps set status = %s, run_id = %s, detail = %s, finished_at = now()"
+        " where plan_id = %s and step_key = %s and status = 'requested'",
+        (status, run_id, detail, plan_id, step_key),
+    )
+
+
+def events(
+    conn: psycopg.Connection, plan_id: uuid.UUID | None = None, *, after_id: int = 0, limit: int = 200
+) -> list[dict]:
+    """Plan events, oldest first (``after_id``: the cursor of an alert sender)."""
+    query = (
+        "select id, plan_id, at, stage, event, severity, reason, actor, detail from lakehouse_rollout_events"
+        " where id > %s"
+    )
+    params: list[Any] = [after_id]
+    if plan_id is not None:
+        query += " and plan_id = %s"
+        params.append(plan_id)
+    query += " order by id limit %s"
+    params.append(limit)
+    keys = ("id", "plan_id", "at", "stage", "event", "severity", "reason", "actor", "detail")
+    return [dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()]
+
+
+def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:
+    keys = ("kind", "name", "scope", "scope_id", "before_mode", "restored_at", "restore_detail")
+    return [
+        dict(zip(keys, r))
+        for r in conn.execute(
+            "select kind, name, scope, scope_id, before_mode, restored_at, restore_detail from lakehouse_rollout_flags"
+            " where plan_id = %s order by recorded_at, scope, scope_id",
+            (plan_id,),
+        ).fetchall()
+    ]
+
+
+def db_now(conn: psycopg.Connection) -> dt.datetime:
+    return conn.execute("select now()").fetchone()[0]

@@ -1,0 +1,349 @@
+"""Shadow reads: in read mode ``shadow`` the router serves Postgres, and for a sample of reads the same read also
+runs against Iceberg, off the request path, and the two results are compared order-independently.
+
+The served read only pays a random draw and a non-blocking ``put`` on a bounded queue: a full queue drops the
+comparison (counted, and recorded as ``dropped`` by the next comparison that lands), and nothing a worker does —
+a slow catalog, a failed Iceberg read, a lost database — reaches the caller. A few daemon threads per process
+(``LAKEHOUSE_SHADOW_WORKERS``) take the queue (``LAKEHOUSE_SHADOW_QUEUE``); ``LAKEHOUSE_SHADOW_SAMPLE`` is the
+fraction of reads compared.
+
+Comparison: each row becomes the parity contract's canonical text (parity/canonical.py: one text per typed
+value, nulls, floats by their bits, timestamps as epoch microseconds, json as its jsonb text), and the two
+multisets of texts must be equal: same rows, same values, any order. Which rows: a full read (no limit, or fewer
+rows than the limit) against the same read of the pinned snapshot; an ordered limited read likewise; an unordered
+limited read against the Iceberg rows with the same ``__row_index`` values (when the projection has it; otherwise
+``not-comparable``). Only reads at caught-up versions count: the snapshot must cover the Postgres version the
+router saw, and Postgres must not have moved by the time the worker looks (``lagging`` otherwise).
+
+Each comparison is a row of ``lakehouse_shadow_reads``: reader, dataset, outcome (match | mismatch | lagging |
+no-snapshot | not-comparable | error | dropped), both versions (Postgres rows_version; the snapshot and the
+Postgres version it covers), and for a mismatch the first differing row from each side.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import datetime as dt
+import json
+import logging
+import queue
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import psycopg
+import pyarrow as pa
+from psycopg.types.json import Jsonb
+from pyiceberg.expressions import In
+
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.parity.canonical import SEP, canonical_value
+from lakehouse_dagster.routing.projection import Projection
+from lakehouse_dagster.routing.read_router import ReadResult
+from lakehouse_dagster.tracking.datasets import Dataset
+
+log = logging.getLogger("lakehouse_dagster.read_router")
+
+MATCH, MISMATCH, LAGGING, NO_SNAPSHOT = "match", "mismatch", "lagging", "no-snapshot"
+NOT_COMPARABLE, ERROR, DROPPED = "not-comparable", "error", "dropped"
+ROW_INDEX = "__row_index"
+_IDENTITY_TYPES = {"__row_index": "int64", "__row_id": "string", "__created_at": "timestamp"}
+
+# (snapshot id, the __row_index values to read or None for the read as it was asked) → the Iceberg rows
+IcebergRead = Callable[[int, "list[int] | None"], pa.Table]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShadowJob:
+    reader: str
+    dataset_id: uuid.UUID
+    columns: tuple[tuple[str, str], ...]  # (name, canonical type) in the projection's order
+    limit: int | None
+    ordered: bool
+    pg_version: int  # datasets.rows_version the router saw
+    snapshot_id: int | None
+    iceberg_version: int | None  # the Postgres version the snapshot covers
+    pg_rows: pa.Table
+    iceberg: IcebergRead
+
+
+@dataclasses.dataclass(frozen=True)
+class Compared:
+    outcome: str
+    pg_rows: int | None = None
+    iceberg_rows: int | None = None
+    pg_row: dict | None = None
+    iceberg_row: dict | None = None
+    detail: str | None = None
+
+
+def _texts(table: pa.Table, columns: Sequence[tuple[str, str]]) -> list[tuple[str, dict]]:
+    rows = table.select([c for c, _ in columns]).to_pylist()
+    return [(SEP.join(canonical_value(r[c], t) for c, t in columns), r) for r in rows]
+
+
+def compare_tables(pg: pa.Table, ice: pa.Table, columns: Sequence[tuple[str, str]]) -> Compared:
+    """Order-independent: the multisets of canonical row texts. A mismatch names the first differing row of each
+    side (lowest __row_index when the projection has it)."""
+    left, right = _texts(pg, columns), _texts(ice, columns)
+    lc, rc = collections.Counter(t for t, _ in left), collections.Counter(t for t, _ in right)
+    if lc == rc:
+        return Compared(MATCH, len(left), len(right))
+    only_pg, only_ice = lc - rc, rc - lc
+    first_pg = _first([r for t, r in left if t in only_pg])
+    first_ice = None
+    if first_pg is not None and ROW_INDEX in first_pg:
+        first_ice = next((r for t, r in right if t in only_ice and r.get(ROW_INDEX) == first_pg[ROW_INDEX]), None)
+    if first_ice is None:
+        first_ice = _first([r for t, r in right if t in only_ice])
+    detail = (
+        f"{sum(only_pg.values())} row(s) only in Postgres, {sum(only_ice.values())} only in Iceberg "
+        f"(of {len(left)} and {len(right)})"
+    )
+    return Compared(MISMATCH, len(left), len(right), _jsonable(first_pg), _jsonable(first_ice), detail)
+
+
+def _first(rows: list[dict]) -> dict | None:
+    if not rows:
+        return None
+    if ROW_INDEX in rows[0]:
+        return min(rows, key=lambda r: (r[ROW_INDEX] is None, r[ROW_INDEX] or 0))
+    return rows[0]
+
+
+def _jsonable(row: dict | None) -> dict | None:
+    return None if row is None else json.loads(json.dumps(row, default=str))
+
+
+def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
+    """The Iceberg side and the comparison of one sampled read (in a worker)."""
+    if job.snapshot_id is None:
+        return Compared(NO_SNAPSHOT, job.pg_rows.num_rows, detail="Iceberg has no snapshot of it")
+    if job.iceberg_version is None or job.iceberg_version < job.pg_version:
+        return Compared(
+            LAGGING,
+            job.pg_rows.num_rows,
+            detail=f"the snapshot covers Postgres version {job.iceberg_version}, the read saw {job.pg_version}",
+        )
+    names = [c for c, _ in job.columns]
+    whole = job.limit is None or job.pg_rows.num_rows < job.limit
+    if whole or job.ordered:
+        ice = job.iceberg(job.snapshot_id, None)
+    elif ROW_INDEX in names:
+        indexes = [i for i in job.pg_rows.column(ROW_INDEX).to_pylist() if i is not None]
+        ice = job.iceberg(job.snapshot_id, indexes)
+    else:
+        return Compared(
+            NOT_COMPARABLE,
+            job.pg_rows.num_rows,
+            detail="a limited read in no order without __row_index: the two sides return different rows by design",
+        )
+    now = conn.execute("select rows_version from datasets where id = %s", (job.dataset_id,)).fetchone()
+    if now is None or now[0] != job.pg_version:
+        return Compared(
+            LAGGING,
+            job.pg_rows.num_rows,
+            ice.num_rows,
+            detail=f"Postgres moved from version {job.pg_version} to {now[0] if now else 'gone'} around the read",
+        )
+    return compare_tables(job.pg_rows, ice, job.columns)
+
+
+def record(conn: psycopg.Connection, job: ShadowJob, c: Compared, seconds: float) -> None:
+    conn.execute(
+        "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_version, snapshot_id, iceberg_version,"
+        " pg_rows, iceberg_rows, pg_row, iceberg_row, detail, seconds)"
+        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            job.reader,
+            job.dataset_id,
+            c.outcome,
+            job.pg_version,
+            job.snapshot_id,
+            job.iceberg_version,
+            c.pg_rows,
+            c.iceberg_rows,
+            Jsonb(c.pg_row) if c.pg_row is not None else None,
+            Jsonb(c.iceberg_row) if c.iceberg_row is not None else None,
+            c.detail,
+            round(seconds, 4),
+        ),
+    )
+
+
+class ShadowPool:
+    """A bounded queue and a few daemon worker threads, each with its own connection."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        workers: int = 2,
+        queue_size: int = 64,
+        sample: float = 0.1,
+        draw: Callable[[], float] = random.random,
+    ):
+        self.dsn, self.sample, self._draw = dsn, sample, draw
+        self._queue: queue.Queue[ShadowJob | None] = queue.Queue(maxsize=queue_size)
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._dropped: collections.Counter[tuple[str, uuid.UUID]] = collections.Counter()
+
+    def offer(self, job: ShadowJob) -> bool:
+        """Called on the request path: never blocks, never raises. True when the comparison was queued."""
+        try:
+            if self.sample <= 0 or self._draw() >= self.sample:
+                return False
+            self._start()
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                with self._lock:
+                    self.counts[DROPPED] += 1
+                    self._dropped[(job.reader, job.dataset_id)] += 1
+                    n = self.counts[DROPPED]
+                if n == 1 or n % 100 == 0:
+                    log.warning(f"[read-router] shadow queue full: {n} sampled read(s) dropped so far (not compared)")
+                return False
+            with self._lock:
+                self.counts["queued"] += 1
+            return True
+        except Exception as exc:  # the caller's read was served: losing a comparison must not fail it
+            log.warning(f"[read-router] shadow read not queued: {type(exc).__name__}: {exc}")
+            return False
+
+    def _start(self) -> None:
+        if len(self._threads) >= self._workers:
+            return
+        with self._lock:
+            while len(self._threads) < self._workers:
+                t = threading.Thread(target=self._work, name=f"lakehouse-shadow-{len(self._threads)}", daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def _work(self) -> None:
+        conn: psycopg.Connection | None = None
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                started = time.perf_counter()
+                if conn is None or conn.closed:
+                    conn = connect(self.dsn)
+                try:
+                    compared = run_job(conn, job)
+                except Exception as exc:  # the Iceberg side failed: recorded, never a match
+                    compared = Compared(ERROR, job.pg_rows.num_rows, detail=f"{type(exc).__name__}: {exc}"[:1000])
+                record(conn, job, compared, time.perf_counter() - started)
+                self._flush_dropped(conn)
+                with self._lock:
+                    self.counts[compared.outcome] += 1
+            except Exception as exc:  # the database is gone: count it, reconnect for the next one
+                with self._lock:
+                    self.counts["unrecorded"] += 1
+                log.warning(f"[read-router] shadow comparison not recorded: {type(exc).__name__}: {exc}")
+                if conn is not None:
+                    conn.close()
+                conn = None
+            finally:
+                self._queue.task_done()
+
+    def _flush_dropped(self, conn: psycopg.Connection) -> None:
+        with self._lock:
+            dropped, self._dropped = self._dropped, collections.Counter()
+        for (reader, ds), n in dropped.items():
+            conn.execute(
+                "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_rows, detail)"
+                " values (%s, %s, 'dropped', %s, %s)",
+                (reader, ds, n, f"{n} sampled read(s) not compared: the shadow queue was full"),
+            )
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued comparison is recorded (tests, process exit); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        for _ in self._threads:
+            try:
+                self._queue.put_nowait(None)
+            except queue.Full:
+                break
+
+
+_pools: dict[str, ShadowPool] = {}
+_pools_lock = threading.Lock()
+
+
+def pool_for(settings: Settings, dsn: str) -> ShadowPool:
+    """The process's pool for this database (created on first use, drained for a few seconds at exit)."""
+    pool = _pools.get(dsn)
+    if pool is not None:
+        return pool
+    with _pools_lock:
+        if dsn not in _pools:
+            _pools[dsn] = ShadowPool(
+                dsn, workers=settings.shadow_workers, queue_size=settings.shadow_queue, sample=settings.shadow_sample
+            )
+            if len(_pools) == 1:
+                atexit.register(_drain_all)
+        return _pools[dsn]
+
+
+def _drain_all() -> None:
+    for pool in list(_pools.values()):
+        pool.drain(timeout=5.0)
+
+
+def offer_read(
+    pool: ShadowPool, result: ReadResult, dataset: Dataset, projection: Projection, iceberg: IcebergRead
+) -> bool:
+    """After a read the router served from Postgres in shadow mode: offer it for comparison (else do nothing)."""
+    d = result.decision
+    if d.reason != "pg@shadow" or d.freshness is None or not isinstance(result.value, pa.Table):
+        return False
+    types = {c.name: c.type for c in dataset.columns} | _IDENTITY_TYPES
+    job = ShadowJob(
+        reader=d.reader,
+        dataset_id=d.dataset_id,
+        columns=tuple((c, types[c]) for c in projection.columns),
+        limit=projection.limit,
+        ordered=projection.order_by_row_index,
+        pg_version=d.freshness.rows_version,
+        snapshot_id=d.freshness.snapshot_id,
+        iceberg_version=d.freshness.source_version,
+        pg_rows=result.value,
+        iceberg=iceberg,
+    )
+    return pool.offer(job)
+
+
+def read_rows(table, columns: Sequence[str], row_indexes: list[int], snapshot_id: int) -> pa.Table:
+    """The rows of the snapshot with these __row_index values (the other side of an unordered limited read)."""
+    if not row_indexes:
+        return table.scan(selected_fields=tuple(columns), limit=0, snapshot_id=snapshot_id).to_arrow()
+    fields = tuple(dict.fromkeys([*columns, ROW_INDEX]))
+    row_filter = In(ROW_INDEX, set(row_indexes))  # type: ignore[call-arg, arg-type]  # (term, literals), as pyiceberg takes them
+    scan = table.scan(row_filter=row_filter, selected_fields=fields, snapshot_id=snapshot_id)
+    return scan.to_arrow().select(list(columns))
+
+
+def since(conn: psycopg.Connection, reader: str, at: dt.datetime) -> list[tuple]:
+    """(dataset id, outcome, count) of a reader's shadow reads since ``at`` (for people and tests)."""
+    return conn.execute(
+        "select dataset_id, outcome, count(*) from lakehouse_shadow_reads where reader = %s and at >= %s"
+        " group by dataset_id, outcome order by dataset_id, outcome",
+        (reader, at),
+    ).fetchall()
