@@ -12,6 +12,7 @@ import yaml
 
 from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.flags.soak_setting import current_soak
 
 
 def register(sub) -> None:
@@ -120,7 +121,7 @@ def _status(ctx, args) -> Result:
 
     if args.history < 0:
         raise BadInput(f"--history {args.history} must be 0 or more")
-    soak = ctx.settings.soak_seconds
+    soak = current_soak(ctx.conn, ctx.settings).seconds
     if args.id:
         s = status.plan_status(ctx.conn, store.resolve_id(ctx.conn, args.id), soak_seconds=soak, history=args.history)
         return Result(s.as_dict(), "\n".join(s.lines(history=args.history > 0)))
@@ -163,7 +164,7 @@ def _act(ctx, args, verb: str) -> Result:
         if outcome.restored is not None:
             message += "".join(f"\n  restored {r}" for r in outcome.restored.restored)
             message += "".join(f"\n  REFUSED {r}" for r in outcome.restored.refused)
-    s = status.plan_status(ctx.conn, plan_id, soak_seconds=ctx.settings.soak_seconds, history=0)
+    s = status.plan_status(ctx.conn, plan_id, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
     text = "\n".join(([message] if message else []) + s.lines(history=False))
     return Result(s.as_dict() | ({"message": message} if message else {}), text)
 

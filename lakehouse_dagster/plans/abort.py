@@ -72,11 +72,9 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
             scope_kw = {"workspace": k["scope_id"]}
         try:
             if before is None:
-                clear_flag(conn, p.kind, p.name, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw)
+                clear_flag(conn, p.kind, p.name, note=note, actor=actor, **scope_kw)
             else:
-                set_flag(
-                    conn, p.kind, p.name, before, note=note, actor=actor, soak_seconds=settings.soak_seconds, **scope_kw
-                )
+                set_flag(conn, p.kind, p.name, before, note=note, actor=actor, **scope_kw)
         except FlipRefused as exc:
             text = " ".join(str(exc).split())
             out.refused.append(f"{where}: stays {now_mode}: {text}")

@@ -28,6 +28,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import effects
 from lakehouse_dagster.flags.overrides import Scope
 from lakehouse_dagster.flags.registry import READ, get_flag
+from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.plans import analysis, store
 from lakehouse_dagster.plans.abort import restore
 from lakehouse_dagster.plans.render import effective_soak
@@ -313,7 +314,7 @@ class _Step:
         row = store.stage_row(self.conn, self.p.id, self.p.stage)
         if self.check_incidents(stage, row):
             return self.aborting(), False
-        soak, _ = effective_soak(stage, self.settings)
+        soak, _ = effective_soak(stage, current_soak(self.conn, self.settings))
         assert row.flipped_at is not None
         ends = row.flipped_at + dt.timedelta(seconds=soak)
         if stage.kind == SHADOW:

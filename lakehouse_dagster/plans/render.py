@@ -30,6 +30,7 @@ from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import AtFlip, Effect, write_flip_blockers
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
 from lakehouse_dagster.flags.registry import COMMAND, READ, Flag, get_flag, rank
+from lakehouse_dagster.flags.soak_setting import STORED, SoakSetting, current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import widen_blockers
 from lakehouse_dagster.parity import canary
@@ -155,13 +156,14 @@ class Rendered:
         return out
 
 
-def effective_soak(stage: Stage, settings: Settings) -> tuple[int, str]:
-    """The larger of the stage's soak and the project's (LAKEHOUSE_SOAK_SECONDS): a plan never undercuts the
-    gate's soak; the text says both."""
-    soak = max(stage.soak, settings.soak_seconds)
+def effective_soak(stage: Stage, project: SoakSetting) -> tuple[int, str]:
+    """The larger of the stage's soak and the project's (the stored soak every gate applies, flags/soak_setting.py):
+    a plan never undercuts the gate's soak; the text says both."""
+    soak = max(stage.soak, project.seconds)
+    where = "stored" if project.source == STORED else project.source
     return soak, (
         f"{format_duration(soak)} (the larger of the plan's {format_duration(stage.soak)} and the project's "
-        f"{format_duration(settings.soak_seconds)}, LAKEHOUSE_SOAK_SECONDS)"
+        f"{format_duration(project.seconds)}, {where})"
     )
 
 
@@ -238,6 +240,8 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
     """Long on purpose: the stages in order over one simulated set of overrides, each stage's changes, moves and
     refusals beside each other, so the dry-run and the controller read the same story."""
     flag = get_flag(plan.kind, plan.name)
+    project = current_soak(conn, settings)
+    settings = settings.replace(soak_seconds=project.seconds)  # every soak below is the one the gates apply
     datasets, row_counts = _datasets(conn)
     workspaces: dict = dict(conn.execute("select id, name from workspaces").fetchall())
     stored = dict(stored_overrides(conn, flag.kind, [flag.name])[flag.name])
@@ -245,7 +249,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
     stages: list[StagePlan] = []
     for i, stage in enumerate(plan.stages):
         where = f"stages[{i}]"
-        soak, soak_text = effective_soak(stage, settings)
+        soak, soak_text = effective_soak(stage, project)
         notes: list[str] = []
         keys: list[tuple[str, uuid.UUID | None, str]] = []  # (scope, id, label)
         mode = "shadow" if stage.kind == SHADOW else plan.mode

@@ -13,6 +13,7 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.refusals import refuse, stop
 from lakehouse_dagster.dagster.tags import plan_tags, tag_run, text
+from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.plans import actions, status, store
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
@@ -89,10 +90,12 @@ def rollout_status_op(context: dg.OpExecutionContext, config: StatusConfig, lake
         try:
             if config.plan_id:
                 found = [
-                    status.plan_status(conn, store.resolve_id(conn, config.plan_id), soak_seconds=settings.soak_seconds)
+                    status.plan_status(
+                        conn, store.resolve_id(conn, config.plan_id), soak_seconds=current_soak(conn, settings).seconds
+                    )
                 ]
             else:
-                found = status.recent_statuses(conn, soak_seconds=settings.soak_seconds, history=5)
+                found = status.recent_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=5)
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info("\n".join(line for s in found for line in s.lines()) or "no rollout plan yet")
@@ -117,7 +120,7 @@ def _act(context, lakehouse: LakehouseResource, config: PlanIdConfig, what: str)
                 actions.approve(conn, plan_id, actor=actor, note=config.note)
             else:
                 message = actions.abort(conn, settings, plan_id, actor=actor, reason=config.note).message
-            s = status.plan_status(conn, plan_id, soak_seconds=settings.soak_seconds, history=0)
+            s = status.plan_status(conn, plan_id, soak_seconds=current_soak(conn, settings).seconds, history=0)
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info("\n".join(([message] if message else []) + s.lines(history=False)))
