@@ -193,7 +193,7 @@ def test_pause_holds_the_plan_and_resume_continues_it(conn, dsn, settings, insta
 
 
 def test_a_closed_window_keeps_the_stage_waiting(conn, dsn, settings, instance):
-    seed_mix(conn, dsn, settings)
+    s = seed_mix(conn, dsn, settings)
     now = dt.datetime.now(dt.UTC)
     opens, closes = now + dt.timedelta(hours=2), now + dt.timedelta(hours=3)
     window = f"daily {opens:%H:%M}-{closes:%H:%M} UTC"
@@ -202,6 +202,7 @@ reader: graph.kuzu
 stages:
   - datasets: 1
     window: {window}
+  - workspace: {s.ws}
   - global: true
 """
     plan_id, _ = actions.start(conn, settings, text, actor="pytest")
@@ -220,6 +221,8 @@ def test_an_inconclusive_stage_pauses_after_its_bound_and_says_why(conn, dsn, se
     text = f"""
 reader: studio.digest
 stages:
+  - datasets: 1
+    soak: 1s
   - workspace: {s.ws}
     soak: 1s
     analysis: {{pause_after: 2s, retry_every: 1s}}
@@ -228,14 +231,14 @@ stages:
     driver = Driver(instance, dsn)
     p = driver.until(conn, plan_id, lambda p: p.state != "active")
     assert p.state == "paused"
-    assert p.reason.startswith("stage 1 inconclusive for ") and "late (" in p.reason and "no-snapshot" in p.reason
+    assert p.reason.startswith("stage 2 inconclusive for ") and "late (" in p.reason and "no-snapshot" in p.reason
     ev = store.events(conn, plan_id)[-1]
     assert (ev["event"], ev["severity"], ev["actor"]) == ("paused", "warning", "rollout_controller")
     # the flag stays where the stage put it (inconclusive is not a failure): the operator decides
     assert any(o.scope == "workspace" and o.mode == "iceberg" for o in list_overrides(conn))
     # abort from a paused plan restores at once (no run in flight)
     out = actions.abort(conn, settings, plan_id, actor="ops", reason="no snapshot for late")
-    assert out.restored is not None and len(out.restored.restored) == 1
+    assert out.restored is not None and len(out.restored.restored) == 2  # the dataset flip and the workspace's
     assert not list_overrides(conn)
     assert store.get(conn, plan_id).state == "aborted"
 

@@ -133,7 +133,7 @@ def test_the_json_schema_in_the_docs_is_the_one_the_code_generates():
 def test_the_dry_run_writes_nothing_and_a_stage_without_enough_candidates_is_refused(conn, dsn, settings):
     s = seed_mix(conn, dsn, settings)
     before = flag_tables(conn)
-    text = f"reader: graph.kuzu\nstages:\n  - datasets: 9\n    within: {s.ws}\n  - global: true\n"
+    text = f"reader: graph.kuzu\nstages:\n  - datasets: 9\n    within: {s.ws}\n  - workspace: {s.ws}\n"
     dry = actions.dry_run(conn, settings, text)
     assert dry.problems == [
         f"stages[0].datasets: 9 wanted, 4 candidate(s) in workspace {s.ws}: datasets with an ok verdict at their "
@@ -146,7 +146,9 @@ def test_the_dry_run_writes_nothing_and_a_stage_without_enough_candidates_is_ref
     # a stage that would move more than its max_datasets is refused too
     dry = actions.dry_run(conn, settings, "reader: graph.kuzu\nstages: [{global: true, max_datasets: 2}]")
     assert dry.problems == [
-        "stages[0]: moves 5 datasets, above its max_datasets 2; add a narrower stage first or raise max_datasets"
+        "stages[0] (flags set graph.kuzu iceberg): order (dataset → workspace → global): no workspace-scope flip to "
+        "iceberg inside global before it; add a workspace stage first",
+        "stages[0]: moves 5 datasets, above its max_datasets 2; add a narrower stage first or raise max_datasets",
     ]
 
 
@@ -199,7 +201,7 @@ def test_a_writer_plan_in_the_runbook_s_order_runs(conn, dsn, settings):
     ]
     # the next writer may now widen at that workspace (order), and the dry-run says so
     set_override(conn, "write", "sync.append", "pg", dataset=s.manifest, actor="ops")
-    dry = actions.dry_run(conn, settings, f"writer: sync.append\nstages: [{{workspace: {s.ws}}}]")
+    dry = actions.dry_run(conn, settings, f"writer: sync.append\nstages: [{{datasets: 1}}, {{workspace: {s.ws}}}]")
     assert not dry.problems, dry.problems
 
 

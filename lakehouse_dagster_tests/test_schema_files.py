@@ -57,6 +57,7 @@ SHIPPED = [
     "024_tracking_capture",
     "025_capture_after_commit",
     "026_stored_soak",
+    "027_rollout_plans",
 ]
 # The number a new migration would take (tests that add one): computed, so adding a migration breaks nothing here.
 _NEXT = 1 + max(int(p.name[:4]) for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))

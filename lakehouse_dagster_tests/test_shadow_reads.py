@@ -95,13 +95,13 @@ def test_compare_is_order_independent_and_names_the_first_differing_row():
 def test_matching_shadow_reads_give_100_percent_and_the_shadow_stage_passes(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     pool = ShadowPool(dsn, workers=2, queue_size=100, sample=1.0)
-    text = f"""
+    text = """
 reader: export.stream
 stages:
   - shadow: true
     soak: 1s
-    analysis: {{min_reads: 12}}
-  - workspace: {s.ws}
+    analysis: {min_reads: 12}
+  - datasets: 1
 """
     plan_id, rendered = actions.start(conn, settings, text, actor="pytest")
     assert [(c.scope, c.mode) for c in rendered.stages[0].changes] == [("global", "shadow")]
@@ -134,7 +134,7 @@ def test_a_tampered_iceberg_value_is_caught_with_the_row_and_the_plan_aborts(con
     plan_id, _ = actions.start(
         conn,
         settings,
-        "reader: graph.kuzu\nstages:\n  - shadow: true\n    analysis: {min_reads: 5}\n  - global: true\n",
+        "reader: graph.kuzu\nstages:\n  - shadow: true\n    analysis: {min_reads: 5}\n  - datasets: 1\n",
         actor="pytest",
     )
     driver = Driver(instance, dsn)

@@ -361,7 +361,7 @@ def _gate_problems(
             if r.startswith("writer order")
         ]
         problems += [f"{what}: {r}" for r in order]
-    if settings.soak_seconds > 0 and change.scope in (WORKSPACE, GLOBAL):
+    if change.scope in (WORKSPACE, GLOBAL):  # the order holds whatever the soak (flags/widen.py)
         one_down = DATASET if change.scope == WORKSPACE else WORKSPACE
         narrower = [
             k
@@ -372,7 +372,7 @@ def _gate_problems(
         ]
         if not narrower:
             problems.append(
-                f"{what}: widening rule (soak): no {one_down}-scope flip to {change.mode} inside {scope} before it; "
+                f"{what}: order (dataset → workspace → global): no {one_down}-scope flip to {change.mode} inside {scope} before it; "
                 f"add a {'datasets stage within that workspace' if one_down == DATASET else 'workspace stage'} first"
             )
     return problems
