@@ -90,6 +90,9 @@ class Settings:
     # older than snapshots_max_age_seconds (lake/writer.py expirable_snapshots); snapshots_keep 0: never.
     snapshots_keep: int = 100
     snapshots_max_age_seconds: int = 3600
+    # The lakehouse_recorder sensor reads at most this many rows of each kind of change per tick (sync log, flag
+    # audit, backfills, orphan sweeps); more wait for the next tick (status/recording.py).
+    recorder_max_events: int = 200
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -126,6 +129,7 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
+            recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 200, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:
