@@ -19,6 +19,7 @@ from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, 
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.recording.recorder import lakehouse_recorder
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.sources.ingest import ingest_job
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags.overrides import set_override
@@ -270,6 +271,23 @@ def test_a_run_made_sync_is_not_recorded_twice_and_carries_the_standard_keys(con
         assert _meta(pg)["dagster/row_count"] == 4
         assert "password" not in _meta(pg)["dagster/uri"] and settings.pg_dsn not in _meta(pg)["dagster/uri"]
     assert mirror_job.name == "mirror_job"
+
+    # ingest_job on the pg path materializes postgres/dataset_rows with the standard keys too
+    c = datasets.create_dataset(conn, ws, "c", SCHEMA)
+    src = pg_source_table(conn, [row(i) for i in range(5)])
+    set_source(conn, c, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(c)])
+    ingested = ingest_job.execute_in_process(
+        run_config={"ops": {"ingest_op": {"config": {"writer": "sync_full"}}}},
+        partition_key=str(c),
+        resources=resources,
+        instance=instance,
+    )
+    assert ingested.success
+    meta = _meta(_materializations(instance, PG_ROWS, c)[0])
+    assert meta["dagster/row_count"] == 5 and meta["dagster/table_name"].endswith(".dataset_rows")
+    assert [col.name for col in meta["dagster/column_schema"].columns][3:] == ["a", "s", "x", "at", "doc"]
+    assert rec.tick() == []  # the pg path leaves the table to the mirror: nothing to record yet
 
     # a CLI sync afterwards is recorded: the partition then shows the CLI's snapshot
     datasets.insert_rows(conn, a, [row(4)], start_index=4)

@@ -92,7 +92,7 @@ class Settings:
     snapshots_max_age_seconds: int = 3600
     # The lakehouse_recorder sensor reads at most this many rows of each kind of change per tick (sync log, flag
     # audit, backfills, orphan sweeps); more wait for the next tick (status/recording.py).
-    recorder_max_events: int = 200
+    recorder_max_events: int = 50
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -129,7 +129,7 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
-            recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 200, minimum=1),
+            recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 50, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:
