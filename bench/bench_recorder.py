@@ -130,7 +130,7 @@ def main() -> int:
                 for r in conn.execute(
                     "insert into datasets (workspace_id, name, kind, schema, row_count)"
                     " select (%s::uuid[])[1 + g %% 10], 'd' || g, 'tabular',"
-                    " '[{\"name\": \"n\", \"type\": \"int64\"}]', 1000 from generate_series(1, %s) g returning id",
+                    ' \'[{"name": "n", "type": "int64"}]\', 1000 from generate_series(1, %s) g returning id',
                     (ws, args.datasets),
                 ).fetchall()
             ]
@@ -158,11 +158,15 @@ def main() -> int:
             busy = ids[: args.cap]
             conn.execute(SYNCED, (busy,))
             s, r, n = ticks.tick()
-            print(f"busy: {n} changed tables in one tick: {s:.3f} s in the sensor ({s / base:.0f}x idle) + {r:.3f} s reporting")
+            print(
+                f"busy: {n} changed tables in one tick: {s:.3f} s in the sensor ({s / base:.0f}x idle) + {r:.3f} s reporting"
+            )
             for d in busy:
                 set_override(conn, "read", "export.stream", "shadow", dataset=d, note="bench", actor="bench")
             s, r, n = ticks.tick()
-            print(f"flags: {n} flag changes in one tick: {s:.3f} s in the sensor ({s / base:.0f}x idle) + {r:.3f} s reporting")
+            print(
+                f"flags: {n} flag changes in one tick: {s:.3f} s in the sensor ({s / base:.0f}x idle) + {r:.3f} s reporting"
+            )
             gone = ids[-max(1, args.datasets // 100) :]
             with conn.transaction():
                 conn.execute("delete from datasets where id = any(%s::uuid[])", (gone,))
