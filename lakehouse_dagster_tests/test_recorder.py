@@ -326,14 +326,25 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     d = datasets.create_dataset(conn, ws, "d", SCHEMA)
     rec = Recorder(instance, dsn)
     rec.tick()
+    positions = []
+
+    def flags_position() -> int:
+        positions.append(json.loads(rec.cursor)["positions"]["flags"]["xid"])
+        return positions[-1]
+
+    flags_position()
     with psycopg.connect(dsn) as late:  # not autocommit: its transaction stays open until we commit
         set_override(late, "read", "export.stream", "shadow", dataset=d, note="late", actor="pytest")
         set_override(conn, "read", "graph.kuzu", "shadow", dataset=d, note="early", actor="pytest")
         assert [e.metadata["note"].value for e in rec.tick()] == ["early"]
+        flags_position()
         assert rec.tick() == []  # seen above the horizon: not again
+        assert flags_position() == positions[-2]  # held below the open transaction
         late.commit()
     assert [e.metadata["note"].value for e in rec.tick()] == ["late"]
+    flags_position()
     assert rec.tick() == []
+    assert flags_position() > positions[0] and positions == sorted(positions)  # only forward
     notes = sorted(_meta(o)["note"] for o in _observations(instance, ICEBERG_TABLE, d))
     assert notes == ["early", "late"]
 
@@ -361,9 +372,18 @@ def test_the_first_ticks_show_every_synced_table_and_page_at_the_cap(conn, dsn, 
         _shows_the_table_as_it_is(instance, settings, dsn, d)
 
 
-def test_the_cursor_only_moves_forward_and_round_trips():
-    c = Cursor.loads(None)
-    assert Cursor.loads(c.dumps()) == c
+def test_the_cursor_round_trips_whole():
+    from lakehouse_dagster.status.recording import Position, Waiting
+
+    c = Cursor(
+        {"syncs": Position(812, 40, frozenset({(41, 815), (44, 900)})), "flags": Position(700)},
+        {uuid.uuid4(): Waiting(("run-a", "run-b"), 1234.5)},
+        99.0,
+        False,
+        uuid.uuid4(),
+    )
+    assert Cursor.loads(c.dumps()) == c and Cursor.loads(None) == Cursor()
+    assert Cursor.loads(c.dumps()).position("sweeps") == Position()  # a stream never read starts at 0
 
 
 def test_the_resource_shows_its_settings_as_env_vars_and_never_the_dsn(dsn, settings, monkeypatch):
@@ -379,3 +399,37 @@ def test_the_resource_shows_its_settings_as_env_vars_and_never_the_dsn(dsn, sett
     live = LakehouseResource(pg_dsn=dsn, ingest_chunk_rows=1000)
     assert live.settings().ingest_chunk_rows == 1000 and live.settings().warehouse == settings.warehouse
     assert live.catalog() is live.catalog()  # built once per run (per resource instance)
+
+
+def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn, dsn, settings, instance):
+    """The write_flip job's first native sync carries the run's id but the job materializes nothing: once the run
+    has ended the recorder shows the new snapshot. The source moved on, so the canary says MISMATCH and
+    auto-rollback sets the writer back to pg: an observation with its actor and note."""
+    from lakehouse_dagster.dagster.defs.runbooks.rollout import write_flip_job
+
+    d, src, _ = _fed(conn, dsn, settings)
+    assert _cli("ingest", "--dataset", str(d), "--writer", "sync.full") == 0
+    assert _cli("sync", "--dataset", str(d)) == 0
+    for r in SERVABLE:
+        set_override(conn, "read", r, "iceberg", dataset=d, actor="pytest")
+    rec = Recorder(instance, dsn)
+    rec.tick()
+    add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
+    result = write_flip_job.execute_in_process(
+        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync_full", "dataset_id": str(d)}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not result.success  # STOP: canary MISMATCH, rolled back
+    events = rec.tick()
+    (table,) = [e for e in events if isinstance(e, dg.AssetMaterialization)]
+    meta = _shows_the_table_as_it_is(instance, settings, dsn, d)
+    assert meta["path"] == "native" and meta["written_by"].endswith(f"dagster run {result.run_id}")
+    assert meta["latest_verdict"] == "MISMATCH" and meta["writers_native"].startswith("none")
+    flips = [{k: v.value for k, v in e.metadata.items()} for e in events if isinstance(e, dg.AssetObservation)]
+    assert [(f["writer"], f["mode"]) for f in flips] == [("sync.full", "iceberg_native"), ("sync.full", "pg")]
+    assert flips[0]["actor"] == f"pytest (dagster run {result.run_id[:8]})"
+    assert flips[1]["actor"] == "pytest (auto-rollback)"
+    assert flips[1]["note"] == f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})"
+    assert rec.tick() == []

@@ -148,7 +148,8 @@ def backfill_event(conn: psycopg.Connection, state: PartitionState, c: Change) -
 
 
 def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
-    """One set or clear: on the dataset's partition (dataset scope, the dataset exists), else on the overview."""
+    """One set or clear: on the dataset's partition (dataset scope, a tabular dataset that exists), else on the
+    overview."""
     r = c.row
     word = "reader" if r["kind"] == "read" else "writer"
     scope = scope_value(r["scope_id"]) if r["scope"] == "dataset" else scope_value(None, r["scope_id"])
@@ -169,7 +170,7 @@ def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
         f"{r['action']} {word} {r['name']}: {r['before_mode'] or '(no override)'} → {r['after_mode'] or 'cleared'}"
         f" at {scope} by {r['actor']}" + (f" ({r['note']})" if r["note"] else "")
     )
-    if state is not None:
+    if state is not None and state.kind == "tabular":
         return dg.AssetObservation(
             asset_key=ICEBERG_TABLE,
             partition=str(state.dataset_id),
@@ -178,7 +179,11 @@ def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
         )
     if r["scope"] == "dataset":
         metadata["dataset_id"] = text(r["scope_id"])
-        description += " (the dataset no longer exists)"
+        if state is None:
+            description += " (the dataset no longer exists)"
+        else:
+            metadata["dataset_name"] = text(state.name)
+            description += f" ({state.name} is a {state.kind} dataset: it has no table partition)"
     return dg.AssetObservation(asset_key=MIGRATION_OVERVIEW, description=description, metadata=metadata)
 
 
