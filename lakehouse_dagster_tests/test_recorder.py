@@ -161,14 +161,16 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     assert flags["sync.full"] == ("iceberg_native", "dataset override")
     assert flags["export.stream"] == ("iceberg", "dataset override")
     assert flags["row.edit"] == ("pg", "registry default")
-    (flip,) = [_meta(o) for o in _observations(instance, ICEBERG_TABLE, d) if "writer" in _meta(o)]
-    assert (flip["writer"], flip["mode"], flip["before"], flip["scope"]) == (
-        "sync.full",
+    (flip,) = [
+        m for m in map(_meta, _observations(instance, ICEBERG_TABLE, d)) if m["flag_changed"].startswith("writer")
+    ]
+    assert (flip["flag_changed"], flip["flag_mode"], flip["flag_mode_before"], flip["scope"]) == (
+        "writer sync.full",
         "iceberg_native",
         "(no override)",
         f"dataset:{d}",
     )
-    assert (flip["actor"], flip["note"], flip["action"]) == ("pytest", "fase4 canary", "set")
+    assert (flip["actor"], flip["note"], flip["flag_action"]) == ("pytest", "fase4 canary", "set")
     assert len(observed) == 1
 
     # lakehouse ingest on the native path (the source moved on): the new snapshot is the one shown
@@ -186,13 +188,16 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     (event,) = rec.tick()
     assert isinstance(event, dg.AssetObservation) and event.partition == str(d)
     meta = {k: v.value for k, v in event.metadata.items()}
-    assert (meta["writer"], meta["mode"], meta["before"], meta["note"]) == (
-        "sync.full",
+    assert (meta["flag_changed"], meta["flag_mode"], meta["flag_mode_before"], meta["note"]) == (
+        "writer sync.full",
         "pg",
         "iceberg_native",
         "rollback: investigate",
     )
     assert meta["writers_native"] == "none (every writer lands in Postgres)"
+    # the page shows its latest event's metadata: the observation says what the table is now too
+    assert meta["snapshot_id"] == str(_table(settings, dsn, d).current_snapshot().snapshot_id)
+    assert meta["dagster/row_count"] == 8 and meta["path"] == "native"
     assert len(_materializations(instance, ICEBERG_TABLE, d)) == shown
     _shows_the_table_as_it_is(instance, settings, dsn, d)
 
@@ -223,9 +228,9 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     events = rec.tick()
     assert [(e.asset_key, e.partition) for e in events] == [(MIGRATION_OVERVIEW, None)] * 2
     overview = sorted((_meta(o) for o in _observations(instance, MIGRATION_OVERVIEW)), key=lambda m: m["audit_id"])
-    assert [(m["reader"], m["scope"], m["actor"], m["note"]) for m in overview] == [
-        ("studio.digest", f"workspace:{ws}", "pytest", "ws shadow"),
-        ("graph.kuzu", "global", "pytest", "global shadow"),
+    assert [(m["flag_changed"], m["flag_mode"], m["scope"], m["actor"], m["note"]) for m in overview] == [
+        ("reader studio.digest", "shadow", f"workspace:{ws}", "pytest", "ws shadow"),
+        ("reader graph.kuzu", "shadow", "global", "pytest", "global shadow"),
     ]
 
     # the dataset is deleted: its partition goes at the next comparison
@@ -428,7 +433,10 @@ def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn,
     assert meta["path"] == "native" and meta["written_by"].endswith(f"dagster run {result.run_id}")
     assert meta["latest_verdict"] == "MISMATCH" and meta["writers_native"].startswith("none")
     flips = [{k: v.value for k, v in e.metadata.items()} for e in events if isinstance(e, dg.AssetObservation)]
-    assert [(f["writer"], f["mode"]) for f in flips] == [("sync.full", "iceberg_native"), ("sync.full", "pg")]
+    assert [(f["flag_changed"], f["flag_mode"]) for f in flips] == [
+        ("writer sync.full", "iceberg_native"),
+        ("writer sync.full", "pg"),
+    ]
     assert flips[0]["actor"] == f"pytest (dagster run {result.run_id[:8]})"
     assert flips[1]["actor"] == "pytest (auto-rollback)"
     assert flips[1]["note"] == f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})"

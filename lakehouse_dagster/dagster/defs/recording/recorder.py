@@ -80,12 +80,13 @@ def _what(state: PartitionState) -> str:
     return f"{how}, {who}"
 
 
-def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
-    """The partition's table as it is now (its latest succeeded sync), with what a sweep removed."""
+def table_now(state: PartitionState) -> dict:
+    """The table as its latest succeeded sync left it, in the keys a run's materialization uses, with Dagster's
+    standard keys (none when the dataset was never synced)."""
     t = state.table
-    assert t is not None
+    if t is None:
+        return {}
     metadata: dict = {
-        **names(state),
         "path": t.path,
         "mode": t.mode or "",
         "writer": t.writer,
@@ -94,9 +95,7 @@ def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterial
         "sync_id": text(t.sync_id),
         "written_by": text(_what(state)),
         "finished_at": text(t.finished_at.isoformat(timespec="seconds") if t.finished_at else None),
-        "recorded_by": text(RECORDED_BY),
         **iceberg_standard(state),
-        **migration_state(state),
     }
     if t.rows is not None:
         metadata["total_rows"] = dg.MetadataValue.int(int(t.rows))
@@ -104,6 +103,19 @@ def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterial
         metadata["bytes_written"] = dg.MetadataValue.int(int(t.bytes))
     if t.seconds is not None:
         metadata["seconds"] = dg.MetadataValue.float(round(t.seconds, 3))
+    return metadata
+
+
+def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
+    """The partition's table as it is now (its latest succeeded sync), with what a sweep removed."""
+    t = state.table
+    assert t is not None
+    metadata: dict = {
+        **names(state),
+        **table_now(state),
+        "recorded_by": text(RECORDED_BY),
+        **migration_state(state),
+    }
     description = f"{_what(state)}: snapshot {t.snapshot_id}, {t.rows} rows"
     if sweeps:
         files = sum(c.row["files_removed"] for c in sweeps)
@@ -154,11 +166,11 @@ def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
     word = "reader" if r["kind"] == "read" else "writer"
     scope = scope_value(r["scope_id"]) if r["scope"] == "dataset" else scope_value(None, r["scope_id"])
     after = r["after_mode"] or "cleared (back to the next scope or the registry default)"
-    metadata: dict = {
-        word: text(r["name"]),
-        "action": text(r["action"]),
-        "mode": text(after),
-        "before": text(r["before_mode"] or "(no override)"),
+    metadata: dict = {  # flag_*: apart from the table's own keys (mode, writer), which an observation shows too
+        "flag_changed": text(f"{word} {r['name']}"),
+        "flag_action": text(r["action"]),
+        "flag_mode": text(after),
+        "flag_mode_before": text(r["before_mode"] or "(no override)"),
         "scope": text(scope),
         "actor": text(r["actor"]),
         "note": text(r["note"] or ""),
@@ -171,11 +183,12 @@ def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
         f" at {scope} by {r['actor']}" + (f" ({r['note']})" if r["note"] else "")
     )
     if state is not None and state.kind == "tabular":
+        # The partition page shows its latest event's metadata: the observation says what the table is now too.
         return dg.AssetObservation(
             asset_key=ICEBERG_TABLE,
             partition=str(state.dataset_id),
             description=description,
-            metadata={**names(state), **metadata, **migration_state(state)},
+            metadata={**names(state), **metadata, **migration_state(state), **table_now(state)},
         )
     if r["scope"] == "dataset":
         metadata["dataset_id"] = text(r["scope_id"])
