@@ -125,6 +125,9 @@ class Settings:
     shadow_queue: int = 64
     # How often the rollout_controller sensor advances the rollout plans (dagster/defs/plans/).
     rollout_tick_seconds: int = 15
+    # The lakehouse_recorder sensor reads at most this many rows of each kind of change per tick (sync log, flag
+    # audit, backfills, orphan sweeps); more wait for the next tick (status/recording.py).
+    recorder_max_events: int = 50
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -174,6 +177,7 @@ class Settings:
             shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
             shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
             rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),
+            recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 50, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

@@ -51,6 +51,18 @@ _ARROW: dict[str, pa.DataType] = {
     "json": pa.string(),
 }
 
+# The identity columns in the dataset schema's own type names, with what each holds (Dagster's column schema).
+IDENTITY_COLUMNS = (
+    Column("__row_index", "int64"),
+    Column("__row_id", "string"),
+    Column("__created_at", "timestamp"),
+)
+IDENTITY_DESCRIPTIONS = {
+    "__row_index": "identity: the row's position in the dataset, never null",
+    "__row_id": "identity: the row's uuid",
+    "__created_at": "identity: when the row was first written",
+}
+
 IDENTITY_ARROW = [
     pa.field("__row_index", pa.int64(), nullable=False),
     pa.field("__row_id", pa.string()),

@@ -123,6 +123,7 @@ class WriteResult:
     # What the caller's ``digester`` folded per written file (data file path -> its digest); the caller stores it
     # (parity/write_digests.py: write_digested).
     file_digests: dict = dataclasses.field(default_factory=dict)
+    location: str | None = None  # the table's location (Table.location()): where its files live
 
 
 class _Absent:
@@ -391,6 +392,7 @@ def write_arrow(
             _row_count(table),
             committed=False,
             source_version=snapshot_source_version(already),
+            location=table.location(),
         )
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
@@ -412,6 +414,7 @@ def write_arrow(
         source_version=plan.source_version,
         rewritten=plan.rewritten,
         file_digests=roller.digests,
+        location=table.location(),
     )
 
 

@@ -75,6 +75,16 @@ def mirrored_dataset_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
     ]
 
 
+def record_sweep(conn: psycopg.Connection, swept: Swept, actor: str) -> None:
+    """A sweep that removed files changed the table's storage: one row the recorder turns into the dataset
+    partition's materialization (status/recording.py)."""
+    conn.execute(
+        "insert into lakehouse_orphan_sweeps (dataset_id, files_removed, bytes_removed, grace_seconds, actor)"
+        " values (%s, %s, %s, %s, %s)",
+        (swept.dataset_id, swept.removed, swept.bytes, swept.grace_seconds, actor),
+    )
+
+
 def sweep(
     conn: psycopg.Connection,
     catalog,
@@ -106,7 +116,10 @@ def sweep(
             if table is None:
                 continue  # a sync succeeded but the table is gone (dropped by hand): nothing to sweep
             found = orphan_files.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
-            out.append(Swept(d, found, orphan_files.remove(table, found) if delete else 0, wait))
+            swept = Swept(d, found, orphan_files.remove(table, found) if delete else 0, wait)
+            if swept.removed:
+                record_sweep(conn, swept, settings.actor)
+            out.append(swept)
         except Exception as exc:  # noqa: BLE001 - one unreadable table must not stop the sweep of the others
             out.append(Swept(d, [], 0, wait, error=f"{type(exc).__name__}: {first_line(exc)}"))
     return out

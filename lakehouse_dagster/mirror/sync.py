@@ -76,6 +76,7 @@ class SyncResult:
     source_version: int
     seconds: float
     path: str = "mirror"
+    location: str | None = None  # the table's location (its files' root), recorded with the sync
 
     @property
     def rows_per_s(self) -> float:
@@ -185,6 +186,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
                 0,
                 head.rows_version,
                 time.perf_counter() - started,
+                location=table.location() if table is not None else None,
             )
         plan: Any = None  # PartialPlan when run_mode becomes "partial"; a reason (str) when it cannot
         if run_mode == "rewrite":
@@ -252,6 +254,7 @@ def _written_result(sync_id, ds_id, run_mode: str, reason: str, written, head_ve
             0,
             version,
             time.perf_counter() - started,
+            location=written.location,
         )
     return SyncResult(
         sync_id,
@@ -265,6 +268,7 @@ def _written_result(sync_id, ds_id, run_mode: str, reason: str, written, head_ve
         written.files,
         head_version,
         time.perf_counter() - started,
+        location=written.location,
     )
 
 
@@ -400,6 +404,7 @@ def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: Bas
                         0,
                         snapshot_source_version(snap) or -1,
                         0.0,
+                        location=table.location(),
                     ),
                 )
             else:
@@ -442,9 +447,10 @@ def _log_succeeded(conn, r: SyncResult) -> None:
         conn.execute(
             """update iceberg_sync_log
                   set status = 'succeeded', mode = %s, rows = %s, bytes = %s, snapshot_id = %s,
-                      has_identity = true, source_version = %s, finished_at = now(), error = null
+                      has_identity = true, source_version = %s, finished_at = now(), error = null,
+                      table_location = %s
                 where sync_id = %s""",
-            (r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.sync_id),
+            (r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.location, r.sync_id),
         )
         conn.execute(
             "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",

@@ -93,6 +93,7 @@ def route_write(
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     catalog: Any = None,
     sync_id: uuid.UUID | None = None,
+    run_id: str | None = None,
 ) -> WriteOutcome:
     """Run ``pg_write()`` or ``iceberg_write(sync_id, source_version)`` as the writer's mode says.
 
@@ -100,6 +101,8 @@ def route_write(
     propagates. ``settings`` gives the G2 bound (default: from the environment). ``catalog`` (default:
     the one ``native_write`` carries) lets the write settle abandoned syncs and interruptions. ``sync_id``: a
     retry passes its first attempt's id, so the native writer finds its own commit instead of appending twice.
+    ``run_id``: the Dagster run writing, kept on the sync log row (the recorder leaves a run's own
+    materialization to it: status/recording.py).
     """
     lg = logger or log
     validate_failpoints()
@@ -108,7 +111,9 @@ def route_write(
     if not decision.native:
         return WriteOutcome(decision, pg_write())
     catalog = catalog if catalog is not None else getattr(iceberg_write, "catalog", None)
-    return route_native(conn, decision, iceberg_write, settings=settings, logger=lg, catalog=catalog, sync_id=sync_id)
+    return route_native(
+        conn, decision, iceberg_write, settings=settings, logger=lg, catalog=catalog, sync_id=sync_id, run_id=run_id
+    )
 
 
 def route_native(
@@ -120,6 +125,7 @@ def route_native(
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     catalog: Any = None,
     sync_id: uuid.UUID | None = None,
+    run_id: str | None = None,
 ) -> WriteOutcome:
     """route_write's native half, for a caller that resolved (and logged) ``decision`` itself and planned its
     write on it (sources/writers.py): the flip gates, then ``iceberg_write(sync_id, source_version)`` under
@@ -137,11 +143,11 @@ def route_native(
         logger=lg,
     )
     settings = settings or Settings.from_env()
-    return _write_native(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
+    return _write_native(conn, decision, iceberg_write, settings, catalog, lg, sync_id, run_id)
 
 
 def _write_native(
-    conn, decision: WriteDecision, iceberg_write, settings: Settings, catalog, lg, sync_id=None
+    conn, decision: WriteDecision, iceberg_write, settings: Settings, catalog, lg, sync_id=None, run_id=None
 ) -> WriteOutcome:
     # G3 then G2 on this session (advisory locks are re-entrant per session, so a caller that already
     # holds them on the same connection is fine): a concurrent mirror sync of the dataset neither runs
@@ -149,11 +155,11 @@ def _write_native(
     with dataset_lock(conn, decision.dataset_id), admission_slot(conn, settings.max_concurrent_ingest):
         if catalog is not None:
             reap_abandoned(conn, catalog, settings, decision.dataset_id)
-        return _write_native_locked(conn, decision, iceberg_write, settings, catalog, lg, sync_id)
+        return _write_native_locked(conn, decision, iceberg_write, settings, catalog, lg, sync_id, run_id)
 
 
 def _write_native_locked(
-    conn, decision: WriteDecision, iceberg_write, settings, catalog, lg, sync_id=None
+    conn, decision: WriteDecision, iceberg_write, settings, catalog, lg, sync_id=None, run_id=None
 ) -> WriteOutcome:
     ds, sync_id = decision.dataset_id, sync_id or uuid.uuid4()
     flag = get_flag(WRITE, decision.writer)
@@ -163,11 +169,11 @@ def _write_native_locked(
     with barrier.read_tracking_consistently(conn, [ds]) as tracking:
         tracking.let_go()
     row = conn.execute(
-        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version)"
-        " select id, %s, %s, 'native', %s, 'running', rows_version from datasets where id = %s"
+        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, run_id)"
+        " select id, %s, %s, 'native', %s, 'running', rows_version, %s from datasets where id = %s"
         " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
-        " started_at = now() returning source_version",
-        (sync_id, decision.writer, flag.iceberg_mode, ds),
+        " started_at = now(), run_id = excluded.run_id returning source_version",
+        (sync_id, decision.writer, flag.iceberg_mode, run_id, ds),
     ).fetchone()
     if row is None:
         raise NotFound(f"dataset {ds} does not exist (check the id); nothing was written")
@@ -210,8 +216,8 @@ def _record_success(conn, ds, sync_id, flag, result) -> None:
         # rows = rows in the table after the commit, as the mirror records it
         conn.execute(
             "update iceberg_sync_log set status = 'succeeded', rows = coalesce(%s, %s), bytes = %s,"
-            " snapshot_id = %s, has_identity = true, finished_at = now() where sync_id = %s",
-            (total, rows, getattr(result, "bytes", None), snapshot_id, sync_id),
+            " snapshot_id = %s, has_identity = true, finished_at = now(), table_location = %s where sync_id = %s",
+            (total, rows, getattr(result, "bytes", None), snapshot_id, getattr(result, "location", None), sync_id),
         )
         conn.execute(
             "update datasets set status = 'ready', error = null, updated_at = now(),"
@@ -253,12 +259,13 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
                 conn.execute(
                     "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, rows = %s,"
                     " source_version = coalesce(%s, source_version), has_identity = true, finished_at = now(),"
-                    " error = %s where sync_id = %s",
+                    " error = %s, table_location = %s where sync_id = %s",
                     (
                         snap.snapshot_id,
                         total,
                         snapshot_source_version(snap),
                         f"interrupted ({type(exc).__name__}) after its commit landed",
+                        table.location(),
                         sync_id,
                     ),
                 )

@@ -319,7 +319,9 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
     return plan.result(rows, total, None, source_state.public_cursor(state))
 
 
-def write_to_iceberg(plan: WritePlan, conn, catalog, settings: Settings, dsn: str, lg) -> IngestResult:
+def write_to_iceberg(
+    plan: WritePlan, conn, catalog, settings: Settings, dsn: str, lg, run_id: str | None = None
+) -> IngestResult:
     """The native path: the rows straight into the dataset's Iceberg table, with the ingest state and sync id in
     that same commit (routing/native_table.py: the run's totals, a compaction of its small files), through the
     write router's native half (route_native: flip gates, G3 + G2, ``iceberg_sync_log``, fail-loud). Then the
@@ -330,7 +332,9 @@ def write_to_iceberg(plan: WritePlan, conn, catalog, settings: Settings, dsn: st
     read = _SourceRead(plan, settings, dsn)
     commit = functools.partial(_commit_natively, plan, read, conn, catalog, settings)
     # catalog None: abandoned syncs were settled above, under this lock; an interruption is settled by the next run
-    result = route_native(conn, plan.decision, commit, settings=settings, logger=lg, sync_id=plan.sync_id).value
+    result = route_native(
+        conn, plan.decision, commit, settings=settings, logger=lg, sync_id=plan.sync_id, run_id=run_id
+    ).value
     if result.committed:
         state = plan.state(read.mark)
     else:
@@ -386,7 +390,7 @@ def run_writer(
             if plan.nothing_new:
                 result = plan.result(0, total_now, None, plan.old_cursor, sync_id=None, new=False)
             elif decision.native:
-                result = write_to_iceberg(plan, conn, catalog, settings, dsn, lg)
+                result = write_to_iceberg(plan, conn, catalog, settings, dsn, lg, run_id)
             else:
                 result = write_to_postgres(plan, conn, settings, dsn, lg)
     return dataclasses.replace(result, seconds=time.perf_counter() - started)

@@ -15,11 +15,13 @@ import dagster as dg
 from lakehouse_dagster.core.settings import mirror_freshness_seconds
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.partition_metadata import iceberg_standard, migration_state, postgres_standard
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.refusals import fail_step
 from lakehouse_dagster.dagster.tags import name_run, text
 from lakehouse_dagster.mirror.batch import run_sync_id
 from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
+from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 
@@ -43,8 +45,10 @@ def pg_dataset_rows(context: dg.AssetExecutionContext, lakehouse: LakehouseResou
             ds = get_dataset(conn, context.partition_key)
         except Exception as exc:  # a partition whose dataset is gone: the reason, no stack
             fail_step(context, exc, retry=None)
+        state = partition_state(conn, lakehouse.settings(), ds.id)
+        standard = postgres_standard(conn, state) if state else {}
     return dg.MaterializeResult(
-        metadata={**named, **pg_rows_metadata(ds)}, data_version=dg.DataVersion(str(ds.rows_version))
+        metadata={**named, **pg_rows_metadata(ds), **standard}, data_version=dg.DataVersion(str(ds.rows_version))
     )
 
 
@@ -125,9 +129,20 @@ def iceberg_dataset_table(
         # reason and no stack (dagster/refusals.py). The retry reuses the sync id: a commit that landed is found.
         fail_step(context, exc)
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
+    with lakehouse.connect() as conn:
+        state = partition_state(conn, settings, r.dataset_id)
     return dg.MaterializeResult(
-        metadata={**named, **iceberg_metadata(r)}, data_version=dg.DataVersion(str(r.source_version))
+        metadata={**named, **iceberg_metadata(r), **table_now(state, r)},
+        data_version=dg.DataVersion(str(r.source_version)),
     )
+
+
+def table_now(state, r: SyncResult) -> dict:
+    """The standard keys and the dataset's migration state after the sync ``r`` (the asset and the batch job):
+    what the lakehouse_recorder's materializations carry too (dagster/partition_metadata.py)."""
+    if state is None:  # the dataset was deleted meanwhile: its partition goes with the recorder's next prune
+        return {}
+    return {**iceberg_standard(state, r.total_rows), **migration_state(state)}
 
 
 mirror_job = dg.define_asset_job(

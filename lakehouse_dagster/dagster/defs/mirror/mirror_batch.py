@@ -15,15 +15,18 @@ from lakehouse_dagster.dagster.defs.mirror.assets import (
     dataset_names,
     iceberg_metadata,
     pg_rows_metadata,
+    table_now,
 )
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.partition_metadata import postgres_standard
 from lakehouse_dagster.dagster.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.tags import text
 from lakehouse_dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
+from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 DATASETS_TAG = "lakehouse/datasets"  # comma-separated dataset ids of a batch run (the poller's in-flight test)
@@ -59,16 +62,21 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             synced.append(item)
             key, version = str(item.dataset_id), str(item.source_version)
             ds = get_dataset(conn, item.dataset_id)
+            state = partition_state(conn, settings, item.dataset_id)
             yield dg.AssetMaterialization(
                 asset_key=PG_ROWS,
                 partition=key,
-                metadata={**pg_rows_metadata(ds), "rows_version": text(item.source_version)},
+                metadata={
+                    **pg_rows_metadata(ds),
+                    "rows_version": text(item.source_version),
+                    **(postgres_standard(conn, state, item.total_rows) if state else {}),
+                },
                 tags={DATA_VERSION_TAG: version},
             )
             yield dg.AssetMaterialization(
                 asset_key=ICEBERG_TABLE,
                 partition=key,
-                metadata={**dataset_names(ds), **iceberg_metadata(item)},
+                metadata={**dataset_names(ds), **iceberg_metadata(item), **table_now(state, item)},
                 tags={DATA_VERSION_TAG: version},
             )
         # One summary line, not one per dataset: each log line is an event the instance stores (the

@@ -21,6 +21,7 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.partition_metadata import iceberg_standard, migration_state, postgres_standard
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.dagster.refusals import fail_step
 from lakehouse_dagster.dagster.tags import WRITER, datasets_tags, name_run, text
@@ -29,6 +30,7 @@ from lakehouse_dagster.mirror.sync import peak_rss_mb
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.writers import WRITERS, run_writer
+from lakehouse_dagster.status.partition_state import partition_state
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
 
@@ -67,6 +69,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
                 run_id=context.run_id,
                 logger=context.log,
             )
+            standard = _partition_metadata(conn, settings, r)
     except Exception as exc:
         # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
         # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
@@ -87,6 +90,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         "seconds": dg.MetadataValue.float(round(r.seconds, 3)),
         "rows_per_s": dg.MetadataValue.float(round(r.rows / r.seconds, 1) if r.seconds > 0 else 0.0),
         "peak_rss_mb": dg.MetadataValue.float(round(peak_rss_mb(), 1)),
+        **standard,
     }
     if r.path == "native":
         metadata["snapshot_id"] = text(r.snapshot_id)
@@ -110,6 +114,17 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         context.log.info(f"{r.writer}: the source has nothing new for {ds_id}; nothing written")
     context.add_output_metadata(metadata)
     return r.to_json()
+
+
+def _partition_metadata(conn, settings, r) -> dict:
+    """The standard keys of the asset the write landed in, and for a native write the dataset's migration state
+    (dagster/partition_metadata.py: what the lakehouse_recorder's materializations carry too)."""
+    state = partition_state(conn, settings, r.dataset_id)
+    if state is None:
+        return {}
+    if r.path == "native":
+        return {**iceberg_standard(state, r.total_rows), **migration_state(state)}
+    return postgres_standard(conn, state)
 
 
 def _default_writer(spec, ds_id: str) -> str:

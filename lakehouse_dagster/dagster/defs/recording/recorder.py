@@ -1,0 +1,266 @@
+"""lakehouse_recorder: every change of a dataset's table, Postgres rows or flags recorded on the Dagster instance,
+whoever made it (the CLI, a run, the service, another process), from the durable facts it leaves in Postgres
+(status/recording.py). Runless materializations and observations (``SensorResult.asset_events``: the daemon
+reports them, then stores the cursor), so a partition page always shows the table as it is now.
+
+* A dataset whose table changed: one materialization of its ``iceberg/dataset_table`` partition describing the
+  table as its latest succeeded sync left it (read at tick time: a late tick never shows an older snapshot), with
+  the metadata a run records — unless the partition's latest materialization already shows that snapshot (the run
+  that wrote it recorded it itself). A sweep that removed orphan files is recorded even then, with what it removed.
+* A backfill: a materialization of ``postgres/dataset_rows`` (Postgres got the rows only Iceberg held).
+* A flag change (set, clear, flip, rollback, auto-rollback): an observation on the dataset's partition (dataset
+  scope) or on ``lakehouse/migration_overview`` (workspace and global scope), with the reader or writer, the mode,
+  the scope, the actor and the note.
+* Partitions of datasets that no longer exist are removed (every PRUNE_EVERY_SECONDS), partitions of datasets it
+  records are added.
+"""
+
+import dataclasses
+import time
+import uuid
+
+import dagster as dg
+import psycopg
+
+from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
+from lakehouse_dagster.dagster.partition_metadata import (
+    iceberg_standard,
+    migration_state,
+    names,
+    postgres_standard,
+)
+from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.tags import scope_value, text
+from lakehouse_dagster.status.partition_state import PartitionState, partition_states
+from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
+
+PRUNE_EVERY_SECONDS = 300.0  # a full comparison of the partitions with the datasets (O(partitions)): not every tick
+DATA_VERSION_TAG = "dagster/data_version"
+RECORDED_BY = "lakehouse_recorder (no run: recorded from Postgres)"
+
+
+def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
+    """Which of ``run_ids`` are queued or running, in one query."""
+    if not run_ids:
+        return set()
+    records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(run_ids), statuses=IN_FLIGHT))
+    return {r.dagster_run.run_id for r in records}
+
+
+def latest_snapshots(instance: dg.DagsterInstance, keys: set[str]) -> dict[str, str]:
+    """The ``snapshot_id`` the latest materialization of each ``iceberg/dataset_table`` partition shows (two
+    queries whatever the number of partitions)."""
+    if not keys:
+        return {}
+    storage_ids = instance.get_latest_storage_id_by_partition(
+        ICEBERG_TABLE, dg.DagsterEventType.ASSET_MATERIALIZATION, keys
+    )
+    if not storage_ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=ICEBERG_TABLE, storage_ids=list(storage_ids.values())),
+        limit=len(storage_ids),
+    ).records
+    out = {}
+    for r in records:
+        m = r.asset_materialization
+        value = m.metadata.get("snapshot_id") if m is not None else None
+        if r.partition_key is not None and value is not None:
+            out[r.partition_key] = str(getattr(value, "value", value))
+    return out
+
+
+def _what(state: PartitionState) -> str:
+    t = state.table
+    assert t is not None
+    how = f"mirror sync ({t.mode})" if t.path == "mirror" else f"native write by {t.writer} ({t.mode})"
+    who = f"dagster run {t.run_id}" if t.run_id else "outside Dagster (the lakehouse CLI, the service or a script)"
+    return f"{how}, {who}"
+
+
+def table_now(state: PartitionState) -> dict:
+    """The table as its latest succeeded sync left it, in the keys a run's materialization uses, with Dagster's
+    standard keys (none when the dataset was never synced)."""
+    t = state.table
+    if t is None:
+        return {}
+    metadata: dict = {
+        "path": t.path,
+        "mode": t.mode or "",
+        "writer": t.writer,
+        "snapshot_id": text(t.snapshot_id),
+        "source_version": text(t.source_version),
+        "sync_id": text(t.sync_id),
+        "written_by": text(_what(state)),
+        "finished_at": text(t.finished_at.isoformat(timespec="seconds") if t.finished_at else None),
+        **iceberg_standard(state),
+    }
+    if t.rows is not None:
+        metadata["total_rows"] = dg.MetadataValue.int(int(t.rows))
+    if t.bytes is not None:
+        metadata["bytes_written"] = dg.MetadataValue.int(int(t.bytes))
+    if t.seconds is not None:
+        metadata["seconds"] = dg.MetadataValue.float(round(t.seconds, 3))
+    return metadata
+
+
+def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
+    """The partition's table as it is now (its latest succeeded sync), with what a sweep removed."""
+    t = state.table
+    assert t is not None
+    metadata: dict = {
+        **names(state),
+        **table_now(state),
+        "recorded_by": text(RECORDED_BY),
+        **migration_state(state),
+    }
+    description = f"{_what(state)}: snapshot {t.snapshot_id}, {t.rows} rows"
+    if sweeps:
+        files = sum(c.row["files_removed"] for c in sweeps)
+        metadata["orphan_files_removed"] = dg.MetadataValue.int(files)
+        metadata["orphan_bytes_removed"] = dg.MetadataValue.int(sum(c.row["bytes_removed"] for c in sweeps))
+        metadata["swept_by"] = text(", ".join(sorted({c.row["actor"] for c in sweeps})))
+        description += f"; an orphan sweep removed {files} file(s) no snapshot references"
+    return dg.AssetMaterialization(
+        asset_key=ICEBERG_TABLE,
+        partition=str(state.dataset_id),
+        description=description,
+        metadata=metadata,
+        tags={DATA_VERSION_TAG: str(t.source_version)} if t.source_version is not None else None,
+    )
+
+
+def backfill_event(conn: psycopg.Connection, state: PartitionState, c: Change) -> dg.AssetMaterialization:
+    """Postgres got the rows only Iceberg held: the dataset's rows in dataset_rows as they are now."""
+    r = c.row
+    return dg.AssetMaterialization(
+        asset_key=PG_ROWS,
+        partition=str(state.dataset_id),
+        description=(
+            f"backfill by {r['actor']}: {r['rows_copied']} row(s) copied from snapshot {r['snapshot_id']}, "
+            f"{r['rows_removed']} stale row(s) removed, {r['rows_moved']} moved"
+        ),
+        metadata={
+            **names(state),
+            "kind": state.kind,
+            "rows_version": text(state.rows_version),
+            "backfilled_from_snapshot_id": text(r["snapshot_id"]),
+            "rows_copied": dg.MetadataValue.int(r["rows_copied"]),
+            "rows_removed": dg.MetadataValue.int(r["rows_removed"]),
+            "rows_moved": dg.MetadataValue.int(r["rows_moved"]),
+            "actor": text(r["actor"]),
+            "at": text(r["at"].isoformat(timespec="seconds")),
+            "recorded_by": text(RECORDED_BY),
+            **postgres_standard(conn, state),
+        },
+        tags={DATA_VERSION_TAG: str(state.rows_version)},
+    )
+
+
+def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
+    """One set or clear: on the dataset's partition (dataset scope, a tabular dataset that exists), else on the
+    overview."""
+    r = c.row
+    word = "reader" if r["kind"] == "read" else "writer"
+    scope = scope_value(r["scope_id"]) if r["scope"] == "dataset" else scope_value(None, r["scope_id"])
+    after = r["after_mode"] or "cleared (back to the next scope or the registry default)"
+    metadata: dict = {  # flag_*: apart from the table's own keys (mode, writer), which an observation shows too
+        "flag_changed": text(f"{word} {r['name']}"),
+        "flag_action": text(r["action"]),
+        "flag_mode": text(after),
+        "flag_mode_before": text(r["before_mode"] or "(no override)"),
+        "scope": text(scope),
+        "actor": text(r["actor"]),
+        "note": text(r["note"] or ""),
+        "audit_id": text(c.id),
+        "at": text(r["at"].isoformat(timespec="seconds")),
+        "recorded_by": text(RECORDED_BY),
+    }
+    description = (
+        f"{r['action']} {word} {r['name']}: {r['before_mode'] or '(no override)'} → {r['after_mode'] or 'cleared'}"
+        f" at {scope} by {r['actor']}" + (f" ({r['note']})" if r["note"] else "")
+    )
+    if state is not None and state.kind == "tabular":
+        # The partition page shows its latest event's metadata: the observation says what the table is now too.
+        return dg.AssetObservation(
+            asset_key=ICEBERG_TABLE,
+            partition=str(state.dataset_id),
+            description=description,
+            metadata={**names(state), **metadata, **migration_state(state), **table_now(state)},
+        )
+    if r["scope"] == "dataset":
+        metadata["dataset_id"] = text(r["scope_id"])
+        if state is None:
+            description += " (the dataset no longer exists)"
+        else:
+            metadata["dataset_name"] = text(state.name)
+            description += f" ({state.name} is a {state.kind} dataset: it has no table partition)"
+    return dg.AssetObservation(asset_key=MIGRATION_OVERVIEW, description=description, metadata=metadata)
+
+
+def recorded_events(
+    instance: dg.DagsterInstance, conn: psycopg.Connection, plan: Plan, states: dict[uuid.UUID, PartitionState]
+) -> list:
+    """The tick's events in the order of what happened: tables, then Postgres rows, then flags."""
+    shown = {d: s for d, s in states.items() if not s.throwaway}
+    sweeps: dict[uuid.UUID, list[Change]] = {}
+    for c in plan.sweeps:
+        sweeps.setdefault(c.row["dataset_id"], []).append(c)
+    changed = [d for d in [*plan.tables, *plan.seeded, *sweeps] if d in shown and shown[d].table is not None]
+    changed = list(dict.fromkeys(changed))
+    latest = latest_snapshots(instance, {str(d) for d in changed if d not in sweeps})
+    events: list = [
+        table_event(shown[d], sweeps.get(d, []))
+        for d in changed
+        if d in sweeps or latest.get(str(d)) != str(shown[d].table.snapshot_id)
+    ]
+    events += [
+        backfill_event(conn, shown[c.row["dataset_id"]], c) for c in plan.backfills if c.row["dataset_id"] in shown
+    ]
+    for c in plan.flags:
+        ds = c.row["scope_id"] if c.row["scope"] == "dataset" else None
+        if ds in states and states[ds].throwaway:
+            continue  # the ingest bench's own flags on its throwaway datasets
+        events.append(flag_event(c, shown.get(ds) if ds else None))
+    return events
+
+
+@dg.sensor(
+    minimum_interval_seconds=1,  # every daemon loop (5 s), like the mirror poller: the page follows the change
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Records every change of a dataset (syncs from the CLI or any process, native writes, backfills, "
+    "orphan sweeps, flag changes) on its partition, and removes the partitions of deleted datasets.",
+)
+def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
+    settings = lakehouse.settings()
+    cursor = Cursor.loads(context.cursor)
+    now = time.time()
+    prune = now - cursor.pruned_at >= PRUNE_EVERY_SECONDS
+    with lakehouse.connect() as conn:
+        plan = plan_recording(
+            conn,
+            cursor,
+            limit=settings.recorder_max_events,
+            in_flight=lambda ids: runs_in_flight(context.instance, ids),
+            now=now,
+        )
+        states = partition_states(conn, settings, plan.dataset_ids)
+        events = recorded_events(context.instance, conn, plan, states)
+        keys = {e.partition for e in events if e.partition}
+        known = set(context.instance.get_dynamic_partitions(datasets_partitions.name)) if keys or prune else set()
+        gone = deleted_dataset_keys(conn, sorted(known)) if prune else []
+    requests: list = []
+    new_keys = sorted(keys - known)
+    if new_keys:
+        requests.append(datasets_partitions.build_add_request(new_keys))
+    if gone:
+        requests.append(datasets_partitions.build_delete_request(gone))
+    tables = sum(1 for e in events if isinstance(e, dg.AssetMaterialization) and e.asset_key == ICEBERG_TABLE)
+    context.log.info(
+        f"recorded {tables} table change(s), {len(plan.backfills)} backfill(s), {len(plan.flags)} flag change(s);"
+        f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed"
+    )
+    nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at)
+    return dg.SensorResult(asset_events=events, dynamic_partitions_requests=requests, cursor=nxt.dumps())

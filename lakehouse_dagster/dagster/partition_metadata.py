@@ -1,0 +1,119 @@
+"""The metadata every materialization and observation of a dataset partition carries, built in one place for the
+runs (mirror_job, mirror_batch_job, ingest_job) and the lakehouse_recorder sensor, so the partition page says the
+same things whoever made the change.
+
+Dagster's standard keys (the UI shows them as the row count, the column schema, the table's name and location):
+``dagster/row_count``, ``dagster/column_schema`` (the dataset's typed schema plus the identity columns),
+``dagster/table_name``, ``dagster/uri`` (never a secret: no user or password). Then the migration's state for the
+dataset: each reader's and writer's effective mode and why (a table, plus two one-line summaries) and the newest
+parity verdict. Identifiers stay text (dagster/tags.py: numeric metadata is plotted across partitions).
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import psycopg
+
+from lakehouse_dagster.dagster.tags import text
+from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.flags.resolver import CLAMPED, Resolution
+from lakehouse_dagster.lake.schema import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
+from lakehouse_dagster.status.partition_state import PartitionState, pg_row_count, safe_uri
+from lakehouse_dagster.tracking.datasets import Column
+
+ROW_COUNT = "dagster/row_count"
+COLUMN_SCHEMA = "dagster/column_schema"
+TABLE_NAME = "dagster/table_name"
+URI = "dagster/uri"
+
+# dataset_rows keeps the identity under its own names (the Iceberg table's are prefixed __).
+_PG_IDENTITY = (
+    ("row_index", "int64", "identity: the row's position in the dataset"),
+    ("row_id", "uuid", "identity: the row's uuid"),
+    ("created_at", "timestamp", "identity: when the row was first written"),
+)
+
+_FLAG_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("kind", "string", description="reader or writer"),
+        dg.TableColumn("name", "string", description="the reader or writer (the runbooks' names)"),
+        dg.TableColumn("mode", "string", description="its effective mode for this dataset (clamped)"),
+        dg.TableColumn("reason", "string", description="why: which override, the registry default, or the clamp"),
+    ]
+)
+
+
+def column_schema(columns: tuple[Column, ...] | list[Column]) -> dg.TableSchema:
+    """The Iceberg table's columns: the identity columns, then the dataset's typed schema (its own type names)."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(c.name, c.type, description=IDENTITY_DESCRIPTIONS[c.name]) for c in IDENTITY_COLUMNS]
+        + [dg.TableColumn(c.name, c.type) for c in columns]
+    )
+
+
+def pg_column_schema(columns: tuple[Column, ...] | list[Column]) -> dg.TableSchema:
+    """dataset_rows for one dataset: the identity columns, then the typed fields of its jsonb ``data``."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(n, t, description=d) for n, t, d in _PG_IDENTITY]
+        + [dg.TableColumn(c.name, c.type, description="a field of data (jsonb)") for c in columns]
+    )
+
+
+def iceberg_standard(state: PartitionState, row_count: int | None = None) -> dict:
+    """The standard keys of an iceberg/dataset_table materialization. ``row_count``: the caller's (the sync it just
+    made), else the table's as its latest succeeded sync left it."""
+    rows = row_count if row_count is not None else (state.table.rows if state.table else None)
+    out: dict = {COLUMN_SCHEMA: column_schema(state.columns), TABLE_NAME: text(state.table_name)}
+    if rows is not None:
+        out[ROW_COUNT] = dg.MetadataValue.int(int(rows))
+    uri = safe_uri(state.table.location) if state.table else None
+    if uri:
+        out[URI] = text(uri)
+    return out
+
+
+def postgres_standard(conn: psycopg.Connection, state: PartitionState, row_count: int | None = None) -> dict:
+    """The standard keys of a postgres/dataset_rows materialization: the dataset's rows in ``dataset_rows`` of the
+    project's database (its address without user or password). ``row_count``: the caller's exact count (a mirror
+    sync's), else counted here (datasets.row_count does not follow the app's own writes)."""
+    info = conn.info
+    host = f"{info.host}:{info.port}" if info.host and not info.host.startswith("/") else ""
+    rows = row_count if row_count is not None else pg_row_count(conn, state.dataset_id)
+    return {
+        ROW_COUNT: dg.MetadataValue.int(int(rows)),
+        COLUMN_SCHEMA: pg_column_schema(state.columns),
+        TABLE_NAME: text(f"{info.dbname}.dataset_rows"),
+        URI: text(f"postgresql://{host}/{info.dbname}?table=dataset_rows&dataset_id={state.dataset_id}"),
+    }
+
+
+def migration_state(state: PartitionState) -> dict:
+    """Each reader's and writer's effective mode and why, and the newest verdict: what the partition page says
+    about the dataset's place in the migration."""
+    on_iceberg = [r.name for r in state.flags if r.kind == READ and r.mode in ("iceberg", "iceberg_only")]
+    native = [r.name for r in state.flags if r.kind != READ and r.mode == "iceberg_native"]
+    records = [
+        dg.TableRecord(
+            {"kind": "reader" if r.kind == READ else "writer", "name": r.name, "mode": r.mode, "reason": _why(r)}
+        )
+        for r in state.flags
+    ]
+    return {
+        "readers_on_iceberg": text(", ".join(on_iceberg) or "none (every reader serves Postgres)"),
+        "writers_native": text(", ".join(native) or "none (every writer lands in Postgres)"),
+        "flags": dg.MetadataValue.table(records, schema=_FLAG_SCHEMA),
+        "latest_verdict": text(state.verdict["verdict"] if state.verdict else "none"),
+        "latest_verdict_detail": text(state.verdict_line()),
+    }
+
+
+def _why(r: Resolution) -> str:
+    return f"{CLAMPED}: the {r.source} says {r.stored_mode}" if r.reason == CLAMPED else r.reason
+
+
+def names(state: PartitionState) -> dict:
+    """The dataset's name and id (and workspace) as text: a partition list of uuids becomes readable."""
+    out = {"dataset_name": text(state.name), "dataset_id": text(state.dataset_id)}
+    if state.workspace:
+        out["workspace"] = text(state.workspace)
+    return out

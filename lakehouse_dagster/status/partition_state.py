@@ -1,0 +1,157 @@
+"""What a dataset's partition page should say now: its table as the latest succeeded sync left it, each reader's
+and writer's effective mode and why, and the latest parity verdict.
+
+Read for many datasets in three queries whatever their number (the recorder's tick, a mirror batch), and for one
+after a run's own write (the mirror asset, the ingest op), so a run's materialization and the recorder's say the
+same things. Plain Python over a connection; the Dagster glue turns it into metadata (dagster/partition_metadata.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from collections.abc import Iterable
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.flags.resolver import Resolution, resolve_datasets
+from lakehouse_dagster.lake.catalog import table_identifier
+from lakehouse_dagster.parity.canary import latest_verdicts
+from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
+from lakehouse_dagster.tracking.datasets import Column, parse_schema
+
+# The dataset, its workspace, its latest succeeded sync (the one definition) and the last location any sync of
+# it recorded (a sync from before the location was recorded has none).
+_QUERY = """
+select d.id, d.name, d.workspace_id, w.name, d.kind, d.schema, d.rows_version, d.row_count,
+       s.sync_id, s.writer, s.path, s.mode, s.rows, s.bytes, s.snapshot_id, s.source_version, s.run_id,
+       s.started_at, s.finished_at,
+       coalesce(s.table_location, (select l.table_location from iceberg_sync_log l
+                                    where l.dataset_id = d.id and l.table_location is not null
+                                    order by l.id desc limit 1))
+  from datasets d
+  left join workspaces w on w.id = d.workspace_id
+  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
+ where d.id = any(%s::uuid[])
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class TableNow:
+    """The dataset's Iceberg table as its latest succeeded sync (mirror or native) left it."""
+
+    sync_id: uuid.UUID
+    writer: str
+    path: str  # mirror | native
+    mode: str | None  # full | incremental | partial | noop (mirror); replace | append (native)
+    rows: int | None  # rows in the table after that sync
+    bytes: int | None  # bytes that sync wrote
+    snapshot_id: int | None
+    source_version: int | None
+    run_id: str | None  # the Dagster run that wrote it, if one did
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    location: str | None  # where the table's files live; None: not recorded (a sync before migration 026)
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(0.0, (self.finished_at - self.started_at).total_seconds())
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionState:
+    dataset_id: uuid.UUID
+    name: str
+    workspace_id: uuid.UUID | None
+    workspace: str | None
+    kind: str
+    columns: tuple[Column, ...]  # the dataset's typed schema (identity columns not included)
+    rows_version: int
+    row_count: int | None  # datasets.row_count
+    table_name: str  # namespace.table in the catalog
+    table: TableNow | None  # None: never synced
+    flags: list[Resolution]  # every reader and writer, registry order
+    verdict: dict | None  # the newest lakehouse_read_parity row (parity.canary.latest_verdicts), or None
+
+    @property
+    def throwaway(self) -> bool:
+        """A dataset of the ingest bench's own workspace (dropped by its purge): nothing to show operators."""
+        return bool(self.workspace and self.workspace.startswith(WORKSPACE_PREFIX))
+
+    def flag_lines(self) -> list[str]:
+        """One line per reader and writer: ``reader export.stream: iceberg (dataset override)``."""
+        return [f"{'reader' if r.kind == READ else 'writer'} {r.name}: {r.describe()}" for r in self.flags]
+
+    def verdict_line(self) -> str:
+        """The newest verdict in one line, or why there is none."""
+        v = self.verdict
+        if v is None:
+            return "no verdict recorded (no canary or parity check has run on this dataset)"
+        at = v["checked_at"].isoformat(timespec="seconds") if v.get("checked_at") else "?"
+        snap = f" on snapshot {v['snapshot_id']}" if v.get("snapshot_id") is not None else ""
+        return f"{v['verdict']} ({v['source']}, {at}{snap})"
+
+
+def safe_uri(location: str | None) -> str | None:
+    """A table location as a URI with any user or password taken out (a location never carries a secret here,
+    but a hand-configured warehouse might)."""
+    if not location:
+        return None
+    parts = urlsplit(location)
+    if "@" not in parts.netloc:
+        return location
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def partition_states(
+    conn: psycopg.Connection, settings: Settings, dataset_ids: Iterable[uuid.UUID]
+) -> dict[uuid.UUID, PartitionState]:
+    """The state of each dataset that exists (deleted ones are left out), in three queries."""
+    ids = list(dict.fromkeys(dataset_ids))
+    if not ids:
+        return {}
+    rows = conn.execute(_QUERY, (ids,)).fetchall()
+    flags = resolve_datasets(conn, ids)
+    verdicts = latest_verdicts(conn, ids)
+    out = {}
+    for r in rows:
+        ds = r[0]
+        table = TableNow(*r[8:20]) if r[8] is not None else None
+        out[ds] = PartitionState(
+            dataset_id=ds,
+            name=r[1],
+            workspace_id=r[2],
+            workspace=r[3],
+            kind=r[4],
+            columns=_columns(r[5], ds),
+            rows_version=r[6],
+            row_count=r[7],
+            table_name=".".join(table_identifier(settings, ds)),
+            table=table,
+            flags=flags.get(ds, []),
+            verdict=verdicts.get(ds),
+        )
+    return out
+
+
+def partition_state(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID) -> PartitionState | None:
+    return partition_states(conn, settings, [dataset_id]).get(dataset_id)
+
+
+def pg_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
+    """The dataset's rows in dataset_rows, exactly (an index-only scan of its primary key range)."""
+    return conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)).fetchone()[0]
+
+
+def _columns(raw, ds: uuid.UUID) -> tuple[Column, ...]:
+    try:
+        return parse_schema(raw, f"dataset {ds}")
+    except (BadInput, ValueError):  # a schema the app broke: no column schema, never a failed tick
+        return ()

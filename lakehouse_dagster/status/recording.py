@@ -1,0 +1,291 @@
+"""What changed since the recorder's cursor: the durable facts every writer leaves in Postgres, whoever it is (the
+CLI, a Dagster run, the HTTP service, a rollout plan, another process), read in the order their transactions
+ended, so the Dagster instance can show each change (the lakehouse_recorder sensor, dagster/defs/recording/).
+
+Four append-style streams, each with its own position:
+
+* ``syncs``     iceberg_sync_log rows that succeeded (a mirror sync, a native write, a compaction): the table changed;
+* ``flags``     lakehouse_flag_audit (every set and clear, auto-rollbacks included);
+* ``backfills`` lakehouse_pg_reconciled rows of a backfill: Postgres got the rows only Iceberg held;
+* ``sweeps``    lakehouse_orphan_sweeps: a sweep removed a table's orphan files.
+
+Each row carries the id of the transaction that wrote it (migration 026). A bigserial id is drawn before commit,
+so "id > last" skips a row that commits late; the position is a transaction id X instead, with the mirror poller's
+invariant (mirror/poller.py): every row written by a transaction below X has been read. After a complete read the
+next X is the read's snapshot xmin; a row at or above xmin is already committed (we read it) but a transaction
+below it may still commit, so X cannot pass it yet: such rows are reported at once and remembered in the position
+(``seen``, by id and transaction id) so that the next reads, which see them again, do not report them twice.
+
+Rows from before migration 026 carry no transaction id and are never read. So that a partition page shows its
+table as it is from the start, the recorder's first ticks also page once through every dataset with a succeeded
+sync (``seed_page``, ``limit`` datasets a tick): the caller records those its instance does not show yet.
+
+A sync written by a Dagster run materializes the partition itself (mirror_job, mirror_batch_job, ingest_job), or
+not (the write_flip job's first native sync): the dataset waits while that run is in flight, then the caller
+records it unless the partition's latest materialization already shows the table's current snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable
+
+import psycopg
+from psycopg import sql
+
+SYNCS, FLAGS, BACKFILLS, SWEEPS = "syncs", "flags", "backfills", "sweeps"
+
+# stream -> (table, transaction id column, which rows, columns read)
+_STREAMS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    SYNCS: ("iceberg_sync_log", "changed_xid", "status = 'succeeded'", ("dataset_id", "sync_id", "run_id")),
+    FLAGS: (
+        "lakehouse_flag_audit",
+        "xid",
+        "true",
+        ("at", "action", "kind", "name", "scope", "scope_id", "before_mode", "after_mode", "note", "actor"),
+    ),
+    BACKFILLS: (
+        "lakehouse_pg_reconciled",
+        "xid",
+        "how = 'backfill'",
+        ("dataset_id", "snapshot_id", "rows_copied", "rows_removed", "rows_moved", "actor", "at"),
+    ),
+    SWEEPS: (
+        "lakehouse_orphan_sweeps",
+        "xid",
+        "true",
+        ("dataset_id", "files_removed", "bytes_removed", "grace_seconds", "actor", "at"),
+    ),
+}
+STREAMS = tuple(_STREAMS)
+
+SEEN_MAX = 2000  # rows above the horizon remembered per stream; past it they wait until they are final
+WAITING_MAX = 1000  # datasets waiting for their runs; past it they are recorded at once (a duplicate, never a gap)
+WAIT_MAX_SECONDS = 900.0  # a run still "in flight" this long after its sync (a dead worker): recorded anyway
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where one stream stands: every row of a transaction below ``xid`` is read; ``after_id`` pages within
+    ``xid`` when a read was cut at the per-tick cap; ``seen`` = (row id, transaction id) reported already."""
+
+    xid: int = 0
+    after_id: int | None = None
+    seen: frozenset[tuple[int, int]] = frozenset()
+
+    def as_json(self) -> dict:
+        return {"xid": self.xid, "after_id": self.after_id, "seen": sorted([list(e) for e in self.seen])}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Position:
+        after = data.get("after_id")
+        return cls(
+            int(data.get("xid", 0)),
+            int(after) if after is not None else None,
+            frozenset(map(tuple, data.get("seen", []))),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Waiting:
+    runs: tuple[str, ...]  # Dagster runs in flight that wrote the dataset's table
+    since: float  # epoch seconds: when the dataset started waiting
+
+
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    positions: dict[str, Position] = dataclasses.field(default_factory=dict)
+    waiting: dict[uuid.UUID, Waiting] = dataclasses.field(default_factory=dict)
+    pruned_at: float = 0.0  # epoch seconds of the last removal of deleted datasets' partitions (the caller's)
+    seeded: bool = False  # the first pass over every synced dataset is done
+    seed_after: uuid.UUID | None = None  # where that pass stands
+
+    def position(self, stream: str) -> Position:
+        return self.positions.get(stream, Position())
+
+    def dumps(self) -> str:
+        return json.dumps(
+            {
+                "positions": {s: p.as_json() for s, p in self.positions.items()},
+                "waiting": {str(d): {"runs": list(w.runs), "since": w.since} for d, w in self.waiting.items()},
+                "pruned_at": self.pruned_at,
+                "seeded": self.seeded,
+                "seed_after": str(self.seed_after) if self.seed_after else None,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def loads(cls, raw: str | None) -> Cursor:
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(
+            {s: Position.from_json(p) for s, p in data.get("positions", {}).items() if s in _STREAMS},
+            {uuid.UUID(d): Waiting(tuple(w["runs"]), float(w["since"])) for d, w in data.get("waiting", {}).items()},
+            float(data.get("pruned_at", 0.0)),
+            bool(data.get("seeded", False)),
+            uuid.UUID(data["seed_after"]) if data.get("seed_after") else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    stream: str
+    id: int
+    xid: int
+    row: dict  # the stream's columns
+
+
+def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int) -> tuple[list[Change], Position]:
+    """The rows of ``stream`` written since ``pos`` (at most ``limit`` read; those already reported left out), and
+    the next position (never behind ``pos``)."""
+    table, xid_col, where, cols = _STREAMS[stream]
+    query = sql.SQL(
+        "select id, {x}::text::bigint, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, {cols} from {t}"
+        " where {x} >= %(xid)s::text::xid8"
+        " and (%(after)s::bigint is null or ({x}, id) > (%(xid)s::text::xid8, %(after)s::bigint))"
+        " and {where} order by {x}, id limit %(limit)s"
+    ).format(
+        x=sql.Identifier(xid_col),
+        cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
+        t=sql.Identifier(table),
+        where=sql.SQL(where),
+    )
+    fetched = conn.execute(query, {"xid": str(pos.xid), "after": pos.after_id, "limit": limit + 1}).fetchall()
+    truncated = len(fetched) > limit
+    rows = fetched[:limit]
+    xmin = (
+        rows[0][2]
+        if rows
+        else conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+    )
+    final = [r for r in rows if r[1] < xmin]  # no transaction below them can still commit: their order is final
+    nxt: tuple[int, int | None]
+    if not truncated:
+        nxt = (max(pos.xid, xmin), None)
+    elif final:
+        nxt = (final[-1][1], final[-1][0])
+    else:  # a full page above the horizon: stay until the transactions below it end
+        nxt = (pos.xid, pos.after_id)
+
+    def read_again(entry: tuple[int, int]) -> bool:  # (id, xid): would a read from ``nxt`` return it?
+        row_id, xid = entry
+        return xid >= nxt[0] if nxt[1] is None else (xid, row_id) > nxt
+
+    seen = {e for e in pos.seen if read_again(e)}
+    changes = []
+    for r in rows:
+        entry = (r[0], r[1])
+        if entry in pos.seen:
+            continue
+        if read_again(entry):
+            if len(seen) >= SEEN_MAX:
+                continue  # not reported: read again (and reported) once it is final
+            seen.add(entry)
+        changes.append(Change(stream, r[0], r[1], dict(zip(cols, r[3:]))))
+    return changes, Position(nxt[0], nxt[1], frozenset(seen))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One tick of the recorder: what to record, and the cursor after it."""
+
+    tables: dict[uuid.UUID, list[Change]]  # datasets whose table changed and no run in flight wrote it (+ syncs)
+    seeded: list[uuid.UUID]  # datasets of the first pass: recorded only if the instance does not show them yet
+    sweeps: list[Change]
+    backfills: list[Change]
+    flags: list[Change]
+    waiting: dict[uuid.UUID, Waiting]  # datasets left waiting for a run in flight
+    cursor: Cursor
+
+    @property
+    def dataset_ids(self) -> set[uuid.UUID]:
+        """Every dataset this tick records something about (their state is read once)."""
+        ids = set(self.tables) | set(self.seeded)
+        ids |= {c.row["dataset_id"] for c in [*self.sweeps, *self.backfills]}
+        ids |= {c.row["scope_id"] for c in self.flags if c.row["scope"] == "dataset" and c.row["scope_id"]}
+        return ids
+
+
+def plan_recording(
+    conn: psycopg.Connection,
+    cursor: Cursor,
+    *,
+    limit: int,
+    in_flight: Callable[[set[str]], set[str]],
+    now: float | None = None,
+) -> Plan:
+    """Read every stream since ``cursor`` (at most ``limit`` rows each) and decide which datasets' tables to record
+    now. ``in_flight`` answers, in one call, which of the given Dagster run ids are queued or running."""
+    now = time.time() if now is None else now
+    read: dict[str, list[Change]] = {}
+    positions = {}
+    for stream in STREAMS:
+        read[stream], positions[stream] = read_stream(conn, stream, cursor.position(stream), limit)
+    touched: dict[uuid.UUID, list[Change]] = {}
+    for c in read[SYNCS]:
+        touched.setdefault(c.row["dataset_id"], []).append(c)
+    runs = {ds: set(w.runs) for ds, w in cursor.waiting.items()}
+    for ds, changes in touched.items():
+        runs.setdefault(ds, set()).update(c.row["run_id"] for c in changes if c.row["run_id"])
+    busy = in_flight(set().union(*runs.values())) if runs else set()
+    seeded, seed_after, done = (
+        ([], cursor.seed_after, True) if cursor.seeded else seed_page(conn, cursor.seed_after, limit)
+    )
+    tables: dict[uuid.UUID, list[Change]] = {}
+    waiting: dict[uuid.UUID, Waiting] = {}
+    for ds in [*cursor.waiting, *(d for d in touched if d not in cursor.waiting)]:
+        still = runs.get(ds, set()) & busy
+        since = cursor.waiting[ds].since if ds in cursor.waiting else now
+        if still and now - since < WAIT_MAX_SECONDS and len(waiting) < WAITING_MAX:
+            waiting[ds] = Waiting(tuple(sorted(still)), since)
+        else:
+            tables[ds] = touched.get(ds, [])
+    return Plan(
+        tables,
+        [d for d in seeded if d not in tables and d not in waiting],
+        read[SWEEPS],
+        read[BACKFILLS],
+        read[FLAGS],
+        waiting,
+        Cursor(positions, waiting, cursor.pruned_at, done, None if done else seed_after),
+    )
+
+
+def seed_page(
+    conn: psycopg.Connection, after: uuid.UUID | None, limit: int
+) -> tuple[list[uuid.UUID], uuid.UUID | None, bool]:
+    """The first pass: the next ``limit`` tabular datasets with a succeeded sync (by id), where the pass stands,
+    and whether it is done."""
+    ids = [
+        r[0]
+        for r in conn.execute(
+            "select id from datasets where kind = 'tabular' and mirrored_version is not null"
+            " and (%s::uuid is null or id > %s::uuid) order by id limit %s",
+            (after, after, limit + 1),
+        ).fetchall()
+    ]
+    done = len(ids) <= limit
+    ids = ids[:limit]
+    return ids, (ids[-1] if ids else after), done
+
+
+def deleted_dataset_keys(conn: psycopg.Connection, keys: list[str]) -> list[str]:
+    """The partition keys (dataset ids) whose dataset no longer exists, in one query. A key that is not a uuid
+    was never a dataset partition of ours: it is left alone."""
+    ids = []
+    for k in keys:
+        try:
+            ids.append(uuid.UUID(k))
+        except ValueError:
+            continue
+    if not ids:
+        return []
+    gone = conn.execute(
+        "select k from unnest(%s::uuid[]) k where not exists (select 1 from datasets d where d.id = k)", (ids,)
+    ).fetchall()
+    return sorted(str(r[0]) for r in gone)
