@@ -56,7 +56,10 @@ SHIPPED = [
     "023_append_in_one_statement",
     "024_tracking_capture",
     "025_capture_after_commit",
+    "026_canary_rounds_and_alerts",
 ]
+# The number the next migration takes (the tests below add one): every branch that adds one moves it.
+NEXT = int(SHIPPED[-1][:3]) + 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,8 +110,8 @@ def _unlist(d, name: str) -> None:
 
 
 def test_adding_a_listed_migration_is_fine(files):
-    _add(files, "0026_more.sql", "create table if not exists more (x int);")
-    assert load_migrations(files)[-1].name == "026_more"
+    _add(files, f"{NEXT:04d}_more.sql", "create table if not exists more (x int);")
+    assert load_migrations(files)[-1].name == f"{NEXT:03d}_more"
 
 
 @pytest.mark.parametrize(
@@ -117,12 +120,12 @@ def test_adding_a_listed_migration_is_fine(files):
         ("edited", r"0016_flag_notify.sql differs from the sha256 in SHA256SUMS: a shipped migration is never edited"),
         ("missing", r"listed in SHA256SUMS are missing: 0024_tracking_capture.sql"),
         ("missing-unlisted", r"no migration numbered 0011"),
-        ("empty", r"0026_nothing.sql is empty"),
-        ("blank", r"0026_nothing.sql is empty"),
-        ("gap", r"no migration numbered 0026"),
+        ("empty", rf"{NEXT:04d}_nothing.sql is empty"),
+        ("blank", rf"{NEXT:04d}_nothing.sql is empty"),
+        ("gap", rf"no migration numbered {NEXT:04d}"),
         ("duplicate", r"migration number 24 is used twice: 0024_other.sql and 0024_tracking_capture.sql"),
         ("never-shipped", r"0017_late.sql: number 17 was never shipped"),
-        ("unlisted", r"0026_new.sql is not listed in SHA256SUMS"),
+        ("unlisted", rf"{NEXT:04d}_new.sql is not listed in SHA256SUMS"),
         ("bad-name", r"25_short.sql: a migration file is named NNNN_name.sql"),
         ("no-manifest", r"SHA256SUMS is missing"),
     ],
@@ -137,17 +140,17 @@ def test_a_broken_set_of_migration_files_is_an_error_never_a_skip(files, breakag
         (files / "0011_rollback.sql").unlink()
         _unlist(files, "0011_rollback.sql")
     elif breakage == "empty":
-        _add(files, "0026_nothing.sql", "")
+        _add(files, f"{NEXT:04d}_nothing.sql", "")
     elif breakage == "blank":
-        _add(files, "0026_nothing.sql", "\n  \n")
+        _add(files, f"{NEXT:04d}_nothing.sql", "\n  \n")
     elif breakage == "gap":
-        _add(files, "0027_after_a_gap.sql", "select 1;")
+        _add(files, f"{NEXT + 1:04d}_after_a_gap.sql", "select 1;")
     elif breakage == "duplicate":
         _add(files, "0024_other.sql", "select 1;")
     elif breakage == "never-shipped":
         _add(files, "0017_late.sql", "select 1;")
     elif breakage == "unlisted":
-        _add(files, "0026_new.sql", "select 1;", listed=False)
+        _add(files, f"{NEXT:04d}_new.sql", "select 1;", listed=False)
     elif breakage == "bad-name":
         _add(files, "25_short.sql", "select 1;")
     elif breakage == "no-manifest":
@@ -232,9 +235,11 @@ def test_a_fresh_database_gets_every_migration_in_numeric_order_then_nothing(emp
 
 
 def test_each_migration_is_its_own_transaction_and_a_failure_rolls_back_only_itself(files, empty_dsn):
-    _add(files, "0026_half_done.sql", "create table lakehouse_half (x int);\nselect 1 / 0;")
+    _add(files, f"{NEXT:04d}_half_done.sql", "create table lakehouse_half (x int);\nselect 1 / 0;")
     with connect(empty_dsn) as conn:
-        with pytest.raises(MigrationError, match=r"migration 026_half_done \(0026_half_done.sql\) failed.*division"):
+        with pytest.raises(
+            MigrationError, match=rf"migration {NEXT:03d}_half_done \({NEXT:04d}_half_done.sql\) failed.*division"
+        ):
             migrate(conn, migrations_dir=files)
         recorded = {r[0] for r in conn.execute("select name from lakehouse_migrations")}
         assert recorded == set(SHIPPED)  # those before it committed, one by one
@@ -243,10 +248,10 @@ def test_each_migration_is_its_own_transaction_and_a_failure_rolls_back_only_its
         with connect(empty_dsn) as other:
             assert other.execute("select pg_try_advisory_lock(%s)", (LOCK_KEY,)).fetchone()[0] is True
         # fixed (a new file, as it was never shipped): the next migrate applies just it
-        (files / "0026_half_done.sql").unlink()
-        _unlist(files, "0026_half_done.sql")
-        _add(files, "0026_done.sql", "create table lakehouse_half (x int);")
-        assert migrate(conn, migrations_dir=files)[:1] == ["026_done"]
+        (files / f"{NEXT:04d}_half_done.sql").unlink()
+        _unlist(files, f"{NEXT:04d}_half_done.sql")
+        _add(files, f"{NEXT:04d}_done.sql", "create table lakehouse_half (x int);")
+        assert migrate(conn, migrations_dir=files)[:1] == [f"{NEXT:03d}_done"]
 
 
 def test_migrate_refuses_inside_an_open_transaction(conn):

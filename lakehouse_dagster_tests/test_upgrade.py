@@ -27,6 +27,8 @@ from lakehouse_dagster.schema.migrate import FILL_MARK, load_migrations
 from lakehouse_dagster_tests.conftest import _with_db
 
 PREVIOUS_RELEASE = "cc94412"  # main, the last release before the schema became files
+# The migrations this tree adds to that release's (in order): an upgrade applies exactly these.
+NEW_MIGRATIONS = ["025_capture_after_commit", "026_canary_rounds_and_alerts"]
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "lakehouse_dagster.cli.main"]
 
@@ -295,7 +297,7 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
         with _live_app(dsn, events) as app:
             done = _json(new, env, "db", "migrate")
         assert not app.errors, repr(app.errors[0])
-        assert [a for a in done["applied"] if not a.startswith("functions/")] == ["025_capture_after_commit"], done
+        assert [a for a in done["applied"] if not a.startswith("functions/")] == NEW_MIGRATIONS, done
         notes = done.get("capture_mode", [])
         assert (why is None and notes == []) or (len(notes) == 1 and notes[0].startswith(why)), notes
         if old_mode == "wal":  # the command to go the other way is in the message
@@ -303,7 +305,7 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
             assert f"lakehouse digest-capture {other}" in notes[0], notes
         after = _facts(conn)
         assert after["capture"][0][0] == upgraded_mode
-        assert after["migrations"] == sorted([*before["migrations"], "025_capture_after_commit"])
+        assert after["migrations"] == sorted([*before["migrations"], *NEW_MIGRATIONS])
         _same_data(before, after, app.written, events, sums_dropped=old_mode == "wal")
         assert _triggers_as(after, upgraded_mode)
         if upgraded_mode == "triggers":
@@ -356,9 +358,9 @@ def test_upgrade_in_place_from_the_previous_release(previous_release, pg_admin_d
 def _same_data(before: dict, after: dict, written: int, live, *, sums_dropped: bool) -> None:
     """Nothing lost: every row, sync, verdict, flag, trigger (but dataset_rows's, the capture mode's) and
     dataset's tracking as before, but for the rows the live app wrote meanwhile into dataset ``live`` (one
-    migration more recorded; the maintained sums of mode wal dropped: the next canaries fill them again)."""
+    new migrations recorded; the maintained sums of mode wal dropped: the next canaries fill them again)."""
     counts = dict(before["counts"], dataset_rows=before["counts"]["dataset_rows"] + written)
-    counts["lakehouse_migrations"] += 1
+    counts["lakehouse_migrations"] += len(NEW_MIGRATIONS)
     if sums_dropped:
         counts["lakehouse_pg_digest_state"] = 0
     assert after["counts"] == counts
