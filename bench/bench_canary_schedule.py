@@ -14,7 +14,10 @@ iceberg) and made partitions. Then, on a Dagster instance with Postgres storage 
 2. the old path on a sample: ``parity_canary_job`` (one run per dataset, as the schedule used to request) executed
    in process for ``--sample`` datasets, one after the other: seconds per dataset, still without run start-up;
 3. queue: the next tick's requests are registered as runs not yet started (what the daemon holds in its queue), and
-   a third tick asks for nothing; they are then removed and executed as in 1 (the steady round, maintained digests).
+   a third tick asks for nothing; they are then removed and executed as in 1 (the steady round, maintained digests);
+4. alerts: one ``lakehouse_alerts`` tick's work (status/alerts.run_tick) with nothing to report, then with the mirror
+   stopped for ``--lagging`` flipped datasets (freshness threshold 1 s), tick after tick until a local receiver got
+   every event.
 
 Printed: per tick the runs and datasets requested and the tick's own seconds; per round the wall time, datasets/s
 and whether it fits the 30-minute period; per dataset the batch's and the old path's seconds and their ratio. Not a
@@ -203,12 +206,65 @@ def _old_path(instance, dsn: str, sample: list[str]) -> dict:
     return {"per_dataset_s": (time.perf_counter() - t) / (len(sample) - 1), "failed_runs": failed}
 
 
+def _alerts(dsn: str, rows: int, lagging: int) -> dict:
+    """One lakehouse_alerts tick's core (status/alerts.run_tick) at this many flipped datasets: with nothing to report,
+    then with the mirror stopped for ``lagging`` of them (threshold 1 s), tick after tick until all are posted to a
+    receiver on 127.0.0.1."""
+    import datetime as dt
+    import http.server
+    import threading
+
+    from bench._common import GENERATE
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.status import alerts
+
+    got: list[int] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            got.append(len(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = Settings.from_env().replace(
+        alert_webhook_url=f"http://127.0.0.1:{server.server_port}/bench", alert_lag_seconds=1
+    )
+    out: dict = {}
+    with connect(dsn) as conn:
+        cursor = alerts.Cursor()
+        t = time.perf_counter()
+        tick = alerts.run_tick(conn, settings, cursor, [], now=dt.datetime.now(dt.UTC))
+        out["quiet_s"], cursor = time.perf_counter() - t, tick.cursor
+        ids = [r[0] for r in conn.execute("select id from datasets order by name limit %s", (lagging,)).fetchall()]
+        for d in ids:  # the mirror is not running: each of them moves past its Iceberg view
+            conn.execute(GENERATE, {"ds": d, "lo": rows, "hi": rows})
+        time.sleep(1.5)
+        out["ticks"] = []
+        for _ in range(1000):
+            t = time.perf_counter()
+            tick = alerts.run_tick(conn, settings, cursor, [], now=dt.datetime.now(dt.UTC))
+            cursor = tick.cursor
+            d = tick.delivery or alerts.Delivery()
+            out["ticks"].append((time.perf_counter() - t, sum(tick.new.values()), d.posted, d.messages))
+            if not d.pending:
+                break
+    server.shutdown()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=10_000)
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--sample", type=int, default=40, help="datasets the old one-run-per-dataset path checks")
     ap.add_argument("--workers", type=int, default=2, help="canary runs at once (dagster.yaml: 2)")
+    ap.add_argument("--lagging", type=int, default=1000, help="datasets the alerts step lets fall behind")
     args = ap.parse_args()
     from bench._common import admin_dsn
 
@@ -280,6 +336,15 @@ def main() -> None:
     print(
         f"steady round (maintained digests): {r2['datasets']} datasets in {r2['wall_s']:.0f} s "
         f"({r2['datasets'] / r2['wall_s']:.1f}/s), {r2['failed_runs']} failed run(s); verdicts {_verdicts(dsn)}",
+        flush=True,
+    )
+    al = _alerts(dsn, args.rows, args.lagging)
+    first_tick = al["ticks"][0]
+    print(
+        f"alerts tick at {args.n} flipped datasets, nothing to report: {al['quiet_s']:.2f} s; the mirror stopped for "
+        f"{args.lagging} of them: first tick {first_tick[0]:.2f} s ({first_tick[1]} events recorded, {first_tick[2]} "
+        f"posted in {first_tick[3]} messages); all {sum(x[2] for x in al['ticks'])} posted in {len(al['ticks'])} "
+        f"tick(s), slowest {max(x[0] for x in al['ticks']):.2f} s",
         flush=True,
     )
     print(

@@ -361,3 +361,18 @@ def test_many_events_of_one_kind_go_out_as_one_message_each_event_once(conn, dsn
         assert text.count(f"ledger{i} ({d}) is written iceberg-native") == 1
     tick()
     assert len(receiver.delivered) == 1
+
+
+def test_a_failed_batch_run_names_a_few_datasets_and_counts_the_rest(settings, receiver):
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.status.alerts import FailedRun, failed_run_event
+
+    ids = tuple(f"00000000-0000-0000-0000-{i:012d}" for i in range(1000))
+    names = tuple(f"ds{i}" for i in range(40))  # the names tag, cut to 255 characters
+    run = FailedRun("0123456789abcdef", "parity_canary_batch_job", None, "1 of 1000 dataset(s) failed", ids, names)
+    e = failed_run_event(run)
+    assert e.what == (
+        "job parity_canary_batch_job run 01234567 for ds0, ds1, ds2, ds3, ds4 and 995 more: 1 of 1000 dataset(s) failed"
+    )
+    assert "lakehouse canary --smoke --dataset <uuid>" in e.act and e.dataset_id is None
+    assert TOKEN not in repr(Settings.from_env())  # the URL is set (fixture): a repr of the settings never shows it

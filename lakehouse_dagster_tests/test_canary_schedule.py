@@ -89,9 +89,10 @@ def test_batches_are_near_equal_and_ceil_many():
     plan = plan_round(list(range(10)), in_flight_datasets={0, 1}, in_flight_runs=1, max_runs=3, cap=100, batch_size=3)
     # 8 due; 2 free runs of 3 → the 6 oldest not in flight
     assert plan.batches == [[2, 3, 4], [5, 6, 7]] and plan.left == 2
-    assert (
-        plan_round(list(range(4)), in_flight_datasets=set(), in_flight_runs=3, max_runs=3, cap=9, batch_size=2).batches
-        == []
+    full = plan_round(list(range(4)), in_flight_datasets=set(), in_flight_runs=3, max_runs=3, cap=9, batch_size=2)
+    assert full.batches == [] and full.why_nothing() == (
+        "nothing requested: 3 canary run(s) in flight, the limit (LAKEHOUSE_CANARY_MAX_RUNS=3); 4 due flipped "
+        "dataset(s) wait for them to finish"
     )
 
 
@@ -123,7 +124,9 @@ def test_a_tick_asks_for_the_oldest_verdicts_in_batches_and_never_twice(conn, ds
     assert [_datasets(r) for r in second] == [[str(ds[4]), str(ds[2])]]
     _queue(instance, dsn, second[0])
     third = _tick(instance, dsn)  # everything flipped is in flight now
-    assert isinstance(third, dg.SkipReason) and "4 canary run(s) already in flight (7 dataset(s))" in third.skip_message
+    assert isinstance(third, dg.SkipReason) and third.skip_message == (
+        "nothing requested: every flipped dataset is in one of the 4 canary run(s) in flight (7 dataset(s))"
+    )
 
     # a queued run executes (as the daemon would launch it): its verdicts say schedule, with its run id
     run = queued[0]

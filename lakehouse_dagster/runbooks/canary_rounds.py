@@ -49,6 +49,7 @@ class Round:
     in_flight_datasets: int
     free_runs: int
     cap: int
+    max_runs: int
 
     @property
     def requested(self) -> int:
@@ -60,11 +61,24 @@ class Round:
         return self.due - self.requested
 
     def summary(self) -> str:
+        if not self.batches:
+            return self.why_nothing()
         return (
             f"{self.requested} of {self.due} due flipped dataset(s) in {len(self.batches)} run(s); "
             f"{self.in_flight_runs} canary run(s) already in flight ({self.in_flight_datasets} dataset(s)), "
             f"{self.free_runs} run(s) free, cap {self.cap} per tick"
             + (f"; {self.left} left for the next ticks (oldest verdicts first)" if self.left else "")
+        )
+
+    def why_nothing(self) -> str:
+        if self.due == 0:
+            return (
+                f"nothing requested: every flipped dataset is in one of the {self.in_flight_runs} canary run(s) in "
+                f"flight ({self.in_flight_datasets} dataset(s))"
+            )
+        return (
+            f"nothing requested: {self.in_flight_runs} canary run(s) in flight, the limit (LAKEHOUSE_CANARY_MAX_RUNS="
+            f"{self.max_runs}); {self.due} due flipped dataset(s) wait for them to finish"
         )
 
 
@@ -90,6 +104,7 @@ def plan_round(
         in_flight_datasets=len(busy),
         free_runs=free,
         cap=cap,
+        max_runs=max_runs,
     )
 
 

@@ -146,10 +146,10 @@ _RUN_ACTS = {
 
 
 def failed_run_event(run: FailedRun) -> Event:
-    names = ", ".join(run.dataset_names[:5]) + (
-        f" and {len(run.dataset_names) - 5} more" if len(run.dataset_names) > 5 else ""
-    )
-    about = f" for {names}" if names else ""
+    # (a batch run's names tag is cut to 255 characters: its ids say how many datasets it had)
+    shown, total = run.dataset_names[:5], max(len(run.dataset_names), len(run.dataset_ids))
+    names = ", ".join(shown) + (f" and {total - len(shown)} more" if shown and total > len(shown) else "")
+    about = f" for {names}" if names else (f" for {total} dataset(s)" if total > 1 else "")
     ds = run.dataset_ids[0] if len(run.dataset_ids) == 1 else "<uuid>"
     hint = _RUN_ACTS.get(run.job_name, "fix what the failed step says, then launch the job again")
     return Event(

@@ -104,7 +104,7 @@ def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: Lak
             batch_size=settings.canary_batch_size,
         )
         if not plan.batches:
-            return dg.SkipReason(f"nothing requested: {plan.summary()}")
+            return dg.SkipReason(plan.why_nothing())
         named = datasets_tags(conn, [d for b in plan.batches for d in b])
     context.log.info(plan.summary())
     tick, n = _tick(context), len(plan.batches)
