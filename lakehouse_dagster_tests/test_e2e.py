@@ -91,6 +91,18 @@ def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypa
         assert counter.is_blocked(run("ds-a"))
         assert not counter.is_blocked(run("ds-b"))
 
+        # two canary batch runs at once at most: a third waits, a mirror run does not
+        def canary() -> DagsterRun:
+            return DagsterRun(
+                job_name="parity_canary_batch_job",
+                run_id=str(uuid.uuid4()),
+                status=DagsterRunStatus.STARTED,
+                tags={"lakehouse/canary": "schedule"},
+            )
+
+        counter = TagConcurrencyLimitsCounter(limits, [canary(), canary()])
+        assert counter.is_blocked(canary()) and not counter.is_blocked(run("ds-b"))
+
         # events and dynamic partitions write through the event log (each store also sends a NOTIFY)
         inst.report_runless_asset_event(dg.AssetMaterialization(dg.AssetKey(["iceberg", "probe"])))
         assert inst.get_latest_materialization_event(dg.AssetKey(["iceberg", "probe"])) is not None

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
+from lakehouse_dagster.dagster.defs.parity.canary_batch import parity_canary_batch_job
 from lakehouse_dagster.dagster.defs.parity.canary_schedule import (
     PARTITION_TAG,
     parity_canary_job,
@@ -192,11 +193,19 @@ def test_schedule_checks_exactly_the_flipped_datasets(conn, dsn, settings, persi
     )
     requests = parity_canary_schedule(ctx)
     # ws_flipped is not a partition yet (the mirror poller adds partitions): nothing to attach results to
-    assert [r.tags[PARTITION_TAG] for r in requests] == [str(read_flipped)]
+    assert [r.run_config["ops"]["check_datasets"]["config"]["datasets"] for r in requests] == [[str(read_flipped)]]
     assert requests[0].tags["lakehouse/canary"] == "schedule"
-    assert requests[0].run_key == f"canary:{read_flipped}:{tick.isoformat()}"
+    assert requests[0].tags["lakehouse/dataset_name"] == "read-flipped"
+    assert requests[0].run_key == f"canary:{tick.isoformat()}:1/1"
 
-    ev, result = _run_canary_job(instance, dsn, read_flipped, tags=requests[0].tags)
+    batch = dg.Definitions(
+        assets=[pg_dataset_rows, iceberg_dataset_table],
+        asset_checks=[parity, snapshot_freshness, identity_ready],
+        jobs=[parity_canary_batch_job],
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+    ).resolve_job_def("parity_canary_batch_job")
+    result = batch.execute_in_process(instance=instance, run_config=requests[0].run_config, tags=requests[0].tags)
+    ev = {e.check_name: e for e in result.get_asset_check_evaluations()}
     assert result.success and ev["parity"].passed and ev["parity"].partition == str(read_flipped)
     assert conn.execute(
         "select verdict, source, run_id from lakehouse_read_parity where dataset_id = %s", (read_flipped,)
@@ -226,6 +235,7 @@ print(json.dumps({
     'blocking': sorted(k.name for k in d.resolve_asset_graph().asset_check_keys if d.resolve_asset_graph().get_check_spec(k).blocking),
     'jobs': sorted(j.name for j in d.resolve_all_job_defs()),
     'schedules': sorted(s.name for s in d.schedules),
+    'sensors': sorted(s.name for s in d.sensors),
     'mirror_checks': sorted(k.name for k in mirror.asset_layer.asset_graph.asset_check_keys),
 }))
 """
@@ -240,6 +250,7 @@ print(json.dumps({
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["checks"] == ["identity_ready", "parity", "snapshot_freshness"]
     assert {"identity_ready", "parity"} <= set(out["blocking"]) and "snapshot_freshness" not in out["blocking"]
-    assert "parity_canary_job" in out["jobs"] and "parity_canary_schedule" in out["schedules"]
+    assert {"parity_canary_job", "parity_canary_batch_job"} <= set(out["jobs"])
+    assert "parity_canary_schedule" in out["schedules"] and "lakehouse_alerts" in out["sensors"]
     # the mirror job carries the checks, so a mirror run is gated by them
     assert set(out["mirror_checks"]) >= {"parity", "identity_ready", "snapshot_freshness"}

@@ -363,7 +363,7 @@ def test_the_first_ticks_show_every_synced_table_and_page_at_the_cap(conn, dsn, 
         datasets.insert_rows(conn, d, [row(k) for k in range(2)])
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
         ids.append(d)
-    with conn.transaction():  # as a sync before migration 026 left it (its trigger would stamp the update)
+    with conn.transaction():  # as a sync before migration 028 left it (its trigger would stamp the update)
         conn.execute("alter table iceberg_sync_log disable trigger lakehouse_sync_log_changed_xid")
         conn.execute("update iceberg_sync_log set changed_xid = null")
         conn.execute("alter table iceberg_sync_log enable trigger lakehouse_sync_log_changed_xid")

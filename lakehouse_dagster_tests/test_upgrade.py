@@ -27,6 +27,7 @@ from lakehouse_dagster.schema.migrate import FILL_MARK, load_migrations
 from lakehouse_dagster_tests.conftest import _with_db
 
 PREVIOUS_RELEASE = "cc94412"  # main, the last release before the schema became files
+# The migrations this tree adds to that release's (in order): an upgrade applies exactly these.
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "lakehouse_dagster.cli.main"]
 # What this tree applies over the previous release: every migration after its last one (024).
@@ -249,7 +250,13 @@ class _live_app:
 
 
 # The migrations this tree adds to the previous release (in the order they apply).
-NEW_MIGRATIONS = ["025_capture_after_commit", "026_stored_soak", "027_rollout_plans", "028_recorder"]
+NEW_MIGRATIONS = [
+    "025_capture_after_commit",
+    "026_stored_soak",
+    "027_rollout_plans",
+    "028_recorder",
+    "029_canary_rounds_and_alerts",
+]
 
 
 @pytest.mark.parametrize("capture_mode", list(UPGRADES))

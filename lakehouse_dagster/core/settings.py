@@ -34,6 +34,7 @@ def _float(name: str, default: float) -> float:
 
 
 def _above_zero(name: str, value: float) -> float:
+def _above_zero(value: float, name: str) -> float:
     if not value > 0:
         raise BadInput(f"{name}={value} must be above 0")
     return value
@@ -128,6 +129,18 @@ class Settings:
     # The lakehouse_recorder sensor reads at most this many rows of each kind of change per tick (sync log, flag
     # audit, backfills, orphan sweeps); more wait for the next tick (status/recording.py).
     recorder_max_events: int = 50
+    # The scheduled canary (runbooks/canary_rounds.py): datasets per parity_canary_batch_job run, datasets a tick
+    # asks for at most, and canary runs queued or running at once at most (a tick asks only for the runs left free).
+    canary_batch_size: int = 1000
+    canary_max_per_tick: int = 10_000
+    canary_max_runs: int = 10
+    # Alerts (status/alerts.py). The webhook URL is a secret (its path is the credential): never in a repr, a log,
+    # metadata or an exception. Unset: the lakehouse_alerts sensor posts nothing and says so.
+    alert_webhook_url: str | None = dataclasses.field(default=None, repr=False)
+    alert_timeout_seconds: float = 5.0
+    alert_max_attempts: int = 5
+    # A flipped dataset behind the mirror longer than this is a freshness breach (status/lag.py lagging_past).
+    alert_lag_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -178,6 +191,15 @@ class Settings:
             shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
             rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),
             recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 50, minimum=1),
+            canary_batch_size=_int("LAKEHOUSE_CANARY_BATCH_SIZE", 1000, minimum=1),
+            canary_max_per_tick=_int("LAKEHOUSE_CANARY_MAX_PER_TICK", 10_000, minimum=1),
+            canary_max_runs=_int("LAKEHOUSE_CANARY_MAX_RUNS", 10, minimum=1),
+            alert_webhook_url=os.environ.get("LAKEHOUSE_ALERT_WEBHOOK_URL") or None,
+            alert_timeout_seconds=_above_zero(
+                _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0), "LAKEHOUSE_ALERT_TIMEOUT_SECONDS"
+            ),
+            alert_max_attempts=_int("LAKEHOUSE_ALERT_MAX_ATTEMPTS", 5, minimum=1),
+            alert_lag_seconds=_int("LAKEHOUSE_ALERT_LAG_SECONDS", 3600, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

@@ -127,3 +127,15 @@ def tag_run(context, tags: Mapping[str, str]) -> None:
     missing = {k: v for k, v in tags.items() if run.tags.get(k) != v}
     if missing:
         context.instance.add_run_tags(run.run_id, missing)
+
+
+DATASET_NAMES = "lakehouse/dataset_names"  # a run of many datasets: their names (display only, cut to 255 characters)
+
+
+def batch_tags(named: Mapping[uuid.UUID, Mapping[str, str]], dataset_ids: Iterable[uuid.UUID]) -> dict[str, str]:
+    """The dataset tags of a run of many datasets: one dataset keeps its id and name tags (filterable); several list
+    their names for display (``named``: from ``datasets_tags``)."""
+    ids = list(dataset_ids)
+    if len(ids) == 1:
+        return dict(named.get(ids[0], {DATASET: str(ids[0])}))
+    return {DATASET_NAMES: ",".join(named.get(i, {}).get(DATASET_NAME, str(i)) for i in ids)[:255]}

@@ -56,7 +56,7 @@ class TableNow:
     run_id: str | None  # the Dagster run that wrote it, if one did
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
-    location: str | None  # where the table's files live; None: not recorded (a sync before migration 026)
+    location: str | None  # where the table's files live; None: not recorded (a sync before migration 028)
 
     @property
     def seconds(self) -> float | None:

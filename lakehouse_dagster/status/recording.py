@@ -9,14 +9,14 @@ Four append-style streams, each with its own position:
 * ``backfills`` lakehouse_pg_reconciled rows of a backfill: Postgres got the rows only Iceberg held;
 * ``sweeps``    lakehouse_orphan_sweeps: a sweep removed a table's orphan files.
 
-Each row carries the id of the transaction that wrote it (migration 026). A bigserial id is drawn before commit,
+Each row carries the id of the transaction that wrote it (migration 028). A bigserial id is drawn before commit,
 so "id > last" skips a row that commits late; the position is a transaction id X instead, with the mirror poller's
 invariant (mirror/poller.py): every row written by a transaction below X has been read. After a complete read the
 next X is the read's snapshot xmin; a row at or above xmin is already committed (we read it) but a transaction
 below it may still commit, so X cannot pass it yet: such rows are reported at once and remembered in the position
 (``seen``, by id and transaction id) so that the next reads, which see them again, do not report them twice.
 
-Rows from before migration 026 carry no transaction id and are never read. So that a partition page shows its
+Rows from before migration 028 carry no transaction id and are never read. So that a partition page shows its
 table as it is from the start, the recorder's first ticks also page once through every dataset with a succeeded
 sync (``seed_page``, ``limit`` datasets a tick): the caller records those its instance does not show yet.
 

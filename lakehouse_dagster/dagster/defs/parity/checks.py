@@ -222,11 +222,14 @@ def check_evaluations(
     instance=None,
     conn=None,
     wedged: set | None = None,
+    source: str = "check",
+    full: bool = False,
 ) -> list[dg.AssetCheckEvaluation]:
-    """The three checks of one dataset as events an op logs (mirror_batch_job): the same logic and records as
-    the asset checks, attached to the dataset's partition, so the UI shows them on the asset as usual. The three
-    read one Iceberg pin of the dataset (the table loaded and its files listed once) and, when the batch passes
-    them, its Postgres connection and wedged datasets."""
+    """The three checks of one dataset as events an op logs (mirror_batch_job, parity_canary_batch_job): the same
+    logic and records as the asset checks, attached to the dataset's partition, so the UI shows them on the asset as
+    usual. The three read one Iceberg pin of the dataset (the table loaded and its files listed once) and, when the
+    batch passes them, its Postgres connection and wedged datasets. ``source``: what the parity verdict is recorded
+    as (``schedule`` for the canary schedule's runs: every Nth is a full cross-check)."""
     settings = lakehouse.settings()
     pin = pin_iceberg(lakehouse.catalog(), settings, _uuid(partition_key))
     with _conn(lakehouse, conn) as conn:
@@ -239,8 +242,9 @@ def check_evaluations(
                     lakehouse,
                     partition_key,
                     run_id=run_id,
-                    source="check",
+                    source=source,
                     log=log,
+                    full=full,
                     instance=instance,
                     conn=conn,
                     pin=pin,

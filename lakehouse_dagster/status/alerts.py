@@ -1,0 +1,650 @@
+"""Alerts: what needs an operator, posted once to a Slack-compatible webhook (``LAKEHOUSE_ALERT_WEBHOOK_URL``).
+
+Six kinds of event, each found where it is durable:
+
+* ``run_failed`` — a failed run of a lakehouse job (the Dagster instance; the sensor reads them and passes them in);
+* ``mismatch`` and ``auto_rollback`` — a MISMATCH verdict and what auto-rollback did about it
+  (``lakehouse_read_parity``, its ``detail->'auto_rollback'``);
+* ``wedged`` — a sync stuck ``running`` or ``failed`` (``parity.canary.wedged_syncs``);
+* ``freshness`` — a flipped dataset behind the mirror past ``LAKEHOUSE_ALERT_LAG_SECONDS`` (``status/lag.py``, the one
+  definition of lag);
+* ``native_unsafe`` — a dataset written iceberg-native that fails the write-flip gates (``routing/native_guard.py``).
+
+Each event is recorded once in ``lakehouse_alerts`` under a key naming it (the parity row, the run, the sync, the
+dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried on a
+later tick, and after ``LAKEHOUSE_ALERT_MAX_ATTEMPTS`` failed posts it is dropped with a log line. A condition
+(wedged, freshness, native_unsafe) is one event while it lasts; when it ends its row is marked resolved, and if it
+comes back that is a new event. The cursor (the sensor's) only moves forward: it bounds how far back the MISMATCHes and
+failed runs are read, with a look-back for rows committed late; the keys make a second sight of an event harmless.
+
+The webhook URL is a secret (its path is the credential): it is never logged, stored, put in a message or an
+exception; a failed post names the receiver's host at most. One post waits ``LAKEHOUSE_ALERT_TIMEOUT_SECONDS`` at
+most, a tick posts for ``TICK_BUDGET_SECONDS`` at most and stops at the first failure (the receiver is down: the rest
+wait for the next tick), so a receiver that fails or hangs never stalls the sensor.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Callable, Sequence
+
+import psycopg
+
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.flipped import flipped_dataset_ids
+from lakehouse_dagster.parity.canary import wedged_syncs
+from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
+from lakehouse_dagster.status.lag import behind_datasets, lagging_past
+
+RUN_FAILED, MISMATCH, AUTO_ROLLBACK = "run_failed", "mismatch", "auto_rollback"
+WEDGED, FRESHNESS, NATIVE_UNSAFE = "wedged", "freshness", "native_unsafe"
+KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE)
+CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE)  # states, not moments: one event per episode
+TITLE = {
+    RUN_FAILED: "Lakehouse run failed",
+    MISMATCH: "Parity MISMATCH",
+    AUTO_ROLLBACK: "Auto-rollback",
+    WEDGED: "Wedged sync",
+    FRESHNESS: "Freshness breach",
+    NATIVE_UNSAFE: "Native-safety",
+}
+PLURAL = {
+    RUN_FAILED: "failed lakehouse runs",
+    MISMATCH: "parity MISMATCHes",
+    AUTO_ROLLBACK: "auto-rollbacks",
+    WEDGED: "wedged syncs",
+    FRESHNESS: "freshness breaches",
+    NATIVE_UNSAFE: "native-safety findings",
+}
+
+# A MISMATCH row committed after a later one was read, or whose auto-rollback outcome is written after the row
+# itself, is still seen: each tick reads back this far behind its cursor (the keys skip what is recorded).
+PARITY_LOOKBACK = dt.timedelta(hours=1)
+RUNS_LOOKBACK = dt.timedelta(minutes=10)
+SCAN_LIMIT = 500  # MISMATCH rows read per tick (a storm is read over several ticks)
+FOLD_AT = 3  # this many pending events of one kind or more go out as one message ...
+FOLD_MAX = 20  # ... of at most this many
+MAX_POSTS_PER_TICK = 20
+TICK_BUDGET_SECONDS = 20.0  # a sensor tick has 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS)
+KEEP_DAYS = 30  # posted or dropped events older than this are deleted (an open condition is kept)
+ENV = "LAKEHOUSE_ALERT_WEBHOOK_URL"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Events
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedRun:
+    """A failed Dagster run, as the sensor read it from the instance."""
+
+    run_id: str
+    job_name: str
+    updated_at: dt.datetime
+    reason: str  # why: the first failed step's error (a refusal's reason), else the run's failure message
+    dataset_ids: tuple[str, ...] = ()
+    dataset_names: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    key: str  # <kind>:<what it is about>; unique among open events
+    kind: str
+    dataset_id: uuid.UUID | None
+    what: str  # what happened, naming the dataset
+    act: str  # the command or job to act on it
+
+    @property
+    def message(self) -> str:
+        return f"{TITLE[self.kind]}: {self.what}\n→ {self.act}"
+
+
+def _who(name: str | None, dataset_id: object) -> str:
+    return f"{name or '(deleted dataset)'} ({dataset_id})"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _line(text: object, limit: int = 300) -> str:
+    one = " ".join(str(text or "").split())
+    return one if len(one) <= limit else one[: limit - 1] + "…"
+
+
+# What to do about a failed run of each job (the run's log has the step's reason).
+_RUN_ACTS = {
+    "mirror_batch_job": "the mirror poller retries the failed datasets by itself; to mirror one now: "
+    "lakehouse sync --dataset {ds}",
+    "mirror_job": "the mirror poller retries it; to mirror it now: lakehouse sync --dataset {ds}",
+    "parity_canary_batch_job": "each failed dataset's check result says why; re-check one: "
+    "lakehouse canary --smoke --dataset {ds}",
+    "parity_canary_job": "its check results say why; re-check it: lakehouse canary --smoke --dataset {ds}",
+    "ingest_job": "the step's reason says what to fix; re-run it: lakehouse ingest --dataset {ds} --writer <writer>",
+    "native_safety_report": "fix each dataset's reasons, or roll its writer back: "
+    "lakehouse write-flags set <writer> pg --dataset <uuid>",
+}
+
+
+def failed_run_event(run: FailedRun) -> Event:
+    # (a batch run's names tag is cut to 255 characters: its ids say how many datasets it had)
+    shown, total = run.dataset_names[:5], max(len(run.dataset_names), len(run.dataset_ids))
+    names = ", ".join(shown) + (f" and {total - len(shown)} more" if shown and total > len(shown) else "")
+    about = f" for {names}" if names else (f" for {total} dataset(s)" if total > 1 else "")
+    ds = run.dataset_ids[0] if len(run.dataset_ids) == 1 else "<uuid>"
+    hint = _RUN_ACTS.get(run.job_name, "fix what the failed step says, then launch the job again")
+    return Event(
+        key=f"{RUN_FAILED}:{run.run_id}",
+        kind=RUN_FAILED,
+        dataset_id=_uuid(run.dataset_ids[0]) if len(run.dataset_ids) == 1 else None,
+        what=f"job {run.job_name} run {run.run_id[:8]}{about}: {_line(run.reason) or 'no reason recorded'}",
+        act=f"Dagster UI, Runs → {run.run_id}; {hint.format(ds=ds)}",
+    )
+
+
+def _uuid(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+_MISMATCHES = """
+select p.id, p.dataset_id, d.name, p.source, p.run_id, p.pg_count, p.iceberg_count, p.pg_version, p.snapshot_id,
+       p.mismatched_row_indexes, p.detail, p.checked_at,
+       not exists (select 1 from lakehouse_alerts a where a.key = 'mismatch:' || p.id) as new_mismatch
+  from lakehouse_read_parity p
+  left join datasets d on d.id = p.dataset_id
+ where p.verdict = 'MISMATCH' and p.checked_at > %s
+   and (not exists (select 1 from lakehouse_alerts a where a.key = 'mismatch:' || p.id)
+        or (p.detail ? 'auto_rollback'
+            and not exists (select 1 from lakehouse_alerts a where a.key = 'auto_rollback:' || p.id)))
+ order by p.checked_at, p.id
+ limit %s
+"""
+
+
+def parity_events(conn: psycopg.Connection, since: dt.datetime) -> tuple[list[Event], dt.datetime]:
+    """The MISMATCH verdicts recorded after ``since`` not yet alerted, and their auto-rollback outcomes once
+    written; with how far the read got (the database's now, or the last row read when there were more)."""
+    now = conn.execute("select now()").fetchone()[0]
+    rows = conn.execute(_MISMATCHES, (since, SCAN_LIMIT)).fetchall()
+    out: list[Event] = []
+    for pid, ds, name, source, run_id, pg_n, ice_n, pg_v, snap, idx, detail, _at, new in rows:
+        who, detail = _who(name, ds), detail or {}
+        by = f"found by {_FOUND_BY.get(source, source)}" + (f", run {run_id[:8]}" if run_id else "")
+        if new:
+            diff = f"; first differing __row_index: {', '.join(map(str, idx[:10]))}" if idx else ""
+            out.append(
+                Event(
+                    key=f"{MISMATCH}:{pid}",
+                    kind=MISMATCH,
+                    dataset_id=ds,
+                    what=f"{who} is caught up (Postgres version {pg_v}) and differs from Iceberg snapshot {snap}: "
+                    f"{pg_n} rows in Postgres, {ice_n} in Iceberg{diff} ({by})",
+                    act=f"STOP: do not flip or widen it; investigate. Re-check: lakehouse canary --smoke --dataset {ds}; "
+                    f"what serves it: lakehouse flags list --dataset {ds}",
+                )
+            )
+        outcome = detail.get("auto_rollback")
+        if outcome and _worth_telling(outcome):
+            lines = [_line(x, 400) for x in outcome.get("lines", [])[:10]]
+            out.append(
+                Event(
+                    key=f"{AUTO_ROLLBACK}:{pid}",
+                    kind=AUTO_ROLLBACK,
+                    dataset_id=ds,
+                    what=f"after the MISMATCH on {who} ({by}): " + "; ".join(lines),
+                    act=_rollback_act(outcome, ds),
+                )
+            )
+    reached = rows[-1][11] if len(rows) == SCAN_LIMIT else now
+    return out, reached
+
+
+# Who recorded the verdict (lakehouse_read_parity.source), for people.
+_FOUND_BY = {
+    "canary": "lakehouse canary",
+    "check": "the parity check",
+    "schedule": "the canary schedule",
+    "rollout": "a flip's preflight canary",
+    "first-native-sync": "the first native sync's canary",
+}
+
+
+def _rollback_act(outcome: dict, ds: object) -> str:
+    """A writer rolled back (first native sync): its rows exist only in Iceberg; readers: flip again once fixed."""
+    if any(a.get("kind") == "write" for a in outcome.get("actions", [])):
+        return (
+            f"what each writer resolves to now: lakehouse write-flags list --dataset {ds}; the audit: "
+            f"lakehouse write-flags history --dataset {ds}; the rows written natively exist only in Iceberg: "
+            f"lakehouse write-flags backfill --dataset {ds}"
+        )
+    return (
+        f"what each reader serves now: lakehouse flags list --dataset {ds}; the audit: lakehouse flags history "
+        f"--dataset {ds}; once the MISMATCH is understood and fixed, flip again the runbook's way: "
+        f"lakehouse flags flip <reader> --dataset {ds}"
+    )
+
+
+def _worth_telling(outcome: dict) -> bool:
+    """Something was rolled back, refused, left on by LAKEHOUSE_AUTO_ROLLBACK=false, or failed ("already off" and
+    "nothing to roll back" need no one)."""
+    return bool(outcome.get("error")) or any(a.get("status") != "already" for a in outcome.get("actions", []))
+
+
+def _names(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    if not ids:
+        return {}
+    return dict(conn.execute("select id, name from datasets where id = any(%s)", (list(ids),)).fetchall())
+
+
+def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+    """One event per wedged sync (its sync id): latest sync ``running`` or ``failed`` for longer than
+    LAKEHOUSE_WEDGED_AFTER_SECONDS."""
+    wedged = wedged_syncs(conn, settings.wedged_after_seconds)
+    names = _names(conn, [w["dataset_id"] for w in wedged])
+    out = []
+    for w in wedged:
+        ds, who = w["dataset_id"], _who(names.get(w["dataset_id"]), w["dataset_id"])
+        age = _duration(w["stuck_seconds"])
+        state = (
+            f"has been running for {age}"
+            if w["status"] == "running"
+            else f"{w['status']} (it started {age} ago) and no sync has succeeded since"
+        )
+        error = f": {_line(w['error'])}" if w.get("error") else ""
+        out.append(
+            Event(
+                key=f"{WEDGED}:{w['sync_id']}",
+                kind=WEDGED,
+                dataset_id=ds,
+                what=f"{who}: its latest sync ({w['sync_id']}) {state}{error}",
+                act=f"investigate the error above before relying on the dataset, then mirror it: "
+                f"lakehouse sync --dataset {ds} (lakehouse canary --dataset {ds} reports it as wedged until then)",
+            )
+        )
+    return out
+
+
+def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+    """One event per flipped dataset behind the mirror for longer than LAKEHOUSE_ALERT_LAG_SECONDS (status/lag.py:
+    ``behind_datasets`` and ``lagging_past``; flipped: flags/flipped.py)."""
+    late = lagging_past(behind_datasets(conn), settings.alert_lag_seconds)
+    if not late:
+        return []
+    flipped = flipped_dataset_ids(conn)
+    out = []
+    for b in late:
+        if b.dataset_id not in flipped:
+            continue
+        out.append(
+            Event(
+                key=f"{FRESHNESS}:{b.dataset_id}",
+                kind=FRESHNESS,
+                dataset_id=b.dataset_id,
+                what=f"{_who(b.name, b.dataset_id)} is flipped to Iceberg and its Iceberg view is {_duration(b.lag_seconds)} "
+                f"old (threshold {_duration(settings.alert_lag_seconds)}): Postgres is at version {b.rows_version}, "
+                f"the mirror at {b.mirrored_version}",
+                act=f"look at the mirror_poller sensor and the dataset's mirror_batch_job runs; mirror it now: "
+                f"lakehouse sync --dataset {b.dataset_id}",
+            )
+        )
+    return out
+
+
+def native_events(conn: psycopg.Connection) -> list[Event]:
+    """One event per dataset written iceberg-native that fails the write-flip gates, and again if its reasons
+    change (the native_safety sensor's report run lists the same)."""
+    _, blocked = unsafe_native_datasets(conn)
+    out = []
+    for b in blocked:
+        reasons = "; ".join(b.reasons)
+        digest = hashlib.sha256(reasons.encode()).hexdigest()[:12]
+        out.append(
+            Event(
+                key=f"{NATIVE_UNSAFE}:{b.dataset_id}:{digest}",
+                kind=NATIVE_UNSAFE,
+                dataset_id=b.dataset_id,
+                what=f"{_who(b.name, b.dataset_id)} is written iceberg-native but fails the write-flip gates, so its "
+                f"native writes are refused: {_line(reasons, 600)}",
+                act=f"fix what the reasons say, or roll its writer back: lakehouse write-flags set <writer> pg "
+                f"--dataset {b.dataset_id} (lakehouse write-flags list --dataset {b.dataset_id} shows which writer "
+                f"is iceberg_native); the job native_safety_report lists every such dataset",
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# The cursor
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    """How far the sensor has read: MISMATCH verdicts up to ``parity_at``, failed runs updated up to ``runs_at``
+    (both UTC). Each tick reads back a look-back behind them; an empty cursor starts at the tick's time."""
+
+    parity_at: dt.datetime | None = None
+    runs_at: dt.datetime | None = None
+
+    @classmethod
+    def loads(cls, raw: str | None) -> Cursor:
+        if not raw:
+            return cls()
+        data = json.loads(raw)
+        return cls(*(dt.datetime.fromisoformat(data[k]) if data.get(k) else None for k in ("parity_at", "runs_at")))
+
+    def dumps(self) -> str:
+        return json.dumps({k: v.isoformat() if v else None for k, v in dataclasses.asdict(self).items()})
+
+    def runs_since(self, now: dt.datetime) -> dt.datetime:
+        """Read the failed runs updated after this."""
+        return (self.runs_at or now) - RUNS_LOOKBACK
+
+    def parity_since(self, now: dt.datetime) -> dt.datetime:
+        return (self.parity_at or now) - PARITY_LOOKBACK
+
+    def moved(self, parity_at: dt.datetime | None = None, runs_at: dt.datetime | None = None) -> Cursor:
+        """Forward only: a position behind the current one is ignored."""
+        return Cursor(_later(self.parity_at, parity_at), _later(self.runs_at, runs_at))
+
+
+def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Recording and posting
+# ---------------------------------------------------------------------------------------------------
+
+
+def record(conn: psycopg.Connection, events: Sequence[Event], present: dict[str, set[str]]) -> list[Event]:
+    """Record the events not recorded yet (returned), and mark resolved the open conditions of each kind in
+    ``present`` whose key is no longer there (a kind left out could not be read this tick: left as it is)."""
+    events = list({e.key: e for e in events}.values())
+    with conn.transaction():
+        new = set()
+        if events:
+            rows = conn.execute(
+                """insert into lakehouse_alerts (key, kind, dataset_id, message)
+                   select * from unnest(%s::text[], %s::text[], %s::uuid[], %s::text[])
+                   on conflict (key) where resolved_at is null do nothing
+                   returning key""",
+                (
+                    [e.key for e in events],
+                    [e.kind for e in events],
+                    [e.dataset_id for e in events],
+                    [e.message for e in events],
+                ),
+            ).fetchall()
+            new = {r[0] for r in rows}
+        for kind, keys in present.items():
+            conn.execute(
+                "update lakehouse_alerts set resolved_at = now()"
+                " where kind = %s and resolved_at is null and not (key = any(%s))",
+                (kind, sorted(keys)),
+            )
+        conn.execute(
+            """delete from lakehouse_alerts
+                where coalesce(posted_at, dropped_at) < now() - make_interval(days => %s)
+                  and (resolved_at is not null or kind <> all(%s))""",
+            (KEEP_DAYS, list(CONDITIONS)),
+        )
+    return [e for e in events if e.key in new]
+
+
+class PostFailed(Exception):
+    """A post that did not get a 2xx answer in time: the receiver's host and why (never the URL)."""
+
+
+def webhook_problem(url: str | None) -> str | None:
+    """Why the URL cannot be posted to (None: it can). Never repeats the URL: it is a secret."""
+    if not url:
+        return f'{ENV} is not set: no alert is posted (set it to a Slack incoming-webhook URL, or any receiver of a JSON body {{"text": ...}})'
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{ENV} is set but is not an http(s) URL with a host (its value is not shown: it is a secret); no alert is posted"
+    return None
+
+
+def post_message(url: str, payload: dict, timeout: float) -> None:
+    """POST ``payload`` as JSON; raises PostFailed unless a 2xx answer came within ``timeout`` seconds (the whole
+    exchange, not each socket read: the request runs in a thread that is abandoned when late)."""
+    host = urllib.parse.urlsplit(url).hostname or "?"
+    request = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    outcome: dict = {}
+
+    def send() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # (http(s) only: webhook_problem)
+                response.read(65536)
+                outcome["status"] = response.status
+        except urllib.error.HTTPError as exc:
+            outcome["error"] = f"HTTP {exc.code}"
+            exc.close()
+        except urllib.error.URLError as exc:
+            outcome["error"] = _reason(exc.reason, timeout)
+        except OSError as exc:  # includes socket.timeout / TimeoutError while reading the answer
+            outcome["error"] = _reason(exc, timeout)
+
+    thread = threading.Thread(target=send, name="lakehouse-alert-post", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    if thread.is_alive():
+        raise PostFailed(f"{host}: no answer within {timeout:g} s")
+    if "error" in outcome:
+        raise PostFailed(f"{host}: {_scrub(outcome['error'], url)}")
+    if not 200 <= outcome.get("status", 0) < 300:
+        raise PostFailed(f"{host}: HTTP {outcome.get('status')}")
+
+
+def _reason(exc: object, timeout: float) -> str:
+    if isinstance(exc, (TimeoutError, socket.timeout)):
+        return f"no answer within {timeout:g} s"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return _line(exc, 200)
+
+
+def _scrub(text: str, url: str) -> str:
+    """Belt and braces: no part of the URL past its host survives in a text we keep."""
+    parts = urllib.parse.urlsplit(url)
+    for secret in (url, parts.path, parts.query):
+        if secret and len(secret) > 1:
+            text = text.replace(secret, "<webhook>")
+    return text
+
+
+@dataclasses.dataclass
+class Delivery:
+    posted: int = 0  # events
+    messages: int = 0
+    failure: str | None = None  # the post that failed this tick (host and why)
+    dropped: list[str] = dataclasses.field(default_factory=list)  # log lines
+    pending: int = 0
+    out_of_time: bool = False
+    max_attempts: int = 0
+
+
+def deliver(
+    conn: psycopg.Connection,
+    url: str,
+    *,
+    timeout: float,
+    max_attempts: int,
+    post: Callable[[str, dict, float], None] = post_message,
+    budget_seconds: float = TICK_BUDGET_SECONDS,
+    max_posts: int = MAX_POSTS_PER_TICK,
+) -> Delivery:
+    """Post the pending events, oldest first: alone, or several of one kind as one message (``FOLD_AT``). Each post
+    is its own transaction holding its events' rows, marked posted as soon as the receiver said 2xx. The first
+    failure ends the tick's posting (the rest wait for the next tick); an event that failed ``max_attempts``
+    times is dropped."""
+    out = Delivery(max_attempts=max_attempts)
+    deadline = time.monotonic() + budget_seconds
+    for _ in range(max_posts):
+        remaining = deadline - time.monotonic()
+        if remaining < min(timeout, 1.0):
+            out.out_of_time = True
+            break
+        with conn.transaction():
+            head = conn.execute(
+                "select kind from lakehouse_alerts where posted_at is null and dropped_at is null"
+                " order by id limit 1 for update skip locked"
+            ).fetchone()
+            if head is None:
+                break
+            group = conn.execute(
+                "select id, message from lakehouse_alerts where kind = %s and posted_at is null and dropped_at is null"
+                " order by id limit %s for update skip locked",
+                (head[0], FOLD_MAX),
+            ).fetchall()
+            batch = group if len(group) >= FOLD_AT else group[:1]
+            ids = [r[0] for r in batch]
+            text = batch[0][1] if len(batch) == 1 else _folded(head[0], [r[1] for r in batch])
+            try:
+                post(url, {"text": text}, min(timeout, remaining))
+            except PostFailed as exc:
+                out.failure = _scrub(str(exc), url)
+                gone = conn.execute(
+                    """update lakehouse_alerts set attempts = attempts + 1, last_error = %s,
+                              dropped_at = case when attempts + 1 >= %s then now() end
+                        where id = any(%s) returning dropped_at is not null, message, attempts""",
+                    (out.failure, max_attempts, ids),
+                ).fetchall()
+                out.dropped += [
+                    f"alert dropped after {n} failed post(s) (last: {out.failure}): {_line(m, 300)}"
+                    for dropped, m, n in gone
+                    if dropped
+                ]
+                break
+            conn.execute(
+                "update lakehouse_alerts set attempts = attempts + 1, posted_at = now(), last_error = null"
+                " where id = any(%s)",
+                (ids,),
+            )
+            out.posted += len(ids)
+            out.messages += 1
+    out.pending = conn.execute(
+        "select count(*) from lakehouse_alerts where posted_at is null and dropped_at is null"
+    ).fetchone()[0]
+    return out
+
+
+def _folded(kind: str, messages: list[str]) -> str:
+    return f"{len(messages)} {PLURAL[kind]}:\n" + "\n".join(f"• {m}" for m in messages)
+
+
+# ---------------------------------------------------------------------------------------------------
+# One tick
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Tick:
+    cursor: Cursor
+    new: dict[str, int] = dataclasses.field(default_factory=dict)  # events recorded this tick, per kind
+    delivery: Delivery | None = None
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # a source that could not be read, and why
+    disabled: str | None = None  # why nothing was done (no URL)
+
+    @property
+    def log_lines(self) -> list[str]:
+        lines = [f"could not read {u}" for u in self.unreadable]
+        return lines + (self.delivery.dropped if self.delivery else [])
+
+    def summary(self) -> str:
+        """The tick's one line (the sensor's skip reason): never the URL."""
+        if self.disabled:
+            return self.disabled
+        d = self.delivery or Delivery()
+        new = sum(self.new.values())
+        parts = [
+            f"{new} new event(s)" + (f" ({', '.join(f'{k} {n}' for k, n in self.new.items() if n)})" if new else ""),
+            f"posted {d.posted} event(s) in {d.messages} message(s)",
+        ]
+        if d.failure:
+            parts.append(f"a post failed ({d.failure}): {d.pending} event(s) pending, retried next tick")
+        elif d.pending:
+            parts.append(
+                f"{d.pending} event(s) pending for the next tick" + (" (time budget)" if d.out_of_time else "")
+            )
+        if d.dropped:
+            parts.append(f"{len(d.dropped)} event(s) dropped after {d.max_attempts} failed posts each")
+        if self.unreadable:
+            parts.append(f"could not read: {'; '.join(self.unreadable)}")
+        return "; ".join(parts)
+
+
+def run_tick(
+    conn: psycopg.Connection,
+    settings: Settings,
+    cursor: Cursor,
+    failed_runs: Sequence[FailedRun],
+    *,
+    now: dt.datetime,
+    runs_read_to: dt.datetime | None = None,
+    post: Callable[[str, dict, float], None] = post_message,
+) -> Tick:
+    """Find the events since ``cursor`` (``failed_runs``: what the sensor read from the instance since
+    ``cursor.runs_since(now)``, up to ``runs_read_to``: the last run read when it read only a first page, else
+    ``now``), record the new ones, post what is pending. Nothing at all when the webhook is unset or unusable (the
+    cursor still moves, so turning alerts on later does not replay the past)."""
+    problem = webhook_problem(settings.alert_webhook_url)
+    if problem:
+        return Tick(cursor=cursor.moved(now, now), disabled=problem)
+    assert settings.alert_webhook_url is not None
+    events: list[Event] = [failed_run_event(r) for r in failed_runs]
+    present: dict[str, set[str]] = {}
+    tick = Tick(cursor=cursor.moved(runs_at=runs_read_to or now))
+    try:
+        found, reached = parity_events(conn, cursor.parity_since(now))
+        events += found
+        tick.cursor = tick.cursor.moved(parity_at=reached)
+    except psycopg.Error as exc:
+        tick.unreadable.append(f"parity verdicts: {_line(exc, 200)}")
+    for kind, find in (
+        (WEDGED, lambda: wedged_events(conn, settings)),
+        (FRESHNESS, lambda: freshness_events(conn, settings)),
+        (NATIVE_UNSAFE, lambda: native_events(conn)),
+    ):
+        try:
+            found = find()
+        except psycopg.Error as exc:  # that source is unreadable: its open conditions stay as they are
+            tick.unreadable.append(f"{kind}: {_line(exc, 200)}")
+            continue
+        events += found
+        present[kind] = {e.key for e in found}
+    fresh = record(conn, events, present)
+    tick.new = dict(collections.Counter(e.kind for e in fresh))
+    tick.delivery = deliver(
+        conn,
+        settings.alert_webhook_url,
+        timeout=settings.alert_timeout_seconds,
+        max_attempts=settings.alert_max_attempts,
+        post=post,
+    )
+    return tick
