@@ -233,7 +233,7 @@ def _alerts(dsn: str, rows: int, lagging: int) -> dict:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     settings = Settings.from_env().replace(
-        alert_webhook_url=f"http://127.0.0.1:{server.server_port}/bench", alert_lag_seconds=1
+        alert_webhook_url=f"http://127.0.0.1:{server.server_port}/bench", lagging_after_seconds=1
     )
     out: dict = {}
     with connect(dsn) as conn:

@@ -221,7 +221,7 @@ def test_a_wedged_sync_is_posted_once(conn, dsn, settings, receiver, tick, monke
 
 
 def test_a_freshness_breach_is_one_event_per_episode(conn, dsn, settings, receiver, tick, monkeypatch):
-    monkeypatch.setenv("LAKEHOUSE_ALERT_LAG_SECONDS", "1")
+    monkeypatch.setenv("LAKEHOUSE_LAGGING_AFTER_SECONDS", "1")
     d = _flipped(conn, settings, dsn, "clicks")
     quiet = make_dataset(conn, 3, name="not-flipped")  # behind too, but nothing reads it from Iceberg
     sync(settings, dsn, quiet)

@@ -34,7 +34,6 @@ def _float(name: str, default: float) -> float:
 
 
 def _above_zero(name: str, value: float) -> float:
-def _above_zero(value: float, name: str) -> float:
     if not value > 0:
         raise BadInput(f"{name}={value} must be above 0")
     return value
@@ -139,8 +138,6 @@ class Settings:
     alert_webhook_url: str | None = dataclasses.field(default=None, repr=False)
     alert_timeout_seconds: float = 5.0
     alert_max_attempts: int = 5
-    # A flipped dataset behind the mirror longer than this is a freshness breach (status/lag.py lagging_past).
-    alert_lag_seconds: int = 3600
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -196,10 +193,9 @@ class Settings:
             canary_max_runs=_int("LAKEHOUSE_CANARY_MAX_RUNS", 10, minimum=1),
             alert_webhook_url=os.environ.get("LAKEHOUSE_ALERT_WEBHOOK_URL") or None,
             alert_timeout_seconds=_above_zero(
-                _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0), "LAKEHOUSE_ALERT_TIMEOUT_SECONDS"
+                "LAKEHOUSE_ALERT_TIMEOUT_SECONDS", _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0)
             ),
             alert_max_attempts=_int("LAKEHOUSE_ALERT_MAX_ATTEMPTS", 5, minimum=1),
-            alert_lag_seconds=_int("LAKEHOUSE_ALERT_LAG_SECONDS", 3600, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

@@ -6,7 +6,7 @@ Six kinds of event, each found where it is durable:
 * ``mismatch`` and ``auto_rollback`` — a MISMATCH verdict and what auto-rollback did about it
   (``lakehouse_read_parity``, its ``detail->'auto_rollback'``);
 * ``wedged`` — a sync stuck ``running`` or ``failed`` (``parity.canary.wedged_syncs``);
-* ``freshness`` — a flipped dataset behind the mirror past ``LAKEHOUSE_ALERT_LAG_SECONDS`` (``status/lag.py``, the one
+* ``freshness`` — a flipped dataset behind the mirror past ``LAKEHOUSE_LAGGING_AFTER_SECONDS`` (``status/lag.py``, the one
   definition of lag);
 * ``native_unsafe`` — a dataset written iceberg-native that fails the write-flip gates (``routing/native_guard.py``).
 
@@ -287,9 +287,9 @@ def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
 
 
 def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
-    """One event per flipped dataset behind the mirror for longer than LAKEHOUSE_ALERT_LAG_SECONDS (status/lag.py:
+    """One event per flipped dataset behind the mirror for longer than LAKEHOUSE_LAGGING_AFTER_SECONDS (status/lag.py:
     ``behind_datasets`` and ``lagging_past``; flipped: flags/flipped.py)."""
-    late = lagging_past(behind_datasets(conn), settings.alert_lag_seconds)
+    late = lagging_past(behind_datasets(conn), settings.lagging_after_seconds)
     if not late:
         return []
     flipped = flipped_dataset_ids(conn)
@@ -303,7 +303,7 @@ def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event
                 kind=FRESHNESS,
                 dataset_id=b.dataset_id,
                 what=f"{_who(b.name, b.dataset_id)} is flipped to Iceberg and its Iceberg view is {_duration(b.lag_seconds)} "
-                f"old (threshold {_duration(settings.alert_lag_seconds)}): Postgres is at version {b.rows_version}, "
+                f"old (threshold {_duration(settings.lagging_after_seconds)}): Postgres is at version {b.rows_version}, "
                 f"the mirror at {b.mirrored_version}",
                 act=f"look at the mirror_poller sensor and the dataset's mirror_batch_job runs; mirror it now: "
                 f"lakehouse sync --dataset {b.dataset_id}",
