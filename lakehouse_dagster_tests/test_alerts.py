@@ -376,3 +376,36 @@ def test_a_failed_batch_run_names_a_few_datasets_and_counts_the_rest(settings, r
     )
     assert "lakehouse canary --smoke --dataset <uuid>" in e.act and e.dataset_id is None
     assert TOKEN not in repr(Settings.from_env())  # the URL is set (fixture): a repr of the settings never shows it
+
+
+def test_a_rollout_plan_that_pauses_or_aborts_is_posted_once_each_and_the_past_is_not_replayed(
+    conn, dsn, settings, receiver, tick
+):
+    from lakehouse_dagster.plans import actions
+    from lakehouse_dagster_tests.rollout_helpers import seed_mix
+
+    s = seed_mix(conn, dsn, settings)
+    old_id, _ = actions.start(conn, settings, "reader: studio.digest\nstages:\n  - datasets: 1\n", actor="pytest")
+    actions.pause(conn, old_id, actor="ops", reason="before alerts were on")
+    actions.abort(conn, settings, old_id, actor="ops", reason="an old plan")
+    tick()  # the first tick starts at the newest event: the old plan's pause and abort are not posted
+    assert receiver.delivered == []
+    plan_id, _ = actions.start(
+        conn, settings, f"reader: graph.kuzu\nstages:\n  - datasets: 1\n  - workspace: {s.ws}\n", actor="pytest"
+    )
+    actions.pause(conn, plan_id, actor="ops", reason="the graph team asked to wait")
+    assert tick().startswith("1 new event(s) (rollout 1); posted 1 event(s) in 1 message(s)")
+    (paused,) = receiver.texts()
+    assert paused.startswith(f"Rollout plan: rollout {plan_id} (reader graph.kuzu → iceberg) paused at stage 1: ")
+    assert "the graph team asked to wait" in paused
+    assert f"lakehouse rollout resume {plan_id}" in paused and f"lakehouse rollout status {plan_id}" in paused
+    tick()
+    assert len(receiver.delivered) == 1  # once
+    actions.abort(conn, settings, plan_id, actor="ops", reason="wrong week")
+    assert tick().startswith("1 new event(s) (rollout 1)")
+    aborted = receiver.texts()[-1]
+    assert aborted.startswith(f"Rollout plan: rollout {plan_id} (reader graph.kuzu → iceberg) aborted at stage 1: ")
+    assert "wrong week" in aborted and "back to its value before the plan" in aborted
+    assert "aborting" not in aborted.split(":")[1]  # the abort is told once, when done
+    tick()
+    assert len(receiver.delivered) == 2

@@ -329,3 +329,36 @@ def test_the_code_location_has_the_overview_its_refreshes_and_the_freshness_time
         assert d.resolve_sensor_def(sensor) is not None
     jobs = {j.name for j in d.resolve_all_job_defs()}
     assert set(ROLLOUT_JOBS) <= jobs  # the rollout jobs the refresh names exist under those names
+
+
+def test_the_overview_and_lakehouse_status_show_each_live_rollout_plan(conn, dsn, settings, capsys):
+    from lakehouse_dagster.cli.main import main
+    from lakehouse_dagster.plans import actions
+    from lakehouse_dagster_tests.rollout_helpers import seed_mix
+
+    s = seed_mix(conn, dsn, settings)
+    plan_id, _ = actions.start(
+        conn,
+        settings,
+        f"reader: graph.kuzu\nstages:\n  - datasets: 1\n  - workspace: {s.ws}\n    approval: true\n",
+        actor="pytest",
+    )
+    actions.pause(conn, plan_id, actor="ops", reason="hold for the graph team")
+    with dg.DagsterInstance.ephemeral() as instance:
+        resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}
+        assert dg.materialize([migration_overview], instance=instance, resources=resources).success
+        (record,) = instance.fetch_materializations(MIGRATION_OVERVIEW, limit=1).records
+    meta = record.asset_materialization.metadata
+    assert (meta["rollouts/live"].value, meta["rollouts/paused"].value) == (1, 1)
+    (row,) = meta["rollouts"].records
+    assert row.data["plan"] == str(plan_id) and row.data["moves"] == "reader graph.kuzu → iceberg"
+    assert row.data["state"] == "paused" and row.data["stage"].startswith("1 of 2: ")
+    assert row.data["next_action"] == f"lakehouse rollout resume {plan_id} (or abort {plan_id})"
+    assert "hold for the graph team" in row.data["blocking"]
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout plans: 1 live" in out
+    assert f"plan {plan_id}: reader graph.kuzu → iceberg: paused, stage 1 of 2" in out
+    actions.abort(conn, settings, plan_id, actor="ops", reason="done looking")
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rollouts"] == []  # an ended plan is no longer live

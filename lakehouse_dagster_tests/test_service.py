@@ -109,6 +109,7 @@ def world(pg_admin_dsn, template_dsn, tmp_path_factory):
         "LAKEHOUSE_FLAG_TTL_SECONDS": "0",  # every request sees the flag the test just set
         "LAKEHOUSE_MAX_CONCURRENT_INGEST": "2",
         "LAKEHOUSE_API_BATCH_ROWS": "1000",
+        "LAKEHOUSE_SHADOW_SAMPLE": "1",  # every read in mode shadow is compared (test_shadow_reads_over_http)
     }
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
@@ -291,6 +292,41 @@ def test_no_snapshot_shadow_and_off_serve_postgres(world, client):
     world.flag("graph.kuzu", "shadow", d)
     assert client.read("graph.kuzu", d).reason == "pg@shadow"
     assert client.read("studio.digest", d).reason == "pg@off"
+
+
+def _shadow_outcomes(world, d, n: int) -> list[tuple]:
+    """The first ``n`` comparisons recorded for ``d`` (the service's workers write them off the request path)."""
+    with world.conn() as conn:
+        _wait(
+            lambda: (
+                conn.execute("select count(*) from lakehouse_shadow_reads where dataset_id = %s", (d,)).fetchone()[0]
+                >= n
+            ),
+            f"{n} shadow comparison(s) of {d}",
+        )
+        return conn.execute(
+            "select outcome, pg_version, iceberg_version, pg_row from lakehouse_shadow_reads where dataset_id = %s"
+            " order by id",
+            (d,),
+        ).fetchall()
+
+
+def test_shadow_reads_over_http_are_compared_with_iceberg_off_the_request_path(world, client):
+    d = world.dataset(40, name="shadowed")
+    world.flag("graph.kuzu", "shadow", d)
+    served = client.read("graph.kuzu", d)  # a whole read: every row streamed, then compared
+    assert served.reason == "pg@shadow" and served.table.num_rows == 40
+    ((outcome, pg_version, iceberg_version, _),) = _shadow_outcomes(world, d, 1)
+    assert outcome == "match" and pg_version == iceberg_version
+    with world.conn() as conn, conn.transaction():  # the triggers bypassed: same versions, a different value
+        conn.execute("alter table dataset_rows disable trigger user")
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{n}', '-1') where dataset_id = %s and row_index = 7", (d,)
+        )
+        conn.execute("alter table dataset_rows enable trigger user")
+    assert client.read("graph.kuzu", d).table.num_rows == 40
+    outcome, _, _, pg_row = _shadow_outcomes(world, d, 2)[1]
+    assert outcome == "mismatch" and "-1" in json.dumps(pg_row)  # the first differing row, as Postgres served it
 
 
 def test_fallback_on_an_iceberg_error_is_served_by_postgres_logged_and_recorded(world, client):

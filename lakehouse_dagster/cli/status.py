@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.flags.soak_setting import current_soak
+from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.status.overview import compute_overview, text_lines
 
 EPILOG = """stages per reader: postgres (not mirrored) · mirrored · reads_iceberg (mode iceberg) · iceberg_only;
@@ -23,4 +25,8 @@ def register(sub) -> None:
 
 def _status(ctx, args) -> Result:
     ov = compute_overview(ctx.conn, ctx.settings)
-    return Result(ov.as_dict(), "\n".join(text_lines(ov)))
+    plans = plan_status.live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
+    lines = text_lines(ov) + ["", f"rollout plans: {len(plans)} live" + ("" if plans else " (lakehouse rollout start)")]
+    for p in plans:
+        lines += ["  " + line for line in p.lines(history=False)]
+    return Result({**ov.as_dict(), "rollouts": [p.as_dict() for p in plans]}, "\n".join(lines))

@@ -400,6 +400,26 @@ def events(
     return [dict(zip(keys, r)) for r in conn.execute(query, params).fetchall()]
 
 
+# The events an operator must hear of (the alerts sensor posts them): "aborting" is left out, its "aborted" follows.
+ALERTABLE = (PAUSED_EVENT, APPROVAL_NEEDED, ABORTED_EVENT)
+
+
+def alertable_events(conn: psycopg.Connection, after_id: int | None, limit: int = 200) -> tuple[list[dict], int | None]:
+    """(the alertable events after ``after_id`` with what their plan moves, the last event id read). ``after_id`` None:
+    nothing is read, the newest id is returned (a sender that starts now does not replay the past)."""
+    if after_id is None:
+        return [], conn.execute("select max(id) from lakehouse_rollout_events").fetchone()[0] or 0
+    rows = conn.execute(
+        """select e.id, e.plan_id, e.stage, e.event, e.reason, p.kind, p.name, p.mode
+             from lakehouse_rollout_events e join lakehouse_rollout_plans p on p.id = e.plan_id
+            where e.id > %s order by e.id limit %s""",
+        (after_id, limit),
+    ).fetchall()
+    last = rows[-1][0] if rows else after_id
+    keys = ("id", "plan_id", "stage", "event", "reason", "kind", "name", "mode")
+    return [dict(zip(keys, r)) for r in rows if r[3] in ALERTABLE], last
+
+
 def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:
     keys = ("kind", "name", "scope", "scope_id", "before_mode", "restored_at", "restore_detail")
     return [

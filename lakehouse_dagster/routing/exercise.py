@@ -58,21 +58,9 @@ def read_through_router(
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
     if result.decision.reason == "pg@shadow":
-
-        def shadow_iceberg(snapshot_id: int, row_indexes: list[int] | None):
-            table_ = load_dataset_table(catalog, settings, dataset.id)
-            if row_indexes is not None:
-                return shadow.read_rows(table_, proj.columns, row_indexes, snapshot_id)
-            return read_iceberg(
-                table_,
-                proj.columns,
-                limit=proj.limit,
-                order_by_row_index=proj.order_by_row_index,
-                snapshot_id=snapshot_id,
-            )
-
         pool = shadow_pool or shadow.pool_for(settings, settings.pg_dsn or conn.info.dsn)
-        shadow.offer_read(pool, result, dataset, proj, shadow_iceberg)
+        load = lambda: load_dataset_table(catalog, settings, dataset.id)  # noqa: E731  (the worker loads it)
+        shadow.offer_read(pool, result, dataset, proj, shadow.iceberg_side(load, proj))
     return result, dataset, proj
 
 

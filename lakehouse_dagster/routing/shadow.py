@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -42,6 +43,7 @@ from pyiceberg.expressions import In
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.reader import read_iceberg
 from lakehouse_dagster.parity.canonical import SEP, canonical_value
 from lakehouse_dagster.routing.projection import Projection
 from lakehouse_dagster.routing.read_router import ReadResult
@@ -52,6 +54,10 @@ log = logging.getLogger("lakehouse_dagster.read_router")
 MATCH, MISMATCH, LAGGING, NO_SNAPSHOT = "match", "mismatch", "lagging", "no-snapshot"
 NOT_COMPARABLE, ERROR, DROPPED = "not-comparable", "error", "dropped"
 ROW_INDEX = "__row_index"
+# A streamed read (the service) is copied for its comparison only up to this many rows; a longer one is not compared
+# (counted as too-large in the pool's counts): whole-table parity is the canary's, shadow reads sample what callers
+# read.
+MAX_STREAMED_ROWS = 100_000
 _IDENTITY_TYPES = {"__row_index": "int64", "__row_id": "string", "__created_at": "timestamp"}
 
 # (snapshot id, the __row_index values to read or None for the read as it was asked) → the Iceberg rows
@@ -196,10 +202,18 @@ class ShadowPool:
         self.counts: collections.Counter[str] = collections.Counter()
         self._dropped: collections.Counter[tuple[str, uuid.UUID]] = collections.Counter()
 
-    def offer(self, job: ShadowJob) -> bool:
-        """Called on the request path: never blocks, never raises. True when the comparison was queued."""
+    def draw(self) -> bool:
+        """Is this read one of the sample? (A streaming caller asks first, so it copies only the reads compared.)"""
         try:
-            if self.sample <= 0 or self._draw() >= self.sample:
+            return self.sample > 0 and self._draw() < self.sample
+        except Exception:  # the draw is a callable of the caller's: losing a comparison must not fail the read
+            return False
+
+    def offer(self, job: ShadowJob, *, drawn: bool = False) -> bool:
+        """Called on the request path: never blocks, never raises. True when the comparison was queued. ``drawn``:
+        the caller already drew this read into the sample (``draw``)."""
+        try:
+            if not drawn and not self.draw():
                 return False
             self._start()
             try:
@@ -308,7 +322,13 @@ def _drain_all() -> None:
 
 
 def offer_read(
-    pool: ShadowPool, result: ReadResult, dataset: Dataset, projection: Projection, iceberg: IcebergRead
+    pool: ShadowPool,
+    result: ReadResult,
+    dataset: Dataset,
+    projection: Projection,
+    iceberg: IcebergRead,
+    *,
+    drawn: bool = False,
 ) -> bool:
     """After a read the router served from Postgres in shadow mode: offer it for comparison (else do nothing)."""
     d = result.decision
@@ -327,7 +347,26 @@ def offer_read(
         pg_rows=result.value,
         iceberg=iceberg,
     )
-    return pool.offer(job)
+    return pool.offer(job, drawn=drawn)
+
+
+def iceberg_side(load_table: Callable[[], Any], projection: Projection) -> IcebergRead:
+    """The Iceberg half of a shadow comparison: the same read of the pinned snapshot, or (an unordered limited read)
+    the rows with the served rows' ``__row_index`` values. ``load_table``: the dataset's table, loaded by the worker."""
+
+    def read(snapshot_id: int, row_indexes: list[int] | None) -> pa.Table:
+        table = load_table()
+        if row_indexes is not None:
+            return read_rows(table, projection.columns, row_indexes, snapshot_id)
+        return read_iceberg(
+            table,
+            projection.columns,
+            limit=projection.limit,
+            order_by_row_index=projection.order_by_row_index,
+            snapshot_id=snapshot_id,
+        )
+
+    return read
 
 
 def read_rows(table, columns: Sequence[str], row_indexes: list[int], snapshot_id: int) -> pa.Table:

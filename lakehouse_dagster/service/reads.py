@@ -13,7 +13,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import pyarrow as pa
+
 from lakehouse_dagster.core.errors import LakehouseError, ReadRefused
+from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.routing.exercise import no_fallback_message
 from lakehouse_dagster.routing.projection import projection_for
 from lakehouse_dagster.routing.read_router import ICEBERG, ReadDecision, resolve_read_source
@@ -36,7 +39,7 @@ class IcebergReadFailed(LakehouseError):
 @dataclasses.dataclass
 class OpenRead:
     decision: ReadDecision  # after a fallback: source pg, reason pg@fallback
-    stream: BatchStream
+    stream: BatchStream  # (a ShadowCopy of one in read mode shadow, when the read is sampled)
     fallback_error: str | None
 
 
@@ -78,4 +81,51 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
         raise
     if result.decision.source == ICEBERG:
         db.give(conn)  # an Iceberg stream needs no Postgres connection
-    return OpenRead(result.decision, result.value, result.fallback_error)
+    stream = result.value
+    if result.decision.reason == "pg@shadow":
+        pool = shadow.pool_for(db.settings, db.dsn)
+        if pool.draw():  # only a sampled read is copied for its comparison
+
+            def compare(rows: pa.Table) -> None:
+                load = lambda: db.table(dataset.id, None)  # noqa: E731  (the worker loads it)
+                served = dataclasses.replace(result, value=rows)
+                shadow.offer_read(pool, served, dataset, proj, shadow.iceberg_side(load, proj), drawn=True)
+
+            stream = ShadowCopy(stream, compare, pool)
+    return OpenRead(result.decision, stream, result.fallback_error)
+
+
+class ShadowCopy:
+    """A Postgres stream served in read mode shadow, copied as it goes so that, once the caller has read all of it,
+    the same read can be compared with Iceberg off the request path (routing/shadow.py). A read cut short is not
+    compared; one longer than ``shadow.MAX_STREAMED_ROWS`` stops being copied (counted as too-large)."""
+
+    def __init__(self, inner: BatchStream, compare, pool: shadow.ShadowPool):
+        self._inner, self._compare, self._pool = inner, compare, pool
+        self._kept: list[pa.RecordBatch] | None = []
+        self._rows, self._ended = 0, False
+
+    def __getattr__(self, name: str):  # schema, rows, prime: the inner stream's
+        return getattr(self._inner, name)
+
+    def next_batch(self) -> pa.RecordBatch | None:
+        batch = self._inner.next_batch()
+        if batch is None:
+            self._ended = True
+        elif self._kept is not None:
+            self._rows += batch.num_rows
+            if self._rows > shadow.MAX_STREAMED_ROWS:
+                self._kept = None
+                self._pool.counts["too-large"] += 1
+            else:
+                self._kept.append(batch)
+        return batch
+
+    def close(self) -> None:
+        kept, self._kept = self._kept, None
+        self._inner.close()
+        if self._ended and kept is not None:
+            try:
+                self._compare(pa.Table.from_batches(kept, schema=self._inner.schema))
+            except Exception as exc:  # the caller has its rows: losing a comparison must not fail the read
+                log.warning(f"[read-router] shadow read not queued: {type(exc).__name__}: {exc}")

@@ -8,7 +8,9 @@ Six kinds of event, each found where it is durable:
 * ``wedged`` — a sync stuck ``running`` or ``failed`` (``parity.canary.wedged_syncs``);
 * ``freshness`` — a flipped dataset behind the mirror past ``LAKEHOUSE_LAGGING_AFTER_SECONDS`` (``status/lag.py``, the one
   definition of lag);
-* ``native_unsafe`` — a dataset written iceberg-native that fails the write-flip gates (``routing/native_guard.py``).
+* ``native_unsafe`` — a dataset written iceberg-native that fails the write-flip gates (``routing/native_guard.py``);
+* ``rollout`` — a rollout plan that paused, waits for an approval, or aborted (the plans' own event log; the sensor
+  reads it and passes the events in, as it does the failed runs: plans sit above this layer).
 
 Each event is recorded once in ``lakehouse_alerts`` under a key naming it (the parity row, the run, the sync, the
 dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried on a
@@ -48,8 +50,8 @@ from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 
 RUN_FAILED, MISMATCH, AUTO_ROLLBACK = "run_failed", "mismatch", "auto_rollback"
-WEDGED, FRESHNESS, NATIVE_UNSAFE = "wedged", "freshness", "native_unsafe"
-KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE)
+WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT = "wedged", "freshness", "native_unsafe", "rollout"
+KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT)
 CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE)  # states, not moments: one event per episode
 TITLE = {
     RUN_FAILED: "Lakehouse run failed",
@@ -58,6 +60,7 @@ TITLE = {
     WEDGED: "Wedged sync",
     FRESHNESS: "Freshness breach",
     NATIVE_UNSAFE: "Native-safety",
+    ROLLOUT: "Rollout plan",
 }
 PLURAL = {
     RUN_FAILED: "failed lakehouse runs",
@@ -66,6 +69,7 @@ PLURAL = {
     WEDGED: "wedged syncs",
     FRESHNESS: "freshness breaches",
     NATIVE_UNSAFE: "native-safety findings",
+    ROLLOUT: "rollout plan events",
 }
 
 # A MISMATCH row committed after a later one was read, or whose auto-rollback outcome is written after the row
@@ -96,6 +100,19 @@ class FailedRun:
     reason: str  # why: the first failed step's error (a refusal's reason), else the run's failure message
     dataset_ids: tuple[str, ...] = ()
     dataset_names: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanEvent:
+    """A rollout plan's event that needs an operator (paused, approval needed, aborted), as the sensor read it from
+    the plans' event log."""
+
+    event_id: int
+    plan_id: uuid.UUID
+    plan: str  # what the plan moves, e.g. "reader export.stream → iceberg"
+    event: str  # paused | approval-needed | aborted
+    stage: int | None  # 0-based
+    reason: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +175,27 @@ def failed_run_event(run: FailedRun) -> Event:
         dataset_id=_uuid(run.dataset_ids[0]) if len(run.dataset_ids) == 1 else None,
         what=f"job {run.job_name} run {run.run_id[:8]}{about}: {_line(run.reason) or 'no reason recorded'}",
         act=f"Dagster UI, Runs → {run.run_id}; {hint.format(ds=ds)}",
+    )
+
+
+_PLAN_ACT = {
+    "paused": "look: lakehouse rollout status {id}; then lakehouse rollout resume {id}, or abort {id} (jobs "
+    "rollout_resume / rollout_abort)",
+    "approval-needed": 'lakehouse rollout approve {id} --note "…" (job rollout_approve), or abort {id}',
+    "aborted": "every flag the plan set is back to its value before the plan (lakehouse rollout status {id} lists "
+    "each); investigate the reason, then start a new plan",
+}
+
+
+def plan_event(e: PlanEvent) -> Event:
+    stage = f" at stage {e.stage + 1}" if e.stage is not None else ""
+    act = _PLAN_ACT.get(e.event, "lakehouse rollout status {id}").format(id=e.plan_id)
+    return Event(
+        f"{ROLLOUT}:{e.event_id}",
+        ROLLOUT,
+        None,
+        f"rollout {e.plan_id} ({e.plan}) {e.event}{stage}: {_line(e.reason)}",
+        act,
     )
 
 
@@ -347,16 +385,26 @@ class Cursor:
 
     parity_at: dt.datetime | None = None
     runs_at: dt.datetime | None = None
+    rollout_id: int | None = None  # the last rollout plan event read (None: start at the newest, replay nothing)
 
     @classmethod
     def loads(cls, raw: str | None) -> Cursor:
         if not raw:
             return cls()
         data = json.loads(raw)
-        return cls(*(dt.datetime.fromisoformat(data[k]) if data.get(k) else None for k in ("parity_at", "runs_at")))
+        parity_at, runs_at = (
+            dt.datetime.fromisoformat(data[k]) if data.get(k) else None for k in ("parity_at", "runs_at")
+        )
+        return cls(parity_at, runs_at, data.get("rollout_id"))
 
     def dumps(self) -> str:
-        return json.dumps({k: v.isoformat() if v else None for k, v in dataclasses.asdict(self).items()})
+        return json.dumps(
+            {
+                "parity_at": self.parity_at.isoformat() if self.parity_at else None,
+                "runs_at": self.runs_at.isoformat() if self.runs_at else None,
+                "rollout_id": self.rollout_id,
+            }
+        )
 
     def runs_since(self, now: dt.datetime) -> dt.datetime:
         """Read the failed runs updated after this."""
@@ -365,9 +413,12 @@ class Cursor:
     def parity_since(self, now: dt.datetime) -> dt.datetime:
         return (self.parity_at or now) - PARITY_LOOKBACK
 
-    def moved(self, parity_at: dt.datetime | None = None, runs_at: dt.datetime | None = None) -> Cursor:
+    def moved(
+        self, parity_at: dt.datetime | None = None, runs_at: dt.datetime | None = None, rollout_id: int | None = None
+    ) -> Cursor:
         """Forward only: a position behind the current one is ignored."""
-        return Cursor(_later(self.parity_at, parity_at), _later(self.runs_at, runs_at))
+        ids = [i for i in (self.rollout_id, rollout_id) if i is not None]
+        return Cursor(_later(self.parity_at, parity_at), _later(self.runs_at, runs_at), max(ids) if ids else None)
 
 
 def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
@@ -607,19 +658,22 @@ def run_tick(
     *,
     now: dt.datetime,
     runs_read_to: dt.datetime | None = None,
+    plan_events: Sequence[PlanEvent] = (),
+    plan_events_read_to: int | None = None,
     post: Callable[[str, dict, float], None] = post_message,
 ) -> Tick:
     """Find the events since ``cursor`` (``failed_runs``: what the sensor read from the instance since
     ``cursor.runs_since(now)``, up to ``runs_read_to``: the last run read when it read only a first page, else
-    ``now``), record the new ones, post what is pending. Nothing at all when the webhook is unset or unusable (the
-    cursor still moves, so turning alerts on later does not replay the past)."""
+    ``now``; ``plan_events``: the rollout plan events read after ``cursor.rollout_id``, up to the id
+    ``plan_events_read_to``), record the new ones, post what is pending. Nothing at all when the webhook is unset or
+    unusable (the cursor still moves, so turning alerts on later does not replay the past)."""
     problem = webhook_problem(settings.alert_webhook_url)
     if problem:
-        return Tick(cursor=cursor.moved(now, now), disabled=problem)
+        return Tick(cursor=cursor.moved(now, now, plan_events_read_to), disabled=problem)
     assert settings.alert_webhook_url is not None
-    events: list[Event] = [failed_run_event(r) for r in failed_runs]
+    events: list[Event] = [failed_run_event(r) for r in failed_runs] + [plan_event(e) for e in plan_events]
     present: dict[str, set[str]] = {}
-    tick = Tick(cursor=cursor.moved(runs_at=runs_read_to or now))
+    tick = Tick(cursor=cursor.moved(runs_at=runs_read_to or now, rollout_id=plan_events_read_to))
     try:
         found, reached = parity_events(conn, cursor.parity_since(now))
         events += found

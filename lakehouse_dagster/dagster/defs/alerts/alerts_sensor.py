@@ -13,11 +13,13 @@ import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.tags import DATASET, DATASET_NAME, DATASET_NAMES
+from lakehouse_dagster.plans import store as plan_store
 from lakehouse_dagster.status import alerts
 
 RUN_PAGE = 200  # failed runs read per tick (the cursor stops at the last one read when there are more)
 _DATASETS_TAG = "lakehouse/datasets"  # a mirror batch run's dataset ids (dagster/defs/mirror/mirror_batch.py)
-_REFUSED = "lakehouse_dagster.dagster.refusals.Refused: "
+# How a refused step's error reads (dagster/refusals.py): "Refused: <reason>", or with the class's full name.
+_REFUSED = ("lakehouse_dagster.dagster.refusals.Refused: ", "Refused: ")
 
 
 def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
@@ -29,7 +31,8 @@ def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
             continue
         error = data.error.cause or data.error
         text = error.message.strip()
-        return text[len(_REFUSED) :] if text.startswith(_REFUSED) else text
+        prefix = next((p for p in _REFUSED if text.startswith(p)), "")
+        return text[len(prefix) :]
     for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
         return entry.message or (entry.dagster_event.message if entry.dagster_event else "") or ""
     return ""
@@ -62,12 +65,24 @@ def failed_run(instance: dg.DagsterInstance, record: dg.RunRecord) -> alerts.Fai
     )
 
 
+def plan_event(row: dict) -> alerts.PlanEvent:
+    kind = "reader" if row["kind"] == "read" else "writer"
+    return alerts.PlanEvent(
+        event_id=row["id"],
+        plan_id=row["plan_id"],
+        plan=f"{kind} {row['name']} → {row['mode']}",
+        event=row["event"],
+        stage=row["stage"],
+        reason=row["reason"] or "",
+    )
+
+
 @dg.sensor(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Posts to LAKEHOUSE_ALERT_WEBHOOK_URL (Slack-compatible) once per event: a failed lakehouse run, a "
-    "parity MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding. Unset: posts "
-    "nothing, and the tick says so.",
+    "parity MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding, a rollout plan "
+    "that paused, waits for an approval or aborted. Unset: posts nothing, and the tick says so.",
 )
 def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
@@ -86,6 +101,7 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
     jobs = set(context.repository_def.job_names) if context.repository_def is not None else None
     failed = [failed_run(context.instance, r) for r in records if jobs is None or r.dagster_run.job_name in jobs]
     with lakehouse.connect() as conn:
+        plan_rows, plan_read_to = plan_store.alertable_events(conn, cursor.rollout_id)
         tick = alerts.run_tick(
             conn,
             settings,
@@ -93,6 +109,8 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
             failed,
             now=now,
             runs_read_to=records[-1].update_timestamp if len(records) == RUN_PAGE else now,
+            plan_events=[plan_event(r) for r in plan_rows],
+            plan_events_read_to=plan_read_to,
         )
     for line in tick.log_lines:
         context.log.warning(line)

@@ -11,10 +11,24 @@ import dagster as dg
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
 from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.flags.soak_setting import current_soak
+from lakehouse_dagster.plans import status as plan_status
+from lakehouse_dagster.plans.status import PlanStatus
 from lakehouse_dagster.status.overview import Overview, compute_overview
 
 # The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
-ROLLOUT_JOBS = ("read_flip", "write_flip", "write_rollback", "set_flag", "clear_flag")
+ROLLOUT_JOBS = (
+    "read_flip",
+    "write_flip",
+    "write_rollback",
+    "set_flag",
+    "clear_flag",
+    "rollout_start",
+    "rollout_pause",
+    "rollout_resume",
+    "rollout_approve",
+    "rollout_abort",
+)
 
 ATTENTION_SCHEMA = dg.TableSchema(
     columns=[
@@ -26,6 +40,43 @@ ATTENTION_SCHEMA = dg.TableSchema(
         dg.TableColumn("partition_page", "string", description="its page in this UI (links: attention_links)"),
     ]
 )
+
+
+PLANS_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("plan", "string", description="the plan's id (lakehouse rollout status <id>)"),
+        dg.TableColumn("moves", "string", description="the reader or writer and its target mode"),
+        dg.TableColumn("state", "string", description="active, paused or aborting"),
+        dg.TableColumn("stage", "string", description="the stage it is at, of how many, and its phase"),
+        dg.TableColumn("next_action", "string", description="what happens next, or the command to run"),
+        dg.TableColumn("blocking", "string", description="what it waits for (a soak, an approval, a window...)"),
+    ]
+)
+
+
+def plans_metadata(plans: list[PlanStatus]) -> dict:
+    """The live rollout plans (plans/status.py, what `lakehouse rollout status` prints): counts to plot and a table."""
+    meta: dict = {
+        "rollouts/live": dg.MetadataValue.int(len(plans)),
+        "rollouts/paused": dg.MetadataValue.int(sum(p.state == "paused" for p in plans)),
+    }
+    meta["rollouts"] = dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "plan": str(p.id),
+                    "moves": f"{'reader' if p.kind == 'read' else 'writer'} {p.name} → {p.mode}",
+                    "state": p.state,
+                    "stage": f"{p.stage} of {p.stages}: {p.stage_what} ({p.phase})",
+                    "next_action": p.next_action,
+                    "blocking": p.blocking or "",
+                }
+            )
+            for p in plans
+        ],
+        schema=PLANS_SCHEMA,
+    )
+    return meta
 
 
 def partition_page(dataset_id: object) -> str:
@@ -95,18 +146,21 @@ def overview_metadata(ov: Overview) -> dict:
     description="The migration as it is: per reader and writer how many datasets are on Postgres, mirrored, read "
     "from Iceberg (iceberg, iceberg_only), written iceberg-native or blocked (F3); the latest verdicts, wedged "
     "syncs, what is behind the mirror and the largest lag (numeric metadata: see the Plots tab), and the "
-    "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked).",
+    "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked); the live "
+    "rollout plans with their stage, next action and what blocks them.",
 )
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
+    settings = lakehouse.settings()
     with lakehouse.connect() as conn:
-        ov = compute_overview(conn, lakehouse.settings())
+        ov = compute_overview(conn, settings)
+        plans = plan_status.live_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=0)
     st = ov.dataset_stages
     context.log.info(
         f"{ov.datasets} datasets: {st['postgres']} Postgres, {st['mirrored']} mirrored, {st['reads_iceberg']} "
         f"read from Iceberg, {st['native']} native, {ov.blocked} blocked; {ov.attention_total} need attention "
         f"({ov.seconds:.2f} s)"
     )
-    return dg.MaterializeResult(metadata=overview_metadata(ov))
+    return dg.MaterializeResult(metadata={**overview_metadata(ov), **plans_metadata(plans)})
 
 
 migration_overview_job = dg.define_asset_job(
