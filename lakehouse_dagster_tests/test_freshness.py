@@ -13,11 +13,12 @@ import time
 import dagster as dg
 import pytest
 
+from lakehouse_dagster.core.batches import split_near_equal
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, mirror_batch_job
-from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, mirror_runs_in_flight, split_batches
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, mirror_runs_in_flight
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
@@ -213,10 +214,10 @@ def test_batch_size_zero_keeps_one_mirror_job_run_per_dataset(conn, dsn, setting
 
 
 def test_split_batches_are_even_and_bounded():
-    assert [len(b) for b in split_batches(list(range(30)), 25)] == [15, 15]
-    assert [len(b) for b in split_batches(list(range(100)), 25)] == [25, 25, 25, 25]
-    assert [len(b) for b in split_batches(list(range(3)), 25)] == [3]
-    assert split_batches([], 25) == []
+    assert [len(b) for b in split_near_equal(list(range(30)), 25)] == [15, 15]
+    assert [len(b) for b in split_near_equal(list(range(100)), 25)] == [25, 25, 25, 25]
+    assert [len(b) for b in split_near_equal(list(range(3)), 25)] == [3]
+    assert split_near_equal([], 25) == []
 
 
 # --- flags: LISTEN/NOTIFY ---------------------------------------------------------------------------------

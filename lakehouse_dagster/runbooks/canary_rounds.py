@@ -18,6 +18,8 @@ from collections.abc import Collection, Sequence
 
 import psycopg
 
+from lakehouse_dagster.core.batches import split_near_equal
+
 # One probe of lakehouse_read_parity_schedule_idx per dataset (migration 029).
 _OLDEST_FIRST = """
 select d.id, last.checked_at
@@ -106,18 +108,3 @@ def plan_round(
         cap=cap,
         max_runs=max_runs,
     )
-
-
-def split_near_equal(items: Sequence, size: int) -> list[list]:
-    """``ceil(len / size)`` contiguous batches of near-equal length, none above ``size`` (2,500 by 1,000:
-    834 + 833 + 833, not 1,000 + 1,000 + 500)."""
-    if not items:
-        return []
-    n = -(-len(items) // size)
-    base, extra = divmod(len(items), n)
-    out, i = [], 0
-    for k in range(n):
-        step = base + (1 if k < extra else 0)
-        out.append(list(items[i : i + step]))
-        i += step
-    return out

@@ -17,6 +17,7 @@ import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.core.batches import split_near_equal
 from lakehouse_dagster.core.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
@@ -85,20 +86,6 @@ def batch_run_key(items: list[Pending]) -> str:
     return f"mirror-batch:{len(items)}:{digest}"
 
 
-def split_batches(items: list, size: int) -> list[list]:
-    """Near-equal batches of at most ``size`` (30 → 15 + 15, not 25 + 5: the runs finish together)."""
-    if not items:
-        return []
-    n = -(-len(items) // size)
-    base, extra = divmod(len(items), n)
-    out, i = [], 0
-    for k in range(n):
-        step = base + (1 if k < extra else 0)
-        out.append(items[i : i + step])
-        i += step
-    return out
-
-
 def datasets_per_tick(settings) -> int:
     """At most LAKEHOUSE_SENSOR_MAX_REQUESTS runs per tick, each of at most LAKEHOUSE_MIRROR_BATCH_SIZE datasets."""
     return settings.sensor_max_requests * max(1, settings.mirror_batch_size)
@@ -132,7 +119,7 @@ def mirror_run_requests(items: list[Pending], batch_size: int, named: dict | Non
                 ops={"mirror_datasets": MirrorBatchConfig(datasets=[str(p.dataset_id) for p in b])}
             ),
         )
-        for b in split_batches(items, batch_size)
+        for b in split_near_equal(items, batch_size)
     ]
 
 
