@@ -39,12 +39,17 @@ def test_flag_state_job_shows_effective_modes_as_metadata(conn, dsn, settings, w
     assert state[("read", "graph.kuzu")] == ("off", "registry default")
     (mat,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     meta = mat.event_specific_data.metadata
-    assert (
-        "| read | export.stream | EVENTUAL | **iceberg** | workspace override | iceberg_only |"
-        in meta["effective_modes"].value
-    )
+    modes = {(r.data["kind"], r.data["name"]): r.data for r in meta["effective_modes"].records}
+    assert modes[("read", "export.stream")] == {
+        "kind": "read",
+        "name": "export.stream",
+        "class": "EVENTUAL",
+        "mode": "iceberg",
+        "reason": "workspace override",
+        "ceiling": "iceberg_only",
+    }
     assert meta["native_writers"].value == ["sync.full"]
-    assert "fase4 canary" in meta["overrides"].value
+    assert "fase4 canary" in [r.data.get("note") for r in meta["overrides"].records]
 
     glob = _run(flag_state_job, dsn, {})  # no dataset: the global view
     assert {s["reason"] for s in glob.output_for_node("flag_state_op")} == {"registry default"}

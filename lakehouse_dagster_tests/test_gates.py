@@ -185,7 +185,8 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     (out,) = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT"]
     meta = out.event_specific_data.metadata
     assert meta["ready_to_flip"].value == 1 and meta["blocked_pipeline_input"].value == 1
-    assert "| SAFE | **yes** | ready |" in meta["candidates"].value
+    rows = {r.data["name"]: r.data for r in meta["candidates"].records}
+    assert rows["ready"]["ready"] is True and rows["ready"]["verdict"] == "SAFE"
 
 
 def test_an_ok_verdict_from_an_older_version_is_not_enough(conn, dsn, settings, ws):
