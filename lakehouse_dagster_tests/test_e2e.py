@@ -556,6 +556,78 @@ RUNS_Q_BY_ID = """
 query($id: ID!) { runOrError(runId: $id) { __typename ... on Run { runId status } } }
 """
 
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _page_text(url: str) -> str:
+    """What a person sees on a page of the UI: headless Chromium renders it (the UI is a React app that fetches its
+    data over GraphQL) and the text of the rendered DOM comes back."""
+    import html
+    import re
+
+    with tempfile.TemporaryDirectory(prefix="lh-chromium-") as profile:
+        dom = subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
+            + ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+            + [f"--user-data-dir={profile}", "--window-size=1500,1200", "--virtual-time-budget=20000"]
+            + ["--dump-dom", url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom)))
+
+
+def _launch(stack: Stack, job: str, run_config: dict) -> dict:
+    loc = _location(stack)
+    selector = {"repositoryLocationName": loc["name"], "repositoryName": loc["repositories"][0]["name"]}
+    params = {
+        "selector": {**selector, "jobName": job},
+        "runConfigData": run_config,
+        "executionMetadata": {"tags": [{"key": "dagster/priority", "value": "10"}]},  # ahead of the demo's runs
+    }
+    res = stack.gql(LAUNCH_Q, {"p": params})["launchRun"]
+    assert res["__typename"] == "LaunchRunSuccess", res
+    run_id = res["run"]["runId"]
+
+    def done():
+        run = stack.gql(RUNS_Q_BY_ID, {"id": run_id})["runOrError"]
+        return run["status"] in TERMINAL, run
+
+    return _wait(f"the {job} run to finish", done, 600, stack, interval=2)
+
+
+def test_an_operator_sees_the_migration_and_a_refusal_without_a_stack_in_a_real_browser(stack):
+    """Issue 22, as a person sees it in the UI: the overview asset with what needs attention first, a dataset's
+    partition page with its name and Dagster's standard keys, and a refused run whose step row and run failure say
+    the reason with no stack trace anywhere on the page."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine (Debian's package chromium; .ci/run installs it)")
+    refused = _launch(
+        stack,
+        "set_flag",
+        {"ops": {"set_flag_op": {"config": {"kind": "read", "name": "export.stream", "mode": "iceberg_only"}}}},
+    )
+    assert refused["status"] == "FAILURE"
+    page = _page_text(f"{stack.url}/runs/{refused['runId']}")
+    reason = "Refused: set export.stream iceberg_only (global) widens before the runbook's widening rules allow"
+    assert page.count(reason) >= 2, page[-3000:]  # the step's row and the run's failure row
+    for frame in ("Traceback", "Stack Trace", 'File "', "dagster._core", "Refused: refused"):
+        assert frame not in page, frame
+
+    assert _launch(stack, "migration_overview_job", {})["status"] == "SUCCESS"
+    page = _page_text(f"{stack.url}/assets/lakehouse/migration_overview")
+    for key in ("attention_links", "rollouts/live", "reader/export.stream/reads_iceberg", "stage/blocked"):
+        assert key in page, key
+    assert page.index("attention_links") < page.index("stage/blocked")  # what needs an operator comes first
+    assert "customers (demo): blocked" in page  # the runbook's step 2b, by name, linked to its partition
+
+    events = str(demo_id("events"))  # mirrored and read-flipped by the tests above
+    page = _page_text(f"{stack.url}/assets/iceberg/dataset_table?view=partitions&partition={events}")
+    for key in ("dataset_name", "dagster/row_count", "dagster/table_name"):
+        assert key in page, key
+    assert " events " in page and f"{DEMO_ROWS}" in page
+
 
 def test_ctrl_c_stops_everything(stack):
     assert stack.own_processes(), "nothing running before Ctrl-C?"

@@ -269,19 +269,21 @@ def test_a_tick_that_dies_after_its_step_is_written_asks_again_under_the_same_ru
     assert [(a[0], a[3]) for a in audit] == [("set", "dataset"), ("set", "dataset"), ("set", "workspace")]
 
 
-def test_a_stage_with_nothing_left_to_move_passes_without_a_run(conn, dsn, settings, instance):
+def test_a_stage_that_moves_no_dataset_still_raises_its_scope_like_flags_flip(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     text = f"reader: studio.training_pairs\nstages:\n  - datasets: 1\n    within: {s.ws2}\n  - workspace: {s.ws2}\n"
     dry = actions.dry_run(conn, settings, text)
-    assert dry.stages[1].changes == []  # ws2's one tabular dataset is moved by the first stage already
-    assert dry.stages[1].notes == [
-        f"flags set studio.training_pairs iceberg --workspace {s.ws2} moves no Iceberg-tabular dataset (each already "
-        "resolves to iceberg): skipped, nothing to flip"
+    (change,) = dry.stages[1].changes  # ws2's one tabular dataset is moved by the first stage already ...
+    assert change.moved == [] and (change.scope, change.scope_id) == ("workspace", s.ws2)
+    assert dry.stages[1].notes == [  # ... and the workspace's own mode still rises, as `flags flip` does
+        f"flags set studio.training_pairs iceberg --workspace {s.ws2} moves no existing dataset (each already "
+        "resolves to iceberg); it raises the workspace scope's own mode from off, which datasets created there later get"
     ]
     plan_id, _ = actions.start(conn, settings, text, actor="pytest")
     driver = Driver(instance, dsn)
     p = driver.until(conn, plan_id, lambda p: p.state != "active")
-    assert p.state == "finished"
-    assert [r.job_name for r in driver.launched] == ["read_flip", "rollout_analysis"]
+    assert p.state == "finished", (p.reason, p.blocking)
+    assert [r.job_name for r in driver.launched] == ["read_flip", "rollout_analysis", "read_flip"]
+    assert ("workspace", s.ws2, "iceberg") in {(o.scope, o.scope_id, o.mode) for o in list_overrides(conn)}
     passed = [e["reason"] for e in store.events(conn, plan_id) if e["event"] == "stage-passed"]
     assert passed[1] == f"stage 2 (workspace: {s.ws2}) passed: it moved no Iceberg-tabular dataset"

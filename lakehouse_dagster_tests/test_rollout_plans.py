@@ -306,7 +306,7 @@ def test_the_rollout_jobs_from_the_launchpad(conn, dsn, settings):
     refused = run("rollout_plan", "rollout_plan_op", {"plan": "reader: graph.kuzu\nstages: [{datasets: 99}]"})
     assert not refused.success
     assert refusal(refused.get_step_failure_events()[0]).startswith(
-        "refused: the plan for reader graph.kuzu → iceberg would break a gate; nothing written:\n"
+        "the plan for reader graph.kuzu → iceberg would break a gate; nothing written:\n"
         "  stages[0].datasets: 99 wanted, 5 candidate(s)"
     )
     started = run("rollout_start", "rollout_start_op", {"plan": text})
@@ -325,3 +325,33 @@ def test_the_rollout_jobs_from_the_launchpad(conn, dsn, settings):
     aborted = run("rollout_abort", "rollout_abort_op", {"plan_id": plan_id, "note": "test over"})
     assert aborted.output_for_node("rollout_abort_op")["state"] == "aborted"
     assert not list_overrides(conn)
+
+
+def test_the_readmes_example_plan_dry_runs_on_the_demo_as_it_says(conn, dsn, settings):
+    """examples/rollout-graph-kuzu.yaml is what the README tells a newcomer to run on the demo: it must validate, and
+    its dry-run must move the demo's datasets in the order the file's comment says, writing nothing."""
+    from lakehouse_dagster.demo.workspace import DEMO_WORKSPACE_ID, seed_demo
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
+
+    text = (Path(__file__).resolve().parents[1] / "examples" / "rollout-graph-kuzu.yaml").read_text()
+    plan = load_plan(text)
+    assert (plan.kind, plan.name, plan.mode) == ("read", "graph.kuzu", "iceberg")
+    assert [s.kind for s in plan.stages] == ["datasets", "workspace", "global"] and plan.stages[1].approval
+    seed_demo(conn, big_rows=200, home=settings.home)
+    catalog = load_catalog(settings, dsn)
+    tabular = [r[0] for r in conn.execute("select id from datasets where kind = 'tabular'").fetchall()]
+    for d in tabular:
+        sync_dataset(dsn, catalog, settings, d)
+    run_canary_and_roll_back(conn, dsn, catalog, settings, dataset_ids=[str(d) for d in tabular], source="canary")
+    before = flag_tables(conn)
+    dry = actions.dry_run(conn, settings, text)
+    assert not dry.problems, dry.problems
+    assert [len(s.changes) for s in dry.stages] == [2, 1, 1]
+    assert dry.stages[1].changes[0].scope_id == DEMO_WORKSPACE_ID
+    # the demo has one workspace: the global step moves no dataset, and still raises the global mode
+    assert dry.stages[2].changes[0].moved == [] and any(
+        "raises the global scope's own mode" in n for n in dry.stages[2].notes
+    )
+    assert flag_tables(conn) == before

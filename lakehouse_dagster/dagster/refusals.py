@@ -37,7 +37,10 @@ PREFIX = "Refused: "
 
 def refusal(reason: str) -> Exception:
     """An expected refusal: the reason is the whole message; a retry changes nothing."""
-    return dagster_step_error(PREFIX + str(reason).rstrip("\n"), "Refused")
+    text = str(reason).rstrip("\n")
+    if text[: len(PREFIX)].lower() == PREFIX.lower():  # a core message that already says so: "Refused: refused: …"
+        text = text[len(PREFIX) :]
+    return dagster_step_error(PREFIX + text, "Refused")
 
 
 def refuse(exc: BaseException | str) -> Exception:

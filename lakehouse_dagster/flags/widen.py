@@ -74,6 +74,11 @@ def scope_mode(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str:
     return _scope_resolve(flag, stored_overrides(conn, flag.kind, [flag.name])[flag.name], scope)[0]
 
 
+def scope_mode_in(flag: Flag, stored: dict, scope: Scope) -> str:
+    """``scope_mode`` over given overrides {(scope, scope id): mode} (a dry-run's simulated state)."""
+    return _scope_resolve(flag, stored, scope)[0]
+
+
 def _cmd(flag: Flag) -> str:
     return "lakehouse flags" if flag.kind == READ else "lakehouse write-flags"
 

@@ -26,9 +26,10 @@ import psycopg
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import effects
-from lakehouse_dagster.flags.overrides import Scope
-from lakehouse_dagster.flags.registry import READ, get_flag
+from lakehouse_dagster.flags.overrides import DATASET, Scope
+from lakehouse_dagster.flags.registry import READ, get_flag, rank
 from lakehouse_dagster.flags.soak_setting import current_soak
+from lakehouse_dagster.flags.widen import scope_mode
 from lakehouse_dagster.plans import analysis, store
 from lakehouse_dagster.plans.abort import restore
 from lakehouse_dagster.plans.render import effective_soak
@@ -199,7 +200,10 @@ class _Step:
                 "sample": stage.analysis.sample,
             }
             job = SET_FLAG if stage.kind == SHADOW else READ_FLIP if self.plan.kind == READ else WRITE_FLIP
-            if not tabular:  # what the dry-run skipped as well: the flip job would refuse "nothing to flip"
+            raises = scope.scope != DATASET and rank(flag.kind, scope_mode(self.conn, flag, scope)) < rank(
+                flag.kind, c["mode"]
+            )
+            if not tabular and not raises:  # what the dry-run skipped as well: the flip job would say "nothing to flip"
                 store.add_step(
                     self.conn,
                     self.p.id,

@@ -32,7 +32,7 @@ from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
 from lakehouse_dagster.flags.registry import COMMAND, READ, Flag, get_flag, rank
 from lakehouse_dagster.flags.soak_setting import STORED, SoakSetting, current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
-from lakehouse_dagster.flags.widen import widen_blockers
+from lakehouse_dagster.flags.widen import scope_mode_in, widen_blockers
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.plans.spec import DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
@@ -296,12 +296,18 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
             after = {**stored, (scope, scope_id): mode}
             moved, skipped, every = _moves(flag, before, after, datasets, scope, scope_id)
             change = FlagChange(i, scope, scope_id, mode, stored.get((scope, scope_id)), moved, skipped, label)
-            if not moved:
+            own = scope_mode_in(flag, stored, Scope(scope, scope_id)) if scope != DATASET else mode
+            if not moved and rank(flag.kind, own) >= rank(flag.kind, mode):
                 notes.append(
                     f"{change.command(flag)} moves no Iceberg-tabular dataset (each already resolves to {mode}): "
                     "skipped, nothing to flip"
                 )
                 continue
+            if not moved:  # as `flags flip` does: the scope's own mode rises (datasets created there later get it)
+                notes.append(
+                    f"{change.command(flag)} moves no existing dataset (each already resolves to {mode}); it raises "
+                    f"the {scope} scope's own mode from {own}, which datasets created there later get"
+                )
             problems += _gate_problems(conn, flag, change, every, datasets, settings, stored, where, notes)
             stored[(scope, scope_id)] = mode
             changes.append(change)

@@ -56,8 +56,8 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id, mode=config.mode
         ):
             if isinstance(item, Failed):
-                context.log.error(f"ds={item.dataset_id} failed: {item.error}")
-                failed.append(item)
+                failed.append((_name(conn, item.dataset_id), item))
+                context.log.error(f"{failed[-1][0]} ({item.dataset_id}) failed: {item.error}")
                 continue
             synced.append(item)
             key, version = str(item.dataset_id), str(item.source_version)
@@ -108,7 +108,7 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             )
     problems = []
     if failed:
-        names = "; ".join(f"{f.dataset_id}: {f.error}" for f in failed[:5])
+        names = "; ".join(f"{name} ({f.dataset_id}): {f.error}" for name, f in failed[:5])
         problems.append(
             f"{len(failed)} of {len(config.datasets)} datasets failed ({names}); the others landed, "
             "and the mirror poller retries the failed ones"
@@ -118,6 +118,12 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         problems.append(checks_line)
     if problems:
         raise refuse("\n".join(problems)) from None
+
+
+def _name(conn, dataset_id) -> str:
+    """A failed dataset's name for its message (operators know names; the id follows it)."""
+    row = conn.execute("select name from datasets where id = %s", (dataset_id,)).fetchone()
+    return row[0] if row else "(deleted dataset)"
 
 
 @dg.job(
