@@ -187,7 +187,10 @@ def test_the_request_bound_504_for_a_held_ingest_408_for_a_slow_body_and_a_stall
                 lambda: conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == 7,
                 "the held ingest to finish on its own",
             )
-        assert "finished after its request timed out: 7 rows via pg" in server.log_text()
+        _wait(  # its log line comes just after the commit the wait above saw
+            lambda: "finished after its request timed out: 7 rows via pg" in server.log_text(),
+            "the held ingest's log line",
+        )
 
         with socket.create_connection(("127.0.0.1", server.port)) as s:  # a body that never comes
             s.sendall(
