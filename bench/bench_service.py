@@ -1,12 +1,14 @@
 """The HTTP service (`lakehouse serve`) against baselines measured in the same run.
 
     .venv/bin/python bench/bench_service.py [--rows 2000000] [--scale 1000000,4000000] [--clients 32]
-                                            [--seconds 30] [--demo-rows 200000] [--skip export,rss,load]
+                                            [--seconds 30] [--demo-rows 200000] [--repeats 5]
+                                            [--skip export,rss,load]
 
 export  a full export of a --rows dataset (the demo-shaped generator, bench/_common.py) as an Arrow stream over
         HTTP through the read router (Iceberg, pinned snapshot), against reading the same snapshot in-process with
-        pyiceberg (``scan().to_arrow()``, and its batch reader) — rows/s and the ratio (target ≥ 0.8×), median of 3
-        alternated runs
+        pyiceberg (``scan().to_arrow()``, and its batch reader) — rows/s and the ratio (target ≥ 0.8×), median of
+        --repeats alternated runs after one warm run of each; also the same export read through httpx (the
+        client's transport before it streamed through http.client), for the client's CPU
 rss     the server's peak RSS (VmHWM) after one full export, a fresh server process per --scale size: flat when
         memory is bounded by the batch
 load    --clients concurrent clients for --seconds on the demo workspace (seeded with --demo-rows): each loop
@@ -80,6 +82,43 @@ def _http_export(server: ServiceProcess, dataset_id, cpu: list | None = None) ->
     return rows, seconds
 
 
+class _HttpxBody:
+    """The response body through httpx (h11) as pyarrow's stream reader reads it: the client's former path."""
+
+    def __init__(self, response):
+        self._chunks, self._buf, self.closed = response.iter_raw(), bytearray(), False
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self._buf) < n:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                break
+            self._buf += chunk
+        n = len(self._buf) if n < 0 else min(n, len(self._buf))
+        out = bytes(self._buf[:n])
+        del self._buf[:n]
+        return out
+
+    def readable(self) -> bool:
+        return True
+
+
+def _httpx_export(server: ServiceProcess, dataset_id, cpu: list) -> tuple[int, float]:
+    import httpx
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    server_cpu, client_cpu = _cpu_seconds(server.proc.pid), _cpu_seconds()
+    t = time.perf_counter()
+    body = {"reader": "export.stream", "dataset_id": str(dataset_id)}
+    auth = {"Authorization": f"Bearer {server.token}"}
+    with httpx.stream("POST", server.url + "/lakehouse/read", json=body, headers=auth, timeout=300) as resp:
+        rows = sum(b.num_rows for b in ipc.open_stream(pa.PythonFile(_HttpxBody(resp), mode="r")))
+    seconds = time.perf_counter() - t
+    cpu.append((_cpu_seconds(server.proc.pid) - server_cpu, _cpu_seconds() - client_cpu))
+    return rows, seconds
+
+
 def _dataset(admin: str, db: str, rows: int, namespace: str):
     dsn = fresh_database(admin, db)
     d, gen_s = make_dataset(dsn, rows)
@@ -92,16 +131,18 @@ def _dataset(admin: str, db: str, rows: int, namespace: str):
     return dsn, d, settings, catalog, sync.snapshot_id
 
 
-def bench_export(admin: str, rows: int, log_dir: Path) -> dict:
+def bench_export(admin: str, rows: int, log_dir: Path, repeats: int = 5) -> dict:
     print(f"export: {rows:,} rows", flush=True)
     dsn, d, settings, catalog, snapshot = _dataset(admin, "lh_bench_service_export", rows, "bench_service")
     table = catalog.load_table(table_identifier(settings, d))
-    out: dict[str, list] = {"http": [], "to_arrow": [], "batch_reader": []}
+    out: dict[str, list] = {"http": [], "to_arrow": [], "batch_reader": [], "http_via_httpx": []}
     http_cpu: list[tuple[float, float]] = []
+    httpx_cpu: list[tuple[float, float]] = []
     arrow_cpu: list[float] = []
     with ServiceProcess(_env(settings, dsn), log_dir / "export.log", token=new_token()) as server:
         _http_export(server, d)  # warm: the first read loads the table's metadata
-        for _ in range(3):
+        table.scan(snapshot_id=snapshot).to_arrow()  # warm: the first in-process scan pays for imports and pools
+        for _ in range(repeats):
             t, c = time.perf_counter(), _cpu_seconds()
             n = table.scan(snapshot_id=snapshot).to_arrow().num_rows
             out["to_arrow"].append(n / (time.perf_counter() - t))
@@ -112,6 +153,9 @@ def bench_export(admin: str, rows: int, log_dir: Path) -> dict:
             n, s = _http_export(server, d, http_cpu)
             assert n == rows, (n, rows)
             out["http"].append(n / s)
+            n, s = _httpx_export(server, d, httpx_cpu)
+            assert n == rows, (n, rows)
+            out["http_via_httpx"].append(n / s)
     med = {k: statistics.median(v) for k, v in out.items()}
     result = {
         "rows": rows,
@@ -119,11 +163,14 @@ def bench_export(admin: str, rows: int, log_dir: Path) -> dict:
         "pyiceberg_to_arrow_rows_s": round(med["to_arrow"]),
         "pyiceberg_batch_reader_rows_s": round(med["batch_reader"]),
         "ratio_http_to_pyiceberg": round(med["http"] / med["to_arrow"], 2),
+        "http_via_httpx_rows_s": round(med["http_via_httpx"]),
+        "ratio_http_to_http_via_httpx": round(med["http"] / med["http_via_httpx"], 2),
         "runs": {k: [round(x) for x in v] for k, v in out.items()},
         # CPU seconds per full export: what bounds the ratio when the machine has nothing else to do
         "cpu_s_http_server": round(statistics.median(c[0] for c in http_cpu), 2),
         "cpu_s_http_client": round(statistics.median(c[1] for c in http_cpu), 2),
         "cpu_s_pyiceberg_to_arrow": round(statistics.median(arrow_cpu), 2),
+        "cpu_s_http_via_httpx_client": round(statistics.median(c[1] for c in httpx_cpu), 2),
     }
     print(
         f"  HTTP Arrow {med['http']:,.0f} rows/s · in-process pyiceberg to_arrow {med['to_arrow']:,.0f} rows/s "
@@ -133,6 +180,12 @@ def bench_export(admin: str, rows: int, log_dir: Path) -> dict:
     print(
         f"  CPU per export: HTTP server {result['cpu_s_http_server']} s + client {result['cpu_s_http_client']} s · "
         f"pyiceberg to_arrow {result['cpu_s_pyiceberg_to_arrow']} s",
+        flush=True,
+    )
+    print(
+        f"  the same export read through httpx: {med['http_via_httpx']:,.0f} rows/s, client "
+        f"{result['cpu_s_http_via_httpx_client']} CPU-s (the client's http.client path: "
+        f"{result['ratio_http_to_http_via_httpx']}× its rows/s)",
         flush=True,
     )
     return result
@@ -251,6 +304,7 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--demo-rows", type=int, default=200_000)
+    p.add_argument("--repeats", type=int, default=5, help="alternated export runs (the median is reported)")
     p.add_argument("--skip", default="", help="comma-separated parts to skip: export, rss, load")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -259,7 +313,7 @@ def main() -> int:
     log_dir = Path(__import__("tempfile").mkdtemp(prefix="lh-bench-service-"))
     out: dict = {"logs": str(log_dir)}
     if "export" not in skip:
-        out["export"] = bench_export(admin, args.rows, log_dir)
+        out["export"] = bench_export(admin, args.rows, log_dir, args.repeats)
     if "rss" not in skip:
         out["rss"] = bench_rss(admin, [int(x) for x in args.scale.split(",")], log_dir)
     if "load" not in skip:

@@ -785,3 +785,14 @@ def test_a_reader_gone_mid_stream_closes_its_iceberg_files(world, client):
     _wait(lambda: open_data_files() == [], "the data file to be closed")
     _wait(lambda: _metric(client, "lakehouse_reads_in_flight") == 0, "the stream to close")
     assert f"read export.stream ds={d} from iceberg ended after" in world.server.log_text()
+
+
+def test_the_python_client_leaving_a_stream_early_frees_the_read(world, client):
+    d = _big_dataset(world, 120_000)
+    cut_before = _metric(client, 'lakehouse_read_streams_cut_total{why="client_gone"}')
+    with client.stream("export.stream", d) as s:
+        first = next(iter(s))  # one batch read, the rest left unread
+    assert 0 < first.num_rows < 120_000
+    _wait(lambda: _service_sessions(world) == [], "the read's transaction and snapshot to be released")
+    _wait(lambda: _metric(client, "lakehouse_reads_in_flight") == 0, "the stream to close")
+    assert _metric(client, 'lakehouse_read_streams_cut_total{why="client_gone"}') == cut_before + 1

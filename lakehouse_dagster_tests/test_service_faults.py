@@ -5,6 +5,7 @@ recovers without a restart of its own)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -284,5 +285,25 @@ def test_a_postgres_restart_fails_readyz_then_the_service_recovers_by_itself(own
             assert client.route("export.stream", d)["reason"] == "pg@off"
             assert "lakehouse_status_up 1.0" in client.metrics()
         assert server.proc.poll() is None  # the same process throughout
+    finally:
+        server.stop()
+
+
+def test_the_python_client_raises_on_a_stream_cut_short_and_never_returns_fewer_rows(dsn, conn, tmp_path):
+    d = _big(conn, 60_000)  # ~20 MB: far more than the socket buffers hold when the server dies
+    server = ServiceProcess(_env(dsn, tmp_path), tmp_path / "serve.log", token=new_token()).wait_ready()
+    try:
+        with server.client() as client:
+            assert client.read("export.stream", d, columns=["n"]).table.num_rows == 60_000  # whole when not cut
+            got = 0
+            with pytest.raises((OSError, ValueError, http.client.HTTPException)) as cut:
+                with client.stream("export.stream", d) as s:
+                    for batch in s:
+                        got += batch.num_rows
+                        if got == batch.num_rows:  # after the first batch, the service dies mid-stream
+                            server.proc.kill()
+                            server.proc.wait(30)
+            assert 0 < got < 60_000, got
+            assert "IncompleteRead" in repr(cut.value) or "incomplete" in str(cut.value).lower(), repr(cut.value)
     finally:
         server.stop()

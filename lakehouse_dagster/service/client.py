@@ -1,4 +1,4 @@
-"""A small Python client of the service (httpx): what the tests, the bench and a Python caller use.
+"""A small Python client of the service: what the tests, the bench and a Python caller use.
 
     client = LakehouseClient("http://127.0.0.1:3001", token)
     result = client.read("export.stream", dataset_id, columns=["a"], limit=100, order="row_index")
@@ -9,15 +9,20 @@
     client.route("export.stream", dataset_id); client.flags(dataset_id)
 
 A refusal raises ``ServiceError`` with the status and the service's one-line reason.
+
+Reads stream through the standard library's ``http.client``, whose response pyarrow's stream reader reads
+directly: a record batch's body is copied once out of the socket. Through httpx (h11) the same export cost the
+client 3-4x the CPU (docs/benchmarks.md); every other call uses httpx.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
+import http.client
 import json
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -67,54 +72,15 @@ class ReadStream:
         return self.batches
 
 
-class _ResponseFile:
-    """A streaming httpx response as the file object pyarrow's stream reader reads from. Chunks are kept as they
-    arrive and joined only for the bytes a read asks for (a record batch's body is read whole: one join)."""
-
-    def __init__(self, response: httpx.Response):
-        self._chunks = response.iter_raw()
-        self._pending: collections.deque[memoryview] = collections.deque()
-        self._size = 0
-        self.closed = False
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or self._size < n:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            if chunk:
-                self._pending.append(memoryview(chunk))
-                self._size += len(chunk)
-        if n < 0 or n > self._size:
-            n = self._size
-        if self._pending and len(self._pending[0]) >= n:  # the common case for small reads: one slice
-            head = self._pending[0]
-            out = bytes(head[:n])
-            if len(head) == n:
-                self._pending.popleft()
-            else:
-                self._pending[0] = head[n:]
-            self._size -= n
-            return out
-        parts, need = [], n
-        while need:
-            head = self._pending.popleft()
-            if len(head) > need:
-                self._pending.appendleft(head[need:])
-                head = head[:need]
-            parts.append(head)
-            need -= len(head)
-        self._size -= n
-        return b"".join(parts)
-
-    def readable(self) -> bool:
-        return True
-
-
 class LakehouseClient:
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 300.0, retries: int = 5):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
+        self._url = urllib.parse.urlsplit(base_url.rstrip("/"))
+        if self._url.scheme not in ("http", "https") or not self._url.hostname:
+            raise ValueError(f"base_url {base_url!r} is not an http:// or https:// address")
+        self._auth = headers
+        self._timeout = timeout
         self.retries = retries
 
     def close(self) -> None:
@@ -144,17 +110,28 @@ class LakehouseClient:
         self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None
     ) -> Iterator[ReadStream]:
         """The read as Arrow record batches, one at a time (memory bounded by a batch)."""
-        body = self._read_body(reader, dataset_id, columns, limit, order)
+        payload = json.dumps(self._read_body(reader, dataset_id, columns, limit, order)).encode()
+        headers = {**self._auth, "Content-Type": "application/json", "Accept": ARROW_STREAM}
         for attempt in range(self.retries + 1):
-            with self._http.stream("POST", "/lakehouse/read", json=body, headers={"Accept": ARROW_STREAM}) as resp:
-                if resp.status_code == 503 and attempt < self.retries:
+            conn = self._connection()
+            try:  # closing the connection is what tells the service a reader left early
+                conn.request("POST", self._url.path + "/lakehouse/read", body=payload, headers=headers)
+                resp = conn.getresponse()
+                if resp.status == 503 and attempt < self.retries:
                     resp.read()
-                    time.sleep(_retry_after(resp))
+                    time.sleep(_retry_after(resp.headers))
                     continue
-                _raise_for(resp)
-                reader_ = ipc.open_stream(pa.PythonFile(_ResponseFile(resp), mode="r"))
-                yield ReadStream(*_route_headers(resp), batches=iter(reader_), schema=reader_.schema)
+                if resp.status >= 400:
+                    raise _error(resp.status, resp.headers, resp.read(), resp.reason)
+                reader_ = ipc.open_stream(resp)  # a cut stream raises http.client.IncompleteRead
+                yield ReadStream(*_route_headers(resp.headers), batches=iter(reader_), schema=reader_.schema)
                 return
+            finally:
+                conn.close()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
+        return kind(self._url.hostname, self._url.port, timeout=self._timeout)
 
     def read(self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None) -> ReadResult:
         """The whole read as one Arrow table."""
@@ -168,7 +145,7 @@ class LakehouseClient:
         body = self._read_body(reader, dataset_id, columns, limit, order)
         resp = self._send("POST", "/lakehouse/read", json=body, headers={"Accept": NDJSON})
         rows = [json.loads(line) for line in resp.text.splitlines() if line]
-        return ReadResult(None, rows, *_route_headers(resp))
+        return ReadResult(None, rows, *_route_headers(resp.headers))
 
     # --- the rest ------------------------------------------------------------------------------------------
 
@@ -192,16 +169,16 @@ class LakehouseClient:
         for attempt in range(self.retries + 1):
             resp = self._http.request(method, path, **kw)
             if resp.status_code == 503 and retry and attempt < self.retries:
-                time.sleep(_retry_after(resp))
+                time.sleep(_retry_after(resp.headers))
                 continue
             _raise_for(resp)
             return resp
         raise AssertionError("unreachable")
 
 
-def _retry_after(resp: httpx.Response) -> float:
+def _retry_after(headers) -> float:
     try:
-        return max(0.0, min(60.0, float(resp.headers.get("retry-after", "1"))))
+        return max(0.0, min(60.0, float(headers.get("retry-after", "1"))))
     except ValueError:
         return 1.0
 
@@ -210,19 +187,24 @@ def _raise_for(resp: httpx.Response) -> None:
     if resp.status_code < 400:
         return
     resp.read()
+    raise _error(resp.status_code, resp.headers, resp.content, resp.reason_phrase)
+
+
+def _error(status: int, headers, body: bytes, reason: str) -> ServiceError:
+    text = body.decode("utf-8", "replace")
     try:
-        message = resp.json().get("error") or resp.text
-    except ValueError:
-        message = resp.text.strip() or resp.reason_phrase
-    retry = _retry_after(resp) if "retry-after" in resp.headers else None
-    raise ServiceError(resp.status_code, message, retry)
+        message = json.loads(text).get("error") or text
+    except (ValueError, AttributeError):
+        message = text.strip() or reason
+    retry = _retry_after(headers) if "retry-after" in headers else None
+    return ServiceError(status, message, retry)
 
 
-def _route_headers(resp: httpx.Response) -> tuple[str, str, str, int | None]:
-    snap = resp.headers.get("x-lakehouse-snapshot-id")
+def _route_headers(headers) -> tuple[str, str, str, int | None]:
+    snap = headers.get("x-lakehouse-snapshot-id")
     return (
-        resp.headers.get("x-lakehouse-source", ""),
-        resp.headers.get("x-lakehouse-reason", ""),
-        resp.headers.get("x-lakehouse-mode", ""),
+        headers.get("x-lakehouse-source", ""),
+        headers.get("x-lakehouse-reason", ""),
+        headers.get("x-lakehouse-mode", ""),
         int(snap) if snap else None,
     )
