@@ -23,6 +23,23 @@ TEMPLATE_DB = "lakehouse_test_template"
 _with_db = with_db  # the name tests imported from here before lakehouse_dagster.testing.pg
 
 
+@pytest.fixture(autouse=True)
+def _no_defs_state_storage_from_an_earlier_test():
+    """Each test starts with no "current" Dagster defs-state storage. A ``DagsterInstance`` entered as a context
+    sets one in a context variable until it exits; one entered by a Dagster helper and finalised late (a context
+    object in a reference cycle, collected by the GC during a later test) can put back the storage of an instance
+    that is gone, and the next in-process code-location load fails with "Attempted to resolve undefined
+    DagsterInstance weakref" (seen once in CI, in test_flags_dagster and test_launcher, not reproduced alone).
+    Late finalisers run first, then the variable is cleared for the test."""
+    import gc
+
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    gc.collect()
+    with set_defs_state_storage(None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def pg_admin_dsn():
     given = os.environ.get("LAKEHOUSE_TEST_ADMIN_DSN")
