@@ -40,7 +40,7 @@ from lakehouse_dagster.core.db import connect  # noqa: E402
 from lakehouse_dagster.core.settings import Settings  # noqa: E402
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, requested_datasets  # noqa: E402
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
-from lakehouse_dagster.dagster.partitions import datasets_partitions  # noqa: E402
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions  # noqa: E402
 from lakehouse_dagster.lake.catalog import load_catalog  # noqa: E402
 from lakehouse_dagster.mirror.poller import _BEHIND  # noqa: E402
 from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402

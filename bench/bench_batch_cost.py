@@ -170,7 +170,7 @@ def child(args) -> dict:
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
     from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-    from lakehouse_dagster.dagster.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)

@@ -271,7 +271,7 @@ def main() -> None:
     admin = admin_dsn()
     dsn, home, setup = _setup(admin, args.n, args.rows, args.workers)
     from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster.dagster.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 
     settings = Settings.from_env()
     print(

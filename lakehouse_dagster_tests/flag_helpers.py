@@ -37,7 +37,7 @@ def flag_tables(conn) -> tuple[list, list]:
 
 
 def refusal(failure_event) -> str:
-    """The reason a refused Dagster step shows (dagster/refusals.py: one message, no stack, no cause)."""
+    """The reason a refused Dagster step shows (dagster/defs/shared/refusals.py: one message, no stack, no cause)."""
     error = failure_event.step_failure_data.error
     prefix = "Refused: "
     assert error.message.startswith(prefix) and not error.stack and error.cause is None, error.to_string()

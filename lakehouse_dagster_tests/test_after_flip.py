@@ -177,7 +177,7 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
     )
     assert not run.success
     failure = next(e for e in run.all_events if e.event_type_value == "STEP_FAILURE")
-    reason = refusal(failure)  # the reason, no stack (dagster/refusals.py)
+    reason = refusal(failure)  # the reason, no stack (dagster/defs/shared/refusals.py)
     assert reason.startswith("2 of 2 dataset(s)") and f"moved_in ({moved})" in reason
     logged = "\n".join(e.user_message for e in instance.all_logs(run.run_id))
     assert "| orders |" in logged and "| moved_in |" in logged  # the table, in the run's log

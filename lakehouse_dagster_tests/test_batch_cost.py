@@ -11,7 +11,7 @@ from pyiceberg.types import StringType
 
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity.health import identity_ready
 from lakehouse_dagster.tracking import datasets

@@ -12,7 +12,7 @@ from lakehouse_dagster.dagster.defs.parity.canary_batch import parity_canary_bat
 from lakehouse_dagster.dagster.defs.parity.canary_schedule import parity_canary_schedule
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, identity_ready, parity, snapshot_freshness
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.parity import canary

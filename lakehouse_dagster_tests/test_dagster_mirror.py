@@ -9,7 +9,7 @@ import pytest
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.poller import Cursor

@@ -315,7 +315,7 @@ def instance():
 
 def test_a_transient_failure_is_retried_by_the_asset_and_the_run_succeeds(conn, dsn, settings, instance, monkeypatch):
     """An object-store I/O error once (before the commit): the step retries under its RetryPolicy."""
-    from lakehouse_dagster.dagster.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 
     d = _make(conn, 50)
     instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
@@ -329,7 +329,7 @@ def test_a_transient_failure_is_retried_by_the_asset_and_the_run_succeeds(conn, 
 
 
 def test_bad_data_fails_the_asset_without_retrying(conn, dsn, settings, instance):
-    from lakehouse_dagster.dagster.partitions import datasets_partitions
+    from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 
     d = _make(conn, 5)
     datasets.insert_rows(conn, d, [{"n": "x"}])

@@ -20,7 +20,7 @@ from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import DATASETS_TAG, mirror_batch_job
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller, mirror_runs_in_flight
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.batch import mirror_many

@@ -85,7 +85,7 @@ def test_a_refused_ingest_fails_the_step_with_the_one_line_reason(conn, dsn, set
     result = _run(dsn, bare, dg.DagsterInstance.ephemeral())
     assert not result.success
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-    reason = refusal(failure)  # the step's error shows this one line and no stack (dagster/refusals.py)
+    reason = refusal(failure)  # the step's error shows this one line and no stack (dagster/defs/shared/refusals.py)
     assert f"dataset {bare} has no source; set one with: lakehouse sources set --dataset {bare}" in reason
     assert "\n" not in reason.strip()
     assert not [e for e in result.all_events if e.event_type_value == "STEP_RESTARTED"]

@@ -14,13 +14,13 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.dagster import tags as T
 from lakehouse_dagster.dagster.defs.flags.flags import clear_flag_job, set_flag_job
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, pg_dataset_rows
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared import tags as T
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.sources.ingest import source_poller
-from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source

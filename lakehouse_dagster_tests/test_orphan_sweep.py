@@ -95,7 +95,7 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     refused = _run(instance, dsn, datasets=[str(a), str(never)], delete=True, grace_seconds=0)
     assert not refused.success
     [failure] = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
-    message = refusal(failure)  # the reason alone, no stack (dagster/refusals.py)
+    message = refusal(failure)  # the reason alone, no stack (dagster/defs/shared/refusals.py)
     assert f"dataset {never} has no Iceberg table" in message
     assert {o.path for o in orphans.find_orphans(table_of(settings, dsn, a), grace_seconds=0, protected_syncs=set())}
     bad = _run(instance, dsn, datasets=["not-a-uuid"])

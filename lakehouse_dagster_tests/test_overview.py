@@ -13,6 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.keys import MIGRATION_OVERVIEW
 from lakehouse_dagster.dagster.defs.status.overview import (
     ROLLOUT_JOBS,
     migration_overview,
@@ -20,7 +21,6 @@ from lakehouse_dagster.dagster.defs.status.overview import (
     migration_overview_job,
     partition_page,
 )
-from lakehouse_dagster.dagster.keys import MIGRATION_OVERVIEW
 from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS

@@ -22,7 +22,7 @@ from lakehouse_dagster.dagster.defs.parity.canary_schedule import (
 )
 from lakehouse_dagster.dagster.defs.parity.checks import ICEBERG_TABLE, identity_ready, parity, snapshot_freshness
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.parity import canary

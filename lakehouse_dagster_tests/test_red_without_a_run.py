@@ -15,9 +15,9 @@ from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, 
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.status.freshness import CHECK_KEY, flipped_freshness_checks
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.partitions import datasets_partitions
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset

@@ -10,7 +10,7 @@ import datetime as dt
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.dagster.tags import PLAN, PLAN_STEP
+from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP
 from lakehouse_dagster.flags.overrides import list_overrides, set_override
 from lakehouse_dagster.plans import actions, status, store
 

@@ -16,7 +16,7 @@ import dagster as dg
 import psutil
 import pytest
 
-from lakehouse_dagster.dagster.tags import PLAN, PLAN_STEP
+from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP
 from lakehouse_dagster.plans import actions, store
 
 from .conftest import pg_dagster_instance

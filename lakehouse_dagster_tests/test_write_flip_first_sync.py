@@ -70,7 +70,7 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     assert result.output_for_node("write_flip_verify")[0]["problems"] == []
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert failure.step_key == "write_flip_first_sync"
-    text = refusal(failure)  # the reason the step shows, without a stack (dagster/refusals.py)
+    text = refusal(failure)  # the reason the step shows, without a stack (dagster/defs/shared/refusals.py)
     assert "canary MISMATCH" in text and "Postgres 6 rows" in text and "Iceberg 7 rows" in text
     assert not failure.event_specific_data.error.stack and failure.event_specific_data.error.cause is None
     assert _recorded(conn, d) == [("MISMATCH", 6, 7)]

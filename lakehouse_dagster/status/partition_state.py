@@ -3,7 +3,7 @@ and writer's effective mode and why, and the latest parity verdict.
 
 Read for many datasets in three queries whatever their number (the recorder's tick, a mirror batch), and for one
 after a run's own write (the mirror asset, the ingest op), so a run's materialization and the recorder's say the
-same things. Plain Python over a connection; the Dagster glue turns it into metadata (dagster/partition_metadata.py).
+same things. Plain Python over a connection; the Dagster glue turns it into metadata (dagster/defs/shared/partition_metadata.py).
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.tags import DATASET, DATASET_NAME, DATASET_NAMES
+from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, DATASET_NAMES
 from lakehouse_dagster.plans import store as plan_store
 from lakehouse_dagster.status import alerts
 
 RUN_PAGE = 200  # failed runs read per tick (the cursor stops at the last one read when there are more)
 _DATASETS_TAG = "lakehouse/datasets"  # a mirror batch run's dataset ids (dagster/defs/mirror/mirror_batch.py)
-# How a refused step's error reads (dagster/refusals.py): "Refused: <reason>", or with the class's full name.
-_REFUSED = ("lakehouse_dagster.dagster.refusals.Refused: ", "Refused: ")
+# How a refused step's error reads (dagster/defs/shared/refusals.py): "Refused: <reason>", or with the class's full name.
+_REFUSED = ("lakehouse_dagster.dagster.defs.shared.refusals.Refused: ", "Refused: ")
 
 
 def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.tables import logged_table, table
-from lakehouse_dagster.dagster.tags import WRITER, dataset_tags, flag_tags, tag_run, text
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse
+from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
+from lakehouse_dagster.dagster.defs.shared.tags import WRITER, dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import list_overrides, narrower_overrides, remaining_lines

@@ -14,11 +14,15 @@ import dagster as dg
 
 from lakehouse_dagster.core.settings import mirror_freshness_seconds
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.partition_metadata import iceberg_standard, migration_state, postgres_standard
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.refusals import fail_step
-from lakehouse_dagster.dagster.tags import name_run, text
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
+    iceberg_standard,
+    migration_state,
+    postgres_standard,
+)
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
+from lakehouse_dagster.dagster.defs.shared.tags import name_run, text
 from lakehouse_dagster.mirror.batch import run_sync_id
 from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
 from lakehouse_dagster.status.partition_state import partition_state
@@ -126,7 +130,7 @@ def iceberg_dataset_table(
     except Exception as exc:
         # Fail loud either way: G2 backpressure and what a retry can fix (a connection, object-store I/O, a commit
         # conflict past its retries, a lost lock) come back later; bad data and bad input fail at once with the
-        # reason and no stack (dagster/refusals.py). The retry reuses the sync id: a commit that landed is found.
+        # reason and no stack (dagster/defs/shared/refusals.py). The retry reuses the sync id: a commit that landed is found.
         fail_step(context, exc)
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
     with lakehouse.connect() as conn:
@@ -139,7 +143,7 @@ def iceberg_dataset_table(
 
 def table_now(state, r: SyncResult) -> dict:
     """The standard keys and the dataset's migration state after the sync ``r`` (the asset and the batch job):
-    what the lakehouse_recorder's materializations carry too (dagster/partition_metadata.py)."""
+    what the lakehouse_recorder's materializations carry too (dagster/defs/shared/partition_metadata.py)."""
     if state is None:  # the dataset was deleted meanwhile: its partition goes with the recorder's next prune
         return {}
     return {**iceberg_standard(state, r.total_rows), **migration_state(state)}

@@ -19,10 +19,10 @@ from lakehouse_dagster.dagster.defs.mirror.assets import (
 )
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.partition_metadata import postgres_standard
-from lakehouse_dagster.dagster.refusals import check_errors_line, refuse
-from lakehouse_dagster.dagster.tags import text
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import postgres_standard
+from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
+from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs

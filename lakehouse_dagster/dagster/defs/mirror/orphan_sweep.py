@@ -12,8 +12,8 @@ from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.tables import table
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse
+from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.mirror.sweep import sweep
 
 

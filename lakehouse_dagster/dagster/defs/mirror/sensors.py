@@ -27,9 +27,9 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     mirror_batch_job,
 )
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import PG_ROWS
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import DATASET, DATASET_NAME, datasets_tags, text
+from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
@@ -63,7 +63,7 @@ def mirror_runs_in_flight(instance: dg.DagsterInstance, dataset_ids: list[uuid.U
 
 def mirror_tags(items: list[Pending], named: dict | None = None) -> dict[str, str]:
     """The run tags of a mirror request (one place: the batch and the per-dataset path). A run of one dataset
-    carries its id and name (dagster/tags.py, filterable in the runs list); a batch lists its ids and names."""
+    carries its id and name (dagster/defs/shared/tags.py, filterable in the runs list); a batch lists its ids and names."""
     named = named or {}
     tags = {DATASETS_TAG: ",".join(str(p.dataset_id) for p in items)}
     if len(items) > 1:

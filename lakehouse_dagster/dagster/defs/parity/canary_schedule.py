@@ -19,9 +19,9 @@ import dagster as dg
 from lakehouse_dagster.dagster.defs.parity.canary_batch import CanaryBatchConfig, parity_canary_batch_job
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import batch_tags, datasets_tags
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.tags import batch_tags, datasets_tags
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.runbooks.canary_rounds import oldest_first, plan_round
 

@@ -12,9 +12,9 @@ import dagster as dg
 
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import dataset_metadata, ids_as_text, name_run
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata, ids_as_text, name_run
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import pin_iceberg
 from lakehouse_dagster.parity.health import DEFAULT_MAX_LAG_SECONDS

@@ -19,11 +19,11 @@ from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.plans.jobs import rollout_analysis_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write_flip_job
-from lakehouse_dagster.dagster.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
+from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
 from lakehouse_dagster.plans import controller, store
 from lakehouse_dagster.plans.controller import ANALYSIS, FAILED, IN_FLIGHT, READ_FLIP, SET_FLAG, SUCCEEDED, WRITE_FLIP
 
-_REFUSED = "lakehouse_dagster.dagster.refusals.Refused: "
+_REFUSED = "lakehouse_dagster.dagster.defs.shared.refusals.Refused: "
 _OP = {
     READ_FLIP: "read_flip_preflight",
     WRITE_FLIP: "write_flip_preflight",

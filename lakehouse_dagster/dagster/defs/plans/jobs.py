@@ -11,8 +11,8 @@ from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse, stop
-from lakehouse_dagster.dagster.tags import plan_tags, tag_run, text
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
+from lakehouse_dagster.dagster.defs.shared.tags import plan_tags, tag_run, text
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.plans import actions, status, store

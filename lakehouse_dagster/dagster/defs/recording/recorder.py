@@ -24,15 +24,15 @@ import psycopg
 
 from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
-from lakehouse_dagster.dagster.partition_metadata import (
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     iceberg_standard,
     migration_state,
     names,
     postgres_standard,
 )
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import scope_value, text
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
 from lakehouse_dagster.status.partition_state import PartitionState, partition_states
 from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
 

@@ -11,9 +11,9 @@ from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse, stop
-from lakehouse_dagster.dagster.tables import logged_table, table
-from lakehouse_dagster.dagster.tags import READER, dataset_tags, tag_run, text
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
+from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
+from lakehouse_dagster.dagster.defs.shared.tags import READER, dataset_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READERS
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.smoke import SMOKE_MAX_ROWS

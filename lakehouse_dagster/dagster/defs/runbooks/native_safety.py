@@ -17,7 +17,7 @@ import json
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import stop
+from lakehouse_dagster.dagster.defs.shared.refusals import stop
 from lakehouse_dagster.routing.native_guard import report_key, report_lines, unsafe_native_datasets
 
 REPORT_TAG = "lakehouse/report"

@@ -12,9 +12,9 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse
-from lakehouse_dagster.dagster.tables import table
-from lakehouse_dagster.dagster.tags import dataset_tags, flag_tags, tag_run, text
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse
+from lakehouse_dagster.dagster.defs.shared.tables import table
+from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.runbooks.rollback_report import leaving_native, rollback_lines, rolled_back

@@ -17,9 +17,9 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.refusals import refuse, stop
-from lakehouse_dagster.dagster.tables import logged_table, table
-from lakehouse_dagster.dagster.tags import flag_tags, tag_run, text
+from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
+from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
+from lakehouse_dagster.dagster.defs.shared.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip, ingest_bench
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message

@@ -20,11 +20,15 @@ from pydantic import Field
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.partition_metadata import iceberg_standard, migration_state, postgres_standard
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.refusals import fail_step
-from lakehouse_dagster.dagster.tags import WRITER, datasets_tags, name_run, text
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
+    iceberg_standard,
+    migration_state,
+    postgres_standard,
+)
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
+from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.mirror.sync import peak_rss_mb
 from lakehouse_dagster.sources import get_source
@@ -118,7 +122,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
 
 def _partition_metadata(conn, settings, r) -> dict:
     """The standard keys of the asset the write landed in, and for a native write the dataset's migration state
-    (dagster/partition_metadata.py: what the lakehouse_recorder's materializations carry too)."""
+    (dagster/defs/shared/partition_metadata.py: what the lakehouse_recorder's materializations carry too)."""
     state = partition_state(conn, settings, r.dataset_id)
     if state is None:
         return {}

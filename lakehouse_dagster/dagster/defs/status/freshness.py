@@ -25,9 +25,9 @@ import dagster as dg
 from lakehouse_dagster.core.private_apis import dagster_report_check_result
 from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE
-from lakehouse_dagster.dagster.partitions import datasets_partitions
-from lakehouse_dagster.dagster.tags import dataset_metadata
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
+from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata
 from lakehouse_dagster.status.lag import flipped_freshness
 
 CHECK = "snapshot_freshness"

@@ -9,7 +9,7 @@ partition pages are also given as a markdown list of links (``attention_links``)
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
-from lakehouse_dagster.dagster.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.plans import status as plan_status

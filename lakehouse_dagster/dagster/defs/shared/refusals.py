@@ -64,7 +64,7 @@ def fail_step(context, exc: BaseException, retry: dg.RetryPolicy | None = RETRY)
 
 def stop(context, message: str, metadata: dict | None = None) -> Exception:
     """A STOP with its evidence: the metadata (counts; tables are logged row by row where they are built,
-    dagster/tables.py) goes to the run's log first, since a refusal carries text only; raise the result ``from None``."""
+    dagster/defs/shared/tables.py) goes to the run's log first, since a refusal carries text only; raise the result ``from None``."""
     shown = {k: v for k, v in (metadata or {}).items() if not isinstance(v, dg.TableMetadataValue)}  # (logged by row)
     if shown:
         context.log.info(

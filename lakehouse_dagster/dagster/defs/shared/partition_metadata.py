@@ -6,7 +6,7 @@ Dagster's standard keys (the UI shows them as the row count, the column schema, 
 ``dagster/row_count``, ``dagster/column_schema`` (the dataset's typed schema plus the identity columns),
 ``dagster/table_name``, ``dagster/uri`` (never a secret: no user or password). Then the migration's state for the
 dataset: each reader's and writer's effective mode and why (a table, plus two one-line summaries) and the newest
-parity verdict. Identifiers stay text (dagster/tags.py: numeric metadata is plotted across partitions).
+parity verdict. Identifiers stay text (dagster/defs/shared/tags.py: numeric metadata is plotted across partitions).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.dagster.tags import text
+from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.resolver import CLAMPED, Resolution
 from lakehouse_dagster.lake.schema import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
