@@ -17,6 +17,7 @@ import datetime as dt
 import uuid
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.parity import canary
@@ -66,32 +67,35 @@ def incidents(
     analysis: it judges every moved dataset, ~1 s at 10,000): the gates that hold after the flip."""
     args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
     mismatches = conn.execute(
-        f"""{MOVED_CTE}
+        MOVED_CTE
+        + sql.SQL("""
             select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
               from lakehouse_read_parity p join moved m on m.id = p.dataset_id
              where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
-             order by p.dataset_id, p.checked_at desc""",
+             order by p.dataset_id, p.checked_at desc"""),
         args,
     ).fetchall()
     if mismatches:
         items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in mismatches]
         return Outcome(FAIL, f"MISMATCH on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
     wedged = conn.execute(
-        f"""{MOVED_CTE}
+        MOVED_CTE
+        + sql.SQL("""
             select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
               from iceberg_sync_log l join moved m on m.id = l.dataset_id
-             where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""",
+             where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)"""),
         args,
     ).fetchall()
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
         return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
     fallbacks = conn.execute(
-        f"""{MOVED_CTE}
+        MOVED_CTE
+        + sql.SQL("""
             select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
               from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
-             where f.at >= %(since)s {"and f.reader = %(reader)s" if kind == READ else ""}
-             group by f.dataset_id""",
+             where f.at >= %(since)s {reader}
+             group by f.dataset_id""").format(reader=sql.SQL("and f.reader = %(reader)s" if kind == READ else "")),
         args,
     ).fetchall()
     total = sum(n for _, n, _ in fallbacks)
@@ -103,11 +107,12 @@ def incidents(
             + _listing(conn, items),
         )
     failed = conn.execute(
-        f"""{MOVED_CTE}
+        MOVED_CTE
+        + sql.SQL("""
             select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
               from iceberg_sync_log l join moved m on m.id = l.dataset_id
              where l.status = 'failed' and l.finished_at >= %(since)s
-             group by l.dataset_id""",
+             group by l.dataset_id"""),
         args,
     ).fetchall()
     total = sum(n for _, n, _ in failed)
@@ -119,7 +124,7 @@ def incidents(
             + _listing(conn, items),
         )
     if native_safety and kind != READ:
-        ids = [r[0] for r in conn.execute(f"{MOVED_CTE} select id from moved", args).fetchall()]
+        ids = [r[0] for r in conn.execute(MOVED_CTE + sql.SQL("select id from moved"), args).fetchall()]
         unsafe = native_blockers(conn, ids)
         if unsafe:
             items = [(b.dataset_id, "; ".join(b.reasons)) for b in unsafe]
@@ -181,17 +186,22 @@ class Consistency:
 def consistency(
     conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
 ) -> Consistency:
-    where = "reader = %s and at >= %s"
+    where: sql.Composable = sql.SQL("reader = %s and at >= %s")
     params: list = [reader, since]
     if dataset_ids is not None:
-        where += " and dataset_id = any(%s::uuid[])"
+        where += sql.SQL(" and dataset_id = any(%s::uuid[])")
         params.append(dataset_ids)
     counts: dict = dict(
-        conn.execute(f"select outcome, count(*) from lakehouse_shadow_reads where {where} group by outcome", params)
+        conn.execute(
+            sql.SQL("select outcome, count(*) from lakehouse_shadow_reads where {} group by outcome").format(where),
+            params,
+        )
     )
     first = conn.execute(
-        "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
-        f" from lakehouse_shadow_reads where {where} and outcome = 'mismatch' order by id limit 1",
+        sql.SQL(
+            "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
+            " from lakehouse_shadow_reads where {} and outcome = 'mismatch' order by id limit 1"
+        ).format(where),
         params,
     ).fetchone()
     mismatch = None

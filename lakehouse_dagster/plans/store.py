@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 
@@ -57,9 +58,11 @@ class PlanRow:
         return str(self.id)[:8]
 
 
-_PLAN_COLUMNS = (
-    "id, kind, name, mode, spec, rendered, state, stage, phase, reason, blocking, created_by, created_at,"
-    " updated_at, ended_at"
+_PLAN_COLUMNS = (  # PlanRow's fields, in its order
+    "id kind name mode spec rendered state stage phase reason blocking created_by created_at updated_at ended_at"
+).split()
+_SELECT_PLANS = sql.SQL("select {} from lakehouse_rollout_plans").format(
+    sql.SQL(", ").join(map(sql.Identifier, _PLAN_COLUMNS))
 )
 
 
@@ -222,7 +225,7 @@ def _exists(conn: psycopg.Connection, plan_id: uuid.UUID) -> uuid.UUID:
 
 
 def get(conn: psycopg.Connection, plan_id: uuid.UUID) -> PlanRow:
-    row = conn.execute(f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans where id = %s", (plan_id,)).fetchone()
+    row = conn.execute(_SELECT_PLANS + sql.SQL(" where id = %s"), (plan_id,)).fetchone()
     if row is None:
         raise NotFound(f"plan {plan_id} does not exist; see lakehouse rollout status")
     return PlanRow(*row)
@@ -231,20 +234,19 @@ def get(conn: psycopg.Connection, plan_id: uuid.UUID) -> PlanRow:
 def lock(conn: psycopg.Connection, plan_id: uuid.UUID, *, wait: bool = True) -> PlanRow | None:
     """The plan's row, locked until the caller's transaction ends (None: another holds it and ``wait`` is off)."""
     row = conn.execute(
-        f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans where id = %s for update"
-        + ("" if wait else " skip locked"),
+        _SELECT_PLANS + sql.SQL(" where id = %s for update" if wait else " where id = %s for update skip locked"),
         (plan_id,),
     ).fetchone()
     return PlanRow(*row) if row else None
 
 
 def plans(conn: psycopg.Connection, states: tuple[str, ...] | None = None, limit: int = 50) -> list[PlanRow]:
-    query = f"select {_PLAN_COLUMNS} from lakehouse_rollout_plans"
+    query = _SELECT_PLANS
     params: list[Any] = []
     if states is not None:
-        query += " where state = any(%s)"
+        query += sql.SQL(" where state = any(%s)")
         params.append(list(states))
-    query += " order by created_at desc limit %s"
+    query += sql.SQL(" order by created_at desc limit %s")
     params.append(limit)
     return [PlanRow(*r) for r in conn.execute(query, params).fetchall()]
 
@@ -303,9 +305,9 @@ def update_stage(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, **fie
 
 
 # Every dataset the plan's flips moved, as a relation ``moved(id)`` for a query's join (never sent to Python).
-MOVED_CTE = (
+MOVED_CTE = sql.SQL(
     "with moved as (select distinct unnest(s.moved) as id from lakehouse_rollout_steps s"
-    " where s.plan_id = %(plan)s and s.kind = 'flip')"
+    " where s.plan_id = %(plan)s and s.kind = 'flip') "
 )
 
 
