@@ -26,7 +26,6 @@ import argparse
 import ctypes
 import dataclasses
 import fcntl
-import ipaddress
 import json
 import os
 import secrets
@@ -49,6 +48,7 @@ from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.cli.demo import positive_int
 from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 from lakehouse_dagster.core.errors import BadInput, LakehouseError
+from lakehouse_dagster.core.network import is_loopback
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER_DB = "dagster"
@@ -100,13 +100,7 @@ def port_number(raw: str) -> int:
 
 def loopback_host(host: str) -> str:
     """The UI has no authentication: only loopback addresses are accepted."""
-    if host == "localhost":
-        return host
-    try:
-        ok = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_loopback(host):
         raise BadInput(
             f"--host {host!r} is not a loopback address; the Dagster UI has no authentication, so it listens on "
             "127.0.0.1 / ::1 only (reach it from elsewhere through an SSH tunnel or an authenticating proxy)"

@@ -49,6 +49,28 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
     return "; ".join(shown) + (f"; and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
 
 
+# What ``incidents`` reads, each joined with the plan's moved datasets (MOVED_CTE) inside Postgres.
+_MISMATCHES = sql.SQL("""
+    select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
+      from lakehouse_read_parity p join moved m on m.id = p.dataset_id
+     where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
+     order by p.dataset_id, p.checked_at desc""")
+_WEDGED = sql.SQL("""
+    select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
+      from iceberg_sync_log l join moved m on m.id = l.dataset_id
+     where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""")
+_FALLBACKS = sql.SQL("""
+    select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
+      from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
+     where f.at >= %(since)s {of_reader}
+     group by f.dataset_id""")
+_FAILED_SYNCS = sql.SQL("""
+    select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
+      from iceberg_sync_log l join moved m on m.id = l.dataset_id
+     where l.status = 'failed' and l.finished_at >= %(since)s
+     group by l.dataset_id""")
+
+
 def incidents(
     conn: psycopg.Connection,
     plan_id: uuid.UUID,
@@ -66,38 +88,16 @@ def incidents(
     not the datasets moved (bench/bench_rollout_controller.py). ``native_safety`` (a writer plan, once per
     analysis: it judges every moved dataset, ~1 s at 10,000): the gates that hold after the flip."""
     args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
-    mismatches = conn.execute(
-        MOVED_CTE
-        + sql.SQL("""
-            select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
-              from lakehouse_read_parity p join moved m on m.id = p.dataset_id
-             where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
-             order by p.dataset_id, p.checked_at desc"""),
-        args,
-    ).fetchall()
+    mismatches = conn.execute(MOVED_CTE + _MISMATCHES, args).fetchall()
     if mismatches:
         items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in mismatches]
         return Outcome(FAIL, f"MISMATCH on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
-    wedged = conn.execute(
-        MOVED_CTE
-        + sql.SQL("""
-            select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
-              from iceberg_sync_log l join moved m on m.id = l.dataset_id
-             where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)"""),
-        args,
-    ).fetchall()
+    wedged = conn.execute(MOVED_CTE + _WEDGED, args).fetchall()
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
         return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
-    fallbacks = conn.execute(
-        MOVED_CTE
-        + sql.SQL("""
-            select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
-              from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
-             where f.at >= %(since)s {reader}
-             group by f.dataset_id""").format(reader=sql.SQL("and f.reader = %(reader)s" if kind == READ else "")),
-        args,
-    ).fetchall()
+    of_reader = sql.SQL("and f.reader = %(reader)s" if kind == READ else "")
+    fallbacks = conn.execute(MOVED_CTE + _FALLBACKS.format(of_reader=of_reader), args).fetchall()
     total = sum(n for _, n, _ in fallbacks)
     if total > analysis.max_fallbacks:
         items = [(d, f"{n} fallback(s), e.g. {err[:120]}") for d, n, err in fallbacks]
@@ -106,15 +106,7 @@ def incidents(
             f"{total} read fallback(s) since the stage flipped (max_fallbacks {analysis.max_fallbacks}): "
             + _listing(conn, items),
         )
-    failed = conn.execute(
-        MOVED_CTE
-        + sql.SQL("""
-            select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
-              from iceberg_sync_log l join moved m on m.id = l.dataset_id
-             where l.status = 'failed' and l.finished_at >= %(since)s
-             group by l.dataset_id"""),
-        args,
-    ).fetchall()
+    failed = conn.execute(MOVED_CTE + _FAILED_SYNCS, args).fetchall()
     total = sum(n for _, n, _ in failed)
     if total > analysis.max_failed_syncs:
         items = [(d, f"{n} failed sync(s), e.g. {err[:120]}") for d, n, err in failed]

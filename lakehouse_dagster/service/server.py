@@ -9,7 +9,6 @@ settled by the next write of the dataset, mirror/reaper.py).
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -19,21 +18,13 @@ import time
 import uvicorn
 
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.network import is_loopback
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.service.app import create_app
 
 log = logging.getLogger("lakehouse_dagster.service")
 
 MIN_TOKEN_CHARS = 16
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_can_serve(settings: Settings, host: str) -> str:
