@@ -48,6 +48,7 @@ def _seconds(raw: str) -> float:
 
 def _serve(ctx, args) -> Result:
     # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.core.arrow_memory import prefer_jemalloc  # lazy: see above
     from lakehouse_dagster.service.server import check_can_serve, serve  # lazy: see above
 
     settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
@@ -55,8 +56,9 @@ def _serve(ctx, args) -> Result:
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host
+    pool = prefer_jemalloc()
     logging.getLogger("lakehouse_dagster.service").info(
-        f"listening on http://{host}:{args.port} (auth: {auth}; Postgres and catalog opening)"
+        f"listening on http://{host}:{args.port} (auth: {auth}; Arrow memory: {pool}; Postgres and catalog opening)"
     )
     code = serve(settings, ctx.dsn, args.host, args.port, graceful_seconds=args.graceful_seconds)
     return Result({"event": "stopped", "exit_code": code}, "", exit_code=code)
