@@ -10,9 +10,12 @@ from pathlib import Path
 
 import psycopg
 
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.tracking import datasets
+
+prefer_jemalloc()  # every bench process allocates as the project's own processes do (core/arrow_memory.py)
 
 # Demo-shaped (like the demo's `events`): 10 typed columns of every type, with nulls
 # (JSON null and missing keys), unicode, NaN/±Infinity, pre-1970 timestamps and nested json.

@@ -10,6 +10,8 @@ and ratios mirror/limit, mirror/naive. Each measurement runs in a fresh child pr
 RSS is its own. --scale repeats the mirror at other sizes to show peak RSS stays flat.
 --digest-ab N runs the mirror N more times each with and without the per-file parity digest computed at
 write time (LAKEHOUSE_DIGEST_ON_WRITE, parity/maintained.py), alternating, and prints the best-of ratio.
+--allocator-ab N runs the mirror and the limit N more times each on jemalloc (every process of the project's,
+core/arrow_memory.py; every child here too) and on pyarrow's default mimalloc, alternating: best-of and peak RSS.
 Not a test: nothing here gates CI.
 """
 
@@ -139,6 +141,13 @@ def main() -> None:
         metavar="N",
         help="N extra mirror runs each with and without the write-time file digest",
     )
+    p.add_argument(
+        "--allocator-ab",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N extra runs of the mirror and of the limit each on jemalloc (the project's) and pyarrow's mimalloc",
+    )
     p.add_argument("--child"), p.add_argument("--dsn"), p.add_argument("--dataset"), p.add_argument("--warehouse")
     a = p.parse_args()
     if a.child:
@@ -176,6 +185,29 @@ def main() -> None:
             f"mirror without the write-time digest {off:6.2f}s, with it {on:6.2f}s: {on / off:.3f}x the time "
             f"(best of {a.digest_ab}; all: off {[round(x, 2) for x in times['false']]}, "
             f"on {[round(x, 2) for x in times['true']]})"
+        )
+    if a.allocator_ab:
+        ab: dict[tuple[str, str], list[dict]] = {}
+        for _ in range(a.allocator_ab):
+            for pool in ("mimalloc", "jemalloc"):  # alternate, so load changes hit both alike
+                for kind in ("mirror", "limit"):
+                    env = {"ARROW_DEFAULT_MEMORY_POOL": pool}
+                    ab.setdefault((kind, pool), []).append(run_child(kind, dsn, ds_id, warehouse, a.chunk, env=env))
+        for kind in ("mirror", "limit"):
+            mi, je = ab[(kind, "mimalloc")], ab[(kind, "jemalloc")]
+            best_mi, best_je = min(r["seconds"] for r in mi), min(r["seconds"] for r in je)
+            rss_mi, rss_je = max(r["rss_mb"] for r in mi), max(r["rss_mb"] for r in je)
+            print(
+                f"{kind:7s} on jemalloc {best_je:6.2f}s, on mimalloc {best_mi:6.2f}s: {best_mi / best_je:.2f}x the "
+                f"rows/s (best of {a.allocator_ab}); peak RSS {rss_je:.0f} vs {rss_mi:.0f} MB "
+                f"(all: jemalloc {[round(r['seconds'], 2) for r in je]}, mimalloc {[round(r['seconds'], 2) for r in mi]})"
+            )
+        lim_mi = min(r["seconds"] for r in ab[("limit", "mimalloc")])
+        mir_mi = min(r["seconds"] for r in ab[("mirror", "mimalloc")])
+        lim_je = min(r["seconds"] for r in ab[("limit", "jemalloc")])
+        mir_je = min(r["seconds"] for r in ab[("mirror", "jemalloc")])
+        print(
+            f"mirror / limit rows/s: {lim_je / mir_je:.2f}x both on jemalloc, {lim_mi / mir_mi:.2f}x both on mimalloc"
         )
     sizes = [int(s) for s in a.scale.split(",") if s.strip()]
     if sizes:

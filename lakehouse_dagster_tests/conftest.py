@@ -14,10 +14,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.testing.pg import with_db
+
+prefer_jemalloc()  # the tests allocate as the project's processes do (core/arrow_memory.py)
 
 TEMPLATE_DB = "lakehouse_test_template"
 _with_db = with_db  # the name tests imported from here before lakehouse_dagster.testing.pg

@@ -11,6 +11,7 @@ import pkgutil
 import sys
 
 from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 from lakehouse_dagster.core.errors import LakehouseError
 
 
@@ -30,6 +31,7 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    prefer_jemalloc()  # before any verb allocates Arrow memory (core/arrow_memory.py)
     ctx = Context()
     try:
         result = args.func(ctx, args)

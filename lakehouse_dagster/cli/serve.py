@@ -9,6 +9,7 @@ import sys
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.cli.up import API_PORT as DEFAULT_PORT
 from lakehouse_dagster.cli.up import check_port_free, port_number
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -48,7 +49,6 @@ def _seconds(raw: str) -> float:
 
 def _serve(ctx, args) -> Result:
     # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.core.arrow_memory import prefer_jemalloc  # lazy: see above
     from lakehouse_dagster.service.server import check_can_serve, serve  # lazy: see above
 
     settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
@@ -56,7 +56,7 @@ def _serve(ctx, args) -> Result:
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host
-    pool = prefer_jemalloc()
+    pool = prefer_jemalloc()  # main() chose it already; the name for the ready line
     logging.getLogger("lakehouse_dagster.service").info(
         f"listening on http://{host}:{args.port} (auth: {auth}; Arrow memory: {pool}; Postgres and catalog opening)"
     )

@@ -1,9 +1,11 @@
-"""The Arrow allocator of the process that streams the most Arrow memory: `lakehouse serve`.
+"""Every process of the project allocates Arrow memory with jemalloc, not pyarrow's default mimalloc.
 
-pyarrow's wheels default to mimalloc. A full export frees and allocates ~400 MB per 2M rows, 12 MB at a time; on
-this project's 2-core VM mimalloc handed pages back and faulted them in again, so that about one export in four ran
-at half speed. On jemalloc the same server ran 1.15x the rows/s in median at 0.66 instead of 0.75 CPU-s per export
-(docs/benchmarks.md, "The service's allocator"). An operator's ARROW_DEFAULT_MEMORY_POOL is kept as given.
+The mirror, the writers and the service free and allocate hundreds of MB of Arrow buffers in chunks of MBs. On
+this project's 2-core VM mimalloc handed pages back and faulted them in again: about one full export in four ran at
+half speed. On jemalloc the service exported 1.15x the rows/s in median at 0.66 instead of 0.75 CPU-s, and a 2M-row
+mirror ran 1.04x the rows/s at 298 instead of 334 MB peak RSS (docs/benchmarks.md, "The service's allocator" and
+"The mirror on jemalloc"). Called by each entry point: the CLI, the code location (so the code server, the warm
+forkserver and its run workers), the test suite and the benches. An operator's ARROW_DEFAULT_MEMORY_POOL is kept.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pyarrow as pa
 
 def prefer_jemalloc() -> str:
     """Make jemalloc the default Arrow pool of this process (unless ARROW_DEFAULT_MEMORY_POOL names one, or this
-    pyarrow has none); the name of the pool in use. Call before the first Arrow allocation that matters."""
+    pyarrow has none); the name of the pool in use. Buffers allocated before keep their own pool."""
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         try:
             pa.set_memory_pool(pa.jemalloc_memory_pool())

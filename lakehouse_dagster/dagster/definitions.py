@@ -4,6 +4,10 @@ from pathlib import Path
 
 import dagster as dg
 
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
+
+prefer_jemalloc()  # the code server, and the warm forkserver before it forks run workers (core/arrow_memory.py)
+
 
 def build() -> dg.Definitions:
     return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
