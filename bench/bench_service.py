@@ -258,7 +258,7 @@ def bench_export(admin: str, rows: int, log_dir: Path, repeats: int = 5) -> dict
         "cpu_s": {k: [round(statistics.median(c[i] for c in v), 2) for i in range(len(v[0]))] for k, v in cpu.items()},
     }
     c = result["cpu_s"]
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))  # the cores this process may run on (a container may have fewer)
     arrow_wall = rows / med["to_arrow"]
     # the export's least work: the server's decode and encode, and moving its bytes; on `cores` perfectly shared
     # cores it takes at least that ÷ cores, against to_arrow's measured wall time
