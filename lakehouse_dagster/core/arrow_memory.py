@@ -2,10 +2,11 @@
 
 The mirror, the writers and the service free and allocate hundreds of MB of Arrow buffers in chunks of MBs. On
 this project's 2-core VM mimalloc handed pages back and faulted them in again: about one full export in four ran at
-half speed. On jemalloc the service exported 1.08-1.15x the rows/s in median at less CPU, under 32 clients held 468
-instead of 802 MB at its peak with a read p99 of 272 instead of 1,189 ms, and a 2M-row mirror ran 1.04x the rows/s at 298 instead of 334 MB peak RSS (docs/benchmarks.md, "The service's allocator" and
-"The mirror on jemalloc"). Called by each entry point: the CLI, the code location (so the code server, the warm
-forkserver and its run workers), the test suite and the benches. An operator's ARROW_DEFAULT_MEMORY_POOL is kept.
+half speed. On jemalloc the service exported 1.08-1.15x the rows/s in median at less CPU; under 32 clients it held
+468 instead of 802 MB at its peak, with a read p99 of 272 instead of 1,189 ms; a 2M-row mirror ran 1.04x the rows/s
+at 298 instead of 334 MB peak RSS (docs/benchmarks.md, "The service's allocator" and "The mirror on jemalloc").
+Called by each entry point: the CLI, the code location (so the code server, the warm forkserver and its run
+workers), the test suite and the benches. An operator's ARROW_DEFAULT_MEMORY_POOL is kept.
 """
 
 from __future__ import annotations
