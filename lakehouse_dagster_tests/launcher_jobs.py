@@ -73,7 +73,7 @@ def exit_3_unless_definitions_are_preloaded():
     import sys
 
     from lakehouse_dagster.dagster.definitions import defs
-    from lakehouse_dagster.launcher import location
+    from lakehouse_dagster.dagster.launcher import location
 
     built = defs()
     sys.exit(0 if built is not None and built is location.preloaded() else 3)

@@ -20,13 +20,13 @@ from dagster._core.test_utils import in_process_test_workspace, poll_for_event, 
 from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
-from lakehouse_dagster.launcher.run_launcher import WORKER_TAG, WarmRunLauncher
-from lakehouse_dagster.launcher.worker_process import Worker, start_time
+from lakehouse_dagster.dagster.launcher.run_launcher import WORKER_TAG, WarmRunLauncher
+from lakehouse_dagster.dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = {
-    "module": "lakehouse_dagster.launcher.run_launcher",
+    "module": "lakehouse_dagster.dagster.launcher.run_launcher",
     "class": "WarmRunLauncher",
     "config": {"terminate_grace_seconds": 10.0},
 }
@@ -113,7 +113,7 @@ def test_a_run_succeeds_in_a_worker_forked_from_the_warm_forkserver(instance):
     assert "pyiceberg.table" in preloaded
     # Of ours, the launcher's warm-up and this project's code location (built once, launcher/location.py).
     assert [m for m in preloaded if m.startswith("lakehouse_dagster")] == [
-        "lakehouse_dagster.launcher.warm",
+        "lakehouse_dagster.dagster.launcher.warm",
         "lakehouse_dagster.dagster.preload_location",
     ]
     bare = subprocess.run(
@@ -278,7 +278,7 @@ def test_a_location_on_another_python_falls_back_to_the_code_server_and_says_so(
 def test_workers_get_the_code_location_the_forkserver_built_once(instance):
     """preload_location: a forked worker's ``defs()`` is the forkserver's Definitions (not built again); in this
     process (like the code server) nothing was preloaded, so it builds them."""
-    from lakehouse_dagster.launcher import location
+    from lakehouse_dagster.dagster.launcher import location
 
     instance.run_launcher._forkserver_up()
     proc = instance.run_launcher._context().Process(target=launcher_jobs.exit_3_unless_definitions_are_preloaded)
@@ -297,7 +297,7 @@ def _touch_later(path: Path) -> tuple[int, int]:
 def test_a_changed_code_location_gets_a_new_forkserver_before_the_next_fork(instance):
     """A file of the package changed after the forkserver loaded it: the next launch starts a new forkserver
     (which loads the code on disk) and says so; the launch after that uses it as is."""
-    from lakehouse_dagster.launcher import location
+    from lakehouse_dagster.dagster.launcher import location
 
     with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
         first = _launch(instance, ws, launcher_jobs.ok_job)
@@ -324,8 +324,8 @@ def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter
     """The race the launcher's check cannot close (a file written between its check and the fork): the worker
     finds its forkserver's code differs from what the launcher saw and execs ``dagster api execute_run`` (same pid,
     so the run's worker tag stays true); the run still succeeds and its log says why."""
-    from lakehouse_dagster.launcher import location
-    from lakehouse_dagster.launcher import run_launcher as launcher_module
+    from lakehouse_dagster.dagster.launcher import location
+    from lakehouse_dagster.dagster.launcher import run_launcher as launcher_module
 
     instance.run_launcher._forkserver_up()
     pid = WarmRunLauncher.forkserver_pid()
@@ -351,7 +351,7 @@ def pg_warm_instance(pg_admin_dsn, tmp_path):
     with pg_dagster_instance(
         pg_admin_dsn,
         tmp_path,
-        "run_launcher:\n  module: lakehouse_dagster.launcher.run_launcher\n  class: WarmRunLauncher\n",
+        "run_launcher:\n  module: lakehouse_dagster.dagster.launcher.run_launcher\n  class: WarmRunLauncher\n",
     ) as got:
         yield got
 

@@ -10,7 +10,6 @@ import time
 import dagster as dg
 import pytest
 
-from lakehouse_dagster.core.private_apis import dagster_report_check_result
 from lakehouse_dagster.dagster.defs.mirror.assets import iceberg_dataset_table, mirror_freshness_policy, pg_dataset_rows
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
@@ -18,6 +17,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.status.freshness import CHECK_KEY, flipped_freshness_checks
+from lakehouse_dagster.dagster.private_apis import dagster_report_check_result
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset

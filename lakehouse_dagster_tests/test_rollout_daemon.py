@@ -81,7 +81,7 @@ def test_a_daemon_killed_mid_stage_resumes_without_double_applying(conn, dsn, se
     # runs launched at once, forked from the warm forkserver (the project's dagster.yaml launcher)
     extra = (
         "run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n"
-        "run_launcher:\n  module: lakehouse_dagster.launcher.run_launcher\n  class: WarmRunLauncher\n"
+        "run_launcher:\n  module: lakehouse_dagster.dagster.launcher.run_launcher\n  class: WarmRunLauncher\n"
     )
     with pg_dagster_instance(pg_admin_dsn, home, extra) as (inst, _):
 

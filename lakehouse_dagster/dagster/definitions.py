@@ -17,7 +17,7 @@ def build() -> dg.Definitions:
 def defs() -> dg.Definitions:
     # A run worker forked from the warm forkserver gets the Definitions it built from this very code
     # (launcher/location.py); the code server and everything else build them here.
-    from lakehouse_dagster.launcher.location import (
+    from lakehouse_dagster.dagster.launcher.location import (
         preloaded,
     )  # lazy: the launcher's preload slot, read only when the location is built
 

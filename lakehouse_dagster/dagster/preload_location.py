@@ -1,7 +1,7 @@
 """Imported by the warm forkserver only (WarmRunLauncher ``preload_location``): builds the code location once
 before any fork (launcher/location.py says how a stale preload is never used)."""
 
-from lakehouse_dagster.launcher.location import preload
+from lakehouse_dagster.dagster.launcher.location import preload
 
 
 def _import_build():

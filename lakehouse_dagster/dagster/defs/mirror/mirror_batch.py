@@ -23,7 +23,7 @@ from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import postgres_standard
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.defs.shared.tags import text
-from lakehouse_dagster.launcher.event_writes import pooled_event_writes
+from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.status.partition_state import partition_state

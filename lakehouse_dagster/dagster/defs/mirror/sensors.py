@@ -8,7 +8,7 @@ postgres/dataset_rows partition, its rows_version as data version (the app wrote
 shows the dataset's iceberg/dataset_table partition as stale ("Unsynced") from that moment until a mirror of it
 lands, with no run needed. Not an observation: Dagster 1.13 reads observations for staleness only on observable
 (source) assets (``CachingInstanceQueryer._get_latest_materialization_or_observation_record``), and this asset is
-materializable. Stored by the tick itself in one batch write (core/private_apis.py), not returned as
+materializable. Stored by the tick itself in one batch write (dagster/private_apis.py), not returned as
 ``SensorResult(asset_events=...)``: the daemon stores those one at a time before it submits the tick's runs, ~40×
 slower for 100 datasets on Postgres storage, and the mirror's runs would wait for it."""
 
@@ -18,7 +18,6 @@ import uuid
 import dagster as dg
 
 from lakehouse_dagster.core.batches import split_near_equal
-from lakehouse_dagster.core.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     DATA_VERSION_TAG,
@@ -30,6 +29,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
+from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError

@@ -17,7 +17,7 @@ from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, FULL_TAG, check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
-from lakehouse_dagster.launcher.event_writes import pooled_event_writes
+from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.parity.canary import wedged_syncs
 
 _SHOWN = 10  # datasets named in a failure line (the count says how many more)

@@ -14,7 +14,7 @@ Where an operator looks, and why an ordinary exception cannot do it in Dagster 1
 * the console: ``StepFailureData.error_display_string``.
 
 So a refusal is raised as the error Dagster forwards from a user code process as it was serialised there
-(``core.private_apis.dagster_step_error``): one message, ``Refused: <reason>``, no stack and no cause, and since it is
+(``dagster.private_apis.dagster_step_error``): one message, ``Refused: <reason>``, no stack and no cause, and since it is
 a ``DagsterError`` the op's error boundary lets it through unwrapped and a ``RetryPolicy`` never retries it. The
 step's row, the RUN_FAILURE row and the console all read ``Refused: <reason>`` and nothing else.
 Steps that retry do it through ``fail_step``: ``RetryRequested`` for transient errors only (errors.is_transient).
@@ -27,7 +27,7 @@ from typing import NoReturn
 import dagster as dg
 
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, is_transient
-from lakehouse_dagster.core.private_apis import dagster_step_error
+from lakehouse_dagster.dagster.private_apis import dagster_step_error
 
 # The retry schedule of the steps that retry (the mirror asset, the ingest op): 5 s, doubling, with jitter, 3 times.
 RETRY = dg.RetryPolicy(max_retries=3, delay=5, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS)

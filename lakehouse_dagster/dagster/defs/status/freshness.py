@@ -14,7 +14,7 @@ At most ``PER_TICK`` evaluations per tick (each pins the dataset's Iceberg table
 Dagster's own record of each partition's latest result is the memory, so nothing is reported twice.
 
 Not through ``SensorResult(asset_events=...)``: Dagster 1.13 files every runless check result under run id "", and
-its storage refuses a second one on the same partition (core/private_apis.py ``dagster_report_check_result`` files
+its storage refuses a second one on the same partition (dagster/private_apis.py ``dagster_report_check_result`` files
 each under a placeholder run id ``runless-<uuid>`` instead). The tick's skip message says what was recorded.
 """
 
@@ -22,12 +22,12 @@ import uuid
 
 import dagster as dg
 
-from lakehouse_dagster.core.private_apis import dagster_report_check_result
 from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata
+from lakehouse_dagster.dagster.private_apis import dagster_report_check_result
 from lakehouse_dagster.status.lag import flipped_freshness
 
 CHECK = "snapshot_freshness"

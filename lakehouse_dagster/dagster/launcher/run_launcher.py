@@ -35,7 +35,11 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_dagster.core import private_apis
-from lakehouse_dagster.core.private_apis import (  # what a launcher plugin is built from: Dagster keeps it private
+from lakehouse_dagster.dagster import private_apis as dagster_private
+from lakehouse_dagster.dagster.launcher import location
+from lakehouse_dagster.dagster.launcher.run_worker import run_worker
+from lakehouse_dagster.dagster.launcher.worker_process import Worker
+from lakehouse_dagster.dagster.private_apis import (  # what a launcher plugin is built from: Dagster keeps it private
     GRPC_INFO_TAG,
     CheckRunHealthResult,
     ConfigurableClass,
@@ -44,9 +48,6 @@ from lakehouse_dagster.core.private_apis import (  # what a launcher plugin is b
     RunLauncher,
     WorkerStatus,
 )
-from lakehouse_dagster.launcher import location
-from lakehouse_dagster.launcher.run_worker import run_worker
-from lakehouse_dagster.launcher.worker_process import Worker
 
 WORKER_TAG = "lakehouse/run_worker"
 
@@ -54,7 +55,7 @@ WORKER_TAG = "lakehouse/run_worker"
 # run). Modules a run imports anyway (DagsterInstance on Postgres, the catalog, Parquet, the parity kernel's numba).
 DEFAULT_PRELOAD = [
     "dagster",
-    *private_apis.dagster_run_modules(),
+    *dagster_private.dagster_run_modules(),
     "dagster_postgres",
     "psycopg",
     "psycopg.types.json",
@@ -76,7 +77,7 @@ DEFAULT_PRELOAD = [
 ]
 
 # Imported after DEFAULT_PRELOAD when ``warm_up`` (the launcher's own package comes with it, nothing else of ours).
-WARM_UP = "lakehouse_dagster.launcher.warm"
+WARM_UP = "lakehouse_dagster.dagster.launcher.warm"
 # Imported last when ``preload_location``: this project's code location, built once (location.py).
 PRELOAD_LOCATION = "lakehouse_dagster.dagster.preload_location"
 
@@ -90,7 +91,7 @@ _FORKSERVER_CODE: dict[int, str | None] = {}
 def _in_daemon_process() -> bool:
     """The dagster daemon (``dagster-daemon run`` or ``python -m dagster._daemon`` under ``dagster dev``) is the
     process that launches queued runs: the one worth warming up at start."""
-    return private_apis.dagster_is_daemon(sys.argv[0] if sys.argv else "")
+    return dagster_private.dagster_is_daemon(sys.argv[0] if sys.argv else "")
 
 
 class WarmRunLauncher(RunLauncher, ConfigurableClass):
@@ -170,7 +171,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
     @property
     def _registered_instance(self) -> dg.DagsterInstance:
         """The instance this launcher was registered with (Dagster keeps it in a private attribute)."""
-        return private_apis.dagster_registered_instance(self)
+        return dagster_private.dagster_registered_instance(self)
 
     # --- the forkserver ---------------------------------------------------------------------------------------
     def _context(self):

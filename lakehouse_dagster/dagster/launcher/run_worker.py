@@ -22,10 +22,10 @@ def run_worker(
         DagsterInstance,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
-    from lakehouse_dagster.core import (
+    from lakehouse_dagster.dagster import (
         private_apis,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
-    from lakehouse_dagster.launcher.location import (
+    from lakehouse_dagster.dagster.launcher.location import (
         preloaded_fingerprint,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
@@ -33,7 +33,7 @@ def run_worker(
     loaded = preloaded_fingerprint()
     if code_fingerprint is not None and loaded is not None and loaded != code_fingerprint:
         _exec_fresh(run_id, ref)
-    from lakehouse_dagster.launcher.event_writes import (
+    from lakehouse_dagster.dagster.launcher.event_writes import (
         pooled_event_writes,
     )  # after the fork: code of the location, on disk
 
@@ -55,7 +55,7 @@ def _exec_fresh(run_id: str, ref) -> None:
         DagsterInstance,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 
-    from lakehouse_dagster.core import (
+    from lakehouse_dagster.dagster import (
         private_apis,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lakehouse_dagster/
+PACKAGE_DIR = Path(__file__).resolve().parents[2]  # lakehouse_dagster/
 
 # Set in the forkserver by ``preload`` (inherited by every forked worker); None everywhere else.
 _fingerprint: str | None = None
