@@ -6,11 +6,12 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
 from lakehouse_dagster.core.embedded import start_embedded
+from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 
 
@@ -26,6 +27,30 @@ def connect(dsn: str, *, autocommit: bool = True, **kwargs) -> psycopg.Connectio
     conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
     conn.execute("set timezone to 'UTC'")
     return conn
+
+
+class _Cursor(Protocol):
+    def fetchone(self) -> tuple[Any, ...] | None: ...
+
+
+def fetch_one(cur: _Cursor, what: str) -> tuple[Any, ...]:
+    """The row of a query that always returns one while the database is as this code expects (an aggregate,
+    ``select f()``, ``show``, ``insert ... returning``, a one-row state table): the caller indexes it with no
+    None check. No row means the database is not what the code expects (a row deleted by hand, a migration not
+    applied), so this refuses naming what was missing rather than failing later on ``None[0]``. Works on a
+    psycopg or a DuckDB cursor."""
+    row = cur.fetchone()
+    if row is None:
+        raise LakehouseError(
+            f"the database returned no row for {what}, where one is always expected: check that migrations are"
+            " applied (`lakehouse db migrate`) and that nothing deleted the lakehouse's own rows, then retry"
+        )
+    return row
+
+
+def fetch_value(cur: _Cursor, what: str) -> Any:
+    """The first column of ``fetch_one``: for ``select count(*)``, ``select now()``, ``... returning id``."""
+    return fetch_one(cur, what)[0]
 
 
 @contextmanager

@@ -37,7 +37,7 @@ def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: b
     pgdata = Path(pgdata).expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     if delete_on_exit:
-        mode = "delete"
+        mode: str | None = "delete"
     else:
         mode = None if keep_running else "stop"
     was_running = _running(pgdata)
@@ -64,7 +64,7 @@ def _logical_wal(server, pgdata: Path, uri: str) -> None:
     stalled consumer can hold back: past it the slot is invalidated, never the disk filled."""
 
     with psycopg.connect(uri, autocommit=True) as conn:
-        if conn.execute("show wal_level").fetchone()[0] == "logical":
+        if conn.execute("show wal_level").fetchone() == ("logical",):
             return
         conn.execute("alter system set wal_level = 'logical'")
         conn.execute("alter system set max_slot_wal_keep_size = '2GB'")

@@ -79,7 +79,7 @@ _TRANSIENT_NAMES = {
 }
 
 
-def is_transient(exc: BaseException) -> bool:
+def is_transient(exc: BaseException | None) -> bool:
     """True when retrying the same operation later may succeed. Follows ``raise ... from`` causes."""
     seen = 0
     while exc is not None and seen < 10:

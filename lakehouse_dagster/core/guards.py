@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from lakehouse_dagster.core.db import close_quietly, connect, is_idle
+from lakehouse_dagster.core.db import close_quietly, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import Backpressure, GuardLost, LockTimeout
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
@@ -78,11 +78,11 @@ def pooled_guard_connection(dsn: str, pool=None) -> Iterator[psycopg.Connection]
 
 def _lock_free(conn: psycopg.Connection) -> bool:
     try:
-        return (
-            is_idle(conn)
-            and not conn.execute(
+        return is_idle(conn) and not fetch_value(
+            conn.execute(
                 "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid())"
-            ).fetchone()[0]
+            ),
+            "whether this session holds an advisory lock",
         )
     except psycopg.Error:
         return False
@@ -155,7 +155,10 @@ def _unlock(conn: psycopg.Connection, ns: int, key: int) -> None:
 def admission_slot(conn: psycopg.Connection, max_concurrent: int) -> Iterator[int]:
     """G2: take one of ``max_concurrent`` slots or raise Backpressure at once."""
     for slot in range(max_concurrent):
-        if conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_ADMISSION, slot)).fetchone()[0]:
+        if fetch_value(
+            conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_ADMISSION, slot)),
+            "a try of an admission slot's lock",
+        ):
             try:
                 with _remember(conn, _NS_ADMISSION, slot, f"ingest slot {slot} (G2)"):
                     yield slot

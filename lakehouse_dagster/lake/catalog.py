@@ -14,6 +14,7 @@ from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError
 from pyiceberg.table import Table
 
 from lakehouse_dagster.core.db import connect, sqlalchemy_url
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 
 _cache: dict[tuple, Catalog] = {}
@@ -35,6 +36,8 @@ def _build(settings: Settings, dsn: str) -> Catalog:
     if settings.catalog_type == "rest":
         from pyiceberg.catalog.rest import RestCatalog  # lazy: only a REST catalog needs it
 
+        if not settings.catalog_uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
+            raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
         return RestCatalog("lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse)
     # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
     from pyiceberg.catalog.sql import SqlCatalog  # lazy: see above

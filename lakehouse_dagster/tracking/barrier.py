@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.tracking import capture
 
 TIMEOUT_S = 30.0  # how long a reader waits for a dataset's writers before it refuses to read the tracking
@@ -52,7 +53,9 @@ MODE_IS_AFTER_COMMIT = "(select mode = 'after-commit' from lakehouse_digest_capt
 
 
 def mode_is_after_commit(conn: psycopg.Connection) -> bool:
-    return bool(conn.execute("select " + MODE_IS_AFTER_COMMIT).fetchone()[0])
+    return bool(
+        fetch_value(conn.execute("select " + MODE_IS_AFTER_COMMIT), "the capture mode (lakehouse_digest_capture)")
+    )
 
 
 class Barrier:
@@ -179,7 +182,7 @@ def _lock_all(conn: psycopg.Connection, ids: list[uuid.UUID], deadline: float) -
         got: list[uuid.UUID] = []
         blocked = None
         for ds in ids:
-            if conn.execute(_TRY, (ds,)).fetchone()[0]:
+            if fetch_value(conn.execute(_TRY, (ds,)), "a try of the dataset's barrier lock"):
                 got.append(ds)
             else:
                 blocked = ds
@@ -202,7 +205,7 @@ def _wait_for(conn: psycopg.Connection, query: str, params: tuple, deadline: flo
     )
     if remaining_ms <= 0:
         raise refusal
-    previous = conn.execute("select current_setting('lock_timeout')").fetchone()[0]
+    previous = fetch_value(conn.execute("select current_setting('lock_timeout')"), "the session's lock_timeout")
     conn.execute("select set_config('lock_timeout', %s, false)", (str(remaining_ms),))
     try:
         conn.execute(query, params)
@@ -216,7 +219,9 @@ def _bound_idle(conn: psycopg.Connection) -> dict:
     """Bound the session's idle time while it holds (autocommit: ended by the server after it, its locks
     released); returns what to restore."""
     try:
-        previous = conn.execute("select current_setting('idle_session_timeout')").fetchone()[0]
+        previous = fetch_value(
+            conn.execute("select current_setting('idle_session_timeout')"), "the session's idle_session_timeout"
+        )
     except psycopg.errors.UndefinedObject:  # PostgreSQL 14+
         return {}
     conn.execute("select set_config('idle_session_timeout', %s, false)", (str(HOLD_IDLE_TIMEOUT_MS),))

@@ -49,6 +49,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.schema.migrate import LOCK_KEY
 from lakehouse_dagster.tracking import pgoutput
@@ -104,7 +105,7 @@ def status(conn: psycopg.Connection) -> dict:
     st = state(conn)
     out = {
         "mode": st.mode,
-        "wal_level": conn.execute("show wal_level").fetchone()[0],
+        "wal_level": fetch_value(conn.execute("show wal_level"), "the server's wal_level"),
         "slot": st.slot,
         "applied_lsn": st.applied_lsn,
         "applying": st.applying,
@@ -125,14 +126,16 @@ def status(conn: psycopg.Connection) -> dict:
 
 
 def _slot_name(conn: psycopg.Connection) -> str:
-    oid = conn.execute("select oid from pg_database where datname = current_database()").fetchone()[0]
+    oid = fetch_value(
+        conn.execute("select oid from pg_database where datname = current_database()"), "the current database's oid"
+    )
     return f"lakehouse_digest_{oid}"  # slots are per server; one per database
 
 
 def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
     """Switch to capture mode "after-commit" (``conn`` autocommit). Idempotent; refuses with the reason when the
     server cannot decode (wal_level) or the table cannot be altered."""
-    level = conn.execute("show wal_level").fetchone()[0]
+    level = fetch_value(conn.execute("show wal_level"), "the server's wal_level")
     if level != "logical":
         raise CaptureError(
             f"wal_level is {level!r}: logical decoding needs wal_level = logical "
@@ -180,7 +183,7 @@ def _create_slot(conn: psycopg.Connection, slot: str, lock_timeout_ms: int) -> N
         conn.execute("select pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
 
 
-def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_timeout_ms: int) -> None:
+def _switch(conn: psycopg.Connection, st: State, slot: str | None, target: str, lock_timeout_ms: int) -> None:
     """One transaction under the lock ALTER TABLE ... TRIGGER takes on dataset_rows (SHARE ROW EXCLUSIVE: it
     waits for every writing transaction and holds new ones), so every write is on one side of the switch row."""
     with conn.transaction():
@@ -205,7 +208,10 @@ def _switch(conn: psycopg.Connection, st: State, slot: str, target: str, lock_ti
         again = again or st.mode == LEGACY_WAL
         if target != "triggers":
             if (
-                conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass").fetchone()[0]
+                fetch_value(
+                    conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass"),
+                    "the replica identity of dataset_rows",
+                )
                 != "f"
             ):
                 conn.execute("alter table dataset_rows replica identity full")
@@ -308,15 +314,21 @@ _ENABLED_TRIGGERS = (
 
 
 def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
-    return conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(DIGEST_TRIGGERS),)).fetchone()[0]
+    return fetch_value(
+        conn.execute(sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(DIGEST_TRIGGERS),)),
+        "the enabled digest triggers",
+    )
 
 
 def _tracking_triggers_as(conn: psycopg.Connection, mode: str) -> bool:
     """Change tracking's triggers as ``mode`` has them: in the app's transaction, or only the barrier."""
     on = set(
-        conn.execute(
-            sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)
-        ).fetchone()[0]
+        fetch_value(
+            conn.execute(
+                sql.SQL("select ") + sql.SQL(_ENABLED_TRIGGERS), (list(TRACKING_TRIGGERS + BARRIER_TRIGGERS),)
+            ),
+            "the enabled tracking and barrier triggers",
+        )
     )
     want = set(BARRIER_TRIGGERS) if mode == AFTER_COMMIT else set(TRACKING_TRIGGERS)
     return on == want
@@ -339,7 +351,10 @@ def _slot_exists(conn: psycopg.Connection, slot: str) -> bool:
 def _mark_all_changed(conn: psycopg.Connection) -> int:
     """Lost WAL held change tracking nobody wrote: which datasets it changed is unknown, so every one has
     changed (a new version, a rewrite, an unknown max), as after a TRUNCATE: each syncs in full once."""
-    v = conn.execute("select nextval('lakehouse_rows_version_seq')").fetchone()[0]
+    v = fetch_value(
+        conn.execute("select nextval('lakehouse_rows_version_seq')"),
+        "the next rows version (lakehouse_rows_version_seq)",
+    )
     return conn.execute(
         "update datasets set rows_version = %s, rows_rewrite_version = %s,"
         " rows_xid = pg_current_xact_id(), max_row_index = null",
@@ -464,7 +479,9 @@ class _Consumer:
             if msg.old is not None:
                 old = tuple(None if i is None else msg.old[i] for i in at)
                 self._row(old, -1, full=not msg.old_is_key)
-            elif msg.kind == "U":  # REPLICA IDENTITY no longer FULL: what the update replaced is not in the stream
+            elif (
+                msg.kind == "U" and msg.new is not None
+            ):  # REPLICA IDENTITY no longer FULL: what the update replaced is not in the stream
                 self._row(tuple(None if i is None else msg.new[i] for i in at), 1, full=False)
                 return
             if msg.new is not None:
@@ -717,7 +734,10 @@ def _log_running_xacts(conn: psycopg.Connection) -> None:
 
 def active(conn: psycopg.Connection) -> bool:
     """A slot is set: capture mode after-commit, or a switch back whose last changes are still to apply."""
-    return conn.execute("select slot is not null from lakehouse_digest_capture").fetchone()[0]
+    return fetch_value(
+        conn.execute("select slot is not null from lakehouse_digest_capture"),
+        "the capture state (the one row of lakehouse_digest_capture)",
+    )
 
 
 def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_wait_s: float = 2.0) -> dict:
@@ -735,12 +755,15 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
         _log_running_xacts(conn)
         # Decoding reads only flushed WAL: a commit not flushed yet (synchronous_commit = off) is left for the
         # next catch-up, and the slot is never advanced past it (pg_current_wal_lsn() here would skip it).
-        mode, slot, applied, applying, tracking, wal_status, enabled, barrier_on, upto = conn.execute(
-            f"select c.mode, c.slot, c.applied_lsn::text, c.applying, c.tracking, s.wal_status, {_ENABLED_TRIGGERS},"
-            f" {_ENABLED_TRIGGERS}, pg_current_wal_flush_lsn()::text"
-            " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
-            (list(DIGEST_TRIGGERS), list(BARRIER_TRIGGERS)),
-        ).fetchone()
+        mode, slot, applied, applying, tracking, wal_status, enabled, barrier_on, upto = fetch_one(
+            conn.execute(
+                f"select c.mode, c.slot, c.applied_lsn::text, c.applying, c.tracking, s.wal_status, {_ENABLED_TRIGGERS},"
+                f" {_ENABLED_TRIGGERS}, pg_current_wal_flush_lsn()::text"
+                " from lakehouse_digest_capture c left join pg_replication_slots s on s.slot_name = c.slot",
+                (list(DIGEST_TRIGGERS), list(BARRIER_TRIGGERS)),
+            ),
+            "the capture state (the one row of lakehouse_digest_capture)",
+        )
         if not slot:
             return {"transactions": 0, "rows": 0}
         if wal_status is None:
@@ -823,7 +846,12 @@ def upgrade_from_previous_release(conn: psycopg.Connection, *, lock_timeout_ms: 
     notes: list[str] = []
     conn.execute("select pg_advisory_lock(%s)", (LOCK_KEY,))
     try:
-        if conn.execute("select to_regclass('lakehouse_digest_capture')").fetchone()[0] is None:
+        if (
+            fetch_value(
+                conn.execute("select to_regclass('lakehouse_digest_capture')"), "whether the capture state table exists"
+            )
+            is None
+        ):
             return notes
         if state(conn).mode == LEGACY_WAL:
             notes.append(_leave_wal(conn, lock_timeout_ms))
@@ -867,7 +895,7 @@ def _leave_wal(conn: psycopg.Connection, lock_timeout_ms: int) -> str:
 def _wal_consumer_unhealthy(conn: psycopg.Connection) -> str | None:
     """Why the slot or its consumer cannot carry capture mode after-commit (None: they can): a catch-up is
     run, which also leaves little for the switch to apply."""
-    level = conn.execute("show wal_level").fetchone()[0]
+    level = fetch_value(conn.execute("show wal_level"), "the server's wal_level")
     if level != "logical":
         return f"wal_level is {level!r} (logical decoding needs wal_level = logical)"
     if not state(conn).slot:

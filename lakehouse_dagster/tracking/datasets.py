@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 
@@ -132,9 +133,12 @@ def insert_rows(
 ) -> int:
     """Append rows (dicts of column → JSON value) with consecutive row_index values; one statement."""
     if start_index is None:
-        start_index = conn.execute(
-            "select coalesce(max(row_index) + 1, 0) from dataset_rows where dataset_id = %s", (dataset_id,)
-        ).fetchone()[0]
+        start_index = fetch_value(
+            conn.execute(
+                "select coalesce(max(row_index) + 1, 0) from dataset_rows where dataset_id = %s", (dataset_id,)
+            ),
+            "the next row index of the dataset",
+        )
     payload = [(dataset_id, start_index + i, Jsonb(r)) for i, r in enumerate(rows)]
     if not payload:
         return 0

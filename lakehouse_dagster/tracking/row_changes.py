@@ -151,7 +151,7 @@ def compaction_due(table: Table, chunk_rows: int) -> bool:
     small, snap = max(1, chunk_rows // 16), table.current_snapshot()
     for _ in range(COMPACT_FILES):
         summary = snap.summary if snap is not None else None
-        if summary is None or summary.operation.value != "append":
+        if snap is None or summary is None or summary.operation.value != "append":
             return False
         if int(summary.additional_properties.get("added-records", 0) or 0) >= small:
             return False
