@@ -33,14 +33,17 @@ class _Cursor(Protocol):
     def fetchone(self) -> tuple[Any, ...] | None: ...
 
 
-def fetch_one(cur: _Cursor, what: str) -> tuple[Any, ...]:
+def fetch_one(cur: _Cursor, what: str | LakehouseError) -> tuple[Any, ...]:
     """The row of a query that always returns one while the database is as this code expects (an aggregate,
     ``select f()``, ``show``, ``insert ... returning``, a one-row state table): the caller indexes it with no
     None check. No row means the database is not what the code expects (a row deleted by hand, a migration not
-    applied), so this refuses naming what was missing rather than failing later on ``None[0]``. Works on a
-    psycopg or a DuckDB cursor."""
+    applied), so this refuses naming what was missing rather than failing later on ``None[0]``. ``what`` may be
+    the error to raise instead, when the row can go missing for a reason of its own (a dataset deleted meanwhile:
+    NotFound). Works on a psycopg or a DuckDB cursor."""
     row = cur.fetchone()
     if row is None:
+        if isinstance(what, LakehouseError):
+            raise what
         raise LakehouseError(
             f"the database returned no row for {what}, where one is always expected: check that migrations are"
             " applied (`lakehouse db migrate`) and that nothing deleted the lakehouse's own rows, then retry"
@@ -48,7 +51,7 @@ def fetch_one(cur: _Cursor, what: str) -> tuple[Any, ...]:
     return row
 
 
-def fetch_value(cur: _Cursor, what: str) -> Any:
+def fetch_value(cur: _Cursor, what: str | LakehouseError) -> Any:
     """The first column of ``fetch_one``: for ``select count(*)``, ``select now()``, ``... returning id``."""
     return fetch_one(cur, what)[0]
 
