@@ -115,6 +115,8 @@ def iceberg_only(
     if not _ever_native(conn, dataset_id):
         return None
     if table is None:
+        if catalog is None:
+            raise ValueError("iceberg_only: give the catalog, or the table (a commit's callback has no catalog)")
         table = load_table_or_none(catalog, table_identifier(settings, dataset_id))
     current = table.current_snapshot() if table is not None else None
     if current is None or table.properties.get(WRITE_PATH) != NATIVE:

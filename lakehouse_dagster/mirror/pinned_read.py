@@ -22,7 +22,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, is_idle
+from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, fetch_one, is_idle
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column
@@ -112,7 +112,7 @@ def reader_parts(
     equally wide. Without ``ranges``: every row of ``state`` (min..max), split evenly; with: those ranges
     clipped to it, each read whole by one reader (a rewritten file's range becomes one file, not two).
     A reader gets at least ``min_rows`` row indexes (the file size: a small append stays one file)."""
-    if state.max_row_index is None:
+    if state.max_row_index is None or state.min_row_index is None:  # both or neither (one min/max query)
         return []
     lo, hi = state.min_row_index, state.max_row_index
     spans = [(max(a, lo), min(b, hi)) for a, b in (ranges if ranges is not None else [(lo, hi)])]
@@ -195,10 +195,13 @@ class PinnedSnapshot:
         self._row = row[:-1]
 
     def state(self, after_row_index: int | None) -> SnapshotState:
-        lo_hi = self.conn.execute(
-            "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s and row_index > %s",
-            (self.dataset_id, -1 if after_row_index is None else after_row_index),
-        ).fetchone()
+        lo_hi = fetch_one(
+            self.conn.execute(
+                "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s and row_index > %s",
+                (self.dataset_id, -1 if after_row_index is None else after_row_index),
+            ),
+            "the dataset's row index bounds",
+        )
         v, rw, mx, schema, kind, snap = self._row
         return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)
 

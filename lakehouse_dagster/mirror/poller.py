@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.native import native_dataset_ids
 
 _QUERY = """
@@ -70,7 +71,9 @@ def pending_syncs(
     xmin = (
         rows[0][3]
         if rows
-        else conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+        else fetch_value(
+            conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
+        )
     )
     pending = [Pending(r[0], r[1]) for r in rows if r[4] is None or r[4] < r[1]]
     if exclude_native and pending:

@@ -99,9 +99,9 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
             )
             continue
         paths = files.get(str(sid), ())
-        if paths and live is None:
+        if paths and table is not None and live is None:  # a sync has files only when there is a table
             live = {task.file.file_path for task in table.scan().plan_files()}
-        if any(path in live for path in paths):
+        if live is not None and any(path in live for path in paths):
             # Its snapshot is no longer kept (expired: lake/writer.py expirable_snapshots) but its files are
             # the table's: it landed. Never delete a live file.
             conn.execute(
@@ -120,8 +120,9 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
             " error = %s where sync_id = %s",
             (f"abandoned: the sync {was}; settled by the next sync", sid),
         )
-        for path in paths:
-            _delete(table, path)
+        if table is not None:
+            for path in paths:
+                _delete(table, path)
     return len(rows)
 
 

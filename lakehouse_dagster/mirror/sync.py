@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import IdlePool, connect, is_idle
+from lakehouse_dagster.core.db import IdlePool, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import (
     BadInput,
     CommitOutcomeUnknown,
@@ -174,6 +174,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
         columns_now = [{"name": c.name, "type": c.type} for c in dataset.columns]
         run_mode, reason, after = _choose_mode(mode, head, current, columns_now)
         if run_mode == "noop":
+            assert current is not None  # _choose_mode runs "full" when there is no table
             return SyncResult(
                 sync_id,
                 ds_id,
@@ -190,9 +191,16 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
             )
         plan: Any = None  # PartialPlan when run_mode becomes "partial"; a reason (str) when it cannot
         if run_mode == "rewrite":
+            assert current is not None  # as above
             plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
-        elif run_mode == "incremental" and mode == "auto" and compaction_due(table, settings.ingest_chunk_rows):
+        elif (
+            run_mode == "incremental"
+            and mode == "auto"
+            and table is not None  # always (_choose_mode runs "full" without one)
+            and current is not None
+            and compaction_due(table, settings.ingest_chunk_rows)
+        ):
             files = file_ranges(table)
             plan = (
                 plan_compaction(files, current["max_row_index"], head.max_row_index, settings.ingest_chunk_rows)
@@ -339,7 +347,9 @@ def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
 def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:
     try:
         with connect(dsn) as conn:
-            cols = conn.execute("select schema from datasets where id = %s", (ds_id,)).fetchone()[0]
+            cols = fetch_value(
+                conn.execute("select schema from datasets where id = %s", (ds_id,)), "the dataset's schema"
+            )
             row = conn.execute(
                 "select * from lakehouse_find_bad_value(%s, %s::jsonb)", (ds_id, psycopg.types.json.Jsonb(cols))
             ).fetchone()
@@ -387,7 +397,7 @@ def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: Bas
         table = load_table_or_none(catalog, table_identifier(settings, ds_id))
         snap = sync_snapshot(table, sync_id) if table is not None else None
         with _bookkeeping_conn(dsn, conn) as c:
-            if snap is not None:
+            if table is not None and snap is not None:
                 state = table_state(table)
                 total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
                 _log_succeeded(

@@ -70,7 +70,8 @@ def _display(uri: str, path: str) -> str:
 
 def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
     """The source's files, sorted by path (the order rows are ingested in)."""
-    fs, path = filesystem(spec.uri, settings)
+    uri = spec.need("uri")
+    fs, path = filesystem(uri, settings)
     parts = path.split("/")
     magic_at = next((i for i, p in enumerate(parts) if _MAGIC & set(p)), None)
     try:
@@ -78,7 +79,7 @@ def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
             info = fs.get_file_info(path)
             if info.type == pafs.FileType.File:
                 infos = [info]
-            elif info.type == pafs.FileType.Directory or spec.uri.startswith("s3://"):
+            elif info.type == pafs.FileType.Directory or uri.startswith("s3://"):
                 infos = [
                     i
                     for i in fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
@@ -97,7 +98,7 @@ def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
         raise BadInput(f"files source {spec.uri}: cannot list it ({_one_line(exc)})") from None
     out = [
         SourceFile(
-            _display(spec.uri, i.path), i.path, int(i.size or 0), int(i.mtime_ns or 0) if i.mtime_ns is not None else 0
+            _display(uri, i.path), i.path, int(i.size or 0), int(i.mtime_ns or 0) if i.mtime_ns is not None else 0
         )
         for i in infos
         if not os.path.basename(i.path).startswith((".", "_"))  # hidden / _SUCCESS markers
@@ -107,12 +108,13 @@ def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
 
 def check_location(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
     """For set_source: the location must be listable; a local non-glob path must exist."""
-    if not spec.uri.startswith("s3://") and not (_MAGIC & set(spec.uri)):
-        _, path = filesystem(spec.uri, settings)
+    uri = spec.need("uri")
+    if not uri.startswith("s3://") and not (_MAGIC & set(uri)):
+        _, path = filesystem(uri, settings)
         if not os.path.exists(path):
             raise BadInput(f"files source {spec.uri}: no such file or directory (check the path)")
-    if not spec.uri.startswith("s3://") and (_MAGIC & set(spec.uri)):
-        _, path = filesystem(spec.uri, settings)
+    if not uri.startswith("s3://") and (_MAGIC & set(uri)):
+        _, path = filesystem(uri, settings)
         base = "/".join(p for p in path.split("/")[: next(i for i, p in enumerate(path.split("/")) if _MAGIC & set(p))])
         if not os.path.isdir(base or "/"):
             raise BadInput(f"files source {spec.uri}: directory {base} does not exist (check the glob)")
@@ -127,9 +129,9 @@ def read_files(
     files: Sequence[SourceFile], spec: SourceSpec, settings: Settings, columns: Sequence[Column], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
     """Typed batches of every file, in order; SourceError names the file and row of a bad value."""
-    fs, _ = filesystem(spec.uri, settings)
+    fs, _ = filesystem(spec.need("uri"), settings)
     for f in files:
-        yield from _read_one(fs, f, spec.format, columns, batch_rows)
+        yield from _read_one(fs, f, spec.need("format"), columns, batch_rows)
 
 
 def _located(f: SourceFile, first_row: int, what: str, exc: BadValue) -> SourceError:

@@ -18,7 +18,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import adbc_uri, redact
+from lakehouse_dagster.core.db import adbc_uri, fetch_one, fetch_value, redact
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.sources.convert import BadValue, convert_batch
 from lakehouse_dagster.sources.files import SourceError
@@ -30,7 +30,7 @@ def relation(spec: SourceSpec) -> sql.Composable:
     """The source as a FROM item."""
     if spec.table:
         return sql.Identifier(*spec.table.split("."))
-    return sql.SQL("({}) as lakehouse_src").format(sql.SQL(spec.query))
+    return sql.SQL("({}) as lakehouse_src").format(sql.SQL(spec.need("query")))
 
 
 def where_label(spec: SourceSpec) -> str:
@@ -71,7 +71,7 @@ def source_columns(spec: SourceSpec, dsn: str) -> list[str]:
             with conn.transaction():
                 conn.execute("set transaction read only")
                 cur = conn.execute(sql.SQL("select * from {} limit 0").format(relation(spec)))
-                return [d.name for d in cur.description]
+                return [d.name for d in cur.description or ()]
         except psycopg.Error as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise BadInput(f"{where_label(spec)}: cannot read it ({first})") from None
@@ -138,7 +138,7 @@ def _read_postgres(spec, dsn, columns, after, on_mark) -> Iterator[pa.RecordBatc
 
 def max_mark(spec: SourceSpec, dsn: str, after: Any) -> Any | None:
     """The source's highest mark past ``after`` (None: nothing new). One indexed query, no rows read."""
-    col = spec.order_column
+    col = spec.need("order_column")
     where: sql.Composable = sql.SQL("")
     if after is not None:
         where = sql.SQL(" where {} > {}").format(sql.Identifier(col), sql.Literal(after))
@@ -173,9 +173,17 @@ select count(*), coalesce(sum(s.n_tup_ins), 0), coalesce(sum(s.n_tup_upd), 0), c
 def fingerprint_method(spec: SourceSpec, conn: psycopg.Connection) -> str:
     """STATS for a table (plain, partitioned or materialised) while the server counts row changes; CONTENT for a
     query, a view or a foreign table (nothing counts their changes)."""
-    if not spec.table or conn.execute("select current_setting('track_counts')::bool").fetchone()[0] is not True:
+    if (
+        not spec.table
+        or fetch_value(
+            conn.execute("select current_setting('track_counts')::bool"), "the server's track_counts setting"
+        )
+        is not True
+    ):
         return CONTENT
-    row = conn.execute("select relkind from pg_class where oid = to_regclass(%s)", (_qualified(spec.table),)).fetchone()
+    row = conn.execute(
+        "select relkind from pg_class where oid = to_regclass(%s)", (_qualified(spec.need("table")),)
+    ).fetchone()
     return STATS if row is not None and row[0] in ("r", "p", "m") else CONTENT
 
 
@@ -194,7 +202,9 @@ def fingerprint(spec: SourceSpec, dsn: str) -> tuple[str, str]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             method = fingerprint_method(spec, conn)
             if method == STATS:
-                n, ins, upd, dele, nodes = conn.execute(_STATS_FINGERPRINT, {"rel": _qualified(spec.table)}).fetchone()
+                n, ins, upd, dele, nodes = fetch_one(
+                    conn.execute(_STATS_FINGERPRINT, {"rel": _qualified(spec.need("table"))}), "the table's statistics"
+                )
                 token = f"{n}:{ins}:{upd}:{dele}:{nodes}"
             else:
                 src = (
@@ -204,11 +214,14 @@ def fingerprint(spec: SourceSpec, dsn: str) -> tuple[str, str]:
                 )
                 with conn.transaction():
                     conn.execute("set transaction read only")
-                    row = conn.execute(
-                        sql.SQL("select count(*), coalesce(sum(hashtextextended(s::text, 0)), 0) from {} as s").format(
-                            src
-                        )
-                    ).fetchone()
+                    row = fetch_one(
+                        conn.execute(
+                            sql.SQL(
+                                "select count(*), coalesce(sum(hashtextextended(s::text, 0)), 0) from {} as s"
+                            ).format(src)
+                        ),
+                        "the source's content digest",
+                    )
                 token = f"{row[0]}:{row[1]}"
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -76,7 +76,7 @@ def pending_ingests(
             visited += 1
             spec = get_source(conn, ds_id)
             token = pending_source_changes(dsn, settings, ds_id) if spec is not None else None
-            if token is None:
+            if spec is None or token is None:
                 continue
             res = resolver.resolve(WRITE, spec.default_writer, ds_id)
             found.append(PendingIngest(ds_id, spec.default_writer, token, res.mode, res.describe()))

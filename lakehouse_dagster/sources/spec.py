@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+from typing import Literal, overload
 
 from lakehouse_dagster.core.errors import BadInput
 
@@ -42,6 +43,16 @@ class SourceSpec:
     position_column: str | None = None
     op_column: str | None = None
     dsn_env: str | None = None
+
+    def need(self, field: str) -> str:
+        """A field this source's type always has (``uri`` of a files source, ``table`` or ``query``, the order
+        column of an incremental one): parse_source checks them, so only a spec built another way lacks one."""
+        value = getattr(self, field)
+        if not value:
+            raise BadInput(
+                f"this {self.type} source has no {field.replace('_', ' ')}; set it again with `lakehouse sources set`"
+            )
+        return value
 
     @property
     def default_writer(self) -> str:
@@ -79,7 +90,7 @@ class SourceSpec:
         if self.type == "files":
             return {"type": "files", "uri": self.uri, "format": self.format}
         if self.type == "postgres":
-            out = {"type": "postgres"}
+            out: dict[str, str | None] = {"type": "postgres"}
             out.update({"table": self.table} if self.table else {"query": self.query})
             return {**out, "cursor_column": self.cursor_column, "dsn_env": self.dsn_env}
         return {
@@ -103,6 +114,10 @@ class SourceSpec:
         return value
 
 
+@overload
+def _str(raw: dict, key: str, what: str, *, required: Literal[True] = True) -> str: ...
+@overload
+def _str(raw: dict, key: str, what: str, *, required: bool) -> str | None: ...
 def _str(raw: dict, key: str, what: str, *, required: bool = True) -> str | None:
     value = raw.get(key)
     if value is None or (isinstance(value, str) and not value.strip() and not required):

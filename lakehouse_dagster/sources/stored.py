@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources.files import check_location, filesystem
 from lakehouse_dagster.sources.pgsource import relation, source_columns, where_label
@@ -18,7 +19,10 @@ from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
     d = get_dataset(conn, dataset_id)
-    raw = conn.execute("select source from datasets where id = %s", (d.id,)).fetchone()[0]
+    raw = fetch_value(
+        conn.execute("select source from datasets where id = %s", (d.id,)),
+        NotFound(f"dataset {d.id} does not exist (deleted while its source was read)"),
+    )
     return stored_source(raw)
 
 
@@ -44,7 +48,7 @@ def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
 
     files = check_location(spec, settings)
     if files and spec.format == "parquet":
-        fs, _ = filesystem(spec.uri, settings)
+        fs, _ = filesystem(spec.need("uri"), settings)
         try:
             names = set(pq.ParquetFile(fs.open_input_file(files[0].path)).schema_arrow.names)
         except Exception as exc:
@@ -64,7 +68,7 @@ def _check_postgres(conn: psycopg.Connection, spec: SourceSpec, d: Dataset) -> N
         try:
             with conn.transaction():
                 cur = conn.execute(sql.SQL("select * from {} limit 0").format(_relation(spec)))
-                names = [c.name for c in cur.description]
+                names = [c.name for c in cur.description or ()]
         except psycopg.Error as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise BadInput(f"{where_label(spec)}: cannot read it ({first})") from None

@@ -335,6 +335,7 @@ def write_to_iceberg(
     result = route_native(
         conn, plan.decision, commit, settings=settings, logger=lg, sync_id=plan.sync_id, run_id=run_id
     ).value
+    state: dict | None
     if result.committed:
         state = plan.state(read.mark)
     else:
