@@ -11,6 +11,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.registry import REGISTRY
 
 # Only datasets some override touches can resolve above their default.
@@ -25,7 +26,12 @@ select id, workspace_id from datasets
 
 def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     """Tabular datasets with at least one read or write flag resolving above its registry default."""
-    if conn.execute("select to_regclass('lakehouse_flag_overrides')").fetchone()[0] is None:
+    if (
+        fetch_value(
+            conn.execute("select to_regclass('lakehouse_flag_overrides')"), "whether the flag overrides table exists"
+        )
+        is None
+    ):
         return set()
     from lakehouse_dagster.flags.precedence import effective_sql  # the flags area's precedence (one place)
 

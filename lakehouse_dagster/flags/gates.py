@@ -36,6 +36,7 @@ from typing import Any
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
@@ -133,7 +134,7 @@ def configured_soak(conn: psycopg.Connection, soak_seconds: int | None) -> int:
 
 
 def _db_now(conn: psycopg.Connection):
-    return conn.execute("select now()").fetchone()[0]
+    return fetch_value(conn.execute("select now()"), "the database clock (select now())")
 
 
 def write_flip_blockers(

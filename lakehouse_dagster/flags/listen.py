@@ -103,7 +103,7 @@ def subscribe(conn: psycopg.Connection, subscriber, on_change: Callable[[list], 
     with _lock:
         current = _listeners.get(conninfo)
         fresh = current is None or current.pid != os.getpid() or current._stop.is_set()
-        if fresh:
+        if current is None or fresh:
             current = _listeners[conninfo] = Listener(conninfo, on_change)
         current.subscribers.add(subscriber)
         if fresh:

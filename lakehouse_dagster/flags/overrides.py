@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.registry import Flag, check_kind, check_mode, get_flag
@@ -167,9 +168,12 @@ def set_override(
             " do update set mode = excluded.mode, note = excluded.note, set_by = excluded.set_by, set_at = now()",
             (flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor),
         )
-        row = conn.execute(
-            _AUDIT_INSERT, ("set", flag.kind, flag.name, scope.scope, scope.scope_id, before, mode, note, actor)
-        ).fetchone()
+        row = fetch_one(
+            conn.execute(
+                _AUDIT_INSERT, ("set", flag.kind, flag.name, scope.scope, scope.scope_id, before, mode, note, actor)
+            ),
+            "the audit row just inserted",
+        )
     invalidate_local()
     return Change(flag, scope, before, mode, AuditEntry(*row))
 
@@ -203,9 +207,12 @@ def clear_override(
             "delete from lakehouse_flag_overrides where " + _KEY_MATCH,
             (flag.kind, flag.name, scope.scope, scope.scope_id),
         )
-        row = conn.execute(
-            _AUDIT_INSERT, ("clear", flag.kind, flag.name, scope.scope, scope.scope_id, before, None, note, actor)
-        ).fetchone()
+        row = fetch_one(
+            conn.execute(
+                _AUDIT_INSERT, ("clear", flag.kind, flag.name, scope.scope, scope.scope_id, before, None, note, actor)
+            ),
+            "the audit row just inserted",
+        )
     invalidate_local()
     return Change(flag, scope, before, None, AuditEntry(*row))
 

@@ -16,6 +16,7 @@ from datetime import datetime
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.overrides import (
     DATASET,
@@ -78,12 +79,15 @@ def declare(
     scope = _scope(dataset, workspace)
     note, actor = _check_note(note), _check_actor(actor)
     require_target(conn, scope)
-    row = conn.execute(
-        "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by) values (%s, %s, %s, %s, %s)"
-        " on conflict (reader, scope, scope_id) do update set note = excluded.note, declared_by = excluded.declared_by,"
-        " declared_at = now() returning reader, scope, scope_id, note, declared_by, declared_at",
-        (reader, scope.scope, scope.scope_id, note, actor),
-    ).fetchone()
+    row = fetch_one(
+        conn.execute(
+            "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by) values (%s, %s, %s, %s, %s)"
+            " on conflict (reader, scope, scope_id) do update set note = excluded.note, declared_by = excluded.declared_by,"
+            " declared_at = now() returning reader, scope, scope_id, note, declared_by, declared_at",
+            (reader, scope.scope, scope.scope_id, note, actor),
+        ),
+        "the reader declaration just written",
+    )
     return Declared(*row)
 
 

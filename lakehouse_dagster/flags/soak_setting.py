@@ -21,6 +21,7 @@ from datetime import datetime
 import psycopg
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 
@@ -96,12 +97,15 @@ def set_soak(
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
         previous = stored_soak(conn)
-        row = conn.execute(
-            "insert into lakehouse_settings (name, value, note, set_by, set_at) values (%s, %s, %s, %s, now())"
-            " on conflict (name) do update set value = excluded.value, note = excluded.note,"
-            " set_by = excluded.set_by, set_at = excluded.set_at returning set_at",
-            (SOAK, Jsonb(value), note, actor.strip()),
-        ).fetchone()
+        row = fetch_one(
+            conn.execute(
+                "insert into lakehouse_settings (name, value, note, set_by, set_at) values (%s, %s, %s, %s, now())"
+                " on conflict (name) do update set value = excluded.value, note = excluded.note,"
+                " set_by = excluded.set_by, set_at = excluded.set_at returning set_at",
+                (SOAK, Jsonb(value), note, actor.strip()),
+            ),
+            "the soak setting just written",
+        )
         conn.execute(
             "insert into lakehouse_settings_audit (name, before_value, after_value, note, actor)"
             " values (%s, %s, %s, %s, %s)",

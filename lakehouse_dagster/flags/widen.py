@@ -33,9 +33,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.core.errors import NotFound
 from lakehouse_dagster.flags.incidents import latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
 from lakehouse_dagster.flags.registry import READ, WRITE, WRITERS, Flag, rank
@@ -120,11 +123,15 @@ def widen_blockers(
 
 def _covered(conn, flag: Flag, stored: dict, scope: Scope, min_mode: str) -> list[uuid.UUID]:
     """Datasets in ``scope`` the flag resolves to ``min_mode`` or above for."""
+    rows: list[tuple[Any, Any]]  # (dataset id, workspace id)
     if scope.scope == DATASET:
         rows = [
             (
                 scope.scope_id,
-                conn.execute("select workspace_id from datasets where id = %s", (scope.scope_id,)).fetchone()[0],
+                fetch_value(
+                    conn.execute("select workspace_id from datasets where id = %s", (scope.scope_id,)),
+                    NotFound(f"dataset {scope.scope_id} does not exist (deleted while its flag change was checked)"),
+                ),
             )
         ]
     elif scope.scope == WORKSPACE:
@@ -153,13 +160,15 @@ def _soak_of(
     flag: Flag,
     history,
     stored: dict,
-    key: tuple,
+    key: tuple | None,
     min_mode: str,
     covered_scope: Scope,
     soak_seconds: int,
     names: dict,
 ) -> Soak | None:
     """The soak of the override ``key`` at ``min_mode`` over the datasets it covers (None: no audit of it)."""
+    if key is None:  # the flag's default decides: no override, so no audit says since when
+        return None
     since = key_since(history, flag, key[0], key[1], min_mode)
     if since is None:
         return None

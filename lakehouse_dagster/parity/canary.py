@@ -46,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.db import connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
@@ -499,8 +499,9 @@ def _full_plan(
     }
     plan = _Plan(False, {}, {}, lo, hi)
     base = lo >> SEG_BITS
-    plan.pg_segments = maintained_digests.nonzero({seg + base: x for seg, x in pg_digest.segments.items()})
-    plan.ice_segments = maintained_digests.nonzero({seg + base: x for seg, x in ice_digest.segments.items()})
+    # (full_digest always returns its segments)
+    plan.pg_segments = maintained_digests.nonzero({seg + base: x for seg, x in (pg_digest.segments or {}).items()})
+    plan.ice_segments = maintained_digests.nonzero({seg + base: x for seg, x in (ice_digest.segments or {}).items()})
     _cross_check(pg, pin, state, v, plan)
     return plan
 
@@ -536,29 +537,32 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
     detail = json.loads(json.dumps(v.detail, default=str))
     if v.wedged:
         detail["wedged"] = True
-    parity_id = conn.execute(
-        """insert into lakehouse_read_parity
+    parity_id = fetch_value(
+        conn.execute(
+            """insert into lakehouse_read_parity
              (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
               pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
            values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) returning id""",
-        (
-            v.dataset_id,
-            v.verdict,
-            source,
-            v.pg_count,
-            v.iceberg_count,
-            v.pg_digest,
-            v.iceberg_digest,
-            v.snapshot_id,
-            v.pg_version,
-            v.iceberg_version,
-            v.smoke,
-            v.mismatched_row_indexes or None,
-            v.seconds,
-            run_id,
-            Jsonb(detail),
+            (
+                v.dataset_id,
+                v.verdict,
+                source,
+                v.pg_count,
+                v.iceberg_count,
+                v.pg_digest,
+                v.iceberg_digest,
+                v.snapshot_id,
+                v.pg_version,
+                v.iceberg_version,
+                v.smoke,
+                v.mismatched_row_indexes or None,
+                v.seconds,
+                run_id,
+                Jsonb(detail),
+            ),
         ),
-    ).fetchone()[0]
+        "the id of the read parity verdict just inserted",
+    )
     return parity_id
 
 

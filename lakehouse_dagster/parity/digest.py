@@ -30,7 +30,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
-from lakehouse_dagster.core.db import connect, is_idle
+from lakehouse_dagster.core.db import connect, fetch_one, is_idle
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
@@ -116,7 +116,7 @@ class PinnedPostgres:
         # ``dataset_id``: the dataset whose change tracking the caller pairs with its rows; in capture mode
         # after-commit the snapshot is taken behind its barrier (tracking/barrier.py).
         self._own = conn is None or not idle_autocommit(conn)
-        self.conn = connect(dsn) if self._own else conn
+        self.conn: psycopg.Connection = conn if conn is not None and not self._own else connect(dsn)
         try:
             behind = False
             while True:
@@ -196,9 +196,12 @@ class PgSide:
                 )
 
     def bounds(self) -> tuple[int | None, int | None]:
-        return self.conn.execute(
-            "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
-        ).fetchone()
+        return fetch_one(
+            self.conn.execute(
+                "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
+            ),
+            "the dataset's row index bounds",
+        )
 
     def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         """``everything``: [lo, hi) is known to hold every row (the bounds), so no range predicate."""
@@ -218,7 +221,7 @@ class PgSide:
         query = sql.SQL("select count(*), coalesce(sum({h}), 0) from dataset_rows where dataset_id = %s").format(
             h=self._hash
         )
-        count, total = self.conn.execute(query, (self.dataset_id,)).fetchone()
+        count, total = fetch_one(self.conn.execute(query, (self.dataset_id,)), "the digest of the dataset's rows")
         return int(count), int(total)
 
     def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -407,9 +410,10 @@ class IcebergSide:
     def bounds(self) -> tuple[int | None, int | None]:
         if self.empty:
             return (None, None)
-        return self.con.execute(
-            f"select min(__row_index), max(__row_index) from {self._source()}", self._params()
-        ).fetchone()
+        return fetch_one(
+            self.con.execute(f"select min(__row_index), max(__row_index) from {self._source()}", self._params()),
+            "the Iceberg side's row index bounds",
+        )
 
     def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         if self.empty:
@@ -433,10 +437,13 @@ class IcebergSide:
     def digest(self) -> tuple[int, int]:
         if self.empty:
             return (0, 0)
-        count, total = self.con.execute(
-            f"select count(*), coalesce(sum(h::HUGEINT), 0) from (select {self._hash} as h from {self._source()})",
-            self._params(),
-        ).fetchone()
+        count, total = fetch_one(
+            self.con.execute(
+                f"select count(*), coalesce(sum(h::HUGEINT), 0) from (select {self._hash} as h from {self._source()})",
+                self._params(),
+            ),
+            "the digest of the Iceberg side's rows",
+        )
         return int(count), int(total)
 
     def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
@@ -454,10 +461,13 @@ class IcebergSide:
             return {"rows": 0, "row_index": 0, "row_id": 0, "created_at": 0, "distinct_row_index": 0}
         rid = "count(__row_id)" if "__row_id" in self.present else "0"
         cat = "count(__created_at)" if "__created_at" in self.present else "0"
-        row = self.con.execute(
-            f"select count(*), count(__row_index), {rid}, {cat}, count(distinct __row_index) from {self._source()}",
-            self._params(),
-        ).fetchone()
+        row = fetch_one(
+            self.con.execute(
+                f"select count(*), count(__row_index), {rid}, {cat}, count(distinct __row_index) from {self._source()}",
+                self._params(),
+            ),
+            "the Iceberg side's identity counts",
+        )
         return dict(zip(("rows", "row_index", "row_id", "created_at", "distinct_row_index"), map(int, row)))
 
 

@@ -148,7 +148,7 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
     missing = [p for p in pin.files if p not in trusted]
     computed = {}
     if missing:
-        local = {local_path(p): p for p in missing}
+        local = {lp: p for p in missing if (lp := local_path(p)) is not None}  # every one (pin.local)
         computed = {local[lp]: f for lp, f in compute(list(local), set(pin.fields)).items()}
         wrong = [p for p, f in computed.items() if pin.records.get(p) not in (None, f.rows)]
         if wrong:
@@ -167,7 +167,11 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
             "delete from lakehouse_file_identity where dataset_id = %s and fields_key <> %s", (dataset_id, key)
         )
     facts = {**trusted, **computed}
-    ranges = sorted((f.min_row_index, f.max_row_index) for f in facts.values() if f.min_row_index is not None)
+    ranges = sorted(
+        (f.min_row_index, f.max_row_index)
+        for f in facts.values()
+        if f.min_row_index is not None and f.max_row_index is not None
+    )
     for (_, prev_hi), (lo, _) in zip(ranges, ranges[1:]):
         if lo <= prev_hi:
             raise Unavailable("the files' __row_index ranges overlap")

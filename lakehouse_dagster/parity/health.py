@@ -54,7 +54,7 @@ def snapshot_freshness(
         "max_lag_seconds": max_lag_seconds,
         "last_succeeded_sync": last_ok.finished_at.isoformat() if last_ok and last_ok.finished_at else None,
     }
-    if not pin.has_snapshot:
+    if not pin.has_snapshot or pin.committed_at is None:  # (a pinned snapshot always has its commit time)
         return Health(False, "no Iceberg snapshot: the dataset was never synced", meta)
     if last_ok is None:
         return Health(False, "the table has a snapshot but no sync of this dataset ever succeeded", meta)

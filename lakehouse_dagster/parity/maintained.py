@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.tracking import barrier, capture
@@ -252,7 +253,7 @@ def iceberg_segments(
     lo = hi = None
     for d in stored.values():
         add_segments(segments, d.segments)
-        if d.min_row_index is not None:
+        if d.min_row_index is not None and d.max_row_index is not None:  # both or neither
             lo = d.min_row_index if lo is None else min(lo, d.min_row_index)
             hi = d.max_row_index if hi is None else max(hi, d.max_row_index)
     count = sum(d.count for d in stored.values())
@@ -356,11 +357,14 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
     conn.execute("begin isolation level repeatable read")
     try:
         if behind:  # frozen while it holds the barrier, the session is ended by the server (tracking/barrier.py)
-            idle = conn.execute(
-                "select current_setting('idle_in_transaction_session_timeout'),"
-                " set_config('idle_in_transaction_session_timeout', %s, true)",
-                (str(barrier.HOLD_IDLE_TIMEOUT_MS),),
-            ).fetchone()[0]
+            idle = fetch_value(
+                conn.execute(
+                    "select current_setting('idle_in_transaction_session_timeout'),"
+                    " set_config('idle_in_transaction_session_timeout', %s, true)",
+                    (str(barrier.HOLD_IDLE_TIMEOUT_MS),),
+                ),
+                "the session's idle_in_transaction_session_timeout",
+            )
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
         if (not locked and capture.active(conn)) or (not behind and barrier.mode_is_after_commit(conn)):
             conn.execute("rollback")  # both read in this fill's snapshot
@@ -397,21 +401,27 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
 def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = COMPACT_AFTER) -> int:
     """Fold the dataset's delta rows into one per segment when there are many; returns rows removed.
     Exact under concurrent writes: it deletes and re-adds exactly the rows its DELETE saw."""
-    n = conn.execute(
-        "select count(*) - count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,)
-    ).fetchone()[0]
+    n = fetch_value(
+        conn.execute(
+            "select count(*) - count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,)
+        ),
+        "the count of duplicate digest segments",
+    )
     if n < after:
         return 0
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        before = conn.execute(
-            """with gone as (delete from lakehouse_pg_digest_deltas where dataset_id = %(ds)s returning seg, n, s),
+        before = fetch_value(
+            conn.execute(
+                """with gone as (delete from lakehouse_pg_digest_deltas where dataset_id = %(ds)s returning seg, n, s),
                     kept as (insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)
                              select %(ds)s, seg, sum(n), sum(s) from gone group by seg
                              having sum(n) <> 0 or sum(s) <> 0 returning 1)
                select (select count(*) from gone) - (select count(*) from kept)""",
-            {"ds": dataset_id},
-        ).fetchone()[0]
+                {"ds": dataset_id},
+            ),
+            "the count of digest delta rows folded",
+        )
     return int(before)
 
 

@@ -79,7 +79,7 @@ def iceberg_rows(pin, columns: Sequence[Column], present: set[str]) -> Iterable[
     wanted = ["__row_index", "__row_id", "__created_at"] + [c.name for c in columns]
     data = {n: table.column(n).to_pylist() if n in names else None for n in wanted}
     for i in range(table.num_rows):
-        yield tuple(data[n][i] if data[n] is not None else None for n in wanted)
+        yield tuple(None if (col := data[n]) is None else col[i] for n in wanted)
 
 
 def compare(

@@ -42,7 +42,7 @@ def write_digested(
 
 def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
     """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
-    if not digests:
+    if not digests or not settings.pg_dsn:  # digests are made only when a DSN is configured (write_digested)
         return
     from lakehouse_dagster.parity.maintained import store_file_digests  # lazy: as above; digests exist only if asked
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import NotFound, ReadRefused
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.incidents import record_fallback
@@ -78,7 +79,9 @@ def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID, *, exact: bool = 
         raise NotFound(f"dataset {dataset_id} does not exist (check the id)")
     if exact and row[3]:
         with barrier.read_tracking_consistently(conn, [dataset_id]):
-            row = conn.execute(_FRESHNESS, (dataset_id,)).fetchone()
+            row = fetch_one(
+                conn.execute(_FRESHNESS, (dataset_id,)), NotFound(f"dataset {dataset_id} was deleted while it was read")
+            )
     return Freshness(*row[:3])
 
 

@@ -253,7 +253,7 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
         table = load_table_or_none(catalog, table_identifier(settings, ds)) if catalog is not None else None
         snap = sync_snapshot(table, sync_id) if table is not None else None
         with conn.transaction():
-            if snap is not None:
+            if table is not None and snap is not None:
                 state = table_state(table)
                 total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
                 conn.execute(
