@@ -49,6 +49,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources import set_source
@@ -458,7 +459,10 @@ def _seed_sources(conn: psycopg.Connection, make, home: Path) -> None:
 
 
 def _set_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
-    n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)).fetchone()[0]
+    n = fetch_value(
+        conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)),
+        "the count of the dataset's rows",
+    )
     conn.execute("update datasets set row_count = %s where id = %s", (n, dataset_id))
     return n
 

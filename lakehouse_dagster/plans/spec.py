@@ -185,7 +185,7 @@ def validate(raw: Any, origin: str = "plan") -> Plan:
             errors.add(key, f"{name} is locked at {flag.ceiling} (maxMode: {flag.ceiling_reason}); no plan can move it")
             kind = None
     mode = raw.get("mode")
-    if kind is not None:
+    if kind is not None and name is not None:  # (name is set whenever kind is)
         flag = (READERS if kind == READ else WRITERS)[name]
         entry = "iceberg" if kind == READ else "iceberg_native"
         mode = str(mode if mode is not None else entry)

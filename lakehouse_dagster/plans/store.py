@@ -15,6 +15,7 @@ from psycopg import sql
 from psycopg.errors import UniqueViolation
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.plans.render import Rendered
 from lakehouse_dagster.plans.spec import Analysis, Plan, Stage
@@ -182,11 +183,14 @@ def event(
     actor: str | None = None,
     detail: dict | None = None,
 ) -> int:
-    return conn.execute(
-        "insert into lakehouse_rollout_events (plan_id, stage, event, severity, reason, actor, detail)"
-        " values (%s, %s, %s, %s, %s, %s, %s) returning id",
-        (plan_id, stage, what, severity, reason, actor, Jsonb(detail) if detail is not None else None),
-    ).fetchone()[0]
+    return fetch_value(
+        conn.execute(
+            "insert into lakehouse_rollout_events (plan_id, stage, event, severity, reason, actor, detail)"
+            " values (%s, %s, %s, %s, %s, %s, %s) returning id",
+            (plan_id, stage, what, severity, reason, actor, Jsonb(detail) if detail is not None else None),
+        ),
+        "the id of the rollout event just inserted",
+    )
 
 
 def has_event(conn: psycopg.Connection, plan_id: uuid.UUID, what: str, stage: int) -> bool:
@@ -272,6 +276,10 @@ def stage_row(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> Stage
         " inconclusive_since, cardinality(moved) from lakehouse_rollout_stages where plan_id = %s and stage = %s",
         (plan_id, stage),
     ).fetchone()
+    if row is None:
+        raise NotFound(
+            f"rollout plan {plan_id} has no stage {stage} (was the plan deleted?); see lakehouse rollout status"
+        )
     return StageRow(*row)
 
 
@@ -313,12 +321,15 @@ MOVED_CTE = sql.SQL(
 
 def set_stage_moved(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> int:
     """The stage's moved datasets: the union of its flips', kept in the stage's row; returns how many."""
-    return conn.execute(
-        "update lakehouse_rollout_stages set moved = (select coalesce(array_agg(distinct d), '{}') from"
-        " lakehouse_rollout_steps s, unnest(s.moved) d where s.plan_id = %(plan)s and s.stage = %(stage)s"
-        " and s.kind = 'flip') where plan_id = %(plan)s and stage = %(stage)s returning cardinality(moved)",
-        {"plan": plan_id, "stage": stage},
-    ).fetchone()[0]
+    return fetch_value(
+        conn.execute(
+            "update lakehouse_rollout_stages set moved = (select coalesce(array_agg(distinct d), '{}') from"
+            " lakehouse_rollout_steps s, unnest(s.moved) d where s.plan_id = %(plan)s and s.stage = %(stage)s"
+            " and s.kind = 'flip') where plan_id = %(plan)s and stage = %(stage)s returning cardinality(moved)",
+            {"plan": plan_id, "stage": stage},
+        ),
+        NotFound(f"rollout plan {plan_id} has no stage {stage} (was the plan deleted?)"),
+    )
 
 
 def stage_sample(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, n: int) -> list[uuid.UUID]:
@@ -410,7 +421,9 @@ def alertable_events(conn: psycopg.Connection, after_id: int | None, limit: int 
     """(the alertable events after ``after_id`` with what their plan moves, the last event id read). ``after_id`` None:
     nothing is read, the newest id is returned (a sender that starts now does not replay the past)."""
     if after_id is None:
-        return [], conn.execute("select max(id) from lakehouse_rollout_events").fetchone()[0] or 0
+        return [], fetch_value(
+            conn.execute("select max(id) from lakehouse_rollout_events"), "the newest rollout event id"
+        ) or 0
     rows = conn.execute(
         """select e.id, e.plan_id, e.stage, e.event, e.reason, p.kind, p.name, p.mode
              from lakehouse_rollout_events e join lakehouse_rollout_plans p on p.id = e.plan_id
@@ -435,4 +448,4 @@ def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:
 
 
 def db_now(conn: psycopg.Connection) -> dt.datetime:
-    return conn.execute("select now()").fetchone()[0]
+    return fetch_value(conn.execute("select now()"), "the database clock (select now())")

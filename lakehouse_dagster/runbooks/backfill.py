@@ -33,7 +33,7 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from lakehouse_dagster.core.db import adbc_uri, connect
+from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
@@ -122,14 +122,20 @@ def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, acto
                 )
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             found = iceberg_only(conn, catalog, settings, ds_id, table=table)
-            if found is None:
-                n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()[0]
+            if found is None or table is None:  # (found is None whenever there is no table)
+                n = fetch_value(
+                    conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
+                    "the count of the dataset's rows",
+                )
                 return BackfillResult(ds_id, None, 0, 0, 0, n, time.perf_counter() - started, nothing_to_do=True)
             present = {f.name for f in table.schema().fields}
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in _IDENTITY if n in present), *(c.name for c in columns)]
             copied, removed, moved = _copy_and_apply(conn, dsn, table, ds_id, columns, names, found, actor)
-            n = conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()[0]
+            n = fetch_value(
+                conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
+                "the count of the dataset's rows",
+            )
     return BackfillResult(ds_id, found.snapshot_id, copied, removed, moved, n, time.perf_counter() - started)
 
 

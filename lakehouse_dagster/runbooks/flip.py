@@ -33,7 +33,7 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flip_scope import ScopeReport, scope_report
 from lakehouse_dagster.flags.gates import check_widen, set_flag
@@ -319,6 +319,10 @@ def verify_write(
                 where d.id = %s""",
             (ds_id,),
         ).fetchone()
+        if row is None:
+            raise NotFound(
+                f"dataset {ds_id} does not exist (deleted since the flip?): verify the flip again without it"
+            )
         problems = []
         if mode != "iceberg_native":
             problems.append(f"{writer} resolves to {mode} for it (a narrower override?)")

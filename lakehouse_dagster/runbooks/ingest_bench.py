@@ -222,10 +222,11 @@ def _check_tables(dsn, settings, ids, outcomes, rows, same_dataset) -> list[str]
         table = load_table_or_none(catalog, table_identifier(settings, uuid.UUID(ds_id)))
         if not mine:
             continue
-        if table is None or table.current_snapshot() is None:
+        snap = table.current_snapshot() if table is not None else None
+        if table is None or snap is None:
             problems.append(f"{ds_id}: {len(mine)} job(s) succeeded but the table has no snapshot")
             continue
-        count = int(table.current_snapshot().summary.additional_properties.get("total-records", -1))
+        count = int((snap.summary.additional_properties if snap.summary else {}).get("total-records", -1))
         if count != rows:
             problems.append(f"{ds_id}: the table holds {count} rows, expected {rows}")
         snapshots = len(table.snapshots())

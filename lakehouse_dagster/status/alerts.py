@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.parity.canary import wedged_syncs
@@ -224,7 +225,7 @@ select p.id, p.dataset_id, d.name, p.source, p.run_id, p.pg_count, p.iceberg_cou
 def parity_events(conn: psycopg.Connection, since: dt.datetime) -> tuple[list[Event], dt.datetime]:
     """The MISMATCH verdicts recorded after ``since`` not yet alerted, and their auto-rollback outcomes once
     written; with how far the read got (the database's now, or the last row read when there were more)."""
-    now = conn.execute("select now()").fetchone()[0]
+    now = fetch_value(conn.execute("select now()"), "the database clock (select now())")
     rows = conn.execute(_MISMATCHES, (since, SCAN_LIMIT)).fetchall()
     out: list[Event] = []
     for pid, ds, name, source, run_id, pg_n, ice_n, pg_v, snap, idx, detail, _at, new in rows:
@@ -599,9 +600,10 @@ def deliver(
             )
             out.posted += len(ids)
             out.messages += 1
-    out.pending = conn.execute(
-        "select count(*) from lakehouse_alerts where posted_at is null and dropped_at is null"
-    ).fetchone()[0]
+    out.pending = fetch_value(
+        conn.execute("select count(*) from lakehouse_alerts where posted_at is null and dropped_at is null"),
+        "the count of alerts waiting to be posted",
+    )
     return out
 
 

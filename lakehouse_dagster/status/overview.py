@@ -30,6 +30,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
@@ -198,7 +199,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     Long on purpose: each source (stages, verdicts, wedged, behind, native-unsafe, blocked) is read once and folded
     into the counts and the attention list beside it, so what makes a dataset need attention reads top to bottom."""
     started = time.perf_counter()
-    computed_at = conn.execute("select now()").fetchone()[0]
+    computed_at = fetch_value(conn.execute("select now()"), "the database clock (select now())")
     tabular = {r[0]: r[1:] for r in conn.execute("select id, name, workspace_id from datasets where kind = 'tabular'")}
     blocked_all = runbook_blocked(conn)
     dataset_stages, flag_stages = stage_counts(conn, blocked_all)

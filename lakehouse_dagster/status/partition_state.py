@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import READ
@@ -147,7 +148,10 @@ def partition_state(conn: psycopg.Connection, settings: Settings, dataset_id: uu
 
 def pg_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
     """The dataset's rows in dataset_rows, exactly (an index-only scan of its primary key range)."""
-    return conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)).fetchone()[0]
+    return fetch_value(
+        conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)),
+        "the count of the dataset's rows",
+    )
 
 
 def _columns(raw, ds: uuid.UUID) -> tuple[Column, ...]:

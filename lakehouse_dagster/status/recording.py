@@ -36,6 +36,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core.db import fetch_value
+
 SYNCS, FLAGS, BACKFILLS, SWEEPS = "syncs", "flags", "backfills", "sweeps"
 
 # stream -> (table, transaction id column, which rows, columns read)
@@ -161,7 +163,9 @@ def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int
     xmin = (
         rows[0][2]
         if rows
-        else conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+        else fetch_value(
+            conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
+        )
     )
     final = [r for r in rows if r[1] < xmin]  # no transaction below them can still commit: their order is final
     nxt: tuple[int, int | None]
