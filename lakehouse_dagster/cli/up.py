@@ -606,7 +606,7 @@ def supervise(
             signal.signal(s, h)
     svc_proc = service.proc if service is not None else None
     return {
-        "requested_stop": state["signals"] > 0,
+        "requested_stop": bool(state["signals"]),
         "dagster_exit_code": proc.returncode if died_first in (None, proc) else None,
         "service_exit_code": None if svc_proc is None or died_first not in (None, svc_proc) else svc_proc.returncode,
         "seconds_to_ready": None if ready_at is None else round(ready_at - t_start, 1),

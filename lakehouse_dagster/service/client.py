@@ -131,7 +131,9 @@ class LakehouseClient:
 
     def _connection(self) -> http.client.HTTPConnection:
         kind = http.client.HTTPSConnection if self._url.scheme == "https" else http.client.HTTPConnection
-        return kind(self._url.hostname, self._url.port, timeout=self._timeout)
+        host = self._url.hostname
+        assert host  # __init__ refuses a base_url without one
+        return kind(host, self._url.port, timeout=self._timeout)
 
     def read(self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None) -> ReadResult:
         """The whole read as one Arrow table."""

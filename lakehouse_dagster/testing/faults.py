@@ -91,7 +91,10 @@ def terminate_lock_session(conn, dataset_id: uuid.UUID) -> int:
 
 def data_files_on_disk(table) -> set[str]:
 
-    root = Path(local_path(f"{table.location()}/data"))
+    local = local_path(f"{table.location()}/data")
+    if local is None:
+        raise ValueError(f"table {table.location()} is not on local disk (data_files_on_disk lists a local warehouse)")
+    root = Path(local)
     return {p.name for p in root.glob("*.parquet")} if root.exists() else set()
 
 
