@@ -76,7 +76,8 @@ class Preflight:
     skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
     kind: str = READ
     sampled: int = 0  # a widen's random sample canaried afresh (counted in checked)
-    report: ScopeReport | None = None  # what the flip does to every dataset in its scope (flags/flip_scope.py)
+    # what the flip does to every dataset in its scope (flags/flip_scope.py)
+    report: ScopeReport = dataclasses.field(kw_only=True)
 
     def coverage(self) -> str:
         """How the datasets the flip moves were covered: canaried now, or by a recent recorded ok."""
@@ -202,7 +203,7 @@ def preflight(
         detail += "".join(f"; {line}" for line in lines_of(v))
         checked.append(Checked(e.dataset_id, e.name, v.verdict, False, detail))
         log.info("%s-flip preflight %s ds=%s verdict=%s %s", kind, name, e.dataset_id, v.verdict, detail)
-    return Preflight(name, mode, scope, checked, skipped, kind, len(spot), report)
+    return Preflight(name, mode, scope, checked, skipped, kind, len(spot), report=report)
 
 
 def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: int) -> dict[uuid.UUID, str]:
