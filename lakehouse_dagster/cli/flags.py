@@ -348,7 +348,7 @@ def _set(ctx, args) -> Result:
     )
     text = (
         f"{change.flag.name}: {change.before or '(no override)'} → {change.after} {_where(change.scope)}"
-        f" (by {ctx.settings.actor}{'; note: ' + change.audit.note if change.audit.note else ''}); "
+        f" (by {ctx.settings.actor}{'; note: ' + change.audit.note if change.audit and change.audit.note else ''}); "
         f"other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
     )
     return _with_rollback(ctx, args, leaving, Result(_change_data(change), text))
