@@ -199,7 +199,8 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if not self.preload_location:
             return None, ""
         code = location.fingerprint()
-        if code == _FORKSERVER_CODE.get(self.forkserver_pid()):
+        pid = self.forkserver_pid()
+        if pid is not None and code == _FORKSERVER_CODE.get(pid):
             return code, ""
         started = time.monotonic()
         private_apis.stop_forkserver()  # its running workers go on (orphans, reaped by init)

@@ -61,6 +61,8 @@ def _exec_fresh(run_id: str, ref) -> None:
 
     with DagsterInstance.from_ref(ref) as instance:
         run = instance.get_run_by_id(run_id)
+        if run is None:  # deleted between its launch and this worker
+            sys.exit(f"run {run_id} is not in the Dagster instance (deleted before it started?): nothing to execute")
         instance.report_engine_event(
             "The code location changed on disk after the warm forkserver loaded it: this run starts in a fresh "
             "interpreter instead (the next launch starts a new forkserver).",

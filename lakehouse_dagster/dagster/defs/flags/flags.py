@@ -157,7 +157,7 @@ def set_flag_op(context: dg.OpExecutionContext, config: SetFlagConfig, lakehouse
             "scope": str(change.scope),
             "before": change.before or "(no override)",
             "after": change.after,
-            "audit_id": text(change.audit.id),
+            "audit_id": text(change.audit.id if change.audit else None),  # (a set always writes one)
         }
     )
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "after": change.after}

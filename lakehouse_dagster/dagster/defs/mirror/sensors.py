@@ -27,7 +27,7 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
 )
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
-from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
@@ -177,7 +177,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         )
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
     dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
-    known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
+    known = set(context.instance.get_dynamic_partitions(DATASETS))
     new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
     requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
     retries = sum(isinstance(p, Retry) for p in tick.requests)

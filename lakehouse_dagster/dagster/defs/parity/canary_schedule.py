@@ -20,7 +20,7 @@ from lakehouse_dagster.dagster.defs.parity.canary_batch import CanaryBatchConfig
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
-from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.tags import batch_tags, datasets_tags
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.runbooks.canary_rounds import oldest_first, plan_round
@@ -85,7 +85,7 @@ def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: Lak
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
         flipped = flipped_dataset_ids(conn)
-        known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
+        known = set(context.instance.get_dynamic_partitions(DATASETS))
         unknown = sorted(str(d) for d in flipped if str(d) not in known)
         if unknown:  # not yet a partition (the mirror poller adds them): nothing to attach a check result to
             context.log.info(f"{len(unknown)} flipped dataset(s) are not partitions yet: {', '.join(unknown[:10])}")

@@ -31,7 +31,7 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     names,
     postgres_standard,
 )
-from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
 from lakehouse_dagster.status.partition_state import PartitionState, partition_states
 from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
@@ -214,7 +214,7 @@ def recorded_events(
     events: list = [
         table_event(shown[d], sweeps.get(d, []))
         for d in changed
-        if d in sweeps or latest.get(str(d)) != str(shown[d].table.snapshot_id)
+        if d in sweeps or ((t := shown[d].table) is not None and latest.get(str(d)) != str(t.snapshot_id))
     ]
     events += [
         backfill_event(conn, shown[c.row["dataset_id"]], c) for c in plan.backfills if c.row["dataset_id"] in shown
@@ -249,7 +249,7 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
         states = partition_states(conn, settings, plan.dataset_ids)
         events = recorded_events(context.instance, conn, plan, states)
         keys = {e.partition for e in events if e.partition}
-        known = set(context.instance.get_dynamic_partitions(datasets_partitions.name)) if keys or prune else set()
+        known = set(context.instance.get_dynamic_partitions(DATASETS)) if keys or prune else set()
         gone = deleted_dataset_keys(conn, sorted(known)) if prune else []
     requests: list = []
     new_keys = sorted(keys - known)

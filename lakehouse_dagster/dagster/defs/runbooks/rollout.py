@@ -166,7 +166,7 @@ def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
             "scope": pre.report.where,
             "before": change.before or "(no override)",
             "after": change.after,
-            "audit_id": text(change.audit.id),
+            "audit_id": text(change.audit.id if change.audit else None),  # (a set always writes one)
         }
     )
     return preflight

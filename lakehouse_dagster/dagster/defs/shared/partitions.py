@@ -2,4 +2,5 @@
 
 import dagster as dg
 
-datasets_partitions = dg.DynamicPartitionsDefinition(name="datasets")
+DATASETS = "datasets"  # the definition's name as a str (DynamicPartitionsDefinition.name is Optional)
+datasets_partitions = dg.DynamicPartitionsDefinition(name=DATASETS)

@@ -26,7 +26,7 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     migration_state,
     postgres_standard,
 )
-from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
@@ -165,7 +165,7 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     )
     with lakehouse.connect() as conn:
         named = datasets_tags(conn, [p.dataset_id for p in found])
-    known = set(context.instance.get_dynamic_partitions(datasets_partitions.name))
+    known = set(context.instance.get_dynamic_partitions(DATASETS))
     new_keys = sorted({str(p.dataset_id) for p in found} - known)
     requests = [
         dg.RunRequest(

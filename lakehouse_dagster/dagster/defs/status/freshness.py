@@ -25,7 +25,7 @@ import dagster as dg
 from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
-from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata
 from lakehouse_dagster.dagster.private_apis import dagster_report_check_result
 from lakehouse_dagster.status.lag import flipped_freshness
@@ -48,7 +48,7 @@ def due(instance: dg.DagsterInstance, lakehouse: LakehouseResource, limit: int =
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
         ff = flipped_freshness(conn, settings.lagging_after_seconds)
-    known = set(instance.get_dynamic_partitions(datasets_partitions.name))  # once per tick
+    known = set(instance.get_dynamic_partitions(DATASETS))  # once per tick
     lagging = [str(b.dataset_id) for b in ff.lagging if str(b.dataset_id) in known]
     settled = sorted(str(d) for d in ff.settled if str(d) in known)
     failing = failing_partitions(instance, lagging + settled)
