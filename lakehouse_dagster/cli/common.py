@@ -9,9 +9,13 @@ import sys
 import uuid
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lakehouse_dagster.core.settings import Settings
+
+if TYPE_CHECKING:  # the verbs' machinery is imported lazily (a fast --help)
+    import psycopg
+    from pyiceberg.catalog import Catalog
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -56,8 +60,8 @@ class Context:
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._dsn: str | None = None
-        self._conn = None
-        self._catalog = None
+        self._conn: psycopg.Connection | None = None
+        self._catalog: Catalog | None = None
 
     @property
     def settings(self) -> Settings:

@@ -544,7 +544,7 @@ def supervise(
                 pass
 
     def on_signal(signum, frame):
-        state["signals"] += 1
+        state["signals"] = (state["signals"] or 0) + 1
         if state["signals"] == 1:
             state["first_signal_at"] = time.monotonic()
             _say(f"{signal.Signals(signum).name}: stopping Dagster and the API (Ctrl-C again to kill them at once)...")
