@@ -114,10 +114,10 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if self.preload_location:
             self.preload_modules.append(PRELOAD_LOCATION)
         self.terminate_grace_seconds = float(terminate_grace_seconds)
-        self._ctx = None
+        self._ctx: multiprocessing.context.ForkServerContext | None = None
         self._workers: dict[str, multiprocessing.process.BaseProcess] = {}
         self._lock = threading.Lock()
-        self._fallback = None
+        self._fallback: dg.DefaultRunLauncher | None = None
         super().__init__()
         if warm_at_start and _in_daemon_process():
             # Start importing now, in the background of the forkserver, so the first run finds it warm.
