@@ -101,11 +101,14 @@ def check_held() -> None:
     """Raise GuardLost unless every guard lock this context took is still held by its session."""
     for conn, ns, key, what in _held.get():
         try:
-            held = conn.execute(
-                "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
-                " and granted and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
-                (ns & 0xFFFFFFFF, key & 0xFFFFFFFF),
-            ).fetchone()[0]
+            held = fetch_value(
+                conn.execute(
+                    "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid()"
+                    " and granted and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
+                    (ns & 0xFFFFFFFF, key & 0xFFFFFFFF),
+                ),
+                "whether this session still holds its guard lock",
+            )
         except psycopg.Error as exc:
             raise GuardLost(
                 f"the session holding {what} died ({type(exc).__name__}); not committing — another sync may own "
