@@ -35,8 +35,8 @@ import numpy as np
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import connect
-from lakehouse_dagster.core.errors import BadInput, LakehouseError, SyncFailed
+from lakehouse_dagster.core.db import connect, fetch_value
+from lakehouse_dagster.core.errors import BadInput, LakehouseError, NotFound, SyncFailed
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
@@ -200,9 +200,10 @@ def plan_write(
         plan = dataclasses.replace(plan, after=after, nothing_new=nothing_new, fingerprint=fp)
     if plan.nothing_new or replace:
         return plan
-    pg_max = conn.execute(
-        "select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)
-    ).fetchone()[0]
+    pg_max = fetch_value(
+        conn.execute("select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)),
+        "the dataset's max row index",
+    )
     iceberg_max = table_state(table)["max_row_index"] if table is not None else -1
     return dataclasses.replace(plan, start_index=1 + max(pg_max, iceberg_max))
 
@@ -314,7 +315,10 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
             raise
         except Exception as exc:
             raise _failed(conn, ds_id, exc, dsn) from exc
-    total = conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
+    total = fetch_value(
+        conn.execute("select row_count from datasets where id = %s", (ds_id,)),
+        NotFound(f"dataset {ds_id} was deleted during its ingest"),
+    )
     lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {plan.sync_id})")
     return plan.result(rows, total, None, source_state.public_cursor(state))
 
@@ -427,7 +431,10 @@ def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
             (count, ds_id, count),
         )
         return count
-    return conn.execute("select row_count from datasets where id = %s", (ds_id,)).fetchone()[0]
+    return fetch_value(
+        conn.execute("select row_count from datasets where id = %s", (ds_id,)),
+        NotFound(f"dataset {ds_id} was deleted during its ingest"),
+    )
 
 
 def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) -> SyncFailed:
