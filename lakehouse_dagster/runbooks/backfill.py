@@ -162,7 +162,7 @@ def _copy_and_apply(
             t = time.perf_counter()
             cur.execute(stmt.as_string(pg))
             _log.debug("backfill %.2fs: %s", time.perf_counter() - t, stmt.as_string(pg)[:80])
-            return cur.fetchone()[0]
+            return fetch_value(cur, "the result of a backfill statement")
 
         def run(stmt: sql.Composable) -> None:
             t = time.perf_counter()
