@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
-from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.core.db import fetch_value, redact
 from lakehouse_dagster.schema.migrate import load_migrations, migrate
 from lakehouse_dagster.tracking import capture
 
@@ -30,7 +30,9 @@ def _migrate(ctx, args) -> Result:
 def _status(ctx, args) -> Result:
     rows = (
         ctx.conn.execute("select name, applied_at from lakehouse_migrations order by name").fetchall()
-        if ctx.conn.execute("select to_regclass('lakehouse_migrations')").fetchone()[0]
+        if fetch_value(
+            ctx.conn.execute("select to_regclass('lakehouse_migrations')"), "whether the migrations table exists"
+        )
         else []
     )
     done = {r[0]: r[1] for r in rows}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
 
@@ -36,7 +37,7 @@ def register(sub) -> None:
 
 
 def require_schema(conn) -> None:
-    if conn.execute("select to_regclass('dataset_rows') is null").fetchone()[0]:
+    if fetch_value(conn.execute("select to_regclass('dataset_rows') is null"), "whether the lakehouse schema exists"):
         raise BadInput("the database has no lakehouse schema yet; run: lakehouse db migrate")
 
 
