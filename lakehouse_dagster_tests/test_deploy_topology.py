@@ -314,7 +314,7 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
     first_to_iceberg = time.monotonic() - t_first
     t_append = time.monotonic()
     datasets.insert_rows(conn, ds, [{"n": k, "s": str(k)} for k in range(3, 5)])
-    rows = top.wait(
+    top.wait(
         "the append in Iceberg",
         lambda: ((r := _iceberg_rows(settings, dsn, ds)) == list(range(5)), r),
         120,
