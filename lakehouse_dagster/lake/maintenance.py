@@ -48,6 +48,7 @@ from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.lake.writer import SOURCE_VERSION, WRITE_PATH, TableWrite, write_arrow
 from lakehouse_dagster.tracking.datasets import get_dataset
 from lakehouse_dagster.tracking.row_changes import file_ranges
+from lakehouse_dagster.tracking.sync_log import snapshots_handed_out
 
 _log = logging.getLogger(__name__)
 
@@ -78,24 +79,9 @@ class Expiry:
     pinned: tuple[int, ...] = ()
 
 
-# The snapshots readers may hold: of the succeeded syncs, those finished within the window (each was, or still is,
-# the latest at some moment of it) and the last one finished before it (the latest when the window opened, or now).
-PINS = """
-(select snapshot_id from iceberg_sync_log
-  where dataset_id = %(ds)s and status = 'succeeded' and snapshot_id is not null
-    and finished_at > now() - make_interval(secs => %(secs)s))
-union
-(select snapshot_id from iceberg_sync_log
-  where dataset_id = %(ds)s and status = 'succeeded' and snapshot_id is not null
-    and finished_at <= now() - make_interval(secs => %(secs)s)
-  order by finished_at desc nulls last limit 1)
-"""
-
-
 def reader_pins(conn: psycopg.Connection, dataset_id: uuid.UUID, pin_seconds: float) -> set[int]:
     """Snapshot ids a reader may have been handed and not loaded yet (module docstring): never expired."""
-    rows = conn.execute(PINS, {"ds": dataset_id, "secs": float(pin_seconds)}).fetchall()
-    return {int(r[0]) for r in rows}
+    return snapshots_handed_out(conn, dataset_id, pin_seconds)
 
 
 def expirable(metadata, *, keep: int, older_than_seconds: float, pinned: set[int], now_ms: int) -> list[int]:
