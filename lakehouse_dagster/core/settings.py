@@ -104,6 +104,15 @@ class Settings:
     # older than snapshots_max_age_seconds (lake/writer.py expirable_snapshots); snapshots_keep 0: never.
     snapshots_keep: int = 100
     snapshots_max_age_seconds: int = 3600
+    # Table maintenance between syncs (lake/maintenance.py; the stream calls it): data files below this size are
+    # small, compacted once there are at least maintenance_min_files of them; snapshots older than the age are
+    # expired, keeping the newest maintenance_keep_snapshots and every snapshot a reader was handed within the
+    # pin window.
+    maintenance_small_file_bytes: int = 8 * 1024 * 1024
+    maintenance_min_files: int = 16
+    maintenance_keep_snapshots: int = 16
+    maintenance_snapshot_age_seconds: int = 60
+    maintenance_pin_seconds: int = 60
     # A dataset behind the mirror whose latest succeeded sync finished longer ago than this is lagging (status/lag.py):
     # listed by the migration overview, and a flipped one's snapshot_freshness check fails without a run.
     lagging_after_seconds: int = 3600
@@ -175,6 +184,13 @@ class Settings:
             partial_max_fraction=_float("LAKEHOUSE_PARTIAL_MAX_FRACTION", 0.25),
             snapshots_keep=_snapshots_keep(),
             snapshots_max_age_seconds=_int("LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS", 3600),
+            maintenance_small_file_bytes=_int("LAKEHOUSE_MAINTENANCE_SMALL_FILE_BYTES", 8 * 1024 * 1024, minimum=1),
+            maintenance_min_files=_int("LAKEHOUSE_MAINTENANCE_MIN_FILES", 16, minimum=2),
+            maintenance_keep_snapshots=_int(
+                "LAKEHOUSE_MAINTENANCE_KEEP_SNAPSHOTS", SNAPSHOTS_KEEP_MIN, minimum=SNAPSHOTS_KEEP_MIN
+            ),
+            maintenance_snapshot_age_seconds=_int("LAKEHOUSE_MAINTENANCE_SNAPSHOT_AGE_SECONDS", 60),
+            maintenance_pin_seconds=_int("LAKEHOUSE_MAINTENANCE_PIN_SECONDS", 60, minimum=1),
             lagging_after_seconds=_int("LAKEHOUSE_LAGGING_AFTER_SECONDS", 3600, minimum=1),
             mirror_freshness_seconds=mirror_freshness_seconds(),
             api_token=os.environ.get("LAKEHOUSE_API_TOKEN") or None,

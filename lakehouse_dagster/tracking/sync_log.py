@@ -38,3 +38,27 @@ def latest_succeeded(conn: psycopg.Connection, dataset_id: uuid.UUID) -> Succeed
         (dataset_id,),
     ).fetchone()
     return SucceededSync(*row) if row else None
+
+
+# The snapshots readers may hold without having loaded them yet (the read router hands out the latest succeeded sync's
+# snapshot): the latest; every succeeded sync finished within the window (each was the latest at some moment of it);
+# and the last one finished before the window (the latest when it opened).
+HANDED_OUT = """
+select snapshot_id from lakehouse_latest_succeeded_sync(%(ds)s) where snapshot_id is not null
+union
+(select snapshot_id from iceberg_sync_log
+  where dataset_id = %(ds)s and status = 'succeeded' and snapshot_id is not null
+    and finished_at > now() - make_interval(secs => %(secs)s))
+union
+(select snapshot_id from iceberg_sync_log
+  where dataset_id = %(ds)s and status = 'succeeded' and snapshot_id is not null
+    and finished_at <= now() - make_interval(secs => %(secs)s)
+  order by finished_at desc nulls last limit 1)
+"""
+
+
+def snapshots_handed_out(conn: psycopg.Connection, dataset_id: uuid.UUID, within_seconds: float) -> set[int]:
+    """Snapshot ids the read router may have handed a reader within the last ``within_seconds`` (lake/maintenance.py
+    never expires them)."""
+    rows = conn.execute(HANDED_OUT, {"ds": dataset_id, "secs": float(within_seconds)}).fetchall()
+    return {int(r[0]) for r in rows}
