@@ -185,9 +185,10 @@ stages:
     with _ui(instance) as ui:
         pages = {d: page(ui, d) for d in in_ws}
         # the datasets stage's one dataset keeps its own override; the workspace stage moved the other three
-        assert sorted(modes(p)["graph.kuzu"] for p in pages.values()) == [("iceberg", "dataset override")] + [
-            ("iceberg", "workspace override")
-        ] * 3
+        assert (
+            sorted(modes(p)["graph.kuzu"] for p in pages.values())
+            == [("iceberg", "dataset override")] + [("iceberg", "workspace override")] * 3
+        )
         for d, p in pages.items():
             assert "graph.kuzu" in p["readers_on_iceberg"], d
             assert p["latest_verdict"] == "ok" and p["latest_verdict_as_of"] == _verdict_at(conn, d)

@@ -147,9 +147,7 @@ class Cursor:
                 "pruned_at": self.pruned_at,
                 "seeded": self.seeded,
                 "seed_after": str(self.seed_after) if self.seed_after else None,
-                "fanout": {
-                    k: [[_text(a), _text(b)] for a, b in left] for k, left in self.fanout.items() if left
-                },
+                "fanout": {k: [[_text(a), _text(b)] for a, b in left] for k, left in self.fanout.items() if left},
             },
             sort_keys=True,
         )
