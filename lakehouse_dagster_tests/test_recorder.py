@@ -392,6 +392,7 @@ def test_the_cursor_round_trips_whole():
         99.0,
         False,
         uuid.uuid4(),
+        {"global": ((uuid.uuid4(), None), (None, uuid.uuid4())), str(uuid.uuid4()): ((None, None),)},
     )
     assert Cursor.loads(c.dumps()) == c and Cursor.loads(None) == Cursor()
     assert Cursor.loads(c.dumps()).position("sweeps") == Position()  # a stream never read starts at 0
