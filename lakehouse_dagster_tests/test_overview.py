@@ -203,6 +203,7 @@ def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, 
         "check error": 0,
         "wedged": 1,
         "lagging": 1,
+        "read fallback": 0,
         "blocked": 1,
     }
     assert all(a.workspace == "alpha" for a in ov.attention)

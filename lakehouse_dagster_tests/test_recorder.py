@@ -222,11 +222,17 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     assert meta["orphan_files_removed"] >= 1 and meta["swept_by"] == "pytest"
     assert rec.tick() == []
 
-    # wider scopes: observations on lakehouse/migration_overview, with actor and note
+    # wider scopes: observations on lakehouse/migration_overview, with actor and note, and fanned out to the
+    # dataset's partition (one observation for both changes: its modes now)
     assert _cli("flags", "set", "studio.digest", "shadow", "--workspace", str(ws), "--note", "ws shadow") == 0
     assert _cli("flags", "set", "graph.kuzu", "shadow", "--note", "global shadow") == 0
     events = rec.tick()
-    assert [(e.asset_key, e.partition) for e in events] == [(MIGRATION_OVERVIEW, None)] * 2
+    assert [(e.asset_key, e.partition) for e in events] == [(MIGRATION_OVERVIEW, None)] * 2 + [(ICEBERG_TABLE, str(d))]
+    changed = events[-1].metadata["changed"].value
+    assert "reader graph.kuzu shadow" in changed and "reader studio.digest shadow" in changed
+    flags = {r.data["name"]: (r.data["mode"], r.data["reason"]) for r in events[-1].metadata["flags"].value.records}
+    assert flags["graph.kuzu"] == ("iceberg", "dataset override")  # the dataset's own override still wins
+    assert json.loads(rec.cursor)["fanout"] == {} and rec.tick() == []
     overview = sorted((_meta(o) for o in _observations(instance, MIGRATION_OVERVIEW)), key=lambda m: m["audit_id"])
     assert [(m["flag_changed"], m["flag_mode"], m["scope"], m["actor"], m["note"]) for m in overview] == [
         ("reader studio.digest", "shadow", f"workspace:{ws}", "pytest", "ws shadow"),
@@ -386,6 +392,7 @@ def test_the_cursor_round_trips_whole():
         99.0,
         False,
         uuid.uuid4(),
+        {"global": ((uuid.uuid4(), None), (None, uuid.uuid4())), str(uuid.uuid4()): ((None, None),)},
     )
     assert Cursor.loads(c.dumps()) == c and Cursor.loads(None) == Cursor()
     assert Cursor.loads(c.dumps()).position("sweeps") == Position()  # a stream never read starts at 0

@@ -3,6 +3,7 @@ committed package-lock.json in a copy of the client, then `node --test`. Skipped
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.incidents import FALLBACK, latest_incidents
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
@@ -78,6 +80,14 @@ def test_the_typescript_client_against_a_live_server(conn, dsn, settings: Settin
         )
     out = ran.stdout + ran.stderr
     assert ran.returncode == 0, out
-    assert "# pass 6" in out and "# fail 0" in out and "# skipped 0" in out, out
+    assert "# pass 7" in out and "# fail 0" in out and "# skipped 0" in out, out
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ingest,)).fetchone()[0] == 9
+    # the fallback node reported is the row the read router writes for its own (what the soak and pages read)
+    fallbacks = conn.execute(
+        "select reader, error from lakehouse_read_fallbacks where dataset_id = %s", (iceberg,)
+    ).fetchall()
+    assert fallbacks == [("graph.kuzu", "ml-runner: read timed out (reported by node)")]
+    with conn.transaction():
+        found = latest_incidents(conn, [iceberg], dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10))
+    assert [(i.what, i.reader) for i in found[iceberg]] == [(FALLBACK, "graph.kuzu")]
     assert server.token not in server.log_text()

@@ -36,14 +36,25 @@ class Incident:
         return f"{self.what}{who}{on} at {self.at:%Y-%m-%d %H:%M:%S} UTC ({self.detail})"
 
 
+ERROR_CHARS = 1000  # what is kept of a fallback's error
+
+
+def insert_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID, error: str) -> tuple[int, datetime]:
+    """The one row of a read served by Postgres after an Iceberg error (what the soak, the rollout analysis, the
+    recorder and the overview read); raises if it cannot be written. Returns its id and time."""
+    row = conn.execute(
+        "insert into lakehouse_read_fallbacks (reader, dataset_id, error) values (%s, %s, %s) returning id, at",
+        (reader, dataset_id, error[:ERROR_CHARS]),
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
 def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID, error: str) -> None:
-    """One row per read served by Postgres after an Iceberg error; never fails the read it records."""
+    """The read router's record of its own fallback (``insert_fallback``); never fails the read it records."""
     try:
         with conn.transaction():  # a savepoint inside the caller's transaction: a failure here leaves it intact
-            conn.execute(
-                "insert into lakehouse_read_fallbacks (reader, dataset_id, error) values (%s, %s, %s)",
-                (reader, dataset_id, error[:1000]),
-            )
+            insert_fallback(conn, reader, dataset_id, error)
     except Exception as exc:  # the read was served; losing its record only makes the soak less strict
         log.warning("could not record the read fallback of %s ds=%s: %s", reader, dataset_id, type(exc).__name__)
 

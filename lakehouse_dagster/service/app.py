@@ -39,6 +39,7 @@ from lakehouse_dagster.service.errors import (
     error_response,
     status_of,
 )
+from lakehouse_dagster.service.fallbacks import record_reported_fallback
 from lakehouse_dagster.service.metrics import CONTENT_TYPE, ServiceMetrics
 from lakehouse_dagster.service.reads import OpenRead, open_read
 from lakehouse_dagster.sources.writers import run_writer
@@ -55,6 +56,7 @@ ENDPOINTS = (
     "/lakehouse/ingest",
     "/lakehouse/route",
     "/lakehouse/flags",
+    "/lakehouse/fallback",
 )
 READ_THREADS, INGEST_THREADS, CONTROL_THREADS = 32, 64, 8
 MAX_OPEN_READS = 64  # streams open at once (a slow client keeps its stream, and a pg one its connection, open)
@@ -102,6 +104,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
         Route("/lakehouse/ingest", _endpoint(svc, ingest), methods=["POST"]),
         Route("/lakehouse/route", _endpoint(svc, route), methods=["GET"]),
         Route("/lakehouse/flags", _endpoint(svc, flags), methods=["GET"]),
+        Route("/lakehouse/fallback", _endpoint(svc, fallback), methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.service = svc
@@ -280,6 +283,18 @@ async def flags(svc: Service, request: Request) -> Response:
 
 
 _router_log = logging.getLogger("lakehouse_dagster.read_router")
+
+
+async def fallback(svc: Service, request: Request) -> Response:
+    """A fallback an app's own router took, recorded as the read router records its own (service/fallbacks.py)."""
+    req = bodies.fallback_request(
+        bodies.json_object(await _body(request, svc.settings), "fallback", bodies.FALLBACK_EXAMPLE)
+    )
+    db = svc.db
+    assert db is not None
+    out = await _blocking(svc.control, record_reported_fallback, db, req, _router_log)
+    svc.metrics.read_fallbacks.labels(req.reader).inc()  # the counter the service's own fallbacks move
+    return JSONResponse(out)
 
 
 async def read(svc: Service, request: Request) -> Response:

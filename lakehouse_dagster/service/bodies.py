@@ -15,7 +15,7 @@ from typing import Any
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.flags.registry import READ, get_flag
+from lakehouse_dagster.flags.registry import READ, READERS, get_flag
 from lakehouse_dagster.sources.writers import check_writer
 
 MAX_LIMIT = 1_000_000_000  # above it a limit is a mistake: omit it to read every row
@@ -26,6 +26,7 @@ READ_EXAMPLE = (
     '{"reader": "export.stream", "dataset_id": "<uuid>", "columns": ["a"], "limit": 100, "order": "row_index"}'
 )
 INGEST_EXAMPLE = '{"dataset_id": "<uuid>", "writer": "sync.full"}'
+FALLBACK_EXAMPLE = '{"reader": "export.stream", "dataset_id": "<uuid>", "reason": "<the Iceberg read error>"}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +136,31 @@ def ingest_request(obj: Mapping[str, Any]) -> IngestRequest:
     check_writer(_short(writer, "writer"))  # unknown, or locked to pg: refused with the reason
     dataset_id = _uuid(_string(obj, "dataset_id", "ingest", INGEST_EXAMPLE))
     return IngestRequest(dataset_id, writer)
+
+
+@dataclasses.dataclass(frozen=True)
+class FallbackRequest:
+    reader: str
+    dataset_id: uuid.UUID
+    reason: str
+
+
+def fallback_request(obj: Mapping[str, Any]) -> FallbackRequest:
+    """A fallback an app's own router took: a reader that can read Iceberg, a dataset id, the error (not empty)."""
+    _no_unknown(obj, ("reader", "dataset_id", "reason"), "fallback")
+    reader = _reader(_string(obj, "reader", "fallback", FALLBACK_EXAMPLE))
+    flag = get_flag(READ, reader)
+    if flag.ceiling == "off":
+        raise BadInput(
+            f"reader {reader} never reads Iceberg (its ceiling is off: {flag.ceiling_reason or 'not servable'}), "
+            "so it cannot fall back to Postgres; the readers that can: "
+            + ", ".join(r.name for r in READERS.values() if r.ceiling != "off")
+        )
+    dataset_id = _uuid(_string(obj, "dataset_id", "fallback", FALLBACK_EXAMPLE))
+    reason = _string(obj, "reason", "fallback", FALLBACK_EXAMPLE).strip()
+    if not reason:
+        raise BadInput(f"'reason' is empty; say why the Iceberg read failed, e.g. {FALLBACK_EXAMPLE}")
+    return FallbackRequest(reader, dataset_id, reason)
 
 
 def query_params(params: Mapping[str, str], allowed: tuple[str, ...], required: tuple[str, ...], what: str) -> dict:

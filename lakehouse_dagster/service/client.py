@@ -7,6 +7,7 @@
         for batch in rows: ...
     client.ingest(dataset_id, "sync.full")   # retries 503 (G2 backpressure) after Retry-After, then raises
     client.route("export.stream", dataset_id); client.flags(dataset_id)
+    client.fallback("export.stream", dataset_id, "ml-runner timeout")   # an app's own router fell back to PG
 
 A refusal raises ``ServiceError`` with the status and the service's one-line reason.
 
@@ -160,6 +161,11 @@ class LakehouseClient:
 
     def flags(self, dataset_id: uuid.UUID | str) -> dict:
         return self._send("GET", "/lakehouse/flags", params={"dataset_id": str(dataset_id)}).json()
+
+    def fallback(self, reader: str, dataset_id: uuid.UUID | str, reason: str) -> dict:
+        """Report a fallback to Postgres that the caller's own router took (recorded as the service's own are)."""
+        body = {"reader": reader, "dataset_id": str(dataset_id), "reason": reason}
+        return self._send("POST", "/lakehouse/fallback", json=body).json()
 
     def ready(self) -> dict:
         return self._send("GET", "/readyz", retry=False).json()

@@ -55,7 +55,9 @@ VERDICTS = (*canary.VERDICTS, UNCHECKED)
 
 # What needs an operator, most urgent first (a dataset with several is listed once, under its most urgent).
 MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING = "MISMATCH", "native-unsafe", "check error", "wedged", "lagging"
-PROBLEMS = (MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING, BLOCKED)
+FALLBACK = "read fallback"  # a reader fell back to Postgres within FALLBACK_WINDOW_SECONDS (in process or the app's)
+PROBLEMS = (MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING, FALLBACK, BLOCKED)
+FALLBACK_WINDOW_SECONDS = 86_400  # the read fallbacks the overview counts: the last day's
 ATTENTION_SHOWN = 100  # rows of the attention list kept (the counts per problem are complete)
 
 _TABULAR = "select id, workspace_id from datasets where kind = 'tabular'"
@@ -130,6 +132,7 @@ class Overview:
     problems: dict[str, int]  # PROBLEMS → datasets with that problem (a dataset may count under several)
     attention: list[Attention]  # at most ATTENTION_SHOWN, most urgent first
     attention_total: int  # datasets that need attention, all of them
+    fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)  # reader → fallbacks in the window
 
     def as_dict(self) -> dict:
         return {
@@ -153,6 +156,7 @@ class Overview:
             "problems": self.problems,
             "attention": [a.as_dict() for a in self.attention],
             "attention_total": self.attention_total,
+            "fallbacks": self.fallbacks,
         }
 
 
@@ -243,6 +247,16 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         )
     lags = [b.lag_seconds for b in behind if b.lag_seconds is not None]
 
+    fallbacks: dict[str, int] = {}
+    for ds_id, reader, n, at, error in conn.execute(_FALLBACKS, (FALLBACK_WINDOW_SECONDS,)).fetchall():
+        fallbacks[reader] = fallbacks.get(reader, 0) + n
+        note(
+            ds_id,
+            FALLBACK,
+            f"{reader} fell back to Postgres {n} time(s) in the last {FALLBACK_WINDOW_SECONDS // 3600} h, latest at "
+            f"{at:%Y-%m-%d %H:%M:%S} UTC: {(error or '')[:160]} (a soak of {reader} restarts on each)",
+        )
+
     native = native_dataset_ids(conn) & tabular.keys()  # as routing.native_guard.unsafe_native_datasets does
     unsafe = native_blockers(conn, native) if native else []
     for u in unsafe:
@@ -301,7 +315,17 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         problems=problems,
         attention=attention,
         attention_total=len(found),
+        fallbacks=dict(sorted(fallbacks.items())),
     )
+
+
+# Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
+_FALLBACKS = """
+select dataset_id, reader, count(*), max(at), (array_agg(split_part(error, E'\n', 1) order by at desc, id desc))[1]
+  from lakehouse_read_fallbacks
+ where at >= now() - make_interval(secs => %s)
+ group by dataset_id, reader
+"""
 
 
 def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
@@ -338,6 +362,8 @@ def text_lines(ov: Overview) -> list[str]:
         f"{ov.lag_threshold_seconds} s, largest lag "
         + ("-" if ov.max_lag_seconds is None else f"{ov.max_lag_seconds:.0f} s"),
         f"written iceberg-native: {ov.native} ({ov.native_unsafe} failing the write-flip gates)",
+        f"read fallbacks in the last {FALLBACK_WINDOW_SECONDS // 3600} h: "
+        + (" ".join(f"{r}={n}" for r, n in ov.fallbacks.items()) or "none"),
         "",
     ]
     width = max(len(f"reader {name}") for _, name in ov.flag_stages)

@@ -1,7 +1,7 @@
 """What a dataset's partition page should say now: its table as the latest succeeded sync left it, each reader's
-and writer's effective mode and why, and the latest parity verdict.
+and writer's effective mode and why, the latest parity verdict and the latest read fallback.
 
-Read for many datasets in three queries whatever their number (the recorder's tick, a mirror batch), and for one
+Read for many datasets in four queries whatever their number (the recorder's tick, a mirror batch), and for one
 after a run's own write (the mirror asset, the ingest op), so a run's materialization and the recorder's say the
 same things. Plain Python over a connection; the Dagster glue turns it into metadata (dagster/defs/shared/partition_metadata.py).
 """
@@ -80,6 +80,8 @@ class PartitionState:
     table: TableNow | None  # None: never synced
     flags: list[Resolution]  # every reader and writer, registry order
     verdict: dict | None  # the newest lakehouse_read_parity row (parity.canary.latest_verdicts), or None
+    fallback: dict | None = None  # the newest read fallback (any reader, any process): reader, at, error
+    read_at: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the modes' "as of"
 
     @property
     def throwaway(self) -> bool:
@@ -97,7 +99,24 @@ class PartitionState:
             return "no verdict recorded (no canary or parity check has run on this dataset)"
         at = v["checked_at"].isoformat(timespec="seconds") if v.get("checked_at") else "?"
         snap = f" on snapshot {v['snapshot_id']}" if v.get("snapshot_id") is not None else ""
-        return f"{v['verdict']} ({v['source']}, {at}{snap})"
+        line = f"{v['verdict']} ({v['source']}, {at}{snap})"
+        now = self.table.snapshot_id if self.table else None
+        if v.get("snapshot_id") is not None and now is not None and now != v["snapshot_id"]:
+            line += f"; the table has changed since (snapshot {now} now): not a verdict on it yet"
+        return line
+
+    def verdict_as_of(self) -> str:
+        """When the newest verdict was recorded: a verdict is only known as of its check."""
+        v = self.verdict
+        return v["checked_at"].isoformat(timespec="seconds") if v and v.get("checked_at") else "never checked"
+
+    def fallback_line(self) -> str:
+        """The newest read fallback in one line, or none."""
+        f = self.fallback
+        if f is None:
+            return "none (no reader fell back to Postgres)"
+        error = (f["error"] or "").split("\n", 1)[0][:160]
+        return f"{f['reader']} fell back to Postgres at {f['at'].isoformat(timespec='seconds')}: {error}"
 
 
 def safe_uri(location: str | None) -> str | None:
@@ -114,13 +133,15 @@ def safe_uri(location: str | None) -> str | None:
 def partition_states(
     conn: psycopg.Connection, settings: Settings, dataset_ids: Iterable[uuid.UUID]
 ) -> dict[uuid.UUID, PartitionState]:
-    """The state of each dataset that exists (deleted ones are left out), in three queries."""
+    """The state of each dataset that exists (deleted ones are left out), in four queries."""
     ids = list(dict.fromkeys(dataset_ids))
     if not ids:
         return {}
     rows = conn.execute(_QUERY, (ids,)).fetchall()
     flags = resolve_datasets(conn, ids)
     verdicts = latest_verdicts(conn, ids)
+    fallbacks = latest_fallbacks(conn, ids)
+    read_at = dt.datetime.now(dt.UTC)
     out = {}
     for r in rows:
         ds = r[0]
@@ -138,8 +159,20 @@ def partition_states(
             table=table,
             flags=flags.get(ds, []),
             verdict=verdicts.get(ds),
+            fallback=fallbacks.get(ds),
+            read_at=read_at,
         )
     return out
+
+
+def latest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
+    """The newest read fallback of each dataset (one index probe each: lakehouse_read_fallbacks_dataset_idx)."""
+    rows = conn.execute(
+        "select k, f.reader, f.at, f.error from unnest(%s::uuid[]) k cross join lateral"
+        " (select reader, at, error from lakehouse_read_fallbacks where dataset_id = k order by at desc limit 1) f",
+        (ids,),
+    ).fetchall()
+    return {r[0]: {"reader": r[1], "at": r[2], "error": r[3]} for r in rows}
 
 
 def partition_state(conn: psycopg.Connection, settings: Settings, dataset_id: uuid.UUID) -> PartitionState | None:

@@ -2,12 +2,20 @@
 CLI, a Dagster run, the HTTP service, a rollout plan, another process), read in the order their transactions
 ended, so the Dagster instance can show each change (the lakehouse_recorder sensor, dagster/defs/recording/).
 
-Four append-style streams, each with its own position:
+Six append-style streams, each with its own position:
 
 * ``syncs``     iceberg_sync_log rows that succeeded (a mirror sync, a native write, a compaction): the table changed;
 * ``flags``     lakehouse_flag_audit (every set and clear, auto-rollbacks included);
 * ``backfills`` lakehouse_pg_reconciled rows of a backfill: Postgres got the rows only Iceberg held;
-* ``sweeps``    lakehouse_orphan_sweeps: a sweep removed a table's orphan files.
+* ``sweeps``    lakehouse_orphan_sweeps: a sweep removed a table's orphan files;
+* ``verdicts``  lakehouse_read_parity: a canary, check or first native sync recorded a verdict (migration 030);
+* ``fallbacks`` lakehouse_read_fallbacks: a reader fell back to Postgres (any process, or an app through the
+  service's POST /lakehouse/fallback).
+
+A flag change at workspace or global scope changes the modes of every dataset of that scope: it is fanned out
+(``Fanout``), a page of at most ``limit`` datasets a tick, one event per dataset whatever the number of changes
+behind it. A change that arrives while a pass of its scope is under way restarts that pass where it stands and
+wraps around, so every dataset is shown after the newest change and none waits behind a stream of changes.
 
 Each row carries the id of the transaction that wrote it (migration 028). A bigserial id is drawn before commit,
 so "id > last" skips a row that commits late; the position is a transaction id X instead, with the mirror poller's
@@ -38,7 +46,14 @@ from psycopg import sql
 
 from lakehouse_dagster.core.db import fetch_value
 
-SYNCS, FLAGS, BACKFILLS, SWEEPS = "syncs", "flags", "backfills", "sweeps"
+SYNCS, FLAGS, BACKFILLS, SWEEPS, VERDICTS, FALLBACKS = (
+    "syncs",
+    "flags",
+    "backfills",
+    "sweeps",
+    "verdicts",
+    "fallbacks",
+)
 
 # stream -> (table, transaction id column, which rows, columns read)
 _STREAMS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
@@ -61,6 +76,8 @@ _STREAMS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "true",
         ("dataset_id", "files_removed", "bytes_removed", "grace_seconds", "actor", "at"),
     ),
+    VERDICTS: ("lakehouse_read_parity", "xid", "true", ("dataset_id", "verdict", "source", "checked_at")),
+    FALLBACKS: ("lakehouse_read_fallbacks", "xid", "true", ("dataset_id", "reader", "at")),
 }
 STREAMS = tuple(_STREAMS)
 
@@ -97,6 +114,20 @@ class Waiting:
     since: float  # epoch seconds: when the dataset started waiting
 
 
+GLOBAL = "global"  # the fan-out pass of a global change; a workspace's pass is keyed by the workspace's id
+
+# What is left of a fan-out pass: dataset id intervals (after, upto], in order; None is open-ended.
+Interval = tuple[uuid.UUID | None, uuid.UUID | None]
+EVERY: tuple[Interval, ...] = ((None, None),)
+
+
+def restarted(left: tuple[Interval, ...] | None) -> tuple[Interval, ...]:
+    """A pass after a new change of its scope: every dataset again, starting where the pass stands (the datasets
+    it had not reached yet come first, then it wraps around to those it had shown before the change)."""
+    at = left[0][0] if left else None
+    return EVERY if at is None else ((at, None), (None, at))
+
+
 @dataclasses.dataclass(frozen=True)
 class Cursor:
     positions: dict[str, Position] = dataclasses.field(default_factory=dict)
@@ -104,6 +135,8 @@ class Cursor:
     pruned_at: float = 0.0  # epoch seconds of the last removal of deleted datasets' partitions (the caller's)
     seeded: bool = False  # the first pass over every synced dataset is done
     seed_after: uuid.UUID | None = None  # where that pass stands
+    # Fan-out passes under way: GLOBAL or a workspace id -> what is left of it (at most one pass per scope).
+    fanout: dict[str, tuple[Interval, ...]] = dataclasses.field(default_factory=dict)
 
     def position(self, stream: str) -> Position:
         return self.positions.get(stream, Position())
@@ -116,6 +149,7 @@ class Cursor:
                 "pruned_at": self.pruned_at,
                 "seeded": self.seeded,
                 "seed_after": str(self.seed_after) if self.seed_after else None,
+                "fanout": {k: [[_text(a), _text(b)] for a, b in left] for k, left in self.fanout.items() if left},
             },
             sort_keys=True,
         )
@@ -131,7 +165,20 @@ class Cursor:
             float(data.get("pruned_at", 0.0)),
             bool(data.get("seeded", False)),
             uuid.UUID(data["seed_after"]) if data.get("seed_after") else None,
+            {
+                k: tuple((_uuid_or_none(a), _uuid_or_none(b)) for a, b in left)
+                for k, left in data.get("fanout", {}).items()
+                if left
+            },
         )
+
+
+def _text(v: uuid.UUID | None) -> str | None:
+    return str(v) if v is not None else None
+
+
+def _uuid_or_none(v: str | None) -> uuid.UUID | None:
+    return uuid.UUID(v) if v else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +252,14 @@ class Plan:
     flags: list[Change]
     waiting: dict[uuid.UUID, Waiting]  # datasets left waiting for a run in flight
     cursor: Cursor
+    # Datasets whose modes, verdict or fallbacks changed without an event of their own: the caller shows their
+    # state once each (unless another event of the tick already does), saying why.
+    refresh: dict[uuid.UUID, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def dataset_ids(self) -> set[uuid.UUID]:
         """Every dataset this tick records something about (their state is read once)."""
-        ids = set(self.tables) | set(self.seeded)
+        ids = set(self.tables) | set(self.seeded) | set(self.refresh)
         ids |= {c.row["dataset_id"] for c in [*self.sweeps, *self.backfills]}
         ids |= {c.row["scope_id"] for c in self.flags if c.row["scope"] == "dataset" and c.row["scope_id"]}
         return ids
@@ -249,6 +299,20 @@ def plan_recording(
             waiting[ds] = Waiting(tuple(sorted(still)), since)
         else:
             tables[ds] = touched.get(ds, [])
+    refresh: dict[uuid.UUID, list[str]] = {}
+    for c in read[VERDICTS]:
+        at = c.row["checked_at"].isoformat(timespec="seconds")
+        refresh.setdefault(c.row["dataset_id"], []).append(f"verdict {c.row['verdict']} ({c.row['source']}, {at})")
+    for c in read[FALLBACKS]:
+        at = c.row["at"].isoformat(timespec="seconds")
+        refresh.setdefault(c.row["dataset_id"], []).append(f"read fallback of {c.row['reader']} ({at})")
+    passes, why = fanout_changes(cursor.fanout, read[FLAGS])
+    fanned, passes = fanout_page(conn, passes, limit)
+    for ds, ws, key in fanned:
+        lines = refresh.setdefault(ds, [])
+        lines.append(why.get(key) or _pass_why(key))
+        if key == GLOBAL and str(ws) in why:  # its workspace's change of this tick, whose pass the global one ended
+            lines.append(why[str(ws)])
     return Plan(
         tables,
         [d for d in seeded if d not in tables and d not in waiting],
@@ -256,8 +320,85 @@ def plan_recording(
         read[BACKFILLS],
         read[FLAGS],
         waiting,
-        Cursor(positions, waiting, cursor.pruned_at, done, None if done else seed_after),
+        Cursor(positions, waiting, cursor.pruned_at, done, None if done else seed_after, passes),
+        refresh,
     )
+
+
+def _scope_key(c: Change) -> str | None:
+    """The fan-out pass a flag change needs: GLOBAL, a workspace's id, or None (a dataset's own change)."""
+    if c.row["scope"] == "global":
+        return GLOBAL
+    if c.row["scope"] == "workspace" and c.row["scope_id"]:
+        return str(c.row["scope_id"])
+    return None
+
+
+def _pass_why(key: str) -> str:
+    return f"a flag change at {'global scope' if key == GLOBAL else f'workspace {key}'}"
+
+
+def fanout_changes(
+    passes: dict[str, tuple[Interval, ...]], flags: list[Change]
+) -> tuple[dict[str, tuple[Interval, ...]], dict[str, str]]:
+    """The passes after this tick's workspace and global flag changes (coalesced: one pass per scope; a global one
+    covers every dataset, so it ends the workspace passes), and a line per scope saying which changes it shows."""
+    out = dict(passes)
+    why: dict[str, list[str]] = {}
+    for c in flags:
+        key = _scope_key(c)
+        if key is None:
+            continue
+        r = c.row
+        word = "reader" if r["kind"] == "read" else "writer"
+        why.setdefault(key, []).append(f"{r['action']} {word} {r['name']} {r['after_mode'] or 'cleared'}")
+        if key == GLOBAL:
+            out = {GLOBAL: restarted(out.get(GLOBAL))}
+        else:
+            out[key] = restarted(out.get(key))
+    lines = {}
+    for key, changes in why.items():
+        shown = ", ".join(dict.fromkeys(changes[:5])) + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
+        lines[key] = f"{_pass_why(key)}: {shown}"
+    return out, lines
+
+
+def fanout_page(
+    conn: psycopg.Connection, passes: dict[str, tuple[Interval, ...]], limit: int
+) -> tuple[list[tuple[uuid.UUID, uuid.UUID | None, str]], dict[str, tuple[Interval, ...]]]:
+    """The next ``limit`` tabular datasets of the passes under way (global first), each with its workspace and its
+    pass, and what is left of the passes: one query per interval read, at most ``limit`` datasets whatever the
+    number of changes."""
+    got: list[tuple[uuid.UUID, uuid.UUID | None, str]] = []
+    left = dict(passes)
+    for key in sorted(left, key=lambda k: (k != GLOBAL, k)):
+        intervals = list(left[key])
+        while intervals and len(got) < limit:
+            after, upto = intervals[0]
+            budget = limit - len(got)
+            ids = [
+                (r[0], r[1])
+                for r in conn.execute(
+                    "select id, workspace_id from datasets where kind = 'tabular'"
+                    " and (%(ws)s::uuid is null or workspace_id = %(ws)s::uuid)"
+                    " and (%(after)s::uuid is null or id > %(after)s::uuid)"
+                    " and (%(upto)s::uuid is null or id <= %(upto)s::uuid)"
+                    " order by id limit %(n)s",
+                    {"ws": None if key == GLOBAL else key, "after": after, "upto": upto, "n": budget + 1},
+                ).fetchall()
+            ]
+            got += [(d, ws, key) for d, ws in ids[:budget]]
+            if len(ids) > budget:  # more in this interval: the next tick goes on after the last one read
+                intervals[0] = (ids[budget - 1][0], upto)
+                break
+            intervals.pop(0)
+        if intervals:
+            left[key] = tuple(intervals)
+        else:
+            del left[key]
+        if len(got) >= limit:
+            break
+    return got, left
 
 
 def seed_page(

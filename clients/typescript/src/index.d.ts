@@ -94,6 +94,19 @@ export interface IngestResult {
   compacted_rows: number;
 }
 
+/** What POST /lakehouse/fallback recorded. */
+export interface FallbackRecorded {
+  recorded: true;
+  fallback_id: number;
+  /** ISO time the service recorded it. */
+  at: string;
+  reader: Reader;
+  dataset_id: string;
+  dataset_name: string;
+  /** The reader's effective mode for the dataset now. */
+  mode: string;
+}
+
 export declare class LakehouseError extends Error {
   readonly status: number;
   /** The service's one-line reason: what was wrong and what to do. */
@@ -123,6 +136,8 @@ export declare class LakehouseClient {
   ingest(request: { datasetId: string; writer: Writer }, options?: { signal?: AbortSignal }): Promise<IngestResult>;
   route(request: { reader: Reader; datasetId: string }): Promise<RouteDecision>;
   flags(request: { datasetId: string }): Promise<Flags>;
+  /** Report a fallback to Postgres that the app's own router took (the Iceberg error as the reason). */
+  fallback(request: { reader: Reader; datasetId: string; reason: string }): Promise<FallbackRecorded>;
   ready(): Promise<{ status: "ready"; postgres: "ok"; catalog: "ok" }>;
   metrics(): Promise<string>;
 }

@@ -6,6 +6,7 @@
 //   for await (const batch of (await lh.openRead({ reader, datasetId })).batches) { ... }   // one batch at a time
 //   await lh.ingest({ datasetId, writer: "sync.full" });   // 503 (G2 backpressure) retried after Retry-After
 //   const decision = await lh.route({ reader, datasetId }); // for an app that keeps its own router
+//   await lh.fallback({ reader, datasetId, reason: String(err) }); // ...and tells the project when it fell back
 import { RecordBatchReader, Table } from "apache-arrow";
 
 export const ARROW_STREAM = "application/vnd.apache.arrow.stream";
@@ -130,6 +131,17 @@ export class LakehouseClient {
   async route({ reader, datasetId }) {
     const q = new URLSearchParams({ reader, dataset_id: String(datasetId) });
     return (await this.#send("GET", `/lakehouse/route?${q}`)).json();
+  }
+
+  /**
+   * Report a fallback to Postgres that the app's own router (lib/lakehouse/read-router.ts) took: recorded as the
+   * service's own fallbacks are (the soak restarts, the metric, the partition page, the overview).
+   */
+  async fallback({ reader, datasetId, reason }) {
+    const response = await this.#send("POST", "/lakehouse/fallback", {
+      body: { reader, dataset_id: String(datasetId), reason: String(reason) },
+    });
+    return response.json();
   }
 
   /** Every reader's and writer's effective mode for a dataset, and why. */

@@ -67,6 +67,29 @@ test("ingest runs the writer", { skip }, async () => {
   assert.equal(result.rows, expect.ingest.rows);
 });
 
+test("reports a fallback its own router took, refusing bad reports", { skip }, async () => {
+  const got = await client.fallback({
+    reader: "graph.kuzu",
+    datasetId: expect.iceberg.id,
+    reason: "ml-runner: read timed out (reported by node)",
+  });
+  assert.equal(got.recorded, true);
+  assert.equal(got.reader, "graph.kuzu");
+  assert.equal(got.dataset_id, expect.iceberg.id);
+  assert.equal(got.dataset_name, "iceberg");
+  assert.equal(typeof got.fallback_id, "number");
+  await assert.rejects(
+    client.fallback({ reader: "graph.kuzuu", datasetId: expect.iceberg.id, reason: "x" }),
+    (err) => err instanceof LakehouseError && err.status === 400 && err.reason.startsWith("unknown reader 'graph.kuzuu'"),
+  );
+  await assert.rejects(
+    client.fallback({ reader: "graph.kuzu", datasetId: "not-a-uuid", reason: "x" }),
+    (err) => err instanceof LakehouseError && err.status === 400 && err.reason.includes("is not a valid UUID"),
+  );
+  const metrics = await client.metrics();
+  assert.match(metrics, /lakehouse_read_fallbacks_total\{reader="graph.kuzu"\} 1\.0/);
+});
+
 test("refusals carry the status and the one-line reason", { skip }, async () => {
   await assert.rejects(
     client.read({ reader: "export.streem", datasetId: expect.iceberg.id }),

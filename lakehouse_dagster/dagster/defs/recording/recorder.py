@@ -10,7 +10,11 @@ reports them, then stores the cursor), so a partition page always shows the tabl
 * A backfill: a materialization of ``postgres/dataset_rows`` (Postgres got the rows only Iceberg held).
 * A flag change (set, clear, flip, rollback, auto-rollback): an observation on the dataset's partition (dataset
   scope) or on ``lakehouse/migration_overview`` (workspace and global scope), with the reader or writer, the mode,
-  the scope, the actor and the note.
+  the scope, the actor and the note. A workspace or global change is also fanned out: one observation per dataset
+  of the scope showing its modes now (a page of at most ``recorder_max_events`` datasets a tick).
+* A verdict (a canary from the CLI, a job, a rollout stage, a check) or a read fallback (any process, or an app
+  through POST /lakehouse/fallback): an observation of the dataset's state now, unless another event of the
+  tick already shows it.
 * Partitions of datasets that no longer exist are removed (every PRUNE_EVERY_SECONDS), partitions of datasets it
   records are added.
 """
@@ -224,7 +228,34 @@ def recorded_events(
         if ds in states and states[ds].throwaway:
             continue  # the ingest bench's own flags on its throwaway datasets
         events.append(flag_event(c, shown.get(ds) if ds else None))
+    # A verdict, a fallback or a wider scope's flag change: the partition's state once, unless an event above
+    # already shows it (every event on a partition carries the state as it is now).
+    on_page = {e.partition for e in events if e.asset_key == ICEBERG_TABLE and e.partition}
+    events += [
+        state_event(shown[d], why)
+        for d, why in plan.refresh.items()
+        if str(d) not in on_page and d in shown and shown[d].kind == "tabular"
+    ]
     return events
+
+
+def state_event(state: PartitionState, why: list[str]) -> dg.AssetObservation:
+    """The partition as it is now — modes, verdict, latest fallback, table — after changes that left no event of
+    their own on it: a verdict, a read fallback, a flag change at workspace or global scope."""
+    shown = list(dict.fromkeys(why))
+    because = "; ".join(shown[:5]) + (f"; and {len(shown) - 5} more" if len(shown) > 5 else "")
+    return dg.AssetObservation(
+        asset_key=ICEBERG_TABLE,
+        partition=str(state.dataset_id),
+        description=f"{state.name}: {because}",
+        metadata={
+            **names(state),
+            "changed": text(because),
+            "recorded_by": text(RECORDED_BY),
+            **migration_state(state),
+            **table_now(state),
+        },
+    )
 
 
 @dg.sensor(
@@ -258,8 +289,11 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
     if gone:
         requests.append(datasets_partitions.build_delete_request(gone))
     tables = sum(1 for e in events if isinstance(e, dg.AssetMaterialization) and e.asset_key == ICEBERG_TABLE)
+    states_shown = sum(1 for e in events if isinstance(e, dg.AssetObservation) and "changed" in e.metadata)
+    fanning = ", ".join(sorted(plan.cursor.fanout)) or "none"
     context.log.info(
-        f"recorded {tables} table change(s), {len(plan.backfills)} backfill(s), {len(plan.flags)} flag change(s);"
+        f"recorded {tables} table change(s), {len(plan.backfills)} backfill(s), {len(plan.flags)} flag change(s),"
+        f" {states_shown} dataset state(s) (verdicts, fallbacks, wider scopes; fan-out still under way: {fanning});"
         f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed"
     )
     nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at)

@@ -6,7 +6,8 @@ Dagster's standard keys (the UI shows them as the row count, the column schema, 
 ``dagster/row_count``, ``dagster/column_schema`` (the dataset's typed schema plus the identity columns),
 ``dagster/table_name``, ``dagster/uri`` (never a secret: no user or password). Then the migration's state for the
 dataset: each reader's and writer's effective mode and why (a table, plus two one-line summaries) and the newest
-parity verdict. Identifiers stay text (dagster/defs/shared/tags.py: numeric metadata is plotted across partitions).
+parity verdict (with when it was checked: a verdict is only known as of its check) and the newest read fallback.
+Identifiers stay text (dagster/defs/shared/tags.py: numeric metadata is plotted across partitions).
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ def migration_state(state: PartitionState) -> dict:
         "readers_on_iceberg": text(", ".join(on_iceberg) or "none (every reader serves Postgres)"),
         "writers_native": text(", ".join(native) or "none (every writer lands in Postgres)"),
         "flags": dg.MetadataValue.table(records, schema=_FLAG_SCHEMA),
+        # Resolved when this event was recorded: every later change of a mode records a new event (the recorder).
+        "modes_as_of": text(state.read_at.isoformat(timespec="seconds")),
         "latest_verdict": text(state.verdict["verdict"] if state.verdict else "none"),
+        "latest_verdict_as_of": text(state.verdict_as_of()),
         "latest_verdict_detail": text(state.verdict_line()),
+        "latest_fallback": text(state.fallback_line()),
     }
 
 

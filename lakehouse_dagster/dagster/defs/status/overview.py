@@ -10,7 +10,7 @@ import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
-from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.plans.status import PlanStatus
@@ -108,6 +108,8 @@ def overview_metadata(ov: Overview) -> dict:
     meta["lag_threshold_seconds"] = dg.MetadataValue.int(ov.lag_threshold_seconds)
     meta["native"] = dg.MetadataValue.int(ov.native)
     meta["native_unsafe"] = dg.MetadataValue.int(ov.native_unsafe)
+    # read fallbacks of the last day by reader (in process or reported by the app: POST /lakehouse/fallback)
+    meta.update({f"fallbacks/{r.name}": dg.MetadataValue.int(ov.fallbacks.get(r.name, 0)) for r in SERVABLE_READERS})
     meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})
     meta["attention_total"] = dg.MetadataValue.int(ov.attention_total)
     meta["attention"] = dg.MetadataValue.table(
