@@ -412,7 +412,10 @@ class _Step:
             )
             return [], False
         if found is None:
-            need = f"{c.compared} of {stage.analysis.min_reads} shadow read(s) compared at caught-up versions"
+            need = (
+                f"{c.counted} of {stage.analysis.min_reads} shadow read(s) counted (compared at caught-up versions, "
+                "or failed on the Iceberg side)"
+            )
             return self.inconclusive(stage, row, need), False
         return self.pass_stage(stage, found), True
 
