@@ -143,7 +143,16 @@ class Change:
 def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int) -> tuple[list[Change], Position]:
     """The rows of ``stream`` written since ``pos`` (at most ``limit`` read; those already reported left out), and
     the next position (never behind ``pos``)."""
-    table, xid_col, where, cols = _STREAMS[stream]
+    return read_by_xid(conn, stream, _STREAMS[stream], pos, limit)
+
+
+def read_by_xid(
+    conn: psycopg.Connection, stream: str, spec: tuple[str, str, str, tuple[str, ...]], pos: Position, limit: int
+) -> tuple[list[Change], Position]:
+    """``read_stream`` over any append-only table whose rows carry their transaction's id: ``spec`` = (table, its
+    xid8 column, which rows (SQL, a constant of the caller's), the columns read). The alerts sensor reads the
+    rollout plans' events this way too."""
+    table, xid_col, where, cols = spec
     # One statement: the horizon (the snapshot's xmin) comes from the snapshot the rows were read in, also when
     # none are. Taken in a second statement, it would come from a newer snapshot, and a transaction committing in
     # between would fall below it unread, for good.
