@@ -4,7 +4,6 @@ the consistency rate (before, it was skipped: an Iceberg side failing 90% of sam
 
 from __future__ import annotations
 
-
 from lakehouse_dagster.plans import analysis
 from lakehouse_dagster.plans.spec import Analysis
 from lakehouse_dagster.tracking import datasets

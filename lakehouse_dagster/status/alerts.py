@@ -13,11 +13,13 @@ Six kinds of event, each found where it is durable:
   reads it and passes the events in, as it does the failed runs: plans sit above this layer).
 
 Each event is recorded once in ``lakehouse_alerts`` under a key naming it (the parity row, the run, the sync, the
-dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried on a
-later tick, and after ``LAKEHOUSE_ALERT_MAX_ATTEMPTS`` failed posts it is dropped with a log line. A condition
-(wedged, freshness, native_unsafe) is one event while it lasts; when it ends its row is marked resolved, and if it
-comes back that is a new event. The cursor (the sensor's) only moves forward: it bounds how far back the MISMATCHes and
-failed runs are read, with a look-back for rows committed late; the keys make a second sight of an event harmless.
+dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried with
+exponential backoff and jitter (``next_attempt_at``) under the same idempotency key (``post_key``), and only a post
+that fails more than ``LAKEHOUSE_ALERT_RETRY_SECONDS`` (a day) after the event was recorded, or more than
+``MAX_PENDING`` events waiting, drops one, with a log line. A condition (wedged, freshness, native_unsafe) is one
+event while it lasts; when it ends its row is marked resolved, and if it comes back that is a new event. The cursor
+(the sensor's) only moves forward and past every page it reads (keyset positions on (time, id)); behind it a
+look-back reads again what may have committed late, and the keys make a second sight of an event harmless.
 
 The webhook URL is a secret (its path is the credential): it is never logged, stored, put in a message or an
 exception; a failed post names the receiver's host at most. One post waits ``LAKEHOUSE_ALERT_TIMEOUT_SECONDS`` at
