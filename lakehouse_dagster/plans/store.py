@@ -367,10 +367,16 @@ def add_step(
     status: str = "requested",
     detail: str | None = None,
 ) -> None:
+    """A step of the plan, written before its run is asked for. A step written earlier under the same key stays (the
+    run key is the step's: a tick that died after writing it asks again), except a "skipped" one that now needs its
+    run: it is replaced, so the step stands for what its run does."""
     conn.execute(
         "insert into lakehouse_rollout_steps (plan_id, step_key, stage, kind, job, config, moved, status, detail,"
         " finished_at) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, case when %s <> 'requested' then now() end)"
-        " on conflict do nothing",
+        " on conflict (plan_id, step_key) do update set job = excluded.job, config = excluded.config,"
+        " moved = excluded.moved, status = excluded.status, detail = excluded.detail, run_id = null,"
+        " requested_at = now(), finished_at = excluded.finished_at"
+        " where lakehouse_rollout_steps.detail like 'skipped%%' and excluded.status = 'requested'",
         (plan_id, step_key, stage, kind, job, Jsonb(config), moved, status, detail, status),
     )
 
