@@ -256,6 +256,7 @@ NEW_MIGRATIONS = [
     "027_rollout_plans",
     "028_recorder",
     "029_canary_rounds_and_alerts",
+    "030_alert_delivery",
 ]
 
 
