@@ -6,6 +6,8 @@ stall the tick and the event goes out later (or is dropped after the bounded ret
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import http.server
 import json
 import logging
@@ -14,6 +16,7 @@ import threading
 import time
 
 import dagster as dg
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -277,10 +280,16 @@ def test_a_hanging_receiver_does_not_stall_the_tick_and_the_event_goes_out_later
     started = time.monotonic()
     message = tick()
     assert time.monotonic() - started < 5  # one post's timeout (1 s), not the receiver's hang
-    assert message.endswith("a post failed (127.0.0.1: no answer within 1 s): 1 event(s) pending, retried next tick")
+    assert re.search(
+        r"a post failed \(127\.0\.0\.1: no answer within 1 s\): 1 event\(s\) pending, retried with backoff "
+        r"\(next try \d\d:\d\d:\d\d UTC\)$",
+        message,
+    )
     assert len(receiver.seen) == 1 and receiver.delivered == []
     receiver.mode = "ok"
     receiver.release.set()
+    assert "posted 0 event(s)" in tick()  # its backoff has not elapsed
+    _backoff_elapsed(conn)
     assert "posted 1 event(s) in 1 message(s)" in tick()
     tick()
     assert len(receiver.delivered) == 1 and receiver.delivered[0]["text"].startswith("Native-safety: ledger")
@@ -288,22 +297,30 @@ def test_a_hanging_receiver_does_not_stall_the_tick_and_the_event_goes_out_later
     _assert_secret_kept(conn, tick, caplog, capsys, receiver)
 
 
-def test_a_failing_receiver_is_retried_a_bounded_number_of_times_then_dropped_with_a_log_line(
+def _backoff_elapsed(conn) -> None:
+    """Time passes: every waiting event's next try is due (the sensor's clock is the wall clock)."""
+    conn.execute("update lakehouse_alerts set next_attempt_at = now() where next_attempt_at is not null")
+
+
+def test_a_failing_receiver_is_retried_with_backoff_for_a_bounded_time_then_dropped_with_a_log_line(
     conn, dsn, settings, receiver, tick, monkeypatch, caplog, capsys
 ):
     caplog.set_level(logging.DEBUG)
-    monkeypatch.setenv("LAKEHOUSE_ALERT_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("LAKEHOUSE_ALERT_RETRY_SECONDS", "3600")
     ws = datasets.create_workspace(conn, "w")
     d = datasets.create_dataset(conn, ws, "ledger", [{"name": "n", "type": "int64"}])
     datasets.insert_rows(conn, d, [{"n": 1}])
     set_override(conn, "write", "cdc.append", "iceberg_native", dataset=d, note="by hand", actor="pytest")
     receiver.mode = "fail"
     assert "a post failed (127.0.0.1: HTTP 500): 1 event(s) pending" in tick()
-    assert "1 event(s) dropped after 2 failed posts each" in tick()
+    conn.execute("update lakehouse_alerts set created_at = now() - interval '61 minutes'")  # an hour of outage
+    _backoff_elapsed(conn)
+    assert "1 event(s) dropped (see the log)" in tick()
     console = capsys.readouterr().err  # the sensor's log (Dagster's console handler)
     dropped = [line for line in console.splitlines() if "alert dropped" in line]
     assert len(dropped) == 1 and dropped[0].endswith(
-        "- dagster - WARNING - alert dropped after 2 failed post(s) (last: 127.0.0.1: HTTP 500): Native-safety: "
+        "- dagster - WARNING - alert dropped after 2 failed post(s) over more than 60 min (last: 127.0.0.1: HTTP 500): "
+        "Native-safety: "
         f"ledger ({d}) is written iceberg-native but fails the write-flip gates, so its native writes are refused: "
         f"never mirrored: sync it first (lakehouse sync --dataset {d}); readers still on Postgres for it: export.stream (of…"
     )
@@ -409,3 +426,237 @@ def test_a_rollout_plan_that_pauses_or_aborts_is_posted_once_each_and_the_past_i
     assert "aborting" not in aborted.split(":")[1]  # the abort is told once, when done
     tick()
     assert len(receiver.delivered) == 2
+
+
+# --- Issue 32: the cursor moves past a full page; late rollout events; delivery through an outage ---------------
+
+
+def _burst_of_failed_runs(instance, n: int) -> list[str]:
+    """``n`` failed runs of a lakehouse job in a few seconds (created and failed as the run worker does)."""
+    ids = []
+    for i in range(n):
+        run = instance.add_run(dg.DagsterRun(job_name=mirror_batch_job.name, status=dg.DagsterRunStatus.STARTED))
+        instance.report_run_failed(run, message=f"burst failure {i}")
+        ids.append(run.run_id)
+    return ids
+
+
+def _posted_ids(receiver, pattern: str) -> list[str]:
+    return [m for b in receiver.delivered for m in re.findall(pattern, b["text"])]
+
+
+def test_a_burst_of_300_failed_runs_is_alerted_every_one_once(conn, dsn, settings, receiver, instance, tick):
+    """Before: the failed runs were read 200 at a time from the cursor minus 10 min, so with 200 or more failures in
+    10 minutes every tick read the same 200 and the rest were never alerted."""
+    tick()
+    ids = _burst_of_failed_runs(instance, 300)  # (~75 s on the loaded 2-core machine: the instance's own writes)
+    for _ in range(5):
+        tick()
+    recorded = {r[0] for r in conn.execute("select key from lakehouse_alerts where kind = 'run_failed'").fetchall()}
+    assert recorded == {f"run_failed:{i}" for i in ids}
+    posted = _posted_ids(receiver, r"Runs → ([0-9a-f-]{36})")
+    assert sorted(posted) == sorted(ids)  # every one, none twice
+    tick.cursor = None  # a lost cursor: the look-back reads them again, and posts none of them twice
+    tick()
+    assert len(_posted_ids(receiver, r"Runs → ([0-9a-f-]{36})")) == 300
+
+
+def test_600_mismatches_with_nothing_to_roll_back_are_alerted_every_one_once(conn, dsn, settings, receiver, tick):
+    """Before: a MISMATCH whose auto-rollback outcome was "already off" was read again every tick within the hour,
+    and 500 of them (a page) hid every later row for good."""
+    tick()
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "orders", [{"name": "n", "type": "int64"}])
+    quiet = Jsonb({"auto_rollback": {"actions": [{"kind": "read", "status": "already"}], "lines": ["already off"]}})
+    ids = [
+        r[0]
+        for r in conn.execute(
+            "insert into lakehouse_read_parity (dataset_id, verdict, source, detail, checked_at)"
+            " select %s, 'MISMATCH', 'schedule', %s, now() - interval '5 minutes' + i * interval '100 ms'"
+            " from generate_series(1, 600) i returning id",
+            (d, quiet),
+        ).fetchall()
+    ]
+    for _ in range(4):
+        tick()
+    keys = [r[0] for r in conn.execute("select key from lakehouse_alerts where kind = 'mismatch'").fetchall()]
+    assert sorted(keys) == sorted(f"mismatch:{i}" for i in ids)
+    assert conn.execute("select count(*) from lakehouse_alerts where kind <> 'mismatch'").fetchone()[0] == 0
+    texts = [b["text"] for b in receiver.delivered]
+    assert sum(t.count("Parity MISMATCH: orders") for t in texts) == 600  # every one posted, once
+
+
+def test_a_rollout_event_committing_after_a_later_one_was_read_is_posted_once(conn, dsn, settings, receiver, tick):
+    """Before: the plans' events were read by id, and an event whose transaction committed after a later id was
+    read was never posted."""
+    from lakehouse_dagster.plans import actions, store
+    from lakehouse_dagster_tests.rollout_helpers import seed_mix
+
+    seed_mix(conn, dsn, settings)
+    early, _ = actions.start(conn, settings, "reader: graph.kuzu\nstages:\n  - datasets: 1\n", actor="pytest")
+    later, _ = actions.start(conn, settings, "reader: studio.digest\nstages:\n  - datasets: 1\n", actor="pytest")
+    tick()
+    with psycopg.connect(dsn) as held:  # not autocommit: the event's transaction stays open
+        store.event(held, early, store.PAUSED_EVENT, stage=0, severity="warning", reason="held back")
+        store.event(conn, later, store.PAUSED_EVENT, stage=0, severity="warning", reason="committed first")
+        assert "rollout 1" in tick()
+        held.commit()
+    assert "rollout 1" in tick()
+    tick()
+    texts = receiver.texts()
+    assert len(texts) == 2 and "committed first" in texts[0] and "held back" in texts[1]
+    assert f"rollout {early}" in texts[1]
+
+
+class Webhook:
+    """A receiver on 127.0.0.1 that is up (200), failing (503), down (the port refuses) or slow (takes the post,
+    answers after ``slow_seconds``: the sender times out although the post arrived). It counts what arrived per
+    idempotency key, as a receiver that drops repeats would."""
+
+    def __init__(self):
+        self.mode = "up"
+        self.slow_seconds = 2.0
+        self.arrived: list[dict] = []  # every body that reached the handler (also when the sender gave up)
+        self.headers: list[str | None] = []
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if hook.mode == "failing":
+                    self.send_response(503)
+                    self.end_headers()
+                    return
+                hook.arrived.append(body)
+                hook.headers.append(self.headers.get("Idempotency-Key"))
+                if hook.mode == "slow":
+                    time.sleep(hook.slow_seconds)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.handler = Handler
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_port
+        self.url = f"http://127.0.0.1:{self.port}/services/T0000/B0000/{TOKEN}"
+        self._serve()
+
+    def _serve(self):
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def down(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def up(self):
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self._serve()
+        self.mode = "up"
+
+    def by_key(self) -> dict[str, dict]:
+        """The bodies as a receiver that drops repeats keeps them: one per idempotency key."""
+        return {b["idempotency_key"]: b for b in self.arrived}
+
+
+@pytest.fixture
+def webhook():
+    w = Webhook()
+    yield w
+    w.down()
+
+
+def _record_some(conn, n_runs: int = 25, n_alone: int = 2) -> list:
+    from lakehouse_dagster.status import alerts
+
+    events = [
+        alerts.Event(f"run_failed:run-{i:04d}", alerts.RUN_FAILED, None, f"job x run run-{i:04d}: boom", "look")
+        for i in range(n_runs)
+    ] + [
+        alerts.Event(f"wedged:sync-{i}", alerts.WEDGED, None, f"sync-{i} has been running for 2 h", "look")
+        for i in range(n_alone)
+    ]
+    alerts.record(conn, events, {})
+    return events
+
+
+def _tick_at(conn, settings, webhook, now, timeout: float = 1.0):
+    """One tick of the alerts at the clock ``now`` (the events recorded already), posting to ``webhook``."""
+    from lakehouse_dagster.status import alerts
+
+    s = dataclasses.replace(settings, alert_webhook_url=webhook.url, alert_timeout_seconds=timeout)
+    tick = alerts.run_tick(conn, s, alerts.Cursor(), [], now=now)
+    assert tick.delivery is not None
+    return tick.delivery
+
+
+def test_a_webhook_down_for_an_hour_loses_nothing_and_each_alert_arrives_once_per_key(conn, settings, webhook):
+    """Before: attempts were counted per 60 s tick with no backoff, so about five minutes of outage dropped the
+    alerts at the head of the queue. The clock is driven through ``now``: one tick a minute."""
+    from lakehouse_dagster.status import alerts
+
+    events = _record_some(conn)
+    start = conn.execute("select now()").fetchone()[0]
+
+    def deliver(minute: float):
+        return _tick_at(conn, settings, webhook, start + dt.timedelta(minutes=minute))
+
+    webhook.mode = "failing"
+    for minute in range(0, 30):  # half an hour of 503 ...
+        d = deliver(minute)
+        assert d.dropped == [] and d.pending == len(events)
+        assert d.failure is None or d.failure == "127.0.0.1: HTTP 503"
+    webhook.down()
+    for minute in range(30, 61):  # ... then half an hour of a port that refuses
+        d = deliver(minute)
+        assert d.dropped == [] and d.pending == len(events)
+        assert d.failure is None or d.failure.startswith("127.0.0.1: ConnectionRefusedError")
+    attempts = [r[0] for r in conn.execute("select attempts from lakehouse_alerts").fetchall()]
+    assert 1 <= max(attempts) <= 16  # backoff: not one attempt a tick
+    assert conn.execute("select count(*) from lakehouse_alerts where dropped_at is not null").fetchone()[0] == 0
+    webhook.up()
+    for minute in range(61, 90):  # the first message due after its backoff (15 min at most) goes out, then all
+        d = deliver(minute)
+        if d.pending == 0:
+            break
+    assert d.pending == 0 and d.failure is None and minute <= 61 + alerts.BACKOFF_MAX_SECONDS / 60
+    kept = webhook.by_key()
+    assert len(kept) == len(webhook.arrived)  # each key arrived once
+    assert webhook.headers == [b["idempotency_key"] for b in webhook.arrived]  # the header says the same
+    for e in events:
+        assert sum(e.message in b["text"] for b in kept.values()) == 1, e.key
+    assert conn.execute("select count(*) from lakehouse_alerts where posted_at is null").fetchone()[0] == 0
+
+
+def test_a_post_that_timed_out_but_arrived_is_sent_again_under_the_same_key(conn, settings, webhook):
+    (event,) = _record_some(conn, n_runs=0, n_alone=1)
+    now = conn.execute("select now()").fetchone()[0]
+    webhook.mode = "slow"
+    d = _tick_at(conn, settings, webhook, now, timeout=0.5)
+    assert d.failure == "127.0.0.1: no answer within 0.5 s" and d.pending == 1
+    webhook.mode = "up"
+    d = _tick_at(conn, settings, webhook, now + dt.timedelta(minutes=2), timeout=0.5)
+    assert d.posted == 1 and d.pending == 0
+    first, second = webhook.arrived  # it arrived twice ...
+    assert first == second and first["idempotency_key"].startswith("lakehouse-alert-")
+    assert len(webhook.by_key()) == 1  # ... under one key: a receiver that drops repeats shows it once
+    assert first["text"] == event.message
+
+
+def test_past_the_bound_the_oldest_waiting_alerts_are_dropped_with_one_alert_that_says_so(conn, webhook):
+    from lakehouse_dagster.status import alerts
+
+    _record_some(conn, n_runs=30, n_alone=0)
+    now = conn.execute("select now()").fetchone()[0]
+    webhook.mode = "failing"
+    d = alerts.deliver(conn, webhook.url, timeout=1.0, retry_seconds=86_400, now=now, max_pending=10)
+    assert len(d.dropped) == 1 and d.dropped[0].startswith("21 alert(s) recorded since ")
+    assert "were dropped unsent: more than 10 waited" in d.dropped[0]
+    left = conn.execute("select kind, message from lakehouse_alerts where dropped_at is null order by id").fetchall()
+    assert len(left) == 10 and left[-1][0] == "dropped" and left[-1][1].startswith("Alerts dropped: 21 alert(s)")
+    assert [m for _, m in left[:9]] == [
+        f"Lakehouse run failed: job x run run-{i:04d}: boom\n→ look" for i in range(21, 30)
+    ]

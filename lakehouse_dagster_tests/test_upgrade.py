@@ -257,6 +257,7 @@ NEW_MIGRATIONS = [
     "028_recorder",
     "029_canary_rounds_and_alerts",
     "030_recorder_verdicts_fallbacks",
+    "031_alert_delivery",
 ]
 
 

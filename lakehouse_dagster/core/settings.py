@@ -146,7 +146,7 @@ class Settings:
     # metadata or an exception. Unset: the lakehouse_alerts sensor posts nothing and says so.
     alert_webhook_url: str | None = dataclasses.field(default=None, repr=False)
     alert_timeout_seconds: float = 5.0
-    alert_max_attempts: int = 5
+    alert_retry_seconds: int = 86_400  # a failed alert is retried (with backoff) this long, then dropped
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -211,7 +211,7 @@ class Settings:
             alert_timeout_seconds=_above_zero(
                 "LAKEHOUSE_ALERT_TIMEOUT_SECONDS", _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0)
             ),
-            alert_max_attempts=_int("LAKEHOUSE_ALERT_MAX_ATTEMPTS", 5, minimum=1),
+            alert_retry_seconds=_int("LAKEHOUSE_ALERT_RETRY_SECONDS", 86_400, minimum=3600),
         )
 
     def replace(self, **changes) -> Settings:

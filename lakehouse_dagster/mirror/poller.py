@@ -17,18 +17,23 @@ from collections.abc import Callable
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.native import native_dataset_ids
 
+# One statement, so the horizon (the snapshot's xmin) comes from the snapshot the datasets were read in, also when
+# none are: from a second statement's newer snapshot, a transaction committing in between would fall below it unread.
 _QUERY = """
-select d.id, d.rows_version, d.rows_xid::text::bigint, pg_snapshot_xmin(pg_current_snapshot())::text::bigint,
-       d.mirrored_version  -- the latest succeeded sync's source version (tracking/sync_log.py)
-  from datasets d
- where d.rows_xid >= %(xid)s::text::xid8
-   and (%(after)s::uuid is null or (d.rows_xid, d.id) > (%(xid)s::text::xid8, %(after)s::uuid))
-   and d.kind = 'tabular'
- order by d.rows_xid, d.id
- limit %(limit)s
+select h.xmin, r.id, r.rows_version, r.rows_xid, r.mirrored_version
+  from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
+  left join lateral (
+    select d.id, d.rows_version, d.rows_xid::text::bigint as rows_xid,
+           d.mirrored_version  -- the latest succeeded sync's source version (tracking/sync_log.py)
+      from datasets d
+     where d.rows_xid >= %(xid)s::text::xid8
+       and (%(after)s::uuid is null or (d.rows_xid, d.id) > (%(xid)s::text::xid8, %(after)s::uuid))
+       and d.kind = 'tabular'
+     order by d.rows_xid, d.id
+     limit %(limit)s) r on true
+ order by r.rows_xid, r.id
 """
 
 
@@ -65,17 +70,12 @@ def pending_syncs(
     """(datasets to sync, next cursor, datasets scanned). Datasets already mirrored at their current
     version are dropped, and so are datasets whose writers are iceberg-native (Postgres is stale
     for them by design)."""
-    rows = conn.execute(_QUERY, {"xid": str(cursor.xid), "after": cursor.after_id, "limit": limit + 1}).fetchall()
+    fetched = conn.execute(_QUERY, {"xid": str(cursor.xid), "after": cursor.after_id, "limit": limit + 1}).fetchall()
+    xmin = fetched[0][0]
+    rows = [r[1:] for r in fetched if r[1] is not None]  # (id, rows_version, rows_xid, mirrored_version)
     truncated = len(rows) > limit
     rows = rows[:limit]
-    xmin = (
-        rows[0][3]
-        if rows
-        else fetch_value(
-            conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
-        )
-    )
-    pending = [Pending(r[0], r[1]) for r in rows if r[4] is None or r[4] < r[1]]
+    pending = [Pending(r[0], r[1]) for r in rows if r[3] is None or r[3] < r[1]]
     if exclude_native and pending:
         native = native_dataset_ids(conn, [p.dataset_id for p in pending])
         pending = [p for p in pending if p.dataset_id not in native]

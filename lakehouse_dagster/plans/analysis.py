@@ -1,9 +1,11 @@
 """A stage's analysis: what the recorded evidence says about the datasets the plan moved.
 
 Like an Argo Rollouts AnalysisRun, it ends in one of three outcomes:
-  pass          every canaried dataset ok (a writer's: ok or native), no incident above the thresholds;
+  pass          every canaried dataset ok (a writer's: ok or native; a reader's: ok only), no incident above the
+                thresholds;
   fail          a MISMATCH, a wedged sync, more read fallbacks or failed syncs than allowed, a native-safety
-                finding (writers), a shadow consistency rate below the threshold → the plan aborts;
+                finding (writers), a shadow consistency rate below the threshold (a shadow read whose Iceberg side
+                failed counts as a read that did not match) → the plan aborts;
   inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, too few shadow reads, a canary
                 run that failed → the stage waits, and pauses after ``pause_after`` (missing data is a decision,
                 never a silent pass).
@@ -127,7 +129,10 @@ def incidents(
 
 
 def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysis, expected: int) -> Outcome:
-    """The outcome of the verdicts one analysis run (a canary over the stage's datasets) recorded."""
+    """The outcome of the verdicts one analysis run (a canary over the stage's datasets) recorded. ``native`` (the
+    dataset is written iceberg-native: no Postgres side to compare) is ok for a writer plan only: a reader plan
+    moves readers onto Iceberg, and a native verdict says nothing about whether Iceberg serves what Postgres
+    holds."""
     rows = conn.execute(
         "select dataset_id, verdict, coalesce(detail->>'reason', '') from lakehouse_read_parity where run_id = %s",
         (run_id,),
@@ -140,7 +145,7 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
     if bad:
         items = [(d, f"MISMATCH {why}"[:160]) for d, _, why in bad]
         return Outcome(FAIL, f"the canary found MISMATCH on {len(bad)} dataset(s): {_listing(conn, items)}", detail)
-    good = (canary.OK, canary.NATIVE)
+    good = (canary.OK,) if kind == READ else (canary.OK, canary.NATIVE)
     unsure = [r for r in rows if r[1] not in good]
     if len(unsure) > analysis.max_inconclusive:
         items = [(d, f"{v}{': ' + why[:120] if why else ''}") for d, v, why in unsure]
@@ -153,26 +158,35 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
         return Outcome(
             INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded {len(rows)} of {expected} verdicts", detail
         )
-    return Outcome(PASS, f"{counts[canary.OK] + counts[canary.NATIVE]} of {len(rows)} canaried dataset(s) ok", detail)
+    return Outcome(PASS, f"{sum(counts[v] for v in good)} of {len(rows)} canaried dataset(s) ok", detail)
 
 
 @dataclasses.dataclass(frozen=True)
 class Consistency:
-    """Shadow reads of one reader since a moment: the comparisons at caught-up versions and how many matched."""
+    """Shadow reads of one reader since a moment: the comparisons at caught-up versions, how many matched, and the
+    reads whose Iceberg side failed (``errors``). An error counts against the rate like a mismatch: an Iceberg side
+    that fails most sampled reads must not pass on the few it answered."""
 
-    compared: int
+    compared: int  # match + mismatch
     matched: int
-    skipped: dict[str, int]  # lagging, no-snapshot, not-comparable, error
+    skipped: dict[str, int]  # lagging, no-snapshot, not-comparable, dropped: not counted either way
     first_mismatch: dict | None
+    errors: int = 0  # the Iceberg side failed: counted, as not consistent
+
+    @property
+    def counted(self) -> int:
+        """The reads the rate is over: the comparisons and the Iceberg-side errors."""
+        return self.compared + self.errors
 
     @property
     def rate(self) -> float | None:
-        return None if not self.compared else 100.0 * self.matched / self.compared
+        return None if not self.counted else 100.0 * self.matched / self.counted
 
     def describe(self) -> str:
-        if not self.compared:
+        if not self.counted:
             return "no shadow read compared yet"
-        return f"{self.rate:.1f}% consistent over {self.compared} compared read(s)"
+        errors = f" and {self.errors} whose Iceberg side failed" if self.errors else ""
+        return f"{self.rate:.1f}% consistent over {self.compared} compared read(s){errors}"
 
 
 def consistency(
@@ -200,33 +214,35 @@ def consistency(
     if first:
         keys = ("dataset_id", "at", "pg_version", "snapshot_id", "iceberg_version", "pg_row", "iceberg_row", "detail")
         mismatch = dict(zip(keys, first))
-    matched, mismatched = counts.pop("match", 0), counts.pop("mismatch", 0)
-    return Consistency(matched + mismatched, matched, counts, mismatch)
+    matched, mismatched, errors = counts.pop("match", 0), counts.pop("mismatch", 0), counts.pop("error", 0)
+    return Consistency(matched + mismatched, matched, counts, mismatch, errors)
 
 
 def shadow(
     conn: psycopg.Connection, reader: str, since: dt.datetime, analysis: Analysis
 ) -> tuple[Outcome | None, Consistency]:
-    """A shadow stage: pass at the rate over at least ``min_reads`` comparisons, fail when the rate can no longer
-    reach ``min_consistency``, None while too few reads were compared."""
+    """A shadow stage: pass at the rate over at least ``min_reads`` counted reads (comparisons and Iceberg-side
+    errors), fail when the rate can no longer reach ``min_consistency``, None while too few reads were counted."""
     c = consistency(conn, reader, since)
-    detail = {"compared": c.compared, "matched": c.matched, "skipped": c.skipped, "rate": c.rate}
+    detail = {"compared": c.compared, "matched": c.matched, "errors": c.errors, "skipped": c.skipped, "rate": c.rate}
     mismatched = c.compared - c.matched
-    if mismatched:
+    failed = mismatched + c.errors
+    if failed:
         m = c.first_mismatch or {}
         first = (
             f"; first: dataset {m.get('dataset_id')} Postgres {m.get('pg_row')} vs Iceberg {m.get('iceberg_row')}"
             if m
             else ""
         )
-        best = 100.0 * (max(c.compared, analysis.min_reads) - mismatched) / max(c.compared, analysis.min_reads)
+        best = 100.0 * (max(c.counted, analysis.min_reads) - failed) / max(c.counted, analysis.min_reads)
         if best < analysis.min_consistency:
+            why = f"{mismatched} mismatch(es)" + (f", {c.errors} Iceberg-side error(s)" if c.errors else "")
             return Outcome(
                 FAIL,
-                f"shadow reads {c.describe()}, below {analysis.min_consistency:g}% ({mismatched} mismatch(es)){first}",
+                f"shadow reads {c.describe()}, below {analysis.min_consistency:g}% ({why}){first}",
                 {**detail, "first_mismatch": m or None},
             ), c
-    if c.compared < analysis.min_reads:
+    if c.counted < analysis.min_reads:
         return None, c
     if (c.rate or 0.0) >= analysis.min_consistency:
         return Outcome(PASS, f"shadow reads {c.describe()}", detail), c

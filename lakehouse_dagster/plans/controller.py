@@ -223,9 +223,13 @@ class _Step:
             store.add_step(self.conn, self.p.id, c["step_key"], self.p.stage, "flip", job, params, tabular)
             asks.append(RunAsk(self.p.id, c["step_key"], job, params))
         if stage.max_datasets is not None and stage.kind != SHADOW and total > stage.max_datasets:
+            # Nothing of the stage ran: every step this start wrote goes, the "skipped" ones too. A skipped row left
+            # behind would stand for its change when the resumed stage needs a run for it after all (its scope moved
+            # meanwhile): the stage would count nothing moved there, and the abort would not restore the key.
             self.conn.execute(
-                "delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and status = 'requested'",
-                (self.p.id, self.p.stage),
+                "delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and step_key = any(%s)"
+                " and (status = 'requested' or detail like 'skipped%%')",
+                (self.p.id, self.p.stage, [c["step_key"] for c in changes]),
             )
             self.pause(
                 f"stage {self.p.stage + 1} would move {total} datasets now, above its max_datasets "
@@ -412,7 +416,10 @@ class _Step:
             )
             return [], False
         if found is None:
-            need = f"{c.compared} of {stage.analysis.min_reads} shadow read(s) compared at caught-up versions"
+            need = (
+                f"{c.counted} of {stage.analysis.min_reads} shadow read(s) counted (compared at caught-up versions, "
+                "or failed on the Iceberg side)"
+            )
             return self.inconclusive(stage, row, need), False
         return self.pass_stage(stage, found), True
 

@@ -128,6 +128,7 @@ def _status(conn: psycopg.Connection, p: store.PlanRow, soak_seconds: int, histo
         shadow = {
             "compared": c.compared,
             "matched": c.matched,
+            "errors": c.errors,
             "rate": c.rate,
             "skipped": c.skipped,
             "first_mismatch": c.first_mismatch,

@@ -20,6 +20,7 @@ from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.plans.render import Rendered
 from lakehouse_dagster.plans.spec import Analysis, Plan, Stage
 from lakehouse_dagster.plans.window import parse_window
+from lakehouse_dagster.status import recording
 
 ACTIVE, PAUSED, ABORTING, ABORTED, FINISHED = "active", "paused", "aborting", "aborted", "finished"
 LIVE = (ACTIVE, PAUSED, ABORTING)
@@ -377,10 +378,16 @@ def add_step(
     status: str = "requested",
     detail: str | None = None,
 ) -> None:
+    """A step of the plan, written before its run is asked for. A step written earlier under the same key stays (the
+    run key is the step's: a tick that died after writing it asks again), except a "skipped" one that now needs its
+    run: it is replaced, so the step stands for what its run does."""
     conn.execute(
         "insert into lakehouse_rollout_steps (plan_id, step_key, stage, kind, job, config, moved, status, detail,"
         " finished_at) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, case when %s <> 'requested' then now() end)"
-        " on conflict do nothing",
+        " on conflict (plan_id, step_key) do update set job = excluded.job, config = excluded.config,"
+        " moved = excluded.moved, status = excluded.status, detail = excluded.detail, run_id = null,"
+        " requested_at = now(), finished_at = excluded.finished_at"
+        " where lakehouse_rollout_steps.detail like 'skipped%%' and excluded.status = 'requested'",
         (plan_id, step_key, stage, kind, job, Jsonb(config), moved, status, detail, status),
     )
 
@@ -417,22 +424,38 @@ def events(
 ALERTABLE = (PAUSED_EVENT, APPROVAL_NEEDED, ABORTED_EVENT)
 
 
-def alertable_events(conn: psycopg.Connection, after_id: int | None, limit: int = 200) -> tuple[list[dict], int | None]:
-    """(the alertable events after ``after_id`` with what their plan moves, the last event id read). ``after_id`` None:
-    nothing is read, the newest id is returned (a sender that starts now does not replay the past)."""
-    if after_id is None:
-        return [], fetch_value(
-            conn.execute("select max(id) from lakehouse_rollout_events"), "the newest rollout event id"
-        ) or 0
-    rows = conn.execute(
-        """select e.id, e.plan_id, e.stage, e.event, e.reason, p.kind, p.name, p.mode
-             from lakehouse_rollout_events e join lakehouse_rollout_plans p on p.id = e.plan_id
-            where e.id > %s order by e.id limit %s""",
-        (after_id, limit),
-    ).fetchall()
-    last = rows[-1][0] if rows else after_id
-    keys = ("id", "plan_id", "stage", "event", "reason", "kind", "name", "mode")
-    return [dict(zip(keys, r)) for r in rows if r[3] in ALERTABLE], last
+_EVENTS_BY_XID = ("lakehouse_rollout_events", "xid", "true", ("plan_id", "stage", "event", "reason"))
+
+
+def alertable_events(
+    conn: psycopg.Connection, after: recording.Position | None, limit: int = 200
+) -> tuple[list[dict], recording.Position]:
+    """(the alertable events written since ``after`` with what their plan moves, the position after them). Read by
+    the id of the transaction that wrote them (migration 0031), as the recorder reads its streams: an event whose
+    transaction commits after a later event was read is still read, once. ``after`` None: nothing is reported, the
+    position starts at the events committed now (a sender that starts now does not replay the past)."""
+    if after is None:
+        horizon = fetch_value(
+            conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
+        )
+        _, pos = recording.read_by_xid(conn, "rollout", _EVENTS_BY_XID, recording.Position(horizon), limit)
+        return [], pos
+    changes, pos = recording.read_by_xid(conn, "rollout", _EVENTS_BY_XID, after, limit)
+    wanted = [c for c in changes if c.row["event"] in ALERTABLE]
+    plans_of = {
+        r[0]: r[1:]
+        for r in conn.execute(
+            "select id, kind, name, mode from lakehouse_rollout_plans where id = any(%s)",
+            (list({c.row["plan_id"] for c in wanted}),),
+        ).fetchall()
+    }
+    out = []
+    for c in wanted:
+        if c.row["plan_id"] not in plans_of:  # (the plan was deleted since: nothing to tell)
+            continue
+        kind, name, mode = plans_of[c.row["plan_id"]]
+        out.append({"id": c.id, **c.row, "kind": kind, "name": name, "mode": mode})
+    return out, pos
 
 
 def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:

@@ -13,11 +13,13 @@ Six kinds of event, each found where it is durable:
   reads it and passes the events in, as it does the failed runs: plans sit above this layer).
 
 Each event is recorded once in ``lakehouse_alerts`` under a key naming it (the parity row, the run, the sync, the
-dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried on a
-later tick, and after ``LAKEHOUSE_ALERT_MAX_ATTEMPTS`` failed posts it is dropped with a log line. A condition
-(wedged, freshness, native_unsafe) is one event while it lasts; when it ends its row is marked resolved, and if it
-comes back that is a new event. The cursor (the sensor's) only moves forward: it bounds how far back the MISMATCHes and
-failed runs are read, with a look-back for rows committed late; the keys make a second sight of an event harmless.
+dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried with
+exponential backoff and jitter (``next_attempt_at``) under the same idempotency key (``post_key``), and only a post
+that fails more than ``LAKEHOUSE_ALERT_RETRY_SECONDS`` (a day) after the event was recorded, or more than
+``MAX_PENDING`` events waiting, drops one, with a log line. A condition (wedged, freshness, native_unsafe) is one
+event while it lasts; when it ends its row is marked resolved, and if it comes back that is a new event. The cursor
+(the sensor's) only moves forward and past every page it reads (keyset positions on (time, id)); behind it a
+look-back reads again what may have committed late, and the keys make a second sight of an event harmless.
 
 The webhook URL is a secret (its path is the credential): it is never logged, stored, put in a message or an
 exception; a failed post names the receiver's host at most. One post waits ``LAKEHOUSE_ALERT_TIMEOUT_SECONDS`` at
@@ -32,6 +34,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import random
 import socket
 import threading
 import time
@@ -40,19 +43,22 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
+from lakehouse_dagster.status import recording
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 
 RUN_FAILED, MISMATCH, AUTO_ROLLBACK = "run_failed", "mismatch", "auto_rollback"
 WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT = "wedged", "freshness", "native_unsafe", "rollout"
-KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT)
+DROPPED = "dropped"  # alerts dropped unsent past MAX_PENDING: one event says how many
+KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT, DROPPED)
 CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE)  # states, not moments: one event per episode
 TITLE = {
     RUN_FAILED: "Lakehouse run failed",
@@ -62,6 +68,7 @@ TITLE = {
     FRESHNESS: "Freshness breach",
     NATIVE_UNSAFE: "Native-safety",
     ROLLOUT: "Rollout plan",
+    DROPPED: "Alerts dropped",
 }
 PLURAL = {
     RUN_FAILED: "failed lakehouse runs",
@@ -71,6 +78,7 @@ PLURAL = {
     FRESHNESS: "freshness breaches",
     NATIVE_UNSAFE: "native-safety findings",
     ROLLOUT: "rollout plan events",
+    DROPPED: "notices of dropped alerts",
 }
 
 # A MISMATCH row committed after a later one was read, or whose auto-rollback outcome is written after the row
@@ -81,6 +89,11 @@ SCAN_LIMIT = 500  # MISMATCH rows read per tick (a storm is read over several ti
 FOLD_AT = 3  # this many pending events of one kind or more go out as one message ...
 FOLD_MAX = 20  # ... of at most this many
 MAX_POSTS_PER_TICK = 20
+BACKOFF_FIRST_SECONDS = 30.0  # a failed post's event waits this long (with jitter), doubling per failure ...
+BACKOFF_MAX_SECONDS = 900.0  # ... up to this
+MAX_PENDING = 10_000  # events waiting at most: past it the oldest are dropped, with one event that says so
+IDEMPOTENCY_FIELD = "idempotency_key"  # in every body (and the header Idempotency-Key): fixed per message
+RUNS_LOOKBACK_READ = 1000  # failed runs of the look-back read again per tick at most (the newest of them)
 TICK_BUDGET_SECONDS = 20.0  # a sensor tick has 60 s (DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS)
 KEEP_DAYS = 30  # posted or dropped events older than this are deleted (an open condition is kept)
 ENV = "LAKEHOUSE_ALERT_WEBHOOK_URL"
@@ -207,28 +220,44 @@ def _uuid(value: object) -> uuid.UUID | None:
         return None
 
 
+# A MISMATCH row to read: its MISMATCH not recorded yet, or an auto-rollback outcome worth telling (something was
+# rolled back, refused, left on, or failed: "already off" needs no one) not recorded yet. Every row returned gives
+# an event that is recorded this tick, so a read never returns the same row twice and a full page is never read
+# forever. {range}: the keyset page after the position, or the look-back behind it.
 _MISMATCHES = """
-select p.id, p.dataset_id, d.name, p.source, p.run_id, p.pg_count, p.iceberg_count, p.pg_version, p.snapshot_id,
-       p.mismatched_row_indexes, p.detail, p.checked_at,
-       not exists (select 1 from lakehouse_alerts a where a.key = 'mismatch:' || p.id) as new_mismatch
-  from lakehouse_read_parity p
-  left join datasets d on d.id = p.dataset_id
- where p.verdict = 'MISMATCH' and p.checked_at > %s
-   and (not exists (select 1 from lakehouse_alerts a where a.key = 'mismatch:' || p.id)
-        or (p.detail ? 'auto_rollback'
-            and not exists (select 1 from lakehouse_alerts a where a.key = 'auto_rollback:' || p.id)))
- order by p.checked_at, p.id
- limit %s
+select * from (
+  select p.id, p.dataset_id, d.name, p.source, p.run_id, p.pg_count, p.iceberg_count, p.pg_version, p.snapshot_id,
+         p.mismatched_row_indexes, p.detail, p.checked_at,
+         not exists (select 1 from lakehouse_alerts a where a.key = 'mismatch:' || p.id) as new_mismatch,
+         (p.detail ? 'auto_rollback'
+          and (coalesce(p.detail->'auto_rollback'->'error', 'null') not in ('null', 'false', '""', '0', '[]', '{{}}')
+               or exists (select 1 from jsonb_array_elements(case jsonb_typeof(p.detail->'auto_rollback'->'actions')
+                                                             when 'array' then p.detail->'auto_rollback'->'actions'
+                                                             else '[]' end) a
+                           where a->>'status' is distinct from 'already'))
+          and not exists (select 1 from lakehouse_alerts a where a.key = 'auto_rollback:' || p.id)) as new_outcome
+    from lakehouse_read_parity p
+    left join datasets d on d.id = p.dataset_id
+   where p.verdict = 'MISMATCH' and {range}
+) q
+ where new_mismatch or new_outcome
+ order by checked_at, id
+ limit %(limit)s
 """
+_AFTER = "(p.checked_at, p.id) > (%(at)s, %(id)s)"
+_BEHIND = "p.checked_at > %(at)s - %(lookback)s and (p.checked_at, p.id) <= (%(at)s, %(id)s)"
 
 
-def parity_events(conn: psycopg.Connection, since: dt.datetime) -> tuple[list[Event], dt.datetime]:
-    """The MISMATCH verdicts recorded after ``since`` not yet alerted, and their auto-rollback outcomes once
-    written; with how far the read got (the database's now, or the last row read when there were more)."""
-    now = fetch_value(conn.execute("select now()"), "the database clock (select now())")
-    rows = conn.execute(_MISMATCHES, (since, SCAN_LIMIT)).fetchall()
+def parity_events(conn: psycopg.Connection, after: Position) -> tuple[list[Event], Position]:
+    """The MISMATCH verdicts after ``after`` (a keyset position on (checked_at, id)) not yet alerted, and the
+    auto-rollback outcomes once written, with the position after them; plus, once more, those in the look-back
+    behind it (a row committed after a later one was read, an outcome written after its row) not yet recorded.
+    The position moves past every full page: a storm of rows is read over several ticks, never the same page."""
+    args = {"at": after.at, "id": after.id, "limit": SCAN_LIMIT, "lookback": PARITY_LOOKBACK}
+    ahead = conn.execute(_MISMATCHES.format(range=_AFTER), args).fetchall()
+    behind = conn.execute(_MISMATCHES.format(range=_BEHIND), args).fetchall()
     out: list[Event] = []
-    for pid, ds, name, source, run_id, pg_n, ice_n, pg_v, snap, idx, detail, _at, new in rows:
+    for pid, ds, name, source, run_id, pg_n, ice_n, pg_v, snap, idx, detail, _at, new, told in [*behind, *ahead]:
         who, detail = _who(name, ds), detail or {}
         by = f"found by {_FOUND_BY.get(source, source)}" + (f", run {run_id[:8]}" if run_id else "")
         if new:
@@ -245,7 +274,7 @@ def parity_events(conn: psycopg.Connection, since: dt.datetime) -> tuple[list[Ev
                 )
             )
         outcome = detail.get("auto_rollback")
-        if outcome and _worth_telling(outcome):
+        if told and outcome:
             lines = [_line(x, 400) for x in outcome.get("lines", [])[:10]]
             out.append(
                 Event(
@@ -256,8 +285,7 @@ def parity_events(conn: psycopg.Connection, since: dt.datetime) -> tuple[list[Ev
                     act=_rollback_act(outcome, ds),
                 )
             )
-    reached = rows[-1][11] if len(rows) == SCAN_LIMIT else now
-    return out, reached
+    return out, (Position(ahead[-1][11], ahead[-1][0]) if ahead else after)
 
 
 # Who recorded the verdict (lakehouse_read_parity.source), for people.
@@ -283,12 +311,6 @@ def _rollback_act(outcome: dict, ds: object) -> str:
         f"--dataset {ds}; once the MISMATCH is understood and fixed, flip again the runbook's way: "
         f"lakehouse flags flip <reader> --dataset {ds}"
     )
-
-
-def _worth_telling(outcome: dict) -> bool:
-    """Something was rolled back, refused, left on by LAKEHOUSE_AUTO_ROLLBACK=false, or failed ("already off" and
-    "nothing to roll back" need no one)."""
-    return bool(outcome.get("error")) or any(a.get("status") != "already" for a in outcome.get("actions", []))
 
 
 def _names(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
@@ -379,51 +401,118 @@ def native_events(conn: psycopg.Connection) -> list[Event]:
 # ---------------------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class Position:
+    """A keyset position in an order by (time, id): everything at or before it was read."""
+
+    at: dt.datetime
+    id: int = 0
+
+    def as_json(self) -> list:
+        return [self.at.isoformat(), self.id]
+
+    @classmethod
+    def from_json(cls, raw: object) -> Position | None:
+        if isinstance(raw, list) and len(raw) == 2:
+            return cls(dt.datetime.fromisoformat(raw[0]), int(raw[1]))
+        if isinstance(raw, str):  # a cursor from before the keyset positions: a time only
+            return cls(dt.datetime.fromisoformat(raw))
+        return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Cursor:
-    """How far the sensor has read: MISMATCH verdicts up to ``parity_at``, failed runs updated up to ``runs_at``
-    (both UTC). Each tick reads back a look-back behind them; an empty cursor starts at the tick's time."""
+    """How far the sensor has read: MISMATCH verdicts up to ``parity`` (checked_at, row id), failed runs up to
+    ``runs`` (update time, run storage id), rollout plan events up to ``rollout`` (by transaction id, as the recorder
+    reads: status/recording.py). Each tick reads on after the first two and again a look-back behind them; an empty
+    position starts at the tick's time (rollout: at the events committed then)."""
 
-    parity_at: dt.datetime | None = None
-    runs_at: dt.datetime | None = None
-    rollout_id: int | None = None  # the last rollout plan event read (None: start at the newest, replay nothing)
+    parity: Position | None = None
+    runs: Position | None = None
+    rollout: recording.Position | None = None
 
     @classmethod
     def loads(cls, raw: str | None) -> Cursor:
         if not raw:
             return cls()
         data = json.loads(raw)
-        parity_at, runs_at = (
-            dt.datetime.fromisoformat(data[k]) if data.get(k) else None for k in ("parity_at", "runs_at")
+        rollout = data.get("rollout")
+        return cls(
+            Position.from_json(data.get("parity") or data.get("parity_at")),
+            Position.from_json(data.get("runs") or data.get("runs_at")),
+            recording.Position.from_json(rollout) if isinstance(rollout, dict) else None,
         )
-        return cls(parity_at, runs_at, data.get("rollout_id"))
 
     def dumps(self) -> str:
         return json.dumps(
             {
-                "parity_at": self.parity_at.isoformat() if self.parity_at else None,
-                "runs_at": self.runs_at.isoformat() if self.runs_at else None,
-                "rollout_id": self.rollout_id,
+                "parity": self.parity.as_json() if self.parity else None,
+                "runs": self.runs.as_json() if self.runs else None,
+                "rollout": self.rollout.as_json() if self.rollout else None,
             }
         )
 
-    def runs_since(self, now: dt.datetime) -> dt.datetime:
-        """Read the failed runs updated after this."""
-        return (self.runs_at or now) - RUNS_LOOKBACK
+    def runs_after(self, now: dt.datetime) -> Position:
+        """Read the failed runs after this (and the look-back behind it)."""
+        return self.runs or Position(now)
 
-    def parity_since(self, now: dt.datetime) -> dt.datetime:
-        return (self.parity_at or now) - PARITY_LOOKBACK
+    def parity_after(self, now: dt.datetime) -> Position:
+        return self.parity or Position(now)
 
     def moved(
-        self, parity_at: dt.datetime | None = None, runs_at: dt.datetime | None = None, rollout_id: int | None = None
+        self,
+        parity: Position | None = None,
+        runs: Position | None = None,
+        rollout: recording.Position | None = None,
     ) -> Cursor:
-        """Forward only: a position behind the current one is ignored."""
-        ids = [i for i in (self.rollout_id, rollout_id) if i is not None]
-        return Cursor(_later(self.parity_at, parity_at), _later(self.runs_at, runs_at), max(ids) if ids else None)
+        """Forward only: a position behind the current one is ignored (rollout: the reader never moves back)."""
+        return Cursor(_later(self.parity, parity), _later(self.runs, runs), rollout or self.rollout)
 
 
-def _later(a: dt.datetime | None, b: dt.datetime | None) -> dt.datetime | None:
+def _later(a: Position | None, b: Position | None) -> Position | None:
     return b if a is None else a if b is None else max(a, b)
+
+
+T = TypeVar("T")
+_TICK = dt.timedelta(microseconds=1)
+
+
+def keyset_page(
+    read: Callable[[dt.datetime, int], Sequence[T]],
+    key: Callable[[T], Position],
+    after: Position,
+    page: int,
+) -> tuple[list[T], bool]:
+    """The items after ``after`` in (time, id) order, about ``page`` of them, and whether more may follow, from a
+    source that filters only "time > t" and orders only by time, ties in any order (Dagster's run storage:
+    ``read(t, limit)``). A full page ends before its last time (that time may hold more items than the page
+    showed) unless the whole page is one time; then the page grows (16x at most). So the position after the page
+    always moves past it, and no item is skipped."""
+    limit = page
+    while True:
+        got = list(read(after.at - _TICK, limit))
+        new = sorted((r for r in got if key(r) > after), key=key)
+        if len(got) < limit:
+            return new, False
+        last_at = max(key(r).at for r in got)
+        whole = [r for r in new if key(r).at < last_at]
+        if whole:
+            return whole, True
+        if limit >= 16 * page:  # more than 16 pages of items in one microsecond: take this page as it is
+            return new, True
+        limit *= 2
+
+
+def unrecorded(conn: psycopg.Connection, keys: Sequence[str]) -> set[str]:
+    """Which of the event keys are not in lakehouse_alerts yet (a look-back's second sight of an event is skipped
+    before anything is done about it)."""
+    if not keys:
+        return set()
+    rows = conn.execute(
+        "select k from unnest(%s::text[]) k where not exists (select 1 from lakehouse_alerts a where a.key = k)",
+        (list(keys),),
+    ).fetchall()
+    return {r[0] for r in rows}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -485,7 +574,10 @@ def post_message(url: str, payload: dict, timeout: float) -> None:
     exchange, not each socket read: the request runs in a thread that is abandoned when late)."""
     host = urllib.parse.urlsplit(url).hostname or "?"
     request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
+        url,
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", **_idempotency_header(payload)},
+        method="POST",
     )
     outcome: dict = {}
 
@@ -513,6 +605,11 @@ def post_message(url: str, payload: dict, timeout: float) -> None:
         raise PostFailed(f"{host}: HTTP {outcome.get('status')}")
 
 
+def _idempotency_header(payload: dict) -> dict[str, str]:
+    key = payload.get(IDEMPOTENCY_FIELD)
+    return {"Idempotency-Key": str(key)} if key else {}
+
+
 def _reason(exc: object, timeout: float) -> str:
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return f"no answer within {timeout:g} s"
@@ -538,7 +635,50 @@ class Delivery:
     dropped: list[str] = dataclasses.field(default_factory=list)  # log lines
     pending: int = 0
     out_of_time: bool = False
-    max_attempts: int = 0
+    retry_seconds: float = 0.0
+    next_attempt_at: dt.datetime | None = None  # the earliest pending event's next try, when none is due now
+
+
+def backoff(failures: int, rng: random.Random | None = None) -> dt.timedelta:
+    """How long an event waits after its ``failures``-th failed post: 30 s doubling per failure, at most 15 min, with
+    jitter (a random 50-100% of it), so events and senders that failed together do not retry in step."""
+    base = min(BACKOFF_MAX_SECONDS, BACKOFF_FIRST_SECONDS * 2 ** max(0, failures - 1))
+    return dt.timedelta(seconds=base * (rng or random).uniform(0.5, 1.0))
+
+
+_PENDING = "posted_at is null and dropped_at is null"
+
+
+def _shed(conn: psycopg.Connection, max_pending: int) -> list[str]:
+    """Past ``max_pending`` events waiting, the oldest are dropped (one line, and one event that says so, posted
+    like any other): the bound on what an endless outage can pile up."""
+    over = fetch_value(
+        conn.execute(f"select count(*) - %s from lakehouse_alerts where {_PENDING}", (max_pending,)),
+        "the count of waiting alerts",
+    )
+    if over <= 0:
+        return []
+    with conn.transaction():
+        gone = conn.execute(
+            f"""update lakehouse_alerts set dropped_at = now(), last_error = 'dropped unsent: too many alerts waited'
+                 where id in (select id from lakehouse_alerts where {_PENDING} order by id limit %s)
+                returning created_at""",
+            (over + 1,),  # (one more: room for the event that tells of the drop)
+        ).fetchall()
+        oldest = min(r[0] for r in gone)
+        what = (
+            f"{len(gone)} alert(s) recorded since {oldest:%Y-%m-%d %H:%M:%S} UTC were dropped unsent: more than "
+            f"{max_pending} waited (the webhook has failed for a long time); the oldest went first"
+        )
+        act = (
+            "their texts: select created_at, message from lakehouse_alerts where last_error = 'dropped unsent: too "
+            "many alerts waited' order by id; check the receiver (LAKEHOUSE_ALERT_WEBHOOK_URL)"
+        )
+        e = Event(f"{DROPPED}:{uuid.uuid4()}", DROPPED, None, what, act)
+        conn.execute(
+            "insert into lakehouse_alerts (key, kind, message) values (%s, %s, %s)", (e.key, e.kind, e.message)
+        )
+    return [f"{what} ({act})"]
 
 
 def deliver(
@@ -546,49 +686,78 @@ def deliver(
     url: str,
     *,
     timeout: float,
-    max_attempts: int,
+    retry_seconds: float,
+    now: dt.datetime | None = None,
     post: Callable[[str, dict, float], None] = post_message,
     budget_seconds: float = TICK_BUDGET_SECONDS,
     max_posts: int = MAX_POSTS_PER_TICK,
+    max_pending: int = MAX_PENDING,
+    rng: random.Random | None = None,
 ) -> Delivery:
-    """Post the pending events, oldest first: alone, or several of one kind as one message (``FOLD_AT``). Each post
-    is its own transaction holding its events' rows, marked posted as soon as the receiver said 2xx. The first
-    failure ends the tick's posting (the rest wait for the next tick); an event that failed ``max_attempts``
-    times is dropped."""
-    out = Delivery(max_attempts=max_attempts)
+    """Post the events that are due (``now``: the tick's clock), oldest first: alone, or several of one kind as one
+    message (``FOLD_AT``). A message's idempotency key (``idempotency_key`` in the body, header ``Idempotency-Key``)
+    is stored with its events before the first attempt, and every retry sends the same events under the same key:
+    a receiver that got a post which then timed out here sees the key again and can drop the repeat. A failed post
+    waits ``backoff`` before its next try; the first failure ends the tick's posting (the receiver is down); a
+    success makes every waiting event due at once (it is back). An event is dropped, with a log line, only when a
+    post of it fails more than ``retry_seconds`` after it was recorded, or past ``max_pending`` waiting."""
+    now = now or dt.datetime.now(dt.UTC)
+    out = Delivery(retry_seconds=retry_seconds)
+    out.dropped += _shed(conn, max_pending)
     deadline = time.monotonic() + budget_seconds
+    due = f"{_PENDING} and (next_attempt_at is null or next_attempt_at <= %(now)s)"
     for _ in range(max_posts):
         remaining = deadline - time.monotonic()
         if remaining < min(timeout, 1.0):
             out.out_of_time = True
             break
-        with conn.transaction():
+        with conn.transaction():  # the message's events and key, fixed before the first attempt (and kept)
             head = conn.execute(
-                "select kind from lakehouse_alerts where posted_at is null and dropped_at is null"
-                " order by id limit 1 for update skip locked"
+                f"select kind, post_key from lakehouse_alerts where {due} order by id limit 1", {"now": now}
             ).fetchone()
             if head is None:
                 break
-            group = conn.execute(
-                "select id, message from lakehouse_alerts where kind = %s and posted_at is null and dropped_at is null"
-                " order by id limit %s for update skip locked",
-                (head[0], FOLD_MAX),
+            key = head[1]
+            if key is None:
+                group = conn.execute(
+                    f"select id from lakehouse_alerts where {due} and kind = %(kind)s and post_key is null"
+                    " order by id limit %(n)s for update skip locked",
+                    {"now": now, "kind": head[0], "n": FOLD_MAX},
+                ).fetchall()
+                ids = [r[0] for r in group] if len(group) >= FOLD_AT else [r[0] for r in group[:1]]
+                key = f"lakehouse-alert-{uuid.uuid4()}"
+                conn.execute("update lakehouse_alerts set post_key = %s where id = any(%s)", (key, ids))
+        with conn.transaction():
+            batch = conn.execute(
+                f"select id, message, created_at, attempts from lakehouse_alerts where post_key = %s and {_PENDING}"
+                " order by id for update skip locked",
+                (key,),
             ).fetchall()
-            batch = group if len(group) >= FOLD_AT else group[:1]
+            if not batch:  # another sender holds them
+                break
             ids = [r[0] for r in batch]
             text = batch[0][1] if len(batch) == 1 else _folded(head[0], [r[1] for r in batch])
             try:
-                post(url, {"text": text}, min(timeout, remaining))
+                post(url, {"text": text, IDEMPOTENCY_FIELD: key}, min(timeout, remaining))
             except PostFailed as exc:
                 out.failure = _scrub(str(exc), url)
+                wait = backoff(max(r[3] for r in batch) + 1, rng)  # (one message: its events fail together)
                 gone = conn.execute(
-                    """update lakehouse_alerts set attempts = attempts + 1, last_error = %s,
-                              dropped_at = case when attempts + 1 >= %s then now() end
-                        where id = any(%s) returning dropped_at is not null, message, attempts""",
-                    (out.failure, max_attempts, ids),
+                    """update lakehouse_alerts set attempts = attempts + 1, last_error = %(error)s,
+                              next_attempt_at = %(next)s,
+                              dropped_at = case when %(now)s - created_at > %(keep)s then now() end
+                        where id = any(%(ids)s) returning dropped_at is not null, message, attempts""",
+                    {
+                        "error": out.failure,
+                        "now": now,
+                        "next": now + wait,
+                        "keep": dt.timedelta(seconds=retry_seconds),
+                        "ids": ids,
+                    },
                 ).fetchall()
                 out.dropped += [
-                    f"alert dropped after {n} failed post(s) (last: {out.failure}): {_line(m, 300)}"
+                    f"alert dropped after {n} failed post(s) over more than {_duration(retry_seconds)} "
+                    f"(last: {out.failure}): {_line(m, 300)}"
                     for dropped, m, n in gone
                     if dropped
                 ]
@@ -598,11 +767,18 @@ def deliver(
                 " where id = any(%s)",
                 (ids,),
             )
+            conn.execute(
+                f"update lakehouse_alerts set next_attempt_at = null where {_PENDING} and next_attempt_at > %s", (now,)
+            )
             out.posted += len(ids)
             out.messages += 1
-    out.pending = fetch_value(
-        conn.execute("select count(*) from lakehouse_alerts where posted_at is null and dropped_at is null"),
-        "the count of alerts waiting to be posted",
+    out.pending, out.next_attempt_at = fetch_one(
+        conn.execute(
+            f"select count(*), min(next_attempt_at) filter (where next_attempt_at > %s) from lakehouse_alerts"
+            f" where {_PENDING}",
+            (now,),
+        ),
+        "the count of waiting alerts",
     )
     return out
 
@@ -639,14 +815,15 @@ class Tick:
             f"{new} new event(s)" + (f" ({', '.join(f'{k} {n}' for k, n in self.new.items() if n)})" if new else ""),
             f"posted {d.posted} event(s) in {d.messages} message(s)",
         ]
+        later = f" (next try {d.next_attempt_at:%H:%M:%S} UTC)" if d.next_attempt_at else ""
         if d.failure:
-            parts.append(f"a post failed ({d.failure}): {d.pending} event(s) pending, retried next tick")
+            parts.append(f"a post failed ({d.failure}): {d.pending} event(s) pending, retried with backoff{later}")
         elif d.pending:
             parts.append(
-                f"{d.pending} event(s) pending for the next tick" + (" (time budget)" if d.out_of_time else "")
+                f"{d.pending} event(s) pending for a later tick" + (" (time budget)" if d.out_of_time else later)
             )
         if d.dropped:
-            parts.append(f"{len(d.dropped)} event(s) dropped after {d.max_attempts} failed posts each")
+            parts.append(f"{len(d.dropped)} event(s) dropped (see the log)")
         if self.unreadable:
             parts.append(f"could not read: {'; '.join(self.unreadable)}")
         return "; ".join(parts)
@@ -659,27 +836,27 @@ def run_tick(
     failed_runs: Sequence[FailedRun],
     *,
     now: dt.datetime,
-    runs_read_to: dt.datetime | None = None,
+    runs_read_to: Position | None = None,
     plan_events: Sequence[PlanEvent] = (),
-    plan_events_read_to: int | None = None,
+    plan_events_read_to: recording.Position | None = None,
     post: Callable[[str, dict, float], None] = post_message,
 ) -> Tick:
-    """Find the events since ``cursor`` (``failed_runs``: what the sensor read from the instance since
-    ``cursor.runs_since(now)``, up to ``runs_read_to``: the last run read when it read only a first page, else
-    ``now``; ``plan_events``: the rollout plan events read after ``cursor.rollout_id``, up to the id
-    ``plan_events_read_to``), record the new ones, post what is pending. Nothing at all when the webhook is unset or
-    unusable (the cursor still moves, so turning alerts on later does not replay the past)."""
+    """Find the events since ``cursor`` (``failed_runs``: the failed runs the sensor read from the instance after
+    ``cursor.runs_after(now)`` and in its look-back, not recorded yet, up to the position ``runs_read_to``;
+    ``plan_events``: the rollout plan events read after ``cursor.rollout``, up to ``plan_events_read_to``), record the
+    new ones, post what is due. Nothing at all when the webhook is unset or unusable (the cursor still moves, so
+    turning alerts on later does not replay the past)."""
     problem = webhook_problem(settings.alert_webhook_url)
     if problem:
-        return Tick(cursor=cursor.moved(now, now, plan_events_read_to), disabled=problem)
+        return Tick(cursor=cursor.moved(Position(now), Position(now), plan_events_read_to), disabled=problem)
     assert settings.alert_webhook_url is not None
     events: list[Event] = [failed_run_event(r) for r in failed_runs] + [plan_event(e) for e in plan_events]
     present: dict[str, set[str]] = {}
-    tick = Tick(cursor=cursor.moved(runs_at=runs_read_to or now, rollout_id=plan_events_read_to))
+    tick = Tick(cursor=cursor.moved(runs=runs_read_to or cursor.runs_after(now), rollout=plan_events_read_to))
     try:
-        found, reached = parity_events(conn, cursor.parity_since(now))
+        found, reached = parity_events(conn, cursor.parity_after(now))
         events += found
-        tick.cursor = tick.cursor.moved(parity_at=reached)
+        tick.cursor = tick.cursor.moved(parity=reached)
     except psycopg.Error as exc:
         tick.unreadable.append(f"parity verdicts: {_line(exc, 200)}")
     for kind, find in (
@@ -700,7 +877,8 @@ def run_tick(
         conn,
         settings.alert_webhook_url,
         timeout=settings.alert_timeout_seconds,
-        max_attempts=settings.alert_max_attempts,
+        retry_seconds=settings.alert_retry_seconds,
+        now=now,
         post=post,
     )
     return tick

@@ -44,8 +44,6 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-from lakehouse_dagster.core.db import fetch_value
-
 SYNCS, FLAGS, BACKFILLS, SWEEPS, VERDICTS, FALLBACKS = (
     "syncs",
     "flags",
@@ -192,12 +190,25 @@ class Change:
 def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int) -> tuple[list[Change], Position]:
     """The rows of ``stream`` written since ``pos`` (at most ``limit`` read; those already reported left out), and
     the next position (never behind ``pos``)."""
-    table, xid_col, where, cols = _STREAMS[stream]
+    return read_by_xid(conn, stream, _STREAMS[stream], pos, limit)
+
+
+def read_by_xid(
+    conn: psycopg.Connection, stream: str, spec: tuple[str, str, str, tuple[str, ...]], pos: Position, limit: int
+) -> tuple[list[Change], Position]:
+    """``read_stream`` over any append-only table whose rows carry their transaction's id: ``spec`` = (table, its
+    xid8 column, which rows (SQL, a constant of the caller's), the columns read). The alerts sensor reads the
+    rollout plans' events this way too."""
+    table, xid_col, where, cols = spec
+    # One statement: the horizon (the snapshot's xmin) comes from the snapshot the rows were read in, also when
+    # none are. Taken in a second statement, it would come from a newer snapshot, and a transaction committing in
+    # between would fall below it unread, for good.
     query = sql.SQL(
-        "select id, {x}::text::bigint, pg_snapshot_xmin(pg_current_snapshot())::text::bigint, {cols} from {t}"
+        "select h.xmin, r.* from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h"
+        " left join lateral (select id, {x}::text::bigint as row_xid, {cols} from {t}"
         " where {x} >= %(xid)s::text::xid8"
         " and (%(after)s::bigint is null or ({x}, id) > (%(xid)s::text::xid8, %(after)s::bigint))"
-        " and {where} order by {x}, id limit %(limit)s"
+        " and {where} order by {x}, id limit %(limit)s) r on true order by r.row_xid, r.id"
     ).format(
         x=sql.Identifier(xid_col),
         cols=sql.SQL(", ").join(map(sql.Identifier, cols)),
@@ -205,15 +216,10 @@ def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int
         where=sql.SQL(where),
     )
     fetched = conn.execute(query, {"xid": str(pos.xid), "after": pos.after_id, "limit": limit + 1}).fetchall()
+    xmin = fetched[0][0]
+    fetched = [(r[1], r[2], *r[3:]) for r in fetched if r[1] is not None]
     truncated = len(fetched) > limit
     rows = fetched[:limit]
-    xmin = (
-        rows[0][2]
-        if rows
-        else fetch_value(
-            conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
-        )
-    )
     final = [r for r in rows if r[1] < xmin]  # no transaction below them can still commit: their order is final
     nxt: tuple[int, int | None]
     if not truncated:
@@ -237,7 +243,7 @@ def read_stream(conn: psycopg.Connection, stream: str, pos: Position, limit: int
             if len(seen) >= SEEN_MAX:
                 continue  # not reported: read again (and reported) once it is final
             seen.add(entry)
-        changes.append(Change(stream, r[0], r[1], dict(zip(cols, r[3:]))))
+        changes.append(Change(stream, r[0], r[1], dict(zip(cols, r[2:]))))
     return changes, Position(nxt[0], nxt[1], frozenset(seen))
 
 

@@ -12,30 +12,14 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, DATASET_NAMES
 from lakehouse_dagster.plans import store as plan_store
 from lakehouse_dagster.status import alerts
 
-RUN_PAGE = 200  # failed runs read per tick (the cursor stops at the last one read when there are more)
+RUN_PAGE = 200  # failed runs read per tick after the position (a keyset page: the position moves past it)
+_TICK = dt.timedelta(microseconds=1)
 _DATASETS_TAG = "lakehouse/datasets"  # a mirror batch run's dataset ids (dagster/defs/mirror/mirror_batch.py)
-# How a refused step's error reads (dagster/defs/shared/refusals.py): "Refused: <reason>", or with the class's full name.
-_REFUSED = ("lakehouse_dagster.dagster.defs.shared.refusals.Refused: ", "Refused: ")
-
-
-def failure_reason(instance: dg.DagsterInstance, run_id: str) -> str:
-    """Why the run failed, as the UI shows it: the first failed step's error (a refusal's reason, without its
-    exception name), else the run's own failure message."""
-    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        data = entry.dagster_event.step_failure_data if entry.dagster_event else None
-        if data is None or data.error is None:
-            continue
-        error = data.error.cause or data.error
-        text = error.message.strip()
-        prefix = next((p for p in _REFUSED if text.startswith(p)), "")
-        return text[len(prefix) :]
-    for entry in instance.all_logs(run_id, of_type=dg.DagsterEventType.RUN_FAILURE):
-        return entry.message or (entry.dagster_event.message if entry.dagster_event else "") or ""
-    return ""
 
 
 def failed_run(instance: dg.DagsterInstance, record: dg.RunRecord) -> alerts.FailedRun:
@@ -59,7 +43,7 @@ def failed_run(instance: dg.DagsterInstance, record: dg.RunRecord) -> alerts.Fai
         run_id=run.run_id,
         job_name=run.job_name,
         updated_at=record.update_timestamp,
-        reason=failure_reason(instance, run.run_id),
+        reason=failure_reason(instance, run.run_id) or "",
         dataset_ids=tuple(str(i) for i in ids),
         dataset_names=names,
     )
@@ -77,6 +61,42 @@ def plan_event(row: dict) -> alerts.PlanEvent:
     )
 
 
+def _failed_run_records(
+    instance: dg.DagsterInstance, after: dt.datetime, limit: int, before: dt.datetime | None = None, newest=False
+) -> list[dg.RunRecord]:
+    return list(
+        instance.get_run_records(
+            dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], updated_after=after, updated_before=before),
+            limit=limit,
+            order_by="update_timestamp",
+            ascending=not newest,
+        )
+    )
+
+
+def _position(record: dg.RunRecord) -> alerts.Position:
+    return alerts.Position(record.update_timestamp, record.storage_id)
+
+
+def read_failed_runs(
+    context: dg.SensorEvaluationContext, conn, start: alerts.Position
+) -> tuple[list[alerts.FailedRun], alerts.Position]:
+    """The failed runs of this code location's jobs not alerted yet: a keyset page after ``start`` (update time,
+    storage id: the position moves past every full page) and, again, the newest of the look-back behind it (a run
+    whose failure was written late, or by a host whose clock is behind); with the position after the page. The
+    failure reason is read only for runs not recorded yet."""
+    instance = context.instance
+    page, _ = alerts.keyset_page(lambda t, n: _failed_run_records(instance, t, n), _position, start, RUN_PAGE)
+    behind = _failed_run_records(
+        instance, start.at - alerts.RUNS_LOOKBACK, alerts.RUNS_LOOKBACK_READ, before=start.at + _TICK, newest=True
+    )
+    jobs = set(context.repository_def.job_names) if context.repository_def is not None else None
+    found = {r.dagster_run.run_id: r for r in [*behind, *page] if jobs is None or r.dagster_run.job_name in jobs}
+    new = alerts.unrecorded(conn, [f"{alerts.RUN_FAILED}:{run_id}" for run_id in found])
+    failed = [failed_run(instance, r) for run_id, r in found.items() if f"{alerts.RUN_FAILED}:{run_id}" in new]
+    return failed, (_position(page[-1]) if page else start)
+
+
 @dg.sensor(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -88,27 +108,19 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
     settings = lakehouse.settings()
     cursor = alerts.Cursor.loads(context.cursor)
     now = dt.datetime.now(dt.UTC)
-    records: list = []
-    if alerts.webhook_problem(settings.alert_webhook_url) is None:  # (unset: read nothing)
-        records = list(
-            context.instance.get_run_records(
-                dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], updated_after=cursor.runs_since(now)),
-                limit=RUN_PAGE,
-                order_by="update_timestamp",
-                ascending=True,
-            )
-        )
-    jobs = set(context.repository_def.job_names) if context.repository_def is not None else None
-    failed = [failed_run(context.instance, r) for r in records if jobs is None or r.dagster_run.job_name in jobs]
     with lakehouse.connect() as conn:
-        plan_rows, plan_read_to = plan_store.alertable_events(conn, cursor.rollout_id)
+        failed: list[alerts.FailedRun] = []
+        runs_to = None
+        if alerts.webhook_problem(settings.alert_webhook_url) is None:  # (unset: read nothing)
+            failed, runs_to = read_failed_runs(context, conn, cursor.runs_after(now))
+        plan_rows, plan_read_to = plan_store.alertable_events(conn, cursor.rollout)
         tick = alerts.run_tick(
             conn,
             settings,
             cursor,
             failed,
             now=now,
-            runs_read_to=records[-1].update_timestamp if len(records) == RUN_PAGE else now,
+            runs_read_to=runs_to,
             plan_events=[plan_event(r) for r in plan_rows],
             plan_events_read_to=plan_read_to,
         )

@@ -20,11 +20,11 @@ from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.plans.jobs import rollout_analysis_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write_flip_job
+from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
 from lakehouse_dagster.plans import controller, store
 from lakehouse_dagster.plans.controller import ANALYSIS, FAILED, IN_FLIGHT, READ_FLIP, SET_FLAG, SUCCEEDED, WRITE_FLIP
 
-_REFUSED = "lakehouse_dagster.dagster.defs.shared.refusals.Refused: "
 _OP = {
     READ_FLIP: "read_flip_preflight",
     WRITE_FLIP: "write_flip_preflight",
@@ -85,23 +85,6 @@ def run_request(conn: psycopg.Connection, ask: controller.RunAsk) -> dg.RunReque
     return dg.RunRequest(run_key=ask.run_key, job_name=ask.job, run_config=run_config(ask), tags=tags)
 
 
-def _failure(instance: dg.DagsterInstance, run_id: str) -> str | None:
-    """The refusal a failed run's step gave (no stack), else the run's own failure message."""
-    for kind in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RUN_FAILURE):
-        for record in instance.get_records_for_run(run_id, of_type=kind).records:
-            event = record.event_log_entry.dagster_event
-            if event is None:
-                continue
-            if kind == dg.DagsterEventType.STEP_FAILURE:
-                error = event.step_failure_data.error
-                if error is None:
-                    continue
-                message = (error.cause or error).message
-                return message.removeprefix(_REFUSED).strip()
-            return (record.event_log_entry.user_message or event.message or "").strip() or None
-    return None
-
-
 def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, controller.RunState]:
     """{step key: its run} of one plan, from the runs' tags. A step with several runs (one re-executed from the UI
     carries the same tags) counts as succeeded when one succeeded, in flight while one runs, else failed (newest)."""
@@ -119,7 +102,7 @@ def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, con
         elif running:
             out[step] = controller.RunState(running[0].run_id, IN_FLIGHT)
         else:
-            out[step] = controller.RunState(runs[0].run_id, FAILED, _failure(instance, runs[0].run_id))
+            out[step] = controller.RunState(runs[0].run_id, FAILED, failure_reason(instance, runs[0].run_id))
     return out
 
 
