@@ -1,0 +1,188 @@
+"""What the operator reads matches what happened (issue 33): the Python the docs ask for is the one the scripts check,
+the exit code the README and the operator guide name is the one a refused widen returns, candidates suggest the
+runbook's own command, a flip's lines come out in the order its steps ran (one pipe of both streams), the lakehouse
+home is resolved or refused in one line without starting a stray Postgres, a finished rollout says it is finished and
+an empty canary is no evidence, the ingest bench says what its figure measures.
+
+Every command through the CLI (its ``main`` or a real subprocess); real Postgres and Iceberg."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from lakehouse_dagster.cli.main import main
+from lakehouse_dagster.core import private_apis
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets
+
+from .flag_helpers import flag_tables
+from .native_helpers import SCHEMA, row, runbook_ready
+from .test_write_flip_first_sync import _fed
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+OPERATOR_GUIDE = ROOT / "docs" / "operator-guide.md"
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def exit_codes_documented() -> dict[int, str]:
+    """The operator guide's exit-code table: code → meaning."""
+    text = OPERATOR_GUIDE.read_text()
+    section = text.split("### Exit codes", 1)[1].split("\n#", 1)[0]
+    found = {int(m[1]): m[2].strip() for m in re.finditer(r"^\| (\d+) \| (.+?) \|$", section, re.M)}
+    assert {0, 1, 2, 6} <= set(found), f"the exit-code table in {OPERATOR_GUIDE.name} no longer parses: {found}"
+    return found
+
+
+# --- item 3: one true sentence about the Python version ------------------------------------------------------------
+
+
+def test_every_place_that_names_the_python_version_says_what_the_scripts_and_the_shim_do():
+    minimum = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert minimum == ">=3.11"
+    assert "sys.version_info >= (3, 11)" in (ROOT / "scripts" / "bootstrap").read_text()
+    assert private_apis.TESTED_PYTHON == ("3.11",)  # on another, the warm launcher falls back (it does not refuse)
+    places = {
+        "README.md": README.read_text(),
+        "docs/getting-started.md": (ROOT / "docs" / "getting-started.md").read_text(),
+        "scripts/start": (ROOT / "scripts" / "start").read_text(),
+    }
+    for name, text in places.items():
+        flat = " ".join(text.split())
+        assert "Python 3.11 or newer" in flat, name
+        assert "only Python 3.11 (" not in flat and "refuses others" not in flat, name
+    assert "falls back to Dagster's own" in " ".join(places["README.md"].split())
+
+
+# --- item 4: the widen refused by the gates, and the exit code the docs name -----------------------------------------
+
+
+def test_a_workspace_write_flip_over_unready_datasets_exits_with_the_code_the_readme_and_the_guide_name(
+    conn, dsn, settings, capsys
+):
+    ws = datasets.create_workspace(conn, "demo")
+    ready = datasets.create_dataset(conn, ws, "ready", SCHEMA)
+    datasets.insert_rows(conn, ready, [row(i) for i in range(4)])
+    runbook_ready(conn, dsn, settings, ready)
+    # the runbook's step 3 first (a dataset-scope flip): the widening rules' order
+    assert _cli(capsys, "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(ready))[0] == 0
+    # mirrored and canaried ok, but its readers are still on Postgres: the gates refuse the widen
+    unready = datasets.create_dataset(conn, ws, "readers_on_pg", SCHEMA)
+    datasets.insert_rows(conn, unready, [row(i) for i in range(4)])
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, unready, mode="full")
+    before = flag_tables(conn)
+
+    code, out, err = _cli(capsys, "write-flags", "flip", "sync.full", "--workspace", str(ws), "--note", "fase4 ws")
+    assert flag_tables(conn) == before  # nothing written
+    assert "would move 1 dataset(s) that are not ready; nothing written" in err
+    assert f"readers_on_pg ({unready})" in err
+    documented = exit_codes_documented()
+    assert code == 6 and "refused by a flip gate" in documented[code], (code, documented.get(code))
+
+    readme = README.read_text()
+    step4 = readme.split("write-flags flip sync.full --workspace $WS", 1)[1].split("\n```", 1)[0]
+    assert f"refused (exit {code}" in step4, step4
+    guide = " ".join(OPERATOR_GUIDE.read_text().split())
+    assert (
+        f"`refused: … would move N dataset(s) that are not ready; nothing written:` (exit {code}, a flip gate)" in guide
+    )
+
+    # a dataset never mirrored stops the same widen earlier, at the preflight canary: STOP, the code the table names
+    datasets.create_dataset(conn, ws, "never_mirrored", SCHEMA)
+    datasets.insert_rows(conn, datasets.create_dataset(conn, ws, "never_mirrored_2", SCHEMA), [row(0)])
+    code, out, _ = _cli(capsys, "write-flags", "flip", "sync.full", "--workspace", str(ws))
+    assert "STOP: do not flip sync.full" in out and "no-snapshot" in out
+    assert code == 1 and "STOP" in documented[code]
+    assert "(STOP, exit 1)" in step4 or "STOP (exit 1)" in step4, step4
+
+
+# --- item 6: candidates suggest the runbook's command ---------------------------------------------------------------
+
+
+def test_candidates_suggest_the_flip_the_runbook_steps_use(conn, dsn, settings, capsys):
+    ws = datasets.create_workspace(conn, "demo")
+    d = datasets.create_dataset(conn, ws, "ready", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(4)])
+    runbook_ready(conn, dsn, settings, d)
+    code, out, _ = _cli(capsys, "write-flags", "candidates", "--writer", "sync.full")
+    assert code == 0
+    last = out.strip().splitlines()[-1]
+    assert "1 ready to flip sync.full" in last
+    assert 'lakehouse write-flags flip sync.full --dataset <id> --note "fase4 canary"' in last
+    assert "write-flags set" not in last
+
+
+# --- item 7: one ordered stream ------------------------------------------------------------------------------------
+
+
+def _one_pipe(*args: str) -> tuple[int, str]:
+    """`lakehouse ...` in a real subprocess with stdout and stderr on one pipe (``2>&1``), as a terminal or a log
+    file sees it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=180,
+    )
+    return proc.returncode, proc.stdout
+
+
+def _before(text: str, first: str, then: str) -> bool:
+    return text.index(first) < text.index(then)
+
+
+def test_a_read_flip_says_preflight_then_set_then_the_routers_lines_in_one_ordered_stream(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(4)])
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
+    code, text = _one_pipe("flags", "flip", "export.stream", "--dataset", str(d))
+    assert code == 0, text
+    assert text.count("[read-router]") == 1, text
+    assert _before(text, "preflight covered 1 of 1", "export.stream: (no override) → iceberg"), text
+    assert _before(text, "export.stream: (no override) → iceberg", "[read-router] export.stream"), text
+    assert _before(text, "[read-router] export.stream", "reason"), text  # the verify table follows its read
+
+
+def test_a_write_flip_says_preflight_then_set_then_the_first_syncs_lines_in_one_ordered_stream(conn, dsn, settings):
+    d, _ = _fed(conn, dsn, settings)
+    code, text = _one_pipe("write-flags", "flip", "sync.full", "--dataset", str(d))
+    assert code == 0, text
+    assert "[write-router] sync.full" in text, text
+    lines = text.splitlines()
+    first_router = next(i for i, line in enumerate(lines) if "[write-router]" in line)
+    header = next(i for i, line in enumerate(lines) if line.startswith("first native sync of sync.full"))
+    preflight = next(i for i, line in enumerate(lines) if line.startswith("preflight covered"))
+    assert preflight < header < first_router, text
+    table = next(i for i, line in enumerate(lines) if line.startswith("dataset_id") and "snapshot_id" in line)
+    assert first_router < table, text
+
+
+def test_a_flip_with_json_keeps_stdout_one_document(conn, dsn, settings):
+    import json
+
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(4)])
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "flags", "flip", "export.stream", "--dataset", str(d)]
+        + ["--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["flipped"] is True
+    assert "[read-router] export.stream" in proc.stderr
