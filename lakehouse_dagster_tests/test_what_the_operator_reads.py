@@ -8,16 +8,22 @@ Every command through the CLI (its ``main`` or a real subprocess); real Postgres
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import psycopg
+import psycopg.conninfo
+import pytest
+
 from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core import private_apis
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import flag_tables
@@ -186,3 +192,75 @@ def test_a_flip_with_json_keeps_stdout_one_document(conn, dsn, settings):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["flipped"] is True
     assert "[read-router] export.stream" in proc.stderr
+
+
+# --- item 2: the home resolved or refused in one line, no stray Postgres -------------------------------------------
+
+
+def _bare_env(**extra: str) -> dict:
+    """The test's environment without a DSN or a home: a second terminal that did not export the stack's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LAKEHOUSE_PG_DSN", "LAKEHOUSE_HOME")}
+    return {**env, **extra}
+
+
+def test_status_in_a_home_with_no_running_stack_refuses_in_one_line_and_starts_no_postgres(tmp_path):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "status"],
+        capture_output=True,
+        text=True,
+        env=_bare_env(),
+        cwd=checkout,  # LAKEHOUSE_HOME unset: ./.lakehouse of the working directory
+        timeout=120,
+    )
+    home = checkout / ".lakehouse"
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"lakehouse status: error: no lakehouse database at {home} (no embedded Postgres runs under {home / 'pg'} "
+        "and LAKEHOUSE_PG_DSN is unset): start it with scripts/start, or set LAKEHOUSE_HOME to the home of the "
+        "running stack"
+    ]
+    assert not (home / "pg").exists()  # no server was initialised, so none is left running
+    documented = exit_codes_documented()
+    assert "no lakehouse database" in documented[3], documented[3]
+    five_minutes = README.read_text().split("## Five minutes on the demo", 1)[1].split("```", 1)[0]
+    assert "same `LAKEHOUSE_HOME`" in five_minutes, five_minutes
+
+
+def test_status_against_a_database_with_no_lakehouse_tables_says_so_in_one_line(pg_admin_dsn, tmp_path):
+    with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+        admin.execute("drop database if exists lh_not_the_stack")
+        admin.execute("create database lh_not_the_stack")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "status"],
+        capture_output=True,
+        text=True,
+        env=_bare_env(LAKEHOUSE_PG_DSN=with_db(pg_admin_dsn, "lh_not_the_stack"), LAKEHOUSE_HOME=str(tmp_path)),
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("lakehouse status: error: LAKEHOUSE_PG_DSN (postgresql://")
+    assert 'has no lakehouse tables (relation "' in line and "does not exist)" in line
+    assert "set LAKEHOUSE_HOME (or LAKEHOUSE_PG_DSN) to the running stack's, or run lakehouse db migrate" in line
+    assert "Traceback" not in proc.stderr
+
+
+def test_status_attaches_to_the_embedded_postgres_running_under_the_home_and_leaves_it_running(pg_admin_dsn):
+    host = psycopg.conninfo.conninfo_to_dict(pg_admin_dsn).get("host") or ""
+    if not str(host).endswith("/pg"):
+        pytest.skip("the session's server is not an embedded one under <home>/pg (LAKEHOUSE_TEST_ADMIN_DSN)")
+    home = Path(str(host)).parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "status"],
+        capture_output=True,
+        text=True,
+        env=_bare_env(LAKEHOUSE_HOME=str(home)),
+        timeout=120,
+    )
+    # it reached the running server (its `postgres` database holds no lakehouse tables: the tests' are elsewhere)
+    assert proc.returncode == 3, proc.stderr
+    assert f"the embedded Postgres of LAKEHOUSE_HOME={home} has no lakehouse tables" in proc.stderr
+    with psycopg.connect(pg_admin_dsn) as still:  # and left it running
+        assert still.execute("select 1").fetchone() == (1,)
