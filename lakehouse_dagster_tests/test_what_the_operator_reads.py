@@ -264,3 +264,66 @@ def test_status_attaches_to_the_embedded_postgres_running_under_the_home_and_lea
     assert f"the embedded Postgres of LAKEHOUSE_HOME={home} has no lakehouse tables" in proc.stderr
     with psycopg.connect(pg_admin_dsn) as still:  # and left it running
         assert still.execute("select 1").fetchone() == (1,)
+
+
+# --- item 5: a finished plan says so; an empty canary is no evidence -----------------------------------------------
+
+
+def _reader_plan(stages: str) -> str:
+    return f"reader: export.stream\nmode: iceberg\nnote: fase1 by plan\nstages:\n{stages}"
+
+
+def test_a_stage_canaried_over_an_empty_dataset_counts_it_apart_and_the_finished_plan_says_finished(
+    conn, dsn, settings, capsys
+):
+    import dagster as dg
+
+    from lakehouse_dagster.plans import actions, status, store
+
+    from .rollout_helpers import Driver, dataset
+
+    ws = datasets.create_workspace(conn, "demo")
+    empty = dataset(conn, dsn, settings, ws, "empty", 0)
+    eight = dataset(conn, dsn, settings, ws, "eight", 8)
+    catalog = load_catalog(settings, dsn)
+    from lakehouse_dagster.parity import canary
+
+    canary.run_canary(conn, dsn, catalog, settings, dataset_ids=[str(empty), str(eight)], smoke=True)
+    plan_id, _ = actions.start(conn, settings, _reader_plan("  - datasets: 2\n    soak: 1s\n"), actor="pytest")
+    with dg.DagsterInstance.ephemeral() as inst:
+        p = Driver(inst, dsn).until(conn, plan_id, lambda p: p.state != "active")
+    assert p.state == "finished", (p.reason, p.blocking)
+    passed = [e for e in store.events(conn, plan_id) if e["event"] == "stage-passed"]
+    assert len(passed) == 1
+    assert "1 of 2 canaried dataset(s) ok; 1 had no rows (no evidence)" in passed[0]["reason"], passed[0]["reason"]
+    assert "2 of 2" not in passed[0]["reason"]
+
+    code, out, _ = _cli(capsys, "rollout", "status", str(plan_id))
+    assert code == 0
+    head = out.splitlines()[0]
+    assert re.search(
+        r": finished \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, all 1 stage\(s\) passed; 2 dataset\(s\) moved$", head
+    )
+    assert "waiting" not in head and "stage 1 of 1" not in head, head
+    assert status.plan_status(conn, plan_id).stage_text() == "all 1 stage(s) passed"
+
+
+def test_a_stage_whose_only_ok_verdicts_had_no_rows_is_inconclusive_not_passed(conn, dsn, settings):
+    import dagster as dg
+
+    from lakehouse_dagster.parity import canary
+    from lakehouse_dagster.plans import actions, store
+
+    from .rollout_helpers import Driver, dataset
+
+    ws = datasets.create_workspace(conn, "demo")
+    empty = dataset(conn, dsn, settings, ws, "empty", 0)
+    canary.run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(empty)], smoke=True)
+    stages = "  - datasets: 1\n    soak: 1s\n    analysis: {pause_after: 1h, retry_every: 1h}\n"
+    plan_id, _ = actions.start(conn, settings, _reader_plan(stages), actor="pytest")
+    with dg.DagsterInstance.ephemeral() as inst:
+        p = Driver(inst, dsn).until(conn, plan_id, lambda p: (p.blocking or "").startswith("inconclusive"))
+    assert p.state == "active" and p.stage == 0
+    assert "no evidence: none of the 1 canaried dataset(s) is ok with rows to compare" in p.blocking
+    assert f"1 had no rows: empty ({empty}): no rows" in p.blocking
+    assert not [e for e in store.events(conn, plan_id) if e["event"] == "stage-passed"]
