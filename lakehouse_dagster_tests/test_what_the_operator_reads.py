@@ -327,3 +327,26 @@ def test_a_stage_whose_only_ok_verdicts_had_no_rows_is_inconclusive_not_passed(c
     assert "no evidence: none of the 1 canaried dataset(s) is ok with rows to compare" in p.blocking
     assert f"1 had no rows: empty ({empty}): no rows" in p.blocking
     assert not [e for e in store.events(conn, plan_id) if e["event"] == "stage-passed"]
+
+
+# --- item 8: the bench says what its figure measures, and the whole -------------------------------------------------
+
+
+def test_the_ingest_bench_says_what_its_figure_measures_and_the_commands_whole_wall_time(dsn, settings, capsys):
+    import time
+
+    t = time.perf_counter()
+    code, out, err = _cli(capsys, "ingest-bench", "run", "--jobs", "3", "--rows", "2000")
+    measured = time.perf_counter() - t
+    assert code == 0, out + err
+    summary = next(line for line in out.splitlines() if line.startswith("PASS: jobs=3"))
+    m = re.search(
+        r"the ingests took ([\d.]+) s from their common start, [\d,]+ rows/s \(wall ([\d.]+) s, of which "
+        r"setting up the workspace and datasets [\d.]+ s, starting the 3 writer process\(es\) ([\d.]+) s, "
+        r"the writers' exit [\d.]+ s, checking the tables [\d.]+ s, the purge [\d.]+ s\)$",
+        summary,
+    )
+    assert m, summary
+    ingests, wall, starting = (float(g) for g in m.groups())
+    assert abs(wall - measured) < 1.0, (wall, measured)  # the whole command, not only the burst
+    assert wall > ingests and starting > 0
