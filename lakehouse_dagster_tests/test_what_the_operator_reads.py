@@ -350,3 +350,95 @@ def test_the_ingest_bench_says_what_its_figure_measures_and_the_commands_whole_w
     ingests, wall, starting = (float(g) for g in m.groups())
     assert abs(wall - measured) < 1.0, (wall, measured)  # the whole command, not only the burst
     assert wall > ingests and starting > 0
+
+
+# --- item 9: a calm console, a word during the first install ------------------------------------------------------
+
+_A_RUN = """
+import warnings
+import dagster as dg
+
+@dg.op
+def hello(context):
+    context.log.info("hello from the op")
+    return 1
+
+@dg.job
+def calm():
+    hello()
+
+warnings.warn("Class `Thing` is currently in beta, and may have breaking changes", dg.BetaWarning)
+calm.execute_in_process()
+"""
+
+
+def test_the_foreground_console_relays_info_and_above_and_drops_debug_events_and_beta_warnings(tmp_path):
+    """Dagster's real console output of a real run, through the filter `lakehouse up` relays it with."""
+    from lakehouse_dagster.cli.console import ConsoleFilter, relay
+
+    script = tmp_path / "run.py"
+    script.write_text(_A_RUN)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180, env={**os.environ}
+    )
+    assert proc.returncode == 0, proc.stderr
+    raw = proc.stderr.splitlines(keepends=True)
+    assert any(" - DEBUG - calm - " in line for line in raw)  # what Dagster prints by default: every DEBUG event
+    assert any("BetaWarning" in line for line in raw)
+    raw += [
+        "2026-12-03 12:00:00 +0000 - dagster.daemon.SensorDaemon - INFO - Checking for new runs for sensor: "
+        "mirror_poller\n",
+        "2026-12-03 12:00:00 +0000 - dagster.daemon.SensorDaemon - INFO - No run requests returned for "
+        "mirror_poller, skipping\n",
+        "2026-12-03 12:00:00 +0000 - dagster.daemon.SensorDaemon - INFO - Sensor lakehouse_alerts skipped: idle\n",
+        "2026-12-03 12:00:01 +0000 - dagster.daemon.SensorDaemon - INFO - Launching run for mirror_poller\n",
+    ]
+
+    import io
+
+    out = io.StringIO()
+    source = io.StringIO("".join(raw))
+    relay(source, out, ConsoleFilter()).join(10)
+    calm = out.getvalue()
+    assert " - DEBUG - " not in calm and "BetaWarning" not in calm and "warnings.warn" not in calm, calm
+    assert "hello from the op" in calm  # the op's INFO line
+    assert "RUN_SUCCESS" not in calm  # Dagster logs its run events at DEBUG: the UI's event log has them
+    assert "Checking for new runs" not in calm and "No run requests" not in calm and "skipped: idle" not in calm
+    assert "Launching run for mirror_poller" in calm
+    assert len(calm.splitlines()) < len(raw) / 2, calm
+
+    everything = io.StringIO()
+    relay(io.StringIO("".join(raw)), everything, ConsoleFilter(debug=True)).join(10)
+    assert everything.getvalue() == "".join(raw)  # lakehouse up --debug
+
+
+def test_bootstrap_says_what_the_first_install_waits_for_before_pip_runs(tmp_path):
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    (checkout / "scripts" / "bootstrap").write_bytes((ROOT / "scripts" / "bootstrap").read_bytes())
+    (checkout / "scripts" / "bootstrap").chmod(0o755)
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    bin_ = checkout / ".venv" / "bin"
+    bin_.mkdir(parents=True)
+    (bin_ / "python").write_text('#!/bin/sh\necho "pip ran: $*" >&2\n')  # a stand-in venv: pip is not run
+    (bin_ / "python").chmod(0o755)
+    proc = subprocess.run(
+        [str(checkout / "scripts" / "bootstrap")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "bootstrap: installing the pinned dependencies into .venv (first run: ~3 min)...", lines
+    assert lines[1].startswith("pip ran: -m pip install") and lines[-1] == "bootstrap: dependencies installed"
+    again = subprocess.run(
+        [str(checkout / "scripts" / "bootstrap")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHON": sys.executable},
+        timeout=60,
+    )
+    assert again.returncode == 0 and again.stderr == ""  # installed and unchanged: nothing to say, nothing run
