@@ -666,6 +666,7 @@ def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     idle for lack of a webhook, as the page says it."""
     if CHROMIUM is None:
         pytest.skip("no chromium on this machine (Debian's package chromium; .ci/run installs it)")
+    assert _launch(stack, "migration_overview_job", {})["status"] == "SUCCESS"  # a run the warm launcher ran
     runs = stack.gql(RUN_TAGS_Q)["runsOrError"]["results"]
     assert runs, "no run yet"
     keys = {t["key"] for r in runs for t in r["tags"]}
@@ -676,7 +677,6 @@ def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     assert "run_worker" not in page, page[:2000]
     _screenshot(f"{stack.url}/runs", "runs-list")
 
-    assert _launch(stack, "migration_overview_job", {})["status"] == "SUCCESS"
     overview = f"{stack.url}/assets/lakehouse/migration_overview"
     page = _page_text(overview)
     assert "customers (demo)" in page  # the name first, its workspace beside it
