@@ -661,6 +661,17 @@ def _screenshot(url: str, name: str, width: int = 1700, height: int = 1300) -> P
     return out
 
 
+def _rendered(url: str, needle: str, tries: int = 4) -> str:
+    """The page's text once the React app has rendered ``needle`` (a busy machine may dump the bare shell first)."""
+    page = ""
+    for _ in range(tries):
+        page = _page_text(url)
+        if needle in page:
+            break
+        time.sleep(3)
+    return page
+
+
 def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     """Issue 33: no internal tag in the runs list, an attention table that fits, names before ids, the alerts sensor
     idle for lack of a webhook, as the page says it."""
@@ -673,12 +684,12 @@ def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     assert not {k for k in keys if "run_worker" in k}, keys  # hidden: Dagster's GraphQL leaves out .dagster/ keys
     with psycopg.connect(stack.dsn("dagster")) as c:  # still stored, for terminate and the health check
         assert c.execute("select count(*) from run_tags where key = '.dagster/lakehouse_run_worker'").fetchone()[0]
-    page = _page_text(f"{stack.url}/runs")
-    assert "run_worker" not in page, page[:2000]
+    page = _rendered(f"{stack.url}/runs", "migration_overview_job")
+    assert "migration_overview_job" in page and "run_worker" not in page, page[:2000]
     _screenshot(f"{stack.url}/runs", "runs-list")
 
     overview = f"{stack.url}/assets/lakehouse/migration_overview"
-    page = _page_text(overview)
+    page = _rendered(overview, "attention_links")
     assert "customers (demo)" in page  # the name first, its workspace beside it
     assert "partition_page" not in page and " dataset_id " not in page  # three columns, not six
     _screenshot(overview, "migration-overview")
@@ -697,7 +708,7 @@ def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     (tick,) = _wait("a tick of lakehouse_alerts", ticked, 150, stack, interval=5)
     assert tick["status"] == "SKIPPED" and tick["skipReason"].startswith("idle, alerts are off: "), tick
     sensor_page = f"{stack.url}/locations/{loc['repositories'][0]['name']}@{loc['name']}/sensors/lakehouse_alerts"
-    assert "idle, alerts are off" in _page_text(sensor_page)
+    assert "idle, alerts are off" in _rendered(sensor_page, "idle, alerts are off")
     _screenshot(sensor_page, "alerts-sensor")
 
 
