@@ -353,8 +353,9 @@ def test_unset_posts_nothing_and_says_why(conn, dsn, settings, tick, monkeypatch
     d = datasets.create_dataset(conn, ws, "ledger", [{"name": "n", "type": "int64"}])
     datasets.insert_rows(conn, d, [{"n": 1}])
     set_override(conn, "write", "cdc.append", "iceberg_native", dataset=d, note="by hand", actor="pytest")
-    assert tick() == (
-        "LAKEHOUSE_ALERT_WEBHOOK_URL is not set: no alert is posted (set it to a Slack incoming-webhook URL, "
+    assert tick() == (  # "idle" first: the sensors page shows the latest tick's reason (issue 33)
+        "idle, alerts are off: LAKEHOUSE_ALERT_WEBHOOK_URL is not set: no alert is posted (set it to a Slack "
+        "incoming-webhook URL, "
         'or any receiver of a JSON body {"text": ...})'
     )
     assert _outbox(conn) == []

@@ -250,10 +250,11 @@ def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_tabl
         assert meta["attention/lagging"].value == 1 and meta["attention_total"].value == 1
         table = meta["attention"]
         assert isinstance(table, dg.TableMetadataValue)
-        assert [c.name for c in table.schema.columns][:3] == ["dataset", "workspace", "problem"]
+        # three narrow columns that fit the asset page (issue 33); the page is linked from attention_links
+        assert [c.name for c in table.schema.columns] == ["dataset", "problem", "reason"]
         (rec,) = table.records
-        assert rec.data["dataset"] == "late" and rec.data["workspace"] == "alpha" and rec.data["problem"] == "lagging"
-        assert rec.data["partition_page"] == f"/assets/iceberg/dataset_table?view=partitions&partition={late}"
+        assert rec.data["dataset"] == "late (alpha)" and rec.data["problem"] == "lagging"
+        assert len(rec.data["reason"]) <= 90
         assert (
             f"[late](/assets/iceberg/dataset_table?view=partitions&partition={late})" in meta["attention_links"].value
         )

@@ -493,18 +493,20 @@ def _flip(ctx, args) -> Result:
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
     if stop:
         return stop
-    # the runbook's "confirm the read-router logs reason=...": the router's line per read on stderr, the table on stdout
-    verified = flip.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger())
-    fell_back = [v for v in verified if v.fallback_error]
-    lines.append(
+    out = _Said(args, lines)
+    out.add(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
-        f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)"
+        f"{len(pre.inert)} dataset(s) stay on Postgres until the mirror catches up (lagging/no-snapshot)",
+        *pre.report.lines(),
     )
-    lines += pre.report.lines()
+    out.flush()  # the preflight and the set, before the router's lines of the verify they precede
+    # the runbook's "confirm the read-router logs reason=...": the router's line per read, in order with the rest
+    verified = flip.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=out.logger())
+    fell_back = [v for v in verified if v.fallback_error]
     if verified:
-        lines.append(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
+        out.add(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
-        lines.append(flip.fallback_message(args.name, pre.scope, fell_back))
+        out.add(flip.fallback_message(args.name, pre.scope, fell_back))
     data = {
         "preflight": checked,
         "coverage": pre.coverage(),
@@ -513,7 +515,7 @@ def _flip(ctx, args) -> Result:
         "scope": pre.report.as_dict(),
         "verify": [v.as_dict() for v in verified],
     }
-    return Result(data, "\n".join(lines), exit_code=1 if fell_back else 0)
+    return Result(data, out.rest(), exit_code=1 if fell_back else 0)
 
 
 def _wflip(ctx, args) -> Result:
@@ -524,15 +526,16 @@ def _wflip(ctx, args) -> Result:
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
     if stop:
         return stop
+    out = _Said(args, lines)
     verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
-    lines.append(
+    out.add(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
-        "new writes of the datasets it moves land in Iceberg only, the mirror skips them"
+        "new writes of the datasets it moves land in Iceberg only, the mirror skips them",
+        *pre.report.lines(),
     )
-    lines += pre.report.lines()
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
     if rows:
-        lines.append(
+        out.add(
             table(rows, ["dataset_id", "writer_mode", "mirror_skips", "latest_sync", "row_count_matches", "problems"])
         )
     bad = [v for v in verified if v.problems]
@@ -545,30 +548,65 @@ def _wflip(ctx, args) -> Result:
         "verify": [v.as_dict() for v in verified],
     }
     if bad:
-        lines.append(
+        out.add(
             f"{len(bad)} dataset(s) did not verify; roll back with: lakehouse write-flags set {args.name} pg"
             + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}")
         )
-        return Result(data, "\n".join(lines), exit_code=1)
+        return Result(data, out.rest(), exit_code=1)
     from lakehouse_dagster.runbooks.first_sync import (
         first_native_syncs,
         stop_message,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     if not pre.checked:
-        return Result(data, "\n".join(lines))
+        return Result(data, out.rest())
+    out.add(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
+    out.flush()  # everything so far, before the write router's and the sync's lines of the step that follows
     synced = first_native_syncs(
-        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=_stderr_logger()
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=out.logger()
     )
     data["first_native_sync"] = [f.as_dict() for f in synced]
-    lines.append(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
-    lines.append(
-        table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"])
-    )
+    out.add(table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"]))
     stop = stop_message(args.name, synced)
     if stop:
-        lines.append(stop)
-    return Result(data, "\n".join(lines), exit_code=1 if stop else 0)
+        out.add(stop)
+    return Result(data, out.rest(), exit_code=1 if stop else 0)
+
+
+class _Said:
+    """What a flip verb says, in the order it happens (issue 33): in text mode each finished step is written to stdout
+    and flushed before the next step logs, and the router's lines of that step go to stdout too, so a terminal, a
+    file or one pipe of both streams reads preflight → set → verify in order. With --json stdout carries only the
+    document: the lines are kept for it and the router's lines go to stderr."""
+
+    def __init__(self, args, lines: list[str]) -> None:
+        self.live = not getattr(args, "json", False)
+        self.lines = list(lines)
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def flush(self) -> None:
+        if self.live and self.lines:
+            sys.stdout.write("\n".join(self.lines).rstrip("\n") + "\n")
+            sys.stdout.flush()
+            self.lines = []
+
+    def logger(self) -> logging.Logger:
+        """The router's lines, one per read or write, on the stream the step's own lines use."""
+        lg = logging.getLogger("lakehouse_dagster.cli.flip")
+        for old in list(lg.handlers):
+            lg.removeHandler(old)
+        handler = logging.StreamHandler(sys.stdout if self.live else sys.stderr)  # flushed after every line
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        lg.addHandler(handler)
+        lg.setLevel(logging.INFO)
+        lg.propagate = False
+        return lg
+
+    def rest(self) -> str:
+        """The lines not written yet: the Result's text (emit prints it last)."""
+        return "\n".join(self.lines)
 
 
 def _candidates(ctx, args) -> Result:
@@ -579,7 +617,9 @@ def _candidates(ctx, args) -> Result:
     text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
     text += (
         f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
-        f'lakehouse write-flags set {args.writer} iceberg_native --dataset <id> --note "fase4 canary"'
+        # the runbook's step 3 is the flip (preflight canary, gated set, verify, first native sync and its canary),
+        # not a bare set
+        f'lakehouse write-flags flip {args.writer} --dataset <id> --note "fase4 canary"'
     )
     return Result(data, text)
 
@@ -617,17 +657,5 @@ def _quiet_logger() -> logging.Logger:
         handler.setFormatter(logging.Formatter("%(message)s"))
         lg.addHandler(handler)
         lg.setLevel(logging.WARNING)
-        lg.propagate = False
-    return lg
-
-
-def _stderr_logger() -> logging.Logger:
-    """The router's log lines on stderr (stdout carries the result, --json stays parseable)."""
-    lg = logging.getLogger("lakehouse_dagster.cli.read")
-    if not lg.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        lg.addHandler(handler)
-        lg.setLevel(logging.INFO)
         lg.propagate = False
     return lg

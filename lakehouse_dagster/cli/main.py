@@ -41,10 +41,38 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lakehouse {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        missing = _no_lakehouse_tables(ctx, exc)
+        if missing is None:
+            raise
+        print(f"lakehouse {args.command}: error: {missing}", file=sys.stderr)
+        return 3
     finally:
         ctx.close()
     emit(result, getattr(args, "json", False))
     return result.exit_code
+
+
+def _no_lakehouse_tables(ctx: Context, exc: Exception) -> str | None:
+    """One line, not a traceback, when the database reached has none of the lakehouse's tables (a home or DSN
+    that is not the running stack's, or a server never migrated); None for any other error."""
+    errors = sys.modules.get("psycopg.errors")  # imported already if a query raised it
+    if errors is None or not isinstance(exc, errors.UndefinedTable):
+        return None
+    from lakehouse_dagster.cli.dsn import (
+        display_dsn,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    settings = ctx.settings
+    where = (
+        f"LAKEHOUSE_PG_DSN ({display_dsn(settings.pg_dsn)})"
+        if settings.pg_dsn
+        else f"the embedded Postgres of LAKEHOUSE_HOME={settings.home}"
+    )
+    return (
+        f"{where} has no lakehouse tables ({str(exc).splitlines()[0]}): set LAKEHOUSE_HOME (or LAKEHOUSE_PG_DSN) to "
+        "the running stack's, or run lakehouse db migrate to create them there"
+    )
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.cli.common import Result, add_command
+from lakehouse_dagster.cli.console import ConsoleFilter, relay
 from lakehouse_dagster.cli.demo import positive_int
 from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 from lakehouse_dagster.core.errors import BadInput, LakehouseError
@@ -78,6 +79,12 @@ def register(sub) -> None:
         help=f"port of the live app's API, lakehouse serve (default {API_PORT})",
     )
     p.add_argument("--no-demo", action="store_true", help="do not seed the demo workspace")
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="relay Dagster's whole console: every run's DEBUG events, beta warnings, the sensor daemon's per-tick "
+        "lines (default: INFO and above, without those; the UI's event log has everything either way)",
+    )
     p.add_argument(
         "--demo-rows",
         type=positive_int,
@@ -332,6 +339,7 @@ def _up(ctx, args) -> Result:
             as_json=args.json,
             t_start=t_start,
             service=service,
+            debug=args.debug,
         )
     finally:
         if started_pg:
@@ -501,15 +509,35 @@ class Child:
     proc: subprocess.Popen | None = None
 
 
-def _start(cmd: list[str], env: dict, cwd: Path, as_json: bool) -> subprocess.Popen:
-    return subprocess.Popen(
+def _start(
+    cmd: list[str], env: dict, cwd: Path, as_json: bool, console: ConsoleFilter | None = None
+) -> subprocess.Popen:
+    """``console``: relay the child's output (both streams, in order) through that filter (cli/console.py), to
+    stderr, where `lakehouse up:`'s own lines go (and with --json stdout carries only our JSON)."""
+    if console is None:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_child_setup,
+            stdout=sys.stderr if as_json else None,
+        )
+    proc = subprocess.Popen(
         cmd,
         env=env,
         cwd=cwd,
         start_new_session=True,
         preexec_fn=_child_setup,
-        stdout=sys.stderr if as_json else None,  # with --json, stdout carries only our JSON
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
     )
+    assert proc.stdout is not None
+    relay(proc.stdout, sys.stderr, console)
+    return proc
 
 
 def supervise(
@@ -522,13 +550,14 @@ def supervise(
     as_json: bool,
     t_start: float,
     service: Child | None = None,
+    debug: bool = False,
 ) -> dict[str, Any]:
     """Run ``cmd`` (Dagster) and ``service`` in their own sessions until one exits or we are asked to stop; then
     stop the other and sweep both process groups. Long on purpose: the supervision loop — ready line, the two
     stop signals, the escalation to SIGKILL, the sweep — reads as one sequence."""
     if service is not None:
         service.proc = _start(service.cmd, service.env, cwd, as_json)
-    proc = _start(cmd, env, cwd, as_json)
+    proc = _start(cmd, env, cwd, as_json, ConsoleFilter(debug=debug))
     children = [proc] + ([service.proc] if service is not None and service.proc is not None else [])
     ready_info = {**ready_info, "dagster_pid": proc.pid}
     if service is not None and service.proc is not None:

@@ -10,17 +10,33 @@ from typing import Any, Protocol
 
 import psycopg
 
-from lakehouse_dagster.core.embedded import start_embedded
-from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.embedded import embedded_running, start_embedded
+from lakehouse_dagster.core.errors import LakehouseError, NotFound
 from lakehouse_dagster.core.settings import Settings
 
 
+class NoDatabase(NotFound):
+    """No lakehouse database where this process looks (no DSN, and no embedded server runs under the home)."""
+
+
+def no_database_message(settings: Settings) -> str:
+    return (
+        f"no lakehouse database at {settings.home} (no embedded Postgres runs under {settings.home / 'pg'} and "
+        "LAKEHOUSE_PG_DSN is unset): start it with scripts/start, or set LAKEHOUSE_HOME to the home of the running "
+        "stack"
+    )
+
+
 def resolve_dsn(settings: Settings) -> str:
-    """The configured DSN, or the embedded server's (started on demand) when none is configured."""
+    """The configured DSN, or the running embedded server's. Never starts one: a verb run in a terminal whose
+    LAKEHOUSE_HOME is not the running stack's (issue 33) would otherwise init an empty server there, fail on its
+    missing tables and leave it running; ``lakehouse up`` and ``lakehouse pg start`` start it (start_embedded)."""
     if settings.pg_dsn:
         return settings.pg_dsn
-
-    return start_embedded(settings.home / "pg")
+    pgdata = settings.home / "pg"
+    if not embedded_running(pgdata):
+        raise NoDatabase(no_database_message(settings))
+    return start_embedded(pgdata)  # attaches: it runs, and is kept running (nothing stops it at our exit)
 
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:

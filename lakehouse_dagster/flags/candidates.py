@@ -5,7 +5,8 @@ read-only query; it runs here verbatim (test_demo compares it with the runbook c
 character). SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
 ask that its readers are on Iceberg, that it is caught up and that its parity verdict is ok, so each
 candidate carries the gate's reasons for the chosen writer, and ``ready`` means a
-``write-flags set <writer> iceberg_native --dataset <id>`` would go through now.
+``write-flags flip <writer> --dataset <id>`` would get past the gates now (the CLI suggests the flip, the runbook's
+step 3, not a bare set: the flip also canaries, verifies, runs the first native sync and its canary).
 """
 
 from __future__ import annotations

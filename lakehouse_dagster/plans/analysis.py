@@ -1,12 +1,14 @@
 """A stage's analysis: what the recorded evidence says about the datasets the plan moved.
 
 Like an Argo Rollouts AnalysisRun, it ends in one of three outcomes:
-  pass          every canaried dataset ok (a writer's: ok or native; a reader's: ok only), no incident above the
+  pass          every canaried dataset ok (a writer's: ok or native; a reader's: ok only), at least one of them
+                with rows (an ok over no rows is no evidence: counted apart, never as ok), no incident above the
                 thresholds;
   fail          a MISMATCH, a wedged sync, more read fallbacks or failed syncs than allowed, a native-safety
                 finding (writers), a shadow consistency rate below the threshold (a shadow read whose Iceberg side
                 failed counts as a read that did not match) → the plan aborts;
-  inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, too few shadow reads, a canary
+  inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, no ok verdict with rows, too
+                few shadow reads, a canary
                 run that failed → the stage waits, and pauses after ``pause_after`` (missing data is a decision,
                 never a silent pass).
 Each function only reads; the controller (plans/controller.py) acts on the outcome.
@@ -158,7 +160,34 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
         return Outcome(
             INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded {len(rows)} of {expected} verdicts", detail
         )
-    return Outcome(PASS, f"{sum(counts[v] for v in good)} of {len(rows)} canaried dataset(s) ok", detail)
+    return _evidence(conn, run_id, len(rows), good, sum(counts[v] for v in good), detail)
+
+
+def _evidence(
+    conn: psycopg.Connection, run_id: str, canaried: int, good_verdicts: tuple[str, ...], good: int, detail: dict
+) -> Outcome:
+    """Pass only on evidence: an ok (or native) verdict over no rows compares nothing, so it is counted apart, and a
+    stage whose every good verdict had no rows is inconclusive, never a silent pass (Kayenta's mustHaveData)."""
+    empty = [
+        r[0]
+        for r in conn.execute(
+            "select dataset_id from lakehouse_read_parity where run_id = %s and verdict = any(%s)"
+            " and coalesce(case when verdict = %s then iceberg_count else pg_count end, 0) = 0",
+            (run_id, list(good_verdicts), canary.NATIVE),
+        ).fetchall()
+    ]
+    detail = {**detail, "no_rows": len(empty)}
+    with_rows = good - len(empty)
+    if with_rows <= 0:
+        items = [(d, "no rows") for d in empty]
+        return Outcome(
+            INCONCLUSIVE,
+            f"no evidence: none of the {canaried} canaried dataset(s) is ok with rows to compare"
+            + (f" ({len(empty)} had no rows: {_listing(conn, items)})" if empty else ""),
+            detail,
+        )
+    text = f"{with_rows} of {canaried} canaried dataset(s) ok"
+    return Outcome(PASS, text + (f"; {len(empty)} had no rows (no evidence)" if empty else ""), detail)
 
 
 @dataclasses.dataclass(frozen=True)

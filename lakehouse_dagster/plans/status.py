@@ -45,13 +45,26 @@ class PlanStatus:
             e["plan_id"] = str(e["plan_id"])
         return d
 
+    def stage_text(self) -> str:
+        """The plan's stage; a plan that ended says how (a finished plan is in no stage and waits for nothing)."""
+        if self.state == FINISHED:
+            return f"all {self.stages} stage(s) passed"
+        if self.state == ABORTED:
+            return f"aborted in stage {self.stage} of {self.stages} ({self.stage_what})"
+        return f"{self.stage} of {self.stages} ({self.stage_what}, {self.phase})"
+
+    def headline(self) -> str:
+        ended = f" {self.ended_at:%Y-%m-%d %H:%M:%S} UTC" if self.ended_at else ""
+        if self.state == FINISHED:
+            return f"finished{ended}, {self.stage_text()}; {self.datasets_moved} dataset(s) moved"
+        if self.state == ABORTED:
+            where = f"stage {self.stage} of {self.stages} ({self.stage_what})"
+            return f"aborted{ended} in {where}; {self.datasets_moved} dataset(s) had moved"
+        return f"{self.state}, stage {self.stage_text()}; {self.datasets_moved} dataset(s) moved so far"
+
     def lines(self, *, history: bool = True) -> list[str]:
         flag = "reader" if self.kind == "read" else "writer"
-        out = [
-            f"plan {self.id}: {flag} {self.name} → {self.mode}: {self.state}, stage {self.stage} of {self.stages} "
-            f"({self.stage_what}, {self.phase}); {self.datasets_moved} dataset(s) moved so far",
-            f"  next: {self.next_action}",
-        ]
+        out = [f"plan {self.id}: {flag} {self.name} → {self.mode}: {self.headline()}", f"  next: {self.next_action}"]
         if self.blocking:
             out.append(f"  blocked by: {self.blocking}")
         if self.reason and self.reason != self.blocking:

@@ -12,7 +12,7 @@ What operators keep from the default launcher: terminate (SIGINT to the worker â
 after ``terminate_grace_seconds`` if it is stuck), run monitoring (``check_run_worker_health``: a worker that died
 leaves its run to be failed by the monitoring daemon), workers reaped (by the forkserver, their parent), the
 forkserver started again when it died (multiprocessing's ``ensure_running`` on the next launch / health check).
-Everything needed to find a worker lives in its run's tag ``lakehouse/run_worker`` (host, pid, start time), not in
+Everything needed to find a worker lives in its run's hidden tag ``.dagster/lakehouse_run_worker`` (host, pid, start time), not in
 this object: terminate from the webserver process and health checks after a daemon restart work the same.
 
 Fallback: a run whose code location runs another Python (``executable_path``), or a forkserver that cannot start,
@@ -49,7 +49,18 @@ from lakehouse_dagster.dagster.private_apis import (  # what a launcher plugin i
     WorkerStatus,
 )
 
-WORKER_TAG = "lakehouse/run_worker"
+# Hidden in the UI: Dagster's GraphQL leaves out run tags whose key starts with ".dagster/" (its HIDDEN_TAG_PREFIX,
+# dagster/_core/storage/tags.py; dagster_graphql's run `tags`), as it does for its own `.dagster/run_worker` and
+# `.dagster/grpc_info`. The key is ours (a name Dagster does not use); the runs list keeps only the useful tags.
+WORKER_TAG = ".dagster/lakehouse_run_worker"
+# Where runs launched before the rename keep it: read as a fallback, so terminate and the health check still find
+# a worker started by the previous version.
+OLD_WORKER_TAG = "lakehouse/run_worker"
+
+
+def _worker_tag(run: dg.DagsterRun) -> str | None:
+    return run.tags.get(WORKER_TAG) or run.tags.get(OLD_WORKER_TAG)
+
 
 # Imported once by the forkserver. Third-party only: never lakehouse_dagster (a code change must reach the next
 # run). Modules a run imports anyway (DagsterInstance on Postgres, the catalog, Parquet, the parity kernel's numba).
@@ -275,7 +286,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         run = self._registered_instance.get_run_by_id(run_id)
         if not run or run.is_finished:
             return False
-        worker = Worker.loads(run.tags.get(WORKER_TAG))
+        worker = Worker.loads(_worker_tag(run))
         if worker is None:
             if GRPC_INFO_TAG in run.tags:  # launched by the fallback
                 return self._default().terminate(run_id)
@@ -347,7 +358,7 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
                 self._forkserver_up()  # restarted here if it died (reaps the dead one)
             except Exception:
                 pass
-        worker = Worker.loads(run.tags.get(WORKER_TAG))
+        worker = Worker.loads(_worker_tag(run))
         if worker is None or not worker.local:
             # Launched by the fallback (the code server owns it) or elsewhere: not ours to judge.
             return CheckRunHealthResult(WorkerStatus.RUNNING, "run worker not started by this launcher here")

@@ -126,4 +126,6 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
         )
     for line in tick.log_lines:
         context.log.warning(line)
-    return dg.SensorResult(skip_reason=tick.summary(), cursor=tick.cursor.dumps())
+    # the sensors page shows the latest tick's skip reason: without a webhook it starts by saying the sensor is idle
+    reason = f"idle, alerts are off: {tick.summary()}" if tick.disabled else tick.summary()
+    return dg.SensorResult(skip_reason=reason, cursor=tick.cursor.dumps())

@@ -43,7 +43,7 @@ def _status_meta(s: status.PlanStatus) -> dict:
     return {
         "plan_id": text(s.id),
         "state": s.state,
-        "stage": f"{s.stage} of {s.stages} ({s.stage_what}, {s.phase})",
+        "stage": s.stage_text(),  # a finished plan: "all N stage(s) passed", not its last stage "waiting"
         "next_action": s.next_action,
         "blocking": s.blocking or "",
         "datasets_moved": s.datasets_moved,

@@ -30,16 +30,27 @@ ROLLOUT_JOBS = (
     "rollout_abort",
 )
 
+# Three narrow columns, so the table fits the asset page's value column (issue 33: six columns cut off the last two at
+# 1,700 px). The dataset's id and page are one click away: attention_links links each name to its partition page,
+# and `lakehouse status --json` lists the ids.
 ATTENTION_SCHEMA = dg.TableSchema(
     columns=[
-        dg.TableColumn("dataset", "string", description="the dataset's name"),
-        dg.TableColumn("workspace", "string", description="its workspace's name (or id)"),
-        dg.TableColumn("problem", "string", description="the most urgent of its problems"),
-        dg.TableColumn("reason", "string", description="why, for each of its problems"),
-        dg.TableColumn("dataset_id", "string", description="the partition key of its assets"),
-        dg.TableColumn("partition_page", "string", description="its page in this UI (links: attention_links)"),
+        dg.TableColumn("dataset", "string", description="the dataset's name (its workspace)"),
+        dg.TableColumn("problem", "string", description="its problems, most urgent first"),
+        dg.TableColumn(
+            "reason", "string", description="why, shortened (the partition page and lakehouse status say all)"
+        ),
     ]
 )
+REASON_CHARS = 90
+
+
+def short(text: str, limit: int = REASON_CHARS) -> str:
+    """At most ``limit`` characters, cut at a word with an ellipsis."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1].rsplit(" ", 1)[0].rstrip(" ,;:") + "…"
 
 
 PLANS_SCHEMA = dg.TableSchema(
@@ -116,12 +127,9 @@ def overview_metadata(ov: Overview) -> dict:
         records=[
             dg.TableRecord(
                 {
-                    "dataset": a.name,
-                    "workspace": a.workspace or (str(a.workspace_id) if a.workspace_id else ""),
+                    "dataset": f"{a.name} ({a.workspace or a.workspace_id or 'no workspace'})",
                     "problem": ", ".join(a.problems),
-                    "reason": a.reason,
-                    "dataset_id": str(a.dataset_id),
-                    "partition_page": partition_page(a.dataset_id),
+                    "reason": short(a.reason),
                 }
             )
             for a in ov.attention
