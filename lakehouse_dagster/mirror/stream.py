@@ -1,0 +1,332 @@
+"""The mirror as a stream: one long-lived loop per shard of the datasets, syncing each changed dataset within about
+a second of its write, instead of a Dagster run per batch of changes (docs/design/mirror.md "The stream").
+
+The loop is plain Python (no Dagster): the ``mirror_stream`` job (dagster/defs/mirror/stream_job.py) runs it for a
+bounded time and logs what it yields. It
+
+* holds its shard's lock (a Postgres advisory lock keyed by the shard) for its whole life: a successor started
+  before it ends waits on that lock while it finishes its last commit, so a shard is never streamed twice at once,
+  and a killed run's lock goes with its connection;
+* beats a heartbeat row (lakehouse_mirror_streams) from a thread, so the poller sees a run that died or hung;
+* finds changed datasets in O(changed) from the poller's xid cursor (mirror/poller.py ``pending_syncs``), every
+  ``LAKEHOUSE_MIRROR_POLL_MS``, and sweeps the datasets behind Postgres (``datasets_behind``: failed syncs past
+  their backoff, changes made while no stream ran) at its start and every few seconds;
+* coalesces the changes of one dataset seen within ``LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS`` of its first into one sync;
+* syncs through ``sync_dataset`` (mirror/sync.py), one dataset at a time: the same sync log, guards (G3 per dataset,
+  G2 admission) and refusals (manifest and iceberg-native datasets) as every other mirror path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+
+from lakehouse_dagster.core.db import IdlePool, close_quietly, connect
+from lakehouse_dagster.core.errors import Backpressure, LakehouseError, LockTimeout, first_line, is_transient
+from lakehouse_dagster.core.guards import guard_connection
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
+from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
+from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
+
+_log = logging.getLogger(__name__)
+
+_NS_SHARD = 0x1A4E_0300  # advisory lock class of a stream shard: (namespace, shard_count << 16 | shard)
+SWEEP_EVERY_S = 5.0  # how often a stream looks for datasets behind Postgres that the cursor did not bring
+HEARTBEAT_EVERY_S = 1.0
+PAGE = 1000  # changed datasets read per cursor query (more: the next query pages on at once)
+BUSY_RETRY_S = 0.5  # a dataset another sync holds (or past the G2 bound) is tried again after this, doubling to 8 s
+
+
+def shard_of(dataset_id: uuid.UUID, shard_count: int) -> int:
+    """The shard of a dataset: a stable hash of its id's bytes (the same in every process and release), mod
+    ``shard_count``. Hashed, not the id's leading bytes: time-ordered ids (v1, v7) would otherwise bunch up."""
+    if shard_count <= 1:
+        return 0
+    return int.from_bytes(hashlib.blake2b(dataset_id.bytes, digest_size=8).digest(), "big") % shard_count
+
+
+def check_shard(shard: int, shard_count: int) -> None:
+    from lakehouse_dagster.core.errors import BadInput
+
+    if shard_count < 1 or shard_count > 1024:
+        raise BadInput(f"shard count {shard_count} is out of range; use 1 to 1024 (LAKEHOUSE_MIRROR_SHARDS)")
+    if not 0 <= shard < shard_count:
+        raise BadInput(f"shard {shard} is out of range for {shard_count} shards; use 0 to {shard_count - 1}")
+
+
+def _lock_key(shard: int, shard_count: int) -> int:
+    return (shard_count << 16) | shard
+
+
+@dataclasses.dataclass(frozen=True)
+class Idle:
+    """Yielded when no sync is due: the caller may do deferred work (the glue evaluates checks) and come back."""
+
+    backlog: int  # datasets changed and waiting for their commit window (none are due yet)
+
+
+@dataclasses.dataclass
+class _Stats:
+    syncs: int = 0
+    failures: int = 0
+    last_commit_at: float | None = None
+    last_dataset_id: uuid.UUID | None = None
+    backlog: int = 0
+    lag_seconds: float = 0.0
+
+
+class ShardLease:
+    """The shard's lock and heartbeat row, on a connection of their own (TCP keepalives, no idle timeout). After
+    ``acquire`` a thread beats the heartbeat every ``HEARTBEAT_EVERY_S`` and notices a lost lock (``lost``);
+    ``close`` marks the row ended and releases the lock (closing the connection releases it too)."""
+
+    def __init__(self, dsn: str, shard: int, shard_count: int, run_id: str, deadline: float):
+        check_shard(shard, shard_count)
+        self.dsn, self.shard, self.shard_count, self.run_id, self.deadline = dsn, shard, shard_count, run_id, deadline
+        self.stats = _Stats()
+        self.lost: str | None = None  # why the lease was lost (its session died, its lock gone)
+        self._conn: psycopg.Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held = False
+
+    def acquire(self, *, until: float, clock: Callable[[], float] = time.time, poll_s: float = 0.1) -> bool:
+        """Wait for the shard's lock until ``until`` (the predecessor finishing its last commit); False if it never
+        came. Polls with pg_try_advisory_lock so an interruption (a run termination) is never stuck in the server."""
+        self._conn = guard_connection(self.dsn)
+        key = _lock_key(self.shard, self.shard_count)
+        while True:
+            if self._conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_SHARD, key)).fetchone()[0]:
+                break
+            if clock() >= until:
+                return False
+            time.sleep(poll_s)
+        self._held = True
+        self._beat(started=True)
+        self._thread = threading.Thread(target=self._beating, name=f"stream-shard-{self.shard}-heartbeat", daemon=True)
+        self._thread.start()
+        return True
+
+    def _beat(self, *, started: bool = False, ended: bool = False) -> None:
+        assert self._conn is not None
+        s = self.stats
+        self._conn.execute(
+            """insert into lakehouse_mirror_streams as m
+                 (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at, ended_at, last_commit_at,
+                  last_dataset_id, syncs, failures, backlog, lag_seconds)
+               values (%(count)s, %(shard)s, %(run)s, now(), now(), to_timestamp(%(deadline)s),
+                       case when %(ended)s then now() end, to_timestamp(%(commit)s), %(last)s, %(syncs)s,
+                       %(failures)s, %(backlog)s, %(lag)s)
+               on conflict (shard_count, shard) do update set
+                 run_id = excluded.run_id,
+                 started_at = case when %(started)s then now() else m.started_at end,
+                 heartbeat_at = now(), deadline_at = excluded.deadline_at, ended_at = excluded.ended_at,
+                 last_commit_at = case when %(started)s then coalesce(excluded.last_commit_at, m.last_commit_at)
+                                       else excluded.last_commit_at end,
+                 last_dataset_id = coalesce(excluded.last_dataset_id, m.last_dataset_id),
+                 syncs = excluded.syncs, failures = excluded.failures, backlog = excluded.backlog,
+                 lag_seconds = excluded.lag_seconds""",
+            {
+                "count": self.shard_count,
+                "shard": self.shard,
+                "run": self.run_id,
+                "deadline": self.deadline,
+                "ended": ended,
+                "started": started,
+                "commit": s.last_commit_at,
+                "last": s.last_dataset_id,
+                "syncs": s.syncs,
+                "failures": s.failures,
+                "backlog": s.backlog,
+                "lag": s.lag_seconds,
+            },
+        )
+
+    def _still_held(self) -> bool:
+        assert self._conn is not None
+        return self._conn.execute(
+            "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid() and granted"
+            " and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
+            (_NS_SHARD, _lock_key(self.shard, self.shard_count)),
+        ).fetchone()[0]
+
+    def _beating(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY_S):
+            try:
+                if not self._still_held():
+                    self.lost = "the shard's lock is no longer held by its session"
+                    return
+                self._beat()
+            except psycopg.Error as exc:
+                self.lost = f"the session holding the shard's lock died ({type(exc).__name__}: {first_line(exc)})"
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if self._held and self.lost is None:
+                self._beat(ended=True)
+                conn.execute("select pg_advisory_unlock(%s, %s)", (_NS_SHARD, _lock_key(self.shard, self.shard_count)))
+        except psycopg.Error:
+            pass  # the session is gone: so is its lock
+        finally:
+            self._conn = None
+            close_quietly(conn)
+
+    def __enter__(self) -> ShardLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def stream_sync_id(run_id: str, dataset_id: uuid.UUID, n: int) -> uuid.UUID:
+    """The ``n``-th sync of a dataset by one stream run: a retry of that sync (a transient failure) reuses the id, so
+    a commit that landed is found, not repeated; the next sync of the dataset gets a new one."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:stream:{run_id}:{dataset_id}:{n}")
+
+
+def _xmin_now(conn: psycopg.Connection) -> int:
+    return conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]
+
+
+@dataclasses.dataclass
+class _Due:
+    at: float  # when its commit window closes (or its busy retry is due)
+    seen: float  # when its oldest unsynced change was first seen
+    req: Pending  # the newest version seen for it (a Retry when the sweep brought a failed one back)
+    busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
+
+
+def stream_shard(
+    dsn: str,
+    catalog,
+    settings: Settings,
+    *,
+    shard: int,
+    shard_count: int,
+    run_id: str,
+    deadline: float,
+    wait_until: float | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    on_lease: Callable[[ShardLease], None] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[SyncResult | Failed | Idle]:
+    """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
+    that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
+    after the poller's backoff), and an Idle whenever nothing is due. Waits for the shard's lock until
+    ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
+    deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
+    Interruptions propagate (each sync records what is true)."""
+    stop = stop or threading.Event()
+    window = settings.mirror_commit_window_ms / 1000.0
+    poll = settings.mirror_poll_ms / 1000.0
+    mine = lambda ds: shard_of(ds, shard_count) == shard  # noqa: E731 - the shard's filter, passed to the poller
+    with ShardLease(dsn, shard, shard_count, run_id, deadline) as lease:
+        if not lease.acquire(until=wait_until if wait_until is not None else deadline, clock=clock):
+            _log.info("shard %s/%s: its lock did not come before the deadline; nothing streamed", shard, shard_count)
+            return
+        if on_lease is not None:
+            on_lease(lease)
+        with contextlib.closing(connect(dsn)) as conn, IdlePool() as pool:
+            # Everything committed below this xid is visible to the first sweep; the cursor brings the rest.
+            cursor = Cursor(_xmin_now(conn))
+            due: dict[uuid.UUID, _Due] = {}
+            synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
+            next_sweep = 0.0
+            while lease.lost is None and clock() < deadline and not stop.is_set():
+                now = clock()
+                if now >= next_sweep:
+                    behind = datasets_behind(
+                        conn,
+                        after_seconds=settings.retry_failed_after_seconds,
+                        max_retries=settings.retry_failed_max,
+                        limit=100_000,
+                        keep=mine,
+                    )
+                    for p in [*behind.fresh, *behind.due]:
+                        _note(due, p, now, 0.0)
+                    next_sweep = now + SWEEP_EVERY_S
+                while True:  # page through everything changed since the cursor
+                    before = cursor
+                    pending, cursor, scanned = pending_syncs(conn, cursor, limit=PAGE)
+                    for p in pending:
+                        if mine(p.dataset_id):
+                            _note(due, p, now, window)
+                    if scanned < PAGE or cursor == before:
+                        break
+                ready = sorted((d for d, x in due.items() if x.at <= now), key=lambda d: due[d].at)
+                lease.stats.backlog = len(due)
+                lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
+                if not ready:
+                    yield Idle(len(due))
+                    nearest = min((x.at for x in due.values()), default=now + poll)
+                    sleep(max(0.0, min(poll, nearest - clock())))
+                    continue
+                for ds in ready:
+                    if lease.lost is not None or clock() >= deadline or stop.is_set():
+                        break
+                    item = due.pop(ds)
+                    try:
+                        r = sync_dataset(
+                            dsn,
+                            catalog,
+                            settings,
+                            ds,
+                            sync_id=stream_sync_id(run_id, ds, synced.get(ds, 0)),
+                            run_id=run_id,
+                            lock_timeout_s=BUSY_LOCK_WAIT_S,
+                            pool=pool,
+                        )
+                    except (LockTimeout, Backpressure) as exc:
+                        # Another sync holds the dataset (a batch run, a CLI sync) or the G2 bound is reached:
+                        # try again soon, same sync id; a change seen meanwhile keeps its place.
+                        item.busy += 1
+                        item.at = clock() + min(8.0, BUSY_RETRY_S * 2 ** (item.busy - 1))
+                        due[ds] = item
+                        _log.info("shard %s: dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
+                    except LakehouseError as exc:
+                        if is_transient(exc) and item.busy < 3:
+                            item.busy += 1
+                            item.at = clock() + BUSY_RETRY_S * 2 ** (item.busy - 1)
+                            due[ds] = item
+                            continue
+                        synced[ds] = synced.get(ds, 0) + 1
+                        lease.stats.failures += 1
+                        # Asked for and failed: the sweep asks again only after the poller's backoff, as for a
+                        # batch run (what is still due at the deadline is not recorded: the successor's sweep
+                        # finds it at once).
+                        record_requests(conn, [item.req])
+                        yield Failed(ds, exc)
+                    else:
+                        synced[ds] = synced.get(ds, 0) + 1
+                        lease.stats.syncs += 1
+                        lease.stats.last_commit_at = time.time()
+                        lease.stats.last_dataset_id = ds
+                        yield r
+            if lease.lost is not None:
+                _log.warning("shard %s/%s: stopping: %s", shard, shard_count, lease.lost)
+
+
+def _note(due: dict[uuid.UUID, _Due], p: Pending, now: float, window: float) -> None:
+    """A change of ``p``'s dataset seen now: due when its window closes; a dataset already due keeps its time."""
+    got = due.get(p.dataset_id)
+    if got is None:
+        due[p.dataset_id] = _Due(now + window, now, p)
+    elif p.rows_version > got.req.rows_version:
+        got.req = p
