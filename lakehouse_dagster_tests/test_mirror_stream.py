@@ -257,3 +257,203 @@ def test_a_stream_whose_shard_is_held_does_not_start_before_its_wait_ends(conn, 
         late = Stream(settings, dsn, count=count, wait_until=time.time() + 1.0)
         late.thread.join(20)
         assert not late.held.is_set() and late.events == [] and late.error is None
+
+
+KILLED_STREAM = """
+import sys, time
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.stream import stream_shard
+s = Settings.from_env()
+for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+                      deadline=time.time() + 60):
+    pass
+"""
+
+
+def test_a_stream_killed_mid_commit_is_replaced_and_loses_nothing(conn, dsn, settings, monkeypatch):
+    """SIGKILL inside the catalog's commit (after its compare-and-swap): the shard's lock goes with the process, the
+    replacement takes the shard at once, settles the killed sync (its commit landed) and mirrors the writes made
+    meanwhile; nothing is lost, nothing is written twice."""
+    import os
+    import subprocess
+    import sys
+
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(2)]
+    env = {**os.environ, "LAKEHOUSE_FAILPOINT": "in-commit:kill"}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_STREAM, "killed-run"], env=env, timeout=120, capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] == 1
+    row = conn.execute("select run_id, ended_at from lakehouse_mirror_streams").fetchone()
+    assert row == ("killed-run", None)  # it died holding the shard: no end was written
+    for d in ids:  # writes while no stream runs
+        datasets.insert_rows(conn, d, [{"n": 77, "s": "meanwhile"}])
+    with Stream(settings, dsn) as s:
+        assert s.held.wait(10)  # the killed process' lock went with its connection
+        wait_caught_up(conn, ids)
+    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] == 0
+    assert_parity(settings, dsn, ids)
+    assert_nothing_twice(conn, ids)
+    for d in ids:
+        assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == 6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dagster: the mirror_stream job and the poller's supervision.
+
+import dagster as dg  # noqa: E402
+
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller  # noqa: E402
+from lakehouse_dagster.dagster.defs.mirror.stream_job import SHARD_TAG, mirror_stream  # noqa: E402
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE  # noqa: E402
+
+
+@pytest.fixture
+def instance():
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def _tick(instance, dsn, cursor=None):
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
+    return mirror_poller(ctx)
+
+
+def _batch_asked(res) -> list[str]:
+    out = []
+    for r in res.run_requests:
+        if r.job_name == "mirror_batch_job":
+            out += r.run_config["ops"]["mirror_datasets"]["config"]["datasets"]
+        elif r.job_name == "mirror_job":
+            out.append(r.partition_key)
+    return out
+
+
+def _stream_asked(res) -> list:
+    return [r for r in res.run_requests if r.job_name == "mirror_stream"]
+
+
+def _stream_run(instance, shard=0, count=1, status=dg.DagsterRunStatus.STARTED):
+    return instance.create_run_for_job(job_def=mirror_stream, tags={SHARD_TAG: f"{shard}/{count}"}, status=status)
+
+
+def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_its_checks(
+    conn, dsn, settings, instance
+):
+    ws = datasets.create_workspace(conn, "w")
+    a, b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
+
+    def later():
+        time.sleep(4)
+        from lakehouse_dagster.core.db import connect
+
+        with connect(dsn) as c:
+            datasets.insert_rows(c, a, [{"n": 42, "s": "streamed"}])
+
+    t = threading.Thread(target=later, daemon=True)
+    t.start()
+    result = mirror_stream.execute_in_process(
+        run_config={"ops": {"stream_shard_op": {"config": {"shard": 0, "shards": 1, "lifetime_seconds": 10}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+    )
+    t.join()
+    assert result.success
+    mats = [m for m in result.asset_materializations_for_node("stream_shard_op") if m.asset_key == ICEBERG_TABLE]
+    by_partition: dict = {}
+    for m in mats:
+        by_partition.setdefault(m.partition, []).append(m)
+    assert set(by_partition) == {str(a), str(b)}
+    assert len(by_partition[str(a)]) == 2  # the first sweep, then the append
+    last = by_partition[str(a)][-1].metadata
+    assert last["mode"].value == "incremental" and last["total_rows"].value == 6 and last["path"].value == "mirror"
+    for key in ("snapshot_id", "source_version", "dataset_name", "dagster/row_count", "rows_per_s"):
+        assert key in last, key
+    snap = conn.execute(
+        "select snapshot_id from iceberg_sync_log where dataset_id = %s and status = 'succeeded'"
+        " order by finished_at desc limit 1",
+        (a,),
+    ).fetchone()[0]
+    assert last["snapshot_id"].value == str(snap)
+    # on the partition in the instance's event log (what the UI's partition page reads), from this run
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=ICEBERG_TABLE, asset_partitions=[str(a)]), limit=10
+    ).records
+    assert len(records) == 2 and {r.run_id for r in records} == {result.run_id}
+    assert str(a) in instance.get_dynamic_partitions("datasets")  # the stream added the partitions it met
+    # the checks of each mirrored partition, evaluated and recorded as a batch run records them
+    checks = {(e.partition, e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    for d in (a, b):
+        for name in ("parity", "snapshot_freshness", "identity_ready"):
+            assert checks[(str(d), name)] is True, (d, name)
+    assert conn.execute("select count(*) from lakehouse_read_parity where dataset_id = %s", (a,)).fetchone()[0] >= 1
+
+
+def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(3)]
+    res = _tick(instance, dsn)
+    assert sorted(_batch_asked(res)) == sorted(str(d) for d in ids) and _stream_asked(res) == []
+
+
+def test_streaming_on_the_poller_keeps_a_stream_per_shard_and_batches_what_no_live_stream_covers(
+    conn, dsn, settings, instance, monkeypatch
+):
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_SHARDS", "2")
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]
+    # no stream has ever run: one run per shard, and the batch runs cover every dataset meanwhile
+    first = _tick(instance, dsn)
+    keys = sorted(r.run_key for r in _stream_asked(first))
+    assert len(keys) == 2 and keys[0].startswith("stream-0of2-") and keys[1].startswith("stream-1of2-")
+    assert {r.tags[SHARD_TAG] for r in _stream_asked(first)} == {"0/2", "1/2"}
+    assert sorted(_batch_asked(first)) == sorted(str(d) for d in ids)
+    # both runs created (not started yet): nothing more is requested
+    runs = {shard: _stream_run(instance, shard, 2, dg.DagsterRunStatus.NOT_STARTED) for shard in (0, 1)}
+    assert _stream_asked(_tick(instance, dsn, first.cursor)) == []
+    # shard 0's stream is live (its loop holds the shard and beats): its datasets leave the batch path
+    with Stream(settings, dsn, shard=0, count=2, run_id=runs[0].run_id) as s:
+        assert s.held.wait(30)
+        for d in ids:
+            datasets.insert_rows(conn, d, [{"n": 9, "s": "x"}])
+        res = _tick(instance, dsn, first.cursor)
+        assert _stream_asked(res) == []
+        assert sorted(_batch_asked(res)) == sorted(str(d) for d in ids if shard_of(d, 2) == 1)
+        wait_caught_up(conn, [d for d in ids if shard_of(d, 2) == 0])
+
+
+def test_the_poller_replaces_a_stream_whose_heartbeat_is_stale_and_starts_a_successor_before_the_deadline(
+    conn, dsn, settings, instance, monkeypatch
+):
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "d")
+    run = _stream_run(instance)
+    # a holder SIGKILLed 20 s ago: its row says it holds the shard, its heartbeat stopped
+    conn.execute(
+        """insert into lakehouse_mirror_streams (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at)
+           values (1, 0, %s, now() - interval '60 seconds', now() - interval '20 seconds', now() + interval '800 seconds')""",
+        (run.run_id,),
+    )
+    res = _tick(instance, dsn)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+    (again,) = _stream_asked(res)
+    assert _batch_asked(res) == [str(d)]  # covered by no live stream while the replacement starts
+    # the replacement holds the shard and its deadline is near: its successor is requested, once, with a new key
+    successor = _stream_run(instance)
+    conn.execute(
+        "update lakehouse_mirror_streams set run_id = %s, heartbeat_at = now(), deadline_at = now() + interval '5 seconds'",
+        (successor.run_id,),
+    )
+    res2 = _tick(instance, dsn, res.cursor)
+    (nxt,) = _stream_asked(res2)
+    assert nxt.run_key != again.run_key and _batch_asked(res2) == []
+    _stream_run(instance)  # the successor is queued: nothing more
+    assert _stream_asked(_tick(instance, dsn, res2.cursor)) == []

@@ -60,6 +60,7 @@ SHIPPED = [
     "027_rollout_plans",
     "028_recorder",
     "029_canary_rounds_and_alerts",
+    "030_mirror_streams",
 ]
 # The number a new migration would take (tests that add one): computed, so adding a migration breaks nothing here.
 _NEXT = 1 + max(int(p.name[:4]) for p in MIGRATIONS_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"))

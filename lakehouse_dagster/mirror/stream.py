@@ -330,3 +330,92 @@ def _note(due: dict[uuid.UUID, _Due], p: Pending, now: float, window: float) -> 
         due[p.dataset_id] = _Due(now + window, now, p)
     elif p.rows_version > got.req.rows_version:
         got.req = p
+
+
+# ---------------------------------------------------------------------------------------------------
+# The supervisor's decisions (the mirror_poller sensor gathers the runs from Dagster and acts on them).
+
+STALE_AFTER_S = 10.0  # a holder whose heartbeat is this old is dead or hung: its run is failed and replaced
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRun:
+    """A mirror_stream run queued or running (from the Dagster instance)."""
+
+    run_id: str
+    shard: int
+    shard_count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardView:
+    """A shard as its heartbeat row says it is (lakehouse_mirror_streams)."""
+
+    shard: int
+    run_id: str | None
+    heartbeat_age: float | None  # seconds since its holder's last heartbeat; None: never streamed
+    deadline_in: float | None  # seconds to its holder's deadline
+    ended: bool
+    last_commit_age: float | None
+    syncs: int
+    failures: int
+    backlog: int
+    lag_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    shard: int
+    start: bool  # request a new stream run for it
+    dead_run_id: str | None  # its holder's run, whose heartbeat went stale: to be marked failed
+    covered: bool  # a live stream covers its datasets (else the poller's batch runs do)
+    why: str
+
+
+def shard_views(conn: psycopg.Connection, shard_count: int) -> dict[int, ShardView]:
+    rows = conn.execute(
+        """select shard, run_id, extract(epoch from now() - heartbeat_at)::float8,
+                  extract(epoch from deadline_at - now())::float8, ended_at is not null,
+                  extract(epoch from now() - last_commit_at)::float8, syncs, failures, backlog, lag_seconds
+             from lakehouse_mirror_streams where shard_count = %s order by shard""",
+        (shard_count,),
+    ).fetchall()
+    return {r[0]: ShardView(*r) for r in rows}
+
+
+def handover_lead_s(lifetime_s: float) -> float:
+    """How long before a run's deadline its successor is requested: enough for a launch to start and load the code
+    (it then waits on the shard's lock), at most a quarter of the lifetime."""
+    return min(30.0, lifetime_s / 4)
+
+
+def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Settings) -> list[ShardPlan]:
+    """Per shard of LAKEHOUSE_MIRROR_SHARDS: whether to start a run (none queued or running; or only the holder,
+    whose deadline is near: its successor), whether its holder is dead (heartbeat older than STALE_AFTER_S while
+    its run is still in flight), and whether a live stream covers it (a heartbeat within
+    LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS)."""
+    count = settings.mirror_shards
+    lead = handover_lead_s(settings.mirror_stream_lifetime_seconds)
+    out = []
+    for shard in range(count):
+        view = views.get(shard)
+        flying = [r.run_id for r in runs if r.shard == shard and r.shard_count == count]
+        holder = view.run_id if view is not None and not view.ended and view.run_id in flying else None
+        dead = None
+        if holder is not None and view is not None and (view.heartbeat_age or 0.0) > STALE_AFTER_S:
+            dead, holder = holder, None
+            flying = [r for r in flying if r != dead]
+        covered = (
+            view is not None
+            and view.heartbeat_age is not None
+            and view.heartbeat_age <= settings.mirror_stream_down_seconds
+        )
+        covered = covered and dead is None
+        if not flying:
+            why = "its holder's heartbeat is stale" if dead else "no stream run is queued or running"
+            out.append(ShardPlan(shard, True, dead, covered, why))
+        elif flying == [holder] and view is not None and view.deadline_in is not None and view.deadline_in <= lead:
+            out.append(ShardPlan(shard, True, dead, covered, f"its run ends in {max(0.0, view.deadline_in):.0f}s"))
+        else:
+            out.append(ShardPlan(shard, False, dead, covered, "streaming"))
+    return out
