@@ -286,7 +286,8 @@ def test_a_stream_killed_mid_commit_is_replaced_and_loses_nothing(conn, dsn, set
         [sys.executable, "-c", KILLED_STREAM, "killed-run"], env=env, timeout=120, capture_output=True, text=True
     )
     assert proc.returncode == -9, proc.stderr[-2000:]
-    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] == 1
+    # killed inside a commit: its sync (and any other in flight on another worker) is left 'running'
+    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] >= 1
     row = conn.execute("select run_id, ended_at from lakehouse_mirror_streams").fetchone()
     assert row == ("killed-run", None)  # it died holding the shard: no end was written
     for d in ids:  # writes while no stream runs

@@ -152,6 +152,9 @@ class Settings:
     # A shard whose stream run has not beaten its heartbeat for this long is down: the poller replaces the run and,
     # meanwhile, sends the shard's changed datasets to batch runs.
     mirror_stream_down_seconds: int = 30
+    # Syncs a stream run makes at once (threads; each its own dataset, G3 and G2 still hold): a burst of changed
+    # datasets is mirrored this many at a time.
+    mirror_stream_workers: int = 3
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -216,6 +219,7 @@ class Settings:
             mirror_commit_window_ms=_int("LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS", 200),
             mirror_poll_ms=_int("LAKEHOUSE_MIRROR_POLL_MS", 100, minimum=10),
             mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
+            mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

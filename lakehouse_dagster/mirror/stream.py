@@ -18,6 +18,7 @@ bounded time and logs what it yields. It
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
@@ -243,7 +244,26 @@ def stream_shard(
             return
         if on_lease is not None:
             on_lease(lease)
-        with contextlib.closing(connect(dsn)) as conn, IdlePool() as pool:
+        workers = max(1, settings.mirror_stream_workers)
+        with (
+            contextlib.closing(connect(dsn)) as conn,
+            IdlePool(keep=2 * workers) as pool,
+            concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"stream-{shard}") as executor,
+        ):
+
+            def sync(ds: uuid.UUID, sync_id: uuid.UUID) -> SyncResult:
+                return sync_dataset(
+                    dsn,
+                    catalog,
+                    settings,
+                    ds,
+                    sync_id=sync_id,
+                    run_id=run_id,
+                    lock_timeout_s=BUSY_LOCK_WAIT_S,
+                    pool=pool,
+                )
+
+            flying: dict[concurrent.futures.Future, tuple[uuid.UUID, _Due]] = {}
             # Everything committed below this xid is visible to the first sweep; the cursor brings the rest.
             cursor = Cursor(_xmin_now(conn))
             due: dict[uuid.UUID, _Due] = {}
@@ -270,57 +290,79 @@ def stream_shard(
                             _note(due, p, now, window)
                     if scanned < PAGE or cursor == before:
                         break
-                ready = sorted((d for d, x in due.items() if x.at <= now), key=lambda d: due[d].at)
-                lease.stats.backlog = len(due)
+                in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
+                ready = sorted(
+                    (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
+                )
+                lease.stats.backlog = len(due) + len(flying)
                 lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
-                if not ready:
+                if not ready and not flying:
                     yield Idle(len(due))
                     nearest = min((x.at for x in due.values()), default=now + poll)
                     sleep(max(0.0, min(poll, nearest - clock())))
                     continue
-                for ds in ready:
-                    if lease.lost is not None or clock() >= deadline or stop.is_set():
-                        break
+                for ds in ready[: max(0, workers - len(flying))]:
                     item = due.pop(ds)
-                    try:
-                        r = sync_dataset(
-                            dsn,
-                            catalog,
-                            settings,
-                            ds,
-                            sync_id=stream_sync_id(run_id, ds, synced.get(ds, 0)),
-                            run_id=run_id,
-                            lock_timeout_s=BUSY_LOCK_WAIT_S,
-                            pool=pool,
-                        )
-                    except (LockTimeout, Backpressure) as exc:
-                        # Another sync holds the dataset (a batch run, a CLI sync) or the G2 bound is reached:
-                        # try again soon, same sync id; a change seen meanwhile keeps its place.
-                        item.busy += 1
-                        item.at = clock() + min(8.0, BUSY_RETRY_S * 2 ** (item.busy - 1))
-                        due[ds] = item
-                        _log.info("shard %s: dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
-                    except LakehouseError as exc:
-                        if is_transient(exc) and item.busy < 3:
-                            item.busy += 1
-                            item.at = clock() + BUSY_RETRY_S * 2 ** (item.busy - 1)
-                            due[ds] = item
-                            continue
-                        synced[ds] = synced.get(ds, 0) + 1
-                        lease.stats.failures += 1
-                        # Asked for and failed: the sweep asks again only after the poller's backoff, as for a
-                        # batch run (what is still due at the deadline is not recorded: the successor's sweep
-                        # finds it at once).
-                        record_requests(conn, [item.req])
-                        yield Failed(ds, exc)
-                    else:
-                        synced[ds] = synced.get(ds, 0) + 1
-                        lease.stats.syncs += 1
-                        lease.stats.last_commit_at = time.time()
-                        lease.stats.last_dataset_id = ds
-                        yield r
+                    sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
+                    flying[executor.submit(sync, ds, sync_id)] = (ds, item)
+                # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
+                done, _ = concurrent.futures.wait(flying, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    ds, item = flying.pop(fut)
+                    got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                    if got is not None:
+                        yield got
+            # the deadline, a stop or a lost lease: the syncs in flight finish (each one is atomic), nothing new starts
+            for fut in concurrent.futures.as_completed(list(flying)):
+                ds, item = flying.pop(fut)
+                got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                if got is not None:
+                    yield got
             if lease.lost is not None:
                 _log.warning("shard %s/%s: stopping: %s", shard, shard_count, lease.lost)
+
+
+def _outcome(fut, ds, item: _Due, due, synced, lease: ShardLease, conn, clock, shard) -> SyncResult | Failed | None:
+    """What a finished sync means for the loop: its result, a Failed, or None when it is tried again soon (a busy
+    lock, backpressure, a transient failure: same sync id, so a commit that landed is found)."""
+    try:
+        r = fut.result()
+    except (LockTimeout, Backpressure) as exc:
+        # Another sync holds the dataset (a batch run, a CLI sync) or the G2 bound is reached: try again soon; a
+        # change seen meanwhile keeps its place.
+        item.busy += 1
+        item.at = clock() + min(8.0, BUSY_RETRY_S * 2 ** (item.busy - 1))
+        _merge(due, ds, item)
+        _log.info("shard %s: dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
+        return None
+    except LakehouseError as exc:
+        if is_transient(exc) and item.busy < 3:
+            item.busy += 1
+            item.at = clock() + BUSY_RETRY_S * 2 ** (item.busy - 1)
+            _merge(due, ds, item)
+            return None
+        synced[ds] = synced.get(ds, 0) + 1
+        lease.stats.failures += 1
+        # Asked for and failed: the sweep asks again only after the poller's backoff, as for a batch run (what is
+        # still due at the deadline is not recorded: the successor's sweep finds it at once).
+        record_requests(conn, [item.req])
+        return Failed(ds, exc)
+    synced[ds] = synced.get(ds, 0) + 1
+    seen = due.get(ds)
+    if seen is not None and seen.req.rows_version <= r.source_version:
+        del due[ds]  # noted again while in flight (the sweep), and this sync covered it
+    lease.stats.syncs += 1
+    lease.stats.last_commit_at = time.time()
+    lease.stats.last_dataset_id = ds
+    return r
+
+
+def _merge(due: dict[uuid.UUID, _Due], ds: uuid.UUID, item: _Due) -> None:
+    """Put a dataset tried too early back; a change seen while it was in flight keeps the newer version."""
+    seen = due.get(ds)
+    if seen is not None and seen.req.rows_version > item.req.rows_version:
+        item.req = seen.req
+    due[ds] = item
 
 
 def _note(due: dict[uuid.UUID, _Due], p: Pending, now: float, window: float) -> None:
