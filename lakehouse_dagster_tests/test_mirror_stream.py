@@ -458,3 +458,36 @@ def test_the_poller_replaces_a_stream_whose_heartbeat_is_stale_and_starts_a_succ
     assert nxt.run_key != again.run_key and _batch_asked(res2) == []
     _stream_run(instance)  # the successor is queued: nothing more
     assert _stream_asked(_tick(instance, dsn, res2.cursor)) == []
+
+
+def _status_json() -> dict:
+    import contextlib
+    import io
+    import json
+
+    from lakehouse_dagster.cli.main import main as cli_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["status", "--json"]) == 0
+    return json.loads(out.getvalue())["mirror_stream"]
+
+
+def test_lakehouse_status_shows_each_shard(conn, dsn, settings, monkeypatch):
+    assert _status_json() == {"on": False, "shards": [{"shard": 0, **_never()}]}
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "d")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        time.sleep(1.5)  # a heartbeat after the sync
+        (live,) = _status_json()["shards"]
+        assert live["alive"] and live["run_id"] == s.run_id and live["syncs"] == 1
+        assert live["last_commit_age_s"] is not None and live["last_commit_age_s"] < 30
+    (ended,) = _status_json()["shards"]
+    assert not ended["alive"] and ended["run_id"] == s.run_id
+
+
+def _never() -> dict:
+    keys = ("run_id", "heartbeat_age_s", "lag_s", "backlog", "last_commit_age_s")
+    return {"alive": False, **dict.fromkeys(keys), "syncs": 0, "failures": 0}

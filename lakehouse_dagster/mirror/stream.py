@@ -461,3 +461,43 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
         else:
             out.append(ShardPlan(shard, False, dead, covered, "streaming"))
     return out
+
+
+def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
+    """Each shard as an operator reads it (`lakehouse status`): its run, alive or not, its lag, its last commit."""
+    views = shard_views(conn, settings.mirror_shards)
+    shards = []
+    for shard in range(settings.mirror_shards):
+        v = views.get(shard)
+        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.mirror_stream_down_seconds
+        shards.append(
+            {
+                "shard": shard,
+                "run_id": v.run_id if v else None,
+                "alive": alive,
+                "heartbeat_age_s": round(v.heartbeat_age, 1) if v and v.heartbeat_age is not None else None,
+                "lag_s": round(v.lag_seconds, 1) if v else None,
+                "backlog": v.backlog if v else None,
+                "last_commit_age_s": round(v.last_commit_age, 1) if v and v.last_commit_age is not None else None,
+                "syncs": v.syncs if v else 0,
+                "failures": v.failures if v else 0,
+            }
+        )
+    return {"on": settings.mirror_stream, "shards": shards}
+
+
+def shard_lines(status: dict) -> list[str]:
+    if not status["on"]:
+        return ["mirror stream: off (LAKEHOUSE_MIRROR_STREAM); batch runs mirror every change"]
+    lines = [f"mirror stream: {len(status['shards'])} shard(s)"]
+    for s in status["shards"]:
+        if s["run_id"] is None:
+            lines.append(f"  shard {s['shard']}: never streamed (batch runs cover it)")
+            continue
+        state = "alive" if s["alive"] else f"DOWN (no heartbeat for {s['heartbeat_age_s']}s; batch runs cover it)"
+        last = f"{s['last_commit_age_s']}s ago" if s["last_commit_age_s"] is not None else "none yet"
+        lines.append(
+            f"  shard {s['shard']}: {state}, run {s['run_id']}, lag {s['lag_s']}s ({s['backlog']} waiting),"
+            f" last commit {last}, {s['syncs']} syncs, {s['failures']} failed"
+        )
+    return lines
