@@ -80,6 +80,8 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             deadline=deadline,
         ):
             if isinstance(item, Idle):
+                # The hook for background table maintenance (compaction / snapshot expiry of the datasets this run
+                # mirrored, lake/ on branch deploy): call it here, bounded per idle moment, like the checks below.
                 if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
                     ds_id = next(iter(to_check))
                     del to_check[ds_id]
