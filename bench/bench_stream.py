@@ -27,7 +27,6 @@ import random
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
