@@ -94,12 +94,13 @@ def free_port() -> int:
 class Stack:
     """`lakehouse up --no-demo --json` from ``src`` in a temporary home; ``dsn`` once ready."""
 
-    def __init__(self, src: Path, label: str, capture: str | None = None):
+    def __init__(self, src: Path, label: str, capture: str | None = None, extra_env: dict | None = None):
         self.label = label
         self.capture = capture
         self.home = Path(tempfile.mkdtemp(prefix=f"lh-fresh-{label}-"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEHOUSE_", "DAGSTER_"))}
         env.update({"LAKEHOUSE_HOME": str(self.home), "PYTHONPATH": str(src), "LAKEHOUSE_ACTOR": "bench"})
+        env.update(extra_env or {})
         self.log = open(self.home / "up.log", "w")
         self.proc = subprocess.Popen(
             [

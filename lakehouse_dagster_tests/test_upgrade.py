@@ -258,6 +258,7 @@ NEW_MIGRATIONS = [
     "029_canary_rounds_and_alerts",
     "030_recorder_verdicts_fallbacks",
     "031_alert_delivery",
+    "032_mirror_streams",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.flags.soak_setting import current_soak
+from lakehouse_dagster.mirror.stream import shard_lines, shard_status
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.status.overview import compute_overview, text_lines
 
@@ -29,4 +30,6 @@ def _status(ctx, args) -> Result:
     lines = text_lines(ov) + ["", f"rollout plans: {len(plans)} live" + ("" if plans else " (lakehouse rollout start)")]
     for p in plans:
         lines += ["  " + line for line in p.lines(history=False)]
-    return Result({**ov.as_dict(), "rollouts": [p.as_dict() for p in plans]}, "\n".join(lines))
+    stream = shard_status(ctx.conn, ctx.settings)
+    lines += ["", *shard_lines(stream)]
+    return Result({**ov.as_dict(), "rollouts": [p.as_dict() for p in plans], "mirror_stream": stream}, "\n".join(lines))

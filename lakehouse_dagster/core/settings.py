@@ -147,6 +147,23 @@ class Settings:
     alert_webhook_url: str | None = dataclasses.field(default=None, repr=False)
     alert_timeout_seconds: float = 5.0
     alert_retry_seconds: int = 86_400  # a failed alert is retried (with backoff) this long, then dropped
+    # The mirror as a stream (mirror/stream.py, docs/design/mirror.md "The stream"): long-lived mirror_stream runs, one
+    # per shard of the datasets (a stable hash of the dataset id), sync each changed dataset within about a second;
+    # off: the mirror_poller's batch runs do it all, as before. A stream run lives mirror_stream_lifetime_seconds,
+    # then hands its shard over to a successor the poller started shortly before.
+    mirror_stream: bool = False
+    mirror_shards: int = 1
+    mirror_stream_lifetime_seconds: int = 900
+    # Changes of one dataset seen within this window of its first are mirrored in one commit.
+    mirror_commit_window_ms: int = 200
+    # How often a stream run looks for changed datasets (one indexed query on the xid cursor).
+    mirror_poll_ms: int = 100
+    # A shard whose stream run has not beaten its heartbeat for this long is down: the poller replaces the run and,
+    # meanwhile, sends the shard's changed datasets to batch runs.
+    mirror_stream_down_seconds: int = 30
+    # Syncs a stream run makes at once (threads; each its own dataset, G3 and G2 still hold): a burst of changed
+    # datasets is mirrored this many at a time.
+    mirror_stream_workers: int = 3
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -212,6 +229,13 @@ class Settings:
                 "LAKEHOUSE_ALERT_TIMEOUT_SECONDS", _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0)
             ),
             alert_retry_seconds=_int("LAKEHOUSE_ALERT_RETRY_SECONDS", 86_400, minimum=3600),
+            mirror_stream=_bool("LAKEHOUSE_MIRROR_STREAM", False),
+            mirror_shards=_int("LAKEHOUSE_MIRROR_SHARDS", 1, minimum=1),
+            mirror_stream_lifetime_seconds=_int("LAKEHOUSE_MIRROR_STREAM_LIFETIME_SECONDS", 900, minimum=10),
+            mirror_commit_window_ms=_int("LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS", 200),
+            mirror_poll_ms=_int("LAKEHOUSE_MIRROR_POLL_MS", 100, minimum=10),
+            mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
+            mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

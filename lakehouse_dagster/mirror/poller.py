@@ -135,15 +135,24 @@ class Behind:
 
 
 def datasets_behind(
-    conn: psycopg.Connection, *, after_seconds: int, max_retries: int, limit: int, exclude_native: bool = True
+    conn: psycopg.Connection,
+    *,
+    after_seconds: int,
+    max_retries: int,
+    limit: int,
+    exclude_native: bool = True,
+    keep: Callable[[uuid.UUID], bool] | None = None,
 ) -> Behind:
     """Behind datasets to request now: up to ``limit`` fresh ones, and up to 4×``limit`` due retries (the
-    caller drops those with a run in flight, so it gets more than it may request)."""
+    caller drops those with a run in flight, so it gets more than it may request). ``keep``: only the datasets
+    it says yes to (a stream's shard, or the shards no stream covers), before the limit is applied."""
     fresh: list[Pending] = []
     due: list[Retry] = []
     rows = conn.execute(_BEHIND).fetchall()
     retries_on = after_seconds > 0 and max_retries > 0
     for ds_id, version, attempts, idle in rows:
+        if keep is not None and not keep(ds_id):
+            continue
         if idle is None:  # never asked for at this version
             fresh.append(Pending(ds_id, version))
         elif retries_on and attempts <= max_retries and idle >= backoff_seconds(after_seconds, attempts):
@@ -210,14 +219,19 @@ def plan_tick(
     retry_after_seconds: int,
     retry_max: int,
     in_flight: Callable[[list[uuid.UUID]], set[uuid.UUID]],
+    keep: Callable[[uuid.UUID], bool] | None = None,
 ) -> Tick:
     """One poller tick: the datasets changed since the cursor, then the sweep of every dataset behind.
     At most ``limit`` fresh requests and ``limit`` retries. ``in_flight`` answers, in one call, which of
-    the given datasets have a mirror run queued or running (the sensor asks the Dagster instance)."""
+    the given datasets have a mirror run queued or running (the sensor asks the Dagster instance).
+    ``keep``: the datasets this tick may request (those of shards no live stream run covers); the others are
+    neither requested nor recorded as requested (the stream syncs them; the sweep finds them if it stops)."""
     pending, nxt, scanned = pending_syncs(conn, cursor, limit=limit)
+    if keep is not None:
+        pending = [p for p in pending if keep(p.dataset_id)]
     asked = _requested_versions(conn, [p.dataset_id for p in pending])
     fresh = [p for p in pending if asked.get(p.dataset_id) != p.rows_version]
-    behind = datasets_behind(conn, after_seconds=retry_after_seconds, max_retries=retry_max, limit=limit)
+    behind = datasets_behind(conn, after_seconds=retry_after_seconds, max_retries=retry_max, limit=limit, keep=keep)
     seen = {p.dataset_id for p in fresh}
     fresh += [p for p in behind.fresh if p.dataset_id not in seen][: max(0, limit - len(fresh))]
     seen |= {p.dataset_id for p in fresh}

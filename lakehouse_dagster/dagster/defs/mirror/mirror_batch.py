@@ -56,29 +56,11 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
             lakehouse.pg_dsn, catalog, settings, config.datasets, run_id=context.run_id, mode=config.mode
         ):
             if isinstance(item, Failed):
-                failed.append((_name(conn, item.dataset_id), item))
+                failed.append((dataset_name_of(conn, item.dataset_id), item))
                 context.log.error(f"{failed[-1][0]} ({item.dataset_id}) failed: {item.error}")
                 continue
             synced.append(item)
-            key, version = str(item.dataset_id), str(item.source_version)
-            ds = get_dataset(conn, item.dataset_id)
-            state = partition_state(conn, settings, item.dataset_id)
-            yield dg.AssetMaterialization(
-                asset_key=PG_ROWS,
-                partition=key,
-                metadata={
-                    **pg_rows_metadata(ds),
-                    "rows_version": text(item.source_version),
-                    **(postgres_standard(conn, state, item.total_rows) if state else {}),
-                },
-                tags={DATA_VERSION_TAG: version},
-            )
-            yield dg.AssetMaterialization(
-                asset_key=ICEBERG_TABLE,
-                partition=key,
-                metadata={**dataset_names(ds), **iceberg_metadata(item), **table_now(state, item)},
-                tags={DATA_VERSION_TAG: version},
-            )
+            yield from synced_materializations(conn, settings, item)
         # One summary line, not one per dataset: each log line is an event the instance stores (the
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
@@ -120,7 +102,33 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         raise refuse("\n".join(problems)) from None
 
 
-def _name(conn, dataset_id) -> str:
+def synced_materializations(conn, settings, item) -> list[dg.AssetMaterialization]:
+    """A landed sync (mirror/sync.SyncResult) as the materializations of its dataset's two partitions, with the
+    metadata mirror_job records (a batch run and a stream run log the same)."""
+    key, version = str(item.dataset_id), str(item.source_version)
+    ds = get_dataset(conn, item.dataset_id)
+    state = partition_state(conn, settings, item.dataset_id)
+    return [
+        dg.AssetMaterialization(
+            asset_key=PG_ROWS,
+            partition=key,
+            metadata={
+                **pg_rows_metadata(ds),
+                "rows_version": text(item.source_version),
+                **(postgres_standard(conn, state, item.total_rows) if state else {}),
+            },
+            tags={DATA_VERSION_TAG: version},
+        ),
+        dg.AssetMaterialization(
+            asset_key=ICEBERG_TABLE,
+            partition=key,
+            metadata={**dataset_names(ds), **iceberg_metadata(item), **table_now(state, item)},
+            tags={DATA_VERSION_TAG: version},
+        ),
+    ]
+
+
+def dataset_name_of(conn, dataset_id) -> str:
     """A failed dataset's name for its message (operators know names; the id follows it)."""
     row = conn.execute("select name from datasets where id = %s", (dataset_id,)).fetchone()
     return row[0] if row else "(deleted dataset)"

@@ -3,6 +3,13 @@ still behind with no run in flight (backoff, cap and per-dataset run keys in mir
 one tick go to a few mirror_batch_job runs (LAKEHOUSE_MIRROR_BATCH_SIZE each), or to one mirror_job run each
 when that is 0.
 
+With LAKEHOUSE_MIRROR_STREAM on, the tick first supervises the stream (mirror/stream.py ``plan_shards``): it keeps one
+mirror_stream run queued or running per shard (run key ``stream-<shard>of<count>-<generation>``, the generation
+kept in the sensor's cursor), requests a run's successor shortly before its deadline (the successor waits on the
+shard's lock), and marks failed a run whose heartbeat went stale (a SIGKILLed or hung process) before replacing it.
+The datasets of a shard a live stream covers are left out of the tick's batch requests; those of a shard with no
+heartbeat for LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS (or all of them, streaming off) go to batch runs as before.
+
 Each dataset version the tick sees for the first time is also recorded as a runless materialization of its
 postgres/dataset_rows partition, its rows_version as data version (the app wrote those rows, outside Dagster): the UI
 shows the dataset's iceberg/dataset_table partition as stale ("Unsynced") from that moment until a mirror of it
@@ -13,6 +20,8 @@ materializable. Stored by the tick itself in one batch write (dagster/private_ap
 slower for 100 datasets on Postgres storage, and the mirror's runs would wait for it."""
 
 import hashlib
+import json
+import time
 import uuid
 
 import dagster as dg
@@ -25,12 +34,14 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     MirrorBatchConfig,
     mirror_batch_job,
 )
+from lakehouse_dagster.dagster.defs.mirror.stream_job import GENERATION_TAG, SHARD_TAG, mirror_stream
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
+from lakehouse_dagster.mirror.stream import ShardPlan, StreamRun, plan_shards, shard_of, shard_views
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
 
@@ -149,8 +160,69 @@ def changed_materializations(items: list[Pending], named: dict | None = None) ->
     return out
 
 
+def stream_runs_in_flight(instance: dg.DagsterInstance) -> list[tuple[StreamRun, dg.DagsterRun]]:
+    """The mirror_stream runs queued or running, with their shard (tag lakehouse/stream_shard): one query."""
+    out = []
+    for r in instance.get_run_records(dg.RunsFilter(job_name=mirror_stream.name, statuses=IN_FLIGHT)):
+        shard, _, count = r.dagster_run.tags.get(SHARD_TAG, "").partition("/")
+        if shard.isdigit() and count.isdigit():
+            out.append((StreamRun(r.dagster_run.run_id, int(shard), int(count)), r.dagster_run))
+    return out
+
+
+def stream_run_request(shard: int, count: int, generation: int, lifetime_s: int) -> dg.RunRequest:
+    return dg.RunRequest(
+        job_name=mirror_stream.name,
+        run_key=f"stream-{shard}of{count}-{generation}",  # a run key deduplicates forever: one per generation
+        run_config=dg.RunConfig(ops={"stream_shard_op": {"config": {"shard": shard, "shards": count}}}),
+        tags={
+            SHARD_TAG: f"{shard}/{count}",
+            GENERATION_TAG: str(generation),
+            # Dagster's run monitoring ends a run stuck far past its lifetime (it lets go of its shard at its deadline)
+            "dagster/max_runtime": str(lifetime_s + 600),
+        },
+    )
+
+
+def supervise_streams(context, conn, settings, generation: int) -> tuple[list[ShardPlan], list[dg.RunRequest], int]:
+    """The tick's stream decisions: (per-shard plans, the stream runs to request, the next generation). A holder
+    whose heartbeat went stale is marked failed here (its process is gone or hung; Dagster's run monitoring may
+    not see it under every launcher), so its replacement is not held back by it."""
+    flying = stream_runs_in_flight(context.instance)
+    plans = plan_shards(shard_views(conn, settings.mirror_shards), [r for r, _ in flying], settings)
+    by_id = {r.run_id: run for r, run in flying}
+    requests = []
+    for p in plans:
+        if p.dead_run_id is not None and p.dead_run_id in by_id:
+            context.instance.report_run_failed(
+                by_id[p.dead_run_id],
+                f"stream shard {p.shard}: no heartbeat for over 10 s (the run's process died or hung); "
+                "the mirror poller replaces it",
+            )
+            context.log.warning(f"stream shard {p.shard}: run {p.dead_run_id} has no heartbeat; replacing it")
+        if p.start:
+            requests.append(
+                stream_run_request(p.shard, settings.mirror_shards, generation, settings.mirror_stream_lifetime_seconds)
+            )
+            generation += 1
+    return plans, requests, generation
+
+
+def _generation(raw: str | None) -> int:
+    """The next stream run generation, kept in the sensor's cursor beside the xid cursor; a cursor without one (a
+    first tick, a reset) starts from the clock, so a key is never one an earlier generation used."""
+    try:
+        return int(json.loads(raw or "{}").get("stream_generation") or 0) or int(time.time())
+    except (ValueError, AttributeError):
+        return int(time.time())
+
+
+def _cursor(cursor: Cursor, generation: int) -> str:
+    return json.dumps({**json.loads(cursor.dumps()), "stream_generation": generation})
+
+
 @dg.sensor(
-    jobs=[mirror_batch_job, mirror_job],
+    jobs=[mirror_batch_job, mirror_job, mirror_stream],
     # The daemon evaluates sensors at most every 5 s (MIN_INTERVAL_LOOP_TIME): ask for every loop. Not 5: the
     # interval is measured from the previous tick's start, which lags its loop's start, so with 5 every other
     # loop found 4.9x s elapsed and skipped (ticks 10 s apart, measured in job_ticks).
@@ -162,7 +234,19 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     settings = lakehouse.settings()
     if not settings.enable_iceberg_sync:
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
+    generation = _generation(context.cursor)
+    stream_requests: list[dg.RunRequest] = []
+    keep = None
     with lakehouse.connect() as conn:
+        if settings.mirror_stream:
+            plans, stream_requests, generation = supervise_streams(context, conn, settings, generation)
+            covered = {p.shard for p in plans if p.covered}
+            if covered:
+                count = settings.mirror_shards
+
+                def keep(ds: uuid.UUID) -> bool:  # what no live stream covers: for the batch runs
+                    return shard_of(ds, count) not in covered
+
         try:  # capture mode after-commit: the consumer writes the change tracking this tick reads
             barrier.catch_up_without_waiting(conn)
         except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
@@ -174,6 +258,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             retry_after_seconds=settings.retry_failed_after_seconds,
             retry_max=settings.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
+            keep=keep,
         )
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
     dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
@@ -186,8 +271,10 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         f" {len(tick.requests) - retries} syncs and {retries} retries in {len(requests)} runs"
         f" ({tick.in_flight} behind with a run in flight)"
     )
+    if stream_requests:
+        context.log.info(f"requesting {len(stream_requests)} stream runs")
     return dg.SensorResult(
-        run_requests=requests,
+        run_requests=stream_requests + requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],
-        cursor=tick.cursor.dumps(),
+        cursor=_cursor(tick.cursor, generation),
     )

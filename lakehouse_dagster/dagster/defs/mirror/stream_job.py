@@ -1,0 +1,126 @@
+"""mirror_stream: one shard of the datasets mirrored as it changes, by one run that lives a bounded time (the loop:
+mirror/stream.py; the mirror_poller sensor keeps one alive per shard and starts its successor before it ends).
+
+Each sync the loop makes is logged at once as the materializations of its dataset's postgres/dataset_rows and
+iceberg/dataset_table partitions, with the metadata mirror_batch_job logs (the same function). The partition's
+checks (parity, snapshot_freshness, identity_ready) are evaluated the way mirror_batch_job evaluates them
+(``check_evaluations``), but when the loop is idle, newest sync first once per dataset: a burst syncs everything
+before it checks anything, and a dataset synced five times in a second is checked once, after its last sync. A
+sync that failed, or a blocking check that ended ERROR, is logged when it happens and fails the run at its end
+(the alerts sensor posts it; the successor has taken the shard over by then).
+"""
+
+import time
+import uuid
+
+import dagster as dg
+
+from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
+from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
+from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
+from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
+from lakehouse_dagster.mirror.batch import Failed
+from lakehouse_dagster.mirror.stream import Idle, check_shard, stream_shard
+from lakehouse_dagster.parity.canary import wedged_syncs
+
+SHARD_TAG = "lakehouse/stream_shard"  # "<shard>/<shard count>" on every mirror_stream run (the supervisor's filter)
+GENERATION_TAG = "lakehouse/stream_generation"
+
+
+class MirrorStreamConfig(dg.Config):
+    """Which shard (0 to shards - 1) of how many, and for how long (0: LAKEHOUSE_MIRROR_STREAM_LIFETIME_SECONDS)."""
+
+    shard: int = 0
+    shards: int = 1
+    lifetime_seconds: int = 0
+
+
+@dg.op(
+    out={},
+    description="Mirror one shard of the datasets as they change, for the run's lifetime (mirror/stream.py); every "
+    "sync is a materialization of the dataset's iceberg/dataset_table partition, checked when the stream is idle.",
+)
+def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, lakehouse: LakehouseResource):
+    check_shard(config.shard, config.shards)
+    settings = lakehouse.settings()
+    lifetime = config.lifetime_seconds or settings.mirror_stream_lifetime_seconds
+    deadline = time.time() + lifetime
+    known = set(context.instance.get_dynamic_partitions(DATASETS))
+    to_check: dict[uuid.UUID, None] = {}  # synced and not checked since, oldest first
+    synced: set[uuid.UUID] = set()
+    failed = 0
+    failures: list[str] = []
+    logged: list[dg.AssetCheckEvaluation] = []
+    context.log.info(f"streaming shard {config.shard} of {config.shards} for {lifetime}s")
+
+    def checks(conn, ds_id: uuid.UUID):
+        wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}
+        evaluations = check_evaluations(
+            lakehouse,
+            str(ds_id),
+            run_id=context.run_id,
+            log=context.log,
+            instance=context.instance,
+            conn=conn,
+            wedged=wedged,
+        )
+        logged.extend(e for e in evaluations if not e.passed)
+        return evaluations
+
+    with pooled_event_writes(context.instance), lakehouse.connect() as conn:
+        for item in stream_shard(
+            lakehouse.pg_dsn,
+            lakehouse.catalog(),
+            settings,
+            shard=config.shard,
+            shard_count=config.shards,
+            run_id=context.run_id,
+            deadline=deadline,
+        ):
+            if isinstance(item, Idle):
+                # The hook for background table maintenance (compaction / snapshot expiry of the datasets this run
+                # mirrored, lake/ on branch deploy): call it here, bounded per idle moment, like the checks below.
+                if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
+                    ds_id = next(iter(to_check))
+                    del to_check[ds_id]
+                    yield from checks(conn, ds_id)
+                continue
+            if isinstance(item, Failed):
+                failed += 1
+                name = dataset_name_of(conn, item.dataset_id)
+                failures.append(f"{name} ({item.dataset_id}): {item.error}")
+                context.log.error(f"{name} ({item.dataset_id}) failed: {item.error}")
+                continue
+            synced.add(item.dataset_id)
+            key = str(item.dataset_id)
+            if key not in known:  # a dataset the stream met first: its partition, before its materialization
+                context.instance.add_dynamic_partitions(DATASETS, [key])
+                known.add(key)
+            yield from synced_materializations(conn, settings, item)
+            to_check.pop(item.dataset_id, None)
+            to_check[item.dataset_id] = None
+        for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
+            yield from checks(conn, ds_id)
+    context.log.info(f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed")
+    problems = []
+    if failures:
+        problems.append(
+            f"{len(failures)} syncs failed ({'; '.join(failures[:5])}); the others landed, and the stream "
+            "asks for the failed ones again after the poller's backoff"
+        )
+    line = check_errors_line(logged, len(synced))
+    if line:
+        problems.append(line)
+    if problems:
+        raise refuse("\n".join(problems)) from None
+
+
+@dg.job(
+    executor_def=dg.in_process_executor,
+    description="Mirror one shard of the datasets as they change, for a bounded time (started and handed over by "
+    "the mirror_poller sensor when LAKEHOUSE_MIRROR_STREAM is on).",
+)
+def mirror_stream():
+    stream_shard_op()

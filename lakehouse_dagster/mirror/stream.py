@@ -1,0 +1,552 @@
+"""The mirror as a stream: one long-lived loop per shard of the datasets, syncing each changed dataset within about
+a second of its write, instead of a Dagster run per batch of changes (docs/design/mirror.md "The stream").
+
+The loop is plain Python (no Dagster): the ``mirror_stream`` job (dagster/defs/mirror/stream_job.py) runs it for a
+bounded time and logs what it yields. It
+
+* holds its shard's lock (a Postgres advisory lock keyed by the shard) for its whole life: a successor started
+  before it ends waits on that lock while it finishes its last commit, so a shard is never streamed twice at once,
+  and a killed run's lock goes with its connection;
+* beats a heartbeat row (lakehouse_mirror_streams) from a thread, so the poller sees a run that died or hung;
+* finds changed datasets in O(changed) from the poller's xid cursor (mirror/poller.py ``pending_syncs``), every
+  ``LAKEHOUSE_MIRROR_POLL_MS``, and sweeps the datasets behind Postgres (``datasets_behind``: failed syncs past
+  their backoff, changes made while no stream ran) at its start and every few seconds;
+* coalesces the changes of one dataset seen within ``LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS`` of its first into one sync;
+* syncs through ``sync_dataset`` (mirror/sync.py), one dataset at a time: the same sync log, guards (G3 per dataset,
+  G2 admission) and refusals (manifest and iceberg-native datasets) as every other mirror path.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import hashlib
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+
+from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, fetch_value
+from lakehouse_dagster.core.errors import Backpressure, LakehouseError, LockTimeout, first_line, is_transient
+from lakehouse_dagster.core.guards import guard_connection
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
+from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
+from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
+
+_log = logging.getLogger(__name__)
+
+_NS_SHARD = 0x1A4E_0300  # advisory lock class of a stream shard: (namespace, shard_count << 16 | shard)
+SWEEP_EVERY_S = 5.0  # how often a stream looks for datasets behind Postgres that the cursor did not bring
+HEARTBEAT_EVERY_S = 1.0
+PAGE = 1000  # changed datasets read per cursor query (more: the next query pages on at once)
+BUSY_RETRY_S = 0.5  # a dataset another sync holds (or past the G2 bound) is tried again after this, doubling to 8 s
+
+
+def shard_of(dataset_id: uuid.UUID, shard_count: int) -> int:
+    """The shard of a dataset: a stable hash of its id's bytes (the same in every process and release), mod
+    ``shard_count``. Hashed, not the id's leading bytes: time-ordered ids (v1, v7) would otherwise bunch up."""
+    if shard_count <= 1:
+        return 0
+    return int.from_bytes(hashlib.blake2b(dataset_id.bytes, digest_size=8).digest(), "big") % shard_count
+
+
+def check_shard(shard: int, shard_count: int) -> None:
+    from lakehouse_dagster.core.errors import BadInput
+
+    if shard_count < 1 or shard_count > 1024:
+        raise BadInput(f"shard count {shard_count} is out of range; use 1 to 1024 (LAKEHOUSE_MIRROR_SHARDS)")
+    if not 0 <= shard < shard_count:
+        raise BadInput(f"shard {shard} is out of range for {shard_count} shards; use 0 to {shard_count - 1}")
+
+
+def _lock_key(shard: int, shard_count: int) -> int:
+    return (shard_count << 16) | shard
+
+
+@dataclasses.dataclass(frozen=True)
+class Idle:
+    """Yielded when no sync is due: the caller may do deferred work (the glue evaluates checks) and come back."""
+
+    backlog: int  # datasets changed and waiting for their commit window (none are due yet)
+
+
+@dataclasses.dataclass
+class _Stats:
+    syncs: int = 0
+    failures: int = 0
+    last_commit_at: float | None = None
+    last_dataset_id: uuid.UUID | None = None
+    backlog: int = 0
+    lag_seconds: float = 0.0
+
+
+class ShardLease:
+    """The shard's lock and heartbeat row, on a connection of their own (TCP keepalives, no idle timeout). After
+    ``acquire`` a thread beats the heartbeat every ``HEARTBEAT_EVERY_S`` and notices a lost lock (``lost``);
+    ``close`` marks the row ended and releases the lock (closing the connection releases it too)."""
+
+    def __init__(self, dsn: str, shard: int, shard_count: int, run_id: str, deadline: float):
+        check_shard(shard, shard_count)
+        self.dsn, self.shard, self.shard_count, self.run_id, self.deadline = dsn, shard, shard_count, run_id, deadline
+        self.stats = _Stats()
+        self.lost: str | None = None  # why the lease was lost (its session died, its lock gone)
+        self._conn: psycopg.Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held = False
+
+    def acquire(self, *, until: float, clock: Callable[[], float] = time.time, poll_s: float = 0.1) -> bool:
+        """Wait for the shard's lock until ``until`` (the predecessor finishing its last commit); False if it never
+        came. Polls with pg_try_advisory_lock so an interruption (a run termination) is never stuck in the server."""
+        self._conn = guard_connection(self.dsn)
+        key = _lock_key(self.shard, self.shard_count)
+        while True:
+            if fetch_value(
+                self._conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_SHARD, key)), "the lock's answer"
+            ):
+                break
+            if clock() >= until:
+                return False
+            time.sleep(poll_s)
+        self._held = True
+        self._beat(started=True)
+        self._thread = threading.Thread(target=self._beating, name=f"stream-shard-{self.shard}-heartbeat", daemon=True)
+        self._thread.start()
+        return True
+
+    def _beat(self, *, started: bool = False, ended: bool = False) -> None:
+        assert self._conn is not None
+        s = self.stats
+        self._conn.execute(
+            """insert into lakehouse_mirror_streams as m
+                 (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at, ended_at, last_commit_at,
+                  last_dataset_id, syncs, failures, backlog, lag_seconds)
+               values (%(count)s, %(shard)s, %(run)s, now(), now(), to_timestamp(%(deadline)s),
+                       case when %(ended)s then now() end, to_timestamp(%(commit)s), %(last)s, %(syncs)s,
+                       %(failures)s, %(backlog)s, %(lag)s)
+               on conflict (shard_count, shard) do update set
+                 run_id = excluded.run_id,
+                 started_at = case when %(started)s then now() else m.started_at end,
+                 heartbeat_at = now(), deadline_at = excluded.deadline_at, ended_at = excluded.ended_at,
+                 last_commit_at = case when %(started)s then coalesce(excluded.last_commit_at, m.last_commit_at)
+                                       else excluded.last_commit_at end,
+                 last_dataset_id = coalesce(excluded.last_dataset_id, m.last_dataset_id),
+                 syncs = excluded.syncs, failures = excluded.failures, backlog = excluded.backlog,
+                 lag_seconds = excluded.lag_seconds""",
+            {
+                "count": self.shard_count,
+                "shard": self.shard,
+                "run": self.run_id,
+                "deadline": self.deadline,
+                "ended": ended,
+                "started": started,
+                "commit": s.last_commit_at,
+                "last": s.last_dataset_id,
+                "syncs": s.syncs,
+                "failures": s.failures,
+                "backlog": s.backlog,
+                "lag": s.lag_seconds,
+            },
+        )
+
+    def _still_held(self) -> bool:
+        assert self._conn is not None
+        return fetch_value(
+            self._conn.execute(
+                "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid() and granted"
+                " and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
+                (_NS_SHARD, _lock_key(self.shard, self.shard_count)),
+            ),
+            "the shard lock's state",
+        )
+
+    def _beating(self) -> None:
+        while not self._stop.wait(HEARTBEAT_EVERY_S):
+            try:
+                if not self._still_held():
+                    self.lost = "the shard's lock is no longer held by its session"
+                    return
+                self._beat()
+            except psycopg.Error as exc:
+                self.lost = f"the session holding the shard's lock died ({type(exc).__name__}: {first_line(exc)})"
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            if self._held and self.lost is None:
+                self._beat(ended=True)
+                conn.execute("select pg_advisory_unlock(%s, %s)", (_NS_SHARD, _lock_key(self.shard, self.shard_count)))
+        except psycopg.Error:
+            pass  # the session is gone: so is its lock
+        finally:
+            self._conn = None
+            close_quietly(conn)
+
+    def __enter__(self) -> ShardLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def stream_sync_id(run_id: str, dataset_id: uuid.UUID, n: int) -> uuid.UUID:
+    """The ``n``-th sync of a dataset by one stream run: a retry of that sync (a transient failure) reuses the id, so
+    a commit that landed is found, not repeated; the next sync of the dataset gets a new one."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"lakehouse:stream:{run_id}:{dataset_id}:{n}")
+
+
+def _xmin_now(conn: psycopg.Connection) -> int:
+    return fetch_value(
+        conn.execute("select pg_snapshot_xmin(pg_current_snapshot())::text::bigint"), "the snapshot's xmin"
+    )
+
+
+@dataclasses.dataclass
+class _Due:
+    at: float  # when its commit window closes (or its busy retry is due)
+    seen: float  # when its oldest unsynced change was first seen
+    req: Pending  # the newest version seen for it (a Retry when the sweep brought a failed one back)
+    busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
+
+
+def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[SyncResult | Failed | Idle]:
+    """``_stream`` (below) run in a thread of its own, its results handed over through a queue: the caller's work on
+    each result (the glue writes two materializations to Dagster's event log, ≈ 0.1-0.3 s here) never holds up the
+    next syncs; an Idle is handed over only when nothing else waits. Leaving the generator (the deadline, an
+    interruption, a closed generator) stops the loop and waits for the syncs in flight to finish (each is one
+    commit, recorded by itself)."""
+    stop = kw.pop("stop", None) or threading.Event()
+    handed: queue.Queue = queue.Queue()
+    done = object()
+
+    def run() -> None:
+        try:
+            for item in _stream(dsn, catalog, settings, stop=stop, **kw):
+                if isinstance(item, Idle) and not handed.empty():
+                    continue
+                handed.put(item)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            handed.put(_Raised(exc))
+        finally:
+            handed.put(done)
+
+    thread = threading.Thread(target=run, name="mirror-stream", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handed.get()
+            if item is done:
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Raised:
+    exc: BaseException
+
+
+def _stream(
+    dsn: str,
+    catalog,
+    settings: Settings,
+    *,
+    shard: int,
+    shard_count: int,
+    run_id: str,
+    deadline: float,
+    wait_until: float | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+    on_lease: Callable[[ShardLease], None] | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[SyncResult | Failed | Idle]:
+    """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
+    that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
+    after the poller's backoff), and an Idle whenever nothing is due. Waits for the shard's lock until
+    ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
+    deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
+    Interruptions propagate (each sync records what is true)."""
+    stop = stop or threading.Event()
+    window = settings.mirror_commit_window_ms / 1000.0
+    poll = settings.mirror_poll_ms / 1000.0
+    mine = lambda ds: shard_of(ds, shard_count) == shard  # noqa: E731 - the shard's filter, passed to the poller
+    with ShardLease(dsn, shard, shard_count, run_id, deadline) as lease:
+        if not lease.acquire(until=wait_until if wait_until is not None else deadline, clock=clock):
+            _log.info("shard %s/%s: its lock did not come before the deadline; nothing streamed", shard, shard_count)
+            return
+        if on_lease is not None:
+            on_lease(lease)
+        workers = max(1, settings.mirror_stream_workers)
+        with (
+            contextlib.closing(connect(dsn)) as conn,
+            IdlePool(keep=2 * workers) as pool,
+            concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"stream-{shard}") as executor,
+        ):
+
+            def sync(ds: uuid.UUID, sync_id: uuid.UUID) -> SyncResult:
+                return sync_dataset(
+                    dsn,
+                    catalog,
+                    settings,
+                    ds,
+                    sync_id=sync_id,
+                    run_id=run_id,
+                    lock_timeout_s=BUSY_LOCK_WAIT_S,
+                    pool=pool,
+                )
+
+            flying: dict[concurrent.futures.Future, tuple[uuid.UUID, _Due]] = {}
+            # Everything committed below this xid is visible to the first sweep; the cursor brings the rest.
+            cursor = Cursor(_xmin_now(conn))
+            due: dict[uuid.UUID, _Due] = {}
+            synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
+            next_sweep = 0.0
+            while lease.lost is None and clock() < deadline and not stop.is_set():
+                now = clock()
+                if now >= next_sweep:
+                    behind = datasets_behind(
+                        conn,
+                        after_seconds=settings.retry_failed_after_seconds,
+                        max_retries=settings.retry_failed_max,
+                        limit=100_000,
+                        keep=mine,
+                    )
+                    for p in [*behind.fresh, *behind.due]:
+                        _note(due, p, now, 0.0)
+                    next_sweep = now + SWEEP_EVERY_S
+                while True:  # page through everything changed since the cursor
+                    before = cursor
+                    pending, cursor, scanned = pending_syncs(conn, cursor, limit=PAGE)
+                    for p in pending:
+                        if mine(p.dataset_id):
+                            _note(due, p, now, window)
+                    if scanned < PAGE or cursor == before:
+                        break
+                in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
+                ready = sorted(
+                    (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
+                )
+                lease.stats.backlog = len(due) + len(flying)
+                lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
+                if not ready and not flying:
+                    yield Idle(len(due))
+                    nearest = min((x.at for x in due.values()), default=now + poll)
+                    sleep(max(0.0, min(poll, nearest - clock())))
+                    continue
+                for ds in ready[: max(0, workers - len(flying))]:
+                    item = due.pop(ds)
+                    sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
+                    flying[executor.submit(sync, ds, sync_id)] = (ds, item)
+                # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
+                done, _ = concurrent.futures.wait(flying, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED)
+                for fut in done:
+                    ds, item = flying.pop(fut)
+                    got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                    if got is not None:
+                        yield got
+            # the deadline, a stop or a lost lease: the syncs in flight finish (each one is atomic), nothing new starts
+            for fut in concurrent.futures.as_completed(list(flying)):
+                ds, item = flying.pop(fut)
+                got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                if got is not None:
+                    yield got
+            if lease.lost is not None:
+                _log.warning("shard %s/%s: stopping: %s", shard, shard_count, lease.lost)
+
+
+def _outcome(fut, ds, item: _Due, due, synced, lease: ShardLease, conn, clock, shard) -> SyncResult | Failed | None:
+    """What a finished sync means for the loop: its result, a Failed, or None when it is tried again soon (a busy
+    lock, backpressure, a transient failure: same sync id, so a commit that landed is found)."""
+    try:
+        r = fut.result()
+    except (LockTimeout, Backpressure) as exc:
+        # Another sync holds the dataset (a batch run, a CLI sync) or the G2 bound is reached: try again soon; a
+        # change seen meanwhile keeps its place.
+        item.busy += 1
+        item.at = clock() + min(8.0, BUSY_RETRY_S * 2 ** (item.busy - 1))
+        _merge(due, ds, item)
+        _log.info("shard %s: dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
+        return None
+    except LakehouseError as exc:
+        if is_transient(exc) and item.busy < 3:
+            item.busy += 1
+            item.at = clock() + BUSY_RETRY_S * 2 ** (item.busy - 1)
+            _merge(due, ds, item)
+            return None
+        synced[ds] = synced.get(ds, 0) + 1
+        lease.stats.failures += 1
+        # Asked for and failed: the sweep asks again only after the poller's backoff, as for a batch run (what is
+        # still due at the deadline is not recorded: the successor's sweep finds it at once).
+        record_requests(conn, [item.req])
+        return Failed(ds, exc)
+    synced[ds] = synced.get(ds, 0) + 1
+    seen = due.get(ds)
+    if seen is not None and seen.req.rows_version <= r.source_version:
+        del due[ds]  # noted again while in flight (the sweep), and this sync covered it
+    lease.stats.syncs += 1
+    lease.stats.last_commit_at = time.time()
+    lease.stats.last_dataset_id = ds
+    return r
+
+
+def _merge(due: dict[uuid.UUID, _Due], ds: uuid.UUID, item: _Due) -> None:
+    """Put a dataset tried too early back; a change seen while it was in flight keeps the newer version."""
+    seen = due.get(ds)
+    if seen is not None and seen.req.rows_version > item.req.rows_version:
+        item.req = seen.req
+    due[ds] = item
+
+
+def _note(due: dict[uuid.UUID, _Due], p: Pending, now: float, window: float) -> None:
+    """A change of ``p``'s dataset seen now: due when its window closes; a dataset already due keeps its time."""
+    got = due.get(p.dataset_id)
+    if got is None:
+        due[p.dataset_id] = _Due(now + window, now, p)
+    elif p.rows_version > got.req.rows_version:
+        got.req = p
+
+
+# ---------------------------------------------------------------------------------------------------
+# The supervisor's decisions (the mirror_poller sensor gathers the runs from Dagster and acts on them).
+
+STALE_AFTER_S = 10.0  # a holder whose heartbeat is this old is dead or hung: its run is failed and replaced
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRun:
+    """A mirror_stream run queued or running (from the Dagster instance)."""
+
+    run_id: str
+    shard: int
+    shard_count: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardView:
+    """A shard as its heartbeat row says it is (lakehouse_mirror_streams)."""
+
+    shard: int
+    run_id: str | None
+    heartbeat_age: float | None  # seconds since its holder's last heartbeat; None: never streamed
+    deadline_in: float | None  # seconds to its holder's deadline
+    ended: bool
+    last_commit_age: float | None
+    syncs: int
+    failures: int
+    backlog: int
+    lag_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    shard: int
+    start: bool  # request a new stream run for it
+    dead_run_id: str | None  # its holder's run, whose heartbeat went stale: to be marked failed
+    covered: bool  # a live stream covers its datasets (else the poller's batch runs do)
+    why: str
+
+
+def shard_views(conn: psycopg.Connection, shard_count: int) -> dict[int, ShardView]:
+    rows = conn.execute(
+        """select shard, run_id, extract(epoch from now() - heartbeat_at)::float8,
+                  extract(epoch from deadline_at - now())::float8, ended_at is not null,
+                  extract(epoch from now() - last_commit_at)::float8, syncs, failures, backlog, lag_seconds
+             from lakehouse_mirror_streams where shard_count = %s order by shard""",
+        (shard_count,),
+    ).fetchall()
+    return {r[0]: ShardView(*r) for r in rows}
+
+
+def handover_lead_s(lifetime_s: float) -> float:
+    """How long before a run's deadline its successor is requested: enough for a launch to start and load the code
+    (it then waits on the shard's lock), at most a quarter of the lifetime."""
+    return min(30.0, lifetime_s / 4)
+
+
+def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Settings) -> list[ShardPlan]:
+    """Per shard of LAKEHOUSE_MIRROR_SHARDS: whether to start a run (none queued or running; or only the holder,
+    whose deadline is near: its successor), whether its holder is dead (heartbeat older than STALE_AFTER_S while
+    its run is still in flight), and whether a live stream covers it (a heartbeat within
+    LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS)."""
+    count = settings.mirror_shards
+    lead = handover_lead_s(settings.mirror_stream_lifetime_seconds)
+    out = []
+    for shard in range(count):
+        view = views.get(shard)
+        flying = [r.run_id for r in runs if r.shard == shard and r.shard_count == count]
+        holder = view.run_id if view is not None and not view.ended and view.run_id in flying else None
+        dead = None
+        if holder is not None and view is not None and (view.heartbeat_age or 0.0) > STALE_AFTER_S:
+            dead, holder = holder, None
+            flying = [r for r in flying if r != dead]
+        covered = (
+            view is not None
+            and view.heartbeat_age is not None
+            and view.heartbeat_age <= settings.mirror_stream_down_seconds
+        )
+        covered = covered and dead is None
+        if not flying:
+            why = "its holder's heartbeat is stale" if dead else "no stream run is queued or running"
+            out.append(ShardPlan(shard, True, dead, covered, why))
+        elif flying == [holder] and view is not None and view.deadline_in is not None and view.deadline_in <= lead:
+            out.append(ShardPlan(shard, True, dead, covered, f"its run ends in {max(0.0, view.deadline_in):.0f}s"))
+        else:
+            out.append(ShardPlan(shard, False, dead, covered, "streaming"))
+    return out
+
+
+def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
+    """Each shard as an operator reads it (`lakehouse status`): its run, alive or not, its lag, its last commit."""
+    views = shard_views(conn, settings.mirror_shards)
+    shards = []
+    for shard in range(settings.mirror_shards):
+        v = views.get(shard)
+        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.mirror_stream_down_seconds
+        shards.append(
+            {
+                "shard": shard,
+                "run_id": v.run_id if v else None,
+                "alive": alive,
+                "heartbeat_age_s": round(v.heartbeat_age, 1) if v and v.heartbeat_age is not None else None,
+                "lag_s": round(v.lag_seconds, 1) if v else None,
+                "backlog": v.backlog if v else None,
+                "last_commit_age_s": round(v.last_commit_age, 1) if v and v.last_commit_age is not None else None,
+                "syncs": v.syncs if v else 0,
+                "failures": v.failures if v else 0,
+            }
+        )
+    return {"on": settings.mirror_stream, "shards": shards}
+
+
+def shard_lines(status: dict) -> list[str]:
+    if not status["on"]:
+        return ["mirror stream: off (LAKEHOUSE_MIRROR_STREAM); batch runs mirror every change"]
+    lines = [f"mirror stream: {len(status['shards'])} shard(s)"]
+    for s in status["shards"]:
+        if s["run_id"] is None:
+            lines.append(f"  shard {s['shard']}: never streamed (batch runs cover it)")
+            continue
+        state = "alive" if s["alive"] else f"DOWN (no heartbeat for {s['heartbeat_age_s']}s; batch runs cover it)"
+        last = f"{s['last_commit_age_s']}s ago" if s["last_commit_age_s"] is not None else "none yet"
+        lines.append(
+            f"  shard {s['shard']}: {state}, run {s['run_id']}, lag {s['lag_s']}s ({s['backlog']} waiting),"
+            f" last commit {last}, {s['syncs']} syncs, {s['failures']} failed"
+        )
+    return lines

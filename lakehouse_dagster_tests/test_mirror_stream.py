@@ -1,0 +1,493 @@
+"""The mirror as a stream (mirror/stream.py, the mirror_stream job, the poller's supervision): real Postgres, real
+Iceberg tables, real Dagster runs. Postgres equal to Iceberg is judged by the parity digest (a full cross-check)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from lakehouse_dagster.flags import set_override
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.mirror.batch import Failed
+from lakehouse_dagster.mirror.stream import Idle, shard_of, stream_shard
+from lakehouse_dagster.mirror.sync import SyncResult
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.tracking import datasets
+
+SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+
+
+class Stream:
+    """One stream_shard loop in a thread, as a stream run runs it; ``events`` are what it yielded."""
+
+    def __init__(self, settings, dsn, *, shard=0, count=1, seconds=60.0, run_id=None, wait_until=None):
+        self.stop = threading.Event()
+        self.events: list = []
+        self.run_id = run_id or f"stream-test-{uuid.uuid4().hex[:8]}"
+        self.error: BaseException | None = None
+        self.held = threading.Event()
+        deadline = time.time() + seconds
+
+        def body():
+            try:
+                for e in stream_shard(
+                    dsn,
+                    load_catalog(settings, dsn),
+                    settings,
+                    shard=shard,
+                    shard_count=count,
+                    run_id=self.run_id,
+                    deadline=deadline,
+                    wait_until=wait_until,
+                    stop=self.stop,
+                    on_lease=lambda lease: self.held.set(),
+                ):
+                    if not isinstance(e, Idle):
+                        self.events.append(e)
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                import traceback
+
+                traceback.print_exc()
+                self.error = exc
+
+        self.thread = threading.Thread(target=body, daemon=True)
+        self.thread.start()
+
+    def synced(self) -> list[SyncResult]:
+        return [e for e in self.events if isinstance(e, SyncResult)]
+
+    def close(self, timeout: float = 60) -> None:
+        self.stop.set()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the stream did not stop"
+        assert self.error is None, self.error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _dataset(conn, ws, name, rows=5):
+    d = datasets.create_dataset(conn, ws, name, SCHEMA)
+    if rows:
+        datasets.insert_rows(conn, d, [{"n": k, "s": f"r{k}"} for k in range(rows)])
+    return d
+
+
+def caught_up(conn, ids) -> bool:
+    return conn.execute(
+        """select count(*) = cardinality(%(ids)s::uuid[]) from datasets d
+            where d.id = any(%(ids)s::uuid[]) and d.mirrored_version >= d.rows_version""",
+        {"ids": list(ids)},
+    ).fetchone()[0]
+
+
+def wait_caught_up(conn, ids, timeout=60.0) -> float:
+    t0 = time.time()
+    while not caught_up(conn, ids):
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"not mirrored within {timeout}s")
+        time.sleep(0.05)
+    return time.time() - t0
+
+
+def assert_parity(settings, dsn, ids) -> None:
+    catalog = load_catalog(settings, dsn)
+    for d in ids:
+        v = canary.evaluate(dsn, catalog, settings, d, full=True)
+        assert v.verdict == "ok", (d, v.verdict, v.detail)
+
+
+def assert_nothing_twice(conn, ids) -> None:
+    """No two syncs that wrote rows covered the same source version of a dataset, and no two syncs of one dataset
+    ran at the same time (G3); each table's __row_index is unique (no row landed twice)."""
+    rows = conn.execute(
+        """select dataset_id, source_version, mode, started_at, finished_at from iceberg_sync_log
+            where dataset_id = any(%s::uuid[]) and status = 'succeeded' order by dataset_id, started_at""",
+        (list(ids),),
+    ).fetchall()
+    by: dict = {}
+    for ds, version, mode, started, finished in rows:
+        by.setdefault(ds, []).append((version, mode, started, finished))
+    for ds, syncs in by.items():
+        written = [v for v, mode, *_ in syncs if mode != "noop"]
+        assert len(written) == len(set(written)), (ds, syncs)
+        for a, b in zip(syncs, syncs[1:], strict=False):
+            assert a[3] <= b[2], (ds, "two syncs of one dataset overlapped", a, b)
+
+
+def test_shard_of_is_stable_and_spreads():
+    ids = [uuid.UUID(int=i * 7919 + 1) for i in range(400)]
+    assert [shard_of(d, 4) for d in ids] == [shard_of(d, 4) for d in ids]
+    counts = [sum(shard_of(d, 4) == s for d in ids) for s in range(4)]
+    assert min(counts) > 60, counts  # sequential ids spread (hashed, not their leading bytes)
+    assert {shard_of(d, 1) for d in ids} == {0}
+    # fixed forever: a release that changed it would stream a shard from two runs at once during an upgrade
+    assert shard_of(uuid.UUID("00000000-0000-0000-0000-000000000001"), 7) == shard_of(
+        uuid.UUID("00000000-0000-0000-0000-000000000001"), 7
+    )
+
+
+def test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}", rows=5 + i) for i in range(3)]
+    with Stream(settings, dsn) as s:
+        assert wait_caught_up(conn, ids) < 30  # what was behind at its start (its first sweep)
+        datasets.insert_rows(conn, ids[0], [{"n": 100, "s": "appended"}])
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{s}', '\"changed\"') where dataset_id = %s and row_index = 1",
+            (ids[1],),
+        )
+        conn.execute("delete from dataset_rows where dataset_id = %s and row_index in (0, 2)", (ids[2],))
+        assert wait_caught_up(conn, ids) < 10
+        modes = {r.dataset_id: r.mode for r in s.synced() if r.mode != "noop"}
+    assert_parity(settings, dsn, ids)
+    assert_nothing_twice(conn, ids)
+    assert modes[ids[0]] == "incremental"  # an append is an append, as in a batch run
+    runs = {r[0] for r in conn.execute("select run_id from iceberg_sync_log where dataset_id = any(%s)", (ids,))}
+    assert runs == {s.run_id}
+    row = conn.execute(
+        "select run_id, ended_at is not null, syncs, last_commit_at is not null from lakehouse_mirror_streams"
+        " where shard_count = 1 and shard = 0"
+    ).fetchone()
+    assert row == (s.run_id, True, len(s.synced()), True)
+
+
+def test_two_shards_split_the_datasets(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]
+    assert {shard_of(d, 2) for d in ids} == {0, 1}  # uuid4s: with 8, both shards get some (1 in 128 they do not)
+    with Stream(settings, dsn, shard=0, count=2) as s0, Stream(settings, dsn, shard=1, count=2) as s1:
+        wait_caught_up(conn, ids)
+        for d in ids:
+            datasets.insert_rows(conn, d, [{"n": 50, "s": "more"}])
+        wait_caught_up(conn, ids)
+    for s, shard in ((s0, 0), (s1, 1)):
+        assert s.synced() and {r.dataset_id for r in s.synced()} == {d for d in ids if shard_of(d, 2) == shard}
+    assert_parity(settings, dsn, ids)
+    assert_nothing_twice(conn, ids)
+
+
+def test_a_native_dataset_stays_refused(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "w")
+    pg, native = _dataset(conn, ws, "pg"), _dataset(conn, ws, "native")
+    set_override(conn, "write", "sync.full", "iceberg_native", dataset=str(native), actor="pytest", note="test")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [pg])
+        datasets.insert_rows(conn, native, [{"n": 9, "s": "late"}])  # Postgres moves: still never mirrored
+        datasets.insert_rows(conn, pg, [{"n": 9, "s": "late"}])
+        wait_caught_up(conn, [pg])
+        time.sleep(0.5)
+    assert native not in {e.dataset_id for e in s.events}
+    assert conn.execute("select count(*) from iceberg_sync_log where dataset_id = %s", (native,)).fetchone()[0] == 0
+    assert load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, native)) is None
+
+
+def test_a_bad_row_fails_once_and_waits_for_the_backoff(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "w")
+    good = _dataset(conn, ws, "good")
+    bad = datasets.create_dataset(conn, ws, "bad", SCHEMA)
+    datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [good])
+        time.sleep(6)  # past a sweep: the failed dataset is not asked again before the poller's backoff
+    failed = [e for e in s.events if isinstance(e, Failed)]
+    assert [f.dataset_id for f in failed] == [bad]
+    assert "row_index 1 column n: expected int64, got a JSON string" in str(failed[0].error)
+    assert conn.execute("select status from datasets where id = %s", (bad,)).fetchone()[0] == "errored"
+
+
+def test_handover_with_writes_in_flight_loses_nothing_and_syncs_nothing_twice(conn, dsn, settings):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(3)]
+    stop_writing = threading.Event()
+    written = {d: 5 for d in ids}
+
+    def writer():
+        from lakehouse_dagster.core.db import connect
+
+        with connect(dsn) as c:
+            k = 0
+            while not stop_writing.is_set():
+                d = ids[k % len(ids)]
+                datasets.insert_rows(c, d, [{"n": 1000 + k, "s": f"w{k}"}])
+                written[d] += 1
+                k += 1
+                time.sleep(0.03)
+
+    first = Stream(settings, dsn, seconds=4.0)
+    assert first.held.wait(30)
+    w = threading.Thread(target=writer, daemon=True)
+    w.start()
+    time.sleep(1.0)
+    second = Stream(settings, dsn, seconds=60.0)  # started before the first ends: waits on the shard's lock
+    time.sleep(1.0)
+    assert not second.held.is_set()  # the first still holds the shard
+    first.thread.join(30)
+    assert first.error is None and not first.thread.is_alive()
+    assert second.held.wait(10)
+    time.sleep(2.0)  # writes go on under the second
+    stop_writing.set()
+    w.join(10)
+    wait_caught_up(conn, ids)
+    second.close()
+    assert first.synced() and second.synced()
+    f_end = max(
+        r[0] for r in conn.execute("select finished_at from iceberg_sync_log where run_id = %s", (first.run_id,))
+    )
+    s_start = min(
+        r[0] for r in conn.execute("select started_at from iceberg_sync_log where run_id = %s", (second.run_id,))
+    )
+    assert f_end <= s_start  # the shard was never streamed twice at once
+    assert_parity(settings, dsn, ids)
+    assert_nothing_twice(conn, ids)
+    for d in ids:
+        assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == written[d]
+
+
+@pytest.mark.parametrize("count", [1])
+def test_a_stream_whose_shard_is_held_does_not_start_before_its_wait_ends(conn, dsn, settings, count):
+    with Stream(settings, dsn, count=count) as holder:
+        assert holder.held.wait(30)
+        late = Stream(settings, dsn, count=count, wait_until=time.time() + 1.0)
+        late.thread.join(20)
+        assert not late.held.is_set() and late.events == [] and late.error is None
+
+
+KILLED_STREAM = """
+import sys, time
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.stream import stream_shard
+s = Settings.from_env()
+for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+                      deadline=time.time() + 60):
+    pass
+"""
+
+
+def test_a_stream_killed_mid_commit_is_replaced_and_loses_nothing(conn, dsn, settings, monkeypatch):
+    """SIGKILL inside the catalog's commit (after its compare-and-swap): the shard's lock goes with the process, the
+    replacement takes the shard at once, settles the killed sync (its commit landed) and mirrors the writes made
+    meanwhile; nothing is lost, nothing is written twice."""
+    import os
+    import subprocess
+    import sys
+
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(2)]
+    env = {**os.environ, "LAKEHOUSE_FAILPOINT": "in-commit:kill"}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_STREAM, "killed-run"], env=env, timeout=120, capture_output=True, text=True
+    )
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    # killed inside a commit: its sync (and any other in flight on another worker) is left 'running'
+    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] >= 1
+    row = conn.execute("select run_id, ended_at from lakehouse_mirror_streams").fetchone()
+    assert row == ("killed-run", None)  # it died holding the shard: no end was written
+    for d in ids:  # writes while no stream runs
+        datasets.insert_rows(conn, d, [{"n": 77, "s": "meanwhile"}])
+    with Stream(settings, dsn) as s:
+        assert s.held.wait(10)  # the killed process' lock went with its connection
+        wait_caught_up(conn, ids)
+    assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] == 0
+    assert_parity(settings, dsn, ids)
+    assert_nothing_twice(conn, ids)
+    for d in ids:
+        assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == 6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Dagster: the mirror_stream job and the poller's supervision.
+
+import dagster as dg  # noqa: E402
+
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller  # noqa: E402
+from lakehouse_dagster.dagster.defs.mirror.stream_job import SHARD_TAG, mirror_stream  # noqa: E402
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource  # noqa: E402
+from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE  # noqa: E402
+
+
+@pytest.fixture
+def instance():
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def _tick(instance, dsn, cursor=None):
+    ctx = dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    )
+    return mirror_poller(ctx)
+
+
+def _batch_asked(res) -> list[str]:
+    out = []
+    for r in res.run_requests:
+        if r.job_name == "mirror_batch_job":
+            out += r.run_config["ops"]["mirror_datasets"]["config"]["datasets"]
+        elif r.job_name == "mirror_job":
+            out.append(r.partition_key)
+    return out
+
+
+def _stream_asked(res) -> list:
+    return [r for r in res.run_requests if r.job_name == "mirror_stream"]
+
+
+def _stream_run(instance, shard=0, count=1, status=dg.DagsterRunStatus.STARTED):
+    return instance.create_run_for_job(job_def=mirror_stream, tags={SHARD_TAG: f"{shard}/{count}"}, status=status)
+
+
+def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_its_checks(
+    conn, dsn, settings, instance
+):
+    ws = datasets.create_workspace(conn, "w")
+    a, b = _dataset(conn, ws, "a"), _dataset(conn, ws, "b")
+
+    def later():
+        time.sleep(4)
+        from lakehouse_dagster.core.db import connect
+
+        with connect(dsn) as c:
+            datasets.insert_rows(c, a, [{"n": 42, "s": "streamed"}])
+
+    t = threading.Thread(target=later, daemon=True)
+    t.start()
+    result = mirror_stream.execute_in_process(
+        run_config={"ops": {"stream_shard_op": {"config": {"shard": 0, "shards": 1, "lifetime_seconds": 10}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+    )
+    t.join()
+    assert result.success
+    mats = [m for m in result.asset_materializations_for_node("stream_shard_op") if m.asset_key == ICEBERG_TABLE]
+    by_partition: dict = {}
+    for m in mats:
+        by_partition.setdefault(m.partition, []).append(m)
+    assert set(by_partition) == {str(a), str(b)}
+    assert len(by_partition[str(a)]) == 2  # the first sweep, then the append
+    last = by_partition[str(a)][-1].metadata
+    assert last["mode"].value == "incremental" and last["total_rows"].value == 6 and last["path"].value == "mirror"
+    for key in ("snapshot_id", "source_version", "dataset_name", "dagster/row_count", "rows_per_s"):
+        assert key in last, key
+    snap = conn.execute(
+        "select snapshot_id from iceberg_sync_log where dataset_id = %s and status = 'succeeded'"
+        " order by finished_at desc limit 1",
+        (a,),
+    ).fetchone()[0]
+    assert last["snapshot_id"].value == str(snap)
+    # on the partition in the instance's event log (what the UI's partition page reads), from this run
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=ICEBERG_TABLE, asset_partitions=[str(a)]), limit=10
+    ).records
+    assert len(records) == 2 and {r.run_id for r in records} == {result.run_id}
+    assert str(a) in instance.get_dynamic_partitions("datasets")  # the stream added the partitions it met
+    # the checks of each mirrored partition, evaluated and recorded as a batch run records them
+    checks = {(e.partition, e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    for d in (a, b):
+        for name in ("parity", "snapshot_freshness", "identity_ready"):
+            assert checks[(str(d), name)] is True, (d, name)
+    assert conn.execute("select count(*) from lakehouse_read_parity where dataset_id = %s", (a,)).fetchone()[0] >= 1
+
+
+def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance):
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(3)]
+    res = _tick(instance, dsn)
+    assert sorted(_batch_asked(res)) == sorted(str(d) for d in ids) and _stream_asked(res) == []
+
+
+def test_streaming_on_the_poller_keeps_a_stream_per_shard_and_batches_what_no_live_stream_covers(
+    conn, dsn, settings, instance, monkeypatch
+):
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_SHARDS", "2")
+    ws = datasets.create_workspace(conn, "w")
+    ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]
+    # no stream has ever run: one run per shard, and the batch runs cover every dataset meanwhile
+    first = _tick(instance, dsn)
+    keys = sorted(r.run_key for r in _stream_asked(first))
+    assert len(keys) == 2 and keys[0].startswith("stream-0of2-") and keys[1].startswith("stream-1of2-")
+    assert {r.tags[SHARD_TAG] for r in _stream_asked(first)} == {"0/2", "1/2"}
+    assert sorted(_batch_asked(first)) == sorted(str(d) for d in ids)
+    # both runs created (not started yet): nothing more is requested
+    runs = {shard: _stream_run(instance, shard, 2, dg.DagsterRunStatus.NOT_STARTED) for shard in (0, 1)}
+    assert _stream_asked(_tick(instance, dsn, first.cursor)) == []
+    # shard 0's stream is live (its loop holds the shard and beats): its datasets leave the batch path
+    with Stream(settings, dsn, shard=0, count=2, run_id=runs[0].run_id) as s:
+        assert s.held.wait(30)
+        for d in ids:
+            datasets.insert_rows(conn, d, [{"n": 9, "s": "x"}])
+        res = _tick(instance, dsn, first.cursor)
+        assert _stream_asked(res) == []
+        assert sorted(_batch_asked(res)) == sorted(str(d) for d in ids if shard_of(d, 2) == 1)
+        wait_caught_up(conn, [d for d in ids if shard_of(d, 2) == 0])
+
+
+def test_the_poller_replaces_a_stream_whose_heartbeat_is_stale_and_starts_a_successor_before_the_deadline(
+    conn, dsn, settings, instance, monkeypatch
+):
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "d")
+    run = _stream_run(instance)
+    # a holder SIGKILLed 20 s ago: its row says it holds the shard, its heartbeat stopped
+    conn.execute(
+        """insert into lakehouse_mirror_streams (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at)
+           values (1, 0, %s, now() - interval '60 seconds', now() - interval '20 seconds', now() + interval '800 seconds')""",
+        (run.run_id,),
+    )
+    res = _tick(instance, dsn)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+    (again,) = _stream_asked(res)
+    assert _batch_asked(res) == [str(d)]  # covered by no live stream while the replacement starts
+    # the replacement holds the shard and its deadline is near: its successor is requested, once, with a new key
+    successor = _stream_run(instance)
+    conn.execute(
+        "update lakehouse_mirror_streams set run_id = %s, heartbeat_at = now(), deadline_at = now() + interval '5 seconds'",
+        (successor.run_id,),
+    )
+    res2 = _tick(instance, dsn, res.cursor)
+    (nxt,) = _stream_asked(res2)
+    assert nxt.run_key != again.run_key and _batch_asked(res2) == []
+    _stream_run(instance)  # the successor is queued: nothing more
+    assert _stream_asked(_tick(instance, dsn, res2.cursor)) == []
+
+
+def _status_json() -> dict:
+    import contextlib
+    import io
+    import json
+
+    from lakehouse_dagster.cli.main import main as cli_main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli_main(["status", "--json"]) == 0
+    return json.loads(out.getvalue())["mirror_stream"]
+
+
+def test_lakehouse_status_shows_each_shard(conn, dsn, settings, monkeypatch):
+    assert _status_json() == {"on": False, "shards": [{"shard": 0, **_never()}]}
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "d")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        time.sleep(1.5)  # a heartbeat after the sync
+        (live,) = _status_json()["shards"]
+        assert live["alive"] and live["run_id"] == s.run_id and live["syncs"] == 1
+        assert live["last_commit_age_s"] is not None and live["last_commit_age_s"] < 30
+    (ended,) = _status_json()["shards"]
+    assert not ended["alive"] and ended["run_id"] == s.run_id
+
+
+def _never() -> dict:
+    keys = ("run_id", "heartbeat_age_s", "lag_s", "backlog", "last_commit_age_s")
+    return {"alive": False, **dict.fromkeys(keys), "syncs": 0, "failures": 0}
