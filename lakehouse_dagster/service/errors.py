@@ -30,9 +30,22 @@ class RequestTimeout(LakehouseError):
 
 
 class IngestStillRunning(LakehouseError):
-    """The answer took longer than the request bound; the ingest goes on and ends whole (committed or not)."""
+    """The answer took longer than the request bound; the ingest goes on and ends whole (committed or not). Said
+    only of an ingest that started."""
 
     http_status = 504
+
+
+class IngestRunning(LakehouseError):
+    """An ingest of the same dataset still runs in this service (its request may have given up): refused at once,
+    with no thread, session or lock wait queued behind it; retry after ``retry_after`` s."""
+
+    http_status = 409
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER_SECONDS):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unavailable(LakehouseError):
@@ -60,7 +73,7 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
     status = status_of(exc)
     headers = {}
     if status == 503 or (isinstance(exc, LakehouseError) and is_transient(exc)):
-        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        headers["Retry-After"] = str(getattr(exc, "retry_after", RETRY_AFTER_SECONDS))
     if isinstance(exc, LakehouseError):
         message = " ".join(str(exc).split()) or type(exc).__name__
     else:
@@ -70,4 +83,5 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
 
 
 def is_backpressure(exc: BaseException) -> bool:
+    """G2 refused it (counted as ``503`` in ``lakehouse_ingest_requests``)."""
     return isinstance(exc, Backpressure)
