@@ -558,3 +558,42 @@ def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_
             assert cur.fetchone() == (1,)
     finally:
         db.close()
+
+
+def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_served_after(own_postgres):
+    """4 clients for 24 s of reads (Iceberg and Postgres) and ingests, Postgres killed and restarted (-m immediate)
+    at 6 s: every answer is a 200 or a 5xx with Retry-After, none carries a stack trace, no connection is cut, and
+    every request sent once Postgres has been back for 5 s is served — by the same server process."""
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.flags.overrides import set_override
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.testing.service_faults import run_load_with_restart
+
+    dsn, root = own_postgres
+    env = _env(dsn, root, LAKEHOUSE_MAX_CONCURRENT_INGEST="2")
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, home=root / "home", warehouse=env["LAKEHOUSE_WAREHOUSE"], namespace="lakehouse"
+    )
+    catalog = load_catalog(settings, dsn)
+    with connect(dsn) as conn:
+        migrate(conn)
+        readable = [_big(conn, 3_000) for _ in range(3)]
+        sourced = [_sourced(conn, 200) for _ in range(2)]
+        set_override(conn, "read", "export.stream", "iceberg", note="faults", actor="pytest")
+    for d in readable:
+        sync_dataset(dsn, catalog, settings, d)
+    server = ServiceProcess(env, root / "serve.log", token=new_token()).wait_ready()
+    try:
+        report = run_load_with_restart(
+            server, root / "pg", readable, sourced, clients=4, seconds=24, restart_at=6, recovery_seconds=5
+        )
+        print(report.line())
+        assert report.unexpected_count == 0 and report.cut == 0, report.unexpected
+        assert report.tracebacks == 0
+        assert report.after_recovery_not_served == 0 and report.after_recovery, report.after_recovery
+        assert report.first_ok_after_back_seconds is not None and report.first_ok_after_back_seconds < 5
+        assert server.proc.poll() is None  # recovered by itself: the same process throughout
+        assert "Traceback" not in server.log_text()
+    finally:
+        server.stop()
