@@ -687,7 +687,7 @@ def test_bad_ingest_and_query_requests_are_refused_in_one_line_and_write_nothing
 
 
 def test_oversized_bodies_are_refused_before_they_are_read(world):
-    auth = {"Authorization": f"Bearer {world.server.token}"}
+    auth = {"Authorization": f"Bearer {world.server.token}", "Content-Type": "application/json"}
     big = b'{"reader": "export.stream", "pad": "' + b"x" * 70_000 + b'"}'
     declared = httpx.post(world.server.url + "/lakehouse/read", content=big, headers=auth, timeout=30)
     assert declared.status_code == 413 and "at most 65536 are accepted" in declared.json()["error"]
@@ -796,3 +796,55 @@ def test_the_python_client_leaving_a_stream_early_frees_the_read(world, client):
     _wait(lambda: _service_sessions(world) == [], "the read's transaction and snapshot to be released")
     _wait(lambda: _metric(client, "lakehouse_reads_in_flight") == 0, "the stream to close")
     assert _metric(client, 'lakehouse_read_streams_cut_total{why="client_gone"}') == cut_before + 1
+
+
+# --- an ordered read with a limit over overlapping files ------------------------------------------------------------
+
+_POOLS: list = []
+
+
+def test_an_ordered_limited_read_of_overlapping_files_holds_the_limit_not_the_table(world):
+    """Two data files whose __row_index ranges interleave (one group): {"order":"row_index","limit":10} returns the
+    10 smallest rows, as the full ordered read does, and its Arrow memory peak follows the limit, not the table."""
+    import pyarrow.compute as pc
+
+    from lakehouse_dagster.routing.projection import projection_for
+    from lakehouse_dagster.service.batches import iceberg_stream
+
+    d = _big_dataset(world, 60_000)  # ~20 MB of Arrow
+    sync_dataset(world.dsn, world.catalog, world.settings, d)
+    table = load_table_or_none(world.catalog, table_identifier(world.settings, d))
+    rows = table.scan().to_arrow()
+    odd = pc.equal(pc.bit_wise_and(rows.column("__row_index"), 1), 1)
+    with table.transaction() as tx:  # even rows in one file, odd in another: both span the whole range
+        tx.overwrite(rows.filter(pc.invert(odd)))
+        tx.append(rows.filter(odd))
+    table = load_table_or_none(world.catalog, table_identifier(world.settings, d))
+    files = list(table.scan().plan_files())
+    assert len(files) == 2
+    with world.conn() as conn:
+        dataset = datasets.get_dataset(conn, d)
+
+    def read(limit: int | None) -> tuple[pa.Table, int]:
+        previous = pa.default_memory_pool()
+        pool = pa.proxy_memory_pool(previous)
+        _POOLS.append(pool)  # kept alive: buffers allocated through it outlive this call
+        pa.set_memory_pool(pool)
+        try:
+            proj = projection_for(dataset, None, limit=limit, order_by_row_index=True)
+            stream = iceberg_stream(table, None, dataset, proj, min(1000, limit or 1000))
+            got = []
+            while (batch := stream.next_batch()) is not None:
+                got.append(batch)
+            stream.close()
+            return pa.Table.from_batches(got, schema=stream.schema), pool.max_memory()
+        finally:
+            pa.set_memory_pool(previous)
+
+    whole, whole_peak = read(None)
+    assert whole.column("__row_index").to_pylist() == list(range(60_000))
+    for limit in (10, 2_500):
+        part, peak = read(limit)
+        assert part.to_pylist() == whole.slice(0, limit).to_pylist()
+        assert peak < whole_peak / 4, (limit, peak, whole_peak)  # before: the whole group, ~the whole table
+    assert read(0)[0].num_rows == 0

@@ -195,7 +195,7 @@ def test_the_request_bound_504_for_a_held_ingest_408_for_a_slow_body_and_a_stall
 
         with socket.create_connection(("127.0.0.1", server.port)) as s:  # a body that never comes
             s.sendall(
-                b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nContent-Type: application/json\r\n"
                 + f"Authorization: Bearer {server.token}\r\n\r\n".encode()
                 + b'{"reader":'
             )
@@ -211,7 +211,7 @@ def test_the_request_bound_504_for_a_held_ingest_408_for_a_slow_body_and_a_stall
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         raw = json.dumps({"reader": "export.stream", "dataset_id": str(big)}).encode()
         s.sendall(
-            b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\n"
+            b"POST /lakehouse/read HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Authorization: Bearer {server.token}\r\nContent-Length: {len(raw)}\r\n\r\n".encode()
             + raw
         )
@@ -367,3 +367,233 @@ def test_the_service_streams_on_jemalloc_unless_the_operator_names_a_pool(dsn, c
                 assert client.read("export.stream", d, columns=["n"]).table.num_rows == 3_000
         finally:
             server.stop()
+
+
+def _lock_waiters(dsn: str) -> int:
+    with connect(dsn) as c:
+        return c.execute(
+            "select count(*) from pg_stat_activity where wait_event_type = 'Lock' and pid <> pg_backend_pid()"
+        ).fetchone()[0]
+
+
+def test_a_retried_ingest_while_the_first_still_runs_is_refused_at_once_and_queues_nothing(dsn, conn, tmp_path):
+    """The first ingest holds G3 past the request bound (504); retries of the same dataset are answered 409 at once
+    with Retry-After — no thread, session or lock waiter queued behind it — and another dataset is still served."""
+    d = _sourced(conn, 7, slow_seconds=8)
+    other = _sourced(conn, 3)
+    server = ServiceProcess(
+        _env(dsn, tmp_path, LAKEHOUSE_API_TIMEOUT_SECONDS="2"), tmp_path / "serve.log", token=new_token()
+    ).wait_ready()
+    try:
+        first = _post(server, "/lakehouse/ingest", {"dataset_id": str(d), "writer": "sync.full"})
+        assert first.status_code == 504 and "is still running after 2 s" in first.json()["error"], first.text
+        assert _sleeping_source(dsn)  # it started, and runs on
+        for _ in range(3):
+            t0 = time.monotonic()
+            retry = _post(server, "/lakehouse/ingest", {"dataset_id": str(d), "writer": "sync.full"})
+            assert time.monotonic() - t0 < 1.0, "a retry must be answered at once"
+            assert retry.status_code == 409 and int(retry.headers["retry-after"]) >= 2, retry.text
+            assert retry.json()["error"].startswith(f"ingest sync.full of dataset {d} has been running for ")
+            assert _lock_waiters(dsn) == 0  # nothing waits on the dataset's G3 lock behind the running ingest
+        assert _post(server, "/lakehouse/ingest", {"dataset_id": str(other), "writer": "sync.full"}).json()["rows"] == 3
+        _wait(lambda: not _sleeping_source(dsn), "the first ingest to finish on its own", timeout=30)
+        _wait(lambda: "finished after its request timed out: 7 rows via pg" in server.log_text(), "its log line")
+        table = conn.execute("select name from datasets where id = %s", (d,)).fetchone()[0]
+        set_source(conn, d, {"type": "postgres", "query": f"select s.n, s.name from public.{table} s"})  # fast now
+        again = _post(server, "/lakehouse/ingest", {"dataset_id": str(d), "writer": "sync.full"})
+        assert again.status_code == 200, again.text  # once it ended, the dataset takes ingests again
+        assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == 7
+        assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 7
+    finally:
+        server.stop()
+
+
+def test_a_slot_is_held_until_the_work_it_admitted_ends_and_a_504_only_said_of_work_that_started():
+    """``_run_holding`` (service/app.py): past the wait the thread runs on and keeps its slot; a request that got
+    no slot in time never runs its work."""
+    from lakehouse_dagster.service.app import NOT_STARTED, RUNNING, _run_holding
+
+    ran, late, ended = [], [], []
+    release = threading.Event()
+
+    def slow():
+        ran.append("slow")
+        release.wait(10)
+        return "slow done"
+
+    async def main():
+        import anyio
+
+        limiter = anyio.CapacityLimiter(1)
+        first = await _run_holding(limiter, 0.2, slow, lambda v, e: late.append((v, e)), ended.append)
+        assert first == (RUNNING, None) and limiter.borrowed_tokens == 1  # held past the request's wait
+        second = await _run_holding(limiter, 0.2, lambda: ran.append("never"), lambda v, e: None, ended.append)
+        assert second == (NOT_STARTED, None)
+        release.set()
+        with anyio.fail_after(10):
+            while limiter.borrowed_tokens:
+                await anyio.sleep(0.01)
+
+    import anyio
+
+    anyio.run(main)
+    assert ran == ["slow"] and ended == [False, False]
+    _wait(lambda: late == [("slow done", None)], "the late outcome", timeout=5)
+
+
+def test_a_web_page_cannot_call_the_service_through_the_operators_browser(dsn, conn, tmp_path):
+    """No token on loopback: a cross-origin simple POST (text/plain, an Origin), a body of no JSON type and a
+    DNS-rebound Host are refused in one line and write nothing; the Python client still works."""
+    d = _sourced(conn, 4)
+    server = ServiceProcess(_env(dsn, tmp_path), tmp_path / "serve.log", token=None).wait_ready()
+    body = json.dumps({"dataset_id": str(d), "writer": "sync.full"})
+    url = server.url + "/lakehouse/ingest"
+    try:
+        page = httpx.post(
+            url, content=body, headers={"Content-Type": "text/plain", "Origin": "http://evil.example"}, timeout=30
+        )
+        assert page.status_code == 403, page.text
+        assert page.json()["error"].startswith("cross-origin request refused (Origin 'http://evil.example')")
+        as_json = httpx.post(
+            url, content=body, headers={"Content-Type": "application/json", "Origin": "null"}, timeout=30
+        )
+        assert as_json.status_code == 403  # a sandboxed frame's Origin too
+        plain = httpx.post(url, content=body, headers={"Content-Type": "text/plain"}, timeout=30)
+        assert plain.status_code == 415, plain.text
+        assert plain.json()["error"] == (
+            "POST /lakehouse/ingest takes a JSON body: send Content-Type: application/json (Content-Type 'text/plain')"
+        )
+        untyped = httpx.post(url, content=body.encode(), timeout=30)
+        assert untyped.status_code == 415 and "(no Content-Type)" in untyped.json()["error"]
+        rebound = httpx.post(
+            url, content=body, headers={"Content-Type": "application/json", "Host": f"evil.example:{server.port}"}
+        )
+        assert rebound.status_code == 403, rebound.text
+        assert rebound.json()["error"].startswith(f"Host 'evil.example:{server.port}' is not this service's address")
+        site = httpx.get(server.url + "/readyz", headers={"Sec-Fetch-Site": "cross-site"}, timeout=30)
+        assert site.status_code == 403
+        assert conn.execute("select count(*) from iceberg_sync_log where dataset_id = %s", (d,)).fetchone()[0] == 0
+        assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 0
+        with server.client() as client:  # a program on this machine: no Origin, JSON, Host 127.0.0.1
+            assert client.ingest(d, "sync.full")["rows"] == 4
+            assert client.ready()["postgres"] == "ok"
+        local = httpx.get(f"http://localhost:{server.port}/readyz", timeout=30)
+        assert local.status_code == 200, local.text
+    finally:
+        server.stop()
+
+
+def test_readyz_and_metrics_answer_at_once_beside_routes_held_on_the_barrier(dsn, conn, tmp_path):
+    """Capture mode after-commit: a STRICT route waits (up to 30 s) for the WAL consumer's lock. Ten of them fill
+    the control threads; /readyz and /metrics have their own and still answer at once."""
+    from lakehouse_dagster.tracking.capture import CONSUME_LOCK
+
+    d = _big(conn, 5)
+    conn.execute("update lakehouse_digest_capture set mode = 'after-commit'")
+    server = ServiceProcess(_env(dsn, tmp_path), tmp_path / "serve.log", token=new_token()).wait_ready()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    routes: list[int] = []
+
+    def held_route() -> None:
+        url = f"{server.url}/lakehouse/route?reader=studio.preview&dataset_id={d}"
+        routes.append(httpx.get(url, headers=auth, timeout=90).status_code)
+
+    try:
+        with connect(dsn) as holder:
+            holder.execute("select pg_advisory_lock(%s, %s)", CONSUME_LOCK)
+            threads = [threading.Thread(target=held_route) for _ in range(10)]
+            [t.start() for t in threads]
+            _wait(lambda: _lock_waiters(dsn) >= 8, "the routes to wait on the barrier")
+            for _ in range(3):
+                t0 = time.monotonic()
+                ready = httpx.get(server.url + "/readyz", headers=auth, timeout=60)
+                assert ready.status_code == 200 and time.monotonic() - t0 < 3, (ready.text, time.monotonic() - t0)
+                t0 = time.monotonic()
+                scraped = httpx.get(server.url + "/metrics", headers=auth, timeout=60)
+                assert scraped.status_code == 200 and time.monotonic() - t0 < 3
+                assert "lakehouse_status_up 1.0" in scraped.text
+            assert routes == []  # the routes are still held
+            holder.execute("select pg_advisory_unlock(%s, %s)", CONSUME_LOCK)
+        [t.join(90) for t in threads]
+        assert len(routes) == 10
+    finally:
+        server.stop()
+
+
+def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_per_kind(dsn, settings):
+    """Every session of ServiceDb: TCP keepalives and tcp_user_timeout (a silent peer found dead in about
+    api_pg_dead_after_seconds), a statement timeout by kind of work (a stalled statement is cut); an ingest's DSN
+    carries the keepalives (and still connects, through psycopg and ADBC alike)."""
+    import dataclasses
+
+    import adbc_driver_postgresql.dbapi as adbc
+    import psycopg
+
+    from lakehouse_dagster.core.db import adbc_uri
+    from lakehouse_dagster.service.db import CONTROL, READ, ServiceDb
+
+    tuned = dataclasses.replace(
+        settings, api_read_statement_seconds=1.5, api_control_statement_seconds=7, api_pg_dead_after_seconds=12
+    )
+    db = ServiceDb(dsn, tuned)
+    try:
+        with db.connection(READ) as c:
+            assert c.execute("show statement_timeout").fetchone()[0] == "1500ms"
+            params = c.info.get_parameters()
+            assert (params["keepalives"], params["keepalives_idle"], params["keepalives_count"]) == ("1", "4", "3")
+            assert params["tcp_user_timeout"] == "12000" and int(params["keepalives_interval"]) >= 1
+            t0 = time.monotonic()
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                c.execute("select pg_sleep(30)")  # a statement that stalls is cut by the server
+            assert time.monotonic() - t0 < 10
+        with db.connection(CONTROL) as c:
+            assert c.execute("show statement_timeout").fetchone()[0] == "7s"
+        assert db.resolver().conn.execute("show statement_timeout").fetchone()[0] == "7s"
+        assert db.probe() == {"postgres": "ok", "catalog": "ok"}
+        with connect(db.ingest_dsn) as c:
+            assert c.info.get_parameters()["tcp_user_timeout"] == "12000"
+            assert c.execute("show statement_timeout").fetchone()[0] == "0"  # G3 may wait 30 min
+        with adbc.connect(adbc_uri(db.ingest_dsn)) as a, a.cursor() as cur:
+            cur.execute("select 1")
+            assert cur.fetchone() == (1,)
+    finally:
+        db.close()
+
+
+def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_served_after(own_postgres):
+    """4 clients for 24 s of reads (Iceberg and Postgres) and ingests, Postgres killed and restarted (-m immediate)
+    at 6 s: every answer is a 200 or a 5xx with Retry-After, none carries a stack trace, no connection is cut, and
+    every request sent once Postgres has been back for 5 s is served — by the same server process."""
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.flags.overrides import set_override
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.testing.service_faults import run_load_with_restart
+
+    dsn, root = own_postgres
+    env = _env(dsn, root, LAKEHOUSE_MAX_CONCURRENT_INGEST="2")
+    settings = Settings.from_env().replace(
+        pg_dsn=dsn, home=root / "home", warehouse=env["LAKEHOUSE_WAREHOUSE"], namespace="lakehouse"
+    )
+    catalog = load_catalog(settings, dsn)
+    with connect(dsn) as conn:
+        migrate(conn)
+        readable = [_big(conn, 3_000) for _ in range(3)]
+        sourced = [_sourced(conn, 200) for _ in range(2)]
+        set_override(conn, "read", "export.stream", "iceberg", note="faults", actor="pytest")
+    for d in readable:
+        sync_dataset(dsn, catalog, settings, d)
+    server = ServiceProcess(env, root / "serve.log", token=new_token()).wait_ready()
+    try:
+        report = run_load_with_restart(
+            server, root / "pg", readable, sourced, clients=4, seconds=24, restart_at=6, recovery_seconds=5
+        )
+        print(report.line())
+        assert report.unexpected_count == 0 and report.cut == 0, report.unexpected
+        assert report.tracebacks == 0
+        assert report.after_recovery_not_served == 0 and report.after_recovery, report.after_recovery
+        assert report.first_ok_after_back_seconds is not None and report.first_ok_after_back_seconds < 5
+        assert server.proc.poll() is None  # recovered by itself: the same process throughout
+        assert "Traceback" not in server.log_text()
+    finally:
+        server.stop()

@@ -82,11 +82,13 @@ def connection(dsn: str, *, autocommit: bool = True) -> Iterator[psycopg.Connect
 
 
 class IdlePool:
-    """Connections kept open between uses inside one scope (a mirror batch: mirror/batch.py), so a batch of
-    small syncs pays a connect once, not once per dataset. A user takes one (``take``), and gives it back
-    (``give``) only when it left it idle and clean (no transaction, no pending result); anything else is
-    closed by the user. At most ``keep`` idle connections per key; ``close`` closes them all (end of scope).
-    Thread-safe (the mirror's readers run in threads). Nothing here outlives the scope that made it."""
+    """Connections kept open between uses inside the scope of their owner, so that repeated short work pays a
+    connect once: a mirror batch (mirror/batch.py: one connect per batch, not per dataset), or the service's whole
+    life (service/db.py: its pool, keyed by kind of work). A user takes one (``take``), and gives it back
+    (``give``) only when it left it idle and clean (no transaction, no pending result); anything else is closed
+    by the user. A kept connection may have died while idle (a Postgres restart): a long-lived owner checks it
+    before use (ServiceDb.take runs ``select 1``). At most ``keep`` idle connections per key; ``close`` closes
+    them all and ends the scope. Thread-safe (the mirror's readers and the service's workers run in threads)."""
 
     def __init__(self, keep: int = 2):
         self.keep = keep

@@ -127,6 +127,13 @@ class Settings:
     # ingest's answer (past it 504; the ingest itself is never cut, it finishes whole on its own).
     api_timeout_seconds: float = 300.0
     api_batch_rows: int = 65_536  # rows per streamed record batch: a read's memory is bounded by it
+    # The service's Postgres sessions (service/db.py): a peer gone silent (a partitioned network) is found dead
+    # after about this long by TCP keepalives and tcp_user_timeout, instead of TCP's own ~15 minutes; and the
+    # longest one statement of a read (a fetch of one batch) or of a control request (route, flags, readyz,
+    # metrics; above the barrier's 30 s wait) may run. Ingests keep no statement timeout (G3 waits up to 30 min).
+    api_pg_dead_after_seconds: int = 30
+    api_read_statement_seconds: float = 120.0
+    api_control_statement_seconds: float = 45.0
     # Read mode shadow (routing/shadow.py): the fraction of reads also read from Iceberg and compared, off the
     # request path, by this many worker threads per process taking a queue this long (full: dropped and counted).
     shadow_sample: float = 0.1
@@ -216,6 +223,13 @@ class Settings:
                 "LAKEHOUSE_API_TIMEOUT_SECONDS", _float("LAKEHOUSE_API_TIMEOUT_SECONDS", 300.0)
             ),
             api_batch_rows=_int("LAKEHOUSE_API_BATCH_ROWS", 65_536, minimum=1),
+            api_pg_dead_after_seconds=_int("LAKEHOUSE_API_PG_DEAD_AFTER_SECONDS", 30, minimum=3),
+            api_read_statement_seconds=_above_zero(
+                "LAKEHOUSE_API_READ_STATEMENT_SECONDS", _float("LAKEHOUSE_API_READ_STATEMENT_SECONDS", 120.0)
+            ),
+            api_control_statement_seconds=_above_zero(
+                "LAKEHOUSE_API_CONTROL_STATEMENT_SECONDS", _float("LAKEHOUSE_API_CONTROL_STATEMENT_SECONDS", 45.0)
+            ),
             shadow_sample=_fraction("LAKEHOUSE_SHADOW_SAMPLE", _float("LAKEHOUSE_SHADOW_SAMPLE", 0.1)),
             shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
             shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),

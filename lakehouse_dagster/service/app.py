@@ -1,8 +1,14 @@
 """The ASGI app: Starlette routes over the same functions the CLI and the jobs call.
 
 Blocking work (psycopg, pyiceberg, pyarrow, the writers) runs in worker threads, never on the event loop, in
-three pools so that one kind of request cannot starve the others: reads, ingests (which may wait for G3), and
-the short control requests (route, flags, readyz, metrics).
+pools of their own so that one kind of request cannot starve the others: reads, ingests (which may wait for G3),
+the control requests (route, flags: a STRICT route may wait 30 s on the barrier), /metrics, and /readyz (two
+threads of its own: readiness never waits behind a route or a scrape).
+
+A pool's slot is held until the work it admitted ends, not until its request stops waiting (``_run_holding``): a
+request that gives up at ``api_timeout_seconds`` leaves its thread running, and that thread still counts. An
+ingest's dataset is marked running for as long as its thread lives: a retry of the same dataset meanwhile is
+answered at once (409, Retry-After), never queued behind it as one more thread, session and G3 waiter.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -25,6 +33,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
+from lakehouse_dagster.core.network import is_loopback
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
@@ -32,11 +41,13 @@ from lakehouse_dagster.service import bodies
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.service.encode import encoder_for, pick_format
 from lakehouse_dagster.service.errors import (
+    IngestRunning,
     IngestStillRunning,
     PayloadTooLarge,
     RequestTimeout,
     Unavailable,
     error_response,
+    is_backpressure,
     status_of,
 )
 from lakehouse_dagster.service.fallbacks import record_reported_fallback
@@ -59,6 +70,8 @@ ENDPOINTS = (
     "/lakehouse/fallback",
 )
 READ_THREADS, INGEST_THREADS, CONTROL_THREADS = 32, 64, 8
+READY_THREADS, METRICS_THREADS = 2, 2  # /readyz and /metrics: their own, so a held route never delays them
+BODY_TYPES = ("application/json",)  # what POST bodies must say they are (a browser's simple POST cannot)
 MAX_OPEN_READS = 64  # streams open at once (a slow client keeps its stream, and a pg one its connection, open)
 SOURCE_HEADER = {"pg": "postgres", "iceberg": "iceberg"}  # X-Lakehouse-Source, as the runbooks' app names them
 
@@ -74,7 +87,10 @@ class Service:
         self.reads = anyio.CapacityLimiter(READ_THREADS)
         self.ingests = anyio.CapacityLimiter(INGEST_THREADS)
         self.control = anyio.CapacityLimiter(CONTROL_THREADS)
+        self.ready = anyio.CapacityLimiter(READY_THREADS)
+        self.scrapes = anyio.CapacityLimiter(METRICS_THREADS)
         self.ingests_running: dict[int, str] = {}  # thread id -> "writer ds=<id>", for the shutdown's last word
+        self.ingesting: dict[uuid.UUID, _Ingest] = {}  # dataset -> its ingest whose thread still runs (loop's own)
         self.open_reads = 0  # read streams opened or opening (the event loop's own count: no lock)
 
     async def start(self) -> None:
@@ -86,7 +102,8 @@ class Service:
             await anyio.to_thread.run_sync(self.db.close)
 
 
-def create_app(settings: Settings, dsn: str) -> Starlette:
+def create_app(settings: Settings, dsn: str, host: str = "127.0.0.1") -> Starlette:
+    """``host``: the address served; without a token, only requests naming a loopback host are answered."""
     svc = Service(settings, dsn)
 
     @contextlib.asynccontextmanager
@@ -108,7 +125,7 @@ def create_app(settings: Settings, dsn: str) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.service = svc
-    return _Guard(app, svc)  # type: ignore[return-value]  # an ASGI app, as uvicorn takes it
+    return _Guard(app, svc, host)  # type: ignore[return-value]  # an ASGI app, as uvicorn takes it
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -124,13 +141,18 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 class _Guard:
-    """Outermost: bearer-token auth (constant-time compare; /healthz is open) and per-endpoint request metrics."""
+    """Outermost: what a web page in the operator's browser could otherwise do (cross-origin requests, DNS
+    rebinding, a ``text/plain`` simple POST), bearer-token auth (constant-time compare; /healthz is open) and
+    per-endpoint request metrics."""
 
-    def __init__(self, app: ASGIApp, svc: Service):
+    def __init__(self, app: ASGIApp, svc: Service, host: str = "127.0.0.1"):
         self.app = app
         self.svc = svc
         token = svc.settings.api_token
         self._token = token.encode() if token else None
+        # Without a token the Host is the defence against DNS rebinding (a page of evil.example whose name now
+        # resolves to 127.0.0.1 is same-origin to itself): only loopback names are answered.
+        self._hosts = None if token else {"localhost", "127.0.0.1", "::1", host.strip("[]").lower()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -147,17 +169,48 @@ class _Guard:
             await send(message)
 
         try:
-            if path not in PUBLIC_PATHS and not self._authorised(scope):
-                response = JSONResponse(
+            refusal = self._refusal(scope)
+            if refusal is None and path not in PUBLIC_PATHS and not self._authorised(scope):
+                refusal = JSONResponse(
                     {"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
                 )
-                await response(scope, receive, counted_send)
+            if refusal is None and scope["method"] == "POST" and path in ENDPOINTS:
+                refusal = _body_type_refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, counted_send)
                 return
             await self.app(scope, receive, counted_send)
         finally:
             m = self.svc.metrics
             m.http_requests.labels(endpoint, str(status["code"])).inc()
             m.http_seconds.labels(endpoint).observe(time.perf_counter() - started)
+
+    def _refusal(self, scope: Scope) -> Response | None:
+        """403 for a request a browser made on a page's behalf (the service has no pages: no Origin is its own)
+        and, without a token, for a Host that is not a loopback name."""
+        headers = {name: value for name, value in scope["headers"]}
+        host = headers.get(b"host", b"").decode("latin-1")
+        if self._hosts is not None:
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            name = name.strip("[]").lower()
+            if name not in self._hosts and not is_loopback(name):
+                return _forbidden(
+                    f"Host {host[:100]!r} is not this service's address; without LAKEHOUSE_API_TOKEN only requests "
+                    "to 127.0.0.1, localhost or ::1 are answered (a page of another site is refused)"
+                )
+        origin = headers.get(b"origin")
+        if origin is not None and origin.decode("latin-1") not in (f"http://{host}", f"https://{host}"):
+            return _forbidden(
+                f"cross-origin request refused (Origin {origin.decode('latin-1')[:100]!r}): the service answers "
+                "programs, not web pages; call it from the app's server side"
+            )
+        site = headers.get(b"sec-fetch-site")
+        if site is not None and site not in (b"same-origin", b"none"):
+            return _forbidden(
+                f"cross-site request refused (Sec-Fetch-Site {site.decode('latin-1')[:30]}): the service answers "
+                "programs, not web pages"
+            )
+        return None
 
     def _authorised(self, scope: Scope) -> bool:
         if self._token is None:
@@ -167,6 +220,28 @@ class _Guard:
                 scheme, _, given = value.partition(b" ")
                 return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
         return False
+
+
+def _forbidden(message: str) -> Response:
+    return JSONResponse({"error": message}, status_code=403)
+
+
+def _body_type_refusal(scope: Scope) -> Response | None:
+    """415 unless the body says it is JSON: a browser sends ``text/plain`` (or no type) cross-origin without a
+    preflight; ``application/json`` it never sends without asking first."""
+    given = b""
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            given = value
+            break
+    media = given.split(b";", 1)[0].strip().lower().decode("latin-1")
+    if media in BODY_TYPES:
+        return None
+    said = f"Content-Type {media[:60]!r}" if media else "no Content-Type"
+    return JSONResponse(
+        {"error": f"{scope['method']} {scope['path']} takes a JSON body: send Content-Type: application/json ({said})"},
+        status_code=415,
+    )
 
 
 def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
@@ -181,6 +256,103 @@ def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
 
 async def _blocking(limiter: anyio.CapacityLimiter, fn: Callable[..., Any], *args) -> Any:
     return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+
+
+DONE, NOT_STARTED, RUNNING = "done", "not-started", "running"
+
+
+async def _run_holding(
+    limiter: anyio.CapacityLimiter,
+    timeout: float,
+    fn: Callable[[], Any],
+    late: Callable[[Any, BaseException | None], None],
+    ended: Callable[[bool], None] | None = None,
+) -> tuple[str, Any]:
+    """``fn()`` in a worker thread that holds a slot of ``limiter`` until it returns, waited for at most
+    ``timeout`` s in all (the wait for a slot included). Returns (DONE, its value) — its error is raised;
+    (NOT_STARTED, None): no slot in time, ``fn`` never runs; (RUNNING, None): it started and goes on, its slot
+    still held, and hands what it ends with to ``late(value, error)`` in its thread. ``ended(kept)`` runs on the
+    event loop once, when the slot is let go of (by the thread, or here when ``fn`` never ran); ``kept``: the
+    value goes to the caller (DONE without an error).
+
+    anyio's ``abandon_on_cancel`` alone gives the limiter's token back when the wait is cancelled, while the
+    thread runs on: the bound then counts requests waiting, not work running."""
+    deadline = anyio.current_time() + timeout
+    borrower = object()
+    try:
+        with anyio.move_on_after(timeout) as waited:
+            await limiter.acquire_on_behalf_of(borrower)
+    except BaseException:  # cancelled from outside while waiting (shutdown): anyio gave the slot back
+        if ended is not None:
+            ended(False)
+        raise
+    if waited.cancelled_caught:  # anyio gave the slot back, or never gave it
+        if ended is not None:
+            ended(False)
+        return NOT_STARTED, None
+    token = anyio.lowlevel.current_token()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"started": False, "skipped": False, "abandoned": False}
+
+    def release(kept: bool) -> None:
+        limiter.release_on_behalf_of(borrower)
+        if ended is not None:
+            ended(kept)
+
+    def work() -> Any:
+        with lock:
+            if state["skipped"]:
+                return None
+            state["started"] = True
+        value, error = None, None
+        try:
+            value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, or to ``late``
+            error = exc
+        with lock:  # decided once: either the request takes the outcome, or ``late`` does
+            abandoned = state["abandoned"]
+            if not abandoned:
+                state["outcome"] = (value, error)
+        try:
+            anyio.from_thread.run_sync(release, not abandoned and error is None, token=token)
+        except RuntimeError:  # the event loop is gone (shutdown): nothing waits for the slot any more
+            pass
+        if abandoned:
+            late(value, error)
+            return None
+        if error is not None:
+            raise error
+        return value
+
+    def give_up() -> tuple[Any, BaseException | None] | None:
+        """The wait ended before the work: its outcome if it just arrived, else skip it or leave it running."""
+        with lock:
+            outcome = state.get("outcome")
+            if outcome is None:
+                if state["started"]:
+                    state["abandoned"] = True
+                else:
+                    state["skipped"] = True
+        if state["skipped"]:
+            release(False)
+        return outcome
+
+    try:
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            # a limiter of its own: ``limiter``'s slot, held above, is the bound (not anyio's token)
+            own = anyio.CapacityLimiter(1)
+            return DONE, await anyio.to_thread.run_sync(work, limiter=own, abandon_on_cancel=True)
+    except BaseException:  # its error, or cancelled from outside (shutdown): then as past the timeout
+        outcome = give_up()
+        if outcome is not None and outcome[1] is None and outcome[0] is not None:
+            late(outcome[0], None)  # a value no one will take
+        raise
+    outcome = give_up()
+    if outcome is not None:  # it ended just as the wait did: its answer stands
+        if outcome[1] is not None:
+            raise outcome[1]
+        return DONE, outcome[0]
+    return (NOT_STARTED if state["skipped"] else RUNNING), None
 
 
 async def _body(request: Request, settings: Settings) -> bytes:
@@ -213,7 +385,7 @@ async def healthz(svc: Service, request: Request) -> Response:
 
 async def readyz(svc: Service, request: Request) -> Response:
     assert svc.db is not None
-    parts = await _blocking(svc.control, svc.db.probe)
+    parts = await _blocking(svc.ready, svc.db.probe)  # its own threads: a held route never delays it
     if all(v == "ok" for v in parts.values()):
         return JSONResponse({"status": "ready", **parts})
     broken = ", ".join(f"{k} {v}" for k, v in parts.items() if v != "ok")
@@ -223,7 +395,7 @@ async def readyz(svc: Service, request: Request) -> Response:
 
 
 async def metrics(svc: Service, request: Request) -> Response:
-    body = await _blocking(svc.control, svc.metrics.render)
+    body = await _blocking(svc.scrapes, svc.metrics.render)
     return Response(body, media_type=CONTENT_TYPE)
 
 
@@ -304,22 +476,26 @@ async def read(svc: Service, request: Request) -> Response:
     assert db is not None
     if svc.open_reads >= MAX_OPEN_READS:  # each open stream may hold a Postgres connection: bounded
         raise Unavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
-    svc.open_reads += 1  # given back when the stream ends (_ReadStream), or below when none opens
+    svc.open_reads += 1  # given back when the stream ends (_ReadStream), or by ``ended`` when none opens
+
+    def late(opened: OpenRead | None, error: BaseException | None) -> None:  # its request gave up: freed here
+        if opened is not None:
+            opened.stream.close()
+
+    def ended(kept: bool) -> None:  # a read still opening keeps its place until its thread ends
+        if not kept:
+            svc.open_reads -= 1
+
     try:
-        opened = await _abandonable(
-            svc.reads, svc.settings.api_timeout_seconds, lambda: open_read(db, req), lambda o: o.stream.close()
+        status, opened = await _run_holding(
+            svc.reads, svc.settings.api_timeout_seconds, lambda: open_read(db, req), late, ended
         )
     except ReadRefused as exc:
-        svc.open_reads -= 1
         refused = getattr(exc, "decision", None)
         if refused is not None:
             svc.metrics.read_decisions.labels(refused.reader, refused.reason).inc()
         raise
-    except BaseException:
-        svc.open_reads -= 1
-        raise
-    if opened is None:
-        svc.open_reads -= 1
+    if status != DONE:
         raise Unavailable(
             f"the read could not start within {svc.settings.api_timeout_seconds:g} s (the service is busy); retry"
         )
@@ -336,31 +512,6 @@ async def read(svc: Service, request: Request) -> Response:
     if d.snapshot_id is not None:
         headers["X-Lakehouse-Snapshot-Id"] = str(d.snapshot_id)
     return _ReadStream(svc, req, opened, media, headers)
-
-
-async def _abandonable(limiter, timeout: float, fn: Callable[[], Any], cleanup: Callable[[Any], None]) -> Any:
-    """``fn()`` in a worker thread, waited for at most ``timeout`` s; None past it. A result that arrives after
-    the wait was given up is handed to ``cleanup`` (a read's stream is closed, not leaked)."""
-    lock = threading.Lock()
-    state: dict[str, Any] = {"abandoned": False}
-
-    def work():
-        value = fn()
-        with lock:
-            if state["abandoned"]:
-                cleanup(value)
-                return None
-            state["value"] = value
-        return value
-
-    with anyio.move_on_after(timeout):
-        return await anyio.to_thread.run_sync(work, limiter=limiter, abandon_on_cancel=True)
-    with lock:
-        state["abandoned"] = True
-        late = state.pop("value", None)
-    if late is not None:
-        await anyio.to_thread.run_sync(cleanup, late)
-    return None
 
 
 class _ReadStream(Response):
@@ -445,6 +596,16 @@ class _ReadStream(Response):
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
 
 
+class _Ingest:
+    """An ingest whose worker thread is running (or about to): in ``Service.ingesting`` until that thread ends."""
+
+    def __init__(self, writer: str):
+        self.writer = writer
+        self.since = time.monotonic()
+        self.abandoned = False  # its request was answered 504: a retry now is refused at once
+        self.done = anyio.Event()
+
+
 async def ingest(svc: Service, request: Request) -> Response:
     writer = "unknown"
     try:
@@ -455,53 +616,83 @@ async def ingest(svc: Service, request: Request) -> Response:
     except LakehouseError as exc:
         svc.metrics.ingest(writer, "refused" if status_of(exc) < 500 else "error")
         raise
+    timeout = svc.settings.api_timeout_seconds
+    deadline = anyio.current_time() + timeout
+    ds = req.dataset_id
+    while (running := svc.ingesting.get(ds)) is not None:
+        # Another ingest of this dataset runs in this service: it holds (or waits for) G3. Waiting for it here
+        # costs nothing (no thread, no session); once its request gave up (a 504), a retry is answered at once.
+        if not running.abandoned:
+            with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+                await running.done.wait()
+        if svc.ingesting.get(ds) is running:
+            svc.metrics.ingest(req.writer, "refused")
+            raise IngestRunning(
+                f"ingest {running.writer} of dataset {ds} has been running for "
+                f"{time.monotonic() - running.since:.0f} s in this service; it ends whole on its own (committed or "
+                "not at all) — retry after it ends: a retry then finds nothing new if it landed",
+                retry_after=max(2, min(30, round(timeout))),
+            )
     if svc.ingests.available_tokens < 1:
         svc.metrics.ingest(req.writer, "503")
         raise Backpressure(f"{INGEST_THREADS} ingest requests are already running in this service; retry later")
     db = svc.db
     assert db is not None
-    outcome: dict[str, Any] = {}
+    entry = _Ingest(req.writer)
+    svc.ingesting[ds] = entry
 
     def work():
         ident = threading.get_ident()
-        svc.ingests_running[ident] = f"{req.writer} ds={req.dataset_id}"
+        svc.ingests_running[ident] = f"{req.writer} ds={ds}"
         try:
-            result = run_writer(db.dsn, db.catalog, svc.settings, db.resolver(), req.dataset_id, req.writer, logger=log)
+            result = run_writer(db.ingest_dsn, db.catalog, svc.settings, db.resolver(), ds, req.writer, logger=log)
         except BaseException as exc:
             svc.metrics.ingest(req.writer, _outcome(exc))
-            if outcome.get("abandoned"):
-                log.warning(
-                    f"[service] ingest {req.writer} ds={req.dataset_id} failed after its request timed out: "
-                    f"{first_line(exc)}"
-                )
             raise
         finally:
             svc.ingests_running.pop(ident, None)
         svc.metrics.ingest(req.writer, "ok")
         svc.metrics.rows_ingested.labels(result.path).inc(result.rows)
-        if outcome.get("abandoned"):
-            log.info(
-                f"[service] ingest {req.writer} ds={req.dataset_id} finished after its request timed out: "
-                f"{result.rows} rows via {result.path}"
-            )
         return result
 
-    timeout = svc.settings.api_timeout_seconds
-    with anyio.move_on_after(timeout):
-        result = await anyio.to_thread.run_sync(work, limiter=svc.ingests, abandon_on_cancel=True)
-        body = json.loads(json.dumps(result.to_json(), default=str))
-        body["snapshot_id"] = _id_text(result.snapshot_id)
-        if await request.is_disconnected():
-            log.info(
-                f"[service] ingest {req.writer} ds={req.dataset_id}: the client went away before the answer; "
-                f"the ingest finished whole ({result.rows} rows via {result.path}, sync {result.sync_id})"
+    def late(result, error: BaseException | None) -> None:
+        if error is not None:
+            log.warning(
+                f"[service] ingest {req.writer} ds={ds} failed after its request timed out: {first_line(error)}"
             )
-        return JSONResponse(body)
-    outcome["abandoned"] = True
-    raise IngestStillRunning(
-        f"ingest {req.writer} of dataset {req.dataset_id} is still running after {timeout:g} s; it goes on and ends "
-        "whole (committed or not at all) — retry later: a retry waits for it (G3) and finds nothing new if it landed"
-    )
+        else:
+            log.info(
+                f"[service] ingest {req.writer} ds={ds} finished after its request timed out: "
+                f"{result.rows} rows via {result.path}"
+            )
+
+    def ended(kept: bool) -> None:
+        if svc.ingesting.get(ds) is entry:
+            del svc.ingesting[ds]
+        entry.done.set()
+
+    status, result = await _run_holding(svc.ingests, max(0.0, deadline - anyio.current_time()), work, late, ended)
+    if status == NOT_STARTED:
+        svc.metrics.ingest(req.writer, "503")
+        raise Unavailable(
+            f"ingest {req.writer} of dataset {ds} could not start within {timeout:g} s (the service is busy); "
+            "nothing was done — retry"
+        )
+    if status == RUNNING:
+        entry.abandoned = True
+        raise IngestStillRunning(
+            f"ingest {req.writer} of dataset {ds} is still running after {timeout:g} s; it goes on and ends "
+            "whole (committed or not at all) — retry after it ends (a retry meanwhile is refused at once with 409); "
+            "a retry then finds nothing new if it landed"
+        )
+    body = json.loads(json.dumps(result.to_json(), default=str))
+    body["snapshot_id"] = _id_text(result.snapshot_id)
+    if await request.is_disconnected():
+        log.info(
+            f"[service] ingest {req.writer} ds={ds}: the client went away before the answer; "
+            f"the ingest finished whole ({result.rows} rows via {result.path}, sync {result.sync_id})"
+        )
+    return JSONResponse(body)
 
 
 def _id_text(snapshot_id: int | None) -> str | None:
@@ -510,7 +701,7 @@ def _id_text(snapshot_id: int | None) -> str | None:
 
 
 def _outcome(exc: BaseException) -> str:
-    if isinstance(exc, Backpressure):
+    if is_backpressure(exc):
         return "503"
     status = status_of(exc)
     return "refused" if status < 500 else "error"

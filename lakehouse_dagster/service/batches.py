@@ -6,7 +6,9 @@ each read row group by row group (pyarrow), columns matched by Iceberg field id 
 with delete files goes through pyiceberg's own ArrowScan (one file at a time). pyiceberg's
 ``to_arrow_batch_reader`` is not used: it reads every file of the scan at once in a thread pool, so its peak is
 the table's (FIELD-NOTES). An ordered Iceberg read (``__row_index``) holds one data file at a time, or a group of
-files whose ``__row_index`` ranges overlap (one group of every file when a file has no bounds).
+files whose ``__row_index`` ranges overlap (one group of every file when a file has no bounds); with a ``limit``
+it holds at most the ``limit`` smallest rows seen so far plus one batch (a running top-k over the group's
+batches), never the group.
 
 ``open`` does everything that can fail before the first byte is sent: the plan, every data file's existence
 and the first batch, so an Iceberg error there can still fall back to Postgres (routing/read_router.py).
@@ -137,7 +139,8 @@ def iceberg_stream(
             raise FileNotFoundError(f"data file {task.file.file_path} of snapshot {snapshot_id} is missing")
     reader = _FileReader(table, scan, fields, schema, batch_rows)
     if projection.order_by_row_index:
-        batches = _ordered(reader, tasks, table.schema().find_field(ROW_INDEX).field_id, names, schema, batch_rows)
+        field_id = table.schema().find_field(ROW_INDEX).field_id
+        batches = _ordered(reader, tasks, field_id, names, schema, batch_rows, projection.limit)
     else:
         batches = _every_file(reader, tasks)
     if projection.limit is not None:
@@ -160,9 +163,10 @@ class _FileReader:
         by_name.setdefault(ROW_INDEX, pa.field(ROW_INDEX, pa.int64(), nullable=False))
         self.target = pa.schema([by_name[n] for n in fields])
 
-    def batches(self, task) -> Iterator[pa.RecordBatch]:
+    def batches(self, task, batch_rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        batch_rows = batch_rows or self.batch_rows
         if task.delete_files:
-            yield from self._through_pyiceberg(task)
+            yield from self._through_pyiceberg(task, batch_rows)
             return
         with self.table.io.new_input(task.file.file_path).open() as f:
             pf = pq.ParquetFile(f)
@@ -174,7 +178,7 @@ class _FileReader:
             present = set(pf.schema_arrow.names)
             in_file = [by_id.get(self.projection.find_field(n).field_id, n) for n in self.fields]
             wanted = [c for c in dict.fromkeys(in_file) if c in present]
-            for batch in pf.iter_batches(batch_size=self.batch_rows, columns=wanted, use_threads=True):
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
                 yield self._shape(batch, in_file)
 
     def _shape(self, batch: pa.RecordBatch, in_file: list[str]) -> pa.RecordBatch:
@@ -184,24 +188,61 @@ class _FileReader:
             cols.append(batch.column(idx).cast(field.type) if idx >= 0 else pa.nulls(batch.num_rows, field.type))
         return pa.RecordBatch.from_arrays(cols, schema=self.target)
 
-    def _through_pyiceberg(self, task) -> Iterator[pa.RecordBatch]:
+    def _through_pyiceberg(self, task, batch_rows: int) -> Iterator[pa.RecordBatch]:
         scan = self.scan
         arrow_scan = ArrowScan(scan.table_metadata, scan.io, self.projection, AlwaysTrue(), scan.case_sensitive)
         for batch in arrow_scan.to_record_batches([task]):
-            for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=self.batch_rows):
+            for piece in pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows):
                 yield self._shape(piece, list(self.fields))
 
 
+# Rows per batch a limited ordered read scans: its memory is the limit's rows plus one such batch (pyarrow's
+# Parquet reader holds about a batch's worth of decoded pages: 3.4 MB at 1,024 rows of ~330 B, 8.9 MB at 8,192).
+TOP_K_SCAN_ROWS = 1024
+
+
 def _ordered(
-    reader: _FileReader, tasks: list, field_id: int, names: list[str], schema: pa.Schema, batch_rows: int
+    reader: _FileReader,
+    tasks: list,
+    field_id: int,
+    names: list[str],
+    schema: pa.Schema,
+    batch_rows: int,
+    limit: int | None = None,
 ) -> Batches:
-    """Ascending __row_index: groups of files whose ranges overlap, each group sorted in memory, in order."""
+    """Ascending __row_index: groups of files whose ranges overlap, in order, each group sorted in memory — or,
+    with ``limit``, only the group's ``limit`` smallest rows kept (the groups' ranges do not overlap: once the
+    groups so far gave ``limit`` rows, no later group has a smaller one)."""
+    left = limit
     for group in _overlapping_groups(tasks, field_id):
-        data = pa.Table.from_batches([b for task in group for b in reader.batches(task)], schema=reader.target)
-        data = data.take(pc.sort_indices(data, sort_keys=[(ROW_INDEX, "ascending")])).select(names)
-        data = data.cast(schema)
+        if left is not None:
+            if left <= 0:
+                return
+            data = _smallest(reader, group, left)
+            left -= data.num_rows
+        else:
+            data = pa.Table.from_batches([b for task in group for b in reader.batches(task)], schema=reader.target)
+            data = data.take(pc.sort_indices(data, sort_keys=[(ROW_INDEX, "ascending")]))
+        data = data.select(names).cast(schema)
         yield from data.to_batches(max_chunksize=batch_rows)
         del data
+
+
+def _smallest(reader: _FileReader, group: list, k: int) -> pa.Table:
+    """The ``k`` rows of smallest __row_index in ``group``'s files, sorted: a running top-k, so at most ``k`` rows
+    plus one scanned batch are held (rows past the k-th smallest so far are dropped before they are kept)."""
+    kept = pa.Table.from_batches([], schema=reader.target)
+    scan_rows = max(TOP_K_SCAN_ROWS, min(k, reader.batch_rows))
+    for task in group:
+        for batch in reader.batches(task, scan_rows):
+            if kept.num_rows >= k:  # only rows below the k-th smallest so far can enter
+                worst = kept.column(ROW_INDEX)[k - 1]
+                batch = batch.filter(pc.less(batch.column(ROW_INDEX), worst))
+                if batch.num_rows == 0:
+                    continue
+            kept = pa.concat_tables([kept, pa.Table.from_batches([batch], schema=reader.target)])
+            kept = kept.take(pc.sort_indices(kept, sort_keys=[(ROW_INDEX, "ascending")])[:k])
+    return kept.combine_chunks()
 
 
 def _overlapping_groups(tasks: list, field_id: int) -> list[list]:

@@ -4,6 +4,13 @@ Everything here outlives a Postgres restart without a restart of the service: a 
 before it is lent (one ``select 1``) and replaced when dead; the flag resolver's connection is replaced when it
 broke; the catalog's SQLAlchemy pool pings before use. ``probe`` (``/readyz``) exercises each of them, so a
 ready answer means the next request finds every one working.
+
+A network that goes silent (a partition, a failover that leaves the old address unanswered) must not pin a
+read's slot until TCP gives up (~15 min): every session of the service has TCP keepalives and a
+``tcp_user_timeout`` (``api_pg_dead_after_seconds``), and a ``statement_timeout`` by the kind of work it does —
+reads and control requests in pools of their own (``api_read_statement_seconds``,
+``api_control_statement_seconds``). An ingest's own sessions (sources/writers.py) get the keepalives through
+``ingest_dsn``, and no statement timeout: G3's wait is bounded by its lock timeout, a large COPY by nothing else.
 """
 
 from __future__ import annotations
@@ -14,8 +21,10 @@ import logging
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, is_idle
 from lakehouse_dagster.core.settings import Settings
@@ -26,54 +35,92 @@ from lakehouse_dagster.lake.reader import load_dataset_table
 log = logging.getLogger("lakehouse_dagster.service")
 
 APPLICATION_NAME = "lakehouse-serve"  # pg_stat_activity shows the service's sessions under this name
-_POOL_KEY = "service"
+READ, CONTROL = "read", "control"  # kinds of work: each its own pool and statement timeout
 _TABLES_KEPT = 256
 
 
+def keepalive_params(dead_after_seconds: int) -> dict[str, int]:
+    """libpq's TCP keepalives and user timeout for a peer found dead after about ``dead_after_seconds``: idle a
+    third of it, then 3 probes in the next half; unacknowledged data for the whole of it."""
+    idle = max(1, dead_after_seconds // 3)
+    return {
+        "keepalives": 1,
+        "keepalives_idle": idle,
+        "keepalives_interval": max(1, (dead_after_seconds - idle) // 6),
+        "keepalives_count": 3,
+        "tcp_user_timeout": dead_after_seconds * 1000,
+    }
+
+
+def with_params(dsn: str, params: dict[str, int]) -> str:
+    """``dsn`` with libpq ``params`` added, in its own form (a URI stays a URI: the ADBC driver takes URIs)."""
+    if "://" not in dsn:
+        return make_conninfo(dsn, **params)
+    given = conninfo_to_dict(dsn.replace("postgresql+psycopg://", "postgresql://"))
+    extra = {k: v for k, v in params.items() if k not in given}
+    if not extra:
+        return dsn
+    base, sep, fragment = dsn.partition("#")
+    joined = "&".join(f"{k}={v}" for k, v in extra.items())
+    return base + ("&" if "?" in base else "?") + joined + (sep + fragment)
+
+
 class ServiceDb:
-    """Connections lent per request (kept idle up to ``keep``), one shared flag resolver, the catalog, and the
-    Iceberg tables last loaded (a table object serves every snapshot its metadata holds)."""
+    """Connections lent per request (kept idle up to ``keep`` per kind of work), one shared flag resolver, the
+    catalog, and the Iceberg tables last loaded (a table object serves every snapshot its metadata holds)."""
 
     def __init__(self, dsn: str, settings: Settings, *, keep: int = 16):
         self.dsn = dsn
         self.settings = settings
-        self._pool = IdlePool(keep=keep)
+        self._keepalives: dict[str, Any] = keepalive_params(settings.api_pg_dead_after_seconds)
+        self.ingest_dsn = with_params(dsn, self._keepalives)
+        self._statement_ms = {
+            READ: int(settings.api_read_statement_seconds * 1000),
+            CONTROL: int(settings.api_control_statement_seconds * 1000),
+        }
+        self._pool = IdlePool(keep=keep)  # for the service's whole life (ServiceDb.close ends it)
         self._resolver_lock = threading.Lock()
         self._resolver: FlagResolver | None = None
         self._tables: collections.OrderedDict[uuid.UUID, object] = collections.OrderedDict()
         self._tables_lock = threading.Lock()
         self.catalog = load_catalog(settings, dsn)
 
-    def _connect(self) -> psycopg.Connection:
-        return connect(self.dsn, connect_timeout=5, application_name=APPLICATION_NAME)
+    def _connect(self, kind: str = CONTROL) -> psycopg.Connection:
+        return connect(
+            self.dsn,
+            connect_timeout=5,
+            application_name=APPLICATION_NAME,
+            options=f"-c statement_timeout={self._statement_ms[kind]}",
+            **self._keepalives,
+        )
 
-    def take(self) -> psycopg.Connection:
-        """An autocommit connection that answered just now; give it back with ``give``."""
-        conn, reused = self._pool.take_or_open(_POOL_KEY, self._connect)
+    def take(self, kind: str = READ) -> psycopg.Connection:
+        """An autocommit connection for ``kind`` of work that answered just now; give it back with ``give``."""
+        conn, reused = self._pool.take_or_open(kind, lambda: self._connect(kind))
         if reused:
             try:
                 conn.execute("select 1")
             except psycopg.Error:  # died while idle (a Postgres restart): a new one
                 close_quietly(conn)
-                conn = self._connect()
+                conn = self._connect(kind)
         return conn
 
-    def give(self, conn: psycopg.Connection) -> None:
+    def give(self, conn: psycopg.Connection, kind: str = READ) -> None:
         """Back to the pool when idle and clean, else closed (its session, transaction and snapshot go with it)."""
         if is_idle(conn):
-            self._pool.give(_POOL_KEY, conn)
+            self._pool.give(kind, conn)
         else:
             close_quietly(conn)
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection]:
-        conn = self.take()
+    def connection(self, kind: str = CONTROL) -> Iterator[psycopg.Connection]:
+        conn = self.take(kind)
         try:
             yield conn
         except BaseException:
             close_quietly(conn)  # whatever failed may have left it mid-transaction
             raise
-        self.give(conn)
+        self.give(conn, kind)
 
     def resolver(self) -> FlagResolver:
         """The shared flag resolver (its TTL cache and NOTIFY invalidation, as in every process); its connection

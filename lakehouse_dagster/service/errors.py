@@ -30,9 +30,22 @@ class RequestTimeout(LakehouseError):
 
 
 class IngestStillRunning(LakehouseError):
-    """The answer took longer than the request bound; the ingest goes on and ends whole (committed or not)."""
+    """The answer took longer than the request bound; the ingest goes on and ends whole (committed or not). Said
+    only of an ingest that started."""
 
     http_status = 504
+
+
+class IngestRunning(LakehouseError):
+    """An ingest of the same dataset still runs in this service (its request may have given up): refused at once,
+    with no thread, session or lock wait queued behind it; retry after ``retry_after`` s."""
+
+    http_status = 409
+    transient = True
+
+    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER_SECONDS):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class Unavailable(LakehouseError):
@@ -52,15 +65,18 @@ def status_of(exc: BaseException) -> int:
 
 def error_response(exc: BaseException, where: str = "") -> JSONResponse:
     """The answer for ``exc``; an unexpected one is logged with its stack here."""
-    if isinstance(psycopg_exc := exc, psycopg.OperationalError):
-        log.warning("%sPostgres is unreachable: %s", where, first_line(psycopg_exc))
+    if not isinstance(exc, LakehouseError) and _connection_lost(exc):
+        log.warning("%sPostgres is unreachable: %s", where, first_line(exc))
         exc = Unavailable(
-            f"Postgres is unreachable ({type(psycopg_exc).__name__}); retry shortly — GET /readyz says when it is back"
+            f"Postgres is unreachable ({type(exc).__name__}); retry shortly — GET /readyz says when it is back"
         )
+    elif not isinstance(exc, LakehouseError) and is_transient(exc):  # I/O: the object store, the network
+        log.warning("%sa transient failure: %s: %s", where, type(exc).__name__, first_line(exc))
+        exc = Unavailable(f"a transient failure ({type(exc).__name__}); retry shortly")
     status = status_of(exc)
     headers = {}
     if status == 503 or (isinstance(exc, LakehouseError) and is_transient(exc)):
-        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        headers["Retry-After"] = str(getattr(exc, "retry_after", RETRY_AFTER_SECONDS))
     if isinstance(exc, LakehouseError):
         message = " ".join(str(exc).split()) or type(exc).__name__
     else:
@@ -69,5 +85,21 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """Postgres went away under psycopg, or under the catalog's SQLAlchemy pool (which wraps psycopg's error)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return True
+        if type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in _SQLALCHEMY_LOST:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+_SQLALCHEMY_LOST = {"OperationalError", "InterfaceError", "DisconnectionError", "PendingRollbackError"}
+
+
 def is_backpressure(exc: BaseException) -> bool:
+    """G2 refused it (counted as ``503`` in ``lakehouse_ingest_requests``)."""
     return isinstance(exc, Backpressure)

@@ -4,7 +4,8 @@
 Counted as the service works: read decisions by reader and reason, fallbacks, ingest requests by writer and
 outcome (``ok``, ``503``, ``refused``, ``error``), rows ingested by path, rows served by source, HTTP requests.
 Read from Postgres at scrape time: datasets behind the mirror and the largest lag (status/lag.py, the one
-definition), datasets by their latest canary verdict (parity/canary.py). Process memory: prometheus-client's
+definition), datasets by their latest canary verdict (parity/canary.py's newest-verdict order, one index probe per
+dataset: the cost of a scrape follows the datasets, never the verdicts' history). Process memory: prometheus-client's
 process collector (``process_resident_memory_bytes``). When Postgres cannot be read, the scraped gauges are left
 out and ``lakehouse_status_up`` says 0 — never a 0 that looks like "nothing behind".
 """
@@ -20,7 +21,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from lakehouse_dagster.flags.registry import WRITERS
-from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.status.lag import behind_datasets
@@ -30,6 +30,15 @@ log = logging.getLogger("lakehouse_dagster.service")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 OUTCOMES = ("ok", "503", "refused", "error")
 VERDICTS = ("ok", "lagging", "no-snapshot", "MISMATCH", "native", "error")
+# Datasets by their newest verdict (by checked_at, then id: parity/canary.py latest_verdicts), through the
+# (dataset_id, checked_at desc, id desc) index: one probe per dataset, whatever the number of verdicts.
+_BY_LATEST_VERDICT = """
+select p.verdict, count(*)
+  from datasets d
+  cross join lateral (select verdict from lakehouse_read_parity p
+                       where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
+ group by p.verdict
+"""
 
 
 class ServiceMetrics:
@@ -109,7 +118,7 @@ class _StatusCollector:
         try:
             with self.db.connection() as conn:
                 behind = behind_datasets(conn)
-                verdicts = latest_verdicts(conn)
+                verdicts = dict(conn.execute(_BY_LATEST_VERDICT).fetchall())
         except psycopg.Error as exc:
             log.warning("metrics: cannot read the migration's state from Postgres (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -138,9 +147,7 @@ class _StatusCollector:
         by_verdict = GaugeMetricFamily(
             "lakehouse_canary_latest_verdicts", "Datasets by their newest canary verdict", labels=["verdict"]
         )
-        counts = dict.fromkeys(VERDICTS, 0)
-        for v in verdicts.values():
-            counts[v["verdict"]] = counts.get(v["verdict"], 0) + 1
+        counts = {**dict.fromkeys(VERDICTS, 0), **verdicts}
         for verdict, n in counts.items():
             by_verdict.add_metric([verdict], n)
         yield by_verdict

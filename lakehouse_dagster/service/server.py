@@ -47,7 +47,7 @@ def check_can_serve(settings: Settings, host: str) -> str:
 
 def serve(settings: Settings, dsn: str, host: str, port: int, *, graceful_seconds: float) -> int:
     """Serve until SIGTERM/SIGINT; 0 after a clean stop, 1 when the start failed or ingests had to be cut."""
-    app = create_app(settings, dsn)
+    app = create_app(settings, dsn, host)
     config = uvicorn.Config(
         app,
         host=host,

