@@ -88,12 +88,13 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
 def _connection_lost(exc: BaseException) -> bool:
     """Postgres went away under psycopg, or under the catalog's SQLAlchemy pool (which wraps psycopg's error)."""
     seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+    cur: BaseException | None = exc
+    while cur is not None and seen < 10:
+        if isinstance(cur, psycopg.OperationalError | psycopg.InterfaceError):
             return True
-        if type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in _SQLALCHEMY_LOST:
+        if type(cur).__module__.startswith("sqlalchemy") and type(cur).__name__ in _SQLALCHEMY_LOST:
             return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+        cur, seen = cur.__cause__ or cur.__context__, seen + 1
     return False
 
 
