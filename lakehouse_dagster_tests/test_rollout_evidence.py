@@ -51,7 +51,8 @@ def test_a_native_verdict_is_ok_for_a_writer_plan_only(conn):
     ids = [datasets.create_dataset(conn, ws, f"d{i}", SCHEMA) for i in range(3)]
     for d, verdict in zip(ids, ("ok", "ok", "native")):
         conn.execute(
-            "insert into lakehouse_read_parity (dataset_id, verdict, source, run_id) values (%s, %s, 'rollout', 'run-1')",
+            "insert into lakehouse_read_parity (dataset_id, verdict, source, run_id, pg_count, iceberg_count)"
+            " values (%s, %s, 'rollout', 'run-1', 8, 8)",  # rows compared: evidence (an empty canary is none)
             (d, verdict),
         )
     reader = analysis.verdicts(conn, "run-1", "read", Analysis(), 3)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 
 from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, fetch_value
-from lakehouse_dagster.core.errors import Backpressure, LakehouseError, LockTimeout, first_line, is_transient
+from lakehouse_dagster.core.errors import Backpressure, BadInput, LakehouseError, LockTimeout, first_line, is_transient
 from lakehouse_dagster.core.guards import guard_connection
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
@@ -57,8 +57,6 @@ def shard_of(dataset_id: uuid.UUID, shard_count: int) -> int:
 
 
 def check_shard(shard: int, shard_count: int) -> None:
-    from lakehouse_dagster.core.errors import BadInput
-
     if shard_count < 1 or shard_count > 1024:
         raise BadInput(f"shard count {shard_count} is out of range; use 1 to 1024 (LAKEHOUSE_MIRROR_SHARDS)")
     if not 0 <= shard < shard_count:
@@ -282,7 +280,8 @@ def _stream(
     after the poller's backoff), and an Idle whenever nothing is due. Waits for the shard's lock until
     ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
     deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
-    Interruptions propagate (each sync records what is true)."""
+    Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
+    window, the sync and its retry-at-once cases are one loop whose order is the exactly-once argument."""
     stop = stop or threading.Event()
     window = settings.mirror_commit_window_ms / 1000.0
     poll = settings.mirror_poll_ms / 1000.0

@@ -276,7 +276,8 @@ async def _run_holding(
     value goes to the caller (DONE without an error).
 
     anyio's ``abandon_on_cancel`` alone gives the limiter's token back when the wait is cancelled, while the
-    thread runs on: the bound then counts requests waiting, not work running."""
+    thread runs on: the bound then counts requests waiting, not work running. Long on purpose: the slot's
+    hand-over between the event loop and the thread is one protocol; split, its races would not read as one."""
     deadline = anyio.current_time() + timeout
     borrower = object()
     try:
@@ -607,6 +608,9 @@ class _Ingest:
 
 
 async def ingest(svc: Service, request: Request) -> Response:
+    """One writer's ingest of one dataset, at most one per dataset in this service: a retry of a running ingest
+    waits for it or is refused at once, never queued behind its lock. Long on purpose: each answer (409, 503, 504,
+    the result) is told apart where the state that decides it is read."""
     writer = "unknown"
     try:
         obj = bodies.json_object(await _body(request, svc.settings), "ingest", bodies.INGEST_EXAMPLE)

@@ -700,7 +700,9 @@ def deliver(
     a receiver that got a post which then timed out here sees the key again and can drop the repeat. A failed post
     waits ``backoff`` before its next try; the first failure ends the tick's posting (the receiver is down); a
     success makes every waiting event due at once (it is back). An event is dropped, with a log line, only when a
-    post of it fails more than ``retry_seconds`` after it was recorded, or past ``max_pending`` waiting."""
+    post of it fails more than ``retry_seconds`` after it was recorded, or past ``max_pending`` waiting.
+    Long on purpose: the key stored before the post, the post and the backoff or drop after it are one transaction's
+    story per message."""
     now = now or dt.datetime.now(dt.UTC)
     out = Delivery(retry_seconds=retry_seconds)
     out.dropped += _shed(conn, max_pending)

