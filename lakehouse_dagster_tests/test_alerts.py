@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.dagster.defs.alerts import alerts_sensor
 from lakehouse_dagster.dagster.defs.alerts.alerts_sensor import lakehouse_alerts
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -27,6 +28,7 @@ from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks import auto_rollback
+from lakehouse_dagster.status import alerts
 from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.conftest import pg_dagster_instance
 from lakehouse_dagster_tests.test_canary import behind_the_mirrors_back, evaluate, make_dataset, sync
@@ -446,11 +448,17 @@ def _posted_ids(receiver, pattern: str) -> list[str]:
     return [m for b in receiver.delivered for m in re.findall(pattern, b["text"])]
 
 
-def test_a_burst_of_300_failed_runs_is_alerted_every_one_once(conn, dsn, settings, receiver, instance, tick):
+def test_a_burst_of_failed_runs_over_several_pages_is_alerted_every_one_once(
+    conn, dsn, settings, receiver, instance, tick, monkeypatch
+):
     """Before: the failed runs were read 200 at a time from the cursor minus 10 min, so with 200 or more failures in
-    10 minutes every tick read the same 200 and the rest were never alerted."""
+    10 minutes every tick read the same 200 and the rest were never alerted. The page (200) and the look-back's read
+    (1,000) are made small here so that 2½ pages of failures take seconds to make, not minutes; the look-back reads
+    fewer than a page, so only a position that moves past each full page reaches them all."""
+    monkeypatch.setattr(alerts_sensor, "RUN_PAGE", 20)
+    monkeypatch.setattr(alerts, "RUNS_LOOKBACK_READ", 5)
     tick()
-    ids = _burst_of_failed_runs(instance, 300)  # (~75 s on the loaded 2-core machine: the instance's own writes)
+    ids = _burst_of_failed_runs(instance, 50)
     for _ in range(5):
         tick()
     recorded = {r[0] for r in conn.execute("select key from lakehouse_alerts where kind = 'run_failed'").fetchall()}
@@ -459,7 +467,7 @@ def test_a_burst_of_300_failed_runs_is_alerted_every_one_once(conn, dsn, setting
     assert sorted(posted) == sorted(ids)  # every one, none twice
     tick.cursor = None  # a lost cursor: the look-back reads them again, and posts none of them twice
     tick()
-    assert len(_posted_ids(receiver, r"Runs → ([0-9a-f-]{36})")) == 300
+    assert len(_posted_ids(receiver, r"Runs → ([0-9a-f-]{36})")) == 50
 
 
 def test_600_mismatches_with_nothing_to_roll_back_are_alerted_every_one_once(conn, dsn, settings, receiver, tick):
@@ -571,7 +579,6 @@ def webhook():
 
 
 def _record_some(conn, n_runs: int = 25, n_alone: int = 2) -> list:
-    from lakehouse_dagster.status import alerts
 
     events = [
         alerts.Event(f"run_failed:run-{i:04d}", alerts.RUN_FAILED, None, f"job x run run-{i:04d}: boom", "look")
@@ -586,7 +593,6 @@ def _record_some(conn, n_runs: int = 25, n_alone: int = 2) -> list:
 
 def _tick_at(conn, settings, webhook, now, timeout: float = 1.0):
     """One tick of the alerts at the clock ``now`` (the events recorded already), posting to ``webhook``."""
-    from lakehouse_dagster.status import alerts
 
     s = dataclasses.replace(settings, alert_webhook_url=webhook.url, alert_timeout_seconds=timeout)
     tick = alerts.run_tick(conn, s, alerts.Cursor(), [], now=now)
@@ -597,7 +603,6 @@ def _tick_at(conn, settings, webhook, now, timeout: float = 1.0):
 def test_a_webhook_down_for_an_hour_loses_nothing_and_each_alert_arrives_once_per_key(conn, settings, webhook):
     """Before: attempts were counted per 60 s tick with no backoff, so about five minutes of outage dropped the
     alerts at the head of the queue. The clock is driven through ``now``: one tick a minute."""
-    from lakehouse_dagster.status import alerts
 
     events = _record_some(conn)
     start = conn.execute("select now()").fetchone()[0]
@@ -648,7 +653,6 @@ def test_a_post_that_timed_out_but_arrived_is_sent_again_under_the_same_key(conn
 
 
 def test_past_the_bound_the_oldest_waiting_alerts_are_dropped_with_one_alert_that_says_so(conn, webhook):
-    from lakehouse_dagster.status import alerts
 
     _record_some(conn, n_runs=30, n_alone=0)
     now = conn.execute("select now()").fetchone()[0]
@@ -661,3 +665,13 @@ def test_past_the_bound_the_oldest_waiting_alerts_are_dropped_with_one_alert_tha
     assert [m for _, m in left[:9]] == [
         f"Lakehouse run failed: job x run run-{i:04d}: boom\n→ look" for i in range(21, 30)
     ]
+
+
+def test_the_sensors_page_says_alerts_are_off_without_a_webhook():
+    """Issue 33: the sensors page shows the description (the skip reason hides in a tooltip), so it says first
+    whether alerts are on, and never repeats the URL (a secret)."""
+    assert alerts_sensor.description(None).startswith("IDLE, alerts are off: LAKEHOUSE_ALERT_WEBHOOK_URL is not set")
+    odd = alerts_sensor.description("hooks.example/secret-token")
+    assert odd.startswith("IDLE, alerts are off: LAKEHOUSE_ALERT_WEBHOOK_URL is set but is not an http(s) URL")
+    assert "secret-token" not in odd
+    assert alerts_sensor.description("https://hooks.example/secret-token") == alerts_sensor.WHAT_IT_POSTS

@@ -636,6 +636,16 @@ RUN_TAGS_Q = """
 """
 
 
+SENSOR_TICKS_Q = """
+query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { __typename
+  ... on Sensor { sensorState { ticks(limit: 20) { status skipReason } } } } }
+"""
+
+
+def _sensor_selector(loc: dict, name: str) -> dict:
+    return {"repositoryLocationName": loc["name"], "repositoryName": loc["repositories"][0]["name"], "sensorName": name}
+
+
 def _screenshot(url: str, name: str, width: int = 1700, height: int = 1300) -> Path | None:
     """A PNG of the page as headless Chromium renders it (into LAKEHOUSE_E2E_SCREENSHOTS, when set)."""
     if not SHOTS:
@@ -683,6 +693,25 @@ def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     page = _rendered(f"{stack.url}/runs", "migration_overview_job")
     assert "migration_overview_job" in page and "run_worker" not in page, page[:2000]
     _screenshot(f"{stack.url}/runs", "runs-list")
+
+    # The alerts sensor, with no webhook set on this stack, says on its page that it is idle and why.
+    loc = _location(stack)
+    sensor_url = f"{stack.url}/locations/{loc['repositories'][0]['name']}@{loc['name']}/sensors/lakehouse_alerts"
+
+    def ticked():
+        ticks = stack.gql(SENSOR_TICKS_Q, {"s": _sensor_selector(loc, "lakehouse_alerts")})["sensorOrError"]
+        reasons = [t["skipReason"] or "" for t in ticks["sensorState"]["ticks"]]
+        return any(r.startswith("idle, alerts are off") for r in reasons), reasons
+
+    _wait("the alerts sensor to tick", ticked, 180, stack, interval=5)
+    page = _rendered(sensor_url, "alerts are off")  # (the ticks' skip reasons are in tooltips: the description)
+    assert "IDLE, alerts are off: LAKEHOUSE_ALERT_WEBHOOK_URL is not set" in page, page[-3000:]
+    _screenshot(sensor_url, "alerts-sensor")
+
+    # The overview's attention table fits a 1,700 px window: its last column is on the page, the name first.
+    page = _rendered(f"{stack.url}/assets/lakehouse/migration_overview", "attention_links")
+    assert "customers (demo): blocked" in page
+    _screenshot(f"{stack.url}/assets/lakehouse/migration_overview", "migration-overview")
 
 
 def test_ctrl_c_stops_everything(stack):

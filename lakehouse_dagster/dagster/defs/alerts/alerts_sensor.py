@@ -7,6 +7,7 @@ what is pending, or why nothing is (no URL). The URL never reaches a log line, t
 """
 
 import datetime as dt
+import os
 from typing import Any
 
 import dagster as dg
@@ -97,12 +98,27 @@ def read_failed_runs(
     return failed, (_position(page[-1]) if page else start)
 
 
+WHAT_IT_POSTS = (
+    "Posts to LAKEHOUSE_ALERT_WEBHOOK_URL (Slack-compatible) once per event: a failed lakehouse run, a parity "
+    "MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding, a rollout plan that "
+    "paused, waits for an approval or aborted."
+)
+
+
+def description(webhook_url: str | None) -> str:
+    """The sensors page shows a sensor's description, not its ticks' skip reasons (those hide in a tooltip): so the
+    description says first whether alerts are on. It is read from the code location's environment when it loads —
+    the environment every tick reads the webhook from — and a changed variable needs the location reloaded anyway."""
+    problem = alerts.webhook_problem(webhook_url)
+    if problem is not None:
+        return f"IDLE, alerts are off: {problem}. {WHAT_IT_POSTS}"
+    return WHAT_IT_POSTS
+
+
 @dg.sensor(
     minimum_interval_seconds=60,
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Posts to LAKEHOUSE_ALERT_WEBHOOK_URL (Slack-compatible) once per event: a failed lakehouse run, a "
-    "parity MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding, a rollout plan "
-    "that paused, waits for an approval or aborted. Unset: posts nothing, and the tick says so.",
+    description=description(os.environ.get(alerts.ENV) or None),
 )
 def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
