@@ -118,7 +118,7 @@ def main() -> int:
         print(json.dumps(out, default=str))
         ok = (
             report.unexpected_count == 0
-            and report.cut == 0
+            and report.cut_after_back == 0
             and report.tracebacks == 0
             and report.after_recovery_not_served == 0
             and bool(report.after_recovery)  # a run too short to see the 30 s after the restart proves nothing

@@ -22,7 +22,11 @@ from lakehouse_dagster.testing.pg import with_db
 
 prefer_jemalloc()  # the tests allocate as the project's processes do (core/arrow_memory.py)
 
-TEMPLATE_DB = "lakehouse_test_template"
+# One template per pytest-xdist worker (scripts/test runs two): workers sharing LAKEHOUSE_TEST_ADMIN_DSN must not
+# drop each other's template.
+TEMPLATE_DB = "lakehouse_test_template" + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if "PYTEST_XDIST_WORKER" in os.environ else ""
+)
 _with_db = with_db  # the name tests imported from here before lakehouse_dagster.testing.pg
 
 

@@ -24,6 +24,7 @@ from lakehouse_dagster.dagster.defs.sources.ingest import source_poller
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.sources import set_source
+from lakehouse_dagster.testing.faults import default_sigint
 from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, cli_json, flag_tables, refusal
@@ -292,6 +293,7 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,  # a suite run in the background (nohup, CI) would hand SIGINT on ignored
     )
     try:
         deadline = time.monotonic() + 180

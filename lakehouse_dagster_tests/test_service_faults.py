@@ -562,7 +562,8 @@ def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_
 
 def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_served_after(own_postgres):
     """4 clients for 24 s of reads (Iceberg and Postgres) and ingests, Postgres killed and restarted (-m immediate)
-    at 6 s: every answer is a 200 or a 5xx with Retry-After, none carries a stack trace, no connection is cut, and
+    at 6 s: every answer is a 200 or a 5xx with Retry-After, none carries a stack trace, no request sent once Postgres is
+    back is cut (one streaming from Postgres at the kill can only be: the client raises), and
     every request sent once Postgres has been back for 5 s is served — by the same server process."""
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.flags.overrides import set_override
@@ -589,7 +590,8 @@ def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_s
             server, root / "pg", readable, sourced, clients=4, seconds=24, restart_at=6, recovery_seconds=5
         )
         print(report.line())
-        assert report.unexpected_count == 0 and report.cut == 0, report.unexpected
+        # a read streaming from Postgres at the kill may be cut (the client raises, never fewer rows); none after
+        assert report.unexpected_count == 0 and report.cut_after_back == 0, report.unexpected
         assert report.tracebacks == 0
         assert report.after_recovery_not_served == 0 and report.after_recovery, report.after_recovery
         assert report.first_ok_after_back_seconds is not None and report.first_ok_after_back_seconds < 5

@@ -32,7 +32,10 @@ class LoadUnderRestart:
     statuses: dict[str, int]  # "read 200", "ingest 503", ...
     unexpected: list[str]  # answers other than 200 and a 5xx with Retry-After (their first lines, the first 20)
     unexpected_count: int
-    cut: int  # requests whose connection broke before a whole answer (the server never goes down: should be 0)
+    cut: int  # requests whose answer broke off before its end (the client raises: never fewer rows)
+    # of those: sent once Postgres was back (a defect). A read streaming from Postgres when it is killed can only
+    # be cut (its 200 and first rows are sent): that is the documented mid-stream cut, never a short answer.
+    cut_after_back: int
     tracebacks: int  # bodies with a stack trace in them
     restart_seconds: float  # pg_ctl restart -m immediate, from its start until it returned (Postgres back)
     first_ok_after_back_seconds: float | None  # from Postgres back to the first 200 read that started after it
@@ -47,7 +50,8 @@ class LoadUnderRestart:
     def line(self) -> str:
         return (
             f"{self.clients} clients, {self.seconds:.0f} s, Postgres restarted (-m immediate, {self.restart_seconds:.1f}"
-            f" s): statuses {self.statuses}; unexpected {self.unexpected_count}; cut {self.cut}; stack traces "
+            f" s): statuses {self.statuses}; unexpected {self.unexpected_count}; cut {self.cut} ({self.cut_after_back} after "
+            f"Postgres was back); stack traces "
             f"{self.tracebacks}; first 200 read {self.first_ok_after_back_seconds} s after Postgres was back; after "
             f"recovery {self.after_recovery} ({self.after_recovery_not_served} not served); reads {self.reads_per_s}/s,"
             f" ingests {self.ingests_per_s}/s; server RSS {self.rss_first_mb:.0f} → max {self.rss_max_mb:.0f}, last "
@@ -85,6 +89,7 @@ def run_load_with_restart(
     answers: list[tuple[float, str, int, bool]] = []  # (sent, kind, status, retry-after present)
     unexpected: list[str] = []
     counts = {"unexpected": 0, "cut": 0, "tracebacks": 0}
+    cut_sent: list[float] = []
     window: dict[str, float] = {}
     rss: list[tuple[float, float]] = []
     headers = {"Authorization": f"Bearer {server.token}"} if server.token else {}
@@ -110,6 +115,7 @@ def run_load_with_restart(
                 except httpx.HTTPError as exc:
                     with lock:
                         counts["cut"] += 1
+                        cut_sent.append(sent)
                         if len(unexpected) < 20:
                             unexpected.append(f"{kind} cut: {type(exc).__name__}: {exc}"[:300])
                     time.sleep(0.05)
@@ -161,6 +167,7 @@ def run_load_with_restart(
         unexpected=unexpected,
         unexpected_count=counts["unexpected"],
         cut=counts["cut"],
+        cut_after_back=sum(1 for sent in cut_sent if sent >= back),
         tracebacks=counts["tracebacks"],
         restart_seconds=round(back - window["down"], 2),
         first_ok_after_back_seconds=None if first_ok is None else round(first_ok - back, 2),
