@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from lakehouse_dagster.core.db import connect
@@ -352,3 +353,119 @@ def test_postgres_killed_between_and_during_recorder_ticks_records_every_sync_on
         assert recorded(rec.tick()) == [str(d)]
         assert recorded(rec.tick()) == []  # nothing twice
         assert len(_materializations(instance, ICEBERG_TABLE, d)) == 3  # nothing skipped
+
+
+def test_postgres_killed_between_and_during_alerts_ticks_posts_every_failed_run_once(
+    own_postgres, pg_admin_dsn, tmp_path, monkeypatch
+):
+    """The alerts sensor reads failed runs from the instance (elsewhere) and keeps its outbox in the lakehouse's
+    Postgres. Killed between ticks: the next tick posts the run that failed before, once. Stopped during a tick:
+    it fails, and the first tick once Postgres is back posts the run it missed, once; nothing twice after."""
+    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+
+    from .conftest import pg_dagster_instance
+    from .test_alerts import Receiver, Ticks
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    for k, v in _env(settings, dsn).items():
+        if k.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(k, v)
+    receiver = Receiver()
+    monkeypatch.setenv("LAKEHOUSE_ALERT_WEBHOOK_URL", receiver.url)
+    monkeypatch.setenv("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", "1")
+    with connect(dsn) as conn:
+        migrate(conn)
+        ws = datasets.create_workspace(conn, "w")
+        bad = datasets.create_dataset(conn, ws, "bad_orders", [{"name": "n", "type": "int64"}])
+        datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])  # every sync of it fails: a failed run each
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    try:
+        with pg_dagster_instance(pg_admin_dsn, home) as (instance, _):
+
+            def failed_run() -> str:
+                result = mirror_batch_job.execute_in_process(
+                    instance=instance,
+                    run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(bad)]}}}},
+                    resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+                    tags={"lakehouse/dataset": str(bad), "lakehouse/dataset_name": "bad_orders"},
+                    raise_on_error=False,
+                )
+                assert not result.success
+                return result.run_id
+
+            tick = Ticks(instance, dsn)
+            tick()
+            first = failed_run()
+            restart_postgres(root / "pg", mode="immediate")  # between ticks
+            _wait_pg(dsn)
+            assert tick().startswith("1 new event(s) (run_failed 1); posted 1 event(s)")
+
+            second = failed_run()
+            before = tick.cursor
+            assert _pg(root, "stop")["stopped"] is True  # during the next tick
+            with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises: the daemon logs it
+                tick()
+            assert tick.cursor == before
+            assert _pg(root, "start")["started"] is True
+            assert tick().startswith("1 new event(s) (run_failed 1); posted 1 event(s)")
+            tick()
+            posted = [t for t in receiver.texts() if t.startswith("Lakehouse run failed")]
+            assert len(posted) == 2, receiver.texts()
+            assert first[:8] in posted[0] and second[:8] in posted[1]
+            with connect(dsn) as conn:
+                assert conn.execute(
+                    "select count(*), count(posted_at) from lakehouse_alerts where kind = 'run_failed'"
+                ).fetchone() == (2, 2)
+    finally:
+        receiver.close()
+
+
+# --- 4b. the service's pool, resolver and catalog under reset and stall ------------------------------------
+
+
+def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stalled_connect_is_bounded(own_postgres):
+    """ServiceDb (the service's connections for its whole life) through the proxy: every connection reset — the
+    pooled ones, the flag resolver's, the catalog's SQLAlchemy pool — and the same object answers the next probe
+    and read by itself. New connections stalled: lending one ends after the service's connect timeout (5 s) with
+    psycopg's OperationalError (the service answers 503 on it), and works again once the network does."""
+    from lakehouse_dagster.service.db import READ, ServiceDb
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        migrate(conn)
+        d = _make(conn, 100)
+    with TcpProxy.for_dsn(dsn) as proxy:
+        via = proxy.dsn(dsn)
+        db = ServiceDb(via, settings.replace(pg_dsn=via))
+        try:
+            assert db.probe() == {"postgres": "ok", "catalog": "ok"}
+            held = [db.take(READ) for _ in range(3)]
+            for c in held:
+                db.give(c, READ)
+            assert proxy.reset() >= 4  # three pooled, the resolver's, the catalog's
+            assert db.probe() == {"postgres": "ok", "catalog": "ok"}  # by itself, no restart of anything
+            with db.connection(READ) as c:
+                assert c.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 100
+            assert db.resolver().conn.execute("select 1").fetchone() == (1,)
+
+            fresh = ServiceDb(via, settings.replace(pg_dsn=via))  # nothing idle: its next lend connects anew
+            try:
+                proxy.stall()
+                started = time.monotonic()
+                with pytest.raises(psycopg.OperationalError):
+                    fresh.take(READ)
+                assert 4 <= time.monotonic() - started < 15
+                proxy.resume()
+                with fresh.connection(READ) as c:
+                    assert c.execute("select 1").fetchone() == (1,)
+                assert fresh.probe() == {"postgres": "ok", "catalog": "ok"}
+            finally:
+                fresh.close()
+        finally:
+            proxy.resume()
+            db.close()
