@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
@@ -28,6 +29,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.testing.crash_harness import Oracle
 from lakehouse_dagster.testing.faults import cli_env, data_files_on_disk, default_sigint, wait_stopped
+from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.testing.service import restart_postgres
 from lakehouse_dagster.testing.tcp_proxy import TcpProxy
 from lakehouse_dagster.tracking import datasets
@@ -38,15 +40,33 @@ SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 ROWS, CHUNK = 6_000, 500  # 12 chunks: a fault after the first file lands mid-way
 
 
-@pytest.fixture
-def own_postgres():
-    """A Postgres of this test's own, to kill (as test_service_faults.py's)."""
+@pytest.fixture(scope="module")
+def _killable_server():
+    """A Postgres server of this module's own, to kill and restart (test_service_faults.py's, once a module:
+    starting one costs seconds)."""
     root = Path(tempfile.mkdtemp(prefix="lh-infra-"))
     try:
         yield _pg(root, "start")["dsn"], root
     finally:
         _pg(root, "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def own_postgres(_killable_server):
+    """(dsn, root): a fresh database of this test's own on the killable server, running when the test starts
+    (an earlier test may have left it stopped)."""
+    admin, root = _killable_server
+    _pg(root, "start")
+    _wait_pg(admin)
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with connect(admin) as c:
+        c.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    yield with_db(admin, name), root
+    _pg(root, "start")
+    _wait_pg(admin)
+    with connect(admin) as c:
+        c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
 
 
 def _settings(dsn: str, root: Path) -> Settings:
@@ -469,3 +489,17 @@ def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stall
         finally:
             proxy.resume()
             db.close()
+
+
+def test_every_session_gets_a_connect_timeout_unless_its_dsn_names_one():
+    from lakehouse_dagster.core.db import CONNECT_TIMEOUT_SECONDS, adbc_uri, sqlalchemy_url, with_default_param
+
+    t = CONNECT_TIMEOUT_SECONDS
+    assert (
+        sqlalchemy_url("postgresql://u@/db?host=/tmp/s")
+        == f"postgresql+psycopg://u@/db?host=/tmp/s&connect_timeout={t}"
+    )
+    assert adbc_uri("postgresql+psycopg://u@h/db") == f"postgresql://u@h/db?connect_timeout={t}"
+    assert adbc_uri("postgresql://u@h/db?connect_timeout=2") == "postgresql://u@h/db?connect_timeout=2"
+    assert with_default_param("host=h dbname=x", "connect_timeout", t) == f"host=h dbname=x connect_timeout={t}"
+    assert with_default_param("host='x", "connect_timeout", t) == "host='x"  # unparseable: the connect says why

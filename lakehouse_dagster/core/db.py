@@ -49,8 +49,12 @@ CONNECT_TIMEOUT_SECONDS = 10
 
 def with_default_param(dsn: str, key: str, value: object) -> str:
     """``dsn`` with the libpq parameter ``key`` set to ``value`` unless it sets it already, in its own form (a URI
-    stays a URI)."""
-    if key in conninfo_to_dict(dsn.replace("postgresql+psycopg://", "postgresql://")):
+    stays a URI). A DSN libpq cannot parse is returned as it is: the connect that uses it says what is wrong."""
+    try:
+        given = conninfo_to_dict(re.sub(r"^postgres(ql)?\+\w+://", "postgresql://", dsn))
+    except psycopg.Error:
+        return dsn
+    if key in given:
         return dsn
     if "://" not in dsn:
         return f"{dsn} {key}={value}".strip()
