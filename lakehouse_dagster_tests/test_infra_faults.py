@@ -40,16 +40,33 @@ SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 ROWS, CHUNK = 6_000, 500  # 12 chunks: a fault after the first file lands mid-way
 
 
+_TEMPLATE = "infra_template"  # migrated once; each test's database is a copy
+
+
 @pytest.fixture(scope="module")
 def _killable_server():
     """A Postgres server of this module's own, to kill and restart (test_service_faults.py's, once a module:
     starting one costs seconds)."""
     root = Path(tempfile.mkdtemp(prefix="lh-infra-"))
     try:
-        yield _pg(root, "start")["dsn"], root
+        admin = _pg(root, "start")["dsn"]
+        with connect(admin) as c:
+            c.execute(sql.SQL("create database {}").format(sql.Identifier(_TEMPLATE)))
+        with connect(with_db(admin, _TEMPLATE)) as c:
+            migrate(c)
+        yield admin, root
     finally:
         _pg(root, "stop")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _running(admin: str, root: Path) -> None:
+    """Started again if a test left it stopped (`lakehouse pg start` costs a process start: only when needed)."""
+    try:
+        connect(admin, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        _pg(root, "start")
+        _wait_pg(admin)
 
 
 @pytest.fixture
@@ -57,14 +74,12 @@ def own_postgres(_killable_server):
     """(dsn, root): a fresh database of this test's own on the killable server, running when the test starts
     (an earlier test may have left it stopped)."""
     admin, root = _killable_server
-    _pg(root, "start")
-    _wait_pg(admin)
+    _running(admin, root)
     name = f"t_{uuid.uuid4().hex[:16]}"
     with connect(admin) as c:
-        c.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+        c.execute(sql.SQL("create database {} template {}").format(sql.Identifier(name), sql.Identifier(_TEMPLATE)))
     yield with_db(admin, name), root
-    _pg(root, "start")
-    _wait_pg(admin)
+    _running(admin, root)
     with connect(admin) as c:
         c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
 
@@ -178,7 +193,6 @@ def test_postgres_killed_mid_sync_fails_in_one_line_and_the_next_sync_lands_exac
     dsn, root = own_postgres
     settings = _settings(dsn, root)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _make(conn)
     proc = _frozen_sync(settings, dsn, d, point)  # files written for some chunks, the lock session open
     restart_postgres(root / "pg", mode="immediate")
@@ -207,7 +221,6 @@ def test_connections_reset_mid_sync_fail_in_one_line_and_the_next_sync_lands_exa
     dsn, root = own_postgres
     settings = _settings(dsn, root)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _make(conn)
     with TcpProxy.for_dsn(dsn) as proxy:
         via = proxy.dsn(dsn)
@@ -231,7 +244,6 @@ def test_a_stalled_network_bounds_a_sync_by_its_connect_timeout_and_it_recovers_
     dsn, root = own_postgres
     settings = _settings(dsn, root)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _make(conn, 1_000)
     with TcpProxy.for_dsn(dsn) as proxy:
         via = proxy.dsn(dsn)
@@ -276,14 +288,13 @@ def _native_rows(settings: Settings, dsn: str, d) -> list[int]:
     return sorted(t.scan().to_arrow()["n"].to_pylist())
 
 
-@pytest.mark.parametrize("point", ["after-first-file", "before-commit", "after-commit-before-log"])
+@pytest.mark.parametrize("point", ["before-commit", "after-commit-before-log"])
 def test_postgres_killed_during_a_native_ingest_leaves_a_whole_commit_and_a_retry_lands_once(own_postgres, point):
     from .test_faults import _native_dataset
 
     dsn, root = own_postgres
     settings = _settings(dsn, root)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _native_dataset(conn)
     first = _native_popen(settings, dsn, d, 0, 1_000, f"{point}:stop")
     wait_stopped(first, 60)
@@ -337,7 +348,6 @@ def test_postgres_killed_between_and_during_recorder_ticks_records_every_sync_on
         if k.startswith("LAKEHOUSE_"):
             monkeypatch.setenv(k, v)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _make(conn, 100)
     catalog = load_catalog(settings, dsn)
 
@@ -396,7 +406,6 @@ def test_postgres_killed_between_and_during_alerts_ticks_posts_every_failed_run_
     monkeypatch.setenv("LAKEHOUSE_ALERT_WEBHOOK_URL", receiver.url)
     monkeypatch.setenv("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", "1")
     with connect(dsn) as conn:
-        migrate(conn)
         ws = datasets.create_workspace(conn, "w")
         bad = datasets.create_dataset(conn, ws, "bad_orders", [{"name": "n", "type": "int64"}])
         datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])  # every sync of it fails: a failed run each
@@ -457,7 +466,6 @@ def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stall
     dsn, root = own_postgres
     settings = _settings(dsn, root)
     with connect(dsn) as conn:
-        migrate(conn)
         d = _make(conn, 100)
     with TcpProxy.for_dsn(dsn) as proxy:
         via = proxy.dsn(dsn)
