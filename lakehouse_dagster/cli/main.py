@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lakehouse {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
+        unreachable = _postgres_unreachable(exc)
+        if unreachable is not None:
+            print(f"lakehouse {args.command}: error: {unreachable}", file=sys.stderr)
+            return 75  # EX_TEMPFAIL, as Backpressure: a retry once Postgres answers may succeed
         missing = _no_lakehouse_tables(ctx, exc)
         if missing is None:
             raise
@@ -51,6 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
     emit(result, getattr(args, "json", False))
     return result.exit_code
+
+
+def _postgres_unreachable(exc: Exception) -> str | None:
+    """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
+    failover, a dropped or silent network: psycopg's OperationalError, the message's first line); None else."""
+    psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
+    if psycopg_mod is None or not isinstance(exc, psycopg_mod.OperationalError):
+        return None
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return f"Postgres is unreachable or the session was lost ({first}); retry once it answers"
 
 
 def _no_lakehouse_tables(ctx: Context, exc: Exception) -> str | None:

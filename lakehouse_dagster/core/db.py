@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from lakehouse_dagster.core.embedded import embedded_running, start_embedded
 from lakehouse_dagster.core.errors import LakehouseError, NotFound
@@ -39,7 +40,31 @@ def resolve_dsn(settings: Settings) -> str:
     return start_embedded(pgdata)  # attaches: it runs, and is kept running (nothing stops it at our exit)
 
 
+# A connect bounded unless the DSN or the caller says otherwise: libpq's default is to wait forever, so a network
+# gone silent (a failover leaving the old address unanswered, a stalled proxy) hung every verb at its first
+# connect. Applied to every session the project opens: psycopg here, ADBC (adbc_uri) and SQLAlchemy
+# (sqlalchemy_url). The service uses a shorter one of its own (service/db.py).
+CONNECT_TIMEOUT_SECONDS = 10
+
+
+def with_default_param(dsn: str, key: str, value: object) -> str:
+    """``dsn`` with the libpq parameter ``key`` set to ``value`` unless it sets it already, in its own form (a URI
+    stays a URI). A DSN libpq cannot parse is returned as it is: the connect that uses it says what is wrong."""
+    try:
+        given = conninfo_to_dict(re.sub(r"^postgres(ql)?\+\w+://", "postgresql://", dsn))
+    except psycopg.Error:
+        return dsn
+    if key in given:
+        return dsn
+    if "://" not in dsn:
+        return f"{dsn} {key}={value}".strip()
+    base, sep, fragment = dsn.partition("#")
+    return f"{base}{'&' if '?' in base else '?'}{key}={value}{sep}{fragment}"
+
+
 def connect(dsn: str, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:
+    if "connect_timeout" not in kwargs:
+        dsn = with_default_param(dsn, "connect_timeout", CONNECT_TIMEOUT_SECONDS)
     conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
     conn.execute("set timezone to 'UTC'")
     return conn
@@ -148,9 +173,9 @@ def close_quietly(conn) -> None:
 
 def sqlalchemy_url(dsn: str) -> str:
     """The same DSN for SQLAlchemy (pyiceberg's SqlCatalog) with the psycopg 3 driver."""
-    if dsn.startswith("postgresql+"):
-        return dsn
-    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", dsn)
+    if not dsn.startswith("postgresql+"):
+        dsn = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", dsn)
+    return with_default_param(dsn, "connect_timeout", CONNECT_TIMEOUT_SECONDS)
 
 
 def redact(dsn: str) -> str:
@@ -163,4 +188,6 @@ def redact(dsn: str) -> str:
 
 def adbc_uri(dsn: str) -> str:
     """The DSN as the ADBC Postgres driver takes it (libpq's URI form, without SQLAlchemy's driver suffix)."""
-    return dsn.replace("postgresql+psycopg://", "postgresql://")
+    return with_default_param(
+        dsn.replace("postgresql+psycopg://", "postgresql://"), "connect_timeout", CONNECT_TIMEOUT_SECONDS
+    )

@@ -385,10 +385,20 @@ def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> 
     if isinstance(exc, CommitOutcomeUnknown):
         message = UNSETTLED + message
     try:
-        with _bookkeeping_conn(dsn, conn) as c:
-            _log_failed(c, ds_id, sync_id, message, errored=not isinstance(exc, GuardLost))
+        try:
+            with _bookkeeping_conn(dsn, conn) as c:
+                _log_failed(c, ds_id, sync_id, message, errored=not isinstance(exc, GuardLost))
+        except psycopg.OperationalError:
+            if not conn.broken:
+                raise
+            # The lock session looked idle but had died (a Postgres restart or a dropped connection ended it
+            # while another session failed): record on a fresh one. G3 went with the session, so another sync
+            # may own the dataset now: its outcome decides the dataset's status, as for GuardLost.
+            with connect(dsn) as fresh:
+                _log_failed(fresh, ds_id, sync_id, message, errored=False)
     except Exception as log_exc:  # noqa: BLE001 - the sync's own error is the one to raise
-        _log.warning("could not record the failure of sync %s: %s", sync_id, log_exc)
+        # One line: the operator reads the sync's own error after it (psycopg's messages run over lines).
+        _log.warning("could not record the failure of sync %s: %s", sync_id, first_line(log_exc))
 
 
 def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: BaseException) -> None:

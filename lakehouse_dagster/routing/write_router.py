@@ -24,7 +24,15 @@ from typing import Any, Protocol, TypeVar
 
 import psycopg
 
-from lakehouse_dagster.core.errors import BadInput, CommitOutcomeUnknown, GuardLost, NotFound, SyncFailed, is_transient
+from lakehouse_dagster.core.errors import (
+    BadInput,
+    CommitOutcomeUnknown,
+    GuardLost,
+    NotFound,
+    SyncFailed,
+    first_line,
+    is_transient,
+)
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
@@ -244,7 +252,7 @@ def _record_failure(
                     (error, dataset_id),
                 )
     except psycopg.Error as exc:
-        lg.warning(f"could not record the failure of native sync {sync_id}: {type(exc).__name__}: {exc}")
+        lg.warning(f"could not record the failure of native sync {sync_id}: {type(exc).__name__}: {first_line(exc)}")
 
 
 def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException, lg) -> None:

@@ -1,0 +1,513 @@
+"""Infrastructure faults injected for real (issue 32, a first slice): a Postgres of the test's own killed and
+restarted (``pg_ctl restart -m immediate``: every session ends, crash recovery on start) during a mirror sync, a
+native ingest and between recorder and alerts ticks; and a TCP fault proxy (testing/tcp_proxy.py) between the
+project and Postgres that resets or stalls its connections. After each fault: the operator sees one line, the next
+attempt (no restart of anything else) leaves Iceberg equal to Postgres exactly once, the sync log true and no
+orphan the sweep would not remove."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.mirror import sweep as orphan_sweep
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.testing.crash_harness import Oracle
+from lakehouse_dagster.testing.faults import cli_env, data_files_on_disk, default_sigint, wait_stopped
+from lakehouse_dagster.testing.pg import with_db
+from lakehouse_dagster.testing.service import restart_postgres
+from lakehouse_dagster.testing.tcp_proxy import TcpProxy
+from lakehouse_dagster.tracking import datasets
+
+from .test_service_faults import _pg
+
+SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
+ROWS, CHUNK = 6_000, 500  # 12 chunks: a fault after the first file lands mid-way
+
+
+_TEMPLATE = "infra_template"  # migrated once; each test's database is a copy
+
+
+@pytest.fixture(scope="module")
+def _killable_server():
+    """A Postgres server of this module's own, to kill and restart (test_service_faults.py's, once a module:
+    starting one costs seconds)."""
+    root = Path(tempfile.mkdtemp(prefix="lh-infra-"))
+    try:
+        admin = _pg(root, "start")["dsn"]
+        with connect(admin) as c:
+            c.execute(sql.SQL("create database {}").format(sql.Identifier(_TEMPLATE)))
+        with connect(with_db(admin, _TEMPLATE)) as c:
+            migrate(c)
+        yield admin, root
+    finally:
+        _pg(root, "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _running(admin: str, root: Path) -> None:
+    """Started again if a test left it stopped (`lakehouse pg start` costs a process start: only when needed)."""
+    try:
+        connect(admin, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        _pg(root, "start")
+        _wait_pg(admin)
+
+
+@pytest.fixture
+def own_postgres(_killable_server):
+    """(dsn, root): a fresh database of this test's own on the killable server, running when the test starts
+    (an earlier test may have left it stopped)."""
+    admin, root = _killable_server
+    _running(admin, root)
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with connect(admin) as c:
+        c.execute(sql.SQL("create database {} template {}").format(sql.Identifier(name), sql.Identifier(_TEMPLATE)))
+    yield with_db(admin, name), root
+    _running(admin, root)
+    with connect(admin) as c:
+        c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name)))
+
+
+def _settings(dsn: str, root: Path) -> Settings:
+    (root / "warehouse").mkdir(exist_ok=True)
+    return Settings.from_env().replace(
+        pg_dsn=dsn, home=root / "home", warehouse=(root / "warehouse").as_uri(), namespace="lakehouse"
+    )
+
+
+def _env(settings: Settings, dsn: str, failpoint: str | None = None) -> dict:
+    return cli_env(
+        failpoint,
+        LAKEHOUSE_PG_DSN=dsn,
+        LAKEHOUSE_HOME=str(settings.home),
+        LAKEHOUSE_WAREHOUSE=settings.warehouse,
+        LAKEHOUSE_NAMESPACE="lakehouse",
+        LAKEHOUSE_SOAK_SECONDS="0",
+        LAKEHOUSE_INGEST_CHUNK_ROWS=str(CHUNK),
+    )
+
+
+def _sync_popen(settings: Settings, dsn: str, d, failpoint: str | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(d), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+        env=_env(settings, dsn, failpoint),
+    )
+
+
+def _make(conn, rows: int = ROWS) -> uuid.UUID:
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, f"d{uuid.uuid4().hex[:6]}", SCHEMA)
+    conn.execute(
+        "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
+        " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(0, %s) g",
+        (d, rows - 1),
+    )
+    return d
+
+
+# libpq (under ADBC's readers) prints the server's goodbye straight to stderr, outside the project's reach.
+_LIBPQ_GOODBYE = "WARNING:  terminating connection due to immediate shutdown command"
+
+
+def _one_clear_line(stderr: str) -> str:
+    """The one line the operator reads: no traceback, no multi-line driver message, nothing but libpq's own
+    one-line notice of the server's shutdown beside it."""
+    assert "Traceback" not in stderr, stderr
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip() and ln != _LIBPQ_GOODBYE]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def _wait_pg(dsn: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            connect(dsn, connect_timeout=2).close()
+            return
+        except Exception:  # noqa: BLE001 - still in crash recovery
+            assert time.monotonic() < deadline, "Postgres did not come back"
+            time.sleep(0.1)
+
+
+def _assert_exactly_once(dsn: str, settings: Settings, d) -> None:
+    """The harness oracle (row counts, canary digest, __row_index unique, sync log, no orphan data file after the
+    sync); then the orphan sweep removes whatever else the fault left (if anything) and leaves the table whole."""
+    catalog = load_catalog(settings, dsn)
+    with connect(dsn) as conn:
+        bad = Oracle(dsn, settings).after_clean_sync(conn, d)
+        assert bad == [], bad
+        [swept] = orphan_sweep.sweep(conn, catalog, settings, [d], delete=True, grace_seconds=0)
+        assert swept.error is None and swept.removed == len(swept.orphans), swept
+        [again] = orphan_sweep.sweep(conn, catalog, settings, [d], delete=False, grace_seconds=0)
+        assert again.orphans == [] and again.error is None, again
+        assert Oracle(dsn, settings).after_clean_sync(conn, d) == []
+        assert _statuses(conn, d)[-1] == "succeeded" and "running" not in _statuses(conn, d)
+
+
+def _statuses(conn, d) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "select status from iceberg_sync_log where dataset_id = %s order by started_at, finished_at", (d,)
+        )
+    ]
+
+
+def _frozen_sync(settings: Settings, dsn: str, d, point: str = "after-first-file") -> subprocess.Popen:
+    proc = _sync_popen(settings, dsn, d, f"{point}:stop")
+    wait_stopped(proc, 60)
+    return proc
+
+
+def _resume(proc: subprocess.Popen) -> tuple[int, str]:
+    os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+# --- 1. Postgres killed during a mirror sync --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", ["after-first-file", "before-commit"])
+def test_postgres_killed_mid_sync_fails_in_one_line_and_the_next_sync_lands_exactly_once(own_postgres, point):
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn)
+    proc = _frozen_sync(settings, dsn, d, point)  # files written for some chunks, the lock session open
+    restart_postgres(root / "pg", mode="immediate")
+    code, err = _resume(proc)
+    assert code != 0
+    line = _one_clear_line(err)
+    assert line.startswith("lakehouse sync: error:"), line
+    _wait_pg(dsn)
+    with connect(dsn) as conn:  # recorded by the failed sync itself, Postgres being back when it noticed
+        assert _statuses(conn, d) == ["failed"]
+    again = subprocess.run(
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(d), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(settings, dsn),
+    )
+    assert again.returncode == 0, again.stderr
+    _assert_exactly_once(dsn, settings, d)
+
+
+# --- 4. the TCP fault proxy: connections reset and stalled -----------------------------------------------
+
+
+def test_connections_reset_mid_sync_fail_in_one_line_and_the_next_sync_lands_exactly_once(own_postgres):
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn)
+    with TcpProxy.for_dsn(dsn) as proxy:
+        via = proxy.dsn(dsn)
+        proc = _frozen_sync(settings, via, d)
+        assert proxy.reset() >= 1  # the lock session, the pinned read, the catalog's pool: all cut
+        code, err = _resume(proc)
+        assert code != 0
+        assert _one_clear_line(err).startswith("lakehouse sync: error:")
+        done = _sync_popen(settings, via, d)  # through the same proxy: new connections are served
+        _, err = done.communicate(timeout=120)
+        assert done.returncode == 0, err
+    _assert_exactly_once(dsn, settings, d)
+
+
+def test_a_stalled_network_bounds_a_sync_by_its_connect_timeout_and_it_recovers_on_resume(own_postgres):
+    """The network goes silent before a sync starts (its handshake completes, nothing after it is answered): the
+    sync ends within the connect timeout (core/db.py CONNECT_TIMEOUT_SECONDS), not never, with one line; once the
+    network answers again the next sync, through the same proxy, lands exactly once."""
+    from lakehouse_dagster.core.db import CONNECT_TIMEOUT_SECONDS
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn, 1_000)
+    with TcpProxy.for_dsn(dsn) as proxy:
+        via = proxy.dsn(dsn)
+        proxy.stall()
+        started = time.monotonic()
+        stalled = _sync_popen(settings, via, d)
+        _, err = stalled.communicate(timeout=CONNECT_TIMEOUT_SECONDS * 4)  # a hang fails here
+        took = time.monotonic() - started
+        assert stalled.returncode == 75, err
+        line = _one_clear_line(err)
+        assert line.startswith("lakehouse sync: error: Postgres is unreachable"), line
+        assert CONNECT_TIMEOUT_SECONDS * 0.8 <= took < CONNECT_TIMEOUT_SECONDS * 3, took
+        proxy.resume()
+        done = _sync_popen(settings, via, d)
+        _, err = done.communicate(timeout=120)
+        assert done.returncode == 0, err
+    _assert_exactly_once(dsn, settings, d)
+
+
+# --- 2. Postgres killed during a native ingest ----------------------------------------------------------
+
+
+def _native_popen(settings: Settings, dsn: str, d, start: int, count: int, failpoint: str | None = None):
+    from .test_faults import NATIVE_SCRIPT
+
+    return subprocess.Popen(
+        [sys.executable, "-c", NATIVE_SCRIPT, str(d), str(start), str(count)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
+        env=_env(settings, dsn, failpoint),
+    )
+
+
+def _native_rows(settings: Settings, dsn: str, d) -> list[int]:
+    from lakehouse_dagster.lake.catalog import load_table_or_none
+
+    t = load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, d))
+    if t is None or t.current_snapshot() is None:
+        return []
+    return sorted(t.scan().to_arrow()["n"].to_pylist())
+
+
+@pytest.mark.parametrize("point", ["before-commit", "after-commit-before-log"])
+def test_postgres_killed_during_a_native_ingest_leaves_a_whole_commit_and_a_retry_lands_once(own_postgres, point):
+    from .test_faults import _native_dataset
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _native_dataset(conn)
+    first = _native_popen(settings, dsn, d, 0, 1_000, f"{point}:stop")
+    wait_stopped(first, 60)
+    restart_postgres(root / "pg", mode="immediate")
+    _resume(first)
+    _wait_pg(dsn)
+    landed = _native_rows(settings, dsn, d)
+    assert landed in ([], list(range(1_000))), f"a partial commit: {len(landed)} rows"  # all or nothing
+    if not landed:  # the client retries what did not land (the table says so)
+        retry = _native_popen(settings, dsn, d, 0, 1_000)
+        _, err = retry.communicate(timeout=120)
+        assert retry.returncode == 0, err
+    after = _native_popen(settings, dsn, d, 1_000, 5)  # the next write settles whatever the fault left
+    _, err = after.communicate(timeout=120)
+    assert after.returncode == 0, err
+    assert _native_rows(settings, dsn, d) == list(range(1_005))  # every row exactly once
+    with connect(dsn) as conn:
+        statuses = _statuses(conn, d)
+        assert "running" not in statuses and statuses[-1] == "succeeded", statuses
+        assert conn.execute("select status, row_count from datasets where id = %s", (d,)).fetchone() == (
+            "ready",
+            1_005,
+        )
+    from lakehouse_dagster.testing.faults import referenced_files
+
+    t = load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+    assert data_files_on_disk(t) - referenced_files(t) == set()  # no orphan data file left
+
+
+# --- 3. Postgres killed between and during recorder ticks -----------------------------------------------
+
+
+def test_postgres_killed_between_and_during_recorder_ticks_records_every_sync_once(
+    own_postgres, pg_admin_dsn, tmp_path, monkeypatch
+):
+    """The recorder (a Dagster sensor) reads the lakehouse's Postgres; the instance's storage is elsewhere (the
+    shared test server). Killed between two ticks: the next tick records the sync made before, once. Stopped
+    during a tick: the tick fails (the daemon keeps its cursor), and the first tick once Postgres is back records
+    what it missed, once. The in-process catalog (its SQLAlchemy pool) and syncs work on, unrestarted."""
+    import dagster as dg
+
+    from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
+    from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
+
+    from .conftest import pg_dagster_instance
+    from .test_recorder import Recorder, _materializations
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    for k, v in _env(settings, dsn).items():
+        if k.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(k, v)
+    with connect(dsn) as conn:
+        d = _make(conn, 100)
+    catalog = load_catalog(settings, dsn)
+
+    def add_rows_and_sync(start: int) -> None:
+        with connect(dsn) as c:
+            datasets.insert_rows(c, d, [{"n": i, "s": f"r{i}"} for i in range(start, start + 10)], start_index=start)
+        sync_dataset(dsn, catalog, settings, d)
+
+    def recorded(events) -> list[str]:
+        return [e.partition for e in events if isinstance(e, dg.AssetMaterialization)]
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with pg_dagster_instance(pg_admin_dsn, home) as (instance, _):
+        instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+        rec = Recorder(instance, dsn)
+        sync_dataset(dsn, catalog, settings, d)
+        assert recorded(rec.tick()) == [str(d)]
+
+        add_rows_and_sync(100)
+        restart_postgres(root / "pg", mode="immediate")  # between ticks
+        _wait_pg(dsn)
+        assert recorded(rec.tick()) == [str(d)]
+
+        _wait_pg(dsn)
+        add_rows_and_sync(110)  # the same process's catalog, after the restart
+        before = rec.cursor
+        assert _pg(root, "stop")["stopped"] is True  # during the next tick
+        with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises: the daemon logs it, keeps the cursor
+            rec.tick()
+        assert rec.cursor == before
+        assert _pg(root, "start")["started"] is True
+        assert recorded(rec.tick()) == [str(d)]
+        assert recorded(rec.tick()) == []  # nothing twice
+        assert len(_materializations(instance, ICEBERG_TABLE, d)) == 3  # nothing skipped
+
+
+def test_postgres_killed_between_and_during_alerts_ticks_posts_every_failed_run_once(
+    own_postgres, pg_admin_dsn, tmp_path, monkeypatch
+):
+    """The alerts sensor reads failed runs from the instance (elsewhere) and keeps its outbox in the lakehouse's
+    Postgres. Killed between ticks: the next tick posts the run that failed before, once. Stopped during a tick:
+    it fails, and the first tick once Postgres is back posts the run it missed, once; nothing twice after."""
+    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+
+    from .conftest import pg_dagster_instance
+    from .test_alerts import Receiver, Ticks
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    for k, v in _env(settings, dsn).items():
+        if k.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(k, v)
+    receiver = Receiver()
+    monkeypatch.setenv("LAKEHOUSE_ALERT_WEBHOOK_URL", receiver.url)
+    monkeypatch.setenv("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", "1")
+    with connect(dsn) as conn:
+        ws = datasets.create_workspace(conn, "w")
+        bad = datasets.create_dataset(conn, ws, "bad_orders", [{"name": "n", "type": "int64"}])
+        datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])  # every sync of it fails: a failed run each
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    try:
+        with pg_dagster_instance(pg_admin_dsn, home) as (instance, _):
+
+            def failed_run() -> str:
+                result = mirror_batch_job.execute_in_process(
+                    instance=instance,
+                    run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(bad)]}}}},
+                    resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+                    tags={"lakehouse/dataset": str(bad), "lakehouse/dataset_name": "bad_orders"},
+                    raise_on_error=False,
+                )
+                assert not result.success
+                return result.run_id
+
+            tick = Ticks(instance, dsn)
+            tick()
+            first = failed_run()
+            restart_postgres(root / "pg", mode="immediate")  # between ticks
+            _wait_pg(dsn)
+            assert tick().startswith("1 new event(s) (run_failed 1); posted 1 event(s)")
+
+            second = failed_run()
+            before = tick.cursor
+            assert _pg(root, "stop")["stopped"] is True  # during the next tick
+            with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises: the daemon logs it
+                tick()
+            assert tick.cursor == before
+            assert _pg(root, "start")["started"] is True
+            assert tick().startswith("1 new event(s) (run_failed 1); posted 1 event(s)")
+            tick()
+            posted = [t for t in receiver.texts() if t.startswith("Lakehouse run failed")]
+            assert len(posted) == 2, receiver.texts()
+            assert first[:8] in posted[0] and second[:8] in posted[1]
+            with connect(dsn) as conn:
+                assert conn.execute(
+                    "select count(*), count(posted_at) from lakehouse_alerts where kind = 'run_failed'"
+                ).fetchone() == (2, 2)
+    finally:
+        receiver.close()
+
+
+# --- 4b. the service's pool, resolver and catalog under reset and stall ------------------------------------
+
+
+def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stalled_connect_is_bounded(own_postgres):
+    """ServiceDb (the service's connections for its whole life) through the proxy: every connection reset — the
+    pooled ones, the flag resolver's, the catalog's SQLAlchemy pool — and the same object answers the next probe
+    and read by itself. New connections stalled: lending one ends after the service's connect timeout (5 s) with
+    psycopg's OperationalError (the service answers 503 on it), and works again once the network does."""
+    from lakehouse_dagster.service.db import READ, ServiceDb
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn, 100)
+    with TcpProxy.for_dsn(dsn) as proxy:
+        via = proxy.dsn(dsn)
+        db = ServiceDb(via, settings.replace(pg_dsn=via))
+        try:
+            assert db.probe() == {"postgres": "ok", "catalog": "ok"}
+            held = [db.take(READ) for _ in range(3)]
+            for c in held:
+                db.give(c, READ)
+            assert proxy.reset() >= 4  # three pooled, the resolver's, the catalog's
+            assert db.probe() == {"postgres": "ok", "catalog": "ok"}  # by itself, no restart of anything
+            with db.connection(READ) as c:
+                assert c.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 100
+            assert db.resolver().conn.execute("select 1").fetchone() == (1,)
+
+            fresh = ServiceDb(via, settings.replace(pg_dsn=via))  # nothing idle: its next lend connects anew
+            try:
+                proxy.stall()
+                started = time.monotonic()
+                with pytest.raises(psycopg.OperationalError):
+                    fresh.take(READ)
+                assert 4 <= time.monotonic() - started < 15
+                proxy.resume()
+                with fresh.connection(READ) as c:
+                    assert c.execute("select 1").fetchone() == (1,)
+                assert fresh.probe() == {"postgres": "ok", "catalog": "ok"}
+            finally:
+                fresh.close()
+        finally:
+            proxy.resume()
+            db.close()
+
+
+def test_every_session_gets_a_connect_timeout_unless_its_dsn_names_one():
+    from lakehouse_dagster.core.db import CONNECT_TIMEOUT_SECONDS, adbc_uri, sqlalchemy_url, with_default_param
+
+    t = CONNECT_TIMEOUT_SECONDS
+    assert (
+        sqlalchemy_url("postgresql://u@/db?host=/tmp/s")
+        == f"postgresql+psycopg://u@/db?host=/tmp/s&connect_timeout={t}"
+    )
+    assert adbc_uri("postgresql+psycopg://u@h/db") == f"postgresql://u@h/db?connect_timeout={t}"
+    assert adbc_uri("postgresql://u@h/db?connect_timeout=2") == "postgresql://u@h/db?connect_timeout=2"
+    assert with_default_param("host=h dbname=x", "connect_timeout", t) == f"host=h dbname=x connect_timeout={t}"
+    assert with_default_param("host='x", "connect_timeout", t) == "host='x"  # unparseable: the connect says why
