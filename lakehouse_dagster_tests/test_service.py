@@ -31,6 +31,7 @@ from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.testing.service import ServiceProcess, new_token
 from lakehouse_dagster.tracking import datasets
+from lakehouse_dagster_tests.conftest import TEMPLATE_DB
 
 SCHEMA = [
     {"name": "name", "type": "string"},
@@ -95,7 +96,7 @@ class World:
 def world(pg_admin_dsn, template_dsn, tmp_path_factory):
     name = f"svc_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        admin.execute(f'create database "{name}" template "lakehouse_test_template"')
+        admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')  # (one per pytest worker)
     dsn = with_db(pg_admin_dsn, name)
     root = tmp_path_factory.mktemp("service")
     (root / "warehouse").mkdir()
