@@ -142,11 +142,8 @@ def _outbox(conn) -> list[tuple]:
     ).fetchall()
 
 
-def test_a_failed_run_of_a_lakehouse_job_is_posted_once(conn, dsn, settings, receiver, instance, tick):
-    tick()  # the first tick: nothing has happened yet
-    ws = datasets.create_workspace(conn, "w")
-    bad = datasets.create_dataset(conn, ws, "bad_orders", [{"name": "n", "type": "int64"}])
-    datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])
+def failed_batch_run(instance, dsn, bad):
+    """A mirror_batch_job run of dataset ``bad`` (named bad_orders, a row that does not fit) that fails."""
     result = mirror_batch_job.execute_in_process(
         instance=instance,
         run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(bad)]}}}},
@@ -155,6 +152,15 @@ def test_a_failed_run_of_a_lakehouse_job_is_posted_once(conn, dsn, settings, rec
         raise_on_error=False,
     )
     assert not result.success
+    return result
+
+
+def test_a_failed_run_of_a_lakehouse_job_is_posted_once(conn, dsn, settings, receiver, instance, tick):
+    tick()  # the first tick: nothing has happened yet
+    ws = datasets.create_workspace(conn, "w")
+    bad = datasets.create_dataset(conn, ws, "bad_orders", [{"name": "n", "type": "int64"}])
+    datasets.insert_rows(conn, bad, [{"n": 1}, {"n": "x"}])
+    result = failed_batch_run(instance, dsn, bad)
     assert tick().startswith("1 new event(s) (run_failed 1); posted 1 event(s) in 1 message(s)")
     (text,) = receiver.texts()
     assert text.startswith(f"Lakehouse run failed: job mirror_batch_job run {result.run_id[:8]} for bad_orders: ")

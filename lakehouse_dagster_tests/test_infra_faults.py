@@ -28,7 +28,7 @@ from lakehouse_dagster.mirror import sweep as orphan_sweep
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.testing.crash_harness import Oracle
-from lakehouse_dagster.testing.faults import cli_env, data_files_on_disk, default_sigint, wait_stopped
+from lakehouse_dagster.testing.faults import cli_env, cli_sync_popen, data_files_on_disk, default_sigint, wait_stopped
 from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.testing.service import restart_postgres
 from lakehouse_dagster.testing.tcp_proxy import TcpProxy
@@ -104,14 +104,7 @@ def _env(settings: Settings, dsn: str, failpoint: str | None = None) -> dict:
 
 
 def _sync_popen(settings: Settings, dsn: str, d, failpoint: str | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(d), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=default_sigint,
-        env=_env(settings, dsn, failpoint),
-    )
+    return cli_sync_popen(d, env=_env(settings, dsn, failpoint))
 
 
 def _make(conn, rows: int = ROWS) -> uuid.UUID:
@@ -391,11 +384,9 @@ def test_postgres_killed_between_and_during_alerts_ticks_posts_every_failed_run_
     """The alerts sensor reads failed runs from the instance (elsewhere) and keeps its outbox in the lakehouse's
     Postgres. Killed between ticks: the next tick posts the run that failed before, once. Stopped during a tick:
     it fails, and the first tick once Postgres is back posts the run it missed, once; nothing twice after."""
-    from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
-    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 
     from .conftest import pg_dagster_instance
-    from .test_alerts import Receiver, Ticks
+    from .test_alerts import Receiver, Ticks, failed_batch_run
 
     dsn, root = own_postgres
     settings = _settings(dsn, root)
@@ -416,15 +407,7 @@ def test_postgres_killed_between_and_during_alerts_ticks_posts_every_failed_run_
         with pg_dagster_instance(pg_admin_dsn, home) as (instance, _):
 
             def failed_run() -> str:
-                result = mirror_batch_job.execute_in_process(
-                    instance=instance,
-                    run_config={"ops": {"mirror_datasets": {"config": {"datasets": [str(bad)]}}}},
-                    resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
-                    tags={"lakehouse/dataset": str(bad), "lakehouse/dataset_name": "bad_orders"},
-                    raise_on_error=False,
-                )
-                assert not result.success
-                return result.run_id
+                return failed_batch_run(instance, dsn, bad).run_id
 
             tick = Ticks(instance, dsn)
             tick()

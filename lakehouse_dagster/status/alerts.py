@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.settings import Settings
@@ -646,23 +647,29 @@ def backoff(failures: int, rng: random.Random | None = None) -> dt.timedelta:
     return dt.timedelta(seconds=base * (rng or random).uniform(0.5, 1.0))
 
 
-_PENDING = "posted_at is null and dropped_at is null"
+# Composed into the queries below through psycopg.sql (named {pending} and {due} there), never by formatting.
+_PENDING = sql.SQL("posted_at is null and dropped_at is null")
 
 
 def _shed(conn: psycopg.Connection, max_pending: int) -> list[str]:
     """Past ``max_pending`` events waiting, the oldest are dropped (one line, and one event that says so, posted
     like any other): the bound on what an endless outage can pile up."""
     over = fetch_value(
-        conn.execute(f"select count(*) - %s from lakehouse_alerts where {_PENDING}", (max_pending,)),
+        conn.execute(
+            sql.SQL("select count(*) - %s from lakehouse_alerts where {pending}").format(pending=_PENDING),
+            (max_pending,),
+        ),
         "the count of waiting alerts",
     )
     if over <= 0:
         return []
     with conn.transaction():
         gone = conn.execute(
-            f"""update lakehouse_alerts set dropped_at = now(), last_error = 'dropped unsent: too many alerts waited'
-                 where id in (select id from lakehouse_alerts where {_PENDING} order by id limit %s)
-                returning created_at""",
+            sql.SQL(
+                """update lakehouse_alerts set dropped_at = now(), last_error = 'dropped unsent: too many alerts waited'
+                 where id in (select id from lakehouse_alerts where {pending} order by id limit %s)
+                returning created_at"""
+            ).format(pending=_PENDING),
             (over + 1,),  # (one more: room for the event that tells of the drop)
         ).fetchall()
         oldest = min(r[0] for r in gone)
@@ -707,7 +714,7 @@ def deliver(
     out = Delivery(retry_seconds=retry_seconds)
     out.dropped += _shed(conn, max_pending)
     deadline = time.monotonic() + budget_seconds
-    due = f"{_PENDING} and (next_attempt_at is null or next_attempt_at <= %(now)s)"
+    due = sql.SQL("{pending} and (next_attempt_at is null or next_attempt_at <= %(now)s)").format(pending=_PENDING)
     for _ in range(max_posts):
         remaining = deadline - time.monotonic()
         if remaining < min(timeout, 1.0):
@@ -715,15 +722,18 @@ def deliver(
             break
         with conn.transaction():  # the message's events and key, fixed before the first attempt (and kept)
             head = conn.execute(
-                f"select kind, post_key from lakehouse_alerts where {due} order by id limit 1", {"now": now}
+                sql.SQL("select kind, post_key from lakehouse_alerts where {due} order by id limit 1").format(due=due),
+                {"now": now},
             ).fetchone()
             if head is None:
                 break
             key = head[1]
             if key is None:
                 group = conn.execute(
-                    f"select id from lakehouse_alerts where {due} and kind = %(kind)s and post_key is null"
-                    " order by id limit %(n)s for update skip locked",
+                    sql.SQL(
+                        "select id from lakehouse_alerts where {due} and kind = %(kind)s and post_key is null"
+                        " order by id limit %(n)s for update skip locked"
+                    ).format(due=due),
                     {"now": now, "kind": head[0], "n": FOLD_MAX},
                 ).fetchall()
                 ids = [r[0] for r in group] if len(group) >= FOLD_AT else [r[0] for r in group[:1]]
@@ -731,8 +741,10 @@ def deliver(
                 conn.execute("update lakehouse_alerts set post_key = %s where id = any(%s)", (key, ids))
         with conn.transaction():
             batch = conn.execute(
-                f"select id, message, created_at, attempts from lakehouse_alerts where post_key = %s and {_PENDING}"
-                " order by id for update skip locked",
+                sql.SQL(
+                    "select id, message, created_at, attempts from lakehouse_alerts where post_key = %s and {pending}"
+                    " order by id for update skip locked"
+                ).format(pending=_PENDING),
                 (key,),
             ).fetchall()
             if not batch:  # another sender holds them
@@ -770,14 +782,19 @@ def deliver(
                 (ids,),
             )
             conn.execute(
-                f"update lakehouse_alerts set next_attempt_at = null where {_PENDING} and next_attempt_at > %s", (now,)
+                sql.SQL(
+                    "update lakehouse_alerts set next_attempt_at = null where {pending} and next_attempt_at > %s"
+                ).format(pending=_PENDING),
+                (now,),
             )
             out.posted += len(ids)
             out.messages += 1
     out.pending, out.next_attempt_at = fetch_one(
         conn.execute(
-            f"select count(*), min(next_attempt_at) filter (where next_attempt_at > %s) from lakehouse_alerts"
-            f" where {_PENDING}",
+            sql.SQL(
+                "select count(*), min(next_attempt_at) filter (where next_attempt_at > %s) from lakehouse_alerts"
+                " where {pending}"
+            ).format(pending=_PENDING),
             (now,),
         ),
         "the count of waiting alerts",

@@ -43,14 +43,18 @@ def cli_sync(
     )
 
 
-def cli_sync_popen(ds_id, failpoint: str | None = None, *, chunk_rows: int = 100) -> subprocess.Popen:
+def cli_sync_popen(
+    ds_id, failpoint: str | None = None, *, chunk_rows: int = 100, env: dict | None = None
+) -> subprocess.Popen:
+    """``lakehouse sync --json`` of one dataset in its own process (SIGINT as Ctrl-C gives it); ``env``: the whole
+    environment instead of this process's with the failpoint and chunk size."""
     return subprocess.Popen(
         [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=default_sigint,
-        env=cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
+        env=env if env is not None else cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
     )
 
 
