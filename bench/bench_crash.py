@@ -1,8 +1,11 @@
-"""Crash harness, long run: >= 200 seeded cycles of writes + syncs killed at random failpoints.
+"""Crash harness, long run: >= 1,000 seeded cycles of writes + syncs killed at random failpoints, with Postgres
+killed and restarted and connections reset under them.
 
-`nice .venv/bin/python bench/bench_crash.py --cycles 200 --seed 7` prints the cycles, the failpoints
-armed and fired (kills per failpoint), the sync exit codes, the write mix, the violations (must be 0)
-and the seed, then one JSON line. What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
+`nice .venv/bin/python bench/bench_crash.py --cycles 1000 --seed 7` prints the cycles, the failpoints
+armed and fired (kills per failpoint, infrastructure faults by kind), the sync exit codes, the write mix, the
+violations (must be 0) and the seed, then one JSON line. It runs its own embedded Postgres (restarted by the
+schedule) behind a TCP fault proxy; `--no-infra` leaves the infrastructure alone (the failpoints only) and uses
+LAKEHOUSE_PG_DSN when set. What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
 Not a timing benchmark: seconds are printed for planning only.
 """
 
@@ -24,11 +27,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cycles", type=int, default=200)
     p.add_argument("--seed", type=int, default=20261130)
-    p.add_argument("--datasets", type=int, default=3)
+    p.add_argument("--datasets", type=int, default=4)
+    p.add_argument("--no-infra", action="store_true", help="failpoints only: Postgres and the network left alone")
     a = p.parse_args()
 
-    dsn = fresh_database(admin_dsn(), "bench_crash")
     home = Path(tempfile.mkdtemp(prefix="lh-crash-"))
+    if a.no_infra:
+        admin = admin_dsn()
+    else:  # a server of its own: the schedule restarts it
+        from lakehouse_dagster.core.embedded import start_embedded
+
+        admin = start_embedded(home / "pg", keep_running=False, delete_on_exit=True)
+    dsn = fresh_database(admin, "bench_crash")
     (home / "warehouse").mkdir()
     os.environ.update(
         {  # the killed syncs are CLI processes: they read the same configuration
@@ -39,7 +49,9 @@ def main() -> int:
         }
     )
     from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster.testing.crash_harness import run_cycles
+    from lakehouse_dagster.testing.crash_harness import Infrastructure, run_cycles
+    from lakehouse_dagster.testing.service import restart_postgres
+    from lakehouse_dagster.testing.tcp_proxy import TcpProxy
 
     shown = [0]
 
@@ -54,9 +66,18 @@ def main() -> int:
                 flush=True,
             )
 
-    report = run_cycles(dsn, Settings.from_env(), seed=a.seed, cycles=a.cycles, datasets=a.datasets, progress=progress)
+    proxy = None if a.no_infra else TcpProxy.for_dsn(dsn)
+    infra = None if proxy is None else Infrastructure(lambda: restart_postgres(home / "pg"), proxy)
+    try:
+        report = run_cycles(
+            dsn, Settings.from_env(), seed=a.seed, cycles=a.cycles, datasets=a.datasets, progress=progress, infra=infra
+        )
+    finally:
+        if proxy is not None:
+            proxy.close()
     print(f"seed {report.seed}  cycles {report.cycles}  datasets {a.datasets}  {report.seconds:.0f}s")
     print(f"kills per failpoint: {json.dumps(report.kills_per_failpoint(), sort_keys=True)}")
+    print(f"faults by kind: {json.dumps(report.faults_by_kind(), sort_keys=True)}")
     print(f"fired (point:action): {json.dumps(dict(sorted(report.fired.items())))}")
     print(f"sync exit codes: {json.dumps({str(k): v for k, v in sorted(report.outcomes.items())})}")
     print(f"writes: {json.dumps(dict(report.ops), sort_keys=True)}")

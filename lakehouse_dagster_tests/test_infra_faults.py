@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from psycopg import sql
 
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror import sweep as orphan_sweep
@@ -494,3 +496,157 @@ def test_every_session_gets_a_connect_timeout_unless_its_dsn_names_one():
     assert adbc_uri("postgresql://u@h/db?connect_timeout=2") == "postgresql://u@h/db?connect_timeout=2"
     assert with_default_param("host=h dbname=x", "connect_timeout", t) == f"host=h dbname=x connect_timeout={t}"
     assert with_default_param("host='x", "connect_timeout", t) == "host='x"  # unparseable: the connect says why
+
+
+# --- the crash harness with the infrastructure's faults (the long run: bench/bench_crash.py) -------------
+
+
+def test_a_seeded_crash_schedule_with_postgres_restarts_and_resets_converges_with_no_violation(
+    own_postgres, monkeypatch
+):
+    """A few cycles of the harness's schedule drawn from the infrastructure's faults alone (Postgres killed and
+    restarted at a failpoint or at any moment, connections reset): every sync ends in one line with an exit the
+    guide names, and the oracle holds after the next clean sync."""
+    from lakehouse_dagster.testing.crash_harness import INFRA_ACTIONS, Infrastructure, run_cycles
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    for key, value in _env(settings, dsn).items():  # the harness's CLI syncs read this process's environment
+        if key.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(key, value)
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_CYCLES", "6"))
+    with TcpProxy.for_dsn(dsn) as proxy:
+        infra = Infrastructure(lambda: restart_postgres(root / "pg", mode="immediate"), proxy)
+        report = run_cycles(
+            dsn, settings, seed=20261204, cycles=cycles, datasets=2, actions=INFRA_ACTIONS, armed_share=1.0, infra=infra
+        )
+    print(report.as_dict())
+    assert report.cycles == cycles
+    assert report.faults_by_kind().get("pg-restart", 0) >= 2, report.as_dict()  # Postgres really went down
+    assert report.violations == [], "\n".join(report.violations)
+
+
+# --- 5. Postgres killed under a stream run and under a batch run ------------------------------------------
+
+
+def test_postgres_killed_under_a_stream_run_ends_it_in_one_line_and_its_successor_mirrors_everything_once(
+    own_postgres,
+):
+    """A stream run (the mirror_stream job, executed for real) loses its shard's lock with its session when Postgres
+    is killed, so it must stop (another run may own the shard now) within seconds and say why in one line; the
+    successor the supervisor starts mirrors everything written before, during and after the outage exactly once."""
+    import dagster as dg
+
+    from lakehouse_dagster.dagster.defs.mirror.stream_job import mirror_stream
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+
+    from .test_mirror_stream import Stream, assert_nothing_twice, assert_parity, caught_up, wait_caught_up
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        ws = datasets.create_workspace(conn, "w")
+        ids = [datasets.create_dataset(conn, ws, f"s{i}", SCHEMA) for i in range(3)]
+        for d in ids:
+            datasets.insert_rows(conn, d, [{"n": k, "s": f"r{k}"} for k in range(50)])
+    env = {k: v for k, v in _env(settings, dsn).items() if k.startswith("LAKEHOUSE_") and k != "LAKEHOUSE_FAILPOINT"}
+    results: list = []
+    with dg.DagsterInstance.ephemeral() as instance:
+
+        def run() -> None:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)  # the resource reads the warehouse and home as a run worker would
+            try:
+                results.append(
+                    mirror_stream.execute_in_process(
+                        run_config={"ops": {"stream_shard_op": {"config": {"lifetime_seconds": 120}}}},
+                        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+                        instance=instance,
+                        raise_on_error=False,
+                    )
+                )
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        with connect(dsn) as conn:
+            wait_caught_up(conn, ids)
+            for d in ids:  # a write the stream is syncing (or about to) when Postgres goes
+                datasets.insert_rows(conn, d, [{"n": 1000 + k, "s": "at the kill"} for k in range(2_000)])
+        restart_postgres(root / "pg", mode="immediate")
+        worker.join(30)  # its lifetime is 120 s: only the lost session ends it this soon
+        assert not worker.is_alive(), "the stream run kept going without its shard's lock"
+        [result] = results
+        messages = [r.user_message or "" for r in instance.all_logs(result.run_id)]
+        [stopped] = [m for m in messages if "stopping before the deadline" in m]
+        assert "its session to Postgres was lost" in stopped or "lock" in stopped, stopped
+        assert "mirror_poller sensor starts its successor" in stopped and "\n" not in stopped, stopped
+        assert not any("Traceback" in m for m in messages), [m for m in messages if "Traceback" in m]
+        if not result.success:  # a sync cut by the kill fails the run at its end, in the refusal's one message
+            [failure] = [e for e in result.all_events if e.is_step_failure]
+            assert "syncs failed" in (failure.message or "") + str(failure.event_specific_data), failure
+    _wait_pg(dsn)
+    with connect(dsn) as conn:
+        for d in ids:
+            datasets.insert_rows(conn, d, [{"n": 5000, "s": "after"}])
+        assert not caught_up(conn, ids)
+    with Stream(settings, dsn, run_id="stream-after") as second:
+        assert second.held.wait(30)
+        with connect(dsn) as conn:
+            wait_caught_up(conn, ids)
+    with connect(dsn) as conn:
+        assert_nothing_twice(conn, ids)
+        assert conn.execute("select count(*) from iceberg_sync_log where status = 'running'").fetchone()[0] == 0
+    assert_parity(settings, dsn, ids)
+    for d in ids:
+        _assert_exactly_once(dsn, settings, d)
+
+
+def test_postgres_killed_under_a_batch_run_fails_what_it_cut_and_the_next_batch_lands_all_once(own_postgres):
+    """A batch (mirror_many: the mirror_batch_job's loop) with Postgres killed mid-way: what it had committed stays,
+    the sync it was in fails in one line (or, Postgres back before its last pass, is retried), none is left
+    'running' for good; the next batch of the same datasets lands the rest exactly once."""
+    from lakehouse_dagster.mirror.batch import mirror_many
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root).replace(ingest_chunk_rows=CHUNK)
+    with connect(dsn) as conn:
+        ids = [_make(conn, 3_000) for _ in range(4)]
+    catalog = load_catalog(settings, dsn)
+    outcomes: list = []
+    errors: list[BaseException] = []
+
+    def batch():
+        try:
+            outcomes.extend(mirror_many(dsn, catalog, settings, ids, run_id="batch-killed", backoff_s=0.2, passes=2))
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            errors.append(exc)
+
+    worker = threading.Thread(target=batch, daemon=True)
+    worker.start()
+    with connect(dsn) as conn:  # kill it once the first dataset has landed
+        deadline = time.monotonic() + 60
+        while not conn.execute(
+            "select count(*) from iceberg_sync_log where status = 'succeeded' and run_id = 'batch-killed'"
+        ).fetchone()[0]:
+            assert time.monotonic() < deadline and worker.is_alive(), (outcomes, errors)
+            time.sleep(0.02)
+    restart_postgres(root / "pg", mode="immediate")
+    worker.join(120)
+    assert not worker.is_alive()
+    from lakehouse_dagster.mirror.batch import Failed
+
+    for o in outcomes:  # each failure is one line naming its dataset
+        if isinstance(o, Failed):
+            assert "\n" not in str(o.error) and str(o.dataset_id) in str(o.error), o
+    assert all(isinstance(e, psycopg.OperationalError | LakehouseError) for e in errors), errors
+    _wait_pg(dsn)
+    again = list(mirror_many(dsn, catalog, settings, ids, run_id="batch-after"))
+    assert not [o for o in again if isinstance(o, Failed)], again
+    for d in ids:
+        _assert_exactly_once(dsn, settings, d)

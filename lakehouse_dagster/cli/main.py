@@ -12,7 +12,7 @@ import sys
 
 from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
-from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.errors import LakehouseError, SyncFailed, is_transient
 
 
 def build_parser() -> ArgumentParser:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(ctx, args)
     except LakehouseError as exc:
         print(f"lakehouse {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _exit_code(exc)
     except KeyboardInterrupt:
         print(f"lakehouse {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -55,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
     emit(result, getattr(args, "json", False))
     return result.exit_code
+
+
+def _exit_code(exc: LakehouseError) -> int:
+    """A sync that failed on a cause a retry may clear (Postgres restarted or unreachable, its lock session lost,
+    the object store's I/O) exits 75 as an unreachable Postgres does: a supervisor retries on 75, not on 4."""
+    if isinstance(exc, SyncFailed) and is_transient(exc):
+        return 75
+    return exc.exit_code
 
 
 def _postgres_unreachable(exc: Exception) -> str | None:

@@ -486,21 +486,24 @@ def _commit_or_settle(
         roller.delete_all()  # known not committed
         raise
     except BaseException as exc:
-        landed = _look_for(catalog, table, plan.sync_id)
-        if landed is None or not isinstance(exc, Exception):
-            if landed is None:
+        landed, unread = _look_for(catalog, table, plan.sync_id)
+        if landed is None:
+            # The error raised below says it all in one line; an interruption propagates as is, so it is logged.
+            if not isinstance(exc, Exception):
                 _log.warning(
-                    "commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
+                    "commit of sync %s: outcome unknown (%s); its %d files are left for the next sync%s",
                     plan.sync_id,
                     type(exc).__name__,
                     len(roller.paths),
+                    unread,
                 )
-            if not isinstance(exc, Exception):
-                raise  # an interruption: the caller looks at the table itself
+                raise  # the caller looks at the table itself
             raise CommitOutcomeUnknown(
                 f"dataset {dataset.id}: commit outcome unknown for sync {plan.sync_id} ({type(exc).__name__}: "
-                f"{first_line(exc)}); its files are kept, the next sync of the dataset settles it"
+                f"{first_line(exc)}){unread}; its files are kept, the next sync of the dataset settles it"
             ) from exc
+        if not isinstance(exc, Exception):
+            raise  # an interruption: the caller looks at the table itself
         _log.warning(
             "commit of sync %s raised %s but its snapshot %s is in the table: it landed",
             plan.sync_id,
@@ -510,13 +513,13 @@ def _commit_or_settle(
         return landed
 
 
-def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:
-    """Reload the table and look for the sync's snapshot; None when absent or the table cannot be read."""
+def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> tuple[int | None, str]:
+    """Reload the table and look for the sync's snapshot: (its id or None, "" or why the table could not be
+    read, as a clause of one line)."""
     try:
-        return find_sync_snapshot(catalog.load_table(table.name()), sync_id)
+        return find_sync_snapshot(catalog.load_table(table.name()), sync_id), ""
     except Exception as exc:  # noqa: BLE001 - unknown stays unknown
-        _log.warning("could not reload %s to settle sync %s: %s", table.name(), sync_id, exc)
-        return None
+        return None, f" and the table could not be reloaded ({type(exc).__name__}: {first_line(exc)})"
 
 
 def _row_count(table: Table) -> int:

@@ -74,6 +74,14 @@ class Idle:
     backlog: int  # datasets changed and waiting for their commit window (none are due yet)
 
 
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """Yielded last when the loop ended before its deadline because the shard may be another run's now (its lock
+    or its session to Postgres was lost): the caller says why; the supervisor starts the successor."""
+
+    reason: str
+
+
 @dataclasses.dataclass
 class _Stats:
     syncs: int = 0
@@ -219,7 +227,7 @@ class _Due:
     busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
 
 
-def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[SyncResult | Failed | Idle]:
+def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[SyncResult | Failed | Idle | Stopped]:
     """``_stream`` (below) run in a thread of its own, its results handed over through a queue: the caller's work on
     each result (the glue writes two materializations to Dagster's event log, ≈ 0.1-0.3 s here) never holds up the
     next syncs; an Idle is handed over only when nothing else waits. Leaving the generator (the deadline, an
@@ -274,11 +282,11 @@ def _stream(
     sleep: Callable[[float], None] = time.sleep,
     on_lease: Callable[[ShardLease], None] | None = None,
     stop: threading.Event | None = None,
-) -> Iterator[SyncResult | Failed | Idle]:
+) -> Iterator[SyncResult | Failed | Idle | Stopped]:
     """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
     that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
-    after the poller's backoff), and an Idle whenever nothing is due. Waits for the shard's lock until
-    ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
+    after the poller's backoff), an Idle whenever nothing is due, and a Stopped last if the lease or the session
+    was lost. Waits for the shard's lock until ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
     deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
     Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
     window, the sync and its retry-at-once cases are one loop whose order is the exactly-once argument."""
@@ -317,57 +325,73 @@ def _stream(
             due: dict[uuid.UUID, _Due] = {}
             synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
             next_sweep = 0.0
-            while lease.lost is None and clock() < deadline and not stop.is_set():
-                now = clock()
-                if now >= next_sweep:
-                    behind = datasets_behind(
-                        conn,
-                        after_seconds=settings.retry_failed_after_seconds,
-                        max_retries=settings.retry_failed_max,
-                        limit=100_000,
-                        keep=mine,
+            gone: str | None = None  # why the loop ends early: its session to Postgres was lost
+            while lease.lost is None and gone is None and clock() < deadline and not stop.is_set():
+                try:
+                    now = clock()
+                    if now >= next_sweep:
+                        behind = datasets_behind(
+                            conn,
+                            after_seconds=settings.retry_failed_after_seconds,
+                            max_retries=settings.retry_failed_max,
+                            limit=100_000,
+                            keep=mine,
+                        )
+                        for p in [*behind.fresh, *behind.due]:
+                            _note(due, p, now, 0.0)
+                        next_sweep = now + SWEEP_EVERY_S
+                    while True:  # page through everything changed since the cursor
+                        before = cursor
+                        pending, cursor, scanned = pending_syncs(conn, cursor, limit=PAGE)
+                        for p in pending:
+                            if mine(p.dataset_id):
+                                _note(due, p, now, window)
+                        if scanned < PAGE or cursor == before:
+                            break
+                    in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
+                    ready = sorted(
+                        (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
                     )
-                    for p in [*behind.fresh, *behind.due]:
-                        _note(due, p, now, 0.0)
-                    next_sweep = now + SWEEP_EVERY_S
-                while True:  # page through everything changed since the cursor
-                    before = cursor
-                    pending, cursor, scanned = pending_syncs(conn, cursor, limit=PAGE)
-                    for p in pending:
-                        if mine(p.dataset_id):
-                            _note(due, p, now, window)
-                    if scanned < PAGE or cursor == before:
-                        break
-                in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
-                ready = sorted(
-                    (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
-                )
-                lease.stats.backlog = len(due) + len(flying)
-                lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
-                if not ready and not flying:
-                    yield Idle(len(due))
-                    nearest = min((x.at for x in due.values()), default=now + poll)
-                    sleep(max(0.0, min(poll, nearest - clock())))
-                    continue
-                for ds in ready[: max(0, workers - len(flying))]:
-                    item = due.pop(ds)
-                    sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
-                    flying[executor.submit(sync, ds, sync_id)] = (ds, item)
-                # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
-                done, _ = concurrent.futures.wait(flying, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED)
-                for fut in done:
-                    ds, item = flying.pop(fut)
-                    got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
-                    if got is not None:
-                        yield got
+                    lease.stats.backlog = len(due) + len(flying)
+                    lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
+                    if not ready and not flying:
+                        yield Idle(len(due))
+                        nearest = min((x.at for x in due.values()), default=now + poll)
+                        sleep(max(0.0, min(poll, nearest - clock())))
+                        continue
+                    for ds in ready[: max(0, workers - len(flying))]:
+                        item = due.pop(ds)
+                        sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
+                        flying[executor.submit(sync, ds, sync_id)] = (ds, item)
+                    # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
+                    done, _ = concurrent.futures.wait(
+                        flying, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED
+                    )
+                    for fut in done:
+                        ds, item = flying.pop(fut)
+                        got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                        if got is not None:
+                            yield got
+                except psycopg.OperationalError as exc:
+                    # A restart, a failover or a dropped connection: the shard's lock went with the lease's session
+                    # just as likely, so another run may own the shard now. End as a lost lease does (the syncs in
+                    # flight finish or fail by themselves); the supervisor starts the successor once Postgres answers.
+                    gone = f"its session to Postgres was lost ({type(exc).__name__}: {first_line(exc)})"
             # the deadline, a stop or a lost lease: the syncs in flight finish (each one is atomic), nothing new starts
             for fut in concurrent.futures.as_completed(list(flying)):
                 ds, item = flying.pop(fut)
-                got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                try:
+                    got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                except psycopg.OperationalError as exc:  # recording a failure on the lost session
+                    gone = gone or f"its session to Postgres was lost ({type(exc).__name__}: {first_line(exc)})"
+                    failure = fut.exception()
+                    got = Failed(ds, failure) if isinstance(failure, LakehouseError) else None
                 if got is not None:
                     yield got
-            if lease.lost is not None:
-                _log.warning("shard %s/%s: stopping: %s", shard, shard_count, lease.lost)
+            reason = lease.lost or gone
+            if reason is not None:
+                _log.warning("shard %s/%s: stopping: %s", shard, shard_count, reason)
+                yield Stopped(reason)
 
 
 def _outcome(fut, ds, item: _Due, due, synced, lease: ShardLease, conn, clock, shard) -> SyncResult | Failed | None:

@@ -141,8 +141,8 @@ def sync_dataset(
                     raise
                 message = _describe(exc, ds_id, dsn)
                 transient = False if _BAD_VALUE.search(message) else is_transient(exc)
-                _conclude_failed(dsn, conn, ds_id, sync_id, message, exc)
-                err = SyncFailed(message)
+                unrecorded = _conclude_failed(dsn, conn, ds_id, sync_id, message, exc)
+                err = SyncFailed(message + unrecorded)
                 err.transient = transient
                 raise err from exc
             try:
@@ -378,10 +378,11 @@ def _bookkeeping_conn(dsn: str, conn: psycopg.Connection):
     return connect(dsn)
 
 
-def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> None:
+def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> str:
     """Record a failed sync. The dataset is marked errored, except when the sync lost its lock (another
     sync may own the dataset now, and its outcome is the truth). A commit of unknown outcome kept its
-    files: the row is marked unsettled so the next sync settles it (mirror/reaper.py)."""
+    files: the row is marked unsettled so the next sync settles it (mirror/reaper.py). Returns "" or, when
+    the record could not be written, the clause the sync's error ends with (the operator reads one line)."""
     if isinstance(exc, CommitOutcomeUnknown):
         message = UNSETTLED + message
     try:
@@ -397,8 +398,12 @@ def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> 
             with connect(dsn) as fresh:
                 _log_failed(fresh, ds_id, sync_id, message, errored=False)
     except Exception as log_exc:  # noqa: BLE001 - the sync's own error is the one to raise
-        # One line: the operator reads the sync's own error after it (psycopg's messages run over lines).
-        _log.warning("could not record the failure of sync %s: %s", sync_id, first_line(log_exc))
+        # psycopg's messages run over lines: the first one, inside the sync's own error
+        return (
+            f"; its failure could not be recorded ({type(log_exc).__name__}: {first_line(log_exc)}): the log "
+            "row stays 'running' until the next sync settles it"
+        )
+    return ""
 
 
 def _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc: BaseException) -> None:

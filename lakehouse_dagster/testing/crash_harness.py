@@ -17,6 +17,12 @@ Iceberg is behind), run one clean sync, then check the oracle:
 A ``stop`` cycle freezes the sync at its failpoint instead, terminates its lock session, runs the clean
 sync meanwhile, resumes the frozen one, and checks the oracle once both are done (a live process that
 lost its guard locks must not commit over the other sync).
+Given the infrastructure (``Infrastructure``: the Postgres server's restart and a TCP fault proxy the syncs
+connect through), the schedule also breaks what is under the project (issue 32): ``pg-restart`` freezes the
+sync at its failpoint, kills and restarts Postgres (``pg_ctl restart -m immediate``: every session ends, crash
+recovery on start) and resumes it; ``reset`` cuts every connection of the frozen sync with a TCP RST;
+``anytime:pg-restart`` restarts Postgres at a random moment of an unfrozen sync. The sync must then end with at
+most one line on stderr and no traceback, and the oracle holds after the next clean sync as for every cycle.
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
@@ -30,6 +36,7 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Callable
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
@@ -39,12 +46,13 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
 from lakehouse_dagster.testing.faults import (
-    cli_sync,
+    cli_env,
     cli_sync_popen,
     data_files_on_disk,
     terminate_lock_session,
     wait_stopped,
 )
+from lakehouse_dagster.testing.tcp_proxy import TcpProxy
 from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import parse_schema
 
@@ -52,7 +60,20 @@ POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "aft
 # stop: the sync freezes at the failpoint, its lock session is terminated, the clean sync runs meanwhile,
 # then the frozen one resumes (a live process whose guard locks died: it must not commit over the other)
 ACTIONS = [("kill", 64), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5), ("stop", 6)]
+# with the infrastructure given: Postgres killed and restarted at a failpoint or at any moment; connections reset
+INFRA_ACTIONS = [("pg-restart", 12), ("reset", 10), ("anytime-pg-restart", 10)]
 TYPES = ["string", "int64", "float64", "boolean", "json"]
+# libpq (under ADBC's readers) prints the server's goodbye straight to stderr, outside the project's reach
+_LIBPQ_GOODBYE = "WARNING:  terminating connection due to immediate shutdown command"
+
+
+@dataclasses.dataclass
+class Infrastructure:
+    """What the harness may break beyond the project's own processes: ``restart`` kills and restarts the
+    Postgres server; ``proxy`` forwards the killed syncs' sessions to it (and resets them)."""
+
+    restart: Callable[[], None]
+    proxy: TcpProxy
 
 
 @dataclasses.dataclass
@@ -74,12 +95,20 @@ class Report:
                 out[point] += n
         return dict(out)
 
+    def faults_by_kind(self) -> dict[str, int]:
+        """Fired faults by action (kill, sigint, ..., pg-restart, reset), whatever the failpoint."""
+        out: dict[str, int] = collections.Counter()
+        for key, n in self.fired.items():
+            out[key.split(":")[1]] += n
+        return dict(out)
+
     def as_dict(self) -> dict:
         return {
             "seed": self.seed,
             "cycles": self.cycles,
             "seconds": round(self.seconds, 1),
             "kills_per_failpoint": self.kills_per_failpoint(),
+            "faults_by_kind": self.faults_by_kind(),
             "fired": dict(self.fired),
             "armed": dict(self.armed),
             "exit_codes": dict(self.outcomes),
@@ -247,14 +276,18 @@ def run_cycles(
     progress=None,
     actions=None,
     armed_share: float = 0.85,
+    infra: Infrastructure | None = None,
 ) -> Report:
-    """``actions``: [(action, weight)] to draw from (default ACTIONS)."""
-    actions = actions or ACTIONS
+    """Long on purpose: one cycle's schedule, fault and checks read in order here. ``actions``: [(action,
+    weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given)."""
+    actions = actions or (ACTIONS + INFRA_ACTIONS if infra else ACTIONS)
     rng = random.Random(seed)
     report = Report(seed)
     started = time.perf_counter()
     oracle = Oracle(dsn, settings)
-    with connect(dsn) as conn:
+    sync_dsn = infra.proxy.dsn(dsn) if infra else dsn  # the killed syncs' sessions go through the proxy
+    conn = connect(dsn)
+    try:
         ws = app_tables.create_workspace(conn, f"crash-{seed}")
         ids = []
         for i in range(datasets):
@@ -269,26 +302,38 @@ def run_cycles(
             if rng.random() < armed_share:
                 point = rng.choice(POINTS)
                 action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
-                spec = f"{point}:{action}"
+                spec = "anytime:pg-restart" if action == "anytime-pg-restart" else f"{point}:{action}"
                 report.armed[spec] += 1
             chunk = rng.choice([40, 150, 100000])
             clean_settings = settings.replace(ingest_chunk_rows=rng.choice([60, 100000]))
+            where = f"cycle {cycle} (dataset {d}, failpoint {spec})"
             if spec and spec.endswith(":stop"):
                 rc, clean_error = _frozen_cycle(conn, dsn, oracle, clean_settings, d, spec, chunk, report)
                 where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
-                if rc not in (0, 1, 4):
+                if rc not in (0, 1, 4, 75):  # 75: its lock session died, "not committing" (try again)
                     report.violations.append(f"{where}: the resumed sync exited {rc}")
             else:
-                proc = cli_sync(d, spec, chunk_rows=chunk)
-                rc = proc.returncode
-                report.outcomes[rc] += 1
-                if spec and (rc in (-9, 130) or "failpoint" in proc.stderr):
-                    report.fired[spec] += 1
-                elif rc != 0:
-                    report.violations.append(
-                        f"cycle {cycle}: sync without a fired failpoint exited {rc}: {proc.stderr.strip()[-300:]}"
-                    )
-                where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                env = cli_env(None, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk), LAKEHOUSE_PG_DSN=sync_dsn)
+                if infra and spec and spec.split(":")[1] in ("pg-restart", "reset"):
+                    rc, stderr, fired = _infra_cycle(infra, spec, d, env, rng)
+                    conn = _reconnect(conn, dsn)
+                    report.outcomes[rc] += 1
+                    where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                    if fired:
+                        report.fired[spec] += 1
+                    report.violations += [f"{where}: {v}" for v in _infra_outcome(rc, stderr, fired)]
+                else:
+                    proc = cli_sync_popen(d, env=cli_env(spec, **{k: env[k] for k in _SYNC_ENV}))
+                    _, stderr = proc.communicate(timeout=120)
+                    rc = proc.returncode
+                    report.outcomes[rc] += 1
+                    where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
+                    if spec and (rc in (-9, 130) or "failpoint" in stderr):
+                        report.fired[spec] += 1
+                    elif rc != 0:
+                        report.violations.append(
+                            f"cycle {cycle}: sync without a fired failpoint exited {rc}: {stderr.strip()[-300:]}"
+                        )
                 report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
                 clean_error = _clean_sync(dsn, oracle, clean_settings, d)
             if clean_error:
@@ -298,8 +343,74 @@ def run_cycles(
             report.cycles += 1
             if progress:
                 progress(cycle, spec, rc, report)
+    finally:
+        conn.close()
     report.seconds = time.perf_counter() - started
     return report
+
+
+_SYNC_ENV = ("LAKEHOUSE_INGEST_CHUNK_ROWS", "LAKEHOUSE_PG_DSN")
+
+
+def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Random) -> tuple[int, str, bool]:
+    """One sync and one infrastructure fault: at its failpoint (frozen there, broken, resumed) or, for
+    ``anytime:``, at a random moment while it runs. Returns its exit code, its stderr and whether the fault hit
+    it (it had not ended yet)."""
+    point, action = spec.split(":")
+    if point == "anytime":
+        proc = cli_sync_popen(d, env=env)
+        time.sleep(rng.uniform(0.3, 3.5))  # start-up is ~1.5-3 s of imports: some land before, most during
+        fired = proc.poll() is None
+        if fired:
+            infra.restart()
+    else:
+        proc = cli_sync_popen(d, env=cli_env(f"{point}:stop", **{k: env[k] for k in _SYNC_ENV}))
+        fired = wait_stopped(proc, 120, must=False)
+        if fired:
+            if action == "pg-restart":
+                infra.restart()
+            else:
+                infra.proxy.reset()
+            os.kill(proc.pid, signal.SIGCONT)
+    try:
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stderr, fired
+
+
+def _infra_outcome(rc: int, stderr: str, fired: bool) -> list[str]:
+    """What the operator reads after an infrastructure fault: an exit the guide names and one line."""
+    bad = []
+    if rc not in (0, 1, 4, 75):
+        bad.append(f"the sync exited {rc} after an infrastructure fault")
+    if "Traceback" in stderr:
+        bad.append(f"a traceback on stderr: {stderr.strip()[-400:]}")
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip() and ln != _LIBPQ_GOODBYE]
+    if len(lines) > 1:
+        bad.append(f"{len(lines)} lines on stderr, not one: {lines[:3]}")
+    if not fired and rc != 0:
+        bad.append(f"the sync ended before the fault yet exited {rc}: {stderr.strip()[-300:]}")
+    return bad
+
+
+def _reconnect(conn, dsn: str, timeout: float = 60):
+    """The harness's own session, again once Postgres is back (a restart ended it)."""
+    try:
+        conn.execute("select 1")
+        return conn
+    except Exception:  # noqa: BLE001 - ended by the restart: open another below
+        conn.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return connect(dsn, connect_timeout=2)
+        except Exception:  # noqa: BLE001 - still in crash recovery
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _clean_sync(dsn, oracle, settings, d) -> str | None:

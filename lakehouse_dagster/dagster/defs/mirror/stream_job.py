@@ -10,11 +10,14 @@ sync that failed, or a blocking check that ended ERROR, is logged when it happen
 (the alerts sensor posts it; the successor has taken the shard over by then).
 """
 
+import contextlib
 import time
 import uuid
 
 import dagster as dg
+import psycopg
 
+from lakehouse_dagster.core.errors import first_line
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -22,7 +25,7 @@ from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed
-from lakehouse_dagster.mirror.stream import Idle, check_shard, stream_shard
+from lakehouse_dagster.mirror.stream import Idle, Stopped, check_shard, stream_shard
 from lakehouse_dagster.parity.canary import wedged_syncs
 
 SHARD_TAG = "lakehouse/stream_shard"  # "<shard>/<shard count>" on every mirror_stream run (the supervisor's filter)
@@ -55,21 +58,30 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
     logged: list[dg.AssetCheckEvaluation] = []
     context.log.info(f"streaming shard {config.shard} of {config.shards} for {lifetime}s")
 
-    def checks(conn, ds_id: uuid.UUID):
-        wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}
-        evaluations = check_evaluations(
-            lakehouse,
-            str(ds_id),
-            run_id=context.run_id,
-            log=context.log,
-            instance=context.instance,
-            conn=conn,
-            wedged=wedged,
-        )
+    def checks(session: _Session, ds_id: uuid.UUID) -> list[dg.AssetCheckEvaluation]:
+        try:
+            conn = session.conn()
+            wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}
+            evaluations = check_evaluations(
+                lakehouse,
+                str(ds_id),
+                run_id=context.run_id,
+                log=context.log,
+                instance=context.instance,
+                conn=conn,
+                wedged=wedged,
+            )
+        except psycopg.OperationalError as exc:  # Postgres went away mid-check: nothing is recorded as passed
+            session.close()
+            context.log.warning(
+                f"checks of {ds_id} not evaluated: the session to Postgres was lost ({first_line(exc)}); the "
+                "partition's next sync is checked"
+            )
+            return []
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
 
-    with pooled_event_writes(context.instance), lakehouse.connect() as conn:
+    with pooled_event_writes(context.instance), contextlib.closing(_Session(lakehouse)) as session:
         for item in stream_shard(
             lakehouse.pg_dsn,
             lakehouse.catalog(),
@@ -85,11 +97,17 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
                     ds_id = next(iter(to_check))
                     del to_check[ds_id]
-                    yield from checks(conn, ds_id)
+                    yield from checks(session, ds_id)
+                continue
+            if isinstance(item, Stopped):
+                context.log.warning(
+                    f"shard {config.shard} of {config.shards}: stopping before the deadline: {item.reason}; the "
+                    "mirror_poller sensor starts its successor once Postgres answers"
+                )
                 continue
             if isinstance(item, Failed):
                 failed += 1
-                name = dataset_name_of(conn, item.dataset_id)
+                name = session.name_of(item.dataset_id)
                 failures.append(f"{name} ({item.dataset_id}): {item.error}")
                 context.log.error(f"{name} ({item.dataset_id}) failed: {item.error}")
                 continue
@@ -98,11 +116,11 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             if key not in known:  # a dataset the stream met first: its partition, before its materialization
                 context.instance.add_dynamic_partitions(DATASETS, [key])
                 known.add(key)
-            yield from synced_materializations(conn, settings, item)
+            yield from synced_materializations(session.conn(), settings, item)
             to_check.pop(item.dataset_id, None)
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
-            yield from checks(conn, ds_id)
+            yield from checks(session, ds_id)
     context.log.info(f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed")
     problems = []
     if failures:
@@ -115,6 +133,41 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         problems.append(line)
     if problems:
         raise refuse("\n".join(problems)) from None
+
+
+class _Session:
+    """The run's own Postgres session, opened again when a restart or a dropped connection ended it: the stream
+    itself stops then (its shard may be another run's), but what it synced before is still logged and checked."""
+
+    def __init__(self, lakehouse: LakehouseResource):
+        self._lakehouse = lakehouse
+        self._conn: psycopg.Connection | None = None
+
+    def conn(self) -> psycopg.Connection:
+        """A live session: pinged first (a session a restart ended looks open until it is used), as
+        SQLAlchemy's pool_pre_ping does; a local round trip costs well under a millisecond per use."""
+        if self._conn is not None:
+            try:
+                self._conn.execute("select 1")
+            except psycopg.OperationalError:
+                self.close()
+        if self._conn is None:
+            self._conn = self._lakehouse.connect()
+        return self._conn
+
+    def name_of(self, dataset_id: uuid.UUID) -> str:
+        """The dataset's name for a failure's line; its id when Postgres cannot say (the failure is the news)."""
+        try:
+            return dataset_name_of(self.conn(), dataset_id)
+        except psycopg.OperationalError:
+            self.close()
+            return str(dataset_id)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # a dead session: nothing to close cleanly
+                self._conn.close()
+            self._conn = None
 
 
 @dg.job(
