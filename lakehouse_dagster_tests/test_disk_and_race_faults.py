@@ -173,6 +173,23 @@ def test_a_sync_bigger_than_the_free_space_fails_in_one_line_commits_nothing_and
     _assert_exactly_once(dsn, settings, d)
 
 
+def test_a_first_sync_on_a_full_disk_creates_no_table_and_says_so_in_one_line(dsn, small_disk, tmp_path):
+    """The table's creation (its first metadata file) is what fails: no table in the catalog, one line, exit 75."""
+    settings = _settings(dsn, tmp_path, small_disk)
+    d = _dataset(dsn, 100)
+    filler = _fill(small_disk, 0)
+    code, err = _cli_sync(settings, dsn, d)
+    assert code == 75, err
+    _disk_full_line(err, small_disk)
+    assert not load_catalog(settings, dsn).table_exists(table_identifier(settings, d))
+    with connect(dsn) as conn:
+        assert _statuses(conn, d) == ["failed"]
+    filler.unlink()
+    code, err = _cli_sync(settings, dsn, d)
+    assert code == 0, err
+    _assert_exactly_once(dsn, settings, d)
+
+
 def test_the_metadata_file_failing_on_a_full_disk_leaves_the_catalog_on_its_last_whole_metadata(
     dsn, small_disk, tmp_path
 ):
