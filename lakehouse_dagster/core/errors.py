@@ -1,5 +1,7 @@
 """One exception family, so the CLI and the ops can print a one-line reason and pick an exit code."""
 
+import errno
+
 
 class LakehouseError(Exception):
     """A refusal or failure with a message fit for an operator: what was wrong and what to do."""
@@ -63,6 +65,26 @@ class GuardLost(SyncFailed):
     dataset, so this one must not commit. Transient: a retry takes the lock again."""
 
     transient = True
+
+
+class DiskFull(SyncFailed):
+    """The warehouse's filesystem said ENOSPC while a write put its files there; nothing was committed (the
+    catalog's swap comes after every file a commit writes). Exit 75 and transient: the same sync lands once
+    space is freed, and a retry before that fails the same way, committing nothing."""
+
+    exit_code = 75  # EX_TEMPFAIL: try again, once there is room
+    transient = True
+
+
+def no_space(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC OSError (pyarrow's and pyiceberg's file writes raise it with its errno) in ``exc`` or its
+    causes and contexts, else None. Postgres' own disk full is a psycopg error (SQLSTATE 53100), not this."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 # Why a failure happened decides whether retrying can help. Bad data and bad input cannot be fixed by

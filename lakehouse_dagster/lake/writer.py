@@ -13,7 +13,8 @@ same transaction, and the sync id + source version in the snapshot summary.
 
 Commit outcome. Files are deleted only when the commit is known not to have happened: a failure
 before the commit started, a lost compare-and-swap (CommitFailedException), a failed validation
-(ValidationException), or a guard lock lost before the commit (GuardLost). Any other failure around
+(ValidationException), a guard lock lost before the commit (GuardLost), or the warehouse's disk full (ENOSPC:
+every file a commit writes comes before the catalog's swap; DiskFull, exit 75). Any other failure around
 the commit (a connection lost after the swap, a REST CommitStateUnknown, an interruption inside the
 call) may have landed: the table is reloaded and searched for the sync id; found, the commit
 happened; not found, the files are left where they are and CommitOutcomeUnknown is raised, so the
@@ -31,12 +32,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import random
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +52,7 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from lakehouse_dagster.core import private_apis
-from lakehouse_dagster.core.errors import CommitOutcomeUnknown, GuardLost, SyncFailed, first_line
+from lakehouse_dagster.core.errors import CommitOutcomeUnknown, DiskFull, GuardLost, SyncFailed, first_line, no_space
 from lakehouse_dagster.core.failpoints import failpoint, is_armed
 from lakehouse_dagster.core.guards import check_held
 from lakehouse_dagster.core.settings import Settings
@@ -152,6 +155,8 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: 
             return catalog.create_table(ident, schema=iceberg_schema(dataset.columns), properties=props)
         except Exception as exc:  # lost a creation race with another process
             table = load_table_or_none(catalog, ident)
+            if table is None and no_space(exc) is not None:
+                raise disk_full(dataset.id, f"{settings.warehouse.rstrip('/')}/{settings.namespace}", exc) from exc
             if table is None:
                 raise SyncFailed(f"dataset {dataset.id}: cannot create Iceberg table {'.'.join(ident)}: {exc}") from exc
     existing = {f.name: f for f in table.schema().fields}
@@ -291,7 +296,11 @@ class _FileRoller:
             self._close_file(lane)
 
     def delete_all(self) -> None:
-        self.close()
+        for lane in sorted(self._open_files):
+            try:  # a file still open is flushed on close, which fails again on a full disk: delete it anyway
+                self._close_file(lane)
+            except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
+                _log.debug("could not close abandoned file of sync %s: %s", self.sync_id, first_line(exc))
         for path in self.paths:
             try:
                 self.table.io.delete(path)
@@ -400,8 +409,10 @@ def write_arrow(
     roller = _FileRoller(table, file_schema, plan.sync_id, chunk_rows, digester, plan.lanes)
     try:  # nothing can have been committed in here: every failure deletes this write's files
         staged = _stage(table, dataset, batches, plan, roller, expected.names)
-    except BaseException:
+    except BaseException as exc:
         roller.delete_all()
+        if isinstance(exc, Exception) and no_space(exc) is not None:
+            raise disk_full(dataset.id, table.location(), exc) from exc
         raise
     snapshot_id = _commit_or_settle(catalog, settings, dataset, table, plan, staged, roller, native_run)
     return WriteResult(
@@ -487,6 +498,12 @@ def _commit_or_settle(
         raise
     except BaseException as exc:
         landed, unread = _look_for(catalog, table, plan.sync_id)
+        if landed is None and isinstance(exc, Exception) and no_space(exc) is not None:
+            # ENOSPC comes from the files a commit writes (manifests, manifest list, the new metadata file), all
+            # written before the catalog's swap (the SqlCatalog's is a Postgres update that writes no file here):
+            # known not committed, so this write's files go now and free the space they took.
+            roller.delete_all()
+            raise disk_full(dataset.id, table.location(), exc) from exc
         if landed is None:
             # The error raised below says it all in one line; an interruption propagates as is, so it is logged.
             if not isinstance(exc, Exception):
@@ -511,6 +528,26 @@ def _commit_or_settle(
             landed,
         )
         return landed
+
+
+def disk_full(dataset_id, location: str, exc: BaseException) -> DiskFull:
+    """The one line an operator reads when the warehouse's filesystem is full: what, where (the table's location
+    and, on a local warehouse, the space left there once this write's files are gone), that nothing was committed,
+    and what to do. Called after the write's files were deleted."""
+    path = unquote(urlparse(location).path) if location.startswith("file:") else None
+    room = ""
+    if path is not None:
+        probe = path
+        while probe and not os.path.exists(probe):
+            probe = os.path.dirname(probe)
+        with contextlib.suppress(OSError):
+            st = os.statvfs(probe or "/")
+            room = f" (leaving {st.f_bavail * st.f_frsize:,} of {st.f_blocks * st.f_frsize:,} bytes free there)"
+    return DiskFull(
+        f"dataset {dataset_id}: the warehouse's disk is full (ENOSPC, no space left on device) writing its Iceberg "
+        f"table at {path or location}; nothing was committed and this write's files were removed{room}: free space "
+        "on that volume or grow it (lakehouse orphans --delete removes files no snapshot references), then run it again"
+    )
 
 
 def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> tuple[int | None, str]:
@@ -612,12 +649,17 @@ def _commit(
             with _commit_failpoints(table):
                 tx.commit_transaction()
             break
-        except CommitFailedException:
-            table = table.refresh()
+        except (CommitFailedException, ValueError) as exc:
+            fresh = table.refresh()
+            if isinstance(exc, ValueError) and not _expired_meanwhile(fresh, expired, sync_id):
+                raise
+            table = fresh  # a lost compare-and-swap, or snapshots expired meanwhile: nothing committed either way
             found = find_sync_snapshot(table, sync_id)
             if found is not None:
                 return found
             if attempt == COMMIT_ATTEMPTS - 1:
+                if isinstance(exc, ValueError):
+                    raise CommitFailedException(f"commit of sync {sync_id}: {first_line(exc)[:200]}") from exc
                 raise
             time.sleep(min(5.0, 0.1 * (2**attempt)) * random.uniform(0.5, 1.5))
     # The commit left ``table`` at the metadata it swapped in (pyiceberg's _do_commit): no reload needed to see it.
@@ -625,6 +667,17 @@ def _commit(
     if found is None:
         raise SyncFailed(f"commit of sync {sync_id} reported success but its snapshot is not in the table")
     return found
+
+
+def _expired_meanwhile(fresh: Table, expired: Sequence[int], sync_id: uuid.UUID) -> bool:
+    """Whether a commit refused with a ValueError was refused because another writer expired snapshots this commit
+    also expires: the SqlCatalog applies a commit's updates to the table as it is at commit time, and pyiceberg's
+    snapshot removal refuses an id the table no longer has (``Snapshot with snapshot id … does not exist``), before
+    any file is written or swapped in. Then nothing was committed, and the commit is retried as after a lost
+    compare-and-swap (G4); any other ValueError propagates."""
+    if not expired or find_sync_snapshot(fresh, sync_id) is not None:
+        return False
+    return not set(expired) <= {s.snapshot_id for s in fresh.snapshots()}
 
 
 @contextlib.contextmanager

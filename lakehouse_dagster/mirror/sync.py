@@ -21,6 +21,7 @@ from lakehouse_dagster.core.db import IdlePool, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import (
     BadInput,
     CommitOutcomeUnknown,
+    DiskFull,
     GuardLost,
     LakehouseError,
     SyncFailed,
@@ -142,7 +143,7 @@ def sync_dataset(
                 message = _describe(exc, ds_id, dsn)
                 transient = False if _BAD_VALUE.search(message) else is_transient(exc)
                 unrecorded = _conclude_failed(dsn, conn, ds_id, sync_id, message, exc)
-                err = SyncFailed(message + unrecorded)
+                err = DiskFull(message + unrecorded) if isinstance(exc, DiskFull) else SyncFailed(message + unrecorded)
                 err.transient = transient
                 raise err from exc
             try:

@@ -27,6 +27,7 @@ import psycopg
 from lakehouse_dagster.core.errors import (
     BadInput,
     CommitOutcomeUnknown,
+    DiskFull,
     GuardLost,
     NotFound,
     SyncFailed,
@@ -197,7 +198,7 @@ def _write_native_locked(
             error = UNSETTLED + error
         _record_failure(conn, ds, sync_id, error, errored=not isinstance(exc, GuardLost), lg=lg)
         lg.error(f"iceberg_native write failed: {ds} ({decision.writer}, sync {sync_id}): {error}")
-        err = SyncFailed(
+        err = (DiskFull if isinstance(exc, DiskFull) else SyncFailed)(
             f"{decision.writer} ds={ds}: iceberg_native write failed ({error}); the dataset is marked errored and "
             f"nothing was written to dataset_rows — fix the cause and re-run the sync"
         )
