@@ -116,6 +116,9 @@ class Ticks:
             instance=self.instance, cursor=self.cursor, definitions=defs, resources=resources
         ) as ctx:
             result = lakehouse_alerts(ctx)
+        if isinstance(result, dg.SkipReason):  # Postgres down: nothing posted, the cursor where it was
+            self.messages.append(result.skip_message or "")
+            return result.skip_message or ""
         assert isinstance(result, dg.SensorResult) and not result.run_requests
         self.cursor = result.cursor
         self.messages.append(result.skip_reason.skip_message)

@@ -46,6 +46,7 @@ class Recorder:
 
     def __init__(self, instance: dg.DagsterInstance, dsn: str):
         self.instance, self.dsn, self.cursor = instance, dsn, None
+        self.skipped: str | None = None  # the last tick's skip line (Postgres down), its cursor kept
 
     def tick(self, *, prune: bool = False) -> list:
         cursor = self.cursor
@@ -57,7 +58,11 @@ class Recorder:
             instance=self.instance, cursor=cursor, resources={"lakehouse": LakehouseResource(pg_dsn=self.dsn)}
         )
         result = lakehouse_recorder(ctx)
+        if isinstance(result, dg.SkipReason):  # nothing recorded, the cursor where it was
+            self.skipped = result.skip_message
+            return []
         assert isinstance(result, dg.SensorResult)
+        self.skipped = None
         for event in result.asset_events:  # what the daemon does with a SensorResult, in its order
             self.instance.report_runless_asset_event(event)
         for request in result.dynamic_partitions_requests or []:

@@ -12,7 +12,7 @@ import sys
 
 from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
-from lakehouse_dagster.core.errors import LakehouseError, SyncFailed, is_transient
+from lakehouse_dagster.core.errors import LakehouseError, SyncFailed, is_transient, postgres_unreachable
 
 
 def build_parser() -> ArgumentParser:
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lakehouse {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        unreachable = _postgres_unreachable(exc)
+        unreachable = postgres_unreachable(exc)
         if unreachable is not None:
             print(f"lakehouse {args.command}: error: {unreachable}", file=sys.stderr)
             return 75  # EX_TEMPFAIL, as Backpressure: a retry once Postgres answers may succeed
@@ -63,17 +63,6 @@ def _exit_code(exc: LakehouseError) -> int:
     if isinstance(exc, SyncFailed) and is_transient(exc):
         return 75
     return exc.exit_code
-
-
-def _postgres_unreachable(exc: Exception) -> str | None:
-    """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
-    failover, a dropped or silent network: psycopg's OperationalError, the message's first line); None else."""
-    psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
-    if psycopg_mod is None or not isinstance(exc, psycopg_mod.OperationalError):
-        return None
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    return f"Postgres is unreachable or the session was lost ({first}); retry once it answers"
 
 
 def _no_lakehouse_tables(ctx: Context, exc: Exception) -> str | None:

@@ -1,6 +1,7 @@
 """One exception family, so the CLI and the ops can print a one-line reason and pick an exit code."""
 
 import errno
+import sys
 
 
 class LakehouseError(Exception):
@@ -122,3 +123,13 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its class name when it has none): for one-line errors."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def postgres_unreachable(exc: BaseException) -> str | None:
+    """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
+    failover, a dropped or silent network: psycopg's OperationalError, the message's first line); None else. The
+    CLI exits 75 with it; a sensor's tick is skipped with it (dagster/defs/shared/outage.py)."""
+    psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
+    if psycopg_mod is None or not isinstance(exc, psycopg_mod.OperationalError):
+        return None
+    return f"Postgres is unreachable or the session was lost ({first_line(exc)}); retry once it answers"

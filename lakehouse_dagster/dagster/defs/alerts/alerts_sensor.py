@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, DATASET_NAMES
 from lakehouse_dagster.plans import store as plan_store
@@ -120,6 +121,7 @@ def description(webhook_url: str | None) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=description(os.environ.get(alerts.ENV) or None),
 )
+@skip_while_postgres_is_down
 def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     cursor = alerts.Cursor.loads(context.cursor)

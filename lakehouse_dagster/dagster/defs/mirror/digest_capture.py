@@ -5,6 +5,7 @@ triggers a tick is one query."""
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.tracking import capture
 
 
@@ -14,6 +15,7 @@ from lakehouse_dagster.tracking import capture
     description="Capture mode after-commit: writes the change tracking and the maintained Postgres digest of "
     "the changes the replication slot holds, what `lakehouse digest-capture catch-up` does. Requests no runs.",
 )
+@skip_while_postgres_is_down
 def digest_capture_consumer(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
         st = capture.state(conn)

@@ -37,6 +37,7 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
 from lakehouse_dagster.dagster.defs.mirror.stream_job import GENERATION_TAG, SHARD_TAG, mirror_stream
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
@@ -230,6 +231,7 @@ def _cursor(cursor: Cursor, generation: int) -> str:
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="PG → Iceberg mirror poller (ENABLE_ICEBERG_SYNC); skips manifest and iceberg-native datasets.",
 )
+@skip_while_postgres_is_down
 def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     if not settings.enable_iceberg_sync:

@@ -20,6 +20,7 @@ from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.plans.jobs import rollout_analysis_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write_flip_job
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
 from lakehouse_dagster.plans import controller, store
@@ -114,6 +115,7 @@ def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, con
     "canary analysis; pass → next stage (after an approval where asked), MISMATCH → abort and restore every flag "
     "the plan set, inconclusive → wait, then pause.",
 )
+@skip_while_postgres_is_down
 def rollout_controller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     last_event = int(json.loads(context.cursor).get("event", 0)) if context.cursor else 0

@@ -29,6 +29,7 @@ import psycopg
 from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     iceberg_standard,
     migration_state,
@@ -264,6 +265,7 @@ def state_event(state: PartitionState, why: list[str]) -> dg.AssetObservation:
     description="Records every change of a dataset (syncs from the CLI or any process, native writes, backfills, "
     "orphan sweeps, flag changes) on its partition, and removes the partitions of deleted datasets.",
 )
+@skip_while_postgres_is_down
 def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     cursor = Cursor.loads(context.cursor)

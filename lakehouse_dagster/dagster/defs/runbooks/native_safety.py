@@ -17,6 +17,7 @@ import json
 import dagster as dg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.refusals import stop
 from lakehouse_dagster.routing.native_guard import report_key, report_lines, unsafe_native_datasets
 
@@ -68,6 +69,7 @@ def native_safety_report():
     description="Datasets written iceberg-native that fail the write-flip gates (a dataset added to a native "
     "scope, a new pipeline input, a reader lowered by hand): their native writes are refused.",
 )
+@skip_while_postgres_is_down
 def native_safety(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     with lakehouse.connect() as conn:
         n_native, blocked = unsafe_native_datasets(conn)

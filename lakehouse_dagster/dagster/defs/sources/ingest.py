@@ -21,6 +21,7 @@ from pydantic import Field
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     iceberg_standard,
     migration_state,
@@ -158,6 +159,7 @@ def ingest_job():
     description="Requests an ingest run for each dataset whose source has new files / rows / changes "
     "(run key names what is new), at most LAKEHOUSE_SENSOR_MAX_REQUESTS per tick.",
 )
+@skip_while_postgres_is_down
 def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     found, nxt, visited = pending_ingests(

@@ -25,6 +25,7 @@ import dagster as dg
 from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
+from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata
 from lakehouse_dagster.dagster.private_apis import dagster_report_check_result
@@ -94,6 +95,7 @@ def evaluations(lakehouse: LakehouseResource, keys: list[str]) -> list[dg.AssetC
     "LAKEHOUSE_LAGGING_AFTER_SECONDS, without a run (at most 20 per tick, oldest first), and of failed ones "
     "settled again.",
 )
+@skip_while_postgres_is_down
 def flipped_freshness_checks(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     keys = due(context.instance, lakehouse)
     if not keys:
