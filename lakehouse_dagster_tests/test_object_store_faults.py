@@ -17,11 +17,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pyiceberg.io.pyarrow import _import_retry_strategy
 
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
-from lakehouse_dagster.lake.storage import S3_MAX_RETRIES
+from lakehouse_dagster.lake.storage import S3_MAX_RETRIES, S3Retry, file_io_properties
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.testing.faults import (
     cli_env,
@@ -33,6 +35,7 @@ from lakehouse_dagster.testing.faults import (
 from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
 from lakehouse_dagster.tracking import datasets
 
+from .test_faults import _native_dataset
 from .test_infra_faults import _assert_exactly_once, _make, _native_popen, _native_rows, _one_clear_line, _statuses
 
 ROWS, CHUNK = 2_000, 250  # 8 data files a full sync
@@ -227,8 +230,6 @@ def test_a_native_ingest_while_the_store_fails_lands_all_rows_or_none_and_the_re
     """The store starts answering 503 to everything once the ingest has written its first data file: the ingest
     fails, the table holds all of its rows or none, and the retry and the next write leave every row exactly once,
     no `running` row and no orphan file."""
-    from .test_faults import _native_dataset
-
     d = _native_dataset(conn)
     first = _native_popen(s3_settings, dsn, d, 0, 1_000, "after-first-file:stop")  # 2 files of 500 rows
     wait_stopped(first, 60)
@@ -252,3 +253,18 @@ def test_a_native_ingest_while_the_store_fails_lands_all_rows_or_none_and_the_re
     assert "running" not in statuses and statuses[-1] == "succeeded", statuses
     t = _table(s3_settings, dsn, d)
     assert data_files_on_disk(t) - referenced_files(t) == set()  # the failed ingest's file removed by the next write
+
+
+def test_the_catalogs_file_io_gets_the_endpoint_region_timers_and_retries_from_the_settings(monkeypatch):
+    base = Settings.from_env().replace(s3_region=None, s3_endpoint=None)
+    props = file_io_properties(base.replace(s3_endpoint="minio:9000"))
+    assert props["s3.endpoint"] == "https://minio:9000"  # no scheme given: TLS, as the SDK assumes
+    assert props["s3.region"] == "us-east-1"  # an endpoint and no region: pyiceberg must not ask AWS for one
+    assert "s3.region" not in file_io_properties(base)  # AWS itself and no region: pyiceberg resolves the bucket's
+    assert file_io_properties(base.replace(s3_region="eu-west-1"))["s3.region"] == "eu-west-1"
+    assert (props["s3.connect-timeout"], props["s3.request-timeout"]) == ("5.0", "10.0")
+    strategy = _import_retry_strategy(props["s3.retry-strategy-impl"])  # as pyiceberg builds it: by name, no arguments
+    assert isinstance(strategy, S3Retry) and strategy.max_attempts == S3_MAX_RETRIES
+    monkeypatch.setenv("LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", "0")
+    with pytest.raises(BadInput, match="LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS=0.0 must be above 0"):
+        Settings.from_env()

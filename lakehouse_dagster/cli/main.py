@@ -83,7 +83,7 @@ def _object_store_failing(exc: BaseException) -> str | None:
         if isinstance(seen, OSError) and "AWS Error" in str(seen):
             return (
                 f"the object store is failing or unreachable ({str(exc).strip().splitlines()[0]}); "
-                "retry once it answers (check LAKEHOUSE_S3_ENDPOINT and the store's health)"
+                "retry once it answers (check LAKEHOUSE_S3_ENDPOINT, the AWS credentials and the store's health)"
             )
         seen = seen.__cause__ or seen.__context__
     return None
