@@ -153,14 +153,14 @@ def test_a_store_failing_some_requests_is_absorbed_by_the_retries_and_the_sync_l
 # --- a store failing everything -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("when", ["before-the-sync", "after-its-first-file"])
+@pytest.mark.parametrize("when", ["before-the-sync", "after-its-first-file", "before-its-commit"])
 def test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_the_next_sync_lands_exactly_once(
     conn, dsn, s3_settings, store, when
 ):
-    """The store answers 500 (before the sync starts) or 503 (once the sync has written its first data file) to
-    every request: `lakehouse sync` gives up after the SDK's retries with one line naming the object store, exit 75,
-    no snapshot added, its log row `failed`; once the store answers, the next sync lands exactly once and the sweep
-    leaves nothing behind."""
+    """The store answers 500 (before the sync starts) or 503 (once the sync has written its first data file, or all
+    of them and its commit starts) to every request: `lakehouse sync` gives up after the SDK's retries with one line
+    naming the object store, exit 75, no snapshot added, its log row `failed` (`unsettled:` when files of it are
+    left); once the store answers, the next sync settles it, lands exactly once, and the sweep leaves nothing."""
     d = _make(conn, ROWS)
     sync_dataset(dsn, load_catalog(s3_settings, dsn), s3_settings, d)
     _append(conn, d, ROWS, 1_000)  # the next sync writes 4 files
@@ -169,7 +169,7 @@ def test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_
         store.fail(500)
         proc = _cli_sync(d)
     else:
-        proc = _cli_sync(d, "after-first-file:stop")
+        proc = _cli_sync(d, "after-first-file:stop" if when == "after-its-first-file" else "before-commit:stop")
         wait_stopped(proc, 60)
         store.fail(503)
         os.kill(proc.pid, signal.SIGCONT)
@@ -181,9 +181,12 @@ def test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_
     store.pass_through()
     assert _snapshot_ids(s3_settings, dsn, d) == before  # nothing committed
     assert _statuses(conn, d) == ["succeeded", "failed"]  # recorded, not left 'running'
-    if when == "after-its-first-file":  # its first file could not be deleted (the store failing): left for the next
+    if when != "before-the-sync":  # files it could not delete (the store failing), or kept (an unknown commit outcome)
         t = _table(s3_settings, dsn, d)
-        assert len(data_files_on_disk(t) - referenced_files(t)) == 1
+        assert (
+            len(data_files_on_disk(t) - referenced_files(t))
+            == {"after-its-first-file": 1, "before-its-commit": 4}[when]
+        )
         assert _last_error(conn, d).startswith("unsettled: "), _last_error(conn, d)
     again = _cli_sync(d)
     _, err = again.communicate(timeout=120)

@@ -519,7 +519,9 @@ def _commit_or_settle(
         landed = _look_for(catalog, table, plan.sync_id)
         if landed is None or not isinstance(exc, Exception):
             if landed is None:
-                _log.warning(
+                # A warning only for an interruption: an error carries this in CommitOutcomeUnknown's message, the
+                # one line the CLI prints (a second line on stderr beside it is noise; found with the object store).
+                (_log.info if isinstance(exc, Exception) else _log.warning)(
                     "commit of sync %s: outcome unknown (%s); its %d files are left for the next sync",
                     plan.sync_id,
                     type(exc).__name__,
@@ -545,7 +547,8 @@ def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> int | None:
     try:
         return find_sync_snapshot(catalog.load_table(table.name()), sync_id)
     except Exception as exc:  # noqa: BLE001 - unknown stays unknown
-        _log.warning("could not reload %s to settle sync %s: %s", table.name(), sync_id, exc)
+        # info: the outcome stays unknown and the caller says so (the object store failing fails this reload too)
+        _log.info("could not reload %s to settle sync %s: %s", table.name(), sync_id, first_line(exc))
         return None
 
 
