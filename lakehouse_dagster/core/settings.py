@@ -78,8 +78,15 @@ class Settings:
     # times per version (0 seconds: never), whatever stopped the last attempt.
     retry_failed_after_seconds: int = 300
     retry_failed_max: int = 5
-    # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources; None: AWS itself.
+    # Endpoint of an S3-compatible store (MinIO, moto...) for s3:// file sources and an s3:// warehouse; None: AWS.
     s3_endpoint: str | None = None
+    # The region for s3:// (AWS_REGION, else AWS_DEFAULT_REGION): given, pyiceberg does not ask AWS for the bucket's.
+    s3_region: str | None = None
+    # The object store's client timers (pyarrow's S3FileSystem, through the catalog's FileIO): a connect, and a
+    # request during which nothing arrives for this long, fail and are retried (lake/storage.py S3_MAX_RETRIES).
+    # The SDK's own are 1 s and 3 s; a byte now and then keeps a request alive however slow (curl's low-speed limit).
+    s3_connect_timeout_seconds: float = 5.0
+    s3_request_timeout_seconds: float = 10.0
     # A canary that finds a caught-up dataset MISMATCH turns off the readers serving it from Iceberg (and a
     # first native sync that mismatches turns its writer back to pg), at dataset scope (runbooks/auto_rollback.py).
     auto_rollback: bool = True
@@ -199,6 +206,13 @@ class Settings:
             retry_failed_after_seconds=_int("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", 300),
             retry_failed_max=_int("LAKEHOUSE_RETRY_FAILED_MAX", 5),
             s3_endpoint=os.environ.get("LAKEHOUSE_S3_ENDPOINT") or None,
+            s3_region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+            s3_connect_timeout_seconds=_above_zero(
+                "LAKEHOUSE_S3_CONNECT_TIMEOUT_SECONDS", _float("LAKEHOUSE_S3_CONNECT_TIMEOUT_SECONDS", 5.0)
+            ),
+            s3_request_timeout_seconds=_above_zero(
+                "LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", _float("LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", 10.0)
+            ),
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
             soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
             soak_seconds_given=bool(os.environ.get("LAKEHOUSE_SOAK_SECONDS")),

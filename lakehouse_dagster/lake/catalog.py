@@ -16,14 +16,20 @@ from pyiceberg.table import Table
 from lakehouse_dagster.core.db import connect, sqlalchemy_url
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.storage import file_io_properties
 
 _cache: dict[tuple, Catalog] = {}
 _cache_lock = threading.Lock()
 
 
 def load_catalog(settings: Settings, dsn: str) -> Catalog:
-    """One catalog object per (type, uri, warehouse) in a process: SqlCatalog holds an engine pool."""
-    key = (settings.catalog_type, settings.catalog_uri or dsn, settings.warehouse)
+    """One catalog object per (type, uri, warehouse, FileIO properties) in a process: SqlCatalog holds an engine pool."""
+    key = (
+        settings.catalog_type,
+        settings.catalog_uri or dsn,
+        settings.warehouse,
+        tuple(sorted(file_io_properties(settings).items())),
+    )
     with _cache_lock:
         cat = _cache.get(key)
         if cat is None:
@@ -38,7 +44,9 @@ def _build(settings: Settings, dsn: str) -> Catalog:
 
         if not settings.catalog_uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
             raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
-        return RestCatalog("lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse)
+        return RestCatalog(
+            "lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse, **file_io_properties(settings)
+        )
     # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
     from pyiceberg.catalog.sql import SqlCatalog  # lazy: see above
 
@@ -54,6 +62,7 @@ def _build(settings: Settings, dsn: str) -> Catalog:
                 warehouse=settings.warehouse,
                 # Keep connections few: every Dagster run process gets its own pool.
                 pool_pre_ping="true",
+                **file_io_properties(settings),  # an s3:// warehouse: endpoint, region, timers, retries
             )
         finally:
             conn.execute("select pg_advisory_unlock(hashtextextended('lakehouse_sql_catalog_init', 0))")

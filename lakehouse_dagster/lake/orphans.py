@@ -25,6 +25,7 @@ import datetime as dt
 from pyarrow import fs as pafs
 from pyiceberg.table import Table
 
+from lakehouse_dagster.lake.storage import table_filesystem
 from lakehouse_dagster.lake.writer import SYNC_FILE
 
 
@@ -64,7 +65,7 @@ def find_orphans(
     refs = referenced(table)
     # metadata files by name too (unique per table): the catalog's spelling of their location is not ours
     metadata_names = {r.rsplit("/", 1)[-1] for r in refs if r.endswith(".metadata.json")}
-    filesystem, root = pafs.FileSystem.from_uri(table.location())
+    filesystem, root = table_filesystem(table, table.location())
     found: list[Orphan] = []
     for sub, suffixes in (("data", (".parquet",)), ("metadata", (".avro", ".metadata.json"))):
         base = f"{table.location()}/{sub}"

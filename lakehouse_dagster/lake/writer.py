@@ -19,7 +19,9 @@ the commit (a connection lost after the swap, a REST CommitStateUnknown, an inte
 call) may have landed: the table is reloaded and searched for the sync id; found, the commit
 happened; not found, the files are left where they are and CommitOutcomeUnknown is raised, so the
 next sync of the dataset decides with the table in hand (mirror/reaper.py). Deleting them instead
-could leave the table pointing at missing files for good.
+could leave the table pointing at missing files for good. A delete that fails (the object store failing as the
+write did) leaves the file: the write's exception carries how many (``files_left``), its sync is recorded unsettled,
+and the next sync of the dataset removes them.
 
 G4 is ours alone: pyiceberg's own commit retry is switched off per table (commit.retry.num-retries=0),
 because it rebuilds a commit on a newer table state without asking whether this sync still holds its
@@ -295,17 +297,45 @@ class _FileRoller:
         for lane in sorted(self._open_files):
             self._close_file(lane)
 
-    def delete_all(self) -> None:
+    def delete_all(self) -> int:
+        """Delete this write's files (known not committed); how many could not be (an object store failing, as
+        the write did): their sync is recorded unsettled, and the next sync of the dataset removes them."""
         for lane in sorted(self._open_files):
             try:  # a file still open is flushed on close, which fails again on a full disk: delete it anyway
                 self._close_file(lane)
             except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
                 _log.debug("could not close abandoned file of sync %s: %s", self.sync_id, first_line(exc))
+        left = 0
         for path in self.paths:
             try:
                 self.table.io.delete(path)
-            except Exception as exc:  # leave it; the next sync's cleanup retries
-                _log.warning("could not delete abandoned file %s: %s", path, exc)
+            except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise; files_left says it
+                left += 1
+                _log.debug("could not delete abandoned file %s: %s", path, first_line(exc))
+        return left
+
+
+FILES_LEFT = "lakehouse_files_left"  # set on a failed write's exception: files of it that could not be deleted
+
+
+def _mark_files_left(exc: BaseException, left: int) -> None:
+    if left:
+        try:
+            setattr(exc, FILES_LEFT, left)
+        except AttributeError:  # an exception type with __slots__: say it here instead
+            _log.warning("%d data file(s) of a failed write could not be deleted; the orphan sweep removes them", left)
+
+
+def files_left(exc: BaseException | None) -> int:
+    """How many data files of the failed write behind ``exc`` (or what it was raised from) are still stored."""
+    for _ in range(10):
+        if exc is None:
+            return 0
+        left = getattr(exc, FILES_LEFT, 0)
+        if left:
+            return int(left)
+        exc = exc.__cause__ or exc.__context__
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,7 +440,7 @@ def write_arrow(
     try:  # nothing can have been committed in here: every failure deletes this write's files
         staged = _stage(table, dataset, batches, plan, roller, expected.names)
     except BaseException as exc:
-        roller.delete_all()
+        _mark_files_left(exc, roller.delete_all())
         if isinstance(exc, Exception) and no_space(exc) is not None:
             raise disk_full(dataset.id, table.location(), exc) from exc
         raise
@@ -493,8 +523,8 @@ def _commit_or_settle(
             expire=expire if plan.path == "mirror" or run is not None else None,
             run_entries=run,
         )
-    except (CommitFailedException, ValidationException, GuardLost):
-        roller.delete_all()  # known not committed
+    except (CommitFailedException, ValidationException, GuardLost) as exc:
+        _mark_files_left(exc, roller.delete_all())  # known not committed
         raise
     except BaseException as exc:
         landed, unread = _look_for(catalog, table, plan.sync_id)
@@ -502,7 +532,7 @@ def _commit_or_settle(
             # ENOSPC comes from the files a commit writes (manifests, manifest list, the new metadata file), all
             # written before the catalog's swap (the SqlCatalog's is a Postgres update that writes no file here):
             # known not committed, so this write's files go now and free the space they took.
-            roller.delete_all()
+            _mark_files_left(exc, roller.delete_all())
             raise disk_full(dataset.id, table.location(), exc) from exc
         if landed is None:
             # The error raised below says it all in one line; an interruption propagates as is, so it is logged.

@@ -4,7 +4,8 @@ native) while it holds the dataset lock, before it starts its own.
 
 Which rows: ``running`` rows of the dataset (their process died or lost its lock: a live sync holding
 the lock cannot exist while we hold it) and ``failed`` rows whose error starts with ``UNSETTLED`` (a
-sync that gave up without knowing whether its commit landed, and kept its files). Each is settled
+sync that gave up without knowing whether its commit landed, and kept its files; or one known not to have
+committed whose files could not be deleted, the object store failing: lake/writer.py files_left). Each is settled
 against the table: its snapshot is there → ``succeeded`` (with the source version that snapshot
 covers); not there → ``failed``, and its files are deleted — unless one of them is a data file of the
 current snapshot (its own snapshot was expired since it landed): ``succeeded``, nothing deleted.
@@ -41,6 +42,7 @@ from pyiceberg.table import Table
 
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.storage import table_filesystem
 from lakehouse_dagster.lake.writer import (
     COMMIT_ATTEMPTS,
     FENCE,
@@ -54,7 +56,7 @@ from lakehouse_dagster.mirror.native_run import RUN_KEYS, RUN_PARENT, run_totals
 
 _log = logging.getLogger(__name__)
 
-UNSETTLED = "unsettled: "  # error prefix of a failed sync that kept its files (outcome unknown)
+UNSETTLED = "unsettled: "  # error prefix of a failed sync that kept its files (outcome unknown, or not deleted)
 
 _CANDIDATES = """
 select sync_id, status from iceberg_sync_log
@@ -131,7 +133,7 @@ def files_by_sync(table: Table) -> dict[str, list[str]]:
 
     found: dict[str, list[str]] = {}
     try:
-        filesystem, root = pafs.FileSystem.from_uri(f"{table.location()}/data")
+        filesystem, root = table_filesystem(table, f"{table.location()}/data")
         for info in filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True)):
             m = SYNC_FILE.match(info.base_name)
             if m:

@@ -39,6 +39,7 @@ from lakehouse_dagster.lake.writer import (
     ABSENT,
     WRITE_MODE,
     TableWrite,
+    files_left,
     snapshot_source_version,
     sync_snapshot,
     table_state,
@@ -386,6 +387,8 @@ def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> 
     the record could not be written, the clause the sync's error ends with (the operator reads one line)."""
     if isinstance(exc, CommitOutcomeUnknown):
         message = UNSETTLED + message
+    elif left := files_left(exc):  # not committed, but files of it are still stored: the next sync removes them
+        message = f"{UNSETTLED}{message}; {left} data file(s) it wrote could not be deleted, the next sync removes them"
     try:
         try:
             with _bookkeeping_conn(dsn, conn) as c:

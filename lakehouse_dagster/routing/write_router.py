@@ -42,7 +42,13 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import TableWrite, snapshot_source_version, sync_snapshot, table_state
+from lakehouse_dagster.lake.writer import (
+    TableWrite,
+    files_left,
+    snapshot_source_version,
+    sync_snapshot,
+    table_state,
+)
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
@@ -196,6 +202,10 @@ def _write_native_locked(
         error = " ".join(f"{type(exc).__name__}: {exc}".split())
         if isinstance(exc, CommitOutcomeUnknown):
             error = UNSETTLED + error
+        elif left := files_left(exc):  # not committed, files of it still stored: the next write removes them
+            error = (
+                f"{UNSETTLED}{error}; {left} data file(s) it wrote could not be deleted (the next write removes them)"
+            )
         _record_failure(conn, ds, sync_id, error, errored=not isinstance(exc, GuardLost), lg=lg)
         lg.error(f"iceberg_native write failed: {ds} ({decision.writer}, sync {sync_id}): {error}")
         err = (DiskFull if isinstance(exc, DiskFull) else SyncFailed)(

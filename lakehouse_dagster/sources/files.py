@@ -57,9 +57,8 @@ def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
                 settings.s3_endpoint if "://" in settings.s3_endpoint else "https://" + settings.s3_endpoint
             )
             kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if region:
-            kwargs["region"] = region
+        if settings.s3_region:
+            kwargs["region"] = settings.s3_region
         return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
 

@@ -10,8 +10,10 @@ import time
 import uuid
 from pathlib import Path
 
+from pyarrow import fs as pafs
+
 from lakehouse_dagster.core.guards import _NS_DATASET
-from lakehouse_dagster.parity.digest import local_path
+from lakehouse_dagster.lake.storage import table_filesystem
 
 
 def cli_env(failpoint: str | None = None, **extra: str) -> dict:
@@ -94,12 +96,11 @@ def terminate_lock_session(conn, dataset_id: uuid.UUID) -> int:
 
 
 def data_files_on_disk(table) -> set[str]:
-
-    local = local_path(f"{table.location()}/data")
-    if local is None:
-        raise ValueError(f"table {table.location()} is not on local disk (data_files_on_disk lists a local warehouse)")
-    root = Path(local)
-    return {p.name for p in root.glob("*.parquet")} if root.exists() else set()
+    """Names of the Parquet files in the table's data directory, local or on an object store (listed through the
+    table's own FileIO filesystem: its endpoint and credentials)."""
+    filesystem, root = table_filesystem(table, f"{table.location()}/data")
+    infos = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+    return {i.base_name for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")}
 
 
 def referenced_files(table, snapshot_id: int | None = None) -> set[str]:
