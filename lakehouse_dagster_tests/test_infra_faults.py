@@ -651,3 +651,69 @@ def test_postgres_killed_under_a_batch_run_fails_what_it_cut_and_the_next_batch_
     assert not [o for o in again if isinstance(o, Failed)], again
     for d in ids:
         _assert_exactly_once(dsn, settings, d)
+
+
+# --- 6. Postgres killed under a rollout plan -------------------------------------------------------------
+
+
+def test_postgres_killed_and_stopped_under_a_rollout_stage_then_the_plan_goes_on_and_abort_restores_every_flag(
+    own_postgres, monkeypatch
+):
+    """The rollout controller (a sensor) and its stage's runs with Postgres killed between ticks and stopped during
+    one: the tick while it is down is skipped in one line and changes nothing; once it answers the plan goes on
+    from where it was (no stage twice, no flip lost), and an abort after it puts every flag back."""
+    import dagster as dg
+
+    from lakehouse_dagster.dagster.defs.plans.controller import rollout_controller
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.plans import actions, store
+
+    from .rollout_helpers import Driver, effective_modes, seed_mix
+    from .test_service_faults import _pg as pg_verb
+
+    dsn, root = own_postgres
+    settings = _settings(dsn, root).replace(soak_seconds=0)
+    for key, value in _env(settings, dsn).items():  # the stage's runs read the warehouse as a run worker would
+        if key.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(key, value)
+    with connect(dsn) as conn:
+        s = seed_mix(conn, dsn, settings)
+        before = effective_modes(conn)
+        text = (
+            f"reader: export.stream\nmode: iceberg\nstages:\n  - datasets: 2\n    soak: 1s\n"
+            f"  - workspace: {s.ws}\n    soak: 1s\n  - global: true\n    soak: 30s\n"
+        )
+        plan_id, _ = actions.start(conn, settings, text, actor="pytest")
+    with dg.DagsterInstance.ephemeral() as instance:
+        driver = Driver(instance, dsn)
+        with connect(dsn) as conn:
+            driver.until(conn, plan_id, lambda p: p.stage == 0 and p.phase in ("soaking", "analyzing"))
+        restart_postgres(root / "pg", mode="immediate")  # between two ticks, the stage's flip done
+        _wait_pg(dsn)
+        with connect(dsn) as conn:
+            p = driver.until(conn, plan_id, lambda p: p.stage >= 1 and p.phase in ("soaking", "analyzing"))
+            assert p.state == "active", (p.state, p.reason)
+            row_before = (p.state, p.stage, p.phase)
+        assert pg_verb(root, "stop")["stopped"] is True  # during the next tick
+        ctx = dg.build_sensor_context(
+            instance=instance, cursor=driver.cursor, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)}
+        )
+        skipped = rollout_controller(ctx)
+        assert isinstance(skipped, dg.SkipReason), skipped
+        line = skipped.skip_message or ""
+        assert line.startswith("Postgres is unreachable or the session was lost") and "\n" not in line, line
+        assert pg_verb(root, "start")["started"] is True
+        _wait_pg(dsn)
+        with connect(dsn) as conn:
+            p = store.get(conn, plan_id)
+            assert (p.state, p.stage, p.phase) == row_before  # the skipped tick changed nothing
+            p = driver.until(conn, plan_id, lambda p: p.stage >= 2 and p.phase in ("soaking", "analyzing"))
+            assert p.state == "active", (p.state, p.reason)
+            flips = [st for st in store.steps(conn, plan_id, kind="flip")]
+            assert len({st.step_key for st in flips}) == len(flips)  # no flip asked for twice
+            assert all(st.status == "succeeded" for st in flips), [(st.step_key, st.status) for st in flips]
+            assert effective_modes(conn) != before  # the plan moved flags
+            actions.abort(conn, settings, plan_id, actor="ops", reason="after a restart")
+            p = driver.until(conn, plan_id, lambda p: p.state != "active" and p.state != "aborting")
+            assert p.state == "aborted", (p.state, p.reason)
+            assert effective_modes(conn) == before  # every flag as before the plan
