@@ -485,18 +485,53 @@ def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stall
             db.close()
 
 
-def test_every_session_gets_a_connect_timeout_unless_its_dsn_names_one():
+def test_every_session_gets_a_connect_timeout_and_keepalives_unless_its_dsn_names_them():
     from lakehouse_dagster.core.db import CONNECT_TIMEOUT_SECONDS, adbc_uri, sqlalchemy_url, with_default_param
 
     t = CONNECT_TIMEOUT_SECONDS
+    keep = "keepalives=1&keepalives_idle=30&keepalives_interval=10&keepalives_count=3"
     assert (
         sqlalchemy_url("postgresql://u@/db?host=/tmp/s")
-        == f"postgresql+psycopg://u@/db?host=/tmp/s&connect_timeout={t}"
+        == f"postgresql+psycopg://u@/db?host=/tmp/s&connect_timeout={t}&{keep}"
     )
-    assert adbc_uri("postgresql+psycopg://u@h/db") == f"postgresql://u@h/db?connect_timeout={t}"
-    assert adbc_uri("postgresql://u@h/db?connect_timeout=2") == "postgresql://u@h/db?connect_timeout=2"
+    assert adbc_uri("postgresql+psycopg://u@h/db") == f"postgresql://u@h/db?connect_timeout={t}&{keep}"
+    assert adbc_uri("postgresql://u@h/db?connect_timeout=2&keepalives=0") == (
+        "postgresql://u@h/db?connect_timeout=2&keepalives=0&keepalives_idle=30&keepalives_interval=10"
+        "&keepalives_count=3"
+    )
     assert with_default_param("host=h dbname=x", "connect_timeout", t) == f"host=h dbname=x connect_timeout={t}"
     assert with_default_param("host='x", "connect_timeout", t) == "host='x"  # unparseable: the connect says why
+
+
+def test_a_session_over_tcp_really_has_the_keepalives(own_postgres):
+    """The socket of a session opened through the project's connect over TCP (the proxy listens on 127.0.0.1), and
+    of the catalog's SQLAlchemy pool: keepalives on, idle 30 s, 3 probes 10 s apart."""
+    import socket
+
+    dsn, root = own_postgres
+
+    def options(fd: int) -> tuple[int, int, int, int]:
+        s = socket.socket(fileno=os.dup(fd))
+        try:
+            return (
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            )
+        finally:
+            s.close()
+
+    with TcpProxy.for_dsn(dsn) as proxy:
+        via = proxy.dsn(dsn)
+        with connect(via) as conn:
+            assert options(conn.pgconn.socket) == (1, 30, 10, 3)
+        with psycopg.connect(via) as bare:  # libpq's own: keepalives on, the kernel's 2 h idle before a probe
+            assert options(bare.pgconn.socket)[1] == int(Path("/proc/sys/net/ipv4/tcp_keepalive_time").read_text())
+        catalog = load_catalog(_settings(via, root), via)
+        with catalog.engine.connect() as sa:  # pyiceberg's SqlCatalog pool
+            raw = sa.connection.driver_connection
+            assert options(raw.pgconn.socket) == (1, 30, 10, 3)
 
 
 # --- the crash harness with the infrastructure's faults (the long run: bench/bench_crash.py) -------------

@@ -45,6 +45,20 @@ def resolve_dsn(settings: Settings) -> str:
 # connect. Applied to every session the project opens: psycopg here, ADBC (adbc_uri) and SQLAlchemy
 # (sqlalchemy_url). The service uses a shorter one of its own (service/db.py).
 CONNECT_TIMEOUT_SECONDS = 10
+# And a peer that went silent after the connect (a partition mid-session) found dead in about a minute (idle 30 s,
+# then 3 probes 10 s apart) instead of after the kernel's two hours idle (libpq's keepalives are on by default): the catalog's pooled SQLAlchemy sessions and a sync's lock
+# session otherwise wait on it for good. Probes only ask the kernel on the other side: a long statement on a live
+# server is never cut by them. libpq ignores them on a Unix socket. The service has tighter ones (service/db.py).
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+def with_session_defaults(dsn: str, **given: object) -> str:
+    """``dsn`` with the connect timeout and the keepalives above, each unless the DSN (or ``given``, the
+    caller's own keyword arguments to the connect) sets it already."""
+    for key, value in {"connect_timeout": CONNECT_TIMEOUT_SECONDS, **KEEPALIVES}.items():
+        if key not in given:
+            dsn = with_default_param(dsn, key, value)
+    return dsn
 
 
 def with_default_param(dsn: str, key: str, value: object) -> str:
@@ -63,9 +77,7 @@ def with_default_param(dsn: str, key: str, value: object) -> str:
 
 
 def connect(dsn: str, *, autocommit: bool = True, **kwargs) -> psycopg.Connection:
-    if "connect_timeout" not in kwargs:
-        dsn = with_default_param(dsn, "connect_timeout", CONNECT_TIMEOUT_SECONDS)
-    conn = psycopg.connect(dsn, autocommit=autocommit, **kwargs)
+    conn = psycopg.connect(with_session_defaults(dsn, **kwargs), autocommit=autocommit, **kwargs)
     conn.execute("set timezone to 'UTC'")
     return conn
 
@@ -175,7 +187,7 @@ def sqlalchemy_url(dsn: str) -> str:
     """The same DSN for SQLAlchemy (pyiceberg's SqlCatalog) with the psycopg 3 driver."""
     if not dsn.startswith("postgresql+"):
         dsn = re.sub(r"^postgres(ql)?://", "postgresql+psycopg://", dsn)
-    return with_default_param(dsn, "connect_timeout", CONNECT_TIMEOUT_SECONDS)
+    return with_session_defaults(dsn)
 
 
 def redact(dsn: str) -> str:
@@ -188,6 +200,4 @@ def redact(dsn: str) -> str:
 
 def adbc_uri(dsn: str) -> str:
     """The DSN as the ADBC Postgres driver takes it (libpq's URI form, without SQLAlchemy's driver suffix)."""
-    return with_default_param(
-        dsn.replace("postgresql+psycopg://", "postgresql://"), "connect_timeout", CONNECT_TIMEOUT_SECONDS
-    )
+    return with_session_defaults(dsn.replace("postgresql+psycopg://", "postgresql://"))
