@@ -29,6 +29,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--datasets", type=int, default=4)
     p.add_argument("--no-infra", action="store_true", help="failpoints only: Postgres and the network left alone")
+    p.add_argument(
+        "--stream-share", type=float, default=0.0, help="share of cycles whose killed process is a mirror stream"
+    )
     a = p.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="lh-crash-"))
@@ -70,7 +73,14 @@ def main() -> int:
     infra = None if proxy is None else Infrastructure(lambda: restart_postgres(home / "pg"), proxy)
     try:
         report = run_cycles(
-            dsn, Settings.from_env(), seed=a.seed, cycles=a.cycles, datasets=a.datasets, progress=progress, infra=infra
+            dsn,
+            Settings.from_env(),
+            seed=a.seed,
+            cycles=a.cycles,
+            datasets=a.datasets,
+            progress=progress,
+            infra=infra,
+            stream_share=a.stream_share,
         )
     finally:
         if proxy is not None:

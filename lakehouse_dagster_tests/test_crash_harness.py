@@ -20,3 +20,14 @@ def test_seeded_crash_schedule_converges_with_no_violation(dsn, settings):
     assert report.cycles == cycles
     assert sum(report.fired.values()) >= cycles // 3, report.as_dict()  # the schedule really crashes syncs
     assert report.violations == [], "\n".join(report.violations)
+
+
+def test_seeded_crash_schedule_of_stream_processes_converges_with_no_violation(dsn, settings):
+    """The harness's stream mode: each cycle's process is a mirror stream (mirror/stream.py) killed, terminated or
+    failed at a failpoint inside its sync (bench/bench_crash.py --stream-share 1 runs >= 200)."""
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_STREAM_CYCLES", "5"))
+    report = run_cycles(dsn, settings, seed=20261204, cycles=cycles, datasets=2, armed_share=1.0, stream_share=1.0)
+    print(report.as_dict())
+    assert report.cycles == cycles and report.ops["stream"] == cycles
+    assert sum(report.fired.values()) >= 2, report.as_dict()  # the streams really die at their failpoints
+    assert report.violations == [], "\n".join(report.violations)

@@ -34,6 +34,8 @@ import json
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -62,7 +64,25 @@ POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "aft
 ACTIONS = [("kill", 64), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5), ("stop", 6)]
 # with the infrastructure given: Postgres killed and restarted at a failpoint or at any moment; connections reset
 INFRA_ACTIONS = [("pg-restart", 12), ("reset", 10), ("anytime-pg-restart", 10)]
+# a stream cycle's process is a mirror stream (mirror/stream.py), killed or failed at the failpoint inside its sync
+STREAM_ACTIONS = [("kill", 70), ("raise", 10), ("oserror", 10), ("sigterm", 10)]
 TYPES = ["string", "int64", "float64", "boolean", "json"]
+# A stream of shard 0 of 1 as a stream run runs it, until it is first idle with nothing due (its first sweep
+# found what the cycle changed and synced it) or killed at its failpoint; each failed sync printed on stderr.
+STREAM_ONCE = """
+import sys, time
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.batch import Failed
+from lakehouse_dagster.mirror.stream import Idle, stream_shard
+s = Settings.from_env()
+for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+                      deadline=time.time() + 90):
+    if isinstance(e, Failed):
+        print(f"failed: {e.error}", file=sys.stderr)
+    if isinstance(e, Idle) and e.backlog == 0:
+        break
+"""
 # libpq (under ADBC's readers) prints the server's goodbye straight to stderr, outside the project's reach
 _LIBPQ_GOODBYE = "WARNING:  terminating connection due to immediate shutdown command"
 
@@ -91,7 +111,7 @@ class Report:
         out: dict[str, int] = collections.Counter()
         for key, n in self.fired.items():
             point, action = key.split(":")
-            if action == "kill":
+            if action == "kill":  # a stream cycle's point is "stream/<point>"
                 out[point] += n
         return dict(out)
 
@@ -277,9 +297,11 @@ def run_cycles(
     actions=None,
     armed_share: float = 0.85,
     infra: Infrastructure | None = None,
+    stream_share: float = 0.0,
 ) -> Report:
     """Long on purpose: one cycle's schedule, fault and checks read in order here. ``actions``: [(action,
-    weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given)."""
+    weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given). ``stream_share``: the
+    share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS)."""
     actions = actions or (ACTIONS + INFRA_ACTIONS if infra else ACTIONS)
     rng = random.Random(seed)
     report = Report(seed)
@@ -306,8 +328,41 @@ def run_cycles(
                 report.armed[spec] += 1
             chunk = rng.choice([40, 150, 100000])
             clean_settings = settings.replace(ingest_chunk_rows=rng.choice([60, 100000]))
+            # drawn only when asked for: an old seed keeps its schedule
+            streamed = stream_share > 0 and rng.random() < stream_share
+            if streamed and spec is not None:
+                report.armed[spec] -= 1
+                if not report.armed[spec]:
+                    del report.armed[spec]
+                point = spec.split(":")[0] if not spec.startswith("anytime") else rng.choice(POINTS)
+                action = rng.choices([a for a, _ in STREAM_ACTIONS], weights=[w for _, w in STREAM_ACTIONS])[0]
+                spec = f"stream/{point}:{action}"
+                report.armed[spec] += 1
             where = f"cycle {cycle} (dataset {d}, failpoint {spec})"
-            if spec and spec.endswith(":stop"):
+            if streamed:
+                env = cli_env(spec.split("/", 1)[1] if spec else None, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk))
+                env["LAKEHOUSE_PG_DSN"] = sync_dsn
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", STREAM_ONCE, f"crash-stream-{seed}-{cycle}"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                )
+                _, stderr = proc.communicate(timeout=180)
+                rc = proc.returncode
+                report.outcomes[rc] += 1
+                report.ops["stream"] += 1
+                where = f"cycle {cycle} (dataset {d}, stream, failpoint {spec}, exit {rc})"
+                if spec and (rc in (-9, -15) or "failpoint" in stderr):
+                    report.fired[spec] += 1
+                elif rc != 0:
+                    report.violations.append(
+                        f"{where}: a stream without a fired failpoint exited {rc}: {stderr[-300:]}"
+                    )
+                report.violations += [f"{where}: {v}" for v in oracle.before_clean_sync(conn, d)]
+                clean_error = _clean_sync(dsn, oracle, clean_settings, d)
+            elif spec and spec.endswith(":stop"):
                 rc, clean_error = _frozen_cycle(conn, dsn, oracle, clean_settings, d, spec, chunk, report)
                 where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
                 if rc not in (0, 1, 4, 75):  # 75: its lock session died, "not committing" (try again)
