@@ -32,7 +32,14 @@ def main() -> int:
     p.add_argument(
         "--stream-share", type=float, default=0.0, help="share of cycles whose killed process is a mirror stream"
     )
+    p.add_argument(
+        "--store",
+        action="store_true",
+        help="the warehouse on an object store (moto_server) behind a fault proxy: adds its 503s to the faults",
+    )
     a = p.parse_args()
+    if a.store and a.no_infra:
+        p.error("--store is an infrastructure fault: not with --no-infra")
 
     home = Path(tempfile.mkdtemp(prefix="lh-crash-"))
     if a.no_infra:
@@ -51,6 +58,17 @@ def main() -> int:
             "LAKEHOUSE_NAMESPACE": "lakehouse",
         }
     )
+    moto = store = None
+    if a.store:
+        from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
+        from lakehouse_dagster.testing.s3 import AWS_ENV, MotoServer
+
+        moto = MotoServer()
+        moto.client.create_bucket(Bucket="crash")
+        store = S3FaultProxy(moto.endpoint)
+        os.environ.update(
+            {**AWS_ENV, "LAKEHOUSE_WAREHOUSE": "s3://crash/warehouse", "LAKEHOUSE_S3_ENDPOINT": store.endpoint}
+        )
     from lakehouse_dagster.core.settings import Settings
     from lakehouse_dagster.testing.crash_harness import Infrastructure, run_cycles
     from lakehouse_dagster.testing.service import restart_postgres
@@ -70,7 +88,7 @@ def main() -> int:
             )
 
     proxy = None if a.no_infra else TcpProxy.for_dsn(dsn)
-    infra = None if proxy is None else Infrastructure(lambda: restart_postgres(home / "pg"), proxy)
+    infra = None if proxy is None else Infrastructure(lambda: restart_postgres(home / "pg"), proxy, store)
     try:
         report = run_cycles(
             dsn,
@@ -85,6 +103,9 @@ def main() -> int:
     finally:
         if proxy is not None:
             proxy.close()
+        if store is not None and moto is not None:
+            store.close()
+            moto.close()
     print(f"seed {report.seed}  cycles {report.cycles}  datasets {a.datasets}  {report.seconds:.0f}s")
     print(f"kills per failpoint: {json.dumps(report.kills_per_failpoint(), sort_keys=True)}")
     print(f"faults by kind: {json.dumps(report.faults_by_kind(), sort_keys=True)}")

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from pyiceberg.io.pyarrow import _import_retry_strategy
@@ -33,6 +30,7 @@ from lakehouse_dagster.testing.faults import (
     wait_stopped,
 )
 from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
+from lakehouse_dagster.testing.s3 import AWS_ENV, MotoServer
 from lakehouse_dagster.tracking import datasets
 
 from .test_faults import _native_dataset
@@ -41,39 +39,11 @@ from .test_infra_faults import _assert_exactly_once, _make, _native_popen, _nati
 ROWS, CHUNK = 2_000, 250  # 8 data files a full sync
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto():
     """moto_server on loopback, once a module (it starts in ~2 s); each test has its own bucket."""
-    import boto3  # lazy: only the S3 tests need it
-
-    port = _free_port()
-    exe = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen(
-        [str(exe), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="t", aws_secret_access_key="t"
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            client.list_buckets()
-            break
-        except Exception:  # noqa: BLE001 - not listening yet
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError("moto_server did not start") from None
-            time.sleep(0.2)
-    yield endpoint, client
-    proc.terminate()
-    proc.wait(10)
+    with MotoServer() as server:
+        yield server.endpoint, server.client
 
 
 @pytest.fixture
@@ -96,11 +66,7 @@ def s3_settings(dsn, tmp_path, monkeypatch, store, moto) -> Settings:
         "LAKEHOUSE_SOAK_SECONDS": "0",
         "LAKEHOUSE_S3_ENDPOINT": store.endpoint,
         "LAKEHOUSE_INGEST_CHUNK_ROWS": str(CHUNK),
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
+        **AWS_ENV,
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)

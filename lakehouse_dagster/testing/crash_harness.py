@@ -54,6 +54,7 @@ from lakehouse_dagster.testing.faults import (
     terminate_lock_session,
     wait_stopped,
 )
+from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
 from lakehouse_dagster.testing.tcp_proxy import TcpProxy
 from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import parse_schema
@@ -64,6 +65,9 @@ POINTS = ["after-first-file", "before-commit", "commit-start", "in-commit", "aft
 ACTIONS = [("kill", 64), ("raise", 8), ("oserror", 7), ("sigint", 10), ("sigterm", 5), ("stop", 6)]
 # with the infrastructure given: Postgres killed and restarted at a failpoint or at any moment; connections reset
 INFRA_ACTIONS = [("pg-restart", 12), ("reset", 10), ("anytime-pg-restart", 10)]
+# with an object store given (the warehouse on s3:// through an S3FaultProxy): it answers 503 to everything from the
+# failpoint on (the SDK's retries run out: the sync fails), or 503 to a third of all requests for the whole sync
+STORE_ACTIONS = [("store-down", 10), ("store-flaky", 8)]
 # a stream cycle's process is a mirror stream (mirror/stream.py), killed or failed at the failpoint inside its sync
 STREAM_ACTIONS = [("kill", 70), ("raise", 10), ("oserror", 10), ("sigterm", 10)]
 TYPES = ["string", "int64", "float64", "boolean", "json"]
@@ -94,6 +98,7 @@ class Infrastructure:
 
     restart: Callable[[], None]
     proxy: TcpProxy
+    store: S3FaultProxy | None = None  # in front of the warehouse's object store, when it is on one
 
 
 @dataclasses.dataclass
@@ -302,7 +307,10 @@ def run_cycles(
     """Long on purpose: one cycle's schedule, fault and checks read in order here. ``actions``: [(action,
     weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given). ``stream_share``: the
     share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS)."""
-    actions = actions or (ACTIONS + INFRA_ACTIONS if infra else ACTIONS)
+    if not actions:
+        actions = ACTIONS + INFRA_ACTIONS if infra else ACTIONS
+        if infra and infra.store is not None:
+            actions = actions + STORE_ACTIONS
     rng = random.Random(seed)
     report = Report(seed)
     started = time.perf_counter()
@@ -369,7 +377,7 @@ def run_cycles(
                     report.violations.append(f"{where}: the resumed sync exited {rc}")
             else:
                 env = cli_env(None, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk), LAKEHOUSE_PG_DSN=sync_dsn)
-                if infra and spec and spec.split(":")[1] in ("pg-restart", "reset"):
+                if infra and spec and spec.split(":")[1] in ("pg-restart", "reset", "store-down", "store-flaky"):
                     rc, stderr, fired = _infra_cycle(infra, spec, d, env, rng)
                     conn = _reconnect(conn, dsn)
                     report.outcomes[rc] += 1
@@ -412,6 +420,18 @@ def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Ran
     ``anytime:``, at a random moment while it runs. Returns its exit code, its stderr and whether the fault hit
     it (it had not ended yet)."""
     point, action = spec.split(":")
+    if action == "store-flaky":
+        assert infra.store is not None
+        infra.store.fail(503, share=0.33, seed=rng.randrange(1 << 30))
+        proc = cli_sync_popen(d, env=env)
+        try:
+            _, stderr = proc.communicate(timeout=300)
+        finally:
+            infra.store.pass_through()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, stderr, True
     if point == "anytime":
         proc = cli_sync_popen(d, env=env)
         time.sleep(rng.uniform(0.3, 3.5))  # start-up is ~1.5-3 s of imports: some land before, most during
@@ -424,12 +444,17 @@ def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Ran
         if fired:
             if action == "pg-restart":
                 infra.restart()
+            elif action == "store-down":
+                assert infra.store is not None
+                infra.store.fail(503)
             else:
                 infra.proxy.reset()
             os.kill(proc.pid, signal.SIGCONT)
     try:
-        _, stderr = proc.communicate(timeout=180)
+        _, stderr = proc.communicate(timeout=300)
     finally:
+        if infra.store is not None:
+            infra.store.pass_through()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
