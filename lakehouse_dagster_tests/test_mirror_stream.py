@@ -400,6 +400,34 @@ def test_a_snapshot_a_reader_was_handed_survives_the_streams_expiry(conn, dsn, s
     assert_parity(settings, dsn, [d])
 
 
+def test_maintenance_skips_a_dataset_whose_lock_another_sync_holds_and_tries_again(conn, dsn, settings, monkeypatch):
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.guards import dataset_lock
+
+    settings = _maintained_settings(monkeypatch)
+    catalog = load_catalog(settings, dsn)
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "locked")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        _trickle(conn, d, 6, 100)
+        with connect(dsn) as other, dataset_lock(other, d):  # as another process' sync of the dataset holds it (G3)
+            time.sleep(0.5)  # a round already running ends
+            held_from = len(_rounds(s))
+            location = catalog.load_table(table_identifier(settings, d)).metadata_location
+            time.sleep(4)
+            during = _rounds(s)[held_from:]
+            assert catalog.load_table(table_identifier(settings, d)).metadata_location == location  # nothing committed
+        released = len(_rounds(s))
+        deadline = time.time() + 20
+        while not [r for r in _rounds(s)[released:] if not r.busy] and time.time() < deadline:
+            time.sleep(0.1)
+        after = _rounds(s)[released:]
+    assert during and all(r.busy for r in during), during  # skipped while held, tried again about every second
+    assert len(during) >= 2
+    assert [r for r in after if not r.busy and r.error is None]  # and maintained once the lock was free
+    assert_parity(settings, dsn, [d])
+
+
 def test_a_failed_maintenance_round_never_stops_the_stream(conn, dsn, settings, monkeypatch, caplog):
     settings = _maintained_settings(monkeypatch)
     monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "stream-maintenance:raise")
