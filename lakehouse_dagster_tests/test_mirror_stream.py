@@ -9,10 +9,12 @@ import uuid
 
 import pytest
 
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags import set_override
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.batch import Failed
 from lakehouse_dagster.mirror.stream import Idle, shard_of, stream_shard
+from lakehouse_dagster.mirror.stream_maintenance import Maintained
 from lakehouse_dagster.mirror.sync import SyncResult
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.tracking import datasets
@@ -303,6 +305,155 @@ def test_a_stream_killed_mid_commit_is_replaced_and_loses_nothing(conn, dsn, set
 
 
 # ---------------------------------------------------------------------------------------------------
+# Background table maintenance in the stream (mirror/stream_maintenance.py): a trickle through a real stream.
+
+
+def _maintained_settings(monkeypatch, **extra: str) -> Settings:
+    """Small maintenance limits, through the settings: a round per dataset every second, compaction from 4 small
+    files, snapshots expired at any age past the newest 16 and the pins of the last second."""
+    env = {
+        "LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS": "1",
+        "LAKEHOUSE_MAINTENANCE_MIN_FILES": "4",
+        "LAKEHOUSE_MAINTENANCE_SNAPSHOT_AGE_SECONDS": "0",
+        "LAKEHOUSE_MAINTENANCE_PIN_SECONDS": "1",
+        "LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS": "20",
+        **extra,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return Settings.from_env()
+
+
+def _live(catalog, settings, d) -> tuple[set[int], int]:
+    """The table's live snapshot ids and live data files."""
+    table = catalog.load_table(table_identifier(settings, d))
+    return {s.snapshot_id for s in table.metadata.snapshots}, sum(1 for _ in table.scan().plan_files())
+
+
+def _trickle(conn, d, commits: int, first: int, *, each=None) -> None:
+    """One-row appends, each mirrored (its own commit) before the next."""
+    for k in range(commits):
+        datasets.insert_rows(conn, d, [{"n": first + k, "s": f"t{first + k}"}])
+        wait_caught_up(conn, [d], timeout=30)
+        if each is not None:
+            each()
+
+
+def _rounds(s: Stream) -> list[Maintained]:
+    return [e for e in s.events if isinstance(e, Maintained)]
+
+
+def test_a_trickle_through_the_stream_stays_within_the_maintenance_bounds(conn, dsn, settings, monkeypatch):
+    settings = _maintained_settings(monkeypatch)
+    catalog = load_catalog(settings, dsn)
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "trickle")
+    most = {"snapshots": 0, "files": 0}
+
+    def sample():
+        snaps, files = _live(catalog, settings, d)
+        most["snapshots"], most["files"] = max(most["snapshots"], len(snaps)), max(most["files"], files)
+
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        _trickle(conn, d, 80, 100, each=sample)
+        time.sleep(2.5)  # a last round after the trickle: what is past the newest 16 and the pins goes
+        commits = [r for r in s.synced() if r.mode != "noop"]
+    assert len(commits) >= 81  # one commit per append (and the first sync)
+    # without maintenance: 81 snapshots (the commit-time expiry keeps an hour's) and up to 17 files (the sync's own
+    # compaction waits for 16 small ones); with it, the newest 16 + what a round or two adds at this pace
+    assert most["snapshots"] <= 32, most
+    assert most["files"] <= 12, most
+    rounds = _rounds(s)
+    assert sum(r.compacted_files for r in rounds) > 0 and sum(r.expired_snapshots for r in rounds) > 0
+    assert not [r for r in rounds if r.error], [r.error for r in rounds if r.error]
+    snaps, files = _live(catalog, settings, d)
+    assert len(snaps) <= 18 and files <= 4, (len(snaps), files)
+    assert_parity(settings, dsn, [d])
+    assert_nothing_twice(conn, [d])
+
+
+def test_a_snapshot_a_reader_was_handed_survives_the_streams_expiry(conn, dsn, settings, monkeypatch):
+    pin = 15
+    settings = _maintained_settings(monkeypatch, LAKEHOUSE_MAINTENANCE_PIN_SECONDS=str(pin))
+    catalog = load_catalog(settings, dsn)
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "pinned")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        _trickle(conn, d, 5, 100)
+        time.sleep(pin + 1)  # those five are no reader's any more; the latest one is
+        older, _ = _live(catalog, settings, d)
+        # what the read router hands a reader now (routing/read_router.py): the latest succeeded sync's snapshot
+        handed = conn.execute("select snapshot_id from lakehouse_latest_succeeded_sync(%s)", (d,)).fetchone()[0]
+        table = catalog.load_table(table_identifier(settings, d))
+        expected = table.scan(snapshot_id=handed).to_arrow().sort_by("__row_index")
+        t0 = time.time()
+        _trickle(conn, d, 20, 200)  # 20 newer commits (and the rounds' own): the handed one is far past the newest 16
+        time.sleep(2.5)  # a round after the last commit, still within the pin window of the handed snapshot
+        assert time.time() - t0 < pin, "too slow to test the pin window"
+        live, _ = _live(catalog, settings, d)
+    assert sum(r.expired_snapshots for r in _rounds(s)) > 0
+    assert older - {handed} and not (older - {handed}) & live  # the others of that time were expired
+    assert handed in live  # the reader's snapshot was kept through every expiry
+    again = catalog.load_table(table_identifier(settings, d)).scan(snapshot_id=handed).to_arrow()
+    assert again.sort_by("__row_index").equals(expected)  # and the reader reads what it was handed
+    assert expected.num_rows == 10
+    assert_parity(settings, dsn, [d])
+
+
+def test_maintenance_skips_a_dataset_whose_lock_another_sync_holds_and_tries_again(conn, dsn, settings, monkeypatch):
+    from lakehouse_dagster.core.db import connect
+    from lakehouse_dagster.core.guards import dataset_lock
+
+    settings = _maintained_settings(monkeypatch)
+    catalog = load_catalog(settings, dsn)
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "locked")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        _trickle(conn, d, 6, 100)
+        with connect(dsn) as other, dataset_lock(other, d):  # as another process' sync of the dataset holds it (G3)
+            time.sleep(0.5)  # a round already running ends
+            held_from = len(_rounds(s))
+            location = catalog.load_table(table_identifier(settings, d)).metadata_location
+            time.sleep(4)
+            during = _rounds(s)[held_from:]
+            assert catalog.load_table(table_identifier(settings, d)).metadata_location == location  # nothing committed
+        released = len(_rounds(s))
+        deadline = time.time() + 20
+        while not [r for r in _rounds(s)[released:] if not r.busy] and time.time() < deadline:
+            time.sleep(0.1)
+        after = _rounds(s)[released:]
+    assert during and all(r.busy for r in during), during  # skipped while held, tried again about every second
+    assert len(during) >= 2
+    assert [r for r in after if not r.busy and r.error is None]  # and maintained once the lock was free
+    assert_parity(settings, dsn, [d])
+
+
+def test_a_failed_maintenance_round_never_stops_the_stream(conn, dsn, settings, monkeypatch, caplog):
+    settings = _maintained_settings(monkeypatch)
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "stream-maintenance:raise")
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "failing")
+    caplog.set_level("WARNING", logger="lakehouse_dagster.mirror.stream_maintenance")
+    with Stream(settings, dsn) as s:
+        wait_caught_up(conn, [d])
+        _trickle(conn, d, 12, 100)
+        deadline = time.time() + 20
+        while len([r for r in _rounds(s) if r.error]) < 2 and time.time() < deadline:
+            time.sleep(0.1)
+        failed = [r for r in _rounds(s) if r.error]
+        assert len(failed) >= 2 and s.thread.is_alive() and s.error is None  # failed, tried again, still streaming
+        _trickle(conn, d, 3, 200)  # the stream goes on mirroring
+        monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
+        deadline = time.time() + 20
+        while not any(r.compacted_files for r in _rounds(s)) and time.time() < deadline:
+            time.sleep(0.1)
+    assert "FailpointError: failpoint stream-maintenance fired" in failed[0].error
+    lines = [r.getMessage() for r in caplog.records if "stream maintenance" in r.getMessage()]
+    assert len(lines) >= 2 and all("\n" not in line for line in lines)  # one line each, no traceback
+    assert any(r.compacted_files for r in _rounds(s))  # tried again later: compacted once the fault was gone
+    assert_parity(settings, dsn, [d])
+
+
+# ---------------------------------------------------------------------------------------------------
 # Dagster: the mirror_stream job and the poller's supervision.
 
 import dagster as dg  # noqa: E402
@@ -394,6 +545,35 @@ def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_
         for name in ("parity", "snapshot_freshness", "identity_ready"):
             assert checks[(str(d), name)] is True, (d, name)
     assert conn.execute("select count(*) from lakehouse_read_parity where dataset_id = %s", (a,)).fetchone()[0] >= 1
+
+
+def test_a_stream_run_logs_what_its_maintenance_did_in_one_line_per_round(conn, dsn, settings, instance, monkeypatch):
+    _maintained_settings(monkeypatch)
+    d = _dataset(conn, datasets.create_workspace(conn, "w"), "trickle")
+
+    def later():
+        from lakehouse_dagster.core.db import connect
+
+        time.sleep(3)
+        with connect(dsn) as c:
+            _trickle(c, d, 24, 100)
+
+    t = threading.Thread(target=later, daemon=True)
+    t.start()
+    result = mirror_stream.execute_in_process(
+        run_config={"ops": {"stream_shard_op": {"config": {"shard": 0, "shards": 1, "lifetime_seconds": 25}}}},
+        resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+        instance=instance,
+    )
+    t.join()
+    assert result.success
+    lines = [e.user_message for e in instance.all_logs(result.run_id) if "maintenance of" in (e.user_message or "")]
+    assert any("small data files compacted" in line for line in lines), lines
+    assert any("snapshots expired" in line for line in lines), lines
+    for line in lines:  # one line per round that did something, naming the dataset; nothing for a round that did not
+        assert "\n" not in line and line.startswith(f"trickle: maintenance of {d}: "), line
+        assert "compacted" in line or "expired" in line, line
+    assert_parity(settings, dsn, [d])
 
 
 def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance):

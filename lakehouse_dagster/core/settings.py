@@ -178,9 +178,14 @@ class Settings:
     # Syncs a stream run makes at once (threads; each its own dataset, G3 and G2 still hold): a burst of changed
     # datasets is mirrored this many at a time.
     mirror_stream_workers: int = 3
+    # Background table maintenance in a stream run (mirror/stream_maintenance.py): in an idle moment, one dataset the
+    # run synced, at most once per this many seconds per dataset, gets compact_small_files then expire_snapshots with
+    # the maintenance_* limits above, under its lock (G3); 0: none (a sync's own compaction and expiry only).
+    mirror_stream_maintenance_seconds: int = 10
 
     @classmethod
     def from_env(cls) -> Settings:
+        """Long on purpose: one keyword per variable, every variable the project reads read in this one place."""
         home = Path(os.environ.get("LAKEHOUSE_HOME") or Path.cwd() / ".lakehouse").expanduser().resolve()
         catalog_type = (os.environ.get("LAKEHOUSE_CATALOG_TYPE") or "sql").lower()
         if catalog_type not in ("sql", "rest"):
@@ -264,6 +269,7 @@ class Settings:
             mirror_poll_ms=_int("LAKEHOUSE_MIRROR_POLL_MS", 100, minimum=10),
             mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
+            mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
         )
 
     def replace(self, **changes) -> Settings:

@@ -13,7 +13,9 @@ bounded time and logs what it yields. It
   their backoff, changes made while no stream ran) at its start and every few seconds;
 * coalesces the changes of one dataset seen within ``LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS`` of its first into one sync;
 * syncs through ``sync_dataset`` (mirror/sync.py), one dataset at a time: the same sync log, guards (G3 per dataset,
-  G2 admission) and refusals (manifest and iceberg-native datasets) as every other mirror path.
+  G2 admission) and refusals (manifest and iceberg-native datasets) as every other mirror path;
+* in idle moments, compacts small files and expires snapshots of the datasets it synced, one dataset at a time in
+  the background, each at most every ``LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS`` (mirror/stream_maintenance.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from lakehouse_dagster.core.guards import guard_connection
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
 from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
+from lakehouse_dagster.mirror.stream_maintenance import Maintained, StreamMaintenance
 from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
 
 _log = logging.getLogger(__name__)
@@ -227,7 +230,10 @@ class _Due:
     busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
 
 
-def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[SyncResult | Failed | Idle | Stopped]:
+Event = SyncResult | Failed | Idle | Maintained | Stopped
+
+
+def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[Event]:
     """``_stream`` (below) run in a thread of its own, its results handed over through a queue: the caller's work on
     each result (the glue writes two materializations to Dagster's event log, ≈ 0.1-0.3 s here) never holds up the
     next syncs; an Idle is handed over only when nothing else waits. Leaving the generator (the deadline, an
@@ -282,10 +288,11 @@ def _stream(
     sleep: Callable[[float], None] = time.sleep,
     on_lease: Callable[[ShardLease], None] | None = None,
     stop: threading.Event | None = None,
-) -> Iterator[SyncResult | Failed | Idle | Stopped]:
+) -> Iterator[Event]:
     """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
     that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
-    after the poller's backoff), an Idle whenever nothing is due, and a Stopped last if the lease or the session
+    after the poller's backoff), an Idle whenever nothing is due, a Maintained when a background maintenance round
+    (started in an idle moment) ended, and a Stopped last if the lease or the session
     was lost. Waits for the shard's lock until ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
     deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
     Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
@@ -303,6 +310,7 @@ def _stream(
         workers = max(1, settings.mirror_stream_workers)
         with (
             contextlib.closing(connect(dsn)) as conn,
+            contextlib.closing(StreamMaintenance(dsn, catalog, settings, clock=clock)) as upkeep,
             IdlePool(keep=2 * workers) as pool,
             concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=f"stream-{shard}") as executor,
         ):
@@ -328,6 +336,9 @@ def _stream(
             gone: str | None = None  # why the loop ends early: its session to Postgres was lost
             while lease.lost is None and gone is None and clock() < deadline and not stop.is_set():
                 try:
+                    ended = upkeep.finished()
+                    if ended is not None:
+                        yield ended
                     now = clock()
                     if now >= next_sweep:
                         behind = datasets_behind(
@@ -349,14 +360,17 @@ def _stream(
                         if scanned < PAGE or cursor == before:
                             break
                     in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
+                    if upkeep.busy_with is not None:  # nor while a maintenance round holds it
+                        in_flight.add(upkeep.busy_with)
                     ready = sorted(
                         (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
                     )
                     lease.stats.backlog = len(due) + len(flying)
                     lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
                     if not ready and not flying:
+                        upkeep.start(exclude=set(due))  # a dataset with a change waiting is synced first
                         yield Idle(len(due))
-                        nearest = min((x.at for x in due.values()), default=now + poll)
+                        nearest = min((x.at for d, x in due.items() if d not in in_flight), default=now + poll)
                         sleep(max(0.0, min(poll, nearest - clock())))
                         continue
                     for ds in ready[: max(0, workers - len(flying))]:
@@ -370,6 +384,8 @@ def _stream(
                     for fut in done:
                         ds, item = flying.pop(fut)
                         got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
+                        if isinstance(got, SyncResult):
+                            upkeep.synced(got)
                         if got is not None:
                             yield got
                 except psycopg.OperationalError as exc:
@@ -388,6 +404,9 @@ def _stream(
                     got = Failed(ds, failure) if isinstance(failure, LakehouseError) else None
                 if got is not None:
                     yield got
+            ended = upkeep.close()  # the round running, if any, ends (one or two commits)
+            if ended is not None:
+                yield ended
             reason = lease.lost or gone
             if reason is not None:
                 _log.warning("shard %s/%s: stopping: %s", shard, shard_count, reason)

@@ -5,7 +5,9 @@ Each sync the loop makes is logged at once as the materializations of its datase
 iceberg/dataset_table partitions, with the metadata mirror_batch_job logs (the same function). The partition's
 checks (parity, snapshot_freshness, identity_ready) are evaluated the way mirror_batch_job evaluates them
 (``check_evaluations``), but when the loop is idle, newest sync first once per dataset: a burst syncs everything
-before it checks anything, and a dataset synced five times in a second is checked once, after its last sync. A
+before it checks anything, and a dataset synced five times in a second is checked once, after its last sync. The
+loop's background table maintenance (mirror/stream_maintenance.py) is logged in one line per round that compacted
+files or expired snapshots, and nothing for a round that did nothing. A
 sync that failed, or a blocking check that ended ERROR, is logged when it happens and fails the run at its end
 (the alerts sensor posts it; the successor has taken the shard over by then).
 """
@@ -26,6 +28,7 @@ from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, re
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed
 from lakehouse_dagster.mirror.stream import Idle, Stopped, check_shard, stream_shard
+from lakehouse_dagster.mirror.stream_maintenance import Maintained
 from lakehouse_dagster.parity.canary import wedged_syncs
 
 SHARD_TAG = "lakehouse/stream_shard"  # "<shard>/<shard count>" on every mirror_stream run (the supervisor's filter)
@@ -46,6 +49,8 @@ class MirrorStreamConfig(dg.Config):
     "sync is a materialization of the dataset's iceberg/dataset_table partition, checked when the stream is idle.",
 )
 def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, lakehouse: LakehouseResource):
+    """Long on purpose: what the loop yields (a sync, a failure, a maintenance round, an idle moment, a stop) is
+    logged in one dispatch, in the order the loop yields it; the checks' bookkeeping lives beside it."""
     check_shard(config.shard, config.shards)
     settings = lakehouse.settings()
     lifetime = config.lifetime_seconds or settings.mirror_stream_lifetime_seconds
@@ -91,9 +96,13 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             run_id=context.run_id,
             deadline=deadline,
         ):
+            if isinstance(item, Maintained):  # a background round the loop started in an idle moment ended
+                line = item.line()  # nothing when it did nothing
+                if line is not None:
+                    name = session.name_of(item.dataset_id)
+                    (context.log.warning if item.error else context.log.info)(f"{name}: {line}")
+                continue
             if isinstance(item, Idle):
-                # The hook for background table maintenance (compaction / snapshot expiry of the datasets this run
-                # mirrored, lake/ on branch deploy): call it here, bounded per idle moment, like the checks below.
                 if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
                     ds_id = next(iter(to_check))
                     del to_check[ds_id]
