@@ -127,9 +127,17 @@ def first_line(exc: BaseException) -> str:
 
 def postgres_unreachable(exc: BaseException) -> str | None:
     """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
-    failover, a dropped or silent network: psycopg's OperationalError, the message's first line); None else. The
-    CLI exits 75 with it; a sensor's tick is skipped with it (dagster/defs/shared/outage.py)."""
+    failover, a dropped or silent network: psycopg's OperationalError, the message's first line; also under
+    SQLAlchemy's wrapper, the catalog's, which raises it from psycopg's); None else. The CLI exits 75 with it; a
+    sensor's tick is skipped with it (dagster/defs/shared/outage.py)."""
     psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
-    if psycopg_mod is None or not isinstance(exc, psycopg_mod.OperationalError):
+    if psycopg_mod is None:
         return None
-    return f"Postgres is unreachable or the session was lost ({first_line(exc)}); retry once it answers"
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, psycopg_mod.OperationalError):
+            return f"Postgres is unreachable or the session was lost ({first_line(seen)}); retry once it answers"
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return None

@@ -19,7 +19,7 @@ import uuid
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.core.errors import first_line
+from lakehouse_dagster.core.errors import postgres_unreachable
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -76,12 +76,12 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 conn=conn,
                 wedged=wedged,
             )
-        except psycopg.OperationalError as exc:  # Postgres went away mid-check: nothing is recorded as passed
-            session.close()
-            context.log.warning(
-                f"checks of {ds_id} not evaluated: the session to Postgres was lost ({first_line(exc)}); the "
-                "partition's next sync is checked"
-            )
+        except Exception as exc:
+            lost = postgres_unreachable(exc)  # psycopg's, or SQLAlchemy's (the catalog's) raised from it
+            if lost is None:
+                raise
+            session.close()  # Postgres went away mid-check: nothing is recorded as passed
+            context.log.warning(f"checks of {ds_id} not evaluated: {lost} (the partition's next sync is checked)")
             return []
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
