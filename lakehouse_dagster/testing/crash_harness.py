@@ -311,6 +311,10 @@ def run_cycles(
     """Long on purpose: one cycle's schedule, fault and checks read in order here. ``actions``: [(action,
     weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given). ``stream_share``: the
     share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS)."""
+    # The oracle counts every data file no snapshot references as an orphan and every succeeded sync's snapshot as
+    # present: no snapshot may expire here, here and in the killed processes (a run past an hour met the
+    # commit-time expiry of snapshots older than LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, and its oracle cried wolf).
+    settings = settings.replace(snapshots_keep=0)
     if not actions:
         actions = ACTIONS + INFRA_ACTIONS if infra else ACTIONS
         if infra and infra.store is not None:
@@ -352,7 +356,11 @@ def run_cycles(
                 report.armed[spec] += 1
             where = f"cycle {cycle} (dataset {d}, failpoint {spec})"
             if streamed:
-                env = cli_env(spec.split("/", 1)[1] if spec else None, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk))
+                env = cli_env(
+                    spec.split("/", 1)[1] if spec else None,
+                    LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk),
+                    LAKEHOUSE_SNAPSHOTS_KEEP="0",
+                )
                 env["LAKEHOUSE_PG_DSN"] = sync_dsn
                 proc = subprocess.Popen(
                     [sys.executable, "-c", STREAM_ONCE, f"crash-stream-{seed}-{cycle}"],
@@ -380,7 +388,12 @@ def run_cycles(
                 if rc not in (0, 1, 4, 75):  # 75: its lock session died, "not committing" (try again)
                     report.violations.append(f"{where}: the resumed sync exited {rc}")
             else:
-                env = cli_env(None, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk), LAKEHOUSE_PG_DSN=sync_dsn)
+                env = cli_env(
+                    None,
+                    LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk),
+                    LAKEHOUSE_PG_DSN=sync_dsn,
+                    LAKEHOUSE_SNAPSHOTS_KEEP="0",
+                )
                 if infra and spec and spec.split(":")[1] in ("pg-restart", "reset", "store-down", "store-flaky"):
                     rc, stderr, fired = _infra_cycle(infra, spec, d, env, rng)
                     conn = _reconnect(conn, dsn)
@@ -416,7 +429,7 @@ def run_cycles(
     return report
 
 
-_SYNC_ENV = ("LAKEHOUSE_INGEST_CHUNK_ROWS", "LAKEHOUSE_PG_DSN")
+_SYNC_ENV = ("LAKEHOUSE_INGEST_CHUNK_ROWS", "LAKEHOUSE_PG_DSN", "LAKEHOUSE_SNAPSHOTS_KEEP")
 
 
 def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Random) -> tuple[int, str, bool]:
@@ -510,7 +523,7 @@ def _clean_sync(dsn, oracle, settings, d) -> str | None:
 def _frozen_cycle(conn, dsn, oracle, settings, d, spec, chunk, report) -> tuple[int, str | None]:
     """The sync freezes at its failpoint; its lock session dies; the clean sync runs; the frozen one
     resumes and finishes (or fails) on its own. The oracle then runs with both done."""
-    proc = cli_sync_popen(d, spec, chunk_rows=chunk)
+    proc = cli_sync_popen(d, env=cli_env(spec, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk), LAKEHOUSE_SNAPSHOTS_KEEP="0"))
     clean_error = None
     try:
         if wait_stopped(proc, 120, must=False):
