@@ -29,7 +29,7 @@ from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror import sweep as orphan_sweep
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.schema.migrate import migrate
-from lakehouse_dagster.testing.crash_harness import Oracle
+from lakehouse_dagster.testing.crash_harness import _LIBPQ_GOODBYE, Oracle
 from lakehouse_dagster.testing.faults import cli_env, cli_sync_popen, data_files_on_disk, default_sigint, wait_stopped
 from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.testing.service import restart_postgres
@@ -118,10 +118,6 @@ def _make(conn, rows: int = ROWS) -> uuid.UUID:
         (d, rows - 1),
     )
     return d
-
-
-# libpq (under ADBC's readers) prints the server's goodbye straight to stderr, outside the project's reach.
-_LIBPQ_GOODBYE = "WARNING:  terminating connection due to immediate shutdown command"
 
 
 def _one_clear_line(stderr: str) -> str:

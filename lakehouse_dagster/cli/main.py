@@ -12,7 +12,13 @@ import sys
 
 from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
-from lakehouse_dagster.core.errors import LakehouseError, SyncFailed, is_transient, postgres_unreachable
+from lakehouse_dagster.core.errors import (
+    LakehouseError,
+    SyncFailed,
+    is_transient,
+    object_store_failing,
+    postgres_unreachable,
+)
 
 
 def build_parser() -> ArgumentParser:
@@ -36,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(ctx, args)
     except LakehouseError as exc:
-        store = _object_store_failing(exc)
+        store = object_store_failing(exc)
         if store is not None:
             print(f"lakehouse {args.command}: error: {store}", file=sys.stderr)
             return 75  # EX_TEMPFAIL: the store's 5xx or silence outlasted the SDK's retries; a later retry may succeed
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lakehouse {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        unreachable = postgres_unreachable(exc) or _object_store_failing(exc)
+        unreachable = postgres_unreachable(exc) or object_store_failing(exc)
         if unreachable is not None:
             print(f"lakehouse {args.command}: error: {unreachable}", file=sys.stderr)
             return 75  # EX_TEMPFAIL, as Backpressure: a retry once Postgres (or the object store) answers may succeed
@@ -67,23 +73,6 @@ def _exit_code(exc: LakehouseError) -> int:
     if isinstance(exc, SyncFailed) and is_transient(exc):
         return 75
     return exc.exit_code
-
-
-def _object_store_failing(exc: BaseException) -> str | None:
-    """One line when the error is the object store's (pyarrow's S3 filesystem raises OSError "... AWS Error ...": a
-    5xx, a timeout, a refused connection, past the SDK's retries: lake/storage.py), found in the exception or what
-    it was raised from; None else. A sync failed this way committed nothing (mirror/sync.py)."""
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and "AWS Error" in str(seen):
-            return (
-                f"the object store is failing or unreachable ({str(exc).strip().splitlines()[0]}); "
-                "retry once it answers (check LAKEHOUSE_S3_ENDPOINT, the AWS credentials and the store's health)"
-            )
-        seen = seen.__cause__ or seen.__context__
-    return None
 
 
 def _no_lakehouse_tables(ctx: Context, exc: Exception) -> str | None:

@@ -125,6 +125,16 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _causes(exc: BaseException | None, *, contexts: bool = False):
+    """``exc`` and what it was raised from (SQLAlchemy's ``orig`` first; with ``contexts``, also what it was
+    raised while handling), at most ten deep."""
+    for _ in range(10):
+        if exc is None:
+            return
+        yield exc
+        exc = getattr(exc, "orig", None) or exc.__cause__ or (exc.__context__ if contexts else None)
+
+
 def postgres_unreachable(exc: BaseException) -> str | None:
     """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
     failover, a dropped or silent network: psycopg's OperationalError, the message's first line; also under
@@ -133,11 +143,20 @@ def postgres_unreachable(exc: BaseException) -> str | None:
     psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
     if psycopg_mod is None:
         return None
-    seen: BaseException | None = exc
-    for _ in range(10):
-        if seen is None:
-            return None
+    for seen in _causes(exc):
         if isinstance(seen, psycopg_mod.OperationalError):
             return f"Postgres is unreachable or the session was lost ({first_line(seen)}); retry once it answers"
-        seen = getattr(seen, "orig", None) or seen.__cause__
+    return None
+
+
+def object_store_failing(exc: BaseException) -> str | None:
+    """One line when the error is the object store's (pyarrow's S3 filesystem raises OSError "... AWS Error ...": a
+    5xx, a timeout, a refused connection, past the SDK's retries: lake/storage.py), found in the exception or what
+    it was raised from; None else. A sync failed this way committed nothing (mirror/sync.py)."""
+    for seen in _causes(exc, contexts=True):
+        if isinstance(seen, OSError) and "AWS Error" in str(seen):
+            return (
+                f"the object store is failing or unreachable ({first_line(exc)}); "
+                "retry once it answers (check LAKEHOUSE_S3_ENDPOINT, the AWS credentials and the store's health)"
+            )
     return None
