@@ -111,6 +111,8 @@ class Stack:
                 "--no-demo",
                 "--port",
                 str(free_port()),
+                "--api-port",  # two stacks at once (two benches) must not meet on the default 3001
+                str(free_port()),
                 "--json",
             ],
             cwd=src,

@@ -22,6 +22,11 @@ from lakehouse_dagster.testing.pg import with_db
 
 prefer_jemalloc()  # the tests allocate as the project's processes do (core/arrow_memory.py)
 
+# The suite runs with the mirror's stream off (LAKEHOUSE_MIRROR_STREAM is on by default): most tests count the batch
+# runs a poller tick requests, and a stream run would hold a run slot for its whole lifetime. The stream's tests turn
+# it on; test_e2e (a fresh machine's environment) and test_deploy_topology run with the default, streaming.
+os.environ.setdefault("LAKEHOUSE_MIRROR_STREAM", "false")
+
 # One template per pytest-xdist worker (scripts/test runs two): workers sharing LAKEHOUSE_TEST_ADMIN_DSN must not
 # drop each other's template.
 TEMPLATE_DB = "lakehouse_test_template" + (

@@ -1,8 +1,9 @@
 """The production topology of deploy/, as separate processes on this machine: `dagster instance migrate` first, then a
 code server (`dagster code-server start`), `dagster-webserver` and `dagster-daemon`, all from deploy/dagster.yaml and
-deploy/workspace.yaml, with Dagster's stock DefaultRunLauncher and a bare ``postgresql://`` DAGSTER_PG_URL. An
-append to a dataset reaches its Iceberg table through the mirror poller and a mirror run, and GraphQL shows the run
-succeeded and the partition's materialization. (The dataset is mirrored once in the test's own process before the
+deploy/workspace.yaml, with Dagster's stock DefaultRunLauncher and a bare ``postgresql://`` DAGSTER_PG_URL, and the
+settings' defaults (the mirror streams). An append to a dataset reaches its Iceberg table through the mirror_stream run
+the poller started, and GraphQL shows that run alive (STARTED, its shard's heartbeat fresh) and the partition's
+materialization it logged. (The dataset is mirrored once in the test's own process before the
 topology starts, so the one change the topology mirrors is the append: it keeps the test short.)
 
 Every process this test started is swept at the end, even on failure (each in its own session; anything else with
@@ -225,6 +226,7 @@ def topology(settings, dagster_url, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
     env["DAGSTER_PG_URL"] = dagster_url
     env["LAKEHOUSE_SOAK_SECONDS"] = "0"
+    env.pop("LAKEHOUSE_MIRROR_STREAM", None)  # the default, as deploy/ ships it: the mirror streams
     top = Topology(tmp_path, env)
     try:
         yield top
@@ -313,8 +315,20 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
     inst = top.wait("the daemon to be healthy", daemons_healthy, 90, interval=2)
     assert inst["runLauncher"]["name"] == "DefaultRunLauncher"
 
+    # the poller starts the shard's stream run with the stock launcher (streaming is on by default); until it holds
+    # the shard, batch runs would cover the dataset
+    def stream_live():
+        with psycopg.connect(dsn) as c:
+            row = c.execute(
+                "select run_id from lakehouse_mirror_streams where ended_at is null"
+                " and heartbeat_at > now() - interval '5 seconds'"
+            ).fetchone()
+        return row is not None, row
+
+    top.wait("the shard's stream run to hold its shard", stream_live, 240, interval=1)
+    t_stream = time.monotonic()
     # an append to a dataset already mirrored (in this process, before: it keeps the test short) reaches Iceberg
-    # through the poller and a run of the stock launcher
+    # through that stream run
     t_append = time.monotonic()
     datasets.insert_rows(conn, ds, [{"n": k, "s": str(k)} for k in range(3, 5)])
     top.wait(
@@ -338,19 +352,25 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
     latest = max(mats, key=lambda m: float(m["timestamp"]))
     assert {e["label"]: e.get("intValue") for e in latest["metadataEntries"]}["dagster/row_count"] == 5
 
-    def run_done():
+    def run_state():  # a stream run lives on (STARTED) after its sync; a failed one would have ended
         run = top.gql(RUN_Q, {"id": latest["runId"]})["runOrError"]
-        return run.get("status") in TERMINAL, run
+        return run.get("status") in TERMINAL | {"STARTED"}, run
 
-    run = top.wait("the mirror run to end", run_done, 60)
-    if run["status"] != "SUCCESS":
+    run = top.wait("the mirror run's state", run_state, 60)
+    if run["status"] not in ("STARTED", "SUCCESS"):
         events = top.gql(FAILURES_Q, {"id": run["runId"]})["logsForRun"].get("events", [])
         reasons = [
             e.get("error", {}).get("message") or e.get("message") for e in events if "Failure" in e["__typename"]
         ]
         pytest.fail(f"mirror run {run['runId']} ended {run['status']}: {reasons}\n{top.diagnostics()}")
-    assert run["jobName"] in ("mirror_batch_job", "mirror_job")
+    assert run["jobName"] == "mirror_stream", run
     with psycopg.connect(dsn) as c:
+        live = c.execute(
+            "select count(*) from lakehouse_mirror_streams where run_id = %s and ended_at is null"
+            " and heartbeat_at > now() - interval '30 seconds'",
+            (run["runId"],),
+        ).fetchone()[0]
+        assert live == 1, "the stream run holds its shard with a fresh heartbeat"
         assert (
             c.execute(
                 "select count(*) from iceberg_sync_log where dataset_id = %s and status = 'succeeded'", (ds,)
@@ -358,6 +378,7 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
             >= 2
         )
     print(
-        f"topology: code location loaded after {t_loaded - t0:.1f} s; append -> Iceberg {append_to_iceberg:.1f} s;"
+        f"topology: code location loaded after {t_loaded - t0:.1f} s; stream live after {t_stream - t0:.1f} s;"
+        f" append -> Iceberg {append_to_iceberg:.1f} s;"
         f" all {time.monotonic() - t0:.1f} s"
     )

@@ -576,7 +576,18 @@ def test_a_stream_run_logs_what_its_maintenance_did_in_one_line_per_round(conn, 
     assert_parity(settings, dsn, [d])
 
 
-def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance):
+def test_streaming_is_on_by_default_and_one_setting_turns_it_off(monkeypatch):
+    from lakehouse_dagster.core.settings import Settings
+
+    monkeypatch.delenv("LAKEHOUSE_MIRROR_STREAM", raising=False)  # the suite's conftest sets it off
+    assert Settings.from_env().mirror_stream is True
+    for off in ("false", "0", "off"):
+        monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", off)
+        assert Settings.from_env().mirror_stream is False, off
+
+
+def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance, monkeypatch):
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "false")
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}") for i in range(3)]
     res = _tick(instance, dsn)

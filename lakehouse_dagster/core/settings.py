@@ -164,8 +164,9 @@ class Settings:
     # The mirror as a stream (mirror/stream.py, docs/design/mirror.md "The stream"): long-lived mirror_stream runs, one
     # per shard of the datasets (a stable hash of the dataset id), sync each changed dataset within about a second;
     # off: the mirror_poller's batch runs do it all, as before. A stream run lives mirror_stream_lifetime_seconds,
-    # then hands its shard over to a successor the poller started shortly before.
-    mirror_stream: bool = False
+    # then hands its shard over to a successor the poller started shortly before. On by default (issue 30): with it,
+    # freshness no longer depends on how fast the run launcher starts a run (a pod start on Kubernetes).
+    mirror_stream: bool = True
     mirror_shards: int = 1
     mirror_stream_lifetime_seconds: int = 900
     # Changes of one dataset seen within this window of its first are mirrored in one commit.
@@ -262,7 +263,7 @@ class Settings:
                 "LAKEHOUSE_ALERT_TIMEOUT_SECONDS", _float("LAKEHOUSE_ALERT_TIMEOUT_SECONDS", 5.0)
             ),
             alert_retry_seconds=_int("LAKEHOUSE_ALERT_RETRY_SECONDS", 86_400, minimum=3600),
-            mirror_stream=_bool("LAKEHOUSE_MIRROR_STREAM", False),
+            mirror_stream=_bool("LAKEHOUSE_MIRROR_STREAM", True),
             mirror_shards=_int("LAKEHOUSE_MIRROR_SHARDS", 1, minimum=1),
             mirror_stream_lifetime_seconds=_int("LAKEHOUSE_MIRROR_STREAM_LIFETIME_SECONDS", 900, minimum=10),
             mirror_commit_window_ms=_int("LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS", 200),
