@@ -684,3 +684,81 @@ def test_the_sensors_page_says_alerts_are_off_without_a_webhook():
     assert odd.startswith("IDLE, alerts are off: LAKEHOUSE_ALERT_WEBHOOK_URL is set but is not an http(s) URL")
     assert "secret-token" not in odd
     assert alerts_sensor.description("https://hooks.example/secret-token") == alerts_sensor.WHAT_IT_POSTS
+
+
+def _stream_row(conn, shard: int, count: int, run_id: str, *, beat_s_ago: float, ended: bool = False) -> None:
+    """A mirror stream's heartbeat row as ``ShardLease`` writes it (the next run of the shard replaces it)."""
+    conn.execute(
+        """insert into lakehouse_mirror_streams (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at,
+                  ended_at)
+           values (%(count)s, %(shard)s, %(run)s, now() - interval '600 seconds', now() - make_interval(secs => %(s)s),
+                   now() + interval '300 seconds', case when %(ended)s then now() - make_interval(secs => %(s)s) end)
+           on conflict (shard_count, shard) do update set run_id = excluded.run_id, started_at = excluded.started_at,
+                  heartbeat_at = excluded.heartbeat_at, ended_at = excluded.ended_at""",
+        {"count": count, "shard": shard, "run": run_id, "s": beat_s_ago, "ended": ended},
+    )
+
+
+def test_a_mirror_stream_shard_down_past_the_bound_is_posted_once_per_outage(conn, settings, webhook):
+    on = dataclasses.replace(settings, mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    now = conn.execute("select now()").fetchone()[0]
+    minute = iter(range(100))
+
+    def tick(s=on) -> list[str]:
+        """One tick a minute later; the texts posted by it."""
+        before = len(webhook.arrived)
+        _tick_at(conn, s, webhook, now + dt.timedelta(minutes=next(minute)))
+        return [b["text"] for b in webhook.arrived[before:]]
+
+    _stream_row(conn, 0, 2, "run-alive-0", beat_s_ago=1)
+    _stream_row(conn, 1, 2, "run-dead-1", beat_s_ago=20)  # silent, but within the bound: not yet down
+    assert tick() == []
+    _stream_row(conn, 1, 2, "run-dead-1", beat_s_ago=95)
+    (text,) = tick()
+    assert re.sub(r"for 9[5-9] s", "for 95 s", text) == (
+        "Mirror stream down: shard 1 of 2 has had no live stream for 95 s (bound 30 s): its run run-dead-1 stopped "
+        "beating its heartbeat (its process died or hung); batch runs (mirror_batch_job) cover its datasets "
+        "meanwhile\n→ Dagster UI, Runs → run-dead-1 (its log says where it stopped); the mirror_poller sensor "
+        "starts a replacement by itself (its ticks say what it requested); each shard as it is now: lakehouse status"
+    )
+    assert tick() == []  # the same outage on the next tick: nothing more
+    _stream_row(conn, 1, 2, "run-dead-1b", beat_s_ago=200)  # its replacement died too: still the same outage
+    assert tick() == []
+    _stream_row(conn, 1, 2, "run-back-1", beat_s_ago=0.5)  # a stream is back: the outage is over ...
+    assert tick() == []
+    assert _outbox(conn) == [("stream_down", 1, True, False, True)]  # posted once, resolved
+    _stream_row(conn, 1, 2, "run-back-1", beat_s_ago=60, ended=True)  # ... and a new one: it let go, no successor
+    (again,) = tick()
+    assert re.match(
+        r"Mirror stream down: shard 1 of 2 has had no live stream for 6\d s \(bound 30 s\): its run ", again
+    )
+    assert "run-back-1 let go of it and no successor took it" in again
+    assert "lakehouse/stream_shard=1/2" in again
+    rows = conn.execute(
+        "select key, posted_at is not null, resolved_at is not null from lakehouse_alerts order by id"
+    ).fetchall()
+    assert rows == [("stream_down:1/2", True, True), ("stream_down:1/2", True, False)]
+
+
+def test_no_stream_down_alert_while_streaming_is_off_or_the_shard_is_alive(conn, settings, webhook):
+    now = conn.execute("select now()").fetchone()[0]
+    on = dataclasses.replace(settings, mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    assert alerts.stream_events(conn, on) == []  # on, but no shard of 2 ever streamed: how long is not known
+    _stream_row(conn, 0, 2, "run-0", beat_s_ago=1)
+    _stream_row(conn, 1, 2, "run-1", beat_s_ago=2)
+    assert alerts.stream_events(conn, on) == []  # both alive
+    _stream_row(conn, 0, 2, "run-0", beat_s_ago=3, ended=True)
+    assert alerts.stream_events(conn, on) == []  # a handover: its run let go 3 s ago, a successor takes it
+    _stream_row(conn, 0, 2, "run-0", beat_s_ago=500)
+    _stream_row(conn, 1, 2, "run-1", beat_s_ago=500)
+    off = dataclasses.replace(on, mirror_stream=False)
+    assert alerts.stream_events(conn, off) == []  # streaming off: batch runs mirror every change, nothing is down
+    _tick_at(conn, off, webhook, now)
+    assert webhook.arrived == []
+    # 3 shards now: shard 2 never streamed while its siblings have for 600 s
+    three = dataclasses.replace(on, mirror_shards=3)
+    _stream_row(conn, 0, 3, "run-a", beat_s_ago=1)
+    _stream_row(conn, 1, 3, "run-b", beat_s_ago=1)
+    (e,) = alerts.stream_events(conn, three)
+    assert e.key == "stream_down:2/3" and e.what.startswith("shard 2 of 3 has had no live stream for 10 min ")
+    assert "it has never streamed" in e.what and "lakehouse/stream_shard=2/3" in e.act

@@ -665,7 +665,7 @@ def _status_json() -> dict:
 
 
 def test_lakehouse_status_shows_each_shard(conn, dsn, settings, monkeypatch):
-    assert _status_json() == {"on": False, "shards": [{"shard": 0, **_never()}]}
+    assert _status_json() == {"on": False, "shard_count": 1, "down_after_s": 30, "shards": [{"shard": 0, **_never()}]}
     monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
     ws = datasets.create_workspace(conn, "w")
     d = _dataset(conn, ws, "d")
@@ -673,12 +673,12 @@ def test_lakehouse_status_shows_each_shard(conn, dsn, settings, monkeypatch):
         wait_caught_up(conn, [d])
         time.sleep(1.5)  # a heartbeat after the sync
         (live,) = _status_json()["shards"]
-        assert live["alive"] and live["run_id"] == s.run_id and live["syncs"] == 1
+        assert live["alive"] and live["run_id"] == s.run_id and live["syncs"] == 1 and live["down_s"] is None
         assert live["last_commit_age_s"] is not None and live["last_commit_age_s"] < 30
     (ended,) = _status_json()["shards"]
-    assert not ended["alive"] and ended["run_id"] == s.run_id
+    assert not ended["alive"] and ended["ended"] and ended["run_id"] == s.run_id and ended["down_s"] < 30
 
 
 def _never() -> dict:
     keys = ("run_id", "heartbeat_age_s", "lag_s", "backlog", "last_commit_age_s")
-    return {"alive": False, **dict.fromkeys(keys), "syncs": 0, "failures": 0}
+    return {"alive": False, "ended": False, "down_s": None, **dict.fromkeys(keys), "syncs": 0, "failures": 0}

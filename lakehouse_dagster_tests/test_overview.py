@@ -9,6 +9,7 @@ import json
 import uuid
 
 import dagster as dg
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -25,6 +26,7 @@ from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
 from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.stream import STREAM_OFF, shard_status
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.status import lag
@@ -259,6 +261,8 @@ def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_tabl
             f"[late](/assets/iceberg/dataset_table?view=partitions&partition={late})" in meta["attention_links"].value
         )
     assert (first["behind"].value, second["behind"].value) == (1, 2)
+    # streaming off (the default): the shards' block says so in one line, its counts are zeros
+    assert first["mirror_stream"].value == STREAM_OFF and first["stream/shards"].value == 0
     keys = {f"reader/{r}/{s}" for r in READERS for s in ("postgres", "mirrored", "reads_iceberg", "iceberg_only")}
     keys |= {f"writer/{w.name}/{s}" for w in FLIPPABLE_WRITERS for s in ("postgres", "mirrored", "blocked", "native")}
     assert keys <= set(first) and keys <= set(second)
@@ -364,3 +368,99 @@ def test_the_overview_and_lakehouse_status_show_each_live_rollout_plan(conn, dsn
     actions.abort(conn, settings, plan_id, actor="ops", reason="done looking")
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rollouts"] == []  # an ended plan is no longer live
+
+
+def _shard_row(conn, shard, count, run_id, *, beat_s_ago, ended=False, lag=0.0, backlog=0, commit_s_ago=None):
+    """A stream's heartbeat row as mirror/stream.py ``ShardLease`` writes it, its times ``… seconds ago``."""
+    conn.execute(
+        """insert into lakehouse_mirror_streams (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at,
+                  ended_at, last_commit_at, syncs, failures, backlog, lag_seconds)
+           values (%(count)s, %(shard)s, %(run)s, now() - interval '600 seconds', now() - make_interval(secs => %(beat)s),
+                   now() + interval '300 seconds', case when %(ended)s then now() - make_interval(secs => %(beat)s) end,
+                   now() - make_interval(secs => %(commit)s), 12, 1, %(backlog)s, %(lag)s)
+           on conflict (shard_count, shard) do update set run_id = excluded.run_id,
+                  heartbeat_at = excluded.heartbeat_at, ended_at = excluded.ended_at""",
+        {
+            "count": count,
+            "shard": shard,
+            "run": run_id,
+            "beat": beat_s_ago,
+            "ended": ended,
+            "commit": commit_s_ago,
+            "backlog": backlog,
+            "lag": lag,
+        },
+    )
+
+
+def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(conn, settings, capsys, monkeypatch):
+    from lakehouse_dagster.cli.main import main
+    from lakehouse_dagster.dagster.defs.status.overview import MD_INLINE_CHARS, overview_metadata, stream_markdown
+    from lakehouse_dagster.status.overview import text_lines
+
+    off = compute_overview(conn, settings)  # streaming off: one line says so, the counts are zeros
+    assert STREAM_OFF in text_lines(off) and off.as_dict()["mirror_stream"]["on"] is False
+    meta = overview_metadata(off)
+    assert meta["mirror_stream"].value == STREAM_OFF and meta["stream/shards"].value == 0
+    assert meta["stream/down"].value == 0
+
+    alive_run, dead_run = str(uuid.uuid4()), str(uuid.uuid4())
+    _shard_row(conn, 0, 2, alive_run, beat_s_ago=0.5, lag=1.25, backlog=3, commit_s_ago=2)
+    _shard_row(conn, 1, 2, dead_run, beat_s_ago=90, lag=4, backlog=7, commit_s_ago=95)
+    on = settings.replace(mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    sent: list[int] = []
+    real = psycopg.Cursor.execute
+    with monkeypatch.context() as m:  # statements sent: the shards are one, whatever their count
+        m.setattr(psycopg.Cursor, "execute", lambda cur, *a, **kw: sent.append(1) or real(cur, *a, **kw))
+        ov = compute_overview(conn, on)
+        two = len(sent)
+        compute_overview(conn, settings.replace(mirror_stream=True, mirror_shards=64))
+        assert len(sent) - two == two
+        shard_status(conn, on)
+        assert len(sent) - 2 * two == 1
+    live, down = ov.stream["shards"]
+    assert (live["run_id"], live["alive"], live["down_s"], live["lag_s"], live["backlog"]) == (
+        alive_run,
+        True,
+        None,
+        1.2,
+        3,
+    )
+    assert live["heartbeat_age_s"] < 5 and 1 < live["last_commit_age_s"] < 10
+    assert (down["run_id"], down["alive"], down["backlog"]) == (dead_run, False, 7)
+    assert 89 < down["down_s"] < 100 and 94 < down["last_commit_age_s"] < 105
+
+    text = "\n".join(text_lines(ov))
+    assert "mirror stream: 2 shard(s), 1 alive, 1 DOWN (DOWN: no heartbeat for 30 s;" in text
+    assert f"  shard 0 of 2: alive, run {alive_run}, heartbeat " in text
+    assert "lag 1.2 s (3 waiting), last commit " in text
+    assert "  shard 1 of 2: DOWN for 9" in text and f"s (its run stopped beating), run {dead_run}" in text
+
+    meta = overview_metadata(ov)
+    md = meta["mirror_stream"].value
+    assert md.startswith("**2 shard(s): 1 alive, 1 DOWN** (no heartbeat for 30 s: ")
+    assert len(md) < MD_INLINE_CHARS  # shown inline on the asset page, not behind "[Show Markdown]"
+    rows = [line for line in md.splitlines() if line.startswith("| ")]
+    assert rows[0] == "| shard | state | run | heartbeat | lag | backlog | last commit |"
+    assert rows[2].startswith(f"| 0 of 2 | alive | [{alive_run[:8]}](/runs/{alive_run}) | ")
+    assert " | 1.2 s | 3 | " in rows[2] and rows[2].endswith(" s ago |")
+    assert rows[3].startswith("| 1 of 2 | **DOWN for 9") and "(its run stopped beating)** | " in rows[3]
+    assert f"[{dead_run[:8]}](/runs/{dead_run})" in rows[3] and " | 4.0 s | 7 | 9" in rows[3]
+    assert all(row.count(" | ") == 6 for row in rows)  # every row has the header's seven cells
+    assert (meta["stream/shards"].value, meta["stream/alive"].value, meta["stream/down"].value) == (2, 1, 1)
+    assert (meta["stream/backlog"].value, meta["stream/max_lag_seconds"].value) == (3, 1.2)  # the live shards'
+
+    # `lakehouse status` prints and returns the same computation
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "true")
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_SHARDS", "2")
+    assert main(["status", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["mirror_stream"]
+    assert [s["alive"] for s in got["shards"]] == [True, False] and got["shards"][1]["run_id"] == dead_run
+    assert main(["status"]) == 0
+    assert "  shard 1 of 2: DOWN for 9" in capsys.readouterr().out
+
+    # many shards: past what the UI shows inline, the DOWN ones are listed and the alive ones counted
+    many = {**ov.stream, "shards": [{**live, "shard": i} for i in range(16)] + [{**down, "shard": 16}]}
+    md = stream_markdown(many)
+    assert len(md) < MD_INLINE_CHARS and md.count("| alive |") == 0 and "| 16 of 17 | **DOWN for 9" in md
+    assert md.endswith("16 alive shard(s) not listed: `lakehouse status` lists every shard.")

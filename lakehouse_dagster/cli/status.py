@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.flags.soak_setting import current_soak
-from lakehouse_dagster.mirror.stream import shard_lines, shard_status
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.status.overview import compute_overview, text_lines
 
 EPILOG = """stages per reader: postgres (not mirrored) · mirrored · reads_iceberg (mode iceberg) · iceberg_only;
 per writer: postgres · mirrored · blocked (F3: a pipeline input, step 2b) · native (iceberg_native).
 needs attention: MISMATCH · native-unsafe (native but failing the write-flip gates) · check error · wedged ·
-lagging (behind, latest sync older than LAKEHOUSE_LAGGING_AFTER_SECONDS) · blocked. Exit code 0: read-only."""
+lagging (behind, latest sync older than LAKEHOUSE_LAGGING_AFTER_SECONDS) · blocked.
+mirror stream (LAKEHOUSE_MIRROR_STREAM): each shard's run, alive or DOWN (no heartbeat for
+LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS), heartbeat, lag, backlog, last commit. Exit code 0: read-only."""
 
 
 def register(sub) -> None:
@@ -19,7 +20,8 @@ def register(sub) -> None:
         sub,
         "status",
         _status,
-        help="the migration as it is: datasets per stage for each reader and writer, verdicts, lag, what needs attention",
+        help="the migration as it is: datasets per stage for each reader and writer, verdicts, lag, what needs "
+        "attention, the mirror stream's shards",
         epilog=EPILOG,
     )
 
@@ -30,6 +32,4 @@ def _status(ctx, args) -> Result:
     lines = text_lines(ov) + ["", f"rollout plans: {len(plans)} live" + ("" if plans else " (lakehouse rollout start)")]
     for p in plans:
         lines += ["  " + line for line in p.lines(history=False)]
-    stream = shard_status(ctx.conn, ctx.settings)
-    lines += ["", *shard_lines(stream)]
-    return Result({**ov.as_dict(), "rollouts": [p.as_dict() for p in plans], "mirror_stream": stream}, "\n".join(lines))
+    return Result({**ov.as_dict(), "rollouts": [p.as_dict() for p in plans]}, "\n".join(lines))

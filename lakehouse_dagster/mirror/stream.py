@@ -494,6 +494,7 @@ class ShardView:
     failures: int
     backlog: int
     lag_seconds: float
+    started_age: float | None = None  # seconds since its holder took the shard's lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -509,7 +510,8 @@ def shard_views(conn: psycopg.Connection, shard_count: int) -> dict[int, ShardVi
     rows = conn.execute(
         """select shard, run_id, extract(epoch from now() - heartbeat_at)::float8,
                   extract(epoch from deadline_at - now())::float8, ended_at is not null,
-                  extract(epoch from now() - last_commit_at)::float8, syncs, failures, backlog, lag_seconds
+                  extract(epoch from now() - last_commit_at)::float8, syncs, failures, backlog, lag_seconds,
+                  extract(epoch from now() - started_at)::float8
              from lakehouse_mirror_streams where shard_count = %s order by shard""",
         (shard_count,),
     ).fetchall()
@@ -555,17 +557,30 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
 
 
 def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
-    """Each shard as an operator reads it (`lakehouse status`): its run, alive or not, its lag, its last commit."""
-    views = shard_views(conn, settings.mirror_shards)
+    """Each shard as an operator reads it (`lakehouse status`, the migration overview, the ``stream_down`` alert):
+    its run, alive or not, its lag, its last commit, and for how long it has had no live stream (``down_s``; None
+    while alive). One query.
+
+    A shard is alive while its holder has not ended and beat its heartbeat within LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS.
+    Not alive, it has had no live stream since its last heartbeat (a run that ended beats once as it lets go), or, if
+    it never streamed, since the oldest of its sibling shards' runs took their shard: streaming is on at least that
+    long (None when no shard of this count ever streamed: how long it has been on is not recorded anywhere)."""
+    count = settings.mirror_shards
+    views = shard_views(conn, count)
+    starts = [v.started_age for v in views.values() if v.started_age is not None]
+    since_on = max(starts) if starts else None
     shards = []
-    for shard in range(settings.mirror_shards):
+    for shard in range(count):
         v = views.get(shard)
         alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.mirror_stream_down_seconds
+        down = None if alive else (v.heartbeat_age if v is not None and v.heartbeat_age is not None else since_on)
         shards.append(
             {
                 "shard": shard,
                 "run_id": v.run_id if v else None,
                 "alive": alive,
+                "ended": bool(v and v.ended),
+                "down_s": None if down is None else round(down, 1),
                 "heartbeat_age_s": round(v.heartbeat_age, 1) if v and v.heartbeat_age is not None else None,
                 "lag_s": round(v.lag_seconds, 1) if v else None,
                 "backlog": v.backlog if v else None,
@@ -574,21 +589,60 @@ def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
                 "failures": v.failures if v else 0,
             }
         )
-    return {"on": settings.mirror_stream, "shards": shards}
+    return {
+        "on": settings.mirror_stream,
+        "shard_count": count,
+        "down_after_s": settings.mirror_stream_down_seconds,
+        "shards": shards,
+    }
+
+
+STREAM_OFF = "mirror stream: off (LAKEHOUSE_MIRROR_STREAM); batch runs mirror every change"
+
+
+def handing_over(s: dict, down_after_s: float) -> bool:
+    """Its run let go at its deadline within the bound: a successor waiting on the lock takes it in a moment."""
+    return not s["alive"] and s["ended"] and s["down_s"] is not None and s["down_s"] <= down_after_s
+
+
+def shard_state(s: dict, down_after_s: float) -> str:
+    """A shard's state in a few words: ``alive``, ``handing over``, or ``DOWN for 45 s (...)`` with why."""
+    if s["alive"]:
+        return "alive"
+    if handing_over(s, down_after_s):
+        return f"handing over (its run let go {s['down_s']:.0f} s ago)"
+    down = "DOWN" if s["down_s"] is None else f"DOWN for {s['down_s']:.0f} s"
+    if s["run_id"] is None:
+        return f"{down} (never streamed)"
+    return f"{down} ({'its run ended and no successor took the shard' if s['ended'] else 'its run stopped beating'})"
+
+
+def down_count(status: dict) -> int:
+    """Shards with no live stream, a handover in progress not counted."""
+    return sum(not s["alive"] and not handing_over(s, status["down_after_s"]) for s in status["shards"])
+
+
+def _age(seconds: float | None, none: str = "none yet") -> str:
+    return none if seconds is None else f"{seconds:.1f} s ago"
 
 
 def shard_lines(status: dict) -> list[str]:
+    """The shards for a terminal (`lakehouse status`): one line each, or one line when streaming is off."""
     if not status["on"]:
-        return ["mirror stream: off (LAKEHOUSE_MIRROR_STREAM); batch runs mirror every change"]
-    lines = [f"mirror stream: {len(status['shards'])} shard(s)"]
-    for s in status["shards"]:
+        return [STREAM_OFF]
+    shards, bound = status["shards"], status["down_after_s"]
+    lines = [
+        f"mirror stream: {len(shards)} shard(s), {sum(s['alive'] for s in shards)} alive, {down_count(status)} DOWN "
+        f"(DOWN: no heartbeat for {bound} s; batch runs cover its datasets meanwhile)"
+    ]
+    for s in shards:
+        head = f"  shard {s['shard']} of {len(shards)}: {shard_state(s, bound)}"
         if s["run_id"] is None:
-            lines.append(f"  shard {s['shard']}: never streamed (batch runs cover it)")
+            lines.append(head)
             continue
-        state = "alive" if s["alive"] else f"DOWN (no heartbeat for {s['heartbeat_age_s']}s; batch runs cover it)"
-        last = f"{s['last_commit_age_s']}s ago" if s["last_commit_age_s"] is not None else "none yet"
         lines.append(
-            f"  shard {s['shard']}: {state}, run {s['run_id']}, lag {s['lag_s']}s ({s['backlog']} waiting),"
-            f" last commit {last}, {s['syncs']} syncs, {s['failures']} failed"
+            f"{head}, run {s['run_id']}, heartbeat {_age(s['heartbeat_age_s'])}, lag {s['lag_s']:.1f} s "
+            f"({s['backlog']} waiting), last commit {_age(s['last_commit_age_s'])}, {s['syncs']} syncs, "
+            f"{s['failures']} failed"
         )
     return lines

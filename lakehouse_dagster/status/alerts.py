@@ -1,6 +1,6 @@
 """Alerts: what needs an operator, posted once to a Slack-compatible webhook (``LAKEHOUSE_ALERT_WEBHOOK_URL``).
 
-Six kinds of event, each found where it is durable:
+Eight kinds of event, each found where it is durable:
 
 * ``run_failed`` — a failed run of a lakehouse job (the Dagster instance; the sensor reads them and passes them in);
 * ``mismatch`` and ``auto_rollback`` — a MISMATCH verdict and what auto-rollback did about it
@@ -9,17 +9,21 @@ Six kinds of event, each found where it is durable:
 * ``freshness`` — a flipped dataset behind the mirror past ``LAKEHOUSE_LAGGING_AFTER_SECONDS`` (``status/lag.py``, the one
   definition of lag);
 * ``native_unsafe`` — a dataset written iceberg-native that fails the write-flip gates (``routing/native_guard.py``);
+* ``stream_down`` — a shard of the mirror stream with no live stream for longer than
+  ``LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS`` while ``LAKEHOUSE_MIRROR_STREAM`` is on (``mirror/stream.py``
+  ``shard_status``, what ``lakehouse status`` and the overview show);
 * ``rollout`` — a rollout plan that paused, waits for an approval, or aborted (the plans' own event log; the sensor
   reads it and passes the events in, as it does the failed runs: plans sit above this layer).
 
 Each event is recorded once in ``lakehouse_alerts`` under a key naming it (the parity row, the run, the sync, the
-dataset), then posted from there: a restart neither posts it again nor loses it, a post that failed is retried with
-exponential backoff and jitter (``next_attempt_at``) under the same idempotency key (``post_key``), and only a post
-that fails more than ``LAKEHOUSE_ALERT_RETRY_SECONDS`` (a day) after the event was recorded, or more than
-``MAX_PENDING`` events waiting, drops one, with a log line. A condition (wedged, freshness, native_unsafe) is one
-event while it lasts; when it ends its row is marked resolved, and if it comes back that is a new event. The cursor
-(the sensor's) only moves forward and past every page it reads (keyset positions on (time, id)); behind it a
-look-back reads again what may have committed late, and the keys make a second sight of an event harmless.
+dataset, the shard), then posted from there: a restart neither posts it again nor loses it, a post that failed is
+retried with exponential backoff and jitter (``next_attempt_at``) under the same idempotency key (``post_key``), and
+only a post that fails more than ``LAKEHOUSE_ALERT_RETRY_SECONDS`` (a day) after the event was recorded, or more than
+``MAX_PENDING`` events waiting, drops one, with a log line. A condition (wedged, freshness, native_unsafe,
+stream_down) is one event while it lasts; when it ends its row is marked resolved, and if it comes back that is a
+new event. The cursor (the sensor's) only moves forward and past every page it reads (keyset positions on (time,
+id)); behind it a look-back reads again what may have committed late, and the keys make a second sight of an event
+harmless.
 
 The webhook URL is a secret (its path is the credential): it is never logged, stored, put in a message or an
 exception; a failed post names the receiver's host at most. One post waits ``LAKEHOUSE_ALERT_TIMEOUT_SECONDS`` at
@@ -51,6 +55,7 @@ from psycopg import sql
 from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
+from lakehouse_dagster.mirror.stream import shard_status
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
 from lakehouse_dagster.status import recording
@@ -58,9 +63,10 @@ from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 
 RUN_FAILED, MISMATCH, AUTO_ROLLBACK = "run_failed", "mismatch", "auto_rollback"
 WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT = "wedged", "freshness", "native_unsafe", "rollout"
+STREAM_DOWN = "stream_down"
 DROPPED = "dropped"  # alerts dropped unsent past MAX_PENDING: one event says how many
-KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT, DROPPED)
-CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE)  # states, not moments: one event per episode
+KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, STREAM_DOWN, ROLLOUT, DROPPED)
+CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE, STREAM_DOWN)  # states, not moments: one event per episode
 TITLE = {
     RUN_FAILED: "Lakehouse run failed",
     MISMATCH: "Parity MISMATCH",
@@ -68,6 +74,7 @@ TITLE = {
     WEDGED: "Wedged sync",
     FRESHNESS: "Freshness breach",
     NATIVE_UNSAFE: "Native-safety",
+    STREAM_DOWN: "Mirror stream down",
     ROLLOUT: "Rollout plan",
     DROPPED: "Alerts dropped",
 }
@@ -78,6 +85,7 @@ PLURAL = {
     WEDGED: "wedged syncs",
     FRESHNESS: "freshness breaches",
     NATIVE_UNSAFE: "native-safety findings",
+    STREAM_DOWN: "mirror stream shards down",
     ROLLOUT: "rollout plan events",
     DROPPED: "notices of dropped alerts",
 }
@@ -392,6 +400,44 @@ def native_events(conn: psycopg.Connection) -> list[Event]:
                 act=f"fix what the reasons say, or roll its writer back: lakehouse write-flags set <writer> pg "
                 f"--dataset {b.dataset_id} (lakehouse write-flags list --dataset {b.dataset_id} shows which writer "
                 f"is iceberg_native); the job native_safety_report lists every such dataset",
+            )
+        )
+    return out
+
+
+def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+    """One event per shard of the mirror stream with no live stream for longer than
+    LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS while LAKEHOUSE_MIRROR_STREAM is on (mirror/stream.py ``shard_status``: its
+    run stopped beating, ended with no successor, or it never streamed while a sibling shard has streamed that long).
+    Keyed by the shard (and the shard count): one event per outage whatever runs come and fail during it; the shard
+    alive again (or streaming turned off) resolves it."""
+    if not settings.mirror_stream:
+        return []
+    status = shard_status(conn, settings)
+    count, bound = status["shard_count"], status["down_after_s"]
+    out = []
+    for s in status["shards"]:
+        if s["alive"] or s["down_s"] is None or s["down_s"] <= bound:
+            continue
+        shard, run = s["shard"], s["run_id"]
+        if run is None:
+            why = "it has never streamed (no mirror_stream run has taken it)"
+            look = f"the mirror_stream runs tagged lakehouse/stream_shard={shard}/{count} (queued, failed or none)"
+        elif s["ended"]:
+            why = f"its run {run} let go of it and no successor took it"
+            look = f"Runs → {run} and the mirror_stream runs tagged lakehouse/stream_shard={shard}/{count} after it"
+        else:
+            why = f"its run {run} stopped beating its heartbeat (its process died or hung)"
+            look = f"Runs → {run} (its log says where it stopped)"
+        out.append(
+            Event(
+                key=f"{STREAM_DOWN}:{shard}/{count}",
+                kind=STREAM_DOWN,
+                dataset_id=None,
+                what=f"shard {shard} of {count} has had no live stream for {_duration(s['down_s'])} (bound "
+                f"{_duration(bound)}): {why}; batch runs (mirror_batch_job) cover its datasets meanwhile",
+                act=f"Dagster UI, {look}; the mirror_poller sensor starts a replacement by itself (its ticks say "
+                f"what it requested); each shard as it is now: lakehouse status",
             )
         )
     return out
@@ -882,6 +928,7 @@ def run_tick(
         (WEDGED, lambda: wedged_events(conn, settings)),
         (FRESHNESS, lambda: freshness_events(conn, settings)),
         (NATIVE_UNSAFE, lambda: native_events(conn)),
+        (STREAM_DOWN, lambda: stream_events(conn, settings)),
     ):
         try:
             found = find()

@@ -17,8 +17,9 @@ writers that can go native are counted: the others are locked to Postgres and ne
 
 Effective modes come from the flags' one precedence definition (flags/precedence.py), verdicts from
 parity/canary.py, behind and lag from status/lag.py, wedged syncs from parity.canary.wedged_syncs, native-unsafe
-datasets from routing/native_guard.py. A bounded number of queries whatever the number of datasets (docs/overview.md
-has the figure at 10,000).
+datasets from routing/native_guard.py, the mirror stream's shards from mirror/stream.py ``shard_status`` (the one
+definition the ``stream_down`` alert reads too). A bounded number of queries whatever the number of datasets and
+shards (docs/overview.md has the figure at 10,000).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
+from lakehouse_dagster.mirror.stream import shard_lines, shard_status
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
@@ -133,6 +135,8 @@ class Overview:
     attention: list[Attention]  # at most ATTENTION_SHOWN, most urgent first
     attention_total: int  # datasets that need attention, all of them
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)  # reader → fallbacks in the window
+    # the mirror stream's shards (mirror/stream.py ``shard_status``): on, shard_count, down_after_s, shards
+    stream: dict = dataclasses.field(default_factory=lambda: {"on": False, "shards": []})
 
     def as_dict(self) -> dict:
         return {
@@ -157,6 +161,7 @@ class Overview:
             "attention": [a.as_dict() for a in self.attention],
             "attention_total": self.attention_total,
             "fallbacks": self.fallbacks,
+            "mirror_stream": self.stream,
         }
 
 
@@ -199,7 +204,7 @@ def stage_counts(
 
 
 def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
-    """The overview now. ``settings``: wedged_after_seconds and lagging_after_seconds.
+    """The overview now. ``settings``: wedged_after_seconds, lagging_after_seconds and the mirror stream's.
     Long on purpose: each source (stages, verdicts, wedged, behind, native-unsafe, blocked) is read once and folded
     into the counts and the attention list beside it, so what makes a dataset need attention reads top to bottom."""
     started = time.perf_counter()
@@ -316,6 +321,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         attention=attention,
         attention_total=len(found),
         fallbacks=dict(sorted(fallbacks.items())),
+        stream=shard_status(conn, settings),
     )
 
 
@@ -370,7 +376,7 @@ def text_lines(ov: Overview) -> list[str]:
     for (kind, name), stages in ov.flag_stages.items():
         what = "reader" if kind == READ else "writer"
         lines.append(f"{what} {name}".ljust(width) + "  " + "  ".join(f"{s}={n}" for s, n in stages.items()))
-    lines.append("")
+    lines += ["", *shard_lines(ov.stream), ""]
     if not ov.attention_total:
         lines.append("nothing needs attention")
         return lines

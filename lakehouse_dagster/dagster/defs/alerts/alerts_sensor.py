@@ -101,8 +101,8 @@ def read_failed_runs(
 
 WHAT_IT_POSTS = (
     "Posts to LAKEHOUSE_ALERT_WEBHOOK_URL (Slack-compatible) once per event: a failed lakehouse run, a parity "
-    "MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding, a rollout plan that "
-    "paused, waits for an approval or aborted."
+    "MISMATCH, an auto-rollback, a wedged sync, a freshness breach, a native-safety finding, a mirror stream "
+    "shard down, a rollout plan that paused, waits for an approval or aborted."
 )
 
 

@@ -3,7 +3,8 @@
 as a table, with a link to each one's partition page. Refreshed every 5 minutes and after every rollout job.
 
 Dagster renders a table's cells as plain text (ui-core ``MetadataEntry.tsx``: ``record[column]?.toString()``), so the
-partition pages are also given as a markdown list of links (``attention_links``), which the UI renders clickable.
+partition pages are also given as a markdown list of links (``attention_links``), which the UI renders clickable;
+the mirror stream's shards (``mirror_stream``) are a markdown table for the same reason: each run links to its page.
 """
 
 import dagster as dg
@@ -12,6 +13,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
 from lakehouse_dagster.flags.soak_setting import current_soak
+from lakehouse_dagster.mirror.stream import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.plans.status import PlanStatus
 from lakehouse_dagster.status.overview import Overview, compute_overview
@@ -101,6 +103,70 @@ def _md(text: object) -> str:
     return "".join("\\" + c if c in "[]()*_`|\\<>#" else c for c in str(text))
 
 
+def run_page(run_id: str) -> str:
+    """The UI's page of a run, relative to the UI's root."""
+    return f"/runs/{run_id}"
+
+
+def _ago(seconds: float | None) -> str:
+    return "—" if seconds is None else f"{seconds:.1f} s ago"
+
+
+# The UI shows a markdown value inline below this many characters, longer ones behind "[Show Markdown]"
+# (dagster-webserver 1.13, ui-core MetadataEntry: ``mdStr.length < 1e3``).
+MD_INLINE_CHARS = 1000
+
+
+def _shard_row(s: dict, count: int, bound: float) -> str:
+    state = shard_state(s, bound)
+    state = state if s["alive"] else f"**{state}**"
+    run = f"[{s['run_id'][:8]}]({run_page(s['run_id'])})" if s["run_id"] else "—"
+    lag = "—" if s["lag_s"] is None else f"{s['lag_s']:.1f} s"
+    backlog = "—" if s["backlog"] is None else s["backlog"]
+    return (
+        f"| {s['shard']} of {count} | {state} | {run} | {_ago(s['heartbeat_age_s'])} | {lag} | {backlog} | "
+        f"{_ago(s['last_commit_age_s'])} |"
+    )
+
+
+def stream_markdown(stream: dict) -> str:
+    """The mirror stream's shards as a markdown table (one row per shard, its run linked to the run's page), or one
+    line when streaming is off. Past what the UI shows inline, only the shards not alive are listed (the alive ones
+    counted: `lakehouse status` lists every shard)."""
+    if not stream["on"]:
+        return STREAM_OFF
+    shards, bound = stream["shards"], stream["down_after_s"]
+    alive = sum(s["alive"] for s in shards)
+    head = [
+        f"**{len(shards)} shard(s): {alive} alive, {down_count(stream)} DOWN** (no heartbeat for {bound} s: batch "
+        "runs cover its datasets meanwhile; a DOWN shard's lag and backlog are from its last heartbeat)",
+        "",
+        "| shard | state | run | heartbeat | lag | backlog | last commit |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = [_shard_row(s, len(shards), bound) for s in shards]
+    text = "\n".join(head + rows)
+    if len(text) < MD_INLINE_CHARS or not alive:
+        return text
+    rows = [_shard_row(s, len(shards), bound) for s in shards if not s["alive"]]
+    note = f"\n\n{alive} alive shard(s) not listed: `lakehouse status` lists every shard."
+    return "\n".join(head + rows) + note if rows else head[0] + note
+
+
+def stream_metadata(stream: dict) -> dict:
+    """The shards' counts to plot (zeros when streaming is off: one continuous series each) and their table."""
+    shards = stream["shards"] if stream["on"] else []
+    lags = [s["lag_s"] for s in shards if s["alive"] and s["lag_s"] is not None]
+    return {
+        "mirror_stream": dg.MetadataValue.md(stream_markdown(stream)),
+        "stream/shards": dg.MetadataValue.int(len(shards)),
+        "stream/alive": dg.MetadataValue.int(sum(s["alive"] for s in shards)),
+        "stream/down": dg.MetadataValue.int(down_count(stream) if shards else 0),
+        "stream/backlog": dg.MetadataValue.int(sum(s["backlog"] or 0 for s in shards if s["alive"])),
+        "stream/max_lag_seconds": dg.MetadataValue.float(float(max(lags, default=0.0))),
+    }
+
+
 def overview_metadata(ov: Overview) -> dict:
     """Every count as a number (present in every materialization, zeros included, so each plot is one continuous
     series), then the attention table and its links. Long key names read as the plots' titles."""
@@ -145,6 +211,7 @@ def overview_metadata(ov: Overview) -> dict:
     if more:
         links.append(f"- … and {more} more (`lakehouse status --json` lists every count; fix these first)")
     meta["attention_links"] = dg.MetadataValue.md("\n".join(links) if links else "nothing needs attention")
+    meta.update(stream_metadata(ov.stream))
     meta["seconds"] = dg.MetadataValue.float(ov.seconds)
     return meta
 
@@ -157,7 +224,8 @@ def overview_metadata(ov: Overview) -> dict:
     "from Iceberg (iceberg, iceberg_only), written iceberg-native or blocked (F3); the latest verdicts, wedged "
     "syncs, what is behind the mirror and the largest lag (numeric metadata: see the Plots tab), and the "
     "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked); the live "
-    "rollout plans with their stage, next action and what blocks them.",
+    "rollout plans with their stage, next action and what blocks them; the mirror stream's shards (run, alive or "
+    "DOWN, heartbeat, lag, backlog, last commit).",
 )
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     settings = lakehouse.settings()
@@ -172,7 +240,15 @@ def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseRe
     )
     meta = {**overview_metadata(ov), **plans_metadata(plans)}
     # The UI lists metadata in this order: what needs an operator first, then the ~60 counts (their plots).
-    first = ("attention_links", "attention", "rollouts", "attention_total", "rollouts/live", "rollouts/paused")
+    first = (
+        "attention_links",
+        "attention",
+        "rollouts",
+        "mirror_stream",
+        "attention_total",
+        "rollouts/live",
+        "rollouts/paused",
+    )
     return dg.MaterializeResult(metadata={**{k: meta[k] for k in first}, **meta})
 
 
