@@ -396,6 +396,7 @@ def _shard_row(conn, shard, count, run_id, *, beat_s_ago, ended=False, lag=0.0, 
 def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(conn, settings, capsys, monkeypatch):
     from lakehouse_dagster.cli.main import main
     from lakehouse_dagster.dagster.defs.status.overview import MD_INLINE_CHARS, overview_metadata, stream_markdown
+    from lakehouse_dagster.mirror.stream import shard_state
     from lakehouse_dagster.status.overview import text_lines
 
     off = compute_overview(conn, settings)  # streaming off: one line says so, the counts are zeros
@@ -464,3 +465,7 @@ def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(
     md = stream_markdown(many)
     assert len(md) < MD_INLINE_CHARS and md.count("| alive |") == 0 and "| 16 of 17 | **DOWN for 9" in md
     assert md.endswith("16 alive shard(s) not listed: `lakehouse status` lists every shard.")
+
+    # a heartbeat late past the poller's replacement bound, still within the batch fallback's: not plainly "alive"
+    late = shard_state({**live, "heartbeat_age_s": 15.0}, 30)
+    assert late.startswith("alive, heartbeat late (15 s: the poller replaces a run silent for over 10 s)"), late

@@ -608,6 +608,11 @@ def handing_over(s: dict, down_after_s: float) -> bool:
 def shard_state(s: dict, down_after_s: float) -> str:
     """A shard's state in a few words: ``alive``, ``handing over``, or ``DOWN for 45 s (...)`` with why."""
     if s["alive"]:
+        age = s.get("heartbeat_age_s")
+        if age is not None and age > STALE_AFTER_S:  # still covering its datasets, but the poller is replacing it
+            return (
+                f"alive, heartbeat late ({age:.0f} s: the poller replaces a run silent for over {STALE_AFTER_S:.0f} s)"
+            )
         return "alive"
     if handing_over(s, down_after_s):
         return f"handing over (its run let go {s['down_s']:.0f} s ago)"
