@@ -160,6 +160,37 @@ def test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, ds
     assert row == (s.run_id, True, len(s.synced()), True)
 
 
+@pytest.mark.parametrize("share", [0.2, 1.0])
+def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(conn, dsn, settings, share):
+    """After a sync of T seconds the dataset's next sync starts no sooner than T × (1/share − 1) later
+    (LAKEHOUSE_MIRROR_SYNC_SHARE); at 1 they run back to back. Nothing is lost either way."""
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "busy", rows=3000)
+    with Stream(settings.replace(mirror_sync_share=share), dsn):
+        wait_caught_up(conn, [d])
+        t0, k = time.time(), 0
+        while time.time() - t0 < 4:
+            datasets.insert_rows(conn, d, [{"n": 10_000 + k, "s": "x"}])
+            k += 1
+            time.sleep(0.01)
+        wait_caught_up(conn, [d], timeout=30)
+    syncs = conn.execute(
+        """select extract(epoch from started_at)::float8, extract(epoch from finished_at)::float8
+             from iceberg_sync_log where dataset_id = %s and status = 'succeeded' and started_at > to_timestamp(%s)
+            order by started_at""",
+        (d, t0),
+    ).fetchall()
+    assert len(syncs) >= 2, syncs
+    gaps = [(b[0] - a[1], a[1] - a[0]) for a, b in zip(syncs, syncs[1:], strict=False)]  # (rest, the sync before)
+    if share < 1:
+        # the wait is measured from the sync's own clock (its result's seconds): a little slack for the log's stamps
+        assert all(rest >= took * (1 / share - 1) * 0.8 - 0.05 for rest, took in gaps), gaps
+    else:
+        assert min(rest for rest, _ in gaps) < 0.5, gaps  # back to back: the next one starts once the window closes
+    assert_parity(settings, dsn, [d])
+    assert_nothing_twice(conn, [d])
+
+
 def test_two_shards_split_the_datasets(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]

@@ -39,6 +39,12 @@ def _above_zero(name: str, value: float) -> float:
     return value
 
 
+def _share(name: str, value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise BadInput(f"{name}={value} is not a share of the time; set it above 0 and at most 1 (back to back)")
+    return value
+
+
 def _fraction(name: str, value: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise BadInput(f"{name}={value} is not a fraction; set it from 0 (never) to 1 (every read)")
@@ -183,6 +189,11 @@ class Settings:
     # run synced, at most once per this many seconds per dataset, gets compact_small_files then expire_snapshots with
     # the maintenance_* limits above, under its lock (G3); 0: none (a sync's own compaction and expiry only).
     mirror_stream_maintenance_seconds: int = 10
+    # The most of the time one dataset's syncs may take in a stream run: after a sync of T seconds, that dataset's next
+    # sync waits T × (1/share − 1). A small append (T ≈ 0.1 s) is mirrored again within a fraction of a second; a
+    # dataset written without pause whose every sync rewrites much (T ≈ 1 s) is synced every few seconds, as a batch
+    # run would, instead of back to back, so the mirror does not take the live app's CPU. 1: back to back.
+    mirror_sync_share: float = 0.25
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -271,6 +282,7 @@ class Settings:
             mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
             mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
+            mirror_sync_share=_share("LAKEHOUSE_MIRROR_SYNC_SHARE", _float("LAKEHOUSE_MIRROR_SYNC_SHARE", 0.25)),
         )
 
     def replace(self, **changes) -> Settings:

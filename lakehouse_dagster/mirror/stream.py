@@ -332,6 +332,7 @@ def _stream(
             cursor = Cursor(_xmin_now(conn))
             due: dict[uuid.UUID, _Due] = {}
             synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
+            rest = _Rest(settings.mirror_sync_share)  # when each dataset's next sync may start
             next_sweep = 0.0
             gone: str | None = None  # why the loop ends early: its session to Postgres was lost
             while lease.lost is None and gone is None and clock() < deadline and not stop.is_set():
@@ -363,14 +364,17 @@ def _stream(
                     if upkeep.busy_with is not None:  # nor while a maintenance round holds it
                         in_flight.add(upkeep.busy_with)
                     ready = sorted(
-                        (d for d, x in due.items() if x.at <= now and d not in in_flight), key=lambda d: due[d].at
+                        (d for d, x in due.items() if rest.due_at(d, x.at) <= now and d not in in_flight),
+                        key=lambda d: due[d].at,
                     )
                     lease.stats.backlog = len(due) + len(flying)
                     lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
                     if not ready and not flying:
                         upkeep.start(exclude=set(due))  # a dataset with a change waiting is synced first
                         yield Idle(len(due))
-                        nearest = min((x.at for d, x in due.items() if d not in in_flight), default=now + poll)
+                        nearest = min(
+                            (rest.due_at(d, x.at) for d, x in due.items() if d not in in_flight), default=now + poll
+                        )
                         sleep(max(0.0, min(poll, nearest - clock())))
                         continue
                     for ds in ready[: max(0, workers - len(flying))]:
@@ -386,6 +390,7 @@ def _stream(
                         got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
                         if isinstance(got, SyncResult):
                             upkeep.synced(got)
+                            rest.synced(ds, got.seconds, clock())
                         if got is not None:
                             yield got
                 except psycopg.OperationalError as exc:
@@ -446,6 +451,29 @@ def _outcome(fut, ds, item: _Due, due, synced, lease: ShardLease, conn, clock, s
     lease.stats.last_commit_at = time.time()
     lease.stats.last_dataset_id = ds
     return r
+
+
+class _Rest:
+    """A dataset's syncs take at most ``share`` of the time (Settings.mirror_sync_share): after a sync of T seconds,
+    its next one waits T × (1/share − 1). Cheap syncs are hardly delayed; a dataset written without pause whose
+    syncs are heavy is synced at a batch run's pace instead of back to back, leaving the CPU to the live app."""
+
+    def __init__(self, share: float):
+        self._factor = 1.0 / share - 1.0
+        self._until: dict[uuid.UUID, float] = {}
+
+    def synced(self, ds: uuid.UUID, seconds: float, now: float) -> None:
+        if self._factor > 0:
+            self._until[ds] = now + seconds * self._factor
+
+    def due_at(self, ds: uuid.UUID, at: float) -> float:
+        until = self._until.get(ds)
+        if until is None:
+            return at
+        if until <= at:  # rested already: forgotten, so the map holds only the datasets resting now
+            del self._until[ds]
+            return at
+        return until
 
 
 def _merge(due: dict[uuid.UUID, _Due], ds: uuid.UUID, item: _Due) -> None:
