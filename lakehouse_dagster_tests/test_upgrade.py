@@ -259,6 +259,7 @@ NEW_MIGRATIONS = [
     "030_recorder_verdicts_fallbacks",
     "031_alert_delivery",
     "032_mirror_streams",
+    "033_reverse_mirror",
 ]
 
 
