@@ -2,12 +2,17 @@
 identity, in one transaction, without echo, so that a writer rollback needs no backfill.
 
 Real Postgres, real Iceberg tables, native writes through the real write router and chunked writer
-(native_helpers.py), the CLI in a subprocess where the user's path matters (the rollback, a kill)."""
+(native_helpers.py); the CLI in this process (a subprocess costs seconds on a loaded machine), in a subprocess
+where the process must die (a kill before the commit)."""
 
 from __future__ import annotations
 
+import json
+import uuid
+
 import pytest
 
+from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.failpoints import FailpointError
 from lakehouse_dagster.lake.catalog import load_catalog
@@ -17,8 +22,37 @@ from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets
 
-from .flag_helpers import cli, cli_json
-from .native_helpers import native_write, ready_native, row, snapshot, table_rows
+from .flag_helpers import cli
+from .native_helpers import SCHEMA, native_write, row, runbook_ready, snapshot, table_rows
+
+
+@pytest.fixture
+def lh(capsys):
+    """`lakehouse ...` in this process: (exit code, stdout, stderr)."""
+
+    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
+        return code, out, err
+
+    return run
+
+
+def _json(lh, *args: str):
+    return json.loads(lh(*args, "--json", check=True)[1])
+
+
+def ready_native(conn, dsn, settings, lh, writer: str, rows: int = 6) -> uuid.UUID:
+    """native_helpers.ready_native with the CLI in this process."""
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(rows)])
+    runbook_ready(conn, dsn, settings, d)
+    lh("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
+    return d
 
 
 def _pg_rows(conn, d) -> list[tuple]:
@@ -47,8 +81,8 @@ def _same_as_table(conn, settings, dsn, d) -> None:
     assert [p[3]["s"] for p in pg] == [r["s"] for r in ice]
 
 
-def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, settings):
-    d = ready_native(conn, dsn, settings, "sync.append")
+def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
     tracked = _tracking(conn, d)
@@ -85,20 +119,22 @@ def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, se
     assert apply_due(dsn, catalog, settings).applied == []
 
 
-def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings):
-    d = ready_native(conn, dsn, settings, "sync.full", rows=6)
+def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.full", rows=6)
     native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    tracked = _tracking(conn, d)
     r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
     assert (r.how, r.removed, r.copied, r.pg_rows) == ("full", 6, 4, 4)
+    assert _tracking(conn, d) == tracked  # the delete and the insert: no echo either
     _same_as_table(conn, settings, dsn, d)
     assert [p[3]["s"] for p in _pg_rows(conn, d)] == [f"new {i}" for i in range(4)]
     assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (4, 3)
 
 
 def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_finishes(
-    conn, dsn, settings, monkeypatch
+    conn, dsn, settings, lh, monkeypatch
 ):
-    d = ready_native(conn, dsn, settings, "sync.append")
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
     before = _pg_rows(conn, d)
@@ -125,14 +161,14 @@ def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_fi
     _same_as_table(conn, settings, dsn, d)
 
 
-def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, settings):
-    d = ready_native(conn, dsn, settings, "sync.append")
+def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
     apply_reverse(dsn, catalog, settings, d)
     snap, ice = snapshot(settings, dsn, d), table_rows(settings, dsn, d)
 
-    out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
     assert f"reverse-synced up to snapshot {snap}: no backfill needed" in out and "backfill --dataset" not in out
 
     # the forward mirror runs at once: no refusal, nothing to do, Postgres == Iceberg
@@ -147,40 +183,40 @@ def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, setti
     _same_as_table(conn, settings, dsn, d)
 
 
-def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings):
-    d = ready_native(conn, dsn, settings, "sync.append")
+def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
     native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
-    out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
     assert "reverse was behind (it never applied a snapshot): run write-flags backfill" in out
     assert f"lakehouse write-flags backfill --dataset {d}" in out
     # not native any more: the reverse leaves it alone and says what to do
     with pytest.raises(BadInput, match="not written iceberg-native.*write-flags backfill"):
         apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
 
-    cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
-    cli("write-flags", "reverse", "off", "--dataset", str(d), "--note", "no copy", check=True)
-    out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
+    lh("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    lh("write-flags", "reverse", "off", "--dataset", str(d), "--note", "no copy", check=True)
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
     assert "reverse was off: run write-flags backfill" in out
 
 
-def test_the_reverse_setting_cli(conn, dsn, settings):
-    d = ready_native(conn, dsn, settings, "sync.append")
+def test_the_reverse_setting_cli(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
     ws = conn.execute("select workspace_id from datasets where id = %s", (d,)).fetchone()[0]
-    status = cli_json("write-flags", "reverse", "status")["datasets"]
+    status = _json(lh, "write-flags", "reverse", "status")["datasets"]
     assert [(s["dataset_id"], s["enabled"], s["source"], s["state"]) for s in status] == [
         (str(d), True, "default", "behind")
     ]
 
-    out = cli("write-flags", "reverse", "off", "--workspace", str(ws), "--note", "later", check=True).stdout
+    out = lh("write-flags", "reverse", "off", "--workspace", str(ws), "--note", "later", check=True)[1]
     assert f"reverse: (no setting) → off for workspace {ws}" in out
-    proc = cli("write-flags", "reverse", "sync", "--dataset", str(d))
-    assert proc.returncode == 2 and "reverse off (workspace setting)" in proc.stderr
-    assert "write-flags reverse on --dataset" in proc.stderr and position(conn, d) is None
-    cli("write-flags", "reverse", "on", "--dataset", str(d), check=True)  # the dataset's setting wins
-    assert cli_json("write-flags", "reverse", "status", "--dataset", str(d))["datasets"][0]["source"] == "dataset"
-    synced = cli_json("write-flags", "reverse", "sync", "--dataset", str(d))
+    code, _, err = lh("write-flags", "reverse", "sync", "--dataset", str(d))
+    assert code == 2 and "reverse off (workspace setting)" in err
+    assert "write-flags reverse on --dataset" in err and position(conn, d) is None
+    lh("write-flags", "reverse", "on", "--dataset", str(d), check=True)  # the dataset's setting wins
+    assert _json(lh, "write-flags", "reverse", "status", "--dataset", str(d))["datasets"][0]["source"] == "dataset"
+    synced = _json(lh, "write-flags", "reverse", "sync", "--dataset", str(d))
     assert synced["how"] == "append" and synced["pg_rows"] == 6  # Postgres held everything already
-    assert cli_json("write-flags", "reverse", "status")["datasets"][0]["state"] == "caught up"
+    assert _json(lh, "write-flags", "reverse", "status")["datasets"][0]["state"] == "caught up"
 
     audit = conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0]
     for bad, says in (
@@ -189,7 +225,28 @@ def test_the_reverse_setting_cli(conn, dsn, settings):
         (("on", "--dataset", "00000000-0000-0000-0000-000000000001"), "does not exist"),
         (("sync", "--full"), "--full re-syncs one dataset"),
     ):
-        proc = cli("write-flags", "reverse", *bad)
-        assert proc.returncode != 0 and says in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        code, _, err = lh("write-flags", "reverse", *bad)
+        assert code != 0 and says in err and len(err.strip().splitlines()) == 1, err
     assert conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0] == audit
-    assert [h["after"] for h in cli_json("write-flags", "reverse", "history")["history"]] == [True, False]
+    assert [h["after"] for h in _json(lh, "write-flags", "reverse", "history")["history"]] == [True, False]
+
+
+def test_an_append_that_would_not_reproduce_the_snapshot_becomes_a_full_re_sync(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    assert apply_reverse(dsn, catalog, settings, d).how == "append"
+    # a row only Postgres holds, at the next row_index (a writer locked to pg wrote it while the dataset is native)
+    datasets.insert_rows(conn, d, [row(50)])
+    native_write(conn, dsn, settings, d, "sync.append", [row(7), row(8)], start=7)
+    r = apply_reverse(dsn, catalog, settings, d)
+    assert r.how == "full" and "Postgres holds 1 other row(s) at their row_index" in r.reason, r.reason
+    _same_as_table(conn, settings, dsn, d)
+    # a row only Postgres holds above the table's rows: the count tells
+    datasets.insert_rows(conn, d, [row(51)])
+    native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
+    r = apply_reverse(dsn, catalog, settings, d)
+    assert r.how == "full" and "Postgres would hold 11 row(s) where the snapshot has 10" in r.reason, r.reason
+    _same_as_table(conn, settings, dsn, d)
+    assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"  # asked for: a full re-sync again
+    _same_as_table(conn, settings, dsn, d)

@@ -235,9 +235,9 @@ def _apply(
     actor: str,
 ) -> tuple[str, int, int, int, str]:
     """The rows, the position and the reconciliation in ONE transaction on an ADBC session (binary COPY from
-    Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not end at the snapshot's row
-    count (Postgres held rows the table does not, or lacked some below the position) turns into a full re-sync
-    in the same transaction. Returns (how, copied, removed, pg rows, why)."""
+    Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not reproduce the snapshot
+    (Postgres holds another row at an appended row_index, or its count is not the snapshot's: rows the table does
+    not hold, or some lacking below the position) turns into a full re-sync in the same transaction. Returns (how, copied, removed, pg rows, why)."""
     import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a reverse apply runs
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
@@ -278,6 +278,15 @@ def _apply(
                     ).format(insert=insert, ds=ds)
                 )
             )
+            # a row Postgres holds at one of those row_index values under another identity: not the table's row
+            clash = one(
+                sql.SQL(
+                    "select count(*) from {t} s where not exists (select 1 from dataset_rows r where"
+                    " r.dataset_id = {ds}::uuid and r.row_index = s.__row_index and r.row_id = s.__row_id::uuid)"
+                ).format(t=tmp, ds=ds)
+            )
+            if clash:
+                how, reason = FULL, f"{reason}, but Postgres holds {clash} other row(s) at their row_index"
         n = one(sql.SQL("select count(*) from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds))
         if how == APPEND and expected is not None and n != expected:
             how, reason = FULL, f"{reason}, but Postgres would hold {n} row(s) where the snapshot has {expected}"
