@@ -16,6 +16,7 @@ from datetime import datetime
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.overrides import (
     DATASET,
     GLOBAL,
@@ -117,6 +118,8 @@ def set_reverse(
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
         before = _stored(conn, scope)
+        if enabled is None and before is None:  # nothing to clear: nothing written, nothing audited
+            return ReverseChange(scope, None, None, note, actor, fetch_value(conn.execute("select now()"), "now"))
         if enabled is None:
             conn.execute(
                 "delete from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
@@ -129,11 +132,14 @@ def set_reverse(
                 " do update set enabled = excluded.enabled, note = excluded.note, set_by = excluded.set_by, set_at = now()",
                 (scope.scope, scope.scope_id, enabled, note, actor),
             )
-        at = conn.execute(
-            "insert into lakehouse_reverse_audit (action, scope, scope_id, before_enabled, after_enabled, note, actor)"
-            " values (%s, %s, %s, %s, %s, %s, %s) returning at",
-            ("clear" if enabled is None else "set", scope.scope, scope.scope_id, before, enabled, note, actor),
-        ).fetchone()[0]
+        at = fetch_value(
+            conn.execute(
+                "insert into lakehouse_reverse_audit (action, scope, scope_id, before_enabled, after_enabled, note, actor)"
+                " values (%s, %s, %s, %s, %s, %s, %s) returning at",
+                ("clear" if enabled is None else "set", scope.scope, scope.scope_id, before, enabled, note, actor),
+            ),
+            "the reverse audit row just written",
+        )
     return ReverseChange(scope, before, enabled, note, actor, at)
 
 

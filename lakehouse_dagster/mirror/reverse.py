@@ -417,18 +417,44 @@ class ReverseBatch:
         }
 
 
+_DUE = """
+select d.id from datasets d
+  left join lakehouse_reverse_position p on p.dataset_id = d.id
+ where d.id = any(%s::uuid[]) and d.kind = 'tabular'
+   and (p.dataset_id is null
+        or exists (select 1 from iceberg_sync_log l
+                    where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
+                      and l.snapshot_id is distinct from p.snapshot_id))
+ order by d.id
+"""
+
+
+def due_datasets(conn: psycopg.Connection) -> list[uuid.UUID]:
+    """Native datasets with the reverse on that may be past their position: no position yet, or a succeeded commit
+    (a native write, a compaction) recorded since the last apply. Postgres only, no table load: what a sensor
+    asks every tick; ``apply_reverse`` then says no-op for one that is caught up after all."""
+    native = native_dataset_ids(conn)
+    on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
+    if not on:
+        return []
+    return [r[0] for r in conn.execute(_DUE, (on,)).fetchall()]
+
+
 def apply_due(
     dsn: str, catalog: Catalog, settings: Settings, *, actor: str = ACTOR, lock_timeout_s: float = 5
 ) -> ReverseBatch:
-    """Apply every native dataset with the reverse on whose table's current snapshot is past its position. One
-    dataset's failure does not stop the others (each is its own transaction); a dataset whose lock is held
-    (a native write in flight) is left for the next call."""
+    """Apply every dataset ``due_datasets`` names (the no-ops left out of ``applied``). One dataset's failure
+    does not stop the others (each is its own transaction); a dataset whose lock is held (a native write in
+    flight) fails with LockTimeout and is found again by the next call."""
     applied, failed = [], []
     with connect(dsn) as conn:
-        due = [s.dataset_id for s in reverse_states(conn, catalog, settings) if s.state == "behind"]
+        due = due_datasets(conn)
     for ds_id in due:
         try:
-            applied.append(apply_reverse(dsn, catalog, settings, ds_id, actor=actor, lock_timeout_s=lock_timeout_s))
+            r = apply_reverse(dsn, catalog, settings, ds_id, actor=actor, lock_timeout_s=lock_timeout_s)
         except (LakehouseError, psycopg.Error, OSError) as exc:
             failed.append((ds_id, f"{type(exc).__name__}: {first_line(exc)}"))
+            continue
+        if r.how != NOOP:
+            applied.append(r)
     return ReverseBatch(applied, failed)
