@@ -158,12 +158,15 @@ def _reverse_status(ctx, args) -> Result:
     from lakehouse_dagster.core.ids import (
         parse_uuid,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.mirror.reverse import reverse_states
+    from lakehouse_dagster.mirror.reverse import (
+        reverse_states,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.tracking.datasets import (
+        get_dataset,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     ids = [parse_uuid(args.dataset, "dataset id")] if args.dataset else None
     if ids:
-        from lakehouse_dagster.tracking.datasets import get_dataset
-
         get_dataset(ctx.conn, ids[0])  # an unknown dataset: NotFound, one line
     states = reverse_states(ctx.conn, ctx.catalog, ctx.settings, ids)
     rows = [
@@ -189,7 +192,10 @@ def _reverse_sync(ctx, args) -> Result:
     from lakehouse_dagster.core.errors import (
         BadInput,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse
+    from lakehouse_dagster.mirror.reverse import (
+        apply_due,
+        apply_reverse,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     if args.dataset:
         r = apply_reverse(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor, full=args.full)

@@ -237,7 +237,9 @@ def _apply(
     """The rows, the position and the reconciliation in ONE transaction on an ADBC session (binary COPY from
     Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not reproduce the snapshot
     (Postgres holds another row at an appended row_index, or its count is not the snapshot's: rows the table does
-    not hold, or some lacking below the position) turns into a full re-sync in the same transaction. Returns (how, copied, removed, pg rows, why)."""
+    not hold, or some lacking below the position) turns into a full re-sync in the same transaction. Returns
+    (how, copied, removed, pg rows, why). Long on purpose: everything that must commit together is in this one
+    transaction, in order (as the backfill's); split, the transaction boundary would hide between functions."""
     import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a reverse apply runs
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
