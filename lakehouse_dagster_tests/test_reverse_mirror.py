@@ -20,6 +20,7 @@ from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.poller import Cursor, datasets_behind, pending_syncs
 from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
 from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli
@@ -103,7 +104,10 @@ def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, se
         p.dataset_id
         for p in datasets_behind(conn, after_seconds=0, max_retries=0, limit=100, exclude_native=False).fresh
     ]
-    # the recorder reads backfills only (how = 'backfill'): the reverse is not one
+    # the recorder sees nothing of the apply in any of its streams (no sync, no flag, no backfill, ...)
+    for stream in STREAMS:
+        changes, _ = read_stream(conn, stream, Position(xid + 1), 100)
+        assert changes == [], (stream, changes)
     assert conn.execute(
         "select how from lakehouse_pg_reconciled where dataset_id = %s order by id", (d,)
     ).fetchall() == [("reverse",)]
