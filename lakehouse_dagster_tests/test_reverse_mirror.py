@@ -20,6 +20,7 @@ from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.poller import Cursor, datasets_behind, pending_syncs
 from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
 from lakehouse_dagster.tracking import datasets
 
@@ -95,6 +96,8 @@ def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, se
     assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (10, 9)
     assert position(conn, d).snapshot_id == r.snapshot_id
     assert iceberg_only(conn, catalog, settings, d) is None  # the native marker ends at the reverse's snapshot
+    native = evaluate(dsn, catalog, settings, d)  # the canary's digests: every value as the table's
+    assert (native.verdict, native.detail["agrees_with_postgres"]) == ("native", True)
 
     # no echo: change tracking did not move, the poller's change query finds nothing, nothing is behind
     assert _tracking(conn, d) == tracked
@@ -130,6 +133,7 @@ def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings, lh):
     r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
     assert (r.how, r.removed, r.copied, r.pg_rows) == ("full", 6, 4, 4)
     assert _tracking(conn, d) == tracked  # the delete and the insert: no echo either
+    assert evaluate(dsn, load_catalog(settings, dsn), settings, d).detail["agrees_with_postgres"] is True
     _same_as_table(conn, settings, dsn, d)
     assert [p[3]["s"] for p in _pg_rows(conn, d)] == [f"new {i}" for i in range(4)]
     assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (4, 3)

@@ -299,8 +299,8 @@ def _apply(
             n = copied
         run(
             sql.SQL(
-                "update datasets set row_count = {n}, max_row_index = (select max(row_index) from dataset_rows"
-                " where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
+                "update datasets set row_count = {n}, max_row_index = (select coalesce(max(row_index), -1)"
+                " from dataset_rows where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
             ).format(n=sql.Literal(n), ds=ds)
         )
         run(
