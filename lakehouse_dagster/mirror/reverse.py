@@ -30,6 +30,7 @@ import datetime as dt
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import psycopg
 from psycopg import sql
@@ -431,15 +432,73 @@ select d.id from datasets d
 """
 
 
-def due_datasets(conn: psycopg.Connection) -> list[uuid.UUID]:
-    """Native datasets with the reverse on that may be past their position: no position yet, or a succeeded commit
-    (a native write, a compaction) recorded since the last apply. Postgres only, no table load: what a sensor
-    asks every tick; ``apply_reverse`` then says no-op for one that is caught up after all."""
-    native = native_dataset_ids(conn)
+def due_datasets(
+    conn: psycopg.Connection,
+    dataset_ids: list[uuid.UUID] | None = None,
+    *,
+    keep: Callable[[uuid.UUID], bool] | None = None,
+) -> list[uuid.UUID]:
+    """Native datasets (all, or among ``dataset_ids``; only those ``keep`` says yes to: a stream's shard) with the
+    reverse on that may be past their position: no position yet, or a succeeded commit (a native write, a
+    compaction) recorded since the last apply. Postgres only, no table load: what a sensor or a stream's sweep
+    asks; ``apply_reverse`` then says no-op for one that is caught up after all. Three queries: the native set
+    (the flag resolution over the datasets asked about), their settings, and the position check (by primary key,
+    and an index probe of iceberg_sync_log_succeeded_idx per candidate)."""
+    native = native_dataset_ids(conn, dataset_ids)
+    if keep is not None:
+        native = {d for d in native if keep(d)}
     on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
     if not on:
         return []
     return [r[0] for r in conn.execute(_DUE, (on,)).fetchall()]
+
+
+def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, int | None]:
+    """The snapshot of each dataset's latest succeeded commit in the sync log (no table load): what a sensor's
+    run key names (``reverse:<dataset>:<snapshot>``). One query, an index probe per dataset."""
+    if not dataset_ids:
+        return {}
+    rows = conn.execute(
+        "select d, (select s.snapshot_id from lakehouse_latest_succeeded_sync(d) s) from unnest(%s::uuid[]) as u(d)",
+        (list(dataset_ids),),
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+# The stream's per-poll question: native commits since its cursor, by their transaction id (migration 028's
+# iceberg_sync_log_changed_xid_idx, partial on status 'succeeded'), the horizon from the same snapshot.
+_COMMITS = """
+select h.xmin, l.id, l.xid, l.dataset_id
+  from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
+  left join lateral (select id, changed_xid::text::bigint as xid, dataset_id from iceberg_sync_log
+                      where changed_xid >= %(xid)s::text::xid8 and status = 'succeeded' and path = 'native'
+                      order by changed_xid, id limit %(limit)s) l on true
+ order by l.xid, l.id
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitCursor:
+    """Where a stream's reading of native commits stands: every commit of a transaction below ``xid`` is read;
+    ``seen``: sync log ids read at or above it (their transactions ended after the horizon), not reported again."""
+
+    xid: int
+    seen: frozenset[int] = frozenset()
+
+
+def native_commits(
+    conn: psycopg.Connection, cursor: CommitCursor, *, limit: int = 1000
+) -> tuple[set[uuid.UUID], CommitCursor, bool]:
+    """(datasets with a native commit since ``cursor``, the next cursor, whether the read was cut at ``limit``).
+    One index scan, O(native commits since the horizon). Only a hint: a cut read (or anything it missed) is found
+    by ``due_datasets``, which compares each position with the sync log; the caller then sweeps at once."""
+    fetched = conn.execute(_COMMITS, {"xid": str(cursor.xid), "limit": limit}).fetchall()
+    xmin = int(fetched[0][0])
+    rows = [r[1:] for r in fetched if r[1] is not None]  # (id, xid, dataset_id)
+    nxt = max(cursor.xid, xmin)
+    found = {ds for row_id, _, ds in rows if row_id not in cursor.seen}
+    seen = frozenset(row_id for row_id, xid, _ in rows if xid >= nxt)
+    return found, CommitCursor(nxt, seen), len(rows) >= limit
 
 
 def apply_due(

@@ -14,6 +14,9 @@ bounded time and logs what it yields. It
 * coalesces the changes of one dataset seen within ``LAKEHOUSE_MIRROR_COMMIT_WINDOW_MS`` of its first into one sync;
 * syncs through ``sync_dataset`` (mirror/sync.py), one dataset at a time: the same sync log, guards (G3 per dataset,
   G2 admission) and refusals (manifest and iceberg-native datasets) as every other mirror path;
+* applies the native commits of the shard's datasets back to ``dataset_rows`` (the reverse mirror,
+  mirror/reverse.py): each poll reads the native commits since its cursor (one index scan), its sweep asks
+  ``due_datasets`` for the shard; ``apply_reverse`` runs on the same workers, never beside a sync of the dataset;
 * in idle moments, compacts small files and expires snapshots of the datasets it synced, one dataset at a time in
   the background, each at most every ``LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS`` (mirror/stream_maintenance.py).
 """
@@ -39,6 +42,14 @@ from lakehouse_dagster.core.guards import guard_connection
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
 from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
+from lakehouse_dagster.mirror.reverse import (
+    NOOP,
+    CommitCursor,
+    ReverseResult,
+    apply_reverse,
+    due_datasets,
+    native_commits,
+)
 from lakehouse_dagster.mirror.stream_maintenance import Maintained, StreamMaintenance
 from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
 
@@ -230,7 +241,29 @@ class _Due:
     busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
 
 
-Event = SyncResult | Failed | Idle | Maintained | Stopped
+@dataclasses.dataclass(frozen=True)
+class ReverseApplied:
+    """A native commit (or several) of a dataset applied to dataset_rows by the reverse mirror (never a no-op)."""
+
+    result: ReverseResult
+
+    @property
+    def dataset_id(self) -> uuid.UUID:
+        return self.result.dataset_id
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseFailed:
+    """A reverse apply that failed; tried again after ``retry_in`` seconds (LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS,
+    doubling per failure, at most an hour), not sooner. Nothing was half-applied (one transaction)."""
+
+    dataset_id: uuid.UUID
+    error: str  # one line, with the exception's type
+    attempts: int
+    retry_in: float
+
+
+Event = SyncResult | Failed | Idle | Maintained | Stopped | ReverseApplied | ReverseFailed
 
 
 def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[Event]:
@@ -333,6 +366,7 @@ def _stream(
             due: dict[uuid.UUID, _Due] = {}
             synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
             rest = _Rest(settings.mirror_sync_share)  # when each dataset's next sync may start
+            reverse = _Reverse(dsn, catalog, settings, mine, cursor.xid)  # native commits back to dataset_rows
             next_sweep = 0.0
             gone: str | None = None  # why the loop ends early: its session to Postgres was lost
             while lease.lost is None and gone is None and clock() < deadline and not stop.is_set():
@@ -351,6 +385,7 @@ def _stream(
                         )
                         for p in [*behind.fresh, *behind.due]:
                             _note(due, p, now, 0.0)
+                        reverse.sweep(conn, now)
                         next_sweep = now + SWEEP_EVERY_S
                     while True:  # page through everything changed since the cursor
                         before = cursor
@@ -360,32 +395,50 @@ def _stream(
                                 _note(due, p, now, window)
                         if scanned < PAGE or cursor == before:
                             break
-                    in_flight = {d for d, _ in flying.values()}  # a dataset is synced by one worker at a time
+                    if reverse.poll(conn, now):  # more native commits than a page: the sweep finds them all
+                        next_sweep = now
+                    # A dataset is synced or reverse-applied by one worker at a time, never both at once
+                    in_flight = {d for d, _ in flying.values()} | reverse.in_flight()
                     if upkeep.busy_with is not None:  # nor while a maintenance round holds it
                         in_flight.add(upkeep.busy_with)
                     ready = sorted(
                         (d for d, x in due.items() if rest.due_at(d, x.at) <= now and d not in in_flight),
                         key=lambda d: due[d].at,
                     )
+                    reverse_ready = reverse.ready(now, in_flight)
                     lease.stats.backlog = len(due) + len(flying)
                     lease.stats.lag_seconds = round(max((now - x.seen for x in due.values()), default=0.0), 3)
-                    if not ready and not flying:
-                        upkeep.start(exclude=set(due))  # a dataset with a change waiting is synced first
+                    if not ready and not flying and not reverse_ready and not reverse.flying:
+                        upkeep.start(exclude=set(due) | set(reverse.due))  # a change waiting goes first
                         yield Idle(len(due))
                         nearest = min(
                             (rest.due_at(d, x.at) for d, x in due.items() if d not in in_flight), default=now + poll
                         )
+                        at = reverse.nearest(in_flight)
+                        nearest = nearest if at is None else min(nearest, at)
                         sleep(max(0.0, min(poll, nearest - clock())))
                         continue
-                    for ds in ready[: max(0, workers - len(flying))]:
+                    # Reverse applies first (few, and a rollback waits on them), then syncs, as workers are free
+                    for ds in reverse_ready[: max(0, workers - len(flying) - len(reverse.flying))]:
+                        reverse.start(executor, ds)
+                    for ds in ready:
+                        if len(flying) + len(reverse.flying) >= workers:
+                            break
+                        if ds in reverse.in_flight():
+                            continue
                         item = due.pop(ds)
                         sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
                         flying[executor.submit(sync, ds, sync_id)] = (ds, item)
                     # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
                     done, _ = concurrent.futures.wait(
-                        flying, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED
+                        [*flying, *reverse.flying], timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED
                     )
                     for fut in done:
+                        if fut in reverse.flying:
+                            landed = reverse.outcome(fut, clock(), lease, shard)
+                            if landed is not None:
+                                yield landed
+                            continue
                         ds, item = flying.pop(fut)
                         got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
                         if isinstance(got, SyncResult):
@@ -399,6 +452,10 @@ def _stream(
                     # flight finish or fail by themselves); the supervisor starts the successor once Postgres answers.
                     gone = f"its session to Postgres was lost ({type(exc).__name__}: {first_line(exc)})"
             # the deadline, a stop or a lost lease: the syncs in flight finish (each one is atomic), nothing new starts
+            for fut in concurrent.futures.as_completed(list(reverse.flying)):
+                landed = reverse.outcome(fut, clock(), lease, shard)
+                if landed is not None:
+                    yield landed
             for fut in concurrent.futures.as_completed(list(flying)):
                 ds, item = flying.pop(fut)
                 try:
@@ -474,6 +531,98 @@ class _Rest:
             del self._until[ds]
             return at
         return until
+
+
+REVERSE_BACKOFF_MAX_S = 3600.0  # a reverse apply that keeps failing is tried again at most this far apart
+
+
+class _Reverse:
+    """The stream's share of the reverse mirror (mirror/reverse.py) for its shard: which native datasets are due
+    for an apply, the applies in flight, and the backoff of the failed ones.
+
+    Found two ways: each poll, the native commits since the cursor (``native_commits``: one index scan of the sync
+    log by transaction id, nothing read when nothing was committed), checked by ``due_datasets`` for the shard's
+    datasets among them (three small queries, only when a native commit of the shard landed); and at each sweep,
+    ``due_datasets`` over every native dataset of the shard (what was committed while no stream ran, a reverse
+    turned on, a failure past its backoff). Exactly once rests on ``apply_reverse`` itself: rows and position in
+    one transaction, a dataset already at its snapshot a no-op; the stream only decides when to ask."""
+
+    def __init__(self, dsn: str, catalog, settings: Settings, mine: Callable[[uuid.UUID], bool], xid: int):
+        self.dsn, self.catalog, self.settings, self.mine = dsn, catalog, settings, mine
+        self.cursor = CommitCursor(xid)
+        self.due: dict[uuid.UUID, float] = {}  # dataset -> when its apply may start
+        self.busy: dict[uuid.UUID, int] = {}  # busy or transient retries of its pending apply
+        self.failures: dict[uuid.UUID, int] = {}  # failed applies in a row
+        self.until: dict[uuid.UUID, float] = {}  # not asked again before (a failure's backoff, a table not there yet)
+        self.flying: dict[concurrent.futures.Future, uuid.UUID] = {}
+
+    def _note(self, ds: uuid.UUID, now: float) -> None:
+        if self.until.get(ds, 0.0) > now:
+            return  # backing off: the sweep or a commit asks again only once it passed
+        self.until.pop(ds, None)
+        self.due.setdefault(ds, now)
+
+    def sweep(self, conn: psycopg.Connection, now: float) -> None:
+        for ds in due_datasets(conn, keep=self.mine):
+            self._note(ds, now)
+
+    def poll(self, conn: psycopg.Connection, now: float) -> bool:
+        """The native commits since the cursor; True when the read was cut (the caller sweeps at once)."""
+        found, self.cursor, cut = native_commits(conn, self.cursor)
+        mine = [ds for ds in found if self.mine(ds)]
+        if mine:
+            for ds in due_datasets(conn, mine):
+                self._note(ds, now)
+        return cut
+
+    def ready(self, now: float, busy: set[uuid.UUID]) -> list[uuid.UUID]:
+        return sorted((d for d, at in self.due.items() if at <= now and d not in busy), key=lambda d: self.due[d])
+
+    def nearest(self, busy: set[uuid.UUID]) -> float | None:
+        return min((at for d, at in self.due.items() if d not in busy), default=None)
+
+    def in_flight(self) -> set[uuid.UUID]:
+        return set(self.flying.values())
+
+    def start(self, executor: concurrent.futures.Executor, ds: uuid.UUID) -> None:
+        del self.due[ds]
+        fut = executor.submit(apply_reverse, self.dsn, self.catalog, self.settings, ds, lock_timeout_s=BUSY_LOCK_WAIT_S)
+        self.flying[fut] = ds
+
+    def outcome(
+        self, fut: concurrent.futures.Future, now: float, lease: ShardLease, shard: int
+    ) -> ReverseApplied | ReverseFailed | None:
+        """What a finished apply means: its result (None for a no-op), a failure (backed off), or None when it is
+        tried again soon (the dataset's lock held by a native write or a sync, a transient failure)."""
+        ds = self.flying.pop(fut)
+        try:
+            r = fut.result()
+        except (LockTimeout, Backpressure) as exc:
+            n = self.busy[ds] = self.busy.get(ds, 0) + 1
+            self.due[ds] = now + min(8.0, BUSY_RETRY_S * 2 ** (n - 1))
+            _log.info("shard %s: reverse of dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
+            return None
+        except Exception as exc:  # noqa: BLE001 - a reverse apply never stops the stream's forward mirror
+            n = self.busy.get(ds, 0)
+            if is_transient(exc) and n < 3:
+                self.busy[ds] = n + 1
+                self.due[ds] = now + BUSY_RETRY_S * 2**n
+                return None
+            self.busy.pop(ds, None)
+            attempts = self.failures[ds] = self.failures.get(ds, 0) + 1
+            wait = min(REVERSE_BACKOFF_MAX_S, max(1, self.settings.retry_failed_after_seconds) * 2.0 ** (attempts - 1))
+            self.until[ds] = now + wait
+            lease.stats.failures += 1
+            return ReverseFailed(ds, f"{type(exc).__name__}: {first_line(exc)}", attempts, wait)
+        self.busy.pop(ds, None)
+        self.failures.pop(ds, None)
+        if r.how == NOOP:
+            if r.snapshot_id is None:  # no table yet: the position is not written, so the sweep would ask each time
+                self.until[ds] = now + max(1, self.settings.retry_failed_after_seconds)
+            return None
+        lease.stats.last_commit_at = time.time()
+        lease.stats.last_dataset_id = ds
+        return ReverseApplied(r)
 
 
 def _merge(due: dict[uuid.UUID, _Due], ds: uuid.UUID, item: _Due) -> None:

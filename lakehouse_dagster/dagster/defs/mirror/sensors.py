@@ -10,6 +10,11 @@ shard's lock), and marks failed a run whose heartbeat went stale (a SIGKILLed or
 The datasets of a shard a live stream covers are left out of the tick's batch requests; those of a shard with no
 heartbeat for LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS (or all of them, streaming off) go to batch runs as before.
 
+The reverse mirror (mirror/reverse.py) likewise: a live stream applies the native commits of its shard itself; for
+the native datasets no live stream covers, each tick asks ``due_datasets`` (Postgres only) and requests a
+reverse_mirror_job run per due dataset, run key ``reverse:<dataset>:<snapshot>`` (the snapshot of its latest
+commit in the sync log), so each snapshot is applied by one run.
+
 Each dataset version the tick sees for the first time is also recorded as a runless materialization of its
 postgres/dataset_rows partition, its rows_version as data version (the app wrote those rows, outside Dagster): the UI
 shows the dataset's iceberg/dataset_table partition as stale ("Unsynced") from that moment until a mirror of it
@@ -34,6 +39,7 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     MirrorBatchConfig,
     mirror_batch_job,
 )
+from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_mirror_job, reverse_run_request
 from lakehouse_dagster.dagster.defs.mirror.stream_job import GENERATION_TAG, SHARD_TAG, mirror_stream
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
@@ -42,6 +48,7 @@ from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
+from lakehouse_dagster.mirror.reverse import due_datasets, latest_snapshots
 from lakehouse_dagster.mirror.stream import ShardPlan, StreamRun, plan_shards, shard_of, shard_views
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
@@ -223,7 +230,7 @@ def _cursor(cursor: Cursor, generation: int) -> str:
 
 
 @dg.sensor(
-    jobs=[mirror_batch_job, mirror_job, mirror_stream],
+    jobs=[mirror_batch_job, mirror_job, mirror_stream, reverse_mirror_job],
     # The daemon evaluates sensors at most every 5 s (MIN_INTERVAL_LOOP_TIME): ask for every loop. Not 5: the
     # interval is measured from the previous tick's start, which lags its loop's start, so with 5 every other
     # loop found 4.9x s elapsed and skipped (ticks 10 s apart, measured in job_ticks).
@@ -262,11 +269,14 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
             keep=keep,
         )
-        named = datasets_tags(conn, [p.dataset_id for p in tick.requests])
+        reverse_due = due_datasets(conn, keep=keep)[: settings.sensor_max_requests]
+        snapshots = latest_snapshots(conn, reverse_due)
+        named = datasets_tags(conn, [p.dataset_id for p in tick.requests] + reverse_due)
     dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
     known = set(context.instance.get_dynamic_partitions(DATASETS))
-    new_keys = sorted({str(p.dataset_id) for p in tick.requests} - known)
+    new_keys = sorted(({str(p.dataset_id) for p in tick.requests} | {str(d) for d in reverse_due}) - known)
     requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
+    requests += [reverse_run_request(d, snapshots.get(d), named) for d in reverse_due]
     retries = sum(isinstance(p, Retry) for p in tick.requests)
     context.log.info(
         f"scanned {tick.scanned} changed datasets, {tick.behind} behind Postgres; requesting"
@@ -275,6 +285,8 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     )
     if stream_requests:
         context.log.info(f"requesting {len(stream_requests)} stream runs")
+    if reverse_due:
+        context.log.info(f"requesting {len(reverse_due)} reverse mirror runs (native datasets no live stream covers)")
     return dg.SensorResult(
         run_requests=stream_requests + requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],

@@ -10,6 +10,11 @@ loop's background table maintenance (mirror/stream_maintenance.py) is logged in 
 files or expired snapshots, and nothing for a round that did nothing. A
 sync that failed, or a blocking check that ended ERROR, is logged when it happens and fails the run at its end
 (the alerts sensor posts it; the successor has taken the shard over by then).
+
+The loop also applies the native commits of the shard's datasets back to dataset_rows (the reverse mirror): each
+apply is a materialization of the dataset's postgres/dataset_rows partition naming the snapshot applied
+(reverse_job.py ``reverse_materialization``, the same as a reverse_mirror_job run logs); a failed apply is logged
+when it happens (the loop tries it again after a backoff) and fails the run at its end, as a failed sync does.
 """
 
 import contextlib
@@ -21,13 +26,21 @@ import psycopg
 
 from lakehouse_dagster.core.errors import postgres_unreachable
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
+from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_materialization
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed
-from lakehouse_dagster.mirror.stream import Idle, Stopped, check_shard, stream_shard
+from lakehouse_dagster.mirror.stream import (
+    Idle,
+    ReverseApplied,
+    ReverseFailed,
+    Stopped,
+    check_shard,
+    stream_shard,
+)
 from lakehouse_dagster.mirror.stream_maintenance import Maintained
 from lakehouse_dagster.parity.canary import wedged_syncs
 
@@ -60,6 +73,8 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
     synced: set[uuid.UUID] = set()
     failed = 0
     failures: list[str] = []
+    reversed_: set[uuid.UUID] = set()
+    reverse_failures: list[str] = []
     logged: list[dg.AssetCheckEvaluation] = []
     context.log.info(f"streaming shard {config.shard} of {config.shards} for {lifetime}s")
 
@@ -114,6 +129,22 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                     "mirror_poller sensor starts its successor once Postgres answers"
                 )
                 continue
+            if isinstance(item, ReverseApplied):
+                reversed_.add(item.dataset_id)
+                key = str(item.dataset_id)
+                if key not in known:
+                    context.instance.add_dynamic_partitions(DATASETS, [key])
+                    known.add(key)
+                yield reverse_materialization(session.conn(), item.result)
+                continue
+            if isinstance(item, ReverseFailed):
+                name = session.name_of(item.dataset_id)
+                reverse_failures.append(f"{name} ({item.dataset_id}): {item.error}")
+                context.log.error(
+                    f"{name} ({item.dataset_id}): reverse apply failed (attempt {item.attempts}, nothing "
+                    f"half-applied): {item.error}; tried again in {item.retry_in:.0f}s"
+                )
+                continue
             if isinstance(item, Failed):
                 failed += 1
                 name = session.name_of(item.dataset_id)
@@ -130,12 +161,20 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
             yield from checks(session, ds_id)
-    context.log.info(f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed")
+    context.log.info(
+        f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed; "
+        f"{len(reversed_)} native datasets reverse-applied, {len(reverse_failures)} reverse applies failed"
+    )
     problems = []
     if failures:
         problems.append(
             f"{len(failures)} syncs failed ({'; '.join(failures[:5])}); the others landed, and the stream "
             "asks for the failed ones again after the poller's backoff"
+        )
+    if reverse_failures:
+        problems.append(
+            f"{len(reverse_failures)} reverse applies failed ({'; '.join(reverse_failures[:5])}); each left "
+            "dataset_rows as of its last whole snapshot, and the stream tries it again after a backoff"
         )
     line = check_errors_line(logged, len(synced))
     if line:
