@@ -18,8 +18,9 @@ is applied to ``dataset_rows`` as well, and a rollback needs nothing: Postgres a
     poller, the sweep and the recorder see no write of the live app. The digest triggers still run.
   * Under the dataset lock (G3): no mirror, backfill or native write of the dataset runs meanwhile.
 
-Plain Python: a Dagster sensor or the stream (mirror/stream.py) drives ``apply_due`` later; nothing here knows
-who calls it. Capture mode after-commit (tracking/capture.py: change tracking written by a WAL consumer, which
+Plain Python; nothing here knows who calls it. The mirror stream (mirror/stream.py) drives it for its shard
+(``native_commits`` each poll, ``due_datasets`` each sweep), the mirror_poller sensor for the datasets no live
+stream covers (a reverse_mirror_job run per due dataset, dagster/defs/mirror/reverse_job.py). Capture mode after-commit (tracking/capture.py: change tracking written by a WAL consumer, which
 cannot see the transaction's setting) is refused for now.
 """
 
