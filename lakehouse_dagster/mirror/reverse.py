@@ -425,7 +425,8 @@ _DUE = """
 select d.id from datasets d
   left join lakehouse_reverse_position p on p.dataset_id = d.id
  where d.id = any(%s::uuid[]) and d.kind = 'tabular'
-   and (p.dataset_id is null
+   and ((p.dataset_id is null
+         and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded'))
         or exists (select 1 from iceberg_sync_log l
                     where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
                       and l.snapshot_id is distinct from p.snapshot_id))
@@ -440,7 +441,7 @@ def due_datasets(
     keep: Callable[[uuid.UUID], bool] | None = None,
 ) -> list[uuid.UUID]:
     """Native datasets (all, or among ``dataset_ids``; only those ``keep`` says yes to: a stream's shard) with the
-    reverse on that may be past their position: no position yet, or a succeeded commit (a native write, a
+    reverse on that may be past their position: no position yet but a table (a succeeded commit), or a succeeded commit (a native write, a
     compaction) recorded since the last apply. Postgres only, no table load: what a sensor or a stream's sweep
     asks; ``apply_reverse`` then says no-op for one that is caught up after all. Three queries: the native set
     (the flag resolution over the datasets asked about), their settings, and the position check (by primary key,
