@@ -325,8 +325,8 @@ def _stream(
     """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
     that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
     after the poller's backoff), an Idle whenever nothing is due, a Maintained when a background maintenance round
-    (started in an idle moment) ended, a ReverseApplied / ReverseFailed for each reverse apply (``_Reverse``), and a Stopped last if the lease or the session
-    was lost. Waits for the shard's lock until ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
+    (started in an idle moment) ended, a ReverseApplied / ReverseFailed for each reverse apply (``_Reverse``),
+    and a Stopped last if the lease or the session was lost. Waits for the shard's lock until ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
     deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
     Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
     window, the sync and its retry-at-once cases are one loop whose order is the exactly-once argument."""
