@@ -13,7 +13,8 @@ heartbeat for LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS (or all of them, streaming of
 The reverse mirror (mirror/reverse.py) likewise: a live stream applies the native commits of its shard itself; for
 the native datasets no live stream covers, each tick asks ``due_datasets`` (Postgres only) and requests a
 reverse_mirror_job run per due dataset, run key ``reverse:<dataset>:<snapshot>`` (the snapshot of its latest
-commit in the sync log), so each snapshot is applied by one run.
+commit in the sync log), so each snapshot is applied by one run; nothing is asked while a live stream covers every
+shard.
 
 Each dataset version the tick sees for the first time is also recorded as a runless materialization of its
 postgres/dataset_rows partition, its rows_version as data version (the app wrote those rows, outside Dagster): the UI
@@ -246,10 +247,12 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     generation = _generation(context.cursor)
     stream_requests: list[dg.RunRequest] = []
     keep = None
+    every_shard_streamed = False  # then the streams apply every native commit: the tick asks nothing of the reverse
     with lakehouse.connect() as conn:
         if settings.mirror_stream:
             plans, stream_requests, generation = supervise_streams(context, conn, settings, generation)
             covered = {p.shard for p in plans if p.covered}
+            every_shard_streamed = len(covered) == settings.mirror_shards
             if covered:
                 count = settings.mirror_shards
 
@@ -269,7 +272,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
             keep=keep,
         )
-        reverse_due = due_datasets(conn, keep=keep)[: settings.sensor_max_requests]
+        reverse_due = [] if every_shard_streamed else due_datasets(conn, keep=keep)[: settings.sensor_max_requests]
         snapshots = latest_snapshots(conn, reverse_due)
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests] + reverse_due)
     dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
