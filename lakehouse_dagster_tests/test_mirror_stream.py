@@ -548,7 +548,14 @@ def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_
     )
     t.join()
     assert result.success
-    mats = [m for m in result.asset_materializations_for_node("stream_shard_op") if m.asset_key == ICEBERG_TABLE]
+    # from the run's event log (what the UI reads): the stream logs its events at once, it does not yield them
+    logged = instance.all_logs(result.run_id)
+    mats = [
+        e.dagster_event.step_materialization_data.materialization
+        for e in logged
+        if e.dagster_event is not None and e.dagster_event.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION
+    ]
+    mats = [m for m in mats if m.asset_key == ICEBERG_TABLE]
     by_partition: dict = {}
     for m in mats:
         by_partition.setdefault(m.partition, []).append(m)
@@ -571,7 +578,12 @@ def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_
     assert len(records) == 2 and {r.run_id for r in records} == {result.run_id}
     assert str(a) in instance.get_dynamic_partitions("datasets")  # the stream added the partitions it met
     # the checks of each mirrored partition, evaluated and recorded as a batch run records them
-    checks = {(e.partition, e.check_name): e.passed for e in result.get_asset_check_evaluations()}
+    evaluations = [
+        e.dagster_event.asset_check_evaluation_data
+        for e in logged
+        if e.dagster_event is not None and e.dagster_event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    checks = {(e.partition, e.check_name): e.passed for e in evaluations}
     for d in (a, b):
         for name in ("parity", "snapshot_freshness", "identity_ready"):
             assert checks[(str(d), name)] is True, (d, name)

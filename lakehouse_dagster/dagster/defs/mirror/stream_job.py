@@ -32,6 +32,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
+from lakehouse_dagster.dagster.private_apis import dagster_log_now
 from lakehouse_dagster.mirror.batch import Failed
 from lakehouse_dagster.mirror.stream import (
     Idle,
@@ -63,7 +64,8 @@ class MirrorStreamConfig(dg.Config):
 )
 def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, lakehouse: LakehouseResource):
     """Long on purpose: what the loop yields (a sync, a failure, a maintenance round, an idle moment, a stop) is
-    logged in one dispatch, in the order the loop yields it; the checks' bookkeeping lives beside it."""
+    logged in one dispatch, in the order the loop yields it; the checks' bookkeeping lives beside it. Events are
+    logged at once (``dagster_log_now``), not yielded: a yielded event stays in the step's memory until the run ends."""
     check_shard(config.shard, config.shards)
     settings = lakehouse.settings()
     lifetime = config.lifetime_seconds or settings.mirror_stream_lifetime_seconds
@@ -121,7 +123,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
                     ds_id = next(iter(to_check))
                     del to_check[ds_id]
-                    yield from checks(session, ds_id)
+                    dagster_log_now(context, checks(session, ds_id))
                 continue
             if isinstance(item, Stopped):
                 context.log.warning(
@@ -135,7 +137,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 if key not in known:
                     context.instance.add_dynamic_partitions(DATASETS, [key])
                     known.add(key)
-                yield reverse_materialization(session.conn(), item.result)
+                dagster_log_now(context, [reverse_materialization(session.conn(), item.result)])
                 continue
             if isinstance(item, ReverseFailed):
                 name = session.name_of(item.dataset_id)
@@ -156,11 +158,11 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             if key not in known:  # a dataset the stream met first: its partition, before its materialization
                 context.instance.add_dynamic_partitions(DATASETS, [key])
                 known.add(key)
-            yield from synced_materializations(session.conn(), settings, item)
+            dagster_log_now(context, synced_materializations(session.conn(), settings, item))
             to_check.pop(item.dataset_id, None)
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
-            yield from checks(session, ds_id)
+            dagster_log_now(context, checks(session, ds_id))
     context.log.info(
         f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed; "
         f"{len(reversed_)} native datasets reverse-applied, {len(reverse_failures)} reverse applies failed"
