@@ -15,7 +15,7 @@ would drop them. Nothing new has to be written to know this — the records alre
     on; the walk ends at the newest snapshot that carries them, so native commits may expire old snapshots
     like mirror commits (lake/writer.py) and the count stays whole;
   * ``lakehouse_pg_reconciled`` (this area's migration) records when Postgres caught up again: a
-    backfill of a snapshot (runbooks/backfill.py), or a sync.full on the pg path, which repopulates
+    backfill of a snapshot (runbooks/backfill.py), a reverse apply (mirror/reverse.py), or a sync.full on the pg path, which repopulates
     Postgres from the source — a trigger on the ingest state (tracking/ingest_state.py) notes it in the same
     transaction as its rows, with its ``seq``; native snapshots with a lower ingest seq (or, without
     one, committed before it) are superseded. The next mirror commit (path mirror) makes it all moot.
@@ -89,13 +89,13 @@ def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
 
 
 def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:
-    """(snapshots backfilled, the latest pg-path sync.full's ingest seq and time)."""
+    """(snapshots backfilled or reverse-applied, the latest pg-path sync.full's ingest seq and time)."""
     rows = conn.execute(
         "select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)
     ).fetchall()
     full = [(seq, at) for how, _, seq, at in rows if how == "pg-full-sync"]
     return (
-        {snap for how, snap, _, _ in rows if how == "backfill"},
+        {snap for how, snap, _, _ in rows if how in ("backfill", "reverse")},  # reverse: mirror/reverse.py
         max((s for s, _ in full if s is not None), default=None),
         max((a for _, a in full), default=None),
     )

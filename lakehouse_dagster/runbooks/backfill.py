@@ -28,10 +28,8 @@ import logging
 import time
 import uuid
 
-import pyarrow as pa
 from psycopg import sql
 from pyiceberg.catalog import Catalog
-from pyiceberg.io.pyarrow import schema_to_pyarrow
 
 from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput
@@ -40,14 +38,15 @@ from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.reader import read_files
+from lakehouse_dagster.lake.copy_back import IDENTITY as _IDENTITY
+from lakehouse_dagster.lake.copy_back import counted as _counted
+from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
+from lakehouse_dagster.lake.copy_back import snapshot_batches as _batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
-from lakehouse_dagster.sources.pg_rows import _data_expr
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
-_IDENTITY = ("__row_index", "__row_id", "__created_at")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,35 +73,6 @@ class BackfillResult:
             f"removed, {self.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds "
             f"{self.pg_rows}; the mirror may run again (lakehouse sync --dataset {self.dataset_id})"
         )
-
-
-_BATCH_ROWS = 65_536
-
-
-def _batches(table, snapshot_id: int, names: list[str], only: tuple[str, ...] | None = None) -> pa.RecordBatchReader:
-    """The snapshot's rows as a stream of ``_BATCH_ROWS``-row batches (strings as utf8, what ADBC's COPY maps
-    to text). The chunked writer's files carry Iceberg field ids and no delete files exist, so each data
-    file is read with pyarrow's batch iterator (memory bounded by a batch; a column added after a file was
-    written reads as nulls); a snapshot with delete files goes through pyiceberg's reader instead.
-    ``only``: just these data files (those the native appends added)."""
-    iceberg = table.scan(snapshot_id=snapshot_id, selected_fields=tuple(names))
-    tasks = [t for t in iceberg.plan_files() if only is None or t.file.file_path in only]
-    arrow = schema_to_pyarrow(table.schema().select(*names), include_field_ids=False)
-    target = pa.schema(
-        [
-            pa.field(
-                f.name, pa.string() if pa.types.is_large_string(f.type) or pa.types.is_string_view(f.type) else f.type
-            )
-            for f in arrow
-        ]
-    )
-    if only is None and any(t.delete_files for t in tasks):
-        reader = iceberg.to_arrow_batch_reader()
-        return pa.RecordBatchReader.from_batches(target, (b.cast(target) for b in reader))
-
-    return pa.RecordBatchReader.from_batches(
-        target, read_files(table, [t.file.file_path for t in tasks], target, batch_rows=_BATCH_ROWS)
-    )
 
 
 def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str) -> BackfillResult:
@@ -137,11 +107,6 @@ def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, acto
                 "the count of the dataset's rows",
             )
     return BackfillResult(ds_id, found.snapshot_id, copied, removed, moved, n, time.perf_counter() - started)
-
-
-def _counted(stmt: sql.Composable) -> sql.Composable:
-    """A data-changing statement as a query returning how many rows it changed (any driver, exactly)."""
-    return sql.SQL("with changed as ({} returning 1) select count(*) from changed").format(stmt)
 
 
 def _copy_and_apply(

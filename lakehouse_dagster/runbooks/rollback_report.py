@@ -1,7 +1,9 @@
 """What a writer rollback (`write-flags set <writer> pg`, `clear`) leaves behind, per dataset it moves.
 
 The effects are computed before the change (gates.effects: which datasets the change moves off
-iceberg_native); the Iceberg-only counts after it, from the table metadata (iceberg_only.py).
+iceberg_native); the Iceberg-only counts after it, from the table metadata (iceberg_only.py). Which case applies
+is said per dataset: reverse-synced up to the current snapshot (mirror/reverse.py: Postgres already holds every
+row, no backfill), or the reverse was off or behind (then the backfill or a pg-path sync.full).
 """
 
 from __future__ import annotations
@@ -16,7 +18,10 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect, effects
 from lakehouse_dagster.flags.overrides import parse_scope
 from lakehouse_dagster.flags.registry import WRITE, get_flag
+from lakehouse_dagster.flags.reverse_setting import reverse_enabled
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.native_run import IcebergOnly, iceberg_only, ways_forward
+from lakehouse_dagster.mirror.reverse import ReversePosition, position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +29,35 @@ class RolledBack:
     dataset_id: uuid.UUID
     name: str
     iceberg_only: IcebergOnly | None
+    reverse: ReversePosition | None = None  # the reverse mirror's position (mirror/reverse.py)
+    reverse_on: bool = True  # the dataset's reverse setting
+    current_snapshot: int | None = None  # the table's, after the change
+
+    @property
+    def reverse_synced(self) -> bool:
+        """Postgres holds the table's current snapshot through the reverse mirror: no backfill needed."""
+        return (
+            self.iceberg_only is None
+            and self.reverse is not None
+            and self.current_snapshot is not None
+            and self.reverse.snapshot_id == self.current_snapshot
+        )
+
+    def reverse_case(self) -> str:
+        if self.reverse_synced:
+            return f"reverse-synced up to snapshot {self.current_snapshot}: no backfill needed"
+        if not self.reverse_on:
+            return "reverse was off: run write-flags backfill"
+        at = f"it holds snapshot {self.reverse.snapshot_id}" if self.reverse else "it never applied a snapshot"
+        return f"reverse was behind ({at}): run write-flags backfill"
 
     def as_dict(self) -> dict:
         return {
             "dataset_id": str(self.dataset_id),
             "name": self.name,
+            "reverse_synced": self.reverse_synced,
+            "reverse_case": self.reverse_case() if self.iceberg_only is not None or self.reverse_synced else None,
+            "reverse_snapshot": self.reverse.snapshot_id if self.reverse else None,
             "iceberg_only_rows": self.iceberg_only.rows if self.iceberg_only else 0,
             "iceberg_only_snapshots": self.iceberg_only.snapshots if self.iceberg_only else 0,
             "detail": self.iceberg_only.as_dict() if self.iceberg_only else None,
@@ -47,18 +76,38 @@ def leaving_native(
 def rolled_back(
     conn: psycopg.Connection, catalog: Catalog, settings: Settings, moved: list[Effect]
 ) -> list[RolledBack]:
-    return [RolledBack(e.dataset_id, e.name, iceberg_only(conn, catalog, settings, e.dataset_id)) for e in moved]
+    out = []
+    for e in moved:
+        table = load_table_or_none(catalog, table_identifier(settings, e.dataset_id))
+        snap = table.current_snapshot() if table is not None else None
+        out.append(
+            RolledBack(
+                e.dataset_id,
+                e.name,
+                iceberg_only(conn, catalog, settings, e.dataset_id, table=table),
+                position(conn, e.dataset_id),
+                reverse_enabled(conn, e.dataset_id).enabled,
+                snap.snapshot_id if snap is not None else None,
+            )
+        )
+    return out
 
 
 def rollback_lines(writer: str, rolled: list[RolledBack]) -> list[str]:
-    """One line per dataset moved back to pg: what only Iceberg holds and the two ways forward."""
+    """One line per dataset moved back to pg: reverse-synced (nothing to do), or what only Iceberg holds, why
+    (the reverse was off or behind) and the two ways forward."""
     lines = []
     for r in rolled:
-        if r.iceberg_only is None:
+        if r.reverse_synced:
+            lines.append(
+                f"  {r.name} ({r.dataset_id}): back on pg; {r.reverse_case()} — Postgres already holds every row "
+                "of the table, the mirror may run at once"
+            )
+        elif r.iceberg_only is None:
             lines.append(f"  {r.name} ({r.dataset_id}): back on pg; Iceberg holds nothing Postgres lacks")
         else:
             lines.append(
-                f"  {r.name} ({r.dataset_id}): {r.iceberg_only.describe()}; the mirror refuses to overwrite "
+                f"  {r.name} ({r.dataset_id}): {r.iceberg_only.describe()}; {r.reverse_case()}; the mirror refuses to overwrite "
                 f"the table until you {ways_forward(r.dataset_id)}"
             )
     if lines:

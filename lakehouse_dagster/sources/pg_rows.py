@@ -20,6 +20,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from lakehouse_dagster.core.db import adbc_uri
+from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.tracking.datasets import Column
 
 STAGE = "lakehouse_ingest_stage"
@@ -32,18 +33,6 @@ _PG_TYPE = {
     "date": "date",
     "json": "text",
 }
-
-
-def _data_expr(columns: Sequence[Column]) -> sql.Composable:
-    """jsonb of the staged typed columns; jsonb_build_object takes at most 100 arguments, so groups of 50."""
-    groups = []
-    for i in range(0, len(columns), 50):
-        pairs = []
-        for c in columns[i : i + 50]:
-            value = sql.SQL("s.{}::jsonb" if c.type == "json" else "s.{}").format(sql.Identifier(c.name))
-            pairs.append(sql.SQL("{}, {}").format(sql.Literal(c.name), value))
-        groups.append(sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(pairs)))
-    return sql.SQL(" || ").join(groups) if groups else sql.SQL("'{}'::jsonb")
 
 
 class RowsTransaction:

@@ -1,4 +1,4 @@
--- lakehouse_rows_inserted: the current definition (first defined by migration 002_change_tracking, last by 023_append_in_one_statement).
+-- lakehouse_rows_inserted: the current definition (first defined by migration 002_change_tracking, last by 033_reverse_mirror).
 -- Re-applied by every migrate after the numbered migrations (create or replace: triggers and their
 -- enabled state are untouched). Change a body here, never in a shipped migration.
 --
@@ -14,9 +14,15 @@
 -- foreign key's KEY SHARE, so concurrent inserts into one dataset do not deadlock), draw the version, write the
 -- 019 row-range records (prev_version = rows_rewrite_version before this statement), update through the key.
 -- Several datasets (k > 1): the 018 path, set-based, same order (lock, draw, record, update).
+-- 033: a transaction of the reverse mirror (lakehouse.reverse_apply = 'on') is not tracked: no echo.
 create or replace function lakehouse_rows_inserted() returns trigger language plpgsql as $$
 declare v bigint; one uuid; lo bigint; hi bigint; k bigint; mx bigint; prev bigint;
 begin
+  -- 033: the reverse mirror's own writes (mirror/reverse.py sets lakehouse.reverse_apply in its transaction)
+  -- copy Iceberg's rows back; they are no write of the live app: no version, no rows_xid, no row ranges.
+  if current_setting('lakehouse.reverse_apply', true) = 'on' then
+    return null;
+  end if;
   select dataset_id, min(row_index), max(row_index), count(*) over ()
     into one, lo, hi, k from lakehouse_new_rows group by dataset_id limit 1;
   if k = 1 then  -- 020 fast path: one dataset

@@ -1,4 +1,4 @@
--- lakehouse_rows_rewritten: the current definition (first defined by migration 002_change_tracking, last by 020_app_write_cost).
+-- lakehouse_rows_rewritten: the current definition (first defined by migration 002_change_tracking, last by 033_reverse_mirror).
 -- Re-applied by every migrate after the numbered migrations (create or replace: triggers and their
 -- enabled state are untouched). Change a body here, never in a shipped migration.
 --
@@ -7,9 +7,15 @@
 -- for a statement over one dataset, the 018 set-based path otherwise (FOR NO KEY UPDATE row locks, taken before
 -- the version is drawn); both write the 019 row-range records (TRUNCATE records nothing: the chain breaks and
 -- the next sync goes full).
+-- 033: a transaction of the reverse mirror (lakehouse.reverse_apply = 'on') is not tracked: no echo.
 create or replace function lakehouse_rows_rewritten() returns trigger language plpgsql as $$
 declare v bigint; one uuid; hi bigint; k bigint; prev bigint;
 begin
+  -- 033: the reverse mirror's own writes (mirror/reverse.py sets lakehouse.reverse_apply in its transaction)
+  -- copy Iceberg's rows back; they are no write of the live app: no version, no rows_xid, no row ranges.
+  if current_setting('lakehouse.reverse_apply', true) = 'on' then
+    return null;
+  end if;
   if tg_op = 'UPDATE' then
     select dataset_id, max(idx), count(*) over () into one, hi, k
       from (select dataset_id, row_index as idx from lakehouse_new_rows

@@ -1,0 +1,168 @@
+"""Reverse on/off: whether the reverse mirror (mirror/reverse.py) keeps a native dataset's ``dataset_rows``.
+
+Not a flag of the registry: a flag has modes, ceilings, flip gates and a cache every router reads; this is one
+boolean that only the reverse mirror and the rollback report read, uncached. It has the flags' shape all the same:
+an override per dataset, workspace or global, the most specific wins (dataset > workspace > global), and with no
+override it is ON (the default for every native dataset until it is complete, a later step). Every set and clear
+is audited (who, when, note) in the append-only ``lakehouse_reverse_audit`` (migration 033).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable
+from datetime import datetime
+
+import psycopg
+
+from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.flags.overrides import (
+    DATASET,
+    GLOBAL,
+    SCOPES,
+    WORKSPACE,
+    Scope,
+    _check_actor,
+    _check_note,
+    parse_scope,
+    require_target,
+)
+
+DEFAULT_ON = True
+_LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact
+
+_EFFECTIVE = """
+select d.id,
+       coalesce(o_d.enabled, o_w.enabled, o_g.enabled, %(default)s) as enabled,
+       case when o_d.enabled is not null then 'dataset' when o_w.enabled is not null then 'workspace'
+            when o_g.enabled is not null then 'global' else 'default' end as source
+  from datasets d
+  left join lakehouse_reverse_settings o_d on o_d.scope = 'dataset' and o_d.scope_id = d.id
+  left join lakehouse_reverse_settings o_w on o_w.scope = 'workspace' and o_w.scope_id = d.workspace_id
+  left join lakehouse_reverse_settings o_g on o_g.scope = 'global'
+ where d.id = any(%(ids)s::uuid[])
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseSetting:
+    dataset_id: uuid.UUID
+    enabled: bool
+    source: str  # dataset | workspace | global | default
+
+    def describe(self) -> str:
+        return f"reverse {'on' if self.enabled else 'off'} ({'the default' if self.source == 'default' else self.source + ' setting'})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseChange:
+    scope: Scope
+    before: bool | None  # None: no setting at that scope
+    after: bool | None  # None: cleared
+    note: str | None
+    actor: str
+    at: datetime
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+    def as_dict(self) -> dict:
+        return {
+            "scope": self.scope.scope,
+            "scope_id": str(self.scope.scope_id) if self.scope.scope_id else None,
+            "before": self.before,
+            "after": self.after,
+            "note": self.note,
+            "actor": self.actor,
+            "at": self.at.isoformat(),
+        }
+
+
+def reverse_settings(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, ReverseSetting]:
+    """The effective setting of each dataset (one query, uncached: a change applies at the next apply)."""
+    ids = list(dataset_ids)
+    if not ids:
+        return {}
+    rows = conn.execute(_EFFECTIVE, {"ids": ids, "default": DEFAULT_ON}).fetchall()
+    return {r[0]: ReverseSetting(r[0], bool(r[1]), r[2]) for r in rows}
+
+
+def reverse_enabled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseSetting:
+    return reverse_settings(conn, [dataset_id]).get(dataset_id) or ReverseSetting(dataset_id, DEFAULT_ON, "default")
+
+
+def _stored(conn: psycopg.Connection, scope: Scope) -> bool | None:
+    row = conn.execute(
+        "select enabled from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
+        (scope.scope, scope.scope_id),
+    ).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def set_reverse(
+    conn: psycopg.Connection,
+    enabled: bool | None,
+    *,
+    dataset: object = None,
+    workspace: object = None,
+    note: str | None,
+    actor: str,
+) -> ReverseChange:
+    """Store (``enabled`` True/False) or clear (None) the setting at one scope, audited, in one transaction.
+    Everything is checked before anything is written."""
+    scope = parse_scope(dataset, workspace)
+    note, actor = _check_note(note), _check_actor(actor)
+    require_target(conn, scope)
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
+        before = _stored(conn, scope)
+        if enabled is None and before is None:  # nothing to clear: nothing written, nothing audited
+            return ReverseChange(scope, None, None, note, actor, fetch_value(conn.execute("select now()"), "now"))
+        if enabled is None:
+            conn.execute(
+                "delete from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
+                (scope.scope, scope.scope_id),
+            )
+        else:
+            conn.execute(
+                "insert into lakehouse_reverse_settings (scope, scope_id, enabled, note, set_by) values (%s, %s, %s, %s, %s)"
+                " on conflict (scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
+                " do update set enabled = excluded.enabled, note = excluded.note, set_by = excluded.set_by, set_at = now()",
+                (scope.scope, scope.scope_id, enabled, note, actor),
+            )
+        at = fetch_value(
+            conn.execute(
+                "insert into lakehouse_reverse_audit (action, scope, scope_id, before_enabled, after_enabled, note, actor)"
+                " values (%s, %s, %s, %s, %s, %s, %s) returning at",
+                ("clear" if enabled is None else "set", scope.scope, scope.scope_id, before, enabled, note, actor),
+            ),
+            "the reverse audit row just written",
+        )
+    return ReverseChange(scope, before, enabled, note, actor, at)
+
+
+def reverse_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
+    """The audit, newest first."""
+    rows = conn.execute(
+        "select id, at, action, scope, scope_id, before_enabled, after_enabled, note, actor"
+        " from lakehouse_reverse_audit order by id desc limit %s",
+        (limit,),
+    ).fetchall()
+    keys = ("id", "at", "action", "scope", "scope_id", "before", "after", "note", "actor")
+    return [dict(zip(keys, r)) for r in rows]
+
+
+__all__ = [
+    "DATASET",
+    "GLOBAL",
+    "SCOPES",
+    "WORKSPACE",
+    "ReverseChange",
+    "ReverseSetting",
+    "reverse_enabled",
+    "reverse_history",
+    "reverse_settings",
+    "set_reverse",
+]

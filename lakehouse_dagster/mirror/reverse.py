@@ -1,0 +1,462 @@
+"""The reverse mirror: Iceberg → ``dataset_rows`` for a dataset written iceberg-native (issue 31, first slice).
+
+A native write lands in Iceberg only, so Postgres goes stale for the dataset, and rolling the writer back needs a
+backfill (runbooks/backfill.py). With the reverse on (flags/reverse_setting.py: the default), each native commit
+is applied to ``dataset_rows`` as well, and a rollback needs nothing: Postgres already holds every row.
+
+  * Position: ``lakehouse_reverse_position`` holds the last snapshot applied, written in the SAME transaction as
+    the rows, together with a ``lakehouse_pg_reconciled`` row (how ``reverse``) that ends the native marker's walk
+    (mirror/native_run.py) there, so the mirror's refusal lifts once the reverse is caught up. A crash leaves
+    Postgres as of a whole snapshot and the position saying which; the next apply starts from there.
+  * What is copied: after native appends only, the data files those snapshots added (the native marker's walk
+    from the current snapshot back to the position, ``iceberg_only``), rows whose ``row_index`` Postgres already
+    holds skipped; anything else (an overwrite, a compaction, a position no longer in the table's history, a
+    copy that does not reproduce the snapshot's row count) is a full reverse re-sync: the dataset's rows become
+    the current snapshot's. Identity is preserved (``__row_id``, ``__row_index``, ``__created_at``).
+  * No echo: the transaction sets ``lakehouse.reverse_apply`` (``set_config(..., true)``), which the
+    change-tracking triggers honour (migration 033): no rows_version, rows_xid or row ranges move, so the forward
+    poller, the sweep and the recorder see no write of the live app. The digest triggers still run.
+  * Under the dataset lock (G3): no mirror, backfill or native write of the dataset runs meanwhile.
+
+Plain Python: a Dagster sensor or the stream (mirror/stream.py) drives ``apply_due`` later; nothing here knows
+who calls it. Capture mode after-commit (tracking/capture.py: change tracking written by a WAL consumer, which
+cannot see the transaction's setting) is refused for now.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import time
+import uuid
+
+import psycopg
+from psycopg import sql
+from pyiceberg.catalog import Catalog
+
+from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
+from lakehouse_dagster.core.errors import BadInput, LakehouseError, first_line
+from lakehouse_dagster.core.failpoints import failpoint
+from lakehouse_dagster.core.failpoints import validate as validate_failpoints
+from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.reverse_setting import reverse_enabled, reverse_settings
+from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.copy_back import IDENTITY, counted, data_expr, snapshot_batches
+from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking.datasets import Column, get_dataset
+
+_log = logging.getLogger(__name__)
+GUC = "lakehouse.reverse_apply"  # the triggers' no-echo switch (schema/functions/lakehouse_rows_*.sql)
+_TMP = "lakehouse_reverse_rows"
+APPEND, FULL, NOOP = "append", "full", "noop"
+ACTOR = "reverse mirror"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReversePosition:
+    dataset_id: uuid.UUID
+    snapshot_id: int
+    how: str  # append | full (what the last apply did)
+    rows_copied: int
+    rows_removed: int
+    pg_rows: int
+    applied_at: dt.datetime
+
+    def as_dict(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "dataset_id": str(self.dataset_id),
+            "applied_at": self.applied_at.isoformat(),
+        }
+
+
+def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:
+    rows = conn.execute(
+        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at"
+        " from lakehouse_reverse_position where dataset_id = any(%s::uuid[])",
+        (list(dataset_ids),),
+    ).fetchall()
+    return {r[0]: ReversePosition(*r) for r in rows}
+
+
+def position(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReversePosition | None:
+    return positions(conn, [dataset_id]).get(dataset_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseResult:
+    dataset_id: uuid.UUID
+    how: str  # append | full | noop
+    snapshot_id: int | None  # the snapshot dataset_rows now holds (None: the dataset has no table yet)
+    copied: int  # rows inserted into dataset_rows
+    removed: int  # rows a full re-sync deleted first
+    pg_rows: int  # rows in dataset_rows afterwards
+    seconds: float
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
+
+    def summary(self) -> str:
+        """What `lakehouse write-flags reverse sync` says."""
+        if self.how == NOOP:
+            return (
+                f"dataset {self.dataset_id}: nothing to apply ({self.reason}); dataset_rows holds {self.pg_rows} row(s)"
+            )
+        what = "appended" if self.how == APPEND else "re-synced in full"
+        removed = f", {self.removed} replaced row(s) deleted first" if self.how == FULL else ""
+        return (
+            f"dataset {self.dataset_id}: snapshot {self.snapshot_id} {what} into dataset_rows in {self.seconds:.2f}s "
+            f"({self.reason}) — {self.copied} row(s) copied (identity preserved){removed}; dataset_rows now holds "
+            f"{self.pg_rows}; a rollback to pg needs no backfill while nothing newer is committed"
+        )
+
+
+def _count(conn: psycopg.Connection, ds_id: uuid.UUID) -> int:
+    return int(
+        fetch_value(
+            conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
+            "the count of the dataset's rows",
+        )
+    )
+
+
+def _total_records(snap) -> int | None:
+    raw = (snap.summary.additional_properties if snap.summary is not None else {}).get("total-records")
+    return None if raw is None else int(raw)
+
+
+def apply_reverse(
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    dataset_id,
+    *,
+    actor: str = ACTOR,
+    full: bool = False,
+    lock_timeout_s: float = 1800,
+) -> ReverseResult:
+    """Bring ``dataset_rows`` to the table's current snapshot (see the module docstring); ``full``: re-sync in
+    full even when only appends are new. Refused (BadInput, nothing written) for a dataset that is not written
+    natively, whose reverse is off, or in capture mode after-commit."""
+    ds_id = parse_uuid(dataset_id, "dataset id")
+    validate_failpoints()
+    started = time.perf_counter()
+    with connect(dsn) as conn:
+        dataset = get_dataset(conn, ds_id)
+        if dataset.kind != "tabular":
+            raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; only tabular datasets have Iceberg rows")
+        with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s):
+            _refuse(conn, ds_id)
+            table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+            current = table.current_snapshot() if table is not None else None
+            if table is None or current is None:
+                return ReverseResult(
+                    ds_id, NOOP, None, 0, 0, _count(conn, ds_id), 0.0, "the dataset has no Iceberg table yet"
+                )
+            at = position(conn, ds_id)
+            if at is not None and at.snapshot_id == current.snapshot_id and not full:
+                return ReverseResult(
+                    ds_id,
+                    NOOP,
+                    current.snapshot_id,
+                    0,
+                    0,
+                    _count(conn, ds_id),
+                    time.perf_counter() - started,
+                    f"already at snapshot {current.snapshot_id}",
+                )
+            how, files, reason = _plan(conn, catalog, settings, ds_id, table, full)
+            present = {f.name for f in table.schema().fields}
+            columns = [c for c in dataset.columns if c.name in present]
+            names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
+            how, copied, removed, n, reason = _apply(
+                conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor
+            )
+            failpoint("reverse-after-commit")
+    return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
+
+
+def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
+    """Under the dataset lock: only a native dataset with the reverse on, in capture mode triggers."""
+    if not native_dataset_ids(conn, [ds_id]):
+        raise BadInput(
+            f"dataset {ds_id} is not written iceberg-native (no writer flag resolves to iceberg_native), so "
+            "Postgres is its truth and the reverse mirror leaves it alone; after a rollback, copy what only "
+            f"Iceberg holds with lakehouse write-flags backfill --dataset {ds_id}; nothing was written"
+        )
+    setting = reverse_enabled(conn, ds_id)
+    if not setting.enabled:
+        raise BadInput(
+            f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse write-flags reverse on "
+            f"--dataset {ds_id}); nothing was written"
+        )
+    if capture.active(conn):
+        raise BadInput(
+            f"dataset {ds_id}: capture mode is after-commit, whose WAL consumer would count the reverse mirror's "
+            "rows as the live app's writes (an echo); the reverse mirror needs capture mode triggers for now "
+            "(lakehouse db capture disable); nothing was written"
+        )
+
+
+def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple[str, ...], str]:
+    """(append | full, the data files an append copies, why)."""
+    if full:
+        return FULL, (), "a full re-sync was asked for"
+    try:
+        found = iceberg_only(conn, catalog, settings, ds_id, table=table)
+    except BadInput as exc:  # the walk cannot tell which snapshots are new (an expired parent)
+        return FULL, (), f"which snapshots are new cannot be told ({first_line(exc)[:120]})"
+    if found is None:
+        return APPEND, (), "Postgres already holds every row of the current snapshot"
+    if found.replaced:
+        return FULL, (), f"{found.snapshots} native snapshot(s) since the position, one rewrote the table"
+    if found.added_files is None:
+        return FULL, (), "the manifests of the new snapshots could not be read"
+    return APPEND, found.added_files, f"{found.snapshots} native append snapshot(s) since the position"
+
+
+def _apply(
+    pg: psycopg.Connection,
+    dsn: str,
+    table,
+    current,
+    ds_id: uuid.UUID,
+    columns: list[Column],
+    names: list[str],
+    how: str,
+    files: tuple[str, ...],
+    reason: str,
+    actor: str,
+) -> tuple[str, int, int, int, str]:
+    """The rows, the position and the reconciliation in ONE transaction on an ADBC session (binary COPY from
+    Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not reproduce the snapshot
+    (Postgres holds another row at an appended row_index, or its count is not the snapshot's: rows the table does
+    not hold, or some lacking below the position) turns into a full re-sync in the same transaction. Returns
+    (how, copied, removed, pg rows, why). Long on purpose: everything that must commit together is in this one
+    transaction, in order (as the backfill's); split, the transaction boundary would hide between functions."""
+    import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a reverse apply runs
+
+    tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
+    expected = _total_records(current)
+    with adbc.connect(adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
+        cur = conn.cursor()
+
+        def one(stmt: sql.Composable) -> int:
+            cur.execute(stmt.as_string(pg))
+            return int(fetch_value(cur, "the result of a reverse apply statement"))
+
+        def run(stmt: sql.Composable) -> None:
+            cur.execute(stmt.as_string(pg))
+
+        def stage(only: tuple[str, ...] | None) -> None:
+            run(sql.SQL("drop table if exists {t}").format(t=tmp))
+            cur.adbc_ingest(
+                _TMP, snapshot_batches(table, current.snapshot_id, names, only), mode="create", temporary=True
+            )
+            run(sql.SQL("analyze {t}").format(t=tmp))
+
+        insert = sql.SQL(
+            "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
+            " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
+        ).format(ds=ds, data=data_expr(columns), t=tmp)
+
+        run(sql.SQL("set local timezone to 'UTC'"))
+        run(sql.SQL("select set_config({}, 'on', true)").format(sql.Literal(GUC)))
+        run(sql.SQL("set local enable_nestloop = off"))  # whole-snapshot joins: hash joins, not per-row probes
+        copied = removed = 0
+        if how == APPEND and files:
+            stage(files)
+            copied = one(
+                counted(
+                    sql.SQL(
+                        "{insert} where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
+                        " and r.row_index = s.__row_index)"
+                    ).format(insert=insert, ds=ds)
+                )
+            )
+            # a row Postgres holds at one of those row_index values under another identity: not the table's row
+            clash = one(
+                sql.SQL(
+                    "select count(*) from {t} s where not exists (select 1 from dataset_rows r where"
+                    " r.dataset_id = {ds}::uuid and r.row_index = s.__row_index and r.row_id = s.__row_id::uuid)"
+                ).format(t=tmp, ds=ds)
+            )
+            if clash:
+                how, reason = FULL, f"{reason}, but Postgres holds {clash} other row(s) at their row_index"
+        n = one(sql.SQL("select count(*) from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds))
+        if how == APPEND and expected is not None and n != expected:
+            how, reason = FULL, f"{reason}, but Postgres would hold {n} row(s) where the snapshot has {expected}"
+        if how == FULL:
+            stage(None)
+            removed = one(counted(sql.SQL("delete from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds)))
+            copied = one(counted(insert))
+            n = copied
+        run(
+            sql.SQL(
+                "update datasets set row_count = {n}, max_row_index = (select coalesce(max(row_index), -1)"
+                " from dataset_rows where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
+            ).format(n=sql.Literal(n), ds=ds)
+        )
+        run(
+            sql.SQL(
+                "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows)"
+                " values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n}) on conflict (dataset_id) do update set"
+                " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
+                " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
+                " xid = pg_current_xact_id()"
+            ).format(
+                ds=ds,
+                snap=sql.Literal(current.snapshot_id),
+                how=sql.Literal(how),
+                c=sql.Literal(copied),
+                r=sql.Literal(removed),
+                n=sql.Literal(n),
+            )
+        )
+        # one reverse record per dataset: the native marker's walk stops at the newest reconciled snapshot anyway
+        run(
+            sql.SQL("delete from lakehouse_pg_reconciled where dataset_id = {ds}::uuid and how = 'reverse'").format(
+                ds=ds
+            )
+        )
+        run(
+            sql.SQL(
+                "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, actor)"
+                " values ({ds}::uuid, {snap}, 'reverse', {c}, {r}, {actor})"
+            ).format(
+                ds=ds,
+                snap=sql.Literal(current.snapshot_id),
+                c=sql.Literal(copied),
+                r=sql.Literal(removed),
+                actor=sql.Literal(actor),
+            )
+        )
+        failpoint("reverse-before-commit")
+        conn.commit()
+    _log.info("reverse %s: dataset %s at snapshot %s, %d row(s) copied", how, ds_id, current.snapshot_id, copied)
+    return how, copied, removed, n, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseState:
+    """One native dataset as the reverse mirror sees it (``lakehouse write-flags reverse status``)."""
+
+    dataset_id: uuid.UUID
+    name: str
+    native: bool
+    enabled: bool
+    source: str  # where the setting comes from: dataset | workspace | global | default
+    position: ReversePosition | None
+    current_snapshot: int | None
+
+    @property
+    def caught_up(self) -> bool:
+        return self.current_snapshot is None or (
+            self.position is not None and self.position.snapshot_id == self.current_snapshot
+        )
+
+    @property
+    def state(self) -> str:
+        if not self.native:
+            return "not native"
+        if not self.enabled:
+            return "off"
+        return "caught up" if self.caught_up else "behind"
+
+    def as_dict(self) -> dict:
+        return {
+            "dataset_id": str(self.dataset_id),
+            "name": self.name,
+            "native": self.native,
+            "enabled": self.enabled,
+            "source": self.source,
+            "state": self.state,
+            "position": self.position.as_dict() if self.position else None,
+            "current_snapshot": self.current_snapshot,
+        }
+
+
+def reverse_states(
+    conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_ids: list[uuid.UUID] | None = None
+) -> list[ReverseState]:
+    """The native datasets (or ``dataset_ids``, native or not) with their setting, position and current snapshot
+    (one table load each)."""
+    native = native_dataset_ids(conn, dataset_ids)
+    ids = list(dataset_ids) if dataset_ids is not None else sorted(native)
+    rows = conn.execute(
+        "select id, name from datasets where id = any(%s::uuid[]) and kind = 'tabular' order by name, id", (ids,)
+    ).fetchall()
+    found = [r[0] for r in rows]
+    setting, at = reverse_settings(conn, found), positions(conn, found)
+    out = []
+    for ds_id, name in rows:
+        table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+        snap = table.current_snapshot() if table is not None else None
+        s = setting[ds_id]
+        out.append(
+            ReverseState(
+                ds_id, name, ds_id in native, s.enabled, s.source, at.get(ds_id), snap.snapshot_id if snap else None
+            )
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseBatch:
+    applied: list[ReverseResult]
+    failed: list[tuple[uuid.UUID, str]]  # (dataset, what went wrong, one line)
+
+    def as_dict(self) -> dict:
+        return {
+            "applied": [r.as_dict() for r in self.applied],
+            "failed": [{"dataset_id": str(d), "error": e} for d, e in self.failed],
+        }
+
+
+_DUE = """
+select d.id from datasets d
+  left join lakehouse_reverse_position p on p.dataset_id = d.id
+ where d.id = any(%s::uuid[]) and d.kind = 'tabular'
+   and (p.dataset_id is null
+        or exists (select 1 from iceberg_sync_log l
+                    where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
+                      and l.snapshot_id is distinct from p.snapshot_id))
+ order by d.id
+"""
+
+
+def due_datasets(conn: psycopg.Connection) -> list[uuid.UUID]:
+    """Native datasets with the reverse on that may be past their position: no position yet, or a succeeded commit
+    (a native write, a compaction) recorded since the last apply. Postgres only, no table load: what a sensor
+    asks every tick; ``apply_reverse`` then says no-op for one that is caught up after all."""
+    native = native_dataset_ids(conn)
+    on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
+    if not on:
+        return []
+    return [r[0] for r in conn.execute(_DUE, (on,)).fetchall()]
+
+
+def apply_due(
+    dsn: str, catalog: Catalog, settings: Settings, *, actor: str = ACTOR, lock_timeout_s: float = 5
+) -> ReverseBatch:
+    """Apply every dataset ``due_datasets`` names (the no-ops left out of ``applied``). One dataset's failure
+    does not stop the others (each is its own transaction); a dataset whose lock is held (a native write in
+    flight) fails with LockTimeout and is found again by the next call."""
+    applied, failed = [], []
+    with connect(dsn) as conn:
+        due = due_datasets(conn)
+    for ds_id in due:
+        try:
+            r = apply_reverse(dsn, catalog, settings, ds_id, actor=actor, lock_timeout_s=lock_timeout_s)
+        except (LakehouseError, psycopg.Error, OSError) as exc:
+            failed.append((ds_id, f"{type(exc).__name__}: {first_line(exc)}"))
+            continue
+        if r.how != NOOP:
+            applied.append(r)
+    return ReverseBatch(applied, failed)

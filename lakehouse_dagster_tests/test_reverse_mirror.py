@@ -1,0 +1,260 @@
+"""The reverse mirror (mirror/reverse.py): native Iceberg commits applied to dataset_rows exactly once, with their
+identity, in one transaction, without echo, so that a writer rollback needs no backfill.
+
+Real Postgres, real Iceberg tables, native writes through the real write router and chunked writer
+(native_helpers.py); the CLI in this process (a subprocess costs seconds on a loaded machine), in a subprocess
+where the process must die (a kill before the commit)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from lakehouse_dagster.cli.main import main
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.failpoints import FailpointError
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.mirror.poller import Cursor, datasets_behind, pending_syncs
+from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity.canary import evaluate
+from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
+from lakehouse_dagster.tracking import datasets
+
+from .flag_helpers import cli
+from .native_helpers import SCHEMA, native_write, row, runbook_ready, snapshot, table_rows
+
+
+@pytest.fixture
+def lh(capsys):
+    """`lakehouse ...` in this process: (exit code, stdout, stderr)."""
+
+    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
+        return code, out, err
+
+    return run
+
+
+def _json(lh, *args: str):
+    return json.loads(lh(*args, "--json", check=True)[1])
+
+
+def ready_native(conn, dsn, settings, lh, writer: str, rows: int = 6) -> uuid.UUID:
+    """native_helpers.ready_native with the CLI in this process."""
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(rows)])
+    runbook_ready(conn, dsn, settings, d)
+    lh("write-flags", "set", writer, "iceberg_native", "--dataset", str(d), check=True)
+    return d
+
+
+def _pg_rows(conn, d) -> list[tuple]:
+    return conn.execute(
+        "select row_index, row_id::text, created_at, data from dataset_rows where dataset_id = %s order by row_index",
+        (d,),
+    ).fetchall()
+
+
+def _identity(rows: list[dict]) -> list[tuple]:
+    return [(r["__row_index"], r["__row_id"], r["__created_at"]) for r in rows]
+
+
+def _tracking(conn, d) -> tuple:
+    """What change tracking says of the dataset: a reverse apply moves none of it."""
+    return conn.execute(
+        "select d.rows_version, d.rows_xid, d.rows_rewrite_version, d.mirrored_version,"
+        " (select count(*) from lakehouse_row_changes c where c.dataset_id = d.id) from datasets d where d.id = %s",
+        (d,),
+    ).fetchone()
+
+
+def _same_as_table(conn, settings, dsn, d) -> None:
+    pg, ice = _pg_rows(conn, d), table_rows(settings, dsn, d)
+    assert [p[:3] for p in pg] == _identity(ice)
+    assert [p[3]["s"] for p in pg] == [r["s"] for r in ice]
+
+
+def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
+    tracked = _tracking(conn, d)
+    xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+
+    r = apply_reverse(dsn, catalog, settings, d)
+    assert (r.how, r.copied, r.removed, r.pg_rows, r.snapshot_id) == ("append", 4, 0, 10, snapshot(settings, dsn, d))
+    _same_as_table(conn, settings, dsn, d)
+    assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (10, 9)
+    assert position(conn, d).snapshot_id == r.snapshot_id
+    assert iceberg_only(conn, catalog, settings, d) is None  # the native marker ends at the reverse's snapshot
+    native = evaluate(dsn, catalog, settings, d)  # the canary's digests: every value as the table's
+    assert (native.verdict, native.detail["agrees_with_postgres"]) == ("native", True)
+
+    # no echo: change tracking did not move, the poller's change query finds nothing, nothing is behind
+    assert _tracking(conn, d) == tracked
+    pending, _, scanned = pending_syncs(conn, Cursor(xid + 1), limit=100, exclude_native=False)
+    assert (pending, scanned) == ([], 0)
+    assert d not in [
+        p.dataset_id
+        for p in datasets_behind(conn, after_seconds=0, max_retries=0, limit=100, exclude_native=False).fresh
+    ]
+    # the recorder sees nothing of the apply in any of its streams (no sync, no flag, no backfill, ...)
+    for stream in STREAMS:
+        changes, _ = read_stream(conn, stream, Position(xid + 1), 100)
+        assert changes == [], (stream, changes)
+    assert conn.execute(
+        "select how from lakehouse_pg_reconciled where dataset_id = %s order by id", (d,)
+    ).fetchall() == [("reverse",)]
+
+    again = apply_reverse(dsn, catalog, settings, d)
+    assert (again.how, again.copied, again.pg_rows) == ("noop", 0, 10) and "already at snapshot" in again.summary()
+
+    # the next native append: only its file, and a batch helper finds it
+    native_write(conn, dsn, settings, d, "sync.append", [row(10), row(11)], start=10)
+    batch = apply_due(dsn, catalog, settings)
+    assert [(b.dataset_id, b.how, b.copied) for b in batch.applied] == [(d, "append", 2)] and not batch.failed
+    _same_as_table(conn, settings, dsn, d)
+    assert apply_due(dsn, catalog, settings).applied == []
+
+
+def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.full", rows=6)
+    native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    tracked = _tracking(conn, d)
+    r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    assert (r.how, r.removed, r.copied, r.pg_rows) == ("full", 6, 4, 4)
+    assert _tracking(conn, d) == tracked  # the delete and the insert: no echo either
+    assert evaluate(dsn, load_catalog(settings, dsn), settings, d).detail["agrees_with_postgres"] is True
+    _same_as_table(conn, settings, dsn, d)
+    assert [p[3]["s"] for p in _pg_rows(conn, d)] == [f"new {i}" for i in range(4)]
+    assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (4, 3)
+
+
+def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_finishes(
+    conn, dsn, settings, lh, monkeypatch
+):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+    before = _pg_rows(conn, d)
+
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "reverse-before-commit:raise")
+    with pytest.raises(FailpointError):
+        apply_reverse(dsn, catalog, settings, d)
+    assert _pg_rows(conn, d) == before and position(conn, d) is None
+
+    # a kill (SIGKILL) before the commit, through the CLI: still nothing half-applied
+    proc = cli(
+        "write-flags", "reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"}
+    )
+    assert proc.returncode == -9, proc.stderr
+    assert _pg_rows(conn, d) == before and position(conn, d) is None
+
+    # a failure after the commit: the snapshot is applied whole; the next apply is a no-op
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "reverse-after-commit:raise")
+    with pytest.raises(FailpointError):
+        apply_reverse(dsn, catalog, settings, d)
+    monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
+    assert len(_pg_rows(conn, d)) == 9 and position(conn, d).snapshot_id == snapshot(settings, dsn, d)
+    assert apply_reverse(dsn, catalog, settings, d).how == "noop"
+    _same_as_table(conn, settings, dsn, d)
+
+
+def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
+    apply_reverse(dsn, catalog, settings, d)
+    snap, ice = snapshot(settings, dsn, d), table_rows(settings, dsn, d)
+
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
+    assert f"reverse-synced up to snapshot {snap}: no backfill needed" in out and "backfill --dataset" not in out
+
+    # the forward mirror runs at once: no refusal, nothing to do, Postgres == Iceberg
+    r = sync_dataset(dsn, catalog, settings, d)
+    assert (r.mode, r.rows) == ("noop", 0) and snapshot(settings, dsn, d) == snap
+    _same_as_table(conn, settings, dsn, d)
+    # the live app writes again on the pg path: the next forward sync is a pure append of just that row
+    datasets.insert_rows(conn, d, [row(99)])
+    r = sync_dataset(dsn, catalog, settings, d)
+    assert (r.mode, r.rows, r.total_rows) == ("incremental", 1, 11)
+    assert _identity(table_rows(settings, dsn, d))[:10] == _identity(ice)
+    _same_as_table(conn, settings, dsn, d)
+
+
+def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
+    assert "reverse was behind (it never applied a snapshot): run write-flags backfill" in out
+    assert f"lakehouse write-flags backfill --dataset {d}" in out
+    # not native any more: the reverse leaves it alone and says what to do
+    with pytest.raises(BadInput, match="not written iceberg-native.*write-flags backfill"):
+        apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+
+    lh("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    lh("write-flags", "reverse", "off", "--dataset", str(d), "--note", "no copy", check=True)
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
+    assert "reverse was off: run write-flags backfill" in out
+
+
+def test_the_reverse_setting_cli(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    ws = conn.execute("select workspace_id from datasets where id = %s", (d,)).fetchone()[0]
+    status = _json(lh, "write-flags", "reverse", "status")["datasets"]
+    assert [(s["dataset_id"], s["enabled"], s["source"], s["state"]) for s in status] == [
+        (str(d), True, "default", "behind")
+    ]
+
+    out = lh("write-flags", "reverse", "off", "--workspace", str(ws), "--note", "later", check=True)[1]
+    assert f"reverse: (no setting) → off for workspace {ws}" in out
+    code, _, err = lh("write-flags", "reverse", "sync", "--dataset", str(d))
+    assert code == 2 and "reverse off (workspace setting)" in err
+    assert "write-flags reverse on --dataset" in err and position(conn, d) is None
+    lh("write-flags", "reverse", "on", "--dataset", str(d), check=True)  # the dataset's setting wins
+    assert _json(lh, "write-flags", "reverse", "status", "--dataset", str(d))["datasets"][0]["source"] == "dataset"
+    synced = _json(lh, "write-flags", "reverse", "sync", "--dataset", str(d))
+    assert synced["how"] == "append" and synced["pg_rows"] == 6  # Postgres held everything already
+    assert _json(lh, "write-flags", "reverse", "status")["datasets"][0]["state"] == "caught up"
+
+    audit = conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0]
+    for bad, says in (
+        (("off", "--dataset", str(d), "--workspace", str(ws)), "give either --dataset or --workspace, not both"),
+        (("on", "--dataset", "nope"), "dataset id"),
+        (("on", "--dataset", "00000000-0000-0000-0000-000000000001"), "does not exist"),
+        (("sync", "--full"), "--full re-syncs one dataset"),
+    ):
+        code, _, err = lh("write-flags", "reverse", *bad)
+        assert code != 0 and says in err and len(err.strip().splitlines()) == 1, err
+    assert conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0] == audit
+    assert [h["after"] for h in _json(lh, "write-flags", "reverse", "history")["history"]] == [True, False]
+
+
+def test_an_append_that_would_not_reproduce_the_snapshot_becomes_a_full_re_sync(conn, dsn, settings, lh):
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    assert apply_reverse(dsn, catalog, settings, d).how == "append"
+    # a row only Postgres holds, at the next row_index (a writer locked to pg wrote it while the dataset is native)
+    datasets.insert_rows(conn, d, [row(50)])
+    native_write(conn, dsn, settings, d, "sync.append", [row(7), row(8)], start=7)
+    r = apply_reverse(dsn, catalog, settings, d)
+    assert r.how == "full" and "Postgres holds 1 other row(s) at their row_index" in r.reason, r.reason
+    _same_as_table(conn, settings, dsn, d)
+    # a row only Postgres holds above the table's rows: the count tells
+    datasets.insert_rows(conn, d, [row(51)])
+    native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
+    r = apply_reverse(dsn, catalog, settings, d)
+    assert r.how == "full" and "Postgres would hold 11 row(s) where the snapshot has 10" in r.reason, r.reason
+    _same_as_table(conn, settings, dsn, d)
+    assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"  # asked for: a full re-sync again
+    _same_as_table(conn, settings, dsn, d)
