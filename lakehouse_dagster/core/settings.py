@@ -183,6 +183,9 @@ class Settings:
     # run synced, at most once per this many seconds per dataset, gets compact_small_files then expire_snapshots with
     # the maintenance_* limits above, under its lock (G3); 0: none (a sync's own compaction and expiry only).
     mirror_stream_maintenance_seconds: int = 10
+    # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
+    # own short transaction (a row_index range of the primary key, no table lock).
+    complete_batch_rows: int = 10_000
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -271,6 +274,7 @@ class Settings:
             mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
             mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
+            complete_batch_rows=_int("LAKEHOUSE_COMPLETE_BATCH_ROWS", 10_000, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

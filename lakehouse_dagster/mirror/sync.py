@@ -33,6 +33,7 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock, pooled_guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.completed import completed_mark
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import (
@@ -130,6 +131,12 @@ def sync_dataset(
                     f"dataset {ds_id} is written iceberg-native (a writer flag resolves to iceberg_native), so "
                     "Postgres is stale for it and mirroring would overwrite Iceberg-only rows; roll the writer "
                     "back to pg (lakehouse write-flags set <writer> pg --dataset <uuid>) before mirroring"
+                )
+            done = completed_mark(conn, ds_id)  # complete (issue 31): whatever its flags say now
+            if done is not None and done.holding:
+                raise BadInput(
+                    f"{done.why_not_postgres()}; mirroring the emptied dataset_rows over the Iceberg table would "
+                    "drop every row, so the mirror refuses it"
                 )
             refuse_mirror_over_iceberg_only(conn, catalog, settings, ds_id)  # rows written natively, then rolled back
             reap_abandoned(conn, catalog, settings, ds_id)
