@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import uuid
 
+import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.errors import BadInput, FlipRefused
+from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.lake.catalog import load_catalog
@@ -24,7 +27,7 @@ from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.tracking import datasets
 
-from .flag_helpers import cli, flag_tables
+from .flag_helpers import cli, flag_tables, refusal
 from .native_helpers import SCHEMA, native_write, row, runbook_ready, table_rows
 
 
@@ -230,8 +233,27 @@ def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, s
     # the mark stands: a rollback is refused meanwhile, and re-running continues without checking again
     code, _, err = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d))
     assert code == 6 and "is being completed since" in err and "4 Postgres row(s) deleted so far" in err, err
-    r = cp.complete(dsn, load_catalog(settings, dsn), settings, d, actor="pytest", batch_rows=4)
-    assert (r.started, r.status, r.rows_deleted, r.total_deleted, r.batches) == ("resumed", "complete", 6, 10, 2)
+    # launched again from the UI (the complete job): it continues
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = complete_job.execute_in_process(
+            run_config={"ops": {"complete_op": {"config": {"dataset_id": str(d)}}}},
+            resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+            instance=instance,
+        )
+    (r,) = result.output_for_node("complete_op")["completed"]
+    assert (r["started"], r["status"], r["rows_deleted"], r["total_deleted"]) == ("resumed", "complete", 6, 10)
     assert _pg_rows(conn, d) == []
     events = [e for (e,) in conn.execute("select event from lakehouse_complete_audit order by id").fetchall()]
-    assert events == ["start", "batch", "resume", "batch", "batch", "finish"]
+    assert events == ["start", "batch", "resume", "batch", "finish"]  # (the job's batches: 10,000 rows)
+
+    # the job refuses as the CLI does: the reason only, no stack
+    other = datasets.create_dataset(conn, datasets.create_workspace(conn, "pg"), "on pg", SCHEMA)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = complete_job.execute_in_process(
+            run_config={"ops": {"complete_op": {"config": {"dataset_id": str(other)}}}},
+            resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+            instance=instance,
+            raise_on_error=False,
+        )
+    (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "not written iceberg-native" in refusal(failure) and "condition(s) not met" in refusal(failure)
