@@ -1,6 +1,6 @@
 """Read and write flags: the registry (registry.py), runtime overrides + audit (overrides.py),
 precedence and clamp coded once (precedence.py), the TTL-cached resolver (resolver.py) and which
-datasets are native (native.py).
+datasets are native (native.py); the reverse mirror's on/off setting (reverse_setting.py).
 
 Plain functions over explicit arguments; never imports dagster.
 """

@@ -17,17 +17,7 @@ from datetime import datetime
 import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
-from lakehouse_dagster.flags.overrides import (
-    DATASET,
-    GLOBAL,
-    SCOPES,
-    WORKSPACE,
-    Scope,
-    _check_actor,
-    _check_note,
-    parse_scope,
-    require_target,
-)
+from lakehouse_dagster.flags.overrides import Scope, _check_actor, _check_note, parse_scope, require_target
 
 DEFAULT_ON = True
 _LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact
@@ -152,17 +142,3 @@ def reverse_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
     ).fetchall()
     keys = ("id", "at", "action", "scope", "scope_id", "before", "after", "note", "actor")
     return [dict(zip(keys, r)) for r in rows]
-
-
-__all__ = [
-    "DATASET",
-    "GLOBAL",
-    "SCOPES",
-    "WORKSPACE",
-    "ReverseChange",
-    "ReverseSetting",
-    "reverse_enabled",
-    "reverse_history",
-    "reverse_settings",
-    "set_reverse",
-]
