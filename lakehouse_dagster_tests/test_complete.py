@@ -46,9 +46,9 @@ def lh(capsys):
     return run
 
 
-def _native(conn, dsn, settings, lh, rows: int = 6, name: str = "orders") -> uuid.UUID:
+def _native(conn, dsn, settings, lh, rows: int = 6, name: str = "orders", ws=None) -> uuid.UUID:
     """Mirrored, read-flipped, canary ok, sync.append flipped to iceberg_native through the gated CLI."""
-    ws = datasets.create_workspace(conn, f"ws-{name}")
+    ws = ws or datasets.create_workspace(conn, f"ws-{name}")
     d = datasets.create_dataset(conn, ws, name, SCHEMA)
     datasets.insert_rows(conn, d, [row(i) for i in range(rows)])
     runbook_ready(conn, dsn, settings, d)
@@ -56,9 +56,9 @@ def _native(conn, dsn, settings, lh, rows: int = 6, name: str = "orders") -> uui
     return d
 
 
-def _completable(conn, dsn, settings, lh, rows: int = 6, name: str = "orders") -> uuid.UUID:
+def _completable(conn, dsn, settings, lh, rows: int = 6, name: str = "orders", ws=None) -> uuid.UUID:
     """Native, a native append applied by the reverse mirror, and a canary verdict at that snapshot that agrees."""
-    d = _native(conn, dsn, settings, lh, rows, name)
+    d = _native(conn, dsn, settings, lh, rows, name, ws)
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(rows, rows + 4)], start=rows)
     apply_reverse(dsn, catalog, settings, d)
@@ -257,3 +257,22 @@ def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, s
         )
     (failure,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
     assert "not written iceberg-native" in refusal(failure) and "condition(s) not met" in refusal(failure)
+
+
+def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_others_are_not(
+    conn, dsn, settings, lh, tmp_path
+):
+    ws = datasets.create_workspace(conn, "both")
+    ready = _completable(conn, dsn, settings, lh, rows=3, name="ready", ws=ws)
+    behind = _native(conn, dsn, settings, lh, rows=3, name="behind", ws=ws)
+    native_write(conn, dsn, settings, behind, "sync.append", [row(3)], start=3)  # not applied by the reverse yet
+    out = tmp_path / "export"
+    code, text, _ = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    assert code == 6, text
+    assert f"dataset {ready}: complete started; 7 row(s) exported as Parquet to {out / str(ready)}" in text
+    assert f"refused: complete of dataset behind ({behind}): 1 condition(s) not met" in text
+    assert _pg_rows(conn, ready) == [] and len(_pg_rows(conn, behind)) == 3
+    assert pq.read_table(out / str(ready)).num_rows == 7
+    assert [m["dataset_id"] for m in json.loads(lh("write-flags", "complete", "--status", "--json")[1])["marks"]] == [
+        str(ready)
+    ]
