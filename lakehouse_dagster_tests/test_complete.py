@@ -7,6 +7,8 @@ this process, in a subprocess where it must die (a kill between two batches)."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 
 import dagster as dg
@@ -15,6 +17,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.cli.main import main
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
@@ -276,3 +279,26 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     assert [m["dataset_id"] for m in json.loads(lh("write-flags", "complete", "--status", "--json")[1])["marks"]] == [
         str(ready)
     ]
+
+
+def test_a_batch_that_meets_a_row_lock_of_the_live_app_backs_off_and_the_app_never_waits_on_it(conn, dsn, settings, lh):
+    d = _completable(conn, dsn, settings, lh, rows=6)
+    other = datasets.create_dataset(conn, datasets.create_workspace(conn, "live"), "live", SCHEMA)
+    app = connect(dsn, autocommit=False)
+    app.execute("select 1 from dataset_rows where dataset_id = %s and row_index = 0 for update", (d,))  # held
+    result: dict = {}
+    worker = threading.Thread(
+        target=lambda: result.update(r=cp.complete(dsn, load_catalog(settings, dsn), settings, d, actor="pytest"))
+    )
+    worker.start()
+    time.sleep(0.6)
+    assert worker.is_alive() and "r" not in result  # its batch gave up on the lock and waits to retry
+    assert len(_pg_rows(conn, d)) == 10
+    # meanwhile the live app writes other datasets without waiting (no table lock), in well under the batch's timeout
+    started = time.perf_counter()
+    datasets.insert_rows(app, other, [row(0)])
+    app.commit()  # ... and its row lock goes
+    assert time.perf_counter() - started < 0.5
+    worker.join(timeout=30)
+    assert result["r"].status == "complete" and _pg_rows(conn, d) == [] and len(_pg_rows(conn, other)) == 1
+    app.close()
