@@ -479,6 +479,8 @@ def _delete_batches(
                         " where dataset_id = %s",
                         (COMPLETE, ds_id),
                     )
+                    # a reverse apply someone turned on meanwhile may have written a position: dataset_rows holds none
+                    conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
                     _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
                     return deleted, batches, COMPLETE
                 hi_row = conn.execute(
