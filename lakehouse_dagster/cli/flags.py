@@ -1,4 +1,4 @@
-"""`lakehouse flags|write-flags list|set|clear|history`, `write-flags candidates`, and `lakehouse read` (a reader through the router)."""
+"""`lakehouse flags|write-flags list|set|clear|history`, `write-flags candidates|complete`, and `lakehouse read` (a reader through the router)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,21 @@ def register(sub) -> None:
             )
             bf.add_argument("--dataset", required=True, help="dataset uuid")
             parsers.append(bf)
+            cp = add_command(
+                actions,
+                "complete",
+                _complete,
+                help="retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, "
+                "no Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable",
+            )
+            _scope_args(cp)
+            cp.add_argument("--export-to", help="first write the rows as Parquet into this new or empty directory")
+            cp.add_argument("--note", help="why (kept in the audit)")
+            cp.add_argument(
+                "--status", action="store_true", help="print the complete marks and their audit; change nothing"
+            )
+            cp.add_argument("--limit", type=int, default=50, help="--status: audit entries shown (default 50)")
+            parsers.append(cp)
             parsers += _reverse_args(actions)
             ca = add_command(
                 actions,
@@ -515,12 +530,53 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
 
 
 def _backfill(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks.backfill import (
-        backfill,
+    from lakehouse_dagster.runbooks.complete import (
+        backfill_or_restore,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    r = backfill(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
+    r = backfill_or_restore(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
     return Result(r.as_dict(), r.summary())
+
+
+def _complete(ctx, args) -> Result:
+    from lakehouse_dagster.runbooks import (
+        complete,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    if args.status:
+        if args.workspace:
+            from lakehouse_dagster.core.errors import (
+                BadInput,
+            )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+            raise BadInput("--status takes --dataset <uuid> or no scope (every complete), not --workspace")
+        found = complete.complete_status(ctx.conn, args.dataset, limit=args.limit)
+        marks = [m.as_dict() for m in found["marks"]]
+        lines = [
+            table(marks, ["dataset_id", "status", "started_at", "finished_at", "rows_deleted", "batches", "export_to"])
+            if marks
+            else "no dataset was ever completed"
+        ]
+        if found["audit"]:
+            lines += ["", "audit (newest first)", table(found["audit"], ["at", "dataset_id", "event", "rows", "actor"])]
+        return Result({"marks": marks, "audit": found["audit"]}, "\n".join(lines))
+    done = complete.complete_scope(
+        ctx.dsn,
+        ctx.catalog,
+        ctx.settings,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        export_to=args.export_to,
+        actor=ctx.settings.actor,
+        note=args.note,
+    )
+    lines = [c.summary() for c in done.completed] + [r for _, r in done.refused]
+    if not lines:
+        lines = ["no native dataset in that scope is left to complete"]
+    result = Result(done.as_dict(), "\n".join(lines))
+    if done.refused or any(c.status != "complete" for c in done.completed):
+        result.exit_code = 6 if done.refused else 1
+    return result
 
 
 def _clear(ctx, args) -> Result:

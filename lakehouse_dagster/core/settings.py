@@ -194,6 +194,9 @@ class Settings:
     # dataset written without pause whose every sync rewrites much (T ≈ 1 s) is synced every few seconds, as a batch
     # run would, instead of back to back, so the mirror does not take the live app's CPU. 1: back to back.
     mirror_sync_share: float = 0.25
+    # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
+    # own short transaction (a row_index range of the primary key, no table lock).
+    complete_batch_rows: int = 10_000
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -283,6 +286,7 @@ class Settings:
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
             mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
             mirror_sync_share=_share("LAKEHOUSE_MIRROR_SYNC_SHARE", _float("LAKEHOUSE_MIRROR_SYNC_SHARE", 0.25)),
+            complete_batch_rows=_int("LAKEHOUSE_COMPLETE_BATCH_ROWS", 10_000, minimum=1),
         )
 
     def replace(self, **changes) -> Settings:

@@ -38,6 +38,7 @@ import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.flags.completed import holding
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.reader_datasets import readers_of
@@ -342,6 +343,7 @@ def check_change(
     now = _db_now(conn)
     moved, datasets = effects(conn, flag, scope, mode)
     if flag.kind == WRITE:
+        refuse_completed_rollback(conn, flag, mode, scope, moved)
         # a workspace or global write flip leaves manifest datasets out (not applicable); one named alone is refused
         judged = [
             e for e in moved if e.after == NATIVE and (scope.scope == DATASET or datasets[e.dataset_id][3] == "tabular")
@@ -354,6 +356,33 @@ def check_change(
     if blocked or rules:
         raise _refusal(flag, mode, scope, blocked, rules, names)
     return moved
+
+
+def refuse_completed_rollback(
+    conn: psycopg.Connection, flag: Flag, mode: str | None, scope: Scope, moved: list[Effect]
+) -> None:
+    """A writer leaving iceberg_native for a completed dataset (runbooks/complete.py: its Postgres rows are deleted)
+    is refused before anything else is judged: the pg path would write into an emptied ``dataset_rows`` and every
+    reader going back to Postgres would read nothing. The way back is a backfill from Iceberg first."""
+    leaving = [e for e in moved if e.before == NATIVE and e.after != NATIVE]
+    if not leaving:
+        return
+    found = holding(conn, [e.dataset_id for e in leaving])
+    if not found:
+        return
+    verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
+    lines = [f"refused: {verb} ({scope}) would move completed dataset(s) off iceberg_native; nothing written:"]
+    lines += [f"  {found[d].why_not_postgres()}" for d in sorted(found, key=str)[:_SHOWN]]
+    if len(found) > _SHOWN:
+        lines.append(f"  ... and {len(found) - _SHOWN} more")
+    if scope.scope != DATASET:
+        lines.append(
+            f"  (or keep them native with a dataset-scoped override: write-flags set {flag.name} {NATIVE} --dataset <id>)"
+        )
+    if len(found) == 1 and scope.scope == DATASET:
+        (only,) = found.values()
+        raise FlipRefused(f"refused: {verb}: {only.why_not_postgres()}; nothing written")
+    raise FlipRefused("\n".join(lines))
 
 
 def scope_names(conn: psycopg.Connection, datasets: dict) -> dict:

@@ -33,6 +33,7 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock, pooled_guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.completed import completed_mark
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.writer import (
@@ -123,6 +124,12 @@ def sync_dataset(
                 f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
             )
         with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s), admission_slot(conn, settings.max_concurrent_ingest):
+            done = completed_mark(conn, ds_id)  # complete (issue 31): whatever its flags say now
+            if done is not None and done.holding:
+                raise BadInput(
+                    f"{done.why_not_postgres()}; mirroring the emptied dataset_rows over the Iceberg table would "
+                    "drop every row, so the mirror refuses it"
+                )
             # Checked under the dataset lock: a writer flipped to iceberg_native makes Iceberg the truth and
             # Postgres stale, so mirroring would overwrite rows that exist only in Iceberg (split brain).
             if native_dataset_ids(conn, [ds_id]):

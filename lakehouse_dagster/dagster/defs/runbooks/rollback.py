@@ -16,7 +16,8 @@ from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.gates import set_flag
-from lakehouse_dagster.runbooks.backfill import backfill
+from lakehouse_dagster.runbooks.backfill import BackfillResult, backfill
+from lakehouse_dagster.runbooks.complete import backfill_or_restore
 from lakehouse_dagster.runbooks.rollback_report import leaving_native, rollback_lines, rolled_back
 
 
@@ -117,7 +118,7 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehous
     with lakehouse.connect() as conn:
         tag_run(context, dataset_tags(conn, config.dataset_id))
     try:
-        r = backfill(
+        r = backfill_or_restore(  # a completed dataset: restored from Iceberg (runbooks/complete.py)
             lakehouse.pg_dsn,
             lakehouse.catalog(),
             lakehouse.settings(),
@@ -127,6 +128,11 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehous
     except LakehouseError as exc:
         raise refuse(exc) from None
     context.log.info(r.summary())
+    if not isinstance(r, BackfillResult):  # a restore: its own few numbers
+        context.add_output_metadata(
+            {"dataset_id": text(r.dataset_id), "snapshot_id": text(r.snapshot_id), "copied": r.copied, "restored": True}
+        )
+        return r.as_dict()
     context.add_output_metadata(
         {
             "dataset_id": text(r.dataset_id),

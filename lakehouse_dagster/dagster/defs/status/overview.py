@@ -23,6 +23,7 @@ ROLLOUT_JOBS = (
     "read_flip",
     "write_flip",
     "write_rollback",
+    "complete",
     "set_flag",
     "clear_flag",
     "rollout_start",
