@@ -6,7 +6,7 @@ import logging
 import sys
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.flags.candidates import write_flip_candidates
+from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
 from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
@@ -749,6 +749,12 @@ def _candidates(ctx, args) -> Result:
     rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
     ready = sum(c.ready for c in found)
     text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
+    piped = [c for c in found if c.runbook_verdict != SAFE]
+    if piped:  # the reverse mirror keeps a native pipeline input's dataset_rows (docs/design/reverse-mirror.md)
+        text += (
+            f"\n{len(piped)} pipeline input(s): {sum(c.safe for c in piped)} SAFE with the reverse mirror on, "
+            f"{sum(not c.safe for c in piped)} BLOCKED with it off (lakehouse write-flags reverse on --dataset <id>)"
+        )
     text += (
         f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
         # the runbook's step 3 is the flip (preflight canary, gated set, verify, first native sync and its canary),

@@ -1,0 +1,99 @@
+"""Pipeline inputs and Postgres-locked readers with the reverse mirror (issue 31): step 2b's candidates say SAFE
+with the reverse on and BLOCKED without it, naming why; the write-flip gates let such a dataset go native only with
+its reverse on, and refuse it otherwise before anything is written, with the reason and the command.
+
+Datasets are made ready the way test_gates.py makes them (the real mirror, read flips, the real canary); the flips
+go through the gated ``set_flag`` in process, one through the CLI (what the operator reads).
+"""
+
+from __future__ import annotations
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.flags.candidates import SAFE, SAFE_REVERSE, write_flip_candidates
+from lakehouse_dagster.flags.gates import set_flag
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.reader_datasets import declare
+from lakehouse_dagster.flags.reverse_setting import set_reverse
+
+from .flag_helpers import cli, cli_json, flag_tables
+from .test_gates import _dataset, _ready, ws  # noqa: F401  (ws: the fixture)
+
+
+def _pipe(conn, ws_id, d) -> None:
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
+        (ws_id, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(d)}}]})),
+    )
+
+
+def _flip(conn, d=None, **scope):
+    return set_flag(
+        conn, "write", "sync.full", "iceberg_native", dataset=d, soak_seconds=0, actor="pytest", note="fase4", **scope
+    )
+
+
+def test_a_pipeline_input_is_blocked_with_the_reverse_off_and_safe_with_it_on(conn, dsn, settings, ws):  # noqa: F811
+    piped, plain = _dataset(conn, ws, "piped", 6), _dataset(conn, ws, "plain", 5)
+    for d in (piped, plain):
+        _ready(conn, dsn, settings, d)
+    _pipe(conn, ws, piped)
+    set_reverse(conn, False, dataset=piped, note="keep Postgres as is", actor="pytest")
+
+    turn_on = f"lakehouse write-flags reverse on --dataset {piped}"
+    got = {c.name: c for c in write_flip_candidates(conn, "sync.full")}
+    assert got["piped"].verdict == f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{turn_on}`)"
+    assert got["piped"].runbook_verdict == "BLOCKED (pipeline input)" and not got["piped"].ready
+    assert got["piped"].reverse == "reverse off (dataset setting)"
+    assert (got["plain"].verdict, got["plain"].ready, got["plain"].reverse) == (SAFE, True, None)
+
+    before = flag_tables(conn)
+    with pytest.raises(FlipRefused) as refused:
+        _flip(conn, piped)
+    text = str(refused.value)
+    assert f"piped ({piped}): BLOCKED (pipeline input; reverse mirror off)" in text
+    assert "a pipeline reads it from dataset_rows (F3)" in text and f"turn it on with `{turn_on}`" in text
+    assert "nothing written" in text and flag_tables(conn) == before and native_dataset_ids(conn) == set()
+    # a workspace flip names each blocked dataset, and moves none of them
+    with pytest.raises(FlipRefused) as refused:
+        _flip(conn, workspace=ws)
+    assert f"piped ({piped}): BLOCKED (pipeline input; reverse mirror off)" in str(refused.value)
+    assert f"plain ({plain})" not in str(refused.value) and flag_tables(conn) == before
+
+    # the operator reads the same through the CLI: the verdict, and the JSON carries it
+    proc = cli("write-flags", "candidates", "--writer", "sync.full", check=True)
+    assert f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{turn_on}`)" in proc.stdout
+    assert "1 pipeline input(s): 0 SAFE with the reverse mirror on, 1 BLOCKED with it off" in proc.stdout
+
+    set_reverse(conn, None, dataset=piped, note="the default: on", actor="pytest")
+    got = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.full")}
+    assert (got["piped"]["verdict"], got["piped"]["ready"], got["piped"]["reasons"]) == (SAFE_REVERSE, True, [])
+    assert got["piped"]["runbook_verdict"] == "BLOCKED (pipeline input)"
+    assert got["piped"]["reverse"] == "reverse on (the default)"
+    assert _flip(conn, piped).after == "iceberg_native" and native_dataset_ids(conn) == {piped}
+
+
+def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, settings, ws):  # noqa: F811
+    d = _dataset(conn, ws, "dashed", 4)
+    _ready(conn, dsn, settings, d)
+    declare(conn, "dashboards.aggregate", dataset=d, note="the KPI board", actor="pytest")
+    set_reverse(conn, False, workspace=ws, note="workspace off", actor="pytest")
+
+    (c,) = write_flip_candidates(conn, "sync.full")
+    assert c.verdict == SAFE and not c.ready  # not a pipeline input: the runbook's SAFE, but the gate says no
+    assert any("read from dataset_rows by dashboards.aggregate" in r for r in c.reasons)
+
+    before = flag_tables(conn)
+    with pytest.raises(FlipRefused) as refused:
+        _flip(conn, d)
+    text = str(refused.value)
+    assert f"dashed ({d}): read from dataset_rows by dashboards.aggregate, locked to Postgres" in text
+    assert f"reverse off (workspace setting): turn it on with `lakehouse write-flags reverse on --dataset {d}`" in text
+    assert flag_tables(conn) == before and native_dataset_ids(conn) == set()
+
+    set_reverse(conn, True, dataset=d, note="keep dataset_rows for the board", actor="pytest")  # most specific wins
+    (c,) = write_flip_candidates(conn, "sync.full")
+    assert c.ready and c.reasons == ()
+    assert _flip(conn, d).after == "iceberg_native" and native_dataset_ids(conn) == {d}
