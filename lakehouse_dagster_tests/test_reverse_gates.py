@@ -13,10 +13,13 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.candidates import SAFE, SAFE_REVERSE, write_flip_candidates
-from lakehouse_dagster.flags.gates import set_flag
+from lakehouse_dagster.flags.gates import NATIVE, set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reader_datasets import declare
+from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.reverse_setting import set_reverse
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.runbooks import flip
 
 from .flag_helpers import cli, cli_json, flag_tables
 from .test_gates import _dataset, _ready, ws  # noqa: F401  (ws: the fixture)
@@ -61,6 +64,12 @@ def test_a_pipeline_input_is_blocked_with_the_reverse_off_and_safe_with_it_on(co
         _flip(conn, workspace=ws)
     assert f"piped ({piped}): BLOCKED (pipeline input; reverse mirror off)" in str(refused.value)
     assert f"plain ({plain})" not in str(refused.value) and flag_tables(conn) == before
+    # the native flip (write-flags flip) refuses it in its preflight, before it canaries anything
+    verdicts = conn.execute("select count(*) from lakehouse_read_parity").fetchone()
+    with pytest.raises(FlipRefused, match=r"BLOCKED \(pipeline input; reverse mirror off\)"):
+        flip.preflight(conn, dsn, load_catalog(settings, dsn), settings, "sync.full", NATIVE, dataset=piped, kind=WRITE)
+    assert conn.execute("select count(*) from lakehouse_read_parity").fetchone() == verdicts
+    assert flag_tables(conn) == before
 
     # the operator reads the same through the CLI: the verdict, and the JSON carries it
     proc = cli("write-flags", "candidates", "--writer", "sync.full", check=True)

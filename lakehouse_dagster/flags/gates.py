@@ -280,6 +280,17 @@ def postgres_consumer_blockers(
     return out
 
 
+def check_postgres_consumers(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str) -> None:
+    """``postgres_consumer_blockers`` alone for a write flip, so its preflight refuses before it canaries (the
+    gated set checks them again with every other gate)."""
+    moved, datasets = effects(conn, flag, scope, mode)
+    judged = [e for e in moved if e.after == NATIVE and datasets[e.dataset_id][3] == "tabular"]
+    found = postgres_consumer_blockers(conn, judged, datasets)
+    if found:
+        blocked = [Blocked(e.dataset_id, e.name, tuple(found[e.dataset_id])) for e in judged if e.dataset_id in found]
+        raise _refusal(flag, mode, scope, blocked, (), scope_names(conn, datasets))
+
+
 def _reader_soaks(
     conn, moved: list[Effect], datasets: dict, servable: list[Flag], stored: dict, soak_seconds: int, now
 ) -> dict[uuid.UUID, list[str]]:
