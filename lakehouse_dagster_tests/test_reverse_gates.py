@@ -12,6 +12,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.dagster.defs.status.overview import overview_metadata
 from lakehouse_dagster.flags.candidates import SAFE, SAFE_REVERSE, write_flip_candidates
 from lakehouse_dagster.flags.gates import NATIVE, set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
@@ -19,9 +20,14 @@ from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.reverse import apply_reverse
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks import flip
+from lakehouse_dagster.status.overview import compute_overview, text_lines
+from lakehouse_dagster.tracking.datasets import get_dataset
 
 from .flag_helpers import cli, cli_json, flag_tables
+from .native_helpers import native_write, ready_native, row
 from .test_gates import _dataset, _ready, ws  # noqa: F401  (ws: the fixture)
 
 
@@ -106,3 +112,42 @@ def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, setti
     (c,) = write_flip_candidates(conn, "sync.full")
     assert c.ready and c.reasons == ()
     assert _flip(conn, d).after == "iceberg_native" and native_dataset_ids(conn) == {d}
+
+
+def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.append")  # native, reverse on (the default), nothing written yet
+    ws_id = get_dataset(conn, d).workspace_id
+    piped = _dataset(conn, ws_id, "piped", 3)
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, piped, mode="full")  # identity-ready
+    _pipe(conn, ws_id, piped)
+
+    ov = compute_overview(conn, settings)
+    assert (ov.blocked, ov.piped_reverse_on, ov.problems["blocked"]) == (0, 1, 0)
+    assert ov.flag_stages[("write", "sync.full")]["blocked"] == 0
+    assert (ov.native, ov.reverse_on, ov.reverse_off, ov.reverse_behind) == (1, 1, 0, 0)  # Postgres holds it all
+
+    snap = native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+    ov = compute_overview(conn, settings)
+    (lag,) = ov.reverse_lags
+    assert (ov.reverse_behind, lag.dataset_id, lag.pending, lag.latest_snapshot) == (1, d, 1, snap)
+    assert lag.applied_snapshot is None and 0 <= lag.lag_seconds < 60 and ov.reverse_max_lag_seconds == lag.lag_seconds
+    lines = text_lines(ov)
+    assert any(
+        line.startswith("reverse mirror (Iceberg -> dataset_rows): 1 native dataset(s) with it on, 1 behind")
+        for line in lines
+    )
+    assert f"  orders ({d}): reverse behind by 1 commit(s)" in "\n".join(lines)
+    assert f"lakehouse write-flags reverse sync --dataset {d}" in "\n".join(lines)
+    meta = overview_metadata(ov)
+    assert (meta["reverse/on"].value, meta["reverse/behind"].value, meta["piped_reverse_on"].value) == (1, 1, 1)
+    assert f"partition={d}" in meta["reverse_lag"].value
+
+    apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    set_reverse(conn, False, dataset=piped, note="reverse off", actor="pytest")
+    ov = compute_overview(conn, settings)
+    assert (ov.reverse_on, ov.reverse_behind, ov.reverse_max_lag_seconds, ov.reverse_lags) == (1, 0, None, [])
+    assert (ov.blocked, ov.piped_reverse_on, ov.flag_stages[("write", "sync.full")]["blocked"]) == (1, 0, 1)
+    (a,) = [a for a in ov.attention if a.dataset_id == piped]
+    assert a.problem == "blocked" and "BLOCKED (pipeline input; reverse mirror off)" in a.reason
+    out = cli_json("status", "--json")  # `lakehouse status` is the same computation
+    assert out["reverse"]["on"] == 1 and out["reverse"]["behind"] == 0 and out["blocked"] == 1
