@@ -17,8 +17,8 @@ from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
-from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg

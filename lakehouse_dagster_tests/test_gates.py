@@ -171,7 +171,9 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     assert got["synced"]["verdict"] == "SAFE" and not got["synced"]["ready"]
     assert any("readers still on Postgres" in r for r in got["synced"]["reasons"])
     assert any("no parity verdict" in r for r in got["synced"]["reasons"])
-    assert got["piped"]["verdict"].startswith("BLOCKED (pipeline input; reverse mirror off") and not got["piped"]["ready"]
+    assert (
+        got["piped"]["verdict"].startswith("BLOCKED (pipeline input; reverse mirror off") and not got["piped"]["ready"]
+    )
     # "ready" means the gate lets it through; once flipped it is no longer a candidate to flip
     cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(ready), check=True)
     again = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}

@@ -36,9 +36,9 @@ import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.gates import REVERSE_ON
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
-from lakehouse_dagster.flags.gates import REVERSE_ON
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.stream import shard_lines, shard_status
