@@ -23,6 +23,7 @@ from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks import flip
+from lakehouse_dagster.runbooks.reverse_parity import check_reverse_parity
 from lakehouse_dagster.status.overview import compute_overview, text_lines
 from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -151,3 +152,31 @@ def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(
     assert a.problem == "blocked" and "BLOCKED (pipeline input; reverse mirror off)" in a.reason
     out = cli_json("status", "--json")  # `lakehouse status` is the same computation
     assert out["reverse"]["on"] == 1 and out["reverse"]["behind"] == 0 and out["blocked"] == 1
+
+
+def test_parity_both_ways_lagging_ok_and_a_mismatch_repaired_without_a_writer_rollback(conn, dsn, settings):
+    d = ready_native(conn, dsn, settings, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    snap = native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+
+    lagging = check_reverse_parity(conn, dsn, catalog, settings, d)
+    assert lagging.verdict.verdict == "lagging" and lagging.repair is None
+    assert f"reverse behind: it never applied a snapshot, Iceberg is at {snap}" in lagging.line()
+
+    apply_reverse(dsn, catalog, settings, d)
+    ok = check_reverse_parity(conn, dsn, catalog, settings, d)
+    assert ok.verdict.verdict == "ok" and f"reverse caught up at snapshot {snap}" in ok.line()
+
+    # the copy goes wrong (a write to dataset_rows behind the reverse mirror's back): MISMATCH, repaired in full
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "wrong"}\' where dataset_id = %s and row_index = 7', (d,)
+    )
+    flags_before = flag_tables(conn)
+    bad = check_reverse_parity(conn, dsn, catalog, settings, d)
+    assert bad.verdict.verdict == "MISMATCH" and "the copy is wrong, Iceberg is the truth" in bad.line()
+    assert bad.repair is not None and bad.repair.how == "full" and "repaired, no writer rolled back" in bad.line()
+    assert flag_tables(conn) == flags_before and native_dataset_ids(conn) == {d}  # nothing rolled back
+    assert conn.execute(
+        "select verdict, source from lakehouse_read_parity where dataset_id = %s order by id desc limit 1", (d,)
+    ).fetchone() == ("MISMATCH", "reverse canary")  # recorded: what the alerts read
+    assert check_reverse_parity(conn, dsn, catalog, settings, d).verdict.verdict == "ok"
