@@ -139,7 +139,16 @@ def _reverse_args(actions) -> list:
     )
     sy.add_argument("--dataset", help="dataset uuid (default: every native dataset with the reverse on and behind)")
     sy.add_argument("--full", action="store_true", help="re-sync the dataset's rows in full (needs --dataset)")
-    parsers = [st, sy]
+    ck = add_command(
+        verbs,
+        "check",
+        _reverse_check,
+        help="parity both ways: dataset_rows against Iceberg (lagging / ok / MISMATCH); a MISMATCH is recorded and "
+        "repaired by a full reverse re-sync, never a writer rollback",
+    )
+    ck.add_argument("--dataset", required=True, help="dataset uuid (native, reverse on)")
+    ck.add_argument("--no-repair", action="store_true", help="record a MISMATCH, do not re-sync")
+    parsers = [st, sy, ck]
     for verb, fn, what in (
         ("on", _reverse_on, "turn the reverse on (no scope = global; the default is on)"),
         ("off", _reverse_off, "turn the reverse off (a later rollback then needs a backfill)"),
@@ -186,6 +195,34 @@ def _reverse_status(ctx, args) -> Result:
         else ("no dataset is written iceberg-native: the reverse mirror has nothing to keep")
     )
     return Result({"datasets": [s.as_dict() for s in states]}, text)
+
+
+def _reverse_check(ctx, args) -> Result:
+    from lakehouse_dagster.core.ids import (
+        parse_uuid,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.runbooks.reverse_parity import (
+        check_reverse_parity,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.tracking.datasets import (
+        get_dataset,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    ds_id = parse_uuid(args.dataset, "dataset id")
+    get_dataset(ctx.conn, ds_id)  # an unknown dataset: NotFound, one line
+    c = check_reverse_parity(
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, ds_id, repair=not args.no_repair, actor=ctx.settings.actor
+    )
+    data = {
+        "verdict": None if c.verdict is None else c.verdict.as_dict(),
+        "parity_id": c.parity_id,
+        "repair": None if c.repair is None else c.repair.as_dict(),
+        "repair_error": c.repair_error,
+    }
+    result = Result(data, f"dataset {ds_id}: {c.line()}")
+    if c.verdict is not None and c.verdict.verdict == "MISMATCH":
+        result.exit_code = 1  # the canary's EXIT_MISMATCH, repaired or not: it alerts
+    return result
 
 
 def _reverse_sync(ctx, args) -> Result:

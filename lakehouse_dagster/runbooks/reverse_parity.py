@@ -14,7 +14,8 @@ Postgres); ``check_reverse_parity`` is the caller that records and acts. The pos
 comparison: only when both equal the pinned snapshot did the Postgres pin (taken between them) see that snapshot's
 rows, since an apply commits the rows and its position together; otherwise the verdict is ``lagging``.
 
-Not yet wired into the scheduled canary or ``lakehouse canary``: those still say ``native`` for a native dataset.
+``lakehouse write-flags reverse check --dataset <id> [--no-repair]`` runs it (exit 1 on a MISMATCH). Not yet wired
+into the scheduled canary or ``lakehouse canary``: those still say ``native`` for a native dataset.
 """
 
 from __future__ import annotations
@@ -104,6 +105,7 @@ def check_reverse_parity(
     *,
     run_id: str | None = None,
     repair: bool = True,
+    actor: str | None = None,
 ) -> ReverseCheck:
     """Compare, record the verdict (a MISMATCH alerts like any recorded one), and on a MISMATCH repair the copy by a
     full reverse re-sync — never ``auto_rollback.after_record``: the writer stays native."""
@@ -114,7 +116,8 @@ def check_reverse_parity(
     if v.verdict != canary.MISMATCH or not repair:
         return ReverseCheck(v, parity_id, None)
     try:
-        fixed = apply_reverse(dsn, catalog, settings, v.dataset_id, full=True)
+        kw = {"actor": actor} if actor else {}
+        fixed = apply_reverse(dsn, catalog, settings, v.dataset_id, full=True, **kw)
     except Exception as exc:  # noqa: BLE001 - recorded and said; the next check asks again
         return ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
     return ReverseCheck(v, parity_id, fixed)
