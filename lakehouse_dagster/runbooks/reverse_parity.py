@@ -29,7 +29,7 @@ from pyiceberg.catalog import Catalog
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.mirror.reverse import ReverseResult, apply_reverse, position, reverse_states
+from lakehouse_dagster.mirror.reverse import ACTOR, ReverseResult, apply_reverse, position, reverse_states
 from lakehouse_dagster.parity import canary
 
 SOURCE = "reverse canary"
@@ -116,8 +116,7 @@ def check_reverse_parity(
     if v.verdict != canary.MISMATCH or not repair:
         return ReverseCheck(v, parity_id, None)
     try:
-        kw = {"actor": actor} if actor else {}
-        fixed = apply_reverse(dsn, catalog, settings, v.dataset_id, full=True, **kw)
+        fixed = apply_reverse(dsn, catalog, settings, v.dataset_id, full=True, actor=actor or ACTOR)
     except Exception as exc:  # noqa: BLE001 - recorded and said; the next check asks again
         return ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
     return ReverseCheck(v, parity_id, fixed)
