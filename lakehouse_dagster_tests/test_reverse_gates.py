@@ -145,6 +145,12 @@ def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(
 
     apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
     set_reverse(conn, False, dataset=piped, note="reverse off", actor="pytest")
+    # turning the reverse off for a native dataset a pipeline reads: said at once (its next native write is refused)
+    _pipe(conn, ws_id, d)
+    out = cli_json("write-flags", "reverse", "off", "--dataset", str(d), "--note", "try")
+    assert out["stranded"] == [{"dataset_id": str(d), "name": "orders"}]
+    cli("write-flags", "reverse", "clear", "--dataset", str(d), "--note", "back on", check=True)
+    conn.execute("delete from pipelines where spec->'nodes'->0->'data'->>'datasetId' = %s", (str(d),))
     ov = compute_overview(conn, settings)
     assert (ov.reverse_on, ov.reverse_behind, ov.reverse_max_lag_seconds, ov.reverse_lags) == (1, 0, None, [])
     assert (ov.blocked, ov.piped_reverse_on, ov.flag_stages[("write", "sync.full")]["blocked"]) == (1, 0, 1)

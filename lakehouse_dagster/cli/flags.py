@@ -269,7 +269,28 @@ def _reverse_change(ctx, args, enabled) -> Result:
             + ("; the reverse mirror applies native commits from its next run" if enabled else "")
             + ("; a rollback to pg of these datasets will need a backfill" if enabled is False else "")
         )
-    return Result(c.as_dict(), text)
+    data = c.as_dict()
+    if c.changed:  # the native datasets a pipeline or a locked reader reads that now fail the gates (reverse off)
+        stranded = _stranded_by_reverse_off(ctx.conn)
+        data["stranded"] = [{"dataset_id": str(i), "name": n} for i, n in stranded]
+        if stranded:
+            text += (
+                f"\nwarning: {len(stranded)} native dataset(s) read from dataset_rows by a pipeline or a Postgres-locked "
+                "reader now fail the write-flip gates, so their next native write is refused (native_safety reports "
+                "them): " + ", ".join(f"{n} ({i})" for i, n in stranded[:20]) + " — turn the reverse back on "
+                "(lakehouse write-flags reverse on --dataset <id>) or roll the writer back"
+            )
+    return Result(data, text)
+
+
+def _stranded_by_reverse_off(conn) -> list[tuple]:
+    """(id, name) of the native datasets failing the gates because their reverse is off (gates.postgres_consumer_blockers)."""
+    from lakehouse_dagster.routing.native_guard import (
+        unsafe_native_datasets,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    _, unsafe = unsafe_native_datasets(conn)
+    return [(b.dataset_id, b.name) for b in unsafe if any("reverse mirror" in r for r in b.reasons)]
 
 
 def _reverse_on(ctx, args) -> Result:
