@@ -18,6 +18,7 @@ from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
@@ -120,15 +121,17 @@ def test_a_pipeline_or_a_lowered_reader_on_a_native_dataset_refuses_its_next_nat
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(9, 11)], start=9)
 
     _add_pipeline(conn, ws, d)  # a pipeline starts reading it as input from dataset_rows (F3)
-    message = _refused_write(conn, dsn, settings, d, "sync.append", start=11)
-    assert "BLOCKED (pipeline input)" in message and f"orders ({d})" in message
+    native_write(conn, dsn, settings, d, "sync.append", [row(11)], start=11)  # the reverse on keeps dataset_rows
+    set_reverse(conn, False, dataset=d, note="reverse off", actor="pytest")  # now dataset_rows would go stale
+    message = _refused_write(conn, dsn, settings, d, "sync.append", start=12)
+    assert "BLOCKED (pipeline input; reverse mirror off)" in message and f"orders ({d})" in message
     assert "behind Postgres" not in message and "parity" not in message  # at-flip reasons do not apply
     conn.execute("delete from pipelines")
-    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(11, 12)], start=11)
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(12, 13)], start=12)
 
     # a reader lowered by hand (set_override is ungated)
     set_override(conn, "read", "graph.kuzu", "off", dataset=d, note="by hand", actor="pytest")
-    message = _refused_write(conn, dsn, settings, d, "sync.append", start=12)
+    message = _refused_write(conn, dsn, settings, d, "sync.append", start=13)
     assert "readers still on Postgres for it: graph.kuzu (off)" in message
 
 
@@ -156,6 +159,7 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
     assert isinstance(result, dg.SkipReason) and "all 1 dataset(s) written iceberg-native pass" in result.skip_message
 
     _add_pipeline(conn, ws, piped)
+    set_reverse(conn, False, dataset=piped, note="reverse off: the pipeline input blocks", actor="pytest")
     set_override(conn, "write", "cdc.append", "iceberg_native", workspace=ws, note="by hand", actor="pytest")
     moved = app_tables.create_dataset(conn, app_tables.create_workspace(conn, "other"), "moved_in", SCHEMA)
     app_tables.insert_rows(conn, moved, [row(i) for i in range(2)])
@@ -167,7 +171,7 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
     assert isinstance(again, dg.SkipReason)
     text = again.skip_message
     assert text.startswith("2 of 2 dataset(s) written iceberg-native fail the write-flip gates")
-    assert f"orders ({piped}): BLOCKED (pipeline input)" in text
+    assert f"orders ({piped}): BLOCKED (pipeline input; reverse mirror off)" in text
     assert f"moved_in ({moved}): never mirrored" in text and "readers still on Postgres" in text
 
     # The report run the sensor asks for: a real Dagster run that fails, naming them.

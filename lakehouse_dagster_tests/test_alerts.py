@@ -25,6 +25,7 @@ from lakehouse_dagster.dagster.defs.alerts.alerts_sensor import lakehouse_alerts
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags import set_override
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks import auto_rollback
@@ -267,11 +268,12 @@ def test_a_native_safety_finding_is_posted_once_and_again_when_its_reasons_chang
     assert "never mirrored" in text and f"lakehouse write-flags set <writer> pg --dataset {d}" in text
     tick()
     assert len(receiver.delivered) == 1
+    set_reverse(conn, False, dataset=d, note="reverse off", actor="pytest")  # with it on, a pipeline input is fine
     conn.execute(  # a pipeline starts reading it as input (F3): one more reason, a new finding
         "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
         (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(d)}}]})),
     )
-    assert "native_unsafe 1" in tick() and "BLOCKED (pipeline input)" in receiver.texts()[1]
+    assert "native_unsafe 1" in tick() and "BLOCKED (pipeline input; reverse mirror off)" in receiver.texts()[1]
     conn.execute("delete from pipelines")
     set_override(conn, "write", "cdc.append", "pg", dataset=d, note="rolled back", actor="pytest")
     tick()  # safe again: both findings resolved, nothing posted

@@ -16,6 +16,7 @@ from lakehouse_dagster.flags import registry
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
@@ -85,14 +86,15 @@ def test_a_ready_dataset_flips_and_then_its_readers_cannot_go_back_to_postgres(c
 
 
 def test_each_prerequisite_is_named(conn, dsn, settings, ws):
-    # F3: a pipeline input stays blocked however ready it is
+    # F3: a pipeline input with its reverse mirror off stays blocked however ready it is (on: test_reverse_gates.py)
     piped = _dataset(conn, ws, "piped")
+    set_reverse(conn, False, dataset=piped, note="reverse off", actor="pytest")
     _ready(conn, dsn, settings, piped)
     conn.execute(
         "insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
         (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})),
     )
-    assert "BLOCKED (pipeline input)" in _refused(
+    assert "BLOCKED (pipeline input; reverse mirror off)" in _refused(
         "write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(piped)
     )
     # one reader left on Postgres
@@ -158,6 +160,7 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     _ready(conn, dsn, settings, ready)
     _ready(conn, dsn, settings, piped)
     sync_dataset(dsn, load_catalog(settings, dsn), settings, synced, mode="full")  # mirrored, nothing else
+    set_reverse(conn, False, dataset=piped, note="reverse off", actor="pytest")
     conn.execute(
         "insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
         (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})),
@@ -168,7 +171,9 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     assert got["synced"]["verdict"] == "SAFE" and not got["synced"]["ready"]
     assert any("readers still on Postgres" in r for r in got["synced"]["reasons"])
     assert any("no parity verdict" in r for r in got["synced"]["reasons"])
-    assert got["piped"]["verdict"] == "BLOCKED (pipeline input)" and not got["piped"]["ready"]
+    assert (
+        got["piped"]["verdict"].startswith("BLOCKED (pipeline input; reverse mirror off") and not got["piped"]["ready"]
+    )
     # "ready" means the gate lets it through; once flipped it is no longer a candidate to flip
     cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(ready), check=True)
     again = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}

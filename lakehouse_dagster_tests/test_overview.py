@@ -25,6 +25,7 @@ from lakehouse_dagster.dagster.defs.status.overview import (
 from lakehouse_dagster.flags.candidates import RUNBOOK_SAFE_BLOCKED
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.stream import STREAM_OFF, shard_status
 from lakehouse_dagster.mirror.sync import sync_dataset
@@ -104,6 +105,8 @@ def _seed(conn, dsn, settings) -> dict[str, uuid.UUID]:
         "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
         (alpha, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(ds["blocked"])}}]})),
     )
+    # ... and its reverse mirror is off (with it on a pipeline input is SAFE: test_reverse_gates.py)
+    set_reverse(conn, False, dataset=ds["blocked"], note="reverse off", actor="pytest")
     # MISMATCH: a row changed with the triggers bypassed, then the canary
     with conn.transaction():
         conn.execute("alter table dataset_rows disable trigger user")
@@ -213,7 +216,10 @@ def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, 
     assert "readers still on Postgres" in listed["native_unsafe"].reason
     assert "running since" in listed["wedged"].reason
     assert "past 3600 s" in listed["lagging"].reason
-    assert listed["blocked"].reason.startswith("BLOCKED (pipeline input): nightly reads it from dataset_rows (F3)")
+    assert listed["blocked"].reason.startswith(
+        "BLOCKED (pipeline input; reverse mirror off): nightly reads it from dataset_rows (F3)"
+    )
+    assert f"turn it on with `lakehouse write-flags reverse on --dataset {ds['blocked']}`" in listed["blocked"].reason
     assert partition_page(ds["blocked"]) == f"/assets/iceberg/dataset_table?view=partitions&partition={ds['blocked']}"
 
     # `lakehouse status` prints the same computation

@@ -19,6 +19,7 @@ from lakehouse_dagster.flags.gates import check_change, set_flag
 from lakehouse_dagster.flags.overrides import Scope
 from lakehouse_dagster.flags.reader_datasets import declare, remove
 from lakehouse_dagster.flags.registry import get_flag
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.tracking import datasets
 
@@ -306,6 +307,9 @@ def test_the_reader_soak_follows_the_effective_mode_through_every_scope(conn, ds
 
 
 def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, settings, ws):
+    set_reverse(
+        conn, False, note="reverse off everywhere: a locked reader blocks", actor="pytest"
+    )  # test_reverse_gates.py: on
     d = _dataset(conn, ws, "d")
     _ready(conn, dsn, settings, d)
     out = cli_json("flags", "readers", "add", "objects.sync", "--dataset", str(d), "--note", "nightly object sync")

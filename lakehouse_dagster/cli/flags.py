@@ -6,7 +6,7 @@ import logging
 import sys
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.flags.candidates import write_flip_candidates
+from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
 from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
@@ -154,7 +154,16 @@ def _reverse_args(actions) -> list:
     )
     sy.add_argument("--dataset", help="dataset uuid (default: every native dataset with the reverse on and behind)")
     sy.add_argument("--full", action="store_true", help="re-sync the dataset's rows in full (needs --dataset)")
-    parsers = [st, sy]
+    ck = add_command(
+        verbs,
+        "check",
+        _reverse_check,
+        help="parity both ways: dataset_rows against Iceberg (lagging / ok / MISMATCH); a MISMATCH is recorded and "
+        "repaired by a full reverse re-sync, never a writer rollback",
+    )
+    ck.add_argument("--dataset", required=True, help="dataset uuid (native, reverse on)")
+    ck.add_argument("--no-repair", action="store_true", help="record a MISMATCH, do not re-sync")
+    parsers = [st, sy, ck]
     for verb, fn, what in (
         ("on", _reverse_on, "turn the reverse on (no scope = global; the default is on)"),
         ("off", _reverse_off, "turn the reverse off (a later rollback then needs a backfill)"),
@@ -203,6 +212,34 @@ def _reverse_status(ctx, args) -> Result:
     return Result({"datasets": [s.as_dict() for s in states]}, text)
 
 
+def _reverse_check(ctx, args) -> Result:
+    from lakehouse_dagster.core.ids import (
+        parse_uuid,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.runbooks.reverse_parity import (
+        check_reverse_parity,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.tracking.datasets import (
+        get_dataset,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    ds_id = parse_uuid(args.dataset, "dataset id")
+    get_dataset(ctx.conn, ds_id)  # an unknown dataset: NotFound, one line
+    c = check_reverse_parity(
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, ds_id, repair=not args.no_repair, actor=ctx.settings.actor
+    )
+    data = {
+        "verdict": None if c.verdict is None else c.verdict.as_dict(),
+        "parity_id": c.parity_id,
+        "repair": None if c.repair is None else c.repair.as_dict(),
+        "repair_error": c.repair_error,
+    }
+    result = Result(data, f"dataset {ds_id}: {c.line()}")
+    if c.verdict is not None and c.verdict.verdict == "MISMATCH":
+        result.exit_code = 1  # the canary's EXIT_MISMATCH, repaired or not: it alerts
+    return result
+
+
 def _reverse_sync(ctx, args) -> Result:
     from lakehouse_dagster.core.errors import (
         BadInput,
@@ -247,7 +284,28 @@ def _reverse_change(ctx, args, enabled) -> Result:
             + ("; the reverse mirror applies native commits from its next run" if enabled else "")
             + ("; a rollback to pg of these datasets will need a backfill" if enabled is False else "")
         )
-    return Result(c.as_dict(), text)
+    data = c.as_dict()
+    if c.changed:  # the native datasets a pipeline or a locked reader reads that now fail the gates (reverse off)
+        stranded = _stranded_by_reverse_off(ctx.conn)
+        data["stranded"] = [{"dataset_id": str(i), "name": n} for i, n in stranded]
+        if stranded:
+            text += (
+                f"\nwarning: {len(stranded)} native dataset(s) read from dataset_rows by a pipeline or a Postgres-locked "
+                "reader now fail the write-flip gates, so their next native write is refused (native_safety reports "
+                "them): " + ", ".join(f"{n} ({i})" for i, n in stranded[:20]) + " — turn the reverse back on "
+                "(lakehouse write-flags reverse on --dataset <id>) or roll the writer back"
+            )
+    return Result(data, text)
+
+
+def _stranded_by_reverse_off(conn) -> list[tuple]:
+    """(id, name) of the native datasets failing the gates because their reverse is off (gates.postgres_consumer_blockers)."""
+    from lakehouse_dagster.routing.native_guard import (
+        unsafe_native_datasets,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    _, unsafe = unsafe_native_datasets(conn)
+    return [(b.dataset_id, b.name) for b in unsafe if any("reverse mirror" in r for r in b.reasons)]
 
 
 def _reverse_on(ctx, args) -> Result:
@@ -805,6 +863,12 @@ def _candidates(ctx, args) -> Result:
     rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
     ready = sum(c.ready for c in found)
     text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
+    piped = [c for c in found if c.runbook_verdict != SAFE]
+    if piped:  # the reverse mirror keeps a native pipeline input's dataset_rows (docs/design/reverse-mirror.md)
+        text += (
+            f"\n{len(piped)} pipeline input(s): {sum(c.safe for c in piped)} SAFE with the reverse mirror on, "
+            f"{sum(not c.safe for c in piped)} BLOCKED with it off (lakehouse write-flags reverse on --dataset <id>)"
+        )
     text += (
         f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
         # the runbook's step 3 is the flip (preflight canary, gated set, verify, first native sync and its canary),

@@ -2,7 +2,10 @@
 
 The runbook classifies identity-ready datasets as SAFE or BLOCKED (pipeline input) with one
 read-only query; it runs here verbatim (test_demo compares it with the runbook character for
-character). SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
+character). The reverse mirror (issue 31) then reclassifies a pipeline input: its dataset_rows stay
+fresh while the reverse mirror is on for it, so it is ``SAFE (pipeline input; reverse mirror on)``, and
+BLOCKED, naming why and the command that lifts it, only while its reverse mirror is off (or cannot
+run: capture mode after-commit). The query's own verdict is kept as ``runbook_verdict``. SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
 ask that its readers are on Iceberg, that it is caught up and that its parity verdict is ok, so each
 candidate carries the gate's reasons for the chosen writer, and ``ready`` means a
 ``write-flags flip <writer> --dataset <id>`` would get past the gates now (the CLI suggests the flip, the runbook's
@@ -16,9 +19,11 @@ import uuid
 
 import psycopg
 
-from lakehouse_dagster.flags.gates import NATIVE, Effect, write_flip_blockers
+from lakehouse_dagster.flags.gates import NATIVE, REVERSE_ON, Effect, write_flip_blockers
 from lakehouse_dagster.flags.registry import WRITE, check_mode, get_flag
+from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.tracking import capture
 
 # Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\
@@ -39,17 +44,39 @@ where l.status = 'succeeded' and l.has_identity
 order by verdict, d.row_count desc nulls last;"""
 
 SAFE = "SAFE"
+RUNBOOK_BLOCKED = "BLOCKED (pipeline input)"  # the query's verdict for a pipeline input
+SAFE_REVERSE = "SAFE (pipeline input; reverse mirror on)"
+
+
+def reverse_verdict(runbook_verdict: str, dataset_id: uuid.UUID, reverse_on: bool, after_commit: bool) -> str:
+    """Step 2b's verdict with the reverse mirror: a pipeline input is SAFE while its reverse mirror is on."""
+    if runbook_verdict != RUNBOOK_BLOCKED:
+        return runbook_verdict
+    if reverse_on and not after_commit:
+        return SAFE_REVERSE
+    if reverse_on:
+        return (
+            "BLOCKED (pipeline input; reverse mirror on but capture mode is after-commit, where it cannot run: "
+            "`lakehouse db capture disable`)"
+        )
+    return f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{REVERSE_ON.format(id=dataset_id)}`)"
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    verdict: str  # the runbook's: SAFE | BLOCKED (pipeline input)
+    verdict: str  # SAFE | SAFE (pipeline input; reverse mirror on) | BLOCKED (pipeline input; reverse mirror off: ...)
     name: str
     row_count: int | None
     dataset_id: uuid.UUID
     writer_mode: str  # the writer's effective mode for the dataset now
     ready: bool  # the flip gates would let the writer go iceberg_native for it now
     reasons: tuple[str, ...]
+    runbook_verdict: str = SAFE  # the runbook's query verbatim: SAFE | BLOCKED (pipeline input)
+    reverse: str | None = None  # a pipeline input's reverse setting (e.g. "reverse on (the default)")
+
+    @property
+    def safe(self) -> bool:
+        return self.verdict.startswith(SAFE)
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id), "reasons": list(self.reasons)}
@@ -74,20 +101,27 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
     modes = {i: resolve_for(flag, stored, i, info[i][2]) for i in ids}
     moved = [Effect(i, info[i][1], modes[i], NATIVE) for i in ids if modes[i] != NATIVE]
     reasons = {b.dataset_id: b.reasons for b in write_flip_blockers(conn, moved, info)}
+    piped = [r[3] for r in rows if r[0] == RUNBOOK_BLOCKED]
+    reverse = reverse_settings(conn, piped)
+    after_commit = capture.active(conn) if piped else False
     out = []
-    for verdict, name, row_count, ds_id in rows:
+    for runbook, name, row_count, ds_id in rows:
         why = reasons.get(ds_id, ())
         if modes[ds_id] == NATIVE:
             why = (f"already {NATIVE} for {writer}",)
-        out.append(
-            Candidate(
-                verdict,
-                name,
-                row_count,
-                ds_id,
-                modes[ds_id],
-                verdict == SAFE and not reasons.get(ds_id) and modes[ds_id] != NATIVE,
-                tuple(why),
-            )
+        s = reverse.get(ds_id)
+        verdict = reverse_verdict(runbook, ds_id, s is not None and s.enabled, after_commit)
+        c = Candidate(
+            verdict,
+            name,
+            row_count,
+            ds_id,
+            modes[ds_id],
+            False,
+            tuple(why),
+            runbook,
+            s.describe() if s is not None else None,
         )
-    return out
+        out.append(dataclasses.replace(c, ready=c.safe and not reasons.get(ds_id) and modes[ds_id] != NATIVE))
+    # the runbook's order (verdict, then row_count desc nulls last), over the verdicts as reclassified
+    return sorted(out, key=lambda c: (c.verdict, c.row_count is None, -(c.row_count or 0)))

@@ -8,7 +8,8 @@ so a dataset pinned by its own override is not moved), before vs after.
 
 A dataset moving to iceberg_native for a writer must be
   * tabular (manifest datasets are file-backed, not Iceberg-tabular);
-  * not a pipeline INPUT (F3: the pipeline source CTE reads dataset_rows, which goes empty);
+  * not a pipeline INPUT (F3: the pipeline source CTE reads dataset_rows, which goes stale) — unless its
+    reverse mirror is on (flags/reverse_setting.py, the default), which keeps dataset_rows for it;
   * identity-ready: its latest mirror sync succeeded with identity columns (the runbook's query);
   * caught up: Iceberg covers the current Postgres version (rows not yet mirrored would never be,
     since the mirror skips native datasets);
@@ -17,7 +18,8 @@ A dataset moving to iceberg_native for a writer must be
     the dataset reached iceberg (the audit of its dataset/workspace/global overrides, replayed) and since
     the latest MISMATCH or fallback of that reader on it ("read-flip → soak → write-flip");
   * read by no Postgres-locked reader (objects.sync, dashboards.aggregate, pipeline.expectations...)
-    declared to read it (reader_datasets.py): no read flip can move those off dataset_rows;
+    declared to read it (reader_datasets.py): no read flip can move those off dataset_rows — unless its
+    reverse mirror is on, as for a pipeline input (``postgres_consumer_blockers``);
   * parity-checked: its latest recorded verdict is ok, at its current Postgres version.
 A reader of a native dataset must not move below iceberg: Postgres no longer receives its rows.
 
@@ -43,11 +45,12 @@ from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_inciden
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.reader_datasets import readers_of
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
+from lakehouse_dagster.flags.reverse_setting import DEFAULT_ON, ReverseSetting, reverse_settings
 from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import place, widen_blockers
-from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking import barrier, capture
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 NATIVE = "iceberg_native"
@@ -148,13 +151,12 @@ def write_flip_blockers(
         return []
     soak_seconds = configured_soak(conn, soak_seconds)
     now = now or _db_now(conn)
-    pipeline_inputs = pipeline_input_dataset_ids(conn)
+    consumers = postgres_consumer_blockers(conn, moved, datasets)
     with barrier.read_tracking_consistently(conn, ids):  # after-commit: rows_version covers every committed write
         syncs = _latest_syncs(conn, ids)
         verdicts = _latest_verdicts(conn, ids)
     servable = list(SERVABLE_READERS)
     reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
-    locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
     reader_soaks = _reader_soaks(conn, moved, datasets, servable, reader_overrides, soak_seconds, now)
     blocked = []
     for e in moved:
@@ -172,11 +174,7 @@ def write_flip_blockers(
                 )
             )
             continue
-        if e.dataset_id in pipeline_inputs:
-            reasons.append(
-                "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3); "
-                "wait until the pipeline source reads Iceberg"
-            )
+        reasons += consumers.get(e.dataset_id, [])  # pipeline input, locked readers: unless the reverse is on
         sync = syncs.get(e.dataset_id)
         if sync is None:
             reasons.append(AtFlip(f"never mirrored: sync it first (lakehouse sync --dataset {e.dataset_id})"))
@@ -214,14 +212,6 @@ def write_flip_blockers(
                     + "; ".join(reader_soaks[e.dataset_id])
                 )
             )
-        if locked.get(e.dataset_id):
-            reasons.append(
-                "read from dataset_rows by "
-                + ", ".join(d.describe() for d in locked[e.dataset_id])
-                + ", locked to Postgres (no Iceberg read path): Postgres would go stale for it; "
-                "declared with lakehouse flags readers add — remove the declaration only once it no "
-                "longer reads this dataset"
-            )
         verdict = verdicts.get(e.dataset_id)
         if verdict is None:
             reasons.append(AtFlip(f"no parity verdict recorded: run lakehouse canary --smoke --dataset {e.dataset_id}"))
@@ -242,6 +232,64 @@ def write_flip_blockers(
         if reasons:
             blocked.append(Blocked(e.dataset_id, name, tuple(reasons)))
     return blocked
+
+
+REVERSE_ON = "lakehouse write-flags reverse on --dataset {id}"
+
+
+def postgres_consumer_blockers(
+    conn: psycopg.Connection, moved: list[Effect], datasets: dict
+) -> dict[uuid.UUID, list[str]]:
+    """{dataset: why what reads it from dataset_rows blocks its native writes}: a pipeline input (F3: the pipeline
+    source CTE reads dataset_rows) or a declared Postgres-locked reader (reader_datasets.py). None of it blocks a
+    dataset whose reverse mirror is on (flags/reverse_setting.py, the default): it applies each native commit back
+    to dataset_rows, so those consumers keep their rows (docs/design/reverse-mirror.md). Capture mode after-commit
+    counts as off: the reverse mirror refuses to run there. Three queries, whatever the number of datasets."""
+    inputs = pipeline_input_dataset_ids(conn)
+    locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
+    consumed = [e.dataset_id for e in moved if e.dataset_id in inputs or locked.get(e.dataset_id)]
+    if not consumed:
+        return {}
+    settings = reverse_settings(conn, consumed)
+    after_commit = capture.active(conn)
+    out: dict[uuid.UUID, list[str]] = {}
+    for ds_id in consumed:
+        s = settings.get(ds_id) or ReverseSetting(ds_id, DEFAULT_ON, "default")
+        if s.enabled and not after_commit:
+            continue
+        turn_on = REVERSE_ON.format(id=ds_id)
+        off = (
+            f"{s.describe()}: turn it on with `{turn_on}`"
+            if not s.enabled
+            else f"{s.describe()}, but capture mode is after-commit, where it cannot run: `lakehouse db capture "
+            "disable`"
+        )
+        reasons = out.setdefault(ds_id, [])
+        if ds_id in inputs:
+            reasons.append(
+                "BLOCKED (pipeline input; reverse mirror off): a pipeline reads it from dataset_rows (F3), which "
+                f"stays fresh for a native dataset only through the reverse mirror; {off}"
+            )
+        if locked.get(ds_id):
+            reasons.append(
+                "read from dataset_rows by "
+                + ", ".join(d.describe() for d in locked[ds_id])
+                + ", locked to Postgres (no Iceberg read path): Postgres would go stale for it without the "
+                f"reverse mirror; {off} (or remove the declaration, lakehouse flags readers remove, once it no "
+                "longer reads this dataset)"
+            )
+    return out
+
+
+def check_postgres_consumers(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str) -> None:
+    """``postgres_consumer_blockers`` alone for a write flip, so its preflight refuses before it canaries (the
+    gated set checks them again with every other gate)."""
+    moved, datasets = effects(conn, flag, scope, mode)
+    judged = [e for e in moved if e.after == NATIVE and datasets[e.dataset_id][3] == "tabular"]
+    found = postgres_consumer_blockers(conn, judged, datasets)
+    if found:
+        blocked = [Blocked(e.dataset_id, e.name, tuple(found[e.dataset_id])) for e in judged if e.dataset_id in found]
+        raise _refusal(flag, mode, scope, blocked, (), scope_names(conn, datasets))
 
 
 def _reader_soaks(

@@ -14,8 +14,8 @@ which of them apply to a dataset, by what Postgres still is for it:
   is frozen by design, so the reasons about the moment of the flip (``gates.AtFlip``: mirrored, caught up,
   parity ok at the current Postgres version) are false by construction — a ``row.edit`` or a schema change
   moves the Postgres version of a native dataset and means nothing — and are dropped. The others
-  (file-backed, pipeline input, readers on Postgres, and whatever the gates add) hold for as long as the
-  dataset is native.
+  (file-backed, readers on Postgres, a pipeline input or a declared Postgres-locked reader with the reverse
+  mirror off, and whatever the gates add) hold for as long as the dataset is native.
 * **new and empty** — no rows in ``dataset_rows`` and never mirrored (a dataset created after its workspace
   was flipped): there is nothing in Postgres to lose or to compare, so the at-flip reasons are dropped too.
   It is written natively when nothing reads it from Postgres: not a pipeline input, and its Iceberg-servable

@@ -8,11 +8,14 @@ Stages, per flag and dataset (a flag's stages add up to the number of tabular da
   serves Postgres, the flip is inert), then ``iceberg_only`` (effective mode iceberg_only), ``reads_iceberg`` (mode
   iceberg: Iceberg when the gate passes, Postgres as fallback) or ``mirrored`` (off or shadow);
 * writer: ``native`` (mode iceberg_native), ``blocked`` (step 2b of the Fase 4 runbook says BLOCKED (pipeline
-  input), F3), otherwise ``mirrored`` or ``postgres`` as for readers.
+  input), F3, and its reverse mirror is off: blocked now; with it on a pipeline input is SAFE, flags/candidates.py),
+  otherwise ``mirrored`` or ``postgres`` as for readers.
 
 A dataset's own stage is the furthest any flag took it: ``native`` (a writer is native) > ``reads_iceberg`` (a
 reader is on iceberg or iceberg_only) > ``mirrored`` > ``postgres``; ``blocked`` counts the datasets the runbook
-blocks (pipeline inputs) among those not native, whatever their stage. Only the readers Iceberg can serve and the
+blocks now (pipeline inputs with the reverse mirror off) among those not native, whatever their stage. A native
+dataset with the reverse mirror on has its reverse lag (status/reverse_lag.py: the native commits not yet applied
+to dataset_rows, and since when). Only the readers Iceberg can serve and the
 writers that can go native are counted: the others are locked to Postgres and never move.
 
 Effective modes come from the flags' one precedence definition (flags/precedence.py), verdicts from
@@ -33,13 +36,17 @@ import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.gates import REVERSE_ON
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
+from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.stream import shard_lines, shard_status
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
+from lakehouse_dagster.status.reverse_lag import ReverseLag, reverse_lags
+from lakehouse_dagster.tracking import capture
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -120,7 +127,7 @@ class Overview:
     seconds: float
     datasets: int  # tabular datasets
     dataset_stages: dict[str, int]  # DATASET_STAGES → count (they add up to ``datasets``)
-    blocked: int  # not native, and the runbook's step 2b says BLOCKED (pipeline input)
+    blocked: int  # not native, the runbook's step 2b says BLOCKED (pipeline input), and its reverse is off now
     flag_stages: dict[tuple[str, str], dict[str, int]]  # (kind, name) → STAGES[kind] → count
     verdicts: dict[str, int]  # VERDICTS → count (the latest verdict of each dataset)
     wedged: int
@@ -137,6 +144,12 @@ class Overview:
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)  # reader → fallbacks in the window
     # the mirror stream's shards (mirror/stream.py ``shard_status``): on, shard_count, down_after_s, shards
     stream: dict = dataclasses.field(default_factory=lambda: {"on": False, "shards": []})
+    piped_reverse_on: int = 0  # pipeline inputs the reverse mirror unblocks (SAFE with it on; not counted blocked)
+    reverse_on: int = 0  # native datasets with the reverse mirror on
+    reverse_off: int = 0  # native datasets with it off (a rollback needs a backfill)
+    reverse_behind: int = 0  # of reverse_on, those with native commits not yet applied to dataset_rows
+    reverse_max_lag_seconds: float | None = None  # the largest reverse lag (None: none behind)
+    reverse_lags: list[ReverseLag] = dataclasses.field(default_factory=list)  # the behind ones, largest lag first
 
     def as_dict(self) -> dict:
         return {
@@ -162,6 +175,14 @@ class Overview:
             "attention_total": self.attention_total,
             "fallbacks": self.fallbacks,
             "mirror_stream": self.stream,
+            "reverse": {
+                "piped_reverse_on": self.piped_reverse_on,
+                "on": self.reverse_on,
+                "off": self.reverse_off,
+                "behind": self.reverse_behind,
+                "max_lag_seconds": self.reverse_max_lag_seconds,
+                "lags": [r.as_dict() for r in self.reverse_lags],
+            },
         }
 
 
@@ -210,7 +231,11 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     started = time.perf_counter()
     computed_at = fetch_value(conn.execute("select now()"), "the database clock (select now())")
     tabular = {r[0]: r[1:] for r in conn.execute("select id, name, workspace_id from datasets where kind = 'tabular'")}
-    blocked_all = runbook_blocked(conn)
+    runbook = runbook_blocked(conn)
+    # blocked now: the reverse mirror keeps a pipeline input's dataset_rows while it is on (and can run)
+    piped = reverse_settings(conn, runbook)
+    can_run = not capture.active(conn) if runbook else True
+    blocked_all = {d for d in runbook if not (can_run and d in piped and piped[d].enabled)}
     dataset_stages, flag_stages = stage_counts(conn, blocked_all)
     found: dict[uuid.UUID, dict[str, str]] = {}  # dataset → problem → reason
 
@@ -275,12 +300,22 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     pipelines = _pipelines_reading(conn, blocked)
     for ds_id in blocked:
         names = ", ".join(pipelines.get(ds_id, [])) or "a pipeline"
+        why = (
+            f"{piped[ds_id].describe()}: turn it on with `{REVERSE_ON.format(id=ds_id)}`"
+            if ds_id in piped and not piped[ds_id].enabled
+            else "capture mode is after-commit, where the reverse mirror cannot run: `lakehouse db capture disable`"
+        )
         note(
             ds_id,
             BLOCKED,
-            f"BLOCKED (pipeline input): {names} reads it from dataset_rows (F3); its writers stay on Postgres "
-            "until the pipeline source reads Iceberg",
+            f"BLOCKED (pipeline input; reverse mirror off): {names} reads it from dataset_rows (F3), which stays "
+            f"fresh for a native dataset only through the reverse mirror; {why}",
         )
+    rlags, reverse_off = reverse_lags(conn, native)
+    behind_reverse = sorted(
+        (dataclasses.replace(r, name=tabular[r.dataset_id][0]) for r in rlags.values() if not r.caught_up),
+        key=lambda r: (-(r.lag_seconds or 0), r.name, str(r.dataset_id)),
+    )
 
     problems = {p: sum(1 for f in found.values() if p in f) for p in PROBLEMS}
     ranked = sorted(found.items(), key=lambda kv: (min(PROBLEMS.index(p) for p in kv[1]), tabular[kv[0]][0], kv[0]))
@@ -322,6 +357,12 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         attention_total=len(found),
         fallbacks=dict(sorted(fallbacks.items())),
         stream=shard_status(conn, settings),
+        piped_reverse_on=sum(1 for d in runbook - blocked_all if d in tabular and d not in native),
+        reverse_on=len(rlags),
+        reverse_off=reverse_off,
+        reverse_behind=len(behind_reverse),
+        reverse_max_lag_seconds=max((r.lag_seconds or 0.0 for r in behind_reverse), default=None),
+        reverse_lags=behind_reverse[:ATTENTION_SHOWN],
     )
 
 
@@ -356,18 +397,37 @@ def _workspace_names(conn: psycopg.Connection, ids: set) -> dict:
     return dict(conn.execute("select id, name from workspaces where id = any(%s::uuid[])", (list(ids),)).fetchall())
 
 
+REVERSE_SHOWN = 10  # behind datasets named in the text (the JSON and the asset's metadata list more)
+
+
+def reverse_lines(ov: Overview) -> list[str]:
+    """The reverse mirror of the native datasets: on/off, how many are behind and by how much, the worst named."""
+    lag = "-" if ov.reverse_max_lag_seconds is None else f"{ov.reverse_max_lag_seconds:.0f} s"
+    lines = [
+        f"reverse mirror (Iceberg -> dataset_rows): {ov.reverse_on} native dataset(s) with it on, {ov.reverse_behind} "
+        f"behind, largest reverse lag {lag}; {ov.reverse_off} with it off (a rollback needs a backfill)"
+    ]
+    for r in ov.reverse_lags[:REVERSE_SHOWN]:
+        lines.append(f"  {r.name} ({r.dataset_id}): {r.describe()}")
+    if ov.reverse_behind > REVERSE_SHOWN:
+        lines.append(f"  ... and {ov.reverse_behind - REVERSE_SHOWN} more (lakehouse write-flags reverse status)")
+    return lines
+
+
 def text_lines(ov: Overview) -> list[str]:
     """The overview for a terminal (``lakehouse status``)."""
     st = ov.dataset_stages
     lines = [
         f"{ov.datasets} tabular dataset(s): {st[POSTGRES]} on Postgres only, {st[MIRRORED]} mirrored, "
         f"{st[READS_ICEBERG]} read from Iceberg, {st[NATIVE]} written iceberg-native; {ov.blocked} blocked "
-        "(pipeline input, F3)",
+        f"(pipeline input, F3, reverse mirror off); {ov.piped_reverse_on} pipeline input(s) SAFE with the reverse "
+        "mirror on",
         "verdicts: " + " ".join(f"{k}={v}" for k, v in ov.verdicts.items()) + f" wedged={ov.wedged}",
         f"behind the mirror: {ov.behind} ({ov.never_synced} never synced), {ov.lagging} lagging past "
         f"{ov.lag_threshold_seconds} s, largest lag "
         + ("-" if ov.max_lag_seconds is None else f"{ov.max_lag_seconds:.0f} s"),
         f"written iceberg-native: {ov.native} ({ov.native_unsafe} failing the write-flip gates)",
+        *reverse_lines(ov),
         f"read fallbacks in the last {FALLBACK_WINDOW_SECONDS // 3600} h: "
         + (" ".join(f"{r}={n}" for r, n in ov.fallbacks.items()) or "none"),
         "",

@@ -220,7 +220,7 @@ def write_flip_candidates_op(
             "writer": config.writer.value,
             "identity_ready": len(found),
             "ready_to_flip": sum(c.ready for c in found),
-            "blocked_pipeline_input": sum(c.verdict != "SAFE" for c in found),
+            "blocked_pipeline_input": sum(not c.safe for c in found),  # pipeline inputs whose reverse mirror is off
             "candidates": logged_table(
                 context,
                 "candidate",

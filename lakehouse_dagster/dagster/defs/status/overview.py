@@ -186,6 +186,16 @@ def overview_metadata(ov: Overview) -> dict:
     meta["lag_threshold_seconds"] = dg.MetadataValue.int(ov.lag_threshold_seconds)
     meta["native"] = dg.MetadataValue.int(ov.native)
     meta["native_unsafe"] = dg.MetadataValue.int(ov.native_unsafe)
+    # the reverse mirror (Iceberg -> dataset_rows) of the native datasets, and the pipeline inputs it unblocks
+    meta["piped_reverse_on"] = dg.MetadataValue.int(ov.piped_reverse_on)
+    meta["reverse/on"] = dg.MetadataValue.int(ov.reverse_on)
+    meta["reverse/off"] = dg.MetadataValue.int(ov.reverse_off)
+    meta["reverse/behind"] = dg.MetadataValue.int(ov.reverse_behind)
+    meta["reverse/max_lag_seconds"] = dg.MetadataValue.float(float(ov.reverse_max_lag_seconds or 0.0))  # 0: none
+    meta["reverse_lag"] = dg.MetadataValue.md(
+        "\n".join(f"- [{_md(r.name)}]({partition_page(r.dataset_id)}): {_md(r.describe())}" for r in ov.reverse_lags)
+        or f"every native dataset with the reverse mirror on is caught up ({ov.reverse_on})"
+    )
     # read fallbacks of the last day by reader (in process or reported by the app: POST /lakehouse/fallback)
     meta.update({f"fallbacks/{r.name}": dg.MetadataValue.int(ov.fallbacks.get(r.name, 0)) for r in SERVABLE_READERS})
     meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})

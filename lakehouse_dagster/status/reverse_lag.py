@@ -1,0 +1,87 @@
+"""Reverse lag: how far the reverse mirror (mirror/reverse.py) is behind each native dataset with it on, from Postgres.
+
+``mirror.reverse.reverse_states`` tells caught up from behind by loading each table (its current snapshot); the
+overview reads thousands of datasets and keeps a bounded number of statements, so this asks what ``due_datasets``
+asks, in one query: the succeeded commits the sync log records for the dataset since its position's apply
+(``lakehouse_reverse_position``) with another snapshot. None: caught up. Otherwise the oldest of them is how long
+Postgres has lacked a native commit (the lag), the newest the snapshot the reverse must reach. Without a position
+(the reverse never applied a snapshot) every native commit since the dataset's last mirrored sync is pending.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+
+import psycopg
+
+from lakehouse_dagster.flags.reverse_setting import reverse_settings
+
+_LAG = """
+select d.id, p.snapshot_id, p.applied_at, l.pending, l.since, l.latest, extract(epoch from now() - l.since)
+  from unnest(%s::uuid[]) d(id)
+  left join lakehouse_reverse_position p on p.dataset_id = d.id
+  left join lateral (
+    select count(*) as pending, min(s.finished_at) as since,
+           (array_agg(s.snapshot_id order by s.finished_at desc, s.id desc))[1] as latest
+      from iceberg_sync_log s
+     where s.dataset_id = d.id and s.status = 'succeeded' and s.snapshot_id is not null
+       and case when p.dataset_id is not null
+                then s.finished_at >= p.applied_at and s.snapshot_id is distinct from p.snapshot_id
+                else s.path = 'native' and s.finished_at > coalesce(
+                       (select max(m.finished_at) from iceberg_sync_log m
+                         where m.dataset_id = d.id and m.path = 'mirror' and m.status = 'succeeded'), '-infinity')
+           end) l on true
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseLag:
+    dataset_id: uuid.UUID
+    applied_snapshot: int | None  # the snapshot dataset_rows holds (None: the reverse never applied one)
+    applied_at: dt.datetime | None
+    pending: int  # native commits recorded since, not applied yet
+    latest_snapshot: int | None  # the newest of them (None: caught up)
+    lag_seconds: float | None  # since the oldest of them (None: caught up)
+    name: str = ""  # the dataset's name, when the caller knows it
+
+    @property
+    def caught_up(self) -> bool:
+        return self.pending == 0
+
+    def describe(self) -> str:
+        held = (
+            "never applied a snapshot" if self.applied_snapshot is None else f"holds snapshot {self.applied_snapshot}"
+        )
+        if self.caught_up:
+            return f"reverse caught up ({held})"
+        return (
+            f"reverse behind by {self.pending} commit(s), {self.lag_seconds or 0:.0f} s (it {held}; "
+            f"Iceberg is at {self.latest_snapshot}): lakehouse write-flags reverse sync --dataset {self.dataset_id}"
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            **dataclasses.asdict(self),
+            "dataset_id": str(self.dataset_id),
+            "applied_at": None if self.applied_at is None else self.applied_at.isoformat(),
+            "caught_up": self.caught_up,
+        }
+
+
+def reverse_lags(conn: psycopg.Connection, native: set[uuid.UUID]) -> tuple[dict[uuid.UUID, ReverseLag], int]:
+    """({native dataset with the reverse on: its lag}, how many native datasets have it off): two queries."""
+    if not native:
+        return {}, 0
+    setting = reverse_settings(conn, native)
+    on = sorted(d for d in native if d in setting and setting[d].enabled)
+    if not on:
+        return {}, len(native)
+    out = {}
+    for ds_id, snap, applied_at, pending, _since, latest, lag in conn.execute(_LAG, (on,)).fetchall():
+        n = int(pending or 0)
+        out[ds_id] = ReverseLag(
+            ds_id, snap, applied_at, n, latest if n else None, round(float(lag), 1) if n and lag is not None else None
+        )
+    return out, len(native) - len(on)
