@@ -615,6 +615,17 @@ def test_an_operator_sees_the_migration_and_a_refusal_without_a_stack_in_a_real_
     for frame in ("Traceback", "Stack Trace", 'File "', "dagster._core", "Refused: refused"):
         assert frame not in page, frame
 
+    # The demo's customers feeds a pipeline (step 2b): with the reverse mirror on (the default) it is SAFE; an
+    # operator turning the reverse off makes it BLOCKED now, and the overview puts it first.
+    off = subprocess.run(
+        [*LAKEHOUSE, "write-flags", "reverse", "off", "--dataset", str(demo_id("customers"))]
+        + ["--note", "e2e: the overview shows a blocked pipeline input"],
+        env=_clean_env(stack.home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert off.returncode == 0, off.stdout + off.stderr
     assert _launch(stack, "migration_overview_job", {})["status"] == "SUCCESS"
     page = _page_text(f"{stack.url}/assets/lakehouse/migration_overview")
     for key in ("attention_links", "rollouts/live", "reader/export.stream/reads_iceberg", "stage/blocked"):

@@ -124,21 +124,7 @@ def sync_dataset(
                 f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
             )
         with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s), admission_slot(conn, settings.max_concurrent_ingest):
-            done = completed_mark(conn, ds_id)  # complete (issue 31): whatever its flags say now
-            if done is not None and done.holding:
-                raise BadInput(
-                    f"{done.why_not_postgres()}; mirroring the emptied dataset_rows over the Iceberg table would "
-                    "drop every row, so the mirror refuses it"
-                )
-            # Checked under the dataset lock: a writer flipped to iceberg_native makes Iceberg the truth and
-            # Postgres stale, so mirroring would overwrite rows that exist only in Iceberg (split brain).
-            if native_dataset_ids(conn, [ds_id]):
-                raise BadInput(
-                    f"dataset {ds_id} is written iceberg-native (a writer flag resolves to iceberg_native), so "
-                    "Postgres is stale for it and mirroring would overwrite Iceberg-only rows; roll the writer "
-                    "back to pg (lakehouse write-flags set <writer> pg --dataset <uuid>) before mirroring"
-                )
-            refuse_mirror_over_iceberg_only(conn, catalog, settings, ds_id)  # rows written natively, then rolled back
+            _refuse_unmirrorable(conn, catalog, settings, ds_id)
             reap_abandoned(conn, catalog, settings, ds_id)
             _log_start(conn, ds_id, sync_id, writer, run_id)
             started = time.perf_counter()
@@ -171,6 +157,25 @@ def sync_dataset(
                 raise err from exc
             failpoint("after-log")
             return result
+
+
+def _refuse_unmirrorable(conn, catalog: Catalog, settings: Settings, ds_id: uuid.UUID) -> None:
+    """Under the dataset lock: the states in which mirroring Postgres over Iceberg would lose rows."""
+    done = completed_mark(conn, ds_id)  # complete (issue 31): whatever its flags say now
+    if done is not None and done.holding:
+        raise BadInput(
+            f"{done.why_not_postgres()}; mirroring the emptied dataset_rows over the Iceberg table would "
+            "drop every row, so the mirror refuses it"
+        )
+    # Checked under the dataset lock: a writer flipped to iceberg_native makes Iceberg the truth and
+    # Postgres stale, so mirroring would overwrite rows that exist only in Iceberg (split brain).
+    if native_dataset_ids(conn, [ds_id]):
+        raise BadInput(
+            f"dataset {ds_id} is written iceberg-native (a writer flag resolves to iceberg_native), so "
+            "Postgres is stale for it and mirroring would overwrite Iceberg-only rows; roll the writer "
+            "back to pg (lakehouse write-flags set <writer> pg --dataset <uuid>) before mirroring"
+        )
+    refuse_mirror_over_iceberg_only(conn, catalog, settings, ds_id)  # rows written natively, then rolled back
 
 
 def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool=None) -> SyncResult:

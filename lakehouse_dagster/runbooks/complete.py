@@ -114,8 +114,8 @@ def check(
     soak_seconds: int | None = None,
     now: dt.datetime | None = None,
 ) -> Checked:
-    """Every condition of complete for one dataset, each missing one with what to do (nothing written). Long on
-    purpose: the conditions in the order the docstring gives them, each beside its query."""
+    """Every condition of complete for one dataset, each missing one with what to do (nothing written).
+    Long on purpose: the conditions in the order the docstring gives them, each beside its query."""
     ds = get_dataset(conn, dataset_id)
     ws_id = fetch_value(conn.execute("select workspace_id from datasets where id = %s", (dataset_id,)), "workspace")
     if ds.kind != "tabular":
