@@ -22,6 +22,7 @@ from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
+from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.routing.read_router import resolve_read_source
 from lakehouse_dagster.tracking import datasets as app_tables
 
@@ -195,6 +196,8 @@ def test_the_native_safety_sensor_names_every_unsafe_dataset(conn, dsn, settings
 
 def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, dsn, settings):
     d = ready_native(conn, dsn, settings, "sync.full")
+    # the reverse mirror off: nothing keeps dataset_rows (with it on: the test after this one)
+    set_reverse(conn, False, dataset=d, note="Postgres left stale", actor="pytest")
     native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(50, 53)], start=0)
     catalog = load_catalog(settings, dsn)
     native_rows = read_iceberg(
@@ -232,6 +235,43 @@ def test_a_native_dataset_is_never_routed_to_postgres_by_any_reader_mode(conn, d
     assert ("studio.preview", "iceberg", "iceberg@native") in served  # STRICT: "lagging" means nothing here
     assert ("export.stream", "off", "iceberg@native") in served and ("graph.kuzu", "shadow", "iceberg@native") in served
     assert ("export.stream", "iceberg", "iceberg@eventual") in served
+
+
+def test_a_postgres_locked_reader_of_a_native_dataset_reads_the_reverse_mirrors_copy(conn, dsn, settings):
+    """The gates let a dataset a Postgres-locked reader reads go native only with its reverse on; the router then
+    serves that reader dataset_rows (EVENTUAL: the copy as it is; STRICT: only once caught up), never a stale one."""
+    d = ready_native(conn, dsn, settings, "sync.full")
+    native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(50, 53)], start=0)
+
+    def pg(_decision):
+        return [r[0] for r in conn.execute("select data->>'a' from dataset_rows where dataset_id = %s", (d,))]
+
+    def iceberg(_decision):
+        raise AssertionError("a Postgres-locked reader was served Iceberg")
+
+    def read(reader):
+        return resolve_read_source(conn, FlagResolver(conn, 0), reader, d).run(postgres=pg, iceberg=iceberg)
+
+    # EVENTUAL: the reverse's copy even while it is behind (it holds the pre-native rows: a whole snapshot)
+    eventual = read("dashboards.aggregate")
+    assert (eventual.decision.source, eventual.decision.reason) == ("pg", "pg@reverse")
+    assert sorted(eventual.value) == [str(i) for i in range(6)]
+    # STRICT: refused while the reverse has not applied the native commit, with the command that catches it up
+    with pytest.raises(ReadRefused) as behind:
+        read("pipeline.expectations")
+    assert "pipeline.expectations is STRICT and the reverse mirror has not applied its latest snapshot" in str(
+        behind.value
+    )
+    assert f"lakehouse write-flags reverse sync --dataset {d}" in str(behind.value)
+    apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    for reader in ("pipeline.expectations", "dashboards.aggregate"):
+        got = read(reader)
+        assert (got.decision.reason, sorted(got.value)) == ("pg@reverse", ["50", "51", "52"])
+    # the reverse turned off: Postgres is stale from the next native commit on, so the read is refused
+    set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
+    with pytest.raises(ReadRefused) as off:
+        read("dashboards.aggregate")
+    assert f"turn its reverse mirror on (lakehouse write-flags reverse on --dataset {d})" in str(off.value)
 
     # A dataset covered natively with no snapshot at all: refused with the reason, through the real CLI too.
     empty = app_tables.create_dataset(conn, app_tables.get_dataset(conn, d).workspace_id, "no_snapshot_yet", SCHEMA)

@@ -348,8 +348,9 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
                     e.name,
                     (
                         f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
-                        f"reader on Postgres ({e.after}) would serve stale rows; roll the writer back first "
-                        "(write-flags set <writer> pg) and re-run a full sync to repopulate Postgres",
+                        f"reader on Postgres ({e.after}) would serve rows the writer may not have put there; roll "
+                        "the writer back first (write-flags set <writer> pg: its report says whether Postgres "
+                        "holds every row or needs write-flags backfill), then the readers",
                     ),
                 )
             )

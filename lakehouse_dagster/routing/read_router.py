@@ -17,6 +17,11 @@
   forbid it —, no snapshot, lagging) it serves the latest snapshot, reason ``iceberg@native``; with no
   snapshot at all, or for a reader Iceberg cannot serve (ceiling ``off``), the read is refused with the
   reason (``ReadRefused``), never served stale.
+- Except where the reverse mirror keeps Postgres: a Postgres-locked reader (ceiling ``off``) of a native dataset
+  whose reverse resolves on (and can run: capture mode triggers) reads ``dataset_rows``, reason ``pg@reverse`` —
+  the gates let such a dataset go native for exactly that reason. EVENTUAL: the copy as of the reverse's last
+  applied snapshot; STRICT: only when the reverse is caught up (mirror/reverse_lag.py), otherwise refused
+  (``refused@reverse-behind``) with the command that catches it up.
 
 Every decision is logged with its reason (``reason=iceberg@eventual``, ``reason=pg@no-snapshot``, ...).
 """
@@ -38,7 +43,8 @@ from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.incidents import record_fallback
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
-from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
+from lakehouse_dagster.tracking import barrier, capture
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -92,7 +98,7 @@ class ReadDecision:
     flag: Resolution
     source: str  # "pg" | "iceberg" | "refused"
     reason: str  # e.g. iceberg@eventual, iceberg@native, pg@no-snapshot, pg@lagging, pg@off, pg@shadow, pg@fallback,
-    # refused@native-no-snapshot, refused@native-not-servable
+    # pg@reverse, refused@native-no-snapshot, refused@native-not-servable, refused@reverse-behind
     snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
     freshness: Freshness | None = None
     native: bool = False  # the dataset is written iceberg-native: Postgres is stale for it
@@ -112,6 +118,8 @@ class ReadDecision:
     def log_line(self) -> str:
         snap = f" snapshot={self.snapshot_id}" if self.source == ICEBERG else ""
         why = f" ({NATIVE_STALE})" if self.reason.endswith("@native") or self.source == REFUSED else ""
+        if self.reason == "pg@reverse":
+            why = " (written iceberg-native: dataset_rows is the reverse mirror's copy)"
         return (
             f"[read-router] {self.reader} ds={self.dataset_id} mode={self.flag.describe()} "
             f"→ {self.source} reason={self.reason}{snap}{why}"
@@ -126,9 +134,13 @@ class ReadDecision:
                 f"{': ' + ceiling if ceiling else ''})"
             )
             todo = (
-                "roll the writer back (lakehouse write-flags set <writer> pg --dataset "
-                f"{self.dataset_id}) and re-run a full sync to repopulate Postgres"
+                f"turn its reverse mirror on (lakehouse write-flags reverse on --dataset {self.dataset_id}) so that "
+                f"Postgres keeps its rows, or roll the writer back (lakehouse write-flags set <writer> pg --dataset "
+                f"{self.dataset_id}; its report says whether a backfill is needed)"
             )
+        elif self.reason == "refused@reverse-behind":
+            why = f"{self.reader} is STRICT and the reverse mirror has not applied its latest snapshot to Postgres yet"
+            todo = f"retry, or catch it up now: lakehouse write-flags reverse sync --dataset {self.dataset_id}"
         else:
             why = "Iceberg has no snapshot of it yet"
             todo = f"run its writer first (lakehouse ingest --dataset {self.dataset_id})"
@@ -147,14 +159,24 @@ class ReadDecision:
 
 
 def decide(
-    reader: str, dataset_id: uuid.UUID, flag: Resolution, fresh: Freshness | None, native: bool = False
+    reader: str,
+    dataset_id: uuid.UUID,
+    flag: Resolution,
+    fresh: Freshness | None,
+    native: bool = False,
+    reverse: ReverseLag | None = None,
 ) -> ReadDecision:
-    """Pure: the mode and the freshness facts give the source and its reason."""
+    """Pure: the mode and the freshness facts give the source and its reason. ``reverse``: the dataset's reverse
+    lag when its reverse mirror is on and can run (None: off, or not asked)."""
     d = _decide(reader, dataset_id, flag, fresh, native)
     if not native or d.source == ICEBERG:
         return d
-    # Written iceberg-native: never Postgres. The latest snapshot is the truth, whatever the mode says.
+    # Written iceberg-native: never a stale Postgres. The latest snapshot is the truth, whatever the mode says.
     if rank(READ, flag.ceiling) < rank(READ, "iceberg"):
+        if reverse is not None and (flag.consistency != STRICT or reverse.caught_up):
+            return dataclasses.replace(d, source=PG, reason="pg@reverse")
+        if reverse is not None:
+            return dataclasses.replace(d, source=REFUSED, reason="refused@reverse-behind")
         return dataclasses.replace(d, source=REFUSED, reason="refused@native-not-servable")
     if fresh is None or not fresh.has_snapshot:
         return dataclasses.replace(d, source=REFUSED, reason="refused@native-no-snapshot")
@@ -239,9 +261,19 @@ def resolve_read_source(
     fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)
     # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
-    decision = decide(reader, dataset_id, flag, fresh, native)
+    reverse = _reverse_copy(conn, dataset_id) if native and rank(READ, flag.ceiling) < rank(READ, "iceberg") else None
+    decision = decide(reader, dataset_id, flag, fresh, native, reverse)
     (logger or log).info(decision.log_line())
     return ReadSource(decision, logger, on_fallback=functools.partial(record_fallback, conn))
+
+
+def _reverse_copy(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseLag | None:
+    """The reverse lag of a native dataset whose reverse mirror keeps dataset_rows (on, capture mode triggers):
+    only a Postgres-locked reader of a native dataset asks (three short queries)."""
+    if capture.active(conn):
+        return None  # after-commit: the reverse mirror refuses to run, so Postgres is stale
+    lags, _off = reverse_lags(conn, {dataset_id})
+    return lags.get(dataset_id)
 
 
 def _one_line(exc: BaseException) -> str:

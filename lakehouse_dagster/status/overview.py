@@ -14,7 +14,7 @@ Stages, per flag and dataset (a flag's stages add up to the number of tabular da
 A dataset's own stage is the furthest any flag took it: ``native`` (a writer is native) > ``reads_iceberg`` (a
 reader is on iceberg or iceberg_only) > ``mirrored`` > ``postgres``; ``blocked`` counts the datasets the runbook
 blocks now (pipeline inputs with the reverse mirror off) among those not native, whatever their stage. A native
-dataset with the reverse mirror on has its reverse lag (status/reverse_lag.py: the native commits not yet applied
+dataset with the reverse mirror on has its reverse lag (mirror/reverse_lag.py: the native commits not yet applied
 to dataset_rows, and since when). Only the readers Iceberg can serve and the
 writers that can go native are counted: the others are locked to Postgres and never move.
 
@@ -41,11 +41,11 @@ from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
+from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.mirror.stream import shard_lines, shard_status
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
-from lakehouse_dagster.status.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.tracking import capture
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
