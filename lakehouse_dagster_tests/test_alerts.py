@@ -764,3 +764,52 @@ def test_no_stream_down_alert_while_streaming_is_off_or_the_shard_is_alive(conn,
     (e,) = alerts.stream_events(conn, three)
     assert e.key == "stream_down:2/3" and e.what.startswith("shard 2 of 3 has had no live stream for 10 min ")
     assert "it has never streamed" in e.what and "lakehouse/stream_shard=2/3" in e.act
+
+
+def _native_commit(conn, d, snapshot_id: int, *, s_ago: float) -> None:
+    """A succeeded native commit in the sync log, as the native writer records it, ``s_ago`` seconds ago."""
+    conn.execute(
+        """insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, snapshot_id, started_at, finished_at)
+           values (%s, gen_random_uuid(), 'sync.full', 'native', 'succeeded', %s,
+                   now() - make_interval(secs => %s), now() - make_interval(secs => %s))""",
+        (d, snapshot_id, s_ago + 1, s_ago),
+    )
+
+
+def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_up(conn, settings, webhook):
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "ledger", [{"name": "n", "type": "int64"}])
+    set_override(conn, "write", "sync.full", "iceberg_native", dataset=d, note="by hand", actor="pytest")
+    bound = dataclasses.replace(settings, reverse_lag_alert_seconds=300)
+    _native_commit(conn, d, 11, s_ago=120)
+    assert alerts.reverse_events(conn, bound) == []  # behind, but within the bound
+    _native_commit(conn, d, 12, s_ago=400)  # the oldest commit dataset_rows lacks is 400 s old now
+    (e,) = alerts.reverse_events(conn, bound)
+    assert e.key == f"reverse_behind:{d}" and e.kind == "reverse_behind" and e.dataset_id == d
+    assert e.what == (
+        f"ledger ({d}) is written iceberg-native and its reverse mirror has lacked 2 native commit(s) for 6 min "
+        "(bound 5 min): dataset_rows is that old for its Postgres-locked consumers, and a writer rollback now would "
+        "need lakehouse write-flags backfill"
+    )
+    assert f"lakehouse write-flags reverse sync --dataset {d}" in e.act
+    now = conn.execute("select now()").fetchone()[0]
+    _tick_at(conn, bound, webhook, now)
+    _tick_at(conn, bound, webhook, now + dt.timedelta(minutes=1))  # still behind: the same condition, not again
+    (posted,) = [b["text"] for b in webhook.arrived if b["text"].startswith("Reverse mirror behind")]
+    assert posted.startswith(f"Reverse mirror behind: ledger ({d}) is written iceberg-native")
+    # the reverse applies snapshot 12: caught up, the condition resolved; the reverse off alerts nothing either
+    conn.execute(
+        "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, pg_rows) values (%s, 12, 'full', 0)",
+        (d,),
+    )
+    assert alerts.reverse_events(conn, bound) == []
+    _tick_at(conn, bound, webhook, now + dt.timedelta(minutes=2))
+    assert conn.execute(
+        "select count(*), bool_and(resolved_at is not null) from lakehouse_alerts where kind = 'reverse_behind'"
+    ).fetchone() == (1, True)
+    conn.execute("update lakehouse_reverse_position set applied_at = now() - interval '60 seconds'")
+    _native_commit(conn, d, 13, s_ago=10)  # a native commit after that apply
+    tight = dataclasses.replace(bound, reverse_lag_alert_seconds=1)
+    assert [e.key for e in alerts.reverse_events(conn, tight)] == [f"reverse_behind:{d}"]
+    set_reverse(conn, False, dataset=d, note="reverse off", actor="pytest")  # nothing to wait for: no alert
+    assert alerts.reverse_events(conn, tight) == []

@@ -23,7 +23,9 @@ from lakehouse_dagster.core.guards import admission_slot
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.routing.exercise import read_through_router
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
@@ -250,6 +252,7 @@ def test_route_flags_health_and_metrics(world, client):
     assert 'lakehouse_read_decisions_total{reader="studio.digest",reason="iceberg@eventual"}' in text
     assert "lakehouse_status_up 1.0" in text
     assert "lakehouse_datasets_behind_mirror" in text and "lakehouse_mirror_lag_max_seconds" in text
+    assert 'lakehouse_reverse_mirror_datasets{state="behind"}' in text and "lakehouse_reverse_mirror_lag_max" in text
     assert 'lakehouse_canary_latest_verdicts{verdict="MISMATCH"}' in text
     assert "process_resident_memory_bytes" in text
     assert 'lakehouse_ingest_requests_total{outcome="503",writer="sync.full"}' in text
@@ -386,7 +389,7 @@ def _native(world, d, writer="sync.full") -> None:
         set_override(conn, "write", writer, "iceberg_native", dataset=d, note="fase4", actor="pytest")
 
 
-def test_a_native_dataset_is_never_read_from_postgres(world, client):
+def test_a_native_dataset_is_read_from_postgres_only_through_the_reverse_mirrors_copy(world, client):
     d, _ = _sourced(world, 12)
     _native(world, d)
     refused = _post_read(world, {"reader": "export.stream", "dataset_id": str(d)})
@@ -400,8 +403,23 @@ def test_a_native_dataset_is_never_read_from_postgres(world, client):
     got = client.read("export.stream", d, order="row_index")
     assert (got.source, got.reason, str(got.snapshot_id)) == ("iceberg", "iceberg@native", written["snapshot_id"])
     assert got.table.column("n").to_pylist() == list(range(1, 13))
+    # a Postgres-locked reader reads the reverse mirror's copy (on by default); /metrics counts it behind
+    assert client.route("objects.sync", d)["reason"] == "pg@reverse"
+    state = {k: _metric(client, f'lakehouse_reverse_mirror_datasets{{state="{k}"}}') for k in ("caught_up", "behind")}
+    assert state["behind"] >= 1 and _metric(client, "lakehouse_reverse_mirror_lag_max_seconds") >= 0
+    apply_reverse(world.dsn, world.catalog, world.settings, d)
+    assert _metric(client, 'lakehouse_reverse_mirror_datasets{state="caught_up"}') == state["caught_up"] + 1
+    assert _metric(client, 'lakehouse_reverse_mirror_datasets{state="behind"}') == state["behind"] - 1
+    served = client.read("objects.sync", d, order="row_index")
+    assert (served.source, served.reason) == ("postgres", "pg@reverse")
+    assert served.table.column("n").to_pylist() == list(range(1, 13))
+    off = _metric(client, 'lakehouse_reverse_mirror_datasets{state="off"}')
+    with world.conn() as conn:  # the reverse off: nothing keeps Postgres, so the read is refused with the way out
+        set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
     objects = _post_read(world, {"reader": "objects.sync", "dataset_id": str(d)})
     assert objects.status_code == 409 and "cannot be served by Iceberg" in objects.json()["error"]
+    assert f"lakehouse write-flags reverse on --dataset {d}" in objects.json()["error"]
+    assert _metric(client, 'lakehouse_reverse_mirror_datasets{state="off"}') == off + 1
 
 
 # --- ingest -----------------------------------------------------------------------------------------------------

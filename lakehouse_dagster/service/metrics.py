@@ -5,7 +5,8 @@ Counted as the service works: read decisions by reader and reason, fallbacks, in
 outcome (``ok``, ``503``, ``refused``, ``error``), rows ingested by path, rows served by source, HTTP requests.
 Read from Postgres at scrape time: datasets behind the mirror and the largest lag (status/lag.py, the one
 definition), datasets by their latest canary verdict (parity/canary.py's newest-verdict order, one index probe per
-dataset: the cost of a scrape follows the datasets, never the verdicts' history). Process memory: prometheus-client's
+dataset: the cost of a scrape follows the datasets, never the verdicts' history), native datasets by their reverse
+mirror's state and its largest lag (mirror/reverse_lag.py, the overview's definition). Process memory: prometheus-client's
 process collector (``process_resident_memory_bytes``). When Postgres cannot be read, the scraped gauges are left
 out and ``lakehouse_status_up`` says 0 — never a 0 that looks like "nothing behind".
 """
@@ -20,7 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.registry import WRITERS
+from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.status.lag import behind_datasets
@@ -103,7 +106,7 @@ class ServiceMetrics:
 
 
 class _StatusCollector:
-    """Scrape-time gauges read from Postgres (two short queries)."""
+    """Scrape-time gauges read from Postgres (five short queries)."""
 
     def __init__(self, db: ServiceDb):
         self.db = db
@@ -119,6 +122,7 @@ class _StatusCollector:
             with self.db.connection() as conn:
                 behind = behind_datasets(conn)
                 verdicts = dict(conn.execute(_BY_LATEST_VERDICT).fetchall())
+                rlags, reverse_off = reverse_lags(conn, native_dataset_ids(conn))
         except psycopg.Error as exc:
             log.warning("metrics: cannot read the migration's state from Postgres (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -151,3 +155,20 @@ class _StatusCollector:
         for verdict, n in counts.items():
             by_verdict.add_metric([verdict], n)
         yield by_verdict
+        reverse = GaugeMetricFamily(
+            "lakehouse_reverse_mirror_datasets",
+            "Datasets written iceberg-native by their reverse mirror: caught_up, behind (native commits not yet "
+            "applied to dataset_rows), off",
+            labels=["state"],
+        )
+        behind_reverse = [r for r in rlags.values() if not r.caught_up]
+        reverse.add_metric(["caught_up"], len(rlags) - len(behind_reverse))
+        reverse.add_metric(["behind"], len(behind_reverse))
+        reverse.add_metric(["off"], reverse_off)
+        yield reverse
+        reverse_lag = GaugeMetricFamily(
+            "lakehouse_reverse_mirror_lag_max_seconds",
+            "The largest reverse lag: seconds since the oldest native commit dataset_rows lacks (0: none behind)",
+        )
+        reverse_lag.add_metric([], max((r.lag_seconds or 0.0 for r in behind_reverse), default=0.0))
+        yield reverse_lag

@@ -1,6 +1,6 @@
 """Alerts: what needs an operator, posted once to a Slack-compatible webhook (``LAKEHOUSE_ALERT_WEBHOOK_URL``).
 
-Eight kinds of event, each found where it is durable:
+Nine kinds of event, each found where it is durable:
 
 * ``run_failed`` — a failed run of a lakehouse job (the Dagster instance; the sensor reads them and passes them in);
 * ``mismatch`` and ``auto_rollback`` — a MISMATCH verdict and what auto-rollback did about it
@@ -12,6 +12,9 @@ Eight kinds of event, each found where it is durable:
 * ``stream_down`` — a shard of the mirror stream with no live stream for longer than
   ``LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS`` while ``LAKEHOUSE_MIRROR_STREAM`` is on (``mirror/stream.py``
   ``shard_status``, what ``lakehouse status`` and the overview show);
+* ``reverse_behind`` — a dataset written iceberg-native whose reverse mirror has lacked a native commit for longer than
+  ``LAKEHOUSE_REVERSE_LAG_ALERT_SECONDS`` (``mirror/reverse_lag.py``, what the overview and ``/metrics`` show): its
+  Postgres-locked consumers read an old copy, and a writer rollback would need a backfill;
 * ``rollout`` — a rollout plan that paused, waits for an approval, or aborted (the plans' own event log; the sensor
   reads it and passes the events in, as it does the failed runs: plans sit above this layer).
 
@@ -20,7 +23,7 @@ dataset, the shard), then posted from there: a restart neither posts it again no
 retried with exponential backoff and jitter (``next_attempt_at``) under the same idempotency key (``post_key``), and
 only a post that fails more than ``LAKEHOUSE_ALERT_RETRY_SECONDS`` (a day) after the event was recorded, or more than
 ``MAX_PENDING`` events waiting, drops one, with a log line. A condition (wedged, freshness, native_unsafe,
-stream_down) is one event while it lasts; when it ends its row is marked resolved, and if it comes back that is a
+stream_down, reverse_behind) is one event while it lasts; when it ends its row is marked resolved, and if it comes back that is a
 new event. The cursor (the sensor's) only moves forward and past every page it reads (keyset positions on (time,
 id)); behind it a look-back reads again what may have committed late, and the keys make a second sight of an event
 harmless.
@@ -55,6 +58,8 @@ from psycopg import sql
 from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.mirror.stream import shard_status
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
@@ -63,10 +68,27 @@ from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 
 RUN_FAILED, MISMATCH, AUTO_ROLLBACK = "run_failed", "mismatch", "auto_rollback"
 WEDGED, FRESHNESS, NATIVE_UNSAFE, ROLLOUT = "wedged", "freshness", "native_unsafe", "rollout"
-STREAM_DOWN = "stream_down"
+STREAM_DOWN, REVERSE_BEHIND = "stream_down", "reverse_behind"
 DROPPED = "dropped"  # alerts dropped unsent past MAX_PENDING: one event says how many
-KINDS = (RUN_FAILED, MISMATCH, AUTO_ROLLBACK, WEDGED, FRESHNESS, NATIVE_UNSAFE, STREAM_DOWN, ROLLOUT, DROPPED)
-CONDITIONS = (WEDGED, FRESHNESS, NATIVE_UNSAFE, STREAM_DOWN)  # states, not moments: one event per episode
+KINDS = (
+    RUN_FAILED,
+    MISMATCH,
+    AUTO_ROLLBACK,
+    WEDGED,
+    FRESHNESS,
+    NATIVE_UNSAFE,
+    STREAM_DOWN,
+    REVERSE_BEHIND,
+    ROLLOUT,
+    DROPPED,
+)
+CONDITIONS = (
+    WEDGED,
+    FRESHNESS,
+    NATIVE_UNSAFE,
+    STREAM_DOWN,
+    REVERSE_BEHIND,
+)  # states, not moments: one event per episode
 TITLE = {
     RUN_FAILED: "Lakehouse run failed",
     MISMATCH: "Parity MISMATCH",
@@ -75,6 +97,7 @@ TITLE = {
     FRESHNESS: "Freshness breach",
     NATIVE_UNSAFE: "Native-safety",
     STREAM_DOWN: "Mirror stream down",
+    REVERSE_BEHIND: "Reverse mirror behind",
     ROLLOUT: "Rollout plan",
     DROPPED: "Alerts dropped",
 }
@@ -86,6 +109,7 @@ PLURAL = {
     FRESHNESS: "freshness breaches",
     NATIVE_UNSAFE: "native-safety findings",
     STREAM_DOWN: "mirror stream shards down",
+    REVERSE_BEHIND: "reverse mirrors behind",
     ROLLOUT: "rollout plan events",
     DROPPED: "notices of dropped alerts",
 }
@@ -441,6 +465,31 @@ def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
             )
         )
     return out
+
+
+def reverse_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+    """One event per native dataset with the reverse mirror on that has lacked a native commit for longer than
+    LAKEHOUSE_REVERSE_LAG_ALERT_SECONDS (mirror/reverse_lag.py: the overview's and /metrics' definition). Keyed by
+    the dataset: one event while it stays behind; caught up (or the reverse turned off) resolves it."""
+    lags, _off = reverse_lags(conn, native_dataset_ids(conn))
+    bound = settings.reverse_lag_alert_seconds
+    late = [r for r in lags.values() if r.lag_seconds is not None and r.lag_seconds > bound]
+    names = _names(conn, [r.dataset_id for r in late])
+    return [
+        Event(
+            key=f"{REVERSE_BEHIND}:{r.dataset_id}",
+            kind=REVERSE_BEHIND,
+            dataset_id=r.dataset_id,
+            what=f"{_who(names.get(r.dataset_id), r.dataset_id)} is written iceberg-native and its reverse mirror has "
+            f"lacked {r.pending} native commit(s) for {_duration(r.lag_seconds)} (bound {_duration(bound)}): "
+            "dataset_rows is that old for its Postgres-locked consumers, and a writer rollback now would need "
+            "lakehouse write-flags backfill",
+            act=f"catch it up now: lakehouse write-flags reverse sync --dataset {r.dataset_id}; if it fails, its "
+            "error says why (the reverse_mirror_job runs and the mirror_stream run log it too); "
+            f"lakehouse write-flags reverse status --dataset {r.dataset_id} shows where it stands",
+        )
+        for r in sorted(late, key=lambda r: -(r.lag_seconds or 0))
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -929,6 +978,7 @@ def run_tick(
         (FRESHNESS, lambda: freshness_events(conn, settings)),
         (NATIVE_UNSAFE, lambda: native_events(conn)),
         (STREAM_DOWN, lambda: stream_events(conn, settings)),
+        (REVERSE_BEHIND, lambda: reverse_events(conn, settings)),
     ):
         try:
             found = find()
