@@ -19,6 +19,7 @@ from lakehouse_dagster.dagster.defs.parity.checks import AUTO_ROLLBACK_TAG, pari
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.flags.overrides import history, set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.parity import canary as canary_checks
 from lakehouse_dagster.routing.read_router import resolve_read_source
@@ -204,6 +205,8 @@ def test_gate_refusal_is_loud_and_claims_nothing(conn, dsn, settings, ws):
     d = _dataset(conn, settings, dsn, ws, "native-bound")
     set_override(conn, "read", "export.stream", "iceberg", dataset=d, actor="pytest")
     set_override(conn, "write", "sync.append", "iceberg_native", dataset=d, actor="pytest")
+    # the reverse off: the canary's own comparison (with it on, Iceberg is the truth and the copy is repaired)
+    set_reverse(conn, False, dataset=d, note="no copy", actor="pytest")
     _diverge(conn, d)
     before = flag_tables(conn)
     proc = cli("canary", "--dataset", str(d), "--json")

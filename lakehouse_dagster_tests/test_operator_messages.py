@@ -180,6 +180,9 @@ def test_the_smoke_check_after_a_native_sync_full_compares_the_content(conn, dsn
     d, _ = _fed(conn, dsn, settings)
     code, out, err = _cli(capsys, "write-flags", "flip", "sync.full", "--dataset", str(d))
     assert code == 0, out + err
+    # the reverse off: the canary's own native comparison (with it on the canary compares both ways)
+    code, out, err = _cli(capsys, "write-flags", "reverse", "off", "--dataset", str(d), "--note", "native smoke")
+    assert code == 0, out + err
     code, out, _ = _cli(capsys, "canary", "--smoke", "--dataset", str(d), "--json")
     assert code == 0
     import json

@@ -8,6 +8,8 @@ go through the gated ``set_flag`` in process, one through the CLI (what the oper
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -187,3 +189,44 @@ def test_parity_both_ways_lagging_ok_and_a_mismatch_repaired_without_a_writer_ro
     ).fetchone() == ("MISMATCH", "reverse canary")  # recorded: what the alerts read
     proc = cli("write-flags", "reverse", "check", "--dataset", str(d))  # the operator's way: ok again, exit 0
     assert proc.returncode == 0 and f"dataset {d}: ok: reverse caught up at snapshot {snap}" in proc.stdout, proc.stderr
+
+
+def test_the_canary_compares_a_reverse_synced_dataset_both_ways_and_repairs_it_without_a_rollback(conn, dsn, settings):
+    """``lakehouse canary`` (and the canary job and schedule, through the same run_canary_and_roll_back): a native
+    dataset with the reverse on gets the reverse verdict, not ``native``; a MISMATCH repairs the copy, exit 1."""
+    d = ready_native(conn, dsn, settings, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    snap = native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+
+    def canary(*args):
+        proc = cli("canary", "--dataset", str(d), "--json", *args)
+        (r,) = json.loads(proc.stdout)["results"]
+        return proc.returncode, r
+
+    code, r = canary()
+    assert (code, r["verdict"]) == (0, "lagging") and f"Iceberg is at {snap}" in r["detail"]["reason"]
+    assert f"lakehouse write-flags reverse sync --dataset {d}" in r["detail"]["reason"]
+    apply_reverse(dsn, catalog, settings, d)
+    code, r = canary("--smoke")
+    assert (code, r["verdict"], r["pg_count"], r["iceberg_count"]) == (0, "ok", 9, 9)
+    assert r["detail"]["reason"].startswith(f"reverse caught up at snapshot {snap}")
+
+    conn.execute(
+        'update dataset_rows set data = data || \'{"s": "wrong"}\' where dataset_id = %s and row_index = 8', (d,)
+    )
+    flags_before = flag_tables(conn)
+    code, r = canary()
+    assert (code, r["verdict"]) == (1, "MISMATCH") and "the copy is wrong, Iceberg is the truth" in r["detail"][
+        "reason"
+    ]
+    assert r["detail"]["reverse_repair"].startswith("repaired by a full reverse re-sync, no writer rolled back")
+    assert "auto_rollback" not in r["detail"]
+    assert flag_tables(conn) == flags_before and native_dataset_ids(conn) == {d}  # the writer stays native
+    recorded = conn.execute(
+        "select verdict, detail->>'reverse_repair' from lakehouse_read_parity where dataset_id = %s"
+        " order by id desc limit 1",
+        (d,),
+    ).fetchone()
+    assert recorded[0] == "MISMATCH" and recorded[1].startswith("repaired by a full reverse re-sync")
+    code, r = canary()  # the copy repaired: ok again
+    assert (code, r["verdict"]) == (0, "ok")

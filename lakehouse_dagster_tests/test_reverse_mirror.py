@@ -191,10 +191,27 @@ def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, setti
     _same_as_table(conn, settings, dsn, d)
 
 
-def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings, lh):
+def test_a_rollback_right_after_a_native_write_applies_the_reverse_first_and_needs_no_backfill(conn, dsn, settings, lh):
+    """The driver's window: a native commit the stream has not applied yet when the writer is rolled back."""
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+    assert position(conn, d) is None  # nothing drove the reverse yet
+    snap = snapshot(settings, dsn, d)
+    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
+    assert f"reverse-synced up to snapshot {snap}: no backfill needed" in out and "backfill --dataset" not in out
+    assert position(conn, d).snapshot_id == snap
+    _same_as_table(conn, settings, dsn, d)
+    r = sync_dataset(dsn, load_catalog(settings, dsn), settings, d)  # the forward mirror resumes at once
+    assert (r.mode, r.rows) == ("noop", 0)
+
+
+def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings, lh, monkeypatch):
     d = ready_native(conn, dsn, settings, lh, "sync.append")
     native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
-    out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "reverse-before-commit:raise")  # the catch-up before it fails
+    code, out, err = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d))
+    monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
+    assert code == 0 and f"the reverse mirror could not catch up dataset {d} before the rollback" in err
     assert "reverse was behind (it never applied a snapshot): run write-flags backfill" in out
     assert f"lakehouse write-flags backfill --dataset {d}" in out
     # not native any more: the reverse leaves it alone and says what to do

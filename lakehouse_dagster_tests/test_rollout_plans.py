@@ -77,7 +77,7 @@ stages:
         )
     lines = str(exc.value).splitlines()
     assert lines == [
-        "plan.yaml: colour: unknown key; a plan has reader, writer, mode, stages, note, defaults",
+        "plan.yaml: colour: unknown key; a plan has reader, writer, mode, stages, note, defaults, arm_reverse",
         "plan.yaml: reader: give exactly one of reader: <name> or writer: <name>",
         "plan.yaml: stages[0].datasets: 0 is not a count; write datasets: N with N of 1 or more",
         "plan.yaml: stages[0].soak: '10 minutes' is not a duration; write a duration like 30s, 10m, 1h or 1h30m",
@@ -86,7 +86,7 @@ stages:
         "(days: daily, weekdays, weekends, mon-fri, sat,sun; a time zone)",
         "plan.yaml: stages[1].analysis.max_fallbacks: -1 is not a count; write a whole number of 0 or more",
         "plan.yaml: stages[1].analysis.wait: unknown key; analysis has sample, max_fallbacks, max_failed_syncs, "
-        "max_inconclusive, pause_after, retry_every, min_reads, min_consistency",
+        "max_inconclusive, pause_after, retry_every, min_reads, min_consistency, max_reverse_lag_seconds",
         "plan.yaml: stages[2]: give exactly one of shadow, datasets, workspace, global (found datasets, global)",
     ]
     cases = {
@@ -99,6 +99,8 @@ stages:
         "reader: export.stream\nstages: []": "give a list of stages",
         "reader: export.stream\nstages: [{datasets: 1, within: 3}]": "is not a uuid",
         "reader: [": "not valid YAML at line",
+        "reader: export.stream\narm_reverse: true\nstages: [{global: true}]": "only a writer plan arms the reverse",
+        "writer: sync.full\narm_reverse: maybe\nstages: [{global: true}]": "'maybe' is not true or false",
     }
     for text, expected in cases.items():
         with pytest.raises(BadInput, match=expected):
@@ -355,3 +357,61 @@ def test_the_readmes_example_plan_dry_runs_on_the_demo_as_it_says(conn, dsn, set
         "raises the global scope's own mode" in n for n in dry.stages[2].notes
     )
     assert flag_tables(conn) == before
+
+
+def test_a_writer_plan_arms_the_reverse_checks_parity_both_ways_and_aborts_losslessly(conn, dsn, settings):
+    """Issue 31: the plan turns the reverse mirror on before the flip (its workspace had it off), the analysis
+    compares the copy both ways, and an abort after native writes the reverse applied needs no backfill."""
+    from lakehouse_dagster.flags.native import native_dataset_ids
+    from lakehouse_dagster.flags.reverse_setting import reverse_enabled, set_reverse
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.reverse import apply_reverse
+    from lakehouse_dagster.tracking import datasets
+
+    from .native_helpers import SCHEMA, native_write, row, runbook_ready, table_rows
+
+    ws = datasets.create_workspace(conn, "ws-reverse")
+    d = datasets.create_dataset(conn, ws, "ledger", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(5)])
+    runbook_ready(conn, dsn, settings, d)
+    set_reverse(conn, False, workspace=ws, note="off for the workspace", actor="ops")
+    text = f"writer: sync.full\nstages:\n  - datasets: 1\n    soak: 1s\n  - workspace: {ws}\n    approval: true\n"
+    plan_id, _ = actions.start(conn, settings, text, actor="pytest")
+    with dg.DagsterInstance.ephemeral() as inst:
+        driver = Driver(inst, dsn)
+        driver.until(conn, plan_id, lambda p: p.stage == 1 and (p.blocking or "").startswith("approval"))
+        assert native_dataset_ids(conn) == {d}
+        # armed before the flip, at dataset scope, audited with the plan's id
+        assert reverse_enabled(conn, d).enabled
+        (armed,) = conn.execute(
+            "select scope, scope_id, after_enabled, note from lakehouse_reverse_audit where note like %s",
+            (f"rollout {plan_id}%",),
+        ).fetchall()
+        assert armed == ("dataset", d, True, f"rollout {plan_id} stage 1: reverse armed before the flip")
+        started = next(e for e in store.events(conn, plan_id) if e["event"] == "stage-started")
+        assert "the reverse mirror armed for 1 dataset(s) whose reverse was off" in started["reason"]
+        # the analysis compared the copy both ways: ok at the table's snapshot
+        verdict, reverse = conn.execute(
+            "select verdict, detail->'reverse' from lakehouse_read_parity where dataset_id = %s"
+            " and source = 'rollout-analysis' order by id desc limit 1",
+            (d,),
+        ).fetchone()
+        assert verdict == "ok" and reverse["position_after"] is not None and reverse["lag_before_s"] == 0
+
+        # native writes the reverse mirror applies (the stream does it in a deployment), then the abort
+        native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(20, 27)], start=0)
+        apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+        out = actions.abort(conn, settings, plan_id, actor="ops", reason="stop here")
+    assert out.restored is not None and out.restored.restored
+    aborted = next(e for e in store.events(conn, plan_id) if e["event"] == "aborted")
+    assert aborted["detail"]["next"].startswith(
+        "nothing: the reverse mirror kept Postgres up to the last native commit of every dataset the plan moved (1)"
+    )
+    assert native_dataset_ids(conn) == set()  # the writer is back on pg ...
+    pg = conn.execute(
+        "select row_index, row_id::text, data->>'a' from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
+    iceberg = [(r["__row_index"], str(r["__row_id"]), str(r["a"])) for r in table_rows(settings, dsn, d)]
+    assert pg == iceberg and len(pg) == 7  # ... and Postgres lost nothing
+    proc = cli("sync", "--dataset", str(d), "--json")  # the forward mirror resumes at once: no backfill first
+    assert proc.returncode == 0, proc.stderr

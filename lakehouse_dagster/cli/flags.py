@@ -566,10 +566,15 @@ def _leaving_native(ctx, args, mode):
     if args.kind != WRITE or mode not in (None, "pg"):
         return []
     from lakehouse_dagster.runbooks.rollback_report import (
+        apply_reverse_first,
         leaving_native,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    return leaving_native(ctx.conn, args.name, mode, dataset=args.dataset, workspace=args.workspace)
+    leaving = leaving_native(ctx.conn, args.name, mode, dataset=args.dataset, workspace=args.workspace)
+    # the reverse mirror applies what it has not yet, so Postgres holds every native row when the flag moves
+    for ds_id, why in apply_reverse_first(ctx.dsn, ctx.catalog, ctx.settings, leaving).items():
+        print(f"the reverse mirror could not catch up dataset {ds_id} before the rollback: {why}", file=sys.stderr)
+    return leaving
 
 
 def _with_rollback(ctx, args, leaving, result: Result) -> Result:

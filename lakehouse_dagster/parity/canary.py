@@ -706,16 +706,21 @@ def run_canary(
     on_result: Callable[[Verdict], None] | None = None,
     full: bool = False,
     on_recorded: Callable[[Verdict, int], None] | None = None,
+    evaluate_with: Callable[..., Verdict | None] | None = None,
 ) -> CanaryReport:
     """Evaluate, record every verdict in lakehouse_read_parity, and summarise (``conn``: autocommit).
     ``on_recorded(verdict, parity_id)`` runs right after each record, before the next dataset is compared:
-    the caller's reaction to a verdict (runbooks/auto_rollback.py's ``run_canary_and_roll_back``)."""
+    the caller's reaction to a verdict (runbooks/auto_rollback.py's ``run_canary_and_roll_back``).
+    ``evaluate_with(dsn, catalog, settings, dataset_id, smoke=...)``: a comparison of the caller's for a dataset
+    (the reverse mirror's parity both ways, runbooks/reverse_parity.py); None from it: this module's ``evaluate``."""
     ids = select_datasets(conn, dataset_ids, limit)
     wedged = wedged_syncs(conn, settings.wedged_after_seconds)
     wedged_ids = {w["dataset_id"] for w in wedged}
     results = []
     for ds_id in ids:
-        v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows, full=full)
+        v = evaluate_with(dsn, catalog, settings, ds_id, smoke=smoke) if evaluate_with else None
+        if v is None:
+            v = evaluate(dsn, catalog, settings, ds_id, smoke=smoke, smoke_max_rows=smoke_max_rows, full=full)
         v.wedged = ds_id in wedged_ids
         parity_id = record(conn, v, source=source, run_id=run_id)
         if on_recorded:

@@ -20,6 +20,7 @@ from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE
 from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.stored import stored_overrides
+from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.plans import store
 from lakehouse_dagster.plans.store import ABORTED, ERROR, PlanRow
 
@@ -88,15 +89,32 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
         reason += f"; {len(out.refused)} REFUSED by a gate and left as they are: " + "; ".join(out.refused[:5])
     summary: dict = out.as_dict()
     if p.kind == WRITE and out.restored:
-        summary["next"] = (
-            "rows written iceberg-native while the plan ran exist only in Iceberg: lakehouse write-flags backfill "
-            "--dataset <id> per dataset (or a full sync on the pg path) before Postgres serves them again"
-        )
+        summary["next"] = _after_writer_abort(conn, p)
     store.update(conn, p.id, state=ABORTED, blocking=None, ended_at=store.db_now(conn))
     store.event(
         conn, p.id, store.ABORTED_EVENT, stage=p.stage, severity=ERROR, reason=reason, actor=actor, detail=summary
     )
     return out
+
+
+def _after_writer_abort(conn: psycopg.Connection, p: PlanRow) -> str:
+    """What the abort of a writer plan leaves to do: nothing where the reverse mirror kept Postgres up to the last
+    native commit (mirror/reverse_lag.py), a backfill where it was off or behind (Postgres only: one query)."""
+    moved = {d for s in store.steps(conn, p.id, kind="flip") for d in s.moved}
+    lags, _off = reverse_lags(conn, moved)
+    kept = {d for d, lag in lags.items() if lag.caught_up}
+    left = sorted(moved - kept)
+    if not left:
+        return (
+            f"nothing: the reverse mirror kept Postgres up to the last native commit of every dataset the plan moved "
+            f"({len(moved)}), so no row exists only in Iceberg and the forward mirror resumes at once"
+        )
+    shown = ", ".join(str(d) for d in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+    return (
+        f"{len(left)} of {len(moved)} dataset(s) had the reverse mirror off or behind, so rows written iceberg-native "
+        f"may exist only in Iceberg: lakehouse write-flags backfill --dataset <id> for {shown} (its rollback report "
+        "says which rows), before Postgres serves them again"
+    )
 
 
 def _mark(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, detail: str) -> None:

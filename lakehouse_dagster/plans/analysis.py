@@ -8,9 +8,11 @@ Like an Argo Rollouts AnalysisRun, it ends in one of three outcomes:
                 finding (writers), a shadow consistency rate below the threshold (a shadow read whose Iceberg side
                 failed counts as a read that did not match) → the plan aborts;
   inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, no ok verdict with rows, too
-                few shadow reads, a canary
-                run that failed → the stage waits, and pauses after ``pause_after`` (missing data is a decision,
-                never a silent pass).
+                few shadow reads, a canary run that failed; for a writer plan also a reverse copy's MISMATCH
+                (repaired by the canary: the copy, not the native writes, was wrong, so nothing is rolled back) and
+                a reverse mirror that was behind by more than ``max_reverse_lag_seconds`` when the analysis began
+                → the stage waits, and pauses after ``pause_after`` (missing data is a decision, never a silent
+                pass).
 Each function only reads; the controller (plans/controller.py) acts on the outcome.
 """
 
@@ -58,6 +60,7 @@ _MISMATCHES = sql.SQL("""
     select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
       from lakehouse_read_parity p join moved m on m.id = p.dataset_id
      where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
+       and not p.detail ? 'reverse'  -- a reverse copy's: repaired, rolls nothing back (verdicts() holds on it)
      order by p.dataset_id, p.checked_at desc""")
 _WEDGED = sql.SQL("""
     select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
@@ -135,20 +138,40 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
     dataset is written iceberg-native: no Postgres side to compare) is ok for a writer plan only: a reader plan
     moves readers onto Iceberg, and a native verdict says nothing about whether Iceberg serves what Postgres
     holds."""
-    rows = conn.execute(
-        "select dataset_id, verdict, coalesce(detail->>'reason', '') from lakehouse_read_parity where run_id = %s",
+    found = conn.execute(
+        "select dataset_id, verdict, coalesce(detail->>'reason', ''), detail ? 'reverse',"
+        " (detail->'reverse'->>'lag_before_s')::float8 from lakehouse_read_parity where run_id = %s",
         (run_id,),
     ).fetchall()
+    rows = [(d, v, why) for d, v, why, _, _ in found]
     counts = {v: sum(r[1] == v for r in rows) for v in canary.VERDICTS}
     detail = {"run_id": run_id, "verdicts": {k: n for k, n in counts.items() if n}, "datasets": len(rows)}
     if not rows:
         return Outcome(INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded no verdict (of {expected})", detail)
-    bad = [r for r in rows if r[1] == canary.MISMATCH]
+    bad = [(d, v, why) for d, v, why, reverse, _ in found if v == canary.MISMATCH and not reverse]
     if bad:
         items = [(d, f"MISMATCH {why}"[:160]) for d, _, why in bad]
         return Outcome(FAIL, f"the canary found MISMATCH on {len(bad)} dataset(s): {_listing(conn, items)}", detail)
     good = (canary.OK,) if kind == READ else (canary.OK, canary.NATIVE)
-    unsure = [r for r in rows if r[1] not in good]
+    # not ok: lagging and the like, a reverse copy's MISMATCH (repaired: the stage holds, nothing is rolled back),
+    # and an ok whose reverse mirror had fallen further behind than the plan allows
+    unsure = [
+        (d, "MISMATCH of the reverse copy", "repaired, no writer rolled back; the next analysis checks it again")
+        if v == canary.MISMATCH
+        else (d, v, why)
+        for d, v, why in rows
+        if v not in good
+    ]
+    slow = [
+        (
+            d,
+            "ok",
+            f"but the reverse mirror was {lag:.0f} s behind (max_reverse_lag_seconds {analysis.max_reverse_lag_seconds})",
+        )
+        for d, v, _, reverse, lag in found
+        if reverse and v == canary.OK and lag is not None and lag > analysis.max_reverse_lag_seconds
+    ]
+    unsure += slow
     if len(unsure) > analysis.max_inconclusive:
         items = [(d, f"{v}{': ' + why[:120] if why else ''}") for d, v, why in unsure]
         return Outcome(

@@ -27,7 +27,8 @@ from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import effects
 from lakehouse_dagster.flags.overrides import DATASET, Scope
-from lakehouse_dagster.flags.registry import READ, get_flag, rank
+from lakehouse_dagster.flags.registry import READ, WRITE, get_flag, rank
+from lakehouse_dagster.flags.reverse_setting import reverse_settings, set_reverse
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.widen import scope_mode
 from lakehouse_dagster.plans import analysis, store
@@ -183,12 +184,13 @@ class _Step:
     def start_stage(self, stage: Stage) -> tuple[list[RunAsk], bool]:
         flag = get_flag(self.plan.kind, self.plan.name)
         changes = [c for c in self.p.rendered["stages"][self.p.stage]["changes"]]
-        asks, total = [], 0
+        asks, total, moving = [], 0, []
         for c in changes:
             scope = Scope(c["scope"], uuid.UUID(c["scope_id"]) if c["scope_id"] else None)
             moved, datasets = effects(self.conn, flag, scope, c["mode"])
             tabular = [e.dataset_id for e in moved if datasets[e.dataset_id][3] == "tabular"]
             total += len(tabular)
+            moving += tabular
             params = {
                 "kind": self.plan.kind,
                 "name": self.plan.name,
@@ -236,6 +238,7 @@ class _Step:
                 f"{stage.max_datasets}; abort, or resume once fewer would move"
             )
             return [], False
+        armed = self.arm_reverse(moving) if self.plan.kind == WRITE and stage.kind != SHADOW else []
         store.update_stage(self.conn, self.p.id, self.p.stage, started_at=self.now)
         store.update(self.conn, self.p.id, phase=FLIPPING, blocking=None)
         store.event(
@@ -243,11 +246,30 @@ class _Step:
             self.p.id,
             store.STAGE_STARTED,
             stage=self.p.stage,
-            reason=f"stage {self.p.stage + 1} ({stage.describe()}): {len(asks)} flag change(s), {total} dataset(s)",
-            detail={"steps": [a.step_key for a in asks], "datasets": total},
+            reason=f"stage {self.p.stage + 1} ({stage.describe()}): {len(asks)} flag change(s), {total} dataset(s)"
+            + (f"; the reverse mirror armed for {len(armed)} dataset(s) whose reverse was off" if armed else ""),
+            detail={"steps": [a.step_key for a in asks], "datasets": total, "reverse_armed": [str(d) for d in armed]},
         )
         self.say(f"stage {self.p.stage + 1} started: {len(asks)} run(s)")
         return asks, not asks  # nothing to run: flipping passes at once
+
+    def arm_reverse(self, ids: list[uuid.UUID]) -> list[uuid.UUID]:
+        """Before a writer stage's flip, as Vitess arms reverse replication before it switches writes: the reverse
+        mirror on (dataset scope, audited) for each dataset it moves whose reverse resolves off, so that Postgres
+        keeps every native row and an abort is a lossless rollback (``arm_reverse: false`` in the plan: left)."""
+        if not self.plan.arm_reverse or not ids:
+            return []
+        setting = reverse_settings(self.conn, ids)
+        off = [d for d in dict.fromkeys(ids) if d in setting and not setting[d].enabled]
+        for d in off:
+            set_reverse(
+                self.conn,
+                True,
+                dataset=d,
+                note=f"rollout {self.p.id} stage {self.p.stage + 1}: reverse armed before the flip"[:1000],
+                actor=f"{self.settings.actor} (rollout {self.p.short})",
+            )
+        return off
 
     def note(self, mode: str) -> str:
         plan_note = f": {self.plan.note}" if self.plan.note else ""

@@ -26,6 +26,10 @@ def plan_schema() -> dict:
             "retry_every": {**_DURATION, "description": "between analyses while inconclusive (default 30s)"},
             "min_reads": {"type": "integer", "minimum": 1, "description": "shadow: comparisons needed (default 20)"},
             "min_consistency": {"type": "number", "minimum": 0, "maximum": 100, "description": "shadow: % (100)"},
+            "max_reverse_lag_seconds": {
+                **_COUNT,
+                "description": "writer: a dataset's reverse mirror behind more than this is not ok (default 60)",
+            },
         },
     }
     settings = {
@@ -66,6 +70,10 @@ def plan_schema() -> dict:
             "writer": {"enum": flippable_writers},
             "mode": {"enum": ["iceberg", "iceberg_only", "iceberg_native"]},
             "note": {"type": "string", "maxLength": 500},
+            "arm_reverse": {
+                "type": "boolean",
+                "description": "writer: turn the reverse mirror on for each dataset before its flip (default true)",
+            },
             "defaults": {"type": "object", "additionalProperties": False, "properties": settings},
             "stages": {"type": "array", "minItems": 1, "items": stage},
         },

@@ -40,6 +40,9 @@ class Analysis:
     retry_every: int = 30  # seconds between analysis runs while inconclusive
     min_reads: int = 20  # shadow stage: comparisons needed at caught-up versions
     min_consistency: float = 100.0  # shadow stage: the consistency rate (percent) needed to pass
+    # writer plans: a canaried dataset whose reverse mirror was further behind than this when the analysis began
+    # does not count as ok (the reverse's driver is slow or down: a rollback then would need a backfill)
+    max_reverse_lag_seconds: int = 60
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +73,9 @@ class Plan:
     mode: str  # the target mode
     stages: tuple[Stage, ...]
     note: str | None = None
+    # a writer plan turns the reverse mirror on (dataset scope, audited) for each dataset a stage moves before its
+    # flip, so that an abort or a rollback finds Postgres holding every native row (docs/rollouts.md)
+    arm_reverse: bool = True
 
     @property
     def flag_word(self) -> str:
@@ -89,6 +95,7 @@ class Plan:
             self.flag_word: self.name,
             "mode": self.mode,
             "note": self.note,
+            **({"arm_reverse": self.arm_reverse} if self.kind == WRITE else {}),
             "stages": [stage(s) for s in self.stages],
         }
 
@@ -131,7 +138,7 @@ def format_duration(seconds: float) -> str:
     return "".join(parts)
 
 
-_TOP_KEYS = ("reader", "writer", "mode", "stages", "note", "defaults")
+_TOP_KEYS = ("reader", "writer", "mode", "stages", "note", "defaults", "arm_reverse")
 _STAGE_KEYS = (
     *SCOPE_KEYS,
     "within",
@@ -195,6 +202,11 @@ def validate(raw: Any, origin: str = "plan") -> Plan:
     note = raw.get("note")
     if note is not None and (not isinstance(note, str) or len(note) > 500):
         errors.add("note", "a note is text under 500 characters")
+    arm_reverse = raw.get("arm_reverse", True)
+    if not isinstance(arm_reverse, bool):
+        errors.add("arm_reverse", f"{arm_reverse!r} is not true or false")
+    elif "arm_reverse" in raw and kind == READ:
+        errors.add("arm_reverse", "a reader plan moves no writer: only a writer plan arms the reverse mirror")
     defaults = raw.get("defaults", {})
     if not isinstance(defaults, dict):
         errors.add("defaults", "defaults is a mapping of stage keys (soak, approval, window, analysis, ...)")
@@ -219,7 +231,7 @@ def validate(raw: Any, origin: str = "plan") -> Plan:
     _order(stages, errors)
     errors.raise_if_any()
     assert kind is not None and name is not None
-    return Plan(kind, name, str(mode), tuple(stages), note)
+    return Plan(kind, name, str(mode), tuple(stages), note, arm_reverse is not False)
 
 
 def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | None:

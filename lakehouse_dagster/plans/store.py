@@ -119,7 +119,9 @@ def plan_from_stored(d: dict) -> Plan:
         )
 
     kind, name = ("read", d["reader"]) if "reader" in d else ("write", d["writer"])
-    return Plan(kind, name, d["mode"], tuple(stage(s) for s in d["stages"]), d.get("note"))
+    return Plan(
+        kind, name, d["mode"], tuple(stage(s) for s in d["stages"]), d.get("note"), bool(d.get("arm_reverse", True))
+    )
 
 
 def create(conn: psycopg.Connection, plan: Plan, rendered: Rendered, *, source: str | None, actor: str) -> uuid.UUID:

@@ -36,6 +36,7 @@ from lakehouse_dagster.flags.resolver import DATASET_OVERRIDE, FlagResolver, inv
 from lakehouse_dagster.mirror.native_run import ways_forward
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.read_router import ICEBERG, decide, freshness
+from lakehouse_dagster.runbooks import reverse_parity
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE as FIRST_NATIVE_SYNC
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -265,10 +266,26 @@ def record_and_roll_back(
 
 
 def run_canary_and_roll_back(conn: psycopg.Connection, dsn: str, catalog, settings: Settings, **kwargs):
-    """parity.canary.run_canary, each MISMATCH rolled back as soon as it is recorded (before the next dataset)."""
+    """parity.canary.run_canary, each MISMATCH rolled back as soon as it is recorded (before the next dataset).
+    A native dataset with the reverse mirror on is compared both ways (runbooks/reverse_parity.py): Iceberg is the
+    truth there, so its MISMATCH repairs the copy by a full reverse re-sync and rolls nothing back."""
     source, run_id = kwargs.get("source", "canary"), kwargs.get("run_id")
+    lag_before: dict = kwargs.pop("reverse_lag_before", None) or {}  # reverse_parity.catch_up's, to record
+    both_ways = reverse_parity.both_ways_dataset_ids(conn)
+
+    def compare(dsn, catalog, settings, ds_id, *, smoke: bool):
+        if ds_id not in both_ways:
+            return None
+        v = reverse_parity.reverse_parity(dsn, catalog, settings, ds_id, smoke=smoke)
+        if v is not None and ds_id in lag_before:
+            v.detail["reverse"]["lag_before_s"] = lag_before[ds_id]
+        return v
 
     def roll_back(v, parity_id: int) -> None:
+        if reverse_parity.is_reverse_verdict(v):
+            if v.verdict == canary.MISMATCH:
+                reverse_parity.repair_copy(conn, dsn, catalog, settings, v, parity_id)
+            return
         after_record(conn, v, source=source, run_id=run_id, parity_id=parity_id, settings=settings)
 
-    return canary.run_canary(conn, dsn, catalog, settings, on_recorded=roll_back, **kwargs)
+    return canary.run_canary(conn, dsn, catalog, settings, on_recorded=roll_back, evaluate_with=compare, **kwargs)

@@ -14,8 +14,10 @@ Postgres); ``check_reverse_parity`` is the caller that records and acts. The pos
 comparison: only when both equal the pinned snapshot did the Postgres pin (taken between them) see that snapshot's
 rows, since an apply commits the rows and its position together; otherwise the verdict is ``lagging``.
 
-``lakehouse write-flags reverse check --dataset <id> [--no-repair]`` runs it (exit 1 on a MISMATCH). Not yet wired
-into the scheduled canary or ``lakehouse canary``: those still say ``native`` for a native dataset.
+``lakehouse write-flags reverse check --dataset <id> [--no-repair]`` runs it (exit 1 on a MISMATCH); so do
+``lakehouse canary``, the ``canary`` job and the scheduled canary for every native dataset with the reverse on
+(``auto_rollback.run_canary_and_roll_back`` compares those with ``compare_both_ways`` and repairs, never rolls back).
+The first native sync's canary keeps its own check (runbooks/first_native_canary.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from pyiceberg.catalog import Catalog
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.reverse import ACTOR, ReverseResult, apply_reverse, position, reverse_states
+from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.parity import canary
 
 SOURCE = "reverse canary"
@@ -61,7 +66,11 @@ def reverse_parity(
             else f"reverse behind: it never applied a snapshot, Iceberg is at {v.snapshot_id}"
         ) + f" (lakehouse write-flags reverse sync --dataset {ds_id})"
         return v
-    same = bool(v.detail.get("agrees_with_postgres")) and not v.detail.get("identity_assigned_anew")
+    # the canary's own ok (the table is still the mirror's snapshot: no native commit yet) or its native verdict
+    # that says Postgres holds the same rows, identity included
+    same = v.verdict == canary.OK or (
+        bool(v.detail.get("agrees_with_postgres")) and not v.detail.get("identity_assigned_anew")
+    )
     if same:
         v.verdict = canary.OK
         v.detail["reason"] = (
@@ -115,8 +124,60 @@ def check_reverse_parity(
     parity_id = canary.record(conn, v, source=SOURCE, run_id=run_id)
     if v.verdict != canary.MISMATCH or not repair:
         return ReverseCheck(v, parity_id, None)
+    return repair_copy(conn, dsn, catalog, settings, v, parity_id, actor=actor)
+
+
+def repair_copy(
+    conn: psycopg.Connection,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    v: canary.Verdict,
+    parity_id: int,
+    *,
+    actor: str | None = None,
+) -> ReverseCheck:
+    """A recorded reverse MISMATCH's answer: a full reverse re-sync of the copy. What it did goes to the verdict's
+    detail (``reverse_repair``) and its row, so the canary's report and the recorded verdict both say it."""
     try:
         fixed = apply_reverse(dsn, catalog, settings, v.dataset_id, full=True, actor=actor or ACTOR)
+        out = ReverseCheck(v, parity_id, fixed)
+        said = f"repaired by a full reverse re-sync, no writer rolled back: {fixed.summary()}"
     except Exception as exc:  # noqa: BLE001 - recorded and said; the next check asks again
-        return ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
-    return ReverseCheck(v, parity_id, fixed)
+        out = ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
+        said = f"the full reverse re-sync failed ({out.repair_error}): lakehouse write-flags reverse sync --full"
+    v.detail["reverse_repair"] = said
+    conn.execute(
+        "update lakehouse_read_parity set detail = detail || jsonb_build_object('reverse_repair', %s::text)"
+        " where id = %s",
+        (said, parity_id),
+    )
+    return out
+
+
+def both_ways_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
+    """The native datasets whose reverse mirror is on: their canary compares both ways (two queries)."""
+    native = native_dataset_ids(conn)
+    return {d for d, s in reverse_settings(conn, native).items() if s.enabled}
+
+
+def catch_up(
+    conn: psycopg.Connection, dsn: str, catalog: Catalog, settings: Settings, dataset_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, float]:
+    """For a writer rollout's analysis: how far behind each dataset's reverse mirror was (seconds; 0 caught up),
+    then apply what it had not, so the canary after it checks parity both ways at the current snapshot. The lag
+    before is the evidence about the reverse's driver (the stream, the sensor); an apply that fails is left to the
+    canary, which then says lagging."""
+    lags, _off = reverse_lags(conn, native_dataset_ids(conn, dataset_ids))
+    for ds_id, lag in lags.items():
+        if not lag.caught_up or lag.applied_snapshot is None:  # (no position yet: an apply records it)
+            try:
+                apply_reverse(dsn, catalog, settings, ds_id)
+            except Exception:  # noqa: BLE001 - the canary says lagging, with the lag the analysis gates on
+                pass
+    return {d: lag.lag_seconds or 0.0 for d, lag in lags.items()}
+
+
+def is_reverse_verdict(v: canary.Verdict) -> bool:
+    """A verdict ``reverse_parity`` gave (Iceberg the truth, dataset_rows the copy)."""
+    return "reverse" in v.detail

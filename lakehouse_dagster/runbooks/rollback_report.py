@@ -4,6 +4,11 @@ The effects are computed before the change (gates.effects: which datasets the ch
 iceberg_native); the Iceberg-only counts after it, from the table metadata (iceberg_only.py). Which case applies
 is said per dataset: reverse-synced up to the current snapshot (mirror/reverse.py: Postgres already holds every
 row, no backfill), or the reverse was off or behind (then the backfill or a pg-path sync.full).
+
+Just before the change, ``apply_reverse_first`` lets the reverse mirror apply what it has not yet (a native commit
+of the last second, a stream that was down), so a rollback of a dataset with the reverse on is lossless however
+recently it was written; only an apply that fails (or a native write landing between it and the flag change)
+leaves the dataset behind, and the report says so.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
+from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect, effects
 from lakehouse_dagster.flags.overrides import parse_scope
@@ -21,7 +28,9 @@ from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.reverse_setting import reverse_enabled
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.native_run import IcebergOnly, iceberg_only, ways_forward
-from lakehouse_dagster.mirror.reverse import ReversePosition, position
+from lakehouse_dagster.mirror.reverse import ReversePosition, apply_reverse, position
+from lakehouse_dagster.mirror.reverse_lag import reverse_lags
+from lakehouse_dagster.parity.canary import MISMATCH, latest_verdicts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +80,34 @@ def leaving_native(
     flag = get_flag(WRITE, writer)
     moved, _ = effects(conn, flag, parse_scope(dataset, workspace), mode)
     return [e for e in moved if e.before == NATIVE and e.after != NATIVE]
+
+
+def apply_reverse_first(
+    dsn: str, catalog: Catalog, settings: Settings, moved: list[Effect], *, lock_timeout_s: float = 60
+) -> dict[uuid.UUID, str]:
+    """Before a writer rollback: apply what the reverse mirror has not yet for each dataset leaving iceberg_native
+    whose reverse is on and behind (Postgres says which: one query). {dataset: why its apply failed}; those stay
+    behind and their report says to backfill. A dataset whose newest verdict is a MISMATCH of its native writes (the
+    first native sync's canary, not a reverse copy's) is left alone: what Iceberg holds is in doubt, so the rollback
+    keeps Postgres as it is and the report names what only Iceberg holds."""
+    if not moved:
+        return {}
+    with connect(dsn) as conn:
+        lags, _off = reverse_lags(conn, {e.dataset_id for e in moved})
+        verdicts = latest_verdicts(conn, list(lags))
+    failed = {}
+    for ds_id, lag in sorted(lags.items()):
+        if lag.caught_up and lag.applied_snapshot is not None:
+            continue
+        v = verdicts.get(ds_id)
+        if v is not None and v["verdict"] == MISMATCH and "reverse" not in (v["detail"] or {}):
+            continue
+        try:
+            apply_reverse(dsn, catalog, settings, ds_id, lock_timeout_s=lock_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a rollback is the way out: a failed catch-up never blocks it
+            what = " ".join(str(exc).split())[:300]
+            failed[ds_id] = what if isinstance(exc, LakehouseError) else f"{type(exc).__name__}: {what}"
+    return failed
 
 
 def rolled_back(

@@ -10,12 +10,14 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tags import plan_tags, tag_run, text
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.plans import actions, status, store
+from lakehouse_dagster.runbooks import reverse_parity
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 
 ANALYSIS_SOURCE = "rollout-analysis"  # lakehouse_read_parity.source of the verdicts an analysis run records
@@ -206,21 +208,34 @@ def rollout_analysis_op(context: dg.OpExecutionContext, config: AnalysisConfig, 
         raise refuse("no dataset to analyse: give the stage's dataset ids (the rollout_controller does)")
     with lakehouse.connect() as conn:
         try:
+            catalog = lakehouse.catalog()
+            lag_before = {}
+            if config.kind == "write":  # parity both ways at the current snapshot; the lag it had is the evidence
+                ids = [parse_uuid(d, "dataset id") for d in config.dataset_ids]
+                lag_before = reverse_parity.catch_up(conn, lakehouse.pg_dsn, catalog, settings, ids)
+                behind = {d: s for d, s in lag_before.items() if s}
+                if behind:
+                    context.log.info(
+                        f"the reverse mirror was behind on {len(behind)} dataset(s) (at most "
+                        f"{max(behind.values()):.1f} s): applied before the canary"
+                    )
             report = run_canary_and_roll_back(
                 conn,
                 lakehouse.pg_dsn,
-                lakehouse.catalog(),
+                catalog,
                 settings,
                 dataset_ids=config.dataset_ids,
                 smoke=True,
                 source=ANALYSIS_SOURCE,
                 run_id=context.run_id,
+                reverse_lag_before=lag_before,
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info(report.summary_line())
     meta = {f"verdict_{k}": n for k, n in report.counts.items() if n}
-    bad = [r for r in report.results if r.verdict == canary.MISMATCH]
+    # a MISMATCH of a reverse copy was repaired and rolls nothing back: the controller holds the stage on it
+    bad = [r for r in report.results if r.verdict == canary.MISMATCH and not reverse_parity.is_reverse_verdict(r)]
     if bad:
         lines = [f"MISMATCH on {len(bad)} dataset(s) of stage {config.stage + 1} of plan {config.plan_id}:"]
         lines += [f"  {r.dataset} ({r.dataset_id}): {r.summary_line()}" for r in bad[:20]]

@@ -18,7 +18,7 @@ from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, flag_tags, 
 from lakehouse_dagster.flags.gates import set_flag
 from lakehouse_dagster.runbooks.backfill import BackfillResult, backfill
 from lakehouse_dagster.runbooks.complete import backfill_or_restore
-from lakehouse_dagster.runbooks.rollback_report import leaving_native, rollback_lines, rolled_back
+from lakehouse_dagster.runbooks.rollback_report import apply_reverse_first, leaving_native, rollback_lines, rolled_back
 
 
 class WriteRollbackConfig(dg.Config):
@@ -46,6 +46,9 @@ def write_rollback_op(
         tag_run(context, flag_tags(conn, "write", writer, config.dataset_id, config.workspace_id))
         try:
             moved = leaving_native(conn, writer, "pg", dataset=config.dataset_id, workspace=config.workspace_id)
+            # the reverse mirror applies what it has not yet: Postgres holds every native row when the flag moves
+            for ds_id, why in apply_reverse_first(lakehouse.pg_dsn, catalog, settings, moved).items():
+                context.log.warning(f"the reverse mirror could not catch up dataset {ds_id} first: {why}")
             change = set_flag(
                 conn,
                 "write",
