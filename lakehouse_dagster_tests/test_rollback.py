@@ -3,6 +3,9 @@
 Real Postgres, real Iceberg tables, the real CLI in a subprocess. A dataset is made ready the way the
 runbook does it (mirrored, read-flipped, canary ok), flipped through the gated CLI, written natively
 through the write router and the chunked writer, then rolled back.
+
+The backfill's path: the reverse mirror is off here (globally), as for a dataset whose reverse was off when its writer
+was rolled back. With it on the rollback applies it first and needs no backfill (test_reverse_mirror.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pytest
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.sync import sync_dataset
@@ -34,6 +38,11 @@ from .native_helpers import (
     snapshot,
     table_rows,
 )
+
+
+@pytest.fixture(autouse=True)
+def _reverse_off(conn):
+    set_reverse(conn, False, note="the backfill's path", actor="pytest")
 
 
 def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn, dsn, settings):
