@@ -23,6 +23,13 @@ sync at its failpoint, kills and restarts Postgres (``pg_ctl restart -m immediat
 recovery on start) and resumes it; ``reset`` cuts every connection of the frozen sync with a TCP RST;
 ``anytime:pg-restart`` restarts Postgres at a random moment of an unfrozen sync. The sync must then end with at
 most one line on stderr and no traceback, and the oracle holds after the next clean sync as for every cycle.
+A reverse cycle (``reverse_share``, issue 31) works on native datasets of its own (``make_native``): a native change
+(an append, or a sync.full overwrite: a full reverse re-sync) lands in Iceberg through the write router, then
+``apply_reverse`` runs in its own process killed or failed at reverse-after-copy, reverse-before-commit or
+reverse-after-commit (or none): Postgres must hold a whole snapshot right after (the previous one unless the commit
+happened), one clean apply must apply exactly when the killed one did not commit, and then dataset_rows is the
+current snapshot with its identity, the position and the one reverse reconciliation name it, the counts are the
+rows', and no echo (``reverse_cycle`` says it all).
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
