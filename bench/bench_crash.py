@@ -5,7 +5,9 @@ killed and restarted and connections reset under them.
 armed and fired (kills per failpoint, infrastructure faults by kind), the sync exit codes, the write mix, the
 violations (must be 0) and the seed, then one JSON line. It runs its own embedded Postgres (restarted by the
 schedule) behind a TCP fault proxy; `--no-infra` leaves the infrastructure alone (the failpoints only) and uses
-LAKEHOUSE_PG_DSN when set. What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
+LAKEHOUSE_PG_DSN when set. `--reverse-share 1` makes every cycle a reverse cycle (issue 31: a native change, the
+reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`).
+What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
 Not a timing benchmark: seconds are printed for planning only.
 """
 
@@ -33,6 +35,12 @@ def main() -> int:
         "--stream-share", type=float, default=0.0, help="share of cycles whose killed process is a mirror stream"
     )
     p.add_argument(
+        "--reverse-share",
+        type=float,
+        default=0.0,
+        help="share of cycles that are reverse cycles: a native change, then a reverse apply killed at its failpoint",
+    )
+    p.add_argument(
         "--store",
         action="store_true",
         help="the warehouse on an object store (moto_server) behind a fault proxy: adds its 503s to the faults",
@@ -58,6 +66,8 @@ def main() -> int:
             "LAKEHOUSE_NAMESPACE": "lakehouse",
         }
     )
+    if a.reverse_share > 0:  # the native datasets are read-flipped just before their writers: no soak to wait out
+        os.environ.setdefault("LAKEHOUSE_SOAK_SECONDS", "0")
     moto = store = None
     if a.store:
         from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
@@ -99,6 +109,7 @@ def main() -> int:
             progress=progress,
             infra=infra,
             stream_share=a.stream_share,
+            reverse_share=a.reverse_share,
         )
     finally:
         if proxy is not None:

@@ -1,8 +1,9 @@
 """The crash harness, short and seeded for CI: 8 cycles, ~40 s on the 2-core machine (each cycle starts a
 CLI process: 3-6 s of imports depending on load). lakehouse_dagster/testing/crash_harness.py says what every cycle checks.
 
-LAKEHOUSE_CRASH_CYCLES / LAKEHOUSE_CRASH_SEED run it longer or with another seed; bench/bench_crash.py
-runs >= 200 cycles and prints the figures.
+LAKEHOUSE_CRASH_CYCLES / LAKEHOUSE_CRASH_SEED run it longer or with another seed (LAKEHOUSE_CRASH_STREAM_CYCLES,
+LAKEHOUSE_CRASH_REVERSE_CYCLES the stream and reverse modes longer); bench/bench_crash.py runs >= 200 cycles and
+prints the figures.
 """
 
 from __future__ import annotations
@@ -30,4 +31,17 @@ def test_seeded_crash_schedule_of_stream_processes_converges_with_no_violation(d
     print(report.as_dict())
     assert report.cycles == cycles and report.ops["stream"] == cycles
     assert sum(report.fired.values()) >= 2, report.as_dict()  # the streams really die at their failpoints
+    assert report.violations == [], "\n".join(report.violations)
+
+
+def test_seeded_crash_schedule_of_reverse_applies_converges_with_no_violation(dsn, settings):
+    """The harness's reverse mode (issue 31): each cycle makes a native change (an append, or an overwrite: a full
+    reverse re-sync) and runs the reverse apply in a process killed or failed before, inside or after its commit;
+    Postgres must hold a whole snapshot, the clean apply must apply it exactly once, without echo
+    (bench/bench_crash.py --reverse-share 1 runs >= 200)."""
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_REVERSE_CYCLES", "6"))
+    report = run_cycles(dsn, settings, seed=20261215, cycles=cycles, datasets=2, armed_share=1.0, reverse_share=1.0)
+    print(report.as_dict())
+    assert report.cycles == cycles and report.ops["reverse"] == cycles
+    assert sum(report.fired.values()) >= 2, report.as_dict()  # the applies really die at their failpoints
     assert report.violations == [], "\n".join(report.violations)

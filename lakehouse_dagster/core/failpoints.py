@@ -39,6 +39,7 @@ POINTS = (
     "after-log",  # committed and recorded
     "rollout-after-step",  # plans/controller.py: a plan's step rows committed, its runs not yet asked for
     "stream-maintenance",  # mirror/stream_maintenance.py: a stream's maintenance round, under the dataset's lock
+    "reverse-after-copy",  # mirror/reverse.py: the rows copied into dataset_rows (append or full), nothing else yet
     "reverse-before-commit",  # mirror/reverse.py: the rows, position and record written, not committed yet
     "reverse-after-commit",  # mirror/reverse.py: committed, the dataset lock still held
     "complete-after-batch",  # runbooks/complete.py: one batch of a complete's deletes committed, the next not begun

@@ -299,6 +299,7 @@ def _apply(
             removed = one(counted(sql.SQL("delete from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds)))
             copied = one(counted(insert))
             n = copied
+        failpoint("reverse-after-copy")
         run(
             sql.SQL(
                 "update datasets set row_count = {n}, max_row_index = (select coalesce(max(row_index), -1)"

@@ -23,6 +23,13 @@ sync at its failpoint, kills and restarts Postgres (``pg_ctl restart -m immediat
 recovery on start) and resumes it; ``reset`` cuts every connection of the frozen sync with a TCP RST;
 ``anytime:pg-restart`` restarts Postgres at a random moment of an unfrozen sync. The sync must then end with at
 most one line on stderr and no traceback, and the oracle holds after the next clean sync as for every cycle.
+A reverse cycle (``reverse_share``, issue 31) works on native datasets of its own (``make_native``): a native change
+(an append, or a sync.full overwrite: a full reverse re-sync) lands in Iceberg through the write router, then
+``apply_reverse`` runs in its own process killed or failed at reverse-after-copy, reverse-before-commit or
+reverse-after-commit (or none): Postgres must hold a whole snapshot right after (the previous one unless the commit
+happened), one clean apply must apply exactly when the killed one did not commit, and then dataset_rows is the
+current snapshot with its identity, the position and the one reverse reconciliation name it, the counts are the
+rows', and no echo (``reverse_cycle`` says it all).
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime as dt
 import json
 import os
 import random
@@ -41,13 +49,26 @@ import time
 import uuid
 from collections.abc import Callable
 
+import pyarrow as pa
+
 from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.flags import registry
+from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, TableWrite
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.mirror.reaper import files_by_sync
+from lakehouse_dagster.mirror.reverse import apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.parity.digest import IcebergSide, pin_iceberg
+from lakehouse_dagster.routing.native_table import write_native_table
+from lakehouse_dagster.routing.write_router import route_write
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
+from lakehouse_dagster.runbooks.reverse_parity import reverse_parity
+from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
 from lakehouse_dagster.testing.faults import (
     cli_env,
     cli_sync_popen,
@@ -88,6 +109,29 @@ for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_cou
     if isinstance(e, Idle) and e.backlog == 0:
         break
 """
+# A reverse cycle's process: one reverse apply of the dataset (mirror/reverse.py), as the stream or a
+# reverse_mirror_job run does it, killed or failed at its failpoint.
+REVERSE_ONCE = """
+import sys
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.mirror.reverse import apply_reverse
+s = Settings.from_env()
+print(apply_reverse(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1]).how)
+"""
+# before the copy's transaction commits (after the rows are copied: append or full; with everything written) or
+# after it, the dataset lock still held
+REVERSE_POINTS = ["reverse-after-copy", "reverse-before-commit", "reverse-after-commit"]
+REVERSE_ACTIONS = [("kill", 70), ("raise", 10), ("oserror", 10), ("sigterm", 10)]
+# a native dataset's writers: sync.append appends, sync.full overwrites the table (a full reverse re-sync)
+NATIVE_WRITERS = [("sync.append", 70), ("sync.full", 30)]
+NATIVE_SCHEMA = [
+    {"name": "n", "type": "int64"},
+    {"name": "s", "type": "string"},
+    {"name": "x", "type": "float64"},
+    {"name": "b", "type": "boolean"},
+    {"name": "j", "type": "json"},
+]
 # libpq (under ADBC's readers) prints the server's goodbye straight to stderr, and Arrow's C++ S3 filesystem its own
 # retries (`s3fs.cc:817: CompletedMultipartUpload got error embedded in a 200 OK response: SlowDown …, retry = 1`),
 # both outside the project's reach (docs/design/faults.md): not counted as lines of the project's
@@ -307,10 +351,13 @@ def run_cycles(
     armed_share: float = 0.85,
     infra: Infrastructure | None = None,
     stream_share: float = 0.0,
+    reverse_share: float = 0.0,
 ) -> Report:
     """Long on purpose: one cycle's schedule, fault and checks read in order here. ``actions``: [(action,
     weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given). ``stream_share``: the
-    share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS)."""
+    share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS).
+    ``reverse_share``: the share of cycles that are reverse cycles (``reverse_cycle``) of native datasets of their
+    own, drawn from a generator of their own (an old seed's forward schedule stays the same)."""
     # The oracle counts every data file no snapshot references as an orphan and every succeeded sync's snapshot as
     # present: no snapshot may expire here, here and in the killed processes (a run past an hour met the
     # commit-time expiry of snapshots older than LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, and its oracle cried wolf).
@@ -333,7 +380,19 @@ def run_cycles(
             d = app_tables.create_dataset(conn, ws, f"crash-{i}", schema)
             app_tables.insert_rows(conn, d, [_row(rng, schema) for _ in range(rng.randint(0, 300))])
             ids.append(d)
+        rrng = random.Random(f"reverse-{seed}")
+        native = {}  # native dataset -> the next row_index a native append writes
+        if reverse_share > 0:
+            for i in range(max(1, datasets // 2)):
+                d, native[d] = make_native(conn, dsn, oracle.catalog, settings, ws, f"native-{i}", rrng)
         for cycle in range(cycles):
+            if native and rrng.random() < reverse_share:
+                d = rrng.choice(sorted(native))
+                spec, rc = reverse_cycle(conn, dsn, oracle, settings, d, native, rrng, report, cycle, armed_share)
+                report.cycles += 1
+                if progress:
+                    progress(cycle, spec, rc, report)
+                continue
             d = rng.choice(ids)
             mutate(conn, rng, d, report)
             spec = None
@@ -542,3 +601,236 @@ def _frozen_cycle(conn, dsn, oracle, settings, d, spec, chunk, report) -> tuple[
             proc.wait()
     report.outcomes[proc.returncode] += 1
     return proc.returncode, clean_error
+
+
+def make_native(conn, dsn, catalog, settings, ws, name: str, rng: random.Random) -> tuple[uuid.UUID, int]:
+    """A dataset made ready the runbook's way (mirrored, every Iceberg-servable reader on iceberg, canary ok) and
+    both its writers set to iceberg_native (overrides, ungated: the flip gates are not what is tested here), its
+    reverse applied once (Postgres already holds every row). Returns it and the next row_index to append."""
+    d = app_tables.create_dataset(conn, ws, name, NATIVE_SCHEMA)
+    app_tables.insert_rows(conn, d, [_row(rng, NATIVE_SCHEMA) for _ in range(rng.randint(0, 200))])
+    sync_dataset(dsn, catalog, settings, d, mode="full", readers=1)
+    for r in registry.READERS.values():
+        if registry.rank("read", r.ceiling) >= registry.rank("read", "iceberg"):
+            set_override(conn, "read", r.name, "iceberg", dataset=d, note="crash harness", actor="crash-harness")
+    verdicts = [v.verdict for v in run_canary_and_roll_back(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results]
+    if verdicts != [canary.OK]:
+        raise RuntimeError(f"the native dataset {d} is not ready: canary {verdicts}")
+    for writer, _ in NATIVE_WRITERS:
+        set_override(conn, "write", writer, "iceberg_native", dataset=d, note="crash harness", actor="crash-harness")
+    apply_reverse(dsn, catalog, settings, d)
+    table = load_table_or_none(catalog, table_identifier(settings, d))
+    assert table is not None  # mirrored above
+    return d, int(table.properties.get(MAX_ROW_INDEX, -1)) + 1
+
+
+def _native_value(rng: random.Random, type_: str):
+    v = _value(rng, type_)
+    if type_ == "float64" and isinstance(v, str):
+        return float(v)  # "NaN", "Infinity"
+    if type_ == "json" and v is not None:
+        return json.dumps(v, separators=(", ", ": "))
+    return v
+
+
+def native_change(conn, catalog, settings, d: uuid.UUID, native: dict, rng: random.Random, report: Report) -> str:
+    """One native write of the dataset through the real write router and the native table writer: an append of
+    1-300 rows after the table's last row_index, or an overwrite of the whole table (sync.full) with 1-300 new
+    rows. Returns the writer."""
+    writer = rng.choices([w for w, _ in NATIVE_WRITERS], weights=[w for _, w in NATIVE_WRITERS])[0]
+    dataset = app_tables.get_dataset(conn, d)
+    schema = arrow_schema(dataset.columns)
+    n = rng.randint(1, 300)
+    start = 0 if writer == "sync.full" else native[d]
+    now = dt.datetime.now(dt.UTC)
+    columns = {c.name: [_native_value(rng, c.type) for _ in range(n)] for c in dataset.columns}
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(range(start, start + n), pa.int64()),
+            pa.array([str(uuid.uuid4()) for _ in range(n)]),
+            pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+        ]
+        + [pa.array(columns[c.name], schema.field(c.name).type) for c in dataset.columns],
+        schema=schema,
+    )
+    mode = registry.get_flag("write", writer).iceberg_mode
+    assert mode is not None  # both writers have a native mode
+
+    def iceberg_write(sync_id, source_version):
+        plan = TableWrite(mode, sync_id, source_version, path="native", max_row_index=start + n - 1)
+        return write_native_table(catalog, settings, dataset, [batch], plan, conn=conn)
+
+    def pg_write():
+        raise RuntimeError(f"{writer} resolved to pg for the native dataset {d}")
+
+    route_write(
+        conn,
+        FlagResolver(conn, ttl_seconds=0),
+        writer,
+        d,
+        pg_write=pg_write,
+        iceberg_write=iceberg_write,
+        settings=settings,
+        catalog=catalog,
+    )
+    native[d] = start + n
+    report.ops["native-overwrite" if writer == "sync.full" else "native-append"] += 1
+    return writer
+
+
+def _tracking(conn, d) -> tuple:
+    """What change tracking says of the dataset: a reverse apply moves none of it (no echo)."""
+    return conn.execute(
+        "select d.rows_version, d.rows_xid, d.rows_rewrite_version, d.mirrored_version,"
+        " (select count(*) from lakehouse_row_changes c where c.dataset_id = d.id) from datasets d where d.id = %s",
+        (d,),
+    ).fetchone()
+
+
+def _counts(conn, d) -> tuple[int, int]:
+    return tuple(conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone())
+
+
+def _pg_identity(conn, d) -> list[tuple]:
+    return conn.execute(
+        "select row_index, row_id::text, created_at from dataset_rows where dataset_id = %s order by row_index",
+        (d,),
+    ).fetchall()
+
+
+def _table_identity(table, snapshot_id: int) -> list[tuple]:
+    rows = (
+        table.scan(snapshot_id=snapshot_id, selected_fields=("__row_index", "__row_id", "__created_at"))
+        .to_arrow()
+        .to_pylist()
+    )
+    return sorted((r["__row_index"], r["__row_id"], r["__created_at"]) for r in rows)
+
+
+def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, armed_share) -> tuple[str | None, int]:
+    """One reverse cycle of a native dataset; returns (the failpoint armed, the process's exit code).
+
+    A native change (an append, or an overwrite: a full reverse re-sync) lands in Iceberg; ``apply_reverse`` runs
+    in its own process with a failpoint armed (or none) and is killed, terminated or failed there; Postgres must
+    then hold a whole snapshot, the previous one when the failpoint was before the commit (the rows, the count and
+    the position: nothing half-applied, a full re-sync's delete included) and the new one after it. One clean
+    apply in this process follows, and must apply exactly when the killed one did not commit. Then the oracle:
+    ``dataset_rows`` is the current snapshot (identity row by row, values by the canary's digests read the
+    reverse's way: ``reverse_parity`` ok), the position and the one reverse reconciliation name it,
+    ``datasets.row_count`` / ``max_row_index`` are the rows', and no echo: change tracking did not move, the
+    forward poller does not request the dataset and the recorder sees no write. Long on purpose: the checks
+    read in the order the cycle runs."""
+    where = f"cycle {cycle} (native dataset {d}"
+    try:
+        writer = native_change(conn, oracle.catalog, settings, d, native, rng, report)
+    except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
+        report.violations.append(f"{where}): the native write failed: {type(exc).__name__}: {exc}")
+        return None, 0
+    table = oracle.table(d)
+    current = table.current_snapshot().snapshot_id
+    before = position(conn, d)
+    prev = None if before is None else before.snapshot_id
+    tracked = _tracking(conn, d)
+    counted = _counts(conn, d)  # the native write's (the table's row count): only a committed apply moves them
+    xid = int(conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0])
+    spec = point = None
+    if rng.random() < armed_share:
+        point = rng.choice(REVERSE_POINTS)
+        action = rng.choices([a for a, _ in REVERSE_ACTIONS], weights=[w for _, w in REVERSE_ACTIONS])[0]
+        spec = f"{point}:{action}"
+        report.armed[spec] += 1
+    env = cli_env(spec, LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_SNAPSHOTS_KEEP="0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REVERSE_ONCE, str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    _, stderr = proc.communicate(timeout=180)
+    rc = proc.returncode
+    report.outcomes[rc] += 1
+    report.ops["reverse"] += 1
+    where = f"{where}, {writer}, reverse, failpoint {spec}, exit {rc})"
+    fired = bool(spec) and (rc in (-9, -15) or "failpoint" in stderr)
+    if fired:
+        report.fired[spec] += 1
+    elif rc != 0:
+        report.violations.append(f"{where}: a reverse apply without a fired failpoint exited {rc}: {stderr[-300:]}")
+
+    # right after the process: a whole snapshot, the previous one unless the process got past its commit
+    at = position(conn, d)
+    held = None if at is None else at.snapshot_id
+    should_commit = not fired or point == "reverse-after-commit"
+    if held != (current if should_commit else prev):
+        report.violations.append(
+            f"{where}: the position is {held} after the process; the previous snapshot is {prev}, the current {current}"
+        )
+    if held is not None:
+        identity = _table_identity(table, held)
+        if _pg_identity(conn, d) != identity:
+            report.violations.append(f"{where}: dataset_rows is not snapshot {held} (the position) after the process")
+        counts = _counts(conn, d)
+        whole = (len(identity), identity[-1][0] if identity else -1) if held == current else counted
+        if counts != whole:
+            report.violations.append(
+                f"{where}: datasets.row_count/max_row_index {counts} after the process, not {whole} (position {held})"
+            )
+
+    # the clean apply: it applies exactly when the process did not commit (no snapshot applied twice)
+    try:
+        result = apply_reverse(dsn, oracle.catalog, settings, d)
+    except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
+        report.violations.append(f"{where}: the clean reverse apply failed: {type(exc).__name__}: {exc}")
+        return spec, rc
+    committed = held == current
+    if committed and result.how != "noop":
+        report.violations.append(f"{where}: snapshot {current} applied twice (the clean apply did {result.how})")
+    if not committed and result.how == "noop":
+        report.violations.append(f"{where}: the clean apply did nothing, the position was {held} ({result.reason})")
+    report.ops[f"reverse-{result.how if not committed else 'noop'}"] += 1
+    report.violations += [f"{where}: {v}" for v in _reverse_oracle(conn, dsn, oracle, settings, d, current, xid)]
+    if _tracking(conn, d) != tracked:
+        report.violations.append(f"{where}: an echo: change tracking moved ({tracked} → {_tracking(conn, d)})")
+    return spec, rc
+
+
+def _reverse_oracle(conn, dsn, oracle, settings, d, current: int, xid: int) -> list[str]:
+    """After the clean apply: Postgres is the current snapshot, recorded once, without echo."""
+    bad = []
+    table = oracle.table(d)
+    if table.current_snapshot().snapshot_id != current:
+        bad.append(f"the table moved during the cycle ({current} → {table.current_snapshot().snapshot_id})")
+    at = position(conn, d)
+    if at is None or at.snapshot_id != current:
+        bad.append(f"the position is {None if at is None else at.snapshot_id}, the current snapshot {current}")
+    reconciled = conn.execute(
+        "select snapshot_id from lakehouse_pg_reconciled where dataset_id = %s and how = 'reverse'", (d,)
+    ).fetchall()
+    if reconciled != [(current,)]:
+        bad.append(f"reverse reconciliations {reconciled}, not one of snapshot {current}")
+    identity = _table_identity(table, current)
+    if _pg_identity(conn, d) != identity:
+        bad.append(f"dataset_rows' identity is not snapshot {current}'s ({len(identity)} rows)")
+    v = reverse_parity(dsn, oracle.catalog, settings, d)
+    if v is None or v.verdict != canary.OK:
+        bad.append(f"reverse parity {None if v is None else v.verdict}: {None if v is None else v.detail}")
+    row_count, max_row_index = conn.execute(
+        "select row_count, max_row_index from datasets where id = %s", (d,)
+    ).fetchone()
+    pg = conn.execute(
+        "select count(*), coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (d,)
+    ).fetchone()
+    if (row_count, max_row_index) != tuple(pg) or row_count != len(identity):
+        bad.append(
+            f"datasets.row_count/max_row_index {row_count}/{max_row_index}, dataset_rows {pg[0]}/{pg[1]}, "
+            f"snapshot {len(identity)} rows"
+        )
+    pending, _, _ = pending_syncs(conn, Cursor(xid + 1), limit=1000, exclude_native=False)
+    if d in {p.dataset_id for p in pending}:
+        bad.append("an echo: the forward poller requests the dataset after the reverse apply")
+    for stream in STREAMS:
+        changes, _ = read_stream(conn, stream, Position(xid + 1), 100)
+        if changes:
+            bad.append(f"an echo: the recorder's {stream} stream sees {len(changes)} change(s), e.g. {changes[0]}")
+    return bad
