@@ -69,6 +69,7 @@ from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
+from lakehouse_dagster.parity.maintained import forget_pg
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
 
@@ -337,6 +338,7 @@ def complete(
                         + "; re-run it as it was started (its rows are partly deleted already); nothing was written"
                     )
                 with conn.transaction():
+                    forget_pg(conn, ds_id)  # a canary may have registered it again meanwhile (see _start)
                     _audit(conn, ds_id, "resume", actor, mark.rows_deleted, {"next_row_index": mark.next_row_index})
             else:
                 path = _check_export_dir(export_to, None)
@@ -369,12 +371,16 @@ def complete(
 def _start(
     conn: psycopg.Connection, ds_id: uuid.UUID, found: Checked, path: Path | None, actor: str, note: str | None
 ) -> None:
-    """The reverse off (audited), its position dropped, the mark in progress, the audit's start: one transaction."""
+    """The reverse off (audited), its position dropped, its maintained digest unregistered, the mark in progress,
+    the audit's start: one transaction."""
     from lakehouse_dagster.flags.reverse_setting import set_reverse  # lazy: only where a complete starts
 
     with conn.transaction():
         set_reverse(conn, False, dataset=ds_id, note="complete", actor=actor)
         conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+        # the maintained Postgres digest of rows about to go: unregistered, so no batch hashes the rows it deletes
+        # (a canary registers and fills it again, as for any dataset: after a restore, over the rows restored)
+        forget_pg(conn, ds_id)
         first = conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()
         conn.execute(
             "insert into lakehouse_completed (dataset_id, status, started_at, rows_deleted, batches, next_row_index,"
