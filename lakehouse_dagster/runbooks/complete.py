@@ -14,7 +14,9 @@ Then, in this order:
 
   1. **start** (one transaction, under the dataset lock G3, so no reverse apply or native write runs meanwhile):
      the reverse setting off at dataset scope (audited, note ``complete``), the reverse position dropped (dataset_rows
-     will no longer hold that snapshot), the durable mark ``lakehouse_completed`` (migration 034) ``in_progress``;
+     will no longer hold that snapshot), its maintained Postgres digest unregistered (no batch hashes the rows it
+     deletes; a canary fills it again after a restore), the durable mark ``lakehouse_completed`` (migration 034)
+     ``in_progress``;
   2. **export** (``--export-to <dir>``): the rows as Parquet, typed as the table, identity columns included, streamed
      (memory bounded by one chunk of ``LAKEHOUSE_COMPLETE_BATCH_ROWS`` rows), before any row is deleted;
   3. **batches**: ``dataset_rows`` deleted by ``row_index`` ranges of the primary key, ``LAKEHOUSE_COMPLETE_BATCH_ROWS``
