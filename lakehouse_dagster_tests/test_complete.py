@@ -26,6 +26,7 @@ from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.tracking import datasets
@@ -176,6 +177,9 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     )["completed"][0]
     assert (done["status"], done["rows_deleted"], done["batches"], done["exported_rows"]) == ("complete", 10, 4, 10)
     assert _pg_rows(conn, d) == [] and _pg_rows(conn, other) == kept
+    # its maintained digest unregistered at the start (no batch hashed the rows it deleted), the other's kept
+    registered = "select count(*) from lakehouse_pg_digest_state where dataset_id = %s"
+    assert conn.execute(registered, (d,)).fetchone() == (0,)
     # no echo: change tracking of neither dataset moved, the poller's change query finds nothing
     assert _tracking(conn, d) == tracked and _tracking(conn, other) == other_tracked
     assert conn.execute("select count(*) from datasets where rows_xid::text::bigint > %s", (xid,)).fetchone()[0] == 0
@@ -224,6 +228,10 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     out_text = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
     assert "no backfill needed" in out_text, out_text
     assert sync_dataset(dsn, load_catalog(settings, dsn), settings, d).mode == "noop"
+    # the canary registers and fills the digest again over the rows restored, and they agree with the table
+    checked = evaluate(dsn, load_catalog(settings, dsn), settings, d)
+    assert (checked.verdict, checked.detail["agrees_with_postgres"]) == ("native", True)
+    assert conn.execute(registered, (d,)).fetchone() == (1,)
 
 
 def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, settings, lh):

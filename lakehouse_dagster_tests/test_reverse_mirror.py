@@ -21,6 +21,7 @@ from lakehouse_dagster.mirror.poller import Cursor, datasets_behind, pending_syn
 from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity.canary import evaluate
+from lakehouse_dagster.parity.maintained import SEG_BITS
 from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
 from lakehouse_dagster.tracking import datasets
 
@@ -83,6 +84,25 @@ def _same_as_table(conn, settings, dsn, d) -> None:
     assert [p[3]["s"] for p in pg] == [r["s"] for r in ice]
 
 
+def _digest_is_exact(conn, d) -> None:
+    """The maintained Postgres digest of the dataset (filled) is what summing its rows afresh gives."""
+    state = conn.execute(
+        "select filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s", (d,)
+    ).fetchone()
+    assert state is not None and state[0]
+    kept = conn.execute(
+        "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg"
+        " having sum(n) <> 0 or sum(s) <> 0 order by seg",
+        (d,),
+    ).fetchall()
+    fresh = conn.execute(
+        f"select row_index >> {SEG_BITS}, count(*), sum({state[1]}) from dataset_rows where dataset_id = %s"
+        " group by 1 order by 1",
+        (d,),
+    ).fetchall()
+    assert kept == fresh
+
+
 def test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, settings, lh):
     d = ready_native(conn, dsn, settings, lh, "sync.append")
     catalog = load_catalog(settings, dsn)
@@ -130,8 +150,18 @@ def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings, lh):
     d = ready_native(conn, dsn, settings, lh, "sync.full", rows=6)
     native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
     tracked = _tracking(conn, d)
+    _digest_is_exact(conn, d)  # filled: the re-sync's delete takes the digest shortcut (not hashed row by row)
+    other = datasets.create_dataset(conn, datasets.create_workspace(conn, "other"), "other", SCHEMA)
+    datasets.insert_rows(conn, other, [row(i) for i in range(3)])
     r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
     assert (r.how, r.removed, r.copied, r.pg_rows) == ("full", 6, 4, 4)
+    _digest_is_exact(conn, d)  # the sums of the 4 new rows exactly, the 6 deleted ones gone with their deltas
+    # the shortcut's setting is the re-sync's transaction's only: a delete of the app's is hashed as ever
+    from lakehouse_dagster.parity.maintained import ensure_pg
+
+    ensure_pg(conn, other, datasets.get_dataset(conn, other).columns)
+    conn.execute("delete from dataset_rows where dataset_id = %s and row_index = 1", (other,))
+    _digest_is_exact(conn, other)
     assert _tracking(conn, d) == tracked  # the delete and the insert: no echo either
     assert evaluate(dsn, load_catalog(settings, dsn), settings, d).detail["agrees_with_postgres"] is True
     _same_as_table(conn, settings, dsn, d)

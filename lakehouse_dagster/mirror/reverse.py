@@ -49,6 +49,7 @@ from lakehouse_dagster.flags.reverse_setting import reverse_enabled, reverse_set
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.copy_back import IDENTITY, counted, data_expr, snapshot_batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.parity.maintained import FILL_LOCK
 from lakehouse_dagster.tracking import capture
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
@@ -154,7 +155,9 @@ def apply_reverse(
         if dataset.kind != "tabular":
             raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; only tabular datasets have Iceberg rows")
         with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s):
+            locked = time.perf_counter()
             _refuse(conn, ds_id)
+            checked = time.perf_counter()
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             current = table.current_snapshot() if table is not None else None
             if table is None or current is None:
@@ -173,7 +176,15 @@ def apply_reverse(
                     time.perf_counter() - started,
                     f"already at snapshot {current.snapshot_id}",
                 )
+            loaded = time.perf_counter()
             how, files, reason = _plan(conn, catalog, settings, ds_id, table, full)
+            _log.debug(
+                "reverse prepare phases: lock %.3fs, checks %.3fs, table load %.3fs, plan %.3fs",
+                locked - started,
+                checked - locked,
+                loaded - checked,
+                time.perf_counter() - loaded,
+            )
             present = {f.name for f in table.schema().fields}
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
@@ -239,13 +250,22 @@ def _apply(
     """The rows, the position and the reconciliation in ONE transaction on an ADBC session (binary COPY from
     Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not reproduce the snapshot
     (Postgres holds another row at an appended row_index, or its count is not the snapshot's: rows the table does
-    not hold, or some lacking below the position) turns into a full re-sync in the same transaction. Returns
-    (how, copied, removed, pg rows, why). Long on purpose: everything that must commit together is in this one
+    not hold, or some lacking below the position) is rolled back and becomes a full re-sync, in a transaction of
+    its own (REPEATABLE READ: the delete's digest shortcut needs one snapshot). Returns (how, copied, removed, pg
+    rows, why). Long on purpose: everything that must commit together is in this one
     transaction, in order (as the backfill's); split, the transaction boundary would hide between functions."""
     import adbc_driver_postgresql.dbapi as adbc  # lazy: the ADBC driver (native) only where a reverse apply runs
 
     tmp, ds = sql.Identifier(_TMP), sql.Literal(str(ds_id))
     expected = _total_records(current)
+    phases: dict[str, float] = {}
+    mark = [time.perf_counter()]
+
+    def took(what: str) -> None:  # the phases' seconds, for the debug line (bench/bench_reverse.py reads it)
+        now = time.perf_counter()
+        phases[what] = phases.get(what, 0.0) + now - mark[0]
+        mark[0] = now
+
     with adbc.connect(adbc_uri(dsn)) as conn:  # not autocommit: everything below commits together
         cur = conn.cursor()
 
@@ -261,43 +281,81 @@ def _apply(
             cur.adbc_ingest(
                 _TMP, snapshot_batches(table, current.snapshot_id, names, only), mode="create", temporary=True
             )
-            run(sql.SQL("analyze {t}").format(t=tmp))
+            if only is not None:  # an append joins the staged rows with dataset_rows: the planner needs their count
+                run(sql.SQL("analyze {t}").format(t=tmp))
+            took("stage")
+
+        def begin(full: bool) -> None:
+            if full:  # one snapshot for the whole re-sync: what its digest shortcut relies on (below)
+                run(sql.SQL("set transaction isolation level repeatable read"))
+            run(sql.SQL("set local timezone to 'UTC'"))
+            run(sql.SQL("select set_config({}, 'on', true)").format(sql.Literal(GUC)))
 
         insert = sql.SQL(
             "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
             " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
         ).format(ds=ds, data=data_expr(columns), t=tmp)
 
-        run(sql.SQL("set local timezone to 'UTC'"))
-        run(sql.SQL("select set_config({}, 'on', true)").format(sql.Literal(GUC)))
-        run(sql.SQL("set local enable_nestloop = off"))  # whole-snapshot joins: hash joins, not per-row probes
         copied = removed = 0
-        if how == APPEND and files:
-            stage(files)
-            copied = one(
-                counted(
-                    sql.SQL(
-                        "{insert} where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
-                        " and r.row_index = s.__row_index)"
-                    ).format(insert=insert, ds=ds)
+        begin(how == FULL)
+        took("connect")
+        if how == APPEND:
+            if files:
+                stage(files)
+                # few staged rows: index probes of the primary key (a nested loop), not a scan of the dataset's rows
+                copied = one(
+                    counted(
+                        sql.SQL(
+                            "{insert} where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
+                            " and r.row_index = s.__row_index)"
+                        ).format(insert=insert, ds=ds)
+                    )
                 )
-            )
-            # a row Postgres holds at one of those row_index values under another identity: not the table's row
-            clash = one(
-                sql.SQL(
-                    "select count(*) from {t} s where not exists (select 1 from dataset_rows r where"
-                    " r.dataset_id = {ds}::uuid and r.row_index = s.__row_index and r.row_id = s.__row_id::uuid)"
-                ).format(t=tmp, ds=ds)
-            )
-            if clash:
-                how, reason = FULL, f"{reason}, but Postgres holds {clash} other row(s) at their row_index"
-        n = one(sql.SQL("select count(*) from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds))
-        if how == APPEND and expected is not None and n != expected:
-            how, reason = FULL, f"{reason}, but Postgres would hold {n} row(s) where the snapshot has {expected}"
+                took("insert")
+                # a row Postgres holds at one of those row_index values under another identity: not the table's row
+                clash = one(
+                    sql.SQL(
+                        "select count(*) from {t} s where not exists (select 1 from dataset_rows r where"
+                        " r.dataset_id = {ds}::uuid and r.row_index = s.__row_index and r.row_id = s.__row_id::uuid)"
+                    ).format(t=tmp, ds=ds)
+                )
+                took("clash")
+                if clash:
+                    how, reason = FULL, f"{reason}, but Postgres holds {clash} other row(s) at their row_index"
+            if how == APPEND:
+                # counted: datasets.row_count is the reverse's own figure (the live app's writes do not keep it),
+                # and the datasets row moves with every native commit (the write router's status), so it cannot
+                # tell that nothing wrote the dataset since the position either; an index-only scan of the key
+                n = one(sql.SQL("select count(*) from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds))
+                took("count")
+                if expected is not None and n != expected:
+                    how = FULL
+                    reason = f"{reason}, but Postgres would hold {n} row(s) where the snapshot has {expected}"
+            if how == FULL:  # nothing of the append is kept: the re-sync runs in a transaction of its own
+                conn.rollback()
+                begin(True)
         if how == FULL:
             stage(None)
+            # The digest shortcut: deleting every row of the dataset cancels its maintained sums exactly, so when
+            # they are filled the delete is not hashed row by row (lakehouse_digest_rows skips the dataset named
+            # in lakehouse.reverse_resync) and the sums this snapshot sees go instead. Exact under REPEATABLE READ:
+            # the delete removes just the rows this snapshot sees (one changed meanwhile: a serialization failure,
+            # the apply is retried), the deltas it sees are theirs; fills and compactions hold FILL_LOCK.
+            shortcut = one(
+                sql.SQL(
+                    "select count(*) from (select pg_advisory_xact_lock({lock}, hashtext({ds}))) l,"
+                    " lakehouse_pg_digest_state s where s.dataset_id = {ds}::uuid and s.filled"
+                ).format(lock=sql.Literal(FILL_LOCK), ds=ds)
+            )
+            if shortcut:
+                run(sql.SQL("select set_config('lakehouse.reverse_resync', {ds}, true)").format(ds=ds))
             removed = one(counted(sql.SQL("delete from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds)))
+            if shortcut:
+                run(sql.SQL("delete from lakehouse_pg_digest_deltas where dataset_id = {ds}::uuid").format(ds=ds))
+                run(sql.SQL("select set_config('lakehouse.reverse_resync', '', true)"))
+            took("delete")
             copied = one(counted(insert))
+            took("insert")
             n = copied
         failpoint("reverse-after-copy")
         run(
@@ -340,8 +398,11 @@ def _apply(
                 actor=sql.Literal(actor),
             )
         )
+        took("bookkeeping")
         failpoint("reverse-before-commit")
         conn.commit()
+        took("commit")
+    _log.debug("reverse %s phases: %s", how, ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
     _log.info("reverse %s: dataset %s at snapshot %s, %d row(s) copied", how, ds_id, current.snapshot_id, copied)
     return how, copied, removed, n, reason
 

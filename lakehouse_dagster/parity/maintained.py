@@ -49,6 +49,7 @@ SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
 COMPACT_AFTER = 64  # delta rows per dataset beyond its segments before a canary folds them
 _FILL_LOCK = 0x1A4E_0015  # advisory lock class: one fill / compaction of a dataset at a time
+FILL_LOCK = _FILL_LOCK  # public: a reverse full re-sync (mirror/reverse.py) takes it too
 
 Segments = dict[int, tuple[int, int]]
 

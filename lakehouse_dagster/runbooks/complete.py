@@ -14,7 +14,9 @@ Then, in this order:
 
   1. **start** (one transaction, under the dataset lock G3, so no reverse apply or native write runs meanwhile):
      the reverse setting off at dataset scope (audited, note ``complete``), the reverse position dropped (dataset_rows
-     will no longer hold that snapshot), the durable mark ``lakehouse_completed`` (migration 034) ``in_progress``;
+     will no longer hold that snapshot), its maintained Postgres digest unregistered (no batch hashes the rows it
+     deletes; a canary fills it again after a restore), the durable mark ``lakehouse_completed`` (migration 034)
+     ``in_progress``;
   2. **export** (``--export-to <dir>``): the rows as Parquet, typed as the table, identity columns included, streamed
      (memory bounded by one chunk of ``LAKEHOUSE_COMPLETE_BATCH_ROWS`` rows), before any row is deleted;
   3. **batches**: ``dataset_rows`` deleted by ``row_index`` ranges of the primary key, ``LAKEHOUSE_COMPLETE_BATCH_ROWS``
@@ -69,6 +71,7 @@ from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
+from lakehouse_dagster.parity.maintained import forget_pg
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
 
@@ -337,6 +340,7 @@ def complete(
                         + "; re-run it as it was started (its rows are partly deleted already); nothing was written"
                     )
                 with conn.transaction():
+                    forget_pg(conn, ds_id)  # a canary may have registered it again meanwhile (see _start)
                     _audit(conn, ds_id, "resume", actor, mark.rows_deleted, {"next_row_index": mark.next_row_index})
             else:
                 path = _check_export_dir(export_to, None)
@@ -369,12 +373,16 @@ def complete(
 def _start(
     conn: psycopg.Connection, ds_id: uuid.UUID, found: Checked, path: Path | None, actor: str, note: str | None
 ) -> None:
-    """The reverse off (audited), its position dropped, the mark in progress, the audit's start: one transaction."""
+    """The reverse off (audited), its position dropped, its maintained digest unregistered, the mark in progress,
+    the audit's start: one transaction."""
     from lakehouse_dagster.flags.reverse_setting import set_reverse  # lazy: only where a complete starts
 
     with conn.transaction():
         set_reverse(conn, False, dataset=ds_id, note="complete", actor=actor)
         conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+        # the maintained Postgres digest of rows about to go: unregistered, so no batch hashes the rows it deletes
+        # (a canary registers and fills it again, as for any dataset: after a restore, over the rows restored)
+        forget_pg(conn, ds_id)
         first = conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()
         conn.execute(
             "insert into lakehouse_completed (dataset_id, status, started_at, rows_deleted, batches, next_row_index,"

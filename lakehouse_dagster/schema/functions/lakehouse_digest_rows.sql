@@ -9,6 +9,10 @@
 -- rows of a registered dataset go to it as one array of signed rows. More than DIGEST_ARRAY_ROWS rows
 -- (schema/names.py: the 1000 and 1001 below) take the 015 set-based path. A value the hash cannot type (or a
 -- missing function) drops the registration in the writing transaction, never fails the app's write.
+-- Reverse mirror (mirror/reverse.py): a full re-sync deletes every row of one dataset in a REPEATABLE READ
+-- transaction that names it in lakehouse.reverse_resync (set_config(..., true)) and deletes that dataset's
+-- deltas its snapshot sees itself (the sums of exactly the rows it deletes, the digest being filled): its DELETE
+-- is not hashed here, row by row, only to cancel those sums out.
 create or replace function lakehouse_digest_rows() returns trigger language plpgsql as $$
 declare
   r record;
@@ -44,7 +48,8 @@ begin
     end loop;
   elsif tg_op = 'DELETE' then
     for r in select s.dataset_id, s.hash_sql, s.hash_fn from lakehouse_pg_digest_state s
-              where s.dataset_id in (select dataset_id from lakehouse_old_rows) loop
+              where s.dataset_id in (select dataset_id from lakehouse_old_rows)
+                and s.dataset_id::text is distinct from current_setting('lakehouse.reverse_resync', true) loop
       deltas := null;
       select array_agg(row(t.*)::lakehouse_digest_row) into signed
         from (select t.row_index, t.row_id, t.created_at, t.data, -1 from lakehouse_old_rows t where t.dataset_id = r.dataset_id limit 1001) t;
