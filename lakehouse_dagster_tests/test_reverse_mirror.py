@@ -305,3 +305,39 @@ def test_an_append_that_would_not_reproduce_the_snapshot_becomes_a_full_re_sync(
     _same_as_table(conn, settings, dsn, d)
     assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"  # asked for: a full re-sync again
     _same_as_table(conn, settings, dsn, d)
+
+
+def test_a_frozen_apply_whose_lock_session_died_stands_down_and_the_next_one_applies(conn, dsn, settings, lh):
+    """Found by the crash harness's probe: an apply frozen before its commit, its dataset-lock session terminated
+    meanwhile, used to commit when resumed, while a second apply that took the lock waited on its rows and failed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from lakehouse_dagster.testing.crash_harness import REVERSE_ONCE
+    from lakehouse_dagster.testing.faults import cli_env, terminate_lock_session, wait_stopped
+
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+    before = _pg_rows(conn, d)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REVERSE_ONCE, str(d)],
+        env=cli_env("reverse-before-commit:stop"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_stopped(proc)
+        assert terminate_lock_session(conn, d) == 1  # its G3 session dies; the process itself lives on, frozen
+        os.kill(proc.pid, signal.SIGCONT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "GuardLost" in err and "not committing" in err, err
+    assert _pg_rows(conn, d) == before and position(conn, d) is None  # it committed nothing
+    r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)  # the next apply is not blocked, and applies
+    assert r.how == "append" and r.copied == 3 and position(conn, d).snapshot_id == snapshot(settings, dsn, d)
+    _same_as_table(conn, settings, dsn, d)

@@ -41,7 +41,7 @@ from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput, LakehouseError, first_line
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
-from lakehouse_dagster.core.guards import dataset_lock
+from lakehouse_dagster.core.guards import check_held, dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
@@ -400,6 +400,7 @@ def _apply(
         )
         took("bookkeeping")
         failpoint("reverse-before-commit")
+        check_held()  # a process frozen here whose lock session died stands down: another apply may own it now
         conn.commit()
         took("commit")
     _log.debug("reverse %s phases: %s", how, ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
