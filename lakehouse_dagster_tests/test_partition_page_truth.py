@@ -17,6 +17,7 @@ from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.parity.canary_batch import parity_canary_batch_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.flags.incidents import record_fallback
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.plans import actions, store
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.tracking import datasets
@@ -133,6 +134,7 @@ def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_
         p = page(ui, d)
         assert p["latest_verdict"] == "lagging" and p["writers_native"] == "sync.full"
 
+        set_reverse(conn, False, dataset=d, note="the backfill's path", actor="pytest")  # (on: no backfill needed)
         _cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), "--note", "rollback")
         _cli("write-flags", "backfill", "--dataset", str(d))
         _cli("sync", "--dataset", str(d))

@@ -23,6 +23,7 @@ from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.sources.ingest import ingest_job
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.sources import set_source
@@ -189,6 +190,8 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
 
     # the writer rolled back to pg (dataset scope): an observation; the table did not change, so no materialization
     shown = len(_materializations(instance, ICEBERG_TABLE, d))
+    # the reverse off (the backfill's path below; with it on the rollback applies it first and needs none)
+    set_reverse(conn, False, dataset=d, note="the backfill's path", actor="pytest")
     assert _cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), "--note", "rollback: investigate") == 0
     (event,) = rec.tick()
     assert isinstance(event, dg.AssetObservation) and event.partition == str(d)

@@ -16,6 +16,7 @@ from lakehouse_dagster.dagster.defs.runbooks.rollback import backfill_job, write
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job
 from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets
@@ -115,6 +116,7 @@ def test_the_read_job_shows_the_routers_decision_once_and_the_rows_as_a_table(co
 
 def test_the_backfill_job_copies_the_iceberg_only_rows_like_the_cli(conn, dsn, settings, instance):
     d = ready_native(conn, dsn, settings, "sync.append")
+    set_reverse(conn, False, dataset=d, note="the backfill's path", actor="pytest")  # (on: no backfill needed)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 12)], start=6)
     refused = _run(backfill_job, dsn, instance, {"dataset_id": str(d)})  # the writer is still native
     assert not refused.success and "roll the writer back first" in refusal(refused.get_step_failure_events()[0])
