@@ -49,6 +49,7 @@ from pathlib import Path
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+from psycopg import sql
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
@@ -592,14 +593,19 @@ def complete_status(conn: psycopg.Connection, dataset_id=None, *, limit: int = 5
     ds_id = parse_uuid(dataset_id, "dataset id") if dataset_id not in (None, "") else None
     if ds_id is not None:
         get_dataset(conn, ds_id)
-    where, params = ("where dataset_id = %s", (ds_id,)) if ds_id else ("", ())
+    where = sql.SQL("where dataset_id = %s" if ds_id else "")
+    params: tuple = (ds_id,) if ds_id else ()
     marks = [
         completed_mark(conn, r[0])
-        for r in conn.execute(f"select dataset_id from lakehouse_completed {where} order by started_at", params)
+        for r in conn.execute(
+            sql.SQL("select dataset_id from lakehouse_completed {} order by started_at").format(where), params
+        )
     ]
     audit = conn.execute(
-        f"select id, at, dataset_id, event, rows, detail, actor from lakehouse_complete_audit {where}"
-        " order by id desc limit %s",
+        sql.SQL(
+            "select id, at, dataset_id, event, rows, detail, actor from lakehouse_complete_audit {}"
+            " order by id desc limit %s"
+        ).format(where),
         (*params, limit),
     ).fetchall()
     keys = ("id", "at", "dataset_id", "event", "rows", "detail", "actor")

@@ -421,17 +421,7 @@ def run_cycles(
                     LAKEHOUSE_SNAPSHOTS_KEEP="0",
                 )
                 env["LAKEHOUSE_PG_DSN"] = sync_dsn
-                proc = subprocess.Popen(
-                    [sys.executable, "-c", STREAM_ONCE, f"crash-stream-{seed}-{cycle}"],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env=env,
-                )
-                _, stderr = proc.communicate(timeout=180)
-                rc = proc.returncode
-                report.outcomes[rc] += 1
-                report.ops["stream"] += 1
+                rc, stderr = _run_script(STREAM_ONCE, f"crash-stream-{seed}-{cycle}", env, report, "stream")
                 where = f"cycle {cycle} (dataset {d}, stream, failpoint {spec}, exit {rc})"
                 if spec and (rc in (-9, -15) or "failpoint" in stderr):
                     report.fired[spec] += 1
@@ -489,6 +479,17 @@ def run_cycles(
 
 
 _SYNC_ENV = ("LAKEHOUSE_INGEST_CHUNK_ROWS", "LAKEHOUSE_PG_DSN", "LAKEHOUSE_SNAPSHOTS_KEEP")
+
+
+def _run_script(script: str, arg: str, env: dict, report: Report, op: str) -> tuple[int, str]:
+    """One cycle's process (a ``-c`` script with its one argument), waited for and counted: (exit code, stderr)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, arg], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
+    _, stderr = proc.communicate(timeout=180)
+    report.outcomes[proc.returncode] += 1
+    report.ops[op] += 1
+    return proc.returncode, stderr
 
 
 def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Random) -> tuple[int, str, bool]:
@@ -740,17 +741,7 @@ def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, ar
         spec = f"{point}:{action}"
         report.armed[spec] += 1
     env = cli_env(spec, LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_SNAPSHOTS_KEEP="0")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REVERSE_ONCE, str(d)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    _, stderr = proc.communicate(timeout=180)
-    rc = proc.returncode
-    report.outcomes[rc] += 1
-    report.ops["reverse"] += 1
+    rc, stderr = _run_script(REVERSE_ONCE, str(d), env, report, "reverse")
     where = f"{where}, {writer}, reverse, failpoint {spec}, exit {rc})"
     fired = bool(spec) and (rc in (-9, -15) or "failpoint" in stderr)
     if fired:
