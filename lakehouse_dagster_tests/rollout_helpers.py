@@ -13,6 +13,7 @@ from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.plans.controller import rollout_controller
 from lakehouse_dagster.dagster.defs.plans.jobs import rollout_analysis_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write_flip_job
 from lakehouse_dagster.flags.registry import READERS, WRITERS
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
@@ -23,7 +24,7 @@ from lakehouse_dagster.plans import store
 from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}, {"name": "j", "type": "json"}]
-JOBS = {j.name: j for j in (read_flip_job, write_flip_job, set_flag_job, rollout_analysis_job)}
+JOBS = {j.name: j for j in (read_flip_job, write_flip_job, set_flag_job, rollout_analysis_job, complete_job)}
 
 
 @dataclasses.dataclass

@@ -87,7 +87,8 @@ stages:
         "plan.yaml: stages[1].analysis.max_fallbacks: -1 is not a count; write a whole number of 0 or more",
         "plan.yaml: stages[1].analysis.wait: unknown key; analysis has sample, max_fallbacks, max_failed_syncs, "
         "max_inconclusive, pause_after, retry_every, min_reads, min_consistency, max_reverse_lag_seconds",
-        "plan.yaml: stages[2]: give exactly one of shadow, datasets, workspace, global (found datasets, global)",
+        "plan.yaml: stages[2]: give exactly one of shadow, datasets, workspace, global, complete (found datasets, "
+        "global)",
     ]
     cases = {
         "reader: objects.sync\nstages: [{global: true}]": "objects.sync is locked at off",
@@ -101,6 +102,39 @@ stages:
         "reader: [": "not valid YAML at line",
         "reader: export.stream\narm_reverse: true\nstages: [{global: true}]": "only a writer plan arms the reverse",
         "writer: sync.full\narm_reverse: maybe\nstages: [{global: true}]": "'maybe' is not true or false",
+    }
+    for text, expected in cases.items():
+        with pytest.raises(BadInput, match=expected):
+            load_plan(text)
+
+
+def test_a_complete_stage_ends_a_writer_plan_always_approved_and_takes_only_its_own_keys():
+    plan = load_plan(
+        "writer: sync.full\ndefaults: {soak: 10m, approval: false, window: 'daily 01:00-05:00 UTC'}\n"
+        "stages: [{datasets: 1}, {complete: true, export_to: /srv/exports, max_datasets: 5}]"
+    )
+    first, last = plan.stages
+    assert (first.soak, first.approval, first.export_to) == (600, False, None)
+    # the defaults' soak and approval: false are not a complete stage's; its window and its own keys are
+    assert (last.kind, last.approval, last.soak, last.export_to, last.max_datasets) == (
+        "complete",
+        True,
+        0,
+        "/srv/exports",
+        5,
+    )
+    assert last.window is not None and last.window.text == "daily 01:00-05:00 UTC"
+    assert store.plan_from_stored(plan.as_dict()) == plan  # what is stored reads back the same
+    cases = {
+        "reader: export.stream\nstages: [{datasets: 1}, {complete: true}]": "only writer plans have it",
+        "writer: sync.full\nstages: [{complete: true}, {datasets: 1}]": "a complete stage comes last",
+        "writer: sync.full\nstages: [{complete: true}]": "needs a stage before it that moves datasets",
+        "writer: sync.full\nstages: [{datasets: 1}, {complete: true, approval: false}]": "always waits for an approval",
+        "writer: sync.full\nstages: [{datasets: 1}, {complete: true, soak: 1h}]": "a complete stage has no soak",
+        "writer: sync.full\nstages: [{datasets: 1}, {complete: true, analysis: {sample: 1}}]": "has no analysis",
+        "writer: sync.full\nstages: [{datasets: 1}, {complete: yes please}]": "write complete: true",
+        "writer: sync.full\nstages: [{datasets: 1, export_to: /x}]": "only a complete stage exports",
+        "writer: sync.full\nstages: [{datasets: 1}, {complete: true, export_to: ''}]": "is not a directory",
     }
     for text, expected in cases.items():
         with pytest.raises(BadInput, match=expected):
@@ -415,3 +449,130 @@ def test_a_writer_plan_arms_the_reverse_checks_parity_both_ways_and_aborts_lossl
     assert pg == iceberg and len(pg) == 7  # ... and Postgres lost nothing
     proc = cli("sync", "--dataset", str(d), "--json")  # the forward mirror resumes at once: no backfill first
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_writer_plan_ending_in_complete_waits_for_approval_pauses_on_a_refusal_and_retires_the_rows(
+    conn, dsn, settings
+):
+    """Issue 31: the plan's last stage completes the datasets it moved, only once approved; a refusal (here: native
+    writes since the canary checked parity) pauses the plan naming the condition and deletes nothing; resumed once
+    the canary agrees, the stage retires the Postgres rows and the plan finishes."""
+    from lakehouse_dagster.flags.completed import completed_mark
+    from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.mirror.reverse import apply_reverse
+    from lakehouse_dagster.plans.status import plan_status
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
+    from lakehouse_dagster.tracking import datasets
+
+    from .native_helpers import SCHEMA, native_write, row, runbook_ready
+
+    ws = datasets.create_workspace(conn, "ws-complete")
+    d = datasets.create_dataset(conn, ws, "ledger", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(5)])
+    runbook_ready(conn, dsn, settings, d)
+    other = datasets.create_dataset(conn, ws, "other", SCHEMA)  # not moved by the plan: complete leaves it alone
+    datasets.insert_rows(conn, other, [row(i) for i in range(3)])
+    text = f"writer: sync.full\nstages:\n  - datasets: 1\n    within: {ws}\n    soak: 1s\n  - complete: true\n"
+    dry = actions.dry_run(conn, settings, text)
+    lines = dry.lines()
+    assert "stage 2: complete — approval needed before it; any time" in lines
+    i = lines.index("stage 2: complete — approval needed before it; any time")
+    assert lines[i + 1].startswith("  retires the Postgres rows of the 1 dataset(s) the stages above move")
+    assert lines[i + 2] == f"       ledger ({d})"
+    plan_id, _ = actions.start(conn, settings, text, actor="pytest")
+    catalog = load_catalog(settings, dsn)
+
+    def pg_count(ds) -> int:
+        return conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds,)).fetchone()[0]
+
+    with dg.DagsterInstance.ephemeral() as inst:
+        driver = Driver(inst, dsn)
+        p = driver.until(conn, plan_id, lambda p: p.stage == 1 and (p.blocking or "").startswith("approval"))
+        status = plan_status(conn, plan_id)
+        assert status.next_action.startswith(f"lakehouse rollout approve {plan_id} (stage 2: complete — retires")
+        # native writes the reverse mirror applies (the stream does it in a deployment): Postgres holds them, but no
+        # canary has compared the copy at this snapshot yet
+        native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(20, 29)], start=0)
+        apply_reverse(dsn, catalog, settings, d)
+        assert pg_count(d) == 9
+        actions.approve(conn, plan_id, actor="ops", note="retire the ledger's rows")
+        p = driver.until(conn, plan_id, lambda p: p.state != "active")
+        assert p.state == "paused", (p.state, p.reason)
+        assert p.reason.startswith("stage 2 (complete): 1 of 1 dataset(s) not complete after run ")
+        assert "reverse parity not checked at the current snapshot" in p.reason, p.reason
+        assert f"lakehouse rollout resume {plan_id}" in p.reason
+        assert pg_count(d) == 9 and completed_mark(conn, d) is None  # refused: nothing deleted, nothing marked
+
+        # the operator settles it: the canary compares the copy both ways at the current snapshot, then resume
+        verdicts = run_canary_and_roll_back(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results
+        assert [v.verdict for v in verdicts] == ["ok"]
+        actions.resume(conn, plan_id, actor="ops")
+        p = driver.until(conn, plan_id, lambda p: p.state != "active")
+    assert p.state == "finished", (p.state, p.reason, p.blocking)
+    assert [r.job_name for r in driver.launched] == ["write_flip", "rollout_analysis", "complete", "complete"]
+    assert pg_count(d) == 0 and pg_count(other) == 3
+    mark = completed_mark(conn, d)
+    assert mark is not None and mark.status == "complete" and mark.rows_deleted == 9
+    events = {e["event"]: e for e in store.events(conn, plan_id)}
+    assert events["stage-passed"]["reason"].startswith(
+        "stage 2 (complete) passed: every dataset the plan moved (1) is complete"
+    )
+    assert (
+        events["finished"]["reason"]
+        == "sync.full is iceberg_native at every stage of the plan, and every dataset it moved is complete"
+    )
+    steps = store.steps(conn, plan_id, 1, "complete")
+    assert [(s.status, s.moved) for s in steps] == [("failed", [d]), ("succeeded", [d])]
+    # after complete a rollback to pg is refused with the way back, and so the abort of a finished plan is moot:
+    # the writer stays native
+    assert cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d)).returncode != 0
+
+
+def test_a_complete_stage_refused_for_one_dataset_completes_the_other_and_an_abort_then_keeps_both_lossless(
+    conn, dsn, settings
+):
+    """A declared Postgres-locked reader holds one dataset back (its rows stay); the other is completed. The abort
+    that follows restores the held one's writer to pg with Postgres equal to Iceberg, and leaves the completed one
+    native, the gate naming why (its Postgres rows are gone: the way back is a backfill from Iceberg)."""
+    from lakehouse_dagster.flags.completed import completed_mark
+    from lakehouse_dagster.flags.native import native_dataset_ids
+    from lakehouse_dagster.flags.reader_datasets import declare
+    from lakehouse_dagster.tracking import datasets
+
+    from .native_helpers import SCHEMA, row, runbook_ready, table_rows
+
+    ws = datasets.create_workspace(conn, "ws-complete-two")
+    a = datasets.create_dataset(conn, ws, "a-small", SCHEMA)
+    datasets.insert_rows(conn, a, [row(i) for i in range(3)])
+    b = datasets.create_dataset(conn, ws, "b-read-by-objects", SCHEMA)
+    datasets.insert_rows(conn, b, [row(i) for i in range(6)])
+    for d in (a, b):
+        runbook_ready(conn, dsn, settings, d)
+    text = f"writer: sync.full\nstages:\n  - datasets: 2\n    within: {ws}\n    soak: 1s\n  - complete: true\n"
+    # the reverse is on by default, so the flip may move b; its complete is what the locked reader holds back
+    declare(conn, "objects.sync", dataset=b, note="the object sync reads it", actor="pytest")
+    dry = actions.dry_run(conn, settings, text)  # the dry-run says so before the plan starts
+    assert any("complete would refuse 1 of them" in n and "objects.sync" in n for n in dry.stages[1].notes)
+    plan_id, _ = actions.start(conn, settings, text, actor="pytest")
+    with dg.DagsterInstance.ephemeral() as inst:
+        driver = Driver(inst, dsn)
+        driver.until(conn, plan_id, lambda p: p.stage == 1 and (p.blocking or "").startswith("approval"))
+        actions.approve(conn, plan_id, actor="ops")
+        p = driver.until(conn, plan_id, lambda p: p.state != "active")
+        assert p.state == "paused" and p.reason.startswith("stage 2 (complete): 1 of 2 dataset(s) not complete")
+        assert "objects.sync" in p.reason, p.reason
+        assert completed_mark(conn, a).status == "complete" and completed_mark(conn, b) is None
+        out = actions.abort(conn, settings, plan_id, actor="ops", reason="keep b on Postgres")
+    assert out.restored is not None
+    assert [r.split(":")[0] for r in out.restored.restored] == [f"dataset {b}"]
+    (refused,) = out.restored.refused
+    # the plan set a dataset override where none was: the restore clears it, and the gate refuses that for a
+    # completed dataset, naming the way back
+    assert refused.startswith(f"dataset {a}: stays iceberg_native: refused: clear sync.full: dataset {a}"), refused
+    assert f"lakehouse write-flags backfill --dataset {a}; nothing written" in refused, refused
+    assert native_dataset_ids(conn, [a, b]) == {a}
+    pg = conn.execute(
+        "select row_index, row_id::text, data->>'a' from dataset_rows where dataset_id = %s order by row_index", (b,)
+    ).fetchall()
+    iceberg = [(r["__row_index"], str(r["__row_id"]), str(r["a"])) for r in table_rows(settings, dsn, b)]
+    assert pg == iceberg and len(pg) == 6

@@ -65,6 +65,7 @@ SHIPPED = [
     "032_mirror_streams",
     "033_reverse_mirror",
     "034_complete",
+    "035_rollout_complete_step",
 ]
 # The number a new migration would take in the ``files`` copy (tests that add one): after the shipped ones, which
 # are all that copy holds, so a branch's own new migration breaks nothing here.

@@ -261,6 +261,7 @@ NEW_MIGRATIONS = [
     "032_mirror_streams",
     "033_reverse_mirror",
     "034_complete",
+    "035_rollout_complete_step",
 ]
 
 

@@ -121,10 +121,14 @@ def abort(
             store.update(conn, p.id, state=ABORTING, reason=why, blocking=None)
             store.event(conn, p.id, store.ABORTING_EVENT, stage=p.stage, severity=store.ERROR, reason=why, actor=actor)
             p = dataclasses.replace(p, state=ABORTING, reason=why)
-        in_flight = [s for s in store.steps(conn, p.id, kind="flip", with_moved=False) if s.status == "requested"]
+        in_flight = [
+            s
+            for s in store.steps(conn, p.id, with_moved=False)
+            if s.kind in store.RUN_STEP_KINDS and s.status == "requested"
+        ]
         if in_flight:
             msg = (
-                f"abort requested: {len(in_flight)} flip run(s) of the plan may still be running; the "
+                f"abort requested: {len(in_flight)} flip or complete run(s) of the plan may still be running; the "
                 "rollout_controller restores every flag it set once they end (lakehouse rollout status shows it)"
             )
             return AbortOutcome(store.get(conn, plan_id), None, msg)

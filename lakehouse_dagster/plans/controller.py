@@ -7,6 +7,12 @@ soaking (incidents checked every tick) → analyzing (a canary run over a sample
 verdicts) → the next stage, or finished. Fail → abort: every flag key the plan set goes back to its value before
 the plan, through the gated set/clear, audited ``rollout <id> aborted: <reason>``.
 
+A writer plan's last stage may be ``complete``: waiting (its approval, always) → completing (the ``complete`` job's
+run over every dataset the stages before it moved: runbooks/complete.py, its own conditions checked per dataset) →
+finished once every one of them is complete. A refusal pauses the plan, never aborts it: complete wrote nothing for
+a refused dataset, and what it names (a soak not over, a parity not ok, a Postgres-locked consumer) is for the
+operator to settle; resume asks for the run again over the datasets not complete yet.
+
 Crash safety: each transition is one transaction holding the plan's row. A step's row (its run key) is written in
 the transaction that moves the plan to flipping/analyzing, before the run is asked for; a tick that dies after
 the commit asks again next tick under the same run key, which Dagster deduplicates. A run that ended while no
@@ -25,6 +31,8 @@ import psycopg
 
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.completed import COMPLETE as COMPLETE_MARK
+from lakehouse_dagster.flags.completed import completed_marks
 from lakehouse_dagster.flags.gates import effects
 from lakehouse_dagster.flags.overrides import DATASET, Scope
 from lakehouse_dagster.flags.registry import READ, WRITE, get_flag, rank
@@ -34,11 +42,12 @@ from lakehouse_dagster.flags.widen import scope_mode
 from lakehouse_dagster.plans import analysis, store
 from lakehouse_dagster.plans.abort import restore
 from lakehouse_dagster.plans.render import effective_soak
-from lakehouse_dagster.plans.spec import SHADOW, Plan, Stage, format_duration
+from lakehouse_dagster.plans.spec import COMPLETE, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.store import (
     ABORTING,
     ACTIVE,
     ANALYZING,
+    COMPLETING,
     ERROR,
     FLIPPING,
     SOAKING,
@@ -50,6 +59,7 @@ from lakehouse_dagster.plans.store import (
 log = logging.getLogger("lakehouse_dagster.plans")
 
 READ_FLIP, WRITE_FLIP, SET_FLAG, ANALYSIS = "read_flip", "write_flip", "set_flag", "rollout_analysis"
+COMPLETE_JOB = "complete"
 IN_FLIGHT, SUCCEEDED, FAILED = "in-flight", "succeeded", "failed"
 _MAX_TRANSITIONS = 4  # per plan per tick: a passed stage starts the next one in the same tick
 
@@ -60,7 +70,7 @@ class RunAsk:
 
     plan_id: uuid.UUID
     step_key: str
-    job: str  # read_flip | write_flip | set_flag | rollout_analysis
+    job: str  # read_flip | write_flip | set_flag | rollout_analysis | complete
     params: dict  # the job's parameters (the glue maps them to its run config)
 
     @property
@@ -119,7 +129,7 @@ def advance(
             p = store.lock(conn, plan_id, wait=False)
             if p is None or p.state not in (ACTIVE, ABORTING):
                 break  # another tick or command holds it, or it is paused / over
-            if runs is None and (p.state == ABORTING or p.phase in (FLIPPING, ANALYZING)):
+            if runs is None and (p.state == ABORTING or p.phase in (FLIPPING, ANALYZING, COMPLETING)):
                 runs = lookup(plan_id)
             step = _Step(conn, settings, p, runs or {}, lines)
             new_asks, moved_on = step.run()
@@ -148,7 +158,13 @@ class _Step:
         if self.p.state == ABORTING:
             return self.aborting(), False
         stage = self.plan.stages[self.p.stage]
-        handler = {WAITING: self.waiting, FLIPPING: self.flipping, SOAKING: self.soaking, ANALYZING: self.analyzing}
+        handler = {
+            WAITING: self.waiting,
+            FLIPPING: self.flipping,
+            SOAKING: self.soaking,
+            ANALYZING: self.analyzing,
+            COMPLETING: self.completing,
+        }
         return handler[self.p.phase](stage)
 
     # -- waiting: approval, window, then the stage's flag changes ------------------------------------------------
@@ -182,6 +198,8 @@ class _Step:
         return self.start_stage(stage)
 
     def start_stage(self, stage: Stage) -> tuple[list[RunAsk], bool]:
+        if stage.kind == COMPLETE:
+            return self.start_complete(stage)
         flag = get_flag(self.plan.kind, self.plan.name)
         changes = [c for c in self.p.rendered["stages"][self.p.stage]["changes"]]
         asks, total, moving = [], 0, []
@@ -320,6 +338,91 @@ class _Step:
         )
         self.say(f"stage {self.p.stage + 1} flipped {moved} dataset(s)")
         return [], True
+
+    # -- completing: the complete run ------------------------------------------------------------------------------
+
+    def start_complete(self, stage: Stage) -> tuple[list[RunAsk], bool]:
+        """The complete stage's first run, over every dataset the stages before it moved and not complete yet."""
+        n = self.p.stage + 1
+        moved = store.moved_before(self.conn, self.p.id, self.p.stage)
+        marks = completed_marks(self.conn, moved)
+        left = [d for d in moved if d not in marks or marks[d].status != COMPLETE_MARK]
+        if stage.max_datasets is not None and len(left) > stage.max_datasets:
+            self.pause(
+                f"stage {n} would complete {len(left)} datasets, above its max_datasets {stage.max_datasets}; "
+                "complete some by hand (lakehouse write-flags complete --dataset <id>) and resume, or abort"
+            )
+            return [], False
+        store.update_stage(self.conn, self.p.id, self.p.stage, started_at=self.now)
+        store.update(self.conn, self.p.id, phase=COMPLETING, blocking=None)
+        store.event(
+            self.conn,
+            self.p.id,
+            store.STAGE_STARTED,
+            stage=self.p.stage,
+            reason=f"stage {n} (complete): retiring the Postgres rows of {len(left)} of the {len(moved)} dataset(s) "
+            "the plan moved",
+            detail={"datasets": [str(d) for d in left], "complete_already": len(moved) - len(left)},
+        )
+        self.say(f"stage {n} started: complete of {len(left)} dataset(s)")
+        if not left:
+            return self.finish_complete(stage, moved), True
+        return [self.ask_complete(stage, left, 1)], False
+
+    def ask_complete(self, stage: Stage, ids: list[uuid.UUID], attempt: int) -> RunAsk:
+        key = f"stage{self.p.stage}:complete:{attempt}"
+        params = {
+            "dataset_ids": [str(d) for d in ids],
+            "export_to": stage.export_to,
+            "note": f"rollout {self.p.id} stage {self.p.stage + 1} (complete)"[:1000],
+            "kind": self.plan.kind,
+            "name": self.plan.name,
+        }
+        store.add_step(self.conn, self.p.id, key, self.p.stage, "complete", COMPLETE_JOB, params, ids)
+        store.set_blocking(
+            self.conn, self.p, f"complete run {attempt} of stage {self.p.stage + 1} over {len(ids)} dataset(s)"
+        )
+        return RunAsk(self.p.id, key, COMPLETE_JOB, params)
+
+    def completing(self, stage: Stage) -> tuple[list[RunAsk], bool]:
+        """Wait for the complete run; then every dataset complete → the stage passes, else pause naming why. A
+        resumed plan whose last run has ended asks again over the datasets still not complete."""
+        n = self.p.stage + 1
+        runs = store.steps(self.conn, self.p.id, self.p.stage, "complete")
+        last = runs[-1]
+        moved = store.moved_before(self.conn, self.p.id, self.p.stage)
+        marks = completed_marks(self.conn, moved)
+        left = [d for d in moved if d not in marks or marks[d].status != COMPLETE_MARK]
+        if last.status != "requested":  # decided already (it paused): the operator resumed it
+            if not left:
+                return self.finish_complete(stage, moved), True
+            return [self.ask_complete(stage, left, len(runs) + 1)], False
+        r = self.runs.get(last.step_key)
+        if r is None:
+            return [RunAsk(self.p.id, last.step_key, last.job, last.config)], False  # asked before, not launched
+        if r.status == IN_FLIGHT:
+            return [], False
+        store.finish_step(self.conn, self.p.id, last.step_key, r.status, r.run_id, r.message)
+        if not left:
+            return self.finish_complete(stage, moved), True
+        why = _first_line(r.message) if r.status == FAILED and r.message else "no refusal recorded"
+        self.pause(
+            f"stage {n} (complete): {len(left)} of {len(moved)} dataset(s) not complete after run {r.run_id[:8]}: "
+            f"{why}; settle what it names, then lakehouse rollout resume {self.p.id} (it completes the rest; "
+            "lakehouse write-flags complete --status shows each dataset)"
+        )
+        return [], False
+
+    def finish_complete(self, stage: Stage, moved: list[uuid.UUID]) -> list[RunAsk]:
+        return self.pass_stage(
+            stage,
+            analysis.Outcome(
+                analysis.PASS,
+                f"every dataset the plan moved ({len(moved)}) is complete: its Postgres rows are retired and Iceberg "
+                "alone holds it",
+                {"completed": [str(d) for d in moved]},
+            ),
+        )
 
     # -- soaking and analyzing -----------------------------------------------------------------------------------
 
@@ -464,7 +567,8 @@ class _Step:
                 self.p.id,
                 store.FINISHED_EVENT,
                 stage=self.p.stage,
-                reason=f"{self.plan.name} is {self.plan.mode} at every stage of the plan",
+                reason=f"{self.plan.name} is {self.plan.mode} at every stage of the plan"
+                + (", and every dataset it moved is complete" if stage.kind == COMPLETE else ""),
             )
             self.say("finished")
         else:
@@ -503,7 +607,9 @@ class _Step:
     def aborting(self) -> list[RunAsk]:
         """Wait until no flip run of the plan is in flight, then restore every flag key (plans/abort.py)."""
         pending = [
-            s for s in store.steps(self.conn, self.p.id, kind="flip", with_moved=False) if s.status == "requested"
+            s
+            for s in store.steps(self.conn, self.p.id, with_moved=False)
+            if s.kind in store.RUN_STEP_KINDS and s.status == "requested"
         ]
         waiting = []
         for s in pending:
@@ -516,7 +622,7 @@ class _Step:
                 store.finish_step(self.conn, self.p.id, s.step_key, FAILED, None, "not launched: the plan aborted")
         if waiting:
             store.set_blocking(
-                self.conn, self.p, f"aborting: waiting for flip run(s) {', '.join(w[:8] for w in waiting)} to end"
+                self.conn, self.p, f"aborting: waiting for run(s) {', '.join(w[:8] for w in waiting)} to end"
             )
             return []
         restored = restore(self.conn, self.settings, self.p)

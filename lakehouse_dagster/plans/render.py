@@ -13,7 +13,10 @@ Refused before the plan starts, naming the gate:
   * the widening rule (with a project soak): a workspace stage needs a dataset-scope flip inside that workspace
     before it, a global stage a workspace-scope flip;
   * a stage moving more datasets than its ``max_datasets``; a datasets stage without enough candidates.
-What the gates check again at the flip (caught up, a fresh ok verdict, readers soaked) is listed as a note.
+What the gates check again at the flip (caught up, a fresh ok verdict, readers soaked) is listed as a note. A
+``complete`` stage changes no flag: it lists the datasets it would retire (those the stages above move) and, as a
+note, each that complete would refuse as things stand for a reason no soak ends (a pipeline input, a declared
+Postgres-locked reader): the stage would pause on it.
 """
 
 from __future__ import annotations
@@ -29,13 +32,15 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import AtFlip, Effect, write_flip_blockers
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
+from lakehouse_dagster.flags.reader_datasets import readers_of
 from lakehouse_dagster.flags.registry import COMMAND, READ, Flag, get_flag, rank
 from lakehouse_dagster.flags.soak_setting import STORED, SoakSetting, current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import scope_mode_in, widen_blockers
 from lakehouse_dagster.parity import canary
-from lakehouse_dagster.plans.spec import DATASETS, SHADOW, Plan, Stage, format_duration
+from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
+from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 _SHOWN = 20
 
@@ -96,6 +101,7 @@ class StagePlan:
     soak_text: str
     changes: list[FlagChange]
     notes: list[str]
+    completes: list[Move] = dataclasses.field(default_factory=list)  # a complete stage: the datasets it retires
 
     def as_dict(self) -> dict:
         return {
@@ -107,6 +113,11 @@ class StagePlan:
             "window": self.stage.window.text if self.stage.window else None,
             "changes": [c.as_dict() for c in self.changes],
             "notes": self.notes,
+            **(
+                {"completes": [{"dataset_id": str(m.dataset_id), "name": m.name} for m in self.completes]}
+                if self.stage.kind == COMPLETE
+                else {}
+            ),
         }
 
 
@@ -142,6 +153,19 @@ class Rendered:
         for s in self.stages:
             when = f"window {s.stage.window.text}" if s.stage.window else "any time"
             approval = "approval needed before it" if s.stage.approval else "no approval"
+            if s.stage.kind == COMPLETE:
+                out.append(f"stage {s.index + 1}: complete — {approval}; {when}")
+                export = f", after writing them as Parquet under {s.stage.export_to}" if s.stage.export_to else ""
+                out.append(
+                    f"  retires the Postgres rows of the {len(s.completes)} dataset(s) the stages above move{export} "
+                    "(lakehouse write-flags complete: each refused, and the stage paused, unless native past the "
+                    "soak with reverse parity ok and no Postgres-locked consumer):"
+                )
+                out += [f"       {m.name} ({m.dataset_id})" for m in s.completes[:_SHOWN]]
+                if len(s.completes) > _SHOWN:
+                    out.append(f"       ... and {len(s.completes) - _SHOWN} more (--json lists all)")
+                out += [f"  note: {note}" for note in s.notes]
+                continue
             out.append(f"stage {s.index + 1}: {s.stage.describe()} — soak {s.soak_text}; {approval}; {when}")
             for c in s.changes:
                 n += 1
@@ -249,6 +273,9 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
     stages: list[StagePlan] = []
     for i, stage in enumerate(plan.stages):
         where = f"stages[{i}]"
+        if stage.kind == COMPLETE:
+            stages.append(_complete_stage(conn, i, stage, stages, datasets, problems))
+            continue
         soak, soak_text = effective_soak(stage, project)
         notes: list[str] = []
         keys: list[tuple[str, uuid.UUID | None, str]] = []  # (scope, id, label)
@@ -323,6 +350,44 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
             )
         stages.append(StagePlan(i, stage, soak, soak_text, changes, notes))
     return Rendered(plan, stages, problems)
+
+
+def _complete_stage(
+    conn: psycopg.Connection, i: int, stage: Stage, before: list[StagePlan], datasets: dict, problems: list[str]
+) -> StagePlan:
+    """What a complete stage would retire (every dataset the stages above move) and who would stop it."""
+    seen: dict[uuid.UUID, Move] = {}
+    for s in before:
+        for c in s.changes:
+            for m in c.moved:
+                seen.setdefault(m.dataset_id, m)
+    completes = sorted(seen.values(), key=lambda m: (m.name, str(m.dataset_id)))
+    notes: list[str] = []
+    ids = [m.dataset_id for m in completes]
+    if stage.max_datasets is not None and len(ids) > stage.max_datasets:
+        problems.append(
+            f"stages[{i}]: would complete {len(ids)} datasets, above its max_datasets {stage.max_datasets}; "
+            "raise it, or complete fewer by narrowing the stages above"
+        )
+    inputs = pipeline_input_dataset_ids(conn) & set(ids)
+    locked = readers_of(conn, {d: datasets[d][2] for d in ids})
+    held = [
+        f"{datasets[d][1]} ({d}): "
+        + "; ".join(
+            (["a pipeline input (BLOCKED: the pipeline source reads dataset_rows)"] if d in inputs else [])
+            + ([f"read by {', '.join(r.describe() for r in locked[d])}, locked to Postgres"] if locked.get(d) else [])
+        )
+        for d in ids
+        if d in inputs or locked.get(d)
+    ]
+    if held:
+        notes.append(
+            f"complete would refuse {len(held)} of them as things stand, for a reason no soak ends (the stage would "
+            "pause on them): "
+            + "; ".join(held[:_SHOWN])
+            + (f"; and {len(held) - _SHOWN} more" if len(held) > _SHOWN else "")
+        )
+    return StagePlan(i, stage, 0, "none (complete's own soak condition applies)", [], notes, completes)
 
 
 def _gate_problems(

@@ -44,12 +44,22 @@ def plan_schema() -> dict:
         },
         "ok_within": {**_DURATION, "description": "reader candidates: an ok verdict this recent (24h)"},
         "analysis": analysis,
+        "export_to": {
+            "type": "string",
+            "minLength": 1,
+            "description": "complete stage: first write each dataset's rows as Parquet under <dir>/<dataset id>",
+        },
     }
     scopes = {
         "shadow": {"const": True},
         "datasets": {"type": "integer", "minimum": 1},
         "workspace": {"oneOf": [_UUID, {"type": "array", "items": _UUID, "minItems": 1}]},
         "global": {"const": True},
+        "complete": {
+            "const": True,
+            "description": "writer plans, last stage: retire the Postgres rows of the datasets the plan moved "
+            "(approval always; takes approval, window, max_datasets, export_to)",
+        },
     }
     stage = {
         "type": "object",

@@ -1,5 +1,6 @@
 """The plan file: one reader or writer, a target mode, and stages that widen (shadow → datasets → workspace →
-global), each with its soak, approval, time window and analysis thresholds.
+global), each with its soak, approval, time window and analysis thresholds; a writer plan may end with a
+``complete`` stage (always approved first) that retires the Postgres rows of the datasets the plan moved.
 
 Validation collects every problem and reports one line per problem, each naming the key (``stages[1].soak``)
 and what to do, so a plan is fixed in one edit. Nothing here reads the database: what the plan would do to the
@@ -20,9 +21,11 @@ from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.registry import READ, READERS, WRITE, WRITERS, rank
 from lakehouse_dagster.plans.window import Window, parse_window
 
-SHADOW, DATASETS, WORKSPACE, GLOBAL = "shadow", "datasets", "workspace", "global"
-SCOPE_KEYS = (SHADOW, DATASETS, WORKSPACE, GLOBAL)
-_WIDTH = {SHADOW: 0, DATASETS: 1, WORKSPACE: 2, GLOBAL: 3}
+SHADOW, DATASETS, WORKSPACE, GLOBAL, COMPLETE = "shadow", "datasets", "workspace", "global", "complete"
+SCOPE_KEYS = (SHADOW, DATASETS, WORKSPACE, GLOBAL, COMPLETE)  # a stage names exactly one: its kind
+_WIDTH = {SHADOW: 0, DATASETS: 1, WORKSPACE: 2, GLOBAL: 3, COMPLETE: 4}
+# what a complete stage takes (from the plan's defaults too); the rest (soak, analysis, ...) is about a flip
+_COMPLETE_KEYS = ("approval", "window", "max_datasets", "export_to")
 
 _DURATION = re.compile(r"^\s*(?:(\d+)\s*d)?\s*(?:(\d+)\s*h)?\s*(?:(\d+)\s*m)?\s*(?:(\d+)\s*s)?\s*$")
 DURATION_HELP = "write a duration like 30s, 10m, 1h or 1h30m"
@@ -57,8 +60,11 @@ class Stage:
     max_datasets: int | None = None  # refuse (pause) a stage that would move more datasets; None: no cap
     ok_within: int = 86_400  # datasets: a reader candidate's ok verdict must be this recent (seconds)
     analysis: Analysis = Analysis()
+    export_to: str | None = None  # complete: write each dataset's rows as Parquet under <dir>/<dataset id> first
 
     def describe(self) -> str:
+        if self.kind == COMPLETE:
+            return "complete"
         if self.kind == DATASETS:
             return f"datasets: {self.count}" + (f" in workspace {self.within}" if self.within else "")
         if self.kind == WORKSPACE:
@@ -148,6 +154,7 @@ _STAGE_KEYS = (
     "max_datasets",
     "ok_within",
     "analysis",
+    "export_to",
 )
 _ANALYSIS_KEYS = tuple(f.name for f in dataclasses.fields(Analysis))
 _ANALYSIS_DURATIONS = ("pause_after", "retry_every")
@@ -224,7 +231,10 @@ def validate(raw: Any, origin: str = "plan") -> Plan:
         if not isinstance(s, dict):
             errors.add(where, "a stage is a mapping, e.g. {datasets: 2, soak: 10m}")
             continue
-        merged = {**{k: v for k, v in defaults.items() if k not in SCOPE_KEYS}, **s}
+        # a complete stage takes from the defaults only what applies to it, and never approval: false
+        takes = (lambda k: k in _COMPLETE_KEYS[1:]) if COMPLETE in s else (lambda k: k != "export_to")
+        taken = [k for k in defaults if k not in SCOPE_KEYS and takes(k)]
+        merged = {**{k: defaults[k] for k in taken}, **s}
         stage = _stage(merged, where, errors, kind)
         if stage is not None:
             stages.append(stage)
@@ -254,6 +264,8 @@ def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | No
     elif what == GLOBAL:
         if value is not True:
             errors.add(f"{where}.global", "write global: true")
+    elif what == COMPLETE:
+        _complete_stage(s, where, errors, kind, fields)
     elif what == DATASETS:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             errors.add(f"{where}.datasets", f"{value!r} is not a count; write datasets: N with N of 1 or more")
@@ -267,6 +279,8 @@ def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | No
         if not values:
             errors.add(f"{where}.workspace", "give a workspace uuid (or a list of them)")
         fields["workspaces"] = tuple(i for i in ids if i is not None)
+    if "export_to" in s and what != COMPLETE:
+        errors.add(f"{where}.export_to", "only a complete stage exports the rows it retires")
     if "within" in s and what != DATASETS:
         errors.add(f"{where}.within", "only a datasets stage picks its candidates within a workspace")
     for key in ("soak", "ok_within"):
@@ -301,6 +315,34 @@ def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | No
         return Stage(**fields)
     except TypeError:  # a field left out by an error above: reported already
         return None
+
+
+def _complete_stage(s: dict, where: str, errors: _Errors, kind: str | None, fields: dict) -> None:
+    """A complete stage: writer plans only, approved first (it deletes Postgres rows), and none of a flip's keys."""
+    if s[COMPLETE] is not True:
+        errors.add(f"{where}.complete", "write complete: true")
+    if kind == READ:
+        errors.add(
+            f"{where}.complete", "complete retires the Postgres rows of native datasets; only writer plans have it"
+        )
+    if s.get("approval") is False:
+        errors.add(
+            f"{where}.approval", "a complete stage deletes Postgres rows: it always waits for an approval; drop the key"
+        )
+    fields["approval"] = True
+    for key in s:
+        if key in _STAGE_KEYS and key not in SCOPE_KEYS and key not in _COMPLETE_KEYS and key != "within":
+            errors.add(
+                f"{where}.{key}",
+                f"a complete stage has no {key} (its conditions are complete's own: native past the soak, reverse "
+                f"parity ok, no Postgres-locked consumer); it takes {', '.join(_COMPLETE_KEYS)}",
+            )
+    if "export_to" in s:
+        v = s["export_to"]
+        if not isinstance(v, str) or not v.strip():
+            errors.add(f"{where}.export_to", f"{v!r} is not a directory; write export_to: /path/to/dir")
+        else:
+            fields["export_to"] = v.strip()
 
 
 def _analysis(raw: Any, where: str, errors: _Errors) -> Analysis | None:
@@ -343,11 +385,16 @@ def _settings() -> str:
 
 
 def _order(stages: list[Stage], errors: _Errors) -> None:
-    """Stages widen: an optional shadow stage first, then datasets, workspace, global (global last)."""
+    """Stages widen: an optional shadow stage first, then datasets, workspace, global (global last, but for a
+    complete stage after them all)."""
     width = -1
     for i, s in enumerate(stages):
         w = _WIDTH[s.kind]
-        if s.kind == SHADOW and i != 0:
+        if s.kind == COMPLETE and i != len(stages) - 1:
+            errors.add(f"stages[{i}]", "a complete stage comes last (nothing moves once the Postgres rows are gone)")
+        elif s.kind == COMPLETE and i == 0:
+            errors.add(f"stages[{i}]", "a complete stage needs a stage before it that moves datasets to iceberg_native")
+        elif s.kind == SHADOW and i != 0:
             errors.add(f"stages[{i}]", "a shadow stage comes first (it measures before anything moves to Iceberg)")
         elif w < width:
             errors.add(

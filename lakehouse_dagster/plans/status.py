@@ -12,8 +12,18 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.plans import store
 from lakehouse_dagster.plans.analysis import consistency
-from lakehouse_dagster.plans.spec import SHADOW
-from lakehouse_dagster.plans.store import ABORTED, ABORTING, ANALYZING, FINISHED, FLIPPING, LIVE, PAUSED, SOAKING
+from lakehouse_dagster.plans.spec import COMPLETE, SHADOW
+from lakehouse_dagster.plans.store import (
+    ABORTED,
+    ABORTING,
+    ANALYZING,
+    COMPLETING,
+    FINISHED,
+    FLIPPING,
+    LIVE,
+    PAUSED,
+    SOAKING,
+)
 
 
 @dataclasses.dataclass
@@ -106,9 +116,19 @@ def _next_action(p: store.PlanRow, stage_row: store.StageRow | None, settings_so
             what = "its shadow reads are counted" if stage.kind == SHADOW else "a canary analyses it"
             return f"stage {n} soaks until {ends:%Y-%m-%d %H:%M:%S} UTC, then {what}; pass → {then}"
         return f"stage {n} soaks, then its analysis; pass → {then}"
+    if p.phase == COMPLETING:
+        return (
+            f"the complete run of stage {n} retires the Postgres rows of the datasets the plan moved: every one "
+            "complete → the plan finishes; a refusal → it pauses, naming why"
+        )
     if p.phase == ANALYZING:
         return f"the analysis of stage {n} decides: pass → {then}; MISMATCH → abort; inconclusive → wait, then pause"
     if stage.approval and (stage_row is None or stage_row.approved_at is None):
+        if stage.kind == COMPLETE:
+            return (
+                f"lakehouse rollout approve {p.id} (stage {n}: complete — retires the Postgres rows of every "
+                "dataset the plan moved)"
+            )
         return f"lakehouse rollout approve {p.id} (stage {n}: {stage.describe()})"
     return f"the controller starts stage {n} ({stage.describe()}) at its next tick"
 

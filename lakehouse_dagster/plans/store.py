@@ -25,6 +25,9 @@ from lakehouse_dagster.status import recording
 ACTIVE, PAUSED, ABORTING, ABORTED, FINISHED = "active", "paused", "aborting", "aborted", "finished"
 LIVE = (ACTIVE, PAUSED, ABORTING)
 WAITING, FLIPPING, SOAKING, ANALYZING = "waiting", "flipping", "soaking", "analyzing"
+COMPLETING = "completing"  # a complete stage: its run retires the Postgres rows of the datasets the plan moved
+# the steps whose runs change what Postgres or the flags hold: an abort waits until none of them is in flight
+RUN_STEP_KINDS = ("flip", "complete")
 INFO, WARNING, ERROR = "info", "warning", "error"
 
 # The events an alert sender reads (the alerts sensor, where it exists): each with its severity.
@@ -87,7 +90,7 @@ class StepRow:
     plan_id: uuid.UUID
     step_key: str
     stage: int
-    kind: str  # flip | analysis
+    kind: str  # flip | analysis | complete
     job: str
     config: dict
     status: str  # requested | succeeded | failed
@@ -116,6 +119,7 @@ def plan_from_stored(d: dict) -> Plan:
             max_datasets=s.get("max_datasets"),
             ok_within=s["ok_within"],
             analysis=Analysis(**s["analysis"]),
+            export_to=s.get("export_to"),
         )
 
     kind, name = ("read", d["reader"]) if "reader" in d else ("write", d["writer"])
@@ -333,6 +337,15 @@ def set_stage_moved(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) ->
         ),
         NotFound(f"rollout plan {plan_id} has no stage {stage} (was the plan deleted?)"),
     )
+
+
+def moved_before(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int) -> list[uuid.UUID]:
+    """Every dataset the stages before ``stage`` moved (what a complete stage retires), in id order."""
+    rows = conn.execute(
+        "select distinct d from lakehouse_rollout_stages, unnest(moved) d where plan_id = %s and stage < %s order by d",
+        (plan_id, stage),
+    ).fetchall()
+    return [r[0] for r in rows]
 
 
 def stage_sample(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, n: int) -> list[uuid.UUID]:

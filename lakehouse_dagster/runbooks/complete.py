@@ -568,12 +568,26 @@ def scope_datasets(conn: psycopg.Connection, *, dataset=None, workspace=None) ->
 
 
 def complete_scope(
-    dsn: str, catalog: Catalog, settings: Settings, *, dataset=None, workspace=None, export_to=None, **kw
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    *,
+    dataset=None,
+    workspace=None,
+    datasets: list | None = None,
+    export_to=None,
+    **kw,
 ) -> CompleteScope:
     """``complete`` at a scope: one dataset (its refusal raised as is), or each native dataset of a workspace / all of
-    them (each refusal kept, the others completed; an export goes to ``<export_to>/<dataset id>``)."""
-    with connect(dsn) as conn:
-        ids = scope_datasets(conn, dataset=dataset, workspace=workspace)
+    them, or each of a list (``datasets``: a rollout plan's complete stage, the datasets it moved); each refusal kept,
+    the others completed; an export goes to ``<export_to>/<dataset id>``."""
+    if datasets is not None:
+        if dataset not in (None, "") or workspace not in (None, ""):
+            raise BadInput("give a list of datasets, or one dataset, or a workspace; not several")
+        ids = [parse_uuid(d, "dataset id") for d in datasets]
+    else:
+        with connect(dsn) as conn:
+            ids = scope_datasets(conn, dataset=dataset, workspace=workspace)
     if dataset not in (None, ""):
         return CompleteScope([complete(dsn, catalog, settings, ids[0], export_to=export_to, **kw)], [])
     if export_to:

@@ -1,6 +1,7 @@
 """The ``rollout_controller`` sensor: advances every live rollout plan (plans/controller.py) and turns the runs it
 asks for into run requests of the existing jobs — ``read_flip`` / ``write_flip`` (every gate applies, the UI shows
-the flip), ``set_flag`` (a shadow stage), ``rollout_analysis`` — tagged with the plan and the step.
+the flip), ``set_flag`` (a shadow stage), ``rollout_analysis``, ``complete`` (a writer plan's last stage) — tagged
+with the plan and the step.
 
 The plan's state is in Postgres; the sensor's cursor is only the last plan event it logged (it moves forward).
 A run is found again by its tags (``lakehouse/plan``, ``lakehouse/plan_step``), so a daemon restarted mid-stage
@@ -19,18 +20,29 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
 from lakehouse_dagster.dagster.defs.plans.jobs import rollout_analysis_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write_flip_job
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
 from lakehouse_dagster.plans import controller, store
-from lakehouse_dagster.plans.controller import ANALYSIS, FAILED, IN_FLIGHT, READ_FLIP, SET_FLAG, SUCCEEDED, WRITE_FLIP
+from lakehouse_dagster.plans.controller import (
+    ANALYSIS,
+    COMPLETE_JOB,
+    FAILED,
+    IN_FLIGHT,
+    READ_FLIP,
+    SET_FLAG,
+    SUCCEEDED,
+    WRITE_FLIP,
+)
 
 _OP = {
     READ_FLIP: "read_flip_preflight",
     WRITE_FLIP: "write_flip_preflight",
     SET_FLAG: "set_flag_op",
     ANALYSIS: "rollout_analysis_op",
+    COMPLETE_JOB: "complete_op",
 }
 
 
@@ -47,6 +59,8 @@ def run_config(ask: controller.RunAsk) -> dict:
     p = ask.params
     if ask.job == ANALYSIS:
         config = {k: p[k] for k in ("plan_id", "stage", "dataset_ids", "kind", "name")}
+    elif ask.job == COMPLETE_JOB:
+        config = {"dataset_ids": p["dataset_ids"], "export_to": p.get("export_to"), "note": p["note"]}
     else:
         scope = {}
         if p["scope"] == "dataset":
@@ -72,7 +86,7 @@ def run_config(ask: controller.RunAsk) -> dict:
 def run_request(conn: psycopg.Connection, ask: controller.RunAsk) -> dg.RunRequest:
     p = ask.params
     tags = plan_tags(ask.plan_id, ask.step_key)
-    if ask.job == ANALYSIS:
+    if ask.job in (ANALYSIS, COMPLETE_JOB):
         tags |= flag_tags(conn, p["kind"], p["name"])
     else:
         scope_id = p.get("scope_id")
@@ -108,12 +122,13 @@ def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, con
 
 
 @dg.sensor(
-    jobs=[read_flip_job, write_flip_job, set_flag_job, rollout_analysis_job],
+    jobs=[read_flip_job, write_flip_job, set_flag_job, rollout_analysis_job, complete_job],
     minimum_interval_seconds=_tick_seconds(),
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Advances the rollout plans (lakehouse rollout start): each stage runs the flip job, soaks, then a "
     "canary analysis; pass → next stage (after an approval where asked), MISMATCH → abort and restore every flag "
-    "the plan set, inconclusive → wait, then pause.",
+    "the plan set, inconclusive → wait, then pause. A writer plan's complete stage runs the complete job (a "
+    "refusal pauses it).",
 )
 @skip_while_postgres_is_down
 def rollout_controller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):

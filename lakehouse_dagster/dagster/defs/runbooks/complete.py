@@ -29,6 +29,11 @@ class CompleteConfig(dg.Config):
         description="first write the rows as Parquet into this new or empty directory (on the run worker's disk)",
     )
     note: Optional[str] = Field(default=None, description="why, kept in the audit")
+    dataset_ids: Optional[list[str]] = Field(
+        default=None,
+        description="or these datasets (a rollout plan's complete stage: the datasets it moved); the run fails, "
+        "naming each refusal, unless every one of them is complete",
+    )
 
 
 @dg.op(
@@ -46,6 +51,7 @@ def complete_op(context: dg.OpExecutionContext, config: CompleteConfig, lakehous
             lakehouse.settings(),
             dataset=config.dataset_id,
             workspace=config.workspace_id,
+            datasets=config.dataset_ids,
             export_to=config.export_to,
             actor=_actor(context, lakehouse),
             note=config.note,
@@ -82,7 +88,7 @@ def complete_op(context: dg.OpExecutionContext, config: CompleteConfig, lakehous
             ),
         }
     )
-    if done.refused and not done.completed:
+    if done.refused and (not done.completed or config.dataset_ids is not None):
         raise refuse("\n".join(why for _, why in done.refused))
     return done.as_dict()
 
