@@ -401,6 +401,7 @@ def test_the_cursor_round_trips_whole():
         False,
         uuid.uuid4(),
         {"global": ((uuid.uuid4(), None), (None, uuid.uuid4())), str(uuid.uuid4()): ((None, None),)},
+        {uuid.uuid4(): 123456789, uuid.uuid4(): None},
     )
     assert Cursor.loads(c.dumps()) == c and Cursor.loads(None) == Cursor()
     assert Cursor.loads(c.dumps()).position("sweeps") == Position()  # a stream never read starts at 0
@@ -456,3 +457,64 @@ def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn,
     assert flips[1]["actor"] == "pytest (auto-rollback)"
     assert flips[1]["note"] == f"auto-rollback: MISMATCH (first-native-sync, {result.run_id})"
     assert rec.tick() == []
+
+
+def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_again_when_it_ends(
+    conn, dsn, settings, instance, monkeypatch
+):
+    """Issue 31, the partition page's reverse lag: each apply materializes the postgres/dataset_rows partition naming
+    its snapshot, so a reverse that then falls behind would leave an old apply as the page's newest event. The
+    recorder says so once the lag passes LAKEHOUSE_REVERSE_LAG_PAGE_SECONDS (one event per episode, however many
+    ticks), and again when it ends: caught up, or the reverse turned off."""
+    import time
+
+    from lakehouse_dagster.mirror.reverse import apply_reverse
+
+    from .native_helpers import native_write, ready_native
+
+    monkeypatch.setenv("LAKEHOUSE_REVERSE_LAG_PAGE_SECONDS", "1")
+    d = ready_native(conn, dsn, settings, "sync.full")
+    rec = Recorder(instance, dsn)
+
+    def page_events() -> list:
+        return [e for e in rec.tick() if e.asset_key == PG_ROWS and str(e.partition) == str(d)]
+
+    assert page_events() == []  # native, nothing committed natively yet: nothing to say
+    snap = native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(20, 23)], start=0)
+    assert page_events() == []  # behind for less than the bound: the stream's normal lag never shows
+    time.sleep(1.2)
+    (behind,) = page_events()
+    assert isinstance(behind, dg.AssetObservation)
+    assert behind.description.startswith("dataset_rows is behind Iceberg: reverse behind by 1 commit(s)")
+    assert f"Iceberg is at {snap}" in behind.description
+    assert f"lakehouse write-flags reverse sync --dataset {d}" in behind.description
+    meta = {k: getattr(v, "value", v) for k, v in behind.metadata.items()}
+    assert meta["reverse_behind"] is True and meta["iceberg_snapshot_id"] == str(snap)
+    assert meta["reverse_pending_commits"] == 1 and meta["reverse_lag_seconds"] >= 1.0
+    assert page_events() == []  # one event per episode, not one per tick
+
+    result = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    assert result.snapshot_id == snap
+    (ended,) = page_events()
+    assert ended.description == (
+        f"dataset_rows no longer behind Iceberg: caught up: it holds snapshot {snap}, the table's newest native commit"
+    )
+    assert {k: getattr(v, "value", v) for k, v in ended.metadata.items()}["reverse_behind"] is False
+    assert page_events() == []
+
+    # a new episode, ended by turning the reverse off: the page must not keep saying "behind" (nor "caught up")
+    native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(30, 32)], start=0)
+    time.sleep(1.2)
+    assert [e.description.split(":")[0] for e in page_events()] == ["dataset_rows is behind Iceberg"]
+    set_reverse(conn, False, dataset=d, note="keep Postgres as it is", actor="pytest")
+    (off,) = page_events()
+    assert off.description.startswith("dataset_rows no longer behind Iceberg: its reverse mirror was turned off")
+    stored = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=PG_ROWS, asset_partitions=[str(d)]), limit=10
+    ).records
+    assert [r.asset_observation.description.split(":")[0] for r in stored] == [  # newest first, as the page lists
+        "dataset_rows no longer behind Iceberg",
+        "dataset_rows is behind Iceberg",
+        "dataset_rows no longer behind Iceberg",
+        "dataset_rows is behind Iceberg",
+    ]

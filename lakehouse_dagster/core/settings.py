@@ -185,6 +185,9 @@ class Settings:
     # A native dataset whose reverse mirror has lacked a native commit for longer than this is alerted
     # (reverse_behind, status/alerts.py).
     reverse_lag_alert_seconds: int = 300
+    # A native dataset's postgres/dataset_rows partition page says its reverse mirror is behind once it has lacked a
+    # native commit for longer than this (status/reverse_page.py, the recorder), and again when that ends.
+    reverse_lag_page_seconds: int = 30
     # Syncs a stream run makes at once (threads; each its own dataset, G3 and G2 still hold): a burst of changed
     # datasets is mirrored this many at a time.
     mirror_stream_workers: int = 3
@@ -287,6 +290,7 @@ class Settings:
             mirror_poll_ms=_int("LAKEHOUSE_MIRROR_POLL_MS", 100, minimum=10),
             mirror_stream_down_seconds=_int("LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS", 30, minimum=5),
             reverse_lag_alert_seconds=_int("LAKEHOUSE_REVERSE_LAG_ALERT_SECONDS", 300, minimum=1),
+            reverse_lag_page_seconds=_int("LAKEHOUSE_REVERSE_LAG_PAGE_SECONDS", 30, minimum=1),
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
             mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
             mirror_sync_share=_share("LAKEHOUSE_MIRROR_SYNC_SHARE", _float("LAKEHOUSE_MIRROR_SYNC_SHARE", 0.25)),

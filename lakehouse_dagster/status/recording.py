@@ -135,6 +135,9 @@ class Cursor:
     seed_after: uuid.UUID | None = None  # where that pass stands
     # Fan-out passes under way: GLOBAL or a workspace id -> what is left of it (at most one pass per scope).
     fanout: dict[str, tuple[Interval, ...]] = dataclasses.field(default_factory=dict)
+    # Reverse mirrors whose partition page says they are behind (status/reverse_page.py): dataset -> the snapshot the
+    # copy held then.
+    reverse_behind: dict[uuid.UUID, int | None] = dataclasses.field(default_factory=dict)
 
     def position(self, stream: str) -> Position:
         return self.positions.get(stream, Position())
@@ -148,6 +151,7 @@ class Cursor:
                 "seeded": self.seeded,
                 "seed_after": str(self.seed_after) if self.seed_after else None,
                 "fanout": {k: [[_text(a), _text(b)] for a, b in left] for k, left in self.fanout.items() if left},
+                "reverse_behind": {str(d): snap for d, snap in self.reverse_behind.items()},
             },
             sort_keys=True,
         )
@@ -168,6 +172,7 @@ class Cursor:
                 for k, left in data.get("fanout", {}).items()
                 if left
             },
+            {uuid.UUID(d): snap for d, snap in data.get("reverse_behind", {}).items()},
         )
 
 

@@ -15,6 +15,9 @@ reports them, then stores the cursor), so a partition page always shows the tabl
 * A verdict (a canary from the CLI, a job, a rollout stage, a check) or a read fallback (any process, or an app
   through POST /lakehouse/fallback): an observation of the dataset's state now, unless another event of the
   tick already shows it.
+* A native dataset's reverse mirror behind longer than ``LAKEHOUSE_REVERSE_LAG_PAGE_SECONDS``: an observation of its
+  ``postgres/dataset_rows`` partition when that starts and when it ends (status/reverse_page.py), so the page's
+  newest event is never an old apply shown as if the copy were current.
 * Partitions of datasets that no longer exist are removed (every PRUNE_EVERY_SECONDS), partitions of datasets it
   records are added.
 """
@@ -40,6 +43,7 @@ from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
 from lakehouse_dagster.status.partition_state import PartitionState, partition_states
 from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
+from lakehouse_dagster.status.reverse_page import ReversePageChange, reverse_page_changes
 
 PRUNE_EVERY_SECONDS = 300.0  # a full comparison of the partitions with the datasets (O(partitions)): not every tick
 DATA_VERSION_TAG = "dagster/data_version"
@@ -259,6 +263,22 @@ def state_event(state: PartitionState, why: list[str]) -> dg.AssetObservation:
     )
 
 
+def reverse_page_event(state: PartitionState, c: ReversePageChange) -> dg.AssetObservation:
+    """The dataset's Postgres rows behind Iceberg (or no longer), on its postgres/dataset_rows partition."""
+    metadata: dict = {**names(state), "reverse_behind": c.behind, "recorded_by": text(RECORDED_BY)}
+    lag = c.lag
+    if lag is not None:
+        metadata["reverse_applied_snapshot_id"] = text(lag.applied_snapshot)
+        metadata["reverse_applied_at"] = text(lag.applied_at.isoformat(timespec="seconds") if lag.applied_at else None)
+        metadata["reverse_pending_commits"] = lag.pending
+        if not lag.caught_up:
+            metadata["reverse_lag_seconds"] = dg.MetadataValue.float(float(lag.lag_seconds or 0.0))
+            metadata["iceberg_snapshot_id"] = text(lag.latest_snapshot)
+    return dg.AssetObservation(
+        asset_key=PG_ROWS, partition=str(state.dataset_id), description=c.description(), metadata=metadata
+    )
+
+
 @dg.sensor(
     minimum_interval_seconds=1,  # every daemon loop (5 s), like the mirror poller: the page follows the change
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -279,8 +299,10 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
             in_flight=lambda ids: runs_in_flight(context.instance, ids),
             now=now,
         )
-        states = partition_states(conn, settings, plan.dataset_ids)
+        reverse, reverse_behind = reverse_page_changes(conn, cursor.reverse_behind, settings.reverse_lag_page_seconds)
+        states = partition_states(conn, settings, plan.dataset_ids | {c.dataset_id for c in reverse})
         events = recorded_events(context.instance, conn, plan, states)
+        events += [reverse_page_event(states[c.dataset_id], c) for c in reverse if c.dataset_id in states]
         keys = {e.partition for e in events if e.partition}
         known = set(context.instance.get_dynamic_partitions(DATASETS)) if keys or prune else set()
         gone = deleted_dataset_keys(conn, sorted(known)) if prune else []
@@ -296,7 +318,8 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
     context.log.info(
         f"recorded {tables} table change(s), {len(plan.backfills)} backfill(s), {len(plan.flags)} flag change(s),"
         f" {states_shown} dataset state(s) (verdicts, fallbacks, wider scopes; fan-out still under way: {fanning});"
-        f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed"
+        f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed;"
+        f" {len(reverse_behind)} reverse mirror(s) shown behind"
     )
-    nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at)
+    nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at, reverse_behind=reverse_behind)
     return dg.SensorResult(asset_events=events, dynamic_partitions_requests=requests, cursor=nxt.dumps())
