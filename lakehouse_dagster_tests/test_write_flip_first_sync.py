@@ -96,3 +96,55 @@ def test_with_auto_rollback_off_the_stop_names_the_rollback_command(conn, dsn, s
     # the rollback it names: Iceberg now holds the 7 rows Postgres lacks
     proc = cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), check=True)
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in proc.stdout
+
+
+def test_the_reverse_mirror_waits_for_the_first_native_syncs_canary_so_a_mismatch_is_seen_and_postgres_kept(
+    conn, dsn, settings
+):
+    """The first native canary compares the new snapshot with what Postgres held. The reverse mirror (the stream
+    applies a native commit within a second) must not copy that snapshot into dataset_rows before the verdict: the
+    canary would compare Iceberg with its own copy (always ok), and after a MISMATCH's auto-rollback Postgres would be
+    left holding the doubtful native rows as the truth. Here a reverse driver races the flip as fast as it can."""
+    import threading
+    import time
+
+    from lakehouse_dagster.core.errors import LakehouseError
+    from lakehouse_dagster.mirror.reverse import apply_reverse, position
+
+    d, src = _fed(conn, dsn, settings)
+    add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written: MISMATCH expected
+    before = conn.execute(
+        "select row_index, row_id, data from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
+    stop, applied, busy = threading.Event(), [], []
+    catalog = load_catalog(settings, dsn)
+
+    def reverse_driver():  # what a mirror_stream does for a native dataset, without its poll interval
+        while not stop.is_set():
+            try:
+                r = apply_reverse(dsn, catalog, settings, d, lock_timeout_s=0.05)
+                if r.how != "noop":
+                    applied.append(r.snapshot_id)
+            except LakehouseError as exc:  # not native yet / any more, or its lock busy
+                busy.append(str(exc))
+            time.sleep(0.01)
+
+    t = threading.Thread(target=reverse_driver, daemon=True)
+    t.start()
+    try:
+        proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d), "--json")
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert proc.returncode != 0, proc.stdout
+    (f,) = json.loads(proc.stdout)["first_native_sync"]
+    assert f["verdict"] == "MISMATCH" and f["rolled_back"], f
+    assert _recorded(conn, d) == [("MISMATCH", 6, 7)]
+    assert f["snapshot_id"] not in applied  # the doubtful snapshot never reached dataset_rows ...
+    after = conn.execute(
+        "select row_index, row_id, data from dataset_rows where dataset_id = %s order by row_index", (d,)
+    ).fetchall()
+    assert after == before  # ... which still holds what Postgres held before the flip: the truth again
+    at = position(conn, d)
+    assert at is None or at.snapshot_id != f["snapshot_id"]
+    assert any("first native sync" in b for b in busy), busy[-5:]  # the driver was there, and waited

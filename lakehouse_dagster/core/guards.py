@@ -22,12 +22,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.core.db import close_quietly, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import Backpressure, GuardLost, LockTimeout
 
 _NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
 _NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
+_NS_FIRST_NATIVE = 0x1A4E_0300  # a write flip's first native sync until its canary's verdict: (namespace, dataset)
 
 
 # (connection, namespace, key, what) of every guard lock this context holds
@@ -123,20 +125,31 @@ def _dataset_key(dataset_id: uuid.UUID) -> int:
     return int.from_bytes(dataset_id.bytes[:4], "big", signed=True)
 
 
+def _lock_within(conn: psycopg.Connection, function: str, ns: int, key: int, timeout_s: float, why: str) -> None:
+    """Take a session advisory lock (``function``: pg_advisory_lock or its _shared twin), waiting at most
+    ``timeout_s``; LockTimeout (transient) saying ``why`` past it."""
+    conn.execute("select set_config('lock_timeout', %s, false)", (f"{int(timeout_s * 1000)}ms",))
+    try:
+        conn.execute(sql.SQL("select {}(%s, %s)").format(sql.Identifier(function)), (ns, key))
+    except psycopg.errors.LockNotAvailable:
+        raise LockTimeout(why) from None
+    finally:
+        conn.execute("select set_config('lock_timeout', '0', false)")
+
+
 @contextlib.contextmanager
 def dataset_lock(conn: psycopg.Connection, dataset_id: uuid.UUID, *, timeout_s: float = 1800) -> Iterator[None]:
     """G3: same-dataset ingests serialise (a second waits for the first)."""
     key = _dataset_key(dataset_id)
-    conn.execute("select set_config('lock_timeout', %s, false)", (f"{int(timeout_s * 1000)}ms",))
-    try:
-        conn.execute("select pg_advisory_lock(%s, %s)", (_NS_DATASET, key))
-    except psycopg.errors.LockNotAvailable:
-        raise LockTimeout(
-            f"dataset {dataset_id}: another sync of this dataset held the lock for over {timeout_s:.0f}s; "
-            "check iceberg_sync_log for a wedged run"
-        ) from None
-    finally:
-        conn.execute("select set_config('lock_timeout', '0', false)")
+    _lock_within(
+        conn,
+        "pg_advisory_lock",
+        _NS_DATASET,
+        key,
+        timeout_s,
+        f"dataset {dataset_id}: another sync of this dataset held the lock for over {timeout_s:.0f}s; "
+        "check iceberg_sync_log for a wedged run",
+    )
     try:
         with _remember(conn, _NS_DATASET, key, f"the dataset lock of {dataset_id} (G3)"):
             yield
@@ -144,12 +157,41 @@ def dataset_lock(conn: psycopg.Connection, dataset_id: uuid.UUID, *, timeout_s: 
         _unlock(conn, _NS_DATASET, key)
 
 
-def _unlock(conn: psycopg.Connection, ns: int, key: int) -> None:
+@contextlib.contextmanager
+def first_native_hold(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, *, waiting: bool = False, timeout_s: float = 1800
+) -> Iterator[None]:
+    """A write flip's first native sync holds this from before its write until its canary's verdict is recorded
+    (and a MISMATCH rolled back); the reverse mirror takes it shared (``waiting``) before the dataset lock, so it
+    never copies a snapshot whose verdict is pending into dataset_rows — the canary compares the snapshot with
+    what Postgres held, and after a MISMATCH Postgres is the truth again. Both take it before G3 (no lock-order
+    cycle); a session lock, so a process killed mid-flip frees it."""
+    key = _dataset_key(dataset_id)
+    _lock_within(
+        conn,
+        "pg_advisory_lock_shared" if waiting else "pg_advisory_lock",
+        _NS_FIRST_NATIVE,
+        key,
+        timeout_s,
+        f"dataset {dataset_id}: its first native sync's canary has not given its verdict yet (waited {timeout_s:g} s); "
+        "the reverse mirror waits for it (a MISMATCH rolls the writer back and Postgres stays the truth)"
+        if waiting
+        else f"dataset {dataset_id}: another first native sync of it is under way (waited {timeout_s:g} s)",
+    )
+    try:
+        yield
+    finally:
+        _unlock(conn, _NS_FIRST_NATIVE, key, shared=waiting)
+
+
+def _unlock(conn: psycopg.Connection, ns: int, key: int, *, shared: bool = False) -> None:
     """Release, unless the session is already gone (its locks went with it)."""
     if conn.closed or conn.broken:
         return
     try:
-        conn.execute("select pg_advisory_unlock(%s, %s)", (ns, key))
+        conn.execute(
+            "select pg_advisory_unlock_shared(%s, %s)" if shared else "select pg_advisory_unlock(%s, %s)", (ns, key)
+        )
     except psycopg.OperationalError:
         pass  # the session died: nothing is held any more
 

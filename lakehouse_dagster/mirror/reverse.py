@@ -41,7 +41,7 @@ from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput, LakehouseError, first_line
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
-from lakehouse_dagster.core.guards import check_held, dataset_lock
+from lakehouse_dagster.core.guards import check_held, dataset_lock, first_native_hold
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
@@ -154,7 +154,11 @@ def apply_reverse(
         dataset = get_dataset(conn, ds_id)
         if dataset.kind != "tabular":
             raise BadInput(f"dataset {ds_id} is a {dataset.kind} dataset; only tabular datasets have Iceberg rows")
-        with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s):
+        # a write flip's first native snapshot waits for its canary's verdict (core/guards.py first_native_hold)
+        with (
+            first_native_hold(conn, ds_id, waiting=True, timeout_s=lock_timeout_s),
+            dataset_lock(conn, ds_id, timeout_s=lock_timeout_s),
+        ):
             locked = time.perf_counter()
             _refuse(conn, ds_id)
             checked = time.perf_counter()

@@ -8,6 +8,11 @@ the step with the rollback command; on a MISMATCH auto-rollback (runbooks/auto_r
 set the writer back to pg for the dataset, and the step says so with the rollback report (the rows
 written natively exist only in Iceberg). A dataset without a source is named (its first native sync
 waits for one: lakehouse sources set …) and does not stop it.
+
+From before the write until the verdict is recorded (and a MISMATCH rolled back) the dataset's first native hold
+is taken (core/guards.py): the reverse mirror waits on it, so it never copies the new snapshot into dataset_rows
+while the canary still compares that snapshot with what Postgres held, nor leaves a rolled-back dataset's
+Postgres holding the doubtful rows.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import psycopg
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.guards import first_native_hold, guard_connection
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect
 from lakehouse_dagster.flags.resolver import FlagResolver
@@ -60,8 +66,6 @@ def first_native_syncs(
     run_id: str | None = None,
     logger=None,
 ) -> list[FirstSync]:
-    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
-
     lg = logger or log
     flags = FlagResolver(conn, ttl_seconds=0)  # the flip just happened: no cached resolution
     out = []
@@ -79,46 +83,49 @@ def first_native_syncs(
                 )
             )
             continue
-        try:
-            r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg)
-        except LakehouseError as exc:
-            out.append(FirstSync(ds_id, None, None, None, None, str(exc), problem=f"first native sync failed: {exc}"))
-            continue
-        if r.path != "native":
-            out.append(
-                FirstSync(
-                    ds_id,
-                    None,
-                    r.path,
-                    r.rows,
-                    r.snapshot_id,
-                    r.flag_reason,
-                    problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native",
-                )
-            )
-            continue
-        v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
-        auto_rollback.record_and_roll_back(
-            conn, v, source=SOURCE, run_id=run_id, settings=settings
-        )  # a MISMATCH: writer back to pg
-        reason = str(v.detail.get("reason", ""))
-        lg.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
-        f = FirstSync(
+        # the reverse mirror waits for the verdict: it would copy a doubtful snapshot into dataset_rows
+        with guard_connection(dsn) as hold, first_native_hold(hold, ds_id):
+            out.append(_first_sync(conn, dsn, catalog, settings, flags, writer, ds_id, run_id=run_id, logger=lg))
+    return out
+
+
+def _first_sync(conn, dsn, catalog, settings, flags, writer: str, ds_id: uuid.UUID, *, run_id, logger) -> FirstSync:
+    """One dataset's first native sync, its canary and, on a MISMATCH, its auto-rollback."""
+    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
+
+    try:
+        r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=logger)
+    except LakehouseError as exc:
+        return FirstSync(ds_id, None, None, None, None, str(exc), problem=f"first native sync failed: {exc}")
+    if r.path != "native":
+        return FirstSync(
             ds_id,
-            v.verdict,
+            None,
             r.path,
             r.rows,
             r.snapshot_id,
-            reason,
-            problem=None if v.verdict == canary.OK else f"canary {v.verdict}: {reason}",
+            r.flag_reason,
+            problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native",
         )
-        f.auto_rollback = lines_of(v)
-        f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
-        if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward
-            report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
-            f.auto_rollback += rollback_lines(writer, report)
-        out.append(f)
-    return out
+    v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
+    auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)  # MISMATCH: to pg
+    reason = str(v.detail.get("reason", ""))
+    logger.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
+    f = FirstSync(
+        ds_id,
+        v.verdict,
+        r.path,
+        r.rows,
+        r.snapshot_id,
+        reason,
+        problem=None if v.verdict == canary.OK else f"canary {v.verdict}: {reason}",
+    )
+    f.auto_rollback = lines_of(v)
+    f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
+    if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward
+        report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
+        f.auto_rollback += rollback_lines(writer, report)
+    return f
 
 
 def stop_message(writer: str, results: list[FirstSync]) -> str | None:
