@@ -45,6 +45,7 @@ class ReverseLag:
     latest_snapshot: int | None  # the newest of them (None: caught up)
     lag_seconds: float | None  # since the oldest of them (None: caught up)
     name: str = ""  # the dataset's name, when the caller knows it
+    since: dt.datetime | None = None  # when the oldest commit not applied yet was recorded (None: caught up)
 
     @property
     def caught_up(self) -> bool:
@@ -66,6 +67,7 @@ class ReverseLag:
             **dataclasses.asdict(self),
             "dataset_id": str(self.dataset_id),
             "applied_at": None if self.applied_at is None else self.applied_at.isoformat(),
+            "since": None if self.since is None else self.since.isoformat(),
             "caught_up": self.caught_up,
         }
 
@@ -79,9 +81,15 @@ def reverse_lags(conn: psycopg.Connection, native: set[uuid.UUID]) -> tuple[dict
     if not on:
         return {}, len(native)
     out = {}
-    for ds_id, snap, applied_at, pending, _since, latest, lag in conn.execute(_LAG, (on,)).fetchall():
+    for ds_id, snap, applied_at, pending, since, latest, lag in conn.execute(_LAG, (on,)).fetchall():
         n = int(pending or 0)
         out[ds_id] = ReverseLag(
-            ds_id, snap, applied_at, n, latest if n else None, round(float(lag), 1) if n and lag is not None else None
+            ds_id,
+            snap,
+            applied_at,
+            n,
+            latest if n else None,
+            round(float(lag), 1) if n and lag is not None else None,
+            since=since if n else None,
         )
     return out, len(native) - len(on)

@@ -271,8 +271,8 @@ def reverse_page_event(state: PartitionState, c: ReversePageChange) -> dg.AssetO
         metadata["reverse_applied_snapshot_id"] = text(lag.applied_snapshot)
         metadata["reverse_applied_at"] = text(lag.applied_at.isoformat(timespec="seconds") if lag.applied_at else None)
         metadata["reverse_pending_commits"] = lag.pending
-        if not lag.caught_up:
-            metadata["reverse_lag_seconds"] = dg.MetadataValue.float(float(lag.lag_seconds or 0.0))
+        if not lag.caught_up:  # a time, not a lag in seconds: the page keeps showing it while the episode lasts
+            metadata["reverse_behind_since"] = text(lag.since.isoformat(timespec="seconds") if lag.since else None)
             metadata["iceberg_snapshot_id"] = text(lag.latest_snapshot)
     return dg.AssetObservation(
         asset_key=PG_ROWS, partition=str(state.dataset_id), description=c.description(), metadata=metadata
