@@ -368,7 +368,10 @@ def test_in_capture_mode_after_commit_the_reverse_applies_without_echo_and_the_a
         tracked, app_tracked = _tracking(conn, d), _tracking(conn, app)
         xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
 
-        datasets.insert_rows(conn, app, [row(3)], start_index=3)  # the live app, before the reverse's commit
+        # the live app, before the reverse's commit; a non-transactional message with the reverse's prefix (sent
+        # outside any transaction) marks nothing
+        conn.execute("select pg_logical_emit_message(false, %s, 'not a transaction')", (capture.REVERSE_PREFIX,))
+        datasets.insert_rows(conn, app, [row(3)], start_index=3)
         r = apply_reverse(dsn, catalog, settings, d)
         assert (r.how, r.copied, r.removed, r.pg_rows) == ("append", 4, 0, 10)
         conn.execute(  # and after it: a rewrite of the app's own
