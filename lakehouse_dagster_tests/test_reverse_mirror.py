@@ -433,3 +433,36 @@ def test_in_capture_mode_after_commit_the_reverse_applies_without_echo_and_the_a
             )
     finally:
         capture.disable(conn)
+
+
+def test_in_capture_mode_after_commit_an_apply_killed_before_its_commit_leaves_nothing_for_the_consumer(
+    conn, dsn, settings, lh
+):
+    """The message is transactional: an apply killed (SIGKILL, in its own process) before its commit leaves no
+    rows, no mark and no digest delta in the stream; the next apply lands once, untracked, the digest exact."""
+    from lakehouse_dagster.tracking import capture
+
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode after-commit needs wal_level = logical")
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    capture.enable(conn)
+    try:
+        native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+        capture.catch_up(conn)
+        before, tracked = _pg_rows(conn, d), _tracking(conn, d)
+        proc = cli(
+            "write-flags", "reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"}
+        )
+        assert proc.returncode == -9, proc.stderr
+        assert capture.catch_up(conn)["transactions"] == 0  # nothing of the killed apply was committed
+        assert _pg_rows(conn, d) == before and position(conn, d) is None
+
+        r = apply_reverse(dsn, catalog, settings, d)
+        assert (r.how, r.copied, r.pg_rows) == ("append", 3, 9)
+        assert capture.catch_up(conn)["transactions"] == 1
+        assert _tracking(conn, d) == tracked
+        _digest_is_exact(conn, d)
+        _same_as_table(conn, settings, dsn, d)
+    finally:
+        capture.disable(conn)
