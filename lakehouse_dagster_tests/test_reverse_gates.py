@@ -27,10 +27,10 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks import flip
 from lakehouse_dagster.runbooks.reverse_parity import check_reverse_parity
 from lakehouse_dagster.status.overview import compute_overview, text_lines
-from lakehouse_dagster.tracking.datasets import get_dataset
+from lakehouse_dagster.tracking.datasets import create_dataset, get_dataset, insert_rows
 
 from .flag_helpers import cli, cli_json, flag_tables
-from .native_helpers import native_write, ready_native, row
+from .native_helpers import SCHEMA, native_write, ready_native, row
 from .test_gates import _dataset, _ready, ws  # noqa: F401  (ws: the fixture)
 
 
@@ -115,6 +115,51 @@ def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, setti
     (c,) = write_flip_candidates(conn, "sync.full")
     assert c.ready and c.reasons == ()
     assert _flip(conn, d).after == "iceberg_native" and native_dataset_ids(conn) == {d}
+
+
+def test_in_capture_mode_after_commit_the_reverse_keeps_pipeline_inputs_and_locked_readers_unblocked(
+    conn,
+    dsn,
+    settings,
+    ws,  # noqa: F811
+):
+    """The reverse mirror runs in capture mode after-commit too (its transaction marked for the WAL consumer,
+    mirror/reverse.py), so the candidates, the gates and the overview treat it there as in triggers."""
+    from lakehouse_dagster.tracking import capture
+
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode after-commit needs wal_level = logical")
+    piped, dashed = (create_dataset(conn, ws, name, SCHEMA) for name in ("piped", "dashed"))
+    for d in (piped, dashed):
+        insert_rows(conn, d, [row(i) for i in range(5)])
+        _ready(conn, dsn, settings, d)
+    _pipe(conn, ws, piped)
+    declare(conn, "dashboards.aggregate", dataset=dashed, note="the KPI board", actor="pytest")
+    capture.enable(conn)
+    try:
+        assert capture.reverse_blocked(conn) is None
+        got = {c.name: c for c in write_flip_candidates(conn, "sync.full")}
+        assert (got["piped"].verdict, got["piped"].ready, got["piped"].reasons) == (SAFE_REVERSE, True, ())
+        assert (got["dashed"].verdict, got["dashed"].ready, got["dashed"].reasons) == (SAFE, True, ())
+        ov = compute_overview(conn, settings)
+        assert (ov.blocked, ov.piped_reverse_on, ov.problems["blocked"]) == (0, 1, 0)
+        # the reverse turned off is what blocks here, as in capture mode triggers
+        set_reverse(conn, False, dataset=dashed, note="off", actor="pytest")
+        with pytest.raises(FlipRefused, match=r"reverse off \(dataset setting\): turn it on") as refused:
+            _flip(conn, dashed)
+        assert "capture mode" not in str(refused.value)
+        set_reverse(conn, None, dataset=dashed, note="the default: on", actor="pytest")
+        assert _flip(conn, piped).after == "iceberg_native" and _flip(conn, dashed).after == "iceberg_native"
+        assert native_dataset_ids(conn) == {piped, dashed}
+        # and it keeps them: a native overwrite is in dataset_rows after the apply, the WAL consumer tracked none of it
+        before = conn.execute("select rows_version from datasets where id = %s", (piped,)).fetchone()
+        native_write(conn, dsn, settings, piped, "sync.full", [row(i) for i in range(40, 43)], start=0)
+        applied = apply_reverse(dsn, load_catalog(settings, dsn), settings, piped)
+        assert (applied.how, applied.pg_rows) == ("full", 3)
+        capture.catch_up(conn)
+        assert conn.execute("select rows_version from datasets where id = %s", (piped,)).fetchone() == before
+    finally:
+        capture.disable(conn)
 
 
 def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(conn, dsn, settings):

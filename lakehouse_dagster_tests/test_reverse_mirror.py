@@ -341,3 +341,128 @@ def test_a_frozen_apply_whose_lock_session_died_stands_down_and_the_next_one_app
     r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)  # the next apply is not blocked, and applies
     assert r.how == "append" and r.copied == 3 and position(conn, d).snapshot_id == snapshot(settings, dsn, d)
     _same_as_table(conn, settings, dsn, d)
+
+
+def test_in_capture_mode_after_commit_the_reverse_applies_without_echo_and_the_app_is_still_tracked(
+    conn, dsn, settings, lh
+):
+    """Capture mode after-commit: the WAL consumer writes change tracking after the commit and cannot see the
+    reverse's setting; the reverse's logical message, inside its transaction, tells it. Decoded in one chunk with
+    live-app writes before and after it: the app's are tracked, the reverse's move nothing, and the maintained
+    digest follows every row. A Postgres-locked reader is then served the copy."""
+    from lakehouse_dagster.core.errors import ReadRefused
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.routing.read_router import resolve_read_source
+    from lakehouse_dagster.tracking import capture
+
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode after-commit needs wal_level = logical")
+    d = ready_native(conn, dsn, settings, lh, "sync.append")  # its maintained digest filled by the canary
+    app = datasets.create_dataset(conn, datasets.create_workspace(conn, "app"), "app", SCHEMA)
+    datasets.insert_rows(conn, app, [row(i) for i in range(3)])
+    catalog = load_catalog(settings, dsn)
+    capture.enable(conn)
+    try:
+        native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 10)], start=6)
+        capture.catch_up(conn)
+        tracked, app_tracked = _tracking(conn, d), _tracking(conn, app)
+        xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+
+        # the live app, before the reverse's commit; a non-transactional message with the reverse's prefix (sent
+        # outside any transaction) marks nothing
+        conn.execute("select pg_logical_emit_message(false, %s, 'not a transaction')", (capture.REVERSE_PREFIX,))
+        datasets.insert_rows(conn, app, [row(3)], start_index=3)
+        r = apply_reverse(dsn, catalog, settings, d)
+        assert (r.how, r.copied, r.removed, r.pg_rows) == ("append", 4, 0, 10)
+        conn.execute(  # and after it: a rewrite of the app's own
+            'update dataset_rows set data = data || \'{"s": "edited"}\' where dataset_id = %s and row_index = 0',
+            (app,),
+        )
+        assert capture.catch_up(conn)["transactions"] == 3  # all three in one chunk
+        _same_as_table(conn, settings, dsn, d)
+        assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (10, 9)
+
+        # no echo: the consumer moved no tracking of the reverse's rows, the poller finds only the app's dataset
+        assert _tracking(conn, d) == tracked
+        pending, _, _ = pending_syncs(conn, Cursor(xid + 1), limit=100, exclude_native=False)
+        assert [p.dataset_id for p in pending] == [app]
+        behind = datasets_behind(conn, after_seconds=0, max_retries=0, limit=100, exclude_native=False).fresh
+        assert d not in [p.dataset_id for p in behind]
+        # the live app's writes in the same chunk are tracked: a new version, a rewrite (the update), its range
+        version, _, rewrite, _, ranges = _tracking(conn, app)
+        assert version > app_tracked[0] and rewrite == version and ranges == app_tracked[4] + 1
+        assert conn.execute("select max_row_index from datasets where id = %s", (app,)).fetchone()[0] == 3
+        # the maintained digest followed the reverse's rows, at the version it had (none was drawn for them)
+        _digest_is_exact(conn, d)
+        assert conn.execute(
+            "select s.applied_version = d.rows_version from lakehouse_pg_digest_state s join datasets d"
+            " on d.id = s.dataset_id where s.dataset_id = %s",
+            (d,),
+        ).fetchone() == (True,)
+        assert evaluate(dsn, catalog, settings, d).detail["agrees_with_postgres"] is True
+
+        # a full re-sync: its delete and insert hashed from the stream (no digest shortcut here), no echo either
+        xid = conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0]
+        full = apply_reverse(dsn, catalog, settings, d, full=True)
+        assert (full.how, full.removed, full.copied, full.pg_rows) == ("full", 10, 10, 10)
+        assert capture.catch_up(conn)["transactions"] == 1
+        assert _tracking(conn, d) == tracked
+        _digest_is_exact(conn, d)
+        _same_as_table(conn, settings, dsn, d)
+        assert pending_syncs(conn, Cursor(xid + 1), limit=100, exclude_native=False)[0] == []
+        for stream in STREAMS:  # the recorder sees nothing of the apply
+            changes, _ = read_stream(conn, stream, Position(xid + 1), 100)
+            assert changes == [], (stream, changes)
+
+        # Postgres-locked readers are served the reverse's copy (STRICT: it is caught up), not refused
+        def pg(_decision):
+            return sorted(
+                int(r[0]) for r in conn.execute("select row_index from dataset_rows where dataset_id = %s", (d,))
+            )
+
+        def iceberg(_decision):
+            raise AssertionError("a Postgres-locked reader was served Iceberg")
+
+        for reader in ("pipeline.expectations", "dashboards.aggregate"):
+            got = resolve_read_source(conn, FlagResolver(conn, 0), reader, d).run(postgres=pg, iceberg=iceberg)
+            assert (got.decision.source, got.decision.reason, got.value) == ("pg", "pg@reverse", list(range(10)))
+        native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
+        with pytest.raises(ReadRefused, match="reverse mirror has not applied its latest snapshot"):
+            resolve_read_source(conn, FlagResolver(conn, 0), "pipeline.expectations", d).run(
+                postgres=pg, iceberg=iceberg
+            )
+    finally:
+        capture.disable(conn)
+
+
+def test_in_capture_mode_after_commit_an_apply_killed_before_its_commit_leaves_nothing_for_the_consumer(
+    conn, dsn, settings, lh
+):
+    """The message is transactional: an apply killed (SIGKILL, in its own process) before its commit leaves no
+    rows, no mark and no digest delta in the stream; the next apply lands once, untracked, the digest exact."""
+    from lakehouse_dagster.tracking import capture
+
+    if conn.execute("show wal_level").fetchone()[0] != "logical":
+        pytest.skip("capture mode after-commit needs wal_level = logical")
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    capture.enable(conn)
+    try:
+        native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
+        capture.catch_up(conn)
+        before, tracked = _pg_rows(conn, d), _tracking(conn, d)
+        proc = cli(
+            "write-flags", "reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"}
+        )
+        assert proc.returncode == -9, proc.stderr
+        assert capture.catch_up(conn)["transactions"] == 0  # nothing of the killed apply was committed
+        assert _pg_rows(conn, d) == before and position(conn, d) is None
+
+        r = apply_reverse(dsn, catalog, settings, d)
+        assert (r.how, r.copied, r.pg_rows) == ("append", 3, 9)
+        assert capture.catch_up(conn)["transactions"] == 1
+        assert _tracking(conn, d) == tracked
+        _digest_is_exact(conn, d)
+        _same_as_table(conn, settings, dsn, d)
+    finally:
+        capture.disable(conn)

@@ -5,7 +5,7 @@ read-only query; it runs here verbatim (test_demo compares it with the runbook c
 character). The reverse mirror (issue 31) then reclassifies a pipeline input: its dataset_rows stay
 fresh while the reverse mirror is on for it, so it is ``SAFE (pipeline input; reverse mirror on)``, and
 BLOCKED, naming why and the command that lifts it, only while its reverse mirror is off (or cannot
-run: capture mode after-commit). The query's own verdict is kept as ``runbook_verdict``. SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
+run: capture mode after-commit before PostgreSQL 14, tracking/capture.reverse_blocked). The query's own verdict is kept as ``runbook_verdict``. SAFE only says "no pipeline reads it from dataset_rows": the flip gates (gates.py) also
 ask that its readers are on Iceberg, that it is caught up and that its parity verdict is ok, so each
 candidate carries the gate's reasons for the chosen writer, and ``ready`` means a
 ``write-flags flip <writer> --dataset <id>`` would get past the gates now (the CLI suggests the flip, the runbook's
@@ -48,17 +48,17 @@ RUNBOOK_BLOCKED = "BLOCKED (pipeline input)"  # the query's verdict for a pipeli
 SAFE_REVERSE = "SAFE (pipeline input; reverse mirror on)"
 
 
-def reverse_verdict(runbook_verdict: str, dataset_id: uuid.UUID, reverse_on: bool, after_commit: bool) -> str:
-    """Step 2b's verdict with the reverse mirror: a pipeline input is SAFE while its reverse mirror is on."""
+def reverse_verdict(
+    runbook_verdict: str, dataset_id: uuid.UUID, reverse_on: bool, cannot_run: str | None = None
+) -> str:
+    """Step 2b's verdict with the reverse mirror: a pipeline input is SAFE while its reverse mirror is on (and can
+    run: ``cannot_run`` is ``capture.reverse_blocked``'s reason)."""
     if runbook_verdict != RUNBOOK_BLOCKED:
         return runbook_verdict
-    if reverse_on and not after_commit:
+    if reverse_on and not cannot_run:
         return SAFE_REVERSE
     if reverse_on:
-        return (
-            "BLOCKED (pipeline input; reverse mirror on but capture mode is after-commit, where it cannot run: "
-            "`lakehouse db capture disable`)"
-        )
+        return f"BLOCKED (pipeline input; reverse mirror on but it cannot run: {cannot_run})"
     return f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{REVERSE_ON.format(id=dataset_id)}`)"
 
 
@@ -103,14 +103,14 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
     reasons = {b.dataset_id: b.reasons for b in write_flip_blockers(conn, moved, info)}
     piped = [r[3] for r in rows if r[0] == RUNBOOK_BLOCKED]
     reverse = reverse_settings(conn, piped)
-    after_commit = capture.active(conn) if piped else False
+    cannot_run = capture.reverse_blocked(conn) if piped else None
     out = []
     for runbook, name, row_count, ds_id in rows:
         why = reasons.get(ds_id, ())
         if modes[ds_id] == NATIVE:
             why = (f"already {NATIVE} for {writer}",)
         s = reverse.get(ds_id)
-        verdict = reverse_verdict(runbook, ds_id, s is not None and s.enabled, after_commit)
+        verdict = reverse_verdict(runbook, ds_id, s is not None and s.enabled, cannot_run)
         c = Candidate(
             verdict,
             name,

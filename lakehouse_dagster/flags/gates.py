@@ -243,26 +243,26 @@ def postgres_consumer_blockers(
     """{dataset: why what reads it from dataset_rows blocks its native writes}: a pipeline input (F3: the pipeline
     source CTE reads dataset_rows) or a declared Postgres-locked reader (reader_datasets.py). None of it blocks a
     dataset whose reverse mirror is on (flags/reverse_setting.py, the default): it applies each native commit back
-    to dataset_rows, so those consumers keep their rows (docs/design/reverse-mirror.md). Capture mode after-commit
-    counts as off: the reverse mirror refuses to run there. Three queries, whatever the number of datasets."""
+    to dataset_rows, so those consumers keep their rows (docs/design/reverse-mirror.md). Where the reverse mirror
+    cannot run (``capture.reverse_blocked``: capture mode after-commit before PostgreSQL 14) it counts as off.
+    Three queries, whatever the number of datasets."""
     inputs = pipeline_input_dataset_ids(conn)
     locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
     consumed = [e.dataset_id for e in moved if e.dataset_id in inputs or locked.get(e.dataset_id)]
     if not consumed:
         return {}
     settings = reverse_settings(conn, consumed)
-    after_commit = capture.active(conn)
+    cannot_run = capture.reverse_blocked(conn)
     out: dict[uuid.UUID, list[str]] = {}
     for ds_id in consumed:
         s = settings.get(ds_id) or ReverseSetting(ds_id, DEFAULT_ON, "default")
-        if s.enabled and not after_commit:
+        if s.enabled and not cannot_run:
             continue
         turn_on = REVERSE_ON.format(id=ds_id)
         off = (
             f"{s.describe()}: turn it on with `{turn_on}`"
             if not s.enabled
-            else f"{s.describe()}, but capture mode is after-commit, where it cannot run: `lakehouse db capture "
-            "disable`"
+            else f"{s.describe()}, but it cannot run: {cannot_run}"
         )
         reasons = out.setdefault(ds_id, [])
         if ds_id in inputs:

@@ -13,15 +13,18 @@ is applied to ``dataset_rows`` as well, and a rollback needs nothing: Postgres a
     holds skipped; anything else (an overwrite, a compaction, a position no longer in the table's history, a
     copy that does not reproduce the snapshot's row count) is a full reverse re-sync: the dataset's rows become
     the current snapshot's. Identity is preserved (``__row_id``, ``__row_index``, ``__created_at``).
-  * No echo: the transaction sets ``lakehouse.reverse_apply`` (``set_config(..., true)``), which the
-    change-tracking triggers honour (migration 033): no rows_version, rows_xid or row ranges move, so the forward
-    poller, the sweep and the recorder see no write of the live app. The digest triggers still run.
+  * No echo: the transaction sets ``lakehouse.reverse_apply`` (``set local``), which the change-tracking triggers
+    honour (migration 033): no rows_version, rows_xid or row ranges move, so the forward poller, the sweep and the
+    recorder see no write of the live app. The digest triggers still run. In capture mode after-commit, where a
+    WAL consumer writes change tracking after the commit (tracking/capture.py) and cannot see the setting, the
+    transaction also emits a transactional logical message (prefix ``capture.REVERSE_PREFIX``) that the
+    consumer's stream carries inside it: the consumer writes no tracking for it and keeps its digest deltas. The
+    mode is read under the table lock the capture switch waits for, so it cannot change before the commit.
   * Under the dataset lock (G3): no mirror, backfill or native write of the dataset runs meanwhile.
 
 Plain Python; nothing here knows who calls it. The mirror stream (mirror/stream.py) drives it for its shard
 (``native_commits`` each poll, ``due_datasets`` each sweep), the mirror_poller sensor for the datasets no live
-stream covers (a reverse_mirror_job run per due dataset, dagster/defs/mirror/reverse_job.py). Capture mode after-commit (tracking/capture.py: change tracking written by a WAL consumer, which
-cannot see the transaction's setting) is refused for now.
+stream covers (a reverse_mirror_job run per due dataset, dagster/defs/mirror/reverse_job.py).
 """
 
 from __future__ import annotations
@@ -146,7 +149,8 @@ def apply_reverse(
 ) -> ReverseResult:
     """Bring ``dataset_rows`` to the table's current snapshot (see the module docstring); ``full``: re-sync in
     full even when only appends are new. Refused (BadInput, nothing written) for a dataset that is not written
-    natively, whose reverse is off, or in capture mode after-commit."""
+    natively, whose reverse is off, or in capture mode after-commit on a server older than PostgreSQL 14
+    (``capture.reverse_blocked``)."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     validate_failpoints()
     started = time.perf_counter()
@@ -200,7 +204,7 @@ def apply_reverse(
 
 
 def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
-    """Under the dataset lock: only a native dataset with the reverse on, in capture mode triggers."""
+    """Under the dataset lock: only a native dataset with the reverse on, in a capture mode where it can run."""
     if not native_dataset_ids(conn, [ds_id]):
         raise BadInput(
             f"dataset {ds_id} is not written iceberg-native (no writer flag resolves to iceberg_native), so "
@@ -213,12 +217,9 @@ def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
             f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse write-flags reverse on "
             f"--dataset {ds_id}); nothing was written"
         )
-    if capture.active(conn):
-        raise BadInput(
-            f"dataset {ds_id}: capture mode is after-commit, whose WAL consumer would count the reverse mirror's "
-            "rows as the live app's writes (an echo); the reverse mirror needs capture mode triggers for now "
-            "(lakehouse db capture disable); nothing was written"
-        )
+    blocked = capture.reverse_blocked(conn)
+    if blocked:
+        raise BadInput(f"dataset {ds_id}: the reverse mirror cannot run: {blocked}; nothing was written")
 
 
 def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple[str, ...], str]:
@@ -289,11 +290,36 @@ def _apply(
                 run(sql.SQL("analyze {t}").format(t=tmp))
             took("stage")
 
-        def begin(full: bool) -> None:
+        def begin(full: bool) -> str:
+            """Start the transaction, marked as the reverse's (no echo); returns the capture mode it runs in."""
             if full:  # one snapshot for the whole re-sync: what its digest shortcut relies on (below)
                 run(sql.SQL("set transaction isolation level repeatable read"))
             run(sql.SQL("set local timezone to 'UTC'"))
-            run(sql.SQL("select set_config({}, 'on', true)").format(sql.Literal(GUC)))
+            run(sql.SQL("set local {} = 'on'").format(sql.Identifier(*GUC.split("."))))
+            # The capture switch takes SHARE ROW EXCLUSIVE on dataset_rows: under this lock (which every write of
+            # ours takes anyway) the mode read next holds until the commit. Before any query, so that a re-sync's
+            # REPEATABLE READ snapshot is taken after it (LOCK takes none) and sees the mode it runs in.
+            run(sql.SQL("lock table dataset_rows in row exclusive mode"))
+            run(
+                sql.SQL(
+                    "select mode, current_setting('server_version_num')::int >= {v} from lakehouse_digest_capture"
+                ).format(v=sql.Literal(capture.MESSAGES_FROM))
+            )
+            row = cur.fetchone()
+            mode, messages = (row[0], bool(row[1])) if row else (capture.TRIGGERS, True)
+            if mode == capture.AFTER_COMMIT:
+                if not messages:  # a switch since _refuse looked
+                    raise BadInput(
+                        f"dataset {ds_id}: the reverse mirror cannot run: capture mode is after-commit on "
+                        "PostgreSQL < 14 (capture.reverse_blocked); nothing was written"
+                    )
+                # no echo for the WAL consumer, which cannot see the setting: it skips this transaction's tracking
+                run(
+                    sql.SQL("select pg_logical_emit_message(true, {}, {})").format(
+                        sql.Literal(capture.REVERSE_PREFIX), ds
+                    )
+                )
+            return str(mode)
 
         insert = sql.SQL(
             "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
@@ -301,7 +327,7 @@ def _apply(
         ).format(ds=ds, data=data_expr(columns), t=tmp)
 
         copied = removed = 0
-        begin(how == FULL)
+        mode = begin(how == FULL)
         took("connect")
         if how == APPEND:
             if files:
@@ -337,15 +363,18 @@ def _apply(
                     reason = f"{reason}, but Postgres would hold {n} row(s) where the snapshot has {expected}"
             if how == FULL:  # nothing of the append is kept: the re-sync runs in a transaction of its own
                 conn.rollback()
-                begin(True)
+                mode = begin(True)
         if how == FULL:
             stage(None)
             # The digest shortcut: deleting every row of the dataset cancels its maintained sums exactly, so when
             # they are filled the delete is not hashed row by row (lakehouse_digest_rows skips the dataset named
             # in lakehouse.reverse_resync) and the sums this snapshot sees go instead. Exact under REPEATABLE READ:
             # the delete removes just the rows this snapshot sees (one changed meanwhile: a serialization failure,
-            # the apply is retried), the deltas it sees are theirs; fills and compactions hold FILL_LOCK.
-            shortcut = one(
+            # the apply is retried), the deltas it sees are theirs; fills and compactions hold FILL_LOCK. Capture
+            # mode triggers only: in after-commit the digest triggers are off and the WAL consumer hashes the delete
+            # from the stream after the commit (exact: REPLICA IDENTITY FULL gives it every old row), and the
+            # deltas this snapshot sees may lack writes it has not applied yet.
+            shortcut = mode == capture.TRIGGERS and one(
                 sql.SQL(
                     "select count(*) from (select pg_advisory_xact_lock({lock}, hashtext({ds}))) l,"
                     " lakehouse_pg_digest_state s where s.dataset_id = {ds}::uuid and s.filled"

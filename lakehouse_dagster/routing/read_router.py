@@ -268,10 +268,10 @@ def resolve_read_source(
 
 
 def _reverse_copy(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseLag | None:
-    """The reverse lag of a native dataset whose reverse mirror keeps dataset_rows (on, capture mode triggers):
-    only a Postgres-locked reader of a native dataset asks (three short queries)."""
-    if capture.active(conn):
-        return None  # after-commit: the reverse mirror refuses to run, so Postgres is stale
+    """The reverse lag of a native dataset whose reverse mirror keeps dataset_rows (on, and able to run in this
+    capture mode): only a Postgres-locked reader of a native dataset asks (three short queries)."""
+    if capture.reverse_blocked(conn):
+        return None  # after-commit before PostgreSQL 14: the reverse mirror refuses to run, so Postgres is stale
     lags, _off = reverse_lags(conn, {dataset_id})
     return lags.get(dataset_id)
 

@@ -234,8 +234,8 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     runbook = runbook_blocked(conn)
     # blocked now: the reverse mirror keeps a pipeline input's dataset_rows while it is on (and can run)
     piped = reverse_settings(conn, runbook)
-    can_run = not capture.active(conn) if runbook else True
-    blocked_all = {d for d in runbook if not (can_run and d in piped and piped[d].enabled)}
+    cannot_run = capture.reverse_blocked(conn) if runbook else None
+    blocked_all = {d for d in runbook if cannot_run or not (d in piped and piped[d].enabled)}
     dataset_stages, flag_stages = stage_counts(conn, blocked_all)
     found: dict[uuid.UUID, dict[str, str]] = {}  # dataset → problem → reason
 
@@ -303,7 +303,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         why = (
             f"{piped[ds_id].describe()}: turn it on with `{REVERSE_ON.format(id=ds_id)}`"
             if ds_id in piped and not piped[ds_id].enabled
-            else "capture mode is after-commit, where the reverse mirror cannot run: `lakehouse db capture disable`"
+            else f"the reverse mirror cannot run: {cannot_run}"
         )
         note(
             ds_id,

@@ -19,6 +19,15 @@ flight, holds new ones and catches this consumer up. The consumer never waits fo
 retried): an app transaction holding one may be waiting on a reader's barrier, and the reader on this consumer.
 TRUNCATE keeps its in-transaction trigger.
 
+The reverse mirror (mirror/reverse.py) writes Iceberg's rows back into ``dataset_rows``; they are no write of the
+live app (no echo). The tracking triggers skip a transaction that set ``lakehouse.reverse_apply``, a setting this
+consumer cannot see after the commit, so the reverse also emits a transactional logical message (prefix
+``REVERSE_PREFIX``) in its transaction, which pgoutput sends inside that transaction when the peek asks for
+``messages 'true'`` (PostgreSQL 14+): the consumer writes no change tracking for a transaction that carries it,
+and applies its digest deltas as any other (the maintained sums follow the rows whoever writes them; no version
+is drawn for them, as the triggers draw none). On an older server the reverse mirror cannot run in after-commit
+(``reverse_blocked``).
+
 Exactly once: the consumer peeks (the slot does not move), applies a chunk of whole transactions and records the
 end LSN of the last one in the same transaction as what it wrote, then advances the slot; after a crash between
 the two it skips what it already applied. The switches are ordered by the stream itself: a switch writes a row
@@ -72,6 +81,8 @@ LEGACY_WAL = "wal"  # the previous release's third mode: only ever read, to move
 CHUNK_CHANGES = 20_000  # messages per consumer transaction (a chunk ends at a transaction boundary)
 HASH_BATCH = 1_000  # rows per hash call
 _ROW_COLUMNS = ("dataset_id", "row_index", "row_id", "created_at", "data")
+REVERSE_PREFIX = "lakehouse_reverse"  # the reverse mirror's no-echo message (mirror/reverse.py)
+MESSAGES_FROM = 140_000  # server_version_num from which pgoutput sends logical messages (option messages)
 
 
 class CaptureError(LakehouseError):
@@ -443,6 +454,8 @@ class _Consumer:
         self.tx_marker: str | None = None
         self.tx_truncate = False
         self.tx_track: dict[uuid.UUID, _Track] = defaultdict(_Track)
+        self.tx_reverse = False  # the reverse mirror's transaction (its message): no change tracking
+        self.tx_changed = False  # a change or a truncate (a transaction of messages only is not counted)
 
     # -- messages -------------------------------------------------------------------------------------
 
@@ -453,8 +466,14 @@ class _Consumer:
             self.relations[msg.relid] = msg
             self._positions = {k: v for k, v in self._positions.items() if k[0] != msg.relid}
         elif isinstance(msg, pgoutput.Change):
+            self.tx_changed = True
             self._change(msg)
+        elif isinstance(msg, pgoutput.Message):
+            # the barrier's flushes carry one too (prefix lakehouse_barrier): nothing to do
+            if msg.transactional and msg.prefix == REVERSE_PREFIX:
+                self.tx_reverse = True
         elif isinstance(msg, pgoutput.Truncate):
+            self.tx_changed = True
             if any(self._relation(r).name == "dataset_rows" for r in msg.relids):
                 self.tx_truncate = True
         elif isinstance(msg, pgoutput.Commit):
@@ -560,10 +579,12 @@ class _Consumer:
         return True
 
     def _commit(self, end_lsn: int) -> None:
-        self.transactions += 1
+        self.transactions += self.tx_changed
         if end_lsn <= self.applied_lsn:  # applied by a consumer that crashed before advancing the slot
             return
-        for ds, t in self.tx_track.items():
+        # No echo: the reverse mirror's rows are no write of the live app (module docstring); its digest deltas
+        # are applied below all the same (tx_track still says that this transaction was tracked here).
+        for ds, t in () if self.tx_reverse else self.tx_track.items():
             self.track[ds].merge(t)
         if self.applying and (self.tx_rows or self.tx_truncate):
             self._state_changed = True
@@ -574,7 +595,8 @@ class _Consumer:
                     continue
                 # Not tracked here: a write of the previous release's mode wal, before its switch row (its sums
                 # were placed by versions the app stamped, which this consumer does not read). No fill saw a
-                # tracked one (fills take their snapshot behind the barrier): its version is drawn in write().
+                # tracked one (fills take their snapshot behind the barrier): its version is drawn in write(). The
+                # reverse mirror's transaction draws none (no echo): the sums include it at the version they had.
                 if ds in self.tx_unknown or ds not in self.tx_track:
                     self.drops.add(ds)  # a write the sums cannot account for (no version, no old values)
                     continue
@@ -732,6 +754,19 @@ def _log_running_xacts(conn: psycopg.Connection) -> None:
         pass
 
 
+def reverse_blocked(conn: psycopg.Connection) -> str | None:
+    """Why the reverse mirror cannot keep ``dataset_rows`` in this capture mode (None: it can). In after-commit it
+    marks its transactions with a logical message this consumer must receive: pgoutput sends them from
+    PostgreSQL 14. One query (none on 14+)."""
+    if conn.info.server_version >= MESSAGES_FROM or not active(conn):
+        return None
+    return (
+        "capture mode is after-commit on PostgreSQL < 14, whose pgoutput cannot carry the reverse mirror's no-echo "
+        "mark (a logical message), so its rows would count as the live app's writes: `lakehouse digest-capture "
+        "triggers`, or PostgreSQL 14+"
+    )
+
+
 def active(conn: psycopg.Connection) -> bool:
     """A slot is set: capture mode after-commit, or a switch back whose last changes are still to apply."""
     return fetch_value(
@@ -785,6 +820,8 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
                 f"`lakehouse digest-capture {mode}` to disable them again and resume"
             )
         applied_lsn = pgoutput.lsn_int(applied) if applied else 0
+        # PG 14+: the logical messages too, for the reverse mirror's mark (module docstring)
+        messages = ", 'messages', 'true'" if conn.info.server_version >= MESSAGES_FROM else ""
         waited_until = None
         while True:
             try:
@@ -795,7 +832,7 @@ def catch_up(conn: psycopg.Connection, *, chunk: int = CHUNK_CHANGES, row_lock_w
                         cur.itersize = 2000
                         cur.execute(
                             "select data from pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,"
-                            " 'proto_version', '1', 'publication_names', %s)",
+                            " 'proto_version', '1', 'publication_names', %s" + messages + ")",
                             (slot, upto, chunk, PUBLICATION),
                         )
                         for (data,) in cur:

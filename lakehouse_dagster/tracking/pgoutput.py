@@ -1,9 +1,11 @@
 """The pgoutput logical replication protocol (version 1, text tuples), as the SQL interface
 (``pg_logical_slot_peek_binary_changes``) returns it: one message per row.
 
-Only what the digest consumer needs: Begin, Commit, Relation, Insert, Update, Delete, Truncate; the other
-kinds (Type, Origin, logical Message) are returned as ``Other``. A column value is text, None (SQL null)
-or UNCHANGED (an unchanged TOASTed value the message leaves out).
+Only what the digest consumer needs: Begin, Commit, Relation, Insert, Update, Delete, Truncate, and logical
+decoding Messages (``pg_logical_emit_message``; sent only when the peek asks for ``messages 'true'``, PG 14+: the
+reverse mirror marks its transactions with one, tracking/capture.py); the other kinds (Type, Origin) are returned
+as ``Other``. A column value is text, None (SQL null) or UNCHANGED (an unchanged TOASTed value the message leaves
+out).
 Reference: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
 """
 
@@ -56,6 +58,14 @@ class Change:
 @dataclasses.dataclass(frozen=True)
 class Truncate:
     relids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    transactional: bool  # emitted with transactional = true: sent inside its transaction, only if it commits
+    lsn: int
+    prefix: str
+    content: bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +146,11 @@ def parse(buf: bytes):
     if kind == b"T":
         (n,) = _I32.unpack_from(buf, 1)
         return Truncate(tuple(_U32.unpack_from(buf, 6 + 4 * i)[0] for i in range(n)))
+    if kind == b"M":  # flags (1 = transactional), LSN, prefix, content length, content (protocol version 1)
+        (lsn,) = _U64.unpack_from(buf, 2)
+        prefix, at = _string(buf, 10)
+        (size,) = _I32.unpack_from(buf, at)
+        return Message(buf[1] & 1 == 1, lsn, prefix, buf[at + 4 : at + 4 + size])
     return Other(kind.decode("latin-1"))
 
 
