@@ -313,11 +313,52 @@ def test_a_changed_code_location_gets_a_new_forkserver_before_the_next_fork(inst
             assert poll_for_finished_run(instance, third.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
         finally:
             os.utime(target, ns=saved)
-    assert new not in (None, old) and start_time(old) is None  # the old one stopped
+    assert new not in (None, old) and _exited(old)  # the old one stopped
     said = [r.message for r in instance.all_logs(second.run_id) if "Forked run worker" in r.message]
     assert len(said) == 1 and "code location preloaded" in said[0] and "a new one was started" in said[0], said
     assert WarmRunLauncher.forkserver_pid() == new  # unchanged code: no restart
     assert not any("a new one was started" in r.message for r in instance.all_logs(third.run_id))
+
+
+def _exited(pid: int, timeout: float = 20.0) -> bool:
+    """The process is gone (exited and reaped) within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while start_time(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return start_time(pid) is None
+
+
+def test_a_code_change_while_a_long_run_goes_on_holds_no_launch_and_the_old_forkserver_exits_at_once(instance):
+    """A mirror stream run lives up to 15 minutes. A file of the package changed while one ran: the next launch
+    waited for the old forkserver to exit, which it did only when that run ended (multiprocessing hands the
+    forkserver's alive pipe to every child it forks), and the run queue stood still meanwhile (seen under
+    scripts/start). Now the launcher lets the old forkserver go, the worker drops its copy of the pipe, and the old
+    forkserver exits at once while the long run goes on."""
+    from lakehouse_dagster.dagster.launcher import location
+
+    with _workspace(instance, "lakehouse_dagster_tests.launcher_jobs") as ws:
+        long = _launch(instance, ws, launcher_jobs.sleep_job)  # up to 2 minutes
+        poll_for_event(
+            instance, long.run_id, event_type="STEP_START", message='Started execution of step "sleep_op"', timeout=120
+        )
+        old = WarmRunLauncher.forkserver_pid()
+        assert old is not None
+        target = location.PACKAGE_DIR / "dagster" / "preload_location.py"
+        saved = _touch_later(target)
+        try:
+            started = time.monotonic()
+            second = _launch(instance, ws, launcher_jobs.ok_job)
+            launching = time.monotonic() - started
+            assert poll_for_finished_run(instance, second.run_id, timeout=120).status == dg.DagsterRunStatus.SUCCESS
+        finally:
+            os.utime(target, ns=saved)
+        assert launching < 30, f"the launch waited {launching:.0f} s for the old forkserver"
+        assert WarmRunLauncher.forkserver_pid() not in (None, old)
+        assert _exited(old), "the old forkserver outlived the launch: a worker still holds its alive pipe"
+        worker = _worker(instance, long.run_id)
+        assert worker.alive()  # the long run goes on, an orphan of the old forkserver
+        assert instance.run_launcher.terminate(long.run_id)
+        assert poll_for_finished_run(instance, long.run_id, timeout=60).status == dg.DagsterRunStatus.CANCELED
 
 
 def test_a_worker_whose_forkserver_loaded_other_code_runs_in_a_fresh_interpreter(instance, monkeypatch):

@@ -24,8 +24,11 @@ from __future__ import annotations
 import importlib.metadata
 import multiprocessing.forkserver
 import multiprocessing.process
+import multiprocessing.util
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 # The versions each private use below was tested with (distribution name → versions); pyproject.toml pins the last.
 TESTED: dict[str, tuple[str, ...]] = {
@@ -108,14 +111,45 @@ def forkserver_pid() -> int | None:
     return multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]  # private: hence here
 
 
-def stop_forkserver() -> None:
-    """Stop this process' forkserver (its running children go on: orphans, reaped by init); ``ensure_running``
-    starts a new one. Already gone: nothing to do."""
+def detach_forkserver() -> int | None:
+    """Let go of this process' forkserver without waiting for it: close our end of the pipe whose end tells it to
+    stop, and forget it, so ``ensure_running`` starts a new one. Returns its pid, for the caller to reap (None: there
+    was none). Not ``ForkServer._stop``: that waits for the forkserver to exit, and multiprocessing hands the same
+    pipe's write end to every child it forks, so the forkserver lives on until its last child ends — a long-lived
+    run (a mirror stream, 15 minutes) held the launcher, and with it the run queue, that long. Children drop their
+    copy at their start (``drop_inherited_forkserver_pipe``), so it exits at once."""
     _check_python()
-    try:
-        multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]  # private: hence here
-    except (ChildProcessError, OSError):
-        pass
+    fs: Any = multiprocessing.forkserver._forkserver  # private: hence here
+    with fs._lock:
+        pid = fs._forkserver_pid
+        if pid is None:
+            return None
+        try:
+            os.close(fs._forkserver_alive_fd)
+        except OSError:
+            pass
+        address = fs._forkserver_address
+        fs._forkserver_alive_fd = fs._forkserver_pid = fs._forkserver_address = None
+    if address and not multiprocessing.util.is_abstract_socket_namespace(address):
+        try:
+            os.unlink(address)
+        except OSError:
+            pass
+    return pid
+
+
+def drop_inherited_forkserver_pipe() -> None:
+    """In a child of a forkserver: close the write end of its parent's "alive" pipe, which multiprocessing passes
+    to every child, so that the forkserver stops when its launcher lets go of it (``detach_forkserver``), not when
+    this child ends. Nothing to do in a process that started a forkserver itself, or was not forked by one."""
+    _check_python()
+    fs: Any = multiprocessing.forkserver._forkserver  # private: hence here
+    if fs._forkserver_pid is None and fs._forkserver_alive_fd is not None:
+        try:
+            os.close(fs._forkserver_alive_fd)
+        except OSError:
+            pass
+        fs._forkserver_alive_fd = None
 
 
 def do_not_join_at_exit(proc: multiprocessing.process.BaseProcess) -> None:

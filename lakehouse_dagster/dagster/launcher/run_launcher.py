@@ -99,6 +99,14 @@ _FORK_LOCK = threading.Lock()  # forks and a forkserver restart never interleave
 _FORKSERVER_CODE: dict[int, str | None] = {}
 
 
+def _reap(pid: int) -> None:
+    """Wait for a detached forkserver to exit (it is this process' child: no zombie left)."""
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def _in_daemon_process() -> bool:
     """The dagster daemon (``dagster-daemon run`` or ``python -m dagster._daemon`` under ``dagster dev``) is the
     process that launches queued runs: the one worth warming up at start."""
@@ -214,7 +222,9 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if pid is not None and code == _FORKSERVER_CODE.get(pid):
             return code, ""
         started = time.monotonic()
-        private_apis.stop_forkserver()  # its running workers go on (orphans, reaped by init)
+        old = private_apis.detach_forkserver()  # its running workers go on; it exits without them (run_worker)
+        if old is not None:  # reaped in the background: waiting here would hold the run queue
+            threading.Thread(target=_reap, args=(old,), name=f"reap-forkserver-{old}", daemon=True).start()
         self._forkserver_up()
         return code, (
             f"; the code location had changed since the previous forkserver loaded it, so a new one "

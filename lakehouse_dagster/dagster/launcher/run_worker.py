@@ -18,6 +18,11 @@ def run_worker(
     code location's files as the launcher saw them just before the fork (None: no preload to check)."""
     os.environ.clear()
     os.environ.update(environ)
+    from lakehouse_dagster.core.private_apis import (
+        drop_inherited_forkserver_pipe,
+    )  # lazy: imported in the worker after the fork
+
+    drop_inherited_forkserver_pipe()  # so a forkserver the launcher replaced exits now, not when this run ends
     from dagster import (
         DagsterInstance,
     )  # lazy: imported in the worker after the fork: the code on disk, not the forkserver's
