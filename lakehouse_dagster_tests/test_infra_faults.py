@@ -27,6 +27,7 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror import sweep as orphan_sweep
+from lakehouse_dagster.mirror.reaper import files_by_sync
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.schema.migrate import migrate
 from lakehouse_dagster.testing.crash_harness import _LIBPQ_GOODBYE, Oracle
@@ -224,6 +225,103 @@ def test_connections_reset_mid_sync_fail_in_one_line_and_the_next_sync_lands_exa
         _, err = done.communicate(timeout=120)
         assert done.returncode == 0, err
     _assert_exactly_once(dsn, settings, d)
+
+
+def _sync_rows(conn, d) -> list[tuple[str, str]]:
+    return conn.execute(
+        "select status, coalesce(error, '') from iceberg_sync_log where dataset_id = %s order by started_at", (d,)
+    ).fetchall()
+
+
+def test_connections_reset_inside_the_commit_that_then_lands_record_it_as_landed_not_failed(own_postgres):
+    """The crash harness's `commit-start:reset` (seed 20261204, cycle 5): the sync frozen inside the catalog's commit,
+    before its swap, every connection reset. On resume the catalog's pool reconnects and the commit lands; the pinned
+    read's transaction, still open on its reset session, then fails to end. That cleanup used to replace the sync's
+    result: a sync whose snapshot is in the table was recorded `failed` and reported 'sync failed'. Now its log
+    row is left for the next sync to record (its lock session is gone with the reset), which records it as landed."""
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn, 1_000)
+    first = _sync_popen(settings, dsn, d)
+    assert first.communicate(timeout=120) and first.returncode == 0
+    with connect(dsn) as conn:
+        conn.execute(
+            "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
+            " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(1000, 2999) g",
+            (d,),
+        )
+    with TcpProxy.for_dsn(dsn) as proxy:
+        proc = _frozen_sync(settings, proxy.dsn(dsn), d, "commit-start")
+        assert proxy.reset() >= 3  # the lock session, the pinned read, the catalog's pool
+        code, err = _resume(proc)
+    assert code == 75, err
+    line = _one_clear_line(err)
+    assert "was committed but could not be recorded" in line, line
+    with connect(dsn) as conn:
+        assert [s for s, _ in _sync_rows(conn, d)] == ["succeeded", "running"]
+    again = _sync_popen(settings, dsn, d)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert '"mode": "noop"' in out, out  # the frozen sync's snapshot covers the rows
+    with connect(dsn) as conn:
+        rows = _sync_rows(conn, d)
+    assert [s for s, _ in rows] == ["succeeded", "succeeded", "succeeded"], rows
+    assert "its commit landed but the sync did not record it" in rows[1][1], rows
+    _assert_exactly_once(dsn, settings, d)
+
+
+def test_a_commit_of_unknown_outcome_stays_unsettled_when_its_pinned_session_died_and_the_next_sync_settles_it(
+    own_postgres,
+):
+    """A sync whose commit's outcome is unknown keeps its files for the next sync, which settles them
+    (docs/design/faults.md). Its pinned read's session dying meanwhile (the reset or restart that made the outcome
+    unknown, an idle-in-transaction timeout, pg_terminate_backend) used to turn that into a plain `failed` row: the
+    pinned transaction's end, in a `finally`, raised on the dead session and replaced the CommitOutcomeUnknown, so
+    the reaper never settled the sync and every file of it stayed an orphan (the flake of the seeded infra schedule,
+    whose `commit-start:reset` left 15). Deterministic here: frozen with its files written, its pinned session is
+    terminated, and the commit fails inside the catalog's call."""
+    dsn, root = own_postgres
+    settings = _settings(dsn, root)
+    with connect(dsn) as conn:
+        d = _make(conn, 1_000)
+    first = _sync_popen(settings, dsn, d)
+    assert first.communicate(timeout=120) and first.returncode == 0
+    with connect(dsn) as conn:
+        conn.execute(
+            "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
+            " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(1000, 5999) g",
+            (d,),
+        )
+    proc = _sync_popen(settings, dsn, d, "before-commit:stop,commit-start:raise")
+    wait_stopped(proc, 60)
+    with connect(dsn) as conn:
+        pinned = conn.execute(
+            "select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()"
+            " and state = 'idle in transaction'"
+        ).fetchall()
+        assert len(pinned) == 1, pinned  # the pinned read (the readers are done; the lock session is idle)
+        conn.execute("select pg_terminate_backend(%s)", (pinned[0][0],))
+    code, err = _resume(proc)
+    assert code == 75, err
+    line = _one_clear_line(err)
+    assert "commit outcome unknown" in line, line
+    with connect(dsn) as conn:
+        rows = _sync_rows(conn, d)
+        sid = str(conn.execute("select sync_id from iceberg_sync_log where status = 'failed'").fetchone()[0])
+    assert [s for s, _ in rows] == ["succeeded", "failed"], rows
+    assert rows[1][1].startswith("unsettled: "), rows  # the reaper's to settle, not an orphan
+    table = load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+    assert len(files_by_sync(table).get(sid, [])) == 10  # 5,000 rows in files of 500, kept: the outcome is unknown
+    again = _sync_popen(settings, dsn, d)
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    with connect(dsn) as conn:
+        rows = _sync_rows(conn, d)
+    assert [s for s, _ in rows] == ["succeeded", "failed", "succeeded"], rows
+    assert rows[1][1].startswith("abandoned: "), rows
+    assert sid not in files_by_sync(table.refresh())  # settled by the next sync, not left to a sweep an hour later
+    _assert_exactly_once(dsn, settings, d)  # no orphan data file after the next sync
 
 
 def test_a_stalled_network_bounds_a_sync_by_its_connect_timeout_and_it_recovers_on_resume(own_postgres):

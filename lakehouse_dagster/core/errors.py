@@ -88,6 +88,18 @@ def no_space(exc: BaseException | None) -> OSError | None:
     return None
 
 
+def commit_outcome_unknown(exc: BaseException | None) -> CommitOutcomeUnknown | None:
+    """The CommitOutcomeUnknown in ``exc`` or its causes and contexts, else None. Its files were kept for the next
+    sync to settle, so the failure must be recorded unsettled even when another error raised while concluding
+    (a cleanup in a ``finally`` on a session the same fault broke) is the one that reached the caller."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, CommitOutcomeUnknown):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 # Why a failure happened decides whether retrying can help. Bad data and bad input cannot be fixed by
 # a retry (they fail at once); connections, object-store I/O, commit conflicts past their retries and
 # lock timeouts can. Unknown errors are not retried: a bug fails loud instead of looping.

@@ -206,16 +206,25 @@ class PinnedSnapshot:
         return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)
 
     def close(self) -> None:
-        """End the transaction; with a pool, a connection left idle and clean goes back to it."""
+        """End the transaction; with a pool, a connection left idle and clean goes back to it.
+
+        A session that died meanwhile (a connection reset, a Postgres restart, pg_terminate_backend, an
+        idle-in-transaction timeout) is closed and nothing is raised: the transaction only read, so there is
+        nothing to lose, and the sync calls this in a ``finally`` after its commit. Raising here would replace
+        what the sync is concluding — its result after a commit that landed, or the CommitOutcomeUnknown of one
+        whose outcome is unknown (its files kept for the next sync to settle): the sync would be recorded
+        plainly ``failed``, which the reaper never settles, and its files left as orphans."""
         try:
             self.conn.rollback()
             if self._pool is not None and is_idle(self.conn):
                 self._pool.give(self._key, self.conn)
                 return
+        except psycopg.Error:
+            pass  # the session is gone; closed below
         except BaseException:
-            self.conn.close()
+            close_quietly(self.conn)
             raise
-        self.conn.close()
+        close_quietly(self.conn)
 
 
 def _read_range(

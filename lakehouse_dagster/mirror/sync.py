@@ -20,11 +20,11 @@ from pyiceberg.catalog import Catalog
 from lakehouse_dagster.core.db import IdlePool, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import (
     BadInput,
-    CommitOutcomeUnknown,
     DiskFull,
     GuardLost,
     LakehouseError,
     SyncFailed,
+    commit_outcome_unknown,
     first_line,
     is_transient,
 )
@@ -397,7 +397,7 @@ def _conclude_failed(dsn, conn, ds_id, sync_id, message, exc: BaseException) -> 
     sync may own the dataset now, and its outcome is the truth). A commit of unknown outcome kept its
     files: the row is marked unsettled so the next sync settles it (mirror/reaper.py). Returns "" or, when
     the record could not be written, the clause the sync's error ends with (the operator reads one line)."""
-    if isinstance(exc, CommitOutcomeUnknown):
+    if commit_outcome_unknown(exc) is not None:  # also when a later error (a cleanup's) is the one raised
         message = UNSETTLED + message
     elif left := files_left(exc):  # not committed, but files of it are still stored: the next sync removes them
         message = f"{UNSETTLED}{message}; {left} data file(s) it wrote could not be deleted, the next sync removes them"

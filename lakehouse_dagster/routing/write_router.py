@@ -26,11 +26,11 @@ import psycopg
 
 from lakehouse_dagster.core.errors import (
     BadInput,
-    CommitOutcomeUnknown,
     DiskFull,
     GuardLost,
     NotFound,
     SyncFailed,
+    commit_outcome_unknown,
     first_line,
     is_transient,
 )
@@ -200,7 +200,7 @@ def _write_native_locked(
             _settle_interrupted(conn, ds, sync_id, catalog, settings, exc, lg)
             raise
         error = " ".join(f"{type(exc).__name__}: {exc}".split())
-        if isinstance(exc, CommitOutcomeUnknown):
+        if commit_outcome_unknown(exc) is not None:  # also when a later error (a cleanup's) is the one raised
             error = UNSETTLED + error
         elif left := files_left(exc):  # not committed, files of it still stored: the next write removes them
             error = (

@@ -57,7 +57,7 @@ from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
-from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, TableWrite
+from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, SYNC_FILE, TableWrite
 from lakehouse_dagster.mirror.poller import Cursor, pending_syncs
 from lakehouse_dagster.mirror.reaper import files_by_sync
 from lakehouse_dagster.mirror.reverse import apply_reverse, position
@@ -255,6 +255,18 @@ class Oracle:
     def table(self, d):
         return load_table_or_none(self.catalog, table_identifier(self.settings, d))
 
+    @staticmethod
+    def _orphans_syncs(conn, names: list[str]) -> list[tuple]:
+        """What the sync log says of the syncs the orphan files are named after (a violation's first clue: a plain
+        `failed` row is never settled by the reaper, an `unsettled:` or `running` one should have been)."""
+        ids = sorted({m.group(1) for m in map(SYNC_FILE.match, names) if m})
+        rows = conn.execute(
+            "select sync_id::text, status, left(coalesce(error, ''), 160) from iceberg_sync_log"
+            " where sync_id::text = any(%s)",
+            (ids,),
+        ).fetchall()
+        return [tuple(r) for r in rows] + [(sid, "no log row", "") for sid in ids if sid not in {r[0] for r in rows}]
+
     def before_clean_sync(self, conn, d) -> list[str]:
         bad = []
         table = self.table(d)
@@ -286,7 +298,10 @@ class Oracle:
             bad.append(f"the current snapshot references missing files {sorted(current - on_disk)[:3]}")
         if on_disk - referenced:
             orphans = sorted(on_disk - referenced)
-            bad.append(f"{len(orphans)} orphan data files after the next sync, e.g. {orphans[:2]}")
+            bad.append(
+                f"{len(orphans)} orphan data files after the next sync, e.g. {orphans[:2]}; "
+                f"their syncs' log rows: {self._orphans_syncs(conn, orphans)}"
+            )
         named = {p.rsplit("/", 1)[-1] for paths in files_by_sync(table).values() for p in paths}
         unnamed = on_disk - named
         if unnamed:
