@@ -623,6 +623,28 @@ def test_an_adbc_session_lost_or_refused_is_postgres_unreachable_but_a_query_it_
         assert "\n" not in line
 
 
+@pytest.mark.parametrize("check", [False, True], ids=["unlock", "check-held"])
+def test_a_lock_session_left_mid_command_is_closed_so_its_with_block_logs_no_rollback_warning(dsn, caplog, check):
+    """A reset can leave libpq thinking a command still runs on the dataset lock's session without marking it
+    broken (found by the crash harness's reverse cycles: 3 resets in 39 printed psycopg's `error ignored in
+    rollback on <psycopg.Connection [ACTIVE]> …: another command is already in progress` beside the CLI's one
+    line). The guard closes such a session (its locks go with it), so the caller's ``with connect(...)`` does not
+    roll back on it; the work's own error is what bubbles up."""
+    from lakehouse_dagster.core.errors import GuardLost
+    from lakehouse_dagster.core.guards import check_held, dataset_lock
+
+    d = uuid.uuid4()
+    with pytest.raises(GuardLost if check else RuntimeError), connect(dsn) as conn, dataset_lock(conn, d):
+        conn.pgconn.send_query(b"select 1")  # libpq busy with a command nobody reads, the connection not broken
+        if check:
+            check_held()
+        raise RuntimeError("the work failed")
+    assert conn.closed
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    with connect(dsn) as other, dataset_lock(other, d, timeout_s=5):  # the lock went with the session
+        pass
+
+
 # --- 5. Postgres killed under a stream run and under a batch run ------------------------------------------
 
 
