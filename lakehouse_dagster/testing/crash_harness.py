@@ -29,7 +29,9 @@ A reverse cycle (``reverse_share``, issue 31) works on native datasets of its ow
 reverse-after-commit (or none): Postgres must hold a whole snapshot right after (the previous one unless the commit
 happened), one clean apply must apply exactly when the killed one did not commit, and then dataset_rows is the
 current snapshot with its identity, the position and the one reverse reconciliation name it, the counts are the
-rows', and no echo (``reverse_cycle`` says it all).
+rows', and no echo (``reverse_cycle`` says it all). Given the infrastructure, reverse cycles take its faults too:
+``lakehouse write-flags reverse sync`` frozen at its failpoint while Postgres restarts or its connections are reset,
+or Postgres restarted at any moment of it; it must end in one line with an exit the guide names.
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
