@@ -138,7 +138,7 @@ def _causes(exc: BaseException | None, *, contexts: bool = False):
 def postgres_unreachable(exc: BaseException) -> str | None:
     """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
     failover, a dropped or silent network: psycopg's OperationalError, the message's first line; also under
-    SQLAlchemy's wrapper, the catalog's, which raises it from psycopg's); None else. The CLI exits 75 with it; a
+    SQLAlchemy's wrapper, the catalog's, which raises it from psycopg's; and the ADBC driver's, below); None else. The CLI exits 75 with it; a
     sensor's tick is skipped with it (dagster/defs/shared/outage.py)."""
     psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
     for seen in _causes(exc):
