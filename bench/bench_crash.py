@@ -6,7 +6,10 @@ armed and fired (kills per failpoint, infrastructure faults by kind), the sync e
 violations (must be 0) and the seed, then one JSON line. It runs its own embedded Postgres (restarted by the
 schedule) behind a TCP fault proxy; `--no-infra` leaves the infrastructure alone (the failpoints only) and uses
 LAKEHOUSE_PG_DSN when set. `--reverse-share 1` makes every cycle a reverse cycle (issue 31: a native change, the
-reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`).
+reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`); with the
+infrastructure, reverse cycles take its faults too (the operator's `write-flags reverse sync` frozen at its failpoint
+while Postgres restarts or its connections are reset, or Postgres restarted at any moment of it), and `--infra-only`
+arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`).
 What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
 Not a timing benchmark: seconds are printed for planning only.
 """
@@ -41,6 +44,11 @@ def main() -> int:
         help="share of cycles that are reverse cycles: a native change, then a reverse apply killed at its failpoint",
     )
     p.add_argument(
+        "--infra-only",
+        action="store_true",
+        help="arm cycles from the infrastructure's faults alone (Postgres restarts, resets), not the failpoints' own",
+    )
+    p.add_argument(
         "--store",
         action="store_true",
         help="the warehouse on an object store (moto_server) behind a fault proxy: adds its 503s to the faults",
@@ -48,6 +56,8 @@ def main() -> int:
     a = p.parse_args()
     if a.store and a.no_infra:
         p.error("--store is an infrastructure fault: not with --no-infra")
+    if a.infra_only and a.no_infra:
+        p.error("--infra-only arms the infrastructure's faults: not with --no-infra")
 
     home = Path(tempfile.mkdtemp(prefix="lh-crash-"))
     if a.no_infra:
@@ -80,7 +90,7 @@ def main() -> int:
             {**AWS_ENV, "LAKEHOUSE_WAREHOUSE": "s3://crash/warehouse", "LAKEHOUSE_S3_ENDPOINT": store.endpoint}
         )
     from lakehouse_dagster.core.settings import Settings
-    from lakehouse_dagster.testing.crash_harness import Infrastructure, run_cycles
+    from lakehouse_dagster.testing.crash_harness import INFRA_ACTIONS, STORE_ACTIONS, Infrastructure, run_cycles
     from lakehouse_dagster.testing.service import restart_postgres
     from lakehouse_dagster.testing.tcp_proxy import TcpProxy
 
@@ -110,6 +120,7 @@ def main() -> int:
             infra=infra,
             stream_share=a.stream_share,
             reverse_share=a.reverse_share,
+            actions=(INFRA_ACTIONS + (STORE_ACTIONS if store else [])) if a.infra_only else None,
         )
     finally:
         if proxy is not None:

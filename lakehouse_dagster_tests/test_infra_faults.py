@@ -656,6 +656,93 @@ def test_a_seeded_crash_schedule_with_postgres_restarts_and_resets_converges_wit
     assert report.violations == [], "\n".join(report.violations)
 
 
+def test_a_seeded_crash_schedule_of_reverse_applies_with_postgres_restarts_and_resets_converges_with_no_violation(
+    own_postgres, monkeypatch
+):
+    """The harness's reverse cycles (issue 31) under the infrastructure's faults alone: the operator's
+    ``write-flags reverse sync`` frozen before, inside or after its commit while Postgres restarts or its
+    connections are reset, or Postgres restarted at any moment of it. It ends in one line with an exit the guide
+    names; Postgres holds a whole snapshot; the clean apply applies it exactly once, without echo
+    (bench/bench_crash.py --reverse-share 1 --infra-only runs >= 100)."""
+    from lakehouse_dagster.testing.crash_harness import INFRA_ACTIONS, Infrastructure, run_cycles
+
+    dsn, root = own_postgres
+    monkeypatch.setenv("LAKEHOUSE_SOAK_SECONDS", "0")  # the native dataset is read-flipped just before its writers
+    settings = _settings(dsn, root)
+    for key, value in _env(settings, dsn).items():  # the harness's CLI processes read this process's environment
+        if key.startswith("LAKEHOUSE_"):
+            monkeypatch.setenv(key, value)
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_REVERSE_CYCLES", "6"))
+    with TcpProxy.for_dsn(dsn) as proxy:
+        infra = Infrastructure(lambda: restart_postgres(root / "pg", mode="immediate"), proxy)
+        report = run_cycles(
+            dsn,
+            settings,
+            seed=20261205,
+            cycles=cycles,
+            datasets=2,
+            actions=INFRA_ACTIONS,
+            armed_share=1.0,
+            infra=infra,
+            reverse_share=1.0,
+        )
+    print(report.as_dict())
+    assert report.cycles == cycles and report.ops["reverse"] == cycles
+    assert report.faults_by_kind().get("pg-restart", 0) >= 2, report.as_dict()  # Postgres really went down
+    assert report.violations == [], "\n".join(report.violations)
+
+
+def test_an_adbc_session_lost_or_refused_is_postgres_unreachable_but_a_query_it_refused_is_not(dsn):
+    """The reverse apply copies on an ADBC session: the CLI's one line (exit 75) and the sensors' skipped tick
+    must know its driver's errors as they know psycopg's (found by the crash harness: a Postgres restart under a
+    reverse apply was a traceback, exit 1). A query the server refused is not an outage."""
+    import adbc_driver_postgresql.dbapi as adbc
+
+    from lakehouse_dagster.core.db import adbc_uri
+    from lakehouse_dagster.core.errors import postgres_unreachable
+
+    with pytest.raises(Exception) as refused:  # nothing listens on port 1
+        adbc.connect("postgresql://nobody@127.0.0.1:1/none")
+    assert "Connection refused" in (postgres_unreachable(refused.value) or "")
+    with adbc.connect(adbc_uri(dsn)) as session, connect(dsn) as killer:
+        cur = session.cursor()
+        cur.execute("select pg_backend_pid()")
+        pid = cur.fetchone()[0]
+        with pytest.raises(Exception) as bad_query:
+            cur.execute("select 1 / 0")
+        assert postgres_unreachable(bad_query.value) is None, bad_query.value  # SQLSTATE 22012: not an outage
+        session.rollback()
+        killer.execute("select pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(Exception) as lost:
+            cur.execute("select 1")
+            cur.fetchone()
+        line = postgres_unreachable(lost.value)
+        assert line is not None and line.startswith("Postgres is unreachable or the session was lost ("), lost.value
+        assert "\n" not in line
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["unlock", "check-held"])
+def test_a_lock_session_left_mid_command_is_closed_so_its_with_block_logs_no_rollback_warning(dsn, caplog, check):
+    """A reset can leave libpq thinking a command still runs on the dataset lock's session without marking it
+    broken (found by the crash harness's reverse cycles: 3 resets in 39 printed psycopg's `error ignored in
+    rollback on <psycopg.Connection [ACTIVE]> …: another command is already in progress` beside the CLI's one
+    line). The guard closes such a session (its locks go with it), so the caller's ``with connect(...)`` does not
+    roll back on it; the work's own error is what bubbles up."""
+    from lakehouse_dagster.core.errors import GuardLost
+    from lakehouse_dagster.core.guards import check_held, dataset_lock
+
+    d = uuid.uuid4()
+    with pytest.raises(GuardLost if check else RuntimeError), connect(dsn) as conn, dataset_lock(conn, d):
+        conn.pgconn.send_query(b"select 1")  # libpq busy with a command nobody reads, the connection not broken
+        if check:
+            check_held()
+        raise RuntimeError("the work failed")
+    assert conn.closed
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
+    with connect(dsn) as other, dataset_lock(other, d, timeout_s=5):  # the lock went with the session
+        pass
+
+
 # --- 5. Postgres killed under a stream run and under a batch run ------------------------------------------
 
 

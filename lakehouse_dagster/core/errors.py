@@ -150,15 +150,32 @@ def _causes(exc: BaseException | None, *, contexts: bool = False):
 def postgres_unreachable(exc: BaseException) -> str | None:
     """One line, not a traceback, when a session to Postgres could not be opened or was lost (a restart, a
     failover, a dropped or silent network: psycopg's OperationalError, the message's first line; also under
-    SQLAlchemy's wrapper, the catalog's, which raises it from psycopg's); None else. The CLI exits 75 with it; a
+    SQLAlchemy's wrapper, the catalog's, which raises it from psycopg's; and the ADBC driver's, below); None else. The CLI exits 75 with it; a
     sensor's tick is skipped with it (dagster/defs/shared/outage.py)."""
     psycopg_mod = sys.modules.get("psycopg")  # imported already if a connect or a query raised it
-    if psycopg_mod is None:
-        return None
     for seen in _causes(exc):
-        if isinstance(seen, psycopg_mod.OperationalError):
+        if (psycopg_mod is not None and isinstance(seen, psycopg_mod.OperationalError)) or _adbc_session_lost(seen):
             return f"Postgres is unreachable or the session was lost ({first_line(seen)}); retry once it answers"
     return None
+
+
+# SQLSTATEs of a session the server ended or would not open: connection exceptions (class 08), an administrator's
+# or a crash's shutdown, a server still starting (57P01-57P03)
+_SESSION_ENDED = ("08", "57P01", "57P02", "57P03")
+
+
+def _adbc_session_lost(exc: BaseException) -> bool:
+    """An ADBC PostgreSQL driver's error (the reverse apply's and the readers' binary COPY sessions) saying libpq
+    could not open the session or lost it: status IO with no SQLSTATE (libpq's own, e.g. `server closed the
+    connection unexpectedly`) or one of a session ended. Not its other IO errors: a query the server refused
+    (a constraint, a bad value) carries that query's SQLSTATE, and a retry would not change it."""
+    adbc = sys.modules.get("adbc_driver_manager")  # imported already if an ADBC session raised it
+    if adbc is None or not isinstance(exc, adbc.OperationalError):
+        return False
+    if getattr(exc, "status_code", None) != adbc.AdbcStatusCode.IO:
+        return False
+    sqlstate = getattr(exc, "sqlstate", None)
+    return sqlstate is None or sqlstate.startswith(_SESSION_ENDED)
 
 
 def object_store_failing(exc: BaseException) -> str | None:

@@ -112,6 +112,8 @@ def check_held() -> None:
                 "whether this session still holds its guard lock",
             )
         except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):  # dead or wedged (libpq may think a command still runs):
+                conn.close()  # closed, its locks go with it and nobody rolls back on it later (see _unlock)
             raise GuardLost(
                 f"the session holding {what} died ({type(exc).__name__}); not committing — another sync may own "
                 "the dataset now; this sync's files are left to the next sync of the dataset"
@@ -185,7 +187,10 @@ def first_native_hold(
 
 
 def _unlock(conn: psycopg.Connection, ns: int, key: int, *, shared: bool = False) -> None:
-    """Release, unless the session is already gone (its locks went with it)."""
+    """Release, unless the session is already gone (its locks went with it). A session the unlock fails on is
+    closed (which releases whatever it held): a connection reset can leave libpq thinking a command still runs
+    without marking the connection broken, and the caller's ``with connect(...)`` would then roll back on it and
+    log psycopg's `error ignored in rollback` warning beside the CLI's one line."""
     if conn.closed or conn.broken:
         return
     try:
@@ -193,7 +198,7 @@ def _unlock(conn: psycopg.Connection, ns: int, key: int, *, shared: bool = False
             "select pg_advisory_unlock_shared(%s, %s)" if shared else "select pg_advisory_unlock(%s, %s)", (ns, key)
         )
     except psycopg.OperationalError:
-        pass  # the session died: nothing is held any more
+        conn.close()  # the session died or is wedged: nothing is held any more
 
 
 @contextlib.contextmanager

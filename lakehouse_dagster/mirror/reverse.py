@@ -41,7 +41,7 @@ from psycopg import sql
 from pyiceberg.catalog import Catalog
 
 from lakehouse_dagster.core.db import adbc_uri, connect, fetch_value
-from lakehouse_dagster.core.errors import BadInput, LakehouseError, first_line
+from lakehouse_dagster.core.errors import BadInput, LakehouseError, first_line, postgres_unreachable
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import check_held, dataset_lock, first_native_hold
@@ -611,7 +611,9 @@ def apply_due(
     for ds_id in due:
         try:
             r = apply_reverse(dsn, catalog, settings, ds_id, actor=actor, lock_timeout_s=lock_timeout_s)
-        except (LakehouseError, psycopg.Error, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - ours, psycopg's, I/O, or the ADBC session lost: one line each
+            if not isinstance(exc, (LakehouseError, psycopg.Error, OSError)) and postgres_unreachable(exc) is None:
+                raise
             failed.append((ds_id, f"{type(exc).__name__}: {first_line(exc)}"))
             continue
         if r.how != NOOP:

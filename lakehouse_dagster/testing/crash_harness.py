@@ -29,7 +29,9 @@ A reverse cycle (``reverse_share``, issue 31) works on native datasets of its ow
 reverse-after-commit (or none): Postgres must hold a whole snapshot right after (the previous one unless the commit
 happened), one clean apply must apply exactly when the killed one did not commit, and then dataset_rows is the
 current snapshot with its identity, the position and the one reverse reconciliation name it, the counts are the
-rows', and no echo (``reverse_cycle`` says it all).
+rows', and no echo (``reverse_cycle`` says it all). Given the infrastructure, reverse cycles take its faults too:
+``lakehouse write-flags reverse sync`` frozen at its failpoint while Postgres restarts or its connections are reset,
+or Postgres restarted at any moment of it; it must end in one line with an exit the guide names.
 Used by lakehouse_dagster_tests/test_crash_harness.py (short, CI) and bench/bench_crash.py (>= 200 cycles).
 """
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import random
@@ -71,6 +74,7 @@ from lakehouse_dagster.runbooks.reverse_parity import reverse_parity
 from lakehouse_dagster.status.recording import STREAMS, Position, read_stream
 from lakehouse_dagster.testing.faults import (
     cli_env,
+    cli_popen,
     cli_sync_popen,
     data_files_on_disk,
     terminate_lock_session,
@@ -372,11 +376,13 @@ def run_cycles(
     weight)] to draw from (default ACTIONS, and INFRA_ACTIONS when ``infra`` is given). ``stream_share``: the
     share of cycles whose process is a mirror stream instead of ``lakehouse sync`` (armed from STREAM_ACTIONS).
     ``reverse_share``: the share of cycles that are reverse cycles (``reverse_cycle``) of native datasets of their
-    own, drawn from a generator of their own (an old seed's forward schedule stays the same)."""
+    own, drawn from a generator of their own (an old seed's forward schedule stays the same), armed from
+    REVERSE_ACTIONS and, given ``infra``, INFRA_ACTIONS (of ``actions`` when given: those a reverse cycle takes)."""
     # The oracle counts every data file no snapshot references as an orphan and every succeeded sync's snapshot as
     # present: no snapshot may expire here, here and in the killed processes (a run past an hour met the
     # commit-time expiry of snapshots older than LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, and its oracle cried wolf).
     settings = settings.replace(snapshots_keep=0)
+    reverse_actions = _reverse_actions(actions, infra)
     if not actions:
         actions = ACTIONS + INFRA_ACTIONS if infra else ACTIONS
         if infra and infra.store is not None:
@@ -403,7 +409,9 @@ def run_cycles(
         for cycle in range(cycles):
             if native and rrng.random() < reverse_share:
                 d = rrng.choice(sorted(native))
-                spec, rc = reverse_cycle(conn, dsn, oracle, settings, d, native, rrng, report, cycle, armed_share)
+                spec, rc, conn = reverse_cycle(
+                    conn, dsn, oracle, settings, d, native, rrng, report, cycle, armed_share, reverse_actions, infra
+                )
                 report.cycles += 1
                 if progress:
                     progress(cycle, spec, rc, report)
@@ -459,7 +467,7 @@ def run_cycles(
                     LAKEHOUSE_SNAPSHOTS_KEEP="0",
                 )
                 if infra and spec and spec.split(":")[1] in ("pg-restart", "reset", "store-down", "store-flaky"):
-                    rc, stderr, fired = _infra_cycle(infra, spec, d, env, rng)
+                    rc, stderr, fired = _infra_cycle(infra, spec, functools.partial(_sync_popen, d), env, rng)
                     conn = _reconnect(conn, dsn)
                     report.outcomes[rc] += 1
                     where = f"cycle {cycle} (dataset {d}, failpoint {spec}, exit {rc})"
@@ -496,6 +504,25 @@ def run_cycles(
 _SYNC_ENV = ("LAKEHOUSE_INGEST_CHUNK_ROWS", "LAKEHOUSE_PG_DSN", "LAKEHOUSE_SNAPSHOTS_KEEP")
 
 
+def _sync_popen(d, env: dict) -> subprocess.Popen:
+    return cli_sync_popen(d, env=env)
+
+
+def _reverse_popen(d, env: dict) -> subprocess.Popen:
+    """The operator's reverse apply of one dataset, ``lakehouse write-flags reverse sync``: its exit code and
+    stderr are what the guide names."""
+    return cli_popen("write-flags", "reverse", "sync", "--dataset", str(d), "--json", env=env)
+
+
+def _reverse_actions(actions, infra: Infrastructure | None) -> list[tuple[str, int]]:
+    """What a reverse cycle is armed from: REVERSE_ACTIONS, plus INFRA_ACTIONS given the infrastructure; of
+    ``actions`` when given, those a reverse cycle takes (INFRA_ACTIONS alone: the infrastructure's faults only)."""
+    takes = REVERSE_ACTIONS + (INFRA_ACTIONS if infra else [])
+    names = {a for a, _ in takes}
+    chosen = [(a, w) for a, w in actions or () if a in names]
+    return chosen or takes
+
+
 def _run_script(script: str, arg: str, env: dict, report: Report, op: str) -> tuple[int, str]:
     """One cycle's process (a ``-c`` script with its one argument), waited for and counted: (exit code, stderr)."""
     proc = subprocess.Popen(
@@ -507,15 +534,22 @@ def _run_script(script: str, arg: str, env: dict, report: Report, op: str) -> tu
     return proc.returncode, stderr
 
 
-def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Random) -> tuple[int, str, bool]:
-    """One sync and one infrastructure fault: at its failpoint (frozen there, broken, resumed) or, for
-    ``anytime:``, at a random moment while it runs. Returns its exit code, its stderr and whether the fault hit
-    it (it had not ended yet)."""
+def _infra_cycle(
+    infra: Infrastructure,
+    spec: str,
+    launch: Callable[[dict], subprocess.Popen],
+    env: dict,
+    rng: random.Random,
+    window: tuple[float, float] = (0.3, 3.5),
+) -> tuple[int, str, bool]:
+    """One process (``launch(env)``: a sync, a reverse apply) and one infrastructure fault: at its failpoint (frozen
+    there, broken, resumed) or, for ``anytime:``, at a random moment while it runs (``window``: seconds after its
+    start, drawn uniformly). Returns its exit code, its stderr and whether the fault hit it (it had not ended yet)."""
     point, action = spec.split(":")
     if action == "store-flaky":
         assert infra.store is not None
         infra.store.fail(503, share=0.33, seed=rng.randrange(1 << 30))
-        proc = cli_sync_popen(d, env=env)
+        proc = launch(env)
         try:
             _, stderr = proc.communicate(timeout=300)
         finally:
@@ -525,13 +559,13 @@ def _infra_cycle(infra: Infrastructure, spec: str, d, env: dict, rng: random.Ran
                 proc.wait()
         return proc.returncode, stderr, True
     if point == "anytime":
-        proc = cli_sync_popen(d, env=env)
-        time.sleep(rng.uniform(0.3, 3.5))  # start-up is ~1.5-3 s of imports: some land before, most during
+        proc = launch(env)
+        time.sleep(rng.uniform(*window))  # a sync's start-up is ~1.5-3 s of imports: some land before, most during
         fired = proc.poll() is None
         if fired:
             infra.restart()
     else:
-        proc = cli_sync_popen(d, env=cli_env(f"{point}:stop", **{k: env[k] for k in _SYNC_ENV}))
+        proc = launch({**env, "LAKEHOUSE_FAILPOINT": f"{point}:stop"})
         fired = wait_stopped(proc, 120, must=False)
         if fired:
             if action == "pg-restart":
@@ -723,8 +757,11 @@ def _table_identity(table, snapshot_id: int) -> list[tuple]:
     return sorted((r["__row_index"], r["__row_id"], r["__created_at"]) for r in rows)
 
 
-def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, armed_share) -> tuple[str | None, int]:
-    """One reverse cycle of a native dataset; returns (the failpoint armed, the process's exit code).
+def reverse_cycle(
+    conn, dsn, oracle, settings, d, native, rng, report, cycle, armed_share, actions=REVERSE_ACTIONS, infra=None
+):
+    """One reverse cycle of a native dataset; returns (the failpoint armed, the process's exit code, the harness's
+    session: another one after a Postgres restart).
 
     A native change (an append, or an overwrite: a full reverse re-sync) lands in Iceberg; ``apply_reverse`` runs
     in its own process with a failpoint armed (or none) and is killed, terminated or failed there; Postgres must
@@ -734,14 +771,17 @@ def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, ar
     ``dataset_rows`` is the current snapshot (identity row by row, values by the canary's digests read the
     reverse's way: ``reverse_parity`` ok), the position and the one reverse reconciliation name it,
     ``datasets.row_count`` / ``max_row_index`` are the rows', and no echo: change tracking did not move, the
-    forward poller does not request the dataset and the recorder sees no write. Long on purpose: the checks
-    read in the order the cycle runs."""
+    forward poller does not request the dataset and the recorder sees no write. Given ``infra`` and an infrastructure
+    fault drawn from ``actions``, the process is the operator's ``lakehouse write-flags reverse sync`` through the
+    fault proxy, frozen at its failpoint while Postgres restarts or its connections are reset (or Postgres restarted
+    at any moment of it, after which either snapshot may be whole): it must end with an exit the operator guide
+    names and one line, as a sync must. Long on purpose: the checks read in the order the cycle runs."""
     where = f"cycle {cycle} (native dataset {d}"
     try:
         writer = native_change(conn, oracle.catalog, settings, d, native, rng, report)
     except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
         report.violations.append(f"{where}): the native write failed: {type(exc).__name__}: {exc}")
-        return None, 0
+        return None, 0, conn
     table = oracle.table(d)
     current = table.current_snapshot().snapshot_id
     before = position(conn, d)
@@ -749,26 +789,48 @@ def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, ar
     tracked = _tracking(conn, d)
     counted = _counts(conn, d)  # the native write's (the table's row count): only a committed apply moves them
     xid = int(conn.execute("select pg_current_xact_id()::text::bigint").fetchone()[0])
-    spec = point = None
+    spec = point = action = None
     if rng.random() < armed_share:
         point = rng.choice(REVERSE_POINTS)
-        action = rng.choices([a for a, _ in REVERSE_ACTIONS], weights=[w for _, w in REVERSE_ACTIONS])[0]
-        spec = f"{point}:{action}"
+        action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
+        spec = "reverse-anytime:pg-restart" if action == "anytime-pg-restart" else f"{point}:{action}"
         report.armed[spec] += 1
-    env = cli_env(spec, LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_SNAPSHOTS_KEEP="0")
-    rc, stderr = _run_script(REVERSE_ONCE, str(d), env, report, "reverse")
-    where = f"{where}, {writer}, reverse, failpoint {spec}, exit {rc})"
-    fired = bool(spec) and (rc in (-9, -15) or "failpoint" in stderr)
-    if fired:
-        report.fired[spec] += 1
-    elif rc != 0:
-        report.violations.append(f"{where}: a reverse apply without a fired failpoint exited {rc}: {stderr[-300:]}")
+    if infra is not None and spec is not None and action in {a for a, _ in INFRA_ACTIONS}:
+        env = cli_env(None, LAKEHOUSE_PG_DSN=infra.proxy.dsn(dsn), LAKEHOUSE_SNAPSHOTS_KEEP="0")
+        rc, stderr, fired = _infra_cycle(
+            infra,
+            spec.removeprefix("reverse-") if "anytime" in spec else spec,
+            functools.partial(_reverse_popen, d),
+            env,
+            rng,
+            window=(0.3, 2.0),  # ~1 s of imports, then the apply: some land before, most during
+        )
+        conn = _reconnect(conn, dsn)
+        report.outcomes[rc] += 1
+        report.ops["reverse"] += 1
+        where = f"{where}, {writer}, reverse, failpoint {spec}, exit {rc})"
+        if fired:
+            report.fired[spec] += 1
+        report.violations += [f"{where}: {v}" for v in _infra_outcome(rc, stderr, fired)]
+    else:
+        env = cli_env(spec, LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_SNAPSHOTS_KEEP="0")
+        rc, stderr = _run_script(REVERSE_ONCE, str(d), env, report, "reverse")
+        where = f"{where}, {writer}, reverse, failpoint {spec}, exit {rc})"
+        fired = bool(spec) and (rc in (-9, -15) or "failpoint" in stderr)
+        if fired:
+            report.fired[spec] += 1
+        elif rc != 0:
+            report.violations.append(f"{where}: a reverse apply without a fired failpoint exited {rc}: {stderr[-300:]}")
 
-    # right after the process: a whole snapshot, the previous one unless the process got past its commit
+    # right after the process: a whole snapshot, the previous one unless the process got past its commit (either,
+    # when Postgres restarted at some moment of it: its commit may or may not have landed)
     at = position(conn, d)
     held = None if at is None else at.snapshot_id
     should_commit = not fired or point == "reverse-after-commit"
-    if held != (current if should_commit else prev):
+    allowed = (
+        {prev, current} if fired and spec == "reverse-anytime:pg-restart" else {current if should_commit else prev}
+    )
+    if held not in allowed:
         report.violations.append(
             f"{where}: the position is {held} after the process; the previous snapshot is {prev}, the current {current}"
         )
@@ -788,7 +850,7 @@ def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, ar
         result = apply_reverse(dsn, oracle.catalog, settings, d)
     except Exception as exc:  # noqa: BLE001 - a violation, reported with the cycle
         report.violations.append(f"{where}: the clean reverse apply failed: {type(exc).__name__}: {exc}")
-        return spec, rc
+        return spec, rc, conn
     committed = held == current
     if committed and result.how != "noop":
         report.violations.append(f"{where}: snapshot {current} applied twice (the clean apply did {result.how})")
@@ -798,7 +860,7 @@ def reverse_cycle(conn, dsn, oracle, settings, d, native, rng, report, cycle, ar
     report.violations += [f"{where}: {v}" for v in _reverse_oracle(conn, dsn, oracle, settings, d, current, xid)]
     if _tracking(conn, d) != tracked:
         report.violations.append(f"{where}: an echo: change tracking moved ({tracked} → {_tracking(conn, d)})")
-    return spec, rc
+    return spec, rc, conn
 
 
 def _reverse_oracle(conn, dsn, oracle, settings, d, current: int, xid: int) -> list[str]:

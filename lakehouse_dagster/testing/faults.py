@@ -50,13 +50,25 @@ def cli_sync_popen(
 ) -> subprocess.Popen:
     """``lakehouse sync --json`` of one dataset in its own process (SIGINT as Ctrl-C gives it); ``env``: the whole
     environment instead of this process's with the failpoint and chunk size."""
+    return cli_popen(
+        "sync",
+        "--dataset",
+        str(ds_id),
+        "--json",
+        env=env if env is not None else cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
+    )
+
+
+def cli_popen(*argv: str, env: dict) -> subprocess.Popen:
+    """``lakehouse <argv>`` in its own process, as an operator runs it (SIGINT as Ctrl-C gives it), its stdout and
+    stderr piped; ``env``: its whole environment."""
     return subprocess.Popen(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "sync", "--dataset", str(ds_id), "--json"],
+        [sys.executable, "-m", "lakehouse_dagster.cli.main", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=default_sigint,
-        env=env if env is not None else cli_env(failpoint, LAKEHOUSE_INGEST_CHUNK_ROWS=str(chunk_rows)),
+        env=env,
     )
 
 
