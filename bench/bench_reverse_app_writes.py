@@ -15,7 +15,9 @@ its own transaction, --pause seconds apart), in four configurations, their order
 
   quiet    nothing else runs (--statements statements)
   resync   a full reverse re-sync of the --rows-row dataset (``apply_reverse(..., full=True)``: delete every row,
-           stage the snapshot, insert it) in its own process; the statements run from its start to its end
+           COPY the snapshot's rows with their jsonb built client-side) in its own process; the statements run from
+           its start to its end
+  resync-staged  the same re-sync through the staging path (the rows staged, the insert builds their jsonb)
   appends  a stream of small reverse applies in its own process: a native sync.append of 10 rows on the --rows-row
            dataset through the write router, then ``apply_reverse`` (an append), back to back (--statements
            statements)
@@ -73,7 +75,10 @@ print("ready", flush=True)
 end, n, applies, rest_until = time.time() + seconds, 0, [], 0.0
 factor = 1 / s.mirror_sync_share - 1
 while time.time() < end and not stop:
-    if mode == "resync":
+    if mode.startswith("resync"):
+        if mode == "resync-staged":  # the staging path: the rows staged, their jsonb built by the insert
+            import lakehouse_dagster.mirror.reverse as reverse
+            reverse.client_jsonb_supported = lambda *a: False
         t = time.perf_counter()
         r = apply_reverse(s.pg_dsn, catalog, s, d, actor="bench", full=True)
         applies.append(time.perf_counter() - t)
@@ -95,7 +100,8 @@ STATEMENTS = {
     "update": "update dataset_rows set data = data || '{\"qty\": 1}' where dataset_id = %(ds)s and row_index = %(u)s",
     "delete": "delete from dataset_rows where dataset_id = %(ds)s and row_index = %(i)s",
 }
-CONFIGS = ("quiet", "resync", "held", "appends", "appends-share", "native")
+FPI = "select wal_fpi from pg_stat_wal"  # full-page images written to the WAL, server-wide
+CONFIGS = ("quiet", "resync", "resync-staged", "held", "appends", "appends-share", "native")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -103,23 +109,37 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def statements(conn, pid: int, ds, n: int | None, pause: float, base: int, until=None) -> tuple[list, list, int]:
-    """One-row statements until ``n`` ran or ``until()`` says stop: (wall seconds, backend CPU seconds, count)."""
-    wall, cpu = [], []
+def backend_wrote(pid: int) -> int | None:
+    """Bytes the backend has written (write() calls: at a commit, the WAL up to its record, whoever inserted it)."""
+    try:
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def statements(conn, pid: int, ds, n: int | None, pause: float, base: int, until=None) -> tuple[list, list, list, int]:
+    """One-row statements until ``n`` ran or ``until()`` says stop: (wall seconds, backend CPU seconds, bytes the
+    backend wrote, count)."""
+    wall, cpu, wrote = [], [], []
     kinds = list(STATEMENTS)
     k = 0
     while (n is None or k < n) and (until is None or k == 0 or not until()):
         kind = kinds[k % 3]
         i = base + k
-        c0, t = backend_cpu_ns(pid), time.perf_counter()
+        w0, c0, t = backend_wrote(pid), backend_cpu_ns(pid), time.perf_counter()
         conn.execute(STATEMENTS[kind], {"ds": ds, "i": i - (k % 3), "u": (i * 7919) % 50_000})
         wall.append(time.perf_counter() - t)
-        c1 = backend_cpu_ns(pid)
+        c1, w1 = backend_cpu_ns(pid), backend_wrote(pid)
+        if w0 is not None and w1 is not None:
+            wrote.append(w1 - w0)
         if c0 is not None and c1 is not None:
             cpu.append((c1 - c0) / 1e9)
         k += 1
         time.sleep(pause)
-    return wall, cpu, k
+    return wall, cpu, wrote, k
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in CONFIGS if c in args.configs.split(",")]
     wall: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}
+    wrote: dict[str, list[int]] = {c: [] for c in configs}
+    fpi: dict[str, int] = {c: 0 for c in configs}
     work: dict[str, list[dict]] = {c: [] for c in configs}
     base = args.app_rows + 10
     held = args.held_seconds
@@ -165,17 +187,18 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
                 proc = None
+                fpi0 = conn.execute(FPI).fetchone()[0]
                 if config == "held":
                     with connect(dsn) as other:
                         other.execute("set transaction isolation level repeatable read")
                         other.execute("select count(*) from datasets").fetchone()
                         end = time.monotonic() + held
-                        w, c, k = statements(
+                        w, c, b, k = statements(
                             conn, pid, app, None, args.pause, base, until=lambda: time.monotonic() >= end
                         )
                         other.rollback()
                 elif config != "quiet":
-                    seconds = 3600 if config == "resync" else args.statements * (args.pause + 0.01) + 60
+                    seconds = 3600 if config.startswith("resync") else args.statements * (args.pause + 0.01) + 60
                     proc = subprocess.Popen(
                         [sys.executable, "-c", WORKER, config, str(native), str(seconds)],
                         env=env,
@@ -186,14 +209,16 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1)
                 if config == "held":
                     pass
-                elif config == "resync":
+                elif config.startswith("resync"):
                     assert proc is not None
-                    w, c, k = statements(conn, pid, app, None, args.pause, base, until=lambda: proc.poll() is not None)
+                    w, c, b, k = statements(
+                        conn, pid, app, None, args.pause, base, until=lambda: proc.poll() is not None
+                    )
                 else:
-                    w, c, k = statements(conn, pid, app, args.statements, args.pause, base)
+                    w, c, b, k = statements(conn, pid, app, args.statements, args.pause, base)
                 base += k + 3
                 if proc is not None:
-                    if config != "resync":
+                    if not config.startswith("resync"):
                         proc.terminate()
                     out, _ = proc.communicate(timeout=600)
                     if out.strip():
@@ -202,21 +227,27 @@ def main(argv: list[str] | None = None) -> int:
                             held = work[config][-1]["apply_s"]
                 wall[config] += w
                 cpu[config] += c
+                wrote[config] += b
+                fpi[config] += conn.execute(FPI).fetchone()[0] - fpi0
                 print(f"round {r} {config}: {k} statements, p50 {statistics.median(w) * 1000:.2f} ms", file=sys.stderr)
     print(
         f"one-row statements on another dataset ({args.app_rows} rows), {args.pause * 1000:.0f} ms apart, "
         f"{args.rounds} round(s) per configuration; the reverse on a {args.rows}-row dataset"
     )
-    print("| configuration | statements | wall p50 / p99 | backend CPU p50 / p99 | wall p50, p99 over quiet |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| configuration | statements | wall p50 / p99 | backend CPU p50 / p99 | backend wrote p50 / p99"
+        " | WAL full-page images | wall p50, p99 over quiet |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     out: dict = {"rows": args.rows, "app_rows": args.app_rows}
     q50, q99 = statistics.median(wall["quiet"]), pct(wall["quiet"], 0.99)
     for c in configs:
         w50, w99 = statistics.median(wall[c]), pct(wall[c], 0.99)
         c50, c99 = (statistics.median(cpu[c]), pct(cpu[c], 0.99)) if cpu[c] else (float("nan"), float("nan"))
+        b50, b99 = (statistics.median(wrote[c]), pct(wrote[c], 0.99)) if wrote[c] else (0, 0)
         print(
             f"| {c} | {len(wall[c])} | {w50 * 1000:.2f} / {w99 * 1000:.2f} ms | {c50 * 1000:.3f} / {c99 * 1000:.3f} ms"
-            f" | {w50 / q50:.2f}×, {w99 / q99:.2f}× |"
+            f" | {b50 / 1024:.1f} / {b99 / 1024:.1f} KiB | {fpi[c]} | {w50 / q50:.2f}×, {w99 / q99:.2f}× |"
         )
         out[c] = {
             "n": len(wall[c]),
@@ -224,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             "wall_p99_ms": round(w99 * 1000, 3),
             "cpu_p50_ms": round(c50 * 1000, 4),
             "cpu_p99_ms": round(c99 * 1000, 4),
+            "wrote_p50_kib": round(b50 / 1024, 1),
+            "wrote_p99_kib": round(b99 / 1024, 1),
+            "wal_fpi": fpi[c],
             "p50_over_quiet": round(w50 / q50, 2),
             "p99_over_quiet": round(w99 / q99, 2),
             "work": work[c],
