@@ -244,13 +244,36 @@ def test_timestamps_and_dates_outside_years_1_to_9999_are_refused():
 
 
 @pytest.mark.parametrize(
-    "text", ['1, "x": 2', '{"a": 1}, "x": 2', "[1, 2", '{"a": 1]', '"abc', '"a", "b": 1', "1 } , { ", "\\"]
+    "text",
+    [
+        '1, "x": 2',
+        '{"a": 1}, "x": 2',
+        "[1, 2",
+        '{"a": 1]',
+        '"abc',
+        '"a", "b": 1',
+        "1 } , { ",
+        "\\",
+        "[[[[[[[1]]]]]]",
+        "[" * 10 + "]" * 10,
+    ],
 )
 def test_a_json_value_that_could_reach_outside_itself_is_refused(text):
     with pytest.raises(copy_back.Unsupported):
         copy_back._json_value_guard(pa.array([text, "1"], pa.string()))
 
 
-@pytest.mark.parametrize("text", ['{"a": [1, {"b": "}, \\""}], "c": {}}', "[]", '"x,y:}"', " 12 ", "null"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, {"b": "}, \\""}], "c": {}}',
+        "[]",
+        '"x,y:}"',
+        " 12 ",
+        "null",
+        "[[[[[[1]]]]]]",  # deeper than the one-pass regex: the masked check takes it
+        '{"a": [{"b": [{"c": [1, "]", {"d": "\\\\"}]}]}]}',
+    ],
+)
 def test_a_json_value_passes_the_guard(text):
     copy_back._json_value_guard(pa.array([text, None], pa.string()))

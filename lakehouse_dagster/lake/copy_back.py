@@ -126,23 +126,31 @@ def _json_string(a: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise('"', a, '"', "")
 
 
-def _balanced(depth: int) -> str:
-    """A regex for text whose brackets balance up to ``depth`` levels, its strings masked to ``""`` first."""
-    inner = r'(?:[^\[\]{}"\\]|"")*'
+_STR = r'"(?:[^"\\]|\\.)*"'  # a JSON string literal
+
+
+def _one_value(depth: int, string: str) -> str:
+    """A regex for one JSON value as far as its structure goes: a string, a scalar without structure, or one group
+    whose brackets balance up to ``depth`` levels, strings (``string``) skipped inside."""
+    inner = r"(?:" + string + r'|[^\[\]{}"\\])*'
     for _ in range(depth):
-        inner = r'(?:[^\[\]{}"\\]|""|\[' + inner + r"\]|\{" + inner + r"\})*"
-    return r'^\s*(?:[^\[\]{},:"\\]*|""|\[' + inner + r"\]|\{" + inner + r"\})\s*$"
+        inner = r"(?:" + string + r'|[^\[\]{}"\\]|\[' + inner + r"\]|\{" + inner + r"\})*"
+    return r"^\s*(?:" + string + r'|[^\[\]{},:"\\]*|\[' + inner + r"\]|\{" + inner + r"\})\s*$"
 
 
-_ONE_VALUE = _balanced(8)  # a json value nested deeper is staged instead
+_ONE_VALUE_4 = _one_value(4, _STR)  # one pass, the strings matched in place: fast while nesting stays shallow
+_ONE_MASKED_8 = _one_value(8, '""')  # the strings masked first (a slow pass), for the values nested deeper
 
 
 def _json_value_guard(a: pa.Array) -> None:
-    """A json column's text is embedded as it is, so it must not be able to reach outside its own value: with its
-    strings masked, it must be one bracketed group (balanced) or a scalar without structure (a valid JSON value
-    passes; an invalid one that could not inject a key fails here or fails jsonb's parse, as ``::jsonb`` would)."""
-    masked = pc.replace_substring_regex(a, r'"(?:[^"\\]|\\.)*"', '""')
-    if not pc.all(pc.fill_null(pc.match_substring_regex(masked, _ONE_VALUE), True)).as_py():
+    """A json column's text is embedded as it is, so it must not be able to reach outside its own value: it must be
+    one string, one scalar without structure, or one bracketed group that balances (a valid JSON value passes; an
+    invalid one that could not inject a key fails here or fails jsonb's parse, as ``::jsonb`` would)."""
+    ok = pc.fill_null(pc.match_substring_regex(a, _ONE_VALUE_4), True)
+    if pc.all(ok).as_py():
+        return
+    deeper = pc.replace_substring_regex(pc.filter(a, pc.invert(ok)), _STR, '""')
+    if not pc.all(pc.match_substring_regex(deeper, _ONE_MASKED_8)).as_py():
         raise Unsupported("a json value that is not one JSON value (or nested deeper than 8)")
 
 
@@ -159,9 +167,13 @@ def _civil(days: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return yoe + era * 400 + (month <= 2), month, day
 
 
+_PAIRS = np.array([[48 + i // 10, 48 + i % 10] for i in range(100)], np.uint8)  # 0..99 as two ASCII digits
+
+
 def _digits(out: np.ndarray, at: int, value: np.ndarray, width: int) -> None:
-    for i in range(width):
-        out[:, at + width - 1 - i] = 48 + (value // 10**i) % 10
+    """``value`` (below 10**width, width even) as ``width`` ASCII digits at column ``at`` of ``out``."""
+    for i in range(width // 2):
+        out[:, at + width - 2 - 2 * i : at + width - 2 * i] = _PAIRS[(value // 100**i) % 100]
 
 
 def _fixed_texts(a: pa.Array, out: np.ndarray) -> pa.Array:
