@@ -151,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", type=float, default=0.02)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--held-seconds", type=float, default=20.0)
+    ap.add_argument(
+        "--wal-writer-delay",
+        help="set the server's wal_writer_delay (ALTER SYSTEM, this bench's own server) before the rounds, e.g. 10ms",
+    )
     args = ap.parse_args(argv)
     from lakehouse_dagster.parity.maintained import ensure_pg
     from lakehouse_dagster.tracking import datasets
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         conn.autocommit = True
         ensure_pg(conn, app, datasets.get_dataset(conn, app).columns)
         conn.execute("vacuum analyze dataset_rows")
+        if args.wal_writer_delay:
+            conn.execute(f"alter system set wal_writer_delay = '{args.wal_writer_delay}'")
+            conn.execute("select pg_reload_conf()")
     print(f"set-up {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     env = {
         **os.environ,
