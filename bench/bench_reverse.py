@@ -1,6 +1,6 @@
 """The reverse mirror's apply (mirror/reverse.py, issue 31), against a plain COPY measured in the same run.
 
-    nice .venv/bin/python bench/bench_reverse.py [--rows 1000000] [--appends 20] [--append-rows 10]
+    nice .venv/bin/python bench/bench_reverse.py [--rows 1000000] [--appends 20] [--append-rows 10] [--staged-too]
 
 Set-up: a demo-shaped dataset of --rows rows (bench/_common.py) in Postgres, mirrored, read-flipped, canary ok,
 its sync.full and sync.append writers set to iceberg_native (as the write router asks before a first native write),
@@ -9,6 +9,8 @@ the reverse on (the default) and applied once (the position: Postgres holds the 
   overwrite  a native sync.full of the same --rows rows (fresh identity, as a sync.full assigns it) through the write
              router and the chunked writer, then ``apply_reverse``: a full re-sync of --rows rows (timed: the apply
              alone, its phases from the apply's own log line)
+  staged     with --staged-too: a second such overwrite applied through the staging path (the rows staged in a
+             temporary table, the insert building their jsonb: the path before the client-built COPY)
   copy       the baseline: the same rows (dataset_id, row_index, row_id, created_at, data as jsonb) COPYed (binary,
              client side, from a file written beforehand) into dataset_rows for another dataset of the same schema,
              registered for the maintained digest as the first is, in one transaction with the no-echo switch set
@@ -234,6 +236,11 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=20)
     ap.add_argument("--append-rows", type=int, default=10)
     ap.add_argument("--skip-overwrite", action="store_true")
+    ap.add_argument(
+        "--staged-too",
+        action="store_true",
+        help="a second overwrite applied through the staging path (the rows staged, the insert builds their jsonb)",
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     dsn = fresh_database(admin_dsn(), "bench_reverse")
@@ -243,6 +250,18 @@ def main() -> None:
     out: dict = {"rows": args.rows, "setup_s": round(time.perf_counter() - t, 1)}
     if not args.skip_overwrite:
         ow = overwrite(dsn, settings, catalog, d, args.rows)
+        staged = None
+        if args.staged_too:
+            import lakehouse_dagster.mirror.reverse as reverse
+            from lakehouse_dagster.core.db import connect
+
+            with connect(dsn) as conn:  # the first re-sync's dead rows gone, as they were before it
+                conn.autocommit = True
+                conn.execute("vacuum analyze dataset_rows")
+            client = reverse.client_jsonb_supported
+            reverse.client_jsonb_supported = lambda *a: False
+            staged = overwrite(dsn, settings, catalog, d, args.rows)
+            reverse.client_jsonb_supported = client
         cp = copy_baseline(dsn, d)
         out.update(
             {
@@ -253,6 +272,10 @@ def main() -> None:
                 "overwrite_over_copy_rows_s": round(cp["seconds"] / ow["seconds"], 2),
             }
         )
+        if staged is not None:
+            out["staged_s"] = round(staged["seconds"], 2)
+            out["staged_phases"] = staged["phases"]
+            out["staged_over_copy_rows_s"] = round(cp["seconds"] / staged["seconds"], 2)
         print(json.dumps(out), flush=True)
     out["append"] = appends(dsn, settings, catalog, d, args.rows, args.appends, args.append_rows)
     print(json.dumps(out), flush=True)

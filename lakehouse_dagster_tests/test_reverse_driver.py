@@ -217,3 +217,28 @@ def test_a_stream_run_logs_each_reverse_apply_as_a_materialization_of_the_partit
     )
     assert position(conn, d).snapshot_id == snap
     _same_as_table(conn, settings, dsn, d)
+
+
+def test_a_datasets_reverse_applies_are_paced_by_the_sync_share():
+    """After an apply of T seconds a dataset's next apply waits T × (1/share − 1), as its forward syncs do
+    (LAKEHOUSE_MIRROR_SYNC_SHARE): a dataset committed without pause is applied in batches, the app keeps the CPU."""
+    import concurrent.futures
+    import types
+
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.mirror.reverse import ReverseResult
+    from lakehouse_dagster.mirror.stream import _Reverse
+
+    ds = uuid.uuid4()
+    rev = _Reverse("", None, Settings.from_env().replace(mirror_sync_share=0.25), lambda d: True, 0)
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    fut.set_result(ReverseResult(ds, "append", 1, 10, 0, 10, 2.0, "appended"))
+    rev.flying[fut] = ds
+    lease = types.SimpleNamespace(stats=types.SimpleNamespace(last_commit_at=None, last_dataset_id=None))
+    assert isinstance(rev.outcome(fut, 100.0, lease, 0), ReverseApplied)
+    rev.due[ds] = 100.5  # the next native commit, seen at once
+    assert rev.ready(101.0, set()) == [] and rev.nearest(set()) == pytest.approx(106.0)  # 2 s × 3
+    assert rev.ready(106.0, set()) == [ds]
+    other = uuid.uuid4()
+    rev.due[other] = 101.0  # another dataset is not held back
+    assert rev.ready(101.0, set()) == [other]

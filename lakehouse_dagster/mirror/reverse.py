@@ -37,6 +37,7 @@ import uuid
 from collections.abc import Callable
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 from pyiceberg.catalog import Catalog
 
@@ -50,7 +51,17 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reverse_setting import reverse_enabled, reverse_settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.copy_back import IDENTITY, counted, data_expr, snapshot_batches
+from lakehouse_dagster.lake.copy_back import (
+    IDENTITY,
+    ROWS_SCHEMA,
+    Prefetched,
+    Unsupported,
+    client_jsonb_supported,
+    counted,
+    data_expr,
+    rows_batches,
+    snapshot_batches,
+)
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
 from lakehouse_dagster.tracking import capture
@@ -364,8 +375,25 @@ def _apply(
             if how == FULL:  # nothing of the append is kept: the re-sync runs in a transaction of its own
                 conn.rollback()
                 mode = begin(True)
-        if how == FULL:
-            stage(None)
+
+        def resync(fast: bool) -> tuple[int, int]:
+            """The full re-sync's rows: (removed, copied). ``fast``: the rows COPYed straight into dataset_rows, their
+            jsonb built client-side (``rows_batches``), no staging table and no insert; else staged and inserted."""
+            if not fast:
+                stage(None)
+            # the snapshot's rows read and built on a thread from here: the first batches are ready when the delete ends
+            pre = (
+                Prefetched(rows_batches(snapshot_batches(table, current.snapshot_id, names), ds_id, columns))
+                if fast
+                else None
+            )
+            try:
+                return _resync_rows(pre)
+            finally:
+                if pre is not None:
+                    pre.close()
+
+        def _resync_rows(pre: Prefetched | None) -> tuple[int, int]:
             # The digest shortcut: deleting every row of the dataset cancels its maintained sums exactly, so when
             # they are filled the delete is not hashed row by row (lakehouse_digest_rows skips the dataset named
             # in lakehouse.reverse_resync) and the sums this snapshot sees go instead. Exact under REPEATABLE READ:
@@ -387,8 +415,38 @@ def _apply(
                 run(sql.SQL("delete from lakehouse_pg_digest_deltas where dataset_id = {ds}::uuid").format(ds=ds))
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', '', true)"))
             took("delete")
-            copied = one(counted(insert))
-            took("insert")
+            if pre is None:
+                copied = one(counted(insert))
+                took("insert")
+                return removed, copied
+            rows = [0]
+
+            def batches():
+                try:
+                    for b in pre:
+                        rows[0] += b.num_rows
+                        yield b
+                except Unsupported as exc:
+                    unsupported.append(str(exc))
+                    raise
+
+            cur.adbc_ingest("dataset_rows", pa.RecordBatchReader.from_batches(ROWS_SCHEMA, batches()), mode="append")
+            took("copy")
+            return removed, rows[0]
+
+        if how == FULL:
+            unsupported: list[str] = []
+            fast = client_jsonb_supported(columns, names)
+            try:
+                removed, copied = resync(fast)
+            except Exception:
+                if not unsupported:
+                    raise
+                # a value the client cannot write as Postgres would: the same re-sync through the staging table
+                _log.info("reverse of dataset %s: staged, not built client-side (%s)", ds_id, unsupported[0])
+                conn.rollback()
+                mode = begin(True)
+                removed, copied = resync(False)
             n = copied
         failpoint("reverse-after-copy")
         run(

@@ -555,6 +555,10 @@ class _Reverse:
         self.failures: dict[uuid.UUID, int] = {}  # failed applies in a row
         self.until: dict[uuid.UUID, float] = {}  # not asked again before (a failure's backoff, a table not there yet)
         self.flying: dict[concurrent.futures.Future, uuid.UUID] = {}
+        # A dataset's applies take at most LAKEHOUSE_MIRROR_SYNC_SHARE of the time, as its forward syncs do: a
+        # dataset committed natively without pause is applied in batches (one apply takes every commit since the
+        # last), leaving the CPU to the live app (bench/bench_reverse_app_writes.py)
+        self.rest = _Rest(settings.mirror_sync_share)
 
     def _note(self, ds: uuid.UUID, now: float) -> None:
         if self.until.get(ds, 0.0) > now:
@@ -576,10 +580,13 @@ class _Reverse:
         return cut
 
     def ready(self, now: float, busy: set[uuid.UUID]) -> list[uuid.UUID]:
-        return sorted((d for d, at in self.due.items() if at <= now and d not in busy), key=lambda d: self.due[d])
+        return sorted(
+            (d for d, at in self.due.items() if self.rest.due_at(d, at) <= now and d not in busy),
+            key=lambda d: self.due[d],
+        )
 
     def nearest(self, busy: set[uuid.UUID]) -> float | None:
-        return min((at for d, at in self.due.items() if d not in busy), default=None)
+        return min((self.rest.due_at(d, at) for d, at in self.due.items() if d not in busy), default=None)
 
     def in_flight(self) -> set[uuid.UUID]:
         return set(self.flying.values())
@@ -620,6 +627,7 @@ class _Reverse:
             if r.snapshot_id is None:  # no table yet: the position is not written, so the sweep would ask each time
                 self.until[ds] = now + max(1, self.settings.retry_failed_after_seconds)
             return None
+        self.rest.synced(ds, r.seconds, now)
         lease.stats.last_commit_at = time.time()
         lease.stats.last_dataset_id = ds
         return ReverseApplied(r)
