@@ -97,3 +97,16 @@ def make_dataset(dsn: str, rows: int, name: str = "bench") -> tuple[uuid.UUID, f
             conn.execute(GENERATE, {"ds": d, "lo": lo, "hi": min(rows, lo + step) - 1})
         conn.execute("vacuum analyze dataset_rows")
     return d, time.perf_counter() - t
+
+
+def child_env(dsn: str, settings) -> dict[str, str]:
+    """The environment of a bench's child process (a mirror, a stream, a reverse apply) on the bench's database and
+    warehouse, importing this checkout's package."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "LAKEHOUSE_PG_DSN": dsn,
+        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
+        "LAKEHOUSE_NAMESPACE": settings.namespace,
+        "LAKEHOUSE_HOME": str(settings.home),
+    }

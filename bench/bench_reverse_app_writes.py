@@ -52,7 +52,9 @@ sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("LAKEHOUSE_SOAK_SECONDS", "0")  # the set-up flips at once (as the tests do)
 
-from bench._common import admin_dsn, fresh_database, make_dataset, mirror_settings  # noqa: E402
+from psycopg import sql  # noqa: E402
+
+from bench._common import admin_dsn, child_env, fresh_database, make_dataset, mirror_settings  # noqa: E402
 from bench.bench_app_writes import backend_cpu_ns  # noqa: E402
 from bench.bench_reverse import make_native  # noqa: E402
 from lakehouse_dagster.core.db import connect  # noqa: E402
@@ -169,17 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         ensure_pg(conn, app, datasets.get_dataset(conn, app).columns)
         conn.execute("vacuum analyze dataset_rows")
         if args.wal_writer_delay:
-            conn.execute(f"alter system set wal_writer_delay = '{args.wal_writer_delay}'")
+            conn.execute(sql.SQL("alter system set wal_writer_delay = {}").format(sql.Literal(args.wal_writer_delay)))
             conn.execute("select pg_reload_conf()")
     print(f"set-up {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "LAKEHOUSE_PG_DSN": dsn,
-        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
-        "LAKEHOUSE_NAMESPACE": settings.namespace,
-        "LAKEHOUSE_HOME": str(settings.home),
-    }
+    env = child_env(dsn, settings)
     configs = [c for c in CONFIGS if c in args.configs.split(",")]
     wall: dict[str, list[float]] = {c: [] for c in configs}
     cpu: dict[str, list[float]] = {c: [] for c in configs}

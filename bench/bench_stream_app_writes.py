@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import admin_dsn, fresh_database, make_dataset, mirror_settings  # noqa: E402
+from bench._common import admin_dsn, child_env, fresh_database, make_dataset, mirror_settings  # noqa: E402
 from bench.bench_freshness import pct  # noqa: E402
 from lakehouse_dagster.core.db import connect  # noqa: E402
 from lakehouse_dagster.mirror.sync import sync_dataset  # noqa: E402
@@ -91,14 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     settings, catalog = mirror_settings(dsn, "bench_stream_app_writes")
     ds, _ = make_dataset(dsn, args.rows)
     sync_dataset(dsn, catalog, settings, ds)
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "LAKEHOUSE_PG_DSN": dsn,
-        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
-        "LAKEHOUSE_NAMESPACE": settings.namespace,
-        "LAKEHOUSE_HOME": str(settings.home),
-    }
+    env = child_env(dsn, settings)
     best: dict[str, dict[str, list[float]]] = {}
     base = args.rows + 10
     syncs = 0
