@@ -337,6 +337,8 @@ def test_a_frozen_apply_whose_lock_session_died_stands_down_and_the_next_one_app
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0 and "GuardLost" in err and "not committing" in err, err
+    # said as a reverse apply's (it wrote no files for a next sync to settle)
+    assert "another reverse apply may own the dataset now; nothing of this apply is committed" in err, err
     assert _pg_rows(conn, d) == before and position(conn, d) is None  # it committed nothing
     r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)  # the next apply is not blocked, and applies
     assert r.how == "append" and r.copied == 3 and position(conn, d).snapshot_id == snapshot(settings, dsn, d)

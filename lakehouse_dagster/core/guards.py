@@ -99,8 +99,9 @@ def _remember(conn: psycopg.Connection, ns: int, key: int, what: str) -> Iterato
         _held.reset(token)
 
 
-def check_held() -> None:
-    """Raise GuardLost unless every guard lock this context took is still held by its session."""
+def check_held(left: str = "this sync's files are left to the next sync of the dataset", who: str = "sync") -> None:
+    """Raise GuardLost unless every guard lock this context took is still held by its session. ``left``: what the
+    caller leaves behind when it stands down, ``who``: what it is, for the one line the operator reads."""
     for conn, ns, key, what in _held.get():
         try:
             held = fetch_value(
@@ -115,11 +116,11 @@ def check_held() -> None:
             if isinstance(exc, psycopg.OperationalError):  # dead or wedged (libpq may think a command still runs):
                 conn.close()  # closed, its locks go with it and nobody rolls back on it later (see _unlock)
             raise GuardLost(
-                f"the session holding {what} died ({type(exc).__name__}); not committing — another sync may own "
-                "the dataset now; this sync's files are left to the next sync of the dataset"
+                f"the session holding {what} died ({type(exc).__name__}); not committing — another {who} may own "
+                f"the dataset now; {left}"
             ) from exc
         if not held:
-            raise GuardLost(f"{what} is no longer held by this sync's session; not committing")
+            raise GuardLost(f"{what} is no longer held by this {who}'s session; not committing")
 
 
 def _dataset_key(dataset_id: uuid.UUID) -> int:

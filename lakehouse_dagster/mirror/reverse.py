@@ -491,7 +491,8 @@ def _apply(
         )
         took("bookkeeping")
         failpoint("reverse-before-commit")
-        check_held()  # a process frozen here whose lock session died stands down: another apply may own it now
+        # a process frozen here whose lock session died stands down: another apply may own it now
+        check_held("nothing of this apply is committed; the next apply starts again from the position", "reverse apply")
         conn.commit()
         took("commit")
     _log.debug("reverse %s phases: %s", how, ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
