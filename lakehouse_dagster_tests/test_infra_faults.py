@@ -233,6 +233,21 @@ def _sync_rows(conn, d) -> list[tuple[str, str]]:
     ).fetchall()
 
 
+def _mirrored_then_grown(dsn: str, settings, more: int):
+    """A 1,000-row dataset mirrored by a clean sync, then ``more`` rows written by the app (the next sync's work)."""
+    with connect(dsn) as conn:
+        d = _make(conn, 1_000)
+    first = _sync_popen(settings, dsn, d)
+    assert first.communicate(timeout=120) and first.returncode == 0
+    with connect(dsn) as conn:
+        conn.execute(
+            "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
+            " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(1000, %s) g",
+            (d, 999 + more),
+        )
+    return d
+
+
 def test_connections_reset_inside_the_commit_that_then_lands_record_it_as_landed_not_failed(own_postgres):
     """The crash harness's `commit-start:reset` (seed 20261204, cycle 5): the sync frozen inside the catalog's commit,
     before its swap, every connection reset. On resume the catalog's pool reconnects and the commit lands; the pinned
@@ -241,16 +256,7 @@ def test_connections_reset_inside_the_commit_that_then_lands_record_it_as_landed
     row is left for the next sync to record (its lock session is gone with the reset), which records it as landed."""
     dsn, root = own_postgres
     settings = _settings(dsn, root)
-    with connect(dsn) as conn:
-        d = _make(conn, 1_000)
-    first = _sync_popen(settings, dsn, d)
-    assert first.communicate(timeout=120) and first.returncode == 0
-    with connect(dsn) as conn:
-        conn.execute(
-            "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
-            " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(1000, 2999) g",
-            (d,),
-        )
+    d = _mirrored_then_grown(dsn, settings, 2_000)
     with TcpProxy.for_dsn(dsn) as proxy:
         proc = _frozen_sync(settings, proxy.dsn(dsn), d, "commit-start")
         assert proxy.reset() >= 3  # the lock session, the pinned read, the catalog's pool
@@ -283,16 +289,7 @@ def test_a_commit_of_unknown_outcome_stays_unsettled_when_its_pinned_session_die
     terminated, and the commit fails inside the catalog's call."""
     dsn, root = own_postgres
     settings = _settings(dsn, root)
-    with connect(dsn) as conn:
-        d = _make(conn, 1_000)
-    first = _sync_popen(settings, dsn, d)
-    assert first.communicate(timeout=120) and first.returncode == 0
-    with connect(dsn) as conn:
-        conn.execute(
-            "insert into dataset_rows (dataset_id, row_index, data) select %s, g,"
-            " jsonb_build_object('n', g, 's', 'r' || g) from generate_series(1000, 5999) g",
-            (d,),
-        )
+    d = _mirrored_then_grown(dsn, settings, 5_000)
     proc = _sync_popen(settings, dsn, d, "before-commit:stop,commit-start:raise")
     wait_stopped(proc, 60)
     with connect(dsn) as conn:
