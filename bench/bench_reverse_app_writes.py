@@ -11,12 +11,14 @@ app's dataset: --app-rows rows, registered for the maintained digest, written th
 triggers) as the app writes.
 
 Each round runs one-row statements on the app's dataset (INSERT, UPDATE of one row, DELETE of one row, in turn, each
-its own transaction, --pause seconds apart), in four configurations, their order rotating round by round:
+its own transaction, --pause seconds apart), in these configurations, their order rotating round by round:
 
   quiet    nothing else runs (--statements statements)
   resync   a full reverse re-sync of the --rows-row dataset (``apply_reverse(..., full=True)``: delete every row,
            COPY the snapshot's rows with their jsonb built client-side) in its own process; the statements run from
            its start to its end
+  resync-share  the same re-sync paced (LAKEHOUSE_REVERSE_RESYNC_SHARE=--resync-share, copy_back.paced): its COPY
+           sends a slice of 8,192 rows in T seconds, then pauses T × (1/share − 1), inside its transaction
   resync-staged  the same re-sync through the staging path (the rows staged, the insert builds their jsonb)
   appends  a stream of small reverse applies in its own process: a native sync.append of 10 rows on the --rows-row
            dataset through the write router, then ``apply_reverse`` (an append), back to back (--statements
@@ -27,6 +29,8 @@ its own transaction, --pause seconds apart), in four configurations, their order
   held     no reverse at all: a session holding a REPEATABLE READ snapshot open for as long as the last re-sync
            took (--held-seconds before the first): the long transaction alone, to tell its xmin horizon (the
            app's row versions it keeps from being pruned) from the re-sync's work
+  burn     no reverse, no Postgres: a process spinning on one core for as long as the last re-sync took, as a
+           re-sync's backend does: what any busy neighbour on the machine costs the app's statements
   native   the same native appends without the reverse apply: what the native commits cost the app by themselves,
            so ``appends`` over ``native`` is the reverse's own share
 
@@ -77,6 +81,10 @@ print("ready", flush=True)
 end, n, applies, rest_until = time.time() + seconds, 0, [], 0.0
 factor = 1 / s.mirror_sync_share - 1
 while time.time() < end and not stop:
+    if mode == "burn":  # one core busy, nothing else: the machine's share of the cost
+        while time.time() < end and not stop:
+            n += 1
+        break
     if mode.startswith("resync"):
         if mode == "resync-staged":  # the staging path: the rows staged, their jsonb built by the insert
             import lakehouse_dagster.mirror.reverse as reverse
@@ -103,7 +111,7 @@ STATEMENTS = {
     "delete": "delete from dataset_rows where dataset_id = %(ds)s and row_index = %(i)s",
 }
 FPI = "select wal_fpi from pg_stat_wal"  # full-page images written to the WAL, server-wide
-CONFIGS = ("quiet", "resync", "resync-staged", "held", "appends", "appends-share", "native")
+CONFIGS = ("quiet", "resync", "resync-share", "resync-staged", "held", "burn", "appends", "appends-share", "native")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -153,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause", type=float, default=0.02)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--held-seconds", type=float, default=20.0)
+    ap.add_argument("--resync-share", type=float, default=0.5, help="the share of resync-share (0 < share < 1)")
     ap.add_argument(
         "--wal-writer-delay",
         help="set the server's wal_writer_delay (ALTER SYSTEM, this bench's own server) before the rounds, e.g. 10ms",
@@ -200,10 +209,19 @@ def main(argv: list[str] | None = None) -> int:
                         )
                         other.rollback()
                 elif config != "quiet":
-                    seconds = 3600 if config.startswith("resync") else args.statements * (args.pause + 0.01) + 60
+                    seconds = (
+                        3600
+                        if config.startswith("resync")
+                        else held
+                        if config == "burn"
+                        else args.statements * (args.pause + 0.01) + 60
+                    )
+                    share = (
+                        {"LAKEHOUSE_REVERSE_RESYNC_SHARE": str(args.resync_share)} if config == "resync-share" else {}
+                    )
                     proc = subprocess.Popen(
                         [sys.executable, "-c", WORKER, config, str(native), str(seconds)],
-                        env=env,
+                        env={**env, **share},
                         stdout=subprocess.PIPE,
                         text=True,
                     )
@@ -211,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
                     time.sleep(1)
                 if config == "held":
                     pass
-                elif config.startswith("resync"):
+                elif config.startswith("resync") or config == "burn":
                     assert proc is not None
                     w, c, b, k = statements(
                         conn, pid, app, None, args.pause, base, until=lambda: proc.poll() is not None
@@ -220,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                     w, c, b, k = statements(conn, pid, app, args.statements, args.pause, base)
                 base += k + 3
                 if proc is not None:
-                    if not config.startswith("resync"):
+                    if not (config.startswith("resync") or config == "burn"):
                         proc.terminate()
                     out, _ = proc.communicate(timeout=600)
                     if out.strip():

@@ -277,3 +277,61 @@ def test_a_json_value_that_could_reach_outside_itself_is_refused(text):
 )
 def test_a_json_value_passes_the_guard(text):
     copy_back._json_value_guard(pa.array([text, None], pa.string()))
+
+
+def test_a_paced_resync_pauses_between_slices_and_writes_the_same_rows(conn, dsn, settings, monkeypatch):
+    """LAKEHOUSE_REVERSE_RESYNC_SHARE below 1: the COPY goes in slices with a pause after each, in its transaction;
+    the rows, the identity and the digest are the unpaced re-sync's."""
+    rng = np.random.default_rng(5)
+    d = _native_dataset(conn, dsn, settings, lambda cols: _batch(rng, cols, 0))
+    catalog = load_catalog(settings, dsn)
+    assert apply_reverse(dsn, catalog, settings, d).how == "full"
+    unpaced = _written(conn, d)
+    pauses: list[float] = []
+    slices: list[int] = []
+    real = copy_back.paced
+
+    def spy(batches, share):
+        assert share == 0.5  # the setting reaches the COPY
+        for b in real(batches, share, sleep=pauses.append):
+            slices.append(b.num_rows)
+            yield b
+
+    monkeypatch.setattr(copy_back, "PACED_SLICE_ROWS", 500)
+    monkeypatch.setattr(reverse, "paced", spy)
+    r = apply_reverse(dsn, catalog, settings.replace(reverse_resync_share=0.5), d, full=True)
+    assert r.how == "full" and r.copied == N and r.pg_rows == N, r
+    assert slices == [500] * (N // 500) and len(pauses) == len(slices)
+    assert all(p >= 0 for p in pauses) and sum(pauses) > 0
+    _digest_is_exact(conn, d)
+    _assert_same(_written(conn, d), unpaced)
+
+
+def test_paced_takes_its_share_of_the_time():
+    """After a slice its consumer took T seconds over, the pause is T × (1/share − 1); share 1 passes through."""
+    import time
+
+    batch = pa.RecordBatch.from_pydict({"x": list(range(20_000))})
+    pauses: list[float] = []
+    got = []
+    for b in copy_back.paced(iter([batch]), 0.25, sleep=pauses.append):
+        got.append(b.num_rows)
+        time.sleep(0.02)  # the consumer's work on the slice
+    assert got == [8192, 8192, 3616]
+    assert all(0.06 <= p < 0.3 for p in pauses), pauses  # 0.02 s × (1/0.25 − 1) = 0.06 s
+    passed = list(copy_back.paced(iter([batch]), 1.0, sleep=pauses.append))
+    assert [b.num_rows for b in passed] == [20_000] and len(pauses) == 3
+
+
+def test_the_resync_share_is_read_from_the_env_and_a_bad_one_is_refused(monkeypatch):
+    from lakehouse_dagster.core.errors import BadInput
+    from lakehouse_dagster.core.settings import Settings
+
+    monkeypatch.setenv("LAKEHOUSE_REVERSE_RESYNC_SHARE", "0.3")
+    assert Settings.from_env().reverse_resync_share == 0.3
+    monkeypatch.delenv("LAKEHOUSE_REVERSE_RESYNC_SHARE")
+    assert Settings.from_env().reverse_resync_share == 1.0  # unpaced unless asked
+    for bad in ("0", "1.5", "-1"):
+        monkeypatch.setenv("LAKEHOUSE_REVERSE_RESYNC_SHARE", bad)
+        with pytest.raises(BadInput, match=f"LAKEHOUSE_REVERSE_RESYNC_SHARE={float(bad)} is not a share of the time"):
+            Settings.from_env()

@@ -200,6 +200,12 @@ class Settings:
     # dataset written without pause whose every sync rewrites much (T ≈ 1 s) is synced every few seconds, as a batch
     # run would, instead of back to back, so the mirror does not take the live app's CPU. 1: back to back.
     mirror_sync_share: float = 0.25
+    # The most of the time a reverse full re-sync's COPY may take while it runs (mirror/reverse.py, copy_back.Paced):
+    # after each slice of rows sent in T seconds the COPY pauses T × (1/share − 1), inside its transaction. A full
+    # re-sync (a native overwrite, a compaction, a repair) writes every row of the dataset, its WAL and its CPU
+    # share the two ends of the live app's statements; paced, it leaves them room, and takes 1/share as long
+    # (docs/benchmarks.md "The live app's statements while the reverse applies"). 1: unpaced, as fast as it goes.
+    reverse_resync_share: float = 1.0
     # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
     # own short transaction (a row_index range of the primary key, no table lock).
     complete_batch_rows: int = 10_000
@@ -294,6 +300,9 @@ class Settings:
             mirror_stream_workers=_int("LAKEHOUSE_MIRROR_STREAM_WORKERS", 3, minimum=1),
             mirror_stream_maintenance_seconds=_int("LAKEHOUSE_MIRROR_STREAM_MAINTENANCE_SECONDS", 10),
             mirror_sync_share=_share("LAKEHOUSE_MIRROR_SYNC_SHARE", _float("LAKEHOUSE_MIRROR_SYNC_SHARE", 0.25)),
+            reverse_resync_share=_share(
+                "LAKEHOUSE_REVERSE_RESYNC_SHARE", _float("LAKEHOUSE_REVERSE_RESYNC_SHARE", 1.0)
+            ),
             complete_batch_rows=_int("LAKEHOUSE_COMPLETE_BATCH_ROWS", 10_000, minimum=1),
         )
 

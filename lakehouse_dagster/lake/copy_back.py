@@ -17,6 +17,7 @@ import json
 import math
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -359,3 +360,22 @@ class Prefetched:
     def close(self) -> None:
         self._stop.set()
         self._worker.join(timeout=30)
+
+
+PACED_SLICE_ROWS = 8_192
+
+
+def paced(batches: Iterator[pa.RecordBatch], share: float, *, sleep=time.sleep) -> Iterator[pa.RecordBatch]:
+    """``batches`` handed on in slices of ``PACED_SLICE_ROWS`` rows at most ``share`` of the time: the consumer
+    (a COPY) takes a slice in T seconds, then waits T × (1/share − 1) before the next. Small slices keep each burst
+    of the COPY's WAL and CPU short, so the live app's statements beside it meet a short one, not a long one.
+    ``share`` 1: passed through as they come."""
+    if share >= 1.0:
+        yield from batches
+        return
+    factor = 1.0 / share - 1.0
+    for b in batches:
+        for at in range(0, b.num_rows, PACED_SLICE_ROWS):
+            started = time.perf_counter()
+            yield b.slice(at, PACED_SLICE_ROWS)  # the consumer sends it before asking for the next
+            sleep((time.perf_counter() - started) * factor)

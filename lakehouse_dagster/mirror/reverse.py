@@ -59,6 +59,7 @@ from lakehouse_dagster.lake.copy_back import (
     client_jsonb_supported,
     counted,
     data_expr,
+    paced,
     rows_batches,
     snapshot_batches,
 )
@@ -208,7 +209,18 @@ def apply_reverse(
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
             how, copied, removed, n, reason = _apply(
-                conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor
+                conn,
+                dsn,
+                table,
+                current,
+                ds_id,
+                columns,
+                names,
+                how,
+                files,
+                reason,
+                actor,
+                settings.reverse_resync_share,
             )
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
@@ -262,6 +274,7 @@ def _apply(
     files: tuple[str, ...],
     reason: str,
     actor: str,
+    share: float,
 ) -> tuple[str, int, int, int, str]:
     """The rows, the position and the reconciliation in ONE transaction on an ADBC session (binary COPY from
     Arrow), marked with ``lakehouse.reverse_apply`` (no echo). An append that does not reproduce the snapshot
@@ -423,7 +436,7 @@ def _apply(
 
             def batches():
                 try:
-                    for b in pre:
+                    for b in paced(iter(pre), share):  # LAKEHOUSE_REVERSE_RESYNC_SHARE: room for the live app
                         rows[0] += b.num_rows
                         yield b
                 except Unsupported as exc:
