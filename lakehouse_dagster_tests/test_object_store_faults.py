@@ -237,3 +237,61 @@ def test_the_catalogs_file_io_gets_the_endpoint_region_timers_and_retries_from_t
     monkeypatch.setenv("LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", "0")
     with pytest.raises(BadInput, match="LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS=0.0 must be above 0"):
         Settings.from_env()
+
+
+# --- the reverse mirror reads the store (issue 31) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["down", "503-to-30%"])
+def test_a_reverse_apply_while_the_store_fails_writes_nothing_or_all_and_the_next_apply_lands_once(
+    conn, dsn, s3_settings, store, fault
+):
+    """A native overwrite waits for its full reverse re-sync, whose rows are read from the store: down, `lakehouse
+    write-flags reverse sync` fails in one line naming the object store, exit 75, Postgres still the previous
+    snapshot (not half-deleted); failing a third of requests, the retries absorb it and the snapshot lands. Either
+    way the next apply leaves Postgres the table's current snapshot, applied exactly once."""
+    from lakehouse_dagster.mirror.reverse import apply_reverse, position
+    from lakehouse_dagster.testing.faults import cli_popen
+
+    from .native_helpers import native_write, ready_native, row
+
+    d = ready_native(conn, dsn, s3_settings, "sync.full", rows=ROWS)
+    catalog = load_catalog(s3_settings, dsn)
+    apply_reverse(dsn, catalog, s3_settings, d)
+    prev = position(conn, d).snapshot_id
+    before = conn.execute(
+        "select row_index, row_id from dataset_rows where dataset_id = %s order by 1", (d,)
+    ).fetchall()
+    current = native_write(
+        conn, dsn, s3_settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(ROWS)], start=0
+    )
+    if fault == "down":
+        store.fail(503)
+    else:
+        store.fail(503, share=0.3, seed=11)
+    proc = cli_popen("write-flags", "reverse", "sync", "--dataset", str(d), "--json", env=cli_env(None))
+    out, err = proc.communicate(timeout=180)
+    store.pass_through()
+    held = position(conn, d).snapshot_id
+    if fault == "down":
+        assert proc.returncode == 75, (out, err)
+        line = _one_clear_line(err)
+        assert "object store is failing or unreachable" in line and "retry once it answers" in line, line
+        assert held == prev
+        after = "select row_index, row_id from dataset_rows where dataset_id = %s order by 1"
+        assert conn.execute(after, (d,)).fetchall() == before  # the re-sync's delete rolled back with it
+    else:
+        assert proc.returncode == 0, (out, err)
+        assert held == current
+    r = apply_reverse(dsn, catalog, s3_settings, d)
+    assert r.how == ("noop" if held == current else "full"), r
+    assert position(conn, d).snapshot_id == current
+    assert conn.execute(
+        "select count(*), count(distinct row_id), min(data->>'s'), max(row_index) from dataset_rows"
+        " where dataset_id = %s",
+        (d,),
+    ).fetchone() == (ROWS, ROWS, "new 0", ROWS - 1)
+    assert conn.execute(
+        "select count(*) from lakehouse_pg_reconciled where dataset_id = %s and how = 'reverse' and snapshot_id = %s",
+        (d, current),
+    ).fetchone() == (1,)

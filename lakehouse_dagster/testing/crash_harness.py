@@ -94,6 +94,7 @@ INFRA_ACTIONS = [("pg-restart", 12), ("reset", 10), ("anytime-pg-restart", 10)]
 # with an object store given (the warehouse on s3:// through an S3FaultProxy): it answers 503 to everything from the
 # failpoint on (the SDK's retries run out: the sync fails), or 503 to a third of all requests for the whole sync
 STORE_ACTIONS = [("store-down", 10), ("store-flaky", 8)]
+STORE = {a for a, _ in STORE_ACTIONS}
 # a stream cycle's process is a mirror stream (mirror/stream.py), killed or failed at the failpoint inside its sync
 STREAM_ACTIONS = [("kill", 70), ("raise", 10), ("oserror", 10), ("sigterm", 10)]
 TYPES = ["string", "int64", "float64", "boolean", "json"]
@@ -515,9 +516,10 @@ def _reverse_popen(d, env: dict) -> subprocess.Popen:
 
 
 def _reverse_actions(actions, infra: Infrastructure | None) -> list[tuple[str, int]]:
-    """What a reverse cycle is armed from: REVERSE_ACTIONS, plus INFRA_ACTIONS given the infrastructure; of
+    """What a reverse cycle is armed from: REVERSE_ACTIONS, plus INFRA_ACTIONS given the infrastructure (and
+    STORE_ACTIONS given an object store: for the whole apply, as its reads are what the store serves); of
     ``actions`` when given, those a reverse cycle takes (INFRA_ACTIONS alone: the infrastructure's faults only)."""
-    takes = REVERSE_ACTIONS + (INFRA_ACTIONS if infra else [])
+    takes = REVERSE_ACTIONS + (INFRA_ACTIONS if infra else []) + (STORE_ACTIONS if infra and infra.store else [])
     names = {a for a, _ in takes}
     chosen = [(a, w) for a, w in actions or () if a in names]
     return chosen or takes
@@ -543,12 +545,15 @@ def _infra_cycle(
     window: tuple[float, float] = (0.3, 3.5),
 ) -> tuple[int, str, bool]:
     """One process (``launch(env)``: a sync, a reverse apply) and one infrastructure fault: at its failpoint (frozen
-    there, broken, resumed) or, for ``anytime:``, at a random moment while it runs (``window``: seconds after its
-    start, drawn uniformly). Returns its exit code, its stderr and whether the fault hit it (it had not ended yet)."""
+    there, broken, resumed), for ``anytime:`` at a random moment while it runs (``window``: seconds after its
+    start, drawn uniformly), for ``whole:store-down`` and ``store-flaky`` all along. Returns its exit code, its stderr and whether the fault hit it (it had not ended yet)."""
     point, action = spec.split(":")
-    if action == "store-flaky":
+    if action == "store-flaky" or (point == "whole" and action == "store-down"):
         assert infra.store is not None
-        infra.store.fail(503, share=0.33, seed=rng.randrange(1 << 30))
+        if action == "store-down":  # down from before the process starts to its end
+            infra.store.fail(503)
+        else:
+            infra.store.fail(503, share=0.33, seed=rng.randrange(1 << 30))
         proc = launch(env)
         try:
             _, stderr = proc.communicate(timeout=300)
@@ -793,13 +798,19 @@ def reverse_cycle(
     if rng.random() < armed_share:
         point = rng.choice(REVERSE_POINTS)
         action = rng.choices([a for a, _ in actions], weights=[w for _, w in actions])[0]
-        spec = "reverse-anytime:pg-restart" if action == "anytime-pg-restart" else f"{point}:{action}"
+        spec = (
+            "reverse-anytime:pg-restart"
+            if action == "anytime-pg-restart"
+            else f"reverse-whole:{action}"
+            if action in STORE
+            else f"{point}:{action}"
+        )
         report.armed[spec] += 1
-    if infra is not None and spec is not None and action in {a for a, _ in INFRA_ACTIONS}:
+    if infra is not None and spec is not None and action in {a for a, _ in INFRA_ACTIONS + STORE_ACTIONS}:
         env = cli_env(None, LAKEHOUSE_PG_DSN=infra.proxy.dsn(dsn), LAKEHOUSE_SNAPSHOTS_KEEP="0")
         rc, stderr, fired = _infra_cycle(
             infra,
-            spec.removeprefix("reverse-") if "anytime" in spec else spec,
+            spec.removeprefix("reverse-") if spec.startswith(("reverse-anytime", "reverse-whole")) else spec,
             functools.partial(_reverse_popen, d),
             env,
             rng,
@@ -827,9 +838,12 @@ def reverse_cycle(
     at = position(conn, d)
     held = None if at is None else at.snapshot_id
     should_commit = not fired or point == "reverse-after-commit"
-    allowed = (
-        {prev, current} if fired and spec == "reverse-anytime:pg-restart" else {current if should_commit else prev}
-    )
+    if spec == "reverse-whole:store-down":  # nothing of the table could be read: nothing was written
+        allowed = {prev}
+    elif fired and spec in ("reverse-anytime:pg-restart", "reverse-whole:store-flaky"):  # its commit may have landed
+        allowed = {prev, current}
+    else:
+        allowed = {current if should_commit else prev}
     if held not in allowed:
         report.violations.append(
             f"{where}: the position is {held} after the process; the previous snapshot is {prev}, the current {current}"
