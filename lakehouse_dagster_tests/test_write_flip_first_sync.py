@@ -57,6 +57,24 @@ def test_write_flags_flip_runs_the_first_native_sync_and_its_canary(conn, dsn, s
     assert f"iceberg_native: {d} (6 rows → snapshot {f['snapshot_id']})" in proc.stderr  # the runbook's log line
 
 
+def test_a_flip_of_a_dataset_without_a_source_says_its_first_native_write_goes_unchecked(conn, dsn, settings):
+    """No source: nothing to sync natively now; the flip says what that leaves (no first-native canary later, the
+    reverse copies that write as it lands) and the way to have it checked, not a canary that would not check it."""
+    from .native_helpers import runbook_ready
+
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "sourceless", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(4)])
+    runbook_ready(conn, dsn, settings, d)
+    proc = cli("write-flags", "flip", "sync.full", "--dataset", str(d), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (f,) = json.loads(proc.stdout)["first_native_sync"]
+    assert (f["verdict"], f["path"], f["problem"]) == (None, None, None)
+    assert f["detail"].startswith("no source set: skipped; its first native write"), f["detail"]
+    assert "gets no first-native canary" in f["detail"] and "set the source before the flip" in f["detail"]
+    assert _recorded(conn, d) == []
+
+
 def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(conn, dsn, settings):
     d, src = _fed(conn, dsn, settings)
     add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written

@@ -6,8 +6,8 @@ then ``parity.first_native`` compares the new snapshot with what Postgres held, 
 recorded in lakehouse_read_parity. A MISMATCH, a failed sync, or a sync that did not go native stops
 the step with the rollback command; on a MISMATCH auto-rollback (runbooks/auto_rollback.py) has already
 set the writer back to pg for the dataset, and the step says so with the rollback report (the rows
-written natively exist only in Iceberg). A dataset without a source is named (its first native sync
-waits for one: lakehouse sources set …) and does not stop it.
+written natively exist only in Iceberg). A dataset without a source is named and does not stop it: its
+first native write, whoever makes it later (a source's sync, an ingest), is not compared here.
 
 From before the write until the verdict is recorded (and a MISMATCH rolled back) the dataset's first native hold
 is taken (core/guards.py): the reverse mirror waits on it, so it never copies the new snapshot into dataset_rows
@@ -78,8 +78,10 @@ def first_native_syncs(
                     None,
                     None,
                     None,
-                    "no source set: its first native sync waits for one "
-                    f"(lakehouse sources set --dataset {ds_id} ...), then run the canary on it",
+                    "no source set: skipped; its first native write (a source's sync once one is set: "
+                    f"lakehouse sources set --dataset {ds_id} ..., or an ingest) gets no first-native canary, "
+                    "and the reverse mirror copies it to Postgres as it lands; to have it checked, set the "
+                    "source before the flip",
                 )
             )
             continue
