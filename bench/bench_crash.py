@@ -9,7 +9,9 @@ LAKEHOUSE_PG_DSN when set. `--reverse-share 1` makes every cycle a reverse cycle
 reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`); with the
 infrastructure, reverse cycles take its faults too (the operator's `write-flags reverse sync` frozen at its failpoint
 while Postgres restarts or its connections are reset, or Postgres restarted at any moment of it), and `--infra-only`
-arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`).
+arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`). With
+`--store` the warehouse is on an object store behind a fault proxy and reverse cycles also draw its faults: down, or
+503s to a third of requests, for the whole apply (`--reverse-share 1 --store --infra-only --cycles 60`).
 What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
 Not a timing benchmark: seconds are printed for planning only.
 """

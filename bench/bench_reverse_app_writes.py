@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         "--wal-writer-delay",
         help="set the server's wal_writer_delay (ALTER SYSTEM, this bench's own server) before the rounds, e.g. 10ms",
     )
+    ap.add_argument(
+        "--shared-buffers",
+        help="set the server's shared_buffers (ALTER SYSTEM, this bench's own server, restarted) before the rounds, e.g. 2GB",
+    )
     args = ap.parse_args(argv)
     from lakehouse_dagster.parity.maintained import ensure_pg
     from lakehouse_dagster.tracking import datasets
@@ -182,6 +186,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.wal_writer_delay:
             conn.execute(sql.SQL("alter system set wal_writer_delay = {}").format(sql.Literal(args.wal_writer_delay)))
             conn.execute("select pg_reload_conf()")
+    if args.shared_buffers:  # room for what a re-sync dirties: the server restarted with it
+        from urllib.parse import parse_qs, urlparse
+
+        from lakehouse_dagster.testing.service import restart_postgres
+
+        with connect(dsn) as conn:
+            conn.autocommit = True
+            conn.execute(sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(args.shared_buffers)))
+        restart_postgres(Path(parse_qs(urlparse(dsn).query)["host"][0]), mode="fast")
+        with connect(dsn) as conn:
+            print(f"shared_buffers {conn.execute('show shared_buffers').fetchone()[0]}", file=sys.stderr, flush=True)
     print(f"set-up {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     env = child_env(dsn, settings)
     configs = [c for c in CONFIGS if c in args.configs.split(",")]
