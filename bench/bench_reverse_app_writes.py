@@ -3,7 +3,8 @@ applies native commits (mirror/reverse.py, issue 31: "the live app's statements 
 a reverse apply runs").
 
     nice .venv/bin/python bench/bench_reverse_app_writes.py [--rows 1000000] [--app-rows 100000] [--statements 600]
-                                                            [--rounds 2] [--pause 0.02]
+                                                            [--rounds 2] [--pause 0.02] [--configs a,b,...]
+                                                            [--resync-share 0.5] [--set NAME=VALUE ...]
 
 Set-up as bench/bench_reverse.py: a demo-shaped dataset of --rows rows, mirrored, read-flipped, canary ok (its
 maintained digest registered and filled), its writers iceberg_native, the reverse applied once. Beside it, the live
@@ -167,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         help="set the server's wal_writer_delay (ALTER SYSTEM, this bench's own server) before the rounds, e.g. 10ms",
     )
     ap.add_argument(
-        "--shared-buffers",
-        help="set the server's shared_buffers (ALTER SYSTEM, this bench's own server, restarted) before the rounds, e.g. 2GB",
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a server setting (ALTER SYSTEM on this bench's own server, restarted once) before the rounds, e.g. "
+        "shared_buffers=2GB, wal_compression=on, max_wal_size=8GB; repeat for several",
     )
     args = ap.parse_args(argv)
     from lakehouse_dagster.parity.maintained import ensure_pg
@@ -186,17 +191,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.wal_writer_delay:
             conn.execute(sql.SQL("alter system set wal_writer_delay = {}").format(sql.Literal(args.wal_writer_delay)))
             conn.execute("select pg_reload_conf()")
-    if args.shared_buffers:  # room for what a re-sync dirties: the server restarted with it
+    if args.set:  # the server's room (buffers, WAL): set, then the server restarted with them
         from urllib.parse import parse_qs, urlparse
 
         from lakehouse_dagster.testing.service import restart_postgres
 
+        pairs = [item.split("=", 1) for item in args.set]
         with connect(dsn) as conn:
             conn.autocommit = True
-            conn.execute(sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(args.shared_buffers)))
+            for name, value in pairs:
+                conn.execute(sql.SQL("alter system set {} = {}").format(sql.Identifier(name), sql.Literal(value)))
         restart_postgres(Path(parse_qs(urlparse(dsn).query)["host"][0]), mode="fast")
         with connect(dsn) as conn:
-            print(f"shared_buffers {conn.execute('show shared_buffers').fetchone()[0]}", file=sys.stderr, flush=True)
+            for name, _ in pairs:
+                shown = conn.execute(sql.SQL("show {}").format(sql.Identifier(name))).fetchone()[0]
+                print(f"{name} {shown}", file=sys.stderr, flush=True)
     print(f"set-up {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     env = child_env(dsn, settings)
     configs = [c for c in CONFIGS if c in args.configs.split(",")]
