@@ -365,7 +365,9 @@ class Prefetched:
 PACED_SLICE_ROWS = 8_192
 
 
-def paced(batches: Iterator[pa.RecordBatch], share: float, *, sleep=time.sleep) -> Iterator[pa.RecordBatch]:
+def paced(
+    batches: Iterator[pa.RecordBatch], share: float, *, sleep=time.sleep, clock=time.perf_counter
+) -> Iterator[pa.RecordBatch]:
     """``batches`` handed on in slices of ``PACED_SLICE_ROWS`` rows at most ``share`` of the time: the consumer
     (a COPY) takes a slice in T seconds, then waits T × (1/share − 1) before the next. Small slices keep each burst
     of the COPY's WAL and CPU short, so the live app's statements beside it meet a short one, not a long one.
@@ -376,6 +378,6 @@ def paced(batches: Iterator[pa.RecordBatch], share: float, *, sleep=time.sleep) 
     factor = 1.0 / share - 1.0
     for b in batches:
         for at in range(0, b.num_rows, PACED_SLICE_ROWS):
-            started = time.perf_counter()
+            started = clock()
             yield b.slice(at, PACED_SLICE_ROWS)  # the consumer sends it before asking for the next
-            sleep((time.perf_counter() - started) * factor)
+            sleep((clock() - started) * factor)
