@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resync-share", type=float, default=0.5, help="the share of resync-share (0 < share < 1)")
     ap.add_argument(
         "--wal-writer-delay",
-        help="set the server's wal_writer_delay (ALTER SYSTEM, this bench's own server) before the rounds, e.g. 10ms",
+        help="the server's wal_writer_delay before the rounds, e.g. 10ms (as --set wal_writer_delay=10ms)",
     )
     ap.add_argument(
         "--set",
@@ -176,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         "shared_buffers=2GB, wal_compression=on, max_wal_size=8GB; repeat for several",
     )
     args = ap.parse_args(argv)
+    bad = [item for item in args.set if "=" not in item.strip("=")]
+    if bad:
+        ap.error(f"--set takes NAME=VALUE (e.g. shared_buffers=2GB), not {bad[0]!r}")
+    if args.wal_writer_delay:  # one of the server settings below
+        args.set.append(f"wal_writer_delay={args.wal_writer_delay}")
     from lakehouse_dagster.parity.maintained import ensure_pg
     from lakehouse_dagster.tracking import datasets
 
@@ -188,9 +193,6 @@ def main(argv: list[str] | None = None) -> int:
         conn.autocommit = True
         ensure_pg(conn, app, datasets.get_dataset(conn, app).columns)
         conn.execute("vacuum analyze dataset_rows")
-        if args.wal_writer_delay:
-            conn.execute(sql.SQL("alter system set wal_writer_delay = {}").format(sql.Literal(args.wal_writer_delay)))
-            conn.execute("select pg_reload_conf()")
     if args.set:  # the server's room (buffers, WAL): set, then the server restarted with them
         from urllib.parse import parse_qs, urlparse
 

@@ -200,11 +200,11 @@ class Settings:
     # dataset written without pause whose every sync rewrites much (T ≈ 1 s) is synced every few seconds, as a batch
     # run would, instead of back to back, so the mirror does not take the live app's CPU. 1: back to back.
     mirror_sync_share: float = 0.25
-    # The most of the time a reverse full re-sync's COPY may take while it runs (mirror/reverse.py, copy_back.Paced):
+    # The most of the time a reverse full re-sync's COPY may take while it runs (mirror/reverse.py, copy_back.paced):
     # after each slice of rows sent in T seconds the COPY pauses T × (1/share − 1), inside its transaction. A full
-    # re-sync (a native overwrite, a compaction, a repair) writes every row of the dataset, its WAL and its CPU
-    # share the two ends of the live app's statements; paced, it leaves them room, and takes 1/share as long
-    # (docs/benchmarks.md "The live app's statements while the reverse applies"). 1: unpaced, as fast as it goes.
+    # re-sync (a native overwrite, a compaction, a repair) writes every row of the dataset, and the live app's
+    # statements meet its WAL; paced, the slowest of them meet a short burst, and the re-sync takes about 1/share as
+    # long (docs/benchmarks.md, "Pacing the re-sync"). 1: unpaced, as fast as it goes.
     reverse_resync_share: float = 1.0
     # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
     # own short transaction (a row_index range of the primary key, no table lock).

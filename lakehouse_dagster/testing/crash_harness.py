@@ -548,7 +548,8 @@ def _infra_cycle(
 ) -> tuple[int, str, bool]:
     """One process (``launch(env)``: a sync, a reverse apply) and one infrastructure fault: at its failpoint (frozen
     there, broken, resumed), for ``anytime:`` at a random moment while it runs (``window``: seconds after its
-    start, drawn uniformly), for ``whole:store-down`` and ``store-flaky`` all along. Returns its exit code, its stderr and whether the fault hit it (it had not ended yet)."""
+    start, drawn uniformly), for ``whole:store-down`` and ``store-flaky`` all along. Returns its exit code, its
+    stderr and whether the fault hit it (it had not ended yet)."""
     point, action = spec.split(":")
     if action == "store-flaky" or (point == "whole" and action == "store-down"):
         assert infra.store is not None
