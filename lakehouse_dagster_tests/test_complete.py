@@ -22,6 +22,7 @@ from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
 from lakehouse_dagster.flags.overrides import set_override
+from lakehouse_dagster.lifecycle import LifecycleRefused
 from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.reverse import apply_reverse
@@ -215,10 +216,12 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     # ... a widen would be too, and the forward mirror refuses it whatever its flags say
     code, _, err = lh("write-flags", "clear", "sync.append", "--dataset", str(d))
     assert code == 6 and "was completed on" in err
-    set_override(conn, "write", "sync.append", "pg", dataset=d, note="ungated", actor="pytest")  # past the gates
+    # ... and so is a change past the gates: the lifecycle refuses every way out of complete but a restore
+    with pytest.raises(LifecycleRefused, match="is complete .*no writer may leave iceberg_native before a restore"):
+        set_override(conn, "write", "sync.append", "pg", dataset=d, note="ungated", actor="pytest")
+    assert flag_tables(conn) == flags
     with pytest.raises(BadInput, match="was completed on.*the mirror refuses it"):
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    set_override(conn, "write", "sync.append", "iceberg_native", dataset=d, note="back", actor="pytest")
 
     # the way back: a backfill restores every row from Iceberg, lifts the mark; the rollback then needs nothing
     restored = json.loads(lh("write-flags", "backfill", "--dataset", str(d), "--json", check=True)[1])

@@ -24,12 +24,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import close_quietly, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import Backpressure, GuardLost, LockTimeout
 
-_NS_DATASET = 0x1A4E_0100  # G3: (namespace, hash of dataset id)
-_NS_ADMISSION = 0x1A4E_0200  # G2: (namespace, slot number)
-_NS_FIRST_NATIVE = 0x1A4E_0300  # a write flip's first native sync until its canary's verdict: (namespace, dataset)
+_NS_DATASET = locks.DATASET  # G3: (namespace, hash of dataset id)
+_NS_ADMISSION = locks.ADMISSION  # G2: (namespace, slot number)
+_NS_FIRST_NATIVE = locks.FIRST_NATIVE  # a first native write until its canary's verdict: (namespace, dataset)
 
 
 # (connection, namespace, key, what) of every guard lock this context holds
@@ -124,8 +125,7 @@ def check_held(left: str = "this sync's files are left to the next sync of the d
 
 
 def _dataset_key(dataset_id: uuid.UUID) -> int:
-    # 32-bit signed int from the uuid (advisory lock keys are int4 pairs)
-    return int.from_bytes(dataset_id.bytes[:4], "big", signed=True)
+    return locks.dataset_key(dataset_id)  # a hash of the whole id (int4: advisory lock keys are int4 pairs)
 
 
 def _lock_within(conn: psycopg.Connection, function: str, ns: int, key: int, timeout_s: float, why: str) -> None:

@@ -50,6 +50,7 @@ from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import place, widen_blockers
+from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
 from lakehouse_dagster.tracking import barrier, capture
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
@@ -441,9 +442,19 @@ def scope_names(conn: psycopg.Connection, datasets: dict) -> dict:
     return names
 
 
-def lock_gates(conn: psycopg.Connection) -> None:
+def lock_gates(conn: psycopg.Connection, dataset_id: uuid.UUID | None = None) -> None:
     """Take the lock every gated change holds until its transaction ends (re-entrant in one session), so a
-    caller deciding a change from the flags it reads (auto-rollback) decides on what no one else is changing."""
+    caller deciding a change from the flags it reads (auto-rollback) decides on what no one else is changing.
+    The lifecycle's lock comes first — of ``dataset_id``, else of every dataset — as every verb takes it (one lock
+    order, no deadlock with a verb in flight)."""
+    if dataset_id is not None:
+        lock_dataset(conn, dataset_id)
+    else:
+        lock_every_dataset(conn)
+    _lock_gate(conn)
+
+
+def _lock_gate(conn: psycopg.Connection) -> None:
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_GATE_LOCK,))
 
 
@@ -464,7 +475,7 @@ def check_widen(
 
 def _guard_with(soak_seconds: int | None):
     def guard(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> None:
-        lock_gates(conn)
+        _lock_gate(conn)  # inside the change's lifecycle transition (flags/overrides.py), which holds its lock
         check_change(conn, flag, scope, mode, soak_seconds=soak_seconds)
 
     return guard

@@ -18,8 +18,10 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.flags.registry import Flag, check_kind, check_mode, get_flag
+from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
+from lakehouse_dagster.flags.registry import READ, Flag, check_kind, check_mode, get_flag
 from lakehouse_dagster.flags.resolver import invalidate_local
+from lakehouse_dagster.lifecycle import READER_FLAG, WRITER_FLAG, transition
 
 GLOBAL = "global"
 WORKSPACE = "workspace"
@@ -137,6 +139,24 @@ def _lock_key(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str | None:
     return row[0] if row else None
 
 
+def _verb(flag: Flag) -> str:
+    return "flags" if flag.kind == READ else "write-flags"
+
+
+def _moving(conn: psycopg.Connection, flag: Flag, scope: Scope, actor: str, what: str):
+    """The change as a lifecycle transition (lifecycle/transition.py): under the lifecycle lock, checked against
+    the table of transitions, recorded with its effect in one transaction."""
+    return transition(
+        conn,
+        READER_FLAG if flag.kind == READ else WRITER_FLAG,
+        dataset_ids=lambda c: scope_ids(c, scope.scope, scope.scope_id),
+        wide=scope.scope != DATASET,
+        derive=derive,
+        actor=actor,
+        what=what,
+    )
+
+
 def set_override(
     conn: psycopg.Connection,
     kind: str,
@@ -157,7 +177,7 @@ def set_override(
     note = _check_note(note)
     actor = _check_actor(actor)
     require_target(conn, scope)
-    with conn.transaction():
+    with _moving(conn, flag, scope, actor, f"{_verb(flag)} set {flag.name} {mode} ({scope})"):
         if guard is not None:
             guard(conn, flag, scope, mode)
         before = _lock_key(conn, flag, scope)
@@ -197,7 +217,7 @@ def clear_override(
     scope = parse_scope(dataset, workspace)
     note = _check_note(note)
     actor = _check_actor(actor)
-    with conn.transaction():
+    with _moving(conn, flag, scope, actor, f"{_verb(flag)} clear {flag.name} ({scope})"):
         if guard is not None:
             guard(conn, flag, scope, None)
         before = _lock_key(conn, flag, scope)

@@ -10,39 +10,27 @@ is audited (who, when, note) in the append-only ``lakehouse_reverse_audit`` (mig
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Iterable
 from datetime import datetime
 
 import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
 from lakehouse_dagster.flags.overrides import Scope, _check_actor, _check_note, parse_scope, require_target
+from lakehouse_dagster.flags.reverse_read import DEFAULT_ON, ReverseSetting, reverse_enabled, reverse_settings
+from lakehouse_dagster.lifecycle import REVERSE, transition
 
-DEFAULT_ON = True
+__all__ = [
+    "DEFAULT_ON",
+    "ReverseChange",
+    "ReverseSetting",
+    "reverse_enabled",
+    "reverse_history",
+    "reverse_settings",
+    "set_reverse",
+]
+
 _LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact
-
-_EFFECTIVE = """
-select d.id,
-       coalesce(o_d.enabled, o_w.enabled, o_g.enabled, %(default)s) as enabled,
-       case when o_d.enabled is not null then 'dataset' when o_w.enabled is not null then 'workspace'
-            when o_g.enabled is not null then 'global' else 'default' end as source
-  from datasets d
-  left join lakehouse_reverse_settings o_d on o_d.scope = 'dataset' and o_d.scope_id = d.id
-  left join lakehouse_reverse_settings o_w on o_w.scope = 'workspace' and o_w.scope_id = d.workspace_id
-  left join lakehouse_reverse_settings o_g on o_g.scope = 'global'
- where d.id = any(%(ids)s::uuid[])
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseSetting:
-    dataset_id: uuid.UUID
-    enabled: bool
-    source: str  # dataset | workspace | global | default
-
-    def describe(self) -> str:
-        return f"reverse {'on' if self.enabled else 'off'} ({'the default' if self.source == 'default' else self.source + ' setting'})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,19 +58,6 @@ class ReverseChange:
         }
 
 
-def reverse_settings(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, ReverseSetting]:
-    """The effective setting of each dataset (one query, uncached: a change applies at the next apply)."""
-    ids = list(dataset_ids)
-    if not ids:
-        return {}
-    rows = conn.execute(_EFFECTIVE, {"ids": ids, "default": DEFAULT_ON}).fetchall()
-    return {r[0]: ReverseSetting(r[0], bool(r[1]), r[2]) for r in rows}
-
-
-def reverse_enabled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseSetting:
-    return reverse_settings(conn, [dataset_id]).get(dataset_id) or ReverseSetting(dataset_id, DEFAULT_ON, "default")
-
-
 def _stored(conn: psycopg.Connection, scope: Scope) -> bool | None:
     row = conn.execute(
         "select enabled from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
@@ -105,7 +80,16 @@ def set_reverse(
     scope = parse_scope(dataset, workspace)
     note, actor = _check_note(note), _check_actor(actor)
     require_target(conn, scope)
-    with conn.transaction():
+    what = f"write-flags reverse {'clear' if enabled is None else 'on' if enabled else 'off'} ({scope})"
+    with transition(
+        conn,
+        REVERSE,
+        dataset_ids=lambda c: scope_ids(c, scope.scope, scope.scope_id),
+        wide=scope.scope_id is None or scope.scope != "dataset",
+        derive=derive,
+        actor=actor,
+        what=what,
+    ):
         conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
         before = _stored(conn, scope)
         if enabled is None and before is None:  # nothing to clear: nothing written, nothing audited

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 
 import psycopg
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, fetch_value
 from lakehouse_dagster.core.errors import Backpressure, BadInput, LakehouseError, LockTimeout, first_line, is_transient
 from lakehouse_dagster.core.guards import guard_connection
@@ -55,7 +56,7 @@ from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
 
 _log = logging.getLogger(__name__)
 
-_NS_SHARD = 0x1A4E_0300  # advisory lock class of a stream shard: (namespace, shard_count << 16 | shard)
+_NS_SHARD = locks.STREAM_SHARD  # advisory lock class of a stream shard: (namespace, shard_count << 16 | shard)
 SWEEP_EVERY_S = 5.0  # how often a stream looks for datasets behind Postgres that the cursor did not bring
 HEARTBEAT_EVERY_S = 1.0
 PAGE = 1000  # changed datasets read per cursor query (more: the next query pages on at once)

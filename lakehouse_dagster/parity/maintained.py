@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
@@ -48,7 +49,7 @@ from lakehouse_dagster.tracking.datasets import Column, parse_schema
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
 COMPACT_AFTER = 64  # delta rows per dataset beyond its segments before a canary folds them
-_FILL_LOCK = 0x1A4E_0015  # advisory lock class: one fill / compaction of a dataset at a time
+_FILL_LOCK = locks.PARITY_FILL  # advisory lock class: one fill / compaction of a dataset at a time
 FILL_LOCK = _FILL_LOCK  # public: a reverse full re-sync (mirror/reverse.py) takes it too
 
 Segments = dict[int, tuple[int, int]]

@@ -39,6 +39,7 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
@@ -49,6 +50,7 @@ from lakehouse_dagster.lake.writer import (
     sync_snapshot,
     table_state,
 )
+from lakehouse_dagster.lifecycle import ICEBERG, check_authority, write_hold
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
@@ -167,7 +169,15 @@ def _write_native(
     # G3 then G2 on this session (advisory locks are re-entrant per session, so a caller that already
     # holds them on the same connection is fine): a concurrent mirror sync of the dataset neither runs
     # beside us nor reaps our 'running' row. Backpressure is raised before anything is recorded.
-    with dataset_lock(conn, decision.dataset_id), admission_slot(conn, settings.max_concurrent_ingest):
+    with (
+        dataset_lock(conn, decision.dataset_id),
+        admission_slot(conn, settings.max_concurrent_ingest),
+        write_hold(conn, decision.dataset_id),
+    ):
+        # Iceberg must be the dataset's truth, under the lifecycle lock held until the commit is recorded: a flag
+        # read from a cache that lags a rollback would write rows the forward mirror then overwrites
+        facts = lifecycle_of(conn, [decision.dataset_id]).get(decision.dataset_id)
+        check_authority(facts, decision.dataset_id, target=ICEBERG, writer=decision.writer)
         if catalog is not None:
             reap_abandoned(conn, catalog, settings, decision.dataset_id)
         return _write_native_locked(conn, decision, iceberg_write, settings, catalog, lg, sync_id, run_id)

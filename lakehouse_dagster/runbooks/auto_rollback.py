@@ -192,7 +192,7 @@ def _readers(conn: psycopg.Connection, out: Outcome, actor: str) -> None:
     ds = out.dataset_id
     with conn.transaction():
         if out.enabled:
-            lock_gates(conn)  # decide on flags no one else is changing (released at commit)
+            lock_gates(conn, ds)  # decide on flags no one else is changing (released at commit)
         flags = FlagResolver(conn, ttl_seconds=60)  # a new resolver: its first fill reads the flags now
         fresh = freshness(conn, ds, exact=True)
         native = any(flags.resolve(WRITE, w.name, ds).mode == NATIVE for w in FLIPPABLE_WRITERS)
@@ -216,7 +216,7 @@ def _writer(conn: psycopg.Connection, out: Outcome, writer: str, actor: str) -> 
     ds = out.dataset_id
     with conn.transaction():
         if out.enabled:
-            lock_gates(conn)
+            lock_gates(conn, ds)
         flags = FlagResolver(conn, ttl_seconds=60)
         res = flags.resolve(WRITE, writer, ds)
         if res.mode != NATIVE:

@@ -61,6 +61,7 @@ from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.completed import COMPLETE, IN_PROGRESS, RESTORED, RESTORING, Completed, completed_mark
+from lakehouse_dagster.flags.lifecycle_facts import derive
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, parse_scope, require_target
 from lakehouse_dagster.flags.reader_datasets import readers_of
@@ -69,6 +70,8 @@ from lakehouse_dagster.flags.soak import audit_history, effective_since, until
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.lifecycle import COMPLETE_VERB, RESTORE, transition
+from lakehouse_dagster.lifecycle.lock import lock_dataset
 from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
@@ -345,10 +348,21 @@ def complete(
                     _audit(conn, ds_id, "resume", actor, mark.rows_deleted, {"next_row_index": mark.next_row_index})
             else:
                 path = _check_export_dir(export_to, None)
-                found = check(conn, catalog, settings, ds_id, soak_seconds=soak_seconds)
-                if found.missing:
-                    raise found.refusal()
-                _start(conn, ds_id, found, path, actor, note)
+                # the checks and the start under the lifecycle lock: a writer rollback (or any verb) on the dataset
+                # either committed before the checks read its flags, or waits until the start has committed and
+                # then finds the dataset completing
+                with transition(
+                    conn,
+                    COMPLETE_VERB,
+                    dataset_ids=[ds_id],
+                    derive=derive,
+                    actor=actor,
+                    what=f"write-flags complete --dataset {ds_id}",
+                ):
+                    found = check(conn, catalog, settings, ds_id, soak_seconds=soak_seconds)
+                    if found.missing:
+                        raise found.refusal()
+                    _start(conn, ds_id, found, path, actor, note)
         mark = completed_mark(conn, ds_id)
         assert mark is not None
         exported = 0
@@ -473,6 +487,7 @@ def _delete_batches(
             with conn.transaction():
                 conn.execute("select set_config('lock_timeout', %s, true)", (f"{int(lock_timeout_ms)}ms",))
                 conn.execute("select set_config(%s, 'on', true)", (GUC,))  # no echo (migration 033's triggers)
+                lock_dataset(conn, ds_id)  # the lifecycle's lock before the mark's row lock, as every verb takes them
                 mark = completed_mark(conn, ds_id, for_update=True)
                 if mark is None or mark.status != IN_PROGRESS:  # a backfill took it back meanwhile
                     return deleted, batches, mark.status if mark else RESTORED
@@ -482,15 +497,23 @@ def _delete_batches(
                         conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)),
                         "the dataset's lowest row_index",
                     )
-                if lo is None:  # nothing left: finish
-                    conn.execute(
-                        "update lakehouse_completed set status = %s, finished_at = now(), next_row_index = null"
-                        " where dataset_id = %s",
-                        (COMPLETE, ds_id),
-                    )
-                    # a reverse apply someone turned on meanwhile may have written a position: dataset_rows holds none
-                    conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
-                    _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
+                if lo is None:  # nothing left: finish (completing → complete)
+                    with transition(
+                        conn,
+                        COMPLETE_VERB,
+                        dataset_ids=[ds_id],
+                        derive=derive,
+                        actor=actor,
+                        what=f"write-flags complete --dataset {ds_id} (finish)",
+                    ):
+                        conn.execute(
+                            "update lakehouse_completed set status = %s, finished_at = now(), next_row_index = null"
+                            " where dataset_id = %s",
+                            (COMPLETE, ds_id),
+                        )
+                        # a reverse position written meanwhile (none should be: the reverse is off): none holds
+                        conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+                        _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
                     return deleted, batches, COMPLETE
                 hi_row = conn.execute(
                     "select row_index from dataset_rows where dataset_id = %s and row_index >= %s"
@@ -666,14 +689,16 @@ def restore(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor
                 "changed outside the flip gates): set its writer back (lakehouse write-flags set <writer> "
                 f"iceberg_native --dataset {ds_id}), then backfill; nothing was written"
             )
-        with conn.transaction():
+        what = f"write-flags backfill --dataset {ds_id}"
+        with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
             mark = completed_mark(conn, ds_id, for_update=True)  # waits for a batch in flight
             assert mark is not None
-            conn.execute("update lakehouse_completed set status = %s where dataset_id = %s", (RESTORING, ds_id))
-            _audit(conn, ds_id, "restore", actor, None, {"was": mark.status, "rows_deleted": mark.rows_deleted})
-        set_reverse(conn, True, dataset=ds_id, note="backfill after complete", actor=actor)
+            if mark.status != RESTORING:  # completing / complete → restoring, the reverse on with it
+                conn.execute("update lakehouse_completed set status = %s where dataset_id = %s", (RESTORING, ds_id))
+                _audit(conn, ds_id, "restore", actor, None, {"was": mark.status, "rows_deleted": mark.rows_deleted})
+            set_reverse(conn, True, dataset=ds_id, note="backfill after complete", actor=actor)
     r = apply_reverse(dsn, catalog, settings, ds_id, actor=actor, full=True)
-    with connect(dsn) as conn, conn.transaction():
+    with connect(dsn) as conn, transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
         conn.execute(
             "update lakehouse_completed set status = %s, restored_at = now() where dataset_id = %s", (RESTORED, ds_id)
         )

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import psycopg
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.errors import LakehouseError
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -218,7 +219,7 @@ def fill_change_tracking(conn: psycopg.Connection, *, batch: int = 1000) -> int:
 
 # The same key as the releases that took it per transaction (pg_advisory_xact_lock): an older release
 # migrating at the same time waits for us, and we for it.
-LOCK_KEY = 0x1A4E_0001
+LOCK_KEY = locks.MIGRATE
 
 # Every definition of the named functions in the current schema (md5 of pg_get_functiondef, by oid).
 _DEFINITIONS = (

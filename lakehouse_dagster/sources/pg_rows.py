@@ -21,6 +21,7 @@ from psycopg import sql
 
 from lakehouse_dagster.core.db import adbc_uri
 from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
+from lakehouse_dagster.lifecycle import POSTGRES, check_authority, facts_of_row, write_lock_statements
 from lakehouse_dagster.tracking.datasets import Column
 
 STAGE = "lakehouse_ingest_stage"
@@ -44,6 +45,14 @@ class RowsTransaction:
     ):
         self._cur, self._render = cur, render
         self._dataset_id, self._columns, self._replace = dataset_id, tuple(columns), replace
+
+    def check_authority(self, writer: str) -> None:
+        """Under the lifecycle lock taken shared in this transaction (held until it commits, with the rows): refuse
+        unless Postgres is the dataset's truth (lifecycle/authority.py)."""
+        *locks, read = write_lock_statements(self._dataset_id)
+        self.execute(locks)
+        self._cur.execute(read.as_string(self._render))
+        check_authority(facts_of_row(self._cur.fetchone()), self._dataset_id, target=POSTGRES, writer=writer)
 
     def copy(self, batches: Iterable[pa.RecordBatch], *, start_index: int) -> int:
         """Stage ``batches`` (typed, the dataset's columns) as rows ``start_index``…, then move them into

@@ -42,6 +42,7 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import WRITE, get_flag
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
@@ -289,9 +290,11 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
     ds_id = plan.dataset.id
     lg.info(plan.decision.log_line())  # as route_write logs it on either path
     read = _SourceRead(plan, settings, dsn)
+    lifecycle_of(conn, [ds_id])  # a recorded state for the check below to read
     with admission_slot(conn, settings.max_concurrent_ingest):
         try:
             with rows_transaction(dsn, conn, ds_id, plan.dataset.columns, replace=plan.replace) as tx:
+                tx.check_authority(plan.decision.writer)  # a native writer beside this one: refused, nothing written
                 rows = tx.copy(_failpoint_after_first(read), start_index=plan.start_index)
                 state = plan.state(read.mark)
                 count = (

@@ -58,6 +58,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.schema.migrate import LOCK_KEY
@@ -72,7 +73,7 @@ DIGEST_TRIGGERS = (
 )
 TRACKING_TRIGGERS = ("lakehouse_rows_ins", "lakehouse_rows_upd", "lakehouse_rows_del")  # TRUNCATE's stays on
 BARRIER_TRIGGERS = ("lakehouse_rows_barrier_ins", "lakehouse_rows_barrier_upd", "lakehouse_rows_barrier_del")
-CONSUME_LOCK = (0x1A4E_0022, 0)  # advisory (class, key): one consumer (or fill behind it) at a time
+CONSUME_LOCK = (locks.CAPTURE_CONSUME, 0)  # advisory (class, key): one consumer (or fill behind it) at a time
 TRIGGERS = "triggers"
 AFTER_COMMIT = "after-commit"
 MODES = (TRIGGERS, AFTER_COMMIT)

@@ -1,0 +1,47 @@
+"""The reverse mirror's effective setting per dataset (dataset > workspace > global > on), read apart from its
+writer (reverse_setting.py) so that the lifecycle's facts (lifecycle_facts.py) can read it below the overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterable
+
+import psycopg
+
+DEFAULT_ON = True
+
+_EFFECTIVE = """
+select d.id,
+       coalesce(o_d.enabled, o_w.enabled, o_g.enabled, %(default)s) as enabled,
+       case when o_d.enabled is not null then 'dataset' when o_w.enabled is not null then 'workspace'
+            when o_g.enabled is not null then 'global' else 'default' end as source
+  from datasets d
+  left join lakehouse_reverse_settings o_d on o_d.scope = 'dataset' and o_d.scope_id = d.id
+  left join lakehouse_reverse_settings o_w on o_w.scope = 'workspace' and o_w.scope_id = d.workspace_id
+  left join lakehouse_reverse_settings o_g on o_g.scope = 'global'
+ where d.id = any(%(ids)s::uuid[])
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReverseSetting:
+    dataset_id: uuid.UUID
+    enabled: bool
+    source: str  # dataset | workspace | global | default
+
+    def describe(self) -> str:
+        return f"reverse {'on' if self.enabled else 'off'} ({'the default' if self.source == 'default' else self.source + ' setting'})"
+
+
+def reverse_settings(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, ReverseSetting]:
+    """The effective setting of each dataset (one query, uncached: a change applies at the next apply)."""
+    ids = list(dataset_ids)
+    if not ids:
+        return {}
+    rows = conn.execute(_EFFECTIVE, {"ids": ids, "default": DEFAULT_ON}).fetchall()
+    return {r[0]: ReverseSetting(r[0], bool(r[1]), r[2]) for r in rows}
+
+
+def reverse_enabled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseSetting:
+    return reverse_settings(conn, [dataset_id]).get(dataset_id) or ReverseSetting(dataset_id, DEFAULT_ON, "default")

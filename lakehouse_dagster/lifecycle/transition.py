@@ -1,0 +1,223 @@
+"""Every move of a dataset goes through ``transition``: the lifecycle lock, the state before, the verb's effects,
+then the state after derived from what the verb changed and checked against the table of transitions
+(lifecycle/states.py) — an illegal move raises ``LifecycleRefused`` inside the verb's transaction, so its effects
+roll back with it and nothing is written. Legal moves are stored with a new version and a history row.
+
+The facts a state is derived from (flags, the reverse setting, the complete mark, the sync log) belong to the layers
+above; they hand their ``derive`` in (flags/lifecycle_facts.py). A transition opened inside another one on the same
+connection joins it: the outer one checks every dataset both touched, once, at its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+
+import psycopg
+
+from lakehouse_dagster.core.errors import FlipRefused
+from lakehouse_dagster.lifecycle import store
+from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
+from lakehouse_dagster.lifecycle.states import MIRROR, OBSERVE, PG, Facts, allowed, illegal, next_steps
+
+Derive = Callable[[psycopg.Connection, list[uuid.UUID]], dict[uuid.UUID, Facts]]
+_SHOWN = 20
+
+
+class LifecycleRefused(FlipRefused):
+    """A verb would move a dataset where the lifecycle does not go (lifecycle/states.py); nothing was written."""
+
+
+@dataclasses.dataclass
+class _Open:
+    conn: psycopg.Connection
+    verb: str
+    actor: str
+    what: str
+    derive: Derive
+    every: bool
+    before: dict[uuid.UUID, Facts]
+
+
+_active: contextvars.ContextVar[_Open | None] = contextvars.ContextVar("lakehouse_lifecycle_open", default=None)
+
+
+def _all_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
+    return [r[0] for r in conn.execute("select id from datasets").fetchall()]
+
+
+def _before(conn: psycopg.Connection, ids: list[uuid.UUID], derive: Derive, actor: str) -> dict[uuid.UUID, Facts]:
+    """The stored state of each dataset; one without a row gets its derived state recorded first (``observe``)."""
+    found = {d: f for d, (f, _v) in store.stored(conn, ids).items()}
+    missing = [d for d in ids if d not in found]
+    if missing:
+        for d, f in derive(conn, missing).items():
+            store.record(conn, d, None, f, verb=OBSERVE, actor=actor)
+            found[d] = f
+    return found
+
+
+def allowed_for(before: Facts, after: Facts, verb: str) -> bool:
+    """``before → after`` by ``verb``, allowing the forward mirror's first snapshot to have landed meanwhile (it
+    moves pg on without a verb's lock)."""
+    if allowed(before.state, after.state, verb):
+        return True
+    if before.state == PG and allowed(PG, after.state, MIRROR):
+        return True  # the first snapshot landed meanwhile (pg → mirrored / read-flipped)
+    return before.state == PG and any(
+        allowed(PG, mid, MIRROR) and allowed(mid, after.state, verb) for mid in ("mirrored", "read-flipped")
+    )
+
+
+@contextlib.contextmanager
+def transition(
+    conn: psycopg.Connection,
+    verb: str,
+    *,
+    dataset_ids: Sequence[uuid.UUID] | None | Callable[[psycopg.Connection], Sequence[uuid.UUID] | None],
+    derive: Derive,
+    actor: str,
+    what: str,
+    wide: bool = False,
+) -> Iterator[None]:
+    """Run the caller's block as ``verb`` over ``dataset_ids`` (None: every dataset; a callable: read under the
+    lock, for a workspace whose datasets may change) under the lifecycle lock, in one transaction with the check
+    and the record of each dataset's move. ``wide``: a workspace or global verb (every dataset's lock exclusive,
+    whatever the count). ``what``: the verb as the operator typed it, for the refusal."""
+    outer = _active.get()
+    if outer is not None and outer.conn is conn:
+        yield from _join(outer, _ids(conn, dataset_ids))
+        return
+    with conn.transaction():
+        known = None if callable(dataset_ids) or dataset_ids is None else list(dict.fromkeys(dataset_ids))
+        every = wide or known is None or len(known) != 1
+        if every:
+            lock_every_dataset(conn)
+        else:
+            assert known is not None
+            lock_dataset(conn, known[0])
+        ids = _ids(conn, dataset_ids)
+        scope = _all_ids(conn) if ids is None else ids
+        opened = _Open(conn, verb, actor, what, derive, every, _before(conn, scope, derive, actor))
+        token = _active.set(opened)
+        try:
+            yield
+        finally:
+            _active.reset(token)
+        _settle(opened, ids is None)
+
+
+def _ids(conn: psycopg.Connection, dataset_ids) -> list[uuid.UUID] | None:
+    found = dataset_ids(conn) if callable(dataset_ids) else dataset_ids
+    return None if found is None else list(dict.fromkeys(found))
+
+
+def _join(outer: _Open, ids: list[uuid.UUID] | None) -> Iterator[None]:
+    conn = outer.conn
+    if not outer.every:
+        if ids is None or len(ids) != 1 or ids[0] not in outer.before:
+            lock_every_dataset(conn)  # widens the outer's lock: taken after its own, never the other way round
+            outer.every = True
+    scope = _all_ids(conn) if ids is None else ids
+    new = [d for d in scope if d not in outer.before]
+    outer.before.update(_before(conn, new, outer.derive, outer.actor))
+    yield
+
+
+def _settle(opened: _Open, every_dataset: bool) -> None:
+    conn = opened.conn
+    ids = list(opened.before)
+    if every_dataset:  # a dataset created meanwhile is judged too
+        ids += [d for d in _all_ids(conn) if d not in opened.before]
+        opened.before.update(_before(conn, [d for d in ids if d not in opened.before], opened.derive, opened.actor))
+    after = opened.derive(conn, ids)
+    refusals: list[tuple[uuid.UUID, Facts, Facts, str]] = []
+    moves: list[tuple[uuid.UUID, Facts, Facts]] = []
+    for d in ids:
+        b, a = opened.before.get(d), after.get(d)
+        if b is None or a is None:
+            continue  # deleted meanwhile
+        if b.same_place(a):
+            if b.native_writers != a.native_writers and not illegal(a):
+                store.set_writers(conn, d, a.native_writers)
+                continue
+            if not illegal(a):
+                continue
+        why = illegal(a) or (
+            None
+            if allowed_for(b, a, opened.verb)
+            else f"{opened.verb} never moves a dataset from {b.state} to {a.state}"
+        )
+        if why:
+            refusals.append((d, b, a, why))
+        else:
+            moves.append((d, b, a))
+    if refusals:
+        raise _refusal(conn, opened, refusals)
+    for d, b, a in moves:
+        store.record(conn, d, b, a, verb=opened.verb, actor=opened.actor)
+
+
+def _refusal(conn: psycopg.Connection, opened: _Open, refusals: list) -> LifecycleRefused:
+    ids = [r[0] for r in refusals]
+    names: dict[uuid.UUID, str] = dict(
+        conn.execute("select id, name from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
+    )
+
+    def line(d, b: Facts, a: Facts, why: str) -> str:
+        return (
+            f"dataset {names.get(d, '?')} ({d}) is {b.describe()}; this would leave it {a.describe()}: {why}; "
+            f"the way on: {next_steps(b.state, d)}"
+        )
+
+    if len(refusals) == 1:
+        return LifecycleRefused(f"refused: {opened.what}: {line(*refusals[0])}; nothing written")
+    lines = [
+        f"refused: {opened.what} would move {len(refusals)} dataset(s) where their lifecycle does not go; nothing written:"
+    ]
+    lines += [f"  {line(*r)}" for r in refusals[:_SHOWN]]
+    if len(refusals) > _SHOWN:
+        lines.append(f"  ... and {len(refusals) - _SHOWN} more")
+    return LifecycleRefused("\n".join(lines))
+
+
+def current(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID], derive: Derive, actor: str) -> dict:
+    """The state of each dataset as stored; a dataset without a row, or still ``pg`` in the store while its first
+    snapshot has landed, is brought up to date first (recorded as ``observe`` / ``mirror``). For readers above the
+    layers that own the facts (status, the CLI, the write paths): they pass ``derive``."""
+    ids = list(dict.fromkeys(dataset_ids))
+    if not ids:
+        return {}
+    found = {d: f for d, (f, _v) in store.stored(conn, ids).items()}
+    stale = [d for d in ids if d not in found or found[d].state == PG]
+    if stale:
+        with conn.transaction():
+            derived = derive(conn, stale)
+            again = {d: f for d, (f, _v) in store.stored(conn, stale).items()}
+            for d, f in derived.items():
+                before = again.get(d)
+                if before is None:
+                    conn.execute(
+                        "insert into lakehouse_lifecycle (dataset_id, state, reverse, native_writers, verb, actor)"
+                        " values (%s, %s, %s, %s, %s, %s) on conflict (dataset_id) do nothing",
+                        (d, f.state, f.reverse, list(f.native_writers), OBSERVE, actor),
+                    )
+                    found[d] = f
+                elif before.state == PG and not before.same_place(f) and allowed(PG, f.state, MIRROR):
+                    store.record(conn, d, before, f, verb=MIRROR, actor=actor)
+                    found[d] = f
+                else:
+                    found[d] = before
+    return {d: found[d] for d in ids if d in found}
+
+
+def stored_states(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, Facts]:
+    """The stored state alone, for readers below the facts' owners (the canary): no row → not in the result."""
+    return {d: f for d, (f, _v) in store.stored(conn, list(dataset_ids)).items()}
+
+
+def versions(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+    return {d: v for d, (_f, v) in store.stored(conn, list(dataset_ids)).items()}
