@@ -22,9 +22,9 @@ from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.complete import complete_job
 from lakehouse_dagster.flags.overrides import set_override
-from lakehouse_dagster.lifecycle import LifecycleRefused
 from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.lifecycle import LifecycleRefused
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity.canary import evaluate

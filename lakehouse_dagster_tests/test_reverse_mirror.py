@@ -18,7 +18,7 @@ from lakehouse_dagster.core.failpoints import FailpointError
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.poller import Cursor, datasets_behind, pending_syncs
-from lakehouse_dagster.mirror.reverse import apply_due, apply_reverse, position
+from lakehouse_dagster.mirror.reverse import PostgresWritten, apply_due, apply_reverse, position
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.parity.maintained import SEG_BITS
@@ -213,6 +213,10 @@ def test_rollback_of_a_reverse_synced_dataset_needs_no_backfill(conn, dsn, setti
     r = sync_dataset(dsn, catalog, settings, d)
     assert (r.mode, r.rows) == ("noop", 0) and snapshot(settings, dsn, d) == snap
     _same_as_table(conn, settings, dsn, d)
+    # noop, then ok: the canary asks the lifecycle who is the truth (Postgres again), not who wrote the snapshot
+    # (issue 42, item 4: it said "native ... Postgres is not authoritative for it", and a re-flip went on that)
+    v = evaluate(dsn, catalog, settings, d, smoke=True)
+    assert v.verdict == "ok", v.detail
     # the live app writes again on the pg path: the next forward sync is a pure append of just that row
     datasets.insert_rows(conn, d, [row(99)])
     r = sync_dataset(dsn, catalog, settings, d)
@@ -286,24 +290,35 @@ def test_the_reverse_setting_cli(conn, dsn, settings, lh):
     assert [h["after"] for h in _json(lh, "write-flags", "reverse", "history")["history"]] == [True, False]
 
 
-def test_an_append_that_would_not_reproduce_the_snapshot_becomes_a_full_re_sync(conn, dsn, settings, lh):
+def test_a_postgres_side_write_to_a_native_dataset_is_refused_never_answered_by_a_deletion(conn, dsn, settings, lh):
+    """Issue 42, item 8: the reverse noticed a write into Postgres only by a row count and answered it by deleting.
+    Now its position records rows_version: such a write is seen in O(1) and the apply refuses, keeping every row."""
     d = ready_native(conn, dsn, settings, lh, "sync.append")
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
     assert apply_reverse(dsn, catalog, settings, d).how == "append"
-    # a row only Postgres holds, at the next row_index (a writer locked to pg wrote it while the dataset is native)
+    # a row only Postgres holds (the live app's row.edit, locked to pg, wrote it while the dataset is native)
     datasets.insert_rows(conn, d, [row(50)])
     native_write(conn, dsn, settings, d, "sync.append", [row(7), row(8)], start=7)
-    r = apply_reverse(dsn, catalog, settings, d)
-    assert r.how == "full" and "Postgres holds 1 other row(s) at their row_index" in r.reason, r.reason
+    kept = _pg_rows(conn, d)
+    with pytest.raises(PostgresWritten) as refused:
+        apply_reverse(dsn, catalog, settings, d)
+    text = str(refused.value)
+    assert f"refused: dataset {d} is native (Iceberg is its truth), but its dataset_rows was written" in text
+    assert f"lakehouse write-flags reverse sync --dataset {d} --full" in text and "nothing was written" in text
+    assert _pg_rows(conn, d) == kept
+    code, _, err = lh("write-flags", "reverse", "sync", "--dataset", str(d))
+    assert code == 6 and "rows_version" in err and len(err.strip().splitlines()) == 1, err
+    assert _pg_rows(conn, d) == kept
+    # the operator accepts Iceberg's rows: a full re-sync, asked for
+    assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"
     _same_as_table(conn, settings, dsn, d)
-    # a row only Postgres holds above the table's rows: the count tells
+    # a position left by an earlier release (no rows_version): the count still tells, as before
+    conn.execute("update lakehouse_reverse_position set rows_version = null where dataset_id = %s", (d,))
     datasets.insert_rows(conn, d, [row(51)])
     native_write(conn, dsn, settings, d, "sync.append", [row(10)], start=10)
     r = apply_reverse(dsn, catalog, settings, d)
     assert r.how == "full" and "Postgres would hold 11 row(s) where the snapshot has 10" in r.reason, r.reason
-    _same_as_table(conn, settings, dsn, d)
-    assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"  # asked for: a full re-sync again
     _same_as_table(conn, settings, dsn, d)
 
 

@@ -21,6 +21,9 @@ def _list(ctx, args) -> Result:
          order by w.name nulls last, d.workspace_id, d.name, d.id
         """
     ).fetchall()
+    from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of  # each verb imports what it uses
+
+    states = lifecycle_of(ctx.conn, [r[0] for r in rows], actor=ctx.actor) if rows else {}
     data = [
         {
             "id": r[0],
@@ -34,6 +37,7 @@ def _list(ctx, args) -> Result:
             "synced_at": r[8],
             "workspace": r[9],
             "workspace_id": r[10],
+            "lifecycle": states[r[0]].describe() if r[0] in states else None,
         }
         for r in rows
     ]
@@ -48,7 +52,7 @@ def _list(ctx, args) -> Result:
     return Result(data, "\n".join(text) if text else "(no datasets)")
 
 
-COLUMNS = ["id", "name", "kind", "row_count", "status", "rows_version", "last_sync", "synced_version"]
+COLUMNS = ["id", "name", "kind", "lifecycle", "row_count", "status", "rows_version", "last_sync", "synced_version"]
 
 
 def _indent(text: str) -> str:

@@ -16,6 +16,7 @@ import uuid
 
 # (namespace, key) locks: each namespace once, with who takes it
 MIGRATE = 0x1A4E_0001  # schema/migrate.py: one migration run at a time (single-bigint form, key = this value)
+DEMO_SEED = 0x1A4E_0D30  # demo/workspace.py: one seeding of the demo at a time (single-bigint form)
 PARITY_FILL = 0x1A4E_0015  # parity/maintained.py: one fill / compaction of a dataset's maintained digest
 CAPTURE_CONSUME = 0x1A4E_0022  # tracking/capture.py: one WAL consumer (or a fill behind it) at a time
 DATASET = 0x1A4E_0100  # core/guards.py G3: one sync / native write / reverse apply / complete batch per dataset
@@ -27,6 +28,7 @@ LIFECYCLE = 0x1A4E_0401  # lifecycle/lock.py: one dataset's lifecycle (a dataset
 
 NAMESPACES: dict[str, int] = {
     "migrate": MIGRATE,
+    "demo_seed": DEMO_SEED,
     "parity_fill": PARITY_FILL,
     "capture_consume": CAPTURE_CONSUME,
     "dataset (G3)": DATASET,

@@ -49,6 +49,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
+from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
@@ -58,7 +59,7 @@ from lakehouse_dagster.tracking import datasets
 DEMO_NAMESPACE = uuid.UUID("6f1c5d0e-2b7a-4c1e-9a53-1a4e0de30000")
 DEMO_WORKSPACE_ID = uuid.uuid5(DEMO_NAMESPACE, "workspace")
 DEMO_WORKSPACE_NAME = "demo"
-_LOCK_KEY = 0x1A4E_0D30
+_LOCK_KEY = locks.DEMO_SEED
 
 
 def demo_id(name: str) -> uuid.UUID:

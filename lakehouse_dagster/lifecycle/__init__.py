@@ -34,7 +34,7 @@ from lakehouse_dagster.lifecycle.states import (
     illegal,
     next_steps,
 )
-from lakehouse_dagster.lifecycle.store import history
+from lakehouse_dagster.lifecycle.store import history, state_counts
 from lakehouse_dagster.lifecycle.transition import LifecycleRefused, current, stored_states, transition, versions
 
 __all__ = [
@@ -67,6 +67,7 @@ __all__ = [
     "history",
     "illegal",
     "next_steps",
+    "state_counts",
     "stored_states",
     "transition",
     "versions",

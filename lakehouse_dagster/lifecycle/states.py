@@ -163,3 +163,15 @@ def next_steps(state: str, dataset_id: uuid.UUID) -> str:
         COMPLETE: f"restore it from Iceberg first (lakehouse write-flags backfill {d})",
         RESTORING: f"finish the restore (lakehouse write-flags backfill {d})",
     }[state]
+
+
+def markdown_table() -> str:
+    """``TRANSITIONS`` as the table docs/lifecycle.md shows (test_lifecycle.py checks the page holds it verbatim)."""
+    lines = [
+        "| from | to | verbs | precondition (the verb's gates) | effect |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for t in TRANSITIONS:
+        verbs = ", ".join(f"`{v}`" for v in t.verbs)
+        lines.append(f"| `{t.before}` | `{t.after}` | {verbs} | {t.precondition} | {t.effect} |")
+    return "\n".join(lines)

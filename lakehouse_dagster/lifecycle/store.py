@@ -81,3 +81,8 @@ def history(conn: psycopg.Connection, dataset_id: uuid.UUID, limit: int = 20) ->
     ).fetchall()
     keys = ("at", "version", "before_state", "before_reverse", "after_state", "after_reverse", "verb", "actor")
     return [dict(zip(keys, r)) for r in rows]
+
+
+def state_counts(conn: psycopg.Connection) -> dict[str, int]:
+    """Datasets per stored state (/metrics reads the stored state, never re-derives it)."""
+    return dict(conn.execute("select state, count(*) from lakehouse_lifecycle group by state").fetchall())

@@ -84,6 +84,7 @@ class ReversePosition:
     rows_removed: int
     pg_rows: int
     applied_at: dt.datetime
+    rows_version: int | None = None  # the dataset's rows_version the apply left (None: written by an older release)
 
     def as_dict(self) -> dict:
         return {
@@ -93,9 +94,18 @@ class ReversePosition:
         }
 
 
+class PostgresWritten(LakehouseError):
+    """Something other than the reverse mirror wrote a native dataset's dataset_rows since the last apply: those rows
+    are not in Iceberg (the truth), and an apply could only re-sync them away. Refused, nothing written; not
+    transient — an operator decides (see the message)."""
+
+    exit_code = 6
+    transient = False
+
+
 def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:
     rows = conn.execute(
-        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at"
+        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at, rows_version"
         " from lakehouse_reverse_position where dataset_id = any(%s::uuid[])",
         (list(dataset_ids),),
     ).fetchall()
@@ -196,6 +206,8 @@ def apply_reverse(
                     time.perf_counter() - started,
                     f"already at snapshot {current.snapshot_id}",
                 )
+            if not full:
+                _refuse_postgres_written(conn, ds_id, at)
             loaded = time.perf_counter()
             how, files, reason = _plan(conn, catalog, settings, ds_id, table, full)
             _log.debug(
@@ -243,6 +255,25 @@ def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
     blocked = capture.reverse_blocked(conn)
     if blocked:
         raise BadInput(f"dataset {ds_id}: the reverse mirror cannot run: {blocked}; nothing was written")
+
+
+def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: ReversePosition | None) -> None:
+    """O(1): the dataset's rows_version against the one the last apply left. Only the live app or a pg writer moves
+    it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks."""
+    if at is None or at.rows_version is None:
+        return
+    now = fetch_value(conn.execute("select rows_version from datasets where id = %s", (ds_id,)), "rows_version")
+    if now == at.rows_version:
+        return
+    _log.error("reverse of dataset %s refused: Postgres was written since the last apply", ds_id)
+    raise PostgresWritten(
+        f"refused: dataset {ds_id} is native (Iceberg is its truth), but its dataset_rows was written by something "
+        f"other than the reverse mirror since the last apply (rows_version {at.rows_version} → {now}: the live app's "
+        "row.edit or ingest.stream, a pg writer): those rows are not in Iceberg, and applying would re-sync them "
+        "away; nothing was written. Find them (lakehouse canary --smoke --dataset "
+        f"{ds_id} names the differing rows), bring what must be kept into Iceberg through a native writer, then "
+        f"accept Iceberg's rows with lakehouse write-flags reverse sync --dataset {ds_id} --full"
+    )
 
 
 def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple[str, ...], str]:
@@ -470,11 +501,12 @@ def _apply(
         )
         run(
             sql.SQL(
-                "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows)"
-                " values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n}) on conflict (dataset_id) do update set"
+                "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows,"
+                " rows_version) values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n},"
+                " (select rows_version from datasets where id = {ds}::uuid)) on conflict (dataset_id) do update set"
                 " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
                 " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
-                " xid = pg_current_xact_id()"
+                " xid = pg_current_xact_id(), rows_version = excluded.rows_version"
             ).format(
                 ds=ds,
                 snap=sql.Literal(current.snapshot_id),

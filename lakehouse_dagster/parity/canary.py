@@ -50,6 +50,7 @@ from lakehouse_dagster.core.db import connect, fetch_value
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lifecycle import ICEBERG, stored_states
 from lakehouse_dagster.parity import localise as localisation
 from lakehouse_dagster.parity import maintained as maintained_digests
 from lakehouse_dagster.parity import smoke as smoke_check
@@ -270,7 +271,7 @@ def _evaluate(
             ) + ("" if latest else "; never synced")
             return
         v.iceberg_count = pin.total_records
-        native = pin.path == "native" or _sync_path_of(pg.conn, ds_id, pin.snapshot_id) == "native"
+        native = _iceberg_is_the_truth(pg.conn, ds_id, pin)
         if not native:
             if pin.source_version is None:
                 v.verdict = ERROR
@@ -392,13 +393,41 @@ def _compare(
         v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
 
 
+def _iceberg_is_the_truth(conn: psycopg.Connection, ds_id: uuid.UUID, pin) -> bool:
+    """Whether to judge the snapshot as a native one: written natively, and either the dataset is native now (its
+    lifecycle state, lifecycle/) or Postgres never got that snapshot's rows back. After a writer rollback whose
+    reverse mirror (or a backfill) left Postgres holding that very snapshot, Postgres is the truth again and the
+    snapshot is compared as any mirrored one: ok when they agree (issue 42, item 4 — it said `native`, "Postgres is
+    not authoritative", and a re-flip went on that). A dataset with no recorded state: who wrote the snapshot."""
+    if not (pin.path == "native" or _sync_path_of(conn, ds_id, pin.snapshot_id) == "native"):
+        return False
+    found = stored_states(conn, [ds_id]).get(ds_id)
+    if found is None or found.authority == ICEBERG:
+        return True
+    return not fetch_value(
+        conn.execute(
+            "select exists(select 1 from lakehouse_pg_reconciled where dataset_id = %s and snapshot_id = %s"
+            " and how in ('reverse', 'backfill'))",
+            (ds_id, pin.snapshot_id),
+        ),
+        "whether Postgres holds the snapshot",
+    )
+
+
 def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> None:
     """A table written iceberg-native: Postgres is not authoritative, so this only says whether the two still hold the
     same rows. Identity and all first; else the content columns alone (order-independent digest), since a native
     sync.full assigns __row_id / __created_at anew and __row_index in the source's order: same content, new
     identity is what the runbook's step 3 expects, and is said as such."""
     v.verdict = NATIVE
-    head = "written iceberg-native: Postgres is not authoritative for it; "
+    found = stored_states(pg.conn, [state.dataset_id]).get(state.dataset_id)
+    head = (
+        "written iceberg-native: Postgres is not authoritative for it; "
+        if found is None or found.authority == ICEBERG
+        else f"written iceberg-native before its writers went back to pg ({found.describe()}): Postgres is the truth "
+        "again and has not received this snapshot's rows (lakehouse write-flags backfill --dataset "
+        f"{state.dataset_id} copies them, or the forward mirror's next sync replaces them); "
+    )
     if agree and v.smoke != "differs":
         v.detail["agrees_with_postgres"] = True
         v.detail["reason"] = head + "it still matches Postgres"

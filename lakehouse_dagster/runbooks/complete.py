@@ -674,7 +674,6 @@ def restore(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor
     the mark ``restoring`` (a complete still deleting stops at its next batch), the reverse on at dataset scope
     (audited), a full reverse re-sync from the table's current snapshot (one transaction, identity preserved, no
     echo), then the mark ``restored``. Resumable: re-running after a crash does what is left."""
-    from lakehouse_dagster.flags.reverse_setting import set_reverse  # lazy: only where a restore runs
 
     ds_id = parse_uuid(dataset_id, "dataset id")
     started = time.perf_counter()
@@ -689,21 +688,35 @@ def restore(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor
                 "changed outside the flip gates): set its writer back (lakehouse write-flags set <writer> "
                 f"iceberg_native --dataset {ds_id}), then backfill; nothing was written"
             )
-        what = f"write-flags backfill --dataset {ds_id}"
-        with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
-            mark = completed_mark(conn, ds_id, for_update=True)  # waits for a batch in flight
-            assert mark is not None
-            if mark.status != RESTORING:  # completing / complete → restoring, the reverse on with it
-                conn.execute("update lakehouse_completed set status = %s where dataset_id = %s", (RESTORING, ds_id))
-                _audit(conn, ds_id, "restore", actor, None, {"was": mark.status, "rows_deleted": mark.rows_deleted})
-            set_reverse(conn, True, dataset=ds_id, note="backfill after complete", actor=actor)
+        start_restore(conn, ds_id, actor)
     r = apply_reverse(dsn, catalog, settings, ds_id, actor=actor, full=True)
-    with connect(dsn) as conn, transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
+    with connect(dsn) as conn:
+        finish_restore(conn, ds_id, actor, r.copied, r.snapshot_id)
+    return RestoreResult(ds_id, r.snapshot_id, r.copied, r.pg_rows, time.perf_counter() - started)
+
+
+def start_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str) -> None:
+    """complete / completing → restoring, the reverse on with it: one transition (a batch in flight finishes first)."""
+    from lakehouse_dagster.flags.reverse_setting import set_reverse  # lazy: only where a restore runs
+
+    what = f"write-flags backfill --dataset {ds_id}"
+    with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
+        mark = completed_mark(conn, ds_id, for_update=True)  # waits for a batch in flight
+        assert mark is not None
+        if mark.status != RESTORING:
+            conn.execute("update lakehouse_completed set status = %s where dataset_id = %s", (RESTORING, ds_id))
+            _audit(conn, ds_id, "restore", actor, None, {"was": mark.status, "rows_deleted": mark.rows_deleted})
+        set_reverse(conn, True, dataset=ds_id, note="backfill after complete", actor=actor)
+
+
+def finish_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str, copied: int, snapshot_id) -> None:
+    """restoring → native, once the full re-sync has landed every row in dataset_rows."""
+    what = f"write-flags backfill --dataset {ds_id}"
+    with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
         conn.execute(
             "update lakehouse_completed set status = %s, restored_at = now() where dataset_id = %s", (RESTORED, ds_id)
         )
-        _audit(conn, ds_id, "restored", actor, r.copied, {"snapshot_id": r.snapshot_id})
-    return RestoreResult(ds_id, r.snapshot_id, r.copied, r.pg_rows, time.perf_counter() - started)
+        _audit(conn, ds_id, "restored", actor, copied, {"snapshot_id": snapshot_id})
 
 
 def backfill_or_restore(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str):

@@ -23,6 +23,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.registry import WRITERS
+from lakehouse_dagster.lifecycle import STATES, state_counts
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
@@ -123,6 +124,7 @@ class _StatusCollector:
                 behind = behind_datasets(conn)
                 verdicts = dict(conn.execute(_BY_LATEST_VERDICT).fetchall())
                 rlags, reverse_off = reverse_lags(conn, native_dataset_ids(conn))
+                lifecycle = state_counts(conn)
         except psycopg.Error as exc:
             log.warning("metrics: cannot read the migration's state from Postgres (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -172,3 +174,12 @@ class _StatusCollector:
         )
         reverse_lag.add_metric([], max((r.lag_seconds or 0.0 for r in behind_reverse), default=0.0))
         yield reverse_lag
+        by_state = GaugeMetricFamily(
+            "lakehouse_datasets_by_lifecycle",
+            "Datasets by their stored lifecycle state (pg, mirrored, read-flipped, native, completing, complete, "
+            "restoring); a dataset no verb or reader has looked at yet is not counted",
+            labels=["state"],
+        )
+        for state in STATES:
+            by_state.add_metric([state], lifecycle.get(state, 0))
+        yield by_state

@@ -34,9 +34,11 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster import lifecycle
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import REVERSE_ON
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
@@ -150,6 +152,7 @@ class Overview:
     reverse_behind: int = 0  # of reverse_on, those with native commits not yet applied to dataset_rows
     reverse_max_lag_seconds: float | None = None  # the largest reverse lag (None: none behind)
     reverse_lags: list[ReverseLag] = dataclasses.field(default_factory=list)  # the behind ones, largest lag first
+    lifecycle: dict[str, int] = dataclasses.field(default_factory=dict)  # lifecycle state → tabular datasets
 
     def as_dict(self) -> dict:
         return {
@@ -157,6 +160,7 @@ class Overview:
             "seconds": self.seconds,
             "datasets": self.datasets,
             "dataset_stages": self.dataset_stages,
+            "lifecycle": self.lifecycle,
             "blocked": self.blocked,
             "flags": [
                 {"kind": kind, "name": name, "stages": stages} for (kind, name), stages in self.flag_stages.items()
@@ -363,7 +367,16 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         reverse_behind=len(behind_reverse),
         reverse_max_lag_seconds=max((r.lag_seconds or 0.0 for r in behind_reverse), default=None),
         reverse_lags=behind_reverse[:ATTENTION_SHOWN],
+        lifecycle=_lifecycle_counts(conn, list(tabular)),
     )
+
+
+def _lifecycle_counts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[str, int]:
+    """Tabular datasets per lifecycle state (lifecycle/), every state present: the stored states, read, not derived."""
+    counts = dict.fromkeys(lifecycle.STATES, 0)
+    for facts in lifecycle_of(conn, ids).values():
+        counts[facts.state] += 1
+    return counts
 
 
 # Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
@@ -418,6 +431,7 @@ def text_lines(ov: Overview) -> list[str]:
     """The overview for a terminal (``lakehouse status``)."""
     st = ov.dataset_stages
     lines = [
+        "lifecycle: " + (" ".join(f"{k}={v}" for k, v in ov.lifecycle.items() if v) or "no dataset"),
         f"{ov.datasets} tabular dataset(s): {st[POSTGRES]} on Postgres only, {st[MIRRORED]} mirrored, "
         f"{st[READS_ICEBERG]} read from Iceberg, {st[NATIVE]} written iceberg-native; {ov.blocked} blocked "
         f"(pipeline input, F3, reverse mirror off); {ov.piped_reverse_on} pipeline input(s) SAFE with the reverse "

@@ -19,9 +19,12 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.resolver import Resolution, resolve_datasets
 from lakehouse_dagster.lake.catalog import table_identifier
+from lakehouse_dagster.lifecycle import Facts
+from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
@@ -81,6 +84,8 @@ class PartitionState:
     flags: list[Resolution]  # every reader and writer, registry order
     verdict: dict | None  # the newest lakehouse_read_parity row (parity.canary.latest_verdicts), or None
     fallback: dict | None = None  # the newest read fallback (any reader, any process): reader, at, error
+    lifecycle: Facts | None = None  # the dataset's lifecycle state as stored (lifecycle/)
+    lifecycle_version: int | None = None  # bumped by every transition: events are ordered by it
     read_at: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the modes' "as of"
 
     @property
@@ -141,6 +146,8 @@ def partition_states(
     flags = resolve_datasets(conn, ids)
     verdicts = latest_verdicts(conn, ids)
     fallbacks = latest_fallbacks(conn, ids)
+    states = lifecycle_of(conn, ids)
+    versions = lifecycle_versions(conn, ids)
     read_at = dt.datetime.now(dt.UTC)
     out = {}
     for r in rows:
@@ -160,6 +167,8 @@ def partition_states(
             flags=flags.get(ds, []),
             verdict=verdicts.get(ds),
             fallback=fallbacks.get(ds),
+            lifecycle=states.get(ds),
+            lifecycle_version=versions.get(ds),
             read_at=read_at,
         )
     return out

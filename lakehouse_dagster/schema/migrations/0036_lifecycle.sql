@@ -39,3 +39,8 @@ end $$;
 drop trigger if exists lakehouse_lifecycle_history_no_change on lakehouse_lifecycle_history;
 create trigger lakehouse_lifecycle_history_no_change before update or delete on lakehouse_lifecycle_history
   for each statement execute function lakehouse_lifecycle_history_append_only();
+
+-- The reverse mirror's position records the dataset's rows_version its apply left (the reverse's own writes do not
+-- move it: no echo), so a write into Postgres by anything else since — the live app's row.edit, a pg writer — is
+-- seen in O(1) at the next apply, which refuses instead of re-syncing those rows away (mirror/reverse.py).
+alter table lakehouse_reverse_position add column if not exists rows_version bigint;

@@ -99,7 +99,10 @@ def migration_state(state: PartitionState) -> dict:
         )
         for r in state.flags
     ]
+    life = state.lifecycle
     return {
+        "lifecycle": text(f"{life.describe()}, {life.authority} is its truth" if life else "not recorded yet"),
+        "lifecycle_version": dg.MetadataValue.int(state.lifecycle_version or 0),
         "readers_on_iceberg": text(", ".join(on_iceberg) or "none (every reader serves Postgres)"),
         "writers_native": text(", ".join(native) or "none (every writer lands in Postgres)"),
         "flags": dg.MetadataValue.table(records, schema=_FLAG_SCHEMA),

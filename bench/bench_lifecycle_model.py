@@ -1,0 +1,52 @@
+"""Benchmark (not a test): the lifecycle model (lakehouse_dagster/testing/lifecycle_model.py) over many random
+sequences, seeded, each of up to --steps steps, against a throwaway embedded Postgres; prints sequences, steps,
+violations (0, or the first one with its shrunk sequence) and the time.
+
+    .venv/bin/python bench/bench_lifecycle_model.py [--sequences 10000] [--steps 25] [--seed 1] [--rounds 1]
+
+Each round runs --sequences sequences with its own seed (--seed + round), so rounds add new sequences instead of
+repeating. The figures go to docs/benchmarks.md (The lifecycle model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import admin_dsn, fresh_database  # noqa: E402
+from lakehouse_dagster.testing import lifecycle_model  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sequences", type=int, default=10_000)
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1)
+    args = ap.parse_args()
+    dsn = fresh_database(admin_dsn(), "lh_bench_lifecycle")
+    total = 0.0
+    for r in range(args.rounds):
+        started = time.perf_counter()
+        try:
+            lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r)
+        except BaseException as exc:  # the violation, as hypothesis shrank it
+            print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
+            return 1
+        took = time.perf_counter() - started
+        total += took
+        print(
+            f"round {r} (seed {args.seed + r}): {args.sequences} sequences of up to {args.steps} steps, "
+            f"0 violations, {took:.0f} s ({args.sequences / took:.1f} sequences/s)",
+            flush=True,
+        )
+    print(f"all: {args.sequences * args.rounds} sequences, 0 violations, {total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
