@@ -168,3 +168,33 @@ def test_a_global_verb_that_would_strand_one_dataset_is_refused_whole(conn, dsn,
         clear_override(conn, "write", "sync.append", dataset=d, actor="ungated")
     assert lifecycle_of(conn, [d])[d].state == "complete"
     assert uuid.UUID(str(d))
+
+
+def test_the_first_native_write_is_checked_wherever_it_is_made(conn, dsn, settings, lh):
+    """Item 8: the first native write made outside `write-flags flip` (a set, the source poller, `lakehouse ingest`,
+    the service) got no first-native canary, and the reverse copied it into Postgres before anyone checked it. Now
+    the canary is a property of the write: `lakehouse ingest` after a plain `write-flags set` runs it, and a source
+    that moved on since Postgres last held it (the documented rule: a MISMATCH) rolls the writer back."""
+    from .native_helpers import add_source_rows, row
+    from .test_write_flip_first_sync import _fed
+
+    d, src = _fed(conn, dsn, settings)
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+
+    assert [
+        v.verdict for v in run_canary(conn, dsn, load_catalog(settings, dsn), settings, dataset_ids=[str(d)]).results
+    ] == ["ok"]
+    lh("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
+    add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres last held it
+    code, out, err = lh("ingest", "--dataset", str(d), "--writer", "sync.full")
+    assert code == 1, out + err
+    assert f"first native write of {d}: canary MISMATCH" in out
+    assert "auto-rollback: writer sync.full iceberg_native → pg" in out
+    assert FlagResolver(conn, ttl_seconds=0).resolve("write", "sync.full", d).mode == "pg"
+    verdicts = conn.execute(
+        "select verdict from lakehouse_read_parity where dataset_id = %s and source = 'first-native-sync'", (d,)
+    ).fetchall()
+    assert verdicts == [("MISMATCH",)]
+    # the next ingest is on pg again (Postgres is the truth): no canary, exit 0
+    code, out, err = lh("ingest", "--dataset", str(d), "--writer", "sync.full")
+    assert code == 0 and "via pg" in out and "first native write" not in out, out + err

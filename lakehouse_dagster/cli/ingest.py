@@ -20,16 +20,18 @@ def _ingest(ctx, args) -> Result:
     from lakehouse_dagster.flags.resolver import (
         FlagResolver,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.runbooks.first_sync import (
+        checked_write,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.sources.writers import (
         check_writer,
-        run_writer,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     check_writer(args.writer)  # refuse a locked or unknown writer before touching anything
     ds_id = parse_uuid(args.dataset, "dataset id")
-    r = run_writer(
-        ctx.dsn, ctx.catalog, ctx.settings, FlagResolver(ctx.conn, ctx.settings.flag_ttl_seconds), ds_id, args.writer
-    )
+    flags = FlagResolver(ctx.conn, ctx.settings.flag_ttl_seconds)
+    checked = checked_write(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, flags, ds_id, args.writer)
+    r = checked.result
     if not r.new:
         text = f"{ds_id}: {r.writer} found nothing new in the source; nothing written (cursor {r.cursor})"
     else:
@@ -40,4 +42,9 @@ def _ingest(ctx, args) -> Result:
         )
         if r.compacted_rows:
             text += f"; {r.compacted_rows} rows of small files compacted in the same commit"
-    return Result(r.to_json(), text)
+    first = checked.first_native
+    if first is None:
+        return Result(r.to_json(), text)
+    # the dataset's first native write: its canary's verdict, and on a MISMATCH the auto-rollback (STOP, exit 1)
+    text = "\n".join([text, *checked.lines()])
+    return Result({**r.to_json(), "first_native": first.as_dict()}, text, 1 if first.problem else 0)

@@ -24,10 +24,13 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.guards import first_native_hold, guard_connection
+from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect
+from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks import auto_rollback
@@ -35,6 +38,7 @@ from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE, evaluate_first_native, rollback_command
 from lakehouse_dagster.runbooks.rollback_report import rollback_lines, rolled_back
 from lakehouse_dagster.sources import get_source
+from lakehouse_dagster.sources.writers import IngestResult
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -128,6 +132,96 @@ def _first_sync(conn, dsn, catalog, settings, flags, writer: str, ds_id: uuid.UU
         report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
         f.auto_rollback += rollback_lines(writer, report)
     return f
+
+
+def is_first_native_write(conn: psycopg.Connection, ds_id: uuid.UUID) -> bool:
+    """No native write of the dataset has succeeded since it last became native (its lifecycle history's last move
+    into ``native`` from a Postgres-authoritative state): the next one is its first, whoever makes it."""
+    return bool(
+        fetch_value(
+            conn.execute(
+                """select not exists (
+                     select 1 from iceberg_sync_log l
+                      where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
+                        and l.started_at >= coalesce((
+                              select h.at from lakehouse_lifecycle_history h
+                               where h.dataset_id = %(d)s and h.after_state = 'native'
+                                 and h.before_state in ('pg', 'mirrored', 'read-flipped')
+                               order by h.id desc limit 1), '-infinity'))""",
+                {"d": ds_id},
+            ),
+            "whether the dataset has a native write since it became native",
+        )
+    )
+
+
+@dataclasses.dataclass
+class CheckedWrite:
+    """A source writer's run (``run_writer``'s IngestResult) and, when it was the dataset's first native write,
+    its canary (FirstSync: verdict, auto-rollback lines)."""
+
+    result: IngestResult
+    first_native: FirstSync | None = None
+
+    def lines(self) -> list[str]:
+        f = self.first_native
+        if f is None:
+            return []
+        head = f"first native write of {f.dataset_id}: canary {f.verdict} ({f.detail})"
+        return [head, *f.auto_rollback]
+
+
+def checked_write(
+    conn: psycopg.Connection,
+    dsn: str,
+    catalog: Catalog,
+    settings: Settings,
+    flags: FlagResolver,
+    dataset_id: uuid.UUID | str,
+    writer: str,
+    *,
+    run_id: str | None = None,
+    logger=None,
+    **kw,
+) -> CheckedWrite:
+    """``run_writer``, with a dataset's FIRST native write checked wherever it is made (issue 42: a property of the
+    write, not of `write-flags flip`): under the first-native hold (the reverse mirror waits for the verdict), the
+    write, its canary against what Postgres held, and on a MISMATCH the auto-rollback of the writer. Every other
+    write is ``run_writer`` alone. The CLI's ingest, the ingest job (and with it the source poller) and the service
+    call this."""
+    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
+
+    lg = logger or log
+    ds_id = parse_uuid(dataset_id, "dataset id")
+    if flags.resolve(WRITE, writer, ds_id).mode != NATIVE or not is_first_native_write(conn, ds_id):
+        return CheckedWrite(run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw))
+    with guard_connection(dsn) as hold, first_native_hold(hold, ds_id):
+        if not is_first_native_write(conn, ds_id):  # another process made it while we waited for the hold
+            return CheckedWrite(
+                run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw)
+            )
+        r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw)
+        if r.path != "native" or not r.new:
+            return CheckedWrite(r)
+        v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
+        auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)
+        reason = str(v.detail.get("reason", ""))
+        f = FirstSync(
+            ds_id,
+            v.verdict,
+            r.path,
+            r.rows,
+            r.snapshot_id,
+            reason,
+            problem=None if v.verdict == canary.OK else f"canary {v.verdict}: {reason}",
+        )
+        f.auto_rollback = lines_of(v)
+        f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
+        if f.rolled_back:
+            report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
+            f.auto_rollback += rollback_lines(writer, report)
+        lg.info(f"first native write {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
+        return CheckedWrite(r, f)
 
 
 def stop_message(writer: str, results: list[FirstSync]) -> str | None:

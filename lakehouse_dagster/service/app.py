@@ -32,11 +32,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
 from lakehouse_dagster.core.network import is_loopback
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
+from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.service import bodies
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.service.encode import encoder_for, pick_format
@@ -53,7 +55,6 @@ from lakehouse_dagster.service.errors import (
 from lakehouse_dagster.service.fallbacks import record_reported_fallback
 from lakehouse_dagster.service.metrics import CONTENT_TYPE, ServiceMetrics
 from lakehouse_dagster.service.reads import OpenRead, open_read
-from lakehouse_dagster.sources.writers import run_writer
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.service")
@@ -649,7 +650,13 @@ async def ingest(svc: Service, request: Request) -> Response:
         ident = threading.get_ident()
         svc.ingests_running[ident] = f"{req.writer} ds={ds}"
         try:
-            result = run_writer(db.ingest_dsn, db.catalog, svc.settings, db.resolver(), ds, req.writer, logger=log)
+            with connect(db.ingest_dsn) as conn:  # its first native write canaried (runbooks/first_sync.py)
+                checked = checked_write(
+                    conn, db.ingest_dsn, db.catalog, svc.settings, db.resolver(), ds, req.writer, logger=log
+                )
+            for line in checked.lines():
+                log.warning(f"[service] {line}")
+            result = checked.result
         except BaseException as exc:
             svc.metrics.ingest(req.writer, _outcome(exc))
             raise

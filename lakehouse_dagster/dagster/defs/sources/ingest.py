@@ -1,7 +1,7 @@
 """Source ingest in Dagster: the `ingest_job` (one dataset partition, typed config: writer) and the
 `source_poller` sensor that requests it when a dataset's source has something new.
 
-The op calls ``ingest.writers.run_writer`` — the same function as `lakehouse ingest` — which resolves
+The op calls ``runbooks.first_sync.checked_write`` (``run_writer``, its first native write canaried) — the same function as `lakehouse ingest` — which resolves
 the writer's flag: the native path commits to the Iceberg table (materialization of
 iceberg/dataset_table), the pg path COPYs into dataset_rows (materialization of postgres/dataset_rows)
 and leaves Iceberg to the mirror: the pg write moves the dataset's rows_version, so the mirror_poller
@@ -32,9 +32,10 @@ from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.mirror.sync import peak_rss_mb
+from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.poll import pending_ingests
-from lakehouse_dagster.sources.writers import WRITERS, run_writer
+from lakehouse_dagster.sources.writers import WRITERS
 from lakehouse_dagster.status.partition_state import partition_state
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
@@ -63,7 +64,8 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
         with lakehouse.connect() as conn:
             named = name_run(context, conn, ds_id)
             writer = config.writer.value if config.writer else _default_writer(get_source(conn, ds_id), ds_id)
-            r = run_writer(
+            checked = checked_write(
+                conn,
                 lakehouse.pg_dsn,
                 lakehouse.catalog(),
                 settings,
@@ -74,6 +76,9 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
                 run_id=context.run_id,
                 logger=context.log,
             )
+            r = checked.result
+            for line in checked.lines():  # the dataset's first native write: its canary and any auto-rollback
+                (context.log.error if checked.first_native and checked.first_native.problem else context.log.info)(line)
             standard = _partition_metadata(conn, settings, r)
     except Exception as exc:
         # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
