@@ -8,7 +8,9 @@ cursor-less table's change counters (a cursor-less query or view: a digest of it
 names what is new (the token goes into the run key, so the same news is never requested twice and
 new news always is). The writer is the source's default (files: sync.append, postgres with a cursor:
 sync.incremental, without: sync.full, cdc: cdc.append); its flag is resolved here only to tag the
-request — run_writer resolves it again when it runs, so a flip in between is honoured.
+request — run_writer resolves it again when it runs, so a flip in between is honoured. A source whose writer is on
+pg while the dataset is native (Iceberg its truth) is not asked for: the write would be refused; `lakehouse status`
+and the refusal of a hand-run ingest say why.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import uuid
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.lifecycle import ICEBERG
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.pgsource import STATS, fingerprint_method
 from lakehouse_dagster.sources.spec import TYPES, SourceSpec
@@ -69,6 +73,7 @@ def pending_ingests(
         if not ids and cursor:  # past the end: wrap around
             ids = _page(conn, _NIL, size)
         resolver = FlagResolver(conn, ttl_seconds=0)
+        states = lifecycle_of(conn, ids)
         visited = 0
         for ds_id in ids:
             if len(found) >= limit or time.monotonic() - started > budget_s:
@@ -79,6 +84,9 @@ def pending_ingests(
             if spec is None or token is None:
                 continue
             res = resolver.resolve(WRITE, spec.default_writer, ds_id)
+            facts = states.get(ds_id)
+            if res.mode == "pg" and facts is not None and facts.authority == ICEBERG:
+                continue  # a pg writer beside a native one: its write would be refused (lifecycle/authority.py)
             found.append(PendingIngest(ds_id, spec.default_writer, token, res.mode, res.describe()))
     # Stopped early or a full page: continue after the last visited next tick; else start over.
     more = visited < len(ids) or len(ids) == size
