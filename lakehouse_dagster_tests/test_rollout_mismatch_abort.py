@@ -12,7 +12,8 @@ import pytest
 
 from lakehouse_dagster.dagster.defs.shared.tags import PLAN_STEP
 from lakehouse_dagster.flags.gates import set_flag
-from lakehouse_dagster.flags.overrides import list_overrides
+from lakehouse_dagster.flags.overrides import list_overrides, set_override
+from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.plans import actions, status, store
@@ -88,8 +89,14 @@ def test_a_mismatch_rolled_back_during_stage_2_aborts_the_plan_before_it_widens(
     ]
     aborted = store.events(conn, plan_id)[-1]
     assert aborted["event"] == "aborted"
-    assert "1 left as rolled back since the plan set it" in aborted["reason"]
-    assert any(f"dataset {small}: off, rolled back since the plan set it" in x for x in aborted["detail"]["unchanged"])
+    assert (
+        "2 flag key(s) restored to their value before the plan; 1 rolled back since the plan set it, left as it is"
+        in aborted["reason"]
+    )
+    assert any(
+        f"dataset {small}: off, rolled back since the plan set it: left as it is" == x
+        for x in aborted["detail"]["unchanged"]
+    )
     # rollout status says why, in plain words
     lines = status.plan_status(conn, plan_id).lines()
     assert any(line.startswith("  why: stage 2: MISMATCH on 1 dataset(s)") and "small (" in line for line in lines)
@@ -120,7 +127,45 @@ def test_a_mismatch_during_a_soak_aborts_even_once_the_dataset_is_repaired(conn,
     p = driver.until(conn, plan_id, lambda p: p.state != "active", between=mismatch_in_the_soak)
     assert injected
     assert p.state == "aborted", (p.state, p.reason)
-    assert p.reason.startswith("stage ")
-    assert "MISMATCH on 1 dataset(s) the plan moved or covers since it started: big (" in p.reason
-    assert not [r for r in driver.launched if r.tags[PLAN_STEP].startswith("stage2")]  # global never started
+    # found while stage 2 waited to start: the plan never widened to the workspace holding big
+    assert p.reason.startswith("stage 2: MISMATCH on 1 dataset(s) the plan moved or covers since it started: big (")
+    assert not [r for r in driver.launched if r.tags[PLAN_STEP].startswith(("stage1", "stage2"))]
+    assert [(a[0], a[3]) for a in plan_audit(conn, plan_id)] == [("set", "dataset")] * 2 + [("clear", "dataset")] * 2
     assert effective_modes(conn) == before_modes
+
+
+def test_a_writer_plan_waiting_for_approval_aborts_on_a_mismatch_an_operator_rolled_back_first(
+    conn, dsn, settings, instance
+):
+    """The rule holds for writer plans: stage 2 waits for its approval; an operator rolls the writer of the dataset
+    stage 1 moved back to pg, a canary finds it MISMATCH, and the stage is approved. Before: nothing looked while the
+    stage waited, and the workspace stage's analysis canaried only the other datasets. Now the plan aborts before the
+    workspace flip (it never widens), restores its flags, and leaves the operator's rollback as it is."""
+    s = seed_mix(conn, dsn, settings)
+    for r in SERVABLE_READERS:
+        set_override(conn, "read", r.name, "iceberg", actor="ops")
+    set_override(conn, "write", "sync.full", "pg", dataset=s.manifest, actor="ops")  # file-backed: the gates' advice
+    text = f"writer: sync.full\nstages:\n  - datasets: 1\n    soak: 1s\n  - workspace: {s.ws}\n    approval: true\n"
+    plan_id, rendered = actions.start(conn, settings, text, actor="pytest")
+    (first,) = rendered.stages[0].changes
+    small = s.tabular["small"]
+    assert first.label == "small"
+    driver = Driver(instance, dsn)
+    driver.until(conn, plan_id, lambda p: p.stage == 1 and (p.blocking or "").startswith("approval"))
+    before_workspace = _overrides(conn)
+    set_flag(conn, "write", "sync.full", "pg", dataset=small, actor="ops", note="rolled back by hand")
+    _scheduled_canary_mismatch(conn, dsn, settings, small)
+    actions.approve(conn, plan_id, actor="lead")  # approved by someone who did not see the MISMATCH
+    p = driver.until(conn, plan_id, lambda p: p.state != "active")
+    assert p.state == "aborted", (p.state, p.reason)
+    assert p.reason.startswith("stage 2: MISMATCH on 1 dataset(s) the plan moved or covers since it started: small (")
+    assert [r.job_name for r in driver.launched] == ["write_flip", "rollout_analysis"]  # the workspace never flipped
+    overrides = _overrides(conn)
+    assert overrides[("write", "sync.full", "dataset", small)] == "pg"  # the operator's rollback stays
+    assert not [k for k in overrides if k[:3] == ("write", "sync.full", "workspace")]
+    assert {k: v for k, v in overrides.items() if k[0] == "write"} == {
+        k: v for k, v in before_workspace.items() if k[0] == "write"
+    } | {("write", "sync.full", "dataset", small): "pg"}
+    aborted = store.events(conn, plan_id)[-1]
+    assert aborted["event"] == "aborted" and "1 rolled back since the plan set it, left as it is" in aborted["reason"]
+    assert aborted["detail"]["next"]  # what the writer's rollback leaves to do is still said
