@@ -16,7 +16,7 @@ from lakehouse_dagster.flags.overrides import list_overrides, set_override
 from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-from lakehouse_dagster.plans import actions, status, store
+from lakehouse_dagster.plans import actions, analysis, status, store
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 
 from .rollout_helpers import Driver, behind_the_mirrors_back, effective_modes, plan_audit, seed_mix
@@ -169,3 +169,37 @@ def test_a_writer_plan_waiting_for_approval_aborts_on_a_mismatch_an_operator_rol
     aborted = store.events(conn, plan_id)[-1]
     assert aborted["event"] == "aborted" and "1 rolled back since the plan set it, left as it is" in aborted["reason"]
     assert aborted["detail"]["next"]  # what the writer's rollback leaves to do is still said
+
+
+def test_what_the_mismatch_rule_counts(conn, dsn, settings):
+    """``analysis.mismatches`` over the plan's history: a MISMATCH from before the plan is not counted; one since
+    counts once a started stage covers its dataset (or the stage about to start does), not before; a reverse copy's
+    never (it was repaired and rolls nothing back)."""
+    s = seed_mix(conn, dsn, settings)
+    small, mid, big, elsewhere = (s.tabular[n] for n in ("small", "mid", "big", "elsewhere"))
+    text = f"reader: export.stream\nstages:\n  - datasets: 1\n  - workspace: {s.ws}\n  - global: true\n"
+    plan_id, rendered = actions.start(conn, settings, text, actor="pytest")
+    assert [c.label for c in rendered.stages[0].changes] == ["small"]
+
+    def verdict(d, *, ago: str = "0 seconds", detail: str = "{}") -> None:
+        conn.execute(
+            "insert into lakehouse_read_parity (dataset_id, verdict, source, checked_at, detail)"
+            " values (%s, 'MISMATCH', 'schedule', now() - %s::interval, %s::jsonb)",
+            (d, ago, detail),
+        )
+
+    verdict(small, ago="1 hour")  # before the plan started
+    verdict(big)  # since: in the workspace of stage 2, not started yet
+    verdict(elsewhere)  # since: only the global stage covers it
+    verdict(mid, detail='{"reverse": {"position_before": 3}}')  # a reverse copy's
+    assert analysis.mismatches(conn, plan_id) is None
+    assert analysis.mismatches(conn, plan_id, [("dataset", small)]) is None  # stage 1 about to start
+    found = analysis.mismatches(conn, plan_id, [("workspace", s.ws)])  # stage 2 about to start
+    assert found is not None and found.outcome == analysis.FAIL
+    assert found.reason.startswith(f"MISMATCH on 1 dataset(s) the plan moved or covers since it started: big ({big}):")
+    wide = analysis.mismatches(conn, plan_id, [("global", None)])  # stage 3 about to start
+    assert wide is not None and wide.reason.startswith("MISMATCH on 2 dataset(s)") and "elsewhere (" in wide.reason
+    # stage 2 started (its flip step written): covered from now on, whether it moved big or not (big rolled back)
+    config = {"scope": "workspace", "scope_id": str(s.ws)}
+    store.add_step(conn, plan_id, "stage1:flip:x", 1, "flip", "read_flip", config, [])
+    assert analysis.mismatches(conn, plan_id) == found
