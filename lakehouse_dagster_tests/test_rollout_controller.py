@@ -120,7 +120,7 @@ def test_a_mismatch_in_the_workspace_stage_aborts_and_every_flag_is_as_before(co
 
     p = driver.until(conn, plan_id, lambda p: p.state != "active", between=tamper)
     assert injected and p.state == "aborted"
-    assert p.reason.startswith("stage 2: MISMATCH on 1 dataset(s) the plan moved: big (")
+    assert p.reason.startswith("stage 2: MISMATCH on 1 dataset(s) the plan moved or covers since it started: big (")
     assert "(rollout-analysis, " in p.reason  # found by the stage's analysis canary
     # every flag equals its value before the plan: the plan's keys restored, others untouched
     assert effective_modes(conn) == before_modes

@@ -2,6 +2,10 @@
 when there was none), through the gated set/clear of the operator surfaces, audited ``rollout <id> aborted:
 <reason>``. Widest first (global, workspaces, then datasets), so no moment lets a narrower key widen anything.
 
+A key someone rolled back since the plan set it (auto-rollback's ``off`` on a MISMATCH, an operator's ``pg``) — now
+below the mode the plan set it to, and no higher than before the plan — is left as it is: an abort never raises a
+dataset back over a rollback.
+
 Idempotent: a key already at its value before the plan is left alone and marked, so an abort interrupted halfway
 (a killed daemon) finishes on the next tick without writing twice. A key the gates refuse to restore (a reader
 of a dataset written iceberg-native may not go back to Postgres) is reported, loudly, and left as it is.
@@ -18,7 +22,7 @@ from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE
-from lakehouse_dagster.flags.registry import WRITE
+from lakehouse_dagster.flags.registry import WRITE, rank
 from lakehouse_dagster.flags.stored import stored_overrides
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.plans import store
@@ -32,9 +36,22 @@ class Restored:
     restored: list[str] = dataclasses.field(default_factory=list)  # "<scope>: <after> → <before>"
     unchanged: list[str] = dataclasses.field(default_factory=list)
     refused: list[str] = dataclasses.field(default_factory=list)
+    rolled_back: int = 0  # of ``unchanged``: keys rolled back since the plan set them, left as they are
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+ROLLED_BACK = "rolled back since the plan set it"
+
+
+def _rolled_back(kind: str, now_mode: str | None, plan_set: str | None, before: str | None) -> bool:
+    """The key is below the mode the plan set it to and no higher than before the plan: someone rolled it back."""
+    if now_mode is None or plan_set is None:
+        return False
+    return rank(kind, now_mode) < rank(kind, plan_set) and (
+        before is None or rank(kind, now_mode) <= rank(kind, before)
+    )
 
 
 def note_for(plan_id: uuid.UUID, reason: str | None) -> str:
@@ -47,8 +64,8 @@ def _where(scope: str, scope_id) -> str:
 
 def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restored:
     """Restore the plan's keys and mark it aborted (inside the caller's transaction on the plan's row)."""
-    touched = {
-        (s.config.get("scope"), s.config.get("scope_id") or None)
+    touched = {  # key → the mode the plan set it to (its last flip of that key)
+        (s.config.get("scope"), s.config.get("scope_id") or None): s.config.get("mode")
         for s in store.steps(conn, p.id, kind="flip", with_moved=False)
         if s.detail is None or not s.detail.startswith("skipped")
     }
@@ -63,8 +80,11 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
         key = (k["scope"], str(k["scope_id"]) if k["scope_id"] else None)
         now_mode = current.get((k["scope"], k["scope_id"]))
         before = k["before_mode"]
-        if key not in touched or now_mode == before:
+        if key not in touched or now_mode == before or _rolled_back(p.kind, now_mode, touched.get(key), before):
             detail = "not changed by the plan" if key not in touched else f"already {before or '(no override)'}"
+            if key in touched and now_mode != before:
+                detail = f"{now_mode}, {ROLLED_BACK}: left as it is"
+                out.rolled_back += 1
             out.unchanged.append(f"{where}: {detail}")
             _mark(conn, p.id, k, detail)
             continue
@@ -85,10 +105,12 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
         out.restored.append(f"{where}: {change}")
         _mark(conn, p.id, k, f"restored: {change}")
     reason = f"{p.reason or 'no reason given'}; {len(out.restored)} flag key(s) restored to their value before the plan"
+    if out.rolled_back:
+        reason += f"; {out.rolled_back} rolled back since the plan set it, left as it is"
     if out.refused:
         reason += f"; {len(out.refused)} REFUSED by a gate and left as they are: " + "; ".join(out.refused[:5])
     summary: dict = out.as_dict()
-    if p.kind == WRITE and out.restored:
+    if p.kind == WRITE and (out.restored or out.rolled_back):
         summary["next"] = _after_writer_abort(conn, p)
     store.update(conn, p.id, state=ABORTED, blocking=None, ended_at=store.db_now(conn))
     store.event(

@@ -4,9 +4,11 @@ Like an Argo Rollouts AnalysisRun, it ends in one of three outcomes:
   pass          every canaried dataset ok (a writer's: ok or native; a reader's: ok only), at least one of them
                 with rows (an ok over no rows is no evidence: counted apart, never as ok), no incident above the
                 thresholds;
-  fail          a MISMATCH, a wedged sync, more read fallbacks or failed syncs than allowed, a native-safety
-                finding (writers), a shadow consistency rate below the threshold (a shadow read whose Iceberg side
-                failed counts as a read that did not match) → the plan aborts;
+  fail          a MISMATCH (any source, recorded since the plan started, on any dataset the plan moved or its
+                stages so far cover, whoever rolled it back since), a wedged sync, more read fallbacks or failed
+                syncs than allowed, a native-safety finding (writers), a shadow consistency rate below the
+                threshold (a shadow read whose Iceberg side failed counts as a read that did not match) → the plan
+                aborts;
   inconclusive  lagging / no-snapshot / error verdicts beyond ``max_inconclusive``, no ok verdict with rows, too
                 few shadow reads, a canary run that failed; for a writer plan also a reverse copy's MISMATCH
                 (repaired by the canary: the copy, not the native writes, was wrong, so nothing is rolled back) and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
+from collections.abc import Sequence
 
 import psycopg
 from psycopg import sql
@@ -56,11 +59,22 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
 
 
 # What ``incidents`` reads, each joined with the plan's moved datasets (MOVED_CTE) inside Postgres.
+# The MISMATCHes are the exception: evidence against the plan, whenever it was recorded since the plan started and
+# on any dataset the plan moved or a stage started so far covers (its scope: a dataset, a workspace, global) — also
+# one auto-rollback or an operator has since taken off Iceberg (it is no longer "moved" now, nor in the next stage's
+# sample), and one repaired since. ``upcoming``: the scopes of the stage about to start, so it never widens past one.
 _MISMATCHES = sql.SQL("""
     select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
-      from lakehouse_read_parity p join moved m on m.id = p.dataset_id
-     where p.verdict = 'MISMATCH' and p.checked_at >= %(since)s
+      from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
+     where p.verdict = 'MISMATCH'
+       and p.checked_at >= (select created_at from lakehouse_rollout_plans where id = %(plan)s)
        and not p.detail ? 'reverse'  -- a reverse copy's: repaired, rolls nothing back (verdicts() holds on it)
+       and (%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
+            or exists (select 1 from lakehouse_rollout_steps s
+                        where s.plan_id = %(plan)s and s.kind = 'flip'
+                          and (s.config->>'scope' = 'global'
+                               or s.config->>'scope_id' in (d.workspace_id::text, d.id::text)
+                               or d.id = any(s.moved))))
      order by p.dataset_id, p.checked_at desc""")
 _WEDGED = sql.SQL("""
     select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
@@ -89,16 +103,16 @@ def incidents(
     *,
     native_safety: bool = False,
 ) -> Outcome | None:
-    """A fail outcome when something went wrong on the plan's datasets since ``since`` (the stage's flip); None
-    when nothing did. Read every tick of a soaking or analysing stage, so each query starts from what is recent
-    (an index on the time) and joins the plan's moved datasets inside Postgres: the cost follows the incidents,
-    not the datasets moved (bench/bench_rollout_controller.py). ``native_safety`` (a writer plan, once per
-    analysis: it judges every moved dataset, ~1 s at 10,000): the gates that hold after the flip."""
+    """A fail outcome when something went wrong on the plan's datasets since ``since`` (the stage's flip), or a
+    MISMATCH since the plan started (``mismatches``); None when nothing did. Read every tick of a soaking or
+    analysing stage, so each query starts from what is recent (an index on the time) and joins the plan's moved
+    datasets inside Postgres: the cost follows the incidents, not the datasets moved
+    (bench/bench_rollout_controller.py). ``native_safety`` (a writer plan, once per analysis: it judges every moved
+    dataset, ~1 s at 10,000): the gates that hold after the flip."""
+    found = mismatches(conn, plan_id)
+    if found is not None:
+        return found
     args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
-    mismatches = conn.execute(MOVED_CTE + _MISMATCHES, args).fetchall()
-    if mismatches:
-        items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in mismatches]
-        return Outcome(FAIL, f"MISMATCH on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
     wedged = conn.execute(MOVED_CTE + _WEDGED, args).fetchall()
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
@@ -131,6 +145,28 @@ def incidents(
                 FAIL, f"native-safety: {len(items)} dataset(s) fail the write-flip gates: {_listing(conn, items)}"
             )
     return None
+
+
+def mismatches(
+    conn: psycopg.Connection, plan_id: uuid.UUID, upcoming: Sequence[tuple[str, uuid.UUID | None]] = ()
+) -> Outcome | None:
+    """A fail outcome naming each dataset with a MISMATCH recorded since the plan started, on a dataset the plan
+    moved or a stage started so far covers (``upcoming``: (scope, id) of the stage about to start, id None for
+    global), whoever rolled it back since; None when there is none. A plan never widens past such evidence, even once
+    the dataset was rolled back or repaired: abort, settle it, start a new plan. One probe of the MISMATCH index from
+    the plan's start: the cost follows the MISMATCHes, not the datasets the plan covers."""
+    args = {
+        "plan": plan_id,
+        "upcoming_global": any(scope_id is None for _, scope_id in upcoming),
+        "upcoming": [scope_id for _, scope_id in upcoming if scope_id is not None],
+    }
+    found = conn.execute(_MISMATCHES, args).fetchall()
+    if not found:
+        return None
+    items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in found]
+    return Outcome(
+        FAIL, f"MISMATCH on {len(items)} dataset(s) the plan moved or covers since it started: {_listing(conn, items)}"
+    )
 
 
 def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysis, expected: int) -> Outcome:

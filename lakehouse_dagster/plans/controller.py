@@ -5,7 +5,10 @@ run requests (dagster/defs/plans/); nothing here imports Dagster.
 A stage goes: waiting (an approval, its window) → flipping (the existing flip job, one run per flag change) →
 soaking (incidents checked every tick) → analyzing (a canary run over a sample of the stage's datasets, then its
 verdicts) → the next stage, or finished. Fail → abort: every flag key the plan set goes back to its value before
-the plan, through the gated set/clear, audited ``rollout <id> aborted: <reason>``.
+the plan, through the gated set/clear, audited ``rollout <id> aborted: <reason>``. A MISMATCH recorded since the plan
+started, on any dataset it moved or its stages so far cover, fails it in every phase but flipping — whoever rolled
+that dataset back first (auto-rollback, an operator): a rolled-back dataset is no longer moved, nor in the next
+analysis's sample, so only the plan's whole history can show it. A plan never widens past one.
 
 A writer plan's last stage may be ``complete``: waiting (its approval, always) → completing (the ``complete`` job's
 run over every dataset the stages before it moved: runbooks/complete.py, its own conditions checked per dataset) →
@@ -170,6 +173,8 @@ class _Step:
     # -- waiting: approval, window, then the stage's flag changes ------------------------------------------------
 
     def waiting(self, stage: Stage) -> tuple[list[RunAsk], bool]:
+        if self.check_mismatches(upcoming=True):  # never widen past a MISMATCH, nor wait for an approval over one
+            return self.aborting(), False
         row = store.stage_row(self.conn, self.p.id, self.p.stage)
         n = self.p.stage + 1
         if stage.approval and row.approved_at is None:
@@ -387,6 +392,8 @@ class _Step:
     def completing(self, stage: Stage) -> tuple[list[RunAsk], bool]:
         """Wait for the complete run; then every dataset complete → the stage passes, else pause naming why. A
         resumed plan whose last run has ended asks again over the datasets still not complete."""
+        if self.check_mismatches():  # the abort waits for a complete run in flight, then restores what it can
+            return self.aborting(), False
         n = self.p.stage + 1
         runs = store.steps(self.conn, self.p.id, self.p.stage, "complete")
         last = runs[-1]
@@ -425,6 +432,20 @@ class _Step:
         )
 
     # -- soaking and analyzing -----------------------------------------------------------------------------------
+
+    def check_mismatches(self, *, upcoming: bool = False) -> bool:
+        """Abort on a MISMATCH since the plan started, on a dataset it moved or its stages cover (``upcoming``: also
+        the scopes of the stage about to start); True when it did. Also while the stage waits or completes: a
+        dataset rolled back (by auto-rollback, by an operator) is no longer moved, nor in a later analysis."""
+        scopes: list[tuple[str, uuid.UUID | None]] = []
+        if upcoming:
+            for c in self.p.rendered["stages"][self.p.stage]["changes"]:
+                scopes.append((c["scope"], uuid.UUID(c["scope_id"]) if c["scope_id"] else None))
+        found = analysis.mismatches(self.conn, self.p.id, scopes)
+        if found is None:
+            return False
+        self.begin_abort(f"stage {self.p.stage + 1}: {found.reason}")
+        return True
 
     def check_incidents(self, stage: Stage, row: store.StageRow, *, native_safety: bool = False) -> bool:
         """Abort on an incident since the stage flipped; True when it did."""

@@ -99,7 +99,7 @@ def _next_action(p: store.PlanRow, stage_row: store.StageRow | None, settings_so
     if p.state == FINISHED:
         return "none: finished"
     if p.state == ABORTED:
-        return "none: aborted; every flag the plan set was restored (see history)"
+        return "none: aborted; every flag the plan set was restored, but for what its aborted event names (see history)"
     if p.state == ABORTING:
         return "the controller restores every flag the plan set to its value before the plan"
     if p.state == PAUSED:
