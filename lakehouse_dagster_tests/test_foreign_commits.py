@@ -28,8 +28,10 @@ from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 
 from lakehouse_dagster.core.db import sqlalchemy_url
-from lakehouse_dagster.core.errors import BadInput, SyncFailed
+from lakehouse_dagster.core.errors import BadInput, ForeignCommit, SyncFailed
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.lake.maintenance import compact_small_files
+from lakehouse_dagster.mirror.reaper import fence
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
@@ -276,3 +278,42 @@ def test_a_foreign_append_on_a_native_table_is_applied_and_explained(conn, dsn, 
     assert (r.how, r.copied, r.pg_rows) == ("append", 4, 12), r.reason
     assert "another Iceberg engine" in r.reason and str(foreign) in r.reason
     assert "already holds every row" not in r.reason
+
+
+def test_the_projects_compaction_never_compacts_another_engines_files_away(conn, dsn, settings):
+    """The check sits in the writer's commit: a compaction (no sync in front of it) refuses too."""
+    d = _make(conn, n=4)
+    _sync(settings, dsn, d)
+    for k in range(4, 10, 2):
+        datasets.insert_rows(conn, d, _rows(k, 2))
+        _sync(settings, dsn, d, mode="incremental")
+    foreign = _foreign_append(settings, dsn, d, 5)
+    before = _table_state(settings, dsn, d)
+    with pytest.raises(ForeignCommit, match=f"snapshot {foreign}"):
+        compact_small_files(conn, load_catalog(settings, dsn), settings, d, small_bytes=1 << 30, min_files=2)
+    assert _table_state(settings, dsn, d) == before
+
+
+def test_the_reapers_fence_on_top_of_a_foreign_commit_does_not_hide_it(conn, dsn, settings):
+    d = _make(conn)
+    _sync(settings, dsn, d)
+    foreign = _foreign_append(settings, dsn, d, 2)
+    fence(load_catalog(settings, dsn).load_table(table_identifier(settings, d)), "pytest: an unsettled sync")
+    with pytest.raises(SyncFailed, match=f"snapshot {foreign} \\(append"):
+        _sync(settings, dsn, d)
+
+
+def test_a_foreign_rollback_behind_a_project_snapshot_is_a_data_change(conn, dsn, settings):
+    d = _make(conn)
+    first = _sync(settings, dsn, d).snapshot_id
+    datasets.insert_rows(conn, d, _rows(20, 5))
+    second = _sync(settings, dsn, d).snapshot_id
+    _foreign_table(settings, dsn, d).manage_snapshots().rollback_to_snapshot(first).commit()
+    datasets.insert_rows(conn, d, _rows(25, 1))
+    with pytest.raises(
+        SyncFailed, match=f"set its table back to snapshot {first}, behind the project's snapshot {second}"
+    ):
+        _sync(settings, dsn, d)
+    r = _sync(settings, dsn, d, revert_foreign=True)
+    assert (r.mode, r.total_rows) == ("full", 26)
+    assert _verdict(settings, dsn, d).verdict == "ok"

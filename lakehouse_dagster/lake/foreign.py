@@ -4,7 +4,9 @@ Another Iceberg engine (Spark through Iceberg-Java's JdbcCatalog, a plain pyiceb
 project's tables: the catalog is shared and its compare-and-swap keeps every commit, but nothing tells the project
 what such a commit did. Every snapshot the project commits carries its marks in the summary (lake/writer.py: the
 sync id, the source version, the write path; the reaper's empty fence its own key), so the snapshots without them
-are another engine's. Walking back from the current snapshot to the project's last one (the *anchor*) finds them:
+are another engine's. Walking back from the current snapshot to the project's last written one (the *anchor*; the
+reaper's empty fence is walked past, since it may have been committed on top of another engine's snapshots) finds
+them:
 
   * **maintenance** keeps the rows: a ``replace`` (Iceberg's operation for compaction and file rewrites: Spark's
     ``rewrite_data_files``) whose added and deleted record counts are equal and that adds no delete file, or a
@@ -131,9 +133,12 @@ def foreign_since_project(table) -> Chain:
     if current is None:
         return Chain()
     walked: list[ForeignSnapshot] = []
+    seen: set[int] = set()  # every snapshot walked past, the reaper's fences among them
     snap, oldest, cut = current, current, False
-    while snap is not None and not made_here(snap):
-        walked.append(classify(snap))
+    while snap is not None and not _wrote(snap):
+        seen.add(snap.snapshot_id)
+        if not made_here(snap):  # else the reaper's fence: empty, and it may sit on another engine's commits
+            walked.append(classify(snap))
         oldest = snap
         parent = snap.parent_snapshot_id
         snap = table.snapshot_by_id(parent) if parent is not None else None
@@ -148,7 +153,9 @@ def foreign_since_project(table) -> Chain:
         return Chain(chain, _id(anchor), f"another Iceberg engine changed its table: {first.describe()}{more}{after}")
     reference = anchor if anchor is not None else oldest
     newer = [
-        s for s in table.snapshots() if made_here(s) and (s.sequence_number or 0) > (reference.sequence_number or 0)
+        s
+        for s in table.snapshots()
+        if made_here(s) and s.snapshot_id not in seen and (s.sequence_number or 0) > (reference.sequence_number or 0)
     ]
     if newer:
         newest = max(newer, key=lambda s: s.sequence_number or 0)
@@ -167,6 +174,11 @@ def foreign_since_project(table) -> Chain:
             f"the ones before them: the table holds {holds} row(s) where the project's last commit left {recorded}",
         )
     return Chain(chain, _id(anchor), None)
+
+
+def _wrote(snap) -> bool:
+    """A snapshot a project writer committed (the anchor of the walk); the reaper's fence is walked past."""
+    return snap.summary is not None and SYNC_ID in snap.summary.additional_properties
 
 
 def _id(snap) -> int | None:
