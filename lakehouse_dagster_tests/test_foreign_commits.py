@@ -27,6 +27,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _OverwriteFiles
 
+from lakehouse_dagster.cli.main import main as cli_main
 from lakehouse_dagster.core.db import sqlalchemy_url
 from lakehouse_dagster.core.errors import BadInput, ForeignCommit, SyncFailed
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
@@ -209,15 +210,22 @@ def test_a_foreign_append_on_a_mirrored_table_fails_the_next_sync_loud_and_chang
     assert (after.mode, after.total_rows) == ("incremental", 27)
 
 
-def test_an_unchanged_dataset_still_says_so_when_a_foreign_commit_landed(conn, dsn, settings):
-    """A noop sync reported the table's count from the project's own property ("1001 in table" for 1011)."""
+def test_an_unchanged_dataset_still_says_so_when_a_foreign_commit_landed(conn, dsn, settings, capsys):
+    """A noop sync reported the table's count from the project's own property ("1001 in table" for 1011). Through
+    the CLI: exit 4 and one line, then the operator's --revert-foreign."""
     d = _make(conn)
     _sync(settings, dsn, d)
     foreign = _foreign_append(settings, dsn, d, 3)
-    with pytest.raises(SyncFailed, match=f"snapshot {foreign}"):
-        _sync(settings, dsn, d)
+    capsys.readouterr()
+    assert cli_main(["sync", "--dataset", str(d)]) == 4
+    err = capsys.readouterr().err.strip()
+    assert f"snapshot {foreign} (append by another engine" in err and "+3 row(s)" in err and len(err.splitlines()) == 1
     with pytest.raises(BadInput, match="--revert-foreign is a full re-sync"):
         _sync(settings, dsn, d, mode="incremental", revert_foreign=True)
+    assert cli_main(["sync", "--dataset", str(d), "--revert-foreign"]) == 0
+    out = capsys.readouterr().out
+    assert f"full (full requested to revert what another Iceberg engine committed ({foreign}))" in out
+    assert "20 in table" in out
 
 
 def test_a_foreign_replace_that_keeps_the_rows_is_accepted(conn, dsn, settings):
