@@ -23,6 +23,10 @@ could leave the table pointing at missing files for good. A delete that fails (t
 write did) leaves the file: the write's exception carries how many (``files_left``), its sync is recorded unsettled,
 and the next sync of the dataset removes them.
 
+Another engine's commits. A mirror commit (Postgres is the truth) checks each attempt's table state for data changes
+another Iceberg engine committed since the project's last snapshot (lake/foreign.py) and refuses them
+(ForeignCommit: known not committed, the files are deleted) unless the plan reverts them (``revert_foreign``).
+
 G4 is ours alone: pyiceberg's own commit retry is switched off per table (commit.retry.num-retries=0),
 because it rebuilds a commit on a newer table state without asking whether this sync still holds its
 dataset lock; our loop re-checks the guard locks (ingest/guards.check_held) before every attempt.
