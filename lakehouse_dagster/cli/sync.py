@@ -20,6 +20,12 @@ def register(sub) -> None:
         default="auto",
         help="auto: incremental when only appends happened, else full (default)",
     )
+    p.add_argument(
+        "--revert-foreign",
+        action="store_true",
+        help="a full re-sync from Postgres that reverts what another Iceberg engine committed to the table "
+        "(the sync refuses such a table otherwise: docs/limits.md)",
+    )
 
 
 def _sync(ctx, args) -> Result:
@@ -28,7 +34,7 @@ def _sync(ctx, args) -> Result:
     lines = []
     with _sigterm_interrupts():
         for ds in ids:
-            r = sync_dataset(ctx.dsn, ctx.catalog, ctx.settings, ds, mode=args.mode)
+            r = sync_dataset(ctx.dsn, ctx.catalog, ctx.settings, ds, mode=args.mode, revert_foreign=args.revert_foreign)
             data = dataclasses.asdict(r)
             data["rows_per_s"] = round(r.rows_per_s)
             results.append(data)

@@ -27,6 +27,13 @@ class SyncFailed(LakehouseError):
     exit_code = 4
 
 
+class ForeignCommit(SyncFailed):
+    """A mirrored table holds a data change the project did not commit (another Iceberg engine's append, delete or
+    overwrite: lake/foreign.py); the mirror neither keeps nor drops it silently. Nothing was committed."""
+
+    transient = False  # the table stays as it is until an operator decides (a retry changes nothing)
+
+
 class FlipRefused(LakehouseError):
     """A flag change would strand consumers or skip a runbook prerequisite (flags/gates.py); nothing written."""
 

@@ -24,6 +24,7 @@ from pyiceberg.types import LongType
 from lakehouse_dagster.core.errors import NotFound
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.parquet_ids import columns_in_file
 
 ROW_INDEX = "__row_index"
 
@@ -84,19 +85,20 @@ def _empty(table: Table, columns: Sequence[str]) -> pa.Table:
 def read_files(table: Table, paths: Sequence[str], target: pa.Schema, batch_rows: int = 65_536):
     """The rows of these data files (no delete files apply: the chunked writer's tables have none) as
     ``target``-shaped batches, file by file (memory bounded by a batch). Columns are matched by Iceberg field
-    id, so a renamed column still reads; a column added after a file was written reads as nulls."""
+    id (lake/parquet_ids.py), so a renamed column, or one another engine wrote under a sanitised Parquet name,
+    still reads; a column added after a file was written reads as nulls."""
 
     schema_ids = {f.name: f.field_id for f in table.schema().fields}
+    wanted = {field.name: schema_ids[field.name] for field in target}
     for path in paths:
         with table.io.new_input(path).open() as f:
             pf = pq.ParquetFile(f)
-            ids = {field.name: (field.metadata or {}).get(b"PARQUET:field_id") for field in pf.schema_arrow}
-            by_id = {int(v): k for k, v in ids.items() if v is not None}
+            in_file = columns_in_file(pf.schema_arrow, wanted)
             for batch in pf.iter_batches(batch_size=batch_rows):
                 cols = []
                 for field in target:
-                    name = by_id.get(schema_ids[field.name], field.name)
-                    idx = batch.schema.get_field_index(name)
+                    name = in_file[field.name]
+                    idx = batch.schema.get_field_index(name) if name is not None else -1
                     cols.append(
                         batch.column(idx).cast(field.type) if idx >= 0 else pa.nulls(batch.num_rows, field.type)
                     )

@@ -23,6 +23,10 @@ could leave the table pointing at missing files for good. A delete that fails (t
 write did) leaves the file: the write's exception carries how many (``files_left``), its sync is recorded unsettled,
 and the next sync of the dataset removes them.
 
+Another engine's commits. A mirror commit (Postgres is the truth) checks each attempt's table state for data changes
+another Iceberg engine committed since the project's last snapshot (lake/foreign.py) and refuses them
+(ForeignCommit: known not committed, the files are deleted) unless the plan reverts them (``revert_foreign``).
+
 G4 is ours alone: pyiceberg's own commit retry is switched off per table (commit.retry.num-retries=0),
 because it rebuilds a commit on a newer table state without asking whether this sync still holds its
 dataset lock; our loop re-checks the guard locks (ingest/guards.check_held) before every attempt.
@@ -54,20 +58,28 @@ from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from lakehouse_dagster.core import private_apis
-from lakehouse_dagster.core.errors import CommitOutcomeUnknown, DiskFull, GuardLost, SyncFailed, first_line, no_space
+from lakehouse_dagster.core.errors import (
+    CommitOutcomeUnknown,
+    DiskFull,
+    ForeignCommit,
+    GuardLost,
+    SyncFailed,
+    first_line,
+    no_space,
+)
 from lakehouse_dagster.core.failpoints import failpoint, is_armed
 from lakehouse_dagster.core.guards import check_held
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.foreign import FENCE as FENCE  # re-exported: the reaper's fence key lives with the marks
+from lakehouse_dagster.lake.foreign import REVERTED, ROW_COUNT, SYNC_ID, foreign_since_project
 from lakehouse_dagster.lake.schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema, iceberg_type
 from lakehouse_dagster.tracking.datasets import Dataset
 
 _log = logging.getLogger(__name__)
 
-SYNC_ID = "lakehouse.sync-id"
 SOURCE_VERSION = "lakehouse.source-version"
 MAX_ROW_INDEX = "lakehouse.max-row-index"
-ROW_COUNT = "lakehouse.row-count"
 WRITE_PATH = "lakehouse.path"
 WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summary; a sync reports it)
 
@@ -80,7 +92,6 @@ SYNC_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
 # per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).
 # Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
 # to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
-FENCE = "lakehouse.fence"  # snapshot summary key of the reaper's fence, an empty snapshot (value: why)
 MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
 
 # Old metadata files: every commit writes a new one holding the whole history, so without this a long-lived
@@ -358,7 +369,10 @@ class TableWrite:
     commit (a retry finds it); ``source_version`` is the version the snapshot covers; ``path`` "mirror" or
     "native" (every commit records it, mirror/native_run.py). ``max_row_index``: the table's highest
     __row_index after the commit (None: the table's until now, -1 for a replace). ``chunk_rows``: rows per data
-    file (None: settings.ingest_chunk_rows). ``lanes``: _FileRoller."""
+    file (None: settings.ingest_chunk_rows). ``lanes``: _FileRoller. ``revert_foreign`` (a mirror replace only):
+    commit even when another engine changed the table's rows since the project's last commit (lake/foreign.py),
+    reverting that change; the commit names the snapshots it reverted in its summary. Without it a mirror commit
+    refuses them (ForeignCommit)."""
 
     mode: str
     sync_id: uuid.UUID
@@ -368,10 +382,13 @@ class TableWrite:
     chunk_rows: int | None = None
     delete_files: Sequence = ()
     lanes: Sequence[int] | None = None
+    revert_foreign: bool = False
 
     def __post_init__(self):
         if self.mode not in ("replace", "append", "partial"):
             raise ValueError(f"mode must be 'replace', 'append' or 'partial', not {self.mode!r}")
+        if self.revert_foreign and (self.mode != "replace" or self.path != "mirror"):
+            raise ValueError("only a mirror replace reverts another engine's commits (revert_foreign)")
 
     @property
     def replaces(self) -> bool:
@@ -522,8 +539,9 @@ def _commit_or_settle(
             delete_files=plan.delete_files if plan.mode == "partial" else None,
             expire=expire if plan.path == "mirror" or run is not None else None,
             run_entries=run,
+            foreign=_foreign_check(dataset.id, plan) if plan.path == "mirror" else None,
         )
-    except (CommitFailedException, ValidationException, GuardLost) as exc:
+    except (CommitFailedException, ValidationException, GuardLost, ForeignCommit) as exc:
         _mark_files_left(exc, roller.delete_all())  # known not committed
         raise
     except BaseException as exc:
@@ -558,6 +576,24 @@ def _commit_or_settle(
             landed,
         )
         return landed
+
+
+def _foreign_check(dataset_id, plan: TableWrite) -> Callable[[Table], dict]:
+    """A mirror commit's check of each attempt's table state (Postgres is the truth): a data change another engine
+    committed since the project's last snapshot (lake/foreign.py) is refused, or, when the plan reverts it, named in
+    the commit's summary and logged as a warning. Pure maintenance (a rewrite keeping the rows, expiry) passes."""
+
+    def check(table: Table) -> dict:
+        chain = foreign_since_project(table)
+        if chain.problem is None:
+            return {}
+        if not plan.revert_foreign:
+            raise ForeignCommit(chain.refusal(dataset_id))
+        reverted = ",".join(str(f.snapshot_id) for f in chain.changes) or "rollback"
+        _log.warning("dataset %s: sync %s reverts what another engine did: %s", dataset_id, plan.sync_id, chain.problem)
+        return {REVERTED: reverted}
+
+    return check
 
 
 def disk_full(dataset_id, location: str, exc: BaseException) -> DiskFull:
@@ -632,6 +668,7 @@ def _commit(
     delete_files: Sequence | None = None,
     expire: tuple[int, float] | None = None,
     run_entries: Callable[[Table], dict] | None = None,
+    foreign: Callable[[Table], dict] | None = None,
 ) -> int:
     """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
@@ -639,13 +676,17 @@ def _commit(
     ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still
     be live (else ValidationException: the plan is stale, nothing is committed). ``expire``: (keep, max age
     in seconds) of ``expirable_snapshots``, removed in the same commit. ``run_entries(table)``: a native
-    commit's run totals (rollback/iceberg_only.native_run), summed on each attempt's own table state."""
+    commit's run totals (rollback/iceberg_only.native_run), summed on each attempt's own table state.
+    ``foreign(table)`` (a mirror commit: _foreign_check): refuses another engine's data change on each attempt's own
+    table state (one that landed while this commit was being prepared wins the compare-and-swap, and the retry sees
+    it), or returns the summary entries that name what the commit reverts."""
     for attempt in range(COMMIT_ATTEMPTS):
         check_held()
+        extra = foreign(table) if foreign is not None else {}
         tx = _Transaction(table)
         tx.set_properties({**MERGE_MANIFESTS, **METADATA_FILES, **props})
         snapshot_update = tx.update_snapshot(
-            snapshot_properties=summary if run_entries is None else {**summary, **run_entries(table)}
+            snapshot_properties={**summary, **extra, **(run_entries(table) if run_entries is not None else {})}
         )
         if delete_files is not None:
             live = {task.file.file_path for task in table.scan().plan_files()} if delete_files else set()

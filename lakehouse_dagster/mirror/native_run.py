@@ -38,7 +38,8 @@ from pyiceberg.manifest import ManifestEntryStatus
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.writer import FENCE, WRITE_PATH
+from lakehouse_dagster.lake.foreign import FENCE, classify, made_here
+from lakehouse_dagster.lake.writer import WRITE_PATH
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
 
 NATIVE = "native"
@@ -57,13 +58,21 @@ class IcebergOnly:
     added_files: tuple[str, ...] | None = None  # data files those snapshots appended (None: replaced, or unknown)
     after_sequence: int = 0  # Postgres holds every data file of this data sequence number or lower
     added_records: int = 0  # rows those snapshots added (``rows`` is the table's total after a replace)
+    foreign: tuple[int, ...] = ()  # of those snapshots, the ones another Iceberg engine committed (lake/foreign.py)
 
     def describe(self) -> str:
         how = "a native sync.full replaced the table, so all its rows count; " if self.replaced else ""
         return (
             f"{self.rows} row(s) in {self.snapshots} native snapshot(s) exist only in Iceberg "
-            f"({how}up to snapshot {self.snapshot_id})"
+            f"({how}up to snapshot {self.snapshot_id}{self.foreign_clause()})"
         )
+
+    def foreign_clause(self) -> str:
+        """ ", N of them committed by another Iceberg engine (snapshot …)", or "" when the project made them all."""
+        if not self.foreign:
+            return ""
+        ids = ", ".join(str(s) for s in self.foreign[:3]) + (", …" if len(self.foreign) > 3 else "")
+        return f", {len(self.foreign)} of them committed by another Iceberg engine (snapshot {ids})"
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -135,6 +144,7 @@ def iceberg_only(
         None if run.replaced or run.files is None else tuple(run.files),
         run.after_sequence,
         run.added,
+        tuple(run.foreign),
     )
 
 
@@ -145,6 +155,7 @@ class _Run:
     replaced: bool = False
     after_sequence: int = 0  # Postgres holds every data file of this data sequence number or lower
     files: list[str] | None = dataclasses.field(default_factory=list)
+    foreign: list[int] = dataclasses.field(default_factory=list)  # another engine's snapshots among them
 
 
 def _walk(
@@ -152,12 +163,16 @@ def _walk(
 ) -> _Run:
     """From the current snapshot back to the first one Postgres caught up with (a mirror snapshot, a
     backfilled one, one a pg-path sync.full superseded), or to the first whose carried run totals hold the
-    rest (``RUN_*``: those survive the expiry of the snapshots they sum)."""
+    rest (``RUN_*``: those survive the expiry of the snapshots they sum). Another Iceberg engine's snapshot (no
+    project mark: lake/foreign.py) on a native table is Iceberg's truth like a native one: a data change counts as
+    a native snapshot (named in ``foreign``), maintenance that keeps the rows as nothing, like the reaper's fence."""
     newest = dt.datetime.fromtimestamp(current.timestamp_ms / 1000, tz=dt.UTC)
     run, snap = _Run(files=[] if with_files else None), current
+    rewritten = False  # a newer foreign rewrite (maintenance) was walked
     while snap is not None and snap.snapshot_id not in backfilled:
         summary = snap.summary.additional_properties if snap.summary is not None else {}
-        if summary.get(WRITE_PATH) != NATIVE:
+        foreign = None if made_here(snap) else classify(snap)
+        if foreign is None and summary.get(WRITE_PATH) != NATIVE:
             break  # a mirror snapshot: Postgres held everything up to here
         seq = summary.get(SEQ_SUMMARY)
         if (full_seq is not None and seq is not None and full_seq > int(seq)) or (
@@ -172,12 +187,17 @@ def _walk(
             run.replaced = run.replaced or replaced
             run.files = None if run.replaced or not with_files else _files_after(table, current, run.after_sequence)
             return run
-        run.snapshots += 0 if FENCE in summary else 1  # the reaper's empty snapshot is no native write
-        run.added += int(summary.get("added-records", 0) or 0)
-        if snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
+        kept = FENCE in summary or (foreign is not None and foreign.maintenance)  # rows as they were
+        run.snapshots += 0 if kept else 1  # the reaper's empty snapshot is no native write
+        if foreign is not None and not kept:
+            run.foreign.insert(0, snap.snapshot_id)
+        run.added += 0 if kept else int(summary.get("added-records", 0) or 0)
+        if not kept and snap.summary is not None and snap.summary.operation.value in ("overwrite", "delete", "replace"):
             run.replaced = True
-        if run.files is not None and not run.replaced:
-            run.files = _added_files(table, snap, run.files)
+        if run.files is not None and not run.replaced and not kept:
+            # older than another engine's rewrite, the files this snapshot added may be gone: which are new is unknown
+            run.files = None if rewritten else _added_files(table, snap, run.files)
+        rewritten = rewritten or (foreign is not None and kept and foreign.operation == "replace")
         parent = snap.parent_snapshot_id
         if parent is None and (snap.sequence_number or 0) > 1:  # not the table's first: its parent was expired
             raise BadInput(

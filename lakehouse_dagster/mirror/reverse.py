@@ -287,10 +287,19 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     if found is None:
         return APPEND, (), "Postgres already holds every row of the current snapshot"
     if found.replaced:
-        return FULL, (), f"{found.snapshots} native snapshot(s) since the position, one rewrote the table"
+        return (
+            FULL,
+            (),
+            f"{found.snapshots} native snapshot(s) since the position, one rewrote the table{found.foreign_clause()}",
+        )
     if found.added_files is None:
-        return FULL, (), "the manifests of the new snapshots could not be read"
-    return APPEND, found.added_files, f"{found.snapshots} native append snapshot(s) since the position"
+        return FULL, (), "which data files the new snapshots added cannot be told (unreadable manifests, or files "
+        "another Iceberg engine rewrote since)"
+    return (
+        APPEND,
+        found.added_files,
+        f"{found.snapshots} native append snapshot(s) since the position{found.foreign_clause()}",
+    )
 
 
 def _apply(

@@ -21,6 +21,7 @@ from lakehouse_dagster.core.db import IdlePool, connect, fetch_value, is_idle
 from lakehouse_dagster.core.errors import (
     BadInput,
     DiskFull,
+    ForeignCommit,
     GuardLost,
     LakehouseError,
     SyncFailed,
@@ -36,6 +37,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.completed import completed_mark
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
+from lakehouse_dagster.lake.foreign import foreign_since_project
 from lakehouse_dagster.lake.writer import (
     ABSENT,
     WRITE_MODE,
@@ -103,6 +105,7 @@ def sync_dataset(
     readers: int = 2,
     lock_timeout_s: float = 1800,
     pool: IdlePool | None = None,
+    revert_foreign: bool = False,
 ) -> SyncResult:
     """Mirror one dataset. Serialised per dataset (G3), admission-bounded (G2), fail-loud: a failure
     records the failed sync, marks the dataset errored, commits nothing and raises SyncFailed (its
@@ -111,9 +114,18 @@ def sync_dataset(
     (succeeded if its commit landed, else failed 'interrupted'), the dataset status is left alone, and
     the interruption propagates. ``lock_timeout_s`` bounds the wait for another sync of the dataset
     (LockTimeout, transient, nothing logged): a batch uses a short one and comes back to the dataset later.
-    ``pool``: a batch's idle connections (store.db.IdlePool) the lock session, the pinned read and its readers reuse."""
+    ``pool``: a batch's idle connections (store.db.IdlePool) the lock session, the pinned read and its readers reuse.
+    Another Iceberg engine's data change on the table since the project's last commit (lake/foreign.py) fails the
+    sync (ForeignCommit, nothing committed) whatever the mode; ``revert_foreign`` (an operator's decision: a full
+    re-sync, mode full or auto) reverts it instead, and the commit names the snapshots it reverted."""
     if mode not in MODES:
         raise BadInput(f"unknown sync mode {mode!r}; use one of {', '.join(MODES)}")
+    if revert_foreign and mode == "incremental":
+        raise BadInput(
+            "--revert-foreign is a full re-sync from Postgres (it replaces every file of the table); "
+            "run it with --mode full, not incremental"
+        )
+    mode = "full" if revert_foreign else mode
     ds_id = parse_uuid(dataset_id, "dataset id")
     validate_failpoints()
     sync_id = sync_id or uuid.uuid4()
@@ -129,7 +141,7 @@ def sync_dataset(
             _log_start(conn, ds_id, sync_id, writer, run_id)
             started = time.perf_counter()
             try:
-                result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool)
+                result = _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool, revert_foreign)
             except BaseException as exc:
                 if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit, Dagster's interruption
                     _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
@@ -178,15 +190,25 @@ def _refuse_unmirrorable(conn, catalog: Catalog, settings: Settings, ds_id: uuid
     refuse_mirror_over_iceberg_only(conn, catalog, settings, ds_id)  # rows written natively, then rolled back
 
 
-def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool=None) -> SyncResult:
+def _mirror(
+    dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool=None, revert_foreign=False
+) -> SyncResult:
     pinned = PinnedSnapshot(dsn, ds_id, pool)
     try:
         head = pinned.state(None)
         dataset = _dataset_at(ds_id, head)
         table = load_table_or_none(catalog, table_identifier(settings, ds_id))
+        # Before anything is read or reported: another engine's data change (lake/foreign.py). The commit checks
+        # again on its own table state (lake/writer.py), so one landing meanwhile is refused as well.
+        chain = foreign_since_project(table) if table is not None else None
+        if chain is not None and chain.problem is not None and not revert_foreign:
+            raise ForeignCommit(chain.refusal(ds_id))
         current = table_state(table) if table is not None else None
         columns_now = [{"name": c.name, "type": c.type} for c in dataset.columns]
         run_mode, reason, after = _choose_mode(mode, head, current, columns_now)
+        if chain is not None and chain.problem is not None:
+            ids = ", ".join(str(f.snapshot_id) for f in chain.changes) or "a rollback"
+            reason = f"full requested to revert what another Iceberg engine committed ({ids})"
         if run_mode == "noop":
             assert current is not None  # _choose_mode runs "full" when there is no table
             return SyncResult(
@@ -242,6 +264,7 @@ def _mirror(dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool
             else (after if after is not None else -1),
             delete_files=plan.files if run_mode == "partial" else (),
             lanes=[lo for part in parts for lo, _ in part][1:],  # one file per range read: disjoint files
+            revert_foreign=revert_foreign,
         )
         written = write_digested(
             catalog,

@@ -35,6 +35,7 @@ from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.parity import canonical, lookup3
+from lakehouse_dagster.parity.duck_files import FileSource, file_source
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
@@ -259,6 +260,7 @@ class IcebergPin:
     path: str | None = None  # mirror | native (from the summary or the table property)
     total_records: int | None = None
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)  # name → Iceberg type
+    field_ids: dict[str, int] = dataclasses.field(default_factory=dict)  # name → Iceberg field id
     files: list[str] = dataclasses.field(default_factory=list)
     sizes: dict[str, int] = dataclasses.field(default_factory=dict)  # path → bytes, as the manifests say
     records: dict[str, int] = dataclasses.field(default_factory=dict)  # path → rows, as the manifests say
@@ -322,6 +324,7 @@ def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> 
     schema = schema or table.schema()
     pin.schema_id = schema.schema_id
     pin.fields = {f.name: f.field_type for f in schema.fields}
+    pin.field_ids = {f.name: f.field_id for f in schema.fields}
     for task in table.scan(snapshot_id=snap.snapshot_id).plan_files():
         pin.files.append(task.file.file_path)
         pin.sizes[task.file.file_path] = task.file.file_size_in_bytes
@@ -335,8 +338,9 @@ def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> 
 class IcebergSide:
     """The Iceberg side of one dataset: DuckDB over the pinned snapshot's Parquet files.
 
-    Columns are read by name (``union_by_name``): a column added after a file was written is NULL in
-    it, as Iceberg reads it. Remote files (s3://...) or delete files go through pyiceberg's Arrow batch
+    Columns are read by Iceberg field id (parity/duck_files.py), never by Parquet name: a column another engine
+    wrote under a sanitised name still reads, a column added after a file was written is NULL in it, as Iceberg
+    reads it; a file without field ids is read by name. Remote files (s3://...) or delete files go through pyiceberg's Arrow batch
     reader instead (it resolves deletes and object storage), streamed into DuckDB per query.
     """
 
@@ -361,6 +365,11 @@ class IcebergSide:
         self._arrow = ((not pin.local) or pin.has_deletes) if via_arrow is None else via_arrow
         self._paths = [local_path(p) for p in pin.files] if not self._arrow else []
         self.empty = not pin.files
+        self._files: FileSource | None = None
+        if self._paths:
+            wanted = {"__row_index", "__row_id", "__created_at"} | {c.name for c in self.columns}
+            fields = {n: (pin.field_ids.get(n), pin.fields[n]) for n in wanted if n in pin.fields}
+            self._files = file_source(self.con, [p for p in self._paths if p is not None], fields, "files")
         self.present = self._present_columns()
         self._hash = canonical.duck_row_hash(self.columns, self.present, identity=identity)
 
@@ -379,16 +388,14 @@ class IcebergSide:
         in_table = set(self.pin.fields)
         if self.empty:
             return wanted & in_table
-        if self._arrow:
+        if self._arrow or self._files is None:
             return wanted & in_table  # pyiceberg projects the table schema (absent columns as NULL)
-        names = {
-            r[0] for r in self.con.execute("select distinct name from parquet_schema($1)", [self._paths]).fetchall()
-        }
-        return wanted & in_table & names
+        return wanted & in_table & set(self._files.present)
 
     def _source(self, lo: int | None = None, hi: int | None = None) -> str:
         if not self._arrow:
-            return "read_parquet($files, union_by_name = true)"
+            assert self._files is not None  # every caller returns early on an empty snapshot
+            return self._files.sql
 
         row_filter = AlwaysTrue()
         if lo is not None:
@@ -403,8 +410,8 @@ class IcebergSide:
         return "ice_src"
 
     def _params(self, **kw) -> dict:
-        if not self._arrow:
-            kw["files"] = self._paths
+        if not self._arrow and self._files is not None:
+            kw.update(self._files.params)
         return kw
 
     def bounds(self) -> tuple[int | None, int | None]:

@@ -19,12 +19,14 @@ import dataclasses
 import hashlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import psycopg
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.parity.maintained import _files_in_place
 
@@ -102,17 +104,20 @@ def store(
         )
 
 
-def compute(paths: Sequence[str], table_fields: set[str]) -> dict[str, FileIdentity]:
+def compute(paths: Sequence[str], field_ids: Mapping[str, int | None]) -> dict[str, FileIdentity]:
     """The facts of local Parquet files, each read alone and only its identity columns (one file holds at most
-    a chunk of rows: memory stays bounded by LAKEHOUSE_INGEST_CHUNK_ROWS). A column absent from a file (or from
-    the table schema) counts as null in every row, as the full check reads it."""
+    a chunk of rows: memory stays bounded by LAKEHOUSE_INGEST_CHUNK_ROWS). ``field_ids``: the table schema's
+    (name → field id); a file's columns are found by field id (lake/parquet_ids.py). A column absent from a file
+    (or from the table schema) counts as null in every row, as the full check reads it."""
 
+    wanted = {c: field_ids[c] for c in IDENTITY_COLUMNS if c in field_ids}
     out = {}
     for path in paths:
         pf = pq.ParquetFile(path)
-        names = set(pf.schema_arrow.names) & table_fields
-        cols = [c for c in IDENTITY_COLUMNS if c in names]
-        t = pf.read(columns=cols)
+        found = {n: c for n, c in columns_in_file(pf.schema_arrow, wanted).items() if c is not None}
+        cols = [c for c in IDENTITY_COLUMNS if c in found]
+        read = pf.read(columns=[found[c] for c in cols])
+        t = pa.table([read.column(found[c]) for c in cols], names=cols)
         rows = pf.metadata.num_rows
 
         def nonnull(name: str) -> int:
@@ -149,7 +154,7 @@ def snapshot_facts(conn: psycopg.Connection, pin, dataset_id: uuid.UUID) -> tupl
     computed = {}
     if missing:
         local = {lp: p for p in missing if (lp := local_path(p)) is not None}  # every one (pin.local)
-        computed = {local[lp]: f for lp, f in compute(list(local), set(pin.fields)).items()}
+        computed = {local[lp]: f for lp, f in compute(list(local), pin.field_ids or dict.fromkeys(pin.fields)).items()}
         wrong = [p for p, f in computed.items() if pin.records.get(p) not in (None, f.rows)]
         if wrong:
             raise Unavailable(

@@ -32,7 +32,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import psycopg
 import pyarrow as pa
@@ -41,8 +41,10 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
+from lakehouse_dagster.parity.duck_files import file_source
 from lakehouse_dagster.tracking import barrier, capture
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
@@ -111,11 +113,20 @@ def _digest_connection():
 class FileDigester:
     """The canonical row hash of a file's rows (the same DuckDB expression as the Iceberg side of the
     full digest), folded per segment. One per writer or canary; ``close`` when done (the thread's DuckDB
-    connection stays open for the next one: _digest_connection)."""
+    connection stays open for the next one: _digest_connection). ``table_fields`` (name → Iceberg type) and
+    ``field_ids`` (name → field id): the snapshot's schema, so that a file's columns are found by field id
+    (a column another engine wrote under a sanitised Parquet name still counts); without ids, by name."""
 
-    def __init__(self, columns: Sequence[Column], table_fields: Iterable[str] | None = None):
+    def __init__(
+        self,
+        columns: Sequence[Column],
+        table_fields: Mapping[str, object] | Iterable[str] | None = None,
+        field_ids: Mapping[str, int] | None = None,
+    ):
         self.columns = tuple(columns)
         self.table_fields = None if table_fields is None else set(table_fields)
+        self.types = dict(table_fields) if isinstance(table_fields, Mapping) else {}
+        self.field_ids = dict(field_ids or {})
         self.con = _digest_connection()
 
     def close(self) -> None:
@@ -155,17 +166,31 @@ class FileDigester:
         finally:
             self.con.unregister("lakehouse_batch")
 
+    def _wanted_ids(self) -> dict[str, int]:
+        wanted = {"__row_index", "__row_id", "__created_at"} | {c.name for c in self.columns}
+        return {n: fid for n, fid in self.field_ids.items() if n in wanted}
+
     def add_file(self, path: str) -> FileDigest:
-        """The digest of a local Parquet file (a file the writer did not digest)."""
+        """The digest of a local Parquet file (a file the writer did not digest), its columns found by field id."""
+        ids = self._wanted_ids()
+        if ids and all(n in self.types for n in ids):
+            src = file_source(self.con, [path], {n: (fid, self.types[n]) for n, fid in ids.items()}, "p")
+            return self._fold(FileDigest(), src.sql, self._present(src.present), src.params)
         names = [r[0] for r in self.con.execute("select name from parquet_schema($p)", {"p": path}).fetchall()]
         return self._fold(FileDigest(), "read_parquet($p)", self._present(names), {"p": path})
 
     def add_remote(self, io, path: str) -> FileDigest:
-        """The digest of a file on object storage, streamed batch by batch through the table's FileIO."""
+        """The digest of a file on object storage, streamed batch by batch through the table's FileIO; its
+        columns found by field id (lake/parquet_ids.py) and named as the table names them."""
 
         out = FileDigest()
         with io.new_input(path).open() as f:
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=65536):
+            pf = pq.ParquetFile(f)
+            ids = self._wanted_ids()
+            found = {n: c for n, c in columns_in_file(pf.schema_arrow, ids).items() if c is not None} if ids else {}
+            for batch in pf.iter_batches(batch_size=65536, columns=list(found.values()) if found else None):
+                if found:
+                    batch = pa.RecordBatch.from_arrays([batch.column(c) for c in found.values()], names=list(found))
                 self.add(out, batch)
         return out
 
@@ -223,7 +248,7 @@ def fill_file_digests(conn: psycopg.Connection, pin, columns: Sequence[Column]) 
     missing = [p for p in pin.files if p not in load_file_digests(conn, pin_dataset(pin), columns, pin.files)]
     if not missing:
         return 0
-    digester = FileDigester(columns, pin.fields)
+    digester = FileDigester(columns, pin.fields, pin.field_ids)
     try:
         out = {}
         for path in missing:

@@ -29,6 +29,7 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.types import LongType
 
+from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.routing.pg_reader import postgres_query, projected_schema
 from lakehouse_dagster.routing.projection import Projection
 from lakehouse_dagster.tracking.datasets import Dataset
@@ -170,14 +171,10 @@ class _FileReader:
             return
         with self.table.io.new_input(task.file.file_path).open() as f:
             pf = pq.ParquetFile(f)
-            by_id = {}
-            for field in pf.schema_arrow:
-                fid = (field.metadata or {}).get(b"PARQUET:field_id")
-                if fid is not None:
-                    by_id[int(fid)] = field.name
-            present = set(pf.schema_arrow.names)
-            in_file = [by_id.get(self.projection.find_field(n).field_id, n) for n in self.fields]
-            wanted = [c for c in dict.fromkeys(in_file) if c in present]
+            found = columns_in_file(pf.schema_arrow, {n: self.projection.find_field(n).field_id for n in self.fields})
+            # by field id (lake/parquet_ids.py); a column the file lacks reads as NULL ("" is no Parquet name)
+            in_file = [found[n] or "" for n in self.fields]
+            wanted = [c for c in dict.fromkeys(in_file) if c]
             for batch in pf.iter_batches(batch_size=batch_rows, columns=wanted, use_threads=True):
                 yield self._shape(batch, in_file)
 
