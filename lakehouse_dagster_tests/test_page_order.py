@@ -20,10 +20,11 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.private_apis import dagster_log_now
-from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+from lakehouse_dagster.status.page_order import sync_order
 from lakehouse_dagster.status.partition_state import partition_states
 from lakehouse_dagster.status.recording import Cursor, Plan
 from lakehouse_dagster.tracking import datasets
@@ -106,6 +107,13 @@ def test_a_stream_event_written_after_newer_commits_never_puts_the_table_page_ba
     )
     rec.tick()  # the recorder's next tick leaves it so
     assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(newest)
+
+    # the order the pages use (the sync log's) is the table's own: its snapshots' Iceberg sequence numbers
+    table = load_table_or_none(catalog, table_identifier(settings, d))
+    by_sequence = [s.snapshot_id for s in sorted(table.metadata.snapshots, key=lambda s: s.sequence_number)]
+    order = sync_order(conn, [(d, s) for s in by_sequence])
+    assert len(order) == len(by_sequence) >= 4
+    assert sorted(by_sequence, key=lambda s: order[(d, s)]) == by_sequence
 
 
 def test_a_recorder_tick_whose_read_is_older_than_a_run_s_event_records_no_older_snapshot(

@@ -26,6 +26,7 @@ from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
+from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -60,7 +61,7 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
                 context.log.error(f"{failed[-1][0]} ({item.dataset_id}) failed: {item.error}")
                 continue
             synced.append(item)
-            yield from synced_materializations(conn, settings, item)
+            yield from synced_materializations(conn, settings, item, context.log)
         # One summary line, not one per dataset: each log line is an event the instance stores (the
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
@@ -102,9 +103,21 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         raise refuse("\n".join(problems)) from None
 
 
-def synced_materializations(conn, settings, item) -> list[dg.AssetMaterialization]:
+def synced_materializations(conn, settings, item, log=None) -> list[dg.AssetMaterialization]:
     """A landed sync (mirror/sync.SyncResult) as the materializations of its dataset's two partitions, with the
-    metadata mirror_job records (a batch run and a stream run log the same)."""
+    metadata mirror_job records (a batch run and a stream run log the same). None when the table has moved on since
+    (a commit after this sync's, before its event is written: a stream's glue busy with checks while the writer
+    was flipped and written natively): its pages are never put back to an older snapshot (status/page_order.py);
+    the newer commit's writer, or the lakehouse_recorder, records the table now. ``log``: the run's, for the line
+    saying so."""
+    newer = superseded_by(conn, item.dataset_id, item.snapshot_id)
+    if newer is not None:
+        if log is not None:
+            log.info(
+                f"{item.dataset_id}: snapshot {item.snapshot_id} of this sync is not recorded as the table now: "
+                f"snapshot {newer} was committed after it (its page shows that one)"
+            )
+        return []
     key, version = str(item.dataset_id), str(item.source_version)
     ds = get_dataset(conn, item.dataset_id)
     state = partition_state(conn, settings, item.dataset_id)

@@ -31,7 +31,8 @@ from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, name_run, text
 from lakehouse_dagster.mirror.poller import backoff_seconds
-from lakehouse_dagster.mirror.reverse import NOOP, ReverseResult, apply_reverse
+from lakehouse_dagster.mirror.reverse import NOOP, ReverseResult, apply_reverse, position
+from lakehouse_dagster.status.page_order import newer_than, sync_order
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 DATA_VERSION_TAG = "dagster/data_version"
@@ -48,8 +49,20 @@ IN_FLIGHT_STATUSES = (
 )
 
 
-def reverse_materialization(conn: psycopg.Connection, r: ReverseResult) -> dg.AssetMaterialization:
-    """A reverse apply as a materialization of the dataset's postgres/dataset_rows partition."""
+def reverse_materialization(conn: psycopg.Connection, r: ReverseResult, log=None) -> dg.AssetMaterialization | None:
+    """A reverse apply as a materialization of the dataset's postgres/dataset_rows partition; None when a later
+    apply has moved the reverse position past its snapshot since (the event written late: the page is never put
+    back to an older snapshot, status/page_order.py). ``log``: the run's, for the line saying so."""
+    now = position(conn, r.dataset_id)
+    if now is not None and now.snapshot_id is not None and r.snapshot_id is not None:
+        order = sync_order(conn, [(r.dataset_id, r.snapshot_id), (r.dataset_id, now.snapshot_id)])
+        if newer_than(order, r.dataset_id, now.snapshot_id, r.snapshot_id):
+            if log is not None:
+                log.info(
+                    f"{r.dataset_id}: the apply of snapshot {r.snapshot_id} is not recorded: the reverse mirror has "
+                    f"applied snapshot {now.snapshot_id}, committed after it, since"
+                )
+            return None
     ds = get_dataset(conn, r.dataset_id)
     what = "appended" if r.how == "append" else "re-synced in full"
     return dg.AssetMaterialization(
@@ -172,8 +185,9 @@ def reverse_apply_op(context: dg.OpExecutionContext, lakehouse: LakehouseResourc
         except Exception as exc:  # the reason, one line: the run fails, the poller asks again after its backoff
             raise refuse(f"reverse apply of {ds_id} failed: {type(exc).__name__}: {exc}") from None
         context.log.info(r.summary())
-        if r.how != NOOP:  # caught up already (the stream, or an earlier run, got there first): nothing to log
-            yield reverse_materialization(conn, r)
+        event = reverse_materialization(conn, r, context.log) if r.how != NOOP else None
+        if event is not None:  # NOOP: caught up already (the stream, or an earlier run, got there first)
+            yield event
 
 
 @dg.job(

@@ -35,6 +35,7 @@ from lakehouse_dagster.mirror.sync import peak_rss_mb
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.writers import WRITERS, run_writer
+from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
@@ -75,6 +76,9 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
                 logger=context.log,
             )
             standard = _partition_metadata(conn, settings, r)
+            # a native commit another writer has committed over since: not recorded as the table now (the newer
+            # commit's writer, or the lakehouse_recorder, records that; status/page_order.py)
+            newer = superseded_by(conn, r.dataset_id, r.snapshot_id) if r.path == "native" and r.new else None
     except Exception as exc:
         # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
         # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
@@ -106,7 +110,12 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
             )
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
-    if r.new:
+    if newer is not None:
+        context.log.info(
+            f"{r.writer}: snapshot {r.snapshot_id} is not recorded as the table now: snapshot {newer} was committed "
+            "after it (its page shows that one)"
+        )
+    elif r.new:
         context.log_event(
             dg.AssetMaterialization(
                 asset_key=ICEBERG_TABLE if r.path == "native" else PG_ROWS,
