@@ -151,6 +151,47 @@ def test_a_recorder_tick_whose_read_is_older_than_a_run_s_event_records_no_older
     assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(newer.snapshot_id)
 
 
+@dg.op(out={})
+def _raced_glue(context: dg.OpExecutionContext):
+    """A run writing events it built (and checked) before a newer commit landed: a check and its write are two steps."""
+    dagster_log_now(context, _LATE["events"])
+
+
+@dg.job
+def _raced_job():
+    _raced_glue()
+
+
+def test_an_older_event_that_raced_the_recorder_is_put_right_by_its_next_tick(
+    conn,
+    dsn,
+    settings,
+    instance,  # noqa: F811
+):
+    """The window a check leaves: a run checks its sync is the table now and builds its events; a newer commit lands
+    and the recorder records it; then the run writes its (now older) events. The recorder's next tick shows the
+    table now again."""
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(3)])
+    catalog = load_catalog(settings, dsn)
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    older = sync_dataset(dsn, catalog, settings, d)
+    _LATE["events"] = synced_materializations(conn, settings, older)  # checked: the table now, at this moment
+    assert _LATE["events"]
+    datasets.insert_rows(conn, d, [row(3)], start_index=3)
+    newer = sync_dataset(dsn, catalog, settings, d)
+    rec = Recorder(instance, dsn)
+    rec.tick()
+    assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(newer.snapshot_id)
+    assert _raced_job.execute_in_process(instance=instance).success  # written after the recorder's
+    assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(older.snapshot_id)  # the window
+    rec.tick()
+    assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(newer.snapshot_id), "the page stayed back"
+    rec.tick()  # put right once: nothing more
+    assert len(_materializations(instance, ICEBERG_TABLE, d)) == 3
+
+
 def test_a_reverse_apply_event_written_after_a_newer_apply_never_puts_the_rows_page_back(
     conn,
     dsn,

@@ -52,6 +52,10 @@ from lakehouse_dagster.status.reverse_page import ReversePageChange, reverse_pag
 PRUNE_EVERY_SECONDS = 300.0  # a full comparison of the partitions with the datasets (O(partitions)): not every tick
 DATA_VERSION_TAG = "dagster/data_version"
 RECORDED_BY = "lakehouse_recorder (no run: recorded from Postgres)"
+# How long, and for how many partitions at most, the recorder checks that what it showed is not overwritten by an
+# older snapshot's event written after it (a run's write racing ours: milliseconds, so a few ticks are plenty).
+RECHECK_SECONDS = 30.0
+RECHECK_MAX = 1000
 
 
 def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
@@ -283,6 +287,40 @@ def reverse_page_event(state: PartitionState, c: ReversePageChange) -> dg.AssetO
     )
 
 
+def overwritten(
+    instance: dg.DagsterInstance, conn: psycopg.Connection, shown: dict[uuid.UUID, tuple[int, float]], now: float
+) -> list[uuid.UUID]:
+    """Datasets whose table partition this recorder showed snapshot S on lately, and whose newest materialization
+    now names a snapshot committed before S: a run's event written after ours, its check having raced the commit we
+    recorded (a check and its write are not one transaction). Two queries on the instance, one on Postgres."""
+    live = {d: snap for d, (snap, until) in shown.items() if until >= now}
+    if not live:
+        return []
+    latest = latest_snapshots(instance, {str(d) for d in live})
+    pairs = [
+        (d, int(latest[str(d)]), snap)
+        for d, snap in live.items()
+        if latest.get(str(d), "").lstrip("-").isdigit() and latest[str(d)] != str(snap)
+    ]
+    order = sync_order(conn, [(d, s) for d, a, b in pairs for s in (a, b)])
+    return [d for d, on_page, snap in pairs if newer_than(order, d, snap, on_page)]
+
+
+def still_shown(
+    shown: dict[uuid.UUID, tuple[int, float]], events: list, now: float
+) -> dict[uuid.UUID, tuple[int, float]]:
+    """The cursor's ``shown`` after this tick: the entries not expired, and the snapshot each of this tick's events on
+    a table partition shows, checked for RECHECK_SECONDS (at most RECHECK_MAX partitions, the newest kept)."""
+    out = {d: v for d, v in shown.items() if v[1] >= now}
+    for e in events:
+        value = e.metadata.get("snapshot_id") if e.asset_key == ICEBERG_TABLE and e.partition else None
+        snap = getattr(value, "value", value)
+        if snap is not None and str(snap).lstrip("-").isdigit():
+            out.pop(uuid.UUID(e.partition), None)
+            out[uuid.UUID(e.partition)] = (int(str(snap)), now + RECHECK_SECONDS)
+    return dict(list(out.items())[-RECHECK_MAX:])
+
+
 @dg.sensor(
     minimum_interval_seconds=1,  # every daemon loop (5 s), like the mirror poller: the page follows the change
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -304,6 +342,9 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
             now=now,
         )
         reverse, reverse_behind = reverse_page_changes(conn, cursor.reverse_behind, settings.reverse_lag_page_seconds)
+        again = overwritten(context.instance, conn, cursor.shown, now)
+        if again:  # recorded again from the table now (its state read below)
+            plan = dataclasses.replace(plan, tables={**{d: [] for d in again}, **plan.tables})
         states = partition_states(conn, settings, plan.dataset_ids | {c.dataset_id for c in reverse})
         events = recorded_events(context.instance, conn, plan, states, settings)
         events += [reverse_page_event(states[c.dataset_id], c) for c in reverse if c.dataset_id in states]
@@ -325,5 +366,10 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
         f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed;"
         f" {len(reverse_behind)} reverse mirror(s) shown behind"
     )
-    nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at, reverse_behind=reverse_behind)
+    nxt = dataclasses.replace(
+        plan.cursor,
+        pruned_at=now if prune else cursor.pruned_at,
+        reverse_behind=reverse_behind,
+        shown=still_shown(cursor.shown, events, now),
+    )
     return dg.SensorResult(asset_events=events, dynamic_partitions_requests=requests, cursor=nxt.dumps())
