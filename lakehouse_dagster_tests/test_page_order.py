@@ -15,6 +15,7 @@ import pytest
 
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import synced_materializations
 from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_materialization
+from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.recording.recorder import recorded_events
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
@@ -41,7 +42,8 @@ def _late_stream_glue(context: dg.OpExecutionContext, lakehouse: LakehouseResour
     """What the mirror stream's glue does with a SyncResult it takes from its queue (stream_job.py), here for a sync
     that landed before the commits the page already shows."""
     with lakehouse.connect() as conn:
-        dagster_log_now(context, synced_materializations(conn, lakehouse.settings(), _LATE["sync"]))
+        events = synced_materializations(conn, lakehouse.settings(), _LATE["sync"], context.log, context.instance)
+        dagster_log_now(context, events)
 
 
 @dg.op(out={})
@@ -149,6 +151,32 @@ def test_a_recorder_tick_whose_read_is_older_than_a_run_s_event_records_no_older
     ]
     assert str(older.snapshot_id) not in shown, f"the tick recorded snapshot {older.snapshot_id}, older than the page's"
     assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(newer.snapshot_id)
+
+
+def test_a_sync_event_written_after_a_newer_change_of_the_app_never_puts_the_rows_page_back(
+    conn,
+    dsn,
+    settings,
+    instance,  # noqa: F811
+):
+    """The app writes while a sync runs; the mirror poller records the newer rows_version on postgres/dataset_rows;
+    then the sync's events are written: the table's (still the table now), not the rows page's older version."""
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(3)])
+    instance.add_dynamic_partitions(datasets_partitions.name, [str(d)])
+    synced = sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
+    datasets.insert_rows(conn, d, [row(3)], start_index=3)
+    now = datasets.get_dataset(conn, d).rows_version
+    assert now > synced.source_version
+    ctx = dg.build_sensor_context(instance=instance, resources={"lakehouse": LakehouseResource(pg_dsn=dsn)})
+    assert mirror_poller(ctx).run_requests  # it records the change and asks for its sync
+    assert _newest(instance, PG_ROWS, d)["rows_version"] == str(now)
+    _LATE["sync"] = synced
+    resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}
+    assert _late_stream_job.execute_in_process(resources=resources, instance=instance).success
+    assert _newest(instance, PG_ROWS, d)["rows_version"] == str(now), "the rows page went back to the sync's version"
+    assert _newest(instance, ICEBERG_TABLE, d)["snapshot_id"] == str(synced.snapshot_id)
 
 
 @dg.op(out={})

@@ -159,7 +159,9 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             if key not in known:  # a dataset the stream met first: its partition, before its materialization
                 context.instance.add_dynamic_partitions(DATASETS, [key])
                 known.add(key)
-            dagster_log_now(context, synced_materializations(session.conn(), settings, item, context.log))
+            dagster_log_now(
+                context, synced_materializations(session.conn(), settings, item, context.log, context.instance)
+            )
             to_check.pop(item.dataset_id, None)
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left

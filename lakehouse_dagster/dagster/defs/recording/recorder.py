@@ -35,13 +35,14 @@ from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
-from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_sync_metadata as table_now
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
+    latest_metadata,
     migration_state,
     names,
     postgres_standard,
     written_by,
 )
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_sync_metadata as table_now
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
 from lakehouse_dagster.status.page_order import newer_than, sync_order
@@ -64,29 +65,6 @@ def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
         return set()
     records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(run_ids), statuses=IN_FLIGHT))
     return {r.dagster_run.run_id for r in records}
-
-
-def latest_snapshots(instance: dg.DagsterInstance, keys: set[str]) -> dict[str, str]:
-    """The ``snapshot_id`` the latest materialization of each ``iceberg/dataset_table`` partition shows (two
-    queries whatever the number of partitions)."""
-    if not keys:
-        return {}
-    storage_ids = instance.get_latest_storage_id_by_partition(
-        ICEBERG_TABLE, dg.DagsterEventType.ASSET_MATERIALIZATION, keys
-    )
-    if not storage_ids:
-        return {}
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=ICEBERG_TABLE, storage_ids=list(storage_ids.values())),
-        limit=len(storage_ids),
-    ).records
-    out = {}
-    for r in records:
-        m = r.asset_materialization
-        value = m.metadata.get("snapshot_id") if m is not None else None
-        if r.partition_key is not None and value is not None:
-            out[r.partition_key] = str(getattr(value, "value", value))
-    return out
 
 
 def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
@@ -194,7 +172,7 @@ def in_order(
     state of each dataset whose page already shows a snapshot committed after the one its state (read earlier this
     tick) names: a run landed and recorded a newer commit meanwhile. ``states`` is updated in place, so no event of
     the tick shows an older snapshot as the table now (status/page_order.py: the table's commit order)."""
-    latest = latest_snapshots(instance, {str(d) for d in ids})
+    latest = latest_metadata(instance, ICEBERG_TABLE, {str(d) for d in ids})
     differ = [
         (d, int(latest[str(d)]), int(t.snapshot_id))
         for d in ids
@@ -296,7 +274,7 @@ def overwritten(
     live = {d: snap for d, (snap, until) in shown.items() if until >= now}
     if not live:
         return []
-    latest = latest_snapshots(instance, {str(d) for d in live})
+    latest = latest_metadata(instance, ICEBERG_TABLE, {str(d) for d in live})
     pairs = [
         (d, int(latest[str(d)]), snap)
         for d, snap in live.items()

@@ -172,3 +172,28 @@ def superseded_metadata(state: PartitionState, own_snapshot_id: int | None, newe
             "event was written: the event shows the table now"
         ),
     }
+
+
+def latest_metadata(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: set[str], field: str = "snapshot_id"
+) -> dict[str, str]:
+    """The ``field`` (text) the latest materialization of each of the asset's partitions ``keys`` shows (two
+    queries whatever the number of partitions): what a page shows now, which a writer compares its event with."""
+    if not keys:
+        return {}
+    storage_ids = instance.get_latest_storage_id_by_partition(
+        asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, keys
+    )
+    if not storage_ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=list(storage_ids.values())),
+        limit=len(storage_ids),
+    ).records
+    out = {}
+    for r in records:
+        m = r.asset_materialization
+        value = m.metadata.get(field) if m is not None else None
+        if r.partition_key is not None and value is not None:
+            out[r.partition_key] = str(getattr(value, "value", value))
+    return out
