@@ -294,6 +294,51 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     ]
 
 
+def test_a_workspace_complete_with_an_export_cut_short_resumes_when_run_again(conn, dsn, settings, lh, tmp_path):
+    """Issue 42 item 8: a first run over a workspace completes the one ready dataset (its export whole); a second,
+    once the others are ready, is killed in the middle of an export. Run again with the same --export-to it skips
+    the complete one, starts the cut-short export over and completes the rest. Anything the runs did not write
+    still refuses the directory."""
+    ws = datasets.create_workspace(conn, "several")
+    catalog = load_catalog(settings, dsn)
+    ready = _completable(conn, dsn, settings, lh, rows=3, name="ready", ws=ws)
+    late = sorted((_native(conn, dsn, settings, lh, rows=3, name=f"late{i}", ws=ws) for i in range(2)), key=str)
+    for d in late:  # not applied by the reverse yet: refused by the first run
+        native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)
+    out = tmp_path / "export"
+    code, text, _ = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    assert code == 6 and f"dataset {ready}: complete started; 7 row(s) exported" in text, text
+    for d in late:
+        apply_reverse(dsn, catalog, settings, d)
+        assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
+
+    # the first late dataset's export dies after its first chunk: a .partial file, its mark in progress
+    env = {"LAKEHOUSE_COMPLETE_BATCH_ROWS": "2", "LAKEHOUSE_FAILPOINT": "complete-export-after-chunk"}
+    killed = cli("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out), env=env)
+    assert killed.returncode == -9, killed.stderr
+    marks = dict(conn.execute("select dataset_id, status from lakehouse_completed").fetchall())
+    assert marks == {ready: "complete", late[0]: "in_progress"}
+    assert [p.name for p in (out / str(late[0])).iterdir()] == [f"{cp.EXPORT_PREFIX}{late[0]}-00000.parquet.partial"]
+    assert len(_pg_rows(conn, late[0])) == 7
+
+    code, text, err = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    assert code == 0, text + err
+    assert f"dataset {late[0]}: resumed; 7 row(s) exported as Parquet to {out / str(late[0])}" in text, text
+    assert f"dataset {late[1]}: complete started; 7 row(s) exported" in text and str(ready) not in text, text
+    for d in (ready, *late):
+        assert _pg_rows(conn, d) == []
+        files = sorted(p.name for p in (out / str(d)).iterdir())
+        assert files == [f"{cp.EXPORT_PREFIX}{d}-00000.parquet"], files
+        assert sorted(r["__row_index"] for r in pq.read_table(out / str(d)).to_pylist()) == list(range(7))
+
+    # a directory holding anything no complete exported is still refused, before anything is written
+    (out / "notes.txt").write_text("mine")
+    other = _completable(conn, dsn, settings, lh, rows=3, name="later", ws=ws)
+    code, _, err = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    assert code != 0 and "is not empty (1 entry that no earlier complete exported, e.g. notes.txt)" in err, err
+    assert len(_pg_rows(conn, other)) == 7 and not (out / str(other)).exists()
+
+
 def test_a_batch_that_meets_a_row_lock_of_the_live_app_backs_off_and_the_app_never_waits_on_it(conn, dsn, settings, lh):
     d = _completable(conn, dsn, settings, lh, rows=6)
     other = datasets.create_dataset(conn, datasets.create_workspace(conn, "live"), "live", SCHEMA)

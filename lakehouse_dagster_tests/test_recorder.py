@@ -402,6 +402,7 @@ def test_the_cursor_round_trips_whole():
         uuid.uuid4(),
         {"global": ((uuid.uuid4(), None), (None, uuid.uuid4())), str(uuid.uuid4()): ((None, None),)},
         {uuid.uuid4(): 123456789, uuid.uuid4(): None},
+        {uuid.uuid4(): (987654321, 1700000030.5)},
     )
     assert Cursor.loads(c.dumps()) == c and Cursor.loads(None) == Cursor()
     assert Cursor.loads(c.dumps()).position("sweeps") == Position()  # a stream never read starts at 0

@@ -15,6 +15,7 @@ import uuid
 import dagster as dg
 import pytest
 
+from lakehouse_dagster.dagster.defs.mirror import sensors
 from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_mirror_job
 from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.mirror.stream_job import mirror_stream
@@ -181,6 +182,78 @@ def test_streaming_off_the_poller_requests_a_reverse_run_per_due_dataset_and_the
         " values (1, 0, 'live', now(), now(), now() + interval '600 seconds')"
     )
     assert _reverse_asked(_tick(instance, dsn, res.cursor)) == []
+
+
+def test_streaming_off_a_failed_reverse_run_is_retried_under_a_new_key_after_the_backoff_never_beside_one_in_flight(
+    conn,
+    dsn,
+    settings,
+    lh,  # noqa: F811
+    instance,
+    monkeypatch,
+):
+    """Issue 42 item 8: the daemon skips a run key that already has a run, so a retry under the key of the failed run
+    (reverse:<ds>:<snapshot>, the same while the dataset is behind) never ran. Runs are launched here as the daemon
+    launches a request: its key and tags on the run."""
+    monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", "false")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "60")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "2")
+    ws = datasets.create_workspace(conn, "ws")
+    d = _native(conn, dsn, settings, lh, ws, "d")
+    snap = native_write(conn, dsn, settings, d, "sync.append", [row(6), row(7)], start=6)
+    instance.add_dynamic_partitions("datasets", [str(d)])
+    clock = [0.0]
+    monkeypatch.setattr(sensors, "_now", lambda: time.time() + clock[0], raising=False)
+
+    def launch(req: dg.RunRequest, *, fail: bool):
+        if fail:
+            monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "reverse-before-commit:raise")
+        try:
+            return reverse_mirror_job.execute_in_process(
+                partition_key=req.partition_key,
+                tags={**req.tags, "dagster/run_key": req.run_key},
+                resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+                instance=instance,
+                raise_on_error=False,
+            )
+        finally:
+            monkeypatch.delenv("LAKEHOUSE_FAILPOINT", raising=False)
+
+    def keys() -> set[str]:
+        return {r.tags.get("dagster/run_key") for r in instance.get_runs()}
+
+    (req,) = _reverse_asked(_tick(instance, dsn))
+    assert req.run_key == f"reverse:{d}:{snap}"
+    assert not launch(req, fail=True).success and position(conn, d) is None
+
+    clock[0] = 61  # past the backoff: a retry, under a key no run has (the daemon launches it)
+    (retry,) = _reverse_asked(_tick(instance, dsn))
+    assert retry.run_key not in keys(), "the retry's key is the failed run's: the daemon would skip it forever"
+    assert retry.run_key == f"reverse:{d}:{snap}:attempt:2" and retry.tags["lakehouse/attempt"] == "2"
+    clock[0] = 0  # within the backoff of that failure: nothing asked
+    # the retry in flight: nothing more is asked for the dataset (no second run beside it), whatever the clock says
+    run = instance.create_run_for_job(
+        job_def=reverse_mirror_job,
+        tags={**retry.tags, "dagster/run_key": retry.run_key},
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    clock[0] = 10_000
+    assert _reverse_asked(_tick(instance, dsn)) == []
+    instance.report_run_failed(run)  # the second failure at this snapshot: the backoff doubles (120 s)
+    clock[0] = 61
+    assert _reverse_asked(_tick(instance, dsn)) == []
+    clock[0] = 121
+    (third,) = _reverse_asked(_tick(instance, dsn))
+    assert third.run_key == f"reverse:{d}:{snap}:attempt:3"
+    assert not launch(third, fail=True).success
+    clock[0] = 10_000  # three failures, LAKEHOUSE_RETRY_FAILED_MAX=2: retries used up
+    assert _reverse_asked(_tick(instance, dsn)) == []
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "5")
+    (fourth,) = _reverse_asked(_tick(instance, dsn))
+    assert fourth.run_key == f"reverse:{d}:{snap}:attempt:4" and fourth.run_key not in keys()
+    assert launch(fourth, fail=False).success and position(conn, d).snapshot_id == snap
+    _same_as_table(conn, settings, dsn, d)
+    assert _reverse_asked(_tick(instance, dsn)) == []  # caught up
 
 
 def test_a_stream_run_logs_each_reverse_apply_as_a_materialization_of_the_partition(

@@ -87,7 +87,10 @@ def register(sub) -> None:
                 "no Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable",
             )
             _scope_args(cp)
-            cp.add_argument("--export-to", help="first write the rows as Parquet into this new or empty directory")
+            cp.add_argument(
+                "--export-to",
+                help="first write the rows as Parquet into this new or empty directory (or, at a wider scope, the one an earlier run used: it resumes)",
+            )
             cp.add_argument("--note", help="why (kept in the audit)")
             cp.add_argument(
                 "--status", action="store_true", help="print the complete marks and their audit; change nothing"

@@ -43,6 +43,7 @@ POINTS = (
     "reverse-before-commit",  # mirror/reverse.py: the rows, position and record written, not committed yet
     "reverse-after-commit",  # mirror/reverse.py: committed, the dataset lock still held
     "complete-after-batch",  # runbooks/complete.py: one batch of a complete's deletes committed, the next not begun
+    "complete-export-after-chunk",  # runbooks/complete.py: a chunk of a complete's export written, its file not whole
 )
 ACTIONS = ("kill", "raise", "oserror", "sigint", "sigterm", "stop")
 

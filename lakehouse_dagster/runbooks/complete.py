@@ -301,6 +301,46 @@ def _check_export_dir(export_to: str | None, mark: Completed | None) -> Path | N
     return path
 
 
+def _check_scope_export_dir(conn: psycopg.Connection, export_to: str) -> Path:
+    """The parent of a scope's exports (``<export_to>/<dataset id>`` each): absent, empty, or holding only the
+    directories an earlier run of a complete made, so that a re-run resumes (item 8 of issue 42): a directory
+    named by a dataset whose complete mark records it as its export. Each dataset then resumes (an export cut short
+    is started over), is skipped (complete: its export finished before any row was deleted) or is refused alone.
+    Anything else in the parent is refused before anything is written."""
+    path = Path(str(export_to)).expanduser().resolve()
+    if path.exists() and not path.is_dir():
+        raise BadInput(f"--export-to {path} exists and is not a directory; give a new or empty directory")
+    if not path.is_dir():
+        return path
+    entries = list(path.iterdir())
+    ours = _exports_of_marks(conn, [p for p in entries if p.is_dir()])
+    others = sorted(p.name for p in entries if p not in ours)
+    if others:
+        raise BadInput(
+            f"--export-to {path} is not empty ({len(others)} entr{'y' if len(others) == 1 else 'ies'} that no earlier "
+            f"complete exported, e.g. {others[0]}); give a new or empty directory, or the one an earlier run of this "
+            "complete used (it holds only the datasets' export directories); nothing was written"
+        )
+    return path
+
+
+def _exports_of_marks(conn: psycopg.Connection, dirs: list[Path]) -> set[Path]:
+    """Of ``dirs``, those named by a dataset id whose complete mark (any status) records that directory as its
+    export: an earlier run's own (one query)."""
+    named: dict[uuid.UUID, Path] = {}
+    for p in dirs:
+        try:
+            named[uuid.UUID(p.name)] = p
+        except ValueError:
+            continue
+    if not named:
+        return set()
+    rows = conn.execute(
+        "select dataset_id, export_to from lakehouse_completed where dataset_id = any(%s::uuid[])", (list(named),)
+    ).fetchall()
+    return {named[d] for d, to in rows if to is not None and to == str(named[d])}
+
+
 def complete(
     dsn: str,
     catalog: Catalog,
@@ -468,6 +508,7 @@ def _export(conn: psycopg.Connection, ds_id: uuid.UUID, path: Path, chunk: int, 
             writer.write_table(table)
             in_file += len(rows)
             n += len(rows)
+            failpoint("complete-export-after-chunk")
     close()
     with conn.transaction():
         conn.execute("update lakehouse_completed set exported_at = now() where dataset_id = %s", (ds_id,))
@@ -614,7 +655,8 @@ def complete_scope(
     if dataset not in (None, ""):
         return CompleteScope([complete(dsn, catalog, settings, ids[0], export_to=export_to, **kw)], [])
     if export_to:
-        _check_export_dir(export_to, None)
+        with connect(dsn) as conn:
+            _check_scope_export_dir(conn, export_to)
     done, refused = [], []
     for ds_id in ids:
         sub = str(Path(str(export_to)).expanduser().resolve() / str(ds_id)) if export_to else None

@@ -138,6 +138,9 @@ class Cursor:
     # Reverse mirrors whose partition page says they are behind (status/reverse_page.py): dataset -> the snapshot the
     # copy held then.
     reverse_behind: dict[uuid.UUID, int | None] = dataclasses.field(default_factory=dict)
+    # Table partitions this recorder showed a snapshot on lately: dataset -> (that snapshot, until when, epoch s); the
+    # next ticks check that no older snapshot's event, written after it, is the partition's newest (issue 42).
+    shown: dict[uuid.UUID, tuple[int, float]] = dataclasses.field(default_factory=dict)
 
     def position(self, stream: str) -> Position:
         return self.positions.get(stream, Position())
@@ -152,6 +155,7 @@ class Cursor:
                 "seed_after": str(self.seed_after) if self.seed_after else None,
                 "fanout": {k: [[_text(a), _text(b)] for a, b in left] for k, left in self.fanout.items() if left},
                 "reverse_behind": {str(d): snap for d, snap in self.reverse_behind.items()},
+                "shown": {str(d): [snap, until] for d, (snap, until) in self.shown.items()},
             },
             sort_keys=True,
         )
@@ -173,6 +177,7 @@ class Cursor:
                 if left
             },
             {uuid.UUID(d): snap for d, snap in data.get("reverse_behind", {}).items()},
+            {uuid.UUID(d): (int(v[0]), float(v[1])) for d, v in data.get("shown", {}).items()},
         )
 
 

@@ -19,12 +19,14 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     iceberg_standard,
     migration_state,
     postgres_standard,
+    superseded_metadata,
 )
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import name_run, text
 from lakehouse_dagster.mirror.batch import run_sync_id
 from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
+from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -135,10 +137,14 @@ def iceberg_dataset_table(
     context.log.info(f"{r.mode}: {r.rows} rows → snapshot {r.snapshot_id} ({r.reason})")
     with lakehouse.connect() as conn:
         state = partition_state(conn, settings, r.dataset_id)
-    return dg.MaterializeResult(
-        metadata={**named, **iceberg_metadata(r), **table_now(state, r)},
-        data_version=dg.DataVersion(str(r.source_version)),
-    )
+        newer = superseded_by(conn, r.dataset_id, r.snapshot_id)
+    metadata = {**named, **iceberg_metadata(r), **table_now(state, r)}
+    if newer is not None and state is not None:  # committed over since: the page shows the table now, not ours
+        context.log.info(
+            f"snapshot {newer} was committed after this sync's ({r.snapshot_id}): recorded as the table now"
+        )
+        metadata.update(superseded_metadata(state, r.snapshot_id, newer))
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(str(r.source_version)))
 
 
 def table_now(state, r: SyncResult) -> dict:

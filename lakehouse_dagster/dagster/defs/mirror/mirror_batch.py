@@ -20,12 +20,13 @@ from lakehouse_dagster.dagster.defs.mirror.assets import (
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
-from lakehouse_dagster.dagster.defs.shared.partition_metadata import postgres_standard
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_metadata, postgres_standard
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
+from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset
 
@@ -60,7 +61,7 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
                 context.log.error(f"{failed[-1][0]} ({item.dataset_id}) failed: {item.error}")
                 continue
             synced.append(item)
-            yield from synced_materializations(conn, settings, item)
+            yield from synced_materializations(conn, settings, item, context.log, context.instance)
         # One summary line, not one per dataset: each log line is an event the instance stores (the
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
@@ -102,30 +103,45 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         raise refuse("\n".join(problems)) from None
 
 
-def synced_materializations(conn, settings, item) -> list[dg.AssetMaterialization]:
+def synced_materializations(conn, settings, item, log=None, instance=None) -> list[dg.AssetMaterialization]:
     """A landed sync (mirror/sync.SyncResult) as the materializations of its dataset's two partitions, with the
-    metadata mirror_job records (a batch run and a stream run log the same)."""
+    metadata mirror_job records (a batch run and a stream run log the same). None when the table has moved on since
+    (a commit after this sync's, before its event is written: a stream's glue busy with checks while the writer
+    was flipped and written natively): its pages are never put back to an older snapshot (status/page_order.py);
+    the newer commit's writer, or the lakehouse_recorder, records the table now. ``log``: the run's, for the line
+    saying so. ``instance``: the postgres/dataset_rows materialization is left out when that partition already
+    shows a newer rows_version (the mirror poller recorded a newer change of the app's while this sync ran)."""
+    newer = superseded_by(conn, item.dataset_id, item.snapshot_id)
+    if newer is not None:
+        if log is not None:
+            log.info(
+                f"{item.dataset_id}: snapshot {item.snapshot_id} of this sync is not recorded as the table now: "
+                f"snapshot {newer} was committed after it (its page shows that one)"
+            )
+        return []
     key, version = str(item.dataset_id), str(item.source_version)
     ds = get_dataset(conn, item.dataset_id)
     state = partition_state(conn, settings, item.dataset_id)
-    return [
-        dg.AssetMaterialization(
-            asset_key=PG_ROWS,
-            partition=key,
-            metadata={
-                **pg_rows_metadata(ds),
-                "rows_version": text(item.source_version),
-                **(postgres_standard(conn, state, item.total_rows) if state else {}),
-            },
-            tags={DATA_VERSION_TAG: version},
-        ),
-        dg.AssetMaterialization(
-            asset_key=ICEBERG_TABLE,
-            partition=key,
-            metadata={**dataset_names(ds), **iceberg_metadata(item), **table_now(state, item)},
-            tags={DATA_VERSION_TAG: version},
-        ),
-    ]
+    shown = latest_metadata(instance, PG_ROWS, {key}, "rows_version").get(key) if instance is not None else None
+    rows_event = dg.AssetMaterialization(
+        asset_key=PG_ROWS,
+        partition=key,
+        metadata={
+            **pg_rows_metadata(ds),
+            "rows_version": text(item.source_version),
+            **(postgres_standard(conn, state, item.total_rows) if state else {}),
+        },
+        tags={DATA_VERSION_TAG: version},
+    )
+    table_event = dg.AssetMaterialization(
+        asset_key=ICEBERG_TABLE,
+        partition=key,
+        metadata={**dataset_names(ds), **iceberg_metadata(item), **table_now(state, item)},
+        tags={DATA_VERSION_TAG: version},
+    )
+    if shown is not None and shown.lstrip("-").isdigit() and int(shown) > item.source_version:
+        return [table_event]  # the rows page already shows a newer version: never put it back
+    return [rows_event, table_event]
 
 
 def dataset_name_of(conn, dataset_id) -> str:

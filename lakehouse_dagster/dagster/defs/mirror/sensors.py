@@ -40,7 +40,12 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     MirrorBatchConfig,
     mirror_batch_job,
 )
-from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_mirror_job, reverse_run_request
+from lakehouse_dagster.dagster.defs.mirror.reverse_job import (
+    IN_FLIGHT_STATUSES,
+    reverse_mirror_job,
+    reverse_retries,
+    reverse_run_request,
+)
 from lakehouse_dagster.dagster.defs.mirror.stream_job import GENERATION_TAG, SHARD_TAG, mirror_stream
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
@@ -54,16 +59,11 @@ from lakehouse_dagster.mirror.stream import ShardPlan, StreamRun, plan_shards, s
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
 
+_now = time.time  # the reverse retries' clock (a test moves it past a backoff)
 DATASET_NAMES_TAG = "lakehouse/dataset_names"  # a batch run: its datasets' names (display; filter by one-dataset runs)
 
 # A run in one of these may still sync its dataset: the sweep does not ask again meanwhile.
-IN_FLIGHT = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
+IN_FLIGHT = list(IN_FLIGHT_STATUSES)
 
 
 def mirror_runs_in_flight(instance: dg.DagsterInstance, dataset_ids: list[uuid.UUID]) -> set[uuid.UUID]:
@@ -279,7 +279,16 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     known = set(context.instance.get_dynamic_partitions(DATASETS))
     new_keys = sorted(({str(p.dataset_id) for p in tick.requests} | {str(d) for d in reverse_due}) - known)
     requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
-    requests += [reverse_run_request(d, snapshots.get(d), named) for d in reverse_due]
+    asks = reverse_retries(
+        context.instance,
+        reverse_due,
+        snapshots,
+        after_seconds=settings.retry_failed_after_seconds,
+        max_retries=settings.retry_failed_max,
+        now=_now(),
+    )
+    requests += [reverse_run_request(a.dataset_id, a.snapshot_id, named, a.attempt) for a in asks if a.attempt]
+    held = [a for a in asks if not a.attempt]
     retries = sum(isinstance(p, Retry) for p in tick.requests)
     context.log.info(
         f"scanned {tick.scanned} changed datasets, {tick.behind} behind Postgres; requesting"
@@ -289,7 +298,14 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     if stream_requests:
         context.log.info(f"requesting {len(stream_requests)} stream runs")
     if reverse_due:
-        context.log.info(f"requesting {len(reverse_due)} reverse mirror runs (native datasets no live stream covers)")
+        context.log.info(
+            f"requesting {len(asks) - len(held)} reverse mirror runs (native datasets no live stream covers)"
+            + (
+                f"; {len(held)} not asked now: " + "; ".join(f"{a.dataset_id}: {a.why}" for a in held[:5])
+                if held
+                else ""
+            )
+        )
     return dg.SensorResult(
         run_requests=stream_requests + requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],

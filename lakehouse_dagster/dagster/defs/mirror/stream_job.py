@@ -137,7 +137,8 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 if key not in known:
                     context.instance.add_dynamic_partitions(DATASETS, [key])
                     known.add(key)
-                dagster_log_now(context, [reverse_materialization(session.conn(), item.result)])
+                event = reverse_materialization(session.conn(), item.result, context.log)
+                dagster_log_now(context, [event] if event is not None else [])
                 continue
             if isinstance(item, ReverseFailed):
                 name = session.name_of(item.dataset_id)
@@ -158,7 +159,9 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             if key not in known:  # a dataset the stream met first: its partition, before its materialization
                 context.instance.add_dynamic_partitions(DATASETS, [key])
                 known.add(key)
-            dagster_log_now(context, synced_materializations(session.conn(), settings, item))
+            dagster_log_now(
+                context, synced_materializations(session.conn(), settings, item, context.log, context.instance)
+            )
             to_check.pop(item.dataset_id, None)
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left

@@ -4,7 +4,8 @@ whoever made it (the CLI, a run, the service, another process), from the durable
 reports them, then stores the cursor), so a partition page always shows the table as it is now.
 
 * A dataset whose table changed: one materialization of its ``iceberg/dataset_table`` partition describing the
-  table as its latest succeeded sync left it (read at tick time: a late tick never shows an older snapshot), with
+  table as its latest succeeded sync left it (read at tick time: a late tick never shows an older snapshot; a
+  state read before a run recorded a newer commit is read again, ``in_order``: pages never go back in time), with
   the metadata a run records — unless the partition's latest materialization already shows that snapshot (the run
   that wrote it recorded it itself). A sweep that removed orphan files is recorded even then, with what it removed.
 * A backfill: a materialization of ``postgres/dataset_rows`` (Postgres got the rows only Iceberg held).
@@ -29,18 +30,22 @@ import uuid
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
-    iceberg_standard,
+    latest_metadata,
     migration_state,
     names,
     postgres_standard,
+    written_by,
 )
+from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_sync_metadata as table_now
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
+from lakehouse_dagster.status.page_order import newer_than, sync_order
 from lakehouse_dagster.status.partition_state import PartitionState, partition_states
 from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
 from lakehouse_dagster.status.reverse_page import ReversePageChange, reverse_page_changes
@@ -48,6 +53,10 @@ from lakehouse_dagster.status.reverse_page import ReversePageChange, reverse_pag
 PRUNE_EVERY_SECONDS = 300.0  # a full comparison of the partitions with the datasets (O(partitions)): not every tick
 DATA_VERSION_TAG = "dagster/data_version"
 RECORDED_BY = "lakehouse_recorder (no run: recorded from Postgres)"
+# How long, and for how many partitions at most, the recorder checks that what it showed is not overwritten by an
+# older snapshot's event written after it (a run's write racing ours: milliseconds, so a few ticks are plenty).
+RECHECK_SECONDS = 30.0
+RECHECK_MAX = 1000
 
 
 def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
@@ -56,63 +65,6 @@ def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
         return set()
     records = instance.get_run_records(dg.RunsFilter(run_ids=sorted(run_ids), statuses=IN_FLIGHT))
     return {r.dagster_run.run_id for r in records}
-
-
-def latest_snapshots(instance: dg.DagsterInstance, keys: set[str]) -> dict[str, str]:
-    """The ``snapshot_id`` the latest materialization of each ``iceberg/dataset_table`` partition shows (two
-    queries whatever the number of partitions)."""
-    if not keys:
-        return {}
-    storage_ids = instance.get_latest_storage_id_by_partition(
-        ICEBERG_TABLE, dg.DagsterEventType.ASSET_MATERIALIZATION, keys
-    )
-    if not storage_ids:
-        return {}
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=ICEBERG_TABLE, storage_ids=list(storage_ids.values())),
-        limit=len(storage_ids),
-    ).records
-    out = {}
-    for r in records:
-        m = r.asset_materialization
-        value = m.metadata.get("snapshot_id") if m is not None else None
-        if r.partition_key is not None and value is not None:
-            out[r.partition_key] = str(getattr(value, "value", value))
-    return out
-
-
-def _what(state: PartitionState) -> str:
-    t = state.table
-    assert t is not None
-    how = f"mirror sync ({t.mode})" if t.path == "mirror" else f"native write by {t.writer} ({t.mode})"
-    who = f"dagster run {t.run_id}" if t.run_id else "outside Dagster (the lakehouse CLI, the service or a script)"
-    return f"{how}, {who}"
-
-
-def table_now(state: PartitionState) -> dict:
-    """The table as its latest succeeded sync left it, in the keys a run's materialization uses, with Dagster's
-    standard keys (none when the dataset was never synced)."""
-    t = state.table
-    if t is None:
-        return {}
-    metadata: dict = {
-        "path": t.path,
-        "mode": t.mode or "",
-        "writer": t.writer,
-        "snapshot_id": text(t.snapshot_id),
-        "source_version": text(t.source_version),
-        "sync_id": text(t.sync_id),
-        "written_by": text(_what(state)),
-        "finished_at": text(t.finished_at.isoformat(timespec="seconds") if t.finished_at else None),
-        **iceberg_standard(state),
-    }
-    if t.rows is not None:
-        metadata["total_rows"] = dg.MetadataValue.int(int(t.rows))
-    if t.bytes is not None:
-        metadata["bytes_written"] = dg.MetadataValue.int(int(t.bytes))
-    if t.seconds is not None:
-        metadata["seconds"] = dg.MetadataValue.float(round(t.seconds, 3))
-    return metadata
 
 
 def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
@@ -125,7 +77,7 @@ def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterial
         "recorded_by": text(RECORDED_BY),
         **migration_state(state),
     }
-    description = f"{_what(state)}: snapshot {t.snapshot_id}, {t.rows} rows"
+    description = f"{written_by(state)}: snapshot {t.snapshot_id}, {t.rows} rows"
     if sweeps:
         files = sum(c.row["files_removed"] for c in sweeps)
         metadata["orphan_files_removed"] = dg.MetadataValue.int(files)
@@ -209,17 +161,51 @@ def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
     return dg.AssetObservation(asset_key=MIGRATION_OVERVIEW, description=description, metadata=metadata)
 
 
+def in_order(
+    instance: dg.DagsterInstance,
+    conn: psycopg.Connection,
+    states: dict[uuid.UUID, PartitionState],
+    ids: list[uuid.UUID],
+    settings: Settings | None = None,
+) -> dict[str, str]:
+    """The snapshot the latest materialization of each of ``ids``' table partitions shows, after reading again the
+    state of each dataset whose page already shows a snapshot committed after the one its state (read earlier this
+    tick) names: a run landed and recorded a newer commit meanwhile. ``states`` is updated in place, so no event of
+    the tick shows an older snapshot as the table now (status/page_order.py: the table's commit order)."""
+    latest = latest_metadata(instance, ICEBERG_TABLE, {str(d) for d in ids})
+    differ = [
+        (d, int(latest[str(d)]), int(t.snapshot_id))
+        for d in ids
+        if (t := states[d].table) is not None
+        and t.snapshot_id is not None
+        and latest.get(str(d), "").lstrip("-").isdigit()
+        and latest[str(d)] != str(t.snapshot_id)
+    ]
+    order = sync_order(conn, [(d, s) for d, a, b in differ for s in (a, b)])
+    behind = [d for d, shown, read in differ if newer_than(order, d, shown, read)]
+    if behind:
+        states.update(partition_states(conn, settings or Settings.from_env(), behind))
+    return latest
+
+
 def recorded_events(
-    instance: dg.DagsterInstance, conn: psycopg.Connection, plan: Plan, states: dict[uuid.UUID, PartitionState]
+    instance: dg.DagsterInstance,
+    conn: psycopg.Connection,
+    plan: Plan,
+    states: dict[uuid.UUID, PartitionState],
+    settings: Settings | None = None,
 ) -> list:
-    """The tick's events in the order of what happened: tables, then Postgres rows, then flags."""
-    shown = {d: s for d, s in states.items() if not s.throwaway}
+    """The tick's events in the order of what happened: tables, then Postgres rows, then flags. None shows a snapshot
+    older than the one the partition's page already shows (``in_order``)."""
     sweeps: dict[uuid.UUID, list[Change]] = {}
     for c in plan.sweeps:
         sweeps.setdefault(c.row["dataset_id"], []).append(c)
+    flagged = [c.row["scope_id"] for c in plan.flags if c.row["scope"] == "dataset"]
+    on_table = [d for d in [*plan.tables, *plan.seeded, *sweeps, *flagged, *plan.refresh] if d in states]
+    latest = in_order(instance, conn, states, list(dict.fromkeys(on_table)), settings)
+    shown = {d: s for d, s in states.items() if not s.throwaway}
     changed = [d for d in [*plan.tables, *plan.seeded, *sweeps] if d in shown and shown[d].table is not None]
     changed = list(dict.fromkeys(changed))
-    latest = latest_snapshots(instance, {str(d) for d in changed if d not in sweeps})
     events: list = [
         table_event(shown[d], sweeps.get(d, []))
         for d in changed
@@ -279,6 +265,40 @@ def reverse_page_event(state: PartitionState, c: ReversePageChange) -> dg.AssetO
     )
 
 
+def overwritten(
+    instance: dg.DagsterInstance, conn: psycopg.Connection, shown: dict[uuid.UUID, tuple[int, float]], now: float
+) -> list[uuid.UUID]:
+    """Datasets whose table partition this recorder showed snapshot S on lately, and whose newest materialization
+    now names a snapshot committed before S: a run's event written after ours, its check having raced the commit we
+    recorded (a check and its write are not one transaction). Two queries on the instance, one on Postgres."""
+    live = {d: snap for d, (snap, until) in shown.items() if until >= now}
+    if not live:
+        return []
+    latest = latest_metadata(instance, ICEBERG_TABLE, {str(d) for d in live})
+    pairs = [
+        (d, int(latest[str(d)]), snap)
+        for d, snap in live.items()
+        if latest.get(str(d), "").lstrip("-").isdigit() and latest[str(d)] != str(snap)
+    ]
+    order = sync_order(conn, [(d, s) for d, a, b in pairs for s in (a, b)])
+    return [d for d, on_page, snap in pairs if newer_than(order, d, snap, on_page)]
+
+
+def still_shown(
+    shown: dict[uuid.UUID, tuple[int, float]], events: list, now: float
+) -> dict[uuid.UUID, tuple[int, float]]:
+    """The cursor's ``shown`` after this tick: the entries not expired, and the snapshot each of this tick's events on
+    a table partition shows, checked for RECHECK_SECONDS (at most RECHECK_MAX partitions, the newest kept)."""
+    out = {d: v for d, v in shown.items() if v[1] >= now}
+    for e in events:
+        value = e.metadata.get("snapshot_id") if e.asset_key == ICEBERG_TABLE and e.partition else None
+        snap = getattr(value, "value", value)
+        if snap is not None and str(snap).lstrip("-").isdigit():
+            out.pop(uuid.UUID(e.partition), None)
+            out[uuid.UUID(e.partition)] = (int(str(snap)), now + RECHECK_SECONDS)
+    return dict(list(out.items())[-RECHECK_MAX:])
+
+
 @dg.sensor(
     minimum_interval_seconds=1,  # every daemon loop (5 s), like the mirror poller: the page follows the change
     default_status=dg.DefaultSensorStatus.RUNNING,
@@ -300,8 +320,11 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
             now=now,
         )
         reverse, reverse_behind = reverse_page_changes(conn, cursor.reverse_behind, settings.reverse_lag_page_seconds)
+        again = overwritten(context.instance, conn, cursor.shown, now)
+        if again:  # recorded again from the table now (its state read below)
+            plan = dataclasses.replace(plan, tables={**{d: [] for d in again}, **plan.tables})
         states = partition_states(conn, settings, plan.dataset_ids | {c.dataset_id for c in reverse})
-        events = recorded_events(context.instance, conn, plan, states)
+        events = recorded_events(context.instance, conn, plan, states, settings)
         events += [reverse_page_event(states[c.dataset_id], c) for c in reverse if c.dataset_id in states]
         keys = {e.partition for e in events if e.partition}
         known = set(context.instance.get_dynamic_partitions(DATASETS)) if keys or prune else set()
@@ -321,5 +344,10 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
         f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed;"
         f" {len(reverse_behind)} reverse mirror(s) shown behind"
     )
-    nxt = dataclasses.replace(plan.cursor, pruned_at=now if prune else cursor.pruned_at, reverse_behind=reverse_behind)
+    nxt = dataclasses.replace(
+        plan.cursor,
+        pruned_at=now if prune else cursor.pruned_at,
+        reverse_behind=reverse_behind,
+        shown=still_shown(cursor.shown, events, now),
+    )
     return dg.SensorResult(asset_events=events, dynamic_partitions_requests=requests, cursor=nxt.dumps())

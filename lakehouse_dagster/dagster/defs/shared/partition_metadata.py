@@ -125,3 +125,78 @@ def names(state: PartitionState) -> dict:
     if state.workspace:
         out["workspace"] = text(state.workspace)
     return out
+
+
+def written_by(state: PartitionState) -> str:
+    """Who made the table's latest succeeded sync, in words: a mirror sync or a native write, a run or not."""
+    t = state.table
+    assert t is not None
+    how = f"mirror sync ({t.mode})" if t.path == "mirror" else f"native write by {t.writer} ({t.mode})"
+    who = f"dagster run {t.run_id}" if t.run_id else "outside Dagster (the lakehouse CLI, the service or a script)"
+    return f"{how}, {who}"
+
+
+def latest_sync_metadata(state: PartitionState) -> dict:
+    """The table as its latest succeeded sync left it, in the keys a run's materialization uses, with Dagster's
+    standard keys (none when the dataset was never synced): what the recorder's events carry, and a run's event
+    whose own commit was superseded before it was written (``superseded_metadata``)."""
+    t = state.table
+    if t is None:
+        return {}
+    metadata: dict = {
+        "path": t.path,
+        "mode": t.mode or "",
+        "writer": t.writer,
+        "snapshot_id": text(t.snapshot_id),
+        "source_version": text(t.source_version),
+        "sync_id": text(t.sync_id),
+        "written_by": text(written_by(state)),
+        "finished_at": text(t.finished_at.isoformat(timespec="seconds") if t.finished_at else None),
+        **iceberg_standard(state),
+    }
+    if t.rows is not None:
+        metadata["total_rows"] = dg.MetadataValue.int(int(t.rows))
+    if t.bytes is not None:
+        metadata["bytes_written"] = dg.MetadataValue.int(int(t.bytes))
+    if t.seconds is not None:
+        metadata["seconds"] = dg.MetadataValue.float(round(t.seconds, 3))
+    return metadata
+
+
+def superseded_metadata(state: PartitionState, own_snapshot_id: int | None, newer: int) -> dict:
+    """A run's event whose own commit (``own_snapshot_id``) is older than the table now (``newer``, committed after it
+    and before the event was written): it shows the table now, never the older snapshot as if it were current, and
+    says what the run committed (status/page_order.py). For the events a run must write (an asset's output)."""
+    return {
+        **latest_sync_metadata(state),
+        "superseded_snapshot_id": text(own_snapshot_id),
+        "superseded": text(
+            f"this run committed snapshot {own_snapshot_id}; snapshot {newer} was committed after it, before this "
+            "event was written: the event shows the table now"
+        ),
+    }
+
+
+def latest_metadata(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys: set[str], field: str = "snapshot_id"
+) -> dict[str, str]:
+    """The ``field`` (text) the latest materialization of each of the asset's partitions ``keys`` shows (two
+    queries whatever the number of partitions): what a page shows now, which a writer compares its event with."""
+    if not keys:
+        return {}
+    storage_ids = instance.get_latest_storage_id_by_partition(
+        asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, keys
+    )
+    if not storage_ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=list(storage_ids.values())),
+        limit=len(storage_ids),
+    ).records
+    out = {}
+    for r in records:
+        m = r.asset_materialization
+        value = m.metadata.get(field) if m is not None else None
+        if r.partition_key is not None and value is not None:
+            out[r.partition_key] = str(getattr(value, "value", value))
+    return out

@@ -36,6 +36,7 @@ from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.writers import WRITERS
+from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 
 SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
@@ -80,6 +81,9 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
             for line in checked.lines():  # the dataset's first native write: its canary and any auto-rollback
                 (context.log.error if checked.first_native and checked.first_native.problem else context.log.info)(line)
             standard = _partition_metadata(conn, settings, r)
+            # a native commit another writer has committed over since: not recorded as the table now (the newer
+            # commit's writer, or the lakehouse_recorder, records that; status/page_order.py)
+            newer = superseded_by(conn, r.dataset_id, r.snapshot_id) if r.path == "native" and r.new else None
     except Exception as exc:
         # Like the mirror asset: G2 backpressure and what a retry can fix (errors.is_transient: a connection,
         # object-store I/O, a lost lock, an unknown commit outcome) come back later; bad data, bad input and refusals
@@ -111,7 +115,12 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
             )
     else:
         metadata["mirror"] = "the mirror_poller mirrors the new rows to Iceberg on its next tick"
-    if r.new:
+    if newer is not None:
+        context.log.info(
+            f"{r.writer}: snapshot {r.snapshot_id} is not recorded as the table now: snapshot {newer} was committed "
+            "after it (its page shows that one)"
+        )
+    elif r.new:
         context.log_event(
             dg.AssetMaterialization(
                 asset_key=ICEBERG_TABLE if r.path == "native" else PG_ROWS,
