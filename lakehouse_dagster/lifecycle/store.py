@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import psycopg
 
@@ -30,47 +30,75 @@ def stored_all(conn: psycopg.Connection) -> dict[uuid.UUID, tuple[Facts, int]]:
     return {r[0]: (Facts(r[1], r[2], tuple(r[3] or ())), int(r[4])) for r in rows}
 
 
-def record(
-    conn: psycopg.Connection,
-    dataset_id: uuid.UUID,
-    before: Facts | None,
-    after: Facts,
-    *,
-    verb: str,
-    actor: str,
-) -> int:
-    """Store ``after`` (a new row, or the next version) and its history row; returns the version."""
-    row = conn.execute(
+def record_many(
+    conn: psycopg.Connection, moves: Sequence[tuple[uuid.UUID, Facts | None, Facts]], *, verb: str, actor: str
+) -> None:
+    """``record`` for many datasets in two statements (a global flip moves thousands)."""
+    if not moves:
+        return
+    ids = [d for d, _b, _a in moves]
+    rows = conn.execute(
         "insert into lakehouse_lifecycle (dataset_id, state, reverse, native_writers, verb, actor)"
-        " values (%s, %s, %s, %s, %s, %s)"
+        " select m.d, m.s, m.r, coalesce(string_to_array(nullif(m.w, ''), ','), '{}'), %s, %s"
+        "   from unnest(%s::uuid[], %s::text[], %s::boolean[], %s::text[]) as m(d, s, r, w)"
         " on conflict (dataset_id) do update set state = excluded.state, reverse = excluded.reverse,"
         " native_writers = excluded.native_writers, version = lakehouse_lifecycle.version + 1, since = now(),"
-        " verb = excluded.verb, actor = excluded.actor returning version",
-        (dataset_id, after.state, after.reverse, list(after.native_writers), verb, actor),
-    ).fetchone()
-    assert row is not None
-    conn.execute(
-        "insert into lakehouse_lifecycle_history (dataset_id, version, before_state, before_reverse, after_state,"
-        " after_reverse, verb, actor) values (%s, %s, %s, %s, %s, %s, %s, %s)",
+        " verb = excluded.verb, actor = excluded.actor returning dataset_id, version",
         (
-            dataset_id,
-            row[0],
-            before.state if before else None,
-            before.reverse if before else None,
-            after.state,
-            after.reverse,
             verb,
             actor,
+            ids,
+            [a.state for _d, _b, a in moves],
+            [a.reverse for _d, _b, a in moves],
+            [",".join(a.native_writers) for _d, _b, a in moves],
+        ),
+    ).fetchall()
+    version: dict[uuid.UUID, int] = dict(rows)
+    conn.execute(
+        "insert into lakehouse_lifecycle_history (dataset_id, version, before_state, before_reverse, after_state,"
+        " after_reverse, verb, actor)"
+        " select m.d, m.v, m.bs, m.br, m.s, m.r, %s, %s"
+        "   from unnest(%s::uuid[], %s::bigint[], %s::text[], %s::boolean[], %s::text[], %s::boolean[])"
+        "     as m(d, v, bs, br, s, r)",
+        (
+            verb,
+            actor,
+            ids,
+            [version[d] for d in ids],
+            [b.state if b else None for _d, b, _a in moves],
+            [b.reverse if b else None for _d, b, _a in moves],
+            [a.state for _d, _b, a in moves],
+            [a.reverse for _d, _b, a in moves],
         ),
     )
-    return int(row[0])
 
 
-def set_writers(conn: psycopg.Connection, dataset_id: uuid.UUID, writers: tuple[str, ...]) -> None:
+def set_writers(conn: psycopg.Connection, changed: list[tuple[uuid.UUID, tuple[str, ...]]]) -> None:
     """Which writers are native changed, the state did not (native by sync.full, then by sync.append too)."""
-    conn.execute(
-        "update lakehouse_lifecycle set native_writers = %s where dataset_id = %s", (list(writers), dataset_id)
-    )
+    if changed:
+        conn.execute(
+            "update lakehouse_lifecycle l set native_writers = coalesce(string_to_array(nullif(m.w, ''), ','), '{}')"
+            "  from unnest(%s::uuid[], %s::text[]) as m(d, w) where l.dataset_id = m.d",
+            ([d for d, _w in changed], [",".join(w) for _d, w in changed]),
+        )
+
+
+def observe_many(conn: psycopg.Connection, found: dict[uuid.UUID, Facts], *, actor: str) -> None:
+    """First rows of datasets seen for the first time (a concurrent first sight keeps its own)."""
+    if found:
+        conn.execute(
+            "insert into lakehouse_lifecycle (dataset_id, state, reverse, native_writers, verb, actor)"
+            " select m.d, m.s, m.r, coalesce(string_to_array(nullif(m.w, ''), ','), '{}'), 'observe', %s"
+            "   from unnest(%s::uuid[], %s::text[], %s::boolean[], %s::text[]) as m(d, s, r, w)"
+            " on conflict (dataset_id) do nothing",
+            (
+                actor,
+                list(found),
+                [f.state for f in found.values()],
+                [f.reverse for f in found.values()],
+                [",".join(f.native_writers) for f in found.values()],
+            ),
+        )
 
 
 def history(conn: psycopg.Connection, dataset_id: uuid.UUID, limit: int = 20) -> list[dict]:

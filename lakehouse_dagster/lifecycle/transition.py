@@ -54,9 +54,9 @@ def _before(conn: psycopg.Connection, ids: list[uuid.UUID], derive: Derive, acto
     found = {d: f for d, (f, _v) in store.stored(conn, ids).items()}
     missing = [d for d in ids if d not in found]
     if missing:
-        for d, f in derive(conn, missing).items():
-            store.record(conn, d, None, f, verb=OBSERVE, actor=actor)
-            found[d] = f
+        derived = derive(conn, missing)
+        store.record_many(conn, [(d, None, f) for d, f in derived.items()], verb=OBSERVE, actor=actor)
+        found.update(derived)
     return found
 
 
@@ -135,17 +135,16 @@ def _settle(opened: _Open, every_dataset: bool) -> None:
         opened.before.update(_before(conn, [d for d in ids if d not in opened.before], opened.derive, opened.actor))
     after = opened.derive(conn, ids)
     refusals: list[tuple[uuid.UUID, Facts, Facts, str]] = []
-    moves: list[tuple[uuid.UUID, Facts, Facts]] = []
+    moves: list[tuple[uuid.UUID, Facts | None, Facts]] = []
+    writers: list[tuple[uuid.UUID, tuple[str, ...]]] = []
     for d in ids:
         b, a = opened.before.get(d), after.get(d)
         if b is None or a is None:
             continue  # deleted meanwhile
-        if b.same_place(a):
-            if b.native_writers != a.native_writers and not illegal(a):
-                store.set_writers(conn, d, a.native_writers)
-                continue
-            if not illegal(a):
-                continue
+        if b.same_place(a) and not illegal(a):
+            if b.native_writers != a.native_writers:
+                writers.append((d, a.native_writers))
+            continue
         why = illegal(a) or (
             None
             if allowed_for(b, a, opened.verb)
@@ -157,8 +156,8 @@ def _settle(opened: _Open, every_dataset: bool) -> None:
             moves.append((d, b, a))
     if refusals:
         raise _refusal(conn, opened, refusals)
-    for d, b, a in moves:
-        store.record(conn, d, b, a, verb=opened.verb, actor=opened.actor)
+    store.record_many(conn, moves, verb=opened.verb, actor=opened.actor)
+    store.set_writers(conn, writers)
 
 
 def _refusal(conn: psycopg.Connection, opened: _Open, refusals: list) -> LifecycleRefused:
@@ -197,20 +196,17 @@ def current(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID], derive: 
         with conn.transaction():
             derived = derive(conn, stale)
             again = {d: f for d, (f, _v) in store.stored(conn, stale).items()}
-            for d, f in derived.items():
-                before = again.get(d)
-                if before is None:
-                    conn.execute(
-                        "insert into lakehouse_lifecycle (dataset_id, state, reverse, native_writers, verb, actor)"
-                        " values (%s, %s, %s, %s, %s, %s) on conflict (dataset_id) do nothing",
-                        (d, f.state, f.reverse, list(f.native_writers), OBSERVE, actor),
-                    )
-                    found[d] = f
-                elif before.state == PG and not before.same_place(f) and allowed(PG, f.state, MIRROR):
-                    store.record(conn, d, before, f, verb=MIRROR, actor=actor)
-                    found[d] = f
-                else:
-                    found[d] = before
+            first = {d: f for d, f in derived.items() if d not in again}
+            store.observe_many(conn, first, actor=actor)
+            found.update(first)
+            mirrored = [
+                (d, again[d], f)
+                for d, f in derived.items()
+                if d in again and again[d].state == PG and not again[d].same_place(f) and allowed(PG, f.state, MIRROR)
+            ]
+            store.record_many(conn, mirrored, verb=MIRROR, actor=actor)
+            found.update({d: f for d, _b, f in mirrored})
+            found.update({d: f for d, f in again.items() if d not in found})
     return {d: found[d] for d in ids if d in found}
 
 
