@@ -702,6 +702,9 @@ def _history(ctx, args) -> Result:
     return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
 
 
+NOTHING_CANARIED = "preflight canary: no dataset to check, the flip moves none"
+
+
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
     from lakehouse_dagster.runbooks import (
@@ -724,7 +727,7 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
         sample=args.sample,
     )
     checked = [c.as_dict() for c in pre.checked]
-    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
+    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"]) if checked else NOTHING_CANARIED]
     lines += [f"skipped: {s}" for s in pre.skipped]
     lines.append(pre.coverage())
     if not pre.go:
@@ -772,6 +775,7 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
+    from lakehouse_dagster.flags.reverse_setting import where_native_writes_land
     from lakehouse_dagster.runbooks import (
         flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -783,7 +787,7 @@ def _wflip(ctx, args) -> Result:
     verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
     out.add(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
-        "new writes of the datasets it moves land in Iceberg only, the mirror skips them",
+        + where_native_writes_land(ctx.conn, flip.moved_ids(pre)),
         *pre.report.lines(),
     )
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]

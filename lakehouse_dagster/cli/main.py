@@ -13,10 +13,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
+from lakehouse_dagster.cli.common import ArgumentParser, Context, Result, emit
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc_on_import
 from lakehouse_dagster.core.errors import (
     LakehouseError,
+    NothingToDo,
     SyncFailed,
     is_transient,
     object_store_failing,
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Context()
     try:
         result = args.func(ctx, args)
+    except NothingToDo as exc:  # not an error: one plain line, exit 0 (a script's loop carries on under set -e)
+        result = Result({"changed": False, "reason": str(exc)}, str(exc))
     except LakehouseError as exc:
         store = object_store_failing(exc)
         if store is not None:

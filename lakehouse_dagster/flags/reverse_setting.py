@@ -83,6 +83,22 @@ def reverse_enabled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseS
     return reverse_settings(conn, [dataset_id]).get(dataset_id) or ReverseSetting(dataset_id, DEFAULT_ON, "default")
 
 
+def where_native_writes_land(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> str:
+    """What a write flip's line says of the datasets it moved: their new writes land in Iceberg (the mirror skips
+    them), and the reverse mirror copies them back into dataset_rows where it is on (the default), not where off."""
+    settings = reverse_settings(conn, dataset_ids)
+    off = sorted(str(d) for d, s in settings.items() if not s.enabled)
+    if off and len(off) == len(settings):
+        return "new writes of the datasets it moves land in Iceberg only, the mirror skips them (reverse mirror off)"
+    head = "new writes of the datasets it moves land in Iceberg, the mirror skips them"
+    if not off:
+        return head + "; the reverse mirror copies them back into dataset_rows (lakehouse write-flags reverse status)"
+    return (
+        f"{head}; the reverse mirror copies them back into dataset_rows, except for {len(off)} of {len(settings)} "
+        f"with it off: {', '.join(off[:5])}{' …' if len(off) > 5 else ''}"
+    )
+
+
 def _stored(conn: psycopg.Connection, scope: Scope) -> bool | None:
     row = conn.execute(
         "select enabled from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",

@@ -321,6 +321,7 @@ def _stream(
     sleep: Callable[[float], None] = time.sleep,
     on_lease: Callable[[ShardLease], None] | None = None,
     stop: threading.Event | None = None,
+    pace_log: list[tuple[str, uuid.UUID, float, float]] | None = None,
 ) -> Iterator[Event]:
     """Stream one shard until ``deadline`` (epoch seconds): yields each SyncResult as it lands, a Failed for a sync
     that failed (not retried here unless a retry may help at once: a busy lock, backpressure; the sweep asks again
@@ -328,6 +329,8 @@ def _stream(
     (started in an idle moment) ended, a ReverseApplied / ReverseFailed for each reverse apply (``_Reverse``),
     and a Stopped last if the lease or the session was lost. Waits for the shard's lock until ``wait_until`` (default: the deadline) and returns at once if it never came. The sync in progress at the
     deadline finishes; nothing is cut. ``stop``: ends the loop early as the deadline would (tests, benches).
+    ``pace_log``: gets ("started", dataset, now, now) as each sync is handed to a worker and ("landed", dataset, now,
+    rested until) as each lands, on ``clock``: the pacing's own account (tests; no wall clock to compare).
     Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
     window, the sync and its retry-at-once cases are one loop whose order is the exactly-once argument."""
     stop = stop or threading.Event()
@@ -429,6 +432,8 @@ def _stream(
                         item = due.pop(ds)
                         sync_id = stream_sync_id(run_id, ds, synced.get(ds, 0))
                         flying[executor.submit(sync, ds, sync_id)] = (ds, item)
+                        if pace_log is not None:
+                            pace_log.append(("started", ds, now, now))
                     # Wait for a sync to land, at most a poll interval: changes keep being found meanwhile.
                     done, _ = concurrent.futures.wait(
                         [*flying, *reverse.flying], timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED
@@ -443,7 +448,10 @@ def _stream(
                         got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
                         if isinstance(got, SyncResult):
                             upkeep.synced(got)
-                            rest.synced(ds, got.seconds, clock())
+                            landed = clock()
+                            until = rest.synced(ds, got.seconds, landed)
+                            if pace_log is not None:
+                                pace_log.append(("landed", ds, landed, until))
                         if got is not None:
                             yield got
                 except psycopg.OperationalError as exc:
@@ -519,9 +527,12 @@ class _Rest:
         self._factor = 1.0 / share - 1.0
         self._until: dict[uuid.UUID, float] = {}
 
-    def synced(self, ds: uuid.UUID, seconds: float, now: float) -> None:
-        if self._factor > 0:
-            self._until[ds] = now + seconds * self._factor
+    def synced(self, ds: uuid.UUID, seconds: float, now: float) -> float:
+        """Note a sync of ``seconds`` that landed at ``now``; when the dataset's next sync may start."""
+        if self._factor <= 0:
+            return now
+        self._until[ds] = now + seconds * self._factor
+        return self._until[ds]
 
     def due_at(self, ds: uuid.UUID, at: float) -> float:
         until = self._until.get(ds)
