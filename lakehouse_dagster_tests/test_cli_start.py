@@ -28,9 +28,9 @@ atexit.register(lambda: print(json.dumps(sorted(h for h in {heavy!r} if h in sys
 """
 
 
-def _heavy_after(code: str, **env: str) -> list[str]:
+def _heavy_after(code: str, heavy: tuple[str, ...] = HEAVY, **env: str) -> list[str]:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(heavy=HEAVY, code=code)],
+        [sys.executable, "-c", PROBE.format(heavy=heavy, code=code)],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -54,6 +54,13 @@ def test_help_and_every_verbs_parser_import_nothing_heavy():
 )
 def test_a_usage_error_imports_nothing_heavy(argv):
     assert _heavy_after(f"from lakehouse_dagster.cli.main import main\nmain({argv!r})") == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["flgas"], ["flags", "list", "--datset", "x"], ["write-flags", "-h"]])
+def test_help_and_usage_errors_of_the_flag_verbs_do_not_even_import_psycopg(argv):
+    """The operator's most typed verbs answer --help and a typo in the time Python starts (psycopg: ~0.1 s)."""
+    code = f"from lakehouse_dagster.cli.main import main\nmain({argv!r})"
+    assert _heavy_after(code, heavy=(*HEAVY, "psycopg")) == []
 
 
 @pytest.mark.parametrize("argv", LIGHT_VERBS, ids=" ".join)

@@ -6,11 +6,7 @@ import logging
 import sys
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
-from lakehouse_dagster.flags.gates import clear_flag, set_flag
-from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
-from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
-from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
 
@@ -481,6 +477,9 @@ def _where(scope) -> str:
 
 
 def _list(ctx, args) -> Result:
+    from lakehouse_dagster.flags.overrides import list_overrides  # the verbs' imports: psycopg only when one runs
+    from lakehouse_dagster.flags.resolver import FlagResolver
+
     kind = args.kind
     registry = [
         {
@@ -542,6 +541,8 @@ def _list(ctx, args) -> Result:
 
 
 def _set(ctx, args) -> Result:
+    from lakehouse_dagster.flags.gates import set_flag
+
     leaving = _leaving_native(ctx, args, args.mode)
     change = set_flag(
         ctx.conn,
@@ -643,6 +644,9 @@ def _complete(ctx, args) -> Result:
 
 
 def _clear(ctx, args) -> Result:
+    from lakehouse_dagster.flags.gates import clear_flag
+    from lakehouse_dagster.flags.overrides import narrower_overrides, remaining_lines
+
     leaving = _leaving_native(ctx, args, None)
     change = clear_flag(
         ctx.conn,
@@ -683,6 +687,8 @@ def _change_data(change) -> dict:
 
 
 def _history(ctx, args) -> Result:
+    from lakehouse_dagster.flags.overrides import history
+
     entries = history(ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit)
     data = [
         {
@@ -867,6 +873,8 @@ class _Said:
 
 
 def _candidates(ctx, args) -> Result:
+    from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
+
     found = write_flip_candidates(ctx.conn, args.writer)
     data = [c.as_dict() for c in found]
     rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
