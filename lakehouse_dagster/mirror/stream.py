@@ -448,10 +448,10 @@ def _stream(
                         got = _outcome(fut, ds, item, due, synced, lease, conn, clock, shard)
                         if isinstance(got, SyncResult):
                             upkeep.synced(got)
-                            landed = clock()
-                            until = rest.synced(ds, got.seconds, landed)
+                            landed_at = clock()
+                            until = rest.synced(ds, got.seconds, landed_at)
                             if pace_log is not None:
-                                pace_log.append(("landed", ds, landed, until))
+                                pace_log.append(("landed", ds, landed_at, until))
                         if got is not None:
                             yield got
                 except psycopg.OperationalError as exc:
