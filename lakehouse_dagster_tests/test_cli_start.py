@@ -43,7 +43,7 @@ def _heavy_after(code: str, heavy: tuple[str, ...] = HEAVY, **env: str) -> list[
 def test_help_and_every_verbs_parser_import_nothing_heavy():
     code = (
         "from lakehouse_dagster.cli.main import build_parser, main\n"
-        "build_parser(every_verb=True)  # every verb's module, as a docs check walking the tree builds them\n"
+        "build_parser()  # every verb's module, as a docs check walking the tree builds them\n"
         "main(['--help'])"
     )
     assert _heavy_after(code) == []
@@ -70,7 +70,7 @@ def test_the_light_verbs_run_without_the_heavy_libraries(dsn, argv):
 
 
 def test_the_verb_table_is_what_the_verb_modules_register():
-    choices = _subparsers(build_parser(every_verb=True))
+    choices = _subparsers(build_parser())
     registered = {a.dest: a.help for a in choices._choices_actions}
     assert list(registered) == list(VERBS)  # the same verbs, in the order `lakehouse --help` lists them
     assert registered == {verb: help_line for verb, (_, help_line) in VERBS.items()}
@@ -91,7 +91,7 @@ def test_a_verb_built_alone_has_the_same_help_as_in_the_whole_tree():
         for name, child in sub.choices.items() if sub is not None else ():
             walk([*path, name], child)
 
-    walk([], build_parser(every_verb=True))
+    walk([], build_parser())
 
 
 def test_a_mistyped_verb_gets_the_nearest_one(capsys):

@@ -73,18 +73,18 @@ class _OnlyVerb:
     def add_parser(self, name: str, **kw: Any) -> ArgumentParser:
         if name == self._verb:
             return self._sub.add_parser(name, **kw)
-        kw.pop("help", None)
+        kw.pop("help", None), kw.pop("aliases", None)  # subcommand-only keywords
         return ArgumentParser(prog=name, **kw)
 
 
-def build_parser(argv: Sequence[str] | None = None, *, every_verb: bool = False) -> ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
     """The parser for ``argv``: every verb named with its help line from VERBS, and only the verb ``argv`` gives
-    (its first word) built whole from its module; ``every_verb`` builds them all (tools that walk the tree)."""
+    (its first word) built whole from its module. ``argv`` None: every verb built whole (tools that walk the tree)."""
     parser = ArgumentParser(prog="lakehouse", description="Postgres → Iceberg lakehouse migration tooling")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser)
-    given = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    given = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
     for verb, (module, help_line) in VERBS.items():
-        if every_verb or verb == given:
+        if argv is None or verb == given:
             importlib.import_module(f"{__package__}.{module}").register(_OnlyVerb(sub, verb))
         else:
             sub.add_parser(verb, help=help_line)
@@ -92,6 +92,7 @@ def build_parser(argv: Sequence[str] | None = None, *, every_verb: bool = False)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     prefer_jemalloc_on_import()  # before any verb allocates Arrow memory, without importing pyarrow for every verb
