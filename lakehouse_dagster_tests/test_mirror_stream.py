@@ -25,7 +25,7 @@ SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 class Stream:
     """One stream_shard loop in a thread, as a stream run runs it; ``events`` are what it yielded."""
 
-    def __init__(self, settings, dsn, *, shard=0, count=1, seconds=60.0, run_id=None, wait_until=None):
+    def __init__(self, settings, dsn, *, shard=0, count=1, seconds=60.0, run_id=None, wait_until=None, **kw):
         self.stop = threading.Event()
         self.events: list = []
         self.run_id = run_id or f"stream-test-{uuid.uuid4().hex[:8]}"
@@ -46,6 +46,7 @@ class Stream:
                     wait_until=wait_until,
                     stop=self.stop,
                     on_lease=lambda lease: self.held.set(),
+                    **kw,
                 ):
                     if not isinstance(e, Idle):
                         self.events.append(e)
@@ -163,10 +164,15 @@ def test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, ds
 @pytest.mark.parametrize("share", [0.2, 1.0])
 def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(conn, dsn, settings, share):
     """After a sync of T seconds the dataset's next sync starts no sooner than T × (1/share − 1) later
-    (LAKEHOUSE_MIRROR_SYNC_SHARE); at 1 they run back to back. Nothing is lost either way."""
+    (LAKEHOUSE_MIRROR_SYNC_SHARE); at 1 they run back to back. Nothing is lost either way.
+
+    Asserted on the pacing's own account (``pace_log``: the stream's clock, the sync's own T), never on the sync
+    log's stamps: those are another clock, and a loaded machine stretches them (a 0.2085 s rest read against a
+    0.214 s bound failed a correct program)."""
     ws = datasets.create_workspace(conn, "w")
     d = _dataset(conn, ws, "busy", rows=3000)
-    with Stream(settings.replace(mirror_sync_share=share), dsn):
+    pace: list = []
+    with Stream(settings.replace(mirror_sync_share=share), dsn, pace_log=pace) as s:
         wait_caught_up(conn, [d])
         t0, k = time.time(), 0
         while time.time() - t0 < 4:
@@ -174,19 +180,18 @@ def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(con
             k += 1
             time.sleep(0.01)
         wait_caught_up(conn, [d], timeout=30)
-    syncs = conn.execute(
-        """select extract(epoch from started_at)::float8, extract(epoch from finished_at)::float8
-             from iceberg_sync_log where dataset_id = %s and status = 'succeeded' and started_at > to_timestamp(%s)
-            order by started_at""",
-        (d, t0),
-    ).fetchall()
-    assert len(syncs) >= 2, syncs
-    gaps = [(b[0] - a[1], a[1] - a[0]) for a, b in zip(syncs, syncs[1:], strict=False)]  # (rest, the sync before)
+    landed = [(at, until) for kind, ds, at, until in pace if kind == "landed" and ds == d]
+    synced = [r for r in s.synced() if r.dataset_id == d]
+    assert len(landed) == len(synced) >= 3, (pace, synced)
+    for (at, until), r in zip(landed, synced, strict=True):  # each rest is (1/share − 1) × the sync's own T
+        rest = r.seconds * (1 / share - 1)
+        assert until - at == pytest.approx(rest, abs=1e-6), (at, until, r.seconds)  # epoch floats: µs apart at most
+    order = [(kind, at, until) for kind, ds, at, until in pace if ds == d]
+    rests = [(a, b) for a, b in zip(order, order[1:], strict=False) if a[0] == "landed" and b[0] == "started"]
+    assert len(rests) >= 2, order
+    assert all(started >= until for (_, _, until), (_, started, _) in rests), rests  # no start inside a rest
     if share < 1:
-        # the wait is measured from the sync's own clock (its result's seconds): a little slack for the log's stamps
-        assert all(rest >= took * (1 / share - 1) * 0.8 - 0.05 for rest, took in gaps), gaps
-    else:
-        assert min(rest for rest, _ in gaps) < 0.5, gaps  # back to back: the next one starts once the window closes
+        assert all(until > at for at, until in landed), landed  # every sync did rest
     assert_parity(settings, dsn, [d])
     assert_nothing_twice(conn, [d])
 

@@ -5,6 +5,9 @@ a dataset written natively by sync.full compares its content. Every command thro
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+import sys
 import uuid
 
 import dagster as dg
@@ -14,6 +17,7 @@ from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job
 from lakehouse_dagster.flags.overrides import list_overrides, set_override
+from lakehouse_dagster.flags.reverse_setting import set_reverse, where_native_writes_land
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets
@@ -74,11 +78,55 @@ def test_the_global_read_flip_after_its_workspace_goes_through_and_says_it_moves
     assert ("global", "iceberg") in {(o.scope, o.mode) for o in list_overrides(conn, "read")}
     assert str(files) in out and "images" in out  # the manifest dataset is named too
 
-    # again: now truly nothing to do, and the one line says why
-    code, _, err = _cli(capsys, "flags", "flip", "export.stream")
-    assert code == 2
-    assert "nothing to flip: of the 3 dataset(s) in global, 3 already resolve export.stream to iceberg" in err
-    assert "and global itself already resolves it to iceberg" in err
+    # again: now truly nothing to do, and the one plain line says why (not an error: exit 0, issue 44)
+    code, out, err = _cli(capsys, "flags", "flip", "export.stream")
+    assert code == 0 and err == ""
+    assert out.startswith("nothing to flip: of the 3 dataset(s) in global, 3 already resolve export.stream to iceberg")
+    assert "and global itself already resolves it to iceberg" in out and len(out.splitlines()) == 1
+
+
+def test_the_readmes_flip_loop_carries_on_past_a_reader_with_nothing_to_flip(conn, dsn, settings, ws):
+    """README's `for r in …; do lakehouse flags flip $r --dataset $CRM; done` under `set -e`: a reader already on
+    Iceberg says "nothing to flip" and the loop goes on to the next (it stopped there, exit 2, before issue 44)."""
+    d = _synced(conn, dsn, settings, ws, "crm")
+    for r in ("export.stream", "graph.kuzu"):
+        set_override(conn, "read", r, "iceberg", dataset=d, actor="pytest")
+    lakehouse = f"{shlex.quote(sys.executable)} -m lakehouse_dagster.cli.main"
+    script = f"set -e; for r in export.stream graph.kuzu; do {lakehouse} flags flip $r --dataset {d}; done; echo done"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["nothing to flip", "nothing to flip", "done"], lines
+    assert "graph.kuzu" in lines[1] and "error" not in proc.stdout + proc.stderr
+
+
+def test_a_workspace_flip_with_every_dataset_pinned_or_already_there_opens_with_a_sentence(
+    conn, dsn, settings, ws, capsys
+):
+    """The preflight canaries nothing when the flip moves no dataset: it says so, not a bare "(none)"."""
+    a, b = _synced(conn, dsn, settings, ws, "a"), _synced(conn, dsn, settings, ws, "b")
+    set_override(conn, "read", "export.stream", "iceberg", dataset=a, actor="pytest")  # already
+    set_override(conn, "read", "export.stream", "off", dataset=b, actor="pytest")  # pinned below it
+    code, out, err = _cli(capsys, "flags", "flip", "export.stream", "--workspace", str(ws), "--note", "ws")
+    assert code == 0, out + err
+    lines = out.splitlines()
+    assert lines[0] == "preflight canary: no dataset to check, the flip moves none", lines
+    assert "(none)" not in lines and lines[1].startswith("preflight covered 0 of 0 moved dataset(s)")
+    assert f"  pinned: b ({b}): off, by its dataset override" in lines
+
+
+def test_the_write_flips_line_says_where_new_writes_land_as_the_reverse_setting_says(conn, ws):
+    on, off, also_off = (datasets.create_dataset(conn, ws, n, SCHEMA) for n in ("on", "off", "also_off"))
+    for d in (off, also_off):
+        set_reverse(conn, False, dataset=d, actor="pytest", note="test")
+    both = where_native_writes_land(conn, [on])  # the default: on
+    assert "land in Iceberg, the mirror skips them; the reverse mirror copies them back into dataset_rows" in both
+    assert "Iceberg only" not in both
+    assert where_native_writes_land(conn, [off, also_off]) == (
+        "new writes of the datasets it moves land in Iceberg only, the mirror skips them (reverse mirror off)"
+    )
+    mixed = where_native_writes_land(conn, [on, off])
+    assert "copies them back into dataset_rows, except for 1 of 2 with it off: " + str(off) in mixed
 
 
 # --- a write flip over a workspace: moved, pinned, already, not applicable ---------------------------------------
@@ -111,6 +159,8 @@ def test_a_workspace_write_flip_moves_the_ready_datasets_around_the_pinned_ones_
     assert "nothing to flip" not in out + err
     modes = {(o.scope, o.scope_id): o.mode for o in list_overrides(conn, "write")}
     assert modes[("workspace", ws)] == "iceberg_native" and modes[("dataset", pinned[0])] == "pg"
+    # the reverse mirror is on by default: the moved dataset's new writes come back into dataset_rows (issue 44)
+    assert "the reverse mirror copies them back into dataset_rows" in out and "Iceberg only" not in out
 
     # a manifest dataset named alone: refused in one line, with no advice to sync or canary it
     code, _, err = _cli(capsys, "write-flags", "flip", "sync.full", "--dataset", str(images))

@@ -27,7 +27,7 @@ from lakehouse_dagster.flags.overrides import set_override
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
 from lakehouse_dagster.flags.reverse_setting import set_reverse
 from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.mirror.stream import STREAM_OFF, shard_status
+from lakehouse_dagster.mirror.shards import STREAM_OFF, shard_status
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.status import lag
@@ -402,7 +402,7 @@ def _shard_row(conn, shard, count, run_id, *, beat_s_ago, ended=False, lag=0.0, 
 def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(conn, settings, capsys, monkeypatch):
     from lakehouse_dagster.cli.main import main
     from lakehouse_dagster.dagster.defs.status.overview import MD_INLINE_CHARS, overview_metadata, stream_markdown
-    from lakehouse_dagster.mirror.stream import shard_state
+    from lakehouse_dagster.mirror.shards import shard_state
     from lakehouse_dagster.status.overview import text_lines
 
     off = compute_overview(conn, settings)  # streaming off: one line says so, the counts are zeros

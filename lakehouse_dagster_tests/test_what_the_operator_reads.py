@@ -342,14 +342,16 @@ def test_the_ingest_bench_says_what_its_figure_measures_and_the_commands_whole_w
     summary = next(line for line in out.splitlines() if line.startswith("PASS: jobs=3"))
     m = re.search(
         r"the ingests took ([\d.]+) s from their common start, [\d,]+ rows/s \(wall ([\d.]+) s, of which "
-        r"setting up the workspace and datasets [\d.]+ s, starting the 3 writer process\(es\) ([\d.]+) s, "
-        r"the writers' exit [\d.]+ s, checking the tables [\d.]+ s, the purge [\d.]+ s\)$",
+        r"setting up the workspace and datasets ([\d.]+) s, starting the 3 writer process\(es\) ([\d.]+) s, "
+        r"the writers' exit ([\d.]+) s, checking the tables ([\d.]+) s, the purge ([\d.]+) s\)$",
         summary,
     )
     assert m, summary
-    ingests, wall, starting = (float(g) for g in m.groups())
-    assert abs(wall - measured) < 1.0, (wall, measured)  # the whole command, not only the burst
-    assert wall > ingests and starting > 0
+    ingests, wall, setup, starting, exiting, checking, purge = (float(g) for g in m.groups())
+    # the whole command, not only the burst: the wall is the sum of its phases (each shown to 0.1 s) and lies
+    # within the test's own measure of the command (no bound on how long anything takes: a loaded machine is fine)
+    assert abs(wall - (ingests + setup + starting + exiting + checking + purge)) <= 0.05 * 7, summary
+    assert wall > ingests and starting > 0 and wall <= measured + 0.05, (wall, measured)
 
 
 # --- item 9: a calm console, a word during the first install ------------------------------------------------------

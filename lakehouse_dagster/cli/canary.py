@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity import verdicts as canary  # the names; the canary's machinery only when it runs
 from lakehouse_dagster.parity.smoke import SMOKE_MAX_ROWS
-from lakehouse_dagster.runbooks import auto_rollback
-from lakehouse_dagster.runbooks.auto_rollback import lines_of
 
 EPILOG = """verdicts: ok (safe to flip) · lagging (re-run later) · no-snapshot (never synced; flip is inert) ·
 MISMATCH (caught up and disagrees: STOP) · native (written iceberg-native; Postgres not authoritative) ·
@@ -63,6 +61,9 @@ def register(sub) -> None:
 
 
 def _canary(ctx, args) -> Result:
+    from lakehouse_dagster.runbooks import auto_rollback  # here: pyiceberg, DuckDB and numba only when it runs
+    from lakehouse_dagster.runbooks.auto_rollback import lines_of
+
     report = auto_rollback.run_canary_and_roll_back(
         ctx.conn,
         ctx.dsn,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -18,11 +20,47 @@ if TYPE_CHECKING:  # the verbs' machinery is imported lazily (a fast --help)
     from pyiceberg.catalog import Catalog
 
 
+_DEEPEST = "_lakehouse_parser"  # the namespace attribute naming the innermost (sub)parser that parsed the line
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>[^']*)' \(choose from (?P<choices>.*)\)$")
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """Bad usage exits 2 with one line: what was wrong and where to look."""
+    """Bad usage exits 2 with one line: what was wrong, the nearest valid word, and the verb's own --help (its
+    usage follows when a word was unknown)."""
 
     def error(self, message: str):  # noqa: D401 - argparse API
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        hint = ""
+        bad = _INVALID_CHOICE.search(message)
+        if bad is not None:
+            choices = [c.strip().strip("'") for c in bad.group("choices").split(",")]
+            hint = _did_you_mean(bad.group("given"), choices)
+        self._fail(message + hint, usage=bad is not None)
+
+    def _fail(self, message: str, *, usage: bool):
+        more = self.format_usage() if usage else ""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n{more}")
+
+    def parse_known_args(self, args=None, namespace=None):  # argparse API
+        ns, extras = super().parse_known_args(args, namespace)
+        if not hasattr(ns, _DEEPEST):  # the innermost subparser returns first: it names itself, its parents keep it
+            setattr(ns, _DEEPEST, self)
+        return ns, extras
+
+    def parse_args(self, args=None, namespace=None):  # argparse API
+        """As argparse's, but an unknown option is blamed on the verb that was given it, with its nearest option."""
+        ns, extras = self.parse_known_args(args, namespace)
+        owner = getattr(ns, _DEEPEST, self)
+        delattr(ns, _DEEPEST)
+        if extras:
+            known = [o for a in owner._actions for o in a.option_strings if o.startswith("--")]
+            hints = [_did_you_mean(x.split("=", 1)[0], known) for x in extras if x.startswith("--")]
+            owner._fail(f"unrecognized arguments: {' '.join(extras)}{next((h for h in hints if h), '')}", usage=True)
+        return ns
+
+
+def _did_you_mean(given: str, words: list[str]) -> str:
+    near = difflib.get_close_matches(given, words, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else ""
 
 
 def json_parent() -> ArgumentParser:

@@ -7,7 +7,6 @@ import argparse
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.demo.workspace import demo_summary, seed_demo
 
 
 def positive_int(raw: str) -> int:
@@ -52,6 +51,8 @@ def describe(summary: dict) -> str:
 
 
 def _seed(ctx, args) -> Result:
+    from lakehouse_dagster.demo.workspace import seed_demo  # here: pyiceberg only when the verb runs
+
     require_schema(ctx.conn)
     summary = seed_demo(ctx.conn, big_rows=args.rows)
     if summary["created"]:
@@ -62,6 +63,8 @@ def _seed(ctx, args) -> Result:
 
 
 def _status(ctx, args) -> Result:
+    from lakehouse_dagster.demo.workspace import demo_summary  # here: pyiceberg only when the verb runs
+
     require_schema(ctx.conn)
     summary = demo_summary(ctx.conn)
     if not summary["present"]:

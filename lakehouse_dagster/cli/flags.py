@@ -6,11 +6,7 @@ import logging
 import sys
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
-from lakehouse_dagster.flags.gates import clear_flag, set_flag
-from lakehouse_dagster.flags.overrides import history, list_overrides, narrower_overrides, remaining_lines
-from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE
-from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
 
@@ -484,6 +480,9 @@ def _where(scope) -> str:
 
 
 def _list(ctx, args) -> Result:
+    from lakehouse_dagster.flags.overrides import list_overrides  # the verbs' imports: psycopg only when one runs
+    from lakehouse_dagster.flags.resolver import FlagResolver
+
     kind = args.kind
     registry = [
         {
@@ -545,6 +544,8 @@ def _list(ctx, args) -> Result:
 
 
 def _set(ctx, args) -> Result:
+    from lakehouse_dagster.flags.gates import set_flag
+
     leaving = _leaving_native(ctx, args, args.mode)
     change = set_flag(
         ctx.conn,
@@ -646,6 +647,9 @@ def _complete(ctx, args) -> Result:
 
 
 def _clear(ctx, args) -> Result:
+    from lakehouse_dagster.flags.gates import clear_flag
+    from lakehouse_dagster.flags.overrides import narrower_overrides, remaining_lines
+
     leaving = _leaving_native(ctx, args, None)
     change = clear_flag(
         ctx.conn,
@@ -686,6 +690,8 @@ def _change_data(change) -> dict:
 
 
 def _history(ctx, args) -> Result:
+    from lakehouse_dagster.flags.overrides import history
+
     entries = history(ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit)
     data = [
         {
@@ -703,6 +709,9 @@ def _history(ctx, args) -> Result:
         for e in entries
     ]
     return Result(data, table(data, ["at", "action", "name", "scope", "scope_id", "before", "after", "actor", "note"]))
+
+
+NOTHING_CANARIED = "preflight canary: no dataset to check, the flip moves none"
 
 
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
@@ -727,7 +736,7 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
         sample=args.sample,
     )
     checked = [c.as_dict() for c in pre.checked]
-    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"])]
+    lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"]) if checked else NOTHING_CANARIED]
     lines += [f"skipped: {s}" for s in pre.skipped]
     lines.append(pre.coverage())
     if not pre.go:
@@ -775,6 +784,7 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
+    from lakehouse_dagster.flags.reverse_setting import where_native_writes_land
     from lakehouse_dagster.runbooks import (
         flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -786,7 +796,7 @@ def _wflip(ctx, args) -> Result:
     verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
     out.add(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
-        "new writes of the datasets it moves land in Iceberg only, the mirror skips them",
+        + where_native_writes_land(ctx.conn, flip.moved_ids(pre)),
         *pre.report.lines(),
     )
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
@@ -866,6 +876,8 @@ class _Said:
 
 
 def _candidates(ctx, args) -> Result:
+    from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
+
     found = write_flip_candidates(ctx.conn, args.writer)
     data = [c.as_dict() for c in found]
     rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]

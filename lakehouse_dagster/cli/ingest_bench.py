@@ -8,7 +8,6 @@ import time
 
 from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.runbooks import ingest_bench
 
 
 def register(sub) -> None:
@@ -33,6 +32,8 @@ def register(sub) -> None:
 
 
 def _run(ctx, args) -> Result:
+    from lakehouse_dagster.runbooks import ingest_bench  # here: the writers' machinery only when the verb runs
+
     # A SIGTERM (a supervisor, `kill`) interrupts like Ctrl-C: the bench's writers are stopped and, unless --keep,
     # what it made is purged before the command exits (130, "interrupted").
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -75,6 +76,8 @@ def _run(ctx, args) -> Result:
 
 
 def _purge(ctx, args) -> Result:
+    from lakehouse_dagster.runbooks import ingest_bench  # here: the writers' machinery only when the verb runs
+
     out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
     return Result(out, _purged_line(out))
 

@@ -1,46 +1,106 @@
 """Entry point of the `lakehouse` console script.
 
-Subcommands live one module each in this package; any module with a ``register(sub)`` function is
-picked up, so the CLI grows with the runbook verbs without a central list to edit.
+Subcommands live one module each in this package (a ``register(sub)`` function). The verb table below names each
+verb's module and help line, so ``lakehouse --help`` and a mistyped verb answer without importing any verb, and a
+verb's module (and what it needs: psycopg, pyiceberg, pyarrow...) is imported only when that verb is given.
+test_cli_start.py keeps the table equal to what the modules register, and the start-up free of heavy imports.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import sys
+from collections.abc import Sequence
+from typing import Any
 
-from lakehouse_dagster.cli.common import ArgumentParser, Context, emit
-from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
+from lakehouse_dagster.cli.common import ArgumentParser, Context, Result, emit
+from lakehouse_dagster.core.arrow_memory import prefer_jemalloc_on_import
 from lakehouse_dagster.core.errors import (
     LakehouseError,
+    NothingToDo,
     SyncFailed,
     is_transient,
     object_store_failing,
     postgres_unreachable,
 )
 
+# verb -> (module in this package, help line), in the order `lakehouse --help` lists them
+VERBS: dict[str, tuple[str, str]] = {
+    "canary": ("canary", "compare Postgres and Iceberg per dataset (order-independent digests) and record verdicts"),
+    "datasets": ("datasets", "list datasets with their workspace, Postgres version and last sync"),
+    "db": ("db", "schema migrations of the project's Postgres"),
+    "demo": ("demo", "the demo workspace (datasets of several sizes and shapes, a pipeline)"),
+    "digest-capture": (
+        "digest_capture",
+        "show or switch where change tracking and the maintained Postgres digest are written",
+    ),
+    "flags": ("flags", "read flags: which engine serves each reader (off < shadow < iceberg < iceberg_only)"),
+    "write-flags": ("flags", "write flags: where each writer lands (pg < iceberg_native)"),
+    "read": ("flags", "exercise a reader through the read router: prints the decision and the rows"),
+    "ingest": ("ingest", "run a source writer (pg path or iceberg-native, as its flag says)"),
+    "ingest-bench": ("ingest_bench", "validate the write guards (G1–G4) at a target concurrency"),
+    "orphans": (
+        "orphans",
+        "list (or --delete) the files of datasets' Iceberg tables that no kept snapshot references",
+    ),
+    "pg": ("pg", "the embedded Postgres (when LAKEHOUSE_PG_DSN is unset)"),
+    "rollout": ("rollout", "rollout plans: a reader or writer moved stage by stage by the rollout_controller"),
+    "serve": (
+        "serve",
+        "serve the HTTP API the live app calls: read, ingest, route, flags, metrics (docs/service.md)",
+    ),
+    "sources": ("sources", "set or show a dataset's source (files, postgres table/query, cdc table)"),
+    "status": (
+        "status",
+        "the migration as it is: datasets per stage for each reader and writer, verdicts, lag, what needs "
+        "attention, the mirror stream's shards",
+    ),
+    "sync": ("sync", "mirror datasets' Postgres rows into their Iceberg tables"),
+    "up": (
+        "up",
+        "start everything: Postgres (embedded unless LAKEHOUSE_PG_DSN), schema, demo, Dagster webserver + daemon",
+    ),
+}
 
-def build_parser() -> ArgumentParser:
+
+class _OnlyVerb:
+    """The subcommands object a verb module registers into when only one of its verbs is wanted: that verb's
+    parser is the real one, any other verb the module adds is built aside and dropped."""
+
+    def __init__(self, sub: Any, verb: str) -> None:
+        self._sub, self._verb = sub, verb
+
+    def add_parser(self, name: str, **kw: Any) -> ArgumentParser:
+        if name == self._verb:
+            return self._sub.add_parser(name, **kw)
+        kw.pop("help", None), kw.pop("aliases", None)  # subcommand-only keywords
+        return ArgumentParser(prog=name, **kw)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> ArgumentParser:
+    """The parser for ``argv``: every verb named with its help line from VERBS, and only the verb ``argv`` gives
+    (its first word) built whole from its module. ``argv`` None: every verb built whole (tools that walk the tree)."""
     parser = ArgumentParser(prog="lakehouse", description="Postgres → Iceberg lakehouse migration tooling")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=ArgumentParser)
-    for mod in sorted(pkgutil.iter_modules(sys.modules[__package__].__path__), key=lambda m: m.name):
-        if mod.name in ("main", "common"):
-            continue
-        module = importlib.import_module(f"{__package__}.{mod.name}")
-        register = getattr(module, "register", None)
-        if register is not None:
-            register(sub)
+    given = None if argv is None else next((a for a in argv if not a.startswith("-")), None)
+    for verb, (module, help_line) in VERBS.items():
+        if argv is None or verb == given:
+            importlib.import_module(f"{__package__}.{module}").register(_OnlyVerb(sub, verb))
+        else:
+            sub.add_parser(verb, help=help_line)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
-    prefer_jemalloc()  # before any verb allocates Arrow memory (core/arrow_memory.py)
+    prefer_jemalloc_on_import()  # before any verb allocates Arrow memory, without importing pyarrow for every verb
     ctx = Context()
     try:
         result = args.func(ctx, args)
+    except NothingToDo as exc:  # not an error: one plain line, exit 0 (a script's loop carries on under set -e)
+        result = Result({"changed": False, "reason": str(exc)}, str(exc))
     except LakehouseError as exc:
         store = object_store_failing(exc)
         if store is not None:

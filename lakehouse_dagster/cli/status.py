@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
-from lakehouse_dagster.flags.soak_setting import current_soak
-from lakehouse_dagster.plans import status as plan_status
-from lakehouse_dagster.status.overview import compute_overview, text_lines
 
 EPILOG = """stages per reader: postgres (not mirrored) · mirrored · reads_iceberg (mode iceberg) · iceberg_only;
 per writer: postgres · mirrored · blocked (F3: a pipeline input, step 2b) · native (iceberg_native).
@@ -27,6 +24,10 @@ def register(sub) -> None:
 
 
 def _status(ctx, args) -> Result:
+    from lakehouse_dagster.flags.soak_setting import current_soak  # here: a usage error answers without psycopg
+    from lakehouse_dagster.plans import status as plan_status
+    from lakehouse_dagster.status.overview import compute_overview, text_lines
+
     ov = compute_overview(ctx.conn, ctx.settings)
     plans = plan_status.live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
     lines = text_lines(ov) + ["", f"rollout plans: {len(plans)} live" + ("" if plans else " (lakehouse rollout start)")]

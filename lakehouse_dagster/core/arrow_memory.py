@@ -12,13 +12,24 @@ workers), the test suite and the benches. An operator's ARROW_DEFAULT_MEMORY_POO
 from __future__ import annotations
 
 import os
+import sys
 
-import pyarrow as pa
+
+def prefer_jemalloc_on_import() -> None:
+    """As prefer_jemalloc, for a process that may never load pyarrow (most CLI verbs): pyarrow takes ~0.3 s to
+    import, so unless it is loaded already the choice is left in ARROW_DEFAULT_MEMORY_POOL, which Arrow reads when
+    it creates its default pool (child processes inherit it and choose jemalloc all the same)."""
+    if "pyarrow" in sys.modules:
+        prefer_jemalloc()
+    elif not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "jemalloc"
 
 
 def prefer_jemalloc() -> str:
     """Make jemalloc the default Arrow pool of this process (unless ARROW_DEFAULT_MEMORY_POOL names one, or this
     pyarrow has none); the name of the pool in use. Buffers allocated before keep their own pool."""
+    import pyarrow as pa  # here, not at the top: the CLI imports this module for every verb
+
     if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
         try:
             pa.set_memory_pool(pa.jemalloc_memory_pool())

@@ -21,6 +21,15 @@ class NotFound(LakehouseError):
     exit_code = 3
 
 
+class NothingToDo(BadInput):
+    """The request is what already holds (a flip that would move nothing): nothing was written. A BadInput to a
+    Dagster step, the rollout controller and the service (400), as before; the CLI prints it as one plain line and
+    exits 0, so a script's loop over readers under `set -e` carries on (issue 44)."""
+
+    exit_code = 0
+    http_status = 400
+
+
 class SyncFailed(LakehouseError):
     """A sync failed loudly; nothing was committed."""
 

@@ -10,6 +10,8 @@ is audited (who, when, note) in the append-only ``lakehouse_reverse_audit`` (mig
 from __future__ import annotations
 
 import dataclasses
+import uuid
+from collections.abc import Iterable
 from datetime import datetime
 
 import psycopg
@@ -28,6 +30,7 @@ __all__ = [
     "reverse_history",
     "reverse_settings",
     "set_reverse",
+    "where_native_writes_land",
 ]
 
 _LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact
@@ -56,6 +59,22 @@ class ReverseChange:
             "actor": self.actor,
             "at": self.at.isoformat(),
         }
+
+
+def where_native_writes_land(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> str:
+    """What a write flip's line says of the datasets it moved: their new writes land in Iceberg (the mirror skips
+    them), and the reverse mirror copies them back into dataset_rows where it is on (the default), not where off."""
+    settings = reverse_settings(conn, dataset_ids)
+    off = sorted(str(d) for d, s in settings.items() if not s.enabled)
+    if off and len(off) == len(settings):
+        return "new writes of the datasets it moves land in Iceberg only, the mirror skips them (reverse mirror off)"
+    head = "new writes of the datasets it moves land in Iceberg, the mirror skips them"
+    if not off:
+        return head + "; the reverse mirror copies them back into dataset_rows (lakehouse write-flags reverse status)"
+    return (
+        f"{head}; the reverse mirror copies them back into dataset_rows, except for {len(off)} of {len(settings)} "
+        f"with it off: {', '.join(off[:5])}{' …' if len(off) > 5 else ''}"
+    )
 
 
 def _stored(conn: psycopg.Connection, scope: Scope) -> bool | None:

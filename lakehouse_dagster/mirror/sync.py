@@ -47,6 +47,7 @@ from lakehouse_dagster.lake.writer import (
     sync_snapshot,
     table_state,
 )
+from lakehouse_dagster.mirror.modes import MODES
 from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
@@ -63,8 +64,6 @@ from lakehouse_dagster.tracking.row_changes import (
 )
 
 _log = logging.getLogger(__name__)
-
-MODES = ("auto", "full", "incremental")  # auto may run partial (tracking/row_changes.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.flags.registry import READ
-from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module has a verdicts() of its own
 from lakehouse_dagster.plans.spec import Analysis
 from lakehouse_dagster.plans.store import MOVED_CTE
 from lakehouse_dagster.routing.native_guard import native_blockers
@@ -180,20 +180,20 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
         (run_id,),
     ).fetchall()
     rows = [(d, v, why) for d, v, why, _, _ in found]
-    counts = {v: sum(r[1] == v for r in rows) for v in canary.VERDICTS}
+    counts = {v: sum(r[1] == v for r in rows) for v in parity_verdicts.VERDICTS}
     detail = {"run_id": run_id, "verdicts": {k: n for k, n in counts.items() if n}, "datasets": len(rows)}
     if not rows:
         return Outcome(INCONCLUSIVE, f"the analysis run {run_id[:8]} recorded no verdict (of {expected})", detail)
-    bad = [(d, v, why) for d, v, why, reverse, _ in found if v == canary.MISMATCH and not reverse]
+    bad = [(d, v, why) for d, v, why, reverse, _ in found if v == parity_verdicts.MISMATCH and not reverse]
     if bad:
         items = [(d, f"MISMATCH {why}"[:160]) for d, _, why in bad]
         return Outcome(FAIL, f"the canary found MISMATCH on {len(bad)} dataset(s): {_listing(conn, items)}", detail)
-    good = (canary.OK,) if kind == READ else (canary.OK, canary.NATIVE)
+    good = (parity_verdicts.OK,) if kind == READ else (parity_verdicts.OK, parity_verdicts.NATIVE)
     # not ok: lagging and the like, a reverse copy's MISMATCH (repaired: the stage holds, nothing is rolled back),
     # and an ok whose reverse mirror had fallen further behind than the plan allows
     unsure = [
         (d, "MISMATCH of the reverse copy", "repaired, no writer rolled back; the next analysis checks it again")
-        if v == canary.MISMATCH
+        if v == parity_verdicts.MISMATCH
         else (d, v, why)
         for d, v, why in rows
         if v not in good
@@ -205,7 +205,7 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
             f"but the reverse mirror was {lag:.0f} s behind (max_reverse_lag_seconds {analysis.max_reverse_lag_seconds})",
         )
         for d, v, _, reverse, lag in found
-        if reverse and v == canary.OK and lag is not None and lag > analysis.max_reverse_lag_seconds
+        if reverse and v == parity_verdicts.OK and lag is not None and lag > analysis.max_reverse_lag_seconds
     ]
     unsure += slow
     if len(unsure) > analysis.max_inconclusive:
@@ -232,7 +232,7 @@ def _evidence(
         for r in conn.execute(
             "select dataset_id from lakehouse_read_parity where run_id = %s and verdict = any(%s)"
             " and coalesce(case when verdict = %s then iceberg_count else pg_count end, 0) = 0",
-            (run_id, list(good_verdicts), canary.NATIVE),
+            (run_id, list(good_verdicts), parity_verdicts.NATIVE),
         ).fetchall()
     ]
     detail = {**detail, "no_rows": len(empty)}

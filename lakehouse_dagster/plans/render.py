@@ -37,7 +37,7 @@ from lakehouse_dagster.flags.registry import COMMAND, READ, Flag, get_flag, rank
 from lakehouse_dagster.flags.soak_setting import STORED, SoakSetting, current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import scope_mode_in, widen_blockers
-from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
@@ -235,7 +235,7 @@ def reader_candidates(
     ]
     if not ids:
         return []
-    latest = canary.latest_verdicts(conn, ids)
+    latest = parity_verdicts.latest_verdicts(conn, ids)
     current: dict = dict(
         conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
     )
@@ -243,7 +243,7 @@ def reader_candidates(
     ok = [
         i
         for i, v in latest.items()
-        if v["verdict"] == canary.OK and v["checked_at"] >= since and v["pg_version"] == current.get(i)
+        if v["verdict"] == parity_verdicts.OK and v["checked_at"] >= since and v["pg_version"] == current.get(i)
     ]
     return sorted(ok, key=lambda i: (row_counts.get(i) is None, row_counts.get(i) or 0, datasets[i][1], str(i)))
 

@@ -33,7 +33,7 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.errors import BadInput, NotFound
+from lakehouse_dagster.core.errors import BadInput, NotFound, NothingToDo
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flip_scope import ScopeReport, scope_report
 from lakehouse_dagster.flags.gates import check_postgres_consumers, check_widen, set_flag
@@ -167,7 +167,7 @@ def preflight(
         d = report.not_applicable[0]
         raise BadInput(f"nothing to flip: {d.label()} is {report._not_applicable(d)}; nothing written")
     if not report.moved and not (report.raises_scope and report.total):
-        raise BadInput(report.nothing_to_flip(verb))
+        raise NothingToDo(report.nothing_to_flip(verb))
     check_widen(conn, flag, scope, mode)  # order and the stored soak: no canary for a flip refused anyway
     if kind == WRITE:  # a pipeline input or a locked reader's dataset with its reverse off: refused, no canary
         check_postgres_consumers(conn, flag, scope, mode)

@@ -21,6 +21,7 @@ from lakehouse_dagster.core.errors import BadInput
 
 FORMATS = ("parquet", "csv", "ndjson")
 TYPES = ("files", "postgres", "cdc")
+WRITERS = ("sync.full", "sync.append", "sync.incremental", "cdc.append")  # the source writers (sources/writers.py)
 _EXTENSIONS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".ndjson": "ndjson", ".jsonl": "ndjson"}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?$")

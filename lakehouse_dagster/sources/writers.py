@@ -53,14 +53,12 @@ from lakehouse_dagster.routing.write_router import WriteDecision, resolve_write_
 from lakehouse_dagster.sources.files import SourceError, list_files, read_files
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.sources.pgsource import fingerprint, max_mark, read_postgres, scrub
-from lakehouse_dagster.sources.spec import SourceSpec
+from lakehouse_dagster.sources.spec import WRITERS, SourceSpec
 from lakehouse_dagster.sources.stored import get_source
 from lakehouse_dagster.tracking import ingest_state as source_state
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 _log = logging.getLogger("lakehouse_dagster.writers")
-
-WRITERS = ("sync.full", "sync.append", "sync.incremental", "cdc.append")
 
 
 @dataclasses.dataclass(frozen=True)

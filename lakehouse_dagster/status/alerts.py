@@ -60,7 +60,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
-from lakehouse_dagster.mirror.stream import shard_status
+from lakehouse_dagster.mirror.shards import shard_status
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.routing.native_guard import unsafe_native_datasets
 from lakehouse_dagster.status import recording
@@ -431,7 +431,7 @@ def native_events(conn: psycopg.Connection) -> list[Event]:
 
 def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     """One event per shard of the mirror stream with no live stream for longer than
-    LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS while LAKEHOUSE_MIRROR_STREAM is on (mirror/stream.py ``shard_status``: its
+    LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS while LAKEHOUSE_MIRROR_STREAM is on (mirror/shards.py ``shard_status``: its
     run stopped beating, ended with no successor, or it never streamed while a sibling shard has streamed that long).
     Keyed by the shard (and the shard count): one event per outage whatever runs come and fail during it; the shard
     alive again (or streaming turned off) resolves it."""

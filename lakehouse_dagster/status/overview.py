@@ -19,8 +19,8 @@ to dataset_rows, and since when). Only the readers Iceberg can serve and the
 writers that can go native are counted: the others are locked to Postgres and never move.
 
 Effective modes come from the flags' one precedence definition (flags/precedence.py), verdicts from
-parity/canary.py, behind and lag from status/lag.py, wedged syncs from parity.canary.wedged_syncs, native-unsafe
-datasets from routing/native_guard.py, the mirror stream's shards from mirror/stream.py ``shard_status`` (the one
+parity/verdicts.py, behind and lag from status/lag.py, wedged syncs from parity.verdicts.wedged_syncs, native-unsafe
+datasets from routing/native_guard.py, the mirror stream's shards from mirror/shards.py ``shard_status`` (the one
 definition the ``stream_down`` alert reads too). A bounded number of queries whatever the number of datasets and
 shards (docs/overview.md has the figure at 10,000).
 """
@@ -44,8 +44,8 @@ from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
-from lakehouse_dagster.mirror.stream import shard_lines, shard_status
-from lakehouse_dagster.parity import canary
+from lakehouse_dagster.mirror.shards import shard_lines, shard_status
+from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture
@@ -62,7 +62,7 @@ STAGES = {READ: (POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY), WRITE: (POSTG
 DATASET_STAGES = (POSTGRES, MIRRORED, READS_ICEBERG, NATIVE)
 FLAGS = (*SERVABLE_READERS, *FLIPPABLE_WRITERS)
 UNCHECKED = "unchecked"  # no verdict recorded yet
-VERDICTS = (*canary.VERDICTS, UNCHECKED)
+VERDICTS = (*parity_verdicts.VERDICTS, UNCHECKED)
 
 # What needs an operator, most urgent first (a dataset with several is listed once, under its most urgent).
 MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING = "MISMATCH", "native-unsafe", "check error", "wedged", "lagging"
@@ -144,7 +144,7 @@ class Overview:
     attention: list[Attention]  # at most ATTENTION_SHOWN, most urgent first
     attention_total: int  # datasets that need attention, all of them
     fallbacks: dict[str, int] = dataclasses.field(default_factory=dict)  # reader → fallbacks in the window
-    # the mirror stream's shards (mirror/stream.py ``shard_status``): on, shard_count, down_after_s, shards
+    # the mirror stream's shards (mirror/shards.py ``shard_status``): on, shard_count, down_after_s, shards
     stream: dict = dataclasses.field(default_factory=lambda: {"on": False, "shards": []})
     piped_reverse_on: int = 0  # pipeline inputs the reverse mirror unblocks (SAFE with it on; not counted blocked)
     reverse_on: int = 0  # native datasets with the reverse mirror on
@@ -248,19 +248,21 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
             found.setdefault(ds_id, {})[problem] = reason
 
     verdicts = dict.fromkeys(VERDICTS, 0)
-    latest = canary.latest_verdict_reasons(conn)
+    latest = parity_verdicts.latest_verdict_reasons(conn)
     for ds_id, (verdict, checked_at, source, reason) in latest.items():
         verdicts[verdict] += 1
         when = f"{checked_at:%Y-%m-%d %H:%M:%S} UTC"
-        if verdict == canary.MISMATCH:
+        if verdict == parity_verdicts.MISMATCH:
             note(
                 ds_id, MISMATCH, f"parity MISMATCH at {when} ({source}): {reason or ''}; STOP: do not flip, investigate"
             )
-        elif verdict == canary.ERROR:
+        elif verdict == parity_verdicts.ERROR:
             note(ds_id, CHECK_ERROR, f"the parity check could not see the data at {when}: {reason or ''}")
     verdicts[UNCHECKED] = max(0, len(tabular) - len(latest))
 
-    wedged = [w for w in canary.wedged_syncs(conn, settings.wedged_after_seconds) if w["dataset_id"] in tabular]
+    wedged = [
+        w for w in parity_verdicts.wedged_syncs(conn, settings.wedged_after_seconds) if w["dataset_id"] in tabular
+    ]
     for w in wedged:
         error = f": {w['error']}" if w["error"] else ""
         note(

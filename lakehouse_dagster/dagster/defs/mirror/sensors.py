@@ -3,7 +3,7 @@ still behind with no run in flight (backoff, cap and per-dataset run keys in mir
 one tick go to a few mirror_batch_job runs (LAKEHOUSE_MIRROR_BATCH_SIZE each), or to one mirror_job run each
 when that is 0.
 
-With LAKEHOUSE_MIRROR_STREAM on, the tick first supervises the stream (mirror/stream.py ``plan_shards``): it keeps one
+With LAKEHOUSE_MIRROR_STREAM on, the tick first supervises the stream (mirror/shards.py ``plan_shards``): it keeps one
 mirror_stream run queued or running per shard (run key ``stream-<shard>of<count>-<generation>``, the generation
 kept in the sensor's cursor), requests a run's successor shortly before its deadline (the successor waits on the
 shard's lock), and marks failed a run whose heartbeat went stale (a SIGKILLed or hung process) before replacing it.
@@ -55,7 +55,8 @@ from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, da
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
 from lakehouse_dagster.mirror.reverse import due_datasets, latest_snapshots
-from lakehouse_dagster.mirror.stream import ShardPlan, StreamRun, plan_shards, shard_of, shard_views
+from lakehouse_dagster.mirror.shards import ShardPlan, StreamRun, plan_shards, shard_views
+from lakehouse_dagster.mirror.stream import shard_of
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
 
