@@ -261,4 +261,5 @@ def float_sum_query(d: Dialect, plan: Plan, column: str, source: Frag, conds: Se
         T(f"sum(case when {_EX} = 2047 and {_FRAC} = 0 and b > 0 then 1 else 0 end)"),
         T(f"sum(case when {_EX} = 2047 and {_FRAC} = 0 and b < 0 then 1 else 0 end)"),
     ]
-    return T("select ") + join(", ", items) + T(" from (") + inner + T(") as bits") + _group(plan, 1)
+    # offset 0: the bits are computed once per row, not once per use (Postgres would pull the subquery up)
+    return T("select ") + join(", ", items) + T(" from (") + inner + T(" offset 0) as bits") + _group(plan, 1)

@@ -23,6 +23,7 @@ then falls back to Postgres where the mode allows it): the project's writers nev
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -62,9 +63,23 @@ class CannotServe(LakehouseError):
     http_status = 400
 
 
-def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads: int | None = None) -> pa.Table:
+_databases: dict[int | None, Any] = {}
+_databases_lock = threading.Lock()
+
+
+def _cursor(threads: int | None):
+    """A connection of the process's in-memory DuckDB database (one per ``threads``): a cursor costs ~0.3 ms where a
+    new database costs ~11 ms; each has its own registered stream, so concurrent reads do not meet."""
     import duckdb  # lazy: DuckDB (~0.3 s to import) only where compute runs
 
+    with _databases_lock:
+        db = _databases.get(threads)
+        if db is None:
+            db = _databases[threads] = duckdb.connect(config={"threads": threads} if threads else {})
+    return db.cursor()
+
+
+def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads: int | None = None) -> pa.Table:
     names = referenced(plan)
     in_snapshot = {f.name for f in table.scan(snapshot_id=snapshot_id).projection().fields}
     missing = [n for n in names if n not in in_snapshot]
@@ -78,7 +93,7 @@ def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads:
         raise CannotServe(f"snapshot {snapshot_id} has delete files; compute over it is not supported yet")
     target = pa.schema([pa.field(n, arrow_type(plan.types[n])) for n in names])
     files = _Files(table, tasks, field_ids, target, plan)
-    con = duckdb.connect(config={"threads": threads} if threads else {})
+    con = _cursor(threads)
     try:
         con.execute("set TimeZone = 'UTC'")
         conds = conditions(DUCKDB, plan)

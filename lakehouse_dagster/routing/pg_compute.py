@@ -31,7 +31,23 @@ def source(dataset: Dataset, plan: Plan) -> Frag:
     conds += addressing(plan, T("row_index"))
     if plan.row_ids is not None:
         conds.append(T("row_id = any(") + P(list(plan.row_ids), "uuid[]") + T(")"))
-    return T("(select ") + join(", ", items) + T(" from dataset_rows where ") + join(" and ", conds) + T(") as src")
+    # An aggregate reads every addressed row anyway: ``offset 0`` keeps the subquery whole, so each typed value is
+    # computed once (pulled up, a column used twice — a where and a sum — would be projected from jsonb twice).
+    fence = T(" offset 0") if plan.is_aggregate else T("")
+    if by_row_index(plan):  # the typed projection is volatile, so the subquery stays whole: ask it for the order
+        fence = T(" order by row_index")
+    return (
+        T("(select ")
+        + join(", ", items)
+        + T(" from dataset_rows where ")
+        + join(" and ", conds)
+        + fence
+        + T(") as src")
+    )
+
+
+def by_row_index(plan: Plan) -> bool:
+    return not plan.is_aggregate and bool(plan.order) and plan.order[0] == ("__row_index", False)
 
 
 def read_postgres_compute(conn: psycopg.Connection, dataset: Dataset, plan: Plan) -> pa.Table:
@@ -46,4 +62,8 @@ def read_postgres_compute(conn: psycopg.Connection, dataset: Dataset, plan: Plan
     with conn.transaction():
         if outermost:
             conn.execute("set transaction isolation level repeatable read")
+        if outermost and by_row_index(plan) and plan.limit is not None:
+            # a page in row_index order: walk the primary key in order and stop at the limit, rather than type every
+            # row above the cursor and sort them (the planner prices the jsonb projection at nothing)
+            conn.execute("set local enable_sort = off")
         return compute.answer(POSTGRES, plan, src, conds, run)
