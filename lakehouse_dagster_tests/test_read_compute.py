@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import uuid
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -19,7 +20,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.routing.compute import compare
 from lakehouse_dagster.routing.iceberg_compute import CannotServe, read_iceberg_compute
 from lakehouse_dagster.routing.pg_compute import read_postgres_compute
-from lakehouse_dagster.routing.request import Query, bind, parse_query
+from lakehouse_dagster.routing.request import Query, bind, json_schema_text, parse_query
 from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [
@@ -405,3 +406,8 @@ def test_iceberg_refuses_a_column_it_has_not_mirrored_yet(conn, corpus):
 def test_the_request_schema_is_published():
     schema = Query.model_json_schema()
     assert {"where", "aggregate", "row_ids", "after_row_index", "row_index", "order"} <= set(schema["properties"])
+    published = Path(__file__).resolve().parents[1] / "docs" / "reads.schema.json"
+    assert published.read_text() == json_schema_text(), (
+        "docs/reads.schema.json drifted from routing/request.py; regenerate it: python -c 'from "
+        'lakehouse_dagster.routing.request import json_schema_text as t; print(t(), end="")\' > docs/reads.schema.json'
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 import uuid
 from typing import Annotated, Any, Literal
@@ -110,6 +111,11 @@ class Query(_Model):
 
 
 COMPUTE_FIELDS = ("where", "aggregate", "row_ids", "after_row_index", "row_index")
+
+
+def json_schema_text() -> str:
+    """The request's JSON Schema as docs/reads.schema.json holds it (a test fails when they drift)."""
+    return json.dumps(Query.model_json_schema(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def parse_query(obj: dict[str, Any]) -> Query:
