@@ -69,6 +69,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    ap.add_argument(
+        "--cases",
+        default="aggregate,keyset,row_ids",
+        help="which of aggregate, keyset, row_ids to run (comma-separated)",
+    )
     args = ap.parse_args(argv)
 
     import random
@@ -111,7 +116,10 @@ def main(argv=None) -> int:
             cases[f"keyset@{name}"] = {"after_row_index": at, "limit": 1000}
         cases["row_ids(100)"] = {"row_ids": rng.sample(ids, 100)}
         del ids
+        wanted = tuple(c.strip() for c in args.cases.split(",") if c.strip())
         for name, body in cases.items():
+            if not name.startswith(wanted):
+                continue
             plan = bind(parse_query(body), dataset)
             ice_p50, ice = _p50(lambda: read_iceberg_compute(table, snapshot_id, plan), args.repeat)
             pg_p50, pg = _p50(lambda: read_postgres_compute(conn, dataset, plan), args.repeat)

@@ -5,6 +5,7 @@ dataset; and each refusal."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import uuid
 from pathlib import Path
@@ -411,3 +412,15 @@ def test_the_request_schema_is_published():
         "docs/reads.schema.json drifted from routing/request.py; regenerate it: python -c 'from "
         'lakehouse_dagster.routing.request import json_schema_text as t; print(t(), end="")\' > docs/reads.schema.json'
     )
+
+
+def test_lakehouse_read_takes_a_structured_read(conn, corpus, capsys):
+    from lakehouse_dagster.cli.main import main
+
+    dataset = corpus[0]
+    query = json.dumps({"aggregate": {"group_by": ["b"], "measures": [{"fn": "count"}]}})
+    code = main(["read", "--reader", "export.stream", "--dataset", str(dataset.id), "--query", query])
+    out = capsys.readouterr().out
+    assert code == 0 and "reason=pg@off" in out and "(3 row(s) from pg)" in out  # false, true, null
+    assert main(["read", "--reader", "export.stream", "--dataset", str(dataset.id), "--query", "{nope"]) == 2
+    assert "--query is not valid JSON" in capsys.readouterr().err

@@ -86,3 +86,18 @@ def test_a_projection_read_is_unchanged(world):
         timeout=60,
     )
     assert ipc.open_stream(resp.content).read_all().column("n").to_pylist() == [0, 1, 2]
+
+
+def test_the_python_client_sends_a_structured_read(world):
+    d = world.dataset(20)
+    world.flag("export.stream", "iceberg", d)
+    with world.server.client() as lh:
+        got = lh.read(
+            "export.stream", d, query={"row_index": [[3, 5], [18, 30]], "order": [{"column": "n", "desc": True}]}
+        )
+        assert got.source == "iceberg"
+        assert got.table.column("n").to_pylist() == [19, 18, 5, 4, 3]
+        rows = lh.read_ndjson(
+            "export.stream", d, query={"aggregate": {"measures": [{"fn": "sum", "column": "n"}]}}
+        ).rows
+        assert rows == [{"sum_n": "190"}]
