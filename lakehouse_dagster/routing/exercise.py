@@ -31,7 +31,7 @@ def read_through_router(
     dataset_id: uuid.UUID | str,
     *,
     columns: str | None = None,
-    limit: int = 20,
+    limit: int | None = 20,
     order_by_row_index: bool = False,
     resolver: FlagResolver | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
