@@ -13,7 +13,8 @@
    DuckDB is not let read the Parquet files itself: its Parquet reader prunes on the files' float statistics,
    which leave NaN out, and would drop a NaN that ``f > 1`` matches (parity/canonical.py saw the same).
 4. A keyset page (``after_row_index`` / ``order: row_index`` with a limit) reads groups of row groups in
-   ``__row_index`` order and stops once the page is full: O(page), not O(table).
+   ``__row_index`` order and stops once the page is full: O(row group), not O(table); in a row group sorted by
+   ``__row_index`` it reads batch by batch from the page's first row and stops at the batch that fills the page.
 
 ``iceberg_scan`` was not used: it reads the files by name through DuckDB's own Parquet reader (point 3), and needs
 the avro and iceberg extensions installed. A snapshot with delete files is refused with the reason (the router
@@ -24,9 +25,10 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
@@ -98,9 +100,9 @@ def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads:
         con.execute("set TimeZone = 'UTC'")
         conds = conditions(DUCKDB, plan)
 
-        def run_over(units: list[_Unit]):
+        def run_on(batches: Callable[[], Iterable[pa.RecordBatch]]):
             def run(frag: Frag) -> list[tuple]:
-                con.register("src", pa.RecordBatchReader.from_batches(target, files.batches(units)))
+                con.register("src", pa.RecordBatchReader.from_batches(target, batches()))
                 try:
                     text, params = DUCKDB.render(frag)
                     return con.execute(text, params).fetchall()
@@ -110,23 +112,42 @@ def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads:
             return run
 
         if plan.order == ((ROW_INDEX, False),) and plan.limit is not None and not plan.is_aggregate:
-            return _keyset(files, plan, conds, run_over)
-        return compute.answer(DUCKDB, plan, T("src"), conds, run_over(files.units()))
+            return _keyset(files, plan, conds, run_on)
+        units = files.units()
+        return compute.answer(DUCKDB, plan, T("src"), conds, run_on(lambda: files.batches(units)))
     finally:
         con.close()
 
 
-def _keyset(files: _Files, plan: Plan, conds, run_over) -> pa.Table:
-    """Groups of row groups in __row_index order (their ranges do not overlap), until the page is full."""
+# Rows per batch a keyset page reads from a row group sorted by __row_index: it stops at the batch that fills it.
+PAGE_BATCH_ROWS = 8192
+
+
+def _keyset(files: _Files, plan: Plan, conds, run_on) -> pa.Table:
+    """Groups of row groups in __row_index order (their ranges do not overlap), until the page is full. A group that
+    is one row group sorted by __row_index (the mirror writes them so) is read batch by batch from the page's first
+    row and left as soon as the page is full; any other group is read whole."""
     schema = compute.result_schema(plan)
     rows: list[tuple] = []
     left = plan.limit or 0
     for group in files.ordered_groups():
         if left <= 0:
             break
-        got = run_over(group)(rows_query(DUCKDB, plan, T("src"), conds, limit=left))
-        rows += got
-        left -= len(got)
+        batches = files.sorted_from(group, plan.after_row_index)
+        if batches is None:
+            got = run_on(lambda: files.batches(group))(rows_query(DUCKDB, plan, T("src"), conds, limit=left))
+            rows += got
+            left -= len(got)
+            continue
+        try:
+            for batch in batches:  # ascending batches of ascending rows: each batch's first rows come next
+                got = run_on(lambda: [batch])(rows_query(DUCKDB, plan, T("src"), conds, limit=left))
+                rows += got
+                left -= len(got)
+                if left <= 0:
+                    break
+        finally:
+            batches.close()  # the file is closed with it
     return compute.to_table(schema, rows)
 
 
@@ -209,6 +230,43 @@ class _Files:
             if self._meets(lo, hi):
                 out.append((i, lo, hi))
         return out
+
+    def sorted_from(self, group: list[_Unit], after: int | None) -> Generator[pa.RecordBatch, None, None] | None:
+        """The batches of a one-row-group ``group`` from its first row above ``after``, when the row group is sorted
+        by __row_index (its __row_index column is read first to know); None otherwise."""
+        if len(group) != 1 or group[0].row_groups is None or len(group[0].row_groups) != 1:
+            return None
+        unit, rg = group[0], group[0].row_groups[0]
+        f = self.table.io.new_input(unit.path).open()
+        try:
+            pf = pq.ParquetFile(f)
+            in_file = {n: _file_column(pf, fid, n) for n, fid in self.field_ids.items()}
+            index_col = in_file[ROW_INDEX]
+            if index_col is None or index_col not in pf.schema_arrow.names:
+                f.close()
+                return None
+            index = pf.read_row_group(rg, columns=[index_col]).column(0).to_numpy()
+            if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):
+                f.close()
+                return None
+            start = 0 if after is None else int(np.searchsorted(index, after, side="right"))
+        except BaseException:
+            f.close()
+            raise
+        return self._from_row(f, pf, rg, in_file, start)
+
+    def _from_row(self, f, pf: pq.ParquetFile, rg: int, in_file: dict, start: int) -> Generator[pa.RecordBatch]:
+        present = set(pf.schema_arrow.names)
+        wanted = [c for c in dict.fromkeys(in_file.values()) if c in present]
+        try:
+            offset = 0
+            for batch in pf.iter_batches(batch_size=PAGE_BATCH_ROWS, row_groups=[rg], columns=wanted):
+                end = offset + batch.num_rows
+                if end > start:  # (the batches before the page's first row are decoded, not queried)
+                    yield self._shape(batch.slice(max(0, start - offset)), in_file)
+                offset = end
+        finally:
+            f.close()
 
     def _shape(self, batch: pa.RecordBatch, in_file: dict[str, str | None]) -> pa.RecordBatch:
         cols = []
