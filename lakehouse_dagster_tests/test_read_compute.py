@@ -239,7 +239,7 @@ def requests(ids):
 
 
 @settings(
-    max_examples=300,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
