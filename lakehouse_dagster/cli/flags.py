@@ -113,6 +113,11 @@ def register(sub) -> None:
     rd.add_argument("--columns", help="comma-separated columns (default: identity columns + every column)")
     rd.add_argument("--limit", type=int, default=20, help="at most N rows (default 20)")
     rd.add_argument("--order-by-row-index", action="store_true", help="order by __row_index (default: engine order)")
+    rd.add_argument(
+        "--query",
+        help="a structured read as a JSON object (where, aggregate, row_ids, after_row_index, row_index, order, "
+        "columns, limit: docs/reads.md); replaces --columns/--limit/--order-by-row-index",
+    )
 
 
 def _readers_args(actions) -> list:
@@ -903,23 +908,42 @@ def _read(ctx, args) -> Result:
         read_through_router,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
+    query = _structured(args.query) if getattr(args, "query", None) else None
     result, _, proj = read_through_router(
         ctx.conn,
         ctx.catalog,
         ctx.settings,
         args.reader,
         args.dataset,
-        columns=args.columns,
-        limit=args.limit,
+        columns=None if query else args.columns,
+        limit=None if query else args.limit,
         order_by_row_index=args.order_by_row_index,
         logger=_quiet_logger(),  # the decision is printed once, below (stdout); a fallback says why there too
+        query=query,
     )
     rows = result.value.to_pylist()
     decision = result.decision
     data = {"decision": decision.as_dict(), "fallback_error": result.fallback_error, "rows": rows}
     # one router line per read: the decision (after a fallback, pg@fallback; the router's warning on stderr says why)
-    lines = [decision.log_line(), table(rows, list(proj.columns)), f"({len(rows)} row(s) from {decision.source})"]
+    shown = result.value.column_names if query else list(proj.columns)
+    lines = [decision.log_line(), table(rows, shown), f"({len(rows)} row(s) from {decision.source})"]
     return Result(data, "\n".join(lines))
+
+
+def _structured(text: str):
+    """--query: a JSON object of a structured read's fields (routing/request.py checks them, one line each)."""
+    import json
+
+    from lakehouse_dagster.core.errors import BadInput
+    from lakehouse_dagster.routing.request import parse_query
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"--query is not valid JSON ({exc.msg} at column {exc.colno}); see docs/reads.md") from None
+    if not isinstance(obj, dict):
+        raise BadInput('--query must be a JSON object, e.g. \'{"aggregate": {"measures": [{"fn": "count"}]}}\'')
+    return parse_query(obj)
 
 
 def _quiet_logger() -> logging.Logger:

@@ -14,9 +14,12 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.reader import load_dataset_table, read_iceberg
 from lakehouse_dagster.routing import shadow
+from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
+from lakehouse_dagster.routing.pg_compute import read_postgres_compute
 from lakehouse_dagster.routing.pg_reader import read_postgres
 from lakehouse_dagster.routing.projection import Projection, projection_for
 from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult, resolve_read_source
+from lakehouse_dagster.routing.request import Query, bind
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
 
 
@@ -28,21 +31,32 @@ def read_through_router(
     dataset_id: uuid.UUID | str,
     *,
     columns: str | None = None,
-    limit: int = 20,
+    limit: int | None = 20,
     order_by_row_index: bool = False,
     resolver: FlagResolver | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     shadow_pool: shadow.ShadowPool | None = None,
+    query: Query | None = None,
 ) -> tuple[ReadResult, Dataset, Projection]:
-    """``shadow_pool``: where a shadow-mode read goes for comparison (default: the process's, from settings)."""
+    """``shadow_pool``: where a shadow-mode read goes for comparison (default: the process's, from settings).
+    ``query``: a structured read (where, aggregate, addressing, order by columns: docs/reads.md), answered by the
+    Postgres or the Iceberg executor as the router decides; its ``columns``/``limit`` are the query's own."""
 
     dataset = get_dataset(conn, dataset_id)
     proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)
+    plan = bind(query, dataset) if query is not None else None
     resolver = resolver or FlagResolver.from_settings(conn, settings)
     source = resolve_read_source(conn, resolver, reader, dataset.id, logger=logger)
 
+    def postgres(decision):
+        if plan is not None:
+            return read_postgres_compute(conn, dataset, plan)
+        return read_postgres(conn, dataset, proj)
+
     def iceberg(decision):
         table_ = load_dataset_table(catalog, settings, dataset.id)
+        if plan is not None:
+            return read_iceberg_compute(table_, decision.snapshot_id, plan)
         return read_iceberg(
             table_,
             proj.columns,
@@ -52,12 +66,12 @@ def read_through_router(
         )
 
     try:
-        result = source.run(postgres=lambda d: read_postgres(conn, dataset, proj), iceberg=iceberg)
+        result = source.run(postgres=postgres, iceberg=iceberg)
     except LakehouseError:
         raise
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
-    if result.decision.reason == "pg@shadow":
+    if result.decision.reason == "pg@shadow" and plan is None:  # structured reads: their shadow is next (issue 43)
         pool = shadow_pool or shadow.pool_for(settings, settings.pg_dsn or conn.info.dsn)
         load = lambda: load_dataset_table(catalog, settings, dataset.id)  # noqa: E731  (the worker loads it)
         shadow.offer_read(pool, result, dataset, proj, shadow.iceberg_side(load, proj))

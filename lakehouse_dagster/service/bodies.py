@@ -16,6 +16,7 @@ from typing import Any
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.registry import READ, READERS, get_flag
+from lakehouse_dagster.routing.request import COMPUTE_FIELDS, Query, parse_query
 from lakehouse_dagster.sources.writers import check_writer
 
 MAX_LIMIT = 1_000_000_000  # above it a limit is a mistake: omit it to read every row
@@ -36,6 +37,7 @@ class ReadRequest:
     columns: tuple[str, ...] | None
     limit: int | None
     order_by_row_index: bool
+    query: Query | None = None  # a structured read (where, aggregate, addressing, order by columns): docs/reads.md
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +106,7 @@ def _reader(name: str) -> str:
 
 
 def read_request(obj: Mapping[str, Any]) -> ReadRequest:
-    _no_unknown(obj, ("reader", "dataset_id", "columns", "limit", "order"), "read")
+    _no_unknown(obj, ("reader", "dataset_id", "columns", "limit", "order", *COMPUTE_FIELDS), "read")
     reader = _reader(_string(obj, "reader", "read", READ_EXAMPLE))
     dataset_id = _uuid(_string(obj, "dataset_id", "read", READ_EXAMPLE))
     columns = obj.get("columns")
@@ -122,6 +124,10 @@ def read_request(obj: Mapping[str, Any]) -> ReadRequest:
         shown = json.dumps(limit)[:50]
         raise BadInput(f"'limit' must be a whole number from 0 to {MAX_LIMIT}, got {shown}; omit it for every row")
     order = obj.get("order")
+    if any(obj.get(k) is not None for k in COMPUTE_FIELDS) or isinstance(order, list):
+        # a structured read: the one declared request (routing/request.py) checks every field, one line per refusal
+        query = parse_query({k: v for k, v in obj.items() if k not in ("reader", "dataset_id")})
+        return ReadRequest(reader, dataset_id, tuple(columns) if columns else None, limit, order == "row_index", query)
     if order is not None and order not in ORDERS:
         raise BadInput(
             f"'order' must be {' or '.join(repr(o) for o in ORDERS)}, got {json.dumps(order)[:50]}; "

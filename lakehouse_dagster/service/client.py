@@ -96,8 +96,8 @@ class LakehouseClient:
     # --- reads ---------------------------------------------------------------------------------------------
 
     @staticmethod
-    def _read_body(reader, dataset_id, columns, limit, order) -> dict[str, Any]:
-        body: dict[str, Any] = {"reader": reader, "dataset_id": str(dataset_id)}
+    def _read_body(reader, dataset_id, columns, limit, order, query=None) -> dict[str, Any]:
+        body: dict[str, Any] = {"reader": reader, "dataset_id": str(dataset_id), **(query or {})}
         if columns is not None:
             body["columns"] = list(columns)
         if limit is not None:
@@ -108,10 +108,11 @@ class LakehouseClient:
 
     @contextlib.contextmanager
     def stream(
-        self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None
+        self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None, query=None
     ) -> Iterator[ReadStream]:
-        """The read as Arrow record batches, one at a time (memory bounded by a batch)."""
-        payload = json.dumps(self._read_body(reader, dataset_id, columns, limit, order)).encode()
+        """The read as Arrow record batches, one at a time (memory bounded by a batch). ``query``: a structured
+        read's fields (where, aggregate, row_ids, after_row_index, row_index: docs/reads.md), sent as they are."""
+        payload = json.dumps(self._read_body(reader, dataset_id, columns, limit, order, query)).encode()
         headers = {**self._auth, "Content-Type": "application/json", "Accept": ARROW_STREAM}
         for attempt in range(self.retries + 1):
             conn = self._connection()
@@ -136,16 +137,18 @@ class LakehouseClient:
         assert host  # __init__ refuses a base_url without one
         return kind(host, self._url.port, timeout=self._timeout)
 
-    def read(self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None) -> ReadResult:
+    def read(
+        self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None, query=None
+    ) -> ReadResult:
         """The whole read as one Arrow table."""
-        with self.stream(reader, dataset_id, columns=columns, limit=limit, order=order) as s:
+        with self.stream(reader, dataset_id, columns=columns, limit=limit, order=order, query=query) as s:
             table = pa.Table.from_batches(list(s.batches), schema=s.schema)
             return ReadResult(table, None, s.source, s.reason, s.mode, s.snapshot_id)
 
     def read_ndjson(
-        self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None
+        self, reader: str, dataset_id: uuid.UUID | str, *, columns=None, limit=None, order=None, query=None
     ) -> ReadResult:
-        body = self._read_body(reader, dataset_id, columns, limit, order)
+        body = self._read_body(reader, dataset_id, columns, limit, order, query)
         resp = self._send("POST", "/lakehouse/read", json=body, headers={"Accept": NDJSON})
         rows = [json.loads(line) for line in resp.text.splitlines() if line]
         return ReadResult(None, rows, *_route_headers(resp.headers))

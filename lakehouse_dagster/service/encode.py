@@ -108,6 +108,8 @@ def _temporal(value) -> str:
 
 
 def _converter(typ: pa.DataType):
+    if pa.types.is_decimal(typ):  # an exact sum of int64 (decimal128(38, 0)): digits as text, as JavaScript keeps them
+        return lambda values: ["null" if v is None else '"' + str(int(v)) + '"' for v in values]
     if pa.types.is_floating(typ):
         return lambda values: [_float(v) for v in values]
     if pa.types.is_timestamp(typ) or pa.types.is_date(typ):

@@ -18,8 +18,11 @@ import pyarrow as pa
 from lakehouse_dagster.core.errors import LakehouseError, ReadRefused
 from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.routing.exercise import no_fallback_message
+from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
+from lakehouse_dagster.routing.pg_compute import read_postgres_compute
 from lakehouse_dagster.routing.projection import projection_for
 from lakehouse_dagster.routing.read_router import ICEBERG, ReadDecision, resolve_read_source
+from lakehouse_dagster.routing.request import bind
 from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postgres_stream
 from lakehouse_dagster.service.bodies import ReadRequest
 from lakehouse_dagster.service.db import ServiceDb
@@ -50,6 +53,7 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
     try:
         dataset = get_dataset(conn, req.dataset_id)  # NotFound for an unknown dataset
         proj = projection_for(dataset, req.columns, limit=req.limit, order_by_row_index=req.order_by_row_index)
+        plan = bind(req.query, dataset) if req.query is not None else None  # a structured read (docs/reads.md)
         source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
         batch_rows = db.settings.api_batch_rows
         if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
@@ -58,10 +62,19 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
         def postgres(decision: ReadDecision) -> BatchStream:
             nonlocal handed_to_stream
             handed_to_stream = True  # from here the stream gives the connection back when it closes
+            if plan is not None:
+                try:
+                    answer = read_postgres_compute(conn, dataset, plan)
+                except BaseException:
+                    db.give(conn)
+                    raise
+                return _table_stream(answer, batch_rows, release=lambda: db.give(conn))
             return postgres_stream(conn, dataset, proj, batch_rows, release=lambda: db.give(conn))
 
         def iceberg(decision: ReadDecision) -> BatchStream:
             table = db.table(dataset.id, decision.snapshot_id)
+            if plan is not None:
+                return _table_stream(read_iceberg_compute(table, decision.snapshot_id, plan), batch_rows)
             return iceberg_stream(table, decision.snapshot_id, dataset, proj, batch_rows)
 
         try:
@@ -82,7 +95,7 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
     if result.decision.source == ICEBERG:
         db.give(conn)  # an Iceberg stream needs no Postgres connection
     stream = result.value
-    if result.decision.reason == "pg@shadow":
+    if result.decision.reason == "pg@shadow" and plan is None:  # structured reads: shadow comparison is next (43)
         pool = shadow.pool_for(db.settings, db.dsn)
         if pool.draw():  # only a sampled read is copied for its comparison
 
@@ -93,6 +106,11 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
 
             stream = ShadowCopy(stream, compare, pool)
     return OpenRead(result.decision, stream, result.fallback_error)
+
+
+def _table_stream(table: pa.Table, batch_rows: int, release=lambda: None) -> BatchStream:
+    """A structured read's answer (computed whole: its memory is the result's), streamed like any read."""
+    return BatchStream(table.schema, iter(table.to_batches(max_chunksize=batch_rows)), release).prime()
 
 
 class ShadowCopy:

@@ -1,0 +1,103 @@
+"""Structured reads through the read router, in-process and over HTTP (`POST /lakehouse/read`): the router picks
+the engine exactly as for a projection, the answer is the same from either, a bad request is one 400 line."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pyarrow.ipc as ipc
+
+from lakehouse_dagster.routing.compute import compare
+from lakehouse_dagster.routing.request import parse_query
+
+from . import test_service as service
+
+world = service.world  # the fixture of test_service.py's server, for this module
+ARROW, NDJSON, _post_read = service.ARROW, service.NDJSON, service._post_read
+
+AGGREGATE = {
+    "where": {"op": "or", "args": [{"op": "ge", "column": "n", "value": 10}, {"op": "is_null", "column": "x"}]},
+    "aggregate": {
+        "group_by": ["ok"],
+        "measures": [
+            {"fn": "count"},
+            {"fn": "sum", "column": "n"},
+            {"fn": "avg", "column": "x"},
+            {"fn": "max", "column": "at"},
+        ],
+    },
+}
+
+
+def test_the_router_serves_a_structured_read_from_either_engine_alike(world):
+    d = world.dataset(40)
+    pg = world.in_process("export.stream", d, query=parse_query(AGGREGATE))
+    assert pg.decision.source == "pg"
+    world.flag("export.stream", "iceberg", d)
+    ice = world.in_process("export.stream", d, query=parse_query(AGGREGATE))
+    assert (ice.decision.source, ice.decision.reason) == ("iceberg", "iceberg@eventual")
+    assert compare(pg.value, ice.value, True) is None
+    assert ice.value.column("count").to_pylist() == [16, 16]  # n >= 10 of 0..39 or x null (0, 7), split by ok
+    page = world.in_process(
+        "export.stream", d, query=parse_query({"after_row_index": 30, "limit": 5, "columns": ["n"]})
+    )
+    assert page.value.column("n").to_pylist() == [31, 32, 33, 34, 35]
+
+
+def test_post_read_answers_a_structured_read_over_http(world):
+    d = world.dataset(40)
+    world.flag("export.stream", "iceberg", d)
+    body = {"reader": "export.stream", "dataset_id": str(d), **AGGREGATE}
+    resp = _post_read(world, body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["X-Lakehouse-Source"] == "iceberg"
+    table = ipc.open_stream(resp.content).read_all()
+    assert table.column_names == ["ok", "count", "sum_n", "avg_x", "max_at"]
+    assert str(table.schema.field("sum_n").type) == "decimal128(38, 0)"
+    world.flag("export.stream", "off", d)
+    resp = _post_read(world, body)
+    assert resp.headers["X-Lakehouse-Source"] == "postgres"
+    assert compare(ipc.open_stream(resp.content).read_all(), table, True) is None
+    lines = [json.loads(x) for x in _post_read(world, body, accept=NDJSON).text.splitlines()]
+    assert [r["sum_n"] for r in lines] == [str(v) for v in table.column("sum_n").to_pylist()]  # exact digits, as text
+
+
+def test_a_bad_structured_read_is_one_400_line(world):
+    d = world.dataset(3)
+    for extra, says in [
+        ({"where": {"op": "gt", "column": "nope", "value": 1}}, "where: unknown column 'nope'"),
+        ({"where": {"op": "gt", "column": "n", "value": "1"}}, "is not an int64"),
+        ({"aggregate": {"measures": [{"fn": "sum", "column": "name"}]}}, "sum of 'name' (string) is not defined"),
+        ({"order": [{"column": "n", "desc": "yes"}]}, "order"),
+    ]:
+        resp = _post_read(world, {"reader": "export.stream", "dataset_id": str(d), **extra})
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert says in error and "\n" not in error, error
+
+
+def test_a_projection_read_is_unchanged(world):
+    d = world.dataset(5)
+    resp = httpx.post(
+        world.server.url + "/lakehouse/read",
+        json={"reader": "export.stream", "dataset_id": str(d), "columns": ["n"], "order": "row_index", "limit": 3},
+        headers={"Authorization": f"Bearer {world.server.token}", "Accept": ARROW},
+        timeout=60,
+    )
+    assert ipc.open_stream(resp.content).read_all().column("n").to_pylist() == [0, 1, 2]
+
+
+def test_the_python_client_sends_a_structured_read(world):
+    d = world.dataset(20)
+    world.flag("export.stream", "iceberg", d)
+    with world.server.client() as lh:
+        got = lh.read(
+            "export.stream", d, query={"row_index": [[3, 5], [18, 30]], "order": [{"column": "n", "desc": True}]}
+        )
+        assert got.source == "iceberg"
+        assert got.table.column("n").to_pylist() == [19, 18, 5, 4, 3]
+        rows = lh.read_ndjson(
+            "export.stream", d, query={"aggregate": {"measures": [{"fn": "sum", "column": "n"}]}}
+        ).rows
+        assert rows == [{"sum_n": "190"}]
