@@ -102,7 +102,7 @@ def select_query(
         sql.SQL("created_at as {}").format(sql.Identifier("__created_at")),
     ]
     items += [sql.SQL("{} as {}").format(column_expr(c), sql.Identifier(c.name)) for c in columns]
-    where = [sql.SQL("dataset_id = {}").format(sql.Literal(str(dataset_id)))]
+    where: list[sql.Composable] = [sql.SQL("dataset_id = {}").format(sql.Literal(str(dataset_id)))]
     if lo is not None:
         where.append(sql.SQL("row_index > {}").format(sql.Literal(lo)))
     if hi is not None:

@@ -309,7 +309,7 @@ def ensure_pg(
     outcome = "filled"
     # a registration under another row expression (an older release's: before undeclared keys were hashed) is redone
     same = row is not None and row[0] == sh and row[1] == canonical.CONTRACT_VERSION and row[3] == hash_sql
-    if same and row[2]:
+    if same and row is not None and row[2]:
         return "ready"
     if not same:
         with conn.transaction():
