@@ -178,6 +178,52 @@ def test_value_that_does_not_fit_its_type_written_behind_the_mirror_is_a_mismatc
     assert v.verdict == "MISMATCH" and "does not fit its declared type" in v.detail["reason"]
 
 
+def _add_undeclared_keys_unseen(conn, d, row_indexes) -> None:
+    """Rows gain a key the schema does not declare without moving rows_version (the replica role silences change
+    tracking; the digest triggers, ENABLE ALWAYS, still run): the table stays caught up, as after a mirror by a
+    release that dropped such keys silently."""
+    with conn.transaction():
+        conn.execute("set local session_replication_role = replica")
+        conn.execute(
+            "update dataset_rows set data = data || jsonb_build_object('extra', row_index, 'other', 'x')"
+            " where dataset_id = %s and row_index = any(%s)",
+            (d, row_indexes),
+        )
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_undeclared_keys_in_a_caught_up_dataset_are_a_mismatch_naming_them(conn, dsn, settings, full):
+    """Issue 42 item 5: the digest read declared columns only, so keys Iceberg cannot hold were an ``ok``."""
+    d = make_dataset(conn, 30)
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).verdict == "ok"  # maintained sums registered and filled
+    _add_undeclared_keys_unseen(conn, d, [4, 17])
+    v = evaluate(settings, dsn, d, full=full)
+    assert v.verdict == "MISMATCH", v.detail
+    assert v.pg_version == v.iceberg_version  # caught up: not lagging
+    assert v.mismatched_row_indexes == [4, 17]
+    reason = v.detail["reason"]
+    assert reason.startswith("Postgres rows hold key(s) the schema does not declare"), reason
+    assert "2 row(s) of dataset_rows hold 2 key(s)" in reason and "'extra' (2 rows), 'other' (2 rows)" in reason
+    assert v.detail["undeclared_keys"] == {"rows": 2, "keys": {"extra": 2, "other": 2}, "key_count": 2}
+
+
+def test_a_registration_made_before_undeclared_keys_were_hashed_is_filled_again(conn, dsn, settings):
+    d = make_dataset(conn, 10)
+    sync(settings, dsn, d)
+    assert evaluate(settings, dsn, d).verdict == "ok"
+    # as registered by the previous release: the row expression without the undeclared keys' field
+    conn.execute(
+        "update lakehouse_pg_digest_state set hash_sql = replace(hash_sql, 'case when', 'case  when')"
+        " where dataset_id = %s",
+        (d,),
+    )
+    _add_undeclared_keys_unseen(conn, d, [2])
+    v = evaluate(settings, dsn, d)
+    assert v.verdict == "MISMATCH" and v.mismatched_row_indexes == [2] and "'extra' (1 row)" in v.detail["reason"]
+    assert v.detail["maintained_prepare"]["postgres"] == "registered+filled"
+
+
 @pytest.mark.parametrize("how", ["changed", "duplicated", "dropped", "swapped"])
 def test_mismatch_from_a_rogue_iceberg_snapshot(conn, dsn, settings, how):
     d = make_dataset(conn, 50)

@@ -153,6 +153,26 @@ def test_each_missing_condition_is_named_at_once_and_nothing_is_written(conn, ds
     assert _written(conn) == before
 
 
+def test_complete_is_refused_while_rows_hold_keys_the_schema_does_not_declare(conn, dsn, settings, lh, tmp_path):
+    """Issue 42 item 5: Iceberg and the export hold declared columns only; complete deleted the rest with the rows."""
+    d = _completable(conn, dsn, settings, lh, rows=6)
+    with conn.transaction():  # as an older release's mirror left them: unseen by change tracking, the verdict stands
+        conn.execute("set local session_replication_role = replica")
+        conn.execute(
+            'update dataset_rows set data = data || \'{"memo": "only here"}\' where dataset_id = %s'
+            " and row_index in (1, 4)",
+            (d,),
+        )
+    rows, before = _pg_rows(conn, d), _written(conn)
+    code, _, err = lh("write-flags", "complete", "--dataset", str(d), "--export-to", str(tmp_path / "x"))
+    assert code != 0, err
+    assert f"refused: complete of dataset orders ({d}): 1 condition(s) not met; nothing written:" in err
+    assert "2 row(s) of dataset_rows hold 1 key(s) its schema does not declare: 'memo' (2 rows)" in err
+    assert "--export-to would not keep them" in err
+    assert _pg_rows(conn, d) == rows and _written(conn) == before
+    assert not (tmp_path / "x").exists() or not any((tmp_path / "x").iterdir())
+
+
 def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_rollback_and_a_backfill_restores(
     conn, dsn, settings, lh, tmp_path, monkeypatch
 ):

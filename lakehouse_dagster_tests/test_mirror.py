@@ -181,6 +181,11 @@ def test_schema_evolution_adds_columns_and_keeps_removed_ones(conn, dsn, setting
     _sync(settings, dsn, d)
     datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "new", "type": "json"}])
     conn.execute('update dataset_rows set data = data || \'{"new": {"k": 1}}\' where dataset_id = %s', (d,))
+    # the rows still hold 'old', which the schema no longer declares: its values would vanish, so refused ...
+    with pytest.raises(SyncFailed, match="2 row\\(s\\) of dataset_rows hold 1 key\\(s\\) .*'old' \\(2 rows\\)"):
+        _sync(settings, dsn, d)
+    # ... until they no longer do (the operator dropped the column on purpose)
+    conn.execute("update dataset_rows set data = data - 'old' where dataset_id = %s", (d,))
     result = _sync(settings, dsn, d)
     assert result.mode == "full"
     t = _table(settings, dsn, d)
@@ -192,12 +197,57 @@ def test_schema_evolution_adds_columns_and_keeps_removed_ones(conn, dsn, setting
 
 
 def test_schema_change_alone_triggers_resync(conn, dsn, settings):
-    d = _make(conn, [{"name": "a", "type": "int64"}], [{"a": 1, "b": "hidden"}])
+    d = _make(conn, [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}], [{"a": 1, "b": "shown"}])
     _sync(settings, dsn, d)
-    datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}])
+    datasets.set_schema(
+        conn, d, [{"name": "a", "type": "int64"}, {"name": "b", "type": "string"}, {"name": "c", "type": "int64"}]
+    )
     result = _sync(settings, dsn, d)
     assert result.mode == "full"
-    assert _table(settings, dsn, d).scan().to_arrow()["b"].to_pylist() == ["hidden"]
+    assert _table(settings, dsn, d).scan().to_arrow()["b"].to_pylist() == ["shown"]
+
+
+def test_an_undeclared_key_fails_the_sync_naming_it_and_commits_nothing(conn, dsn, settings):
+    """Issue 42 item 5: a key the schema does not declare has no Iceberg column; it never vanishes silently."""
+    rows = [{"a": 1}, {"a": 2, "hidden": "x"}, {"a": 3, "hidden": "y", "zz": 1}, {"a": 4}]
+    d = _make(conn, [{"name": "a", "type": "int64"}], rows)
+    with pytest.raises(SyncFailed) as err:
+        _sync(settings, dsn, d)
+    message = str(err.value)
+    assert "\n" not in message and str(d) in message, message
+    assert "2 row(s) of dataset_rows hold 2 key(s) its schema does not declare: 'hidden' (2 rows), 'zz' (1 row)" in (
+        message
+    )
+    assert "declare them in datasets.schema, or remove them from the rows" in message
+    assert err.value.transient is False  # a retry cannot help
+    assert (
+        load_catalog(settings, dsn).table_exists(table_identifier(settings, d)) is False
+        or _table(settings, dsn, d).current_snapshot() is None
+    )
+    status, error = conn.execute("select status, error from datasets where id = %s", (d,)).fetchone()
+    assert status == "errored" and "'hidden'" in error
+    assert list((settings.home.parent / "warehouse").rglob("*.parquet")) == []
+    # declared: it is mirrored
+    datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "hidden", "type": "string"}])
+    with pytest.raises(SyncFailed, match="1 row\\(s\\) .* 1 key\\(s\\) .*: 'zz' \\(1 row\\)"):
+        _sync(settings, dsn, d)
+    conn.execute("update dataset_rows set data = data - 'zz' where dataset_id = %s", (d,))
+    assert _sync(settings, dsn, d).total_rows == 4
+    assert _table(settings, dsn, d).scan().to_arrow().sort_by("__row_index")["hidden"].to_pylist() == [
+        None,
+        "x",
+        "y",
+        None,
+    ]
+
+
+def test_an_undeclared_key_in_an_append_fails_the_incremental_sync_and_keeps_the_snapshot(conn, dsn, settings):
+    d = _make(conn, [{"name": "a", "type": "int64"}], [{"a": 1}])
+    first = _sync(settings, dsn, d)
+    datasets.insert_rows(conn, d, [{"a": 2, "extra": True}])
+    with pytest.raises(SyncFailed, match="'extra' \\(1 row\\)"):
+        _sync(settings, dsn, d)
+    assert _table(settings, dsn, d).current_snapshot().snapshot_id == first.snapshot_id
 
 
 @pytest.mark.parametrize(

@@ -329,6 +329,41 @@ def test_a_column_absent_from_older_files_reads_as_null(conn, dsn, settings, tmp
         assert "b" not in ice.present and full_digest(ice, 0, 1).count == 1
 
 
+@pytest.mark.parametrize("width", [2, 90, 150])  # 90 and 150: the row text nests concat_ws past 90 fields
+def test_a_key_the_schema_does_not_declare_changes_the_postgres_digest_only(conn, dsn, settings, width):
+    """Issue 42 item 5: the digest read the declared columns only, so a key Iceberg cannot hold went unseen."""
+    schema = [{"name": f"c{i}", "type": "int64"} for i in range(width)]
+    ws = app_tables.create_workspace(conn, "w")
+    d = app_tables.create_dataset(conn, ws, "d", schema)
+    app_tables.insert_rows(conn, d, [{f"c{i}": k * i for i in range(width)} for k in range(4)])
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
+    columns = app_tables.get_dataset(conn, d).columns
+    pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
+
+    def sides():
+        with PinnedPostgres(dsn) as pg, IcebergSide(pin, columns) as ice:
+            pg_side = PgSide(pg.conn, d, columns)
+            return (
+                full_digest(pg_side, 0, 4).value,
+                full_digest(ice, 0, 4).value,
+                dict(pg_side.row_hashes(0, 4)),
+                dict(ice.row_hashes(0, 4)),
+                plain_digest(PgSide(pg.conn, d, columns, identity=False)).value,
+            )
+
+    pg_before, ice_digest, pg_rows, ice_rows, content = sides()
+    assert pg_before == ice_digest and pg_rows == ice_rows  # no undeclared key: the text it always had
+    conn.execute(
+        'update dataset_rows set data = data || \'{"extra": {"x": 1}}\' where dataset_id = %s and row_index = 2',
+        (d,),
+    )
+    pg_after, ice_again, pg_rows_after, _, content_after = sides()
+    assert ice_again == ice_digest and pg_after != ice_digest and content_after != content
+    assert [i for i in range(4) if pg_rows_after[i] != ice_rows[i]] == [2]  # localised to that row
+    conn.execute("update dataset_rows set data = data - 'extra' where dataset_id = %s", (d,))
+    assert sides()[0] == ice_digest
+
+
 def test_server_self_check_passes(conn):
     PgSide(conn, uuid.uuid4(), []).self_check()
 

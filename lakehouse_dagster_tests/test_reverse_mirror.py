@@ -169,6 +169,41 @@ def test_a_native_overwrite_is_a_full_re_sync(conn, dsn, settings, lh):
     assert conn.execute("select row_count, max_row_index from datasets where id = %s", (d,)).fetchone() == (4, 3)
 
 
+def _unseen(conn, statement: str, params=()) -> None:
+    """A write to dataset_rows that change tracking does not see (the replica role): rows as an older release left
+    them, holding a key the mirror dropped silently."""
+    with conn.transaction():
+        conn.execute("set local session_replication_role = replica")
+        conn.execute(statement, params)
+
+
+def test_a_full_re_sync_refuses_to_erase_keys_the_table_has_no_column_for(conn, dsn, settings, lh):
+    """Issue 42 item 5: the re-sync deleted every row and copied the table's back, erasing undeclared keys."""
+    d = ready_native(conn, dsn, settings, lh, "sync.full", rows=6)
+    _unseen(
+        conn,
+        'update dataset_rows set data = data || \'{"note": "keep me"}\' where dataset_id = %s and row_index = 2',
+        (d,),
+    )
+    native_write(conn, dsn, settings, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
+    before, at = _pg_rows(conn, d), position(conn, d)
+    with pytest.raises(BadInput) as err:
+        apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    message = str(err.value)
+    assert "\n" not in message and str(d) in message
+    assert "refuses to re-sync it in full: 1 row(s) of dataset_rows hold key(s) the Iceberg table has no column" in (
+        message
+    )
+    assert "'note' (1 row)" in message and message.endswith("nothing was written")
+    assert _pg_rows(conn, d) == before  # the key and every row kept
+    assert position(conn, d) == at
+    # the operator removes the key (or declares it): the re-sync runs
+    _unseen(conn, "update dataset_rows set data = data - 'note' where dataset_id = %s", (d,))
+    r = apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
+    assert (r.how, r.removed, r.copied) == ("full", 6, 4)
+    _same_as_table(conn, settings, dsn, d)
+
+
 def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_finishes(
     conn, dsn, settings, lh, monkeypatch
 ):

@@ -201,6 +201,20 @@ def _customer(i: int) -> dict:
     }
 
 
+def _event(i: int) -> dict:
+    """A row of the demo's events dataset: only keys its schema declares (a key it does not declare fails the
+    mirror, issue 42 item 5; this app wrote customer rows into events, which the mirror used to drop silently)."""
+    return {
+        "event_id": 900_000 + i,
+        "user_name": f"upgrade {i}",
+        "amount": 1.5 * i,
+        "is_active": i % 2 == 0,
+        "occurred_at": "2026-11-30T12:00:00Z",
+        "event_date": "2026-11-30",
+        "payload": {"i": i},
+    }
+
+
 # The previous release's mode, and what this tree's migrate makes of it (tracking/capture.py,
 # upgrade_from_previous_release): wal-tracking is renamed; wal goes to after-commit when its slot and consumer
 # are healthy, else to triggers; each with its reason printed once.
@@ -232,7 +246,7 @@ class _live_app:
         try:
             with connect(self.dsn) as app:
                 while not self.stop.is_set():
-                    _app_insert(app, self.dataset_id, [_customer(1000 + self.written)])
+                    _app_insert(app, self.dataset_id, [_event(1000 + self.written)])
                     self.written += 1
                     time.sleep(0.01)
         except BaseException as exc:  # noqa: BLE001

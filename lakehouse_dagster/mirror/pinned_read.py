@@ -7,7 +7,9 @@ snapshot, so the two halves are one consistent read. Measured on this machine th
 path (FIELD-NOTES: ADBC 335k rows/s on one connection, 459k on two; psycopg fetchmany → pyarrow 100–130k).
 
 A value that does not fit its column's declared type raises from inside the query, naming the
-dataset, the row_index, the column and the JSON type (never the value: it may be sensitive).
+dataset, the row_index, the column and the JSON type (never the value: it may be sensitive). So does a
+row holding a key the schema does not declare (Iceberg has no column for it: mirrored, it would vanish),
+naming the row and the keys: one jsonb delete per row in the same pass (tracking/undeclared.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, fetch_o
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.tracking.undeclared import extra, has_undeclared
 
 _TYPE_OK = {
     # declared type → (accepted jsonb_typeof, SQL of the typed value from {t} = data->>name, {j} = data->name)
@@ -71,6 +74,17 @@ def column_expr(col: Column) -> sql.Composable:
     )
 
 
+def undeclared_guard(columns: Sequence[Column]) -> sql.Composable:
+    """A condition true for every row without undeclared keys; raises (naming the row and its keys) on the first
+    row with some. A CASE: its branches are evaluated in order, so the function runs only for such a row."""
+    names = [c.name for c in columns]
+    keys = sql.SQL("array_to_string(array(select jsonb_object_keys({})), ', ')").format(extra(names))
+    return sql.SQL(
+        "case when {has} then lakehouse_bad_value(dataset_id, row_index, {keys}, 'undeclared', 'object') is null"
+        " else true end"
+    ).format(has=has_undeclared(names), keys=keys)
+
+
 def select_query(
     dataset_id: uuid.UUID,
     columns: Sequence[Column],
@@ -80,14 +94,15 @@ def select_query(
 ) -> sql.Composed:
     """The typed projection of rows with lo < row_index <= hi (either bound optional) and, when given,
     row_index in one of ``ranges`` (inclusive), in row_index order: the writer's files then hold
-    disjoint __row_index ranges, which is what lets a later sync rewrite only some of them."""
+    disjoint __row_index ranges, which is what lets a later sync rewrite only some of them. A row holding
+    a key the schema does not declare fails the query (``undeclared_guard``)."""
     items = [
         sql.SQL("row_index as {}").format(sql.Identifier("__row_index")),
         sql.SQL("row_id::text as {}").format(sql.Identifier("__row_id")),
         sql.SQL("created_at as {}").format(sql.Identifier("__created_at")),
     ]
     items += [sql.SQL("{} as {}").format(column_expr(c), sql.Identifier(c.name)) for c in columns]
-    where = [sql.SQL("dataset_id = {}").format(sql.Literal(str(dataset_id)))]
+    where: list[sql.Composable] = [sql.SQL("dataset_id = {}").format(sql.Literal(str(dataset_id)))]
     if lo is not None:
         where.append(sql.SQL("row_index > {}").format(sql.Literal(lo)))
     if hi is not None:
@@ -100,6 +115,7 @@ def select_query(
                 )
             )
         )
+    where.append(undeclared_guard(columns))
     return sql.SQL("select {} from dataset_rows where {} order by row_index").format(
         sql.SQL(", ").join(items), sql.SQL(" and ").join(where)
     )

@@ -65,8 +65,9 @@ from lakehouse_dagster.lake.copy_back import (
 )
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
-from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import capture, undeclared
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
+from lakehouse_dagster.tracking.undeclared import has_undeclared
 
 _log = logging.getLogger(__name__)
 GUC = "lakehouse.reverse_apply"  # the triggers' no-echo switch (schema/functions/lakehouse_rows_*.sql)
@@ -236,6 +237,21 @@ def apply_reverse(
             )
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
+
+
+def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], rows: int) -> BadInput:
+    """A full re-sync would erase keys of ``rows`` Postgres rows that the table has no column for: named (a few,
+    counted) with what to do. ``pg``: the lock session (the rows are still there: the re-sync's delete is not
+    committed)."""
+    found = undeclared.find(pg, ds_id, [c.name for c in columns])
+    keys = found.names() if found is not None else "(they changed meanwhile)"
+    first = found.keys[0][0] if found is not None and found.keys else "<key>"
+    return BadInput(
+        f"dataset {ds_id}: the reverse mirror refuses to re-sync it in full: {rows} row(s) of dataset_rows hold "
+        f"key(s) the Iceberg table has no column for, which the re-sync would erase: {keys}; declare them in "
+        "datasets.schema (a native write then adds their columns), or remove them from the rows (update "
+        f"dataset_rows set data = data - '{first}' where dataset_id = '{ds_id}'); nothing was written"
+    )
 
 
 def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
@@ -463,7 +479,19 @@ def _apply(
             )
             if shortcut:
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', {ds}, true)").format(ds=ds))
-            removed = one(counted(sql.SQL("delete from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds)))
+            # In the same pass, the deleted rows holding keys the table has no column for: the re-sync would erase
+            # them from Postgres (issue 42 item 5), so it is refused and rolled back, naming them.
+            cur.execute(
+                sql.SQL(
+                    "with changed as (delete from dataset_rows where dataset_id = {ds}::uuid returning {extra} as x)"
+                    " select count(*), count(*) filter (where x) from changed"
+                )
+                .format(ds=ds, extra=has_undeclared([c.name for c in columns]))
+                .as_string(pg)
+            )
+            removed, erasing = (int(x) for x in cur.fetchone())
+            if erasing:
+                raise _refusal(pg, ds_id, columns, erasing)
             if shortcut:
                 run(sql.SQL("delete from lakehouse_pg_digest_deltas where dataset_id = {ds}::uuid").format(ds=ds))
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', '', true)"))

@@ -52,6 +52,7 @@ from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
+from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
 from lakehouse_dagster.tracking.row_changes import (
     PartialPlan,
@@ -146,7 +147,7 @@ def sync_dataset(
                     _conclude_interrupted(dsn, conn, catalog, settings, ds_id, sync_id, exc)
                     raise
                 message = _describe(exc, ds_id, dsn)
-                transient = False if _BAD_VALUE.search(message) else is_transient(exc)
+                transient = False if _BAD_VALUE.search(message) or _UNDECLARED_HEAD in message else is_transient(exc)
                 unrecorded = _conclude_failed(dsn, conn, ds_id, sync_id, message, exc)
                 err = DiskFull(message + unrecorded) if isinstance(exc, DiskFull) else SyncFailed(message + unrecorded)
                 err.transient = transient
@@ -362,6 +363,8 @@ def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, set
 
 
 _BAD_VALUE = re.compile(r"dataset \S+ row_index \d+ column .*?: expected \w+, got a JSON \w+")
+_UNDECLARED = re.compile(r"dataset \S+ row_index \d+ holds key\(s\) .* that its schema does not declare")
+_UNDECLARED_HEAD = "the mirror refuses it (nothing was committed)"
 
 
 def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
@@ -370,6 +373,9 @@ def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
     found = _BAD_VALUE.search(text)
     if found:
         return found.group(0)
+    found = _UNDECLARED.search(text)
+    if found:  # name every undeclared key (a few, counted), not only the first row's
+        return f"{_locate_undeclared(dsn, ds_id) or found.group(0)}; {_UNDECLARED_HEAD}"
     if isinstance(exc, LakehouseError):
         return text if str(ds_id) in text else f"dataset {ds_id}: {text}"
     sqlstate = getattr(exc, "sqlstate", None) or getattr(getattr(exc, "diag", None), "sqlstate", None)
@@ -394,6 +400,17 @@ def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:
     if row is None:
         return None
     return f"dataset {ds_id} row_index {row[0]} column {row[1]}: expected {row[2]}, got a JSON {row[3]}"
+
+
+def _locate_undeclared(dsn: str, ds_id: uuid.UUID) -> str | None:
+    """After the read refused a row with undeclared keys: all of them, counted (one scan, on failure only)."""
+    try:
+        with connect(dsn) as conn:
+            raw = fetch_value(conn.execute("select schema from datasets where id = %s", (ds_id,)), "the schema")
+            found = undeclared.find(conn, ds_id, [c.name for c in parse_schema(raw, f"dataset {ds_id}")])
+    except Exception:
+        return None
+    return found.describe() if found is not None else None
 
 
 def _log_start(conn, ds_id, sync_id, writer, run_id) -> None:

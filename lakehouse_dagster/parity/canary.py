@@ -84,7 +84,7 @@ from lakehouse_dagster.parity.verdicts import full_due as full_due
 from lakehouse_dagster.parity.verdicts import latest_verdict_reasons as latest_verdict_reasons
 from lakehouse_dagster.parity.verdicts import latest_verdicts as latest_verdicts
 from lakehouse_dagster.parity.verdicts import wedged_syncs as wedged_syncs
-from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import capture, undeclared
 from lakehouse_dagster.tracking.datasets import parse_schema
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -403,6 +403,20 @@ def _compare(
         }
     elif v.smoke == "differs":
         v.mismatched_row_indexes = v.detail.get("smoke_differing_row_indexes", [])
+    if not agree:
+        _name_undeclared(pg, state, v, None if found is None or found.truncated else found.row_indexes)
+
+
+def _name_undeclared(pg: PinnedPostgres, state, v: Verdict, row_indexes: list[int] | None) -> None:
+    """A digest disagreement caused by keys the schema does not declare (which the Postgres digest hashes and Iceberg
+    cannot hold, parity/canonical.py) is said as such, naming them: the reason starts with them. Read only after a
+    disagreement: the differing rows when localisation found them all, else every row."""
+    extra = undeclared.find(pg.conn, state.dataset_id, [c.name for c in state.columns], row_indexes=row_indexes)
+    if extra is None:
+        return
+    v.detail["undeclared_keys"] = {"rows": extra.rows, "keys": dict(extra.keys), "key_count": extra.key_count}
+    said = f"Postgres rows hold key(s) the schema does not declare, which Iceberg cannot hold: {extra.describe()}"
+    v.detail["reason"] = "; ".join(r for r in (said, v.detail.get("reason")) if r)
 
 
 def _iceberg_is_the_truth(conn: psycopg.Connection, ds_id: uuid.UUID, pin) -> bool:
@@ -451,6 +465,10 @@ def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> 
     same = pg_d == ice_d and v.smoke != "differs"
     v.detail["agrees_with_postgres"] = same
     v.detail["identity_assigned_anew"] = same
+    if not same:
+        _name_undeclared(pg, state, v, None)
+        if "undeclared_keys" in v.detail:
+            head += v.detail.pop("reason") + "; "
     if same:
         v.detail["reason"] = head + (
             f"its content matches Postgres ({pg_d[0]} rows, content columns); the identity columns (__row_id, "

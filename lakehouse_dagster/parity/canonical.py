@@ -7,7 +7,13 @@ iceberg-native. Contract version 2 (v1 printed floats with 17 digits and hashed 
 
     row text  = __row_index | __row_id | __created_at | <col 1> | ... | <col n>
 
-    fields joined by "|"; the dataset columns in the order of ``datasets.schema``.
+    fields joined by "|"; the dataset columns in the order of ``datasets.schema``. Postgres only: a row whose
+    ``data`` holds keys the schema does not declare gets one more field, ``+`` and the jsonb text of those keys
+    and their values (``data - <declared names>``). Iceberg has no column for them, so its side never produces
+    that field: such a row never matches, and a key the mirror could not carry is a MISMATCH, never an ``ok``
+    (issue 42, item 5). A row without such keys has exactly the text it always had (the contract version and
+    every stored file digest stay valid; the maintained Postgres sums are refilled once under the new
+    expression: parity/maintained.py compares the registered ``hash_sql``).
 
     field rendering, by type:
       null (SQL NULL, JSON null, missing key, column absent from a file)   \N
@@ -75,11 +81,13 @@ from typing import Any
 from psycopg import sql
 
 from lakehouse_dagster.parity import lookup3
+from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import Column
 
 CONTRACT_VERSION = 2
 NULL = "\\N"
 SEP = "|"
+UNDECLARED_MARK = "+"  # starts the Postgres-only field of a row's undeclared keys (see the contract)
 # A float64's bits b (signed int64) are a NaN's exactly when (b & _ABS_MASK) > _INF_BITS.
 _ABS_MASK = (1 << 63) - 1
 _INF_BITS = 0x7FF0000000000000
@@ -208,7 +216,16 @@ def pg_row_text(columns: Sequence[Column], *, identity: bool = True) -> sql.Comp
     def join(items):
         return sql.SQL("concat_ws({}, {})").format(sql.Literal(SEP), sql.SQL(", ").join(items))
 
-    return _concat(parts, join)
+    # Outside _concat: concat_ws skips the NULL of a row without undeclared keys, whatever the nesting.
+    return join([_concat(parts, join), pg_undeclared_field(columns)])
+
+
+def pg_undeclared_field(columns: Sequence[Column]) -> sql.Composable:
+    """``+`` and the jsonb text of the row's keys the schema does not declare; NULL (no field) when it has none."""
+    names = [c.name for c in columns]
+    return sql.SQL("case when {} then {} || {}::text end").format(
+        undeclared.has_undeclared(names), sql.Literal(UNDECLARED_MARK), undeclared.extra(names)
+    )
 
 
 def pg_row_hash(columns: Sequence[Column], *, identity: bool = True) -> sql.Composable:

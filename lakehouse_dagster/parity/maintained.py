@@ -327,15 +327,17 @@ def ensure_pg(
     deletes the deltas that snapshot sees (already counted in the rows); deltas of writes that commit
     after its snapshot stay, so no write is counted twice or lost, and no app write waits for the fill."""
     sh = schema_hash(columns)
+    hash_sql = canonical.pg_row_hash(columns).as_string(conn)
     row = conn.execute(
-        "select schema_hash, contract_version, filled from lakehouse_pg_digest_state where dataset_id = %s",
+        "select schema_hash, contract_version, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
         (dataset_id,),
     ).fetchone()
     outcome = "filled"
-    if row is not None and row[0] == sh and row[1] == canonical.CONTRACT_VERSION and row[2]:
+    # a registration under another row expression (an older release's: before undeclared keys were hashed) is redone
+    same = row is not None and row[0] == sh and row[1] == canonical.CONTRACT_VERSION and row[3] == hash_sql
+    if same and row is not None and row[2]:
         return "ready"
-    if row is None or row[0] != sh or row[1] != canonical.CONTRACT_VERSION:
-        hash_sql = canonical.pg_row_hash(columns).as_string(conn)
+    if not same:
         with conn.transaction():
             conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))  # SET LOCAL
             cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
@@ -456,7 +458,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
     """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
     state = conn.execute(
         "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version,"
-        " coalesce(c.applying, false)"
+        " coalesce(c.applying, false), s.hash_sql"
         " from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id"
         " left join lakehouse_digest_capture c on true where s.dataset_id = %s",
         (dataset_id,),
@@ -465,6 +467,8 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
         raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
     if state[0] != schema_hash(columns) or state[1] != canonical.CONTRACT_VERSION:
         raise Unavailable("the maintained Postgres digest is for another schema or contract")
+    if state[6] != canonical.pg_row_hash(columns).as_string(conn):
+        raise Unavailable("the maintained Postgres digest was registered under an older row expression")
     if not state[2]:
         raise Unavailable("the maintained Postgres digest is not filled yet")
     if state[5] and state[3] != state[4]:  # the WAL consumer's sums are as of applied_version

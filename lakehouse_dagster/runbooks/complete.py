@@ -8,7 +8,9 @@ Refused, naming every missing condition at once with what to do, unless the data
     table's current snapshot), and the latest canary verdict is at that snapshot, agrees with Postgres (``ok``, or
     ``native`` with ``agrees_with_postgres``) and was taken at the dataset's current Postgres version;
   * has no Postgres-locked consumer left: not a pipeline input (the step-2b query's BLOCKED), no declared
-    Postgres-locked reader (flags/reader_datasets.py).
+    Postgres-locked reader (flags/reader_datasets.py);
+  * has no row holding a key its schema does not declare (tracking/undeclared.py): Iceberg and the export hold the
+    declared columns only, so such a key would be deleted for good.
 
 Then, in this order:
 
@@ -77,6 +79,7 @@ from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.maintained import forget_pg
 from lakehouse_dagster.runbooks.backfill import backfill
+from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
 
 _log = logging.getLogger(__name__)
@@ -197,6 +200,19 @@ def check(
             f"read from dataset_rows by {names}, locked to Postgres (no Iceberg read path): it would read nothing "
             "once complete; remove the declaration (lakehouse flags readers remove <reader> --dataset|--workspace "
             "<id>) only once it no longer reads this dataset"
+        )
+    # 4. no row holds a key the schema does not declare: Iceberg has no column for it and the export writes the
+    # declared columns only, so complete would delete it for good (issue 42 item 5). One scan of the dataset's rows,
+    # by the verb that is about to delete every one of them.
+    extra = undeclared.find(conn, dataset_id, [c.name for c in ds.columns])
+    if extra is not None:
+        first = extra.keys[0][0] if extra.keys else "<key>"
+        missing.append(
+            f"{extra.rows} row(s) of dataset_rows hold {extra.key_count} key(s) its schema does not declare: "
+            f"{extra.names()}; Iceberg does not hold them and --export-to would not keep them, so complete would "
+            "delete them for good: declare them in datasets.schema and bring their values into the table (roll "
+            "the writers back to pg, let the mirror carry them, flip again), or remove them from the rows if they "
+            f"are not wanted (update dataset_rows set data = data - '{first}' where dataset_id = '{dataset_id}')"
         )
     return Checked(dataset_id, ds.name, tuple(missing), since, soak, snap, verdict_id)
 
