@@ -132,7 +132,7 @@ def test_a_cached_fact_is_not_trusted_for_a_file_it_was_not_computed_for(conn, d
     assert h.passed and h.metadata["files_cached"] == 0 and h.metadata["files_read"] == _live_files(settings, dsn, d)
 
     # a rewrite: new files, no facts — and a duplicate in the rewritten rows is found
-    rogue_overwrite(settings, dsn, d, lambda t: pa.concat_tables([t, t.slice(3, 1)]))
+    rogue_overwrite(settings, dsn, d, lambda t: pa.concat_tables([t, t.slice(3, 1)]), as_ours=True)
     h = _identity(settings, dsn, conn, d)
     assert not h.passed and "1 duplicated __row_index" in h.description
     assert h.metadata["files_cached"] == 0

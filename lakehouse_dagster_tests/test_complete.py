@@ -251,9 +251,10 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     out_text = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
     assert "no backfill needed" in out_text, out_text
     assert sync_dataset(dsn, load_catalog(settings, dsn), settings, d).mode == "noop"
-    # the canary registers and fills the digest again over the rows restored, and they agree with the table
+    # the canary registers and fills the digest again over the rows restored, and they agree with the table: ok, the
+    # writer is back on pg and Postgres holds that very snapshot (issue 42, item 4: it said "native")
     checked = evaluate(dsn, load_catalog(settings, dsn), settings, d)
-    assert (checked.verdict, checked.detail["agrees_with_postgres"]) == ("native", True)
+    assert checked.verdict == "ok", checked.detail
     assert conn.execute(registered, (d,)).fetchone() == (1,)
 
 

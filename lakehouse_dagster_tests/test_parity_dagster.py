@@ -112,7 +112,7 @@ def test_blocking_parity_check_stops_downstream_in_the_same_run(conn, dsn, setti
 def test_identity_check_blocks_on_duplicated_row_index(conn, dsn, settings, instance):
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
-    rogue_overwrite(settings, dsn, d, lambda t: pa.concat_tables([t, t.slice(3, 1)]))
+    rogue_overwrite(settings, dsn, d, lambda t: pa.concat_tables([t, t.slice(3, 1)]), as_ours=True)
     result = _materialize(instance, dsn, d, checks=(identity_ready,))
     ev = _evaluations(result)["identity_ready"]
     assert not ev.passed and ev.severity == dg.AssetCheckSeverity.ERROR

@@ -276,6 +276,7 @@ NEW_MIGRATIONS = [
     "033_reverse_mirror",
     "034_complete",
     "035_rollout_complete_step",
+    "036_lifecycle",
 ]
 
 

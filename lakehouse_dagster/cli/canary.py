@@ -62,7 +62,9 @@ def register(sub) -> None:
 
 def _canary(ctx, args) -> Result:
     from lakehouse_dagster.runbooks import auto_rollback  # here: pyiceberg, DuckDB and numba only when it runs
-    from lakehouse_dagster.runbooks.auto_rollback import lines_of
+    from lakehouse_dagster.runbooks.auto_rollback import (
+        lines_of,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     report = auto_rollback.run_canary_and_roll_back(
         ctx.conn,

@@ -28,6 +28,15 @@ class ArgumentParser(argparse.ArgumentParser):
     """Bad usage exits 2 with one line: what was wrong, the nearest valid word, and the verb's own --help (its
     usage follows when a word was unknown)."""
 
+    def add_argument(self, *args, **kwargs):  # argparse API
+        """As argparse's; the long options are kept (``long_options``) for the did-you-mean of a mistyped one."""
+        action = super().add_argument(*args, **kwargs)
+        self.long_options = [
+            *getattr(self, "long_options", []),
+            *(o for o in action.option_strings if o.startswith("--")),
+        ]
+        return action
+
     def error(self, message: str):  # noqa: D401 - argparse API
         hint = ""
         bad = _INVALID_CHOICE.search(message)
@@ -52,7 +61,7 @@ class ArgumentParser(argparse.ArgumentParser):
         owner = getattr(ns, _DEEPEST, self)
         delattr(ns, _DEEPEST)
         if extras:
-            known = [o for a in owner._actions for o in a.option_strings if o.startswith("--")]
+            known = getattr(owner, "long_options", [])
             hints = [_did_you_mean(x.split("=", 1)[0], known) for x in extras if x.startswith("--")]
             owner._fail(f"unrecognized arguments: {' '.join(extras)}{next((h for h in hints if h), '')}", usage=True)
         return ns

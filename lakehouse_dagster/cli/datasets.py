@@ -23,7 +23,7 @@ def _list(ctx, args) -> Result:
     ).fetchall()
     from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of  # each verb imports what it uses
 
-    states = lifecycle_of(ctx.conn, [r[0] for r in rows], actor=ctx.actor) if rows else {}
+    states = lifecycle_of(ctx.conn, [r[0] for r in rows]) if rows else {}
     data = [
         {
             "id": r[0],

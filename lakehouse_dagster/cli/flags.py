@@ -486,7 +486,9 @@ def _where(scope) -> str:
 
 def _list(ctx, args) -> Result:
     from lakehouse_dagster.flags.overrides import list_overrides  # the verbs' imports: psycopg only when one runs
-    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.flags.resolver import (
+        FlagResolver,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     kind = args.kind
     registry = [
@@ -549,7 +551,9 @@ def _list(ctx, args) -> Result:
 
 
 def _set(ctx, args) -> Result:
-    from lakehouse_dagster.flags.gates import set_flag
+    from lakehouse_dagster.flags.gates import (
+        set_flag,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     leaving = _leaving_native(ctx, args, args.mode)
     change = set_flag(
@@ -652,8 +656,13 @@ def _complete(ctx, args) -> Result:
 
 
 def _clear(ctx, args) -> Result:
-    from lakehouse_dagster.flags.gates import clear_flag
-    from lakehouse_dagster.flags.overrides import narrower_overrides, remaining_lines
+    from lakehouse_dagster.flags.gates import (
+        clear_flag,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.flags.overrides import (
+        narrower_overrides,
+        remaining_lines,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     leaving = _leaving_native(ctx, args, None)
     change = clear_flag(
@@ -695,7 +704,9 @@ def _change_data(change) -> dict:
 
 
 def _history(ctx, args) -> Result:
-    from lakehouse_dagster.flags.overrides import history
+    from lakehouse_dagster.flags.overrides import (
+        history,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     entries = history(ctx.conn, args.kind, args.name, dataset=args.dataset, workspace=args.workspace, limit=args.limit)
     data = [
@@ -789,7 +800,9 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reverse_setting import where_native_writes_land
+    from lakehouse_dagster.flags.reverse_setting import (
+        where_native_writes_land,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.runbooks import (
         flip,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -881,7 +894,10 @@ class _Said:
 
 
 def _candidates(ctx, args) -> Result:
-    from lakehouse_dagster.flags.candidates import SAFE, write_flip_candidates
+    from lakehouse_dagster.flags.candidates import (
+        SAFE,
+        write_flip_candidates,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     found = write_flip_candidates(ctx.conn, args.writer)
     data = [c.as_dict() for c in found]
@@ -932,10 +948,14 @@ def _read(ctx, args) -> Result:
 
 def _structured(text: str):
     """--query: a JSON object of a structured read's fields (routing/request.py checks them, one line each)."""
-    import json
+    import json  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    from lakehouse_dagster.core.errors import BadInput
-    from lakehouse_dagster.routing.request import parse_query
+    from lakehouse_dagster.core.errors import (
+        BadInput,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.routing.request import (
+        parse_query,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     try:
         obj = json.loads(text)

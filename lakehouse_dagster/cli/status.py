@@ -25,8 +25,13 @@ def register(sub) -> None:
 
 def _status(ctx, args) -> Result:
     from lakehouse_dagster.flags.soak_setting import current_soak  # here: a usage error answers without psycopg
-    from lakehouse_dagster.plans import status as plan_status
-    from lakehouse_dagster.status.overview import compute_overview, text_lines
+    from lakehouse_dagster.plans import (
+        status as plan_status,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.status.overview import (
+        compute_overview,
+        text_lines,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     ov = compute_overview(ctx.conn, ctx.settings)
     plans = plan_status.live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)

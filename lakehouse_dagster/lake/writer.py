@@ -670,7 +670,8 @@ def _commit(
     run_entries: Callable[[Table], dict] | None = None,
     foreign: Callable[[Table], dict] | None = None,
 ) -> int:
-    """One transaction: properties + one snapshot. G4: a lost compare-and-swap is retried from a fresh
+    """One transaction: properties + one snapshot. Long on purpose: each attempt's re-checks (guards, another
+    engine's commits) sit beside the commit they guard. G4: a lost compare-and-swap is retried from a fresh
     table state (a replace re-plans which files it removes) with backoff, after re-checking that this
     sync still holds its guard locks; past the attempts CommitFailedException propagates (transient).
     ``delete_files`` (a partial rewrite): an overwrite removing exactly those files, which must all still

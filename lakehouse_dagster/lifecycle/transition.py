@@ -52,11 +52,19 @@ def _all_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
 def _before(conn: psycopg.Connection, ids: list[uuid.UUID], derive: Derive, actor: str) -> dict[uuid.UUID, Facts]:
     """The stored state of each dataset; one without a row gets its derived state recorded first (``observe``)."""
     found = {d: f for d, (f, _v) in store.stored(conn, ids).items()}
-    missing = [d for d in ids if d not in found]
-    if missing:
-        derived = derive(conn, missing)
-        store.record_many(conn, [(d, None, f) for d, f in derived.items()], verb=OBSERVE, actor=actor)
-        found.update(derived)
+    stale = [d for d in ids if d not in found or found[d].state == PG]
+    if stale:
+        derived = derive(conn, stale)
+        store.record_many(conn, [(d, None, f) for d, f in derived.items() if d not in found], verb=OBSERVE, actor=actor)
+        # still pg in the store while the forward mirror's first snapshot landed: that move first, as the mirror's
+        mirrored = [
+            (d, found[d], f)
+            for d, f in derived.items()
+            if d in found and not found[d].same_place(f) and allowed(PG, f.state, MIRROR)
+        ]
+        store.record_many(conn, mirrored, verb=MIRROR, actor=actor)
+        found.update({d: f for d, f in derived.items() if d not in found})
+        found.update({d: f for d, _b, f in mirrored})
     return found
 
 

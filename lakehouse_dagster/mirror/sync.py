@@ -193,6 +193,8 @@ def _refuse_unmirrorable(conn, catalog: Catalog, settings: Settings, ds_id: uuid
 def _mirror(
     dsn, catalog, settings, ds_id, mode, sync_id, readers, started, pool=None, revert_foreign=False
 ) -> SyncResult:
+    """One sync of the dataset from its pinned Postgres snapshot. Long on purpose: each refusal (a completed or native
+    dataset, another engine's commit, a key the schema does not declare) sits beside the read it judges."""
     pinned = PinnedSnapshot(dsn, ds_id, pool)
     try:
         head = pinned.state(None)

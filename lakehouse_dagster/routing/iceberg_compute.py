@@ -385,6 +385,6 @@ def _or(parts: list[BooleanExpression]) -> BooleanExpression:
 
 
 def _nothing() -> BooleanExpression:
-    from pyiceberg.expressions import AlwaysFalse
+    from pyiceberg.expressions import AlwaysFalse  # lazy: only a request that can match no row needs it
 
     return AlwaysFalse()

@@ -371,7 +371,8 @@ def complete(
     lock_timeout_ms: int = LOCK_TIMEOUT_MS,
 ) -> CompleteResult:
     """Complete one dataset (see the module docstring): refused (FlipRefused, nothing written) while a condition is
-    missing; a mark in progress resumes."""
+    missing; a mark in progress resumes. Long on purpose: the resume, the checks under the lifecycle lock and the
+    start read top to bottom in the order they happen."""
     ds_id = parse_uuid(dataset_id, "dataset id")
     validate_failpoints()
     if not actor or not actor.strip():

@@ -24,7 +24,6 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.guards import first_native_hold, guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
@@ -135,24 +134,22 @@ def _first_sync(conn, dsn, catalog, settings, flags, writer: str, ds_id: uuid.UU
 
 
 def is_first_native_write(conn: psycopg.Connection, ds_id: uuid.UUID) -> bool:
-    """No native write of the dataset has succeeded since it last became native (its lifecycle history's last move
-    into ``native`` from a Postgres-authoritative state): the next one is its first, whoever makes it."""
-    return bool(
-        fetch_value(
-            conn.execute(
-                """select not exists (
-                     select 1 from iceberg_sync_log l
-                      where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
-                        and l.started_at >= coalesce((
-                              select h.at from lakehouse_lifecycle_history h
-                               where h.dataset_id = %(d)s and h.after_state = 'native'
-                                 and h.before_state in ('pg', 'mirrored', 'read-flipped')
-                               order by h.id desc limit 1), '-infinity'))""",
-                {"d": ds_id},
-            ),
-            "whether the dataset has a native write since it became native",
-        )
-    )
+    """The dataset became native from a mirrored state (its lifecycle history's last move into ``native`` came from
+    ``mirrored`` or ``read-flipped``: Postgres was the truth of a copy the canary can compare with) and no native write
+    has succeeded since: the next one is its first, whoever makes it. A dataset made native before it was ever
+    mirrored has nothing to be compared with; one native before the lifecycle existed had its first write then."""
+    row = conn.execute(
+        """select b.before_state in ('mirrored', 'read-flipped') and not exists (
+                    select 1 from iceberg_sync_log l
+                     where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
+                       and l.started_at >= b.at)
+             from (select h.at, h.before_state from lakehouse_lifecycle_history h
+                    where h.dataset_id = %(d)s and h.after_state = 'native'
+                      and h.before_state in ('pg', 'mirrored', 'read-flipped')
+                    order by h.id desc limit 1) b""",
+        {"d": ds_id},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 @dataclasses.dataclass

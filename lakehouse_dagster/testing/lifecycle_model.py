@@ -343,7 +343,7 @@ def run(dsn: str, *, examples: int, steps: int, seed: int | None = None) -> None
         suppress_health_check=list(HealthCheck),
     )
     if seed is not None:
-        from hypothesis import seed as with_seed
+        from hypothesis import seed as with_seed  # lazy: only a seeded run (the bench) needs it
 
         with_seed(seed)(case.runTest)(case())
         return
