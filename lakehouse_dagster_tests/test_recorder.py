@@ -523,3 +523,31 @@ def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_agai
         "dataset_rows no longer behind Iceberg",
         "dataset_rows is behind Iceberg",
     ]
+
+
+def test_complete_and_its_restore_leave_an_event_on_the_postgres_rows_page(conn, dsn, settings, instance, capsys):
+    """Issue 42: after complete the postgres/dataset_rows page kept its old row count, and a restore never appeared.
+    Every lifecycle move is read by the recorder; those that change what Postgres holds materialize that page."""
+    from .test_complete import _completable
+
+    def lh(*args: str, check: bool = False):
+        code = cli_main(list(args))
+        out, err = capsys.readouterr()
+        assert not check or code == 0, err
+        return code, out, err
+
+    d = _completable(conn, dsn, settings, lh)
+    rec = Recorder(instance, dsn)
+    rec.tick()
+    rec.tick()
+    lh("write-flags", "complete", "--dataset", str(d), check=True)
+    rec.tick()
+    meta = _meta(_materializations(instance, PG_ROWS, d)[0])
+    assert meta["dagster/row_count"] == 0
+    assert meta["lifecycle_move"] == "completing → complete"
+    assert meta["lifecycle"].startswith("complete (reverse off)")
+    lh("write-flags", "backfill", "--dataset", str(d), check=True)
+    rec.tick()
+    meta = _meta(_materializations(instance, PG_ROWS, d)[0])
+    assert meta["lifecycle_move"] == "restoring → native" and meta["dagster/row_count"] == 10
+    assert meta["lifecycle"].startswith("native (reverse on)")
