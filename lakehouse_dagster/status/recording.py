@@ -336,6 +336,8 @@ def plan_recording(
     moved_rows: list[Change] = []
     for c in read[LIFECYCLE]:
         r = c.row
+        if r["verb"] == "mirror":
+            continue  # the first snapshot: its table event shows it (the move is recorded whenever a reader looks)
         refresh.setdefault(r["dataset_id"], []).append(
             f"lifecycle {r['before_state']} → {r['after_state']} ({r['verb']} by {r['actor']})"
         )
