@@ -343,6 +343,8 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     has the lower id. The recorder reads by transaction id, so it is neither skipped nor recorded twice."""
     ws = datasets.create_workspace(conn, "w")
     d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    # another dataset for the early change: two verbs on ONE dataset never interleave (the lifecycle lock)
+    d2 = datasets.create_dataset(conn, ws, "d2", SCHEMA)
     rec = Recorder(instance, dsn)
     rec.tick()
     positions = []
@@ -354,7 +356,7 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     flags_position()
     with psycopg.connect(dsn) as late:  # not autocommit: its transaction stays open until we commit
         set_override(late, "read", "export.stream", "shadow", dataset=d, note="late", actor="pytest")
-        set_override(conn, "read", "graph.kuzu", "shadow", dataset=d, note="early", actor="pytest")
+        set_override(conn, "read", "graph.kuzu", "shadow", dataset=d2, note="early", actor="pytest")
         assert [e.metadata["note"].value for e in rec.tick()] == ["early"]
         flags_position()
         assert rec.tick() == []  # seen above the horizon: not again
@@ -364,7 +366,7 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     flags_position()
     assert rec.tick() == []
     assert flags_position() > positions[0] and positions == sorted(positions)  # only forward
-    notes = sorted(_meta(o)["note"] for o in _observations(instance, ICEBERG_TABLE, d))
+    notes = sorted(_meta(o)["note"] for x in (d, d2) for o in _observations(instance, ICEBERG_TABLE, x))
     assert notes == ["early", "late"]
 
 
