@@ -343,6 +343,8 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     has the lower id. The recorder reads by transaction id, so it is neither skipped nor recorded twice."""
     ws = datasets.create_workspace(conn, "w")
     d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    # another dataset for the early change: two verbs on ONE dataset never interleave (the lifecycle lock)
+    d2 = datasets.create_dataset(conn, ws, "d2", SCHEMA)
     rec = Recorder(instance, dsn)
     rec.tick()
     positions = []
@@ -354,7 +356,7 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     flags_position()
     with psycopg.connect(dsn) as late:  # not autocommit: its transaction stays open until we commit
         set_override(late, "read", "export.stream", "shadow", dataset=d, note="late", actor="pytest")
-        set_override(conn, "read", "graph.kuzu", "shadow", dataset=d, note="early", actor="pytest")
+        set_override(conn, "read", "graph.kuzu", "shadow", dataset=d2, note="early", actor="pytest")
         assert [e.metadata["note"].value for e in rec.tick()] == ["early"]
         flags_position()
         assert rec.tick() == []  # seen above the horizon: not again
@@ -364,7 +366,7 @@ def test_a_flag_change_that_commits_late_is_recorded_once_and_never_skipped(conn
     flags_position()
     assert rec.tick() == []
     assert flags_position() > positions[0] and positions == sorted(positions)  # only forward
-    notes = sorted(_meta(o)["note"] for o in _observations(instance, ICEBERG_TABLE, d))
+    notes = sorted(_meta(o)["note"] for x in (d, d2) for o in _observations(instance, ICEBERG_TABLE, x))
     assert notes == ["early", "late"]
 
 
@@ -523,3 +525,31 @@ def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_agai
         "dataset_rows no longer behind Iceberg",
         "dataset_rows is behind Iceberg",
     ]
+
+
+def test_complete_and_its_restore_leave_an_event_on_the_postgres_rows_page(conn, dsn, settings, instance, capsys):
+    """Issue 42: after complete the postgres/dataset_rows page kept its old row count, and a restore never appeared.
+    Every lifecycle move is read by the recorder; those that change what Postgres holds materialize that page."""
+    from .test_complete import _completable
+
+    def lh(*args: str, check: bool = False):
+        code = cli_main(list(args))
+        out, err = capsys.readouterr()
+        assert not check or code == 0, err
+        return code, out, err
+
+    d = _completable(conn, dsn, settings, lh)
+    rec = Recorder(instance, dsn)
+    rec.tick()
+    rec.tick()
+    lh("write-flags", "complete", "--dataset", str(d), check=True)
+    rec.tick()
+    meta = _meta(_materializations(instance, PG_ROWS, d)[0])
+    assert meta["dagster/row_count"] == 0
+    assert meta["lifecycle_move"] == "completing → complete"
+    assert meta["lifecycle"].startswith("complete (reverse off)")
+    lh("write-flags", "backfill", "--dataset", str(d), check=True)
+    rec.tick()
+    meta = _meta(_materializations(instance, PG_ROWS, d)[0])
+    assert meta["lifecycle_move"] == "restoring → native" and meta["dagster/row_count"] == 10
+    assert meta["lifecycle"].startswith("native (reverse on)")

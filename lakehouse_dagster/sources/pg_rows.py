@@ -20,6 +20,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from lakehouse_dagster.core.db import adbc_uri
+from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.lifecycle import POSTGRES, check_authority, facts_of_row, write_lock_statements
 from lakehouse_dagster.tracking.datasets import Column
@@ -52,7 +53,15 @@ class RowsTransaction:
         *locks, read = write_lock_statements(self._dataset_id)
         self.execute(locks)
         self._cur.execute(read.as_string(self._render))
-        check_authority(facts_of_row(self._cur.fetchone()), self._dataset_id, target=POSTGRES, writer=writer)
+        facts = facts_of_row(self._cur.fetchone())
+        if facts is None:  # a verb that would have recorded it rolled back meanwhile (or the dataset is gone)
+            err = SyncFailed(
+                f"{writer} ds={self._dataset_id}: the dataset's lifecycle state is not recorded (a verb on it was "
+                "refused just now, or the dataset was deleted); nothing was written — run the write again"
+            )
+            err.transient = True
+            raise err
+        check_authority(facts, self._dataset_id, target=POSTGRES, writer=writer)
 
     def copy(self, batches: Iterable[pa.RecordBatch], *, start_index: int) -> int:
         """Stage ``batches`` (typed, the dataset's columns) as rows ``start_index``…, then move them into

@@ -10,7 +10,9 @@ Six append-style streams, each with its own position:
 * ``sweeps``    lakehouse_orphan_sweeps: a sweep removed a table's orphan files;
 * ``verdicts``  lakehouse_read_parity: a canary, check or first native sync recorded a verdict (migration 030);
 * ``fallbacks`` lakehouse_read_fallbacks: a reader fell back to Postgres (any process, or an app through the
-  service's POST /lakehouse/fallback).
+  service's POST /lakehouse/fallback);
+* ``lifecycle`` lakehouse_lifecycle_history: a dataset moved in its lifecycle (lifecycle/, migration 036) — a
+  complete retired its Postgres rows, a restore brought them back, a flip or a rollback moved it.
 
 A flag change at workspace or global scope changes the modes of every dataset of that scope: it is fanned out
 (``Fanout``), a page of at most ``limit`` datasets a tick, one event per dataset whatever the number of changes
@@ -44,13 +46,14 @@ from collections.abc import Callable
 import psycopg
 from psycopg import sql
 
-SYNCS, FLAGS, BACKFILLS, SWEEPS, VERDICTS, FALLBACKS = (
+SYNCS, FLAGS, BACKFILLS, SWEEPS, VERDICTS, FALLBACKS, LIFECYCLE = (
     "syncs",
     "flags",
     "backfills",
     "sweeps",
     "verdicts",
     "fallbacks",
+    "lifecycle",
 )
 
 # stream -> (table, transaction id column, which rows, columns read)
@@ -76,6 +79,12 @@ _STREAMS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     VERDICTS: ("lakehouse_read_parity", "xid", "true", ("dataset_id", "verdict", "source", "checked_at")),
     FALLBACKS: ("lakehouse_read_fallbacks", "xid", "true", ("dataset_id", "reader", "at")),
+    LIFECYCLE: (
+        "lakehouse_lifecycle_history",
+        "xid",
+        "before_state is not null",  # a first sight records no move
+        ("dataset_id", "version", "before_state", "after_state", "after_reverse", "verb", "actor", "at"),
+    ),
 }
 STREAMS = tuple(_STREAMS)
 
@@ -271,12 +280,14 @@ class Plan:
     # Datasets whose modes, verdict or fallbacks changed without an event of their own: the caller shows their
     # state once each (unless another event of the tick already does), saying why.
     refresh: dict[uuid.UUID, list[str]] = dataclasses.field(default_factory=dict)
+    # Lifecycle moves that changed what Postgres holds (complete, restore): an event on the postgres/dataset_rows page
+    lifecycle: list[Change] = dataclasses.field(default_factory=list)
 
     @property
     def dataset_ids(self) -> set[uuid.UUID]:
         """Every dataset this tick records something about (their state is read once)."""
         ids = set(self.tables) | set(self.seeded) | set(self.refresh)
-        ids |= {c.row["dataset_id"] for c in [*self.sweeps, *self.backfills]}
+        ids |= {c.row["dataset_id"] for c in [*self.sweeps, *self.backfills, *self.lifecycle]}
         ids |= {c.row["scope_id"] for c in self.flags if c.row["scope"] == "dataset" and c.row["scope_id"]}
         return ids
 
@@ -322,6 +333,16 @@ def plan_recording(
     for c in read[FALLBACKS]:
         at = c.row["at"].isoformat(timespec="seconds")
         refresh.setdefault(c.row["dataset_id"], []).append(f"read fallback of {c.row['reader']} ({at})")
+    moved_rows: list[Change] = []
+    for c in read[LIFECYCLE]:
+        r = c.row
+        if r["verb"] == "mirror":
+            continue  # the first snapshot: its table event shows it (the move is recorded whenever a reader looks)
+        refresh.setdefault(r["dataset_id"], []).append(
+            f"lifecycle {r['before_state']} → {r['after_state']} ({r['verb']} by {r['actor']})"
+        )
+        if r["verb"] in ("complete", "restore"):
+            moved_rows.append(c)
     passes, why = fanout_changes(cursor.fanout, read[FLAGS])
     fanned, passes = fanout_page(conn, passes, limit)
     for ds, ws, key in fanned:
@@ -338,6 +359,7 @@ def plan_recording(
         waiting,
         Cursor(positions, waiting, cursor.pruned_at, done, None if done else seed_after, passes),
         refresh,
+        moved_rows,
     )
 
 

@@ -120,6 +120,38 @@ def backfill_event(conn: psycopg.Connection, state: PartitionState, c: Change) -
     )
 
 
+def rows_moved_event(conn: psycopg.Connection, state: PartitionState, c: Change) -> dg.AssetMaterialization:
+    """A lifecycle move that changed what Postgres holds (complete retired the rows, a restore brought them back):
+    the dataset's rows in dataset_rows as they are now, with the move (issue 42: the page kept `row_count 2005` after
+    complete, and a restore never appeared)."""
+    r = c.row
+    what = {
+        ("native", "completing"): "complete started: its Postgres rows are being retired",
+        ("completing", "complete"): "complete: Postgres holds none of its rows, Iceberg alone does",
+        ("complete", "restoring"): "restore started: the rows come back from Iceberg",
+        ("completing", "restoring"): "restore started: the rows come back from Iceberg",
+        ("restoring", "native"): "restored: Postgres holds every row of the current snapshot again",
+    }.get((r["before_state"], r["after_state"]), f"lifecycle {r['before_state']} → {r['after_state']}")
+    return dg.AssetMaterialization(
+        asset_key=PG_ROWS,
+        partition=str(state.dataset_id),
+        description=f"{what} ({r['verb']} by {r['actor']})",
+        metadata={
+            **names(state),
+            "kind": state.kind,
+            "rows_version": text(state.rows_version),
+            "lifecycle_move": text(f"{r['before_state']} → {r['after_state']}"),
+            "lifecycle_version": dg.MetadataValue.int(int(r["version"])),
+            "actor": text(r["actor"]),
+            "at": text(r["at"].isoformat(timespec="seconds")),
+            "recorded_by": text(RECORDED_BY),
+            **migration_state(state),
+            **postgres_standard(conn, state),
+        },
+        tags={DATA_VERSION_TAG: str(state.rows_version)},
+    )
+
+
 def flag_event(c: Change, state: PartitionState | None) -> dg.AssetObservation:
     """One set or clear: on the dataset's partition (dataset scope, a tabular dataset that exists), else on the
     overview."""
@@ -214,6 +246,8 @@ def recorded_events(
     events += [
         backfill_event(conn, shown[c.row["dataset_id"]], c) for c in plan.backfills if c.row["dataset_id"] in shown
     ]
+    last_moves = {c.row["dataset_id"]: c for c in plan.lifecycle}  # the rows as they are now: one event a dataset
+    events += [rows_moved_event(conn, shown[d], c) for d, c in last_moves.items() if d in shown]
     for c in plan.flags:
         ds = c.row["scope_id"] if c.row["scope"] == "dataset" else None
         if ds in states and states[ds].throwaway:
