@@ -4,6 +4,8 @@ checks give the same verdicts as the checks that read every row. Real Postgres, 
 
 from __future__ import annotations
 
+import uuid
+
 import dagster as dg
 import pyarrow as pa
 import pytest
@@ -13,6 +15,7 @@ from lakehouse_dagster.dagster.defs.mirror.mirror_batch import mirror_batch_job
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.lake.catalog import load_catalog
+from lakehouse_dagster.lake.foreign import SYNC_ID
 from lakehouse_dagster.parity.health import identity_ready
 from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster_tests.test_canary import make_dataset, rogue_overwrite, rows_for, sync, table_of
@@ -34,10 +37,12 @@ def _live_files(settings, dsn, d) -> int:
 
 
 def _append_behind_the_back(settings, dsn, d, change) -> None:
-    """A real Iceberg append through pyiceberg (not the mirror): rows shaped like the table's, changed by ``change``."""
+    """A real Iceberg append through pyiceberg (not the mirror): rows shaped like the table's, changed by ``change``;
+    marked as the project's own commits are (a bug of ours: another engine's append the mirror refuses to sync over,
+    lake/foreign.py, so the batch run would stop before its checks)."""
     table = table_of(settings, dsn, d)
     some = table.scan(limit=2).to_arrow()
-    table.append(change(some).cast(table.schema().as_arrow()))
+    table.append(change(some).cast(table.schema().as_arrow()), snapshot_properties={SYNC_ID: str(uuid.uuid4())})
 
 
 def test_identity_after_an_append_reads_only_the_new_file(conn, dsn, settings):

@@ -198,3 +198,22 @@ def test_the_first_native_write_is_checked_wherever_it_is_made(conn, dsn, settin
     # the next ingest is on pg again (Postgres is the truth): no canary, exit 0
     code, out, err = lh("ingest", "--dataset", str(d), "--writer", "sync.full")
     assert code == 0 and "via pg" in out and "first native write" not in out, out + err
+
+
+def test_verbs_on_two_datasets_never_wait_for_each_other_and_one_dataset_s_do(conn, dsn):
+    """The lifecycle lock is per dataset for a dataset's verb: another dataset's verb in flight does not hold it up,
+    the same dataset's does (it waits, here until its lock timeout)."""
+    import psycopg
+
+    from lakehouse_dagster.flags.overrides import set_override
+    from lakehouse_dagster.tracking import datasets
+
+    ws = datasets.create_workspace(conn, "w")
+    a, b = (datasets.create_dataset(conn, ws, n, [{"name": "x", "type": "int64"}]) for n in ("a", "b"))
+    with connect(dsn) as other, other.transaction():
+        set_override(other, "read", "export.stream", "shadow", dataset=a, actor="op-1")  # not committed yet
+        conn.execute("set lock_timeout = '3s'")
+        set_override(conn, "read", "export.stream", "shadow", dataset=b, actor="op-2")  # no wait
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            set_override(conn, "read", "export.stream", "iceberg", dataset=a, actor="op-2")
+        conn.execute("set lock_timeout = 0")

@@ -397,8 +397,14 @@ def _same_data(before: dict, after: dict, written: int, live, *, sums_dropped: b
         counts["lakehouse_pg_digest_state"] = 0
     assert after["counts"] == counts
     assert after["flags"] == before["flags"]
-    # tables the new migrations create (026_stored_soak, 033_reverse_mirror, 034_complete): their triggers
-    new_tables = {"lakehouse_settings_audit", "lakehouse_reverse_audit", "lakehouse_complete_audit"}
+    # tables the new migrations create (026_stored_soak, 033_reverse_mirror, 034_complete, 036_lifecycle): their
+    # triggers
+    new_tables = {
+        "lakehouse_settings_audit",
+        "lakehouse_reverse_audit",
+        "lakehouse_complete_audit",
+        "lakehouse_lifecycle_history",
+    }
     assert [
         t for t in after["triggers"] if t[0] != "dataset_rows" and t[0] not in new_tables and t[1] not in NEW_TRIGGERS
     ] == [t for t in before["triggers"] if t[0] != "dataset_rows"]

@@ -149,7 +149,9 @@ def _moving(conn: psycopg.Connection, flag: Flag, scope: Scope, actor: str, what
     return transition(
         conn,
         READER_FLAG if flag.kind == READ else WRITER_FLAG,
-        dataset_ids=lambda c: scope_ids(c, scope.scope, scope.scope_id),
+        dataset_ids=[scope.scope_id]
+        if scope.scope == DATASET and scope.scope_id
+        else lambda c: scope_ids(c, scope.scope, scope.scope_id),
         wide=scope.scope != DATASET,
         derive=derive,
         actor=actor,

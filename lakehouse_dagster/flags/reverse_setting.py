@@ -103,8 +103,10 @@ def set_reverse(
     with transition(
         conn,
         REVERSE,
-        dataset_ids=lambda c: scope_ids(c, scope.scope, scope.scope_id),
-        wide=scope.scope_id is None or scope.scope != "dataset",
+        dataset_ids=[scope.scope_id]
+        if scope.scope == "dataset" and scope.scope_id
+        else lambda c: scope_ids(c, scope.scope, scope.scope_id),
+        wide=scope.scope != "dataset",
         derive=derive,
         actor=actor,
         what=what,

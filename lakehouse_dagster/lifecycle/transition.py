@@ -101,7 +101,7 @@ def transition(
         return
     with conn.transaction():
         known = None if callable(dataset_ids) or dataset_ids is None else list(dict.fromkeys(dataset_ids))
-        every = wide or known is None or len(known) != 1
+        every = wide or known is None or len(known) != 1  # a callable's datasets are known only under the lock
         if every:
             lock_every_dataset(conn)
         else:
