@@ -112,10 +112,17 @@ def _first_sync(conn, dsn, catalog, settings, flags, writer: str, ds_id: uuid.UU
             r.flag_reason,
             problem=f"the sync took the {r.path} path ({r.flag_reason}), not iceberg_native",
         )
+    f = _canary_of(conn, dsn, catalog, settings, writer, ds_id, r, run_id)
+    logger.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {f.verdict}")
+    return f
+
+
+def _canary_of(conn, dsn, catalog, settings, writer: str, ds_id: uuid.UUID, r, run_id) -> FirstSync:
+    """A first native write's canary against what Postgres held, recorded; a MISMATCH rolls the writer back to pg
+    (auto-rollback) and the rollback report says what only Iceberg holds now and the two ways forward."""
     v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
     auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)  # MISMATCH: to pg
     reason = str(v.detail.get("reason", ""))
-    logger.info(f"first native sync {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
     f = FirstSync(
         ds_id,
         v.verdict,
@@ -127,7 +134,7 @@ def _first_sync(conn, dsn, catalog, settings, flags, writer: str, ds_id: uuid.UU
     )
     f.auto_rollback = lines_of(v)
     f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
-    if f.rolled_back:  # the rollback report: what only Iceberg holds now, and the two ways forward
+    if f.rolled_back:
         report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
         f.auto_rollback += rollback_lines(writer, report)
     return f
@@ -200,24 +207,8 @@ def checked_write(
         r = run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw)
         if r.path != "native" or not r.new:
             return CheckedWrite(r)
-        v = evaluate_first_native(dsn, catalog, settings, ds_id, writer, snapshot_id=r.snapshot_id)
-        auto_rollback.record_and_roll_back(conn, v, source=SOURCE, run_id=run_id, settings=settings)
-        reason = str(v.detail.get("reason", ""))
-        f = FirstSync(
-            ds_id,
-            v.verdict,
-            r.path,
-            r.rows,
-            r.snapshot_id,
-            reason,
-            problem=None if v.verdict == canary.OK else f"canary {v.verdict}: {reason}",
-        )
-        f.auto_rollback = lines_of(v)
-        f.rolled_back = bool((v.detail.get("auto_rollback") or {}).get("rolled_back"))
-        if f.rolled_back:
-            report = rolled_back(conn, catalog, settings, [Effect(ds_id, v.dataset, NATIVE, "pg")])
-            f.auto_rollback += rollback_lines(writer, report)
-        lg.info(f"first native write {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {v.verdict}")
+        f = _canary_of(conn, dsn, catalog, settings, writer, ds_id, r, run_id)
+        lg.info(f"first native write {writer} ds={ds_id}: {r.rows} rows → snapshot {r.snapshot_id}; canary {f.verdict}")
         return CheckedWrite(r, f)
 
 
