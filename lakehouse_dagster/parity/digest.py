@@ -417,10 +417,9 @@ class IcebergSide:
     def bounds(self) -> tuple[int | None, int | None]:
         if self.empty:
             return (None, None)
-        return fetch_one(
-            self.con.execute(f"select min(__row_index), max(__row_index) from {self._source()}", self._params()),
-            "the Iceberg side's row index bounds",
-        )
+        # DuckDB: the source is our own text (a view name or a read_parquet over the planned files), values bound
+        query = "select min(__row_index), max(__row_index) from " + self._source()
+        return fetch_one(self.con.execute(query, self._params()), "the Iceberg side's row index bounds")
 
     def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         if self.empty:
