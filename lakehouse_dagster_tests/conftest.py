@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
@@ -143,3 +144,18 @@ def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
             admin.execute(
                 psycopg.sql.SQL("drop database if exists {} with (force)").format(psycopg.sql.Identifier(name))
             )
+
+
+@pytest.fixture
+def lh(capsys):
+    """`lakehouse ...` in this process (a subprocess costs seconds on a loaded machine): (exit code, stdout, stderr)."""
+
+    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
+        return code, out, err
+
+    return run

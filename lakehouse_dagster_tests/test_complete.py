@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, FlipRefused
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -34,21 +33,6 @@ from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli, flag_tables, refusal
 from .native_helpers import SCHEMA, native_write, row, runbook_ready, table_rows
-
-
-@pytest.fixture
-def lh(capsys):
-    """`lakehouse ...` in this process: (exit code, stdout, stderr)."""
-
-    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        if check and code != 0:
-            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
-        return code, out, err
-
-    return run
 
 
 def _native(conn, dsn, settings, lh, rows: int = 6, name: str = "orders", ws=None) -> uuid.UUID:

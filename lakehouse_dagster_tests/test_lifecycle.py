@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.gates import set_flag
@@ -28,19 +27,6 @@ from lakehouse_dagster.tracking import ingest_state
 from .test_complete import _completable, _native, _pg_rows
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-
-
-@pytest.fixture
-def lh(capsys):
-    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        if check and code != 0:
-            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
-        return code, out, err
-
-    return run
 
 
 def _source_file(tmp_path: Path, n: int = 3) -> str:

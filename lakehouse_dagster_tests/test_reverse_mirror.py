@@ -12,7 +12,6 @@ import uuid
 
 import pytest
 
-from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.failpoints import FailpointError
 from lakehouse_dagster.lake.catalog import load_catalog
@@ -27,21 +26,6 @@ from lakehouse_dagster.tracking import datasets
 
 from .flag_helpers import cli
 from .native_helpers import SCHEMA, native_write, row, runbook_ready, snapshot, table_rows
-
-
-@pytest.fixture
-def lh(capsys):
-    """`lakehouse ...` in this process: (exit code, stdout, stderr)."""
-
-    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        if check and code != 0:
-            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
-        return code, out, err
-
-    return run
 
 
 def _json(lh, *args: str):

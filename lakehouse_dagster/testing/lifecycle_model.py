@@ -163,45 +163,34 @@ class Lifecycle(RuleBasedStateMachine):
             return {"workspace": self.ws[0]}, ("workspace", self.ws[0])
         return {}, ("global", None)
 
+    def _flag(self, kind: str, name: str, mode: str | None, where: int) -> None:
+        """A set (``mode``) or clear (None) of one flag at the scope ``where`` picks, past the gates."""
+        kw, key = self._scope(where)
+        full = (kind, name, *key)
+
+        def oracle():
+            if mode is None:
+                self.o.overrides.pop(full, None)
+            else:
+                self.o.overrides[full] = mode
+
+        def run():
+            if mode is None:
+                clear_override(self.conn, kind, name, actor="model", **kw)
+            else:
+                set_override(self.conn, kind, name, mode, actor="model", **kw)
+
+        self._verb(S.WRITER_FLAG if kind == "write" else S.READER_FLAG, oracle, run)
+
     @rule(
         writer=st.sampled_from(WRITERS), mode=st.sampled_from(["pg", "iceberg_native", None]), where=st.integers(0, 4)
     )
     def writer_flag(self, writer, mode, where):
-        kw, key = self._scope(where)
-        full = ("write", writer, *key)
-
-        def oracle():
-            if mode is None:
-                self.o.overrides.pop(full, None)
-            else:
-                self.o.overrides[full] = mode
-
-        def run():
-            if mode is None:
-                clear_override(self.conn, "write", writer, actor="model", **kw)
-            else:
-                set_override(self.conn, "write", writer, mode, actor="model", **kw)
-
-        self._verb(S.WRITER_FLAG, oracle, run)
+        self._flag("write", writer, mode, where)
 
     @rule(mode=st.sampled_from(["iceberg", "off", None]), where=st.integers(0, 4))
     def reader_flag(self, mode, where):
-        kw, key = self._scope(where)
-        full = ("read", READER, *key)
-
-        def oracle():
-            if mode is None:
-                self.o.overrides.pop(full, None)
-            else:
-                self.o.overrides[full] = mode
-
-        def run():
-            if mode is None:
-                clear_override(self.conn, "read", READER, actor="model", **kw)
-            else:
-                set_override(self.conn, "read", READER, mode, actor="model", **kw)
-
-        self._verb(S.READER_FLAG, oracle, run)
+        self._flag("read", READER, mode, where)
 
     @rule(on=st.sampled_from([True, False, None]), where=st.integers(0, 4))
     def reverse(self, on, where):
