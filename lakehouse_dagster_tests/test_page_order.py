@@ -32,7 +32,6 @@ from lakehouse_dagster.tracking import datasets
 
 from .native_helpers import SCHEMA, native_write, row, runbook_ready
 from .test_recorder import Recorder, _materializations, _meta, instance  # noqa: F401 - instance: the fixture
-from .test_reverse_mirror import lh  # noqa: F401 - lh: the CLI-in-process fixture
 
 _LATE: dict = {}  # what the late writer job logs (set by the test, read by the op)
 

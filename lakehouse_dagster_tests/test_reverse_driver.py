@@ -27,7 +27,7 @@ from lakehouse_dagster.tracking import datasets
 
 from .native_helpers import SCHEMA, native_write, row, runbook_ready, snapshot
 from .test_mirror_stream import Stream
-from .test_reverse_mirror import _same_as_table, lh  # noqa: F401 - lh: the CLI-in-process fixture
+from .test_reverse_mirror import _same_as_table
 
 
 def _native(conn, dsn, settings, lh, ws, name, *, shard=None, count=2, writer="sync.append") -> uuid.UUID:  # noqa: F811
