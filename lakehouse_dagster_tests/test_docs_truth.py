@@ -124,6 +124,22 @@ def test_every_file_a_page_cites_exists(page):
     assert not missing, f"{_rel(page)} cites files the repository does not hold: {missing}"
 
 
+# Documents the project was built from that are not in the repository: a reader of the code cannot open them, so
+# nothing cites them as if it could (say what they say instead).
+OUTSIDE = ("FIELD-NOTES", "seeds/", "DESIGN.md")
+
+
+def test_no_file_cites_a_document_kept_outside_the_repository():
+    citing = sorted(
+        f"{name}: {word}"
+        for name in FILES
+        if name.endswith((".py", ".md", ".yaml", ".yml", ".toml", ".sh")) and name != _rel(Path(__file__))
+        for word in OUTSIDE
+        if word in (ROOT / name).read_text(errors="replace")
+    )
+    assert not citing, f"files citing documents that are not in the repository: {citing}"
+
+
 def test_the_citation_scan_sees_what_it_should():
     """If the scan stopped finding citations it would pass on anything."""
     cited = _cited_paths(DOCS / "glossary.md")

@@ -1,7 +1,7 @@
 """Commits the project did not make (issue 42, item 7): another Iceberg engine writing the project's tables.
 
 The second writer is a plain pyiceberg client, not the project: its own SqlCatalog on the project's catalog tables
-(the catalog name must be the project's, as for Iceberg-Java's JdbcCatalog: FIELD-NOTES), its own ``load_table``,
+(the catalog name must be the project's, as for Iceberg-Java's JdbcCatalog), its own ``load_table``,
 ``append`` and snapshot producers, and none of the project's summary marks. What it does is what Spark + Iceberg-Java
 did in the issue's reproduction: an append to a mirrored table, a ``replace`` that rewrites the same rows into new
 files (Spark's ``rewrite_data_files``), and a rewrite whose Parquet files carry a sanitised column name under the

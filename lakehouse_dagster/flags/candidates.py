@@ -25,7 +25,7 @@ from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.tracking import capture
 
-# Step 2b of the writer-flip runbook (seeds/000_e6196d64338b6ec4.txt), verbatim.
+# Step 2b of the writer-flip runbook (the team's document, kept outside this repository), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\
 with latest as (
   select distinct on (dataset_id) dataset_id, status, has_identity

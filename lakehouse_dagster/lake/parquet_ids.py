@@ -2,7 +2,7 @@
 
 Iceberg identifies a column by its field id; the Parquet name is only a label, and writers differ on it:
 Iceberg-Java and pyiceberg 0.12 both write ``col with space ü`` as ``col_x20with_x20space_x20ü`` (Avro-compatible
-names) under the same field id (FIELD-NOTES). A reader that finds columns by name reads such a column as NULL
+names) under the same field id (seen in both engines' files). A reader that finds columns by name reads such a column as NULL
 after another engine rewrote the file. Every reader of data files that does not go through pyiceberg's scan (the
 compaction and copy-back reader, the service's file reader, the digests in parity/) maps through here. A file that
 carries no field id at all (added to a table from outside, read through a name mapping) is read by name.

@@ -1,7 +1,7 @@
 """The chunked Iceberg writer: Parquet files streamed chunk by chunk, then ONE commit.
 
 Rows arrive as Arrow record batches and go straight into a ParquetWriter (pyarrow's writer is faster
-than pyiceberg's own and its files smaller — FIELD-NOTES); a file is closed every
+than pyiceberg's own and its files smaller, measured when it was chosen); a file is closed every
 ``chunk_rows`` rows. Nothing is committed until every file is written, so a failure or a killed
 process leaves no snapshot, only files this module deletes (or the next sync of the dataset does).
 The files carry Iceberg field ids, so they are native data files: no name mapping, and a later

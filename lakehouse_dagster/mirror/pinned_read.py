@@ -4,7 +4,7 @@ Postgres does the jsonb → typed projection (it is the expensive part, and it r
 process); ADBC streams the result as Arrow record batches without Python objects per value. A second
 connection reads the upper half of the row_index range in parallel, both importing the same exported
 snapshot, so the two halves are one consistent read. Measured on this machine this is the fastest
-path (FIELD-NOTES: ADBC 335k rows/s on one connection, 459k on two; psycopg fetchmany → pyarrow 100–130k).
+path (ADBC 335k rows/s on one connection, 459k on two; psycopg fetchmany → pyarrow 100–130k).
 
 A value that does not fit its column's declared type raises from inside the query, naming the
 dataset, the row_index, the column and the JSON type (never the value: it may be sensitive). So does a

@@ -5,7 +5,7 @@ transaction (one snapshot), ``batch_rows`` rows per fetch. Iceberg: the snapshot
 each read row group by row group (pyarrow), columns matched by Iceberg field id as lake/reader.py does; a file
 with delete files goes through pyiceberg's own ArrowScan (one file at a time). pyiceberg's
 ``to_arrow_batch_reader`` is not used: it reads every file of the scan at once in a thread pool, so its peak is
-the table's (FIELD-NOTES). An ordered Iceberg read (``__row_index``) holds one data file at a time, or a group of
+the table's (pyiceberg 0.12). An ordered Iceberg read (``__row_index``) holds one data file at a time, or a group of
 files whose ``__row_index`` ranges overlap (one group of every file when a file has no bounds); with a ``limit``
 it holds at most the ``limit`` smallest rows seen so far plus one batch (a running top-k over the group's
 batches), never the group.

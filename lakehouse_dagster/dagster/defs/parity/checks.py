@@ -2,7 +2,7 @@
 identity_ready (blocking). Dagster glue only: the logic is in parity/.
 
 A blocking check whose result is ERROR stops downstream assets *in the same run* only; runs launched
-by declarative automation and op-based jobs are not gated by it (FIELD-NOTES) — the runbook jobs read
+by declarative automation and op-based jobs are not gated by it (Dagster 1.13) — the runbook jobs read
 the recorded verdicts (parity.canary.latest_verdicts) themselves.
 """
 
