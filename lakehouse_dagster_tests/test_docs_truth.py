@@ -140,6 +140,19 @@ def test_no_file_cites_a_document_kept_outside_the_repository():
     assert not citing, f"files citing documents that are not in the repository: {citing}"
 
 
+def test_nothing_sends_the_operator_to_a_plots_tab_dagster_does_not_have():
+    """Dagster 1.13 draws numeric metadata under the asset page's Metadata section, its Table | Plots toggle set to
+    Plots; there is no Plots tab (and `?view=plots` is a blank page)."""
+    said = sorted(
+        name
+        for name in FILES
+        if name.endswith((".py", ".md")) and name != _rel(Path(__file__))
+        for text in [(ROOT / name).read_text(errors="replace")]
+        if re.search(r"(?<!no )(?:the|its|asset's) \**Plots\** tab|view=plots(?!` opens a blank)", text)
+    )
+    assert not said, f"these send the operator to a Plots tab Dagster 1.13 does not have: {said}"
+
+
 def test_the_citation_scan_sees_what_it_should():
     """If the scan stopped finding citations it would pass on anything."""
     cited = _cited_paths(DOCS / "glossary.md")

@@ -233,7 +233,8 @@ def overview_metadata(ov: Overview) -> dict:
     kinds={"postgres"},
     description="The migration as it is: per reader and writer how many datasets are on Postgres, mirrored, read "
     "from Iceberg (iceberg, iceberg_only), written iceberg-native or blocked (F3); the latest verdicts, wedged "
-    "syncs, what is behind the mirror and the largest lag (numeric metadata: see the Plots tab), and the "
+    "syncs, what is behind the mirror and the largest lag (numeric metadata: over time under Metadata, Table | "
+    "Plots set to Plots), and the "
     "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked); the live "
     "rollout plans with their stage, next action and what blocks them; the mirror stream's shards (run, alive or "
     "DOWN, heartbeat, lag, backlog, last commit).",
