@@ -669,6 +669,26 @@ def test_bad_read_requests_are_refused_in_one_line_and_write_nothing(world):
     assert ndjson_csv.status_code == 406 and "application/x-ndjson" in ndjson_csv.json()["error"]
 
 
+def test_the_log_says_why_each_request_was_refused(world):
+    """uvicorn's access line says only the status (`"POST /lakehouse/read HTTP/1.1" 400`): the line beside it says
+    why, as the caller was told (issue 44); for a 401 what was wrong with the credentials, never the token given."""
+    d = world.dataset(2)
+    url, auth = world.server.url, {"Authorization": f"Bearer {world.server.token}"}
+    bad = httpx.post(url + "/lakehouse/read", json={"reader": "export.streem", "dataset_id": str(d)}, headers=auth)
+    nowhere = httpx.get(url + "/lakehouse/nothing", headers=auth)
+    bare = httpx.get(url + "/lakehouse/flags")
+    wrong = httpx.get(url + "/lakehouse/flags", headers={"Authorization": "Bearer not-the-token-at-all-0123"})
+    assert (bad.status_code, nowhere.status_code, bare.status_code, wrong.status_code) == (400, 404, 401, 401)
+    log = world.server.log_text()  # each line is written before its answer is sent
+    assert f"POST /lakehouse/read: refused (400): {bad.json()['error']}" in log
+    assert f"GET /lakehouse/nothing: refused (404): {nowhere.json()['error']}" in log
+    assert (
+        "GET /lakehouse/flags: refused (401): unauthorized (no Authorization header: send Authorization: Bearer" in log
+    )
+    assert "refused (401): unauthorized (the bearer token is not this service's LAKEHOUSE_API_TOKEN)" in log
+    assert "not-the-token-at-all" not in log and world.server.token not in log
+
+
 def test_bad_ingest_and_query_requests_are_refused_in_one_line_and_write_nothing(world):
     d, _ = _sourced(world, 3)
     plain = world.dataset(2, mirrored=False, name="no source")

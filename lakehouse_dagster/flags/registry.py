@@ -149,9 +149,22 @@ WRITERS: dict[str, Flag] = {
             "streaming ingest",
             "streaming transaction: rows commit statement by statement into dataset_rows",
         ),
-        _writer("row.edit", "pg", None, "single-row edits", "point DELETE/UPDATE has no Iceberg primitive (Karma)"),
+        _writer(
+            "row.edit",
+            "pg",
+            None,
+            "single-row edits",
+            "a point DELETE/UPDATE has no Iceberg primitive; the runbooks leave row edits to Karma, the platform's "
+            "compute layer (not part of this project)",
+        ),
         _writer("dataset.manifest", "pg", None, "manifest datasets", "file-backed pointers, not Iceberg-tabular"),
-        _writer("pipeline.output", "pg", None, "pipeline outputs", "written by Karma compute in Postgres"),
+        _writer(
+            "pipeline.output",
+            "pg",
+            None,
+            "pipeline outputs",
+            "written in Postgres by Karma, the platform's compute layer (not part of this project)",
+        ),
     )
 }
 

@@ -49,6 +49,7 @@ from lakehouse_dagster.service.errors import (
     RequestTimeout,
     Unavailable,
     error_response,
+    log_answer,
     is_backpressure,
     status_of,
 )
@@ -138,6 +139,7 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
         message = f"{request.method} is not allowed on {request.url.path}; use {exc.headers.get('Allow') if exc.headers else 'another method'}"
     else:
         message = exc.detail
+    log_answer(f"{request.method} {request.url.path[:200]}: ", exc.status_code, message)
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -178,6 +180,10 @@ class _Guard:
             if refusal is None and scope["method"] == "POST" and path in ENDPOINTS:
                 refusal = _body_type_refusal(scope)
             if refusal is not None:
+                said = json.loads(bytes(refusal.body))["error"]
+                if refusal.status_code == 401:
+                    said += f" ({self._why_unauthorised(scope)})"  # the log only: the caller learns no more
+                log_answer(f"{scope['method']} {path[:200]}: ", refusal.status_code, said)
                 await refusal(scope, receive, counted_send)
                 return
             await self.app(scope, receive, counted_send)
@@ -212,6 +218,16 @@ class _Guard:
                 "programs, not web pages"
             )
         return None
+
+    @staticmethod
+    def _why_unauthorised(scope: Scope) -> str:
+        """What was wrong with the credentials, for the log; never the token given."""
+        value = next((v for name, v in scope["headers"] if name == b"authorization"), None)
+        if value is None:
+            return "no Authorization header: send Authorization: Bearer <LAKEHOUSE_API_TOKEN>"
+        if value.partition(b" ")[0].lower() != b"bearer":
+            return "the Authorization header is not a bearer token: send Authorization: Bearer <LAKEHOUSE_API_TOKEN>"
+        return "the bearer token is not this service's LAKEHOUSE_API_TOKEN"
 
     def _authorised(self, scope: Scope) -> bool:
         if self._token is None:

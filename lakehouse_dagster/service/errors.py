@@ -63,8 +63,16 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
+def log_answer(where: str, status: int, message: str) -> None:
+    """One line per refused or failed request, with the reason its caller was given: uvicorn's access line says only
+    the status, and an operator reading the log must not have to reproduce the request to learn why."""
+    log.info("%s%s (%d): %s", where, "refused" if status < 500 else "failed", status, message)
+
+
 def error_response(exc: BaseException, where: str = "") -> JSONResponse:
-    """The answer for ``exc``; an unexpected one is logged with its stack here."""
+    """The answer for ``exc``, logged in one line with the reason the caller is given (an unexpected one with its
+    stack)."""
+    given = exc
     if not isinstance(exc, LakehouseError) and _connection_lost(exc):
         log.warning("%sPostgres is unreachable: %s", where, first_line(exc))
         exc = Unavailable(
@@ -79,6 +87,8 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
         headers["Retry-After"] = str(getattr(exc, "retry_after", RETRY_AFTER_SECONDS))
     if isinstance(exc, LakehouseError):
         message = " ".join(str(exc).split()) or type(exc).__name__
+        if exc is given:  # an outage or a transient failure was logged above, as it was found
+            log_answer(where, status, message)
     else:
         log.exception("%sunexpected error", where, exc_info=exc)
         message = f"internal error ({type(exc).__name__}); the service's log has the details"
