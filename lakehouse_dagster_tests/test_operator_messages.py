@@ -115,6 +115,26 @@ def test_a_workspace_flip_with_every_dataset_pinned_or_already_there_opens_with_
     assert f"  pinned: b ({b}): off, by its dataset override" in lines
 
 
+def test_a_read_flips_preflight_counts_no_manifest_dataset_as_moved(conn, dsn, settings, ws, capsys):
+    """A manifest dataset stays on Postgres whatever a read flag says, and the scope report says so once ("not
+    applicable"): the preflight neither counts it among the moved datasets nor names it again (issue 44)."""
+    a, b, c = (_synced(conn, dsn, settings, ws, name) for name in "abc")
+    files = datasets.create_dataset(conn, ws, "images", [], kind="manifest")
+    set_override(conn, "read", "export.stream", "off", dataset=a, actor="pytest")  # pinned below the flip
+    set_override(conn, "read", "export.stream", "iceberg", dataset=b, actor="pytest")  # the narrower flip, first
+    code, out, err = _cli(capsys, "flags", "flip", "export.stream", "--workspace", str(ws), "--note", "ws")
+    assert code == 0, out + err
+    lines = out.splitlines()
+    coverage = next(line for line in lines if line.startswith("preflight covered"))
+    assert coverage.startswith("preflight covered 1 of 1 moved dataset(s)") and "skipped" not in coverage, lines
+    assert [line for line in lines if str(files) in line] == [
+        f"  not applicable: images ({files}): a manifest dataset, not Iceberg-tabular: the read router keeps serving "
+        "it from Postgres"
+    ], lines
+    assert any(line.startswith("moves 1 of 4 dataset(s)") for line in lines), lines
+    assert f"  moves: c ({c}): off → iceberg" in lines
+
+
 def test_the_write_flips_line_says_where_new_writes_land_as_the_reverse_setting_says(conn, ws):
     on, off, also_off = (datasets.create_dataset(conn, ws, n, SCHEMA) for n in ("on", "off", "also_off"))
     for d in (off, also_off):

@@ -753,7 +753,6 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
     )
     checked = [c.as_dict() for c in pre.checked]
     lines = [table(checked, ["verdict", "reused", "name", "dataset_id", "detail"]) if checked else NOTHING_CANARIED]
-    lines += [f"skipped: {s}" for s in pre.skipped]
     lines.append(pre.coverage())
     if not pre.go:
         stop = Result(

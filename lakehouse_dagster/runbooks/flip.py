@@ -73,7 +73,7 @@ class Preflight:
     mode: str
     scope: Scope
     checked: list[Checked]
-    skipped: list[str]  # datasets moved but not checkable (manifest): named, not blocking
+    skipped: list[str]  # a read flip's manifest datasets: not moved (Postgres keeps serving them), not checked
     kind: str = READ
     sampled: int = 0  # a widen's random sample canaried afresh (counted in checked)
     # what the flip does to every dataset in its scope (flags/flip_scope.py)
@@ -82,15 +82,11 @@ class Preflight:
     def coverage(self) -> str:
         """How the datasets the flip moves were covered: canaried now, or by a recent recorded ok."""
         fresh = sum(not c.reused for c in self.checked)
-        moved = len(self.checked) + len(self.skipped)
-        text = f"preflight covered {len(self.checked)} of {moved} moved dataset(s): {fresh} canaried now"
+        moved = len(self.checked)  # a manifest dataset is not moved: the scope report names it "not applicable"
+        text = f"preflight covered {moved} of {moved} moved dataset(s): {fresh} canaried now"
         if self.sampled:
             text += f" (a random sample of {self.sampled} plus every one with no recent ok verdict)"
-        return (
-            text
-            + f", {len(self.checked) - fresh} by a recent ok verdict at their current version"
-            + (f", {len(self.skipped)} skipped (not Iceberg-tabular)" if self.skipped else "")
-        )
+        return text + f", {moved - fresh} by a recent ok verdict at their current version"
 
     @property
     def stopped(self) -> list[Checked]:

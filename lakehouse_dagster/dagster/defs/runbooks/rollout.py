@@ -114,7 +114,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
     context.log.info(pre.report.counts_line())
     meta = {
         **{f"verdict_{k}": v for k, v in pre.counts().items() if v},
-        "datasets_moved": len(pre.checked) + len(pre.skipped),
+        "datasets_moved": len(pre.checked),
         "coverage": pre.coverage(),
         "preflight": logged_table(context, "preflight", [c.as_dict() for c in pre.checked], PREFLIGHT_COLUMNS),
         "scope": logged_table(context, "scope", scope_rows(pre.report), SCOPE_COLUMNS),
