@@ -367,6 +367,20 @@ def test_the_commands_shown_as_typos_stay_wrong(text):
     assert check(Command("-", 0, text, False)), f"{text} is shown as a typo the CLI refuses, but it is accepted"
 
 
+@pytest.mark.parametrize(
+    "text, fenced",
+    [
+        ("lakehouse adopt", False),  # no such verb
+        ("lakehouse flags soak sett 60", False),  # no such subcommand
+        ("lakehouse sync --datset $CRM", True),  # no such option
+        ("lakehouse flags flip --dataset $CRM", True),  # the reader is missing: parsed whole in a code block
+        ("lakehouse sync --mode fast --dataset <uuid>", True),  # not a choice
+    ],
+)
+def test_the_check_refuses_what_the_cli_refuses(text, fenced):
+    assert check(Command("-", 0, text, fenced)), text
+
+
 def test_every_lakehouse_command_in_the_docs_parses():
     wrong = [
         f"{c}\n    " + "\n    ".join(problems)

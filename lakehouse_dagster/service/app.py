@@ -49,8 +49,8 @@ from lakehouse_dagster.service.errors import (
     RequestTimeout,
     Unavailable,
     error_response,
-    log_answer,
     is_backpressure,
+    log_answer,
     status_of,
 )
 from lakehouse_dagster.service.fallbacks import record_reported_fallback
