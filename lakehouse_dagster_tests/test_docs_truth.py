@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from markdown.extensions.toc import slugify
 
 from lakehouse_dagster.cli.main import VERBS, build_parser
 from lakehouse_dagster_tests.test_docs import CONFIGURATION, variables_read_in_settings
@@ -420,12 +421,9 @@ _FIGURE = re.compile(
 
 
 def _anchors(page: Path) -> set[str]:
-    """The ids mkdocs' toc extension gives the page's headings (its default slugify)."""
-    ids = set()
-    for heading in re.findall(r"^#+\s+(.*)$", page.read_text(), flags=re.MULTILINE):
-        slug = re.sub(r"[^\w\s-]", "", heading.replace("`", "")).strip().lower()
-        ids.add(re.sub(r"[-\s]+", "-", slug))
-    return ids
+    """The ids mkdocs' toc extension gives the page's headings (its default slugify, over the heading's text)."""
+    headings = re.findall(r"^#+\s+(.*)$", page.read_text(), flags=re.MULTILINE)
+    return {slugify(heading.replace("`", ""), "-") for heading in headings}
 
 
 def test_limits_repeat_no_figure_and_link_each_to_its_benchmarks_section():
@@ -440,6 +438,13 @@ def test_limits_repeat_no_figure_and_link_each_to_its_benchmarks_section():
     assert linked, "docs/limits.md links no benchmarks section"
     broken = sorted(set(linked) - anchors)
     assert not broken, f"docs/limits.md links benchmarks sections that do not exist: {broken}"
+
+
+def test_the_readmes_links_into_the_docs_land_on_a_heading():
+    """mkdocs checks the anchors of links between pages; the README is outside the site, so it is checked here."""
+    links = re.findall(r"\]\((docs/[^)#\s]+\.md)#([^)\s]+)\)", (ROOT / "README.md").read_text())
+    broken = [f"{page}#{anchor}" for page, anchor in links if anchor not in _anchors(ROOT / page)]
+    assert not broken, f"README.md links to headings that do not exist: {broken}"
 
 
 def test_the_figure_pattern_tells_measurements_from_settings():
