@@ -15,6 +15,7 @@ import dataclasses
 import datetime as dt
 import logging
 import uuid
+from typing import Any
 
 import pyarrow as pa
 from hypothesis import HealthCheck, settings
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from psycopg import sql
 
-from lakehouse_dagster.core.db import connect
+from lakehouse_dagster.core.db import connect, fetch_value
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.lifecycle_facts import derive, lifecycle_of
 from lakehouse_dagster.flags.overrides import clear_override, set_override
@@ -335,8 +336,8 @@ class LifecycleWithIceberg(Lifecycle):
     live app's row.edit), which the reverse mirror must detect in O(1) by ``rows_version``. The Iceberg row count
     is checked against the oracle after every native write. Slower (a table per dataset): a separate, smaller run."""
 
-    catalog = None
-    lake_settings = None
+    catalog: Any = None  # set by run()
+    lake_settings: Any = None
     seen: dict = {}  # what happened, over every sequence of a run: {"native accepted": n, ...} (the bench prints it)
 
     def _saw(self, what: str) -> None:
@@ -344,9 +345,10 @@ class LifecycleWithIceberg(Lifecycle):
 
     def _iceberg_count(self, d) -> tuple[int, int | None]:
         table = load_table_or_none(self.catalog, table_identifier(self.lake_settings, d))
-        if table is None or table.current_snapshot() is None:
+        snap = table.current_snapshot() if table is not None else None
+        if table is None or snap is None:
             return 0, None
-        return table.scan().count(), table.current_snapshot().snapshot_id
+        return table.scan().count(), snap.snapshot_id
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS))
     def native_write(self, i, writer):
@@ -411,7 +413,9 @@ class LifecycleWithIceberg(Lifecycle):
         """The live app's own INSERT into dataset_rows, past every check of ours. Where Postgres is the truth it is
         simply a write; where Iceberg is, the reverse mirror must see it in O(1) (rows_version) and refuse."""
         d = self.ids[i]
-        version = self.conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
+        version = fetch_value(
+            self.conn.execute("select rows_version from datasets where id = %s", (d,)), "rows_version"
+        )
         start = self.next_index[d]
         self.conn.execute(
             "insert into dataset_rows (dataset_id, row_index, data) values (%s, %s, jsonb_build_object('a', %s::int))",
