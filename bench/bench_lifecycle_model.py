@@ -3,6 +3,10 @@ sequences, seeded, each of up to --steps steps, against a throwaway embedded Pos
 violations (0, or the first one with its shrunk sequence) and the time.
 
     .venv/bin/python bench/bench_lifecycle_model.py [--sequences 10000] [--steps 25] [--seed 1] [--rounds 1]
+        [--iceberg]
+
+--iceberg runs the model with native writes into real Iceberg tables and the live app's raw statements
+(LifecycleWithIceberg; a table per dataset, so about 20x slower per sequence) and prints how often each happened.
 
 Each round runs --sequences sequences with its own seed (--seed + round), so rounds add new sequences instead of
 repeating. The figures go to docs/benchmarks.md (The lifecycle model).
@@ -11,7 +15,9 @@ repeating. The figures go to docs/benchmarks.md (The lifecycle model).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,13 +33,26 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--iceberg", action="store_true", help="native writes into real tables, raw app statements")
     args = ap.parse_args()
     dsn = fresh_database(admin_dsn(), "lh_bench_lifecycle")
+    lake: dict = {}
+    if args.iceberg:
+        from lakehouse_dagster.core.settings import Settings
+        from lakehouse_dagster.lake.catalog import load_catalog
+
+        where = Path(tempfile.mkdtemp(prefix="lh_bench_lifecycle_"))
+        (where / "warehouse").mkdir()
+        os.environ.update(
+            LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_HOME=str(where / "home"), LAKEHOUSE_WAREHOUSE=(where / "warehouse").as_uri()
+        )
+        settings = Settings.from_env()
+        lake = {"catalog": load_catalog(settings, dsn), "lake_settings": settings}
     total = 0.0
     for r in range(args.rounds):
         started = time.perf_counter()
         try:
-            lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r)
+            lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r, **lake)
         except BaseException as exc:  # the violation, as hypothesis shrank it
             print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
             return 1
@@ -45,6 +64,8 @@ def main() -> int:
             flush=True,
         )
     print(f"all: {args.sequences * args.rounds} sequences, 0 violations, {total:.0f} s")
+    if args.iceberg:
+        print("seen: " + ", ".join(f"{k} {v}" for k, v in sorted(lifecycle_model.LifecycleWithIceberg.seen.items())))
     return 0
 
 

@@ -96,7 +96,10 @@ def test_each_missing_condition_is_named_at_once_and_nothing_is_written(conn, ds
     with pytest.raises(FlipRefused) as refused:
         cp.complete(dsn, catalog, settings, d, actor="pytest", soak_seconds=3600)
     text = str(refused.value)
-    assert f"refused: complete of dataset orders ({d}): 4 condition(s) not met; nothing written:" in text
+    assert (
+        f"refused: complete of dataset orders ({d}), lifecycle native (reverse on): 4 condition(s) not met; nothing written:"
+        in text
+    )
     for says in (
         "under the soak of 3600 s: its soak ends at",
         "the reverse mirror is behind (its position is snapshot none",
@@ -150,7 +153,10 @@ def test_complete_is_refused_while_rows_hold_keys_the_schema_does_not_declare(co
     rows, before = _pg_rows(conn, d), _written(conn)
     code, _, err = lh("write-flags", "complete", "--dataset", str(d), "--export-to", str(tmp_path / "x"))
     assert code != 0, err
-    assert f"refused: complete of dataset orders ({d}): 1 condition(s) not met; nothing written:" in err
+    assert (
+        f"refused: complete of dataset orders ({d}), lifecycle native (reverse on): 1 condition(s) not met; nothing written:"
+        in err
+    )
     assert "2 row(s) of dataset_rows hold 1 key(s) its schema does not declare: 'memo' (2 rows)" in err
     assert "--export-to would not keep them" in err
     assert _pg_rows(conn, d) == rows and _written(conn) == before
@@ -291,7 +297,9 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     code, text, _ = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
     assert code == 6, text
     assert f"dataset {ready}: complete started; 7 row(s) exported as Parquet to {out / str(ready)}" in text
-    assert f"refused: complete of dataset behind ({behind}): 1 condition(s) not met" in text
+    assert (
+        f"refused: complete of dataset behind ({behind}), lifecycle native (reverse on): 1 condition(s) not met" in text
+    )
     assert _pg_rows(conn, ready) == [] and len(_pg_rows(conn, behind)) == 3
     assert pq.read_table(out / str(ready)).num_rows == 7
     assert [m["dataset_id"] for m in json.loads(lh("write-flags", "complete", "--status", "--json")[1])["marks"]] == [

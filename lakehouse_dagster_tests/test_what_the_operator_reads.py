@@ -91,7 +91,7 @@ def test_a_workspace_write_flip_over_unready_datasets_exits_with_the_code_the_re
     code, out, err = _cli(capsys, "write-flags", "flip", "sync.full", "--workspace", str(ws), "--note", "fase4 ws")
     assert flag_tables(conn) == before  # nothing written
     assert "would move 1 dataset(s) that are not ready; nothing written" in err
-    assert f"readers_on_pg ({unready})" in err
+    assert f"readers_on_pg ({unready}), lifecycle mirrored: " in err  # every refusal names the lifecycle state
     documented = exit_codes_documented()
     assert code == 6 and "refused by a flip gate" in documented[code], (code, documented.get(code))
 

@@ -42,6 +42,7 @@ from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.completed import holding
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.reader_datasets import readers_of
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
@@ -290,7 +291,8 @@ def check_postgres_consumers(conn: psycopg.Connection, flag: Flag, scope: Scope,
     found = postgres_consumer_blockers(conn, judged, datasets)
     if found:
         blocked = [Blocked(e.dataset_id, e.name, tuple(found[e.dataset_id])) for e in judged if e.dataset_id in found]
-        raise _refusal(flag, mode, scope, blocked, (), scope_names(conn, datasets))
+        states = lifecycle_words(conn, [b.dataset_id for b in blocked[:_SHOWN]])
+        raise _refusal(flag, mode, scope, blocked, (), scope_names(conn, datasets), states)
 
 
 def _reader_soaks(
@@ -359,7 +361,13 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
 
 
 def _refusal(
-    flag: Flag, mode: str | None, scope: Scope, blocked: list[Blocked], rules: Sequence[str] = (), names=None
+    flag: Flag,
+    mode: str | None,
+    scope: Scope,
+    blocked: list[Blocked],
+    rules: Sequence[str] = (),
+    names=None,
+    states: dict | None = None,
 ) -> FlipRefused:
     verb = f"set {flag.name} {mode}" if mode is not None else f"clear {flag.name}"
     where = place(scope.scope, scope.scope_id, names or {})
@@ -370,8 +378,10 @@ def _refusal(
             lines.append(f"  and it would move {len(blocked)} dataset(s) that are not ready:")
     else:
         lines = [f"refused: {verb} ({where}) would move {len(blocked)} dataset(s) that are not ready; nothing written:"]
+    states = states or {}
     for b in blocked[:_SHOWN]:
-        lines.append(f"  {b.name} ({b.dataset_id}): " + "; ".join(b.reasons))
+        state = f", {states[b.dataset_id]}" if b.dataset_id in states else ""
+        lines.append(f"  {b.name} ({b.dataset_id}){state}: " + "; ".join(b.reasons))
     if len(blocked) > _SHOWN:
         lines.append(f"  ... and {len(blocked) - _SHOWN} more")
     if scope.scope != DATASET and blocked:
@@ -404,7 +414,8 @@ def check_change(
     names = scope_names(conn, datasets)
     rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now, names=names)
     if blocked or rules:
-        raise _refusal(flag, mode, scope, blocked, rules, names)
+        states = lifecycle_words(conn, [b.dataset_id for b in blocked[:_SHOWN]])
+        raise _refusal(flag, mode, scope, blocked, rules, names, states)
     return moved
 
 

@@ -19,7 +19,7 @@ from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, SERVABLE_READERS
 from lakehouse_dagster.flags.reverse_read import reverse_settings
 from lakehouse_dagster.lifecycle import states as st
 from lakehouse_dagster.lifecycle.states import Facts
-from lakehouse_dagster.lifecycle.transition import current
+from lakehouse_dagster.lifecycle.transition import current, stored_states
 
 _DATASETS = "select id, workspace_id from datasets where id = any(%s::uuid[])"
 _MARK_STATE = {IN_PROGRESS: st.COMPLETING, COMPLETE: st.COMPLETE, RESTORING: st.RESTORING}
@@ -89,3 +89,9 @@ def scope_ids(conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None) 
 def lifecycle_of(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID], actor: str = "lakehouse") -> dict:
     """{dataset id: Facts}: the stored state, recorded first for a dataset that has none yet."""
     return current(conn, list(dataset_ids), derive, actor)
+
+
+def lifecycle_words(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """{dataset id: "lifecycle native (reverse on)"}: what a refusal names each dataset's state with. The stored
+    state only (a refusal never records one): a dataset without a stored state is left out."""
+    return {d: f"lifecycle {f.describe()}" for d, f in stored_states(conn, list(dataset_ids)).items()}

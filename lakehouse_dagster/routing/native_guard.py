@@ -38,6 +38,7 @@ import psycopg
 
 from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.gates import NATIVE, AtFlip, Blocked, Effect, write_flip_blockers
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 
 log = logging.getLogger("lakehouse_dagster.native_guard")
@@ -100,8 +101,9 @@ def unsafe_native_datasets(conn: psycopg.Connection) -> tuple[int, list[Blocked]
     return len(native), native_blockers(conn, native) if native else []
 
 
-def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING) -> str:
-    """The one-line refusal of a native write: the reasons joined, and the ways forward for its state."""
+def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING, lifecycle: str | None = None) -> str:
+    """The one-line refusal of a native write: the reasons joined, and the ways forward for its state;
+    ``lifecycle`` names the dataset's lifecycle state (flags.lifecycle_words)."""
     pin = f"lakehouse write-flags set {writer} pg --dataset {blocked.dataset_id}"
     if state == FLIPPING:  # the mirror refuses a dataset while its writer resolves native: pin it to pg first
         forward = (
@@ -116,7 +118,8 @@ def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING) -> str:
             "Iceberg: lakehouse write-flags backfill)"
         )
     return (
-        f"refused: {writer} would write {blocked.name} ({blocked.dataset_id}) iceberg-native, but it fails "
+        f"refused: {writer} would write {blocked.name} ({blocked.dataset_id})"
+        f"{', ' + lifecycle + ',' if lifecycle else ''} iceberg-native, but it fails "
         f"the write-flip gates ({state}): {'; '.join(blocked.reasons)}; nothing was written — {forward}"
     )
 
@@ -138,7 +141,7 @@ def refuse_unsafe_native_write(
     blocked = _blockers(conn, [dataset_id])
     if not blocked:
         return
-    message = refusal_text(writer, *blocked[0])
+    message = refusal_text(writer, *blocked[0], lifecycle=lifecycle_words(conn, [dataset_id]).get(dataset_id))
     with conn.transaction():
         conn.execute(
             "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, error,"

@@ -31,6 +31,7 @@ from psycopg.types.json import Jsonb
 from lakehouse_dagster.core.errors import FlipRefused, LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, lock_gates, set_flag
+from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, READERS, WRITE, rank
 from lakehouse_dagster.flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from lakehouse_dagster.mirror.native_run import ways_forward
@@ -236,7 +237,8 @@ def _writer(conn: psycopg.Connection, out: Outcome, writer: str, actor: str) -> 
     steps = [f"the rows {writer} wrote natively exist only in Iceberg: {ways_forward(ds)}"]
     if others:
         steps.append(f"still iceberg_native for it: {', '.join(others)}")
-    out.next_steps = "; ".join(steps)
+    state = lifecycle_words(conn, [ds]).get(ds)  # after the rollback's transition: what the dataset is now
+    out.next_steps = (f"now {state}; " if state else "") + "; ".join(steps)
 
 
 def _set(conn: psycopg.Connection, action: Action, ds: uuid.UUID, note: str, actor: str, native: bool) -> None:

@@ -63,7 +63,7 @@ from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.completed import COMPLETE, IN_PROGRESS, RESTORED, RESTORING, Completed, completed_mark
-from lakehouse_dagster.flags.lifecycle_facts import derive
+from lakehouse_dagster.flags.lifecycle_facts import derive, lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, parse_scope, require_target
 from lakehouse_dagster.flags.reader_datasets import readers_of
@@ -106,10 +106,12 @@ class Checked:
     snapshot_id: int | None
     verdict_id: int | None = None
 
-    def refusal(self) -> FlipRefused:
+    def refusal(self, lifecycle: str | None = None) -> FlipRefused:
+        """``lifecycle``: the dataset's state in words (flags.lifecycle_words), named in the first line."""
+        state = f", {lifecycle}" if lifecycle else ""
         lines = [
-            f"refused: complete of dataset {self.name} ({self.dataset_id}): {len(self.missing)} condition(s) "
-            "not met; nothing written:"
+            f"refused: complete of dataset {self.name} ({self.dataset_id}){state}: {len(self.missing)} "
+            "condition(s) not met; nothing written:"
         ]
         lines += [f"  - {m}" for m in self.missing]
         return FlipRefused("\n".join(lines))
@@ -418,7 +420,7 @@ def complete(
                 ):
                     found = check(conn, catalog, settings, ds_id, soak_seconds=soak_seconds)
                     if found.missing:
-                        raise found.refusal()
+                        raise found.refusal(lifecycle_words(conn, [ds_id]).get(ds_id))
                     _start(conn, ds_id, found, path, actor, note)
         mark = completed_mark(conn, ds_id)
         assert mark is not None
