@@ -515,7 +515,7 @@ def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
                 "runConfigData": {
                     "ops": {
                         "read_flip_preflight": {
-                            "config": {"reader": "export_stream", "dataset_id": events, "note": "fase1 canary (e2e)"}
+                            "config": {"reader": "export.stream", "dataset_id": events, "note": "fase1 canary (e2e)"}
                         }
                     }
                 },

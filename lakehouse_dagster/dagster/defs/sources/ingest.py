@@ -39,7 +39,7 @@ from lakehouse_dagster.sources.writers import WRITERS
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 
-SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
+SourceWriter = Enum("SourceWriter", {w: w for w in WRITERS})  # type: ignore[misc]  # built from the registry
 
 
 class IngestConfig(dg.Config):
@@ -187,7 +187,7 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         dg.RunRequest(
             run_key=p.run_key,
             partition_key=str(p.dataset_id),
-            run_config={"ops": {"ingest_op": {"config": {"writer": p.writer.replace(".", "_")}}}},
+            run_config={"ops": {"ingest_op": {"config": {"writer": p.writer}}}},
             tags={
                 **named.get(p.dataset_id, {}),
                 WRITER: p.writer,
