@@ -274,9 +274,7 @@ def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_tabl
     assert keys <= set(first) and keys <= set(second)
 
 
-def test_the_overview_opens_with_readers_and_writers_by_stage_the_lifecycle_and_the_attention_list(
-    conn, dsn, settings
-):
+def test_the_overview_opens_with_readers_and_writers_by_stage_the_lifecycle_and_the_attention_list(conn, dsn, settings):
     """Issue 44: the migration at a glance is one table (who × stage, the blocked datasets named) and the attention
     list, first; the ~80 numbers stay below for the Plots view, each key short enough (or broken by spaces) that the
     UI's key column never runs into the next one."""
@@ -296,8 +294,12 @@ def test_the_overview_opens_with_readers_and_writers_by_stage_the_lifecycle_and_
     states = " · ".join(f"{k} {v}" for k, v in ov.lifecycle.items() if v)
     assert lines[0] == f"**{ov.datasets} datasets** · lifecycle: {states}" and "native 2" in states
     assert lines[2] == "| | postgres | mirrored | reads iceberg | iceberg only | blocked | native |"
-    rows = {c[0]: dict(zip(GLANCE_COLUMNS, c[1:])) for c in ([x.strip() for x in r.split("|")[1:-1]] for r in lines[4:])}
-    who = {(k, n): f"{'reader' if k == 'read' else 'writer'} {n.replace('_', chr(92) + '_')}" for k, n in ov.flag_stages}
+    rows = {
+        c[0]: dict(zip(GLANCE_COLUMNS, c[1:])) for c in ([x.strip() for x in r.split("|")[1:-1]] for r in lines[4:])
+    }
+    who = {
+        (k, n): f"{'reader' if k == 'read' else 'writer'} {n.replace('_', chr(92) + '_')}" for k, n in ov.flag_stages
+    }
     assert list(rows) == ["**datasets**", *who.values()]
     for (kind, name), stages in ov.flag_stages.items():  # the same counts as the numeric series
         for stage in GLANCE_COLUMNS:
