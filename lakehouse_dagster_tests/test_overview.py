@@ -301,7 +301,7 @@ def test_the_overview_opens_with_readers_and_writers_by_stage_the_lifecycle_and_
         (k, n): f"{'reader' if k == 'read' else 'writer'} {n.replace('_', chr(92) + '_')}" for k, n in ov.flag_stages
     }
     assert list(rows) == ["**datasets**", *who.values()]
-    for (kind, name), stages in ov.flag_stages.items():  # the same counts as the numeric series
+    for kind, name in ov.flag_stages:  # the same counts as the numeric series
         for stage in GLANCE_COLUMNS:
             n = meta.get(f"{'reader' if kind == 'read' else 'writer'} {name}: {stage}")
             cell = rows[who[(kind, name)]][stage]
