@@ -181,7 +181,7 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     assert "row.edit" in cli("write-flags", "candidates", "--writer", "row.edit").stderr  # locked to pg: refused
     # the same in the Dagster UI, with the table as metadata
     result = write_flip_candidates_job.execute_in_process(
-        run_config={"ops": {"write_flip_candidates_op": {"config": {"writer": "sync_full"}}}},
+        run_config={"ops": {"write_flip_candidates_op": {"config": {"writer": "sync.full"}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=dg.DagsterInstance.ephemeral(),
     )

@@ -68,7 +68,7 @@ def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_
     runbook_ready(conn, dsn, settings, d)  # mirrored, read-flipped, parity ok: the write router asks it
     set_override(conn, "write", "sync.incremental", "iceberg_native", dataset=d, note="fase4", actor="pytest")
     add_source_rows(conn, src, [row(3), row(4)])
-    result = _run(dsn, d, instance, {"writer": "sync_incremental"})
+    result = _run(dsn, d, instance, {"writer": "sync.incremental"})
     assert result.success
     (m,) = _materialized(result)
     meta = {k: v.value for k, v in m.metadata.items()}

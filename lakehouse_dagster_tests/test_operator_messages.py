@@ -205,7 +205,7 @@ def test_the_stored_soak_is_what_the_cli_and_a_dagster_run_apply_whatever_their_
     assert code == 0 and "soak: nothing stored → 0 s, stored" in out and "not the order" in out
     assert "LAKEHOUSE_SOAK_SECONDS=3600 in this shell is ignored" in out
     run = read_flip_job.execute_in_process(
-        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export_stream", "workspace_id": str(ws)}}}},
+        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export.stream", "workspace_id": str(ws)}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,
@@ -220,7 +220,7 @@ def test_the_stored_soak_is_what_the_cli_and_a_dagster_run_apply_whatever_their_
     assert code == 6 and "soak: the narrower flip has not soaked yet" in err
     assert f"graph.kuzu iceberg at dataset a ({a})" in err and f"(workspace sales ({ws}))" in err
     run = read_flip_job.execute_in_process(
-        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "graph_kuzu", "workspace_id": str(ws)}}}},
+        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "graph.kuzu", "workspace_id": str(ws)}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

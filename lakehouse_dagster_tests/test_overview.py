@@ -250,11 +250,11 @@ def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_tabl
         records = instance.fetch_materializations(MIGRATION_OVERVIEW, limit=10).records
     first, second = (r.asset_materialization.metadata for r in reversed(records))
     for meta in (first, second):  # numeric, so the UI plots each key as one series over materializations
-        for key in ("datasets", "stage/mirrored", "reader/export.stream/reads_iceberg", "verdict/unchecked", "behind"):
+        for key in ("datasets", "stage/mirrored", "reader export.stream: reads_iceberg", "verdict/unchecked", "behind"):
             assert isinstance(meta[key], dg.IntMetadataValue), key
         assert isinstance(meta["max_lag_seconds"], dg.FloatMetadataValue)
-        assert meta["datasets"].value == 2 and meta["reader/export.stream/reads_iceberg"].value == 1
-        assert meta["writer/sync.full/mirrored"].value == 2 and meta["lagging"].value == 1
+        assert meta["datasets"].value == 2 and meta["reader export.stream: reads_iceberg"].value == 1
+        assert meta["writer sync.full: mirrored"].value == 2 and meta["lagging"].value == 1
         assert meta["attention/lagging"].value == 1 and meta["attention_total"].value == 1
         table = meta["attention"]
         assert isinstance(table, dg.TableMetadataValue)
@@ -269,9 +269,49 @@ def test_the_asset_records_the_counts_as_numeric_metadata_and_the_attention_tabl
     assert (first["behind"].value, second["behind"].value) == (1, 2)
     # streaming off (the default): the shards' block says so in one line, its counts are zeros
     assert first["mirror_stream"].value == STREAM_OFF and first["stream/shards"].value == 0
-    keys = {f"reader/{r}/{s}" for r in READERS for s in ("postgres", "mirrored", "reads_iceberg", "iceberg_only")}
-    keys |= {f"writer/{w.name}/{s}" for w in FLIPPABLE_WRITERS for s in ("postgres", "mirrored", "blocked", "native")}
+    keys = {f"reader {r}: {s}" for r in READERS for s in ("postgres", "mirrored", "reads_iceberg", "iceberg_only")}
+    keys |= {f"writer {w.name}: {s}" for w in FLIPPABLE_WRITERS for s in ("postgres", "mirrored", "blocked", "native")}
     assert keys <= set(first) and keys <= set(second)
+
+
+def test_the_overview_opens_with_readers_and_writers_by_stage_the_lifecycle_and_the_attention_list(conn, dsn, settings):
+    """Issue 44: the migration at a glance is one table (who × stage, the blocked datasets named) and the attention
+    list, first; the ~80 numbers stay below for the Plots view, each key short enough (or broken by spaces) that the
+    UI's key column never runs into the next one."""
+    from lakehouse_dagster.dagster.defs.status.overview import GLANCE_COLUMNS, KEY_WORD_CHARS, MD_INLINE_CHARS
+
+    ds = _seed(conn, dsn, settings)
+    with dg.DagsterInstance.ephemeral() as instance:
+        resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}
+        assert dg.materialize([migration_overview], instance=instance, resources=resources).success
+        (record,) = instance.fetch_materializations(MIGRATION_OVERVIEW, limit=1).records
+    meta = record.asset_materialization.metadata
+    assert list(meta)[:3] == ["migration", "attention_links", "attention"]
+    ov = compute_overview(conn, settings)
+    glance = meta["migration"].value
+    assert len(glance) < MD_INLINE_CHARS  # shown inline, not behind "[Show Markdown]"
+    lines = glance.splitlines()
+    states = " · ".join(f"{k} {v}" for k, v in ov.lifecycle.items() if v)
+    assert lines[0] == f"**{ov.datasets} datasets** · lifecycle: {states}" and "native 2" in states
+    assert lines[2] == "| | postgres | mirrored | reads iceberg | iceberg only | blocked | native |"
+    rows = {
+        c[0]: dict(zip(GLANCE_COLUMNS, c[1:])) for c in ([x.strip() for x in r.split("|")[1:-1]] for r in lines[4:])
+    }
+    who = {
+        (k, n): f"{'reader' if k == 'read' else 'writer'} {n.replace('_', chr(92) + '_')}" for k, n in ov.flag_stages
+    }
+    assert list(rows) == ["**datasets**", *who.values()]
+    for kind, name in ov.flag_stages:  # the same counts as the numeric series
+        for stage in GLANCE_COLUMNS:
+            n = meta.get(f"{'reader' if kind == 'read' else 'writer'} {name}: {stage}")
+            cell = rows[who[(kind, name)]][stage]
+            assert cell == "·" if n is None else cell.strip("*").split(":")[0] == str(n.value), (name, stage, cell)
+    assert ov.blocked == 1 and rows["writer sync.full"]["blocked"] == "**1: blocked**"  # named, not only counted
+    assert rows["**datasets**"]["native"] == str(ov.dataset_stages["native"]) == "2"
+    assert {f"lifecycle/{state}" for state in ov.lifecycle} <= set(meta)
+    assert "blocked" in meta["attention_links"].value and str(ds["blocked"]) in meta["attention_links"].value
+    long = [k for k in meta if any(len(word) > KEY_WORD_CHARS for word in k.split())]
+    assert not long, long
 
 
 def test_a_rollout_job_run_refreshes_the_overview():

@@ -94,7 +94,7 @@ def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_d
     good = _dataset(conn, dsn, settings, ws, "good")
     fresh = _dataset(conn, dsn, settings, ws, "unsynced", synced=False)
     assert _flip("studio.digest", "--dataset", str(good))[0] == 0  # step 3: one dataset first
-    result = _run({"reader": "studio_digest", "workspace_id": str(ws), "note": "fase1 ws rollout"}, dsn)
+    result = _run({"reader": "studio.digest", "workspace_id": str(ws), "note": "fase1 ws rollout"}, dsn)
     assert result.success
     pre = result.output_for_node("read_flip_preflight")["preflight"]
     got = {c.name: (c.verdict, c.reused) for c in pre.checked}
@@ -112,7 +112,7 @@ def test_job_widens_to_a_workspace_reusing_fresh_verdicts_and_leaving_unsynced_d
     assert _flip("graph.kuzu", "--dataset", str(twin))[0] == 0
     set_override(conn, "read", "graph.kuzu", "off", dataset=twin, actor="pytest")  # (back, by hand)
     set_override(conn, "read", "graph.kuzu", "iceberg_only", workspace=ws2, actor="pytest")  # the order: a workspace
-    result = _run({"reader": "graph_kuzu", "mode": "iceberg_only", "note": "fase1 global", "sample": 0}, dsn)
+    result = _run({"reader": "graph.kuzu", "mode": "iceberg_only", "note": "fase1 global", "sample": 0}, dsn)
     assert result.success
     got = {c.name: (c.verdict, c.reused) for c in result.output_for_node("read_flip_preflight")["preflight"].checked}
     assert got == {"good": ("ok", True), "unsynced": ("no-snapshot", False)}  # "twin" pinned off: not moved
@@ -124,7 +124,7 @@ def test_job_stops_on_mismatch_and_the_flip_op_never_runs(conn, dsn, settings, w
     _behind_the_mirrors_back(conn, bad)
     set_override(conn, "read", "export.stream", "iceberg", dataset=good, actor="pytest")  # the order: a dataset first
     before = flag_tables(conn)
-    result = _run({"reader": "export_stream", "workspace_id": str(ws)}, dsn)
+    result = _run({"reader": "export.stream", "workspace_id": str(ws)}, dsn)
     assert not result.success
     (failure,) = result.get_step_failure_events()
     assert failure.step_key == "read_flip_preflight"
@@ -198,7 +198,7 @@ def test_write_flip_job_for_one_dataset(conn, dsn, settings, ws):
         run_config={
             "ops": {
                 "write_flip_preflight": {
-                    "config": {"writer": "cdc_append", "dataset_id": str(d), "note": "fase4 canary"}
+                    "config": {"writer": "cdc.append", "dataset_id": str(d), "note": "fase4 canary"}
                 }
             }
         },

@@ -297,7 +297,7 @@ def test_a_run_made_sync_is_not_recorded_twice_and_carries_the_standard_keys(con
     set_source(conn, c, {"type": "postgres", "table": src, "cursor_column": None, "dsn_env": None})
     instance.add_dynamic_partitions(datasets_partitions.name, [str(c)])
     ingested = ingest_job.execute_in_process(
-        run_config={"ops": {"ingest_op": {"config": {"writer": "sync_full"}}}},
+        run_config={"ops": {"ingest_op": {"config": {"writer": "sync.full"}}}},
         partition_key=str(c),
         resources=resources,
         instance=instance,
@@ -440,7 +440,7 @@ def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn,
     rec.tick()
     add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
     result = write_flip_job.execute_in_process(
-        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync_full", "dataset_id": str(d)}}}},
+        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync.full", "dataset_id": str(d)}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=instance,
         raise_on_error=False,

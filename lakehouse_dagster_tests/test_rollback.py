@@ -203,7 +203,7 @@ def test_the_write_rollback_job_reports_and_backfills(conn, dsn, settings):
         run_config={
             "ops": {
                 "write_rollback_op": {
-                    "config": {"writer": "cdc_append", "dataset_id": str(d), "backfill": True, "note": "rollback"}
+                    "config": {"writer": "cdc.append", "dataset_id": str(d), "backfill": True, "note": "rollback"}
                 }
             }
         },

@@ -99,7 +99,7 @@ def test_the_read_job_shows_the_routers_decision_once_and_the_rows_as_a_table(co
     ws = datasets.create_workspace(conn, "sales")
     d = _synced(conn, dsn, settings, ws, "orders")
     set_override(conn, "read", "export.stream", "iceberg", dataset=d, actor="pytest")
-    result = _run(read_job, dsn, instance, {"reader": "export_stream", "dataset_id": str(d), "limit": 2})
+    result = _run(read_job, dsn, instance, {"reader": "export.stream", "dataset_id": str(d), "limit": 2})
     assert result.success
     meta = _meta(result, "read_op")
     assert (meta["source"].value, meta["reason"].value, meta["rows_read"].value) == ("iceberg", "iceberg@eventual", 2)
@@ -110,7 +110,7 @@ def test_the_read_job_shows_the_routers_decision_once_and_the_rows_as_a_table(co
     tags = instance.get_run_by_id(result.run_id).tags
     assert (tags["lakehouse/reader"], tags["lakehouse/dataset_name"]) == ("export.stream", "orders")
     # an unknown dataset: refused in one line
-    bad = _run(read_job, dsn, instance, {"reader": "export_stream", "dataset_id": "nope"})
+    bad = _run(read_job, dsn, instance, {"reader": "export.stream", "dataset_id": "nope"})
     assert not bad.success and "is not a valid UUID" in refusal(bad.get_step_failure_events()[0])
 
 
@@ -120,7 +120,7 @@ def test_the_backfill_job_copies_the_iceberg_only_rows_like_the_cli(conn, dsn, s
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 12)], start=6)
     refused = _run(backfill_job, dsn, instance, {"dataset_id": str(d)})  # the writer is still native
     assert not refused.success and "roll the writer back first" in refusal(refused.get_step_failure_events()[0])
-    rolled = _run(write_rollback_job, dsn, instance, {"writer": "sync_append", "dataset_id": str(d)})
+    rolled = _run(write_rollback_job, dsn, instance, {"writer": "sync.append", "dataset_id": str(d)})
     assert rolled.success
     (only,) = _records(_meta(rolled, "write_rollback_op")["iceberg_only"])
     assert (only["name"], only["rows_only_in_iceberg"], only["native_snapshots"]) == ("orders", 6, 1)
@@ -137,7 +137,7 @@ def test_the_flip_state_and_candidate_jobs_show_tables_not_markdown(conn, dsn, s
     ws = datasets.create_workspace(conn, "sales")
     a, _b = _synced(conn, dsn, settings, ws, "a"), _synced(conn, dsn, settings, ws, "b")
     set_override(conn, "read", "export.stream", "iceberg", dataset=a, actor="pytest")
-    flip = _run(read_flip_job, dsn, instance, {"reader": "export_stream", "workspace_id": str(ws), "sample": 0})
+    flip = _run(read_flip_job, dsn, instance, {"reader": "export.stream", "workspace_id": str(ws), "sample": 0})
     assert flip.success
     meta = _meta(flip, "read_flip_preflight")
     assert [(r["name"], r["verdict"]) for r in _records(meta["preflight"])] == [("b", "ok")]

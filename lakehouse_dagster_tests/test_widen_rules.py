@@ -391,7 +391,7 @@ def test_the_read_flip_job_refuses_an_unsoaked_widen_before_it_canaries(conn, ds
     _soak(monkeypatch, 3600)  # the job's resource reads the environment
     before, verdicts = flag_tables(conn), conn.execute("select count(*) from lakehouse_read_parity").fetchone()
     result = read_flip_job.execute_in_process(
-        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export_stream", "workspace_id": str(ws)}}}},
+        run_config={"ops": {"read_flip_preflight": {"config": {"reader": "export.stream", "workspace_id": str(ws)}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

@@ -79,7 +79,7 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     d, src = _fed(conn, dsn, settings)
     add_source_rows(conn, src, [row(6)])  # the source moved on since Postgres was last written
     result = write_flip_job.execute_in_process(
-        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync_full", "dataset_id": str(d)}}}},
+        run_config={"ops": {"write_flip_preflight": {"config": {"writer": "sync.full", "dataset_id": str(d)}}}},
         resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
         instance=dg.DagsterInstance.ephemeral(),
         raise_on_error=False,

@@ -153,6 +153,7 @@ class Overview:
     reverse_max_lag_seconds: float | None = None  # the largest reverse lag (None: none behind)
     reverse_lags: list[ReverseLag] = dataclasses.field(default_factory=list)  # the behind ones, largest lag first
     lifecycle: dict[str, int] = dataclasses.field(default_factory=dict)  # lifecycle state → tabular datasets
+    blocked_names: list[str] = dataclasses.field(default_factory=list)  # the blocked datasets' names, sorted
 
     def as_dict(self) -> dict:
         return {
@@ -162,6 +163,7 @@ class Overview:
             "dataset_stages": self.dataset_stages,
             "lifecycle": self.lifecycle,
             "blocked": self.blocked,
+            "blocked_names": self.blocked_names,
             "flags": [
                 {"kind": kind, "name": name, "stages": stages} for (kind, name), stages in self.flag_stages.items()
             ],
@@ -348,6 +350,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         datasets=len(tabular),
         dataset_stages=dataset_stages,
         blocked=len(blocked),
+        blocked_names=sorted(tabular[d][0] for d in blocked)[:ATTENTION_SHOWN],
         flag_stages=flag_stages,
         verdicts=verdicts,
         wedged=len(wedged),

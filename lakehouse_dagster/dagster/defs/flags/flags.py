@@ -197,7 +197,7 @@ def clear_flag_op(context: dg.OpExecutionContext, config: ClearFlagConfig, lakeh
     return {"name": change.flag.name, "scope": str(change.scope), "before": change.before, "changed": change.changed}
 
 
-FlippableWriter = Enum("FlippableWriter", {w.name.replace(".", "_"): w.name for w in FLIPPABLE_WRITERS})  # type: ignore[misc]  # built from the registry
+FlippableWriter = Enum("FlippableWriter", {w.name: w.name for w in FLIPPABLE_WRITERS})  # type: ignore[misc]  # built from the registry
 
 
 class CandidatesConfig(dg.Config):

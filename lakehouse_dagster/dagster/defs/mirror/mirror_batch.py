@@ -21,6 +21,7 @@ from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_metadata, postgres_standard
+from lakehouse_dagster.dagster.defs.shared.provenance import with_table_provenance
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
@@ -61,7 +62,9 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
                 context.log.error(f"{failed[-1][0]} ({item.dataset_id}) failed: {item.error}")
                 continue
             synced.append(item)
-            yield from synced_materializations(conn, settings, item, context.log, context.instance)
+            yield from with_table_provenance(
+                context.instance, synced_materializations(conn, settings, item, context.log, context.instance)
+            )
         # One summary line, not one per dataset: each log line is an event the instance stores (the
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}

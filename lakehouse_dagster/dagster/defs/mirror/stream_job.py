@@ -30,6 +30,7 @@ from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_materializ
 from lakehouse_dagster.dagster.defs.parity.checks import check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
+from lakehouse_dagster.dagster.defs.shared.provenance import with_table_provenance
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.dagster.private_apis import dagster_log_now
@@ -159,9 +160,8 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             if key not in known:  # a dataset the stream met first: its partition, before its materialization
                 context.instance.add_dynamic_partitions(DATASETS, [key])
                 known.add(key)
-            dagster_log_now(
-                context, synced_materializations(session.conn(), settings, item, context.log, context.instance)
-            )
+            events = synced_materializations(session.conn(), settings, item, context.log, context.instance)
+            dagster_log_now(context, with_table_provenance(context.instance, events))
             to_check.pop(item.dataset_id, None)
             to_check[item.dataset_id] = None
         for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left

@@ -74,12 +74,10 @@ def run_config(ask: controller.RunAsk) -> dict:
             if p.get("max_datasets") is not None:  # else the flip's own preflight cap (500 canaried)
                 config["max_datasets"] = p["max_datasets"]
             if ask.job == READ_FLIP:
-                config |= {"reader": p["name"].replace(".", "_"), "mode": p["mode"]}
+                config |= {"reader": p["name"], "mode": p["mode"]}
             else:
-                config |= {"writer": p["name"].replace(".", "_")}
-    run: dict = {"ops": {_OP[ask.job]: {"config": config}}}
-    if ask.job != ANALYSIS:  # (rollout_analysis has the in-process executor already)
-        run["execution"] = {"config": {"in_process": {}}}
+                config |= {"writer": p["name"]}
+    run: dict = {"ops": {_OP[ask.job]: {"config": config}}}  # (every job runs in process: definitions.py)
     return run
 
 

@@ -44,6 +44,7 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
 )
 from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_sync_metadata as table_now
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.provenance import iceberg_holds_truth, table_provenance
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
 from lakehouse_dagster.status.page_order import newer_than, sync_order
 from lakehouse_dagster.status.partition_state import PartitionState, partition_states
@@ -67,8 +68,11 @@ def runs_in_flight(instance: dg.DagsterInstance, run_ids: set[str]) -> set[str]:
     return {r.dagster_run.run_id for r in records}
 
 
-def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterialization:
-    """The partition's table as it is now (its latest succeeded sync), with what a sweep removed."""
+def table_event(
+    state: PartitionState, sweeps: list[Change], instance: dg.DagsterInstance | None = None
+) -> dg.AssetMaterialization:
+    """The partition's table as it is now (its latest succeeded sync), with what a sweep removed; with ``instance``,
+    its data provenance (shared/provenance.py: "Unsynced" only when Iceberg is behind)."""
     t = state.table
     assert t is not None
     metadata: dict = {
@@ -89,7 +93,14 @@ def table_event(state: PartitionState, sweeps: list[Change]) -> dg.AssetMaterial
         partition=str(state.dataset_id),
         description=description,
         metadata=metadata,
-        tags={DATA_VERSION_TAG: str(t.source_version)} if t.source_version is not None else None,
+        tags={
+            DATA_VERSION_TAG: str(t.source_version),
+            **table_provenance(
+                instance, str(state.dataset_id), t.source_version, iceberg_truth=iceberg_holds_truth(state)
+            ),
+        }
+        if t.source_version is not None
+        else None,
     )
 
 
@@ -239,7 +250,7 @@ def recorded_events(
     changed = [d for d in [*plan.tables, *plan.seeded, *sweeps] if d in shown and shown[d].table is not None]
     changed = list(dict.fromkeys(changed))
     events: list = [
-        table_event(shown[d], sweeps.get(d, []))
+        table_event(shown[d], sweeps.get(d, []), instance)
         for d in changed
         if d in sweeps or ((t := shown[d].table) is not None and latest.get(str(d)) != str(t.snapshot_id))
     ]

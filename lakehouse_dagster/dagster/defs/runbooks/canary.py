@@ -123,7 +123,7 @@ def canary_job():
     canary_op()
 
 
-Reader = Enum("Reader", {r.replace(".", "_"): r for r in READERS})  # type: ignore[misc]  # built from the registry
+Reader = Enum("Reader", {r: r for r in READERS})  # type: ignore[misc]  # built from the registry
 _TYPES = {"int64": "int", "float64": "float", "boolean": "bool"}
 
 

@@ -24,7 +24,7 @@ from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip, ingest_bench
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
-FlippableReader = Enum("FlippableReader", {r.name.replace(".", "_"): r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
+FlippableReader = Enum("FlippableReader", {r.name: r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
 
 
 PREFLIGHT_COLUMNS = [

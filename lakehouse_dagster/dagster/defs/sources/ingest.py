@@ -28,6 +28,7 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
     postgres_standard,
 )
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
+from lakehouse_dagster.dagster.defs.shared.provenance import DATA_VERSION_TAG, table_provenance
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
@@ -39,7 +40,7 @@ from lakehouse_dagster.sources.writers import WRITERS
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 
-SourceWriter = Enum("SourceWriter", {w.replace(".", "_"): w for w in WRITERS})  # type: ignore[misc]  # built from the registry
+SourceWriter = Enum("SourceWriter", {w: w for w in WRITERS})  # type: ignore[misc]  # built from the registry
 
 
 class IngestConfig(dg.Config):
@@ -80,7 +81,8 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
             r = checked.result
             for line in checked.lines():  # the dataset's first native write: its canary and any auto-rollback
                 (context.log.error if checked.first_native and checked.first_native.problem else context.log.info)(line)
-            standard = _partition_metadata(conn, settings, r)
+            state = partition_state(conn, settings, r.dataset_id)
+            standard = _partition_metadata(conn, state, r)
             # a native commit another writer has committed over since: not recorded as the table now (the newer
             # commit's writer, or the lakehouse_recorder, records that; status/page_order.py)
             newer = superseded_by(conn, r.dataset_id, r.snapshot_id) if r.path == "native" and r.new else None
@@ -127,6 +129,7 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
                 partition=ds_id,
                 metadata=metadata,
                 description=f"{r.writer} → {r.path} ({r.flag_reason})",
+                tags=_version_tags(context.instance, state, r),
             )
         )
     else:
@@ -135,15 +138,30 @@ def ingest_op(context: dg.OpExecutionContext, config: IngestConfig, lakehouse: L
     return r.to_json()
 
 
-def _partition_metadata(conn, settings, r) -> dict:
+def _partition_metadata(conn, state, r) -> dict:
     """The standard keys of the asset the write landed in, and for a native write the dataset's migration state
     (dagster/defs/shared/partition_metadata.py: what the lakehouse_recorder's materializations carry too)."""
-    state = partition_state(conn, settings, r.dataset_id)
     if state is None:
         return {}
     if r.path == "native":
         return {**iceberg_standard(state, r.total_rows), **migration_state(state)}
     return postgres_standard(conn, state)
+
+
+def _version_tags(instance, state, r) -> dict[str, str]:
+    """The data version of what the write left (Postgres' rows_version; a native commit: the version its table holds)
+    and, for a native commit, its provenance: never "Unsynced" for a copy of it in dataset_rows (shared/provenance.py)."""
+    if state is None:
+        return {}
+    if r.path != "native":
+        return {DATA_VERSION_TAG: str(state.rows_version)}
+    version = state.table.source_version if state.table is not None else None
+    if version is None:
+        return {}
+    return {
+        DATA_VERSION_TAG: str(version),
+        **table_provenance(instance, str(r.dataset_id), version, iceberg_truth=True),
+    }
 
 
 def _default_writer(spec, ds_id: str) -> str:
@@ -187,7 +205,7 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         dg.RunRequest(
             run_key=p.run_key,
             partition_key=str(p.dataset_id),
-            run_config={"ops": {"ingest_op": {"config": {"writer": p.writer.replace(".", "_")}}}},
+            run_config={"ops": {"ingest_op": {"config": {"writer": p.writer}}}},
             tags={
                 **named.get(p.dataset_id, {}),
                 WRITER: p.writer,

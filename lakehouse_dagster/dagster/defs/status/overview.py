@@ -1,6 +1,7 @@
-"""The migration overview asset ``lakehouse/migration_overview``: the counts of status/overview.py as numeric metadata
-(Dagster plots each across materializations: the migration's progress over time) and the datasets that need attention
-as a table, with a link to each one's partition page. Refreshed every 5 minutes and after every rollout job.
+"""The migration overview asset ``lakehouse/migration_overview``: first the migration at a glance (readers and writers
+× stages in one table, the lifecycle states, the datasets that need attention with a link to each one's partition
+page), then the counts of status/overview.py as numeric metadata (Dagster plots each across materializations: the
+migration's progress over time). Refreshed every 5 minutes and after every rollout job.
 
 Dagster renders a table's cells as plain text (ui-core ``MetadataEntry.tsx``: ``record[column]?.toString()``), so the
 partition pages are also given as a markdown list of links (``attention_links``), which the UI renders clickable;
@@ -168,38 +169,66 @@ def stream_metadata(stream: dict) -> dict:
     }
 
 
-def overview_metadata(ov: Overview) -> dict:
-    """Every count as a number (present in every materialization, zeros included, so each plot is one continuous
-    series), then the attention table and its links. Long key names read as the plots' titles."""
-    meta: dict = {"datasets": dg.MetadataValue.int(ov.datasets)}
-    meta.update({f"stage/{stage}": dg.MetadataValue.int(n) for stage, n in ov.dataset_stages.items()})
-    meta["stage/blocked"] = dg.MetadataValue.int(ov.blocked)
+# The glance: the datasets' own stage, then one row per reader and writer, one column per stage; a stage a flag of that
+# kind never takes is "·". Markdown, not a TableMetadataValue: the UI draws a table's cells unwrapped and cuts off the
+# columns past the value column's width (issue 33), a markdown table's cells wrap. Under MD_INLINE_CHARS, so it is
+# shown inline rather than behind "[Show Markdown]": the blocked datasets' names are cut short when they would not fit.
+GLANCE_COLUMNS = ("postgres", "mirrored", "reads_iceberg", "iceberg_only", "blocked", "native")
+BLOCKED_NAMED = 3  # blocked datasets named in a cell (the attention list names every one)
+NA = "·"
+
+
+def blocked_cell(n: int, names: list[str], named: int = BLOCKED_NAMED) -> str:
+    """A count of blocked datasets with the first few named, in bold: ``**2: customers, orders**``."""
+    if not n:
+        return "0"
+    shown = [_md(x) for x in names[:named]]
+    more = f" +{n - len(shown)}" if n > len(shown) else ""
+    return f"**{n}: {', '.join(shown)}{more}**" if shown else f"**{n}**"
+
+
+def glance_markdown(ov: Overview) -> str:
+    """Readers and writers × stages with the lifecycle states above: the migration at a glance (the same counts as
+    the numeric series below it)."""
+    for named in (BLOCKED_NAMED, 1, 0):
+        text = _glance(ov, named)
+        if len(text) < MD_INLINE_CHARS:
+            break
+    return text
+
+
+def _glance(ov: Overview, named: int) -> str:
+    states = " · ".join(f"{state} {n}" for state, n in ov.lifecycle.items() if n) or "none"
+    head = [
+        f"**{ov.datasets} datasets** · lifecycle: {states}",
+        "",
+        "| | " + " | ".join(c.replace("_", " ") for c in GLANCE_COLUMNS) + " |",
+        "| --- |" + " --- |" * len(GLANCE_COLUMNS),
+    ]
+    st = ov.dataset_stages
+    cells = {c: str(st[c]) if c in st else NA for c in GLANCE_COLUMNS} | {
+        "blocked": blocked_cell(ov.blocked, ov.blocked_names, named)
+    }
+    rows = ["| **datasets** | " + " | ".join(cells[c] for c in GLANCE_COLUMNS) + " |"]
     for (kind, name), stages in ov.flag_stages.items():
-        what = "reader" if kind == READ else "writer"
-        meta.update({f"{what}/{name}/{stage}": dg.MetadataValue.int(n) for stage, n in stages.items()})
-    meta.update({f"verdict/{v}": dg.MetadataValue.int(n) for v, n in ov.verdicts.items()})
-    meta["wedged"] = dg.MetadataValue.int(ov.wedged)
-    meta["behind"] = dg.MetadataValue.int(ov.behind)
-    meta["never_synced"] = dg.MetadataValue.int(ov.never_synced)
-    meta["lagging"] = dg.MetadataValue.int(ov.lagging)
-    meta["max_lag_seconds"] = dg.MetadataValue.float(float(ov.max_lag_seconds or 0.0))  # 0: nothing behind
-    meta["lag_threshold_seconds"] = dg.MetadataValue.int(ov.lag_threshold_seconds)
-    meta["native"] = dg.MetadataValue.int(ov.native)
-    meta["native_unsafe"] = dg.MetadataValue.int(ov.native_unsafe)
-    # the reverse mirror (Iceberg -> dataset_rows) of the native datasets, and the pipeline inputs it unblocks
-    meta["piped_reverse_on"] = dg.MetadataValue.int(ov.piped_reverse_on)
-    meta["reverse/on"] = dg.MetadataValue.int(ov.reverse_on)
-    meta["reverse/off"] = dg.MetadataValue.int(ov.reverse_off)
-    meta["reverse/behind"] = dg.MetadataValue.int(ov.reverse_behind)
-    meta["reverse/max_lag_seconds"] = dg.MetadataValue.float(float(ov.reverse_max_lag_seconds or 0.0))  # 0: none
-    meta["reverse_lag"] = dg.MetadataValue.md(
-        "\n".join(f"- [{_md(r.name)}]({partition_page(r.dataset_id)}): {_md(r.describe())}" for r in ov.reverse_lags)
-        or f"every native dataset with the reverse mirror on is caught up ({ov.reverse_on})"
-    )
-    # read fallbacks of the last day by reader (in process or reported by the app: POST /lakehouse/fallback)
-    meta.update({f"fallbacks/{r.name}": dg.MetadataValue.int(ov.fallbacks.get(r.name, 0)) for r in SERVABLE_READERS})
-    meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})
-    meta["attention_total"] = dg.MetadataValue.int(ov.attention_total)
+        cells = {c: str(stages[c]) if c in stages else NA for c in GLANCE_COLUMNS}
+        if "blocked" in stages:
+            cells["blocked"] = blocked_cell(stages["blocked"], ov.blocked_names, named)
+        who = f"{'reader' if kind == READ else 'writer'} {_md(name)}"
+        rows.append(f"| {who} | " + " | ".join(cells[c] for c in GLANCE_COLUMNS) + " |")
+    return "\n".join(head + rows)
+
+
+# The UI's key column does not wrap a word: a key longer than this without a space ran into the Timestamp column
+# (issue 44). Keys are words of at most this many characters, joined by spaces where they need more.
+KEY_WORD_CHARS = 24
+
+
+def overview_metadata(ov: Overview) -> dict:
+    """What an operator reads first (the glance, the lifecycle, the attention list and its links), then every count
+    as a number (present in every materialization, zeros included, so each plot is one continuous series). A key
+    reads as its plot's title."""
+    meta: dict = {"migration": dg.MetadataValue.md(glance_markdown(ov))}
     meta["attention"] = dg.MetadataValue.table(
         records=[
             dg.TableRecord(
@@ -222,6 +251,36 @@ def overview_metadata(ov: Overview) -> dict:
     if more:
         links.append(f"- … and {more} more (`lakehouse status --json` lists every count; fix these first)")
     meta["attention_links"] = dg.MetadataValue.md("\n".join(links) if links else "nothing needs attention")
+    meta["datasets"] = dg.MetadataValue.int(ov.datasets)
+    meta.update({f"stage/{stage}": dg.MetadataValue.int(n) for stage, n in ov.dataset_stages.items()})
+    meta["stage/blocked"] = dg.MetadataValue.int(ov.blocked)
+    meta.update({f"lifecycle/{state}": dg.MetadataValue.int(n) for state, n in ov.lifecycle.items()})
+    for (kind, name), stages in ov.flag_stages.items():
+        what = "reader" if kind == READ else "writer"
+        meta.update({f"{what} {name}: {stage}": dg.MetadataValue.int(n) for stage, n in stages.items()})
+    meta.update({f"verdict/{v}": dg.MetadataValue.int(n) for v, n in ov.verdicts.items()})
+    meta["wedged"] = dg.MetadataValue.int(ov.wedged)
+    meta["behind"] = dg.MetadataValue.int(ov.behind)
+    meta["never_synced"] = dg.MetadataValue.int(ov.never_synced)
+    meta["lagging"] = dg.MetadataValue.int(ov.lagging)
+    meta["max_lag_seconds"] = dg.MetadataValue.float(float(ov.max_lag_seconds or 0.0))  # 0: nothing behind
+    meta["lag_threshold_seconds"] = dg.MetadataValue.int(ov.lag_threshold_seconds)
+    meta["native"] = dg.MetadataValue.int(ov.native)
+    meta["native_unsafe"] = dg.MetadataValue.int(ov.native_unsafe)
+    # the reverse mirror (Iceberg -> dataset_rows) of the native datasets, and the pipeline inputs it unblocks
+    meta["piped_reverse_on"] = dg.MetadataValue.int(ov.piped_reverse_on)
+    meta["reverse/on"] = dg.MetadataValue.int(ov.reverse_on)
+    meta["reverse/off"] = dg.MetadataValue.int(ov.reverse_off)
+    meta["reverse/behind"] = dg.MetadataValue.int(ov.reverse_behind)
+    meta["reverse/max_lag_seconds"] = dg.MetadataValue.float(float(ov.reverse_max_lag_seconds or 0.0))  # 0: none
+    meta["reverse_lag"] = dg.MetadataValue.md(
+        "\n".join(f"- [{_md(r.name)}]({partition_page(r.dataset_id)}): {_md(r.describe())}" for r in ov.reverse_lags)
+        or f"every native dataset with the reverse mirror on is caught up ({ov.reverse_on})"
+    )
+    # read fallbacks of the last day by reader (in process or reported by the app: POST /lakehouse/fallback)
+    meta.update({f"fallbacks {r.name}": dg.MetadataValue.int(ov.fallbacks.get(r.name, 0)) for r in SERVABLE_READERS})
+    meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})
+    meta["attention_total"] = dg.MetadataValue.int(ov.attention_total)
     meta.update(stream_metadata(ov.stream))
     meta["seconds"] = dg.MetadataValue.float(ov.seconds)
     return meta
@@ -231,13 +290,11 @@ def overview_metadata(ov: Overview) -> dict:
     key=MIGRATION_OVERVIEW,
     group_name="lakehouse",
     kinds={"postgres"},
-    description="The migration as it is: per reader and writer how many datasets are on Postgres, mirrored, read "
-    "from Iceberg (iceberg, iceberg_only), written iceberg-native or blocked (F3); the latest verdicts, wedged "
-    "syncs, what is behind the mirror and the largest lag (numeric metadata: over time under Metadata, Table | "
-    "Plots set to Plots), and the "
-    "datasets that need attention (MISMATCH, native-unsafe, check error, wedged, lagging, blocked); the live "
-    "rollout plans with their stage, next action and what blocks them; the mirror stream's shards (run, alive or "
-    "DOWN, heartbeat, lag, backlog, last commit).",
+    description="The migration at a glance: first the table `migration` (the datasets, then each reader and writer, "
+    "by stage: on Postgres, mirrored, read from Iceberg, iceberg_only, blocked with the blocked datasets named, "
+    "native), the datasets per lifecycle state, and the datasets that need attention (MISMATCH, native-unsafe, "
+    "check error, wedged, lagging, read fallback, blocked), linked to their pages; the live rollout plans and the "
+    "mirror stream's shards. Below, every count as a number: Metadata's Plots view draws each over time.",
 )
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     settings = lakehouse.settings()
@@ -251,16 +308,8 @@ def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseRe
         f"({ov.seconds:.2f} s)"
     )
     meta = {**overview_metadata(ov), **plans_metadata(plans)}
-    # The UI lists metadata in this order: what needs an operator first, then the ~60 counts (their plots).
-    first = (
-        "attention_links",
-        "attention",
-        "rollouts",
-        "mirror_stream",
-        "attention_total",
-        "rollouts/live",
-        "rollouts/paused",
-    )
+    # The UI lists metadata in this order: the glance and what needs an operator first, then the counts (their plots).
+    first = ("migration", "attention_links", "attention", "rollouts", "mirror_stream", "attention_total")
     return dg.MaterializeResult(metadata={**{k: meta[k] for k in first}, **meta})
 
 
