@@ -305,6 +305,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     put("read", "export.stream", "dataset", d1, "iceberg_only")  # ... dataset beats workspace
     put("read", "studio.digest", "global", None, "iceberg_only")  # above its ceiling (iceberg): clamped
     put("read", "dashboards.aggregate", "dataset", d2, "iceberg_only")  # above its ceiling (iceberg): clamped
+    put("read", "sdk.files.list", "dataset", d2, "iceberg")  # ceiling off: clamped to the default
     put("write", "row.edit", "workspace", w1, "iceberg_native")  # PG-locked writer: clamped to pg
     put("write", "sync.full", "global", None, "iceberg_native")
     put("write", "sync.full", "workspace", w2, "pg")  # a workspace pinned back
@@ -333,6 +334,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     assert {python[(d, "read", "studio.digest")] for d in datasets} == {"iceberg"}
     assert resolver.resolve("read", "studio.digest", d1).reason == "clamped to ceiling"
     assert python[(d2, "read", "dashboards.aggregate")] == "iceberg"
+    assert python[(d2, "read", "sdk.files.list")] == "off"
     assert {python[(d, "write", "row.edit")] for d in datasets} == {"pg"}
     assert [python[(d, "write", "sync.full")] for d in (d1, d2, d3, orphan)] == ["iceberg_native"] * 2 + [
         "pg",
@@ -365,7 +367,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     # Only clamped rows left: a hand-written mode above the ceiling never makes a dataset look flipped.
     conn.execute(
         "delete from lakehouse_flag_overrides where name <> all(%s)",
-        (["studio.digest", "dashboards.aggregate", "row.edit"],),
+        (["studio.digest", "sdk.files.list", "row.edit"],),
     )
     conn.execute("delete from lakehouse_flag_overrides where name = 'studio.digest'")
     assert flipped_dataset_ids(conn) == flipped() == set()
