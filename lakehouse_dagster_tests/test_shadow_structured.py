@@ -19,11 +19,11 @@ from lakehouse_dagster.flags.reader_datasets import declare
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.reverse import apply_reverse
-from lakehouse_dagster.runbooks import complete as cp
-from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.routing.exercise import read_through_router
 from lakehouse_dagster.routing.request import parse_query
 from lakehouse_dagster.routing.shadow import ShadowPool
+from lakehouse_dagster.runbooks import complete as cp
+from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
 from lakehouse_dagster.tracking import datasets
 
 from .native_helpers import SCHEMA, native_write, row, runbook_ready

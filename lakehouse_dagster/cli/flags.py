@@ -499,6 +499,7 @@ def _list(ctx, args) -> Result:
             "ceiling": f.ceiling,
             "ceiling_reason": f.ceiling_reason,
             "description": f.description,
+            **({"proof": "shadow-proven flip" if f.proof else ""} if kind == READ else {}),
         }
         for f in REGISTRY[kind].values()
     ]
@@ -516,9 +517,6 @@ def _list(ctx, args) -> Result:
         for o in list_overrides(ctx.conn, kind)
     ]
     data = {"kind": kind, "registry": registry, "overrides": overrides}
-    if kind == READ:
-        for r in registry:
-            r["proof"] = "shadow-proven flip" if REGISTRY[kind][r["name"]].proof else ""
     word = _KIND_WORD[kind]
     cols = (
         ["name", "class", "default", "ceiling", "proof", "ceiling_reason"]
