@@ -124,14 +124,15 @@ def _readers_args(actions) -> list:
     """`flags readers add|list|remove`: which datasets the Postgres-locked readers read (reader_datasets.py)."""
     rp = actions.add_parser(
         "readers",
-        help="declare which datasets the readers locked to Postgres read (a write flip of such a dataset is refused)",
+        help="declare which datasets the readers held on Postgres read (locked ones; compute readers until flipped): "
+        "a write flip of such a dataset with its reverse off, and its complete, are refused",
     )
     verbs = rp.add_subparsers(dest="readers_action", required=True, metavar="VERB")
     add = add_command(
         verbs,
         "add",
         _readers_add,
-        help="declare that a locked reader reads a dataset (or every dataset of a workspace)",
+        help="declare that a reader held on Postgres reads a dataset (or every dataset of a workspace)",
     )
     add.add_argument("reader", help="objects.sync, dashboards.aggregate, pipeline.expectations, ...")
     _scope_args(add)
