@@ -154,19 +154,14 @@ def test_a_flip_of_a_compute_reader_is_refused_until_shadow_reads_prove_it(conn,
 
 
 def test_complete_waits_for_a_compute_reader_until_it_is_flipped_for_the_dataset(conn, dsn, settings, lh, monkeypatch):
-    """Seen failing on main: objects.sync declared for a dataset refused its complete for good (ceiling off)."""
-    monkeypatch.setenv("LAKEHOUSE_SHADOW_PROOF_READS", "2")
+    """Seen failing on main: objects.sync declared for a dataset refused its complete for good (ceiling off).
+
+    The dataset is native already (its reverse mirror keeps dataset_rows for objects.sync, as before issue 43): in
+    mode shadow the reader is served the reverse copy and compared with the snapshot that copy holds — equal even
+    while the copy is behind the table —, proven, flipped, and then complete goes through."""
+    monkeypatch.setenv("LAKEHOUSE_SHADOW_PROOF_READS", "3")
     d = _dataset(conn, dsn, settings, rows=6)
     declare(conn, "objects.sync", dataset=d, note="the object sync", actor="pytest")
-    set_flag(conn, "read", "objects.sync", "shadow", dataset=d, actor="pytest", soak_seconds=0)
-    pool = ShadowPool(dsn, workers=1, queue_size=16, sample=1.0)
-    first = conn.execute("select row_id::text from dataset_rows where dataset_id = %s and row_index = 1", (d,))
-    by_id = {"row_ids": [first.fetchone()[0]], "columns": ["__row_index", "a"]}
-    for query in (by_id, PAGE):  # proven while Postgres is still the truth (before the write flip)
-        _ask(conn, dsn, settings, pool, "objects.sync", d, query)
-    assert pool.drain(120)
-    assert [r[1] for r in _recorded(conn, d)] == ["match", "match"]
-
     lh("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)  # the reverse keeps it
     catalog = load_catalog(settings, dsn)
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
@@ -177,13 +172,30 @@ def test_complete_waits_for_a_compute_reader_until_it_is_flipped_for_the_dataset
         cp.complete(dsn, catalog, settings, d, actor="pytest", soak_seconds=0)
     text = str(refused.value)
     assert "1 condition(s) not met" in text
-    assert "read from dataset_rows by objects.sync (mode shadow: on Postgres until flipped" in text
+    assert "read from dataset_rows by objects.sync (mode off: on Postgres until flipped" in text
     assert (
         f"flip objects.sync for it once its shadow reads prove it (lakehouse flags flip <reader> --dataset {d})" in text
     )
+    with pytest.raises(FlipRefused, match="objects.sync is not proven on it"):
+        set_flag(conn, "read", "objects.sync", "iceberg_only", dataset=d, actor="pytest", soak_seconds=0)
+
+    set_flag(conn, "read", "objects.sync", "shadow", dataset=d, actor="pytest", soak_seconds=0)
+    pool = ShadowPool(dsn, workers=1, queue_size=16, sample=1.0)
+    first = conn.execute("select row_id::text from dataset_rows where dataset_id = %s and row_index = 7", (d,))
+    by_id = {"row_ids": [first.fetchone()[0]], "columns": ["__row_index", "a"]}
+    for query in (by_id, PAGE):
+        assert _ask(conn, dsn, settings, pool, "objects.sync", d, query).decision.reason == "pg@reverse"
+    # a native commit the reverse has not applied yet: the copy is compared with the snapshot it holds, still equal
+    native_write(conn, dsn, settings, d, "sync.append", [row(9)], start=9)
+    behind = _ask(conn, dsn, settings, pool, "objects.sync", d, {"columns": ["a"], "order": "row_index"})
+    assert behind.value.column("a").to_pylist() == list(range(9))  # the copy: row 9 not in it yet
+    assert pool.drain(120)
+    assert [r[1] for r in _recorded(conn, d)] == ["match", "match", "match"]
+    apply_reverse(dsn, catalog, settings, d)
+    assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
 
     set_flag(conn, "read", "objects.sync", "iceberg_only", dataset=d, actor="pytest", soak_seconds=0)
     done = cp.complete(dsn, catalog, settings, d, actor="pytest", soak_seconds=0)
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 0, done
     got = _ask(conn, dsn, settings, pool, "objects.sync", d, by_id)
-    assert (got.decision.source, got.value.column("a").to_pylist()) == ("iceberg", [1])  # its rows now: Iceberg
+    assert (got.decision.source, got.value.column("a").to_pylist()) == ("iceberg", [7])  # its rows now: Iceberg

@@ -104,6 +104,7 @@ class ReadDecision:
     snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
     freshness: Freshness | None = None
     native: bool = False  # the dataset is written iceberg-native: Postgres is stale for it
+    reverse_snapshot: int | None = None  # pg@reverse: the snapshot dataset_rows holds (the reverse mirror applied)
 
     @property
     def mode(self) -> str:
@@ -176,7 +177,7 @@ def decide(
     # Written iceberg-native: never a stale Postgres. The latest snapshot is the truth, whatever the mode says.
     if held_on_postgres(reader, flag):
         if reverse is not None and (flag.consistency != STRICT or reverse.caught_up):
-            return dataclasses.replace(d, source=PG, reason="pg@reverse")
+            return dataclasses.replace(d, source=PG, reason="pg@reverse", reverse_snapshot=reverse.applied_snapshot)
         if reverse is not None:
             return dataclasses.replace(d, source=REFUSED, reason="refused@reverse-behind")
         if rank(READ, flag.ceiling) < rank(READ, "iceberg"):

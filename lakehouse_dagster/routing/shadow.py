@@ -21,6 +21,10 @@ must be equal by ``compute.compare``'s rule (same schema; same rows, in order wh
 aggregate always is —, as multisets otherwise; floats by value, NaN equal to NaN, -0.0 to 0.0; no tolerance). Every
 structured plan is comparable: a limit without an order is ordered by ``__row_index`` at bind time.
 
+On a native dataset whose reverse mirror keeps ``dataset_rows``, a compute reader in mode shadow is served that copy
+(``pg@reverse``): it is compared with the snapshot the copy holds (``lakehouse_reverse_position``), and is ``lagging``
+when the reverse applied another one around the read (``shadowed``).
+
 Each comparison is a row of ``lakehouse_shadow_reads``: reader, dataset, outcome (match | mismatch | lagging |
 no-snapshot | not-comparable | error | dropped), both versions (Postgres rows_version; the snapshot and the
 Postgres version it covers), for a mismatch the first differing row (or group) from each side, the structured
@@ -57,7 +61,7 @@ from lakehouse_dagster.parity.canonical import SEP, canonical_value
 from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
 from lakehouse_dagster.routing.projection import Projection
-from lakehouse_dagster.routing.read_router import ReadResult
+from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult
 from lakehouse_dagster.routing.request import Plan, Query
 from lakehouse_dagster.tracking.datasets import Dataset
 
@@ -92,6 +96,7 @@ class ShadowJob:
     iceberg: IcebergRead | None  # a projection read's Iceberg side
     answer: IcebergAnswer | None = None  # a structured read's Iceberg side (then ``ordered`` is the plan's)
     query: dict | None = None  # the structured request, as recorded
+    reverse_snapshot: int | None = None  # read from the reverse mirror's copy: the snapshot it held (pg@reverse)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +170,16 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
     """The Iceberg side and the comparison of one sampled read (in a worker)."""
     if job.snapshot_id is None:
         return Compared(NO_SNAPSHOT, job.pg_rows.num_rows, detail="Iceberg has no snapshot of it")
+    if job.reverse_snapshot is not None:
+        at = conn.execute("select snapshot_id from lakehouse_reverse_position where dataset_id = %s", (job.dataset_id,))
+        held = at.fetchone()
+        if held is None or held[0] != job.reverse_snapshot:
+            return Compared(
+                LAGGING,
+                job.pg_rows.num_rows,
+                detail=f"the reverse mirror moved dataset_rows from snapshot {job.reverse_snapshot} to "
+                f"{held[0] if held else 'none'} around the read",
+            )
     if job.iceberg_version is None or job.iceberg_version < job.pg_version:
         return Compared(
             LAGGING,
@@ -369,6 +384,20 @@ def _drain_all() -> None:
         pool.drain(timeout=5.0)
 
 
+def shadowed(d: ReadDecision) -> tuple[int | None, int | None, int | None] | None:
+    """Is a read the router served from Postgres compared with Iceberg, and against what: (snapshot, the Postgres
+    version it covers, the reverse copy's snapshot) — None when not. Read mode shadow serves Postgres: ``pg@shadow``
+    against the latest snapshot; on a native dataset whose reverse mirror keeps ``dataset_rows`` a compute reader in
+    mode shadow is served the reverse copy (``pg@reverse``), compared with the very snapshot that copy holds."""
+    if d.freshness is None:
+        return None
+    if d.reason == "pg@shadow":
+        return d.freshness.snapshot_id, d.freshness.source_version, None
+    if d.reason == "pg@reverse" and d.mode == "shadow" and d.reverse_snapshot is not None:
+        return d.reverse_snapshot, d.freshness.rows_version, d.reverse_snapshot
+    return None
+
+
 def offer_read(
     pool: ShadowPool,
     result: ReadResult,
@@ -380,7 +409,8 @@ def offer_read(
 ) -> bool:
     """After a read the router served from Postgres in shadow mode: offer it for comparison (else do nothing)."""
     d = result.decision
-    if d.reason != "pg@shadow" or d.freshness is None or not isinstance(result.value, pa.Table):
+    against = shadowed(d)
+    if against is None or d.freshness is None or not isinstance(result.value, pa.Table):
         return False
     types = {c.name: c.type for c in dataset.columns} | _IDENTITY_TYPES
     job = ShadowJob(
@@ -390,10 +420,11 @@ def offer_read(
         limit=projection.limit,
         ordered=projection.order_by_row_index,
         pg_version=d.freshness.rows_version,
-        snapshot_id=d.freshness.snapshot_id,
-        iceberg_version=d.freshness.source_version,
+        snapshot_id=against[0],
+        iceberg_version=against[1],
         pg_rows=result.value,
         iceberg=iceberg,
+        reverse_snapshot=against[2],
     )
     return pool.offer(job, drawn=drawn)
 
@@ -410,7 +441,8 @@ def offer_query(
     """After a structured read the router served from Postgres in shadow mode: offer its answer for comparison with
     the same plan computed over the snapshot the router saw (``answer``, run by the worker)."""
     d = result.decision
-    if d.reason != "pg@shadow" or d.freshness is None or not isinstance(result.value, pa.Table):
+    against = shadowed(d)
+    if against is None or d.freshness is None or not isinstance(result.value, pa.Table):
         return False
     job = ShadowJob(
         reader=d.reader,
@@ -419,12 +451,13 @@ def offer_query(
         limit=plan.limit,
         ordered=plan.ordered,
         pg_version=d.freshness.rows_version,
-        snapshot_id=d.freshness.snapshot_id,
-        iceberg_version=d.freshness.source_version,
+        snapshot_id=against[0],
+        iceberg_version=against[1],
         pg_rows=result.value,
         iceberg=None,
         answer=answer,
         query=query.model_dump(mode="json", exclude_none=True),
+        reverse_snapshot=against[2],
     )
     return pool.offer(job, drawn=drawn)
 

@@ -96,13 +96,14 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
     if result.decision.source == ICEBERG:
         db.give(conn)  # an Iceberg stream needs no Postgres connection
     stream = result.value
-    if result.decision.reason == "pg@shadow" and plan is not None and answer is not None and req.query is not None:
+    compared = shadow.shadowed(result.decision) is not None  # pg@shadow, or pg@reverse of a reader in mode shadow
+    if compared and plan is not None and answer is not None and req.query is not None:
         # a structured answer is whole before its first byte: offered as it is, no copy of the stream
         pool = shadow.pool_for(db.settings, db.dsn)
         load = lambda: db.table(dataset.id, None)  # noqa: E731  (the worker loads it)
         served = dataclasses.replace(result, value=answer)
         shadow.offer_query(pool, served, plan, req.query, shadow.iceberg_answer(load, plan))
-    elif result.decision.reason == "pg@shadow" and plan is None:
+    elif compared and plan is None:
         pool = shadow.pool_for(db.settings, db.dsn)
         if pool.draw():  # only a sampled read is copied for its comparison
 
