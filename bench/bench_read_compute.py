@@ -9,6 +9,9 @@ mirror, then times, p50 of --repeat runs each, engines alternating:
   aggregate   a dashboards.aggregate-shaped request: group by category, count, sum and avg of amount, one where
   keyset      a page of 1,000 rows (after_row_index) at the start, the middle (halfway into a data file) and the end
   row_ids     100 random __row_ids
+  shadow      the aggregate served through the router by dashboards.aggregate in read mode shadow: p50 of the served
+              read with every read sampled (the Iceberg side computed by the shadow workers meanwhile) against none
+              sampled, the request path's own cost of offering one (draw, request dump, queue put), and the outcomes
 
 and prints the ratios (Postgres p50 / Iceberg p50) and that both executors gave the same answer. Starts its own
 embedded Postgres when LAKEHOUSE_PG_DSN is unset. Not a test: nothing here gates CI.
@@ -71,8 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     ap.add_argument(
         "--cases",
-        default="aggregate,keyset,row_ids",
-        help="which of aggregate, keyset, row_ids to run (comma-separated)",
+        default="aggregate,keyset,row_ids,shadow",
+        help="which of aggregate, keyset, row_ids, shadow to run (comma-separated)",
     )
     args = ap.parse_args(argv)
 
@@ -136,9 +139,69 @@ def main(argv=None) -> int:
                 f"{name:16s} iceberg p50 {ice_p50 * 1000:8.1f} ms   postgres p50 {pg_p50 * 1000:8.1f} ms   "
                 f"postgres/iceberg {pg_p50 / ice_p50:6.1f}×   {ice.num_rows} rows   same answer: {same}"  # type: ignore[attr-defined]
             )
+        if "shadow" in wanted:
+            figures["shadow"] = _shadow(conn, dsn, catalog, settings, d, args.repeat)
     if args.json:
         print(json.dumps({"rows": args.rows, "figures": figures}))
-    return 0 if all(f["same_answer"] for f in figures.values()) else 1
+    return 0 if all(f.get("same_answer", True) for f in figures.values()) else 1
+
+
+def _shadow(conn, dsn, catalog, settings, d, repeat: int) -> dict:
+    """The served read in read mode shadow, every read sampled vs none; the offer's own cost; the outcomes."""
+    from lakehouse_dagster.flags.overrides import set_override
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.routing import shadow
+    from lakehouse_dagster.routing.exercise import read_through_router
+    from lakehouse_dagster.routing.request import parse_query
+
+    set_override(conn, "read", "dashboards.aggregate", "shadow", dataset=d, actor="bench")
+    query = parse_query(AGGREGATE)
+    sampled = shadow.ShadowPool(dsn, workers=settings.shadow_workers, queue_size=settings.shadow_queue, sample=1.0)
+    unsampled = shadow.ShadowPool(dsn, sample=0.0)
+    resolver = FlagResolver(conn, ttl_seconds=60)
+
+    def served(pool):
+        return read_through_router(
+            conn, catalog, settings, "dashboards.aggregate", d, resolver=resolver, shadow_pool=pool, query=query
+        )[0]
+
+    served(unsampled)  # warm
+    on, off = [], []
+    for _ in range(repeat):  # alternating, the workers of the sampled reads running meanwhile
+        t = time.perf_counter()
+        result = served(sampled)
+        on.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        served(unsampled)
+        off.append(time.perf_counter() - t)
+    sampled.drain(600)
+    from lakehouse_dagster.routing.request import bind
+    from lakehouse_dagster.tracking import datasets
+
+    plan = bind(query, datasets.get_dataset(conn, d))
+    quiet = shadow.ShadowPool(dsn, workers=1, queue_size=1_000_000, sample=1.0)
+    quiet._start = lambda: None  # type: ignore[method-assign]  # no worker: the offer alone is timed
+    offers = []
+    for _ in range(1000):
+        t = time.perf_counter()
+        shadow.offer_query(quiet, result, plan, query, lambda snapshot: result.value)
+        offers.append(time.perf_counter() - t)
+    outcomes = dict(
+        conn.execute(
+            "select outcome, count(*) from lakehouse_shadow_reads where dataset_id = %s group by outcome", (d,)
+        ).fetchall()
+    )
+    fig = {
+        "served_sampled_p50_s": round(statistics.median(on), 4),
+        "served_unsampled_p50_s": round(statistics.median(off), 4),
+        "offer_p50_us": round(statistics.median(offers) * 1e6, 1),
+        "outcomes": outcomes,
+    }
+    print(
+        f"shadow           served p50 sampled {fig['served_sampled_p50_s'] * 1000:8.1f} ms   unsampled "
+        f"{fig['served_unsampled_p50_s'] * 1000:8.1f} ms   offer p50 {fig['offer_p50_us']:.1f} µs   outcomes {outcomes}"
+    )
+    return fig
 
 
 if __name__ == "__main__":

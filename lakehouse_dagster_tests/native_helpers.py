@@ -33,9 +33,7 @@ SCHEMA = [
     {"name": "at", "type": "timestamp"},
     {"name": "doc", "type": "json"},
 ]
-SERVABLE = [
-    r.name for r in registry.READERS.values() if registry.rank("read", r.ceiling) >= registry.rank("read", "iceberg")
-]
+SERVABLE = [r.name for r in registry.SERVABLE_READERS]  # prerequisite #1: not the compute readers (proven first)
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 

@@ -267,11 +267,14 @@ def test_a_postgres_locked_reader_of_a_native_dataset_reads_the_reverse_mirrors_
     for reader in ("pipeline.expectations", "dashboards.aggregate"):
         got = read(reader)
         assert (got.decision.reason, sorted(got.value)) == ("pg@reverse", ["50", "51", "52"])
-    # the reverse turned off: Postgres is stale from the next native commit on, so the read is refused
+    # the reverse turned off: Postgres is stale from the next native commit on, so a reader Iceberg cannot serve is
+    # refused; a compute reader not flipped yet (issue 43) is served the latest snapshot: Iceberg is the truth
     set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
     with pytest.raises(ReadRefused) as off:
-        read("dashboards.aggregate")
+        read("sdk.files.list")
     assert f"turn its reverse mirror on (lakehouse write-flags reverse on --dataset {d})" in str(off.value)
+    decision = resolve_read_source(conn, FlagResolver(conn, 0), "dashboards.aggregate", d).decision
+    assert (decision.mode, decision.source, decision.reason) == ("off", "iceberg", "iceberg@native")
 
     # A dataset covered natively with no snapshot at all: refused with the reason, through the real CLI too.
     empty = app_tables.create_dataset(conn, app_tables.get_dataset(conn, d).workspace_id, "no_snapshot_yet", SCHEMA)
@@ -301,7 +304,8 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     put("read", "export.stream", "workspace", w1, "off")  # workspace beats global ...
     put("read", "export.stream", "dataset", d1, "iceberg_only")  # ... dataset beats workspace
     put("read", "studio.digest", "global", None, "iceberg_only")  # above its ceiling (iceberg): clamped
-    put("read", "dashboards.aggregate", "dataset", d2, "iceberg")  # ceiling off: clamped to the default
+    put("read", "dashboards.aggregate", "dataset", d2, "iceberg_only")  # above its ceiling (iceberg): clamped
+    put("read", "sdk.files.list", "dataset", d2, "iceberg")  # ceiling off: clamped to the default
     put("write", "row.edit", "workspace", w1, "iceberg_native")  # PG-locked writer: clamped to pg
     put("write", "sync.full", "global", None, "iceberg_native")
     put("write", "sync.full", "workspace", w2, "pg")  # a workspace pinned back
@@ -329,7 +333,8 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     ]
     assert {python[(d, "read", "studio.digest")] for d in datasets} == {"iceberg"}
     assert resolver.resolve("read", "studio.digest", d1).reason == "clamped to ceiling"
-    assert python[(d2, "read", "dashboards.aggregate")] == "off"
+    assert python[(d2, "read", "dashboards.aggregate")] == "iceberg"
+    assert python[(d2, "read", "sdk.files.list")] == "off"
     assert {python[(d, "write", "row.edit")] for d in datasets} == {"pg"}
     assert [python[(d, "write", "sync.full")] for d in (d1, d2, d3, orphan)] == ["iceberg_native"] * 2 + [
         "pg",
@@ -362,7 +367,7 @@ def test_flag_precedence_is_the_same_for_every_user(conn):
     # Only clamped rows left: a hand-written mode above the ceiling never makes a dataset look flipped.
     conn.execute(
         "delete from lakehouse_flag_overrides where name <> all(%s)",
-        (["studio.digest", "dashboards.aggregate", "row.edit"],),
+        (["studio.digest", "sdk.files.list", "row.edit"],),
     )
     conn.execute("delete from lakehouse_flag_overrides where name = 'studio.digest'")
     assert flipped_dataset_ids(conn) == flipped() == set()

@@ -51,9 +51,17 @@ def test_registry_names_every_runbook_reader_and_writer():
     for name, ceiling in eventual.items():
         f = registry.READERS[name]
         assert (f.consistency, f.ceiling, f.default) == (registry.EVENTUAL, ceiling, "off")
-    for name in ("objects.sync", "dashboards.aggregate", "pipeline.expectations", "sdk.files.list", "mediaset.item"):
+    for name in ("sdk.files.list", "mediaset.item"):
         f = registry.READERS[name]
-        assert f.ceiling == "off" and f.ceiling_reason
+        assert f.ceiling == "off" and f.ceiling_reason and not f.proof
+    # the compute readers (issue 43): servable by the structured-read executors, flipped only once proven
+    compute = {"objects.sync": "iceberg_only", "dashboards.aggregate": "iceberg", "pipeline.expectations": "iceberg"}
+    for name, ceiling in compute.items():
+        f = registry.READERS[name]
+        assert (f.ceiling, f.default, f.proof) == (ceiling, "off", True)
+    assert registry.READERS["pipeline.expectations"].consistency == registry.STRICT
+    assert {r.name for r in registry.PROVEN_READERS} == set(compute)
+    assert not set(compute) & {r.name for r in registry.SERVABLE_READERS}  # not prerequisite #1 of a write flip
     assert any(f.consistency == registry.STRICT and f.ceiling != "off" for f in registry.READERS.values())
     for name in ("sync.full", "sync.append", "sync.incremental", "cdc.append"):
         assert (registry.WRITERS[name].ceiling, registry.WRITERS[name].default) == ("iceberg_native", "pg")
@@ -134,7 +142,7 @@ def test_hand_written_row_above_ceiling_is_clamped(conn, world):
         conn.execute(
             "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, set_by) values"
             " ('read', 'studio.digest', 'dataset', %s, 'iceberg_only', 'psql'),"
-            " ('read', 'objects.sync', 'global', null, 'iceberg', 'psql'),"
+            " ('read', 'sdk.files.list', 'global', null, 'iceberg', 'psql'),"
             " ('write', 'row.edit', 'dataset', %s, 'iceberg_native', 'psql')",
             (d1, d1),
         )
@@ -146,7 +154,7 @@ def test_hand_written_row_above_ceiling_is_clamped(conn, world):
         "dataset override",
         "iceberg_only",
     )
-    assert (r.read_mode("objects.sync", d1).mode, r.read_mode("objects.sync", d1).reason) == (
+    assert (r.read_mode("sdk.files.list", d1).mode, r.read_mode("sdk.files.list", d1).reason) == (
         "off",
         "clamped to ceiling",
     )
@@ -177,7 +185,8 @@ REFUSALS = [
     (["flags", "set", "export.stream", "on"], "unknown mode 'on' for reader export.stream"),
     (["write-flags", "set", "sync.full", "iceberg"], "unknown mode 'iceberg' for writer sync.full"),
     (["flags", "set", "studio.digest", "iceberg_only"], "above the ceiling of studio.digest (maxMode=iceberg)"),
-    (["flags", "set", "objects.sync", "shadow"], "above the ceiling of objects.sync (maxMode=off)"),
+    (["flags", "set", "sdk.files.list", "shadow"], "above the ceiling of sdk.files.list (maxMode=off)"),
+    (["flags", "set", "dashboards.aggregate", "iceberg_only"], "above the ceiling of dashboards.aggregate"),
     (["write-flags", "set", "row.edit", "iceberg_native"], "above the ceiling of row.edit (maxMode=pg)"),
     (["write-flags", "set", "ingest.stream", "iceberg_native"], "above the ceiling of ingest.stream"),
     (

@@ -25,9 +25,7 @@ from lakehouse_dagster.tracking import datasets
 from .flag_helpers import cli, flag_tables
 
 SCHEMA = [{"name": "a", "type": "int64"}, {"name": "s", "type": "string"}]
-SERVABLE = [
-    r.name for r in registry.READERS.values() if registry.rank("read", r.ceiling) >= registry.rank("read", "iceberg")
-]
+SERVABLE = [r.name for r in registry.SERVABLE_READERS]  # prerequisite #1: not the compute readers (proven first)
 
 
 def _dataset(conn, ws, name: str, rows: int = 5) -> uuid.UUID:

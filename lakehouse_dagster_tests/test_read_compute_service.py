@@ -101,3 +101,29 @@ def test_the_python_client_sends_a_structured_read(world):
             "export.stream", d, query={"aggregate": {"measures": [{"fn": "sum", "column": "n"}]}}
         ).rows
         assert rows == [{"sum_n": "190"}]
+
+
+def test_a_structured_read_in_shadow_mode_over_http_is_compared_off_the_request_path(world):
+    """Seen failing on main: the service skipped the shadow for structured reads (nothing recorded)."""
+    d = world.dataset(40, name="shadowed-aggregate")
+    world.flag("dashboards.aggregate", "shadow", d)
+    body = {"reader": "dashboards.aggregate", "dataset_id": str(d), **AGGREGATE}
+    resp = _post_read(world, body)
+    assert (resp.status_code, resp.headers["X-Lakehouse-Reason"]) == (200, "pg@shadow"), resp.text
+    ((outcome, pg_version, iceberg_version, _),) = service._shadow_outcomes(world, d, 1)
+    assert outcome == "match" and pg_version == iceberg_version
+    with world.conn() as conn:
+        query, digest = conn.execute(
+            "select query, schema_digest from lakehouse_shadow_reads where dataset_id = %s", (d,)
+        ).fetchone()
+    assert query == parse_query(AGGREGATE).model_dump(mode="json", exclude_none=True) and len(digest) == 32
+    with world.conn() as conn, conn.transaction():  # the triggers bypassed: same versions, a different value
+        conn.execute("alter table dataset_rows disable trigger user")
+        conn.execute(
+            "update dataset_rows set data = jsonb_set(data, '{n}', '1000') where dataset_id = %s and row_index = 12",
+            (d,),
+        )
+        conn.execute("alter table dataset_rows enable trigger user")
+    assert _post_read(world, body).status_code == 200
+    outcome, _, _, pg_row = service._shadow_outcomes(world, d, 2)[1]
+    assert outcome == "mismatch" and pg_row is not None  # the first differing group, as Postgres answered it

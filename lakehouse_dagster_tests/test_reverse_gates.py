@@ -107,7 +107,10 @@ def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, setti
     with pytest.raises(FlipRefused) as refused:
         _flip(conn, d)
     text = str(refused.value)
-    assert f"dashed ({d}): read from dataset_rows by dashboards.aggregate, locked to Postgres" in text
+    assert (
+        f"dashed ({d}): read from dataset_rows by dashboards.aggregate (mode off: on Postgres until flipped, once its "
+        "shadow reads prove it), locked to Postgres" in text
+    )
     assert f"reverse off (workspace setting): turn it on with `lakehouse write-flags reverse on --dataset {d}`" in text
     assert flag_tables(conn) == before and native_dataset_ids(conn) == set()
 

@@ -91,7 +91,7 @@ stages:
         "global)",
     ]
     cases = {
-        "reader: objects.sync\nstages: [{global: true}]": "objects.sync is locked at off",
+        "reader: sdk.files.list\nstages: [{global: true}]": "sdk.files.list is locked at off",
         "reader: studio.digest\nmode: iceberg_only\nstages: [{global: true}]": "use iceberg",
         "writer: ingest.stream\nstages: [{global: true}]": "ingest.stream is locked at pg",
         "writer: sync.full\nstages: [{shadow: true}]": "writer plans have none",

@@ -254,10 +254,10 @@ def test_clamped_reader_stays_on_postgres(conn, dsn, catalog, settings, dataset)
     _mirror(dsn, catalog, settings, dataset)
     conn.execute(
         "insert into lakehouse_flag_overrides (kind, name, scope, mode, set_by)"
-        " values ('read', 'dashboards.aggregate', 'global', 'iceberg_only', 'psql')"
+        " values ('read', 'sdk.files.list', 'global', 'iceberg_only', 'psql')"
     )
     ex = Executors(conn, catalog, settings, dataset)
-    result = _route(conn, "dashboards.aggregate", dataset, ex)
+    result = _route(conn, "sdk.files.list", dataset, ex)
     assert (result.decision.mode, result.decision.flag.reason, result.decision.reason) == (
         "off",
         "clamped to ceiling",

@@ -414,11 +414,15 @@ def test_a_native_dataset_is_read_from_postgres_only_through_the_reverse_mirrors
     assert (served.source, served.reason) == ("postgres", "pg@reverse")
     assert served.table.column("n").to_pylist() == list(range(1, 13))
     off = _metric(client, 'lakehouse_reverse_mirror_datasets{state="off"}')
-    with world.conn() as conn:  # the reverse off: nothing keeps Postgres, so the read is refused with the way out
+    with (
+        world.conn() as conn
+    ):  # the reverse off: nothing keeps Postgres, so a locked reader is refused with the way out
         set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
-    objects = _post_read(world, {"reader": "objects.sync", "dataset_id": str(d)})
-    assert objects.status_code == 409 and "cannot be served by Iceberg" in objects.json()["error"]
-    assert f"lakehouse write-flags reverse on --dataset {d}" in objects.json()["error"]
+    files = _post_read(world, {"reader": "sdk.files.list", "dataset_id": str(d)})
+    assert files.status_code == 409 and "cannot be served by Iceberg" in files.json()["error"]
+    assert f"lakehouse write-flags reverse on --dataset {d}" in files.json()["error"]
+    # ... and a compute reader not flipped yet (issue 43) is served the latest snapshot: Iceberg is the truth
+    assert client.route("objects.sync", d)["reason"] == "iceberg@native"
     assert _metric(client, 'lakehouse_reverse_mirror_datasets{state="off"}') == off + 1
 
 

@@ -105,7 +105,7 @@ def test_a_fallback_the_app_reports_shows_where_the_routers_own_do(world, client
             404,
             "dataset 00000000-0000-4000-8000-000000000000 does not exist",
         ),
-        ({"reader": "objects.sync", "dataset_id": "{app}", "reason": "x"}, 400, "reader objects.sync never reads"),
+        ({"reader": "sdk.files.list", "dataset_id": "{app}", "reason": "x"}, 400, "reader sdk.files.list never reads"),
         ({"reader": "export.stream", "dataset_id": "{app}", "reason": "  "}, 400, "'reason' is empty"),
         ({"reader": "export.stream", "dataset_id": "{app}"}, 400, "the fallback request needs 'reason'"),
         ({"reader": "export.stream", "dataset_id": "{app}", "reason": "x", "at": 1}, 400, "unknown field(s) 'at'"),

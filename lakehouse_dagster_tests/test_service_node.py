@@ -1,5 +1,7 @@
 """The TypeScript client (clients/typescript) under Node against a live `lakehouse serve`: its own `npm ci` from the
-committed package-lock.json in a copy of the client, then `node --test`. Skipped, saying why, without node or npm."""
+committed package-lock.json in a copy of the client, then `node --test` — routed reads, a structured read (issue 43:
+where + aggregate from Iceberg and from Postgres, equal; a keyset page; a refusal), ingest, route, flags, fallbacks.
+Skipped, saying why, without node or npm. Marked ``e2e`` (a server process and an npm install: tens of seconds)."""
 
 from __future__ import annotations
 
@@ -24,10 +26,13 @@ from lakehouse_dagster.tracking import datasets
 CLIENT = Path(__file__).resolve().parents[1] / "clients" / "typescript"
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "name", "type": "string"}]
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("node") is None or shutil.which("npm") is None,
-    reason="node and npm are needed to run the TypeScript client's tests (Node 20 or newer)",
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        shutil.which("node") is None or shutil.which("npm") is None,
+        reason="node and npm are needed to run the TypeScript client's tests (Node 20 or newer)",
+    ),
+]
 
 
 def _dataset(conn, ws, name: str, rows: int):
@@ -80,7 +85,7 @@ def test_the_typescript_client_against_a_live_server(conn, dsn, settings: Settin
         )
     out = ran.stdout + ran.stderr
     assert ran.returncode == 0, out
-    assert "# pass 7" in out and "# fail 0" in out and "# skipped 0" in out, out
+    assert "# pass 8" in out and "# fail 0" in out and "# skipped 0" in out, out
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ingest,)).fetchone()[0] == 9
     # the fallback node reported is the row the read router writes for its own (what the soak and pages read)
     fallbacks = conn.execute(

@@ -277,6 +277,7 @@ NEW_MIGRATIONS = [
     "034_complete",
     "035_rollout_complete_step",
     "036_lifecycle",
+    "037_shadow_proof",
 ]
 
 

@@ -315,7 +315,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     out = cli_json("flags", "readers", "add", "objects.sync", "--dataset", str(d), "--note", "nightly object sync")
     assert out["reader"] == "objects.sync" and out["native_dataset_ids"] == []
     err = _refused(conn, "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d))
-    assert "read from dataset_rows by objects.sync, locked to Postgres" in err
+    assert "read from dataset_rows by objects.sync (mode off: on Postgres until flipped" in err and "locked to" in err
     # a workspace declaration covers every dataset of the workspace, also one created later
     declare(conn, "dashboards.aggregate", workspace=ws, actor="pytest")
     later = _dataset(conn, ws, "later")

@@ -124,14 +124,15 @@ def _readers_args(actions) -> list:
     """`flags readers add|list|remove`: which datasets the Postgres-locked readers read (reader_datasets.py)."""
     rp = actions.add_parser(
         "readers",
-        help="declare which datasets the readers locked to Postgres read (a write flip of such a dataset is refused)",
+        help="declare which datasets the readers held on Postgres read (locked ones; compute readers until flipped): "
+        "a write flip of such a dataset with its reverse off, and its complete, are refused",
     )
     verbs = rp.add_subparsers(dest="readers_action", required=True, metavar="VERB")
     add = add_command(
         verbs,
         "add",
         _readers_add,
-        help="declare that a locked reader reads a dataset (or every dataset of a workspace)",
+        help="declare that a reader held on Postgres reads a dataset (or every dataset of a workspace)",
     )
     add.add_argument("reader", help="objects.sync, dashboards.aggregate, pipeline.expectations, ...")
     _scope_args(add)
@@ -499,6 +500,7 @@ def _list(ctx, args) -> Result:
             "ceiling": f.ceiling,
             "ceiling_reason": f.ceiling_reason,
             "description": f.description,
+            **({"proof": "shadow-proven flip" if f.proof else ""} if kind == READ else {}),
         }
         for f in REGISTRY[kind].values()
     ]
@@ -518,7 +520,7 @@ def _list(ctx, args) -> Result:
     data = {"kind": kind, "registry": registry, "overrides": overrides}
     word = _KIND_WORD[kind]
     cols = (
-        ["name", "class", "default", "ceiling", "ceiling_reason"]
+        ["name", "class", "default", "ceiling", "proof", "ceiling_reason"]
         if kind == READ
         else ["name", "default", "ceiling", "ceiling_reason"]
     )
@@ -529,6 +531,8 @@ def _list(ctx, args) -> Result:
         "runtime overrides",
         table(overrides, ["name", "scope", "scope_id", "mode", "note", "set_by", "set_at"]),
     ]
+    if kind == READ:
+        text += _consistency(ctx, data, None if not args.dataset else args.dataset)
     if args.dataset:
         from lakehouse_dagster.tracking.datasets import (
             get_dataset,
@@ -548,6 +552,28 @@ def _list(ctx, args) -> Result:
             table(effective, ["name", "mode", "reason", "source", "stored_mode"]),
         ]
     return Result(data, "\n".join(text))
+
+
+def _consistency(ctx, data: dict, dataset) -> list[str]:
+    """The shadow consistency of the compute readers per dataset (flags/proof.py): what a flip of one is gated on."""
+    from lakehouse_dagster.core.ids import parse_uuid  # lazy: the CLI imports a verb's machinery only when it runs
+    from lakehouse_dagster.flags.proof import needed_reads, proofs
+    from lakehouse_dagster.flags.registry import PROVEN_READERS
+
+    needed = needed_reads(ctx.settings)
+    ids = None if dataset is None else [parse_uuid(dataset, "dataset id")]
+    found = proofs(ctx.conn, [r.name for r in PROVEN_READERS], ids)
+    rows = [
+        {**p.as_dict(needed), "consistency": p.describe(needed)}
+        for _, p in sorted(found.items(), key=lambda kv: (kv[0][0], str(kv[0][1])))
+    ]
+    data["shadow_consistency"] = rows
+    return [
+        "",
+        f"shadow consistency of the compute readers (a flip needs {needed} in a row since the dataset's last "
+        "change of schema: LAKEHOUSE_SHADOW_PROOF_READS)",
+        table(rows, ["reader", "dataset_id", "consistency"]) if rows else "(no shadow read compared yet)",
+    ]
 
 
 def _set(ctx, args) -> Result:

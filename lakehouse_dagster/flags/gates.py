@@ -17,11 +17,14 @@ A dataset moving to iceberg_native for a writer must be
     iceberg or iceberg_only for it, and has for LAKEHOUSE_SOAK_SECONDS — since its effective mode for
     the dataset reached iceberg (the audit of its dataset/workspace/global overrides, replayed) and since
     the latest MISMATCH or fallback of that reader on it ("read-flip → soak → write-flip");
-  * read by no Postgres-locked reader (objects.sync, dashboards.aggregate, pipeline.expectations...)
-    declared to read it (reader_datasets.py): no read flip can move those off dataset_rows — unless its
-    reverse mirror is on, as for a pipeline input (``postgres_consumer_blockers``);
+  * read by no declared reader that holds it on dataset_rows (reader_datasets.py ``on_postgres``: a reader locked
+    to Postgres — sdk.files.list, mediaset.item —, or a compute reader — objects.sync, dashboards.aggregate,
+    pipeline.expectations — whose mode for it is still below iceberg) — unless its reverse mirror is on, as for
+    a pipeline input (``postgres_consumer_blockers``);
   * parity-checked: its latest recorded verdict is ok, at its current Postgres version.
 A reader of a native dataset must not move below iceberg: Postgres no longer receives its rows.
+A compute reader (registry ``proof``) moving a dataset to iceberg or iceberg_only needs proven shadow consistency
+for it (flags/proof.py: LAKEHOUSE_SHADOW_PROOF_READS comparisons in a row, all equal, since its last schema change).
 
 A widen (workspace/global) must also follow the widening rules: soak and the writers' order (widen.py).
 
@@ -44,7 +47,8 @@ from lakehouse_dagster.flags.completed import holding
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
-from lakehouse_dagster.flags.reader_datasets import readers_of
+from lakehouse_dagster.flags.proof import needed_reads, proofs
+from lakehouse_dagster.flags.reader_datasets import on_postgres
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
 from lakehouse_dagster.flags.reverse_setting import DEFAULT_ON, ReverseSetting, reverse_settings
 from lakehouse_dagster.flags.soak import audit_history, effective_since, soak
@@ -249,7 +253,7 @@ def postgres_consumer_blockers(
     cannot run (``capture.reverse_blocked``: capture mode after-commit before PostgreSQL 14) it counts as off.
     Three queries, whatever the number of datasets."""
     inputs = pipeline_input_dataset_ids(conn)
-    locked = readers_of(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
+    locked = on_postgres(conn, {e.dataset_id: datasets[e.dataset_id][2] for e in moved})
     consumed = [e.dataset_id for e in moved if e.dataset_id in inputs or locked.get(e.dataset_id)]
     if not consumed:
         return {}
@@ -276,9 +280,9 @@ def postgres_consumer_blockers(
             reasons.append(
                 "read from dataset_rows by "
                 + ", ".join(d.describe() for d in locked[ds_id])
-                + ", locked to Postgres (no Iceberg read path): Postgres would go stale for it without the "
-                f"reverse mirror; {off} (or remove the declaration, lakehouse flags readers remove, once it no "
-                "longer reads this dataset)"
+                + ", locked to Postgres: Postgres would go stale for it without the "
+                f"reverse mirror; {off} (or flip a compute reader once proven, or remove the declaration, lakehouse "
+                "flags readers remove, once it no longer reads this dataset)"
             )
     return out
 
@@ -360,6 +364,47 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
     return blocked
 
 
+def proof_blockers(
+    conn: psycopg.Connection, flag: Flag, moved: list[Effect], datasets: dict, needed: int | None = None
+) -> list[Blocked]:
+    """A compute reader (registry ``proof``) moving a dataset from Postgres to Iceberg: refused for every dataset its
+    shadow reads have not proven (flags/proof.py). ``needed`` None: LAKEHOUSE_SHADOW_PROOF_READS."""
+    if not flag.proof:
+        return []
+    up = [e for e in moved if rank(READ, e.before) < rank(READ, "iceberg") <= rank(READ, e.after)]
+    if not up:
+        return []
+    needed = needed_reads() if needed is None else needed
+    found = proofs(conn, [flag.name], [e.dataset_id for e in up])
+    blocked = []
+    for e in up:
+        p = found[(flag.name, e.dataset_id)]
+        if not p.proven(needed):
+            blocked.append(
+                Blocked(
+                    e.dataset_id,
+                    e.name,
+                    (
+                        f"{flag.name} is not proven on it: shadow reads {p.describe(needed)} since its last change "
+                        f"of schema, {needed} in a row needed (LAKEHOUSE_SHADOW_PROOF_READS); keep it in shadow "
+                        f"(lakehouse flags set {flag.name} shadow --dataset {e.dataset_id}) while it reads",
+                    ),
+                )
+            )
+    return blocked
+
+
+def check_proof(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str) -> None:
+    """``proof_blockers`` alone for a read flip, so its preflight refuses before it canaries (the gated set checks
+    it again with every other gate)."""
+    if not flag.proof:
+        return
+    moved, datasets = effects(conn, flag, scope, mode)
+    blocked = proof_blockers(conn, flag, moved, datasets)
+    if blocked:
+        raise _refusal(flag, mode, scope, blocked, (), scope_names(conn, datasets))
+
+
 def _refusal(
     flag: Flag,
     mode: str | None,
@@ -410,7 +455,7 @@ def check_change(
         ]
         blocked = write_flip_blockers(conn, judged, datasets, soak_seconds=soak_seconds, now=now)
     else:
-        blocked = read_rollback_blockers(conn, moved, datasets)
+        blocked = read_rollback_blockers(conn, moved, datasets) + proof_blockers(conn, flag, moved, datasets)
     names = scope_names(conn, datasets)
     rules = widen_blockers(conn, flag, scope, mode, moved, datasets, soak_seconds=soak_seconds, now=now, names=names)
     if blocked or rules:

@@ -1,11 +1,13 @@
-"""Which datasets the Postgres-locked readers read: declared by operators, so a write flip cannot strand them.
+"""Which datasets the Postgres-held readers read: declared by operators, so a write flip cannot strand them.
 
-Readers whose ceiling is below iceberg (objects.sync, dashboards.aggregate, pipeline.expectations, ...)
-read ``dataset_rows`` and nothing else; once a writer goes iceberg_native for a dataset, Postgres goes
-stale for it, and no read flip can move them. Nothing in the app says which datasets they read, so an
-operator declares it (``lakehouse flags readers add <reader> --dataset <id> | --workspace <id>``); a
-workspace declaration covers every dataset of the workspace, including ones created later. The flip
-gates (gates.py) refuse a write flip of a dataset a declared locked reader reads, naming the reader.
+Readers whose ceiling is below iceberg (sdk.files.list, mediaset.item) read ``dataset_rows`` and nothing else; the
+compute readers (objects.sync, dashboards.aggregate, pipeline.expectations: registry ``proof``) read it until they are
+flipped for the dataset, which needs proven shadow consistency (flags/proof.py). Once a writer goes iceberg_native
+for a dataset, Postgres goes stale for it. Nothing in the app says which datasets they read, so an operator declares
+it (``lakehouse flags readers add <reader> --dataset <id> | --workspace <id>``); a workspace declaration covers every
+dataset of the workspace, including ones created later. A declared reader holds a dataset on Postgres only while its
+effective mode for that dataset is below iceberg (``on_postgres``): the flip gates (gates.py) refuse a write flip
+and ``complete`` refuses a dataset it holds, naming the reader; a compute reader flipped for it holds nothing.
 """
 
 from __future__ import annotations
@@ -28,12 +30,21 @@ from lakehouse_dagster.flags.overrides import (
     parse_scope,
     require_target,
 )
-from lakehouse_dagster.flags.registry import READ, READERS, get_flag, rank
+from lakehouse_dagster.flags.registry import READ, READERS, get_flag, rank, reads_postgres
+from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 
 
 def locked_readers() -> list[str]:
     """Readers Iceberg cannot serve (ceiling below iceberg): they stay on dataset_rows whatever their flag."""
     return [r.name for r in READERS.values() if rank(READ, r.ceiling) < rank(READ, "iceberg")]
+
+
+def declarable_readers() -> list[str]:
+    """The readers declared here: the locked ones and the compute readers (on dataset_rows until proven, flipped)."""
+    return [r.name for r in READERS.values() if rank(READ, r.ceiling) < rank(READ, "iceberg") or r.proof]
+
+
+PROOF_NOTE = "mode {mode}: on Postgres until flipped, once its shadow reads prove it"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,22 +55,29 @@ class Declared:
     note: str | None
     declared_by: str
     declared_at: datetime
+    mode: str | None = dataclasses.field(default=None, compare=False)  # its effective mode for the dataset asked
 
     def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "scope_id": str(self.scope_id)}
+        d = {**dataclasses.asdict(self), "scope_id": str(self.scope_id)}
+        if self.mode is None:
+            del d["mode"]
+        return d
 
     def describe(self) -> str:
         via = "" if self.scope == DATASET else f" (declared for its workspace {self.scope_id})"
+        flag = READERS.get(self.reader)
+        if self.mode is not None and flag is not None and flag.proof:
+            return f"{self.reader}{via} ({PROOF_NOTE.format(mode=self.mode)})"
         return f"{self.reader}{via}"
 
 
 def _check_reader(name: str) -> str:
     flag = get_flag(READ, name)
-    if flag.name not in locked_readers():
+    if flag.name not in declarable_readers():
         raise BadInput(
             f"{name} can be served by Iceberg (ceiling {flag.ceiling}): read-flip it instead "
-            f"(lakehouse flags flip {name}); only readers locked to Postgres are declared here: "
-            + ", ".join(locked_readers())
+            f"(lakehouse flags flip {name}); only readers that stay on Postgres are declared here: "
+            + ", ".join(declarable_readers())
         )
     return flag.name
 
@@ -136,4 +154,22 @@ def readers_of(
     for ds_id, ws_id in datasets.items():
         if ws_id in by_ws:
             out.setdefault(ds_id, []).extend(by_ws[ws_id])
+    return out
+
+
+def on_postgres(
+    conn: psycopg.Connection, datasets: dict[uuid.UUID, uuid.UUID | None]
+) -> dict[uuid.UUID, list[Declared]]:
+    """``readers_of`` less the readers that read Iceberg for the dataset now (a compute reader flipped for it): the
+    declared readers that hold each dataset on ``dataset_rows``, each with its effective mode. Two queries."""
+    found = readers_of(conn, datasets)
+    names = sorted({d.reader for ds in found.values() for d in ds if d.reader in READERS})
+    stored = stored_overrides(conn, READ, names) if names else {}
+    out: dict[uuid.UUID, list[Declared]] = {}
+    for ds_id, decls in found.items():
+        for d in decls:
+            flag = READERS.get(d.reader)
+            mode = resolve_for(flag, stored[d.reader], ds_id, datasets[ds_id]) if flag is not None else None
+            if mode is None or reads_postgres(mode):
+                out.setdefault(ds_id, []).append(dataclasses.replace(d, mode=mode))
     return out

@@ -3,6 +3,12 @@
 Each entry carries its consistency class (readers), its ceiling (maxMode: the highest mode it may
 ever resolve to) and its registry default. Runtime overrides (overrides.py) move a flag between
 modes; nothing — not even a row written by hand — lifts it above its ceiling.
+
+The compute readers (``proof``: objects.sync, dashboards.aggregate, pipeline.expectations) ask structured reads —
+row ids, keyset pages, filters, aggregates (routing/request.py, issue 43) — that two executors answer. Their ceilings
+let them read Iceberg, but a flip of one for a dataset is gated on proof (flags/proof.py): its shadow reads of that
+dataset compared equal, enough times in a row, since the dataset's last change of schema. Until then they read
+``dataset_rows`` and count as Postgres consumers (the reverse mirror keeps them; ``complete`` waits for their flip).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Flag:
     consistency: str | None = None  # readers only
     ceiling_reason: str | None = None  # why the ceiling is where it is (required when it blocks a flip)
     iceberg_mode: str | None = None  # writers only: "append" | "replace" on the native path
+    proof: bool = False  # readers only: a flip to iceberg needs proven shadow consistency (flags/proof.py)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -52,15 +59,15 @@ class Flag:
         return self.modes[: _RANK[self.kind][self.ceiling] + 1]
 
 
-def _reader(name, consistency, ceiling, description, ceiling_reason=None) -> Flag:
-    return Flag(READ, name, ceiling, "off", description, consistency, ceiling_reason)
+def _reader(name, consistency, ceiling, description, ceiling_reason=None, proof=False) -> Flag:
+    return Flag(READ, name, ceiling, "off", description, consistency, ceiling_reason, proof=proof)
 
 
 def _writer(name, ceiling, iceberg_mode, description, ceiling_reason=None) -> Flag:
     return Flag(WRITE, name, ceiling, "pg", description, None, ceiling_reason, iceberg_mode)
 
 
-_NOT_SERVABLE = "the Iceberg read path serves projection + limit only (no filter/keyset/compute)"
+_PROVEN = "structured reads (docs/reads.md) on both executors; a flip needs proven shadow consistency"
 
 READERS: dict[str, Flag] = {
     f.name: f
@@ -87,27 +94,31 @@ READERS: dict[str, Flag] = {
             "approximate sampler for training pairs",
             "samplers keep the PG fallback: it costs nothing",
         ),
-        # Not servable by Iceberg today: ceiling off, reason recorded.
+        # The compute readers (issue 43: Phase 4 addressing, Stage 1 compute): servable by the Iceberg executor of
+        # structured reads, flipped only once shadow reads prove it equal to Postgres for the dataset.
         _reader(
             "objects.sync",
             EVENTUAL,
-            "off",
-            "object sync by row id",
-            f"needs id/row_index addressing (Phase 4); {_NOT_SERVABLE}",
+            "iceberg_only",
+            f"object sync by row id and row_index (row_ids, keyset pages): {_PROVEN}",
+            proof=True,
         ),
         _reader(
             "dashboards.aggregate",
             EVENTUAL,
-            "off",
-            "dashboard aggregates",
-            f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}",
+            "iceberg",
+            f"dashboard aggregates (where, group_by, measures): {_PROVEN}",
+            "keeps the PG fallback: a request the Iceberg executor cannot answer exactly (a column not yet in the "
+            "snapshot, delete files) is served by Postgres",
+            proof=True,
         ),
         _reader(
             "pipeline.expectations",
             STRICT,
-            "off",
-            "pipeline expectation checks",
-            f"needs SQL compute over the data (Stage 1 compute); {_NOT_SERVABLE}",
+            "iceberg",
+            f"pipeline expectation checks (where, aggregates; STRICT: Iceberg only when caught up): {_PROVEN}",
+            "keeps the PG fallback: STRICT, it reads Postgres whenever the snapshot lags (the caught-up gate)",
+            proof=True,
         ),
         _reader(
             "sdk.files.list",
@@ -172,12 +183,20 @@ REGISTRY: dict[str, dict[str, Flag]] = {READ: READERS, WRITE: WRITERS}
 
 # Writers whose ceiling allows the native path: the only ones that can make a dataset native.
 FLIPPABLE_WRITERS = tuple(w for w in WRITERS.values() if w.ceiling == "iceberg_native")
-# Readers Iceberg can serve (ceiling iceberg or above): the ones prerequisite #1 asks to read-flip first.
-SERVABLE_READERS = tuple(r for r in READERS.values() if r.ceiling in ("iceberg", "iceberg_only"))
+# Readers Iceberg can serve (ceiling iceberg or above) without proof: the ones prerequisite #1 asks to read-flip first.
+SERVABLE_READERS = tuple(r for r in READERS.values() if r.ceiling in ("iceberg", "iceberg_only") and not r.proof)
+# The compute readers: servable, flipped per dataset once proven (flags/proof.py); on Postgres until then.
+PROVEN_READERS = tuple(r for r in READERS.values() if r.proof)
 
 
 def rank(kind: str, mode: str) -> int:
     return _RANK[kind][mode]
+
+
+def reads_postgres(mode: str) -> bool:
+    """Does a reader in this effective mode (clamped: never above its ceiling) read ``dataset_rows``? What the gates,
+    ``complete`` and the router's reverse copy count as a Postgres consumer: a reader below iceberg."""
+    return rank(READ, mode) < rank(READ, "iceberg")
 
 
 def check_kind(kind: str) -> str:
@@ -231,6 +250,7 @@ def _check_registry() -> None:
             assert rank(kind, f.default) <= rank(kind, f.ceiling), f
             assert f.ceiling == MODES[kind][-1] or f.ceiling_reason, f"{f.name}: a ceiling below max needs a reason"
             assert (f.consistency in (EVENTUAL, STRICT)) == (kind == READ), f
+            assert not f.proof or rank(kind, f.ceiling) >= rank(kind, "iceberg"), f"{f.name}: proof of what?"
     assert not set(READERS) & set(WRITERS), "a name must be a reader or a writer, not both"
 
 

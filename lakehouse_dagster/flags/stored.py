@@ -25,7 +25,7 @@ def stored_overrides(
     return stored
 
 
-def resolve_for(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID) -> str:
+def resolve_for(flag: Flag, stored: dict, dataset_id: uuid.UUID, workspace_id: uuid.UUID | None) -> str:
     """The flag's effective mode for one dataset, from ``stored_overrides`` (the resolver's precedence)."""
     found = {}
     for scope, key in ((DATASET, dataset_id), (WORKSPACE, workspace_id), (GLOBAL, None)):

@@ -32,7 +32,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.candidates import write_flip_candidates
 from lakehouse_dagster.flags.gates import AtFlip, Effect, write_flip_blockers
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
-from lakehouse_dagster.flags.reader_datasets import readers_of
+from lakehouse_dagster.flags.reader_datasets import on_postgres
 from lakehouse_dagster.flags.registry import COMMAND, READ, Flag, get_flag, rank
 from lakehouse_dagster.flags.soak_setting import STORED, SoakSetting, current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
@@ -370,7 +370,7 @@ def _complete_stage(
             "raise it, or complete fewer by narrowing the stages above"
         )
     inputs = pipeline_input_dataset_ids(conn) & set(ids)
-    locked = readers_of(conn, {d: datasets[d][2] for d in ids})
+    locked = on_postgres(conn, {d: datasets[d][2] for d in ids})
     held = [
         f"{datasets[d][1]} ({d}): "
         + "; ".join(

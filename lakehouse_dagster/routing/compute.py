@@ -17,6 +17,7 @@ exact by construction (compute_sql.py), so both engines give the same bits.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import decimal
 import math
 from collections.abc import Callable, Sequence
@@ -139,24 +140,46 @@ def _canonical(v: Any) -> Any:
     return v
 
 
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """How two answers differ: one line, and the first differing row (a group, for an aggregate) of each side."""
+
+    detail: str
+    first: dict | None = None  # of the first answer (None: it has no row there)
+    second: dict | None = None
+
+
 def compare(a: pa.Table, b: pa.Table, ordered: bool) -> str | None:
     """None when the answers are equal (the rule above), else one line naming the first difference."""
+    d = difference(a, b, ordered)
+    return None if d is None else d.detail
+
+
+def difference(a: pa.Table, b: pa.Table, ordered: bool) -> Difference | None:
+    """None when the answers are equal (the rule above), else the first difference (what a shadow read records)."""
     if a.schema != b.schema:
-        return f"different schemas: {a.schema.to_string(show_schema_metadata=False)!r} vs {b.schema!r}"
-    left = [tuple(_canonical(v) for v in r.values()) for r in a.to_pylist()]
-    right = [tuple(_canonical(v) for v in r.values()) for r in b.to_pylist()]
+        return Difference(f"different schemas: {a.schema.to_string(show_schema_metadata=False)!r} vs {b.schema!r}")
+    rows_a, rows_b = a.to_pylist(), b.to_pylist()
+    left = [tuple(_canonical(v) for v in r.values()) for r in rows_a]
+    right = [tuple(_canonical(v) for v in r.values()) for r in rows_b]
     if ordered:
         for i, (x, y) in enumerate(zip(left, right)):
             if x != y:
-                return f"row {i} differs: {x!r} vs {y!r}"
+                return Difference(f"row {i} differs: {x!r} vs {y!r}", rows_a[i], rows_b[i])
         if len(left) != len(right):
-            return f"{len(left)} rows vs {len(right)}"
+            i = min(len(left), len(right))
+            extra_a, extra_b = rows_a[i] if i < len(rows_a) else None, rows_b[i] if i < len(rows_b) else None
+            return Difference(f"{len(left)} rows vs {len(right)}", extra_a, extra_b)
         return None
     lc, rc = collections.Counter(left), collections.Counter(right)
     if lc == rc:
         return None
     only_a, only_b = lc - rc, rc - lc
-    return (
+    first_a = next((r for r, k in zip(rows_a, left) if k in only_a), None)
+    first_b = next((r for r, k in zip(rows_b, right) if k in only_b), None)
+    return Difference(
         f"{sum(only_a.values())} row(s) only in the first answer (e.g. {next(iter(only_a), None)!r}), "
-        f"{sum(only_b.values())} only in the second (e.g. {next(iter(only_b), None)!r})"
+        f"{sum(only_b.values())} only in the second (e.g. {next(iter(only_b), None)!r})",
+        first_a,
+        first_b,
     )

@@ -1,6 +1,7 @@
 """One read through the read router, as a reader does it: what `lakehouse read` and the read-flip
 job's verify step run (the runbook's "exercise the reader and confirm the read-router reason").
-In shadow mode the read is served by Postgres and offered for comparison off the request path (routing/shadow.py)."""
+In shadow mode the read is served by Postgres and offered for comparison off the request path (routing/shadow.py),
+a structured read included."""
 
 from __future__ import annotations
 
@@ -71,10 +72,13 @@ def read_through_router(
         raise
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
-    if result.decision.reason == "pg@shadow" and plan is None:  # structured reads: their shadow is next (issue 43)
+    if shadow.shadowed(result.decision) is not None:  # pg@shadow, or a compute reader's pg@reverse in mode shadow
         pool = shadow_pool or shadow.pool_for(settings, settings.pg_dsn or conn.info.dsn)
         load = lambda: load_dataset_table(catalog, settings, dataset.id)  # noqa: E731  (the worker loads it)
-        shadow.offer_read(pool, result, dataset, proj, shadow.iceberg_side(load, proj))
+        if plan is not None and query is not None:
+            shadow.offer_query(pool, result, plan, query, shadow.iceberg_answer(load, plan))
+        else:
+            shadow.offer_read(pool, result, dataset, proj, shadow.iceberg_side(load, proj))
     return result, dataset, proj
 
 

@@ -17,9 +17,11 @@
   forbid it —, no snapshot, lagging) it serves the latest snapshot, reason ``iceberg@native``; with no
   snapshot at all, or for a reader Iceberg cannot serve (ceiling ``off``), the read is refused with the
   reason (``ReadRefused``), never served stale.
-- Except where the reverse mirror keeps Postgres: a Postgres-locked reader (ceiling ``off``) of a native dataset
+- Except where the reverse mirror keeps Postgres: a Postgres-held reader of a native dataset — locked (ceiling
+  ``off``), or a compute reader (registry ``proof``) whose mode for it is below iceberg: not flipped, not proven —
   whose reverse resolves on (and can run: capture mode triggers) reads ``dataset_rows``, reason ``pg@reverse`` —
-  the gates let such a dataset go native for exactly that reason. EVENTUAL: the copy as of the reverse's last
+  the gates let such a dataset go native for exactly that reason. A compute reader not flipped, with no reverse
+  copy to read, is served the latest snapshot (``iceberg@native``): Iceberg is the truth and it can serve it. EVENTUAL: the copy as of the reverse's last
   applied snapshot; STRICT: only when the reverse is caught up (mirror/reverse_lag.py), otherwise refused
   (``refused@reverse-behind``) with the command that catches it up.
 
@@ -41,7 +43,7 @@ from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import NotFound, ReadRefused
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.flags.incidents import record_fallback
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, STRICT, WRITE, rank, reads_postgres
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.tracking import barrier, capture
@@ -102,6 +104,7 @@ class ReadDecision:
     snapshot_id: int | None  # the snapshot an Iceberg read is pinned to
     freshness: Freshness | None = None
     native: bool = False  # the dataset is written iceberg-native: Postgres is stale for it
+    reverse_snapshot: int | None = None  # pg@reverse: the snapshot dataset_rows holds (the reverse mirror applied)
 
     @property
     def mode(self) -> str:
@@ -172,15 +175,25 @@ def decide(
     if not native or d.source == ICEBERG:
         return d
     # Written iceberg-native: never a stale Postgres. The latest snapshot is the truth, whatever the mode says.
-    if rank(READ, flag.ceiling) < rank(READ, "iceberg"):
+    if held_on_postgres(reader, flag):
         if reverse is not None and (flag.consistency != STRICT or reverse.caught_up):
-            return dataclasses.replace(d, source=PG, reason="pg@reverse")
+            return dataclasses.replace(d, source=PG, reason="pg@reverse", reverse_snapshot=reverse.applied_snapshot)
         if reverse is not None:
             return dataclasses.replace(d, source=REFUSED, reason="refused@reverse-behind")
-        return dataclasses.replace(d, source=REFUSED, reason="refused@native-not-servable")
+        if rank(READ, flag.ceiling) < rank(READ, "iceberg"):
+            return dataclasses.replace(d, source=REFUSED, reason="refused@native-not-servable")
     if fresh is None or not fresh.has_snapshot:
         return dataclasses.replace(d, source=REFUSED, reason="refused@native-no-snapshot")
     return dataclasses.replace(d, source=ICEBERG, reason="iceberg@native", snapshot_id=fresh.snapshot_id)
+
+
+def held_on_postgres(reader: str, flag: Resolution) -> bool:
+    """A reader that reads the reverse mirror's copy of a native dataset: one Iceberg cannot serve (ceiling below
+    iceberg), or a compute reader not flipped for it (its mode below iceberg: not proven yet)."""
+    if rank(READ, flag.ceiling) < rank(READ, "iceberg"):
+        return True
+    registered = READERS.get(reader)
+    return registered is not None and registered.proof and reads_postgres(flag.mode)
 
 
 def _decide(
@@ -261,7 +274,7 @@ def resolve_read_source(
     fresh = freshness(conn, dataset_id, exact=flag.consistency == STRICT)
     # (the resolver holds every flag of the dataset from one query: the writers cost nothing more)
     native = any(flags.resolve(WRITE, w.name, dataset_id).mode == "iceberg_native" for w in FLIPPABLE_WRITERS)
-    reverse = _reverse_copy(conn, dataset_id) if native and rank(READ, flag.ceiling) < rank(READ, "iceberg") else None
+    reverse = _reverse_copy(conn, dataset_id) if native and held_on_postgres(reader, flag) else None
     decision = decide(reader, dataset_id, flag, fresh, native, reverse)
     (logger or log).info(decision.log_line())
     return ReadSource(decision, logger, on_fallback=functools.partial(record_fallback, conn))

@@ -15,9 +15,21 @@ limited read against the Iceberg rows with the same ``__row_index`` values (when
 ``not-comparable``). Only reads at caught-up versions count: the snapshot must cover the Postgres version the
 router saw, and Postgres must not have moved by the time the worker looks (``lagging`` otherwise).
 
+A structured read (routing/request.py: where, order, aggregate, addressing; issue 43) is compared the same way
+but whole: the worker computes the same plan over the pinned snapshot with the Iceberg executor and the two answers
+must be equal by ``compute.compare``'s rule (same schema; same rows, in order when the plan is ordered — an
+aggregate always is —, as multisets otherwise; floats by value, NaN equal to NaN, -0.0 to 0.0; no tolerance). Every
+structured plan is comparable: a limit without an order is ordered by ``__row_index`` at bind time.
+
+On a native dataset whose reverse mirror keeps ``dataset_rows``, a compute reader in mode shadow is served that copy
+(``pg@reverse``): it is compared with the snapshot the copy holds (``lakehouse_reverse_position``), and is ``lagging``
+when the reverse applied another one around the read (``shadowed``).
+
 Each comparison is a row of ``lakehouse_shadow_reads``: reader, dataset, outcome (match | mismatch | lagging |
 no-snapshot | not-comparable | error | dropped), both versions (Postgres rows_version; the snapshot and the
-Postgres version it covers), and for a mismatch the first differing row from each side.
+Postgres version it covers), for a mismatch the first differing row (or group) from each side, the structured
+request (``query``; null for a projection read) and the digest of the dataset's schema it ran against (read with
+the version check: flags/proof.py counts only the comparisons since the last change of schema).
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import queue
 import random
 import threading
@@ -45,8 +58,11 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.reader import read_iceberg
 from lakehouse_dagster.parity.canonical import SEP, canonical_value
+from lakehouse_dagster.routing import compute
+from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
 from lakehouse_dagster.routing.projection import Projection
-from lakehouse_dagster.routing.read_router import ReadResult
+from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult
+from lakehouse_dagster.routing.request import Plan, Query
 from lakehouse_dagster.tracking.datasets import Dataset
 
 log = logging.getLogger("lakehouse_dagster.read_router")
@@ -62,6 +78,8 @@ _IDENTITY_TYPES = {"__row_index": "int64", "__row_id": "string", "__created_at":
 
 # (snapshot id, the __row_index values to read or None for the read as it was asked) → the Iceberg rows
 IcebergRead = Callable[[int, "list[int] | None"], pa.Table]
+# snapshot id → a structured plan's answer computed by the Iceberg executor over that snapshot
+IcebergAnswer = Callable[[int], pa.Table]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +93,10 @@ class ShadowJob:
     snapshot_id: int | None
     iceberg_version: int | None  # the Postgres version the snapshot covers
     pg_rows: pa.Table
-    iceberg: IcebergRead
+    iceberg: IcebergRead | None  # a projection read's Iceberg side
+    answer: IcebergAnswer | None = None  # a structured read's Iceberg side (then ``ordered`` is the plan's)
+    query: dict | None = None  # the structured request, as recorded
+    reverse_snapshot: int | None = None  # read from the reverse mirror's copy: the snapshot it held (pg@reverse)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +107,7 @@ class Compared:
     pg_row: dict | None = None
     iceberg_row: dict | None = None
     detail: str | None = None
+    schema_digest: str | None = None  # md5 of datasets.schema when the comparison was made (caught-up ones)
 
 
 def _texts(table: pa.Table, columns: Sequence[tuple[str, str]]) -> list[tuple[str, dict]]:
@@ -122,14 +144,42 @@ def _first(rows: list[dict]) -> dict | None:
     return rows[0]
 
 
+def _json_value(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):  # jsonb has no NaN/Infinity: the words the reads use
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
 def _jsonable(row: dict | None) -> dict | None:
-    return None if row is None else json.loads(json.dumps(row, default=str))
+    if row is None:
+        return None
+    return json.loads(json.dumps({k: _json_value(v) for k, v in row.items()}, default=str))
+
+
+def compare_answers(pg: pa.Table, ice: pa.Table, ordered: bool) -> Compared:
+    """Two answers of one structured plan, by ``compute.compare``'s rule; a mismatch names the first differing row
+    (group) of each side."""
+    d = compute.difference(pg, ice, ordered)
+    if d is None:
+        return Compared(MATCH, pg.num_rows, ice.num_rows)
+    detail = f"Postgres vs Iceberg: {d.detail}"[:1000]
+    return Compared(MISMATCH, pg.num_rows, ice.num_rows, _jsonable(d.first), _jsonable(d.second), detail)
 
 
 def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
     """The Iceberg side and the comparison of one sampled read (in a worker)."""
     if job.snapshot_id is None:
         return Compared(NO_SNAPSHOT, job.pg_rows.num_rows, detail="Iceberg has no snapshot of it")
+    if job.reverse_snapshot is not None:
+        at = conn.execute("select snapshot_id from lakehouse_reverse_position where dataset_id = %s", (job.dataset_id,))
+        held = at.fetchone()
+        if held is None or held[0] != job.reverse_snapshot:
+            return Compared(
+                LAGGING,
+                job.pg_rows.num_rows,
+                detail=f"the reverse mirror moved dataset_rows from snapshot {job.reverse_snapshot} to "
+                f"{held[0] if held else 'none'} around the read",
+            )
     if job.iceberg_version is None or job.iceberg_version < job.pg_version:
         return Compared(
             LAGGING,
@@ -138,7 +188,11 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
         )
     names = [c for c, _ in job.columns]
     whole = job.limit is None or job.pg_rows.num_rows < job.limit
-    if whole or job.ordered:
+    if job.answer is not None:
+        ice = job.answer(job.snapshot_id)
+    elif job.iceberg is None:
+        raise ValueError("a shadow job without an Iceberg side")
+    elif whole or job.ordered:
         ice = job.iceberg(job.snapshot_id, None)
     elif ROW_INDEX in names:
         indexes = [i for i in job.pg_rows.column(ROW_INDEX).to_pylist() if i is not None]
@@ -149,7 +203,10 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
             job.pg_rows.num_rows,
             detail="a limited read in no order without __row_index: the two sides return different rows by design",
         )
-    now = conn.execute("select rows_version from datasets where id = %s", (job.dataset_id,)).fetchone()
+    # a change of schema moves rows_version too: the digest read here is the schema both sides ran against
+    now = conn.execute(
+        "select rows_version, md5(schema::text) from datasets where id = %s", (job.dataset_id,)
+    ).fetchone()
     if now is None or now[0] != job.pg_version:
         return Compared(
             LAGGING,
@@ -157,14 +214,18 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
             ice.num_rows,
             detail=f"Postgres moved from version {job.pg_version} to {now[0] if now else 'gone'} around the read",
         )
-    return compare_tables(job.pg_rows, ice, job.columns)
+    if job.answer is not None:
+        compared = compare_answers(job.pg_rows, ice, job.ordered)
+    else:
+        compared = compare_tables(job.pg_rows, ice, job.columns)
+    return dataclasses.replace(compared, schema_digest=now[1])
 
 
 def record(conn: psycopg.Connection, job: ShadowJob, c: Compared, seconds: float) -> None:
     conn.execute(
         "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_version, snapshot_id, iceberg_version,"
-        " pg_rows, iceberg_rows, pg_row, iceberg_row, detail, seconds)"
-        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        " pg_rows, iceberg_rows, pg_row, iceberg_row, detail, seconds, query, schema_digest)"
+        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
         (
             job.reader,
             job.dataset_id,
@@ -178,6 +239,8 @@ def record(conn: psycopg.Connection, job: ShadowJob, c: Compared, seconds: float
             Jsonb(c.iceberg_row) if c.iceberg_row is not None else None,
             c.detail,
             round(seconds, 4),
+            Jsonb(job.query) if job.query is not None else None,
+            c.schema_digest,
         ),
     )
 
@@ -321,6 +384,20 @@ def _drain_all() -> None:
         pool.drain(timeout=5.0)
 
 
+def shadowed(d: ReadDecision) -> tuple[int | None, int | None, int | None] | None:
+    """Is a read the router served from Postgres compared with Iceberg, and against what: (snapshot, the Postgres
+    version it covers, the reverse copy's snapshot) — None when not. Read mode shadow serves Postgres: ``pg@shadow``
+    against the latest snapshot; on a native dataset whose reverse mirror keeps ``dataset_rows`` a compute reader in
+    mode shadow is served the reverse copy (``pg@reverse``), compared with the very snapshot that copy holds."""
+    if d.freshness is None:
+        return None
+    if d.reason == "pg@shadow":
+        return d.freshness.snapshot_id, d.freshness.source_version, None
+    if d.reason == "pg@reverse" and d.mode == "shadow" and d.reverse_snapshot is not None:
+        return d.reverse_snapshot, d.freshness.rows_version, d.reverse_snapshot
+    return None
+
+
 def offer_read(
     pool: ShadowPool,
     result: ReadResult,
@@ -332,7 +409,8 @@ def offer_read(
 ) -> bool:
     """After a read the router served from Postgres in shadow mode: offer it for comparison (else do nothing)."""
     d = result.decision
-    if d.reason != "pg@shadow" or d.freshness is None or not isinstance(result.value, pa.Table):
+    against = shadowed(d)
+    if against is None or d.freshness is None or not isinstance(result.value, pa.Table):
         return False
     types = {c.name: c.type for c in dataset.columns} | _IDENTITY_TYPES
     job = ShadowJob(
@@ -342,12 +420,55 @@ def offer_read(
         limit=projection.limit,
         ordered=projection.order_by_row_index,
         pg_version=d.freshness.rows_version,
-        snapshot_id=d.freshness.snapshot_id,
-        iceberg_version=d.freshness.source_version,
+        snapshot_id=against[0],
+        iceberg_version=against[1],
         pg_rows=result.value,
         iceberg=iceberg,
+        reverse_snapshot=against[2],
     )
     return pool.offer(job, drawn=drawn)
+
+
+def offer_query(
+    pool: ShadowPool,
+    result: ReadResult,
+    plan: Plan,
+    query: Query,
+    answer: IcebergAnswer,
+    *,
+    drawn: bool = False,
+) -> bool:
+    """After a structured read the router served from Postgres in shadow mode: offer its answer for comparison with
+    the same plan computed over the snapshot the router saw (``answer``, run by the worker)."""
+    d = result.decision
+    against = shadowed(d)
+    if against is None or d.freshness is None or not isinstance(result.value, pa.Table):
+        return False
+    job = ShadowJob(
+        reader=d.reader,
+        dataset_id=d.dataset_id,
+        columns=(),
+        limit=plan.limit,
+        ordered=plan.ordered,
+        pg_version=d.freshness.rows_version,
+        snapshot_id=against[0],
+        iceberg_version=against[1],
+        pg_rows=result.value,
+        iceberg=None,
+        answer=answer,
+        query=query.model_dump(mode="json", exclude_none=True),
+        reverse_snapshot=against[2],
+    )
+    return pool.offer(job, drawn=drawn)
+
+
+def iceberg_answer(load_table: Callable[[], Any], plan: Plan) -> IcebergAnswer:
+    """The Iceberg half of a structured read's comparison: the plan over a snapshot, by the Iceberg executor."""
+
+    def run(snapshot_id: int) -> pa.Table:
+        return read_iceberg_compute(load_table(), snapshot_id, plan)
+
+    return run
 
 
 def iceberg_side(load_table: Callable[[], Any], projection: Projection) -> IcebergRead:

@@ -7,8 +7,10 @@ Refused, naming every missing condition at once with what to do, unless the data
   * has reverse parity ``ok``: the reverse mirror (mirror/reverse.py) is on and caught up (its position is the
     table's current snapshot), and the latest canary verdict is at that snapshot, agrees with Postgres (``ok``, or
     ``native`` with ``agrees_with_postgres``) and was taken at the dataset's current Postgres version;
-  * has no Postgres-locked consumer left: not a pipeline input (the step-2b query's BLOCKED), no declared
-    Postgres-locked reader (flags/reader_datasets.py);
+  * has no Postgres-locked consumer left: not a pipeline input (the step-2b query's BLOCKED), no declared reader
+    that reads it from Postgres (flags/reader_datasets.py ``on_postgres``: a reader locked to Postgres, or a compute
+    reader — objects.sync, dashboards.aggregate, pipeline.expectations — whose mode for it is below iceberg; once
+    flipped for it, after its shadow reads proved it, it holds nothing);
   * has no row holding a key its schema does not declare (tracking/undeclared.py): Iceberg and the export hold the
     declared columns only, so such a key would be deleted for good.
 
@@ -66,8 +68,8 @@ from lakehouse_dagster.flags.completed import COMPLETE, IN_PROGRESS, RESTORED, R
 from lakehouse_dagster.flags.lifecycle_facts import derive, lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, parse_scope, require_target
-from lakehouse_dagster.flags.reader_datasets import readers_of
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, WRITE
+from lakehouse_dagster.flags.reader_datasets import on_postgres
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, WRITE
 from lakehouse_dagster.flags.soak import audit_history, effective_since, until
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
@@ -88,6 +90,8 @@ LOCK_TIMEOUT_MS = 100  # a batch waits at most this long for a row lock of the l
 LOCK_RETRIES = 50  # lock timeouts in a row before a run gives up (re-running continues)
 EXPORT_PREFIX = "lakehouse-complete-"  # the export's own files (a partial one is replaced on resume)
 EXPORT_FILE_ROWS = 1_000_000  # rows per Parquet file of an export
+
+PROVEN_NAMES = {r.name for r in PROVEN_READERS}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -195,13 +199,20 @@ def check(
             "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3) and would read nothing once its "
             "rows are deleted; wait until the pipeline source reads Iceberg, or take it out of the pipeline"
         )
-    locked = readers_of(conn, {dataset_id: ws_id}).get(dataset_id)
+    locked = on_postgres(conn, {dataset_id: ws_id}).get(dataset_id)  # a compute reader flipped for it: not held
     if locked:
         names = ", ".join(d.describe() for d in locked)
+        proven = [d.reader for d in locked if d.reader in PROVEN_NAMES]
+        flip = (
+            f"flip {', '.join(proven)} for it once its shadow reads prove it (lakehouse flags flip <reader> "
+            f"--dataset {dataset_id}), or "
+            if proven
+            else ""
+        )
         missing.append(
-            f"read from dataset_rows by {names}, locked to Postgres (no Iceberg read path): it would read nothing "
-            "once complete; remove the declaration (lakehouse flags readers remove <reader> --dataset|--workspace "
-            "<id>) only once it no longer reads this dataset"
+            f"read from dataset_rows by {names}, locked to Postgres: it would read nothing once complete; {flip}"
+            "remove the declaration (lakehouse flags readers remove <reader> --dataset|--workspace <id>) only once "
+            "it no longer reads this dataset"
         )
     # 4. no row holds a key the schema does not declare: Iceberg has no column for it and the export writes the
     # declared columns only, so complete would delete it for good (issue 42 item 5). One scan of the dataset's rows,

@@ -36,7 +36,7 @@ from pyiceberg.catalog import Catalog
 from lakehouse_dagster.core.errors import BadInput, NotFound, NothingToDo
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.flip_scope import ScopeReport, scope_report
-from lakehouse_dagster.flags.gates import check_postgres_consumers, check_widen, set_flag
+from lakehouse_dagster.flags.gates import check_postgres_consumers, check_proof, check_widen, set_flag
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, Change, Scope, parse_scope, require_target
 from lakehouse_dagster.flags.registry import READ, WRITE, check_mode, get_flag, rank
@@ -165,6 +165,7 @@ def preflight(
     if not report.moved and not (report.raises_scope and report.total):
         raise NothingToDo(report.nothing_to_flip(verb))
     check_widen(conn, flag, scope, mode)  # order and the stored soak: no canary for a flip refused anyway
+    check_proof(conn, flag, scope, mode)  # a compute reader: proven by its shadow reads, or no canary either
     if kind == WRITE:  # a pipeline input or a locked reader's dataset with its reverse off: refused, no canary
         check_postgres_consumers(conn, flag, scope, mode)
     tabular = report.moved

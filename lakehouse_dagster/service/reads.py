@@ -55,12 +55,13 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
         proj = projection_for(dataset, req.columns, limit=req.limit, order_by_row_index=req.order_by_row_index)
         plan = bind(req.query, dataset) if req.query is not None else None  # a structured read (docs/reads.md)
         source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
+        answer: pa.Table | None = None  # a structured read's Postgres answer (offered to a shadow comparison)
         batch_rows = db.settings.api_batch_rows
         if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
             batch_rows = min(batch_rows, proj.limit)
 
         def postgres(decision: ReadDecision) -> BatchStream:
-            nonlocal handed_to_stream
+            nonlocal handed_to_stream, answer
             handed_to_stream = True  # from here the stream gives the connection back when it closes
             if plan is not None:
                 try:
@@ -95,7 +96,14 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:
     if result.decision.source == ICEBERG:
         db.give(conn)  # an Iceberg stream needs no Postgres connection
     stream = result.value
-    if result.decision.reason == "pg@shadow" and plan is None:  # structured reads: shadow comparison is next (43)
+    compared = shadow.shadowed(result.decision) is not None  # pg@shadow, or pg@reverse of a reader in mode shadow
+    if compared and plan is not None and answer is not None and req.query is not None:
+        # a structured answer is whole before its first byte: offered as it is, no copy of the stream
+        pool = shadow.pool_for(db.settings, db.dsn)
+        load = lambda: db.table(dataset.id, None)  # noqa: E731  (the worker loads it)
+        served = dataclasses.replace(result, value=answer)
+        shadow.offer_query(pool, served, plan, req.query, shadow.iceberg_answer(load, plan))
+    elif compared and plan is None:
         pool = shadow.pool_for(db.settings, db.dsn)
         if pool.draw():  # only a sampled read is copied for its comparison
 

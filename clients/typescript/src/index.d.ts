@@ -1,5 +1,20 @@
 import type { RecordBatch, RecordBatchReader, Schema, Table } from "apache-arrow";
 
+import type { Query } from "./query.js";
+
+export type {
+  Aggregate,
+  AllOf,
+  Compare,
+  InList,
+  Measure,
+  Negation,
+  NullTest,
+  OrderKey,
+  Predicate,
+  Query,
+} from "./query.js";
+
 export declare const ARROW_STREAM: "application/vnd.apache.arrow.stream";
 export declare const NDJSON: "application/x-ndjson";
 
@@ -18,15 +33,15 @@ export type Reader =
 /** The source writers the service runs (the Postgres-locked writers are refused). */
 export type Writer = "sync.full" | "sync.append" | "sync.incremental" | "cdc.append";
 
-export interface ReadRequest {
+/**
+ * A read: the reader and dataset, and the request's fields (query.d.ts, generated from docs/reads.schema.json):
+ * columns, limit and order "row_index" as before; where, aggregate, row_ids, after_row_index, row_index and order by
+ * columns make it a structured read (docs/reads.md). Values in a where are typed by their column: a number, a
+ * string, "NaN" / "Infinity" / "-Infinity" for a float, ISO text for a timestamp or a date.
+ */
+export interface ReadRequest extends Query {
   reader: Reader;
   datasetId: string;
-  /** Identity columns (__row_index, __row_id, __created_at) and/or the dataset's columns; default: all. */
-  columns?: string[];
-  /** 0 to 1,000,000,000; default: every row. */
-  limit?: number;
-  /** "row_index": ascending __row_index; default: the engine's order. */
-  order?: "row_index";
 }
 
 /** The read router's decision, from the response headers. */

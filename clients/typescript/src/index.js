@@ -7,6 +7,8 @@
 //   await lh.ingest({ datasetId, writer: "sync.full" });   // 503 (G2 backpressure) retried after Retry-After
 //   const decision = await lh.route({ reader, datasetId }); // for an app that keeps its own router
 //   await lh.fallback({ reader, datasetId, reason: String(err) }); // ...and tells the project when it fell back
+//   const { rows } = await lh.readRows({ reader: "dashboards.aggregate", datasetId,                 // a structured
+//     aggregate: { group_by: ["region"], measures: [{ fn: "count" }, { fn: "sum", column: "amount" }] } }); // read
 import { RecordBatchReader, Table } from "apache-arrow";
 
 export const ARROW_STREAM = "application/vnd.apache.arrow.stream";
@@ -53,11 +55,13 @@ function routing(response) {
   };
 }
 
-function readBody({ reader, datasetId, columns, limit, order }) {
+// Every field of the request (query.d.ts, generated from docs/reads.schema.json) is sent as it is: the service
+// checks each against the dataset's schema and refuses an unknown one with its one-line reason.
+function readBody({ reader, datasetId, ...query }) {
   const body = { reader, dataset_id: String(datasetId) };
-  if (columns !== undefined && columns !== null) body.columns = columns;
-  if (limit !== undefined && limit !== null) body.limit = limit;
-  if (order !== undefined && order !== null) body.order = order;
+  for (const [field, value] of Object.entries(query)) {
+    if (value !== undefined && value !== null) body[field] = value;
+  }
   return body;
 }
 

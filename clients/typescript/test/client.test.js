@@ -50,6 +50,27 @@ test("reads rows as NDJSON from Postgres with a limit", { skip }, async () => {
   assert.deepEqual(got.rows, expect.postgres.first_rows);
 });
 
+test("a structured read: the same answer from Iceberg and from Postgres, refusals as one line", { skip }, async () => {
+  const query = {
+    where: { op: "lt", column: "n", value: 10 },
+    aggregate: { group_by: [], measures: [{ fn: "count" }, { fn: "sum", column: "n" }, { fn: "max", column: "name" }] },
+  };
+  const ice = await client.readRows({ reader: "export.stream", datasetId: expect.iceberg.id, ...query });
+  assert.equal(ice.source, "iceberg");
+  // an int64 sum is decimal(38, 0): a digit string in NDJSON, never rounded through a JS number
+  assert.deepEqual(ice.rows, [{ count: 10, sum_n: "45", max_name: "iceberg 9 ✓" }]);
+  const pg = await client.readRows({ reader: "dashboards.aggregate", datasetId: expect.iceberg.id, ...query });
+  assert.equal(pg.source, "postgres");
+  assert.deepEqual(pg.rows, ice.rows);
+  // a keyset page as Arrow, in __row_index order
+  const page = await client.read({ reader: "export.stream", datasetId: expect.iceberg.id, columns: ["n"], after_row_index: 99, limit: 5 });
+  assert.deepEqual(Array.from(page.table.getChild("n").toArray(), Number), [100, 101, 102, 103, 104]);
+  await assert.rejects(
+    client.readRows({ reader: "export.stream", datasetId: expect.iceberg.id, where: { op: "eq", column: "nope", value: 1 } }),
+    (err) => err instanceof LakehouseError && err.status === 400 && err.reason.startsWith("where: unknown column 'nope'"),
+  );
+});
+
 test("route and flags", { skip }, async () => {
   const route = await client.route({ reader: "export.stream", datasetId: expect.iceberg.id });
   assert.equal(route.source, "iceberg");

@@ -20,11 +20,14 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
 from lakehouse_dagster.dagster.defs.shared.tags import flag_tags, tag_run, text
-from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS, WRITE
+from lakehouse_dagster.flags.registry import PROVEN_READERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.runbooks import flip, ingest_bench
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 
-FlippableReader = Enum("FlippableReader", {r.name: r.name for r in SERVABLE_READERS})  # type: ignore[misc]  # built from the registry
+# the compute readers too (issue 43): their flip is gated on proven shadow consistency like any CLI flip
+FlippableReader = Enum(  # type: ignore[misc]  # built from the registry
+    "FlippableReader", {r.name: r.name for r in (*SERVABLE_READERS, *PROVEN_READERS)}
+)
 
 
 PREFLIGHT_COLUMNS = [
