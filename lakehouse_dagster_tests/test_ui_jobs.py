@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from lakehouse_dagster.dagster.definitions import build
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READERS, SERVABLE_READERS
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, READERS, SERVABLE_READERS
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 
 
@@ -39,7 +39,7 @@ def test_the_launchpad_names_readers_and_writers_as_the_cli_does(defs):
         ("write_flip", "write_flip_preflight", "writer"): {w.name for w in FLIPPABLE_WRITERS},
         ("write_rollback", "write_rollback_op", "writer"): {w.name for w in FLIPPABLE_WRITERS},
         ("write_flip_candidates", "write_flip_candidates_op", "writer"): {w.name for w in FLIPPABLE_WRITERS},
-        ("read_flip", "read_flip_preflight", "reader"): {r.name for r in SERVABLE_READERS},
+        ("read_flip", "read_flip_preflight", "reader"): {r.name for r in (*SERVABLE_READERS, *PROVEN_READERS)},
         ("read", "read_op", "reader"): set(READERS),
         ("ingest_job", "ingest_op", "writer"): set(SOURCE_WRITERS),
     }
