@@ -43,6 +43,7 @@ BIN = Path(sys.executable).parent
 LOCATION = "lakehouse_dagster"
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+STOP_WITHIN_S = 10  # issue 44: each process of the topology stops within 10 s of SIGTERM
 
 
 def _free_port() -> int:
@@ -382,3 +383,24 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
         f" append -> Iceberg {append_to_iceberg:.1f} s;"
         f" all {time.monotonic() - t0:.1f} s"
     )
+
+    # the stop procedure of docs/deploy.md: SIGTERM to each process alone (what a supervisor or a pod's termination
+    # sends), the daemon first (no new run, no new tick), then the code server (its stream run hands its shard over),
+    # then the webserver; each stops well within a pod's grace period (issue 44: the code server ignored SIGTERM
+    # for over 70 s). The bound is generous: on a quiet machine each stop takes a second or two.
+    stop_seconds = {}
+    for name in ("daemon", "code-server", "webserver"):
+        proc = top.procs[name]
+        t_sigterm = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_WITHIN_S + 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running {STOP_WITHIN_S + 20} s after SIGTERM\n{top.diagnostics()}")
+        stop_seconds[name] = round(time.monotonic() - t_sigterm, 1)
+    print(f"topology: stopped after SIGTERM in {stop_seconds} s")
+    assert all(s <= STOP_WITHIN_S for s in stop_seconds.values()), f"{stop_seconds}\n{top.diagnostics()}"
+    assert not [p for p in top.own_processes() if p.status() != psutil.STATUS_ZOMBIE], "a run worker outlived them"
+    with psycopg.connect(top.env["DAGSTER_PG_URL"]) as c:
+        status = c.execute("select status from runs where run_id = %s", (run["runId"],)).fetchone()[0]
+    assert status in ("SUCCESS", "CANCELED"), f"the stream run ended {status} on a normal stop"
