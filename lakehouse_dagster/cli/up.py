@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -560,8 +561,11 @@ def _start(
         bufsize=1,
     )
     assert proc.stdout is not None
-    relay(proc.stdout, sys.stderr, console)
+    _RELAYS[proc.pid] = relay(proc.stdout, sys.stderr, console)
     return proc
+
+
+_RELAYS: dict[int, threading.Thread] = {}  # a child's pid -> the thread relaying its console (joined at the end)
 
 
 def supervise(
@@ -671,6 +675,10 @@ def supervise(
             time.sleep(0.2)
         for child in children:
             _kill_group(child.pid, signal.SIGKILL)
+        for child in children:  # what the last processes printed as they stopped (a stream run's hand-over line)
+            thread = _RELAYS.pop(child.pid, None)
+            if thread is not None:
+                thread.join(5)
     finally:
         for child in children:
             if child.poll() is None:  # an exception in this loop: never leave a child behind

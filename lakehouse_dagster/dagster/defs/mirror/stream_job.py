@@ -103,7 +103,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
 
-    stopped_by: str | None = None  # the stack stopping (a signal to the run's process, no termination asked)
+    stopping = False  # the stack is stopping: a signal to the run's process, no termination asked
     with pooled_event_writes(context.instance), contextlib.closing(_Session(lakehouse)) as session:
         items = stream_shard(
             lakehouse.pg_dsn,
@@ -167,7 +167,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 )
                 to_check.pop(item.dataset_id, None)
                 to_check[item.dataset_id] = None
-        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt) as exc:
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
             # SIGTERM/SIGINT to the run's process: a user's Terminate (the run is CANCELING: Dagster records the
             # cancel), or its stack stopping (`lakehouse up`'s Ctrl-C, a code server or a pod going away). That one
             # ends the stream as its deadline does, a hand-over: the syncs in flight land, the lock is released
@@ -175,15 +175,15 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             items.close()
             if _termination_requested(context):
                 raise
-            stopped_by = type(exc).__name__
+            stopping = True
         finally:
             items.close()  # the loop stops and waits for its syncs in flight (each one commit), then lets go
-        if stopped_by is None:  # stopping, the checks left are the next sync's: the stop stays within seconds
+        if not stopping:  # stopping, the checks left are the next sync's: the stop stays within seconds
             for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
                 dagster_log_now(context, checks(session, ds_id))
     context.log.info(
         f"shard {config.shard} of {config.shards}: "
-        + ("" if stopped_by is None else f"stopped with its process ({stopped_by}), handed over; ")
+        + ("stopped with its process (the stack is stopping), handed over; " if stopping else "")
         + f"{len(synced)} datasets mirrored, {failed} syncs failed; "
         f"{len(reversed_)} native datasets reverse-applied, {len(reverse_failures)} reverse applies failed"
     )
