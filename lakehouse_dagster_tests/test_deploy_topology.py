@@ -420,5 +420,7 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
     with psycopg.connect(top.env["DAGSTER_PG_URL"]) as c:
         status = c.execute("select status from runs where run_id = %s", (run["runId"],)).fetchone()[0]
     assert status in ("SUCCESS", "CANCELED"), f"the stream run ended {status} on a normal stop"
+    handed = [line for line in top.log("code-server").read_text(errors="replace").splitlines() if "handed over" in line]
+    assert len(handed) == 1, top.tail("code-server", 80)  # the stream run's one line
     for name in ("webserver", "daemon"):  # started after the code server answered: no UNAVAILABLE traceback
         assert "UNAVAILABLE" not in top.log(name).read_text(errors="replace"), top.tail(name)

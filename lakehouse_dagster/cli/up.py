@@ -54,6 +54,7 @@ from lakehouse_dagster.cli.demo import positive_int
 from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 from lakehouse_dagster.core.errors import BadInput, LakehouseError
 from lakehouse_dagster.core.network import is_loopback
+from lakehouse_dagster.core.process_group import terminate_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER_DB = "dagster"
@@ -668,8 +669,8 @@ def supervise(
                 state["first_signal_at"] = float("inf")
         # Whatever is left in the process groups (run workers, a stuck code server) goes too.
         for child in children:
-            if _group_alive(child.pid):
-                _kill_group(child.pid, signal.SIGTERM)
+            if _group_alive(child.pid):  # not the steps' log tails: a run's last lines still reach the console
+                terminate_group(child.pid)
         deadline = time.monotonic() + 10
         while any(_group_alive(c.pid) for c in children) and time.monotonic() < deadline:
             time.sleep(0.2)

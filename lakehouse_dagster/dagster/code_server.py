@@ -19,10 +19,11 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+
+from lakehouse_dagster.core.process_group import group_members, is_log_tail, terminate_group
 
 KILL_AFTER_S = 30.0  # after the first signal: then SIGKILL to what is left (under a pod's default grace of 30 s + ε)
-SERVERS_GRACE_S = 4.0  # once its runs are gone: Dagster's two servers' own shutdown, then SIGKILL (they hold nothing)
+SERVERS_GRACE_S = 3.0  # once its runs are gone: Dagster's two servers' own shutdown, then SIGKILL (they hold nothing)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         state["signals"] += 1
         if state["signals"] == 1:
             state["first"] = time.monotonic()
-            _signal_group(proc.pid, signal.SIGTERM)  # the code server, its gRPC server, their runs
+            terminate_group(proc.pid)  # the code server, its gRPC server, their runs (not their log tails)
         else:
             _signal_group(proc.pid, signal.SIGKILL)
 
@@ -87,27 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     return proc.returncode if proc.returncode is not None else 1
 
 
-def _runs_left(pgid: int) -> int | None:
+def _runs_left(pgid: int) -> int:
     """Processes of the group below the code server's own two (``dagster code-server start``, the group's leader,
-    and its gRPC server child): its runs, multiprocessing's resource tracker aside. None when /proc cannot say."""
-    members: dict[int, tuple[int, str]] = {}  # pid -> (parent pid, command line)
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return None
-    for entry in entries:
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            state, ppid, pgrp = stat[stat.rindex(")") + 2 :].split()[:3]
-            if int(pgrp) != pgid or state == "Z":
-                continue
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        members[int(entry)] = (int(ppid), cmdline)
+    and its gRPC server child): its runs, multiprocessing's resource tracker and the steps' log tails aside."""
+    members = group_members(pgid)
     servers = {pgid} | {pid for pid, (ppid, _) in members.items() if ppid == pgid}
-    return sum(1 for pid, (_, cmd) in members.items() if pid not in servers and "resource_tracker" not in cmd)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return sum(
+        1
+        for pid, (_, cmd) in members.items()
+        if pid not in servers and "resource_tracker" not in cmd and not is_log_tail(cmd)
+    )
