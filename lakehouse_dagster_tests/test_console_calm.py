@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 
 import dagster as dg
+import pytest
 
 from lakehouse_dagster.cli.console import ConsoleFilter, relay
 from lakehouse_dagster.cli.up import dagster_dev_cmd
@@ -108,3 +109,28 @@ def test_idle_sensor_ticks_log_at_debug_and_a_tick_that_asks_for_something_at_in
         records, result = _tick(mirror_poller, instance, dsn)
         assert result.run_requests
         assert any(m.startswith("scanned 1 changed datasets") for m in _info(records)), _info(records)
+
+
+def test_a_stop_signals_the_group_but_the_steps_log_tails(tmp_path):
+    """A step's console goes through `tail -F <compute log>`: killed with the group, a run's last lines (a stream's
+    hand-over) would reach the compute log only. terminate_group spares it; the step ends it."""
+    import signal
+    import subprocess
+
+    from lakehouse_dagster.core.process_group import group_members, terminate_group
+
+    log = tmp_path / "step.log"
+    log.write_text("")
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    tail = subprocess.Popen(["tail", "-F", "-c", "+0", str(log)], process_group=leader.pid, stdout=subprocess.DEVNULL)
+    try:
+        assert set(group_members(leader.pid)) == {leader.pid, tail.pid}
+        terminate_group(leader.pid)
+        assert leader.wait(10) == -signal.SIGTERM
+        with pytest.raises(subprocess.TimeoutExpired):  # a signalled tail ends within milliseconds
+            tail.wait(0.5)
+    finally:
+        tail.kill()
+        leader.kill()
+        tail.wait(10)
+        leader.wait(10)

@@ -98,3 +98,7 @@ def _runs_left(pgid: int) -> int:
         for pid, (_, cmd) in members.items()
         if pid not in servers and "resource_tracker" not in cmd and not is_log_tail(cmd)
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
