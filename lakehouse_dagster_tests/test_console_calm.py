@@ -121,7 +121,7 @@ def test_a_stop_signals_the_group_but_the_steps_log_tails(tmp_path):
 
     log = tmp_path / "step.log"
     log.write_text("")
-    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    leader = subprocess.Popen(["sleep", "60"], process_group=0)
     tail = subprocess.Popen(["tail", "-F", "-c", "+0", str(log)], process_group=leader.pid, stdout=subprocess.DEVNULL)
     try:
         assert set(group_members(leader.pid)) == {leader.pid, tail.pid}
