@@ -101,6 +101,7 @@ def test_ready_idle_console_and_ctrl_c(idle_stack):
         assert stack.proc.poll() is None, stack.log_tail()
         time.sleep(2)
     idle = stack.console()[at_ready:]
+    print(f"calm: ready after {ready.get('seconds_to_ready')} s; {len(idle)} console lines in {IDLE_SECONDS} s idle")
     if len(idle) > MAX_IDLE_LINES:
         problems.append(f"{len(idle)} console lines in {IDLE_SECONDS} s idle:\n" + "\n".join(idle[:40]))
     whole = "\n".join(stack.console())
