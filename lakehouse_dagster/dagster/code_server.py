@@ -9,7 +9,8 @@ or SIGINT is passed to the whole group: the code server shuts down as Dagster do
 signal too, so a stream run hands its shard over (SUCCESS, dagster/defs/mirror/stream_job.py) and any other run
 stops as an interrupted run does. Once its runs are gone, Dagster's two servers get ``SERVERS_GRACE_S`` to end on
 their own (they take seconds more: heartbeat threads joined, the RPC grace) before they are killed; a second signal,
-or the group still alive ``KILL_AFTER_S`` after the first, kills the group. The exit code is the command's. (``_default_signals``: the second reason it ignored SIGTERM.)
+or the group still alive ``KILL_AFTER_S`` after the first, kills the group. Exit 0 after a requested stop, else
+the command's code. ``_default_signals`` is the second reason the code server ignored SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 from lakehouse_dagster.core.process_group import group_members, is_log_tail, terminate_group
 
 KILL_AFTER_S = 30.0  # after the first signal: then SIGKILL to what is left (under a pod's default grace of 30 s + ε)
-SERVERS_GRACE_S = 3.0  # once its runs are gone: Dagster's two servers' own shutdown, then SIGKILL (they hold nothing)
+SERVERS_GRACE_S = 1.5  # once its runs are gone: Dagster's two servers' own shutdown, then SIGKILL (they hold nothing)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
