@@ -43,6 +43,7 @@ BIN = Path(sys.executable).parent
 LOCATION = "lakehouse_dagster"
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+STOP_WITHIN_S = 10  # issue 44: each process of the topology stops within 10 s of SIGTERM
 
 
 def _free_port() -> int:
@@ -79,6 +80,8 @@ def test_deploy_dagster_yaml_is_the_repositorys_minus_the_warm_launcher():
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     assert "FROM python:3.11-slim" in dockerfile
     assert f'"-m", "{module}"' in dockerfile and '"--location-name", "lakehouse_dagster"' in dockerfile
+    # the code server under the wrapper that passes a SIGTERM on to its runs (dagster/code_server.py)
+    assert '"python", "-m", "lakehouse_dagster.dagster.code_server"' in dockerfile
     helm = yaml.safe_load((DEPLOY / "helm-values.yaml").read_text())
     (user,) = helm["dagster-user-deployments"]["deployments"]
     assert user["dagsterApiGrpcArgs"][:2] == ["-m", module] and user["port"] == 4000
@@ -284,11 +287,25 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
     sync_dataset(dsn, load_catalog(settings, dsn), settings, ds)
     assert _iceberg_rows(settings, dsn, ds) == [0, 1, 2]
 
+    # the start order of docs/deploy.md: the code server (as the image runs it), and once it answers its health
+    # check the webserver and the daemon, so neither meets an UNAVAILABLE code location
     top.start(
         "code-server",
-        [*_exe("dagster"), "code-server", "start", "-h", "127.0.0.1", "-p", str(top.code_port)]
+        [sys.executable, "-m", "lakehouse_dagster.dagster.code_server", "-h", "127.0.0.1", "-p", str(top.code_port)]
         + ["-m", "lakehouse_dagster.dagster.definitions", "--location-name", LOCATION],
     )
+
+    def code_server_serving():
+        done = subprocess.run(
+            [*_exe("dagster"), "api", "grpc-health-check", "-h", "127.0.0.1", "-p", str(top.code_port)],
+            env=top.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.returncode == 0, done.stdout + done.stderr
+
+    top.wait("the code server's health check", code_server_serving, 240, interval=2)
     workspace = str(DEPLOY / "workspace.yaml")
     top.start("webserver", [*_exe("dagster-webserver"), "-h", "127.0.0.1", "-p", str(top.web_port), "-w", workspace])
     top.start("daemon", [*_exe("dagster-daemon"), "run", "-w", workspace])
@@ -382,3 +399,28 @@ def test_the_production_topology_mirrors_a_change_visible_through_graphql(topolo
         f" append -> Iceberg {append_to_iceberg:.1f} s;"
         f" all {time.monotonic() - t0:.1f} s"
     )
+
+    # the stop procedure of docs/deploy.md: SIGTERM to each process alone (what a supervisor or a pod's termination
+    # sends), the daemon first (no new run, no new tick), then the code server (its stream run hands its shard over),
+    # then the webserver; each stops well within a pod's grace period (issue 44: the code server ignored SIGTERM
+    # for over 70 s). The bound is generous: on a quiet machine each stop takes a second or two.
+    stop_seconds = {}
+    for name in ("daemon", "code-server", "webserver"):
+        proc = top.procs[name]
+        t_sigterm = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_WITHIN_S + 20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running {STOP_WITHIN_S + 20} s after SIGTERM\n{top.diagnostics()}")
+        stop_seconds[name] = round(time.monotonic() - t_sigterm, 1)
+    print(f"topology: stopped after SIGTERM in {stop_seconds} s")
+    assert all(s <= STOP_WITHIN_S for s in stop_seconds.values()), f"{stop_seconds}\n{top.diagnostics()}"
+    assert not [p for p in top.own_processes() if p.status() != psutil.STATUS_ZOMBIE], "a run worker outlived them"
+    with psycopg.connect(top.env["DAGSTER_PG_URL"]) as c:
+        status = c.execute("select status from runs where run_id = %s", (run["runId"],)).fetchone()[0]
+    assert status in ("SUCCESS", "CANCELED"), f"the stream run ended {status} on a normal stop"
+    handed = [line for line in top.log("code-server").read_text(errors="replace").splitlines() if "handed over" in line]
+    assert len(handed) == 1, top.tail("code-server", 80)  # the stream run's one line
+    for name in ("webserver", "daemon"):  # started after the code server answered: no UNAVAILABLE traceback
+        assert "UNAVAILABLE" not in top.log(name).read_text(errors="replace"), top.tail(name)

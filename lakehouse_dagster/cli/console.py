@@ -2,12 +2,13 @@
 
 By default it keeps Dagster's records at INFO and above and drops: every run's DEBUG events (STEP_OUTPUT, "Type
 check passed", …; they stay in the event log, the UI shows them), Dagster's beta/preview warnings with the source
-line Python prints under them, and the sensor daemon's per-tick lines ("Checking for new runs for sensor", "No run
+line Python prints under them (bare, or inside a Dagster record), and the sensor daemon's per-tick lines ("Checking for new runs for sensor", "No run
 requests returned", "Sensor … skipped: …": the sensors page shows each tick). Anything else — a traceback, a
 warning of ours, a line that is not a Dagster record — passes as it is. ``lakehouse up --debug`` relays everything.
 
 A record's continuation lines (a multi-line message) share its fate. Only the console is filtered: nothing here
-changes what Dagster stores."""
+changes what Dagster stores. Colours are stripped from what is relayed (one format), and `lakehouse up` starts Dagster's
+own services at WARNING (their INFO lines are per-second chatter; `--debug` restores them)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,16 @@ class ConsoleFilter:
     def _noise(record: re.Match, message: str) -> bool:
         if record["level"] == "DEBUG":
             return True
+        warning = _WARNING.match(message)  # a Python warning Dagster's logging captured (the code server's)
+        if warning is not None and warning["category"] in _QUIET_WARNINGS:
+            return True
         return record["name"].endswith("SensorDaemon") and any(p.match(message) for p in _SENSOR_TICKS)
+
+
+def plain(line: str) -> str:
+    """The line without its colours: Dagster's own services colour their records, its runs and sensors do not, the
+    API's do not; relayed, the console reads in one format."""
+    return _ANSI.sub("", line)
 
 
 def relay(source: IO[str], dest: IO[str], console: ConsoleFilter) -> threading.Thread:
@@ -69,7 +79,7 @@ def relay(source: IO[str], dest: IO[str], console: ConsoleFilter) -> threading.T
         for line in source:
             try:
                 if console.keep(line):
-                    dest.write(line)
+                    dest.write(plain(line))
                     dest.flush()
             except Exception:  # a closed or broken terminal: keep draining the pipe
                 continue

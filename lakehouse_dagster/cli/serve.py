@@ -11,7 +11,9 @@ from lakehouse_dagster.cli.up import API_PORT as DEFAULT_PORT
 from lakehouse_dagster.cli.up import check_port_free, port_number
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Dagster's console format (its runs' and sensors' records): `lakehouse up` relays both, in one format
+LOG_FORMAT = "%(asctime)s - %(name)s - %(levelname)s - %(message)s"
+LOG_DATE_FORMAT = "%Y-%m-%d %H:%M:%S %z"
 
 
 def register(sub) -> None:
@@ -54,7 +56,7 @@ def _serve(ctx, args) -> Result:
     settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
     auth = check_can_serve(settings, args.host)  # refusals first: nothing is opened before these
     check_port_free(args.host, args.port)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, stream=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host
     pool = prefer_jemalloc()  # main() chose it already; the name for the ready line
     logging.getLogger("lakehouse_dagster.service").info(

@@ -11,6 +11,8 @@ Steps, in order (bad input is refused before the first one, so a refusal writes 
 5. ``dagster dev -h HOST -p PORT -w workspace.yaml`` as one supervised child in its own session, and beside it
    ``lakehouse serve`` on ``--api-port`` (the live app's API, docs/service.md) with the bearer token from
    ``LAKEHOUSE_API_TOKEN``, or else the one kept in ``$LAKEHOUSE_HOME/api-token`` (made once, owner-only).
+6. ``ready`` once the UI and the API answer and the mirror stream holds every shard (at most STREAMS_READY_WAIT_S
+   later; the line then says the shards not held yet go through batch runs meanwhile).
 
 Why ``dagster dev`` rather than ``dagster-webserver`` + ``dagster-daemon run`` side by side: it runs exactly
 those two processes, but behind one shared code server, so the code location (pyiceberg, pyarrow, ...) is
@@ -34,10 +36,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +54,14 @@ from lakehouse_dagster.cli.demo import positive_int
 from lakehouse_dagster.cli.dsn import conninfo_to_url, dagster_url, display_dsn
 from lakehouse_dagster.core.errors import BadInput, LakehouseError
 from lakehouse_dagster.core.network import is_loopback
+from lakehouse_dagster.core.process_group import terminate_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DAGSTER_DB = "dagster"
 # The environment variable dagster.yaml reads its storage URL from.
 DAGSTER_URL_ENV = "DAGSTER_PG_URL"
 CLEAN_SHUTDOWN_SECONDS = 60
+STREAMS_READY_WAIT_S = 60  # ready waits this long at most for the mirror stream to hold every shard
 API_PORT = 3001  # `lakehouse serve` (the live app's ML_RUNNER_URL), beside the UI's 3000
 
 
@@ -297,18 +303,7 @@ def _up(ctx, args) -> Result:
         )
         url_host = f"[{host}]" if ":" in host else host
         url = f"http://{url_host}:{args.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "dagster",
-            "dev",
-            "-h",
-            host,
-            "-p",
-            str(args.port),
-            "-w",
-            str(workspace_file),
-        ]
+        cmd = dagster_dev_cmd(host, args.port, workspace_file, debug=args.debug)
         api_url = f"http://{url_host}:{args.api_port}"
         token, token_file = api_token(home, settings.api_token)
         serve_cmd = [sys.executable, "-m", "lakehouse_dagster.cli.main", "serve", "--host", host]
@@ -330,6 +325,9 @@ def _up(ctx, args) -> Result:
         _say(f"starting Dagster webserver + daemon on {url} (DAGSTER_HOME={dagster_home})")
         where = f"in {token_file} (owner-only)" if token_file else "from LAKEHOUSE_API_TOKEN"
         _say(f"starting the live app's API on {api_url}: its bearer token is {where}")
+        streams = None
+        if settings.mirror_stream and settings.enable_iceberg_sync:
+            streams = _streams_probe(dsn, settings.mirror_shards, t_start)
         outcome = supervise(
             cmd,
             env=env,
@@ -340,6 +338,7 @@ def _up(ctx, args) -> Result:
             t_start=t_start,
             service=service,
             debug=args.debug,
+            streams=streams,
         )
     finally:
         if started_pg:
@@ -359,6 +358,33 @@ def _up(ctx, args) -> Result:
     raise LakehouseError(
         f"Dagster exited unexpectedly with code {outcome['dagster_exit_code']} (its log is above); everything stopped"
     )
+
+
+def _streams_probe(dsn: str, shards: int, t_start: float):
+    """() -> (shards held by this stack's stream runs, shards): the ready line waits for every shard's stream, so a
+    change made after it reaches Iceberg through the stream (about a second), not a batch run (several)."""
+    from lakehouse_dagster.mirror.shards import (
+        shards_held,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    def probe() -> tuple[int, int]:
+        try:
+            with _connect(dsn) as conn:
+                return shards_held(conn, shards, started_within_s=time.perf_counter() - t_start + 5), shards
+        except (LakehouseError, psycopg.Error):
+            return 0, shards
+
+    return probe
+
+
+def dagster_dev_cmd(host: str, port: int, workspace_file: Path, *, debug: bool) -> list[str]:
+    """``dagster dev`` with Dagster's own services (daemon, webserver) at WARNING: their INFO lines (the run queue
+    and run monitoring each second, each sensor launch, the start and stop steps) are chatter on an idle stack; runs
+    and sensors log through loggers of their own and still reach the console. ``--debug`` keeps Dagster's INFO."""
+    return [
+        *(sys.executable, "-m", "dagster", "dev", "-h", host, "-p", str(port), "-w", str(workspace_file)),
+        *("--log-level", "info" if debug else "warning"),
+    ]
 
 
 def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
@@ -536,8 +562,11 @@ def _start(
         bufsize=1,
     )
     assert proc.stdout is not None
-    relay(proc.stdout, sys.stderr, console)
+    _RELAYS[proc.pid] = relay(proc.stdout, sys.stderr, console)
     return proc
+
+
+_RELAYS: dict[int, threading.Thread] = {}  # a child's pid -> the thread relaying its console (joined at the end)
 
 
 def supervise(
@@ -551,9 +580,12 @@ def supervise(
     t_start: float,
     service: Child | None = None,
     debug: bool = False,
+    streams: Callable[[], tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """Run ``cmd`` (Dagster) and ``service`` in their own sessions until one exits or we are asked to stop; then
-    stop the other and sweep both process groups. Long on purpose: the supervision loop — ready line, the two
+    stop the other and sweep both process groups. ``streams``: () -> (shards held, shards); ready waits for all of
+    them, at most STREAMS_READY_WAIT_S after Dagster answers (then the line says the rest goes through batch runs
+    meanwhile). Long on purpose: the supervision loop — ready line, the two
     stop signals, the escalation to SIGKILL, the sweep — reads as one sequence."""
     if service is not None:
         service.proc = _start(service.cmd, service.env, cwd, as_json)
@@ -585,6 +617,7 @@ def supervise(
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.signal(s, on_signal) for s in handled}
     ready_at = None
+    serving_at: float | None = None  # Dagster and the API answer; the streams may still be starting
     died_first: subprocess.Popen | None = None
     try:
         while any(c.poll() is None for c in children):
@@ -595,18 +628,35 @@ def supervise(
                     state["first_signal_at"] = time.monotonic()
                     stop_children()
             urls = [ready_url + "/server_info"] + ([service.ready_url] if service is not None else [])
-            if ready_at is None and state["signals"] == 0 and died_first is None and all(map(_is_ready, urls)):
+            held, shards = 0, 0
+            if ready_at is None and state["signals"] == 0 and died_first is None and serving_at is None:
+                if all(map(_is_ready, urls)):
+                    serving_at = time.perf_counter()
+            if ready_at is None and state["signals"] == 0 and died_first is None and serving_at is not None:
+                if streams is not None:
+                    held, shards = streams()
+                    if held < shards and time.perf_counter() - serving_at < STREAMS_READY_WAIT_S:
+                        continue
                 ready_at = time.perf_counter()
                 seconds = round(ready_at - t_start, 1)
+                streaming = None if streams is None else {"shards": shards, "held": held}
                 if as_json:
-                    print(json.dumps({**ready_info, "seconds_to_ready": seconds}, default=str), flush=True)
+                    event = {**ready_info, "seconds_to_ready": seconds, "streams": streaming}
+                    print(json.dumps(event, default=str), flush=True)
                 else:
                     api = ""
                     if service is not None:
                         token = ready_info.get("api_token_file") or "LAKEHOUSE_API_TOKEN"
                         api = f"; the live app's API on {ready_info.get('api_url')} (token: {token})"
+                    late = ""
+                    if streams is not None and held < shards:
+                        late = (
+                            f"; the mirror stream holds {held} of {shards} shards yet: until it does, their changes"
+                            " reach Iceberg through batch runs (seconds, not about one)"
+                        )
                     print(
-                        f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}{api}  (Ctrl-C stops everything)",
+                        f"lakehouse up: ready in {seconds:.1f} s — open {ready_url}{api}{late}  "
+                        "(Ctrl-C stops everything)",
                         flush=True,
                     )
             if (
@@ -619,13 +669,17 @@ def supervise(
                 state["first_signal_at"] = float("inf")
         # Whatever is left in the process groups (run workers, a stuck code server) goes too.
         for child in children:
-            if _group_alive(child.pid):
-                _kill_group(child.pid, signal.SIGTERM)
+            if _group_alive(child.pid):  # not the steps' log tails: a run's last lines still reach the console
+                terminate_group(child.pid)
         deadline = time.monotonic() + 10
         while any(_group_alive(c.pid) for c in children) and time.monotonic() < deadline:
             time.sleep(0.2)
         for child in children:
             _kill_group(child.pid, signal.SIGKILL)
+        for child in children:  # what the last processes printed as they stopped (a stream run's hand-over line)
+            thread = _RELAYS.pop(child.pid, None)
+            if thread is not None:
+                thread.join(5)
     finally:
         for child in children:
             if child.poll() is None:  # an exception in this loop: never leave a child behind

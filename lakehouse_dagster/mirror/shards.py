@@ -11,6 +11,7 @@ import dataclasses
 
 import psycopg
 
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 
 STALE_AFTER_S = 10.0  # a holder whose heartbeat is this old is dead or hung: its run is failed and replaced
@@ -61,6 +62,22 @@ def shard_views(conn: psycopg.Connection, shard_count: int) -> dict[int, ShardVi
         (shard_count,),
     ).fetchall()
     return {r[0]: ShardView(*r) for r in rows}
+
+
+def shards_held(conn: psycopg.Connection, shard_count: int, *, started_within_s: float) -> int:
+    """How many of the ``shard_count`` shards a stream run holds now (not ended, a heartbeat within two beats) that
+    took it within the last ``started_within_s`` seconds (`lakehouse up`'s ready line: this stack's streams, not a
+    row a killed one left)."""
+    return fetch_value(
+        conn.execute(
+            """select count(*) from lakehouse_mirror_streams
+                where shard_count = %s and shard < %s and ended_at is null
+                  and heartbeat_at > now() - interval '3 seconds'
+                  and started_at > now() - make_interval(secs => %s)""",
+            (shard_count, shard_count, started_within_s),
+        ),
+        "the shards held",
+    )
 
 
 def handover_lead_s(lifetime_s: float) -> float:

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import psycopg
 
@@ -267,7 +267,7 @@ class ReverseFailed:
 Event = SyncResult | Failed | Idle | Maintained | Stopped | ReverseApplied | ReverseFailed
 
 
-def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Iterator[Event]:
+def stream_shard(dsn: str, catalog, settings: Settings, **kw) -> Generator[Event, None, None]:
     """``_stream`` (below) run in a thread of its own, its results handed over through a queue: the caller's work on
     each result (the glue writes two materializations to Dagster's event log, ≈ 0.1-0.3 s here) never holds up the
     next syncs; an Idle is handed over only when nothing else waits. Leaving the generator (the deadline, an

@@ -60,6 +60,7 @@ from lakehouse_dagster.mirror.stream import shard_of
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.capture import CaptureError
 
+STREAM_PRIORITY = 10  # the run queue starts higher first (default 0): a stream run before the batch and ingest runs
 _now = time.time  # the reverse retries' clock (a test moves it past a backoff)
 DATASET_NAMES_TAG = "lakehouse/dataset_names"  # a batch run: its datasets' names (display; filter by one-dataset runs)
 
@@ -190,6 +191,8 @@ def stream_run_request(shard: int, count: int, generation: int, lifetime_s: int)
             GENERATION_TAG: str(generation),
             # Dagster's run monitoring ends a run stuck far past its lifetime (it lets go of its shard at its deadline)
             "dagster/max_runtime": str(lifetime_s + 600),
+            # First out of the run queue: until a shard's stream runs, its changes wait for batch runs (seconds each)
+            "dagster/priority": str(STREAM_PRIORITY),
         },
     )
 
@@ -291,7 +294,8 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     requests += [reverse_run_request(a.dataset_id, a.snapshot_id, named, a.attempt) for a in asks if a.attempt]
     held = [a for a in asks if not a.attempt]
     retries = sum(isinstance(p, Retry) for p in tick.requests)
-    context.log.info(
+    # A tick that asks for nothing is kept in the tick's log (DEBUG), not on the console: an idle stack is quiet
+    (context.log.info if requests else context.log.debug)(
         f"scanned {tick.scanned} changed datasets, {tick.behind} behind Postgres; requesting"
         f" {len(tick.requests) - retries} syncs and {retries} retries in {len(requests)} runs"
         f" ({tick.in_flight} behind with a run in flight)"

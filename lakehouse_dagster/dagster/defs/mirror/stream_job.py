@@ -104,8 +104,9 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
 
+    stopping = False  # the stack is stopping: a signal to the run's process, no termination asked
     with pooled_event_writes(context.instance), contextlib.closing(_Session(lakehouse)) as session:
-        for item in stream_shard(
+        items = stream_shard(
             lakehouse.pg_dsn,
             lakehouse.catalog(),
             settings,
@@ -113,61 +114,77 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             shard_count=config.shards,
             run_id=context.run_id,
             deadline=deadline,
-        ):
-            if isinstance(item, Maintained):  # a background round the loop started in an idle moment ended
-                line = item.line()  # nothing when it did nothing
-                if line is not None:
+        )
+        try:
+            for item in items:
+                if isinstance(item, Maintained):  # a background round the loop started in an idle moment ended
+                    line = item.line()  # nothing when it did nothing
+                    if line is not None:
+                        name = session.name_of(item.dataset_id)
+                        (context.log.warning if item.error else context.log.info)(f"{name}: {line}")
+                    continue
+                if isinstance(item, Idle):
+                    if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check
+                        ds_id = next(iter(to_check))
+                        del to_check[ds_id]
+                        dagster_log_now(context, checks(session, ds_id))
+                    continue
+                if isinstance(item, Stopped):
+                    context.log.warning(
+                        f"shard {config.shard} of {config.shards}: stopping before the deadline: {item.reason}; the "
+                        "mirror_poller sensor starts its successor once Postgres answers"
+                    )
+                    continue
+                if isinstance(item, ReverseApplied):
+                    reversed_.add(item.dataset_id)
+                    key = str(item.dataset_id)
+                    if key not in known:
+                        context.instance.add_dynamic_partitions(DATASETS, [key])
+                        known.add(key)
+                    event = reverse_materialization(session.conn(), item.result, context.log)
+                    dagster_log_now(context, [event] if event is not None else [])
+                    continue
+                if isinstance(item, ReverseFailed):
                     name = session.name_of(item.dataset_id)
-                    (context.log.warning if item.error else context.log.info)(f"{name}: {line}")
-                continue
-            if isinstance(item, Idle):
-                if to_check:  # one dataset per idle moment: a change arriving meanwhile waits for one check at most
-                    ds_id = next(iter(to_check))
-                    del to_check[ds_id]
-                    dagster_log_now(context, checks(session, ds_id))
-                continue
-            if isinstance(item, Stopped):
-                context.log.warning(
-                    f"shard {config.shard} of {config.shards}: stopping before the deadline: {item.reason}; the "
-                    "mirror_poller sensor starts its successor once Postgres answers"
-                )
-                continue
-            if isinstance(item, ReverseApplied):
-                reversed_.add(item.dataset_id)
+                    reverse_failures.append(f"{name} ({item.dataset_id}): {item.error}")
+                    context.log.error(
+                        f"{name} ({item.dataset_id}): reverse apply failed (attempt {item.attempts}, nothing "
+                        f"half-applied): {item.error}; tried again in {item.retry_in:.0f}s"
+                    )
+                    continue
+                if isinstance(item, Failed):
+                    failed += 1
+                    name = session.name_of(item.dataset_id)
+                    failures.append(f"{name} ({item.dataset_id}): {item.error}")
+                    context.log.error(f"{name} ({item.dataset_id}) failed: {item.error}")
+                    continue
+                synced.add(item.dataset_id)
                 key = str(item.dataset_id)
-                if key not in known:
+                if key not in known:  # a dataset the stream met first: its partition, before its materialization
                     context.instance.add_dynamic_partitions(DATASETS, [key])
                     known.add(key)
-                event = reverse_materialization(session.conn(), item.result, context.log)
-                dagster_log_now(context, [event] if event is not None else [])
-                continue
-            if isinstance(item, ReverseFailed):
-                name = session.name_of(item.dataset_id)
-                reverse_failures.append(f"{name} ({item.dataset_id}): {item.error}")
-                context.log.error(
-                    f"{name} ({item.dataset_id}): reverse apply failed (attempt {item.attempts}, nothing "
-                    f"half-applied): {item.error}; tried again in {item.retry_in:.0f}s"
-                )
-                continue
-            if isinstance(item, Failed):
-                failed += 1
-                name = session.name_of(item.dataset_id)
-                failures.append(f"{name} ({item.dataset_id}): {item.error}")
-                context.log.error(f"{name} ({item.dataset_id}) failed: {item.error}")
-                continue
-            synced.add(item.dataset_id)
-            key = str(item.dataset_id)
-            if key not in known:  # a dataset the stream met first: its partition, before its materialization
-                context.instance.add_dynamic_partitions(DATASETS, [key])
-                known.add(key)
-            events = synced_materializations(session.conn(), settings, item, context.log, context.instance)
-            dagster_log_now(context, with_table_provenance(context.instance, events))
-            to_check.pop(item.dataset_id, None)
-            to_check[item.dataset_id] = None
-        for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
-            dagster_log_now(context, checks(session, ds_id))
+                events = synced_materializations(session.conn(), settings, item, context.log, context.instance)
+                dagster_log_now(context, with_table_provenance(context.instance, events))
+                to_check.pop(item.dataset_id, None)
+                to_check[item.dataset_id] = None
+        except (dg.DagsterExecutionInterruptedError, KeyboardInterrupt):
+            # SIGTERM/SIGINT to the run's process: a user's Terminate (the run is CANCELING: Dagster records the
+            # cancel), or its stack stopping (`lakehouse up`'s Ctrl-C, a code server or a pod going away). That one
+            # ends the stream as its deadline does, a hand-over: the syncs in flight land, the lock is released
+            # and the next poller's successor takes the shard; a normal stop leaves no failed run behind.
+            items.close()
+            if _termination_requested(context):
+                raise
+            stopping = True
+        finally:
+            items.close()  # the loop stops and waits for its syncs in flight (each one commit), then lets go
+        if not stopping:  # stopping, the checks left are the next sync's: the stop stays within seconds
+            for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
+                dagster_log_now(context, checks(session, ds_id))
     context.log.info(
-        f"shard {config.shard} of {config.shards}: {len(synced)} datasets mirrored, {failed} syncs failed; "
+        f"shard {config.shard} of {config.shards}: "
+        + ("stopped with its process (the stack is stopping), handed over; " if stopping else "")
+        + f"{len(synced)} datasets mirrored, {failed} syncs failed; "
         f"{len(reversed_)} native datasets reverse-applied, {len(reverse_failures)} reverse applies failed"
     )
     problems = []
@@ -186,6 +203,12 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         problems.append(line)
     if problems:
         raise refuse("\n".join(problems)) from None
+
+
+def _termination_requested(context: dg.OpExecutionContext) -> bool:
+    """A user (or run monitoring) asked Dagster to end the run: its status says so before the signal is sent."""
+    run = context.instance.get_run_by_id(context.run_id)
+    return run is not None and run.status in (dg.DagsterRunStatus.CANCELING, dg.DagsterRunStatus.CANCELED)
 
 
 class _Session:

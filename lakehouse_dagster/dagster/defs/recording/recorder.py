@@ -383,7 +383,10 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
     tables = sum(1 for e in events if isinstance(e, dg.AssetMaterialization) and e.asset_key == ICEBERG_TABLE)
     states_shown = sum(1 for e in events if isinstance(e, dg.AssetObservation) and "changed" in e.metadata)
     fanning = ", ".join(sorted(plan.cursor.fanout)) or "none"
-    context.log.info(
+    # a line on the console for what changed in Iceberg, the flags, the partitions; the dataset states it shows again
+    # after each sync (verdicts, fallbacks) and an idle tick go to the tick's log only (DEBUG)
+    anything = tables or plan.backfills or plan.flags or gone or reverse
+    (context.log.info if anything else context.log.debug)(
         f"recorded {tables} table change(s), {len(plan.backfills)} backfill(s), {len(plan.flags)} flag change(s),"
         f" {states_shown} dataset state(s) (verdicts, fallbacks, wider scopes; fan-out still under way: {fanning});"
         f" {len(plan.waiting)} dataset(s) wait for their run to end; {len(gone)} deleted dataset partition(s) removed;"

@@ -216,7 +216,9 @@ def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         )
         for p in found
     ]
-    context.log.info(f"visited {visited} datasets with a source, requesting {len(requests)} ingests")
+    (context.log.info if requests else context.log.debug)(  # nothing asked: the tick's log only, not the console
+        f"visited {visited} datasets with a source, requesting {len(requests)} ingests"
+    )
     return dg.SensorResult(
         run_requests=requests,
         dynamic_partitions_requests=[datasets_partitions.build_add_request(new_keys)] if new_keys else [],
