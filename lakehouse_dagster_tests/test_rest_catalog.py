@@ -22,7 +22,16 @@ from lakehouse_dagster.lake.writer import TableWrite, write_arrow
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.tracking import datasets
 
-from . import test_canary, test_complete, test_mirror, test_reverse_mirror
+from . import (
+    test_canary,
+    test_complete,
+    test_ingest_bench,
+    test_maintenance,
+    test_mirror,
+    test_mirror_stream,
+    test_reverse_mirror,
+    test_service,
+)
 
 
 def test_the_catalog_is_the_rest_server_and_no_secret_reaches_a_table_or_a_repr(conn, dsn, rest_settings, seaweed):
@@ -48,6 +57,39 @@ def test_mirror_every_type_round_trips(conn, dsn, rest_settings):
 
 def test_mirror_incremental_and_full(conn, dsn, rest_settings):
     test_mirror.test_incremental_appends_only_new_rows_and_full_replaces(conn, dsn, rest_settings)
+
+
+def test_mirror_batch_of_several_datasets(conn, dsn, rest_settings):
+    """mirror_many (a mirror_batch_job run's body): several datasets in one run, each landing whole."""
+    from lakehouse_dagster.mirror.batch import mirror_many
+    from lakehouse_dagster.parity.canary import evaluate
+
+    ws = datasets.create_workspace(conn, "w")
+    ids = []
+    for i in range(3):
+        d = datasets.create_dataset(conn, ws, f"d{i}", [{"name": "a", "type": "int64"}])
+        datasets.insert_rows(conn, d, [{"a": k} for k in range(5 + i)])
+        ids.append(d)
+    catalog = load_catalog(rest_settings, dsn)
+    results = list(mirror_many(dsn, catalog, rest_settings, ids, run_id="rest-batch"))
+    assert [(r.dataset_id, r.total_rows) for r in results] == [(d, 5 + i) for i, d in enumerate(ids)]
+    assert [evaluate(dsn, catalog, rest_settings, d).verdict for d in ids] == ["ok"] * 3
+
+
+def test_mirror_stream_of_several_datasets(conn, dsn, rest_settings):
+    test_mirror_stream.test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, dsn, rest_settings)
+
+
+def test_maintenance_compacts_small_files(conn, dsn, rest_settings):
+    test_maintenance.test_small_files_are_compacted_in_one_commit_keeping_every_row_and_its_identity(
+        conn, dsn, rest_settings
+    )
+
+
+@pytest.mark.slow
+def test_ingest_bench_same_dataset_burst_and_purge(conn, dsn, rest_settings):
+    """G3 across concurrent native writers of one table, the server serialising their commits; purge drops it."""
+    test_ingest_bench.test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, rest_settings)
 
 
 def test_canary_ok_when_caught_up(conn, dsn, rest_settings):
@@ -134,3 +176,26 @@ def test_rest_settings_need_a_uri(monkeypatch, settings):
     monkeypatch.setenv("LAKEHOUSE_CATALOG_PROPERTIES", "[1]")
     with pytest.raises(BadInput, match="JSON object of strings"):
         Settings.from_env()
+
+
+@pytest.fixture(scope="module")
+def rest_world(pg_admin_dsn, template_dsn, tmp_path_factory, seaweed):
+    """test_service's world (a `lakehouse serve` process) on the REST catalog; this process sees the same S3
+    credentials as the server (the AWS SDK's chain: the environment)."""
+    extra = {**seaweed.env, "LAKEHOUSE_NAMESPACE": f"svc_{uuid.uuid4().hex[:10]}"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in seaweed.env.items():
+            mp.setenv(k, v)
+        with test_service.make_world(pg_admin_dsn, tmp_path_factory.mktemp("rest-service"), extra) as world:
+            yield world
+
+
+@pytest.mark.slow
+def test_service_reads_iceberg_over_http(rest_world):
+    with rest_world.server.client() as client:
+        test_service.test_read_streams_the_routers_rows_as_arrow_and_ndjson_with_its_headers(rest_world, client)
+
+
+def test_service_ingests_on_the_pg_path_then_the_native_path(rest_world):
+    with rest_world.server.client() as client:
+        test_service.test_ingest_runs_the_writer_on_the_path_its_flag_says(rest_world, client)
