@@ -144,3 +144,25 @@ def test_migrate_needs_the_rest_catalog_configured(conn, dsn, settings, lh, monk
     monkeypatch.delenv("LAKEHOUSE_CATALOG_URI", raising=False)
     code, _, err = lh("catalog", "migrate", "--to", "rest", "--dry-run")
     assert code == 2 and "LAKEHOUSE_CATALOG_URI" in err and err.count("\n") == 1
+
+
+def test_the_job_moves_the_tables_as_the_cli_does(conn, dsn, sql_on_s3, seaweed):
+    import dagster as dg
+
+    from lakehouse_dagster.dagster.defs.resources import LakehouseResource
+    from lakehouse_dagster.dagster.defs.runbooks.catalog import catalog_migrate_job
+
+    ws = datasets.create_workspace(conn, "w")
+    d = _dataset(conn, ws, "a", 3)
+    sync_dataset(dsn, load_catalog(sql_on_s3, dsn), sql_on_s3, d)
+    config = {"to": "rest", "how": "replay", "warehouse": seaweed.warehouse}
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = catalog_migrate_job.execute_in_process(
+            run_config={"ops": {"catalog_migrate_op": {"config": config}}},
+            resources={"lakehouse": LakehouseResource(pg_dsn=dsn)},
+            instance=instance,
+        )
+    assert result.success
+    assert [m["outcome"] for m in result.output_for_node("catalog_migrate_op")] == ["moved"]
+    rest = load_catalog(sql_on_s3.replace(catalog_type="rest", warehouse=seaweed.warehouse), dsn)
+    assert rest.load_table(table_identifier(sql_on_s3, d)).scan().to_arrow().num_rows == 3
