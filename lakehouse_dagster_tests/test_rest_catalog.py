@@ -29,6 +29,7 @@ from . import (
     test_maintenance,
     test_mirror,
     test_mirror_stream,
+    test_object_store_faults,
     test_reverse_mirror,
     test_service,
 )
@@ -199,3 +200,38 @@ def test_service_reads_iceberg_over_http(rest_world):
 def test_service_ingests_on_the_pg_path_then_the_native_path(rest_world):
     with rest_world.server.client() as client:
         test_service.test_ingest_runs_the_writer_on_the_path_its_flag_says(rest_world, client)
+
+
+@pytest.fixture
+def rest_store(seaweed):
+    """test_object_store_faults' HTTP fault proxy in front of SeaweedFS's S3 (the REST catalog behind it is not)."""
+    from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
+
+    with S3FaultProxy(seaweed.s3_endpoint) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def rest_s3_settings(rest_settings, rest_store, monkeypatch) -> Settings:
+    monkeypatch.setenv("LAKEHOUSE_S3_ENDPOINT", rest_store.endpoint)
+    monkeypatch.setenv("LAKEHOUSE_INGEST_CHUNK_ROWS", str(test_object_store_faults.CHUNK))
+    return Settings.from_env()
+
+
+@pytest.mark.parametrize(
+    "fault", [(503, {"share": 0.3, "seed": 7}), (500, {"count": 6})], ids=["503-to-30%", "500-to-the-next-6"]
+)
+def test_a_store_failing_some_requests_is_absorbed(conn, dsn, rest_s3_settings, rest_store, fault):
+    test_object_store_faults.test_a_store_failing_some_requests_is_absorbed_by_the_retries_and_the_sync_lands_exactly_once(
+        conn, dsn, rest_s3_settings, rest_store, fault
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["before-the-sync", "before-its-commit"])
+def test_a_store_failing_everything_fails_the_sync_and_the_next_lands_once(
+    conn, dsn, rest_s3_settings, rest_store, when
+):
+    test_object_store_faults.test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_the_next_sync_lands_exactly_once(
+        conn, dsn, rest_s3_settings, rest_store, when
+    )
