@@ -235,3 +235,13 @@ def test_a_store_failing_everything_fails_the_sync_and_the_next_lands_once(
     test_object_store_faults.test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_the_next_sync_lands_exactly_once(
         conn, dsn, rest_s3_settings, rest_store, when
     )
+
+
+@pytest.mark.slow
+def test_the_crash_harness_converges_on_rest(dsn, rest_settings):
+    """The crash harness's batch mode, short: syncs as CLI processes killed at failpoints around the REST commit."""
+    from lakehouse_dagster.testing.crash_harness import run_cycles
+
+    report = run_cycles(dsn, rest_settings, seed=20261207, cycles=6, datasets=2)
+    assert report.cycles == 6 and sum(report.fired.values()) >= 2, report.as_dict()
+    assert report.violations == [], "\n".join(report.violations)
