@@ -197,6 +197,51 @@ def test_service_reads_iceberg_over_http(rest_world):
         test_service.test_read_streams_the_routers_rows_as_arrow_and_ndjson_with_its_headers(rest_world, client)
 
 
+@pytest.mark.slow
+def test_two_service_replicas_ingest_the_same_datasets_with_g3_across_them(rest_world, tmp_path):
+    """Two `lakehouse serve` processes on the REST catalog, requests alternating between them (as a load balancer
+    would), two at a time into each of two native datasets: every ingest lands (a 503 is retried by the client), the
+    syncs of one dataset never overlap (G3 holds across the processes), each table holds its rows once."""
+    from lakehouse_dagster.testing.service import ServiceProcess
+
+    second = ServiceProcess(rest_world.env, tmp_path / "serve-2.log", token=rest_world.server.token).wait_ready()
+    try:
+        ds = [test_service._sourced(rest_world, 20 + i, slow_seconds=0.3)[0] for i in range(2)]
+        for d in ds:
+            test_service._native(rest_world, d)
+        replicas = [rest_world.server, second]
+        results: list[tuple] = []
+        errors: list[BaseException] = []
+
+        def ingest(replica, d) -> None:
+            try:
+                with replica.client() as client:
+                    results.append((d, client.ingest(d, "sync.full")))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=ingest, args=(replicas[i % 2], ds[(i // 2) % 2])) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert errors == [] and len(results) == 8
+        assert all(r["path"] == "native" for _, r in results)
+        with rest_world.conn() as conn:
+            for i, d in enumerate(ds):
+                spans = conn.execute(
+                    "select started_at, finished_at, status from iceberg_sync_log where dataset_id = %s"
+                    " order by started_at",
+                    (d,),
+                ).fetchall()
+                assert [s[2] for s in spans] == ["succeeded"] * 4
+                assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # G3: one after the other
+                table = rest_world.catalog.load_table(table_identifier(rest_world.settings, d))
+                assert table.scan().to_arrow().num_rows == 20 + i  # replaced each time, never doubled
+    finally:
+        second.stop()
+
+
 def test_service_ingests_on_the_pg_path_then_the_native_path(rest_world):
     with rest_world.server.client() as client:
         test_service.test_ingest_runs_the_writer_on_the_path_its_flag_says(rest_world, client)

@@ -71,6 +71,7 @@ class World:
     catalog: object
     server: ServiceProcess
     workspace: uuid.UUID
+    env: dict = dataclasses.field(default_factory=dict)  # the server's configuration (a second replica's too)
 
     def conn(self) -> psycopg.Connection:
         return connect(self.dsn)
@@ -126,7 +127,7 @@ def make_world(pg_admin_dsn, root: Path, extra_env: dict | None = None):
         ws = datasets.create_workspace(conn, "service")
     server = ServiceProcess(env, root / "serve.log", token=new_token()).wait_ready()
     try:
-        yield World(dsn, settings, catalog, server, ws)
+        yield World(dsn, settings, catalog, server, ws, env)
     finally:
         server.stop()
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
