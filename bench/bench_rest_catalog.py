@@ -111,13 +111,18 @@ def main() -> None:
             moved = migrate(dsn, mig, to="rest", how="replay", warehouse=weed.warehouse, dataset_ids=ids)
             seconds = time.perf_counter() - t0
             rest = load_catalog(mig.replace(catalog_type="rest", warehouse=weed.warehouse), dsn)
-            after = {d: live_files(rest.load_table(table_identifier(mig, d))) for d in ids}
+            done = [m.dataset_id for m in moved if m.outcome == "moved"]
+            after = {d: live_files(rest.load_table(table_identifier(mig, d))) for d in done}
+            outcomes: dict[str, int] = {}
+            for m in moved:
+                outcomes[m.outcome] = outcomes.get(m.outcome, 0) + 1
             out["migrate"] = {
                 "tables": args.tables,
                 "seconds": round(seconds, 2),
-                "outcomes": sorted({m.outcome for m in moved}),
+                "outcomes": outcomes,
+                "failures": sorted({m.detail for m in moved if m.outcome == "failed"})[:3],
                 "data_files": sum(len(v) for v in before.values()),
-                "data_files_identical": before == after,
+                "data_files_identical": all(before[d] == after[d] for d in done),
             }
     print(json.dumps(out, indent=2))
 

@@ -9,7 +9,8 @@ snapshot) and the registration is dropped again.
 
 ``replay``: the target catalog creates the table and receives the source's schemas, snapshots, refs and properties in
 the same commit (a staged create: atomic, nothing visible before it lands). The snapshots are the source's own
-(their ids, sequence numbers and manifest lists), so the manifests and data files are the source's files, untouched;
+(their ids, sequence numbers and manifest lists; a timestamp older than the new table is moved up to it, which a
+catalog requires), so the manifests and data files are the source's files, untouched;
 only a new metadata file is written, in the target's location. A table already replayed and behind its source (the
 source's writers went on) is caught up by a commit adding the snapshots it lacks, guarded by the target's current
 snapshot (a concurrent writer there makes it fail, nothing half-applied).
@@ -150,7 +151,7 @@ def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str
         updates += [AddSchemaUpdate(schema_=current), SetCurrentSchemaUpdate(schema_id=-1)]  # type: ignore[call-arg]
     elif older:
         updates.append(SetCurrentSchemaUpdate(schema_id=staged.current_schema_id))  # type: ignore[call-arg]
-    updates += _snapshot_updates(src, set())
+    updates += _snapshot_updates(src, set(), staged.last_updated_ms)
     private_apis.pyiceberg_stage(tx, tuple(updates), ())
     tx.commit_transaction()
 
@@ -166,7 +167,7 @@ def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> None:
             raise CopyRefused(f"table {target.name()}: schema {s.schema_id} differs between the catalogs")
     if not _same_schema(target, source):
         updates.append(SetCurrentSchemaUpdate(schema_id=src.current_schema_id))  # type: ignore[call-arg]
-    updates += _snapshot_updates(src, {s.snapshot_id for s in dst.snapshots})
+    updates += _snapshot_updates(src, {s.snapshot_id for s in dst.snapshots}, dst.last_updated_ms)
     gone = [k for k in dst.properties if k not in src.properties and k.startswith(OURS)]
     if gone:
         updates.append(RemovePropertiesUpdate(removals=gone))
@@ -174,13 +175,22 @@ def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> None:
     target_catalog.commit_table(target, requirements, tuple(updates))
 
 
-def _snapshot_updates(src, have: set[int]) -> list[TableUpdate]:
-    """The source's snapshots the target lacks (in sequence order, as they were committed), its refs, its properties."""
-    updates: list[TableUpdate] = [
-        AddSnapshotUpdate(snapshot=s)
-        for s in sorted(src.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms))
-        if s.snapshot_id not in have
-    ]
+def _snapshot_updates(src, have: set[int], last_updated_ms: int) -> list[TableUpdate]:
+    """The source's snapshots the target lacks (in sequence order, as they were committed), its refs, its properties.
+
+    A snapshot's timestamp moves up to the target's last update when it is older: a catalog refuses a snapshot older
+    than the table's last update less a minute (Iceberg's metadata builder does; SeaweedFS: "invalid snapshot
+    timestamp ... before last updated timestamp"). The timestamp is the metadata's alone (no manifest holds it), so
+    only time travel by timestamp and the age expiry (a moved snapshot counts as young) see the difference."""
+    updates: list[TableUpdate] = []
+    floor = last_updated_ms
+    for s in sorted(src.snapshots, key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        if s.snapshot_id in have:
+            continue
+        if s.timestamp_ms < floor:
+            s = s.model_copy(update={"timestamp_ms": floor})
+        floor = s.timestamp_ms + 1
+        updates.append(AddSnapshotUpdate(snapshot=s))
     for name, ref in src.refs.items():
         updates.append(SetSnapshotRefUpdate(ref_name=name, type=ref.snapshot_ref_type, snapshot_id=ref.snapshot_id))  # type: ignore[call-arg]
     updates.append(SetPropertiesUpdate(updates=dict(src.properties)))
