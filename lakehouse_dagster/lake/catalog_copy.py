@@ -86,8 +86,11 @@ def plan(source: Table, target: Table | None) -> Plan:
     return Plan("catch-up", sum(1 for s in src.snapshots if s.snapshot_id not in have))
 
 
-def copy_table(source_catalog: Catalog, target_catalog: Catalog, identifier: tuple[str, str], how: str) -> Plan:
-    """Move (or catch up) one table; returns what was done. Raises CopyRefused when it cannot, with nothing changed."""
+def copy_table(
+    source_catalog: Catalog, target_catalog: Catalog, identifier: tuple[str, str], how: str
+) -> tuple[Plan, Table, Table, bool]:
+    """Move (or catch up) one table: (what was done, the source table, the target table after it, whether this call
+    created the target's). Raises CopyRefused when it cannot, with nothing changed."""
     if how not in HOWS:
         raise CopyRefused(f"--how {how!r} is not one of {', '.join(HOWS)}")
     source = source_catalog.load_table(identifier)
@@ -100,17 +103,16 @@ def copy_table(source_catalog: Catalog, target_catalog: Catalog, identifier: tup
             "if the source is the truth, then run the migration again"
         )
     if step.action == "already":
-        return step
+        assert target is not None  # plan says "already" only of a table the target has
+        return step, source, target, False
     if target is None and how == "register":
-        _register(source, target_catalog, identifier)
-    elif target is None:
-        _replay_create(source, target_catalog, identifier)
-    else:
-        _catch_up(source, target, target_catalog)
-    return step
+        return step, source, _register(source, target_catalog, identifier), True
+    if target is None:
+        return step, source, _replay_create(source, target_catalog, identifier), True
+    return step, source, _catch_up(source, target, target_catalog), False
 
 
-def _register(source: Table, target_catalog: Catalog, identifier: tuple[str, str]) -> None:
+def _register(source: Table, target_catalog: Catalog, identifier: tuple[str, str]) -> Table:
     target = target_catalog.register_table(identifier, source.metadata_location)
     if target.metadata.table_uuid != source.metadata.table_uuid or not _same_schema(target, source):
         try:
@@ -124,9 +126,10 @@ def _register(source: Table, target_catalog: Catalog, identifier: tuple[str, str
             f"other metadata (table uuid {target.metadata.table_uuid}, not {source.metadata.table_uuid}): its "
             f"register_table does not read the file it is given{undo}; use --how replay"
         )
+    return target
 
 
-def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str, str]) -> None:
+def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str, str]) -> Table:
     src = source.metadata
     first = min(src.schemas, key=lambda s: s.schema_id)
     tx = target_catalog.create_table_transaction(
@@ -154,9 +157,10 @@ def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str
     updates += _snapshot_updates(src, set(), staged.last_updated_ms)
     private_apis.pyiceberg_stage(tx, tuple(updates), ())
     tx.commit_transaction()
+    return target_catalog.load_table(identifier)  # the transaction's own table is a staged one: no scan
 
 
-def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> None:
+def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> Table:
     src, dst = source.metadata, target.metadata
     updates: list[TableUpdate] = []
     have_schemas = {s.schema_id: s for s in dst.schemas}
@@ -173,6 +177,7 @@ def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> None:
         updates.append(RemovePropertiesUpdate(removals=gone))
     requirements: tuple[TableRequirement, ...] = (AssertRefSnapshotId(ref="main", snapshot_id=dst.current_snapshot_id),)  # type: ignore[call-arg]
     target_catalog.commit_table(target, requirements, tuple(updates))
+    return target_catalog.load_table(target.name())
 
 
 def _snapshot_updates(src, have: set[int], last_updated_ms: int) -> list[TableUpdate]:
@@ -212,8 +217,9 @@ def live_files(table: Table) -> set[str]:
     return {task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot() else set()
 
 
-def verify(source: Table, target: Table) -> list[str]:
-    """What differs between the moved table and its source (empty: the target serves exactly the source's table)."""
+def verify(source: Table, target: Table) -> tuple[list[str], int]:
+    """(what differs between the moved table and its source, empty when the target serves exactly the source's
+    table; the target's live data files)."""
     problems = []
     if target.metadata.current_snapshot_id != source.metadata.current_snapshot_id:
         problems.append(
@@ -227,4 +233,4 @@ def verify(source: Table, target: Table) -> list[str]:
     src_files, dst_files = live_files(source), live_files(target)
     if src_files != dst_files:
         problems.append(f"other data files ({len(dst_files ^ src_files)} differ)")
-    return problems
+    return problems, len(dst_files)

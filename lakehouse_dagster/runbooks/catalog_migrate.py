@@ -95,49 +95,54 @@ def migrate(
         else:
             ids = sorted(set(dataset_ids))
     out = []
-    for ds_id in ids:
-        ident = table_identifier(settings, ds_id)
-        moved = Moved(ds_id, ".".join(ident), "no-table")
-        try:
-            src = load_table_or_none(source, ident)
-            if src is None:
-                out.append(moved)
-                continue
-            if dry_run:
-                step = catalog_copy.plan(src, load_table_or_none(target, ident))
-                moved.outcome = {"create": "would-create", "catch-up": "would-catch-up"}.get(step.action, step.action)
-                moved.snapshots, moved.detail = step.snapshots, step.reason
-            else:
-                _move(dsn, source, target, target_settings, ident, moved, how, lock_wait_s)
-        except LakehouseError as exc:
-            moved.outcome, moved.detail = "failed", first_line(exc)
-        except Exception as exc:  # noqa: BLE001 - one table's failure is its line; the others still move
-            moved.outcome, moved.detail = "failed", f"{type(exc).__name__}: {first_line(exc)}"
-        log.info("catalog migrate --to %s: %s", to, moved.line())
-        out.append(moved)
+    # One session for the locks and one for the canaries, for the whole run (a connection per table cost more than
+    # the move itself).
+    with connect(dsn) as lock_conn, connect(dsn) as canary_conn:
+        for ds_id in ids:
+            ident = table_identifier(settings, ds_id)
+            moved = Moved(ds_id, ".".join(ident), "no-table")
+            try:
+                src = load_table_or_none(source, ident)
+                if src is None:
+                    out.append(moved)
+                    continue
+                if dry_run:
+                    step = catalog_copy.plan(src, load_table_or_none(target, ident))
+                    moved.outcome = {"create": "would-create", "catch-up": "would-catch-up"}.get(
+                        step.action, step.action
+                    )
+                    moved.snapshots, moved.detail = step.snapshots, step.reason
+                else:
+                    _move(
+                        dsn, (lock_conn, canary_conn), source, target, target_settings, ident, moved, how, lock_wait_s
+                    )
+            except LakehouseError as exc:
+                moved.outcome, moved.detail = "failed", first_line(exc)
+            except Exception as exc:  # noqa: BLE001 - one table's failure is its line; the others still move
+                moved.outcome, moved.detail = "failed", f"{type(exc).__name__}: {first_line(exc)}"
+            log.info("catalog migrate --to %s: %s", to, moved.line())
+            out.append(moved)
     return out
 
 
-def _move(dsn, source, target, target_settings, ident, moved: Moved, how: str, lock_wait_s: float) -> None:
-    with connect(dsn) as lock_conn:
-        try:
-            with dataset_lock(lock_conn, moved.dataset_id, timeout_s=lock_wait_s):
-                _copy_and_verify(dsn, source, target, target_settings, ident, moved, how)
-        except LockTimeout:
-            moved.outcome, moved.detail = "busy", "a sync or native write holds its lock (G3); run the migration again"
+def _move(dsn, conns, source, target, target_settings, ident, moved: Moved, how: str, lock_wait_s: float) -> None:
+    lock_conn, canary_conn = conns
+    try:
+        with dataset_lock(lock_conn, moved.dataset_id, timeout_s=lock_wait_s):
+            _copy_and_verify(dsn, canary_conn, source, target, target_settings, ident, moved, how)
+    except LockTimeout:
+        moved.outcome, moved.detail = "busy", "a sync or native write holds its lock (G3); run the migration again"
 
 
-def _copy_and_verify(dsn, source, target, target_settings, ident, moved: Moved, how: str) -> None:
+def _copy_and_verify(dsn, canary_conn, source, target, target_settings, ident, moved: Moved, how: str) -> None:
     started = time.perf_counter()
-    created = load_table_or_none(target, ident) is None
-    step = catalog_copy.copy_table(source, target, ident, how)
-    src, dst = source.load_table(ident), target.load_table(ident)
-    problems = catalog_copy.verify(src, dst)
+    step, src, dst, created = catalog_copy.copy_table(source, target, ident, how)
+    problems, files = catalog_copy.verify(src, dst)
     if not problems:
-        moved.verdict = evaluate(dsn, target, target_settings, moved.dataset_id).verdict
+        moved.verdict = evaluate(dsn, target, target_settings, moved.dataset_id, conn=canary_conn).verdict
         if moved.verdict not in ACCEPTED:
             problems.append(f"the canary on the target says {moved.verdict}")
-    moved.files = len(catalog_copy.live_files(dst))
+    moved.files = files
     if problems:
         undo = ""
         if created:
