@@ -242,6 +242,7 @@ def test_two_service_replicas_ingest_the_same_datasets_with_g3_across_them(rest_
         second.stop()
 
 
+@pytest.mark.slow
 def test_service_ingests_on_the_pg_path_then_the_native_path(rest_world):
     with rest_world.server.client() as client:
         test_service.test_ingest_runs_the_writer_on_the_path_its_flag_says(rest_world, client)
@@ -263,6 +264,7 @@ def rest_s3_settings(rest_settings, rest_store, monkeypatch) -> Settings:
     return Settings.from_env()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault", [(503, {"share": 0.3, "seed": 7}), (500, {"count": 6})], ids=["503-to-30%", "500-to-the-next-6"]
 )
