@@ -105,7 +105,7 @@ def test_migrate_to_rest_moves_every_table_untouched_resumes_and_the_way_back_ca
     datasets.set_schema(conn, a, [*SCHEMA, {"name": "x", "type": "float64"}])  # a new column: a new schema too
     datasets.insert_rows(conn, a, [{"a": 6, "s": "a 6", "x": 0.5}], start_index=6)
     sync_dataset(dsn, sql, sql_on_s3, a)
-    again = _json(lh, *args)
+    again = _json(lh, *args, "--workers", "3")  # tables at once: the same outcomes
     assert _outcomes(again) == {str(a): "caught-up", str(b): "moved", str(c): "already", str(never): "no-table"}
     assert again["exit"] == 0
     rest_a, sql_a = rest.load_table(table_identifier(sql_on_s3, a)), sql.load_table(table_identifier(sql_on_s3, a))

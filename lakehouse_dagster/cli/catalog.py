@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--warehouse", metavar="URI", help="the target catalog's warehouse (default LAKEHOUSE_WAREHOUSE)")
     p.add_argument("--dataset", action="append", metavar="UUID", help="only this dataset (repeatable; default all)")
     p.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="tables moved at once, each under its own lock (default 1)"
+    )
+    p.add_argument(
         "--lock-wait-seconds",
         type=float,
         default=5.0,
@@ -50,6 +53,7 @@ def _migrate(ctx, args) -> Result:
         warehouse=args.warehouse,
         dataset_ids=ids,
         lock_wait_s=args.lock_wait_seconds,
+        workers=args.workers,
     )
     counts: dict[str, int] = {}
     for m in moved:
