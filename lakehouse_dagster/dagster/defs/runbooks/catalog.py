@@ -21,6 +21,7 @@ class CatalogMigrateConfig(dg.Config):
     how: str = Field(default="register", description="register (the current metadata file) or replay (SeaweedFS)")
     dry_run: bool = Field(default=False, description="list what would move; change nothing")
     warehouse: Optional[str] = Field(default=None, description="the target's warehouse (default LAKEHOUSE_WAREHOUSE)")
+    workers: int = Field(default=1, description="tables moved at once, each under its own lock")
 
 
 @dg.op(description="Move (or catch up) each dataset's table under its lock (G3), verify it, canary on the target.")
@@ -33,6 +34,7 @@ def catalog_migrate_op(context: dg.OpExecutionContext, config: CatalogMigrateCon
             how=config.how,
             dry_run=config.dry_run,
             warehouse=config.warehouse,
+            workers=config.workers,
         )
     except LakehouseError as exc:
         raise refuse(exc) from None
