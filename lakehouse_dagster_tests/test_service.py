@@ -4,6 +4,7 @@ are compared with the in-process read router's (routing/exercise.py), reasons an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import socket
@@ -70,6 +71,7 @@ class World:
     catalog: object
     server: ServiceProcess
     workspace: uuid.UUID
+    env: dict = dataclasses.field(default_factory=dict)  # the server's configuration (a second replica's too)
 
     def conn(self) -> psycopg.Connection:
         return connect(self.dsn)
@@ -94,13 +96,14 @@ class World:
         return result
 
 
-@pytest.fixture(scope="module")
-def world(pg_admin_dsn, template_dsn, tmp_path_factory):
+@contextlib.contextmanager
+def make_world(pg_admin_dsn, root: Path, extra_env: dict | None = None):
+    """A database of its own, a warehouse under ``root`` and a server process; ``extra_env``: more of its
+    configuration (test_rest_catalog.py: a REST catalog and its S3)."""
     name = f"svc_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
         admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')  # (one per pytest worker)
     dsn = with_db(pg_admin_dsn, name)
-    root = tmp_path_factory.mktemp("service")
     (root / "warehouse").mkdir()
     env = {
         "LAKEHOUSE_PG_DSN": dsn,
@@ -113,6 +116,7 @@ def world(pg_admin_dsn, template_dsn, tmp_path_factory):
         "LAKEHOUSE_MAX_CONCURRENT_INGEST": "2",
         "LAKEHOUSE_API_BATCH_ROWS": "1000",
         "LAKEHOUSE_SHADOW_SAMPLE": "1",  # every read in mode shadow is compared (test_shadow_reads_over_http)
+        **(extra_env or {}),
     }
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
@@ -123,11 +127,17 @@ def world(pg_admin_dsn, template_dsn, tmp_path_factory):
         ws = datasets.create_workspace(conn, "service")
     server = ServiceProcess(env, root / "serve.log", token=new_token()).wait_ready()
     try:
-        yield World(dsn, settings, catalog, server, ws)
+        yield World(dsn, settings, catalog, server, ws, env)
     finally:
         server.stop()
         with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
             admin.execute(f'drop database if exists "{name}" with (force)')
+
+
+@pytest.fixture(scope="module")
+def world(pg_admin_dsn, template_dsn, tmp_path_factory):
+    with make_world(pg_admin_dsn, tmp_path_factory.mktemp("service")) as w:
+        yield w
 
 
 @pytest.fixture

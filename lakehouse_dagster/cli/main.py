@@ -27,6 +27,7 @@ from lakehouse_dagster.core.errors import (
 # verb -> (module in this package, help line), in the order `lakehouse --help` lists them
 VERBS: dict[str, tuple[str, str]] = {
     "canary": ("canary", "compare Postgres and Iceberg per dataset (order-independent digests) and record verdicts"),
+    "catalog": ("catalog", "move the datasets' Iceberg tables between the SQL and a REST catalog"),
     "datasets": ("datasets", "list datasets with their workspace, Postgres version and last sync"),
     "db": ("db", "schema migrations of the project's Postgres"),
     "demo": ("demo", "the demo workspace (datasets of several sizes and shapes, a pipeline)"),

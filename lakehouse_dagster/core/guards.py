@@ -1,10 +1,10 @@
 """Concurrency guards that hold across processes (Dagster runs are processes), built on Postgres
 advisory locks held by a session: a killed process's locks vanish with its connection.
 
-G1 (catalog commits serialised) is the SqlCatalog's compare-and-swap; G4 (commit conflicts retry)
-lives in lake/writer.py. Here: G3, one ingest per dataset at a time (blocking, queued), and G2, at
-most ``max_concurrent_ingest`` ingests at once (non-blocking: a caller past the bound gets
-Backpressure and retries later — the runbook's healthy 503).
+G1 (catalog commits serialised) is the catalog's own (the SqlCatalog's compare-and-swap, a REST server's
+check of a commit's requirements); G4 (commit conflicts retry) lives in lake/writer.py. Here: G3, one
+ingest per dataset at a time (blocking, queued), and G2, at most ``max_concurrent_ingest`` ingests at
+once (non-blocking: a caller past the bound gets Backpressure and retries later — the runbook's healthy 503).
 
 A session lock lasts as long as its session, and a session can die while its process lives on (server
 restart, idle or TCP timeout, pg_terminate_backend). So the locks taken here are remembered for the

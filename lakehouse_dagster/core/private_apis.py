@@ -176,6 +176,12 @@ def pyiceberg_staged_state(tx) -> tuple:
     return tx._table.metadata, tx._updates
 
 
+def pyiceberg_stage(tx, updates: tuple, requirements: tuple) -> None:
+    """Stage table updates pyiceberg has no public call for (a snapshot added as it is, lake/catalog_copy.py) in a
+    Transaction that does not autocommit (a staged create): they land with its commit_transaction, in one commit."""
+    tx._apply(updates, requirements)
+
+
 # --- dagster-postgres ----------------------------------------------------------------------------------------------
 def event_log_engine(storage):
     """The SQLAlchemy engine of a dagster-postgres event log storage (None: anything else)."""

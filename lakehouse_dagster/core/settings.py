@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import json
 import os
 from pathlib import Path
 
@@ -212,6 +213,14 @@ class Settings:
     # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
     # own short transaction (a row_index range of the primary key, no table lock).
     complete_batch_rows: int = 10_000
+    # A REST catalog's secrets, from the environment only (never a resource field, never in run config, never
+    # printed: repr=False): the OAuth2 client credential ``id:secret`` (LAKEHOUSE_CATALOG_CREDENTIAL) or a bearer
+    # token (LAKEHOUSE_CATALOG_TOKEN). lake/catalog.py hands them to pyiceberg's RestCatalog.
+    catalog_credential: str | None = dataclasses.field(default=None, repr=False)
+    catalog_token: str | None = dataclasses.field(default=None, repr=False)
+    # More RestCatalog properties (LAKEHOUSE_CATALOG_PROPERTIES, a JSON object of strings): a scope, an
+    # ``oauth2-server-uri`` elsewhere, ``header.X-Iceberg-Access-Delegation``... (docs/rest-catalog.md). Not secrets.
+    catalog_properties: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -308,6 +317,9 @@ class Settings:
                 "LAKEHOUSE_REVERSE_RESYNC_SHARE", _float("LAKEHOUSE_REVERSE_RESYNC_SHARE", 1.0)
             ),
             complete_batch_rows=_int("LAKEHOUSE_COMPLETE_BATCH_ROWS", 10_000, minimum=1),
+            catalog_credential=os.environ.get("LAKEHOUSE_CATALOG_CREDENTIAL") or None,
+            catalog_token=os.environ.get("LAKEHOUSE_CATALOG_TOKEN") or None,
+            catalog_properties=_catalog_properties(),
         )
 
     def replace(self, **changes) -> Settings:
@@ -316,6 +328,21 @@ class Settings:
 
 # Compaction (tracking/row_changes.py) decides from the newest this-many snapshots: expiry keeps at least them.
 SNAPSHOTS_KEEP_MIN = 16
+
+
+def _catalog_properties() -> dict[str, str]:
+    raw = os.environ.get("LAKEHOUSE_CATALOG_PROPERTIES") or ""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise BadInput(
+            'LAKEHOUSE_CATALOG_PROPERTIES is not a JSON object of strings; set it like {"scope": "PRINCIPAL_ROLE:ALL"}'
+        )
+    return value
 
 
 def _snapshots_keep() -> int:

@@ -1,7 +1,13 @@
 """The Iceberg catalog: pyiceberg SqlCatalog on the project's Postgres by default, REST by configuration.
 
-SqlCatalog commits are a compare-and-swap on the metadata location (G1 holds across processes and
-machines without an in-process lock); pyiceberg retries a lost swap itself (G4).
+G1 (catalog commits serialised) is the catalog's own on both: the SqlCatalog's compare-and-swap on the metadata
+location in Postgres, a REST catalog's check of each commit's requirements on its server (a stale commit gets 409,
+CommitFailedException, as a lost swap does). Either holds across processes and machines without an in-process
+lock; G4, the retry of a lost commit, is the writer's (lake/writer.py). Nothing else of the project reads the
+catalog's storage: everything goes through pyiceberg's Catalog API, so a table behaves alike on both.
+
+A REST catalog's secrets come from the environment (Settings.catalog_credential / catalog_token) and go to
+pyiceberg's RestCatalog only: never to a table property, a log line or a run's config.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ def load_catalog(settings: Settings, dsn: str) -> Catalog:
         settings.catalog_uri or dsn,
         settings.warehouse,
         tuple(sorted(file_io_properties(settings).items())),
+        settings.catalog_credential,
+        settings.catalog_token,
+        tuple(sorted(settings.catalog_properties.items())),
     )
     with _cache_lock:
         cat = _cache.get(key)
@@ -42,11 +51,7 @@ def _build(settings: Settings, dsn: str) -> Catalog:
     if settings.catalog_type == "rest":
         from pyiceberg.catalog.rest import RestCatalog  # lazy: only a REST catalog needs it
 
-        if not settings.catalog_uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
-            raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
-        return RestCatalog(
-            "lakehouse", uri=settings.catalog_uri, warehouse=settings.warehouse, **file_io_properties(settings)
-        )
+        return RestCatalog("lakehouse", **rest_properties(settings))
     # lazy: pyiceberg's SQL catalog pulls SQLAlchemy in; the CLI's light commands never open a catalog
     from pyiceberg.catalog.sql import SqlCatalog  # lazy: see above
 
@@ -66,6 +71,21 @@ def _build(settings: Settings, dsn: str) -> Catalog:
             )
         finally:
             conn.execute("select pg_advisory_unlock(hashtextextended('lakehouse_sql_catalog_init', 0))")
+
+
+def rest_properties(settings: Settings) -> dict[str, str]:
+    """The RestCatalog's properties: its URL and warehouse, the FileIO's (lake/storage.py), the secrets from the
+    environment, then LAKEHOUSE_CATALOG_PROPERTIES (a scope, an access-delegation header...), which win."""
+    if not settings.catalog_uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
+        raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
+    props = {"uri": settings.catalog_uri, "warehouse": settings.warehouse, **file_io_properties(settings)}
+    if settings.catalog_credential:
+        props["credential"] = settings.catalog_credential
+        # The token endpoint the REST spec names; unset, pyiceberg guesses it and warns that the guess will go.
+        props["oauth2-server-uri"] = settings.catalog_uri.rstrip("/") + "/v1/oauth/tokens"
+    if settings.catalog_token:
+        props["token"] = settings.catalog_token
+    return {**props, **settings.catalog_properties}
 
 
 def table_identifier(settings: Settings, dataset_id: uuid.UUID) -> tuple[str, str]:

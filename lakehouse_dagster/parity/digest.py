@@ -419,7 +419,12 @@ class IcebergSide:
             return (None, None)
         # DuckDB: the source is our own text (a view name or a read_parquet over the planned files), values bound
         query = "select min(__row_index), max(__row_index) from " + self._source()
-        return fetch_one(self.con.execute(query, self._params()), "the Iceberg side's row index bounds")
+        cur = self.con.execute(query, self._params())
+        row = fetch_one(cur, "the Iceberg side's row index bounds")
+        # DuckDB 2: a result not fetched to its end leaves the connection busy, and the next query's register of
+        # the Arrow reader (remote files: an s3:// warehouse, test_rest_catalog.py) is refused (ResourceInUse).
+        cur.fetchall()
+        return row
 
     def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         if self.empty:

@@ -353,6 +353,10 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
         return 0
     location = table.location()
     catalog.purge_table(identifier)
+    if settings.catalog_type == "rest":
+        # A REST catalog's purge is the server's (purgeRequested): the location is its own, and a table bucket
+        # (SeaweedFS, S3 Tables) refuses a client's request on a dropped table's keys (ACCESS_DENIED).
+        return 1
     try:
         fs, root = (
             filesystem(location, settings) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
