@@ -350,6 +350,12 @@ class LifecycleWithIceberg(Lifecycle):
             return 0, None
         return table.scan().count(), snap.snapshot_id
 
+    @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS), mode=st.sampled_from(["iceberg_native", "pg"]))
+    def writer_at_dataset_scope(self, i, writer, mode):
+        """The same verb as ``writer_flag``, drawn more often here: tables exist only once a dataset went native, so
+        the moves in and out of ``native`` are what puts the writes below to work."""
+        self._flag("write", writer, mode, i)
+
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS))
     def native_write(self, i, writer):
         """One row through the native path. Accepted iff Iceberg is the truth; a refusal writes nothing."""
@@ -393,6 +399,7 @@ class LifecycleWithIceberg(Lifecycle):
         d = self.ids[i]
         table = load_table_or_none(self.catalog, table_identifier(self.lake_settings, d))
         if table is None or table.current_snapshot() is None:
+            self._saw("foreign append skipped: no table yet")
             return
         n = self.next_index[d]
         row = {"__row_index": n, "__row_id": str(uuid.uuid4()), "__created_at": dt.datetime.now(dt.UTC)}
