@@ -65,13 +65,15 @@ def test_a_pipeline_input_is_blocked_with_the_reverse_off_and_safe_with_it_on(co
     with pytest.raises(FlipRefused) as refused:
         _flip(conn, piped)
     text = str(refused.value)
-    assert f"piped ({piped}): BLOCKED (pipeline input; reverse mirror off)" in text
+    assert f"piped ({piped}), lifecycle read-flipped: BLOCKED (pipeline input; reverse mirror off)" in text
     assert "a pipeline reads it from dataset_rows (F3)" in text and f"turn it on with `{turn_on}`" in text
     assert "nothing written" in text and flag_tables(conn) == before and native_dataset_ids(conn) == set()
     # a workspace flip names each blocked dataset, and moves none of them
     with pytest.raises(FlipRefused) as refused:
         _flip(conn, workspace=ws)
-    assert f"piped ({piped}): BLOCKED (pipeline input; reverse mirror off)" in str(refused.value)
+    assert f"piped ({piped}), lifecycle read-flipped: BLOCKED (pipeline input; reverse mirror off)" in str(
+        refused.value
+    )
     assert f"plain ({plain})" not in str(refused.value) and flag_tables(conn) == before
     # the native flip (write-flags flip) refuses it in its preflight, before it canaries anything
     verdicts = conn.execute("select count(*) from lakehouse_read_parity").fetchone()
@@ -108,7 +110,7 @@ def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, setti
         _flip(conn, d)
     text = str(refused.value)
     assert (
-        f"dashed ({d}): read from dataset_rows by dashboards.aggregate (mode off: on Postgres until flipped, once its "
+        f"dashed ({d}), lifecycle read-flipped: read from dataset_rows by dashboards.aggregate (mode off: on Postgres until flipped, once its "
         "shadow reads prove it), locked to Postgres" in text
     )
     assert f"reverse off (workspace setting): turn it on with `lakehouse write-flags reverse on --dataset {d}`" in text

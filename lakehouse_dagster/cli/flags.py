@@ -557,8 +557,8 @@ def _list(ctx, args) -> Result:
 def _consistency(ctx, data: dict, dataset) -> list[str]:
     """The shadow consistency of the compute readers per dataset (flags/proof.py): what a flip of one is gated on."""
     from lakehouse_dagster.core.ids import parse_uuid  # lazy: the CLI imports a verb's machinery only when it runs
-    from lakehouse_dagster.flags.proof import needed_reads, proofs
-    from lakehouse_dagster.flags.registry import PROVEN_READERS
+    from lakehouse_dagster.flags.proof import needed_reads, proofs  # lazy: as above
+    from lakehouse_dagster.flags.registry import PROVEN_READERS  # lazy: as above
 
     needed = needed_reads(ctx.settings)
     ids = None if dataset is None else [parse_uuid(dataset, "dataset id")]
