@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -25,6 +23,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary, localise
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
+from lakehouse_dagster.testing import cli as in_process
 from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [
@@ -488,13 +487,7 @@ def test_console_script_exit_code_and_text(conn, dsn, settings):
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     behind_the_mirrors_back(conn, "update dataset_rows set data = '{}' where dataset_id = %s and row_index = 4", (d,))
-    proc = subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "canary", "--dataset", str(d)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=120,
-    )
+    proc = in_process.run_cli("canary", "--dataset", str(d))
     assert proc.returncode == 1, proc.stderr
     assert "MISMATCH" in proc.stdout and "differing __row_index: 4" in proc.stdout
     assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
@@ -601,7 +594,6 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     readable and the canary agreeing. The CLI lists by default and removes with --delete."""
     import datetime as dt
     import json
-    import os
     import shutil
     import time
     import uuid as uuidlib

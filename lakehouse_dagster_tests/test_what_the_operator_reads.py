@@ -23,6 +23,7 @@ from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core import private_apis
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.tracking import datasets
 
@@ -182,13 +183,7 @@ def test_a_flip_with_json_keeps_stdout_one_document(conn, dsn, settings):
     d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
     datasets.insert_rows(conn, d, [row(i) for i in range(4)])
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
-    proc = subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "flags", "flip", "export.stream", "--dataset", str(d)]
-        + ["--json"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_cli("flags", "flip", "export.stream", "--dataset", str(d), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["flipped"] is True
     assert "[read-router] export.stream" in proc.stderr
