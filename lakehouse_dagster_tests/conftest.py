@@ -158,3 +158,20 @@ def lh():
         return proc.returncode, proc.stdout, proc.stderr
 
     return run
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the e2e tests are slow too
+def pytest_collection_modifyitems(config, items):
+    """e2e files first, then files with slow tests, then the rest by test count (xdist's own order): scripts/test
+    hands whole files to two workers in this order (--no-loadscope-reorder), so the longest start first and the
+    run does not end on one worker finishing a long file alone. Every e2e test is also slow."""
+    kind: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        path = item.nodeid.split("::", 1)[0]
+        count[path] = count.get(path, 0) + 1
+        rank = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+        kind[path] = min(kind.get(path, rank), rank)
+    items.sort(key=lambda item: (kind[path := item.nodeid.split("::", 1)[0]], -count[path], path))
