@@ -375,11 +375,14 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
     try:
         assert proc.stdout.readline().strip() == b"held", proc.stderr.read().decode()[-2000:]
         with connect(dsn) as app:
+            app.execute("set statement_timeout = '120s'")  # a barrier never released fails here, not by a clock
             t = time.perf_counter()
             app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10, '{}')", (d,))
             waited = time.perf_counter() - t
-        # the server ended the frozen session after HOLD_IDLE_TIMEOUT_MS idle, which released the barrier
-        assert barrier.HOLD_IDLE_TIMEOUT_MS / 1000 - 0.5 < waited < barrier.HOLD_IDLE_TIMEOUT_MS / 1000 + 5, waited
+        # the server ended the frozen session after HOLD_IDLE_TIMEOUT_MS idle, which released the barrier (a lower
+        # bound only: a loaded machine may take longer, never less); the frozen process is still stopped
+        assert waited > barrier.HOLD_IDLE_TIMEOUT_MS / 1000 - 0.5, waited
+        assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
