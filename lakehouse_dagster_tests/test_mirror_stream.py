@@ -99,6 +99,14 @@ def wait_caught_up(conn, ids, timeout=60.0) -> float:
     return time.time() - t0
 
 
+def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(0.05)
+
+
 def assert_parity(settings, dsn, ids) -> None:
     catalog = load_catalog(settings, dsn)
     for d in ids:
@@ -258,18 +266,20 @@ def test_handover_with_writes_in_flight_loses_nothing_and_syncs_nothing_twice(co
                 k += 1
                 time.sleep(0.03)
 
-    first = Stream(settings, dsn, seconds=4.0)
+    first = Stream(settings, dsn, seconds=60.0)  # ends when stopped below (as its deadline would): no race on a clock
     assert first.held.wait(30)
+    wait_caught_up(conn, ids)
+    before = len(first.synced())
     w = threading.Thread(target=writer, daemon=True)
     w.start()
-    time.sleep(1.0)
+    _wait_for(lambda: len(first.synced()) > before, "a sync of the writes under the first stream")
     second = Stream(settings, dsn, seconds=60.0)  # started before the first ends: waits on the shard's lock
-    time.sleep(1.0)
-    assert not second.held.is_set()  # the first still holds the shard
+    assert not second.held.wait(1.0)  # the first still holds the shard
+    first.stop.set()
     first.thread.join(30)
     assert first.error is None and not first.thread.is_alive()
     assert second.held.wait(10)
-    time.sleep(2.0)  # writes go on under the second
+    _wait_for(lambda: second.synced(), "a sync of the writes under the second stream")  # writes go on under it
     stop_writing.set()
     w.join(10)
     wait_caught_up(conn, ids)
@@ -409,23 +419,31 @@ def test_a_trickle_through_the_stream_stays_within_the_maintenance_bounds(conn, 
 
 
 def test_a_snapshot_a_reader_was_handed_survives_the_streams_expiry(conn, dsn, settings, monkeypatch):
-    pin = 15
+    pin = 60  # the window the second trickle must fit in (a few seconds): a loaded machine cannot overrun it
     settings = _maintained_settings(monkeypatch, LAKEHOUSE_MAINTENANCE_PIN_SECONDS=str(pin))
     catalog = load_catalog(settings, dsn)
     d = _dataset(conn, datasets.create_workspace(conn, "w"), "pinned")
     with Stream(settings, dsn) as s:
         wait_caught_up(conn, [d])
         _trickle(conn, d, 5, 100)
-        time.sleep(pin + 1)  # those five are no reader's any more; the latest one is
+        # the pin window's clock is the sync log's finished_at against now() (tracking/sync_log.py HANDED_OUT):
+        # those syncs are moved pin + 1 s back instead of the test sleeping that long
+        conn.execute(
+            "update iceberg_sync_log set started_at = started_at - make_interval(secs => %s),"
+            " finished_at = finished_at - make_interval(secs => %s) where dataset_id = %s",
+            (pin + 1, pin + 1, d),
+        )  # those five are no reader's any more; the latest one is
         older, _ = _live(catalog, settings, d)
         # what the read router hands a reader now (routing/read_router.py): the latest succeeded sync's snapshot
         handed = conn.execute("select snapshot_id from lakehouse_latest_succeeded_sync(%s)", (d,)).fetchone()[0]
         table = catalog.load_table(table_identifier(settings, d))
         expected = table.scan(snapshot_id=handed).to_arrow().sort_by("__row_index")
-        t0 = time.time()
+        t0 = time.monotonic()
         _trickle(conn, d, 20, 200)  # 20 newer commits (and the rounds' own): the handed one is far past the newest 16
-        time.sleep(2.5)  # a round after the last commit, still within the pin window of the handed snapshot
-        assert time.time() - t0 < pin, "too slow to test the pin window"
+        rounds = len(_rounds(s))
+        _wait_for(lambda: len(_rounds(s)) >= rounds + 2, "a round after the last commit")
+        # still within the pin window of the handed snapshot (a precondition, not the property: 60 s for ~5 s of work)
+        assert time.monotonic() - t0 < pin, "too slow to test the pin window"
         live, _ = _live(catalog, settings, d)
     assert sum(r.expired_snapshots for r in _rounds(s)) > 0
     assert older - {handed} and not (older - {handed}) & live  # the others of that time were expired
