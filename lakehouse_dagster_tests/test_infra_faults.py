@@ -39,6 +39,8 @@ from lakehouse_dagster.tracking import datasets
 
 from .test_service_faults import _pg
 
+pytestmark = pytest.mark.slow  # Postgres restarts and a fault proxy: real processes killed at failpoints
+
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 ROWS, CHUNK = 6_000, 500  # 12 chunks: a fault after the first file lands mid-way
 

@@ -36,6 +36,8 @@ from lakehouse_dagster.tracking import datasets
 from .test_faults import _native_dataset
 from .test_infra_faults import _assert_exactly_once, _make, _native_popen, _native_rows, _one_clear_line, _statuses
 
+pytestmark = pytest.mark.slow  # an S3 endpoint behind a fault proxy: retries and backoff waited for real
+
 ROWS, CHUNK = 2_000, 250  # 8 data files a full sync
 
 

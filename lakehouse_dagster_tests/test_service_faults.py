@@ -29,6 +29,8 @@ from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.testing.service import ServiceProcess, new_token
 from lakehouse_dagster.tracking import datasets
 
+pytestmark = pytest.mark.slow  # a lakehouse serve process per test, signals, a Postgres restart, a 24 s load run
+
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "name", "type": "string"}]
 
 
@@ -554,7 +556,6 @@ def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_
         db.close()
 
 
-@pytest.mark.slow  # a 24 s load run with a Postgres restart in it
 def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_served_after(own_postgres):
     """4 clients for 24 s of reads (Iceberg and Postgres) and ingests, Postgres killed and restarted (-m immediate)
     at 6 s: every answer is a 200 or a 5xx with Retry-After, none carries a stack trace, no request sent once Postgres is
