@@ -389,6 +389,7 @@ def _rounds(s: Stream) -> list[Maintained]:
     return [e for e in s.events if isinstance(e, Maintained)]
 
 
+@pytest.mark.slow  # 80 appends through a stream with maintenance rounds (~30 s)
 def test_a_trickle_through_the_stream_stays_within_the_maintenance_bounds(conn, dsn, settings, monkeypatch):
     settings = _maintained_settings(monkeypatch)
     catalog = load_catalog(settings, dsn)
@@ -613,6 +614,7 @@ def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_
     assert conn.execute("select count(*) from lakehouse_read_parity where dataset_id = %s", (a,)).fetchone()[0] >= 1
 
 
+@pytest.mark.slow  # a stream run of a fixed 25 s lifetime
 def test_a_stream_run_logs_what_its_maintenance_did_in_one_line_per_round(conn, dsn, settings, instance, monkeypatch):
     _maintained_settings(monkeypatch)
     d = _dataset(conn, datasets.create_workspace(conn, "w"), "trickle")
