@@ -240,7 +240,11 @@ def test_commits_not_yet_flushed_are_left_for_the_next_catch_up_never_skipped(co
             datasets.insert_rows(app, d, rows_for(1, 100 + k), start_index=1000 + k)
             if k % 20 == 19:
                 capture.catch_up(conn)  # may run before the walwriter flushed the last commits
-    time.sleep(1.0)  # wal_writer_delay (200 ms) has passed: everything is flushed now
+        written = app.execute("select pg_current_wal_insert_lsn()").fetchone()[0]
+    deadline = time.monotonic() + 60
+    while not conn.execute("select pg_current_wal_flush_lsn() >= %s::pg_lsn", (written,)).fetchone()[0]:
+        assert time.monotonic() < deadline, "the walwriter did not flush the commits"
+        time.sleep(0.05)  # the walwriter flushes them within wal_writer_delay (200 ms): waited for, not slept
     capture.catch_up(conn)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     capture.disable(conn)
