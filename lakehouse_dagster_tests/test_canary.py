@@ -448,6 +448,7 @@ def test_concurrent_writes_and_syncs_never_give_a_false_mismatch(conn, dsn, sett
     assert evaluate(settings, dsn, d).verdict == "ok"
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings):
     d = make_dataset(conn, 3000)
     sync(settings, dsn, d)
@@ -476,6 +477,7 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
         assert cold.row_indexes == changed and cold.queries == found.queries + 1
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_demo_datasets_are_all_ok(conn, dsn, settings):
     from lakehouse_dagster.demo.workspace import seed_demo
 
@@ -504,6 +506,7 @@ def test_console_script_exit_code_and_text(conn, dsn, settings):
     assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_stays_exact(conn, dsn, settings):
     """Every incremental sync appends a manifest and a file of its few rows. Manifests merge (a scan plan reads
     each one); after COMPACT_FILES small appends in a row the next sync rewrites the small files at the top of
@@ -598,6 +601,7 @@ def test_the_snapshot_rules(settings, monkeypatch):
     assert expirable_snapshots(md, 3, 0, now) == [1, 3, 4, 5, 6, 7]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(conn, dsn, settings):
     """After compactions and expiry the small files they replaced and the expired snapshots' manifest lists stay
     on disk. The sweep finds exactly files no kept snapshot references: never a live one, never a recent one

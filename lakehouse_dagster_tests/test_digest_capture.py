@@ -104,6 +104,7 @@ def test_refuses_without_logical_wal_and_changes_nothing(conn, monkeypatch):
     assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_canary_in_after_commit_compares_maintained_sums_and_agrees_with_a_full_redigest(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 5, 70_000, 140_000])

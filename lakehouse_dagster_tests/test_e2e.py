@@ -58,6 +58,7 @@ def _clean_env(home: Path) -> dict[str, str]:
 # dagster.yaml and workspace.yaml, as Dagster reads them
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypatch):
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus, RunsFilter

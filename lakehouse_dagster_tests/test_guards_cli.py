@@ -26,6 +26,7 @@ def _dataset(conn, rows=1000):
     return d
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_g2_refuses_past_the_admission_bound_and_writes_nothing(conn, dsn, settings):
     d = _dataset(conn)
     with connect(dsn) as other, admission_slot(other, 1):

@@ -149,6 +149,7 @@ def _before(text: str, first: str, then: str) -> bool:
     return text.index(first) < text.index(then)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_read_flip_says_preflight_then_set_then_the_routers_lines_in_one_ordered_stream(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "ws")
     d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
@@ -162,6 +163,7 @@ def test_a_read_flip_says_preflight_then_set_then_the_routers_lines_in_one_order
     assert _before(text, "[read-router] export.stream", "reason"), text  # the verify table follows its read
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_write_flip_says_preflight_then_set_then_the_first_syncs_lines_in_one_ordered_stream(conn, dsn, settings):
     d, _ = _fed(conn, dsn, settings)
     code, text = _one_pipe("write-flags", "flip", "sync.full", "--dataset", str(d))
@@ -327,6 +329,7 @@ def test_a_stage_whose_only_ok_verdicts_had_no_rows_is_inconclusive_not_passed(c
 # --- item 8: the bench says what its figure measures, and the whole -------------------------------------------------
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_ingest_bench_says_what_its_figure_measures_and_the_commands_whole_wall_time(dsn, settings, capsys):
     import time
 

@@ -4,8 +4,9 @@ A subprocess costs the interpreter's start-up and a verb's imports (0.3-3 s on a
 the suite spent minutes on it. ``run_cli`` calls ``cli.main.main`` with the argv and gives what the subprocess gave:
 the exit code (``SystemExit`` from argparse included, an uncaught exception as exit 1 with its traceback on stderr),
 stdout and stderr as text, stdin from ``input``, the environment the subprocess saw (``os.environ`` plus ``env``,
-put back afterwards; settings are read from it per call, ``Context`` caches nothing across calls), and warnings of
-unconfigured loggers on stderr (Python's last-resort handler in a fresh process). A run armed with a failpoint
+put back afterwards; settings are read from it per call, ``Context`` caches nothing across calls). One difference
+is left: a record of a logger nobody configured goes to pytest's log capture here, where a fresh process prints it
+on stderr (Python's last-resort handler, WARNING and above). A run armed with a failpoint
 (``LAKEHOUSE_FAILPOINT``: the process may be killed on purpose) or asked for with ``process=True`` is a real
 process, as are the tests of exit codes through the shell, signals and start-up.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import subprocess
 import sys
@@ -37,8 +37,7 @@ def run_cli(
         return run_cli_process(*argv, env=env, input=input, timeout=timeout)
     out, err = io.StringIO(), io.StringIO()
     with _environ(env), _stdin(input), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        with _last_resort_logging(err):
-            code = _main(argv)
+        code = _main(argv)
     return _completed(argv, code, out.getvalue(), err.getvalue())
 
 
@@ -57,7 +56,7 @@ def run_cli_process(
 
 
 def _main(argv: list[str]) -> int:
-    from lakehouse_dagster.cli.main import main
+    from lakehouse_dagster.cli.main import main  # lazy: at each call, so a test's monkeypatch of main is seen
 
     try:
         return main(argv)
@@ -97,17 +96,3 @@ def _stdin(text: str | None) -> Iterator[None]:
         yield
     finally:
         sys.stdin = saved
-
-
-@contextlib.contextmanager
-def _last_resort_logging(err: io.StringIO) -> Iterator[None]:
-    """A fresh process has no root handler: a warning of a logger nobody configured reaches stderr as its bare
-    message (logging.lastResort). Under pytest the root logger has pytest's handlers, so the same is added here."""
-    handler = logging.StreamHandler(err)
-    handler.setLevel(logging.WARNING)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
