@@ -14,11 +14,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.schema.migrate import migrate
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster.testing.pg import with_db
 
 prefer_jemalloc()  # the tests allocate as the project's processes do (core/arrow_memory.py)
@@ -166,15 +166,31 @@ def pg_dagster_instance(pg_admin_dsn: str, home: Path, extra_yaml: str = ""):
 
 
 @pytest.fixture
-def lh(capsys):
-    """`lakehouse ...` in this process (a subprocess costs seconds on a loaded machine): (exit code, stdout, stderr)."""
+def lh():
+    """`lakehouse ...` in this process (a subprocess costs seconds on a loaded machine): (exit code, stdout, stderr).
+    testing/cli.py: argparse's exits, the environment per call, an uncaught error as exit 1."""
 
-    def run(*args: str, check: bool = False) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(args))
-        out, err = capsys.readouterr()
-        if check and code != 0:
-            raise AssertionError(f"lakehouse {' '.join(args)} exited {code}: {err}")
-        return code, out, err
+    def run(*args: str, check: bool = False, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        proc = run_cli(*args, env=env)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"lakehouse {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
+        return proc.returncode, proc.stdout, proc.stderr
 
     return run
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the e2e tests are slow too
+def pytest_collection_modifyitems(config, items):
+    """e2e files first, then files with slow tests, then the rest by test count (xdist's own order): scripts/test
+    hands whole files to two workers in this order (--no-loadscope-reorder), so the longest start first and the
+    run does not end on one worker finishing a long file alone. Every e2e test is also slow."""
+    kind: dict[str, int] = {}
+    count: dict[str, int] = {}
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        path = item.nodeid.split("::", 1)[0]
+        count[path] = count.get(path, 0) + 1
+        rank = 0 if item.get_closest_marker("e2e") else 1 if item.get_closest_marker("slow") else 2
+        kind[path] = min(kind.get(path, rank), rank)
+    items.sort(key=lambda item: (kind[path := item.nodeid.split("::", 1)[0]], -count[path], path))

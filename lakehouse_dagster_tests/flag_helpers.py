@@ -1,22 +1,17 @@
-"""Helpers shared by the flag and router tests: the real CLI in a subprocess, table snapshots."""
+"""Helpers shared by the flag and router tests: the real CLI (in-process), table snapshots."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+
+from lakehouse_dagster.testing.cli import run_cli
 
 
 def cli(*args: str, check: bool = False, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `lakehouse ...` as users do: a separate process seeing the test's environment."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-    )
+    """Run `lakehouse ...` with the test's environment, in this process (testing/cli.py: a subprocess where the
+    process is the point)."""
+    proc = run_cli(*args, env=env, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"lakehouse {' '.join(args)} exited {proc.returncode}: {proc.stderr}")
     return proc

@@ -6,9 +6,6 @@ dataset, the empty one included."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,6 +21,7 @@ from lakehouse_dagster.dagster.defs.mirror.sensors import mirror_poller
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.schema.migrate import FILL_MARK, fill_change_tracking, migrate
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster.testing.foundation import APP_INSERT_ROW, app_dataset, app_workspace, create_foundation
 from lakehouse_dagster.testing.pg import with_db
 
@@ -31,13 +29,7 @@ SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
 
 def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=180,
-    )
+    return run_cli(*args)  # in-process (testing/cli.py), as a subprocess would see it
 
 
 @pytest.fixture

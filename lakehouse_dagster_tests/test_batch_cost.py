@@ -286,6 +286,7 @@ class _Counted:
         return out
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_batch_opens_its_connections_once_and_loads_each_table_once_per_step(
     conn, dsn, settings, pg_instance, monkeypatch
 ):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -25,6 +23,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary, localise
 from lakehouse_dagster.parity.digest import IcebergSide, PgSide, PinnedPostgres, full_digest, pin_iceberg
 from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
+from lakehouse_dagster.testing import cli as in_process
 from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [
@@ -68,6 +67,17 @@ def sync(settings, dsn, d, **kw):
 
 def evaluate(settings, dsn, d, **kw) -> canary.Verdict:
     return canary.evaluate(dsn, load_catalog(settings, dsn), settings, d, **kw)
+
+
+def age_files(settings, seconds: float = 2.0) -> None:
+    """Every file of the warehouse written ``seconds`` earlier (its mtime, the orphan grace's clock): instead of the
+    test sleeping past a grace."""
+    root = settings.warehouse.removeprefix("file://")
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - int(seconds * 1e9)))
 
 
 def table_of(settings, dsn, d):
@@ -438,6 +448,7 @@ def test_concurrent_writes_and_syncs_never_give_a_false_mismatch(conn, dsn, sett
     assert evaluate(settings, dsn, d).verdict == "ok"
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings):
     d = make_dataset(conn, 3000)
     sync(settings, dsn, d)
@@ -466,6 +477,7 @@ def test_bisection_descends_levels_and_finds_the_exact_rows(conn, dsn, settings)
         assert cold.row_indexes == changed and cold.queries == found.queries + 1
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_demo_datasets_are_all_ok(conn, dsn, settings):
     from lakehouse_dagster.demo.workspace import seed_demo
 
@@ -488,18 +500,13 @@ def test_console_script_exit_code_and_text(conn, dsn, settings):
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
     behind_the_mirrors_back(conn, "update dataset_rows set data = '{}' where dataset_id = %s and row_index = 4", (d,))
-    proc = subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "canary", "--dataset", str(d)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=120,
-    )
+    proc = in_process.run_cli("canary", "--dataset", str(d))
     assert proc.returncode == 1, proc.stderr
     assert "MISMATCH" in proc.stdout and "differing __row_index: 4" in proc.stdout
     assert "summary: ok=0 lagging=0 no-snapshot=0 MISMATCH=1 native=0 error=0 wedged=0" in proc.stdout
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_long_lived_mirror_merges_its_manifests_compacts_its_small_files_and_stays_exact(conn, dsn, settings):
     """Every incremental sync appends a manifest and a file of its few rows. Manifests merge (a scan plan reads
     each one); after COMPACT_FILES small appends in a row the next sync rewrites the small files at the top of
@@ -594,6 +601,7 @@ def test_the_snapshot_rules(settings, monkeypatch):
     assert expirable_snapshots(md, 3, 0, now) == [1, 3, 4, 5, 6, 7]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing_a_snapshot_needs(conn, dsn, settings):
     """After compactions and expiry the small files they replaced and the expired snapshots' manifest lists stay
     on disk. The sweep finds exactly files no kept snapshot references: never a live one, never a recent one
@@ -601,7 +609,6 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     readable and the canary agreeing. The CLI lists by default and removes with --delete."""
     import datetime as dt
     import json
-    import time
     import uuid as uuidlib
 
     from lakehouse_dagster.lake import orphans
@@ -639,7 +646,7 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
         " values (%s, %s, 'sync.full', 'mirror', 'running', now())",
         (d, unsettled),
     )
-    time.sleep(1.1)  # the CLI's clock: every file is older than a grace of 1 s
+    age_files(settings)  # every file is older than a grace of 1 s on the CLI's clock
     listed = json.loads(cli("orphans", "--dataset", str(d), "--grace-seconds", "1", "--json", check=True).stdout)
     assert set(listed["datasets"][0]["paths"]) == paths and listed["datasets"][0]["removed"] == 0
     assert all(table.io.new_input(p).exists() for p in paths)  # listing removed nothing

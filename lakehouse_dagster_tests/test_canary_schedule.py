@@ -96,6 +96,7 @@ def test_batches_are_near_equal_and_ceil_many():
     )
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_tick_asks_for_the_oldest_verdicts_in_batches_and_never_twice(conn, dsn, settings, instance, monkeypatch):
     monkeypatch.setenv("LAKEHOUSE_CANARY_BATCH_SIZE", "2")
     monkeypatch.setenv("LAKEHOUSE_CANARY_MAX_PER_TICK", "5")

@@ -248,6 +248,7 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     assert conn.execute(registered, (d,)).fetchone() == (1,)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, settings, lh):
     d = _completable(conn, dsn, settings, lh, rows=6)
     env = {"LAKEHOUSE_COMPLETE_BATCH_ROWS": "4", "LAKEHOUSE_FAILPOINT": "complete-after-batch"}
@@ -286,6 +287,7 @@ def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, s
     assert "not written iceberg-native" in refusal(failure) and "condition(s) not met" in refusal(failure)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_others_are_not(
     conn, dsn, settings, lh, tmp_path
 ):
@@ -307,6 +309,7 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     ]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_workspace_complete_with_an_export_cut_short_resumes_when_run_again(conn, dsn, settings, lh, tmp_path):
     """Issue 42 item 8: a first run over a workspace completes the one ready dataset (its export whole); a second,
     once the others are ready, is killed in the middle of an export. Run again with the same --export-to it skips

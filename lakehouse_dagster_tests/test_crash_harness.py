@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from lakehouse_dagster.testing.crash_harness import run_cycles
+
+pytestmark = pytest.mark.slow  # crash cycles: a CLI process killed per cycle (~2 min for the three on 2 cores)
 
 
 def test_seeded_crash_schedule_converges_with_no_violation(dsn, settings):

@@ -174,13 +174,25 @@ def test_code_location_loads():
     assert d.resolve_sensor_def("mirror_poller") is not None
 
 
+BACKOFF = 60  # s: a tick "inside the backoff" stays inside it however loaded the machine; time passes by _age
+
+
+def _age(conn, seconds: float) -> None:
+    """Move the sweep's clock ``seconds`` on: its idle time is now() − the later of the last request and the last
+    sync's end (mirror/poller.py _BEHIND), so both are moved back instead of the test sleeping."""
+    conn.execute("update lakehouse_mirror_requests set last_at = last_at - make_interval(secs => %s)", (seconds,))
+    conn.execute(
+        "update iceberg_sync_log set started_at = started_at - make_interval(secs => %s),"
+        " finished_at = finished_at - make_interval(secs => %s)",
+        (seconds, seconds),
+    )
+
+
 def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, dsn, settings, instance, monkeypatch):
     """A sync that failed is otherwise requested again only when its dataset changes: the sweep retries it."""
-    import time
-
     from lakehouse_dagster.core.errors import SyncFailed
 
-    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", str(BACKOFF))
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "1")
     _, (good, bad) = _datasets(conn, 2)
     datasets.insert_rows(conn, bad, [{"n": "x"}])  # a value the mirror refuses: every sync of it fails
@@ -199,13 +211,13 @@ def test_poller_retries_a_failed_sync_after_a_backoff_and_then_gives_up(conn, ds
     fail()
     cursor = _tick(instance, dsn).cursor  # the change itself: requested once by the regular path
     assert _tick(instance, dsn, cursor).run_requests == []  # failed just now: inside the backoff
-    time.sleep(1.1)
+    _age(conn, BACKOFF + 1)
     (req,) = _tick(instance, dsn, cursor).run_requests
     version = conn.execute("select rows_version from datasets where id = %s", (bad,)).fetchone()[0]
     assert _asked(_Res([req])) == [str(bad)] and req.run_key == f"mirror:{bad}:{version}:attempt:2"
     assert req.tags["lakehouse/attempt"] == "2" and req.tags["lakehouse/source_version"] == str(version)
     fail()  # the retry failed too: two in a row is past LAKEHOUSE_RETRY_FAILED_MAX=1
-    time.sleep(2.1)  # longer than the next backoff (2 s) would be
+    _age(conn, 2 * BACKOFF + 1)  # longer than the next backoff would be
     assert _tick(instance, dsn, cursor).run_requests == []
     # fixing the data is a change: the regular path requests it again
     conn.execute("update dataset_rows set data = '{\"n\": 5}' where dataset_id = %s and data->>'n' = 'x'", (bad,))
@@ -218,11 +230,9 @@ def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(
     """No failed row exists (the run died before its sync logged anything): the sweep still asks again,
     never while a mirror run for the dataset is in flight, with a new run key per attempt, and stops once
     the dataset is caught up."""
-    import time
-
     from lakehouse_dagster.dagster.definitions import defs
 
-    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", "1")
+    monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS", str(BACKOFF))
     monkeypatch.setenv("LAKEHOUSE_RETRY_FAILED_MAX", "3")
     _, (d,) = _datasets(conn, 1)
     version = conn.execute("select rows_version from datasets where id = %s", (d,)).fetchone()[0]
@@ -234,30 +244,30 @@ def test_a_run_that_died_before_logging_is_requested_again_after_the_backoff(
     run = instance.create_run_for_job(
         job_def=job, tags={"dagster/partition": str(d)}, status=dg.DagsterRunStatus.NOT_STARTED
     )
-    time.sleep(1.2)  # past the backoff, but a run is in flight
+    _age(conn, BACKOFF + 1)  # past the backoff, but a run is in flight
     assert _tick(instance, dsn, first.cursor).run_requests == []
     instance.report_dagster_event(
         dg.DagsterEvent(event_type_value=dg.DagsterEventType.RUN_START.value, job_name=job.name), run.run_id
     )
-    time.sleep(1.2)
+    _age(conn, BACKOFF + 1)
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
     assert _tick(instance, dsn, first.cursor).run_requests == []
     instance.report_run_failed(instance.get_run_by_id(run.run_id))
     assert conn.execute("select count(*) from iceberg_sync_log").fetchone()[0] == 0
     # the backoff restarts from the last tick that saw the run in flight
     assert _tick(instance, dsn, first.cursor).run_requests == []
-    time.sleep(1.2)
+    _age(conn, BACKOFF + 1)
     (again,) = _tick(instance, dsn, first.cursor).run_requests
     assert _asked(_Res([again])) == [str(d)] and again.run_key == f"mirror:{d}:{version}:attempt:2"
     assert again.tags["lakehouse/attempt"] == "2"
     # the next attempt waits twice as long, and gets its own run key again
-    time.sleep(1.2)
+    _age(conn, BACKOFF + 1)
     assert _tick(instance, dsn, first.cursor).run_requests == []
-    time.sleep(1.0)
+    _age(conn, BACKOFF)
     (third,) = _tick(instance, dsn, first.cursor).run_requests
     assert third.run_key == f"mirror:{d}:{version}:attempt:3"
 
     # caught up: never asked again
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
-    time.sleep(4.2)
+    _age(conn, 10 * BACKOFF)
     assert _tick(instance, dsn, first.cursor).run_requests == []

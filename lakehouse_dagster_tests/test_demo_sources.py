@@ -3,6 +3,8 @@ in the project's own Postgres, each with its source set — and each ingests for
 
 from __future__ import annotations
 
+import pytest
+
 from lakehouse_dagster.demo.workspace import (
     ACCOUNTS_ROWS,
     CLICKS_FILES,
@@ -26,6 +28,7 @@ EXPECTED = {  # name → (source type, default writer, rows after the first inge
 }
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_demo_seeds_three_kinds_of_source_and_each_ingests(conn, dsn, settings):
     summary = seed_demo(conn, big_rows=500, home=settings.home)
     assert summary["created"]

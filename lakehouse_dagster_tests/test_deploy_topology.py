@@ -267,6 +267,7 @@ def _iceberg_rows(settings, dsn, dataset_id) -> list[int] | None:
     return None if table is None else sorted(table.scan().to_arrow()["n"].to_pylist())
 
 
+@pytest.mark.e2e
 def test_the_production_topology_mirrors_a_change_visible_through_graphql(topology, settings, conn, dsn, monkeypatch):
     import dagster as dg
 

@@ -104,6 +104,7 @@ def test_refuses_without_logical_wal_and_changes_nothing(conn, monkeypatch):
     assert capture.state(conn).mode == "triggers" and digest_triggers_enabled(conn) == set(capture.DIGEST_TRIGGERS)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_canary_in_after_commit_compares_maintained_sums_and_agrees_with_a_full_redigest(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 5, 70_000, 140_000])
@@ -240,7 +241,11 @@ def test_commits_not_yet_flushed_are_left_for_the_next_catch_up_never_skipped(co
             datasets.insert_rows(app, d, rows_for(1, 100 + k), start_index=1000 + k)
             if k % 20 == 19:
                 capture.catch_up(conn)  # may run before the walwriter flushed the last commits
-    time.sleep(1.0)  # wal_writer_delay (200 ms) has passed: everything is flushed now
+        written = app.execute("select pg_current_wal_insert_lsn()").fetchone()[0]
+    deadline = time.monotonic() + 60
+    while not conn.execute("select pg_current_wal_flush_lsn() >= %s::pg_lsn", (written,)).fetchone()[0]:
+        assert time.monotonic() < deadline, "the walwriter did not flush the commits"
+        time.sleep(0.05)  # the walwriter flushes them within wal_writer_delay (200 ms): waited for, not slept
     capture.catch_up(conn)
     assert pg_maintained(dsn, d) == pg_reference(dsn, d)
     capture.disable(conn)

@@ -46,6 +46,8 @@ from .test_infra_faults import (
     _sync_popen,
 )
 
+pytestmark = pytest.mark.slow  # a full disk and a second writer host: real processes at failpoints
+
 DISK = "4m"  # the tmpfs: room for a table's first commits, not for what the tests then sync into it
 
 

@@ -58,6 +58,7 @@ def _clean_env(home: Path) -> dict[str, str]:
 # dagster.yaml and workspace.yaml, as Dagster reads them
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_dagster_yaml_is_accepted_by_dagster_on_postgres(dsn, tmp_path, monkeypatch):
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus, RunsFilter
@@ -366,6 +367,7 @@ def _location(stack: Stack) -> dict:
     return loc
 
 
+@pytest.mark.e2e
 def test_up_serves_the_ui_with_the_code_location_and_a_healthy_daemon(stack):
     ready = stack.ready
     assert ready["url"] == stack.url and ready["embedded_postgres"] is True
@@ -397,6 +399,7 @@ def test_up_serves_the_ui_with_the_code_location_and_a_healthy_daemon(stack):
         ).fetchone()[0] == len(ready["demo"]["datasets"])
 
 
+@pytest.mark.e2e
 def test_up_serves_the_live_apps_api_with_a_token_kept_owner_only(stack):
     ready = stack.ready
     assert ready["api_url"] == f"http://127.0.0.1:{stack.api_port}"
@@ -437,6 +440,7 @@ query($id: ID!) { logsForRun(runId: $id) { __typename ... on EventConnection { e
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
+@pytest.mark.e2e
 def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
     loc = _location(stack)
     repo = loc["repositories"][0]
@@ -501,6 +505,7 @@ def test_mirror_runs_for_a_demo_partition_one_at_a_time(stack):
         )
 
 
+@pytest.mark.e2e
 def test_read_flip_job_launched_from_the_ui_checks_flips_and_verifies(stack):
     """The runbook as operators run it: the read_flip job launched through the webserver, run by the daemon."""
     loc = _location(stack)
@@ -597,6 +602,7 @@ def _launch(stack: Stack, job: str, run_config: dict) -> dict:
     return _wait(f"the {job} run to finish", done, 600, stack, interval=2)
 
 
+@pytest.mark.e2e
 def test_an_operator_sees_the_migration_and_a_refusal_without_a_stack_in_a_real_browser(stack):
     """Issue 22, as a person sees it in the UI: the overview asset with what needs attention first, a dataset's
     partition page with its name and Dagster's standard keys, and a refused run whose step row and run failure say
@@ -706,6 +712,7 @@ def _rendered(url: str, needle: str, tries: int = 4) -> str:
     return page
 
 
+@pytest.mark.e2e
 def test_the_ui_carries_signal_not_noise_in_a_real_browser(stack):
     """Issue 33: no internal tag in the runs list, an attention table that fits, names before ids, the alerts sensor
     idle for lack of a webhook, as the page says it."""
@@ -763,6 +770,7 @@ def _timed_run(stack: Stack, job: str, run_config: dict) -> tuple[float, dict]:
     return time.monotonic() - started, run
 
 
+@pytest.mark.e2e
 def test_a_runbook_job_from_the_ui_is_refused_in_at_most_twice_the_clis_time(stack):
     """Issue 44 item 2: write_flip launched from the UI was refused after 24 s (a process per step, each importing the
     code location) where `lakehouse write-flags flip` took 4 s. Both refuse the same flip here, the CLI as an operator
@@ -791,6 +799,7 @@ def test_a_runbook_job_from_the_ui_is_refused_in_at_most_twice_the_clis_time(sta
     print(f"refused write_flip: UI {min(ui):.2f} s, CLI {min(cli):.2f} s, ratio {min(ui) / min(cli):.2f}")
 
 
+@pytest.mark.e2e
 def test_ctrl_c_stops_everything(stack):
     assert stack.own_processes(), "nothing running before Ctrl-C?"
     os.killpg(stack.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the foreground process group

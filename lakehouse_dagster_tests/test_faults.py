@@ -25,6 +25,8 @@ from lakehouse_dagster.testing.faults import (
 )
 from lakehouse_dagster.tracking import datasets
 
+pytestmark = pytest.mark.slow  # real processes killed or stopped at failpoints
+
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
 

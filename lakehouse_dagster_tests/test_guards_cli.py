@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import uuid
 
@@ -16,6 +13,7 @@ from lakehouse_dagster.core.errors import Backpressure
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster.tracking import datasets
 
 SCHEMA = [{"name": "n", "type": "int64"}]
@@ -28,6 +26,7 @@ def _dataset(conn, rows=1000):
     return d
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_g2_refuses_past_the_admission_bound_and_writes_nothing(conn, dsn, settings):
     d = _dataset(conn)
     with connect(dsn) as other, admission_slot(other, 1):
@@ -73,14 +72,8 @@ def test_concurrent_full_syncs_of_one_dataset_both_succeed(conn, dsn, settings):
     assert table.scan().to_arrow().num_rows == 5000  # never doubled
 
 
-def _cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env=env or dict(os.environ),
-        timeout=120,
-    )
+def _cli(*args):
+    return run_cli(*args)  # in-process (testing/cli.py), as a subprocess would see it
 
 
 def test_cli_sync_json_and_refusals(conn, dsn, settings):

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.runbooks import ingest_bench
 
 from .flag_helpers import cli
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings):
     report = ingest_bench.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=150_000)
     assert report.count(ingest_bench.ERROR) == 0, [o.error for o in report.outcomes]
@@ -27,6 +30,7 @@ def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings
     assert [o.status for o in within.outcomes] == [ingest_bench.OK] * 3 and within.passed
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, settings):
     report = ingest_bench.run_ingest_bench(dsn, settings, jobs=3, rows=5_000, same_dataset=True)
     assert [o.status for o in report.outcomes] == [ingest_bench.OK] * 3, [
@@ -44,6 +48,7 @@ def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, s
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
     proc = cli("ingest-bench", "run", "--jobs", "2", "--rows", "1000", "--json")
     assert proc.returncode == 0, proc.stderr

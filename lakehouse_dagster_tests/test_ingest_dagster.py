@@ -8,6 +8,7 @@ import uuid
 import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.dagster.defs.mirror.assets import ICEBERG_TABLE, PG_ROWS
@@ -50,6 +51,7 @@ def _materialized(result):
     ]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_ingest_job_takes_the_pg_path_then_the_native_path_with_the_flag_in_metadata_and_tags(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "ws")
     d, src = _fed(conn, ws, "fed")
@@ -146,6 +148,7 @@ def _flush_stats(conn) -> None:
     conn.execute("select 1")  # the forced report happens as the session goes idle after a statement
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_cursor_less_table_source_is_polled_by_its_change_counters(conn, dsn, settings, pg_admin_dsn, tmp_path):
     """Issue 22: rows inserted into a Postgres table source without a cursor column (writer sync.full) were never
     requested. The poller compares the table's change counters with those the last ingest stored."""

@@ -24,6 +24,8 @@ from lakehouse_dagster.dagster.launcher.run_launcher import WORKER_TAG, WarmRunL
 from lakehouse_dagster.dagster.launcher.worker_process import Worker, start_time
 from lakehouse_dagster_tests import launcher_jobs
 
+pytestmark = pytest.mark.slow  # real forkservers, workers and signals
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = {
     "module": "lakehouse_dagster.dagster.launcher.run_launcher",

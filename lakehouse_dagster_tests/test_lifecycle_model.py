@@ -11,6 +11,7 @@ import pytest
 from lakehouse_dagster.testing import lifecycle_model
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.timeout(900)
 def test_random_sequences_of_verbs_and_writes_keep_the_lifecycle(dsn):
     lifecycle_model.run(

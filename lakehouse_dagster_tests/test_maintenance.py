@@ -171,6 +171,7 @@ def test_expirable_never_takes_a_pin_a_ref_or_the_newest():
     ]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_trickle_of_small_appends_stays_within_the_bounds(conn, dsn, settings):
     """A short version of the documented trickle (docs/benchmarks.md, bench/bench_trickle.py): an append and a sync
     per step, maintenance every few steps; the table never holds more than the bounds say."""

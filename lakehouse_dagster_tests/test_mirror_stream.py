@@ -99,6 +99,14 @@ def wait_caught_up(conn, ids, timeout=60.0) -> float:
     return time.time() - t0
 
 
+def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        time.sleep(0.05)
+
+
 def assert_parity(settings, dsn, ids) -> None:
     catalog = load_catalog(settings, dsn)
     for d in ids:
@@ -136,6 +144,7 @@ def test_shard_of_is_stable_and_spreads():
     )
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}", rows=5 + i) for i in range(3)]
@@ -161,6 +170,7 @@ def test_stream_mirrors_appends_updates_and_deletes_of_several_datasets(conn, ds
     assert row == (s.run_id, True, len(s.synced()), True)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.parametrize("share", [0.2, 1.0])
 def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(conn, dsn, settings, share):
     """After a sync of T seconds the dataset's next sync starts no sooner than T × (1/share − 1) later
@@ -174,8 +184,11 @@ def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(con
     pace: list = []
     with Stream(settings.replace(mirror_sync_share=share), dsn, pace_log=pace) as s:
         wait_caught_up(conn, [d])
-        t0, k = time.time(), 0
-        while time.time() - t0 < 4:
+        # written without pause until the stream has landed three syncs of the writes (a count, not 4 s of a clock:
+        # a loaded machine stretches each sync and its rest, and fit two in 4 s once)
+        k, deadline = 0, time.monotonic() + 180
+        while sum(1 for kind, ds, *_ in pace if kind == "landed" and ds == d) < 4:
+            assert time.monotonic() < deadline, pace
             datasets.insert_rows(conn, d, [{"n": 10_000 + k, "s": "x"}])
             k += 1
             time.sleep(0.01)
@@ -196,6 +209,7 @@ def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(con
     assert_nothing_twice(conn, [d])
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_two_shards_split_the_datasets(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]
@@ -211,6 +225,7 @@ def test_two_shards_split_the_datasets(conn, dsn, settings):
     assert_nothing_twice(conn, ids)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_native_dataset_stays_refused(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     pg, native = _dataset(conn, ws, "pg"), _dataset(conn, ws, "native")
@@ -226,6 +241,7 @@ def test_a_native_dataset_stays_refused(conn, dsn, settings):
     assert load_table_or_none(load_catalog(settings, dsn), table_identifier(settings, native)) is None
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_bad_row_fails_once_and_waits_for_the_backoff(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     good = _dataset(conn, ws, "good")
@@ -240,6 +256,7 @@ def test_a_bad_row_fails_once_and_waits_for_the_backoff(conn, dsn, settings):
     assert conn.execute("select status from datasets where id = %s", (bad,)).fetchone()[0] == "errored"
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_handover_with_writes_in_flight_loses_nothing_and_syncs_nothing_twice(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}") for i in range(3)]
@@ -258,18 +275,20 @@ def test_handover_with_writes_in_flight_loses_nothing_and_syncs_nothing_twice(co
                 k += 1
                 time.sleep(0.03)
 
-    first = Stream(settings, dsn, seconds=4.0)
+    first = Stream(settings, dsn, seconds=60.0)  # ends when stopped below (as its deadline would): no race on a clock
     assert first.held.wait(30)
+    wait_caught_up(conn, ids)
+    before = len(first.synced())
     w = threading.Thread(target=writer, daemon=True)
     w.start()
-    time.sleep(1.0)
+    _wait_for(lambda: len(first.synced()) > before, "a sync of the writes under the first stream")
     second = Stream(settings, dsn, seconds=60.0)  # started before the first ends: waits on the shard's lock
-    time.sleep(1.0)
-    assert not second.held.is_set()  # the first still holds the shard
+    assert not second.held.wait(1.0)  # the first still holds the shard
+    first.stop.set()
     first.thread.join(30)
     assert first.error is None and not first.thread.is_alive()
     assert second.held.wait(10)
-    time.sleep(2.0)  # writes go on under the second
+    _wait_for(lambda: second.synced(), "a sync of the writes under the second stream")  # writes go on under it
     stop_writing.set()
     w.join(10)
     wait_caught_up(conn, ids)
@@ -309,6 +328,7 @@ for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_cou
 """
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_stream_killed_mid_commit_is_replaced_and_loses_nothing(conn, dsn, settings, monkeypatch):
     """SIGKILL inside the catalog's commit (after its compare-and-swap): the shard's lock goes with the process, the
     replacement takes the shard at once, settles the killed sync (its commit landed) and mirrors the writes made
@@ -379,6 +399,7 @@ def _rounds(s: Stream) -> list[Maintained]:
     return [e for e in s.events if isinstance(e, Maintained)]
 
 
+@pytest.mark.slow  # 80 appends through a stream with maintenance rounds (~30 s)
 def test_a_trickle_through_the_stream_stays_within_the_maintenance_bounds(conn, dsn, settings, monkeypatch):
     settings = _maintained_settings(monkeypatch)
     catalog = load_catalog(settings, dsn)
@@ -408,24 +429,33 @@ def test_a_trickle_through_the_stream_stays_within_the_maintenance_bounds(conn, 
     assert_nothing_twice(conn, [d])
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_snapshot_a_reader_was_handed_survives_the_streams_expiry(conn, dsn, settings, monkeypatch):
-    pin = 15
+    pin = 60  # the window the second trickle must fit in (a few seconds): a loaded machine cannot overrun it
     settings = _maintained_settings(monkeypatch, LAKEHOUSE_MAINTENANCE_PIN_SECONDS=str(pin))
     catalog = load_catalog(settings, dsn)
     d = _dataset(conn, datasets.create_workspace(conn, "w"), "pinned")
     with Stream(settings, dsn) as s:
         wait_caught_up(conn, [d])
         _trickle(conn, d, 5, 100)
-        time.sleep(pin + 1)  # those five are no reader's any more; the latest one is
+        # the pin window's clock is the sync log's finished_at against now() (tracking/sync_log.py HANDED_OUT):
+        # those syncs are moved pin + 1 s back instead of the test sleeping that long
+        conn.execute(
+            "update iceberg_sync_log set started_at = started_at - make_interval(secs => %s),"
+            " finished_at = finished_at - make_interval(secs => %s) where dataset_id = %s",
+            (pin + 1, pin + 1, d),
+        )  # those five are no reader's any more; the latest one is
         older, _ = _live(catalog, settings, d)
         # what the read router hands a reader now (routing/read_router.py): the latest succeeded sync's snapshot
         handed = conn.execute("select snapshot_id from lakehouse_latest_succeeded_sync(%s)", (d,)).fetchone()[0]
         table = catalog.load_table(table_identifier(settings, d))
         expected = table.scan(snapshot_id=handed).to_arrow().sort_by("__row_index")
-        t0 = time.time()
+        t0 = time.monotonic()
         _trickle(conn, d, 20, 200)  # 20 newer commits (and the rounds' own): the handed one is far past the newest 16
-        time.sleep(2.5)  # a round after the last commit, still within the pin window of the handed snapshot
-        assert time.time() - t0 < pin, "too slow to test the pin window"
+        rounds = len(_rounds(s))
+        _wait_for(lambda: len(_rounds(s)) >= rounds + 2, "a round after the last commit")
+        # still within the pin window of the handed snapshot (a precondition, not the property: 60 s for ~5 s of work)
+        assert time.monotonic() - t0 < pin, "too slow to test the pin window"
         live, _ = _live(catalog, settings, d)
     assert sum(r.expired_snapshots for r in _rounds(s)) > 0
     assert older - {handed} and not (older - {handed}) & live  # the others of that time were expired
@@ -436,6 +466,7 @@ def test_a_snapshot_a_reader_was_handed_survives_the_streams_expiry(conn, dsn, s
     assert_parity(settings, dsn, [d])
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_maintenance_skips_a_dataset_whose_lock_another_sync_holds_and_tries_again(conn, dsn, settings, monkeypatch):
     from lakehouse_dagster.core.db import connect
     from lakehouse_dagster.core.guards import dataset_lock
@@ -464,6 +495,7 @@ def test_maintenance_skips_a_dataset_whose_lock_another_sync_holds_and_tries_aga
     assert_parity(settings, dsn, [d])
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_failed_maintenance_round_never_stops_the_stream(conn, dsn, settings, monkeypatch, caplog):
     settings = _maintained_settings(monkeypatch)
     monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "stream-maintenance:raise")
@@ -531,6 +563,7 @@ def _stream_run(instance, shard=0, count=1, status=dg.DagsterRunStatus.STARTED):
     return instance.create_run_for_job(job_def=mirror_stream, tags={SHARD_TAG: f"{shard}/{count}"}, status=status)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_its_checks(
     conn, dsn, settings, instance
 ):
@@ -595,6 +628,7 @@ def test_a_stream_run_logs_each_sync_as_a_materialization_of_the_partition_with_
     assert conn.execute("select count(*) from lakehouse_read_parity where dataset_id = %s", (a,)).fetchone()[0] >= 1
 
 
+@pytest.mark.slow  # a stream run of a fixed 25 s lifetime
 def test_a_stream_run_logs_what_its_maintenance_did_in_one_line_per_round(conn, dsn, settings, instance, monkeypatch):
     _maintained_settings(monkeypatch)
     d = _dataset(conn, datasets.create_workspace(conn, "w"), "trickle")
@@ -642,6 +676,7 @@ def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, s
     assert sorted(_batch_asked(res)) == sorted(str(d) for d in ids) and _stream_asked(res) == []
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_streaming_on_the_poller_keeps_a_stream_per_shard_and_batches_what_no_live_stream_covers(
     conn, dsn, settings, instance, monkeypatch
 ):

@@ -85,6 +85,7 @@ def test_the_global_read_flip_after_its_workspace_goes_through_and_says_it_moves
     assert "and global itself already resolves it to iceberg" in out and len(out.splitlines()) == 1
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_readmes_flip_loop_carries_on_past_a_reader_with_nothing_to_flip(conn, dsn, settings, ws):
     """README's `for r in …; do lakehouse flags flip $r --dataset $CRM; done` under `set -e`: a reader already on
     Iceberg says "nothing to flip" and the loop goes on to the next (it stopped there, exit 2, before issue 44)."""

@@ -89,6 +89,7 @@ def test_a_mirror_run_carries_the_dataset_name_in_tags_and_metadata_with_ids_as_
     assert isinstance(rows.metadata["rows_version"], dg.TextMetadataValue)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_check_results_name_the_dataset(conn, dsn, settings, instance, world):
     from lakehouse_dagster.dagster.defs.parity.checks import PARITY_CHECKS
 
@@ -285,6 +286,7 @@ def test_datasets_lists_each_workspace_with_name_and_id(conn, dsn, settings, wor
     }
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, sig):
     """The writers freeze before their commit (a failpoint), the parent is interrupted: it stops them and purges

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import dagster as dg
 import pytest
@@ -15,7 +14,7 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.lake import orphans
 
 from .flag_helpers import cli, refusal
-from .test_canary import evaluate, make_dataset, sync, table_of
+from .test_canary import age_files, evaluate, make_dataset, sync, table_of
 
 
 @pytest.fixture
@@ -51,7 +50,7 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     shutil.copy(table.metadata_location.removeprefix("file://"), lost.removeprefix("file://"))
     refs = orphans.referenced(table)
     assert table.metadata_location in refs and lost not in refs
-    time.sleep(1.1)  # every file older than a grace of 1 s
+    age_files(settings)  # every file older than a grace of 1 s
     expected = {o.path for o in orphans.find_orphans(table, grace_seconds=1, protected_syncs=set())}
     assert len([p for p in expected if p.endswith(".parquet")]) == 2 and not expected & refs
     assert [p for p in expected if p.endswith(".metadata.json")] == [lost]  # never the current one or its log
@@ -105,7 +104,7 @@ def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_
     meta = table_of(settings, dsn, b).metadata_location.removeprefix("file://")
     with open(meta, "w") as f:
         f.write("{ not json")
-    time.sleep(1.1)
+    age_files(settings)
     leftover = {
         o.path for o in orphans.find_orphans(table_of(settings, dsn, a), grace_seconds=1, protected_syncs=set())
     }

@@ -221,6 +221,7 @@ def test_schedule_skips_when_nothing_is_flipped(conn, dsn, settings, persistent_
     assert isinstance(parity_canary_schedule(ctx), dg.SkipReason)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_code_location_loads_with_the_checks_and_schedule(dsn):
     """In a fresh process, as the code server loads it (Dagster keeps global load state per process)."""
     script = """

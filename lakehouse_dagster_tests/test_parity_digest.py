@@ -118,6 +118,7 @@ def _iceberg_digest_of(rows: list[dict], arrow_schema: pa.Schema, fields, column
 @hsettings(
     max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @given(data=datasets(), pick=st.data())
 def test_property_identical_data_same_digest_any_change_differs(conn, dsn, settings, tmp_path, data, pick):
     schema, rows, pair = data
@@ -401,6 +402,7 @@ def test_pyiceberg_reader_path_gives_the_same_digest(conn, dsn, settings):
         st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=60), min_size=1, max_size=30
     )
 )
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_lookup3_kernel_is_postgres_hashtextextended(conn, texts):
     pg = [
         r[0]

@@ -10,6 +10,7 @@ import threading
 
 import dagster as dg
 import psycopg
+import pytest
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.lake.catalog import load_catalog
@@ -289,6 +290,7 @@ def test_the_mirrors_parity_check_after_a_small_append_reads_no_old_rows(conn, d
     assert second.metadata["pg_count"].value == 43
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_canary_job_full_when_tagged_and_every_nth_scheduled_run(conn, dsn, settings):
     from lakehouse_dagster.dagster.defs.parity.canary_schedule import PARTITION_TAG
     from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, FULL_TAG

@@ -112,6 +112,7 @@ def _verdict_at(conn, d) -> str:
     return at.isoformat(timespec="seconds")
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_the_canary_s_verdict(
     conn, dsn, settings, instance, capsys
 ):
@@ -156,6 +157,7 @@ def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_
         assert rec.tick() == []
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_rollout_s_workspace_stage_shows_on_every_page_of_the_workspace(
     conn, dsn, settings, instance, pg_admin_dsn, tmp_path
 ):
@@ -201,6 +203,7 @@ stages:
     assert store.get(conn, plan_id).state == "finished"
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_global_change_from_a_job_fans_out_one_event_per_dataset_a_page_a_tick(
     conn, dsn, settings, instance, monkeypatch
 ):

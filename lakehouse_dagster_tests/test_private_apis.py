@@ -246,6 +246,7 @@ def _modules():
     return {path: path.read_text() for path in sorted(PACKAGE.rglob("*.py"))}
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_no_module_but_the_shim_touches_private_names():
     modules = _modules()
     trees = [ast.parse(src) for path, src in modules.items() if path not in SHIMS]

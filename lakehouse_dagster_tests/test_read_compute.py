@@ -243,6 +243,7 @@ def requests(ids):
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @given(data=st.data())
 def test_the_two_executors_give_identical_answers(conn, corpus, data):
     body = data.draw(requests(corpus[3]))
@@ -411,12 +412,14 @@ def test_empty_groups_and_an_empty_answer(conn, corpus):
         ({"limit": "10"}, "limit"),
     ],
 )
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_refusals_are_one_line(conn, corpus, body, message):
     with pytest.raises(BadInput) as err:
         bind(parse_query(body), corpus[0])
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_iceberg_refuses_a_column_it_has_not_mirrored_yet(conn, corpus):
     dataset, table, snap, _ = corpus
     datasets.set_schema(conn, dataset.id, SCHEMA + [{"name": "later", "type": "int64"}])

@@ -123,6 +123,7 @@ def _fed(conn, dsn, settings, rows: int = 6) -> tuple[uuid.UUID, str, uuid.UUID]
     return d, src, ws
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settings, instance, tmp_path, capsys):
     """Long on purpose: one dataset through the Fase 4 runbook from the CLI, the recorder ticking after each step."""
     d, src, ws = _fed(conn, dsn, settings)
@@ -255,6 +256,7 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     assert str(d) not in instance.get_dynamic_partitions(datasets_partitions.name)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_run_made_sync_is_not_recorded_twice_and_carries_the_standard_keys(conn, dsn, settings, instance):
     ws = datasets.create_workspace(conn, "w")
     a = datasets.create_dataset(conn, ws, "a", SCHEMA)
@@ -425,6 +427,7 @@ def test_the_resource_shows_its_settings_as_env_vars_and_never_the_dsn(dsn, sett
     assert live.catalog() is live.catalog()  # built once per run (per resource instance)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn, dsn, settings, instance):
     """The write_flip job's first native sync carries the run's id but the job materializes nothing: once the run
     has ended the recorder shows the new snapshot. The source moved on, so the canary says MISMATCH and
@@ -462,6 +465,7 @@ def test_the_write_flip_jobs_first_sync_and_its_auto_rollback_are_recorded(conn,
     assert rec.tick() == []
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_again_when_it_ends(
     conn, dsn, settings, instance, monkeypatch
 ):
@@ -527,6 +531,7 @@ def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_agai
     ]
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_complete_and_its_restore_leave_an_event_on_the_postgres_rows_page(conn, dsn, settings, instance, capsys):
     """Issue 42: after complete the postgres/dataset_rows page kept its old row count, and a restore never appeared.
     Every lifecycle move is read by the recorder; those that change what Postgres holds materialize that page."""

@@ -151,6 +151,7 @@ def _latest(instance, partition) -> tuple[str, str] | None:
     return (infos[0].latest_execution_status.value, infos[0].latest_planned_run_id) if infos else None
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_flipped_dataset_past_its_window_fails_its_freshness_check_without_a_run(
     conn, dsn, settings, pg_admin_dsn, tmp_path, monkeypatch
 ):

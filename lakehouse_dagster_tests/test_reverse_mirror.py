@@ -188,6 +188,7 @@ def test_a_full_re_sync_refuses_to_erase_keys_the_table_has_no_column_for(conn, 
     _same_as_table(conn, settings, dsn, d)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_finishes(
     conn, dsn, settings, lh, monkeypatch
 ):
@@ -258,6 +259,7 @@ def test_a_rollback_right_after_a_native_write_applies_the_reverse_first_and_nee
     assert (r.mode, r.rows) == ("noop", 0)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn, dsn, settings, lh, monkeypatch):
     d = ready_native(conn, dsn, settings, lh, "sync.append")
     native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
@@ -341,6 +343,7 @@ def test_a_postgres_side_write_to_a_native_dataset_is_refused_never_answered_by_
     _same_as_table(conn, settings, dsn, d)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_frozen_apply_whose_lock_session_died_stands_down_and_the_next_one_applies(conn, dsn, settings, lh):
     """Found by the crash harness's probe: an apply frozen before its commit, its dataset-lock session terminated
     meanwhile, used to commit when resumed, while a second apply that took the lock waited on its rows and failed."""
@@ -379,6 +382,7 @@ def test_a_frozen_apply_whose_lock_session_died_stands_down_and_the_next_one_app
     _same_as_table(conn, settings, dsn, d)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_in_capture_mode_after_commit_the_reverse_applies_without_echo_and_the_app_is_still_tracked(
     conn, dsn, settings, lh
 ):
@@ -471,6 +475,7 @@ def test_in_capture_mode_after_commit_the_reverse_applies_without_echo_and_the_a
         capture.disable(conn)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_in_capture_mode_after_commit_an_apply_killed_before_its_commit_leaves_nothing_for_the_consumer(
     conn, dsn, settings, lh
 ):

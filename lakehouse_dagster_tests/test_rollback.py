@@ -231,6 +231,7 @@ def _live_files(table) -> list[tuple[str, int]]:
     )
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whole(conn, dsn, settings):
     """Native commits expire snapshots like mirror commits (lake/writer.py): each carries its run's totals
     (mirror/native_run.py), so the rows only Iceberg holds and the files a backfill copies are counted
@@ -286,6 +287,7 @@ def test_a_native_replace_run_under_expiry_counts_every_row(conn, dsn, settings)
     assert (found.snapshots, found.rows, found.replaced, found.added_files) == (2, 7, True, None)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_exactly_the_run(conn, dsn, settings):
     """After 16 small native appends the next one rewrites their files with its own rows in one commit
     (routing/native_compaction.py): every row once, identity kept, the pre-flip file untouched; the run's totals
@@ -346,6 +348,7 @@ def test_the_reapers_fence_is_no_native_write(conn, dsn, settings):
     assert (found.snapshots, found.rows, len(found.added_files)) == (2, 2, 2)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_source_writer_reports_the_rows_its_native_commit_compacted(conn, dsn, settings):
     """The ingest result (CLI text, JSON, the ingest op's metadata) says when a native append's commit also
     compacted the run's small files: its rows are the source's new rows, compacted_rows the rewritten ones."""

@@ -51,6 +51,7 @@ def _done(conn, plan_id) -> list[tuple]:
     )
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_reader_plan_runs_dataset_workspace_global_by_itself_as_the_dry_run_said(
     conn, dsn, settings, pg_admin_dsn, tmp_path
 ):
@@ -102,6 +103,7 @@ def test_reader_plan_runs_dataset_workspace_global_by_itself_as_the_dry_run_said
     assert (st.state, st.stage, st.next_action, st.datasets_moved) == ("finished", 3, "none: finished", 5)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_mismatch_in_the_workspace_stage_aborts_and_every_flag_is_as_before(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     # flags someone set before the plan, which it must leave (or put back) as they were
@@ -143,6 +145,7 @@ def test_a_mismatch_in_the_workspace_stage_aborts_and_every_flag_is_as_before(co
         actions.abort(conn, settings, plan_id, actor="pytest")
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_an_approval_stage_waits_for_approve(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     plan_id, _ = actions.start(conn, settings, _plan(s, approval=True, stages=""), actor="pytest")
@@ -167,6 +170,7 @@ def test_an_approval_stage_waits_for_approve(conn, dsn, settings, instance):
     assert (row.approved_by, row.approval_note) == ("lead", "looks fine") and row.approved_at < row.started_at
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_pause_holds_the_plan_and_resume_continues_it(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     plan_id, _ = actions.start(conn, settings, _plan(s, stages=""), actor="pytest")
@@ -216,6 +220,7 @@ stages:
     assert not list_overrides(conn)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_an_inconclusive_stage_pauses_after_its_bound_and_says_why(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings, unsynced=True)  # "late": never mirrored, no snapshot
     text = f"""
@@ -243,6 +248,7 @@ stages:
     assert store.get(conn, plan_id).state == "aborted"
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_tick_that_dies_after_its_step_is_written_asks_again_under_the_same_run_key(
     conn, dsn, settings, instance, monkeypatch
 ):

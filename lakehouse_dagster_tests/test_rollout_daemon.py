@@ -22,6 +22,8 @@ from lakehouse_dagster.plans import actions, store
 from .conftest import pg_dagster_instance
 from .rollout_helpers import plan_audit, seed_mix
 
+pytestmark = pytest.mark.slow  # a real dagster-daemon killed mid-stage
+
 DAEMON = Path(sys.executable).with_name("dagster-daemon")
 
 

@@ -55,6 +55,7 @@ def _overrides(conn) -> dict:
     return {(o.kind, o.name, o.scope, o.scope_id): o.mode for o in list_overrides(conn)}
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_mismatch_rolled_back_during_stage_2_aborts_the_plan_before_it_widens(conn, dsn, settings, instance):
     s = seed_mix(conn, dsn, settings)
     before_modes = effective_modes(conn)

@@ -211,6 +211,7 @@ def test_writer_plans_that_break_the_order_or_prerequisite_1_are_refused_naming_
     assert len(flag_tables(conn)[1]) == len(before[1]) + len(SERVABLE_READERS)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_writer_plan_in_the_runbook_s_order_runs(conn, dsn, settings):
     s = seed_mix(conn, dsn, settings)
     for r in SERVABLE_READERS:
@@ -247,6 +248,7 @@ def _write(tmp_path, text: str, name: str = "plan.yaml") -> str:
     return str(path)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_rollout_verbs(conn, dsn, settings, tmp_path, capsys):
     """Two verbs as a real process (the console script a user types), the rest through the same entry point in
     process (cli.main.main: the same parser, output and exit codes, without a start-up each)."""
@@ -319,6 +321,7 @@ def test_the_rollout_verbs(conn, dsn, settings, tmp_path, capsys):
     assert run("rollout", "abort", plan_id)[0] == 2
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_rollout_jobs_from_the_launchpad(conn, dsn, settings):
     """The code location carries a job per verb and the controller; each runs with typed config and refuses like the
     CLI (the reason, no stack)."""
@@ -363,6 +366,7 @@ def test_the_rollout_jobs_from_the_launchpad(conn, dsn, settings):
     assert not list_overrides(conn)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_readmes_example_plan_dry_runs_on_the_demo_as_it_says(conn, dsn, settings):
     """examples/rollout-graph-kuzu.yaml is what the README tells a newcomer to run on the demo: it must validate, and
     its dry-run must move the demo's datasets in the order the file's comment says, writing nothing."""
@@ -393,6 +397,7 @@ def test_the_readmes_example_plan_dry_runs_on_the_demo_as_it_says(conn, dsn, set
     assert flag_tables(conn) == before
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_writer_plan_arms_the_reverse_checks_parity_both_ways_and_aborts_losslessly(conn, dsn, settings):
     """Issue 31: the plan turns the reverse mirror on before the flip (its workspace had it off), the analysis
     compares the copy both ways, and an abort after native writes the reverse applied needs no backfill."""
@@ -451,6 +456,7 @@ def test_a_writer_plan_arms_the_reverse_checks_parity_both_ways_and_aborts_lossl
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_writer_plan_ending_in_complete_waits_for_approval_pauses_on_a_refusal_and_retires_the_rows(
     conn, dsn, settings
 ):
@@ -528,6 +534,7 @@ def test_a_writer_plan_ending_in_complete_waits_for_approval_pauses_on_a_refusal
     assert cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d)).returncode != 0
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_complete_stage_refused_for_one_dataset_completes_the_other_and_an_abort_then_keeps_both_lossless(
     conn, dsn, settings
 ):

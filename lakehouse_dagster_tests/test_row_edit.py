@@ -165,6 +165,7 @@ sync_dataset(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1])
 """
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_kill_before_commit_leaves_nothing_visible_and_the_next_sync_converges(conn, dsn, small, tmp_path):
     d = _make(conn)
     first = _sync(small, dsn, d)

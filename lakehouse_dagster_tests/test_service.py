@@ -182,6 +182,7 @@ def _same(a, b) -> bool:
 # --- happy paths ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_read_streams_the_routers_rows_as_arrow_and_ndjson_with_its_headers(world, client):
     d = world.dataset(2500)
     world.flag("export.stream", "iceberg", d)
@@ -614,6 +615,7 @@ def test_the_token_is_never_printed_or_logged(world, client):
     assert world.server.token not in " ".join(world.server.proc.args)  # not on the command line either
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_serve_refuses_to_start_off_loopback_without_a_token_or_with_a_weak_one(world):
     env = {**__import__("os").environ, "LAKEHOUSE_PG_DSN": world.dsn}
     env.pop("LAKEHOUSE_API_TOKEN", None)
@@ -799,6 +801,7 @@ def _wait(predicate, what: str, timeout: float = 20):
         time.sleep(0.1)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_reader_gone_mid_stream_frees_its_postgres_connection_and_snapshot(world, client):
     d = _big_dataset(world, 120_000)  # ~40 MB streamed: far more than the socket buffers hold
     cut_before = _metric(client, 'lakehouse_read_streams_cut_total{why="client_gone"}')
@@ -815,6 +818,7 @@ def test_a_reader_gone_mid_stream_frees_its_postgres_connection_and_snapshot(wor
     assert client.read("export.stream", d, columns=["n"]).table.num_rows == 120_000
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_reader_gone_mid_stream_closes_its_iceberg_files(world, client):
     d = _big_dataset(world, 120_000)
     sync_dataset(world.dsn, world.catalog, world.settings, d)
@@ -856,6 +860,7 @@ def test_the_python_client_leaving_a_stream_early_frees_the_read(world, client):
 _POOLS: list = []
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_an_ordered_limited_read_of_overlapping_files_holds_the_limit_not_the_table(world):
     """Two data files whose __row_index ranges interleave (one group): {"order":"row_index","limit":10} returns the
     10 smallest rows, as the full ordered read does, and its Arrow memory peak follows the limit, not the table."""

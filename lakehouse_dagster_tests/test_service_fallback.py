@@ -34,6 +34,7 @@ def _fallbacks(world, d) -> list[tuple]:
         ).fetchall()
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_fallback_the_app_reports_shows_where_the_routers_own_do(world, client, pg_admin_dsn, tmp_path):
     since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
     own = world.dataset(12, name="own-router")  # the service's read router falls back itself

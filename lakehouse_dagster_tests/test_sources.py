@@ -211,6 +211,7 @@ def s3(monkeypatch):
     proc.wait(10)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_s3_files_source_through_an_s3_compatible_endpoint(conn, dsn, catalog, settings, dataset, tmp_path, s3):
     from lakehouse_dagster.core.settings import Settings
 
@@ -254,6 +255,7 @@ def _kill_ingest_at(point: str, dataset, tmp_path) -> None:
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, proc.stderr)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog, settings, dataset, tmp_path):
     write_source_file(tmp_path / "src" / "a.csv", "csv", _records(0, 20))
     set_source(conn, dataset, {"type": "files", "uri": str(tmp_path / "src"), "format": "csv"})
@@ -268,6 +270,7 @@ def test_retry_with_the_killed_runs_sync_id_finds_its_commit(conn, dsn, catalog,
     ).fetchone() == ("succeeded", True)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.parametrize("mode", ["pg", "native"])
 @pytest.mark.parametrize("point", ["after-first-batch", "after-commit-before-log"])
 def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(

@@ -141,6 +141,7 @@ def test_statements_over_two_datasets_and_a_switch_back_applies_what_was_pending
     assert tracking(conn, a)[0] > ta[0] and tracking(conn, a)[2] == 200
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_syncs_and_canaries_in_after_commit_mirror_exactly(conn, dsn, settings):
     d = make_dataset(conn, 10)
     sync(settings, dsn, d)
@@ -199,6 +200,7 @@ def _appender(dsn, d, start: int, n: int, stop: threading.Event, errors: list) -
         errors.append(exc)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_pinned_snapshot_always_sees_exactly_the_rows_its_tracking_describes(conn, dsn):
     """Appenders race pins; in each pin, the tracking's max_row_index is the max of the rows the snapshot holds.
     The same loop with the pin taken outside the barrier finds them apart (the test can fail)."""
@@ -356,6 +358,7 @@ def test_cli_switches_between_the_two_modes_and_the_consumer_sensor_writes_the_t
     assert tracking(conn, d)[2] == 21  # by the trigger, in the transaction
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_not_for_ever(conn, dsn):
     import signal
     import subprocess
@@ -375,11 +378,14 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
     try:
         assert proc.stdout.readline().strip() == b"held", proc.stderr.read().decode()[-2000:]
         with connect(dsn) as app:
+            app.execute("set statement_timeout = '120s'")  # a barrier never released fails here, not by a clock
             t = time.perf_counter()
             app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 10, '{}')", (d,))
             waited = time.perf_counter() - t
-        # the server ended the frozen session after HOLD_IDLE_TIMEOUT_MS idle, which released the barrier
-        assert barrier.HOLD_IDLE_TIMEOUT_MS / 1000 - 0.5 < waited < barrier.HOLD_IDLE_TIMEOUT_MS / 1000 + 5, waited
+        # the server ended the frozen session after HOLD_IDLE_TIMEOUT_MS idle, which released the barrier (a lower
+        # bound only: a loaded machine may take longer, never less); the frozen process is still stopped
+        assert waited > barrier.HOLD_IDLE_TIMEOUT_MS / 1000 - 0.5, waited
+        assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -22,9 +22,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
+import lakehouse_dagster
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.schema.migrate import FILL_MARK, load_migrations
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster_tests.conftest import _with_db
+
+pytestmark = pytest.mark.slow  # the previous release's code in subprocesses, per capture mode
 
 PREVIOUS_RELEASE = "cc94412"  # main, the last release before the schema became files
 # The migrations this tree adds to that release's (in order): an upgrade applies exactly these.
@@ -59,15 +63,19 @@ def previous_release(tmp_path_factory) -> Path:
 
 
 def _run(code_root: Path, env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``lakehouse <args>`` with the package of ``code_root`` (run from there: -m puts the cwd first on the path)."""
-    out = subprocess.run(
-        [*CLI, *args],
-        cwd=code_root,
-        env={**os.environ, **env, "PYTHONPATH": str(code_root)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    """``lakehouse <args>`` with the package of ``code_root`` (run from there: -m puts the cwd first on the path);
+    this tree's, the package this process imported, in-process (testing/cli.py)."""
+    if code_root == REPO and Path(lakehouse_dagster.__file__).resolve().parents[1] == REPO:
+        out = run_cli(*args, env=env)
+    else:
+        out = subprocess.run(
+            [*CLI, *args],
+            cwd=code_root,
+            env={**os.environ, **env, "PYTHONPATH": str(code_root)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     if check:
         assert out.returncode == 0 and "Traceback" not in out.stderr, (args, out.stdout, out.stderr)
     return out

@@ -23,6 +23,7 @@ from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.core import private_apis
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.testing.cli import run_cli
 from lakehouse_dagster.testing.pg import with_db
 from lakehouse_dagster.tracking import datasets
 
@@ -148,6 +149,7 @@ def _before(text: str, first: str, then: str) -> bool:
     return text.index(first) < text.index(then)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_read_flip_says_preflight_then_set_then_the_routers_lines_in_one_ordered_stream(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "ws")
     d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
@@ -161,6 +163,7 @@ def test_a_read_flip_says_preflight_then_set_then_the_routers_lines_in_one_order
     assert _before(text, "[read-router] export.stream", "reason"), text  # the verify table follows its read
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_write_flip_says_preflight_then_set_then_the_first_syncs_lines_in_one_ordered_stream(conn, dsn, settings):
     d, _ = _fed(conn, dsn, settings)
     code, text = _one_pipe("write-flags", "flip", "sync.full", "--dataset", str(d))
@@ -182,13 +185,7 @@ def test_a_flip_with_json_keeps_stdout_one_document(conn, dsn, settings):
     d = datasets.create_dataset(conn, ws, "orders", SCHEMA)
     datasets.insert_rows(conn, d, [row(i) for i in range(4)])
     sync_dataset(dsn, load_catalog(settings, dsn), settings, d, mode="full")
-    proc = subprocess.run(
-        [sys.executable, "-m", "lakehouse_dagster.cli.main", "flags", "flip", "export.stream", "--dataset", str(d)]
-        + ["--json"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_cli("flags", "flip", "export.stream", "--dataset", str(d), "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["flipped"] is True
     assert "[read-router] export.stream" in proc.stderr
@@ -332,6 +329,7 @@ def test_a_stage_whose_only_ok_verdicts_had_no_rows_is_inconclusive_not_passed(c
 # --- item 8: the bench says what its figure measures, and the whole -------------------------------------------------
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_ingest_bench_says_what_its_figure_measures_and_the_commands_whole_wall_time(dsn, settings, capsys):
     import time
 

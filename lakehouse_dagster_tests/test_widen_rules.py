@@ -346,6 +346,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
 # --- a widen's preflight canaries a sample ---------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_widen_canaries_a_sample_plus_every_dataset_without_a_recent_ok(conn, dsn, settings, ws):
     from lakehouse_dagster.mirror.sync import sync_dataset
     from lakehouse_dagster.runbooks import flip

@@ -173,6 +173,7 @@ def pg_count(conn, d) -> int:
 # --- files: both paths give the same table --------------------------------------------------------------
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.parametrize("fmt", ["parquet", "csv", "ndjson"])
 def test_files_pg_path_plus_mirror_equals_native_path(conn, dsn, catalog, settings, workspace, tmp_path, fmt):
     src = tmp_path / "src"
@@ -301,6 +302,7 @@ def test_postgres_incremental_advances_the_cursor_with_the_rows(conn, dsn, catal
     assert [r["__row_index"] for r in rows] == list(range(16))
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_cursor_is_one_truth_across_a_flip_and_back(conn, dsn, catalog, settings, workspace):
     _source_table(conn)
     _insert_source(conn, 0, 5)

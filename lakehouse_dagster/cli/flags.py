@@ -995,10 +995,11 @@ def _quiet_logger() -> logging.Logger:
     """For a read whose decision the command prints itself (one router line per read): only the router's warnings
     and errors (an Iceberg read that failed, and why) reach stderr."""
     lg = logging.getLogger("lakehouse_dagster.cli.read_warnings")
-    if not lg.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        lg.addHandler(handler)
-        lg.setLevel(logging.WARNING)
-        lg.propagate = False
+    for old in list(lg.handlers):  # the stderr of this call (the tests run the CLI in-process, stderr redirected)
+        lg.removeHandler(old)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    lg.addHandler(handler)
+    lg.setLevel(logging.WARNING)
+    lg.propagate = False
     return lg
