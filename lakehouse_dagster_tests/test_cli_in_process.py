@@ -59,3 +59,32 @@ def test_a_failpoint_armed_run_is_a_real_process(settings):
     out = run_cli("sync", "--dataset", str(uuid.uuid4()), env={"LAKEHOUSE_FAILPOINT": "after-first-file:kill"})
     assert out.args[0] != "lakehouse"  # the argv of a real interpreter, not the in-process record
     assert out.returncode == 3 and "does not exist" in out.stderr  # refused before any failpoint
+
+
+def test_a_warning_of_a_verbs_machinery_is_one_line_in_the_clis_format(capsys):
+    """Without a handler, a module's warning reached Python's last-resort handler: a bare line beside the CLI's own
+    `lakehouse <verb>: error: …` (a refused reverse printed its refusal twice). A fresh process has no handler on
+    the root logger; this test removes pytest's for the call to be that process."""
+    import logging
+
+    from lakehouse_dagster.cli.common import relay_warnings
+
+    root = logging.getLogger()
+    kept = list(root.handlers)
+    for h in kept:
+        root.removeHandler(h)
+    try:
+        relay_warnings("sync")
+        relay_warnings("sync")  # a second call (in-process callers) adds no second line
+        logging.getLogger("lakehouse_dagster.lake.writer").warning(
+            "2 data file(s) of a failed write could not be deleted"
+        )
+        logging.getLogger("lakehouse_dagster.mirror.sync").info("not shown: below WARNING")
+        relay_warnings("serve")  # the service keeps its own format: the relay is left as it was
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in kept:
+            root.addHandler(h)
+    err = capsys.readouterr().err
+    assert err == "lakehouse sync: warning: 2 data file(s) of a failed write could not be deleted\n", err

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import logging
 import re
 import sys
 import uuid
@@ -180,3 +181,41 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
     return "\n".join(line.rstrip() for line in lines)
+
+
+class _StderrLines(logging.StreamHandler):
+    """The warnings and errors a verb's machinery logs, one line each in the CLI's own format. The stream is looked
+    up at each record: an in-process caller (the tests) swaps sys.stderr between calls."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"lakehouse {self.command}: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def relay_warnings(command: str) -> None:
+    """Without this, a record of WARNING or above reached Python's last-resort handler: a bare message with no
+    prefix, in another shape than the CLI's own lines. A program that configured logging itself keeps its handlers
+    (pytest, an embedding script): nothing is added then; nor for `serve`, which logs in the service's format."""
+    if command == "serve":
+        return
+    root = logging.getLogger()
+    ours = [h for h in root.handlers if isinstance(h, _StderrLines)]
+    if ours:
+        ours[0].command = command
+        return
+    if root.handlers:
+        return
+    handler = _StderrLines(command)
+    handler.setLevel(logging.WARNING)
+    root.addHandler(handler)

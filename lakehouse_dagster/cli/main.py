@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from lakehouse_dagster.cli.common import ArgumentParser, Context, Result, emit
+from lakehouse_dagster.cli.common import ArgumentParser, Context, Result, emit, relay_warnings
 from lakehouse_dagster.core.arrow_memory import prefer_jemalloc_on_import
 from lakehouse_dagster.core.errors import (
     LakehouseError,
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     prefer_jemalloc_on_import()  # before any verb allocates Arrow memory, without importing pyarrow for every verb
+    relay_warnings(args.command)
     ctx = Context()
     try:
         result = args.func(ctx, args)

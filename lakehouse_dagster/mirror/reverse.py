@@ -281,7 +281,8 @@ def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: Rev
     now = fetch_value(conn.execute("select rows_version from datasets where id = %s", (ds_id,)), "rows_version")
     if now == at.rows_version:
         return
-    _log.error("reverse of dataset %s refused: Postgres was written since the last apply", ds_id)
+    # No log record here: the refusal is the exception, and each caller reports it once (the CLI's error line, the
+    # stream's ReverseFailed event, the job's failure); a record beside it printed the refusal twice in the CLI.
     raise PostgresWritten(
         f"refused: dataset {ds_id} is native (Iceberg is its truth), but its dataset_rows was written by something "
         f"other than the reverse mirror since the last apply (rows_version {at.rows_version} → {now}: the live app's "
