@@ -191,7 +191,7 @@ class _StderrLines(logging.StreamHandler):
         super().__init__()
         self.command = command
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):  # noqa: D102
         return sys.stderr
 
