@@ -35,8 +35,10 @@ from lakehouse_dagster.lake.foreign import foreign_since_project
 from lakehouse_dagster.lifecycle import COMPLETE_VERB, WriteRefused, illegal, transition
 from lakehouse_dagster.lifecycle import states as S
 from lakehouse_dagster.mirror.reverse import PostgresWritten, ReversePosition, _refuse_postgres_written
+from lakehouse_dagster.parity.canary import MISMATCH, Verdict
 from lakehouse_dagster.routing.write_router import WriteDecision, _write_native, native_write
 from lakehouse_dagster.runbooks import complete as cp
+from lakehouse_dagster.runbooks.auto_rollback import FIRST_NATIVE_SYNC, REFUSED, ROLLED_BACK, record_and_roll_back
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.tracking import datasets
 
@@ -114,6 +116,7 @@ class Lifecycle(RuleBasedStateMachine):
                 "lakehouse_lifecycle",
                 "lakehouse_reverse_position",
                 "iceberg_sync_log",
+                "lakehouse_read_parity",
                 "dataset_rows",
                 "datasets",
                 "workspaces",
@@ -219,10 +222,11 @@ class Lifecycle(RuleBasedStateMachine):
         d = self.ids[i]
         if d in self.o.mirrored or self.o.state(d).authority != S.POSTGRES:
             return
-        self.conn.execute(
-            "insert into iceberg_sync_log (dataset_id, sync_id, status, has_identity, finished_at)"
-            " values (%s, %s, 'succeeded', true, now())",
-            (d, uuid.uuid4()),
+        self.conn.execute(  # the snapshot and the rows_version it covers: a reader on iceberg is served from it
+            "insert into iceberg_sync_log"
+            " (dataset_id, sync_id, status, has_identity, finished_at, snapshot_id, source_version)"
+            " select %s, %s, 'succeeded', true, now(), 1, rows_version from datasets where id = %s",
+            (d, uuid.uuid4(), d),
         )
         self.o.mirrored.add(d)
 
@@ -303,6 +307,32 @@ class Lifecycle(RuleBasedStateMachine):
         assert truth == S.POSTGRES, "a pg write landed while Iceberg is the truth"
         self.next_index[d] += 1
         self.o.pg_rows[d] += 1
+
+    @rule(i=st.integers(0, 2), writer=st.sampled_from([None, *WRITERS]))
+    def mismatch_rolled_back(self, i, writer):
+        """A MISMATCH recorded for the dataset — a canary's, or (``writer``) its first native sync's — and what
+        runbooks/auto_rollback.py rolls back for it, through the flip gates and the lifecycle like an operator's
+        verb. A rollback it claims must be a legal move (never a writer back to pg where Iceberg alone holds rows);
+        one it cannot make is refused loudly with the reason, and nothing is claimed that was not written."""
+        d = self.ids[i]
+        v = Verdict(d, f"d{i}", MISMATCH, detail={"writer": writer} if writer else {})
+        before = {x: self.o.state(x) for x in self.ids}
+        record_and_roll_back(self.conn, v, source=FIRST_NATIVE_SYNC if writer else "canary")
+        out = v.detail["auto_rollback"]
+        assert out["error"] is None, out
+        for action in out["actions"]:
+            if action["status"] == REFUSED:
+                assert action["detail"] and "AUTO-ROLLBACK REFUSED" in " ".join(out["lines"]), out
+                continue
+            if action["status"] != ROLLED_BACK:
+                continue
+            kind = action["kind"]  # read | write
+            self.o.overrides[(kind, action["flag"], "dataset", d)] = action["after"]
+            after = self.o.state(d)
+            verb = S.WRITER_FLAG if kind == "write" else S.READER_FLAG
+            legal = before[d].same_place(after) or self.o.may_move(before[d], after, verb)
+            assert legal and not illegal(after), f"auto-rollback moved {d}: {before[d]} → {after} ({action})"
+            before[d] = after
 
     # -- what must hold after every step --------------------------------------------------------------------------
     @invariant()
