@@ -33,7 +33,14 @@ def sql_on_s3(settings, seaweed, monkeypatch) -> Settings:
     for k, v in {**seaweed.env, "LAKEHOUSE_CATALOG_TYPE": "sql", "LAKEHOUSE_WAREHOUSE": f"s3://{bucket}"}.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("LAKEHOUSE_NAMESPACE", f"m_{uuid.uuid4().hex[:10]}")
-    boto3.client("s3", endpoint_url=seaweed.s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    s3 = boto3.client(  # the keys given: boto3's default session keeps the first keys it found in this process
+        "s3",
+        endpoint_url=seaweed.s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=seaweed.key,
+        aws_secret_access_key=seaweed.secret,
+    )
+    s3.create_bucket(Bucket=bucket)
     return Settings.from_env()
 
 
