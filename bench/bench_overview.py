@@ -1,13 +1,14 @@
 """Benchmark (not a test): the migration overview (status/overview.py) over 1,000 and 10,000 datasets.
 
-    nice .venv/bin/python bench/bench_overview.py [--sizes 1000,10000] [--history 5] [--repeat 5]
+    nice .venv/bin/python bench/bench_overview.py [--sizes 1000,10000] [--history 5] [--repeat 5] [--shadow 50]
 
 A throwaway embedded Postgres (deleted on exit; or LAKEHOUSE_PG_DSN as admin) gets, per size N, a migrated database
 with N datasets over 20 workspaces in a realistic mix: every dataset mirrored ``--history`` times (the sync log and
 the parity table keep their history), 1% behind the mirror (half of them lagging), 1% never synced, 0.2% wedged,
 an old failure of 10%, 0.1% MISMATCH, readers flipped globally (export.stream), per workspace (graph.kuzu
 iceberg_only on a quarter of them) and per dataset (studio.digest on 10%), sync.full native on 5% and pipelines
-reading 2%. Then, best of
+reading 2%, dashboards.aggregate declared on 10% with ``--shadow`` comparisons each (issue 43's held list). Then,
+best of
 ``--repeat``: ``compute_overview`` against a baseline measured in the same run on the same database — reading every
 dataset's row once (``select id, name, workspace_id, rows_version from datasets``), the floor of anything that
 looks at every dataset — with the number of statements each sent (psycopg's ``Cursor.execute`` counted), which must
@@ -79,6 +80,19 @@ select 'read', 'studio.digest', 'dataset', id, 'iceberg', 'bench', 'bench' from 
 insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by)
 select 'write', 'sync.full', 'dataset', id, 'iceberg_native', 'bench', 'bench'
   from datasets where right(name, 2) in ('11', '31', '71', '91', '99');
+-- held on Postgres (issue 43): dashboards.aggregate declared on 10%% (a fifth of those flipped to iceberg, so not
+-- held), sdk.files.list on a workspace; ``shadow`` shadow comparisons per declared dataset, one mismatch in 1,000
+insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)
+select 'dashboards.aggregate', 'dataset', id, 'bench', 'bench' from datasets where right(name, 1) = '4';
+insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)
+select 'sdk.files.list', 'workspace', id, 'bench', 'bench' from workspaces where name = 'ws1';
+insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by)
+select 'read', 'dashboards.aggregate', 'dataset', id, 'iceberg', 'bench', 'bench'
+  from datasets where right(name, 2) in ('04', '54');
+insert into lakehouse_shadow_reads (reader, dataset_id, outcome, schema_digest, at)
+select 'dashboards.aggregate', d.id, case when right(d.name, 3) = '444' and h = 7 then 'mismatch' else 'match' end,
+       md5(d.schema::text), now() - h * interval '1 minute'
+  from datasets d cross join generate_series(1, %(shadow)s) h where right(d.name, 1) = '4'
 """
 
 
@@ -112,17 +126,18 @@ def _best(fn, repeat: int) -> float:
     return best
 
 
-def measure(admin: str, n: int, history: int, repeat: int) -> None:
+def measure(admin: str, n: int, history: int, repeat: int, shadow: int = 50) -> None:
     dsn = fresh_database(admin, f"bench_overview_{uuid.uuid4().hex[:8]}")
     settings = Settings.from_env().replace(pg_dsn=dsn, lagging_after_seconds=3600, wedged_after_seconds=3600)
     with connect(dsn) as conn:
         t = time.perf_counter()
         for statement in SEED.strip().split(";\n"):
-            conn.execute(statement, {"n": n, "history": history})
+            conn.execute(statement, {"n": n, "history": history, "shadow": shadow})
         conn.execute("vacuum analyze")
         seeded = time.perf_counter() - t
         log_rows = conn.execute("select count(*) from iceberg_sync_log").fetchone()[0]
         verdicts = conn.execute("select count(*) from lakehouse_read_parity").fetchone()[0]
+        compared = conn.execute("select count(*) from lakehouse_shadow_reads").fetchone()[0]
         baseline = _best(
             lambda: conn.execute("select id, name, workspace_id, rows_version from datasets").fetchall(), repeat
         )
@@ -131,10 +146,12 @@ def measure(admin: str, n: int, history: int, repeat: int) -> None:
             compute_overview(conn, settings)
         took = _best(lambda: compute_overview(conn, settings), repeat)
     print(
-        f"{n:>6,} datasets ({log_rows:,} sync log rows, {verdicts:,} verdicts; seeded in {seeded:.1f} s): "
+        f"{n:>6,} datasets ({log_rows:,} sync log rows, {verdicts:,} verdicts, {compared:,} shadow comparisons; seeded "
+        f"in {seeded:.1f} s): "
         f"overview {took * 1000:.0f} ms in {counted.n} statements = {took / baseline:.1f}x reading every "
         f"dataset's row once ({baseline * 1000:.1f} ms); {ov.attention_total} need attention "
-        f"({', '.join(f'{v} {k}' for k, v in ov.problems.items() if v)}), stages {ov.dataset_stages}"
+        f"({', '.join(f'{v} {k}' for k, v in ov.problems.items() if v)}), stages {ov.dataset_stages}; "
+        f"{ov.held_total} held on Postgres {ov.held_by}"
     )
 
 
@@ -143,10 +160,11 @@ def main() -> int:
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--history", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shadow", type=int, default=50, help="shadow comparisons per declared dataset")
     args = ap.parse_args()
     admin = admin_dsn()
     for n in (int(s) for s in args.sizes.split(",")):
-        measure(admin, n, args.history, args.repeat)
+        measure(admin, n, args.history, args.repeat, args.shadow)
     return 0
 
 

@@ -515,3 +515,109 @@ def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(
     # a heartbeat late past the poller's replacement bound, still within the batch fallback's: not plainly "alive"
     late = shard_state({**live, "heartbeat_age_s": 15.0}, 30)
     assert late.startswith("alive, heartbeat late (15 s: the poller replaces a run silent for over 10 s)"), late
+
+
+def test_the_overview_says_per_dataset_what_holds_it_on_postgres_and_each_compute_readers_consistency(
+    conn, dsn, settings, monkeypatch
+):
+    """Issue 43: per dataset, what keeps it from complete (a pipeline input, a declared reader on Postgres — a compute
+    reader with its shadow proof), the counts per holder, and each compute reader's shadow consistency, in the
+    overview, its asset and `lakehouse status`; the same holders complete's refusal names. Seen failing on main:
+    the overview had no such list (`Overview` has no attribute `held`)."""
+    from lakehouse_dagster.flags.reader_datasets import declare
+    from lakehouse_dagster.flags.resolver import FlagResolver
+    from lakehouse_dagster.routing.exercise import read_through_router
+    from lakehouse_dagster.routing.request import parse_query
+    from lakehouse_dagster.routing.shadow import ShadowPool
+    from lakehouse_dagster.runbooks import complete as cp
+
+    monkeypatch.setenv("LAKEHOUSE_SHADOW_PROOF_READS", "2")  # the asset's settings come from the env
+    settings = settings.replace(shadow_proof_reads=2)
+    ws = datasets.create_workspace(conn, "alpha")
+    ds = {name: _dataset(conn, ws, name) for name in ("piped", "dash", "locked", "flipped", "free")}
+    for d in ds.values():
+        _sync(settings, dsn, d)
+    conn.execute(
+        "insert into pipelines (workspace_id, name, spec) values (%s, 'nightly', %s)",
+        (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(ds["piped"])}}]})),
+    )
+    declare(conn, "sdk.files.list", dataset=ds["locked"], actor="pytest")
+    declare(conn, "dashboards.aggregate", dataset=ds["dash"], actor="pytest")
+    declare(conn, "objects.sync", dataset=ds["flipped"], actor="pytest")
+    _set(conn, "read", "objects.sync", "iceberg_only", dataset=ds["flipped"])  # reads Iceberg: holds nothing
+    _set(conn, "read", "dashboards.aggregate", "shadow", dataset=ds["dash"])
+    pool = ShadowPool(dsn, workers=1, queue_size=16, sample=1.0)
+    query = parse_query({"aggregate": {"group_by": ["s"], "measures": [{"fn": "count"}, {"fn": "sum", "column": "n"}]}})
+    for _ in range(2):  # two real comparisons: Postgres served, Iceberg computed off the request path
+        result, _, _ = read_through_router(
+            conn,
+            load_catalog(settings, dsn),
+            settings,
+            "dashboards.aggregate",
+            ds["dash"],
+            resolver=FlagResolver(conn, ttl_seconds=0),
+            shadow_pool=pool,
+            query=query,
+        )
+        assert result.decision.reason == "pg@shadow"
+    assert pool.drain(120)
+
+    ov = compute_overview(conn, settings)
+    held = {h.name: h for h in ov.held}
+    assert list(held) == sorted(held) and set(held) == {"dash", "locked", "piped"}  # not flipped, not free
+    assert (held["piped"].pipelines, held["piped"].holders) == (("nightly",), ("pipeline input",))
+    assert held["locked"].holders == ("sdk.files.list",) and held["locked"].describe() == "sdk.files.list"
+    assert held["dash"].holders == ("dashboards.aggregate",)
+    assert held["dash"].describe() == (
+        "dashboards.aggregate (mode shadow: on Postgres until flipped, once its shadow reads prove it), shadow: "
+        "100.0% consistent over 2 comparison(s), 2 in a row: proven"
+    )
+    assert ov.held_total == 3
+    assert ov.held_by == {
+        "pipeline input": 1,
+        "sdk.files.list": 1,
+        "mediaset.item": 0,
+        "objects.sync": 0,
+        "dashboards.aggregate": 1,
+        "pipeline.expectations": 0,
+    }
+    shadow = {x.reader: x for x in ov.shadow}
+    assert list(shadow) == ["objects.sync", "dashboards.aggregate", "pipeline.expectations"]
+    dash = shadow["dashboards.aggregate"]
+    assert (dash.datasets, dash.proven, dash.matched, dash.failed, dash.rate) == (1, 1, 2, 0, 100.0)
+    assert shadow["objects.sync"].rate is None and shadow["objects.sync"].describe() == (
+        "objects.sync: no shadow read compared"
+    )
+    # complete's refusal names the same holders (runbooks/complete.py's consumer condition)
+    for name, words in (("piped", "BLOCKED (pipeline input)"), ("dash", "dashboards.aggregate"), ("locked", "sdk")):
+        missing = cp.check(conn, load_catalog(settings, dsn), settings, ds[name]).missing
+        assert any(words in m for m in missing), (name, missing)
+    assert not any(
+        "dataset_rows by" in m or "pipeline input" in m
+        for m in cp.check(conn, load_catalog(settings, dsn), settings, ds["flipped"]).missing
+    )
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}
+        assert dg.materialize([migration_overview], instance=instance, resources=resources).success
+        (record,) = instance.fetch_materializations(MIGRATION_OVERVIEW, limit=1).records
+    meta = record.asset_materialization.metadata
+    text = meta["held_on_postgres"].value.replace("\\", "")  # as the UI renders it (markdown escapes dropped)
+    assert text.startswith("**3 dataset(s) held on Postgres**")
+    assert f"- [dash]({partition_page(ds['dash'])}) (mirrored): dashboards.aggregate (mode shadow" in text
+    assert "[nightly]" not in text and "pipeline input of nightly" in text
+    assert "- dashboards.aggregate: 100.0% consistent over 2 comparison(s) of 1 dataset(s), 1 proven" in text
+    assert meta["held_total"].value == 3 and meta["held by pipeline input"].value == 1
+    assert meta["held by dashboards.aggregate"].value == 1 and meta["held by objects.sync"].value == 0
+    assert meta["shadow dashboards.aggregate: proven"].value == 1
+    assert meta["shadow dashboards.aggregate: consistency %"].value == 100.0
+    assert "shadow objects.sync: consistency %" not in meta and meta["shadow objects.sync: compared"].value == 0
+
+    proc = cli("status")
+    assert proc.returncode == 0, proc.stderr
+    assert "held on Postgres (complete refused until they read Iceberg): 3 dataset(s), by pipeline input 1, " in (
+        proc.stdout
+    )
+    assert f"  dash ({ds['dash']}) mirrored: dashboards.aggregate (mode shadow" in proc.stdout
+    data = json.loads(cli("status", "--json", check=True).stdout)
+    assert data["held_on_postgres"]["total"] == 3 and data["shadow"][1]["reader"] == "dashboards.aggregate"

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import random
 import uuid
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -294,6 +296,12 @@ def test_exact_float_sum_where_float_addition_is_not():
     total = sum(m << (8 * k) for k, m in map(parts, [1e308, 2.0, -1e308]))
     assert _exact_float([total, 0, 0, 0], 1) == 2.0
     assert 1e308 + 2.0 - 1e308 == 0.0
+    # the overflow edge, as IEEE rounds: below the halfway point to 2^1024 the largest float, from it ±Infinity
+    edge = (2**1024 - 2**970) << 1080
+    assert _exact_float([edge - 1, 0, 0, 0], 1) == 1.7976931348623157e308
+    assert _exact_float([edge, 0, 0, 0], 1) == math.inf
+    assert _exact_float([-edge, 0, 0, 0], 1) == -math.inf
+    assert _exact_float([edge, 0, 0, 0], 2) == 2.0**1023  # an average divides before it rounds
 
 
 def test_int64_sums_do_not_overflow(conn, dsn, settings):
@@ -309,6 +317,36 @@ def test_int64_sums_do_not_overflow(conn, dsn, settings):
     pg, ice = read_postgres_compute(conn, dataset, plan), read_iceberg_compute(table, snap, plan)
     assert compare(pg, ice, True) is None
     assert pg.to_pylist() == [{"sum_i": 3 * (2**63 - 1), "avg_i": float(2**63 - 1)}]
+
+
+def test_a_float_sum_beyond_float64_is_infinity_on_both(conn, dsn, settings):
+    """Regression (the property test found it: ``group_by s, sum f`` over 1e308 and 1.797e308 in one group): a float
+    sum whose exact value is beyond float64 rounds to ±Infinity, as IEEE rounds an overflow, on both engines — it
+    raised OverflowError in the shared finishing. Summed exactly, finite parts that cancel do not overflow."""
+    big, top = 1e308, 1.7976931348623157e308
+    groups = {
+        "over": [big, top],  # exact 2.797e308: +Infinity
+        "under": [-big, -big],  # -Infinity
+        "cancels": [big, big, -big],  # exact 1e308: float addition in this order would overflow first
+        "max": [top, 5e-324],  # rounds to the largest float64, not to Infinity
+    }
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "huge", [{"name": "s", "type": "string"}, {"name": "f", "type": "float64"}])
+    datasets.insert_rows(conn, d, [{"s": s, "f": f} for s, fs in groups.items() for f in fs])
+    catalog = load_catalog(settings, dsn)
+    snap = sync_dataset(dsn, catalog, settings, d).snapshot_id
+    dataset, table = datasets.get_dataset(conn, d), load_dataset_table(catalog, settings, d)
+    body = {"aggregate": {"group_by": ["s"], "measures": [{"fn": "sum", "column": "f"}, {"fn": "avg", "column": "f"}]}}
+    plan = bind(parse_query(body), dataset)
+    pg, ice = read_postgres_compute(conn, dataset, plan), read_iceberg_compute(table, snap, plan)
+    assert compare(pg, ice, True) is None
+    exact_avg = {s: float(sum(map(Fraction, fs)) / len(fs)) for s, fs in groups.items()}  # rounded once
+    assert {r["s"]: (r["sum_f"], r["avg_f"]) for r in pg.to_pylist()} == {
+        "cancels": (big, exact_avg["cancels"]),
+        "max": (top, exact_avg["max"]),
+        "over": (math.inf, exact_avg["over"]),  # the average is finite: divided once, after the exact sum
+        "under": (-math.inf, -big),
+    }
 
 
 def test_keyset_pages_walk_the_dataset_in_order(conn, corpus):

@@ -127,3 +127,12 @@ def test_a_structured_read_in_shadow_mode_over_http_is_compared_off_the_request_
     assert _post_read(world, body).status_code == 200
     outcome, _, _, pg_row = service._shadow_outcomes(world, d, 2)[1]
     assert outcome == "mismatch" and pg_row is not None  # the first differing group, as Postgres answered it
+    # /metrics: the last hour's comparisons by reader and verdict, the reader's consistency; no dataset label
+    with world.server.client() as client:
+        text = client.metrics()
+    assert 'lakehouse_shadow_comparisons{reader="dashboards.aggregate",verdict="match"} 1.0' in text
+    assert 'lakehouse_shadow_comparisons{reader="dashboards.aggregate",verdict="mismatch"} 1.0' in text
+    assert 'lakehouse_shadow_comparisons{reader="objects.sync",verdict="match"} 0.0' in text  # every pair, zeros too
+    assert 'lakehouse_shadow_consistency_ratio{reader="dashboards.aggregate"} 0.5' in text
+    assert 'lakehouse_shadow_consistency_ratio{reader="objects.sync"}' not in text  # nothing compared: no rate
+    assert str(d) not in text

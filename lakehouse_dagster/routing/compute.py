@@ -4,7 +4,8 @@ Result types (documented in docs/reads.md):
 - rows: the columns asked for, typed as the dataset's Iceberg table (lake/schema.py), the same on both engines;
 - ``count``, ``count_distinct``: int64; ``min``/``max``: the column's type; ``sum`` of int64: decimal128(38, 0),
   exact (2^63 · 2^31 rows < 10^38: no overflow); ``sum`` of float64: float64, the correctly rounded exact sum of
-  the values (a NaN, or both infinities, give NaN; one infinity gives it); ``avg``: float64, the exact sum divided
+  the values (a NaN, or both infinities, give NaN; one infinity gives it; an exact sum beyond float64 — at or past
+  2^1024 − 2^970, where round-to-nearest leaves the largest float — gives ±Infinity); ``avg``: float64, the exact sum divided
   by the count of non-null values, rounded once; a ``sum``/``avg``/``min``/``max`` over no value is null.
 - floats are returned with one zero (``x + 0.0``: -0.0 reads 0.0), as the parity contract compares them.
 
@@ -127,8 +128,8 @@ def _exact_float(acc: list[int], count: int) -> float:
         return -math.inf
     try:
         return total / (count << _SCALE)  # Python divides integers correctly rounded
-    except OverflowError:
-        return math.copysign(math.inf, total)
+    except OverflowError:  # beyond float64 (only a sum: an average is never above its largest value)
+        return math.inf if total > 0 else -math.inf  # as IEEE rounds an overflow; copysign would convert the int
 
 
 # --- equality --------------------------------------------------------------------------------------------------

@@ -9,6 +9,14 @@ dataset: the cost of a scrape follows the datasets, never the verdicts' history)
 mirror's state and its largest lag (mirror/reverse_lag.py, the overview's definition). Process memory: prometheus-client's
 process collector (``process_resident_memory_bytes``). When Postgres cannot be read, the scraped gauges are left
 out and ``lakehouse_status_up`` says 0 — never a 0 that looks like "nothing behind".
+
+Shadow reads (routing/shadow.py, issue 43): the comparisons of the last ``SHADOW_WINDOW_SECONDS`` by reader and
+verdict, and per reader the consistency of that window (matches ÷ matches, mismatches and Iceberg-side errors; left
+out when none was counted). Labelled by reader and verdict only — both closed sets from the registry and the shadow
+module — never by dataset: a dataset label would add a series per dataset and reader that lives as long as the
+scrape history (10,000 datasets × 3 compute readers). The per-dataset proof a flip needs is ``lakehouse flags list``
+and the overview's "held on Postgres" list. The window, read through ``(reader, at)``, bounds a scrape's cost by the
+last hour's comparisons, not by their whole history.
 """
 
 from __future__ import annotations
@@ -22,9 +30,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from lakehouse_dagster.flags.native import native_dataset_ids
-from lakehouse_dagster.flags.registry import WRITERS
+from lakehouse_dagster.flags.registry import READ, READERS, WRITERS, rank
 from lakehouse_dagster.lifecycle import STATES, state_counts
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
+from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.status.lag import behind_datasets
@@ -42,6 +51,25 @@ select p.verdict, count(*)
   cross join lateral (select verdict from lakehouse_read_parity p
                        where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
  group by p.verdict
+"""
+
+SHADOW_WINDOW_SECONDS = 3600
+SHADOW_VERDICTS = (
+    shadow.MATCH,
+    shadow.MISMATCH,
+    shadow.ERROR,
+    shadow.LAGGING,
+    shadow.NO_SNAPSHOT,
+    shadow.NOT_COMPARABLE,
+    shadow.DROPPED,
+)
+SHADOW_COUNTED = (shadow.MATCH, shadow.MISMATCH, shadow.ERROR)  # what a consistency rate counts (flags/proof.py)
+SHADOW_READERS = tuple(r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "shadow"))
+# One range scan of lakehouse_shadow_reads_reader_idx per reader: the window's rows, whatever the history.
+_SHADOW_WINDOW = """
+select reader, outcome, count(*) from lakehouse_shadow_reads
+ where reader = any(%s::text[]) and at >= now() - make_interval(secs => %s)
+ group by reader, outcome
 """
 
 
@@ -125,6 +153,7 @@ class _StatusCollector:
                 verdicts = dict(conn.execute(_BY_LATEST_VERDICT).fetchall())
                 rlags, reverse_off = reverse_lags(conn, native_dataset_ids(conn))
                 lifecycle = state_counts(conn)
+                compared = conn.execute(_SHADOW_WINDOW, (list(SHADOW_READERS), SHADOW_WINDOW_SECONDS)).fetchall()
         except psycopg.Error as exc:
             log.warning("metrics: cannot read the migration's state from Postgres (%s)", type(exc).__name__)
             up.add_metric([], 0)
@@ -183,3 +212,34 @@ class _StatusCollector:
         for state in STATES:
             by_state.add_metric([state], lifecycle.get(state, 0))
         yield by_state
+        yield from shadow_metrics(compared)
+
+
+def shadow_metrics(compared: list[tuple[str, str, int]]) -> Iterable[Metric]:
+    """The shadow comparisons of the window by reader and verdict (every pair present, zeros included) and each
+    reader's consistency over them (absent when nothing was counted: never a rate that looks measured)."""
+    counts = {(r, v): 0 for r in SHADOW_READERS for v in SHADOW_VERDICTS}
+    for reader, verdict, n in compared:
+        if (reader, verdict) in counts:
+            counts[(reader, verdict)] = n
+    window = f"the last {SHADOW_WINDOW_SECONDS // 60} minutes"
+    by_verdict = GaugeMetricFamily(
+        "lakehouse_shadow_comparisons",
+        f"Shadow reads compared with Iceberg in {window}, by reader and verdict (match, mismatch, error count toward "
+        "consistency; lagging, no-snapshot, not-comparable, dropped do not)",
+        labels=["reader", "verdict"],
+    )
+    for (reader, verdict), n in counts.items():
+        by_verdict.add_metric([reader, verdict], n)
+    yield by_verdict
+    rate = GaugeMetricFamily(
+        "lakehouse_shadow_consistency_ratio",
+        f"Per reader, matches ÷ (matches + mismatches + errors) of its shadow reads in {window} over every dataset "
+        "(1: every comparison equal); the per-dataset proof a flip needs is `lakehouse flags list`",
+        labels=["reader"],
+    )
+    for reader in SHADOW_READERS:
+        counted = sum(counts[(reader, v)] for v in SHADOW_COUNTED)
+        if counted:
+            rate.add_metric([reader], counts[(reader, shadow.MATCH)] / counted)
+    yield rate

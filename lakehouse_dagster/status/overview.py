@@ -18,6 +18,14 @@ dataset with the reverse mirror on has its reverse lag (mirror/reverse_lag.py: t
 to dataset_rows, and since when). Only the readers Iceberg can serve and the
 writers that can go native are counted: the others are locked to Postgres and never move.
 
+**Held on Postgres** (issue 43): per dataset, what still reads it from ``dataset_rows`` and so keeps it from
+``complete`` — the pipelines reading it as input and the declared readers whose mode for it serves Postgres
+(runbooks/complete.py's consumer condition, from the same two sources: ``pipeline_input_dataset_ids`` and
+flags/reader_datasets.py ``on_postgres``); a compute reader with its shadow proof (flags/proof.py). **Shadow
+consistency** per compute reader: the datasets compared against their current schema, the proven ones, and the
+pooled rate — computed at each refresh, so as fresh as the overview (the partition page is not: it changes only on
+what the recorder watches, and shadow comparisons are not among its streams).
+
 Effective modes come from the flags' one precedence definition (flags/precedence.py), verdicts from
 parity/verdicts.py, behind and lag from status/lag.py, wedged syncs from parity.verdicts.wedged_syncs, native-unsafe
 datasets from routing/native_guard.py, the mirror stream's shards from mirror/shards.py ``shard_status`` (the one
@@ -41,7 +49,9 @@ from lakehouse_dagster.flags.gates import REVERSE_ON
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE
+from lakehouse_dagster.flags.proof import Proof, needed_reads, proofs
+from lakehouse_dagster.flags.reader_datasets import declarable_readers, on_postgres
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, READ, READERS, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.mirror.shards import shard_lines, shard_status
@@ -49,6 +59,7 @@ from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -123,6 +134,78 @@ class Attention:
         }
 
 
+PIPELINE_INPUT = "pipeline input"
+HOLDERS = (PIPELINE_INPUT, *declarable_readers())  # what can hold a dataset on Postgres
+# Listed nearest the end first: a completed dataset something still reads is a fault, a native one waits only on it.
+_HELD_ORDER = (
+    lifecycle.COMPLETE,
+    lifecycle.COMPLETING,
+    lifecycle.NATIVE,
+    lifecycle.RESTORING,
+    lifecycle.READ_FLIPPED,
+    lifecycle.MIRRORED,
+    lifecycle.PG,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """A dataset something still reads from ``dataset_rows``: ``complete`` is refused for it until that changes."""
+
+    dataset_id: uuid.UUID
+    name: str
+    state: str  # its lifecycle state
+    pipelines: tuple[str, ...]  # the pipelines reading it as input (F3)
+    readers: tuple[str, ...]  # the declared readers on Postgres for it
+    reasons: tuple[str, ...]  # one per reader, with its mode and, for a compute reader, its shadow proof
+
+    @property
+    def holders(self) -> tuple[str, ...]:
+        return ((PIPELINE_INPUT,) if self.pipelines else ()) + self.readers
+
+    def describe(self) -> str:
+        parts = [f"pipeline input of {', '.join(self.pipelines)}"] if self.pipelines else []
+        return "; ".join(parts + list(self.reasons))
+
+    def as_dict(self) -> dict:
+        return {
+            "dataset_id": str(self.dataset_id),
+            "name": self.name,
+            "state": self.state,
+            "pipelines": list(self.pipelines),
+            "readers": list(self.readers),
+            "why": self.describe(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ShadowSummary:
+    """A compute reader's shadow reads over every dataset, each against its current schema (flags/proof.py)."""
+
+    reader: str
+    datasets: int  # datasets with a counted comparison
+    proven: int  # of those, proven (in a row ≥ needed)
+    matched: int
+    failed: int
+    needed: int
+
+    @property
+    def rate(self) -> float | None:
+        counted = self.matched + self.failed
+        return None if not counted else 100.0 * self.matched / counted
+
+    def describe(self) -> str:
+        if self.rate is None:
+            return f"{self.reader}: no shadow read compared"
+        return (
+            f"{self.reader}: {self.rate:.1f}% consistent over {self.matched + self.failed} comparison(s) of "
+            f"{self.datasets} dataset(s), {self.proven} proven ({self.needed} in a row)"
+        )
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "rate": self.rate}
+
+
 @dataclasses.dataclass(frozen=True)
 class Overview:
     computed_at: dt.datetime
@@ -154,6 +237,10 @@ class Overview:
     reverse_lags: list[ReverseLag] = dataclasses.field(default_factory=list)  # the behind ones, largest lag first
     lifecycle: dict[str, int] = dataclasses.field(default_factory=dict)  # lifecycle state → tabular datasets
     blocked_names: list[str] = dataclasses.field(default_factory=list)  # the blocked datasets' names, sorted
+    held: list[Held] = dataclasses.field(default_factory=list)  # at most ATTENTION_SHOWN, nearest complete first
+    held_total: int = 0  # datasets held on Postgres, all of them
+    held_by: dict[str, int] = dataclasses.field(default_factory=dict)  # HOLDERS → datasets it holds
+    shadow: list[ShadowSummary] = dataclasses.field(default_factory=list)  # one per compute reader
 
     def as_dict(self) -> dict:
         return {
@@ -189,6 +276,12 @@ class Overview:
                 "max_lag_seconds": self.reverse_max_lag_seconds,
                 "lags": [r.as_dict() for r in self.reverse_lags],
             },
+            "held_on_postgres": {
+                "total": self.held_total,
+                "by": self.held_by,
+                "datasets": [h.as_dict() for h in self.held],
+            },
+            "shadow": [x.as_dict() for x in self.shadow],
         }
 
 
@@ -325,6 +418,11 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         key=lambda r: (-(r.lag_seconds or 0), r.name, str(r.dataset_id)),
     )
 
+    states = {d: f.state for d, f in lifecycle_of(conn, list(tabular)).items()}
+    all_proofs = proofs(conn, [r.name for r in PROVEN_READERS], None)
+    needed = needed_reads(settings)
+    held = held_on_postgres(conn, tabular, states, all_proofs, needed)
+
     problems = {p: sum(1 for f in found.values() if p in f) for p in PROBLEMS}
     ranked = sorted(found.items(), key=lambda kv: (min(PROBLEMS.index(p) for p in kv[1]), tabular[kv[0]][0], kv[0]))
     shown = ranked[:ATTENTION_SHOWN]
@@ -372,16 +470,91 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         reverse_behind=len(behind_reverse),
         reverse_max_lag_seconds=max((r.lag_seconds or 0.0 for r in behind_reverse), default=None),
         reverse_lags=behind_reverse[:ATTENTION_SHOWN],
-        lifecycle=_lifecycle_counts(conn, list(tabular)),
+        lifecycle=_lifecycle_counts(states),
+        held=held[:ATTENTION_SHOWN],
+        held_total=len(held),
+        held_by={h: sum(1 for x in held if h in x.holders) for h in HOLDERS},
+        shadow=shadow_summaries(all_proofs, needed),
     )
 
 
-def _lifecycle_counts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[str, int]:
+def _lifecycle_counts(states: dict[uuid.UUID, str]) -> dict[str, int]:
     """Tabular datasets per lifecycle state (lifecycle/), every state present: the stored states, read, not derived."""
     counts = dict.fromkeys(lifecycle.STATES, 0)
-    for facts in lifecycle_of(conn, ids).values():
-        counts[facts.state] += 1
+    for state in states.values():
+        counts[state] += 1
     return counts
+
+
+def held_on_postgres(
+    conn: psycopg.Connection,
+    tabular: dict[uuid.UUID, tuple],
+    states: dict[uuid.UUID, str],
+    all_proofs: dict[tuple[str, uuid.UUID], Proof],
+    needed: int,
+) -> list[Held]:
+    """Every tabular dataset something still reads from ``dataset_rows`` (complete's consumer condition, per dataset),
+    nearest the end of the migration first. Three queries, whatever the number of datasets."""
+    inputs = pipeline_input_dataset_ids(conn) & tabular.keys()
+    pipelines = _pipelines_reading(conn, inputs)
+    readers = on_postgres(conn, {d: ws for d, (_, ws) in tabular.items()})
+    out = []
+    for ds_id in inputs | readers.keys():
+        decls = sorted(readers.get(ds_id, []), key=lambda d: d.reader)
+        reasons = []
+        for d in decls:
+            why = d.describe()
+            flag = READERS.get(d.reader)
+            if flag is not None and flag.proof:
+                why += f", shadow: {all_proofs.get((d.reader, ds_id), Proof(d.reader, ds_id)).describe(needed)}"
+            reasons.append(why)
+        name = tabular[ds_id][0]
+        out.append(
+            Held(
+                ds_id,
+                name,
+                states.get(ds_id, lifecycle.PG),
+                tuple(pipelines.get(ds_id, ["a pipeline"])) if ds_id in inputs else (),
+                tuple(dict.fromkeys(d.reader for d in decls)),
+                tuple(reasons),
+            )
+        )
+    rank = {s: i for i, s in enumerate(_HELD_ORDER)}
+    return sorted(out, key=lambda h: (rank.get(h.state, len(rank)), h.name, str(h.dataset_id)))
+
+
+def shadow_summaries(all_proofs: dict[tuple[str, uuid.UUID], Proof], needed: int) -> list[ShadowSummary]:
+    """Per compute reader, its proofs over every dataset folded into one line (registry order)."""
+    out = []
+    for r in PROVEN_READERS:
+        mine = [p for (reader, _), p in all_proofs.items() if reader == r.name and p.matched + p.failed]
+        out.append(
+            ShadowSummary(
+                r.name,
+                len(mine),
+                sum(p.proven(needed) for p in mine),
+                sum(p.matched for p in mine),
+                sum(p.failed for p in mine),
+                needed,
+            )
+        )
+    return out
+
+
+HELD_SHOWN = 10  # held datasets named in the text (the JSON and the asset list more)
+
+
+def held_lines(ov: Overview) -> list[str]:
+    """What still holds datasets on Postgres (complete refuses them), and the compute readers' shadow consistency."""
+    by = ", ".join(f"{h} {n}" for h, n in ov.held_by.items() if n) or "nothing"
+    lines = [f"held on Postgres (complete refused until they read Iceberg): {ov.held_total} dataset(s), by {by}"]
+    for h in ov.held[:HELD_SHOWN]:
+        lines.append(f"  {h.name} ({h.dataset_id}) {h.state}: {h.describe()}")
+    if ov.held_total > HELD_SHOWN:
+        lines.append(f"  ... and {ov.held_total - HELD_SHOWN} more (lakehouse status --json lists {ATTENTION_SHOWN})")
+    lines += ["shadow consistency (since each dataset's last change of schema):"]
+    lines += [f"  {x.describe()}" for x in ov.shadow]
+    return lines
 
 
 # Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
@@ -447,6 +620,7 @@ def text_lines(ov: Overview) -> list[str]:
         + ("-" if ov.max_lag_seconds is None else f"{ov.max_lag_seconds:.0f} s"),
         f"written iceberg-native: {ov.native} ({ov.native_unsafe} failing the write-flip gates)",
         *reverse_lines(ov),
+        *held_lines(ov),
         f"read fallbacks in the last {FALLBACK_WINDOW_SECONDS // 3600} h: "
         + (" ".join(f"{r}={n}" for r, n in ov.fallbacks.items()) or "none"),
         "",

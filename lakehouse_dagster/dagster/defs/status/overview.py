@@ -17,7 +17,7 @@ from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.plans.status import PlanStatus
-from lakehouse_dagster.status.overview import Overview, compute_overview
+from lakehouse_dagster.status.overview import ATTENTION_SHOWN, Overview, compute_overview
 
 # The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
 ROLLOUT_JOBS = (
@@ -169,6 +169,39 @@ def stream_metadata(stream: dict) -> dict:
     }
 
 
+def held_markdown(ov: Overview) -> str:
+    """Per dataset, what still reads it from dataset_rows (complete refuses it until they read Iceberg), linked to its
+    partition page; then each compute reader's shadow consistency."""
+    lines = [
+        f"- [{_md(h.name)}]({partition_page(h.dataset_id)}) ({_md(h.state)}): {_md(h.describe())}" for h in ov.held
+    ]
+    if ov.held_total > len(ov.held):
+        lines.append(f"- … and {ov.held_total - len(ov.held)} more (`lakehouse status --json` lists {ATTENTION_SHOWN})")
+    head = (
+        f"**{ov.held_total} dataset(s) held on Postgres**: `complete` is refused for each until these read Iceberg"
+        if ov.held_total
+        else "nothing holds a dataset on Postgres: no pipeline input, no declared reader on Postgres"
+    )
+    shadow = ["", "**Shadow consistency** (since each dataset's last change of schema):"]
+    shadow += [f"- {_md(x.describe())}" for x in ov.shadow]
+    return "\n".join([head, "", *lines, *shadow] if lines else [head, *shadow])
+
+
+def held_metadata(ov: Overview) -> dict:
+    """The held list, the counts per holder, each compute reader's shadow counts (zeros included: one series each;
+    its rate only once something was compared)."""
+    meta: dict = {"held_on_postgres": dg.MetadataValue.md(held_markdown(ov))}
+    meta["held_total"] = dg.MetadataValue.int(ov.held_total)
+    meta.update({f"held by {h}": dg.MetadataValue.int(n) for h, n in ov.held_by.items()})
+    for x in ov.shadow:
+        meta[f"shadow {x.reader}: compared"] = dg.MetadataValue.int(x.datasets)
+        meta[f"shadow {x.reader}: proven"] = dg.MetadataValue.int(x.proven)
+        meta[f"shadow {x.reader}: failed"] = dg.MetadataValue.int(x.failed)
+        if x.rate is not None:
+            meta[f"shadow {x.reader}: consistency %"] = dg.MetadataValue.float(x.rate)
+    return meta
+
+
 # The glance: the datasets' own stage, then one row per reader and writer, one column per stage; a stage a flag of that
 # kind never takes is "·". Markdown, not a TableMetadataValue: the UI draws a table's cells unwrapped and cuts off the
 # columns past the value column's width (issue 33), a markdown table's cells wrap. Under MD_INLINE_CHARS, so it is
@@ -282,6 +315,7 @@ def overview_metadata(ov: Overview) -> dict:
     meta.update({f"attention/{p}": dg.MetadataValue.int(n) for p, n in ov.problems.items()})
     meta["attention_total"] = dg.MetadataValue.int(ov.attention_total)
     meta.update(stream_metadata(ov.stream))
+    meta.update(held_metadata(ov))
     meta["seconds"] = dg.MetadataValue.float(ov.seconds)
     return meta
 
@@ -293,8 +327,9 @@ def overview_metadata(ov: Overview) -> dict:
     description="The migration at a glance: first the table `migration` (the datasets, then each reader and writer, "
     "by stage: on Postgres, mirrored, read from Iceberg, iceberg_only, blocked with the blocked datasets named, "
     "native), the datasets per lifecycle state, and the datasets that need attention (MISMATCH, native-unsafe, "
-    "check error, wedged, lagging, read fallback, blocked), linked to their pages; the live rollout plans and the "
-    "mirror stream's shards. Below, every count as a number: Metadata's Plots view draws each over time.",
+    "check error, wedged, lagging, read fallback, blocked), linked to their pages; per dataset what still holds it on "
+    "Postgres (pipeline inputs, declared readers, with the compute readers' shadow proof) and each compute reader's "
+    "shadow consistency; the live rollout plans and the mirror stream's shards. Below, every count as a number: Metadata's Plots view draws each over time.",
 )
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     settings = lakehouse.settings()
@@ -309,7 +344,15 @@ def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseRe
     )
     meta = {**overview_metadata(ov), **plans_metadata(plans)}
     # The UI lists metadata in this order: the glance and what needs an operator first, then the counts (their plots).
-    first = ("migration", "attention_links", "attention", "rollouts", "mirror_stream", "attention_total")
+    first = (
+        "migration",
+        "attention_links",
+        "attention",
+        "held_on_postgres",
+        "rollouts",
+        "mirror_stream",
+        "attention_total",
+    )
     return dg.MaterializeResult(metadata={**{k: meta[k] for k in first}, **meta})
 
 
