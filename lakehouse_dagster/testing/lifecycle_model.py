@@ -426,11 +426,13 @@ class LifecycleWithIceberg(Lifecycle):
         """Another engine (a plain pyiceberg client, no project marks) appends a row to the dataset's table. Where
         Iceberg is the truth the row is the dataset's like a native one (the next native append keeps it); where
         Postgres is, the forward mirror must see a data change it did not make (lake/foreign.py) and refuse it."""
-        d = self.ids[i]
-        table = load_table_or_none(self.catalog, table_identifier(self.lake_settings, d))
-        if table is None or table.current_snapshot() is None:
+        tables = {x: load_table_or_none(self.catalog, table_identifier(self.lake_settings, x)) for x in self.ids}
+        have = [x for x in self.ids if tables[x] is not None and tables[x].current_snapshot() is not None]
+        if not have:  # drawn among the datasets with a table: an engine appends to a table that exists
             self._saw("foreign append skipped: no table yet")
             return
+        d = have[i % len(have)]
+        table = tables[d]
         n = self.next_index[d]
         row = {"__row_index": n, "__row_id": str(uuid.uuid4()), "__created_at": dt.datetime.now(dt.UTC)}
         row["a"] = n
