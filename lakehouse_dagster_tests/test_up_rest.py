@@ -18,7 +18,6 @@ import psutil
 import psycopg
 import pytest
 
-from lakehouse_dagster.cli.main import main
 from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.demo.workspace import demo_id
 from lakehouse_dagster.lake import seaweed as seaweed_module
@@ -125,7 +124,8 @@ def test_up_on_a_rest_catalog_mirrors_the_demo_into_it_and_stops_cleanly():
                 break
             time.sleep(3)
         assert events in listed and synced <= listed, (sorted(listed), sorted(synced), stack.log_tail())
-        assert catalog.load_table(events).scan(selected_fields=("row_index",)).to_arrow().num_rows == DEMO_ROWS
+        print(f"up --catalog rest: {len(listed)} tables listed through the REST catalog, {len(synced)} synced")
+        assert catalog.load_table(events).scan(selected_fields=("__row_index",)).to_arrow().num_rows == DEMO_ROWS
         with psycopg.connect(stack.dsn()) as c:  # nothing in the SQL catalog: the stack's tables are the REST one's
             if c.execute("select to_regclass('iceberg_tables')").fetchone()[0] is not None:
                 assert c.execute("select count(*) from iceberg_tables").fetchone()[0] == 0
