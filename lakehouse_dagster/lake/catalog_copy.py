@@ -167,9 +167,9 @@ def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str
         updates.append(SetCurrentSchemaUpdate(schema_id=staged.current_schema_id))  # type: ignore[call-arg]
     updates += _snapshot_updates(src, set(), staged.last_updated_ms)
     private_apis.pyiceberg_stage(tx, tuple(updates), ())
-    staged = tx.commit_transaction()  # holds the metadata the catalog answered the commit with
+    done = tx.commit_transaction()  # holds the metadata the catalog answered the commit with
     # The transaction's own table is a staged one (no scan): the same metadata as a table, without loading it again.
-    return Table(identifier, staged.metadata, staged.metadata_location, staged.io, target_catalog)
+    return Table(identifier, done.metadata, done.metadata_location, done.io, target_catalog)
 
 
 def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> Table:
