@@ -94,7 +94,15 @@ def free_port() -> int:
 class Stack:
     """`lakehouse up --no-demo --json` from ``src`` in a temporary home; ``dsn`` once ready."""
 
-    def __init__(self, src: Path, label: str, capture: str | None = None, extra_env: dict | None = None):
+    def __init__(
+        self,
+        src: Path,
+        label: str,
+        capture: str | None = None,
+        extra_env: dict | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        """``extra_args``: more of `lakehouse up`'s options (``--catalog rest``: bench_stream.py's REST variant)."""
         self.label = label
         self.capture = capture
         self.home = Path(tempfile.mkdtemp(prefix=f"lh-fresh-{label}-"))
@@ -114,6 +122,7 @@ class Stack:
                 "--api-port",  # two stacks at once (two benches) must not meet on the default 3001
                 str(free_port()),
                 "--json",
+                *(extra_args or []),
             ],
             cwd=src,
             env=env,

@@ -2,10 +2,13 @@
 
     nice .venv/bin/python bench/bench_stream.py [--trials 20] [--sizes 100,1000] [--rows 1000] [--timeout 300]
                                                 [--shards 1] [--variants stream,batch] [--tick-datasets 10000]
+    nice .venv/bin/python bench/bench_stream.py --variants stream,stream-rest   # the stream on the SQL vs a REST catalog
 
 Each variant starts the stack exactly as ``lakehouse up --no-demo`` does (bench/bench_freshness.py ``Stack``: embedded
 Postgres, Dagster webserver + daemon, the repository's dagster.yaml) with LAKEHOUSE_MIRROR_STREAM=true (``stream``:
-the mirror_poller starts a mirror_stream run per shard) or false (``batch``: today's mirror_batch_job runs). Then,
+the mirror_poller starts a mirror_stream run per shard) or false (``batch``: today's mirror_batch_job runs);
+``stream-rest`` is ``stream`` started with ``lakehouse up --catalog rest`` (SeaweedFS beside Postgres: the tables in
+its Iceberg REST catalog, the warehouse on its S3; the SQL catalog's warehouse stays local files). Then,
 measured from the commit of a write to the first succeeded ``iceberg_sync_log`` row covering it:
 
 1. append → Iceberg: a 10-row append to a 1,000-row dataset (already mirrored), ``--trials`` times at random pauses
@@ -140,10 +143,10 @@ def main() -> None:
     args.sizes = [int(x) for x in args.sizes.split(",") if x]
     results = {}
     for label in [v for v in args.variants.split(",") if v]:
-        streaming = label == "stream"
+        streaming = label in ("stream", "stream-rest")
         env = {"LAKEHOUSE_MIRROR_STREAM": "true" if streaming else "false", "LAKEHOUSE_MIRROR_SHARDS": str(args.shards)}
         print(f"starting the stack: {label}", file=sys.stderr, flush=True)
-        stack = Stack(ROOT, label, extra_env=env)
+        stack = Stack(ROOT, label, extra_env=env, extra_args=["--catalog", "rest"] if label == "stream-rest" else None)
         try:
             results[label] = measure(stack, args, streaming)
         finally:

@@ -7,7 +7,10 @@ Steps, in order (bad input is refused before the first one, so a refusal writes 
 2. ``migrate`` (idempotent), then the demo workspace (idempotent; ``--no-demo`` skips it).
 3. Dagster's own storage: ``DAGSTER_PG_URL`` (or ``LAKEHOUSE_DAGSTER_PG_DSN``) if set, else a database
    ``dagster`` on the same server (created if missing).
-4. ``DAGSTER_HOME=$LAKEHOUSE_HOME/dagster`` with the project's ``dagster.yaml`` copied in.
+4. ``DAGSTER_HOME=$LAKEHOUSE_HOME/dagster`` with the project's ``dagster.yaml`` copied in; with ``--catalog rest``
+   SeaweedFS (``weed mini``: an S3 gateway and an Iceberg REST catalog, lake/seaweed.py) under
+   ``$LAKEHOUSE_HOME/seaweed``, its credentials kept there owner-only, and every process started below gets the
+   ``LAKEHOUSE_CATALOG_*`` settings of it (the warehouse on its S3).
 5. ``dagster dev -h HOST -p PORT -w workspace.yaml`` as one supervised child in its own session, and beside it
    ``lakehouse serve`` on ``--api-port`` (the live app's API, docs/service.md) with the bearer token from
    ``LAKEHOUSE_API_TOKEN``, or else the one kept in ``$LAKEHOUSE_HOME/api-token`` (made once, owner-only).
@@ -19,7 +22,7 @@ those two processes, but behind one shared code server, so the code location (py
 loaded once instead of twice — it matters on a 2-core machine — and it already shuts both down cleanly
 through its IPC pipes and stops when either dies. We supervise it from the outside: one SIGINT for a clean
 shutdown, SIGKILL to its process group when that takes too long or a second Ctrl-C arrives, the process
-group is swept afterwards (run workers), and Postgres is stopped last if this command started it.
+group is swept afterwards (run workers), then SeaweedFS, and Postgres is stopped last if this command started it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ DAGSTER_URL_ENV = "DAGSTER_PG_URL"
 CLEAN_SHUTDOWN_SECONDS = 60
 STREAMS_READY_WAIT_S = 60  # ready waits this long at most for the mirror stream to hold every shard
 API_PORT = 3001  # `lakehouse serve` (the live app's ML_RUNNER_URL), beside the UI's 3000
+CATALOGS = ("sql", "rest")
+SEAWEED_DIR = "seaweed"  # under LAKEHOUSE_HOME: data/, weed.log, credentials (owner-only)
 
 
 def register(sub) -> None:
@@ -86,6 +91,15 @@ def register(sub) -> None:
     )
     p.add_argument("--no-demo", action="store_true", help="do not seed the demo workspace")
     p.add_argument(
+        "--catalog",
+        type=catalog_name,
+        default=None,
+        metavar="{sql,rest}",
+        help="the Iceberg catalog: sql (pyiceberg's SQL catalog on the same Postgres) or rest (starts SeaweedFS "
+        "beside it: an Iceberg REST catalog, the warehouse on its S3; needs pip install -e '.[rest]'); "
+        "default: LAKEHOUSE_CATALOG_TYPE, else sql",
+    )
+    p.add_argument(
         "--debug",
         action="store_true",
         help="relay Dagster's whole console: every run's DEBUG events, beta warnings, the sensor daemon's per-tick "
@@ -98,6 +112,13 @@ def register(sub) -> None:
         metavar="N",
         help="rows of the big demo dataset when it is first seeded (default 1000000)",
     )
+
+
+def catalog_name(raw: str) -> str:
+    """--catalog: refused in one line (argparse's own ``choices`` refusal adds the whole usage)."""
+    if raw not in CATALOGS:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a catalog; use sql or rest")
+    return raw
 
 
 def port_number(raw: str) -> int:
@@ -228,6 +249,12 @@ def _up(ctx, args) -> Result:
     for name in (DAGSTER_URL_ENV, "LAKEHOUSE_DAGSTER_PG_DSN"):
         if os.environ.get(name):
             conninfo_to_url(os.environ[name], what=name)
+    if args.catalog == "rest":
+        from lakehouse_dagster.lake.seaweed import (
+            require_weed,
+        )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+        require_weed()  # not installed: refused here, before anything is written
 
     home = settings.home
     pgdata = home / "pg"
@@ -237,6 +264,7 @@ def _up(ctx, args) -> Result:
     if not embedded:
         _connect(settings.pg_dsn).close()  # unreachable: refused before anything is written
     lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
+    seaweed = None
     try:
         if embedded:
             from lakehouse_dagster.cli.pg import (
@@ -285,7 +313,20 @@ def _up(ctx, args) -> Result:
         _say(f"Dagster storage: {display_dsn(dagster_url)} ({dagster_url_source})")
 
         dagster_home = prepare_dagster_home(home)
-        if settings.warehouse.startswith("file://"):
+        catalog_env: dict[str, str] = {}
+        catalog_info: dict[str, Any] = {"type": args.catalog or settings.catalog_type}
+        if args.catalog == "rest":
+            seaweed = start_seaweed(home / SEAWEED_DIR)
+            catalog_env = seaweed.env
+            catalog_info.update(
+                uri=seaweed.catalog_uri,
+                warehouse=seaweed.warehouse,
+                s3_endpoint=seaweed.s3_endpoint,
+                credentials_file=str(home / SEAWEED_DIR / SEAWEED_CREDENTIALS),
+            )
+        elif args.catalog == "sql":
+            catalog_env = {"LAKEHOUSE_CATALOG_TYPE": "sql"}
+        if settings.warehouse.startswith("file://") and args.catalog != "rest":
             Path(urllib.parse.urlparse(settings.warehouse).path).mkdir(parents=True, exist_ok=True)
 
         env = dict(os.environ)
@@ -299,6 +340,7 @@ def _up(ctx, args) -> Result:
                 "LAKEHOUSE_PG_DSN": dsn,
                 DAGSTER_URL_ENV: dagster_url,
                 "DAGSTER_HOME": str(dagster_home),
+                **catalog_env,
             }
         )
         url_host = f"[{host}]" if ":" in host else host
@@ -319,6 +361,7 @@ def _up(ctx, args) -> Result:
             "database": display_dsn(dsn),
             "embedded_postgres": embedded,
             "dagster_storage": display_dsn(dagster_url),
+            "catalog": catalog_info,
             "migrations_applied": applied,
             "demo": demo,
         }
@@ -341,6 +384,8 @@ def _up(ctx, args) -> Result:
             streams=streams,
         )
     finally:
+        if seaweed is not None:
+            stop_seaweed(seaweed)
         if started_pg:
             stop_postgres(pgdata)
     if outcome["requested_stop"]:
@@ -444,6 +489,39 @@ def api_token(home: Path, from_env: str | None) -> tuple[str, Path | None]:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, path
+
+
+SEAWEED_CREDENTIALS = "credentials"
+
+
+def start_seaweed(root: Path):
+    """SeaweedFS under ``root``, with the access key and secret kept in ``root/credentials`` (made once, owner-only),
+    ready once its catalog answers with them; the kernel stops it if `lakehouse up` dies. Never prints the secret."""
+    from lakehouse_dagster.lake.seaweed import (
+        SeaweedServer,
+        kept_credentials,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+
+    credentials = kept_credentials(root / SEAWEED_CREDENTIALS)
+    _say(f"starting SeaweedFS (S3 + Iceberg REST catalog) in {root}...")
+    server = SeaweedServer(root, credentials=credentials, die_with_parent=True)
+    _say(
+        f"SeaweedFS ready: Iceberg REST catalog on {server.catalog_uri}, S3 on {server.s3_endpoint}, warehouse "
+        f"{server.warehouse} (credentials in {root / SEAWEED_CREDENTIALS}, owner-only)"
+    )
+    return server
+
+
+def stop_seaweed(server) -> None:
+    """After Dagster and the API (nothing writes any more), before Postgres; a second Ctrl-C must not cut it short."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        server.close()
+        _say("SeaweedFS stopped")
+    except Exception as exc:
+        _say(f"could not stop SeaweedFS cleanly: {_first_line(exc)} (its log: {server.log_path})")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def stop_postgres(pgdata: Path, *, quiet: bool = False) -> bool:

@@ -87,14 +87,25 @@ def plan(source: Table, target: Table | None) -> Plan:
 
 
 def copy_table(
-    source_catalog: Catalog, target_catalog: Catalog, identifier: tuple[str, str], how: str
+    source_catalog: Catalog,
+    target_catalog: Catalog,
+    identifier: tuple[str, str],
+    how: str,
+    *,
+    source: Table | None = None,
+    namespaces: set[str] | None = None,
 ) -> tuple[Plan, Table, Table, bool]:
     """Move (or catch up) one table: (what was done, the source table, the target table after it, whether this call
-    created the target's). Raises CopyRefused when it cannot, with nothing changed."""
+    created the target's). Raises CopyRefused when it cannot, with nothing changed. ``source``: the source table as
+    the caller just loaded it (not loaded again); ``namespaces``: the target's namespaces this run already made sure
+    of (a catalog round trip a table saved: a migration moves hundreds into one namespace)."""
     if how not in HOWS:
         raise CopyRefused(f"--how {how!r} is not one of {', '.join(HOWS)}")
-    source = source_catalog.load_table(identifier)
-    ensure_namespace(target_catalog, identifier[0])
+    source = source_catalog.load_table(identifier) if source is None else source
+    if namespaces is None or identifier[0] not in namespaces:
+        ensure_namespace(target_catalog, identifier[0])
+        if namespaces is not None:
+            namespaces.add(identifier[0])
     target = load_table_or_none(target_catalog, identifier)
     step = plan(source, target)
     if step.action == "diverged":
@@ -156,8 +167,9 @@ def _replay_create(source: Table, target_catalog: Catalog, identifier: tuple[str
         updates.append(SetCurrentSchemaUpdate(schema_id=staged.current_schema_id))  # type: ignore[call-arg]
     updates += _snapshot_updates(src, set(), staged.last_updated_ms)
     private_apis.pyiceberg_stage(tx, tuple(updates), ())
-    tx.commit_transaction()
-    return target_catalog.load_table(identifier)  # the transaction's own table is a staged one: no scan
+    done = tx.commit_transaction()  # holds the metadata the catalog answered the commit with
+    # The transaction's own table is a staged one (no scan): the same metadata as a table, without loading it again.
+    return Table(identifier, done.metadata, done.metadata_location, done.io, target_catalog)
 
 
 def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> Table:
@@ -176,8 +188,8 @@ def _catch_up(source: Table, target: Table, target_catalog: Catalog) -> Table:
     if gone:
         updates.append(RemovePropertiesUpdate(removals=gone))
     requirements: tuple[TableRequirement, ...] = (AssertRefSnapshotId(ref="main", snapshot_id=dst.current_snapshot_id),)  # type: ignore[call-arg]
-    target_catalog.commit_table(target, requirements, tuple(updates))
-    return target_catalog.load_table(target.name())
+    done = target_catalog.commit_table(target, requirements, tuple(updates))
+    return Table(target.name(), done.metadata, done.metadata_location, target.io, target_catalog)
 
 
 def _snapshot_updates(src, have: set[int], last_updated_ms: int) -> list[TableUpdate]:
@@ -217,9 +229,12 @@ def live_files(table: Table) -> set[str]:
     return {task.file.file_path for task in table.scan().plan_files()} if table.current_snapshot() else set()
 
 
-def verify(source: Table, target: Table) -> tuple[list[str], int]:
+def verify(source: Table, target: Table, target_files: set[str] | None = None) -> tuple[list[str], int]:
     """(what differs between the moved table and its source, empty when the target serves exactly the source's
-    table; the target's live data files)."""
+    table; the target's live data files). ``target_files``: the target's live data files as the caller planned them
+    (the canary's pin), not planned again. When the target's current snapshot names the source's own manifest list
+    (a replay or a registration moves the snapshots whole), the source's files are that same immutable list's: one
+    file plan, not two."""
     problems = []
     if target.metadata.current_snapshot_id != source.metadata.current_snapshot_id:
         problems.append(
@@ -230,7 +245,10 @@ def verify(source: Table, target: Table) -> tuple[list[str], int]:
     differ = _other_properties(source, target)
     if differ:
         problems.append(f"other properties ({', '.join(differ[:3])})")
-    src_files, dst_files = live_files(source), live_files(target)
+    dst_files = live_files(target) if target_files is None else target_files
+    src_snap, dst_snap = source.current_snapshot(), target.current_snapshot()
+    same_list = src_snap is not None and dst_snap is not None and src_snap.manifest_list == dst_snap.manifest_list
+    src_files = dst_files if same_list else live_files(source)
     if src_files != dst_files:
         problems.append(f"other data files ({len(dst_files ^ src_files)} differ)")
     return problems, len(dst_files)

@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
+from pyiceberg.table import Table
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
 from lakehouse_dagster.core.db import connect, fetch_one, is_idle
@@ -295,10 +296,14 @@ def local_path(uri: str) -> str | None:
     return None
 
 
-def pin_iceberg(catalog: Catalog, settings: Settings, dataset_id: uuid.UUID) -> IcebergPin:
+def pin_iceberg(
+    catalog: Catalog, settings: Settings, dataset_id: uuid.UUID, *, table: Table | None = None
+) -> IcebergPin:
+    """``table``: the dataset's table as the caller just loaded or committed it (a catalog migration's moved table),
+    pinned instead of loading it again."""
     ident = table_identifier(settings, dataset_id)
     pin = IcebergPin(ident)
-    table = load_table_or_none(catalog, ident)
+    table = load_table_or_none(catalog, ident) if table is None else table
     if table is None:
         return pin
     pin.table = table

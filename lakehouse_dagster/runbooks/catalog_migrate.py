@@ -28,6 +28,7 @@ from lakehouse_dagster.lake import catalog_copy
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.parity import verdicts
 from lakehouse_dagster.parity.canary import evaluate
+from lakehouse_dagster.parity.digest import pin_iceberg
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ def migrate(
     # more than the move itself).
     local = threading.local()
     opened: list[tuple] = []
+    namespaces: set[str] = set()  # the target's, made sure of once per run
 
     def sessions() -> tuple:
         if not hasattr(local, "conns"):
@@ -115,15 +117,15 @@ def migrate(
         ident = table_identifier(settings, ds_id)
         moved = Moved(ds_id, ".".join(ident), "no-table")
         try:
-            src = load_table_or_none(source, ident)
-            if src is None:
-                return moved
             if dry_run:
+                src = load_table_or_none(source, ident)
+                if src is None:
+                    return moved
                 step = catalog_copy.plan(src, load_table_or_none(target, ident))
                 moved.outcome = {"create": "would-create", "catch-up": "would-catch-up"}.get(step.action, step.action)
                 moved.snapshots, moved.detail = step.snapshots, step.reason
             else:
-                _move(dsn, sessions(), source, target, target_settings, ident, moved, how, lock_wait_s)
+                _move(dsn, sessions(), source, target, target_settings, ident, moved, how, lock_wait_s, namespaces)
         except LakehouseError as exc:
             moved.outcome, moved.detail = "failed", first_line(exc)
         except Exception as exc:  # noqa: BLE001 - one table's failure is its line; the others still move
@@ -142,21 +144,32 @@ def migrate(
                 c.close()
 
 
-def _move(dsn, conns, source, target, target_settings, ident, moved: Moved, how: str, lock_wait_s: float) -> None:
+def _move(
+    dsn, conns, source, target, target_settings, ident, moved: Moved, how: str, lock_wait_s: float, namespaces
+) -> None:
     lock_conn, canary_conn = conns
     try:
         with dataset_lock(lock_conn, moved.dataset_id, timeout_s=lock_wait_s):
-            _copy_and_verify(dsn, canary_conn, source, target, target_settings, ident, moved, how)
+            _copy_and_verify(dsn, canary_conn, source, target, target_settings, ident, moved, how, namespaces)
     except LockTimeout:
         moved.outcome, moved.detail = "busy", "a sync or native write holds its lock (G3); run the migration again"
 
 
-def _copy_and_verify(dsn, canary_conn, source, target, target_settings, ident, moved: Moved, how: str) -> None:
+def _copy_and_verify(
+    dsn, canary_conn, source, target, target_settings, ident, moved: Moved, how: str, namespaces
+) -> None:
+    """Per table, each thing read once (the profile of docs/benchmarks.md "catalog migrate"): the source table is
+    loaded once (under the lock: what is moved is what is verified), the moved table is the commit's answer (not
+    loaded again), its one file plan is the canary's pin and the verification's target side."""
     started = time.perf_counter()
-    step, src, dst, created = catalog_copy.copy_table(source, target, ident, how)
-    problems, files = catalog_copy.verify(src, dst)
+    src = load_table_or_none(source, ident)  # under the lock: what is moved is what is verified
+    if src is None:
+        return  # "no-table", as Moved starts
+    step, src, dst, created = catalog_copy.copy_table(source, target, ident, how, source=src, namespaces=namespaces)
+    pin = pin_iceberg(target, target_settings, moved.dataset_id, table=dst)
+    problems, files = catalog_copy.verify(src, dst, set(pin.files))
     if not problems:
-        moved.verdict = evaluate(dsn, target, target_settings, moved.dataset_id, conn=canary_conn).verdict
+        moved.verdict = evaluate(dsn, target, target_settings, moved.dataset_id, conn=canary_conn, pin=pin).verdict
         if moved.verdict not in ACCEPTED:
             problems.append(f"the canary on the target says {moved.verdict}")
     moved.files = files
