@@ -426,12 +426,15 @@ class LifecycleWithIceberg(Lifecycle):
         """Another engine (a plain pyiceberg client, no project marks) appends a row to the dataset's table. Where
         Iceberg is the truth the row is the dataset's like a native one (the next native append keeps it); where
         Postgres is, the forward mirror must see a data change it did not make (lake/foreign.py) and refuse it."""
-        tables = {x: load_table_or_none(self.catalog, table_identifier(self.lake_settings, x)) for x in self.ids}
-        have = [x for x in self.ids if tables[x] is not None and tables[x].current_snapshot() is not None]
-        if not have:  # drawn among the datasets with a table: an engine appends to a table that exists
+        tables = {}
+        for x in self.ids:  # drawn among the datasets with a table: an engine appends to a table that exists
+            found = load_table_or_none(self.catalog, table_identifier(self.lake_settings, x))
+            if found is not None and found.current_snapshot() is not None:
+                tables[x] = found
+        if not tables:
             self._saw("foreign append skipped: no table yet")
             return
-        d = have[i % len(have)]
+        d = list(tables)[i % len(tables)]
         table = tables[d]
         n = self.next_index[d]
         row = {"__row_index": n, "__row_id": str(uuid.uuid4()), "__created_at": dt.datetime.now(dt.UTC)}
