@@ -12,6 +12,9 @@ import uuid
 from datetime import datetime
 
 import psycopg
+from psycopg import sql
+
+from lakehouse_dagster.parity.verdicts import MISMATCH_INCIDENTS
 
 log = logging.getLogger("lakehouse_dagster.flags")
 
@@ -59,11 +62,8 @@ def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID
         log.warning("could not record the read fallback of %s ds=%s: %s", reader, dataset_id, type(exc).__name__)
 
 
-_LATEST = """
-select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from (
-  select dataset_id, checked_at as at, %(mismatch)s as what, null::text as reader, 'source ' || source as detail
-    from lakehouse_read_parity
-   where verdict = 'MISMATCH' and dataset_id = any(%(ids)s::uuid[]) and checked_at >= %(since)s
+_LATEST = sql.SQL("""
+select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from ({mismatches}
   union all
   select dataset_id, coalesce(finished_at, started_at), %(failed)s, null,
          writer || ' ' || path || ': ' || coalesce(split_part(error, E'\\n', 1), '')
@@ -75,7 +75,7 @@ select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, deta
    where dataset_id = any(%(ids)s::uuid[]) and at >= %(since)s
 ) i
 order by dataset_id, what, reader, at desc
-"""
+""").format(mismatches=MISMATCH_INCIDENTS)
 
 
 def latest_incidents(

@@ -78,6 +78,7 @@ from lakehouse_dagster.parity.verdicts import (  # names canary.py uses; DEFAULT
     NO_SNAPSHOT,
     OK,
     VERDICTS,
+    insert_verdict,
 )
 from lakehouse_dagster.parity.verdicts import FULL_EVERY as FULL_EVERY  # re-exported: callers of canary.X
 from lakehouse_dagster.parity.verdicts import full_due as full_due
@@ -596,31 +597,25 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
     detail = json.loads(json.dumps(v.detail, default=str))
     if v.wedged:
         detail["wedged"] = True
-    parity_id = fetch_value(
-        conn.execute(
-            """insert into lakehouse_read_parity
-             (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
-              pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
-           values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) returning id""",
-            (
-                v.dataset_id,
-                v.verdict,
-                source,
-                v.pg_count,
-                v.iceberg_count,
-                v.pg_digest,
-                v.iceberg_digest,
-                v.snapshot_id,
-                v.pg_version,
-                v.iceberg_version,
-                v.smoke,
-                v.mismatched_row_indexes or None,
-                v.seconds,
-                run_id,
-                Jsonb(detail),
-            ),
+    parity_id = insert_verdict(
+        conn,
+        (
+            v.dataset_id,
+            v.verdict,
+            source,
+            v.pg_count,
+            v.iceberg_count,
+            v.pg_digest,
+            v.iceberg_digest,
+            v.snapshot_id,
+            v.pg_version,
+            v.iceberg_version,
+            v.smoke,
+            v.mismatched_row_indexes or None,
+            v.seconds,
+            run_id,
+            Jsonb(detail),
         ),
-        "the id of the read parity verdict just inserted",
     )
     return parity_id
 

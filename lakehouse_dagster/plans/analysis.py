@@ -63,19 +63,13 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
 # on any dataset the plan moved or a stage started so far covers (its scope: a dataset, a workspace, global) — also
 # one auto-rollback or an operator has since taken off Iceberg (it is no longer "moved" now, nor in the next stage's
 # sample), and one repaired since. ``upcoming``: the scopes of the stage about to start, so it never widens past one.
-_MISMATCHES = sql.SQL("""
-    select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
-      from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
-     where p.verdict = 'MISMATCH'
-       and p.checked_at >= (select created_at from lakehouse_rollout_plans where id = %(plan)s)
-       and not p.detail ? 'reverse'  -- a reverse copy's: repaired, rolls nothing back (verdicts() holds on it)
-       and (%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
+_PLAN_START = sql.SQL("(select created_at from lakehouse_rollout_plans where id = %(plan)s)")
+_IN_PLAN_SCOPE = sql.SQL("""(%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
             or exists (select 1 from lakehouse_rollout_steps s
                         where s.plan_id = %(plan)s and s.kind = 'flip'
                           and (s.config->>'scope' = 'global'
                                or s.config->>'scope_id' in (d.workspace_id::text, d.id::text)
-                               or d.id = any(s.moved))))
-     order by p.dataset_id, p.checked_at desc""")
+                               or d.id = any(s.moved))))""")
 _WEDGED = sql.SQL("""
     select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
       from iceberg_sync_log l join moved m on m.id = l.dataset_id
@@ -160,7 +154,7 @@ def mismatches(
         "upcoming_global": any(scope_id is None for _, scope_id in upcoming),
         "upcoming": [scope_id for _, scope_id in upcoming if scope_id is not None],
     }
-    found = conn.execute(_MISMATCHES, args).fetchall()
+    found = parity_verdicts.mismatches_since(conn, _PLAN_START, _IN_PLAN_SCOPE, args)
     if not found:
         return None
     items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in found]
@@ -174,11 +168,7 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
     dataset is written iceberg-native: no Postgres side to compare) is ok for a writer plan only: a reader plan
     moves readers onto Iceberg, and a native verdict says nothing about whether Iceberg serves what Postgres
     holds."""
-    found = conn.execute(
-        "select dataset_id, verdict, coalesce(detail->>'reason', ''), detail ? 'reverse',"
-        " (detail->'reverse'->>'lag_before_s')::float8 from lakehouse_read_parity where run_id = %s",
-        (run_id,),
-    ).fetchall()
+    found = parity_verdicts.run_verdicts(conn, run_id)
     rows = [(d, v, why) for d, v, why, _, _ in found]
     counts = {v: sum(r[1] == v for r in rows) for v in parity_verdicts.VERDICTS}
     detail = {"run_id": run_id, "verdicts": {k: n for k, n in counts.items() if n}, "datasets": len(rows)}
@@ -227,14 +217,7 @@ def _evidence(
 ) -> Outcome:
     """Pass only on evidence: an ok (or native) verdict over no rows compares nothing, so it is counted apart, and a
     stage whose every good verdict had no rows is inconclusive, never a silent pass (Kayenta's mustHaveData)."""
-    empty = [
-        r[0]
-        for r in conn.execute(
-            "select dataset_id from lakehouse_read_parity where run_id = %s and verdict = any(%s)"
-            " and coalesce(case when verdict = %s then iceberg_count else pg_count end, 0) = 0",
-            (run_id, list(good_verdicts), parity_verdicts.NATIVE),
-        ).fetchall()
-    ]
+    empty = parity_verdicts.run_datasets_without_rows(conn, run_id, list(good_verdicts))
     detail = {**detail, "no_rows": len(empty)}
     with_rows = good - len(empty)
     if with_rows <= 0:

@@ -80,6 +80,7 @@ from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.maintained import forget_pg
+from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
@@ -237,13 +238,7 @@ def _parity(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -
     run = f"run the canary (lakehouse canary --smoke --dataset {dataset_id}) until it says they agree"
     if found is None:
         return None, f"reverse parity unknown: no canary verdict is recorded; {run}"
-    verdict_id = fetch_value(
-        conn.execute(
-            "select id from lakehouse_read_parity where dataset_id = %s order by checked_at desc, id desc limit 1",
-            (dataset_id,),
-        ),
-        "the latest verdict's id",
-    )
+    verdict_id = latest_verdict_id(conn, dataset_id)
     detail = found["detail"] or {}
     agrees = found["verdict"] == "ok" or (found["verdict"] == "native" and detail.get("agrees_with_postgres") is True)
     at = f"{found['checked_at']:%Y-%m-%d %H:%M:%S} UTC"
