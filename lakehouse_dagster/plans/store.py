@@ -485,5 +485,14 @@ def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:
     ]
 
 
+def mark_flag_restored(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, detail: str) -> None:
+    """One flag the plan moved, put back (or not) by an abort: when, and what was done."""
+    conn.execute(
+        "update lakehouse_rollout_flags set restored_at = now(), restore_detail = %s"
+        " where plan_id = %s and kind = %s and name = %s and scope = %s and scope_id is not distinct from %s",
+        (detail, plan_id, k["kind"], k["name"], k["scope"], k["scope_id"]),
+    )
+
+
 def db_now(conn: psycopg.Connection) -> dt.datetime:
     return fetch_value(conn.execute("select now()"), "the database clock (select now())")
