@@ -53,6 +53,7 @@ from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.reader_datasets import declare_if_absent
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.tracking import datasets
 
@@ -535,12 +536,8 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
                     "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
                     (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
                 )
-            conn.execute(  # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
-                "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
-                " values ('dashboards.aggregate', 'dataset', %s, 'demo: the rollup dashboard', 'demo')"
-                " on conflict do nothing",
-                (rollup,),
-            )
+            # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
+            declare_if_absent(conn, "dashboards.aggregate", rollup, "demo: the rollup dashboard", "demo")
     summary = demo_summary(conn)
     summary["created"] = created
     summary["seconds"] = round(time.perf_counter() - started, 3)
