@@ -710,12 +710,9 @@ class _Consumer:
             upd.append((ds, v, rewrite, new_max))
             out[ds] = v
         if changes:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
-                    " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing",
-                    changes,
-                )
+            from lakehouse_dagster.tracking import row_changes  # loads pyiceberg: not at the CLI's load (cli/db.py)
+
+            row_changes.record_changes(conn, changes)
         conn.execute(
             "update datasets d set rows_version = u.v, rows_xid = pg_current_xact_id(), max_row_index = u.mx,"
             " rows_rewrite_version = case when u.rw then u.v else d.rows_rewrite_version end"
