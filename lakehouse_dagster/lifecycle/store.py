@@ -1,4 +1,5 @@
-"""``lakehouse_lifecycle`` and its append-only history (migration 036): every statement on them is here."""
+"""``lakehouse_lifecycle`` and its append-only history (migration 036): every statement on them is here (their owner:
+lakehouse_dagster_tests/test_table_owners.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.lifecycle.states import Facts
 
@@ -21,6 +23,14 @@ def stored(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[u
         (ids,),
     ).fetchall()
     return {r[0]: (Facts(r[1], r[2], tuple(r[3] or ())), int(r[4])) for r in rows}
+
+
+def state_statement(dataset_id: uuid.UUID) -> sql.Composed:
+    """The stored state of one dataset as a statement with its id as a literal (any driver: a write's first
+    statements, lifecycle/lock.py)."""
+    return sql.SQL("select state, reverse, native_writers from lakehouse_lifecycle where dataset_id = {}::uuid").format(
+        sql.Literal(str(dataset_id))
+    )
 
 
 def stored_all(conn: psycopg.Connection) -> dict[uuid.UUID, tuple[Facts, int]]:
