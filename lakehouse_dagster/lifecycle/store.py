@@ -121,6 +121,24 @@ def history(conn: psycopg.Connection, dataset_id: uuid.UUID, limit: int = 20) ->
     return [dict(zip(keys, r)) for r in rows]
 
 
+def native_since_mirrored_without_native_write(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
+    """Whether the dataset's last move into ``native`` came from ``mirrored`` or ``read-flipped`` and no native write
+    has succeeded since (the sync log): runbooks/first_sync.py's "the next native write is its first". One
+    statement, so the move and the writes since are read at one snapshot."""
+    row = conn.execute(
+        """select b.before_state in ('mirrored', 'read-flipped') and not exists (
+                    select 1 from iceberg_sync_log l
+                     where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
+                       and l.started_at >= b.at)
+             from (select h.at, h.before_state from lakehouse_lifecycle_history h
+                    where h.dataset_id = %(d)s and h.after_state = 'native'
+                      and h.before_state in ('pg', 'mirrored', 'read-flipped')
+                    order by h.id desc limit 1) b""",
+        {"d": dataset_id},
+    ).fetchone()
+    return bool(row and row[0])
+
+
 def state_counts(conn: psycopg.Connection) -> dict[str, int]:
     """Datasets per stored state (/metrics reads the stored state, never re-derives it)."""
     return dict(conn.execute("select state, count(*) from lakehouse_lifecycle group by state").fetchall())
