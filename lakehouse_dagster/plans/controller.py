@@ -101,12 +101,7 @@ class TickResult:
 
 def tick(conn: psycopg.Connection, settings: Settings, lookup: RunLookup) -> TickResult:
     """Advance every active or aborting plan one step (or a few, when a stage passes); ``conn``: autocommit."""
-    ids = [
-        r[0]
-        for r in conn.execute(
-            "select id from lakehouse_rollout_plans where state in (%s, %s) order by created_at", (ACTIVE, ABORTING)
-        ).fetchall()
-    ]
+    ids = store.plan_ids_in(conn, (ACTIVE, ABORTING))
     result = TickResult([], len(ids), [])
     for plan_id in ids:
         try:

@@ -494,5 +494,24 @@ def mark_flag_restored(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, de
     )
 
 
+# When a plan started, as an SQL expression over the parameter %(plan)s (plans/analysis.py: the MISMATCHes since).
+PLAN_START = sql.SQL("(select created_at from lakehouse_rollout_plans where id = %(plan)s)")
+
+
+def tables_exist(conn: psycopg.Connection) -> bool:
+    """Whether the rollout tables exist yet (migration 027): the controller sensor skips until they do."""
+    return fetch_value(conn.execute("select to_regclass('lakehouse_rollout_plans')"), "the rollout tables") is not None
+
+
+def plan_ids_in(conn: psycopg.Connection, states: tuple[str, ...]) -> list[uuid.UUID]:
+    """The plans in one of ``states``, the oldest first."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from lakehouse_rollout_plans where state = any(%s) order by created_at", (list(states),)
+        ).fetchall()
+    ]
+
+
 def db_now(conn: psycopg.Connection) -> dt.datetime:
     return fetch_value(conn.execute("select now()"), "the database clock (select now())")
