@@ -31,7 +31,7 @@ from psycopg import sql
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module has a verdicts() of its own
 from lakehouse_dagster.plans.spec import Analysis
-from lakehouse_dagster.plans.store import MOVED_CTE, PLAN_START
+from lakehouse_dagster.plans.store import IN_PLAN_SCOPE, MOVED_CTE, PLAN_START
 from lakehouse_dagster.routing.native_guard import native_blockers
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -63,12 +63,6 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
 # on any dataset the plan moved or a stage started so far covers (its scope: a dataset, a workspace, global) — also
 # one auto-rollback or an operator has since taken off Iceberg (it is no longer "moved" now, nor in the next stage's
 # sample), and one repaired since. ``upcoming``: the scopes of the stage about to start, so it never widens past one.
-_IN_PLAN_SCOPE = sql.SQL("""(%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
-            or exists (select 1 from lakehouse_rollout_steps s
-                        where s.plan_id = %(plan)s and s.kind = 'flip'
-                          and (s.config->>'scope' = 'global'
-                               or s.config->>'scope_id' in (d.workspace_id::text, d.id::text)
-                               or d.id = any(s.moved))))""")
 _WEDGED = sql.SQL("""
     select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
       from iceberg_sync_log l join moved m on m.id = l.dataset_id
@@ -153,7 +147,7 @@ def mismatches(
         "upcoming_global": any(scope_id is None for _, scope_id in upcoming),
         "upcoming": [scope_id for _, scope_id in upcoming if scope_id is not None],
     }
-    found = parity_verdicts.mismatches_since(conn, PLAN_START, _IN_PLAN_SCOPE, args)
+    found = parity_verdicts.mismatches_since(conn, PLAN_START, IN_PLAN_SCOPE, args)
     if not found:
         return None
     items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in found]
