@@ -52,6 +52,7 @@ OWNERS: dict[str, str] = {
     "lakehouse_row_changes": "tracking.row_changes",
     "lakehouse_settings": "flags.soak_setting",
     "lakehouse_settings_audit": "flags.soak_setting",
+    "lakehouse_shadow_reads": "flags.proof",
     "lakehouse_source_state": "tracking.ingest_state",
 }
 
@@ -59,7 +60,6 @@ OWNERS: dict[str, str] = {
 NOT_YET_OWNED: dict[str, int] = {
     "lakehouse_pg_digest_deltas": 3,
     "lakehouse_pg_digest_state": 3,
-    "lakehouse_shadow_reads": 3,
     "lakehouse_digest_capture": 4,
     "lakehouse_flag_overrides": 4,
     "lakehouse_pg_reconciled": 4,

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.flags.proof import outcome_counts_and_first_mismatch
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module has a verdicts() of its own
 from lakehouse_dagster.plans.spec import Analysis
@@ -256,24 +257,7 @@ class Consistency:
 def consistency(
     conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
 ) -> Consistency:
-    where: sql.Composable = sql.SQL("reader = %s and at >= %s")
-    params: list = [reader, since]
-    if dataset_ids is not None:
-        where += sql.SQL(" and dataset_id = any(%s::uuid[])")
-        params.append(dataset_ids)
-    counts: dict = dict(
-        conn.execute(
-            sql.SQL("select outcome, count(*) from lakehouse_shadow_reads where {} group by outcome").format(where),
-            params,
-        )
-    )
-    first = conn.execute(
-        sql.SQL(
-            "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
-            " from lakehouse_shadow_reads where {} and outcome = 'mismatch' order by id limit 1"
-        ).format(where),
-        params,
-    ).fetchone()
+    counts, first = outcome_counts_and_first_mismatch(conn, reader, since, dataset_ids)
     mismatch = None
     if first:
         keys = ("dataset_id", "at", "pg_version", "snapshot_id", "iceberg_version", "pg_row", "iceberg_row", "detail")
