@@ -92,3 +92,44 @@ def latest_incidents(
     for ds_id, at, what, reader, detail in rows:
         out.setdefault(ds_id, []).append(Incident(ds_id, at, what, reader, (detail or "")[:_DETAIL_CHARS]))
     return out
+
+
+# Every statement on lakehouse_read_fallbacks is in this module (its owner: lakehouse_dagster_tests/test_table_owners.py).
+
+# Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
+_IN_WINDOW = """
+select dataset_id, reader, count(*), max(at), (array_agg(split_part(error, E'\n', 1) order by at desc, id desc))[1]
+  from lakehouse_read_fallbacks
+ where at >= now() - make_interval(secs => %s)
+ group by dataset_id, reader
+"""
+
+
+def fallbacks_in_window(conn: psycopg.Connection, seconds: float) -> list[tuple]:
+    """(dataset, reader, count, newest at, newest error's first line) of the fallbacks of the last ``seconds``
+    (the migration overview)."""
+    return conn.execute(_IN_WINDOW, (seconds,)).fetchall()
+
+
+def newest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> list[tuple]:
+    """(dataset, reader, at, error) of each dataset's newest fallback (one index probe each:
+    lakehouse_read_fallbacks_dataset_idx)."""
+    return conn.execute(
+        "select k, f.reader, f.at, f.error from unnest(%s::uuid[]) k cross join lateral"
+        " (select reader, at, error from lakehouse_read_fallbacks where dataset_id = k order by at desc limit 1) f",
+        (ids,),
+    ).fetchall()
+
+
+_OF_MOVED = sql.SQL("""
+    select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
+      from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
+     where f.at >= %(since)s {of_reader}
+     group by f.dataset_id""")
+
+
+def fallbacks_of(conn: psycopg.Connection, moved_cte: sql.Composable, args: dict, *, of_reader: bool) -> list[tuple]:
+    """(dataset, count, an error's first line) of the fallbacks since %(since)s on each dataset ``moved_cte`` (an SQL
+    ``with moved(id) as (...)``) selects, of the reader %(reader)s only when ``of_reader`` (a rollout plan's stage)."""
+    of = sql.SQL("and f.reader = %(reader)s" if of_reader else "")
+    return conn.execute(moved_cte + _OF_MOVED.format(of_reader=of), args).fetchall()

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.flags.incidents import fallbacks_of
 from lakehouse_dagster.flags.proof import outcome_counts_and_first_mismatch
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module has a verdicts() of its own
@@ -68,11 +69,6 @@ _WEDGED = sql.SQL("""
     select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
       from iceberg_sync_log l join moved m on m.id = l.dataset_id
      where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""")
-_FALLBACKS = sql.SQL("""
-    select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
-      from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
-     where f.at >= %(since)s {of_reader}
-     group by f.dataset_id""")
 _FAILED_SYNCS = sql.SQL("""
     select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
       from iceberg_sync_log l join moved m on m.id = l.dataset_id
@@ -105,8 +101,7 @@ def incidents(
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
         return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
-    of_reader = sql.SQL("and f.reader = %(reader)s" if kind == READ else "")
-    fallbacks = conn.execute(MOVED_CTE + _FALLBACKS.format(of_reader=of_reader), args).fetchall()
+    fallbacks = fallbacks_of(conn, MOVED_CTE, args, of_reader=kind == READ)
     total = sum(n for _, n, _ in fallbacks)
     if total > analysis.max_fallbacks:
         items = [(d, f"{n} fallback(s), e.g. {err[:120]}") for d, n, err in fallbacks]

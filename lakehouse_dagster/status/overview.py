@@ -38,6 +38,7 @@ from lakehouse_dagster import lifecycle
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import REVERSE_ON
+from lakehouse_dagster.flags.incidents import fallbacks_in_window
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
@@ -286,7 +287,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     lags = [b.lag_seconds for b in behind if b.lag_seconds is not None]
 
     fallbacks: dict[str, int] = {}
-    for ds_id, reader, n, at, error in conn.execute(_FALLBACKS, (FALLBACK_WINDOW_SECONDS,)).fetchall():
+    for ds_id, reader, n, at, error in fallbacks_in_window(conn, FALLBACK_WINDOW_SECONDS):
         fallbacks[reader] = fallbacks.get(reader, 0) + n
         note(
             ds_id,
@@ -382,15 +383,6 @@ def _lifecycle_counts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[st
     for facts in lifecycle_of(conn, ids).values():
         counts[facts.state] += 1
     return counts
-
-
-# Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
-_FALLBACKS = """
-select dataset_id, reader, count(*), max(at), (array_agg(split_part(error, E'\n', 1) order by at desc, id desc))[1]
-  from lakehouse_read_fallbacks
- where at >= now() - make_interval(secs => %s)
- group by dataset_id, reader
-"""
 
 
 def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uuid.UUID, list[str]]:

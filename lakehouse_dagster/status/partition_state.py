@@ -19,6 +19,7 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.incidents import newest_fallbacks
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.resolver import Resolution, resolve_datasets
@@ -176,11 +177,7 @@ def partition_states(
 
 def latest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
     """The newest read fallback of each dataset (one index probe each: lakehouse_read_fallbacks_dataset_idx)."""
-    rows = conn.execute(
-        "select k, f.reader, f.at, f.error from unnest(%s::uuid[]) k cross join lateral"
-        " (select reader, at, error from lakehouse_read_fallbacks where dataset_id = k order by at desc limit 1) f",
-        (ids,),
-    ).fetchall()
+    rows = newest_fallbacks(conn, ids)
     return {r[0]: {"reader": r[1], "at": r[2], "error": r[3]} for r in rows}
 
 
