@@ -30,6 +30,7 @@ OWNERS: dict[str, str] = {
     "lakehouse_alerts": "status.alerts",
     "lakehouse_complete_audit": "runbooks.complete",
     "lakehouse_completed": "flags.completed",
+    "lakehouse_digest_capture": "tracking.capture",
     "lakehouse_digest_capture_switch": "tracking.capture",
     "lakehouse_file_digests": "parity.maintained",
     "lakehouse_file_identity": "parity.file_identity",
@@ -61,7 +62,6 @@ OWNERS: dict[str, str] = {
 NOT_YET_OWNED: dict[str, int] = {
     "lakehouse_pg_digest_deltas": 3,
     "lakehouse_pg_digest_state": 3,
-    "lakehouse_digest_capture": 4,
     "lakehouse_flag_overrides": 4,
     "lakehouse_pg_reconciled": 4,
     "lakehouse_reverse_position": 4,

@@ -380,11 +380,7 @@ def _apply(
             # ours takes anyway) the mode read next holds until the commit. Before any query, so that a re-sync's
             # REPEATABLE READ snapshot is taken after it (LOCK takes none) and sees the mode it runs in.
             run(sql.SQL("lock table dataset_rows in row exclusive mode"))
-            run(
-                sql.SQL(
-                    "select mode, current_setting('server_version_num')::int >= {v} from lakehouse_digest_capture"
-                ).format(v=sql.Literal(capture.MESSAGES_FROM))
-            )
+            run(capture.MODE_AND_MESSAGES)
             row = cur.fetchone()
             mode, messages = (row[0], bool(row[1])) if row else (capture.TRIGGERS, True)
             if mode == capture.AFTER_COMMIT:
