@@ -532,10 +532,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             _seed_sources(conn, make, home)
 
             for name, spec in _pipelines(customers, orders, rollup):
-                conn.execute(
-                    "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
-                    (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
-                )
+                datasets.insert_pipeline(conn, demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, spec)
             # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
             declare_if_absent(conn, "dashboards.aggregate", rollup, "demo: the rollup dashboard", "demo")
     summary = demo_summary(conn)
@@ -552,9 +549,7 @@ def demo_summary(conn: psycopg.Connection) -> dict[str, Any]:
         "select id, name, kind, row_count from datasets where workspace_id = %s order by row_count desc nulls last, name",
         (DEMO_WORKSPACE_ID,),
     ).fetchall()
-    pipelines = conn.execute(
-        "select id, name from pipelines where workspace_id = %s order by name", (DEMO_WORKSPACE_ID,)
-    ).fetchall()
+    pipelines = datasets.workspace_pipelines(conn, DEMO_WORKSPACE_ID)
     return {
         "workspace_id": str(DEMO_WORKSPACE_ID),
         "present": bool(rows),

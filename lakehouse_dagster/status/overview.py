@@ -50,6 +50,7 @@ from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import datasets as app_tables
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -193,28 +194,10 @@ class Overview:
         }
 
 
-# Step 2b's classification, asked per pipeline input: its `pin` CTE verbatim, then each input's latest sync (the
-# runbook's order: finished_at desc nulls last) through iceberg_sync_log_dataset_idx, instead of its `distinct on`
-# over the whole sync log (5 ms against 0.43 s at 200,000 log rows; test_overview compares the two on its mix).
-_BLOCKED = """
-with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec node)
-  select distinct (node->'data'->>'datasetId')::uuid as dataset_id
-  from pipelines, jsonb_array_elements(spec->'nodes') node
-  where node->>'type' = 'dataset'
-    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$')
-select p.dataset_id
-  from pin p
-  join datasets d on d.id = p.dataset_id
- cross join lateral (select l.status, l.has_identity from iceberg_sync_log l where l.dataset_id = p.dataset_id
-                      order by l.finished_at desc nulls last limit 1) l
- where l.status = 'succeeded' and l.has_identity
-"""
-
-
 def runbook_blocked(conn: psycopg.Connection) -> set[uuid.UUID]:
     """The datasets step 2b of the Fase 4 runbook classifies BLOCKED (pipeline input): identity-ready (latest sync
     succeeded with identity columns) and read by a pipeline as input (flags/candidates.py runs the query verbatim)."""
-    return {r[0] for r in conn.execute(_BLOCKED).fetchall()}
+    return app_tables.runbook_blocked_inputs(conn)
 
 
 def stage_counts(
@@ -389,15 +372,7 @@ def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uu
     """{dataset: names of the pipelines reading it as INPUT} (the runbook's `dataset` spec nodes), one query."""
     if not ids:
         return {}
-    rows = conn.execute(
-        """select (node->'data'->>'datasetId')::uuid, array_agg(distinct p.name order by p.name)
-             from pipelines p, jsonb_array_elements(p.spec->'nodes') node
-            where node->>'type' = 'dataset'
-              and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$'
-              and (node->'data'->>'datasetId')::uuid = any(%s::uuid[])
-            group by 1""",
-        (list(ids),),
-    ).fetchall()
+    rows = app_tables.pipelines_reading(conn, list(ids))
     return {r[0]: list(r[1]) for r in rows}
 
 
