@@ -63,6 +63,7 @@ from lakehouse_dagster.lake.copy_back import (
     rows_batches,
     snapshot_batches,
 )
+from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
 from lakehouse_dagster.tracking import capture, undeclared
@@ -105,12 +106,7 @@ class PostgresWritten(LakehouseError):
 
 
 def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:
-    rows = conn.execute(
-        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at, rows_version"
-        " from lakehouse_reverse_position where dataset_id = any(%s::uuid[])",
-        (list(dataset_ids),),
-    ).fetchall()
-    return {r[0]: ReversePosition(*r) for r in rows}
+    return {r[0]: ReversePosition(*r) for r in reverse_lag.position_rows(conn, list(dataset_ids))}
 
 
 def position(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReversePosition | None:
@@ -532,23 +528,7 @@ def _apply(
                 " from dataset_rows where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
             ).format(n=sql.Literal(n), ds=ds)
         )
-        run(
-            sql.SQL(
-                "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows,"
-                " rows_version) values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n},"
-                " (select rows_version from datasets where id = {ds}::uuid)) on conflict (dataset_id) do update set"
-                " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
-                " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
-                " xid = pg_current_xact_id(), rows_version = excluded.rows_version"
-            ).format(
-                ds=ds,
-                snap=sql.Literal(current.snapshot_id),
-                how=sql.Literal(how),
-                c=sql.Literal(copied),
-                r=sql.Literal(removed),
-                n=sql.Literal(n),
-            )
-        )
+        run(reverse_lag.position_statement(ds, current.snapshot_id, how, copied, removed, n))
         # one reverse record per dataset: the native marker's walk stops at the newest reconciled snapshot anyway
         run(
             sql.SQL("delete from lakehouse_pg_reconciled where dataset_id = {ds}::uuid and how = 'reverse'").format(
@@ -654,19 +634,6 @@ class ReverseBatch:
         }
 
 
-_DUE = """
-select d.id from datasets d
-  left join lakehouse_reverse_position p on p.dataset_id = d.id
- where d.id = any(%s::uuid[]) and d.kind = 'tabular'
-   and ((p.dataset_id is null
-         and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded'))
-        or exists (select 1 from iceberg_sync_log l
-                    where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
-                      and l.snapshot_id is distinct from p.snapshot_id))
- order by d.id
-"""
-
-
 def due_datasets(
     conn: psycopg.Connection,
     dataset_ids: list[uuid.UUID] | None = None,
@@ -685,7 +652,7 @@ def due_datasets(
     on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
     if not on:
         return []
-    return [r[0] for r in conn.execute(_DUE, (on,)).fetchall()]
+    return reverse_lag.due_dataset_ids(conn, on)
 
 
 def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, int | None]:

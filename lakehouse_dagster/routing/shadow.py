@@ -58,6 +58,7 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.proof import outcomes_since, record_dropped, record_shadow_read
 from lakehouse_dagster.lake.reader import read_iceberg
+from lakehouse_dagster.mirror.reverse_lag import held_snapshot
 from lakehouse_dagster.parity.canonical import SEP, canonical_value
 from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
@@ -172,8 +173,7 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
     if job.snapshot_id is None:
         return Compared(NO_SNAPSHOT, job.pg_rows.num_rows, detail="Iceberg has no snapshot of it")
     if job.reverse_snapshot is not None:
-        at = conn.execute("select snapshot_id from lakehouse_reverse_position where dataset_id = %s", (job.dataset_id,))
-        held = at.fetchone()
+        held = held_snapshot(conn, job.dataset_id)
         if held is None or held[0] != job.reverse_snapshot:
             return Compared(
                 LAGGING,

@@ -95,6 +95,7 @@ from lakehouse_dagster.lifecycle import COMPLETE_VERB, RESTORE, transition
 from lakehouse_dagster.lifecycle.lock import lock_dataset
 from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
+from lakehouse_dagster.mirror.reverse_lag import forget_position
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.maintained import forget_pg
 from lakehouse_dagster.parity.verdicts import latest_verdict_id
@@ -472,7 +473,7 @@ def _start(
 
     with conn.transaction():
         set_reverse(conn, False, dataset=ds_id, note="complete", actor=actor)
-        conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+        forget_position(conn, ds_id)
         # the maintained Postgres digest of rows about to go: unregistered, so no batch hashes the rows it deletes
         # (a canary registers and fills it again, as for any dataset: after a restore, over the rows restored)
         forget_pg(conn, ds_id)
@@ -573,7 +574,7 @@ def _delete_batches(
                     ):
                         mark_finished(conn, ds_id)
                         # a reverse position written meanwhile (none should be: the reverse is off): none holds
-                        conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+                        forget_position(conn, ds_id)
                         _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
                     return deleted, batches, COMPLETE
                 hi_row = conn.execute(
