@@ -180,27 +180,12 @@ def pipelines_reading(conn: psycopg.Connection, ids: list[uuid.UUID]) -> list[tu
     ).fetchall()
 
 
-# Step 2b's classification, asked per pipeline input: its `pin` CTE verbatim, then each input's latest sync (the
-# runbook's order: finished_at desc nulls last) through iceberg_sync_log_dataset_idx, instead of its `distinct on`
-# over the whole sync log (5 ms against 0.43 s at 200,000 log rows; test_overview compares the two on its mix).
-_RUNBOOK_BLOCKED = """
-with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec node)
-  select distinct (node->'data'->>'datasetId')::uuid as dataset_id
+# The `pin` CTE of step 2b of the Fase 4 runbook verbatim: the datasets referenced as a pipeline INPUT (a `dataset`
+# spec node), as a query to put in a ``with pin as (...)`` (status/overview.py).
+PIN = """select distinct (node->'data'->>'datasetId')::uuid as dataset_id
   from pipelines, jsonb_array_elements(spec->'nodes') node
   where node->>'type' = 'dataset'
-    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$')
-select p.dataset_id
-  from pin p
-  join datasets d on d.id = p.dataset_id
- cross join lateral (select l.status, l.has_identity from iceberg_sync_log l where l.dataset_id = p.dataset_id
-                      order by l.finished_at desc nulls last limit 1) l
- where l.status = 'succeeded' and l.has_identity
-"""
-
-
-def runbook_blocked_inputs(conn: psycopg.Connection) -> set[uuid.UUID]:
-    """The pipeline inputs step 2b of the Fase 4 runbook classifies BLOCKED (status/overview.py)."""
-    return {r[0] for r in conn.execute(_RUNBOOK_BLOCKED).fetchall()}
+    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$'"""
 
 
 def pipeline_input_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
