@@ -101,8 +101,9 @@ ALLOWED: dict[str, tuple[tuple[str, ...] | str, str]] = {
     ),
     "status.alerts": (
         ("lakehouse_read_parity",),
-        "the keyset scan of MISMATCH verdicts not yet alerted is one statement joining lakehouse_alerts (its own): "
-        "split across the two owners, every tick would read each page of verdicts twice",
+        "the keyset scan of MISMATCH verdicts filters on lakehouse_alerts (its own table) inside one limited "
+        "statement, so every row of a page gives an event; split across the two owners, the limit would come "
+        "before that filter and a page of verdicts already alerted could stall the scan",
     ),
 }
 
