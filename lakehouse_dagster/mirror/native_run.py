@@ -40,6 +40,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.foreign import FENCE, classify, made_here
 from lakehouse_dagster.lake.writer import WRITE_PATH
+from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
 
 NATIVE = "native"
@@ -89,12 +90,7 @@ def ways_forward(dataset_id: uuid.UUID) -> str:
 
 
 def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
-    return (
-        conn.execute(
-            "select 1 from iceberg_sync_log where dataset_id = %s and path = 'native' limit 1", (dataset_id,)
-        ).fetchone()
-        is not None
-    )
+    return sync_log.ever_native(conn, dataset_id)
 
 
 def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:

@@ -85,7 +85,7 @@ from lakehouse_dagster.parity.verdicts import full_due as full_due
 from lakehouse_dagster.parity.verdicts import latest_verdict_reasons as latest_verdict_reasons
 from lakehouse_dagster.parity.verdicts import latest_verdicts as latest_verdicts
 from lakehouse_dagster.parity.verdicts import wedged_syncs as wedged_syncs
-from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking import capture, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import parse_schema
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -135,11 +135,7 @@ class Hooks:
 
 
 def _latest_sync(conn: psycopg.Connection, dataset_id: uuid.UUID) -> dict | None:
-    row = conn.execute(
-        "select sync_id, status, path, snapshot_id, source_version, started_at, finished_at, error"
-        " from iceberg_sync_log where dataset_id = %s order by started_at desc, id desc limit 1",
-        (dataset_id,),
-    ).fetchone()
+    row = sync_log.latest_sync_row(conn, dataset_id)
     if row is None:
         return None
     keys = ("sync_id", "status", "path", "snapshot_id", "source_version", "started_at", "finished_at", "error")
@@ -147,12 +143,7 @@ def _latest_sync(conn: psycopg.Connection, dataset_id: uuid.UUID) -> dict | None
 
 
 def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -> str | None:
-    row = conn.execute(
-        "select path from iceberg_sync_log where dataset_id = %s and snapshot_id = %s and status = 'succeeded'"
-        " order by started_at desc limit 1",
-        (dataset_id, snapshot_id),
-    ).fetchone()
-    return row[0] if row else None
+    return sync_log.path_of_snapshot(conn, dataset_id, snapshot_id)
 
 
 def evaluate(

@@ -38,6 +38,7 @@ from lakehouse_dagster.parity.verdicts import delete_verdicts
 from lakehouse_dagster.routing.write_router import native_write, route_write
 from lakehouse_dagster.sources.files import filesystem
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking import sync_log
 
 BENCH_SCHEMA = [
     {"name": "n", "type": "int64"},
@@ -371,7 +372,7 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
 def _delete_workspace(conn: psycopg.Connection, ws: uuid.UUID) -> None:
     with conn.transaction():
         ids = [r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (ws,)).fetchall()]
-        conn.execute("delete from iceberg_sync_log where dataset_id = any(%s::uuid[])", (ids,))
+        sync_log.delete_syncs(conn, ids)
         delete_verdicts(conn, ids)
         conn.execute("delete from dataset_rows where dataset_id = any(%s::uuid[])", (ids,))
         conn.execute("delete from datasets where workspace_id = %s", (ws,))

@@ -62,3 +62,178 @@ def snapshots_handed_out(conn: psycopg.Connection, dataset_id: uuid.UUID, within
     never expires them)."""
     rows = conn.execute(HANDED_OUT, {"ds": dataset_id, "secs": float(within_seconds)}).fetchall()
     return {int(r[0]) for r in rows}
+
+
+# Every write of iceberg_sync_log is below (issue 45: tracking/sync_log.py is the log's owner-to-be; the reads still
+# outside are listed in lakehouse_dagster_tests/test_table_owners.py). The transactions are the callers'.
+
+
+def start_mirror(conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, writer: str, run_id) -> None:
+    """A mirror sync starts (or starts again under the same id)."""
+    conn.execute(
+        """insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, run_id, started_at)
+           values (%s, %s, %s, 'mirror', 'running', %s, now())
+           on conflict (sync_id) do update set status = 'running', error = null, started_at = now(),
+                                               finished_at = null, run_id = excluded.run_id""",
+        (dataset_id, sync_id, writer, run_id),
+    )
+
+
+def start_native(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, writer: str, mode: str | None, run_id
+) -> tuple | None:
+    """A native write starts at the dataset's rows_version; returns (source_version,), None when the dataset does not
+    exist."""
+    return conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, run_id)"
+        " select id, %s, %s, 'native', %s, 'running', rows_version, %s from datasets where id = %s"
+        " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
+        " started_at = now(), run_id = excluded.run_id returning source_version",
+        (sync_id, writer, mode, run_id, dataset_id),
+    ).fetchone()
+
+
+def record_refused_native(
+    conn: psycopg.Connection, dataset_id: uuid.UUID, sync_id: uuid.UUID, writer: str, mode: str | None, message: str
+) -> None:
+    """A native write the guard refused, recorded like a failed one (a retry's earlier row is the reaper's)."""
+    conn.execute(
+        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, error,"
+        " finished_at) select id, %s, %s, 'native', %s, 'failed', rows_version, %s, now() from datasets"
+        " where id = %s on conflict (sync_id) do nothing",
+        (sync_id, writer, mode, message, dataset_id),
+    )
+
+
+def mark_failed(conn: psycopg.Connection, sync_id: uuid.UUID, error: str) -> None:
+    conn.execute(
+        "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
+        (error, sync_id),
+    )
+
+
+def mark_mirror_succeeded(
+    conn: psycopg.Connection, sync_id, mode, rows, bytes_, snapshot_id, source_version, location
+) -> None:
+    conn.execute(
+        """update iceberg_sync_log
+              set status = 'succeeded', mode = %s, rows = %s, bytes = %s, snapshot_id = %s,
+                  has_identity = true, source_version = %s, finished_at = now(), error = null,
+                  table_location = %s
+            where sync_id = %s""",
+        (mode, rows, bytes_, snapshot_id, source_version, location, sync_id),
+    )
+
+
+def mark_native_succeeded(conn: psycopg.Connection, sync_id, total, rows, bytes_, snapshot_id, location) -> None:
+    """rows = rows in the table after the commit (``total``) when the writer knows it, else the rows written."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'succeeded', rows = coalesce(%s, %s), bytes = %s,"
+        " snapshot_id = %s, has_identity = true, finished_at = now(), table_location = %s where sync_id = %s",
+        (total, rows, bytes_, snapshot_id, location, sync_id),
+    )
+
+
+def settle_interrupted_landed(
+    conn: psycopg.Connection, sync_id, snapshot_id, rows, source_version, error: str, location
+) -> None:
+    """An interrupted native write whose commit landed: what the table says."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, rows = %s,"
+        " source_version = coalesce(%s, source_version), has_identity = true, finished_at = now(),"
+        " error = %s, table_location = %s where sync_id = %s",
+        (snapshot_id, rows, source_version, error, location, sync_id),
+    )
+
+
+def settle_interrupted_unseen(conn: psycopg.Connection, sync_id, error: str) -> None:
+    """An interrupted native write whose commit was not seen to land: failed, for the next write to settle."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'failed', finished_at = now(), error = %s where sync_id = %s",
+        (error, sync_id),
+    )
+
+
+_CANDIDATES = """
+select sync_id, status from iceberg_sync_log
+ where dataset_id = %s and (status = 'running' or (status = 'failed' and error like %s))
+"""
+
+
+def unconcluded(conn: psycopg.Connection, dataset_id: uuid.UUID, error_like: str) -> list[tuple]:
+    """(sync_id, status) of the dataset's syncs still running or failed with an error ``like`` the pattern
+    (mirror/reaper.py: the unsettled ones)."""
+    return conn.execute(_CANDIDATES, (dataset_id, error_like)).fetchall()
+
+
+def settle_landed(conn: psycopg.Connection, sync_id, snapshot_id, source_version, rows, error: str) -> None:
+    """A sync whose commit landed without being recorded: succeeded at that snapshot (the reaper)."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, source_version = %s,"
+        " rows = coalesce(%s, rows), has_identity = true, finished_at = coalesce(finished_at, now()),"
+        " error = %s where sync_id = %s",
+        (snapshot_id, source_version, rows, error, sync_id),
+    )
+
+
+def settle_landed_expired(conn: psycopg.Connection, sync_id, error: str) -> None:
+    """A sync whose snapshot has expired but whose files are the table's: it landed (the reaper)."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'succeeded', has_identity = true,"
+        " finished_at = coalesce(finished_at, now()), error = %s where sync_id = %s",
+        (error, sync_id),
+    )
+
+
+def settle_abandoned(conn: psycopg.Connection, sync_id, error: str) -> None:
+    """A sync whose commit did not land: failed (the reaper)."""
+    conn.execute(
+        "update iceberg_sync_log set status = 'failed', finished_at = coalesce(finished_at, now()),"
+        " error = %s where sync_id = %s",
+        (error, sync_id),
+    )
+
+
+def delete_syncs(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> None:
+    """Forget the datasets' syncs (the ingest bench deleting its workspace)."""
+    conn.execute("delete from iceberg_sync_log where dataset_id = any(%s::uuid[])", (dataset_ids,))
+
+
+def ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
+    """Whether a native write of the dataset was ever recorded."""
+    return (
+        conn.execute(
+            "select 1 from iceberg_sync_log where dataset_id = %s and path = 'native' limit 1", (dataset_id,)
+        ).fetchone()
+        is not None
+    )
+
+
+def latest_sync_row(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple | None:
+    """(sync_id, status, path, snapshot_id, source_version, started_at, finished_at, error) of the newest sync started."""
+    return conn.execute(
+        "select sync_id, status, path, snapshot_id, source_version, started_at, finished_at, error"
+        " from iceberg_sync_log where dataset_id = %s order by started_at desc, id desc limit 1",
+        (dataset_id,),
+    ).fetchone()
+
+
+def path_of_snapshot(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -> str | None:
+    """The path (mirror | native) of the newest succeeded sync that committed the snapshot."""
+    row = conn.execute(
+        "select path from iceberg_sync_log where dataset_id = %s and snapshot_id = %s and status = 'succeeded'"
+        " order by started_at desc limit 1",
+        (dataset_id, snapshot_id),
+    ).fetchone()
+    return row[0] if row else None
+
+
+def ever_synced(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of the datasets with a succeeded sync."""
+    return {
+        r[0]
+        for r in conn.execute(
+            "select distinct dataset_id from iceberg_sync_log where dataset_id = any(%s::uuid[]) and status = 'succeeded'",
+            (dataset_ids,),
+        ).fetchall()
+    }
