@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.parity.verdicts import MISMATCH_INCIDENTS
+from lakehouse_dagster.tracking.sync_log import FAILED_SYNC_INCIDENTS
 
 log = logging.getLogger("lakehouse_dagster.flags")
 
@@ -64,18 +65,14 @@ def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID
 
 _LATEST = sql.SQL("""
 select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from ({mismatches}
-  union all
-  select dataset_id, coalesce(finished_at, started_at), %(failed)s, null,
-         writer || ' ' || path || ': ' || coalesce(split_part(error, E'\\n', 1), '')
-    from iceberg_sync_log
-   where status = 'failed' and dataset_id = any(%(ids)s::uuid[]) and coalesce(finished_at, started_at) >= %(since)s
+  union all{failed_syncs}
   union all
   select dataset_id, at, %(fallback)s, reader, split_part(error, E'\\n', 1)
     from lakehouse_read_fallbacks
    where dataset_id = any(%(ids)s::uuid[]) and at >= %(since)s
 ) i
 order by dataset_id, what, reader, at desc
-""").format(mismatches=MISMATCH_INCIDENTS)
+""").format(mismatches=MISMATCH_INCIDENTS, failed_syncs=FAILED_SYNC_INCIDENTS)
 
 
 def latest_incidents(

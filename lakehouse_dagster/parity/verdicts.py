@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.tracking.sync_log import wedged_syncs as wedged_syncs  # re-exported: its home is the log's
 
 OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR = "ok", "lagging", "no-snapshot", "MISMATCH", "native", "error"
 VERDICTS = (OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR)
@@ -205,22 +206,3 @@ def full_due(conn: psycopg.Connection, dataset_id: uuid.UUID, every: int = FULL_
         (dataset_id, every - 1),
     ).fetchall()
     return len(rows) >= every - 1 and all(r[0] != "full" for r in rows)
-
-
-def wedged_syncs(conn: psycopg.Connection, after_seconds: int) -> list[dict]:
-    """Datasets whose latest sync is not succeeded and started more than ``after_seconds`` ago."""
-    # The sync rows not succeeded and old enough that are their dataset's latest (by started_at, then id): the same
-    # rows as the latest sync per dataset filtered, without reading the log's whole history (0.05 s against 0.8 s
-    # at 200,000 rows; a mirror batch asks once per run, the migration overview every 5 minutes).
-    rows = conn.execute(
-        """select l.dataset_id, l.sync_id, l.status, l.started_at, l.error,
-                  extract(epoch from now() - l.started_at)::bigint
-             from iceberg_sync_log l
-            where l.status in ('running', 'failed') and l.started_at < now() - make_interval(secs => %s)
-              and not exists (select 1 from iceberg_sync_log n
-                               where n.dataset_id = l.dataset_id and (n.started_at, n.id) > (l.started_at, l.id))
-            order by l.started_at""",
-        (after_seconds,),
-    ).fetchall()
-    keys = ("dataset_id", "sync_id", "status", "started_at", "error", "stuck_seconds")
-    return [dict(zip(keys, r)) for r in rows]

@@ -35,6 +35,7 @@ from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module 
 from lakehouse_dagster.plans.spec import Analysis
 from lakehouse_dagster.plans.store import IN_PLAN_SCOPE, MOVED_CTE, PLAN_START
 from lakehouse_dagster.routing.native_guard import native_blockers
+from lakehouse_dagster.tracking import sync_log
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _SHOWN = 5
@@ -65,15 +66,6 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
 # on any dataset the plan moved or a stage started so far covers (its scope: a dataset, a workspace, global) — also
 # one auto-rollback or an operator has since taken off Iceberg (it is no longer "moved" now, nor in the next stage's
 # sample), and one repaired since. ``upcoming``: the scopes of the stage about to start, so it never widens past one.
-_WEDGED = sql.SQL("""
-    select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
-      from iceberg_sync_log l join moved m on m.id = l.dataset_id
-     where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""")
-_FAILED_SYNCS = sql.SQL("""
-    select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
-      from iceberg_sync_log l join moved m on m.id = l.dataset_id
-     where l.status = 'failed' and l.finished_at >= %(since)s
-     group by l.dataset_id""")
 
 
 def incidents(
@@ -97,7 +89,7 @@ def incidents(
     if found is not None:
         return found
     args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
-    wedged = conn.execute(MOVED_CTE + _WEDGED, args).fetchall()
+    wedged = sync_log.running_since_of(conn, MOVED_CTE, args)
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
         return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
@@ -110,7 +102,7 @@ def incidents(
             f"{total} read fallback(s) since the stage flipped (max_fallbacks {analysis.max_fallbacks}): "
             + _listing(conn, items),
         )
-    failed = conn.execute(MOVED_CTE + _FAILED_SYNCS, args).fetchall()
+    failed = sync_log.failed_since_of(conn, MOVED_CTE, args)
     total = sum(n for _, n, _ in failed)
     if total > analysis.max_failed_syncs:
         items = [(d, f"{n} failed sync(s), e.g. {err[:120]}") for d, n, err in failed]
