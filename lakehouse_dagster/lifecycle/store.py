@@ -10,6 +10,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.lifecycle.states import Facts
+from lakehouse_dagster.tracking import sync_log
 
 
 def stored(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple[Facts, int]]:
@@ -126,10 +127,9 @@ def native_since_mirrored_without_native_write(conn: psycopg.Connection, dataset
     has succeeded since (the sync log): runbooks/first_sync.py's "the next native write is its first". One
     statement, so the move and the writes since are read at one snapshot."""
     row = conn.execute(
-        """select b.before_state in ('mirrored', 'read-flipped') and not exists (
-                    select 1 from iceberg_sync_log l
-                     where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
-                       and l.started_at >= b.at)
+        "select b.before_state in ('mirrored', 'read-flipped') and not "
+        + sync_log.NATIVE_WRITE_SINCE_MOVE
+        + """
              from (select h.at, h.before_state from lakehouse_lifecycle_history h
                     where h.dataset_id = %(d)s and h.after_state = 'native'
                       and h.before_state in ('pg', 'mirrored', 'read-flipped')

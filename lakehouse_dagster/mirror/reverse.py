@@ -66,7 +66,7 @@ from lakehouse_dagster.lake.copy_back import (
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
-from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking import capture, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 from lakehouse_dagster.tracking.undeclared import has_undeclared
 
@@ -667,18 +667,6 @@ def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> 
     return {r[0]: r[1] for r in rows}
 
 
-# The stream's per-poll question: native commits since its cursor, by their transaction id (migration 028's
-# iceberg_sync_log_changed_xid_idx, partial on status 'succeeded'), the horizon from the same snapshot.
-_COMMITS = """
-select h.xmin, l.id, l.xid, l.dataset_id
-  from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
-  left join lateral (select id, changed_xid::text::bigint as xid, dataset_id from iceberg_sync_log
-                      where changed_xid >= %(xid)s::text::xid8 and status = 'succeeded' and path = 'native'
-                      order by changed_xid, id limit %(limit)s) l on true
- order by l.xid, l.id
-"""
-
-
 @dataclasses.dataclass(frozen=True)
 class CommitCursor:
     """Where a stream's reading of native commits stands: every commit of a transaction below ``xid`` is read;
@@ -694,7 +682,7 @@ def native_commits(
     """(datasets with a native commit since ``cursor``, the next cursor, whether the read was cut at ``limit``).
     One index scan, O(native commits since the horizon). Only a hint: a cut read (or anything it missed) is found
     by ``due_datasets``, which compares each position with the sync log; the caller then sweeps at once."""
-    fetched = conn.execute(_COMMITS, {"xid": str(cursor.xid), "limit": limit}).fetchall()
+    fetched = sync_log.native_commits_since(conn, cursor.xid, limit)
     xmin = int(fetched[0][0])
     rows = [r[1:] for r in fetched if r[1] is not None]  # (id, xid, dataset_id)
     nxt = max(cursor.xid, xmin)

@@ -22,23 +22,18 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
+from lakehouse_dagster.tracking import sync_log
 
-_LAG = """
+_LAG = (
+    """
 select d.id, p.snapshot_id, p.applied_at, l.pending, l.since, l.latest, extract(epoch from now() - l.since)
   from unnest(%s::uuid[]) d(id)
   left join lakehouse_reverse_position p on p.dataset_id = d.id
-  left join lateral (
-    select count(*) as pending, min(s.finished_at) as since,
-           (array_agg(s.snapshot_id order by s.finished_at desc, s.id desc))[1] as latest
-      from iceberg_sync_log s
-     where s.dataset_id = d.id and s.status = 'succeeded' and s.snapshot_id is not null
-       and case when p.dataset_id is not null
-                then s.finished_at >= p.applied_at and s.snapshot_id is distinct from p.snapshot_id
-                else s.path = 'native' and s.finished_at > coalesce(
-                       (select max(m.finished_at) from iceberg_sync_log m
-                         where m.dataset_id = d.id and m.path = 'mirror' and m.status = 'succeeded'), '-infinity')
-           end) l on true
+  left join lateral """
+    + sync_log.PENDING_SINCE_POSITION
+    + """ l on true
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,17 +138,21 @@ def position_statement(
     )
 
 
-_DUE = """
+_DUE = (
+    """
 select d.id from datasets d
   left join lakehouse_reverse_position p on p.dataset_id = d.id
  where d.id = any(%s::uuid[]) and d.kind = 'tabular'
    and ((p.dataset_id is null
-         and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded'))
-        or exists (select 1 from iceberg_sync_log l
-                    where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
-                      and l.snapshot_id is distinct from p.snapshot_id))
+         and """
+    + sync_log.EVER_SUCCEEDED
+    + """)
+        or """
+    + sync_log.SUCCEEDED_SINCE_POSITION
+    + """)
  order by d.id
 """
+)
 
 
 def due_dataset_ids(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> list[uuid.UUID]:

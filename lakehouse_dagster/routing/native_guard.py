@@ -48,18 +48,21 @@ ALREADY_NATIVE = "already native"
 NEW_AND_EMPTY = "new and empty"
 FLIPPING = "first native write"
 
-_CLASSIFY = """
+_CLASSIFY = (
+    """
 select d.id, d.name, d.workspace_id, d.kind,
        case when s.path = 'native' then 'already native'
             when not exists (select 1 from dataset_rows r where r.dataset_id = d.id)
-             and not exists (select 1 from iceberg_sync_log l
-                              where l.dataset_id = d.id and l.path = 'mirror' and l.status = 'succeeded')
+             and not """
+    + sync_log.MIRRORED_ONCE
+    + """
             then 'new and empty'
             else 'first native write' end
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
  where d.id = any(%s::uuid[])
 """
+)
 
 
 def classify(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple]:

@@ -49,7 +49,7 @@ from lakehouse_dagster.mirror.shards import shard_lines, shard_status
 from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
-from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
@@ -77,7 +77,7 @@ _TABULAR = "select id, workspace_id from datasets where kind = 'tabular'"
 _EFFECTIVE, _ = effective_sql(FLAGS, _TABULAR, select="e.dataset_id, e.kind, e.name, e.mode")
 _STAGES = f"""
 with e as ({_EFFECTIVE}),
-     m as materialized (select d.id, exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
+     m as materialized (select d.id, {sync_log.EVER_SUCCEEDED}
                         as mirrored, b.id is not null as blocked
              from datasets d left join unnest(%(blocked)s::uuid[]) b(id) on b.id = d.id
             where d.kind = 'tabular'),
@@ -206,8 +206,9 @@ with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec nod
 select p.dataset_id
   from pin p
   join datasets d on d.id = p.dataset_id
- cross join lateral (select l.status, l.has_identity from iceberg_sync_log l where l.dataset_id = p.dataset_id
-                      order by l.finished_at desc nulls last limit 1) l
+ cross join lateral """
+    + sync_log.LATEST_BY_FINISHED_OF_P
+    + """ l
  where l.status = 'succeeded' and l.has_identity
 """
 )

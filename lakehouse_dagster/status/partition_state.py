@@ -28,22 +28,25 @@ from lakehouse_dagster.lifecycle import Facts
 from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
+from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
 # The dataset, its workspace, its latest succeeded sync (the one definition) and the last location any sync of
 # it recorded (a sync from before the location was recorded has none).
-_QUERY = """
+_QUERY = (
+    """
 select d.id, d.name, d.workspace_id, w.name, d.kind, d.schema, d.rows_version, d.row_count,
        s.sync_id, s.writer, s.path, s.mode, s.rows, s.bytes, s.snapshot_id, s.source_version, s.run_id,
        s.started_at, s.finished_at,
-       coalesce(s.table_location, (select l.table_location from iceberg_sync_log l
-                                    where l.dataset_id = d.id and l.table_location is not null
-                                    order by l.id desc limit 1))
+       coalesce(s.table_location, """
+    + sync_log.LAST_TABLE_LOCATION
+    + """)
   from datasets d
   left join workspaces w on w.id = d.workspace_id
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
  where d.id = any(%s::uuid[])
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)

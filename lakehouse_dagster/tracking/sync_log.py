@@ -346,3 +346,60 @@ def datasets_with_last_sync(conn: psycopg.Connection) -> list[tuple]:
      order by w.name nulls last, d.workspace_id, d.name, d.id
     """
     ).fetchall()
+
+
+# What other modules' queries need to know of the log, as SQL expressions over their row ``d`` (a datasets row) — or
+# ``p`` (a reverse position, mirror/reverse_lag.py; a pipeline input, status/overview.py), ``b`` (a lifecycle move,
+# lifecycle/store.py) — so that they read it in the same statement without naming it.
+EVER_SUCCEEDED = "exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')"
+MIRRORED_ONCE = "exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.path = 'mirror' and l.status = 'succeeded')"
+LAST_FINISHED_AT = "(select max(s.finished_at) from iceberg_sync_log s where s.dataset_id = d.id)"
+LAST_TABLE_LOCATION = (
+    "(select l.table_location from iceberg_sync_log l where l.dataset_id = d.id and l.table_location is not null"
+    " order by l.id desc limit 1)"
+)
+# The newest sync of a pipeline input ``p`` by the runbook's order (finished_at desc nulls last): status, has_identity.
+LATEST_BY_FINISHED_OF_P = (
+    "(select l.status, l.has_identity from iceberg_sync_log l where l.dataset_id = p.dataset_id"
+    " order by l.finished_at desc nulls last limit 1)"
+)
+# A succeeded commit of another snapshot since the reverse position ``p`` was applied.
+SUCCEEDED_SINCE_POSITION = (
+    "exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded'"
+    " and l.finished_at >= p.applied_at and l.snapshot_id is distinct from p.snapshot_id)"
+)
+# The commits the reverse mirror has not applied since its position ``p`` (or, without one, the native commits since
+# the last mirrored sync): how many, since when, the newest snapshot (mirror/reverse_lag.py).
+PENDING_SINCE_POSITION = """(
+    select count(*) as pending, min(s.finished_at) as since,
+           (array_agg(s.snapshot_id order by s.finished_at desc, s.id desc))[1] as latest
+      from iceberg_sync_log s
+     where s.dataset_id = d.id and s.status = 'succeeded' and s.snapshot_id is not null
+       and case when p.dataset_id is not null
+                then s.finished_at >= p.applied_at and s.snapshot_id is distinct from p.snapshot_id
+                else s.path = 'native' and s.finished_at > coalesce(
+                       (select max(m.finished_at) from iceberg_sync_log m
+                         where m.dataset_id = d.id and m.path = 'mirror' and m.status = 'succeeded'), '-infinity')
+           end)"""
+# A succeeded native write of dataset %(d)s since the lifecycle move ``b`` (lifecycle/store.py).
+NATIVE_WRITE_SINCE_MOVE = (
+    "exists (select 1 from iceberg_sync_log l where l.dataset_id = %(d)s and l.path = 'native'"
+    " and l.status = 'succeeded' and l.started_at >= b.at)"
+)
+
+
+# The stream's per-poll question: native commits since its cursor, by their transaction id (migration 028's
+# iceberg_sync_log_changed_xid_idx, partial on status 'succeeded'), the horizon from the same snapshot.
+_COMMITS = """
+select h.xmin, l.id, l.xid, l.dataset_id
+  from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
+  left join lateral (select id, changed_xid::text::bigint as xid, dataset_id from iceberg_sync_log
+                      where changed_xid >= %(xid)s::text::xid8 and status = 'succeeded' and path = 'native'
+                      order by changed_xid, id limit %(limit)s) l on true
+ order by l.xid, l.id
+"""
+
+
+def native_commits_since(conn: psycopg.Connection, xid: int, limit: int) -> list[tuple]:
+    """(horizon xmin, log id, xid, dataset) of the native commits from transaction ``xid`` on (mirror/reverse.py)."""
+    return conn.execute(_COMMITS, {"xid": str(xid), "limit": limit}).fetchall()
