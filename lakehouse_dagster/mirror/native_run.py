@@ -95,9 +95,7 @@ def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
 
 def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:
     """(snapshots backfilled or reverse-applied, the latest pg-path sync.full's ingest seq and time)."""
-    rows = conn.execute(
-        "select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)
-    ).fetchall()
+    rows = sync_log.reconciled_rows(conn, dataset_id)
     full = [(seq, at) for how, _, seq, at in rows if how == "pg-full-sync"]
     return (
         {snap for how, snap, _, _ in rows if how in ("backfill", "reverse")},  # reverse: mirror/reverse.py

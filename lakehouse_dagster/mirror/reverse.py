@@ -530,23 +530,8 @@ def _apply(
         )
         run(reverse_lag.position_statement(ds, current.snapshot_id, how, copied, removed, n))
         # one reverse record per dataset: the native marker's walk stops at the newest reconciled snapshot anyway
-        run(
-            sql.SQL("delete from lakehouse_pg_reconciled where dataset_id = {ds}::uuid and how = 'reverse'").format(
-                ds=ds
-            )
-        )
-        run(
-            sql.SQL(
-                "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, actor)"
-                " values ({ds}::uuid, {snap}, 'reverse', {c}, {r}, {actor})"
-            ).format(
-                ds=ds,
-                snap=sql.Literal(current.snapshot_id),
-                c=sql.Literal(copied),
-                r=sql.Literal(removed),
-                actor=sql.Literal(actor),
-            )
-        )
+        for statement in sync_log.reconciled_by_reverse(ds, current.snapshot_id, copied, removed, actor):
+            run(statement)
         took("bookkeeping")
         failpoint("reverse-before-commit")
         # a process frozen here whose lock session died stands down: another apply may own it now

@@ -46,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import connect, fetch_value
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
@@ -422,14 +422,7 @@ def _iceberg_is_the_truth(conn: psycopg.Connection, ds_id: uuid.UUID, pin) -> bo
     found = stored_states(conn, [ds_id]).get(ds_id)
     if found is None or found.authority == ICEBERG:
         return True
-    return not fetch_value(
-        conn.execute(
-            "select exists(select 1 from lakehouse_pg_reconciled where dataset_id = %s and snapshot_id = %s"
-            " and how in ('reverse', 'backfill'))",
-            (ds_id, pin.snapshot_id),
-        ),
-        "whether Postgres holds the snapshot",
-    )
+    return not sync_log.pg_holds_snapshot(conn, ds_id, pin.snapshot_id)
 
 
 def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> None:

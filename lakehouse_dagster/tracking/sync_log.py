@@ -5,6 +5,10 @@ the partial index below): SQL callers join it laterally, Python callers go throu
 ``latest_succeeded``. ``datasets.mirrored_version`` is that sync's source version, kept by triggers on
 iceberg_sync_log, so "which datasets are behind Postgres" is one partial-index scan over the few that
 are (see mirror/poller.py), not a probe of the log per dataset.
+
+The owner of iceberg_sync_log and of lakehouse_pg_reconciled (the log the other way round), issue 45: every
+statement on them is here; other modules call these functions or, where their own query must read the log in the
+same statement, put one of the SQL expressions below in it (lakehouse_dagster_tests/test_table_owners.py).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import uuid
 
 import psycopg
 from psycopg import sql
+
+from lakehouse_dagster.core.db import fetch_value
 
 # SQL callers: ``left join lateral lakehouse_latest_succeeded_sync(d.id) s on true``
 # (schema/functions/lakehouse_latest_succeeded_sync.sql).
@@ -403,3 +409,64 @@ select h.xmin, l.id, l.xid, l.dataset_id
 def native_commits_since(conn: psycopg.Connection, xid: int, limit: int) -> list[tuple]:
     """(horizon xmin, log id, xid, dataset) of the native commits from transaction ``xid`` on (mirror/reverse.py)."""
     return conn.execute(_COMMITS, {"xid": str(xid), "limit": limit}).fetchall()
+
+
+# lakehouse_pg_reconciled, the log the other way round: where Postgres caught up with Iceberg again (a backfill, a
+# reverse apply; a pg-path sync.full through the ingest state's trigger). Its owner sits here, below its readers
+# (parity/canary.py: whether Postgres holds a snapshot; mirror/native_run.py: where the native marker's walk ends).
+
+
+def reconciled_rows(conn: psycopg.Connection, dataset_id: uuid.UUID) -> list[tuple]:
+    """(how, snapshot_id, seq, at) of every record of the dataset."""
+    return conn.execute(
+        "select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)
+    ).fetchall()
+
+
+def pg_holds_snapshot(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -> bool:
+    """Whether a backfill or a reverse apply brought Postgres to that snapshot."""
+    return fetch_value(
+        conn.execute(
+            "select exists(select 1 from lakehouse_pg_reconciled where dataset_id = %s and snapshot_id = %s"
+            " and how in ('reverse', 'backfill'))",
+            (dataset_id, snapshot_id),
+        ),
+        "whether Postgres holds the snapshot",
+    )
+
+
+def reconciled_by_reverse(
+    ds: sql.Composable, snapshot_id: int, copied: int, removed: int, actor: str
+) -> list[sql.Composed]:
+    """A reverse apply's record, as statements with literals (run in its transaction, ``ds`` the dataset id): one
+    reverse record per dataset, the native marker's walk stops at the newest reconciled snapshot anyway."""
+    return [
+        sql.SQL("delete from lakehouse_pg_reconciled where dataset_id = {ds}::uuid and how = 'reverse'").format(ds=ds),
+        sql.SQL(
+            "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, actor)"
+            " values ({ds}::uuid, {snap}, 'reverse', {c}, {r}, {actor})"
+        ).format(
+            ds=ds,
+            snap=sql.Literal(snapshot_id),
+            c=sql.Literal(copied),
+            r=sql.Literal(removed),
+            actor=sql.Literal(actor),
+        ),
+    ]
+
+
+def reconciled_by_backfill(
+    ds: sql.Composable, snapshot_id: int, copied: int, removed: int, moved: int, actor: str
+) -> sql.Composed:
+    """A backfill's record, as a statement with literals (run in its transaction, ``ds`` the dataset id)."""
+    return sql.SQL(
+        "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
+        " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})"
+    ).format(
+        ds=ds,
+        snap=sql.Literal(snapshot_id),
+        c=sql.Literal(copied),
+        r=sql.Literal(removed),
+        m=sql.Literal(moved),
+        actor=sql.Literal(actor),
+    )
