@@ -395,7 +395,7 @@ def test_a_reader_frozen_behind_the_barrier_holds_the_apps_writes_for_seconds_no
 def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(conn, dsn, settings):
     """The flip gates decide inside a transaction: settle then works on a second connection, and the gate's
     next statement (READ COMMITTED) sees the version the consumer wrote."""
-    from lakehouse_dagster.flags import gates
+    from lakehouse_dagster.tracking import sync_log
 
     d = make_dataset(conn, 5)
     sync(settings, dsn, d)
@@ -403,7 +403,7 @@ def test_a_gate_deciding_inside_its_transaction_settles_on_a_second_connection(c
     datasets.insert_rows(conn, d, rows_for(2, 10), start_index=10)  # not mirrored: a flip must see it as behind
     with conn.transaction():
         assert settle(conn, [d]) is True
-        synced = gates._latest_syncs(conn, [d])[d]
+        synced = sync_log.latest_mirror_syncs(conn, [d])[d]  # what the write flip's gates read
     status, _, source_version, rows_version = synced
     assert status == "succeeded" and source_version < rows_version == tracking(conn, d)[0]
 

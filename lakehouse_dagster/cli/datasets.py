@@ -10,17 +10,9 @@ def register(sub) -> None:
 
 
 def _list(ctx, args) -> Result:
-    rows = ctx.conn.execute(
-        """
-        select d.id, d.name, d.kind, d.row_count, d.status, d.rows_version, l.status, l.source_version, l.finished_at,
-               w.name, d.workspace_id
-          from datasets d
-          left join workspaces w on w.id = d.workspace_id
-          left join lateral (select status, source_version, finished_at from iceberg_sync_log s
-                              where s.dataset_id = d.id order by s.started_at desc limit 1) l on true
-         order by w.name nulls last, d.workspace_id, d.name, d.id
-        """
-    ).fetchall()
+    from lakehouse_dagster.tracking import sync_log  # each verb imports what it uses
+
+    rows = sync_log.datasets_with_last_sync(ctx.conn)
     from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of  # each verb imports what it uses
 
     states = lifecycle_of(ctx.conn, [r[0] for r in rows]) if rows else {}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command
-from lakehouse_dagster.core.db import fetch_value, redact
-from lakehouse_dagster.schema.migrate import load_migrations, migrate
+from lakehouse_dagster.core.db import redact
+from lakehouse_dagster.schema.migrate import applied_migrations, load_migrations, migrate
 from lakehouse_dagster.tracking import capture
 
 
@@ -28,14 +28,7 @@ def _migrate(ctx, args) -> Result:
 
 
 def _status(ctx, args) -> Result:
-    rows = (
-        ctx.conn.execute("select name, applied_at from lakehouse_migrations order by name").fetchall()
-        if fetch_value(
-            ctx.conn.execute("select to_regclass('lakehouse_migrations')"), "whether the migrations table exists"
-        )
-        else []
-    )
-    done = {r[0]: r[1] for r in rows}
+    done = applied_migrations(ctx.conn)
     data = [{"name": n, "applied_at": done.get(n)} for n in [m.name for m in load_migrations()]]
     text = "\n".join(f"{'applied' if d['applied_at'] else 'pending'}  {d['name']}" for d in data)
     return Result(data, text)

@@ -53,6 +53,7 @@ from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.reader_datasets import declare_if_absent
 from lakehouse_dagster.sources import set_source
 from lakehouse_dagster.tracking import datasets
 
@@ -531,16 +532,9 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             _seed_sources(conn, make, home)
 
             for name, spec in _pipelines(customers, orders, rollup):
-                conn.execute(
-                    "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
-                    (demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, Jsonb(spec)),
-                )
-            conn.execute(  # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
-                "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
-                " values ('dashboards.aggregate', 'dataset', %s, 'demo: the rollup dashboard', 'demo')"
-                " on conflict do nothing",
-                (rollup,),
-            )
+                datasets.insert_pipeline(conn, demo_id(f"pipeline:{name}"), DEMO_WORKSPACE_ID, name, spec)
+            # flags/reader_datasets.py: a write flip of the rollup is refused while this stands
+            declare_if_absent(conn, "dashboards.aggregate", rollup, "demo: the rollup dashboard", "demo")
     summary = demo_summary(conn)
     summary["created"] = created
     summary["seconds"] = round(time.perf_counter() - started, 3)
@@ -555,9 +549,7 @@ def demo_summary(conn: psycopg.Connection) -> dict[str, Any]:
         "select id, name, kind, row_count from datasets where workspace_id = %s order by row_count desc nulls last, name",
         (DEMO_WORKSPACE_ID,),
     ).fetchall()
-    pipelines = conn.execute(
-        "select id, name from pipelines where workspace_id = %s order by name", (DEMO_WORKSPACE_ID,)
-    ).fetchall()
+    pipelines = datasets.workspace_pipelines(conn, DEMO_WORKSPACE_ID)
     return {
         "workspace_id": str(DEMO_WORKSPACE_ID),
         "present": bool(rows),

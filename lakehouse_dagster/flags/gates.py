@@ -56,7 +56,8 @@ from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import place, widen_blockers
 from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
-from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.parity.verdicts import latest_with_rows_version
+from lakehouse_dagster.tracking import barrier, capture, sync_log
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 NATIVE = "iceberg_native"
@@ -115,28 +116,6 @@ def effects(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None
     return out, {r[0]: r for r in rows}
 
 
-def _latest_syncs(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
-    # The runbook's ordering: the newest by finished_at, unfinished (null) last.
-    rows = conn.execute(
-        """select distinct on (l.dataset_id) l.dataset_id, l.status, l.has_identity, l.source_version, d.rows_version
-             from iceberg_sync_log l join datasets d on d.id = l.dataset_id
-            where l.dataset_id = any(%s::uuid[]) and l.path = 'mirror'
-            order by l.dataset_id, l.finished_at desc nulls last, l.id desc""",
-        (ids,),
-    ).fetchall()
-    return {r[0]: r[1:] for r in rows}
-
-
-def _latest_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
-    rows = conn.execute(
-        """select distinct on (p.dataset_id) p.dataset_id, p.verdict, p.checked_at, p.pg_version, d.rows_version
-             from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
-            where p.dataset_id = any(%s::uuid[]) order by p.dataset_id, p.checked_at desc, p.id desc""",
-        (ids,),
-    ).fetchall()
-    return {r[0]: r[1:] for r in rows}
-
-
 def configured_soak(conn: psycopg.Connection, soak_seconds: int | None) -> int:
     """The soak to apply: the caller's (tests, benches), else the stored one, else LAKEHOUSE_SOAK_SECONDS
     (flags/soak_setting.py: what the CLI and every Dagster process read the same way)."""
@@ -159,8 +138,8 @@ def write_flip_blockers(
     now = now or _db_now(conn)
     consumers = postgres_consumer_blockers(conn, moved, datasets)
     with barrier.read_tracking_consistently(conn, ids):  # after-commit: rows_version covers every committed write
-        syncs = _latest_syncs(conn, ids)
-        verdicts = _latest_verdicts(conn, ids)
+        syncs = sync_log.latest_mirror_syncs(conn, ids)
+        verdicts = latest_with_rows_version(conn, ids)
     servable = list(SERVABLE_READERS)
     reader_overrides = stored_overrides(conn, READ, [r.name for r in servable])
     reader_soaks = _reader_soaks(conn, moved, datasets, servable, reader_overrides, soak_seconds, now)

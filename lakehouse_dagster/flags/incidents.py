@@ -12,6 +12,10 @@ import uuid
 from datetime import datetime
 
 import psycopg
+from psycopg import sql
+
+from lakehouse_dagster.parity.verdicts import MISMATCH_INCIDENTS
+from lakehouse_dagster.tracking.sync_log import FAILED_SYNC_INCIDENTS
 
 log = logging.getLogger("lakehouse_dagster.flags")
 
@@ -59,23 +63,16 @@ def record_fallback(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID
         log.warning("could not record the read fallback of %s ds=%s: %s", reader, dataset_id, type(exc).__name__)
 
 
-_LATEST = """
-select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from (
-  select dataset_id, checked_at as at, %(mismatch)s as what, null::text as reader, 'source ' || source as detail
-    from lakehouse_read_parity
-   where verdict = 'MISMATCH' and dataset_id = any(%(ids)s::uuid[]) and checked_at >= %(since)s
-  union all
-  select dataset_id, coalesce(finished_at, started_at), %(failed)s, null,
-         writer || ' ' || path || ': ' || coalesce(split_part(error, E'\\n', 1), '')
-    from iceberg_sync_log
-   where status = 'failed' and dataset_id = any(%(ids)s::uuid[]) and coalesce(finished_at, started_at) >= %(since)s
+_LATEST = sql.SQL("""
+select distinct on (dataset_id, what, reader) dataset_id, at, what, reader, detail from ({mismatches}
+  union all{failed_syncs}
   union all
   select dataset_id, at, %(fallback)s, reader, split_part(error, E'\\n', 1)
     from lakehouse_read_fallbacks
    where dataset_id = any(%(ids)s::uuid[]) and at >= %(since)s
 ) i
 order by dataset_id, what, reader, at desc
-"""
+""").format(mismatches=MISMATCH_INCIDENTS, failed_syncs=FAILED_SYNC_INCIDENTS)
 
 
 def latest_incidents(
@@ -92,3 +89,44 @@ def latest_incidents(
     for ds_id, at, what, reader, detail in rows:
         out.setdefault(ds_id, []).append(Incident(ds_id, at, what, reader, (detail or "")[:_DETAIL_CHARS]))
     return out
+
+
+# Every statement on lakehouse_read_fallbacks is in this module (its owner: lakehouse_dagster_tests/test_table_owners.py).
+
+# Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
+_IN_WINDOW = """
+select dataset_id, reader, count(*), max(at), (array_agg(split_part(error, E'\n', 1) order by at desc, id desc))[1]
+  from lakehouse_read_fallbacks
+ where at >= now() - make_interval(secs => %s)
+ group by dataset_id, reader
+"""
+
+
+def fallbacks_in_window(conn: psycopg.Connection, seconds: float) -> list[tuple]:
+    """(dataset, reader, count, newest at, newest error's first line) of the fallbacks of the last ``seconds``
+    (the migration overview)."""
+    return conn.execute(_IN_WINDOW, (seconds,)).fetchall()
+
+
+def newest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> list[tuple]:
+    """(dataset, reader, at, error) of each dataset's newest fallback (one index probe each:
+    lakehouse_read_fallbacks_dataset_idx)."""
+    return conn.execute(
+        "select k, f.reader, f.at, f.error from unnest(%s::uuid[]) k cross join lateral"
+        " (select reader, at, error from lakehouse_read_fallbacks where dataset_id = k order by at desc limit 1) f",
+        (ids,),
+    ).fetchall()
+
+
+_OF_MOVED = sql.SQL("""
+    select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
+      from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
+     where f.at >= %(since)s {of_reader}
+     group by f.dataset_id""")
+
+
+def fallbacks_of(conn: psycopg.Connection, moved_cte: sql.Composable, args: dict, *, of_reader: bool) -> list[tuple]:
+    """(dataset, count, an error's first line) of the fallbacks since %(since)s on each dataset ``moved_cte`` (an SQL
+    ``with moved(id) as (...)``) selects, of the reader %(reader)s only when ``of_reader`` (a rollout plan's stage)."""
+    of = sql.SQL("and f.reader = %(reader)s" if of_reader else "")
+    return conn.execute(moved_cte + _OF_MOVED.format(of_reader=of), args).fetchall()

@@ -20,6 +20,7 @@ from lakehouse_dagster.flags.reverse_read import reverse_settings
 from lakehouse_dagster.lifecycle import states as st
 from lakehouse_dagster.lifecycle.states import Facts
 from lakehouse_dagster.lifecycle.transition import current, stored_states
+from lakehouse_dagster.tracking import sync_log
 
 _DATASETS = "select id, workspace_id from datasets where id = any(%s::uuid[])"
 _MARK_STATE = {IN_PROGRESS: st.COMPLETING, COMPLETE: st.COMPLETE, RESTORING: st.RESTORING}
@@ -48,13 +49,7 @@ def derive(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID]) -> dict[u
             where="e.mode in ('iceberg', 'iceberg_only')",
         )
         reading = {r[0] for r in conn.execute(q, args).fetchall()}
-    mirrored = {
-        r[0]
-        for r in conn.execute(
-            "select distinct dataset_id from iceberg_sync_log where dataset_id = any(%s::uuid[]) and status = 'succeeded'",
-            (ids,),
-        ).fetchall()
-    }
+    mirrored = sync_log.ever_synced(conn, ids)
     marks = completed_marks(conn, ids)
     reverse = reverse_settings(conn, ids)
     out: dict[uuid.UUID, Facts] = {}

@@ -285,6 +285,16 @@ def history(
     return [AuditEntry(*r) for r in conn.execute(sql, params).fetchall()]
 
 
+def audit_steps(conn: psycopg.Connection, kind: str, names: list[str]) -> list[tuple]:
+    """(id, at, name, scope, scope id, mode after: None for a clear) of every audit row of the flags, oldest first
+    (the soak replays them: flags/soak.py)."""
+    return conn.execute(
+        "select id, at, name, scope, scope_id, after_mode from lakehouse_flag_audit"
+        " where kind = %s and name = any(%s) order by id",
+        (kind, names),
+    ).fetchall()
+
+
 def narrower_overrides(conn: psycopg.Connection, kind: str, name: str, scope: Scope) -> list[Override]:
     """The overrides of the same flag that still win over ``scope`` where they apply (the most specific wins):
     under global, every workspace and dataset override; under a workspace, those of its datasets. What an

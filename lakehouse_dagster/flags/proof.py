@@ -24,6 +24,7 @@ import datetime as dt
 import uuid
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.core.settings import Settings
 
@@ -109,3 +110,62 @@ def proofs(
     ).fetchall():
         out[(reader, ds)] = Proof(reader, ds, matched, failed, in_a_row, last)
     return out
+
+
+# Every statement on lakehouse_shadow_reads is in this module (its owner: lakehouse_dagster_tests/test_table_owners.py):
+# routing/shadow.py records the comparisons, the rollout plans' shadow stages count them.
+
+
+def record_shadow_read(conn: psycopg.Connection, values: tuple) -> None:
+    """One comparison: (reader, dataset, outcome, pg version, snapshot, iceberg version, pg rows, iceberg rows,
+    first pg row, first iceberg row, detail, seconds, query, schema digest)."""
+    conn.execute(
+        "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_version, snapshot_id, iceberg_version,"
+        " pg_rows, iceberg_rows, pg_row, iceberg_row, detail, seconds, query, schema_digest)"
+        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        values,
+    )
+
+
+def record_dropped(conn: psycopg.Connection, reader: str, dataset_id: uuid.UUID, n: int, detail: str) -> None:
+    """``n`` sampled reads of a reader on a dataset not compared (the shadow queue was full)."""
+    conn.execute(
+        "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_rows, detail)"
+        " values (%s, %s, 'dropped', %s, %s)",
+        (reader, dataset_id, n, detail),
+    )
+
+
+def outcomes_since(conn: psycopg.Connection, reader: str, at: dt.datetime) -> list[tuple]:
+    """(dataset id, outcome, count) of a reader's shadow reads since ``at``."""
+    return conn.execute(
+        "select dataset_id, outcome, count(*) from lakehouse_shadow_reads where reader = %s and at >= %s"
+        " group by dataset_id, outcome order by dataset_id, outcome",
+        (reader, at),
+    ).fetchall()
+
+
+def outcome_counts_and_first_mismatch(
+    conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
+) -> tuple[dict, tuple | None]:
+    """({outcome: count} of a reader's shadow reads since ``since``, on ``dataset_ids`` or all, and the first mismatch
+    among them: (dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail) or None)."""
+    where: sql.Composable = sql.SQL("reader = %s and at >= %s")
+    params: list = [reader, since]
+    if dataset_ids is not None:
+        where += sql.SQL(" and dataset_id = any(%s::uuid[])")
+        params.append(dataset_ids)
+    counts: dict = dict(
+        conn.execute(
+            sql.SQL("select outcome, count(*) from lakehouse_shadow_reads where {} group by outcome").format(where),
+            params,
+        )
+    )
+    first = conn.execute(
+        sql.SQL(
+            "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
+            " from lakehouse_shadow_reads where {} and outcome = 'mismatch' order by id limit 1"
+        ).format(where),
+        params,
+    ).fetchone()
+    return counts, first

@@ -109,6 +109,16 @@ def declare(
     return Declared(*row)
 
 
+def declare_if_absent(conn: psycopg.Connection, reader: str, dataset_id, note: str, actor: str) -> None:
+    """Record that ``reader`` reads one dataset unless that is already recorded (the demo's seed: a re-run keeps
+    what stands)."""
+    conn.execute(
+        "insert into lakehouse_reader_datasets (reader, scope, scope_id, note, declared_by)"
+        " values (%s, 'dataset', %s, %s, %s) on conflict do nothing",
+        (reader, dataset_id, note, actor),
+    )
+
+
 def remove(conn: psycopg.Connection, reader: str, *, dataset=None, workspace=None) -> bool:
     """Drop a declaration (the reader no longer reads it); False when there was none."""
     reader = get_flag(READ, reader).name

@@ -1,5 +1,7 @@
-"""The reverse mirror's effective setting per dataset (dataset > workspace > global > on), read apart from its
-writer (reverse_setting.py) so that the lifecycle's facts (lifecycle_facts.py) can read it below the overrides."""
+"""The reverse mirror's effective setting per dataset (dataset > workspace > global > on), apart from the verb that
+changes it (reverse_setting.py: checks, lifecycle transition, audit) so that the lifecycle's facts
+(lifecycle_facts.py) can read it below the overrides. Every statement on lakehouse_reverse_settings is here (its
+owner: lakehouse_dagster_tests/test_table_owners.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,37 @@ def reverse_settings(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID])
         return {}
     rows = conn.execute(_EFFECTIVE, {"ids": ids, "default": DEFAULT_ON}).fetchall()
     return {r[0]: ReverseSetting(r[0], bool(r[1]), r[2]) for r in rows}
+
+
+_LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact (core/locks.py NAMED)
+
+
+def lock_and_read_setting(conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None) -> bool | None:
+    """The setting stored at one scope (None: none), read under the lock every change takes first."""
+    conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
+    row = conn.execute(
+        "select enabled from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
+        (scope, scope_id),
+    ).fetchone()
+    return None if row is None else bool(row[0])
+
+
+def store_setting(
+    conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None, enabled: bool, note: str | None, actor: str
+) -> None:
+    conn.execute(
+        "insert into lakehouse_reverse_settings (scope, scope_id, enabled, note, set_by) values (%s, %s, %s, %s, %s)"
+        " on conflict (scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
+        " do update set enabled = excluded.enabled, note = excluded.note, set_by = excluded.set_by, set_at = now()",
+        (scope, scope_id, enabled, note, actor),
+    )
+
+
+def delete_setting(conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None) -> None:
+    conn.execute(
+        "delete from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
+        (scope, scope_id),
+    )
 
 
 def reverse_enabled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReverseSetting:

@@ -19,7 +19,15 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
 from lakehouse_dagster.flags.overrides import Scope, _check_actor, _check_note, parse_scope, require_target
-from lakehouse_dagster.flags.reverse_read import DEFAULT_ON, ReverseSetting, reverse_enabled, reverse_settings
+from lakehouse_dagster.flags.reverse_read import (
+    DEFAULT_ON,
+    ReverseSetting,
+    delete_setting,
+    lock_and_read_setting,
+    reverse_enabled,
+    reverse_settings,
+    store_setting,
+)
 from lakehouse_dagster.lifecycle import REVERSE, transition
 
 __all__ = [
@@ -32,8 +40,6 @@ __all__ = [
     "set_reverse",
     "where_native_writes_land",
 ]
-
-_LOCK = "lakehouse_reverse_settings"  # one writer at a time: the audit's before is exact
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,14 +83,6 @@ def where_native_writes_land(conn: psycopg.Connection, dataset_ids: Iterable[uui
     )
 
 
-def _stored(conn: psycopg.Connection, scope: Scope) -> bool | None:
-    row = conn.execute(
-        "select enabled from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
-        (scope.scope, scope.scope_id),
-    ).fetchone()
-    return None if row is None else bool(row[0])
-
-
 def set_reverse(
     conn: psycopg.Connection,
     enabled: bool | None,
@@ -111,22 +109,13 @@ def set_reverse(
         actor=actor,
         what=what,
     ):
-        conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (_LOCK,))
-        before = _stored(conn, scope)
+        before = lock_and_read_setting(conn, scope.scope, scope.scope_id)
         if enabled is None and before is None:  # nothing to clear: nothing written, nothing audited
             return ReverseChange(scope, None, None, note, actor, fetch_value(conn.execute("select now()"), "now"))
         if enabled is None:
-            conn.execute(
-                "delete from lakehouse_reverse_settings where scope = %s and scope_id is not distinct from %s",
-                (scope.scope, scope.scope_id),
-            )
+            delete_setting(conn, scope.scope, scope.scope_id)
         else:
-            conn.execute(
-                "insert into lakehouse_reverse_settings (scope, scope_id, enabled, note, set_by) values (%s, %s, %s, %s, %s)"
-                " on conflict (scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
-                " do update set enabled = excluded.enabled, note = excluded.note, set_by = excluded.set_by, set_at = now()",
-                (scope.scope, scope.scope_id, enabled, note, actor),
-            )
+            store_setting(conn, scope.scope, scope.scope_id, enabled, note, actor)
         at = fetch_value(
             conn.execute(
                 "insert into lakehouse_reverse_audit (action, scope, scope_id, before_enabled, after_enabled, note, actor)"

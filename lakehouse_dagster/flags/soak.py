@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 import psycopg
 
 from lakehouse_dagster.flags.incidents import Incident
+from lakehouse_dagster.flags.overrides import audit_steps
 from lakehouse_dagster.flags.registry import Flag, rank
 from lakehouse_dagster.flags.resolver import resolve_from
 
@@ -26,11 +27,7 @@ KeyHistory = dict[tuple[str, uuid.UUID | None], list[tuple[int, datetime, str | 
 def audit_history(conn: psycopg.Connection, kind: str, names: list[str]) -> dict[str, KeyHistory]:
     """{flag name: {(scope, scope id): its audit rows, oldest first}}, read in one query."""
     out: dict[str, KeyHistory] = {n: {} for n in names}
-    for id_, at, name, scope, scope_id, after in conn.execute(
-        "select id, at, name, scope, scope_id, after_mode from lakehouse_flag_audit"
-        " where kind = %s and name = any(%s) order by id",
-        (kind, names),
-    ).fetchall():
+    for id_, at, name, scope, scope_id, after in audit_steps(conn, kind, names):
         out[name].setdefault((scope, scope_id), []).append((id_, at, after))
     return out
 

@@ -16,6 +16,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.core import locks
+from lakehouse_dagster.lifecycle import store
 
 _XACT = "select pg_advisory_xact_lock(%s, %s)"
 _XACT_SHARED = "select pg_advisory_xact_lock_shared(%s, %s)"
@@ -40,9 +41,7 @@ def write_lock_statements(dataset_id: uuid.UUID) -> list[sql.Composed]:
     return [
         lock.format(sql.Literal(locks.LIFECYCLE_ALL), sql.Literal(0)),
         lock.format(sql.Literal(locks.LIFECYCLE), sql.Literal(locks.dataset_key(dataset_id))),
-        sql.SQL("select state, reverse, native_writers from lakehouse_lifecycle where dataset_id = {}::uuid").format(
-            sql.Literal(str(dataset_id))
-        ),
+        store.state_statement(dataset_id),
     ]
 
 

@@ -1,4 +1,5 @@
-"""``lakehouse_lifecycle`` and its append-only history (migration 036): every statement on them is here."""
+"""``lakehouse_lifecycle`` and its append-only history (migration 036): every statement on them is here (their owner:
+lakehouse_dagster_tests/test_table_owners.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.lifecycle.states import Facts
+from lakehouse_dagster.tracking import sync_log
 
 
 def stored(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple[Facts, int]]:
@@ -21,6 +24,14 @@ def stored(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[u
         (ids,),
     ).fetchall()
     return {r[0]: (Facts(r[1], r[2], tuple(r[3] or ())), int(r[4])) for r in rows}
+
+
+def state_statement(dataset_id: uuid.UUID) -> sql.Composed:
+    """The stored state of one dataset as a statement with its id as a literal (any driver: a write's first
+    statements, lifecycle/lock.py)."""
+    return sql.SQL("select state, reverse, native_writers from lakehouse_lifecycle where dataset_id = {}::uuid").format(
+        sql.Literal(str(dataset_id))
+    )
 
 
 def stored_all(conn: psycopg.Connection) -> dict[uuid.UUID, tuple[Facts, int]]:
@@ -109,6 +120,23 @@ def history(conn: psycopg.Connection, dataset_id: uuid.UUID, limit: int = 20) ->
     ).fetchall()
     keys = ("at", "version", "before_state", "before_reverse", "after_state", "after_reverse", "verb", "actor")
     return [dict(zip(keys, r)) for r in rows]
+
+
+def native_since_mirrored_without_native_write(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
+    """Whether the dataset's last move into ``native`` came from ``mirrored`` or ``read-flipped`` and no native write
+    has succeeded since (the sync log): runbooks/first_sync.py's "the next native write is its first". One
+    statement, so the move and the writes since are read at one snapshot."""
+    row = conn.execute(
+        "select b.before_state in ('mirrored', 'read-flipped') and not "
+        + sync_log.NATIVE_WRITE_SINCE_MOVE
+        + """
+             from (select h.at, h.before_state from lakehouse_lifecycle_history h
+                    where h.dataset_id = %(d)s and h.after_state = 'native'
+                      and h.before_state in ('pg', 'mirrored', 'read-flipped')
+                    order by h.id desc limit 1) b""",
+        {"d": dataset_id},
+    ).fetchone()
+    return bool(row and row[0])
 
 
 def state_counts(conn: psycopg.Connection) -> dict[str, int]:

@@ -40,6 +40,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.foreign import FENCE, classify, made_here
 from lakehouse_dagster.lake.writer import WRITE_PATH
+from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
 
 NATIVE = "native"
@@ -89,19 +90,12 @@ def ways_forward(dataset_id: uuid.UUID) -> str:
 
 
 def _ever_native(conn: psycopg.Connection, dataset_id: uuid.UUID) -> bool:
-    return (
-        conn.execute(
-            "select 1 from iceberg_sync_log where dataset_id = %s and path = 'native' limit 1", (dataset_id,)
-        ).fetchone()
-        is not None
-    )
+    return sync_log.ever_native(conn, dataset_id)
 
 
 def _reconciled(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple[set[int], int | None, dt.datetime | None]:
     """(snapshots backfilled or reverse-applied, the latest pg-path sync.full's ingest seq and time)."""
-    rows = conn.execute(
-        "select how, snapshot_id, seq, at from lakehouse_pg_reconciled where dataset_id = %s", (dataset_id,)
-    ).fetchall()
+    rows = sync_log.reconciled_rows(conn, dataset_id)
     full = [(seq, at) for how, _, seq, at in rows if how == "pg-full-sync"]
     return (
         {snap for how, snap, _, _ in rows if how in ("backfill", "reverse")},  # reverse: mirror/reverse.py

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import psycopg
 
 from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.tracking import sync_log
 
 # One statement, so the horizon (the snapshot's xmin) comes from the snapshot the datasets were read in, also when
 # none are: from a second statement's newer snapshot, a transaction committing in between would fall below it unread.
@@ -101,16 +102,19 @@ def pending_syncs(
 # in flight for it, after a backoff that doubles per attempt, at most ``max_retries`` more times, each
 # with a new run key (mirror:<ds>:<version>:attempt:<n>).
 
-_BEHIND = """
+_BEHIND = (
+    """
 select d.id, d.rows_version, r.attempts,
        case when r.rows_version = d.rows_version then
-         extract(epoch from now() - greatest(r.last_at, (select max(s.finished_at) from iceberg_sync_log s
-                                                          where s.dataset_id = d.id)))::float8 end as idle
+         extract(epoch from now() - greatest(r.last_at, """
+    + sync_log.LAST_FINISHED_AT
+    + """))::float8 end as idle
   from datasets d
   left join lakehouse_mirror_requests r on r.dataset_id = d.id
  where d.kind = 'tabular' and coalesce(d.mirrored_version, -1) < d.rows_version
  order by d.rows_version, d.id
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)

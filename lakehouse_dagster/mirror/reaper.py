@@ -53,25 +53,21 @@ from lakehouse_dagster.lake.writer import (
     sync_snapshot,
 )
 from lakehouse_dagster.mirror.native_run import RUN_KEYS, RUN_PARENT, run_totals
+from lakehouse_dagster.tracking import sync_log
 
 _log = logging.getLogger(__name__)
 
 UNSETTLED = "unsettled: "  # error prefix of a failed sync that kept its files (outcome unknown, or not deleted)
 
-_CANDIDATES = """
-select sync_id, status from iceberg_sync_log
- where dataset_id = %s and (status = 'running' or (status = 'failed' and error like %s))
-"""
-
 
 def unsettled_syncs(conn: psycopg.Connection, ds_id: uuid.UUID) -> set[str]:
     """The dataset's syncs this module has yet to settle (their files are never an orphan sweep's)."""
-    return {str(r[0]) for r in conn.execute(_CANDIDATES, (ds_id, UNSETTLED.replace("_", r"\_") + "%")).fetchall()}
+    return {str(r[0]) for r in sync_log.unconcluded(conn, ds_id, UNSETTLED.replace("_", r"\_") + "%")}
 
 
 def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Settings, ds_id: uuid.UUID) -> int:
     """Settle the dataset's unconcluded syncs (the caller holds the dataset lock); how many there were."""
-    rows = conn.execute(_CANDIDATES, (ds_id, UNSETTLED.replace("_", r"\_") + "%")).fetchall()
+    rows = sync_log.unconcluded(conn, ds_id, UNSETTLED.replace("_", r"\_") + "%")
     if not rows:
         return 0
     table = load_table_or_none(catalog, table_identifier(settings, ds_id))
@@ -87,17 +83,13 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
         snap = sync_snapshot(table, sid) if table is not None else None
         if snap is not None:
             total = snap.summary.additional_properties.get("total-records") if snap.summary else None
-            conn.execute(
-                "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, source_version = %s,"
-                " rows = coalesce(%s, rows), has_identity = true, finished_at = coalesce(finished_at, now()),"
-                " error = %s where sync_id = %s",
-                (
-                    snap.snapshot_id,
-                    snapshot_source_version(snap),
-                    int(total) if total is not None else None,
-                    f"its commit landed but the sync did not record it ({status}); settled by the next sync",
-                    sid,
-                ),
+            sync_log.settle_landed(
+                conn,
+                sid,
+                snap.snapshot_id,
+                snapshot_source_version(snap),
+                int(total) if total is not None else None,
+                f"its commit landed but the sync did not record it ({status}); settled by the next sync",
             )
             continue
         paths = files.get(str(sid), ())
@@ -106,22 +98,15 @@ def reap_abandoned(conn: psycopg.Connection, catalog: Catalog, settings: Setting
         if live is not None and any(path in live for path in paths):
             # Its snapshot is no longer kept (expired: lake/writer.py expirable_snapshots) but its files are
             # the table's: it landed. Never delete a live file.
-            conn.execute(
-                "update iceberg_sync_log set status = 'succeeded', has_identity = true,"
-                " finished_at = coalesce(finished_at, now()), error = %s where sync_id = %s",
-                (
-                    f"its commit landed but the sync did not record it ({status}); its snapshot has been expired,"
-                    " its files are in the table; settled by the next sync",
-                    sid,
-                ),
+            sync_log.settle_landed_expired(
+                conn,
+                sid,
+                f"its commit landed but the sync did not record it ({status}); its snapshot has been expired,"
+                " its files are in the table; settled by the next sync",
             )
             continue
         was = "died before its commit landed" if status == "running" else "its commit did not land"
-        conn.execute(
-            "update iceberg_sync_log set status = 'failed', finished_at = coalesce(finished_at, now()),"
-            " error = %s where sync_id = %s",
-            (f"abandoned: the sync {was}; settled by the next sync", sid),
-        )
+        sync_log.settle_abandoned(conn, sid, f"abandoned: the sync {was}; settled by the next sync")
         if table is not None:
             for path in paths:
                 _delete(table, path)

@@ -63,9 +63,10 @@ from lakehouse_dagster.lake.copy_back import (
     rows_batches,
     snapshot_batches,
 )
+from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
-from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking import capture, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 from lakehouse_dagster.tracking.undeclared import has_undeclared
 
@@ -105,12 +106,7 @@ class PostgresWritten(LakehouseError):
 
 
 def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:
-    rows = conn.execute(
-        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at, rows_version"
-        " from lakehouse_reverse_position where dataset_id = any(%s::uuid[])",
-        (list(dataset_ids),),
-    ).fetchall()
-    return {r[0]: ReversePosition(*r) for r in rows}
+    return {r[0]: ReversePosition(*r) for r in reverse_lag.position_rows(conn, list(dataset_ids))}
 
 
 def position(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReversePosition | None:
@@ -381,11 +377,7 @@ def _apply(
             # ours takes anyway) the mode read next holds until the commit. Before any query, so that a re-sync's
             # REPEATABLE READ snapshot is taken after it (LOCK takes none) and sees the mode it runs in.
             run(sql.SQL("lock table dataset_rows in row exclusive mode"))
-            run(
-                sql.SQL(
-                    "select mode, current_setting('server_version_num')::int >= {v} from lakehouse_digest_capture"
-                ).format(v=sql.Literal(capture.MESSAGES_FROM))
-            )
+            run(capture.MODE_AND_MESSAGES)
             row = cur.fetchone()
             mode, messages = (row[0], bool(row[1])) if row else (capture.TRIGGERS, True)
             if mode == capture.AFTER_COMMIT:
@@ -537,41 +529,10 @@ def _apply(
                 " from dataset_rows where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
             ).format(n=sql.Literal(n), ds=ds)
         )
-        run(
-            sql.SQL(
-                "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows,"
-                " rows_version) values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n},"
-                " (select rows_version from datasets where id = {ds}::uuid)) on conflict (dataset_id) do update set"
-                " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
-                " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
-                " xid = pg_current_xact_id(), rows_version = excluded.rows_version"
-            ).format(
-                ds=ds,
-                snap=sql.Literal(current.snapshot_id),
-                how=sql.Literal(how),
-                c=sql.Literal(copied),
-                r=sql.Literal(removed),
-                n=sql.Literal(n),
-            )
-        )
+        run(reverse_lag.position_statement(ds, current.snapshot_id, how, copied, removed, n))
         # one reverse record per dataset: the native marker's walk stops at the newest reconciled snapshot anyway
-        run(
-            sql.SQL("delete from lakehouse_pg_reconciled where dataset_id = {ds}::uuid and how = 'reverse'").format(
-                ds=ds
-            )
-        )
-        run(
-            sql.SQL(
-                "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, actor)"
-                " values ({ds}::uuid, {snap}, 'reverse', {c}, {r}, {actor})"
-            ).format(
-                ds=ds,
-                snap=sql.Literal(current.snapshot_id),
-                c=sql.Literal(copied),
-                r=sql.Literal(removed),
-                actor=sql.Literal(actor),
-            )
-        )
+        for statement in sync_log.reconciled_by_reverse(ds, current.snapshot_id, copied, removed, actor):
+            run(statement)
         took("bookkeeping")
         failpoint("reverse-before-commit")
         # a process frozen here whose lock session died stands down: another apply may own it now
@@ -659,19 +620,6 @@ class ReverseBatch:
         }
 
 
-_DUE = """
-select d.id from datasets d
-  left join lakehouse_reverse_position p on p.dataset_id = d.id
- where d.id = any(%s::uuid[]) and d.kind = 'tabular'
-   and ((p.dataset_id is null
-         and exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded'))
-        or exists (select 1 from iceberg_sync_log l
-                    where l.dataset_id = d.id and l.status = 'succeeded' and l.finished_at >= p.applied_at
-                      and l.snapshot_id is distinct from p.snapshot_id))
- order by d.id
-"""
-
-
 def due_datasets(
     conn: psycopg.Connection,
     dataset_ids: list[uuid.UUID] | None = None,
@@ -690,7 +638,7 @@ def due_datasets(
     on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
     if not on:
         return []
-    return [r[0] for r in conn.execute(_DUE, (on,)).fetchall()]
+    return reverse_lag.due_dataset_ids(conn, on)
 
 
 def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, int | None]:
@@ -703,18 +651,6 @@ def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> 
         (list(dataset_ids),),
     ).fetchall()
     return {r[0]: r[1] for r in rows}
-
-
-# The stream's per-poll question: native commits since its cursor, by their transaction id (migration 028's
-# iceberg_sync_log_changed_xid_idx, partial on status 'succeeded'), the horizon from the same snapshot.
-_COMMITS = """
-select h.xmin, l.id, l.xid, l.dataset_id
-  from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
-  left join lateral (select id, changed_xid::text::bigint as xid, dataset_id from iceberg_sync_log
-                      where changed_xid >= %(xid)s::text::xid8 and status = 'succeeded' and path = 'native'
-                      order by changed_xid, id limit %(limit)s) l on true
- order by l.xid, l.id
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -732,7 +668,7 @@ def native_commits(
     """(datasets with a native commit since ``cursor``, the next cursor, whether the read was cut at ``limit``).
     One index scan, O(native commits since the horizon). Only a hint: a cut read (or anything it missed) is found
     by ``due_datasets``, which compares each position with the sync log; the caller then sweeps at once."""
-    fetched = conn.execute(_COMMITS, {"xid": str(cursor.xid), "limit": limit}).fetchall()
+    fetched = sync_log.native_commits_since(conn, cursor.xid, limit)
     xmin = int(fetched[0][0])
     rows = [r[1:] for r in fetched if r[1] is not None]  # (id, xid, dataset_id)
     nxt = max(cursor.xid, xmin)

@@ -6,6 +6,10 @@ asks, in one query: the succeeded commits the sync log records for the dataset s
 (``lakehouse_reverse_position``) with another snapshot. None: caught up. Otherwise the oldest of them is how long
 Postgres has lacked a native commit (the lag), the newest the snapshot the reverse must reach. Without a position
 (the reverse never applied a snapshot) every native commit since the dataset's last mirrored sync is pending.
+
+Every statement on ``lakehouse_reverse_position`` is here (its owner: lakehouse_dagster_tests/test_table_owners.py),
+so that the light readers (the overview, the service, the shadow reads) need not load the reverse mirror: the
+reverse mirror writes the position through ``position_statement`` inside its apply's transaction.
 """
 
 from __future__ import annotations
@@ -15,25 +19,21 @@ import datetime as dt
 import uuid
 
 import psycopg
+from psycopg import sql
 
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
+from lakehouse_dagster.tracking import sync_log
 
-_LAG = """
+_LAG = (
+    """
 select d.id, p.snapshot_id, p.applied_at, l.pending, l.since, l.latest, extract(epoch from now() - l.since)
   from unnest(%s::uuid[]) d(id)
   left join lakehouse_reverse_position p on p.dataset_id = d.id
-  left join lateral (
-    select count(*) as pending, min(s.finished_at) as since,
-           (array_agg(s.snapshot_id order by s.finished_at desc, s.id desc))[1] as latest
-      from iceberg_sync_log s
-     where s.dataset_id = d.id and s.status = 'succeeded' and s.snapshot_id is not null
-       and case when p.dataset_id is not null
-                then s.finished_at >= p.applied_at and s.snapshot_id is distinct from p.snapshot_id
-                else s.path = 'native' and s.finished_at > coalesce(
-                       (select max(m.finished_at) from iceberg_sync_log m
-                         where m.dataset_id = d.id and m.path = 'mirror' and m.status = 'succeeded'), '-infinity')
-           end) l on true
+  left join lateral """
+    + sync_log.PENDING_SINCE_POSITION
+    + """ l on true
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,3 +93,69 @@ def reverse_lags(conn: psycopg.Connection, native: set[uuid.UUID]) -> tuple[dict
             since=since if n else None,
         )
     return out, len(native) - len(on)
+
+
+def position_rows(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> list[tuple]:
+    """(dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at, rows_version) of each position."""
+    return conn.execute(
+        "select dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows, applied_at, rows_version"
+        " from lakehouse_reverse_position where dataset_id = any(%s::uuid[])",
+        (dataset_ids,),
+    ).fetchall()
+
+
+def held_snapshot(conn: psycopg.Connection, dataset_id: uuid.UUID) -> tuple | None:
+    """(the snapshot dataset_rows holds,) by the position, or None without one (a shadow read's check)."""
+    return conn.execute(
+        "select snapshot_id from lakehouse_reverse_position where dataset_id = %s", (dataset_id,)
+    ).fetchone()
+
+
+def forget_position(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
+    """No position holds (a complete: the reverse is off and the rows are going)."""
+    conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (dataset_id,))
+
+
+def position_statement(
+    ds: sql.Composable, snapshot_id: int, how: str, copied: int, removed: int, pg_rows: int
+) -> sql.Composed:
+    """The position an apply leaves, as one statement with its values as literals (``ds``: the dataset id, a literal),
+    run in the apply's transaction with the rows it copied."""
+    return sql.SQL(
+        "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows,"
+        " rows_version) values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n},"
+        " (select rows_version from datasets where id = {ds}::uuid)) on conflict (dataset_id) do update set"
+        " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
+        " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
+        " xid = pg_current_xact_id(), rows_version = excluded.rows_version"
+    ).format(
+        ds=ds,
+        snap=sql.Literal(snapshot_id),
+        how=sql.Literal(how),
+        c=sql.Literal(copied),
+        r=sql.Literal(removed),
+        n=sql.Literal(pg_rows),
+    )
+
+
+_DUE = (
+    """
+select d.id from datasets d
+  left join lakehouse_reverse_position p on p.dataset_id = d.id
+ where d.id = any(%s::uuid[]) and d.kind = 'tabular'
+   and ((p.dataset_id is null
+         and """
+    + sync_log.EVER_SUCCEEDED
+    + """)
+        or """
+    + sync_log.SUCCEEDED_SINCE_POSITION
+    + """)
+ order by d.id
+"""
+)
+
+
+def due_dataset_ids(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Those of ``dataset_ids`` (tabular) with no position but a succeeded commit, or a succeeded commit of another
+    snapshot since their position's apply (mirror/reverse.py ``due_datasets``)."""
+    return [r[0] for r in conn.execute(_DUE, (dataset_ids,)).fetchall()]

@@ -64,6 +64,29 @@ def shard_views(conn: psycopg.Connection, shard_count: int) -> dict[int, ShardVi
     return {r[0]: ShardView(*r) for r in rows}
 
 
+def record_beat(conn: psycopg.Connection, beat: dict) -> None:
+    """A stream run's heartbeat on its shard (mirror/stream.py): taken (``started``), alive, or ``ended``, with its
+    figures; what ``shard_views`` reads."""
+    conn.execute(
+        """insert into lakehouse_mirror_streams as m
+                     (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at, ended_at, last_commit_at,
+                      last_dataset_id, syncs, failures, backlog, lag_seconds)
+                   values (%(count)s, %(shard)s, %(run)s, now(), now(), to_timestamp(%(deadline)s),
+                           case when %(ended)s then now() end, to_timestamp(%(commit)s), %(last)s, %(syncs)s,
+                           %(failures)s, %(backlog)s, %(lag)s)
+                   on conflict (shard_count, shard) do update set
+                     run_id = excluded.run_id,
+                     started_at = case when %(started)s then now() else m.started_at end,
+                     heartbeat_at = now(), deadline_at = excluded.deadline_at, ended_at = excluded.ended_at,
+                     last_commit_at = case when %(started)s then coalesce(excluded.last_commit_at, m.last_commit_at)
+                                           else excluded.last_commit_at end,
+                     last_dataset_id = coalesce(excluded.last_dataset_id, m.last_dataset_id),
+                     syncs = excluded.syncs, failures = excluded.failures, backlog = excluded.backlog,
+                     lag_seconds = excluded.lag_seconds""",
+        beat,
+    )
+
+
 def shards_held(conn: psycopg.Connection, shard_count: int, *, started_within_s: float) -> int:
     """How many of the ``shard_count`` shards a stream run holds now (not ended, a heartbeat within two beats) that
     took it within the last ``started_within_s`` seconds (`lakehouse up`'s ready line: this stack's streams, not a

@@ -41,6 +41,7 @@ from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, fetch_va
 from lakehouse_dagster.core.errors import Backpressure, BadInput, LakehouseError, LockTimeout, first_line, is_transient
 from lakehouse_dagster.core.guards import guard_connection
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.mirror import shards
 from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
 from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
 from lakehouse_dagster.mirror.reverse import (
@@ -144,22 +145,8 @@ class ShardLease:
     def _beat(self, *, started: bool = False, ended: bool = False) -> None:
         assert self._conn is not None
         s = self.stats
-        self._conn.execute(
-            """insert into lakehouse_mirror_streams as m
-                 (shard_count, shard, run_id, started_at, heartbeat_at, deadline_at, ended_at, last_commit_at,
-                  last_dataset_id, syncs, failures, backlog, lag_seconds)
-               values (%(count)s, %(shard)s, %(run)s, now(), now(), to_timestamp(%(deadline)s),
-                       case when %(ended)s then now() end, to_timestamp(%(commit)s), %(last)s, %(syncs)s,
-                       %(failures)s, %(backlog)s, %(lag)s)
-               on conflict (shard_count, shard) do update set
-                 run_id = excluded.run_id,
-                 started_at = case when %(started)s then now() else m.started_at end,
-                 heartbeat_at = now(), deadline_at = excluded.deadline_at, ended_at = excluded.ended_at,
-                 last_commit_at = case when %(started)s then coalesce(excluded.last_commit_at, m.last_commit_at)
-                                       else excluded.last_commit_at end,
-                 last_dataset_id = coalesce(excluded.last_dataset_id, m.last_dataset_id),
-                 syncs = excluded.syncs, failures = excluded.failures, backlog = excluded.backlog,
-                 lag_seconds = excluded.lag_seconds""",
+        shards.record_beat(
+            self._conn,
             {
                 "count": self.shard_count,
                 "shard": self.shard,

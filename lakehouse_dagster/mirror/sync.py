@@ -52,7 +52,7 @@ from lakehouse_dagster.mirror.native_run import refuse_mirror_over_iceberg_only
 from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, reader_parts
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
-from lakehouse_dagster.tracking import undeclared
+from lakehouse_dagster.tracking import sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
 from lakehouse_dagster.tracking.row_changes import (
     PartialPlan,
@@ -416,13 +416,7 @@ def _locate_undeclared(dsn: str, ds_id: uuid.UUID) -> str | None:
 
 
 def _log_start(conn, ds_id, sync_id, writer, run_id) -> None:
-    conn.execute(
-        """insert into iceberg_sync_log (dataset_id, sync_id, writer, path, status, run_id, started_at)
-           values (%s, %s, %s, 'mirror', 'running', %s, now())
-           on conflict (sync_id) do update set status = 'running', error = null, started_at = now(),
-                                               finished_at = null, run_id = excluded.run_id""",
-        (ds_id, sync_id, writer, run_id),
-    )
+    sync_log.start_mirror(conn, ds_id, sync_id, writer, run_id)
 
 
 def _bookkeeping_conn(dsn: str, conn: psycopg.Connection):
@@ -513,10 +507,7 @@ def _snapshot_mode(snap) -> str:
 
 def _log_failed(conn, ds_id, sync_id, message, *, errored: bool = True) -> None:
     with conn.transaction():
-        conn.execute(
-            "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
-            (message, sync_id),
-        )
+        sync_log.mark_failed(conn, sync_id, message)
         if errored:
             conn.execute(
                 "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
@@ -526,13 +517,8 @@ def _log_failed(conn, ds_id, sync_id, message, *, errored: bool = True) -> None:
 
 def _log_succeeded(conn, r: SyncResult) -> None:
     with conn.transaction():
-        conn.execute(
-            """update iceberg_sync_log
-                  set status = 'succeeded', mode = %s, rows = %s, bytes = %s, snapshot_id = %s,
-                      has_identity = true, source_version = %s, finished_at = now(), error = null,
-                      table_location = %s
-                where sync_id = %s""",
-            (r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.location, r.sync_id),
+        sync_log.mark_mirror_succeeded(
+            conn, r.sync_id, r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.location
         )
         conn.execute(
             "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",

@@ -46,7 +46,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import connect, fetch_value
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
@@ -78,13 +78,14 @@ from lakehouse_dagster.parity.verdicts import (  # names canary.py uses; DEFAULT
     NO_SNAPSHOT,
     OK,
     VERDICTS,
+    insert_verdict,
 )
 from lakehouse_dagster.parity.verdicts import FULL_EVERY as FULL_EVERY  # re-exported: callers of canary.X
 from lakehouse_dagster.parity.verdicts import full_due as full_due
 from lakehouse_dagster.parity.verdicts import latest_verdict_reasons as latest_verdict_reasons
 from lakehouse_dagster.parity.verdicts import latest_verdicts as latest_verdicts
 from lakehouse_dagster.parity.verdicts import wedged_syncs as wedged_syncs
-from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking import capture, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import parse_schema
 
 log = logging.getLogger("lakehouse_dagster.parity")
@@ -134,11 +135,7 @@ class Hooks:
 
 
 def _latest_sync(conn: psycopg.Connection, dataset_id: uuid.UUID) -> dict | None:
-    row = conn.execute(
-        "select sync_id, status, path, snapshot_id, source_version, started_at, finished_at, error"
-        " from iceberg_sync_log where dataset_id = %s order by started_at desc, id desc limit 1",
-        (dataset_id,),
-    ).fetchone()
+    row = sync_log.latest_sync_row(conn, dataset_id)
     if row is None:
         return None
     keys = ("sync_id", "status", "path", "snapshot_id", "source_version", "started_at", "finished_at", "error")
@@ -146,12 +143,7 @@ def _latest_sync(conn: psycopg.Connection, dataset_id: uuid.UUID) -> dict | None
 
 
 def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -> str | None:
-    row = conn.execute(
-        "select path from iceberg_sync_log where dataset_id = %s and snapshot_id = %s and status = 'succeeded'"
-        " order by started_at desc limit 1",
-        (dataset_id, snapshot_id),
-    ).fetchone()
-    return row[0] if row else None
+    return sync_log.path_of_snapshot(conn, dataset_id, snapshot_id)
 
 
 def evaluate(
@@ -430,14 +422,7 @@ def _iceberg_is_the_truth(conn: psycopg.Connection, ds_id: uuid.UUID, pin) -> bo
     found = stored_states(conn, [ds_id]).get(ds_id)
     if found is None or found.authority == ICEBERG:
         return True
-    return not fetch_value(
-        conn.execute(
-            "select exists(select 1 from lakehouse_pg_reconciled where dataset_id = %s and snapshot_id = %s"
-            " and how in ('reverse', 'backfill'))",
-            (ds_id, pin.snapshot_id),
-        ),
-        "whether Postgres holds the snapshot",
-    )
+    return not sync_log.pg_holds_snapshot(conn, ds_id, pin.snapshot_id)
 
 
 def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> None:
@@ -596,31 +581,25 @@ def record(conn: psycopg.Connection, v: Verdict, *, source: str = "canary", run_
     detail = json.loads(json.dumps(v.detail, default=str))
     if v.wedged:
         detail["wedged"] = True
-    parity_id = fetch_value(
-        conn.execute(
-            """insert into lakehouse_read_parity
-             (dataset_id, verdict, source, pg_count, iceberg_count, pg_digest, iceberg_digest, snapshot_id,
-              pg_version, iceberg_version, smoke, mismatched_row_indexes, seconds, run_id, detail)
-           values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) returning id""",
-            (
-                v.dataset_id,
-                v.verdict,
-                source,
-                v.pg_count,
-                v.iceberg_count,
-                v.pg_digest,
-                v.iceberg_digest,
-                v.snapshot_id,
-                v.pg_version,
-                v.iceberg_version,
-                v.smoke,
-                v.mismatched_row_indexes or None,
-                v.seconds,
-                run_id,
-                Jsonb(detail),
-            ),
+    parity_id = insert_verdict(
+        conn,
+        (
+            v.dataset_id,
+            v.verdict,
+            source,
+            v.pg_count,
+            v.iceberg_count,
+            v.pg_digest,
+            v.iceberg_digest,
+            v.snapshot_id,
+            v.pg_version,
+            v.iceberg_version,
+            v.smoke,
+            v.mismatched_row_indexes or None,
+            v.seconds,
+            run_id,
+            Jsonb(detail),
         ),
-        "the id of the read parity verdict just inserted",
     )
     return parity_id
 

@@ -457,10 +457,9 @@ def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = 
 def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]) -> Segments:
     """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
     state = conn.execute(
-        "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version,"
-        " coalesce(c.applying, false), s.hash_sql"
-        " from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id"
-        " left join lakehouse_digest_capture c on true where s.dataset_id = %s",
+        "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version, "
+        + capture.APPLYING
+        + ", s.hash_sql from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id where s.dataset_id = %s",
         (dataset_id,),
     ).fetchone()
     if state is None:

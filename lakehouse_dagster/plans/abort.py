@@ -140,8 +140,4 @@ def _after_writer_abort(conn: psycopg.Connection, p: PlanRow) -> str:
 
 
 def _mark(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, detail: str) -> None:
-    conn.execute(
-        "update lakehouse_rollout_flags set restored_at = now(), restore_detail = %s"
-        " where plan_id = %s and kind = %s and name = %s and scope = %s and scope_id is not distinct from %s",
-        (detail, plan_id, k["kind"], k["name"], k["scope"], k["scope_id"]),
-    )
+    store.mark_flag_restored(conn, plan_id, k, detail)

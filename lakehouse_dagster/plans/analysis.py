@@ -28,11 +28,14 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.flags.incidents import fallbacks_of
+from lakehouse_dagster.flags.proof import outcome_counts_and_first_mismatch
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.parity import verdicts as parity_verdicts  # this module has a verdicts() of its own
 from lakehouse_dagster.plans.spec import Analysis
-from lakehouse_dagster.plans.store import MOVED_CTE
+from lakehouse_dagster.plans.store import IN_PLAN_SCOPE, MOVED_CTE, PLAN_START
 from lakehouse_dagster.routing.native_guard import native_blockers
+from lakehouse_dagster.tracking import sync_log
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _SHOWN = 5
@@ -63,33 +66,6 @@ def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:
 # on any dataset the plan moved or a stage started so far covers (its scope: a dataset, a workspace, global) — also
 # one auto-rollback or an operator has since taken off Iceberg (it is no longer "moved" now, nor in the next stage's
 # sample), and one repaired since. ``upcoming``: the scopes of the stage about to start, so it never widens past one.
-_MISMATCHES = sql.SQL("""
-    select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
-      from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
-     where p.verdict = 'MISMATCH'
-       and p.checked_at >= (select created_at from lakehouse_rollout_plans where id = %(plan)s)
-       and not p.detail ? 'reverse'  -- a reverse copy's: repaired, rolls nothing back (verdicts() holds on it)
-       and (%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
-            or exists (select 1 from lakehouse_rollout_steps s
-                        where s.plan_id = %(plan)s and s.kind = 'flip'
-                          and (s.config->>'scope' = 'global'
-                               or s.config->>'scope_id' in (d.workspace_id::text, d.id::text)
-                               or d.id = any(s.moved))))
-     order by p.dataset_id, p.checked_at desc""")
-_WEDGED = sql.SQL("""
-    select l.dataset_id, extract(epoch from now() - l.started_at)::bigint
-      from iceberg_sync_log l join moved m on m.id = l.dataset_id
-     where l.status = 'running' and l.started_at < now() - make_interval(secs => %(after)s)""")
-_FALLBACKS = sql.SQL("""
-    select f.dataset_id, count(*), max(split_part(f.error, E'\\n', 1))
-      from lakehouse_read_fallbacks f join moved m on m.id = f.dataset_id
-     where f.at >= %(since)s {of_reader}
-     group by f.dataset_id""")
-_FAILED_SYNCS = sql.SQL("""
-    select l.dataset_id, count(*), max(split_part(coalesce(l.error, ''), E'\\n', 1))
-      from iceberg_sync_log l join moved m on m.id = l.dataset_id
-     where l.status = 'failed' and l.finished_at >= %(since)s
-     group by l.dataset_id""")
 
 
 def incidents(
@@ -113,12 +89,11 @@ def incidents(
     if found is not None:
         return found
     args = {"plan": plan_id, "since": since, "reader": name, "after": wedged_after_seconds}
-    wedged = conn.execute(MOVED_CTE + _WEDGED, args).fetchall()
+    wedged = sync_log.running_since_of(conn, MOVED_CTE, args)
     if wedged:
         items = [(d, f"a sync running for {secs}s") for d, secs in wedged]
         return Outcome(FAIL, f"a wedged sync on {len(items)} dataset(s) the plan moved: {_listing(conn, items)}")
-    of_reader = sql.SQL("and f.reader = %(reader)s" if kind == READ else "")
-    fallbacks = conn.execute(MOVED_CTE + _FALLBACKS.format(of_reader=of_reader), args).fetchall()
+    fallbacks = fallbacks_of(conn, MOVED_CTE, args, of_reader=kind == READ)
     total = sum(n for _, n, _ in fallbacks)
     if total > analysis.max_fallbacks:
         items = [(d, f"{n} fallback(s), e.g. {err[:120]}") for d, n, err in fallbacks]
@@ -127,7 +102,7 @@ def incidents(
             f"{total} read fallback(s) since the stage flipped (max_fallbacks {analysis.max_fallbacks}): "
             + _listing(conn, items),
         )
-    failed = conn.execute(MOVED_CTE + _FAILED_SYNCS, args).fetchall()
+    failed = sync_log.failed_since_of(conn, MOVED_CTE, args)
     total = sum(n for _, n, _ in failed)
     if total > analysis.max_failed_syncs:
         items = [(d, f"{n} failed sync(s), e.g. {err[:120]}") for d, n, err in failed]
@@ -160,7 +135,7 @@ def mismatches(
         "upcoming_global": any(scope_id is None for _, scope_id in upcoming),
         "upcoming": [scope_id for _, scope_id in upcoming if scope_id is not None],
     }
-    found = conn.execute(_MISMATCHES, args).fetchall()
+    found = parity_verdicts.mismatches_since(conn, PLAN_START, IN_PLAN_SCOPE, args)
     if not found:
         return None
     items = [(d, f"MISMATCH ({src}, {at:%H:%M:%S} UTC)") for d, src, at in found]
@@ -174,11 +149,7 @@ def verdicts(conn: psycopg.Connection, run_id: str, kind: str, analysis: Analysi
     dataset is written iceberg-native: no Postgres side to compare) is ok for a writer plan only: a reader plan
     moves readers onto Iceberg, and a native verdict says nothing about whether Iceberg serves what Postgres
     holds."""
-    found = conn.execute(
-        "select dataset_id, verdict, coalesce(detail->>'reason', ''), detail ? 'reverse',"
-        " (detail->'reverse'->>'lag_before_s')::float8 from lakehouse_read_parity where run_id = %s",
-        (run_id,),
-    ).fetchall()
+    found = parity_verdicts.run_verdicts(conn, run_id)
     rows = [(d, v, why) for d, v, why, _, _ in found]
     counts = {v: sum(r[1] == v for r in rows) for v in parity_verdicts.VERDICTS}
     detail = {"run_id": run_id, "verdicts": {k: n for k, n in counts.items() if n}, "datasets": len(rows)}
@@ -227,14 +198,7 @@ def _evidence(
 ) -> Outcome:
     """Pass only on evidence: an ok (or native) verdict over no rows compares nothing, so it is counted apart, and a
     stage whose every good verdict had no rows is inconclusive, never a silent pass (Kayenta's mustHaveData)."""
-    empty = [
-        r[0]
-        for r in conn.execute(
-            "select dataset_id from lakehouse_read_parity where run_id = %s and verdict = any(%s)"
-            " and coalesce(case when verdict = %s then iceberg_count else pg_count end, 0) = 0",
-            (run_id, list(good_verdicts), parity_verdicts.NATIVE),
-        ).fetchall()
-    ]
+    empty = parity_verdicts.run_datasets_without_rows(conn, run_id, list(good_verdicts))
     detail = {**detail, "no_rows": len(empty)}
     with_rows = good - len(empty)
     if with_rows <= 0:
@@ -280,24 +244,7 @@ class Consistency:
 def consistency(
     conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
 ) -> Consistency:
-    where: sql.Composable = sql.SQL("reader = %s and at >= %s")
-    params: list = [reader, since]
-    if dataset_ids is not None:
-        where += sql.SQL(" and dataset_id = any(%s::uuid[])")
-        params.append(dataset_ids)
-    counts: dict = dict(
-        conn.execute(
-            sql.SQL("select outcome, count(*) from lakehouse_shadow_reads where {} group by outcome").format(where),
-            params,
-        )
-    )
-    first = conn.execute(
-        sql.SQL(
-            "select dataset_id, at, pg_version, snapshot_id, iceberg_version, pg_row, iceberg_row, detail"
-            " from lakehouse_shadow_reads where {} and outcome = 'mismatch' order by id limit 1"
-        ).format(where),
-        params,
-    ).fetchone()
+    counts, first = outcome_counts_and_first_mismatch(conn, reader, since, dataset_ids)
     mismatch = None
     if first:
         keys = ("dataset_id", "at", "pg_version", "snapshot_id", "iceberg_version", "pg_row", "iceberg_row", "detail")

@@ -101,12 +101,7 @@ class TickResult:
 
 def tick(conn: psycopg.Connection, settings: Settings, lookup: RunLookup) -> TickResult:
     """Advance every active or aborting plan one step (or a few, when a stage passes); ``conn``: autocommit."""
-    ids = [
-        r[0]
-        for r in conn.execute(
-            "select id from lakehouse_rollout_plans where state in (%s, %s) order by created_at", (ACTIVE, ABORTING)
-        ).fetchall()
-    ]
+    ids = store.plan_ids_in(conn, (ACTIVE, ABORTING))
     result = TickResult([], len(ids), [])
     for plan_id in ids:
         try:
@@ -251,11 +246,7 @@ class _Step:
             # Nothing of the stage ran: every step this start wrote goes, the "skipped" ones too. A skipped row left
             # behind would stand for its change when the resumed stage needs a run for it after all (its scope moved
             # meanwhile): the stage would count nothing moved there, and the abort would not restore the key.
-            self.conn.execute(
-                "delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and step_key = any(%s)"
-                " and (status = 'requested' or detail like 'skipped%%')",
-                (self.p.id, self.p.stage, [c["step_key"] for c in changes]),
-            )
+            store.delete_unstarted_steps(self.conn, self.p.id, self.p.stage, [c["step_key"] for c in changes])
             self.pause(
                 f"stage {self.p.stage + 1} would move {total} datasets now, above its max_datasets "
                 f"{stage.max_datasets}; abort, or resume once fewer would move"

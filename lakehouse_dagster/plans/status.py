@@ -9,7 +9,6 @@ import uuid
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.plans import store
 from lakehouse_dagster.plans.analysis import consistency
 from lakehouse_dagster.plans.spec import COMPLETE, SHADOW
@@ -145,14 +144,7 @@ def _status(conn: psycopg.Connection, p: store.PlanRow, soak_seconds: int, histo
     plan = p.plan
     rows = store.stage_rows(conn, p.id)
     row = rows[p.stage] if p.stage < len(rows) else None
-    moved = fetch_value(
-        conn.execute(
-            "select count(distinct d) from lakehouse_rollout_steps, unnest(moved) d where plan_id = %s and kind = 'flip'"
-            " and status = 'succeeded'",
-            (p.id,),
-        ),
-        "the count of datasets the plan's flips moved",
-    )
+    moved = store.datasets_moved(conn, p.id)
     events = store.events(conn, p.id, limit=100_000)[-history:] if history else []
     stage = plan.stages[p.stage]
     shadow = None

@@ -485,5 +485,64 @@ def flag_keys(conn: psycopg.Connection, plan_id: uuid.UUID) -> list[dict]:
     ]
 
 
+def mark_flag_restored(conn: psycopg.Connection, plan_id: uuid.UUID, k: dict, detail: str) -> None:
+    """One flag the plan moved, put back (or not) by an abort: when, and what was done."""
+    conn.execute(
+        "update lakehouse_rollout_flags set restored_at = now(), restore_detail = %s"
+        " where plan_id = %s and kind = %s and name = %s and scope = %s and scope_id is not distinct from %s",
+        (detail, plan_id, k["kind"], k["name"], k["scope"], k["scope_id"]),
+    )
+
+
+# When a plan started, as an SQL expression over the parameter %(plan)s (plans/analysis.py: the MISMATCHes since).
+PLAN_START = sql.SQL("(select created_at from lakehouse_rollout_plans where id = %(plan)s)")
+
+
+# The datasets a plan covers so far, as an SQL predicate over ``d`` (a datasets row) with the parameters %(plan)s,
+# %(upcoming_global)s and %(upcoming)s: the scopes of the stage about to start, or a flip step of the plan's.
+IN_PLAN_SCOPE = sql.SQL("""(%(upcoming_global)s or d.workspace_id = any(%(upcoming)s::uuid[]) or d.id = any(%(upcoming)s::uuid[])
+            or exists (select 1 from lakehouse_rollout_steps s
+                        where s.plan_id = %(plan)s and s.kind = 'flip'
+                          and (s.config->>'scope' = 'global'
+                               or s.config->>'scope_id' in (d.workspace_id::text, d.id::text)
+                               or d.id = any(s.moved))))""")
+
+
+def delete_unstarted_steps(conn: psycopg.Connection, plan_id: uuid.UUID, stage: int, step_keys: list[str]) -> None:
+    """A stage start undone: its steps only requested or skipped go (the controller, over max_datasets)."""
+    conn.execute(
+        "delete from lakehouse_rollout_steps where plan_id = %s and stage = %s and step_key = any(%s)"
+        " and (status = 'requested' or detail like 'skipped%%')",
+        (plan_id, stage, step_keys),
+    )
+
+
+def datasets_moved(conn: psycopg.Connection, plan_id: uuid.UUID) -> int:
+    """How many distinct datasets the plan's succeeded flips moved."""
+    return fetch_value(
+        conn.execute(
+            "select count(distinct d) from lakehouse_rollout_steps, unnest(moved) d where plan_id = %s and kind = 'flip'"
+            " and status = 'succeeded'",
+            (plan_id,),
+        ),
+        "the count of datasets the plan's flips moved",
+    )
+
+
+def tables_exist(conn: psycopg.Connection) -> bool:
+    """Whether the rollout tables exist yet (migration 027): the controller sensor skips until they do."""
+    return fetch_value(conn.execute("select to_regclass('lakehouse_rollout_plans')"), "the rollout tables") is not None
+
+
+def plan_ids_in(conn: psycopg.Connection, states: tuple[str, ...]) -> list[uuid.UUID]:
+    """The plans in one of ``states``, the oldest first."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from lakehouse_rollout_plans where state = any(%s) order by created_at", (list(states),)
+        ).fetchall()
+    ]
+
+
 def db_now(conn: psycopg.Connection) -> dt.datetime:
     return fetch_value(conn.execute("select now()"), "the database clock (select now())")

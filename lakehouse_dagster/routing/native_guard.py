@@ -40,6 +40,7 @@ from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.gates import NATIVE, AtFlip, Blocked, Effect, write_flip_blockers
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.tracking import sync_log
 
 log = logging.getLogger("lakehouse_dagster.native_guard")
 
@@ -47,18 +48,21 @@ ALREADY_NATIVE = "already native"
 NEW_AND_EMPTY = "new and empty"
 FLIPPING = "first native write"
 
-_CLASSIFY = """
+_CLASSIFY = (
+    """
 select d.id, d.name, d.workspace_id, d.kind,
        case when s.path = 'native' then 'already native'
             when not exists (select 1 from dataset_rows r where r.dataset_id = d.id)
-             and not exists (select 1 from iceberg_sync_log l
-                              where l.dataset_id = d.id and l.path = 'mirror' and l.status = 'succeeded')
+             and not """
+    + sync_log.MIRRORED_ONCE
+    + """
             then 'new and empty'
             else 'first native write' end
   from datasets d
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
  where d.id = any(%s::uuid[])
 """
+)
 
 
 def classify(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple]:
@@ -143,12 +147,8 @@ def refuse_unsafe_native_write(
         return
     message = refusal_text(writer, *blocked[0], lifecycle=lifecycle_words(conn, [dataset_id]).get(dataset_id))
     with conn.transaction():
-        conn.execute(
-            "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, error,"
-            " finished_at) select id, %s, %s, 'native', %s, 'failed', rows_version, %s, now() from datasets"
-            " where id = %s on conflict (sync_id) do nothing",  # a retry's earlier row is the reaper's to settle
-            (sync_id or uuid.uuid4(), writer, iceberg_mode, message, dataset_id),
-        )
+        # a retry's earlier row is the reaper's to settle
+        sync_log.record_refused_native(conn, dataset_id, sync_id or uuid.uuid4(), writer, iceberg_mode, message)
         conn.execute(
             "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
             (message, dataset_id),

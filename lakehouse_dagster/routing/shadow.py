@@ -56,7 +56,9 @@ from pyiceberg.expressions import In
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.proof import outcomes_since, record_dropped, record_shadow_read
 from lakehouse_dagster.lake.reader import read_iceberg
+from lakehouse_dagster.mirror.reverse_lag import held_snapshot
 from lakehouse_dagster.parity.canonical import SEP, canonical_value
 from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
@@ -171,8 +173,7 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
     if job.snapshot_id is None:
         return Compared(NO_SNAPSHOT, job.pg_rows.num_rows, detail="Iceberg has no snapshot of it")
     if job.reverse_snapshot is not None:
-        at = conn.execute("select snapshot_id from lakehouse_reverse_position where dataset_id = %s", (job.dataset_id,))
-        held = at.fetchone()
+        held = held_snapshot(conn, job.dataset_id)
         if held is None or held[0] != job.reverse_snapshot:
             return Compared(
                 LAGGING,
@@ -222,10 +223,8 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
 
 
 def record(conn: psycopg.Connection, job: ShadowJob, c: Compared, seconds: float) -> None:
-    conn.execute(
-        "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_version, snapshot_id, iceberg_version,"
-        " pg_rows, iceberg_rows, pg_row, iceberg_row, detail, seconds, query, schema_digest)"
-        " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+    record_shadow_read(
+        conn,
         (
             job.reader,
             job.dataset_id,
@@ -337,11 +336,7 @@ class ShadowPool:
         with self._lock:
             dropped, self._dropped = self._dropped, collections.Counter()
         for (reader, ds), n in dropped.items():
-            conn.execute(
-                "insert into lakehouse_shadow_reads (reader, dataset_id, outcome, pg_rows, detail)"
-                " values (%s, %s, 'dropped', %s, %s)",
-                (reader, ds, n, f"{n} sampled read(s) not compared: the shadow queue was full"),
-            )
+            record_dropped(conn, reader, ds, n, f"{n} sampled read(s) not compared: the shadow queue was full")
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every queued comparison is recorded (tests, process exit); False on timeout."""
@@ -502,8 +497,4 @@ def read_rows(table, columns: Sequence[str], row_indexes: list[int], snapshot_id
 
 def since(conn: psycopg.Connection, reader: str, at: dt.datetime) -> list[tuple]:
     """(dataset id, outcome, count) of a reader's shadow reads since ``at`` (for people and tests)."""
-    return conn.execute(
-        "select dataset_id, outcome, count(*) from lakehouse_shadow_reads where reader = %s and at >= %s"
-        " group by dataset_id, outcome order by dataset_id, outcome",
-        (reader, at),
-    ).fetchall()
+    return outcomes_since(conn, reader, at)

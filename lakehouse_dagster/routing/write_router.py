@@ -55,7 +55,7 @@ from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
 from lakehouse_dagster.routing.native_table import write_native_table
-from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking import barrier, sync_log
 
 log = logging.getLogger("lakehouse_dagster.write_router")
 
@@ -193,13 +193,7 @@ def _write_native_locked(
     # write the datasets row (the sync log's triggers): never behind the barrier, so it lets go first.
     with barrier.read_tracking_consistently(conn, [ds]) as tracking:
         tracking.let_go()
-    row = conn.execute(
-        "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, run_id)"
-        " select id, %s, %s, 'native', %s, 'running', rows_version, %s from datasets where id = %s"
-        " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
-        " started_at = now(), run_id = excluded.run_id returning source_version",
-        (sync_id, decision.writer, flag.iceberg_mode, run_id, ds),
-    ).fetchone()
+    row = sync_log.start_native(conn, ds, sync_id, decision.writer, flag.iceberg_mode, run_id)
     if row is None:
         raise NotFound(f"dataset {ds} does not exist (check the id); nothing was written")
     source_version = row[0]
@@ -243,10 +237,8 @@ def _record_success(conn, ds, sync_id, flag, result) -> None:
     snapshot_id = getattr(result, "snapshot_id", None)
     with conn.transaction():
         # rows = rows in the table after the commit, as the mirror records it
-        conn.execute(
-            "update iceberg_sync_log set status = 'succeeded', rows = coalesce(%s, %s), bytes = %s,"
-            " snapshot_id = %s, has_identity = true, finished_at = now(), table_location = %s where sync_id = %s",
-            (total, rows, getattr(result, "bytes", None), snapshot_id, getattr(result, "location", None), sync_id),
+        sync_log.mark_native_succeeded(
+            conn, sync_id, total, rows, getattr(result, "bytes", None), snapshot_id, getattr(result, "location", None)
         )
         conn.execute(
             "update datasets set status = 'ready', error = null, updated_at = now(),"
@@ -263,10 +255,7 @@ def _record_failure(
     own the dataset now). A dead session cannot record anything: the next write settles the row."""
     try:
         with conn.transaction():
-            conn.execute(
-                "update iceberg_sync_log set status = 'failed', error = %s, finished_at = now() where sync_id = %s",
-                (error, sync_id),
-            )
+            sync_log.mark_failed(conn, sync_id, error)
             if errored:
                 conn.execute(
                     "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
@@ -285,18 +274,14 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
             if table is not None and snap is not None:
                 state = table_state(table)
                 total = state["row_count"] if state["snapshot_id"] == snap.snapshot_id else None
-                conn.execute(
-                    "update iceberg_sync_log set status = 'succeeded', snapshot_id = %s, rows = %s,"
-                    " source_version = coalesce(%s, source_version), has_identity = true, finished_at = now(),"
-                    " error = %s, table_location = %s where sync_id = %s",
-                    (
-                        snap.snapshot_id,
-                        total,
-                        snapshot_source_version(snap),
-                        f"interrupted ({type(exc).__name__}) after its commit landed",
-                        table.location(),
-                        sync_id,
-                    ),
+                sync_log.settle_interrupted_landed(
+                    conn,
+                    sync_id,
+                    snap.snapshot_id,
+                    total,
+                    snapshot_source_version(snap),
+                    f"interrupted ({type(exc).__name__}) after its commit landed",
+                    table.location(),
                 )
                 if total is not None:
                     conn.execute(
@@ -305,13 +290,11 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
                         (total, ds),
                     )
             else:
-                conn.execute(
-                    "update iceberg_sync_log set status = 'failed', finished_at = now(), error = %s where sync_id = %s",
-                    (
-                        f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit was seen to land; the next "
-                        "native write of the dataset settles it",
-                        sync_id,
-                    ),
+                sync_log.settle_interrupted_unseen(
+                    conn,
+                    sync_id,
+                    f"{UNSETTLED}interrupted ({type(exc).__name__}) before its commit was seen to land; the next "
+                    "native write of the dataset settles it",
                 )
     except Exception as log_exc:  # noqa: BLE001 - the interruption is what propagates
         lg.warning(f"could not record the interruption of native sync {sync_id}: {log_exc}")

@@ -26,7 +26,6 @@ import logging
 import uuid
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.errors import FlipRefused, LakehouseError
 from lakehouse_dagster.core.settings import Settings
@@ -36,6 +35,7 @@ from lakehouse_dagster.flags.registry import COMMAND, FLIPPABLE_WRITERS, READ, R
 from lakehouse_dagster.flags.resolver import DATASET_OVERRIDE, FlagResolver, invalidate_local
 from lakehouse_dagster.mirror.native_run import ways_forward
 from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity.verdicts import add_to_detail
 from lakehouse_dagster.routing.read_router import ICEBERG, decide, freshness
 from lakehouse_dagster.runbooks import reverse_parity
 from lakehouse_dagster.runbooks.first_native_canary import SOURCE as FIRST_NATIVE_SYNC
@@ -180,11 +180,7 @@ def after_record(
     for line in out.lines():
         (log.error if out.loud else log.warning)("%s", line)
     v.detail["auto_rollback"] = out.as_dict()
-    conn.execute(
-        "update lakehouse_read_parity set detail = detail || jsonb_build_object('auto_rollback', %s::jsonb)"
-        " where id = %s",
-        (Jsonb(v.detail["auto_rollback"]), parity_id),
-    )
+    add_to_detail(conn, parity_id, "auto_rollback", v.detail["auto_rollback"])
     return out
 
 

@@ -43,6 +43,7 @@ from lakehouse_dagster.lake.copy_back import counted as _counted
 from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.lake.copy_back import snapshot_batches as _batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 
 _log = logging.getLogger(__name__)
@@ -194,19 +195,7 @@ def _copy_and_apply(
                 )
             )
         )
-        run(
-            sql.SQL(
-                "insert into lakehouse_pg_reconciled (dataset_id, snapshot_id, how, rows_copied, rows_removed, rows_moved,"
-                " actor) values ({ds}::uuid, {snap}, 'backfill', {c}, {r}, {m}, {actor})"
-            ).format(
-                ds=ds,
-                snap=sql.Literal(found.snapshot_id),
-                c=sql.Literal(copied),
-                r=sql.Literal(removed),
-                m=sql.Literal(moved),
-                actor=sql.Literal(actor),
-            )
-        )
+        run(sync_log.reconciled_by_backfill(ds, found.snapshot_id, copied, removed, moved, actor))
         run(
             sql.SQL(
                 "update datasets set row_count = (select count(*) from dataset_rows where dataset_id = {ds}::uuid),"

@@ -19,17 +19,7 @@ from collections.abc import Collection, Sequence
 import psycopg
 
 from lakehouse_dagster.core.batches import split_near_equal
-
-# One probe of lakehouse_read_parity_schedule_idx per dataset (migration 029).
-_OLDEST_FIRST = """
-select d.id, last.checked_at
-  from unnest(%s::uuid[]) as d(id)
-  left join lateral (
-        select p.checked_at from lakehouse_read_parity p
-         where p.dataset_id = d.id and p.source = 'schedule'
-         order by p.checked_at desc, p.id desc limit 1) last on true
- order by last.checked_at nulls first, d.id
-"""
+from lakehouse_dagster.parity.verdicts import last_scheduled
 
 
 def oldest_first(
@@ -38,7 +28,7 @@ def oldest_first(
     """``(dataset, its last scheduled verdict's time or None)``, never-scheduled first, then the oldest verdict."""
     if not dataset_ids:
         return []
-    return [(r[0], r[1]) for r in conn.execute(_OLDEST_FIRST, (list(dataset_ids),)).fetchall()]
+    return last_scheduled(conn, list(dataset_ids))
 
 
 @dataclasses.dataclass(frozen=True)

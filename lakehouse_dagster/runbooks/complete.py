@@ -64,7 +64,24 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.completed import COMPLETE, IN_PROGRESS, RESTORED, RESTORING, Completed, completed_mark
+from lakehouse_dagster.flags.completed import (
+    COMPLETE,
+    IN_PROGRESS,
+    RESTORED,
+    RESTORING,
+    Completed,
+    completed_mark,
+    count_batch,
+    export_targets,
+    mark_exported,
+    mark_finished,
+    mark_restored,
+    marked_datasets,
+    rows_deleted,
+    set_status,
+    start_mark,
+    with_status,
+)
 from lakehouse_dagster.flags.lifecycle_facts import derive, lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, parse_scope, require_target
@@ -78,8 +95,10 @@ from lakehouse_dagster.lifecycle import COMPLETE_VERB, RESTORE, transition
 from lakehouse_dagster.lifecycle.lock import lock_dataset
 from lakehouse_dagster.mirror.pinned_read import select_query
 from lakehouse_dagster.mirror.reverse import GUC, apply_reverse, reverse_states
+from lakehouse_dagster.mirror.reverse_lag import forget_position
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.maintained import forget_pg
+from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
@@ -237,13 +256,7 @@ def _parity(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -
     run = f"run the canary (lakehouse canary --smoke --dataset {dataset_id}) until it says they agree"
     if found is None:
         return None, f"reverse parity unknown: no canary verdict is recorded; {run}"
-    verdict_id = fetch_value(
-        conn.execute(
-            "select id from lakehouse_read_parity where dataset_id = %s order by checked_at desc, id desc limit 1",
-            (dataset_id,),
-        ),
-        "the latest verdict's id",
-    )
+    verdict_id = latest_verdict_id(conn, dataset_id)
     detail = found["detail"] or {}
     agrees = found["verdict"] == "ok" or (found["verdict"] == "native" and detail.get("agrees_with_postgres") is True)
     at = f"{found['checked_at']:%Y-%m-%d %H:%M:%S} UTC"
@@ -364,9 +377,7 @@ def _exports_of_marks(conn: psycopg.Connection, dirs: list[Path]) -> set[Path]:
             continue
     if not named:
         return set()
-    rows = conn.execute(
-        "select dataset_id, export_to from lakehouse_completed where dataset_id = any(%s::uuid[])", (list(named),)
-    ).fetchall()
+    rows = export_targets(conn, list(named))
     return {named[d] for d, to in rows if to is not None and to == str(named[d])}
 
 
@@ -439,9 +450,7 @@ def complete(
         if mark.export_to and mark.exported_at is None:
             exported = _export(conn, ds_id, Path(mark.export_to), batch, actor)
         deleted, batches, status = _delete_batches(conn, ds_id, batch, lock_timeout_ms, actor)
-        total = fetch_value(
-            conn.execute("select rows_deleted from lakehouse_completed where dataset_id = %s", (ds_id,)), "the mark"
-        )
+        total = rows_deleted(conn, ds_id)
     return CompleteResult(
         ds_id,
         status,
@@ -464,27 +473,13 @@ def _start(
 
     with conn.transaction():
         set_reverse(conn, False, dataset=ds_id, note="complete", actor=actor)
-        conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+        forget_position(conn, ds_id)
         # the maintained Postgres digest of rows about to go: unregistered, so no batch hashes the rows it deletes
         # (a canary registers and fills it again, as for any dataset: after a restore, over the rows restored)
         forget_pg(conn, ds_id)
         first = conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()
-        conn.execute(
-            "insert into lakehouse_completed (dataset_id, status, started_at, rows_deleted, batches, next_row_index,"
-            " export_to, snapshot_id, actor, note) values (%s, %s, now(), 0, 0, %s, %s, %s, %s, %s)"
-            " on conflict (dataset_id) do update set status = excluded.status, started_at = now(), finished_at = null,"
-            " rows_deleted = 0, batches = 0, next_row_index = excluded.next_row_index, export_to = excluded.export_to,"
-            " exported_at = null, snapshot_id = excluded.snapshot_id, actor = excluded.actor, note = excluded.note,"
-            " restored_at = null",
-            (
-                ds_id,
-                IN_PROGRESS,
-                first[0] if first else None,
-                str(path) if path else None,
-                found.snapshot_id,
-                actor,
-                note,
-            ),
+        start_mark(
+            conn, ds_id, first[0] if first else None, str(path) if path else None, found.snapshot_id, actor, note
         )
         rows = fetch_value(conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)), "count")
         _audit(
@@ -541,7 +536,7 @@ def _export(conn: psycopg.Connection, ds_id: uuid.UUID, path: Path, chunk: int, 
             failpoint("complete-export-after-chunk")
     close()
     with conn.transaction():
-        conn.execute("update lakehouse_completed set exported_at = now() where dataset_id = %s", (ds_id,))
+        mark_exported(conn, ds_id)
         _audit(conn, ds_id, "export", actor, n, {"export_to": str(path), "files": part})
     return n
 
@@ -577,13 +572,9 @@ def _delete_batches(
                         actor=actor,
                         what=f"write-flags complete --dataset {ds_id} (finish)",
                     ):
-                        conn.execute(
-                            "update lakehouse_completed set status = %s, finished_at = now(), next_row_index = null"
-                            " where dataset_id = %s",
-                            (COMPLETE, ds_id),
-                        )
+                        mark_finished(conn, ds_id)
                         # a reverse position written meanwhile (none should be: the reverse is off): none holds
-                        conn.execute("delete from lakehouse_reverse_position where dataset_id = %s", (ds_id,))
+                        forget_position(conn, ds_id)
                         _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
                     return deleted, batches, COMPLETE
                 hi_row = conn.execute(
@@ -601,11 +592,7 @@ def _delete_batches(
                 # the last range: the next batch looks again from the start (a row a writer locked to pg added
                 # below the cursor meanwhile is deleted too), and finishes when nothing is left
                 nxt = None if hi is None else hi + 1
-                conn.execute(
-                    "update lakehouse_completed set rows_deleted = rows_deleted + %s, batches = batches + 1,"
-                    " next_row_index = %s where dataset_id = %s",
-                    (n, nxt, ds_id),
-                )
+                count_batch(conn, ds_id, n, nxt)
                 if n:
                     _audit(conn, ds_id, "batch", actor, n, {"from": lo, "to": hi})
             deleted += n
@@ -651,13 +638,7 @@ def scope_datasets(conn: psycopg.Connection, *, dataset=None, workspace=None) ->
         " and workspace_id = %s" if scope.scope == WORKSPACE else ""
     )
     ids = [r[0] for r in conn.execute(query, (scope.scope_id,) if scope.scope == WORKSPACE else ()).fetchall()]
-    done = {
-        r[0]
-        for r in conn.execute(
-            "select dataset_id from lakehouse_completed where status = %s and dataset_id = any(%s::uuid[])",
-            (COMPLETE, ids),
-        ).fetchall()
-    }
+    done = with_status(conn, COMPLETE, ids)
     return sorted((native_dataset_ids(conn, ids) - done), key=str)
 
 
@@ -704,12 +685,7 @@ def complete_status(conn: psycopg.Connection, dataset_id=None, *, limit: int = 5
         get_dataset(conn, ds_id)
     where = sql.SQL("where dataset_id = %s" if ds_id else "")
     params: tuple = (ds_id,) if ds_id else ()
-    marks = [
-        completed_mark(conn, r[0])
-        for r in conn.execute(
-            sql.SQL("select dataset_id from lakehouse_completed {} order by started_at").format(where), params
-        )
-    ]
+    marks = [completed_mark(conn, d) for d in marked_datasets(conn, ds_id)]
     audit = conn.execute(
         sql.SQL(
             "select id, at, dataset_id, event, rows, detail, actor from lakehouse_complete_audit {}"
@@ -776,7 +752,7 @@ def start_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str) -> Non
         mark = completed_mark(conn, ds_id, for_update=True)  # waits for a batch in flight
         assert mark is not None
         if mark.status != RESTORING:
-            conn.execute("update lakehouse_completed set status = %s where dataset_id = %s", (RESTORING, ds_id))
+            set_status(conn, ds_id, RESTORING)
             _audit(conn, ds_id, "restore", actor, None, {"was": mark.status, "rows_deleted": mark.rows_deleted})
         set_reverse(conn, True, dataset=ds_id, note="backfill after complete", actor=actor)
 
@@ -785,9 +761,7 @@ def finish_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str, copie
     """restoring → native, once the full re-sync has landed every row in dataset_rows."""
     what = f"write-flags backfill --dataset {ds_id}"
     with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
-        conn.execute(
-            "update lakehouse_completed set status = %s, restored_at = now() where dataset_id = %s", (RESTORED, ds_id)
-        )
+        mark_restored(conn, ds_id)
         _audit(conn, ds_id, "restored", actor, copied, {"snapshot_id": snapshot_id})
 
 

@@ -31,6 +31,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import NATIVE, Effect
 from lakehouse_dagster.flags.registry import WRITE
 from lakehouse_dagster.flags.resolver import FlagResolver
+from lakehouse_dagster.lifecycle import store as lifecycle_store
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
@@ -145,18 +146,7 @@ def is_first_native_write(conn: psycopg.Connection, ds_id: uuid.UUID) -> bool:
     ``mirrored`` or ``read-flipped``: Postgres was the truth of a copy the canary can compare with) and no native write
     has succeeded since: the next one is its first, whoever makes it. A dataset made native before it was ever
     mirrored has nothing to be compared with; one native before the lifecycle existed had its first write then."""
-    row = conn.execute(
-        """select b.before_state in ('mirrored', 'read-flipped') and not exists (
-                    select 1 from iceberg_sync_log l
-                     where l.dataset_id = %(d)s and l.path = 'native' and l.status = 'succeeded'
-                       and l.started_at >= b.at)
-             from (select h.at, h.before_state from lakehouse_lifecycle_history h
-                    where h.dataset_id = %(d)s and h.after_state = 'native'
-                      and h.before_state in ('pg', 'mirrored', 'read-flipped')
-                    order by h.id desc limit 1) b""",
-        {"d": ds_id},
-    ).fetchone()
-    return bool(row and row[0])
+    return lifecycle_store.native_since_mirrored_without_native_write(conn, ds_id)
 
 
 @dataclasses.dataclass

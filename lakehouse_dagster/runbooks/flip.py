@@ -45,7 +45,7 @@ from lakehouse_dagster.parity import canary
 from lakehouse_dagster.routing.exercise import read_through_router
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
-from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking import barrier, sync_log
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -312,13 +312,7 @@ def verify_write(
     out = []
     for ds_id in ids:
         mode = resolver.resolve(WRITE, writer, ds_id).mode
-        row = conn.execute(
-            """select l.status, l.path, l.rows, l.snapshot_id, d.row_count from datasets d
-                 left join lateral (select status, path, rows, snapshot_id from iceberg_sync_log
-                                     where dataset_id = d.id order by finished_at desc nulls last, id desc limit 1) l on true
-                where d.id = %s""",
-            (ds_id,),
-        ).fetchone()
+        row = sync_log.latest_sync_and_row_count(conn, ds_id)
         if row is None:
             raise NotFound(
                 f"dataset {ds_id} does not exist (deleted since the flip?): verify the flip again without it"

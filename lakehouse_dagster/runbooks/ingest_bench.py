@@ -34,9 +34,11 @@ from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.flags.resolver import FlagResolver
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.schema import arrow_schema
+from lakehouse_dagster.parity.verdicts import delete_verdicts
 from lakehouse_dagster.routing.write_router import native_write, route_write
 from lakehouse_dagster.sources.files import filesystem
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking import sync_log
 
 BENCH_SCHEMA = [
     {"name": "n", "type": "int64"},
@@ -370,8 +372,8 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
 def _delete_workspace(conn: psycopg.Connection, ws: uuid.UUID) -> None:
     with conn.transaction():
         ids = [r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (ws,)).fetchall()]
-        conn.execute("delete from iceberg_sync_log where dataset_id = any(%s::uuid[])", (ids,))
-        conn.execute("delete from lakehouse_read_parity where dataset_id = any(%s::uuid[])", (ids,))
+        sync_log.delete_syncs(conn, ids)
+        delete_verdicts(conn, ids)
         conn.execute("delete from dataset_rows where dataset_id = any(%s::uuid[])", (ids,))
         conn.execute("delete from datasets where workspace_id = %s", (ws,))
         conn.execute("delete from workspaces where id = %s", (ws,))

@@ -36,6 +36,7 @@ from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.reverse import ACTOR, ReverseResult, apply_reverse, position, reverse_states
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
 from lakehouse_dagster.parity import canary
+from lakehouse_dagster.parity.verdicts import add_to_detail
 
 SOURCE = "reverse canary"
 
@@ -147,11 +148,7 @@ def repair_copy(
         out = ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
         said = f"the full reverse re-sync failed ({out.repair_error}): lakehouse write-flags reverse sync --full"
     v.detail["reverse_repair"] = said
-    conn.execute(
-        "update lakehouse_read_parity set detail = detail || jsonb_build_object('reverse_repair', %s::text)"
-        " where id = %s",
-        (said, parity_id),
-    )
+    add_to_detail(conn, parity_id, "reverse_repair", said)
     return out
 
 

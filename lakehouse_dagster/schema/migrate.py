@@ -30,6 +30,7 @@ from pathlib import Path
 import psycopg
 
 from lakehouse_dagster.core import locks
+from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -244,6 +245,16 @@ def apply_functions(conn: psycopg.Connection, functions: list[Function] | None =
         if not changed:
             raise psycopg.Rollback(tx)
     return [f"functions/{n}.sql" for n in changed]
+
+
+def applied_migrations(conn: psycopg.Connection) -> dict:
+    """Each migration recorded as applied, with when (``lakehouse db status``); empty on a database never
+    migrated."""
+    if not fetch_value(
+        conn.execute("select to_regclass('lakehouse_migrations')"), "whether the migrations table exists"
+    ):
+        return {}
+    return dict(conn.execute("select name, applied_at from lakehouse_migrations order by name").fetchall())
 
 
 def migrate(

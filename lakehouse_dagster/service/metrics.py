@@ -33,6 +33,7 @@ from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.registry import READ, READERS, WRITERS, rank
 from lakehouse_dagster.lifecycle import STATES, state_counts
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
+from lakehouse_dagster.parity.verdicts import counts_by_latest_verdict
 from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
@@ -43,15 +44,6 @@ log = logging.getLogger("lakehouse_dagster.service")
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 OUTCOMES = ("ok", "503", "refused", "error")
 VERDICTS = ("ok", "lagging", "no-snapshot", "MISMATCH", "native", "error")
-# Datasets by their newest verdict (by checked_at, then id: parity/canary.py latest_verdicts), through the
-# (dataset_id, checked_at desc, id desc) index: one probe per dataset, whatever the number of verdicts.
-_BY_LATEST_VERDICT = """
-select p.verdict, count(*)
-  from datasets d
-  cross join lateral (select verdict from lakehouse_read_parity p
-                       where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
- group by p.verdict
-"""
 
 SHADOW_WINDOW_SECONDS = 3600
 SHADOW_VERDICTS = (
@@ -150,7 +142,7 @@ class _StatusCollector:
         try:
             with self.db.connection() as conn:
                 behind = behind_datasets(conn)
-                verdicts = dict(conn.execute(_BY_LATEST_VERDICT).fetchall())
+                verdicts = counts_by_latest_verdict(conn)
                 rlags, reverse_off = reverse_lags(conn, native_dataset_ids(conn))
                 lifecycle = state_counts(conn)
                 compared = conn.execute(_SHADOW_WINDOW, (list(SHADOW_READERS), SHADOW_WINDOW_SECONDS)).fetchall()

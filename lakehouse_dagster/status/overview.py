@@ -46,6 +46,7 @@ from lakehouse_dagster import lifecycle
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import REVERSE_ON
+from lakehouse_dagster.flags.incidents import fallbacks_in_window
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
@@ -58,7 +59,8 @@ from lakehouse_dagster.mirror.shards import shard_lines, shard_status
 from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
-from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking import capture, sync_log
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
@@ -86,7 +88,7 @@ _TABULAR = "select id, workspace_id from datasets where kind = 'tabular'"
 _EFFECTIVE, _ = effective_sql(FLAGS, _TABULAR, select="e.dataset_id, e.kind, e.name, e.mode")
 _STAGES = f"""
 with e as ({_EFFECTIVE}),
-     m as materialized (select d.id, exists (select 1 from iceberg_sync_log l where l.dataset_id = d.id and l.status = 'succeeded')
+     m as materialized (select d.id, {sync_log.EVER_SUCCEEDED}
                         as mirrored, b.id is not null as blocked
              from datasets d left join unnest(%(blocked)s::uuid[]) b(id) on b.id = d.id
             where d.kind = 'tabular'),
@@ -288,19 +290,21 @@ class Overview:
 # Step 2b's classification, asked per pipeline input: its `pin` CTE verbatim, then each input's latest sync (the
 # runbook's order: finished_at desc nulls last) through iceberg_sync_log_dataset_idx, instead of its `distinct on`
 # over the whole sync log (5 ms against 0.43 s at 200,000 log rows; test_overview compares the two on its mix).
-_BLOCKED = """
+_BLOCKED = (
+    """
 with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec node)
-  select distinct (node->'data'->>'datasetId')::uuid as dataset_id
-  from pipelines, jsonb_array_elements(spec->'nodes') node
-  where node->>'type' = 'dataset'
-    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$')
+  """
+    + app_tables.PIN
+    + """)
 select p.dataset_id
   from pin p
   join datasets d on d.id = p.dataset_id
- cross join lateral (select l.status, l.has_identity from iceberg_sync_log l where l.dataset_id = p.dataset_id
-                      order by l.finished_at desc nulls last limit 1) l
+ cross join lateral """
+    + sync_log.LATEST_BY_FINISHED_OF_P
+    + """ l
  where l.status = 'succeeded' and l.has_identity
 """
+)
 
 
 def runbook_blocked(conn: psycopg.Connection) -> set[uuid.UUID]:
@@ -379,7 +383,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     lags = [b.lag_seconds for b in behind if b.lag_seconds is not None]
 
     fallbacks: dict[str, int] = {}
-    for ds_id, reader, n, at, error in conn.execute(_FALLBACKS, (FALLBACK_WINDOW_SECONDS,)).fetchall():
+    for ds_id, reader, n, at, error in fallbacks_in_window(conn, FALLBACK_WINDOW_SECONDS):
         fallbacks[reader] = fallbacks.get(reader, 0) + n
         note(
             ds_id,
@@ -557,28 +561,11 @@ def held_lines(ov: Overview) -> list[str]:
     return lines
 
 
-# Each dataset's and reader's read fallbacks of the window (lakehouse_read_fallbacks_at_idx), the newest's error.
-_FALLBACKS = """
-select dataset_id, reader, count(*), max(at), (array_agg(split_part(error, E'\n', 1) order by at desc, id desc))[1]
-  from lakehouse_read_fallbacks
- where at >= now() - make_interval(secs => %s)
- group by dataset_id, reader
-"""
-
-
 def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
     """{dataset: names of the pipelines reading it as INPUT} (the runbook's `dataset` spec nodes), one query."""
     if not ids:
         return {}
-    rows = conn.execute(
-        """select (node->'data'->>'datasetId')::uuid, array_agg(distinct p.name order by p.name)
-             from pipelines p, jsonb_array_elements(p.spec->'nodes') node
-            where node->>'type' = 'dataset'
-              and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$'
-              and (node->'data'->>'datasetId')::uuid = any(%s::uuid[])
-            group by 1""",
-        (list(ids),),
-    ).fetchall()
+    rows = app_tables.pipelines_reading(conn, list(ids))
     return {r[0]: list(r[1]) for r in rows}
 
 

@@ -16,14 +16,7 @@ from collections.abc import Iterable
 
 import psycopg
 
-# The newest succeeded row of each (dataset, snapshot) asked about: its order key.
-_ORDER = """
-select k.ds, k.snap, l.finished_at, l.id
-  from unnest(%s::uuid[], %s::bigint[]) as k(ds, snap)
-  join lateral (select finished_at, id from iceberg_sync_log
-                 where dataset_id = k.ds and snapshot_id = k.snap and status = 'succeeded'
-                 order by finished_at desc nulls last, id desc limit 1) l on true
-"""
+from lakehouse_dagster.tracking import sync_log
 
 # The table now: the snapshot of each dataset's latest succeeded sync (the one definition).
 _CURRENT = """
@@ -36,7 +29,7 @@ def sync_order(conn: psycopg.Connection, pairs: Iterable[tuple[uuid.UUID, int]])
     asked = list(dict.fromkeys((d, int(s)) for d, s in pairs if s is not None))
     if not asked:
         return {}
-    rows = conn.execute(_ORDER, ([d for d, _ in asked], [s for _, s in asked])).fetchall()
+    rows = sync_log.succeeded_order(conn, [d for d, _ in asked], [s for _, s in asked])
     # nulls last in a descending order: a row without finished_at sorts below every finished one
     return {(r[0], r[1]): (r[2] is not None, r[2].timestamp() if r[2] is not None else 0.0, r[3]) for r in rows}
 

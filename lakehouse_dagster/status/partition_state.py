@@ -19,6 +19,7 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.incidents import newest_fallbacks
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.resolver import Resolution, resolve_datasets
@@ -27,22 +28,25 @@ from lakehouse_dagster.lifecycle import Facts
 from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
+from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
 # The dataset, its workspace, its latest succeeded sync (the one definition) and the last location any sync of
 # it recorded (a sync from before the location was recorded has none).
-_QUERY = """
+_QUERY = (
+    """
 select d.id, d.name, d.workspace_id, w.name, d.kind, d.schema, d.rows_version, d.row_count,
        s.sync_id, s.writer, s.path, s.mode, s.rows, s.bytes, s.snapshot_id, s.source_version, s.run_id,
        s.started_at, s.finished_at,
-       coalesce(s.table_location, (select l.table_location from iceberg_sync_log l
-                                    where l.dataset_id = d.id and l.table_location is not null
-                                    order by l.id desc limit 1))
+       coalesce(s.table_location, """
+    + sync_log.LAST_TABLE_LOCATION
+    + """)
   from datasets d
   left join workspaces w on w.id = d.workspace_id
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
  where d.id = any(%s::uuid[])
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +180,7 @@ def partition_states(
 
 def latest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:
     """The newest read fallback of each dataset (one index probe each: lakehouse_read_fallbacks_dataset_idx)."""
-    rows = conn.execute(
-        "select k, f.reader, f.at, f.error from unnest(%s::uuid[]) k cross join lateral"
-        " (select reader, at, error from lakehouse_read_fallbacks where dataset_id = k order by at desc limit 1) f",
-        (ids,),
-    ).fetchall()
+    rows = newest_fallbacks(conn, ids)
     return {r[0]: {"reader": r[1], "at": r[2], "error": r[3]} for r in rows}
 
 

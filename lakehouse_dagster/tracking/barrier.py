@@ -49,7 +49,7 @@ class BarrierTimeout(capture.CaptureError):
 
 # The one test of the mode, as an SQL expression: readers put it in a query they run anyway (a pin, the
 # freshness check), so capture mode triggers pays nothing for it.
-MODE_IS_AFTER_COMMIT = "(select mode = 'after-commit' from lakehouse_digest_capture)"
+MODE_IS_AFTER_COMMIT = capture.MODE_IS_AFTER_COMMIT
 
 
 def mode_is_after_commit(conn: psycopg.Connection) -> bool:

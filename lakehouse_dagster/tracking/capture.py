@@ -85,6 +85,17 @@ _ROW_COLUMNS = ("dataset_id", "row_index", "row_id", "created_at", "data")
 REVERSE_PREFIX = "lakehouse_reverse"  # the reverse mirror's no-echo message (mirror/reverse.py)
 MESSAGES_FROM = 140_000  # server_version_num from which pgoutput sends logical messages (option messages)
 
+# Every statement on lakehouse_digest_capture is in this module (its owner: lakehouse_dagster_tests/test_table_owners.py);
+# the SQL expressions below are how readers put the mode in a query they run anyway.
+# The one test of the mode, as an SQL expression (tracking/barrier.py): capture mode triggers pays nothing for it.
+MODE_IS_AFTER_COMMIT = "(select mode = 'after-commit' from lakehouse_digest_capture)"
+# Whether the WAL consumer has passed the switch to after-commit, as an SQL expression (false without the row).
+APPLYING = "coalesce((select applying from lakehouse_digest_capture), false)"
+# The mode and whether this server's pgoutput sends logical messages (the reverse mirror, under its table lock).
+MODE_AND_MESSAGES = sql.SQL(
+    "select mode, current_setting('server_version_num')::int >= {v} from lakehouse_digest_capture"
+).format(v=sql.Literal(MESSAGES_FROM))
+
 
 class CaptureError(LakehouseError):
     """Capture mode cannot be switched or the consumer cannot run; the message says why and what to do."""
@@ -710,12 +721,9 @@ class _Consumer:
             upd.append((ds, v, rewrite, new_max))
             out[ds] = v
         if changes:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
-                    " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing",
-                    changes,
-                )
+            from lakehouse_dagster.tracking import row_changes  # loads pyiceberg: not at the CLI's load (cli/db.py)
+
+            row_changes.record_changes(conn, changes)
         conn.execute(
             "update datasets d set rows_version = u.v, rows_xid = pg_current_xact_id(), max_row_index = u.mx,"
             " rows_rewrite_version = case when u.rw then u.v else d.rows_rewrite_version end"

@@ -151,6 +151,43 @@ def insert_rows(
     return len(payload)
 
 
+def insert_pipeline(conn: psycopg.Connection, pipeline_id: uuid.UUID, workspace_id: uuid.UUID, name: str, spec) -> None:
+    """One pipeline of the app (the demo's seed)."""
+    conn.execute(
+        "insert into pipelines (id, workspace_id, name, spec) values (%s, %s, %s, %s)",
+        (pipeline_id, workspace_id, name, Jsonb(spec)),
+    )
+
+
+def workspace_pipelines(conn: psycopg.Connection, workspace_id: uuid.UUID) -> list[tuple[uuid.UUID, str]]:
+    """(id, name) of a workspace's pipelines, by name."""
+    return conn.execute(
+        "select id, name from pipelines where workspace_id = %s order by name", (workspace_id,)
+    ).fetchall()
+
+
+def pipelines_reading(conn: psycopg.Connection, ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, list[str]]]:
+    """(dataset, names of the pipelines reading it as INPUT) of each of ``ids`` some pipeline reads (the runbook's
+    `dataset` spec nodes), one query."""
+    return conn.execute(
+        """select (node->'data'->>'datasetId')::uuid, array_agg(distinct p.name order by p.name)
+             from pipelines p, jsonb_array_elements(p.spec->'nodes') node
+            where node->>'type' = 'dataset'
+              and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$'
+              and (node->'data'->>'datasetId')::uuid = any(%s::uuid[])
+            group by 1""",
+        (ids,),
+    ).fetchall()
+
+
+# The `pin` CTE of step 2b of the Fase 4 runbook verbatim: the datasets referenced as a pipeline INPUT (a `dataset`
+# spec node), as a query to put in a ``with pin as (...)`` (status/overview.py).
+PIN = """select distinct (node->'data'->>'datasetId')::uuid as dataset_id
+  from pipelines, jsonb_array_elements(spec->'nodes') node
+  where node->>'type' = 'dataset'
+    and (node->'data'->>'datasetId') ~ '^[0-9a-fA-F-]{36}$'"""
+
+
 def pipeline_input_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     """Datasets referenced as a pipeline INPUT (a `dataset` node in a spec): the runbook's F3 blockers."""
     rows = conn.execute(

@@ -35,6 +35,17 @@ class PartialPlan:
     reason: str
 
 
+def record_changes(conn: psycopg.Connection, changes: list[tuple]) -> None:
+    """The change rows the WAL consumer (tracking/capture.py, after-commit mode) computed: (dataset, version,
+    bucket, previous version, min index, max index) each; a row already there stays (a replayed transaction)."""
+    with conn.cursor() as cur:
+        cur.executemany(
+            "insert into lakehouse_row_changes (dataset_id, version, bucket, prev_version, min_idx,"
+            " max_idx) values (%s, %s, %s, %s, %s, %s) on conflict do nothing",
+            changes,
+        )
+
+
 def merge(ranges: Sequence[tuple[int, int]]) -> Ranges:
     """Sorted, overlapping or adjacent ranges joined."""
     out: Ranges = []

@@ -14,7 +14,6 @@ import uuid
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
@@ -133,7 +132,7 @@ def rollout_controller(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
     settings = lakehouse.settings()
     last_event = int(json.loads(context.cursor).get("event", 0)) if context.cursor else 0
     with lakehouse.connect() as conn:
-        if fetch_value(conn.execute("select to_regclass('lakehouse_rollout_plans')"), "the rollout tables") is None:
+        if not store.tables_exist(conn):
             return dg.SkipReason("the rollout tables do not exist yet: run lakehouse db migrate")
         result = controller.tick(conn, settings, lambda plan_id: plan_runs(context.instance, plan_id))
         requests = [run_request(conn, ask) for ask in result.asks]
