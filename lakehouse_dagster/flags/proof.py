@@ -145,6 +145,17 @@ def outcomes_since(conn: psycopg.Connection, reader: str, at: dt.datetime) -> li
     ).fetchall()
 
 
+def outcomes_in_window(conn: psycopg.Connection, readers: list[str], seconds: float) -> list[tuple]:
+    """(reader, outcome, count) of the last ``seconds`` (the service's /metrics): one range scan of
+    lakehouse_shadow_reads_reader_idx per reader, the window's rows whatever the history."""
+    return conn.execute(
+        "select reader, outcome, count(*) from lakehouse_shadow_reads"
+        " where reader = any(%s::text[]) and at >= now() - make_interval(secs => %s)"
+        " group by reader, outcome",
+        (readers, seconds),
+    ).fetchall()
+
+
 def outcome_counts_and_first_mismatch(
     conn: psycopg.Connection, reader: str, since: dt.datetime, dataset_ids: list[uuid.UUID] | None = None
 ) -> tuple[dict, tuple | None]:

@@ -30,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.proof import outcomes_in_window
 from lakehouse_dagster.flags.registry import READ, READERS, WRITERS, rank
 from lakehouse_dagster.lifecycle import STATES, state_counts
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
@@ -57,12 +58,6 @@ SHADOW_VERDICTS = (
 )
 SHADOW_COUNTED = (shadow.MATCH, shadow.MISMATCH, shadow.ERROR)  # what a consistency rate counts (flags/proof.py)
 SHADOW_READERS = tuple(r.name for r in READERS.values() if rank(READ, r.ceiling) >= rank(READ, "shadow"))
-# One range scan of lakehouse_shadow_reads_reader_idx per reader: the window's rows, whatever the history.
-_SHADOW_WINDOW = """
-select reader, outcome, count(*) from lakehouse_shadow_reads
- where reader = any(%s::text[]) and at >= now() - make_interval(secs => %s)
- group by reader, outcome
-"""
 
 
 class ServiceMetrics:
@@ -145,7 +140,7 @@ class _StatusCollector:
                 verdicts = counts_by_latest_verdict(conn)
                 rlags, reverse_off = reverse_lags(conn, native_dataset_ids(conn))
                 lifecycle = state_counts(conn)
-                compared = conn.execute(_SHADOW_WINDOW, (list(SHADOW_READERS), SHADOW_WINDOW_SECONDS)).fetchall()
+                compared = outcomes_in_window(conn, list(SHADOW_READERS), SHADOW_WINDOW_SECONDS)
         except psycopg.Error as exc:
             log.warning("metrics: cannot read the migration's state from Postgres (%s)", type(exc).__name__)
             up.add_metric([], 0)
