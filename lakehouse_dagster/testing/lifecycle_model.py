@@ -35,6 +35,7 @@ from lakehouse_dagster.lake.foreign import foreign_since_project
 from lakehouse_dagster.lifecycle import COMPLETE_VERB, WriteRefused, illegal, transition
 from lakehouse_dagster.lifecycle import states as S
 from lakehouse_dagster.mirror.reverse import PostgresWritten, ReversePosition, _refuse_postgres_written
+from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity.canary import MISMATCH, Verdict
 from lakehouse_dagster.routing.write_router import WriteDecision, _write_native, native_write
 from lakehouse_dagster.runbooks import complete as cp
@@ -379,6 +380,19 @@ class LifecycleWithIceberg(Lifecycle):
         if table is None or snap is None:
             return 0, None
         return table.scan().count(), snap.snapshot_id
+
+    @rule(i=st.integers(0, 2))
+    def first_snapshot(self, i):
+        """The forward mirror's first snapshot for real: a full sync of the dataset into its table (so another
+        engine finds tables of mirrored datasets too, where Postgres is the truth)."""
+        d = self.ids[i]
+        if d in self.o.mirrored or self.o.state(d).authority != S.POSTGRES:
+            return
+        sync_dataset(self.dsn, self.catalog, self.lake_settings, d, mode="full")
+        self.o.mirrored.add(d)
+        self.__dict__.setdefault("iceberg_rows", {})[d] = self.o.pg_rows[d]
+        assert self._iceberg_count(d)[0] == self.o.pg_rows[d], (d, self._iceberg_count(d), self.o.pg_rows[d])
+        self._saw("mirrored by a real sync")
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS), mode=st.sampled_from(["iceberg_native", "pg"]))
     def writer_at_dataset_scope(self, i, writer, mode):
