@@ -701,8 +701,9 @@ def _screenshot(url: str, name: str, width: int = 1700, height: int = 1300, out_
     return out
 
 
-def _rendered(url: str, needle: str, tries: int = 4) -> str:
-    """The page's text once the React app has rendered ``needle`` (a busy machine may dump the bare shell first)."""
+def _rendered(url: str, needle: str, tries: int = 8) -> str:
+    """The page's text once the React app has rendered ``needle`` (a busy machine may dump the bare shell first:
+    seen four times in a row at load average 6, so eight tries)."""
     page = ""
     for _ in range(tries):
         page = _page_text(url)
