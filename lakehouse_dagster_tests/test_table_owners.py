@@ -36,6 +36,7 @@ OWNERS: dict[str, str] = {
     "lakehouse_file_digests": "parity.maintained",
     "lakehouse_file_identity": "parity.file_identity",
     "lakehouse_flag_audit": "flags.overrides",
+    "lakehouse_flag_overrides": "flags.overrides_store",
     "lakehouse_lifecycle": "lifecycle.store",
     "lakehouse_lifecycle_history": "lifecycle.store",
     "lakehouse_migrations": "schema.migrate",
@@ -66,7 +67,6 @@ OWNERS: dict[str, str] = {
 NOT_YET_OWNED: dict[str, int] = {
     "lakehouse_pg_digest_deltas": 3,
     "lakehouse_pg_digest_state": 3,
-    "lakehouse_flag_overrides": 4,
     "workspaces": 10,
     "dataset_rows": 26,
     "datasets": 52,

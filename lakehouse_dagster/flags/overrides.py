@@ -18,6 +18,7 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
 from lakehouse_dagster.flags.registry import READ, Flag, check_kind, check_mode, get_flag
 from lakehouse_dagster.flags.resolver import invalidate_local
@@ -119,8 +120,6 @@ def _check_actor(actor: str) -> str:
     return actor.strip()
 
 
-_KEY_MATCH = "kind = %s and name = %s and scope = %s and scope_id is not distinct from %s"
-
 _AUDIT_INSERT = (
     "insert into lakehouse_flag_audit (action, kind, name, scope, scope_id, before_mode, after_mode, note, actor)"
     " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -132,11 +131,7 @@ def _lock_key(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str | None:
     """Serialise writers of one override key so the audit's `before` is exact; returns the current mode."""
     key = f"lakehouse_flag:{flag.kind}:{flag.name}:{scope.scope}:{scope.scope_id or ''}"
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
-    row = conn.execute(
-        "select mode from lakehouse_flag_overrides where " + _KEY_MATCH,
-        (flag.kind, flag.name, scope.scope, scope.scope_id),
-    ).fetchone()
-    return row[0] if row else None
+    return overrides_store.current_mode(conn, flag.kind, flag.name, scope.scope, scope.scope_id)
 
 
 def _verb(flag: Flag) -> str:
@@ -183,13 +178,7 @@ def set_override(
         if guard is not None:
             guard(conn, flag, scope, mode)
         before = _lock_key(conn, flag, scope)
-        conn.execute(
-            "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by, set_at)"
-            " values (%s, %s, %s, %s, %s, %s, %s, now())"
-            " on conflict (kind, name, scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
-            " do update set mode = excluded.mode, note = excluded.note, set_by = excluded.set_by, set_at = now()",
-            (flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor),
-        )
+        overrides_store.upsert(conn, flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor)
         row = fetch_one(
             conn.execute(
                 _AUDIT_INSERT, ("set", flag.kind, flag.name, scope.scope, scope.scope_id, before, mode, note, actor)
@@ -225,10 +214,7 @@ def clear_override(
         before = _lock_key(conn, flag, scope)
         if before is None:
             return Change(flag, scope, None, None, None)
-        conn.execute(
-            "delete from lakehouse_flag_overrides where " + _KEY_MATCH,
-            (flag.kind, flag.name, scope.scope, scope.scope_id),
-        )
+        overrides_store.delete(conn, flag.kind, flag.name, scope.scope, scope.scope_id)
         row = fetch_one(
             conn.execute(
                 _AUDIT_INSERT, ("clear", flag.kind, flag.name, scope.scope, scope.scope_id, before, None, note, actor)
@@ -241,13 +227,7 @@ def clear_override(
 
 def list_overrides(conn: psycopg.Connection, kind: str | None = None) -> list[Override]:
     """Every runtime override (of one kind, or both), including names the registry no longer knows."""
-    sql = "select kind, name, scope, scope_id, mode, note, set_by, set_at from lakehouse_flag_overrides"
-    params: tuple = ()
-    if kind is not None:
-        sql += " where kind = %s"
-        params = (check_kind(kind),)
-    sql += " order by kind, name, case scope when 'global' then 0 when 'workspace' then 1 else 2 end, scope_id"
-    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+    return [Override(*r) for r in overrides_store.all_rows(conn, None if kind is None else check_kind(kind))]
 
 
 def history(
@@ -299,23 +279,8 @@ def narrower_overrides(conn: psycopg.Connection, kind: str, name: str, scope: Sc
     """The overrides of the same flag that still win over ``scope`` where they apply (the most specific wins):
     under global, every workspace and dataset override; under a workspace, those of its datasets. What an
     operator clearing ``scope`` must be told remains."""
-    sql = (
-        "select o.kind, o.name, o.scope, o.scope_id, o.mode, o.note, o.set_by, o.set_at"
-        "  from lakehouse_flag_overrides o where o.kind = %s and o.name = %s"
-    )
-    params: tuple = (check_kind(kind), name)
-    if scope.scope == GLOBAL:
-        sql += " and o.scope in ('workspace', 'dataset')"
-    elif scope.scope == WORKSPACE:
-        sql += (
-            " and o.scope = 'dataset'"
-            " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)"
-        )
-        params += (scope.scope_id,)
-    else:
-        return []
-    sql += " order by case o.scope when 'workspace' then 0 else 1 end, o.scope_id"
-    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+    rows = overrides_store.narrower_rows(conn, check_kind(kind), name, scope.scope, scope.scope_id)
+    return [Override(*r) for r in rows]
 
 
 def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) -> list[str]:
