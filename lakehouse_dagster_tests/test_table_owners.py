@@ -43,6 +43,8 @@ OWNERS: dict[str, str] = {
     "lakehouse_mirror_requests": "mirror.poller",
     "lakehouse_mirror_streams": "mirror.shards",
     "lakehouse_orphan_sweeps": "mirror.sweep",
+    "lakehouse_pg_digest_deltas": "tracking.digest_sums",
+    "lakehouse_pg_digest_state": "tracking.digest_sums",
     "lakehouse_pg_reconciled": "tracking.sync_log",
     "lakehouse_read_fallbacks": "flags.incidents",
     "lakehouse_read_parity": "parity.verdicts",
@@ -65,8 +67,6 @@ OWNERS: dict[str, str] = {
 
 # table -> modules touching it when it was listed here (2026-12-07, main b28a8c8). Shrink this list.
 NOT_YET_OWNED: dict[str, int] = {
-    "lakehouse_pg_digest_deltas": 3,
-    "lakehouse_pg_digest_state": 3,
     "workspaces": 10,
     "dataset_rows": 26,
     "datasets": 52,
