@@ -23,6 +23,7 @@ from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
 from lakehouse_dagster.flags.registry import READ, Flag, check_kind, check_mode, get_flag
 from lakehouse_dagster.flags.resolver import invalidate_local
 from lakehouse_dagster.lifecycle import READER_FLAG, WRITER_FLAG, transition
+from lakehouse_dagster.tracking import datasets as app_tables
 
 GLOBAL = "global"
 WORKSPACE = "workspace"
@@ -101,7 +102,7 @@ def require_target(conn: psycopg.Connection, scope: Scope) -> None:
         if conn.execute("select 1 from datasets where id = %s", (scope.scope_id,)).fetchone() is None:
             raise NotFound(f"dataset {scope.scope_id} does not exist; check the id (nothing was changed)")
     elif scope.scope == WORKSPACE:
-        if conn.execute("select 1 from workspaces where id = %s", (scope.scope_id,)).fetchone() is None:
+        if not app_tables.workspace_exists(conn, scope.scope_id):
             raise NotFound(f"workspace {scope.scope_id} does not exist; check the id (nothing was changed)")
 
 
@@ -289,13 +290,7 @@ def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) 
     if not left:
         return []
     ids = [o.scope_id for o in left]
-    names: dict = dict(
-        conn.execute(
-            "select id, name from datasets where id = any(%s::uuid[])"
-            " union all select id, name from workspaces where id = any(%s::uuid[])",
-            (ids, ids),
-        ).fetchall()
-    )
+    names: dict = app_tables.dataset_and_workspace_names(conn, ids)
     counts = ", ".join(f"{n} {s} override(s)" for s in (WORKSPACE, DATASET) if (n := sum(o.scope == s for o in left)))
     verb = "flags" if flag.kind == "read" else "write-flags"
     lines = [f"{counts} of {flag.name} remain and still win where they apply:"]
