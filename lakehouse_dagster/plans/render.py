@@ -40,6 +40,7 @@ from lakehouse_dagster.flags.widen import scope_mode_in, widen_blockers
 from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 _SHOWN = 20
@@ -267,7 +268,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
     project = current_soak(conn, settings)
     settings = settings.replace(soak_seconds=project.seconds)  # every soak below is the one the gates apply
     datasets, row_counts = _datasets(conn)
-    workspaces: dict = dict(conn.execute("select id, name from workspaces").fetchall())
+    workspaces: dict = app_tables.workspace_names(conn)
     stored = dict(stored_overrides(conn, flag.kind, [flag.name])[flag.name])
     problems: list[str] = []
     stages: list[StagePlan] = []
