@@ -33,7 +33,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "plans.store": 548,
     "flags.gates": 528,
     "mirror.sync": 527,
-    "parity.digest": 519,
     "testing.lifecycle_model": 504,
 }
 
