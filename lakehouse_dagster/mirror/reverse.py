@@ -315,7 +315,7 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     )
 
 
-def _apply(
+def _apply(  # noqa: C901 - one reverse apply in one transaction; splitting it needs care (issue 45 names it)
     pg: psycopg.Connection,
     dsn: str,
     table,
