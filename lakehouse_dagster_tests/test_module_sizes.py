@@ -31,9 +31,9 @@ NOT_YET_SPLIT: dict[str, int] = {
     "status.overview": 632,
     "demo.workspace": 558,
     "plans.store": 548,
-    "flags.gates": 528,
+    "flags.gates": 529,  # owners-2 merged beside this list: one line of its owner call
     "mirror.sync": 527,
-    "testing.lifecycle_model": 504,
+    "testing.lifecycle_model": 518,  # the model with a real first sync, merged beside this list
 }
 
 
