@@ -170,7 +170,7 @@ def _defined_along(name: str, classes, seen=()) -> tuple[set[str], bool]:
     return defined, foreign_base
 
 
-def private_uses(source: str, own: set[str], classes=None) -> list[str]:
+def private_uses(source: str, own: set[str], classes=None) -> list[str]:  # noqa: C901 - one AST walk, one branch per kind of private use it reports
     """The private names of other packages (or of CPython) that ``source`` uses: imports of private modules or
     names, private attributes of what it imported from elsewhere, private attributes (also through getattr) that
     this package does not define itself, ``self._x`` in a class whose bases come from elsewhere when neither it

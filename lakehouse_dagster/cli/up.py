@@ -235,7 +235,7 @@ def _say(msg: str) -> None:
     print(f"lakehouse up: {msg}", file=sys.stderr, flush=True)
 
 
-def _up(ctx, args) -> Result:
+def _up(ctx, args) -> Result:  # noqa: C901 - the start-up sequence in the order an operator sees it, each failure beside its step
     # -- refusals first: nothing is written or started before these pass
     """Long on purpose: the start-up sequence (Postgres, schema, demo, Dagster, the ready line, the shutdown) reads top to bottom in the order an operator sees it, each step's failure message beside it."""
     host = loopback_host(args.host)
@@ -647,7 +647,7 @@ def _start(
 _RELAYS: dict[int, threading.Thread] = {}  # a child's pid -> the thread relaying its console (joined at the end)
 
 
-def supervise(
+def supervise(  # noqa: C901 - one supervision loop: each child exit, signal and restart decision beside the state it reads
     cmd: list[str],
     *,
     env: dict,

@@ -166,7 +166,7 @@ class Settings:
     canary_batch_size: int = 1000
     canary_max_per_tick: int = 10_000
     canary_max_runs: int = 10
-    # Alerts (status/alerts.py). The webhook URL is a secret (its path is the credential): never in a repr, a log,
+    # Alerts (status/alerts/). The webhook URL is a secret (its path is the credential): never in a repr, a log,
     # metadata or an exception. Unset: the lakehouse_alerts sensor posts nothing and says so.
     alert_webhook_url: str | None = dataclasses.field(default=None, repr=False)
     alert_timeout_seconds: float = 5.0
@@ -187,7 +187,7 @@ class Settings:
     # meanwhile, sends the shard's changed datasets to batch runs.
     mirror_stream_down_seconds: int = 30
     # A native dataset whose reverse mirror has lacked a native commit for longer than this is alerted
-    # (reverse_behind, status/alerts.py).
+    # (reverse_behind, status/alerts/).
     reverse_lag_alert_seconds: int = 300
     # A native dataset's postgres/dataset_rows partition page says its reverse mirror is behind once it has lacked a
     # native commit for longer than this (status/reverse_page.py, the recorder), and again when that ends.

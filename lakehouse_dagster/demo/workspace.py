@@ -482,7 +482,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
     created = False
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-        exists = conn.execute("select 1 from workspaces where id = %s", (DEMO_WORKSPACE_ID,)).fetchone()
+        exists = datasets.workspace_exists(conn, DEMO_WORKSPACE_ID)
         if not exists:
             created = True
             datasets.create_workspace(conn, DEMO_WORKSPACE_NAME, DEMO_WORKSPACE_ID)

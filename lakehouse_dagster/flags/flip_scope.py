@@ -20,6 +20,7 @@ from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
 from lakehouse_dagster.flags.registry import WRITE, Flag, rank
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import place, scope_mode
+from lakehouse_dagster.tracking import datasets as app_tables
 
 _SHOWN = 20
 
@@ -185,7 +186,5 @@ def scope_report(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str) 
 def _names(conn: psycopg.Connection, rows: list[tuple], scope: Scope) -> dict:
     names = {r[0]: r[1] for r in rows}
     if scope.scope == WORKSPACE:
-        row = conn.execute("select name from workspaces where id = %s", (scope.scope_id,)).fetchone()
-        if row:
-            names[scope.scope_id] = row[0]
+        names.update(app_tables.workspace_names(conn, [scope.scope_id]))
     return names

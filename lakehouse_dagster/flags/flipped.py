@@ -11,27 +11,23 @@ import uuid
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.registry import REGISTRY
 
 # Only datasets some override touches can resolve above their default.
-_TOUCHED = """
+_TOUCHED = (
+    """
 select id, workspace_id from datasets
  where kind = 'tabular'
-   and (exists (select 1 from lakehouse_flag_overrides where scope = 'global')
-        or id in (select scope_id from lakehouse_flag_overrides where scope = 'dataset')
-        or workspace_id in (select scope_id from lakehouse_flag_overrides where scope = 'workspace'))
-"""
+   and """
+    + overrides_store.TOUCHES_DATASET
+    + "\n"
+)
 
 
 def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:
     """Tabular datasets with at least one read or write flag resolving above its registry default."""
-    if (
-        fetch_value(
-            conn.execute("select to_regclass('lakehouse_flag_overrides')"), "whether the flag overrides table exists"
-        )
-        is None
-    ):
+    if not overrides_store.table_exists(conn):
         return set()
     from lakehouse_dagster.flags.precedence import effective_sql  # the flags area's precedence (one place)
 

@@ -58,6 +58,7 @@ from lakehouse_dagster.flags.widen import place, widen_blockers
 from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
 from lakehouse_dagster.parity.verdicts import latest_with_rows_version
 from lakehouse_dagster.tracking import barrier, capture, sync_log
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 NATIVE = "iceberg_native"
@@ -473,7 +474,7 @@ def refuse_completed_rollback(
 def scope_names(conn: psycopg.Connection, datasets: dict) -> dict:
     """Dataset names (from ``effects``' rows) and every workspace's name, by id: refusals name what they mean."""
     names = {i: r[1] for i, r in datasets.items()}
-    names.update(dict(conn.execute("select id, name from workspaces").fetchall()))
+    names.update(app_tables.workspace_names(conn))
     return names
 
 

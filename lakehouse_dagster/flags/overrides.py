@@ -18,10 +18,12 @@ import psycopg
 from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.ids import parse_uuid
+from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.lifecycle_facts import derive, scope_ids
 from lakehouse_dagster.flags.registry import READ, Flag, check_kind, check_mode, get_flag
 from lakehouse_dagster.flags.resolver import invalidate_local
 from lakehouse_dagster.lifecycle import READER_FLAG, WRITER_FLAG, transition
+from lakehouse_dagster.tracking import datasets as app_tables
 
 GLOBAL = "global"
 WORKSPACE = "workspace"
@@ -100,7 +102,7 @@ def require_target(conn: psycopg.Connection, scope: Scope) -> None:
         if conn.execute("select 1 from datasets where id = %s", (scope.scope_id,)).fetchone() is None:
             raise NotFound(f"dataset {scope.scope_id} does not exist; check the id (nothing was changed)")
     elif scope.scope == WORKSPACE:
-        if conn.execute("select 1 from workspaces where id = %s", (scope.scope_id,)).fetchone() is None:
+        if not app_tables.workspace_exists(conn, scope.scope_id):
             raise NotFound(f"workspace {scope.scope_id} does not exist; check the id (nothing was changed)")
 
 
@@ -119,8 +121,6 @@ def _check_actor(actor: str) -> str:
     return actor.strip()
 
 
-_KEY_MATCH = "kind = %s and name = %s and scope = %s and scope_id is not distinct from %s"
-
 _AUDIT_INSERT = (
     "insert into lakehouse_flag_audit (action, kind, name, scope, scope_id, before_mode, after_mode, note, actor)"
     " values (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -132,11 +132,7 @@ def _lock_key(conn: psycopg.Connection, flag: Flag, scope: Scope) -> str | None:
     """Serialise writers of one override key so the audit's `before` is exact; returns the current mode."""
     key = f"lakehouse_flag:{flag.kind}:{flag.name}:{scope.scope}:{scope.scope_id or ''}"
     conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
-    row = conn.execute(
-        "select mode from lakehouse_flag_overrides where " + _KEY_MATCH,
-        (flag.kind, flag.name, scope.scope, scope.scope_id),
-    ).fetchone()
-    return row[0] if row else None
+    return overrides_store.current_mode(conn, flag.kind, flag.name, scope.scope, scope.scope_id)
 
 
 def _verb(flag: Flag) -> str:
@@ -183,13 +179,7 @@ def set_override(
         if guard is not None:
             guard(conn, flag, scope, mode)
         before = _lock_key(conn, flag, scope)
-        conn.execute(
-            "insert into lakehouse_flag_overrides (kind, name, scope, scope_id, mode, note, set_by, set_at)"
-            " values (%s, %s, %s, %s, %s, %s, %s, now())"
-            " on conflict (kind, name, scope, coalesce(scope_id, '00000000-0000-0000-0000-000000000000'::uuid))"
-            " do update set mode = excluded.mode, note = excluded.note, set_by = excluded.set_by, set_at = now()",
-            (flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor),
-        )
+        overrides_store.upsert(conn, flag.kind, flag.name, scope.scope, scope.scope_id, mode, note, actor)
         row = fetch_one(
             conn.execute(
                 _AUDIT_INSERT, ("set", flag.kind, flag.name, scope.scope, scope.scope_id, before, mode, note, actor)
@@ -225,10 +215,7 @@ def clear_override(
         before = _lock_key(conn, flag, scope)
         if before is None:
             return Change(flag, scope, None, None, None)
-        conn.execute(
-            "delete from lakehouse_flag_overrides where " + _KEY_MATCH,
-            (flag.kind, flag.name, scope.scope, scope.scope_id),
-        )
+        overrides_store.delete(conn, flag.kind, flag.name, scope.scope, scope.scope_id)
         row = fetch_one(
             conn.execute(
                 _AUDIT_INSERT, ("clear", flag.kind, flag.name, scope.scope, scope.scope_id, before, None, note, actor)
@@ -241,13 +228,7 @@ def clear_override(
 
 def list_overrides(conn: psycopg.Connection, kind: str | None = None) -> list[Override]:
     """Every runtime override (of one kind, or both), including names the registry no longer knows."""
-    sql = "select kind, name, scope, scope_id, mode, note, set_by, set_at from lakehouse_flag_overrides"
-    params: tuple = ()
-    if kind is not None:
-        sql += " where kind = %s"
-        params = (check_kind(kind),)
-    sql += " order by kind, name, case scope when 'global' then 0 when 'workspace' then 1 else 2 end, scope_id"
-    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+    return [Override(*r) for r in overrides_store.all_rows(conn, None if kind is None else check_kind(kind))]
 
 
 def history(
@@ -299,23 +280,8 @@ def narrower_overrides(conn: psycopg.Connection, kind: str, name: str, scope: Sc
     """The overrides of the same flag that still win over ``scope`` where they apply (the most specific wins):
     under global, every workspace and dataset override; under a workspace, those of its datasets. What an
     operator clearing ``scope`` must be told remains."""
-    sql = (
-        "select o.kind, o.name, o.scope, o.scope_id, o.mode, o.note, o.set_by, o.set_at"
-        "  from lakehouse_flag_overrides o where o.kind = %s and o.name = %s"
-    )
-    params: tuple = (check_kind(kind), name)
-    if scope.scope == GLOBAL:
-        sql += " and o.scope in ('workspace', 'dataset')"
-    elif scope.scope == WORKSPACE:
-        sql += (
-            " and o.scope = 'dataset'"
-            " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)"
-        )
-        params += (scope.scope_id,)
-    else:
-        return []
-    sql += " order by case o.scope when 'workspace' then 0 else 1 end, o.scope_id"
-    return [Override(*r) for r in conn.execute(sql, params).fetchall()]
+    rows = overrides_store.narrower_rows(conn, check_kind(kind), name, scope.scope, scope.scope_id)
+    return [Override(*r) for r in rows]
 
 
 def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) -> list[str]:
@@ -324,13 +290,7 @@ def remaining_lines(conn: psycopg.Connection, flag: Flag, left: list[Override]) 
     if not left:
         return []
     ids = [o.scope_id for o in left]
-    names: dict = dict(
-        conn.execute(
-            "select id, name from datasets where id = any(%s::uuid[])"
-            " union all select id, name from workspaces where id = any(%s::uuid[])",
-            (ids, ids),
-        ).fetchall()
-    )
+    names: dict = app_tables.dataset_and_workspace_names(conn, ids)
     counts = ", ".join(f"{n} {s} override(s)" for s in (WORKSPACE, DATASET) if (n := sum(o.scope == s for o in left)))
     verb = "flags" if flag.kind == "read" else "write-flags"
     lines = [f"{counts} of {flag.name} remain and still win where they apply:"]

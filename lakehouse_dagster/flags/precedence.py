@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from psycopg import sql
 
+from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.registry import MODES, Flag, rank
 
 SCOPES = ("dataset", "workspace", "global")  # most specific first
@@ -32,12 +33,14 @@ def pick(stored: dict[str, str], default: str) -> tuple[str, str]:
     return DEFAULT, default
 
 
-_QUERY = """
+_QUERY = (
+    """
 with f(kind, name, dflt, dflt_rank, ceiling, ceiling_rank) as (values {flags}),
      m(kind, mode, rnk) as (values {modes}),
      d(id, workspace_id) as ({datasets}),
-     o as (select kind, name, scope, scope_id, mode from lakehouse_flag_overrides
-            where (kind, name) in (select kind, name from f)),
+     o as ("""
+    + overrides_store.OF_FLAGS_IN_F
+    + """),
      s as (
        select d.id, f.kind, f.name, f.dflt_rank, f.ceiling, f.ceiling_rank,
               coalesce({stored}, f.dflt) as stored_mode,
@@ -49,6 +52,7 @@ select s.id as dataset_id, s.kind, s.name,
        s.source, s.stored_mode, least(m.rnk, s.ceiling_rank) as mode_rank, s.dflt_rank as default_rank
   from s join m on m.kind = s.kind and m.mode = s.stored_mode
 """
+)
 
 
 def effective_sql(

@@ -7,6 +7,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE
 from lakehouse_dagster.flags.registry import Flag
 from lakehouse_dagster.flags.resolver import resolve_from
@@ -17,10 +18,7 @@ def stored_overrides(
 ) -> dict[str, dict[tuple[str, uuid.UUID | None], str]]:
     """{flag name: {(scope, scope id): mode}}: every override of these flags, read once."""
     stored: dict[str, dict] = {n: {} for n in names}
-    for name, scope, scope_id, mode in conn.execute(
-        "select name, scope, scope_id, mode from lakehouse_flag_overrides where kind = %s and name = any(%s)",
-        (kind, names),
-    ).fetchall():
+    for name, scope, scope_id, mode in overrides_store.of_flags(conn, kind, names):
         stored[name][(scope, scope_id)] = mode
     return stored
 

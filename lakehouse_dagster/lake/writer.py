@@ -657,7 +657,7 @@ class _Transaction(Transaction):
         return memo[2]
 
 
-def _commit(
+def _commit(  # noqa: C901 - one commit's retry loop: each conflict kind and its recovery beside the catalog call
     table: Table,
     data_files,
     *,

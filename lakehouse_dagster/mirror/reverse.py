@@ -66,7 +66,7 @@ from lakehouse_dagster.lake.copy_back import (
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.parity.maintained import FILL_LOCK
-from lakehouse_dagster.tracking import capture, sync_log, undeclared
+from lakehouse_dagster.tracking import capture, digest_sums, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 from lakehouse_dagster.tracking.undeclared import has_undeclared
 
@@ -315,7 +315,7 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     )
 
 
-def _apply(
+def _apply(  # noqa: C901 - one reverse apply in one transaction; splitting it needs care (issue 45 names it)
     pg: psycopg.Connection,
     dsn: str,
     table,
@@ -464,12 +464,7 @@ def _apply(
             # mode triggers only: in after-commit the digest triggers are off and the WAL consumer hashes the delete
             # from the stream after the commit (exact: REPLICA IDENTITY FULL gives it every old row), and the
             # deltas this snapshot sees may lack writes it has not applied yet.
-            shortcut = mode == capture.TRIGGERS and one(
-                sql.SQL(
-                    "select count(*) from (select pg_advisory_xact_lock({lock}, hashtext({ds}))) l,"
-                    " lakehouse_pg_digest_state s where s.dataset_id = {ds}::uuid and s.filled"
-                ).format(lock=sql.Literal(FILL_LOCK), ds=ds)
-            )
+            shortcut = mode == capture.TRIGGERS and one(digest_sums.filled_under_fill_lock(FILL_LOCK, ds))
             if shortcut:
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', {ds}, true)").format(ds=ds))
             # In the same pass, the deleted rows holding keys the table has no column for: the re-sync would erase
@@ -486,7 +481,7 @@ def _apply(
             if erasing:
                 raise _refusal(pg, ds_id, columns, erasing)
             if shortcut:
-                run(sql.SQL("delete from lakehouse_pg_digest_deltas where dataset_id = {ds}::uuid").format(ds=ds))
+                run(digest_sums.delete_deltas(ds))
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', '', true)"))
             took("delete")
             if pre is None:

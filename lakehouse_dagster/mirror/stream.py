@@ -295,7 +295,7 @@ class _Raised:
     exc: BaseException
 
 
-def _stream(
+def _stream(  # noqa: C901 - the stream's main loop: each wake-up reason and its handling share the loop's state
     dsn: str,
     catalog,
     settings: Settings,

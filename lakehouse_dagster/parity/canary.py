@@ -303,7 +303,7 @@ def _evaluate(
         _compare(pg, pin, state, v, native, smoke, smoke_max_rows, localise, full)
 
 
-def _compare(
+def _compare(  # noqa: C901 - one pinned comparison in the order its verdict is decided
     pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise, full: bool = False
 ) -> None:
     """Long on purpose: one pinned comparison, read top to bottom in the order its verdict is decided (digests,

@@ -45,7 +45,7 @@ from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.parity.duck_files import file_source
-from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.tracking import barrier, capture, digest_sums
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
 SEG_BITS = 16
@@ -328,10 +328,7 @@ def ensure_pg(
     after its snapshot stay, so no write is counted twice or lost, and no app write waits for the fill."""
     sh = schema_hash(columns)
     hash_sql = canonical.pg_row_hash(columns).as_string(conn)
-    row = conn.execute(
-        "select schema_hash, contract_version, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s",
-        (dataset_id,),
-    ).fetchone()
+    row = digest_sums.registration(conn, dataset_id)
     outcome = "filled"
     # a registration under another row expression (an older release's: before undeclared keys were hashed) is redone
     same = row is not None and row[0] == sh and row[1] == canonical.CONTRACT_VERSION and row[3] == hash_sql
@@ -346,15 +343,7 @@ def ensure_pg(
 
             if schema_hash(parse_schema(cur[0])) != sh:
                 raise Unavailable("the dataset's schema changed meanwhile")
-            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
-            conn.execute(
-                """insert into lakehouse_pg_digest_state (dataset_id, contract_version, schema_hash, hash_sql, hash_fn)
-                   values (%s, %s, %s, %s, lakehouse_digest_fn(%s))
-                   on conflict (dataset_id) do update set contract_version = excluded.contract_version,
-                     schema_hash = excluded.schema_hash, hash_sql = excluded.hash_sql, hash_fn = excluded.hash_fn,
-                     filled = false, registered_at = now(), filled_at = null""",
-                (dataset_id, canonical.CONTRACT_VERSION, sh, hash_sql, hash_sql),
-            )
+            digest_sums.register(conn, dataset_id, canonical.CONTRACT_VERSION, sh, hash_sql)
         outcome = "registered+filled"
     # In capture mode after-commit the fill runs under the WAL consumer's lock (tracking/capture.py), behind the
     # dataset's barrier (tracking/barrier.py), after a catch-up: its snapshot then sees every delta the consumer
@@ -401,25 +390,11 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
         if behind:  # the snapshot is taken: the dataset's writers need not wait for the sums
             behind.let_go()
             conn.execute("select set_config('idle_in_transaction_session_timeout', %s, true)", (idle,))
-        state = conn.execute(
-            "select schema_hash, filled, hash_sql from lakehouse_pg_digest_state where dataset_id = %s", (dataset_id,)
-        ).fetchone()
+        state = digest_sums.fill_state(conn, dataset_id)
         if state is None or state[0] != sh:
             raise Unavailable("the registration was dropped meanwhile (a schema change or an untyped value)")
         if not state[1]:
-            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
-            conn.execute(
-                f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-                f" select %s, row_index >> {SEG_BITS}, count(*), sum({state[2]}) from dataset_rows"
-                f" where dataset_id = %s group by 2",
-                (dataset_id, dataset_id),
-            )
-            conn.execute(
-                "update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
-                " fill_version = d.rows_version, applied_version = d.rows_version"
-                " from datasets d where s.dataset_id = %s and d.id = s.dataset_id",
-                (dataset_id,),
-            )
+            digest_sums.fill(conn, dataset_id, SEG_BITS, state[2])
         conn.execute("commit")
         return True
     except BaseException:
@@ -430,38 +405,18 @@ def _fill(conn: psycopg.Connection, dataset_id: uuid.UUID, sh: str, locked: bool
 def compact_pg(conn: psycopg.Connection, dataset_id: uuid.UUID, *, after: int = COMPACT_AFTER) -> int:
     """Fold the dataset's delta rows into one per segment when there are many; returns rows removed.
     Exact under concurrent writes: it deletes and re-adds exactly the rows its DELETE saw."""
-    n = fetch_value(
-        conn.execute(
-            "select count(*) - count(distinct seg) from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,)
-        ),
-        "the count of duplicate digest segments",
-    )
+    n = digest_sums.duplicate_segments(conn, dataset_id)
     if n < after:
         return 0
     with conn.transaction():
         conn.execute("select pg_advisory_xact_lock(%s, hashtext(%s))", (_FILL_LOCK, str(dataset_id)))
-        before = fetch_value(
-            conn.execute(
-                """with gone as (delete from lakehouse_pg_digest_deltas where dataset_id = %(ds)s returning seg, n, s),
-                    kept as (insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)
-                             select %(ds)s, seg, sum(n), sum(s) from gone group by seg
-                             having sum(n) <> 0 or sum(s) <> 0 returning 1)
-               select (select count(*) from gone) - (select count(*) from kept)""",
-                {"ds": dataset_id},
-            ),
-            "the count of digest delta rows folded",
-        )
+        before = digest_sums.fold(conn, dataset_id)
     return int(before)
 
 
 def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column]) -> Segments:
     """The maintained per-segment (count, sum) as the caller's (pinned) snapshot sees them."""
-    state = conn.execute(
-        "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version, "
-        + capture.APPLYING
-        + ", s.hash_sql from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id where s.dataset_id = %s",
-        (dataset_id,),
-    ).fetchone()
+    state = digest_sums.state_with_applying(conn, dataset_id, capture.APPLYING)
     if state is None:
         raise Unavailable("Postgres digest not maintained for this dataset (not registered)")
     if state[0] != schema_hash(columns) or state[1] != canonical.CONTRACT_VERSION:
@@ -475,14 +430,11 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
             f"the WAL consumer has applied this dataset up to version {state[3]}, "
             f"not yet {state[4]} (tracking/capture.py)"
         )
-    rows = conn.execute(
-        "select seg, sum(n), sum(s) from lakehouse_pg_digest_deltas where dataset_id = %s group by seg", (dataset_id,)
-    ).fetchall()
+    rows = digest_sums.segment_sums(conn, dataset_id)
     return nonzero({int(r[0]): (int(r[1]), int(r[2])) for r in rows})
 
 
 def forget_pg(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
     """Drop a registration found stale (by a full re-digest): the next canary fills it again."""
     with conn.transaction():
-        conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (dataset_id,))
-        conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
+        digest_sums.forget(conn, dataset_id)

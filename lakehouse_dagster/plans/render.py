@@ -40,6 +40,7 @@ from lakehouse_dagster.flags.widen import scope_mode_in, widen_blockers
 from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 _SHOWN = 20
@@ -260,14 +261,14 @@ def writer_candidates(
     return sorted(ready, key=lambda i: (row_counts.get(i) is None, row_counts.get(i) or 0, datasets[i][1], str(i)))
 
 
-def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered:
+def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered:  # noqa: C901 - the stages in order over one simulated set of overrides
     """Long on purpose: the stages in order over one simulated set of overrides, each stage's changes, moves and
     refusals beside each other, so the dry-run and the controller read the same story."""
     flag = get_flag(plan.kind, plan.name)
     project = current_soak(conn, settings)
     settings = settings.replace(soak_seconds=project.seconds)  # every soak below is the one the gates apply
     datasets, row_counts = _datasets(conn)
-    workspaces: dict = dict(conn.execute("select id, name from workspaces").fetchall())
+    workspaces: dict = app_tables.workspace_names(conn)
     stored = dict(stored_overrides(conn, flag.kind, [flag.name])[flag.name])
     problems: list[str] = []
     stages: list[StagePlan] = []

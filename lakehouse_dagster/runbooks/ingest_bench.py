@@ -298,12 +298,7 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
     catalog = load_catalog(bench_settings, dsn)
     dropped = datasets = 0
     with connect(dsn) as conn:
-        workspaces = [
-            r[0]
-            for r in conn.execute(
-                "select id from workspaces where name like %s", (f"{WORKSPACE_PREFIX} {namespace} %",)
-            ).fetchall()
-        ]
+        workspaces = app_tables.workspace_ids_named_like(conn, f"{WORKSPACE_PREFIX} {namespace} %")
         for ws in workspaces:
             for (ds_id,) in conn.execute("select id from datasets where workspace_id = %s", (ws,)).fetchall():
                 dropped += _purge_table(catalog, bench_settings, table_identifier(bench_settings, ds_id))
@@ -376,4 +371,4 @@ def _delete_workspace(conn: psycopg.Connection, ws: uuid.UUID) -> None:
         delete_verdicts(conn, ids)
         conn.execute("delete from dataset_rows where dataset_id = any(%s::uuid[])", (ids,))
         conn.execute("delete from datasets where workspace_id = %s", (ws,))
-        conn.execute("delete from workspaces where id = %s", (ws,))
+        app_tables.delete_workspace_row(conn, ws)

@@ -278,7 +278,7 @@ async def _blocking(limiter: anyio.CapacityLimiter, fn: Callable[..., Any], *arg
 DONE, NOT_STARTED, RUNNING = "done", "not-started", "running"
 
 
-async def _run_holding(
+async def _run_holding(  # noqa: C901 - the limiter, timeout and late-result handling of one blocking call share their state
     limiter: anyio.CapacityLimiter,
     timeout: float,
     fn: Callable[[], Any],
@@ -624,7 +624,7 @@ class _Ingest:
         self.done = anyio.Event()
 
 
-async def ingest(svc: Service, request: Request) -> Response:
+async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - each answer (409, 503, 504, the result) told apart where its state is read
     """One writer's ingest of one dataset, at most one per dataset in this service: a retry of a running ingest
     waits for it or is refused at once, never queued behind its lock. Long on purpose: each answer (409, 503, 504,
     the result) is told apart where the state that decides it is read."""

@@ -572,7 +572,7 @@ def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uu
 def _workspace_names(conn: psycopg.Connection, ids: set) -> dict:
     if not ids:
         return {}
-    return dict(conn.execute("select id, name from workspaces where id = any(%s::uuid[])", (list(ids),)).fetchall())
+    return app_tables.workspace_names(conn, list(ids))
 
 
 REVERSE_SHOWN = 10  # behind datasets named in the text (the JSON and the asset's metadata list more)

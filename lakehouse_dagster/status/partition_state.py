@@ -28,6 +28,7 @@ from lakehouse_dagster.lifecycle import Facts
 from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
+from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.datasets import Column, parse_schema
 
@@ -42,7 +43,9 @@ select d.id, d.name, d.workspace_id, w.name, d.kind, d.schema, d.rows_version, d
     + sync_log.LAST_TABLE_LOCATION
     + """)
   from datasets d
-  left join workspaces w on w.id = d.workspace_id
+  """
+    + app_tables.JOIN_WORKSPACE_W
+    + """
   left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
  where d.id = any(%s::uuid[])
 """

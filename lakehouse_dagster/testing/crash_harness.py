@@ -293,7 +293,7 @@ class Oracle:
             )
         return bad
 
-    def after_clean_sync(self, conn, d) -> list[str]:
+    def after_clean_sync(self, conn, d) -> list[str]:  # noqa: C901 - one check per invariant after a clean sync, each with its message
         bad = []
         table = self.table(d)
         if table is None or table.current_snapshot() is None:
@@ -361,7 +361,7 @@ class Oracle:
         return bad
 
 
-def run_cycles(
+def run_cycles(  # noqa: C901 - the crash harness's cycle loop: each action and its check share the cycle's state
     dsn: str,
     settings,
     *,
@@ -765,7 +765,7 @@ def _table_identity(table, snapshot_id: int) -> list[tuple]:
     return sorted((r["__row_index"], r["__row_id"], r["__created_at"]) for r in rows)
 
 
-def reverse_cycle(
+def reverse_cycle(  # noqa: C901 - one reverse crash cycle: arm, run, restart, check in order
     conn, dsn, oracle, settings, d, native, rng, report, cycle, armed_share, actions=REVERSE_ACTIONS, infra=None
 ):
     """One reverse cycle of a native dataset; returns (the failpoint armed, the process's exit code, the harness's

@@ -62,7 +62,7 @@ from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.schema.migrate import LOCK_KEY
-from lakehouse_dagster.tracking import pgoutput
+from lakehouse_dagster.tracking import digest_sums, pgoutput
 
 PUBLICATION = "lakehouse_digest"
 DIGEST_TRIGGERS = (
@@ -269,10 +269,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str | None, target: str, 
         )
         if st.mode == "triggers":
             # What the triggers summed so far is exact up to now (no write runs under this lock).
-            conn.execute(
-                "update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
-                " applied_version = d.rows_version from datasets d where d.id = s.dataset_id"
-            )
+            digest_sums.exact_up_to_now(conn)
 
 
 def sibling(conn: psycopg.Connection) -> psycopg.Connection:
@@ -387,8 +384,7 @@ def _mark_all_changed(conn: psycopg.Connection) -> int:
 
 def _drop_all_sums(conn: psycopg.Connection) -> int:
     """Every registration and its deltas (sums that may miss or double-count writes); returns how many."""
-    conn.execute("delete from lakehouse_pg_digest_deltas")
-    return conn.execute("delete from lakehouse_pg_digest_state").rowcount
+    return digest_sums.drop_all(conn)
 
 
 def repair(conn: psycopg.Connection) -> dict:
@@ -450,11 +446,7 @@ class _Consumer:
         (under the consumer's lock no fill runs, so it cannot change meanwhile)."""
         if self._registered is None:
             self._registered = {
-                r[0]: (r[1], r[2] if r[2] is not None else -1)
-                for r in self.conn.execute(
-                    "select dataset_id, coalesce(hash_fn, lakehouse_digest_fn(hash_sql)), fill_version"
-                    " from lakehouse_pg_digest_state"
-                )
+                r[0]: (r[1], r[2] if r[2] is not None else -1) for r in digest_sums.registered_hash_fns(self.conn)
             }
         return self._registered
 
@@ -642,8 +634,7 @@ class _Consumer:
             if ds not in self.drops and not self._hash(ds, rows, self.deltas[ds]):
                 self.drops.add(ds)
         for ds in self.drops:
-            conn.execute("delete from lakehouse_pg_digest_state where dataset_id = %s", (ds,))
-            conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (ds,))
+            digest_sums.forget(conn, ds)
         rows = [
             (ds, seg, n, s)
             for ds, segs in self.deltas.items()
@@ -652,18 +643,10 @@ class _Consumer:
             if n or s
         ]
         if rows:
-            with conn.cursor() as cur:
-                cur.executemany(
-                    "insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s) values (%s, %s, %s, %s::numeric)",
-                    [(a, b, c, str(d)) for a, b, c, d in rows],
-                )
+            digest_sums.add_deltas(conn, [(a, b, c, str(d)) for a, b, c, d in rows])
         versions = [(ds, v) for ds, v in self.versions.items() if ds not in self.drops]
         if versions:
-            conn.execute(
-                "update lakehouse_pg_digest_state s set applied_version = greatest(coalesce(s.applied_version, -1), v.v)"
-                " from unnest(%s::uuid[], %s::bigint[]) v(ds, v) where s.dataset_id = v.ds",
-                ([d for d, _ in versions], [v for _, v in versions]),
-            )
+            digest_sums.advance_applied(conn, [d for d, _ in versions], [v for _, v in versions])
         if self._state_changed:  # else nothing was applied: nothing a crash before the advance could repeat
             conn.execute(
                 "update lakehouse_digest_capture set applied_lsn = %s::pg_lsn, applying = %s, tracking = %s",

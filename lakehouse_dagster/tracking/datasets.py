@@ -103,6 +103,43 @@ def create_workspace(conn: psycopg.Connection, name: str, workspace_id: uuid.UUI
     return ws_id
 
 
+def workspace_exists(conn: psycopg.Connection, workspace_id: uuid.UUID | None) -> bool:
+    return conn.execute("select 1 from workspaces where id = %s", (workspace_id,)).fetchone() is not None
+
+
+def workspace_names(conn: psycopg.Connection, ids: Sequence[uuid.UUID | None] | None = None) -> dict:
+    """{workspace id: name} of these workspaces (None: of every workspace)."""
+    if ids is None:
+        return dict(conn.execute("select id, name from workspaces").fetchall())
+    return dict(conn.execute("select id, name from workspaces where id = any(%s::uuid[])", (list(ids),)).fetchall())
+
+
+def dataset_and_workspace_names(conn: psycopg.Connection, ids: Sequence[uuid.UUID | None]) -> dict:
+    """{id: name} of the datasets and the workspaces among ``ids``, in one statement."""
+    return dict(
+        conn.execute(
+            "select id, name from datasets where id = any(%s::uuid[])"
+            " union all select id, name from workspaces where id = any(%s::uuid[])",
+            (ids, ids),
+        ).fetchall()
+    )
+
+
+def workspace_ids_named_like(conn: psycopg.Connection, pattern: str) -> list[uuid.UUID]:
+    """Ids of the workspaces whose name matches the LIKE ``pattern``."""
+    return [r[0] for r in conn.execute("select id from workspaces where name like %s", (pattern,)).fetchall()]
+
+
+def delete_workspace_row(conn: psycopg.Connection, workspace_id: uuid.UUID) -> None:
+    """Delete the workspace row only (its datasets are the caller's to delete first)."""
+    conn.execute("delete from workspaces where id = %s", (workspace_id,))
+
+
+# A join other modules' queries put after their ``from datasets d`` to read the dataset's workspace as ``w``
+# (status/partition_state.py, tracking/sync_log.py) without naming the table.
+JOIN_WORKSPACE_W = "left join workspaces w on w.id = d.workspace_id"
+
+
 def create_dataset(
     conn: psycopg.Connection,
     workspace_id: uuid.UUID | None,

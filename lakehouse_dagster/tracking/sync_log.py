@@ -25,6 +25,7 @@ from lakehouse_dagster.core.db import fetch_value
 # SQL callers: ``left join lateral lakehouse_latest_succeeded_sync(d.id) s on true``
 # (schema/functions/lakehouse_latest_succeeded_sync.sql).
 from lakehouse_dagster.schema.names import LATEST_SUCCEEDED_FN  # noqa: F401  (its SQL callers name it)
+from lakehouse_dagster.tracking import datasets as app_tables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,7 +347,9 @@ def datasets_with_last_sync(conn: psycopg.Connection) -> list[tuple]:
     select d.id, d.name, d.kind, d.row_count, d.status, d.rows_version, l.status, l.source_version, l.finished_at,
            w.name, d.workspace_id
       from datasets d
-      left join workspaces w on w.id = d.workspace_id
+      """
+        + app_tables.JOIN_WORKSPACE_W
+        + """
       left join lateral (select status, source_version, finished_at from iceberg_sync_log s
                           where s.dataset_id = d.id order by s.started_at desc limit 1) l on true
      order by w.name nulls last, d.workspace_id, d.name, d.id

@@ -1,250 +1,25 @@
-"""The digest, pushed down: Postgres computes its side in SQL, DuckDB computes the Iceberg side over the
-Parquet files of one pinned snapshot. No row becomes a Python object on the way (only per-segment
-aggregates come back, and per-row hashes of small leaf ranges during localisation).
-
-Both sides answer the same three questions about a half-open ``__row_index`` range [lo, hi):
-  * ``segment_digests(lo, hi, width)``: {segment: (count, sum of hashes)} with segment = (row_index - lo) // width
-    (one segment when width covers the range: the plain digest);
-  * ``row_hashes(lo, hi)``: [(row_index, hash)] for a small range (the leaves of localisation);
-  * ``bounds()``: (min, max) row_index.
-Pinning: the Postgres side runs inside one REPEATABLE READ READ ONLY transaction opened by
-``PinnedPostgres`` (the version, the digest and the localisation all see one snapshot); the Iceberg
-side reads the data files listed by one snapshot id (``pin_iceberg``), so a commit landing meanwhile
-changes nothing it reads.
-"""
+"""The Iceberg side, pinned: the data files of one snapshot (``pin_iceberg``), digested by DuckDB over Parquet."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
-import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-import psycopg
-from psycopg import sql
 from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
-from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
-from lakehouse_dagster.core.db import connect, fetch_one, is_idle
-from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.parity import canonical, lookup3
+from lakehouse_dagster.parity.digest.common import EXPECTED_ICEBERG_TYPE, SOURCE_VERSION, SYNC_ID, WRITE_PATH, Segments
 from lakehouse_dagster.parity.duck_files import FileSource, file_source
-from lakehouse_dagster.tracking import barrier
-from lakehouse_dagster.tracking.datasets import Column, parse_schema
-
-# Keys the mirror's writer puts into each snapshot summary and the table properties (lake/writer.py).
-SYNC_ID = "lakehouse.sync-id"
-SOURCE_VERSION = "lakehouse.source-version"
-WRITE_PATH = "lakehouse.path"
-
-EXPECTED_ICEBERG_TYPE = {
-    "string": StringType(),
-    "json": StringType(),
-    "int64": LongType(),
-    "float64": DoubleType(),
-    "boolean": BooleanType(),
-    "timestamp": TimestamptzType(),
-    "date": DateType(),
-}
-
-Segments = dict[int, tuple[int, int]]
-
-
-class DigestUnavailable(LakehouseError):
-    """A side's digest could not be computed (the message says which side and why)."""
-
-    exit_code = 5
-
-
-@dataclasses.dataclass(frozen=True)
-class Digest:
-    count: int
-    sum: int
-    seconds: float
-    segments: Segments | None = None  # segment → (count, sum), for localisation (when asked for)
-    lo: int = 0  # segment 0 starts here
-    width: int = 0  # rows of __row_index space per segment
-
-    @property
-    def value(self) -> tuple[int, int]:
-        return (self.count, self.sum)
-
-
-def segment_plan(lo: int, hi: int, factor: int) -> int:
-    """Width of ``factor`` equal segments covering [lo, hi)."""
-    return max(1, -(-(hi - lo) // factor))
-
-
-def fold(segments: Segments) -> tuple[int, int]:
-    return sum(c for c, _ in segments.values()), sum(s for _, s in segments.values())
-
-
-# ---------------------------------------------------------------------------------------------------
-# Postgres
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PgState:
-    """What the pinned Postgres snapshot says about the dataset."""
-
-    dataset_id: uuid.UUID
-    name: str
-    kind: str
-    columns: tuple[Column, ...]
-    rows_version: int
-
-
-def idle_autocommit(conn: psycopg.Connection) -> bool:
-    """Fit to lend for a pinned read: idle (store.db.is_idle) and in autocommit."""
-    return is_idle(conn) and conn.autocommit
-
-
-class PinnedPostgres:
-    """One REPEATABLE READ, READ ONLY transaction on its own connection; every query of a dataset's
-    evaluation (version, digest, localisation, smoke rows) runs in it. Use as a context manager."""
-
-    def __init__(self, dsn: str, conn: psycopg.Connection | None = None, *, dataset_id: uuid.UUID | None = None):
-        # ``conn``: the caller's idle autocommit connection (a batch's), borrowed for the transaction and left
-        # open; otherwise a connection of our own (autocommit, session time zone UTC), closed with the pin.
-        # ``dataset_id``: the dataset whose change tracking the caller pairs with its rows; in capture mode
-        # after-commit the snapshot is taken behind its barrier (tracking/barrier.py).
-        self._own = conn is None or not idle_autocommit(conn)
-        self.conn: psycopg.Connection = conn if conn is not None and not self._own else connect(dsn)
-        try:
-            behind = False
-            while True:
-                with (
-                    barrier.read_tracking_consistently(self.conn, [dataset_id], on_own_connection=True)
-                    if behind
-                    else contextlib.nullcontext()
-                ):
-                    self.conn.execute("begin transaction isolation level repeatable read, read only")
-                    # Take the snapshot now (the first statement does), before the caller looks at anything else.
-                    tracked_after_commit = barrier.mode_is_after_commit(self.conn)
-                    if behind or dataset_id is None or not tracked_after_commit:
-                        break
-                    # Capture mode after-commit: pin again while a connection of ours holds the barrier.
-                    self.conn.execute("rollback")
-                    behind = True
-        except BaseException:
-            self.close()
-            raise
-
-    def state(self, dataset_id: uuid.UUID) -> PgState | None:
-        row = self.conn.execute(
-            "select id, name, kind, schema, rows_version from datasets where id = %s", (dataset_id,)
-        ).fetchone()
-        if row is None:
-            return None
-        columns = parse_schema(row[3], f"dataset {row[0]}") if row[2] == "tabular" else ()
-        return PgState(row[0], row[1], row[2], columns, row[4])
-
-    def close(self) -> None:
-        try:
-            if not self.conn.closed:
-                self.conn.execute("rollback")
-        finally:
-            if self._own:
-                self.conn.close()
-
-    def __enter__(self) -> PinnedPostgres:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class PgSide:
-    """The Postgres side of one dataset, inside a pinned transaction."""
-
-    name = "postgres"
-
-    def __init__(
-        self, conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequence[Column], *, identity: bool = True
-    ):
-        self.conn = conn
-        self.dataset_id = dataset_id
-        self.columns = tuple(columns)
-        self._hash = canonical.pg_row_hash(self.columns, identity=identity)
-
-    def self_check(self) -> None:
-        """The server renders awkward floats and hashes awkward texts exactly as the contract's own
-        implementation does (once per evaluation: a few dozen values)."""
-        rows = self.conn.execute(canonical.pg_self_check_sql(), (canonical.SELF_CHECK_FLOATS,)).fetchall()
-        for text, got in rows:
-            want = canonical.canonical_value(float(text), "float64")
-            if got != want:
-                raise DigestUnavailable(
-                    f"this Postgres formats float {text} as {got!r}, the canonical text is {want!r}; "
-                    "the digest contract (parity/canonical.py) does not hold on this server"
-                )
-        rows = self.conn.execute(canonical.pg_hash_check_sql(), (canonical.SELF_CHECK_TEXTS,)).fetchall()
-        for text, got in rows:
-            want_hash = lookup3.hash_text(text)
-            if got != want_hash:
-                raise DigestUnavailable(
-                    f"this Postgres hashes {text!r} to {got}, the contract's lookup3 (parity/lookup3.py) gives "
-                    f"{want_hash}: the server's hashtextextended differs (a big-endian machine or a changed "
-                    "Postgres), so neither side's digest could be compared"
-                )
-
-    def bounds(self) -> tuple[int | None, int | None]:
-        return fetch_one(
-            self.conn.execute(
-                "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
-            ),
-            "the dataset's row index bounds",
-        )
-
-    def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
-        """``everything``: [lo, hi) is known to hold every row (the bounds), so no range predicate."""
-        query = sql.SQL(
-            "select (row_index - %(lo)s) / %(w)s as seg, count(*), coalesce(sum({h}), 0) from dataset_rows"
-            " where dataset_id = %(ds)s{rng} group by 1"
-        ).format(h=self._hash, rng=sql.SQL("" if everything else " and row_index >= %(lo)s and row_index < %(hi)s"))
-        # The planner cannot estimate how few segments there are and would sort every row to group
-        # them; a hash aggregate keeps the parallel scan streaming (local to this transaction).
-        self.conn.execute("set local enable_sort = off")
-        rows = self.conn.execute(query, {"lo": lo, "hi": hi, "w": width, "ds": self.dataset_id}).fetchall()
-        self.conn.execute("set local enable_sort = on")  # (after an error the transaction is over anyway)
-        return {int(r[0]): (int(r[1]), int(r[2])) for r in rows}
-
-    def digest(self) -> tuple[int, int]:
-        """(count, sum) of every row: the canary's main query (no grouping: ~5% cheaper than segments)."""
-        query = sql.SQL("select count(*), coalesce(sum({h}), 0) from dataset_rows where dataset_id = %s").format(
-            h=self._hash
-        )
-        count, total = fetch_one(self.conn.execute(query, (self.dataset_id,)), "the digest of the dataset's rows")
-        return int(count), int(total)
-
-    def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        query = sql.SQL(
-            "select row_index, {h} from dataset_rows where dataset_id = %s and row_index >= %s and row_index < %s"
-        ).format(h=self._hash)
-        return [(int(a), int(b)) for a, b in self.conn.execute(query, (self.dataset_id, lo, hi)).fetchall()]
-
-    def typed_rows(self) -> Iterator[tuple]:
-        """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
-        items: list[sql.Composable] = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
-        items += [canonical.pg_typed(c) for c in self.columns]
-        query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(items))
-        with self.conn.cursor() as cur:
-            cur.execute(query, (self.dataset_id,))
-            yield from cur
-
-
-# ---------------------------------------------------------------------------------------------------
-# Iceberg
-# ---------------------------------------------------------------------------------------------------
+from lakehouse_dagster.tracking.datasets import Column
 
 
 @dataclasses.dataclass
@@ -497,23 +272,3 @@ def schema_problems(pin: IcebergPin, columns: Sequence[Column]) -> list[str]:
                 f"column {c.name!r} is {have} in Iceberg; the contract maps {c.type} to {EXPECTED_ICEBERG_TYPE[c.type]}"
             )
     return problems
-
-
-def full_digest(
-    side, lo: int, hi: int, factor: int = 32, *, everything: bool = False, width: int | None = None
-) -> Digest:
-    """The side's digest over [lo, hi), kept per segment so a mismatch can start bisecting at once.
-    ``everything``: the caller knows every row lies in [lo, hi) (from both sides' bounds); ``width``:
-    fixed segments (the maintained digests' grid) instead of ``factor`` equal ones."""
-    t = time.perf_counter()
-    width = width or segment_plan(lo, hi, factor)
-    segments = side.segment_digests(lo, hi, width, everything=everything)
-    count, total = fold(segments)
-    return Digest(count, total, time.perf_counter() - t, segments, lo, width)
-
-
-def plain_digest(side) -> Digest:
-    """The side's digest of every row, in one ungrouped aggregate (the canary's common path)."""
-    t = time.perf_counter()
-    count, total = side.digest()
-    return Digest(count, total, time.perf_counter() - t)
