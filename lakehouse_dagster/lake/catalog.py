@@ -61,7 +61,7 @@ def _build(settings: Settings, dsn: str) -> Catalog:
     with connect(dsn) as conn:
         conn.execute("select pg_advisory_lock(hashtextextended('lakehouse_sql_catalog_init', 0))")
         try:
-            return SqlCatalog(
+            catalog = SqlCatalog(
                 "lakehouse",
                 uri=sqlalchemy_url(dsn),
                 warehouse=settings.warehouse,
@@ -69,8 +69,25 @@ def _build(settings: Settings, dsn: str) -> Catalog:
                 pool_pre_ping="true",
                 **file_io_properties(settings),  # an s3:// warehouse: endpoint, region, timers, retries
             )
+            _failed_pings_reconnect(catalog.engine)
+            return catalog
         finally:
             conn.execute("select pg_advisory_unlock(hashtextextended('lakehouse_sql_catalog_init', 0))")
+
+
+def _failed_pings_reconnect(engine) -> None:
+    """A pooled connection whose pre-ping fails is replaced, whatever the error. SQLAlchemy's psycopg ping turns
+    autocommit on, pings, and turns it off again in a ``finally``: on a connection reset in the middle of the
+    ping, that last step raises "can't change 'autocommit' now: connection in transaction status ACTIVE", which
+    hides the disconnect, so the pool raised it instead of reconnecting (a commit after a network reset then
+    failed as "outcome unknown": the CI flake of test_infra_faults' reset inside the commit)."""
+    from sqlalchemy import event  # lazy: only a SQL catalog needs it
+
+    def on_error(context) -> None:
+        if context.is_pre_ping:
+            context.is_disconnect = True
+
+    event.listen(engine, "handle_error", on_error)
 
 
 def rest_properties(settings: Settings) -> dict[str, str]:

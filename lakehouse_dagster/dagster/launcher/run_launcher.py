@@ -38,6 +38,7 @@ from lakehouse_dagster.core import private_apis
 from lakehouse_dagster.dagster import private_apis as dagster_private
 from lakehouse_dagster.dagster.launcher import location
 from lakehouse_dagster.dagster.launcher.run_worker import run_worker
+from lakehouse_dagster.dagster.launcher.start_gate import terminate_gate
 from lakehouse_dagster.dagster.launcher.worker_process import Worker
 from lakehouse_dagster.dagster.private_apis import (  # what a launcher plugin is built from: Dagster keeps it private
     GRPC_INFO_TAG,
@@ -312,13 +313,22 @@ class WarmRunLauncher(RunLauncher, ConfigurableClass):
         if run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING):
             # Not executing yet: CANCELED now, and the worker finds it so and stops before the first step
             # ("Not starting execution"); a SIGINT here would leave it CANCELING, which dagster fails at start.
-            self._registered_instance.report_run_canceled(
-                run, message="Run canceled before its worker started executing it."
-            )
-            threading.Thread(
-                target=self._kill_if_stuck, args=(run_id, worker), daemon=True, name=f"kill-if-stuck-{run_id[:8]}"
-            ).start()
-            return True
+            # Read again under the worker's start gate: the worker may have read STARTING and be starting now.
+            with terminate_gate(run_id):
+                run = self._registered_instance.get_run_by_id(run_id)
+                if not run or run.is_finished:
+                    return False
+                if run.status in (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING):
+                    self._registered_instance.report_run_canceled(
+                        run, message="Run canceled before its worker started executing it."
+                    )
+                    threading.Thread(
+                        target=self._kill_if_stuck,
+                        args=(run_id, worker),
+                        daemon=True,
+                        name=f"kill-if-stuck-{run_id[:8]}",
+                    ).start()
+                    return True
         self._registered_instance.report_run_canceling(run)
         if not worker.alive():
             self._registered_instance.report_run_canceled(

@@ -41,13 +41,23 @@ def run_worker(
     from lakehouse_dagster.dagster.launcher.event_writes import (
         pooled_event_writes,
     )  # after the fork: code of the location, on disk
+    from lakehouse_dagster.dagster.launcher.start_gate import (
+        WorkerGate,
+    )  # after the fork: code of the location, on disk
 
     # SIGINT (the launcher's terminate) becomes an execution interrupt inside steps: the run ends CANCELED.
     # The run's events (start, steps, end, and every materialization and check) reuse their Postgres
-    # connections instead of opening ~3 per event (launcher/event_writes.py).
-    with private_apis.dagster_capture_interrupts():
-        with DagsterInstance.from_ref(ref) as instance, pooled_event_writes(instance):
-            code = private_apis.dagster_execute_run(run_id, instance)
+    # connections instead of opening ~3 per event (launcher/event_writes.py). The gate (start_gate.py) keeps a
+    # terminate from slipping between Dagster's read of the run and its start.
+    gate = WorkerGate(run_id)
+    gate.hold()
+    try:
+        with private_apis.dagster_capture_interrupts():
+            with DagsterInstance.from_ref(ref) as instance, pooled_event_writes(instance):
+                gate.watch(instance)
+                code = private_apis.dagster_execute_run(run_id, instance)
+    finally:
+        gate.release()
     sys.stdout.flush()
     sys.stderr.flush()
     if code:
