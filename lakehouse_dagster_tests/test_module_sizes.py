@@ -19,7 +19,6 @@ LIMIT = 500
 NOT_YET_SPLIT: dict[str, int] = {
     "tracking.capture": 953,
     "testing.crash_harness": 921,
-    "lake.writer": 790,
     "cli.up": 781,
     "runbooks.complete": 774,
     "service.app": 734,
