@@ -11,7 +11,7 @@ that dataset back first (auto-rollback, an operator): a rolled-back dataset is n
 analysis's sample, so only the plan's whole history can show it. A plan never widens past one.
 
 A writer plan's last stage may be ``complete``: waiting (its approval, always) → completing (the ``complete`` job's
-run over every dataset the stages before it moved: runbooks/complete.py, its own conditions checked per dataset) →
+run over every dataset the stages before it moved: runbooks/complete/, its own conditions checked per dataset) →
 finished once every one of them is complete. A refusal pauses the plan, never aborts it: complete wrote nothing for
 a refused dataset, and what it names (a soak not over, a parity not ok, a Postgres-locked consumer) is for the
 operator to settle; resume asks for the run again over the datasets not complete yet.
