@@ -19,7 +19,6 @@ LIMIT = 500
 NOT_YET_SPLIT: dict[str, int] = {
     "tracking.capture": 953,
     "testing.crash_harness": 921,
-    "cli.up": 781,
     "service.app": 734,
     "parity.canary": 702,
     "mirror.reverse": 699,
