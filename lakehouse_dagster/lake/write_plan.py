@@ -10,33 +10,20 @@ import uuid
 from collections.abc import Mapping, Sequence
 
 SOURCE_VERSION = "lakehouse.source-version"
-
-
 MAX_ROW_INDEX = "lakehouse.max-row-index"
-
-
 WRITE_PATH = "lakehouse.path"
-
-
 WRITE_MODE = "lakehouse.mode"  # replace | append | partial (the snapshot summary; a sync reports it)
 
-
 COMMIT_RETRIES = "commit.retry.num-retries"
-
-
 COMMIT_ATTEMPTS = 6  # our G4: attempts of one commit after lost compare-and-swaps (backoff with jitter)
-
-
 # The name of every data file this writer writes (_FileRoller._open): the sync it belongs to, then its number.
 SYNC_FILE = re.compile(r"^lakehouse-([0-9a-f-]{36})-\d+\.parquet$")
-
 
 # An incremental sync appends a manifest; without merging, a long-lived mirror's current snapshot lists one
 # per append and every scan plan reads them all (400 appends: planning 7.4× slower, bench_snapshot_growth.py).
 # Set on every commit, so tables created before it merge too: at 16 manifests they are merged into files of up
 # to 8 MB (pyiceberg's default); 100, the default count, still left planning ~80 ms for a 1,000-row table.
 MERGE_MANIFESTS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "16"}
-
 
 # Old metadata files: every commit writes a new one holding the whole history, so without this a long-lived
 # table's metadata directory grows with the square of its commits; Iceberg's own defaults once enabled.

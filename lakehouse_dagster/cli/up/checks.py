@@ -14,8 +14,6 @@ from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.network import is_loopback
 
 API_PORT = 3001  # `lakehouse serve` (the live app's ML_RUNNER_URL), beside the UI's 3000
-
-
 CATALOGS = ("sql", "rest")
 
 

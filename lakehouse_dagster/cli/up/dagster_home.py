@@ -20,8 +20,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the checkout: lakehouse_da
 
 
 DAGSTER_DB = "dagster"
-
-
 # The environment variable dagster.yaml reads its storage URL from.
 DAGSTER_URL_ENV = "DAGSTER_PG_URL"
 

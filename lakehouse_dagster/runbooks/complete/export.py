@@ -24,8 +24,6 @@ from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 EXPORT_PREFIX = "lakehouse-complete-"  # the export's own files (a partial one is replaced on resume)
-
-
 EXPORT_FILE_ROWS = 1_000_000  # rows per Parquet file of an export
 
 

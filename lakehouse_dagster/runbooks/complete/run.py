@@ -42,8 +42,6 @@ from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 LOCK_TIMEOUT_MS = 100  # a batch waits at most this long for a row lock of the live app, then backs off
-
-
 LOCK_RETRIES = 50  # lock timeouts in a row before a run gives up (re-running continues)
 
 
