@@ -20,7 +20,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "tracking.capture": 953,
     "testing.crash_harness": 921,
     "service.app": 734,
-    "mirror.reverse": 699,
     "plans.controller": 651,
     "mirror.stream": 649,
     "status.overview": 632,
