@@ -21,7 +21,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "testing.crash_harness": 921,
     "service.app": 734,
     "plans.controller": 651,
-    "mirror.stream": 649,
     "status.overview": 632,
     "demo.workspace": 558,
     "plans.store": 548,
