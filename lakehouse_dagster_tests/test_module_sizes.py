@@ -22,7 +22,6 @@ NOT_YET_SPLIT: dict[str, int] = {
     "service.app": 734,
     "plans.controller": 651,
     "status.overview": 632,
-    "demo.workspace": 558,
     "plans.store": 548,
     "flags.gates": 529,  # owners-2 merged beside this list: one line of its owner call
     "mirror.sync": 527,
