@@ -30,6 +30,8 @@ A widen (workspace/global) must also follow the widening rules: soak and the wri
 
 The check and the write run in one transaction under one advisory lock shared by every gated
 change, so two operators cannot each pass a check the other's change invalidates.
+
+Kept whole on purpose: every gate a flag change passes, under the one lock they share.
 """
 
 from __future__ import annotations

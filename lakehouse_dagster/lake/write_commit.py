@@ -117,7 +117,7 @@ class _Transaction(Transaction):
         return memo[2]
 
 
-def _commit(  # noqa: C901 - one commit's retry loop: each conflict kind and its recovery beside the catalog call
+def _commit(  # noqa: C901
     table: Table,
     data_files,
     *,

@@ -43,7 +43,7 @@ def _sync_path_of(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: 
     return sync_log.path_of_snapshot(conn, dataset_id, snapshot_id)
 
 
-def _compare(  # noqa: C901 - one pinned comparison in the order its verdict is decided
+def _compare(  # noqa: C901
     pg: PinnedPostgres, pin, state, v: Verdict, native: bool, smoke, smoke_max_rows, localise, full: bool = False
 ) -> None:
     """Long on purpose: one pinned comparison, read top to bottom in the order its verdict is decided (digests,

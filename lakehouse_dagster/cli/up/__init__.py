@@ -155,7 +155,7 @@ def register(sub) -> None:
     )
 
 
-def _up(ctx, args) -> Result:  # noqa: C901 - the start-up sequence in the order an operator sees it, each failure beside its step
+def _up(ctx, args) -> Result:  # noqa: C901
     # -- refusals first: nothing is written or started before these pass
     """Long on purpose: the start-up sequence (Postgres, schema, demo, Dagster, the ready line, the shutdown) reads top to bottom in the order an operator sees it, each step's failure message beside it."""
     host = loopback_host(args.host)

@@ -116,7 +116,7 @@ def _start(
 _RELAYS: dict[int, threading.Thread] = {}  # a child's pid -> the thread relaying its console (joined at the end)
 
 
-def supervise(  # noqa: C901 - one supervision loop: each child exit, signal and restart decision beside the state it reads
+def supervise(  # noqa: C901
     cmd: list[str],
     *,
     env: dict,
