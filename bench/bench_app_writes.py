@@ -184,7 +184,8 @@ def backend_cpu_ns(pid: int) -> int | None:
         return None
 
 
-def main(argv=None) -> int:  # noqa: C901 - a bench script: argument parsing, setup, rounds and report read top to bottom
+def main(argv=None) -> int:  # noqa: C901
+    """Complex on purpose: a bench script: argument parsing, setup, rounds and report read top to bottom."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--statements", type=int, default=200, help="statements per kind per round")

@@ -153,7 +153,8 @@ def statements(conn, pid: int, ds, n: int | None, pause: float, base: int, until
     return wall, cpu, wrote, k
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: C901 - a bench script: argument parsing, setup, rounds and report read top to bottom
+def main(argv: list[str] | None = None) -> int:  # noqa: C901
+    """Complex on purpose: a bench script: argument parsing, setup, rounds and report read top to bottom."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--app-rows", type=int, default=100_000)

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _through_the_stream(args) -> int:  # noqa: C901 - a bench script: two shards' setup, the trickle and the report in one pass
+def _through_the_stream(args) -> int:  # noqa: C901
     """Long on purpose: the setup of two shards' streams, the trickle and the report read best as one script."""
     import threading
 

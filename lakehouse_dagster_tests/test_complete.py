@@ -1,4 +1,4 @@
-"""`lakehouse write-flags complete` (runbooks/complete.py, issue 31): each refusal, the batched no-echo delete of only
+"""`lakehouse write-flags complete` (runbooks/complete/, issue 31): each refusal, the batched no-echo delete of only
 that dataset's rows, the resume after a kill, the Parquet export, the refused rollback and the way back (a backfill).
 
 Real Postgres and real Iceberg tables, native writes through the real write router (native_helpers.py); the CLI in

@@ -170,13 +170,14 @@ def _defined_along(name: str, classes, seen=()) -> tuple[set[str], bool]:
     return defined, foreign_base
 
 
-def private_uses(source: str, own: set[str], classes=None) -> list[str]:  # noqa: C901 - one AST walk, one branch per kind of private use it reports
+def private_uses(source: str, own: set[str], classes=None) -> list[str]:  # noqa: C901
     """The private names of other packages (or of CPython) that ``source`` uses: imports of private modules or
     names, private attributes of what it imported from elsewhere, private attributes (also through getattr) that
     this package does not define itself, ``self._x`` in a class whose bases come from elsewhere when neither it
     nor a base of this package defines ``_x``, and strings naming a private module. A name of another package that
     this package also defines (say ``_stop``) goes unnoticed on an object of unknown origin: the price of no types.
-    ``classes``: this package's (_classes), if not only those of ``source``."""
+    ``classes``: this package's (_classes), if not only those of ``source``.
+    Complex on purpose: one AST walk, one branch per kind of private use it reports."""
     tree = ast.parse(source)
     classes = {**_classes([tree]), **(classes or {})}
     docstrings = _docstrings(tree)

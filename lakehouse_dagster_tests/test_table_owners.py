@@ -29,7 +29,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 OWNERS: dict[str, str] = {
     "iceberg_sync_log": "tracking.sync_log",
     "lakehouse_alerts": "status.alerts.outbox",
-    "lakehouse_complete_audit": "runbooks.complete",
+    "lakehouse_complete_audit": "runbooks.complete.status",
     "lakehouse_completed": "flags.completed",
     "lakehouse_digest_capture": "tracking.capture",
     "lakehouse_digest_capture_switch": "tracking.capture",

@@ -28,7 +28,7 @@ ENV = "LAKEHOUSE_FAILPOINT"
 # Where they are: lake/writer.py (both the mirror and the native write path), the two callers'
 # bookkeeping (mirror/sync.py for the mirror, routing/write_router.py for native writes) and the source
 # writers (sources/writers.py: after the first batch on both paths; after the pg path's commit); the rollout
-# controller (plans/controller.py); the stream's table maintenance (mirror/stream_maintenance.py); the reverse mirror (mirror/reverse.py); complete's batches (runbooks/complete.py).
+# controller (plans/controller.py); the stream's table maintenance (mirror/stream_maintenance.py); the reverse mirror (mirror/reverse.py); complete's batches (runbooks/complete/).
 POINTS = (
     "after-first-batch",  # a source writer handed its first source batch on (pg path and native path)
     "after-first-file",  # the first Parquet file of a write is closed
@@ -42,8 +42,8 @@ POINTS = (
     "reverse-after-copy",  # mirror/reverse.py: the rows copied into dataset_rows (append or full), nothing else yet
     "reverse-before-commit",  # mirror/reverse.py: the rows, position and record written, not committed yet
     "reverse-after-commit",  # mirror/reverse.py: committed, the dataset lock still held
-    "complete-after-batch",  # runbooks/complete.py: one batch of a complete's deletes committed, the next not begun
-    "complete-export-after-chunk",  # runbooks/complete.py: a chunk of a complete's export written, its file not whole
+    "complete-after-batch",  # runbooks/complete/: one batch of a complete's deletes committed, the next not begun
+    "complete-export-after-chunk",  # runbooks/complete/: a chunk of a complete's export written, its file not whole
 )
 ACTIONS = ("kill", "raise", "oserror", "sigint", "sigterm", "stop")
 

@@ -1,5 +1,5 @@
 """Which addresses a listener may use without authentication: the Dagster UI never leaves loopback, the service
-only with a token (cli/up.py, service/server.py)."""
+only with a token (cli/up/, service/server.py)."""
 
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ class Settings:
     # statements meet its WAL; paced, the slowest of them meet a short burst, and the re-sync takes about 1/share as
     # long (docs/benchmarks.md, "Pacing the re-sync"). 1: unpaced, as fast as it goes.
     reverse_resync_share: float = 1.0
-    # `lakehouse write-flags complete` (runbooks/complete.py): rows of dataset_rows each batch deletes, each batch its
+    # `lakehouse write-flags complete` (runbooks/complete/): rows of dataset_rows each batch deletes, each batch its
     # own short transaction (a row_index range of the primary key, no table lock).
     complete_batch_rows: int = 10_000
     # A REST catalog's secrets, from the environment only (never a resource field, never in run config, never

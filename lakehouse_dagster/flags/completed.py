@@ -1,4 +1,4 @@
-"""Which datasets are completed (``lakehouse write-flags complete``, runbooks/complete.py): their Postgres rows are
+"""Which datasets are completed (``lakehouse write-flags complete``, runbooks/complete/): their Postgres rows are
 deleted, or being deleted, and only Iceberg holds them.
 
 Read here, below the mirror and the flip gates, so that both refuse what would strand a completed dataset whatever
@@ -105,7 +105,7 @@ def holding(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[
 
 
 # Every statement on lakehouse_completed is in this module (its owner: lakehouse_dagster_tests/test_table_owners.py);
-# the writes are runbooks/complete.py's, each inside the transaction of its step.
+# the writes are runbooks/complete/'s, each inside the transaction of its step.
 
 
 def start_mark(

@@ -30,6 +30,8 @@ A widen (workspace/global) must also follow the widening rules: soak and the wri
 
 The check and the write run in one transaction under one advisory lock shared by every gated
 change, so two operators cannot each pass a check the other's change invalidates.
+
+Kept whole on purpose: every gate a flag change passes, under the one lock they share.
 """
 
 from __future__ import annotations
@@ -447,7 +449,7 @@ def check_change(
 def refuse_completed_rollback(
     conn: psycopg.Connection, flag: Flag, mode: str | None, scope: Scope, moved: list[Effect]
 ) -> None:
-    """A writer leaving iceberg_native for a completed dataset (runbooks/complete.py: its Postgres rows are deleted)
+    """A writer leaving iceberg_native for a completed dataset (runbooks/complete/: its Postgres rows are deleted)
     is refused before anything else is judged: the pg path would write into an emptied ``dataset_rows`` and every
     reader going back to Postgres would read nothing. The way back is a backfill from Iceberg first."""
     leaving = [e for e in moved if e.before == NATIVE and e.after != NATIVE]

@@ -29,12 +29,9 @@ stream covers (a reverse_mirror_job run per due dataset, dagster/defs/mirror/rev
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as dt
 import logging
 import time
 import uuid
-from collections.abc import Callable
 
 import psycopg
 import pyarrow as pa
@@ -48,8 +45,6 @@ from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import check_held, dataset_lock, first_native_hold
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.native import native_dataset_ids
-from lakehouse_dagster.flags.reverse_setting import reverse_enabled, reverse_settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.copy_back import (
     IDENTITY,
@@ -65,81 +60,58 @@ from lakehouse_dagster.lake.copy_back import (
 )
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
+from lakehouse_dagster.mirror.reverse_refusals import _refusal, _refuse, _refuse_postgres_written
+from lakehouse_dagster.mirror.reverse_state import (
+    _TMP,
+    ACTOR,
+    APPEND,
+    FULL,
+    GUC,
+    NOOP,
+    CommitCursor,
+    PostgresWritten,
+    ReverseBatch,
+    ReversePosition,
+    ReverseResult,
+    ReverseState,
+    due_datasets,
+    latest_snapshots,
+    native_commits,
+    position,
+    positions,
+    reverse_states,
+)
 from lakehouse_dagster.parity.maintained import FILL_LOCK
-from lakehouse_dagster.tracking import capture, digest_sums, sync_log, undeclared
+from lakehouse_dagster.tracking import capture, digest_sums, sync_log
 from lakehouse_dagster.tracking.datasets import Column, get_dataset
 from lakehouse_dagster.tracking.undeclared import has_undeclared
 
+# The reverse mirror's face: every name callers import from mirror.reverse, wherever it lives now.
+__all__ = [
+    "ACTOR",
+    "APPEND",
+    "FULL",
+    "GUC",
+    "NOOP",
+    "CommitCursor",
+    "PostgresWritten",
+    "ReverseBatch",
+    "ReversePosition",
+    "ReverseResult",
+    "ReverseState",
+    "_refuse_postgres_written",  # the lifecycle model checks it on its own (testing/lifecycle_model.py)
+    "apply_due",
+    "apply_reverse",
+    "due_datasets",
+    "latest_snapshots",
+    "native_commits",
+    "position",
+    "positions",
+    "reverse_states",
+]
+
+
 _log = logging.getLogger(__name__)
-GUC = "lakehouse.reverse_apply"  # the triggers' no-echo switch (schema/functions/lakehouse_rows_*.sql)
-_TMP = "lakehouse_reverse_rows"
-APPEND, FULL, NOOP = "append", "full", "noop"
-ACTOR = "reverse mirror"
-
-
-@dataclasses.dataclass(frozen=True)
-class ReversePosition:
-    dataset_id: uuid.UUID
-    snapshot_id: int
-    how: str  # append | full (what the last apply did)
-    rows_copied: int
-    rows_removed: int
-    pg_rows: int
-    applied_at: dt.datetime
-    rows_version: int | None = None  # the dataset's rows_version the apply left (None: written by an older release)
-
-    def as_dict(self) -> dict:
-        return {
-            **dataclasses.asdict(self),
-            "dataset_id": str(self.dataset_id),
-            "applied_at": self.applied_at.isoformat(),
-        }
-
-
-class PostgresWritten(LakehouseError):
-    """Something other than the reverse mirror wrote a native dataset's dataset_rows since the last apply: those rows
-    are not in Iceberg (the truth), and an apply could only re-sync them away. Refused, nothing written; not
-    transient — an operator decides (see the message)."""
-
-    exit_code = 6
-    transient = False
-
-
-def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:
-    return {r[0]: ReversePosition(*r) for r in reverse_lag.position_rows(conn, list(dataset_ids))}
-
-
-def position(conn: psycopg.Connection, dataset_id: uuid.UUID) -> ReversePosition | None:
-    return positions(conn, [dataset_id]).get(dataset_id)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseResult:
-    dataset_id: uuid.UUID
-    how: str  # append | full | noop
-    snapshot_id: int | None  # the snapshot dataset_rows now holds (None: the dataset has no table yet)
-    copied: int  # rows inserted into dataset_rows
-    removed: int  # rows a full re-sync deleted first
-    pg_rows: int  # rows in dataset_rows afterwards
-    seconds: float
-    reason: str
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
-
-    def summary(self) -> str:
-        """What `lakehouse write-flags reverse sync` says."""
-        if self.how == NOOP:
-            return (
-                f"dataset {self.dataset_id}: nothing to apply ({self.reason}); dataset_rows holds {self.pg_rows} row(s)"
-            )
-        what = "appended" if self.how == APPEND else "re-synced in full"
-        removed = f", {self.removed} replaced row(s) deleted first" if self.how == FULL else ""
-        return (
-            f"dataset {self.dataset_id}: snapshot {self.snapshot_id} {what} into dataset_rows in {self.seconds:.2f}s "
-            f"({self.reason}) — {self.copied} row(s) copied (identity preserved){removed}; dataset_rows now holds "
-            f"{self.pg_rows}; a rollback to pg needs no backfill while nothing newer is committed"
-        )
 
 
 def _count(conn: psycopg.Connection, ds_id: uuid.UUID) -> int:
@@ -235,60 +207,6 @@ def apply_reverse(
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
 
 
-def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], rows: int) -> BadInput:
-    """A full re-sync would erase keys of ``rows`` Postgres rows that the table has no column for: named (a few,
-    counted) with what to do. ``pg``: the lock session (the rows are still there: the re-sync's delete is not
-    committed)."""
-    found = undeclared.find(pg, ds_id, [c.name for c in columns])
-    keys = found.names() if found is not None else "(they changed meanwhile)"
-    first = found.keys[0][0] if found is not None and found.keys else "<key>"
-    return BadInput(
-        f"dataset {ds_id}: the reverse mirror refuses to re-sync it in full: {rows} row(s) of dataset_rows hold "
-        f"key(s) the Iceberg table has no column for, which the re-sync would erase: {keys}; declare them in "
-        "datasets.schema (a native write then adds their columns), or remove them from the rows (update "
-        f"dataset_rows set data = data - '{first}' where dataset_id = '{ds_id}'); nothing was written"
-    )
-
-
-def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
-    """Under the dataset lock: only a native dataset with the reverse on, in a capture mode where it can run."""
-    if not native_dataset_ids(conn, [ds_id]):
-        raise BadInput(
-            f"dataset {ds_id} is not written iceberg-native (no writer flag resolves to iceberg_native), so "
-            "Postgres is its truth and the reverse mirror leaves it alone; after a rollback, copy what only "
-            f"Iceberg holds with lakehouse write-flags backfill --dataset {ds_id}; nothing was written"
-        )
-    setting = reverse_enabled(conn, ds_id)
-    if not setting.enabled:
-        raise BadInput(
-            f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse write-flags reverse on "
-            f"--dataset {ds_id}); nothing was written"
-        )
-    blocked = capture.reverse_blocked(conn)
-    if blocked:
-        raise BadInput(f"dataset {ds_id}: the reverse mirror cannot run: {blocked}; nothing was written")
-
-
-def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: ReversePosition | None) -> None:
-    """O(1): the dataset's rows_version against the one the last apply left. Only the live app or a pg writer moves
-    it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks."""
-    if at is None or at.rows_version is None:
-        return
-    now = fetch_value(conn.execute("select rows_version from datasets where id = %s", (ds_id,)), "rows_version")
-    if now == at.rows_version:
-        return
-    # No log record here: the refusal is the exception, and each caller reports it once (the CLI's error line, the
-    # stream's ReverseFailed event, the job's failure); a record beside it printed the refusal twice in the CLI.
-    raise PostgresWritten(
-        f"refused: dataset {ds_id} is native (Iceberg is its truth), but its dataset_rows was written by something "
-        f"other than the reverse mirror since the last apply (rows_version {at.rows_version} → {now}: the live app's "
-        "row.edit or ingest.stream, a pg writer): those rows are not in Iceberg, and applying would re-sync them "
-        "away; nothing was written. Find them (lakehouse canary --smoke --dataset "
-        f"{ds_id} names the differing rows), bring what must be kept into Iceberg through a native writer, then "
-        f"accept Iceberg's rows with lakehouse write-flags reverse sync --dataset {ds_id} --full"
-    )
-
-
 def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple[str, ...], str]:
     """(append | full, the data files an append copies, why)."""
     if full:
@@ -315,7 +233,7 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     )
 
 
-def _apply(  # noqa: C901 - one reverse apply in one transaction; splitting it needs care (issue 45 names it)
+def _apply(  # noqa: C901
     pg: psycopg.Connection,
     dsn: str,
     table,
@@ -537,139 +455,6 @@ def _apply(  # noqa: C901 - one reverse apply in one transaction; splitting it n
     _log.debug("reverse %s phases: %s", how, ", ".join(f"{k} {v:.3f}s" for k, v in phases.items()))
     _log.info("reverse %s: dataset %s at snapshot %s, %d row(s) copied", how, ds_id, current.snapshot_id, copied)
     return how, copied, removed, n, reason
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseState:
-    """One native dataset as the reverse mirror sees it (``lakehouse write-flags reverse status``)."""
-
-    dataset_id: uuid.UUID
-    name: str
-    native: bool
-    enabled: bool
-    source: str  # where the setting comes from: dataset | workspace | global | default
-    position: ReversePosition | None
-    current_snapshot: int | None
-
-    @property
-    def caught_up(self) -> bool:
-        return self.current_snapshot is None or (
-            self.position is not None and self.position.snapshot_id == self.current_snapshot
-        )
-
-    @property
-    def state(self) -> str:
-        if not self.native:
-            return "not native"
-        if not self.enabled:
-            return "off"
-        return "caught up" if self.caught_up else "behind"
-
-    def as_dict(self) -> dict:
-        return {
-            "dataset_id": str(self.dataset_id),
-            "name": self.name,
-            "native": self.native,
-            "enabled": self.enabled,
-            "source": self.source,
-            "state": self.state,
-            "position": self.position.as_dict() if self.position else None,
-            "current_snapshot": self.current_snapshot,
-        }
-
-
-def reverse_states(
-    conn: psycopg.Connection, catalog: Catalog, settings: Settings, dataset_ids: list[uuid.UUID] | None = None
-) -> list[ReverseState]:
-    """The native datasets (or ``dataset_ids``, native or not) with their setting, position and current snapshot
-    (one table load each)."""
-    native = native_dataset_ids(conn, dataset_ids)
-    ids = list(dataset_ids) if dataset_ids is not None else sorted(native)
-    rows = conn.execute(
-        "select id, name from datasets where id = any(%s::uuid[]) and kind = 'tabular' order by name, id", (ids,)
-    ).fetchall()
-    found = [r[0] for r in rows]
-    setting, at = reverse_settings(conn, found), positions(conn, found)
-    out = []
-    for ds_id, name in rows:
-        table = load_table_or_none(catalog, table_identifier(settings, ds_id))
-        snap = table.current_snapshot() if table is not None else None
-        s = setting[ds_id]
-        out.append(
-            ReverseState(
-                ds_id, name, ds_id in native, s.enabled, s.source, at.get(ds_id), snap.snapshot_id if snap else None
-            )
-        )
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseBatch:
-    applied: list[ReverseResult]
-    failed: list[tuple[uuid.UUID, str]]  # (dataset, what went wrong, one line)
-
-    def as_dict(self) -> dict:
-        return {
-            "applied": [r.as_dict() for r in self.applied],
-            "failed": [{"dataset_id": str(d), "error": e} for d, e in self.failed],
-        }
-
-
-def due_datasets(
-    conn: psycopg.Connection,
-    dataset_ids: list[uuid.UUID] | None = None,
-    *,
-    keep: Callable[[uuid.UUID], bool] | None = None,
-) -> list[uuid.UUID]:
-    """Native datasets (all, or among ``dataset_ids``; only those ``keep`` says yes to: a stream's shard) with the
-    reverse on that may be past their position: no position yet but a table (a succeeded commit), or a succeeded commit (a native write, a
-    compaction) recorded since the last apply. Postgres only, no table load: what a sensor or a stream's sweep
-    asks; ``apply_reverse`` then says no-op for one that is caught up after all. Three queries: the native set
-    (the flag resolution over the datasets asked about), their settings, and the position check (by primary key,
-    and an index probe of iceberg_sync_log_succeeded_idx per candidate)."""
-    native = native_dataset_ids(conn, dataset_ids)
-    if keep is not None:
-        native = {d for d in native if keep(d)}
-    on = [ds for ds, s in reverse_settings(conn, native).items() if s.enabled]
-    if not on:
-        return []
-    return reverse_lag.due_dataset_ids(conn, on)
-
-
-def latest_snapshots(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, int | None]:
-    """The snapshot of each dataset's latest succeeded commit in the sync log (no table load): what a sensor's
-    run key names (``reverse:<dataset>:<snapshot>``). One query, an index probe per dataset."""
-    if not dataset_ids:
-        return {}
-    rows = conn.execute(
-        "select d, (select s.snapshot_id from lakehouse_latest_succeeded_sync(d) s) from unnest(%s::uuid[]) as u(d)",
-        (list(dataset_ids),),
-    ).fetchall()
-    return {r[0]: r[1] for r in rows}
-
-
-@dataclasses.dataclass(frozen=True)
-class CommitCursor:
-    """Where a stream's reading of native commits stands: every commit of a transaction below ``xid`` is read;
-    ``seen``: sync log ids read at or above it (their transactions ended after the horizon), not reported again."""
-
-    xid: int
-    seen: frozenset[int] = frozenset()
-
-
-def native_commits(
-    conn: psycopg.Connection, cursor: CommitCursor, *, limit: int = 1000
-) -> tuple[set[uuid.UUID], CommitCursor, bool]:
-    """(datasets with a native commit since ``cursor``, the next cursor, whether the read was cut at ``limit``).
-    One index scan, O(native commits since the horizon). Only a hint: a cut read (or anything it missed) is found
-    by ``due_datasets``, which compares each position with the sync log; the caller then sweeps at once."""
-    fetched = sync_log.native_commits_since(conn, cursor.xid, limit)
-    xmin = int(fetched[0][0])
-    rows = [r[1:] for r in fetched if r[1] is not None]  # (id, xid, dataset_id)
-    nxt = max(cursor.xid, xmin)
-    found = {ds for row_id, _, ds in rows if row_id not in cursor.seen}
-    seen = frozenset(row_id for row_id, xid, _ in rows if xid >= nxt)
-    return found, CommitCursor(nxt, seen), len(rows) >= limit
 
 
 def apply_due(

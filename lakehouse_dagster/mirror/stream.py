@@ -26,7 +26,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import queue
 import threading
@@ -36,51 +35,53 @@ from collections.abc import Callable, Generator, Iterator
 
 import psycopg
 
-from lakehouse_dagster.core import locks
-from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, fetch_value
-from lakehouse_dagster.core.errors import Backpressure, BadInput, LakehouseError, LockTimeout, first_line, is_transient
-from lakehouse_dagster.core.guards import guard_connection
+from lakehouse_dagster.core.db import IdlePool, connect, fetch_value
+from lakehouse_dagster.core.errors import Backpressure, LakehouseError, LockTimeout, first_line, is_transient
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.mirror import shards
 from lakehouse_dagster.mirror.batch import BUSY_LOCK_WAIT_S, Failed
 from lakehouse_dagster.mirror.poller import Cursor, Pending, datasets_behind, pending_syncs, record_requests
-from lakehouse_dagster.mirror.reverse import (
-    NOOP,
-    CommitCursor,
-    ReverseResult,
-    apply_reverse,
-    due_datasets,
-    native_commits,
+from lakehouse_dagster.mirror.stream_lease import (
+    HEARTBEAT_EVERY_S,
+    ShardLease,
+    check_shard,
+    shard_of,
 )
 from lakehouse_dagster.mirror.stream_maintenance import Maintained, StreamMaintenance
+from lakehouse_dagster.mirror.stream_pacing import BUSY_RETRY_S, _Rest
+from lakehouse_dagster.mirror.stream_reverse import REVERSE_BACKOFF_MAX_S, ReverseApplied, ReverseFailed, _Reverse
 from lakehouse_dagster.mirror.sync import SyncResult, sync_dataset
+
+# The stream's face: every name callers import from mirror.stream, wherever it lives now.
+__all__ = [
+    "BUSY_RETRY_S",
+    "HEARTBEAT_EVERY_S",
+    "PAGE",
+    "REVERSE_BACKOFF_MAX_S",
+    "SWEEP_EVERY_S",
+    "Event",
+    "Idle",
+    "ReverseApplied",
+    "ReverseFailed",
+    "ShardLease",
+    "Stopped",
+    "_Reverse",  # test_reverse_driver drives the stream's reverse share directly
+    "check_shard",
+    "shard_of",
+    "stream_shard",
+    "stream_sync_id",
+]
+
 
 _log = logging.getLogger(__name__)
 
-_NS_SHARD = locks.STREAM_SHARD  # advisory lock class of a stream shard: (namespace, shard_count << 16 | shard)
+
+_log = logging.getLogger(__name__)
+
+
 SWEEP_EVERY_S = 5.0  # how often a stream looks for datasets behind Postgres that the cursor did not bring
-HEARTBEAT_EVERY_S = 1.0
+
+
 PAGE = 1000  # changed datasets read per cursor query (more: the next query pages on at once)
-BUSY_RETRY_S = 0.5  # a dataset another sync holds (or past the G2 bound) is tried again after this, doubling to 8 s
-
-
-def shard_of(dataset_id: uuid.UUID, shard_count: int) -> int:
-    """The shard of a dataset: a stable hash of its id's bytes (the same in every process and release), mod
-    ``shard_count``. Hashed, not the id's leading bytes: time-ordered ids (v1, v7) would otherwise bunch up."""
-    if shard_count <= 1:
-        return 0
-    return int.from_bytes(hashlib.blake2b(dataset_id.bytes, digest_size=8).digest(), "big") % shard_count
-
-
-def check_shard(shard: int, shard_count: int) -> None:
-    if shard_count < 1 or shard_count > 1024:
-        raise BadInput(f"shard count {shard_count} is out of range; use 1 to 1024 (LAKEHOUSE_MIRROR_SHARDS)")
-    if not 0 <= shard < shard_count:
-        raise BadInput(f"shard {shard} is out of range for {shard_count} shards; use 0 to {shard_count - 1}")
-
-
-def _lock_key(shard: int, shard_count: int) -> int:
-    return (shard_count << 16) | shard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,117 +97,6 @@ class Stopped:
     or its session to Postgres was lost): the caller says why; the supervisor starts the successor."""
 
     reason: str
-
-
-@dataclasses.dataclass
-class _Stats:
-    syncs: int = 0
-    failures: int = 0
-    last_commit_at: float | None = None
-    last_dataset_id: uuid.UUID | None = None
-    backlog: int = 0
-    lag_seconds: float = 0.0
-
-
-class ShardLease:
-    """The shard's lock and heartbeat row, on a connection of their own (TCP keepalives, no idle timeout). After
-    ``acquire`` a thread beats the heartbeat every ``HEARTBEAT_EVERY_S`` and notices a lost lock (``lost``);
-    ``close`` marks the row ended and releases the lock (closing the connection releases it too)."""
-
-    def __init__(self, dsn: str, shard: int, shard_count: int, run_id: str, deadline: float):
-        check_shard(shard, shard_count)
-        self.dsn, self.shard, self.shard_count, self.run_id, self.deadline = dsn, shard, shard_count, run_id, deadline
-        self.stats = _Stats()
-        self.lost: str | None = None  # why the lease was lost (its session died, its lock gone)
-        self._conn: psycopg.Connection | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._held = False
-
-    def acquire(self, *, until: float, clock: Callable[[], float] = time.time, poll_s: float = 0.1) -> bool:
-        """Wait for the shard's lock until ``until`` (the predecessor finishing its last commit); False if it never
-        came. Polls with pg_try_advisory_lock so an interruption (a run termination) is never stuck in the server."""
-        self._conn = guard_connection(self.dsn)
-        key = _lock_key(self.shard, self.shard_count)
-        while True:
-            if fetch_value(
-                self._conn.execute("select pg_try_advisory_lock(%s, %s)", (_NS_SHARD, key)), "the lock's answer"
-            ):
-                break
-            if clock() >= until:
-                return False
-            time.sleep(poll_s)
-        self._held = True
-        self._beat(started=True)
-        self._thread = threading.Thread(target=self._beating, name=f"stream-shard-{self.shard}-heartbeat", daemon=True)
-        self._thread.start()
-        return True
-
-    def _beat(self, *, started: bool = False, ended: bool = False) -> None:
-        assert self._conn is not None
-        s = self.stats
-        shards.record_beat(
-            self._conn,
-            {
-                "count": self.shard_count,
-                "shard": self.shard,
-                "run": self.run_id,
-                "deadline": self.deadline,
-                "ended": ended,
-                "started": started,
-                "commit": s.last_commit_at,
-                "last": s.last_dataset_id,
-                "syncs": s.syncs,
-                "failures": s.failures,
-                "backlog": s.backlog,
-                "lag": s.lag_seconds,
-            },
-        )
-
-    def _still_held(self) -> bool:
-        assert self._conn is not None
-        return fetch_value(
-            self._conn.execute(
-                "select exists(select 1 from pg_locks where locktype = 'advisory' and pid = pg_backend_pid() and granted"
-                " and objsubid = 2 and classid = %s::bigint::oid and objid = %s::bigint::oid)",
-                (_NS_SHARD, _lock_key(self.shard, self.shard_count)),
-            ),
-            "the shard lock's state",
-        )
-
-    def _beating(self) -> None:
-        while not self._stop.wait(HEARTBEAT_EVERY_S):
-            try:
-                if not self._still_held():
-                    self.lost = "the shard's lock is no longer held by its session"
-                    return
-                self._beat()
-            except psycopg.Error as exc:
-                self.lost = f"the session holding the shard's lock died ({type(exc).__name__}: {first_line(exc)})"
-                return
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        conn = self._conn
-        if conn is None:
-            return
-        try:
-            if self._held and self.lost is None:
-                self._beat(ended=True)
-                conn.execute("select pg_advisory_unlock(%s, %s)", (_NS_SHARD, _lock_key(self.shard, self.shard_count)))
-        except psycopg.Error:
-            pass  # the session is gone: so is its lock
-        finally:
-            self._conn = None
-            close_quietly(conn)
-
-    def __enter__(self) -> ShardLease:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def stream_sync_id(run_id: str, dataset_id: uuid.UUID, n: int) -> uuid.UUID:
@@ -227,28 +117,6 @@ class _Due:
     seen: float  # when its oldest unsynced change was first seen
     req: Pending  # the newest version seen for it (a Retry when the sweep brought a failed one back)
     busy: int = 0  # busy retries so far (lock held elsewhere, backpressure)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseApplied:
-    """A native commit (or several) of a dataset applied to dataset_rows by the reverse mirror (never a no-op)."""
-
-    result: ReverseResult
-
-    @property
-    def dataset_id(self) -> uuid.UUID:
-        return self.result.dataset_id
-
-
-@dataclasses.dataclass(frozen=True)
-class ReverseFailed:
-    """A reverse apply that failed; tried again after ``retry_in`` seconds (LAKEHOUSE_RETRY_FAILED_AFTER_SECONDS,
-    doubling per failure, at most an hour), not sooner. Nothing was half-applied (one transaction)."""
-
-    dataset_id: uuid.UUID
-    error: str  # one line, with the exception's type
-    attempts: int
-    retry_in: float
 
 
 Event = SyncResult | Failed | Idle | Maintained | Stopped | ReverseApplied | ReverseFailed
@@ -295,7 +163,7 @@ class _Raised:
     exc: BaseException
 
 
-def _stream(  # noqa: C901 - the stream's main loop: each wake-up reason and its handling share the loop's state
+def _stream(  # noqa: C901
     dsn: str,
     catalog,
     settings: Settings,
@@ -504,132 +372,6 @@ def _outcome(fut, ds, item: _Due, due, synced, lease: ShardLease, conn, clock, s
     lease.stats.last_commit_at = time.time()
     lease.stats.last_dataset_id = ds
     return r
-
-
-class _Rest:
-    """A dataset's syncs take at most ``share`` of the time (Settings.mirror_sync_share): after a sync of T seconds,
-    its next one waits T × (1/share − 1). Cheap syncs are hardly delayed; a dataset written without pause whose
-    syncs are heavy is synced at a batch run's pace instead of back to back, leaving the CPU to the live app."""
-
-    def __init__(self, share: float):
-        self._factor = 1.0 / share - 1.0
-        self._until: dict[uuid.UUID, float] = {}
-
-    def synced(self, ds: uuid.UUID, seconds: float, now: float) -> float:
-        """Note a sync of ``seconds`` that landed at ``now``; when the dataset's next sync may start."""
-        if self._factor <= 0:
-            return now
-        self._until[ds] = now + seconds * self._factor
-        return self._until[ds]
-
-    def due_at(self, ds: uuid.UUID, at: float) -> float:
-        until = self._until.get(ds)
-        if until is None:
-            return at
-        if until <= at:  # rested already: forgotten, so the map holds only the datasets resting now
-            del self._until[ds]
-            return at
-        return until
-
-
-REVERSE_BACKOFF_MAX_S = 3600.0  # a reverse apply that keeps failing is tried again at most this far apart
-
-
-class _Reverse:
-    """The stream's share of the reverse mirror (mirror/reverse.py) for its shard: which native datasets are due
-    for an apply, the applies in flight, and the backoff of the failed ones.
-
-    Found two ways: each poll, the native commits since the cursor (``native_commits``: one index scan of the sync
-    log by transaction id, nothing read when nothing was committed), checked by ``due_datasets`` for the shard's
-    datasets among them (three small queries, only when a native commit of the shard landed); and at each sweep,
-    ``due_datasets`` over every native dataset of the shard (what was committed while no stream ran, a reverse
-    turned on, a failure past its backoff). Exactly once rests on ``apply_reverse`` itself: rows and position in
-    one transaction, a dataset already at its snapshot a no-op; the stream only decides when to ask."""
-
-    def __init__(self, dsn: str, catalog, settings: Settings, mine: Callable[[uuid.UUID], bool], xid: int):
-        self.dsn, self.catalog, self.settings, self.mine = dsn, catalog, settings, mine
-        self.cursor = CommitCursor(xid)
-        self.due: dict[uuid.UUID, float] = {}  # dataset -> when its apply may start
-        self.busy: dict[uuid.UUID, int] = {}  # busy or transient retries of its pending apply
-        self.failures: dict[uuid.UUID, int] = {}  # failed applies in a row
-        self.until: dict[uuid.UUID, float] = {}  # not asked again before (a failure's backoff, a table not there yet)
-        self.flying: dict[concurrent.futures.Future, uuid.UUID] = {}
-        # A dataset's applies take at most LAKEHOUSE_MIRROR_SYNC_SHARE of the time, as its forward syncs do: a
-        # dataset committed natively without pause is applied in batches (one apply takes every commit since the
-        # last), leaving the CPU to the live app (bench/bench_reverse_app_writes.py)
-        self.rest = _Rest(settings.mirror_sync_share)
-
-    def _note(self, ds: uuid.UUID, now: float) -> None:
-        if self.until.get(ds, 0.0) > now:
-            return  # backing off: the sweep or a commit asks again only once it passed
-        self.until.pop(ds, None)
-        self.due.setdefault(ds, now)
-
-    def sweep(self, conn: psycopg.Connection, now: float) -> None:
-        for ds in due_datasets(conn, keep=self.mine):
-            self._note(ds, now)
-
-    def poll(self, conn: psycopg.Connection, now: float) -> bool:
-        """The native commits since the cursor; True when the read was cut (the caller sweeps at once)."""
-        found, self.cursor, cut = native_commits(conn, self.cursor)
-        mine = [ds for ds in found if self.mine(ds)]
-        if mine:
-            for ds in due_datasets(conn, mine):
-                self._note(ds, now)
-        return cut
-
-    def ready(self, now: float, busy: set[uuid.UUID]) -> list[uuid.UUID]:
-        return sorted(
-            (d for d, at in self.due.items() if self.rest.due_at(d, at) <= now and d not in busy),
-            key=lambda d: self.due[d],
-        )
-
-    def nearest(self, busy: set[uuid.UUID]) -> float | None:
-        return min((self.rest.due_at(d, at) for d, at in self.due.items() if d not in busy), default=None)
-
-    def in_flight(self) -> set[uuid.UUID]:
-        return set(self.flying.values())
-
-    def start(self, executor: concurrent.futures.Executor, ds: uuid.UUID) -> None:
-        del self.due[ds]
-        fut = executor.submit(apply_reverse, self.dsn, self.catalog, self.settings, ds, lock_timeout_s=BUSY_LOCK_WAIT_S)
-        self.flying[fut] = ds
-
-    def outcome(
-        self, fut: concurrent.futures.Future, now: float, lease: ShardLease, shard: int
-    ) -> ReverseApplied | ReverseFailed | None:
-        """What a finished apply means: its result (None for a no-op), a failure (backed off), or None when it is
-        tried again soon (the dataset's lock held by a native write or a sync, a transient failure)."""
-        ds = self.flying.pop(fut)
-        try:
-            r = fut.result()
-        except (LockTimeout, Backpressure) as exc:
-            n = self.busy[ds] = self.busy.get(ds, 0) + 1
-            self.due[ds] = now + min(8.0, BUSY_RETRY_S * 2 ** (n - 1))
-            _log.info("shard %s: reverse of dataset %s busy (%s); again in a moment", shard, ds, first_line(exc))
-            return None
-        except Exception as exc:  # noqa: BLE001 - a reverse apply never stops the stream's forward mirror
-            n = self.busy.get(ds, 0)
-            if is_transient(exc) and n < 3:
-                self.busy[ds] = n + 1
-                self.due[ds] = now + BUSY_RETRY_S * 2**n
-                return None
-            self.busy.pop(ds, None)
-            attempts = self.failures[ds] = self.failures.get(ds, 0) + 1
-            wait = min(REVERSE_BACKOFF_MAX_S, max(1, self.settings.retry_failed_after_seconds) * 2.0 ** (attempts - 1))
-            self.until[ds] = now + wait
-            lease.stats.failures += 1
-            return ReverseFailed(ds, f"{type(exc).__name__}: {first_line(exc)}", attempts, wait)
-        self.busy.pop(ds, None)
-        self.failures.pop(ds, None)
-        if r.how == NOOP:
-            if r.snapshot_id is None:  # no table yet: the position is not written, so the sweep would ask each time
-                self.until[ds] = now + max(1, self.settings.retry_failed_after_seconds)
-            return None
-        self.rest.synced(ds, r.seconds, now)
-        lease.stats.last_commit_at = time.time()
-        lease.stats.last_dataset_id = ds
-        return ReverseApplied(r)
 
 
 def _merge(due: dict[uuid.UUID, _Due], ds: uuid.UUID, item: _Due) -> None:

@@ -1,6 +1,8 @@
 """The mirror: one dataset's Postgres rows → its Iceberg table, full or incremental, committed once.
 
 The CLI (`lakehouse sync`), the Dagster asset and the tests all call ``sync_dataset``.
+
+Kept whole on purpose: one sync from its lock to its record, each failure's description beside the step that raises it.
 """
 
 from __future__ import annotations

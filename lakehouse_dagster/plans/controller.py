@@ -11,7 +11,7 @@ that dataset back first (auto-rollback, an operator): a rolled-back dataset is n
 analysis's sample, so only the plan's whole history can show it. A plan never widens past one.
 
 A writer plan's last stage may be ``complete``: waiting (its approval, always) → completing (the ``complete`` job's
-run over every dataset the stages before it moved: runbooks/complete.py, its own conditions checked per dataset) →
+run over every dataset the stages before it moved: runbooks/complete/, its own conditions checked per dataset) →
 finished once every one of them is complete. A refusal pauses the plan, never aborts it: complete wrote nothing for
 a refused dataset, and what it names (a soak not over, a parity not ok, a Postgres-locked consumer) is for the
 operator to settle; resume asks for the run again over the datasets not complete yet.
@@ -28,24 +28,35 @@ import dataclasses
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable
 
 import psycopg
 
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.completed import COMPLETE as COMPLETE_MARK
-from lakehouse_dagster.flags.completed import completed_marks
 from lakehouse_dagster.flags.gates import effects
 from lakehouse_dagster.flags.overrides import DATASET, Scope
 from lakehouse_dagster.flags.registry import READ, WRITE, get_flag, rank
 from lakehouse_dagster.flags.reverse_setting import reverse_settings, set_reverse
-from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.flags.widen import scope_mode
-from lakehouse_dagster.plans import analysis, store
+from lakehouse_dagster.plans import store
 from lakehouse_dagster.plans.abort import restore
-from lakehouse_dagster.plans.render import effective_soak
-from lakehouse_dagster.plans.spec import COMPLETE, SHADOW, Plan, Stage, format_duration
+from lakehouse_dagster.plans.complete_steps import _Completing
+from lakehouse_dagster.plans.soak_steps import _Soaking
+from lakehouse_dagster.plans.spec import COMPLETE, SHADOW, Plan, Stage
+from lakehouse_dagster.plans.steps import (
+    ANALYSIS,
+    COMPLETE_JOB,
+    FAILED,
+    IN_FLIGHT,
+    READ_FLIP,
+    SET_FLAG,
+    SUCCEEDED,
+    WRITE_FLIP,
+    RunAsk,
+    RunLookup,
+    RunState,
+    _first_line,
+)
 from lakehouse_dagster.plans.store import (
     ABORTING,
     ACTIVE,
@@ -59,37 +70,27 @@ from lakehouse_dagster.plans.store import (
     PlanRow,
 )
 
+# The controller's face: every name the Dagster glue and the tests import from plans.controller.
+__all__ = [
+    "ANALYSIS",
+    "COMPLETE_JOB",
+    "FAILED",
+    "IN_FLIGHT",
+    "READ_FLIP",
+    "SET_FLAG",
+    "SUCCEEDED",
+    "WRITE_FLIP",
+    "RunAsk",
+    "RunLookup",
+    "RunState",
+    "TickResult",
+    "advance",
+    "tick",
+]
+
 log = logging.getLogger("lakehouse_dagster.plans")
 
-READ_FLIP, WRITE_FLIP, SET_FLAG, ANALYSIS = "read_flip", "write_flip", "set_flag", "rollout_analysis"
-COMPLETE_JOB = "complete"
-IN_FLIGHT, SUCCEEDED, FAILED = "in-flight", "succeeded", "failed"
 _MAX_TRANSITIONS = 4  # per plan per tick: a passed stage starts the next one in the same tick
-
-
-@dataclasses.dataclass(frozen=True)
-class RunAsk:
-    """A run the controller wants: the Dagster glue makes it a RunRequest (run key = ``run_key``)."""
-
-    plan_id: uuid.UUID
-    step_key: str
-    job: str  # read_flip | write_flip | set_flag | rollout_analysis | complete
-    params: dict  # the job's parameters (the glue maps them to its run config)
-
-    @property
-    def run_key(self) -> str:
-        return f"rollout:{self.plan_id}:{self.step_key}"
-
-
-@dataclasses.dataclass(frozen=True)
-class RunState:
-    run_id: str
-    status: str  # in-flight | succeeded | failed
-    message: str | None = None  # why it failed (the step's refusal)
-
-
-# plan id → {step key: the latest run of that step}
-RunLookup = Callable[[uuid.UUID], dict[str, RunState]]
 
 
 @dataclasses.dataclass
@@ -140,7 +141,7 @@ def advance(
     return asks, lines
 
 
-class _Step:
+class _Step(_Soaking, _Completing):
     """One transition of one plan (inside its locked transaction)."""
 
     def __init__(self, conn, settings: Settings, p: PlanRow, runs: dict[str, RunState], lines: list[str]):
@@ -335,258 +336,6 @@ class _Step:
         self.say(f"stage {self.p.stage + 1} flipped {moved} dataset(s)")
         return [], True
 
-    # -- completing: the complete run ------------------------------------------------------------------------------
-
-    def start_complete(self, stage: Stage) -> tuple[list[RunAsk], bool]:
-        """The complete stage's first run, over every dataset the stages before it moved and not complete yet."""
-        n = self.p.stage + 1
-        moved = store.moved_before(self.conn, self.p.id, self.p.stage)
-        marks = completed_marks(self.conn, moved)
-        left = [d for d in moved if d not in marks or marks[d].status != COMPLETE_MARK]
-        if stage.max_datasets is not None and len(left) > stage.max_datasets:
-            self.pause(
-                f"stage {n} would complete {len(left)} datasets, above its max_datasets {stage.max_datasets}; "
-                "complete some by hand (lakehouse write-flags complete --dataset <id>) and resume, or abort"
-            )
-            return [], False
-        store.update_stage(self.conn, self.p.id, self.p.stage, started_at=self.now)
-        store.update(self.conn, self.p.id, phase=COMPLETING, blocking=None)
-        store.event(
-            self.conn,
-            self.p.id,
-            store.STAGE_STARTED,
-            stage=self.p.stage,
-            reason=f"stage {n} (complete): retiring the Postgres rows of {len(left)} of the {len(moved)} dataset(s) "
-            "the plan moved",
-            detail={"datasets": [str(d) for d in left], "complete_already": len(moved) - len(left)},
-        )
-        self.say(f"stage {n} started: complete of {len(left)} dataset(s)")
-        if not left:
-            return self.finish_complete(stage, moved), True
-        return [self.ask_complete(stage, left, 1)], False
-
-    def ask_complete(self, stage: Stage, ids: list[uuid.UUID], attempt: int) -> RunAsk:
-        key = f"stage{self.p.stage}:complete:{attempt}"
-        params = {
-            "dataset_ids": [str(d) for d in ids],
-            "export_to": stage.export_to,
-            "note": f"rollout {self.p.id} stage {self.p.stage + 1} (complete)"[:1000],
-            "kind": self.plan.kind,
-            "name": self.plan.name,
-        }
-        store.add_step(self.conn, self.p.id, key, self.p.stage, "complete", COMPLETE_JOB, params, ids)
-        store.set_blocking(
-            self.conn, self.p, f"complete run {attempt} of stage {self.p.stage + 1} over {len(ids)} dataset(s)"
-        )
-        return RunAsk(self.p.id, key, COMPLETE_JOB, params)
-
-    def completing(self, stage: Stage) -> tuple[list[RunAsk], bool]:
-        """Wait for the complete run; then every dataset complete → the stage passes, else pause naming why. A
-        resumed plan whose last run has ended asks again over the datasets still not complete."""
-        if self.check_mismatches():  # the abort waits for a complete run in flight, then restores what it can
-            return self.aborting(), False
-        n = self.p.stage + 1
-        runs = store.steps(self.conn, self.p.id, self.p.stage, "complete")
-        last = runs[-1]
-        moved = store.moved_before(self.conn, self.p.id, self.p.stage)
-        marks = completed_marks(self.conn, moved)
-        left = [d for d in moved if d not in marks or marks[d].status != COMPLETE_MARK]
-        if last.status != "requested":  # decided already (it paused): the operator resumed it
-            if not left:
-                return self.finish_complete(stage, moved), True
-            return [self.ask_complete(stage, left, len(runs) + 1)], False
-        r = self.runs.get(last.step_key)
-        if r is None:
-            return [RunAsk(self.p.id, last.step_key, last.job, last.config)], False  # asked before, not launched
-        if r.status == IN_FLIGHT:
-            return [], False
-        store.finish_step(self.conn, self.p.id, last.step_key, r.status, r.run_id, r.message)
-        if not left:
-            return self.finish_complete(stage, moved), True
-        why = _first_line(r.message) if r.status == FAILED and r.message else "no refusal recorded"
-        self.pause(
-            f"stage {n} (complete): {len(left)} of {len(moved)} dataset(s) not complete after run {r.run_id[:8]}: "
-            f"{why}; settle what it names, then lakehouse rollout resume {self.p.id} (it completes the rest; "
-            "lakehouse write-flags complete --status shows each dataset)"
-        )
-        return [], False
-
-    def finish_complete(self, stage: Stage, moved: list[uuid.UUID]) -> list[RunAsk]:
-        return self.pass_stage(
-            stage,
-            analysis.Outcome(
-                analysis.PASS,
-                f"every dataset the plan moved ({len(moved)}) is complete: its Postgres rows are retired and Iceberg "
-                "alone holds it",
-                {"completed": [str(d) for d in moved]},
-            ),
-        )
-
-    # -- soaking and analyzing -----------------------------------------------------------------------------------
-
-    def check_mismatches(self, *, upcoming: bool = False) -> bool:
-        """Abort on a MISMATCH since the plan started, on a dataset it moved or its stages cover (``upcoming``: also
-        the scopes of the stage about to start); True when it did. Also while the stage waits or completes: a
-        dataset rolled back (by auto-rollback, by an operator) is no longer moved, nor in a later analysis."""
-        scopes: list[tuple[str, uuid.UUID | None]] = []
-        if upcoming:
-            for c in self.p.rendered["stages"][self.p.stage]["changes"]:
-                scopes.append((c["scope"], uuid.UUID(c["scope_id"]) if c["scope_id"] else None))
-        found = analysis.mismatches(self.conn, self.p.id, scopes)
-        if found is None:
-            return False
-        self.begin_abort(f"stage {self.p.stage + 1}: {found.reason}")
-        return True
-
-    def check_incidents(self, stage: Stage, row: store.StageRow, *, native_safety: bool = False) -> bool:
-        """Abort on an incident since the stage flipped; True when it did."""
-        found = analysis.incidents(
-            self.conn,
-            self.p.id,
-            self.plan.kind,
-            self.plan.name,
-            row.flipped_at or self.now,
-            stage.analysis,
-            self.settings.wedged_after_seconds,
-            native_safety=native_safety,
-        )
-        if found is None:
-            return False
-        self.begin_abort(f"stage {self.p.stage + 1}: {found.reason}")
-        return True
-
-    def soaking(self, stage: Stage) -> tuple[list[RunAsk], bool]:
-        row = store.stage_row(self.conn, self.p.id, self.p.stage)
-        if self.check_incidents(stage, row):
-            return self.aborting(), False
-        soak, _ = effective_soak(stage, current_soak(self.conn, self.settings))
-        assert row.flipped_at is not None
-        ends = row.flipped_at + dt.timedelta(seconds=soak)
-        if stage.kind == SHADOW:
-            return self.shadow(stage, row, ends)
-        if self.now < ends:
-            left = format_duration((ends - self.now).total_seconds())
-            store.set_blocking(self.conn, self.p, f"soaking until {ends:%Y-%m-%d %H:%M:%S} UTC ({left} left)")
-            return [], False
-        if row.moved_count == 0:  # every change was skipped (each dataset already there): nothing to analyse
-            return self.pass_stage(stage, analysis.Outcome(analysis.PASS, "it moved no Iceberg-tabular dataset")), True
-        return [self.ask_analysis(stage, row, 1)], False
-
-    def ask_analysis(self, stage: Stage, row: store.StageRow, attempt: int) -> RunAsk:
-        sample = store.stage_sample(self.conn, self.p.id, self.p.stage, stage.analysis.sample)
-        key = f"stage{self.p.stage}:analysis:{attempt}"
-        params = {
-            "plan_id": str(self.p.id),
-            "stage": self.p.stage,
-            "dataset_ids": sorted(str(i) for i in sample),
-            "kind": self.plan.kind,
-            "name": self.plan.name,
-        }
-        store.add_step(self.conn, self.p.id, key, self.p.stage, "analysis", ANALYSIS, params, sample)
-        store.update(
-            self.conn, self.p.id, phase=ANALYZING, blocking=f"analysis run {attempt} of stage {self.p.stage + 1}"
-        )
-        self.say(f"stage {self.p.stage + 1}: analysis {attempt} over {len(sample)} dataset(s)")
-        return RunAsk(self.p.id, key, ANALYSIS, params)
-
-    def analyzing(self, stage: Stage) -> tuple[list[RunAsk], bool]:
-        row = store.stage_row(self.conn, self.p.id, self.p.stage)
-        if self.check_incidents(stage, row):
-            return self.aborting(), False
-        runs = store.steps(self.conn, self.p.id, self.p.stage, "analysis")
-        last = runs[-1]
-        attempt = len(runs)
-        if last.status == "requested":
-            r = self.runs.get(last.step_key)
-            if r is None:
-                return [RunAsk(self.p.id, last.step_key, last.job, last.config)], False
-            if r.status == IN_FLIGHT:
-                return [], False
-            store.finish_step(self.conn, self.p.id, last.step_key, r.status, r.run_id, r.message)
-            if self.plan.kind != READ and self.check_incidents(stage, row, native_safety=True):
-                return self.aborting(), False
-            found = analysis.verdicts(self.conn, r.run_id, self.plan.kind, stage.analysis, len(last.moved))
-            if r.status == FAILED and found.outcome != analysis.FAIL:  # a MISMATCH fails the run too: that decides
-                found = analysis.Outcome(
-                    analysis.INCONCLUSIVE,
-                    f"the analysis run {r.run_id[:8]} failed: {_first_line(r.message or 'no reason recorded')}",
-                )
-            return self.decide(stage, row, found, attempt)
-        # the last analysis was inconclusive: ask again once retry_every has passed
-        assert last.finished_at is not None
-        if self.now - last.finished_at >= dt.timedelta(seconds=stage.analysis.retry_every):
-            return [self.ask_analysis(stage, row, attempt + 1)], False
-        return [], False
-
-    def decide(self, stage: Stage, row: store.StageRow, found: analysis.Outcome, attempt: int):
-        n = self.p.stage + 1
-        if found.outcome == analysis.FAIL:
-            self.begin_abort(f"stage {n}: {found.reason}")
-            return self.aborting(), False
-        if found.outcome == analysis.PASS:
-            return self.pass_stage(stage, found), True
-        return self.inconclusive(stage, row, found.reason), False
-
-    def inconclusive(self, stage: Stage, row: store.StageRow, reason: str) -> list[RunAsk]:
-        since = row.inconclusive_since or self.now
-        if row.inconclusive_since is None:
-            store.update_stage(self.conn, self.p.id, self.p.stage, inconclusive_since=since)
-        if self.now - since >= dt.timedelta(seconds=stage.analysis.pause_after):
-            self.pause(
-                f"stage {self.p.stage + 1} inconclusive for {format_duration((self.now - since).total_seconds())} "
-                f"(pause_after {format_duration(stage.analysis.pause_after)}): {reason}"
-            )
-            return []
-        store.set_blocking(self.conn, self.p, f"inconclusive, retrying every {stage.analysis.retry_every}s: {reason}")
-        return []
-
-    def shadow(self, stage: Stage, row: store.StageRow, ends: dt.datetime) -> tuple[list[RunAsk], bool]:
-        assert row.flipped_at is not None
-        found, c = analysis.shadow(self.conn, self.plan.name, row.flipped_at, stage.analysis)
-        if found is not None and found.outcome == analysis.FAIL:
-            self.begin_abort(f"stage {self.p.stage + 1}: {found.reason}")
-            return self.aborting(), False
-        if self.now < ends:
-            left = format_duration((ends - self.now).total_seconds())
-            store.set_blocking(
-                self.conn, self.p, f"shadow soak until {ends:%H:%M:%S} UTC ({left} left); {c.describe()}"
-            )
-            return [], False
-        if found is None:
-            need = (
-                f"{c.counted} of {stage.analysis.min_reads} shadow read(s) counted (compared at caught-up versions, "
-                "or failed on the Iceberg side)"
-            )
-            return self.inconclusive(stage, row, need), False
-        return self.pass_stage(stage, found), True
-
-    def pass_stage(self, stage: Stage, found: analysis.Outcome) -> list[RunAsk]:
-        n = self.p.stage + 1
-        store.update_stage(self.conn, self.p.id, self.p.stage, passed_at=self.now, inconclusive_since=None)
-        store.event(
-            self.conn,
-            self.p.id,
-            store.STAGE_PASSED,
-            stage=self.p.stage,
-            reason=f"stage {n} ({stage.describe()}) passed: {found.reason}",
-            detail=found.detail,
-        )
-        self.say(f"stage {n} passed: {found.reason}")
-        if n == len(self.plan.stages):
-            store.update(self.conn, self.p.id, state=store.FINISHED, phase=WAITING, blocking=None, ended_at=self.now)
-            store.event(
-                self.conn,
-                self.p.id,
-                store.FINISHED_EVENT,
-                stage=self.p.stage,
-                reason=f"{self.plan.name} is {self.plan.mode} at every stage of the plan"
-                + (", and every dataset it moved is complete" if stage.kind == COMPLETE else ""),
-            )
-            self.say("finished")
-        else:
-            store.update(self.conn, self.p.id, stage=n, phase=WAITING, blocking=None)
-        return []
-
     # -- pause and abort -----------------------------------------------------------------------------------------
 
     def pause(self, reason: str) -> None:
@@ -643,9 +392,3 @@ class _Step:
             + (f", {len(restored.refused)} refused by a gate" if restored.refused else "")
         )
         return []
-
-
-def _first_line(text: str | None) -> str:
-    """A refusal's headline and its first reason (a gate's refusal lists the datasets on the lines below)."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return " ".join(lines[:2])[:500]

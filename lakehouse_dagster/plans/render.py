@@ -261,7 +261,7 @@ def writer_candidates(
     return sorted(ready, key=lambda i: (row_counts.get(i) is None, row_counts.get(i) or 0, datasets[i][1], str(i)))
 
 
-def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered:  # noqa: C901 - the stages in order over one simulated set of overrides
+def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered:  # noqa: C901
     """Long on purpose: the stages in order over one simulated set of overrides, each stage's changes, moves and
     refusals beside each other, so the dry-run and the controller read the same story."""
     flag = get_flag(plan.kind, plan.name)

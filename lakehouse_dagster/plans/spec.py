@@ -172,7 +172,7 @@ def load_plan(text: str, origin: str = "plan") -> Plan:
     return validate(raw, origin)
 
 
-def validate(raw: Any, origin: str = "plan") -> Plan:  # noqa: C901 - one pass over the plan's keys, each check beside the key it names
+def validate(raw: Any, origin: str = "plan") -> Plan:  # noqa: C901
     """The plan from its parsed form; every problem at once, one line each. Long on purpose: one pass over the
     plan's keys in the order a reader of the file meets them, each check beside the key it names."""
     errors = _Errors(origin)
@@ -244,7 +244,7 @@ def validate(raw: Any, origin: str = "plan") -> Plan:  # noqa: C901 - one pass o
     return Plan(kind, name, str(mode), tuple(stages), note, arm_reverse is not False)
 
 
-def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | None:  # noqa: C901 - each stage key's parse and its one-line error beside it
+def _stage(s: dict, where: str, errors: _Errors, kind: str | None) -> Stage | None:  # noqa: C901
     """Long on purpose: each stage key's parse and its one-line error beside it."""
     for key in s:
         if key not in _STAGE_KEYS:

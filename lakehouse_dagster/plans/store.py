@@ -1,6 +1,8 @@
 """Plan state in Postgres (migration 0027): the plan, its stages, the runs it asked for, the value of every flag key
 before the plan, and its events. Every transition of a plan happens in one transaction holding its row
 (``lock``), so the controller, the CLI and the jobs never act on a plan at once.
+
+Kept whole on purpose: the one owner of the five rollout tables, whose statements join them.
 """
 
 from __future__ import annotations

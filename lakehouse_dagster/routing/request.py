@@ -190,8 +190,9 @@ class Plan:
         return (*self.group_by, *(m.name for m in self.measures)) if self.is_aggregate else self.columns
 
 
-def bind(query: Query, dataset: Dataset) -> Plan:  # noqa: C901 - each refusal of the query beside the clause it checks
-    """Check ``query`` against the dataset's schema; refuse what no engine can answer exactly."""
+def bind(query: Query, dataset: Dataset) -> Plan:  # noqa: C901
+    """Check ``query`` against the dataset's schema; refuse what no engine can answer exactly.
+    Complex on purpose: each refusal of the query beside the clause it checks."""
     types = dict(IDENTITY_TYPES) | {c.name: c.type for c in dataset.columns}
     known = ", ".join(types)
 

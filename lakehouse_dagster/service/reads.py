@@ -46,8 +46,9 @@ class OpenRead:
     fallback_error: str | None
 
 
-def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:  # noqa: C901 - the read's engine choice and its cleanup on every failure path in one try
-    """Decide and open the read; the caller must ``stream.close()`` it. Blocking: run it off the event loop."""
+def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:  # noqa: C901
+    """Decide and open the read; the caller must ``stream.close()`` it. Blocking: run it off the event loop.
+    Complex on purpose: the read's engine choice and its cleanup on every failure path in one try."""
     conn = db.take()
     handed_to_stream = False
     try:

@@ -70,7 +70,8 @@ def _numeric_text(raw: str) -> str:
     return text
 
 
-def _render(value: Any, out: list[str]) -> None:  # noqa: C901 - one branch per JSON value type, a flat dispatch
+def _render(value: Any, out: list[str]) -> None:  # noqa: C901
+    """Complex on purpose: one branch per JSON value type, a flat dispatch."""
     if value is None:
         out.append("null")
     elif value is True:

@@ -117,7 +117,9 @@ class S3FaultProxy:
             time.sleep(min(left, _TICK))
 
 
-def _handler(proxy: S3FaultProxy) -> type[BaseHTTPRequestHandler]:  # noqa: C901 - the handler class's methods are counted with the factory that closes over the proxy
+def _handler(proxy: S3FaultProxy) -> type[BaseHTTPRequestHandler]:  # noqa: C901
+    """Complex on purpose: the handler class's methods are counted with the factory that closes over the proxy."""
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the SDK expects of S3
         upstream: http.client.HTTPConnection | None = None

@@ -66,7 +66,7 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run_load_with_restart(  # noqa: C901 - the load, the restart and the checks of one fault run share their state
+def run_load_with_restart(  # noqa: C901
     server: ServiceProcess,
     pgdata: Path,
     readable: list[uuid.UUID],

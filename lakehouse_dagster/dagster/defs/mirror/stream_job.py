@@ -63,7 +63,7 @@ class MirrorStreamConfig(dg.Config):
     description="Mirror one shard of the datasets as they change, for the run's lifetime (mirror/stream.py); every "
     "sync is a materialization of the dataset's iceberg/dataset_table partition, checked when the stream is idle.",
 )
-def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, lakehouse: LakehouseResource):  # noqa: C901 - one dispatch over what the stream loop yields, in the order it yields it
+def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, lakehouse: LakehouseResource):  # noqa: C901
     """Long on purpose: what the loop yields (a sync, a failure, a maintenance round, an idle moment, a stop) is
     logged in one dispatch, in the order the loop yields it; the checks' bookkeeping lives beside it. Events are
     logged at once (``dagster_log_now``), not yielded: a yielded event stays in the step's memory until the run ends."""

@@ -1,5 +1,5 @@
 """`lakehouse write-flags complete` as a job: retire a native dataset's Postgres rows from the UI, the same core
-function as the CLI (runbooks/complete.py): refused, naming each missing condition, unless the dataset has been
+function as the CLI (runbooks/complete/): refused, naming each missing condition, unless the dataset has been
 native past the soak, its reverse parity is ok and no Postgres-locked consumer remains; then the reverse off, an
 optional Parquet export, dataset_rows deleted in short batches. Re-launching it continues a complete a crash cut
 short. (No ``from __future__ import annotations``: Dagster reads the Config annotations at runtime.)

@@ -121,7 +121,7 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehous
     with lakehouse.connect() as conn:
         tag_run(context, dataset_tags(conn, config.dataset_id))
     try:
-        r = backfill_or_restore(  # a completed dataset: restored from Iceberg (runbooks/complete.py)
+        r = backfill_or_restore(  # a completed dataset: restored from Iceberg (runbooks/complete/)
             lakehouse.pg_dsn,
             lakehouse.catalog(),
             lakehouse.settings(),

@@ -1,0 +1,29 @@
+"""What the flags verbs share: the kind's word, the scope options, a scope and a change as the verbs print them."""
+
+from __future__ import annotations
+
+from lakehouse_dagster.flags.registry import READ, WRITE  # no psycopg: a usage error answers at once
+
+_KIND_WORD = {READ: "reader", WRITE: "writer"}
+
+
+def _scope_args(p) -> None:
+    p.add_argument("--dataset", help="dataset uuid (most specific scope)")
+    p.add_argument("--workspace", help="workspace uuid")
+
+
+def _where(scope) -> str:
+    return "globally" if scope.scope_id is None else f"for {scope}"
+
+
+def _change_data(change) -> dict:
+    return {
+        "kind": change.flag.kind,
+        "name": change.flag.name,
+        "scope": change.scope.scope,
+        "scope_id": change.scope.scope_id,
+        "before": change.before,
+        "after": change.after,
+        "changed": change.changed,
+        "audit_id": change.audit.id if change.audit else None,
+    }

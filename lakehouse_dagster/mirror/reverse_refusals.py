@@ -1,0 +1,72 @@
+"""The reverse mirror's refusals (mirror/reverse.py), each one line saying what to do, nothing written: a dataset not
+native or with the reverse off, a capture mode it cannot run in, dataset_rows written by something else since the
+last apply, a full re-sync that would erase undeclared keys.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.flags.native import native_dataset_ids
+from lakehouse_dagster.flags.reverse_setting import reverse_enabled
+from lakehouse_dagster.mirror.reverse_state import PostgresWritten, ReversePosition
+from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking.datasets import Column
+
+
+def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], rows: int) -> BadInput:
+    """A full re-sync would erase keys of ``rows`` Postgres rows that the table has no column for: named (a few,
+    counted) with what to do. ``pg``: the lock session (the rows are still there: the re-sync's delete is not
+    committed)."""
+    found = undeclared.find(pg, ds_id, [c.name for c in columns])
+    keys = found.names() if found is not None else "(they changed meanwhile)"
+    first = found.keys[0][0] if found is not None and found.keys else "<key>"
+    return BadInput(
+        f"dataset {ds_id}: the reverse mirror refuses to re-sync it in full: {rows} row(s) of dataset_rows hold "
+        f"key(s) the Iceberg table has no column for, which the re-sync would erase: {keys}; declare them in "
+        "datasets.schema (a native write then adds their columns), or remove them from the rows (update "
+        f"dataset_rows set data = data - '{first}' where dataset_id = '{ds_id}'); nothing was written"
+    )
+
+
+def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
+    """Under the dataset lock: only a native dataset with the reverse on, in a capture mode where it can run."""
+    if not native_dataset_ids(conn, [ds_id]):
+        raise BadInput(
+            f"dataset {ds_id} is not written iceberg-native (no writer flag resolves to iceberg_native), so "
+            "Postgres is its truth and the reverse mirror leaves it alone; after a rollback, copy what only "
+            f"Iceberg holds with lakehouse write-flags backfill --dataset {ds_id}; nothing was written"
+        )
+    setting = reverse_enabled(conn, ds_id)
+    if not setting.enabled:
+        raise BadInput(
+            f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse write-flags reverse on "
+            f"--dataset {ds_id}); nothing was written"
+        )
+    blocked = capture.reverse_blocked(conn)
+    if blocked:
+        raise BadInput(f"dataset {ds_id}: the reverse mirror cannot run: {blocked}; nothing was written")
+
+
+def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: ReversePosition | None) -> None:
+    """O(1): the dataset's rows_version against the one the last apply left. Only the live app or a pg writer moves
+    it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks."""
+    if at is None or at.rows_version is None:
+        return
+    now = fetch_value(conn.execute("select rows_version from datasets where id = %s", (ds_id,)), "rows_version")
+    if now == at.rows_version:
+        return
+    # No log record here: the refusal is the exception, and each caller reports it once (the CLI's error line, the
+    # stream's ReverseFailed event, the job's failure); a record beside it printed the refusal twice in the CLI.
+    raise PostgresWritten(
+        f"refused: dataset {ds_id} is native (Iceberg is its truth), but its dataset_rows was written by something "
+        f"other than the reverse mirror since the last apply (rows_version {at.rows_version} → {now}: the live app's "
+        "row.edit or ingest.stream, a pg writer): those rows are not in Iceberg, and applying would re-sync them "
+        "away; nothing was written. Find them (lakehouse canary --smoke --dataset "
+        f"{ds_id} names the differing rows), bring what must be kept into Iceberg through a native writer, then "
+        f"accept Iceberg's rows with lakehouse write-flags reverse sync --dataset {ds_id} --full"
+    )
