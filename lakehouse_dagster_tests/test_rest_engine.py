@@ -21,7 +21,9 @@ from lakehouse_dagster.tracking import datasets
 
 from .native_helpers import native_write, ready_native, row
 
-pytestmark = pytest.mark.slow  # DuckDB's child process loads three extensions (~2 s a call); the first run installs them
+pytestmark = (
+    pytest.mark.slow
+)  # DuckDB's child process loads three extensions (~2 s a call); the first run installs them
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 
@@ -96,7 +98,7 @@ def test_duckdb_rows_committed_to_a_native_table_are_taken_into_postgres(conn, d
 
     at = dt.datetime(2025, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     duck.run(
-        f"insert into {name} (__row_index, __row_id, __created_at, a, s, x, \"at\") values "
+        f'insert into {name} (__row_index, __row_id, __created_at, a, s, x, "at") values '
         f"(100, '{uuid.uuid4()}', now(), 100, 'duck ü', 0.5, '{at.isoformat()}'),"
         f" (101, '{uuid.uuid4()}', now(), 101, 'duck 2', null, null)"
     )
@@ -112,4 +114,47 @@ def test_duckdb_rows_committed_to_a_native_table_are_taken_into_postgres(conn, d
         (d,),
     ).fetchall()
     assert rows == [(100, "100", "duck ü", "0.5"), (101, "101", "duck 2", None)]
+    assert apply_reverse(dsn, catalog, rest_settings, d).copied == 0  # taken once
+
+
+def _identity_rows(conn, d) -> list[tuple]:
+    return conn.execute(
+        "select row_index, (data->>'a')::bigint, data->>'s' from dataset_rows where dataset_id = %s order by row_index",
+        (d,),
+    ).fetchall()
+
+
+@pytest.mark.parametrize("native_first", [False, True], ids=["mirror-written-last", "native-written-last"])
+def test_duckdb_deleting_and_updating_rows_of_a_native_table_is_taken_into_postgres(
+    conn, dsn, rest_settings, duck, native_first
+):
+    """DuckDB's DELETE and UPDATE write position delete files (merge-on-read): the reverse mirror re-syncs in full
+    through them, and Postgres ends with exactly the rows DuckDB left. ``mirror-written-last``: the dataset went
+    native, but the project's last commit to its table is still the mirror's (no native write yet): seen failing
+    before the fix — the reverse mirror looked for Iceberg-only rows only on a table last written natively, said
+    "Postgres already holds every row" and kept the deleted row (a delete leaves the summary's total-records as it
+    was, so the row-count check let it through too)."""
+    d = ready_native(conn, dsn, rest_settings, "sync.append")
+    catalog = load_catalog(rest_settings, dsn)
+    if native_first:
+        native_write(conn, dsn, rest_settings, d, "sync.append", [row(i) for i in range(6, 8)], start=6)
+    before = apply_reverse(dsn, catalog, rest_settings, d).pg_rows
+    name = duck.table(table_identifier(rest_settings, d))
+
+    duck.run(f"delete from {name} where a = 1")
+    deleted = _table(rest_settings, dsn, d).current_snapshot()
+    assert not made_here(deleted) and deleted.summary.operation.value == "delete"
+    r = apply_reverse(dsn, catalog, rest_settings, d)
+    assert (r.how, r.pg_rows) == ("full", before - 1), r.reason
+    assert "another Iceberg engine" in r.reason and str(deleted.snapshot_id) in r.reason
+    [left] = duck.run(f"select __row_index, a, s from {name} order by __row_index")
+    assert [tuple(x) for x in left] == _identity_rows(conn, d)
+
+    duck.run(f"delete from {name} where a = 4", f"update {name} set s = 'by duck' where a = 2")
+    r = apply_reverse(dsn, catalog, rest_settings, d)
+    assert (r.how, r.pg_rows) == ("full", before - 2), r.reason
+    [left] = duck.run(f"select __row_index, a, s from {name} order by __row_index")
+    pg = _identity_rows(conn, d)
+    assert [tuple(x) for x in left] == pg
+    assert (2, 2, "by duck") in pg and all(a not in (1, 4) for _, a, _ in pg)
     assert apply_reverse(dsn, catalog, rest_settings, d).copied == 0  # taken once

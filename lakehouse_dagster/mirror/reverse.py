@@ -294,7 +294,7 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     if full:
         return FULL, (), "a full re-sync was asked for"
     try:
-        found = iceberg_only(conn, catalog, settings, ds_id, table=table)
+        found = iceberg_only(conn, catalog, settings, ds_id, table=table, native=True)  # _refuse: it is native
     except BadInput as exc:  # the walk cannot tell which snapshots are new (an expired parent)
         return FULL, (), f"which snapshots are new cannot be told ({first_line(exc)[:120]})"
     if found is None:
