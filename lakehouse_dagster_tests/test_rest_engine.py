@@ -16,6 +16,8 @@ from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 from lakehouse_dagster.lake.foreign import made_here
 from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
+from lakehouse_dagster.parity import canary
+from lakehouse_dagster.runbooks.reverse_parity import reverse_parity
 from lakehouse_dagster.testing.duckdb_engine import DuckDBIceberg, ensure_installed
 from lakehouse_dagster.tracking import datasets
 
@@ -88,6 +90,15 @@ def test_duckdb_reads_a_mirrored_table_and_its_append_is_refused_by_the_mirror(c
     [read] = duck.run(f"select n, s from {name} order by __row_index")
     assert [tuple(r) for r in read] == _pg_rows(conn, d)
 
+    # a DELETE (DuckDB writes a position delete file: merge-on-read) is a data change too, refused by name
+    duck.run(f"delete from {name} where n = 3")
+    deleted = _table(rest_settings, dsn, d).current_snapshot()
+    assert deleted.summary.operation.value == "delete" and not made_here(deleted)
+    with pytest.raises(SyncFailed) as refused:
+        sync_dataset(dsn, load_catalog(rest_settings, dsn), rest_settings, d, mode="full")
+    line = str(refused.value)
+    assert f"snapshot {deleted.snapshot_id} (delete by another engine" in line and "1 delete record(s)" in line, line
+
 
 def test_duckdb_rows_committed_to_a_native_table_are_taken_into_postgres(conn, dsn, rest_settings, duck):
     d = ready_native(conn, dsn, rest_settings, "sync.append")
@@ -158,3 +169,10 @@ def test_duckdb_deleting_and_updating_rows_of_a_native_table_is_taken_into_postg
     assert [tuple(x) for x in left] == pg
     assert (2, 2, "by duck") in pg and all(a not in (1, 4) for _, a, _ in pg)
     assert apply_reverse(dsn, catalog, rest_settings, d).copied == 0  # taken once
+    # the project's own readers of the table's files honour DuckDB's delete files: the canary and reverse parity
+    v = reverse_parity(dsn, catalog, rest_settings, d)
+    assert v is not None and v.verdict == canary.OK, v
+    v = canary.evaluate(dsn, catalog, rest_settings, d, full=True)  # every row digested on both sides
+    # "native" when the project's last commit was native ("written iceberg-native ...; it still matches Postgres")
+    assert v.verdict in (canary.OK, "native") and "match" in str(v.detail), v
+    assert v.pg_count == v.iceberg_count == before - 2, v
