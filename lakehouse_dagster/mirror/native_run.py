@@ -38,7 +38,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.foreign import FENCE, classify, made_here
+from lakehouse_dagster.lake.foreign import FENCE, classify, live_rows, made_here
 from lakehouse_dagster.lake.writer import WRITE_PATH
 from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
@@ -131,7 +131,7 @@ def iceberg_only(
     run = _walk(table, current, *_reconciled(conn, dataset_id), with_files=with_files)
     if run.snapshots == 0:
         return None
-    total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
+    total = live_rows(current) or 0  # less another engine's position deletes
     return IcebergOnly(
         dataset_id,
         current.snapshot_id,
