@@ -7,6 +7,8 @@ snapshot; where Iceberg is the truth (a native dataset) the reverse mirror takes
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
 import uuid
 
 import pytest
@@ -19,6 +21,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.parity import canary
 from lakehouse_dagster.runbooks.reverse_parity import reverse_parity
 from lakehouse_dagster.testing.duckdb_engine import DuckDBIceberg, ensure_installed
+from lakehouse_dagster.testing.faults import cli_sync_popen, wait_stopped
 from lakehouse_dagster.tracking import datasets
 
 from .native_helpers import native_write, ready_native, row
@@ -126,6 +129,39 @@ def test_duckdb_rows_committed_to_a_native_table_are_taken_into_postgres(conn, d
     ).fetchall()
     assert rows == [(100, "100", "duck ü", "0.5"), (101, "101", "duck 2", None)]
     assert apply_reverse(dsn, catalog, rest_settings, d).copied == 0  # taken once
+
+
+def test_a_duckdb_commit_racing_a_sync_wins_at_the_server_and_the_retry_refuses_it(conn, dsn, rest_settings, duck):
+    """The REST server serialises commits across engines: ``lakehouse sync`` frozen inside its catalog commit call
+    (before the server's check of its base snapshot), DuckDB commits meanwhile; resumed, the sync's commit is
+    rejected by the server (409), its retry finds DuckDB's snapshot and refuses in one line, committing nothing."""
+    ws = datasets.create_workspace(conn, "ws")
+    d = datasets.create_dataset(conn, ws, "d", SCHEMA)
+    datasets.insert_rows(conn, d, [{"n": k, "s": f"v{k}"} for k in range(20)])
+    sync_dataset(dsn, load_catalog(rest_settings, dsn), rest_settings, d)
+    datasets.insert_rows(conn, d, [{"n": 20, "s": "pg"}])
+    name = duck.table(table_identifier(rest_settings, d))
+
+    proc = cli_sync_popen(d, "commit-start:stop")
+    try:
+        wait_stopped(proc, 120)
+        duck.run(
+            f"insert into {name} (__row_index, __row_id, __created_at, n, s) values (500, '{uuid.uuid4()}', now(), -5, 'duck')"
+        )
+        foreign = _table(rest_settings, dsn, d).current_snapshot()
+        os.kill(proc.pid, signal.SIGCONT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 4 and len(lines) == 1, (proc.returncode, stderr)
+    assert f"snapshot {foreign.snapshot_id} (append by another engine" in lines[0], lines
+    table = _table(rest_settings, dsn, d)
+    assert table.current_snapshot().snapshot_id == foreign.snapshot_id  # nothing committed over it
+    assert len(table.scan().to_arrow()) == 21
 
 
 def _identity_rows(conn, d) -> list[tuple]:
