@@ -9,7 +9,9 @@ LAKEHOUSE_PG_DSN when set. `--reverse-share 1` makes every cycle a reverse cycle
 reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`); with the
 infrastructure, reverse cycles take its faults too (the operator's `write-flags reverse sync` frozen at its failpoint
 while Postgres restarts or its connections are reset, or Postgres restarted at any moment of it), and `--infra-only`
-arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`). With
+arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`). `--catalog rest`
+puts the tables in an Iceberg REST catalog (SeaweedFS's `weed mini`, started here as the tests start it; warehouse on
+its S3): `--catalog rest --stream-share 1` and `--catalog rest --reverse-share 1` run those modes on REST. With
 `--store` the warehouse is on an object store behind a fault proxy and reverse cycles also draw its faults: down, or
 503s to a third of requests, for the whole apply (`--reverse-share 1 --store --infra-only --cycles 60`).
 What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
@@ -55,7 +57,15 @@ def main() -> int:
         action="store_true",
         help="the warehouse on an object store (moto_server) behind a fault proxy: adds its 503s to the faults",
     )
+    p.add_argument(
+        "--catalog",
+        choices=["sql", "rest"],
+        default="sql",
+        help="rest: the tables in an Iceberg REST catalog, warehouse on its S3 (SeaweedFS `weed mini`, started here)",
+    )
     a = p.parse_args()
+    if a.store and a.catalog == "rest":
+        p.error("--store puts the warehouse on moto behind a fault proxy: not with --catalog rest (SeaweedFS's S3)")
     if a.store and a.no_infra:
         p.error("--store is an infrastructure fault: not with --no-infra")
     if a.infra_only and a.no_infra:
@@ -80,6 +90,14 @@ def main() -> int:
     )
     if a.reverse_share > 0:  # the native datasets are read-flipped just before their writers: no soak to wait out
         os.environ.setdefault("LAKEHOUSE_SOAK_SECONDS", "0")
+    weed = None
+    if (
+        a.catalog == "rest"
+    ):  # started as the tests start it (lakehouse_dagster/testing/seaweed.py): its env is the CLI's
+        from lakehouse_dagster.testing.seaweed import SeaweedServer
+
+        weed = SeaweedServer()
+        os.environ.update({**weed.env, "LAKEHOUSE_NAMESPACE": f"crash_{a.seed}"})
     moto = store = None
     if a.store:
         from lakehouse_dagster.testing.http_fault_proxy import S3FaultProxy
@@ -130,7 +148,11 @@ def main() -> int:
         if store is not None and moto is not None:
             store.close()
             moto.close()
-    print(f"seed {report.seed}  cycles {report.cycles}  datasets {a.datasets}  {report.seconds:.0f}s")
+        if weed is not None:
+            weed.close()
+    print(
+        f"seed {report.seed}  cycles {report.cycles}  datasets {a.datasets}  catalog {a.catalog}  {report.seconds:.0f}s"
+    )
     print(f"kills per failpoint: {json.dumps(report.kills_per_failpoint(), sort_keys=True)}")
     print(f"faults by kind: {json.dumps(report.faults_by_kind(), sort_keys=True)}")
     print(f"fired (point:action): {json.dumps(dict(sorted(report.fired.items())))}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import threading
 import uuid
 
@@ -291,4 +292,33 @@ def test_the_crash_harness_converges_on_rest(dsn, rest_settings):
 
     report = run_cycles(dsn, rest_settings, seed=20261207, cycles=6, datasets=2)
     assert report.cycles == 6 and sum(report.fired.values()) >= 2, report.as_dict()
+    assert report.violations == [], "\n".join(report.violations)
+
+
+@pytest.mark.slow
+def test_the_crash_harness_stream_mode_converges_on_rest(dsn, rest_settings):
+    """The harness's stream mode on REST: each cycle's process is a mirror stream killed, terminated or failed at a
+    failpoint inside its sync, around the REST commit (bench/bench_crash.py --catalog rest --stream-share 1)."""
+    from lakehouse_dagster.testing.crash_harness import run_cycles
+
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_STREAM_CYCLES", "5"))
+    report = run_cycles(dsn, rest_settings, seed=20261207, cycles=cycles, datasets=2, armed_share=1.0, stream_share=1.0)
+    assert report.cycles == cycles and report.ops["stream"] == cycles, report.as_dict()
+    assert sum(report.fired.values()) >= 2, report.as_dict()
+    assert report.violations == [], "\n".join(report.violations)
+
+
+@pytest.mark.slow
+def test_the_crash_harness_reverse_mode_converges_on_rest(dsn, rest_settings):
+    """The harness's reverse mode on REST: a native change committed through the REST catalog, then the reverse
+    apply killed or failed before, inside or after its Postgres commit (bench/bench_crash.py --catalog rest
+    --reverse-share 1)."""
+    from lakehouse_dagster.testing.crash_harness import run_cycles
+
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_REVERSE_CYCLES", "6"))
+    report = run_cycles(
+        dsn, rest_settings, seed=20261207, cycles=cycles, datasets=2, armed_share=1.0, reverse_share=1.0
+    )
+    assert report.cycles == cycles and report.ops["reverse"] == cycles, report.as_dict()
+    assert sum(report.fired.values()) >= 2, report.as_dict()
     assert report.violations == [], "\n".join(report.violations)

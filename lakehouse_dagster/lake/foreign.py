@@ -66,6 +66,7 @@ class ForeignSnapshot:
     engine: str | None
     committed_at: dt.datetime
     maintenance: bool  # keeps the rows (module docstring)
+    deletes: int = 0  # added position/equality delete records (merge-on-read: DuckDB's DELETE/UPDATE write these)
 
     def describe(self) -> str:
         what = ", ".join(
@@ -73,6 +74,7 @@ class ForeignSnapshot:
             for part in (
                 f"+{self.added} row(s)" if self.added else "",
                 f"-{self.deleted} row(s)" if self.deleted else "",
+                f"{self.deletes} delete record(s) in delete files" if self.deletes else "",
             )
             if part
         )
@@ -93,7 +95,8 @@ def classify(snap) -> ForeignSnapshot:
     maintenance = not files_changed or (op == "replace" and added == deleted and not delete_files)
     engine = next((f"{summary[k]}" for k in _ENGINE_KEYS if summary.get(k)), None)
     at = dt.datetime.fromtimestamp(snap.timestamp_ms / 1000, tz=dt.UTC)
-    return ForeignSnapshot(snap.snapshot_id, op, added, deleted, engine, at, maintenance)
+    deletes = _int(summary, "added-position-deletes") + _int(summary, "added-equality-deletes")
+    return ForeignSnapshot(snap.snapshot_id, op, added, deleted, engine, at, maintenance, deletes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,7 @@ from pyiceberg.manifest import ManifestEntryStatus
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
-from lakehouse_dagster.lake.foreign import FENCE, classify, made_here
+from lakehouse_dagster.lake.foreign import FENCE, classify, live_rows, made_here
 from lakehouse_dagster.lake.writer import WRITE_PATH
 from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.ingest_state import SEQ_SUMMARY
@@ -112,22 +112,26 @@ def iceberg_only(
     table=None,
     *,
     with_files: bool = True,
+    native: bool = False,
 ) -> IcebergOnly | None:
     """The rows and snapshots only Iceberg holds for the dataset, or None when Postgres has them all.
-    ``with_files`` False: ``added_files`` is left None (what only a backfill reads)."""
-    if not _ever_native(conn, dataset_id):
+    ``with_files`` False: ``added_files`` is left None (what only a backfill reads). ``native``: the dataset is
+    native now (Iceberg is its truth: the reverse mirror's caller), so another engine's data change counts even on a
+    table whose last project commit was the mirror's (no native write since the flip): the shortcuts below (no
+    native sync ever, a table last written by the mirror) hold only for the project's own commits."""
+    if not native and not _ever_native(conn, dataset_id):
         return None
     if table is None:
         if catalog is None:
             raise ValueError("iceberg_only: give the catalog, or the table (a commit's callback has no catalog)")
         table = load_table_or_none(catalog, table_identifier(settings, dataset_id))
     current = table.current_snapshot() if table is not None else None
-    if current is None or table.properties.get(WRITE_PATH) != NATIVE:
-        return None
+    if current is None or (table.properties.get(WRITE_PATH) != NATIVE and (not native or made_here(current))):
+        return None  # (the walk stops at the first mirror snapshot: only foreign snapshots on top of it count)
     run = _walk(table, current, *_reconciled(conn, dataset_id), with_files=with_files)
     if run.snapshots == 0:
         return None
-    total = int((current.summary.additional_properties if current.summary else {}).get("total-records", 0) or 0)
+    total = live_rows(current) or 0  # less another engine's position deletes
     return IcebergOnly(
         dataset_id,
         current.snapshot_id,

@@ -58,6 +58,7 @@ from lakehouse_dagster.lake.copy_back import (
     rows_batches,
     snapshot_batches,
 )
+from lakehouse_dagster.lake.foreign import live_rows
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.reverse_refusals import _refusal, _refuse, _refuse_postgres_written
@@ -124,8 +125,10 @@ def _count(conn: psycopg.Connection, ds_id: uuid.UUID) -> int:
 
 
 def _total_records(snap) -> int | None:
-    raw = (snap.summary.additional_properties if snap.summary is not None else {}).get("total-records")
-    return None if raw is None else int(raw)
+    """The rows the snapshot holds: its total records less its position deletes (another engine's DELETE/UPDATE
+    writes delete files, DuckDB's among them: counted with total-records alone, every later append looked short of
+    rows and became a full re-sync). Equality deletes are not subtracted: such a table is re-synced in full."""
+    return live_rows(snap)
 
 
 def apply_reverse(
@@ -212,7 +215,7 @@ def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple
     if full:
         return FULL, (), "a full re-sync was asked for"
     try:
-        found = iceberg_only(conn, catalog, settings, ds_id, table=table)
+        found = iceberg_only(conn, catalog, settings, ds_id, table=table, native=True)  # _refuse: it is native
     except BadInput as exc:  # the walk cannot tell which snapshots are new (an expired parent)
         return FULL, (), f"which snapshots are new cannot be told ({first_line(exc)[:120]})"
     if found is None:
