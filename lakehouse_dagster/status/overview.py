@@ -313,16 +313,24 @@ def runbook_blocked(conn: psycopg.Connection) -> set[uuid.UUID]:
     return {r[0] for r in conn.execute(_BLOCKED).fetchall()}
 
 
+def flag_stage_names(flag) -> tuple[str, ...]:
+    """The stages a flag can take: a reader whose ceiling is ``iceberg`` never reaches ``iceberg_only`` (the glance
+    shows "·" there, and no series is plotted for it)."""
+    if flag.kind == READ and flag.ceiling != ICEBERG_ONLY:
+        return tuple(s for s in STAGES[READ] if s != ICEBERG_ONLY)
+    return STAGES[flag.kind]
+
+
 def stage_counts(
     conn: psycopg.Connection, blocked: set[uuid.UUID]
 ) -> tuple[dict[str, int], dict[tuple[str, str], dict[str, int]]]:
     """(dataset stage → count, (kind, flag) → stage → count), every stage present (zeros included): one query."""
     datasets = dict.fromkeys(DATASET_STAGES, 0)
-    flags = {(f.kind, f.name): dict.fromkeys(STAGES[f.kind], 0) for f in FLAGS}
+    flags = {(f.kind, f.name): dict.fromkeys(flag_stage_names(f), 0) for f in FLAGS}
     for kind, name, stage, n in conn.execute(_STAGES, {"blocked": list(blocked)}).fetchall():
         if kind is None:
             datasets[stage] = n
-        else:
+        elif stage in flags[(kind, name)]:  # a stage above the flag's ceiling cannot be counted (clamped)
             flags[(kind, name)][stage] = n
     return datasets, flags
 
