@@ -286,6 +286,7 @@ NEW_MIGRATIONS = [
     "035_rollout_complete_step",
     "036_lifecycle",
     "037_shadow_proof",
+    "038_shadow_proofs",
 ]
 
 

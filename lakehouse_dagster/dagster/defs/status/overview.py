@@ -8,10 +8,14 @@ partition pages are also given as a markdown list of links (``attention_links``)
 the mirror stream's shards (``mirror_stream``) are a markdown table for the same reason: each run links to its page.
 """
 
+import datetime as dt
+
 import dagster as dg
+import psycopg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
+from lakehouse_dagster.flags.proof import SHADOW_KEEP_DAYS, prune_shadow_reads
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
@@ -327,6 +331,27 @@ def overview_metadata(ov: Overview) -> dict:
     return meta
 
 
+def prune_old_comparisons(
+    context: dg.AssetExecutionContext, conn: psycopg.Connection, plans: list[PlanStatus]
+) -> int | None:
+    """The shadow comparisons' retention (flags/proof.py ``prune_shadow_reads``), at each refresh: the overview reads
+    their proofs, which the pruning never changes. A live read plan keeps its reader's since the plan began. None when
+    the database refused (logged; the overview is computed all the same)."""
+    live: dict[str, dt.datetime] = {}
+    for p in plans:
+        if p.kind == READ:
+            live[p.name] = min(p.created_at, live.get(p.name, p.created_at))
+    try:
+        now = conn.execute("select now()").fetchone()[0]  # type: ignore[index]
+        pruned = prune_shadow_reads(conn, now=now, live_plans=live)
+    except psycopg.Error as exc:
+        context.log.warning(f"shadow comparisons not pruned: {' '.join(str(exc).split())[:300]}")
+        return None
+    if pruned:
+        context.log.info(f"pruned {pruned} shadow comparison(s) older than {SHADOW_KEEP_DAYS} days (proofs unchanged)")
+    return pruned
+
+
 @dg.asset(
     key=MIGRATION_OVERVIEW,
     group_name="lakehouse",
@@ -342,6 +367,7 @@ def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseRe
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
         plans = plan_status.live_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=0)
+        prune_old_comparisons(context, conn, plans)  # logged, not an entry (UI_ENTRIES)
         ov = compute_overview(conn, settings)
     st = ov.dataset_stages
     context.log.info(
