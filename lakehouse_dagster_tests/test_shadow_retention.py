@@ -144,3 +144,36 @@ def test_the_overview_refresh_prunes_the_old_comparisons(conn, dsn, settings):
         ("match",),
     ]
     assert proofs(conn, READERS, [d]) == before and before[("dashboards.aggregate", d)].in_a_row == 3
+
+
+def test_one_proof_threshold_for_every_process_on_a_database(conn, settings):
+    """LAKEHOUSE_SHADOW_PROOF_READS was read per process: a shell with a lower value flipped on less evidence than the
+    Dagster processes showed, and nothing recorded it. Now a flip's gate that applies another value stores it
+    (audited), and every process then sees and applies that one value; showing it never writes."""
+    from lakehouse_dagster.flags.proof import DEFAULT, ENV, STORED, needed_reads, threshold
+    from lakehouse_dagster.flags.soak_setting import stored_value
+
+    plain = settings.replace(shadow_proof_reads=300, shadow_proof_reads_given=False)  # the daemon: nothing set
+    shell = settings.replace(shadow_proof_reads=2, shadow_proof_reads_given=True, actor="alice")
+    assert threshold(conn, plain) == threshold(conn, plain, applying=True)
+    assert (threshold(conn, plain).reads, threshold(conn, plain).source) == (300, DEFAULT)
+    assert (threshold(conn, shell).reads, threshold(conn, shell).source) == (2, ENV)  # shown: nothing written
+    assert stored_value(conn, "shadow_proof_reads") is None
+
+    assert needed_reads(shell, conn) == 2  # alice's flip applies 2: stored first, for everyone
+    t = threshold(conn, plain)
+    assert (t.reads, t.source, t.set_by) == (2, STORED, "alice") and needed_reads(plain, conn) == 2
+    assert t.describe().startswith("2 in a row (stored for every process: set by alice at ")
+    audit = conn.execute(
+        "select before_value, after_value, actor from lakehouse_settings_audit where name = 'shadow_proof_reads'"
+    ).fetchall()
+    assert audit == [(None, 2, "alice")]
+
+    # another shell showing 50 still sees 2; applying 50 stores it (audited), the same value is applied once stored
+    strict = settings.replace(shadow_proof_reads=50, shadow_proof_reads_given=True, actor="bob")
+    assert threshold(conn, strict).reads == 2
+    assert needed_reads(strict, conn) == 50 and needed_reads(strict, conn) == 50 and needed_reads(plain, conn) == 50
+    assert conn.execute(
+        "select count(*) from lakehouse_settings_audit where name = 'shadow_proof_reads'"
+    ).fetchone() == (2,)
+    assert needed_reads(shell) == 2  # without a connection: this process' own (what `flags list` shows today)

@@ -33,6 +33,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.soak_setting import store_value, stored_value
 
 # One row per (reader, dataset, schema digest), kept by a trigger as comparisons are recorded (migration 0038): the
 # pairs' rows, never the comparisons (issue 43: the overview's cost grew with the comparisons stored).
@@ -88,8 +89,60 @@ class Proof:
         }
 
 
-def needed_reads(settings: Settings | None = None) -> int:
-    """How many comparisons in a row a flip needs: LAKEHOUSE_SHADOW_PROOF_READS of the process making the change."""
+PROOF_READS = "shadow_proof_reads"  # its name in lakehouse_settings
+STORED, ENV, DEFAULT = "stored", "LAKEHOUSE_SHADOW_PROOF_READS", "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """How many comparisons in a row a flip needs, and where that comes from."""
+
+    reads: int
+    source: str  # stored | LAKEHOUSE_SHADOW_PROOF_READS | default
+    set_by: str | None = None
+    set_at: dt.datetime | None = None
+
+    def describe(self) -> str:
+        if self.source == STORED:
+            at = f" at {self.set_at:%Y-%m-%d %H:%M:%S} UTC" if self.set_at else ""
+            return f"{self.reads} in a row (stored for every process: set by {self.set_by}{at})"
+        if self.source == ENV:
+            return f"{self.reads} in a row (LAKEHOUSE_SHADOW_PROOF_READS of this process)"
+        return f"{self.reads} in a row (the default; nothing stored)"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def threshold(conn: psycopg.Connection, settings: Settings | None = None, *, applying: bool = False) -> Threshold:
+    """One threshold for every process on a database: the value stored in lakehouse_settings (flags/soak_setting.py,
+    audited), else this process' LAKEHOUSE_SHADOW_PROOF_READS (default 300). A process that *applies* it (a flip's
+    gate: ``applying``) with LAKEHOUSE_SHADOW_PROOF_READS set to another value first stores that value, audited with
+    its actor: a lower bar set in one shell becomes everyone's, visibly, instead of a private exception to the rule."""
+    settings = settings or Settings.from_env()
+    stored = stored_value(conn, PROOF_READS)
+    if (
+        applying
+        and settings.shadow_proof_reads_given
+        and (stored is None or stored.value != settings.shadow_proof_reads)
+    ):
+        stored = store_value(
+            conn,
+            PROOF_READS,
+            settings.shadow_proof_reads,
+            note=f"LAKEHOUSE_SHADOW_PROOF_READS of a process applying it (was {stored.value if stored else 'unset'})",
+            actor=settings.actor or "unknown",
+        )
+    if stored is not None:
+        return Threshold(int(str(stored.value)), STORED, stored.set_by, stored.set_at)
+    return Threshold(settings.shadow_proof_reads, ENV if settings.shadow_proof_reads_given else DEFAULT)
+
+
+def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | None = None) -> int:
+    """How many comparisons in a row a flip needs: with a connection, the one value of every process on the database
+    (``threshold``, as a flip's gate applies it); without, LAKEHOUSE_SHADOW_PROOF_READS of this process."""
+    if conn is not None:
+        return threshold(conn, settings, applying=True).reads
     return (settings or Settings.from_env()).shadow_proof_reads
 
 

@@ -50,7 +50,7 @@ from lakehouse_dagster.flags.incidents import fallbacks_in_window
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
-from lakehouse_dagster.flags.proof import Proof, needed_reads, proofs
+from lakehouse_dagster.flags.proof import Proof, Threshold, proofs, threshold
 from lakehouse_dagster.flags.reader_datasets import declarable_readers, on_postgres
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, READ, READERS, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
@@ -243,6 +243,7 @@ class Overview:
     held_total: int = 0  # datasets held on Postgres, all of them
     held_by: dict[str, int] = dataclasses.field(default_factory=dict)  # HOLDERS → datasets it holds
     shadow: list[ShadowSummary] = dataclasses.field(default_factory=list)  # one per compute reader
+    threshold: Threshold | None = None  # the comparisons in a row a flip needs, and where that comes from
 
     def as_dict(self) -> dict:
         return {
@@ -284,6 +285,7 @@ class Overview:
                 "datasets": [h.as_dict() for h in self.held],
             },
             "shadow": [x.as_dict() for x in self.shadow],
+            "shadow_proof_reads": self.threshold.as_dict() if self.threshold else None,
         }
 
 
@@ -432,7 +434,8 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
 
     states = {d: f.state for d, f in lifecycle_of(conn, list(tabular)).items()}
     all_proofs = proofs(conn, [r.name for r in PROVEN_READERS], None)
-    needed = needed_reads(settings)
+    needs = threshold(conn, settings)  # what a flip's gate applies (stored for every process, else this one's)
+    needed = needs.reads
     held = held_on_postgres(conn, tabular, states, all_proofs, needed)
 
     problems = {p: sum(1 for f in found.values() if p in f) for p in PROBLEMS}
@@ -487,6 +490,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         held_total=len(held),
         held_by={h: sum(1 for x in held if h in x.holders) for h in HOLDERS},
         shadow=shadow_summaries(all_proofs, needed),
+        threshold=needs,
     )
 
 
@@ -564,7 +568,8 @@ def held_lines(ov: Overview) -> list[str]:
         lines.append(f"  {h.name} ({h.dataset_id}) {h.state}: {h.describe()}")
     if ov.held_total > HELD_SHOWN:
         lines.append(f"  ... and {ov.held_total - HELD_SHOWN} more (lakehouse status --json lists {ATTENTION_SHOWN})")
-    lines += ["shadow consistency (since each dataset's last change of schema):"]
+    proven = f"; proven: {ov.threshold.describe()}" if ov.threshold else ""
+    lines += [f"shadow consistency (since each dataset's last change of schema{proven}):"]
     lines += [f"  {x.describe()}" for x in ov.shadow]
     return lines
 

@@ -193,7 +193,8 @@ def held_markdown(ov: Overview) -> str:
         if ov.held_total
         else "nothing holds a dataset on Postgres: no pipeline input, no declared reader on Postgres"
     )
-    shadow = ["", "**Shadow consistency** (since each dataset's last change of schema):"]
+    proven = f"; proven: {_md(ov.threshold.describe())}" if ov.threshold else ""
+    shadow = ["", f"**Shadow consistency** (since each dataset's last change of schema{proven}):"]
     shadow += [f"- {_md(x.describe())}" for x in ov.shadow]
     return "\n".join([head, "", *lines, *shadow] if lines else [head, *shadow])
 
