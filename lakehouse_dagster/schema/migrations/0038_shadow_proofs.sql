@@ -31,6 +31,7 @@ begin
             from new_rows n
            where n.outcome in ('match', 'mismatch', 'error') and n.schema_digest is not null) x
    group by reader, dataset_id, schema_digest
+   order by reader, dataset_id, schema_digest  -- rows locked in one order: two statements never deadlock
   on conflict (reader, dataset_id, schema_digest) do update
      set matched = p.matched + excluded.matched,
          failed = p.failed + excluded.failed,
