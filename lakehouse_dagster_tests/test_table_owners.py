@@ -60,6 +60,7 @@ OWNERS: dict[str, str] = {
     "lakehouse_row_changes": "tracking.row_changes",
     "lakehouse_settings": "flags.soak_setting",
     "lakehouse_settings_audit": "flags.soak_setting",
+    "lakehouse_shadow_proofs": "flags.proof",
     "lakehouse_shadow_reads": "flags.proof",
     "lakehouse_source_state": "tracking.ingest_state",
     "pipelines": "tracking.datasets",

@@ -35,7 +35,8 @@ PREVIOUS_RELEASE = "cc94412"  # main, the last release before the schema became 
 REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "lakehouse_dagster.cli.main"]
 # What this tree applies over the previous release: every migration after its last one (024).
-NEW_TRIGGERS = {"lakehouse_sync_log_changed_xid"}  # created by the new migrations (028_recorder)
+# created by the new migrations (028_recorder, 038_shadow_proofs)
+NEW_TRIGGERS = {"lakehouse_sync_log_changed_xid", "lakehouse_shadow_proof_count"}
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +287,7 @@ NEW_MIGRATIONS = [
     "035_rollout_complete_step",
     "036_lifecycle",
     "037_shadow_proof",
+    "038_shadow_proofs",
 ]
 
 

@@ -156,6 +156,7 @@ class Settings:
     # A compute reader's flip for a dataset (flags/proof.py) needs this many shadow comparisons of it in a row, all
     # equal, since the dataset's last change of schema: 0 failures in 300 bounds the failure rate under 1 % (95 %).
     shadow_proof_reads: int = 300
+    shadow_proof_reads_given: bool = False  # LAKEHOUSE_SHADOW_PROOF_READS is set in this process' environment
     # How often the rollout_controller sensor advances the rollout plans (dagster/defs/plans/).
     rollout_tick_seconds: int = 15
     # The lakehouse_recorder sensor reads at most this many rows of each kind of change per tick (sync log, flag
@@ -292,6 +293,7 @@ class Settings:
             shadow_workers=_int("LAKEHOUSE_SHADOW_WORKERS", 2, minimum=1),
             shadow_queue=_int("LAKEHOUSE_SHADOW_QUEUE", 64, minimum=1),
             shadow_proof_reads=_int("LAKEHOUSE_SHADOW_PROOF_READS", 300, minimum=1),
+            shadow_proof_reads_given=bool(os.environ.get("LAKEHOUSE_SHADOW_PROOF_READS")),
             rollout_tick_seconds=_int("LAKEHOUSE_ROLLOUT_TICK_SECONDS", 15, minimum=1),
             recorder_max_events=_int("LAKEHOUSE_RECORDER_MAX_EVENTS", 50, minimum=1),
             canary_batch_size=_int("LAKEHOUSE_CANARY_BATCH_SIZE", 1000, minimum=1),

@@ -356,7 +356,7 @@ def proof_blockers(
     up = [e for e in moved if rank(READ, e.before) < rank(READ, "iceberg") <= rank(READ, e.after)]
     if not up:
         return []
-    needed = needed_reads() if needed is None else needed
+    needed = needed_reads(conn=conn) if needed is None else needed  # the one value of every process (flags/proof.py)
     found = proofs(conn, [flag.name], [e.dataset_id for e in up])
     blocked = []
     for e in up:

@@ -15,6 +15,12 @@ A flip of a compute reader to ``iceberg``/``iceberg_only`` for a dataset is refu
 rather than barring the dataset until its schema changes, so a fixed cause can be proven fixed; it costs N clean
 comparisons again. Zero failures in 300 independent comparisons bounds the failure rate below 1 % with 95 %
 confidence (the rule of three: 3/N).
+
+The counts are kept per reader, dataset and schema digest in ``lakehouse_shadow_proofs`` by a trigger on every insert
+into ``lakehouse_shadow_reads`` (migration 0038): a proof costs one row per pair, and the comparisons themselves can be
+pruned (``prune_shadow_reads``, the overview's refresh: older than ``SHADOW_KEEP_DAYS``, except a live rollout plan's
+reader and each pair's latest failure) without changing any proof. "In a row" follows the order the trigger counts
+them in: a statement's rows by id, two concurrent statements on one pair in the order they lock its row.
 """
 
 from __future__ import annotations
@@ -27,23 +33,15 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.flags.soak_setting import store_value, stored_value
 
+# One row per (reader, dataset, schema digest), kept by a trigger as comparisons are recorded (migration 0038): the
+# pairs' rows, never the comparisons (issue 43: the overview's cost grew with the comparisons stored).
 _PROOFS = """
-with cur as (
-  select s.id, s.reader, s.dataset_id, s.outcome, s.at
-    from lakehouse_shadow_reads s join datasets d on d.id = s.dataset_id
-   where (%(ids)s::uuid[] is null or s.dataset_id = any(%(ids)s::uuid[])) and s.reader = any(%(readers)s::text[])
-     and s.outcome in ('match', 'mismatch', 'error') and s.schema_digest = md5(d.schema::text)
-), failed as (
-  select reader, dataset_id, max(id) as id, max(at) as at from cur where outcome <> 'match' group by 1, 2
-)
-select c.reader, c.dataset_id,
-       count(*) filter (where c.outcome = 'match'),
-       count(*) filter (where c.outcome <> 'match'),
-       count(*) filter (where c.outcome = 'match' and c.id > coalesce(f.id, 0)),
-       max(f.at)
-  from cur c left join failed f using (reader, dataset_id)
- group by c.reader, c.dataset_id
+select p.reader, p.dataset_id, p.matched, p.failed, p.in_a_row, p.last_failure
+  from lakehouse_shadow_proofs p join datasets d on d.id = p.dataset_id
+ where (%(ids)s::uuid[] is null or p.dataset_id = any(%(ids)s::uuid[])) and p.reader = any(%(readers)s::text[])
+   and p.schema_digest = md5(d.schema::text)
 """
 
 
@@ -91,8 +89,60 @@ class Proof:
         }
 
 
-def needed_reads(settings: Settings | None = None) -> int:
-    """How many comparisons in a row a flip needs: LAKEHOUSE_SHADOW_PROOF_READS of the process making the change."""
+PROOF_READS = "shadow_proof_reads"  # its name in lakehouse_settings
+STORED, ENV, DEFAULT = "stored", "LAKEHOUSE_SHADOW_PROOF_READS", "default"
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """How many comparisons in a row a flip needs, and where that comes from."""
+
+    reads: int
+    source: str  # stored | LAKEHOUSE_SHADOW_PROOF_READS | default
+    set_by: str | None = None
+    set_at: dt.datetime | None = None
+
+    def describe(self) -> str:
+        if self.source == STORED:
+            at = f" at {self.set_at:%Y-%m-%d %H:%M:%S} UTC" if self.set_at else ""
+            return f"{self.reads} in a row (stored for every process: set by {self.set_by}{at})"
+        if self.source == ENV:
+            return f"{self.reads} in a row (LAKEHOUSE_SHADOW_PROOF_READS of this process)"
+        return f"{self.reads} in a row (the default; nothing stored)"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def threshold(conn: psycopg.Connection, settings: Settings | None = None, *, applying: bool = False) -> Threshold:
+    """One threshold for every process on a database: the value stored in lakehouse_settings (flags/soak_setting.py,
+    audited), else this process' LAKEHOUSE_SHADOW_PROOF_READS (default 300). A process that *applies* it (a flip's
+    gate: ``applying``) with LAKEHOUSE_SHADOW_PROOF_READS set to another value first stores that value, audited with
+    its actor: a lower bar set in one shell becomes everyone's, visibly, instead of a private exception to the rule."""
+    settings = settings or Settings.from_env()
+    stored = stored_value(conn, PROOF_READS)
+    if (
+        applying
+        and settings.shadow_proof_reads_given
+        and (stored is None or stored.value != settings.shadow_proof_reads)
+    ):
+        stored = store_value(
+            conn,
+            PROOF_READS,
+            settings.shadow_proof_reads,
+            note=f"LAKEHOUSE_SHADOW_PROOF_READS of a process applying it (was {stored.value if stored else 'unset'})",
+            actor=settings.actor or "unknown",
+        )
+    if stored is not None:
+        return Threshold(int(str(stored.value)), STORED, stored.set_by, stored.set_at)
+    return Threshold(settings.shadow_proof_reads, ENV if settings.shadow_proof_reads_given else DEFAULT)
+
+
+def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | None = None) -> int:
+    """How many comparisons in a row a flip needs: with a connection, the one value of every process on the database
+    (``threshold``, as a flip's gate applies it); without, LAKEHOUSE_SHADOW_PROOF_READS of this process."""
+    if conn is not None:
+        return threshold(conn, settings, applying=True).reads
     return (settings or Settings.from_env()).shadow_proof_reads
 
 
@@ -180,3 +230,57 @@ def outcome_counts_and_first_mismatch(
         params,
     ).fetchone()
     return counts, first
+
+
+# The comparisons kept: the rollout analyses and /metrics read recent ones (a stage since its flip, the last hour), an
+# operator the latest failure's differing row; the proofs do not read them at all (lakehouse_shadow_proofs).
+SHADOW_KEEP_DAYS = 14
+PRUNE_BATCH = 10_000  # rows per delete: short transactions beside the shadow workers' inserts
+PRUNE_BATCHES = 50  # per call: a tick does at most this many (500,000 rows), the next one goes on
+
+_PRUNE = """
+with doomed as (
+  select s.id from lakehouse_shadow_reads s
+   where s.at < %(before)s
+     and not exists (select 1 from unnest(%(readers)s::text[], %(since)s::timestamptz[]) k(reader, since)
+                      where k.reader = s.reader and s.at >= k.since)
+     and (s.outcome not in ('mismatch', 'error')
+          or not exists (select 1 from datasets d where d.id = s.dataset_id)
+          or s.id <> (select max(f.id) from lakehouse_shadow_reads f
+                       where f.reader = s.reader and f.dataset_id = s.dataset_id and f.outcome in ('mismatch', 'error')))
+   order by s.id
+   limit %(batch)s)
+delete from lakehouse_shadow_reads where id in (select id from doomed)
+"""
+
+
+def prune_shadow_reads(
+    conn: psycopg.Connection,
+    *,
+    now: dt.datetime,
+    keep: dt.timedelta = dt.timedelta(days=SHADOW_KEEP_DAYS),
+    live_plans: dict[str, dt.datetime] | None = None,
+    batch: int = PRUNE_BATCH,
+    batches: int = PRUNE_BATCHES,
+) -> int:
+    """Delete the comparisons older than ``keep`` but those of a reader with a live rollout plan since the plan began
+    (``live_plans``: reader → its plan's creation; its analyses count a stage's comparisons) and each reader and
+    existing dataset's latest failure (its differing row); and the proofs of datasets that no longer exist. Each batch commits on its own (the
+    connection is in autocommit, or the caller's transaction holds them all). How many comparisons went."""
+    plans = sorted((live_plans or {}).items())
+    params = {
+        "before": now - keep,
+        "readers": [r for r, _ in plans],
+        "since": [at for _, at in plans],
+        "batch": batch,
+    }
+    gone = 0
+    for _ in range(batches):
+        n = conn.execute(_PRUNE, params).rowcount
+        gone += n
+        if n < batch:
+            break
+    conn.execute(
+        "delete from lakehouse_shadow_proofs p where not exists (select 1 from datasets d where d.id = p.dataset_id)"
+    )
+    return gone

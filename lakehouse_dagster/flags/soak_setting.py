@@ -132,3 +132,42 @@ def soak_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
         (SOAK, limit),
     ).fetchall()
     return [{"id": r[0], "at": r[1], "before": r[2], "after": r[3], "note": r[4], "actor": r[5]} for r in rows]
+
+
+# Other values stored the same way (lakehouse_settings, audited): the shadow proof's threshold (flags/proof.py).
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredValue:
+    value: object
+    set_by: str
+    set_at: datetime
+    note: str | None
+
+
+def stored_value(conn: psycopg.Connection, name: str) -> StoredValue | None:
+    """The value stored under ``name``, or None."""
+    row = conn.execute("select value, set_by, set_at, note from lakehouse_settings where name = %s", (name,)).fetchone()
+    return None if row is None else StoredValue(row[0], row[1], row[2], row[3])
+
+
+def store_value(conn: psycopg.Connection, name: str, value: object, *, note: str | None, actor: str) -> StoredValue:
+    """Store ``value`` under ``name`` with its audit row, one writer at a time (the audit's before is exact)."""
+    with conn.transaction():
+        conn.execute("select pg_advisory_xact_lock(hashtextextended(%s, 0))", (f"lakehouse_settings:{name}",))
+        previous = stored_value(conn, name)
+        row = fetch_one(
+            conn.execute(
+                "insert into lakehouse_settings (name, value, note, set_by, set_at) values (%s, %s, %s, %s, now())"
+                " on conflict (name) do update set value = excluded.value, note = excluded.note,"
+                " set_by = excluded.set_by, set_at = excluded.set_at returning set_at",
+                (name, Jsonb(value), note, actor),
+            ),
+            f"the setting {name} just written",
+        )
+        conn.execute(
+            "insert into lakehouse_settings_audit (name, before_value, after_value, note, actor)"
+            " values (%s, %s, %s, %s, %s)",
+            (name, None if previous is None else Jsonb(previous.value), Jsonb(value), note, actor),
+        )
+    return StoredValue(value, actor, row[0], note)

@@ -50,18 +50,25 @@ from lakehouse_dagster.flags.incidents import fallbacks_in_window
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.precedence import effective_sql
-from lakehouse_dagster.flags.proof import Proof, needed_reads, proofs
-from lakehouse_dagster.flags.reader_datasets import declarable_readers, on_postgres
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, READ, READERS, SERVABLE_READERS, WRITE
+from lakehouse_dagster.flags.proof import Threshold, proofs, threshold
+from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, PROVEN_READERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.mirror.shards import shard_lines, shard_status
 from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.routing.native_guard import native_blockers
+from lakehouse_dagster.status.held import (  # noqa: F401 - HOLDERS, Held, ShadowSummary: importable from here too
+    HOLDERS,
+    PIPELINE_INPUT,
+    Held,
+    ShadowSummary,
+    held_on_postgres,
+    pipelines_reading,
+    shadow_summaries,
+)
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
-from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -136,78 +143,6 @@ class Attention:
         }
 
 
-PIPELINE_INPUT = "pipeline input"
-HOLDERS = (PIPELINE_INPUT, *declarable_readers())  # what can hold a dataset on Postgres
-# Listed nearest the end first: a completed dataset something still reads is a fault, a native one waits only on it.
-_HELD_ORDER = (
-    lifecycle.COMPLETE,
-    lifecycle.COMPLETING,
-    lifecycle.NATIVE,
-    lifecycle.RESTORING,
-    lifecycle.READ_FLIPPED,
-    lifecycle.MIRRORED,
-    lifecycle.PG,
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Held:
-    """A dataset something still reads from ``dataset_rows``: ``complete`` is refused for it until that changes."""
-
-    dataset_id: uuid.UUID
-    name: str
-    state: str  # its lifecycle state
-    pipelines: tuple[str, ...]  # the pipelines reading it as input (F3)
-    readers: tuple[str, ...]  # the declared readers on Postgres for it
-    reasons: tuple[str, ...]  # one per reader, with its mode and, for a compute reader, its shadow proof
-
-    @property
-    def holders(self) -> tuple[str, ...]:
-        return ((PIPELINE_INPUT,) if self.pipelines else ()) + self.readers
-
-    def describe(self) -> str:
-        parts = [f"pipeline input of {', '.join(self.pipelines)}"] if self.pipelines else []
-        return "; ".join(parts + list(self.reasons))
-
-    def as_dict(self) -> dict:
-        return {
-            "dataset_id": str(self.dataset_id),
-            "name": self.name,
-            "state": self.state,
-            "pipelines": list(self.pipelines),
-            "readers": list(self.readers),
-            "why": self.describe(),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class ShadowSummary:
-    """A compute reader's shadow reads over every dataset, each against its current schema (flags/proof.py)."""
-
-    reader: str
-    datasets: int  # datasets with a counted comparison
-    proven: int  # of those, proven (in a row ≥ needed)
-    matched: int
-    failed: int
-    needed: int
-
-    @property
-    def rate(self) -> float | None:
-        counted = self.matched + self.failed
-        return None if not counted else 100.0 * self.matched / counted
-
-    def describe(self) -> str:
-        if self.rate is None:
-            return f"{self.reader}: no shadow read compared"
-        return (
-            f"{self.reader}: {self.rate:.1f}% consistent over {self.matched + self.failed} comparison(s) of "
-            f"{self.datasets} dataset(s), {self.proven} proven ({self.needed} in a row)"
-        )
-
-    def as_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "rate": self.rate}
-
-
 @dataclasses.dataclass(frozen=True)
 class Overview:
     computed_at: dt.datetime
@@ -243,6 +178,7 @@ class Overview:
     held_total: int = 0  # datasets held on Postgres, all of them
     held_by: dict[str, int] = dataclasses.field(default_factory=dict)  # HOLDERS → datasets it holds
     shadow: list[ShadowSummary] = dataclasses.field(default_factory=list)  # one per compute reader
+    threshold: Threshold | None = None  # the comparisons in a row a flip needs, and where that comes from
 
     def as_dict(self) -> dict:
         return {
@@ -284,6 +220,7 @@ class Overview:
                 "datasets": [h.as_dict() for h in self.held],
             },
             "shadow": [x.as_dict() for x in self.shadow],
+            "shadow_proof_reads": self.threshold.as_dict() if self.threshold else None,
         }
 
 
@@ -313,16 +250,24 @@ def runbook_blocked(conn: psycopg.Connection) -> set[uuid.UUID]:
     return {r[0] for r in conn.execute(_BLOCKED).fetchall()}
 
 
+def flag_stage_names(flag) -> tuple[str, ...]:
+    """The stages a flag can take: a reader whose ceiling is ``iceberg`` never reaches ``iceberg_only`` (the glance
+    shows "·" there, and no series is plotted for it)."""
+    if flag.kind == READ and flag.ceiling != ICEBERG_ONLY:
+        return tuple(s for s in STAGES[READ] if s != ICEBERG_ONLY)
+    return STAGES[flag.kind]
+
+
 def stage_counts(
     conn: psycopg.Connection, blocked: set[uuid.UUID]
 ) -> tuple[dict[str, int], dict[tuple[str, str], dict[str, int]]]:
     """(dataset stage → count, (kind, flag) → stage → count), every stage present (zeros included): one query."""
     datasets = dict.fromkeys(DATASET_STAGES, 0)
-    flags = {(f.kind, f.name): dict.fromkeys(STAGES[f.kind], 0) for f in FLAGS}
+    flags = {(f.kind, f.name): dict.fromkeys(flag_stage_names(f), 0) for f in FLAGS}
     for kind, name, stage, n in conn.execute(_STAGES, {"blocked": list(blocked)}).fetchall():
         if kind is None:
             datasets[stage] = n
-        else:
+        elif stage in flags[(kind, name)]:  # a stage above the flag's ceiling cannot be counted (clamped)
             flags[(kind, name)][stage] = n
     return datasets, flags
 
@@ -402,7 +347,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         )
 
     blocked = {d for d in blocked_all if d in tabular and d not in native}
-    pipelines = _pipelines_reading(conn, blocked)
+    pipelines = pipelines_reading(conn, blocked)
     for ds_id in blocked:
         names = ", ".join(pipelines.get(ds_id, [])) or "a pipeline"
         why = (
@@ -424,7 +369,8 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
 
     states = {d: f.state for d, f in lifecycle_of(conn, list(tabular)).items()}
     all_proofs = proofs(conn, [r.name for r in PROVEN_READERS], None)
-    needed = needed_reads(settings)
+    needs = threshold(conn, settings)  # what a flip's gate applies (stored for every process, else this one's)
+    needed = needs.reads
     held = held_on_postgres(conn, tabular, states, all_proofs, needed)
 
     problems = {p: sum(1 for f in found.values() if p in f) for p in PROBLEMS}
@@ -479,6 +425,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         held_total=len(held),
         held_by={h: sum(1 for x in held if h in x.holders) for h in HOLDERS},
         shadow=shadow_summaries(all_proofs, needed),
+        threshold=needs,
     )
 
 
@@ -488,61 +435,6 @@ def _lifecycle_counts(states: dict[uuid.UUID, str]) -> dict[str, int]:
     for state in states.values():
         counts[state] += 1
     return counts
-
-
-def held_on_postgres(
-    conn: psycopg.Connection,
-    tabular: dict[uuid.UUID, tuple],
-    states: dict[uuid.UUID, str],
-    all_proofs: dict[tuple[str, uuid.UUID], Proof],
-    needed: int,
-) -> list[Held]:
-    """Every tabular dataset something still reads from ``dataset_rows`` (complete's consumer condition, per dataset),
-    nearest the end of the migration first. Three queries, whatever the number of datasets."""
-    inputs = pipeline_input_dataset_ids(conn) & tabular.keys()
-    pipelines = _pipelines_reading(conn, inputs)
-    readers = on_postgres(conn, {d: ws for d, (_, ws) in tabular.items()})
-    out = []
-    for ds_id in inputs | readers.keys():
-        decls = sorted(readers.get(ds_id, []), key=lambda d: d.reader)
-        reasons = []
-        for d in decls:
-            why = d.describe()
-            flag = READERS.get(d.reader)
-            if flag is not None and flag.proof:
-                why += f", shadow: {all_proofs.get((d.reader, ds_id), Proof(d.reader, ds_id)).describe(needed)}"
-            reasons.append(why)
-        name = tabular[ds_id][0]
-        out.append(
-            Held(
-                ds_id,
-                name,
-                states.get(ds_id, lifecycle.PG),
-                tuple(pipelines.get(ds_id, ["a pipeline"])) if ds_id in inputs else (),
-                tuple(dict.fromkeys(d.reader for d in decls)),
-                tuple(reasons),
-            )
-        )
-    rank = {s: i for i, s in enumerate(_HELD_ORDER)}
-    return sorted(out, key=lambda h: (rank.get(h.state, len(rank)), h.name, str(h.dataset_id)))
-
-
-def shadow_summaries(all_proofs: dict[tuple[str, uuid.UUID], Proof], needed: int) -> list[ShadowSummary]:
-    """Per compute reader, its proofs over every dataset folded into one line (registry order)."""
-    out = []
-    for r in PROVEN_READERS:
-        mine = [p for (reader, _), p in all_proofs.items() if reader == r.name and p.matched + p.failed]
-        out.append(
-            ShadowSummary(
-                r.name,
-                len(mine),
-                sum(p.proven(needed) for p in mine),
-                sum(p.matched for p in mine),
-                sum(p.failed for p in mine),
-                needed,
-            )
-        )
-    return out
 
 
 HELD_SHOWN = 10  # held datasets named in the text (the JSON and the asset list more)
@@ -556,17 +448,10 @@ def held_lines(ov: Overview) -> list[str]:
         lines.append(f"  {h.name} ({h.dataset_id}) {h.state}: {h.describe()}")
     if ov.held_total > HELD_SHOWN:
         lines.append(f"  ... and {ov.held_total - HELD_SHOWN} more (lakehouse status --json lists {ATTENTION_SHOWN})")
-    lines += ["shadow consistency (since each dataset's last change of schema):"]
+    proven = f"; proven: {ov.threshold.describe()}" if ov.threshold else ""
+    lines += [f"shadow consistency (since each dataset's last change of schema{proven}):"]
     lines += [f"  {x.describe()}" for x in ov.shadow]
     return lines
-
-
-def _pipelines_reading(conn: psycopg.Connection, ids: set[uuid.UUID]) -> dict[uuid.UUID, list[str]]:
-    """{dataset: names of the pipelines reading it as INPUT} (the runbook's `dataset` spec nodes), one query."""
-    if not ids:
-        return {}
-    rows = app_tables.pipelines_reading(conn, list(ids))
-    return {r[0]: list(r[1]) for r in rows}
 
 
 def _workspace_names(conn: psycopg.Connection, ids: set) -> dict:

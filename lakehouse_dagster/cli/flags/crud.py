@@ -81,10 +81,10 @@ def _list(ctx, args) -> Result:
 def _consistency(ctx, data: dict, dataset) -> list[str]:
     """The shadow consistency of the compute readers per dataset (flags/proof.py): what a flip of one is gated on."""
     from lakehouse_dagster.core.ids import parse_uuid  # lazy: the CLI imports a verb's machinery only when it runs
-    from lakehouse_dagster.flags.proof import needed_reads, proofs  # lazy: as above
+    from lakehouse_dagster.flags.proof import proofs, threshold  # lazy: as above
     from lakehouse_dagster.flags.registry import PROVEN_READERS  # lazy: as above
 
-    needed = needed_reads(ctx.settings)
+    needed = threshold(ctx.conn, ctx.settings).reads  # the one value every process on this database applies
     ids = None if dataset is None else [parse_uuid(dataset, "dataset id")]
     found = proofs(ctx.conn, [r.name for r in PROVEN_READERS], ids)
     rows = [

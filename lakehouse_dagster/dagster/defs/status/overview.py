@@ -8,16 +8,20 @@ partition pages are also given as a markdown list of links (``attention_links``)
 the mirror stream's shards (``mirror_stream``) are a markdown table for the same reason: each run links to its page.
 """
 
+import datetime as dt
+
 import dagster as dg
+import psycopg
 
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
+from lakehouse_dagster.flags.proof import SHADOW_KEEP_DAYS, prune_shadow_reads
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
 from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.plans.status import PlanStatus
-from lakehouse_dagster.status.overview import ATTENTION_SHOWN, Overview, compute_overview
+from lakehouse_dagster.status.overview import ATTENTION_SHOWN, POSTGRES, Overview, compute_overview
 
 # The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
 ROLLOUT_JOBS = (
@@ -114,6 +118,13 @@ def _ago(seconds: float | None) -> str:
     return "—" if seconds is None else f"{seconds:.1f} s ago"
 
 
+# The asset page lists the first 100 metadata entries of a materialization and hides the rest behind "Show N more"
+# (dagster-webserver 1.13, ui-core MetadataTable: ``displayedByDefault = 100``). The overview's entries stay within it,
+# so nothing an operator reads (the rollouts' counts came last) is hidden: a stage a flag cannot take is not plotted,
+# nor any flag's `postgres` (the datasets the mirror has not reached: stage/postgres), and each compute reader plots
+# its proven datasets and its rate only (the held list says the rest). test_overview.py checks the worst case.
+UI_ENTRIES = 100
+
 # The UI shows a markdown value inline below this many characters, longer ones behind "[Show Markdown]"
 # (dagster-webserver 1.13, ui-core MetadataEntry: ``mdStr.length < 1e3``).
 MD_INLINE_CHARS = 1000
@@ -182,7 +193,8 @@ def held_markdown(ov: Overview) -> str:
         if ov.held_total
         else "nothing holds a dataset on Postgres: no pipeline input, no declared reader on Postgres"
     )
-    shadow = ["", "**Shadow consistency** (since each dataset's last change of schema):"]
+    proven = f"; proven: {_md(ov.threshold.describe())}" if ov.threshold else ""
+    shadow = ["", f"**Shadow consistency** (since each dataset's last change of schema{proven}):"]
     shadow += [f"- {_md(x.describe())}" for x in ov.shadow]
     return "\n".join([head, "", *lines, *shadow] if lines else [head, *shadow])
 
@@ -193,10 +205,8 @@ def held_metadata(ov: Overview) -> dict:
     meta: dict = {"held_on_postgres": dg.MetadataValue.md(held_markdown(ov))}
     meta["held_total"] = dg.MetadataValue.int(ov.held_total)
     meta.update({f"held by {h}": dg.MetadataValue.int(n) for h, n in ov.held_by.items()})
-    for x in ov.shadow:
-        meta[f"shadow {x.reader}: compared"] = dg.MetadataValue.int(x.datasets)
+    for x in ov.shadow:  # the datasets compared and the failures are in held_on_postgres (UI_ENTRIES)
         meta[f"shadow {x.reader}: proven"] = dg.MetadataValue.int(x.proven)
-        meta[f"shadow {x.reader}: failed"] = dg.MetadataValue.int(x.failed)
         if x.rate is not None:
             meta[f"shadow {x.reader}: consistency %"] = dg.MetadataValue.float(x.rate)
     return meta
@@ -288,9 +298,11 @@ def overview_metadata(ov: Overview) -> dict:
     meta.update({f"stage/{stage}": dg.MetadataValue.int(n) for stage, n in ov.dataset_stages.items()})
     meta["stage/blocked"] = dg.MetadataValue.int(ov.blocked)
     meta.update({f"lifecycle/{state}": dg.MetadataValue.int(n) for state, n in ov.lifecycle.items()})
-    for (kind, name), stages in ov.flag_stages.items():
+    for (kind, name), stages in ov.flag_stages.items():  # not `postgres`: stage/postgres plots it once (UI_ENTRIES)
         what = "reader" if kind == READ else "writer"
-        meta.update({f"{what} {name}: {stage}": dg.MetadataValue.int(n) for stage, n in stages.items()})
+        meta.update(
+            {f"{what} {name}: {stage}": dg.MetadataValue.int(n) for stage, n in stages.items() if stage != POSTGRES}
+        )
     meta.update({f"verdict/{v}": dg.MetadataValue.int(n) for v, n in ov.verdicts.items()})
     meta["wedged"] = dg.MetadataValue.int(ov.wedged)
     meta["behind"] = dg.MetadataValue.int(ov.behind)
@@ -320,6 +332,27 @@ def overview_metadata(ov: Overview) -> dict:
     return meta
 
 
+def prune_old_comparisons(
+    context: dg.AssetExecutionContext, conn: psycopg.Connection, plans: list[PlanStatus]
+) -> int | None:
+    """The shadow comparisons' retention (flags/proof.py ``prune_shadow_reads``), at each refresh: the overview reads
+    their proofs, which the pruning never changes. A live read plan keeps its reader's since the plan began. None when
+    the database refused (logged; the overview is computed all the same)."""
+    live: dict[str, dt.datetime] = {}
+    for p in plans:
+        if p.kind == READ:
+            live[p.name] = min(p.created_at, live.get(p.name, p.created_at))
+    try:
+        now = conn.execute("select now()").fetchone()[0]  # type: ignore[index]
+        pruned = prune_shadow_reads(conn, now=now, live_plans=live)
+    except psycopg.Error as exc:
+        context.log.warning(f"shadow comparisons not pruned: {' '.join(str(exc).split())[:300]}")
+        return None
+    if pruned:
+        context.log.info(f"pruned {pruned} shadow comparison(s) older than {SHADOW_KEEP_DAYS} days (proofs unchanged)")
+    return pruned
+
+
 @dg.asset(
     key=MIGRATION_OVERVIEW,
     group_name="lakehouse",
@@ -334,8 +367,9 @@ def overview_metadata(ov: Overview) -> dict:
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
-        ov = compute_overview(conn, settings)
         plans = plan_status.live_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=0)
+        prune_old_comparisons(context, conn, plans)  # logged, not an entry (UI_ENTRIES)
+        ov = compute_overview(conn, settings)
     st = ov.dataset_stages
     context.log.info(
         f"{ov.datasets} datasets: {st['postgres']} Postgres, {st['mirrored']} mirrored, {st['reads_iceberg']} "
