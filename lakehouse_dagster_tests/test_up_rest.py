@@ -121,10 +121,14 @@ def test_up_on_a_rest_catalog_mirrors_the_demo_into_it_and_stops_cleanly():
                     ("lakehouse", f"ds_{r[0].hex}")
                     for r in c.execute("select distinct dataset_id from iceberg_sync_log where status = 'succeeded'")
                 }
-            if events in listed and synced and synced <= listed:
+            if events in listed and events in synced and synced <= listed:  # created is not yet synced
                 break
             time.sleep(3)
-        assert events in listed and synced <= listed, (sorted(listed), sorted(synced), stack.log_tail())
+        assert events in listed and events in synced and synced <= listed, (
+            sorted(listed),
+            sorted(synced),
+            stack.log_tail(),
+        )
         print(f"up --catalog rest: {len(listed)} tables listed through the REST catalog, {len(synced)} synced")
         assert catalog.load_table(events).scan(selected_fields=("__row_index",)).to_arrow().num_rows == DEMO_ROWS
         with psycopg.connect(stack.dsn()) as c:  # nothing in the SQL catalog: the stack's tables are the REST one's

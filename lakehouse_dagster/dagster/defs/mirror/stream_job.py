@@ -104,6 +104,20 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
 
+    def events_of(ds_id: uuid.UUID, what: str, read) -> list:
+        """``read(conn)``'s events; none, said in one line, when Postgres goes away mid-read (a restart between the
+        session's ping and its use): the sync landed, its page waits for the next one, and the stream's own
+        stopping line follows — never a stack trace that fails the run."""
+        try:
+            return read(session.conn())
+        except Exception as exc:
+            lost = postgres_unreachable(exc)
+            if lost is None:
+                raise
+            session.close()
+            context.log.warning(f"{what} of {ds_id} not recorded: {lost} (the partition's next sync records it)")
+            return []
+
     stopping = False  # the stack is stopping: a signal to the run's process, no termination asked
     with pooled_event_writes(context.instance), contextlib.closing(_Session(lakehouse)) as session:
         items = stream_shard(
@@ -141,8 +155,15 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                     if key not in known:
                         context.instance.add_dynamic_partitions(DATASETS, [key])
                         known.add(key)
-                    event = reverse_materialization(session.conn(), item.result, context.log)
-                    dagster_log_now(context, [event] if event is not None else [])
+                    result = item.result
+                    dagster_log_now(
+                        context,
+                        events_of(
+                            item.dataset_id,
+                            "the reverse apply's materialization",
+                            lambda conn: [e for e in [reverse_materialization(conn, result, context.log)] if e],
+                        ),
+                    )
                     continue
                 if isinstance(item, ReverseFailed):
                     name = session.name_of(item.dataset_id)
@@ -163,7 +184,12 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
                 if key not in known:  # a dataset the stream met first: its partition, before its materialization
                     context.instance.add_dynamic_partitions(DATASETS, [key])
                     known.add(key)
-                events = synced_materializations(session.conn(), settings, item, context.log, context.instance)
+                done = item
+                events = events_of(
+                    item.dataset_id,
+                    "the sync's materializations",
+                    lambda conn: synced_materializations(conn, settings, done, context.log, context.instance),
+                )
                 dagster_log_now(context, with_table_provenance(context.instance, events))
                 to_check.pop(item.dataset_id, None)
                 to_check[item.dataset_id] = None
