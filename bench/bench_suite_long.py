@@ -3,8 +3,9 @@ suite"), run as the tests they are, with ``LAKEHOUSE_SUITE_LONG=1``:
 
 * the calm console over the issue's full two minutes idle (``test_calm_stack.py``: at most 10 lines after ``ready``;
   the suite waits 45 s with the same rate, at most 3);
-* the object store failing everything before the sync starts (``test_object_store_faults.py``, ``before-the-sync``;
-  the suite runs the two points that leave files behind).
+* the object store failing everything before the sync starts (``before-the-sync`` of ``test_object_store_faults.py``
+  on the SQL catalog and of ``test_rest_catalog.py`` on the REST one; the suite runs the points that leave files
+  behind: after the first file and before the commit on SQL, before the commit on REST).
 
     .venv/bin/python bench/bench_suite_long.py [--only calm|store]
 
@@ -27,6 +28,7 @@ RUNS = {
     "calm": ["lakehouse_dagster_tests/test_calm_stack.py"],
     "store": [
         "lakehouse_dagster_tests/test_object_store_faults.py",
+        "lakehouse_dagster_tests/test_rest_catalog.py",
         "-k",
         "failing_everything and before-the-sync",
     ],
