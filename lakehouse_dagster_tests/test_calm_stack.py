@@ -7,9 +7,11 @@
   trace, and leaves no failed run in Dagster's storage.
 
 One stack for all three (its start costs ~10-60 s on 2 cores): ``--no-demo``, an idle stack — the demo's first start
-ingests its four sources and mirrors eleven datasets, real changes that are on the console by design. The idle window
-is the issue's two minutes: the sensors tick every 1-30 s and Dagster's run monitoring every 30 s, so a shorter
-window would see too few of their ticks to tell a calm console from a lucky one.
+ingests its four sources and mirrors eleven datasets, real changes that are on the console by design. The issue's
+bound is 10 lines in two minutes; the suite waits 45 s with the same rate (at most 3 lines): the sensors tick every
+1-30 s and Dagster's run monitoring every 30 s, so each of them ticks inside the window, and a per-tick line fails
+the chatter checks below whatever the count. The full two minutes (a worker idle for an eighth of the suite's
+15-minute budget) run in `bench/bench_suite_long.py` (``LAKEHOUSE_SUITE_LONG=1``): docs/benchmarks.md, "The suite".
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from lakehouse_dagster_tests.test_e2e import LAKEHOUSE, Stack, _clean_env, _free
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-IDLE_SECONDS = 120
-MAX_IDLE_LINES = 10
+ISSUE_SECONDS, ISSUE_LINES = 120, 10  # issue 44: at most 10 console lines in 2 minutes idle after ready
+IDLE_SECONDS = ISSUE_SECONDS if os.environ.get("LAKEHOUSE_SUITE_LONG") == "1" else 45
+MAX_IDLE_LINES = ISSUE_LINES * IDLE_SECONDS // ISSUE_SECONDS  # the same rate, rounded down: never more lenient
 
 
 class IdleStack(Stack):

@@ -39,6 +39,14 @@ from .test_infra_faults import _assert_exactly_once, _make, _native_popen, _nati
 pytestmark = pytest.mark.slow  # an S3 endpoint behind a fault proxy: retries and backoff waited for real
 
 ROWS, CHUNK = 2_000, 250  # 8 data files a full sync
+# A store failing everything, at three points of a sync (~18-26 s each: the SDK's retries waited for real). Before the
+# sync is also what the stalled store below shows (a sync failing from its first request: exit 75 in one line, the
+# next sync lands once), so the suite runs the two that leave files behind (one it could not delete; four kept for an
+# unknown commit outcome), and all three run in bench/bench_suite_long.py (LAKEHOUSE_SUITE_LONG=1).
+FAILING_EVERYTHING_AT = (["before-the-sync"] if os.environ.get("LAKEHOUSE_SUITE_LONG") == "1" else []) + [
+    "after-its-first-file",
+    "before-its-commit",
+]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +129,7 @@ def test_a_store_failing_some_requests_is_absorbed_by_the_retries_and_the_sync_l
 # --- a store failing everything -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("when", ["before-the-sync", "after-its-first-file", "before-its-commit"])
+@pytest.mark.parametrize("when", FAILING_EVERYTHING_AT)
 def test_a_store_failing_everything_fails_the_sync_in_one_line_with_exit_75_and_the_next_sync_lands_exactly_once(
     conn, dsn, s3_settings, store, when
 ):

@@ -275,8 +275,10 @@ def test_a_store_failing_some_requests_is_absorbed(conn, dsn, rest_s3_settings, 
     )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("when", ["before-the-sync", "before-its-commit"])
+@pytest.mark.slow  # before the sync: bench/bench_suite_long.py, as in test_object_store_faults
+@pytest.mark.parametrize(
+    "when", ["before-its-commit"] + (["before-the-sync"] if os.environ.get("LAKEHOUSE_SUITE_LONG") == "1" else [])
+)
 def test_a_store_failing_everything_fails_the_sync_and_the_next_lands_once(
     conn, dsn, rest_s3_settings, rest_store, when
 ):
