@@ -13,11 +13,12 @@ from lakehouse_dagster.testing import lifecycle_model
 
 @pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.timeout(900)
-def test_random_sequences_of_verbs_and_writes_keep_the_lifecycle(dsn):
+def test_random_sequences_of_verbs_and_writes_keep_the_lifecycle(dsn, settings):
     lifecycle_model.run(
         dsn,
         examples=int(os.environ.get("LIFECYCLE_MODEL_EXAMPLES", "100")),
         steps=int(os.environ.get("LIFECYCLE_MODEL_STEPS", "25")),
+        settings=settings,
     )
 
 

@@ -22,18 +22,25 @@ from lakehouse_dagster.parity.canary import MISMATCH, Verdict
 from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.runbooks.auto_rollback import FIRST_NATIVE_SYNC, REFUSED, ROLLED_BACK, record_and_roll_back
 from lakehouse_dagster.sources.pg_rows import rows_transaction
+from lakehouse_dagster.testing.lifecycle_model.crashes import CrashMoves
 from lakehouse_dagster.testing.lifecycle_model.oracle import READER, SCHEMA, WRITERS, Oracle
+from lakehouse_dagster.testing.lifecycle_model.plans import PLAN_TABLES, PlanMoves
 from lakehouse_dagster.tracking import datasets
 
 
-class Lifecycle(RuleBasedStateMachine):
+class Lifecycle(PlanMoves, CrashMoves, RuleBasedStateMachine):
     dsn: str = ""
+    seen: dict = {}  # what happened, over every sequence of a run: {"plan flip": n, ...} (the bench prints it)
+
+    def _saw(self, what: str) -> None:
+        Lifecycle.seen[what] = Lifecycle.seen.get(what, 0) + 1
 
     @initialize()
     def start(self):
         self.conn = connect(self.dsn)
         with self.conn.transaction():
             for table in (
+                *PLAN_TABLES,
                 "lakehouse_flag_overrides",
                 "lakehouse_reverse_settings",
                 "lakehouse_completed",
@@ -50,9 +57,18 @@ class Lifecycle(RuleBasedStateMachine):
         ids = [datasets.create_dataset(self.conn, ws[i % 2], f"d{i}", SCHEMA) for i in range(3)]
         self.ids, self.ws = ids, ws
         self.o = Oracle({d: ws[i % 2] for i, d in enumerate(ids)})
-        self.o.pg_rows = {d: 0 for d in ids}
+        for d in ids:  # a row each: a plan's analysis passes only on evidence (an ok over rows)
+            self.conn.execute(
+                "insert into dataset_rows (dataset_id, row_index, data) values (%s, 9000000, '{\"a\": -1}')", (d,)
+            )
+        self.o.pg_rows = {d: 1 for d in ids}
         self.o.iceberg_only = {d: 0 for d in ids}
         self.next_index = {d: 0 for d in ids}
+        self._plans_start()
+        self._world_start()
+
+    def _world_start(self) -> None:
+        """What a variant of the model adds to the fresh world (iceberg.py: tables, sources)."""
 
     def teardown(self):
         if getattr(self, "conn", None) is not None:
@@ -241,7 +257,9 @@ class Lifecycle(RuleBasedStateMachine):
         d = self.ids[i]
         v = Verdict(d, f"d{i}", MISMATCH, detail={"writer": writer} if writer else {})
         before = {x: self.o.state(x) for x in self.ids}
-        record_and_roll_back(self.conn, v, source=FIRST_NATIVE_SYNC if writer else "canary")
+        record_and_roll_back(self.conn, v, source=FIRST_NATIVE_SYNC if writer else "canary", settings=self.settings)
+        if self._live():
+            self.plan_evidence.add(d)  # evidence against the live plan (plans.py: it may not widen past it)
         out = v.detail["auto_rollback"]
         assert out["error"] is None, out
         for action in out["actions"]:

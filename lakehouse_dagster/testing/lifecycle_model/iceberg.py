@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
+from hypothesis.stateful import precondition, rule
 
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.flags.registry import WRITE, get_flag
@@ -22,11 +22,13 @@ from lakehouse_dagster.mirror.reverse import PostgresWritten, ReversePosition, _
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.routing.write_router import WriteDecision, _write_native, native_write
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
+from lakehouse_dagster.testing.lifecycle_model.crashes import armed
+from lakehouse_dagster.testing.lifecycle_model.ingest import IngestMoves
 from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS
 from lakehouse_dagster.tracking import datasets
 
 
-class LifecycleWithIceberg(Lifecycle):
+class LifecycleWithIceberg(IngestMoves, Lifecycle):
     """The model with the writes that reach Iceberg (issue 42: "writes from every writer path"): the native path
     for real — ``route_write``'s locked half (G3, G2, the lifecycle's write hold, the authority check) committing
     through lake/writer.py into a real table of ``catalog`` —, another engine's append to that table (a pyiceberg
@@ -36,10 +38,10 @@ class LifecycleWithIceberg(Lifecycle):
 
     catalog: Any = None  # set by run()
     lake_settings: Any = None
-    seen: dict = {}  # what happened, over every sequence of a run: {"native accepted": n, ...} (the bench prints it)
 
-    def _saw(self, what: str) -> None:
-        LifecycleWithIceberg.seen[what] = LifecycleWithIceberg.seen.get(what, 0) + 1
+    def _world_start(self) -> None:
+        self.tables: set = set()  # datasets whose table holds a snapshot (another engine appends only to those)
+        self._sources_start()
 
     def _iceberg_count(self, d) -> tuple[int, int | None]:
         table = load_table_or_none(self.catalog, table_identifier(self.lake_settings, d))
@@ -57,6 +59,7 @@ class LifecycleWithIceberg(Lifecycle):
             return
         sync_dataset(self.dsn, self.catalog, self.lake_settings, d, mode="full")
         self.o.mirrored.add(d)
+        self.tables.add(d)
         self.__dict__.setdefault("iceberg_rows", {})[d] = self.o.pg_rows[d]
         assert self._iceberg_count(d)[0] == self.o.pg_rows[d], (d, self._iceberg_count(d), self.o.pg_rows[d])
         self._saw("mirrored by a real sync")
@@ -73,6 +76,26 @@ class LifecycleWithIceberg(Lifecycle):
         d = self.ids[i]
         truth = self.o.state(d).authority
         before_rows, before_snap = self._iceberg_count(d)
+        try:
+            self._native_one(d, writer)
+        except WriteRefused as exc:
+            assert truth == S.POSTGRES, f"a native write refused while Iceberg is the truth: {exc}"
+            assert "nothing was written" in str(exc), str(exc)
+            assert self._iceberg_count(d) == (before_rows, before_snap), "a refused native write wrote Iceberg"
+            self._saw("native refused")
+            return
+        assert truth == S.ICEBERG, "a native write landed while Postgres is the truth"
+        self.next_index[d] += 1
+        counts = self.__dict__.setdefault("iceberg_rows", {})  # per sequence: a fresh machine each time
+        counts[d] = 1 if get_flag(WRITE, writer).iceberg_mode == "replace" else counts.get(d, 0) + 1
+        self.tables.add(d)
+        self.o.mirrored.add(d)  # Iceberg holds a snapshot of it (a succeeded sync log row: what `derive` reads)
+        assert self._iceberg_count(d)[0] == counts[d], (d, self._iceberg_count(d), counts[d])
+        self._saw("native accepted")
+
+    def _native_one(self, d, writer: str, point: str | None = None) -> None:
+        """One row (``a`` = the next index) through ``route_write``'s locked native half; ``point``: a fault point
+        armed to interrupt it (crashes.py)."""
         start = self.next_index[d]
         dataset = datasets.get_dataset(self.conn, d)
         batch = pa.record_batch(
@@ -86,35 +109,18 @@ class LifecycleWithIceberg(Lifecycle):
         )
         write = native_write(self.catalog, self.lake_settings, dataset, [batch], writer=writer, conn=self.conn)
         decision = WriteDecision(writer, d, resolve_from(get_flag(WRITE, writer), {}))
-        try:
+        with armed(point):
             _write_native(self.conn, decision, write, self.lake_settings, self.catalog, logging.getLogger("model"))
-        except WriteRefused as exc:
-            assert truth == S.POSTGRES, f"a native write refused while Iceberg is the truth: {exc}"
-            assert "nothing was written" in str(exc), str(exc)
-            assert self._iceberg_count(d) == (before_rows, before_snap), "a refused native write wrote Iceberg"
-            self._saw("native refused")
-            return
-        assert truth == S.ICEBERG, "a native write landed while Postgres is the truth"
-        self.next_index[d] += 1
-        counts = self.__dict__.setdefault("iceberg_rows", {})  # per sequence: a fresh machine each time
-        counts[d] = 1 if get_flag(WRITE, writer).iceberg_mode == "replace" else counts.get(d, 0) + 1
-        self.o.mirrored.add(d)  # Iceberg holds a snapshot of it (a succeeded sync log row: what `derive` reads)
-        assert self._iceberg_count(d)[0] == counts[d], (d, self._iceberg_count(d), counts[d])
-        self._saw("native accepted")
 
+    @precondition(lambda self: bool(self.tables))
     @rule(i=st.integers(0, 2))
     def foreign_append(self, i):
         """Another engine (a plain pyiceberg client, no project marks) appends a row to the dataset's table. Where
         Iceberg is the truth the row is the dataset's like a native one (the next native append keeps it); where
         Postgres is, the forward mirror must see a data change it did not make (lake/foreign.py) and refuse it."""
         tables = {}
-        for x in self.ids:  # drawn among the datasets with a table: an engine appends to a table that exists
-            found = load_table_or_none(self.catalog, table_identifier(self.lake_settings, x))
-            if found is not None and found.current_snapshot() is not None:
-                tables[x] = found
-        if not tables:
-            self._saw("foreign append skipped: no table yet")
-            return
+        for x in sorted(self.tables, key=self.ids.index):  # drawn only where a table exists (item 4)
+            tables[x] = self.catalog.load_table(table_identifier(self.lake_settings, x))
         d = list(tables)[i % len(tables)]
         table = tables[d]
         n = self.next_index[d]
