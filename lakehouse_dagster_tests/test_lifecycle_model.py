@@ -16,7 +16,7 @@ from lakehouse_dagster.testing import lifecycle_model
 def test_random_sequences_of_verbs_and_writes_keep_the_lifecycle(dsn, settings):
     lifecycle_model.run(
         dsn,
-        examples=int(os.environ.get("LIFECYCLE_MODEL_EXAMPLES", "100")),
+        examples=int(os.environ.get("LIFECYCLE_MODEL_EXAMPLES", "50")),
         steps=int(os.environ.get("LIFECYCLE_MODEL_STEPS", "25")),
         settings=settings,
     )

@@ -157,12 +157,17 @@ class PlanMoves:
         self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.SUCCEEDED)
 
     @precondition(lambda self: self._live())
-    @rule(ticks=st.integers(1, 4), mismatch_on=st.none() | st.integers(0, 2), crash=st.booleans())
+    @rule(
+        ticks=st.sampled_from([1, 2, 3, 4, 0]), mismatch_on=st.sampled_from([0, 1, 2, None, None]), crash=st.booleans()
+    )
     def plan_advance(self, ticks, mismatch_on, crash):
-        """``ticks`` controller steps of the live plan, each with the runs it asks for. ``mismatch_on``: the
+        """``ticks`` controller steps (0: an operator's abort instead) of the live plan, each with the runs it asks for. ``mismatch_on``: the
         analyses record a MISMATCH on that one of their datasets. ``crash``: the first tick is interrupted at
         ``rollout-after-step`` (its step rows committed, the runs not yet asked for): the next must ask again,
         under the same run keys."""
+        if ticks == 0:
+            self._plan_abort()
+            return
         self.audit_seen = self._audit_max()  # what the model's own verbs did is in the oracle already
         for tick in range(ticks):
             try:
@@ -179,9 +184,7 @@ class PlanMoves:
             if self.plan is None:
                 return
 
-    @precondition(lambda self: self._live())
-    @rule()
-    def plan_abort(self):
+    def _plan_abort(self) -> None:
         """An operator's abort, then ticks until it is over: every key the plan set back at its value before."""
         self.audit_seen = self._audit_max()
         try:
