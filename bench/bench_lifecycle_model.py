@@ -29,6 +29,10 @@ from bench._common import admin_dsn, fresh_database  # noqa: E402
 from lakehouse_dagster.testing import lifecycle_model  # noqa: E402
 
 
+def _seen() -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(lifecycle_model.Lifecycle.seen.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=10_000)
@@ -59,6 +63,7 @@ def main() -> int:
             lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r, **lake)
         except BaseException as exc:  # the violation, as hypothesis shrank it
             print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
+            print("  seen so far: " + _seen(), flush=True)
             return 1
         took = time.perf_counter() - started
         total += took
@@ -67,8 +72,9 @@ def main() -> int:
             f"0 violations, {took:.0f} s ({args.sequences / took:.1f} sequences/s)",
             flush=True,
         )
+        print("  seen so far: " + _seen(), flush=True)  # a run stopped at its deadline keeps its figures
     print(f"all: {args.sequences * args.rounds} sequences, 0 violations, {total:.0f} s")
-    print("seen: " + ", ".join(f"{k} {v}" for k, v in sorted(lifecycle_model.Lifecycle.seen.items())))
+    print("seen: " + _seen())
     return 0
 
 

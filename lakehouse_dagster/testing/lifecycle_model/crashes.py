@@ -24,7 +24,7 @@ from lakehouse_dagster.lifecycle import states as S
 from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.sources.writers import _failpoint_after_first
-from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS
+from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS, ModelParts
 from lakehouse_dagster.tracking import datasets
 
 
@@ -47,7 +47,7 @@ def armed(point: str | None):
         failpoints.validate()  # re-read now: the next arming of the same point counts its firings afresh
 
 
-class CrashMoves:
+class CrashMoves(ModelParts):
     """Mixed into the model's machine (base.py): verbs of the pg side interrupted at their fault points."""
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS))

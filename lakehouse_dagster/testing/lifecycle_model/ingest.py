@@ -29,7 +29,7 @@ from lakehouse_dagster.lifecycle import states as S
 from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.stored import set_source
-from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS
+from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS, ModelParts
 
 NATIVE_POINTS = (
     "after-first-file",
@@ -42,7 +42,7 @@ NATIVE_POINTS = (
 log = logging.getLogger("lakehouse_dagster.model")
 
 
-class IngestMoves:
+class IngestMoves(ModelParts):
     """Mixed into ``LifecycleWithIceberg`` (iceberg.py)."""
 
     def _sources_start(self) -> None:

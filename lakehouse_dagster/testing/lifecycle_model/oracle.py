@@ -4,6 +4,7 @@ written out again on their own (not the project's precedence code)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from lakehouse_dagster.lifecycle import COMPLETE_VERB
 from lakehouse_dagster.lifecycle import states as S
@@ -66,3 +67,28 @@ class Oracle:
         if verb == S.WRITER_FLAG:
             return S.NATIVE in (before.state, after.state) and S.AUTHORITY[before.state] != S.AUTHORITY[after.state]
         return False
+
+
+class ModelParts:
+    """What the moves' mixins (plans.py, crashes.py, ingest.py) use of the machine that base.py and iceberg.py
+    define: declared here for the type checker only."""
+
+    conn: Any
+    dsn: str
+    ids: list
+    ws: list
+    o: Oracle
+    next_index: dict
+    settings: Any
+    catalog: Any
+    lake_settings: Any
+    tables: set
+    audit_seen: int
+    plan_evidence: set
+    _saw: Any
+    _audit_max: Any
+    _follow_audit: Any
+    _live: Any
+    _iceberg_count: Any
+    _native_one: Any
+    native_write: Any

@@ -12,6 +12,7 @@ by a gate (and then named)."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -26,7 +27,7 @@ from lakehouse_dagster.parity.canary import MISMATCH, OK, Verdict
 from lakehouse_dagster.plans import actions, controller, store
 from lakehouse_dagster.runbooks.auto_rollback import record_and_roll_back
 from lakehouse_dagster.testing.lifecycle_model.crashes import armed
-from lakehouse_dagster.testing.lifecycle_model.oracle import READER
+from lakehouse_dagster.testing.lifecycle_model.oracle import READER, ModelParts
 
 PLAN_TABLES = (
     "lakehouse_rollout_events",
@@ -38,14 +39,15 @@ PLAN_TABLES = (
 LIVE = (store.ACTIVE, store.ABORTING, "paused")
 
 
-class PlanMoves:
+class PlanMoves(ModelParts):
     """Mixed into the model's machine (base.py): needs ``conn``, ``ids``, ``ws``, ``o``, ``settings`` and ``_saw``."""
 
-    settings = None  # set by run()
+    settings: Any = None  # set by run()
+    plan: Any = None  # the live plan's id
 
     def _plans_start(self) -> None:
         set_soak(self.conn, 0, note="the model: no waiting between stages", actor="model")
-        self.plan = None  # the live plan's id
+        self.plan = None
         self.plan_runs: dict[str, controller.RunState] = {}
         self.plan_scopes: set = set()  # the datasets its flips so far cover
         self.plan_evidence: set = set()  # the datasets with a MISMATCH recorded since it started
