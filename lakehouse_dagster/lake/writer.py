@@ -72,7 +72,7 @@ from lakehouse_dagster.core.guards import check_held
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.foreign import FENCE as FENCE  # re-exported: the reaper's fence key lives with the marks
-from lakehouse_dagster.lake.foreign import REVERTED, ROW_COUNT, SYNC_ID, foreign_since_project
+from lakehouse_dagster.lake.foreign import REVERTED, ROW_COUNT, SYNC_ID, foreign_since_project, table_row_count
 from lakehouse_dagster.lake.schema import COLUMNS_PROPERTY, arrow_schema, columns_property, iceberg_schema, iceberg_type
 from lakehouse_dagster.tracking.datasets import Dataset
 
@@ -626,13 +626,7 @@ def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> tuple[int |
 
 
 def _row_count(table: Table) -> int:
-    raw = table.properties.get(ROW_COUNT)
-    if raw is not None:
-        return int(raw)
-    snap = table.current_snapshot()
-    if snap is None or snap.summary is None:
-        return 0
-    return int(snap.summary.additional_properties.get("total-records", 0))
+    return table_row_count(table)  # another engine's commit does not move our property (lake/foreign.py)
 
 
 def _max_row_index(table: Table, mode: str) -> int:
