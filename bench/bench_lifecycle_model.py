@@ -1,4 +1,4 @@
-"""Benchmark (not a test): the lifecycle model (lakehouse_dagster/testing/lifecycle_model.py) over many random
+"""Benchmark (not a test): the lifecycle model (lakehouse_dagster/testing/lifecycle_model/) over many random
 sequences, seeded, each of up to --steps steps, against a throwaway embedded Postgres; prints sequences, steps,
 violations (0, or the first one with its shrunk sequence) and the time.
 

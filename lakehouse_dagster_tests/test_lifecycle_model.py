@@ -1,6 +1,6 @@
 """The lifecycle as a model (issue 42): random sequences of verbs, writes and events against a real Postgres, an
-oracle checked after every step (lakehouse_dagster/testing/lifecycle_model.py says what it keeps and checks). CI runs
-``LIFECYCLE_MODEL_EXAMPLES`` sequences (default 100; 8 more with Iceberg, ``LIFECYCLE_MODEL_ICEBERG_EXAMPLES``); bench/bench_lifecycle_model.py runs thousands with seeds."""
+oracle checked after every step (lakehouse_dagster/testing/lifecycle_model/ says what it keeps and checks). CI runs
+``LIFECYCLE_MODEL_EXAMPLES`` sequences (default 50: with plans, interrupted verbs; 8 more with Iceberg, ``LIFECYCLE_MODEL_ICEBERG_EXAMPLES``); bench/bench_lifecycle_model.py runs thousands with seeds."""
 
 from __future__ import annotations
 

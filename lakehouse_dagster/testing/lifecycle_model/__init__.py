@@ -6,8 +6,10 @@ which moves may happen; after every step it checks: the stored state is the true
 exists, no accepted row is lost or doubled, a write into the store that is not the truth is refused with nothing
 written, and every refusal names a legal way on.
 
-oracle.py (the facts and the rules, on their own), base.py (the machine: verbs, pg writes, invariants),
-iceberg.py (native writes, another engine, raw app statements), runner.py (``run``). Shared by test_lifecycle_model.py (a few dozen sequences in CI) and bench/bench_lifecycle_model.py (thousands).
+oracle.py (the facts and the rules, on their own), base.py (the machine: verbs, pg writes, invariants), plans.py
+(rollout plans: ticks, analyses, aborts), crashes.py (verbs interrupted at their fault points), iceberg.py (native
+writes, another engine, raw app statements), ingest.py (the service's and the poller's ingests), runner.py
+(``run``). Shared by test_lifecycle_model.py (a few dozen sequences in CI) and bench/bench_lifecycle_model.py.
 """
 
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
