@@ -1,4 +1,4 @@
-"""Benchmark (not a test): the lifecycle model (lakehouse_dagster/testing/lifecycle_model.py) over many random
+"""Benchmark (not a test): the lifecycle model (lakehouse_dagster/testing/lifecycle_model/) over many random
 sequences, seeded, each of up to --steps steps, against a throwaway embedded Postgres; prints sequences, steps,
 violations (0, or the first one with its shrunk sequence) and the time.
 
@@ -6,7 +6,8 @@ violations (0, or the first one with its shrunk sequence) and the time.
         [--iceberg]
 
 --iceberg runs the model with native writes into real Iceberg tables and the live app's raw statements
-(LifecycleWithIceberg; a table per dataset, so about 20x slower per sequence) and prints how often each happened.
+(LifecycleWithIceberg; a table per dataset, so about 20x slower per sequence) . Both print how often each kind of move happened (``seen``: plan flips, aborts, interrupted
+verbs, ingests...).
 
 Each round runs --sequences sequences with its own seed (--seed + round), so rounds add new sequences instead of
 repeating. The figures go to docs/benchmarks.md (The lifecycle model).
@@ -28,6 +29,10 @@ from bench._common import admin_dsn, fresh_database  # noqa: E402
 from lakehouse_dagster.testing import lifecycle_model  # noqa: E402
 
 
+def _seen() -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(lifecycle_model.Lifecycle.seen.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=10_000)
@@ -39,18 +44,18 @@ def main() -> int:
     # the verbs' own lines (auto-rollback's report per MISMATCH the model records): thousands; the oracle judges them
     logging.getLogger("lakehouse_dagster").setLevel(logging.CRITICAL)
     dsn = fresh_database(admin_dsn(), "lh_bench_lifecycle")
-    lake: dict = {}
-    if args.iceberg:
-        from lakehouse_dagster.core.settings import Settings
-        from lakehouse_dagster.lake.catalog import load_catalog
+    from lakehouse_dagster.core.settings import Settings
+    from lakehouse_dagster.lake.catalog import load_catalog
 
-        where = Path(tempfile.mkdtemp(prefix="lh_bench_lifecycle_"))
-        (where / "warehouse").mkdir()
-        os.environ.update(
-            LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_HOME=str(where / "home"), LAKEHOUSE_WAREHOUSE=(where / "warehouse").as_uri()
-        )
-        settings = Settings.from_env()
-        lake = {"catalog": load_catalog(settings, dsn), "lake_settings": settings}
+    where = Path(tempfile.mkdtemp(prefix="lh_bench_lifecycle_"))
+    (where / "warehouse").mkdir()
+    os.environ.update(
+        LAKEHOUSE_PG_DSN=dsn, LAKEHOUSE_HOME=str(where / "home"), LAKEHOUSE_WAREHOUSE=(where / "warehouse").as_uri()
+    )
+    settings = Settings.from_env()  # the plans' controller reads them in both models
+    lake: dict = {"settings": settings}
+    if args.iceberg:
+        lake |= {"catalog": load_catalog(settings, dsn), "lake_settings": settings}
     total = 0.0
     for r in range(args.rounds):
         started = time.perf_counter()
@@ -58,6 +63,7 @@ def main() -> int:
             lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r, **lake)
         except BaseException as exc:  # the violation, as hypothesis shrank it
             print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
+            print("  seen so far: " + _seen(), flush=True)
             return 1
         took = time.perf_counter() - started
         total += took
@@ -66,9 +72,9 @@ def main() -> int:
             f"0 violations, {took:.0f} s ({args.sequences / took:.1f} sequences/s)",
             flush=True,
         )
+        print("  seen so far: " + _seen(), flush=True)  # a run stopped at its deadline keeps its figures
     print(f"all: {args.sequences * args.rounds} sequences, 0 violations, {total:.0f} s")
-    if args.iceberg:
-        print("seen: " + ", ".join(f"{k} {v}" for k, v in sorted(lifecycle_model.LifecycleWithIceberg.seen.items())))
+    print("seen: " + _seen())
     return 0
 
 

@@ -288,6 +288,22 @@ def test_a_foreign_append_on_a_native_table_is_applied_and_explained(conn, dsn, 
     assert "already holds every row" not in r.reason
 
 
+def test_a_native_write_after_a_foreign_append_records_the_tables_true_count(conn, dsn, settings):
+    """Found by the lifecycle model (a native write interrupted, then the next one settling it): the writer took the
+    rows before its commit from the project's own ``lakehouse.row-count`` property, which another engine's commit
+    does not move, so ``datasets.row_count`` (and the property) stayed short of the table by the foreign rows for
+    ever. The count before a write is the current snapshot's when another engine made it."""
+    d = ready_native(conn, dsn, settings, "sync.append")
+    native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 8)], start=6)
+    _foreign_append(settings, dsn, d, 3, start=100)
+    native_write(conn, dsn, settings, d, "sync.append", [row(8)], start=8)
+    table = load_catalog(settings, dsn).load_table(table_identifier(settings, d))
+    live = table.scan().to_arrow().num_rows
+    assert live == 12
+    assert table.properties["lakehouse.row-count"] == "12"
+    assert conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0] == live
+
+
 def test_the_projects_compaction_never_compacts_another_engines_files_away(conn, dsn, settings):
     """The check sits in the writer's commit: a compaction (no sync in front of it) refuses too."""
     d = _make(conn, n=4)

@@ -204,3 +204,31 @@ def test_what_the_mismatch_rule_counts(conn, dsn, settings):
     config = {"scope": "workspace", "scope_id": str(s.ws)}
     store.add_step(conn, plan_id, "stage1:flip:x", 1, "flip", "read_flip", config, [])
     assert analysis.mismatches(conn, plan_id) == found
+
+
+def test_a_mismatch_recorded_while_a_crashed_tick_left_its_flips_unasked_aborts_before_they_run(
+    conn, dsn, settings, monkeypatch
+):
+    """Found by the lifecycle model (plans as moves, the controller interrupted at ``rollout-after-step``): a tick
+    commits stage 1's step rows and dies before asking for the flip runs; a MISMATCH is then recorded on the dataset
+    the stage moves (auto-rollback pins it off). Before: the next tick found the flips 'asked before, not launched'
+    and asked for them again — the plan widened past the MISMATCH (the flipping phase never looked). Now it aborts
+    and asks for nothing."""
+    from lakehouse_dagster.core.failpoints import FailpointError
+    from lakehouse_dagster.plans import controller
+
+    s = seed_mix(conn, dsn, settings)
+    plan_id, rendered = actions.start(conn, settings, _plan("export.stream", s.ws), actor="pytest")
+    (first, *_) = rendered.stages[0].changes
+    small = s.tabular[first.label]
+    monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "rollout-after-step:raise")
+    with pytest.raises(FailpointError):
+        controller.advance(conn, settings, plan_id, lambda _: {})
+    monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
+    assert store.get(conn, plan_id).phase == "flipping"
+    _scheduled_canary_mismatch(conn, dsn, settings, small)
+    asks, _ = controller.advance(conn, settings, plan_id, lambda _: {})
+    assert [a.job for a in asks] == []  # before: the stage's read_flip asked again
+    p = store.get(conn, plan_id)
+    assert p.state == "aborted", (p.state, p.reason)
+    assert p.reason.startswith("stage 1: MISMATCH on 1 dataset(s) the plan moved or covers since it started")

@@ -130,6 +130,22 @@ def live_rows(snap) -> int | None:
     return _int(summary, "total-records") - _int(summary, "total-position-deletes")
 
 
+def table_row_count(table) -> int:
+    """The table's rows, what a write adds to: the ``lakehouse.row-count`` property while the current snapshot is
+    the project write that recorded it; after another engine's commit (or the reaper's fence) the property is stale
+    (found by the lifecycle model: ``datasets.row_count`` stayed short by another engine's rows), so the
+    snapshot's totals."""
+    raw = table.properties.get(ROW_COUNT)
+    snap = table.current_snapshot()
+    ours = snap is not None and snap.summary is not None and SYNC_ID in snap.summary.additional_properties
+    if raw is not None and (ours or snap is None):
+        return int(raw)
+    live = live_rows(snap)
+    if live is not None:
+        return live
+    return int(raw) if raw is not None else 0
+
+
 def foreign_since_project(table) -> Chain:
     """Walk the current lineage back to the project's last snapshot (module docstring): table metadata only, O(1)
     when the current snapshot is the project's and the newest of all (0.5 ms at 300 snapshots otherwise)."""

@@ -23,7 +23,7 @@ from lakehouse_dagster.core.errors import (
 )
 from lakehouse_dagster.core.failpoints import failpoint, is_armed
 from lakehouse_dagster.core.guards import check_held
-from lakehouse_dagster.lake.foreign import ROW_COUNT, SYNC_ID
+from lakehouse_dagster.lake.foreign import SYNC_ID, table_row_count
 from lakehouse_dagster.lake.write_plan import (
     COMMIT_ATTEMPTS,
     MAX_ROW_INDEX,
@@ -86,13 +86,7 @@ def _look_for(catalog: Catalog, table: Table, sync_id: uuid.UUID) -> tuple[int |
 
 
 def _row_count(table: Table) -> int:
-    raw = table.properties.get(ROW_COUNT)
-    if raw is not None:
-        return int(raw)
-    snap = table.current_snapshot()
-    if snap is None or snap.summary is None:
-        return 0
-    return int(snap.summary.additional_properties.get("total-records", 0))
+    return table_row_count(table)  # another engine's commit does not move our property (lake/foreign.py)
 
 
 def _max_row_index(table: Table, mode: str) -> int:

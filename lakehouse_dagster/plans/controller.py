@@ -1,14 +1,12 @@
-"""The controller's steps: what each live plan does next, decided from its state in Postgres and the outcome of the
-runs it asked for. The ``rollout_controller`` sensor calls ``tick`` and turns the returned ``RunAsk``s into Dagster
-run requests (dagster/defs/plans/); nothing here imports Dagster.
+"""The controller's steps: what each live plan does next, from its state in Postgres and its runs' outcomes. The
+``rollout_controller`` sensor calls ``tick``, makes the ``RunAsk``s run requests (dagster/defs/plans/; no Dagster here).
 
 A stage goes: waiting (an approval, its window) → flipping (the existing flip job, one run per flag change) →
 soaking (incidents checked every tick) → analyzing (a canary run over a sample of the stage's datasets, then its
 verdicts) → the next stage, or finished. Fail → abort: every flag key the plan set goes back to its value before
-the plan, through the gated set/clear, audited ``rollout <id> aborted: <reason>``. A MISMATCH recorded since the plan
-started, on any dataset it moved or its stages so far cover, fails it in every phase but flipping — whoever rolled
-that dataset back first (auto-rollback, an operator): a rolled-back dataset is no longer moved, nor in the next
-analysis's sample, so only the plan's whole history can show it. A plan never widens past one.
+the plan, through the gated set/clear, audited ``rollout <id> aborted: <reason>``. A MISMATCH since the plan started,
+on a dataset it moved or covers, fails it in every phase (flipping: before a flip is asked for again), whoever
+rolled the dataset back first: a plan never widens past one.
 
 A writer plan's last stage may be ``complete``: waiting (its approval, always) → completing (the ``complete`` job's
 run over every dataset the stages before it moved: runbooks/complete/, its own conditions checked per dataset) →
@@ -18,8 +16,8 @@ operator to settle; resume asks for the run again over the datasets not complete
 
 Crash safety: each transition is one transaction holding the plan's row. A step's row (its run key) is written in
 the transaction that moves the plan to flipping/analyzing, before the run is asked for; a tick that dies after
-the commit asks again next tick under the same run key, which Dagster deduplicates. A run that ended while no
-tick was looking is found by its tags. So a daemon killed anywhere resumes, and a flag change runs once.
+the commit asks again next tick under the same run key (Dagster deduplicates), a run that ended unseen is found by
+its tags: a daemon killed anywhere resumes, and a flag change runs once.
 """
 
 from __future__ import annotations
@@ -308,6 +306,8 @@ class _Step(_Soaking, _Completing):
             elif r.status == FAILED:
                 store.finish_step(self.conn, self.p.id, s.step_key, FAILED, r.run_id, r.message)
                 failed.append(dataclasses.replace(s, run_id=r.run_id, detail=r.message))
+        if again and self.check_mismatches(upcoming=True):  # a flip not launched yet never runs past a MISMATCH
+            return self.aborting(), False
         if failed:
             s = failed[0]
             self.begin_abort(
