@@ -177,3 +177,25 @@ def test_one_proof_threshold_for_every_process_on_a_database(conn, settings):
         "select count(*) from lakehouse_settings_audit where name = 'shadow_proof_reads'"
     ).fetchone() == (2,)
     assert needed_reads(shell) == 2  # without a connection: this process' own (what `flags list` shows today)
+
+
+def test_the_partition_page_says_each_compute_readers_shadow_consistency(conn, settings):
+    """Issue 43: the consistency rate on the partition page, as of the page's write (its modes_as_of)."""
+    from lakehouse_dagster.dagster.defs.shared.partition_metadata import migration_state
+    from lakehouse_dagster.flags.overrides import set_override
+    from lakehouse_dagster.status.partition_state import partition_state
+
+    ws = datasets.create_workspace(conn, "ws")
+    d, quiet = (datasets.create_dataset(conn, ws, n, SCHEMA) for n in ("d", "quiet"))
+    digest = _digest(conn, d)
+    _many(conn, "dashboards.aggregate", d, "mmmxmm", 1, digest)
+    _many(conn, "objects.sync", d, "mmm", 1, "an older schema")  # proves nothing of today's columns
+    set_override(conn, "read", "pipeline.expectations", "shadow", dataset=d, actor="pytest")
+
+    line = partition_state(conn, settings, d).shadow_line()
+    assert line.startswith("dashboards.aggregate: 83.3% consistent over 6 comparison(s), 2 of 300 in a row"), line
+    assert "pipeline.expectations: no shadow read compared yet (0 of 300)" in line, line  # shadowed, nothing yet
+    assert "objects.sync" not in line, line
+    meta = migration_state(partition_state(conn, settings, d))
+    assert meta["shadow_consistency"].value == line
+    assert partition_state(conn, settings, quiet).shadow_line().startswith("none")

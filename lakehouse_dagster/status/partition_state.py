@@ -1,5 +1,6 @@
 """What a dataset's partition page should say now: its table as the latest succeeded sync left it, each reader's
-and writer's effective mode and why, the latest parity verdict and the latest read fallback.
+and writer's effective mode and why, the latest parity verdict, the latest read fallback and the compute readers'
+shadow consistency (flags/proof.py: as of the page's write, like the modes).
 
 Read for many datasets in four queries whatever their number (the recorder's tick, a mirror batch), and for one
 after a run's own write (the mirror asset, the ingest op), so a run's materialization and the recorder's say the
@@ -21,7 +22,8 @@ from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.incidents import newest_fallbacks
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of
-from lakehouse_dagster.flags.registry import READ
+from lakehouse_dagster.flags.proof import Proof, proofs, threshold
+from lakehouse_dagster.flags.registry import PROVEN_READERS, READ
 from lakehouse_dagster.flags.resolver import Resolution, resolve_datasets
 from lakehouse_dagster.lake.catalog import table_identifier
 from lakehouse_dagster.lifecycle import Facts
@@ -94,6 +96,8 @@ class PartitionState:
     lifecycle: Facts | None = None  # the dataset's lifecycle state as stored (lifecycle/)
     lifecycle_version: int | None = None  # bumped by every transition: events are ordered by it
     read_at: dt.datetime = dataclasses.field(default_factory=lambda: dt.datetime.now(dt.UTC))  # the modes' "as of"
+    shadow: tuple[Proof, ...] = ()  # the compute readers compared on it, or shadowed now (issue 43)
+    shadow_needed: int = 0  # comparisons in a row a flip of one needs (the database's one threshold)
 
     @property
     def throwaway(self) -> bool:
@@ -122,6 +126,12 @@ class PartitionState:
         v = self.verdict
         return v["checked_at"].isoformat(timespec="seconds") if v and v.get("checked_at") else "never checked"
 
+    def shadow_line(self) -> str:
+        """Each compute reader's shadow consistency on this dataset in one line, or why there is none."""
+        if not self.shadow:
+            return "none (no compute reader's reads of it are compared)"
+        return "; ".join(f"{p.reader}: {p.describe(self.shadow_needed)}" for p in self.shadow)
+
     def fallback_line(self) -> str:
         """The newest read fallback in one line, or none."""
         f = self.fallback
@@ -145,7 +155,7 @@ def safe_uri(location: str | None) -> str | None:
 def partition_states(
     conn: psycopg.Connection, settings: Settings, dataset_ids: Iterable[uuid.UUID]
 ) -> dict[uuid.UUID, PartitionState]:
-    """The state of each dataset that exists (deleted ones are left out), in four queries."""
+    """The state of each dataset that exists (deleted ones are left out), in a fixed number of queries."""
     ids = list(dict.fromkeys(dataset_ids))
     if not ids:
         return {}
@@ -155,6 +165,8 @@ def partition_states(
     fallbacks = latest_fallbacks(conn, ids)
     states = lifecycle_of(conn, ids)
     versions = lifecycle_versions(conn, ids)
+    compared = proofs(conn, [r.name for r in PROVEN_READERS], ids)
+    needed = threshold(conn, settings).reads if compared else 0
     read_at = dt.datetime.now(dt.UTC)
     out = {}
     for r in rows:
@@ -177,8 +189,20 @@ def partition_states(
             lifecycle=states.get(ds),
             lifecycle_version=versions.get(ds),
             read_at=read_at,
+            shadow=_shadowed(compared, flags.get(ds, []), ds),
+            shadow_needed=needed,
         )
     return out
+
+
+def _shadowed(compared: dict[tuple[str, uuid.UUID], Proof], flags: list[Resolution], ds: uuid.UUID) -> tuple:
+    """The proofs worth a line: a compute reader compared on the dataset, or in shadow mode on it now."""
+    shadowing = {r.name for r in flags if r.kind == READ and r.mode == "shadow"}
+    return tuple(
+        p
+        for r in PROVEN_READERS
+        if (p := compared.get((r.name, ds))) is not None and (p.matched + p.failed > 0 or r.name in shadowing)
+    )
 
 
 def latest_fallbacks(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict]:

@@ -112,6 +112,8 @@ def migration_state(state: PartitionState) -> dict:
         "latest_verdict_as_of": text(state.verdict_as_of()),
         "latest_verdict_detail": text(state.verdict_line()),
         "latest_fallback": text(state.fallback_line()),
+        # Issue 43: the compute readers' shadow consistency, as of this event (modes_as_of); the flip gate reads it live.
+        "shadow_consistency": text(state.shadow_line()),
     }
 
 
