@@ -468,7 +468,7 @@ def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(
     from lakehouse_dagster.cli.main import main
     from lakehouse_dagster.dagster.defs.status.overview import MD_INLINE_CHARS, overview_metadata, stream_markdown
     from lakehouse_dagster.mirror.shards import shard_state
-    from lakehouse_dagster.status.overview import text_lines
+    from lakehouse_dagster.status.overview_text import text_lines
 
     off = compute_overview(conn, settings)  # streaming off: one line says so, the counts are zeros
     assert STREAM_OFF in text_lines(off) and off.as_dict()["mirror_stream"]["on"] is False

@@ -26,7 +26,8 @@ from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks import flip
 from lakehouse_dagster.runbooks.reverse_parity import check_reverse_parity
-from lakehouse_dagster.status.overview import compute_overview, text_lines
+from lakehouse_dagster.status.overview import compute_overview
+from lakehouse_dagster.status.overview_text import text_lines
 from lakehouse_dagster.tracking.datasets import create_dataset, get_dataset, insert_rows
 
 from .flag_helpers import cli, cli_json, flag_tables

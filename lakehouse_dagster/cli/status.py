@@ -30,8 +30,8 @@ def _status(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.status.overview import (
         compute_overview,
-        text_lines,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.status.overview_text import text_lines  # lazy: as above
 
     ov = compute_overview(ctx.conn, ctx.settings)
     plans = plan_status.live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
