@@ -408,9 +408,10 @@ def test_a_retried_ingest_while_the_first_still_runs_is_refused_at_once_and_queu
 
 
 def test_a_slot_is_held_until_the_work_it_admitted_ends_and_a_504_only_said_of_work_that_started():
-    """``_run_holding`` (service/app.py): past the wait the thread runs on and keeps its slot; a request that got
+    """``run_holding`` (service/slots.py): past the wait the thread runs on and keeps its slot; a request that got
     no slot in time never runs its work."""
-    from lakehouse_dagster.service.app import NOT_STARTED, RUNNING, _run_holding
+    from lakehouse_dagster.service.slots import NOT_STARTED, RUNNING
+    from lakehouse_dagster.service.slots import run_holding as _run_holding
 
     ran, late, ended = [], [], []
     release = threading.Event()

@@ -5,7 +5,7 @@ pools of their own so that one kind of request cannot starve the others: reads, 
 the control requests (route, flags: a STRICT route may wait 30 s on the barrier), /metrics, and /readyz (two
 threads of its own: readiness never waits behind a route or a scrape).
 
-A pool's slot is held until the work it admitted ends, not until its request stops waiting (``_run_holding``): a
+A pool's slot is held until the work it admitted ends, not until its request stops waiting (``service/slots.py`` ``run_holding``): a
 request that gives up at ``api_timeout_seconds`` leaves its thread running, and that thread still counts. An
 ingest's dataset is marked running for as long as its thread lives: a retry of the same dataset meanwhile is
 answered at once (409, Retry-After), never queued behind it as one more thread, session and G3 waiter.
@@ -14,12 +14,10 @@ answered at once (409, Retry-After), never queued behind it as one more thread, 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -30,18 +28,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
-from lakehouse_dagster.core.network import is_loopback
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
 from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.service import bodies
-from lakehouse_dagster.service.db import ServiceDb
-from lakehouse_dagster.service.encode import encoder_for, pick_format
+from lakehouse_dagster.service.encode import pick_format
 from lakehouse_dagster.service.errors import (
     IngestRunning,
     IngestStillRunning,
@@ -54,54 +49,18 @@ from lakehouse_dagster.service.errors import (
     status_of,
 )
 from lakehouse_dagster.service.fallbacks import record_reported_fallback
-from lakehouse_dagster.service.metrics import CONTENT_TYPE, ServiceMetrics
+from lakehouse_dagster.service.guard import ENDPOINTS, Guard
+from lakehouse_dagster.service.metrics import CONTENT_TYPE
+from lakehouse_dagster.service.read_stream import ReadStream
 from lakehouse_dagster.service.reads import OpenRead, open_read
+from lakehouse_dagster.service.slots import DONE, NOT_STARTED, RUNNING, blocking, run_holding
+from lakehouse_dagster.service.state import INGEST_THREADS, RunningIngest, Service
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.service")
 
-PUBLIC_PATHS = ("/healthz",)
-ENDPOINTS = (
-    "/healthz",
-    "/readyz",
-    "/metrics",
-    "/lakehouse/read",
-    "/lakehouse/ingest",
-    "/lakehouse/route",
-    "/lakehouse/flags",
-    "/lakehouse/fallback",
-)
-READ_THREADS, INGEST_THREADS, CONTROL_THREADS = 32, 64, 8
-READY_THREADS, METRICS_THREADS = 2, 2  # /readyz and /metrics: their own, so a held route never delays them
-BODY_TYPES = ("application/json",)  # what POST bodies must say they are (a browser's simple POST cannot)
 MAX_OPEN_READS = 64  # streams open at once (a slow client keeps its stream, and a pg one its connection, open)
 SOURCE_HEADER = {"pg": "postgres", "iceberg": "iceberg"}  # X-Lakehouse-Source, as the runbooks' app names them
-
-
-class Service:
-    """What the endpoints share; ``db`` is opened at start-up (lifespan), off the event loop."""
-
-    def __init__(self, settings: Settings, dsn: str):
-        self.settings = settings
-        self.dsn = dsn
-        self.db: ServiceDb | None = None
-        self.metrics = ServiceMetrics(None)
-        self.reads = anyio.CapacityLimiter(READ_THREADS)
-        self.ingests = anyio.CapacityLimiter(INGEST_THREADS)
-        self.control = anyio.CapacityLimiter(CONTROL_THREADS)
-        self.ready = anyio.CapacityLimiter(READY_THREADS)
-        self.scrapes = anyio.CapacityLimiter(METRICS_THREADS)
-        self.ingests_running: dict[int, str] = {}  # thread id -> "writer ds=<id>", for the shutdown's last word
-        self.ingesting: dict[uuid.UUID, _Ingest] = {}  # dataset -> its ingest whose thread still runs (loop's own)
-        self.open_reads = 0  # read streams opened or opening (the event loop's own count: no lock)
-
-    async def start(self) -> None:
-        self.db = await anyio.to_thread.run_sync(ServiceDb, self.dsn, self.settings)
-        self.metrics = ServiceMetrics(self.db)
-
-    async def stop(self) -> None:
-        if self.db is not None:
-            await anyio.to_thread.run_sync(self.db.close)
 
 
 def create_app(settings: Settings, dsn: str, host: str = "127.0.0.1") -> Starlette:
@@ -127,7 +86,7 @@ def create_app(settings: Settings, dsn: str, host: str = "127.0.0.1") -> Starlet
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_exception})
     app.state.service = svc
-    return _Guard(app, svc, host)  # type: ignore[return-value]  # an ASGI app, as uvicorn takes it
+    return Guard(app, svc, host)  # type: ignore[return-value]  # an ASGI app, as uvicorn takes it
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -143,124 +102,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
-class _Guard:
-    """Outermost: what a web page in the operator's browser could otherwise do (cross-origin requests, DNS
-    rebinding, a ``text/plain`` simple POST), bearer-token auth (constant-time compare; /healthz is open) and
-    per-endpoint request metrics."""
-
-    def __init__(self, app: ASGIApp, svc: Service, host: str = "127.0.0.1"):
-        self.app = app
-        self.svc = svc
-        token = svc.settings.api_token
-        self._token = token.encode() if token else None
-        # Without a token the Host is the defence against DNS rebinding (a page of evil.example whose name now
-        # resolves to 127.0.0.1 is same-origin to itself): only loopback names are answered.
-        self._hosts = None if token else {"localhost", "127.0.0.1", "::1", host.strip("[]").lower()}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        endpoint = path if path in ENDPOINTS else "other"
-        started = time.perf_counter()
-        status = {"code": 500}
-
-        async def counted_send(message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            refusal = self._refusal(scope)
-            if refusal is None and path not in PUBLIC_PATHS and not self._authorised(scope):
-                refusal = JSONResponse(
-                    {"error": "unauthorized"}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
-                )
-            if refusal is None and scope["method"] == "POST" and path in ENDPOINTS:
-                refusal = _body_type_refusal(scope)
-            if refusal is not None:
-                said = json.loads(bytes(refusal.body))["error"]
-                if refusal.status_code == 401:
-                    said += f" ({self._why_unauthorised(scope)})"  # the log only: the caller learns no more
-                log_answer(f"{scope['method']} {path[:200]}: ", refusal.status_code, said)
-                await refusal(scope, receive, counted_send)
-                return
-            await self.app(scope, receive, counted_send)
-        finally:
-            m = self.svc.metrics
-            m.http_requests.labels(endpoint, str(status["code"])).inc()
-            m.http_seconds.labels(endpoint).observe(time.perf_counter() - started)
-
-    def _refusal(self, scope: Scope) -> Response | None:
-        """403 for a request a browser made on a page's behalf (the service has no pages: no Origin is its own)
-        and, without a token, for a Host that is not a loopback name."""
-        headers = {name: value for name, value in scope["headers"]}
-        host = headers.get(b"host", b"").decode("latin-1")
-        if self._hosts is not None:
-            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-            name = name.strip("[]").lower()
-            if name not in self._hosts and not is_loopback(name):
-                return _forbidden(
-                    f"Host {host[:100]!r} is not this service's address; without LAKEHOUSE_API_TOKEN only requests "
-                    "to 127.0.0.1, localhost or ::1 are answered (a page of another site is refused)"
-                )
-        origin = headers.get(b"origin")
-        if origin is not None and origin.decode("latin-1") not in (f"http://{host}", f"https://{host}"):
-            return _forbidden(
-                f"cross-origin request refused (Origin {origin.decode('latin-1')[:100]!r}): the service answers "
-                "programs, not web pages; call it from the app's server side"
-            )
-        site = headers.get(b"sec-fetch-site")
-        if site is not None and site not in (b"same-origin", b"none"):
-            return _forbidden(
-                f"cross-site request refused (Sec-Fetch-Site {site.decode('latin-1')[:30]}): the service answers "
-                "programs, not web pages"
-            )
-        return None
-
-    @staticmethod
-    def _why_unauthorised(scope: Scope) -> str:
-        """What was wrong with the credentials, for the log; never the token given."""
-        value = next((v for name, v in scope["headers"] if name == b"authorization"), None)
-        if value is None:
-            return "no Authorization header: send Authorization: Bearer <LAKEHOUSE_API_TOKEN>"
-        if value.partition(b" ")[0].lower() != b"bearer":
-            return "the Authorization header is not a bearer token: send Authorization: Bearer <LAKEHOUSE_API_TOKEN>"
-        return "the bearer token is not this service's LAKEHOUSE_API_TOKEN"
-
-    def _authorised(self, scope: Scope) -> bool:
-        if self._token is None:
-            return True  # no token configured: loopback only (service/server.py refuses anything else)
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
-        return False
-
-
-def _forbidden(message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=403)
-
-
-def _body_type_refusal(scope: Scope) -> Response | None:
-    """415 unless the body says it is JSON: a browser sends ``text/plain`` (or no type) cross-origin without a
-    preflight; ``application/json`` it never sends without asking first."""
-    given = b""
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            given = value
-            break
-    media = given.split(b";", 1)[0].strip().lower().decode("latin-1")
-    if media in BODY_TYPES:
-        return None
-    said = f"Content-Type {media[:60]!r}" if media else "no Content-Type"
-    return JSONResponse(
-        {"error": f"{scope['method']} {scope['path']} takes a JSON body: send Content-Type: application/json ({said})"},
-        status_code=415,
-    )
-
-
 def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
     async def run(request: Request) -> Response:
         try:
@@ -269,108 +110,6 @@ def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
             return error_response(exc, f"{request.method} {request.url.path}: ")
 
     return run
-
-
-async def _blocking(limiter: anyio.CapacityLimiter, fn: Callable[..., Any], *args) -> Any:
-    return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
-
-
-DONE, NOT_STARTED, RUNNING = "done", "not-started", "running"
-
-
-async def _run_holding(  # noqa: C901 - the limiter, timeout and late-result handling of one blocking call share their state
-    limiter: anyio.CapacityLimiter,
-    timeout: float,
-    fn: Callable[[], Any],
-    late: Callable[[Any, BaseException | None], None],
-    ended: Callable[[bool], None] | None = None,
-) -> tuple[str, Any]:
-    """``fn()`` in a worker thread that holds a slot of ``limiter`` until it returns, waited for at most
-    ``timeout`` s in all (the wait for a slot included). Returns (DONE, its value) — its error is raised;
-    (NOT_STARTED, None): no slot in time, ``fn`` never runs; (RUNNING, None): it started and goes on, its slot
-    still held, and hands what it ends with to ``late(value, error)`` in its thread. ``ended(kept)`` runs on the
-    event loop once, when the slot is let go of (by the thread, or here when ``fn`` never ran); ``kept``: the
-    value goes to the caller (DONE without an error).
-
-    anyio's ``abandon_on_cancel`` alone gives the limiter's token back when the wait is cancelled, while the
-    thread runs on: the bound then counts requests waiting, not work running. Long on purpose: the slot's
-    hand-over between the event loop and the thread is one protocol; split, its races would not read as one."""
-    deadline = anyio.current_time() + timeout
-    borrower = object()
-    try:
-        with anyio.move_on_after(timeout) as waited:
-            await limiter.acquire_on_behalf_of(borrower)
-    except BaseException:  # cancelled from outside while waiting (shutdown): anyio gave the slot back
-        if ended is not None:
-            ended(False)
-        raise
-    if waited.cancelled_caught:  # anyio gave the slot back, or never gave it
-        if ended is not None:
-            ended(False)
-        return NOT_STARTED, None
-    token = anyio.lowlevel.current_token()
-    lock = threading.Lock()
-    state: dict[str, Any] = {"started": False, "skipped": False, "abandoned": False}
-
-    def release(kept: bool) -> None:
-        limiter.release_on_behalf_of(borrower)
-        if ended is not None:
-            ended(kept)
-
-    def work() -> Any:
-        with lock:
-            if state["skipped"]:
-                return None
-            state["started"] = True
-        value, error = None, None
-        try:
-            value = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting request, or to ``late``
-            error = exc
-        with lock:  # decided once: either the request takes the outcome, or ``late`` does
-            abandoned = state["abandoned"]
-            if not abandoned:
-                state["outcome"] = (value, error)
-        try:
-            anyio.from_thread.run_sync(release, not abandoned and error is None, token=token)
-        except RuntimeError:  # the event loop is gone (shutdown): nothing waits for the slot any more
-            pass
-        if abandoned:
-            late(value, error)
-            return None
-        if error is not None:
-            raise error
-        return value
-
-    def give_up() -> tuple[Any, BaseException | None] | None:
-        """The wait ended before the work: its outcome if it just arrived, else skip it or leave it running."""
-        with lock:
-            outcome = state.get("outcome")
-            if outcome is None:
-                if state["started"]:
-                    state["abandoned"] = True
-                else:
-                    state["skipped"] = True
-        if state["skipped"]:
-            release(False)
-        return outcome
-
-    try:
-        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
-            # a limiter of its own: ``limiter``'s slot, held above, is the bound (not anyio's token)
-            own = anyio.CapacityLimiter(1)
-            return DONE, await anyio.to_thread.run_sync(work, limiter=own, abandon_on_cancel=True)
-    except BaseException:  # its error, or cancelled from outside (shutdown): then as past the timeout
-        outcome = give_up()
-        if outcome is not None and outcome[1] is None and outcome[0] is not None:
-            late(outcome[0], None)  # a value no one will take
-        raise
-    outcome = give_up()
-    if outcome is not None:  # it ended just as the wait did: its answer stands
-        if outcome[1] is not None:
-            raise outcome[1]
-        return DONE, outcome[0]
-    return (NOT_STARTED if state["skipped"] else RUNNING), None
 
 
 async def _body(request: Request, settings: Settings) -> bytes:
@@ -403,7 +142,7 @@ async def healthz(svc: Service, request: Request) -> Response:
 
 async def readyz(svc: Service, request: Request) -> Response:
     assert svc.db is not None
-    parts = await _blocking(svc.ready, svc.db.probe)  # its own threads: a held route never delays it
+    parts = await blocking(svc.ready, svc.db.probe)  # its own threads: a held route never delays it
     if all(v == "ok" for v in parts.values()):
         return JSONResponse({"status": "ready", **parts})
     broken = ", ".join(f"{k} {v}" for k, v in parts.items() if v != "ok")
@@ -413,7 +152,7 @@ async def readyz(svc: Service, request: Request) -> Response:
 
 
 async def metrics(svc: Service, request: Request) -> Response:
-    body = await _blocking(svc.scrapes, svc.metrics.render)
+    body = await blocking(svc.scrapes, svc.metrics.render)
     return Response(body, media_type=CONTENT_TYPE)
 
 
@@ -438,7 +177,7 @@ async def route(svc: Service, request: Request) -> Response:
             out["refusal"] = d.refusal()
         return out
 
-    return JSONResponse(await _blocking(svc.control, decide))
+    return JSONResponse(await blocking(svc.control, decide))
 
 
 async def flags(svc: Service, request: Request) -> Response:
@@ -469,7 +208,7 @@ async def flags(svc: Service, request: Request) -> Response:
             )
         return out
 
-    return JSONResponse(await _blocking(svc.control, resolve))
+    return JSONResponse(await blocking(svc.control, resolve))
 
 
 _router_log = logging.getLogger("lakehouse_dagster.read_router")
@@ -482,7 +221,7 @@ async def fallback(svc: Service, request: Request) -> Response:
     )
     db = svc.db
     assert db is not None
-    out = await _blocking(svc.control, record_reported_fallback, db, req, _router_log)
+    out = await blocking(svc.control, record_reported_fallback, db, req, _router_log)
     svc.metrics.read_fallbacks.labels(req.reader).inc()  # the counter the service's own fallbacks move
     return JSONResponse(out)
 
@@ -494,7 +233,7 @@ async def read(svc: Service, request: Request) -> Response:
     assert db is not None
     if svc.open_reads >= MAX_OPEN_READS:  # each open stream may hold a Postgres connection: bounded
         raise Unavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
-    svc.open_reads += 1  # given back when the stream ends (_ReadStream), or by ``ended`` when none opens
+    svc.open_reads += 1  # given back when the stream ends (ReadStream), or by ``ended`` when none opens
 
     def late(opened: OpenRead | None, error: BaseException | None) -> None:  # its request gave up: freed here
         if opened is not None:
@@ -505,7 +244,7 @@ async def read(svc: Service, request: Request) -> Response:
             svc.open_reads -= 1
 
     try:
-        status, opened = await _run_holding(
+        status, opened = await run_holding(
             svc.reads, svc.settings.api_timeout_seconds, lambda: open_read(db, req), late, ended
         )
     except ReadRefused as exc:
@@ -529,99 +268,7 @@ async def read(svc: Service, request: Request) -> Response:
     }
     if d.snapshot_id is not None:
         headers["X-Lakehouse-Snapshot-Id"] = str(d.snapshot_id)
-    return _ReadStream(svc, req, opened, media, headers)
-
-
-class _ReadStream(Response):
-    """Streams an opened read batch by batch. Each batch is produced and encoded in a worker thread; a client
-    that goes away, or reads nothing for ``api_timeout_seconds``, ends the stream, and the read is closed in
-    every case (its Postgres cursor, transaction and connection, its open data file)."""
-
-    def __init__(self, svc: Service, req: bodies.ReadRequest, opened: OpenRead, media: str, headers: dict[str, str]):
-        self.status_code = 200
-        self.media_type = media
-        self.background = None
-        self.init_headers(headers)  # no body: no Content-Length, the body is chunked
-        self.svc, self.req, self.opened = svc, req, opened
-        self.encoder = encoder_for(media, opened.stream.schema)
-        self.cut: tuple[str, str] | None = None  # (metric label, what happened)
-        self.done = False  # the last chunk is being sent: a disconnect now is the normal end
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stream = self.opened.stream
-        m = self.svc.metrics
-        m.reads_in_flight.inc()
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def body() -> None:
-                    await self._send_all(send)
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(body)
-                while True:  # uvicorn answers every receive() after a disconnect at once: leave on the first
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        if not self.done:
-                            self.cut = ("client_gone", "the client went away")
-                            tg.cancel_scope.cancel()
-                        break
-        finally:
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(stream.close)
-                self.svc.open_reads -= 1
-                m.reads_in_flight.dec()
-                m.rows_served.labels(self.opened.decision.source).inc(stream.rows)
-                if self.cut is not None:
-                    m.streams_cut.labels(self.cut[0]).inc()
-                    d = self.opened.decision
-                    log.warning(
-                        f"[service] read {d.reader} ds={d.dataset_id} from {d.source} ended after {stream.rows} rows: "
-                        f"{self.cut[1]}; the stream was cut and its "
-                        f"{'cursor, transaction and connection' if d.source == 'pg' else 'snapshot files'} released"
-                    )
-
-    async def _send_all(self, send: Send) -> None:
-        timeout = self.svc.settings.api_timeout_seconds
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-
-        def produce() -> bytes | memoryview | None:
-            batch = self.opened.stream.next_batch()
-            return None if batch is None else self.encoder.batch(batch)
-
-        first = self.encoder.start()
-        try:
-            if first:
-                await self._send_bounded(send, first, timeout)
-            while True:
-                try:
-                    chunk = await anyio.to_thread.run_sync(produce, limiter=self.svc.reads)
-                except Exception as exc:  # noqa: BLE001 - mid-stream: the headers are out, the stream is cut
-                    error = " ".join(str(exc).split())[:300]
-                    self.cut = ("read_failed", f"the read failed mid-stream ({type(exc).__name__}: {error})")
-                    return  # without the last chunk: the server drops the connection, the client sees it incomplete
-                if chunk is None:
-                    break
-                await self._send_bounded(send, chunk, timeout)
-            self.done = True
-            await send({"type": "http.response.body", "body": self.encoder.end(), "more_body": False})
-        except TimeoutError:
-            self.cut = ("client_stalled", f"the client read nothing for {timeout:g} s")
-
-    @staticmethod
-    async def _send_bounded(send: Send, chunk: bytes | memoryview, timeout: float) -> None:
-        with anyio.fail_after(timeout):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-
-class _Ingest:
-    """An ingest whose worker thread is running (or about to): in ``Service.ingesting`` until that thread ends."""
-
-    def __init__(self, writer: str):
-        self.writer = writer
-        self.since = time.monotonic()
-        self.abandoned = False  # its request was answered 504: a retry now is refused at once
-        self.done = anyio.Event()
+    return ReadStream(svc, req, opened, media, headers)
 
 
 async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - each answer (409, 503, 504, the result) told apart where its state is read
@@ -659,7 +306,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
         raise Backpressure(f"{INGEST_THREADS} ingest requests are already running in this service; retry later")
     db = svc.db
     assert db is not None
-    entry = _Ingest(req.writer)
+    entry = RunningIngest(req.writer)
     svc.ingesting[ds] = entry
 
     def work():
@@ -698,7 +345,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
             del svc.ingesting[ds]
         entry.done.set()
 
-    status, result = await _run_holding(svc.ingests, max(0.0, deadline - anyio.current_time()), work, late, ended)
+    status, result = await run_holding(svc.ingests, max(0.0, deadline - anyio.current_time()), work, late, ended)
     if status == NOT_STARTED:
         svc.metrics.ingest(req.writer, "503")
         raise Unavailable(
