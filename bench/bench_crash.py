@@ -14,7 +14,7 @@ puts the tables in an Iceberg REST catalog (SeaweedFS's `weed mini`, started her
 its S3): `--catalog rest --stream-share 1` and `--catalog rest --reverse-share 1` run those modes on REST. With
 `--store` the warehouse is on an object store behind a fault proxy and reverse cycles also draw its faults: down, or
 503s to a third of requests, for the whole apply (`--reverse-share 1 --store --infra-only --cycles 60`).
-What each cycle checks: lakehouse_dagster/testing/crash_harness.py.
+What each cycle checks: lakehouse_dagster/testing/crash_harness/.
 Not a timing benchmark: seconds are printed for planning only.
 """
 

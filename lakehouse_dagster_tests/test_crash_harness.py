@@ -1,5 +1,5 @@
 """The crash harness, short and seeded for CI: 8 cycles, ~40 s on the 2-core machine (each cycle starts a
-CLI process: 3-6 s of imports depending on load). lakehouse_dagster/testing/crash_harness.py says what every cycle checks.
+CLI process: 3-6 s of imports depending on load). lakehouse_dagster/testing/crash_harness/ says what every cycle checks.
 
 LAKEHOUSE_CRASH_CYCLES / LAKEHOUSE_CRASH_SEED run it longer or with another seed (LAKEHOUSE_CRASH_STREAM_CYCLES,
 LAKEHOUSE_CRASH_REVERSE_CYCLES the stream and reverse modes longer); bench/bench_crash.py runs >= 200 cycles and

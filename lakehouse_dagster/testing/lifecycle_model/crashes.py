@@ -4,7 +4,7 @@ In-process: the failpoint is armed ``:raise`` for one firing (LAKEHOUSE_FAILPOIN
 so the verb stops at that point with an exception, not a SIGKILL; its open transaction is rolled back by the
 session as a dead process's would be by Postgres, but its advisory locks go with the session only when the
 connection is closed — here the model's session lives on (a lock is re-entrant per session, so the next verb on it
-is not blocked). The crash harness (testing/crash_harness.py) kills real processes at the same points; the model
+is not blocked). The crash harness (testing/crash_harness/) kills real processes at the same points; the model
 checks what the next verb or the reaper makes of what was left."""
 
 from __future__ import annotations
