@@ -41,7 +41,8 @@ def q(v):
     return "'" + v.replace("'", "''") + "'"
 con = duckdb.connect()
 for e in os.environ["LH_DUCKDB_EXTENSIONS"].split(","):
-    con.execute(f"LOAD {q(f'{root}/duckdb_extension_{e}/extensions/v{version}/{e}.duckdb_extension')}")
+    extension = f"{root}/duckdb_extension_{e}/extensions/v{version}/{e}.duckdb_extension"
+    con.execute("LOAD " + q(extension))  # LOAD takes no parameter: a quoted literal
 key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
 endpoint = os.environ["LH_S3_ENDPOINT"]
 con.execute(
@@ -54,7 +55,9 @@ con.execute(
     f"OAUTH2_SERVER_URI {q(uri + '/v1/oauth/tokens')})"
 )
 warehouse = os.environ["LH_WAREHOUSE"].removeprefix("s3://")
-con.execute(f"ATTACH {q(warehouse)} AS {os.environ['LH_ALIAS']} (TYPE iceberg, ENDPOINT {q(uri)}, SECRET catalog)")
+alias = os.environ["LH_ALIAS"]
+assert alias.isidentifier(), alias  # the module's constant ALIAS: an identifier, never a caller's text
+con.execute("ATTACH " + q(warehouse) + " AS " + alias + " (TYPE iceberg, ENDPOINT " + q(uri) + ", SECRET catalog)")
 out = []
 for statement in json.load(sys.stdin)["statements"]:
     result = con.sql(statement)
