@@ -92,7 +92,7 @@ ALLOWED: dict[str, tuple[tuple[str, ...] | str, str]] = {
         "NAMED lists every advisory lock's name; a lock named after a table is no statement on it",
     ),
     "flags.candidates": (
-        ("pipelines", "iceberg_sync_log"),
+        ("pipelines", "iceberg_sync_log", "datasets"),
         "RUNBOOK_SAFE_BLOCKED is step 2b of the writer-flip runbook verbatim (test_demo compares it with the "
         "runbook's text): the operator's own query, run as written",
     ),
