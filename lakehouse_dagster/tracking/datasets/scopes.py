@@ -47,3 +47,13 @@ def in_scope(conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None, *
     if scope == "workspace":
         return conn.execute(_IN_SCOPE + " where workspace_id = %s" + order, (scope_id,)).fetchall()
     return conn.execute(_IN_SCOPE + order).fetchall()
+
+
+def mirrored_tabular_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
+    """Tabular datasets with a succeeded sync (datasets.mirrored_version, kept by the sync log's triggers), by id."""
+    return [
+        r[0]
+        for r in conn.execute(
+            "select id from datasets where kind = 'tabular' and mirrored_version is not null order by id"
+        ).fetchall()
+    ]
