@@ -145,4 +145,4 @@ class PgSide:
         """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
         items: list[sql.Composable] = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
         items += [canonical.pg_typed(c) for c in self.columns]
-        yield from digest_reads.typed_rows(self.conn, self.dataset_id, items)
+        return digest_reads.typed_rows(self.conn, self.dataset_id, items)
