@@ -1,6 +1,6 @@
 """Capture modes: where change tracking and the maintained Postgres digest are written.
 
-Not split yet (936 lines, issue 45): its two tables are written from the WAL consumer, the mode switches, repair,
+Not split yet (900 lines, issue 45): its two tables are written from the WAL consumer, the mode switches, repair,
 catch-up and the upgrade; split, those statements first need owner functions the consumer imports without a cycle.
 
 Capture mode "triggers" (the default): statement triggers write both inside every writing transaction: change
