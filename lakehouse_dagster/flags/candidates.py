@@ -24,6 +24,7 @@ from lakehouse_dagster.flags.registry import WRITE, check_mode, get_flag
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking.datasets import lookup
 
 # Step 2b of the writer-flip runbook (the team's document, kept outside this repository), verbatim.
 RUNBOOK_SAFE_BLOCKED = """\
@@ -91,12 +92,7 @@ def write_flip_candidates(conn: psycopg.Connection, writer: str = "sync.full") -
     if not rows:
         return []
     ids = [r[3] for r in rows]
-    info = {
-        r[0]: r
-        for r in conn.execute(
-            "select id, name, workspace_id, kind from datasets where id = any(%s::uuid[])", (ids,)
-        ).fetchall()
-    }
+    info = lookup.infos_of(conn, ids)
     stored = stored_overrides(conn, WRITE, [writer])[writer]
     modes = {i: resolve_for(flag, stored, i, info[i][2]) for i in ids}
     moved = [Effect(i, info[i][1], modes[i], NATIVE) for i in ids if modes[i] != NATIVE]

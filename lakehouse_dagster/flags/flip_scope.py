@@ -21,6 +21,7 @@ from lakehouse_dagster.flags.registry import WRITE, Flag, rank
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
 from lakehouse_dagster.flags.widen import place, scope_mode
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking.datasets import scopes
 
 _SHOWN = 20
 
@@ -161,13 +162,7 @@ def scope_report(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str) 
     """What setting ``mode`` at ``scope`` does to every dataset in it (read from the stored overrides now)."""
     stored = stored_overrides(conn, flag.kind, [flag.name])[flag.name]
     after_stored = {**stored, (scope.scope, scope.scope_id): mode}
-    query = "select id, name, workspace_id, kind from datasets"
-    if scope.scope == DATASET:
-        rows = conn.execute(query + " where id = %s order by name, id", (scope.scope_id,)).fetchall()
-    elif scope.scope == WORKSPACE:
-        rows = conn.execute(query + " where workspace_id = %s order by name, id", (scope.scope_id,)).fetchall()
-    else:
-        rows = conn.execute(query + " order by name, id").fetchall()
+    rows = scopes.in_scope(conn, scope.scope, scope.scope_id, ordered=True)
     report = ScopeReport(flag, mode, scope, [], [], [], [], scope_mode(conn, flag, scope), _names(conn, rows, scope))
     for ds_id, name, ws_id, kind in rows:
         before, after = resolve_for(flag, stored, ds_id, ws_id), resolve_for(flag, after_stored, ds_id, ws_id)

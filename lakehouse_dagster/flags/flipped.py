@@ -13,16 +13,10 @@ import psycopg
 
 from lakehouse_dagster.flags import overrides_store
 from lakehouse_dagster.flags.registry import REGISTRY
+from lakehouse_dagster.tracking.datasets import scopes
 
 # Only datasets some override touches can resolve above their default.
-_TOUCHED = (
-    """
-select id, workspace_id from datasets
- where kind = 'tabular'
-   and """
-    + overrides_store.TOUCHES_DATASET
-    + "\n"
-)
+_TOUCHED = scopes.tabular_ids_and_workspaces_where(overrides_store.TOUCHES_DATASET)
 
 
 def flipped_dataset_ids(conn: psycopg.Connection) -> set[uuid.UUID]:

@@ -48,7 +48,7 @@ from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.flags.completed import holding
 from lakehouse_dagster.flags.incidents import FALLBACK, MISMATCH, latest_incidents
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
-from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE, Change, Scope, clear_override, set_override
+from lakehouse_dagster.flags.overrides import DATASET, Change, Scope, clear_override, set_override
 from lakehouse_dagster.flags.proof import needed_reads, proofs
 from lakehouse_dagster.flags.reader_datasets import on_postgres
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, SERVABLE_READERS, WRITE, Flag, rank
@@ -61,7 +61,8 @@ from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
 from lakehouse_dagster.parity.verdicts import latest_with_rows_version
 from lakehouse_dagster.tracking import barrier, capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
-from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
+from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids, scopes
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 NATIVE = "iceberg_native"
 _GATE_LOCK = "lakehouse_flag_gates"
@@ -93,12 +94,7 @@ class Blocked:
 
 
 def _datasets_in(conn: psycopg.Connection, scope: Scope) -> list[tuple]:
-    query = "select id, name, workspace_id, kind from datasets"
-    if scope.scope == DATASET:
-        return conn.execute(query + " where id = %s", (scope.scope_id,)).fetchall()
-    if scope.scope == WORKSPACE:
-        return conn.execute(query + " where workspace_id = %s", (scope.scope_id,)).fetchall()
-    return conn.execute(query).fetchall()
+    return scopes.in_scope(conn, scope.scope, scope.scope_id)
 
 
 def effects(conn: psycopg.Connection, flag: Flag, scope: Scope, mode: str | None) -> tuple[list[Effect], dict]:
@@ -255,12 +251,12 @@ def postgres_consumer_blockers(
         reasons = out.setdefault(ds_id, [])
         if ds_id in inputs:
             reasons.append(
-                "BLOCKED (pipeline input; reverse mirror off): a pipeline reads it from dataset_rows (F3), which "
+                f"BLOCKED (pipeline input; reverse mirror off): a pipeline reads it from {dataset_rows.TABLE} (F3), which "
                 f"stays fresh for a native dataset only through the reverse mirror; {off}"
             )
         if locked.get(ds_id):
             reasons.append(
-                "read from dataset_rows by "
+                f"read from {dataset_rows.TABLE} by "
                 + ", ".join(d.describe() for d in locked[ds_id])
                 + ", locked to Postgres: Postgres would go stale for it without the "
                 f"reverse mirror; {off} (or flip a compute reader once proven, or remove the declaration, lakehouse "

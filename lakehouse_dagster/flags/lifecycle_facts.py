@@ -21,8 +21,9 @@ from lakehouse_dagster.lifecycle import states as st
 from lakehouse_dagster.lifecycle.states import Facts
 from lakehouse_dagster.lifecycle.transition import current, stored_states
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import lookup, scopes
 
-_DATASETS = "select id, workspace_id from datasets where id = any(%s::uuid[])"
+_DATASETS = scopes.IDS_AND_WORKSPACES_OF
 _MARK_STATE = {IN_PROGRESS: st.COMPLETING, COMPLETE: st.COMPLETE, RESTORING: st.RESTORING}
 
 
@@ -31,7 +32,7 @@ def derive(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID]) -> dict[u
     ids = list(dataset_ids)
     if not ids:
         return {}
-    exists = {r[0] for r in conn.execute("select id from datasets where id = any(%s::uuid[])", (ids,)).fetchall()}
+    exists = lookup.existing_ids(conn, ids)
     native: dict[uuid.UUID, list[str]] = {}
     if FLIPPABLE_WRITERS:
         q, args = effective_sql(
@@ -77,7 +78,7 @@ def scope_ids(conn: psycopg.Connection, scope: str, scope_id: uuid.UUID | None) 
         assert scope_id is not None
         return [scope_id]
     if scope == "workspace":
-        return [r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (scope_id,)).fetchall()]
+        return scopes.ids_in_workspace(conn, scope_id)
     return None
 
 

@@ -14,6 +14,7 @@ import psycopg
 
 from lakehouse_dagster.flags.precedence import effective_sql
 from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS
+from lakehouse_dagster.tracking.datasets import scopes
 
 
 def native_dataset_ids(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID] | None = None) -> set[uuid.UUID]:
@@ -21,12 +22,12 @@ def native_dataset_ids(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID
     if not FLIPPABLE_WRITERS:
         return set()
     if dataset_ids is None:
-        datasets, params = "select id, workspace_id from datasets", []
+        datasets, params = scopes.ALL_IDS_AND_WORKSPACES, []
     else:
         ids = list(dataset_ids)
         if not ids:
             return set()
-        datasets, params = "select id, workspace_id from datasets where id = any(%s::uuid[])", [ids]
+        datasets, params = scopes.IDS_AND_WORKSPACES_OF, [ids]
     query, args = effective_sql(
         FLIPPABLE_WRITERS, datasets, params, select="distinct e.dataset_id", where="e.mode = 'iceberg_native'"
     )

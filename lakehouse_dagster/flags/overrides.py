@@ -24,6 +24,7 @@ from lakehouse_dagster.flags.registry import READ, Flag, check_kind, check_mode,
 from lakehouse_dagster.flags.resolver import invalidate_local
 from lakehouse_dagster.lifecycle import READER_FLAG, WRITER_FLAG, transition
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking.datasets import lookup
 
 GLOBAL = "global"
 WORKSPACE = "workspace"
@@ -99,7 +100,7 @@ def parse_scope(dataset: object = None, workspace: object = None) -> Scope:
 
 def require_target(conn: psycopg.Connection, scope: Scope) -> None:
     if scope.scope == DATASET:
-        if conn.execute("select 1 from datasets where id = %s", (scope.scope_id,)).fetchone() is None:
+        if not lookup.dataset_exists(conn, scope.scope_id):
             raise NotFound(f"dataset {scope.scope_id} does not exist; check the id (nothing was changed)")
     elif scope.scope == WORKSPACE:
         if not app_tables.workspace_exists(conn, scope.scope_id):

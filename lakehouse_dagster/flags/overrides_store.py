@@ -13,6 +13,7 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.tracking.datasets import fragments
 
 # The overrides of the flags listed in a CTE ``f(kind, name, …)``: precedence.py's ``o`` CTE body.
 OF_FLAGS_IN_F = """select kind, name, scope, scope_id, mode from lakehouse_flag_overrides
@@ -95,10 +96,7 @@ def narrower_rows(
     if scope == "global":
         sql += " and o.scope in ('workspace', 'dataset')"
     elif scope == "workspace":
-        sql += (
-            " and o.scope = 'dataset'"
-            " and exists (select 1 from datasets d where d.id = o.scope_id and d.workspace_id = %s)"
-        )
+        sql += " and o.scope = 'dataset' and " + fragments.dataset_exists("o.scope_id", " and d.workspace_id = %s")
         params += (workspace_id,)
     else:
         return []

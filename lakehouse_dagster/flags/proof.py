@@ -34,15 +34,20 @@ from psycopg import sql
 
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.soak_setting import store_value, stored_value
+from lakehouse_dagster.tracking.datasets import fragments
 
 # One row per (reader, dataset, schema digest), kept by a trigger as comparisons are recorded (migration 0038): the
 # pairs' rows, never the comparisons (issue 43: the overview's cost grew with the comparisons stored).
-_PROOFS = """
+_PROOFS = (
+    """
 select p.reader, p.dataset_id, p.matched, p.failed, p.in_a_row, p.last_failure
-  from lakehouse_shadow_proofs p join datasets d on d.id = p.dataset_id
+  from lakehouse_shadow_proofs p """
+    + fragments.join_datasets_on("p.dataset_id")
+    + """
  where (%(ids)s::uuid[] is null or p.dataset_id = any(%(ids)s::uuid[])) and p.reader = any(%(readers)s::text[])
    and p.schema_digest = md5(d.schema::text)
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,20 +243,24 @@ SHADOW_KEEP_DAYS = 14
 PRUNE_BATCH = 10_000  # rows per delete: short transactions beside the shadow workers' inserts
 PRUNE_BATCHES = 50  # per call: a tick does at most this many (500,000 rows), the next one goes on
 
-_PRUNE = """
+_PRUNE = (
+    """
 with doomed as (
   select s.id from lakehouse_shadow_reads s
    where s.at < %(before)s
      and not exists (select 1 from unnest(%(readers)s::text[], %(since)s::timestamptz[]) k(reader, since)
                       where k.reader = s.reader and s.at >= k.since)
      and (s.outcome not in ('mismatch', 'error')
-          or not exists (select 1 from datasets d where d.id = s.dataset_id)
+          or not """
+    + fragments.dataset_exists("s.dataset_id")
+    + """
           or s.id <> (select max(f.id) from lakehouse_shadow_reads f
                        where f.reader = s.reader and f.dataset_id = s.dataset_id and f.outcome in ('mismatch', 'error')))
    order by s.id
    limit %(batch)s)
 delete from lakehouse_shadow_reads where id in (select id from doomed)
 """
+)
 
 
 def prune_shadow_reads(
@@ -280,7 +289,5 @@ def prune_shadow_reads(
         gone += n
         if n < batch:
             break
-    conn.execute(
-        "delete from lakehouse_shadow_proofs p where not exists (select 1 from datasets d where d.id = p.dataset_id)"
-    )
+    conn.execute("delete from lakehouse_shadow_proofs p where not " + fragments.dataset_exists("p.dataset_id"))
     return gone

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 READ = "read"
 WRITE = "write"
@@ -158,7 +159,7 @@ WRITERS: dict[str, Flag] = {
             "pg",
             None,
             "streaming ingest",
-            "streaming transaction: rows commit statement by statement into dataset_rows",
+            "streaming transaction: rows commit statement by statement into " + dataset_rows.TABLE,
         ),
         _writer(
             "row.edit",

@@ -30,6 +30,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.listen import subscribe
 from lakehouse_dagster.flags.precedence import DEFAULT, effective_sql, pick
 from lakehouse_dagster.flags.registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
+from lakehouse_dagster.tracking.datasets import scopes
 
 # The reasons a resolution gives, most specific first.
 DATASET_OVERRIDE = "dataset override"
@@ -113,7 +114,7 @@ def _invalidate(resolvers: list) -> None:
 
 
 # The one dataset resolved (even one that does not exist: it gets the global overrides and defaults).
-_ONE_DATASET = "select %s::uuid, (select workspace_id from datasets where id = %s)"
+_ONE_DATASET = scopes.ONE_ID_AND_WORKSPACE
 _NO_DATASET = "select null::uuid, null::uuid"
 _COLUMNS = "e.kind, e.name, e.source, e.stored_mode, e.mode"
 _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
@@ -217,7 +218,7 @@ class FlagResolver:
             self._cache.clear()
 
 
-_MANY_DATASETS = "select id, workspace_id from datasets where id = any(%s::uuid[])"
+_MANY_DATASETS = scopes.IDS_AND_WORKSPACES_OF
 
 
 def resolve_datasets(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, list[Resolution]]:

@@ -11,19 +11,25 @@ from collections.abc import Iterable
 
 import psycopg
 
+from lakehouse_dagster.tracking.datasets import fragments
+
 DEFAULT_ON = True
 
-_EFFECTIVE = """
+_EFFECTIVE = (
+    """
 select d.id,
        coalesce(o_d.enabled, o_w.enabled, o_g.enabled, %(default)s) as enabled,
        case when o_d.enabled is not null then 'dataset' when o_w.enabled is not null then 'workspace'
             when o_g.enabled is not null then 'global' else 'default' end as source
-  from datasets d
+  """
+    + fragments.FROM_DATASETS
+    + """
   left join lakehouse_reverse_settings o_d on o_d.scope = 'dataset' and o_d.scope_id = d.id
   left join lakehouse_reverse_settings o_w on o_w.scope = 'workspace' and o_w.scope_id = d.workspace_id
   left join lakehouse_reverse_settings o_g on o_g.scope = 'global'
  where d.id = any(%(ids)s::uuid[])
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from lakehouse_dagster.flags.reverse_read import (
     store_setting,
 )
 from lakehouse_dagster.lifecycle import REVERSE, transition
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 __all__ = [
     "DEFAULT_ON",
@@ -76,9 +77,12 @@ def where_native_writes_land(conn: psycopg.Connection, dataset_ids: Iterable[uui
         return "new writes of the datasets it moves land in Iceberg only, the mirror skips them (reverse mirror off)"
     head = "new writes of the datasets it moves land in Iceberg, the mirror skips them"
     if not off:
-        return head + "; the reverse mirror copies them back into dataset_rows (lakehouse write-flags reverse status)"
+        return (
+            head
+            + f"; the reverse mirror copies them back into {dataset_rows.TABLE} (lakehouse write-flags reverse status)"
+        )
     return (
-        f"{head}; the reverse mirror copies them back into dataset_rows, except for {len(off)} of {len(settings)} "
+        f"{head}; the reverse mirror copies them back into {dataset_rows.TABLE}, except for {len(off)} of {len(settings)} "
         f"with it off: {', '.join(off[:5])}{' …' if len(off) > 5 else ''}"
     )
 

@@ -37,7 +37,6 @@ from typing import Any
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import NotFound
 from lakehouse_dagster.flags.incidents import latest_incidents
 from lakehouse_dagster.flags.overrides import DATASET, GLOBAL, WORKSPACE, Scope
@@ -45,6 +44,7 @@ from lakehouse_dagster.flags.registry import READ, WRITE, WRITERS, Flag, rank
 from lakehouse_dagster.flags.resolver import resolve_from
 from lakehouse_dagster.flags.soak import Soak, audit_history, key_since, soak
 from lakehouse_dagster.flags.stored import resolve_for, stored_overrides
+from lakehouse_dagster.tracking.datasets import lookup, scopes
 
 # The runbook's writer order: "start with sync.full, then sync.append, then sync.incremental/cdc.append".
 WRITER_ORDER: tuple[tuple[str, ...], ...] = (("sync.full",), ("sync.append",), ("sync.incremental", "cdc.append"))
@@ -128,18 +128,15 @@ def _covered(conn, flag: Flag, stored: dict, scope: Scope, min_mode: str) -> lis
         rows = [
             (
                 scope.scope_id,
-                fetch_value(
-                    conn.execute("select workspace_id from datasets where id = %s", (scope.scope_id,)),
+                lookup.workspace_id_of(
+                    conn,
+                    scope.scope_id,
                     NotFound(f"dataset {scope.scope_id} does not exist (deleted while its flag change was checked)"),
                 ),
             )
         ]
-    elif scope.scope == WORKSPACE:
-        rows = conn.execute(
-            "select id, workspace_id from datasets where workspace_id = %s", (scope.scope_id,)
-        ).fetchall()
     else:
-        rows = conn.execute("select id, workspace_id from datasets").fetchall()
+        rows = scopes.ids_and_workspaces(conn, scope.scope_id, every=scope.scope != WORKSPACE)
     return [d for d, ws in rows if rank(flag.kind, resolve_for(flag, stored, d, ws)) >= rank(flag.kind, min_mode)]
 
 
@@ -186,7 +183,7 @@ def _narrower_blockers(
     stored = stored_overrides(conn, flag.kind, [flag.name])[flag.name]
     where = place(scope.scope, scope.scope_id, names)
     if scope.scope == WORKSPACE:
-        in_ws = {r[0] for r in conn.execute("select id from datasets where workspace_id = %s", (scope.scope_id,))}
+        in_ws = set(scopes.ids_in_workspace(conn, scope.scope_id))
         narrower = [
             k
             for k, m in stored.items()

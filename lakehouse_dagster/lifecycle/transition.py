@@ -22,6 +22,7 @@ from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.lifecycle import store
 from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
 from lakehouse_dagster.lifecycle.states import MIRROR, OBSERVE, PG, Facts, allowed, illegal, next_steps
+from lakehouse_dagster.tracking.datasets import lookup, scopes
 
 Derive = Callable[[psycopg.Connection, list[uuid.UUID]], dict[uuid.UUID, Facts]]
 _SHOWN = 20
@@ -46,7 +47,7 @@ _active: contextvars.ContextVar[_Open | None] = contextvars.ContextVar("lakehous
 
 
 def _all_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
-    return [r[0] for r in conn.execute("select id from datasets").fetchall()]
+    return scopes.all_ids(conn)
 
 
 def _before(conn: psycopg.Connection, ids: list[uuid.UUID], derive: Derive, actor: str) -> dict[uuid.UUID, Facts]:
@@ -170,9 +171,7 @@ def _settle(opened: _Open, every_dataset: bool) -> None:
 
 def _refusal(conn: psycopg.Connection, opened: _Open, refusals: list) -> LifecycleRefused:
     ids = [r[0] for r in refusals]
-    names: dict[uuid.UUID, str] = dict(
-        conn.execute("select id, name from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
-    )
+    names: dict[uuid.UUID, str] = lookup.names_of(conn, ids)
 
     def line(d, b: Facts, a: Facts, why: str) -> str:
         return (

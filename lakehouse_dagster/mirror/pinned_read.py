@@ -24,10 +24,11 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, fetch_one, is_idle
+from lakehouse_dagster.core.db import IdlePool, adbc_uri, close_quietly, is_idle
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.tracking import barrier
-from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.tracking.datasets import Column, fragments
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 from lakehouse_dagster.tracking.undeclared import extra, has_undeclared
 
 _TYPE_OK = {
@@ -116,9 +117,7 @@ def select_query(
             )
         )
     where.append(undeclared_guard(columns))
-    return sql.SQL("select {} from dataset_rows where {} order by row_index").format(
-        sql.SQL(", ").join(items), sql.SQL(" and ").join(where)
-    )
+    return dataset_rows.ordered_rows_query(sql.SQL(", ").join(items), sql.SQL(" and ").join(where))
 
 
 def reader_parts(
@@ -166,7 +165,8 @@ class SnapshotState:
 _PIN = (
     "select rows_version, rows_rewrite_version, max_row_index, schema, kind, pg_export_snapshot(), "
     + barrier.MODE_IS_AFTER_COMMIT
-    + " from datasets where id = %s"
+    + " "
+    + fragments.FROM_ONE_DATASET
 )
 
 
@@ -211,12 +211,8 @@ class PinnedSnapshot:
         self._row = row[:-1]
 
     def state(self, after_row_index: int | None) -> SnapshotState:
-        lo_hi = fetch_one(
-            self.conn.execute(
-                "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s and row_index > %s",
-                (self.dataset_id, -1 if after_row_index is None else after_row_index),
-            ),
-            "the dataset's row index bounds",
+        lo_hi = dataset_rows.bounds_after(
+            self.conn, self.dataset_id, -1 if after_row_index is None else after_row_index
         )
         v, rw, mx, schema, kind, snap = self._row
         return SnapshotState(v, rw, lo_hi[1], lo_hi[0], schema, kind, snap)

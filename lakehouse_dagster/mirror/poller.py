@@ -19,16 +19,20 @@ import psycopg
 
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import fragments
 
 # One statement, so the horizon (the snapshot's xmin) comes from the snapshot the datasets were read in, also when
 # none are: from a second statement's newer snapshot, a transaction committing in between would fall below it unread.
-_QUERY = """
+_QUERY = (
+    """
 select h.xmin, r.id, r.rows_version, r.rows_xid, r.mirrored_version
   from (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) h
   left join lateral (
     select d.id, d.rows_version, d.rows_xid::text::bigint as rows_xid,
            d.mirrored_version  -- the latest succeeded sync's source version (tracking/sync_log.py)
-      from datasets d
+      """
+    + fragments.FROM_DATASETS
+    + """
      where d.rows_xid >= %(xid)s::text::xid8
        and (%(after)s::uuid is null or (d.rows_xid, d.id) > (%(xid)s::text::xid8, %(after)s::uuid))
        and d.kind = 'tabular'
@@ -36,6 +40,7 @@ select h.xmin, r.id, r.rows_version, r.rows_xid, r.mirrored_version
      limit %(limit)s) r on true
  order by r.rows_xid, r.id
 """
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +114,9 @@ select d.id, d.rows_version, r.attempts,
          extract(epoch from now() - greatest(r.last_at, """
     + sync_log.LAST_FINISHED_AT
     + """))::float8 end as idle
-  from datasets d
+  """
+    + fragments.FROM_DATASETS
+    + """
   left join lakehouse_mirror_requests r on r.dataset_id = d.id
  where d.kind = 'tabular' and coalesce(d.mirrored_version, -1) < d.rows_version
  order by d.rows_version, d.id

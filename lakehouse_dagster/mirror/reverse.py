@@ -84,7 +84,8 @@ from lakehouse_dagster.mirror.reverse_state import (
 )
 from lakehouse_dagster.parity.maintained import FILL_LOCK
 from lakehouse_dagster.tracking import capture, digest_sums, sync_log
-from lakehouse_dagster.tracking.datasets import Column, get_dataset
+from lakehouse_dagster.tracking.datasets import Column, get_dataset, reverse_apply
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 from lakehouse_dagster.tracking.undeclared import has_undeclared
 
 # The reverse mirror's face: every name callers import from mirror.reverse, wherever it lives now.
@@ -116,12 +117,7 @@ _log = logging.getLogger(__name__)
 
 
 def _count(conn: psycopg.Connection, ds_id: uuid.UUID) -> int:
-    return int(
-        fetch_value(
-            conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
-            "the count of the dataset's rows",
-        )
-    )
+    return dataset_rows.count(conn, ds_id)
 
 
 def _total_records(snap) -> int | None:
@@ -297,7 +293,7 @@ def _apply(  # noqa: C901
             # The capture switch takes SHARE ROW EXCLUSIVE on dataset_rows: under this lock (which every write of
             # ours takes anyway) the mode read next holds until the commit. Before any query, so that a re-sync's
             # REPEATABLE READ snapshot is taken after it (LOCK takes none) and sees the mode it runs in.
-            run(sql.SQL("lock table dataset_rows in row exclusive mode"))
+            run(reverse_apply.LOCK_ROWS)
             run(capture.MODE_AND_MESSAGES)
             row = cur.fetchone()
             mode, messages = (row[0], bool(row[1])) if row else (capture.TRIGGERS, True)
@@ -315,10 +311,7 @@ def _apply(  # noqa: C901
                 )
             return str(mode)
 
-        insert = sql.SQL(
-            "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-            " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
-        ).format(ds=ds, data=data_expr(columns), t=tmp)
+        insert = reverse_apply.insert_staged(ds, data_expr(columns), tmp)
 
         copied = removed = 0
         mode = begin(how == FULL)
@@ -327,22 +320,10 @@ def _apply(  # noqa: C901
             if files:
                 stage(files)
                 # few staged rows: index probes of the primary key (a nested loop), not a scan of the dataset's rows
-                copied = one(
-                    counted(
-                        sql.SQL(
-                            "{insert} where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
-                            " and r.row_index = s.__row_index)"
-                        ).format(insert=insert, ds=ds)
-                    )
-                )
+                copied = one(counted(reverse_apply.insert_staged_missing(insert, ds)))
                 took("insert")
                 # a row Postgres holds at one of those row_index values under another identity: not the table's row
-                clash = one(
-                    sql.SQL(
-                        "select count(*) from {t} s where not exists (select 1 from dataset_rows r where"
-                        " r.dataset_id = {ds}::uuid and r.row_index = s.__row_index and r.row_id = s.__row_id::uuid)"
-                    ).format(t=tmp, ds=ds)
-                )
+                clash = one(reverse_apply.staged_clashes(tmp, ds))
                 took("clash")
                 if clash:
                     how, reason = FULL, f"{reason}, but Postgres holds {clash} other row(s) at their row_index"
@@ -350,7 +331,7 @@ def _apply(  # noqa: C901
                 # counted: datasets.row_count is the reverse's own figure (the live app's writes do not keep it),
                 # and the datasets row moves with every native commit (the write router's status), so it cannot
                 # tell that nothing wrote the dataset since the position either; an index-only scan of the key
-                n = one(sql.SQL("select count(*) from dataset_rows where dataset_id = {ds}::uuid").format(ds=ds))
+                n = one(reverse_apply.count_rows(ds))
                 took("count")
                 if expected is not None and n != expected:
                     how = FULL
@@ -390,14 +371,7 @@ def _apply(  # noqa: C901
                 run(sql.SQL("select set_config('lakehouse.reverse_resync', {ds}, true)").format(ds=ds))
             # In the same pass, the deleted rows holding keys the table has no column for: the re-sync would erase
             # them from Postgres (issue 42 item 5), so it is refused and rolled back, naming them.
-            cur.execute(
-                sql.SQL(
-                    "with changed as (delete from dataset_rows where dataset_id = {ds}::uuid returning {extra} as x)"
-                    " select count(*), count(*) filter (where x) from changed"
-                )
-                .format(ds=ds, extra=has_undeclared([c.name for c in columns]))
-                .as_string(pg)
-            )
+            cur.execute(reverse_apply.delete_rows_counting(ds, has_undeclared([c.name for c in columns])).as_string(pg))
             removed, erasing = (int(x) for x in cur.fetchone())
             if erasing:
                 raise _refusal(pg, ds_id, columns, erasing)
@@ -420,7 +394,7 @@ def _apply(  # noqa: C901
                     unsupported.append(str(exc))
                     raise
 
-            cur.adbc_ingest("dataset_rows", pa.RecordBatchReader.from_batches(ROWS_SCHEMA, batches()), mode="append")
+            reverse_apply.ingest(cur, pa.RecordBatchReader.from_batches(ROWS_SCHEMA, batches()))
             took("copy")
             return removed, rows[0]
 
@@ -439,12 +413,7 @@ def _apply(  # noqa: C901
                 removed, copied = resync(False)
             n = copied
         failpoint("reverse-after-copy")
-        run(
-            sql.SQL(
-                "update datasets set row_count = {n}, max_row_index = (select coalesce(max(row_index), -1)"
-                " from dataset_rows where dataset_id = {ds}::uuid), updated_at = now() where id = {ds}::uuid"
-            ).format(n=sql.Literal(n), ds=ds)
-        )
+        run(reverse_apply.set_totals(n, ds))
         run(reverse_lag.position_statement(ds, current.snapshot_id, how, copied, removed, n))
         # one reverse record per dataset: the native marker's walk stops at the newest reconciled snapshot anyway
         for statement in sync_log.reconciled_by_reverse(ds, current.snapshot_id, copied, removed, actor):

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import fragments
 
 _LAG = (
     """
@@ -124,12 +125,13 @@ def position_statement(
     return sql.SQL(
         "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, rows_copied, rows_removed, pg_rows,"
         " rows_version) values ({ds}::uuid, {snap}, {how}, {c}, {r}, {n},"
-        " (select rows_version from datasets where id = {ds}::uuid)) on conflict (dataset_id) do update set"
+        " {rows_version}) on conflict (dataset_id) do update set"
         " snapshot_id = excluded.snapshot_id, how = excluded.how, rows_copied = excluded.rows_copied,"
         " rows_removed = excluded.rows_removed, pg_rows = excluded.pg_rows, applied_at = now(),"
         " xid = pg_current_xact_id(), rows_version = excluded.rows_version"
     ).format(
         ds=ds,
+        rows_version=fragments.rows_version_of(ds),
         snap=sql.Literal(snapshot_id),
         how=sql.Literal(how),
         c=sql.Literal(copied),
@@ -140,7 +142,9 @@ def position_statement(
 
 _DUE = (
     """
-select d.id from datasets d
+select d.id """
+    + fragments.FROM_DATASETS
+    + """
   left join lakehouse_reverse_position p on p.dataset_id = d.id
  where d.id = any(%s::uuid[]) and d.kind = 'tabular'
    and ((p.dataset_id is null

@@ -9,13 +9,13 @@ import uuid
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reverse_setting import reverse_enabled
 from lakehouse_dagster.mirror.reverse_state import PostgresWritten, ReversePosition
 from lakehouse_dagster.tracking import capture, undeclared
-from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.tracking.datasets import Column, lookup
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 
 def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], rows: int) -> BadInput:
@@ -28,8 +28,8 @@ def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], ro
     return BadInput(
         f"dataset {ds_id}: the reverse mirror refuses to re-sync it in full: {rows} row(s) of dataset_rows hold "
         f"key(s) the Iceberg table has no column for, which the re-sync would erase: {keys}; declare them in "
-        "datasets.schema (a native write then adds their columns), or remove them from the rows (update "
-        f"dataset_rows set data = data - '{first}' where dataset_id = '{ds_id}'); nothing was written"
+        "datasets.schema (a native write then adds their columns), or remove them from the rows ("
+        f"{dataset_rows.remove_key_statement(first, ds_id)}); nothing was written"
     )
 
 
@@ -57,7 +57,7 @@ def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: Rev
     it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks."""
     if at is None or at.rows_version is None:
         return
-    now = fetch_value(conn.execute("select rows_version from datasets where id = %s", (ds_id,)), "rows_version")
+    now = lookup.rows_version(conn, ds_id, "rows_version")
     if now == at.rows_version:
         return
     # No log record here: the refusal is the exception, and each caller reports it once (the CLI's error line, the

@@ -20,6 +20,8 @@ from lakehouse_dagster.flags.reverse_setting import reverse_settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import lookup
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 GUC = "lakehouse.reverse_apply"  # the triggers' no-echo switch (schema/functions/lakehouse_rows_*.sql)
 _TMP = "lakehouse_reverse_rows"
@@ -86,7 +88,7 @@ class ReverseResult:
         what = "appended" if self.how == APPEND else "re-synced in full"
         removed = f", {self.removed} replaced row(s) deleted first" if self.how == FULL else ""
         return (
-            f"dataset {self.dataset_id}: snapshot {self.snapshot_id} {what} into dataset_rows in {self.seconds:.2f}s "
+            f"dataset {self.dataset_id}: snapshot {self.snapshot_id} {what} into {dataset_rows.TABLE} in {self.seconds:.2f}s "
             f"({self.reason}) — {self.copied} row(s) copied (identity preserved){removed}; dataset_rows now holds "
             f"{self.pg_rows}; a rollback to pg needs no backfill while nothing newer is committed"
         )
@@ -138,9 +140,7 @@ def reverse_states(
     (one table load each)."""
     native = native_dataset_ids(conn, dataset_ids)
     ids = list(dataset_ids) if dataset_ids is not None else sorted(native)
-    rows = conn.execute(
-        "select id, name from datasets where id = any(%s::uuid[]) and kind = 'tabular' order by name, id", (ids,)
-    ).fetchall()
+    rows = lookup.tabular_names_of(conn, ids)
     found = [r[0] for r in rows]
     setting, at = reverse_settings(conn, found), positions(conn, found)
     out = []

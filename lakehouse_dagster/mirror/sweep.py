@@ -19,6 +19,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake import orphans as orphan_files
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.reaper import unsettled_syncs
+from lakehouse_dagster.tracking.datasets import scopes
 
 GRACE_MIN_SECONDS = 3600.0  # a sync writes its files before it commits; a reader holds its snapshot while it reads
 
@@ -67,12 +68,7 @@ def grace(settings: Settings, grace_seconds: float | None) -> float:
 
 def mirrored_dataset_ids(conn: psycopg.Connection) -> list[uuid.UUID]:
     """Tabular datasets with a succeeded sync (datasets.mirrored_version, kept by the sync log's triggers)."""
-    return [
-        r[0]
-        for r in conn.execute(
-            "select id from datasets where kind = 'tabular' and mirrored_version is not null order by id"
-        ).fetchall()
-    ]
+    return scopes.mirrored_tabular_ids(conn)
 
 
 def record_sweep(conn: psycopg.Connection, swept: Swept, actor: str) -> None:

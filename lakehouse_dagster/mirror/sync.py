@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import IdlePool, connect, fetch_value, is_idle
+from lakehouse_dagster.core.db import IdlePool, connect, is_idle
 from lakehouse_dagster.core.errors import (
     BadInput,
     DiskFull,
@@ -55,7 +55,7 @@ from lakehouse_dagster.mirror.pinned_read import PinnedSnapshot, read_batches, r
 from lakehouse_dagster.mirror.reaper import UNSETTLED, reap_abandoned
 from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.tracking import sync_log, undeclared
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, parse_schema
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, lookup, parse_schema, stamps
 from lakehouse_dagster.tracking.row_changes import (
     PartialPlan,
     changed_ranges,
@@ -393,9 +393,7 @@ def _describe(exc: BaseException, ds_id: uuid.UUID, dsn: str) -> str:
 def _locate_bad_value(dsn: str, ds_id: uuid.UUID) -> str | None:
     try:
         with connect(dsn) as conn:
-            cols = fetch_value(
-                conn.execute("select schema from datasets where id = %s", (ds_id,)), "the dataset's schema"
-            )
+            cols = lookup.schema_of(conn, ds_id, "the dataset's schema")
             row = conn.execute(
                 "select * from lakehouse_find_bad_value(%s, %s::jsonb)", (ds_id, psycopg.types.json.Jsonb(cols))
             ).fetchone()
@@ -410,7 +408,7 @@ def _locate_undeclared(dsn: str, ds_id: uuid.UUID) -> str | None:
     """After the read refused a row with undeclared keys: all of them, counted (one scan, on failure only)."""
     try:
         with connect(dsn) as conn:
-            raw = fetch_value(conn.execute("select schema from datasets where id = %s", (ds_id,)), "the schema")
+            raw = lookup.schema_of(conn, ds_id, "the schema")
             found = undeclared.find(conn, ds_id, [c.name for c in parse_schema(raw, f"dataset {ds_id}")])
     except Exception:
         return None
@@ -511,10 +509,7 @@ def _log_failed(conn, ds_id, sync_id, message, *, errored: bool = True) -> None:
     with conn.transaction():
         sync_log.mark_failed(conn, sync_id, message)
         if errored:
-            conn.execute(
-                "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
-                (message, ds_id),
-            )
+            stamps.mark_errored(conn, ds_id, message)
 
 
 def _log_succeeded(conn, r: SyncResult) -> None:
@@ -522,8 +517,5 @@ def _log_succeeded(conn, r: SyncResult) -> None:
         sync_log.mark_mirror_succeeded(
             conn, r.sync_id, r.mode, r.total_rows, r.bytes, r.snapshot_id, r.source_version, r.location
         )
-        conn.execute(
-            "update datasets set row_count = %s, status = 'ready', error = null, updated_at = now() where id = %s",
-            (r.total_rows, r.dataset_id),
-        )
+        stamps.mark_ready(conn, r.dataset_id, r.total_rows)
         prune(conn, r.dataset_id, r.source_version)

@@ -84,7 +84,7 @@ from lakehouse_dagster.parity.verdicts import latest_verdict_reasons as latest_v
 from lakehouse_dagster.parity.verdicts import latest_verdicts as latest_verdicts
 from lakehouse_dagster.parity.verdicts import wedged_syncs as wedged_syncs
 from lakehouse_dagster.tracking import capture, sync_log
-from lakehouse_dagster.tracking.datasets import parse_schema
+from lakehouse_dagster.tracking.datasets import fragments, lookup, parse_schema
 
 # The canary's face: every name callers import from parity.canary, wherever it lives now.
 __all__ = [
@@ -167,7 +167,7 @@ def _prepare_maintained(dsn: str, pin, ds_id: uuid.UUID, v: Verdict, conn: psyco
     t = time.perf_counter()
     try:
         with contextlib.nullcontext(conn) if conn is not None else connect(dsn) as conn:
-            row = conn.execute("select kind, schema, rows_version from datasets where id = %s", (ds_id,)).fetchone()
+            row = lookup.kind_schema_version(conn, ds_id)
             if row is None or row[0] != "tabular":
                 return
             if not pin.has_snapshot or pin.source_version is None or pin.source_version < row[2]:
@@ -312,7 +312,7 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
     ``limit`` synced tabular datasets (those with at least one succeeded sync)."""
     if dataset_ids:
         ids = list(dict.fromkeys(parse_uuid(d, "dataset id") for d in dataset_ids))
-        rows: dict = dict(conn.execute("select id, kind from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+        rows: dict = lookup.kinds_of(conn, ids)
         for d in ids:
             if d not in rows:
                 raise NotFound(f"dataset {d} does not exist (check the id with: lakehouse datasets)")
@@ -322,7 +322,9 @@ def select_datasets(conn: psycopg.Connection, dataset_ids: Sequence[str] | None,
     if limit < 1:
         raise BadInput(f"--limit must be at least 1, got {limit}")
     synced = conn.execute(
-        """select d.id from datasets d
+        "select d.id "
+        + fragments.FROM_DATASETS
+        + """
             where d.kind = 'tabular'
               and exists (select 1 from lakehouse_latest_succeeded_sync(d.id))  -- tracking/sync_log.py
             order by random() limit %s""",

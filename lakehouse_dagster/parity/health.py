@@ -18,6 +18,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.parity import file_identity, maintained
 from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, pin_iceberg
 from lakehouse_dagster.tracking import barrier
+from lakehouse_dagster.tracking.datasets import lookup
 from lakehouse_dagster.tracking.sync_log import latest_succeeded
 
 IDENTITY = {"__row_index": LongType(), "__row_id": StringType(), "__created_at": TimestamptzType()}
@@ -44,8 +45,7 @@ def snapshot_freshness(
     ``pin``: the caller's pin of the table (a batch pins once for the three checks)."""
     pin = pin or pin_iceberg(catalog, settings, dataset_id)
     with barrier.read_tracking_consistently(conn, [dataset_id]):  # after-commit: it covers every committed write
-        row = conn.execute("select rows_version from datasets where id = %s", (dataset_id,)).fetchone()
-    pg_version = row[0] if row else None
+        pg_version = lookup.rows_version(conn, dataset_id)
     last_ok = latest_succeeded(conn, dataset_id)
     meta = {
         "snapshot_id": str(pin.snapshot_id) if pin.snapshot_id is not None else None,

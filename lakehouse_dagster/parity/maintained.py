@@ -46,7 +46,7 @@ from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.parity.duck_files import file_source
 from lakehouse_dagster.tracking import barrier, capture, digest_sums
-from lakehouse_dagster.tracking.datasets import Column, parse_schema
+from lakehouse_dagster.tracking.datasets import Column, lookup, parse_schema
 
 SEG_BITS = 16
 SEG_WIDTH = 1 << SEG_BITS  # 65,536 row indexes per segment
@@ -337,7 +337,7 @@ def ensure_pg(
     if not same:
         with conn.transaction():
             conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))  # SET LOCAL
-            cur = conn.execute("select schema from datasets where id = %s for no key update", (dataset_id,)).fetchone()
+            cur = lookup.lock_schema(conn, dataset_id)
             if cur is None:
                 raise Unavailable(f"dataset {dataset_id} does not exist")
 

@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.tracking.datasets import fragments
 from lakehouse_dagster.tracking.sync_log import wedged_syncs as wedged_syncs  # re-exported: its home is the log's
 
 OK, LAGGING, NO_SNAPSHOT, MISMATCH, NATIVE, ERROR = "ok", "lagging", "no-snapshot", "MISMATCH", "native", "error"
@@ -68,7 +69,9 @@ def latest_with_rows_version(conn: psycopg.Connection, ids: list[uuid.UUID]) -> 
     (the write flip's gates)."""
     rows = conn.execute(
         """select distinct on (p.dataset_id) p.dataset_id, p.verdict, p.checked_at, p.pg_version, d.rows_version
-             from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
+             from lakehouse_read_parity p """
+        + fragments.join_datasets_on("p.dataset_id")
+        + """
             where p.dataset_id = any(%s::uuid[]) order by p.dataset_id, p.checked_at desc, p.id desc""",
         (ids,),
     ).fetchall()
@@ -107,13 +110,17 @@ def counts_by_latest_verdict(conn: psycopg.Connection) -> dict[str, int]:
     """{verdict: datasets whose newest verdict it is} (by checked_at, then id), through the (dataset_id, checked_at
     desc, id desc) index: one probe per dataset, whatever the number of verdicts (the service's metrics)."""
     return dict(
-        conn.execute("""
+        conn.execute(
+            """
 select p.verdict, count(*)
-  from datasets d
+  """
+            + fragments.FROM_DATASETS
+            + """
   cross join lateral (select verdict from lakehouse_read_parity p
                        where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
  group by p.verdict
-""").fetchall()
+"""
+        ).fetchall()
     )
 
 
@@ -149,12 +156,14 @@ def mismatches_since(
     evidence: plans/analysis.py)."""
     query = sql.SQL("""
     select distinct on (p.dataset_id) p.dataset_id, p.source, p.checked_at
-      from lakehouse_read_parity p join datasets d on d.id = p.dataset_id
+      from lakehouse_read_parity p {join}
      where p.verdict = 'MISMATCH'
        and p.checked_at >= {since}
        and not p.detail ? 'reverse'  -- a reverse copy's: repaired, rolls nothing back (verdicts() holds on it)
        and {scope}
-     order by p.dataset_id, p.checked_at desc""").format(since=since, scope=scope)
+     order by p.dataset_id, p.checked_at desc""").format(
+        join=sql.SQL(fragments.join_datasets_on("p.dataset_id")), since=since, scope=scope
+    )
     return conn.execute(query, params).fetchall()
 
 
@@ -189,7 +198,9 @@ def latest_verdict_reasons(conn: psycopg.Connection) -> dict[uuid.UUID, tuple[st
     datasets, not the verdicts' history (~60 ms at 10,000 datasets of 20 verdicts each; the migration overview)."""
     rows = conn.execute(
         """select d.id, p.verdict, p.checked_at, p.source, p.detail->>'reason'
-             from datasets d
+             """
+        + fragments.FROM_DATASETS
+        + """
              cross join lateral (select verdict, checked_at, source, detail from lakehouse_read_parity p
                                   where p.dataset_id = d.id order by p.checked_at desc, p.id desc limit 1) p
             where d.kind = 'tabular'"""

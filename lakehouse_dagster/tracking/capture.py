@@ -1,6 +1,6 @@
 """Capture modes: where change tracking and the maintained Postgres digest are written.
 
-Not split yet (936 lines, issue 45): its two tables are written from the WAL consumer, the mode switches, repair,
+Not split yet (900 lines, issue 45): its two tables are written from the WAL consumer, the mode switches, repair,
 catch-up and the upgrade; split, those statements first need owner functions the consumer imports without a cycle.
 
 Capture mode "triggers" (the default): statement triggers write both inside every writing transaction: change
@@ -66,6 +66,8 @@ from lakehouse_dagster.core.db import fetch_one, fetch_value
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.schema.migrate import LOCK_KEY
 from lakehouse_dagster.tracking import digest_sums, pgoutput
+from lakehouse_dagster.tracking.datasets import capture_setup, stamps
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 PUBLICATION = "lakehouse_digest"
 DIGEST_TRIGGERS = (
@@ -180,9 +182,9 @@ def enable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
     if not conn.execute("select 1 from pg_publication where pubname = %s", (PUBLICATION,)).fetchone():
         conn.execute(
             sql.SQL(
-                "create publication {} for table dataset_rows, datasets, lakehouse_digest_capture_switch"
+                "create publication {} for table {}, lakehouse_digest_capture_switch"
                 " with (publish = 'insert, update, delete, truncate')"
-            ).format(sql.Identifier(PUBLICATION))
+            ).format(sql.Identifier(PUBLICATION), capture_setup.PUBLISHED)
         )
     slot = st.slot or _slot_name(conn)
     created = not _slot_exists(conn, slot)
@@ -216,7 +218,7 @@ def _switch(conn: psycopg.Connection, st: State, slot: str | None, target: str, 
         conn.execute("select set_config('lock_timeout', %s, true)", (str(int(lock_timeout_ms)),))
         # The table first, then the consumer's lock: an app writer in flight may wait on a reader's barrier,
         # and that reader on the consumer's lock (tracking/barrier.py); holding it while we wait would close a cycle.
-        conn.execute("lock table dataset_rows in share row exclusive mode")
+        capture_setup.lock_rows_for_switch(conn)
         if st.mode == AFTER_COMMIT and target != AFTER_COMMIT:
             # The writes before this lock are tracked by the consumer only: apply every one now, before the
             # triggers take over (a version drawn by the consumer after theirs would hide a rewrite).
@@ -233,30 +235,15 @@ def _switch(conn: psycopg.Connection, st: State, slot: str | None, target: str, 
         # registration goes (the next canaries fill them again from the rows).
         again = again or st.mode == LEGACY_WAL
         if target != "triggers":
-            if (
-                fetch_value(
-                    conn.execute("select relreplident from pg_class where oid = 'dataset_rows'::regclass"),
-                    "the replica identity of dataset_rows",
-                )
-                != "f"
-            ):
-                conn.execute("alter table dataset_rows replica identity full")
+            capture_setup.replica_identity_full(conn)
         digest_how = "enable always trigger" if target == "triggers" else "disable trigger"
         for t in DIGEST_TRIGGERS:
-            conn.execute(sql.SQL("alter table dataset_rows {} {}").format(sql.SQL(digest_how), sql.Identifier(t)))
+            capture_setup.set_trigger(conn, digest_how, t)
         tracked_here = target == AFTER_COMMIT
         for t in TRACKING_TRIGGERS:
-            conn.execute(
-                sql.SQL("alter table dataset_rows {} {}").format(
-                    sql.SQL("disable trigger" if tracked_here else "enable trigger"), sql.Identifier(t)
-                )
-            )
+            capture_setup.set_trigger(conn, "disable trigger" if tracked_here else "enable trigger", t)
         for t in BARRIER_TRIGGERS:
-            conn.execute(
-                sql.SQL("alter table dataset_rows {} {}").format(
-                    sql.SQL("enable always trigger" if tracked_here else "disable trigger"), sql.Identifier(t)
-                )
-            )
+            capture_setup.set_trigger(conn, "enable always trigger" if tracked_here else "disable trigger", t)
         if again:  # the digest triggers were enabled behind the consumer: the sums are unknown
             _drop_all_sums(conn)
         conn.execute("insert into lakehouse_digest_capture_switch (mode) values (%s)", (target,))
@@ -330,10 +317,7 @@ def disable(conn: psycopg.Connection, *, lock_timeout_ms: int = 10_000) -> dict:
 
 
 # The digest triggers not disabled on dataset_rows (an array of names).
-_ENABLED_TRIGGERS = (
-    "array(select tgname from pg_trigger where tgrelid = 'dataset_rows'::regclass"
-    " and tgname = any(%s) and tgenabled <> 'D' order by 1)"
-)
+_ENABLED_TRIGGERS = capture_setup.ROWS_TRIGGERS_ENABLED
 
 
 def _triggers_enabled(conn: psycopg.Connection) -> list[str]:
@@ -378,11 +362,7 @@ def _mark_all_changed(conn: psycopg.Connection) -> int:
         conn.execute("select nextval('lakehouse_rows_version_seq')"),
         "the next rows version (lakehouse_rows_version_seq)",
     )
-    return conn.execute(
-        "update datasets set rows_version = %s, rows_rewrite_version = %s,"
-        " rows_xid = pg_current_xact_id(), max_row_index = null",
-        (v, v),
-    ).rowcount
+    return stamps.mark_all_changed(conn, v)
 
 
 def _drop_all_sums(conn: psycopg.Connection) -> int:
@@ -481,7 +461,7 @@ class _Consumer:
                 self.tx_reverse = True
         elif isinstance(msg, pgoutput.Truncate):
             self.tx_changed = True
-            if any(self._relation(r).name == "dataset_rows" for r in msg.relids):
+            if any(self._relation(r).name == dataset_rows.TABLE for r in msg.relids):
                 self.tx_truncate = True
         elif isinstance(msg, pgoutput.Commit):
             self._commit(msg.end_lsn)
@@ -497,9 +477,9 @@ class _Consumer:
         if rel.name == "lakehouse_digest_capture_switch":
             if msg.new is not None:
                 self.tx_marker = msg.new[self._at(rel, ("mode",))[0]]
-        elif rel.name == "dataset_rows" and self.tracking:
+        elif rel.name == dataset_rows.TABLE and self.tracking:
             self._track(rel, msg)
-        if rel.name == "dataset_rows" and self.applying and self.registered:
+        if rel.name == dataset_rows.TABLE and self.applying and self.registered:
             at = self._at(rel, _ROW_COLUMNS)
             old = None
             if msg.old is not None:
@@ -665,11 +645,7 @@ class _Consumer:
         conn = self.conn
         ids = sorted(self.track)
         try:
-            rows = conn.execute(
-                "select id, max_row_index, rows_rewrite_version from datasets where id = any(%s::uuid[])"
-                " order by id for no key update nowait",
-                (ids,),
-            ).fetchall()
+            rows = stamps.lock_for_tracking(conn, ids)
         except psycopg.errors.LockNotAvailable:
             raise RowLocked("a datasets row the WAL consumer must write is locked by another transaction") from None
         if not rows:
@@ -681,17 +657,7 @@ class _Consumer:
             )
         ]
         unknown = [r[0] for r in rows if r[1] is None]
-        true_max: dict = (
-            dict(
-                conn.execute(
-                    "select dataset_id, max(row_index) from dataset_rows where dataset_id = any(%s::uuid[])"
-                    " group by dataset_id",
-                    (unknown,),
-                ).fetchall()
-            )
-            if unknown
-            else {}
-        )
+        true_max: dict = dataset_rows.max_row_indexes(conn, unknown) if unknown else {}
         out: dict[uuid.UUID, int] = {}
         upd, changes = [], []
         for (ds, mx, prev), v in zip(rows, sorted(versions)):
@@ -710,12 +676,7 @@ class _Consumer:
             from lakehouse_dagster.tracking import row_changes  # loads pyiceberg: not at the CLI's load (cli/db.py)
 
             row_changes.record_changes(conn, changes)
-        conn.execute(
-            "update datasets d set rows_version = u.v, rows_xid = pg_current_xact_id(), max_row_index = u.mx,"
-            " rows_rewrite_version = case when u.rw then u.v else d.rows_rewrite_version end"
-            " from unnest(%s::uuid[], %s::bigint[], %s::bool[], %s::bigint[]) u(id, v, rw, mx) where d.id = u.id",
-            ([u[0] for u in upd], [u[1] for u in upd], [u[2] for u in upd], [u[3] for u in upd]),
-        )
+        stamps.write_tracking(conn, upd)
         return out
 
 

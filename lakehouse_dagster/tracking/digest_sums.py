@@ -18,6 +18,7 @@ import psycopg
 from psycopg import sql
 
 from lakehouse_dagster.core.db import fetch_value
+from lakehouse_dagster.tracking.datasets import fragments
 
 # -- registrations (parity/maintained.py) -------------------------------------------------------------------
 
@@ -58,14 +59,16 @@ def fill(conn: psycopg.Connection, dataset_id: uuid.UUID, seg_bits: int, hash_sq
     conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
     conn.execute(
         f"insert into lakehouse_pg_digest_deltas (dataset_id, seg, n, s)"
-        f" select %s, row_index >> {int(seg_bits)}, count(*), sum({hash_sql}) from dataset_rows"
-        f" where dataset_id = %s group by 2",
+        f" select %s, row_index >> {int(seg_bits)}, count(*), sum({hash_sql}) "
+        + fragments.FROM_ROWS_OF_DATASET
+        + " group by 2",
         (dataset_id, dataset_id),
     )
     conn.execute(
         "update lakehouse_pg_digest_state s set filled = true, filled_at = now(),"
-        " fill_version = d.rows_version, applied_version = d.rows_version"
-        " from datasets d where s.dataset_id = %s and d.id = s.dataset_id",
+        " fill_version = d.rows_version, applied_version = d.rows_version "
+        + fragments.FROM_DATASETS
+        + " where s.dataset_id = %s and d.id = s.dataset_id",
         (dataset_id,),
     )
 
@@ -103,7 +106,9 @@ def state_with_applying(conn: psycopg.Connection, dataset_id: uuid.UUID, applyin
     return conn.execute(
         "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version, "
         + applying
-        + ", s.hash_sql from lakehouse_pg_digest_state s join datasets d on d.id = s.dataset_id where s.dataset_id = %s",
+        + ", s.hash_sql from lakehouse_pg_digest_state s "
+        + fragments.join_datasets_on("s.dataset_id")
+        + " where s.dataset_id = %s",
         (dataset_id,),
     ).fetchone()
 
@@ -128,7 +133,7 @@ def exact_up_to_now(conn: psycopg.Connection) -> None:
     """Every registration's sums are exact as of its dataset's rows_version (the triggers summed so far)."""
     conn.execute(
         "update lakehouse_pg_digest_state s set fill_version = d.rows_version,"
-        " applied_version = d.rows_version from datasets d where d.id = s.dataset_id"
+        " applied_version = d.rows_version " + fragments.FROM_DATASETS + " where d.id = s.dataset_id"
     )
 
 

@@ -26,6 +26,7 @@ from lakehouse_dagster.core.db import fetch_value
 # (schema/functions/lakehouse_latest_succeeded_sync.sql).
 from lakehouse_dagster.schema.names import LATEST_SUCCEEDED_FN  # noqa: F401  (its SQL callers name it)
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking.datasets import fragments
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +95,9 @@ def start_native(
     exist."""
     return conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, run_id)"
-        " select id, %s, %s, 'native', %s, 'running', rows_version, %s from datasets where id = %s"
-        " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
+        " select id, %s, %s, 'native', %s, 'running', rows_version, %s "
+        + fragments.FROM_ONE_DATASET
+        + " on conflict (sync_id) do update set status = 'running', error = null, finished_at = null,"
         " started_at = now(), run_id = excluded.run_id returning source_version",
         (sync_id, writer, mode, run_id, dataset_id),
     ).fetchone()
@@ -107,8 +109,9 @@ def record_refused_native(
     """A native write the guard refused, recorded like a failed one (a retry's earlier row is the reaper's)."""
     conn.execute(
         "insert into iceberg_sync_log (dataset_id, sync_id, writer, path, mode, status, source_version, error,"
-        " finished_at) select id, %s, %s, 'native', %s, 'failed', rows_version, %s, now() from datasets"
-        " where id = %s on conflict (sync_id) do nothing",
+        " finished_at) select id, %s, %s, 'native', %s, 'failed', rows_version, %s, now() "
+        + fragments.FROM_ONE_DATASET
+        + " on conflict (sync_id) do nothing",
         (sync_id, writer, mode, message, dataset_id),
     )
 
@@ -294,7 +297,9 @@ def latest_mirror_syncs(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[
     # The runbook's ordering: the newest by finished_at, unfinished (null) last.
     rows = conn.execute(
         """select distinct on (l.dataset_id) l.dataset_id, l.status, l.has_identity, l.source_version, d.rows_version
-             from iceberg_sync_log l join datasets d on d.id = l.dataset_id
+             from iceberg_sync_log l """
+        + fragments.join_datasets_on("l.dataset_id")
+        + """
             where l.dataset_id = any(%s::uuid[]) and l.path = 'mirror'
             order by l.dataset_id, l.finished_at desc nulls last, l.id desc""",
         (ids,),
@@ -331,7 +336,9 @@ def latest_sync_and_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -
     """(status, path, rows, snapshot_id of its newest sync by finished_at, the dataset's row_count); None when the
     dataset does not exist (runbooks/flip.py: a write flip's verify)."""
     return conn.execute(
-        """select l.status, l.path, l.rows, l.snapshot_id, d.row_count from datasets d
+        "select l.status, l.path, l.rows, l.snapshot_id, d.row_count "
+        + fragments.FROM_DATASETS
+        + """
              left join lateral (select status, path, rows, snapshot_id from iceberg_sync_log
                                  where dataset_id = d.id order by finished_at desc nulls last, id desc limit 1) l on true
             where d.id = %s""",
@@ -346,7 +353,9 @@ def datasets_with_last_sync(conn: psycopg.Connection) -> list[tuple]:
         """
     select d.id, d.name, d.kind, d.row_count, d.status, d.rows_version, l.status, l.source_version, l.finished_at,
            w.name, d.workspace_id
-      from datasets d
+      """
+        + fragments.FROM_DATASETS
+        + """
       """
         + app_tables.JOIN_WORKSPACE_W
         + """

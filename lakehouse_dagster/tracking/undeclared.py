@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.tracking.datasets import rows as dataset_rows
+
 SHOWN = 3  # keys named in a message; the rest are counted
 _PARAM = sql.SQL("%(names)s::text[]")
 
@@ -60,8 +62,8 @@ class Undeclared:
         return (
             f"dataset {self.dataset_id}: {self.rows} row(s) of dataset_rows hold {self.key_count} key(s) its "
             f"schema does not declare: {self.names()}; Iceberg holds only declared columns, so they would be "
-            "lost: declare them in datasets.schema, or remove them from the rows (update dataset_rows set data = "
-            f"data - '{first}' where dataset_id = '{self.dataset_id}')"
+            "lost: declare them in datasets.schema, or remove them from the rows ("
+            f"{dataset_rows.remove_key_statement(first, self.dataset_id)})"
         )
 
 
@@ -76,14 +78,9 @@ def find(
     """The undeclared keys of the dataset's rows (or of the rows at ``row_indexes``), None when there are none.
     One scan of those rows: call it to name what was refused, or where every row is read anyway."""
     only = sql.SQL(" and r.row_index = any(%(ri)s)") if row_indexes is not None else sql.SQL("")
-    query = sql.SQL(
-        "with x as (select r.row_index, k from dataset_rows r, jsonb_object_keys({extra}) k"
-        " where r.dataset_id = %(ds)s and {has}{only}),"
-        " per_key as (select k, count(*) as n from x group by k)"
-        " select (select count(distinct row_index) from x), (select count(*) from per_key),"
-        " array(select k from per_key order by n desc, k limit %(lim)s),"
-        " array(select n from per_key order by n desc, k limit %(lim)s)"
-    ).format(extra=extra(_PARAM, sql.SQL("r.data")), has=has_undeclared(_PARAM, sql.SQL("r.data")), only=only)
+    query = dataset_rows.undeclared_keys_query(
+        extra(_PARAM, sql.SQL("r.data")), has_undeclared(_PARAM, sql.SQL("r.data")), only
+    )
     params = {"ds": dataset_id, "names": list(names), "ri": list(row_indexes or []), "lim": max(1, limit)}
     row = conn.execute(query, params).fetchone()
     if row is None or not row[0]:

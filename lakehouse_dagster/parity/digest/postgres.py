@@ -10,11 +10,11 @@ from collections.abc import Iterator, Sequence
 import psycopg
 from psycopg import sql
 
-from lakehouse_dagster.core.db import connect, fetch_one, is_idle
+from lakehouse_dagster.core.db import connect, is_idle
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest.common import DigestUnavailable, Segments
 from lakehouse_dagster.tracking import barrier
-from lakehouse_dagster.tracking.datasets import Column, parse_schema
+from lakehouse_dagster.tracking.datasets import Column, digest_reads, parse_schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +65,7 @@ class PinnedPostgres:
             raise
 
     def state(self, dataset_id: uuid.UUID) -> PgState | None:
-        row = self.conn.execute(
-            "select id, name, kind, schema, rows_version from datasets where id = %s", (dataset_id,)
-        ).fetchone()
+        row = digest_reads.state(self.conn, dataset_id)
         if row is None:
             return None
         columns = parse_schema(row[3], f"dataset {row[0]}") if row[2] == "tabular" else ()
@@ -123,19 +121,11 @@ class PgSide:
                 )
 
     def bounds(self) -> tuple[int | None, int | None]:
-        return fetch_one(
-            self.conn.execute(
-                "select min(row_index), max(row_index) from dataset_rows where dataset_id = %s", (self.dataset_id,)
-            ),
-            "the dataset's row index bounds",
-        )
+        return digest_reads.bounds(self.conn, self.dataset_id)
 
     def segment_digests(self, lo: int, hi: int, width: int, *, everything: bool = False) -> Segments:
         """``everything``: [lo, hi) is known to hold every row (the bounds), so no range predicate."""
-        query = sql.SQL(
-            "select (row_index - %(lo)s) / %(w)s as seg, count(*), coalesce(sum({h}), 0) from dataset_rows"
-            " where dataset_id = %(ds)s{rng} group by 1"
-        ).format(h=self._hash, rng=sql.SQL("" if everything else " and row_index >= %(lo)s and row_index < %(hi)s"))
+        query = digest_reads.segment_sums_query(self._hash, everything)
         # The planner cannot estimate how few segments there are and would sort every row to group
         # them; a hash aggregate keeps the parallel scan streaming (local to this transaction).
         self.conn.execute("set local enable_sort = off")
@@ -145,23 +135,14 @@ class PgSide:
 
     def digest(self) -> tuple[int, int]:
         """(count, sum) of every row: the canary's main query (no grouping: ~5% cheaper than segments)."""
-        query = sql.SQL("select count(*), coalesce(sum({h}), 0) from dataset_rows where dataset_id = %s").format(
-            h=self._hash
-        )
-        count, total = fetch_one(self.conn.execute(query, (self.dataset_id,)), "the digest of the dataset's rows")
+        count, total = digest_reads.count_and_sum(self.conn, self.dataset_id, self._hash)
         return int(count), int(total)
 
     def row_hashes(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        query = sql.SQL(
-            "select row_index, {h} from dataset_rows where dataset_id = %s and row_index >= %s and row_index < %s"
-        ).format(h=self._hash)
-        return [(int(a), int(b)) for a, b in self.conn.execute(query, (self.dataset_id, lo, hi)).fetchall()]
+        return [(int(a), int(b)) for a, b in digest_reads.row_hashes(self.conn, self.dataset_id, self._hash, lo, hi)]
 
     def typed_rows(self) -> Iterator[tuple]:
         """(row_index, row_id text, created_at, typed values...) — for the value-level smoke check only."""
         items: list[sql.Composable] = [sql.SQL("row_index"), sql.SQL("row_id::text"), sql.SQL("created_at")]
         items += [canonical.pg_typed(c) for c in self.columns]
-        query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(items))
-        with self.conn.cursor() as cur:
-            cur.execute(query, (self.dataset_id,))
-            yield from cur
+        return digest_reads.typed_rows(self.conn, self.dataset_id, items)
