@@ -1,4 +1,4 @@
-"""Backfill throughput and memory (`lakehouse write-flags backfill`), against baselines in the same run.
+"""Backfill throughput and memory (`lakehouse backfill`), against baselines in the same run.
 
     .venv/bin/python bench/bench_backfill.py [--rows 1000000] [--scale 250000] [--appended 10000]
 

@@ -1,4 +1,4 @@
-"""`lakehouse write-flags complete` (runbooks/complete/, issue 31) of a large dataset while the live app writes
+"""`lakehouse complete` (runbooks/complete/, issue 31) of a large dataset while the live app writes
 another one: rows deleted per second, and how long any of the app's statements waited on a lock meanwhile.
 
     nice .venv/bin/python bench/bench_complete.py [--rows 1000000] [--batch-rows 10000]

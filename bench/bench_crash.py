@@ -7,7 +7,7 @@ violations (must be 0) and the seed, then one JSON line. It runs its own embedde
 schedule) behind a TCP fault proxy; `--no-infra` leaves the infrastructure alone (the failpoints only) and uses
 LAKEHOUSE_PG_DSN when set. `--reverse-share 1` makes every cycle a reverse cycle (issue 31: a native change, the
 reverse apply killed before, inside or after its commit; `--reverse-share 1 --cycles 200 --no-infra`); with the
-infrastructure, reverse cycles take its faults too (the operator's `write-flags reverse sync` frozen at its failpoint
+infrastructure, reverse cycles take its faults too (the operator's `lakehouse reverse sync` frozen at its failpoint
 while Postgres restarts or its connections are reset, or Postgres restarted at any moment of it), and `--infra-only`
 arms every cycle from the infrastructure's faults alone (`--reverse-share 1 --infra-only --cycles 200`). `--catalog rest`
 puts the tables in an Iceberg REST catalog (SeaweedFS's `weed mini`, started here as the tests start it; warehouse on

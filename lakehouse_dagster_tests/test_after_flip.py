@@ -262,7 +262,7 @@ def test_a_postgres_locked_reader_of_a_native_dataset_reads_the_reverse_mirrors_
     assert "pipeline.expectations is STRICT and the reverse mirror has not applied its latest snapshot" in str(
         behind.value
     )
-    assert f"lakehouse write-flags reverse sync --dataset {d}" in str(behind.value)
+    assert f"lakehouse reverse sync --dataset {d}" in str(behind.value)
     apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
     for reader in ("pipeline.expectations", "dashboards.aggregate"):
         got = read(reader)
@@ -272,7 +272,7 @@ def test_a_postgres_locked_reader_of_a_native_dataset_reads_the_reverse_mirrors_
     set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
     with pytest.raises(ReadRefused) as off:
         read("sdk.files.list")
-    assert f"turn its reverse mirror on (lakehouse write-flags reverse on --dataset {d})" in str(off.value)
+    assert f"turn its reverse mirror on (lakehouse reverse on --dataset {d})" in str(off.value)
     decision = resolve_read_source(conn, FlagResolver(conn, 0), "dashboards.aggregate", d).decision
     assert (decision.mode, decision.source, decision.reason) == ("off", "iceberg", "iceberg@native")
 

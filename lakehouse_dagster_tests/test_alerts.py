@@ -798,9 +798,9 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
     assert e.what == (
         f"ledger ({d}) is written iceberg-native and its reverse mirror has lacked 2 native commit(s) for 6 min "
         "(bound 5 min): dataset_rows is that old for its Postgres-locked consumers, and a writer rollback now would "
-        "need lakehouse write-flags backfill"
+        "need lakehouse backfill"
     )
-    assert f"lakehouse write-flags reverse sync --dataset {d}" in e.act
+    assert f"lakehouse reverse sync --dataset {d}" in e.act
     now = conn.execute("select now()").fetchone()[0]
     _tick_at(conn, bound, webhook, now)
     _tick_at(conn, bound, webhook, now + dt.timedelta(minutes=1))  # still behind: the same condition, not again

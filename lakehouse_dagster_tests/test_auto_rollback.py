@@ -294,7 +294,7 @@ def test_first_native_sync_mismatch_sends_the_writer_back_to_pg(conn, dsn, setti
     ) in out
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in out  # the rollback report
     assert "  next: now lifecycle read-flipped; the rows sync.full wrote natively" in out  # the state it left
-    assert f"lakehouse write-flags backfill --dataset {d}" in out
+    assert f"lakehouse backfill --dataset {d}" in out
     assert f"lakehouse write-flags set sync.full pg --dataset {d}" not in out  # done already: not asked of the operator
     # the readers stay on Iceberg (it holds the rows Postgres lacks); a second record of it changes nothing
     before = flag_tables(conn)

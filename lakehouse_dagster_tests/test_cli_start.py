@@ -18,7 +18,7 @@ import lakehouse_dagster.cli as cli_package
 from lakehouse_dagster.cli.main import VERBS, build_parser, main
 
 HEAVY = ("pyiceberg", "pyarrow", "pandas", "numba", "duckdb", "dagster")
-LIGHT_VERBS = (["datasets"], ["status"], ["flags", "list"], ["write-flags", "list"], ["flags", "soak", "show"])
+LIGHT_VERBS = (["datasets"], ["status"], ["flags", "list"], ["write-flags", "list"], ["soak", "show"])
 
 # Run in a fresh interpreter: prints the heavy modules loaded once `code` ran (whatever it exits with).
 PROBE = """
@@ -74,7 +74,7 @@ def test_the_verb_table_is_what_the_verb_modules_register():
     registered = {a.dest: a.help for a in choices._choices_actions}
     assert list(registered) == list(VERBS)  # the same verbs, in the order `lakehouse --help` lists them
     assert registered == {verb: help_line for verb, (_, help_line) in VERBS.items()}
-    helpers = {"main", "common", "console", "dsn"}  # the modules without verbs
+    helpers = {"main", "common", "console", "dsn", "moved"}  # the modules without verbs
     with_register = {m.name for m in pkgutil.iter_modules(cli_package.__path__)} - helpers
     assert with_register == {module for module, _ in VERBS.values()}
 
@@ -117,10 +117,10 @@ def test_a_mistyped_option_is_blamed_on_its_verb_with_the_nearest_option_and_the
 
 def test_a_mistyped_action_gets_the_nearest_action(capsys):
     with pytest.raises(SystemExit):
-        main(["write-flags", "candidate"])
+        main(["write-flags", "flp"])
     err = capsys.readouterr().err
-    assert err.startswith("lakehouse write-flags: error: argument ACTION: invalid choice: 'candidate'")
-    assert "did you mean candidates?" in err and "(see lakehouse write-flags --help)" in err
+    assert err.startswith("lakehouse write-flags: error: argument ACTION: invalid choice: 'flp'")
+    assert "did you mean flip?" in err and "(see lakehouse write-flags --help)" in err
 
 
 def test_an_unknown_option_with_nothing_near_says_so_without_a_guess(capsys):

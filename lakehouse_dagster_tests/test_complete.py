@@ -1,4 +1,4 @@
-"""`lakehouse write-flags complete` (runbooks/complete/, issue 31): each refusal, the batched no-echo delete of only
+"""`lakehouse complete` (runbooks/complete/, issue 31): each refusal, the batched no-echo delete of only
 that dataset's rows, the resume after a kill, the Parquet export, the refused rollback and the way back (a backfill).
 
 Real Postgres and real Iceberg tables, native writes through the real write router (native_helpers.py); the CLI in
@@ -103,10 +103,10 @@ def test_each_missing_condition_is_named_at_once_and_nothing_is_written(conn, ds
     for says in (
         "under the soak of 3600 s: its soak ends at",
         "the reverse mirror is behind (its position is snapshot none",
-        f"lakehouse write-flags reverse sync --dataset {d}",
+        f"lakehouse reverse sync --dataset {d}",
         "BLOCKED (pipeline input): a pipeline reads it from dataset_rows",
         "read from dataset_rows by objects.sync",
-        "lakehouse flags readers remove",
+        "lakehouse pg-readers remove",
     ):
         assert says in text, (says, text)
     assert _written(conn) == before and len(_pg_rows(conn, d)) == 6
@@ -115,18 +115,18 @@ def test_each_missing_condition_is_named_at_once_and_nothing_is_written(conn, ds
     conn.execute("delete from pipelines")
     conn.execute("delete from lakehouse_reader_datasets")
     apply_reverse(dsn, catalog, settings, d)
-    code, _, err = lh("write-flags", "complete", "--dataset", str(d))
+    code, _, err = lh("complete", "--dataset", str(d))
     assert code == 6 and "1 condition(s) not met" in err, err
     assert "reverse parity not checked at the current snapshot" in err and "lakehouse canary --smoke" in err
-    lh("write-flags", "reverse", "off", "--dataset", str(d), "--note", "test", check=True)
+    lh("reverse", "off", "--dataset", str(d), "--note", "test", check=True)
     before = _written(conn)
-    code, _, err = lh("write-flags", "complete", "--dataset", str(d))
+    code, _, err = lh("complete", "--dataset", str(d))
     assert code == 6 and "the reverse mirror is off for it (dataset setting)" in err, err
     assert _written(conn) == before
 
     # not native: Postgres is its truth
     lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    code, _, err = lh("write-flags", "complete", "--dataset", str(d))
+    code, _, err = lh("complete", "--dataset", str(d))
     assert code == 6 and "not written iceberg-native" in err and "write-flags flip <writer>" in err, err
 
     # bad input: one line each, nothing written
@@ -135,7 +135,7 @@ def test_each_missing_condition_is_named_at_once_and_nothing_is_written(conn, ds
         (("--dataset", "00000000-0000-0000-0000-000000000001"), "does not exist", 3),
         (("--dataset", str(d), "--workspace", str(ws)), "not both", 2),
     ):
-        code, _, err = lh("write-flags", "complete", *args)
+        code, _, err = lh("complete", *args)
         assert code == exit_code and says in err and len(err.strip().splitlines()) == 1, err
     assert _written(conn) == before
 
@@ -151,7 +151,7 @@ def test_complete_is_refused_while_rows_hold_keys_the_schema_does_not_declare(co
             (d,),
         )
     rows, before = _pg_rows(conn, d), _written(conn)
-    code, _, err = lh("write-flags", "complete", "--dataset", str(d), "--export-to", str(tmp_path / "x"))
+    code, _, err = lh("complete", "--dataset", str(d), "--export-to", str(tmp_path / "x"))
     assert code != 0, err
     assert (
         f"refused: complete of dataset orders ({d}), lifecycle native (reverse on): 1 condition(s) not met; nothing written:"
@@ -178,14 +178,14 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     full.mkdir()
     (full / "x.txt").write_text("someone's file")
     before = _written(conn)
-    code, _, err = lh("write-flags", "complete", "--dataset", str(d), "--export-to", str(full))
+    code, _, err = lh("complete", "--dataset", str(d), "--export-to", str(full))
     assert code == 2 and "is not empty" in err and len(err.strip().splitlines()) == 1, err
     assert _written(conn) == before
 
     out = tmp_path / "export"
-    done = json.loads(
-        lh("write-flags", "complete", "--dataset", str(d), "--export-to", str(out), "--note", "done", "--json")[1]
-    )["completed"][0]
+    done = json.loads(lh("complete", "--dataset", str(d), "--export-to", str(out), "--note", "done", "--json")[1])[
+        "completed"
+    ][0]
     assert (done["status"], done["rows_deleted"], done["batches"], done["exported_rows"]) == ("complete", 10, 4, 10)
     assert _pg_rows(conn, d) == [] and _pg_rows(conn, other) == kept
     # its maintained digest unregistered at the start (no batch hashed the rows it deleted), the other's kept
@@ -204,13 +204,13 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     assert [{**r, "x": repr(r["x"])} for r in exported] == [{**r, "x": r["x"].replace("-0.0", "0.0")} for r in ice]
 
     # audited: start, export, each batch, finish; the reverse off at dataset scope with note "complete"
-    status = json.loads(lh("write-flags", "complete", "--status", "--dataset", str(d), "--json")[1])
+    status = json.loads(lh("complete", "--status", "--dataset", str(d), "--json")[1])
     assert [a["event"] for a in reversed(status["audit"])] == ["start", "export", *["batch"] * 4, "finish"]
     assert status["marks"][0]["status"] == "complete" and status["marks"][0]["rows_deleted"] == 10
     assert conn.execute(
         "select after_enabled, note from lakehouse_reverse_audit where scope_id = %s order by id desc limit 1", (d,)
     ).fetchone() == (False, "complete")
-    again = json.loads(lh("write-flags", "complete", "--dataset", str(d), "--json")[1])["completed"][0]
+    again = json.loads(lh("complete", "--dataset", str(d), "--json")[1])["completed"][0]
     assert again["started"] == "already complete"
 
     # the rollback to pg is refused, with the reason and the way back, before anything is written
@@ -220,7 +220,7 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
     assert code == 6, err
     assert (
         f"dataset {d} was completed on {day:%Y-%m-%d}: its Postgres rows were deleted; to return it to Postgres, "
-        f"backfill it from Iceberg first: lakehouse write-flags backfill --dataset {d}"
+        f"backfill it from Iceberg first: lakehouse backfill --dataset {d}"
     ) in err
     assert flag_tables(conn) == flags
     # ... a widen would be too, and the forward mirror refuses it whatever its flags say
@@ -234,7 +234,7 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
 
     # the way back: a backfill restores every row from Iceberg, lifts the mark; the rollback then needs nothing
-    restored = json.loads(lh("write-flags", "backfill", "--dataset", str(d), "--json", check=True)[1])
+    restored = json.loads(lh("backfill", "--dataset", str(d), "--json", check=True)[1])
     assert restored["restored"] is True and restored["copied"] == 10
     assert _pg_rows(conn, d) == rows
     assert conn.execute("select status from lakehouse_completed").fetchone() == ("restored",)
@@ -252,7 +252,7 @@ def test_complete_deletes_only_its_rows_without_echo_exports_them_refuses_the_ro
 def test_a_complete_killed_between_batches_resumes_where_it_stopped(conn, dsn, settings, lh):
     d = _completable(conn, dsn, settings, lh, rows=6)
     env = {"LAKEHOUSE_COMPLETE_BATCH_ROWS": "4", "LAKEHOUSE_FAILPOINT": "complete-after-batch"}
-    proc = cli("write-flags", "complete", "--dataset", str(d), env=env)
+    proc = cli("complete", "--dataset", str(d), env=env)
     assert proc.returncode == -9, proc.stderr
     mark = conn.execute("select status, rows_deleted, batches, next_row_index from lakehouse_completed").fetchone()
     assert mark[:3] == ("in_progress", 4, 1) and len(_pg_rows(conn, d)) == 6
@@ -296,7 +296,7 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     behind = _native(conn, dsn, settings, lh, rows=3, name="behind", ws=ws)
     native_write(conn, dsn, settings, behind, "sync.append", [row(3)], start=3)  # not applied by the reverse yet
     out = tmp_path / "export"
-    code, text, _ = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    code, text, _ = lh("complete", "--workspace", str(ws), "--export-to", str(out))
     assert code == 6, text
     assert f"dataset {ready}: complete started; 7 row(s) exported as Parquet to {out / str(ready)}" in text
     assert (
@@ -304,9 +304,7 @@ def test_a_workspace_complete_completes_the_ready_datasets_and_names_why_the_oth
     )
     assert _pg_rows(conn, ready) == [] and len(_pg_rows(conn, behind)) == 3
     assert pq.read_table(out / str(ready)).num_rows == 7
-    assert [m["dataset_id"] for m in json.loads(lh("write-flags", "complete", "--status", "--json")[1])["marks"]] == [
-        str(ready)
-    ]
+    assert [m["dataset_id"] for m in json.loads(lh("complete", "--status", "--json")[1])["marks"]] == [str(ready)]
 
 
 @pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
@@ -322,7 +320,7 @@ def test_a_workspace_complete_with_an_export_cut_short_resumes_when_run_again(co
     for d in late:  # not applied by the reverse yet: refused by the first run
         native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)
     out = tmp_path / "export"
-    code, text, _ = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    code, text, _ = lh("complete", "--workspace", str(ws), "--export-to", str(out))
     assert code == 6 and f"dataset {ready}: complete started; 7 row(s) exported" in text, text
     for d in late:
         apply_reverse(dsn, catalog, settings, d)
@@ -330,14 +328,14 @@ def test_a_workspace_complete_with_an_export_cut_short_resumes_when_run_again(co
 
     # the first late dataset's export dies after its first chunk: a .partial file, its mark in progress
     env = {"LAKEHOUSE_COMPLETE_BATCH_ROWS": "2", "LAKEHOUSE_FAILPOINT": "complete-export-after-chunk"}
-    killed = cli("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out), env=env)
+    killed = cli("complete", "--workspace", str(ws), "--export-to", str(out), env=env)
     assert killed.returncode == -9, killed.stderr
     marks = dict(conn.execute("select dataset_id, status from lakehouse_completed").fetchall())
     assert marks == {ready: "complete", late[0]: "in_progress"}
     assert [p.name for p in (out / str(late[0])).iterdir()] == [f"{cp.EXPORT_PREFIX}{late[0]}-00000.parquet.partial"]
     assert len(_pg_rows(conn, late[0])) == 7
 
-    code, text, err = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    code, text, err = lh("complete", "--workspace", str(ws), "--export-to", str(out))
     assert code == 0, text + err
     assert f"dataset {late[0]}: resumed; 7 row(s) exported as Parquet to {out / str(late[0])}" in text, text
     assert f"dataset {late[1]}: complete started; 7 row(s) exported" in text and str(ready) not in text, text
@@ -350,7 +348,7 @@ def test_a_workspace_complete_with_an_export_cut_short_resumes_when_run_again(co
     # a directory holding anything no complete exported is still refused, before anything is written
     (out / "notes.txt").write_text("mine")
     other = _completable(conn, dsn, settings, lh, rows=3, name="later", ws=ws)
-    code, _, err = lh("write-flags", "complete", "--workspace", str(ws), "--export-to", str(out))
+    code, _, err = lh("complete", "--workspace", str(ws), "--export-to", str(out))
     assert code != 0 and "is not empty (1 entry that no earlier complete exported, e.g. notes.txt)" in err, err
     assert len(_pg_rows(conn, other)) == 7 and not (out / str(other)).exists()
 

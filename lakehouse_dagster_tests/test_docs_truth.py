@@ -372,7 +372,7 @@ def test_the_commands_shown_as_typos_stay_wrong(text):
     "text, fenced",
     [
         ("lakehouse adopt", False),  # no such verb
-        ("lakehouse flags soak sett 60", False),  # no such subcommand
+        ("lakehouse soak sett 60", False),  # no such subcommand
         ("lakehouse sync --datset $CRM", True),  # no such option
         ("lakehouse flags flip --dataset $CRM", True),  # the reader is missing: parsed whole in a code block
         ("lakehouse sync --mode fast --dataset <uuid>", True),  # not a choice

@@ -624,7 +624,7 @@ def test_an_operator_sees_the_migration_and_a_refusal_without_a_stack_in_a_real_
     # The demo's customers feeds a pipeline (step 2b): with the reverse mirror on (the default) it is SAFE; an
     # operator turning the reverse off makes it BLOCKED now, and the overview puts it first.
     off = subprocess.run(
-        [*LAKEHOUSE, "write-flags", "reverse", "off", "--dataset", str(demo_id("customers"))]
+        [*LAKEHOUSE, "reverse", "off", "--dataset", str(demo_id("customers"))]
         + ["--note", "e2e: the overview shows a blocked pipeline input"],
         env=_clean_env(stack.home),
         capture_output=True,

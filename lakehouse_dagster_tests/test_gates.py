@@ -163,7 +163,7 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
         "insert into pipelines (workspace_id, name, spec) values (%s, 'p', %s)",
         (ws, Jsonb({"nodes": [{"type": "dataset", "data": {"datasetId": str(piped)}}]})),
     )
-    got = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}
+    got = {c["name"]: c for c in cli_json("candidates", "--writer", "sync.append")}
     assert set(got) == {"ready", "synced", "piped"}  # "never" is not identity-ready: not a candidate at all
     assert (got["ready"]["verdict"], got["ready"]["ready"], got["ready"]["reasons"]) == ("SAFE", True, [])
     assert got["synced"]["verdict"] == "SAFE" and not got["synced"]["ready"]
@@ -174,9 +174,9 @@ def test_candidates_are_the_runbook_query_plus_what_each_dataset_still_lacks(con
     )
     # "ready" means the gate lets it through; once flipped it is no longer a candidate to flip
     cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(ready), check=True)
-    again = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.append")}
+    again = {c["name"]: c for c in cli_json("candidates", "--writer", "sync.append")}
     assert again["ready"]["reasons"] == ["already iceberg_native for sync.append"] and not again["ready"]["ready"]
-    assert "row.edit" in cli("write-flags", "candidates", "--writer", "row.edit").stderr  # locked to pg: refused
+    assert "row.edit" in cli("candidates", "--writer", "row.edit").stderr  # locked to pg: refused
     # the same in the Dagster UI, with the table as metadata
     result = write_flip_candidates_job.execute_in_process(
         run_config={"ops": {"write_flip_candidates_op": {"config": {"writer": "sync.full"}}}},

@@ -659,7 +659,7 @@ def test_a_seeded_crash_schedule_of_reverse_applies_with_postgres_restarts_and_r
     own_postgres, monkeypatch
 ):
     """The harness's reverse cycles (issue 31) under the infrastructure's faults alone: the operator's
-    ``write-flags reverse sync`` frozen before, inside or after its commit while Postgres restarts or its
+    ``lakehouse reverse sync`` frozen before, inside or after its commit while Postgres restarts or its
     connections are reset, or Postgres restarted at any moment of it. It ends in one line with an exit the guide
     names; Postgres holds a whole snapshot; the clean apply applies it exactly once, without echo
     (bench/bench_crash.py --reverse-share 1 --infra-only runs >= 100)."""

@@ -69,7 +69,7 @@ def test_a_pg_writer_beside_a_native_one_is_refused_and_loses_nothing(conn, dsn,
 
 def test_an_ingest_into_a_completed_dataset_is_refused(conn, dsn, settings, lh, tmp_path):
     d = _completable(conn, dsn, settings, lh)
-    lh("write-flags", "complete", "--dataset", str(d), check=True)
+    lh("complete", "--dataset", str(d), check=True)
     set_source(conn, d, {"type": "files", "uri": _source_file(tmp_path), "format": "ndjson"})
     with pytest.raises(WriteRefused, match="is complete .*Iceberg is its only store"):
         run_writer(dsn, load_catalog(settings, dsn), settings, FlagResolver(conn, 0), d, "sync.full")
@@ -117,19 +117,19 @@ def test_a_writer_rollback_and_complete_never_interleave(conn, dsn, settings, lh
 
 
 def test_reverse_on_after_complete_is_refused_naming_the_state_and_the_way_back(conn, dsn, settings, lh):
-    """Item 3: `write-flags reverse on` after complete quietly copied every row back while the dataset stayed
+    """Item 3: `lakehouse reverse on` after complete quietly copied every row back while the dataset stayed
     marked complete (status complete, a rollback refused, the page contradicting itself)."""
     d = _completable(conn, dsn, settings, lh)
-    lh("write-flags", "complete", "--dataset", str(d), check=True)
+    lh("complete", "--dataset", str(d), check=True)
     for args in (("on", "--dataset", str(d)), ("clear", "--dataset", str(d))):
-        code, _, err = lh("write-flags", "reverse", *args)
+        code, _, err = lh("reverse", *args)
         assert code == 6, err
         assert f"dataset orders ({d}) is complete (reverse off); this would leave it complete (reverse on)" in err
-        assert f"the way on: restore it from Iceberg first (lakehouse write-flags backfill --dataset {d})" in err
+        assert f"the way on: restore it from Iceberg first (lakehouse backfill --dataset {d})" in err
     assert _pg_rows(conn, d) == []
     assert lifecycle_of(conn, [d])[d].describe() == "complete (reverse off)"
     # the way back the refusal names works, and the history tells the whole road
-    lh("write-flags", "backfill", "--dataset", str(d), check=True)
+    lh("backfill", "--dataset", str(d), check=True)
     assert lifecycle_of(conn, [d])[d].describe() == "native (reverse on)"
     road = [(h["before_state"], h["after_state"], h["verb"]) for h in reversed(history(conn, d))]
     assert road[-4:] == [
@@ -144,8 +144,8 @@ def test_a_global_verb_that_would_strand_one_dataset_is_refused_whole(conn, dsn,
     """A global reverse clear over a completed dataset pinned off is no move; a global writer clear would take a
     completed dataset off iceberg_native: refused, nothing written, the dataset named."""
     d = _completable(conn, dsn, settings, lh)
-    lh("write-flags", "complete", "--dataset", str(d), check=True)
-    assert lh("write-flags", "reverse", "on")[0] == 0  # the dataset's own setting (off) still wins: no move
+    lh("complete", "--dataset", str(d), check=True)
+    assert lh("reverse", "on")[0] == 0  # the dataset's own setting (off) still wins: no move
     code, _, err = lh("write-flags", "clear", "sync.append", "--dataset", str(d))
     assert code == 6 and "was completed on" in err  # the gate says it first
     with pytest.raises(LifecycleRefused, match=f"dataset orders \\({d}\\) is complete"):

@@ -257,7 +257,7 @@ def test_a_reverse_apply_while_the_store_fails_writes_nothing_or_all_and_the_nex
     conn, dsn, s3_settings, store, fault
 ):
     """A native overwrite waits for its full reverse re-sync, whose rows are read from the store: down, `lakehouse
-    write-flags reverse sync` fails in one line naming the object store, exit 75, Postgres still the previous
+    lakehouse reverse sync` fails in one line naming the object store, exit 75, Postgres still the previous
     snapshot (not half-deleted); failing a third of requests, the retries absorb it and the snapshot lands. Either
     way the next apply leaves Postgres the table's current snapshot, applied exactly once."""
     from lakehouse_dagster.mirror.reverse import apply_reverse, position
@@ -279,7 +279,7 @@ def test_a_reverse_apply_while_the_store_fails_writes_nothing_or_all_and_the_nex
         store.fail(503)
     else:
         store.fail(503, share=0.3, seed=11)
-    proc = cli_popen("write-flags", "reverse", "sync", "--dataset", str(d), "--json", env=cli_env(None))
+    proc = cli_popen("reverse", "sync", "--dataset", str(d), "--json", env=cli_env(None))
     out, err = proc.communicate(timeout=180)
     store.pass_through()
     held = position(conn, d).snapshot_id

@@ -196,13 +196,13 @@ def test_the_stored_soak_is_what_the_cli_and_a_dagster_run_apply_whatever_their_
 ):
     a = _synced(conn, dsn, settings, ws, "a")
     _synced(conn, dsn, settings, ws, "b")
-    code, out, _ = _cli(capsys, "flags", "soak", "show")
+    code, out, _ = _cli(capsys, "soak", "show")
     assert code == 0 and "soak: 0 s (LAKEHOUSE_SOAK_SECONDS of this process; nothing stored" in out
     set_override(conn, "read", "export.stream", "iceberg", dataset=a, note="fase1 canary", actor="pytest")
 
     # stored 0 while this process' environment says an hour: the Dagster run widens at once (stored wins)
     monkeypatch.setenv("LAKEHOUSE_SOAK_SECONDS", "3600")
-    code, out, _ = _cli(capsys, "flags", "soak", "set", "0", "--note", "demo")
+    code, out, _ = _cli(capsys, "soak", "set", "0", "--note", "demo")
     assert code == 0 and "soak: nothing stored → 0 s, stored" in out and "not the order" in out
     assert "LAKEHOUSE_SOAK_SECONDS=3600 in this shell is ignored" in out
     run = read_flip_job.execute_in_process(
@@ -216,7 +216,7 @@ def test_the_stored_soak_is_what_the_cli_and_a_dagster_run_apply_whatever_their_
 
     # stored an hour while the environment says 0: the CLI and the same job both refuse, naming the dataset flip
     monkeypatch.setenv("LAKEHOUSE_SOAK_SECONDS", "0")
-    assert _cli(capsys, "flags", "soak", "set", "3600", "--note", "fase1: an hour")[0] == 0
+    assert _cli(capsys, "soak", "set", "3600", "--note", "fase1: an hour")[0] == 0
     code, _, err = _cli(capsys, "flags", "set", "graph.kuzu", "iceberg", "--workspace", str(ws))
     assert code == 6 and "soak: the narrower flip has not soaked yet" in err
     assert f"graph.kuzu iceberg at dataset a ({a})" in err and f"(workspace sales ({ws}))" in err
@@ -229,11 +229,11 @@ def test_the_stored_soak_is_what_the_cli_and_a_dagster_run_apply_whatever_their_
     assert not run.success
     (failure,) = run.get_step_failure_events()
     assert "soak: the narrower flip has not soaked yet" in refusal(failure) and f"a ({a})" in refusal(failure)
-    code, out, _ = _cli(capsys, "flags", "soak", "show")
+    code, out, _ = _cli(capsys, "soak", "show")
     assert "soak: 3600 s (stored: set by pytest" in out and "note: fase1: an hour" in out
     assert [line.split()[-1] for line in out.splitlines()[-2:]] == ["hour", "demo"]  # the audit, newest first
     # bad input: one line, nothing stored
-    assert _cli(capsys, "flags", "soak", "set", "an hour")[0] == 2
+    assert _cli(capsys, "soak", "set", "an hour")[0] == 2
 
 
 # --- one router line per read; the smoke check after a native sync.full ------------------------------------------
@@ -252,7 +252,7 @@ def test_the_smoke_check_after_a_native_sync_full_compares_the_content(conn, dsn
     code, out, err = _cli(capsys, "write-flags", "flip", "sync.full", "--dataset", str(d))
     assert code == 0, out + err
     # the reverse off: the canary's own native comparison (with it on the canary compares both ways)
-    code, out, err = _cli(capsys, "write-flags", "reverse", "off", "--dataset", str(d), "--note", "native smoke")
+    code, out, err = _cli(capsys, "reverse", "off", "--dataset", str(d), "--note", "native smoke")
     assert code == 0, out + err
     code, out, _ = _cli(capsys, "canary", "--smoke", "--dataset", str(d), "--json")
     assert code == 0

@@ -220,7 +220,7 @@ def test_overview_counts_equal_sql_counts_and_the_attention_list_is_exact(conn, 
     assert listed["blocked"].reason.startswith(
         "BLOCKED (pipeline input; reverse mirror off): nightly reads it from dataset_rows (F3)"
     )
-    assert f"turn it on with `lakehouse write-flags reverse on --dataset {ds['blocked']}`" in listed["blocked"].reason
+    assert f"turn it on with `lakehouse reverse on --dataset {ds['blocked']}`" in listed["blocked"].reason
     assert partition_page(ds["blocked"]) == f"/assets/iceberg/dataset_table?view=partitions&partition={ds['blocked']}"
 
     # `lakehouse status` prints the same computation

@@ -137,7 +137,7 @@ def test_a_writer_rolled_back_backfilled_synced_and_canaried_from_the_cli_shows_
 
         set_reverse(conn, False, dataset=d, note="the backfill's path", actor="pytest")  # (on: no backfill needed)
         _cli("write-flags", "set", "sync.full", "pg", "--dataset", str(d), "--note", "rollback")
-        _cli("write-flags", "backfill", "--dataset", str(d))
+        _cli("backfill", "--dataset", str(d))
         _cli("sync", "--dataset", str(d))
         rec.tick()
         p = page(ui, d)

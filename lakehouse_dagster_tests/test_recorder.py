@@ -211,7 +211,7 @@ def test_every_cli_change_is_recorded_on_the_dataset_partition(conn, dsn, settin
     _shows_the_table_as_it_is(instance, settings, dsn, d)
 
     # the backfill copies the rows only Iceberg holds into Postgres: postgres/dataset_rows is materialized
-    assert _cli("write-flags", "backfill", "--dataset", str(d)) == 0
+    assert _cli("backfill", "--dataset", str(d)) == 0
     (event,) = rec.tick()
     assert (event.asset_key, event.partition) == (PG_ROWS, str(d))
     meta = _meta(_materializations(instance, PG_ROWS, d)[0])
@@ -494,7 +494,7 @@ def test_a_reverse_mirror_behind_is_said_on_the_postgres_rows_page_once_and_agai
     assert isinstance(behind, dg.AssetObservation)
     assert behind.description.startswith("dataset_rows is behind Iceberg: reverse behind by 1 commit(s)")
     assert f"Iceberg is at {snap}" in behind.description
-    assert f"lakehouse write-flags reverse sync --dataset {d}" in behind.description
+    assert f"lakehouse reverse sync --dataset {d}" in behind.description
     meta = {k: getattr(v, "value", v) for k, v in behind.metadata.items()}
     assert meta["reverse_behind"] is True and meta["iceberg_snapshot_id"] == str(snap)
     assert meta["reverse_pending_commits"] == 1
@@ -547,13 +547,13 @@ def test_complete_and_its_restore_leave_an_event_on_the_postgres_rows_page(conn,
     rec = Recorder(instance, dsn)
     rec.tick()
     rec.tick()
-    lh("write-flags", "complete", "--dataset", str(d), check=True)
+    lh("complete", "--dataset", str(d), check=True)
     rec.tick()
     meta = _meta(_materializations(instance, PG_ROWS, d)[0])
     assert meta["dagster/row_count"] == 0
     assert meta["lifecycle_move"] == "completing → complete"
     assert meta["lifecycle"].startswith("complete (reverse off)")
-    lh("write-flags", "backfill", "--dataset", str(d), check=True)
+    lh("backfill", "--dataset", str(d), check=True)
     rec.tick()
     meta = _meta(_materializations(instance, PG_ROWS, d)[0])
     assert meta["lifecycle_move"] == "restoring → native" and meta["dagster/row_count"] == 10

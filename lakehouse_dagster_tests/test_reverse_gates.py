@@ -55,7 +55,7 @@ def test_a_pipeline_input_is_blocked_with_the_reverse_off_and_safe_with_it_on(co
     _pipe(conn, ws, piped)
     set_reverse(conn, False, dataset=piped, note="keep Postgres as is", actor="pytest")
 
-    turn_on = f"lakehouse write-flags reverse on --dataset {piped}"
+    turn_on = f"lakehouse reverse on --dataset {piped}"
     got = {c.name: c for c in write_flip_candidates(conn, "sync.full")}
     assert got["piped"].verdict == f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{turn_on}`)"
     assert got["piped"].runbook_verdict == "BLOCKED (pipeline input)" and not got["piped"].ready
@@ -84,12 +84,12 @@ def test_a_pipeline_input_is_blocked_with_the_reverse_off_and_safe_with_it_on(co
     assert flag_tables(conn) == before
 
     # the operator reads the same through the CLI: the verdict, and the JSON carries it
-    proc = cli("write-flags", "candidates", "--writer", "sync.full", check=True)
+    proc = cli("candidates", "--writer", "sync.full", check=True)
     assert f"BLOCKED (pipeline input; reverse mirror off: turn it on with `{turn_on}`)" in proc.stdout
     assert "1 pipeline input(s): 0 SAFE with the reverse mirror on, 1 BLOCKED with it off" in proc.stdout
 
     set_reverse(conn, None, dataset=piped, note="the default: on", actor="pytest")
-    got = {c["name"]: c for c in cli_json("write-flags", "candidates", "--writer", "sync.full")}
+    got = {c["name"]: c for c in cli_json("candidates", "--writer", "sync.full")}
     assert (got["piped"]["verdict"], got["piped"]["ready"], got["piped"]["reasons"]) == (SAFE_REVERSE, True, [])
     assert got["piped"]["runbook_verdict"] == "BLOCKED (pipeline input)"
     assert got["piped"]["reverse"] == "reverse on (the default)"
@@ -114,7 +114,7 @@ def test_a_declared_postgres_locked_reader_needs_the_reverse_on(conn, dsn, setti
         f"dashed ({d}), lifecycle read-flipped: read from dataset_rows by dashboards.aggregate (mode off: on Postgres until flipped, once its "
         "shadow reads prove it), locked to Postgres" in text
     )
-    assert f"reverse off (workspace setting): turn it on with `lakehouse write-flags reverse on --dataset {d}`" in text
+    assert f"reverse off (workspace setting): turn it on with `lakehouse reverse on --dataset {d}`" in text
     assert flag_tables(conn) == before and native_dataset_ids(conn) == set()
 
     set_reverse(conn, True, dataset=d, note="keep dataset_rows for the board", actor="pytest")  # most specific wins
@@ -191,7 +191,7 @@ def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(
         for line in lines
     )
     assert f"  orders ({d}): reverse behind by 1 commit(s)" in "\n".join(lines)
-    assert f"lakehouse write-flags reverse sync --dataset {d}" in "\n".join(lines)
+    assert f"lakehouse reverse sync --dataset {d}" in "\n".join(lines)
     meta = overview_metadata(ov)
     assert (meta["reverse/on"].value, meta["reverse/behind"].value, meta["piped_reverse_on"].value) == (1, 1, 1)
     assert f"partition={d}" in meta["reverse_lag"].value
@@ -200,9 +200,9 @@ def test_the_overview_counts_only_what_is_blocked_now_and_shows_the_reverse_lag(
     set_reverse(conn, False, dataset=piped, note="reverse off", actor="pytest")
     # turning the reverse off for a native dataset a pipeline reads: said at once (its next native write is refused)
     _pipe(conn, ws_id, d)
-    out = cli_json("write-flags", "reverse", "off", "--dataset", str(d), "--note", "try")
+    out = cli_json("reverse", "off", "--dataset", str(d), "--note", "try")
     assert out["stranded"] == [{"dataset_id": str(d), "name": "orders"}]
-    cli("write-flags", "reverse", "clear", "--dataset", str(d), "--note", "back on", check=True)
+    cli("reverse", "clear", "--dataset", str(d), "--note", "back on", check=True)
     conn.execute("delete from pipelines where spec->'nodes'->0->'data'->>'datasetId' = %s", (str(d),))
     ov = compute_overview(conn, settings)
     assert (ov.reverse_on, ov.reverse_behind, ov.reverse_max_lag_seconds, ov.reverse_lags) == (1, 0, None, [])
@@ -238,7 +238,7 @@ def test_parity_both_ways_lagging_ok_and_a_mismatch_repaired_without_a_writer_ro
     assert conn.execute(
         "select verdict, source from lakehouse_read_parity where dataset_id = %s order by id desc limit 1", (d,)
     ).fetchone() == ("MISMATCH", "reverse canary")  # recorded: what the alerts read
-    proc = cli("write-flags", "reverse", "check", "--dataset", str(d))  # the operator's way: ok again, exit 0
+    proc = cli("reverse", "check", "--dataset", str(d))  # the operator's way: ok again, exit 0
     assert proc.returncode == 0 and f"dataset {d}: ok: reverse caught up at snapshot {snap}" in proc.stdout, proc.stderr
 
 
@@ -256,7 +256,7 @@ def test_the_canary_compares_a_reverse_synced_dataset_both_ways_and_repairs_it_w
 
     code, r = canary()
     assert (code, r["verdict"]) == (0, "lagging") and f"Iceberg is at {snap}" in r["detail"]["reason"]
-    assert f"lakehouse write-flags reverse sync --dataset {d}" in r["detail"]["reason"]
+    assert f"lakehouse reverse sync --dataset {d}" in r["detail"]["reason"]
     apply_reverse(dsn, catalog, settings, d)
     code, r = canary("--smoke")
     assert (code, r["verdict"], r["pg_count"], r["iceberg_count"]) == (0, "ok", 9, 9)

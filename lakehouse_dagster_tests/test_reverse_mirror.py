@@ -203,9 +203,7 @@ def test_a_failure_before_the_commit_leaves_postgres_whole_and_the_next_apply_fi
     assert _pg_rows(conn, d) == before and position(conn, d) is None
 
     # a kill (SIGKILL) before the commit, through the CLI: still nothing half-applied
-    proc = cli(
-        "write-flags", "reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"}
-    )
+    proc = cli("reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"})
     assert proc.returncode == -9, proc.stderr
     assert _pg_rows(conn, d) == before and position(conn, d) is None
 
@@ -267,36 +265,36 @@ def test_rollback_while_the_reverse_is_behind_or_off_says_run_the_backfill(conn,
     code, out, err = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d))
     monkeypatch.delenv("LAKEHOUSE_FAILPOINT")
     assert code == 0 and f"the reverse mirror could not catch up dataset {d} before the rollback" in err
-    assert "reverse was behind (it never applied a snapshot): run write-flags backfill" in out
-    assert f"lakehouse write-flags backfill --dataset {d}" in out
+    assert "reverse was behind (it never applied a snapshot): run lakehouse backfill" in out
+    assert f"lakehouse backfill --dataset {d}" in out
     # not native any more: the reverse leaves it alone and says what to do
-    with pytest.raises(BadInput, match="not written iceberg-native.*write-flags backfill"):
+    with pytest.raises(BadInput, match="not written iceberg-native.*lakehouse backfill"):
         apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
 
     lh("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
-    lh("write-flags", "reverse", "off", "--dataset", str(d), "--note", "no copy", check=True)
+    lh("reverse", "off", "--dataset", str(d), "--note", "no copy", check=True)
     out = lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)[1]
-    assert "reverse was off: run write-flags backfill" in out
+    assert "reverse was off: run lakehouse backfill" in out
 
 
 def test_the_reverse_setting_cli(conn, dsn, settings, lh):
     d = ready_native(conn, dsn, settings, lh, "sync.append")
     ws = conn.execute("select workspace_id from datasets where id = %s", (d,)).fetchone()[0]
-    status = _json(lh, "write-flags", "reverse", "status")["datasets"]
+    status = _json(lh, "reverse", "status")["datasets"]
     assert [(s["dataset_id"], s["enabled"], s["source"], s["state"]) for s in status] == [
         (str(d), True, "default", "behind")
     ]
 
-    out = lh("write-flags", "reverse", "off", "--workspace", str(ws), "--note", "later", check=True)[1]
+    out = lh("reverse", "off", "--workspace", str(ws), "--note", "later", check=True)[1]
     assert f"reverse: (no setting) → off for workspace {ws}" in out
-    code, _, err = lh("write-flags", "reverse", "sync", "--dataset", str(d))
+    code, _, err = lh("reverse", "sync", "--dataset", str(d))
     assert code == 2 and "reverse off (workspace setting)" in err
-    assert "write-flags reverse on --dataset" in err and position(conn, d) is None
-    lh("write-flags", "reverse", "on", "--dataset", str(d), check=True)  # the dataset's setting wins
-    assert _json(lh, "write-flags", "reverse", "status", "--dataset", str(d))["datasets"][0]["source"] == "dataset"
-    synced = _json(lh, "write-flags", "reverse", "sync", "--dataset", str(d))
+    assert "lakehouse reverse on --dataset" in err and position(conn, d) is None
+    lh("reverse", "on", "--dataset", str(d), check=True)  # the dataset's setting wins
+    assert _json(lh, "reverse", "status", "--dataset", str(d))["datasets"][0]["source"] == "dataset"
+    synced = _json(lh, "reverse", "sync", "--dataset", str(d))
     assert synced["how"] == "append" and synced["pg_rows"] == 6  # Postgres held everything already
-    assert _json(lh, "write-flags", "reverse", "status")["datasets"][0]["state"] == "caught up"
+    assert _json(lh, "reverse", "status")["datasets"][0]["state"] == "caught up"
 
     audit = conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0]
     for bad, says in (
@@ -305,10 +303,10 @@ def test_the_reverse_setting_cli(conn, dsn, settings, lh):
         (("on", "--dataset", "00000000-0000-0000-0000-000000000001"), "does not exist"),
         (("sync", "--full"), "--full re-syncs one dataset"),
     ):
-        code, _, err = lh("write-flags", "reverse", *bad)
+        code, _, err = lh("reverse", *bad)
         assert code != 0 and says in err and len(err.strip().splitlines()) == 1, err
     assert conn.execute("select count(*) from lakehouse_reverse_audit").fetchone()[0] == audit
-    assert [h["after"] for h in _json(lh, "write-flags", "reverse", "history")["history"]] == [True, False]
+    assert [h["after"] for h in _json(lh, "reverse", "history")["history"]] == [True, False]
 
 
 def test_a_postgres_side_write_to_a_native_dataset_is_refused_never_answered_by_a_deletion(conn, dsn, settings, lh):
@@ -326,9 +324,9 @@ def test_a_postgres_side_write_to_a_native_dataset_is_refused_never_answered_by_
         apply_reverse(dsn, catalog, settings, d)
     text = str(refused.value)
     assert f"refused: dataset {d} is native (Iceberg is its truth), but its dataset_rows was written" in text
-    assert f"lakehouse write-flags reverse sync --dataset {d} --full" in text and "nothing was written" in text
+    assert f"lakehouse reverse sync --dataset {d} --full" in text and "nothing was written" in text
     assert _pg_rows(conn, d) == kept
-    code, _, err = lh("write-flags", "reverse", "sync", "--dataset", str(d))
+    code, _, err = lh("reverse", "sync", "--dataset", str(d))
     assert code == 6 and "rows_version" in err and len(err.strip().splitlines()) == 1, err
     assert _pg_rows(conn, d) == kept
     # the operator accepts Iceberg's rows: a full re-sync, asked for
@@ -492,9 +490,7 @@ def test_in_capture_mode_after_commit_an_apply_killed_before_its_commit_leaves_n
         native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(6, 9)], start=6)
         capture.catch_up(conn)
         before, tracked = _pg_rows(conn, d), _tracking(conn, d)
-        proc = cli(
-            "write-flags", "reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"}
-        )
+        proc = cli("reverse", "sync", "--dataset", str(d), env={"LAKEHOUSE_FAILPOINT": "reverse-before-commit"})
         assert proc.returncode == -9, proc.stderr
         assert capture.catch_up(conn)["transactions"] == 0  # nothing of the killed apply was committed
         assert _pg_rows(conn, d) == before and position(conn, d) is None

@@ -54,7 +54,7 @@ def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn
     out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
     assert "sync.append rolled back to pg for 1 dataset(s):" in out
     assert f"orders ({d}): 5 row(s) in 2 native snapshot(s) exist only in Iceberg" in out
-    assert f"lakehouse write-flags backfill --dataset {d}" in out
+    assert f"lakehouse backfill --dataset {d}" in out
     assert f"lakehouse ingest --dataset {d} --writer sync.full" in out
 
     # a new pg-path write makes the mirror want to run: it refuses, with the reason and both ways forward
@@ -63,7 +63,7 @@ def test_rollback_without_backfill_refuses_to_mirror_over_iceberg_only_rows(conn
         sync_dataset(dsn, load_catalog(settings, dsn), settings, d)
     msg = str(refused.value)
     assert "\n" not in msg and "5 row(s) in 2 native snapshot(s) exist only in Iceberg" in msg
-    assert "write-flags backfill" in msg and "--writer sync.full" in msg
+    assert "lakehouse backfill" in msg and "--writer sync.full" in msg
     assert snapshot(settings, dsn, d) == snap and table_rows(settings, dsn, d) == before
     proc = cli("sync", "--dataset", str(d))
     assert proc.returncode == 2 and "exist only in Iceberg" in proc.stderr
@@ -78,14 +78,14 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
     assert native.verdict == "native" and native.detail["agrees_with_postgres"] is False
 
     # refused while the writer is still native; nothing written
-    proc = cli("write-flags", "backfill", "--dataset", str(d))
+    proc = cli("backfill", "--dataset", str(d))
     assert proc.returncode == 2 and "roll the writer back first" in proc.stderr
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 6
 
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
     found = iceberg_only(conn, catalog, settings, d)
     assert (found.rows, found.snapshots, found.replaced, len(found.added_files)) == (6, 1, False, 1)  # only that file
-    out = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    out = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (out["copied"], out["removed"], out["moved"], out["pg_rows"]) == (6, 0, 0, 12)
     assert iceberg_only(conn, catalog, settings, d) is None
     # identity preserved: Postgres rows are the table's rows
@@ -100,7 +100,7 @@ def test_backfill_then_mirror_gives_an_identical_table(conn, dsn, settings):
     v = evaluate(dsn, catalog, settings, d, smoke=True)
     assert (v.verdict, v.smoke, v.pg_count) == ("ok", "match", 12)
     assert (v.iceberg_digest, v.iceberg_count) == (native.iceberg_digest, native.iceberg_count)
-    again = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    again = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert again["nothing_to_do"] and again["pg_rows"] == 12
 
 
@@ -114,7 +114,7 @@ def test_backfill_after_a_native_replace_and_pg_writes_after_the_rollback(conn, 
     # a pg-path append after the rollback lands at row_index 6, 7 (Postgres' max was 5)
     datasets.insert_rows(conn, d, [row(50), row(51)])
 
-    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    res = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     # the 6 stale rows are superseded, the 4 native rows copied; the pg-path rows kept (no collision: not moved)
     assert (res["removed"], res["copied"], res["pg_rows"]) == (6, 4, 6)
     pg = conn.execute(
@@ -134,7 +134,7 @@ def test_pg_rows_written_after_the_rollback_move_above_the_iceberg_only_rows(con
     native_write(conn, dsn, settings, d, "sync.append", [row(i) for i in range(3, 7)], start=3)  # 3..6
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
     datasets.insert_rows(conn, d, [row(70), row(71)])  # Postgres' max is 2: these land at 3, 4 (collide)
-    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    res = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["moved"], res["removed"], res["pg_rows"]) == (4, 2, 0, 9)
     got = conn.execute(
         "select row_index, (data->>'a')::int from dataset_rows where dataset_id = %s order by 1", (d,)
@@ -252,7 +252,7 @@ def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whol
     assert (found.snapshots, found.rows, found.replaced, sorted(found.added_files)) == (n, n, False, native_files)
     out = cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True).stdout
     assert f"{n} row(s) in {n} native snapshot(s) exist only in Iceberg" in out
-    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    res = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["removed"], res["moved"], res["pg_rows"]) == (n, 0, 0, 6 + n)
     assert iceberg_only(conn, catalog, quick, d) is None
 
@@ -268,7 +268,7 @@ def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whol
     newest = sorted(path for path, low in _live_files(table) if low >= 6 + n)
     assert (found.snapshots, found.rows, sorted(found.added_files)) == (3, 3, newest)
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    res = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["pg_rows"]) == (3, 9 + n)
     assert sync_dataset(dsn, catalog, quick, d).total_rows == 9 + n
     assert evaluate(dsn, catalog, quick, d, full=True).verdict == "ok"
@@ -320,7 +320,7 @@ def test_native_appends_compact_their_small_files_and_the_rollback_still_copies_
     assert (found.snapshots, found.rows, found.replaced) == (n, n, False)
     assert sorted(found.added_files) == sorted(p for p, _ in live if p not in before)
     cli("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
-    res = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    res = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert (res["copied"], res["removed"], res["moved"], res["pg_rows"]) == (n, 0, 0, 6 + n)
     sync_dataset(dsn, catalog, settings, d)
     assert evaluate(dsn, catalog, settings, d, full=True).verdict == "ok"

@@ -576,7 +576,7 @@ def test_a_complete_stage_refused_for_one_dataset_completes_the_other_and_an_abo
     # the plan set a dataset override where none was: the restore clears it, and the gate refuses that for a
     # completed dataset, naming the way back
     assert refused.startswith(f"dataset {a}: stays iceberg_native: refused: clear sync.full: dataset {a}"), refused
-    assert f"lakehouse write-flags backfill --dataset {a}; nothing written" in refused, refused
+    assert f"lakehouse backfill --dataset {a}; nothing written" in refused, refused
     assert native_dataset_ids(conn, [a, b]) == {a}
     pg = conn.execute(
         "select row_index, row_id::text, data->>'a' from dataset_rows where dataset_id = %s order by row_index", (b,)

@@ -129,7 +129,7 @@ def test_the_backfill_job_copies_the_iceberg_only_rows_like_the_cli(conn, dsn, s
     meta = _meta(result, "backfill_op")
     assert (meta["copied"].value, meta["pg_rows"].value) == (6, 12)
     assert any("6 row(s) copied into dataset_rows (identity preserved)" in m for m in _logs(instance, result))
-    again = json.loads(cli("write-flags", "backfill", "--dataset", str(d), "--json", check=True).stdout)
+    again = json.loads(cli("backfill", "--dataset", str(d), "--json", check=True).stdout)
     assert again["nothing_to_do"] is True
 
 

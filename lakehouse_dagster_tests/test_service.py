@@ -431,7 +431,7 @@ def test_a_native_dataset_is_read_from_postgres_only_through_the_reverse_mirrors
         set_reverse(conn, False, dataset=d, note="stop the copy", actor="pytest")
     files = _post_read(world, {"reader": "sdk.files.list", "dataset_id": str(d)})
     assert files.status_code == 409 and "cannot be served by Iceberg" in files.json()["error"]
-    assert f"lakehouse write-flags reverse on --dataset {d}" in files.json()["error"]
+    assert f"lakehouse reverse on --dataset {d}" in files.json()["error"]
     # ... and a compute reader not flipped yet (issue 43) is served the latest snapshot: Iceberg is the truth
     assert client.route("objects.sync", d)["reason"] == "iceberg@native"
     assert _metric(client, 'lakehouse_reverse_mirror_datasets{state="off"}') == off + 1

@@ -121,7 +121,7 @@ def test_candidates_suggest_the_flip_the_runbook_steps_use(conn, dsn, settings, 
     d = datasets.create_dataset(conn, ws, "ready", SCHEMA)
     datasets.insert_rows(conn, d, [row(i) for i in range(4)])
     runbook_ready(conn, dsn, settings, d)
-    code, out, _ = _cli(capsys, "write-flags", "candidates", "--writer", "sync.full")
+    code, out, _ = _cli(capsys, "candidates", "--writer", "sync.full")
     assert code == 0
     last = out.strip().splitlines()[-1]
     assert "1 ready to flip sync.full" in last

@@ -312,7 +312,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     )  # test_reverse_gates.py: on
     d = _dataset(conn, ws, "d")
     _ready(conn, dsn, settings, d)
-    out = cli_json("flags", "readers", "add", "objects.sync", "--dataset", str(d), "--note", "nightly object sync")
+    out = cli_json("pg-readers", "add", "objects.sync", "--dataset", str(d), "--note", "nightly object sync")
     assert out["reader"] == "objects.sync" and out["native_dataset_ids"] == []
     err = _refused(conn, "write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d))
     assert "read from dataset_rows by objects.sync (mode off: on Postgres until flipped" in err and "locked to" in err
@@ -322,7 +322,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     _ready(conn, dsn, settings, later)
     err = _refused_core(conn, "write", "sync.full", "iceberg_native", soak=0, dataset=later)
     assert f"dashboards.aggregate (declared for its workspace {ws})" in err and "objects.sync" not in err
-    listed = cli_json("flags", "readers", "list")
+    listed = cli_json("pg-readers", "list")
     assert {(r["reader"], r["scope"]) for r in listed} == {
         ("objects.sync", "dataset"),
         ("dashboards.aggregate", "workspace"),
@@ -337,7 +337,7 @@ def test_a_declared_postgres_locked_reader_blocks_the_write_flip(conn, dsn, sett
     assert remove(conn, "dashboards.aggregate", workspace=ws) and not remove(conn, "dashboards.aggregate", workspace=ws)
     _set(conn, "write", "sync.full", "iceberg_native", dataset=d, soak=0)
     # declaring a reader of a dataset already native records it and says Postgres is stale for it
-    out = cli_json("flags", "readers", "add", "pipeline.expectations", "--dataset", str(d))
+    out = cli_json("pg-readers", "add", "pipeline.expectations", "--dataset", str(d))
     assert out["native_dataset_ids"] == [str(d)]
     with pytest.raises(FlipRefused, match="pipeline.expectations"):
         set_flag(conn, "write", "sync.append", "iceberg_native", dataset=d, actor="pytest", soak_seconds=0)

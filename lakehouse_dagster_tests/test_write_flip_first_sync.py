@@ -100,7 +100,7 @@ def test_write_flip_job_stops_with_the_rollback_command_when_the_source_changed(
     ).fetchone()
     assert f"writer sync.full iceberg_native → pg for fed ({d}) at dataset scope (audit #{audit_id})" in text
     assert "7 row(s) in 1 native snapshot(s) exist only in Iceberg" in text
-    assert f"lakehouse write-flags backfill --dataset {d}" in text
+    assert f"lakehouse backfill --dataset {d}" in text
 
 
 def test_with_auto_rollback_off_the_stop_names_the_rollback_command(conn, dsn, settings, monkeypatch):

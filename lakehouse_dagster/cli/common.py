@@ -42,9 +42,20 @@ class ArgumentParser(argparse.ArgumentParser):
         hint = ""
         bad = _INVALID_CHOICE.search(message)
         if bad is not None:
+            moved = self._moved()  # the aliases of the moved verbs (cli/moved.py): neither listed nor suggested
             choices = [c.strip().strip("'") for c in bad.group("choices").split(",")]
+            choices = [c for c in choices if c not in moved]
+            message = message[: bad.start("choices")] + ", ".join(map(repr, choices)) + ")"
             hint = _did_you_mean(bad.group("given"), choices)
+            near = difflib.get_close_matches(bad.group("given"), list(moved), n=1, cutoff=0.6)
+            if not hint and near:  # near a moved verb only: the verb it is now
+                hint = f"; did you mean lakehouse {moved[near[0]]}?"
         self._fail(message + hint, usage=bad is not None)
+
+    def _moved(self) -> dict[str, str]:
+        """This parser's hidden subcommands: an alias's old name -> the verb it moved to (cli/moved.py)."""
+        subparsers = (a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        return {old: new for a in subparsers for old, new in getattr(a, "moved", {}).items()}
 
     def _fail(self, message: str, *, usage: bool):
         more = self.format_usage() if usage else ""
@@ -83,6 +94,17 @@ class Subcommands(Protocol):
     """What ``ArgumentParser.add_subparsers()`` returns (argparse keeps its class private)."""
 
     def add_parser(self, name: str, **kw: Any) -> ArgumentParser: ...
+
+
+def scope_args(p) -> None:
+    """--dataset / --workspace: the scope of a flag, a setting or a run (none: global)."""
+    p.add_argument("--dataset", help="dataset uuid (most specific scope)")
+    p.add_argument("--workspace", help="workspace uuid")
+
+
+def where(scope) -> str:
+    """A scope as the verbs print it."""
+    return "globally" if scope.scope_id is None else f"for {scope}"
 
 
 def add_command(

@@ -26,8 +26,22 @@ from lakehouse_dagster.core.errors import (
 
 # verb -> (module in this package, help line), in the order `lakehouse --help` lists them
 VERBS: dict[str, tuple[str, str]] = {
+    "backfill": (
+        "complete",
+        "after a rollback to pg: copy the rows only Iceberg holds into dataset_rows (identity preserved, one "
+        "transaction), so the mirror may run again",
+    ),
+    "candidates": (
+        "candidates",
+        "the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip",
+    ),
     "canary": ("canary", "compare Postgres and Iceberg per dataset (order-independent digests) and record verdicts"),
     "catalog": ("catalog", "move the datasets' Iceberg tables between the SQL and a REST catalog"),
+    "complete": (
+        "complete",
+        "retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, no "
+        "Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable",
+    ),
     "datasets": ("datasets", "list datasets with their workspace, Postgres version and last sync"),
     "db": ("db", "schema migrations of the project's Postgres"),
     "demo": ("demo", "the demo workspace (datasets of several sizes and shapes, a pipeline)"),
@@ -45,10 +59,23 @@ VERBS: dict[str, tuple[str, str]] = {
         "list (or --delete) the files of datasets' Iceberg tables that no kept snapshot references",
     ),
     "pg": ("pg", "the embedded Postgres (when LAKEHOUSE_PG_DSN is unset)"),
+    "pg-readers": (
+        "pg_readers",
+        "declare which datasets the readers held on Postgres read (locked ones; compute readers until flipped): a "
+        "write flip of such a dataset with its reverse off, and its complete, are refused",
+    ),
+    "reverse": (
+        "reverse",
+        "the reverse mirror: native Iceberg commits applied back to dataset_rows (a rollback needs no backfill)",
+    ),
     "rollout": ("rollout", "rollout plans: a reader or writer moved stage by stage by the rollout_controller"),
     "serve": (
         "serve",
         "serve the HTTP API the live app calls: read, ingest, route, flags, metrics (docs/service.md)",
+    ),
+    "soak": (
+        "soak",
+        "the soak of the widening rules, stored for the CLI and every Dagster process (readers and writers)",
     ),
     "sources": ("sources", "set or show a dataset's source (files, postgres table/query, cdc table)"),
     "status": (

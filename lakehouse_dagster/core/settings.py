@@ -99,7 +99,7 @@ class Settings:
     auto_rollback: bool = True
     # A flip widens (dataset → workspace → global) only after the narrower flip held this long without an
     # incident, and a writer flips a dataset only after its readers served Iceberg this long (flags/widen.py).
-    # Only the default: a soak stored in the database (`lakehouse flags soak set`, flags/soak_setting.py) wins in every
+    # Only the default: a soak stored in the database (`lakehouse soak set`, flags/soak_setting.py) wins in every
     # process; 0 drops the waiting, never the dataset → workspace → global order.
     soak_seconds: int = 3600
     soak_seconds_given: bool = False  # LAKEHOUSE_SOAK_SECONDS is set in this process' environment
@@ -211,7 +211,7 @@ class Settings:
     # statements meet its WAL; paced, the slowest of them meet a short burst, and the re-sync takes about 1/share as
     # long (docs/benchmarks.md, "Pacing the re-sync"). 1: unpaced, as fast as it goes.
     reverse_resync_share: float = 1.0
-    # `lakehouse write-flags complete` (runbooks/complete/): rows of dataset_rows each batch deletes, each batch its
+    # `lakehouse complete` (runbooks/complete/): rows of dataset_rows each batch deletes, each batch its
     # own short transaction (a row_index range of the primary key, no table lock).
     complete_batch_rows: int = 10_000
     # A REST catalog's secrets, from the environment only (never a resource field, never in run config, never

@@ -14,7 +14,7 @@ What the demo covers (the mirror, parity and the runbook queries all have someth
 * ``customers`` (1,000 rows) and ``orders`` (20,000 rows) — inputs of the pipeline
   ``customer_orders_rollup`` (``dataset`` nodes): the runbook's step 2b classifies them BLOCKED.
 * ``customer_rollup`` — that pipeline's output (an ``output`` node, not an input: SAFE); a dashboard reads it
-  from ``dataset_rows`` (``dashboards.aggregate``, declared: ``lakehouse flags readers list``), so the flip
+  from ``dataset_rows`` (``dashboards.aggregate``, declared: ``lakehouse pg-readers list``), so the flip
   gates refuse to write it iceberg-native.
 * ``edge_cases`` — a handful of hand-written rows, one edge per row, and column names with a space and
   non-ASCII letters.

@@ -1,10 +1,10 @@
-"""Which datasets are completed (``lakehouse write-flags complete``, runbooks/complete/): their Postgres rows are
+"""Which datasets are completed (``lakehouse complete``, runbooks/complete/): their Postgres rows are
 deleted, or being deleted, and only Iceberg holds them.
 
 Read here, below the mirror and the flip gates, so that both refuse what would strand a completed dataset whatever
 its flags say: the flip gates (flags/gates.py) refuse a writer rollback to pg, and the forward mirror
 (mirror/sync.py) refuses to sync the emptied ``dataset_rows`` over the Iceberg table. The way back is a backfill from
-Iceberg (``lakehouse write-flags backfill --dataset <id>``), which brings the rows back and lifts the mark
+Iceberg (``lakehouse backfill --dataset <id>``), which brings the rows back and lifts the mark
 (``restored``). One query for any number of datasets, uncached: a complete must be seen at once.
 """
 
@@ -55,8 +55,7 @@ class Completed:
     def why_not_postgres(self) -> str:
         """Why Postgres cannot serve or receive the dataset's writes again, and the way back (one sentence)."""
         way_back = (
-            "to return it to Postgres, backfill it from Iceberg first: "
-            f"lakehouse write-flags backfill --dataset {self.dataset_id}"
+            f"to return it to Postgres, backfill it from Iceberg first: lakehouse backfill --dataset {self.dataset_id}"
         )
         if self.status == COMPLETE:
             at = self.finished_at or self.started_at
@@ -70,7 +69,7 @@ class Completed:
             )
         return (
             f"dataset {self.dataset_id} was completed and a backfill from Iceberg has not finished yet; finish it "
-            f"first: lakehouse write-flags backfill --dataset {self.dataset_id}"
+            f"first: lakehouse backfill --dataset {self.dataset_id}"
         )
 
 

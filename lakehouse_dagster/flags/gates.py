@@ -218,7 +218,7 @@ def write_flip_blockers(
     return blocked
 
 
-REVERSE_ON = "lakehouse write-flags reverse on --dataset {id}"
+REVERSE_ON = "lakehouse reverse on --dataset {id}"
 
 
 def postgres_consumer_blockers(
@@ -260,7 +260,7 @@ def postgres_consumer_blockers(
                 + ", ".join(d.describe() for d in locked[ds_id])
                 + ", locked to Postgres: Postgres would go stale for it without the "
                 f"reverse mirror; {off} (or flip a compute reader once proven, or remove the declaration, lakehouse "
-                "flags readers remove, once it no longer reads this dataset)"
+                "lakehouse pg-readers remove, once it no longer reads this dataset)"
             )
     return out
 
@@ -335,7 +335,7 @@ def read_rollback_blockers(conn: psycopg.Connection, moved: list[Effect], datase
                         f"written iceberg-native by {', '.join(native)}: Postgres no longer receives its rows, so a "
                         f"reader on Postgres ({e.after}) would serve rows the writer may not have put there; roll "
                         "the writer back first (write-flags set <writer> pg: its report says whether Postgres "
-                        "holds every row or needs write-flags backfill), then the readers",
+                        "holds every row or needs lakehouse backfill), then the readers",
                     ),
                 )
             )

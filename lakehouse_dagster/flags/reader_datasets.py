@@ -4,7 +4,7 @@ Readers whose ceiling is below iceberg (sdk.files.list, mediaset.item) read ``da
 compute readers (objects.sync, dashboards.aggregate, pipeline.expectations: registry ``proof``) read it until they are
 flipped for the dataset, which needs proven shadow consistency (flags/proof.py). Once a writer goes iceberg_native
 for a dataset, Postgres goes stale for it. Nothing in the app says which datasets they read, so an operator declares
-it (``lakehouse flags readers add <reader> --dataset <id> | --workspace <id>``); a workspace declaration covers every
+it (``lakehouse pg-readers add <reader> --dataset <id> | --workspace <id>``); a workspace declaration covers every
 dataset of the workspace, including ones created later. A declared reader holds a dataset on Postgres only while its
 effective mode for that dataset is below iceberg (``on_postgres``): the flip gates (gates.py) refuse a write flip
 and ``complete`` refuses a dataset it holds, naming the reader; a compute reader flipped for it holds nothing.

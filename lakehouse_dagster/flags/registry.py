@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
 READ = "read"
 WRITE = "write"
@@ -159,7 +158,7 @@ WRITERS: dict[str, Flag] = {
             "pg",
             None,
             "streaming ingest",
-            "streaming transaction: rows commit statement by statement into " + dataset_rows.TABLE,
+            "streaming transaction: rows commit statement by statement on dataset_rows",
         ),
         _writer(
             "row.edit",

@@ -77,10 +77,7 @@ def where_native_writes_land(conn: psycopg.Connection, dataset_ids: Iterable[uui
         return "new writes of the datasets it moves land in Iceberg only, the mirror skips them (reverse mirror off)"
     head = "new writes of the datasets it moves land in Iceberg, the mirror skips them"
     if not off:
-        return (
-            head
-            + f"; the reverse mirror copies them back into {dataset_rows.TABLE} (lakehouse write-flags reverse status)"
-        )
+        return head + f"; the reverse mirror copies them back into {dataset_rows.TABLE} (lakehouse reverse status)"
     return (
         f"{head}; the reverse mirror copies them back into {dataset_rows.TABLE}, except for {len(off)} of {len(settings)} "
         f"with it off: {', '.join(off[:5])}{' …' if len(off) > 5 else ''}"
@@ -101,7 +98,7 @@ def set_reverse(
     scope = parse_scope(dataset, workspace)
     note, actor = _check_note(note), _check_actor(actor)
     require_target(conn, scope)
-    what = f"write-flags reverse {'clear' if enabled is None else 'on' if enabled else 'off'} ({scope})"
+    what = f"lakehouse reverse {'clear' if enabled is None else 'on' if enabled else 'off'} ({scope})"
     with transition(
         conn,
         REVERSE,

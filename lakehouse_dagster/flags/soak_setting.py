@@ -2,9 +2,9 @@
 
 How the stored value and ``LAKEHOUSE_SOAK_SECONDS`` combine:
 
-* a value stored in ``lakehouse_settings`` (``lakehouse flags soak set <seconds>``, audited in
+* a value stored in ``lakehouse_settings`` (``lakehouse soak set <seconds>``, audited in
   ``lakehouse_settings_audit``) is the soak, for every process on that database; ``LAKEHOUSE_SOAK_SECONDS`` is then
-  ignored (``lakehouse flags soak show`` says so when it is set in the shell);
+  ignored (``lakehouse soak show`` says so when it is set in the shell);
 * with nothing stored, each process uses its own ``LAKEHOUSE_SOAK_SECONDS`` (default 3600): the env var only seeds
   the default. ``lakehouse up`` stores it the first time it starts on a database with nothing stored (with the demo:
   0, unless the variable is set), so a stack that was started once reads one value everywhere.
@@ -45,7 +45,7 @@ class SoakSetting:
             note = f"; note: {self.note}" if self.note else ""
             return f"{self.seconds} s (stored: set by {self.set_by}{at}{note})"
         where = "LAKEHOUSE_SOAK_SECONDS of this process" if self.source == ENV else "the default"
-        return f"{self.seconds} s ({where}; nothing stored: lakehouse flags soak set <seconds> stores it for every process)"
+        return f"{self.seconds} s ({where}; nothing stored: lakehouse soak set <seconds> stores it for every process)"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -202,7 +202,7 @@ def _narrower_blockers(
             ]
         return [
             f"soak: no {one_down}-scope flip of {flag.name} to {mode} inside {where} to have soaked; "
-            f"{first}, let it soak {soak_seconds}s (lakehouse flags soak show) without incident, then widen"
+            f"{first}, let it soak {soak_seconds}s (lakehouse soak show) without incident, then widen"
         ]
     if soak_seconds <= 0:
         return []
@@ -231,7 +231,7 @@ def _narrower_blockers(
     first_ends = min(soaks, key=lambda s: s.ends)
     return [
         f"soak: the narrower flip has not soaked yet: {first_ends.describe(now)} "
-        f"(soak {soak_seconds} s: lakehouse flags soak show)"
+        f"(soak {soak_seconds} s: lakehouse soak show)"
     ]
 
 

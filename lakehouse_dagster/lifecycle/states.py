@@ -30,9 +30,9 @@ AUTHORITY = {
 MIRROR = "mirror"  # the forward mirror's first snapshot of the dataset
 READER_FLAG = "reader-flag"  # flags set/clear/flip at any scope, a reader's auto-rollback, a plan's stage or abort
 WRITER_FLAG = "writer-flag"  # write-flags set/clear/flip at any scope, a writer rollback, auto-rollback, plans
-REVERSE = "reverse"  # write-flags reverse on/off/clear at any scope
-COMPLETE_VERB = "complete"  # write-flags complete: start, then finish
-RESTORE = "restore"  # write-flags backfill of a completed dataset: start, then finish
+REVERSE = "reverse"  # lakehouse reverse on/off/clear at any scope
+COMPLETE_VERB = "complete"  # lakehouse complete: start, then finish
+RESTORE = "restore"  # lakehouse backfill of a completed dataset: start, then finish
 OBSERVE = "observe"  # the first time a dataset's state is recorded (no move)
 VERBS = (MIRROR, READER_FLAG, WRITER_FLAG, REVERSE, COMPLETE_VERB, RESTORE, OBSERVE)
 
@@ -156,12 +156,11 @@ def next_steps(state: str, dataset_id: uuid.UUID) -> str:
         PG: f"mirror it first (lakehouse sync {d})",
         MIRRORED: f"flip its readers (lakehouse flags flip <reader> {d}), then its writers",
         READ_FLIPPED: f"flip a writer (lakehouse write-flags flip <writer> {d}) or its readers back (flags set <reader> off)",
-        NATIVE: f"complete it (lakehouse write-flags complete {d}) or roll its writers back "
+        NATIVE: f"complete it (lakehouse complete {d}) or roll its writers back "
         f"(lakehouse write-flags set <writer> pg {d})",
-        COMPLETING: f"let it finish (lakehouse write-flags complete {d} resumes it) or restore it "
-        f"(lakehouse write-flags backfill {d})",
-        COMPLETE: f"restore it from Iceberg first (lakehouse write-flags backfill {d})",
-        RESTORING: f"finish the restore (lakehouse write-flags backfill {d})",
+        COMPLETING: f"let it finish (lakehouse complete {d} resumes it) or restore it (lakehouse backfill {d})",
+        COMPLETE: f"restore it from Iceberg first (lakehouse backfill {d})",
+        RESTORING: f"finish the restore (lakehouse backfill {d})",
     }[state]
 
 

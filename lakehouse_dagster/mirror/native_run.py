@@ -84,7 +84,7 @@ class IcebergOnly:
 
 def ways_forward(dataset_id: uuid.UUID) -> str:
     return (
-        f"either copy them into Postgres (lakehouse write-flags backfill --dataset {dataset_id}) or repopulate "
+        f"either copy them into Postgres (lakehouse backfill --dataset {dataset_id}) or repopulate "
         f"Postgres from the source (lakehouse ingest --dataset {dataset_id} --writer sync.full, on the pg path)"
     )
 

@@ -60,7 +60,7 @@ class ReverseLag:
             return f"reverse caught up ({held})"
         return (
             f"reverse behind by {self.pending} commit(s), {self.lag_seconds or 0:.0f} s (it {held}; "
-            f"Iceberg is at {self.latest_snapshot}): lakehouse write-flags reverse sync --dataset {self.dataset_id}"
+            f"Iceberg is at {self.latest_snapshot}): lakehouse reverse sync --dataset {self.dataset_id}"
         )
 
     def as_dict(self) -> dict:

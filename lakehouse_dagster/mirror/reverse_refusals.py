@@ -39,12 +39,12 @@ def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
         raise BadInput(
             f"dataset {ds_id} is not written iceberg-native (no writer flag resolves to iceberg_native), so "
             "Postgres is its truth and the reverse mirror leaves it alone; after a rollback, copy what only "
-            f"Iceberg holds with lakehouse write-flags backfill --dataset {ds_id}; nothing was written"
+            f"Iceberg holds with lakehouse backfill --dataset {ds_id}; nothing was written"
         )
     setting = reverse_enabled(conn, ds_id)
     if not setting.enabled:
         raise BadInput(
-            f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse write-flags reverse on "
+            f"dataset {ds_id}: {setting.describe()}; turn it on first (lakehouse reverse on "
             f"--dataset {ds_id}); nothing was written"
         )
     blocked = capture.reverse_blocked(conn)
@@ -68,5 +68,5 @@ def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: Rev
         "row.edit or ingest.stream, a pg writer): those rows are not in Iceberg, and applying would re-sync them "
         "away; nothing was written. Find them (lakehouse canary --smoke --dataset "
         f"{ds_id} names the differing rows), bring what must be kept into Iceberg through a native writer, then "
-        f"accept Iceberg's rows with lakehouse write-flags reverse sync --dataset {ds_id} --full"
+        f"accept Iceberg's rows with lakehouse reverse sync --dataset {ds_id} --full"
     )

@@ -1,5 +1,5 @@
 """What the reverse mirror (mirror/reverse.py) knows of each dataset without applying anything: its position, an apply's
-result, the state `write-flags reverse status` shows, and which datasets are due (the sweep's check, a stream's hint
+result, the state `lakehouse reverse status` shows, and which datasets are due (the sweep's check, a stream's hint
 of native commits).
 """
 
@@ -80,7 +80,7 @@ class ReverseResult:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
 
     def summary(self) -> str:
-        """What `lakehouse write-flags reverse sync` says."""
+        """What `lakehouse reverse sync` says."""
         if self.how == NOOP:
             return (
                 f"dataset {self.dataset_id}: nothing to apply ({self.reason}); dataset_rows holds {self.pg_rows} row(s)"
@@ -96,7 +96,7 @@ class ReverseResult:
 
 @dataclasses.dataclass(frozen=True)
 class ReverseState:
-    """One native dataset as the reverse mirror sees it (``lakehouse write-flags reverse status``)."""
+    """One native dataset as the reverse mirror sees it (``lakehouse reverse status``)."""
 
     dataset_id: uuid.UUID
     name: str

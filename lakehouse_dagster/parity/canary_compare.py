@@ -176,7 +176,7 @@ def _native_verdict(pg: PinnedPostgres, pin, state, v: Verdict, agree: bool) -> 
         "written iceberg-native: Postgres is not authoritative for it; "
         if found is None or found.authority == ICEBERG
         else f"written iceberg-native before its writers went back to pg ({found.describe()}): Postgres is the truth "
-        "again and has not received this snapshot's rows (lakehouse write-flags backfill --dataset "
+        "again and has not received this snapshot's rows (lakehouse backfill --dataset "
         f"{state.dataset_id} copies them, or the forward mirror's next sync replaces them); "
     )
     if agree and v.smoke != "differs":

@@ -134,7 +134,7 @@ def _after_writer_abort(conn: psycopg.Connection, p: PlanRow) -> str:
     shown = ", ".join(str(d) for d in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
     return (
         f"{len(left)} of {len(moved)} dataset(s) had the reverse mirror off or behind, so rows written iceberg-native "
-        f"may exist only in Iceberg: lakehouse write-flags backfill --dataset <id> for {shown} (its rollback report "
+        f"may exist only in Iceberg: lakehouse backfill --dataset <id> for {shown} (its rollback report "
         "says which rows), before Postgres serves them again"
     )
 

@@ -33,7 +33,7 @@ class _Completing(StepState):
         if stage.max_datasets is not None and len(left) > stage.max_datasets:
             self.pause(
                 f"stage {n} would complete {len(left)} datasets, above its max_datasets {stage.max_datasets}; "
-                "complete some by hand (lakehouse write-flags complete --dataset <id>) and resume, or abort"
+                "complete some by hand (lakehouse complete --dataset <id>) and resume, or abort"
             )
             return [], False
         store.update_stage(self.conn, self.p.id, self.p.stage, started_at=self.now)
@@ -94,7 +94,7 @@ class _Completing(StepState):
         self.pause(
             f"stage {n} (complete): {len(left)} of {len(moved)} dataset(s) not complete after run {r.run_id[:8]}: "
             f"{why}; settle what it names, then lakehouse rollout resume {self.p.id} (it completes the rest; "
-            "lakehouse write-flags complete --status shows each dataset)"
+            "lakehouse complete --status shows each dataset)"
         )
         return [], False
 

@@ -159,7 +159,7 @@ class Rendered:
                 export = f", after writing them as Parquet under {s.stage.export_to}" if s.stage.export_to else ""
                 out.append(
                     f"  retires the Postgres rows of the {len(s.completes)} dataset(s) the stages above move{export} "
-                    "(lakehouse write-flags complete: each refused, and the stage paused, unless native past the "
+                    "(lakehouse complete: each refused, and the stage paused, unless native past the "
                     "soak with reverse parity ok and no Postgres-locked consumer):"
                 )
                 out += [f"       {m.name} ({m.dataset_id})" for m in s.completes[:_SHOWN]]
@@ -302,7 +302,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
                 )
             else:
                 found = writer_candidates(conn, flag, datasets, row_counts, within)
-                how = "SAFE candidates that pass every flip gate now (lakehouse write-flags candidates)"
+                how = "SAFE candidates that pass every flip gate now (lakehouse candidates)"
             in_ws = f" in workspace {within}" if within else ""
             if stage.count is not None and len(found) < stage.count:
                 problems.append(

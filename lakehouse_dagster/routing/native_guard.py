@@ -119,7 +119,7 @@ def refusal_text(writer: str, blocked: Blocked, state: str = FLIPPING, lifecycle
     else:
         forward = (
             f"fix what the reasons say, or roll the writer back ({pin}; rows written natively exist only in "
-            "Iceberg: lakehouse write-flags backfill)"
+            "Iceberg: lakehouse backfill)"
         )
     return (
         f"refused: {writer} would write {blocked.name} ({blocked.dataset_id})"

@@ -137,13 +137,13 @@ class ReadDecision:
                 f"{': ' + ceiling if ceiling else ''})"
             )
             todo = (
-                f"turn its reverse mirror on (lakehouse write-flags reverse on --dataset {self.dataset_id}) so that "
+                f"turn its reverse mirror on (lakehouse reverse on --dataset {self.dataset_id}) so that "
                 f"Postgres keeps its rows, or roll the writer back (lakehouse write-flags set <writer> pg --dataset "
                 f"{self.dataset_id}; its report says whether a backfill is needed)"
             )
         elif self.reason == "refused@reverse-behind":
             why = f"{self.reader} is STRICT and the reverse mirror has not applied its latest snapshot to Postgres yet"
-            todo = f"retry, or catch it up now: lakehouse write-flags reverse sync --dataset {self.dataset_id}"
+            todo = f"retry, or catch it up now: lakehouse reverse sync --dataset {self.dataset_id}"
         else:
             why = "Iceberg has no snapshot of it yet"
             todo = f"run its writer first (lakehouse ingest --dataset {self.dataset_id})"

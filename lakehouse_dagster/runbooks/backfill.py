@@ -1,4 +1,4 @@
-"""`lakehouse write-flags backfill`: copy the rows only Iceberg holds back into dataset_rows.
+"""`lakehouse backfill`: copy the rows only Iceberg holds back into dataset_rows.
 
 After a writer is rolled back to pg, Postgres lacks what was written natively (mirror/native_run.py)
 and the mirror refuses to overwrite the table. The backfill makes Postgres hold every row of the table's
@@ -65,7 +65,7 @@ class BackfillResult:
         return {**dataclasses.asdict(self), "dataset_id": str(self.dataset_id)}
 
     def summary(self) -> str:
-        """What `lakehouse write-flags backfill` and the backfill job say."""
+        """What `lakehouse backfill` and the backfill job say."""
         if self.nothing_to_do:
             return f"dataset {self.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
         return (

@@ -14,7 +14,7 @@ Postgres); ``check_reverse_parity`` is the caller that records and acts. The pos
 comparison: only when both equal the pinned snapshot did the Postgres pin (taken between them) see that snapshot's
 rows, since an apply commits the rows and its position together; otherwise the verdict is ``lagging``.
 
-``lakehouse write-flags reverse check --dataset <id> [--no-repair]`` runs it (exit 1 on a MISMATCH); so do
+``lakehouse reverse check --dataset <id> [--no-repair]`` runs it (exit 1 on a MISMATCH); so do
 ``lakehouse canary``, the ``canary`` job and the scheduled canary for every native dataset with the reverse on
 (``auto_rollback.run_canary_and_roll_back`` compares those with ``compare_both_ways`` and repairs, never rolls back).
 The first native sync's canary keeps its own check (runbooks/first_native_canary.py).
@@ -65,7 +65,7 @@ def reverse_parity(
             f"reverse behind: dataset_rows holds snapshot {held}, Iceberg is at {v.snapshot_id}"
             if held is not None
             else f"reverse behind: it never applied a snapshot, Iceberg is at {v.snapshot_id}"
-        ) + f" (lakehouse write-flags reverse sync --dataset {ds_id})"
+        ) + f" (lakehouse reverse sync --dataset {ds_id})"
         return v
     # the canary's own ok (the table is still the mirror's snapshot: no native commit yet) or its native verdict
     # that says Postgres holds the same rows, identity included
@@ -100,9 +100,7 @@ class ReverseCheck:
         if self.repair is not None:
             text += f"; repaired, no writer rolled back: {self.repair.summary()}"
         elif self.repair_error:
-            text += (
-                f"; the full reverse re-sync failed ({self.repair_error}): lakehouse write-flags reverse sync --full"
-            )
+            text += f"; the full reverse re-sync failed ({self.repair_error}): lakehouse reverse sync --full"
         return text
 
 
@@ -146,7 +144,7 @@ def repair_copy(
         said = f"repaired by a full reverse re-sync, no writer rolled back: {fixed.summary()}"
     except Exception as exc:  # noqa: BLE001 - recorded and said; the next check asks again
         out = ReverseCheck(v, parity_id, None, f"{type(exc).__name__}: {exc}")
-        said = f"the full reverse re-sync failed ({out.repair_error}): lakehouse write-flags reverse sync --full"
+        said = f"the full reverse re-sync failed ({out.repair_error}): lakehouse reverse sync --full"
     v.detail["reverse_repair"] = said
     add_to_detail(conn, parity_id, "reverse_repair", said)
     return out

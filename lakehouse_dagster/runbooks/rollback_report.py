@@ -56,9 +56,9 @@ class RolledBack:
         if self.reverse_synced:
             return f"reverse-synced up to snapshot {self.current_snapshot}: no backfill needed"
         if not self.reverse_on:
-            return "reverse was off: run write-flags backfill"
+            return "reverse was off: run lakehouse backfill"
         at = f"it holds snapshot {self.reverse.snapshot_id}" if self.reverse else "it never applied a snapshot"
-        return f"reverse was behind ({at}): run write-flags backfill"
+        return f"reverse was behind ({at}): run lakehouse backfill"
 
     def as_dict(self) -> dict:
         return {

@@ -46,7 +46,7 @@ def reverse_lines(ov: Overview) -> list[str]:
     for r in ov.reverse_lags[:REVERSE_SHOWN]:
         lines.append(f"  {r.name} ({r.dataset_id}): {r.describe()}")
     if ov.reverse_behind > REVERSE_SHOWN:
-        lines.append(f"  ... and {ov.reverse_behind - REVERSE_SHOWN} more (lakehouse write-flags reverse status)")
+        lines.append(f"  ... and {ov.reverse_behind - REVERSE_SHOWN} more (lakehouse reverse status)")
     return lines
 
 

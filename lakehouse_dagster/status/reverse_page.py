@@ -57,7 +57,7 @@ def reverse_page_changes(
         if d not in native:
             why = "the dataset is no longer written iceberg-native (Postgres is its truth again)"
         elif lag is None:
-            why = "its reverse mirror was turned off: nothing keeps dataset_rows now (lakehouse write-flags reverse status)"
+            why = "its reverse mirror was turned off: nothing keeps dataset_rows now (lakehouse reverse status)"
         elif lag.caught_up:
             why = f"caught up: it holds snapshot {lag.applied_snapshot}, the table's newest native commit"
         else:

@@ -1,29 +1,42 @@
-"""`lakehouse flags|write-flags list|set|clear|history`, `write-flags candidates|complete`, and `lakehouse read` (a reader through the router).
+"""`lakehouse flags|write-flags list|set|clear|history|flip` (the runbooks' own verbs) and `lakehouse read` (a
+reader through the router).
 
-The verbs' argparse table is here (``register``); each capability's handlers sit in their own module: ``crud``
-(list, set, clear, history), ``flips`` (flip, candidates), ``complete`` (backfill, complete), ``soak``, ``readers``,
-``reverse``, ``read``; ``shared`` holds the scope options and the change's data they all print. Every module imports
-its machinery inside the functions that run (a fast ``--help``, test_cli_start.py).
+The verbs' argparse table is here (``register``); the handlers sit in ``crud`` (list, set, clear, history),
+``flips`` (flip) and ``read``; ``shared`` holds the change's data they print. The verbs that once hung here
+too (reverse, complete, backfill, candidates, soak, readers) are top-level verbs of their own now, kept under their
+old names for one release as hidden aliases (cli/moved.py). Every module imports its machinery inside the functions
+that run (a fast ``--help``, test_cli_start.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from lakehouse_dagster.cli import candidates, complete, pg_readers, reverse, soak
 from lakehouse_dagster.cli.common import add_command
-from lakehouse_dagster.cli.flags.complete import _backfill, _complete
 from lakehouse_dagster.cli.flags.crud import _clear, _history, _list, _set
-from lakehouse_dagster.cli.flags.flips import _candidates, _flip, _flip_args, _wflip
+from lakehouse_dagster.cli.flags.flips import _flip, _flip_args, _wflip
 from lakehouse_dagster.cli.flags.read import _read
-from lakehouse_dagster.cli.flags.readers import _readers_args
-from lakehouse_dagster.cli.flags.reverse import _reverse_args
 from lakehouse_dagster.cli.flags.shared import _KIND_WORD, _scope_args
-from lakehouse_dagster.cli.flags.soak import _soak_args
+from lakehouse_dagster.cli.moved import add_aliases
 from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
+
+# the new verb path -> its parser builder, for the aliases of the verbs that moved out (cli/moved.py)
+_BUILDERS: dict[tuple[str, ...], Callable[..., Any]] = {
+    ("reverse",): reverse.add_reverse,
+    ("complete",): complete.add_complete,
+    ("backfill",): complete.add_backfill,
+    ("candidates",): candidates.add_candidates,
+    ("soak",): soak.add_soak,
+    ("pg-readers",): pg_readers.add_pg_readers,
+}
 
 __all__ = ["register"]
 
 
 def register(sub) -> None:
-    """Long on purpose: the argparse table of the flags and write-flags verbs, one block per verb."""
+    """The argparse table of the flags and write-flags verbs, one block per verb."""
     for command, kind, help_text in (
         ("flags", READ, "read flags: which engine serves each reader (off < shadow < iceberg < iceberg_only)"),
         ("write-flags", WRITE, "write flags: where each writer lands (pg < iceberg_native)"),
@@ -64,9 +77,6 @@ def register(sub) -> None:
             fl.add_argument("mode", nargs="?", default="iceberg", help="iceberg (default) or iceberg_only")
             _flip_args(fl)
             parsers.append(fl)
-        if kind == READ:
-            parsers += _readers_args(actions)
-            parsers += _soak_args(actions)
         if kind == WRITE:
             wf = add_command(
                 actions,
@@ -77,42 +87,7 @@ def register(sub) -> None:
             wf.add_argument("name", help="the writer, e.g. sync.full")
             _flip_args(wf)
             parsers.append(wf)
-            bf = add_command(
-                actions,
-                "backfill",
-                _backfill,
-                help="after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
-                "(identity preserved, one transaction), so the mirror may run again",
-            )
-            bf.add_argument("--dataset", required=True, help="dataset uuid")
-            parsers.append(bf)
-            cp = add_command(
-                actions,
-                "complete",
-                _complete,
-                help="retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, "
-                "no Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable",
-            )
-            _scope_args(cp)
-            cp.add_argument(
-                "--export-to",
-                help="first write the rows as Parquet into this new or empty directory (or, at a wider scope, the one an earlier run used: it resumes)",
-            )
-            cp.add_argument("--note", help="why (kept in the audit)")
-            cp.add_argument(
-                "--status", action="store_true", help="print the complete marks and their audit; change nothing"
-            )
-            cp.add_argument("--limit", type=int, default=50, help="--status: audit entries shown (default 50)")
-            parsers.append(cp)
-            parsers += _reverse_args(actions)
-            ca = add_command(
-                actions,
-                "candidates",
-                _candidates,
-                help="the runbook's step 2b (SAFE / BLOCKED) plus what each dataset still lacks for a flip",
-            )
-            ca.add_argument("--writer", default="sync.full", help="the writer to flip (default sync.full)")
-            parsers.append(ca)
+        add_aliases(command, actions, _BUILDERS)  # not in `parsers`: the moved verbs take no kind
         for p_ in parsers:
             p_.set_defaults(kind=kind, command_name=command)
 

@@ -1,6 +1,4 @@
-"""`flags flip`, `write-flags flip|candidates`: the flip runbook steps (preflight canary, gated set, verify) and what
-each dataset still lacks for a write flip.
-"""
+"""`flags flip`, `write-flags flip`: the flip runbook steps (preflight canary, gated set, verify)."""
 
 from __future__ import annotations
 
@@ -200,29 +198,3 @@ class _Said:
     def rest(self) -> str:
         """The lines not written yet: the Result's text (emit prints it last)."""
         return "\n".join(self.lines)
-
-
-def _candidates(ctx, args) -> Result:
-    from lakehouse_dagster.flags.candidates import (
-        SAFE,
-        write_flip_candidates,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-
-    found = write_flip_candidates(ctx.conn, args.writer)
-    data = [c.as_dict() for c in found]
-    rows = [{**d, "ready": "yes" if d["ready"] else "no", "still needs": "; ".join(d["reasons"])} for d in data]
-    ready = sum(c.ready for c in found)
-    text = table(rows, ["verdict", "ready", "name", "row_count", "dataset_id", "writer_mode", "still needs"])
-    piped = [c for c in found if c.runbook_verdict != SAFE]
-    if piped:  # the reverse mirror keeps a native pipeline input's dataset_rows (docs/design/reverse-mirror.md)
-        text += (
-            f"\n{len(piped)} pipeline input(s): {sum(c.safe for c in piped)} SAFE with the reverse mirror on, "
-            f"{sum(not c.safe for c in piped)} BLOCKED with it off (lakehouse write-flags reverse on --dataset <id>)"
-        )
-    text += (
-        f"\n{len(found)} identity-ready dataset(s), {ready} ready to flip {args.writer}: "
-        # the runbook's step 3 is the flip (preflight canary, gated set, verify, first native sync and its canary),
-        # not a bare set
-        f'lakehouse write-flags flip {args.writer} --dataset <id> --note "fase4 canary"'
-    )
-    return Result(data, text)

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.cli.common import scope_args as _scope_args  # noqa: F401 - the flags verbs' name for it
+from lakehouse_dagster.cli.common import where as _where  # noqa: F401 - the flags verbs' name for it
 from lakehouse_dagster.flags.registry import READ, WRITE  # no psycopg: a usage error answers at once
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
-
-
-def _scope_args(p) -> None:
-    p.add_argument("--dataset", help="dataset uuid (most specific scope)")
-    p.add_argument("--workspace", help="workspace uuid")
-
-
-def _where(scope) -> str:
-    return "globally" if scope.scope_id is None else f"for {scope}"
 
 
 def _change_data(change) -> dict:

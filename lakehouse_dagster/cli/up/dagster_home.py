@@ -120,6 +120,5 @@ def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
         return
     _say(
         f"soak stored: {seeded.seconds} s ({why}); every process reads it — change it with "
-        "lakehouse flags soak set <seconds>"
-        + (" (a real migration soaks an hour: 3600)" if seeded.seconds == 0 else "")
+        "lakehouse soak set <seconds>" + (" (a real migration soaks an hour: 3600)" if seeded.seconds == 0 else "")
     )

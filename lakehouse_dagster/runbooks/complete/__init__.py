@@ -1,4 +1,4 @@
-"""`lakehouse write-flags complete`: retire a native dataset's Postgres rows, the end of its writer migration (issue 31).
+"""`lakehouse complete`: retire a native dataset's Postgres rows, the end of its writer migration (issue 31).
 
 Refused, naming every missing condition at once with what to do, unless the dataset
 
@@ -30,12 +30,12 @@ Then, in this order:
      migration 033), so change tracking, the forward mirror and the recorder see no write of the live app;
   4. **finish**: in the batch that finds no row left, the mark becomes ``complete``.
 
-Every step is in the append-only ``lakehouse_complete_audit`` (``write-flags complete --status``). A crash or a kill
+Every step is in the append-only ``lakehouse_complete_audit`` (``lakehouse complete --status``). A crash or a kill
 leaves the mark ``in_progress`` with its cursor: re-running ``complete`` continues from there (no check again: the
 checks passed when it started, and the rows are partly gone). After complete, a writer rollback to pg is refused
 (flags/gates.py, flags/completed.py) and the forward mirror refuses the dataset whatever its flags say.
 
-The way back: ``lakehouse write-flags backfill --dataset <id>`` on a completed dataset (``restore``) turns the reverse
+The way back: ``lakehouse backfill --dataset <id>`` on a completed dataset (``restore``) turns the reverse
 on for it again and re-syncs ``dataset_rows`` in full from the table's current snapshot (mirror/reverse.py's full
 apply: identity preserved, one transaction, no echo), then marks it ``restored``; a rollback to pg then needs nothing
 more (the rollback report says the dataset is reverse-synced). Plain Python over explicit arguments; no Dagster.

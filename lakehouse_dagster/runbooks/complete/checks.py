@@ -119,13 +119,13 @@ def check(
         if not state.enabled:
             missing.append(
                 f"the reverse mirror is off for it ({state.source} setting), so Postgres may lack native rows: turn "
-                f"it on (lakehouse write-flags reverse on --dataset {dataset_id}) and let it catch up"
+                f"it on (lakehouse reverse on --dataset {dataset_id}) and let it catch up"
             )
         elif not state.caught_up:
             at = state.position.snapshot_id if state.position else "none"
             missing.append(
                 f"the reverse mirror is behind (its position is snapshot {at}, the table is at {snap}): apply what "
-                f"is new (lakehouse write-flags reverse sync --dataset {dataset_id}), then run the canary"
+                f"is new (lakehouse reverse sync --dataset {dataset_id}), then run the canary"
             )
         else:
             verdict_id, why = _parity(conn, dataset_id, snap)
@@ -150,7 +150,7 @@ def check(
         )
         missing.append(
             f"read from dataset_rows by {names}, locked to Postgres: it would read nothing once complete; {flip}"
-            "remove the declaration (lakehouse flags readers remove <reader> --dataset|--workspace <id>) only once "
+            "remove the declaration (lakehouse pg-readers remove <reader> --dataset|--workspace <id>) only once "
             "it no longer reads this dataset"
         )
     # 4. no row holds a key the schema does not declare: Iceberg has no column for it and the export writes the

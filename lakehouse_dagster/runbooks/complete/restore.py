@@ -80,7 +80,7 @@ def start_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str) -> Non
     """complete / completing → restoring, the reverse on with it: one transition (a batch in flight finishes first)."""
     from lakehouse_dagster.flags.reverse_setting import set_reverse  # lazy: only where a restore runs
 
-    what = f"write-flags backfill --dataset {ds_id}"
+    what = f"lakehouse backfill --dataset {ds_id}"
     with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
         mark = completed_mark(conn, ds_id, for_update=True)  # waits for a batch in flight
         assert mark is not None
@@ -92,14 +92,14 @@ def start_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str) -> Non
 
 def finish_restore(conn: psycopg.Connection, ds_id: uuid.UUID, actor: str, copied: int, snapshot_id) -> None:
     """restoring → native, once the full re-sync has landed every row in dataset_rows."""
-    what = f"write-flags backfill --dataset {ds_id}"
+    what = f"lakehouse backfill --dataset {ds_id}"
     with transition(conn, RESTORE, dataset_ids=[ds_id], derive=derive, actor=actor, what=what):
         mark_restored(conn, ds_id)
         _audit(conn, ds_id, "restored", actor, copied, {"snapshot_id": snapshot_id})
 
 
 def backfill_or_restore(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, actor: str):
-    """`lakehouse write-flags backfill` and the backfill job: a completed dataset is restored (``restore``), any other
+    """`lakehouse backfill` and the backfill job: a completed dataset is restored (``restore``), any other
     backfilled as after a rollback (runbooks/backfill.py)."""
     restored = restore(dsn, catalog, settings, dataset_id, actor=actor)
     if restored is not None:

@@ -70,12 +70,12 @@ class CompleteResult:
                 head
                 + f"{self.rows_deleted} Postgres row(s) deleted in {self.batches} batch(es) in {self.seconds:.2f}s "
                 f"({self.total_deleted} in all); complete: Iceberg alone holds its rows, the reverse mirror is off for "
-                f"it, a rollback to pg needs a backfill first (lakehouse write-flags backfill --dataset {self.dataset_id})"
+                f"it, a rollback to pg needs a backfill first (lakehouse backfill --dataset {self.dataset_id})"
             )
         return (
             head
             + f"{self.rows_deleted} row(s) deleted in {self.batches} batch(es), stopped before the end (a backfill "
-            "took it back); see lakehouse write-flags complete --status --dataset "
+            "took it back); see lakehouse complete --status --dataset "
             f"{self.dataset_id}"
         )
 
@@ -111,7 +111,7 @@ def complete(
             if mark is not None and mark.status == RESTORING:
                 raise BadInput(
                     f"dataset {ds_id}: a backfill from Iceberg is bringing its rows back and has not finished; finish "
-                    f"it first (lakehouse write-flags backfill --dataset {ds_id}); nothing was written"
+                    f"it first (lakehouse backfill --dataset {ds_id}); nothing was written"
                 )
             resuming = mark is not None and mark.status == IN_PROGRESS
             if resuming:
@@ -137,7 +137,7 @@ def complete(
                     dataset_ids=[ds_id],
                     derive=derive,
                     actor=actor,
-                    what=f"write-flags complete --dataset {ds_id}",
+                    what=f"lakehouse complete --dataset {ds_id}",
                 ):
                     found = check(conn, catalog, settings, ds_id, soak_seconds=soak_seconds)
                     if found.missing:
@@ -227,7 +227,7 @@ def _delete_batches(
                         dataset_ids=[ds_id],
                         derive=derive,
                         actor=actor,
-                        what=f"write-flags complete --dataset {ds_id} (finish)",
+                        what=f"lakehouse complete --dataset {ds_id} (finish)",
                     ):
                         mark_finished(conn, ds_id)
                         # a reverse position written meanwhile (none should be: the reverse is off): none holds
@@ -262,7 +262,7 @@ def _delete_batches(
                 raise LockTimeout(
                     f"dataset {ds_id}: {waits} batches in a row waited over {lock_timeout_ms} ms for a row lock of "
                     f"the live app; {deleted} row(s) deleted by this run, the rest kept; re-run lakehouse "
-                    f"write-flags complete --dataset {ds_id} to continue"
+                    f"lakehouse complete --dataset {ds_id} to continue"
                 ) from None
             time.sleep(min(2.0, 0.05 * 2 ** min(waits, 6)))
 

@@ -1,5 +1,5 @@
 """The complete's audit and status: each step appended to ``lakehouse_complete_audit`` (its owner: every statement on it
-is here), and the marks with that audit, newest first (``write-flags complete --status``).
+is here), and the marks with that audit, newest first (``lakehouse complete --status``).
 """
 
 from __future__ import annotations

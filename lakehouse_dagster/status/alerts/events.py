@@ -155,7 +155,7 @@ def _rollback_act(outcome: dict, ds: object) -> str:
         return (
             f"what each writer resolves to now: lakehouse write-flags list --dataset {ds}; the audit: "
             f"lakehouse write-flags history --dataset {ds}; the rows written natively exist only in Iceberg: "
-            f"lakehouse write-flags backfill --dataset {ds}"
+            f"lakehouse backfill --dataset {ds}"
         )
     return (
         f"what each reader serves now: lakehouse flags list --dataset {ds}; the audit: lakehouse flags history "
@@ -301,10 +301,10 @@ def reverse_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
             what=f"{_who(names.get(r.dataset_id), r.dataset_id)} is written iceberg-native and its reverse mirror has "
             f"lacked {r.pending} native commit(s) for {_duration(r.lag_seconds)} (bound {_duration(bound)}): "
             "dataset_rows is that old for its Postgres-locked consumers, and a writer rollback now would need "
-            "lakehouse write-flags backfill",
-            act=f"catch it up now: lakehouse write-flags reverse sync --dataset {r.dataset_id}; if it fails, its "
+            "lakehouse backfill",
+            act=f"catch it up now: lakehouse reverse sync --dataset {r.dataset_id}; if it fails, its "
             "error says why (the reverse_mirror_job runs and the mirror_stream run log it too); "
-            f"lakehouse write-flags reverse status --dataset {r.dataset_id} shows where it stands",
+            f"lakehouse reverse status --dataset {r.dataset_id} shows where it stands",
         )
         for r in sorted(late, key=lambda r: -(r.lag_seconds or 0))
     ]

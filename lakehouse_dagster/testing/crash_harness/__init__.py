@@ -30,7 +30,7 @@ reverse-after-commit (or none): Postgres must hold a whole snapshot right after 
 happened), one clean apply must apply exactly when the killed one did not commit, and then dataset_rows is the
 current snapshot with its identity, the position and the one reverse reconciliation name it, the counts are the
 rows', and no echo (``reverse_cycle`` says it all). Given the infrastructure, reverse cycles take its faults too:
-``lakehouse write-flags reverse sync`` frozen at its failpoint while Postgres restarts or its connections are reset,
+``lakehouse reverse sync`` frozen at its failpoint while Postgres restarts or its connections are reset,
 or Postgres restarted at any moment of it; it must end in one line with an exit the guide names. Given an object
 store, reverse cycles take its faults for the whole apply: down (nothing read, so nothing written: the previous
 snapshot stays) or answering 503 to a third of requests (either snapshot whole).

@@ -37,9 +37,9 @@ def _sync_popen(d, env: dict) -> subprocess.Popen:
 
 
 def _reverse_popen(d, env: dict) -> subprocess.Popen:
-    """The operator's reverse apply of one dataset, ``lakehouse write-flags reverse sync``: its exit code and
+    """The operator's reverse apply of one dataset, ``lakehouse reverse sync``: its exit code and
     stderr are what the guide names."""
-    return cli_popen("write-flags", "reverse", "sync", "--dataset", str(d), "--json", env=env)
+    return cli_popen("reverse", "sync", "--dataset", str(d), "--json", env=env)
 
 
 def _reverse_actions(actions, infra: Infrastructure | None) -> list[tuple[str, int]]:

@@ -172,7 +172,7 @@ def reverse_cycle(  # noqa: C901
     reverse's way: ``reverse_parity`` ok), the position and the one reverse reconciliation name it,
     ``datasets.row_count`` / ``max_row_index`` are the rows', and no echo: change tracking did not move, the
     forward poller does not request the dataset and the recorder sees no write. Given ``infra`` and an infrastructure
-    fault drawn from ``actions``, the process is the operator's ``lakehouse write-flags reverse sync`` through the
+    fault drawn from ``actions``, the process is the operator's ``lakehouse reverse sync`` through the
     fault proxy, frozen at its failpoint while Postgres restarts or its connections are reset (or Postgres restarted
     at any moment of it, after which either snapshot may be whole): it must end with an exit the operator guide
     names and one line, as a sync must. Long on purpose: the checks read in the order the cycle runs."""

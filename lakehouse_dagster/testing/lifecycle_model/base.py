@@ -181,7 +181,7 @@ class Lifecycle(PlanMoves, CrashMoves, RuleBasedStateMachine):
             self.o.reverse[("dataset", d)] = False
 
         def run():
-            what = f"write-flags complete --dataset {d}"
+            what = f"lakehouse complete --dataset {d}"
             with transition(self.conn, COMPLETE_VERB, dataset_ids=[d], derive=derive, actor="model", what=what):
                 cp._start(self.conn, d, found, None, "model", None)
 

@@ -1,4 +1,4 @@
-"""`lakehouse write-flags complete` as a job: retire a native dataset's Postgres rows from the UI, the same core
+"""`lakehouse complete` as a job: retire a native dataset's Postgres rows from the UI, the same core
 function as the CLI (runbooks/complete/): refused, naming each missing condition, unless the dataset has been
 native past the soak, its reverse parity is ok and no Postgres-locked consumer remains; then the reverse off, an
 optional Parquet export, dataset_rows deleted in short batches. Re-launching it continues a complete a crash cut
@@ -37,7 +37,7 @@ class CompleteConfig(dg.Config):
 
 
 @dg.op(
-    description="`lakehouse write-flags complete`: check, stop the reverse mirror, optionally export, delete the "
+    description="`lakehouse complete`: check, stop the reverse mirror, optionally export, delete the "
     "dataset's Postgres rows in short batches (resumable)."
 )
 def complete_op(context: dg.OpExecutionContext, config: CompleteConfig, lakehouse: LakehouseResource) -> dict:

@@ -1,6 +1,6 @@
 """The writer rollback as a job: set the writer back to pg (behind the flip gates), report per dataset what
 only Iceberg holds, and optionally backfill it into Postgres — `write-flags set <writer> pg` followed by
-`write-flags backfill`, from the UI. (No ``from __future__ import annotations``: Dagster reads the Config
+`lakehouse backfill`, from the UI. (No ``from __future__ import annotations``: Dagster reads the Config
 annotations at runtime.)
 """
 
@@ -116,7 +116,7 @@ class BackfillConfig(dg.Config):
     dataset_id: str = Field(description="the dataset rolled back to pg whose Iceberg-only rows go to dataset_rows")
 
 
-@dg.op(description="`lakehouse write-flags backfill`: copy the rows only Iceberg holds into dataset_rows.")
+@dg.op(description="`lakehouse backfill`: copy the rows only Iceberg holds into dataset_rows.")
 def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
         tag_run(context, dataset_tags(conn, config.dataset_id))
@@ -154,8 +154,8 @@ def backfill_op(context: dg.OpExecutionContext, config: BackfillConfig, lakehous
 @dg.job(
     name="backfill",
     description="Fase 4 rollback, after `write-flags set <writer> pg`: copy the rows only Iceberg holds into "
-    "dataset_rows with their identity, in one transaction, so the mirror may run again (`lakehouse write-flags "
-    "backfill`). Refused while a writer of the dataset still resolves to iceberg_native.",
+    "dataset_rows with their identity, in one transaction, so the mirror may run again (`lakehouse backfill`). "
+    "Refused while a writer of the dataset still resolves to iceberg_native.",
     tags={"lakehouse/area": "rollout"},
 )
 def backfill_job():

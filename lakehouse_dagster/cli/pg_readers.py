@@ -1,18 +1,24 @@
-"""`flags readers add|list|remove`: which datasets the Postgres-locked readers read (flags/reader_datasets.py)."""
+"""`lakehouse pg-readers add|list|remove`: which datasets the readers held on Postgres read
+(flags/reader_datasets.py)."""
 
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.cli.flags.shared import _scope_args
+from lakehouse_dagster.cli.common import scope_args as _scope_args
+
+HELP = (
+    "declare which datasets the readers held on Postgres read (locked ones; compute readers until flipped): "
+    "a write flip of such a dataset with its reverse off, and its complete, are refused"
+)
 
 
-def _readers_args(actions) -> list:
-    """`flags readers add|list|remove`: which datasets the Postgres-locked readers read (reader_datasets.py)."""
-    rp = actions.add_parser(
-        "readers",
-        help="declare which datasets the readers held on Postgres read (locked ones; compute readers until flipped): "
-        "a write flip of such a dataset with its reverse off, and its complete, are refused",
-    )
+def register(sub) -> None:
+    add_pg_readers(sub, "pg-readers", help=HELP)
+
+
+def add_pg_readers(sub, name: str, help: str | None):
+    """The `pg-readers` verb's parser under ``name``: its own, or its old name's (an alias: cli/moved.py)."""
+    rp = sub.add_parser(name, **({} if help is None else {"help": help}))
     verbs = rp.add_subparsers(dest="readers_action", required=True, metavar="VERB")
     add = add_command(
         verbs,
@@ -28,7 +34,7 @@ def _readers_args(actions) -> list:
     rm = add_command(verbs, "remove", _readers_remove, help="drop a declaration (the reader no longer reads it)")
     rm.add_argument("reader")
     _scope_args(rm)
-    return [add, ls, rm]
+    return rp
 
 
 def _readers_add(ctx, args) -> Result:

@@ -1,8 +1,45 @@
-"""`write-flags backfill|complete`: Postgres rows back after a rollback, and a native dataset's Postgres rows retired."""
+"""`lakehouse complete` and `lakehouse backfill`: a native dataset's Postgres rows retired, and Postgres rows back
+(after a writer's rollback to pg, or a completed dataset restored)."""
 
 from __future__ import annotations
 
-from lakehouse_dagster.cli.common import Result, table
+from lakehouse_dagster.cli.common import Result, add_command, scope_args, table
+
+COMPLETE_HELP = (
+    "retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, "
+    "no Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable"
+)
+BACKFILL_HELP = (
+    "after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
+    "(identity preserved, one transaction), so the mirror may run again"
+)
+
+
+def register(sub) -> None:
+    add_complete(sub, "complete", help=COMPLETE_HELP)
+    add_backfill(sub, "backfill", help=BACKFILL_HELP)
+
+
+def add_complete(sub, name: str, help: str | None):
+    """The `complete` verb's parser under ``name``: its own, or its old name's (an alias: cli/moved.py)."""
+    cp = add_command(sub, name, _complete, **({} if help is None else {"help": help}))
+    scope_args(cp)
+    cp.add_argument(
+        "--export-to",
+        help="first write the rows as Parquet into this new or empty directory (or, at a wider scope, the one an "
+        "earlier run used: it resumes)",
+    )
+    cp.add_argument("--note", help="why (kept in the audit)")
+    cp.add_argument("--status", action="store_true", help="print the complete marks and their audit; change nothing")
+    cp.add_argument("--limit", type=int, default=50, help="--status: audit entries shown (default 50)")
+    return cp
+
+
+def add_backfill(sub, name: str, help: str | None):
+    """The `backfill` verb's parser under ``name``: its own, or its old name's (an alias: cli/moved.py)."""
+    bf = add_command(sub, name, _backfill, **({} if help is None else {"help": help}))
+    bf.add_argument("--dataset", required=True, help="dataset uuid")
+    return bf
 
 
 def _backfill(ctx, args) -> Result:

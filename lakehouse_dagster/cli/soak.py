@@ -1,16 +1,20 @@
-"""`flags soak set|show`: the stored soak every process reads (flags/soak_setting.py)."""
+"""`lakehouse soak set|show`: the stored soak every process reads, readers' and writers' gates alike
+(flags/soak_setting.py)."""
 
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command, table
 
+HELP = "the soak of the widening rules, stored for the CLI and every Dagster process (readers and writers)"
 
-def _soak_args(actions) -> list:
-    """`flags soak set|show`: the stored soak every process reads (flags/soak_setting.py)."""
-    sp = actions.add_parser(
-        "soak",
-        help="the soak of the widening rules, stored for the CLI and every Dagster process (readers and writers)",
-    )
+
+def register(sub) -> None:
+    add_soak(sub, "soak", help=HELP)
+
+
+def add_soak(sub, name: str, help: str | None):
+    """The `soak` verb's parser under ``name``: its own, or its old name's (an alias: cli/moved.py)."""
+    sp = sub.add_parser(name, **({} if help is None else {"help": help}))
     verbs = sp.add_subparsers(dest="soak_action", required=True, metavar="VERB")
     st = add_command(verbs, "set", _soak_set, help="store the soak in seconds (audited); 0: no waiting, same order")
     st.add_argument("seconds", help="whole seconds, e.g. 3600; 0 drops the waiting, never the order")
@@ -19,7 +23,7 @@ def _soak_args(actions) -> list:
         verbs, "show", _soak_show, help="the soak every process applies now, where it comes from, its audit"
     )
     sh.add_argument("--limit", type=int, default=10, help="audit entries shown (default 10)")
-    return [st, sh]
+    return sp
 
 
 def _soak_set(ctx, args) -> Result:

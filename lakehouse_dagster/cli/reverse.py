@@ -1,19 +1,23 @@
-"""`write-flags reverse status|sync|check|on|off|clear|history`: the reverse mirror (mirror/reverse.py,
+"""`lakehouse reverse status|sync|check|on|off|clear|history`: the reverse mirror (mirror/reverse.py,
 flags/reverse_setting.py).
 """
 
 from __future__ import annotations
 
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.cli.flags.shared import _scope_args, _where
+from lakehouse_dagster.cli.common import scope_args as _scope_args
+from lakehouse_dagster.cli.common import where as _where
+
+HELP = "the reverse mirror: native Iceberg commits applied back to dataset_rows (a rollback needs no backfill)"
 
 
-def _reverse_args(actions) -> list:
-    """`write-flags reverse status|sync|on|off|clear|history`: the reverse mirror (mirror/reverse.py)."""
-    rp = actions.add_parser(
-        "reverse",
-        help="the reverse mirror: native Iceberg commits applied back to dataset_rows (a rollback needs no backfill)",
-    )
+def register(sub) -> None:
+    add_reverse(sub, "reverse", help=HELP)
+
+
+def add_reverse(sub, name: str, help: str | None):
+    """The `reverse` verb's parser under ``name``: its own, or its old name's (an alias: cli/moved.py)."""
+    rp = sub.add_parser(name, **({} if help is None else {"help": help}))
     verbs = rp.add_subparsers(dest="reverse_action", required=True, metavar="VERB")
     st = add_command(verbs, "status", _reverse_status, help="each native dataset: reverse on/off, position, behind")
     st.add_argument("--dataset", help="only this dataset (native or not)")
@@ -31,7 +35,6 @@ def _reverse_args(actions) -> list:
     )
     ck.add_argument("--dataset", required=True, help="dataset uuid (native, reverse on)")
     ck.add_argument("--no-repair", action="store_true", help="record a MISMATCH, do not re-sync")
-    parsers = [st, sy, ck]
     for verb, fn, what in (
         ("on", _reverse_on, "turn the reverse on (no scope = global; the default is on)"),
         ("off", _reverse_off, "turn the reverse off (a later rollback then needs a backfill)"),
@@ -40,10 +43,9 @@ def _reverse_args(actions) -> list:
         p = add_command(verbs, verb, fn, help=what)
         _scope_args(p)
         p.add_argument("--note", help="why (kept with the setting and in the audit)")
-        parsers.append(p)
     hi = add_command(verbs, "history", _reverse_history, help="the audit of every reverse setting change")
     hi.add_argument("--limit", type=int, default=20, help="at most this many entries (default 20)")
-    return [*parsers, hi]
+    return rp
 
 
 def _reverse_status(ctx, args) -> Result:
@@ -161,7 +163,7 @@ def _reverse_change(ctx, args, enabled) -> Result:
                 f"\nwarning: {len(stranded)} native dataset(s) read from dataset_rows by a pipeline or a Postgres-locked "
                 "reader now fail the write-flip gates, so their next native write is refused (native_safety reports "
                 "them): " + ", ".join(f"{n} ({i})" for i, n in stranded[:20]) + " — turn the reverse back on "
-                "(lakehouse write-flags reverse on --dataset <id>) or roll the writer back"
+                "(lakehouse reverse on --dataset <id>) or roll the writer back"
             )
     return Result(data, text)
 
