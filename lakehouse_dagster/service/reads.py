@@ -57,7 +57,7 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:  # noqa: C901
         plan = bind(req.query, dataset) if req.query is not None else None  # a structured read (docs/reads.md)
         source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
         answer: pa.Table | None = None  # a structured read's Postgres answer (offered to a shadow comparison)
-        batch_rows = db.settings.api_batch_rows
+        batch_rows = db.settings.service.batch_rows
         if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
             batch_rows = min(batch_rows, proj.limit)
 

@@ -72,8 +72,8 @@ class LakehouseResource(dg.ConfigurableResource):
     _catalog: Any = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
-        given = {name: getattr(self, name) for name in SHOWN_SETTINGS if getattr(self, name) is not None}
-        return Settings.from_env().replace(pg_dsn=self.pg_dsn, **given)
+        given = {var: getattr(self, name) for name, var in SHOWN_SETTINGS.items() if getattr(self, name) is not None}
+        return Settings.from_env().with_vars({"LAKEHOUSE_PG_DSN": self.pg_dsn, **given})
 
     def connect(self) -> psycopg.Connection:
         return connect(self.pg_dsn)
