@@ -42,7 +42,7 @@ from lakehouse_dagster.service.errors import (
     IngestStillRunning,
     PayloadTooLarge,
     RequestTimeout,
-    Unavailable,
+    ServiceUnavailable,
     error_response,
     is_backpressure,
     log_answer,
@@ -232,7 +232,7 @@ async def read(svc: Service, request: Request) -> Response:
     db = svc.db
     assert db is not None
     if svc.open_reads >= MAX_OPEN_READS:  # each open stream may hold a Postgres connection: bounded
-        raise Unavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
+        raise ServiceUnavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
     svc.open_reads += 1  # given back when the stream ends (ReadStream), or by ``ended`` when none opens
 
     def late(opened: OpenRead | None, error: BaseException | None) -> None:  # its request gave up: freed here
@@ -253,7 +253,7 @@ async def read(svc: Service, request: Request) -> Response:
             svc.metrics.read_decisions.labels(refused.reader, refused.reason).inc()
         raise
     if status != DONE:
-        raise Unavailable(
+        raise ServiceUnavailable(
             f"the read could not start within {svc.settings.service.timeout_seconds:g} s (the service is busy); retry"
         )
     d = opened.decision
@@ -348,7 +348,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
     status, result = await run_holding(svc.ingests, max(0.0, deadline - anyio.current_time()), work, late, ended)
     if status == NOT_STARTED:
         svc.metrics.ingest(req.writer, "503")
-        raise Unavailable(
+        raise ServiceUnavailable(
             f"ingest {req.writer} of dataset {ds} could not start within {timeout:g} s (the service is busy); "
             "nothing was done — retry"
         )

@@ -26,17 +26,10 @@ from lakehouse_dagster.routing.request import bind
 from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postgres_stream
 from lakehouse_dagster.service.bodies import ReadRequest
 from lakehouse_dagster.service.db import ServiceDb
+from lakehouse_dagster.service.errors import IcebergReadFailed
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.read_router")  # the router's own logger: one place for its lines
-
-
-class IcebergReadFailed(LakehouseError):
-    """The Iceberg read failed and the decision allowed no Postgres fallback (iceberg_only, or written
-    iceberg-native). Nothing was sent."""
-
-    exit_code = 5
-    http_status = 502
 
 
 @dataclasses.dataclass
