@@ -69,7 +69,10 @@ def mirror_settings(dsn: str, namespace: str, **kw):
     root = Path(tempfile.mkdtemp(prefix=f"lh-{namespace}-"))
     (root / "warehouse").mkdir()
     settings = Settings.from_env().replace(
-        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace=namespace, home=root, **kw
+        postgres={"dsn": dsn},
+        catalog={"warehouse": (root / "warehouse").as_uri(), "namespace": namespace},
+        project={"home": root},
+        **kw,
     )
     return settings, load_catalog(settings, dsn)
 
@@ -106,7 +109,7 @@ def child_env(dsn: str, settings) -> dict[str, str]:
         **os.environ,
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
         "LAKEHOUSE_PG_DSN": dsn,
-        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
-        "LAKEHOUSE_NAMESPACE": settings.namespace,
-        "LAKEHOUSE_HOME": str(settings.home),
+        "LAKEHOUSE_WAREHOUSE": settings.catalog.warehouse,
+        "LAKEHOUSE_NAMESPACE": settings.catalog.namespace,
+        "LAKEHOUSE_HOME": str(settings.project.home),
     }

@@ -47,7 +47,9 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="lh-bench-autorb-"))
     (root / "warehouse").mkdir()
     settings = Settings.from_env().replace(
-        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_autorb", home=root, actor="bench"
+        postgres={"dsn": dsn},
+        catalog={"warehouse": (root / "warehouse").as_uri(), "namespace": "bench_autorb"},
+        project={"home": root, "actor": "bench"},
     )
     catalog = load_catalog(settings, dsn)
     print(f"rows: {args.rows:,}  (machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
             times["canary"].append(time.perf_counter() - t)
             assert v.verdict == canary.MISMATCH, v.detail
             t = time.perf_counter()
-            auto_rollback.record_and_roll_back(conn, v, settings=settings.replace(auto_rollback=False))
+            auto_rollback.record_and_roll_back(conn, v, settings=settings.replace(rollout={"auto_rollback": False}))
             times["record, off"].append(time.perf_counter() - t)
             t = time.perf_counter()
             auto_rollback.record_and_roll_back(conn, v, settings=settings)

@@ -39,7 +39,9 @@ def _rss_mb() -> float:
 def _settings(dsn: str, warehouse: str):
     from lakehouse_dagster.core.settings import Settings
 
-    return Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace="bench_backfill")
+    return Settings.from_env().replace(
+        postgres={"dsn": dsn}, catalog={"warehouse": warehouse, "namespace": "bench_backfill"}
+    )
 
 
 def child(kind: str, dsn: str, ds_id: str, warehouse: str) -> dict:

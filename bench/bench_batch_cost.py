@@ -181,7 +181,7 @@ def child(args) -> dict:
         with connect(dsn) as c:
             capture.enable(c)
     instance.add_dynamic_partitions(datasets_partitions.name, ids)
-    size = Settings.from_env().mirror_batch_size or 25
+    size = Settings.from_env().mirror.batch_size or 25
     timers = Timers()
     timers.install()
     resources = {"lakehouse": LakehouseResource(pg_dsn=dsn)}

@@ -93,8 +93,10 @@ def _mirror_worker(ids: list[str]) -> int:
     from lakehouse_dagster.mirror.batch import Failed, mirror_many
 
     settings = Settings.from_env()
-    catalog = load_catalog(settings, settings.pg_dsn)
-    return sum(isinstance(r, Failed) for r in mirror_many(settings.pg_dsn, catalog, settings, ids, run_id="bench"))
+    catalog = load_catalog(settings, settings.postgres.dsn)
+    return sum(
+        isinstance(r, Failed) for r in mirror_many(settings.postgres.dsn, catalog, settings, ids, run_id="bench")
+    )
 
 
 def _instance(home: Path):
@@ -233,7 +235,7 @@ def _alerts(dsn: str, rows: int, lagging: int) -> dict:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     settings = Settings.from_env().replace(
-        alert_webhook_url=f"http://127.0.0.1:{server.server_port}/bench", lagging_after_seconds=1
+        alerts={"webhook_url": f"http://127.0.0.1:{server.server_port}/bench"}, mirror={"lagging_after_seconds": 1}
     )
     out: dict = {}
     with connect(dsn) as conn:
@@ -277,8 +279,8 @@ def main() -> None:
     print(
         f"setup: {args.n} datasets of {args.rows} rows written in {setup['write_s']:.0f} s, mirrored in "
         f"{setup['mirror_s']:.0f} s ({setup['mirror_failed']} failed); flipped globally. Schedule settings: "
-        f"batch {settings.canary_batch_size}, cap {settings.canary_max_per_tick} per tick, "
-        f"{settings.canary_max_runs} canary runs in flight at most; {args.workers} run(s) at once",
+        f"batch {settings.parity.canary_batch_size}, cap {settings.parity.canary_max_per_tick} per tick, "
+        f"{settings.parity.canary_max_runs} canary runs in flight at most; {args.workers} run(s) at once",
         flush=True,
     )
     from lakehouse_dagster.core.db import connect

@@ -208,7 +208,7 @@ def main() -> None:
             {
                 "rows": r.rows_deleted,
                 "batches": r.batches,
-                "batch_rows": args.batch_rows or settings.complete_batch_rows,
+                "batch_rows": args.batch_rows or settings.complete.batch_rows,
                 "complete_s": round(seconds, 2),
                 "rows_s": round(r.rows_deleted / seconds),
                 "delete_phase_s": round(delete_s, 2),

@@ -42,7 +42,9 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
     from lakehouse_dagster.lake.catalog import load_catalog
 
     settings = Settings.from_env().replace(
-        pg_dsn=dsn, warehouse=warehouse, ingest_chunk_rows=chunk, namespace=f"bench_{kind}"
+        postgres={"dsn": dsn},
+        catalog={"warehouse": warehouse, "namespace": f"bench_{kind}"},
+        sync={"chunk_rows": chunk},
     )
     ds_uuid = uuid.UUID(ds_id)
     if kind == "mirror":
@@ -70,7 +72,7 @@ def child(kind: str, dsn: str, ds_id: str, warehouse: str, chunk: int) -> dict:
             cur = c.cursor()
             cur.execute(query)
             data = cur.fetch_arrow_table()
-        ensure_namespace(catalog, settings.namespace)
+        ensure_namespace(catalog, settings.catalog.namespace)
         table = catalog.create_table(table_identifier(settings, ds_uuid), schema=iceberg_schema(columns))
         table.append(data.cast(table.schema().as_arrow()))
         return {"seconds": time.perf_counter() - t, "rows": data.num_rows, "rss_mb": _rss_mb()}

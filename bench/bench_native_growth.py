@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     name = "lakehouse_bench_native_growth"
     dsn = fresh_database(admin, name)
     settings, catalog = mirror_settings(dsn, "bench_native")
-    settings = settings.replace(snapshots_max_age_seconds=0)
+    settings = settings.replace(sync={"snapshots_max_age_seconds": 0})
     with connect(dsn) as conn:
         ws = datasets.create_workspace(conn, "native-growth")
         for reader in SERVABLE_READERS:

@@ -128,7 +128,9 @@ def _best(fn, repeat: int) -> float:
 
 def measure(admin: str, n: int, history: int, repeat: int, shadow: int = 50) -> None:
     dsn = fresh_database(admin, f"bench_overview_{uuid.uuid4().hex[:8]}")
-    settings = Settings.from_env().replace(pg_dsn=dsn, lagging_after_seconds=3600, wedged_after_seconds=3600)
+    settings = Settings.from_env().replace(
+        postgres={"dsn": dsn}, mirror={"lagging_after_seconds": 3600, "wedged_after_seconds": 3600}
+    )
     with connect(dsn) as conn:
         t = time.perf_counter()
         for statement in SEED.strip().split(";\n"):

@@ -55,7 +55,9 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="lh-bench-parity-inc-"))
     (root / "warehouse").mkdir()
     settings = Settings.from_env().replace(
-        pg_dsn=dsn, warehouse=(root / "warehouse").as_uri(), namespace="bench_parity_inc", home=root
+        postgres={"dsn": dsn},
+        catalog={"warehouse": (root / "warehouse").as_uri(), "namespace": "bench_parity_inc"},
+        project={"home": root},
     )
     catalog = load_catalog(settings, dsn)
     print(f"rows: {n:,}  (machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})", flush=True)

@@ -156,7 +156,7 @@ def _shadow(conn, dsn, catalog, settings, d, repeat: int) -> dict:
 
     set_override(conn, "read", "dashboards.aggregate", "shadow", dataset=d, actor="bench")
     query = parse_query(AGGREGATE)
-    sampled = shadow.ShadowPool(dsn, workers=settings.shadow_workers, queue_size=settings.shadow_queue, sample=1.0)
+    sampled = shadow.ShadowPool(dsn, workers=settings.shadow.workers, queue_size=settings.shadow.queue, sample=1.0)
     unsampled = shadow.ShadowPool(dsn, sample=0.0)
     resolver = FlagResolver(conn, ttl_seconds=60)
 

@@ -66,10 +66,10 @@ def main() -> None:
         bucket = f"sql-{uuid.uuid4().hex[:8]}"
         boto3.client("s3", endpoint_url=weed.s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
         dsn = fresh_database(admin_dsn(), "bench_rest_catalog")
-        base = Settings.from_env().replace(pg_dsn=dsn, namespace=f"b_{uuid.uuid4().hex[:8]}")
+        base = Settings.from_env().replace(postgres={"dsn": dsn}, catalog={"namespace": f"b_{uuid.uuid4().hex[:8]}"})
         cats = {
-            "sql": base.replace(catalog_type="sql", warehouse=f"s3://{bucket}"),
-            "rest": base.replace(catalog_type="rest", warehouse=weed.warehouse),
+            "sql": base.replace(catalog={"type": "sql", "warehouse": f"s3://{bucket}"}),
+            "rest": base.replace(catalog={"type": "rest", "warehouse": weed.warehouse}),
         }
 
         def dataset(conn, ws, rows: int) -> uuid.UUID:
@@ -105,7 +105,7 @@ def main() -> None:
                     sync_dataset(dsn, load_catalog(s, dsn), s, d, mode="full")
                 out["ingest_rows_per_second"][k] = round(args.ingest_rows * args.datasets / (time.perf_counter() - t0))
             # 3. migrate N small tables SQL -> REST
-            mig = cats["sql"].replace(namespace=f"m_{uuid.uuid4().hex[:8]}", catalog_uri=weed.catalog_uri)
+            mig = cats["sql"].replace(catalog={"namespace": f"m_{uuid.uuid4().hex[:8]}", "uri": weed.catalog_uri})
             sql = load_catalog(mig, dsn)
             ids = [dataset(conn, ws, 10) for _ in range(args.tables)]
             for d in ids:
@@ -116,7 +116,7 @@ def main() -> None:
                 dsn, mig, to="rest", how="replay", warehouse=weed.warehouse, dataset_ids=ids, workers=args.workers
             )
             seconds = time.perf_counter() - t0
-            rest = load_catalog(mig.replace(catalog_type="rest", warehouse=weed.warehouse), dsn)
+            rest = load_catalog(mig.replace(catalog={"type": "rest", "warehouse": weed.warehouse}), dsn)
             done = [m.dataset_id for m in moved if m.outcome == "moved"]
             after = {d: live_files(rest.load_table(table_identifier(mig, d))) for d in done}
             outcomes: dict[str, int] = {}

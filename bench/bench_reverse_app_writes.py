@@ -73,14 +73,14 @@ from bench.bench_reverse import _fresh, native_write
 import pyarrow as pa
 mode, d, seconds = sys.argv[1], uuid.UUID(sys.argv[2]), float(sys.argv[3])
 s = Settings.from_env()
-catalog = load_catalog(s, s.pg_dsn)
+catalog = load_catalog(s, s.postgres.dsn)
 table = load_table_or_none(catalog, table_identifier(s, d))
 template = pa.Table.from_batches(list(table.scan(limit=10).to_arrow_batch_reader())).combine_chunks().to_batches()[0]
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(1))  # the round is over: finish this commit, then report
 print("ready", flush=True)
 end, n, applies, rest_until = time.time() + seconds, 0, [], 0.0
-factor = 1 / s.mirror_sync_share - 1
+factor = 1 / s.stream.sync_share - 1
 while time.time() < end and not stop:
     if mode == "burn":  # one core busy, nothing else: the machine's share of the cost
         while time.time() < end and not stop:
@@ -91,15 +91,15 @@ while time.time() < end and not stop:
             import lakehouse_dagster.mirror.reverse as reverse
             reverse.client_jsonb_supported = lambda *a: False
         t = time.perf_counter()
-        r = apply_reverse(s.pg_dsn, catalog, s, d, actor="bench", full=True)
+        r = apply_reverse(s.postgres.dsn, catalog, s, d, actor="bench", full=True)
         applies.append(time.perf_counter() - t)
         break
     table = load_table_or_none(catalog, table_identifier(s, d))
     base = int(table.current_snapshot().summary.additional_properties["total-records"])
-    native_write(s.pg_dsn, s, catalog, d, "sync.append", [_fresh(template, base, dt.datetime.now(dt.UTC))], base + 9)
+    native_write(s.postgres.dsn, s, catalog, d, "sync.append", [_fresh(template, base, dt.datetime.now(dt.UTC))], base + 9)
     if mode == "appends" or (mode == "appends-share" and time.perf_counter() >= rest_until):
         t = time.perf_counter()
-        r = apply_reverse(s.pg_dsn, catalog, s, d, actor="bench")
+        r = apply_reverse(s.postgres.dsn, catalog, s, d, actor="bench")
         assert r.how == "append", r
         applies.append(time.perf_counter() - t)
         rest_until = time.perf_counter() + applies[-1] * factor

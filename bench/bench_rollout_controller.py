@@ -168,7 +168,7 @@ def main() -> None:
         Path(tempfile.mkdtemp(prefix="lh-bench-rollout-")) / "pg", keep_running=False, delete_on_exit=True
     )
     os.environ["LAKEHOUSE_SOAK_SECONDS"] = "0"  # (the native-safety check reads the project's soak itself)
-    settings = Settings.from_env().replace(pg_dsn=dsn, soak_seconds=0)
+    settings = Settings.from_env().replace(postgres={"dsn": dsn}, rollout={"soak_seconds": 0})
     with connect(dsn) as conn:
         migrate(conn)
         t0 = time.perf_counter()

@@ -45,10 +45,10 @@ def main(argv=None) -> int:
     admin = admin_dsn()
     name = "lakehouse_bench_row_edit"
     dsn = fresh_database(admin, name)
-    settings, catalog = mirror_settings(dsn, "bench_row_edit", ingest_chunk_rows=args.chunk)
+    settings, catalog = mirror_settings(dsn, "bench_row_edit", sync={"chunk_rows": args.chunk})
     print(
         f"rows: {n:,} per dataset, {args.chunk:,} rows per file; partial when ≤ "
-        f"{settings.partial_max_fraction:.0%} of the rows are in touched files "
+        f"{settings.sync.partial_max_fraction:.0%} of the rows are in touched files "
         f"(machine: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f})",
         flush=True,
     )

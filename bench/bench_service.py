@@ -54,9 +54,9 @@ from lakehouse_dagster.tracking.datasets import get_dataset  # noqa: E402
 def _env(settings, dsn: str, **extra: str) -> dict[str, str]:
     return {
         "LAKEHOUSE_PG_DSN": dsn,
-        "LAKEHOUSE_HOME": str(settings.home),
-        "LAKEHOUSE_WAREHOUSE": settings.warehouse,
-        "LAKEHOUSE_NAMESPACE": settings.namespace,
+        "LAKEHOUSE_HOME": str(settings.project.home),
+        "LAKEHOUSE_WAREHOUSE": settings.catalog.warehouse,
+        "LAKEHOUSE_NAMESPACE": settings.catalog.namespace,
         **extra,
     }
 
@@ -220,7 +220,7 @@ def bench_export(admin: str, rows: int, log_dir: Path, repeats: int = 5) -> dict
             "http": lambda: over_http(_http_export, server),
             "http_mimalloc": lambda: over_http(_http_export, mi),
             "service_stream": lambda: in_process(
-                lambda: _service_stream(table, snapshot, dataset, settings.api_batch_rows)
+                lambda: _service_stream(table, snapshot, dataset, settings.service.batch_rows)
             ),
             "to_arrow": lambda: in_process(lambda: table.scan(snapshot_id=snapshot).to_arrow().num_rows),
             "batch_reader": lambda: in_process(
@@ -236,7 +236,7 @@ def bench_export(admin: str, rows: int, log_dir: Path, repeats: int = 5) -> dict
                 assert n == rows, (side, n, rows)
                 out[side].append(n / seconds)
                 cpu[side].append(used)
-    chunks = _encoded(table, snapshot, dataset, settings.api_batch_rows)
+    chunks = _encoded(table, snapshot, dataset, settings.service.batch_rows)
     loopback = sorted(_loopback(chunks) for _ in range(repeats))[repeats // 2]
     mb = sum(len(x) for x in chunks) / 1e6
     del chunks
@@ -326,7 +326,7 @@ def bench_load(admin: str, clients: int, seconds: float, demo_rows: int, log_dir
     dsn = fresh_database(admin, "lh_bench_service_load")
     settings, catalog = mirror_settings(dsn, "bench_load")
     with connect(dsn) as conn:
-        demo = seed_demo(conn, big_rows=demo_rows, home=settings.home)
+        demo = seed_demo(conn, big_rows=demo_rows, home=settings.project.home)
         sourced = [
             (uuid.UUID(r[0].hex), r[1])
             for r in conn.execute(

@@ -86,7 +86,9 @@ def main() -> int:
             "LAKEHOUSE_API_BATCH_ROWS": "1000",
         }
         settings = Settings.from_env().replace(
-            pg_dsn=dsn, home=root / "home", warehouse=env["LAKEHOUSE_WAREHOUSE"], namespace="bench_faults"
+            postgres={"dsn": dsn},
+            project={"home": root / "home"},
+            catalog={"warehouse": env["LAKEHOUSE_WAREHOUSE"], "namespace": "bench_faults"},
         )
         with connect(dsn) as conn:
             migrate(conn)

@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     variants = {  # name: (merge manifests, delete old metadata files, snapshots kept past a max age of 0 s, compact)
         "as before": (False, False, 0, False),
         "merge": (True, False, 0, False),
-        "merge + expiry": (True, True, settings.snapshots_keep, False),
-        "all (+ compact)": (True, True, settings.snapshots_keep, True),
+        "merge + expiry": (True, True, settings.sync.snapshots_keep, False),
+        "all (+ compact)": (True, True, settings.sync.snapshots_keep, True),
     }
     last: dict[str, tuple[float, float]] = {}
     for variant, (merge, delete_old, keep, compact) in variants.items():
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         )
         row_changes.COMPACT_FILES = compact_files if compact else 10**9
         last[variant] = rounds(
-            dsn, catalog, settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0), args, variant
+            dsn, catalog, settings.replace(sync={"snapshots_keep": keep, "snapshots_max_age_seconds": 0}), args, variant
         )
     s0, p0 = last["as before"]
     print()

@@ -42,7 +42,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.stream import stream_shard
 s = Settings.from_env()
-for _ in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+for _ in stream_shard(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
                       deadline=time.time() + float(sys.argv[2])):
     pass
 """
@@ -52,10 +52,10 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
 s = Settings.from_env()
-catalog, end = load_catalog(s, s.pg_dsn), time.time() + float(sys.argv[2])
+catalog, end = load_catalog(s, s.postgres.dsn), time.time() + float(sys.argv[2])
 print("ready", flush=True)
 while time.time() < end:
-    sync_dataset(s.pg_dsn, catalog, s, sys.argv[1])
+    sync_dataset(s.postgres.dsn, catalog, s, sys.argv[1])
     time.sleep(5)
 """
 LIVE = "select count(*) from lakehouse_mirror_streams where run_id = %s and heartbeat_at > now() - interval '3 seconds'"

@@ -128,8 +128,8 @@ def _through_the_stream(args) -> int:  # noqa: C901
     settings, catalog = mirror_settings(dsn, "bench_trickle_stream")
     names = ("maintained", "as before")  # shard 0 of 2 (maintenance on), shard 1 of 2 (off)
     per_shard = {
-        0: settings.replace(mirror_stream_maintenance_seconds=int(args.every)),
-        1: settings.replace(mirror_stream_maintenance_seconds=0),
+        0: settings.replace(stream={"maintenance_seconds": int(args.every)}),
+        1: settings.replace(stream={"maintenance_seconds": 0}),
     }
     ids: dict[str, object] = {}
     k = 0

@@ -103,7 +103,9 @@ def child(kind: str, dsn: str, src: str, warehouse: str) -> dict:
     from lakehouse_dagster.sources.writers import run_writer
     from lakehouse_dagster.tracking import datasets
 
-    settings = Settings.from_env().replace(pg_dsn=dsn, warehouse=warehouse, namespace=f"bench_{kind}")
+    settings = Settings.from_env().replace(
+        postgres={"dsn": dsn}, catalog={"warehouse": warehouse, "namespace": f"bench_{kind}"}
+    )
     with connect(dsn) as conn:
         d = datasets.create_dataset(conn, None, f"bench-{kind}", BENCH_SCHEMA)
         set_source(conn, d, {"type": "files", "uri": f"{src}/*.parquet", "format": "parquet"}, settings=settings)

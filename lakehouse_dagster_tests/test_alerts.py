@@ -6,7 +6,6 @@ stall the tick and the event goes out later (or is dropped after the bounded ret
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import http.server
 import json
@@ -614,7 +613,7 @@ def _record_some(conn, n_runs: int = 25, n_alone: int = 2) -> list:
 def _tick_at(conn, settings, webhook, now, timeout: float = 1.0):
     """One tick of the alerts at the clock ``now`` (the events recorded already), posting to ``webhook``."""
 
-    s = dataclasses.replace(settings, alert_webhook_url=webhook.url, alert_timeout_seconds=timeout)
+    s = settings.replace(alerts={"webhook_url": webhook.url, "timeout_seconds": timeout})
     tick = alerts.run_tick(conn, s, alerts.Cursor(), [], now=now)
     assert tick.delivery is not None
     return tick.delivery
@@ -711,7 +710,7 @@ def _stream_row(conn, shard: int, count: int, run_id: str, *, beat_s_ago: float,
 
 
 def test_a_mirror_stream_shard_down_past_the_bound_is_posted_once_per_outage(conn, settings, webhook):
-    on = dataclasses.replace(settings, mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    on = settings.replace(stream={"enabled": True, "shards": 2, "down_seconds": 30})
     now = conn.execute("select now()").fetchone()[0]
     minute = iter(range(100))
 
@@ -753,7 +752,7 @@ def test_a_mirror_stream_shard_down_past_the_bound_is_posted_once_per_outage(con
 
 def test_no_stream_down_alert_while_streaming_is_off_or_the_shard_is_alive(conn, settings, webhook):
     now = conn.execute("select now()").fetchone()[0]
-    on = dataclasses.replace(settings, mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    on = settings.replace(stream={"enabled": True, "shards": 2, "down_seconds": 30})
     assert alerts.stream_events(conn, on) == []  # on, but no shard of 2 ever streamed: how long is not known
     _stream_row(conn, 0, 2, "run-0", beat_s_ago=1)
     _stream_row(conn, 1, 2, "run-1", beat_s_ago=2)
@@ -762,12 +761,12 @@ def test_no_stream_down_alert_while_streaming_is_off_or_the_shard_is_alive(conn,
     assert alerts.stream_events(conn, on) == []  # a handover: its run let go 3 s ago, a successor takes it
     _stream_row(conn, 0, 2, "run-0", beat_s_ago=500)
     _stream_row(conn, 1, 2, "run-1", beat_s_ago=500)
-    off = dataclasses.replace(on, mirror_stream=False)
+    off = on.replace(stream={"enabled": False})
     assert alerts.stream_events(conn, off) == []  # streaming off: batch runs mirror every change, nothing is down
     _tick_at(conn, off, webhook, now)
     assert webhook.arrived == []
     # 3 shards now: shard 2 never streamed while its siblings have for 600 s
-    three = dataclasses.replace(on, mirror_shards=3)
+    three = on.replace(stream={"shards": 3})
     _stream_row(conn, 0, 3, "run-a", beat_s_ago=1)
     _stream_row(conn, 1, 3, "run-b", beat_s_ago=1)
     (e,) = alerts.stream_events(conn, three)
@@ -789,7 +788,7 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
     ws = datasets.create_workspace(conn, "w")
     d = datasets.create_dataset(conn, ws, "ledger", [{"name": "n", "type": "int64"}])
     set_override(conn, "write", "sync.full", "iceberg_native", dataset=d, note="by hand", actor="pytest")
-    bound = dataclasses.replace(settings, reverse_lag_alert_seconds=300)
+    bound = settings.replace(reverse={"lag_alert_seconds": 300})
     _native_commit(conn, d, 11, s_ago=120)
     assert alerts.reverse_events(conn, bound) == []  # behind, but within the bound
     _native_commit(conn, d, 12, s_ago=400)  # the oldest commit dataset_rows lacks is 400 s old now
@@ -818,7 +817,7 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
     ).fetchone() == (1, True)
     conn.execute("update lakehouse_reverse_position set applied_at = now() - interval '60 seconds'")
     _native_commit(conn, d, 13, s_ago=10)  # a native commit after that apply
-    tight = dataclasses.replace(bound, reverse_lag_alert_seconds=1)
+    tight = bound.replace(reverse={"lag_alert_seconds": 1})
     assert [e.key for e in alerts.reverse_events(conn, tight)] == [f"reverse_behind:{d}"]
     set_reverse(conn, False, dataset=d, note="reverse off", actor="pytest")  # nothing to wait for: no alert
     assert alerts.reverse_events(conn, tight) == []

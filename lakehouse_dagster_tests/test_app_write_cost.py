@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.parity import canary, maintained
+from lakehouse_dagster.parity.errors import MaintainedDigestUnavailable
 from lakehouse_dagster.schema.names import DIGEST_ARRAY_ROWS
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import datasets
@@ -146,7 +147,7 @@ def test_a_value_the_hash_cannot_type_drops_the_registration_and_the_canary_refi
     datasets.insert_rows(conn, d, [{"i": "not a number"}])  # one row, the array path: the write succeeds
     assert conn.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 13
     assert not _registered(conn, d)
-    with pytest.raises(maintained.Unavailable, match="not registered"):  # what makes the canary read every row
+    with pytest.raises(MaintainedDigestUnavailable, match="not registered"):  # what makes the canary read every row
         maintained.pg_segments(conn, d, datasets.get_dataset(conn, d).columns)
     conn.execute("""update dataset_rows set data = data || '{"i": 7}' where dataset_id = %s and row_index = 12""", (d,))
     sync(settings, dsn, d)

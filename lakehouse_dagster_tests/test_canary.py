@@ -74,10 +74,10 @@ def age_files(settings, seconds: float = 2.0) -> None:
     """Every file of the warehouse written ``seconds`` earlier (its mtime, the orphan grace's clock): instead of the
     test sleeping past a grace. An object store's Last-Modified cannot be moved back (test_rest_catalog.py's S3): there
     the test waits the grace out."""
-    if settings.warehouse.startswith("s3://"):
+    if settings.catalog.warehouse.startswith("s3://"):
         time.sleep(seconds)
         return
-    root = settings.warehouse.removeprefix("file://")
+    root = settings.catalog.warehouse.removeprefix("file://")
     for folder, _, names in os.walk(root):
         for name in names:
             path = os.path.join(folder, name)
@@ -557,7 +557,7 @@ def test_a_mirror_commit_expires_old_snapshots_and_old_metadata_files(conn, dsn,
 
     d = make_dataset(conn, 5)
     keep = 4
-    quick = settings.replace(snapshots_keep=keep, snapshots_max_age_seconds=0)
+    quick = settings.replace(sync={"snapshots_keep": keep, "snapshots_max_age_seconds": 0})
     monkeypatch.setitem(METADATA_FILES, "write.metadata.previous-versions-max", "3")
     sync(settings, dsn, d)  # the default settings: kept (younger than an hour)
     for k in range(6):
@@ -591,7 +591,7 @@ def test_the_snapshot_rules(settings, monkeypatch):
     with pytest.raises(BadInput, match="LAKEHOUSE_SNAPSHOTS_KEEP=3 is below 16"):
         Settings.from_env()
     monkeypatch.setenv("LAKEHOUSE_SNAPSHOTS_KEEP", "0")
-    assert Settings.from_env().snapshots_keep == 0
+    assert Settings.from_env().sync.snapshots_keep == 0
 
     from lakehouse_dagster.lake.writer import expirable_snapshots
 
@@ -621,7 +621,9 @@ def test_orphans_left_by_compaction_and_expiry_are_found_and_removed_and_nothing
     from lakehouse_dagster_tests.flag_helpers import cli
 
     d = make_dataset(conn, 5)
-    quick = settings.replace(snapshots_keep=COMPACT_FILES, snapshots_max_age_seconds=0)  # the least allowed
+    quick = settings.replace(
+        sync={"snapshots_keep": COMPACT_FILES, "snapshots_max_age_seconds": 0}
+    )  # the least allowed
     sync(quick, dsn, d)
     appends = 2 * COMPACT_FILES + 4  # two compactions; the snapshots from before the first one expire
     modes = []

@@ -82,7 +82,7 @@ def test_migrate_to_rest_moves_every_table_untouched_resumes_and_the_way_back_ca
     datasets.insert_rows(conn, a, [{"a": 5, "s": "a 5"}], start_index=5)
     sync_dataset(dsn, sql, sql_on_s3, a)  # two snapshots, two data files
     files = {d: live_files(sql.load_table(table_identifier(sql_on_s3, d))) for d in (a, b, c)}
-    rest_settings = sql_on_s3.replace(catalog_type="rest", warehouse=seaweed.warehouse)
+    rest_settings = sql_on_s3.replace(catalog={"type": "rest", "warehouse": seaweed.warehouse})
     rest = load_catalog(rest_settings, dsn)
     args = ("catalog", "migrate", "--to", "rest", "--how", "replay", "--warehouse", seaweed.warehouse)
 
@@ -106,7 +106,7 @@ def test_migrate_to_rest_moves_every_table_untouched_resumes_and_the_way_back_ca
         moved = rest.load_table(table_identifier(sql_on_s3, d))
         assert moved.metadata_location.startswith(seaweed.warehouse + "/")  # the REST catalog's own metadata
         assert live_files(moved) == files[d]  # the very same data files: nothing rewritten, nothing copied
-        assert all(f.startswith(sql_on_s3.warehouse + "/") for f in files[d])
+        assert all(f.startswith(sql_on_s3.catalog.warehouse + "/") for f in files[d])
 
     # the source goes on meanwhile (no downtime): the next run catches a up, moves b, leaves c
     datasets.set_schema(conn, a, [*SCHEMA, {"name": "x", "type": "float64"}])  # a new column: a new schema too
@@ -128,7 +128,7 @@ def test_migrate_to_rest_moves_every_table_untouched_resumes_and_the_way_back_ca
     assert sql.load_table(table_identifier(sql_on_s3, c)).scan().to_arrow().num_rows == 3  # the SQL table stayed
 
     # the way back: --to sql catches the SQL table up with what was committed on REST
-    back = _json(lh, "catalog", "migrate", "--to", "sql", "--how", "replay", "--warehouse", sql_on_s3.warehouse)
+    back = _json(lh, "catalog", "migrate", "--to", "sql", "--how", "replay", "--warehouse", sql_on_s3.catalog.warehouse)
     # (a and b take only the property SeaweedFS added, schema.name-mapping.default: no snapshot)
     assert _outcomes(back) == {str(a): "caught-up", str(b): "caught-up", str(c): "caught-up", str(never): "no-table"}
     assert {x["dataset_id"]: x["snapshots"] for x in back["datasets"]} == {
@@ -152,7 +152,7 @@ def test_register_on_seaweedfs_is_refused_and_leaves_nothing_in_the_target(conn,
     [moved] = out["datasets"]
     assert moved["outcome"] == "failed" and out["exit"] == 1
     assert "\n" not in moved["detail"] and moved["detail"]
-    rest = load_catalog(sql_on_s3.replace(catalog_type="rest", warehouse=seaweed.warehouse), dsn)
+    rest = load_catalog(sql_on_s3.replace(catalog={"type": "rest", "warehouse": seaweed.warehouse}), dsn)
     assert load_table_or_none(rest, table_identifier(sql_on_s3, d)) is None
 
 
@@ -180,5 +180,5 @@ def test_the_job_moves_the_tables_as_the_cli_does(conn, dsn, sql_on_s3, seaweed)
         )
     assert result.success
     assert [m["outcome"] for m in result.output_for_node("catalog_migrate_op")] == ["moved"]
-    rest = load_catalog(sql_on_s3.replace(catalog_type="rest", warehouse=seaweed.warehouse), dsn)
+    rest = load_catalog(sql_on_s3.replace(catalog={"type": "rest", "warehouse": seaweed.warehouse}), dsn)
     assert rest.load_table(table_identifier(sql_on_s3, d)).scan().to_arrow().num_rows == 3

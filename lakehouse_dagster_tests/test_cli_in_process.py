@@ -38,7 +38,7 @@ def test_env_applies_to_the_one_call_and_the_settings_are_read_again(settings, t
     monkeypatch.delenv("LAKEHOUSE_TEST_ONLY", raising=False)
     broken = run_cli("datasets", env={"LAKEHOUSE_PG_DSN": "postgresql://nobody@127.0.0.1:1/none"})
     assert broken.returncode == 75 and "Postgres is unreachable" in broken.stderr, broken.stderr
-    assert os.environ["LAKEHOUSE_PG_DSN"] == settings.pg_dsn  # put back
+    assert os.environ["LAKEHOUSE_PG_DSN"] == settings.postgres.dsn  # put back
     again = run_cli("datasets", "--json")
     assert again.returncode == 0 and again.stdout.strip().startswith(("[", "{")), again.stderr
 

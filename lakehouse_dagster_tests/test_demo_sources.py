@@ -30,9 +30,9 @@ EXPECTED = {  # name → (source type, default writer, rows after the first inge
 
 @pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_demo_seeds_three_kinds_of_source_and_each_ingests(conn, dsn, settings):
-    summary = seed_demo(conn, big_rows=500, home=settings.home)
+    summary = seed_demo(conn, big_rows=500, home=settings.project.home)
     assert summary["created"]
-    directory = settings.home / "demo" / "web_clicks"
+    directory = settings.project.home / "demo" / "web_clicks"
     assert sorted(p.suffix for p in directory.iterdir()) == [".csv"] + [".parquet"] * CLICKS_FILES
     catalog = load_catalog(settings, dsn)
     for name, (kind, writer, rows) in EXPECTED.items():
@@ -49,4 +49,4 @@ def test_the_demo_seeds_three_kinds_of_source_and_each_ingests(conn, dsn, settin
     v = evaluate(dsn, catalog, settings, d)
     assert (v.verdict, v.pg_count) == ("ok", ACCOUNTS_ROWS)
     # seeding again writes nothing (the demo is there)
-    assert seed_demo(conn, big_rows=500, home=settings.home)["created"] is False
+    assert seed_demo(conn, big_rows=500, home=settings.project.home)["created"] is False

@@ -17,6 +17,7 @@ from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.parity import canary, maintained
 from lakehouse_dagster.parity.digest import PinnedPostgres
+from lakehouse_dagster.parity.errors import MaintainedDigestUnavailable
 from lakehouse_dagster.testing.parity import pg_maintained, pg_reference
 from lakehouse_dagster.tracking import capture, datasets
 from lakehouse_dagster_tests.test_canary import evaluate, make_dataset, rows_for, sync
@@ -330,7 +331,7 @@ def test_replica_identity_reset_behind_its_back_drops_the_sums_instead_of_adding
     conn.execute("alter table dataset_rows replica identity default")  # updates now carry no old values
     conn.execute('update dataset_rows set data = data || \'{"s": "x"}\' where dataset_id = %s and row_index = 3', (d,))
     assert capture.catch_up(conn)["dropped"] == 1
-    with pytest.raises(maintained.Unavailable, match="not registered"):
+    with pytest.raises(MaintainedDigestUnavailable, match="not registered"):
         pg_maintained(dsn, d)
     capture.disable(conn)
 
@@ -396,7 +397,7 @@ def test_repair_after_a_lost_slot_drops_the_sums_and_the_next_fill_is_exact(conn
         capture.catch_up(conn)
     out = capture.repair(conn)
     assert out["repaired"] is True and out["registrations_dropped"] == 1
-    with pytest.raises(maintained.Unavailable, match="not registered"):
+    with pytest.raises(MaintainedDigestUnavailable, match="not registered"):
         pg_maintained(dsn, d)
     assert maintained.ensure_pg(conn, d, datasets.get_dataset(conn, d).columns) == "registered+filled"
     datasets.insert_rows(conn, d, rows_for(3, 400))

@@ -69,7 +69,9 @@ def small_disk(tmp_path):
 
 def _settings(dsn: str, root: Path, warehouse: Path) -> Settings:
     return Settings.from_env().replace(
-        pg_dsn=dsn, home=root / "home", warehouse=warehouse.as_uri(), namespace="lakehouse"
+        postgres={"dsn": dsn},
+        project={"home": root / "home"},
+        catalog={"warehouse": warehouse.as_uri(), "namespace": "lakehouse"},
     )
 
 
@@ -119,7 +121,7 @@ def _cli_sync(settings: Settings, dsn: str, d, failpoint: str | None = None) -> 
 
 def _sync_here(settings: Settings, dsn: str, d) -> None:
     """A clean sync in this process (a setup step: no process start)."""
-    sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(ingest_chunk_rows=CHUNK), d)
+    sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(sync={"chunk_rows": CHUNK}), d)
 
 
 def _table(settings: Settings, dsn: str, d):
@@ -272,8 +274,8 @@ from lakehouse_dagster.lake.writer import SOURCE_VERSION, TableWrite, write_arro
 from lakehouse_dagster.tracking.datasets import get_dataset
 s = Settings.from_env()
 what, d, timeout = sys.argv[1], uuid.UUID(sys.argv[2]), float(sys.argv[3])
-catalog = load_catalog(s, s.pg_dsn)
-with connect(s.pg_dsn) as conn:
+catalog = load_catalog(s, s.postgres.dsn)
+with connect(s.postgres.dsn) as conn:
     if what == "compact":
         print(maintenance.compact_small_files(conn, catalog, s, d, small_bytes=10**9, min_files=2, lock_timeout_s=timeout))
     elif what == "expire":
@@ -445,7 +447,7 @@ import sys, uuid
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog, table_identifier
 s = Settings.from_env()
-table = load_catalog(s, s.pg_dsn).load_table(table_identifier(s, uuid.UUID(sys.argv[1])))
+table = load_catalog(s, s.postgres.dsn).load_table(table_identifier(s, uuid.UUID(sys.argv[1])))
 oldest = [snap.snapshot_id for snap in sorted(table.snapshots(), key=lambda x: x.timestamp_ms)][: int(sys.argv[2])]
 table.maintenance.expire_snapshots().by_ids(oldest).commit()
 print("expired", len(oldest))

@@ -354,14 +354,14 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.tracking import datasets
 from lakehouse_dagster.core.db import connect
 s = Settings.from_env()
-conn = connect(s.pg_dsn)
+conn = connect(s.postgres.dsn)
 d = datasets.get_dataset(conn, sys.argv[1])
 start, count = int(sys.argv[2]), int(sys.argv[3])
 rows = [{"__row_index": start + i, "__row_id": str(uuid.uuid4()), "__created_at": None, "n": start + i, "s": "x"}
         for i in range(count)]
 batch = pa.RecordBatch.from_pylist(rows, schema=arrow_schema(d.columns))
 route_write(conn, FlagResolver(conn, 0), "sync.append", d.id, pg_write=lambda: None,
-            iceberg_write=native_write(load_catalog(s, s.pg_dsn), s, d, [batch], writer="sync.append", conn=conn),
+            iceberg_write=native_write(load_catalog(s, s.postgres.dsn), s, d, [batch], writer="sync.append", conn=conn),
             settings=s)
 """
 

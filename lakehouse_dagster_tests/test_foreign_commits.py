@@ -66,7 +66,7 @@ def _verdict(settings, dsn, d, **kw) -> canary.Verdict:
 
 def _engine(settings, dsn) -> SqlCatalog:
     """The other engine's catalog: not the project's (load_catalog), the same catalog tables and warehouse."""
-    return SqlCatalog("lakehouse", uri=sqlalchemy_url(dsn), warehouse=settings.warehouse)
+    return SqlCatalog("lakehouse", uri=sqlalchemy_url(dsn), warehouse=settings.catalog.warehouse)
 
 
 def _foreign_table(settings, dsn, d):

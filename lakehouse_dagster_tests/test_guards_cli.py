@@ -31,10 +31,10 @@ def test_g2_refuses_past_the_admission_bound_and_writes_nothing(conn, dsn, setti
     d = _dataset(conn)
     with connect(dsn) as other, admission_slot(other, 1):
         with pytest.raises(Backpressure, match="ingest slots are busy"):
-            sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(max_concurrent_ingest=1), d)
+            sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(sync={"max_concurrent": 1}), d)
     assert conn.execute("select count(*) from iceberg_sync_log").fetchone()[0] == 0
     # with the slot free again the same call goes through
-    r = sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(max_concurrent_ingest=1), d)
+    r = sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(sync={"max_concurrent": 1}), d)
     assert r.total_rows == 1000
 
 

@@ -92,7 +92,9 @@ def own_postgres(_killable_server):
 def _settings(dsn: str, root: Path) -> Settings:
     (root / "warehouse").mkdir(exist_ok=True)
     return Settings.from_env().replace(
-        pg_dsn=dsn, home=root / "home", warehouse=(root / "warehouse").as_uri(), namespace="lakehouse"
+        postgres={"dsn": dsn},
+        project={"home": root / "home"},
+        catalog={"warehouse": (root / "warehouse").as_uri(), "namespace": "lakehouse"},
     )
 
 
@@ -100,8 +102,8 @@ def _env(settings: Settings, dsn: str, failpoint: str | None = None) -> dict:
     return cli_env(
         failpoint,
         LAKEHOUSE_PG_DSN=dsn,
-        LAKEHOUSE_HOME=str(settings.home),
-        LAKEHOUSE_WAREHOUSE=settings.warehouse,
+        LAKEHOUSE_HOME=str(settings.project.home),
+        LAKEHOUSE_WAREHOUSE=settings.catalog.warehouse,
         LAKEHOUSE_NAMESPACE="lakehouse",
         LAKEHOUSE_SOAK_SECONDS="0",
         LAKEHOUSE_INGEST_CHUNK_ROWS=str(CHUNK),
@@ -548,7 +550,7 @@ def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stall
         d = _make(conn, 100)
     with TcpProxy.for_dsn(dsn) as proxy:
         via = proxy.dsn(dsn)
-        db = ServiceDb(via, settings.replace(pg_dsn=via))
+        db = ServiceDb(via, settings.replace(postgres={"dsn": via}))
         try:
             assert db.probe() == {"postgres": "ok", "catalog": "ok"}
             held = [db.take(READ) for _ in range(3)]
@@ -560,7 +562,7 @@ def test_the_services_pool_resolver_and_catalog_recover_from_a_reset_and_a_stall
                 assert c.execute("select count(*) from dataset_rows where dataset_id = %s", (d,)).fetchone()[0] == 100
             assert db.resolver().conn.execute("select 1").fetchone() == (1,)
 
-            fresh = ServiceDb(via, settings.replace(pg_dsn=via))  # nothing idle: its next lend connects anew
+            fresh = ServiceDb(via, settings.replace(postgres={"dsn": via}))  # nothing idle: its next lend connects anew
             try:
                 proxy.stall()
                 started = time.monotonic()
@@ -830,7 +832,7 @@ def test_postgres_killed_under_a_batch_run_fails_what_it_cut_and_the_next_batch_
     from lakehouse_dagster.mirror.batch import mirror_many
 
     dsn, root = own_postgres
-    settings = _settings(dsn, root).replace(ingest_chunk_rows=CHUNK)
+    settings = _settings(dsn, root).replace(sync={"chunk_rows": CHUNK})
     with connect(dsn) as conn:
         ids = [_make(conn, 3_000) for _ in range(4)]
     catalog = load_catalog(settings, dsn)
@@ -887,7 +889,7 @@ def test_postgres_killed_and_stopped_under_a_rollout_stage_then_the_plan_goes_on
     from .test_service_faults import _pg as pg_verb
 
     dsn, root = own_postgres
-    settings = _settings(dsn, root).replace(soak_seconds=0)
+    settings = _settings(dsn, root).replace(rollout={"soak_seconds": 0})
     for key, value in _env(settings, dsn).items():  # the stage's runs read the warehouse as a run worker would
         if key.startswith("LAKEHOUSE_"):
             monkeypatch.setenv(key, value)

@@ -16,7 +16,7 @@ from .flag_helpers import cli
 
 @pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings):
-    report = ingest_bench.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=2), jobs=4, rows=150_000)
+    report = ingest_bench.run_ingest_bench(dsn, settings.replace(sync={"max_concurrent": 2}), jobs=4, rows=150_000)
     assert report.count(ingest_bench.ERROR) == 0, [o.error for o in report.outcomes]
     assert (
         report.count(ingest_bench.OK) >= 1 and report.count(ingest_bench.BACKPRESSURE) >= 1
@@ -26,7 +26,7 @@ def test_a_burst_above_the_admission_bound_gets_503s_and_no_errors(dsn, settings
     assert all(o.rows == 150_000 for o in report.outcomes if o.status == ingest_bench.OK)
     assert report.table_problems == [] and report.passed
     # within the bound: every job writes
-    within = ingest_bench.run_ingest_bench(dsn, settings.replace(max_concurrent_ingest=3), jobs=3, rows=2_000)
+    within = ingest_bench.run_ingest_bench(dsn, settings.replace(sync={"max_concurrent": 3}), jobs=3, rows=2_000)
     assert [o.status for o in within.outcomes] == [ingest_bench.OK] * 3 and within.passed
 
 
@@ -38,13 +38,13 @@ def test_same_dataset_burst_serialises_replaces_and_purge_cleans_up(conn, dsn, s
     ]  # G3 queues them
     assert report.table_problems == []  # one snapshot per replace and exactly 5,000 rows: no drop-race
     assert len({o.snapshot_id for o in report.outcomes}) == 3
-    catalog = load_catalog(settings.replace(namespace="bench"), dsn)
+    catalog = load_catalog(settings.replace(catalog={"namespace": "bench"}), dsn)
     assert len(catalog.list_tables("bench")) == 1
     out = ingest_bench.purge(dsn, settings, namespace="bench")
     assert (out["workspaces"], out["datasets"], out["tables_dropped"], out["namespace_dropped"]) == (1, 1, 1, True)
     # nothing of the bench is left: its namespace and its directory under the warehouse go too
     assert ("bench",) not in catalog.list_namespaces()
-    assert not (Path(settings.warehouse.removeprefix("file://")) / "bench").exists()
+    assert not (Path(settings.catalog.warehouse.removeprefix("file://")) / "bench").exists()
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
 
 
@@ -65,7 +65,7 @@ def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
 
 def test_a_failing_job_fails_the_gate(dsn, settings):
     """A writer that cannot write (the warehouse is not writable) is an error, not a 503: FAIL."""
-    broken = settings.replace(warehouse="file:///proc/lakehouse-not-writable")
+    broken = settings.replace(catalog={"warehouse": "file:///proc/lakehouse-not-writable"})
     report = ingest_bench.run_ingest_bench(dsn, broken, jobs=2, rows=10)
     assert report.count(ingest_bench.ERROR) == 2 and not report.passed
     assert report.summary_line().startswith("FAIL: jobs=2 ok=0 503=0 error=2")

@@ -226,7 +226,7 @@ def test_an_undeclared_key_fails_the_sync_naming_it_and_commits_nothing(conn, ds
     )
     status, error = conn.execute("select status, error from datasets where id = %s", (d,)).fetchone()
     assert status == "errored" and "'hidden'" in error
-    assert list((settings.home.parent / "warehouse").rglob("*.parquet")) == []
+    assert list((settings.project.home.parent / "warehouse").rglob("*.parquet")) == []
     # declared: it is mirrored
     datasets.set_schema(conn, d, [{"name": "a", "type": "int64"}, {"name": "hidden", "type": "string"}])
     with pytest.raises(SyncFailed, match="1 row\\(s\\) .* 1 key\\(s\\) .*: 'zz' \\(1 row\\)"):
@@ -275,7 +275,7 @@ def test_bad_row_fails_loudly_and_commits_nothing(conn, dsn, settings, schema, b
     assert status == "errored" and message in error
     log = conn.execute("select status, error, snapshot_id from iceberg_sync_log where dataset_id = %s", (d,)).fetchall()
     assert len(log) == 1 and log[0][0] == "failed" and message in log[0][1] and log[0][2] is None
-    files = list((settings.home.parent / "warehouse").rglob("*.parquet"))
+    files = list((settings.project.home.parent / "warehouse").rglob("*.parquet"))
     assert files == []  # the files written before the failure were removed
 
 
@@ -312,7 +312,7 @@ def test_empty_dataset_syncs_to_an_empty_snapshot(conn, dsn, settings):
 
 def test_chunks_bound_file_size(conn, dsn, settings):
     d = _make(conn, [{"name": "n", "type": "int64"}], [{"n": i} for i in range(2500)])
-    result = sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(ingest_chunk_rows=1000), d)
+    result = sync_dataset(dsn, load_catalog(settings, dsn), settings.replace(sync={"chunk_rows": 1000}), d)
     assert result.rows == 2500 and result.files >= 3
     t = _table(settings, dsn, d)
     assert len(t.snapshots()) == 1  # many files, one commit
@@ -332,8 +332,8 @@ def slow(self, batch):
         print("WROTE", flush=True)
         time.sleep(600)
 w._FileRoller.write = slow
-s = Settings.from_env().replace(ingest_chunk_rows=500)
-sync_dataset(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1], readers=1)
+s = Settings.from_env().replace(sync={"chunk_rows": 500})
+sync_dataset(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, sys.argv[1], readers=1)
 """
 
 
@@ -370,7 +370,7 @@ def test_killed_sync_leaves_no_partial_snapshot_and_next_sync_succeeds(conn, dsn
     assert sorted(t.scan().to_arrow()["n"].to_pylist())[0] == -5
     # the dead sync's files are gone: only files referenced by the table remain in data/
     referenced = {task.file.file_path.split("/")[-1] for task in t.scan().plan_files()}
-    data_dir = [p for p in (settings.home.parent / "warehouse").rglob("*.parquet")]
+    data_dir = [p for p in (settings.project.home.parent / "warehouse").rglob("*.parquet")]
     on_disk = {p.name for p in data_dir}
     first_files = {f for f in on_disk if str(first.sync_id) in f}
     assert on_disk - first_files == referenced
@@ -382,7 +382,7 @@ def test_writers_racing_to_create_the_namespace_all_succeed(dsn, settings):
 
     from lakehouse_dagster.lake.catalog import ensure_namespace
 
-    catalogs = [load_catalog(settings.replace(namespace=f"race{i}"), dsn) for i in range(8)]
+    catalogs = [load_catalog(settings.replace(catalog={"namespace": f"race{i}"}), dsn) for i in range(8)]
     for round_ in range(5):  # the window is small: several rounds, 8 writers released together each time
         barrier, errors = threading.Barrier(8), []
 

@@ -182,7 +182,7 @@ def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(con
     ws = datasets.create_workspace(conn, "w")
     d = _dataset(conn, ws, "busy", rows=3000)
     pace: list = []
-    with Stream(settings.replace(mirror_sync_share=share), dsn, pace_log=pace) as s:
+    with Stream(settings.replace(stream={"sync_share": share}), dsn, pace_log=pace) as s:
         wait_caught_up(conn, [d])
         # written without pause until the stream has landed three syncs of the writes (a count, not 4 s of a clock:
         # a loaded machine stretches each sync and its rest, and fit two in 4 s once)
@@ -322,7 +322,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.stream import stream_shard
 s = Settings.from_env()
-for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+for e in stream_shard(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
                       deadline=time.time() + 60):
     pass
 """
@@ -662,10 +662,10 @@ def test_streaming_is_on_by_default_and_one_setting_turns_it_off(monkeypatch):
     from lakehouse_dagster.core.settings import Settings
 
     monkeypatch.delenv("LAKEHOUSE_MIRROR_STREAM", raising=False)  # the suite's conftest sets it off
-    assert Settings.from_env().mirror_stream is True
+    assert Settings.from_env().stream.enabled is True
     for off in ("false", "0", "off"):
         monkeypatch.setenv("LAKEHOUSE_MIRROR_STREAM", off)
-        assert Settings.from_env().mirror_stream is False, off
+        assert Settings.from_env().stream.enabled is False, off
 
 
 def test_streaming_off_the_poller_requests_batch_runs_and_no_stream(conn, dsn, settings, instance, monkeypatch):

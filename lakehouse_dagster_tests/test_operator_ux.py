@@ -306,7 +306,7 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
         frozen = _stopped_descendants(proc.pid)
-        warehouse = Path(settings.warehouse.removeprefix("file://"))
+        warehouse = Path(settings.catalog.warehouse.removeprefix("file://"))
         assert any(p.suffix == ".parquet" for p in warehouse.rglob("*")), "the writers wrote no file before freezing"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=120)
@@ -319,7 +319,7 @@ def test_an_interrupted_ingest_bench_purges_what_it_made(conn, dsn, settings, si
     assert conn.execute("select count(*) from workspaces where name like 'lakehouse-ingest-bench%'").fetchone()[0] == 0
     assert conn.execute("select count(*) from datasets").fetchone()[0] == 0
     # nothing is left behind: no table, no namespace, not even an empty warehouse/bench directory
-    assert ("bench",) not in load_catalog(settings.replace(namespace="bench"), dsn).list_namespaces()
+    assert ("bench",) not in load_catalog(settings.replace(catalog={"namespace": "bench"}), dsn).list_namespaces()
     assert list(warehouse.rglob("*")) == []
     assert all(not Path(f"/proc/{pid}").exists() for pid in frozen)
 

@@ -38,7 +38,7 @@ def _metadata(result) -> dict:
 
 
 def test_the_sweep_job_lists_then_removes_exactly_the_orphans_of_every_mirrored_dataset(conn, dsn, settings, instance):
-    quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
+    quick = settings.replace(sync={"snapshots_keep": 1, "snapshots_max_age_seconds": 0})
     a, b = make_dataset(conn, 5, name="a"), make_dataset(conn, 5, name="b")
     never = make_dataset(conn, 5, name="never")  # no sync: no table, not swept
     for _ in range(3):  # full rewrites: each replaces the files, and expires the snapshot before

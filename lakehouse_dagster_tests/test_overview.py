@@ -479,14 +479,14 @@ def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(
     alive_run, dead_run = str(uuid.uuid4()), str(uuid.uuid4())
     _shard_row(conn, 0, 2, alive_run, beat_s_ago=0.5, lag=1.25, backlog=3, commit_s_ago=2)
     _shard_row(conn, 1, 2, dead_run, beat_s_ago=90, lag=4, backlog=7, commit_s_ago=95)
-    on = settings.replace(mirror_stream=True, mirror_shards=2, mirror_stream_down_seconds=30)
+    on = settings.replace(stream={"enabled": True, "shards": 2, "down_seconds": 30})
     sent: list[int] = []
     real = psycopg.Cursor.execute
     with monkeypatch.context() as m:  # statements sent: the shards are one, whatever their count
         m.setattr(psycopg.Cursor, "execute", lambda cur, *a, **kw: sent.append(1) or real(cur, *a, **kw))
         ov = compute_overview(conn, on)
         two = len(sent)
-        compute_overview(conn, settings.replace(mirror_stream=True, mirror_shards=64))
+        compute_overview(conn, settings.replace(stream={"enabled": True, "shards": 64}))
         assert len(sent) - two == two
         shard_status(conn, on)
         assert len(sent) - 2 * two == 1
@@ -557,7 +557,7 @@ def test_the_overview_says_per_dataset_what_holds_it_on_postgres_and_each_comput
     from lakehouse_dagster.runbooks import complete as cp
 
     monkeypatch.setenv("LAKEHOUSE_SHADOW_PROOF_READS", "2")  # the asset's settings come from the env
-    settings = settings.replace(shadow_proof_reads=2)
+    settings = settings.replace(shadow={"proof_reads": 2})
     ws = datasets.create_workspace(conn, "alpha")
     ds = {name: _dataset(conn, ws, name) for name in ("piped", "dash", "locked", "flipped", "free")}
     for d in ds.values():

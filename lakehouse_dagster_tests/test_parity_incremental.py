@@ -42,7 +42,9 @@ def spread_rows(conn, d, indexes, start=0):
 def test_mirror_stores_a_digest_per_file_that_equals_the_full_duckdb_digest(conn, dsn, settings):
     d = make_dataset(conn, 0)
     spread_rows(conn, d, [0, 1, 2, 70_000, 70_001, 200_000, 200_005])
-    settings = settings.replace(ingest_chunk_rows=3, digest_on_write=True)  # several files, segments spanning files
+    settings = settings.replace(
+        sync={"chunk_rows": 3}, parity={"digest_on_write": True}
+    )  # several files, segments spanning files
     sync(settings, dsn, d, mode="full")
     pin = pin_iceberg(load_catalog(settings, dsn), settings, d)
     columns = datasets.get_dataset(conn, d).columns
@@ -61,7 +63,7 @@ def test_mirror_stores_a_digest_per_file_that_equals_the_full_duckdb_digest(conn
 
 def test_files_without_a_digest_are_digested_lazily_once(conn, dsn, settings):
     d = make_dataset(conn, 30)
-    sync(settings.replace(digest_on_write=False), dsn, d, mode="full")
+    sync(settings.replace(parity={"digest_on_write": False}), dsn, d, mode="full")
     assert conn.execute("select count(*) from lakehouse_file_digests where dataset_id = %s", (d,)).fetchone()[0] == 0
     v = evaluate(settings, dsn, d)
     assert v.verdict == canary.OK and v.detail["digest"] == "maintained"

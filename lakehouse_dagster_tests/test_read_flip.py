@@ -137,7 +137,7 @@ def test_job_stops_on_mismatch_and_the_flip_op_never_runs(conn, dsn, settings, w
 def test_verify_reports_a_fallback_with_the_rollback_command(conn, dsn, settings, ws):
     d = _dataset(conn, dsn, settings, ws, "broken")
     set_override(conn, "read", "export.stream", "iceberg", dataset=d, actor="pytest")
-    for f in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet"):
+    for f in Path(settings.catalog.warehouse.removeprefix("file://")).rglob("*.parquet"):
         f.unlink()  # the snapshot's data files are gone: an Iceberg read fails
     (v,) = flip.verify(conn, load_catalog(settings, dsn), settings, "export.stream", [d])
     assert v.reason == "pg@fallback" and v.source == "pg" and v.fallback_error

@@ -290,7 +290,7 @@ def test_a_run_made_sync_is_not_recorded_twice_and_carries_the_standard_keys(con
         assert meta["latest_verdict"] in ("ok", "none") and "flags" in meta
         (pg,) = _materializations(instance, PG_ROWS, d)
         assert _meta(pg)["dagster/row_count"] == 4
-        assert "password" not in _meta(pg)["dagster/uri"] and settings.pg_dsn not in _meta(pg)["dagster/uri"]
+        assert "password" not in _meta(pg)["dagster/uri"] and settings.postgres.dsn not in _meta(pg)["dagster/uri"]
     assert mirror_job.name == "mirror_job"
 
     # ingest_job on the pg path materializes postgres/dataset_rows with the standard keys too
@@ -419,11 +419,11 @@ def test_the_resource_shows_its_settings_as_env_vars_and_never_the_dsn(dsn, sett
     shown = shown_settings()
     assert shown["warehouse"].env_var_name == "LAKEHOUSE_WAREHOUSE"
     assert shown["ingest_chunk_rows"].env_var_name == "LAKEHOUSE_INGEST_CHUNK_ROWS"
-    assert "catalog_uri" not in shown  # unset: empty on the page, its default from core/settings.py
+    assert "catalog_uri" not in shown  # unset: empty on the page, its default from core/settings/
     resource = resources().resources["lakehouse"]
     assert resource.pg_dsn.env_var_name == "LAKEHOUSE_PG_DSN" and dsn not in repr(resource)
     live = LakehouseResource(pg_dsn=dsn, ingest_chunk_rows=1000)
-    assert live.settings().ingest_chunk_rows == 1000 and live.settings().warehouse == settings.warehouse
+    assert live.settings().sync.chunk_rows == 1000 and live.settings().catalog.warehouse == settings.catalog.warehouse
     assert live.catalog() is live.catalog()  # built once per run (per resource instance)
 
 

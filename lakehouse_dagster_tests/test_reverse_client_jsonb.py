@@ -299,7 +299,7 @@ def test_a_paced_resync_pauses_between_slices_and_writes_the_same_rows(conn, dsn
 
     monkeypatch.setattr(copy_back, "PACED_SLICE_ROWS", 500)
     monkeypatch.setattr(reverse, "paced", spy)
-    r = apply_reverse(dsn, catalog, settings.replace(reverse_resync_share=0.5), d, full=True)
+    r = apply_reverse(dsn, catalog, settings.replace(reverse={"resync_share": 0.5}), d, full=True)
     assert r.how == "full" and r.copied == N and r.pg_rows == N, r
     assert slices == [500] * (N // 500) and len(pauses) == len(slices)
     assert all(p >= 0 for p in pauses) and sum(pauses) > 0
@@ -327,9 +327,9 @@ def test_the_resync_share_is_read_from_the_env_and_a_bad_one_is_refused(monkeypa
     from lakehouse_dagster.core.settings import Settings
 
     monkeypatch.setenv("LAKEHOUSE_REVERSE_RESYNC_SHARE", "0.3")
-    assert Settings.from_env().reverse_resync_share == 0.3
+    assert Settings.from_env().reverse.resync_share == 0.3
     monkeypatch.delenv("LAKEHOUSE_REVERSE_RESYNC_SHARE")
-    assert Settings.from_env().reverse_resync_share == 1.0  # unpaced unless asked
+    assert Settings.from_env().reverse.resync_share == 1.0  # unpaced unless asked
     for bad in ("0", "1.5", "-1"):
         monkeypatch.setenv("LAKEHOUSE_REVERSE_RESYNC_SHARE", bad)
         with pytest.raises(BadInput, match=f"LAKEHOUSE_REVERSE_RESYNC_SHARE={float(bad)} is not a share of the time"):

@@ -92,7 +92,7 @@ def test_a_failed_reverse_apply_is_retried_after_a_backoff_not_in_a_hot_loop(con
     d = _native(conn, dsn, settings, lh, ws, "d")
     snap = native_write(conn, dsn, settings, d, "sync.append", [row(6), row(7)], start=6)
     monkeypatch.setenv("LAKEHOUSE_FAILPOINT", "reverse-before-commit:raise")
-    with Stream(settings.replace(retry_failed_after_seconds=1), dsn) as s:
+    with Stream(settings.replace(mirror={"retry_failed_after_seconds": 1}), dsn) as s:
 
         def failures() -> list[ReverseFailed]:
             return [e for e in s.events if isinstance(e, ReverseFailed)]
@@ -306,7 +306,7 @@ def test_a_datasets_reverse_applies_are_paced_by_the_sync_share():
     from lakehouse_dagster.mirror.stream import _Reverse
 
     ds = uuid.uuid4()
-    rev = _Reverse("", None, Settings.from_env().replace(mirror_sync_share=0.25), lambda d: True, 0)
+    rev = _Reverse("", None, Settings.from_env().replace(stream={"sync_share": 0.25}), lambda d: True, 0)
     fut: concurrent.futures.Future = concurrent.futures.Future()
     fut.set_result(ReverseResult(ds, "append", 1, 10, 0, 10, 2.0, "appended"))
     rev.flying[fut] = ds

@@ -237,7 +237,7 @@ def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whol
     (mirror/native_run.py), so the rows only Iceberg holds and the files a backfill copies are counted
     whole after the snapshots that added them are gone, through merged manifests; after the backfill, a new
     native run counts only its own rows though the backfilled snapshot is expired too."""
-    quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
+    quick = settings.replace(sync={"snapshots_keep": 1, "snapshots_max_age_seconds": 0})
     d = ready_native(conn, dsn, settings, "sync.append")
     n = 20  # past the manifest merge count (16)
     for k in range(n):
@@ -276,7 +276,7 @@ def test_native_commits_expire_old_snapshots_and_the_iceberg_only_rows_stay_whol
 
 def test_a_native_replace_run_under_expiry_counts_every_row(conn, dsn, settings):
     """A native sync.full in the run marks it replaced for good, after its snapshot is expired."""
-    quick = settings.replace(snapshots_keep=1, snapshots_max_age_seconds=0)
+    quick = settings.replace(sync={"snapshots_keep": 1, "snapshots_max_age_seconds": 0})
     d = ready_native(conn, dsn, settings, "sync.full")
     native_write(conn, dsn, quick, d, "sync.full", [{**row(i), "s": f"new {i}"} for i in range(4)], start=0)
     cli("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)

@@ -379,7 +379,7 @@ def test_the_readmes_example_plan_dry_runs_on_the_demo_as_it_says(conn, dsn, set
     plan = load_plan(text)
     assert (plan.kind, plan.name, plan.mode) == ("read", "graph.kuzu", "iceberg")
     assert [s.kind for s in plan.stages] == ["datasets", "workspace", "global"] and plan.stages[1].approval
-    seed_demo(conn, big_rows=200, home=settings.home)
+    seed_demo(conn, big_rows=200, home=settings.project.home)
     catalog = load_catalog(settings, dsn)
     tabular = [r[0] for r in conn.execute("select id from datasets where kind = 'tabular'").fetchall()]
     for d in tabular:

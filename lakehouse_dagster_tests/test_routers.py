@@ -102,7 +102,7 @@ def _route(conn, reader, d, ex):
 
 def _break_table_files(settings, d):
     """A real Iceberg read error: the snapshot's data files are gone from the warehouse."""
-    warehouse = Path(settings.warehouse.removeprefix("file://"))
+    warehouse = Path(settings.catalog.warehouse.removeprefix("file://"))
     files = [p for p in warehouse.rglob("*.parquet") if d.hex in str(p)]
     assert files
     for p in files:
@@ -351,7 +351,7 @@ FAILURES = {
     "value of the wrong type": lambda d, settings, dsn: (_bad_types_batch(d), load_catalog(settings, dsn)),
     "warehouse not writable": lambda d, settings, dsn: (
         _batch(d, 0, 3),
-        load_catalog(settings.replace(warehouse="file:///proc/lakehouse-not-writable"), dsn),
+        load_catalog(settings.replace(catalog={"warehouse": "file:///proc/lakehouse-not-writable"}), dsn),
     ),
 }
 

@@ -23,7 +23,7 @@ CHUNK = 100  # 10 data files of 100 rows each
 
 @pytest.fixture
 def small(settings):
-    return settings.replace(ingest_chunk_rows=CHUNK)
+    return settings.replace(sync={"chunk_rows": CHUNK})
 
 
 def _make(conn):
@@ -160,8 +160,8 @@ import sys
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.sync import sync_dataset
-s = Settings.from_env().replace(ingest_chunk_rows=100)
-sync_dataset(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1])
+s = Settings.from_env().replace(sync={"chunk_rows": 100})
+sync_dataset(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, sys.argv[1])
 """
 
 

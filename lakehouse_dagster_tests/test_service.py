@@ -275,7 +275,7 @@ def test_route_flags_health_and_metrics(world, client):
 
 def _break_table_files(world, d) -> None:
     """A real Iceberg read error: the snapshot's data files are gone from the warehouse."""
-    warehouse = Path(world.settings.warehouse.removeprefix("file://"))
+    warehouse = Path(world.settings.catalog.warehouse.removeprefix("file://"))
     files = [p for p in warehouse.rglob("*.parquet") if d.hex in str(p)]
     assert files
     for p in files:

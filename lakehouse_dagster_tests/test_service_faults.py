@@ -523,7 +523,6 @@ def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_
     """Every session of ServiceDb: TCP keepalives and tcp_user_timeout (a silent peer found dead in about
     api_pg_dead_after_seconds), a statement timeout by kind of work (a stalled statement is cut); an ingest's DSN
     carries the keepalives (and still connects, through psycopg and ADBC alike)."""
-    import dataclasses
 
     import adbc_driver_postgresql.dbapi as adbc
     import psycopg
@@ -531,8 +530,8 @@ def test_the_services_postgres_sessions_have_keepalives_and_a_statement_timeout_
     from lakehouse_dagster.core.db import adbc_uri
     from lakehouse_dagster.service.db import CONTROL, READ, ServiceDb
 
-    tuned = dataclasses.replace(
-        settings, api_read_statement_seconds=1.5, api_control_statement_seconds=7, api_pg_dead_after_seconds=12
+    tuned = settings.replace(
+        service={"read_statement_seconds": 1.5, "control_statement_seconds": 7, "pg_dead_after_seconds": 12}
     )
     db = ServiceDb(dsn, tuned)
     try:
@@ -571,7 +570,9 @@ def test_load_with_a_postgres_restart_in_the_middle_every_answer_retriable_and_s
     dsn, root = own_postgres
     env = _env(dsn, root, LAKEHOUSE_MAX_CONCURRENT_INGEST="2")
     settings = Settings.from_env().replace(
-        pg_dsn=dsn, home=root / "home", warehouse=env["LAKEHOUSE_WAREHOUSE"], namespace="lakehouse"
+        postgres={"dsn": dsn},
+        project={"home": root / "home"},
+        catalog={"warehouse": env["LAKEHOUSE_WAREHOUSE"], "namespace": "lakehouse"},
     )
     catalog = load_catalog(settings, dsn)
     with connect(dsn) as conn:

@@ -153,8 +153,8 @@ def test_one_proof_threshold_for_every_process_on_a_database(conn, settings):
     from lakehouse_dagster.flags.proof import DEFAULT, ENV, STORED, needed_reads, threshold
     from lakehouse_dagster.flags.soak_setting import stored_value
 
-    plain = settings.replace(shadow_proof_reads=300, shadow_proof_reads_given=False)  # the daemon: nothing set
-    shell = settings.replace(shadow_proof_reads=2, shadow_proof_reads_given=True, actor="alice")
+    plain = settings.replace(shadow={"proof_reads": 300, "proof_reads_given": False})  # the daemon: nothing set
+    shell = settings.replace(shadow={"proof_reads": 2, "proof_reads_given": True}, project={"actor": "alice"})
     assert threshold(conn, plain) == threshold(conn, plain, applying=True)
     assert (threshold(conn, plain).reads, threshold(conn, plain).source) == (300, DEFAULT)
     assert (threshold(conn, shell).reads, threshold(conn, shell).source) == (2, ENV)  # shown: nothing written
@@ -170,7 +170,7 @@ def test_one_proof_threshold_for_every_process_on_a_database(conn, settings):
     assert audit == [(None, 2, "alice")]
 
     # another shell showing 50 still sees 2; applying 50 stores it (audited), the same value is applied once stored
-    strict = settings.replace(shadow_proof_reads=50, shadow_proof_reads_given=True, actor="bob")
+    strict = settings.replace(shadow={"proof_reads": 50, "proof_reads_given": True}, project={"actor": "bob"})
     assert threshold(conn, strict).reads == 2
     assert needed_reads(strict, conn) == 50 and needed_reads(strict, conn) == 50 and needed_reads(plain, conn) == 50
     assert conn.execute(

@@ -54,9 +54,9 @@ def test_sources_set_show_and_ingest_through_the_cli(conn, settings, dataset, tm
     assert (r["path"], r["rows"], r["snapshot_id"], r["cursor"]) == ("pg", 7, None, {"files": 1}) and r["sync_id"]
     shown = cli_json("sources", "show", "--dataset", str(dataset))
     assert shown["cursor"] == {"files": 1} and shown["last_ingest"]["path"] == "pg"
-    catalog = load_catalog(settings, settings.pg_dsn)
-    sync_dataset(settings.pg_dsn, catalog, settings, dataset)  # caught up first
-    canary_ok(conn, settings.pg_dsn, catalog, settings, dataset)  # parity ok, then readers and writer flipped
+    catalog = load_catalog(settings, settings.postgres.dsn)
+    sync_dataset(settings.postgres.dsn, catalog, settings, dataset)  # caught up first
+    canary_ok(conn, settings.postgres.dsn, catalog, settings, dataset)  # parity ok, then readers and writer flipped
     native(conn, dataset, "sync.append")
     write_source_file(tmp_path / "in" / "b.ndjson", "ndjson", _records(7, 2))
     r = cli_json("ingest", "--dataset", str(dataset), "--writer", "sync.append")
@@ -304,7 +304,7 @@ def test_writer_killed_mid_write_or_after_commit_never_reingests_or_skips(
             ["succeeded", "succeeded"] if point == "after-commit-before-log" else ["failed", "succeeded"]
         )
         assert conn.execute("select row_count from datasets where id = %s", (dataset,)).fetchone()[0] == 65
-        leftovers = [p for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
+        leftovers = [p for p in Path(settings.catalog.warehouse.removeprefix("file://")).rglob("*.parquet")]
         # 10-row chunks: the killed run's 6 committed files stay, its uncommitted ones are removed; + 1 file now
         assert len(leftovers) == (6 + 1 if point == "after-commit-before-log" else 1)
 

@@ -34,7 +34,7 @@ def test_a_rest_catalog_configured_without_its_uri_refuses(settings, dsn):
     """Settings.from_env refuses it, but Settings.replace (the Dagster resource's config) skipped that check and
     handed pyiceberg uri=None."""
     with pytest.raises(BadInput, match="LAKEHOUSE_CATALOG_URI"):
-        load_catalog(settings.replace(catalog_type="rest", catalog_uri=None), dsn)
+        load_catalog(settings.replace(catalog={"type": "rest", "uri": None}), dsn)
 
 
 def test_the_stage_row_of_a_missing_plan_is_not_found(conn):

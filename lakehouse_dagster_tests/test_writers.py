@@ -424,7 +424,7 @@ def test_bad_value_fails_loudly_naming_where_and_commits_nothing(
             "select status, error from iceberg_sync_log where dataset_id = %s order by started_at", (d,)
         ).fetchall()
         assert [x[0] for x in log] == ["succeeded", "failed"] and "column n: expected int64" in log[1][1]
-        files = [p.name for p in Path(settings.warehouse.removeprefix("file://")).rglob("*.parquet")]
+        files = [p.name for p in Path(settings.catalog.warehouse.removeprefix("file://")).rglob("*.parquet")]
         assert len(files) == 1  # the failed attempt's files were removed
 
 
@@ -510,7 +510,7 @@ def test_writers_take_the_mirrors_guards(conn, dsn, catalog, settings, workspace
     set_source(conn, d, {"type": "files", "uri": str(tmp_path / "src"), "format": "parquet"})
     if mode == "native":
         native(conn, d, "sync.append")
-    one_slot = settings.replace(max_concurrent_ingest=1)
+    one_slot = settings.replace(sync={"max_concurrent": 1})
     with connect(dsn) as other, admission_slot(other, 1):
         with pytest.raises(Backpressure):
             ingest(dsn, catalog, one_slot, conn, d, "sync.append")

@@ -47,7 +47,7 @@ def _backfill(ctx, args) -> Result:
         backfill_or_restore,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    r = backfill_or_restore(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor)
+    r = backfill_or_restore(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.project.actor)
     return Result(r.as_dict(), r.summary())
 
 
@@ -80,7 +80,7 @@ def _complete(ctx, args) -> Result:
         dataset=args.dataset,
         workspace=args.workspace,
         export_to=args.export_to,
-        actor=ctx.settings.actor,
+        actor=ctx.settings.project.actor,
         note=args.note,
     )
     lines = [c.summary() for c in done.completed] + [r for _, r in done.refused]

@@ -27,7 +27,7 @@ def _ingest(ctx, args) -> Result:
 
     check_writer(args.writer)  # refuse a locked or unknown writer before touching anything
     ds_id = parse_uuid(args.dataset, "dataset id")
-    flags = FlagResolver(ctx.conn, ctx.settings.flag_ttl_seconds)
+    flags = FlagResolver(ctx.conn, ctx.settings.flags.ttl_seconds)
     checked = checked_write(ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, flags, ds_id, args.writer)
     r = checked.result
     if not r.new:

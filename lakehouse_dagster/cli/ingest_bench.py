@@ -45,12 +45,12 @@ def _run(ctx, args) -> Result:
             rows=args.rows,
             same_dataset=args.same_dataset,
             namespace=args.namespace,
-            actor=ctx.settings.actor,
+            actor=ctx.settings.project.actor,
         )
     except BaseException as exc:
         if not args.keep and not isinstance(exc, BadInput):  # bad input made nothing
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the purge short
-            out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+            out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.project.actor)
             print(_purged_line(out), file=sys.stderr)
         raise
     finally:
@@ -59,7 +59,9 @@ def _run(ctx, args) -> Result:
     purge_seconds = {}
     if not args.keep:
         t = time.time()
-        data["purged"] = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+        data["purged"] = ingest_bench.purge(
+            ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.project.actor
+        )
         purge_seconds = {"the purge": time.time() - t}
         data["phases"] = {**data["phases"], **purge_seconds}
         data["wall_seconds"] += purge_seconds["the purge"]
@@ -78,7 +80,7 @@ def _run(ctx, args) -> Result:
 def _purge(ctx, args) -> Result:
     from lakehouse_dagster.runbooks import ingest_bench  # here: the writers' machinery only when the verb runs
 
-    out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.actor)
+    out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.project.actor)
     return Result(out, _purged_line(out))
 
 

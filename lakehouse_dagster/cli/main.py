@@ -176,9 +176,9 @@ def _no_lakehouse_tables(ctx: Context, exc: Exception) -> str | None:
 
     settings = ctx.settings
     where = (
-        f"LAKEHOUSE_PG_DSN ({display_dsn(settings.pg_dsn)})"
-        if settings.pg_dsn
-        else f"the embedded Postgres of LAKEHOUSE_HOME={settings.home}"
+        f"LAKEHOUSE_PG_DSN ({display_dsn(settings.postgres.dsn)})"
+        if settings.postgres.dsn
+        else f"the embedded Postgres of LAKEHOUSE_HOME={settings.project.home}"
     )
     return (
         f"{where} has no lakehouse tables ({str(exc).splitlines()[0]}): set LAKEHOUSE_HOME (or LAKEHOUSE_PG_DSN) to "

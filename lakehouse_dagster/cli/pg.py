@@ -42,10 +42,10 @@ def _pgserver_utils():
 
 
 def _refuse_if_external(ctx, verb: str) -> None:
-    if ctx.settings.pg_dsn:
+    if ctx.settings.postgres.dsn:
         raise BadInput(
-            f"LAKEHOUSE_PG_DSN is set ({display_dsn(ctx.settings.pg_dsn)}), so the embedded server is not used; "
-            f"unset it to {verb} the one under {ctx.settings.home / 'pg'}"
+            f"LAKEHOUSE_PG_DSN is set ({display_dsn(ctx.settings.postgres.dsn)}), so the embedded server is not used; "
+            f"unset it to {verb} the one under {ctx.settings.project.home / 'pg'}"
         )
 
 
@@ -55,7 +55,7 @@ def _start(ctx, args) -> Result:
         start_embedded,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    pgdata = ctx.settings.home / "pg"
+    pgdata = ctx.settings.project.home / "pg"
     was_running = embedded_info(pgdata) is not None
     try:
         dsn = start_embedded(pgdata)
@@ -76,7 +76,7 @@ def _stop(ctx, args) -> Result:
         stop_embedded,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    pgdata = ctx.settings.home / "pg"
+    pgdata = ctx.settings.project.home / "pg"
     stopped = stop_embedded(pgdata)
     return Result(
         {"stopped": stopped, "pgdata": str(pgdata)},
@@ -85,10 +85,10 @@ def _stop(ctx, args) -> Result:
 
 
 def _status(ctx, args) -> Result:
-    if ctx.settings.pg_dsn:
-        dsn = display_dsn(ctx.settings.pg_dsn)
+    if ctx.settings.postgres.dsn:
+        dsn = display_dsn(ctx.settings.postgres.dsn)
         return Result({"embedded": False, "dsn": dsn}, f"external Postgres (LAKEHOUSE_PG_DSN): {dsn}")
-    pgdata = ctx.settings.home / "pg"
+    pgdata = ctx.settings.project.home / "pg"
     info = embedded_info(pgdata)
     if info is None:
         return Result(

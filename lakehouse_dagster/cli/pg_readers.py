@@ -46,7 +46,12 @@ def _readers_add(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     d = declare(
-        ctx.conn, args.reader, dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor
+        ctx.conn,
+        args.reader,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        note=args.note,
+        actor=ctx.settings.project.actor,
     )
     text = (
         f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "

@@ -96,7 +96,7 @@ def _reverse_check(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
     get_dataset(ctx.conn, ds_id)  # an unknown dataset: NotFound, one line
     c = check_reverse_parity(
-        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, ds_id, repair=not args.no_repair, actor=ctx.settings.actor
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, ds_id, repair=not args.no_repair, actor=ctx.settings.project.actor
     )
     data = {
         "verdict": None if c.verdict is None else c.verdict.as_dict(),
@@ -120,11 +120,13 @@ def _reverse_sync(ctx, args) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     if args.dataset:
-        r = apply_reverse(ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.actor, full=args.full)
+        r = apply_reverse(
+            ctx.dsn, ctx.catalog, ctx.settings, args.dataset, actor=ctx.settings.project.actor, full=args.full
+        )
         return Result(r.as_dict(), r.summary())
     if args.full:
         raise BadInput("--full re-syncs one dataset: give --dataset <uuid>; nothing was written")
-    batch = apply_due(ctx.dsn, ctx.catalog, ctx.settings, actor=ctx.settings.actor)
+    batch = apply_due(ctx.dsn, ctx.catalog, ctx.settings, actor=ctx.settings.project.actor)
     lines = [r.summary() for r in batch.applied] + [f"dataset {d}: failed — {e}" for d, e in batch.failed]
     text = "\n".join(lines) if lines else "every native dataset with the reverse on is caught up; nothing to apply"
     result = Result(batch.as_dict(), text)
@@ -139,7 +141,12 @@ def _reverse_change(ctx, args, enabled) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     c = set_reverse(
-        ctx.conn, enabled, dataset=args.dataset, workspace=args.workspace, note=args.note, actor=ctx.settings.actor
+        ctx.conn,
+        enabled,
+        dataset=args.dataset,
+        workspace=args.workspace,
+        note=args.note,
+        actor=ctx.settings.project.actor,
     )
 
     def word(v):

@@ -106,7 +106,7 @@ def _start(ctx, args) -> Result:
     from lakehouse_dagster.plans import actions  # lazy: the CLI imports a verb's machinery only when that verb runs
 
     text, origin = _source(args)
-    plan_id, rendered = actions.start(ctx.conn, ctx.settings, text, actor=ctx.settings.actor, origin=origin)
+    plan_id, rendered = actions.start(ctx.conn, ctx.settings, text, actor=ctx.settings.project.actor, origin=origin)
     lines = [f"started plan {plan_id} ({len(rendered.changes)} flag change(s)); the rollout_controller advances it"]
     lines += rendered.lines()
     lines.append(f"watch it: lakehouse rollout status {str(plan_id)[:8]}")
@@ -150,7 +150,7 @@ def _act(ctx, args, verb: str) -> Result:
     )  # lazy: the CLI imports a verb's machinery only when that verb runs
 
     plan_id = store.resolve_id(ctx.conn, args.id)
-    actor = ctx.settings.actor
+    actor = ctx.settings.project.actor
     message = ""
     if verb == "pause":
         actions.pause(ctx.conn, plan_id, actor=actor, reason=args.text)

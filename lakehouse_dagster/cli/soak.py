@@ -31,7 +31,7 @@ def _soak_set(ctx, args) -> Result:
         set_soak,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    before, after = set_soak(ctx.conn, args.seconds, note=args.note, actor=ctx.settings.actor)
+    before, after = set_soak(ctx.conn, args.seconds, note=args.note, actor=ctx.settings.project.actor)
     was = f"{before.seconds} s" if before else "nothing stored"
     text = (
         f"soak: {was} → {after.seconds} s, stored (by {after.set_by}{'; note: ' + after.note if after.note else ''}); "
@@ -62,9 +62,13 @@ def _soak_show(ctx, args) -> Result:
 
 def _env_note(ctx, now) -> str:
     """LAKEHOUSE_SOAK_SECONDS set in this shell but overruled by the stored value: say it is ignored."""
-    if now.source != "stored" or not ctx.settings.soak_seconds_given or ctx.settings.soak_seconds == now.seconds:
+    if (
+        now.source != "stored"
+        or not ctx.settings.rollout.soak_seconds_given
+        or ctx.settings.rollout.soak_seconds == now.seconds
+    ):
         return ""
     return (
-        f"\nnote: LAKEHOUSE_SOAK_SECONDS={ctx.settings.soak_seconds} in this shell is ignored: the stored soak "
+        f"\nnote: LAKEHOUSE_SOAK_SECONDS={ctx.settings.rollout.soak_seconds} in this shell is ignored: the stored soak "
         f"({now.seconds} s) applies to every process"
     )

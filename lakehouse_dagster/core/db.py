@@ -22,7 +22,7 @@ class NoDatabase(NotFound):
 
 def no_database_message(settings: Settings) -> str:
     return (
-        f"no lakehouse database at {settings.home} (no embedded Postgres runs under {settings.home / 'pg'} and "
+        f"no lakehouse database at {settings.project.home} (no embedded Postgres runs under {settings.project.home / 'pg'} and "
         "LAKEHOUSE_PG_DSN is unset): start it with scripts/start, or set LAKEHOUSE_HOME to the home of the running "
         "stack"
     )
@@ -32,9 +32,9 @@ def resolve_dsn(settings: Settings) -> str:
     """The configured DSN, or the running embedded server's. Never starts one: a verb run in a terminal whose
     LAKEHOUSE_HOME is not the running stack's (issue 33) would otherwise init an empty server there, fail on its
     missing tables and leave it running; ``lakehouse up`` and ``lakehouse pg start`` start it (start_embedded)."""
-    if settings.pg_dsn:
-        return settings.pg_dsn
-    pgdata = settings.home / "pg"
+    if settings.postgres.dsn:
+        return settings.postgres.dsn
+    pgdata = settings.project.home / "pg"
     if not embedded_running(pgdata):
         raise NoDatabase(no_database_message(settings))
     return start_embedded(pgdata)  # attaches: it runs, and is kept running (nothing stops it at our exit)

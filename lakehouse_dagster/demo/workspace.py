@@ -422,7 +422,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
             _set_row_count(conn, manifest)
 
             if home is None:
-                home = Settings.from_env().home
+                home = Settings.from_env().project.home
             _seed_sources(conn, make, home)
 
             for name, spec in _pipelines(customers, orders, rollup):

@@ -128,19 +128,19 @@ def threshold(conn: psycopg.Connection, settings: Settings | None = None, *, app
     stored = stored_value(conn, PROOF_READS)
     if (
         applying
-        and settings.shadow_proof_reads_given
-        and (stored is None or stored.value != settings.shadow_proof_reads)
+        and settings.shadow.proof_reads_given
+        and (stored is None or stored.value != settings.shadow.proof_reads)
     ):
         stored = store_value(
             conn,
             PROOF_READS,
-            settings.shadow_proof_reads,
+            settings.shadow.proof_reads,
             note=f"LAKEHOUSE_SHADOW_PROOF_READS of a process applying it (was {stored.value if stored else 'unset'})",
-            actor=settings.actor or "unknown",
+            actor=settings.project.actor or "unknown",
         )
     if stored is not None:
         return Threshold(int(str(stored.value)), STORED, stored.set_by, stored.set_at)
-    return Threshold(settings.shadow_proof_reads, ENV if settings.shadow_proof_reads_given else DEFAULT)
+    return Threshold(settings.shadow.proof_reads, ENV if settings.shadow.proof_reads_given else DEFAULT)
 
 
 def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | None = None) -> int:
@@ -148,7 +148,7 @@ def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | No
     (``threshold``, as a flip's gate applies it); without, LAKEHOUSE_SHADOW_PROOF_READS of this process."""
     if conn is not None:
         return threshold(conn, settings, applying=True).reads
-    return (settings or Settings.from_env()).shadow_proof_reads
+    return (settings or Settings.from_env()).shadow.proof_reads
 
 
 def proofs(

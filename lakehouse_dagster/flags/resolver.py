@@ -123,7 +123,7 @@ _ALL_FLAGS = [f for flags in REGISTRY.values() for f in flags.values()]
 def _listen_default() -> bool:
 
     try:
-        return Settings.from_env().flag_listen
+        return Settings.from_env().flags.listen
     except BadInput:  # another variable is bad: whoever reads it says so; listening is harmless
         return True
 
@@ -158,7 +158,7 @@ class FlagResolver:
 
     @classmethod
     def from_settings(cls, conn: psycopg.Connection, settings) -> FlagResolver:
-        return cls(conn, settings.flag_ttl_seconds, listen=settings.flag_listen)
+        return cls(conn, settings.flags.ttl_seconds, listen=settings.flags.listen)
 
     def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
         """The effective mode of one reader/writer for a dataset (or globally when dataset_id is None)."""

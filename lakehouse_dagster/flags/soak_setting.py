@@ -81,7 +81,7 @@ def current_soak(conn: psycopg.Connection, settings: Settings | None = None) -> 
     if stored is not None:
         return stored
     settings = settings or Settings.from_env()
-    return SoakSetting(settings.soak_seconds, ENV if settings.soak_seconds_given else DEFAULT)
+    return SoakSetting(settings.rollout.soak_seconds, ENV if settings.rollout.soak_seconds_given else DEFAULT)
 
 
 def set_soak(

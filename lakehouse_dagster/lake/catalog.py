@@ -31,13 +31,13 @@ _cache_lock = threading.Lock()
 def load_catalog(settings: Settings, dsn: str) -> Catalog:
     """One catalog object per (type, uri, warehouse, FileIO properties) in a process: SqlCatalog holds an engine pool."""
     key = (
-        settings.catalog_type,
-        settings.catalog_uri or dsn,
-        settings.warehouse,
+        settings.catalog.type,
+        settings.catalog.uri or dsn,
+        settings.catalog.warehouse,
         tuple(sorted(file_io_properties(settings).items())),
-        settings.catalog_credential,
-        settings.catalog_token,
-        tuple(sorted(settings.catalog_properties.items())),
+        settings.catalog.credential,
+        settings.catalog.token,
+        tuple(sorted(settings.catalog.properties.items())),
     )
     with _cache_lock:
         cat = _cache.get(key)
@@ -48,7 +48,7 @@ def load_catalog(settings: Settings, dsn: str) -> Catalog:
 
 
 def _build(settings: Settings, dsn: str) -> Catalog:
-    if settings.catalog_type == "rest":
+    if settings.catalog.type == "rest":
         from pyiceberg.catalog.rest import RestCatalog  # lazy: only a REST catalog needs it
 
         return RestCatalog("lakehouse", **rest_properties(settings))
@@ -64,7 +64,7 @@ def _build(settings: Settings, dsn: str) -> Catalog:
             catalog = SqlCatalog(
                 "lakehouse",
                 uri=sqlalchemy_url(dsn),
-                warehouse=settings.warehouse,
+                warehouse=settings.catalog.warehouse,
                 # Keep connections few: every Dagster run process gets its own pool.
                 pool_pre_ping="true",
                 **file_io_properties(settings),  # an s3:// warehouse: endpoint, region, timers, retries
@@ -93,20 +93,20 @@ def _failed_pings_reconnect(engine) -> None:
 def rest_properties(settings: Settings) -> dict[str, str]:
     """The RestCatalog's properties: its URL and warehouse, the FileIO's (lake/storage.py), the secrets from the
     environment, then LAKEHOUSE_CATALOG_PROPERTIES (a scope, an access-delegation header...), which win."""
-    if not settings.catalog_uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
+    if not settings.catalog.uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
         raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
-    props = {"uri": settings.catalog_uri, "warehouse": settings.warehouse, **file_io_properties(settings)}
-    if settings.catalog_credential:
-        props["credential"] = settings.catalog_credential
+    props = {"uri": settings.catalog.uri, "warehouse": settings.catalog.warehouse, **file_io_properties(settings)}
+    if settings.catalog.credential:
+        props["credential"] = settings.catalog.credential
         # The token endpoint the REST spec names; unset, pyiceberg guesses it and warns that the guess will go.
-        props["oauth2-server-uri"] = settings.catalog_uri.rstrip("/") + "/v1/oauth/tokens"
-    if settings.catalog_token:
-        props["token"] = settings.catalog_token
-    return {**props, **settings.catalog_properties}
+        props["oauth2-server-uri"] = settings.catalog.uri.rstrip("/") + "/v1/oauth/tokens"
+    if settings.catalog.token:
+        props["token"] = settings.catalog.token
+    return {**props, **settings.catalog.properties}
 
 
 def table_identifier(settings: Settings, dataset_id: uuid.UUID) -> tuple[str, str]:
-    return (settings.namespace, f"ds_{dataset_id.hex}")
+    return (settings.catalog.namespace, f"ds_{dataset_id.hex}")
 
 
 def ensure_namespace(catalog: Catalog, namespace: str) -> None:

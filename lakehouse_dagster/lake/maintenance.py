@@ -111,9 +111,9 @@ def expire_snapshots(
 ) -> Expiry:
     """Expire the dataset table's old snapshots (module docstring), one commit, under G3 on ``conn`` (do not call it
     while this process holds the dataset's lock on another connection). Defaults from ``settings``."""
-    keep = settings.maintenance_keep_snapshots if keep is None else keep
-    age = settings.maintenance_snapshot_age_seconds if older_than_seconds is None else older_than_seconds
-    pin = settings.maintenance_pin_seconds if pin_seconds is None else pin_seconds
+    keep = settings.maintenance.keep_snapshots if keep is None else keep
+    age = settings.maintenance.snapshot_age_seconds if older_than_seconds is None else older_than_seconds
+    pin = settings.maintenance.pin_seconds if pin_seconds is None else pin_seconds
     with dataset_lock(conn, dataset_id, timeout_s=lock_timeout_s):
         table = load_table_or_none(catalog, table_identifier(settings, dataset_id))
         if table is None:
@@ -148,8 +148,8 @@ def compact_small_files(
     lock_timeout_s: float = 60,
 ) -> Compaction:
     """Rewrite the table's small data files into fewer (module docstring), one commit, under G3 on ``conn``."""
-    small_bytes = settings.maintenance_small_file_bytes if small_bytes is None else small_bytes
-    min_files = settings.maintenance_min_files if min_files is None else min_files
+    small_bytes = settings.maintenance.small_file_bytes if small_bytes is None else small_bytes
+    min_files = settings.maintenance.min_files if min_files is None else min_files
     with dataset_lock(conn, dataset_id, timeout_s=lock_timeout_s):
         dataset = get_dataset(conn, dataset_id)
         table = load_table_or_none(catalog, table_identifier(settings, dataset_id))

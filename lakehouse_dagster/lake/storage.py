@@ -37,16 +37,16 @@ class S3Retry(pafs.AwsDefaultS3RetryStrategy):
 def file_io_properties(settings: Settings) -> dict[str, str]:
     """Catalog properties for the tables' FileIO: the S3 endpoint, region, timers and retries (only s3:// uses them)."""
     props = {
-        S3_CONNECT_TIMEOUT: str(settings.s3_connect_timeout_seconds),
-        S3_REQUEST_TIMEOUT: str(settings.s3_request_timeout_seconds),
+        S3_CONNECT_TIMEOUT: str(settings.s3.connect_timeout_seconds),
+        S3_REQUEST_TIMEOUT: str(settings.s3.request_timeout_seconds),
         S3_RETRY_STRATEGY_IMPL: f"{S3Retry.__module__}.{S3Retry.__qualname__}",
     }
-    if settings.s3_endpoint:
-        endpoint = settings.s3_endpoint
+    if settings.s3.endpoint:
+        endpoint = settings.s3.endpoint
         props[S3_ENDPOINT] = endpoint if "://" in endpoint else "https://" + endpoint
-    if settings.s3_region:
-        props[S3_REGION] = settings.s3_region
-    elif settings.s3_endpoint:
+    if settings.s3.region:
+        props[S3_REGION] = settings.s3.region
+    elif settings.s3.endpoint:
         props[S3_REGION] = "us-east-1"  # an S3-compatible store ignores it; unset, pyiceberg would ask AWS
     return props
 

@@ -73,7 +73,7 @@ class TableWrite:
     commit (a retry finds it); ``source_version`` is the version the snapshot covers; ``path`` "mirror" or
     "native" (every commit records it, mirror/native_run.py). ``max_row_index``: the table's highest
     __row_index after the commit (None: the table's until now, -1 for a replace). ``chunk_rows``: rows per data
-    file (None: settings.ingest_chunk_rows). ``lanes``: _FileRoller. ``revert_foreign`` (a mirror replace only):
+    file (None: settings.sync.chunk_rows). ``lanes``: _FileRoller. ``revert_foreign`` (a mirror replace only):
     commit even when another engine changed the table's rows since the project's last commit (lake/foreign.py),
     reverting that change; the commit names the snapshots it reverted in its summary. Without it a mirror commit
     refuses them (ForeignCommit)."""

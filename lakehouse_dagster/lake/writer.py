@@ -147,7 +147,7 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: 
     elif isinstance(table, _Absent):
         table = None
     if table is None:
-        ensure_namespace(catalog, settings.namespace)
+        ensure_namespace(catalog, settings.catalog.namespace)
         props = dict(TABLE_DEFAULTS)
         props[COLUMNS_PROPERTY] = columns_property(dataset.columns)
         try:
@@ -155,7 +155,9 @@ def ensure_table(catalog: Catalog, settings: Settings, dataset: Dataset, table: 
         except Exception as exc:  # lost a creation race with another process
             table = load_table_or_none(catalog, ident)
             if table is None and no_space(exc) is not None:
-                raise disk_full(dataset.id, f"{settings.warehouse.rstrip('/')}/{settings.namespace}", exc) from exc
+                raise disk_full(
+                    dataset.id, f"{settings.catalog.warehouse.rstrip('/')}/{settings.catalog.namespace}", exc
+                ) from exc
             if table is None:
                 raise SyncFailed(f"dataset {dataset.id}: cannot create Iceberg table {'.'.join(ident)}: {exc}") from exc
     existing = {f.name: f for f in table.schema().fields}
@@ -224,7 +226,7 @@ def write_arrow(
         )
     expected = arrow_schema(dataset.columns)
     file_schema = _file_schema(table, expected.names, expected)
-    chunk_rows = plan.chunk_rows or settings.ingest_chunk_rows
+    chunk_rows = plan.chunk_rows or settings.sync.chunk_rows
     roller = _FileRoller(table, file_schema, plan.sync_id, chunk_rows, digester, plan.lanes)
     try:  # nothing can have been committed in here: every failure deletes this write's files
         staged = _stage(table, dataset, batches, plan, roller, expected.names)
@@ -299,7 +301,7 @@ def _commit_or_settle(
     committed, the files are deleted; otherwise the table is searched for the sync id — found, it landed;
     not found, the files are kept and CommitOutcomeUnknown is raised (an interruption propagates as is)."""
     run = None if native_run is None else (lambda t: native_run(t, roller.rows - plan.rewritten, plan.replaces))
-    expire = (settings.snapshots_keep, settings.snapshots_max_age_seconds)
+    expire = (settings.sync.snapshots_keep, settings.sync.snapshots_max_age_seconds)
     try:
         return _commit(
             table,

@@ -200,7 +200,7 @@ def apply_reverse(
                 files,
                 reason,
                 actor,
-                settings.reverse_resync_share,
+                settings.reverse.resync_share,
             )
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)

@@ -114,8 +114,8 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
     whose deadline is near: its successor), whether its holder is dead (heartbeat older than STALE_AFTER_S while
     its run is still in flight), and whether a live stream covers it (a heartbeat within
     LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS)."""
-    count = settings.mirror_shards
-    lead = handover_lead_s(settings.mirror_stream_lifetime_seconds)
+    count = settings.stream.shards
+    lead = handover_lead_s(settings.stream.lifetime_seconds)
     out = []
     for shard in range(count):
         view = views.get(shard)
@@ -126,9 +126,7 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
             dead, holder = holder, None
             flying = [r for r in flying if r != dead]
         covered = (
-            view is not None
-            and view.heartbeat_age is not None
-            and view.heartbeat_age <= settings.mirror_stream_down_seconds
+            view is not None and view.heartbeat_age is not None and view.heartbeat_age <= settings.stream.down_seconds
         )
         covered = covered and dead is None
         if not flying:
@@ -150,14 +148,14 @@ def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
     Not alive, it has had no live stream since its last heartbeat (a run that ended beats once as it lets go), or, if
     it never streamed, since the oldest of its sibling shards' runs took their shard: streaming is on at least that
     long (None when no shard of this count ever streamed: how long it has been on is not recorded anywhere)."""
-    count = settings.mirror_shards
+    count = settings.stream.shards
     views = shard_views(conn, count)
     starts = [v.started_age for v in views.values() if v.started_age is not None]
     since_on = max(starts) if starts else None
     shards = []
     for shard in range(count):
         v = views.get(shard)
-        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.mirror_stream_down_seconds
+        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.stream.down_seconds
         down = None if alive else (v.heartbeat_age if v is not None and v.heartbeat_age is not None else since_on)
         shards.append(
             {
@@ -175,9 +173,9 @@ def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
             }
         )
     return {
-        "on": settings.mirror_stream,
+        "on": settings.stream.enabled,
         "shard_count": count,
-        "down_after_s": settings.mirror_stream_down_seconds,
+        "down_after_s": settings.stream.down_seconds,
         "shards": shards,
     }
 

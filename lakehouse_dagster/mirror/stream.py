@@ -190,8 +190,8 @@ def _stream(  # noqa: C901
     Interruptions propagate (each sync records what is true). Long on purpose: the lock wait, the coalescing
     window, the sync and its retry-at-once cases are one loop whose order is the exactly-once argument."""
     stop = stop or threading.Event()
-    window = settings.mirror_commit_window_ms / 1000.0
-    poll = settings.mirror_poll_ms / 1000.0
+    window = settings.stream.commit_window_ms / 1000.0
+    poll = settings.stream.poll_ms / 1000.0
     mine = lambda ds: shard_of(ds, shard_count) == shard  # noqa: E731 - the shard's filter, passed to the poller
     with ShardLease(dsn, shard, shard_count, run_id, deadline) as lease:
         if not lease.acquire(until=wait_until if wait_until is not None else deadline, clock=clock):
@@ -199,7 +199,7 @@ def _stream(  # noqa: C901
             return
         if on_lease is not None:
             on_lease(lease)
-        workers = max(1, settings.mirror_stream_workers)
+        workers = max(1, settings.stream.workers)
         with (
             contextlib.closing(connect(dsn)) as conn,
             contextlib.closing(StreamMaintenance(dsn, catalog, settings, clock=clock)) as upkeep,
@@ -224,7 +224,7 @@ def _stream(  # noqa: C901
             cursor = Cursor(_xmin_now(conn))
             due: dict[uuid.UUID, _Due] = {}
             synced: dict[uuid.UUID, int] = {}  # syncs concluded per dataset (the sync ids' counter)
-            rest = _Rest(settings.mirror_sync_share)  # when each dataset's next sync may start
+            rest = _Rest(settings.stream.sync_share)  # when each dataset's next sync may start
             reverse = _Reverse(dsn, catalog, settings, mine, cursor.xid)  # native commits back to dataset_rows
             next_sweep = 0.0
             gone: str | None = None  # why the loop ends early: its session to Postgres was lost
@@ -237,8 +237,8 @@ def _stream(  # noqa: C901
                     if now >= next_sweep:
                         behind = datasets_behind(
                             conn,
-                            after_seconds=settings.retry_failed_after_seconds,
-                            max_retries=settings.retry_failed_max,
+                            after_seconds=settings.mirror.retry_failed_after_seconds,
+                            max_retries=settings.mirror.retry_failed_max,
                             limit=100_000,
                             keep=mine,
                         )

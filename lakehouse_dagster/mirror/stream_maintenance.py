@@ -100,8 +100,8 @@ class StreamMaintenance:
 
     def __init__(self, dsn: str, catalog: Catalog, settings: Settings, *, clock: Callable[[], float] = time.time):
         self.dsn, self.catalog, self.settings, self.clock = dsn, catalog, settings, clock
-        self.every = float(settings.mirror_stream_maintenance_seconds)
-        self.window = float(max(settings.maintenance_snapshot_age_seconds, settings.maintenance_pin_seconds))
+        self.every = float(settings.stream.maintenance_seconds)
+        self.window = float(max(settings.maintenance.snapshot_age_seconds, settings.maintenance.pin_seconds))
         self._state: dict[uuid.UUID, _State] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._running: tuple[uuid.UUID, float, concurrent.futures.Future] | None = None

@@ -10,7 +10,7 @@ BUSY_RETRY_S = 0.5  # a dataset another sync holds (or past the G2 bound) is tri
 
 
 class _Rest:
-    """A dataset's syncs take at most ``share`` of the time (Settings.mirror_sync_share): after a sync of T seconds,
+    """A dataset's syncs take at most ``share`` of the time (settings.stream.sync_share): after a sync of T seconds,
     its next one waits T × (1/share − 1). Cheap syncs are hardly delayed; a dataset written without pause whose
     syncs are heavy is synced at a batch run's pace instead of back to back, leaving the CPU to the live app."""
 

@@ -77,7 +77,7 @@ class _Reverse:
         # A dataset's applies take at most LAKEHOUSE_MIRROR_SYNC_SHARE of the time, as its forward syncs do: a
         # dataset committed natively without pause is applied in batches (one apply takes every commit since the
         # last), leaving the CPU to the live app (bench/bench_reverse_app_writes.py)
-        self.rest = _Rest(settings.mirror_sync_share)
+        self.rest = _Rest(settings.stream.sync_share)
 
     def _note(self, ds: uuid.UUID, now: float) -> None:
         if self.until.get(ds, 0.0) > now:
@@ -136,7 +136,9 @@ class _Reverse:
                 return None
             self.busy.pop(ds, None)
             attempts = self.failures[ds] = self.failures.get(ds, 0) + 1
-            wait = min(REVERSE_BACKOFF_MAX_S, max(1, self.settings.retry_failed_after_seconds) * 2.0 ** (attempts - 1))
+            wait = min(
+                REVERSE_BACKOFF_MAX_S, max(1, self.settings.mirror.retry_failed_after_seconds) * 2.0 ** (attempts - 1)
+            )
             self.until[ds] = now + wait
             lease.stats.failures += 1
             return ReverseFailed(ds, f"{type(exc).__name__}: {first_line(exc)}", attempts, wait)
@@ -144,7 +146,7 @@ class _Reverse:
         self.failures.pop(ds, None)
         if r.how == NOOP:
             if r.snapshot_id is None:  # no table yet: the position is not written, so the sweep would ask each time
-                self.until[ds] = now + max(1, self.settings.retry_failed_after_seconds)
+                self.until[ds] = now + max(1, self.settings.mirror.retry_failed_after_seconds)
             return None
         self.rest.synced(ds, r.seconds, now)
         lease.stats.last_commit_at = time.time()

@@ -60,7 +60,7 @@ class Swept:
 def grace(settings: Settings, grace_seconds: float | None) -> float:
     """The grace period: as given (0 or more), else the snapshot max age, at least an hour."""
     if grace_seconds is None:
-        return max(GRACE_MIN_SECONDS, settings.snapshots_max_age_seconds)
+        return max(GRACE_MIN_SECONDS, settings.sync.snapshots_max_age_seconds)
     if grace_seconds < 0:
         raise BadInput(f"grace of {grace_seconds} s is negative; give 0 or more")
     return float(grace_seconds)
@@ -114,7 +114,7 @@ def sweep(
             found = orphan_files.find_orphans(table, grace_seconds=wait, protected_syncs=unsettled_syncs(conn, d))
             swept = Swept(d, found, orphan_files.remove(table, found) if delete else 0, wait)
             if swept.removed:
-                record_sweep(conn, swept, settings.actor)
+                record_sweep(conn, swept, settings.project.actor)
             out.append(swept)
         except Exception as exc:  # noqa: BLE001 - one unreadable table must not stop the sweep of the others
             out.append(Swept(d, [], 0, wait, error=f"{type(exc).__name__}: {first_line(exc)}"))

@@ -137,7 +137,7 @@ def sync_dataset(
             raise BadInput(
                 f"dataset {ds_id} is a {dataset.kind} dataset (file-backed pointers); only tabular datasets are mirrored"
             )
-        with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s), admission_slot(conn, settings.max_concurrent_ingest):
+        with dataset_lock(conn, ds_id, timeout_s=lock_timeout_s), admission_slot(conn, settings.sync.max_concurrent):
             _refuse_unmirrorable(conn, catalog, settings, ds_id)
             reap_abandoned(conn, catalog, settings, ds_id)
             _log_start(conn, ds_id, sync_id, writer, run_id)
@@ -239,11 +239,11 @@ def _mirror(
             and mode == "auto"
             and table is not None  # always (_choose_mode runs "full" without one)
             and current is not None
-            and compaction_due(table, settings.ingest_chunk_rows)
+            and compaction_due(table, settings.sync.chunk_rows)
         ):
             files = file_ranges(table)
             plan = (
-                plan_compaction(files, current["max_row_index"], head.max_row_index, settings.ingest_chunk_rows)
+                plan_compaction(files, current["max_row_index"], head.max_row_index, settings.sync.chunk_rows)
                 if not isinstance(files, str)
                 else None
             )
@@ -254,7 +254,7 @@ def _mirror(
             state,
             ranges=plan.read if run_mode == "partial" else None,
             readers=readers,
-            min_rows=settings.ingest_chunk_rows,
+            min_rows=settings.sync.chunk_rows,
         )
         batches = read_batches(
             dsn, pinned, state, dataset.columns, after_row_index=after, readers=readers, parts=parts, pool=pool
@@ -348,7 +348,7 @@ def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, set
     """A partial rewrite when change tracking knows every range rewritten since the mirrored version (read
     in the pinned snapshot, like the rows) and they sit in few data files; else why the sync goes full."""
     full = "rows were updated, deleted or inserted below the mirrored max row index"
-    if settings.partial_max_fraction <= 0:
+    if settings.sync.partial_max_fraction <= 0:
         return f"{full} (partial rewrites are off: LAKEHOUSE_PARTIAL_MAX_FRACTION=0)"
     changed = changed_ranges(pinned.conn, ds_id, head.rows_rewrite_version, current["source_version"])
     if changed is None:
@@ -362,7 +362,7 @@ def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, set
         current["max_row_index"],
         head.max_row_index,
         current["row_count"],
-        settings.partial_max_fraction,
+        settings.sync.partial_max_fraction,
     )
 
 

@@ -388,7 +388,7 @@ def run_canary(
     ``evaluate_with(dsn, catalog, settings, dataset_id, smoke=...)``: a comparison of the caller's for a dataset
     (the reverse mirror's parity both ways, runbooks/reverse_parity.py); None from it: this module's ``evaluate``."""
     ids = select_datasets(conn, dataset_ids, limit)
-    wedged = wedged_syncs(conn, settings.wedged_after_seconds)
+    wedged = wedged_syncs(conn, settings.mirror.wedged_after_seconds)
     wedged_ids = {w["dataset_id"] for w in wedged}
     results = []
     for ds_id in ids:

@@ -27,6 +27,7 @@ from lakehouse_dagster.parity.digest import (
     plain_digest,
     schema_problems,
 )
+from lakehouse_dagster.parity.errors import MaintainedDigestUnavailable
 from lakehouse_dagster.parity.maintained import SEG_BITS, SEG_WIDTH
 from lakehouse_dagster.parity.verdicts import (  # names canary.py uses; DEFAULT_LIMIT etc. re-exported below
     ERROR,
@@ -233,10 +234,10 @@ def _maintained_plan(pg: PinnedPostgres, pin, state, v: Verdict, pg_side: PgSide
     t = time.perf_counter()
     try:
         if "__row_index" not in pin.fields:
-            raise maintained_digests.Unavailable("the Iceberg table has no __row_index column")
+            raise MaintainedDigestUnavailable("the Iceberg table has no __row_index column")
         ice_segments, ice_lo, ice_hi = maintained_digests.iceberg_segments(pg.conn, pin, state.columns)
         pg_segments = maintained_digests.pg_segments(pg.conn, state.dataset_id, state.columns)
-    except maintained_digests.Unavailable as exc:
+    except MaintainedDigestUnavailable as exc:
         v.detail["digest"] = "full"
         v.detail["maintained_unavailable"] = str(exc)
         return None
@@ -297,12 +298,12 @@ def _cross_check(pg: PinnedPostgres, pin, state, v: Verdict, plan: _Plan) -> Non
     try:
         if maintained_digests.pg_segments(pg.conn, state.dataset_id, state.columns) != plan.pg_segments:
             stale.append("postgres")
-    except maintained_digests.Unavailable:
+    except MaintainedDigestUnavailable:
         pass
     try:
         if maintained_digests.iceberg_segments(pg.conn, pin, state.columns)[0] != plan.ice_segments:
             stale.append("iceberg")
-    except maintained_digests.Unavailable:
+    except MaintainedDigestUnavailable:
         pass
     if stale:
         v.detail["maintained_stale"] = stale

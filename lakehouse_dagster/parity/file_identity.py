@@ -28,13 +28,10 @@ import pyarrow.parquet as pq
 
 from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity.digest import local_path
+from lakehouse_dagster.parity.errors import FileFactsUnavailable as Unavailable
 from lakehouse_dagster.parity.maintained import _files_in_place
 
 IDENTITY_COLUMNS = ("__row_index", "__row_id", "__created_at")
-
-
-class Unavailable(Exception):
-    """The per-file facts cannot answer for this snapshot (the message says why): read every row."""
 
 
 @dataclasses.dataclass(frozen=True)

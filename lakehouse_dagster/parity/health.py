@@ -15,8 +15,9 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.types import LongType, StringType, TimestamptzType
 
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.parity import file_identity, maintained
+from lakehouse_dagster.parity import file_identity
 from lakehouse_dagster.parity.digest import IcebergPin, IcebergSide, pin_iceberg
+from lakehouse_dagster.parity.errors import FileFactsUnavailable, MaintainedDigestUnavailable
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import lookup
 from lakehouse_dagster.tracking.sync_log import latest_succeeded
@@ -111,9 +112,9 @@ def identity_ready(
         try:
             stats, read, cached = file_identity.snapshot_facts(conn, pin, dataset_id)
             meta.update(read="new files only", files_read=read, files_cached=cached)
-        except file_identity.Unavailable as exc:
+        except FileFactsUnavailable as exc:
             meta["read"] = f"every row: {exc}"
-        except maintained.Unavailable as exc:  # a file gone or changed in place: the check cannot see the data
+        except MaintainedDigestUnavailable as exc:  # a file gone or changed in place: the check cannot see the data
             meta["problems"] = [str(exc)]
             return Health(False, f"cannot read the snapshot's data files: {exc}", meta)
     if stats is None:

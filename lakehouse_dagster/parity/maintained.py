@@ -45,6 +45,7 @@ from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity import canonical, lookup3
 from lakehouse_dagster.parity.digest import local_path
 from lakehouse_dagster.parity.duck_files import file_source
+from lakehouse_dagster.parity.errors import MaintainedDigestUnavailable as Unavailable
 from lakehouse_dagster.tracking import barrier, capture, digest_sums
 from lakehouse_dagster.tracking.datasets import Column, lookup, parse_schema
 
@@ -55,10 +56,6 @@ _FILL_LOCK = locks.PARITY_FILL  # advisory lock class: one fill / compaction of 
 FILL_LOCK = _FILL_LOCK  # public: a reverse full re-sync (mirror/reverse.py) takes it too
 
 Segments = dict[int, tuple[int, int]]
-
-
-class Unavailable(Exception):
-    """No maintained digest for this side right now (the message says why): use the full digest."""
 
 
 def schema_hash(columns: Sequence[Column]) -> str:

@@ -25,7 +25,7 @@ def write_digested(
     rows in hand and the digests stored after the commit, when a DSN is configured and LAKEHOUSE_DIGEST_ON_WRITE
     holds."""
     digester = None
-    if settings.pg_dsn and settings.digest_on_write:
+    if settings.postgres.dsn and settings.parity.digest_on_write:
         from lakehouse_dagster.parity.maintained import FileDigester  # lazy: numba + DuckDB only when asked for
 
         digester = FileDigester(dataset.columns)
@@ -42,12 +42,12 @@ def write_digested(
 
 def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
     """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
-    if not digests or not settings.pg_dsn:  # digests are made only when a DSN is configured (write_digested)
+    if not digests or not settings.postgres.dsn:  # digests are made only when a DSN is configured (write_digested)
         return
     from lakehouse_dagster.parity.maintained import store_file_digests  # lazy: as above; digests exist only if asked
 
     try:
-        with connection(settings.pg_dsn) as conn:
+        with connection(settings.postgres.dsn) as conn:
             store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
     except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
         _log.warning(

@@ -73,7 +73,7 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
     keys.sort(key=lambda k: _WIDEST_FIRST.get(k["scope"], 3))
     current = stored_overrides(conn, p.kind, [p.name])[p.name]
     note = note_for(p.id, p.reason)
-    actor = f"{settings.actor} (rollout {p.short})"
+    actor = f"{settings.project.actor} (rollout {p.short})"
     out = Restored()
     for k in keys:
         where = _where(k["scope"], k["scope_id"])

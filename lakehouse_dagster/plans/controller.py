@@ -280,7 +280,7 @@ class _Step(_Soaking, _Completing):
                 True,
                 dataset=d,
                 note=f"rollout {self.p.id} stage {self.p.stage + 1}: reverse armed before the flip"[:1000],
-                actor=f"{self.settings.actor} (rollout {self.p.short})",
+                actor=f"{self.settings.project.actor} (rollout {self.p.short})",
             )
         return off
 

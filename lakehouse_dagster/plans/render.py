@@ -266,7 +266,9 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
     refusals beside each other, so the dry-run and the controller read the same story."""
     flag = get_flag(plan.kind, plan.name)
     project = current_soak(conn, settings)
-    settings = settings.replace(soak_seconds=project.seconds)  # every soak below is the one the gates apply
+    settings = settings.replace(
+        rollout={"soak_seconds": project.seconds}
+    )  # every soak below is the one the gates apply
     datasets, row_counts = _datasets(conn)
     workspaces: dict = app_tables.workspace_names(conn)
     stored = dict(stored_overrides(conn, flag.kind, [flag.name])[flag.name])
@@ -345,9 +347,9 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
                 f"{where}: moves {moved_count} datasets, above its max_datasets {stage.max_datasets}; "
                 "add a narrower stage first or raise max_datasets"
             )
-        if settings.soak_seconds > stage.soak:
+        if settings.rollout.soak_seconds > stage.soak:
             notes.append(
-                f"soak raised to the project's {format_duration(settings.soak_seconds)}: a plan never undercuts the gate"
+                f"soak raised to the project's {format_duration(settings.rollout.soak_seconds)}: a plan never undercuts the gate"
             )
         stages.append(StagePlan(i, stage, soak, soak_text, changes, notes))
     return Rendered(plan, stages, problems)

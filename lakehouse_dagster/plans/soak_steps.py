@@ -52,7 +52,7 @@ class _Soaking(StepState):
             self.plan.name,
             row.flipped_at or self.now,
             stage.analysis,
-            self.settings.wedged_after_seconds,
+            self.settings.mirror.wedged_after_seconds,
             native_safety=native_safety,
         )
         if found is None:

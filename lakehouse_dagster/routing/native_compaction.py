@@ -31,7 +31,7 @@ def plan_native_compaction(
 ) -> tuple[list, Iterable[pa.RecordBatch]] | None:
     """For a native append onto ``table`` (the state the write starts from): None, or (the run's small data files,
     their rows as batches, read lazily) to rewrite together with the append's rows in its one commit."""
-    chunk_rows = settings.ingest_chunk_rows
+    chunk_rows = settings.sync.chunk_rows
     if not compaction_due(table, chunk_rows):
         return None
     current = table.current_snapshot()

@@ -367,7 +367,7 @@ def pool_for(settings: Settings, dsn: str) -> ShadowPool:
     with _pools_lock:
         if dsn not in _pools:
             _pools[dsn] = ShadowPool(
-                dsn, workers=settings.shadow_workers, queue_size=settings.shadow_queue, sample=settings.shadow_sample
+                dsn, workers=settings.shadow.workers, queue_size=settings.shadow.queue, sample=settings.shadow.sample
             )
             if len(_pools) == 1:
                 atexit.register(_drain_all)

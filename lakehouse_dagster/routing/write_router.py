@@ -171,7 +171,7 @@ def _write_native(
     # beside us nor reaps our 'running' row. Backpressure is raised before anything is recorded.
     with (
         dataset_lock(conn, decision.dataset_id),
-        admission_slot(conn, settings.max_concurrent_ingest),
+        admission_slot(conn, settings.sync.max_concurrent),
         write_hold(conn, decision.dataset_id),
     ):
         # Iceberg must be the dataset's truth, under the lifecycle lock held until the commit is recorded: a flag

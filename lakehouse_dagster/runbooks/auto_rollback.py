@@ -164,9 +164,9 @@ def after_record(
         v.dataset,
         source,
         NOTE.format(source=source, run=run_id or f"parity {parity_id}"),
-        settings.auto_rollback,
+        settings.rollout.auto_rollback,
     )
-    actor = f"{settings.actor} (auto-rollback)"
+    actor = f"{settings.project.actor} (auto-rollback)"
     try:
         if source == FIRST_NATIVE_SYNC and v.detail.get("writer"):
             _writer(conn, out, str(v.detail["writer"]), actor)

@@ -66,13 +66,13 @@ def catalogs(settings: Settings, to: str, warehouse: str | None) -> tuple[Settin
     LAKEHOUSE_CATALOG_URI, whichever LAKEHOUSE_CATALOG_TYPE says today. ``warehouse``: the target's."""
     if to not in CATALOGS:
         raise BadInput(f"--to {to!r} is not a catalog type; use rest or sql")
-    if not settings.catalog_uri:
+    if not settings.catalog.uri:
         raise BadInput(
             "a catalog migration needs the REST catalog: set LAKEHOUSE_CATALOG_URI (and LAKEHOUSE_CATALOG_CREDENTIAL "
             "or LAKEHOUSE_CATALOG_TOKEN) to it, whichever catalog LAKEHOUSE_CATALOG_TYPE names today"
         )
-    source = settings.replace(catalog_type="sql" if to == "rest" else "rest")
-    return source, settings.replace(catalog_type=to, warehouse=warehouse or settings.warehouse)
+    source = settings.replace(catalog={"type": "sql" if to == "rest" else "rest"})
+    return source, settings.replace(catalog={"type": to, "warehouse": warehouse or settings.catalog.warehouse})
 
 
 def migrate(

@@ -186,12 +186,12 @@ def run_ingest_bench(
 ) -> BenchReport:
     if jobs < 1 or rows < 1:
         raise BadInput(f"--jobs and --rows must be at least 1 (got jobs={jobs}, rows={rows})")
-    if namespace == settings.namespace:
+    if namespace == settings.catalog.namespace:
         raise BadInput(
             f"--namespace {namespace} is the lakehouse's own namespace; the bench writes throwaway "
             "tables and purges them: give it its own (default bench)"
         )
-    bench_settings = settings.replace(namespace=namespace)
+    bench_settings = settings.replace(catalog={"namespace": namespace})
     began = time.time()
     writer = "sync.full" if same_dataset else "sync.append"
     with connect(dsn) as conn:
@@ -238,7 +238,7 @@ def run_ingest_bench(
         jobs,
         rows,
         same_dataset,
-        settings.max_concurrent_ingest,
+        settings.sync.max_concurrent,
         namespace,
         str(ws),
         outcomes,
@@ -294,7 +294,7 @@ def _check_tables(dsn, settings, ids, outcomes, rows, same_dataset) -> list[str]
 def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str = "ingest-bench") -> dict:
     """Drop every bench workspace's tables (in ``namespace``), datasets and the workspace itself."""
 
-    bench_settings = settings.replace(namespace=namespace)
+    bench_settings = settings.replace(catalog={"namespace": namespace})
     catalog = load_catalog(bench_settings, dsn)
     dropped = datasets = 0
     with connect(dsn) as conn:
@@ -330,7 +330,7 @@ def _purge_namespace(catalog, settings: Settings, namespace: str) -> bool:
         dropped = True
     except (NoSuchNamespaceError, NamespaceNotEmptyError):
         dropped = False
-    root = f"{settings.warehouse.rstrip('/')}/{namespace}"  # where the catalog put the bench tables
+    root = f"{settings.catalog.warehouse.rstrip('/')}/{namespace}"  # where the catalog put the bench tables
     try:
         fs, path = filesystem(root, settings) if root.startswith("s3://") else pafs.FileSystem.from_uri(root)
         files = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
@@ -350,7 +350,7 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
         return 0
     location = table.location()
     catalog.purge_table(identifier)
-    if settings.catalog_type == "rest":
+    if settings.catalog.type == "rest":
         # A REST catalog's purge is the server's (purgeRequested): the location is its own, and a table bucket
         # (SeaweedFS, S3 Tables) refuses a client's request on a dropped table's keys (ACCESS_DENIED).
         return 1

@@ -42,7 +42,7 @@ from lakehouse_dagster.service.errors import (
     IngestStillRunning,
     PayloadTooLarge,
     RequestTimeout,
-    Unavailable,
+    ServiceUnavailable,
     error_response,
     is_backpressure,
     log_answer,
@@ -114,13 +114,13 @@ def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
 
 async def _body(request: Request, settings: Settings) -> bytes:
     """The request body, at most ``api_max_body_bytes``, within ``api_timeout_seconds``."""
-    limit = settings.api_max_body_bytes
+    limit = settings.service.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the request body is {declared} bytes; at most {limit} are accepted")
     chunks, size = [], 0
     try:
-        with anyio.fail_after(settings.api_timeout_seconds):
+        with anyio.fail_after(settings.service.timeout_seconds):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
@@ -128,7 +128,7 @@ async def _body(request: Request, settings: Settings) -> bytes:
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeout(
-            f"the request body did not arrive within {settings.api_timeout_seconds:g} s; send it at once"
+            f"the request body did not arrive within {settings.service.timeout_seconds:g} s; send it at once"
         ) from None
     return b"".join(chunks)
 
@@ -232,7 +232,7 @@ async def read(svc: Service, request: Request) -> Response:
     db = svc.db
     assert db is not None
     if svc.open_reads >= MAX_OPEN_READS:  # each open stream may hold a Postgres connection: bounded
-        raise Unavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
+        raise ServiceUnavailable(f"{MAX_OPEN_READS} reads are streaming from this service now; retry shortly")
     svc.open_reads += 1  # given back when the stream ends (ReadStream), or by ``ended`` when none opens
 
     def late(opened: OpenRead | None, error: BaseException | None) -> None:  # its request gave up: freed here
@@ -245,7 +245,7 @@ async def read(svc: Service, request: Request) -> Response:
 
     try:
         status, opened = await run_holding(
-            svc.reads, svc.settings.api_timeout_seconds, lambda: open_read(db, req), late, ended
+            svc.reads, svc.settings.service.timeout_seconds, lambda: open_read(db, req), late, ended
         )
     except ReadRefused as exc:
         refused = getattr(exc, "decision", None)
@@ -253,8 +253,8 @@ async def read(svc: Service, request: Request) -> Response:
             svc.metrics.read_decisions.labels(refused.reader, refused.reason).inc()
         raise
     if status != DONE:
-        raise Unavailable(
-            f"the read could not start within {svc.settings.api_timeout_seconds:g} s (the service is busy); retry"
+        raise ServiceUnavailable(
+            f"the read could not start within {svc.settings.service.timeout_seconds:g} s (the service is busy); retry"
         )
     d = opened.decision
     svc.metrics.read_decisions.labels(d.reader, d.reason).inc()
@@ -284,7 +284,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
     except LakehouseError as exc:
         svc.metrics.ingest(writer, "refused" if status_of(exc) < 500 else "error")
         raise
-    timeout = svc.settings.api_timeout_seconds
+    timeout = svc.settings.service.timeout_seconds
     deadline = anyio.current_time() + timeout
     ds = req.dataset_id
     while (running := svc.ingesting.get(ds)) is not None:
@@ -348,7 +348,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
     status, result = await run_holding(svc.ingests, max(0.0, deadline - anyio.current_time()), work, late, ended)
     if status == NOT_STARTED:
         svc.metrics.ingest(req.writer, "503")
-        raise Unavailable(
+        raise ServiceUnavailable(
             f"ingest {req.writer} of dataset {ds} could not start within {timeout:g} s (the service is busy); "
             "nothing was done — retry"
         )

@@ -72,11 +72,11 @@ class ServiceDb:
     def __init__(self, dsn: str, settings: Settings, *, keep: int = 16):
         self.dsn = dsn
         self.settings = settings
-        self._keepalives: dict[str, Any] = keepalive_params(settings.api_pg_dead_after_seconds)
+        self._keepalives: dict[str, Any] = keepalive_params(settings.service.pg_dead_after_seconds)
         self.ingest_dsn = with_params(dsn, self._keepalives)
         self._statement_ms = {
-            READ: int(settings.api_read_statement_seconds * 1000),
-            CONTROL: int(settings.api_control_statement_seconds * 1000),
+            READ: int(settings.service.read_statement_seconds * 1000),
+            CONTROL: int(settings.service.control_statement_seconds * 1000),
         }
         self._pool = IdlePool(keep=keep)  # for the service's whole life (ServiceDb.close ends it)
         self._resolver_lock = threading.Lock()

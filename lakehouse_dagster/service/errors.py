@@ -4,6 +4,9 @@ The status follows the CLI's exit code for the same error (core/errors.py), so t
 alike: bad input 400, not found 404, a flip gate or a refused read 409, backpressure (G2) 503 with
 ``Retry-After``, a failed sync 500. A class may name its own ``http_status`` (413, 408, 406, 502, 504). Anything
 else is a bug: 500 with its type only — the stack goes to the service's log, never to the caller.
+
+The service's own exceptions live here (issue 45), but two: ``NotAcceptable`` stays in encode.py, which the client
+and the benches import without Starlette, and ``ServiceError`` in client.py, the client's side of this translation.
 """
 
 from __future__ import annotations
@@ -48,11 +51,19 @@ class IngestRunning(LakehouseError):
         self.retry_after = retry_after
 
 
-class Unavailable(LakehouseError):
+class ServiceUnavailable(LakehouseError):
     """Postgres cannot be reached, or the service is shutting down: retry."""
 
     exit_code = 75
     http_status = 503
+
+
+class IcebergReadFailed(LakehouseError):
+    """The Iceberg read failed and the decision allowed no Postgres fallback (iceberg_only, or written
+    iceberg-native). Nothing was sent."""
+
+    exit_code = 5
+    http_status = 502
 
 
 def status_of(exc: BaseException) -> int:
@@ -75,12 +86,12 @@ def error_response(exc: BaseException, where: str = "") -> JSONResponse:
     given = exc
     if not isinstance(exc, LakehouseError) and _connection_lost(exc):
         log.warning("%sPostgres is unreachable: %s", where, first_line(exc))
-        exc = Unavailable(
+        exc = ServiceUnavailable(
             f"Postgres is unreachable ({type(exc).__name__}); retry shortly — GET /readyz says when it is back"
         )
     elif not isinstance(exc, LakehouseError) and is_transient(exc):  # I/O: the object store, the network
         log.warning("%sa transient failure: %s: %s", where, type(exc).__name__, first_line(exc))
-        exc = Unavailable(f"a transient failure ({type(exc).__name__}); retry shortly")
+        exc = ServiceUnavailable(f"a transient failure ({type(exc).__name__}); retry shortly")
     status = status_of(exc)
     headers = {}
     if status == 503 or (isinstance(exc, LakehouseError) and is_transient(exc)):

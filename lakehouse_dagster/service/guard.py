@@ -37,7 +37,7 @@ class Guard:
     def __init__(self, app: ASGIApp, svc: Service, host: str = "127.0.0.1"):
         self.app = app
         self.svc = svc
-        token = svc.settings.api_token
+        token = svc.settings.service.token
         self._token = token.encode() if token else None
         # Without a token the Host is the defence against DNS rebinding (a page of evil.example whose name now
         # resolves to 127.0.0.1 is same-origin to itself): only loopback names are answered.

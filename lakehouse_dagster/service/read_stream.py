@@ -67,7 +67,7 @@ class ReadStream(Response):
                     )
 
     async def _send_all(self, send: Send) -> None:
-        timeout = self.svc.settings.api_timeout_seconds
+        timeout = self.svc.settings.service.timeout_seconds
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
 
         def produce() -> bytes | memoryview | None:

@@ -26,17 +26,10 @@ from lakehouse_dagster.routing.request import bind
 from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postgres_stream
 from lakehouse_dagster.service.bodies import ReadRequest
 from lakehouse_dagster.service.db import ServiceDb
+from lakehouse_dagster.service.errors import IcebergReadFailed
 from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.read_router")  # the router's own logger: one place for its lines
-
-
-class IcebergReadFailed(LakehouseError):
-    """The Iceberg read failed and the decision allowed no Postgres fallback (iceberg_only, or written
-    iceberg-native). Nothing was sent."""
-
-    exit_code = 5
-    http_status = 502
 
 
 @dataclasses.dataclass
@@ -57,7 +50,7 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:  # noqa: C901
         plan = bind(req.query, dataset) if req.query is not None else None  # a structured read (docs/reads.md)
         source = resolve_read_source(conn, db.resolver(), req.reader, dataset.id, logger=log)
         answer: pa.Table | None = None  # a structured read's Postgres answer (offered to a shadow comparison)
-        batch_rows = db.settings.api_batch_rows
+        batch_rows = db.settings.service.batch_rows
         if proj.limit:  # a 1,000-row read decodes 1,000 rows, not a whole batch of them
             batch_rows = min(batch_rows, proj.limit)
 

@@ -29,7 +29,7 @@ MIN_TOKEN_CHARS = 16
 
 def check_can_serve(settings: Settings, host: str) -> str:
     """What auth the service runs with; BadInput when it must not start (nothing is opened before this)."""
-    token = settings.api_token
+    token = settings.service.token
     if token is None:
         if not is_loopback(host):
             raise BadInput(

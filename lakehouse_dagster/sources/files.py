@@ -52,13 +52,13 @@ def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
     S3-compatible store, LAKEHOUSE_S3_ENDPOINT."""
     if uri.startswith("s3://"):
         kwargs: dict = {}
-        if settings.s3_endpoint:
+        if settings.s3.endpoint:
             parsed = urlparse(
-                settings.s3_endpoint if "://" in settings.s3_endpoint else "https://" + settings.s3_endpoint
+                settings.s3.endpoint if "://" in settings.s3.endpoint else "https://" + settings.s3.endpoint
             )
             kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
-        if settings.s3_region:
-            kwargs["region"] = settings.s3_region
+        if settings.s3.region:
+            kwargs["region"] = settings.s3.region
         return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
 

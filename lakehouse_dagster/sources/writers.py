@@ -218,7 +218,7 @@ class _SourceRead:
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         plan = self.plan
         if plan.spec.type == "files":
-            batch_rows = self.settings.ingest_chunk_rows
+            batch_rows = self.settings.sync.chunk_rows
             yield from read_files(plan.files, plan.spec, self.settings, plan.dataset.columns, batch_rows)
         else:
             yield from read_postgres(plan.spec, plan.spec.dsn(self.dsn), plan.dataset.columns, plan.after, self._moved)
@@ -289,7 +289,7 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
     lg.info(plan.decision.log_line())  # as route_write logs it on either path
     read = _SourceRead(plan, settings, dsn)
     lifecycle_of(conn, [ds_id])  # a recorded state for the check below to read
-    with admission_slot(conn, settings.max_concurrent_ingest):
+    with admission_slot(conn, settings.sync.max_concurrent):
         try:
             with rows_transaction(dsn, conn, ds_id, plan.dataset.columns, replace=plan.replace) as tx:
                 tx.check_authority(plan.decision.writer)  # a native writer beside this one: refused, nothing written

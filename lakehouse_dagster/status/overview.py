@@ -305,7 +305,9 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     verdicts[UNCHECKED] = max(0, len(tabular) - len(latest))
 
     wedged = [
-        w for w in parity_verdicts.wedged_syncs(conn, settings.wedged_after_seconds) if w["dataset_id"] in tabular
+        w
+        for w in parity_verdicts.wedged_syncs(conn, settings.mirror.wedged_after_seconds)
+        if w["dataset_id"] in tabular
     ]
     for w in wedged:
         error = f": {w['error']}" if w["error"] else ""
@@ -317,13 +319,13 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         )
 
     behind = behind_datasets(conn)
-    lagging = lagging_past(behind, settings.lagging_after_seconds)
+    lagging = lagging_past(behind, settings.mirror.lagging_after_seconds)
     for b in lagging:
         note(
             b.dataset_id,
             LAGGING,
             f"behind Postgres (Iceberg covers version {b.mirrored_version}, Postgres is at {b.rows_version}); "
-            f"its latest succeeded sync finished {b.lag_seconds:.0f} s ago, past {settings.lagging_after_seconds} s",
+            f"its latest succeeded sync finished {b.lag_seconds:.0f} s ago, past {settings.mirror.lagging_after_seconds} s",
         )
     lags = [b.lag_seconds for b in behind if b.lag_seconds is not None]
 
@@ -406,7 +408,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         never_synced=sum(1 for b in behind if b.never_synced),
         lagging=len(lagging),
         max_lag_seconds=round(max(lags), 1) if lags else None,
-        lag_threshold_seconds=settings.lagging_after_seconds,
+        lag_threshold_seconds=settings.mirror.lagging_after_seconds,
         native=len(native),
         native_unsafe=len(unsafe),
         problems=problems,

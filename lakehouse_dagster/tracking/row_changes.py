@@ -154,7 +154,7 @@ def plan_partial(
 # rows the files hold. "Small" is below chunk_rows / 16, so a compacted file stops being rewritten once it
 # holds that many rows (each row is rewritten a bounded number of times, and a table keeps at most about
 # COMPACT_FILES small files plus one file per chunk_rows / 16 rows).
-COMPACT_FILES = SNAPSHOTS_KEEP_MIN  # expiry keeps at least these snapshots (core/settings.py)
+COMPACT_FILES = SNAPSHOTS_KEEP_MIN  # expiry keeps at least these snapshots (core/settings/)
 
 
 def compaction_due(table: Table, chunk_rows: int) -> bool:

@@ -114,12 +114,12 @@ def _set(ctx, args) -> Result:
         dataset=args.dataset,
         workspace=args.workspace,
         note=args.note,
-        actor=ctx.settings.actor,
+        actor=ctx.settings.project.actor,
     )
     text = (
         f"{change.flag.name}: {change.before or '(no override)'} → {change.after} {_where(change.scope)}"
-        f" (by {ctx.settings.actor}{'; note: ' + change.audit.note if change.audit and change.audit.note else ''}); "
-        f"other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
+        f" (by {ctx.settings.project.actor}{'; note: ' + change.audit.note if change.audit and change.audit.note else ''}); "
+        f"other processes see it within {ctx.settings.flags.ttl_seconds:g}s"
     )
     return _with_rollback(ctx, args, leaving, Result(_change_data(change), text))
 
@@ -172,14 +172,14 @@ def _clear(ctx, args) -> Result:
         dataset=args.dataset,
         workspace=args.workspace,
         note=args.note,
-        actor=ctx.settings.actor,
+        actor=ctx.settings.project.actor,
     )
     if not change.changed:
         text = f"{change.flag.name}: no override {_where(change.scope)} to clear; nothing changed"
     else:
         text = (
             f"{change.flag.name}: cleared {change.before} {_where(change.scope)} (back to the next scope or the "
-            f"registry default {change.flag.default}); other processes see it within {ctx.settings.flag_ttl_seconds:g}s"
+            f"registry default {change.flag.default}); other processes see it within {ctx.settings.flags.ttl_seconds:g}s"
         )
     left = narrower_overrides(ctx.conn, change.flag.kind, change.flag.name, change.scope)
     data = {

@@ -69,7 +69,7 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
             exit_code=1,
         )
         return pre, checked, lines, None, stop
-    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.actor)
+    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.project.actor)
     return pre, checked, lines, change, None
 
 

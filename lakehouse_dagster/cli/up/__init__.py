@@ -176,13 +176,13 @@ def _up(ctx, args) -> Result:  # noqa: C901
 
         require_weed()  # not installed: refused here, before anything is written
 
-    home = settings.home
+    home = settings.project.home
     pgdata = home / "pg"
     started_pg = False
-    embedded = not settings.pg_dsn
+    embedded = not settings.postgres.dsn
     t_start = time.perf_counter()
     if not embedded:
-        _connect(settings.pg_dsn).close()  # unreachable: refused before anything is written
+        _connect(settings.postgres.dsn).close()  # unreachable: refused before anything is written
     lock = hold_home_lock(home)  # noqa: F841 - held (open) until this process exits
     seaweed = None
     try:
@@ -203,7 +203,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
                 ) from None
             _say(f"embedded Postgres {'started' if started_pg else 'already running'}: {display_dsn(dsn)}")
         else:
-            dsn = settings.pg_dsn
+            dsn = settings.postgres.dsn
             _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
 
         # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -234,7 +234,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
 
         dagster_home = prepare_dagster_home(home)
         catalog_env: dict[str, str] = {}
-        catalog_info: dict[str, Any] = {"type": args.catalog or settings.catalog_type}
+        catalog_info: dict[str, Any] = {"type": args.catalog or settings.catalog.type}
         if args.catalog == "rest":
             seaweed = start_seaweed(home / SEAWEED_DIR)
             catalog_env = seaweed.env
@@ -246,8 +246,8 @@ def _up(ctx, args) -> Result:  # noqa: C901
             )
         elif args.catalog == "sql":
             catalog_env = {"LAKEHOUSE_CATALOG_TYPE": "sql"}
-        if settings.warehouse.startswith("file://") and args.catalog != "rest":
-            Path(urllib.parse.urlparse(settings.warehouse).path).mkdir(parents=True, exist_ok=True)
+        if settings.catalog.warehouse.startswith("file://") and args.catalog != "rest":
+            Path(urllib.parse.urlparse(settings.catalog.warehouse).path).mkdir(parents=True, exist_ok=True)
 
         env = dict(os.environ)
         # `dagster dev` is marked superseded by `dg dev` (a separate package); the warning is noise here.
@@ -267,7 +267,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
         url = f"http://{url_host}:{args.port}"
         cmd = dagster_dev_cmd(host, args.port, workspace_file, debug=args.debug)
         api_url = f"http://{url_host}:{args.api_port}"
-        token, token_file = api_token(home, settings.api_token)
+        token, token_file = api_token(home, settings.service.token)
         serve_cmd = [sys.executable, "-m", "lakehouse_dagster.cli.main", "serve", "--host", host]
         serve_cmd += ["--port", str(args.api_port)]
         service = Child("lakehouse serve", serve_cmd, {**env, "LAKEHOUSE_API_TOKEN": token}, api_url + "/healthz")
@@ -289,8 +289,8 @@ def _up(ctx, args) -> Result:  # noqa: C901
         where = f"in {token_file} (owner-only)" if token_file else "from LAKEHOUSE_API_TOKEN"
         _say(f"starting the live app's API on {api_url}: its bearer token is {where}")
         streams = None
-        if settings.mirror_stream and settings.enable_iceberg_sync:
-            streams = _streams_probe(dsn, settings.mirror_shards, t_start)
+        if settings.stream.enabled and settings.mirror.enabled:
+            streams = _streams_probe(dsn, settings.stream.shards, t_start)
         outcome = supervise(
             cmd,
             env=env,

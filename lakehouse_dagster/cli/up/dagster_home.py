@@ -103,18 +103,18 @@ def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
         seed_soak,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    if settings.soak_seconds_given or not demo:
+    if settings.rollout.soak_seconds_given or not demo:
         seconds, why = (
-            settings.soak_seconds,
+            settings.rollout.soak_seconds,
             (
                 "LAKEHOUSE_SOAK_SECONDS"
-                if settings.soak_seconds_given
+                if settings.rollout.soak_seconds_given
                 else "the default; LAKEHOUSE_SOAK_SECONDS is not set"
             ),
         )
     else:
         seconds, why = 0, "lowered for the demo: flips widen without waiting, still in the runbooks' order"
-    seeded = seed_soak(conn, seconds, note=f"lakehouse up: {why}", actor=f"{settings.actor} (lakehouse up)")
+    seeded = seed_soak(conn, seconds, note=f"lakehouse up: {why}", actor=f"{settings.project.actor} (lakehouse up)")
     if seeded is None:
         _say(f"soak: {current_soak(conn, settings).describe()}")
         return

@@ -3,7 +3,7 @@
 Its fields are the settings that say where the data is and how much work runs at once, so the Resources page of
 the UI shows them: each one set in the environment where the code location loads is an ``EnvVar`` (the page names
 the variable; the value is read when a run or tick starts), the others stay empty and take their default from
-``core/settings.py`` (every other variable is read there too, as before). The DSN is always an ``EnvVar``: it
+``core/settings/`` (every other variable is read there too, as before). The DSN is always an ``EnvVar``: it
 never shows. (No ``from __future__ import annotations`` here: Dagster reads the field annotations at runtime.)
 """
 
@@ -45,7 +45,7 @@ def _default(name: str) -> str:
 
 
 class LakehouseResource(dg.ConfigurableResource):
-    """Postgres and the Iceberg catalog, configured from the environment (core/settings.py)."""
+    """Postgres and the Iceberg catalog, configured from the environment (core/settings/)."""
 
     pg_dsn: str = Field(description="LAKEHOUSE_PG_DSN: the project's Postgres (an EnvVar: never shown)")
     catalog_type: Optional[str] = Field(default=None, description="sql or rest: " + _default("catalog_type"))
@@ -72,8 +72,8 @@ class LakehouseResource(dg.ConfigurableResource):
     _catalog: Any = PrivateAttr(default=None)
 
     def settings(self) -> Settings:
-        given = {name: getattr(self, name) for name in SHOWN_SETTINGS if getattr(self, name) is not None}
-        return Settings.from_env().replace(pg_dsn=self.pg_dsn, **given)
+        given = {var: getattr(self, name) for name, var in SHOWN_SETTINGS.items() if getattr(self, name) is not None}
+        return Settings.from_env().with_vars({"LAKEHOUSE_PG_DSN": self.pg_dsn, **given})
 
     def connect(self) -> psycopg.Connection:
         return connect(self.pg_dsn)

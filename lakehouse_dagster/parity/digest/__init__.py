@@ -24,7 +24,6 @@ from lakehouse_dagster.parity.digest.common import (
     SYNC_ID,
     WRITE_PATH,
     Digest,
-    DigestUnavailable,
     Segments,
     fold,
     full_digest,
@@ -33,6 +32,7 @@ from lakehouse_dagster.parity.digest.common import (
 )
 from lakehouse_dagster.parity.digest.iceberg import IcebergPin, IcebergSide, local_path, pin_iceberg, schema_problems
 from lakehouse_dagster.parity.digest.postgres import PgSide, PgState, PinnedPostgres, idle_autocommit
+from lakehouse_dagster.parity.errors import DigestUnavailable
 
 __all__ = [
     "SYNC_ID",

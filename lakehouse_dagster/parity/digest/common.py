@@ -8,8 +8,6 @@ import time
 
 from pyiceberg.types import BooleanType, DateType, DoubleType, LongType, StringType, TimestamptzType
 
-from lakehouse_dagster.core.errors import LakehouseError
-
 # Keys the mirror's writer puts into each snapshot summary and the table properties (lake/writer.py).
 SYNC_ID = "lakehouse.sync-id"
 SOURCE_VERSION = "lakehouse.source-version"
@@ -26,12 +24,6 @@ EXPECTED_ICEBERG_TYPE = {
 }
 
 Segments = dict[int, tuple[int, int]]
-
-
-class DigestUnavailable(LakehouseError):
-    """A side's digest could not be computed (the message says which side and why)."""
-
-    exit_code = 5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,8 @@ from psycopg import sql
 
 from lakehouse_dagster.core.db import connect, is_idle
 from lakehouse_dagster.parity import canonical, lookup3
-from lakehouse_dagster.parity.digest.common import DigestUnavailable, Segments
+from lakehouse_dagster.parity.digest.common import Segments
+from lakehouse_dagster.parity.errors import DigestUnavailable
 from lakehouse_dagster.tracking import barrier
 from lakehouse_dagster.tracking.datasets import Column, digest_reads, parse_schema
 

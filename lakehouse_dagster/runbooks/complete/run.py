@@ -100,7 +100,7 @@ def complete(
     validate_failpoints()
     if not actor or not actor.strip():
         raise BadInput("no actor: set LAKEHOUSE_ACTOR to who is completing the dataset")
-    batch = batch_rows or settings.complete_batch_rows
+    batch = batch_rows or settings.complete.batch_rows
     started_at = time.perf_counter()
     with connect(dsn) as conn:
         get_dataset(conn, ds_id)  # unknown: NotFound, one line

@@ -173,7 +173,7 @@ def _names(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID
 def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     """One event per wedged sync (its sync id): latest sync ``running`` or ``failed`` for longer than
     LAKEHOUSE_WEDGED_AFTER_SECONDS."""
-    wedged = wedged_syncs(conn, settings.wedged_after_seconds)
+    wedged = wedged_syncs(conn, settings.mirror.wedged_after_seconds)
     names = _names(conn, [w["dataset_id"] for w in wedged])
     out = []
     for w in wedged:
@@ -201,7 +201,7 @@ def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
 def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     """One event per flipped dataset behind the mirror for longer than LAKEHOUSE_LAGGING_AFTER_SECONDS (status/lag.py:
     ``behind_datasets`` and ``lagging_past``; flipped: flags/flipped.py)."""
-    late = lagging_past(behind_datasets(conn), settings.lagging_after_seconds)
+    late = lagging_past(behind_datasets(conn), settings.mirror.lagging_after_seconds)
     if not late:
         return []
     flipped = flipped_dataset_ids(conn)
@@ -215,7 +215,7 @@ def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event
                 kind=FRESHNESS,
                 dataset_id=b.dataset_id,
                 what=f"{_who(b.name, b.dataset_id)} is flipped to Iceberg and its Iceberg view is {_duration(b.lag_seconds)} "
-                f"old (threshold {_duration(settings.lagging_after_seconds)}): Postgres is at version {b.rows_version}, "
+                f"old (threshold {_duration(settings.mirror.lagging_after_seconds)}): Postgres is at version {b.rows_version}, "
                 f"the mirror at {b.mirrored_version}",
                 act=f"look at the mirror_poller sensor and the dataset's mirror_batch_job runs; mirror it now: "
                 f"lakehouse sync --dataset {b.dataset_id}",
@@ -253,7 +253,7 @@ def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     run stopped beating, ended with no successor, or it never streamed while a sibling shard has streamed that long).
     Keyed by the shard (and the shard count): one event per outage whatever runs come and fail during it; the shard
     alive again (or streaming turned off) resolves it."""
-    if not settings.mirror_stream:
+    if not settings.stream.enabled:
         return []
     status = shard_status(conn, settings)
     count, bound = status["shard_count"], status["down_after_s"]
@@ -290,7 +290,7 @@ def reverse_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     LAKEHOUSE_REVERSE_LAG_ALERT_SECONDS (mirror/reverse_lag.py: the overview's and /metrics' definition). Keyed by
     the dataset: one event while it stays behind; caught up (or the reverse turned off) resolves it."""
     lags, _off = reverse_lags(conn, native_dataset_ids(conn))
-    bound = settings.reverse_lag_alert_seconds
+    bound = settings.reverse.lag_alert_seconds
     late = [r for r in lags.values() if r.lag_seconds is not None and r.lag_seconds > bound]
     names = _names(conn, [r.dataset_id for r in late])
     return [

@@ -91,10 +91,10 @@ def run_tick(
     ``plan_events``: the rollout plan events read after ``cursor.rollout``, up to ``plan_events_read_to``), record the
     new ones, post what is due. Nothing at all when the webhook is unset or unusable (the cursor still moves, so
     turning alerts on later does not replay the past)."""
-    problem = webhook_problem(settings.alert_webhook_url)
+    problem = webhook_problem(settings.alerts.webhook_url)
     if problem:
         return Tick(cursor=cursor.moved(Position(now), Position(now), plan_events_read_to), disabled=problem)
-    assert settings.alert_webhook_url is not None
+    assert settings.alerts.webhook_url is not None
     events: list[Event] = [failed_run_event(r) for r in failed_runs] + [plan_event(e) for e in plan_events]
     present: dict[str, set[str]] = {}
     tick = Tick(cursor=cursor.moved(runs=runs_read_to or cursor.runs_after(now), rollout=plan_events_read_to))
@@ -122,9 +122,9 @@ def run_tick(
     tick.new = dict(collections.Counter(e.kind for e in fresh))
     tick.delivery = deliver(
         conn,
-        settings.alert_webhook_url,
-        timeout=settings.alert_timeout_seconds,
-        retry_seconds=settings.alert_retry_seconds,
+        settings.alerts.webhook_url,
+        timeout=settings.alerts.timeout_seconds,
+        retry_seconds=settings.alerts.retry_seconds,
         now=now,
         post=post,
     )

@@ -106,7 +106,7 @@ def run_cycles(  # noqa: C901
     # The oracle counts every data file no snapshot references as an orphan and every succeeded sync's snapshot as
     # present: no snapshot may expire here, here and in the killed processes (a run past an hour met the
     # commit-time expiry of snapshots older than LAKEHOUSE_SNAPSHOTS_MAX_AGE_SECONDS, and its oracle cried wolf).
-    settings = settings.replace(snapshots_keep=0)
+    settings = settings.replace(sync={"snapshots_keep": 0})
     reverse_actions = _reverse_actions(actions, infra)
     if not actions:
         actions = ACTIONS + INFRA_ACTIONS if infra else ACTIONS
@@ -150,7 +150,7 @@ def run_cycles(  # noqa: C901
                 spec = "anytime:pg-restart" if action == "anytime-pg-restart" else f"{point}:{action}"
                 report.armed[spec] += 1
             chunk = rng.choice([40, 150, 100000])
-            clean_settings = settings.replace(ingest_chunk_rows=rng.choice([60, 100000]))
+            clean_settings = settings.replace(sync={"chunk_rows": rng.choice([60, 100000])})
             # drawn only when asked for: an old seed keeps its schedule
             streamed = stream_share > 0 and rng.random() < stream_share
             if streamed and spec is not None:

@@ -37,7 +37,7 @@ from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.batch import Failed
 from lakehouse_dagster.mirror.stream import Idle, stream_shard
 s = Settings.from_env()
-for e in stream_shard(s.pg_dsn, load_catalog(s, s.pg_dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
+for e in stream_shard(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, shard=0, shard_count=1, run_id=sys.argv[1],
                       deadline=time.time() + 90):
     if isinstance(e, Failed):
         print(f"failed: {e.error}", file=sys.stderr)
@@ -52,7 +52,7 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_catalog
 from lakehouse_dagster.mirror.reverse import apply_reverse
 s = Settings.from_env()
-print(apply_reverse(s.pg_dsn, load_catalog(s, s.pg_dsn), s, sys.argv[1]).how)
+print(apply_reverse(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, sys.argv[1]).how)
 """
 # before the copy's transaction commits (after the rows are copied: append or full; with everything written) or
 # after it, the dataset lock still held

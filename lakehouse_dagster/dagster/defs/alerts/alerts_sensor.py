@@ -129,7 +129,7 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
     with lakehouse.connect() as conn:
         failed: list[alerts.FailedRun] = []
         runs_to = None
-        if alerts.webhook_problem(settings.alert_webhook_url) is None:  # (unset: read nothing)
+        if alerts.webhook_problem(settings.alerts.webhook_url) is None:  # (unset: read nothing)
             failed, runs_to = read_failed_runs(context, conn, cursor.runs_after(now))
         plan_rows, plan_read_to = plan_store.alertable_events(conn, cursor.rollout)
         tick = alerts.run_tick(

@@ -65,7 +65,7 @@ class ClearFlagConfig(dg.Config):
 
 
 def _actor(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
-    return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
+    return f"{lakehouse.settings().project.actor} (dagster run {context.run_id[:8]})"
 
 
 @dg.op(description="The effective mode of every reader and writer for a dataset, and every runtime override.")
@@ -77,7 +77,7 @@ def flag_state_op(context: dg.OpExecutionContext, config: FlagStateConfig, lakeh
             ds = get_dataset(conn, config.dataset_id) if config.dataset_id else None
         except LakehouseError as exc:
             raise refuse(exc) from None
-        resolver = FlagResolver(conn, settings.flag_ttl_seconds)
+        resolver = FlagResolver(conn, settings.flags.ttl_seconds)
         state = [
             {
                 "kind": r.kind,

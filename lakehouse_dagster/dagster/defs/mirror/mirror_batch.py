@@ -69,7 +69,9 @@ def mirror_datasets(context: dg.OpExecutionContext, config: MirrorBatchConfig, l
         # materializations above carry each dataset's mode, rows and snapshot).
         modes = {m: sum(1 for r in synced if r.mode == m) for m in dict.fromkeys(r.mode for r in synced)}
         context.log.info(f"{len(synced)} of {len(config.datasets)} datasets mirrored ({modes}); checking them")
-        wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}  # once, not per dataset
+        wedged = {
+            w["dataset_id"] for w in wedged_syncs(conn, settings.mirror.wedged_after_seconds)
+        }  # once, not per dataset
         verdicts: dict[str, int] = {}
         logged: list[dg.AssetCheckEvaluation] = []
         for r in synced:

@@ -110,7 +110,7 @@ def batch_run_key(items: list[Pending]) -> str:
 
 def datasets_per_tick(settings) -> int:
     """At most LAKEHOUSE_SENSOR_MAX_REQUESTS runs per tick, each of at most LAKEHOUSE_MIRROR_BATCH_SIZE datasets."""
-    return settings.sensor_max_requests * max(1, settings.mirror_batch_size)
+    return settings.mirror.sensor_max_requests * max(1, settings.mirror.batch_size)
 
 
 def requested_datasets(run_requests: list[dg.RunRequest]) -> list[str]:
@@ -202,7 +202,7 @@ def supervise_streams(context, conn, settings, generation: int) -> tuple[list[Sh
     whose heartbeat went stale is marked failed here (its process is gone or hung; Dagster's run monitoring may
     not see it under every launcher), so its replacement is not held back by it."""
     flying = stream_runs_in_flight(context.instance)
-    plans = plan_shards(shard_views(conn, settings.mirror_shards), [r for r, _ in flying], settings)
+    plans = plan_shards(shard_views(conn, settings.stream.shards), [r for r, _ in flying], settings)
     by_id = {r.run_id: run for r, run in flying}
     requests = []
     for p in plans:
@@ -215,7 +215,7 @@ def supervise_streams(context, conn, settings, generation: int) -> tuple[list[Sh
             context.log.warning(f"stream shard {p.shard}: run {p.dead_run_id} has no heartbeat; replacing it")
         if p.start:
             requests.append(
-                stream_run_request(p.shard, settings.mirror_shards, generation, settings.mirror_stream_lifetime_seconds)
+                stream_run_request(p.shard, settings.stream.shards, generation, settings.stream.lifetime_seconds)
             )
             generation += 1
     return plans, requests, generation
@@ -246,19 +246,19 @@ def _cursor(cursor: Cursor, generation: int) -> str:
 @skip_while_postgres_is_down
 def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
-    if not settings.enable_iceberg_sync:
+    if not settings.mirror.enabled:
         return dg.SkipReason("ENABLE_ICEBERG_SYNC is off")
     generation = _generation(context.cursor)
     stream_requests: list[dg.RunRequest] = []
     keep = None
     every_shard_streamed = False  # then the streams apply every native commit: the tick asks nothing of the reverse
     with lakehouse.connect() as conn:
-        if settings.mirror_stream:
+        if settings.stream.enabled:
             plans, stream_requests, generation = supervise_streams(context, conn, settings, generation)
             covered = {p.shard for p in plans if p.covered}
-            every_shard_streamed = len(covered) == settings.mirror_shards
+            every_shard_streamed = len(covered) == settings.stream.shards
             if covered:
-                count = settings.mirror_shards
+                count = settings.stream.shards
 
                 def keep(ds: uuid.UUID) -> bool:  # what no live stream covers: for the batch runs
                     return shard_of(ds, count) not in covered
@@ -271,24 +271,26 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
             conn,
             Cursor.loads(context.cursor),
             limit=datasets_per_tick(settings),
-            retry_after_seconds=settings.retry_failed_after_seconds,
-            retry_max=settings.retry_failed_max,
+            retry_after_seconds=settings.mirror.retry_failed_after_seconds,
+            retry_max=settings.mirror.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),
             keep=keep,
         )
-        reverse_due = [] if every_shard_streamed else due_datasets(conn, keep=keep)[: settings.sensor_max_requests]
+        reverse_due = (
+            [] if every_shard_streamed else due_datasets(conn, keep=keep)[: settings.mirror.sensor_max_requests]
+        )
         snapshots = latest_snapshots(conn, reverse_due)
         named = datasets_tags(conn, [p.dataset_id for p in tick.requests] + reverse_due)
     dagster_report_runless_materializations(context.instance, changed_materializations(tick.requests, named))
     known = set(context.instance.get_dynamic_partitions(DATASETS))
     new_keys = sorted(({str(p.dataset_id) for p in tick.requests} | {str(d) for d in reverse_due}) - known)
-    requests = mirror_run_requests(tick.requests, settings.mirror_batch_size, named)
+    requests = mirror_run_requests(tick.requests, settings.mirror.batch_size, named)
     asks = reverse_retries(
         context.instance,
         reverse_due,
         snapshots,
-        after_seconds=settings.retry_failed_after_seconds,
-        max_retries=settings.retry_failed_max,
+        after_seconds=settings.mirror.retry_failed_after_seconds,
+        max_retries=settings.mirror.retry_failed_max,
         now=_now(),
     )
     requests += [reverse_run_request(a.dataset_id, a.snapshot_id, named, a.attempt) for a in asks if a.attempt]

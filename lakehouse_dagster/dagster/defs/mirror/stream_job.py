@@ -69,7 +69,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
     logged at once (``dagster_log_now``), not yielded: a yielded event stays in the step's memory until the run ends."""
     check_shard(config.shard, config.shards)
     settings = lakehouse.settings()
-    lifetime = config.lifetime_seconds or settings.mirror_stream_lifetime_seconds
+    lifetime = config.lifetime_seconds or settings.stream.lifetime_seconds
     deadline = time.time() + lifetime
     known = set(context.instance.get_dynamic_partitions(DATASETS))
     to_check: dict[uuid.UUID, None] = {}  # synced and not checked since, oldest first
@@ -84,7 +84,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
     def checks(session: _Session, ds_id: uuid.UUID) -> list[dg.AssetCheckEvaluation]:
         try:
             conn = session.conn()
-            wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}
+            wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.mirror.wedged_after_seconds)}
             evaluations = check_evaluations(
                 lakehouse,
                 str(ds_id),

@@ -60,7 +60,9 @@ def check_datasets(context: dg.OpExecutionContext, config: CanaryBatchConfig, la
                 f"{len(gone)} dataset(s) no longer exist, skipped: {', '.join(map(str, gone[:_SHOWN]))}"
             )
         todo = [d for d in ids if d in names]
-        wedged = {w["dataset_id"] for w in wedged_syncs(conn, settings.wedged_after_seconds)}  # once, not per dataset
+        wedged = {
+            w["dataset_id"] for w in wedged_syncs(conn, settings.mirror.wedged_after_seconds)
+        }  # once, not per dataset
         for d in todo:
             try:
                 evaluations = check_evaluations(

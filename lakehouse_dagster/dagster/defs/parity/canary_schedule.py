@@ -99,9 +99,9 @@ def parity_canary_schedule(context: dg.ScheduleEvaluationContext, lakehouse: Lak
             [d for d, _ in oldest_first(conn, targets)],
             in_flight_datasets=busy,
             in_flight_runs=runs,
-            max_runs=settings.canary_max_runs,
-            cap=settings.canary_max_per_tick,
-            batch_size=settings.canary_batch_size,
+            max_runs=settings.parity.canary_max_runs,
+            cap=settings.parity.canary_max_per_tick,
+            batch_size=settings.parity.canary_batch_size,
         )
         if not plan.batches:
             return dg.SkipReason(plan.why_nothing())

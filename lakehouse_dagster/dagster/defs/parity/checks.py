@@ -105,7 +105,7 @@ def parity_result(
             full = canary.full_due(conn, _uuid(partition_key))
         v = canary.evaluate(dsn, lakehouse.catalog(), settings, partition_key, full=full, pin=pin, conn=conn)
         if wedged is None:
-            wedged = {w["dataset_id"] for w in canary.wedged_syncs(conn, settings.wedged_after_seconds)}
+            wedged = {w["dataset_id"] for w in canary.wedged_syncs(conn, settings.mirror.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
         auto_rollback.record_and_roll_back(conn, v, source=source, run_id=run_id, settings=settings)
         if named is None:

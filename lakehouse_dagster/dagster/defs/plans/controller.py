@@ -47,7 +47,7 @@ _OP = {
 
 def _tick_seconds() -> int:
     try:
-        return Settings.from_env().rollout_tick_seconds
+        return Settings.from_env().rollout.tick_seconds
     except BadInput:  # a bad setting is refused where it is used; the sensor keeps its default interval
         return 15
 

@@ -25,7 +25,7 @@ _TAGS = {"lakehouse/area": "rollout"}
 
 
 def actor_of(context: dg.OpExecutionContext, lakehouse: LakehouseResource) -> str:
-    return f"{lakehouse.settings().actor} (dagster run {context.run_id[:8]})"
+    return f"{lakehouse.settings().project.actor} (dagster run {context.run_id[:8]})"
 
 
 class PlanFileConfig(dg.Config):

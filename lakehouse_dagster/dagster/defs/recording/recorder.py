@@ -360,11 +360,11 @@ def lakehouse_recorder(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
         plan = plan_recording(
             conn,
             cursor,
-            limit=settings.recorder_max_events,
+            limit=settings.recorder.max_events,
             in_flight=lambda ids: runs_in_flight(context.instance, ids),
             now=now,
         )
-        reverse, reverse_behind = reverse_page_changes(conn, cursor.reverse_behind, settings.reverse_lag_page_seconds)
+        reverse, reverse_behind = reverse_page_changes(conn, cursor.reverse_behind, settings.reverse.lag_page_seconds)
         again = overwritten(context.instance, conn, cursor.shown, now)
         if again:  # recorded again from the table now (its state read below)
             plan = dataclasses.replace(plan, tables={**{d: [] for d in again}, **plan.tables})

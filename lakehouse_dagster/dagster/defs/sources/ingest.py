@@ -195,7 +195,7 @@ def ingest_job():
 def source_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResource):
     settings = lakehouse.settings()
     found, nxt, visited = pending_ingests(
-        lakehouse.pg_dsn, settings, context.cursor, limit=settings.sensor_max_requests
+        lakehouse.pg_dsn, settings, context.cursor, limit=settings.mirror.sensor_max_requests
     )
     with lakehouse.connect() as conn:
         named = datasets_tags(conn, [p.dataset_id for p in found])

@@ -48,7 +48,7 @@ def due(instance: dg.DagsterInstance, lakehouse: LakehouseResource, limit: int =
     """The partitions to evaluate now: lagging ones not yet failed (oldest first), then failed ones settled again."""
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
-        ff = flipped_freshness(conn, settings.lagging_after_seconds)
+        ff = flipped_freshness(conn, settings.mirror.lagging_after_seconds)
     known = set(instance.get_dynamic_partitions(DATASETS))  # once per tick
     lagging = [str(b.dataset_id) for b in ff.lagging if str(b.dataset_id) in known]
     settled = sorted(str(d) for d in ff.settled if str(d) in known)
@@ -60,7 +60,7 @@ def evaluations(lakehouse: LakehouseResource, keys: list[str]) -> list[dg.AssetC
     """The check of each dataset as a runless evaluation on its partition (one connection for all of them). A
     dataset whose check cannot see the data (its table does not load...) fails with the reason, never passes, and
     does not stop the others."""
-    max_lag = lakehouse.settings().lagging_after_seconds
+    max_lag = lakehouse.settings().mirror.lagging_after_seconds
     out = []
     with lakehouse.connect() as conn:
         for key in keys:
