@@ -94,6 +94,9 @@ class Settings:
     # The SDK's own are 1 s and 3 s; a byte now and then keeps a request alive however slow (curl's low-speed limit).
     s3_connect_timeout_seconds: float = 5.0
     s3_request_timeout_seconds: float = 10.0
+    # Retries of one failed S3 request (lake/storage.py S3_MAX_RETRIES says why 8). Fewer only where waiting out the
+    # backoff is not the point: the suite's tests of a store failing everything (docs/configuration.md).
+    s3_max_retries: int = 8
     # A canary that finds a caught-up dataset MISMATCH turns off the readers serving it from Iceberg (and a
     # first native sync that mismatches turns its writer back to pg), at dataset scope (runbooks/auto_rollback.py).
     auto_rollback: bool = True
@@ -258,6 +261,7 @@ class Settings:
             s3_request_timeout_seconds=_above_zero(
                 "LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", _float("LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", 10.0)
             ),
+            s3_max_retries=_int("LAKEHOUSE_S3_MAX_RETRIES", 8),
             auto_rollback=_bool("LAKEHOUSE_AUTO_ROLLBACK", True),
             soak_seconds=_int("LAKEHOUSE_SOAK_SECONDS", 3600),
             soak_seconds_given=bool(os.environ.get("LAKEHOUSE_SOAK_SECONDS")),
