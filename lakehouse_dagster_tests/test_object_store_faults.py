@@ -184,20 +184,21 @@ def test_a_store_that_stops_answering_fails_the_sync_within_its_request_timeout_
     conn, dsn, s3_settings, store, monkeypatch
 ):
     """Every answer held back far longer than LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS (1 s here): each attempt gives up
-    after the timeout, the SDK retries LAKEHOUSE_S3_MAX_RETRIES times (2 here), and the sync ends in one line, exit 75,
-    in about (retries + 1) x timeout + the backoff (25 ms doubling per retry) — not never."""
+    after the timeout, the SDK retries LAKEHOUSE_S3_MAX_RETRIES times (4 here), and the sync ends in one line, exit 75,
+    in about (retries + 1) x timeout + the backoff (25 ms doubling per retry) — not never. 4, not FEW_RETRIES' 2:
+    the lower bound below must stay above one attempt and a process start (a sync that did not retry at all)."""
     monkeypatch.setenv("LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS", "1")
     d = _make(conn, 500)
     store.slow(120)
     started = time.monotonic()
-    proc = _cli_sync(d, **FEW_RETRIES)
+    retries = 4
+    proc = _cli_sync(d, LAKEHOUSE_S3_MAX_RETRIES=str(retries))
     _, err = proc.communicate(timeout=120)  # a hang fails here
     took = time.monotonic() - started
     assert proc.returncode == 75, err
     line = _one_clear_line(err)
     assert line.startswith("lakehouse sync: error: the object store is failing or unreachable"), line
     assert "Timeout was reached" in line, line  # curl's low-speed limit: LAKEHOUSE_S3_REQUEST_TIMEOUT_SECONDS
-    retries = int(FEW_RETRIES["LAKEHOUSE_S3_MAX_RETRIES"])
     bound = (retries + 1) * 1 + 0.025 * (2**retries - 1)
     assert bound * 0.6 < took, (took, bound)  # the retries and their backoff were waited (a hang fails above)
     store.pass_through()
