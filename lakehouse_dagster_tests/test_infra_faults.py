@@ -98,7 +98,7 @@ def _settings(dsn: str, root: Path) -> Settings:
     )
 
 
-def _env(settings: Settings, dsn: str, failpoint: str | None = None) -> dict:
+def _env(settings: Settings, dsn: str, failpoint: str | None = None, **extra: str) -> dict:
     return cli_env(
         failpoint,
         LAKEHOUSE_PG_DSN=dsn,
@@ -107,6 +107,7 @@ def _env(settings: Settings, dsn: str, failpoint: str | None = None) -> dict:
         LAKEHOUSE_NAMESPACE="lakehouse",
         LAKEHOUSE_SOAK_SECONDS="0",
         LAKEHOUSE_INGEST_CHUNK_ROWS=str(CHUNK),
+        **extra,
     )
 
 
@@ -356,7 +357,9 @@ def test_a_stalled_network_bounds_a_sync_by_its_connect_timeout_and_it_recovers_
 # --- 2. Postgres killed during a native ingest ----------------------------------------------------------
 
 
-def _native_popen(settings: Settings, dsn: str, d, start: int, count: int, failpoint: str | None = None):
+def _native_popen(
+    settings: Settings, dsn: str, d, start: int, count: int, failpoint: str | None = None, **env: str
+) -> subprocess.Popen:
     from .test_faults import NATIVE_SCRIPT
 
     return subprocess.Popen(
@@ -365,7 +368,7 @@ def _native_popen(settings: Settings, dsn: str, d, start: int, count: int, failp
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=default_sigint,
-        env=_env(settings, dsn, failpoint),
+        env=_env(settings, dsn, failpoint, **env),
     )
 
 

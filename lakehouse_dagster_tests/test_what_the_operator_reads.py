@@ -432,7 +432,7 @@ def test_bootstrap_says_what_the_first_install_waits_for_before_pip_runs(tmp_pat
     )
     assert proc.returncode == 0, proc.stdout
     lines = proc.stdout.splitlines()
-    assert lines[0] == "bootstrap: installing the pinned dependencies into .venv (first run: ~3 min)...", lines
+    assert lines[0] == "bootstrap: installing the pinned dependencies into .venv (first run: a minute or two)...", lines
     assert lines[1].startswith("pip ran: -m pip install") and lines[-1] == "bootstrap: dependencies installed"
     again = subprocess.run(
         [str(checkout / "scripts" / "bootstrap")],

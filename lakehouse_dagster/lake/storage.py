@@ -22,6 +22,7 @@ from lakehouse_dagster.core.settings import Settings
 # so is a request timed out. pyarrow's default (the SDK's "standard" strategy, 3 attempts, backoff from 1 s up to 20 s)
 # failed a sync on a store answering 503 to 30% of requests and took ~60 s to give up on one failing everything; the
 # SDK's "default" strategy backs off 25 ms doubling per retry: 8 retries wait 6.4 s in all, then the error surfaces.
+# The default of LAKEHOUSE_S3_MAX_RETRIES (core/settings/storage.py); another count is built by lake/s3_retries.py.
 S3_MAX_RETRIES = 8
 
 
@@ -39,7 +40,7 @@ def file_io_properties(settings: Settings) -> dict[str, str]:
     props = {
         S3_CONNECT_TIMEOUT: str(settings.s3.connect_timeout_seconds),
         S3_REQUEST_TIMEOUT: str(settings.s3.request_timeout_seconds),
-        S3_RETRY_STRATEGY_IMPL: f"{S3Retry.__module__}.{S3Retry.__qualname__}",
+        S3_RETRY_STRATEGY_IMPL: _retry_strategy_name(settings.s3.max_retries),
     }
     if settings.s3.endpoint:
         endpoint = settings.s3.endpoint
@@ -49,6 +50,12 @@ def file_io_properties(settings: Settings) -> dict[str, str]:
     elif settings.s3.endpoint:
         props[S3_REGION] = "us-east-1"  # an S3-compatible store ignores it; unset, pyiceberg would ask AWS
     return props
+
+
+def _retry_strategy_name(max_retries: int) -> str:
+    if max_retries == S3_MAX_RETRIES:
+        return f"{S3Retry.__module__}.{S3Retry.__qualname__}"
+    return f"{__package__}.s3_retries.retries_{max_retries}"  # lake/s3_retries.py (it imports this module)
 
 
 def table_filesystem(table: Table, location: str) -> tuple[pafs.FileSystem, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.setting_vars import (
     ABOVE_ZERO,
+    at_least,
     one_of,
     read_one,
     setting,
@@ -186,4 +187,14 @@ class S3Settings:
             "store fails a sync after about 9 × this + 6.4 s, exit 75"
         ),
         bound=ABOVE_ZERO,
+    )
+    max_retries: int = setting(
+        "LAKEHOUSE_S3_MAX_RETRIES",
+        8,
+        (
+            "an `s3://` warehouse: retries of one failed request (the SDK's default strategy, backoff from 25 ms "
+            "doubling: 8 retries wait 6.4 s in all, `lake/storage.py` says why 8). Fewer only where waiting out the "
+            "backoff is not the point, e.g. the suite's tests of a store failing everything"
+        ),
+        bound=at_least(0),
     )
