@@ -29,7 +29,7 @@ from lakehouse_dagster.mirror.reverse import reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.tracking import undeclared
-from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
+from lakehouse_dagster.tracking.datasets import get_dataset, listing, pipeline_input_dataset_ids, versions
 
 NATIVE = "iceberg_native"
 
@@ -72,7 +72,7 @@ def check(
     """Every condition of complete for one dataset, each missing one with what to do (nothing written).
     Long on purpose: the conditions in the order the docstring gives them, each beside its query."""
     ds = get_dataset(conn, dataset_id)
-    ws_id = fetch_value(conn.execute("select workspace_id from datasets where id = %s", (dataset_id,)), "workspace")
+    ws_id = listing.workspace_of(conn, dataset_id)
     if ds.kind != "tabular":
         raise BadInput(f"dataset {dataset_id} is a {ds.kind} dataset; only tabular datasets are written to Iceberg")
     soak = current_soak(conn, settings).seconds if soak_seconds is None else soak_seconds
@@ -190,7 +190,7 @@ def _parity(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -
             f"reverse parity not checked at the current snapshot: the latest verdict ({found['verdict']}, {at}) is "
             f"at snapshot {found['snapshot_id']}, the table is at {snapshot_id}; {run}"
         )
-    version = fetch_value(conn.execute("select rows_version from datasets where id = %s", (dataset_id,)), "version")
+    version = versions.rows_version(conn, dataset_id)
     if found["pg_version"] is None or (version is not None and found["pg_version"] < version):
         return verdict_id, (
             f"Postgres was written since the canary checked it (version {found['pg_version']}, now {version}): "
@@ -207,9 +207,6 @@ def scope_datasets(conn: psycopg.Connection, *, dataset=None, workspace=None) ->
     if scope.scope == DATASET:
         assert scope.scope_id is not None
         return [scope.scope_id]
-    query = "select id from datasets where kind = 'tabular'" + (
-        " and workspace_id = %s" if scope.scope == WORKSPACE else ""
-    )
-    ids = [r[0] for r in conn.execute(query, (scope.scope_id,) if scope.scope == WORKSPACE else ()).fetchall()]
+    ids = listing.tabular_ids(conn, scope.scope_id if scope.scope == WORKSPACE else None)
     done = with_status(conn, COMPLETE, ids)
     return sorted((native_dataset_ids(conn, ids) - done), key=str)
