@@ -45,7 +45,7 @@ from lakehouse_dagster.lake.copy_back import snapshot_batches as _batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.tracking import sync_log
 from lakehouse_dagster.tracking.datasets import Column, get_dataset, row_repairs
-from lakehouse_dagster.tracking.datasets.row_reads import count_rows
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE, count_rows
 
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
@@ -71,8 +71,8 @@ class BackfillResult:
             return f"dataset {self.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
         return (
             f"dataset {self.dataset_id}: backfilled from snapshot {self.snapshot_id} in {self.seconds:.2f}s — "
-            f"{self.copied} row(s) copied into dataset_rows (identity preserved), {self.removed} stale row(s) "
-            f"removed, {self.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds "
+            f"{self.copied} row(s) copied into {ROWS_TABLE} (identity preserved), {self.removed} stale row(s) "
+            f"removed, {self.moved} pg-path row(s) moved above the table's rows; {ROWS_TABLE} now holds "
             f"{self.pg_rows}; the mirror may run again (lakehouse sync --dataset {self.dataset_id})"
         )
 

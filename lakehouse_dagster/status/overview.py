@@ -70,6 +70,7 @@ from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking.datasets import joint_reads, listing
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -357,7 +358,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         note(
             ds_id,
             BLOCKED,
-            f"BLOCKED (pipeline input; reverse mirror off): {names} reads it from dataset_rows (F3), which stays "
+            f"BLOCKED (pipeline input; reverse mirror off): {names} reads it from {ROWS_TABLE} (F3), which stays "
             f"fresh for a native dataset only through the reverse mirror; {why}",
         )
     rlags, reverse_off = reverse_lags(conn, native)

@@ -30,6 +30,7 @@ from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.tracking import undeclared
 from lakehouse_dagster.tracking.datasets import get_dataset, listing, pipeline_input_dataset_ids, versions
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
 
 NATIVE = "iceberg_native"
 
@@ -135,7 +136,7 @@ def check(
     # 3. no Postgres-locked consumer left
     if dataset_id in pipeline_input_dataset_ids(conn):
         missing.append(
-            "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3) and would read nothing once its "
+            f"BLOCKED (pipeline input): a pipeline reads it from {ROWS_TABLE} (F3) and would read nothing once its "
             "rows are deleted; wait until the pipeline source reads Iceberg, or take it out of the pipeline"
         )
     locked = on_postgres(conn, {dataset_id: ws_id}).get(dataset_id)  # a compute reader flipped for it: not held
@@ -149,7 +150,7 @@ def check(
             else ""
         )
         missing.append(
-            f"read from dataset_rows by {names}, locked to Postgres: it would read nothing once complete; {flip}"
+            f"read from {ROWS_TABLE} by {names}, locked to Postgres: it would read nothing once complete; {flip}"
             "remove the declaration (lakehouse flags readers remove <reader> --dataset|--workspace <id>) only once "
             "it no longer reads this dataset"
         )
@@ -160,11 +161,11 @@ def check(
     if extra is not None:
         first = extra.keys[0][0] if extra.keys else "<key>"
         missing.append(
-            f"{extra.rows} row(s) of dataset_rows hold {extra.key_count} key(s) its schema does not declare: "
+            f"{extra.rows} row(s) of {ROWS_TABLE} hold {extra.key_count} key(s) its schema does not declare: "
             f"{extra.names()}; Iceberg does not hold them and --export-to would not keep them, so complete would "
             "delete them for good: declare them in datasets.schema and bring their values into the table (roll "
             "the writers back to pg, let the mirror carry them, flip again), or remove them from the rows if they "
-            f"are not wanted (update dataset_rows set data = data - '{first}' where dataset_id = '{dataset_id}')"
+            f"are not wanted (update {ROWS_TABLE} set data = data - '{first}' where dataset_id = '{dataset_id}')"
         )
     return Checked(dataset_id, ds.name, tuple(missing), since, soak, snap, verdict_id)
 

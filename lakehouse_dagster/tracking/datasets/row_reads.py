@@ -11,6 +11,9 @@ from psycopg import sql
 
 from lakehouse_dagster.core.db import fetch_value
 
+# The table's name where a message names it to the operator (a summary, a refusal, the statement it may run).
+ROWS_TABLE = "dataset_rows"
+
 # The source of a structured read's typed subquery (routing/pg_compute.py): the projection before it, the
 # addressing conditions after it.
 FROM_ROWS_WHERE = sql.SQL(" from dataset_rows where ")
