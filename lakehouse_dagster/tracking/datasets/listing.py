@@ -19,8 +19,8 @@ def names_of(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UU
     return dict(conn.execute("select id, name from datasets where id = any(%s::uuid[])", (list(ids),)).fetchall())
 
 
-def name_of(conn: psycopg.Connection, dataset_id: uuid.UUID, missing: str) -> str | None:
-    """The dataset's name as stored, ``missing`` when there is no such dataset."""
+def name_of(conn: psycopg.Connection, dataset_id: uuid.UUID, missing: str) -> str:
+    """The dataset's name (``not null`` in the app's schema), ``missing`` when there is no such dataset."""
     row = conn.execute("select name from datasets where id = %s", (dataset_id,)).fetchone()
     return row[0] if row else missing
 
