@@ -7,10 +7,10 @@ from lakehouse_dagster.cli.common import Result, add_command, scope_args, table
 
 COMPLETE_HELP = (
     "retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, "
-    "no Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable"
+    "no Postgres-locked consumer): the reverse off, then its dataset_rows deleted in short batches, resumable"
 )
 BACKFILL_HELP = (
-    "after a rollback to pg: copy the rows only Iceberg holds into dataset_rows "
+    "after a rollback to pg: copy the rows only Iceberg holds back to dataset_rows "
     "(identity preserved, one transaction), so the mirror may run again"
 )
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from lakehouse_dagster.cli.common import Result, add_command
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 
 
@@ -36,7 +35,9 @@ def register(sub) -> None:
 
 
 def require_schema(conn) -> None:
-    if fetch_value(conn.execute("select to_regclass('dataset_rows') is null"), "whether the lakehouse schema exists"):
+    from lakehouse_dagster.tracking.datasets.row_reads import rows_table_missing  # here: a fast --help
+
+    if rows_table_missing(conn):
         raise BadInput("the database has no lakehouse schema yet; run: lakehouse db migrate")
 
 

@@ -28,7 +28,7 @@ from lakehouse_dagster.core.errors import (
 VERBS: dict[str, tuple[str, str]] = {
     "backfill": (
         "complete",
-        "after a rollback to pg: copy the rows only Iceberg holds into dataset_rows (identity preserved, one "
+        "after a rollback to pg: copy the rows only Iceberg holds back to dataset_rows (identity preserved, one "
         "transaction), so the mirror may run again",
     ),
     "candidates": (
@@ -40,7 +40,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "complete": (
         "complete",
         "retire a native dataset's Postgres rows (refused unless native past the soak, reverse parity ok, no "
-        "Postgres-locked consumer): the reverse off, dataset_rows deleted in short batches, resumable",
+        "Postgres-locked consumer): the reverse off, then its dataset_rows deleted in short batches, resumable",
     ),
     "datasets": ("datasets", "list datasets with their workspace, Postgres version and last sync"),
     "db": ("db", "schema migrations of the project's Postgres"),

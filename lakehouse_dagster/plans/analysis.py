@@ -36,6 +36,7 @@ from lakehouse_dagster.plans.spec import Analysis
 from lakehouse_dagster.plans.store import IN_PLAN_SCOPE, MOVED_CTE, PLAN_START
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import listing
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _SHOWN = 5
@@ -52,7 +53,7 @@ def _names(conn: psycopg.Connection, ids) -> dict[uuid.UUID, str]:
     ids = list(ids)
     if not ids:
         return {}
-    return dict(conn.execute("select id, name from datasets where id = any(%s::uuid[])", (ids,)).fetchall())
+    return listing.names_of(conn, ids)
 
 
 def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:

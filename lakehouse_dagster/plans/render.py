@@ -41,7 +41,7 @@ from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
 from lakehouse_dagster.tracking import datasets as app_tables
-from lakehouse_dagster.tracking.datasets import pipeline_input_dataset_ids
+from lakehouse_dagster.tracking.datasets import listing, pipeline_input_dataset_ids, versions
 
 _SHOWN = 20
 
@@ -193,7 +193,7 @@ def effective_soak(stage: Stage, project: SoakSetting) -> tuple[int, str]:
 
 
 def _datasets(conn: psycopg.Connection) -> tuple[dict[uuid.UUID, tuple], dict[uuid.UUID, int | None]]:
-    rows = conn.execute("select id, name, workspace_id, kind, row_count from datasets").fetchall()
+    rows = listing.summaries(conn)
     return {r[0]: r[:4] for r in rows}, {r[0]: r[4] for r in rows}
 
 
@@ -237,9 +237,7 @@ def reader_candidates(
     if not ids:
         return []
     latest = parity_verdicts.latest_verdicts(conn, ids)
-    current: dict = dict(
-        conn.execute("select id, rows_version from datasets where id = any(%s::uuid[])", (ids,)).fetchall()
-    )
+    current: dict = versions.rows_versions(conn, ids)
     since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ok_within)
     ok = [
         i

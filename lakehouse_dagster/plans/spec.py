@@ -399,7 +399,7 @@ def _order(stages: list[Stage], errors: _Errors) -> None:
         elif w < width:
             errors.add(
                 f"stages[{i}]",
-                f"{s.kind} after a wider stage; stages widen: shadow, datasets, workspace, then global",
+                f"{s.kind} after a wider stage; stages widen: {SHADOW}, {DATASETS}, {WORKSPACE}, then {GLOBAL}",
             )
         elif s.kind == GLOBAL and w == width:
             errors.add(f"stages[{i}]", "a second global stage; global is the last stage")

@@ -41,6 +41,7 @@ from lakehouse_dagster.flags.gates import NATIVE, AtFlip, Blocked, Effect, write
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.tracking import sync_log
+from lakehouse_dagster.tracking.datasets import dataset_state, joint_reads, listing
 
 log = logging.getLogger("lakehouse_dagster.native_guard")
 
@@ -48,21 +49,7 @@ ALREADY_NATIVE = "already native"
 NEW_AND_EMPTY = "new and empty"
 FLIPPING = "first native write"
 
-_CLASSIFY = (
-    """
-select d.id, d.name, d.workspace_id, d.kind,
-       case when s.path = 'native' then 'already native'
-            when not exists (select 1 from dataset_rows r where r.dataset_id = d.id)
-             and not """
-    + sync_log.MIRRORED_ONCE
-    + """
-            then 'new and empty'
-            else 'first native write' end
-  from datasets d
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
- where d.id = any(%s::uuid[])
-"""
-)
+_CLASSIFY = joint_reads.classify_query(sync_log.MIRRORED_ONCE)
 
 
 def classify(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple]:
@@ -96,12 +83,7 @@ def unsafe_native_datasets(conn: psycopg.Connection) -> tuple[int, list[Blocked]
     not counted."""
     native = native_dataset_ids(conn)
     if native:
-        native = {
-            r[0]
-            for r in conn.execute(
-                "select id from datasets where id = any(%s::uuid[]) and kind = 'tabular'", (list(native),)
-            ).fetchall()
-        }
+        native = listing.tabular_among(conn, native)
     return len(native), native_blockers(conn, native) if native else []
 
 
@@ -149,10 +131,7 @@ def refuse_unsafe_native_write(
     with conn.transaction():
         # a retry's earlier row is the reaper's to settle
         sync_log.record_refused_native(conn, dataset_id, sync_id or uuid.uuid4(), writer, iceberg_mode, message)
-        conn.execute(
-            "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s",
-            (message, dataset_id),
-        )
+        dataset_state.mark_errored(conn, dataset_id, message)
     (logger or log).error(f"[write-router] {message}")
     raise FlipRefused(message)
 

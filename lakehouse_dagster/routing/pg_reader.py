@@ -15,6 +15,7 @@ from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.pinned_read import column_expr
 from lakehouse_dagster.routing.projection import Projection
 from lakehouse_dagster.tracking.datasets import Dataset
+from lakehouse_dagster.tracking.datasets.row_reads import projected_rows_query
 
 _IDENTITY_SQL = {
     "__row_index": sql.SQL("row_index"),
@@ -32,14 +33,9 @@ def postgres_query(dataset: Dataset, projection: Projection) -> tuple[sql.Compos
         )
         for name in projection.columns
     ]
-    query = sql.SQL("select {} from dataset_rows where dataset_id = %s").format(sql.SQL(", ").join(exprs))
-    params: list = [dataset.id]
-    if projection.order_by_row_index:
-        query += sql.SQL(" order by row_index")
-    if projection.limit is not None:
-        query += sql.SQL(" limit %s")
-        params.append(projection.limit)
-    return query, params
+    return projected_rows_query(
+        exprs, dataset.id, order_by_row_index=projection.order_by_row_index, limit=projection.limit
+    )
 
 
 def projected_schema(dataset: Dataset, projection: Projection) -> pa.Schema:

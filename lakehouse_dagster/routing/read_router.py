@@ -47,6 +47,7 @@ from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, S
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.tracking import barrier, capture
+from lakehouse_dagster.tracking.datasets import versions
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -71,12 +72,7 @@ class Freshness:
         return self.has_snapshot and self.source_version is not None and self.source_version >= self.rows_version
 
 
-_FRESHNESS = f"""
-select d.rows_version, s.snapshot_id, s.source_version, {barrier.MODE_IS_AFTER_COMMIT}
-  from datasets d
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true  -- tracking/sync_log.py
- where d.id = %s
-"""
+_FRESHNESS = versions.freshness_query(barrier.MODE_IS_AFTER_COMMIT)
 
 
 def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID, *, exact: bool = False) -> Freshness:

@@ -44,7 +44,8 @@ from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.lake.copy_back import snapshot_batches as _batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import Column, get_dataset
+from lakehouse_dagster.tracking.datasets import Column, get_dataset, row_repairs
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE, count_rows
 
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
@@ -70,8 +71,8 @@ class BackfillResult:
             return f"dataset {self.dataset_id}: Iceberg holds no rows Postgres lacks; nothing to backfill"
         return (
             f"dataset {self.dataset_id}: backfilled from snapshot {self.snapshot_id} in {self.seconds:.2f}s — "
-            f"{self.copied} row(s) copied into dataset_rows (identity preserved), {self.removed} stale row(s) "
-            f"removed, {self.moved} pg-path row(s) moved above the table's rows; dataset_rows now holds "
+            f"{self.copied} row(s) copied into {ROWS_TABLE} (identity preserved), {self.removed} stale row(s) "
+            f"removed, {self.moved} pg-path row(s) moved above the table's rows; {ROWS_TABLE} now holds "
             f"{self.pg_rows}; the mirror may run again (lakehouse sync --dataset {self.dataset_id})"
         )
 
@@ -94,19 +95,13 @@ def backfill(dsn: str, catalog: Catalog, settings: Settings, dataset_id, *, acto
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             found = iceberg_only(conn, catalog, settings, ds_id, table=table)
             if found is None or table is None:  # (found is None whenever there is no table)
-                n = fetch_value(
-                    conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
-                    "the count of the dataset's rows",
-                )
+                n = count_rows(conn, ds_id)
                 return BackfillResult(ds_id, None, 0, 0, 0, n, time.perf_counter() - started, nothing_to_do=True)
             present = {f.name for f in table.schema().fields}
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in _IDENTITY if n in present), *(c.name for c in columns)]
             copied, removed, moved = _copy_and_apply(conn, dsn, table, ds_id, columns, names, found, actor)
-            n = fetch_value(
-                conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)),
-                "the count of the dataset's rows",
-            )
+            n = count_rows(conn, ds_id)
     return BackfillResult(ds_id, found.snapshot_id, copied, removed, moved, n, time.perf_counter() - started)
 
 
@@ -161,46 +156,18 @@ def _copy_and_apply(
             removed = int(
                 one(
                     _counted(
-                        sql.SQL(
-                            "delete from dataset_rows r where {only_pg} and r.created_at <= {at}::timestamptz"
-                        ).format(only_pg=only_pg, at=sql.Literal(found.last_native_at.isoformat()))
+                        row_repairs.delete_superseded_statement(only_pg, sql.Literal(found.last_native_at.isoformat()))
                     )
                 )
             )
-        extra_min = one(sql.SQL("select min(r.row_index) from dataset_rows r where {}").format(only_pg))
+        extra_min = one(row_repairs.min_row_index_statement(only_pg))
         if extra_min is not None and int(extra_min) <= ice_max:
             # rows written on the pg path after the rollback: park them below zero, then renumber them in
             # their order above the table's max __row_index (two steps: the primary key is checked per row)
-            moved = int(
-                one(
-                    _counted(sql.SQL("update dataset_rows r set row_index = -1 - r.row_index where {}").format(only_pg))
-                )
-            )
-            run(
-                sql.SQL(
-                    "update dataset_rows r set row_index = {base} + n.rn from (select row_index, row_number() over"
-                    " (order by row_index desc) as rn from dataset_rows where dataset_id = {ds}::uuid and row_index < 0) n"
-                    " where r.dataset_id = {ds}::uuid and r.row_index = n.row_index"
-                ).format(base=sql.Literal(ice_max), ds=ds)
-            )
-        copied = int(
-            one(
-                _counted(
-                    sql.SQL(
-                        "insert into dataset_rows (dataset_id, row_index, row_id, created_at, data)"
-                        " select {ds}::uuid, s.__row_index, s.__row_id::uuid, s.__created_at, {data} from {t} s"
-                        " where not exists (select 1 from dataset_rows r where r.dataset_id = {ds}::uuid"
-                        " and r.row_index = s.__row_index)"
-                    ).format(ds=ds, data=_data_expr(columns), t=tmp)
-                )
-            )
-        )
+            moved = int(one(_counted(row_repairs.park_below_zero_statement(only_pg))))
+            run(row_repairs.renumber_parked_statement(ds, sql.Literal(ice_max)))
+        copied = int(one(_counted(row_repairs.insert_missing_statement(ds, _data_expr(columns), tmp))))
         run(sync_log.reconciled_by_backfill(ds, found.snapshot_id, copied, removed, moved, actor))
-        run(
-            sql.SQL(
-                "update datasets set row_count = (select count(*) from dataset_rows where dataset_id = {ds}::uuid),"
-                " status = 'ready', error = null, updated_at = now() where id = {ds}::uuid"
-            ).format(ds=ds)
-        )
+        run(row_repairs.recount_ready_statement(ds))
         conn.commit()
     return copied, removed, moved

@@ -24,6 +24,7 @@ from lakehouse_dagster.core.errors import SyncFailed
 from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.lifecycle import POSTGRES, check_authority, facts_of_row, write_lock_statements
 from lakehouse_dagster.tracking.datasets import Column
+from lakehouse_dagster.tracking.datasets.row_writes import delete_all_statement, insert_staged_statement
 
 STAGE = "lakehouse_ingest_stage"
 _PG_TYPE = {
@@ -77,11 +78,9 @@ class RowsTransaction:
         ds = sql.Literal(str(self._dataset_id))
         statements: list[sql.Composable] = []
         if self._replace:
-            statements.append(sql.SQL("delete from dataset_rows where dataset_id = {}::uuid").format(ds))
+            statements.append(delete_all_statement(ds))
         statements.append(
-            sql.SQL(
-                "insert into dataset_rows (dataset_id, row_index, data) select {}::uuid, s.{}, {} from {} s"
-            ).format(ds, sql.Identifier("__row_index"), _data_expr(self._columns), sql.Identifier(STAGE))
+            insert_staged_statement(ds, sql.Identifier("__row_index"), _data_expr(self._columns), sql.Identifier(STAGE))
         )
         self.execute(statements)
         return rows

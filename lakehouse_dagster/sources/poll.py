@@ -29,6 +29,7 @@ from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.pgsource import STATS, fingerprint_method
 from lakehouse_dagster.sources.spec import TYPES, SourceSpec
 from lakehouse_dagster.sources.writers import pending_source_changes
+from lakehouse_dagster.tracking.datasets.source_config import ids_with_source_page
 
 _NIL = uuid.UUID(int=0)
 
@@ -47,13 +48,7 @@ class PendingIngest:
 
 
 def _page(conn, after: uuid.UUID, size: int) -> list[uuid.UUID]:
-    return [
-        r[0]
-        for r in conn.execute(
-            "select id from datasets where kind = 'tabular' and source->>'type' = any(%s) and id > %s order by id limit %s",
-            (list(TYPES), after, size),
-        ).fetchall()
-    ]
+    return ids_with_source_page(conn, TYPES, after, size)
 
 
 def pending_ingests(

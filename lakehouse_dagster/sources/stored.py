@@ -6,22 +6,19 @@ from __future__ import annotations
 import psycopg
 import pyarrow.parquet as pq
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput, NotFound
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources.files import check_location, filesystem
 from lakehouse_dagster.sources.pgsource import relation, source_columns, where_label
 from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, source_config
 
 
 def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
     d = get_dataset(conn, dataset_id)
-    raw = fetch_value(
-        conn.execute("select source from datasets where id = %s", (d.id,)),
-        NotFound(f"dataset {d.id} does not exist (deleted while its source was read)"),
+    raw = source_config.stored_source(
+        conn, d.id, NotFound(f"dataset {d.id} does not exist (deleted while its source was read)")
     )
     return stored_source(raw)
 
@@ -40,7 +37,7 @@ def set_source(
         _check_files(spec, d, settings or Settings.from_env())
     else:
         _check_postgres(conn, spec, d)
-    conn.execute("update datasets set source = %s, updated_at = now() where id = %s", (Jsonb(spec.to_json()), d.id))
+    source_config.store_source(conn, d.id, spec.to_json())
     return spec
 
 

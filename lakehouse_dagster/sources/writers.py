@@ -33,9 +33,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from psycopg import sql
 
-from lakehouse_dagster.core.db import connect, fetch_value
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, LakehouseError, NotFound, SyncFailed
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
@@ -56,7 +55,8 @@ from lakehouse_dagster.sources.pgsource import fingerprint, max_mark, read_postg
 from lakehouse_dagster.sources.spec import WRITERS, SourceSpec
 from lakehouse_dagster.sources.stored import get_source
 from lakehouse_dagster.tracking import ingest_state as source_state
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset
+from lakehouse_dagster.tracking.datasets import Dataset, dataset_state, get_dataset
+from lakehouse_dagster.tracking.datasets.row_reads import max_row_index
 
 _log = logging.getLogger("lakehouse_dagster.writers")
 
@@ -199,10 +199,7 @@ def plan_write(
         plan = dataclasses.replace(plan, after=after, nothing_new=nothing_new, fingerprint=fp)
     if plan.nothing_new or replace:
         return plan
-    pg_max = fetch_value(
-        conn.execute("select coalesce(max(row_index), -1) from dataset_rows where dataset_id = %s", (ds_id,)),
-        "the dataset's max row index",
-    )
+    pg_max = max_row_index(conn, ds_id)
     iceberg_max = table_state(table)["max_row_index"] if table is not None else -1
     return dataclasses.replace(plan, start_index=1 + max(pg_max, iceberg_max))
 
@@ -295,18 +292,10 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
                 tx.check_authority(plan.decision.writer)  # a native writer beside this one: refused, nothing written
                 rows = tx.copy(_failpoint_after_first(read), start_index=plan.start_index)
                 state = plan.state(read.mark)
-                count = (
-                    sql.SQL("{}").format(sql.Literal(rows))
-                    if plan.replace
-                    else sql.SQL("coalesce(row_count, 0) + {}").format(sql.Literal(rows))
-                )
                 tx.execute(
                     [
                         source_state.save_statement(ds_id, state),
-                        sql.SQL(
-                            "update datasets set row_count = {}, status = 'ready', error = null, updated_at = now()"
-                            " where id = {}::uuid"
-                        ).format(count, sql.Literal(str(ds_id))),
+                        dataset_state.ready_after_pg_ingest_statement(ds_id, rows, replace=plan.replace),
                     ]
                 )
             failpoint("after-commit-before-log")  # rows and ingest state committed together
@@ -316,10 +305,7 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
             raise
         except Exception as exc:
             raise _failed(conn, ds_id, exc, dsn) from exc
-    total = fetch_value(
-        conn.execute("select row_count from datasets where id = %s", (ds_id,)),
-        NotFound(f"dataset {ds_id} was deleted during its ingest"),
-    )
+    total = dataset_state.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
     lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {plan.sync_id})")
     return plan.result(rows, total, None, source_state.public_cursor(state))
 
@@ -427,15 +413,9 @@ def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
     table's last commit was native, Iceberg is the truth, so the count is taken from it."""
     if table is not None and table.properties.get(WRITE_PATH) == "native":
         count = table_state(table)["row_count"]
-        conn.execute(
-            "update datasets set row_count = %s, updated_at = now() where id = %s and row_count is distinct from %s",
-            (count, ds_id, count),
-        )
+        dataset_state.converge_row_count(conn, ds_id, count)
         return count
-    return fetch_value(
-        conn.execute("select row_count from datasets where id = %s", (ds_id,)),
-        NotFound(f"dataset {ds_id} was deleted during its ingest"),
-    )
+    return dataset_state.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
 
 
 def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) -> SyncFailed:
@@ -444,9 +424,7 @@ def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) 
     if dsn:
         text = scrub(text, dsn)
     message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
-    conn.execute(
-        "update datasets set status = 'errored', error = %s, updated_at = now() where id = %s", (message, ds_id)
-    )
+    dataset_state.mark_errored(conn, ds_id, message)
     return SyncFailed(message + "; nothing was committed")
 
 

@@ -18,15 +18,7 @@ import psycopg
 
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
-
-_BEHIND = """
-select d.id, d.name, d.workspace_id, d.rows_version, d.mirrored_version, s.finished_at,
-       extract(epoch from now() - s.finished_at)::float8 as lag
-  from datasets d
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
- where d.kind = 'tabular' and coalesce(d.mirrored_version, -1) < d.rows_version
- order by s.finished_at nulls first, d.id
-"""
+from lakehouse_dagster.tracking.datasets.versions import behind_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +39,7 @@ class Behind:
 def behind_datasets(conn: psycopg.Connection) -> list[Behind]:
     """Every tabular dataset behind the mirror (native ones left out), never-synced first, then the oldest view
     first; two queries whatever the number of datasets."""
-    rows = [Behind(*r) for r in conn.execute(_BEHIND).fetchall()]
+    rows = [Behind(*r) for r in behind_rows(conn)]
     native = native_dataset_ids(conn, [b.dataset_id for b in rows]) if rows else set()
     return [b for b in rows if b.dataset_id not in native]
 

@@ -69,6 +69,8 @@ from lakehouse_dagster.status.held import (  # noqa: F401 - HOLDERS, Held, Shado
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
+from lakehouse_dagster.tracking.datasets import joint_reads, listing
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -91,14 +93,10 @@ PROBLEMS = (MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING, FALLBACK, BLO
 FALLBACK_WINDOW_SECONDS = 86_400  # the read fallbacks the overview counts: the last day's
 ATTENTION_SHOWN = 100  # rows of the attention list kept (the counts per problem are complete)
 
-_TABULAR = "select id, workspace_id from datasets where kind = 'tabular'"
-_EFFECTIVE, _ = effective_sql(FLAGS, _TABULAR, select="e.dataset_id, e.kind, e.name, e.mode")
+_EFFECTIVE, _ = effective_sql(FLAGS, listing.TABULAR_IDS_AND_WORKSPACES, select="e.dataset_id, e.kind, e.name, e.mode")
 _STAGES = f"""
 with e as ({_EFFECTIVE}),
-     m as materialized (select d.id, {sync_log.EVER_SUCCEEDED}
-                        as mirrored, b.id is not null as blocked
-             from datasets d left join unnest(%(blocked)s::uuid[]) b(id) on b.id = d.id
-            where d.kind = 'tabular'),
+     m as materialized ({joint_reads.mirrored_and_blocked(sync_log.EVER_SUCCEEDED)}),
      s as (
        select e.dataset_id, e.kind, e.name,
               case when e.kind = 'write' then
@@ -235,7 +233,9 @@ with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec nod
     + """)
 select p.dataset_id
   from pin p
-  join datasets d on d.id = p.dataset_id
+  """
+    + joint_reads.JOIN_DATASET_D_OF_P
+    + """
  cross join lateral """
     + sync_log.LATEST_BY_FINISHED_OF_P
     + """ l
@@ -278,7 +278,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     into the counts and the attention list beside it, so what makes a dataset need attention reads top to bottom."""
     started = time.perf_counter()
     computed_at = fetch_value(conn.execute("select now()"), "the database clock (select now())")
-    tabular = {r[0]: r[1:] for r in conn.execute("select id, name, workspace_id from datasets where kind = 'tabular'")}
+    tabular = listing.tabular_names(conn)
     runbook = runbook_blocked(conn)
     # blocked now: the reverse mirror keeps a pipeline input's dataset_rows while it is on (and can run)
     piped = reverse_settings(conn, runbook)
@@ -360,7 +360,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         note(
             ds_id,
             BLOCKED,
-            f"BLOCKED (pipeline input; reverse mirror off): {names} reads it from dataset_rows (F3), which stays "
+            f"BLOCKED (pipeline input; reverse mirror off): {names} reads it from {ROWS_TABLE} (F3), which stays "
             f"fresh for a native dataset only through the reverse mirror; {why}",
         )
     rlags, reverse_off = reverse_lags(conn, native)

@@ -17,7 +17,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.incidents import newest_fallbacks
@@ -30,28 +29,13 @@ from lakehouse_dagster.lifecycle import Facts
 from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
-from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import Column, parse_schema
+from lakehouse_dagster.tracking.datasets import Column, joint_reads, parse_schema
+from lakehouse_dagster.tracking.datasets.row_reads import count_rows
 
 # The dataset, its workspace, its latest succeeded sync (the one definition) and the last location any sync of
 # it recorded (a sync from before the location was recorded has none).
-_QUERY = (
-    """
-select d.id, d.name, d.workspace_id, w.name, d.kind, d.schema, d.rows_version, d.row_count,
-       s.sync_id, s.writer, s.path, s.mode, s.rows, s.bytes, s.snapshot_id, s.source_version, s.run_id,
-       s.started_at, s.finished_at,
-       coalesce(s.table_location, """
-    + sync_log.LAST_TABLE_LOCATION
-    + """)
-  from datasets d
-  """
-    + app_tables.JOIN_WORKSPACE_W
-    + """
-  left join lateral lakehouse_latest_succeeded_sync(d.id) s on true
- where d.id = any(%s::uuid[])
-"""
-)
+_QUERY = joint_reads.partition_query(sync_log.LAST_TABLE_LOCATION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,10 +201,7 @@ def partition_state(conn: psycopg.Connection, settings: Settings, dataset_id: uu
 
 def pg_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
     """The dataset's rows in dataset_rows, exactly (an index-only scan of its primary key range)."""
-    return fetch_value(
-        conn.execute("select count(*) from dataset_rows where dataset_id = %s", (dataset_id,)),
-        "the count of the dataset's rows",
-    )
+    return count_rows(conn, dataset_id)
 
 
 def _columns(raw, ds: uuid.UUID) -> tuple[Column, ...]:

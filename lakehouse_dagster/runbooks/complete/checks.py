@@ -29,7 +29,8 @@ from lakehouse_dagster.mirror.reverse import reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.tracking import undeclared
-from lakehouse_dagster.tracking.datasets import get_dataset, pipeline_input_dataset_ids
+from lakehouse_dagster.tracking.datasets import get_dataset, listing, pipeline_input_dataset_ids, versions
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
 
 NATIVE = "iceberg_native"
 
@@ -72,7 +73,7 @@ def check(
     """Every condition of complete for one dataset, each missing one with what to do (nothing written).
     Long on purpose: the conditions in the order the docstring gives them, each beside its query."""
     ds = get_dataset(conn, dataset_id)
-    ws_id = fetch_value(conn.execute("select workspace_id from datasets where id = %s", (dataset_id,)), "workspace")
+    ws_id = listing.workspace_of(conn, dataset_id)
     if ds.kind != "tabular":
         raise BadInput(f"dataset {dataset_id} is a {ds.kind} dataset; only tabular datasets are written to Iceberg")
     soak = current_soak(conn, settings).seconds if soak_seconds is None else soak_seconds
@@ -135,7 +136,7 @@ def check(
     # 3. no Postgres-locked consumer left
     if dataset_id in pipeline_input_dataset_ids(conn):
         missing.append(
-            "BLOCKED (pipeline input): a pipeline reads it from dataset_rows (F3) and would read nothing once its "
+            f"BLOCKED (pipeline input): a pipeline reads it from {ROWS_TABLE} (F3) and would read nothing once its "
             "rows are deleted; wait until the pipeline source reads Iceberg, or take it out of the pipeline"
         )
     locked = on_postgres(conn, {dataset_id: ws_id}).get(dataset_id)  # a compute reader flipped for it: not held
@@ -149,7 +150,7 @@ def check(
             else ""
         )
         missing.append(
-            f"read from dataset_rows by {names}, locked to Postgres: it would read nothing once complete; {flip}"
+            f"read from {ROWS_TABLE} by {names}, locked to Postgres: it would read nothing once complete; {flip}"
             "remove the declaration (lakehouse pg-readers remove <reader> --dataset|--workspace <id>) only once "
             "it no longer reads this dataset"
         )
@@ -160,11 +161,11 @@ def check(
     if extra is not None:
         first = extra.keys[0][0] if extra.keys else "<key>"
         missing.append(
-            f"{extra.rows} row(s) of dataset_rows hold {extra.key_count} key(s) its schema does not declare: "
+            f"{extra.rows} row(s) of {ROWS_TABLE} hold {extra.key_count} key(s) its schema does not declare: "
             f"{extra.names()}; Iceberg does not hold them and --export-to would not keep them, so complete would "
             "delete them for good: declare them in datasets.schema and bring their values into the table (roll "
             "the writers back to pg, let the mirror carry them, flip again), or remove them from the rows if they "
-            f"are not wanted (update dataset_rows set data = data - '{first}' where dataset_id = '{dataset_id}')"
+            f"are not wanted (update {ROWS_TABLE} set data = data - '{first}' where dataset_id = '{dataset_id}')"
         )
     return Checked(dataset_id, ds.name, tuple(missing), since, soak, snap, verdict_id)
 
@@ -190,7 +191,7 @@ def _parity(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -
             f"reverse parity not checked at the current snapshot: the latest verdict ({found['verdict']}, {at}) is "
             f"at snapshot {found['snapshot_id']}, the table is at {snapshot_id}; {run}"
         )
-    version = fetch_value(conn.execute("select rows_version from datasets where id = %s", (dataset_id,)), "version")
+    version = versions.rows_version(conn, dataset_id)
     if found["pg_version"] is None or (version is not None and found["pg_version"] < version):
         return verdict_id, (
             f"Postgres was written since the canary checked it (version {found['pg_version']}, now {version}): "
@@ -207,9 +208,6 @@ def scope_datasets(conn: psycopg.Connection, *, dataset=None, workspace=None) ->
     if scope.scope == DATASET:
         assert scope.scope_id is not None
         return [scope.scope_id]
-    query = "select id from datasets where kind = 'tabular'" + (
-        " and workspace_id = %s" if scope.scope == WORKSPACE else ""
-    )
-    ids = [r[0] for r in conn.execute(query, (scope.scope_id,) if scope.scope == WORKSPACE else ()).fetchall()]
+    ids = listing.tabular_ids(conn, scope.scope_id if scope.scope == WORKSPACE else None)
     done = with_status(conn, COMPLETE, ids)
     return sorted((native_dataset_ids(conn, ids) - done), key=str)

@@ -28,6 +28,7 @@ from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
+from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +45,7 @@ class RestoreResult:
     def summary(self) -> str:
         return (
             f"dataset {self.dataset_id}: was completed; backfilled from Iceberg snapshot {self.snapshot_id} in "
-            f"{self.seconds:.2f}s — {self.copied} row(s) copied into dataset_rows (identity preserved), the reverse "
+            f"{self.seconds:.2f}s — {self.copied} row(s) copied into {ROWS_TABLE} (identity preserved), the reverse "
             "mirror on again for it, the complete mark lifted (restored); a rollback to pg needs nothing more now "
             f"(lakehouse write-flags set <writer> pg --dataset {self.dataset_id})"
         )

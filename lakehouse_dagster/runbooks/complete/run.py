@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.db import connect, fetch_value
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import BadInput, FlipRefused, LockTimeout
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
@@ -40,6 +40,8 @@ from lakehouse_dagster.runbooks.complete.checks import Checked, check, scope_dat
 from lakehouse_dagster.runbooks.complete.export import _check_export_dir, _check_scope_export_dir, _export
 from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
+from lakehouse_dagster.tracking.datasets.row_reads import count_rows, min_row_index, nth_row_index_from
+from lakehouse_dagster.tracking.datasets.row_writes import delete_row_range
 
 LOCK_TIMEOUT_MS = 100  # a batch waits at most this long for a row lock of the live app, then backs off
 LOCK_RETRIES = 50  # lock timeouts in a row before a run gives up (re-running continues)
@@ -176,11 +178,8 @@ def _start(
         # the maintained Postgres digest of rows about to go: unregistered, so no batch hashes the rows it deletes
         # (a canary registers and fills it again, as for any dataset: after a restore, over the rows restored)
         forget_pg(conn, ds_id)
-        first = conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)).fetchone()
-        start_mark(
-            conn, ds_id, first[0] if first else None, str(path) if path else None, found.snapshot_id, actor, note
-        )
-        rows = fetch_value(conn.execute("select count(*) from dataset_rows where dataset_id = %s", (ds_id,)), "count")
+        start_mark(conn, ds_id, min_row_index(conn, ds_id), str(path) if path else None, found.snapshot_id, actor, note)
+        rows = count_rows(conn, ds_id)
         _audit(
             conn,
             ds_id,
@@ -216,10 +215,7 @@ def _delete_batches(
                     return deleted, batches, mark.status if mark else RESTORED
                 lo = mark.next_row_index
                 if lo is None:
-                    lo = fetch_value(
-                        conn.execute("select min(row_index) from dataset_rows where dataset_id = %s", (ds_id,)),
-                        "the dataset's lowest row_index",
-                    )
+                    lo = min_row_index(conn, ds_id)
                 if lo is None:  # nothing left: finish (completing → complete)
                     with transition(
                         conn,
@@ -234,18 +230,8 @@ def _delete_batches(
                         forget_position(conn, ds_id)
                         _audit(conn, ds_id, "finish", actor, mark.rows_deleted, {"batches": mark.batches})
                     return deleted, batches, COMPLETE
-                hi_row = conn.execute(
-                    "select row_index from dataset_rows where dataset_id = %s and row_index >= %s"
-                    " order by row_index offset %s limit 1",
-                    (ds_id, lo, batch - 1),
-                ).fetchone()
-                hi = hi_row[0] if hi_row else None
-                cur = conn.execute(
-                    "delete from dataset_rows where dataset_id = %s and row_index >= %s"
-                    + ("" if hi is None else " and row_index <= %s"),
-                    (ds_id, lo) if hi is None else (ds_id, lo, hi),
-                )
-                n = cur.rowcount
+                hi = nth_row_index_from(conn, ds_id, lo, batch)
+                n = delete_row_range(conn, ds_id, lo, hi)
                 # the last range: the next batch looks again from the start (a row a writer locked to pg added
                 # below the cursor meanwhile is deleted too), and finishes when nothing is left
                 nxt = None if hi is None else hi + 1

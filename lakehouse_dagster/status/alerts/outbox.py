@@ -32,12 +32,14 @@ from lakehouse_dagster.status.alerts.kinds import (
     _line,
 )
 from lakehouse_dagster.status.alerts.webhook import PostFailed, _scrub, post_message
+from lakehouse_dagster.tracking.datasets.joint_reads import LEFT_JOIN_DATASET_D_OF_P
 
 # A MISMATCH row to read: its MISMATCH not recorded yet, or an auto-rollback outcome worth telling (something was
 # rolled back, refused, left on, or failed: "already off" needs no one) not recorded yet. Every row returned gives
 # an event that is recorded this tick, so a read never returns the same row twice and a full page is never read
 # forever. {range}: the keyset page after the position, or the look-back behind it.
-_MISMATCHES = """
+_MISMATCHES = (
+    """
 select * from (
   select p.id, p.dataset_id, d.name, p.source, p.run_id, p.pg_count, p.iceberg_count, p.pg_version, p.snapshot_id,
          p.mismatched_row_indexes, p.detail, p.checked_at,
@@ -50,13 +52,16 @@ select * from (
                            where a->>'status' is distinct from 'already'))
           and not exists (select 1 from lakehouse_alerts a where a.key = 'auto_rollback:' || p.id)) as new_outcome
     from lakehouse_read_parity p
-    left join datasets d on d.id = p.dataset_id
+    """
+    + LEFT_JOIN_DATASET_D_OF_P
+    + """
    where p.verdict = 'MISMATCH' and {range}
 ) q
  where new_mismatch or new_outcome
  order by checked_at, id
  limit %(limit)s
 """
+)
 _AFTER = "(p.checked_at, p.id) > (%(at)s, %(id)s)"
 _BEHIND = "p.checked_at > %(at)s - %(lookback)s and (p.checked_at, p.id) <= (%(at)s, %(id)s)"
 
