@@ -38,6 +38,13 @@ class ArgumentParser(argparse.ArgumentParser):
         ]
         return action
 
+    def add_subparsers(self, **kwargs):  # argparse API
+        """As argparse's; the subcommand tables are kept (``subcommand_tables``), so the moved verbs' aliases are
+        found without reaching into argparse's private attributes."""
+        table = super().add_subparsers(**kwargs)
+        self.subcommand_tables = [*getattr(self, "subcommand_tables", []), table]
+        return table
+
     def error(self, message: str):  # noqa: D401 - argparse API
         hint = ""
         bad = _INVALID_CHOICE.search(message)
@@ -54,8 +61,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def _moved(self) -> dict[str, str]:
         """This parser's hidden subcommands: an alias's old name -> the verb it moved to (cli/moved.py)."""
-        subparsers = (a for a in self._actions if isinstance(a, argparse._SubParsersAction))
-        return {old: new for a in subparsers for old, new in getattr(a, "moved", {}).items()}
+        tables = getattr(self, "subcommand_tables", [])
+        return {old: new for a in tables for old, new in getattr(a, "moved", {}).items()}
 
     def _fail(self, message: str, *, usage: bool):
         more = self.format_usage() if usage else ""

@@ -54,10 +54,9 @@ def _deprecate(parser: argparse.ArgumentParser, old: list[str], new: list[str]) 
     func = parser.get_default("func")
     if func is not None:
         parser.set_defaults(func=_Noted(func, deprecation_line(old, new)))
-    for action in parser._actions:  # argparse keeps the subcommand table on this private-by-convention attribute
-        if isinstance(action, argparse._SubParsersAction):
-            for name, child in action.choices.items():
-                _deprecate(child, [*old, name], [*new, name])
+    for table in getattr(parser, "subcommand_tables", []):  # cli/common.py's ArgumentParser keeps them
+        for name, child in table.choices.items():
+            _deprecate(child, [*old, name], [*new, name])
 
 
 class _Noted:
