@@ -23,7 +23,7 @@ the same run, alternating round by round (the best round of each is kept):
   after-commit  the barrier triggers of migration 024 only (a shared transaction-level advisory lock per
              dataset the statement wrote), REPLICA IDENTITY FULL: what the app pays in capture mode
              "after-commit", where change tracking and the digest are both written by the WAL consumer
-             (tracking/capture.py) and readers pin behind the barrier (tracking/barrier.py); that consumer's
+             (tracking/capture/) and readers pin behind the barrier (tracking/barrier.py); that consumer's
              own time per statement is measured after the rounds and printed separately
   barrier    the first form of that trigger, before it shipped (a one-dataset fast path, hashtextextended
              on the uuid's text), REPLICA IDENTITY DEFAULT: the design point measured in session 9

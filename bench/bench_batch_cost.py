@@ -174,7 +174,7 @@ def child(args) -> dict:
 
     instance = dg.DagsterInstance.from_config(str(home))
     ids = _datasets(dsn, args.n, args.rows)
-    if args.capture == "after-commit":  # tracking and the digest written after the commit (tracking/capture.py)
+    if args.capture == "after-commit":  # tracking and the digest written after the commit (tracking/capture/)
         from lakehouse_dagster.core.db import connect
         from lakehouse_dagster.tracking import capture
 
@@ -308,7 +308,7 @@ def main() -> None:
         "--capture",
         choices=("triggers", "after-commit"),
         default="triggers",
-        help="capture mode of the maintained digest for the current code (tracking/capture.py)",
+        help="capture mode of the maintained digest for the current code (tracking/capture/)",
     )
     ap.add_argument(
         "--compare-capture",

@@ -97,7 +97,7 @@ def dsn(pg_admin_dsn, template_dsn):
         admin.execute(f'create database "{name}" template "{TEMPLATE_DB}"')
     yield with_db(pg_admin_dsn, name)
     with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
-        # A test that left capture mode "after-commit" on (tracking/capture.py) leaves a slot, which blocks the drop.
+        # A test that left capture mode "after-commit" on (tracking/capture/) leaves a slot, which blocks the drop.
         admin.execute(
             "select pg_drop_replication_slot(slot_name) from pg_replication_slots where database = %s", (name,)
         )

@@ -224,7 +224,7 @@ def _event(i: int) -> dict:
     }
 
 
-# The previous release's mode, and what this tree's migrate makes of it (tracking/capture.py,
+# The previous release's mode, and what this tree's migrate makes of it (tracking/capture/upgrade.py,
 # upgrade_from_previous_release): wal-tracking is renamed; wal goes to after-commit when its slot and consumer
 # are healthy, else to triggers; each with its reason printed once.
 UPGRADES = {

@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 def _migrate(ctx, args) -> Result:
     applied = migrate(ctx.conn)
-    # A database the previous release left in a capture mode it no longer has (tracking/capture.py).
+    # A database the previous release left in a capture mode it no longer has (tracking/capture/upgrade.py).
     notes = capture.upgrade_from_previous_release(ctx.conn)
     text = f"applied {len(applied)} migration(s): {', '.join(applied)}" if applied else "schema up to date"
     text = "\n".join([text, *notes])

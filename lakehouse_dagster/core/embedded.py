@@ -67,7 +67,7 @@ def _running(pgdata: Path) -> bool:
 
 
 def _logical_wal(server, pgdata: Path, uri: str) -> None:
-    """wal_level = logical, so the maintained digest can be captured from the WAL (tracking/capture.py).
+    """wal_level = logical, so the maintained digest can be captured from the WAL (tracking/capture/).
     Set once per data directory, and only on a server this call started (a restart would cut the
     connections of whoever runs on one it merely attached to). max_slot_wal_keep_size bounds what a
     stalled consumer can hold back: past it the slot is invalidated, never the disk filled."""

@@ -18,7 +18,7 @@ import uuid
 MIGRATE = 0x1A4E_0001  # schema/migrate.py: one migration run at a time (single-bigint form, key = this value)
 DEMO_SEED = 0x1A4E_0D30  # demo/workspace.py: one seeding of the demo at a time (single-bigint form)
 PARITY_FILL = 0x1A4E_0015  # parity/maintained.py: one fill / compaction of a dataset's maintained digest
-CAPTURE_CONSUME = 0x1A4E_0022  # tracking/capture.py: one WAL consumer (or a fill behind it) at a time
+CAPTURE_CONSUME = 0x1A4E_0022  # tracking/capture/: one WAL consumer (or a fill behind it) at a time
 DATASET = 0x1A4E_0100  # core/guards.py G3: one sync / native write / reverse apply / complete batch per dataset
 ADMISSION = 0x1A4E_0200  # core/guards.py G2: one of max_concurrent_ingest slots
 STREAM_SHARD = 0x1A4E_0300  # mirror/stream.py: one stream run per shard (key = shard_count << 16 | shard)

@@ -16,7 +16,7 @@ is applied to ``dataset_rows`` as well, and a rollback needs nothing: Postgres a
   * No echo: the transaction sets ``lakehouse.reverse_apply`` (``set local``), which the change-tracking triggers
     honour (migration 033): no rows_version, rows_xid or row ranges move, so the forward poller, the sweep and the
     recorder see no write of the live app. The digest triggers still run. In capture mode after-commit, where a
-    WAL consumer writes change tracking after the commit (tracking/capture.py) and cannot see the setting, the
+    WAL consumer writes change tracking after the commit (tracking/capture/) and cannot see the setting, the
     transaction also emits a transactional logical message (prefix ``capture.REVERSE_PREFIX``) that the
     consumer's stream carries inside it: the consumer writes no tracking for it and keeps its digest deltas. The
     mode is read under the table lock the capture switch waits for, so it cannot change before the commit.

@@ -11,7 +11,7 @@ re-reading every row on every canary:
 * Postgres, per dataset and segment: statement triggers with transition tables add the hashes of
   inserted rows and subtract those of deleted ones into ``lakehouse_pg_digest_deltas``, in the writing
   transaction (schema/functions/lakehouse_digest_rows.sql) — or, in capture mode "after-commit", a logical decoding
-  consumer does after the app committed (tracking/capture.py). A dataset is maintained once registered and filled (``ensure_pg``).
+  consumer does after the app committed (tracking/capture/). A dataset is maintained once registered and filled (``ensure_pg``).
 
 Segments are fixed: segment = __row_index >> SEG_BITS on both sides, so localisation compares per-segment
 sums and reads rows only in the segments that differ.
@@ -342,7 +342,7 @@ def ensure_pg(
                 raise Unavailable("the dataset's schema changed meanwhile")
             digest_sums.register(conn, dataset_id, canonical.CONTRACT_VERSION, sh, hash_sql)
         outcome = "registered+filled"
-    # In capture mode after-commit the fill runs under the WAL consumer's lock (tracking/capture.py), behind the
+    # In capture mode after-commit the fill runs under the WAL consumer's lock (tracking/capture/), behind the
     # dataset's barrier (tracking/barrier.py), after a catch-up: its snapshot then sees every delta the consumer
     # wrote and the versions it drew, and the consumer, running after it, applies only what it draws a later
     # version for. The barrier lets the writers go once the snapshot is taken; the consumer's lock stays held
@@ -425,7 +425,7 @@ def pg_segments(conn: psycopg.Connection, dataset_id: uuid.UUID, columns: Sequen
     if state[5] and state[3] != state[4]:  # the WAL consumer's sums are as of applied_version
         raise Unavailable(
             f"the WAL consumer has applied this dataset up to version {state[3]}, "
-            f"not yet {state[4]} (tracking/capture.py)"
+            f"not yet {state[4]} (tracking/capture/)"
         )
     rows = digest_sums.segment_sums(conn, dataset_id)
     return nonzero({int(r[0]): (int(r[1]), int(r[2])) for r in rows})

@@ -12,7 +12,7 @@ two processes migrating at once apply every migration once (the second waits, th
 each; ``migrate`` re-applies them (``create or replace function``) after the numbered migrations, every time,
 in one transaction that it rolls back when no definition changed (an up-to-date database is not written to).
 Triggers are never created there: which triggers are enabled is the capture mode's business
-(tracking/capture.py) and ``create or replace function`` leaves it alone.
+(tracking/capture/) and ``create or replace function`` leaves it alone.
 
 The migrations run over app tables that may already exist, hold rows and take the live app's writes (a real
 deployment has them before we arrive): after the DDL, ``migrate`` fills change tracking for the rows that

@@ -1,7 +1,7 @@
 """Capture mode after-commit: change tracking is written after the commit, and stays exact for its readers.
 
 In that mode the app's statement only takes ``pg_advisory_xact_lock_shared(uuid_hash_extended(dataset, 0))``
-per dataset it wrote (migration 024), and the WAL consumer (tracking/capture.py) writes rows_version,
+per dataset it wrote (migration 024), and the WAL consumer (tracking/capture/) writes rows_version,
 max_row_index, rows_rewrite_version and the row-range records afterwards. Every reader of those columns goes
 through ``read_tracking_consistently``: on entry it waits for the dataset's writers in flight (their locks go at
 commit) and holds new ones (a new writer's rows stay uncommitted until it lets go), flushes the WAL and catches

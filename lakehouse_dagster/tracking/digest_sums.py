@@ -1,12 +1,12 @@
 """The owner of ``lakehouse_pg_digest_state`` and ``lakehouse_pg_digest_deltas`` (issue 45): every statement on the
 maintained Postgres digest's registrations and per-segment sums.
 
-In tracking/, the lowest layer that writes them: the WAL consumer (tracking/capture.py) adds and drops sums, the
+In tracking/, the lowest layer that writes them: the WAL consumer (tracking/capture/) adds and drops sums, the
 maintained digest (parity/maintained.py) registers, fills, folds and reads them, the reverse mirror's re-sync
 (mirror/reverse.py) cancels them. The locks and transactions stay with the callers (the datasets row lock of a
 registration, the REPEATABLE READ fill under its fill lock, the fold's transaction, the consumer's lock): every
 function here runs its statements on the caller's connection, inside what the caller holds. Imports nothing of
-tracking/ (capture.py imports it).
+tracking/ (capture/ imports it).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def fold(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
 
 def state_with_applying(conn: psycopg.Connection, dataset_id: uuid.UUID, applying: str) -> tuple | None:
     """(schema_hash, contract_version, filled, applied_version, the dataset's rows_version, ``applying``,
-    hash_sql) in one statement; ``applying`` is the WAL consumer's SQL expression (tracking/capture.py APPLYING),
+    hash_sql) in one statement; ``applying`` is the WAL consumer's SQL expression (tracking/capture/ APPLYING),
     read at the same snapshot."""
     return conn.execute(
         "select s.schema_hash, s.contract_version, s.filled, s.applied_version, d.rows_version, "
@@ -126,7 +126,7 @@ def forget(conn: psycopg.Connection, dataset_id: uuid.UUID) -> None:
     conn.execute("delete from lakehouse_pg_digest_deltas where dataset_id = %s", (dataset_id,))
 
 
-# -- the WAL consumer (tracking/capture.py) -----------------------------------------------------------------
+# -- the WAL consumer (tracking/capture/consumer.py) --------------------------------------------------------
 
 
 def exact_up_to_now(conn: psycopg.Connection) -> None:

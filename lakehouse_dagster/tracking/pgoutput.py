@@ -3,7 +3,7 @@
 
 Only what the digest consumer needs: Begin, Commit, Relation, Insert, Update, Delete, Truncate, and logical
 decoding Messages (``pg_logical_emit_message``; sent only when the peek asks for ``messages 'true'``, PG 14+: the
-reverse mirror marks its transactions with one, tracking/capture.py); the other kinds (Type, Origin) are returned
+reverse mirror marks its transactions with one, tracking/capture/consumer.py); the other kinds (Type, Origin) are returned
 as ``Other``. A column value is text, None (SQL null) or UNCHANGED (an unchanged TOASTed value the message leaves
 out).
 Reference: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html

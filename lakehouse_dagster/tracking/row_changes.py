@@ -36,7 +36,7 @@ class PartialPlan:
 
 
 def record_changes(conn: psycopg.Connection, changes: list[tuple]) -> None:
-    """The change rows the WAL consumer (tracking/capture.py, after-commit mode) computed: (dataset, version,
+    """The change rows the WAL consumer (tracking/capture/consumer.py, after-commit mode) computed: (dataset, version,
     bucket, previous version, min index, max index) each; a row already there stays (a replayed transaction)."""
     with conn.cursor() as cur:
         cur.executemany(

@@ -214,7 +214,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
         with _connect(dsn) as conn:
             applied = migrate(conn)
             _say(f"migrations applied: {', '.join(applied)}" if applied else "schema up to date")
-            for note in capture.upgrade_from_previous_release(conn):  # tracking/capture.py
+            for note in capture.upgrade_from_previous_release(conn):  # tracking/capture/upgrade.py
                 _say(note)
             demo = None
             if not args.no_demo:

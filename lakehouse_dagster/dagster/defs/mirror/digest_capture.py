@@ -1,4 +1,4 @@
-"""The WAL consumer on a timer (tracking/capture.py), so that in capture mode after-commit the slot never holds
+"""The WAL consumer on a timer (tracking/capture/), so that in capture mode after-commit the slot never holds
 much WAL back, and the change tracking never lags far, even when no reader catches it up. In capture mode
 triggers a tick is one query."""
 
