@@ -1,5 +1,5 @@
-"""Every exception of routing's own (issue 45). A read nothing can serve is core's ``ReadRefused`` (the flags'
-gates and the service raise it too); what only the structured reads' Iceberg executor refuses is here.
+"""Every exception of routing's own (issue 45). A read nothing can serve stays core's ``ReadRefused``, beside
+``FlipRefused`` (both exit 6 and 409); what only the structured reads' Iceberg executor refuses is here.
 """
 
 from __future__ import annotations
