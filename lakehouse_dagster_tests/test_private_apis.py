@@ -102,7 +102,7 @@ def test_importing_refuses_on_an_untested_version():
     )
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("lakehouse_dagster.core.private_apis.UntestedVersion: lakehouse_dagster: dagster 1.14.0 ")
+    assert last.startswith("lakehouse_dagster.core.errors.UntestedVersion: lakehouse_dagster: dagster 1.14.0 ")
     assert "tested only with dagster 1.13.27: install dagster==1.13.27" in last
 
 

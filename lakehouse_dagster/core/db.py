@@ -12,12 +12,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from lakehouse_dagster.core.embedded import embedded_running, start_embedded
-from lakehouse_dagster.core.errors import LakehouseError, NotFound
+from lakehouse_dagster.core.errors import LakehouseError, NoDatabase
 from lakehouse_dagster.core.settings import Settings
-
-
-class NoDatabase(NotFound):
-    """No lakehouse database where this process looks (no DSN, and no embedded server runs under the home)."""
 
 
 def no_database_message(settings: Settings) -> str:

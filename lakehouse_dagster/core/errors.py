@@ -1,4 +1,10 @@
-"""One exception family, so the CLI and the ops can print a one-line reason and pick an exit code."""
+"""One exception family, so the CLI and the ops can print a one-line reason and pick an exit code.
+
+The base ``LakehouseError`` (its ``exit_code``, ``transient`` and optional ``http_status``) and the errors every
+layer raises live here; a capability's own are in its package's errors.py (lake/, lifecycle/, mirror/, parity/,
+routing/, service/, sources/, tracking/: issue 45). They are translated at the edges only: the CLI's exit code,
+the service's HTTP status (service/errors.py), the client's exception back (service/client.py). This module
+imports nothing heavy: the CLI's ``--help`` loads it."""
 
 import errno
 import sys
@@ -91,6 +97,21 @@ class DiskFull(SyncFailed):
 
     exit_code = 75  # EX_TEMPFAIL: try again, once there is room
     transient = True
+
+
+class NoDatabase(NotFound):
+    """No lakehouse database where this process looks (no DSN, and no embedded server runs under the home)."""
+
+
+# Not operator refusals: RuntimeErrors on purpose, so no caller that catches a LakehouseError swallows them.
+class FailpointError(RuntimeError):
+    """Raised by a failpoint armed with ``:raise`` (core/failpoints.py)."""
+
+
+class UntestedVersion(RuntimeError):
+    """An installed version the private uses of core/private_apis.py were not tested with. Not an ImportError on
+    purpose: code that treats a missing optional module as "not available" (a forkserver preload, a feature probe)
+    must not swallow it."""
 
 
 def no_space(exc: BaseException | None) -> OSError | None:

@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 
-from lakehouse_dagster.core.errors import BadInput
+from lakehouse_dagster.core.errors import BadInput, FailpointError
 
 ENV = "LAKEHOUSE_FAILPOINT"
 
@@ -46,10 +46,6 @@ POINTS = (
     "complete-export-after-chunk",  # runbooks/complete/: a chunk of a complete's export written, its file not whole
 )
 ACTIONS = ("kill", "raise", "oserror", "sigint", "sigterm", "stop")
-
-
-class FailpointError(RuntimeError):
-    """Raised by a failpoint armed with ``:raise``."""
 
 
 _lock = threading.Lock()

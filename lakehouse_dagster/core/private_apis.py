@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lakehouse_dagster.core.errors import UntestedVersion
+
 # The versions each private use below was tested with (distribution name → versions); pyproject.toml pins the last.
 TESTED: dict[str, tuple[str, ...]] = {
     "dagster": ("1.13.27",),
@@ -41,12 +43,6 @@ TESTED: dict[str, tuple[str, ...]] = {
 TESTED_PYTHON: tuple[str, ...] = ("3.11",)
 
 SHIM = "lakehouse_dagster/core/private_apis.py"
-
-
-class UntestedVersion(RuntimeError):
-    """An installed version the private uses of this module were not tested with. Not an ImportError on purpose:
-    code that treats a missing optional module as "not available" (a forkserver preload, a feature probe) must not
-    swallow it."""
 
 
 def _installed_version(dist: str) -> str | None:

@@ -38,8 +38,8 @@ from pyiceberg.table.update import (
 )
 
 from lakehouse_dagster.core import private_apis
-from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none
+from lakehouse_dagster.lake.errors import CopyRefused
 
 # (the type: ignore[call-arg] below: pyiceberg's update models take their field names, populate_by_name; the
 # pydantic plugin knows only their aliases, "schema", "schema-id"...)
@@ -48,11 +48,6 @@ HOWS = ("register", "replay")
 # The table properties the project writes (lake/writer.py, lake/foreign.py): the target holds exactly the source's.
 # Others a catalog may add of its own (SeaweedFS adds schema.name-mapping.default); they are left to it.
 OURS = "lakehouse."
-
-
-class CopyRefused(LakehouseError):
-    """A table this run cannot move as it is (diverged, or a catalog that does not do what it was asked): nothing of
-    it was changed in the target, the message says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

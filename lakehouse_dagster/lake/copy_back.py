@@ -7,7 +7,7 @@
     back holds the value the mirror types back to the same Iceberg value;
   * ``counted``: a data-changing statement as a query returning how many rows it changed;
   * ``rows_batches``: the same jsonb built client-side, for a binary COPY straight into ``dataset_rows`` (the
-    reverse's full re-sync), or ``Unsupported`` where it cannot be reproduced exactly.
+    reverse's full re-sync), or ``ClientJsonbUnsupported`` where it cannot be reproduced exactly.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from psycopg import sql
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
+from lakehouse_dagster.lake.errors import ClientJsonbUnsupported
 from lakehouse_dagster.lake.reader import read_files
 from lakehouse_dagster.tracking.datasets import Column
 
@@ -108,11 +109,6 @@ ROWS_SCHEMA = pa.schema(
 )
 
 
-class Unsupported(Exception):
-    """A value the client cannot write exactly as the pg path's jsonb expression does: the caller takes the
-    staging path (``data_expr``) instead."""
-
-
 def client_jsonb_supported(columns: Sequence[Column], names: Sequence[str]) -> bool:
     """Whether ``rows_batches`` can build these columns' jsonb (every identity column present, known types)."""
     return all(n in names for n in IDENTITY) and all(c.type in _ARROW_TYPES for c in columns)
@@ -152,7 +148,7 @@ def _json_value_guard(a: pa.Array) -> None:
         return
     deeper = pc.replace_substring_regex(pc.filter(a, pc.invert(ok)), _STR, '""')
     if not pc.all(pc.match_substring_regex(deeper, _ONE_MASKED_8)).as_py():
-        raise Unsupported("a json value that is not one JSON value (or nested deeper than 8)")
+        raise ClientJsonbUnsupported("a json value that is not one JSON value (or nested deeper than 8)")
 
 
 def _civil(days: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -218,7 +214,7 @@ def _date_texts(a: pa.Array) -> pa.Array:
 def _value_texts(col: Column, a: pa.Array) -> pa.Array:
     """One column's values as the JSON text jsonb_build_object writes for them (``data_expr``), nulls as null."""
     if not a.type.equals(_ARROW_TYPES[col.type]):
-        raise Unsupported(f"column {col.name!r} reads as {a.type}")
+        raise ClientJsonbUnsupported(f"column {col.name!r} reads as {a.type}")
     if col.type == "string":
         return _json_string(a)
     if col.type == "json":
@@ -239,12 +235,12 @@ def _value_texts(col: Column, a: pa.Array) -> pa.Array:
     if col.type == "timestamp":  # JSON's (XSD) timestamp in UTC, trailing zeros of the fraction dropped
         lo, hi = pc.min_max(a.cast(pa.int64())).values()
         if lo.is_valid and (lo.as_py() < _US_MIN or hi.as_py() > _US_MAX):
-            raise Unsupported(f"column {col.name!r} holds a timestamp outside years 1-9999")
+            raise ClientJsonbUnsupported(f"column {col.name!r} holds a timestamp outside years 1-9999")
         t = pc.replace_substring_regex(_timestamp_texts(a), "0+$", "")
         return pc.binary_join_element_wise('"', pc.replace_substring_regex(t, r"\.$", ""), '+00:00"', "")
     lo, hi = pc.min_max(a.cast(pa.int32())).values()  # date
     if lo.is_valid and (lo.as_py() < _DAY_MIN or hi.as_py() > _DAY_MAX):
-        raise Unsupported(f"column {col.name!r} holds a date outside years 1-9999")
+        raise ClientJsonbUnsupported(f"column {col.name!r} holds a date outside years 1-9999")
     return pc.binary_join_element_wise('"', _date_texts(a), '"', "")
 
 
@@ -270,18 +266,18 @@ def _uuid_bytes(a: pa.Array) -> pa.Array:
     """Canonical uuid texts as their 16 bytes (uuid's binary COPY form), vectorised."""
     n = len(a)
     if a.null_count or a.type != pa.string():
-        raise Unsupported("a row id that is null")
+        raise ClientJsonbUnsupported("a row id that is null")
     offsets = np.frombuffer(a.buffers()[1], np.int32)[a.offset : a.offset + n + 1]
     if n == 0:
         return pa.array([], pa.binary(16))
     if not np.all(np.diff(offsets) == 36):
-        raise Unsupported("a row id not in the canonical 36-character form")
+        raise ClientJsonbUnsupported("a row id not in the canonical 36-character form")
     raw = np.frombuffer(a.buffers()[2], np.uint8)[offsets[0] : offsets[0] + 36 * n].reshape(n, 36)
     if not np.all(raw[:, [8, 13, 18, 23]] == ord("-")):
-        raise Unsupported("a row id not in the canonical 36-character form")
+        raise ClientJsonbUnsupported("a row id not in the canonical 36-character form")
     nib = _HEX[raw[:, _UUID_HEX]]
     if np.any(nib == 255):
-        raise Unsupported("a row id that is not hexadecimal")
+        raise ClientJsonbUnsupported("a row id that is not hexadecimal")
     out = np.ascontiguousarray((nib[:, 0::2] << 4) | nib[:, 1::2])
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(16), n, [None, pa.py_buffer(out.tobytes())])
 
@@ -290,7 +286,7 @@ def rows_batches(reader: pa.RecordBatchReader, dataset_id, columns: Sequence[Col
     """The snapshot's batches as ``dataset_rows`` rows (``ROWS_COLUMNS``) for a binary COPY into the table itself:
     uuids as their 16 bytes, ``data`` as jsonb's binary form (version 1 and the text) built here, vectorised, as the
     pg path's expression builds it (``data_expr``: every column, nulls as JSON null; floats in their shortest text,
-    NaN/±Infinity as strings; timestamps as UTC XSD texts; json columns as their value). Raises Unsupported
+    NaN/±Infinity as strings; timestamps as UTC XSD texts; json columns as their value). Raises ClientJsonbUnsupported
     (before or during the stream) for what it cannot reproduce exactly."""
     ds = pa.scalar(dataset_id.bytes, pa.binary(16))
     keys = [json.dumps(c.name) + ": " for c in columns]
@@ -308,7 +304,7 @@ def rows_batches(reader: pa.RecordBatchReader, dataset_id, columns: Sequence[Col
         index = batch.column("__row_index")
         created = batch.column("__created_at")
         if index.null_count or not created.type.equals(_ARROW_TYPES["timestamp"]):
-            raise Unsupported("a row index that is null")
+            raise ClientJsonbUnsupported("a row index that is null")
         yield pa.RecordBatch.from_arrays(
             [pa.repeat(ds, n), index, _uuid_bytes(batch.column("__row_id")), created, data.cast(pa.binary())],
             schema=ROWS_SCHEMA,

@@ -2,13 +2,8 @@
 (store.py), the one lock (lock.py), and ``transition``, which every verb that moves a dataset runs under
 (transition.py). docs/lifecycle.md is the specification; test_lifecycle.py checks it against ``TRANSITIONS``."""
 
-from lakehouse_dagster.lifecycle.authority import (
-    WriteRefused,
-    check_authority,
-    facts_of_row,
-    write_hold,
-    write_lock_statements,
-)
+from lakehouse_dagster.lifecycle.authority import check_authority, facts_of_row, write_hold, write_lock_statements
+from lakehouse_dagster.lifecycle.errors import LifecycleRefused, WriteRefused
 from lakehouse_dagster.lifecycle.states import (
     AUTHORITY,
     COMPLETE,
@@ -35,7 +30,7 @@ from lakehouse_dagster.lifecycle.states import (
     next_steps,
 )
 from lakehouse_dagster.lifecycle.store import history, state_counts
-from lakehouse_dagster.lifecycle.transition import LifecycleRefused, current, stored_states, transition, versions
+from lakehouse_dagster.lifecycle.transition import current, stored_states, transition, versions
 
 __all__ = [
     "AUTHORITY",

@@ -11,19 +11,11 @@ from __future__ import annotations
 
 import uuid
 
-from lakehouse_dagster.core.errors import LakehouseError
+from lakehouse_dagster.lifecycle.errors import WriteRefused
 from lakehouse_dagster.lifecycle.lock import write_hold, write_lock_statements
 from lakehouse_dagster.lifecycle.states import COMPLETE, COMPLETING, ICEBERG, POSTGRES, RESTORING, Facts
 
-__all__ = ["WriteRefused", "check_authority", "facts_of_row", "write_hold", "write_lock_statements"]
-
-
-class WriteRefused(LakehouseError):
-    """A write aimed at the store that is not the dataset's truth; nothing was written. Not transient: the same
-    write is refused again until an operator moves the writer or the dataset."""
-
-    exit_code = 6
-    transient = False
+__all__ = ["check_authority", "facts_of_row", "write_hold", "write_lock_statements"]
 
 
 def facts_of_row(row) -> Facts | None:

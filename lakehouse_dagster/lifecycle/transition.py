@@ -18,18 +18,14 @@ from collections.abc import Callable, Iterator, Sequence
 
 import psycopg
 
-from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.lifecycle import store
+from lakehouse_dagster.lifecycle.errors import LifecycleRefused
 from lakehouse_dagster.lifecycle.lock import lock_dataset, lock_every_dataset
 from lakehouse_dagster.lifecycle.states import MIRROR, OBSERVE, PG, Facts, allowed, illegal, next_steps
 from lakehouse_dagster.tracking.datasets import lookup, scopes
 
 Derive = Callable[[psycopg.Connection, list[uuid.UUID]], dict[uuid.UUID, Facts]]
 _SHOWN = 20
-
-
-class LifecycleRefused(FlipRefused):
-    """A verb would move a dataset where the lifecycle does not go (lifecycle/states.py); nothing was written."""
 
 
 @dataclasses.dataclass

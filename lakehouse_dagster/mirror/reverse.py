@@ -50,7 +50,6 @@ from lakehouse_dagster.lake.copy_back import (
     IDENTITY,
     ROWS_SCHEMA,
     Prefetched,
-    Unsupported,
     client_jsonb_supported,
     counted,
     data_expr,
@@ -58,8 +57,10 @@ from lakehouse_dagster.lake.copy_back import (
     rows_batches,
     snapshot_batches,
 )
+from lakehouse_dagster.lake.errors import ClientJsonbUnsupported
 from lakehouse_dagster.lake.foreign import live_rows
 from lakehouse_dagster.mirror import reverse_lag
+from lakehouse_dagster.mirror.errors import PostgresWritten
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.mirror.reverse_refusals import _refusal, _refuse, _refuse_postgres_written
 from lakehouse_dagster.mirror.reverse_state import (
@@ -70,7 +71,6 @@ from lakehouse_dagster.mirror.reverse_state import (
     GUC,
     NOOP,
     CommitCursor,
-    PostgresWritten,
     ReverseBatch,
     ReversePosition,
     ReverseResult,
@@ -390,7 +390,7 @@ def _apply(  # noqa: C901
                     for b in paced(iter(pre), share):  # LAKEHOUSE_REVERSE_RESYNC_SHARE: room for the live app
                         rows[0] += b.num_rows
                         yield b
-                except Unsupported as exc:
+                except ClientJsonbUnsupported as exc:
                     unsupported.append(str(exc))
                     raise
 

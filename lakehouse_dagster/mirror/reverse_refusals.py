@@ -12,7 +12,8 @@ import psycopg
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reverse_setting import reverse_enabled
-from lakehouse_dagster.mirror.reverse_state import PostgresWritten, ReversePosition
+from lakehouse_dagster.mirror.errors import PostgresWritten
+from lakehouse_dagster.mirror.reverse_state import ReversePosition
 from lakehouse_dagster.tracking import capture, undeclared
 from lakehouse_dagster.tracking.datasets import Column, lookup
 from lakehouse_dagster.tracking.datasets import rows as dataset_rows

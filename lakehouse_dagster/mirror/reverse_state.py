@@ -13,7 +13,6 @@ from collections.abc import Callable
 import psycopg
 from pyiceberg.catalog import Catalog
 
-from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reverse_setting import reverse_settings
@@ -46,15 +45,6 @@ class ReversePosition:
             "dataset_id": str(self.dataset_id),
             "applied_at": self.applied_at.isoformat(),
         }
-
-
-class PostgresWritten(LakehouseError):
-    """Something other than the reverse mirror wrote a native dataset's dataset_rows since the last apply: those rows
-    are not in Iceberg (the truth), and an apply could only re-sync them away. Refused, nothing written; not
-    transient — an operator decides (see the message)."""
-
-    exit_code = 6
-    transient = False
 
 
 def positions(conn: psycopg.Connection, dataset_ids: list[uuid.UUID]) -> dict[uuid.UUID, ReversePosition]:

@@ -48,21 +48,14 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.types import LongType
 
-from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.lake.schema import arrow_type
 from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.compute_sql import DUCKDB, Frag, T, conditions, rows_query
+from lakehouse_dagster.routing.errors import CannotServe
 from lakehouse_dagster.routing.request import ROW_INDEX, Bound, Cmp, Logic, Plan, referenced
 
 BATCH_ROWS = 65_536
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-
-
-class CannotServe(LakehouseError):
-    """The Iceberg executor cannot answer this read exactly (the reason says why); nothing was read."""
-
-    exit_code = 2
-    http_status = 400
 
 
 _databases: dict[int | None, Any] = {}

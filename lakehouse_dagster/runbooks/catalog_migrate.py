@@ -26,6 +26,7 @@ from lakehouse_dagster.core.guards import dataset_lock
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake import catalog_copy
 from lakehouse_dagster.lake.catalog import load_catalog, load_table_or_none, table_identifier
+from lakehouse_dagster.lake.errors import CopyRefused
 from lakehouse_dagster.parity import verdicts
 from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.parity.digest import pin_iceberg
@@ -179,7 +180,7 @@ def _copy_and_verify(
         if created:
             target.drop_table(ident)  # never purge: the files are the source's
             undo = "; the target's table was dropped again"
-        raise catalog_copy.CopyRefused(f"the moved table differs: {'; '.join(problems)}{undo}")
+        raise CopyRefused(f"the moved table differs: {'; '.join(problems)}{undo}")
     moved.outcome = {"create": "moved", "catch-up": "caught-up"}.get(step.action, step.action)
     moved.snapshots = step.snapshots if step.action != "already" else 0
     moved.detail = f"{time.perf_counter() - started:.2f}s"

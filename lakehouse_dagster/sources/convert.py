@@ -27,20 +27,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lakehouse_dagster.lake.schema import arrow_type
+from lakehouse_dagster.sources.errors import BadValue
 from lakehouse_dagster.tracking.datasets import Column
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _INT_TEXT = r"^[+-]?[0-9]+$"
 _FLOAT_TEXT = r"^([+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|NaN|Infinity|-Infinity)$"
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-class BadValue(ValueError):
-    """A value that does not fit its column: where it is and what kind of value it was."""
-
-    def __init__(self, index: int, column: str, expected: str, got: str):
-        super().__init__(f"row {index} column {column}: expected {expected}, got {got}")
-        self.index, self.column, self.expected, self.got = index, column, expected, got
 
 
 def target_schema(columns: Sequence[Column]) -> pa.Schema:

@@ -20,9 +20,10 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from lakehouse_dagster.core.errors import BadInput, SyncFailed
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.sources.convert import BadValue, convert_batch, convert_records, loads
+from lakehouse_dagster.sources.convert import convert_batch, convert_records, loads
+from lakehouse_dagster.sources.errors import BadValue, SourceError
 from lakehouse_dagster.sources.spec import SourceSpec
 from lakehouse_dagster.tracking.datasets import Column
 
@@ -40,11 +41,6 @@ class SourceFile:
     @property
     def fingerprint(self) -> str:
         return f"{self.size}:{self.mtime_ns}"
-
-
-class SourceError(SyncFailed):
-    """A source that cannot be read, or a value in it that does not fit — located (file + row, or table + row
-    and cursor), never showing the value."""
 
 
 def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:

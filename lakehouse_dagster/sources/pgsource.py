@@ -20,8 +20,8 @@ from psycopg import sql
 
 from lakehouse_dagster.core.db import adbc_uri, fetch_one, fetch_value, redact
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.sources.convert import BadValue, convert_batch
-from lakehouse_dagster.sources.files import SourceError
+from lakehouse_dagster.sources.convert import convert_batch
+from lakehouse_dagster.sources.errors import BadValue, SourceError
 from lakehouse_dagster.sources.spec import SourceSpec
 from lakehouse_dagster.tracking.datasets import Column
 

@@ -49,7 +49,8 @@ from lakehouse_dagster.lake.writer import MAX_ROW_INDEX, WRITE_PATH, CommitEntri
 from lakehouse_dagster.mirror.sync import reap_abandoned
 from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.routing.write_router import WriteDecision, resolve_write_path, route_native
-from lakehouse_dagster.sources.files import SourceError, list_files, read_files
+from lakehouse_dagster.sources.errors import SourceError
+from lakehouse_dagster.sources.files import list_files, read_files
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.sources.pgsource import fingerprint, max_mark, read_postgres, scrub
 from lakehouse_dagster.sources.spec import WRITERS, SourceSpec

@@ -14,16 +14,14 @@ from __future__ import annotations
 import dataclasses
 import struct
 
+from lakehouse_dagster.tracking.errors import ProtocolError
+
 UNCHANGED = object()  # 'u': an unchanged TOASTed value, not sent
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
-
-
-class ProtocolError(Exception):
-    """A message this parser does not understand: the consumer stops instead of guessing."""
 
 
 @dataclasses.dataclass(frozen=True)
