@@ -32,6 +32,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.soak_setting import store_value, stored_value
 
@@ -136,6 +137,53 @@ def threshold(conn: psycopg.Connection, settings: Settings | None = None, *, app
     if stored is not None:
         return Threshold(int(str(stored.value)), STORED, stored.set_by, stored.set_at)
     return Threshold(settings.shadow_proof_reads, ENV if settings.shadow_proof_reads_given else DEFAULT)
+
+
+MAX_PROOF_READS = 1_000_000  # a bar no reader's sampled reads reach in months: anything above is a typo
+
+
+def check_reads(reads: object) -> int:
+    """A threshold in whole comparisons, 1 to MAX_PROOF_READS; BadInput naming what was wrong."""
+    try:
+        value = int(str(reads).strip())
+    except ValueError:
+        raise BadInput(
+            f"shadow proof threshold {reads!r} is not a whole number of comparisons (e.g. 300, the default)"
+        ) from None
+    if value < 1:
+        raise BadInput(f"shadow proof threshold {value} is below 1; a flip needs at least one comparison in a row")
+    if value > MAX_PROOF_READS:
+        raise BadInput(
+            f"shadow proof threshold {value} is over {MAX_PROOF_READS:,}; give the comparisons in a row, e.g. 300"
+        )
+    return value
+
+
+def set_threshold(
+    conn: psycopg.Connection, reads: object, *, note: str | None, actor: str | None
+) -> tuple[Threshold | None, Threshold]:
+    """Store the threshold for every process on the database (audited); (before, after). Validates the value, the
+    note and the actor before writing anything."""
+    value = check_reads(reads)
+    note = (note or "").strip() or None
+    if note and len(note) > 1000:
+        raise BadInput(f"--note is {len(note)} characters; keep it under 1000")
+    if not actor or not actor.strip():
+        raise BadInput("no actor: set LAKEHOUSE_ACTOR to who is making the change")
+    before = stored_value(conn, PROOF_READS)
+    after = store_value(conn, PROOF_READS, value, note=note, actor=actor.strip())
+    was = None if before is None else Threshold(int(str(before.value)), STORED, before.set_by, before.set_at)
+    return was, Threshold(value, STORED, after.set_by, after.set_at)
+
+
+def threshold_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
+    """The threshold's audit, newest first: every store, by this verb or by a gate applying its process' value."""
+    rows = conn.execute(
+        "select id, at, before_value, after_value, note, actor from lakehouse_settings_audit"
+        " where name = %s order by id desc limit %s",
+        (PROOF_READS, limit),
+    ).fetchall()
+    return [{"id": r[0], "at": r[1], "before": r[2], "after": r[3], "note": r[4], "actor": r[5]} for r in rows]
 
 
 def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | None = None) -> int:

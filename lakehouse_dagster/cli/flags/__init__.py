@@ -2,7 +2,7 @@
 
 The verbs' argparse table is here (``register``); each capability's handlers sit in their own module: ``crud``
 (list, set, clear, history), ``flips`` (flip, candidates), ``complete`` (backfill, complete), ``soak``, ``readers``,
-``reverse``, ``read``; ``shared`` holds the scope options and the change's data they all print. Every module imports
+``reverse``, ``read``, ``proof``; ``shared`` holds the scope options and the change's data they all print. Every module imports
 its machinery inside the functions that run (a fast ``--help``, test_cli_start.py).
 """
 
@@ -12,6 +12,7 @@ from lakehouse_dagster.cli.common import add_command
 from lakehouse_dagster.cli.flags.complete import _backfill, _complete
 from lakehouse_dagster.cli.flags.crud import _clear, _history, _list, _set
 from lakehouse_dagster.cli.flags.flips import _candidates, _flip, _flip_args, _wflip
+from lakehouse_dagster.cli.flags.proof import _proof_args
 from lakehouse_dagster.cli.flags.read import _read
 from lakehouse_dagster.cli.flags.readers import _readers_args
 from lakehouse_dagster.cli.flags.reverse import _reverse_args
@@ -67,6 +68,7 @@ def register(sub) -> None:
         if kind == READ:
             parsers += _readers_args(actions)
             parsers += _soak_args(actions)
+            parsers += _proof_args(actions)
         if kind == WRITE:
             wf = add_command(
                 actions,
