@@ -454,7 +454,9 @@ def test_row_ids_and_keyset_pages_over_many_row_groups(conn, small_groups, monke
     got = assert_equal(conn, small_groups, {"row_ids": [ids[5]], "columns": ["i", "s"]})
     assert got.num_rows == 1
     # the ids of every row group (8 + 4), the other columns of the one holding the id
-    assert len(reads) == 12 + 1 and [cols for cols in reads if cols != ["__row_id"]] == [["__row_index", "i", "s"]], reads
+    assert len(reads) == 12 + 1 and [cols for cols in reads if cols != ["__row_id"]] == [["__row_index", "i", "s"]], (
+        reads
+    )
     for body in (
         {"row_ids": [ids[0], ids[9], ids[10], ids[31], ids[44]]},  # several groups of both files, every column
         {"row_ids": [ids[3], ids[40]], "columns": ["__row_id"]},  # nothing read but the ids

@@ -238,7 +238,7 @@ class _Files:
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=wanted):
                     yield self._shape(batch, in_file)
 
-    def _by_row_id(self, pf: pq.ParquetFile, groups: list[int], wanted: list[str], in_file: dict) -> Iterator:
+    def _by_row_id(self, pf: pq.ParquetFile, groups: list[int], wanted: list, in_file: dict) -> Iterator:
         """The rows of ``groups`` whose __row_id is asked for: the __row_id column first (decoded once), the other
         columns only of the row groups where it matched."""
         col = _file_column(pf, self.row_id_field, ROW_ID)
