@@ -1,6 +1,6 @@
 """Structured reads (issue 43): the Iceberg executor against the Postgres executor, same run, same request.
 
-    nice .venv/bin/python bench/bench_read_compute.py [--rows 1000000] [--repeat 5]
+    nice .venv/bin/python bench/bench_read_compute.py [--rows 1000000] [--repeat 5] [--layouts before,after]
 
 Makes a dashboard-shaped dataset of --rows rows in Postgres (a string `category` of 100 values, a float64
 `amount` with a NaN and ±Infinity now and then, an int64 `qty`, a date, a note), mirrors it to Iceberg with the real
@@ -13,14 +13,23 @@ mirror, then times, p50 of --repeat runs each, engines alternating:
               read with every read sampled (the Iceberg side computed by the shadow workers meanwhile) against none
               sampled, the request path's own cost of offering one (draw, request dump, queue put), and the outcomes
 
-and prints the ratios (Postgres p50 / Iceberg p50) and that both executors gave the same answer. Starts its own
-embedded Postgres when LAKEHOUSE_PG_DSN is unset. Not a test: nothing here gates CI.
+and prints the ratios (Postgres p50 / Iceberg p50) and that both executors gave the same answer.
+
+``--layouts before,after`` (the default) mirrors the same rows twice per round (``--mirror-rounds``, alternating, a
+fresh table each time): ``before`` is the mirror's Parquet layout before issue 43's readers-perf (one row group per
+incoming batch, ``lake/write_files.ROW_GROUP_ROWS = 0``), ``after`` today's (row groups of ``ROW_GROUP_ROWS`` rows).
+It prints each layout's mirror time (best and p50 of the rounds, rows/s, after ÷ before), times every read case on
+both tables (the same reader code: the layout's own effect), and the floors: pyiceberg's planning of the snapshot's
+files, reading one row group whole, and decoding the ``__row_id`` column of every row group (what 100 ``row_ids``
+cannot go below without a bloom filter or an index). The load average is printed at the start and the end.
+Starts its own embedded Postgres when LAKEHOUSE_PG_DSN is unset. Not a test: nothing here gates CI.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -73,6 +82,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON too")
     ap.add_argument(
+        "--layouts",
+        default="before,after",
+        help="mirror layouts to compare in this run: before (one row group per batch), after (ROW_GROUP_ROWS rows)",
+    )
+    ap.add_argument("--mirror-rounds", type=int, default=2, help="mirrors per layout, alternating (default 2)")
+    ap.add_argument(
         "--cases",
         default="aggregate,keyset,row_ids,shadow",
         help="which of aggregate, keyset, row_ids, shadow to run (comma-separated)",
@@ -90,8 +105,8 @@ def main(argv=None) -> int:
     from lakehouse_dagster.routing.request import bind, parse_query
     from lakehouse_dagster.tracking import datasets
 
+    print(f"load average at start: {_load()}")
     dsn = fresh_database(admin_dsn(), "bench_read_compute")
-    settings, catalog = mirror_settings(dsn, "bench_read_compute")
     t = time.perf_counter()
     with connect(dsn) as conn:
         ws = datasets.create_workspace(conn, "bench")
@@ -103,15 +118,50 @@ def main(argv=None) -> int:
         )
         conn.execute("vacuum analyze dataset_rows")
     made = time.perf_counter() - t
-    t = time.perf_counter()
-    snapshot_id = sync_dataset(dsn, catalog, settings, d).snapshot_id
-    mirrored = time.perf_counter() - t
-    print(f"{args.rows:,} rows: made in {made:.1f} s, mirrored in {mirrored:.1f} s (snapshot {snapshot_id})")
+    print(f"{args.rows:,} rows made in {made:.1f} s")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if not layouts or any(x not in LAYOUTS for x in layouts):
+        ap.error(f"--layouts: give before, after or both, not {args.layouts!r}")
+    mirrored: dict[str, list[float]] = {x: [] for x in layouts}
+    cpu: dict[str, list[float]] = {x: [] for x in layouts}  # this process' CPU (the mirror's reads, typing, writes)
+    tables: dict[str, tuple] = {}
+    for r in range(max(1, args.mirror_rounds)):
+        for layout in layouts if r % 2 == 0 else layouts[::-1]:
+            settings, catalog = mirror_settings(dsn, f"bench_read_compute_{layout}_{r}")
+            with _layout(layout):
+                t, c = time.perf_counter(), time.process_time()
+                snapshot_id = sync_dataset(dsn, catalog, settings, d).snapshot_id
+                mirrored[layout].append(time.perf_counter() - t)
+                cpu[layout].append(time.process_time() - c)
+            tables[layout] = (settings, catalog, snapshot_id)
+    figures: dict[str, dict] = {"mirror": {}}
+    for layout, times in mirrored.items():
+        best, best_cpu = min(times), min(cpu[layout])
+        figures["mirror"][layout] = {
+            "best_s": round(best, 2),
+            "p50_s": round(statistics.median(times), 2),
+            "best_cpu_s": round(best_cpu, 2),
+        }
+        print(
+            f"mirror {layout:6s}  best {best:7.2f} s  p50 {statistics.median(times):7.2f} s  "
+            f"{args.rows / best:,.0f} rows/s  cpu best {best_cpu:7.2f} s  "
+            f"(rounds: {', '.join(f'{x:.2f}' for x in times)} s wall; {', '.join(f'{x:.2f}' for x in cpu[layout])} s cpu)"
+        )
+    if len(mirrored) == 2:
+        ratio = min(mirrored["after"]) / min(mirrored["before"])
+        cpu_ratio = min(cpu["after"]) / min(cpu["before"])
+        figures["mirror"]["after_over_before"] = round(ratio, 3)
+        figures["mirror"]["after_over_before_cpu"] = round(cpu_ratio, 3)
+        print(
+            f"mirror after ÷ before, best of each: wall {ratio:.3f}, cpu {cpu_ratio:.3f} "
+            f"(no more than 5 % slower: wall {ratio <= 1.05}, cpu {cpu_ratio <= 1.05})"
+        )
+    settings, catalog, snapshot_id = tables[layouts[-1]]
 
-    figures: dict[str, dict] = {}
     with connect(dsn) as conn:
         dataset = datasets.get_dataset(conn, d)
-        table = load_dataset_table(catalog, settings, d)
+        loaded = {x: load_dataset_table(cat, st, d) for x, (st, cat, _) in tables.items()}
+        snaps = {x: snap for x, (_, _, snap) in tables.items()}
         ids = [r[0] for r in conn.execute("select row_id::text from dataset_rows where dataset_id = %s", (d,))]
         rng = random.Random(43)
         cases = {"aggregate": AGGREGATE}
@@ -125,25 +175,101 @@ def main(argv=None) -> int:
             if not name.startswith(wanted):
                 continue
             plan = bind(parse_query(body), dataset)
-            ice_p50, ice = _p50(lambda: read_iceberg_compute(table, snapshot_id, plan), args.repeat)
+            ice: dict[str, float] = {}
+            outs = []
+            for layout, table in loaded.items():
+                ice[layout], out = _p50(
+                    lambda table=table, snap=snaps[layout]: read_iceberg_compute(table, snap, plan), args.repeat
+                )
+                outs.append(out)
             pg_p50, pg = _p50(lambda: read_postgres_compute(conn, dataset, plan), args.repeat)
-            same = compare(pg, ice, plan.ordered) is None  # type: ignore[arg-type]
+            same = all(compare(pg, o, plan.ordered) is None for o in outs)  # type: ignore[arg-type]
+            head = layouts[-1]
             figures[name] = {
-                "iceberg_p50_s": round(ice_p50, 4),
+                "iceberg_p50_s": round(ice[head], 4),
+                **{f"iceberg_{x}_p50_s": round(v, 4) for x, v in ice.items()},
                 "postgres_p50_s": round(pg_p50, 4),
-                "ratio": round(pg_p50 / ice_p50, 1),
-                "rows": ice.num_rows,  # type: ignore[attr-defined]
+                "ratio": round(pg_p50 / ice[head], 1),
+                "rows": out.num_rows,  # type: ignore[attr-defined]
                 "same_answer": same,
             }
+            by_layout = "   ".join(f"iceberg[{x}] {v * 1000:8.1f} ms" for x, v in ice.items())
+            gain = f"   before/after {ice['before'] / ice['after']:5.2f}×" if len(ice) == 2 else ""
             print(
-                f"{name:16s} iceberg p50 {ice_p50 * 1000:8.1f} ms   postgres p50 {pg_p50 * 1000:8.1f} ms   "
-                f"postgres/iceberg {pg_p50 / ice_p50:6.1f}×   {ice.num_rows} rows   same answer: {same}"  # type: ignore[attr-defined]
+                f"{name:16s} {by_layout}   postgres {pg_p50 * 1000:8.1f} ms   postgres/iceberg "
+                f"{pg_p50 / ice[head]:6.1f}×{gain}   {out.num_rows} rows   same answer: {same}"  # type: ignore[attr-defined]
+            )
+        for layout, table in loaded.items():
+            figures[f"floors[{layout}]"] = floors = _floors(table, snaps[layout], args.repeat)
+            print(
+                f"floors[{layout}]  plan files {floors['plan_files_ms']:.1f} ms   one row group whole "
+                f"({floors['row_group_rows']:,} rows) {floors['one_row_group_ms']:.1f} ms   every __row_id decoded "
+                f"{floors['row_ids_column_ms']:.1f} ms ({floors['row_groups']} row groups)"
             )
         if "shadow" in wanted:
             figures["shadow"] = _shadow(conn, dsn, catalog, settings, d, args.repeat)
+    print(f"load average at end: {_load()}")
     if args.json:
         print(json.dumps({"rows": args.rows, "figures": figures}))
     return 0 if all(f.get("same_answer", True) for f in figures.values()) else 1
+
+
+LAYOUTS = ("before", "after")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+class _layout:
+    """The mirror's row groups as ``before`` (one per incoming batch) or ``after`` (ROW_GROUP_ROWS) for a block."""
+
+    def __init__(self, layout: str):
+        from lakehouse_dagster.lake import write_files
+
+        self.module, self.saved = write_files, write_files.ROW_GROUP_ROWS
+        self.rows = 0 if layout == "before" else self.saved
+
+    def __enter__(self):
+        self.module.ROW_GROUP_ROWS = self.rows
+
+    def __exit__(self, *exc):
+        self.module.ROW_GROUP_ROWS = self.saved
+
+
+def _floors(table, snapshot_id, repeat: int) -> dict:
+    """What no read of this table goes below: planning the snapshot's files (pyiceberg), one row group read whole,
+    and every row group's __row_id column decoded (the first pass of a row_ids read)."""
+    import pyarrow.parquet as pq
+
+    plan_ms, tasks = _p50(lambda: list(table.scan(snapshot_id=snapshot_id).plan_files()), repeat)
+    paths = [t.file.file_path for t in tasks]
+
+    def open_file(path):
+        return pq.ParquetFile(table.io.new_input(path).open())
+
+    middle = open_file(paths[len(paths) // 2])
+    rg = middle.metadata.num_row_groups // 2
+    one_ms, _ = _p50(lambda: middle.read_row_group(rg), repeat)
+    groups = 0
+
+    def every_row_id():
+        nonlocal groups
+        groups = 0
+        for path in paths:
+            pf = open_file(path)
+            for i in range(pf.metadata.num_row_groups):
+                pf.read_row_group(i, columns=["__row_id"])
+                groups += 1
+
+    ids_ms, _ = _p50(every_row_id, max(1, repeat // 2))
+    return {
+        "plan_files_ms": round(plan_ms * 1000, 1),
+        "row_group_rows": middle.metadata.row_group(rg).num_rows,
+        "one_row_group_ms": round(one_ms * 1000, 1),
+        "row_ids_column_ms": round(ids_ms * 1000, 1),
+        "row_groups": groups,
+    }
 
 
 def _shadow(conn, dsn, catalog, settings, d, repeat: int) -> dict:

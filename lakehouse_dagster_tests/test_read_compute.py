@@ -406,6 +406,82 @@ def test_row_ids_address_rows(conn, corpus):
     assert sorted(got.column("__row_id").to_pylist()) == sorted(ids)
 
 
+@pytest.fixture
+def small_groups(conn, dsn, settings, monkeypatch):
+    """The awkward dataset mirrored in two syncs with row groups of 4 rows (the mirror's are 16,384): many row groups
+    per file, each file's last one smaller."""
+    import pyarrow.parquet as pq
+
+    from lakehouse_dagster.lake import write_files
+
+    monkeypatch.setattr(write_files, "ROW_GROUP_ROWS", 4)
+    rng = random.Random(7)
+    ws = datasets.create_workspace(conn, "w")
+    d = datasets.create_dataset(conn, ws, "groups", SCHEMA)
+    catalog = load_catalog(settings, dsn)
+    for n in (30, 15):
+        datasets.insert_rows(conn, d, [_row(rng) for _ in range(n)])
+        result = sync_dataset(dsn, catalog, settings, d)
+    table = load_dataset_table(catalog, settings, d)
+    sizes = []
+    for task in table.scan(snapshot_id=result.snapshot_id).plan_files():
+        with table.io.new_input(task.file.file_path).open() as f:
+            meta = pq.ParquetFile(f).metadata
+            sizes.append([meta.row_group(i).num_rows for i in range(meta.num_row_groups)])
+            chunks = {meta.row_group(0).column(c).path_in_schema: meta.row_group(0).column(c) for c in range(8)}
+            # the identity columns whose values are all distinct are written plain; the others may use a dictionary
+            assert not any("DICTIONARY" in e for e in chunks["__row_id"].encodings), chunks["__row_id"].encodings
+            assert not any("DICTIONARY" in e for e in chunks["__row_index"].encodings)
+    assert sorted(sizes) == sorted([[4] * 7 + [2], [4] * 3 + [3]]), sizes  # whatever the batches the mirror wrote
+    ids = [
+        r[0]
+        for r in conn.execute("select row_id::text from dataset_rows where dataset_id = %s order by row_index", (d,))
+    ]
+    return datasets.get_dataset(conn, d), table, result.snapshot_id, ids
+
+
+def test_row_ids_and_keyset_pages_over_many_row_groups(conn, small_groups, monkeypatch):
+    """row_ids read the __row_id column first and the other columns only of the row groups holding a wanted id; keyset
+    pages cross row groups and files; both engines agree on every answer."""
+    import pyarrow.parquet as pq
+
+    ids = small_groups[3]
+    reads: list[list[str]] = []
+    original = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(
+        pq.ParquetFile,
+        "read_row_group",
+        lambda self, i, columns=None, **kw: (
+            reads.append(list(columns or [])) or original(self, i, columns=columns, **kw)
+        ),
+    )
+    got = assert_equal(conn, small_groups, {"row_ids": [ids[5]], "columns": ["i", "s"]})
+    assert got.num_rows == 1
+    # the ids of every row group (8 + 4), the other columns of the one holding the id
+    assert len(reads) == 12 + 1 and [cols for cols in reads if cols != ["__row_id"]] == [["__row_index", "i", "s"]], (
+        reads
+    )
+    for body in (
+        {"row_ids": [ids[0], ids[9], ids[10], ids[31], ids[44]]},  # several groups of both files, every column
+        {"row_ids": [ids[3], ids[40]], "columns": ["__row_id"]},  # nothing read but the ids
+        {"row_ids": ids[::3], "where": {"op": "not_null", "column": "f"}, "columns": ["__row_index", "f"]},
+        {
+            "row_ids": ids[::2],
+            "aggregate": {"group_by": [], "measures": [{"fn": "count"}, {"fn": "max", "column": "i"}]},
+        },
+        {"row_ids": [str(uuid.UUID(int=1))]},  # no such row: an empty answer
+    ):
+        assert_equal(conn, small_groups, body)
+    seen, after = [], -1
+    while True:
+        page = assert_equal(conn, small_groups, {"after_row_index": after, "limit": 6, "columns": ["__row_index", "s"]})
+        if page.num_rows == 0:
+            break
+        seen += page.column("__row_index").to_pylist()
+        after = seen[-1]
+    assert seen == list(range(45))
+
+
 def test_empty_groups_and_an_empty_answer(conn, corpus):
     none = {"op": "eq", "column": "i", "value": 123456789}
     got = assert_equal(

@@ -73,6 +73,11 @@ VERBS: dict[str, tuple[str, str]] = {
         "serve",
         "serve the HTTP API the live app calls: read, ingest, route, flags, metrics (docs/service.md)",
     ),
+    "shadow-proof": (
+        "shadow_proof",
+        "the shadow proof a flip of objects.sync, dashboards.aggregate or pipeline.expectations needs: comparisons "
+        "in a row, stored for the CLI and every Dagster process",
+    ),
     "soak": (
         "soak",
         "the soak of the widening rules, stored for the CLI and every Dagster process (readers and writers)",

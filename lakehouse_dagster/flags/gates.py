@@ -364,7 +364,7 @@ def proof_blockers(
                     e.name,
                     (
                         f"{flag.name} is not proven on it: shadow reads {p.describe(needed)} since its last change "
-                        f"of schema, {needed} in a row needed (LAKEHOUSE_SHADOW_PROOF_READS); keep it in shadow "
+                        f"of schema, {needed} in a row needed (lakehouse shadow-proof show); keep it in shadow "
                         f"(lakehouse flags set {flag.name} shadow --dataset {e.dataset_id}) while it reads",
                     ),
                 )

@@ -32,8 +32,9 @@ import uuid
 import psycopg
 from psycopg import sql
 
+from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.soak_setting import store_value, stored_value
+from lakehouse_dagster.flags.soak_setting import store_value, stored_value, value_history
 from lakehouse_dagster.tracking.datasets import fragments
 
 # One row per (reader, dataset, schema digest), kept by a trigger as comparisons are recorded (migration 0038): the
@@ -141,6 +142,48 @@ def threshold(conn: psycopg.Connection, settings: Settings | None = None, *, app
     if stored is not None:
         return Threshold(int(str(stored.value)), STORED, stored.set_by, stored.set_at)
     return Threshold(settings.shadow.proof_reads, ENV if settings.shadow.proof_reads_given else DEFAULT)
+
+
+MAX_PROOF_READS = 1_000_000  # a bar no reader's sampled reads reach in months: anything above is a typo
+
+
+def check_reads(reads: object) -> int:
+    """A threshold in whole comparisons, 1 to MAX_PROOF_READS; BadInput naming what was wrong."""
+    try:
+        value = int(str(reads).strip())
+    except ValueError:
+        raise BadInput(
+            f"shadow proof threshold {reads!r} is not a whole number of comparisons (e.g. 300, the default)"
+        ) from None
+    if value < 1:
+        raise BadInput(f"shadow proof threshold {value} is below 1; a flip needs at least one comparison in a row")
+    if value > MAX_PROOF_READS:
+        raise BadInput(
+            f"shadow proof threshold {value} is over {MAX_PROOF_READS:,}; give the comparisons in a row, e.g. 300"
+        )
+    return value
+
+
+def set_threshold(
+    conn: psycopg.Connection, reads: object, *, note: str | None, actor: str | None
+) -> tuple[Threshold | None, Threshold]:
+    """Store the threshold for every process on the database (audited); (before, after). Validates the value, the
+    note and the actor before writing anything."""
+    value = check_reads(reads)
+    note = (note or "").strip() or None
+    if note and len(note) > 1000:
+        raise BadInput(f"--note is {len(note)} characters; keep it under 1000")
+    if not actor or not actor.strip():
+        raise BadInput("no actor: set LAKEHOUSE_ACTOR to who is making the change")
+    before = stored_value(conn, PROOF_READS)
+    after = store_value(conn, PROOF_READS, value, note=note, actor=actor.strip())
+    was = None if before is None else Threshold(int(str(before.value)), STORED, before.set_by, before.set_at)
+    return was, Threshold(value, STORED, after.set_by, after.set_at)
+
+
+def threshold_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
+    """The threshold's audit, newest first: every store, by this verb or by a gate applying its process' value."""
+    return value_history(conn, PROOF_READS, limit)
 
 
 def needed_reads(settings: Settings | None = None, conn: psycopg.Connection | None = None) -> int:

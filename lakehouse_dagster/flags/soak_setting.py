@@ -126,10 +126,15 @@ def seed_soak(conn: psycopg.Connection, seconds: int, *, note: str, actor: str) 
 
 def soak_history(conn: psycopg.Connection, limit: int = 20) -> list[dict]:
     """The audit of the soak, newest first."""
+    return value_history(conn, SOAK, limit)
+
+
+def value_history(conn: psycopg.Connection, name: str, limit: int = 20) -> list[dict]:
+    """The audit of one stored value (the soak, the shadow proof's threshold...), newest first."""
     rows = conn.execute(
         "select id, at, before_value, after_value, note, actor from lakehouse_settings_audit"
         " where name = %s order by id desc limit %s",
-        (SOAK, limit),
+        (name, limit),
     ).fetchall()
     return [{"id": r[0], "at": r[1], "before": r[2], "after": r[3], "note": r[4], "actor": r[5]} for r in rows]
 

@@ -15,6 +15,11 @@
 4. A keyset page (``after_row_index`` / ``order: row_index`` with a limit) reads groups of row groups in
    ``__row_index`` order and stops once the page is full: O(row group), not O(table); in a row group sorted by
    ``__row_index`` it reads batch by batch from the page's first row and stops at the batch that fills the page.
+   The mirror writes row groups of 16,384 rows (lake/write_files.py), so a page decodes at most that many first.
+5. ``row_ids``: a ``__row_id`` is a random uuid, so no min/max prunes a file or a row group. Each row group's
+   ``__row_id`` column is read alone first and matched in Arrow; only the row groups holding a wanted id are read
+   further, and only their matching rows reach DuckDB. Still O(table) in that one column (the floor: decoding the
+   ``__row_id`` strings of every row group), no longer in every column nor through DuckDB.
 
 ``iceberg_scan`` was not used: it reads the files by name through DuckDB's own Parquet reader (point 3), and needs
 the avro and iceberg extensions installed. A snapshot with delete files is refused with the reason (the router
@@ -30,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import (
@@ -53,6 +59,8 @@ from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.compute_sql import DUCKDB, Frag, T, conditions, rows_query
 from lakehouse_dagster.routing.errors import CannotServe
 from lakehouse_dagster.routing.request import ROW_INDEX, Bound, Cmp, Logic, Plan, referenced
+
+ROW_ID = "__row_id"
 
 BATCH_ROWS = 65_536
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -107,6 +115,9 @@ def read_iceberg_compute(table, snapshot_id: int | None, plan: Plan, *, threads:
         if plan.order == ((ROW_INDEX, False),) and plan.limit is not None and not plan.is_aggregate:
             return _keyset(files, plan, conds, run_on)
         units = files.units()
+        if plan.row_ids is not None:  # at most one row per id: collected first, DuckDB is handed them at once
+            found = list(files.batches(units))
+            return compute.answer(DUCKDB, plan, T("src"), conds, run_on(lambda: found))
         return compute.answer(DUCKDB, plan, T("src"), conds, run_on(lambda: files.batches(units)))
     finally:
         con.close()
@@ -155,6 +166,9 @@ class _Files:
     def __init__(self, table, tasks: list, field_ids: dict[str, int], target: pa.Schema, plan: Plan):
         self.table, self.tasks, self.field_ids, self.target = table, tasks, field_ids, target
         self.spans = _row_index_spans(plan)  # inclusive (lo, hi) spans the addressing allows; None: all
+        # row_ids: only these rows are read (point 5 of the module docstring); DuckDB still applies the condition
+        self.row_ids = None if plan.row_ids is None else pa.array(plan.row_ids, pa.string())
+        self.row_id_field = table.schema().find_field(ROW_ID).field_id
 
     def _meets(self, lo: int | None, hi: int | None) -> bool:
         if self.spans is None or lo is None or hi is None:
@@ -211,8 +225,28 @@ class _Files:
                     groups = [i for i, _lo, _hi in self._row_groups_of(pf, in_file.get(ROW_INDEX))]
                 if not groups:
                     continue
+                if self.row_ids is not None:
+                    yield from self._by_row_id(pf, groups, wanted, in_file)
+                    continue
                 for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=wanted):
                     yield self._shape(batch, in_file)
+
+    def _by_row_id(self, pf: pq.ParquetFile, groups: list[int], wanted: list, in_file: dict) -> Iterator:
+        """The rows of ``groups`` whose __row_id is asked for: the __row_id column first (decoded once), the other
+        columns only of the row groups where it matched."""
+        col = _file_column(pf, self.row_id_field, ROW_ID)
+        if col is None or col not in pf.schema_arrow.names:
+            return  # no __row_id in this file: none of its rows can match
+        rest = [c for c in wanted if c != col]
+        for rg in groups:
+            ids = pf.read_row_group(rg, columns=[col]).column(0)
+            mask = pc.is_in(ids, value_set=self.row_ids)
+            if not pc.any(mask).as_py():
+                continue
+            found = pf.read_row_group(rg, columns=rest).filter(mask)
+            if col in wanted:
+                found = found.append_column(col, ids.filter(mask))
+            yield self._shape(found.combine_chunks().to_batches()[0], in_file)
 
     def _row_groups_of(self, pf: pq.ParquetFile, col: str | None) -> list[tuple[int, Any, Any]]:
         idx = pf.schema_arrow.get_field_index(col) if col is not None else -1
