@@ -15,10 +15,8 @@ from lakehouse_dagster.tracking.datasets import JOIN_WORKSPACE_W
 # The datasets as the driving table of a statement, one row per dataset (``d``).
 FROM_DATASETS = "from datasets d"
 
-
 # One dataset's row, unaliased (its id: the next parameter), for an ``insert ... select`` of its columns.
 FROM_ONE_DATASET = "from datasets where id = %s"
-
 
 # One dataset's rows (its id: the next parameter), for an ``insert ... select`` or an aggregate over them.
 FROM_ROWS_OF_DATASET = "from dataset_rows where dataset_id = %s"
@@ -26,8 +24,6 @@ FROM_ROWS_OF_DATASET = "from dataset_rows where dataset_id = %s"
 # The dataset of each row ``p`` of another table, as ``d`` (status/alerts/outbox.py: a verdict's dataset name, the
 # verdict kept when its dataset is gone; status/overview.py: only the datasets that still exist).
 LEFT_JOIN_DATASET_D_OF_P = "left join datasets d on d.id = p.dataset_id"
-
-
 JOIN_DATASET_D_OF_P = "join datasets d on d.id = p.dataset_id"
 
 

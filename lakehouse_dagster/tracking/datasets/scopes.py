@@ -12,15 +12,13 @@ import psycopg
 # The base queries of ``effective_sql``: every dataset; those of ``%s`` (a uuid[]); one dataset, even one that does
 # not exist (parameters: its id twice).
 ALL_IDS_AND_WORKSPACES = "select id, workspace_id from datasets"
-
-
 IDS_AND_WORKSPACES_OF = "select id, workspace_id from datasets where id = any(%s::uuid[])"
-
-
 ONE_ID_AND_WORKSPACE = "select %s::uuid, (select workspace_id from datasets where id = %s)"
 
+
 # The tabular datasets and their workspaces, as a query another statement reads (status/overview.py's effective
-# flags: flags.resolver.effective_sql puts it in a CTE).
+# flags: flags.resolver.effective_sql puts it in a CTE). The same rows as ``tabular_ids_and_workspaces_where``'s
+# below without a condition, kept as its caller's statement was written.
 TABULAR_IDS_AND_WORKSPACES = "select id, workspace_id from datasets where kind = 'tabular'"
 
 
@@ -43,7 +41,7 @@ def ids_in_workspace(conn: psycopg.Connection, workspace_id: uuid.UUID | None) -
 def ids_and_workspaces(conn: psycopg.Connection, workspace_id: uuid.UUID | None = None, *, every: bool) -> list[tuple]:
     """(id, workspace_id) of every dataset (``every``), or of the workspace's."""
     if every:
-        return conn.execute("select id, workspace_id from datasets").fetchall()
+        return conn.execute(ALL_IDS_AND_WORKSPACES).fetchall()
     return conn.execute("select id, workspace_id from datasets where workspace_id = %s", (workspace_id,)).fetchall()
 
 
