@@ -44,7 +44,7 @@ def _readers_add(ctx, args) -> Result:
     from lakehouse_dagster.flags.reader_datasets import (
         declare,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.tracking.datasets import listing  # lazy, as above
+    from lakehouse_dagster.tracking.datasets import scopes  # lazy, as above
 
     d = declare(
         ctx.conn,
@@ -58,7 +58,7 @@ def _readers_add(ctx, args) -> Result:
         f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "
         f"{'it' if d.scope == 'dataset' else 'its datasets'} is refused while this stands"
     )
-    ids = [d.scope_id] if d.scope == "dataset" else listing.ids_in_workspace(ctx.conn, d.scope_id)
+    ids = [d.scope_id] if d.scope == "dataset" else scopes.ids_in_workspace(ctx.conn, d.scope_id)
     stale = sorted(native_dataset_ids(ctx.conn, ids), key=str)
     if stale:  # a fact recorded too late: say so, the gate cannot undo a flip
         text += (

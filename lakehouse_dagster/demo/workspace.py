@@ -61,8 +61,8 @@ from lakehouse_dagster.demo.source_datasets import (
 )
 from lakehouse_dagster.flags.reader_datasets import declare_if_absent
 from lakehouse_dagster.tracking import datasets
-from lakehouse_dagster.tracking.datasets import dataset_state, demo_rows, listing, source_config
-from lakehouse_dagster.tracking.datasets.row_reads import count_rows
+from lakehouse_dagster.tracking.datasets import demo_rows, scopes, stamps
+from lakehouse_dagster.tracking.datasets.rows import count_rows
 
 # The demo's face: every name callers import from demo.workspace, wherever it lives now.
 __all__ = [
@@ -246,7 +246,7 @@ def _pipelines(customers: uuid.UUID, orders: uuid.UUID, rollup: uuid.UUID) -> li
 
 def _set_row_count(conn: psycopg.Connection, dataset_id: uuid.UUID) -> int:
     n = count_rows(conn, dataset_id)
-    dataset_state.set_row_count(conn, dataset_id, n)
+    stamps.set_row_count(conn, dataset_id, n)
     return n
 
 
@@ -272,7 +272,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
                 ds_id = datasets.create_dataset(
                     conn, DEMO_WORKSPACE_ID, name, schema, kind=kind, dataset_id=demo_id(name)
                 )
-                source_config.seed_source(conn, ds_id, {"type": "demo", "seed": name})
+                stamps.seed_source(conn, ds_id, {"type": "demo", "seed": name})
                 return ds_id
 
             def timed(label: str, seed: Callable[..., None], *args: Any) -> None:
@@ -282,7 +282,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
 
             events = make("events", EVENTS_SCHEMA)
             timed("events", demo_rows.seed_events, events, big_rows)
-            dataset_state.set_row_count(conn, events, big_rows)
+            stamps.set_row_count(conn, events, big_rows)
 
             customers = make("customers", CUSTOMERS_SCHEMA)
             timed("customers", demo_rows.seed_customers, customers, CUSTOMERS_ROWS)
@@ -324,7 +324,7 @@ def seed_demo(conn: psycopg.Connection, *, big_rows: int = 1_000_000, home: Path
 
 def demo_summary(conn: psycopg.Connection) -> dict[str, Any]:
     """What the demo workspace holds now (row counts from datasets.row_count)."""
-    rows = listing.workspace_summaries(conn, DEMO_WORKSPACE_ID)
+    rows = scopes.workspace_summaries(conn, DEMO_WORKSPACE_ID)
     pipelines = datasets.workspace_pipelines(conn, DEMO_WORKSPACE_ID)
     return {
         "workspace_id": str(DEMO_WORKSPACE_ID),

@@ -117,7 +117,7 @@ _log = logging.getLogger(__name__)
 
 
 def _count(conn: psycopg.Connection, ds_id: uuid.UUID) -> int:
-    return dataset_rows.count(conn, ds_id)
+    return dataset_rows.count_rows(conn, ds_id)
 
 
 def _total_records(snap) -> int | None:

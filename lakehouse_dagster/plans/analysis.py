@@ -36,7 +36,7 @@ from lakehouse_dagster.plans.spec import Analysis
 from lakehouse_dagster.plans.store import IN_PLAN_SCOPE, MOVED_CTE, PLAN_START
 from lakehouse_dagster.routing.native_guard import native_blockers
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import listing
+from lakehouse_dagster.tracking.datasets import lookup
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 _SHOWN = 5
@@ -53,7 +53,7 @@ def _names(conn: psycopg.Connection, ids) -> dict[uuid.UUID, str]:
     ids = list(ids)
     if not ids:
         return {}
-    return listing.names_of(conn, ids)
+    return lookup.names_of(conn, ids)
 
 
 def _listing(conn, items: list[tuple[uuid.UUID, str]]) -> str:

@@ -41,7 +41,7 @@ from lakehouse_dagster.parity import verdicts as parity_verdicts
 from lakehouse_dagster.plans.spec import COMPLETE, DATASETS, SHADOW, Plan, Stage, format_duration
 from lakehouse_dagster.plans.spec import WORKSPACE as WORKSPACE_STAGE
 from lakehouse_dagster.tracking import datasets as app_tables
-from lakehouse_dagster.tracking.datasets import listing, pipeline_input_dataset_ids, versions
+from lakehouse_dagster.tracking.datasets import lookup, pipeline_input_dataset_ids, scopes
 
 _SHOWN = 20
 
@@ -193,7 +193,7 @@ def effective_soak(stage: Stage, project: SoakSetting) -> tuple[int, str]:
 
 
 def _datasets(conn: psycopg.Connection) -> tuple[dict[uuid.UUID, tuple], dict[uuid.UUID, int | None]]:
-    rows = listing.summaries(conn)
+    rows = scopes.summaries(conn)
     return {r[0]: r[:4] for r in rows}, {r[0]: r[4] for r in rows}
 
 
@@ -237,7 +237,7 @@ def reader_candidates(
     if not ids:
         return []
     latest = parity_verdicts.latest_verdicts(conn, ids)
-    current: dict = versions.rows_versions(conn, ids)
+    current: dict = lookup.rows_versions(conn, ids)
     since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ok_within)
     ok = [
         i

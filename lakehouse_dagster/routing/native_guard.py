@@ -41,7 +41,7 @@ from lakehouse_dagster.flags.gates import NATIVE, AtFlip, Blocked, Effect, write
 from lakehouse_dagster.flags.lifecycle_facts import lifecycle_words
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import dataset_state, joint_reads, listing
+from lakehouse_dagster.tracking.datasets import fragments, scopes, stamps
 
 log = logging.getLogger("lakehouse_dagster.native_guard")
 
@@ -49,7 +49,7 @@ ALREADY_NATIVE = "already native"
 NEW_AND_EMPTY = "new and empty"
 FLIPPING = "first native write"
 
-_CLASSIFY = joint_reads.classify_query(sync_log.MIRRORED_ONCE)
+_CLASSIFY = fragments.classify_query(sync_log.MIRRORED_ONCE)
 
 
 def classify(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, tuple]:
@@ -83,7 +83,7 @@ def unsafe_native_datasets(conn: psycopg.Connection) -> tuple[int, list[Blocked]
     not counted."""
     native = native_dataset_ids(conn)
     if native:
-        native = listing.tabular_among(conn, native)
+        native = scopes.tabular_among(conn, native)
     return len(native), native_blockers(conn, native) if native else []
 
 
@@ -131,7 +131,7 @@ def refuse_unsafe_native_write(
     with conn.transaction():
         # a retry's earlier row is the reaper's to settle
         sync_log.record_refused_native(conn, dataset_id, sync_id or uuid.uuid4(), writer, iceberg_mode, message)
-        dataset_state.mark_errored(conn, dataset_id, message)
+        stamps.mark_errored(conn, dataset_id, message)
     (logger or log).error(f"[write-router] {message}")
     raise FlipRefused(message)
 

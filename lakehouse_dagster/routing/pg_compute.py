@@ -17,7 +17,7 @@ from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.compute_sql import POSTGRES, Frag, I, P, T, addressing, join, predicate
 from lakehouse_dagster.routing.request import Plan, referenced
 from lakehouse_dagster.tracking.datasets import Dataset
-from lakehouse_dagster.tracking.datasets.row_reads import FROM_ROWS_WHERE
+from lakehouse_dagster.tracking.datasets.rows import FROM_ROWS_WHERE
 
 _IDENTITY = {"__row_index": "row_index", "__row_id": "row_id::text", "__created_at": "created_at"}
 

@@ -15,7 +15,7 @@ from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.pinned_read import column_expr
 from lakehouse_dagster.routing.projection import Projection
 from lakehouse_dagster.tracking.datasets import Dataset
-from lakehouse_dagster.tracking.datasets.row_reads import projected_rows_query
+from lakehouse_dagster.tracking.datasets.rows import projected_rows_query
 
 _IDENTITY_SQL = {
     "__row_index": sql.SQL("row_index"),

@@ -47,7 +47,7 @@ from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, READ, READERS, S
 from lakehouse_dagster.flags.resolver import FlagResolver, Resolution
 from lakehouse_dagster.mirror.reverse_lag import ReverseLag, reverse_lags
 from lakehouse_dagster.tracking import barrier, capture
-from lakehouse_dagster.tracking.datasets import versions
+from lakehouse_dagster.tracking.datasets import fragments
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -72,7 +72,7 @@ class Freshness:
         return self.has_snapshot and self.source_version is not None and self.source_version >= self.rows_version
 
 
-_FRESHNESS = versions.freshness_query(barrier.MODE_IS_AFTER_COMMIT)
+_FRESHNESS = fragments.freshness_query(barrier.MODE_IS_AFTER_COMMIT)
 
 
 def freshness(conn: psycopg.Connection, dataset_id: uuid.UUID, *, exact: bool = False) -> Freshness:

@@ -65,7 +65,7 @@ from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
 from lakehouse_dagster.routing.projection import Projection
 from lakehouse_dagster.routing.read_router import ReadDecision, ReadResult
 from lakehouse_dagster.routing.request import Plan, Query
-from lakehouse_dagster.tracking.datasets import Dataset, versions
+from lakehouse_dagster.tracking.datasets import Dataset, lookup
 
 log = logging.getLogger("lakehouse_dagster.read_router")
 
@@ -205,7 +205,7 @@ def run_job(conn: psycopg.Connection, job: ShadowJob) -> Compared:
             detail="a limited read in no order without __row_index: the two sides return different rows by design",
         )
     # a change of schema moves rows_version too: the digest read here is the schema both sides ran against
-    now = versions.version_and_schema_digest(conn, job.dataset_id)
+    now = lookup.version_and_schema_digest(conn, job.dataset_id)
     if now is None or now[0] != job.pg_version:
         return Compared(
             LAGGING,

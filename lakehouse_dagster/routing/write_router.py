@@ -56,7 +56,7 @@ from lakehouse_dagster.parity.write_digests import write_digested
 from lakehouse_dagster.routing.native_guard import refuse_unsafe_native_write
 from lakehouse_dagster.routing.native_table import write_native_table
 from lakehouse_dagster.tracking import barrier, sync_log
-from lakehouse_dagster.tracking.datasets import dataset_state
+from lakehouse_dagster.tracking.datasets import stamps
 
 log = logging.getLogger("lakehouse_dagster.write_router")
 
@@ -241,7 +241,7 @@ def _record_success(conn, ds, sync_id, flag, result) -> None:
         sync_log.mark_native_succeeded(
             conn, sync_id, total, rows, getattr(result, "bytes", None), snapshot_id, getattr(result, "location", None)
         )
-        dataset_state.mark_ready_after_native_write(conn, ds, total, flag.iceberg_mode, rows)
+        stamps.mark_ready_after_native_write(conn, ds, total, flag.iceberg_mode, rows)
 
 
 def _record_failure(
@@ -253,7 +253,7 @@ def _record_failure(
         with conn.transaction():
             sync_log.mark_failed(conn, sync_id, error)
             if errored:
-                dataset_state.mark_errored(conn, dataset_id, error)
+                stamps.mark_errored(conn, dataset_id, error)
     except psycopg.Error as exc:
         lg.warning(f"could not record the failure of native sync {sync_id}: {type(exc).__name__}: {first_line(exc)}")
 
@@ -277,7 +277,7 @@ def _settle_interrupted(conn, ds, sync_id, catalog, settings, exc: BaseException
                     table.location(),
                 )
                 if total is not None:
-                    dataset_state.mark_ready_with_row_count(conn, ds, total)
+                    stamps.mark_ready(conn, ds, total)
             else:
                 sync_log.settle_interrupted_unseen(
                     conn,

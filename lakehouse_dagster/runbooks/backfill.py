@@ -44,8 +44,9 @@ from lakehouse_dagster.lake.copy_back import data_expr as _data_expr
 from lakehouse_dagster.lake.copy_back import snapshot_batches as _batches
 from lakehouse_dagster.mirror.native_run import iceberg_only
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import Column, get_dataset, row_repairs
-from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE, count_rows
+from lakehouse_dagster.tracking.datasets import Column, get_dataset, reverse_apply, row_writes
+from lakehouse_dagster.tracking.datasets.rows import TABLE as ROWS_TABLE
+from lakehouse_dagster.tracking.datasets.rows import count_rows
 
 _log = logging.getLogger(__name__)
 _TMP = "lakehouse_backfill_rows"
@@ -156,18 +157,24 @@ def _copy_and_apply(
             removed = int(
                 one(
                     _counted(
-                        row_repairs.delete_superseded_statement(only_pg, sql.Literal(found.last_native_at.isoformat()))
+                        row_writes.delete_superseded_statement(only_pg, sql.Literal(found.last_native_at.isoformat()))
                     )
                 )
             )
-        extra_min = one(row_repairs.min_row_index_statement(only_pg))
+        extra_min = one(row_writes.min_row_index_statement(only_pg))
         if extra_min is not None and int(extra_min) <= ice_max:
             # rows written on the pg path after the rollback: park them below zero, then renumber them in
             # their order above the table's max __row_index (two steps: the primary key is checked per row)
-            moved = int(one(_counted(row_repairs.park_below_zero_statement(only_pg))))
-            run(row_repairs.renumber_parked_statement(ds, sql.Literal(ice_max)))
-        copied = int(one(_counted(row_repairs.insert_missing_statement(ds, _data_expr(columns), tmp))))
+            moved = int(one(_counted(row_writes.park_below_zero_statement(only_pg))))
+            run(row_writes.renumber_parked_statement(ds, sql.Literal(ice_max)))
+        copied = int(
+            one(
+                _counted(
+                    reverse_apply.insert_staged_missing(reverse_apply.insert_staged(ds, _data_expr(columns), tmp), ds)
+                )
+            )
+        )
         run(sync_log.reconciled_by_backfill(ds, found.snapshot_id, copied, removed, moved, actor))
-        run(row_repairs.recount_ready_statement(ds))
+        run(row_writes.recount_ready_statement(ds))
         conn.commit()
     return copied, removed, moved

@@ -30,7 +30,7 @@ from lakehouse_dagster.lake.errors import CopyRefused
 from lakehouse_dagster.parity import verdicts
 from lakehouse_dagster.parity.canary import evaluate
 from lakehouse_dagster.parity.digest import pin_iceberg
-from lakehouse_dagster.tracking.datasets import listing
+from lakehouse_dagster.tracking.datasets import scopes
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def migrate(
     target = load_catalog(target_settings, dsn)
     with connect(dsn) as conn:
         if dataset_ids is None:
-            ids = listing.all_ids(conn)
+            ids = scopes.all_ids(conn)
         else:
             ids = sorted(set(dataset_ids))
     # One session for the locks and one for the canaries per worker, for the whole run (a connection per table cost

@@ -46,7 +46,7 @@ from lakehouse_dagster.routing.exercise import read_through_router
 from lakehouse_dagster.runbooks import auto_rollback
 from lakehouse_dagster.runbooks.auto_rollback import lines_of
 from lakehouse_dagster.tracking import barrier, sync_log
-from lakehouse_dagster.tracking.datasets import versions
+from lakehouse_dagster.tracking.datasets import lookup
 
 log = logging.getLogger("lakehouse_dagster.runbooks")
 
@@ -212,7 +212,7 @@ def _reusable_verdicts(conn: psycopg.Connection, ids: list[uuid.UUID], minutes: 
         return {}
     latest = canary.latest_verdicts(conn, ids)
     with barrier.read_tracking_consistently(conn, ids):  # after-commit: the version covers every committed write
-        current: dict = versions.rows_versions(conn, ids)
+        current: dict = lookup.rows_versions(conn, ids)
     since = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes)
     return {
         i: f"ok at {v['checked_at']:%Y-%m-%d %H:%M:%S} UTC ({v['source']}), Postgres version {v['pg_version']} unchanged"

@@ -39,7 +39,7 @@ from lakehouse_dagster.routing.write_router import native_write, route_write
 from lakehouse_dagster.sources.files import filesystem
 from lakehouse_dagster.tracking import datasets as app_tables
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import listing, row_writes
+from lakehouse_dagster.tracking.datasets import row_writes, scopes
 
 BENCH_SCHEMA = [
     {"name": "n", "type": "int64"},
@@ -301,7 +301,7 @@ def purge(dsn: str, settings: Settings, *, namespace: str = "bench", actor: str 
     with connect(dsn) as conn:
         workspaces = app_tables.workspace_ids_named_like(conn, f"{WORKSPACE_PREFIX} {namespace} %")
         for ws in workspaces:
-            for ds_id in listing.ids_in_workspace(conn, ws):
+            for ds_id in scopes.ids_in_workspace(conn, ws):
                 dropped += _purge_table(catalog, bench_settings, table_identifier(bench_settings, ds_id))
                 datasets += 1
             for writer in ("sync.full", "sync.append"):
@@ -367,7 +367,7 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
 
 def _delete_workspace(conn: psycopg.Connection, ws: uuid.UUID) -> None:
     with conn.transaction():
-        ids = listing.ids_in_workspace(conn, ws)
+        ids = scopes.ids_in_workspace(conn, ws)
         sync_log.delete_syncs(conn, ids)
         delete_verdicts(conn, ids)
         row_writes.delete_workspace_datasets(conn, ws, ids)

@@ -29,7 +29,7 @@ from lakehouse_dagster.sources import get_source
 from lakehouse_dagster.sources.pgsource import STATS, fingerprint_method
 from lakehouse_dagster.sources.spec import TYPES, SourceSpec
 from lakehouse_dagster.sources.writers import pending_source_changes
-from lakehouse_dagster.tracking.datasets.source_config import ids_with_source_page
+from lakehouse_dagster.tracking.datasets.scopes import ids_with_source_page
 
 _NIL = uuid.UUID(int=0)
 

@@ -12,12 +12,12 @@ from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.sources.files import check_location, filesystem
 from lakehouse_dagster.sources.pgsource import relation, source_columns, where_label
 from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
-from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, source_config
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, lookup, stamps
 
 
 def get_source(conn: psycopg.Connection, dataset_id) -> SourceSpec | None:
     d = get_dataset(conn, dataset_id)
-    raw = source_config.stored_source(
+    raw = lookup.stored_source(
         conn, d.id, NotFound(f"dataset {d.id} does not exist (deleted while its source was read)")
     )
     return stored_source(raw)
@@ -37,7 +37,7 @@ def set_source(
         _check_files(spec, d, settings or Settings.from_env())
     else:
         _check_postgres(conn, spec, d)
-    source_config.store_source(conn, d.id, spec.to_json())
+    stamps.store_source(conn, d.id, spec.to_json())
     return spec
 
 

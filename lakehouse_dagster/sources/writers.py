@@ -56,8 +56,8 @@ from lakehouse_dagster.sources.pgsource import fingerprint, max_mark, read_postg
 from lakehouse_dagster.sources.spec import WRITERS, SourceSpec
 from lakehouse_dagster.sources.stored import get_source
 from lakehouse_dagster.tracking import ingest_state as source_state
-from lakehouse_dagster.tracking.datasets import Dataset, dataset_state, get_dataset
-from lakehouse_dagster.tracking.datasets.row_reads import max_row_index
+from lakehouse_dagster.tracking.datasets import Dataset, get_dataset, lookup, stamps
+from lakehouse_dagster.tracking.datasets.rows import max_row_index
 
 _log = logging.getLogger("lakehouse_dagster.writers")
 
@@ -296,7 +296,7 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
                 tx.execute(
                     [
                         source_state.save_statement(ds_id, state),
-                        dataset_state.ready_after_pg_ingest_statement(ds_id, rows, replace=plan.replace),
+                        stamps.ready_after_pg_ingest_statement(ds_id, rows, replace=plan.replace),
                     ]
                 )
             failpoint("after-commit-before-log")  # rows and ingest state committed together
@@ -306,7 +306,7 @@ def write_to_postgres(plan: WritePlan, conn, settings: Settings, dsn: str, lg) -
             raise
         except Exception as exc:
             raise _failed(conn, ds_id, exc, dsn) from exc
-    total = dataset_state.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
+    total = lookup.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
     lg.info(f"pg: {ds_id} ({rows} rows → dataset_rows, sync {plan.sync_id})")
     return plan.result(rows, total, None, source_state.public_cursor(state))
 
@@ -414,9 +414,9 @@ def _converge_row_count(conn, ds_id: uuid.UUID, table) -> int | None:
     table's last commit was native, Iceberg is the truth, so the count is taken from it."""
     if table is not None and table.properties.get(WRITE_PATH) == "native":
         count = table_state(table)["row_count"]
-        dataset_state.converge_row_count(conn, ds_id, count)
+        stamps.converge_row_count(conn, ds_id, count)
         return count
-    return dataset_state.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
+    return lookup.row_count(conn, ds_id, NotFound(f"dataset {ds_id} was deleted during its ingest"))
 
 
 def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) -> SyncFailed:
@@ -425,7 +425,7 @@ def _failed(conn, ds_id: uuid.UUID, exc: BaseException, dsn: str | None = None) 
     if dsn:
         text = scrub(text, dsn)
     message = f"dataset {ds_id} {text}" if isinstance(exc, SourceError) else f"dataset {ds_id}: ingest failed: {text}"
-    dataset_state.mark_errored(conn, ds_id, message)
+    stamps.mark_errored(conn, ds_id, message)
     return SyncFailed(message + "; nothing was committed")
 
 

@@ -18,7 +18,7 @@ import psycopg
 
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
-from lakehouse_dagster.tracking.datasets.versions import behind_rows
+from lakehouse_dagster.tracking.datasets.fragments import behind_rows
 
 
 @dataclasses.dataclass(frozen=True)

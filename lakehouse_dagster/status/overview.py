@@ -69,8 +69,8 @@ from lakehouse_dagster.status.held import (  # noqa: F401 - HOLDERS, Held, Shado
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
 from lakehouse_dagster.tracking import capture, sync_log
 from lakehouse_dagster.tracking import datasets as app_tables
-from lakehouse_dagster.tracking.datasets import joint_reads, listing
-from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
+from lakehouse_dagster.tracking.datasets import fragments, scopes
+from lakehouse_dagster.tracking.datasets.rows import TABLE as ROWS_TABLE
 
 POSTGRES, MIRRORED, READS_ICEBERG, ICEBERG_ONLY, NATIVE, BLOCKED = (
     "postgres",
@@ -93,10 +93,10 @@ PROBLEMS = (MISMATCH, NATIVE_UNSAFE, CHECK_ERROR, WEDGED, LAGGING, FALLBACK, BLO
 FALLBACK_WINDOW_SECONDS = 86_400  # the read fallbacks the overview counts: the last day's
 ATTENTION_SHOWN = 100  # rows of the attention list kept (the counts per problem are complete)
 
-_EFFECTIVE, _ = effective_sql(FLAGS, listing.TABULAR_IDS_AND_WORKSPACES, select="e.dataset_id, e.kind, e.name, e.mode")
+_EFFECTIVE, _ = effective_sql(FLAGS, scopes.TABULAR_IDS_AND_WORKSPACES, select="e.dataset_id, e.kind, e.name, e.mode")
 _STAGES = f"""
 with e as ({_EFFECTIVE}),
-     m as materialized ({joint_reads.mirrored_and_blocked(sync_log.EVER_SUCCEEDED)}),
+     m as materialized ({fragments.mirrored_and_blocked(sync_log.EVER_SUCCEEDED)}),
      s as (
        select e.dataset_id, e.kind, e.name,
               case when e.kind = 'write' then
@@ -234,7 +234,7 @@ with pin as (   -- datasets referenced as a pipeline INPUT (a `dataset` spec nod
 select p.dataset_id
   from pin p
   """
-    + joint_reads.JOIN_DATASET_D_OF_P
+    + fragments.JOIN_DATASET_D_OF_P
     + """
  cross join lateral """
     + sync_log.LATEST_BY_FINISHED_OF_P
@@ -278,7 +278,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
     into the counts and the attention list beside it, so what makes a dataset need attention reads top to bottom."""
     started = time.perf_counter()
     computed_at = fetch_value(conn.execute("select now()"), "the database clock (select now())")
-    tabular = listing.tabular_names(conn)
+    tabular = scopes.tabular_names(conn)
     runbook = runbook_blocked(conn)
     # blocked now: the reverse mirror keeps a pipeline input's dataset_rows while it is on (and can run)
     piped = reverse_settings(conn, runbook)

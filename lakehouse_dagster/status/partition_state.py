@@ -30,12 +30,12 @@ from lakehouse_dagster.lifecycle import versions as lifecycle_versions
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.runbooks.ingest_bench import WORKSPACE_PREFIX
 from lakehouse_dagster.tracking import sync_log
-from lakehouse_dagster.tracking.datasets import Column, joint_reads, parse_schema
-from lakehouse_dagster.tracking.datasets.row_reads import count_rows
+from lakehouse_dagster.tracking.datasets import Column, fragments, parse_schema
+from lakehouse_dagster.tracking.datasets.rows import count_rows
 
 # The dataset, its workspace, its latest succeeded sync (the one definition) and the last location any sync of
 # it recorded (a sync from before the location was recorded has none).
-_QUERY = joint_reads.partition_query(sync_log.LAST_TABLE_LOCATION)
+_QUERY = fragments.partition_query(sync_log.LAST_TABLE_LOCATION)
 
 
 @dataclasses.dataclass(frozen=True)

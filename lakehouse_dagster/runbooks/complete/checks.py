@@ -29,8 +29,8 @@ from lakehouse_dagster.mirror.reverse import reverse_states
 from lakehouse_dagster.parity.canary import latest_verdicts
 from lakehouse_dagster.parity.verdicts import latest_verdict_id
 from lakehouse_dagster.tracking import undeclared
-from lakehouse_dagster.tracking.datasets import get_dataset, listing, pipeline_input_dataset_ids, versions
-from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
+from lakehouse_dagster.tracking.datasets import get_dataset, lookup, pipeline_input_dataset_ids, scopes
+from lakehouse_dagster.tracking.datasets.rows import TABLE as ROWS_TABLE
 
 NATIVE = "iceberg_native"
 
@@ -73,7 +73,7 @@ def check(
     """Every condition of complete for one dataset, each missing one with what to do (nothing written).
     Long on purpose: the conditions in the order the docstring gives them, each beside its query."""
     ds = get_dataset(conn, dataset_id)
-    ws_id = listing.workspace_of(conn, dataset_id)
+    ws_id = lookup.workspace_id_of(conn, dataset_id, "workspace")
     if ds.kind != "tabular":
         raise BadInput(f"dataset {dataset_id} is a {ds.kind} dataset; only tabular datasets are written to Iceberg")
     soak = current_soak(conn, settings).seconds if soak_seconds is None else soak_seconds
@@ -191,7 +191,7 @@ def _parity(conn: psycopg.Connection, dataset_id: uuid.UUID, snapshot_id: int) -
             f"reverse parity not checked at the current snapshot: the latest verdict ({found['verdict']}, {at}) is "
             f"at snapshot {found['snapshot_id']}, the table is at {snapshot_id}; {run}"
         )
-    version = versions.rows_version(conn, dataset_id)
+    version = lookup.rows_version(conn, dataset_id, "version")
     if found["pg_version"] is None or (version is not None and found["pg_version"] < version):
         return verdict_id, (
             f"Postgres was written since the canary checked it (version {found['pg_version']}, now {version}): "
@@ -208,6 +208,6 @@ def scope_datasets(conn: psycopg.Connection, *, dataset=None, workspace=None) ->
     if scope.scope == DATASET:
         assert scope.scope_id is not None
         return [scope.scope_id]
-    ids = listing.tabular_ids(conn, scope.scope_id if scope.scope == WORKSPACE else None)
+    ids = scopes.tabular_ids(conn, scope.scope_id if scope.scope == WORKSPACE else None)
     done = with_status(conn, COMPLETE, ids)
     return sorted((native_dataset_ids(conn, ids) - done), key=str)

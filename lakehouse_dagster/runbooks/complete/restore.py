@@ -28,7 +28,7 @@ from lakehouse_dagster.mirror.reverse import apply_reverse
 from lakehouse_dagster.runbooks.backfill import backfill
 from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
-from lakehouse_dagster.tracking.datasets.row_reads import ROWS_TABLE
+from lakehouse_dagster.tracking.datasets.rows import TABLE as ROWS_TABLE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,8 +40,8 @@ from lakehouse_dagster.runbooks.complete.checks import Checked, check, scope_dat
 from lakehouse_dagster.runbooks.complete.export import _check_export_dir, _check_scope_export_dir, _export
 from lakehouse_dagster.runbooks.complete.status import _audit
 from lakehouse_dagster.tracking.datasets import get_dataset
-from lakehouse_dagster.tracking.datasets.row_reads import count_rows, min_row_index, nth_row_index_from
 from lakehouse_dagster.tracking.datasets.row_writes import delete_row_range
+from lakehouse_dagster.tracking.datasets.rows import count_rows, min_row_index, nth_row_index_from
 
 LOCK_TIMEOUT_MS = 100  # a batch waits at most this long for a row lock of the live app, then backs off
 LOCK_RETRIES = 50  # lock timeouts in a row before a run gives up (re-running continues)

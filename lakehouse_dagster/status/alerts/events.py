@@ -36,7 +36,7 @@ from lakehouse_dagster.status.alerts.kinds import (
 )
 from lakehouse_dagster.status.alerts.outbox import unalerted_mismatches
 from lakehouse_dagster.status.lag import behind_datasets, lagging_past
-from lakehouse_dagster.tracking.datasets import listing
+from lakehouse_dagster.tracking.datasets import lookup
 
 
 def _who(name: str | None, dataset_id: object) -> str:
@@ -168,7 +168,7 @@ def _rollback_act(outcome: dict, ds: object) -> str:
 def _names(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
     if not ids:
         return {}
-    return listing.names_of(conn, ids)
+    return lookup.names_of(conn, ids)
 
 
 def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:

@@ -32,7 +32,7 @@ from lakehouse_dagster.status.alerts.kinds import (
     _line,
 )
 from lakehouse_dagster.status.alerts.webhook import PostFailed, _scrub, post_message
-from lakehouse_dagster.tracking.datasets.joint_reads import LEFT_JOIN_DATASET_D_OF_P
+from lakehouse_dagster.tracking.datasets.fragments import LEFT_JOIN_DATASET_D_OF_P
 
 # A MISMATCH row to read: its MISMATCH not recorded yet, or an auto-rollback outcome worth telling (something was
 # rolled back, refused, left on, or failed: "already off" needs no one) not recorded yet. Every row returned gives

@@ -1,6 +1,7 @@
 """The statements of the reverse mirror's apply (mirror/reverse.py) on ``dataset_rows`` and the dataset's row, as
 composed SQL the apply runs in its own transaction with the values as literals (``ds``: the dataset id, ``t``: the
-staging table of the snapshot's rows ``s``). Hot path: the same text the apply ran, no round trip added."""
+staging table of the snapshot's rows ``s``). Hot path: the same text the apply ran, no round trip added. The
+backfill (runbooks/backfill.py) copies the rows only Iceberg holds with the same insert."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
-from lakehouse_dagster.tracking.datasets import get_dataset, listing
+from lakehouse_dagster.tracking.datasets import get_dataset, lookup
 
 DATASETS_TAG = "lakehouse/datasets"  # comma-separated dataset ids of a batch run (the poller's in-flight test)
 DATA_VERSION_TAG = "dagster/data_version"
@@ -151,7 +151,7 @@ def synced_materializations(conn, settings, item, log=None, instance=None) -> li
 
 def dataset_name_of(conn, dataset_id) -> str:
     """A failed dataset's name for its message (operators know names; the id follows it)."""
-    return listing.name_of(conn, dataset_id, "(deleted dataset)")
+    return lookup.name_of(conn, dataset_id, "(deleted dataset)")
 
 
 @dg.job(
