@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.api import parity  # the names load on first use: the canary's machinery only when it runs
+from lakehouse_dagster.api.parity import SMOKE_MAX_ROWS
 from lakehouse_dagster.cli.common import Result, add_command, table
-from lakehouse_dagster.parity import verdicts as canary  # the names; the canary's machinery only when it runs
-from lakehouse_dagster.parity.smoke import SMOKE_MAX_ROWS
 
 EPILOG = """verdicts: ok (safe to flip) · lagging (re-run later) · no-snapshot (never synced; flip is inert) ·
 MISMATCH (caught up and disagrees: STOP) · native (written iceberg-native; Postgres not authoritative) ·
@@ -36,9 +36,9 @@ def register(sub) -> None:
     p.add_argument(
         "--limit",
         type=int,
-        default=canary.DEFAULT_LIMIT,
+        default=parity.DEFAULT_LIMIT,
         metavar="N",
-        help=f"sample size when no --dataset is given (default {canary.DEFAULT_LIMIT})",
+        help=f"sample size when no --dataset is given (default {parity.DEFAULT_LIMIT})",
     )
     p.add_argument(
         "--smoke",
@@ -61,12 +61,8 @@ def register(sub) -> None:
 
 
 def _canary(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import auto_rollback  # here: pyiceberg, DuckDB and numba only when it runs
-    from lakehouse_dagster.runbooks.auto_rollback import (
-        lines_of,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-
-    report = auto_rollback.run_canary_and_roll_back(
+    # parity.X loads its home on first use: pyiceberg, DuckDB and numba only when the canary runs
+    report = parity.run_canary_and_roll_back(
         ctx.conn,
         ctx.dsn,
         ctx.catalog,
@@ -118,7 +114,7 @@ def _canary(ctx, args) -> Result:
             )
     rolled = [r.detail["auto_rollback"] for r in report.results if r.detail.get("auto_rollback")]
     for r in report.results:
-        lines += lines_of(r)
+        lines += parity.lines_of(r)
     for w in report.wedged:
         lines.append(
             f"wedged: dataset {w['dataset_id']} sync {w['sync_id']} {w['status']} for {w['stuck_seconds']} s"
@@ -127,11 +123,11 @@ def _canary(ctx, args) -> Result:
     if not report.results:
         lines.append("no datasets to check (nothing synced yet? run: lakehouse sync --dataset <uuid>)")
     lines.append(report.summary_line())
-    if report.exit_code == canary.EXIT_MISMATCH:
+    if report.exit_code == parity.EXIT_MISMATCH:
         lines.append(
             "MISMATCH on a caught-up dataset: STOP, do not flip; investigate the rows above"
             + (" (auto-rollback: see above)" if rolled else "")
         )
-    elif report.exit_code == canary.EXIT_ERROR:
+    elif report.exit_code == parity.EXIT_ERROR:
         lines.append("some datasets could not be checked (verdict error): the canary did not pass them")
     return Result({**report.as_dict(), "auto_rollback": rolled}, "\n".join(lines), report.exit_code)

@@ -43,7 +43,7 @@ def add_backfill(sub, name: str, help: str | None):
 
 
 def _backfill(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks.complete import (
+    from lakehouse_dagster.api.complete import (
         backfill_or_restore,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -52,7 +52,7 @@ def _backfill(ctx, args) -> Result:
 
 
 def _complete(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import (
+    from lakehouse_dagster.api import (
         complete,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

@@ -13,7 +13,7 @@ def _list(ctx, args) -> Result:
     from lakehouse_dagster.tracking import sync_log  # each verb imports what it uses
 
     rows = sync_log.datasets_with_last_sync(ctx.conn)
-    from lakehouse_dagster.flags.lifecycle_facts import lifecycle_of  # each verb imports what it uses
+    from lakehouse_dagster.api.lifecycle import lifecycle_of  # each verb imports what it uses
 
     states = lifecycle_of(ctx.conn, [r[0] for r in rows]) if rows else {}
     data = [

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.api import capture
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import redact
 from lakehouse_dagster.schema.migrate import applied_migrations, load_migrations, migrate
-from lakehouse_dagster.tracking import capture
 
 
 def register(sub) -> None:

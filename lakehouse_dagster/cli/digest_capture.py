@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
+from lakehouse_dagster.api import capture
 from lakehouse_dagster.cli.common import Result, add_command
-from lakehouse_dagster.tracking import capture
 
 EPILOG = """modes: triggers (default; the app's writing transaction writes the change tracking and adds the row
 hashes) · after-commit (the WAL consumer writes both after the app commits: the app's statement only takes a

@@ -49,11 +49,11 @@ def add_reverse(sub, name: str, help: str | None):
 
 
 def _reverse_status(ctx, args) -> Result:
+    from lakehouse_dagster.api.reverse import (
+        reverse_states,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.core.ids import (
         parse_uuid,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.mirror.reverse import (
-        reverse_states,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.tracking.datasets import (
         get_dataset,
@@ -83,11 +83,11 @@ def _reverse_status(ctx, args) -> Result:
 
 
 def _reverse_check(ctx, args) -> Result:
+    from lakehouse_dagster.api.reverse import (
+        check_reverse_parity,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.core.ids import (
         parse_uuid,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.runbooks.reverse_parity import (
-        check_reverse_parity,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.tracking.datasets import (
         get_dataset,
@@ -111,12 +111,12 @@ def _reverse_check(ctx, args) -> Result:
 
 
 def _reverse_sync(ctx, args) -> Result:
-    from lakehouse_dagster.core.errors import (
-        BadInput,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.mirror.reverse import (
+    from lakehouse_dagster.api.reverse import (
         apply_due,
         apply_reverse,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+    from lakehouse_dagster.core.errors import (
+        BadInput,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     if args.dataset:
@@ -136,7 +136,7 @@ def _reverse_sync(ctx, args) -> Result:
 
 
 def _reverse_change(ctx, args, enabled) -> Result:
-    from lakehouse_dagster.flags.reverse_setting import (
+    from lakehouse_dagster.api.reverse import (
         set_reverse,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -198,7 +198,7 @@ def _reverse_clear(ctx, args) -> Result:
 
 
 def _reverse_history(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reverse_setting import (
+    from lakehouse_dagster.api.reverse import (
         reverse_history,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

@@ -128,7 +128,7 @@ def _leaving_native(ctx, args, mode):
     """A writer change: the datasets it moves off iceberg_native (computed before the change)."""
     if args.kind != WRITE or mode not in (None, "pg"):
         return []
-    from lakehouse_dagster.runbooks.rollback_report import (
+    from lakehouse_dagster.api.flips import (
         apply_reverse_first,
         leaving_native,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -144,7 +144,7 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
     """Add, per dataset moved back to pg, the rows and snapshots only Iceberg holds and the ways forward."""
     if not leaving:
         return result
-    from lakehouse_dagster.runbooks.rollback_report import (
+    from lakehouse_dagster.api.flips import (
         rollback_lines,
         rolled_back,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

@@ -40,11 +40,11 @@ NOTHING_CANARIED = "preflight canary: no dataset to check, the flip moves none"
 
 def _preflight_and_flip(ctx, args, kind: str, mode: str):
     """Both flip verbs: the preflight table, then the gated flip, or the STOP result (nothing written)."""
-    from lakehouse_dagster.runbooks import (
-        flip,
+    from lakehouse_dagster.api import (
+        flips,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
-    pre = flip.preflight(
+    pre = flips.preflight(
         ctx.conn,
         ctx.dsn,
         ctx.catalog,
@@ -69,13 +69,13 @@ def _preflight_and_flip(ctx, args, kind: str, mode: str):
             exit_code=1,
         )
         return pre, checked, lines, None, stop
-    change = flip.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.project.actor)
+    change = flips.flip(ctx.conn, pre, note=args.note, actor=ctx.settings.project.actor)
     return pre, checked, lines, change, None
 
 
 def _flip(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import (
-        flip,
+    from lakehouse_dagster.api import (
+        flips,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, READ, args.mode)
@@ -89,12 +89,12 @@ def _flip(ctx, args) -> Result:
     )
     out.flush()  # the preflight and the set, before the router's lines of the verify they precede
     # the runbook's "confirm the read-router logs reason=...": the router's line per read, in order with the rest
-    verified = flip.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=out.logger())
+    verified = flips.verify(ctx.conn, ctx.catalog, ctx.settings, args.name, flips.moved_ids(pre), logger=out.logger())
     fell_back = [v for v in verified if v.fallback_error]
     if verified:
         out.add(table([v.as_dict() for v in verified], ["dataset_id", "source", "reason", "snapshot_id"]))
     if fell_back:
-        out.add(flip.fallback_message(args.name, pre.scope, fell_back))
+        out.add(flips.fallback_message(args.name, pre.scope, fell_back))
     data = {
         "preflight": checked,
         "coverage": pre.coverage(),
@@ -107,21 +107,21 @@ def _flip(ctx, args) -> Result:
 
 
 def _wflip(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reverse_setting import (
-        where_native_writes_land,
+    from lakehouse_dagster.api import (
+        flips,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.runbooks import (
-        flip,
+    from lakehouse_dagster.api.reverse import (
+        where_native_writes_land,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     pre, checked, lines, change, stop = _preflight_and_flip(ctx, args, WRITE, "iceberg_native")
     if stop:
         return stop
     out = _Said(args, lines)
-    verified = flip.verify_write(ctx.conn, args.name, flip.moved_ids(pre))
+    verified = flips.verify_write(ctx.conn, args.name, flips.moved_ids(pre))
     out.add(
         f"{args.name}: {change.before or '(no override)'} → {change.after} ({pre.report.where}); "
-        + where_native_writes_land(ctx.conn, flip.moved_ids(pre)),
+        + where_native_writes_land(ctx.conn, flips.moved_ids(pre)),
         *pre.report.lines(),
     )
     rows = [{**v.as_dict(), "problems": "; ".join(v.problems)} for v in verified]
@@ -144,7 +144,7 @@ def _wflip(ctx, args) -> Result:
             + ("" if pre.scope.scope_id is None else f" --{pre.scope.scope} {pre.scope.scope_id}")
         )
         return Result(data, out.rest(), exit_code=1)
-    from lakehouse_dagster.runbooks.first_sync import (
+    from lakehouse_dagster.api.flips import (
         first_native_syncs,
         stop_message,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -154,7 +154,7 @@ def _wflip(ctx, args) -> Result:
     out.add(f"first native sync of {args.name}, then the canary on it (runbook step 3):")
     out.flush()  # everything so far, before the write router's and the sync's lines of the step that follows
     synced = first_native_syncs(
-        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flip.moved_ids(pre), logger=out.logger()
+        ctx.conn, ctx.dsn, ctx.catalog, ctx.settings, args.name, flips.moved_ids(pre), logger=out.logger()
     )
     data["first_native_sync"] = [f.as_dict() for f in synced]
     out.add(table([f.as_dict() for f in synced], ["dataset_id", "verdict", "path", "rows", "snapshot_id", "detail"]))

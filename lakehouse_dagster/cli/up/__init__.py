@@ -207,9 +207,9 @@ def _up(ctx, args) -> Result:  # noqa: C901
             _say(f"Postgres from LAKEHOUSE_PG_DSN: {display_dsn(dsn)}")
 
         # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
+        from lakehouse_dagster.api import capture  # lazy: see above
         from lakehouse_dagster.demo.workspace import seed_demo  # lazy: see above
         from lakehouse_dagster.schema.migrate import migrate  # lazy: see above
-        from lakehouse_dagster.tracking import capture  # lazy: see above
 
         with _connect(dsn) as conn:
             applied = migrate(conn)

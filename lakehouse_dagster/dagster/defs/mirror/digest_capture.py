@@ -4,9 +4,9 @@ triggers a tick is one query."""
 
 import dagster as dg
 
+from lakehouse_dagster.api import capture
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
-from lakehouse_dagster.tracking import capture
 
 
 @dg.sensor(

@@ -32,6 +32,8 @@ import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.api.capture import CaptureError
+from lakehouse_dagster.api.reverse import due_datasets, latest_snapshots
 from lakehouse_dagster.core.batches import split_near_equal
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
@@ -54,11 +56,9 @@ from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
 from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
-from lakehouse_dagster.mirror.reverse import due_datasets, latest_snapshots
 from lakehouse_dagster.mirror.shards import ShardPlan, StreamRun, plan_shards, shard_views
 from lakehouse_dagster.mirror.stream import shard_of
 from lakehouse_dagster.tracking import barrier
-from lakehouse_dagster.tracking.capture import CaptureError
 
 STREAM_PRIORITY = 10  # the run queue starts higher first (default 0): a stream run before the batch and ingest runs
 _now = time.time  # the reverse retries' clock (a test moves it past a backoff)

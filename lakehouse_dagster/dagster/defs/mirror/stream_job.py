@@ -24,6 +24,7 @@ import uuid
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.core.errors import postgres_unreachable
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
 from lakehouse_dagster.dagster.defs.mirror.reverse_job import reverse_materialization
@@ -44,7 +45,6 @@ from lakehouse_dagster.mirror.stream import (
     stream_shard,
 )
 from lakehouse_dagster.mirror.stream_maintenance import Maintained
-from lakehouse_dagster.parity.canary import wedged_syncs
 
 SHARD_TAG = "lakehouse/stream_shard"  # "<shard>/<shard count>" on every mirror_stream run (the supervisor's filter)
 GENERATION_TAG = "lakehouse/stream_generation"

@@ -12,13 +12,13 @@ other dataset has been checked, naming them: a MISMATCH never hides in a green r
 
 import dagster as dg
 
+from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, FULL_TAG, check_evaluations
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
-from lakehouse_dagster.parity.canary import wedged_syncs
 from lakehouse_dagster.tracking.datasets import lookup
 
 _SHOWN = 10  # datasets named in a failure line (the count says how many more)

@@ -10,18 +10,15 @@ import contextlib
 
 import dagster as dg
 
+from lakehouse_dagster.api import parity as canary  # the canary's face: its names load on first use
+from lakehouse_dagster.api.parity import DEFAULT_MAX_LAG_SECONDS, lines_of, pin_iceberg
+from lakehouse_dagster.api.parity import identity_ready as _identity_ready
+from lakehouse_dagster.api.parity import snapshot_freshness as _snapshot_freshness
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata, ids_as_text, name_run
-from lakehouse_dagster.parity import canary
-from lakehouse_dagster.parity.digest import pin_iceberg
-from lakehouse_dagster.parity.health import DEFAULT_MAX_LAG_SECONDS
-from lakehouse_dagster.parity.health import identity_ready as _identity_ready
-from lakehouse_dagster.parity.health import snapshot_freshness as _snapshot_freshness
-from lakehouse_dagster.runbooks import auto_rollback
-from lakehouse_dagster.runbooks.auto_rollback import lines_of
 
 CANARY_TAG = "lakehouse/canary"  # set by the canary schedule: verdicts it records say source=schedule
 AUTO_ROLLBACK_TAG = "lakehouse/auto_rollback"  # added to a run whose parity check rolled readers back
@@ -107,7 +104,7 @@ def parity_result(
         if wedged is None:
             wedged = {w["dataset_id"] for w in canary.wedged_syncs(conn, settings.mirror.wedged_after_seconds)}
         v.wedged = v.dataset_id in wedged
-        auto_rollback.record_and_roll_back(conn, v, source=source, run_id=run_id, settings=settings)
+        canary.record_and_roll_back(conn, v, source=source, run_id=run_id, settings=settings)
         if named is None:
             named = dataset_metadata(conn, partition_key)
     if log_verdict:  # (a batch logs one line for all: every log line is a stored event)

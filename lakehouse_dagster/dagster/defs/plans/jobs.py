@@ -9,16 +9,16 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api import parity as canary  # the canary's face: its names load on first use
+from lakehouse_dagster.api import reverse
+from lakehouse_dagster.api.parity import run_canary_and_roll_back
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tags import plan_tags, tag_run, text
 from lakehouse_dagster.flags.soak_setting import current_soak
-from lakehouse_dagster.parity import canary
 from lakehouse_dagster.plans import actions, status, store
-from lakehouse_dagster.runbooks import reverse_parity
-from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back
 
 ANALYSIS_SOURCE = "rollout-analysis"  # lakehouse_read_parity.source of the verdicts an analysis run records
 _TAGS = {"lakehouse/area": "rollout"}
@@ -212,7 +212,7 @@ def rollout_analysis_op(context: dg.OpExecutionContext, config: AnalysisConfig, 
             lag_before = {}
             if config.kind == "write":  # parity both ways at the current snapshot; the lag it had is the evidence
                 ids = [parse_uuid(d, "dataset id") for d in config.dataset_ids]
-                lag_before = reverse_parity.catch_up(conn, lakehouse.pg_dsn, catalog, settings, ids)
+                lag_before = reverse.catch_up(conn, lakehouse.pg_dsn, catalog, settings, ids)
                 behind = {d: s for d, s in lag_before.items() if s}
                 if behind:
                     context.log.info(
@@ -235,7 +235,7 @@ def rollout_analysis_op(context: dg.OpExecutionContext, config: AnalysisConfig, 
     context.log.info(report.summary_line())
     meta = {f"verdict_{k}": n for k, n in report.counts.items() if n}
     # a MISMATCH of a reverse copy was repaired and rolls nothing back: the controller holds the stage on it
-    bad = [r for r in report.results if r.verdict == canary.MISMATCH and not reverse_parity.is_reverse_verdict(r)]
+    bad = [r for r in report.results if r.verdict == canary.MISMATCH and not reverse.is_reverse_verdict(r)]
     if bad:
         lines = [f"MISMATCH on {len(bad)} dataset(s) of stage {config.stage + 1} of plan {config.plan_id}:"]
         lines += [f"  {r.dataset} ({r.dataset_id}): {r.summary_line()}" for r in bad[:20]]

@@ -10,13 +10,13 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.complete import complete_scope
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, tag_run
-from lakehouse_dagster.runbooks.complete import complete_scope
 
 
 class CompleteConfig(dg.Config):

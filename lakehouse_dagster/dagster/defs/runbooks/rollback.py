@@ -9,6 +9,15 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.complete import backfill_or_restore
+from lakehouse_dagster.api.flips import (
+    BackfillResult,
+    apply_reverse_first,
+    backfill,
+    leaving_native,
+    rollback_lines,
+    rolled_back,
+)
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -16,9 +25,6 @@ from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, flag_tags, tag_run, text
 from lakehouse_dagster.flags.gates import set_flag
-from lakehouse_dagster.runbooks.backfill import BackfillResult, backfill
-from lakehouse_dagster.runbooks.complete import backfill_or_restore
-from lakehouse_dagster.runbooks.rollback_report import apply_reverse_first, leaving_native, rollback_lines, rolled_back
 
 
 class WriteRollbackConfig(dg.Config):

@@ -14,6 +14,8 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api import flips
+from lakehouse_dagster.api.flips import first_native_syncs, stop_message
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.flags.flags import FlippableWriter, _actor
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -21,8 +23,7 @@ from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
 from lakehouse_dagster.dagster.defs.shared.tags import flag_tags, tag_run, text
 from lakehouse_dagster.flags.registry import PROVEN_READERS, READ, SERVABLE_READERS, WRITE
-from lakehouse_dagster.runbooks import flip, ingest_bench
-from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
+from lakehouse_dagster.runbooks import ingest_bench
 
 # the compute readers too (issue 43): their flip is gated on proven shadow consistency like any CLI flip
 FlippableReader = Enum(  # type: ignore[misc]  # built from the registry
@@ -96,7 +97,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
     with lakehouse.connect() as conn:
         tag_run(context, flag_tags(conn, kind, name, config.dataset_id, config.workspace_id))
         try:
-            pre = flip.preflight(
+            pre = flips.preflight(
                 conn,
                 lakehouse.pg_dsn,
                 lakehouse.catalog(),
@@ -137,7 +138,7 @@ def _preflight(context, lakehouse: LakehouseResource, config, kind: str, name: s
         "scope": pre.scope.scope,
         "scope_id": str(pre.scope.scope_id) if pre.scope.scope_id else None,
         "note": config.note,
-        "datasets": [str(i) for i in flip.moved_ids(pre)],
+        "datasets": [str(i) for i in flips.moved_ids(pre)],
         "preflight": pre,
     }
 
@@ -148,10 +149,10 @@ def read_flip_preflight(context: dg.OpExecutionContext, config: ReadFlipConfig, 
 
 
 def _set(context, preflight: dict, lakehouse: LakehouseResource) -> dict:
-    pre: flip.Preflight = preflight["preflight"]
+    pre: flips.Preflight = preflight["preflight"]
     with lakehouse.connect() as conn:
         try:
-            change = flip.flip(
+            change = flips.flip(
                 conn,
                 pre,
                 note=preflight["note"],
@@ -182,10 +183,10 @@ def read_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: La
 
 @dg.op(description="One read per moved dataset (a sample of 20) through the read router: reason and fallbacks.")
 def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
-    pre: flip.Preflight = flipped["preflight"]
+    pre: flips.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = flip.verify(
-            conn, lakehouse.catalog(), lakehouse.settings(), pre.name, flip.moved_ids(pre), logger=context.log
+        verified = flips.verify(
+            conn, lakehouse.catalog(), lakehouse.settings(), pre.name, flips.moved_ids(pre), logger=context.log
         )
     reasons: dict[str, int] = {}
     for v in verified:
@@ -196,7 +197,7 @@ def read_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: L
     }
     fell_back = [v for v in verified if v.fallback_error]
     if fell_back:
-        raise stop(context, flip.fallback_message(pre.name, pre.scope, fell_back), meta) from None
+        raise stop(context, flips.fallback_message(pre.name, pre.scope, fell_back), meta) from None
     context.add_output_metadata(meta)
     return [v.as_dict() for v in verified]
 
@@ -291,9 +292,9 @@ def write_flip_set(context: dg.OpExecutionContext, preflight: dict, lakehouse: L
 
 @dg.op(description="Step-3 checks per moved dataset: the writer resolves native, the mirror skips it, its last sync.")
 def write_flip_verify(context: dg.OpExecutionContext, flipped: dict, lakehouse: LakehouseResource) -> list[dict]:
-    pre: flip.Preflight = flipped["preflight"]
+    pre: flips.Preflight = flipped["preflight"]
     with lakehouse.connect() as conn:
-        verified = flip.verify_write(conn, pre.name, flip.moved_ids(pre))
+        verified = flips.verify_write(conn, pre.name, flips.moved_ids(pre))
     bad = [v for v in verified if v.problems]
     meta = {
         "verified": len(verified),
@@ -335,7 +336,7 @@ def write_flip_first_sync(
     context: dg.OpExecutionContext, flipped: dict, verified: list[dict], lakehouse: LakehouseResource
 ) -> list[dict]:
 
-    pre: flip.Preflight = flipped["preflight"]
+    pre: flips.Preflight = flipped["preflight"]
     ids = [uuid.UUID(v["dataset_id"]) for v in verified]
     with lakehouse.connect() as conn:
         try:

@@ -18,7 +18,7 @@ dataset_rows is not an upstream change. ``stale_check`` in test_ui_jobs.py reads
 
 import dagster as dg
 
-from lakehouse_dagster import lifecycle
+from lakehouse_dagster.api import lifecycle
 from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
 
 DATA_VERSION_TAG = "dagster/data_version"
