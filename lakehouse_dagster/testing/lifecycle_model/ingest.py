@@ -71,7 +71,7 @@ class IngestMoves(ModelParts):
         native = self.o.mode("write", writer, d) == "iceberg_native"
         new = [f for f in self.files[d] if f not in self.read[d]]
         replace = writer == "sync.full"
-        self.audit_seen = self._audit_max()
+        self._audit_mark()
         try:
             checked = checked_write(
                 self.conn,
@@ -86,7 +86,7 @@ class IngestMoves(ModelParts):
         except FlipRefused as exc:  # a first native write's gates (runbooks/first_sync.py): not mirrored yet, ...
             assert native and not isinstance(exc, WriteRefused), f"{how} {writer}: {exc}"
             assert "lakehouse " in str(exc), str(exc)
-            assert self._iceberg_count(d)[0] == self.__dict__.get("iceberg_rows", {}).get(d, 0), "refused, written"
+            assert self._iceberg_count(d)[0] == self.iceberg_rows.get(d, 0), "refused, written"
             self._saw(f"{how} ingest: first native write refused by the flip gates")
             return
         except WriteRefused as exc:
@@ -108,7 +108,7 @@ class IngestMoves(ModelParts):
         assert r.rows == rows, f"{how} {writer} wrote {r.rows} row(s), the source had {rows} to read"
         self.read[d] = set(self.files[d])
         if native:
-            counts = self.__dict__.setdefault("iceberg_rows", {})
+            counts = self.iceberg_rows
             counts[d] = rows if replace else counts.get(d, 0) + rows
             self.o.mirrored.add(d)
             self.tables.add(d)
@@ -116,6 +116,8 @@ class IngestMoves(ModelParts):
         else:
             self.o.pg_rows[d] = rows if replace else self.o.pg_rows[d] + rows
         self._follow_audit()  # a first native write's MISMATCH rolls its writer back: a legal move, or refused
+        if native:
+            self._reverse_check(d)  # the reverse on: Postgres holds the rows too
         self._saw(f"{how} ingest {'native' if native else 'pg'}")
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS), new_file=st.booleans())
@@ -145,7 +147,7 @@ class IngestMoves(ModelParts):
         d = self.ids[i]
         if self.o.state(d).authority != S.ICEBERG:
             return  # refused before any fault point (native_write checks that)
-        counts = self.__dict__.setdefault("iceberg_rows", {})
+        counts = self.iceberg_rows
         before = counts.get(d, 0)
         replace = writer == "sync.full"
         raised = True
