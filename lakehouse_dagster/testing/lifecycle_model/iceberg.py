@@ -24,12 +24,13 @@ from lakehouse_dagster.routing.write_router import WriteDecision, _write_native,
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
 from lakehouse_dagster.testing.lifecycle_model.crashes import armed
 from lakehouse_dagster.testing.lifecycle_model.ingest import IngestMoves
+from lakehouse_dagster.testing.lifecycle_model.kills import KillMoves
 from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS
 from lakehouse_dagster.testing.lifecycle_model.ready import ReadyMoves
 from lakehouse_dagster.tracking import datasets
 
 
-class LifecycleWithIceberg(ReadyMoves, IngestMoves, Lifecycle):
+class LifecycleWithIceberg(ReadyMoves, KillMoves, IngestMoves, Lifecycle):
     """The model with the writes that reach Iceberg (issue 42: "writes from every writer path"): the native path
     for real — ``route_write``'s locked half (G3, G2, the lifecycle's write hold, the authority check) committing
     through lake/writer.py into a real table of ``catalog`` —, another engine's append to that table (a pyiceberg
@@ -43,6 +44,7 @@ class LifecycleWithIceberg(ReadyMoves, IngestMoves, Lifecycle):
     def _world_start(self) -> None:
         self.tables: set = set()  # datasets whose table holds a snapshot (another engine appends only to those)
         self.iceberg_rows: dict = {}  # dataset → rows its table must hold
+        self.readied: set = set()  # datasets an operator made ready the runbook's way (ready.py)
         self._sources_start()
 
     def _iceberg_count(self, d) -> tuple[int, int | None]:

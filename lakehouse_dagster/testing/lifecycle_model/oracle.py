@@ -104,4 +104,5 @@ class ModelParts:
     _drop_file: Any
     _reverse_check: Any
     _ingest: Any
+    readied: set
     every_reader_flag: Any

@@ -68,6 +68,7 @@ class ReadyMoves(ModelParts):
                 self._saw("ready: read flip refused")
                 return False
         self._follow_audit()
+        self.readied.add(d)
         self._saw("ready: mirrored and read-flipped the runbook's way")
         return True
 
@@ -143,7 +144,11 @@ class ReadyMoves(ModelParts):
             assert self._pg_count(d) == before, f"a refused reverse apply wrote dataset_rows of {d}: {exc}"
             self._saw("reverse apply refused")
             return
-        n, got = self._pg_count(d), self._iceberg_count(d)[0]
+        n, (got, snap) = self._pg_count(d), self._iceberg_count(d)
+        if snap is None:  # no table yet (made native past the gates before any write): nothing to apply
+            assert n == before, f"the reverse of {d} without a table changed dataset_rows: {before} → {n}"
+            self._saw("reverse: no table yet, nothing applied")
+            return
         assert n == got, f"the reverse left {n} row(s) of {d} in dataset_rows, its table holds {got}"
         self.o.pg_rows[d] = n
         self._saw("reverse applied: Postgres holds the table's rows")
