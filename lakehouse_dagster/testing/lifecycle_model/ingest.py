@@ -65,8 +65,9 @@ class IngestMoves(ModelParts):
         self.next_index[d] += 1
         self.files[d].append(name)
 
-    def _ingest(self, d, writer: str, how: str) -> None:
-        """``checked_write`` as the service and the ingest job call it; judged against the oracle."""
+    def _ingest(self, d, writer: str, how: str) -> str:
+        """``checked_write`` as the service and the ingest job call it; judged against the oracle. Returns what
+        happened: native | pg | nothing new | refused | gates."""
         truth = self.o.state(d).authority
         native = self.o.mode("write", writer, d) == "iceberg_native"
         new = [f for f in self.files[d] if f not in self.read[d]]
@@ -88,19 +89,19 @@ class IngestMoves(ModelParts):
             assert "lakehouse " in str(exc), str(exc)
             assert self._iceberg_count(d)[0] == self.iceberg_rows.get(d, 0), "refused, written"
             self._saw(f"{how} ingest: first native write refused by the flip gates")
-            return
+            return "gates"
         except WriteRefused as exc:
             assert native == (truth == S.POSTGRES), (
                 f"{how} {writer} refused, path native={native}, truth {truth}: {exc}"
             )
             assert "nothing was written" in str(exc), str(exc)
             self._saw(f"{how} ingest refused")
-            return
+            return "refused"
         r = checked.result
         if not r.new:  # nothing past the ingest state: nothing read, nothing written
             assert not replace and not new, f"{how} {writer} found nothing new; files not read yet: {new}"
             self._saw(f"{how} ingest: nothing new")
-            return
+            return "nothing new"
         assert r.path == ("native" if native else "pg"), (r.path, native)
         wrong = "Iceberg" if native else "Postgres"
         assert (truth == S.ICEBERG) == native, f"{how} {writer} landed in {wrong}, not the truth ({truth})"
@@ -119,6 +120,7 @@ class IngestMoves(ModelParts):
         if native:
             self._reverse_check(d)  # the reverse on: Postgres holds the rows too
         self._saw(f"{how} ingest {'native' if native else 'pg'}")
+        return "native" if native else "pg"
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS), new_file=st.booleans())
     def service_ingest(self, i, writer, new_file):

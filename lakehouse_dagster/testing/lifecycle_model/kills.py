@@ -56,11 +56,16 @@ class KillMoves(ModelParts):
             self.read[d] = set(self.files[d])  # committed: its files were read (the ingest state is in the commit)
         self.iceberg_rows[d] = got
         self._follow_audit()  # a first native write's canary in the dead process may have rolled the writer back
-        self._ingest(d, writer, "after a kill")  # the next ingest: lands what is new, reads nothing twice
+        after = self._ingest(d, writer, "after a kill")  # the next ingest: lands what is new, reads nothing twice
+        if after not in ("native", "nothing new"):
+            return  # refused (the gates: a dataset made native past them) or rolled back: nothing of it ran natively
         running = self.conn.execute(
             "select count(*) from iceberg_sync_log where dataset_id = %s and status = 'running'", (d,)
         ).fetchone()[0]
         assert running == 0, f"{running} sync log row(s) of {d} still running after the next ingest"
-        row_count = self.conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0]
-        if self.o.state(d).authority == S.ICEBERG:
-            assert row_count == self.iceberg_rows[d], f"datasets.row_count {row_count}, the table holds {got}"
+        if after == "native":  # its commit recorded the table's count
+            row_count = self.conn.execute("select row_count from datasets where id = %s", (d,)).fetchone()[0]
+            table = self._iceberg_count(d)[0]
+            assert row_count == table, (
+                f"after a kill at {point}: datasets.row_count {row_count}, the table holds {table}"
+            )
