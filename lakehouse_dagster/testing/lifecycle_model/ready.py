@@ -139,12 +139,16 @@ class ReadyMoves(ModelParts):
             return
         before = self._pg_count(d)
         try:
-            apply_reverse(self.dsn, self.catalog, self.lake_settings, d, actor="model", lock_timeout_s=10)
+            r = apply_reverse(self.dsn, self.catalog, self.lake_settings, d, actor="model", lock_timeout_s=10)
         except LakehouseError as exc:
             assert self._pg_count(d) == before, f"a refused reverse apply wrote dataset_rows of {d}: {exc}"
             self._saw("reverse apply refused")
             return
         n, (got, snap) = self._pg_count(d), self._iceberg_count(d)
+        if r.how == "noop":  # already at the table's snapshot: nothing applied, so no raw app write is looked for
+            assert n == before, f"a reverse apply with nothing to apply changed dataset_rows of {d}: {before} → {n}"
+            self._saw("reverse: nothing to apply")
+            return
         if snap is None:  # no table yet (made native past the gates before any write): nothing to apply
             assert n == before, f"the reverse of {d} without a table changed dataset_rows: {before} → {n}"
             self._saw("reverse: no table yet, nothing applied")
