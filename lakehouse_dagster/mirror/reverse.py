@@ -62,7 +62,7 @@ from lakehouse_dagster.lake.foreign import live_rows
 from lakehouse_dagster.mirror import reverse_lag
 from lakehouse_dagster.mirror.errors import PostgresWritten
 from lakehouse_dagster.mirror.native_run import iceberg_only
-from lakehouse_dagster.mirror.reverse_refusals import _refusal, _refuse, _refuse_postgres_written
+from lakehouse_dagster.mirror.reverse_refusals import _refusal, _refuse, _refuse_postgres_written, shared_row_index
 from lakehouse_dagster.mirror.reverse_state import (
     _TMP,
     ACTOR,
@@ -188,20 +188,25 @@ def apply_reverse(
             present = {f.name for f in table.schema().fields}
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
-            how, copied, removed, n, reason = _apply(
-                conn,
-                dsn,
-                table,
-                current,
-                ds_id,
-                columns,
-                names,
-                how,
-                files,
-                reason,
-                actor,
-                settings.reverse.resync_share,
-            )
+            try:
+                how, copied, removed, n, reason = _apply(
+                    conn,
+                    dsn,
+                    table,
+                    current,
+                    ds_id,
+                    columns,
+                    names,
+                    how,
+                    files,
+                    reason,
+                    actor,
+                    settings.reverse.resync_share,
+                )
+            except Exception as exc:  # the driver's unique violation: its transaction was never committed
+                if "dataset_rows_pkey" not in str(exc):  # two of the snapshot's rows at one row_index, else not ours
+                    raise
+                raise shared_row_index(ds_id, current.snapshot_id, exc) from None
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
 

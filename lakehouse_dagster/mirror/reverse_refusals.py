@@ -5,6 +5,7 @@ last apply, a full re-sync that would erase undeclared keys.
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import psycopg
@@ -31,6 +32,19 @@ def _refusal(pg: psycopg.Connection, ds_id: uuid.UUID, columns: list[Column], ro
         f"key(s) the Iceberg table has no column for, which the re-sync would erase: {keys}; declare them in "
         "datasets.schema (a native write then adds their columns), or remove them from the rows ("
         f"{dataset_rows.remove_key_statement(first, ds_id)}); nothing was written"
+    )
+
+
+def shared_row_index(ds_id: uuid.UUID, snapshot_id: int, exc: Exception) -> BadInput:
+    """The snapshot holds two rows at one row_index (another engine's commit reused an index): ``dataset_rows`` keys
+    rows by (dataset_id, row_index), so no copy of it can exist there. ``exc``: the driver's unique violation."""
+    found = re.search(r"row_index\)=\([^,]+, (-?\d+)\)", str(exc))
+    index = f"row_index {found.group(1)}" if found else "one row_index"
+    return BadInput(
+        f"dataset {ds_id}: the reverse mirror cannot copy snapshot {snapshot_id} into dataset_rows: two of its rows "
+        f"share {index} (another engine's commit gave a row an index the dataset already uses), and dataset_rows "
+        "holds one row per index; nothing was written — re-index or remove the duplicate in the table with that "
+        f"engine, or keep Postgres as it is (lakehouse reverse off --dataset {ds_id})"
     )
 
 

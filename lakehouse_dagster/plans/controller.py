@@ -29,6 +29,7 @@ import uuid
 
 import psycopg
 
+from lakehouse_dagster.core.errors import FlipRefused
 from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.flags.gates import effects
@@ -251,7 +252,12 @@ class _Step(_Soaking, _Completing):
                 f"{stage.max_datasets}; abort, or resume once fewer would move"
             )
             return [], False
-        armed = self.arm_reverse(moving) if self.plan.kind == WRITE and stage.kind != SHADOW else []
+        try:
+            armed = self.arm_reverse(moving) if self.plan.kind == WRITE and stage.kind != SHADOW else []
+        except FlipRefused as exc:  # a dataset whose reverse the lifecycle keeps off (completing, complete)
+            store.delete_unstarted_steps(self.conn, self.p.id, self.p.stage, [c["step_key"] for c in changes])
+            self.pause(f"stage {self.p.stage + 1}: the reverse mirror cannot be armed before its flip: {exc}")
+            return [], False
         store.update_stage(self.conn, self.p.id, self.p.stage, started_at=self.now)
         store.update(self.conn, self.p.id, phase=FLIPPING, blocking=None)
         store.event(
@@ -274,14 +280,15 @@ class _Step(_Soaking, _Completing):
             return []
         setting = reverse_settings(self.conn, ids)
         off = [d for d in dict.fromkeys(ids) if d in setting and not setting[d].enabled]
-        for d in off:
-            set_reverse(
-                self.conn,
-                True,
-                dataset=d,
-                note=f"rollout {self.p.id} stage {self.p.stage + 1}: reverse armed before the flip"[:1000],
-                actor=f"{self.settings.project.actor} (rollout {self.p.short})",
-            )
+        with self.conn.transaction():  # all or none: a refusal (the lifecycle's) leaves none armed
+            for d in off:
+                set_reverse(
+                    self.conn,
+                    True,
+                    dataset=d,
+                    note=f"rollout {self.p.id} stage {self.p.stage + 1}: reverse armed before the flip"[:1000],
+                    actor=f"{self.settings.project.actor} (rollout {self.p.short})",
+                )
         return off
 
     def note(self, mode: str) -> str:

@@ -8,7 +8,8 @@ written, and every refusal names a legal way on.
 
 oracle.py (the facts and the rules, on their own), base.py (the machine: verbs, pg writes, invariants), plans.py
 (rollout plans: ticks, analyses, aborts), crashes.py (verbs interrupted at their fault points), iceberg.py (native
-writes, another engine, raw app statements), ingest.py (the service's and the poller's ingests), runner.py
+writes, another engine, raw app statements), ingest.py (the service's and the poller's ingests), ready.py (datasets
+readied and write-flipped the runbook's way, the reverse apply), kills.py (an ingest SIGKILLed), runner.py
 (``run``). Shared by test_lifecycle_model.py (a few dozen sequences in CI) and bench/bench_lifecycle_model.py.
 """
 

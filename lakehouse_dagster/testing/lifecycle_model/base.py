@@ -23,7 +23,7 @@ from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.runbooks.auto_rollback import FIRST_NATIVE_SYNC, REFUSED, ROLLED_BACK, record_and_roll_back
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.testing.lifecycle_model.crashes import CrashMoves
-from lakehouse_dagster.testing.lifecycle_model.oracle import READER, SCHEMA, WRITERS, Oracle
+from lakehouse_dagster.testing.lifecycle_model.oracle import READER, READERS, SCHEMA, WRITERS, Oracle
 from lakehouse_dagster.testing.lifecycle_model.plans import PLAN_TABLES, PlanMoves
 from lakehouse_dagster.tracking import datasets
 
@@ -144,6 +144,13 @@ class Lifecycle(PlanMoves, CrashMoves, RuleBasedStateMachine):
     def reader_flag(self, mode, where):
         self._flag("read", READER, mode, where)
 
+    @rule(mode=st.sampled_from(["iceberg", None]), where=st.integers(0, 4))
+    def every_reader_flag(self, mode, where):
+        """Every reader Iceberg can serve set (or cleared) at one scope, one verb each: what the write-flip gates
+        want before a writer moves (prerequisite #1), so writer plans find candidates."""
+        for name in READERS:
+            self._flag("read", name, mode, where)
+
     @rule(on=st.sampled_from([True, False, None]), where=st.integers(0, 4))
     def reverse(self, on, where):
         kw, key = self._scope(where)
@@ -158,9 +165,10 @@ class Lifecycle(PlanMoves, CrashMoves, RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 2))
     def first_snapshot(self, i):
-        """The forward mirror's first snapshot (an event, not a verb): recorded when a reader of the state looks."""
+        """The forward mirror's first snapshot, or its catch-up once mirrored (an event, not a verb): recorded when
+        a reader of the state looks; caught up, a dataset may be a writer plan's candidate."""
         d = self.ids[i]
-        if d in self.o.mirrored or self.o.state(d).authority != S.POSTGRES:
+        if self.o.state(d).authority != S.POSTGRES:
             return
         self.conn.execute(  # the snapshot and the rows_version it covers: a reader on iceberg is served from it
             "insert into iceberg_sync_log"

@@ -24,11 +24,13 @@ from lakehouse_dagster.routing.write_router import WriteDecision, _write_native,
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
 from lakehouse_dagster.testing.lifecycle_model.crashes import armed
 from lakehouse_dagster.testing.lifecycle_model.ingest import IngestMoves
+from lakehouse_dagster.testing.lifecycle_model.kills import KillMoves
 from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS
+from lakehouse_dagster.testing.lifecycle_model.ready import ReadyMoves
 from lakehouse_dagster.tracking import datasets
 
 
-class LifecycleWithIceberg(IngestMoves, Lifecycle):
+class LifecycleWithIceberg(ReadyMoves, KillMoves, IngestMoves, Lifecycle):
     """The model with the writes that reach Iceberg (issue 42: "writes from every writer path"): the native path
     for real — ``route_write``'s locked half (G3, G2, the lifecycle's write hold, the authority check) committing
     through lake/writer.py into a real table of ``catalog`` —, another engine's append to that table (a pyiceberg
@@ -41,6 +43,8 @@ class LifecycleWithIceberg(IngestMoves, Lifecycle):
 
     def _world_start(self) -> None:
         self.tables: set = set()  # datasets whose table holds a snapshot (another engine appends only to those)
+        self.iceberg_rows: dict = {}  # dataset → rows its table must hold
+        self.readied: set = set()  # datasets an operator made ready the runbook's way (ready.py)
         self._sources_start()
 
     def _iceberg_count(self, d) -> tuple[int, int | None]:
@@ -60,7 +64,7 @@ class LifecycleWithIceberg(IngestMoves, Lifecycle):
         sync_dataset(self.dsn, self.catalog, self.lake_settings, d, mode="full")
         self.o.mirrored.add(d)
         self.tables.add(d)
-        self.__dict__.setdefault("iceberg_rows", {})[d] = self.o.pg_rows[d]
+        self.iceberg_rows[d] = self.o.pg_rows[d]
         assert self._iceberg_count(d)[0] == self.o.pg_rows[d], (d, self._iceberg_count(d), self.o.pg_rows[d])
         self._saw("mirrored by a real sync")
 
@@ -86,7 +90,7 @@ class LifecycleWithIceberg(IngestMoves, Lifecycle):
             return
         assert truth == S.ICEBERG, "a native write landed while Postgres is the truth"
         self.next_index[d] += 1
-        counts = self.__dict__.setdefault("iceberg_rows", {})  # per sequence: a fresh machine each time
+        counts = self.iceberg_rows  # per sequence: a fresh machine each time
         counts[d] = 1 if get_flag(WRITE, writer).iceberg_mode == "replace" else counts.get(d, 0) + 1
         self.tables.add(d)
         self.o.mirrored.add(d)  # Iceberg holds a snapshot of it (a succeeded sync log row: what `derive` reads)
@@ -128,7 +132,7 @@ class LifecycleWithIceberg(IngestMoves, Lifecycle):
         row["a"] = n
         table.append(pa.Table.from_pylist([row], schema=table.schema().as_arrow()))
         self.next_index[d] += 1
-        counts = self.__dict__.setdefault("iceberg_rows", {})
+        counts = self.iceberg_rows
         counts[d] = counts.get(d, 0) + 1
         if self.o.state(d).authority == S.ICEBERG:
             self._saw("foreign append, Iceberg the truth")

@@ -65,13 +65,14 @@ class IngestMoves(ModelParts):
         self.next_index[d] += 1
         self.files[d].append(name)
 
-    def _ingest(self, d, writer: str, how: str) -> None:
-        """``checked_write`` as the service and the ingest job call it; judged against the oracle."""
+    def _ingest(self, d, writer: str, how: str) -> str:
+        """``checked_write`` as the service and the ingest job call it; judged against the oracle. Returns what
+        happened: native | pg | nothing new | refused | gates."""
         truth = self.o.state(d).authority
         native = self.o.mode("write", writer, d) == "iceberg_native"
         new = [f for f in self.files[d] if f not in self.read[d]]
         replace = writer == "sync.full"
-        self.audit_seen = self._audit_max()
+        self._audit_mark()
         try:
             checked = checked_write(
                 self.conn,
@@ -86,21 +87,21 @@ class IngestMoves(ModelParts):
         except FlipRefused as exc:  # a first native write's gates (runbooks/first_sync.py): not mirrored yet, ...
             assert native and not isinstance(exc, WriteRefused), f"{how} {writer}: {exc}"
             assert "lakehouse " in str(exc), str(exc)
-            assert self._iceberg_count(d)[0] == self.__dict__.get("iceberg_rows", {}).get(d, 0), "refused, written"
+            assert self._iceberg_count(d)[0] == self.iceberg_rows.get(d, 0), "refused, written"
             self._saw(f"{how} ingest: first native write refused by the flip gates")
-            return
+            return "gates"
         except WriteRefused as exc:
             assert native == (truth == S.POSTGRES), (
                 f"{how} {writer} refused, path native={native}, truth {truth}: {exc}"
             )
             assert "nothing was written" in str(exc), str(exc)
             self._saw(f"{how} ingest refused")
-            return
+            return "refused"
         r = checked.result
         if not r.new:  # nothing past the ingest state: nothing read, nothing written
             assert not replace and not new, f"{how} {writer} found nothing new; files not read yet: {new}"
             self._saw(f"{how} ingest: nothing new")
-            return
+            return "nothing new"
         assert r.path == ("native" if native else "pg"), (r.path, native)
         wrong = "Iceberg" if native else "Postgres"
         assert (truth == S.ICEBERG) == native, f"{how} {writer} landed in {wrong}, not the truth ({truth})"
@@ -108,7 +109,7 @@ class IngestMoves(ModelParts):
         assert r.rows == rows, f"{how} {writer} wrote {r.rows} row(s), the source had {rows} to read"
         self.read[d] = set(self.files[d])
         if native:
-            counts = self.__dict__.setdefault("iceberg_rows", {})
+            counts = self.iceberg_rows
             counts[d] = rows if replace else counts.get(d, 0) + rows
             self.o.mirrored.add(d)
             self.tables.add(d)
@@ -116,7 +117,10 @@ class IngestMoves(ModelParts):
         else:
             self.o.pg_rows[d] = rows if replace else self.o.pg_rows[d] + rows
         self._follow_audit()  # a first native write's MISMATCH rolls its writer back: a legal move, or refused
+        if native:
+            self._reverse_check(d)  # the reverse on: Postgres holds the rows too
         self._saw(f"{how} ingest {'native' if native else 'pg'}")
+        return "native" if native else "pg"
 
     @rule(i=st.integers(0, 2), writer=st.sampled_from(WRITERS), new_file=st.booleans())
     def service_ingest(self, i, writer, new_file):
@@ -145,7 +149,7 @@ class IngestMoves(ModelParts):
         d = self.ids[i]
         if self.o.state(d).authority != S.ICEBERG:
             return  # refused before any fault point (native_write checks that)
-        counts = self.__dict__.setdefault("iceberg_rows", {})
+        counts = self.iceberg_rows
         before = counts.get(d, 0)
         replace = writer == "sync.full"
         raised = True

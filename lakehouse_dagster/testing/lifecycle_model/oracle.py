@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from lakehouse_dagster.flags.registry import SERVABLE_READERS
 from lakehouse_dagster.lifecycle import COMPLETE_VERB
 from lakehouse_dagster.lifecycle import states as S
 
 SCHEMA = [{"name": "a", "type": "int64"}]
 WRITERS = ("sync.full", "sync.append")
 READER = "export.stream"
+READERS = tuple(r.name for r in SERVABLE_READERS)  # any of them on Iceberg makes a mirrored dataset read-flipped
 
 
 @dataclasses.dataclass
@@ -44,7 +46,8 @@ class Oracle:
             if natives:
                 name = S.NATIVE
             elif d in self.mirrored:
-                name = S.READ_FLIPPED if self.mode("read", READER, d) in ("iceberg", "iceberg_only") else S.MIRRORED
+                reading = any(self.mode("read", r, d) in ("iceberg", "iceberg_only") for r in READERS)
+                name = S.READ_FLIPPED if reading else S.MIRRORED
             else:
                 name = S.PG
         rev = self._pick(self.reverse, lambda s, i: (s, i), d)
@@ -84,11 +87,22 @@ class ModelParts:
     lake_settings: Any
     tables: set
     audit_seen: int
+    reverse_seen: int
     plan_evidence: set
     _saw: Any
     _audit_max: Any
+    _audit_mark: Any
     _follow_audit: Any
     _live: Any
     _iceberg_count: Any
     _native_one: Any
     native_write: Any
+    first_snapshot: Any
+    iceberg_rows: dict
+    files: dict
+    read: dict
+    _drop_file: Any
+    _reverse_check: Any
+    _ingest: Any
+    readied: set
+    every_reader_flag: Any

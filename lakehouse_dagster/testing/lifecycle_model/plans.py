@@ -27,7 +27,7 @@ from lakehouse_dagster.parity.canary import MISMATCH, OK, Verdict
 from lakehouse_dagster.plans import actions, controller, store
 from lakehouse_dagster.runbooks.auto_rollback import record_and_roll_back
 from lakehouse_dagster.testing.lifecycle_model.crashes import armed
-from lakehouse_dagster.testing.lifecycle_model.oracle import READER, ModelParts
+from lakehouse_dagster.testing.lifecycle_model.oracle import READER, WRITERS, ModelParts
 
 PLAN_TABLES = (
     "lakehouse_rollout_events",
@@ -52,11 +52,38 @@ class PlanMoves(ModelParts):
         self.plan_scopes: set = set()  # the datasets its flips so far cover
         self.plan_evidence: set = set()  # the datasets with a MISMATCH recorded since it started
         self.plan_refused = False  # one of its flips was refused
-        self.audit_seen = self._audit_max()
+        self._audit_mark()
 
     # -- the flag audit: what the verbs of a plan changed, applied to the oracle one legal move at a time ----------
     def _audit_max(self) -> int:
         return self.conn.execute("select coalesce(max(id), 0) from lakehouse_flag_audit").fetchone()[0]
+
+    def _audit_mark(self) -> None:
+        """From here on, what the audits (flags, reverse) record is what a verb of the project did, not the model."""
+        self.audit_seen = self._audit_max()
+        self.reverse_seen = self.conn.execute("select coalesce(max(id), 0) from lakehouse_reverse_audit").fetchone()[0]
+
+    def _follow_reverse_audit(self) -> None:
+        """Every audited reverse setting since ``reverse_seen`` (a writer plan arms the reverse before its flips),
+        applied to the oracle; each a legal move."""
+        rows = self.conn.execute(
+            "select id, action, scope, scope_id, after_enabled, note from lakehouse_reverse_audit where id > %s"
+            " order by id",
+            (self.reverse_seen,),
+        ).fetchall()
+        for rid, action, scope, sid, after, note in rows:
+            self.reverse_seen = rid
+            before = {d: self.o.state(d) for d in self.ids}
+            key = (scope, sid if scope != "global" else None)
+            if action == "clear":
+                self.o.reverse.pop(key, None)
+            else:
+                self.o.reverse[key] = after
+            for d in self.ids:
+                moved = not before[d].same_place(self.o.state(d))
+                assert not moved or self.o.may_move(before[d], self.o.state(d), S.REVERSE), f"{note}: {d}"
+            if note and "reverse armed" in note:
+                self._saw("plan armed the reverse")
 
     def _covered(self, scope: str, sid) -> set:
         if scope == "dataset":
@@ -74,6 +101,7 @@ class PlanMoves(ModelParts):
             " where id > %s order by id",
             (self.audit_seen,),
         ).fetchall()
+        self._follow_reverse_audit()  # armed before the flips of the same tick
         for aid, action, kind, name, scope, sid, after_mode, note in rows:
             self.audit_seen = aid
             if kind not in ("read", "write"):
@@ -96,14 +124,20 @@ class PlanMoves(ModelParts):
                 bad = self.plan_evidence & covers
                 assert not bad, f"plan {self.plan} widened to {scope} past a MISMATCH on {bad}: {note}"
                 self.plan_scopes = covers
-                self._saw("plan flip")
+                self._saw("plan flip" if kind == "read" else "writer plan flip")
 
     # -- moves ------------------------------------------------------------------------------------------------------
-    @rule()
-    def plan_start(self):
-        """A reader plan: one dataset of workspace 0, workspace 0, then global; every dataset canaried ok first."""
+    @rule(writer=st.sampled_from([None, None, *WRITERS]), prepare=st.booleans())
+    def plan_start(self, writer, prepare):
+        """A reader plan (``writer`` None) or a writer plan (to iceberg_native, the reverse armed before each flip):
+        one dataset of workspace 0, workspace 0, then global; every dataset canaried ok first. ``prepare``: a writer
+        plan's operator first readies every dataset the runbook's way (mirrored, caught up, every reader on Iceberg),
+        or the plan has no candidate but by chance."""
         if self.plan is not None:
             return
+        if writer is not None and prepare:
+            for i in range(len(self.ids)):
+                self._prepare_for_writer(i)
         for i, d in enumerate(self.ids):
             n, version = self.conn.execute(
                 "select (select count(*) from dataset_rows where dataset_id = %s), rows_version from datasets"
@@ -116,7 +150,10 @@ class PlanMoves(ModelParts):
                 settings=self.settings,
             )
         now = "    analysis: {retry_every: 0s}\n"  # an inconclusive analysis asks again at the next tick
-        text = f"reader: {READER}\nstages:\n  - datasets: 1\n{now}  - workspace: {self.ws[0]}\n{now}  - global: true\n{now}"
+        head = f"reader: {READER}" if writer is None else f"writer: {writer}\nmode: iceberg_native"
+        text = f"{head}\nstages:\n  - datasets: 1\n{now}"
+        if writer in (None, "sync.full"):  # the writers widen in order (sync.full first): the others stay narrow
+            text += f"  - workspace: {self.ws[0]}\n{now}  - global: true\n{now}"
         try:
             plan_id, _ = actions.start(self.conn, self.settings, text, actor="model")
         except LakehouseError as exc:
@@ -125,7 +162,12 @@ class PlanMoves(ModelParts):
             return
         self.plan, self.plan_runs, self.plan_scopes = plan_id, {}, set()
         self.plan_evidence, self.plan_refused = set(), False
-        self._saw("plan started")
+        self._saw("plan started" if writer is None else "writer plan started")
+
+    def _prepare_for_writer(self, i: int) -> None:
+        """The moves that make dataset ``i`` a write flip's candidate (the model with Iceberg: ready.py's, for real)."""
+        self.first_snapshot(i)
+        self.every_reader_flag("iceberg", i)
 
     def _live(self) -> bool:
         return getattr(self, "plan", None) is not None
@@ -146,17 +188,25 @@ class PlanMoves(ModelParts):
                     self._saw("plan analysis MISMATCH")
             self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.SUCCEEDED)
             return
+        failed = self._flip_run(p)
+        if failed is not None:
+            self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.FAILED, failed)
+            self.plan_refused = True
+            self._saw(f"plan {p['kind']} flip run failed")
+            return
+        self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.SUCCEEDED)
+
+    def _flip_run(self, p: dict) -> str | None:
+        """A flip run the controller asked for (its params ``p``): here the flag set through the lifecycle, past the
+        gates (the model with Iceberg runs the write_flip job's steps instead: ready.py). None, or why it failed."""
         scope = {"dataset": p["scope_id"]} if p["scope"] == "dataset" else {}
         if p["scope"] == "workspace":
             scope = {"workspace": p["scope_id"]}
         try:
             set_override(self.conn, p["kind"], p["name"], p["mode"], note=p["note"], actor="model (plan)", **scope)
         except FlipRefused as exc:
-            self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.FAILED, str(exc))
-            self.plan_refused = True
-            self._saw("plan flip refused")
-            return
-        self.plan_runs[ask.step_key] = controller.RunState(run_id, controller.SUCCEEDED)
+            return str(exc)
+        return None
 
     @precondition(lambda self: self._live())
     @rule(
@@ -170,7 +220,7 @@ class PlanMoves(ModelParts):
         if ticks == 0:
             self._plan_abort()
             return
-        self.audit_seen = self._audit_max()  # what the model's own verbs did is in the oracle already
+        self._audit_mark()  # what the model's own verbs did is in the oracle already
         for tick in range(ticks):
             try:
                 with armed("rollout-after-step" if crash and tick == 0 else None):
@@ -188,7 +238,7 @@ class PlanMoves(ModelParts):
 
     def _plan_abort(self) -> None:
         """An operator's abort, then ticks until it is over: every key the plan set back at its value before."""
-        self.audit_seen = self._audit_max()
+        self._audit_mark()
         try:
             actions.abort(self.conn, self.settings, self.plan, actor="model", reason="the model")
         except LakehouseError as exc:  # over already (finished or aborted by the controller)
@@ -211,7 +261,7 @@ class PlanMoves(ModelParts):
             current = {
                 (k, n, s, i): m
                 for k, n, s, i, m in self.conn.execute(
-                    "select kind, name, scope, scope_id, mode from lakehouse_flag_overrides where kind = 'read'"
+                    "select kind, name, scope, scope_id, mode from lakehouse_flag_overrides"
                 ).fetchall()
             }
             for k in store.flag_keys(self.conn, self.plan):
