@@ -188,27 +188,24 @@ def apply_reverse(
             present = {f.name for f in table.schema().fields}
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
-            try:
-                how, copied, removed, n, reason = _apply(
-                    conn,
-                    dsn,
-                    table,
-                    current,
-                    ds_id,
-                    columns,
-                    names,
-                    how,
-                    files,
-                    reason,
-                    actor,
-                    settings.reverse.resync_share,
-                )
-            except Exception as exc:  # the driver's unique violation: its transaction was never committed
-                if "dataset_rows_pkey" not in str(exc):  # two of the snapshot's rows at one row_index, else not ours
-                    raise
-                raise shared_row_index(ds_id, current.snapshot_id, exc) from None
+            how, copied, removed, n, reason = _apply_or_refuse(
+                conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings
+            )
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
+
+
+def _apply_or_refuse(conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings):
+    """``_apply``, its unique violation on ``dataset_rows`` (two of the snapshot's rows at one row_index: another
+    engine's append reusing an index) refused in one line; its transaction was never committed."""
+    try:
+        return _apply(
+            conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings.reverse.resync_share
+        )
+    except Exception as exc:
+        if "dataset_rows_pkey" not in str(exc):  # not ours
+            raise
+        raise shared_row_index(ds_id, current.snapshot_id, exc) from None
 
 
 def _plan(conn, catalog, settings, ds_id, table, full: bool) -> tuple[str, tuple[str, ...], str]:
