@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg.types.json import Jsonb
 
-from lakehouse_dagster.core import locks
+from lakehouse_dagster.core import duckdb_signals, locks
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.lake.parquet_ids import columns_in_file
 from lakehouse_dagster.parity import canonical, lookup3
@@ -97,11 +97,9 @@ def _digest_connection():
     in-memory database, the hash UDF registered) costs 40-120 ms and closing it ~15 ms, more than digesting a
     small file, and a mirror batch digests one new file per dataset. The digests keep no state in it (a batch is
     registered and unregistered around its query), so reuse changes no result."""
-    import duckdb  # lazy: DuckDB (~0.3 s to import) only where a digest runs
-
     con = getattr(_duck, "con", None)
     if con is None or _duck.pid != os.getpid():  # a forked child must not use its parent's database
-        con = duckdb.connect(config={"threads": 1})
+        con = duckdb_signals.connect(1)  # a signal mid-digest stays a signal
         lookup3.register(con)
         _duck.con, _duck.pid = con, os.getpid()
     return con

@@ -54,6 +54,7 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.types import LongType
 
+from lakehouse_dagster.core import duckdb_signals
 from lakehouse_dagster.lake.schema import arrow_type
 from lakehouse_dagster.routing import compute
 from lakehouse_dagster.routing.compute_sql import DUCKDB, Frag, T, conditions, rows_query
@@ -73,12 +74,10 @@ _databases_lock = threading.Lock()
 def _cursor(threads: int | None):
     """A connection of the process's in-memory DuckDB database (one per ``threads``): a cursor costs ~0.3 ms where a
     new database costs ~11 ms; each has its own registered stream, so concurrent reads do not meet."""
-    import duckdb  # lazy: DuckDB (~0.3 s to import) only where compute runs
-
     with _databases_lock:
         db = _databases.get(threads)
         if db is None:
-            db = _databases[threads] = duckdb.connect(config={"threads": threads} if threads else {})
+            db = _databases[threads] = duckdb_signals.connect(threads)  # Ctrl-C mid-query stays a Ctrl-C
     return db.cursor()
 
 

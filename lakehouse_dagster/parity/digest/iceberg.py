@@ -13,6 +13,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, And, GreaterThanOrEqual, LessThan
 from pyiceberg.table import Table
 
+from lakehouse_dagster.core import duckdb_signals
 from lakehouse_dagster.core.db import fetch_one
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
@@ -135,11 +136,9 @@ class IcebergSide:
         via_arrow: bool | None = None,
         identity: bool = True,
     ):
-        import duckdb  # lazy: DuckDB (~0.3 s to import) only where a digest runs
-
         self.pin = pin
         self.columns = tuple(columns)
-        self.con = duckdb.connect(config={"threads": threads} if threads else {})
+        self.con = duckdb_signals.connect(threads)  # a signal mid-digest stays a signal, never an ERROR verdict
         lookup3.register(self.con)
         # via_arrow forces (True) or forbids (False) the pyiceberg reader; None picks by the files.
         self._arrow = ((not pin.local) or pin.has_deletes) if via_arrow is None else via_arrow

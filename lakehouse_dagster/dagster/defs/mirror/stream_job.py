@@ -18,6 +18,8 @@ when it happens (the loop tries it again after a backoff) and fails the run at i
 """
 
 import contextlib
+import signal
+import threading
 import time
 import uuid
 
@@ -101,6 +103,11 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             session.close()  # Postgres went away mid-check: nothing is recorded as passed
             context.log.warning(f"checks of {ds_id} not evaluated: {lost} (the partition's next sync is checked)")
             return []
+        if signalled.is_set():  # a signal came mid-check: what it saw (a query cancelled) is not a verdict
+            context.log.info(
+                f"checks of {ds_id} not recorded: the run is stopping (the partition's next sync is checked)"
+            )
+            return []
         logged.extend(e for e in evaluations if not e.passed)
         return evaluations
 
@@ -119,7 +126,13 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             return []
 
     stopping = False  # the stack is stopping: a signal to the run's process, no termination asked
-    with pooled_event_writes(context.instance), contextlib.closing(_Session(lakehouse)) as session:
+    stop = threading.Event()  # the loop's: set at its end, or by a signal
+    signalled = threading.Event()  # a signal to the run's process came, whatever a library did with its exception
+    with (
+        pooled_event_writes(context.instance),
+        contextlib.closing(_Session(lakehouse)) as session,
+        _signals_stop(stop, signalled),
+    ):
         items = stream_shard(
             lakehouse.pg_dsn,
             lakehouse.catalog(),
@@ -128,6 +141,7 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             shard_count=config.shards,
             run_id=context.run_id,
             deadline=deadline,
+            stop=stop,
         )
         try:
             for item in items:
@@ -204,6 +218,10 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
             stopping = True
         finally:
             items.close()  # the loop stops and waits for its syncs in flight (each one commit), then lets go
+        if signalled.is_set() and not stopping:  # a signal whose exception a library swallowed: the loop stopped
+            if _termination_requested(context):
+                raise dg.DagsterExecutionInterruptedError()
+            stopping = True
         if not stopping:  # stopping, the checks left are the next sync's: the stop stays within seconds
             for ds_id in list(to_check):  # the shard is the successor's now: only the checks are left
                 dagster_log_now(context, checks(session, ds_id))
@@ -229,6 +247,37 @@ def stream_shard_op(context: dg.OpExecutionContext, config: MirrorStreamConfig, 
         problems.append(line)
     if problems:
         raise refuse("\n".join(problems)) from None
+
+
+@contextlib.contextmanager
+def _signals_stop(stop: threading.Event, signalled: threading.Event):
+    """Within the block, SIGTERM and SIGINT set ``stop`` and ``signalled`` before Dagster's own handler raises its interrupt: a library
+    that swallows the exception (DuckDB turns it into RuntimeError('Query interrupted'); the canary makes any error an
+    ERROR verdict) cannot keep the stream running past its stack's stop (issue 44: a code server's SIGTERM ignored
+    until the SIGKILL 30 s later). Only the main thread may set handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum, frame) -> None:
+        handler = previous[signum]
+        if handler == signal.SIG_IGN:  # a signal this process was told to ignore stops nothing
+            return
+        signalled.set()
+        stop.set()
+        if callable(handler):
+            handler(signum, frame)
+        elif handler == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _termination_requested(context: dg.OpExecutionContext) -> bool:
