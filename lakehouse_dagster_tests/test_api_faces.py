@@ -20,6 +20,7 @@ FACES = sorted(p.stem for p in API.glob("*.py") if p.name != "__init__.py")
 
 def test_the_scan_sees_the_faces():
     assert {"reverse", "parity", "complete", "flips", "capture", "lifecycle"} <= set(FACES)
+    assert {"flags", "status", "alerts", "plans", "datasets", "schema"} <= set(FACES)
 
 
 def _type_checking_names(face: str) -> dict[str, str]:

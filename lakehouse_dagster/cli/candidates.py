@@ -20,7 +20,7 @@ def add_candidates(sub, name: str, help: str | None):
 
 
 def _candidates(ctx, args) -> Result:
-    from lakehouse_dagster.flags.candidates import (
+    from lakehouse_dagster.api.flags import (
         SAFE,
         write_flip_candidates,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

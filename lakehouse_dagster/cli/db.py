@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lakehouse_dagster.api import capture
+from lakehouse_dagster.api.schema import applied_migrations, load_migrations, migrate
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.db import redact
-from lakehouse_dagster.schema.migrate import applied_migrations, load_migrations, migrate
 
 
 def register(sub) -> None:

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 
 def require_schema(conn) -> None:
-    from lakehouse_dagster.tracking.datasets.rows import rows_table_missing  # here: a fast --help
+    from lakehouse_dagster.api.datasets import rows_table_missing  # here: a fast --help
 
     if rows_table_missing(conn):
         raise BadInput("the database has no lakehouse schema yet; run: lakehouse db migrate")

@@ -15,11 +15,11 @@ def register(sub) -> None:
 
 
 def _ingest(ctx, args) -> Result:
+    from lakehouse_dagster.api.flags import (
+        FlagResolver,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.api.flips import (
         checked_write,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.flags.resolver import (
-        FlagResolver,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.sources.writers import (
         check_writer,

@@ -38,13 +38,11 @@ def add_pg_readers(sub, name: str, help: str | None):
 
 
 def _readers_add(ctx, args) -> Result:
-    from lakehouse_dagster.flags.native import (
+    from lakehouse_dagster.api.datasets import ids_in_workspace  # lazy, as below
+    from lakehouse_dagster.api.flags import (
+        declare,
         native_dataset_ids,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.flags.reader_datasets import (
-        declare,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.tracking.datasets import scopes  # lazy, as above
 
     d = declare(
         ctx.conn,
@@ -58,7 +56,7 @@ def _readers_add(ctx, args) -> Result:
         f"{d.reader} reads {d.scope} {d.scope_id} from dataset_rows: a write flip of "
         f"{'it' if d.scope == 'dataset' else 'its datasets'} is refused while this stands"
     )
-    ids = [d.scope_id] if d.scope == "dataset" else scopes.ids_in_workspace(ctx.conn, d.scope_id)
+    ids = [d.scope_id] if d.scope == "dataset" else ids_in_workspace(ctx.conn, d.scope_id)
     stale = sorted(native_dataset_ids(ctx.conn, ids), key=str)
     if stale:  # a fact recorded too late: say so, the gate cannot undo a flip
         text += (
@@ -70,7 +68,7 @@ def _readers_add(ctx, args) -> Result:
 
 
 def _readers_list(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reader_datasets import (
+    from lakehouse_dagster.api.flags import (
         declared,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -79,7 +77,7 @@ def _readers_list(ctx, args) -> Result:
 
 
 def _readers_remove(ctx, args) -> Result:
-    from lakehouse_dagster.flags.reader_datasets import (
+    from lakehouse_dagster.api.flags import (
         remove,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

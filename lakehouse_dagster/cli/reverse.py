@@ -49,14 +49,14 @@ def add_reverse(sub, name: str, help: str | None):
 
 
 def _reverse_status(ctx, args) -> Result:
+    from lakehouse_dagster.api.datasets import (
+        get_dataset,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.api.reverse import (
         reverse_states,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.core.ids import (
         parse_uuid,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.tracking.datasets import (
-        get_dataset,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     ids = [parse_uuid(args.dataset, "dataset id")] if args.dataset else None
@@ -83,14 +83,14 @@ def _reverse_status(ctx, args) -> Result:
 
 
 def _reverse_check(ctx, args) -> Result:
+    from lakehouse_dagster.api.datasets import (
+        get_dataset,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.api.reverse import (
         check_reverse_parity,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.core.ids import (
         parse_uuid,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.tracking.datasets import (
-        get_dataset,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     ds_id = parse_uuid(args.dataset, "dataset id")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
+from lakehouse_dagster.api.flags import current_soak
 from lakehouse_dagster.cli.common import Result, add_command, table
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.flags.soak_setting import current_soak
 
 
 def register(sub) -> None:
@@ -94,19 +94,19 @@ def _source(args) -> tuple[str, str]:
 
 
 def _plan(ctx, args) -> Result:
-    from lakehouse_dagster.plans import actions  # lazy: the CLI imports a verb's machinery only when that verb runs
+    from lakehouse_dagster.api import plans  # lazy: the CLI imports a verb's machinery only when that verb runs
 
     text, origin = _source(args)
-    rendered = actions.dry_run(ctx.conn, ctx.settings, text, origin)
+    rendered = plans.dry_run(ctx.conn, ctx.settings, text, origin)
     lines = rendered.lines() + ["dry-run: nothing written" + ("" if not rendered.problems else "; the plan is refused")]
     return Result(rendered.as_dict(), "\n".join(lines), 6 if rendered.problems else 0)
 
 
 def _start(ctx, args) -> Result:
-    from lakehouse_dagster.plans import actions  # lazy: the CLI imports a verb's machinery only when that verb runs
+    from lakehouse_dagster.api import plans  # lazy: the CLI imports a verb's machinery only when that verb runs
 
     text, origin = _source(args)
-    plan_id, rendered = actions.start(ctx.conn, ctx.settings, text, actor=ctx.settings.project.actor, origin=origin)
+    plan_id, rendered = plans.start(ctx.conn, ctx.settings, text, actor=ctx.settings.project.actor, origin=origin)
     lines = [f"started plan {plan_id} ({len(rendered.changes)} flag change(s)); the rollout_controller advances it"]
     lines += rendered.lines()
     lines.append(f"watch it: lakehouse rollout status {str(plan_id)[:8]}")
@@ -114,18 +114,15 @@ def _start(ctx, args) -> Result:
 
 
 def _status(ctx, args) -> Result:
-    from lakehouse_dagster.plans import (
-        status,
-        store,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs
+    from lakehouse_dagster.api import plans  # lazy: the CLI imports a verb's machinery only when that verb runs
 
     if args.history < 0:
         raise BadInput(f"--history {args.history} must be 0 or more")
     soak = current_soak(ctx.conn, ctx.settings).seconds
     if args.id:
-        s = status.plan_status(ctx.conn, store.resolve_id(ctx.conn, args.id), soak_seconds=soak, history=args.history)
+        s = plans.plan_status(ctx.conn, plans.resolve_id(ctx.conn, args.id), soak_seconds=soak, history=args.history)
         return Result(s.as_dict(), "\n".join(s.lines(history=args.history > 0)))
-    found = status.recent_statuses(ctx.conn, soak_seconds=soak, history=args.history if args.json else 0)
+    found = plans.recent_statuses(ctx.conn, soak_seconds=soak, history=args.history if args.json else 0)
     rows = [
         {
             "id": str(s.id)[:8],
@@ -143,28 +140,24 @@ def _status(ctx, args) -> Result:
 
 
 def _act(ctx, args, verb: str) -> Result:
-    from lakehouse_dagster.plans import (
-        actions,
-        status,
-        store,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs
+    from lakehouse_dagster.api import plans  # lazy: the CLI imports a verb's machinery only when that verb runs
 
-    plan_id = store.resolve_id(ctx.conn, args.id)
+    plan_id = plans.resolve_id(ctx.conn, args.id)
     actor = ctx.settings.project.actor
     message = ""
     if verb == "pause":
-        actions.pause(ctx.conn, plan_id, actor=actor, reason=args.text)
+        plans.pause(ctx.conn, plan_id, actor=actor, reason=args.text)
     elif verb == "resume":
-        actions.resume(ctx.conn, plan_id, actor=actor, note=args.text)
+        plans.resume(ctx.conn, plan_id, actor=actor, note=args.text)
     elif verb == "approve":
-        actions.approve(ctx.conn, plan_id, actor=actor, note=args.text)
+        plans.approve(ctx.conn, plan_id, actor=actor, note=args.text)
     else:
-        outcome = actions.abort(ctx.conn, ctx.settings, plan_id, actor=actor, reason=args.text)
+        outcome = plans.abort(ctx.conn, ctx.settings, plan_id, actor=actor, reason=args.text)
         message = outcome.message
         if outcome.restored is not None:
             message += "".join(f"\n  restored {r}" for r in outcome.restored.restored)
             message += "".join(f"\n  REFUSED {r}" for r in outcome.restored.refused)
-    s = status.plan_status(ctx.conn, plan_id, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
+    s = plans.plan_status(ctx.conn, plan_id, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
     text = "\n".join(([message] if message else []) + s.lines(history=False))
     return Result(s.as_dict() | ({"message": message} if message else {}), text)
 

@@ -27,7 +27,7 @@ def register(sub) -> None:
 
 
 def _proof_set(ctx, args) -> Result:
-    from lakehouse_dagster.flags.proof import (
+    from lakehouse_dagster.api.flags import (
         set_threshold,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -44,7 +44,7 @@ def _proof_set(ctx, args) -> Result:
 
 
 def _proof_show(ctx, args) -> Result:
-    from lakehouse_dagster.flags.proof import (
+    from lakehouse_dagster.api.flags import (
         threshold,
         threshold_history,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

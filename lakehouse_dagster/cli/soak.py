@@ -27,7 +27,7 @@ def add_soak(sub, name: str, help: str | None):
 
 
 def _soak_set(ctx, args) -> Result:
-    from lakehouse_dagster.flags.soak_setting import (
+    from lakehouse_dagster.api.flags import (
         set_soak,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -48,7 +48,7 @@ def _soak_set(ctx, args) -> Result:
 
 
 def _soak_show(ctx, args) -> Result:
-    from lakehouse_dagster.flags.soak_setting import (
+    from lakehouse_dagster.api.flags import (
         current_soak,
         soak_history,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

@@ -80,16 +80,16 @@ def _set(ctx, args) -> Result:
 
 def _show(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
+    from lakehouse_dagster.api.datasets import (
+        current_state,
+        public_cursor,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.lake.catalog import (
         load_table_or_none,
         table_identifier,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.sources import (
         get_source,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.tracking.ingest_state import (
-        current_state,
-        public_cursor,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     spec = get_source(ctx.conn, ds_id)

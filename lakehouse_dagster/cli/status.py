@@ -24,17 +24,17 @@ def register(sub) -> None:
 
 
 def _status(ctx, args) -> Result:
-    from lakehouse_dagster.flags.soak_setting import current_soak  # here: a usage error answers without psycopg
-    from lakehouse_dagster.plans import (
-        status as plan_status,
+    from lakehouse_dagster.api.flags import current_soak  # here: a usage error answers without psycopg
+    from lakehouse_dagster.api.plans import (
+        live_statuses,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.status.overview import (
+    from lakehouse_dagster.api.status import (
         compute_overview,
+        text_lines,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.status.overview_text import text_lines  # lazy: as above
 
     ov = compute_overview(ctx.conn, ctx.settings)
-    plans = plan_status.live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
+    plans = live_statuses(ctx.conn, soak_seconds=current_soak(ctx.conn, ctx.settings).seconds, history=0)
     lines = text_lines(ov) + ["", f"rollout plans: {len(plans)} live" + ("" if plans else " (lakehouse rollout start)")]
     for p in plans:
         lines += ["  " + line for line in p.lines(history=False)]

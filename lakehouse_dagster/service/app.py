@@ -29,11 +29,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.flags import READ
 from lakehouse_dagster.api.flips import checked_write
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
 from lakehouse_dagster.service import bodies
 from lakehouse_dagster.service.encode import pick_format
@@ -55,7 +56,6 @@ from lakehouse_dagster.service.read_stream import ReadStream
 from lakehouse_dagster.service.reads import OpenRead, open_read
 from lakehouse_dagster.service.slots import DONE, NOT_STARTED, RUNNING, blocking, run_holding
 from lakehouse_dagster.service.state import INGEST_THREADS, RunningIngest, Service
-from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.service")
 

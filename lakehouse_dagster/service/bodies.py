@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from lakehouse_dagster.api.flags import READ, READERS, get_flag
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.flags.registry import READ, READERS, get_flag
 from lakehouse_dagster.routing.request import COMPUTE_FIELDS, Query, parse_query
 from lakehouse_dagster.sources.writers import check_writer
 

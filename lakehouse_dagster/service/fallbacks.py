@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.flags import READ, insert_fallback
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.flags.incidents import insert_fallback
-from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.service.bodies import FallbackRequest
 from lakehouse_dagster.service.db import ServiceDb
-from lakehouse_dagster.tracking.datasets import get_dataset
 
 
 def record_reported_fallback(db: ServiceDb, req: FallbackRequest, router_log: logging.Logger) -> dict:

@@ -15,6 +15,7 @@ import logging
 
 import pyarrow as pa
 
+from lakehouse_dagster.api.datasets import get_dataset
 from lakehouse_dagster.core.errors import LakehouseError, ReadRefused
 from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.routing.exercise import no_fallback_message
@@ -27,7 +28,6 @@ from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postg
 from lakehouse_dagster.service.bodies import ReadRequest
 from lakehouse_dagster.service.db import ServiceDb
 from lakehouse_dagster.service.errors import IcebergReadFailed
-from lakehouse_dagster.tracking.datasets import get_dataset
 
 log = logging.getLogger("lakehouse_dagster.read_router")  # the router's own logger: one place for its lines
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lakehouse_dagster.api.flags import MODES, READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 from lakehouse_dagster.cli import candidates, complete, pg_readers, reverse, soak
 from lakehouse_dagster.cli.common import add_command
 from lakehouse_dagster.cli.flags.crud import _clear, _history, _list, _set
@@ -20,7 +21,6 @@ from lakehouse_dagster.cli.flags.flips import _flip, _flip_args, _wflip
 from lakehouse_dagster.cli.flags.read import _read
 from lakehouse_dagster.cli.flags.shared import _KIND_WORD, _scope_args
 from lakehouse_dagster.cli.moved import add_aliases
-from lakehouse_dagster.flags.registry import MODES, READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 
 # the new verb path -> its parser builder, for the aliases of the verbs that moved out (cli/moved.py)
 _BUILDERS: dict[tuple[str, ...], Callable[..., Any]] = {

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import sys
 
+from lakehouse_dagster.api.flags import READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 from lakehouse_dagster.cli.common import Result, table
 from lakehouse_dagster.cli.flags.shared import _KIND_WORD, _change_data, _where
-from lakehouse_dagster.flags.registry import READ, REGISTRY, WRITE  # no psycopg: a usage error answers at once
 
 
 def _list(ctx, args) -> Result:
-    from lakehouse_dagster.flags.overrides import list_overrides  # the verbs' imports: psycopg only when one runs
-    from lakehouse_dagster.flags.resolver import (
+    from lakehouse_dagster.api.flags import (
         FlagResolver,
+        list_overrides,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     kind = args.kind
@@ -58,7 +58,7 @@ def _list(ctx, args) -> Result:
     if kind == READ:
         text += _consistency(ctx, data, None if not args.dataset else args.dataset)
     if args.dataset:
-        from lakehouse_dagster.tracking.datasets import (
+        from lakehouse_dagster.api.datasets import (
             get_dataset,
         )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -80,9 +80,8 @@ def _list(ctx, args) -> Result:
 
 def _consistency(ctx, data: dict, dataset) -> list[str]:
     """The shadow consistency of the compute readers per dataset (flags/proof.py): what a flip of one is gated on."""
+    from lakehouse_dagster.api.flags import PROVEN_READERS, proofs, threshold  # lazy: psycopg only when a verb runs
     from lakehouse_dagster.core.ids import parse_uuid  # lazy: the CLI imports a verb's machinery only when it runs
-    from lakehouse_dagster.flags.proof import proofs, threshold  # lazy: as above
-    from lakehouse_dagster.flags.registry import PROVEN_READERS  # lazy: as above
 
     needed = threshold(ctx.conn, ctx.settings).reads  # the one value every process on this database applies
     ids = None if dataset is None else [parse_uuid(dataset, "dataset id")]
@@ -101,7 +100,7 @@ def _consistency(ctx, data: dict, dataset) -> list[str]:
 
 
 def _set(ctx, args) -> Result:
-    from lakehouse_dagster.flags.gates import (
+    from lakehouse_dagster.api.flags import (
         set_flag,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -156,10 +155,8 @@ def _with_rollback(ctx, args, leaving, result: Result) -> Result:
 
 
 def _clear(ctx, args) -> Result:
-    from lakehouse_dagster.flags.gates import (
+    from lakehouse_dagster.api.flags import (
         clear_flag,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.flags.overrides import (
         narrower_overrides,
         remaining_lines,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
@@ -191,7 +188,7 @@ def _clear(ctx, args) -> Result:
 
 
 def _history(ctx, args) -> Result:
-    from lakehouse_dagster.flags.overrides import (
+    from lakehouse_dagster.api.flags import (
         history,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from lakehouse_dagster.api.flags import READ, WRITE  # no psycopg: a usage error answers at once
 from lakehouse_dagster.cli.common import Result, table
 from lakehouse_dagster.cli.flags.shared import _change_data, _scope_args
-from lakehouse_dagster.flags.registry import READ, WRITE  # no psycopg: a usage error answers at once
 
 
 def _flip_args(p) -> None:

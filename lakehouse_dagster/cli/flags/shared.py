@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from lakehouse_dagster.api.flags import READ, WRITE  # no psycopg: a usage error answers at once
 from lakehouse_dagster.cli.common import scope_args as _scope_args  # noqa: F401 - the flags verbs' name for it
 from lakehouse_dagster.cli.common import where as _where  # noqa: F401 - the flags verbs' name for it
-from lakehouse_dagster.flags.registry import READ, WRITE  # no psycopg: a usage error answers at once
 
 _KIND_WORD = {READ: "reader", WRITE: "writer"}
 

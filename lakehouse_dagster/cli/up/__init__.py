@@ -208,8 +208,8 @@ def _up(ctx, args) -> Result:  # noqa: C901
 
         # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
         from lakehouse_dagster.api import capture  # lazy: see above
+        from lakehouse_dagster.api.schema import migrate  # lazy: see above
         from lakehouse_dagster.demo.workspace import seed_demo  # lazy: see above
-        from lakehouse_dagster.schema.migrate import migrate  # lazy: see above
 
         with _connect(dsn) as conn:
             applied = migrate(conn)

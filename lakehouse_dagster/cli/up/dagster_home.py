@@ -98,7 +98,7 @@ def _seed_soak(conn: psycopg.Connection, settings, *, demo: bool) -> None:
     """Store the soak once, so every process of this stack (the CLI, the webserver, the daemon, each run) applies one
     value (flags/soak_setting.py): LAKEHOUSE_SOAK_SECONDS when set, else 0 for the demo on the embedded Postgres
     (the walkthrough widens at once), else the default hour. A stored soak is left as it is."""
-    from lakehouse_dagster.flags.soak_setting import (
+    from lakehouse_dagster.api.flags import (
         current_soak,
         seed_soak,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

@@ -12,12 +12,12 @@ from typing import Any
 
 import dagster as dg
 
+from lakehouse_dagster.api import alerts
+from lakehouse_dagster.api.plans import alertable_events
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, DATASET_NAMES
-from lakehouse_dagster.plans import store as plan_store
-from lakehouse_dagster.status import alerts
 
 RUN_PAGE = 200  # failed runs read per tick after the position (a keyset page: the position moves past it)
 _TICK = dt.timedelta(microseconds=1)
@@ -131,7 +131,7 @@ def lakehouse_alerts(context: dg.SensorEvaluationContext, lakehouse: LakehouseRe
         runs_to = None
         if alerts.webhook_problem(settings.alerts.webhook_url) is None:  # (unset: read nothing)
             failed, runs_to = read_failed_runs(context, conn, cursor.runs_after(now))
-        plan_rows, plan_read_to = plan_store.alertable_events(conn, cursor.rollout)
+        plan_rows, plan_read_to = alertable_events(conn, cursor.rollout)
         tick = alerts.run_tick(
             conn,
             settings,

@@ -13,17 +13,27 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.flags import (
+    FLIPPABLE_WRITERS,
+    MODES,
+    READ,
+    READERS,
+    WRITE,
+    WRITERS,
+    FlagResolver,
+    clear_flag,
+    list_overrides,
+    narrower_overrides,
+    remaining_lines,
+    set_flag,
+    write_flip_candidates,
+)
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, dataset_tags, flag_tags, tag_run, text
-from lakehouse_dagster.flags.candidates import write_flip_candidates
-from lakehouse_dagster.flags.gates import clear_flag, set_flag
-from lakehouse_dagster.flags.overrides import list_overrides, narrower_overrides, remaining_lines
-from lakehouse_dagster.flags.registry import FLIPPABLE_WRITERS, MODES, READ, READERS, WRITE, WRITERS
-from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.tracking.datasets import get_dataset
 
 
 class FlagKind(Enum):

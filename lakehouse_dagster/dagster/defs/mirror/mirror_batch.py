@@ -11,7 +11,9 @@ ERROR (a parity MISMATCH, identity not ready) fails the run too, naming the data
 
 import dagster as dg
 
+from lakehouse_dagster.api.datasets import get_dataset, name_of
 from lakehouse_dagster.api.parity import wedged_syncs
+from lakehouse_dagster.api.status import partition_state, superseded_by
 from lakehouse_dagster.dagster.defs.mirror.assets import (
     dataset_names,
     iceberg_metadata,
@@ -27,9 +29,6 @@ from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, re
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.mirror.batch import Failed, mirror_many
-from lakehouse_dagster.status.page_order import superseded_by
-from lakehouse_dagster.status.partition_state import partition_state
-from lakehouse_dagster.tracking.datasets import get_dataset, lookup
 
 DATASETS_TAG = "lakehouse/datasets"  # comma-separated dataset ids of a batch run (the poller's in-flight test)
 DATA_VERSION_TAG = "dagster/data_version"
@@ -151,7 +150,7 @@ def synced_materializations(conn, settings, item, log=None, instance=None) -> li
 
 def dataset_name_of(conn, dataset_id) -> str:
     """A failed dataset's name for its message (operators know names; the id follows it)."""
-    return lookup.name_of(conn, dataset_id, "(deleted dataset)")
+    return name_of(conn, dataset_id, "(deleted dataset)")
 
 
 @dg.job(

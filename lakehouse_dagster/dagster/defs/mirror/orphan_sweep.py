@@ -10,12 +10,12 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.datasets import names_of
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.mirror.sweep import sweep
-from lakehouse_dagster.tracking.datasets import lookup
 
 
 class OrphanSweepConfig(dg.Config):
@@ -44,7 +44,7 @@ def orphan_sweep_op(context: dg.OpExecutionContext, config: OrphanSweepConfig, l
             )
         except LakehouseError as exc:
             raise refuse(exc) from None
-        names: dict = lookup.names_of(conn, [s.dataset_id for s in swept])
+        names: dict = names_of(conn, [s.dataset_id for s in swept])
     for s in swept:
         if s.error:
             context.log.warning(f"{names.get(s.dataset_id, '?')} " + s.line(config.delete))

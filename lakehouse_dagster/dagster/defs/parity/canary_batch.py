@@ -12,6 +12,7 @@ other dataset has been checked, naming them: a MISMATCH never hides in a green r
 
 import dagster as dg
 
+from lakehouse_dagster.api.datasets import names_of
 from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
@@ -19,7 +20,6 @@ from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG, FULL_TAG, c
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
-from lakehouse_dagster.tracking.datasets import lookup
 
 _SHOWN = 10  # datasets named in a failure line (the count says how many more)
 
@@ -49,7 +49,7 @@ def check_datasets(context: dg.OpExecutionContext, config: CanaryBatchConfig, la
     crashed: list[str] = []
     verdicts: dict[str, int] = {}
     with pooled_event_writes(context.instance), lakehouse.connect() as conn:
-        names: dict = lookup.names_of(conn, ids)
+        names: dict = names_of(conn, ids)
         gone = [d for d in ids if d not in names]
         if gone and not scheduled:
             raise refuse(

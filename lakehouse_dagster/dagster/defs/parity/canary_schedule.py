@@ -16,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 
+from lakehouse_dagster.api.flags import flipped_dataset_ids
 from lakehouse_dagster.api.parity import oldest_first, plan_round
 from lakehouse_dagster.dagster.defs.parity.canary_batch import CanaryBatchConfig, parity_canary_batch_job
 from lakehouse_dagster.dagster.defs.parity.checks import CANARY_TAG
@@ -23,7 +24,6 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.tags import batch_tags, datasets_tags
-from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 
 # Checks only: the table is not re-materialized (that is the mirror's job), so a dataset behind its
 # Postgres version reads as lagging rather than being synced first. A checks-only asset job carries no

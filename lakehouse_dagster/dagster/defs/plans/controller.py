@@ -14,6 +14,17 @@ import uuid
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api import plans
+from lakehouse_dagster.api.plans import (
+    ANALYSIS,
+    COMPLETE_JOB,
+    FAILED,
+    IN_FLIGHT,
+    READ_FLIP,
+    SET_FLAG,
+    SUCCEEDED,
+    WRITE_FLIP,
+)
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.dagster.defs.flags.flags import set_flag_job
@@ -24,17 +35,6 @@ from lakehouse_dagster.dagster.defs.runbooks.rollout import read_flip_job, write
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.run_failure import failure_reason
 from lakehouse_dagster.dagster.defs.shared.tags import PLAN, PLAN_STEP, flag_tags, plan_tags
-from lakehouse_dagster.plans import controller, store
-from lakehouse_dagster.plans.controller import (
-    ANALYSIS,
-    COMPLETE_JOB,
-    FAILED,
-    IN_FLIGHT,
-    READ_FLIP,
-    SET_FLAG,
-    SUCCEEDED,
-    WRITE_FLIP,
-)
 
 _OP = {
     READ_FLIP: "read_flip_preflight",
@@ -52,7 +52,7 @@ def _tick_seconds() -> int:
         return 15
 
 
-def run_config(ask: controller.RunAsk) -> dict:
+def run_config(ask: plans.RunAsk) -> dict:
     """The job's launchpad config for a step's parameters; the steps run in the run's own process (a flip's three
     short ops would otherwise start a Python process each: ~5 s apiece on the target machine)."""
     p = ask.params
@@ -80,7 +80,7 @@ def run_config(ask: controller.RunAsk) -> dict:
     return run
 
 
-def run_request(conn: psycopg.Connection, ask: controller.RunAsk) -> dg.RunRequest:
+def run_request(conn: psycopg.Connection, ask: plans.RunAsk) -> dg.RunRequest:
     p = ask.params
     tags = plan_tags(ask.plan_id, ask.step_key)
     if ask.job in (ANALYSIS, COMPLETE_JOB):
@@ -97,24 +97,24 @@ def run_request(conn: psycopg.Connection, ask: controller.RunAsk) -> dg.RunReque
     return dg.RunRequest(run_key=ask.run_key, job_name=ask.job, run_config=run_config(ask), tags=tags)
 
 
-def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, controller.RunState]:
+def plan_runs(instance: dg.DagsterInstance, plan_id: uuid.UUID) -> dict[str, plans.RunState]:
     """{step key: its run} of one plan, from the runs' tags. A step with several runs (one re-executed from the UI
     carries the same tags) counts as succeeded when one succeeded, in flight while one runs, else failed (newest)."""
     found: dict[str, list] = {}
     for run in instance.get_runs(filters=dg.RunsFilter(tags={PLAN: str(plan_id)})):  # newest first
         if run.tags.get(PLAN_STEP):
             found.setdefault(run.tags[PLAN_STEP], []).append(run)
-    out: dict[str, controller.RunState] = {}
+    out: dict[str, plans.RunState] = {}
     for step, runs in found.items():
         done = [r for r in runs if r.status == dg.DagsterRunStatus.SUCCESS]
         ended = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
         running = [r for r in runs if r.status not in ended]
         if done:
-            out[step] = controller.RunState(done[-1].run_id, SUCCEEDED)
+            out[step] = plans.RunState(done[-1].run_id, SUCCEEDED)
         elif running:
-            out[step] = controller.RunState(running[0].run_id, IN_FLIGHT)
+            out[step] = plans.RunState(running[0].run_id, IN_FLIGHT)
         else:
-            out[step] = controller.RunState(runs[0].run_id, FAILED, failure_reason(instance, runs[0].run_id))
+            out[step] = plans.RunState(runs[0].run_id, FAILED, failure_reason(instance, runs[0].run_id))
     return out
 
 
@@ -132,11 +132,11 @@ def rollout_controller(context: dg.SensorEvaluationContext, lakehouse: Lakehouse
     settings = lakehouse.settings()
     last_event = int(json.loads(context.cursor).get("event", 0)) if context.cursor else 0
     with lakehouse.connect() as conn:
-        if not store.tables_exist(conn):
+        if not plans.tables_exist(conn):
             return dg.SkipReason("the rollout tables do not exist yet: run lakehouse db migrate")
-        result = controller.tick(conn, settings, lambda plan_id: plan_runs(context.instance, plan_id))
+        result = plans.tick(conn, settings, lambda plan_id: plan_runs(context.instance, plan_id))
         requests = [run_request(conn, ask) for ask in result.asks]
-        new_events = store.events(conn, after_id=last_event, limit=500)
+        new_events = plans.events(conn, after_id=last_event, limit=500)
     for e in new_events:
         line = f"rollout {str(e['plan_id'])[:8]} {e['event']}" + (f": {e['reason']}" if e["reason"] else "")
         (context.log.warning if e["severity"] != "info" else context.log.info)(line)

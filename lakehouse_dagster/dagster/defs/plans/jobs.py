@@ -10,15 +10,14 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.api import parity as canary  # the canary's face: its names load on first use
-from lakehouse_dagster.api import reverse
+from lakehouse_dagster.api import plans, reverse
+from lakehouse_dagster.api.flags import current_soak
 from lakehouse_dagster.api.parity import run_canary_and_roll_back
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.ids import parse_uuid
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tags import plan_tags, tag_run, text
-from lakehouse_dagster.flags.soak_setting import current_soak
-from lakehouse_dagster.plans import actions, status, store
 
 ANALYSIS_SOURCE = "rollout-analysis"  # lakehouse_read_parity.source of the verdicts an analysis run records
 _TAGS = {"lakehouse/area": "rollout"}
@@ -41,7 +40,7 @@ class StatusConfig(dg.Config):
     plan_id: Optional[str] = Field(default=None, description="one plan; empty: every recent plan")
 
 
-def _status_meta(s: status.PlanStatus) -> dict:
+def _status_meta(s: plans.PlanStatus) -> dict:
     return {
         "plan_id": text(s.id),
         "state": s.state,
@@ -56,7 +55,7 @@ def _status_meta(s: status.PlanStatus) -> dict:
 def rollout_plan_op(context: dg.OpExecutionContext, config: PlanFileConfig, lakehouse: LakehouseResource) -> dict:
     with lakehouse.connect() as conn:
         try:
-            rendered = actions.dry_run(conn, lakehouse.settings(), config.plan)
+            rendered = plans.dry_run(conn, lakehouse.settings(), config.plan)
         except LakehouseError as exc:
             raise refuse(exc) from None
     lines = rendered.lines()
@@ -74,9 +73,7 @@ def rollout_plan_op(context: dg.OpExecutionContext, config: PlanFileConfig, lake
 def rollout_start_op(context: dg.OpExecutionContext, config: PlanFileConfig, lakehouse: LakehouseResource) -> str:
     with lakehouse.connect() as conn:
         try:
-            plan_id, rendered = actions.start(
-                conn, lakehouse.settings(), config.plan, actor=actor_of(context, lakehouse)
-            )
+            plan_id, rendered = plans.start(conn, lakehouse.settings(), config.plan, actor=actor_of(context, lakehouse))
         except LakehouseError as exc:
             raise refuse(exc) from None
     tag_run(context, plan_tags(plan_id, "start"))
@@ -92,12 +89,12 @@ def rollout_status_op(context: dg.OpExecutionContext, config: StatusConfig, lake
         try:
             if config.plan_id:
                 found = [
-                    status.plan_status(
-                        conn, store.resolve_id(conn, config.plan_id), soak_seconds=current_soak(conn, settings).seconds
+                    plans.plan_status(
+                        conn, plans.resolve_id(conn, config.plan_id), soak_seconds=current_soak(conn, settings).seconds
                     )
                 ]
             else:
-                found = status.recent_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=5)
+                found = plans.recent_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=5)
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info("\n".join(line for s in found for line in s.lines()) or "no rollout plan yet")
@@ -111,18 +108,18 @@ def _act(context, lakehouse: LakehouseResource, config: PlanIdConfig, what: str)
     actor = actor_of(context, lakehouse)
     with lakehouse.connect() as conn:
         try:
-            plan_id = store.resolve_id(conn, config.plan_id)
+            plan_id = plans.resolve_id(conn, config.plan_id)
             tag_run(context, plan_tags(plan_id, what))
             message = None
             if what == "pause":
-                actions.pause(conn, plan_id, actor=actor, reason=config.note)
+                plans.pause(conn, plan_id, actor=actor, reason=config.note)
             elif what == "resume":
-                actions.resume(conn, plan_id, actor=actor, note=config.note)
+                plans.resume(conn, plan_id, actor=actor, note=config.note)
             elif what == "approve":
-                actions.approve(conn, plan_id, actor=actor, note=config.note)
+                plans.approve(conn, plan_id, actor=actor, note=config.note)
             else:
-                message = actions.abort(conn, settings, plan_id, actor=actor, reason=config.note).message
-            s = status.plan_status(conn, plan_id, soak_seconds=current_soak(conn, settings).seconds, history=0)
+                message = plans.abort(conn, settings, plan_id, actor=actor, reason=config.note).message
+            s = plans.plan_status(conn, plan_id, soak_seconds=current_soak(conn, settings).seconds, history=0)
         except LakehouseError as exc:
             raise refuse(exc) from None
     context.log.info("\n".join(([message] if message else []) + s.lines(history=False)))

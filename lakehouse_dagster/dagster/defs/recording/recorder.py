@@ -31,6 +31,17 @@ import dagster as dg
 import psycopg
 
 from lakehouse_dagster.api.reverse import ReversePageChange, reverse_page_changes
+from lakehouse_dagster.api.status import (
+    Change,
+    Cursor,
+    PartitionState,
+    Plan,
+    deleted_dataset_keys,
+    newer_than,
+    partition_states,
+    plan_recording,
+    sync_order,
+)
 from lakehouse_dagster.core.settings import Settings
 from lakehouse_dagster.dagster.defs.mirror.sensors import IN_FLIGHT
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -47,9 +58,6 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import latest_sync
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.provenance import iceberg_holds_truth, table_provenance
 from lakehouse_dagster.dagster.defs.shared.tags import scope_value, text
-from lakehouse_dagster.status.page_order import newer_than, sync_order
-from lakehouse_dagster.status.partition_state import PartitionState, partition_states
-from lakehouse_dagster.status.recording import Change, Cursor, Plan, deleted_dataset_keys, plan_recording
 
 PRUNE_EVERY_SECONDS = 300.0  # a full comparison of the partitions with the datasets (O(partitions)): not every tick
 DATA_VERSION_TAG = "dagster/data_version"

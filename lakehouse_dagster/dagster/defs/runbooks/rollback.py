@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.api.complete import backfill_or_restore
+from lakehouse_dagster.api.flags import set_flag
 from lakehouse_dagster.api.flips import (
     BackfillResult,
     apply_reverse_first,
@@ -24,7 +25,6 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_tags, flag_tags, tag_run, text
-from lakehouse_dagster.flags.gates import set_flag
 
 
 class WriteRollbackConfig(dg.Config):

@@ -20,7 +20,7 @@ from typing import Any
 import dagster as dg
 import psycopg
 
-from lakehouse_dagster.tracking.datasets import lookup
+from lakehouse_dagster.api.datasets import names_of
 
 DATASET = "lakehouse/dataset"
 DATASET_NAME = "lakehouse/dataset_name"
@@ -47,7 +47,7 @@ def datasets_tags(conn: psycopg.Connection, dataset_ids: Iterable[object]) -> di
     """The dataset tags of many datasets in one query (a sensor tick); an unknown id gets its id tag only.
     (No workspace tag: the runs list shows every tag of a run, and the scope tag names it for flag runs.)"""
     ids = {i for i in (_uuid(d) for d in dataset_ids) if i is not None}
-    found: dict = lookup.names_of(conn, list(ids)) if ids else {}
+    found: dict = names_of(conn, list(ids)) if ids else {}
     return {i: {DATASET: str(i), **({DATASET_NAME: _value(found[i])} if i in found else {})} for i in ids}
 
 

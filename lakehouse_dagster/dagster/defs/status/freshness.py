@@ -22,6 +22,7 @@ import uuid
 
 import dagster as dg
 
+from lakehouse_dagster.api.status import flipped_freshness
 from lakehouse_dagster.dagster.defs.parity.checks import freshness_result
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE
@@ -29,7 +30,6 @@ from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS
 from lakehouse_dagster.dagster.defs.shared.tags import dataset_metadata
 from lakehouse_dagster.dagster.private_apis import dagster_report_check_result
-from lakehouse_dagster.status.lag import flipped_freshness
 
 CHECK = "snapshot_freshness"
 CHECK_KEY = dg.AssetCheckKey(ICEBERG_TABLE, CHECK)

@@ -13,15 +13,12 @@ import datetime as dt
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.flags import READ, SERVABLE_READERS, SHADOW_KEEP_DAYS, current_soak, prune_shadow_reads
+from lakehouse_dagster.api.plans import PlanStatus, live_statuses
+from lakehouse_dagster.api.status import ATTENTION_SHOWN, POSTGRES, Overview, compute_overview
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
-from lakehouse_dagster.flags.proof import SHADOW_KEEP_DAYS, prune_shadow_reads
-from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
-from lakehouse_dagster.flags.soak_setting import current_soak
 from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
-from lakehouse_dagster.plans import status as plan_status
-from lakehouse_dagster.plans.status import PlanStatus
-from lakehouse_dagster.status.overview import ATTENTION_SHOWN, POSTGRES, Overview, compute_overview
 
 # The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
 ROLLOUT_JOBS = (
@@ -367,7 +364,7 @@ def prune_old_comparisons(
 def migration_overview(context: dg.AssetExecutionContext, lakehouse: LakehouseResource) -> dg.MaterializeResult:
     settings = lakehouse.settings()
     with lakehouse.connect() as conn:
-        plans = plan_status.live_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=0)
+        plans = live_statuses(conn, soak_seconds=current_soak(conn, settings).seconds, history=0)
         prune_old_comparisons(context, conn, plans)  # logged, not an entry (UI_ENTRIES)
         ov = compute_overview(conn, settings)
     st = ov.dataset_stages
