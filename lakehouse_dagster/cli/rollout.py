@@ -159,7 +159,7 @@ def _act(ctx, args, verb: str) -> Result:
     elif verb == "approve":
         actions.approve(ctx.conn, plan_id, actor=actor, note=args.text)
     else:
-        outcome = actions.abort(ctx.conn, ctx.settings, plan_id, actor=actor, reason=args.text)
+        outcome = actions.abort(ctx.conn, ctx.settings.project, plan_id, actor=actor, reason=args.text)
         message = outcome.message
         if outcome.restored is not None:
             message += "".join(f"\n  restored {r}" for r in outcome.restored.restored)
