@@ -423,7 +423,7 @@ def test_a_rollout_plan_that_pauses_or_aborts_is_posted_once_each_and_the_past_i
     s = seed_mix(conn, dsn, settings)
     old_id, _ = actions.start(conn, settings, "reader: studio.digest\nstages:\n  - datasets: 1\n", actor="pytest")
     actions.pause(conn, old_id, actor="ops", reason="before alerts were on")
-    actions.abort(conn, settings, old_id, actor="ops", reason="an old plan")
+    actions.abort(conn, settings.project, old_id, actor="ops", reason="an old plan")
     tick()  # the first tick starts at the newest event: the old plan's pause and abort are not posted
     assert receiver.delivered == []
     plan_id, _ = actions.start(
@@ -437,7 +437,7 @@ def test_a_rollout_plan_that_pauses_or_aborts_is_posted_once_each_and_the_past_i
     assert f"lakehouse rollout resume {plan_id}" in paused and f"lakehouse rollout status {plan_id}" in paused
     tick()
     assert len(receiver.delivered) == 1  # once
-    actions.abort(conn, settings, plan_id, actor="ops", reason="wrong week")
+    actions.abort(conn, settings.project, plan_id, actor="ops", reason="wrong week")
     assert tick().startswith("1 new event(s) (rollout 1)")
     aborted = receiver.texts()[-1]
     assert aborted.startswith(f"Rollout plan: rollout {plan_id} (reader graph.kuzu → iceberg) aborted at stage 1: ")
@@ -753,23 +753,23 @@ def test_a_mirror_stream_shard_down_past_the_bound_is_posted_once_per_outage(con
 def test_no_stream_down_alert_while_streaming_is_off_or_the_shard_is_alive(conn, settings, webhook):
     now = conn.execute("select now()").fetchone()[0]
     on = settings.replace(stream={"enabled": True, "shards": 2, "down_seconds": 30})
-    assert alerts.stream_events(conn, on) == []  # on, but no shard of 2 ever streamed: how long is not known
+    assert alerts.stream_events(conn, on.stream) == []  # on, but no shard of 2 ever streamed: how long is not known
     _stream_row(conn, 0, 2, "run-0", beat_s_ago=1)
     _stream_row(conn, 1, 2, "run-1", beat_s_ago=2)
-    assert alerts.stream_events(conn, on) == []  # both alive
+    assert alerts.stream_events(conn, on.stream) == []  # both alive
     _stream_row(conn, 0, 2, "run-0", beat_s_ago=3, ended=True)
-    assert alerts.stream_events(conn, on) == []  # a handover: its run let go 3 s ago, a successor takes it
+    assert alerts.stream_events(conn, on.stream) == []  # a handover: its run let go 3 s ago, a successor takes it
     _stream_row(conn, 0, 2, "run-0", beat_s_ago=500)
     _stream_row(conn, 1, 2, "run-1", beat_s_ago=500)
     off = on.replace(stream={"enabled": False})
-    assert alerts.stream_events(conn, off) == []  # streaming off: batch runs mirror every change, nothing is down
+    assert alerts.stream_events(conn, off.stream) == []  # streaming off: batch runs mirror every change
     _tick_at(conn, off, webhook, now)
     assert webhook.arrived == []
     # 3 shards now: shard 2 never streamed while its siblings have for 600 s
     three = on.replace(stream={"shards": 3})
     _stream_row(conn, 0, 3, "run-a", beat_s_ago=1)
     _stream_row(conn, 1, 3, "run-b", beat_s_ago=1)
-    (e,) = alerts.stream_events(conn, three)
+    (e,) = alerts.stream_events(conn, three.stream)
     assert e.key == "stream_down:2/3" and e.what.startswith("shard 2 of 3 has had no live stream for 10 min ")
     assert "it has never streamed" in e.what and "lakehouse/stream_shard=2/3" in e.act
 
@@ -790,9 +790,9 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
     set_override(conn, "write", "sync.full", "iceberg_native", dataset=d, note="by hand", actor="pytest")
     bound = settings.replace(reverse={"lag_alert_seconds": 300})
     _native_commit(conn, d, 11, s_ago=120)
-    assert alerts.reverse_events(conn, bound) == []  # behind, but within the bound
+    assert alerts.reverse_events(conn, bound.reverse) == []  # behind, but within the bound
     _native_commit(conn, d, 12, s_ago=400)  # the oldest commit dataset_rows lacks is 400 s old now
-    (e,) = alerts.reverse_events(conn, bound)
+    (e,) = alerts.reverse_events(conn, bound.reverse)
     assert e.key == f"reverse_behind:{d}" and e.kind == "reverse_behind" and e.dataset_id == d
     assert e.what == (
         f"ledger ({d}) is written iceberg-native and its reverse mirror has lacked 2 native commit(s) for 6 min "
@@ -810,7 +810,7 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
         "insert into lakehouse_reverse_position (dataset_id, snapshot_id, how, pg_rows) values (%s, 12, 'full', 0)",
         (d,),
     )
-    assert alerts.reverse_events(conn, bound) == []
+    assert alerts.reverse_events(conn, bound.reverse) == []
     _tick_at(conn, bound, webhook, now + dt.timedelta(minutes=2))
     assert conn.execute(
         "select count(*), bool_and(resolved_at is not null) from lakehouse_alerts where kind = 'reverse_behind'"
@@ -818,6 +818,6 @@ def test_a_reverse_mirror_behind_past_the_bound_is_posted_once_until_it_catches_
     conn.execute("update lakehouse_reverse_position set applied_at = now() - interval '60 seconds'")
     _native_commit(conn, d, 13, s_ago=10)  # a native commit after that apply
     tight = bound.replace(reverse={"lag_alert_seconds": 1})
-    assert [e.key for e in alerts.reverse_events(conn, tight)] == [f"reverse_behind:{d}"]
+    assert [e.key for e in alerts.reverse_events(conn, tight.reverse)] == [f"reverse_behind:{d}"]
     set_reverse(conn, False, dataset=d, note="reverse off", actor="pytest")  # nothing to wait for: no alert
-    assert alerts.reverse_events(conn, tight) == []
+    assert alerts.reverse_events(conn, tight.reverse) == []

@@ -933,7 +933,7 @@ def test_postgres_killed_and_stopped_under_a_rollout_stage_then_the_plan_goes_on
             assert len({st.step_key for st in flips}) == len(flips)  # no flip asked for twice
             assert all(st.status == "succeeded" for st in flips), [(st.step_key, st.status) for st in flips]
             assert effective_modes(conn) != before  # the plan moved flags
-            actions.abort(conn, settings, plan_id, actor="ops", reason="after a restart")
+            actions.abort(conn, settings.project, plan_id, actor="ops", reason="after a restart")
             p = driver.until(conn, plan_id, lambda p: p.state != "active" and p.state != "aborting")
             assert p.state == "aborted", (p.state, p.reason)
             assert effective_modes(conn) == before  # every flag as before the plan

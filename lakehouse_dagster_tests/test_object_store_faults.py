@@ -245,16 +245,16 @@ def test_a_native_ingest_while_the_store_fails_lands_all_rows_or_none_and_the_re
 
 def test_the_catalogs_file_io_gets_the_endpoint_region_timers_and_retries_from_the_settings(monkeypatch):
     base = Settings.from_env().replace(s3={"region": None, "endpoint": None})
-    props = file_io_properties(base.replace(s3={"endpoint": "minio:9000"}))
+    props = file_io_properties(base.replace(s3={"endpoint": "minio:9000"}).s3)
     assert props["s3.endpoint"] == "https://minio:9000"  # no scheme given: TLS, as the SDK assumes
     assert props["s3.region"] == "us-east-1"  # an endpoint and no region: pyiceberg must not ask AWS for one
-    assert "s3.region" not in file_io_properties(base)  # AWS itself and no region: pyiceberg resolves the bucket's
-    assert file_io_properties(base.replace(s3={"region": "eu-west-1"}))["s3.region"] == "eu-west-1"
+    assert "s3.region" not in file_io_properties(base.s3)  # AWS itself and no region: pyiceberg resolves the bucket's
+    assert file_io_properties(base.replace(s3={"region": "eu-west-1"}).s3)["s3.region"] == "eu-west-1"
     assert (props["s3.connect-timeout"], props["s3.request-timeout"]) == ("5.0", "10.0")
     strategy = _import_retry_strategy(props["s3.retry-strategy-impl"])  # as pyiceberg builds it: by name, no arguments
     assert isinstance(strategy, S3Retry) and strategy.max_attempts == S3_MAX_RETRIES == base.s3.max_retries
     assert props["s3.retry-strategy-impl"] == "lakehouse_dagster.lake.storage.S3Retry"  # the default, as before
-    two = file_io_properties(base.replace(s3={"max_retries": 2}))["s3.retry-strategy-impl"]
+    two = file_io_properties(base.replace(s3={"max_retries": 2}).s3)["s3.retry-strategy-impl"]
     assert two == f"lakehouse_dagster.lake.s3_retries.{PREFIX}2"
     strategy = _import_retry_strategy(two)
     assert isinstance(strategy, S3Retry) and strategy.max_attempts == 2

@@ -436,7 +436,7 @@ def test_the_overview_and_lakehouse_status_show_each_live_rollout_plan(conn, dsn
     out = capsys.readouterr().out
     assert "rollout plans: 1 live" in out
     assert f"plan {plan_id}: reader graph.kuzu → iceberg: paused, stage 1 of 2" in out
-    actions.abort(conn, settings, plan_id, actor="ops", reason="done looking")
+    actions.abort(conn, settings.project, plan_id, actor="ops", reason="done looking")
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["rollouts"] == []  # an ended plan is no longer live
 
@@ -488,7 +488,7 @@ def test_the_overview_and_lakehouse_status_show_each_stream_shard_alive_or_down(
         two = len(sent)
         compute_overview(conn, settings.replace(stream={"enabled": True, "shards": 64}))
         assert len(sent) - two == two
-        shard_status(conn, on)
+        shard_status(conn, on.stream)
         assert len(sent) - 2 * two == 1
     live, down = ov.stream["shards"]
     assert (live["run_id"], live["alive"], live["down_s"], live["lag_s"], live["backlog"]) == (

@@ -142,7 +142,7 @@ def test_a_mismatch_in_the_workspace_stage_aborts_and_every_flag_is_as_before(co
     assert not [r for r in driver.launched if r.tags[PLAN_STEP].startswith("stage2")]  # global never started
     # aborting again is refused; an abort is over
     with pytest.raises(Exception, match="already"):
-        actions.abort(conn, settings, plan_id, actor="pytest")
+        actions.abort(conn, settings.project, plan_id, actor="pytest")
 
 
 @pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
@@ -242,7 +242,7 @@ stages:
     # the flag stays where the stage put it (inconclusive is not a failure): the operator decides
     assert any(o.scope == "workspace" and o.mode == "iceberg" for o in list_overrides(conn))
     # abort from a paused plan restores at once (no run in flight)
-    out = actions.abort(conn, settings, plan_id, actor="ops", reason="no snapshot for late")
+    out = actions.abort(conn, settings.project, plan_id, actor="ops", reason="no snapshot for late")
     assert out.restored is not None and len(out.restored.restored) == 2  # the dataset flip and the workspace's
     assert not list_overrides(conn)
     assert store.get(conn, plan_id).state == "aborted"

@@ -65,7 +65,7 @@ def test_pause_at_max_datasets_then_resume_then_abort_leaves_every_flag_as_befor
     flips = {st.config["scope_id"]: st for st in store.steps(conn, plan_id, kind="flip")}
     assert flips[str(s.ws2)].status == "succeeded" and not (flips[str(s.ws2)].detail or "").startswith("skipped")
     assert flips[str(s.ws2)].moved == [more]  # what the analysis covers
-    out = actions.abort(conn, settings, plan_id, actor="ops", reason="pause, resume, abort")
+    out = actions.abort(conn, settings.project, plan_id, actor="ops", reason="pause, resume, abort")
     assert out is not None
     p = store.get(conn, plan_id)
     assert p.state == "aborted", (p.state, p.reason)

@@ -440,7 +440,7 @@ def test_a_writer_plan_arms_the_reverse_checks_parity_both_ways_and_aborts_lossl
         # native writes the reverse mirror applies (the stream does it in a deployment), then the abort
         native_write(conn, dsn, settings, d, "sync.full", [row(i) for i in range(20, 27)], start=0)
         apply_reverse(dsn, load_catalog(settings, dsn), settings, d)
-        out = actions.abort(conn, settings, plan_id, actor="ops", reason="stop here")
+        out = actions.abort(conn, settings.project, plan_id, actor="ops", reason="stop here")
     assert out.restored is not None and out.restored.restored
     aborted = next(e for e in store.events(conn, plan_id) if e["event"] == "aborted")
     assert aborted["detail"]["next"].startswith(
@@ -569,7 +569,7 @@ def test_a_complete_stage_refused_for_one_dataset_completes_the_other_and_an_abo
         assert p.state == "paused" and p.reason.startswith("stage 2 (complete): 1 of 2 dataset(s) not complete")
         assert "objects.sync" in p.reason, p.reason
         assert completed_mark(conn, a).status == "complete" and completed_mark(conn, b) is None
-        out = actions.abort(conn, settings, plan_id, actor="ops", reason="keep b on Postgres")
+        out = actions.abort(conn, settings.project, plan_id, actor="ops", reason="keep b on Postgres")
     assert out.restored is not None
     assert [r.split(":")[0] for r in out.restored.restored] == [f"dataset {b}"]
     (refused,) = out.restored.refused

@@ -53,4 +53,4 @@ def test_verify_write_of_a_dataset_that_no_longer_exists_is_not_found(conn):
 
 def test_a_files_source_without_its_uri_refuses(settings):
     with pytest.raises(BadInput, match="this files source has no uri"):
-        list_files(SourceSpec("files", format="csv"), settings)
+        list_files(SourceSpec("files", format="csv"), settings.s3)

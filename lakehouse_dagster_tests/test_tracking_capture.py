@@ -294,7 +294,7 @@ def test_the_barrier_waits_for_writers_in_flight_and_refuses_after_its_timeout(c
     app = connect(dsn)
     app.execute("begin")
     app.execute("insert into dataset_rows (dataset_id, row_index, data) values (%s, 70, '{}')", (d,))
-    with pytest.raises(barrier.BarrierTimeout, match=f"writers of dataset {d} kept a lock"):
+    with pytest.raises(capture.BarrierTimeout, match=f"writers of dataset {d} kept a lock"):
         settle(conn, [d], timeout_s=0.5)
     done: list = []
     t = threading.Thread(target=lambda: done.append(settle(connect(dsn), [d], timeout_s=10)))

@@ -152,7 +152,7 @@ def _act(ctx, args, verb: str) -> Result:
     elif verb == "approve":
         plans.approve(ctx.conn, plan_id, actor=actor, note=args.text)
     else:
-        outcome = plans.abort(ctx.conn, ctx.settings, plan_id, actor=actor, reason=args.text)
+        outcome = plans.abort(ctx.conn, ctx.settings.project, plan_id, actor=actor, reason=args.text)
         message = outcome.message
         if outcome.restored is not None:
             message += "".join(f"\n  restored {r}" for r in outcome.restored.restored)

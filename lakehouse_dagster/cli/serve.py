@@ -54,7 +54,7 @@ def _serve(ctx, args) -> Result:
     from lakehouse_dagster.service.server import check_can_serve, serve  # lazy: see above
 
     settings = ctx.settings  # bad LAKEHOUSE_* values are refused here
-    auth = check_can_serve(settings, args.host)  # refusals first: nothing is opened before these
+    auth = check_can_serve(settings.service, args.host)  # refusals first: nothing is opened before these
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, datefmt=LOG_DATE_FORMAT, stream=sys.stderr)
     host = f"[{args.host}]" if ":" in args.host else args.host

@@ -13,12 +13,12 @@ from psycopg.conninfo import conninfo_to_dict
 
 from lakehouse_dagster.core.embedded import embedded_running, start_embedded
 from lakehouse_dagster.core.errors import LakehouseError, NoDatabase
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ProjectSettings, Settings
 
 
-def no_database_message(settings: Settings) -> str:
+def no_database_message(project: ProjectSettings) -> str:
     return (
-        f"no lakehouse database at {settings.project.home} (no embedded Postgres runs under {settings.project.home / 'pg'} and "
+        f"no lakehouse database at {project.home} (no embedded Postgres runs under {project.home / 'pg'} and "
         "LAKEHOUSE_PG_DSN is unset): start it with scripts/start, or set LAKEHOUSE_HOME to the home of the running "
         "stack"
     )
@@ -32,7 +32,7 @@ def resolve_dsn(settings: Settings) -> str:
         return settings.postgres.dsn
     pgdata = settings.project.home / "pg"
     if not embedded_running(pgdata):
-        raise NoDatabase(no_database_message(settings))
+        raise NoDatabase(no_database_message(settings.project))
     return start_embedded(pgdata)  # attaches: it runs, and is kept running (nothing stops it at our exit)
 
 

@@ -26,7 +26,7 @@ import psycopg
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import FlagSettings, Settings
 from lakehouse_dagster.flags.listen import subscribe
 from lakehouse_dagster.flags.precedence import DEFAULT, effective_sql, pick
 from lakehouse_dagster.flags.registry import READ, REGISTRY, WRITE, Flag, check_kind, clamp, get_flag
@@ -157,8 +157,8 @@ class FlagResolver:
             subscribe(conn, self, _invalidate)
 
     @classmethod
-    def from_settings(cls, conn: psycopg.Connection, settings) -> FlagResolver:
-        return cls(conn, settings.flags.ttl_seconds, listen=settings.flags.listen)
+    def from_settings(cls, conn: psycopg.Connection, flags: FlagSettings) -> FlagResolver:
+        return cls(conn, flags.ttl_seconds, listen=flags.listen)
 
     def resolve(self, kind: str, name: str, dataset_id: uuid.UUID | str | None = None) -> Resolution:
         """The effective mode of one reader/writer for a dataset (or globally when dataset_id is None)."""

@@ -34,7 +34,7 @@ def load_catalog(settings: Settings, dsn: str) -> Catalog:
         settings.catalog.type,
         settings.catalog.uri or dsn,
         settings.catalog.warehouse,
-        tuple(sorted(file_io_properties(settings).items())),
+        tuple(sorted(file_io_properties(settings.s3).items())),
         settings.catalog.credential,
         settings.catalog.token,
         tuple(sorted(settings.catalog.properties.items())),
@@ -67,7 +67,7 @@ def _build(settings: Settings, dsn: str) -> Catalog:
                 warehouse=settings.catalog.warehouse,
                 # Keep connections few: every Dagster run process gets its own pool.
                 pool_pre_ping="true",
-                **file_io_properties(settings),  # an s3:// warehouse: endpoint, region, timers, retries
+                **file_io_properties(settings.s3),  # an s3:// warehouse: endpoint, region, timers, retries
             )
             _failed_pings_reconnect(catalog.engine)
             return catalog
@@ -95,7 +95,7 @@ def rest_properties(settings: Settings) -> dict[str, str]:
     environment, then LAKEHOUSE_CATALOG_PROPERTIES (a scope, an access-delegation header...), which win."""
     if not settings.catalog.uri:  # Settings.replace (the Dagster resource's config) skips from_env's check
         raise BadInput("catalog_type rest needs a catalog URI (LAKEHOUSE_CATALOG_URI: the REST catalog's URL)")
-    props = {"uri": settings.catalog.uri, "warehouse": settings.catalog.warehouse, **file_io_properties(settings)}
+    props = {"uri": settings.catalog.uri, "warehouse": settings.catalog.warehouse, **file_io_properties(settings.s3)}
     if settings.catalog.credential:
         props["credential"] = settings.catalog.credential
         # The token endpoint the REST spec names; unset, pyiceberg guesses it and warns that the guess will go.

@@ -16,7 +16,7 @@ from pyiceberg.io import S3_CONNECT_TIMEOUT, S3_ENDPOINT, S3_REGION, S3_REQUEST_
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import S3Settings
 
 # Retries of one S3 request after its first attempt. A 503 SlowDown or 500 InternalError is S3 asking for a retry, and
 # so is a request timed out. pyarrow's default (the SDK's "standard" strategy, 3 attempts, backoff from 1 s up to 20 s)
@@ -35,19 +35,19 @@ class S3Retry(pafs.AwsDefaultS3RetryStrategy):
         super().__init__(max_attempts=max_attempts)
 
 
-def file_io_properties(settings: Settings) -> dict[str, str]:
+def file_io_properties(s3: S3Settings) -> dict[str, str]:
     """Catalog properties for the tables' FileIO: the S3 endpoint, region, timers and retries (only s3:// uses them)."""
     props = {
-        S3_CONNECT_TIMEOUT: str(settings.s3.connect_timeout_seconds),
-        S3_REQUEST_TIMEOUT: str(settings.s3.request_timeout_seconds),
-        S3_RETRY_STRATEGY_IMPL: _retry_strategy_name(settings.s3.max_retries),
+        S3_CONNECT_TIMEOUT: str(s3.connect_timeout_seconds),
+        S3_REQUEST_TIMEOUT: str(s3.request_timeout_seconds),
+        S3_RETRY_STRATEGY_IMPL: _retry_strategy_name(s3.max_retries),
     }
-    if settings.s3.endpoint:
-        endpoint = settings.s3.endpoint
+    if s3.endpoint:
+        endpoint = s3.endpoint
         props[S3_ENDPOINT] = endpoint if "://" in endpoint else "https://" + endpoint
-    if settings.s3.region:
-        props[S3_REGION] = settings.s3.region
-    elif settings.s3.endpoint:
+    if s3.region:
+        props[S3_REGION] = s3.region
+    elif s3.endpoint:
         props[S3_REGION] = "us-east-1"  # an S3-compatible store ignores it; unset, pyiceberg would ask AWS
     return props
 

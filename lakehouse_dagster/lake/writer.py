@@ -58,7 +58,7 @@ from lakehouse_dagster.core.errors import (
     no_space,
 )
 from lakehouse_dagster.core.failpoints import failpoint
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import Settings, SyncSettings
 from lakehouse_dagster.lake.catalog import ensure_namespace, load_table_or_none, table_identifier
 from lakehouse_dagster.lake.foreign import FENCE as FENCE  # re-exported: the reaper's fence key lives with the marks
 from lakehouse_dagster.lake.foreign import REVERTED, ROW_COUNT, SYNC_ID, foreign_since_project
@@ -235,7 +235,7 @@ def write_arrow(
         if isinstance(exc, Exception) and no_space(exc) is not None:
             raise disk_full(dataset.id, table.location(), exc) from exc
         raise
-    snapshot_id = _commit_or_settle(catalog, settings, dataset, table, plan, staged, roller, native_run)
+    snapshot_id = _commit_or_settle(catalog, settings.sync, dataset, table, plan, staged, roller, native_run)
     return WriteResult(
         snapshot_id,
         roller.rows,
@@ -289,7 +289,7 @@ def _stage(
 
 def _commit_or_settle(
     catalog: Catalog,
-    settings: Settings,
+    sync: SyncSettings,
     dataset: Dataset,
     table: Table,
     plan: TableWrite,
@@ -301,7 +301,7 @@ def _commit_or_settle(
     committed, the files are deleted; otherwise the table is searched for the sync id — found, it landed;
     not found, the files are kept and CommitOutcomeUnknown is raised (an interruption propagates as is)."""
     run = None if native_run is None else (lambda t: native_run(t, roller.rows - plan.rewritten, plan.replaces))
-    expire = (settings.sync.snapshots_keep, settings.sync.snapshots_max_age_seconds)
+    expire = (sync.snapshots_keep, sync.snapshots_max_age_seconds)
     try:
         return _commit(
             table,

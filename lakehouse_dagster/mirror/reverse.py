@@ -44,7 +44,7 @@ from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import check_held, dataset_lock, first_native_hold
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ReverseSettings, Settings
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.lake.copy_back import (
     IDENTITY,
@@ -189,19 +189,19 @@ def apply_reverse(
             columns = [c for c in dataset.columns if c.name in present]
             names = [*(n for n in IDENTITY if n in present), *(c.name for c in columns)]
             how, copied, removed, n, reason = _apply_or_refuse(
-                conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings
+                conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings.reverse
             )
             failpoint("reverse-after-commit")
     return ReverseResult(ds_id, how, current.snapshot_id, copied, removed, n, time.perf_counter() - started, reason)
 
 
-def _apply_or_refuse(conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings):
+def _apply_or_refuse(
+    conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, reverse: ReverseSettings
+):
     """``_apply``, its unique violation on ``dataset_rows`` (two of the snapshot's rows at one row_index: another
     engine's append reusing an index) refused in one line; its transaction was never committed."""
     try:
-        return _apply(
-            conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, settings.reverse.resync_share
-        )
+        return _apply(conn, dsn, table, current, ds_id, columns, names, how, files, reason, actor, reverse.resync_share)
     except Exception as exc:
         if "dataset_rows_pkey" not in str(exc):  # not ours
             raise

@@ -12,7 +12,7 @@ import dataclasses
 import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import StreamSettings
 
 STALE_AFTER_S = 10.0  # a holder whose heartbeat is this old is dead or hung: its run is failed and replaced
 
@@ -109,13 +109,13 @@ def handover_lead_s(lifetime_s: float) -> float:
     return min(30.0, lifetime_s / 4)
 
 
-def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Settings) -> list[ShardPlan]:
+def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], stream: StreamSettings) -> list[ShardPlan]:
     """Per shard of LAKEHOUSE_MIRROR_SHARDS: whether to start a run (none queued or running; or only the holder,
     whose deadline is near: its successor), whether its holder is dead (heartbeat older than STALE_AFTER_S while
     its run is still in flight), and whether a live stream covers it (a heartbeat within
     LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS)."""
-    count = settings.stream.shards
-    lead = handover_lead_s(settings.stream.lifetime_seconds)
+    count = stream.shards
+    lead = handover_lead_s(stream.lifetime_seconds)
     out = []
     for shard in range(count):
         view = views.get(shard)
@@ -125,9 +125,7 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
         if holder is not None and view is not None and (view.heartbeat_age or 0.0) > STALE_AFTER_S:
             dead, holder = holder, None
             flying = [r for r in flying if r != dead]
-        covered = (
-            view is not None and view.heartbeat_age is not None and view.heartbeat_age <= settings.stream.down_seconds
-        )
+        covered = view is not None and view.heartbeat_age is not None and view.heartbeat_age <= stream.down_seconds
         covered = covered and dead is None
         if not flying:
             why = "its holder's heartbeat is stale" if dead else "no stream run is queued or running"
@@ -139,7 +137,7 @@ def plan_shards(views: dict[int, ShardView], runs: list[StreamRun], settings: Se
     return out
 
 
-def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
+def shard_status(conn: psycopg.Connection, stream: StreamSettings) -> dict:
     """Each shard as an operator reads it (`lakehouse status`, the migration overview, the ``stream_down`` alert):
     its run, alive or not, its lag, its last commit, and for how long it has had no live stream (``down_s``; None
     while alive). One query.
@@ -148,14 +146,14 @@ def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
     Not alive, it has had no live stream since its last heartbeat (a run that ended beats once as it lets go), or, if
     it never streamed, since the oldest of its sibling shards' runs took their shard: streaming is on at least that
     long (None when no shard of this count ever streamed: how long it has been on is not recorded anywhere)."""
-    count = settings.stream.shards
+    count = stream.shards
     views = shard_views(conn, count)
     starts = [v.started_age for v in views.values() if v.started_age is not None]
     since_on = max(starts) if starts else None
     shards = []
     for shard in range(count):
         v = views.get(shard)
-        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= settings.stream.down_seconds
+        alive = v is not None and not v.ended and (v.heartbeat_age or 0.0) <= stream.down_seconds
         down = None if alive else (v.heartbeat_age if v is not None and v.heartbeat_age is not None else since_on)
         shards.append(
             {
@@ -173,9 +171,9 @@ def shard_status(conn: psycopg.Connection, settings: Settings) -> dict:
             }
         )
     return {
-        "on": settings.stream.enabled,
+        "on": stream.enabled,
         "shard_count": count,
-        "down_after_s": settings.stream.down_seconds,
+        "down_after_s": stream.down_seconds,
         "shards": shards,
     }
 

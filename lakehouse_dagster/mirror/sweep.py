@@ -15,7 +15,7 @@ from pyiceberg.table import Table
 
 from lakehouse_dagster.core.errors import BadInput, NotFound, first_line
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import Settings, SyncSettings
 from lakehouse_dagster.lake import orphans as orphan_files
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
 from lakehouse_dagster.mirror.reaper import unsettled_syncs
@@ -57,10 +57,10 @@ class Swept:
         )
 
 
-def grace(settings: Settings, grace_seconds: float | None) -> float:
+def grace(sync: SyncSettings, grace_seconds: float | None) -> float:
     """The grace period: as given (0 or more), else the snapshot max age, at least an hour."""
     if grace_seconds is None:
-        return max(GRACE_MIN_SECONDS, settings.sync.snapshots_max_age_seconds)
+        return max(GRACE_MIN_SECONDS, sync.snapshots_max_age_seconds)
     if grace_seconds < 0:
         raise BadInput(f"grace of {grace_seconds} s is negative; give 0 or more")
     return float(grace_seconds)
@@ -93,7 +93,7 @@ def sweep(
     """List (``delete``: remove) the orphan files of the datasets' tables. Named datasets must all have a table,
     checked before any file goes; None: every dataset with a succeeded sync whose table exists. A table that
     fails to sweep is reported in its ``Swept.error`` and the others are still swept (callers fail after)."""
-    wait = grace(settings, grace_seconds)
+    wait = grace(settings.sync, grace_seconds)
     if dataset_ids is None:
         tables: dict[uuid.UUID, Table | None] = {
             d: None for d in mirrored_dataset_ids(conn)

@@ -35,7 +35,7 @@ from lakehouse_dagster.core.failpoints import failpoint
 from lakehouse_dagster.core.failpoints import validate as validate_failpoints
 from lakehouse_dagster.core.guards import admission_slot, dataset_lock, pooled_guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import Settings, SyncSettings
 from lakehouse_dagster.flags.completed import completed_mark
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.lake.catalog import load_table_or_none, table_identifier
@@ -232,7 +232,7 @@ def _mirror(
         plan: Any = None  # PartialPlan when run_mode becomes "partial"; a reason (str) when it cannot
         if run_mode == "rewrite":
             assert current is not None  # as above
-            plan = _plan_rewrite(pinned, table, ds_id, head, current, settings)
+            plan = _plan_rewrite(pinned, table, ds_id, head, current, settings.sync)
             run_mode, reason = ("partial", plan.reason) if isinstance(plan, PartialPlan) else ("full", plan)
         elif (
             run_mode == "incremental"
@@ -344,11 +344,11 @@ def _choose_mode(mode: str, head, current: dict | None, columns_now: list) -> tu
     return "incremental", "only appends since the last mirrored version", current["max_row_index"]
 
 
-def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, settings: Settings) -> PartialPlan | str:
+def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, sync: SyncSettings) -> PartialPlan | str:
     """A partial rewrite when change tracking knows every range rewritten since the mirrored version (read
     in the pinned snapshot, like the rows) and they sit in few data files; else why the sync goes full."""
     full = "rows were updated, deleted or inserted below the mirrored max row index"
-    if settings.sync.partial_max_fraction <= 0:
+    if sync.partial_max_fraction <= 0:
         return f"{full} (partial rewrites are off: LAKEHOUSE_PARTIAL_MAX_FRACTION=0)"
     changed = changed_ranges(pinned.conn, ds_id, head.rows_rewrite_version, current["source_version"])
     if changed is None:
@@ -362,7 +362,7 @@ def _plan_rewrite(pinned: PinnedSnapshot, table, ds_id, head, current: dict, set
         current["max_row_index"],
         head.max_row_index,
         current["row_count"],
-        settings.sync.partial_max_fraction,
+        sync.partial_max_fraction,
     )
 
 

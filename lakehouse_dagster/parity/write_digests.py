@@ -11,7 +11,7 @@ import logging
 
 from lakehouse_dagster.core.db import connection
 from lakehouse_dagster.core.errors import first_line
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import PostgresSettings, Settings
 from lakehouse_dagster.lake.writer import TableWrite, WriteResult, write_arrow
 from lakehouse_dagster.tracking.datasets import Dataset
 
@@ -36,18 +36,18 @@ def write_digested(
     finally:
         if digester is not None:
             digester.close()
-    _store_written(settings, dataset, result.file_digests)
+    _store_written(settings.postgres, dataset, result.file_digests)
     return result
 
 
-def _store_written(settings: Settings, dataset: Dataset, digests: dict) -> None:
+def _store_written(postgres: PostgresSettings, dataset: Dataset, digests: dict) -> None:
     """Best effort, after the commit: a file without a stored digest is digested by the next canary."""
-    if not digests or not settings.postgres.dsn:  # digests are made only when a DSN is configured (write_digested)
+    if not digests or not postgres.dsn:  # digests are made only when a DSN is configured (write_digested)
         return
     from lakehouse_dagster.parity.maintained import store_file_digests  # lazy: as above; digests exist only if asked
 
     try:
-        with connection(settings.postgres.dsn) as conn:
+        with connection(postgres.dsn) as conn:
             store_file_digests(conn, dataset.id, dataset.columns, digests, "write")
     except Exception as exc:  # noqa: BLE001 - the data is committed; the digest is an optimisation
         _log.warning(

@@ -19,7 +19,7 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.core.errors import FlipRefused
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ProjectSettings
 from lakehouse_dagster.flags.gates import clear_flag, set_flag
 from lakehouse_dagster.flags.overrides import DATASET, WORKSPACE
 from lakehouse_dagster.flags.registry import WRITE, rank
@@ -62,7 +62,7 @@ def _where(scope: str, scope_id) -> str:
     return "global" if scope_id is None else f"{scope} {scope_id}"
 
 
-def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restored:
+def restore(conn: psycopg.Connection, project: ProjectSettings, p: PlanRow) -> Restored:
     """Restore the plan's keys and mark it aborted (inside the caller's transaction on the plan's row)."""
     touched = {  # key → the mode the plan set it to (its last flip of that key)
         (s.config.get("scope"), s.config.get("scope_id") or None): s.config.get("mode")
@@ -73,7 +73,7 @@ def restore(conn: psycopg.Connection, settings: Settings, p: PlanRow) -> Restore
     keys.sort(key=lambda k: _WIDEST_FIRST.get(k["scope"], 3))
     current = stored_overrides(conn, p.kind, [p.name])[p.name]
     note = note_for(p.id, p.reason)
-    actor = f"{settings.project.actor} (rollout {p.short})"
+    actor = f"{project.actor} (rollout {p.short})"
     out = Restored()
     for k in keys:
         where = _where(k["scope"], k["scope_id"])

@@ -12,7 +12,7 @@ import uuid
 import psycopg
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ProjectSettings, Settings
 from lakehouse_dagster.plans import store
 from lakehouse_dagster.plans.abort import Restored, restore
 from lakehouse_dagster.plans.render import Rendered, check_startable, render
@@ -106,7 +106,7 @@ class AbortOutcome:
 
 
 def abort(
-    conn: psycopg.Connection, settings: Settings, plan_id: uuid.UUID, *, actor: str, reason: str | None = None
+    conn: psycopg.Connection, project: ProjectSettings, plan_id: uuid.UUID, *, actor: str, reason: str | None = None
 ) -> AbortOutcome:
     """Abort now when no flip run of the plan can still be running; otherwise mark it aborting and let the
     controller restore once those runs end (it knows their state; this process does not)."""
@@ -132,7 +132,7 @@ def abort(
                 "rollout_controller restores every flag it set once they end (lakehouse rollout status shows it)"
             )
             return AbortOutcome(store.get(conn, plan_id), None, msg)
-        restored = restore(conn, settings, p)
+        restored = restore(conn, project, p)
     msg = f"aborted: {len(restored.restored)} flag key(s) restored to their value before the plan" + (
         f"; {len(restored.refused)} refused by a gate" if restored.refused else ""
     )

@@ -393,7 +393,7 @@ class _Step(_Soaking, _Completing):
                 self.conn, self.p, f"aborting: waiting for run(s) {', '.join(w[:8] for w in waiting)} to end"
             )
             return []
-        restored = restore(self.conn, self.settings, self.p)
+        restored = restore(self.conn, self.settings.project, self.p)
         self.say(
             f"aborted: {len(restored.restored)} flag key(s) restored"
             + (f", {len(restored.refused)} refused by a gate" if restored.refused else "")

@@ -336,7 +336,7 @@ def render(conn: psycopg.Connection, plan: Plan, settings: Settings) -> Rendered
                     f"{change.command(flag)} moves no existing dataset (each already resolves to {mode}); it raises "
                     f"the {scope} scope's own mode from {own}, which datasets created there later get"
                 )
-            problems += _gate_problems(conn, flag, change, every, datasets, settings, stored, where, notes)
+            problems += _gate_problems(conn, flag, change, every, datasets, stored, where, notes)
             stored[(scope, scope_id)] = mode
             changes.append(change)
         moved_count = sum(len(c.moved) for c in changes)
@@ -397,7 +397,6 @@ def _gate_problems(
     change: FlagChange,
     every: list[Effect],
     datasets: dict,
-    settings: Settings,
     stored: dict,
     where: str,
     notes: list,

@@ -46,7 +46,7 @@ def read_through_router(
     dataset = get_dataset(conn, dataset_id)
     proj = projection_for(dataset, columns, limit=limit, order_by_row_index=order_by_row_index)
     plan = bind(query, dataset) if query is not None else None
-    resolver = resolver or FlagResolver.from_settings(conn, settings)
+    resolver = resolver or FlagResolver.from_settings(conn, settings.flags)
     source = resolve_read_source(conn, resolver, reader, dataset.id, logger=logger)
 
     def postgres(decision):
@@ -73,7 +73,7 @@ def read_through_router(
     except Exception as exc:  # only iceberg_only gets here: no fallback, so the read fails
         raise LakehouseError(no_fallback_message(source.decision, exc)) from exc
     if shadow.shadowed(result.decision) is not None:  # pg@shadow, or a compute reader's pg@reverse in mode shadow
-        pool = shadow_pool or shadow.pool_for(settings, settings.postgres.dsn or conn.info.dsn)
+        pool = shadow_pool or shadow.pool_for(settings.shadow, settings.postgres.dsn or conn.info.dsn)
         load = lambda: load_dataset_table(catalog, settings, dataset.id)  # noqa: E731  (the worker loads it)
         if plan is not None and query is not None:
             shadow.offer_query(pool, result, plan, query, shadow.iceberg_answer(load, plan))

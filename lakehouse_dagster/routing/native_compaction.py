@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 from pyiceberg.table import Table
 
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import SyncSettings
 from lakehouse_dagster.lake.reader import read_files
 from lakehouse_dagster.lake.schema import arrow_schema
 from lakehouse_dagster.mirror.native_run import run_files, run_totals
@@ -27,11 +27,11 @@ from lakehouse_dagster.tracking.row_changes import COMPACT_FILES, compaction_due
 
 
 def plan_native_compaction(
-    settings: Settings, dataset: Dataset, table: Table
+    sync: SyncSettings, dataset: Dataset, table: Table
 ) -> tuple[list, Iterable[pa.RecordBatch]] | None:
     """For a native append onto ``table`` (the state the write starts from): None, or (the run's small data files,
     their rows as batches, read lazily) to rewrite together with the append's rows in its one commit."""
-    chunk_rows = settings.sync.chunk_rows
+    chunk_rows = sync.chunk_rows
     if not compaction_due(table, chunk_rows):
         return None
     current = table.current_snapshot()

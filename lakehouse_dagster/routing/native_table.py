@@ -43,7 +43,7 @@ def write_native_table(
     session, read by the run totals. ``table``: as ensure_table (None: loaded here)."""
     table = ensure_table(catalog, settings, dataset, table)
     if plan.mode == "append" and sync_snapshot(table, plan.sync_id) is None:
-        compaction = plan_native_compaction(settings, dataset, table)
+        compaction = plan_native_compaction(settings.sync, dataset, table)
         if compaction is not None:
             files, rows_before = compaction
             plan = dataclasses.replace(plan, mode="partial", delete_files=tuple(files))

@@ -55,7 +55,7 @@ from psycopg.types.json import Jsonb
 from pyiceberg.expressions import In
 
 from lakehouse_dagster.core.db import connect
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ShadowSettings
 from lakehouse_dagster.flags.proof import outcomes_since, record_dropped, record_shadow_read
 from lakehouse_dagster.lake.reader import read_iceberg
 from lakehouse_dagster.mirror.reverse_lag import held_snapshot
@@ -357,16 +357,14 @@ _pools: dict[str, ShadowPool] = {}
 _pools_lock = threading.Lock()
 
 
-def pool_for(settings: Settings, dsn: str) -> ShadowPool:
+def pool_for(shadow: ShadowSettings, dsn: str) -> ShadowPool:
     """The process's pool for this database (created on first use, drained for a few seconds at exit)."""
     pool = _pools.get(dsn)
     if pool is not None:
         return pool
     with _pools_lock:
         if dsn not in _pools:
-            _pools[dsn] = ShadowPool(
-                dsn, workers=settings.shadow.workers, queue_size=settings.shadow.queue, sample=settings.shadow.sample
-            )
+            _pools[dsn] = ShadowPool(dsn, workers=shadow.workers, queue_size=shadow.queue, sample=shadow.sample)
             if len(_pools) == 1:
                 atexit.register(_drain_all)
         return _pools[dsn]

@@ -333,7 +333,7 @@ def _purge_namespace(catalog, settings: Settings, namespace: str) -> bool:
         dropped = False
     root = f"{settings.catalog.warehouse.rstrip('/')}/{namespace}"  # where the catalog put the bench tables
     try:
-        fs, path = filesystem(root, settings) if root.startswith("s3://") else pafs.FileSystem.from_uri(root)
+        fs, path = filesystem(root, settings.s3) if root.startswith("s3://") else pafs.FileSystem.from_uri(root)
         files = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
         if not any(f.type == pafs.FileType.File for f in files):
             fs.delete_dir(path)
@@ -357,7 +357,7 @@ def _purge_table(catalog, settings: Settings, identifier) -> int:
         return 1
     try:
         fs, root = (
-            filesystem(location, settings) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
+            filesystem(location, settings.s3) if location.startswith("s3://") else pafs.FileSystem.from_uri(location)
         )
         fs.delete_dir(root)
     except FileNotFoundError:

@@ -34,7 +34,7 @@ from lakehouse_dagster.api.flags import READ
 from lakehouse_dagster.api.flips import checked_write
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ServiceSettings, Settings
 from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
 from lakehouse_dagster.service import bodies
 from lakehouse_dagster.service.encode import pick_format
@@ -112,15 +112,15 @@ def _endpoint(svc: Service, handler: Callable[[Service, Request], Any]):
     return run
 
 
-async def _body(request: Request, settings: Settings) -> bytes:
+async def _body(request: Request, service: ServiceSettings) -> bytes:
     """The request body, at most ``api_max_body_bytes``, within ``api_timeout_seconds``."""
-    limit = settings.service.max_body_bytes
+    limit = service.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the request body is {declared} bytes; at most {limit} are accepted")
     chunks, size = [], 0
     try:
-        with anyio.fail_after(settings.service.timeout_seconds):
+        with anyio.fail_after(service.timeout_seconds):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
@@ -128,7 +128,7 @@ async def _body(request: Request, settings: Settings) -> bytes:
                 chunks.append(chunk)
     except TimeoutError:
         raise RequestTimeout(
-            f"the request body did not arrive within {settings.service.timeout_seconds:g} s; send it at once"
+            f"the request body did not arrive within {service.timeout_seconds:g} s; send it at once"
         ) from None
     return b"".join(chunks)
 
@@ -217,7 +217,7 @@ _router_log = logging.getLogger("lakehouse_dagster.read_router")
 async def fallback(svc: Service, request: Request) -> Response:
     """A fallback an app's own router took, recorded as the read router records its own (service/fallbacks.py)."""
     req = bodies.fallback_request(
-        bodies.json_object(await _body(request, svc.settings), "fallback", bodies.FALLBACK_EXAMPLE)
+        bodies.json_object(await _body(request, svc.settings.service), "fallback", bodies.FALLBACK_EXAMPLE)
     )
     db = svc.db
     assert db is not None
@@ -227,7 +227,9 @@ async def fallback(svc: Service, request: Request) -> Response:
 
 
 async def read(svc: Service, request: Request) -> Response:
-    req = bodies.read_request(bodies.json_object(await _body(request, svc.settings), "read", bodies.READ_EXAMPLE))
+    req = bodies.read_request(
+        bodies.json_object(await _body(request, svc.settings.service), "read", bodies.READ_EXAMPLE)
+    )
     media = pick_format(request.headers.get("accept"))
     db = svc.db
     assert db is not None
@@ -277,7 +279,7 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
     the result) is told apart where the state that decides it is read."""
     writer = "unknown"
     try:
-        obj = bodies.json_object(await _body(request, svc.settings), "ingest", bodies.INGEST_EXAMPLE)
+        obj = bodies.json_object(await _body(request, svc.settings.service), "ingest", bodies.INGEST_EXAMPLE)
         if isinstance(obj.get("writer"), str):
             writer = obj["writer"]
         req = bodies.ingest_request(obj)

@@ -127,7 +127,7 @@ class ServiceDb:
         is replaced when it broke."""
         with self._resolver_lock:
             if self._resolver is None:
-                self._resolver = FlagResolver.from_settings(self._connect(), self.settings)
+                self._resolver = FlagResolver.from_settings(self._connect(), self.settings.flags)
             elif self._resolver.conn.closed or self._resolver.conn.broken:
                 close_quietly(self._resolver.conn)
                 self._resolver.conn = self._connect()

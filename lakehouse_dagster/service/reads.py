@@ -93,12 +93,12 @@ def open_read(db: ServiceDb, req: ReadRequest) -> OpenRead:  # noqa: C901
     compared = shadow.shadowed(result.decision) is not None  # pg@shadow, or pg@reverse of a reader in mode shadow
     if compared and plan is not None and answer is not None and req.query is not None:
         # a structured answer is whole before its first byte: offered as it is, no copy of the stream
-        pool = shadow.pool_for(db.settings, db.dsn)
+        pool = shadow.pool_for(db.settings.shadow, db.dsn)
         load = lambda: db.table(dataset.id, None)  # noqa: E731  (the worker loads it)
         served = dataclasses.replace(result, value=answer)
         shadow.offer_query(pool, served, plan, req.query, shadow.iceberg_answer(load, plan))
     elif compared and plan is None:
-        pool = shadow.pool_for(db.settings, db.dsn)
+        pool = shadow.pool_for(db.settings.shadow, db.dsn)
         if pool.draw():  # only a sampled read is copied for its comparison
 
             def compare(rows: pa.Table) -> None:

@@ -19,7 +19,7 @@ import uvicorn
 
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.network import is_loopback
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import ServiceSettings, Settings
 from lakehouse_dagster.service.app import create_app
 
 log = logging.getLogger("lakehouse_dagster.service")
@@ -27,9 +27,9 @@ log = logging.getLogger("lakehouse_dagster.service")
 MIN_TOKEN_CHARS = 16
 
 
-def check_can_serve(settings: Settings, host: str) -> str:
+def check_can_serve(service: ServiceSettings, host: str) -> str:
     """What auth the service runs with; BadInput when it must not start (nothing is opened before this)."""
-    token = settings.service.token
+    token = service.token
     if token is None:
         if not is_loopback(host):
             raise BadInput(

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from lakehouse_dagster.core.errors import BadInput
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import S3Settings
 from lakehouse_dagster.sources.convert import convert_batch, convert_records, loads
 from lakehouse_dagster.sources.errors import BadValue, SourceError
 from lakehouse_dagster.sources.spec import SourceSpec
@@ -43,18 +43,16 @@ class SourceFile:
         return f"{self.size}:{self.mtime_ns}"
 
 
-def filesystem(uri: str, settings: Settings) -> tuple[pafs.FileSystem, str]:
+def filesystem(uri: str, s3: S3Settings) -> tuple[pafs.FileSystem, str]:
     """The filesystem and the path inside it. s3:// takes the standard AWS variables and, for an
     S3-compatible store, LAKEHOUSE_S3_ENDPOINT."""
     if uri.startswith("s3://"):
         kwargs: dict = {}
-        if settings.s3.endpoint:
-            parsed = urlparse(
-                settings.s3.endpoint if "://" in settings.s3.endpoint else "https://" + settings.s3.endpoint
-            )
+        if s3.endpoint:
+            parsed = urlparse(s3.endpoint if "://" in s3.endpoint else "https://" + s3.endpoint)
             kwargs.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
-        if settings.s3.region:
-            kwargs["region"] = settings.s3.region
+        if s3.region:
+            kwargs["region"] = s3.region
         return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
     return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(uri))
 
@@ -63,10 +61,10 @@ def _display(uri: str, path: str) -> str:
     return "s3://" + path if uri.startswith("s3://") else path
 
 
-def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
+def list_files(spec: SourceSpec, s3: S3Settings) -> list[SourceFile]:
     """The source's files, sorted by path (the order rows are ingested in)."""
     uri = spec.need("uri")
-    fs, path = filesystem(uri, settings)
+    fs, path = filesystem(uri, s3)
     parts = path.split("/")
     magic_at = next((i for i, p in enumerate(parts) if _MAGIC & set(p)), None)
     try:
@@ -101,19 +99,19 @@ def list_files(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
     return sorted(out, key=lambda f: f.uri)
 
 
-def check_location(spec: SourceSpec, settings: Settings) -> list[SourceFile]:
+def check_location(spec: SourceSpec, s3: S3Settings) -> list[SourceFile]:
     """For set_source: the location must be listable; a local non-glob path must exist."""
     uri = spec.need("uri")
     if not uri.startswith("s3://") and not (_MAGIC & set(uri)):
-        _, path = filesystem(uri, settings)
+        _, path = filesystem(uri, s3)
         if not os.path.exists(path):
             raise BadInput(f"files source {spec.uri}: no such file or directory (check the path)")
     if not uri.startswith("s3://") and (_MAGIC & set(uri)):
-        _, path = filesystem(uri, settings)
+        _, path = filesystem(uri, s3)
         base = "/".join(p for p in path.split("/")[: next(i for i, p in enumerate(path.split("/")) if _MAGIC & set(p))])
         if not os.path.isdir(base or "/"):
             raise BadInput(f"files source {spec.uri}: directory {base} does not exist (check the glob)")
-    return list_files(spec, settings)
+    return list_files(spec, s3)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -121,10 +119,10 @@ def _one_line(exc: BaseException) -> str:
 
 
 def read_files(
-    files: Sequence[SourceFile], spec: SourceSpec, settings: Settings, columns: Sequence[Column], batch_rows: int
+    files: Sequence[SourceFile], spec: SourceSpec, s3: S3Settings, columns: Sequence[Column], batch_rows: int
 ) -> Iterator[pa.RecordBatch]:
     """Typed batches of every file, in order; SourceError names the file and row of a bad value."""
-    fs, _ = filesystem(spec.need("uri"), settings)
+    fs, _ = filesystem(spec.need("uri"), s3)
     for f in files:
         yield from _read_one(fs, f, spec.need("format"), columns, batch_rows)
 

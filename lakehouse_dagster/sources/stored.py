@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from lakehouse_dagster.core.errors import BadInput, NotFound
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import S3Settings, Settings
 from lakehouse_dagster.sources.files import check_location, filesystem
 from lakehouse_dagster.sources.pgsource import relation, source_columns, where_label
 from lakehouse_dagster.sources.spec import SourceSpec, parse_source, stored_source
@@ -34,18 +34,18 @@ def set_source(
     if not d.columns:
         raise BadInput(f"dataset {d.id} declares no columns; set its schema before its source")
     if spec.type == "files":
-        _check_files(spec, d, settings or Settings.from_env())
+        _check_files(spec, d, (settings or Settings.from_env()).s3)
     else:
         _check_postgres(conn, spec, d)
     stamps.store_source(conn, d.id, spec.to_json())
     return spec
 
 
-def _check_files(spec: SourceSpec, d: Dataset, settings: Settings) -> None:
+def _check_files(spec: SourceSpec, d: Dataset, s3: S3Settings) -> None:
 
-    files = check_location(spec, settings)
+    files = check_location(spec, s3)
     if files and spec.format == "parquet":
-        fs, _ = filesystem(spec.need("uri"), settings)
+        fs, _ = filesystem(spec.need("uri"), s3)
         try:
             names = set(pq.ParquetFile(fs.open_input_file(files[0].path)).schema_arrow.names)
         except Exception as exc:

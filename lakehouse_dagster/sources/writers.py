@@ -184,7 +184,7 @@ def plan_write(
     replace = writer == "sync.full"
     plan = WritePlan(dataset, spec, decision, sync_id, seq, 0, old_cursor=source_state.public_cursor(old))
     if spec.type == "files":
-        files = list_files(spec, settings)
+        files = list_files(spec, settings.s3)
         seen = dict(old.get("files") or {}) if old else {}
         todo = files if replace else [f for f in files if seen.get(f.uri) != f.fingerprint]
         files_seen = (
@@ -217,7 +217,7 @@ class _SourceRead:
         plan = self.plan
         if plan.spec.type == "files":
             batch_rows = self.settings.sync.chunk_rows
-            yield from read_files(plan.files, plan.spec, self.settings, plan.dataset.columns, batch_rows)
+            yield from read_files(plan.files, plan.spec, self.settings.s3, plan.dataset.columns, batch_rows)
         else:
             yield from read_postgres(plan.spec, plan.spec.dsn(self.dsn), plan.dataset.columns, plan.after, self._moved)
 
@@ -445,7 +445,7 @@ def pending_source_changes(dsn: str, settings: Settings, dataset_id) -> str | No
         state = None
     if spec.type == "files":
         seen = (state or {}).get("files") or {}
-        new = [f for f in list_files(spec, settings) if seen.get(f.uri) != f.fingerprint]
+        new = [f for f in list_files(spec, settings.s3) if seen.get(f.uri) != f.fingerprint]
         if not new:
             return None
         digest = hashlib.sha256("\n".join(f"{f.uri}\t{f.fingerprint}" for f in new).encode()).hexdigest()[:16]

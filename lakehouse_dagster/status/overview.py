@@ -415,7 +415,7 @@ def compute_overview(conn: psycopg.Connection, settings: Settings) -> Overview:
         attention=attention,
         attention_total=len(found),
         fallbacks=dict(sorted(fallbacks.items())),
-        stream=shard_status(conn, settings),
+        stream=shard_status(conn, settings.stream),
         piped_reverse_on=sum(1 for d in runbook - blocked_all if d in tabular and d not in native),
         reverse_on=len(rlags),
         reverse_off=reverse_off,

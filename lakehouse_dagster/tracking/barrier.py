@@ -32,6 +32,7 @@ import psycopg
 
 from lakehouse_dagster.core.db import fetch_value
 from lakehouse_dagster.tracking import capture
+from lakehouse_dagster.tracking.capture import BarrierTimeout
 
 TIMEOUT_S = 30.0  # how long a reader waits for a dataset's writers before it refuses to read the tracking
 # A reader frozen while it holds a barrier (SIGSTOP, swapped out, a debugger) must not hold the app's writes for
@@ -41,10 +42,6 @@ _LOCK = "select pg_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _TRY = "select pg_try_advisory_lock(uuid_hash_extended(%s::uuid, 0))"
 _UNLOCK = "select pg_advisory_unlock(uuid_hash_extended(%s::uuid, 0))"
 _CONSUME = "select pg_advisory_lock(%s, %s)"
-
-
-class BarrierTimeout(capture.CaptureError):
-    """The dataset's writers kept a transaction open past the timeout: its tracking cannot be read exactly."""
 
 
 # The one test of the mode, as an SQL expression: readers put it in a query they run anyway (a pin, the

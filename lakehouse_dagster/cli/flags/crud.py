@@ -63,7 +63,7 @@ def _list(ctx, args) -> Result:
         )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
         ds = get_dataset(ctx.conn, args.dataset)
-        resolver = FlagResolver.from_settings(ctx.conn, ctx.settings)
+        resolver = FlagResolver.from_settings(ctx.conn, ctx.settings.flags)
         effective = [
             {"name": r.name, "mode": r.mode, "reason": r.reason, "source": r.source, "stored_mode": r.stored_mode}
             for r in resolver.resolve_all(ds.id, kind)

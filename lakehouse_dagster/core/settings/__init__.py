@@ -37,7 +37,32 @@ from lakehouse_dagster.core.settings.operations import (
 )
 from lakehouse_dagster.core.settings.storage import CatalogSettings, PostgresSettings, ProjectSettings, S3Settings
 
-__all__ = ["SNAPSHOTS_KEEP_MIN", "Settings", "declarations", "mirror_freshness_seconds", "sections", "variables"]
+__all__ = [
+    "SNAPSHOTS_KEEP_MIN",
+    "Settings",
+    "declarations",
+    "mirror_freshness_seconds",
+    "sections",
+    "variables",
+    # the sections, for a function that reads one (``plan_shards(stream: StreamSettings, ...)``)
+    "AlertSettings",
+    "CatalogSettings",
+    "CompleteSettings",
+    "FlagSettings",
+    "MaintenanceSettings",
+    "MirrorSettings",
+    "ParitySettings",
+    "PostgresSettings",
+    "ProjectSettings",
+    "RecorderSettings",
+    "ReverseSettings",
+    "RolloutSettings",
+    "S3Settings",
+    "ServiceSettings",
+    "ShadowSettings",
+    "StreamSettings",
+    "SyncSettings",
+]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import psycopg
 
-from lakehouse_dagster.core.settings import Settings
+from lakehouse_dagster.core.settings import MirrorSettings, ReverseSettings, StreamSettings
 from lakehouse_dagster.flags.flipped import flipped_dataset_ids
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.mirror.reverse_lag import reverse_lags
@@ -171,10 +171,10 @@ def _names(conn: psycopg.Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID
     return lookup.names_of(conn, ids)
 
 
-def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+def wedged_events(conn: psycopg.Connection, mirror: MirrorSettings) -> list[Event]:
     """One event per wedged sync (its sync id): latest sync ``running`` or ``failed`` for longer than
     LAKEHOUSE_WEDGED_AFTER_SECONDS."""
-    wedged = wedged_syncs(conn, settings.mirror.wedged_after_seconds)
+    wedged = wedged_syncs(conn, mirror.wedged_after_seconds)
     names = _names(conn, [w["dataset_id"] for w in wedged])
     out = []
     for w in wedged:
@@ -199,10 +199,10 @@ def wedged_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     return out
 
 
-def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+def freshness_events(conn: psycopg.Connection, mirror: MirrorSettings) -> list[Event]:
     """One event per flipped dataset behind the mirror for longer than LAKEHOUSE_LAGGING_AFTER_SECONDS (status/lag.py:
     ``behind_datasets`` and ``lagging_past``; flipped: flags/flipped.py)."""
-    late = lagging_past(behind_datasets(conn), settings.mirror.lagging_after_seconds)
+    late = lagging_past(behind_datasets(conn), mirror.lagging_after_seconds)
     if not late:
         return []
     flipped = flipped_dataset_ids(conn)
@@ -216,7 +216,7 @@ def freshness_events(conn: psycopg.Connection, settings: Settings) -> list[Event
                 kind=FRESHNESS,
                 dataset_id=b.dataset_id,
                 what=f"{_who(b.name, b.dataset_id)} is flipped to Iceberg and its Iceberg view is {_duration(b.lag_seconds)} "
-                f"old (threshold {_duration(settings.mirror.lagging_after_seconds)}): Postgres is at version {b.rows_version}, "
+                f"old (threshold {_duration(mirror.lagging_after_seconds)}): Postgres is at version {b.rows_version}, "
                 f"the mirror at {b.mirrored_version}",
                 act=f"look at the mirror_poller sensor and the dataset's mirror_batch_job runs; mirror it now: "
                 f"lakehouse sync --dataset {b.dataset_id}",
@@ -248,15 +248,15 @@ def native_events(conn: psycopg.Connection) -> list[Event]:
     return out
 
 
-def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+def stream_events(conn: psycopg.Connection, stream: StreamSettings) -> list[Event]:
     """One event per shard of the mirror stream with no live stream for longer than
     LAKEHOUSE_MIRROR_STREAM_DOWN_SECONDS while LAKEHOUSE_MIRROR_STREAM is on (mirror/shards.py ``shard_status``: its
     run stopped beating, ended with no successor, or it never streamed while a sibling shard has streamed that long).
     Keyed by the shard (and the shard count): one event per outage whatever runs come and fail during it; the shard
     alive again (or streaming turned off) resolves it."""
-    if not settings.stream.enabled:
+    if not stream.enabled:
         return []
-    status = shard_status(conn, settings)
+    status = shard_status(conn, stream)
     count, bound = status["shard_count"], status["down_after_s"]
     out = []
     for s in status["shards"]:
@@ -286,12 +286,12 @@ def stream_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
     return out
 
 
-def reverse_events(conn: psycopg.Connection, settings: Settings) -> list[Event]:
+def reverse_events(conn: psycopg.Connection, reverse: ReverseSettings) -> list[Event]:
     """One event per native dataset with the reverse mirror on that has lacked a native commit for longer than
     LAKEHOUSE_REVERSE_LAG_ALERT_SECONDS (mirror/reverse_lag.py: the overview's and /metrics' definition). Keyed by
     the dataset: one event while it stays behind; caught up (or the reverse turned off) resolves it."""
     lags, _off = reverse_lags(conn, native_dataset_ids(conn))
-    bound = settings.reverse.lag_alert_seconds
+    bound = reverse.lag_alert_seconds
     late = [r for r in lags.values() if r.lag_seconds is not None and r.lag_seconds > bound]
     names = _names(conn, [r.dataset_id for r in late])
     return [

@@ -105,11 +105,11 @@ def run_tick(
     except psycopg.Error as exc:
         tick.unreadable.append(f"parity verdicts: {_line(exc, 200)}")
     for kind, find in (
-        (WEDGED, lambda: wedged_events(conn, settings)),
-        (FRESHNESS, lambda: freshness_events(conn, settings)),
+        (WEDGED, lambda: wedged_events(conn, settings.mirror)),
+        (FRESHNESS, lambda: freshness_events(conn, settings.mirror)),
         (NATIVE_UNSAFE, lambda: native_events(conn)),
-        (STREAM_DOWN, lambda: stream_events(conn, settings)),
-        (REVERSE_BEHIND, lambda: reverse_events(conn, settings)),
+        (STREAM_DOWN, lambda: stream_events(conn, settings.stream)),
+        (REVERSE_BEHIND, lambda: reverse_events(conn, settings.reverse)),
     ):
         try:
             found = find()

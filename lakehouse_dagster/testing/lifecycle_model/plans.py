@@ -240,7 +240,7 @@ class PlanMoves(ModelParts):
         """An operator's abort, then ticks until it is over: every key the plan set back at its value before."""
         self._audit_mark()
         try:
-            actions.abort(self.conn, self.settings, self.plan, actor="model", reason="the model")
+            actions.abort(self.conn, self.settings.project, self.plan, actor="model", reason="the model")
         except LakehouseError as exc:  # over already (finished or aborted by the controller)
             assert "nothing to abort" in str(exc), str(exc)
         for _ in range(4):

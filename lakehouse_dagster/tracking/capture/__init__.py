@@ -1,7 +1,7 @@
 """Capture modes: where change tracking and the maintained Postgres digest are written.
 
 Callers import the package (every name below is re-exported here); one module per part: errors.py (CaptureError,
-RowLocked), store.py (the names, the state row as read, the slot and the triggers as they stand), consumer.py (the
+RowLocked, BarrierTimeout), store.py (the names, the state row as read, the slot and the triggers as they stand), consumer.py (the
 WAL consumer's apply of one chunk), catching_up.py (its loop, ``catch_up``), switch.py (``enable``, ``disable``),
 repair.py, upgrade.py (from the previous release). The package owns ``lakehouse_digest_capture`` and
 ``lakehouse_digest_capture_switch``: each statement on them sits in the module of the step that runs it.
@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from lakehouse_dagster.tracking.capture.catching_up import CHUNK_CHANGES, catch_up, force_flush, sibling
 from lakehouse_dagster.tracking.capture.consumer import HASH_BATCH
-from lakehouse_dagster.tracking.capture.errors import CaptureError, RowLocked
+from lakehouse_dagster.tracking.capture.errors import BarrierTimeout, CaptureError, RowLocked
 from lakehouse_dagster.tracking.capture.repair import repair
 from lakehouse_dagster.tracking.capture.store import (
     AFTER_COMMIT,
@@ -102,6 +102,7 @@ __all__ = [
     "REVERSE_PREFIX",
     "TRACKING_TRIGGERS",
     "TRIGGERS",
+    "BarrierTimeout",
     "CaptureError",
     "RowLocked",
     "State",

@@ -35,6 +35,7 @@ import dagster as dg
 from lakehouse_dagster.api.capture import CaptureError, catch_up_without_waiting
 from lakehouse_dagster.api.reverse import due_datasets, latest_snapshots
 from lakehouse_dagster.core.batches import split_near_equal
+from lakehouse_dagster.core.settings import MirrorSettings, StreamSettings
 from lakehouse_dagster.dagster.defs.mirror.assets import mirror_job
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import (
     DATA_VERSION_TAG,
@@ -107,9 +108,9 @@ def batch_run_key(items: list[Pending]) -> str:
     return f"mirror-batch:{len(items)}:{digest}"
 
 
-def datasets_per_tick(settings) -> int:
+def datasets_per_tick(mirror: MirrorSettings) -> int:
     """At most LAKEHOUSE_SENSOR_MAX_REQUESTS runs per tick, each of at most LAKEHOUSE_MIRROR_BATCH_SIZE datasets."""
-    return settings.mirror.sensor_max_requests * max(1, settings.mirror.batch_size)
+    return mirror.sensor_max_requests * max(1, mirror.batch_size)
 
 
 def requested_datasets(run_requests: list[dg.RunRequest]) -> list[str]:
@@ -196,12 +197,14 @@ def stream_run_request(shard: int, count: int, generation: int, lifetime_s: int)
     )
 
 
-def supervise_streams(context, conn, settings, generation: int) -> tuple[list[ShardPlan], list[dg.RunRequest], int]:
+def supervise_streams(
+    context, conn, stream: StreamSettings, generation: int
+) -> tuple[list[ShardPlan], list[dg.RunRequest], int]:
     """The tick's stream decisions: (per-shard plans, the stream runs to request, the next generation). A holder
     whose heartbeat went stale is marked failed here (its process is gone or hung; Dagster's run monitoring may
     not see it under every launcher), so its replacement is not held back by it."""
     flying = stream_runs_in_flight(context.instance)
-    plans = plan_shards(shard_views(conn, settings.stream.shards), [r for r, _ in flying], settings)
+    plans = plan_shards(shard_views(conn, stream.shards), [r for r, _ in flying], stream)
     by_id = {r.run_id: run for r, run in flying}
     requests = []
     for p in plans:
@@ -213,9 +216,7 @@ def supervise_streams(context, conn, settings, generation: int) -> tuple[list[Sh
             )
             context.log.warning(f"stream shard {p.shard}: run {p.dead_run_id} has no heartbeat; replacing it")
         if p.start:
-            requests.append(
-                stream_run_request(p.shard, settings.stream.shards, generation, settings.stream.lifetime_seconds)
-            )
+            requests.append(stream_run_request(p.shard, stream.shards, generation, stream.lifetime_seconds))
             generation += 1
     return plans, requests, generation
 
@@ -253,7 +254,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
     every_shard_streamed = False  # then the streams apply every native commit: the tick asks nothing of the reverse
     with lakehouse.connect() as conn:
         if settings.stream.enabled:
-            plans, stream_requests, generation = supervise_streams(context, conn, settings, generation)
+            plans, stream_requests, generation = supervise_streams(context, conn, settings.stream, generation)
             covered = {p.shard for p in plans if p.covered}
             every_shard_streamed = len(covered) == settings.stream.shards
             if covered:
@@ -269,7 +270,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
         tick = plan_tick(
             conn,
             Cursor.loads(context.cursor),
-            limit=datasets_per_tick(settings),
+            limit=datasets_per_tick(settings.mirror),
             retry_after_seconds=settings.mirror.retry_failed_after_seconds,
             retry_max=settings.mirror.retry_failed_max,
             in_flight=lambda ids: mirror_runs_in_flight(context.instance, ids),

@@ -118,7 +118,7 @@ def _act(context, lakehouse: LakehouseResource, config: PlanIdConfig, what: str)
             elif what == "approve":
                 plans.approve(conn, plan_id, actor=actor, note=config.note)
             else:
-                message = plans.abort(conn, settings, plan_id, actor=actor, reason=config.note).message
+                message = plans.abort(conn, settings.project, plan_id, actor=actor, reason=config.note).message
             s = plans.plan_status(conn, plan_id, soak_seconds=current_soak(conn, settings).seconds, history=0)
         except LakehouseError as exc:
             raise refuse(exc) from None
