@@ -29,15 +29,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from lakehouse_dagster.api import shadow
 from lakehouse_dagster.api.lifecycle import STATES, state_counts
 from lakehouse_dagster.api.parity import counts_by_latest_verdict
 from lakehouse_dagster.api.reverse import reverse_lags
+from lakehouse_dagster.api.sources import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.proof import outcomes_in_window
 from lakehouse_dagster.flags.registry import READ, READERS, WRITERS, rank
-from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.service.db import ServiceDb
-from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.status.lag import behind_datasets
 
 log = logging.getLogger("lakehouse_dagster.service")

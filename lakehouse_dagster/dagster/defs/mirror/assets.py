@@ -12,6 +12,7 @@ import datetime as dt
 
 import dagster as dg
 
+from lakehouse_dagster.api.mirror import SyncResult, peak_rss_mb, run_sync_id, sync_dataset
 from lakehouse_dagster.core.settings import mirror_freshness_seconds
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
@@ -24,8 +25,6 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import name_run, text
-from lakehouse_dagster.mirror.batch import run_sync_id
-from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset

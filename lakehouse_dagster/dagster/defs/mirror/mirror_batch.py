@@ -11,6 +11,7 @@ ERROR (a parity MISMATCH, identity not ready) fails the run too, naming the data
 
 import dagster as dg
 
+from lakehouse_dagster.api.mirror import Failed, mirror_many
 from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.dagster.defs.mirror.assets import (
     dataset_names,
@@ -26,7 +27,6 @@ from lakehouse_dagster.dagster.defs.shared.provenance import with_table_provenan
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
-from lakehouse_dagster.mirror.batch import Failed, mirror_many
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 from lakehouse_dagster.tracking.datasets import get_dataset, lookup

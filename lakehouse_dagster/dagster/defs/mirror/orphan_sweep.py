@@ -10,11 +10,11 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.mirror import sweep
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
-from lakehouse_dagster.mirror.sweep import sweep
 from lakehouse_dagster.tracking.datasets import lookup
 
 

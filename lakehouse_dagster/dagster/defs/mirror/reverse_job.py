@@ -24,6 +24,7 @@ import uuid
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.mirror import backoff_seconds
 from lakehouse_dagster.api.reverse import NOOP, ReverseResult, apply_reverse, position
 from lakehouse_dagster.dagster.defs.mirror.assets import dataset_names
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -31,7 +32,6 @@ from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, name_run, text
-from lakehouse_dagster.mirror.poller import backoff_seconds
 from lakehouse_dagster.status.page_order import newer_than, sync_order
 from lakehouse_dagster.tracking.datasets import get_dataset
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.lake import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.flags.registry import READ
 from lakehouse_dagster.flags.resolver import CLAMPED, Resolution
-from lakehouse_dagster.lake.schema import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
 from lakehouse_dagster.status.partition_state import PartitionState, pg_row_count, safe_uri
 from lakehouse_dagster.tracking.datasets import Column
 

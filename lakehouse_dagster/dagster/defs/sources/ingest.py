@@ -19,6 +19,8 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.api.flips import checked_write
+from lakehouse_dagster.api.mirror import peak_rss_mb
+from lakehouse_dagster.api.sources import WRITERS, get_source, pending_ingests
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, PG_ROWS
@@ -33,10 +35,6 @@ from lakehouse_dagster.dagster.defs.shared.provenance import DATA_VERSION_TAG, t
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
 from lakehouse_dagster.flags.resolver import FlagResolver
-from lakehouse_dagster.mirror.sync import peak_rss_mb
-from lakehouse_dagster.sources import get_source
-from lakehouse_dagster.sources.poll import pending_ingests
-from lakehouse_dagster.sources.writers import WRITERS
 from lakehouse_dagster.status.page_order import superseded_by
 from lakehouse_dagster.status.partition_state import partition_state
 

@@ -13,12 +13,12 @@ import datetime as dt
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.mirror import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
 from lakehouse_dagster.flags.proof import SHADOW_KEEP_DAYS, prune_shadow_reads
 from lakehouse_dagster.flags.registry import READ, SERVABLE_READERS
 from lakehouse_dagster.flags.soak_setting import current_soak
-from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.plans import status as plan_status
 from lakehouse_dagster.plans.status import PlanStatus
 from lakehouse_dagster.status.overview import ATTENTION_SHOWN, POSTGRES, Overview, compute_overview
