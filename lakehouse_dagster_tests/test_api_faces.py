@@ -20,7 +20,6 @@ FACES = sorted(p.stem for p in API.glob("*.py") if p.name != "__init__.py")
 
 def test_the_scan_sees_the_faces():
     assert {"reverse", "parity", "complete", "flips", "capture", "lifecycle"} <= set(FACES)
-    assert {"mirror", "reads", "shadow", "sources", "lake", "ingest_bench"} <= set(FACES)
 
 
 def _type_checking_names(face: str) -> dict[str, str]:
@@ -89,6 +88,10 @@ def _imports_of_the_package(path: Path) -> list[tuple[int, str]]:
             names = []
         found += [(node.lineno, n) for n in names if n.startswith("lakehouse_dagster.")]
     return found
+
+
+def test_the_scan_sees_the_faces_of_the_mirror_reads_sources_and_lake():
+    assert {"mirror", "reads", "shadow", "sources", "lake", "ingest_bench"} <= set(FACES)
 
 
 def test_the_adapters_import_only_faces_core_and_demo():

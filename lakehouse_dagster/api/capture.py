@@ -1,6 +1,5 @@
 """Capture modes, the face the adapters import: the two modes and the old words, switching, catching up,
-repair, the state and the upgrade from the previous release (tracking/capture/), and the poller's catch-up before a
-tick, which waits for no writer (tracking/barrier.py).
+repair, the state and the upgrade from the previous release (tracking/capture/).
 
 Each name loads its home module on first use (PEP 562), so a CLI verb's --help imports none of it."""
 
@@ -10,7 +9,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from lakehouse_dagster.tracking.barrier import catch_up_without_waiting
     from lakehouse_dagster.tracking.capture import (
         AFTER_COMMIT,
         RENAMED,
@@ -37,7 +35,6 @@ _HOME = {
     "state": "lakehouse_dagster.tracking.capture",
     "status": "lakehouse_dagster.tracking.capture",
     "upgrade_from_previous_release": "lakehouse_dagster.tracking.capture",
-    "catch_up_without_waiting": "lakehouse_dagster.tracking.barrier",
 }
 
 __all__ = [
@@ -46,7 +43,6 @@ __all__ = [
     "RENAMED",
     "TRIGGERS",
     "catch_up",
-    "catch_up_without_waiting",
     "disable",
     "enable",
     "repair",

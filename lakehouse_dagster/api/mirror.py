@@ -1,7 +1,7 @@
 """The forward mirror, the face the adapters import: a dataset's sync and its modes (mirror/sync.py, modes.py), many
 datasets in one run (batch.py), the poller's tick (poller.py), the stream's shards, its loop and what it yields
-(shards.py, stream.py, stream_lease.py, stream_reverse.py, stream_maintenance.py), the orphan sweep (sweep.py) and
-the datasets with their last sync (tracking/sync_log.py). The reverse mirror has its own face, api/reverse.py.
+(shards.py, stream.py, stream_lease.py, stream_reverse.py, stream_maintenance.py), and the orphan sweep (sweep.py).
+The reverse mirror has its own face, api/reverse.py.
 
 Each name loads its home module on first use (PEP 562), so a CLI verb's --help imports none of it."""
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from lakehouse_dagster.mirror.stream_reverse import ReverseApplied, ReverseFailed
     from lakehouse_dagster.mirror.sweep import sweep
     from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
-    from lakehouse_dagster.tracking.sync_log import datasets_with_last_sync
 
 _HOME = {
     "MODES": "lakehouse_dagster.mirror.modes",
@@ -62,7 +61,6 @@ _HOME = {
     "ReverseFailed": "lakehouse_dagster.mirror.stream_reverse",
     "Maintained": "lakehouse_dagster.mirror.stream_maintenance",
     "sweep": "lakehouse_dagster.mirror.sweep",
-    "datasets_with_last_sync": "lakehouse_dagster.tracking.sync_log",
 }
 
 __all__ = [
@@ -82,7 +80,6 @@ __all__ = [
     "SyncResult",
     "backoff_seconds",
     "check_shard",
-    "datasets_with_last_sync",
     "down_count",
     "mirror_many",
     "peak_rss_mb",

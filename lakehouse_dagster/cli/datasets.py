@@ -10,9 +10,9 @@ def register(sub) -> None:
 
 
 def _list(ctx, args) -> Result:
-    from lakehouse_dagster.api.mirror import datasets_with_last_sync  # each verb imports what it uses
+    from lakehouse_dagster.tracking import sync_log  # each verb imports what it uses
 
-    rows = datasets_with_last_sync(ctx.conn)
+    rows = sync_log.datasets_with_last_sync(ctx.conn)
     from lakehouse_dagster.api.lifecycle import lifecycle_of  # each verb imports what it uses
 
     states = lifecycle_of(ctx.conn, [r[0] for r in rows]) if rows else {}

@@ -32,7 +32,7 @@ import uuid
 
 import dagster as dg
 
-from lakehouse_dagster.api.capture import CaptureError, catch_up_without_waiting
+from lakehouse_dagster.api.capture import CaptureError
 from lakehouse_dagster.api.mirror import (
     Cursor,
     Pending,
@@ -66,6 +66,7 @@ from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
+from lakehouse_dagster.tracking import barrier
 
 STREAM_PRIORITY = 10  # the run queue starts higher first (default 0): a stream run before the batch and ingest runs
 _now = time.time  # the reverse retries' clock (a test moves it past a backoff)
@@ -271,7 +272,7 @@ def mirror_poller(context: dg.SensorEvaluationContext, lakehouse: LakehouseResou
                     return shard_of(ds, count) not in covered
 
         try:  # capture mode after-commit: the consumer writes the change tracking this tick reads
-            catch_up_without_waiting(conn)
+            barrier.catch_up_without_waiting(conn)
         except CaptureError as exc:  # the tracking lags; said plainly, the tick goes on
             context.log.warning(f"change tracking from the WAL not caught up: {exc}")
         tick = plan_tick(
