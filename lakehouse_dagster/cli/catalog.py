@@ -40,8 +40,8 @@ def register(sub) -> None:
 
 
 def _migrate(ctx, args) -> Result:
+    from lakehouse_dagster.api.lake import migrate  # lazy: as above
     from lakehouse_dagster.core.ids import parse_uuid  # lazy: the CLI imports a verb's machinery only when it runs
-    from lakehouse_dagster.runbooks.catalog_migrate import migrate  # lazy: as above
 
     ids: list[uuid.UUID] | None = [parse_uuid(d, "dataset id") for d in args.dataset] if args.dataset else None
     moved = migrate(

@@ -169,7 +169,7 @@ class Context:
     @property
     def catalog(self):
         if self._catalog is None:
-            from lakehouse_dagster.lake.catalog import (
+            from lakehouse_dagster.api.lake import (
                 load_catalog,
             )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

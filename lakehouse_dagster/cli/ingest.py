@@ -7,7 +7,7 @@ from lakehouse_dagster.core.ids import parse_uuid
 
 
 def register(sub) -> None:
-    from lakehouse_dagster.sources.spec import WRITERS  # not sources.writers: a usage error imports no pyarrow
+    from lakehouse_dagster.api.sources import WRITERS  # not sources.writers: a usage error imports no pyarrow
 
     p = add_command(sub, "ingest", _ingest, help="run a source writer (pg path or iceberg-native, as its flag says)")
     p.add_argument("--dataset", required=True, metavar="UUID")
@@ -21,7 +21,7 @@ def _ingest(ctx, args) -> Result:
     from lakehouse_dagster.api.flips import (
         checked_write,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.sources.writers import (
+    from lakehouse_dagster.api.sources import (
         check_writer,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

@@ -32,7 +32,7 @@ def register(sub) -> None:
 
 
 def _run(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import ingest_bench  # here: the writers' machinery only when the verb runs
+    from lakehouse_dagster.api import ingest_bench  # here: the writers' machinery only when the verb runs
 
     # A SIGTERM (a supervisor, `kill`) interrupts like Ctrl-C: the bench's writers are stopped and, unless --keep,
     # what it made is purged before the command exits (130, "interrupted").
@@ -78,7 +78,7 @@ def _run(ctx, args) -> Result:
 
 
 def _purge(ctx, args) -> Result:
-    from lakehouse_dagster.runbooks import ingest_bench  # here: the writers' machinery only when the verb runs
+    from lakehouse_dagster.api import ingest_bench  # here: the writers' machinery only when the verb runs
 
     out = ingest_bench.purge(ctx.dsn, ctx.settings, namespace=args.namespace, actor=ctx.settings.project.actor)
     return Result(out, _purged_line(out))

@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def _orphans(ctx, args) -> Result:
-    from lakehouse_dagster.mirror.sweep import (
+    from lakehouse_dagster.api.mirror import (
         sweep,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

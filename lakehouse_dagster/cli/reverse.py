@@ -177,7 +177,7 @@ def _reverse_change(ctx, args, enabled) -> Result:
 
 def _stranded_by_reverse_off(conn) -> list[tuple]:
     """(id, name) of the native datasets failing the gates because their reverse is off (gates.postgres_consumer_blockers)."""
-    from lakehouse_dagster.routing.native_guard import (
+    from lakehouse_dagster.api.reads import (
         unsafe_native_datasets,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

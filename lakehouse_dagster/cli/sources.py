@@ -59,11 +59,9 @@ def _spec(args) -> dict:
 def _set(ctx, args) -> Result:
     ds_id = parse_uuid(args.dataset, "dataset id")
     spec_dict = _spec(args)
-    from lakehouse_dagster.sources import (
-        set_source,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.sources.poll import (
+    from lakehouse_dagster.api.sources import (
         polling_cost,
+        set_source,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     spec = set_source(ctx.conn, ds_id, spec_dict, settings=ctx.settings)
@@ -84,11 +82,11 @@ def _show(ctx, args) -> Result:
         current_state,
         public_cursor,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.lake.catalog import (
+    from lakehouse_dagster.api.lake import (
         load_table_or_none,
         table_identifier,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.sources import (
+    from lakehouse_dagster.api.sources import (
         get_source,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import signal
 
+from lakehouse_dagster.api.mirror import MODES
 from lakehouse_dagster.cli.common import Result, add_command
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.mirror.modes import MODES
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def _sync(ctx, args) -> Result:
-    from lakehouse_dagster.mirror.sync import peak_rss_mb, sync_dataset  # here: pyiceberg only when a sync runs
+    from lakehouse_dagster.api.mirror import peak_rss_mb, sync_dataset  # here: pyiceberg only when a sync runs
 
     ids = [parse_uuid(d, "dataset id") for d in args.dataset]  # refuse bad input before touching anything
     results = []

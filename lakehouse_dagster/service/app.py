@@ -32,10 +32,10 @@ from starlette.routing import Route
 from lakehouse_dagster.api.datasets import get_dataset
 from lakehouse_dagster.api.flags import READ
 from lakehouse_dagster.api.flips import checked_write
+from lakehouse_dagster.api.reads import REFUSED, resolve_read_source
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
 from lakehouse_dagster.core.settings import ServiceSettings, Settings
-from lakehouse_dagster.routing.read_router import REFUSED, resolve_read_source
 from lakehouse_dagster.service import bodies
 from lakehouse_dagster.service.encode import pick_format
 from lakehouse_dagster.service.errors import (

@@ -30,9 +30,8 @@ from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.types import LongType
 
 from lakehouse_dagster.api.datasets import Dataset
-from lakehouse_dagster.lake.parquet_ids import columns_in_file
-from lakehouse_dagster.routing.pg_reader import postgres_query, projected_schema
-from lakehouse_dagster.routing.projection import Projection
+from lakehouse_dagster.api.lake import columns_in_file
+from lakehouse_dagster.api.reads import Projection, postgres_query, projected_schema
 
 log = logging.getLogger("lakehouse_dagster.service")
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from lakehouse_dagster.api.flags import READ, READERS, get_flag
+from lakehouse_dagster.api.reads import COMPUTE_FIELDS, Query, parse_query
+from lakehouse_dagster.api.sources import check_writer
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.core.ids import parse_uuid
-from lakehouse_dagster.routing.request import COMPUTE_FIELDS, Query, parse_query
-from lakehouse_dagster.sources.writers import check_writer
 
 MAX_LIMIT = 1_000_000_000  # above it a limit is a mistake: omit it to read every row
 MAX_COLUMNS = 10_000

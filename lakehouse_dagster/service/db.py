@@ -27,10 +27,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from lakehouse_dagster.api.flags import FlagResolver
+from lakehouse_dagster.api.lake import load_catalog, load_dataset_table
 from lakehouse_dagster.core.db import IdlePool, close_quietly, connect, is_idle
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.lake.catalog import load_catalog
-from lakehouse_dagster.lake.reader import load_dataset_table
 
 log = logging.getLogger("lakehouse_dagster.service")
 

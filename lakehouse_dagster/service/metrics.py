@@ -29,14 +29,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
+from lakehouse_dagster.api import shadow
 from lakehouse_dagster.api.flags import READ, READERS, WRITERS, native_dataset_ids, outcomes_in_window, rank
 from lakehouse_dagster.api.lifecycle import STATES, state_counts
 from lakehouse_dagster.api.parity import counts_by_latest_verdict
 from lakehouse_dagster.api.reverse import reverse_lags
+from lakehouse_dagster.api.sources import WRITERS as SOURCE_WRITERS
 from lakehouse_dagster.api.status import behind_datasets
-from lakehouse_dagster.routing import shadow
 from lakehouse_dagster.service.db import ServiceDb
-from lakehouse_dagster.sources.writers import WRITERS as SOURCE_WRITERS
 
 log = logging.getLogger("lakehouse_dagster.service")
 

@@ -15,15 +15,19 @@ import logging
 
 import pyarrow as pa
 
+from lakehouse_dagster.api import shadow
 from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.reads import (
+    ICEBERG,
+    ReadDecision,
+    bind,
+    no_fallback_message,
+    projection_for,
+    read_iceberg_compute,
+    read_postgres_compute,
+    resolve_read_source,
+)
 from lakehouse_dagster.core.errors import LakehouseError, ReadRefused
-from lakehouse_dagster.routing import shadow
-from lakehouse_dagster.routing.exercise import no_fallback_message
-from lakehouse_dagster.routing.iceberg_compute import read_iceberg_compute
-from lakehouse_dagster.routing.pg_compute import read_postgres_compute
-from lakehouse_dagster.routing.projection import projection_for
-from lakehouse_dagster.routing.read_router import ICEBERG, ReadDecision, resolve_read_source
-from lakehouse_dagster.routing.request import bind
 from lakehouse_dagster.service.batches import BatchStream, iceberg_stream, postgres_stream
 from lakehouse_dagster.service.bodies import ReadRequest
 from lakehouse_dagster.service.db import ServiceDb

@@ -9,7 +9,7 @@ from lakehouse_dagster.cli.common import Result, table
 
 
 def _read(ctx, args) -> Result:
-    from lakehouse_dagster.routing.exercise import (
+    from lakehouse_dagster.api.reads import (
         read_through_router,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -39,11 +39,11 @@ def _structured(text: str):
     """--query: a JSON object of a structured read's fields (routing/request.py checks them, one line each)."""
     import json  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
+    from lakehouse_dagster.api.reads import (
+        parse_query,
+    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
     from lakehouse_dagster.core.errors import (
         BadInput,
-    )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
-    from lakehouse_dagster.routing.request import (
-        parse_query,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
     try:

@@ -170,7 +170,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
         if os.environ.get(name):
             conninfo_to_url(os.environ[name], what=name)
     if args.catalog == "rest":
-        from lakehouse_dagster.lake.seaweed import (
+        from lakehouse_dagster.api.lake import (
             require_weed,
         )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 
@@ -328,7 +328,7 @@ def _up(ctx, args) -> Result:  # noqa: C901
 def _streams_probe(dsn: str, shards: int, t_start: float):
     """() -> (shards held by this stack's stream runs, shards): the ready line waits for every shard's stream, so a
     change made after it reaches Iceberg through the stream (about a second), not a batch run (several)."""
-    from lakehouse_dagster.mirror.shards import (
+    from lakehouse_dagster.api.mirror import (
         shards_held,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)
 

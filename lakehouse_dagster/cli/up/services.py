@@ -20,7 +20,7 @@ SEAWEED_CREDENTIALS = "credentials"
 def start_seaweed(root: Path):
     """SeaweedFS under ``root``, with the access key and secret kept in ``root/credentials`` (made once, owner-only),
     ready once its catalog answers with them; the kernel stops it if `lakehouse up` dies. Never prints the secret."""
-    from lakehouse_dagster.lake.seaweed import (
+    from lakehouse_dagster.api.lake import (
         SeaweedServer,
         kept_credentials,
     )  # lazy: the CLI imports a verb's machinery only when that verb runs (a fast --help)

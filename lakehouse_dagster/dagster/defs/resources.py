@@ -14,9 +14,9 @@ import dagster as dg
 import psycopg
 from pydantic import Field, PrivateAttr
 
+from lakehouse_dagster.api.lake import load_catalog
 from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.settings import Settings
-from lakehouse_dagster.lake.catalog import load_catalog
 
 # field -> its environment variable (docs/configuration.md says what each means and its default)
 SHOWN_SETTINGS = {

@@ -13,6 +13,7 @@ import datetime as dt
 import dagster as dg
 
 from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.mirror import SyncResult, peak_rss_mb, run_sync_id, sync_dataset
 from lakehouse_dagster.api.status import partition_state, superseded_by
 from lakehouse_dagster.core.settings import mirror_freshness_seconds
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -26,8 +27,6 @@ from lakehouse_dagster.dagster.defs.shared.partition_metadata import (
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import name_run, text
-from lakehouse_dagster.mirror.batch import run_sync_id
-from lakehouse_dagster.mirror.sync import SyncResult, peak_rss_mb, sync_dataset
 
 
 class MirrorConfig(dg.Config):

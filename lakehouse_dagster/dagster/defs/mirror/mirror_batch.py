@@ -12,6 +12,7 @@ ERROR (a parity MISMATCH, identity not ready) fails the run too, naming the data
 import dagster as dg
 
 from lakehouse_dagster.api.datasets import get_dataset, name_of
+from lakehouse_dagster.api.mirror import Failed, mirror_many
 from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.api.status import partition_state, superseded_by
 from lakehouse_dagster.dagster.defs.mirror.assets import (
@@ -28,7 +29,6 @@ from lakehouse_dagster.dagster.defs.shared.provenance import with_table_provenan
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.defs.shared.tags import text
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
-from lakehouse_dagster.mirror.batch import Failed, mirror_many
 
 DATASETS_TAG = "lakehouse/datasets"  # comma-separated dataset ids of a batch run (the poller's in-flight test)
 DATA_VERSION_TAG = "dagster/data_version"

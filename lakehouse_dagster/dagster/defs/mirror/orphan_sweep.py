@@ -11,11 +11,11 @@ import dagster as dg
 from pydantic import Field
 
 from lakehouse_dagster.api.datasets import names_of
+from lakehouse_dagster.api.mirror import sweep
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
-from lakehouse_dagster.mirror.sweep import sweep
 
 
 class OrphanSweepConfig(dg.Config):

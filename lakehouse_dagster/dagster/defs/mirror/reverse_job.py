@@ -25,6 +25,7 @@ import dagster as dg
 import psycopg
 
 from lakehouse_dagster.api.datasets import get_dataset
+from lakehouse_dagster.api.mirror import backoff_seconds
 from lakehouse_dagster.api.reverse import NOOP, ReverseResult, apply_reverse, position
 from lakehouse_dagster.api.status import newer_than, sync_order
 from lakehouse_dagster.dagster.defs.mirror.assets import dataset_names
@@ -33,7 +34,6 @@ from lakehouse_dagster.dagster.defs.shared.keys import PG_ROWS
 from lakehouse_dagster.dagster.defs.shared.partitions import datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, name_run, text
-from lakehouse_dagster.mirror.poller import backoff_seconds
 
 DATA_VERSION_TAG = "dagster/data_version"
 REVERSE_TAG = "lakehouse/reverse"

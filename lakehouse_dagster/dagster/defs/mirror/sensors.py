@@ -33,6 +33,17 @@ import uuid
 import dagster as dg
 
 from lakehouse_dagster.api.capture import CaptureError, catch_up_without_waiting
+from lakehouse_dagster.api.mirror import (
+    Cursor,
+    Pending,
+    Retry,
+    ShardPlan,
+    StreamRun,
+    plan_shards,
+    plan_tick,
+    shard_of,
+    shard_views,
+)
 from lakehouse_dagster.api.reverse import due_datasets, latest_snapshots
 from lakehouse_dagster.core.batches import split_near_equal
 from lakehouse_dagster.core.settings import MirrorSettings, StreamSettings
@@ -56,9 +67,6 @@ from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_
 from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_partitions
 from lakehouse_dagster.dagster.defs.shared.tags import DATASET, DATASET_NAME, datasets_tags, text
 from lakehouse_dagster.dagster.private_apis import dagster_report_runless_materializations
-from lakehouse_dagster.mirror.poller import Cursor, Pending, Retry, plan_tick
-from lakehouse_dagster.mirror.shards import ShardPlan, StreamRun, plan_shards, shard_views
-from lakehouse_dagster.mirror.stream import shard_of
 
 STREAM_PRIORITY = 10  # the run queue starts higher first (default 0): a stream run before the batch and ingest runs
 _now = time.time  # the reverse retries' clock (a test moves it past a backoff)

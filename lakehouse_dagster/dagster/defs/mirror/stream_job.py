@@ -26,6 +26,16 @@ import uuid
 import dagster as dg
 import psycopg
 
+from lakehouse_dagster.api.mirror import (
+    Failed,
+    Idle,
+    Maintained,
+    ReverseApplied,
+    ReverseFailed,
+    Stopped,
+    check_shard,
+    stream_shard,
+)
 from lakehouse_dagster.api.parity import wedged_syncs
 from lakehouse_dagster.core.errors import postgres_unreachable
 from lakehouse_dagster.dagster.defs.mirror.mirror_batch import dataset_name_of, synced_materializations
@@ -37,16 +47,6 @@ from lakehouse_dagster.dagster.defs.shared.provenance import with_table_provenan
 from lakehouse_dagster.dagster.defs.shared.refusals import check_errors_line, refuse
 from lakehouse_dagster.dagster.launcher.event_writes import pooled_event_writes
 from lakehouse_dagster.dagster.private_apis import dagster_log_now
-from lakehouse_dagster.mirror.batch import Failed
-from lakehouse_dagster.mirror.stream import (
-    Idle,
-    ReverseApplied,
-    ReverseFailed,
-    Stopped,
-    check_shard,
-    stream_shard,
-)
-from lakehouse_dagster.mirror.stream_maintenance import Maintained
 
 SHARD_TAG = "lakehouse/stream_shard"  # "<shard>/<shard count>" on every mirror_stream run (the supervisor's filter)
 GENERATION_TAG = "lakehouse/stream_generation"

@@ -12,12 +12,12 @@ from pydantic import Field
 from lakehouse_dagster.api import parity as canary  # the canary's face: its names load on first use
 from lakehouse_dagster.api.flags import READERS
 from lakehouse_dagster.api.parity import SMOKE_MAX_ROWS, lines_of, run_canary_and_roll_back
+from lakehouse_dagster.api.reads import read_through_router
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
 from lakehouse_dagster.dagster.defs.shared.tags import READER, dataset_tags, tag_run, text
-from lakehouse_dagster.routing.exercise import read_through_router
 
 VERDICT_COLUMNS = [
     ("name", "string"),

@@ -9,11 +9,11 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
+from lakehouse_dagster.api.lake import migrate
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse
 from lakehouse_dagster.dagster.defs.shared.tables import table
-from lakehouse_dagster.runbooks.catalog_migrate import migrate
 
 
 class CatalogMigrateConfig(dg.Config):

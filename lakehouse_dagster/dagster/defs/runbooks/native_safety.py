@@ -16,10 +16,10 @@ import json
 
 import dagster as dg
 
+from lakehouse_dagster.api.reads import report_key, report_lines, unsafe_native_datasets
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.outage import skip_while_postgres_is_down
 from lakehouse_dagster.dagster.defs.shared.refusals import stop
-from lakehouse_dagster.routing.native_guard import report_key, report_lines, unsafe_native_datasets
 
 REPORT_TAG = "lakehouse/report"
 _SHOWN = 20  # datasets named in a tick message or a failure description (the count says how many more)

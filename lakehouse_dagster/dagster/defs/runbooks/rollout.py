@@ -14,7 +14,7 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from lakehouse_dagster.api import flips
+from lakehouse_dagster.api import flips, ingest_bench
 from lakehouse_dagster.api.flags import PROVEN_READERS, READ, SERVABLE_READERS, WRITE
 from lakehouse_dagster.api.flips import first_native_syncs, stop_message
 from lakehouse_dagster.core.errors import LakehouseError
@@ -23,7 +23,6 @@ from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.refusals import refuse, stop
 from lakehouse_dagster.dagster.defs.shared.tables import logged_table, table
 from lakehouse_dagster.dagster.defs.shared.tags import flag_tags, tag_run, text
-from lakehouse_dagster.runbooks import ingest_bench
 
 # the compute readers too (issue 43): their flip is gated on proven shadow consistency like any CLI flip
 FlippableReader = Enum(  # type: ignore[misc]  # built from the registry

@@ -17,9 +17,9 @@ import psycopg
 
 from lakehouse_dagster.api.datasets import Column
 from lakehouse_dagster.api.flags import CLAMPED, READ, Resolution
+from lakehouse_dagster.api.lake import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
 from lakehouse_dagster.api.status import PartitionState, pg_row_count, safe_uri
 from lakehouse_dagster.dagster.defs.shared.tags import text
-from lakehouse_dagster.lake.schema import IDENTITY_COLUMNS, IDENTITY_DESCRIPTIONS
 
 ROW_COUNT = "dagster/row_count"
 COLUMN_SCHEMA = "dagster/column_schema"

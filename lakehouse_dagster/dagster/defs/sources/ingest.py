@@ -20,6 +20,8 @@ from pydantic import Field
 
 from lakehouse_dagster.api.flags import FlagResolver
 from lakehouse_dagster.api.flips import checked_write
+from lakehouse_dagster.api.mirror import peak_rss_mb
+from lakehouse_dagster.api.sources import WRITERS, get_source, pending_ingests
 from lakehouse_dagster.api.status import partition_state, superseded_by
 from lakehouse_dagster.core.errors import BadInput
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
@@ -34,10 +36,6 @@ from lakehouse_dagster.dagster.defs.shared.partitions import DATASETS, datasets_
 from lakehouse_dagster.dagster.defs.shared.provenance import DATA_VERSION_TAG, table_provenance
 from lakehouse_dagster.dagster.defs.shared.refusals import fail_step
 from lakehouse_dagster.dagster.defs.shared.tags import WRITER, datasets_tags, name_run, text
-from lakehouse_dagster.mirror.sync import peak_rss_mb
-from lakehouse_dagster.sources import get_source
-from lakehouse_dagster.sources.poll import pending_ingests
-from lakehouse_dagster.sources.writers import WRITERS
 
 SourceWriter = Enum("SourceWriter", {w: w for w in WRITERS})  # type: ignore[misc]  # built from the registry
 

@@ -14,11 +14,11 @@ import dagster as dg
 import psycopg
 
 from lakehouse_dagster.api.flags import READ, SERVABLE_READERS, SHADOW_KEEP_DAYS, current_soak, prune_shadow_reads
+from lakehouse_dagster.api.mirror import STREAM_OFF, down_count, shard_state
 from lakehouse_dagster.api.plans import PlanStatus, live_statuses
 from lakehouse_dagster.api.status import ATTENTION_SHOWN, POSTGRES, Overview, compute_overview
 from lakehouse_dagster.dagster.defs.resources import LakehouseResource
 from lakehouse_dagster.dagster.defs.shared.keys import ICEBERG_TABLE, MIGRATION_OVERVIEW
-from lakehouse_dagster.mirror.shards import STREAM_OFF, down_count, shard_state
 
 # The jobs whose end (success or failure: a write_flip can fail after its flag changed) refreshes the overview.
 ROLLOUT_JOBS = (
