@@ -1,7 +1,8 @@
 """The faces in lakehouse_dagster/api/ (issue 45): each names in ``__all__`` exactly what it re-exports, every name
 resolves to its home's object, mypy sees the same names (the TYPE_CHECKING imports), and importing a face loads
 none of its homes (the CLI's fast --help). The contract that the adapters import only through them is
-import-linter's ("Adapters import a capability through its face", pyproject.toml)."""
+import-linter's ("Adapters import only the capability faces (lakehouse_dagster.api), core and the demo",
+pyproject.toml)."""
 
 from __future__ import annotations
 
