@@ -5,9 +5,13 @@ suite"), run as the tests they are, with ``LAKEHOUSE_SUITE_LONG=1``:
   the suite waits 45 s with the same rate, at most 3);
 * the object store failing everything before the sync starts (``before-the-sync`` of ``test_object_store_faults.py``
   on the SQL catalog and of ``test_rest_catalog.py`` on the REST one; the suite runs the points that leave files
-  behind: after the first file and before the commit on SQL, before the commit on REST).
+  behind: after the first file and before the commit on SQL, before the commit on REST);
+* the seeded crash schedules at their former lengths (``test_crash_harness.py`` 8/5/6 cycles, the REST catalog's
+  three 6/5/6, ``test_infra_faults.py``'s two 6/6; the suite runs the first 3-4 cycles of the same seeds);
+* the mirror stream's maintenance trickle at 80 appends (``test_mirror_stream.py``; the suite's 40 reach the same
+  bounds).
 
-    .venv/bin/python bench/bench_suite_long.py [--only calm|store]
+    .venv/bin/python bench/bench_suite_long.py [--only calm|store|crash|trickle]
 
 One pytest at a time, in one process (``-n 0``); prints each test's outcome and time and what the tests print (the
 calm console's line count), then exits non-zero if any failed.
@@ -32,6 +36,14 @@ RUNS = {
         "-k",
         "failing_everything and before-the-sync",
     ],
+    "crash": [
+        "lakehouse_dagster_tests/test_crash_harness.py",
+        "lakehouse_dagster_tests/test_rest_catalog.py",
+        "lakehouse_dagster_tests/test_infra_faults.py",
+        "-k",
+        "crash_harness or seeded_crash_schedule",
+    ],
+    "trickle": ["lakehouse_dagster_tests/test_mirror_stream.py", "-k", "trickle_through_the_stream"],
 }
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.cli.up import stop_postgres
 from lakehouse_dagster.core import locks
 from lakehouse_dagster.core.embedded import start_embedded
-from lakehouse_dagster_tests.test_e2e import LAKEHOUSE, Stack, _clean_env, _free_port
+from lakehouse_dagster_tests.test_e2e import LAKEHOUSE, Stack, _clean_env, _free_port, stack_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -77,7 +76,7 @@ def _shard_locks_held(dsn: str) -> int:
 
 @pytest.fixture(scope="module")
 def idle_stack():
-    s = IdleStack(Path(tempfile.mkdtemp(prefix="lh-calm-")))
+    s = IdleStack(stack_dir("lh-calm-"))
     try:
         yield s
     finally:

@@ -34,6 +34,7 @@ from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.cli.up import stop_postgres
 from lakehouse_dagster.demo.workspace import demo_id
 from lakehouse_dagster.service.client import LakehouseClient, ServiceError
+from lakehouse_dagster_tests.conftest import in_memory_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_ROWS = 2_000
@@ -220,6 +221,12 @@ def test_up_refuses_a_second_stack_on_the_same_home(tmp_path, capsys, monkeypatc
 # the real thing
 
 
+def stack_dir(prefix: str) -> Path:
+    """A stack's directory (its home: Postgres, Dagster, the warehouse) in memory where the machine has /dev/shm
+    (conftest.in_memory_dir); the stack's sweep deletes it."""
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=in_memory_dir()))
+
+
 class Stack:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -321,7 +328,7 @@ class Stack:
 def stack():
     # Not under pytest's tmp_path: a concurrent pytest session re-chmods /tmp/pytest-of-<user> to 0700, and the
     # embedded server runs as the `pgserver` user, which must be able to reach its data directory.
-    s = Stack(Path(tempfile.mkdtemp(prefix="lh-e2e-")))
+    s = Stack(stack_dir("lh-e2e-"))
     try:
         s.wait_ready(timeout=300)
         yield s

@@ -40,6 +40,7 @@ from lakehouse_dagster.tracking import datasets
 from .test_service_faults import _pg
 
 pytestmark = pytest.mark.slow  # Postgres restarts and a fault proxy: real processes killed at failpoints
+LONG = os.environ.get("LAKEHOUSE_SUITE_LONG") == "1"  # bench/bench_suite_long.py: the seeded schedules' longer runs
 
 SCHEMA = [{"name": "n", "type": "int64"}, {"name": "s", "type": "string"}]
 ROWS, CHUNK = 6_000, 500  # 12 chunks: a fault after the first file lands mid-way
@@ -648,7 +649,7 @@ def test_a_seeded_crash_schedule_with_postgres_restarts_and_resets_converges_wit
     for key, value in _env(settings, dsn).items():  # the harness's CLI syncs read this process's environment
         if key.startswith("LAKEHOUSE_"):
             monkeypatch.setenv(key, value)
-    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_CYCLES", "6"))
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_CYCLES", "6" if LONG else "3"))
     with TcpProxy.for_dsn(dsn) as proxy:
         infra = Infrastructure(lambda: restart_postgres(root / "pg", mode="immediate"), proxy)
         report = run_cycles(
@@ -676,7 +677,7 @@ def test_a_seeded_crash_schedule_of_reverse_applies_with_postgres_restarts_and_r
     for key, value in _env(settings, dsn).items():  # the harness's CLI processes read this process's environment
         if key.startswith("LAKEHOUSE_"):
             monkeypatch.setenv(key, value)
-    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_REVERSE_CYCLES", "6"))
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_INFRA_REVERSE_CYCLES", "6" if LONG else "4"))
     with TcpProxy.for_dsn(dsn) as proxy:
         infra = Infrastructure(lambda: restart_postgres(root / "pg", mode="immediate"), proxy)
         report = run_cycles(

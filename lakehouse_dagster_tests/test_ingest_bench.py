@@ -63,6 +63,7 @@ def test_cli_runs_purges_and_refuses_bad_input(conn, dsn, settings):
         assert bad.returncode == 2 and message in bad.stderr
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_a_failing_job_fails_the_gate(dsn, settings):
     """A writer that cannot write (the warehouse is not writable) is an error, not a 503: FAIL."""
     broken = settings.replace(catalog={"warehouse": "file:///proc/lakehouse-not-writable"})
@@ -72,6 +73,7 @@ def test_a_failing_job_fails_the_gate(dsn, settings):
     assert all("iceberg_native write failed" in o.error for o in report.outcomes)
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_the_dagster_job_runs_the_bench_and_purges(conn, dsn, settings):
     import dagster as dg
 

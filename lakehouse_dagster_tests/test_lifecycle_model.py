@@ -22,6 +22,7 @@ def test_random_sequences_of_verbs_and_writes_keep_the_lifecycle(dsn, settings):
     )
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 @pytest.mark.timeout(900)
 def test_random_sequences_with_native_writes_and_raw_app_statements_keep_the_lifecycle(dsn, settings):
     """The same model with the native path into real Iceberg tables and the live app's raw INSERT (the reverse

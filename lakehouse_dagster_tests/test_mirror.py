@@ -337,6 +337,7 @@ sync_dataset(s.postgres.dsn, load_catalog(s, s.postgres.dsn), s, sys.argv[1], re
 """
 
 
+@pytest.mark.slow  # over 8 s beside the suite (docs/benchmarks.md, The suite)
 def test_killed_sync_leaves_no_partial_snapshot_and_next_sync_succeeds(conn, dsn, settings, tmp_path):
     d = _make(conn, [{"name": "n", "type": "int64"}], [{"n": i} for i in range(5000)])
     first = _sync(settings, dsn, d)

