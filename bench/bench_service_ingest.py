@@ -4,9 +4,10 @@
 
 The demo workspace (its sourced datasets: files, cdc, a Postgres table) is seeded in a throwaway database, each
 sourced dataset ingested once (warm), then ``--rounds`` rounds of one ingest per sourced dataset with its default
-writer, as ``lakehouse serve``'s ``/lakehouse/ingest`` makes it: a fresh connection for ``checked_write`` (the
-first native write's check, issue 42) around the writer's run. ``--kept-connection`` passes one connection kept for
-the whole run instead, which splits the cost of that connection from the rest. Prints p50 and min per writer and over
+writer, as ``lakehouse serve``'s ``/lakehouse/ingest`` makes it: ``checked_write`` (the first native write's check,
+issue 42) around the writer's run — given a fresh connection (a tree from before issue 45's fix), or None where
+``checked_write`` opens one only for a native writer (the service's call since). ``--kept-connection`` passes one
+connection kept for the whole run instead, which splits the cost of that connection from the rest. Prints p50 and min per writer and over
 all. Also runs in a tree from before ``checked_write`` (the service then called ``run_writer`` alone): copy this file
 into that tree's ``bench/`` to compare (docs/benchmarks.md, issue 45's before and after).
 """
@@ -14,6 +15,7 @@ into that tree's ``bench/`` to compare (docs/benchmarks.md, issue 45's before an
 from __future__ import annotations
 
 import argparse
+import inspect
 import statistics
 import sys
 import time
@@ -46,12 +48,15 @@ def ingest_call(kept: bool):
             db.ingest_dsn, db.catalog, settings, db.resolver(), ds, writer
         )
     held: list = []
+    lazy = "None" in str(inspect.signature(checked_write).parameters["conn"].annotation)  # issue 45's service call
 
     def call(db, settings, ds, writer):
         if kept:
             if not held:
                 held.append(connect(db.ingest_dsn))
             return checked_write(held[0], db.ingest_dsn, db.catalog, settings, db.resolver(), ds, writer).result
+        if lazy:
+            return checked_write(None, db.ingest_dsn, db.catalog, settings, db.resolver(), ds, writer).result
         with connect(db.ingest_dsn) as conn:
             return checked_write(conn, db.ingest_dsn, db.catalog, settings, db.resolver(), ds, writer).result
 

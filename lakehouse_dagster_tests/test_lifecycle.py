@@ -203,3 +203,72 @@ def test_verbs_on_two_datasets_never_wait_for_each_other_and_one_dataset_s_do(co
         with pytest.raises(psycopg.errors.LockNotAvailable):
             set_override(conn, "read", "export.stream", "iceberg", dataset=a, actor="op-2")
         conn.execute("set lock_timeout = 0")
+
+
+def test_a_never_synced_pg_dataset_is_answered_as_stored_without_re_deriving(conn, dsn, settings):
+    """Issue 45: every pg-path write of a dataset stored ``pg`` re-derived its state (six queries and a transaction),
+    though without a verb only the mirror's first snapshot moves it on, and that needs a succeeded sync. The
+    answers are those re-deriving gave (seen on main: every assertion but the last ``calls`` one held there), also
+    with a writer flag set behind the lifecycle's back; once a sync succeeded, the state is re-derived and the
+    mirror's move recorded."""
+    from lakehouse_dagster.flags import overrides_store
+    from lakehouse_dagster.flags.lifecycle_facts import derive
+    from lakehouse_dagster.lifecycle.states import Facts
+    from lakehouse_dagster.lifecycle.transition import current
+    from lakehouse_dagster.mirror.sync import sync_dataset
+    from lakehouse_dagster.tracking import datasets
+
+    from .native_helpers import SCHEMA, row
+
+    ws = datasets.create_workspace(conn, "ws-pg")
+    d = datasets.create_dataset(conn, ws, "never-synced", SCHEMA)
+    datasets.insert_rows(conn, d, [row(i) for i in range(3)])
+    calls: list[list] = []
+
+    def counted(c, ids):  # the real derive, its calls counted
+        calls.append(list(ids))
+        return derive(c, ids)
+
+    pg = Facts("pg", None, ())
+    assert current(conn, [d], counted, "pytest") == {d: pg}  # first sight: derived and recorded (observe)
+    assert calls == [[d]] and history(conn, d) == []  # a first row, no move
+    calls.clear()
+    assert current(conn, [d], counted, "pytest") == {d: pg}
+    # a writer flag behind the lifecycle's back: the facts say native, which is no move of the mirror's, so the
+    # stored pg was the answer when re-derived too; the write paths resolve the flag themselves
+    overrides_store.upsert(conn, "write", "sync.full", "dataset", d, "iceberg_native", None, "pytest")
+    assert derive(conn, [d])[d].state == "native"
+    assert current(conn, [d], counted, "pytest") == {d: pg}
+    overrides_store.delete(conn, "write", "sync.full", "dataset", d)
+    assert history(conn, d) == []  # nothing recorded meanwhile
+    no_derive = list(calls)
+    sync_dataset(dsn, load_catalog(settings, dsn), settings, d)  # the first snapshot: re-derived, the move recorded
+    assert current(conn, [d], counted, "pytest")[d] == Facts("mirrored", None, ())
+    assert [(h["verb"], h["before_state"], h["after_state"]) for h in history(conn, d)] == [
+        ("mirror", "pg", "mirrored")
+    ]
+    assert calls[len(no_derive) :] == [[d]]
+    assert no_derive == [], f"re-derived a never-synced pg dataset {len(no_derive)} time(s)"
+
+
+def test_the_service_s_checked_write_opens_its_connection_only_for_a_native_writer(conn, dsn, settings, lh):
+    """Issue 45: the service opened a connection for every ingest, for ``checked_write``'s first-native check; it
+    passes None now, and the first native write still gets its canary (on a connection ``checked_write`` opens)
+    and its auto-rollback, the next pg-path ingest none."""
+    from lakehouse_dagster.runbooks.auto_rollback import run_canary_and_roll_back as run_canary
+    from lakehouse_dagster.runbooks.first_sync import checked_write
+
+    from .native_helpers import add_source_rows, row
+    from .test_write_flip_first_sync import _fed
+
+    d, src = _fed(conn, dsn, settings)
+    catalog = load_catalog(settings, dsn)
+    assert [v.verdict for v in run_canary(conn, dsn, catalog, settings, dataset_ids=[str(d)]).results] == ["ok"]
+    lh("write-flags", "set", "sync.full", "iceberg_native", "--dataset", str(d), check=True)
+    add_source_rows(conn, src, [row(6)])  # a MISMATCH by design (docs/lifecycle.md)
+    first = checked_write(None, dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full")
+    assert first.result.path == "native" and first.first_native is not None
+    assert first.first_native.verdict == "MISMATCH" and first.first_native.rolled_back
+    assert FlagResolver(conn, ttl_seconds=0).resolve("write", "sync.full", d).mode == "pg"
+    again = checked_write(None, dsn, catalog, settings, FlagResolver(conn, ttl_seconds=0), d, "sync.full")
+    assert again.result.path == "pg" and again.first_native is None

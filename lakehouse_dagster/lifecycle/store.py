@@ -26,6 +26,23 @@ def stored(conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]) -> dict[u
     return {r[0]: (Facts(r[1], r[2], tuple(r[3] or ())), int(r[4])) for r in rows}
 
 
+def stored_and_synced(
+    conn: psycopg.Connection, dataset_ids: Iterable[uuid.UUID]
+) -> dict[uuid.UUID, tuple[Facts, bool]]:
+    """(facts, whether a ``pg`` row's dataset has a succeeded sync) of each dataset that has a row, in one
+    statement: a ``pg`` row whose dataset was never synced is all there is to know (transition.py ``current``)."""
+    ids = list(dataset_ids)
+    if not ids:
+        return {}
+    rows = conn.execute(
+        "select l.dataset_id, l.state, l.reverse, l.native_writers, l.state = 'pg' and "
+        + sync_log.EVER_SYNCED_OF_ROW
+        + " from lakehouse_lifecycle l where l.dataset_id = any(%s::uuid[])",
+        (ids,),
+    ).fetchall()
+    return {r[0]: (Facts(r[1], r[2], tuple(r[3] or ())), bool(r[4])) for r in rows}
+
+
 def state_statement(dataset_id: uuid.UUID) -> sql.Composed:
     """The stored state of one dataset as a statement with its id as a literal (any driver: a write's first
     statements, lifecycle/lock.py)."""

@@ -189,12 +189,19 @@ def _refusal(conn: psycopg.Connection, opened: _Open, refusals: list) -> Lifecyc
 def current(conn: psycopg.Connection, dataset_ids: Sequence[uuid.UUID], derive: Derive, actor: str) -> dict:
     """The state of each dataset as stored; a dataset without a row, or still ``pg`` in the store while its first
     snapshot has landed, is brought up to date first (recorded as ``observe`` / ``mirror``). For readers above the
-    layers that own the facts (status, the CLI, the write paths): they pass ``derive``."""
+    layers that own the facts (status, the CLI, the write paths): they pass ``derive``.
+
+    A ``pg`` row whose dataset has no succeeded sync is answered as stored, read with that fact in one statement
+    (issue 45: every pg-path write of such a dataset re-derived it). Re-deriving could only record the mirror's
+    first snapshot (``pg → mirrored / read-flipped``, both need a succeeded sync); whatever else the facts say of
+    it (a writer flag or a complete mark set behind the lifecycle's back) is no ``mirror`` move, and the stored
+    ``pg`` was kept and returned for it before as well (test_lifecycle.py)."""
     ids = list(dict.fromkeys(dataset_ids))
     if not ids:
         return {}
-    found = {d: f for d, (f, _v) in store.stored(conn, ids).items()}
-    stale = [d for d in ids if d not in found or found[d].state == PG]
+    rows = store.stored_and_synced(conn, ids)
+    found = {d: f for d, (f, _synced) in rows.items()}
+    stale = [d for d in ids if d not in found or (found[d].state == PG and rows[d][1])]
     if stale:
         derived = derive(conn, stale)
         try:

@@ -24,6 +24,7 @@ import uuid
 import psycopg
 from pyiceberg.catalog import Catalog
 
+from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import LakehouseError
 from lakehouse_dagster.core.guards import first_native_hold, guard_connection
 from lakehouse_dagster.core.ids import parse_uuid
@@ -166,7 +167,7 @@ class CheckedWrite:
 
 
 def checked_write(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection | None,
     dsn: str,
     catalog: Catalog,
     settings: Settings,
@@ -182,12 +183,25 @@ def checked_write(
     write, not of `write-flags flip`): under the first-native hold (the reverse mirror waits for the verdict), the
     write, its canary against what Postgres held, and on a MISMATCH the auto-rollback of the writer. Every other
     write is ``run_writer`` alone. The CLI's ingest, the ingest job (and with it the source poller) and the service
-    call this."""
+    call this. ``conn`` None: a connection of its own on ``dsn`` (no statement timeout: the canary's comparison is
+    long), opened only when the writer resolves native — a pg-path write needs none (issue 45: the service's)."""
     from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
 
     lg = logger or log
     ds_id = parse_uuid(dataset_id, "dataset id")
-    if flags.resolve(WRITE, writer, ds_id).mode != NATIVE or not is_first_native_write(conn, ds_id):
+    if flags.resolve(WRITE, writer, ds_id).mode != NATIVE:
+        return CheckedWrite(run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw))
+    if conn is None:
+        with connect(dsn) as own:
+            return _checked_native(own, dsn, catalog, settings, flags, ds_id, writer, run_id, lg, kw)
+    return _checked_native(conn, dsn, catalog, settings, flags, ds_id, writer, run_id, lg, kw)
+
+
+def _checked_native(conn, dsn, catalog, settings, flags, ds_id, writer, run_id, lg, kw) -> CheckedWrite:
+    """``checked_write`` of a writer that resolves native: the canary only where it is the first native write."""
+    from lakehouse_dagster.sources.writers import run_writer  # the source writers (ingest area)
+
+    if not is_first_native_write(conn, ds_id):
         return CheckedWrite(run_writer(dsn, catalog, settings, flags, ds_id, writer, run_id=run_id, logger=lg, **kw))
     with guard_connection(dsn) as hold, first_native_hold(hold, ds_id):
         if not is_first_native_write(conn, ds_id):  # another process made it while we waited for the hold

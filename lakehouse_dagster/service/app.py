@@ -33,7 +33,6 @@ from lakehouse_dagster.api.datasets import get_dataset
 from lakehouse_dagster.api.flags import READ
 from lakehouse_dagster.api.flips import checked_write
 from lakehouse_dagster.api.reads import REFUSED, resolve_read_source
-from lakehouse_dagster.core.db import connect
 from lakehouse_dagster.core.errors import Backpressure, LakehouseError, ReadRefused, first_line
 from lakehouse_dagster.core.settings import ServiceSettings, Settings
 from lakehouse_dagster.service import bodies
@@ -315,10 +314,11 @@ async def ingest(svc: Service, request: Request) -> Response:  # noqa: C901 - ea
         ident = threading.get_ident()
         svc.ingests_running[ident] = f"{req.writer} ds={ds}"
         try:
-            with connect(db.ingest_dsn) as conn:  # its first native write canaried (runbooks/first_sync.py)
-                checked = checked_write(
-                    conn, db.ingest_dsn, db.catalog, svc.settings, db.resolver(), ds, req.writer, logger=log
-                )
+            # None: checked_write opens a connection of its own (no statement timeout: a first native write's
+            # canary) only for a writer that resolves native; a pg-path ingest needs none (issue 45)
+            checked = checked_write(
+                None, db.ingest_dsn, db.catalog, svc.settings, db.resolver(), ds, req.writer, logger=log
+            )
             for line in checked.lines():
                 log.warning(f"[service] {line}")
             result = checked.result

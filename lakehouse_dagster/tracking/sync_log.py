@@ -399,6 +399,10 @@ PENDING_SINCE_POSITION = """(
                        (select max(m.finished_at) from iceberg_sync_log m
                          where m.dataset_id = d.id and m.path = 'mirror' and m.status = 'succeeded'), '-infinity')
            end)"""
+# Whether the lifecycle row ``l`` has a succeeded sync (``ever_synced`` for one row, inside lifecycle/store.py's read).
+EVER_SYNCED_OF_ROW = (
+    "exists (select 1 from iceberg_sync_log s where s.dataset_id = l.dataset_id and s.status = 'succeeded')"
+)
 # A succeeded native write of dataset %(d)s since the lifecycle move ``b`` (lifecycle/store.py).
 NATIVE_WRITE_SINCE_MOVE = (
     "exists (select 1 from iceberg_sync_log l where l.dataset_id = %(d)s and l.path = 'native'"
