@@ -63,6 +63,8 @@ def main() -> int:
             lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r, **lake)
         except BaseException as exc:  # the violation, as hypothesis shrank it
             print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
+            first = lifecycle_model.first_failure()  # what failed first, before hypothesis replayed it
+            print(f"  first failure {first}" if first else "  no step raised (hypothesis itself stopped)")
             print("  seen so far: " + _seen(), flush=True)
             return 1
         took = time.perf_counter() - started

@@ -7,6 +7,7 @@ from hypothesis import settings as run_settings
 
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
 from lakehouse_dagster.testing.lifecycle_model.iceberg import LifecycleWithIceberg
+from lakehouse_dagster.testing.lifecycle_model.steps import FIRST
 
 
 def run(
@@ -22,7 +23,9 @@ def run(
     """``examples`` random sequences of up to ``steps`` steps against ``dsn`` (raises on the first violation, with
     the shrunk sequence); ``seed`` None: derandomized (the same sequences every run, as CI wants). With
     ``catalog`` (and the ``lake_settings`` it was loaded with): the model with native writes into real tables. ``settings``: the project's (the plans' controller reads
-    them; ``lake_settings`` when given)."""
+    them; ``lake_settings`` when given). The first failure, whatever hypothesis makes of its replay, is
+    ``first_failure()`` afterwards."""
+    FIRST["failure"] = None
     machine: type[Lifecycle] = Lifecycle
     Lifecycle.settings = settings or lake_settings
     if catalog is not None:
@@ -47,3 +50,8 @@ def run(
         with_seed(seed)(case.runTest)(case())
         return
     case().runTest()
+
+
+def first_failure() -> str | None:
+    """The first step (or invariant) of the last ``run`` that raised: its steps before it and its traceback."""
+    return FIRST["failure"]
