@@ -10,7 +10,10 @@ violations (0, or the first one with its shrunk sequence) and the time.
 verbs, ingests...).
 
 Each round runs --sequences sequences with its own seed (--seed + round), so rounds add new sequences instead of
-repeating. The figures go to docs/benchmarks.md (The lifecycle model).
+repeating; the same seed draws the same sequences again (before branch lifecycle-tail it did not: the seed never reached
+hypothesis). A round that fails prints the first step that raised, with the steps before it and its traceback, whatever
+hypothesis reports after its replay ("Flaky", "Inconsistent data generation"). The figures go to docs/benchmarks.md
+(The lifecycle model).
 """
 
 from __future__ import annotations
