@@ -5,6 +5,8 @@ to copy. Now every apply but a full re-sync compares rows_version first: the CLI
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from lakehouse_dagster.lake.catalog import load_catalog
@@ -34,3 +36,31 @@ def test_a_raw_write_into_a_caught_up_native_dataset_is_refused_by_the_next_appl
     # the operator accepts Iceberg's rows: the full re-sync does not look (asked for), then the apply is quiet again
     assert apply_reverse(dsn, catalog, settings, d, full=True).how == "full"
     assert apply_reverse(dsn, catalog, settings, d).how == "noop"
+
+
+@pytest.mark.slow  # a stream of its own: over 8 s beside the suite
+def test_the_stream_refuses_the_same_way_at_the_next_native_commit(conn, dsn, settings, lh):
+    """The stream asks for an apply when a native commit is due (a caught-up dataset is not asked again): at that
+    commit its apply is refused with the CLI's line, backed off, nothing written."""
+    from lakehouse_dagster.mirror.reverse import position
+    from lakehouse_dagster.mirror.stream import ReverseFailed
+
+    from .test_mirror_stream import Stream
+    from .test_reverse_driver import _wait_position
+
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    snap = native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    with Stream(settings.replace(mirror={"retry_failed_after_seconds": 60}), dsn) as s:
+        _wait_position(conn, d, snap)
+        datasets.insert_rows(conn, d, [row(50)])  # the live app's raw write
+        kept = _pg_rows(conn, d)
+        native_write(conn, dsn, settings, d, "sync.append", [row(7)], start=7)
+        t0 = time.time()
+        while not (failed := [e for e in s.events if isinstance(e, ReverseFailed)]):
+            assert time.time() - t0 < 30, "the stream yielded no refusal"
+            time.sleep(0.05)
+    (first,) = failed
+    assert first.dataset_id == d and first.error.startswith("PostgresWritten: refused: dataset"), first.error
+    code, _, err = lh("reverse", "sync", "--dataset", str(d))
+    assert code == 6 and err.strip().endswith(first.error.removeprefix("PostgresWritten: ")), (err, first.error)
+    assert _pg_rows(conn, d) == kept and position(conn, d).snapshot_id == snap
