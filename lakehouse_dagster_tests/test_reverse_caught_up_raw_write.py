@@ -64,3 +64,31 @@ def test_the_stream_refuses_the_same_way_at_the_next_native_commit(conn, dsn, se
     code, _, err = lh("reverse", "sync", "--dataset", str(d))
     assert code == 6 and err.strip().endswith(first.error.removeprefix("PostgresWritten: ")), (err, first.error)
     assert _pg_rows(conn, d) == kept and position(conn, d).snapshot_id == snap
+
+
+def test_rows_the_forward_mirror_synced_before_a_re_flip_are_not_taken_for_a_raw_write(conn, dsn, settings, lh):
+    """A writer rolled back to pg, a pg write while Postgres was the truth, the forward mirror's sync of it, the writer
+    flipped native again: rows_version moved since the reverse's last apply, but every row Postgres holds is in
+    Iceberg (the mirror's sync covered that rows_version). The reverse applies the next native commit; it refused
+    ("those rows are not in Iceberg") until an operator forced a full re-sync."""
+    from lakehouse_dagster.mirror.sync import sync_dataset
+
+    from .native_helpers import runbook_ready
+    from .test_reverse_mirror import _same_as_table
+
+    d = ready_native(conn, dsn, settings, lh, "sync.append")
+    catalog = load_catalog(settings, dsn)
+    native_write(conn, dsn, settings, d, "sync.append", [row(6)], start=6)
+    assert apply_reverse(dsn, catalog, settings, d).how == "append"
+    lh("write-flags", "set", "sync.append", "pg", "--dataset", str(d), check=True)
+    datasets.insert_rows(conn, d, [row(60)])  # Postgres the truth: a plain write
+    sync_dataset(dsn, catalog, settings, d)  # the forward mirror takes it into Iceberg
+    runbook_ready(conn, dsn, settings, d)
+    lh("write-flags", "set", "sync.append", "iceberg_native", "--dataset", str(d), check=True)
+    native_write(conn, dsn, settings, d, "sync.append", [row(61)], start=61)
+    assert apply_reverse(dsn, catalog, settings, d).how in ("append", "full")
+    _same_as_table(conn, settings, dsn, d)
+    # and a raw write after that is still refused
+    datasets.insert_rows(conn, d, [row(70)])
+    with pytest.raises(PostgresWritten):
+        apply_reverse(dsn, catalog, settings, d)
