@@ -10,7 +10,10 @@ violations (0, or the first one with its shrunk sequence) and the time.
 verbs, ingests...).
 
 Each round runs --sequences sequences with its own seed (--seed + round), so rounds add new sequences instead of
-repeating. The figures go to docs/benchmarks.md (The lifecycle model).
+repeating; the same seed draws the same sequences again (before branch lifecycle-tail it did not: the seed never reached
+hypothesis). A round that fails prints the first step that raised, with the steps before it and its traceback, whatever
+hypothesis reports after its replay ("Flaky", "Inconsistent data generation"). The figures go to docs/benchmarks.md
+(The lifecycle model).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def main() -> int:
             lifecycle_model.run(dsn, examples=args.sequences, steps=args.steps, seed=args.seed + r, **lake)
         except BaseException as exc:  # the violation, as hypothesis shrank it
             print(f"round {r} (seed {args.seed + r}): VIOLATION after {time.perf_counter() - started:.0f} s: {exc}")
+            first = lifecycle_model.first_failure()  # what failed first, before hypothesis replayed it
+            print(f"  first failure {first}" if first else "  no step raised (hypothesis itself stopped)")
             print("  seen so far: " + _seen(), flush=True)
             return 1
         took = time.perf_counter() - started

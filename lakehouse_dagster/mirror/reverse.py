@@ -155,6 +155,9 @@ def apply_reverse(
         ):
             locked = time.perf_counter()
             _refuse(conn, ds_id)
+            at = position(conn, ds_id)
+            if not full:  # O(1), before any NOOP answer: a raw write into a caught-up dataset is reported now
+                _refuse_postgres_written(conn, ds_id, at)
             checked = time.perf_counter()
             table = load_table_or_none(catalog, table_identifier(settings, ds_id))
             current = table.current_snapshot() if table is not None else None
@@ -162,7 +165,6 @@ def apply_reverse(
                 return ReverseResult(
                     ds_id, NOOP, None, 0, 0, _count(conn, ds_id), 0.0, "the dataset has no Iceberg table yet"
                 )
-            at = position(conn, ds_id)
             if at is not None and at.snapshot_id == current.snapshot_id and not full:
                 return ReverseResult(
                     ds_id,
@@ -174,8 +176,6 @@ def apply_reverse(
                     time.perf_counter() - started,
                     f"already at snapshot {current.snapshot_id}",
                 )
-            if not full:
-                _refuse_postgres_written(conn, ds_id, at)
             loaded = time.perf_counter()
             how, files, reason = _plan(conn, catalog, settings, ds_id, table, full)
             _log.debug(

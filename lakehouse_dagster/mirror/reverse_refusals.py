@@ -15,7 +15,7 @@ from lakehouse_dagster.flags.native import native_dataset_ids
 from lakehouse_dagster.flags.reverse_setting import reverse_enabled
 from lakehouse_dagster.mirror.errors import PostgresWritten
 from lakehouse_dagster.mirror.reverse_state import ReversePosition
-from lakehouse_dagster.tracking import capture, undeclared
+from lakehouse_dagster.tracking import capture, sync_log, undeclared
 from lakehouse_dagster.tracking.datasets import Column, lookup
 from lakehouse_dagster.tracking.datasets import rows as dataset_rows
 
@@ -69,11 +69,13 @@ def _refuse(conn: psycopg.Connection, ds_id: uuid.UUID) -> None:
 
 def _refuse_postgres_written(conn: psycopg.Connection, ds_id: uuid.UUID, at: ReversePosition | None) -> None:
     """O(1): the dataset's rows_version against the one the last apply left. Only the live app or a pg writer moves
-    it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks."""
+    it (the reverse's own writes are no echo), so a difference means rows in Postgres that Iceberg lacks — unless the
+    forward mirror read the dataset at that very rows_version (a writer rolled back to pg, written, mirrored, flipped
+    native again): then Iceberg has every row Postgres holds."""
     if at is None or at.rows_version is None:
         return
     now = lookup.rows_version(conn, ds_id, "rows_version")
-    if now == at.rows_version:
+    if now == at.rows_version or sync_log.mirror_covered(conn, ds_id, now):
         return
     # No log record here: the refusal is the exception, and each caller reports it once (the CLI's error line, the
     # stream's ReverseFailed event, the job's failure); a record beside it printed the refusal twice in the CLI.

@@ -291,6 +291,19 @@ def failed_since_of(conn: psycopg.Connection, moved_cte: sql.Composable, args: d
     return conn.execute(moved_cte + _FAILED_SYNCS, args).fetchall()
 
 
+def mirror_covered(conn: psycopg.Connection, dataset_id: uuid.UUID, rows_version: int) -> bool:
+    """Whether a succeeded sync of the forward mirror read the dataset at ``rows_version`` (rows_version only grows):
+    every row Postgres held then is in Iceberg. The reverse's raw-write check asks it when rows_version moved since
+    its last apply (a pg write while Postgres was the truth, mirrored before a re-flip, is no raw write). One probe
+    of iceberg_sync_log_succeeded_idx."""
+    found = conn.execute(
+        "select 1 from iceberg_sync_log where dataset_id = %s and status = 'succeeded' and path = 'mirror'"
+        " and source_version = %s limit 1",
+        (dataset_id, rows_version),
+    ).fetchone()
+    return found is not None
+
+
 def latest_mirror_syncs(conn: psycopg.Connection, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple]:
     """{dataset: (status, has_identity, source_version, the dataset's rows_version now)} of each one's newest mirror
     sync (the write flip's gates)."""

@@ -10,12 +10,12 @@ oracle.py (the facts and the rules, on their own), base.py (the machine: verbs, 
 (rollout plans: ticks, analyses, aborts), crashes.py (verbs interrupted at their fault points), iceberg.py (native
 writes, another engine, raw app statements), ingest.py (the service's and the poller's ingests), ready.py (datasets
 readied and write-flipped the runbook's way, the reverse apply), kills.py (an ingest SIGKILLed), runner.py
-(``run``). Shared by test_lifecycle_model.py (a few dozen sequences in CI) and bench/bench_lifecycle_model.py.
+(``run``, ``first_failure``), steps.py (the rules, each step recorded). Shared by test_lifecycle_model.py (a few dozen sequences in CI) and bench/bench_lifecycle_model.py.
 """
 
 from lakehouse_dagster.testing.lifecycle_model.base import Lifecycle
 from lakehouse_dagster.testing.lifecycle_model.iceberg import LifecycleWithIceberg
 from lakehouse_dagster.testing.lifecycle_model.oracle import READER, SCHEMA, WRITERS, Oracle
-from lakehouse_dagster.testing.lifecycle_model.runner import run
+from lakehouse_dagster.testing.lifecycle_model.runner import first_failure, run
 
-__all__ = ["READER", "SCHEMA", "WRITERS", "Lifecycle", "LifecycleWithIceberg", "Oracle", "run"]
+__all__ = ["READER", "SCHEMA", "WRITERS", "Lifecycle", "LifecycleWithIceberg", "Oracle", "first_failure", "run"]

@@ -8,7 +8,7 @@ import uuid
 
 import pyarrow as pa
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine
 from psycopg import sql
 
 from lakehouse_dagster.core.db import connect
@@ -25,6 +25,7 @@ from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.testing.lifecycle_model.crashes import CrashMoves
 from lakehouse_dagster.testing.lifecycle_model.oracle import READER, READERS, SCHEMA, WRITERS, Oracle
 from lakehouse_dagster.testing.lifecycle_model.plans import PLAN_TABLES, PlanMoves
+from lakehouse_dagster.testing.lifecycle_model.steps import initialize, invariant, rule
 from lakehouse_dagster.tracking import datasets
 
 

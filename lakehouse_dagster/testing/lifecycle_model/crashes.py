@@ -14,7 +14,6 @@ import os
 
 import pyarrow as pa
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
 
 from lakehouse_dagster.core import failpoints
 from lakehouse_dagster.core.failpoints import FailpointError
@@ -25,6 +24,7 @@ from lakehouse_dagster.runbooks import complete as cp
 from lakehouse_dagster.sources.pg_rows import rows_transaction
 from lakehouse_dagster.sources.writers import _failpoint_after_first
 from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS, ModelParts
+from lakehouse_dagster.testing.lifecycle_model.steps import rule
 from lakehouse_dagster.tracking import datasets
 
 

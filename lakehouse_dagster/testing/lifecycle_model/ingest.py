@@ -19,7 +19,6 @@ import tempfile
 from pathlib import Path
 
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
 
 from lakehouse_dagster.core.errors import FlipRefused, LakehouseError
 from lakehouse_dagster.core.failpoints import FailpointError
@@ -30,6 +29,7 @@ from lakehouse_dagster.runbooks.first_sync import checked_write
 from lakehouse_dagster.sources.poll import pending_ingests
 from lakehouse_dagster.sources.stored import set_source
 from lakehouse_dagster.testing.lifecycle_model.oracle import WRITERS, ModelParts
+from lakehouse_dagster.testing.lifecycle_model.steps import rule
 
 NATIVE_POINTS = (
     "after-first-file",

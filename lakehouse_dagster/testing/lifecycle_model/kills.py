@@ -14,23 +14,24 @@ from __future__ import annotations
 import signal
 
 from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
 
 from lakehouse_dagster.lifecycle import states as S
 from lakehouse_dagster.testing.faults import cli_env, cli_popen
 from lakehouse_dagster.testing.lifecycle_model.ingest import NATIVE_POINTS
 from lakehouse_dagster.testing.lifecycle_model.oracle import ModelParts
+from lakehouse_dagster.testing.lifecycle_model.steps import rule
 
 
 class KillMoves(ModelParts):
     """Mixed into ``LifecycleWithIceberg`` (iceberg.py): needs the ingest moves' files source (ingest.py)."""
 
-    @precondition(lambda self: any(self.o.state(d).state == S.NATIVE for d in getattr(self, "ids", ())))
     @rule(i=st.integers(0, 5), point=st.sampled_from(NATIVE_POINTS))
     def ingest_killed(self, i, point):
         """``lakehouse ingest`` of a native dataset and writer (``i`` picks them) killed by SIGKILL at ``point``,
         then the next ingest of the same writer."""
         native = [d for d in self.ids if self.o.state(d).state == S.NATIVE]
+        if not native:  # no precondition: the draws never depend on the world's state (steps.py)
+            return
         native = [d for d in native if d in self.readied] or native  # one readied the runbook's way passes the gates
         d = native[i % len(native)]
         writers = self.o.state(d).native_writers

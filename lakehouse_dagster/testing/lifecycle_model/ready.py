@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 
 from hypothesis import strategies as st
-from hypothesis.stateful import rule
 
 from lakehouse_dagster.core.errors import LakehouseError, NothingToDo
 from lakehouse_dagster.flags.registry import READ, WRITE
@@ -29,6 +28,7 @@ from lakehouse_dagster.mirror.sync import sync_dataset
 from lakehouse_dagster.runbooks import flip
 from lakehouse_dagster.runbooks.first_sync import first_native_syncs, stop_message
 from lakehouse_dagster.testing.lifecycle_model.oracle import READERS, WRITERS, ModelParts
+from lakehouse_dagster.testing.lifecycle_model.steps import rule
 
 log = logging.getLogger("lakehouse_dagster.model")
 
@@ -145,15 +145,17 @@ class ReadyMoves(ModelParts):
             self._saw("reverse apply refused")
             return
         n, (got, snap) = self._pg_count(d), self._iceberg_count(d)
-        if r.how == "noop":  # already at the table's snapshot: nothing applied, so no raw app write is looked for
-            assert n == before, f"a reverse apply with nothing to apply changed dataset_rows of {d}: {before} → {n}"
-            self._saw("reverse: nothing to apply")
-            return
         if snap is None:  # no table yet (made native past the gates before any write): nothing to apply
             assert n == before, f"the reverse of {d} without a table changed dataset_rows: {before} → {n}"
             self._saw("reverse: no table yet, nothing applied")
             return
-        assert n == got, f"the reverse left {n} row(s) of {d} in dataset_rows, its table holds {got}"
+        # applied, or already at the table's snapshot — a raw app write since the last apply is refused (rows_version,
+        # O(1)) before any "nothing to apply": either way Postgres holds the table's rows
+        assert n == got, f"the reverse ({r.how}) left {n} row(s) of {d} in dataset_rows, its table holds {got}"
+        if r.how == "noop":
+            assert n == before, f"a reverse apply with nothing to apply changed dataset_rows of {d}: {before} → {n}"
+            self._saw("reverse: nothing to apply")
+            return
         self.o.pg_rows[d] = n
         self._saw("reverse applied: Postgres holds the table's rows")
 
