@@ -292,10 +292,9 @@ def failed_since_of(conn: psycopg.Connection, moved_cte: sql.Composable, args: d
 
 
 def mirror_covered(conn: psycopg.Connection, dataset_id: uuid.UUID, rows_version: int) -> bool:
-    """Whether a succeeded sync of the forward mirror read the dataset at ``rows_version`` (rows_version only grows):
-    every row Postgres held then is in Iceberg. The reverse's raw-write check asks it when rows_version moved since
-    its last apply (a pg write while Postgres was the truth, mirrored before a re-flip, is no raw write). One probe
-    of iceberg_sync_log_succeeded_idx."""
+    """Whether a succeeded forward-mirror sync read the dataset at ``rows_version``: every row Postgres held then is in
+    Iceberg, so the reverse's raw-write check takes that move (a pg write mirrored before a re-flip) for no raw write.
+    One probe of iceberg_sync_log_succeeded_idx."""
     found = conn.execute(
         "select 1 from iceberg_sync_log where dataset_id = %s and status = 'succeeded' and path = 'mirror'"
         " and source_version = %s limit 1",
