@@ -46,7 +46,7 @@ def test_a_seeded_run_draws_the_same_sequences_again_and_keeps_its_first_failure
     teardown = lifecycle_model.Lifecycle.teardown
 
     def recorded(machine):
-        runs[-1].append(list(machine._steps))
+        runs[-1].append(list(machine.step_trace))
         teardown(machine)
 
     monkeypatch.setattr(lifecycle_model.Lifecycle, "teardown", recorded)

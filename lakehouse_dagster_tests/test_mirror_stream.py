@@ -214,7 +214,8 @@ def test_a_dataset_written_without_pause_gets_at_most_its_share_of_sync_time(con
 def test_two_shards_split_the_datasets(conn, dsn, settings):
     ws = datasets.create_workspace(conn, "w")
     ids = [_dataset(conn, ws, f"d{i}") for i in range(8)]
-    assert {shard_of(d, 2) for d in ids} == {0, 1}  # uuid4s: with 8, both shards get some (1 in 128 they do not)
+    while {shard_of(d, 2) for d in ids} != {0, 1}:  # uuid4s: 1 in 128 times, 8 of them fall in one shard
+        ids.append(_dataset(conn, ws, f"d{len(ids)}"))
     with Stream(settings, dsn, shard=0, count=2) as s0, Stream(settings, dsn, shard=1, count=2) as s1:
         wait_caught_up(conn, ids)
         for d in ids:
@@ -567,6 +568,24 @@ def _stream_run(instance, shard=0, count=1, status=dg.DagsterRunStatus.STARTED):
     return instance.create_run_for_job(job_def=mirror_stream, tags={SHARD_TAG: f"{shard}/{count}"}, status=status)
 
 
+class _LinkedStop(threading.Event):
+    """The test's stop: setting it sets every loop's stop it was linked to (the op hands the loop a stop of its own)."""
+
+    def __init__(self):
+        super().__init__()
+        self._linked: list[threading.Event] = []
+
+    def link(self, other: threading.Event) -> None:
+        self._linked.append(other)
+        if self.is_set():
+            other.set()
+
+    def set(self) -> None:
+        super().set()
+        for other in self._linked:
+            other.set()
+
+
 class _StoppableRun:
     """The mirror_stream op's loop (stream_shard) given a stop of the test's: ``stop`` ends it as its deadline would
     (the syncs in flight land, the run checks and logs what is left, as at its deadline), so an in-process run ends
@@ -574,11 +593,13 @@ class _StoppableRun:
     handed the op, in order (the op logs each before it asks for the next)."""
 
     def __init__(self, monkeypatch):
-        self.stop = threading.Event()
+        self.stop = _LinkedStop()
         self.events: list = []
 
-        def shard(*args, **kw):
-            inner = stream_shard(*args, stop=self.stop, **kw)
+        def shard(*args, stop: threading.Event | None = None, **kw):
+            stop = stop or threading.Event()  # the op's own (a signal to the run sets it); the test's sets it too
+            self.stop.link(stop)
+            inner = stream_shard(*args, stop=stop, **kw)
             try:
                 for item in inner:
                     self.events.append(item)

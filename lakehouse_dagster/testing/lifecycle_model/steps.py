@@ -19,11 +19,11 @@ FIRST: dict[str, Any] = {"failure": None}  # the first failure of the run: its s
 
 
 def _record(machine: Any, name: str, args: dict, call) -> Any:
-    trace = machine.__dict__.setdefault("_steps", [])
-    depth = machine.__dict__.get("_depth", 0)
+    trace = machine.__dict__.setdefault("step_trace", [])
+    depth = machine.__dict__.get("step_depth", 0)
     if depth == 0 and not name.startswith("invariant "):
         trace.append(f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
-    machine._depth = depth + 1
+    machine.step_depth = depth + 1
     try:
         return call()
     except BaseException:
@@ -32,7 +32,7 @@ def _record(machine: Any, name: str, args: dict, call) -> Any:
             FIRST["failure"] = f"in {name}, after the steps:\n{steps}\n{traceback.format_exc()}"
         raise
     finally:
-        machine._depth = depth
+        machine.step_depth = depth
 
 
 def rule(**strategies):
