@@ -53,6 +53,15 @@ def _no_defs_state_storage_from_an_earlier_test():
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_defs_state_storage_for_a_module():
+    """The same for a module's own fixtures: a module-scoped fixture is set up before any test's function-scoped
+    ones, so test_ui_jobs' module ``build()`` met an earlier test's dead storage (CI, session 27)."""
+    gc.collect()
+    with set_defs_state_storage(None):
+        yield
+
+
 @pytest.fixture(scope="session")
 def pg_admin_dsn():
     given = os.environ.get("LAKEHOUSE_TEST_ADMIN_DSN")
