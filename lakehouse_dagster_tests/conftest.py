@@ -51,8 +51,8 @@ def _no_defs_state_storage_from_an_earlier_test():
 
     The collect scans only what is not frozen, and what survives it is frozen (``_collect_what_is_new``): without
     that, each test's collect scanned everything every earlier test of the worker left alive (caches, lazily imported
-    modules, module-scoped worlds: ~1,400 objects a test), 0.2-0.6 s a test by mid-run, a quarter of the suite's
-    worker time (docs/benchmarks.md, "The suite")."""
+    modules, module-scoped worlds: ~1,400 objects a test), 0.2 s a test after 130 tests and 0.5-1 s late in a whole
+    run, a quarter of the suite's worker time (docs/benchmarks.md, "The suite")."""
     _collect_what_is_new()
     with set_defs_state_storage(None):
         yield
@@ -233,10 +233,9 @@ def lh():
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session):
     """Every test module is imported now (Dagster, pyiceberg, pyarrow, the definitions: ~350,000 objects that live
-    as long as the process). Freezing them keeps them out of every later garbage collection, the fixture above's
-    included, which otherwise scans them all before each test: 0.3-1 s a test, minutes of a run."""
-    gc.collect()
-    gc.freeze()
+    as long as the process). Freezing them keeps them out of each test's collect (above), which otherwise scans them
+    all before each test: 0.3-1 s a test, minutes of a run; only the collect at a module's start scans them."""
+    _collect_what_is_new()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: the e2e tests are slow too
